@@ -1,0 +1,17 @@
+# One helper registers every test: an executable, its label and a timeout.
+#   mbd_add_test(NAME n SOURCES a.c ... [LIBS l ...] [LABELS unit|integration|gpu|fuzz|bench]
+#                [TIMEOUT s] [ARGS ...])
+# Tests find fixtures via MBD_FIXTURES_DIR and built programs via MBD_BIN_DIR.
+function(mbd_add_test)
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS;ARGS" ${ARGN})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 120)
+  endif()
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} PkgConfig::CMOCKA)
+  target_include_directories(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/tests)
+  add_test(NAME ${T_NAME} COMMAND ${T_NAME} ${T_ARGS})
+  set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
+    SKIP_RETURN_CODE 77
+    ENVIRONMENT "MBD_FIXTURES_DIR=${MBD_FIXTURES_DIR};MBD_BIN_DIR=${PROJECT_BINARY_DIR}/bin;MBD_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+endfunction()
