@@ -6,7 +6,13 @@
  * then the data section; offsets are relative to the data section. The reader
  * rejects: short files, N past the end, bad JSON, unknown dtypes, shape/size
  * mismatch, offsets outside the data section, overlapping or overflowing
- * ranges; each with a message naming the file and the tensor. */
+ * ranges; each with a message naming the file and the tensor.
+ *
+ * Error codes: MBD_E_IO (open/mmap/write), MBD_E_TOO_LARGE (header length over
+ * MBD_ST_MAX_HEADER), MBD_E_UNSUPPORTED (a well-formed tensor this build cannot
+ * hold: dtype other than F32/BF16/F16/I64, more than MBD_MAX_DIMS dims),
+ * MBD_E_FORMAT (everything else malformed, including duplicate names and
+ * overlapping ranges). Gaps between tensors are accepted. */
 #ifndef MBD_SAFETENSORS_H
 #define MBD_SAFETENSORS_H
 
@@ -14,6 +20,9 @@
 
 #include "common/status.h"
 #include "common/tensor.h"
+
+/* Largest accepted JSON header, as in the reference implementation. */
+#define MBD_ST_MAX_HEADER 100000000
 
 typedef struct mbd_safetensors mbd_safetensors; /* opaque reader */
 
@@ -47,7 +56,9 @@ int mbd_safetensors_expect(const mbd_safetensors *st, const char *name, mbd_dtyp
 const char *mbd_safetensors_metadata(const mbd_safetensors *st, const char *key);
 
 /* Writer: collect tensors (bytes borrowed until write), then write atomically
- * (temp file + rename). Data is laid out in insertion order, 8-byte aligned. */
+ * (temp file + rename). Data is laid out in insertion order, contiguous (as the
+ * reference requires), the data section starting 8-byte aligned (header padded
+ * with spaces). Names must be non-empty, unique UTF-8, not "__metadata__". */
 typedef struct mbd_st_writer mbd_st_writer;
 int mbd_st_writer_new(mbd_st_writer **out, mbd_error *err);
 int mbd_st_writer_add(mbd_st_writer *w, const char *name, const mbd_tensor_desc *desc,

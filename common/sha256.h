@@ -7,16 +7,16 @@
 
 #include "common/status.h"
 
-typedef struct mbd_sha256 {
+typedef struct mbd_sha256_ctx {
   uint32_t h[8];      /* chaining state */
   uint64_t nbytes;    /* total bytes absorbed */
   uint8_t buf[64];    /* partial block */
   size_t buflen;      /* bytes in buf */
-} mbd_sha256;
+} mbd_sha256_ctx; /* (named _ctx: mbd_sha256 is the one-shot function) */
 
-void mbd_sha256_init(mbd_sha256 *s);
-void mbd_sha256_update(mbd_sha256 *s, const void *data, size_t len);
-void mbd_sha256_final(mbd_sha256 *s, uint8_t out[32]);
+void mbd_sha256_init(mbd_sha256_ctx *s);
+void mbd_sha256_update(mbd_sha256_ctx *s, const void *data, size_t len);
+void mbd_sha256_final(mbd_sha256_ctx *s, uint8_t out[32]);
 /* One-shot convenience. */
 void mbd_sha256(const void *data, size_t len, uint8_t out[32]);
 /* Lower-case hex of a 32-byte digest into out (65 bytes incl. NUL). */
