@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs every test: unit, integration and
+# fuzz smoke tests (GPU tests print why they skip when no device is present).
+#   usage: tests/run-all.sh [--sanitize]   (--sanitize: ASan+UBSan build of host code)
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$root/deploy/install-deps.sh"
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
+jobs=$(nproc)
+if [ "${1:-}" = "--sanitize" ]; then
+  build="$root/build-sanitize"
+  # Host code only: CUDA objects are not instrumented, so leave them out here.
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Debug -DMBD_SANITIZE=ON -DMBD_CUDA=OFF
+  cmake --build "$build" -j"$jobs"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir "$build" -L unit --output-on-failure -j"$jobs"
+else
+  build="$root/build"
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
+  cmake --build "$build" -j"$jobs"
+  ctest --test-dir "$build" --output-on-failure -j"$jobs"
+fi
