@@ -59,22 +59,22 @@ const char *mbd_backend_name(mbd_backend_kind b) {
 }
 
 int mbd_gemm_mode_parse(const char *s, mbd_gemm_mode *out, mbd_error *err) {
-  int v, rc = parse_name("GEMM mode", k_modes, COUNT(k_modes), s, &v, err);
+  int v = 0, rc = parse_name("GEMM mode", k_modes, COUNT(k_modes), s, &v, err);
   if (!rc) *out = (mbd_gemm_mode)v;
   return rc;
 }
 int mbd_dtype_policy_parse(const char *s, mbd_dtype_policy *out, mbd_error *err) {
-  int v, rc = parse_name("dtype", k_policies, COUNT(k_policies), s, &v, err);
+  int v = 0, rc = parse_name("dtype", k_policies, COUNT(k_policies), s, &v, err);
   if (!rc) *out = (mbd_dtype_policy)v;
   return rc;
 }
 int mbd_family_parse(const char *s, mbd_family *out, mbd_error *err) {
-  int v, rc = parse_name("family", k_families, COUNT(k_families), s, &v, err);
+  int v = 0, rc = parse_name("family", k_families, COUNT(k_families), s, &v, err);
   if (!rc) *out = (mbd_family)v;
   return rc;
 }
 int mbd_backend_parse(const char *s, mbd_backend_kind *out, mbd_error *err) {
-  int v, rc = parse_name("backend", k_backends, COUNT(k_backends), s, &v, err);
+  int v = 0, rc = parse_name("backend", k_backends, COUNT(k_backends), s, &v, err);
   if (!rc) *out = (mbd_backend_kind)v;
   return rc;
 }
