@@ -1,0 +1,10 @@
+# Writes a C file defining `${SYMBOL}` (the bytes of ${INPUT}) and `${SYMBOL}_len`.
+# Run as: cmake -DINPUT=... -DOUTPUT=... -DSYMBOL=... -P embed_blob.cmake
+file(READ "${INPUT}" hex HEX)
+string(LENGTH "${hex}" n)
+math(EXPR nbytes "${n} / 2")
+string(REGEX REPLACE "([0-9a-f][0-9a-f])" "0x\\1," body "${hex}")
+string(REGEX REPLACE "((0x[0-9a-f][0-9a-f],){16})" "\\1\n" body "${body}")
+file(WRITE "${OUTPUT}" "/* Generated from ${INPUT}; do not edit. */\n#include <stddef.h>\n"
+  "__attribute__((aligned(64))) const unsigned char ${SYMBOL}[] = {\n${body}\n};\n"
+  "const size_t ${SYMBOL}_len = ${nbytes};\n")

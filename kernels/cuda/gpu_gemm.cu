@@ -1,0 +1,177 @@
+/* Host entry of the GEMM family: argument checks, tile dispatch for the
+ * deterministic kernels (pure scheduling: every tile issues the same reduction
+ * chain per output element, see device/gemm_kernels.cu), cuBLAS in the cuBLAS
+ * modes, and launch recording. */
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/cuda/gpu_ctx_impl.h"
+extern "C" {
+#include "kernels/cuda/gpu_gemm.h"
+}
+
+/* Mirrors struct mbd_gemm_params in device/gemm_kernels.cu. */
+struct mbd_gemm_params {
+  const void *x;
+  const void *w;
+  const void *bias;
+  void *y;
+  int m, n, k;
+  int out_f32;
+};
+
+struct tile_cfg {
+  int bm, bn, bk, threads, stages_vec, stages_elem;
+};
+/* Index order matches the kernel slots: s, m, n, l. */
+static const tile_cfg k_htiles[4] = {
+    {16, 32, 128, 128, 4, 2}, {64, 32, 64, 128, 4, 2}, {64, 64, 32, 128, 4, 2},
+    {128, 128, 32, 256, 4, 2}};
+static const tile_cfg k_stiles[3] = {
+    {16, 32, 32, 128, 0, 0}, {64, 64, 16, 256, 0, 0}, {128, 128, 8, 256, 0, 0}};
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t blocks_of(const tile_cfg &t, int64_t m, int64_t n) {
+  return cdiv(m, t.bm) * cdiv(n, t.bn);
+}
+
+static int pick_htile(const mbd_gpu_ctx *ctx, int64_t m, int64_t n) {
+  if (m <= 16) return 0;
+  if (m <= 64) return 1;
+  if (blocks_of(k_htiles[3], m, n) >= ctx->sm_count) return 3;
+  if (blocks_of(k_htiles[2], m, n) >= ctx->sm_count) return 2;
+  return 1;
+}
+static int pick_stile(const mbd_gpu_ctx *ctx, int64_t m, int64_t n) {
+  if (m <= 16) return 0;
+  if (blocks_of(k_stiles[2], m, n) >= ctx->sm_count) return 2;
+  if (blocks_of(k_stiles[1], m, n) >= ctx->sm_count / 2) return 1;
+  return 0;
+}
+
+static bool overlaps(const void *a, size_t an, const void *b, size_t bn) {
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  return a && b && x < y + bn && y < x + an;
+}
+
+static int check_args(const mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, mbd_error *err) {
+  if (!a) return mbd_error_set(err, MBD_E_INVALID, "GEMM: args is NULL");
+  if (a->m < 1 || a->n < 1 || a->k < 1 || a->m > INT32_MAX || a->n > INT32_MAX ||
+      a->k > INT32_MAX)
+    return mbd_error_set(err, MBD_E_SHAPE,
+                         "GEMM: M=%lld N=%lld K=%lld out of range (each 1..2^31-1)",
+                         (long long)a->m, (long long)a->n, (long long)a->k);
+  if (a->n > 65535LL * 32)
+    return mbd_error_set(err, MBD_E_SHAPE, "GEMM: N=%lld exceeds %lld", (long long)a->n,
+                         65535LL * 32);
+  mbd_dtype want = ctx->policy == MBD_POLICY_BF16  ? MBD_DTYPE_BF16
+                   : ctx->policy == MBD_POLICY_F16 ? MBD_DTYPE_F16
+                                                   : MBD_DTYPE_F32;
+  if (a->dtype != want)
+    return mbd_error_set(err, MBD_E_SHAPE,
+                         "GEMM: input dtype %s does not match the context's storage policy %s "
+                         "(expects %s)", mbd_dtype_name(a->dtype),
+                         mbd_dtype_policy_name(ctx->policy), mbd_dtype_name(want));
+  if (a->out_dtype != MBD_DTYPE_F32 && a->out_dtype != a->dtype)
+    return mbd_error_set(err, MBD_E_SHAPE, "GEMM: output dtype %s must be f32 or %s",
+                         mbd_dtype_name(a->out_dtype), mbd_dtype_name(a->dtype));
+  if (!a->x || !a->w || !a->y)
+    return mbd_error_set(err, MBD_E_INVALID, "GEMM: x, w and y must be device pointers");
+  size_t es = mbd_dtype_size(a->dtype), os = mbd_dtype_size(a->out_dtype);
+  size_t ybytes = (size_t)a->m * (size_t)a->n * os;
+  if (overlaps(a->y, ybytes, a->x, (size_t)a->m * a->k * es) ||
+      overlaps(a->y, ybytes, a->w, (size_t)a->n * a->k * es) ||
+      overlaps(a->y, ybytes, a->bias, (size_t)a->n * es))
+    return mbd_error_set(err, MBD_E_INVALID, "GEMM: output y overlaps an input");
+  return MBD_OK;
+}
+
+static int launch(mbd_gpu_ctx *ctx, int slot, dim3 grid, dim3 block, size_t smem, void **args,
+                  mbd_error *err) {
+  MBD_GPU_CHECK(cudaLaunchKernel((const void *)ctx->k[slot], grid, block, args, smem,
+                                 ctx->stream), err);
+  MBD_GPU_CHECK(cudaGetLastError(), err);
+  return MBD_OK;
+}
+
+static int gemm_det(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const char **kname,
+                    mbd_error *err) {
+  mbd_gemm_params p = {a->x, a->w, a->bias, a->y, (int)a->m, (int)a->n, (int)a->k,
+                       a->out_dtype == MBD_DTYPE_F32};
+  void *args[] = {&p};
+  int slot;
+  tile_cfg t;
+  size_t smem = 0;
+  if (a->dtype == MBD_DTYPE_F32) {
+    int ti = pick_stile(ctx, a->m, a->n);
+    t = k_stiles[ti];
+    slot = (ctx->policy == MBD_POLICY_TF32 ? MBD_K_SGEMM_TF32 : MBD_K_SGEMM_F32) + ti;
+  } else {
+    int ti = pick_htile(ctx, a->m, a->n);
+    t = k_htiles[ti];
+    bool vec = a->k % 8 == 0 && ((uintptr_t)a->x % 16) == 0 && ((uintptr_t)a->w % 16) == 0;
+    int stages = vec ? t.stages_vec : t.stages_elem;
+    smem = (size_t)stages * (t.bm + t.bn) * (t.bk + 8) * 2;
+    slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_HGEMM_BF16 : MBD_K_HGEMM_F16) + ti + (vec ? 0 : 4);
+  }
+  *kname = mbd_k_kernel_names[slot];
+  dim3 grid((unsigned)cdiv(a->m, t.bm), (unsigned)cdiv(a->n, t.bn));
+  return launch(ctx, slot, grid, dim3(t.threads), smem, args, err);
+}
+
+static cudaDataType_t cuda_type(mbd_dtype d) {
+  return d == MBD_DTYPE_BF16 ? CUDA_R_16BF : d == MBD_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+static int gemm_blas(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, mbd_error *err) {
+  if (!ctx->blas)
+    return mbd_error_set(err, MBD_E_INTERNAL, "cuBLAS mode without a cuBLAS handle");
+  float alpha = 1.0f, beta = 0.0f;
+  if (a->bias) {
+    int slot = a->out_dtype == MBD_DTYPE_F32 && a->dtype != MBD_DTYPE_F32
+                   ? (a->dtype == MBD_DTYPE_BF16 ? MBD_K_BCAST_BF16_F32 : MBD_K_BCAST_F16_F32)
+                   : (a->out_dtype == MBD_DTYPE_F32 ? MBD_K_BCAST_U32 : MBD_K_BCAST_U16);
+    void *y = a->y;
+    const void *b = a->bias;
+    int m = (int)a->m, n = (int)a->n;
+    void *args[] = {&y, &b, &m, &n};
+    int64_t total = a->m * a->n;
+    int rc = launch(ctx, slot, dim3((unsigned)cdiv(total, 256)), dim3(256), 0, args, err);
+    if (rc < 0) return rc;
+    beta = 1.0f;
+  }
+  cublasComputeType_t ct =
+      ctx->mode == MBD_GEMM_CUBLAS_PEDANTIC ? CUBLAS_COMPUTE_32F_PEDANTIC
+      : (a->dtype == MBD_DTYPE_F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+  /* Row-major Y[M,N] = X W^T is column-major Y^T[N,M] = W^T(op T on [K,N]) * X^T. */
+  MBD_GPU_CHECK(cublasGemmEx(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)a->n, (int)a->m,
+                             (int)a->k, &alpha, a->w, cuda_type(a->dtype), (int)a->k, a->x,
+                             cuda_type(a->dtype), (int)a->k, &beta, a->y,
+                             cuda_type(a->out_dtype), (int)a->n, ct, CUBLAS_GEMM_DEFAULT),
+                err);
+  return MBD_OK;
+}
+
+extern "C" int mbd_gpu_gemm(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, mbd_error *err) {
+  int rc = mbd_gpu_ctx_enter(ctx, err);
+  if (rc < 0) return rc;
+  rc = check_args(ctx, a, err);
+  if (rc < 0) return rc;
+  const char *kname = "cublasGemmEx";
+  if (ctx->mode == MBD_GEMM_DETERMINISTIC)
+    rc = gemm_det(ctx, a, &kname, err);
+  else
+    rc = gemm_blas(ctx, a, err);
+  if (rc < 0) return rc;
+  mbd_gpu_launch_rec r;
+  memset(&r, 0, sizeof r);
+  snprintf(r.kernel, sizeof r.kernel, "%s", kname);
+  r.m = a->m;
+  r.n = a->n;
+  r.k = a->k;
+  r.dtype = a->dtype;
+  r.out_dtype = a->out_dtype;
+  r.has_bias = a->bias != NULL;
+  r.mode = ctx->mode;
+  return mbd_gpu_ctx_note_launch(ctx, &r, err);
+}
