@@ -57,7 +57,13 @@ bool mbd_cmd_is_session(int cmd);
 
 typedef struct mbd_body mbd_body; /* a decoded msgpack map; opaque */
 
-/* Decodes a body; it must be exactly one msgpack map (empty buffer = empty map).
+/* Validates without allocating that buf is exactly one msgpack map (empty
+ * buffer = empty map), nested at most 24 levels, whose containers' declared
+ * counts fit in the bytes present. MBD_E_FORMAT with the reason otherwise.
+ * mbd_body_parse and mbd_msg_recv call it first. */
+int mbd_body_check(const void *buf, size_t len, mbd_error *err);
+
+/* Decodes a body (copied: it does not borrow buf); it must be exactly one msgpack map (empty buffer = empty map).
  * MBD_E_FORMAT with a readable reason otherwise. */
 int mbd_body_parse(const void *buf, size_t len, mbd_body **out, mbd_error *err);
 void mbd_body_destroy(mbd_body **b);
@@ -78,7 +84,8 @@ int mbd_obj_f64(const msgpack_object *map, const char *key, bool required, doubl
                 mbd_error *err);
 int mbd_obj_bool(const msgpack_object *map, const char *key, bool required, bool *out,
                  mbd_error *err);
-/* Array of integers (e.g. stop tokens, token ids); at most cap entries. */
+/* Array of integers (e.g. stop tokens, token ids); at most cap entries
+ * (MBD_E_TOO_LARGE beyond). *n is set to 0 first, so an absent key reads as empty. */
 int mbd_obj_i64_array(const msgpack_object *map, const char *key, bool required, int64_t *out,
                       size_t cap, size_t *n, mbd_error *err);
 
@@ -108,10 +115,14 @@ typedef struct mbd_tensor_ref {
 } mbd_tensor_ref;
 
 /* Reads array `key` of tensor refs into out[0..cap); checks dtype names, shape
- * rank and non-negative dims, and the one-of location rule. */
+ * rank and non-negative dims, the one-of location rule, for shm/ipc that
+ * offset+size does not overflow and size >= the tensor's bytes. *n = 0 first.
+ * (Inline frame sizes are checked by the consumer, who holds the frames.) */
 int mbd_obj_tensor_refs(const msgpack_object *map, const char *key, bool required,
                         mbd_tensor_ref *out, size_t cap, size_t *n, mbd_error *err);
-/* Reads a route constraint map {route_id, backend, gemm_mode, dtype, family, device}. */
+/* Reads a route constraint map {route_id, backend, gemm_mode, dtype, family, device}.
+ * *out is zeroed first (absent key = any route). route_id must be >= 8 hex chars
+ * (lower-cased); backend/gemm_mode/dtype/family must be known names. */
 int mbd_obj_route_want(const msgpack_object *map, const char *key, mbd_route_want *out,
                        mbd_error *err);
 

@@ -19,6 +19,9 @@
 
 typedef struct mbd_msg mbd_msg;
 
+/* Most payload frames one message may carry; more is MBD_E_TOO_LARGE. */
+#define MBD_MSG_MAX_FRAMES 1024
+
 /* New empty message with command and tag; body empty (reads as empty map). */
 int mbd_msg_new(uint8_t cmd, uint64_t tag, mbd_msg **out, mbd_error *err);
 void mbd_msg_destroy(mbd_msg **m);
@@ -43,28 +46,45 @@ int mbd_msg_add_payload_ref(mbd_msg *m, void *data, size_t len, zmq_free_fn *ffn
 int mbd_msg_add_payload_move(mbd_msg *m, zmq_msg_t *src, mbd_error *err);
 size_t mbd_msg_npayloads(const mbd_msg *m);
 const void *mbd_msg_payload(const mbd_msg *m, size_t i, size_t *len);
-/* Moves payload i out into dst (for forwarding); m's slot becomes empty. */
+/* Moves payload i out into dst (for forwarding); m's slot becomes empty.
+ * dst is treated as uninitialised (initialised here; the caller closes it). */
 int mbd_msg_take_payload(mbd_msg *m, size_t i, zmq_msg_t *dst, mbd_error *err);
 
 /* Peer identity for ROUTER sockets (sent as the first frame when set). */
 int mbd_msg_set_peer(mbd_msg *m, const void *id, size_t len, mbd_error *err);
 const void *mbd_msg_peer(const mbd_msg *m, size_t *len);
 
+/* A second message with the same command, tag, peer, body and payloads; the
+ * frames are shared by reference count (zmq_msg_copy), never copied, so a
+ * broker can keep a request for a failover re-send at no cost. */
+int mbd_msg_clone(mbd_msg *m, mbd_msg **out, mbd_error *err);
+
 /* Sends and destroys *m (always, even on failure; *m becomes NULL).
  * MBD_E_IO on socket errors (errno-based message); EHOSTUNREACH from a ROUTER
- * with ROUTER_MANDATORY gives MBD_E_NOT_FOUND. flags: 0 or ZMQ_DONTWAIT. */
+ * with ROUTER_MANDATORY gives MBD_E_NOT_FOUND; EAGAIN (ZMQ_DONTWAIT and the
+ * peer's high-water mark reached) gives MBD_E_BUSY. flags: 0 or ZMQ_DONTWAIT. */
 int mbd_msg_send(mbd_msg **m, void *socket, int flags, mbd_error *err);
 
-/* Receives one whole multipart message. `router`: the socket is a ROUTER and
+/* Receives one whole multipart message (blocking; honours ZMQ_RCVTIMEO, or
+ * call it after zmq_poll / ZMQ_EVENTS says POLLIN). `router`: the socket is a ROUTER and
  * the first frame is the peer identity. max_bytes caps the total size (0 = no
  * cap); frames past the cap are drained and dropped.
  * Returns:
  *   0                 *out is a valid message
  *   MBD_E_PROTOCOL / MBD_E_TOO_LARGE / MBD_E_FORMAT
  *                     malformed: *out still holds the peer identity and, when
- *                     readable, the tag, so the caller can send an ERROR reply
+ *                     readable, the tag and command, so the caller can send an
+ *                     ERROR reply; body and payloads are empty. More than
+ *                     MBD_MSG_MAX_FRAMES payloads is MBD_E_TOO_LARGE.
+ *   MBD_E_NOMEM       out of memory; the message was drained; *out is NULL
  *   MBD_E_IO          nothing received (EAGAIN, ETERM, EINTR); *out is NULL */
 int mbd_msg_recv(void *socket, bool router, size_t max_bytes, mbd_msg **out, mbd_error *err);
+
+/* Validates and assembles frames already received (the socket-free half of
+ * mbd_msg_recv, for tests and fuzzing). Consumes frames[0..n) (all closed).
+ * Same results and errors as mbd_msg_recv. */
+int mbd_msg_decode(zmq_msg_t *frames, size_t n, bool router, size_t max_bytes, mbd_msg **out,
+                   mbd_error *err);
 
 /* Builds an ERROR reply {code, error: status name, message} with the given tag
  * and (optional) peer. */
