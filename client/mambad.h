@@ -1,0 +1,217 @@
+/* libmambad: the C client of the mambad service.
+ *
+ * A client connects a DEALER socket to the broker's client endpoint and sends
+ * one request at a time (docs/protocol.md): the request id is the tag, every
+ * request carries a deadline, replies for other ids (late replies of requests
+ * that already timed out) are dropped, and a request ends with exactly one
+ * FINAL or ERROR.
+ *
+ * Thread-safety: none inside. One mbd_client (and the sessions opened through
+ * it) belongs to one thread at a time; use one client per thread. Different
+ * clients share nothing and may run in parallel. mbd_shm regions may be shared
+ * between threads read-only.
+ *
+ * Ownership: `_new`/`_open` results are owned by the caller and released with
+ * the matching `_destroy`/`_close`/`_free`/`_release` (all NULL-safe; the ones
+ * taking `T **` null the caller's pointer). `const char *` results are borrowed
+ * and valid as long as their owner. Every fallible function returns 0 or a
+ * negative mbd_status and fills `err` (may be NULL). For failures the service
+ * reported (ERROR replies) err->code is the service's code and err->msg its
+ * message; mbd_client_last_reply() tells which worker and route answered. */
+#ifndef MBD_MAMBAD_H
+#define MBD_MAMBAD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/route.h"
+#include "common/status.h"
+#include "common/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mbd_client mbd_client;   /* one connection to a broker */
+typedef struct mbd_session mbd_session; /* a session (recurrent state) on one worker */
+typedef struct mbd_shm mbd_shm;         /* a POSIX shared-memory region */
+
+/* ---- connection -------------------------------------------------------- */
+
+typedef struct mbd_client_options {
+  int64_t deadline_ms;      /* sent with every request; 0 = the broker's default */
+  int64_t wait_ms;          /* how long the client waits when deadline_ms is 0 (default 120000) */
+  mbd_route_want route;     /* default route constraints for gemm/forward/open/import */
+  size_t max_message_bytes; /* largest reply accepted (default 2 GiB) */
+} mbd_client_options;
+
+/* Fills defaults: no deadline of our own (broker default), any route. */
+void mbd_client_options_init(mbd_client_options *o);
+
+/* Connects to `endpoint` ("ipc:///tmp/mambad.sock", "tcp://host:5555").
+ * opt may be NULL (defaults). Connecting is lazy: an unreachable broker shows
+ * as MBD_E_TIMEOUT on the first request. MBD_E_INVALID for a malformed endpoint. */
+int mbd_client_new(const char *endpoint, const mbd_client_options *opt, mbd_client **out,
+                   mbd_error *err);
+void mbd_client_destroy(mbd_client **c);
+
+/* Who answered the last request (success or ERROR). Borrowed; overwritten by
+ * the next request. Empty strings when the broker itself answered. */
+typedef struct mbd_reply_meta {
+  uint64_t request_id; /* tag of the request */
+  int code;            /* 0 or the ERROR reply's code */
+  char error[32];      /* ERROR: code name as sent ("NO_ROUTE") */
+  char route_id[65];   /* serving route id (hex), "" when none */
+  char worker[64];     /* serving worker's name, "" when none */
+} mbd_reply_meta;
+const mbd_reply_meta *mbd_client_last_reply(const mbd_client *c);
+
+/* Per-call overrides; pass NULL to use the client's options. */
+typedef struct mbd_call_opts {
+  const mbd_route_want *route; /* NULL = client default */
+  int64_t deadline_ms;         /* 0 = client default */
+} mbd_call_opts;
+
+/* ---- tensors ----------------------------------------------------------- */
+
+/* A request tensor: host bytes copied into the message, or a reference into a
+ * shared-memory region (zero copy; worker on the same host only). */
+typedef struct mbd_tensor_in {
+  mbd_tensor_desc desc; /* dtype + shape */
+  const void *data;     /* inline bytes (ignored when shm is set); borrowed for the call */
+  const mbd_shm *shm;   /* when non-NULL: bytes live at [offset, offset + nbytes) of shm */
+  uint64_t offset;      /* byte offset into shm */
+} mbd_tensor_in;
+
+/* A reply tensor. data is owned by the library unless it points into a region
+ * the caller passed as an output (then it is borrowed from that mbd_shm). */
+typedef struct mbd_tensor_out {
+  char name[64];        /* name from the reply ("logits") */
+  mbd_tensor_desc desc; /* dtype + shape */
+  void *data;           /* nbytes bytes, at least 4-byte aligned */
+  size_t nbytes;
+  void *owner_;         /* private: what to free */
+} mbd_tensor_out;
+/* Frees what the library owns and zeroes *t; NULL-safe. */
+void mbd_tensor_out_release(mbd_tensor_out *t);
+
+/* ---- shared memory ----------------------------------------------------- */
+
+/* Creates and maps a new POSIX shm object of `size` bytes, zero-filled. name
+ * may be NULL (a unique "/mambad-<pid>-<n>" is chosen). The object is
+ * unlinked when the region is destroyed. */
+int mbd_shm_create(const char *name, size_t size, mbd_shm **out, mbd_error *err);
+void mbd_shm_destroy(mbd_shm **s);
+void *mbd_shm_data(const mbd_shm *s);
+size_t mbd_shm_size(const mbd_shm *s);
+const char *mbd_shm_name(const mbd_shm *s); /* "/name" */
+/* Convenience: a tensor_in describing desc at offset of s (checks the bounds). */
+int mbd_shm_tensor(const mbd_shm *s, uint64_t offset, const mbd_tensor_desc *desc,
+                   mbd_tensor_in *out, mbd_error *err);
+
+/* ---- status ------------------------------------------------------------ */
+
+typedef struct mbd_model_info {
+  char name[64];
+  char digest[72]; /* checkpoint digest as the worker reports it */
+} mbd_model_info;
+
+typedef struct mbd_worker_info {
+  char name[64];
+  char uid[64];
+  char host_id[64];
+  char route_id[65];    /* hex SHA-256 */
+  char *route;          /* canonical route encoding (owned by the report), "" if absent */
+  int64_t pid;
+  int64_t capacity;     /* requests it accepts at once */
+  int64_t load;         /* requests in flight now */
+  int64_t sessions;     /* open sessions, -1 when not reported */
+  bool alive;           /* heard from within the liveness window */
+  size_t n_models;
+  mbd_model_info *models;
+} mbd_worker_info;
+
+typedef struct mbd_status_report {
+  size_t n_workers;
+  mbd_worker_info *workers;
+  int64_t queue; /* requests waiting in the broker */
+} mbd_status_report;
+
+int mbd_client_status(mbd_client *c, mbd_status_report **out, mbd_error *err);
+void mbd_status_report_free(mbd_status_report **r);
+
+/* ---- stateless requests ----------------------------------------------- */
+
+/* C = A B^T (+ bias) under a route. a: [M,K], b: [N,K], bias: [N] or NULL.
+ * dtype: storage policy name ("f32", "bf16", ...) or NULL for the route's. */
+int mbd_client_gemm(mbd_client *c, const mbd_call_opts *o, const char *dtype,
+                    const mbd_tensor_in *a, const mbd_tensor_in *b, const mbd_tensor_in *bias,
+                    mbd_tensor_out *out_c, mbd_error *err);
+
+/* input_ids I64 [B,T] -> logits F32 [B,T,V] ([B,V] when last_only). When
+ * out_ref is a shm tensor, the worker is asked to write the logits there. */
+int mbd_client_forward(mbd_client *c, const mbd_call_opts *o, const char *model,
+                       const mbd_tensor_in *input_ids, bool last_only,
+                       const mbd_tensor_in *out_ref, mbd_tensor_out *logits, mbd_error *err);
+
+/* ---- sessions ---------------------------------------------------------- */
+
+/* Opens a session for `model` on a worker matching the route. The session
+ * borrows c: close it before destroying the client. */
+int mbd_session_open(mbd_client *c, const mbd_call_opts *o, const char *model, mbd_session **out,
+                     mbd_error *err);
+/* "<worker-uid>/<n>" as the worker named it; borrowed. */
+const char *mbd_session_id(const mbd_session *s);
+/* Feeds tokens (I64 [T] or [1,T]) -> logits F32 [T,V] ([1,V] when last_only). */
+int mbd_session_prefill(mbd_session *s, const mbd_call_opts *o, const mbd_tensor_in *input_ids,
+                        bool last_only, mbd_tensor_out *logits, mbd_error *err);
+/* One token -> logits F32 [V]. */
+int mbd_session_step(mbd_session *s, const mbd_call_opts *o, int64_t token,
+                     mbd_tensor_out *logits, mbd_error *err);
+
+typedef struct mbd_generate_params {
+  int64_t max_tokens;   /* > 0 */
+  const int64_t *stop;  /* stop token ids, may be NULL */
+  size_t n_stop;
+  double temperature;   /* 0 = greedy */
+  int64_t top_k;        /* 0 = off */
+  double top_p;         /* 0 or 1 = off */
+  uint64_t seed;        /* sampling seed (used when temperature > 0) */
+} mbd_generate_params;
+void mbd_generate_params_init(mbd_generate_params *p); /* greedy, 16 tokens */
+
+/* Called for each streamed PARTIAL with the new tokens (borrowed for the call). */
+typedef void (*mbd_token_cb)(void *user, const int64_t *tokens, size_t n);
+
+/* Server-side generation loop. On success *tokens (malloc'd, caller frees) holds
+ * all generated tokens and reason "length" or "stop". cb may be NULL. */
+int mbd_session_generate(mbd_session *s, const mbd_call_opts *o, const mbd_generate_params *p,
+                         mbd_token_cb cb, void *user, int64_t **tokens, size_t *n_tokens,
+                         char reason[16], mbd_error *err);
+
+/* Exported session state: opaque tensors to hand to mbd_session_import on a
+ * worker with the same route id. */
+typedef struct mbd_session_state {
+  char model[64];
+  char route_id[65];
+  size_t n_tensors;
+  mbd_tensor_out *tensors;
+} mbd_session_state;
+int mbd_session_export(mbd_session *s, const mbd_call_opts *o, mbd_session_state **out,
+                       mbd_error *err);
+void mbd_session_state_free(mbd_session_state **st);
+/* Creates a session from exported state. The route defaults to the state's
+ * exact route id (bit-exact continuation); o->route overrides it. */
+int mbd_session_import(mbd_client *c, const mbd_call_opts *o, const mbd_session_state *st,
+                       mbd_session **out, mbd_error *err);
+
+/* Closes the session on the worker and frees the handle (always; *s becomes
+ * NULL). Returns the CLOSE reply's status. NULL-safe. */
+int mbd_session_close(mbd_session **s, mbd_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

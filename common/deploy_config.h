@@ -1,0 +1,98 @@
+/* Deployment files (YAML): the broker's endpoints and limits, a model
+ * catalogue, the workers to start, and security keys. `mambad up` reads one
+ * and starts everything it lists; docs/cli.md shows a complete file.
+ *
+ *   broker:   {clients: EP, workers: EP, heartbeat_ms, liveness, queue_limit,
+ *              max_message_mb, default_deadline_ms}
+ *   models:   [{name, path}]            path relative to the YAML file's directory
+ *   workers:  [{name, device: cpu | cuda:N | all, dtype, gemm_mode, threads,
+ *              capacity, max_batch, session_idle_s, models: [names], count}]
+ *   security: {curve: bool, server_public_key, server_secret_key,
+ *              client_public_keys: [..]}   Z85 CURVE keys (40 chars)
+ *
+ * Unknown keys, duplicate keys, wrong types and out-of-range values are errors
+ * naming the file, the line and the field ("deploy.yaml:12: workers[1].device:
+ * ..."). CURVE is parsed and its keys validated, but `curve: true` is rejected
+ * with MBD_E_UNSUPPORTED ("not supported yet"): the sockets are not encrypted. */
+#ifndef MBD_DEPLOY_CONFIG_H
+#define MBD_DEPLOY_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#define MBD_DEPLOY_MAX_MODELS 32
+#define MBD_DEPLOY_MAX_WORKERS 64
+#define MBD_DEPLOY_MAX_CLIENT_KEYS 32
+#define MBD_DEPLOY_NAME_MAX 64
+#define MBD_DEPLOY_PATH_MAX 1024
+#define MBD_DEPLOY_EP_MAX 256
+
+typedef struct mbd_deploy_model {
+  char name[MBD_DEPLOY_NAME_MAX]; /* catalogue name requests use */
+  char path[MBD_DEPLOY_PATH_MAX]; /* checkpoint directory, resolved against the YAML dir */
+  int line;                       /* 1-based line of the entry */
+} mbd_deploy_model;
+
+typedef enum mbd_deploy_device {
+  MBD_DEPLOY_DEVICE_CPU = 0,
+  MBD_DEPLOY_DEVICE_CUDA = 1, /* one GPU: cuda_index */
+  MBD_DEPLOY_DEVICE_ALL = 2,  /* one worker per visible GPU */
+} mbd_deploy_device;
+
+typedef struct mbd_deploy_worker {
+  char name[MBD_DEPLOY_NAME_MAX]; /* worker name (replicas get "-<i>" appended) */
+  mbd_deploy_device device;
+  int cuda_index;                 /* CUDA: device ordinal */
+  char dtype[8];                  /* storage policy ("f32"), "" = worker default */
+  char gemm_mode[24];             /* "deterministic" ..., "" = worker default */
+  int threads;                    /* CPU threads, 0 = worker default */
+  int capacity;                   /* concurrent requests, 0 = worker default */
+  int max_batch;                  /* batch size cap, 0 = worker default */
+  int session_idle_s;             /* idle session expiry, 0 = worker default */
+  int count;                      /* replicas (cpu only), >= 1 */
+  size_t n_models;
+  int models[MBD_DEPLOY_MAX_MODELS]; /* indexes into the catalogue */
+  int line;
+} mbd_deploy_worker;
+
+typedef struct mbd_deploy_security {
+  bool curve;                       /* requested encryption (unsupported: load fails) */
+  char server_public_key[41];       /* Z85, "" when absent */
+  char server_secret_key[41];
+  size_t n_client_keys;
+  char client_public_keys[MBD_DEPLOY_MAX_CLIENT_KEYS][41];
+} mbd_deploy_security;
+
+typedef struct mbd_deploy_config {
+  char path[MBD_DEPLOY_PATH_MAX];  /* the file as given ("<memory>" label when parsed) */
+  char clients_ep[MBD_DEPLOY_EP_MAX]; /* ipc:// or tcp:// */
+  char workers_ep[MBD_DEPLOY_EP_MAX];
+  int64_t heartbeat_ms;            /* default 1000 */
+  int64_t liveness;                /* missed heartbeats before a peer is dead, default 3 */
+  int64_t queue_limit;             /* default 1024 */
+  int64_t max_message_mb;          /* default 512 */
+  int64_t default_deadline_ms;     /* default 30000 */
+  size_t n_models;
+  mbd_deploy_model models[MBD_DEPLOY_MAX_MODELS];
+  size_t n_workers;
+  mbd_deploy_worker workers[MBD_DEPLOY_MAX_WORKERS];
+  mbd_deploy_security security;
+} mbd_deploy_config;
+
+/* Reads and validates `path`; model paths are resolved against its directory.
+ * On success *out is heap-allocated (free with mbd_deploy_config_free). */
+int mbd_deploy_config_load(const char *path, mbd_deploy_config **out, mbd_error *err);
+/* Same from text of `len` bytes; `label` names it in errors and `base_dir`
+ * resolves relative model paths. */
+int mbd_deploy_config_parse(const char *text, size_t len, const char *label, const char *base_dir,
+                            mbd_deploy_config **out, mbd_error *err);
+void mbd_deploy_config_free(mbd_deploy_config **c);
+
+/* The endpoint a client on this host uses for `ep` (a bind address): a tcp
+ * wildcard host ('*' or 0.0.0.0) becomes 127.0.0.1; others are returned as is. */
+void mbd_deploy_connect_endpoint(const char *ep, char *out, size_t cap);
+
+#endif

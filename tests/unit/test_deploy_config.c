@@ -1,0 +1,248 @@
+/* Deployment YAML: a full file parses into the expected values; every kind of
+ * mistake is an error that names the file, the line and the field; the shipped
+ * deploy/ example files load. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/deploy_config.h"
+
+static const char *k_full =
+    "# a comment\n"
+    "broker:\n"
+    "  clients: ipc:///tmp/mbd-test/clients.sock\n"
+    "  workers: tcp://*:5556\n"
+    "  heartbeat_ms: 250\n"
+    "  liveness: 4\n"
+    "  queue_limit: 77\n"
+    "  max_message_mb: 64\n"
+    "  default_deadline_ms: 9000\n"
+    "models:\n"
+    "  - name: tiny\n"
+    "    path: models/tiny\n"
+    "  - {name: abs, path: /srv/models/abs}\n"
+    "workers:\n"
+    "  - name: cpu-a\n"
+    "    device: cpu\n"
+    "    dtype: bf16\n"
+    "    gemm_mode: deterministic\n"
+    "    threads: 2\n"
+    "    capacity: 8\n"
+    "    max_batch: 16\n"
+    "    session_idle_s: 600\n"
+    "    models: [abs]\n"
+    "    count: 3\n"
+    "  - name: gpu1\n"
+    "    device: cuda:1\n"
+    "  - name: gpus\n"
+    "    device: all\n"
+    "security:\n"
+    "  curve: false\n"
+    "  server_public_key: \"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\"\n"
+    "  client_public_keys: [\"Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID\"]\n";
+
+static mbd_deploy_config *parse_ok(const char *text) {
+  mbd_deploy_config *c = NULL;
+  mbd_error err = {0};
+  int rc = mbd_deploy_config_parse(text, strlen(text), "t.yaml", "/base", &c, &err);
+  if (rc) fprintf(stderr, "unexpected error: %s\n", err.msg);
+  assert_int_equal(rc, 0);
+  assert_non_null(c);
+  return c;
+}
+
+/* Parses text expecting failure with `code`; checks the message holds `line`
+ * ("t.yaml:N:") and `needle`. */
+static void parse_bad(const char *text, int code, int line, const char *needle) {
+  mbd_deploy_config *c = NULL;
+  mbd_error err = {0};
+  int rc = mbd_deploy_config_parse(text, strlen(text), "t.yaml", "/base", &c, &err);
+  char where[32];
+  snprintf(where, sizeof where, "t.yaml:%d:", line);
+  if (rc != code || !strstr(err.msg, where) || !strstr(err.msg, needle))
+    fprintf(stderr, "rc=%d msg='%s' (wanted %d, '%s', '%s')\n", rc, err.msg, code, where, needle);
+  assert_int_equal(rc, code);
+  assert_int_equal(err.code, code);
+  assert_null(c);
+  assert_non_null(strstr(err.msg, where));
+  assert_non_null(strstr(err.msg, needle));
+}
+
+static void test_full_file(void **state) {
+  (void)state;
+  mbd_deploy_config *c = parse_ok(k_full);
+  assert_string_equal(c->clients_ep, "ipc:///tmp/mbd-test/clients.sock");
+  assert_string_equal(c->workers_ep, "tcp://*:5556");
+  assert_int_equal(c->heartbeat_ms, 250);
+  assert_int_equal(c->liveness, 4);
+  assert_int_equal(c->queue_limit, 77);
+  assert_int_equal(c->max_message_mb, 64);
+  assert_int_equal(c->default_deadline_ms, 9000);
+  assert_int_equal(c->n_models, 2);
+  assert_string_equal(c->models[0].name, "tiny");
+  assert_string_equal(c->models[0].path, "/base/models/tiny");
+  assert_int_equal(c->models[0].line, 11);
+  assert_string_equal(c->models[1].path, "/srv/models/abs");
+  assert_int_equal(c->n_workers, 3);
+  const mbd_deploy_worker *w = &c->workers[0];
+  assert_string_equal(w->name, "cpu-a");
+  assert_int_equal(w->device, MBD_DEPLOY_DEVICE_CPU);
+  assert_string_equal(w->dtype, "bf16");
+  assert_string_equal(w->gemm_mode, "deterministic");
+  assert_int_equal(w->threads, 2);
+  assert_int_equal(w->capacity, 8);
+  assert_int_equal(w->max_batch, 16);
+  assert_int_equal(w->session_idle_s, 600);
+  assert_int_equal(w->count, 3);
+  assert_int_equal(w->n_models, 1);
+  assert_int_equal(w->models[0], 1);
+  w = &c->workers[1];
+  assert_int_equal(w->device, MBD_DEPLOY_DEVICE_CUDA);
+  assert_int_equal(w->cuda_index, 1);
+  assert_int_equal(w->count, 1);
+  assert_int_equal(w->n_models, 2); /* no list: whole catalogue */
+  assert_string_equal(w->dtype, "");
+  assert_int_equal(c->workers[2].device, MBD_DEPLOY_DEVICE_ALL);
+  assert_false(c->security.curve);
+  assert_string_equal(c->security.server_public_key, "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7");
+  assert_int_equal(c->security.n_client_keys, 1);
+  mbd_deploy_config_free(&c);
+  assert_null(c);
+  mbd_deploy_config_free(&c); /* NULL-safe */
+}
+
+static void test_defaults(void **state) {
+  (void)state;
+  mbd_deploy_config *c = parse_ok("broker: {clients: 'ipc:///tmp/a', workers: 'ipc:///tmp/b'}\n");
+  assert_int_equal(c->heartbeat_ms, 1000);
+  assert_int_equal(c->liveness, 3);
+  assert_int_equal(c->queue_limit, 1024);
+  assert_int_equal(c->max_message_mb, 512);
+  assert_int_equal(c->default_deadline_ms, 30000);
+  assert_int_equal(c->n_models, 0);
+  assert_int_equal(c->n_workers, 0);
+  mbd_deploy_config_free(&c);
+}
+
+#define BROKER "broker:\n  clients: ipc:///tmp/a\n  workers: ipc:///tmp/b\n"
+
+static void test_errors_name_line_and_field(void **state) {
+  (void)state;
+  parse_bad("", MBD_E_FORMAT, 1, "empty");
+  parse_bad("broker: [\n", MBD_E_FORMAT, 2, "not valid YAML");
+  parse_bad("- a\n- b\n", MBD_E_INVALID, 1, "top level: must be a mapping");
+  parse_bad("models: []\n", MBD_E_INVALID, 1, "broker: missing");
+  parse_bad(BROKER "bogus: 1\n", MBD_E_INVALID, 4, "unknown key 'bogus'");
+  parse_bad("broker:\n  clients: ipc:///tmp/a\n", MBD_E_INVALID, 2, "broker.workers: missing");
+  parse_bad("broker:\n  clients: http://x\n  workers: ipc:///b\n", MBD_E_INVALID, 2,
+            "broker.clients: 'http://x' must start with ipc:// or tcp://");
+  parse_bad("broker:\n  clients: ipc:///a\n  workers: tcp://host:99999\n", MBD_E_INVALID, 3,
+            "broker.workers");
+  parse_bad("broker:\n  clients: ipc:///a\n  workers: ipc:///a\n", MBD_E_INVALID, 3, "must differ");
+  parse_bad(BROKER "  heartbeat_ms: fast\n", MBD_E_INVALID, 4, "broker.heartbeat_ms: 'fast' is not an integer");
+  parse_bad(BROKER "  liveness: 0\n", MBD_E_INVALID, 4, "broker.liveness: 0 is out of range");
+  parse_bad(BROKER "  liveness: 3\n  liveness: 4\n", MBD_E_INVALID, 5, "appears twice");
+  parse_bad(BROKER "models:\n  - name: m\n", MBD_E_INVALID, 5, "models[0].path: missing");
+  parse_bad(BROKER "models:\n  - {name: 'a b', path: x}\n", MBD_E_INVALID, 5, "models[0].name");
+  parse_bad(BROKER "models:\n  - {name: m, path: x}\n  - {name: m, path: y}\n", MBD_E_INVALID, 6,
+            "listed twice");
+  parse_bad(BROKER "workers:\n  - name: w\n", MBD_E_INVALID, 5, "workers[0].device: missing");
+  parse_bad(BROKER "workers:\n  - name: w\n    device: gpu\n", MBD_E_INVALID, 6,
+            "workers[0].device: 'gpu' is not cpu, cuda:N or all");
+  parse_bad(BROKER "workers:\n  - name: w\n    device: cuda:x\n", MBD_E_INVALID, 6, "GPU index");
+  parse_bad(BROKER "workers:\n  - name: w\n    device: cpu\n    dtype: f64\n", MBD_E_INVALID, 7,
+            "workers[0].dtype");
+  parse_bad(BROKER "workers:\n  - name: w\n    device: cpu\n    gemm_mode: fast\n", MBD_E_INVALID, 7,
+            "deterministic");
+  parse_bad(BROKER "workers:\n  - name: w\n    device: cpu\n    models: [nope]\n", MBD_E_NOT_FOUND,
+            7, "workers[0].models[0]: model 'nope' is not in the models: catalogue");
+  parse_bad(BROKER "workers:\n  - name: w\n    device: cuda:0\n    count: 2\n", MBD_E_INVALID, 7,
+            "workers[0].count");
+  parse_bad(BROKER "workers:\n  - name: w\n    device: cpu\n    capacity: -1\n", MBD_E_INVALID, 7,
+            "workers[0].capacity");
+  parse_bad(BROKER "workers:\n  - {name: w, device: cpu}\n  - {name: w, device: cpu}\n", MBD_E_INVALID,
+            6, "listed twice");
+  parse_bad(BROKER "workers:\n  - name: w\n    device: cpu\n    threads: [1]\n", MBD_E_INVALID, 7,
+            "must be a single value");
+  parse_bad(BROKER "security:\n  server_public_key: short\n", MBD_E_INVALID, 5, "Z85");
+  parse_bad(BROKER "security:\n  curve: maybe\n", MBD_E_INVALID, 5, "security.curve");
+  parse_bad(BROKER "security:\n  curve: true\n", MBD_E_INVALID, 5, "needs server_public_key");
+  parse_bad(BROKER "security:\n  curve: true\n"
+                   "  server_public_key: \"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\"\n"
+                   "  server_secret_key: \"JTKVSB%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni{Lh6\"\n",
+            MBD_E_UNSUPPORTED, 5, "not supported yet");
+}
+
+/* Anchors/aliases in place of scalars are refused, not expanded. */
+static void test_alias_bomb(void **state) {
+  (void)state;
+  parse_bad(BROKER "models:\n  - &a {name: m, path: x}\n  - *a\n", MBD_E_INVALID, 5, "listed twice");
+  parse_bad("a: &a [x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n"
+            "broker: [*b, *b, *b, *b, *b, *b, *b]\n",
+            MBD_E_INVALID, 1, "unknown key 'a'");
+}
+
+static void test_load_file_and_shipped_examples(void **state) {
+  (void)state;
+  char dir[] = "/tmp/mbd-deploy-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char path[512];
+  snprintf(path, sizeof path, "%s/d.yaml", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(BROKER "models:\n  - {name: m, path: sub/m}\n", f);
+  fclose(f);
+  mbd_deploy_config *c = NULL;
+  mbd_error err = {0};
+  assert_int_equal(mbd_deploy_config_load(path, &c, &err), 0);
+  char want[600];
+  snprintf(want, sizeof want, "%s/sub/m", dir);
+  assert_string_equal(c->models[0].path, want);
+  mbd_deploy_config_free(&c);
+  unlink(path);
+  rmdir(dir);
+
+  assert_int_equal(mbd_deploy_config_load("/nonexistent/x.yaml", &c, &err), MBD_E_IO);
+  assert_non_null(strstr(err.msg, "/nonexistent/x.yaml"));
+
+  const char *src = getenv("MBD_SOURCE_DIR");
+  if (!src) return;
+  const char *files[] = {"deploy/local.yaml", "deploy/multi-host.yaml"};
+  for (size_t i = 0; i < 2; i++) {
+    snprintf(path, sizeof path, "%s/%s", src, files[i]);
+    int rc = mbd_deploy_config_load(path, &c, &err);
+    if (rc) fprintf(stderr, "%s: %s\n", path, err.msg);
+    assert_int_equal(rc, 0);
+    assert_true(c->n_workers >= 1);
+    mbd_deploy_config_free(&c);
+  }
+}
+
+static void test_connect_endpoint(void **state) {
+  (void)state;
+  char out[128];
+  mbd_deploy_connect_endpoint("tcp://*:5555", out, sizeof out);
+  assert_string_equal(out, "tcp://127.0.0.1:5555");
+  mbd_deploy_connect_endpoint("tcp://0.0.0.0:7", out, sizeof out);
+  assert_string_equal(out, "tcp://127.0.0.1:7");
+  mbd_deploy_connect_endpoint("ipc:///tmp/x", out, sizeof out);
+  assert_string_equal(out, "ipc:///tmp/x");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_full_file),
+      cmocka_unit_test(test_defaults),
+      cmocka_unit_test(test_errors_name_line_and_field),
+      cmocka_unit_test(test_alias_bomb),
+      cmocka_unit_test(test_load_file_and_shipped_examples),
+      cmocka_unit_test(test_connect_endpoint),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
