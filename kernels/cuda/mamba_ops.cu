@@ -357,3 +357,24 @@ extern "C" int mbd_mops_sample(void *stream, int n, int V, const float *logits, 
   k_sample<<<(unsigned)n, 512, 0, (cudaStream_t)stream>>>(V, logits, ld, temp, seed, step, out);
   return launch_check("sampling", err);
 }
+
+/* ------------------------------------------------------------ synthetic data */
+
+template <typename T>
+__global__ void k_fill_uniform(T *p, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    float u = sample_uniform(seed, 0x5eedull, (uint64_t)i); /* (0, 1) */
+    st_act(p + i, (2.0f * u - 1.0f) * scale);
+  }
+}
+
+extern "C" int mbd_mops_fill_uniform(void *stream, mbd_dtype dt, void *p, int64_t n,
+                                     uint64_t seed, float scale, mbd_error *err) {
+  if (n <= 0) return 0;
+  cudaStream_t s = (cudaStream_t)stream;
+#define FILL(T) k_fill_uniform<T><<<1024, 256, 0, s>>>((T *)p, n, seed, scale)
+  MBD_ACT_DISPATCH(dt, FILL)
+#undef FILL
+  return launch_check("fill_uniform", err);
+}

@@ -74,6 +74,11 @@ int mbd_mops_sample(void *stream, int n, int V, const float *logits, int64_t ld,
                     const float *temp, const uint64_t *seed, const uint64_t *step, int32_t *out,
                     mbd_error *err);
 
+/* p[i] = uniform in [-scale, scale) from a hash of (seed, i), stored in dt.
+ * Synthetic weights for benchmarks and tests: no host round trip. */
+int mbd_mops_fill_uniform(void *stream, mbd_dtype dt, void *p, int64_t n, uint64_t seed,
+                          float scale, mbd_error *err);
+
 #ifdef __cplusplus
 }
 #endif

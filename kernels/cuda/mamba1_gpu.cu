@@ -1,0 +1,761 @@
+/* Mamba-1 model on a GPU context (see mamba1_gpu.h).
+ *
+ * One forward routine serves prefill chunks and decode steps: rows are
+ * sequences x time steps, projections are mbd_gpu_gemm calls (row-invariant by
+ * the GEMM contract), and the conv and scan kernels walk each sequence's time
+ * steps in order from its slot's state, so a row's bits never depend on the
+ * batch, the chunking or the bucket. x_proj runs as two GEMMs over the two row
+ * blocks of its weight (dt part, then B|C): the same per-element sums, but the
+ * dt part comes out contiguous in the activation dtype, as dt_proj needs it.
+ *
+ * Device memory is allocated at load (weights, state slots, the workspace for
+ * max(max_rows, max_batch) rows, pinned staging); graphs are captured on first
+ * use of a bucket; nothing is allocated per token. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/gpu_check.h"
+extern "C" {
+#include "common/half.h"
+#include "common/safetensors.h"
+#include "kernels/cuda/gpu_gemm.h"
+#include "kernels/cuda/mamba1_gpu.h"
+#include "kernels/cuda/mamba_ops.h"
+}
+
+#define MAX_BUCKETS 16
+
+typedef struct layer_d {
+  float *norm;   /* [d] f32 (values rounded through the storage dtype) */
+  void *in_w;    /* [2 di, d] dtype */
+  void *in_b;    /* [2 di] dtype or NULL */
+  float *conv_w; /* [K][di] tap-major */
+  float *conv_b; /* [di] or NULL */
+  void *x_w;     /* [R + 2N, di] dtype: rows 0..R dt part, then B, then C */
+  void *dt_w;    /* [di, R] dtype */
+  void *dt_b;    /* [di] dtype */
+  float *A;      /* [di][N] = -expf(A_log) (host glibc expf, as the CPU model) */
+  float *D;      /* [di] */
+  void *out_w;   /* [d, di] dtype */
+  void *out_b;   /* [d] dtype or NULL */
+} layer_d;
+
+struct mbd_mamba1_gpu {
+  mbd_gpu_ctx *ctx;
+  cudaStream_t stream;
+  mbd_mamba_config cfg;
+  mbd_dtype dtype;       /* storage dtype = activation dtype of GEMM inputs */
+  int max_rows, max_batch, use_graphs;
+  int64_t nslots;        /* real slots; index nslots is the padding scratch slot */
+  layer_d *layers;
+  void *emb;             /* [V, d] dtype */
+  void *head;            /* LM head weight: emb when tied */
+  float *norm_f;         /* [d] */
+  size_t weight_bytes;
+  void **allocs;         /* every device allocation, freed at destroy */
+  int nalloc, capalloc;
+  float *conv_st;        /* [nslots + 1][L][K-1][di] */
+  float *ssm_st;         /* [nslots + 1][L][di][N] */
+  int64_t conv_slot, ssm_slot; /* floats per slot */
+  /* workspace, `rows` = max(max_rows, max_batch) */
+  int32_t *d_tok, *d_slots;
+  float *resid, *xz, *xc, *bc, *dt, *out, *logits;
+  void *hn, *xc_act, *dtl, *y;
+  float *d_temp;
+  uint64_t *d_seed, *d_step;
+  int32_t *d_next;
+  /* pinned staging */
+  int32_t *h_tok, *h_slots, *h_next;
+  float *h_temp;
+  uint64_t *h_seed, *h_step;
+  uint32_t *stamp;       /* host [nslots]: duplicate-slot check */
+  uint32_t gen;
+  mbd_gpu_graph *graphs[MAX_BUCKETS];
+};
+
+/* ------------------------------------------------------------ small helpers */
+
+void mbd_mamba1_gpu_options_default(mbd_mamba1_gpu_options *o) {
+  o->dtype = MBD_DTYPE_F32;
+  o->max_rows = 2048;
+  o->max_batch = 256;
+  o->use_graphs = 1;
+}
+
+static int dalloc(mbd_mamba1_gpu *m, size_t bytes, void **out, mbd_error *err) {
+  *out = NULL;
+  if (m->nalloc == m->capalloc) {
+    int nc = m->capalloc ? 2 * m->capalloc : 64;
+    void **na = (void **)realloc(m->allocs, (size_t)nc * sizeof(void *));
+    if (!na) return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
+    m->allocs = na;
+    m->capalloc = nc;
+  }
+  cudaError_t e = cudaMalloc(out, bytes ? bytes : 16);
+  if (e != cudaSuccess)
+    return mbd_error_set(err, MBD_E_NOMEM, "model: cudaMalloc of %zu bytes failed: %s", bytes,
+                         cudaGetErrorName(e));
+  m->allocs[m->nalloc++] = *out;
+  return 0;
+}
+
+static float round_to(mbd_dtype dt, float v) {
+  if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(mbd_f32_to_bf16(v));
+  if (dt == MBD_DTYPE_F16) return mbd_f16_to_f32(mbd_f32_to_f16(v));
+  return v;
+}
+
+static float entry_at(const mbd_st_entry *e, size_t i) {
+  const unsigned char *p = (const unsigned char *)e->data;
+  if (e->desc.dtype == MBD_DTYPE_F32) {
+    float v;
+    memcpy(&v, p + 4 * i, 4);
+    return v;
+  }
+  uint16_t h;
+  memcpy(&h, p + 2 * i, 2);
+  return e->desc.dtype == MBD_DTYPE_BF16 ? mbd_bf16_to_f32(h) : mbd_f16_to_f32(h);
+}
+
+/* Host values (f32) -> device, either in the storage dtype (matrices, GEMM
+ * biases) or as f32 rounded through it (small parameters). */
+static int upload(mbd_mamba1_gpu *m, const float *v, size_t n, int as_dtype, void **out,
+                  mbd_error *err) {
+  int rc = 0;
+  size_t es = as_dtype ? mbd_dtype_size(m->dtype) : 4;
+  void *host = malloc(n * es + 4);
+  if (!host) return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
+  for (size_t i = 0; i < n; i++) {
+    if (!as_dtype || m->dtype == MBD_DTYPE_F32) {
+      ((float *)host)[i] = as_dtype ? v[i] : round_to(m->dtype, v[i]);
+    } else {
+      ((uint16_t *)host)[i] =
+          m->dtype == MBD_DTYPE_BF16 ? mbd_f32_to_bf16(v[i]) : mbd_f32_to_f16(v[i]);
+    }
+  }
+  if ((rc = dalloc(m, n * es, out, err))) goto fail;
+  MBD_GPU_TRY(cudaMemcpy(*out, host, n * es, cudaMemcpyHostToDevice), err);
+  m->weight_bytes += n * mbd_dtype_size(m->dtype);
+fail:
+  free(host);
+  return rc;
+}
+
+/* ------------------------------------------------------------ structure */
+
+static int model_alloc(mbd_gpu_ctx *ctx, const mbd_mamba_config *cfg,
+                       const mbd_mamba1_gpu_options *opts, mbd_mamba1_gpu **out,
+                       mbd_error *err) {
+  *out = NULL;
+  mbd_mamba1_gpu_options def;
+  if (!opts) {
+    mbd_mamba1_gpu_options_default(&def);
+    opts = &def;
+  }
+  if (opts->dtype != MBD_DTYPE_F32 && opts->dtype != MBD_DTYPE_BF16 &&
+      opts->dtype != MBD_DTYPE_F16)
+    return mbd_error_set(err, MBD_E_INVALID, "model: storage dtype must be f32, bf16 or f16");
+  mbd_route_identity rid;
+  int rc = mbd_gpu_ctx_route(ctx, &rid, err);
+  if (rc) return rc;
+  mbd_dtype want = rid.policy == MBD_POLICY_BF16 ? MBD_DTYPE_BF16
+                   : rid.policy == MBD_POLICY_F16 ? MBD_DTYPE_F16
+                                                  : MBD_DTYPE_F32;
+  if (want != opts->dtype)
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "model: storage dtype %s does not fit the context's dtype policy %s "
+                         "(use %s)",
+                         mbd_dtype_name(opts->dtype), mbd_dtype_policy_name(rid.policy),
+                         mbd_dtype_name(want));
+  if (rid.state_capacity < 1)
+    return mbd_error_set(err, MBD_E_INVALID, "model: context state capacity %lld < 1",
+                         (long long)rid.state_capacity);
+  if (cfg->d_conv < 2 || cfg->d_conv > 8 ||
+      (cfg->d_state != 4 && cfg->d_state != 8 && cfg->d_state != 16 && cfg->d_state != 32))
+    return mbd_error_set(err, MBD_E_UNSUPPORTED,
+                         "model: d_conv %d (2..8) or d_state %d (4, 8, 16, 32) not supported",
+                         cfg->d_conv, cfg->d_state);
+  mbd_mamba1_gpu *m = (mbd_mamba1_gpu *)calloc(1, sizeof(*m));
+  if (!m) return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
+  m->ctx = ctx;
+  m->stream = (cudaStream_t)mbd_gpu_ctx_stream(ctx);
+  m->cfg = *cfg;
+  m->dtype = opts->dtype;
+  m->max_rows = opts->max_rows > 0 ? opts->max_rows : 2048;
+  int mb = opts->max_batch > 0 ? opts->max_batch : 256;
+  m->max_batch = 1;
+  while (m->max_batch < mb && m->max_batch < (1 << (MAX_BUCKETS - 1))) m->max_batch <<= 1;
+  m->use_graphs = opts->use_graphs;
+  m->nslots = rid.state_capacity;
+  m->layers = (layer_d *)calloc((size_t)cfg->n_layer, sizeof(layer_d));
+  m->stamp = (uint32_t *)calloc((size_t)m->nslots, sizeof(uint32_t));
+  if (!m->layers || !m->stamp) {
+    mbd_mamba1_gpu_destroy(&m);
+    return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
+  }
+  *out = m;
+  return 0;
+}
+
+/* State slots, workspace and pinned staging. */
+static int alloc_runtime(mbd_mamba1_gpu *m, mbd_error *err) {
+  const mbd_mamba_config *c = &m->cfg;
+  int rc = 0;
+  const size_t L = (size_t)c->n_layer, di = (size_t)c->d_inner, d = (size_t)c->d_model;
+  const size_t N = (size_t)c->d_state, R = (size_t)c->dt_rank, K = (size_t)c->d_conv;
+  const size_t V = (size_t)c->vocab_size, es = mbd_dtype_size(m->dtype);
+  m->conv_slot = (int64_t)(L * (K - 1) * di);
+  m->ssm_slot = (int64_t)(L * di * N);
+  const size_t ns = (size_t)m->nslots + 1;
+  size_t rows = (size_t)(m->max_rows > m->max_batch ? m->max_rows : m->max_batch);
+  void *p;
+#define DA(ptr, bytes)                                     \
+  do {                                                     \
+    if ((rc = dalloc(m, (bytes), &p, err))) return rc;     \
+    *(void **)&(ptr) = p;                                  \
+  } while (0)
+  DA(m->conv_st, ns * (size_t)m->conv_slot * 4);
+  DA(m->ssm_st, ns * (size_t)m->ssm_slot * 4);
+  MBD_GPU_CHECK(cudaMemset(m->conv_st, 0, ns * (size_t)m->conv_slot * 4), err);
+  MBD_GPU_CHECK(cudaMemset(m->ssm_st, 0, ns * (size_t)m->ssm_slot * 4), err);
+  DA(m->d_tok, rows * 4);
+  DA(m->d_slots, rows * 4);
+  DA(m->resid, rows * d * 4);
+  DA(m->hn, rows * d * es);
+  DA(m->xz, rows * 2 * di * 4);
+  DA(m->xc, rows * di * 4);
+  if (m->dtype == MBD_DTYPE_F32)
+    m->xc_act = m->xc;
+  else
+    DA(m->xc_act, rows * di * es);
+  DA(m->dtl, rows * R * es);
+  DA(m->bc, rows * 2 * N * 4);
+  DA(m->dt, rows * di * 4);
+  DA(m->y, rows * di * es);
+  DA(m->out, rows * d * 4);
+  DA(m->logits, rows * V * 4);
+  size_t B = (size_t)m->max_batch;
+  DA(m->d_temp, B * 4);
+  DA(m->d_seed, B * 8);
+  DA(m->d_step, B * 8);
+  DA(m->d_next, B * 4);
+#undef DA
+  MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_tok, rows * 4), err);
+  MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_slots, rows * 4), err);
+  MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_next, B * 4), err);
+  MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_temp, B * 4), err);
+  MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_seed, B * 8), err);
+  MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_step, B * 8), err);
+  return 0;
+}
+
+void mbd_mamba1_gpu_destroy(mbd_mamba1_gpu **pm) {
+  if (!pm || !*pm) return;
+  mbd_mamba1_gpu *m = *pm;
+  if (m->stream) cudaStreamSynchronize(m->stream);
+  for (int i = 0; i < MAX_BUCKETS; i++) mbd_gpu_graph_destroy(&m->graphs[i]);
+  for (int i = 0; i < m->nalloc; i++) cudaFree(m->allocs[i]);
+  cudaFreeHost(m->h_tok);
+  cudaFreeHost(m->h_slots);
+  cudaFreeHost(m->h_next);
+  cudaFreeHost(m->h_temp);
+  cudaFreeHost(m->h_seed);
+  cudaFreeHost(m->h_step);
+  free(m->allocs);
+  free(m->layers);
+  free(m->stamp);
+  free(m);
+  *pm = NULL;
+}
+
+/* ------------------------------------------------------------ loading */
+
+/* Reads tensor `name` of the given shape as f32 values into a new array. */
+static int read_tensor(const mbd_safetensors *st, const char *dir, const char *name, int ndim,
+                       const int64_t *shape, float **out, size_t *n_out, mbd_error *err) {
+  *out = NULL;
+  const mbd_st_entry *e = mbd_safetensors_find(st, name);
+  if (!e) return mbd_error_set(err, MBD_E_NOT_FOUND, "model %s: tensor %s is missing", dir, name);
+  if (e->desc.dtype != MBD_DTYPE_F32 && e->desc.dtype != MBD_DTYPE_BF16 &&
+      e->desc.dtype != MBD_DTYPE_F16)
+    return mbd_error_set(err, MBD_E_SHAPE, "model %s: tensor %s has dtype %s, want a float type",
+                         dir, name, mbd_dtype_name(e->desc.dtype));
+  int ok = e->desc.ndim == ndim;
+  for (int i = 0; ok && i < ndim; i++) ok = e->desc.shape[i] == shape[i];
+  if (!ok) {
+    char got[128], want[128];
+    mbd_tensor_desc wd;
+    memset(&wd, 0, sizeof(wd));
+    wd.dtype = e->desc.dtype;
+    wd.ndim = ndim;
+    for (int i = 0; i < ndim; i++) wd.shape[i] = shape[i];
+    mbd_tensor_desc_format(&e->desc, got, sizeof(got));
+    mbd_tensor_desc_format(&wd, want, sizeof(want));
+    return mbd_error_set(err, MBD_E_SHAPE, "model %s: tensor %s is %s, config says %s", dir, name,
+                         got, want);
+  }
+  size_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+  float *v = (float *)malloc(n * sizeof(float) + 4);
+  if (!v) return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory loading %s", name);
+  for (size_t i = 0; i < n; i++) v[i] = entry_at(e, i);
+  *out = v;
+  *n_out = n;
+  return 0;
+}
+
+static int load_one(mbd_mamba1_gpu *m, const mbd_safetensors *st, const char *dir,
+                    const char *name, int ndim, const int64_t *shape, int as_dtype, void **out,
+                    mbd_error *err) {
+  float *v = NULL;
+  size_t n = 0;
+  int rc = read_tensor(st, dir, name, ndim, shape, &v, &n, err);
+  if (!rc) rc = upload(m, v, n, as_dtype, out, err);
+  free(v);
+  return rc;
+}
+
+static int load_layer(mbd_mamba1_gpu *m, const mbd_safetensors *st, const char *dir, int i,
+                      mbd_error *err) {
+  const mbd_mamba_config *c = &m->cfg;
+  layer_d *L = &m->layers[i];
+  const int64_t d = c->d_model, di = c->d_inner, N = c->d_state, R = c->dt_rank, K = c->d_conv;
+  char nm[256];
+  int rc;
+  float *v = NULL;
+  size_t n = 0;
+#define NAME(suffix) (snprintf(nm, sizeof(nm), "backbone.layers.%d.%s", i, suffix), nm)
+  int64_t sh_d[1] = {d}, sh_di[1] = {di}, sh_2di[1] = {2 * di}, sh_A[2] = {di, N};
+  int64_t sh_in[2] = {2 * di, d}, sh_x[2] = {R + 2 * N, di}, sh_dt[2] = {di, R};
+  int64_t sh_out[2] = {d, di}, sh_conv[3] = {di, 1, K};
+  if ((rc = load_one(m, st, dir, NAME("norm.weight"), 1, sh_d, 0, (void **)&L->norm, err)))
+    return rc;
+  if ((rc = load_one(m, st, dir, NAME("mixer.in_proj.weight"), 2, sh_in, 1, &L->in_w, err)))
+    return rc;
+  if (c->proj_bias &&
+      (rc = load_one(m, st, dir, NAME("mixer.in_proj.bias"), 1, sh_2di, 1, &L->in_b, err)))
+    return rc;
+  if ((rc = read_tensor(st, dir, NAME("mixer.conv1d.weight"), 3, sh_conv, &v, &n, err)))
+    return rc;
+  {
+    float *tm = (float *)malloc(n * sizeof(float) + 4);
+    if (!tm) {
+      free(v);
+      return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
+    }
+    for (int64_t ch = 0; ch < di; ch++)
+      for (int64_t j = 0; j < K; j++) tm[j * di + ch] = v[ch * K + j];
+    rc = upload(m, tm, n, 0, (void **)&L->conv_w, err);
+    free(tm);
+    free(v);
+    v = NULL;
+    if (rc) return rc;
+  }
+  if (c->conv_bias &&
+      (rc = load_one(m, st, dir, NAME("mixer.conv1d.bias"), 1, sh_di, 0, (void **)&L->conv_b, err)))
+    return rc;
+  if ((rc = load_one(m, st, dir, NAME("mixer.x_proj.weight"), 2, sh_x, 1, &L->x_w, err)))
+    return rc;
+  if ((rc = load_one(m, st, dir, NAME("mixer.dt_proj.weight"), 2, sh_dt, 1, &L->dt_w, err)))
+    return rc;
+  if ((rc = load_one(m, st, dir, NAME("mixer.dt_proj.bias"), 1, sh_di, 1, &L->dt_b, err)))
+    return rc;
+  if ((rc = read_tensor(st, dir, NAME("mixer.A_log"), 2, sh_A, &v, &n, err))) return rc;
+  /* As the CPU model: round A_log through the storage dtype, then A = -expf. */
+  for (size_t k = 0; k < n; k++) v[k] = -expf(round_to(m->dtype, v[k]));
+  {
+    /* upload() rounds through the dtype again; A itself must stay exact f32. */
+    mbd_dtype keep = m->dtype;
+    m->dtype = MBD_DTYPE_F32;
+    rc = upload(m, v, n, 0, (void **)&L->A, err);
+    m->dtype = keep;
+    free(v);
+    if (rc) return rc;
+  }
+  if ((rc = load_one(m, st, dir, NAME("mixer.D"), 1, sh_di, 0, (void **)&L->D, err))) return rc;
+  if ((rc = load_one(m, st, dir, NAME("mixer.out_proj.weight"), 2, sh_out, 1, &L->out_w, err)))
+    return rc;
+  if (c->proj_bias &&
+      (rc = load_one(m, st, dir, NAME("mixer.out_proj.bias"), 1, sh_d, 1, &L->out_b, err)))
+    return rc;
+#undef NAME
+  return 0;
+}
+
+extern "C" int mbd_mamba1_gpu_load(mbd_gpu_ctx *ctx, const char *dir,
+                                   const mbd_mamba1_gpu_options *opts, mbd_mamba1_gpu **out,
+                                   mbd_error *err) {
+  *out = NULL;
+  mbd_mamba_config cfg;
+  mbd_safetensors *st = NULL;
+  mbd_mamba1_gpu *m = NULL;
+  char path[4096];
+  int rc = mbd_mamba_config_load(dir, &cfg, err);
+  if (rc) return rc;
+  snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+  if ((rc = mbd_safetensors_open(path, &st, err))) return rc;
+  if ((rc = model_alloc(ctx, &cfg, opts, &m, err))) goto fail;
+  {
+    int64_t sh_e[2] = {cfg.vocab_size, cfg.d_model}, sh_d[1] = {cfg.d_model};
+    if ((rc = load_one(m, st, dir, "backbone.embeddings.weight", 2, sh_e, 1, &m->emb, err)))
+      goto fail;
+    for (int i = 0; i < cfg.n_layer; i++)
+      if ((rc = load_layer(m, st, dir, i, err))) goto fail;
+    if ((rc = load_one(m, st, dir, "backbone.norm_f.weight", 1, sh_d, 0, (void **)&m->norm_f,
+                       err)))
+      goto fail;
+    m->head = m->emb;
+    if (!cfg.tie_embeddings && mbd_safetensors_find(st, "lm_head.weight") &&
+        (rc = load_one(m, st, dir, "lm_head.weight", 2, sh_e, 1, &m->head, err)))
+      goto fail;
+  }
+  if ((rc = alloc_runtime(m, err))) goto fail;
+  mbd_safetensors_destroy(&st);
+  *out = m;
+  return 0;
+fail:
+  mbd_safetensors_destroy(&st);
+  mbd_mamba1_gpu_destroy(&m);
+  return mbd_error_prefix(err, "loading %s on the GPU: ", dir);
+}
+
+/* Synthetic model: matrices filled on the device, small vectors on the host. */
+extern "C" int mbd_mamba1_gpu_new_random(mbd_gpu_ctx *ctx, const mbd_mamba_config *cfg,
+                                         uint64_t seed, const mbd_mamba1_gpu_options *opts,
+                                         mbd_mamba1_gpu **out, mbd_error *err) {
+  *out = NULL;
+  mbd_mamba1_gpu *m = NULL;
+  float *h = NULL;
+  int rc = model_alloc(ctx, cfg, opts, &m, err);
+  if (rc) return rc;
+  const int64_t d = cfg->d_model, di = cfg->d_inner, N = cfg->d_state, R = cfg->dt_rank;
+  const int64_t K = cfg->d_conv, V = cfg->vocab_size;
+  const size_t es = mbd_dtype_size(m->dtype);
+  size_t hmax = (size_t)(di * N + K * di + d);
+  h = (float *)malloc(hmax * sizeof(float));
+  if (!h) {
+    rc = mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
+    goto fail;
+  }
+#define MAT(ptr, rows, cols)                                                               \
+  do {                                                                                   \
+    if ((rc = dalloc(m, (size_t)(rows) * (size_t)(cols) * es, &(ptr), err))) goto fail;   \
+    if ((rc = mbd_mops_fill_uniform(m->stream, m->dtype, (ptr), (int64_t)(rows) * (cols), \
+                                    seed++, 1.0f / sqrtf((float)(cols)), err)))            \
+      goto fail;                                                                         \
+    m->weight_bytes += (size_t)(rows) * (size_t)(cols) * es;                             \
+  } while (0)
+#define VEC(ptr, n, as_dtype, expr)                                                  \
+  do {                                                                             \
+    for (int64_t i_ = 0; i_ < (n); i_++) h[i_] = (expr);                           \
+    if ((rc = upload(m, h, (size_t)(n), (as_dtype), (void **)&(ptr), err))) goto fail; \
+  } while (0)
+  MAT(m->emb, V, d);
+  m->head = m->emb;
+  for (int l = 0; l < cfg->n_layer; l++) {
+    layer_d *L = &m->layers[l];
+    VEC(L->norm, d, 0, 1.0f);
+    MAT(L->in_w, 2 * di, d);
+    VEC(L->conv_w, K * di, 0, 0.5f * (float)((i_ * 7 + l) % 5 - 2) / (float)K);
+    if (cfg->conv_bias) VEC(L->conv_b, di, 0, 0.01f * (float)(i_ % 3));
+    MAT(L->x_w, R + 2 * N, di);
+    MAT(L->dt_w, di, R);
+    /* dt = softplus(bias) spread log-uniformly over [0.001, 0.1] */
+    VEC(L->dt_b, di, 1,
+        logf(expm1f(expf(logf(0.001f) + (logf(0.1f) - logf(0.001f)) *
+                                          (float)(i_ % 97) / 96.0f))));
+    {
+      mbd_dtype keep = m->dtype;
+      m->dtype = MBD_DTYPE_F32;
+      VEC(L->A, di * N, 0, -(float)(i_ % N + 1));
+      m->dtype = keep;
+    }
+    VEC(L->D, di, 0, 1.0f);
+    MAT(L->out_w, d, di);
+  }
+  VEC(m->norm_f, d, 0, 1.0f);
+#undef MAT
+#undef VEC
+  if ((rc = alloc_runtime(m, err))) goto fail;
+  MBD_GPU_TRY(cudaStreamSynchronize(m->stream), err);
+  free(h);
+  *out = m;
+  return 0;
+fail:
+  free(h);
+  mbd_mamba1_gpu_destroy(&m);
+  return rc;
+}
+
+/* ------------------------------------------------------------ accessors */
+
+const mbd_mamba_config *mbd_mamba1_gpu_config(const mbd_mamba1_gpu *m) { return &m->cfg; }
+mbd_dtype mbd_mamba1_gpu_dtype(const mbd_mamba1_gpu *m) { return m->dtype; }
+int64_t mbd_mamba1_gpu_slots(const mbd_mamba1_gpu *m) { return m->nslots; }
+size_t mbd_mamba1_gpu_weight_bytes(const mbd_mamba1_gpu *m) { return m->weight_bytes; }
+size_t mbd_mamba1_gpu_state_bytes(const mbd_mamba1_gpu *m) {
+  return (size_t)(m->conv_slot + m->ssm_slot) * 4;
+}
+
+/* ------------------------------------------------------------ state slots */
+
+static int check_slot(const mbd_mamba1_gpu *m, int64_t slot, mbd_error *err) {
+  if (slot < 0 || slot >= m->nslots)
+    return mbd_error_set(err, MBD_E_INVALID, "state slot %lld outside 0..%lld", (long long)slot,
+                         (long long)m->nslots - 1);
+  return 0;
+}
+
+extern "C" int mbd_mamba1_gpu_slot_reset(mbd_mamba1_gpu *m, int64_t slot, mbd_error *err) {
+  int rc = check_slot(m, slot, err);
+  if (rc) return rc;
+  MBD_GPU_CHECK(cudaMemsetAsync(m->conv_st + slot * m->conv_slot, 0, (size_t)m->conv_slot * 4,
+                                m->stream),
+                err);
+  MBD_GPU_CHECK(
+      cudaMemsetAsync(m->ssm_st + slot * m->ssm_slot, 0, (size_t)m->ssm_slot * 4, m->stream),
+      err);
+  MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+  return 0;
+}
+
+extern "C" int mbd_mamba1_gpu_slot_read(mbd_mamba1_gpu *m, int64_t slot, void *buf, size_t cap,
+                                        mbd_error *err) {
+  int rc = check_slot(m, slot, err);
+  if (rc) return rc;
+  size_t need = mbd_mamba1_gpu_state_bytes(m), cb = (size_t)m->conv_slot * 4;
+  if (cap < need)
+    return mbd_error_set(err, MBD_E_TOO_LARGE, "slot read: buffer of %zu bytes, need %zu", cap,
+                         need);
+  MBD_GPU_CHECK(cudaMemcpyAsync(buf, m->conv_st + slot * m->conv_slot, cb,
+                                cudaMemcpyDeviceToHost, m->stream),
+                err);
+  MBD_GPU_CHECK(cudaMemcpyAsync((char *)buf + cb, m->ssm_st + slot * m->ssm_slot, need - cb,
+                                cudaMemcpyDeviceToHost, m->stream),
+                err);
+  MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+  return 0;
+}
+
+extern "C" int mbd_mamba1_gpu_slot_write(mbd_mamba1_gpu *m, int64_t slot, const void *buf,
+                                         size_t len, mbd_error *err) {
+  int rc = check_slot(m, slot, err);
+  if (rc) return rc;
+  size_t need = mbd_mamba1_gpu_state_bytes(m), cb = (size_t)m->conv_slot * 4;
+  if (len != need)
+    return mbd_error_set(err, MBD_E_SHAPE, "slot write: %zu bytes, this model's state is %zu",
+                         len, need);
+  MBD_GPU_CHECK(cudaMemcpyAsync(m->conv_st + slot * m->conv_slot, buf, cb,
+                                cudaMemcpyHostToDevice, m->stream),
+                err);
+  MBD_GPU_CHECK(cudaMemcpyAsync(m->ssm_st + slot * m->ssm_slot, (const char *)buf + cb,
+                                need - cb, cudaMemcpyHostToDevice, m->stream),
+                err);
+  MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+  return 0;
+}
+
+/* ------------------------------------------------------------ forward */
+
+static int gemm(mbd_mamba1_gpu *m, int64_t M, int64_t N, int64_t K, const void *x,
+                const void *w, const void *b, void *y, mbd_dtype out_dt, mbd_error *err) {
+  mbd_gpu_gemm_args a;
+  a.dtype = m->dtype;
+  a.out_dtype = out_dt;
+  a.m = M;
+  a.n = N;
+  a.k = K;
+  a.x = x;
+  a.w = w;
+  a.bias = b;
+  a.y = y;
+  return mbd_gpu_gemm(m->ctx, &a, err);
+}
+
+/* Runs nseq x T rows (tokens in d_tok, slots in d_slots) through the model,
+ * advancing the slots' states. Logits: 0 none; 1 each sequence's last row
+ * ([nseq, V]); 2 every row ([nseq * T, V]); into m->logits. Enqueue only. */
+static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, mbd_error *err) {
+  const mbd_mamba_config *c = &m->cfg;
+  const int64_t M = (int64_t)nseq * T, d = c->d_model, di = c->d_inner, N = c->d_state;
+  const int64_t R = c->dt_rank, V = c->vocab_size;
+  const size_t es = mbd_dtype_size(m->dtype);
+  const mbd_dtype act = m->dtype;
+  void *s = (void *)m->stream;
+  int rc;
+  if ((rc = mbd_mops_embed(s, M, (int)d, m->d_tok, m->dtype, m->emb, m->resid, err))) return rc;
+  for (int l = 0; l < c->n_layer; l++) {
+    const layer_d *L = &m->layers[l];
+    if ((rc = mbd_mops_add_rmsnorm(s, M, (int)d, 1, 0, m->resid, l ? m->out : NULL, L->norm,
+                                   c->norm_eps, act, m->hn, err)))
+      return rc;
+    if ((rc = gemm(m, M, 2 * di, d, m->hn, L->in_w, L->in_b, m->xz, MBD_DTYPE_F32, err)))
+      return rc;
+    if ((rc = mbd_mops_conv_silu(s, nseq, T, (int)di, c->d_conv, m->xz, 2 * di, L->conv_w,
+                                 L->conv_b, m->conv_st + (int64_t)l * (c->d_conv - 1) * di,
+                                 m->conv_slot, m->d_slots, m->xc, act,
+                                 act == MBD_DTYPE_F32 ? NULL : m->xc_act, err)))
+      return rc;
+    if ((rc = gemm(m, M, R, di, m->xc_act, L->x_w, NULL, m->dtl, act, err))) return rc;
+    if ((rc = gemm(m, M, 2 * N, di, m->xc_act, (const char *)L->x_w + (size_t)(R * di) * es,
+                   NULL, m->bc, MBD_DTYPE_F32, err)))
+      return rc;
+    if ((rc = gemm(m, M, di, R, m->dtl, L->dt_w, L->dt_b, m->dt, MBD_DTYPE_F32, err))) return rc;
+    if ((rc = mbd_mops_scan(s, nseq, T, (int)di, (int)N, m->xc, m->dt, m->bc, L->A, L->D, m->xz,
+                            2 * di, di, m->ssm_st + (int64_t)l * di * N, m->ssm_slot, m->d_slots,
+                            act, m->y, err)))
+      return rc;
+    if ((rc = gemm(m, M, d, di, m->y, L->out_w, L->out_b, m->out, MBD_DTYPE_F32, err)))
+      return rc;
+  }
+  if (which == 0) return 0;
+  const int64_t rows = which == 1 ? nseq : M;
+  if ((rc = mbd_mops_add_rmsnorm(s, rows, (int)d, which == 1 ? T : 1, which == 1 ? T - 1 : 0,
+                                 m->resid, m->out, m->norm_f, c->norm_eps, act, m->hn, err)))
+    return rc;
+  return gemm(m, rows, V, d, m->hn, m->head, NULL, m->logits, MBD_DTYPE_F32, err);
+}
+
+/* Host checks shared by prefill and step: token range, slot range, distinct. */
+static int check_batch(mbd_mamba1_gpu *m, int nseq, const int32_t *slots, int64_t ntok,
+                       const int32_t *tokens, mbd_error *err) {
+  for (int64_t i = 0; i < ntok; i++)
+    if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size)
+      return mbd_error_set(err, MBD_E_INVALID, "token %lld is %d, outside 0..%d", (long long)i,
+                           tokens[i], m->cfg.vocab_size - 1);
+  if (++m->gen == 0) {
+    memset(m->stamp, 0, (size_t)m->nslots * sizeof(uint32_t));
+    m->gen = 1;
+  }
+  for (int b = 0; b < nseq; b++) {
+    int rc = check_slot(m, slots[b], err);
+    if (rc) return rc;
+    if (m->stamp[slots[b]] == m->gen)
+      return mbd_error_set(err, MBD_E_INVALID, "state slot %d appears twice in one batch",
+                           slots[b]);
+    m->stamp[slots[b]] = m->gen;
+  }
+  return 0;
+}
+
+extern "C" int mbd_mamba1_gpu_prefill(mbd_mamba1_gpu *m, int nseq, int T, const int32_t *tokens,
+                                      const int32_t *slots, mbd_mamba1_gpu_logits which,
+                                      float *logits, mbd_error *err) {
+  if (nseq < 0 || T < 0 || (which != MBD_MAMBA1_GPU_LOGITS_NONE && !logits))
+    return mbd_error_set(err, MBD_E_INVALID, "prefill: negative sizes or no logits buffer");
+  if (nseq == 0 || T == 0) return 0;
+  int rc = check_batch(m, nseq, slots, (int64_t)nseq * T, tokens, err);
+  if (rc) return rc;
+  const size_t V = (size_t)m->cfg.vocab_size;
+  const int sg = nseq < m->max_rows ? nseq : m->max_rows;
+  const int Tc = m->max_rows / sg > 0 ? m->max_rows / sg : 1;
+  for (int s0 = 0; s0 < nseq; s0 += sg) {
+    const int ns = nseq - s0 < sg ? nseq - s0 : sg;
+    memcpy(m->h_slots, slots + s0, (size_t)ns * 4);
+    MBD_GPU_CHECK(cudaMemcpyAsync(m->d_slots, m->h_slots, (size_t)ns * 4,
+                                  cudaMemcpyHostToDevice, m->stream),
+                  err);
+    for (int t0 = 0; t0 < T; t0 += Tc) {
+      const int tc = T - t0 < Tc ? T - t0 : Tc;
+      const int last = t0 + tc == T;
+      /* The staging buffer is reused: wait for the previous chunk's upload. */
+      MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+      for (int b = 0; b < ns; b++)
+        memcpy(m->h_tok + (size_t)b * tc, tokens + (size_t)(s0 + b) * T + t0, (size_t)tc * 4);
+      MBD_GPU_CHECK(cudaMemcpyAsync(m->d_tok, m->h_tok, (size_t)ns * tc * 4,
+                                    cudaMemcpyHostToDevice, m->stream),
+                    err);
+      int w = which == MBD_MAMBA1_GPU_LOGITS_ALL ? 2
+              : (which == MBD_MAMBA1_GPU_LOGITS_LAST && last) ? 1
+                                                               : 0;
+      if ((rc = forward(m, ns, tc, w, err))) return rc;
+      if (w == 2)
+        MBD_GPU_CHECK(cudaMemcpy2DAsync(logits + ((size_t)s0 * T + t0) * V, (size_t)T * V * 4,
+                                        m->logits, (size_t)tc * V * 4, (size_t)tc * V * 4,
+                                        (size_t)ns, cudaMemcpyDeviceToHost, m->stream),
+                      err);
+      else if (w == 1)
+        MBD_GPU_CHECK(cudaMemcpyAsync(logits + (size_t)s0 * V, m->logits, (size_t)ns * V * 4,
+                                      cudaMemcpyDeviceToHost, m->stream),
+                      err);
+    }
+  }
+  MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+  return 0;
+}
+
+/* One decode step of `rows` rows from the device inputs, then the pick. */
+static int step_body(mbd_mamba1_gpu *m, int rows, mbd_error *err) {
+  int rc = forward(m, rows, 1, 2, err);
+  if (rc) return rc;
+  return mbd_mops_sample((void *)m->stream, rows, m->cfg.vocab_size, m->logits,
+                         m->cfg.vocab_size, m->d_temp, m->d_seed, m->d_step, m->d_next, err);
+}
+
+extern "C" int mbd_mamba1_gpu_step(mbd_mamba1_gpu *m, int n, const int32_t *tokens,
+                                   const int32_t *slots, const mbd_mamba1_gpu_pick *picks,
+                                   int32_t *next, float *logits, mbd_error *err) {
+  if (n < 1 || n > m->max_batch)
+    return mbd_error_set(err, MBD_E_INVALID, "step: batch %d outside 1..%d", n, m->max_batch);
+  int rc = check_batch(m, n, slots, n, tokens, err);
+  if (rc) return rc;
+  int bucket = 1, bi = 0;
+  while (bucket < n) bucket <<= 1, bi++;
+  const int rows = m->use_graphs ? bucket : n;
+  /* Pinned staging may still feed the previous step's copies only if that
+   * step failed midway; the stream is idle otherwise. */
+  MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+  for (int i = 0; i < rows; i++) {
+    const int real = i < n;
+    m->h_tok[i] = real ? tokens[i] : 0;
+    m->h_slots[i] = real ? slots[i] : (int32_t)m->nslots; /* padding: scratch slot */
+    m->h_temp[i] = real && picks ? picks[i].temperature : 0.0f;
+    m->h_seed[i] = real && picks ? picks[i].seed : 0;
+    m->h_step[i] = real && picks ? picks[i].step : 0;
+  }
+  cudaStream_t s = m->stream;
+  MBD_GPU_CHECK(cudaMemcpyAsync(m->d_tok, m->h_tok, (size_t)rows * 4, cudaMemcpyHostToDevice, s),
+                err);
+  MBD_GPU_CHECK(
+      cudaMemcpyAsync(m->d_slots, m->h_slots, (size_t)rows * 4, cudaMemcpyHostToDevice, s), err);
+  MBD_GPU_CHECK(
+      cudaMemcpyAsync(m->d_temp, m->h_temp, (size_t)rows * 4, cudaMemcpyHostToDevice, s), err);
+  MBD_GPU_CHECK(
+      cudaMemcpyAsync(m->d_seed, m->h_seed, (size_t)rows * 8, cudaMemcpyHostToDevice, s), err);
+  MBD_GPU_CHECK(
+      cudaMemcpyAsync(m->d_step, m->h_step, (size_t)rows * 8, cudaMemcpyHostToDevice, s), err);
+  if (m->use_graphs) {
+    if (!m->graphs[bi]) {
+      if ((rc = mbd_gpu_graph_begin(m->ctx, err))) return rc;
+      int brc = step_body(m, rows, err);
+      mbd_error e2;
+      int erc = mbd_gpu_graph_end(m->ctx, &m->graphs[bi], brc ? &e2 : err);
+      if (brc) {
+        mbd_gpu_graph_destroy(&m->graphs[bi]);
+        return mbd_error_prefix(err, "capturing the batch-%d decode graph: ", rows);
+      }
+      if (erc) return erc;
+    }
+    if ((rc = mbd_gpu_graph_launch(m->ctx, m->graphs[bi], err))) return rc;
+  } else if ((rc = step_body(m, rows, err))) {
+    return rc;
+  }
+  MBD_GPU_CHECK(
+      cudaMemcpyAsync(m->h_next, m->d_next, (size_t)n * 4, cudaMemcpyDeviceToHost, s), err);
+  if (logits)
+    MBD_GPU_CHECK(cudaMemcpyAsync(logits, m->logits, (size_t)n * m->cfg.vocab_size * 4,
+                                  cudaMemcpyDeviceToHost, s),
+                  err);
+  MBD_GPU_CHECK(cudaStreamSynchronize(s), err);
+  if (next) memcpy(next, m->h_next, (size_t)n * 4);
+  return 0;
+}
+
+void mbd_mamba1_gpu_set_graphs(mbd_mamba1_gpu *m, int on) {
+  if (!on)
+    for (int i = 0; i < MAX_BUCKETS; i++) mbd_gpu_graph_destroy(&m->graphs[i]);
+  m->use_graphs = on;
+}
