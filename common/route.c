@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/sha256.h"
 
@@ -128,8 +129,23 @@ static int field(const char *text, const char *key, char *dst, size_t cap) {
   return -1;
 }
 
+static int missing(mbd_error *err, const char *key) {
+  return mbd_error_set(err, MBD_E_FORMAT, "route encoding: no '%s=' line", key);
+}
+
+/* A bad enum value inside an encoding is a format error, with the parser's
+ * message (which names the valid values) kept. */
+static int as_format(mbd_error *err) {
+  if (err) {
+    mbd_error_prefix(err, "route encoding");
+    err->code = MBD_E_FORMAT;
+  }
+  return MBD_E_FORMAT;
+}
+
 int mbd_route_decode(const char *buf, size_t len, mbd_route_identity *out, mbd_error *err) {
   char text[1024];
+  if (!buf) return mbd_error_set(err, MBD_E_FORMAT, "route encoding is empty");
   if (len >= sizeof text) return mbd_error_set(err, MBD_E_FORMAT, "route encoding too long (%zu)", len);
   memcpy(text, buf, len);
   text[len] = '\0';
@@ -140,15 +156,20 @@ int mbd_route_decode(const char *buf, size_t len, mbd_route_identity *out, mbd_e
                          (int)strlen(hdr) - 1, hdr);
   memset(out, 0, sizeof *out);
   char v[128];
-  int rc;
-  if (field(text, "backend", v, sizeof v) || (rc = mbd_backend_parse(v, &out->backend, err)))
-    return mbd_error_set(err, MBD_E_FORMAT, "route encoding: bad backend");
-  if (field(text, "mode", v, sizeof v) || mbd_gemm_mode_parse(v, &out->mode, err))
-    return mbd_error_set(err, MBD_E_FORMAT, "route encoding: bad mode");
-  if (field(text, "dtype", v, sizeof v) || mbd_dtype_policy_parse(v, &out->policy, err))
-    return mbd_error_set(err, MBD_E_FORMAT, "route encoding: bad dtype");
-  if (field(text, "family", v, sizeof v) || mbd_family_parse(v, &out->family, err))
-    return mbd_error_set(err, MBD_E_FORMAT, "route encoding: bad family");
+  int m = 0, p = 0, f = 0, b = 0;
+  /* Enum fields: keep the parser's message (it lists the valid values). */
+  if (field(text, "backend", v, sizeof v)) return missing(err, "backend");
+  if (mbd_backend_parse(v, (mbd_backend_kind *)&b, err)) return as_format(err);
+  if (field(text, "mode", v, sizeof v)) return missing(err, "mode");
+  if (mbd_gemm_mode_parse(v, (mbd_gemm_mode *)&m, err)) return as_format(err);
+  if (field(text, "dtype", v, sizeof v)) return missing(err, "dtype");
+  if (mbd_dtype_policy_parse(v, (mbd_dtype_policy *)&p, err)) return as_format(err);
+  if (field(text, "family", v, sizeof v)) return missing(err, "family");
+  if (mbd_family_parse(v, (mbd_family *)&f, err)) return as_format(err);
+  out->backend = (mbd_backend_kind)b;
+  out->mode = (mbd_gemm_mode)m;
+  out->policy = (mbd_dtype_policy)p;
+  out->family = (mbd_family)f;
   if (field(text, "isa", out->isa, sizeof out->isa) ||
       field(text, "kernels", out->kernel_digest, sizeof out->kernel_digest) ||
       field(text, "compiler", out->compiler, sizeof out->compiler) ||
@@ -161,7 +182,6 @@ int mbd_route_decode(const char *buf, size_t len, mbd_route_identity *out, mbd_e
       field(text, "state_capacity", v, sizeof v) ||
       sscanf(v, "%" SCNd64, &out->state_capacity) != 1)
     return mbd_error_set(err, MBD_E_FORMAT, "route encoding: bad numeric field");
-  (void)rc;
   return MBD_OK;
 }
 
@@ -175,7 +195,10 @@ void mbd_route_id_hex(const mbd_route_identity *r, char out[65]) {
 }
 
 bool mbd_route_matches(const mbd_route_want *w, const mbd_route_identity *r, const char *id) {
-  if (w->route_id[0] && strncmp(w->route_id, id, strlen(w->route_id))) return false;
+  /* An id constraint is the full id or a prefix of at least 8 hex digits
+   * (case-insensitive); anything shorter would match workers by accident. */
+  size_t idl = strnlen(w->route_id, sizeof w->route_id);
+  if (idl && (idl < 8 || !id || strncasecmp(w->route_id, id, idl))) return false;
   if (w->backend[0] && strcmp(w->backend, mbd_backend_name(r->backend))) return false;
   if (w->gemm_mode[0] && strcmp(w->gemm_mode, mbd_gemm_mode_name(r->mode))) return false;
   if (w->dtype[0] && strcmp(w->dtype, mbd_dtype_policy_name(r->policy))) return false;
@@ -186,6 +209,7 @@ bool mbd_route_matches(const mbd_route_want *w, const mbd_route_identity *r, con
 
 void mbd_route_want_format(const mbd_route_want *w, char *buf, size_t cap) {
   size_t n = 0;
+  if (!cap) return;
   buf[0] = '\0';
 #define ADD(k, v)                                                                \
   if ((v)[0] && n < cap) {                                                       \

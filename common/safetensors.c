@@ -477,7 +477,10 @@ int mbd_st_writer_add(mbd_st_writer *w, const char *name, const mbd_tensor_desc 
                          (int)desc->dtype);
   size_t nbytes;
   int rc = mbd_tensor_desc_nbytes(desc, &nbytes, err);
-  if (rc) return mbd_error_prefix(err, "safetensors writer: tensor '%s'", name);
+  if (rc) {
+    if (err) mbd_error_prefix(err, "safetensors writer: tensor '%s'", name);
+    return rc;
+  }
   if (nbytes && !data)
     return mbd_error_set(err, MBD_E_INVALID, "safetensors writer: tensor '%s' has no data", name);
   json_t *probe = json_string(name); /* names must be valid UTF-8 to appear in JSON */
