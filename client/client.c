@@ -43,6 +43,7 @@ struct mbd_session {
 void mbd_client_options_init(mbd_client_options *o) {
   memset(o, 0, sizeof *o);
   o->wait_ms = 120000;
+  o->connect_ms = 5000;
   o->max_message_bytes = (size_t)2 << 30;
 }
 
@@ -63,6 +64,7 @@ int mbd_client_new(const char *endpoint, const mbd_client_options *opt, mbd_clie
   if (opt) c->opt = *opt;
   else mbd_client_options_init(&c->opt);
   if (c->opt.wait_ms <= 0) c->opt.wait_ms = 120000;
+  if (c->opt.connect_ms <= 0) c->opt.connect_ms = 5000;
   if (c->opt.max_message_bytes == 0) c->opt.max_message_bytes = (size_t)2 << 30;
   snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
   c->next_id = 1;
@@ -322,8 +324,9 @@ static int request_(mbd_client *c, int64_t deadline_ms, mbd_msg **req,
 
   /* Wait until the broker is connected (ZMQ_IMMEDIATE), then send. */
   zmq_pollitem_t it = {.socket = c->sock, .events = ZMQ_POLLOUT};
+  int64_t send_end = now_ms() + (c->opt.connect_ms < wait ? c->opt.connect_ms : wait);
   for (;;) {
-    int64_t left = end - now_ms();
+    int64_t left = send_end - now_ms();
     if (left < 0) left = 0;
     int r = zmq_poll(&it, 1, (long)left);
     if (r > 0) break;
@@ -332,7 +335,7 @@ static int request_(mbd_client *c, int64_t deadline_ms, mbd_msg **req,
     if (r < 0) return mbd_error_set(err, MBD_E_IO, "polling the broker socket: %s", zmq_strerror(errno));
     return mbd_error_set(err, MBD_E_TIMEOUT,
                          "broker at %s not reachable within %" PRId64 " ms (is it running? start one with `mambad up --config FILE.yaml`)",
-                         c->endpoint, wait);
+                         c->endpoint, c->opt.connect_ms < wait ? c->opt.connect_ms : wait);
   }
   int rc = mbd_msg_send(req, c->sock, ZMQ_DONTWAIT, err);
   if (rc != 0) return mbd_error_prefix(err, "sending %s to %s", mbd_cmd_name(cmd), c->endpoint);

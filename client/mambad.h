@@ -42,6 +42,7 @@ typedef struct mbd_shm mbd_shm;         /* a POSIX shared-memory region */
 typedef struct mbd_client_options {
   int64_t deadline_ms;      /* sent with every request; 0 = the broker's default */
   int64_t wait_ms;          /* how long the client waits when deadline_ms is 0 (default 120000) */
+  int64_t connect_ms;       /* how long a request waits for the broker connection (default 5000) */
   mbd_route_want route;     /* default route constraints for gemm/forward/open/import */
   size_t max_message_bytes; /* largest reply accepted (default 2 GiB) */
 } mbd_client_options;

@@ -1,0 +1,809 @@
+/* `mambad`: the command-line front end.
+ *
+ * Git-style: `mambad run|model|up|broker|worker ...` execs the matching
+ * `mambad-<cmd>` program (next to this binary, else on PATH); status, forward,
+ * generate, gemm and bench are built in on libmambad. Tensor files use the
+ * same safetensors interface as `mambad-run` (input_ids in, logits or tokens
+ * out). Exit codes: 0 success, 1 the request or a file failed (the error's
+ * code name and message are printed), 2 bad usage, 127 sub-program missing. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/mambad.h"
+#include "common/half.h"
+#include "common/safetensors.h"
+
+#define DEFAULT_ENDPOINT "ipc:///tmp/mambad/clients.sock"
+#define EXIT_FAIL 1
+#define EXIT_USAGE 2
+
+/* ---- shared option handling ------------------------------------------- */
+
+typedef struct cli_opts {
+  const char *connect;   /* broker client endpoint */
+  const char *model;
+  const char *input, *output;
+  mbd_route_want route;  /* --route-id/--backend/--dtype/--gemm-mode/--family/--device */
+  int64_t deadline_ms;
+  bool shm, last_only, full, quiet;
+  mbd_generate_params gen;
+  int64_t stop[64];
+  /* gemm / bench */
+  int64_t m, n, k, requests, batch, seq;
+  const char *gemm_dtype;
+  uint64_t seed;
+} cli_opts;
+
+enum {
+  O_CONNECT = 1000, O_MODEL, O_INPUT, O_OUTPUT, O_ROUTE_ID, O_BACKEND, O_DTYPE, O_GEMM_MODE,
+  O_FAMILY, O_DEVICE, O_DEADLINE, O_SHM, O_LAST_ONLY, O_FULL, O_QUIET, O_GENERATE, O_TEMP,
+  O_TOPK, O_TOPP, O_SEED, O_STOP, O_M, O_N, O_K, O_REQUESTS, O_BATCH, O_SEQ, O_HELP
+};
+
+static const struct option k_long[] = {
+    {"connect", required_argument, 0, O_CONNECT}, {"model", required_argument, 0, O_MODEL},
+    {"input", required_argument, 0, O_INPUT},      {"output", required_argument, 0, O_OUTPUT},
+    {"route-id", required_argument, 0, O_ROUTE_ID}, {"backend", required_argument, 0, O_BACKEND},
+    {"dtype", required_argument, 0, O_DTYPE},      {"gemm-mode", required_argument, 0, O_GEMM_MODE},
+    {"family", required_argument, 0, O_FAMILY},    {"device", required_argument, 0, O_DEVICE},
+    {"deadline-ms", required_argument, 0, O_DEADLINE}, {"shm", no_argument, 0, O_SHM},
+    {"last-only", no_argument, 0, O_LAST_ONLY},    {"full", no_argument, 0, O_FULL},
+    {"quiet", no_argument, 0, O_QUIET},            {"generate", required_argument, 0, O_GENERATE},
+    {"max-tokens", required_argument, 0, O_GENERATE}, {"temperature", required_argument, 0, O_TEMP},
+    {"top-k", required_argument, 0, O_TOPK},       {"top-p", required_argument, 0, O_TOPP},
+    {"seed", required_argument, 0, O_SEED},        {"stop", required_argument, 0, O_STOP},
+    {"m", required_argument, 0, O_M},              {"n", required_argument, 0, O_N},
+    {"k", required_argument, 0, O_K},              {"requests", required_argument, 0, O_REQUESTS},
+    {"batch", required_argument, 0, O_BATCH},      {"seq", required_argument, 0, O_SEQ},
+    {"help", no_argument, 0, O_HELP},              {0, 0, 0, 0}};
+
+static const char *k_route_help =
+    "  --connect EP        broker client endpoint (default $MAMBAD_CONNECT or " DEFAULT_ENDPOINT ")\n"
+    "  --route-id HEX      exact route id or a prefix of >= 8 hex chars\n"
+    "  --backend B         cpu | cuda\n"
+    "  --dtype D           storage dtype policy: f32 | tf32 | bf16 | f16\n"
+    "  --gemm-mode M       deterministic | cublas-fast | cublas-pedantic\n"
+    "  --family F          inference | triad\n"
+    "  --device NAME       exact device name (\"NVIDIA H200\", \"cpu\")\n"
+    "  --deadline-ms N     request deadline (default: the broker's)\n";
+
+__attribute__((format(printf, 2, 3))) static int usage_error(const char *cmd, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "mambad %s: ", cmd);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "\n(see `mambad %s --help`)\n", cmd);
+  return EXIT_USAGE;
+}
+
+static int parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t *out) {
+  char *end = NULL;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (!*s || *end || errno || v < lo) {
+    fprintf(stderr, "mambad %s: %s wants an integer >= %" PRId64 ", got '%s'\n", cmd, flag, lo, s);
+    return EXIT_USAGE;
+  }
+  *out = v;
+  return 0;
+}
+
+static int parse_f64(const char *cmd, const char *flag, const char *s, double *out) {
+  char *end = NULL;
+  double v = strtod(s, &end);
+  if (!*s || *end || !isfinite(v) || v < 0) {
+    fprintf(stderr, "mambad %s: %s wants a number >= 0, got '%s'\n", cmd, flag, s);
+    return EXIT_USAGE;
+  }
+  *out = v;
+  return 0;
+}
+
+static int set_str(const char *cmd, const char *flag, char *dst, size_t cap, const char *s) {
+  if (strlen(s) >= cap) {
+    fprintf(stderr, "mambad %s: %s value '%s' is too long\n", cmd, flag, s);
+    return EXIT_USAGE;
+  }
+  snprintf(dst, cap, "%s", s);
+  return 0;
+}
+
+/* Parses argv (argv[0] = subcommand) into o; `allowed` lists accepted option
+ * ids (0-terminated) so each command rejects flags it does not use. Returns 0,
+ * EXIT_USAGE, or -1 for --help. */
+static int parse_opts(const char *cmd, int argc, char **argv, const int *allowed, cli_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->connect = getenv("MAMBAD_CONNECT") ? getenv("MAMBAD_CONNECT") : DEFAULT_ENDPOINT;
+  mbd_generate_params_init(&o->gen);
+  o->gen.stop = o->stop;
+  o->requests = 100;
+  o->batch = 1;
+  o->seq = 16;
+  o->gemm_dtype = "f32";
+  optind = 1;
+  opterr = 0;
+  int c, rc = 0;
+  mbd_error err;
+  while ((c = getopt_long(argc, argv, "h", k_long, NULL)) != -1) {
+    if (c == 'h' || c == O_HELP) return -1;
+    if (c == '?' || c == ':')
+      return usage_error(cmd, "unknown option or missing value: %s", argv[optind - 1]);
+    bool ok = false;
+    for (const int *a = allowed; *a; a++) ok = ok || *a == c;
+    if (!ok) return usage_error(cmd, "option %s does not apply here", argv[optind - 1]);
+    const char *v = optarg;
+    switch (c) {
+    case O_CONNECT: o->connect = v; break;
+    case O_MODEL: o->model = v; break;
+    case O_INPUT: o->input = v; break;
+    case O_OUTPUT: o->output = v; break;
+    case O_ROUTE_ID: rc = set_str(cmd, "--route-id", o->route.route_id, sizeof o->route.route_id, v); break;
+    case O_BACKEND: {
+      mbd_backend_kind b;
+      if (mbd_backend_parse(v, &b, &err)) return usage_error(cmd, "--backend: %s", err.msg);
+      rc = set_str(cmd, "--backend", o->route.backend, sizeof o->route.backend, v);
+      break;
+    }
+    case O_DTYPE: {
+      mbd_dtype_policy p;
+      mbd_dtype d;
+      if (!strcmp(cmd, "gemm")) {
+        if (mbd_dtype_parse(v, &d, &err) || d == MBD_DTYPE_I64)
+          return usage_error(cmd, "--dtype: '%s' is not f32, bf16 or f16", v);
+        o->gemm_dtype = v;
+      }
+      /* gemm's input dtype is also its storage policy constraint */
+      if (mbd_dtype_policy_parse(v, &p, &err)) return usage_error(cmd, "--dtype: %s", err.msg);
+      rc = set_str(cmd, "--dtype", o->route.dtype, sizeof o->route.dtype, v);
+      break;
+    }
+    case O_GEMM_MODE: {
+      mbd_gemm_mode m;
+      if (mbd_gemm_mode_parse(v, &m, &err)) return usage_error(cmd, "--gemm-mode: %s", err.msg);
+      rc = set_str(cmd, "--gemm-mode", o->route.gemm_mode, sizeof o->route.gemm_mode, v);
+      break;
+    }
+    case O_FAMILY: {
+      mbd_family f;
+      if (mbd_family_parse(v, &f, &err)) return usage_error(cmd, "--family: %s", err.msg);
+      rc = set_str(cmd, "--family", o->route.family, sizeof o->route.family, v);
+      break;
+    }
+    case O_DEVICE: rc = set_str(cmd, "--device", o->route.device_name, sizeof o->route.device_name, v); break;
+    case O_DEADLINE: rc = parse_i64(cmd, "--deadline-ms", v, 1, &o->deadline_ms); break;
+    case O_SHM: o->shm = true; break;
+    case O_LAST_ONLY: o->last_only = true; break;
+    case O_FULL: o->full = true; break;
+    case O_QUIET: o->quiet = true; break;
+    case O_GENERATE: rc = parse_i64(cmd, "--generate", v, 1, &o->gen.max_tokens); break;
+    case O_TEMP: rc = parse_f64(cmd, "--temperature", v, &o->gen.temperature); break;
+    case O_TOPK: rc = parse_i64(cmd, "--top-k", v, 0, &o->gen.top_k); break;
+    case O_TOPP:
+      rc = parse_f64(cmd, "--top-p", v, &o->gen.top_p);
+      if (!rc && o->gen.top_p > 1) return usage_error(cmd, "--top-p must be in [0,1], got %s", v);
+      break;
+    case O_SEED: {
+      int64_t s = 0;
+      rc = parse_i64(cmd, "--seed", v, 0, &s);
+      o->seed = o->gen.seed = (uint64_t)s;
+      break;
+    }
+    case O_STOP:
+      if (o->gen.n_stop >= 64) return usage_error(cmd, "at most 64 --stop tokens");
+      rc = parse_i64(cmd, "--stop", v, 0, &o->stop[o->gen.n_stop++]);
+      break;
+    case O_M: rc = parse_i64(cmd, "--m", v, 1, &o->m); break;
+    case O_N: rc = parse_i64(cmd, "--n", v, 1, &o->n); break;
+    case O_K: rc = parse_i64(cmd, "--k", v, 1, &o->k); break;
+    case O_REQUESTS: rc = parse_i64(cmd, "--requests", v, 1, &o->requests); break;
+    case O_BATCH: rc = parse_i64(cmd, "--batch", v, 1, &o->batch); break;
+    case O_SEQ: rc = parse_i64(cmd, "--seq", v, 1, &o->seq); break;
+    default: return usage_error(cmd, "unhandled option %s", argv[optind - 1]);
+    }
+    if (rc) return rc;
+  }
+  if (optind < argc) return usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+  return 0;
+}
+
+/* Prints "mambad CMD: NAME: message [worker W, route R]" and returns EXIT_FAIL. */
+static int report(const char *cmd, const mbd_error *err, const mbd_client *c) {
+  fprintf(stderr, "mambad %s: %s: %s", cmd, mbd_status_name(err->code), err->msg);
+  const mbd_reply_meta *m = c ? mbd_client_last_reply(c) : NULL;
+  if (m && (m->worker[0] || m->route_id[0]))
+    fprintf(stderr, " [worker %s, route %.12s]", m->worker[0] ? m->worker : "-",
+            m->route_id[0] ? m->route_id : "-");
+  fputc('\n', stderr);
+  return EXIT_FAIL;
+}
+
+static int connect_client(const char *cmd, const cli_opts *o, mbd_client **c) {
+  mbd_client_options co;
+  mbd_client_options_init(&co);
+  co.deadline_ms = o->deadline_ms;
+  co.route = o->route;
+  mbd_error err = {0};
+  if (mbd_client_new(o->connect, &co, c, &err)) return report(cmd, &err, NULL);
+  return 0;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- status ------------------------------------------------------------- */
+
+static int cmd_status(int argc, char **argv) {
+  static const int allowed[] = {O_CONNECT, O_FULL, O_DEADLINE, 0};
+  cli_opts o;
+  int rc = parse_opts("status", argc, argv, allowed, &o);
+  if (rc < 0) {
+    printf("usage: mambad status [--connect EP] [--full] [--deadline-ms N]\n"
+           "Lists the workers the broker knows: name, route id (short; --full prints the full\n"
+           "id and the canonical route encoding), load/capacity, sessions, models.\n");
+    return 0;
+  }
+  if (rc) return rc;
+  mbd_client *c = NULL;
+  if ((rc = connect_client("status", &o, &c))) return rc;
+  mbd_status_report *r = NULL;
+  mbd_error err = {0};
+  if (mbd_client_status(c, &r, &err)) {
+    rc = report("status", &err, c);
+    mbd_client_destroy(&c);
+    return rc;
+  }
+  printf("broker %s: %zu worker%s, %" PRId64 " queued\n", o.connect, r->n_workers,
+         r->n_workers == 1 ? "" : "s", r->queue);
+  if (r->n_workers) printf("%-16s %-14s %-9s %-8s %-8s %s\n", "WORKER", "ROUTE", "LOAD", "SESSIONS", "PID", "MODELS");
+  for (size_t i = 0; i < r->n_workers; i++) {
+    const mbd_worker_info *w = &r->workers[i];
+    char load[32], sess[16], models[256] = "";
+    snprintf(load, sizeof load, "%" PRId64 "/%" PRId64, w->load, w->capacity);
+    if (w->sessions >= 0) snprintf(sess, sizeof sess, "%" PRId64, w->sessions);
+    else snprintf(sess, sizeof sess, "-");
+    for (size_t k = 0; k < w->n_models; k++) {
+      if (k) strncat(models, ",", sizeof models - strlen(models) - 1);
+      strncat(models, w->models[k].name, sizeof models - strlen(models) - 1);
+    }
+    printf("%-16s %-14.12s %-9s %-8s %-8" PRId64 " %s%s\n", w->name, w->route_id, load, sess, w->pid,
+           models, w->alive ? "" : "  (not responding)");
+    if (o.full) {
+      printf("  uid %s, host %s\n  route id %s\n", w->uid, w->host_id[0] ? w->host_id : "-", w->route_id);
+      const char *p = w->route;
+      while (p && *p) { /* indent the canonical encoding, one field per line */
+        const char *nl = strchr(p, '\n');
+        int len = nl ? (int)(nl - p) : (int)strlen(p);
+        printf("    %.*s\n", len, p);
+        p = nl ? nl + 1 : p + len;
+      }
+      for (size_t k = 0; k < w->n_models; k++)
+        printf("  model %s %s\n", w->models[k].name, w->models[k].digest);
+    }
+  }
+  mbd_status_report_free(&r);
+  mbd_client_destroy(&c);
+  return 0;
+}
+
+/* ---- forward / generate ---------------------------------------------------- */
+
+/* Opens IN.safetensors and finds input_ids I64 [B,T]. */
+static int open_input(const char *cmd, const char *path, mbd_safetensors **st,
+                      const mbd_st_entry **ids) {
+  mbd_error err = {0};
+  if (mbd_safetensors_open(path, st, &err)) return report(cmd, &err, NULL);
+  *ids = mbd_safetensors_find(*st, "input_ids");
+  if (!*ids || (*ids)->desc.dtype != MBD_DTYPE_I64 || (*ids)->desc.ndim != 2) {
+    mbd_error_set(&err, MBD_E_SHAPE, "%s: needs a tensor input_ids of dtype I64 and shape [B,T]",
+                  path);
+    mbd_safetensors_destroy(st);
+    return report(cmd, &err, NULL);
+  }
+  return 0;
+}
+
+static int write_output(const char *cmd, const char *path, const char *name,
+                        const mbd_tensor_desc *d, const void *data, const mbd_client *c) {
+  mbd_st_writer *w = NULL;
+  mbd_error err = {0};
+  const mbd_reply_meta *m = mbd_client_last_reply(c);
+  int rc = mbd_st_writer_new(&w, &err);
+  if (!rc) rc = mbd_st_writer_add(w, name, d, data, &err);
+  if (!rc && m->route_id[0]) rc = mbd_st_writer_set_metadata(w, "route_id", m->route_id, &err);
+  if (!rc && m->worker[0]) rc = mbd_st_writer_set_metadata(w, "worker", m->worker, &err);
+  if (!rc) rc = mbd_st_writer_write(w, path, &err);
+  mbd_st_writer_destroy(&w);
+  return rc ? report(cmd, &err, NULL) : 0;
+}
+
+static const int k_forward_opts[] = {O_CONNECT, O_MODEL, O_INPUT, O_OUTPUT, O_ROUTE_ID, O_BACKEND,
+                                     O_DTYPE, O_GEMM_MODE, O_FAMILY, O_DEVICE, O_DEADLINE, O_SHM,
+                                     O_LAST_ONLY, 0};
+
+static int cmd_forward(int argc, char **argv) {
+  cli_opts o;
+  int rc = parse_opts("forward", argc, argv, k_forward_opts, &o);
+  if (rc < 0) {
+    printf("usage: mambad forward --model NAME --input IN.safetensors --output OUT.safetensors\n"
+           "                      [--last-only] [--shm] [route options]\n"
+           "Runs input_ids (I64 [B,T]) through the service and writes logits (F32 [B,T,V], or\n"
+           "[B,V] with --last-only), plus metadata route_id and worker. --shm passes input_ids\n"
+           "through POSIX shared memory (worker on the same host); logits come back inline.\n%s",
+           k_route_help);
+    return 0;
+  }
+  if (rc) return rc;
+  if (!o.model || !o.input || !o.output)
+    return usage_error("forward", "--model, --input and --output are required");
+  mbd_safetensors *st = NULL;
+  const mbd_st_entry *ids = NULL;
+  if ((rc = open_input("forward", o.input, &st, &ids))) return rc;
+  mbd_client *c = NULL;
+  mbd_shm *in_shm = NULL;
+  mbd_tensor_out logits = {0};
+  mbd_error err = {0};
+  mbd_tensor_in in = {.desc = ids->desc, .data = ids->data};
+  if ((rc = connect_client("forward", &o, &c))) goto done;
+  if (o.shm) { /* input_ids by reference; logits come back inline (V is not known here) */
+    if (mbd_shm_create(NULL, ids->nbytes ? ids->nbytes : 8, &in_shm, &err) ||
+        mbd_shm_tensor(in_shm, 0, &ids->desc, &in, &err)) {
+      rc = report("forward", &err, NULL);
+      goto done;
+    }
+    memcpy(mbd_shm_data(in_shm), ids->data, ids->nbytes);
+  }
+  double t0 = now_s();
+  if (mbd_client_forward(c, NULL, o.model, &in, o.last_only, NULL, &logits, &err)) {
+    rc = report("forward", &err, c);
+    goto done;
+  }
+  double dt = now_s() - t0;
+  if ((rc = write_output("forward", o.output, "logits", &logits.desc, logits.data, c))) goto done;
+  char shape[96];
+  mbd_tensor_desc_format(&logits.desc, shape, sizeof shape);
+  fprintf(stderr, "logits %s from worker %s (route %.12s) in %.1f ms -> %s\n", shape,
+          mbd_client_last_reply(c)->worker, mbd_client_last_reply(c)->route_id, dt * 1e3, o.output);
+done:
+  mbd_tensor_out_release(&logits);
+  mbd_shm_destroy(&in_shm);
+  mbd_client_destroy(&c);
+  mbd_safetensors_destroy(&st);
+  return rc;
+}
+
+typedef struct stream_ctx {
+  bool print; /* echo tokens to stdout as they stream */
+  int64_t row;
+  bool started;
+} stream_ctx;
+
+static void on_tokens(void *user, const int64_t *t, size_t n) {
+  stream_ctx *s = user;
+  if (!s->print) return;
+  if (!s->started) printf("row %" PRId64 ":", s->row);
+  s->started = true;
+  for (size_t i = 0; i < n; i++) printf(" %" PRId64, t[i]);
+  fflush(stdout);
+}
+
+static int cmd_generate(int argc, char **argv) {
+  static const int allowed[] = {O_CONNECT, O_MODEL, O_INPUT, O_OUTPUT, O_ROUTE_ID, O_BACKEND, O_DTYPE,
+                                O_GEMM_MODE, O_FAMILY, O_DEVICE, O_DEADLINE, O_GENERATE, O_TEMP,
+                                O_TOPK, O_TOPP, O_SEED, O_STOP, O_QUIET, O_SHM, 0};
+  cli_opts o;
+  int rc = parse_opts("generate", argc, argv, allowed, &o);
+  if (rc < 0) {
+    printf("usage: mambad generate --model NAME --input IN.safetensors [--output OUT.safetensors]\n"
+           "                       [--generate N | --max-tokens N] [--temperature T] [--top-k K]\n"
+           "                       [--top-p P] [--seed S] [--stop ID]... [--quiet] [route options]\n"
+           "Opens one session per prompt row of input_ids (I64 [B,T]), prefills it, and generates\n"
+           "up to N tokens on the worker (greedy unless --temperature > 0), streaming them to\n"
+           "stdout. --output writes tokens I64 [B,T+N] (prompt then generated tokens; rows that\n"
+           "stopped early are padded with -1) and lengths I64 [B].\n%s",
+           k_route_help);
+    return 0;
+  }
+  if (rc) return rc;
+  if (!o.model || !o.input) return usage_error("generate", "--model and --input are required");
+  mbd_safetensors *st = NULL;
+  const mbd_st_entry *ids = NULL;
+  if ((rc = open_input("generate", o.input, &st, &ids))) return rc;
+  int64_t B = ids->desc.shape[0], T = ids->desc.shape[1], N = o.gen.max_tokens;
+  mbd_client *c = NULL;
+  mbd_session *s = NULL;
+  mbd_shm *shm = NULL;
+  mbd_error err = {0};
+  int64_t *out = NULL, *lengths = NULL, *toks = NULL;
+  size_t ntok = 0;
+  if (T < 1) {
+    mbd_error_set(&err, MBD_E_SHAPE, "%s: input_ids has no tokens (T = 0)", o.input);
+    rc = report("generate", &err, NULL);
+    goto done;
+  }
+  out = malloc((size_t)(B * (T + N)) * sizeof *out);
+  lengths = malloc((size_t)B * sizeof *lengths);
+  if (!out || !lengths) {
+    mbd_error_set(&err, MBD_E_NOMEM, "out of memory for %" PRId64 " x %" PRId64 " tokens", B, T + N);
+    rc = report("generate", &err, NULL);
+    goto done;
+  }
+  if ((rc = connect_client("generate", &o, &c))) goto done;
+  if (o.shm && (mbd_shm_create(NULL, ids->nbytes, &shm, &err) == 0))
+    memcpy(mbd_shm_data(shm), ids->data, ids->nbytes);
+  else if (o.shm) {
+    rc = report("generate", &err, NULL);
+    goto done;
+  }
+  double t0 = now_s();
+  size_t total = 0;
+  for (int64_t b = 0; b < B; b++) {
+    const unsigned char *row = (const unsigned char *)ids->data + (size_t)(b * T) * 8;
+    memcpy(out + b * (T + N), row, (size_t)T * 8);
+    mbd_tensor_in in = {.data = row};
+    int64_t shape[2] = {1, T};
+    mbd_tensor_desc_make(&in.desc, MBD_DTYPE_I64, 2, shape, NULL);
+    if (shm) mbd_shm_tensor(shm, (uint64_t)(b * T) * 8, &in.desc, &in, NULL);
+    mbd_tensor_out last = {0};
+    stream_ctx sc = {!o.quiet, b, false};
+    char reason[16];
+    if (mbd_session_open(c, NULL, o.model, &s, &err) ||
+        mbd_session_prefill(s, NULL, &in, true, &last, &err) ||
+        mbd_session_generate(s, NULL, &o.gen, on_tokens, &sc, &toks, &ntok, reason, &err)) {
+      mbd_tensor_out_release(&last);
+      rc = report("generate", &err, c);
+      goto done;
+    }
+    mbd_tensor_out_release(&last);
+    if (sc.started) printf("  (%s)\n", reason);
+    if (mbd_session_close(&s, &err)) {
+      rc = report("generate", &err, c);
+      goto done;
+    }
+    if (ntok > (size_t)N) ntok = (size_t)N; /* never trust a count for our buffer */
+    for (int64_t i = 0; i < N; i++) out[b * (T + N) + T + i] = i < (int64_t)ntok ? toks[i] : -1;
+    lengths[b] = T + (int64_t)ntok;
+    total += ntok;
+    free(toks);
+    toks = NULL;
+  }
+  double dt = now_s() - t0;
+  fprintf(stderr, "%zu tokens for %" PRId64 " prompt%s in %.3f s (%.1f tokens/s), worker %s, route %.12s\n",
+          total, B, B == 1 ? "" : "s", dt, dt > 0 ? total / dt : 0.0,
+          mbd_client_last_reply(c)->worker, mbd_client_last_reply(c)->route_id);
+  if (o.output) {
+    mbd_tensor_desc d, ld;
+    int64_t shape[2] = {B, T + N}, lshape[1] = {B};
+    mbd_tensor_desc_make(&d, MBD_DTYPE_I64, 2, shape, NULL);
+    mbd_tensor_desc_make(&ld, MBD_DTYPE_I64, 1, lshape, NULL);
+    mbd_st_writer *w = NULL;
+    const mbd_reply_meta *m = mbd_client_last_reply(c);
+    rc = mbd_st_writer_new(&w, &err);
+    if (!rc) rc = mbd_st_writer_add(w, "tokens", &d, out, &err);
+    if (!rc) rc = mbd_st_writer_add(w, "lengths", &ld, lengths, &err);
+    if (!rc && m->route_id[0]) rc = mbd_st_writer_set_metadata(w, "route_id", m->route_id, &err);
+    if (!rc && m->worker[0]) rc = mbd_st_writer_set_metadata(w, "worker", m->worker, &err);
+    if (!rc) rc = mbd_st_writer_write(w, o.output, &err);
+    mbd_st_writer_destroy(&w);
+    if (rc) rc = report("generate", &err, NULL);
+  }
+done:
+  if (s) mbd_session_close(&s, NULL);
+  free(toks);
+  free(out);
+  free(lengths);
+  mbd_shm_destroy(&shm);
+  mbd_client_destroy(&c);
+  mbd_safetensors_destroy(&st);
+  return rc;
+}
+
+/* ---- gemm ----------------------------------------------------------------- */
+
+static uint64_t splitmix(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* Fills n values uniform in [-1,1) of dtype dt (f32/bf16/f16). */
+static void fill_random(void *dst, mbd_dtype dt, size_t n, uint64_t *seed) {
+  for (size_t i = 0; i < n; i++) {
+    float v = (float)((splitmix(seed) >> 40) * (1.0 / (1 << 23))) - 1.0f;
+    if (dt == MBD_DTYPE_F32) ((float *)dst)[i] = v;
+    else if (dt == MBD_DTYPE_BF16) ((uint16_t *)dst)[i] = mbd_f32_to_bf16(v);
+    else ((uint16_t *)dst)[i] = mbd_f32_to_f16(v);
+  }
+}
+
+static int cmd_gemm(int argc, char **argv) {
+  static const int allowed[] = {O_CONNECT, O_ROUTE_ID, O_BACKEND, O_DTYPE, O_GEMM_MODE, O_FAMILY,
+                                O_DEVICE, O_DEADLINE, O_M, O_N, O_K, O_SEED, O_INPUT, O_OUTPUT,
+                                O_SHM, 0};
+  cli_opts o;
+  int rc = parse_opts("gemm", argc, argv, allowed, &o);
+  if (rc < 0) {
+    printf("usage: mambad gemm (--m M --n N --k K [--seed S] | --input AB.safetensors)\n"
+           "                   [--dtype f32|bf16|f16] [--output C.safetensors] [--shm] [route options]\n"
+           "C = A B^T (+ bias) on a worker. Random A [M,K] and B [N,K] (seeded), or tensors a, b\n"
+           "and optional bias [N] (f32) from --input. Writes c (F32 [M,N]) with --output.\n%s",
+           k_route_help);
+    return 0;
+  }
+  if (rc) return rc;
+  mbd_safetensors *st = NULL;
+  mbd_client *c = NULL;
+  mbd_shm *shm = NULL;
+  void *buf = NULL;
+  mbd_tensor_out out = {0};
+  mbd_error err = {0};
+  mbd_tensor_in a = {0}, b = {0}, bias = {0};
+  bool has_bias = false;
+  if (o.input) {
+    if (mbd_safetensors_open(o.input, &st, &err)) return report("gemm", &err, NULL);
+    const mbd_st_entry *ea = mbd_safetensors_find(st, "a"), *eb = mbd_safetensors_find(st, "b"),
+                       *ec = mbd_safetensors_find(st, "bias");
+    if (!ea || !eb) {
+      mbd_error_set(&err, MBD_E_NOT_FOUND, "%s: needs tensors a [M,K] and b [N,K]", o.input);
+      rc = report("gemm", &err, NULL);
+      goto done;
+    }
+    a = (mbd_tensor_in){.desc = ea->desc, .data = ea->data};
+    b = (mbd_tensor_in){.desc = eb->desc, .data = eb->data};
+    if (ec) {
+      bias = (mbd_tensor_in){.desc = ec->desc, .data = ec->data};
+      has_bias = true;
+    }
+    o.gemm_dtype = mbd_dtype_name(ea->desc.dtype);
+  } else {
+    if (!o.m || !o.n || !o.k) return usage_error("gemm", "give --m, --n and --k (or --input)");
+    mbd_dtype dt;
+    mbd_dtype_parse(o.gemm_dtype, &dt, NULL);
+    int64_t sa[2] = {o.m, o.k}, sb[2] = {o.n, o.k};
+    size_t na = 0, nb = 0;
+    if (mbd_tensor_desc_make(&a.desc, dt, 2, sa, &err) || mbd_tensor_desc_make(&b.desc, dt, 2, sb, &err) ||
+        mbd_tensor_desc_nbytes(&a.desc, &na, &err) || mbd_tensor_desc_nbytes(&b.desc, &nb, &err)) {
+      rc = report("gemm", &err, NULL);
+      goto done;
+    }
+    buf = malloc(na + nb);
+    if (!buf) {
+      mbd_error_set(&err, MBD_E_NOMEM, "out of memory for %zu bytes of inputs", na + nb);
+      rc = report("gemm", &err, NULL);
+      goto done;
+    }
+    uint64_t seed = o.seed;
+    fill_random(buf, dt, (size_t)(o.m * o.k), &seed);
+    fill_random((char *)buf + na, dt, (size_t)(o.n * o.k), &seed);
+    a.data = buf;
+    b.data = (char *)buf + na;
+  }
+  if (o.shm) { /* a and b side by side in one region */
+    size_t na = 0, nb = 0;
+    mbd_tensor_desc_nbytes(&a.desc, &na, NULL);
+    mbd_tensor_desc_nbytes(&b.desc, &nb, NULL);
+    size_t off_b = (na + 63) & ~(size_t)63;
+    mbd_tensor_desc ad = a.desc, bd = b.desc;
+    if (mbd_shm_create(NULL, off_b + nb + 1, &shm, &err) ||
+        (memcpy(mbd_shm_data(shm), a.data, na), memcpy((char *)mbd_shm_data(shm) + off_b, b.data, nb),
+         mbd_shm_tensor(shm, 0, &ad, &a, &err)) ||
+        mbd_shm_tensor(shm, off_b, &bd, &b, &err)) {
+      rc = report("gemm", &err, NULL);
+      goto done;
+    }
+  }
+  if ((rc = connect_client("gemm", &o, &c))) goto done;
+  double t0 = now_s();
+  if (mbd_client_gemm(c, NULL, o.gemm_dtype, &a, &b, has_bias ? &bias : NULL, &out, &err)) {
+    rc = report("gemm", &err, c);
+    goto done;
+  }
+  double dt = now_s() - t0;
+  char shape[96];
+  mbd_tensor_desc_format(&out.desc, shape, sizeof shape);
+  double flops = 2.0 * (double)a.desc.shape[0] * (double)b.desc.shape[0] * (double)a.desc.shape[1];
+  fprintf(stderr, "c %s from worker %s (route %.12s) in %.2f ms (%.2f GFLOP/s end to end)\n", shape,
+          mbd_client_last_reply(c)->worker, mbd_client_last_reply(c)->route_id, dt * 1e3,
+          dt > 0 ? flops / dt * 1e-9 : 0.0);
+  if (o.output) rc = write_output("gemm", o.output, "c", &out.desc, out.data, c);
+done:
+  mbd_tensor_out_release(&out);
+  mbd_shm_destroy(&shm);
+  mbd_client_destroy(&c);
+  free(buf);
+  mbd_safetensors_destroy(&st);
+  return rc;
+}
+
+/* ---- bench ---------------------------------------------------------------- */
+
+static int cmp_double(const void *x, const void *y) {
+  double a = *(const double *)x, b = *(const double *)y;
+  return (a > b) - (a < b);
+}
+
+static int cmd_bench(int argc, char **argv) {
+  static const int allowed[] = {O_CONNECT, O_MODEL, O_ROUTE_ID, O_BACKEND, O_DTYPE, O_GEMM_MODE,
+                                O_FAMILY, O_DEVICE, O_DEADLINE, O_REQUESTS, O_BATCH, O_SEQ,
+                                O_GENERATE, O_SHM, 0};
+  cli_opts o;
+  int rc = parse_opts("bench", argc, argv, allowed, &o);
+  if (rc < 0) {
+    printf("usage: mambad bench [--model NAME] [--requests N] [--batch B] [--seq T]\n"
+           "                    [--generate TOKENS] [--shm] [route options]\n"
+           "Round trips through the service: N STATUS requests (broker only), then with --model\n"
+           "N forward requests of B x T tokens (last-position logits) and one session that\n"
+           "generates TOKENS tokens (default 64). Prints latency percentiles and tokens/s.\n%s",
+           k_route_help);
+    return 0;
+  }
+  if (rc) return rc;
+  mbd_client *c = NULL;
+  mbd_session *s = NULL;
+  mbd_shm *shm = NULL;
+  mbd_error err = {0};
+  double *lat = calloc((size_t)o.requests, sizeof *lat);
+  int64_t *ids = calloc((size_t)(o.batch * o.seq), sizeof *ids), *toks = NULL;
+  if (!lat || !ids) {
+    free(lat);
+    free(ids);
+    fprintf(stderr, "mambad bench: NOMEM: out of memory\n");
+    return EXIT_FAIL;
+  }
+  if ((rc = connect_client("bench", &o, &c))) goto done;
+  for (int64_t i = 0; i < o.requests; i++) {
+    mbd_status_report *r = NULL;
+    double t0 = now_s();
+    if (mbd_client_status(c, &r, &err)) {
+      rc = report("bench", &err, c);
+      goto done;
+    }
+    lat[i] = now_s() - t0;
+    mbd_status_report_free(&r);
+  }
+  qsort(lat, (size_t)o.requests, sizeof *lat, cmp_double);
+  printf("status   %6" PRId64 " round trips  p50 %8.3f ms  p99 %8.3f ms\n", o.requests,
+         lat[o.requests / 2] * 1e3, lat[(o.requests * 99) / 100] * 1e3);
+  if (!o.model) goto done;
+  for (int64_t i = 0; i < o.batch * o.seq; i++) ids[i] = (i * 7 + 3) % 200;
+  mbd_tensor_in in = {.data = ids};
+  int64_t shape[2] = {o.batch, o.seq};
+  mbd_tensor_desc_make(&in.desc, MBD_DTYPE_I64, 2, shape, NULL);
+  if (o.shm) {
+    if (mbd_shm_create(NULL, (size_t)(o.batch * o.seq) * 8, &shm, &err)) {
+      rc = report("bench", &err, NULL);
+      goto done;
+    }
+    memcpy(mbd_shm_data(shm), ids, (size_t)(o.batch * o.seq) * 8);
+    mbd_tensor_desc d = in.desc;
+    mbd_shm_tensor(shm, 0, &d, &in, NULL);
+  }
+  double wall0 = now_s();
+  for (int64_t i = 0; i < o.requests; i++) {
+    mbd_tensor_out logits = {0};
+    double t0 = now_s();
+    if (mbd_client_forward(c, NULL, o.model, &in, true, NULL, &logits, &err)) {
+      rc = report("bench", &err, c);
+      goto done;
+    }
+    lat[i] = now_s() - t0;
+    mbd_tensor_out_release(&logits);
+  }
+  double wall = now_s() - wall0;
+  qsort(lat, (size_t)o.requests, sizeof *lat, cmp_double);
+  printf("forward  %6" PRId64 " requests [%" PRId64 "x%" PRId64 "]  p50 %8.3f ms  p99 %8.3f ms  "
+         "%.1f req/s  %.1f prompt tokens/s  (worker %s)\n",
+         o.requests, o.batch, o.seq, lat[o.requests / 2] * 1e3, lat[(o.requests * 99) / 100] * 1e3,
+         o.requests / wall, (double)(o.requests * o.batch * o.seq) / wall, mbd_client_last_reply(c)->worker);
+  mbd_generate_params gp;
+  mbd_generate_params_init(&gp);
+  gp.max_tokens = o.gen.max_tokens != 16 ? o.gen.max_tokens : 64;
+  mbd_tensor_in prompt = {.data = ids};
+  int64_t ps[2] = {1, o.seq};
+  mbd_tensor_desc_make(&prompt.desc, MBD_DTYPE_I64, 2, ps, NULL);
+  mbd_tensor_out last = {0};
+  size_t n = 0;
+  char reason[16];
+  double t0 = now_s();
+  if (mbd_session_open(c, NULL, o.model, &s, &err) ||
+      mbd_session_prefill(s, NULL, &prompt, true, &last, &err) ||
+      mbd_session_generate(s, NULL, &gp, NULL, NULL, &toks, &n, reason, &err)) {
+    mbd_tensor_out_release(&last);
+    rc = report("bench", &err, c);
+    goto done;
+  }
+  double gdt = now_s() - t0;
+  mbd_tensor_out_release(&last);
+  printf("generate %6zu tokens  %.3f s  %.1f tokens/s (one stream, incl. open+prefill)\n", n, gdt,
+         gdt > 0 ? n / gdt : 0.0);
+done:
+  if (s) mbd_session_close(&s, NULL);
+  free(toks);
+  free(lat);
+  free(ids);
+  mbd_shm_destroy(&shm);
+  mbd_client_destroy(&c);
+  return rc;
+}
+
+/* ---- dispatch -------------------------------------------------------------- */
+
+/* Execs mambad-<name>: first next to this binary (/proc/self/exe), then PATH. */
+static int exec_tool(const char *name, int argc, char **argv) {
+  char prog[64], self[PATH_MAX], path[PATH_MAX + 64];
+  snprintf(prog, sizeof prog, "mambad-%s", name);
+  char **args = calloc((size_t)argc + 1, sizeof *args);
+  if (!args) return EXIT_FAIL;
+  args[0] = prog;
+  for (int i = 1; i < argc; i++) args[i] = argv[i];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (slash) {
+      *slash = '\0';
+      snprintf(path, sizeof path, "%s/%s", self, prog);
+      if (access(path, X_OK) == 0) execv(path, args);
+    }
+  }
+  execvp(prog, args);
+  fprintf(stderr, "mambad: cannot run '%s': %s (looked next to the mambad binary and on PATH)\n",
+          prog, strerror(errno));
+  free(args);
+  return 127;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: mambad <command> [options]   (mambad <command> --help for details)\n"
+          "\n"
+          "service client commands:\n"
+          "  status     workers, routes, models and load of a running service\n"
+          "  forward    input_ids -> logits through the service (safetensors files)\n"
+          "  generate   prompts -> generated tokens through worker sessions\n"
+          "  gemm       C = A B^T on a worker (random or file inputs)\n"
+          "  bench      round trips and tokens/s through the service\n"
+          "\n"
+          "programs (exec mambad-<command>):\n"
+          "  up         start a deployment from a YAML file and supervise it\n"
+          "  run        run a model in this process (no service)\n"
+          "  model      make synthetic checkpoints and prompt files\n"
+          "  broker     the broker process\n"
+          "  worker     a worker process\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return EXIT_USAGE;
+  }
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+    usage(stdout);
+    return 0;
+  }
+  static const char *const tools[] = {"run", "model", "up", "broker", "worker", NULL};
+  for (const char *const *t = tools; *t; t++)
+    if (!strcmp(cmd, *t)) return exec_tool(cmd, argc - 1, argv + 1);
+  if (!strcmp(cmd, "status")) return cmd_status(argc - 1, argv + 1);
+  if (!strcmp(cmd, "forward")) return cmd_forward(argc - 1, argv + 1);
+  if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
+  if (!strcmp(cmd, "gemm")) return cmd_gemm(argc - 1, argv + 1);
+  if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+  fprintf(stderr, "mambad: unknown command '%s'\n\n", cmd);
+  usage(stderr);
+  return EXIT_USAGE;
+}
