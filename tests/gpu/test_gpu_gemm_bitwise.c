@@ -1,0 +1,270 @@
+/* Deterministic GPU GEMM, bit-level contract:
+ * - every M in 1..300, 1024, 4096, 8192 (from a shifted row offset, so the
+ *   batch contents differ) gives rows memcmp-identical to the same rows
+ *   computed alone (M=1), for f32, tf32, bf16 and f16, on the vectorised
+ *   (K % 8 == 0) and the element-wise load paths; the shapes make the
+ *   dispatcher use every tile configuration;
+ * - run to run, and eager vs CUDA-graph replay;
+ * - f32 equals the CPU backend's mbd_cpu_gemm (NT) bit for bit; tf32 equals a
+ *   host fmaf chain over tf32-rounded inputs bit for bit;
+ * - bf16/f16 within |y - ref| <= (K/16 + 2) * 2^-22 * sum_k |x_k w_k| + 2^-24 |y|
+ *   of an f64 reference over the rounded inputs: products are exact in the
+ *   tensor core and each of the K/16 chained mma accumulations (and the bias
+ *   add) rounds or truncates once in f32 relative to at most the running
+ *   absolute sum; 2^-22 allows truncation;
+ * - a storage-dtype output equals the rounding of the f32 output. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gpu/gpu_test_util.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cuda/gpu_ctx.h"
+#include "kernels/cuda/gpu_gemm.h"
+
+#define MAXM 8192
+#define SHIFT 16 /* extra rows so offsets up to 12 stay in range */
+
+static const int64_t k_extra_m[] = {1024, 4096, 8192};
+
+typedef struct fixture {
+  mbd_gpu_ctx *ctx;
+  mbd_dtype dt;
+  int64_t n, k;
+  size_t es;
+  void *hx, *hw, *hb;     /* host storage values */
+  float *fx, *fw, *fb;    /* exact f32 values */
+  void *dx, *dw, *db, *dy, *dr; /* device */
+  float *alone, *got;     /* host copies */
+} fixture;
+
+#define CHECK_OK(expr)                                  \
+  do {                                                  \
+    int rc__ = (expr);                                  \
+    if (rc__ != 0) fail_msg("%s: %s", #expr, err.msg);  \
+  } while (0)
+
+static void setup(fixture *f, mbd_dtype_policy pol, int64_t n, int64_t k, uint64_t seed) {
+  mbd_error err;
+  mbd_error_clear(&err);
+  memset(f, 0, sizeof *f);
+  mbd_gpu_ctx_config cfg;
+  mbd_gpu_ctx_config_default(&cfg);
+  cfg.policy = pol;
+  CHECK_OK(mbd_gpu_ctx_new(&cfg, &f->ctx, &err));
+  f->dt = pol == MBD_POLICY_BF16 ? MBD_DTYPE_BF16 : pol == MBD_POLICY_F16 ? MBD_DTYPE_F16
+                                                                          : MBD_DTYPE_F32;
+  f->n = n;
+  f->k = k;
+  f->es = mbd_dtype_size(f->dt);
+  size_t rows = MAXM + SHIFT;
+  f->hx = malloc(rows * k * f->es);
+  f->hw = malloc(n * k * f->es);
+  f->hb = malloc(n * f->es);
+  f->fx = malloc(rows * k * 4);
+  f->fw = malloc(n * k * 4);
+  f->fb = malloc(n * 4);
+  f->alone = malloc(rows * n * 4);
+  f->got = malloc(rows * n * 4);
+  assert_non_null(f->got);
+  gpu_test_fill(f->dt, rows * k, &seed, f->hx, f->fx);
+  gpu_test_fill(f->dt, n * k, &seed, f->hw, f->fw);
+  gpu_test_fill(f->dt, n, &seed, f->hb, f->fb);
+  CHECK_OK(mbd_gpu_alloc(f->ctx, rows * k * f->es, &f->dx, &err));
+  CHECK_OK(mbd_gpu_alloc(f->ctx, n * k * f->es, &f->dw, &err));
+  CHECK_OK(mbd_gpu_alloc(f->ctx, n * f->es, &f->db, &err));
+  CHECK_OK(mbd_gpu_alloc(f->ctx, rows * n * 4, &f->dy, &err));
+  CHECK_OK(mbd_gpu_alloc(f->ctx, rows * n * 4, &f->dr, &err));
+  CHECK_OK(mbd_gpu_upload(f->ctx, f->dx, f->hx, rows * k * f->es, &err));
+  CHECK_OK(mbd_gpu_upload(f->ctx, f->dw, f->hw, n * k * f->es, &err));
+  CHECK_OK(mbd_gpu_upload(f->ctx, f->db, f->hb, n * f->es, &err));
+}
+
+static void teardown_fx(fixture *f) {
+  mbd_gpu_free(f->ctx, f->dx);
+  mbd_gpu_free(f->ctx, f->dw);
+  mbd_gpu_free(f->ctx, f->db);
+  mbd_gpu_free(f->ctx, f->dy);
+  mbd_gpu_free(f->ctx, f->dr);
+  mbd_gpu_ctx_destroy(&f->ctx);
+  free(f->hx); free(f->hw); free(f->hb); free(f->fx); free(f->fw); free(f->fb);
+  free(f->alone); free(f->got);
+}
+
+static mbd_gpu_gemm_args args_for(fixture *f, int64_t row0, int64_t m, void *y) {
+  mbd_gpu_gemm_args a = {f->dt, MBD_DTYPE_F32, m, f->n, f->k,
+                         (const char *)f->dx + row0 * f->k * f->es, f->dw, f->db, y};
+  return a;
+}
+
+/* y rows [row0, row0+m) of the big GEMM into f->got (poisoned first). */
+static void run_rows(fixture *f, int64_t row0, int64_t m) {
+  mbd_error err;
+  mbd_error_clear(&err);
+  CHECK_OK(mbd_gpu_memset(f->ctx, f->dy, 0xff, (size_t)m * f->n * 4, &err));
+  mbd_gpu_gemm_args a = args_for(f, row0, m, f->dy);
+  CHECK_OK(mbd_gpu_gemm(f->ctx, &a, &err));
+  CHECK_OK(mbd_gpu_ctx_sync(f->ctx, &err));
+  CHECK_OK(mbd_gpu_download(f->ctx, f->got, f->dy, (size_t)m * f->n * 4, &err));
+}
+
+static void compute_alone(fixture *f) {
+  mbd_error err;
+  mbd_error_clear(&err);
+  size_t rows = MAXM + SHIFT;
+  CHECK_OK(mbd_gpu_memset(f->ctx, f->dr, 0xff, rows * f->n * 4, &err));
+  for (size_t r = 0; r < rows; r++) {
+    mbd_gpu_gemm_args a = args_for(f, (int64_t)r, 1, (float *)f->dr + r * f->n);
+    CHECK_OK(mbd_gpu_gemm(f->ctx, &a, &err));
+  }
+  CHECK_OK(mbd_gpu_ctx_sync(f->ctx, &err));
+  CHECK_OK(mbd_gpu_download(f->ctx, f->alone, f->dr, rows * f->n * 4, &err));
+  for (size_t i = 0; i < rows * f->n; i++)
+    if (isnan(f->alone[i])) fail_msg("alone row %zu col %zu unwritten/NaN", i / f->n, i % f->n);
+}
+
+static void check_invariance(fixture *f, int64_t max_small) {
+  for (int64_t m = 1; m <= max_small + 3; m++) {
+    int64_t mm = m <= max_small ? m : k_extra_m[m - max_small - 1];
+    int64_t row0 = mm % 13;
+    run_rows(f, row0, mm);
+    if (memcmp(f->got, f->alone + row0 * f->n, (size_t)mm * f->n * 4) != 0) {
+      for (int64_t i = 0; i < mm * f->n; i++)
+        if (memcmp(&f->got[i], &f->alone[row0 * f->n + i], 4))
+          fail_msg("%s N=%lld K=%lld: M=%lld row %lld col %lld: batched %a != alone %a",
+                   mbd_dtype_name(f->dt), (long long)f->n, (long long)f->k, (long long)mm,
+                   (long long)(i / f->n), (long long)(i % f->n), f->got[i],
+                   f->alone[row0 * f->n + i]);
+    }
+  }
+}
+
+static void check_repeat_and_graph(fixture *f) {
+  mbd_error err;
+  mbd_error_clear(&err);
+  run_rows(f, 3, 4096);
+  assert_memory_equal(f->got, f->alone + 3 * f->n, (size_t)4096 * f->n * 4);
+  run_rows(f, 3, 4096);
+  assert_memory_equal(f->got, f->alone + 3 * f->n, (size_t)4096 * f->n * 4);
+  /* graph capture of two GEMMs, replayed twice */
+  CHECK_OK(mbd_gpu_memset(f->ctx, f->dy, 0xff, (size_t)300 * f->n * 4, &err));
+  CHECK_OK(mbd_gpu_ctx_sync(f->ctx, &err));
+  mbd_gpu_graph *g = NULL;
+  CHECK_OK(mbd_gpu_graph_begin(f->ctx, &err));
+  mbd_gpu_gemm_args a = args_for(f, 5, 300, f->dy);
+  mbd_gpu_gemm_args b = args_for(f, 1, 1, (float *)f->dy + 300 * f->n);
+  CHECK_OK(mbd_gpu_gemm(f->ctx, &a, &err));
+  CHECK_OK(mbd_gpu_gemm(f->ctx, &b, &err));
+  CHECK_OK(mbd_gpu_graph_end(f->ctx, &g, &err));
+  assert_int_equal(mbd_gpu_graph_launch_count(g), 2);
+  for (int rep = 0; rep < 2; rep++) {
+    CHECK_OK(mbd_gpu_memset(f->ctx, f->dy, 0xff, (size_t)301 * f->n * 4, &err));
+    CHECK_OK(mbd_gpu_graph_launch(f->ctx, g, &err));
+    CHECK_OK(mbd_gpu_ctx_sync(f->ctx, &err));
+    CHECK_OK(mbd_gpu_download(f->ctx, f->got, f->dy, (size_t)301 * f->n * 4, &err));
+    assert_memory_equal(f->got, f->alone + 5 * f->n, (size_t)300 * f->n * 4);
+    assert_memory_equal(f->got + 300 * f->n, f->alone + 1 * f->n, (size_t)f->n * 4);
+  }
+  mbd_gpu_graph_destroy(&g);
+  assert_null(g);
+}
+
+/* Storage-dtype output == rounding of the f32 output (same accumulation). */
+static void check_storage_output(fixture *f) {
+  if (f->dt == MBD_DTYPE_F32) return;
+  mbd_error err;
+  mbd_error_clear(&err);
+  int64_t m = 77;
+  mbd_gpu_gemm_args a = args_for(f, 0, m, f->dy);
+  a.out_dtype = f->dt;
+  CHECK_OK(mbd_gpu_gemm(f->ctx, &a, &err));
+  uint16_t *h = malloc((size_t)m * f->n * 2);
+  CHECK_OK(mbd_gpu_download(f->ctx, h, f->dy, (size_t)m * f->n * 2, &err));
+  for (int64_t i = 0; i < m * f->n; i++) {
+    uint16_t want = f->dt == MBD_DTYPE_BF16 ? mbd_f32_to_bf16(f->alone[i]) : mbd_f32_to_f16(f->alone[i]);
+    if (h[i] != want) fail_msg("storage output %lld: 0x%04x != 0x%04x", (long long)i, h[i], want);
+  }
+  free(h);
+}
+
+static void check_reference(fixture *f, mbd_dtype_policy pol, int64_t rows) {
+  mbd_error err;
+  mbd_error_clear(&err);
+  if (pol == MBD_POLICY_F32) {
+    mbd_cpu_ctx *cpu = NULL;
+    CHECK_OK(mbd_cpu_ctx_new(0, MBD_CPU_ISA_AUTO, &cpu, &err));
+    float *c = malloc((size_t)rows * f->n * 4);
+    CHECK_OK(mbd_cpu_gemm(cpu, MBD_GEMM_NT, rows, f->n, f->k, MBD_DTYPE_F32, f->hx, f->k,
+                          MBD_DTYPE_F32, f->hw, f->k, f->fb, c, f->n, &err));
+    for (int64_t i = 0; i < rows * f->n; i++)
+      if (memcmp(&c[i], &f->alone[i], 4))
+        fail_msg("f32 GPU != CPU at row %lld col %lld: %a vs %a", (long long)(i / f->n),
+                 (long long)(i % f->n), f->alone[i], c[i]);
+    free(c);
+    mbd_cpu_ctx_destroy(&cpu);
+    return;
+  }
+  for (int64_t r = 0; r < rows; r++) {
+    for (int64_t n = 0; n < f->n; n++) {
+      const float *x = f->fx + r * f->k, *w = f->fw + n * f->k;
+      float got = f->alone[r * f->n + n];
+      if (pol == MBD_POLICY_TF32) {
+        float acc = 0.0f;
+        for (int64_t k = 0; k < f->k; k++) acc = fmaf(gpu_test_tf32(x[k]), gpu_test_tf32(w[k]), acc);
+        acc = acc + f->fb[n];
+        if (memcmp(&acc, &got, 4))
+          fail_msg("tf32 row %lld col %lld: %a != host %a", (long long)r, (long long)n, got, acc);
+        continue;
+      }
+      double ref = 0, mag = 0;
+      for (int64_t k = 0; k < f->k; k++) {
+        ref += (double)x[k] * w[k];
+        mag += fabs((double)x[k] * w[k]);
+      }
+      ref += f->fb[n];
+      double bound = ((double)(f->k / 16) + 2) * ldexp(1.0, -22) * (mag + fabs(f->fb[n])) +
+                     ldexp(fabs(ref), -24);
+      if (!(fabs(got - ref) <= bound))
+        fail_msg("%s row %lld col %lld: %.9g vs f64 %.9g (bound %.3g)", mbd_dtype_name(f->dt),
+                 (long long)r, (long long)n, got, ref, bound);
+    }
+  }
+}
+
+static void run_policy(mbd_dtype_policy pol) {
+  /* N=1100, K=520: partial N and K tiles, vectorised loads, every tile used.
+   * N=200, K=77: element-wise path (K % 8 != 0). */
+  static const int64_t shapes[2][3] = {{1100, 520, 300}, {200, 77, 40}};
+  for (int s = 0; s < 2; s++) {
+    fixture f;
+    setup(&f, pol, shapes[s][0], shapes[s][1], 1234 + (uint64_t)pol * 7 + (uint64_t)s);
+    compute_alone(&f);
+    check_invariance(&f, shapes[s][2]);
+    if (s == 0) {
+      check_repeat_and_graph(&f);
+      check_storage_output(&f);
+    }
+    check_reference(&f, pol, pol == MBD_POLICY_F32 ? 300 : 64);
+    teardown_fx(&f);
+  }
+}
+
+static void test_f32(void **st) { (void)st; run_policy(MBD_POLICY_F32); }
+static void test_tf32(void **st) { (void)st; run_policy(MBD_POLICY_TF32); }
+static void test_bf16(void **st) { (void)st; run_policy(MBD_POLICY_BF16); }
+static void test_f16(void **st) { (void)st; run_policy(MBD_POLICY_F16); }
+
+int main(void) {
+  gpu_test_require_device();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_f32), cmocka_unit_test(test_tf32), cmocka_unit_test(test_bf16),
+      cmocka_unit_test(test_f16)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
