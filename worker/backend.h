@@ -1,0 +1,71 @@
+/* The worker's compute backend interface: one vtable that the CPU backend
+ * (backend_cpu.c) implements today and a CUDA backend plugs into later, so the
+ * reactor, sessions and batching never see a device type.
+ *
+ * Contract every backend keeps (the determinism contract of docs/route.md):
+ * a batched `step` gives each state exactly the bits it would get alone, and
+ * `forward` on a batch gives each row the bits it would get alone. All calls
+ * come from the reactor thread; a backend may use its own threads inside. */
+#ifndef MBD_WORKER_BACKEND_H
+#define MBD_WORKER_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/route.h"
+#include "common/status.h"
+#include "common/tensor.h"
+
+typedef struct mbd_backend mbd_backend;
+typedef struct mbd_bmodel mbd_bmodel; /* a model loaded on a backend; opaque */
+typedef struct mbd_bstate mbd_bstate; /* one session's recurrent state; opaque */
+
+/* Options from the worker command line that decide the route. */
+typedef struct mbd_backend_opts {
+  mbd_gemm_mode mode;      /* only deterministic on CPU */
+  mbd_dtype_policy policy; /* weight storage dtype */
+  int threads;             /* <= 0: one per CPU */
+  int64_t state_capacity;  /* session slots (part of the route) */
+} mbd_backend_opts;
+
+typedef struct mbd_backend_ops {
+  const char *name; /* "cpu" */
+  void (*destroy)(mbd_backend *b);
+  /* Fills everything of the route identity this backend decides. */
+  void (*route)(mbd_backend *b, mbd_route_identity *out);
+  /* C[M,N] f32 = A[M,K] B[N,K]^T (+ bias[N]); A, B in f32/bf16/f16. */
+  int (*gemm)(mbd_backend *b, int64_t M, int64_t N, int64_t K, mbd_dtype a_dtype, const void *A,
+              mbd_dtype b_dtype, const void *B, const float *bias, float *C, mbd_error *err);
+  int (*model_load)(mbd_backend *b, const char *dir, mbd_bmodel **out, mbd_error *err);
+  void (*model_destroy)(mbd_backend *b, mbd_bmodel *m);
+  int64_t (*model_vocab)(const mbd_bmodel *m);
+  /* Stateless: ids [B,T] -> logits [B,T,V], or [B,V] (last position) when last_only. */
+  int (*forward)(mbd_backend *b, mbd_bmodel *m, const int64_t *ids, int64_t B, int64_t T,
+                 bool last_only, float *logits, mbd_error *err);
+  int (*state_new)(mbd_backend *b, mbd_bmodel *m, mbd_bstate **out, mbd_error *err);
+  void (*state_free)(mbd_backend *b, mbd_bstate *s);
+  /* Exact byte image of a state (for EXPORT/IMPORT): size, save, load.
+   * load refuses a blob of another shape (MBD_E_FORMAT / MBD_E_SHAPE). */
+  size_t (*state_bytes)(const mbd_bstate *s);
+  int (*state_save)(const mbd_bstate *s, void *dst, size_t cap, mbd_error *err);
+  int (*state_load)(mbd_bstate *s, const void *src, size_t len, mbd_error *err);
+  /* Feeds ids[T] into s; logits [T,V] or [1,V] when last_only. */
+  int (*prefill)(mbd_backend *b, mbd_bmodel *m, mbd_bstate *s, const int64_t *ids, int64_t T,
+                 bool last_only, float *logits, mbd_error *err);
+  /* One token per state, n states at once: logits [n,V]. */
+  int (*step)(mbd_backend *b, mbd_bmodel *m, mbd_bstate *const *states, const int64_t *tokens,
+              int64_t n, float *logits, mbd_error *err);
+} mbd_backend_ops;
+
+struct mbd_backend {
+  const mbd_backend_ops *ops; /* the implementation */
+  void *impl;                 /* its private data */
+};
+
+/* The CPU backend (portable C / AVX2, deterministic mode only). */
+int mbd_backend_cpu_new(const mbd_backend_opts *opts, mbd_backend **out, mbd_error *err);
+/* Calls ops->destroy; NULL-safe; nulls *b. */
+void mbd_backend_destroy(mbd_backend **b);
+
+#endif

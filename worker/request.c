@@ -1,0 +1,180 @@
+/* Request decoding and tensor-ref resolution for the worker. */
+#include "worker/request.h"
+
+#include <math.h>
+#include <string.h>
+
+static int decode_tensors(const msgpack_object *root, const char *key, bool required,
+                          mbd_tensor_ref *out, size_t *n, mbd_error *err) {
+  *n = 0;
+  return mbd_obj_tensor_refs(root, key, required, out, MBD_WREQ_MAX_TENSORS, n, err);
+}
+
+static int decode_generate(const msgpack_object *root, mbd_wreq *r, mbd_error *err) {
+  int rc = mbd_obj_i64(root, "max_tokens", true, &r->max_tokens, err);
+  if (rc) return rc;
+  if (r->max_tokens < 1 || r->max_tokens > MBD_WREQ_MAX_TOKENS_CAP)
+    return mbd_error_set(err, MBD_E_INVALID, "max_tokens must be in 1..%d (got %lld)",
+                         MBD_WREQ_MAX_TOKENS_CAP, (long long)r->max_tokens);
+  if ((rc = mbd_obj_i64_array(root, "stop", false, r->stop, MBD_WREQ_MAX_STOP, &r->nstop, err)))
+    return rc;
+  if ((rc = mbd_obj_f64(root, "temperature", false, &r->temperature, err))) return rc;
+  if (!isfinite(r->temperature) || r->temperature < 0)
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "temperature must be a finite number >= 0 (0 = greedy)");
+  if ((rc = mbd_obj_i64(root, "top_k", false, &r->top_k, err))) return rc;
+  if (r->top_k < 0) return mbd_error_set(err, MBD_E_INVALID, "top_k must be >= 0 (0 = off)");
+  if ((rc = mbd_obj_f64(root, "top_p", false, &r->top_p, err))) return rc;
+  if (!(r->top_p > 0 && r->top_p <= 1))
+    return mbd_error_set(err, MBD_E_INVALID, "top_p must be in (0, 1] (1 = off)");
+  if ((rc = mbd_obj_u64(root, "seed", false, &r->seed, err))) return rc;
+  if ((rc = mbd_obj_i64(root, "partial_every", false, &r->partial_every, err))) return rc;
+  if (r->partial_every < 1)
+    return mbd_error_set(err, MBD_E_INVALID, "partial_every must be >= 1 (tokens per PARTIAL)");
+  bool rl = false;
+  if ((rc = mbd_obj_bool(root, "return_logits", false, &rl, err))) return rc;
+  if (rl)
+    return mbd_error_set(err, MBD_E_UNSUPPORTED,
+                         "generate with return_logits is not supported: use STEP to get logits");
+  return MBD_OK;
+}
+
+int mbd_wreq_decode(uint8_t cmd, const msgpack_object *root, mbd_wreq *r, mbd_error *err) {
+  memset(r, 0, sizeof *r);
+  r->cmd = cmd;
+  r->dtype = MBD_DTYPE_F32;
+  r->top_p = 1.0;
+  r->partial_every = 1;
+  if (!root || root->type != MSGPACK_OBJECT_MAP)
+    return mbd_error_set(err, MBD_E_FORMAT, "request body must be a msgpack map");
+  int rc = mbd_obj_i64(root, "deadline_ms", false, &r->deadline_ms, err);
+  if (rc) return rc;
+  if (r->deadline_ms < 0) return mbd_error_set(err, MBD_E_INVALID, "deadline_ms must be >= 0");
+  switch (cmd) {
+  case MBD_CMD_GEMM: {
+    char dt[16] = "f32";
+    if ((rc = mbd_obj_str(root, "dtype", false, dt, sizeof dt, err))) return rc;
+    if ((rc = mbd_dtype_parse(dt, &r->dtype, err))) return rc;
+    if (r->dtype == MBD_DTYPE_I64)
+      return mbd_error_set(err, MBD_E_INVALID, "gemm dtype must be f32, bf16 or f16");
+    if ((rc = decode_tensors(root, "tensors", true, r->tensors, &r->ntensors, err))) return rc;
+    if (r->ntensors < 2 || r->ntensors > 3)
+      return mbd_error_set(err, MBD_E_INVALID,
+                           "gemm takes tensors [a [M,K], b [N,K], bias [N]?] (got %zu)",
+                           r->ntensors);
+    return decode_tensors(root, "outputs", false, r->outputs, &r->noutputs, err);
+  }
+  case MBD_CMD_FORWARD:
+    if ((rc = mbd_obj_str(root, "model", true, r->model, sizeof r->model, err))) return rc;
+    if ((rc = mbd_obj_bool(root, "last_only", false, &r->last_only, err))) return rc;
+    if ((rc = decode_tensors(root, "tensors", true, r->tensors, &r->ntensors, err))) return rc;
+    if (r->ntensors != 1)
+      return mbd_error_set(err, MBD_E_INVALID, "forward takes tensors [input_ids I64 [B,T]]");
+    return decode_tensors(root, "outputs", false, r->outputs, &r->noutputs, err);
+  case MBD_CMD_OPEN:
+    return mbd_obj_str(root, "model", true, r->model, sizeof r->model, err);
+  case MBD_CMD_IMPORT:
+    if ((rc = mbd_obj_str(root, "model", false, r->model, sizeof r->model, err))) return rc;
+    if ((rc = decode_tensors(root, "tensors", true, r->tensors, &r->ntensors, err))) return rc;
+    if (r->ntensors != 1)
+      return mbd_error_set(err, MBD_E_INVALID, "import takes tensors [state] (an EXPORT blob)");
+    return MBD_OK;
+  case MBD_CMD_PREFILL:
+  case MBD_CMD_STEP:
+  case MBD_CMD_GENERATE:
+  case MBD_CMD_EXPORT:
+  case MBD_CMD_CLOSE:
+    if ((rc = mbd_obj_str(root, "session", true, r->session, sizeof r->session, err))) return rc;
+    if (cmd == MBD_CMD_PREFILL) {
+      if ((rc = mbd_obj_bool(root, "last_only", false, &r->last_only, err))) return rc;
+      if ((rc = decode_tensors(root, "tensors", true, r->tensors, &r->ntensors, err))) return rc;
+      if (r->ntensors != 1)
+        return mbd_error_set(err, MBD_E_INVALID, "prefill takes tensors [input_ids I64 [T]]");
+      return decode_tensors(root, "outputs", false, r->outputs, &r->noutputs, err);
+    }
+    if (cmd == MBD_CMD_STEP) {
+      if ((rc = mbd_obj_i64(root, "token", true, &r->token, err))) return rc;
+      return decode_tensors(root, "outputs", false, r->outputs, &r->noutputs, err);
+    }
+    if (cmd == MBD_CMD_GENERATE) return decode_generate(root, r, err);
+    return MBD_OK;
+  default:
+    return mbd_error_set(err, MBD_E_UNSUPPORTED, "command %s (0x%02x) is not served by workers",
+                         mbd_cmd_name(cmd), cmd);
+  }
+}
+
+/* Element alignment for shm ranges: misaligned f32/i64 loads are undefined. */
+static int check_align(const mbd_tensor_ref *r, mbd_error *err) {
+  size_t es = mbd_dtype_size(r->desc.dtype);
+  if (es && r->offset % es)
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "tensor '%s': shm offset %llu is not a multiple of its element size %zu",
+                         r->name, (unsigned long long)r->offset, es);
+  return MBD_OK;
+}
+
+int mbd_wreq_input(const mbd_tensor_ref *r, const mbd_msg *msg, mbd_shm_cache *shm,
+                   const void **data, size_t *nbytes, mbd_error *err) {
+  *data = NULL;
+  int rc = mbd_tensor_desc_nbytes(&r->desc, nbytes, err);
+  if (rc) return mbd_error_prefix(err, "tensor '%s': ", r->name);
+  switch (r->kind) {
+  case MBD_TREF_INLINE: {
+    size_t npayloads = msg ? mbd_msg_npayloads(msg) : 0, len = 0;
+    if (r->frame >= npayloads)
+      return mbd_error_set(err, MBD_E_INVALID,
+                           "tensor '%s' names payload frame %u but the request has %zu", r->name,
+                           r->frame, npayloads);
+    const void *p = mbd_msg_payload(msg, r->frame, &len);
+    if (len != *nbytes) {
+      char d[96];
+      mbd_tensor_desc_format(&r->desc, d, sizeof d);
+      return mbd_error_set(err, MBD_E_SHAPE,
+                           "tensor '%s' is %s = %zu bytes but payload frame %u has %zu", r->name,
+                           d, *nbytes, r->frame, len);
+    }
+    *data = p;
+    return MBD_OK;
+  }
+  case MBD_TREF_SHM: {
+    void *p = NULL;
+    if ((rc = check_align(r, err))) return rc;
+    rc = mbd_shm_cache_map(shm, r->shm_name, r->offset, r->size, *nbytes, false, &p, err);
+    if (rc) return mbd_error_prefix(err, "tensor '%s': ", r->name);
+    *data = p;
+    return MBD_OK;
+  }
+  default:
+    return mbd_error_set(err, MBD_E_UNSUPPORTED,
+                         "tensor '%s': CUDA IPC refs need a GPU worker; this worker is CPU (send "
+                         "the bytes inline or in shm)",
+                         r->name);
+  }
+}
+
+int mbd_wreq_output(const mbd_tensor_ref *r, const mbd_tensor_desc *want, mbd_shm_cache *shm,
+                    void **data, mbd_error *err) {
+  *data = NULL;
+  if (r->kind != MBD_TREF_SHM)
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "output '%s' must be a shm ref (inline outputs come back as frames "
+                         "without being asked)",
+                         r->name);
+  bool same = r->desc.dtype == want->dtype && r->desc.ndim == want->ndim;
+  for (int i = 0; same && i < want->ndim; i++) same = r->desc.shape[i] == want->shape[i];
+  if (!same) {
+    char a[96], b[96];
+    mbd_tensor_desc_format(&r->desc, a, sizeof a);
+    mbd_tensor_desc_format(want, b, sizeof b);
+    return mbd_error_set(err, MBD_E_SHAPE, "output '%s' is %s but the result is %s", r->name, a,
+                         b);
+  }
+  size_t nbytes;
+  int rc = mbd_tensor_desc_nbytes(want, &nbytes, err);
+  if (rc) return rc;
+  if ((rc = check_align(r, err))) return rc;
+  rc = mbd_shm_cache_map(shm, r->shm_name, r->offset, r->size, nbytes, true, data, err);
+  if (rc) return mbd_error_prefix(err, "output '%s': ", r->name);
+  return MBD_OK;
+}

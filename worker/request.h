@@ -1,0 +1,64 @@
+/* Request decoding for the worker: one struct for every request command,
+ * filled from the msgpack body with each field checked, and tensor refs
+ * resolved to bytes (inline payload frame or shared memory) with their sizes
+ * checked. Everything here is request-level: errors fail the request with a
+ * code and a message, never the worker. */
+#ifndef MBD_WORKER_REQUEST_H
+#define MBD_WORKER_REQUEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/protocol.h"
+#include "common/status.h"
+#include "common/wire.h"
+#include "worker/session.h"
+#include "worker/shm.h"
+
+#define MBD_WREQ_MAX_TENSORS 4
+#define MBD_WREQ_MAX_STOP 64
+#define MBD_WREQ_MODEL_MAX 64
+#define MBD_WREQ_MAX_TOKENS_CAP (1 << 20) /* generate: hard cap on max_tokens */
+
+typedef struct mbd_wreq {
+  uint8_t cmd;                        /* mbd_cmd */
+  char model[MBD_WREQ_MODEL_MAX];     /* FORWARD, OPEN, IMPORT */
+  char session[MBD_SESSION_ID_MAX];   /* PREFILL, STEP, GENERATE, EXPORT, CLOSE */
+  int64_t deadline_ms;                /* relative; 0 = none */
+  bool last_only;                     /* FORWARD, PREFILL */
+  mbd_dtype dtype;                    /* GEMM: storage dtype of A and B (default f32) */
+  int64_t token;                      /* STEP */
+  /* GENERATE */
+  int64_t max_tokens;                 /* 1..MBD_WREQ_MAX_TOKENS_CAP */
+  int64_t stop[MBD_WREQ_MAX_STOP];    /* stop token ids */
+  size_t nstop;
+  double temperature;                 /* 0 = greedy (default) */
+  int64_t top_k;                      /* 0 = off */
+  double top_p;                       /* 1 = off */
+  uint64_t seed;                      /* sampling seed (default 0) */
+  int64_t partial_every;              /* PARTIAL after this many tokens (default 1) */
+  /* tensors */
+  mbd_tensor_ref tensors[MBD_WREQ_MAX_TENSORS];
+  size_t ntensors;
+  mbd_tensor_ref outputs[MBD_WREQ_MAX_TENSORS]; /* optional shm outputs */
+  size_t noutputs;
+} mbd_wreq;
+
+/* Decodes and checks the fields of request `cmd` from body map `root`. */
+int mbd_wreq_decode(uint8_t cmd, const msgpack_object *root, mbd_wreq *out, mbd_error *err);
+
+/* Resolves an input tensor ref to its bytes: INLINE -> payload frame r->frame
+ * of msg, whose length must equal the tensor's bytes; SHM -> the cache
+ * (read-only; the offset must be a multiple of the element size so the data
+ * is aligned). CUDA_IPC is MBD_E_UNSUPPORTED here. *nbytes receives the
+ * tensor's byte size. */
+int mbd_wreq_input(const mbd_tensor_ref *r, const mbd_msg *msg, mbd_shm_cache *shm,
+                   const void **data, size_t *nbytes, mbd_error *err);
+
+/* Resolves an output ref (must be SHM, dtype/shape must equal `want`, offset
+ * a multiple of the element size) to a writable pointer. */
+int mbd_wreq_output(const mbd_tensor_ref *r, const mbd_tensor_desc *want, mbd_shm_cache *shm,
+                    void **data, mbd_error *err);
+
+#endif

@@ -1,0 +1,121 @@
+/* Session table: fixed slots, monotonically numbered ids, idle expiry. */
+#include "worker/session.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct mbd_session_table {
+  char uid[MBD_WORKER_UID_MAX]; /* id prefix */
+  size_t uid_len;
+  mbd_session *slots; /* capacity entries; id[0] == '\0' = free */
+  size_t capacity;
+  size_t count;     /* open sessions */
+  uint64_t next_n;  /* next session number (never reused) */
+  mbd_session_free_fn free_fn;
+  void *free_ctx;
+};
+
+int mbd_session_table_new(const char *uid, size_t capacity, mbd_session_free_fn free_fn,
+                          void *free_ctx, mbd_session_table **out, mbd_error *err) {
+  *out = NULL;
+  size_t n = uid ? strlen(uid) : 0;
+  if (n == 0 || n >= MBD_WORKER_UID_MAX || strchr(uid, '/'))
+    return mbd_error_set(err, MBD_E_INVALID, "worker uid must be 1..%d characters without '/'",
+                         MBD_WORKER_UID_MAX - 1);
+  if (capacity == 0) return mbd_error_set(err, MBD_E_INVALID, "session capacity must be >= 1");
+  mbd_session_table *t = calloc(1, sizeof *t);
+  if (!t) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for the session table");
+  t->slots = calloc(capacity, sizeof *t->slots);
+  if (!t->slots) {
+    free(t);
+    return mbd_error_set(err, MBD_E_NOMEM, "out of memory for %zu session slots", capacity);
+  }
+  memcpy(t->uid, uid, n + 1);
+  t->uid_len = n;
+  t->capacity = capacity;
+  t->next_n = 1;
+  t->free_fn = free_fn;
+  t->free_ctx = free_ctx;
+  *out = t;
+  return MBD_OK;
+}
+
+void mbd_session_close(mbd_session_table *t, mbd_session *s) {
+  if (!s || !s->id[0]) return;
+  if (t->free_fn) t->free_fn(t->free_ctx, s);
+  memset(s, 0, sizeof *s);
+  t->count--;
+}
+
+void mbd_session_table_destroy(mbd_session_table **pt) {
+  if (!pt || !*pt) return;
+  mbd_session_table *t = *pt;
+  for (size_t i = 0; i < t->capacity; i++) mbd_session_close(t, &t->slots[i]);
+  free(t->slots);
+  free(t);
+  *pt = NULL;
+}
+
+int mbd_session_open(mbd_session_table *t, int model, void *state, double now,
+                     mbd_session **out, mbd_error *err) {
+  *out = NULL;
+  for (size_t i = 0; i < t->capacity; i++) {
+    mbd_session *s = &t->slots[i];
+    if (s->id[0]) continue;
+    memset(s, 0, sizeof *s);
+    snprintf(s->id, sizeof s->id, "%s/%" PRIu64, t->uid, t->next_n++);
+    s->model = model;
+    s->state = state;
+    s->last_used = now;
+    t->count++;
+    *out = s;
+    return MBD_OK;
+  }
+  return mbd_error_set(err, MBD_E_BUSY,
+                       "all %zu session slots are in use: close idle sessions or start the "
+                       "worker with a larger --capacity",
+                       t->capacity);
+}
+
+int mbd_session_find(mbd_session_table *t, const char *id, mbd_session **out, mbd_error *err) {
+  *out = NULL;
+  size_t n = id ? strnlen(id, MBD_SESSION_ID_MAX) : 0;
+  if (n == 0 || n >= MBD_SESSION_ID_MAX)
+    return mbd_error_set(err, MBD_E_INVALID, "session id is empty or longer than %d characters",
+                         MBD_SESSION_ID_MAX - 1);
+  if (n <= t->uid_len + 1 || memcmp(id, t->uid, t->uid_len) || id[t->uid_len] != '/')
+    return mbd_error_set(err, MBD_E_NOT_FOUND,
+                         "session '%s' does not belong to this worker (uid %s): it was opened "
+                         "elsewhere or the worker restarted",
+                         id, t->uid);
+  for (size_t i = 0; i < t->capacity; i++) {
+    if (t->slots[i].id[0] && !strcmp(t->slots[i].id, id)) {
+      *out = &t->slots[i];
+      return MBD_OK;
+    }
+  }
+  return mbd_error_set(err, MBD_E_NOT_FOUND,
+                       "session '%s' is not open (closed, or expired after being idle)", id);
+}
+
+size_t mbd_session_expire(mbd_session_table *t, double now, double idle_s) {
+  if (idle_s <= 0) return 0;
+  size_t n = 0;
+  for (size_t i = 0; i < t->capacity; i++) {
+    mbd_session *s = &t->slots[i];
+    if (s->id[0] && !s->busy && now - s->last_used > idle_s) {
+      mbd_session_close(t, s);
+      n++;
+    }
+  }
+  return n;
+}
+
+size_t mbd_session_count(const mbd_session_table *t) { return t->count; }
+size_t mbd_session_capacity(const mbd_session_table *t) { return t->capacity; }
+
+mbd_session *mbd_session_at(mbd_session_table *t, size_t i) {
+  return (i < t->capacity && t->slots[i].id[0]) ? &t->slots[i] : NULL;
+}
