@@ -1,0 +1,141 @@
+/* Broker reactor: sockets and the clock around the socket-free core. */
+#include "broker/broker.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "common/log.h"
+
+#define LOG "broker"
+#define BATCH 512 /* messages per socket per loop turn, so neither side starves the other */
+
+struct mbd_broker {
+  mbd_broker_config cfg;
+  void *zctx;
+  void *clients, *workers;
+  mbd_bcore *core;
+};
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int send_cb(void *ctx, mbd_bdest dest, mbd_msg **m, mbd_error *err) {
+  mbd_broker *b = ctx;
+  return mbd_msg_send(m, dest == MBD_BDEST_CLIENT ? b->clients : b->workers, ZMQ_DONTWAIT, err);
+}
+
+static int make_socket(mbd_broker *b, const char *ep, void **out, mbd_error *err) {
+  void *s = zmq_socket(b->zctx, ZMQ_ROUTER);
+  if (!s) return mbd_error_set(err, MBD_E_IO, "creating a ROUTER socket: %s", zmq_strerror(errno));
+  int one = 1, linger = 100, hwm = b->cfg.hwm;
+  int64_t maxmsg = b->cfg.max_message_mb * 1024 * 1024;
+  if (zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one) ||
+      zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &one, sizeof one) ||
+      zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) ||
+      zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm) ||
+      zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm) ||
+      zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg)) {
+    int e = errno;
+    zmq_close(s);
+    return mbd_error_set(err, MBD_E_IO, "setting socket options: %s", zmq_strerror(e));
+  }
+  if (zmq_bind(s, ep)) {
+    int e = errno;
+    zmq_close(s);
+    return mbd_error_set(err, MBD_E_IO, "cannot bind %s: %s (is another broker running there?)", ep,
+                         zmq_strerror(e));
+  }
+  *out = s;
+  return MBD_OK;
+}
+
+int mbd_broker_new(const mbd_broker_config *cfg, mbd_broker **out, mbd_error *err) {
+  *out = NULL;
+  int rc;
+  mbd_broker *b = calloc(1, sizeof *b);
+  if (!b) return mbd_error_set(err, MBD_E_NOMEM, "out of memory creating the broker");
+  b->cfg = *cfg;
+  b->zctx = zmq_ctx_new();
+  if (!b->zctx) {
+    rc = mbd_error_set(err, MBD_E_IO, "creating the ZeroMQ context: %s", zmq_strerror(errno));
+    goto fail;
+  }
+  if ((rc = make_socket(b, cfg->clients_ep, &b->clients, err)) ||
+      (rc = make_socket(b, cfg->workers_ep, &b->workers, err)) ||
+      (rc = mbd_bcore_new(cfg, send_cb, b, &b->core, err)))
+    goto fail;
+  *out = b;
+  return MBD_OK;
+fail:
+  mbd_broker_destroy(&b);
+  return rc;
+}
+
+void mbd_broker_destroy(mbd_broker **pb) {
+  if (!pb || !*pb) return;
+  mbd_broker *b = *pb;
+  mbd_bcore_destroy(&b->core);
+  if (b->clients) zmq_close(b->clients);
+  if (b->workers) zmq_close(b->workers);
+  if (b->zctx) zmq_ctx_term(b->zctx);
+  free(b);
+  *pb = NULL;
+}
+
+mbd_bcore *mbd_broker_core(mbd_broker *b) { return b->core; }
+
+/* Receives what is queued on one socket (at most BATCH messages). */
+static void pump(mbd_broker *b, bool client_side) {
+  void *s = client_side ? b->clients : b->workers;
+  size_t cap = (size_t)b->cfg.max_message_mb * 1024 * 1024;
+  for (int i = 0; i < BATCH; i++) {
+    int ev = 0;
+    size_t evl = sizeof ev;
+    if (zmq_getsockopt(s, ZMQ_EVENTS, &ev, &evl) || !(ev & ZMQ_POLLIN)) return;
+    mbd_msg *m = NULL;
+    mbd_error err = {0};
+    int rc = mbd_msg_recv(s, true, cap, &m, &err);
+    if (rc == MBD_E_IO || rc == MBD_E_NOMEM) {
+      if (rc == MBD_E_NOMEM) MBD_LOGE(LOG, "%s", err.msg);
+      return;
+    }
+    if (client_side) mbd_bcore_on_client(b->core, &m, rc, &err, now_ms());
+    else mbd_bcore_on_worker(b->core, &m, rc, &err, now_ms());
+  }
+}
+
+int mbd_broker_run(mbd_broker *b, volatile sig_atomic_t *stop, int grace_ms, mbd_error *err) {
+  zmq_pollitem_t items[2] = {{b->clients, 0, ZMQ_POLLIN, 0}, {b->workers, 0, ZMQ_POLLIN, 0}};
+  int64_t drain_until = -1;
+  for (;;) {
+    int64_t now = now_ms();
+    if (*stop && drain_until < 0) {
+      MBD_LOGI(LOG, "stopping: refusing new requests, %zu queued answered, waiting up to %d ms for "
+               "%zu in flight", mbd_bcore_queue_len(b->core), grace_ms,
+               mbd_bcore_pending(b->core) - mbd_bcore_queue_len(b->core));
+      mbd_bcore_shutdown(b->core, now);
+      drain_until = now + grace_ms;
+    }
+    if (drain_until >= 0 && (mbd_bcore_pending(b->core) == 0 || now >= drain_until)) break;
+    int64_t wait = mbd_bcore_next_due(b->core, now);
+    if (drain_until >= 0 && drain_until - now < wait) wait = drain_until - now;
+    if (wait > 1000) wait = 1000;
+    int rc = zmq_poll(items, 2, (long)wait);
+    if (rc < 0) {
+      if (errno == EINTR) continue;
+      return mbd_error_set(err, MBD_E_IO, "zmq_poll: %s", zmq_strerror(errno));
+    }
+    if (items[1].revents & ZMQ_POLLIN) pump(b, false); /* workers first: replies free capacity */
+    if (items[0].revents & ZMQ_POLLIN) pump(b, true);
+    mbd_bcore_tick(b->core, now_ms());
+  }
+  mbd_bcore_abort(b->core, now_ms());
+  return MBD_OK;
+}

@@ -1,0 +1,70 @@
+/* Broker command line: defaults and parsing into mbd_broker_config. Errors
+ * name the option and the accepted range, since a launcher's YAML becomes
+ * these flags and the person reading the error edits the YAML. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker/core.h"
+
+void mbd_broker_config_defaults(mbd_broker_config *c) {
+  memset(c, 0, sizeof *c);
+  c->heartbeat_ms = 1000;
+  c->liveness = 3;
+  c->queue_limit = 1024;
+  c->max_message_mb = 2048;
+  c->default_deadline_ms = 60000;
+  c->hwm = 10000;
+}
+
+static int parse_int(const char *opt, const char *v, int64_t lo, int64_t hi, int64_t *out,
+                     mbd_error *err) {
+  char *end = NULL;
+  errno = 0;
+  long long x = strtoll(v, &end, 10);
+  if (errno || !end || end == v || *end || x < lo || x > hi)
+    return mbd_error_set(err, MBD_E_INVALID, "%s: '%s' is not an integer in %" PRId64 "..%" PRId64,
+                         opt, v, lo, hi);
+  *out = x;
+  return MBD_OK;
+}
+
+int mbd_broker_config_parse(int argc, char **argv, mbd_broker_config *c, mbd_error *err) {
+  for (int i = 1; i < argc; i++) {
+    const char *o = argv[i];
+    if (i + 1 >= argc)
+      return mbd_error_set(err, MBD_E_INVALID, "option '%s' needs a value (see --help)", o);
+    const char *v = argv[++i];
+    int64_t x = 0;
+    int rc = MBD_OK;
+    if (!strcmp(o, "--clients") || !strcmp(o, "--workers")) {
+      char *dst = o[2] == 'c' ? c->clients_ep : c->workers_ep;
+      if (strlen(v) >= MBD_BROKER_EP_MAX || !strstr(v, "://"))
+        return mbd_error_set(err, MBD_E_INVALID, "%s: '%s' is not a ZeroMQ endpoint like tcp://*:5555",
+                             o, v);
+      snprintf(dst, MBD_BROKER_EP_MAX, "%s", v);
+    } else if (!strcmp(o, "--heartbeat-ms")) {
+      if (!(rc = parse_int(o, v, 10, 600000, &x, err))) c->heartbeat_ms = (int)x;
+    } else if (!strcmp(o, "--liveness")) {
+      if (!(rc = parse_int(o, v, 1, 1000, &x, err))) c->liveness = (int)x;
+    } else if (!strcmp(o, "--queue-limit")) {
+      if (!(rc = parse_int(o, v, 0, 10000000, &x, err))) c->queue_limit = (int)x;
+    } else if (!strcmp(o, "--max-message-mb")) {
+      if (!(rc = parse_int(o, v, 1, 1 << 20, &x, err))) c->max_message_mb = x;
+    } else if (!strcmp(o, "--default-deadline-ms")) {
+      if (!(rc = parse_int(o, v, 1, 24LL * 3600 * 1000, &x, err))) c->default_deadline_ms = x;
+    } else if (!strcmp(o, "--hwm")) {
+      if (!(rc = parse_int(o, v, 1, 10000000, &x, err))) c->hwm = (int)x;
+    } else {
+      return mbd_error_set(err, MBD_E_INVALID, "unknown option '%s' (see --help)", o);
+    }
+    if (rc) return rc;
+  }
+  if (!c->clients_ep[0] || !c->workers_ep[0])
+    return mbd_error_set(err, MBD_E_INVALID, "both --clients EP and --workers EP are required");
+  if (!strcmp(c->clients_ep, c->workers_ep))
+    return mbd_error_set(err, MBD_E_INVALID, "--clients and --workers must be different endpoints");
+  return MBD_OK;
+}

@@ -1,0 +1,209 @@
+/* Worker registry and routing decisions: see registry.h. A flat array of
+ * records: deployments have a handful to a few hundred workers, and a linear
+ * scan of them is cheaper than any index at that size. */
+#include "broker/registry.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REGISTRY_MAX 1024
+
+struct mbd_registry {
+  mbd_bworker *w; /* w[0..n) */
+  size_t n, cap;
+  uint64_t seq;   /* dispatch sequence for round-robin tie breaks */
+};
+
+int mbd_registry_new(mbd_registry **out, mbd_error *err) {
+  *out = calloc(1, sizeof **out);
+  if (!*out) return mbd_error_set(err, MBD_E_NOMEM, "out of memory creating the worker registry");
+  return MBD_OK;
+}
+
+void mbd_registry_destroy(mbd_registry **r) {
+  if (!r || !*r) return;
+  free((*r)->w);
+  free(*r);
+  *r = NULL;
+}
+
+int mbd_registry_parse_ready(const msgpack_object *body, mbd_bworker *w, mbd_error *err) {
+  memset(w->name, 0, sizeof w->name);
+  int rc;
+  if ((rc = mbd_obj_str(body, "name", true, w->name, sizeof w->name, err)) ||
+      (rc = mbd_obj_str(body, "uid", true, w->uid, sizeof w->uid, err)) ||
+      (rc = mbd_obj_str(body, "route", true, w->route_enc, sizeof w->route_enc, err)))
+    return mbd_error_prefix(err, "READY: ");
+  w->host_id[0] = '\0';
+  if ((rc = mbd_obj_str(body, "host_id", false, w->host_id, sizeof w->host_id, err)))
+    return mbd_error_prefix(err, "READY: ");
+  if (!w->uid[0] || strchr(w->uid, '/'))
+    return mbd_error_set(err, MBD_E_INVALID, "READY: uid '%s' must be non-empty without '/'", w->uid);
+  rc = mbd_route_decode(w->route_enc, strlen(w->route_enc), &w->route, err);
+  if (rc) return mbd_error_prefix(err, "READY from '%s': ", w->name);
+  mbd_route_id_hex(&w->route, w->route_id);
+  char claimed[80] = "";
+  if ((rc = mbd_obj_str(body, "route_id", true, claimed, sizeof claimed, err)))
+    return mbd_error_prefix(err, "READY: ");
+  if (strcmp(claimed, w->route_id))
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "READY from '%s': route_id %.16s... does not match its route encoding "
+                         "(SHA-256 gives %.16s...); the worker must send the id of the encoding it sends",
+                         w->name, claimed, w->route_id);
+  uint64_t cap = 1;
+  if ((rc = mbd_obj_u64(body, "capacity", false, &cap, err))) return mbd_error_prefix(err, "READY: ");
+  if (cap < 1 || cap > MBD_BW_CAPACITY_MAX)
+    return mbd_error_set(err, MBD_E_INVALID, "READY: capacity %llu out of range 1..%d",
+                         (unsigned long long)cap, MBD_BW_CAPACITY_MAX);
+  w->capacity = (int)cap;
+  w->pid = 0;
+  if ((rc = mbd_obj_i64(body, "pid", false, &w->pid, err))) return mbd_error_prefix(err, "READY: ");
+  w->nmodels = 0;
+  const msgpack_object *ms = mbd_obj_get(body, "models");
+  if (ms && ms->type != MSGPACK_OBJECT_NIL) {
+    if (ms->type != MSGPACK_OBJECT_ARRAY)
+      return mbd_error_set(err, MBD_E_INVALID, "READY: 'models' must be an array of {name, digest}");
+    if (ms->via.array.size > MBD_BW_MODELS_MAX)
+      return mbd_error_set(err, MBD_E_INVALID, "READY: %u models (at most %d)", ms->via.array.size,
+                           MBD_BW_MODELS_MAX);
+    for (uint32_t i = 0; i < ms->via.array.size; i++) {
+      mbd_bmodel *m = &w->models[i];
+      const msgpack_object *o = &ms->via.array.ptr[i];
+      m->digest[0] = '\0';
+      if (o->type != MSGPACK_OBJECT_MAP)
+        return mbd_error_set(err, MBD_E_INVALID, "READY: models[%u] must be a map {name, digest}", i);
+      if ((rc = mbd_obj_str(o, "name", true, m->name, sizeof m->name, err)) ||
+          (rc = mbd_obj_str(o, "digest", false, m->digest, sizeof m->digest, err)))
+        return mbd_error_prefix(err, "READY: models[%u]: ", i);
+    }
+    w->nmodels = (int)ms->via.array.size;
+  }
+  return MBD_OK;
+}
+
+static mbd_bworker *find_uid(mbd_registry *r, const char *uid) {
+  for (size_t i = 0; i < r->n; i++)
+    if (!strcmp(r->w[i].uid, uid)) return &r->w[i];
+  return NULL;
+}
+
+mbd_bworker *mbd_registry_find_ident(mbd_registry *r, const void *ident, size_t len) {
+  for (size_t i = 0; i < r->n; i++)
+    if (r->w[i].ident_len == len && !memcmp(r->w[i].ident, ident, len)) return &r->w[i];
+  return NULL;
+}
+
+mbd_bworker *mbd_registry_find_uid(mbd_registry *r, const char *uid) { return find_uid(r, uid); }
+
+mbd_bworker *mbd_registry_find_gen(mbd_registry *r, uint64_t gen) {
+  for (size_t i = 0; i < r->n; i++)
+    if (r->w[i].gen == gen) return &r->w[i];
+  return NULL;
+}
+
+int mbd_registry_add(mbd_registry *r, const mbd_bworker *w, mbd_bworker *replaced,
+                     bool *was_replaced, mbd_error *err) {
+  *was_replaced = false;
+  mbd_bworker *old = mbd_registry_find_ident(r, w->ident, w->ident_len);
+  if (!old) old = find_uid(r, w->uid);
+  if (old) {
+    if (replaced) *replaced = *old;
+    *was_replaced = true;
+    *old = *w;
+    old->inflight = 0;
+    /* Another record may hold the other key (same uid elsewhere): drop it too. */
+    mbd_bworker *dup = find_uid(r, w->uid);
+    if (dup && dup != old) {
+      size_t i = (size_t)(dup - r->w);
+      r->w[i] = r->w[--r->n];
+    }
+    return MBD_OK;
+  }
+  if (r->n == REGISTRY_MAX)
+    return mbd_error_set(err, MBD_E_BUSY, "worker registry full (%d workers)", REGISTRY_MAX);
+  if (r->n == r->cap) {
+    size_t nc = r->cap ? 2 * r->cap : 8;
+    mbd_bworker *nw = realloc(r->w, nc * sizeof *nw);
+    if (!nw) return mbd_error_set(err, MBD_E_NOMEM, "out of memory registering a worker");
+    r->w = nw;
+    r->cap = nc;
+  }
+  r->w[r->n] = *w;
+  r->w[r->n].inflight = 0;
+  r->n++;
+  return MBD_OK;
+}
+
+int mbd_registry_remove(mbd_registry *r, const void *ident, size_t len) {
+  mbd_bworker *w = mbd_registry_find_ident(r, ident, len);
+  if (!w) return MBD_E_NOT_FOUND;
+  size_t i = (size_t)(w - r->w);
+  r->w[i] = r->w[--r->n];
+  return MBD_OK;
+}
+
+size_t mbd_registry_count(const mbd_registry *r) { return r->n; }
+mbd_bworker *mbd_registry_at(mbd_registry *r, size_t i) { return i < r->n ? &r->w[i] : NULL; }
+
+bool mbd_bworker_serves(const mbd_bworker *w, const char *model) {
+  if (!model || !model[0]) return true;
+  for (int i = 0; i < w->nmodels; i++)
+    if (!strcmp(w->models[i].name, model)) return true;
+  return false;
+}
+
+bool mbd_bworker_matches(const mbd_bworker *w, const mbd_route_want *want, const char *model) {
+  return mbd_route_matches(want, &w->route, w->route_id) && mbd_bworker_serves(w, model);
+}
+
+/* a less loaded than b? inflight/capacity compared by cross-multiplying. */
+static bool less_loaded(const mbd_bworker *a, const mbd_bworker *b) {
+  int64_t la = (int64_t)a->inflight * b->capacity, lb = (int64_t)b->inflight * a->capacity;
+  if (la != lb) return la < lb;
+  if (a->inflight != b->inflight) return a->inflight < b->inflight;
+  return a->dispatch_seq < b->dispatch_seq;
+}
+
+mbd_bworker *mbd_registry_select(mbd_registry *r, const mbd_route_want *want, const char *model,
+                                 const mbd_bworker *exclude, size_t *n_match) {
+  mbd_bworker *best = NULL;
+  size_t m = 0;
+  for (size_t i = 0; i < r->n; i++) {
+    mbd_bworker *w = &r->w[i];
+    if (w == exclude || w->dead || !mbd_bworker_matches(w, want, model)) continue;
+    m++;
+    if (w->inflight >= w->capacity) continue;
+    if (!best || less_loaded(w, best)) best = w;
+  }
+  if (n_match) *n_match = m;
+  if (best) best->dispatch_seq = ++r->seq;
+  return best;
+}
+
+void mbd_registry_no_route_message(mbd_registry *r, const mbd_route_want *want, const char *model,
+                                   char *buf, size_t cap) {
+  char wtxt[256];
+  mbd_route_want_format(want, wtxt, sizeof wtxt);
+  size_t n = 0;
+#define PUT(...)                                                   \
+  do {                                                             \
+    if (n < cap) {                                                 \
+      int x_ = snprintf(buf + n, cap - n, __VA_ARGS__);            \
+      if (x_ > 0) n += (size_t)x_;                                 \
+    }                                                              \
+  } while (0)
+  PUT("no live worker matches route %s model=%s; ", wtxt, model && model[0] ? model : "any");
+  if (!r->n) PUT("no workers are registered");
+  else PUT("available:");
+  for (size_t i = 0; i < r->n; i++) {
+    const mbd_bworker *w = &r->w[i];
+    PUT(" %.8s %s/%s/%s", w->route_id, mbd_backend_name(w->route.backend),
+        mbd_dtype_policy_name(w->route.policy), mbd_gemm_mode_name(w->route.mode));
+    PUT(" models=[");
+    for (int k = 0; k < w->nmodels; k++) PUT("%s%s", k ? "," : "", w->models[k].name);
+    PUT("]%s", i + 1 < r->n ? ";" : "");
+  }
+#undef PUT
+  if (n >= cap && cap > 4) memcpy(buf + cap - 4, "...", 4);
+}

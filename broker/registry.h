@@ -1,0 +1,99 @@
+/* Broker worker registry: the live workers keyed by their ZeroMQ routing id,
+ * each with its decoded numeric route, models and load, and the pure routing
+ * decisions over them (match, least-loaded pick, NO_ROUTE explanation).
+ * No sockets: everything here is testable with plain data. */
+#ifndef MBD_BROKER_REGISTRY_H
+#define MBD_BROKER_REGISTRY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/protocol.h"
+#include "common/route.h"
+#include "common/status.h"
+
+#define MBD_BW_NAME_MAX 64
+#define MBD_BW_UID_MAX 64
+#define MBD_BW_MODELS_MAX 16
+#define MBD_BW_ROUTE_ENC_MAX 1024
+#define MBD_BW_IDENT_MAX 255
+#define MBD_BW_CAPACITY_MAX 4096
+
+typedef struct mbd_bmodel {
+  char name[MBD_BW_NAME_MAX];
+  char digest[72]; /* hex SHA-256 of the weights, as the worker reported */
+} mbd_bmodel;
+
+/* One registered worker (plain data, owned by the registry). */
+typedef struct mbd_bworker {
+  char name[MBD_BW_NAME_MAX];             /* human name from READY */
+  char uid[MBD_BW_UID_MAX];               /* unique per process start; prefixes session ids */
+  char host_id[MBD_BW_NAME_MAX];          /* same host => shm/IPC possible */
+  char route_id[65];                      /* recomputed from route_enc, verified */
+  char route_enc[MBD_BW_ROUTE_ENC_MAX];   /* canonical route encoding */
+  mbd_route_identity route;               /* decoded route_enc */
+  mbd_bmodel models[MBD_BW_MODELS_MAX];
+  int nmodels;
+  int capacity;                           /* concurrent requests it accepts (>= 1) */
+  int inflight;                           /* requests sent and not finished */
+  int64_t pid;                            /* reported process id (informational) */
+  uint8_t ident[MBD_BW_IDENT_MAX];        /* ZeroMQ routing id on the workers socket */
+  size_t ident_len;
+  int64_t last_seen_ms;                   /* last message from it (monotonic ms) */
+  int64_t registered_ms;
+  uint64_t dispatch_seq;                  /* when it last got work: ties go round-robin */
+  uint64_t gen;                           /* registration instance, set by the caller; requests
+                                             remember it so a re-registered worker's old requests
+                                             are told apart from new ones */
+  bool dead;                              /* unreachable (send failed): expired at the next tick */
+} mbd_bworker;
+
+typedef struct mbd_registry mbd_registry;
+
+int mbd_registry_new(mbd_registry **out, mbd_error *err);
+void mbd_registry_destroy(mbd_registry **r);
+
+/* Parses and checks a READY body into w (ident/time fields untouched):
+ * name, uid (no '/'), route (decoded with mbd_route_decode), route_id (must
+ * equal mbd_route_id_hex of the decoded route), host_id, capacity (1..4096,
+ * default 1), models [{name, digest}], pid. MBD_E_INVALID / MBD_E_FORMAT with
+ * the reason otherwise. */
+int mbd_registry_parse_ready(const msgpack_object *body, mbd_bworker *w, mbd_error *err);
+
+/* Adds w (copied) under its ident. An existing worker with the same ident or
+ * the same uid is replaced: its old record is copied to *replaced (when not
+ * NULL) and *was_replaced set, so the caller can fail over its requests.
+ * MBD_E_BUSY when the registry is full (1024 workers). */
+int mbd_registry_add(mbd_registry *r, const mbd_bworker *w, mbd_bworker *replaced,
+                     bool *was_replaced, mbd_error *err);
+/* Borrowed pointers, valid until the next add/remove. NULL when absent. */
+mbd_bworker *mbd_registry_find_ident(mbd_registry *r, const void *ident, size_t len);
+mbd_bworker *mbd_registry_find_uid(mbd_registry *r, const char *uid);
+mbd_bworker *mbd_registry_find_gen(mbd_registry *r, uint64_t gen);
+/* Removes by ident; 0 or MBD_E_NOT_FOUND. */
+int mbd_registry_remove(mbd_registry *r, const void *ident, size_t len);
+size_t mbd_registry_count(const mbd_registry *r);
+mbd_bworker *mbd_registry_at(mbd_registry *r, size_t i);
+
+/* True when w serves `model` ("" = any model). */
+bool mbd_bworker_serves(const mbd_bworker *w, const char *model);
+/* True when w matches the route constraint and model. */
+bool mbd_bworker_matches(const mbd_bworker *w, const mbd_route_want *want, const char *model);
+
+/* Picks the least-loaded matching worker with spare capacity (lowest
+ * inflight/capacity; ties: fewer in flight, then least recently used).
+ * Returns NULL when none has capacity; *n_match (optional) counts matching
+ * workers regardless of load, so the caller can tell "queue" from NO_ROUTE.
+ * Workers marked dead are skipped and not counted.
+ * `exclude` (optional) is never picked. */
+mbd_bworker *mbd_registry_select(mbd_registry *r, const mbd_route_want *want, const char *model,
+                                 const mbd_bworker *exclude, size_t *n_match);
+
+/* NO_ROUTE message naming what was asked and what exists, e.g.
+ * "no live worker matches route dtype=bf16 model=m; available: 3fa2c1d0 cpu/f32/deterministic
+ * models=[m2]; ..." (truncated with "..." to fit cap). */
+void mbd_registry_no_route_message(mbd_registry *r, const mbd_route_want *want, const char *model,
+                                   char *buf, size_t cap);
+
+#endif
