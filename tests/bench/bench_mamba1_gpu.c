@@ -1,0 +1,183 @@
+/* Mamba-1 GPU model throughput on synthetic random weights (generated on the
+ * device): 130m (d768 L24) and 1.4b (d2048 L48) shapes, V 50280, bf16 and
+ * f32 storage, deterministic GEMM mode and cublas-fast.
+ *   decode: tokens/s of mbd_mamba1_gpu_step (graph replay, greedy pick on the
+ *           device, token upload and download included) at batch 1/8/64/256;
+ *   prefill: tokens/s of one sequence of T=2048 (last-position logits);
+ *   floor: HBM bound, (weight bytes + batch * state bytes * 2) per step over
+ *          the measured device-to-device copy rate (bytes read + written).
+ * Each number is the median of repeated runs timed with CUDA events on the
+ * context's stream. Usage: bench_mamba1_gpu [130m|1.4b|all] [reps]. */
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/mamba_config.h"
+#include "kernels/cuda/gpu_ctx.h"
+#include "kernels/cuda/mamba1_gpu.h"
+
+#define CK(expr)                                                          \
+  do {                                                                    \
+    if ((expr) != 0) {                                                    \
+      fprintf(stderr, "%s failed: %s\n", #expr, err.msg);                 \
+      return 1;                                                           \
+    }                                                                     \
+  } while (0)
+
+static int cmp_f(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return x < y ? -1 : x > y;
+}
+static float median(float *v, int n) {
+  qsort(v, (size_t)n, sizeof(float), cmp_f);
+  return v[n / 2];
+}
+
+/* Device-to-device copy rate in bytes (read + written) per second. */
+static double copy_rate(void) {
+  size_t n = (size_t)1 << 30;
+  void *a = NULL, *b = NULL;
+  if (cudaMalloc(&a, n) || cudaMalloc(&b, n)) return 0;
+  cudaMemset(a, 1, n);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  float t[10];
+  for (int i = 0; i < 12; i++) {
+    cudaEventRecord(e0, 0);
+    cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0);
+    cudaEventRecord(e1, 0);
+    cudaEventSynchronize(e1);
+    if (i >= 2) cudaEventElapsedTime(&t[i - 2], e0, e1);
+  }
+  cudaFree(a);
+  cudaFree(b);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return 2.0 * (double)n / (median(t, 10) * 1e-3);
+}
+
+typedef struct shape {
+  const char *name;
+  int d, L;
+} shape;
+
+static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
+  mbd_error err;
+  mbd_error_clear(&err);
+  mbd_mamba_config c;
+  memset(&c, 0, sizeof c);
+  c.d_model = sh->d;
+  c.n_layer = sh->L;
+  c.vocab_size = 50280;
+  c.d_state = 16;
+  c.d_conv = 4;
+  c.expand = 2;
+  c.d_inner = 2 * sh->d;
+  c.dt_rank = (sh->d + 15) / 16;
+  c.norm_eps = 1e-5f;
+  c.conv_bias = true;
+  c.residual_in_fp32 = true;
+  c.tie_embeddings = true;
+  c.eos_token_id = -1;
+  mbd_gpu_ctx_config cc;
+  mbd_gpu_ctx_config_default(&cc);
+  cc.policy = dt == MBD_DTYPE_BF16 ? MBD_POLICY_BF16 : MBD_POLICY_F32;
+  cc.state_capacity = 256;
+  mbd_gpu_ctx *ctx = NULL;
+  mbd_mamba1_gpu *m = NULL;
+  CK(mbd_gpu_ctx_new(&cc, &ctx, &err));
+  mbd_mamba1_gpu_options o;
+  mbd_mamba1_gpu_options_default(&o);
+  o.dtype = dt;
+  o.max_rows = 2048;
+  CK(mbd_mamba1_gpu_new_random(ctx, &c, 1234, &o, &m, &err));
+  cudaStream_t s = (cudaStream_t)mbd_gpu_ctx_stream(ctx);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  const int bs[4] = {1, 8, 64, 256};
+  int32_t tok[256], sl[256], *ptok = malloc(sizeof(int32_t) * 2048);
+  uint64_t rs = 99;
+  for (int i = 0; i < 2048; i++) ptok[i] = (int32_t)((rs = rs * 6364136223846793005ull + 1) >> 40) % 50280;
+  for (int i = 0; i < 256; i++) sl[i] = i, tok[i] = ptok[i];
+  float *t = malloc(sizeof(float) * (size_t)(reps > 5 ? reps : 5));
+  const size_t wb = mbd_mamba1_gpu_weight_bytes(m), sb = mbd_mamba1_gpu_state_bytes(m);
+  for (int mode = 0; mode < 2; mode++) {
+    if (mode == 1) {
+      if (mbd_gpu_ctx_set_mode(ctx, MBD_GEMM_CUBLAS_FAST, &err)) {
+        printf("  cublas-fast unavailable: %s\n", err.msg);
+        break;
+      }
+      mbd_mamba1_gpu_set_graphs(m, 0); /* graphs replay only under their route */
+      mbd_mamba1_gpu_set_graphs(m, 1);
+    }
+    double dec[4];
+    for (int k = 0; k < 4; k++) {
+      int b = bs[k];
+      for (int i = 0; i < b; i++) CK(mbd_mamba1_gpu_slot_reset(m, sl[i], &err));
+      for (int w = 0; w < 3; w++) CK(mbd_mamba1_gpu_step(m, b, tok, sl, NULL, tok, NULL, &err));
+      for (int r = 0; r < reps; r++) {
+        cudaEventRecord(e0, s);
+        CK(mbd_mamba1_gpu_step(m, b, tok, sl, NULL, tok, NULL, &err));
+        cudaEventRecord(e1, s);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&t[r], e0, e1);
+      }
+      dec[k] = b / (median(t, reps) * 1e-3);
+    }
+    CK(mbd_mamba1_gpu_slot_reset(m, 0, &err));
+    int pr = 3;
+    for (int r = 0; r < pr + 1; r++) {
+      CK(mbd_mamba1_gpu_slot_reset(m, 0, &err));
+      float *lg = malloc(50280 * 4);
+      cudaEventRecord(e0, s);
+      CK(mbd_mamba1_gpu_prefill(m, 1, 2048, ptok, sl, MBD_MAMBA1_GPU_LOGITS_LAST, lg, &err));
+      cudaEventRecord(e1, s);
+      cudaEventSynchronize(e1);
+      if (r) cudaEventElapsedTime(&t[r - 1], e0, e1);
+      free(lg);
+    }
+    double pre = 2048 / (median(t, pr) * 1e-3);
+    printf("%-5s %-4s %-13s | %9.0f %9.0f %9.0f %9.0f | %9.0f\n", sh->name, mbd_dtype_name(dt),
+           mode ? "cublas-fast" : "deterministic", dec[0], dec[1], dec[2], dec[3], pre);
+    fflush(stdout);
+  }
+  printf("%-5s %-4s %-13s |", sh->name, mbd_dtype_name(dt), "HBM floor");
+  for (int k = 0; k < 4; k++)
+    printf(" %9.0f", bs[k] / (((double)wb + (double)bs[k] * sb * 2.0) / bw));
+  printf(" |   (weights %.0f MB, state %.2f MB/seq)\n", wb / 1e6, sb / 1e6);
+  fflush(stdout);
+  free(t);
+  free(ptok);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  mbd_mamba1_gpu_destroy(&m);
+  mbd_gpu_ctx_destroy(&ctx);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  const char *which = argc > 1 ? argv[1] : "all";
+  int reps = argc > 2 ? atoi(argv[2]) : 20;
+  if (reps < 5) reps = 5;
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    printf("SKIP: no CUDA device\n");
+    return 77;
+  }
+  double bw = copy_rate();
+  printf("device copy rate %.2f TB/s (read + write); tokens/s, median of %d\n", bw / 1e12, reps);
+  printf("%-5s %-4s %-13s | %9s %9s %9s %9s | %9s\n", "model", "dt", "mode", "dec b1", "dec b8",
+         "dec b64", "dec b256", "pre T2048");
+  const shape shapes[2] = {{"130m", 768, 24}, {"1.4b", 2048, 48}};
+  const mbd_dtype dts[2] = {MBD_DTYPE_BF16, MBD_DTYPE_F32};
+  int rc = 0;
+  for (int i = 0; i < 2; i++) {
+    if (strcmp(which, "all") && strcmp(which, shapes[i].name)) continue;
+    for (int j = 0; j < 2; j++) rc |= bench_one(&shapes[i], dts[j], reps, bw);
+  }
+  return rc;
+}
