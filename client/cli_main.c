@@ -281,7 +281,8 @@ static int cmd_status(int argc, char **argv) {
     printf("%-16s %-14.12s %-9s %-8s %-8" PRId64 " %s%s\n", w->name, w->route_id, load, sess, w->pid,
            models, w->alive ? "" : "  (not responding)");
     if (o.full) {
-      printf("  uid %s, host %s\n  route id %s\n", w->uid, w->host_id[0] ? w->host_id : "-", w->route_id);
+      printf("  uid %s, host %s, up %.1f s, last heartbeat %" PRId64 " ms ago\n  route id %s\n", w->uid,
+             w->host_id[0] ? w->host_id : "-", w->uptime_ms / 1000.0, w->heartbeat_age_ms, w->route_id);
       const char *p = w->route;
       while (p && *p) { /* indent the canonical encoding, one field per line */
         const char *nl = strchr(p, '\n');
@@ -388,6 +389,7 @@ typedef struct stream_ctx {
   bool print; /* echo tokens to stdout as they stream */
   int64_t row;
   bool started;
+  size_t shown; /* tokens printed from PARTIALs; FINAL may carry more */
 } stream_ctx;
 
 static void on_tokens(void *user, const int64_t *t, size_t n) {
@@ -396,6 +398,7 @@ static void on_tokens(void *user, const int64_t *t, size_t n) {
   if (!s->started) printf("row %" PRId64 ":", s->row);
   s->started = true;
   for (size_t i = 0; i < n; i++) printf(" %" PRId64, t[i]);
+  s->shown += n;
   fflush(stdout);
 }
 
@@ -457,7 +460,7 @@ static int cmd_generate(int argc, char **argv) {
     mbd_tensor_desc_make(&in.desc, MBD_DTYPE_I64, 2, shape, NULL);
     if (shm) mbd_shm_tensor(shm, (uint64_t)(b * T) * 8, &in.desc, &in, NULL);
     mbd_tensor_out last = {0};
-    stream_ctx sc = {!o.quiet, b, false};
+    stream_ctx sc = {!o.quiet, b, false, 0};
     char reason[16];
     if (mbd_session_open(c, NULL, o.model, &s, &err) ||
         mbd_session_prefill(s, NULL, &in, true, &last, &err) ||
@@ -467,6 +470,7 @@ static int cmd_generate(int argc, char **argv) {
       goto done;
     }
     mbd_tensor_out_release(&last);
+    if (sc.shown < ntok) on_tokens(&sc, toks + sc.shown, ntok - sc.shown);
     if (sc.started) printf("  (%s)\n", reason);
     if (mbd_session_close(&s, &err)) {
       rc = report("generate", &err, c);

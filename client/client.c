@@ -512,6 +512,8 @@ static int parse_worker(const msgpack_object *w, mbd_worker_info *wi, mbd_error 
   wi->capacity = int_field(w, "capacity", 0);
   wi->load = int_field(w, "load", int_field(w, "inflight", 0));
   wi->sessions = int_field(w, "sessions", -1);
+  wi->heartbeat_age_ms = int_field(w, "heartbeat_age_ms", -1);
+  wi->uptime_ms = int_field(w, "uptime_ms", -1);
   wi->alive = true;
   const msgpack_object *a = mbd_obj_get(w, "alive");
   if (a && a->type == MSGPACK_OBJECT_BOOLEAN) wi->alive = a->via.boolean;

@@ -128,6 +128,8 @@ typedef struct mbd_worker_info {
   int64_t capacity;     /* requests it accepts at once */
   int64_t load;         /* requests in flight now */
   int64_t sessions;     /* open sessions, -1 when not reported */
+  int64_t heartbeat_age_ms; /* since the broker last heard from it, -1 when not reported */
+  int64_t uptime_ms;    /* since it registered, -1 when not reported */
   bool alive;           /* heard from within the liveness window */
   size_t n_models;
   mbd_model_info *models;
