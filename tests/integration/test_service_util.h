@@ -1,0 +1,205 @@
+/* Helpers shared by the service integration tests: a temporary deployment
+ * directory, `mambad up` as a child process, running the CLI, and waiting for
+ * workers to register. Header-only (static) so each test stays one program. */
+#ifndef MBD_TEST_SERVICE_UTIL_H
+#define MBD_TEST_SERVICE_UTIL_H
+
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/mambad.h"
+
+typedef struct svc {
+  char dir[64];          /* mkdtemp directory: yaml, sockets, logs, files */
+  char clients[128];     /* ipc:// endpoint for clients */
+  char workers[128];     /* ipc:// endpoint for workers */
+  char bin[512];         /* MBD_BIN_DIR */
+  char fixture[512];     /* tiny-d64 fixture directory */
+  pid_t up;              /* the `mambad up` process, 0 when none */
+} svc;
+
+static int64_t svc_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void svc_sleep_ms(int64_t ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+  nanosleep(&ts, NULL);
+}
+
+/* Fills s; returns false (caller skips) when binaries or fixtures are missing. */
+static bool svc_init(svc *s) {
+  memset(s, 0, sizeof *s);
+  const char *bin = getenv("MBD_BIN_DIR"), *fx = getenv("MBD_FIXTURES_DIR");
+  if (!bin || !fx) return false;
+  snprintf(s->bin, sizeof s->bin, "%s", bin);
+  snprintf(s->fixture, sizeof s->fixture, "%s/mamba1/tiny-d64", fx);
+  char probe[700];
+  snprintf(probe, sizeof probe, "%s/config.json", s->fixture);
+  if (access(probe, R_OK) != 0) return false;
+  const char *progs[] = {"mambad", "mambad-up", "mambad-broker", "mambad-worker"};
+  for (size_t i = 0; i < 4; i++) {
+    snprintf(probe, sizeof probe, "%s/%s", s->bin, progs[i]);
+    if (access(probe, X_OK) != 0) return false;
+  }
+  snprintf(s->dir, sizeof s->dir, "/tmp/mbd-svc-XXXXXX");
+  if (!mkdtemp(s->dir)) return false;
+  snprintf(s->clients, sizeof s->clients, "ipc://%s/c.sock", s->dir);
+  snprintf(s->workers, sizeof s->workers, "ipc://%s/w.sock", s->dir);
+  return true;
+}
+
+/* Writes s->dir/name with printf-style content; returns the path in out. */
+__attribute__((format(printf, 4, 5))) static void svc_write(const svc *s, const char *name,
+                                                            char *out, const char *fmt, ...) {
+  snprintf(out, 700, "%s/%s", s->dir, name);
+  FILE *f = fopen(out, "w");
+  if (!f) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(f, fmt, ap);
+  va_end(ap);
+  fclose(f);
+}
+
+/* YAML head: broker on the test's sockets, fast heartbeats, the tiny model. */
+static void svc_yaml(const svc *s, const char *workers_yaml, char *path) {
+  svc_write(s, "deploy.yaml", path,
+            "broker:\n  clients: %s\n  workers: %s\n  heartbeat_ms: 200\n  liveness: 3\n"
+            "  default_deadline_ms: 20000\n"
+            "models:\n  - name: tiny\n    path: %s\n"
+            "workers:\n%s",
+            s->clients, s->workers, s->fixture, workers_yaml);
+}
+
+/* Starts `mambad up --config path` with output in dir/up.log. */
+static pid_t svc_spawn(const svc *s, const char *log_name, char *const argv[]) {
+  char log[700];
+  snprintf(log, sizeof log, "%s/%s", s->dir, log_name);
+  pid_t pid = fork();
+  if (pid == 0) {
+    FILE *f = freopen(log, "a", stdout);
+    (void)f;
+    dup2(1, 2);
+    execv(argv[0], argv);
+    _exit(127);
+  }
+  return pid;
+}
+
+static void svc_up(svc *s, const char *yaml) {
+  char prog[600];
+  snprintf(prog, sizeof prog, "%s/mambad", s->bin);
+  char *argv[] = {prog, "up", "--config", (char *)yaml, "--grace-ms", "3000", NULL};
+  s->up = svc_spawn(s, "up.log", argv);
+}
+
+/* SIGTERM to `mambad up`; waits up to ms; returns its wait status or -1. */
+static int svc_down(svc *s, int64_t ms) {
+  if (s->up <= 0) return 0;
+  kill(s->up, SIGTERM);
+  int64_t end = svc_now_ms() + ms;
+  int st = 0;
+  while (svc_now_ms() < end) {
+    if (waitpid(s->up, &st, WNOHANG) == s->up) {
+      s->up = 0;
+      return st;
+    }
+    svc_sleep_ms(20);
+  }
+  kill(s->up, SIGKILL);
+  waitpid(s->up, &st, 0);
+  s->up = 0;
+  return -1;
+}
+
+static void svc_cleanup(svc *s) {
+  svc_down(s, 5000);
+  if (s->dir[0] && getenv("MBD_KEEP_TMP") == NULL) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", s->dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", s->dir);
+  }
+}
+
+/* Runs a shell command line (printf-style) with stdout+stderr into dir/cmd.out;
+ * returns the exit code (or -1) and leaves the output in out (cap bytes). */
+__attribute__((format(printf, 4, 5))) static int svc_sh(const svc *s, char *out, size_t cap,
+                                                        const char *fmt, ...) {
+  char cmd[4096], file[700];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(cmd, sizeof cmd - 800, fmt, ap);
+  va_end(ap);
+  snprintf(file, sizeof file, "%s/cmd.out", s->dir);
+  snprintf(cmd + n, sizeof cmd - (size_t)n, " >'%s' 2>&1", file);
+  int st = system(cmd);
+  if (out && cap) {
+    out[0] = '\0';
+    FILE *f = fopen(file, "r");
+    if (f) {
+      size_t got = fread(out, 1, cap - 1, f);
+      out[got] = '\0';
+      fclose(f);
+    }
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Finds a live worker by name in a status report. */
+static const mbd_worker_info *svc_find(const mbd_status_report *r, const char *name) {
+  for (size_t i = 0; i < r->n_workers; i++)
+    if (!strcmp(r->workers[i].name, name) && r->workers[i].alive) return &r->workers[i];
+  return NULL;
+}
+
+/* Waits until every name in names[0..n) is registered (and, when not NULL,
+ * the first one's uid differs from not_uid); copies that worker's info into
+ * *first. Returns the elapsed ms or -1 on timeout. */
+static int64_t svc_wait_workers(mbd_client *c, const char *const *names, size_t n,
+                                const char *not_uid, mbd_worker_info *first, int64_t timeout_ms) {
+  int64_t t0 = svc_now_ms();
+  while (svc_now_ms() - t0 < timeout_ms) {
+    mbd_status_report *r = NULL;
+    if (mbd_client_status(c, &r, NULL) == 0) {
+      size_t ok = 0;
+      for (size_t i = 0; i < n; i++) {
+        const mbd_worker_info *w = svc_find(r, names[i]);
+        if (w && (i || !not_uid || strcmp(w->uid, not_uid))) ok++;
+        if (w && i == 0 && first) {
+          *first = *w;
+          first->route = NULL; /* owned by the report */
+          first->models = NULL;
+          first->n_models = 0;
+        }
+      }
+      mbd_status_report_free(&r);
+      if (ok == n) return svc_now_ms() - t0;
+    }
+    svc_sleep_ms(50);
+  }
+  return -1;
+}
+
+static mbd_client *svc_client(const svc *s) {
+  mbd_client_options o;
+  mbd_client_options_init(&o);
+  o.deadline_ms = 20000;
+  o.connect_ms = 2000;
+  mbd_client *c = NULL;
+  mbd_error err = {0};
+  if (mbd_client_new(s->clients, &o, &c, &err)) fprintf(stderr, "client: %s\n", err.msg);
+  return c;
+}
+
+#endif
