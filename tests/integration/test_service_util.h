@@ -26,19 +26,19 @@ typedef struct svc {
   pid_t up;              /* the `mambad up` process, 0 when none */
 } svc;
 
-static int64_t svc_now_ms(void) {
+static inline int64_t svc_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void svc_sleep_ms(int64_t ms) {
+static inline void svc_sleep_ms(int64_t ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
   nanosleep(&ts, NULL);
 }
 
 /* Fills s; returns false (caller skips) when binaries or fixtures are missing. */
-static bool svc_init(svc *s) {
+static inline bool svc_init(svc *s) {
   memset(s, 0, sizeof *s);
   const char *bin = getenv("MBD_BIN_DIR"), *fx = getenv("MBD_FIXTURES_DIR");
   if (!bin || !fx) return false;
@@ -60,7 +60,7 @@ static bool svc_init(svc *s) {
 }
 
 /* Writes s->dir/name with printf-style content; returns the path in out. */
-__attribute__((format(printf, 4, 5))) static void svc_write(const svc *s, const char *name,
+__attribute__((format(printf, 4, 5))) static inline void svc_write(const svc *s, const char *name,
                                                             char *out, const char *fmt, ...) {
   snprintf(out, 700, "%s/%s", s->dir, name);
   FILE *f = fopen(out, "w");
@@ -73,7 +73,7 @@ __attribute__((format(printf, 4, 5))) static void svc_write(const svc *s, const 
 }
 
 /* YAML head: broker on the test's sockets, fast heartbeats, the tiny model. */
-static void svc_yaml(const svc *s, const char *workers_yaml, char *path) {
+static inline void svc_yaml(const svc *s, const char *workers_yaml, char *path) {
   svc_write(s, "deploy.yaml", path,
             "broker:\n  clients: %s\n  workers: %s\n  heartbeat_ms: 200\n  liveness: 3\n"
             "  default_deadline_ms: 20000\n"
@@ -83,7 +83,7 @@ static void svc_yaml(const svc *s, const char *workers_yaml, char *path) {
 }
 
 /* Starts `mambad up --config path` with output in dir/up.log. */
-static pid_t svc_spawn(const svc *s, const char *log_name, char *const argv[]) {
+static inline pid_t svc_spawn(const svc *s, const char *log_name, char *const argv[]) {
   char log[700];
   snprintf(log, sizeof log, "%s/%s", s->dir, log_name);
   pid_t pid = fork();
@@ -97,7 +97,7 @@ static pid_t svc_spawn(const svc *s, const char *log_name, char *const argv[]) {
   return pid;
 }
 
-static void svc_up(svc *s, const char *yaml) {
+static inline void svc_up(svc *s, const char *yaml) {
   char prog[600];
   snprintf(prog, sizeof prog, "%s/mambad", s->bin);
   char *argv[] = {prog, "up", "--config", (char *)yaml, "--grace-ms", "3000", NULL};
@@ -105,7 +105,7 @@ static void svc_up(svc *s, const char *yaml) {
 }
 
 /* SIGTERM to `mambad up`; waits up to ms; returns its wait status or -1. */
-static int svc_down(svc *s, int64_t ms) {
+static inline int svc_down(svc *s, int64_t ms) {
   if (s->up <= 0) return 0;
   kill(s->up, SIGTERM);
   int64_t end = svc_now_ms() + ms;
@@ -123,7 +123,7 @@ static int svc_down(svc *s, int64_t ms) {
   return -1;
 }
 
-static void svc_cleanup(svc *s) {
+static inline void svc_cleanup(svc *s) {
   svc_down(s, 5000);
   if (s->dir[0] && getenv("MBD_KEEP_TMP") == NULL) {
     char cmd[128];
@@ -134,7 +134,7 @@ static void svc_cleanup(svc *s) {
 
 /* Runs a shell command line (printf-style) with stdout+stderr into dir/cmd.out;
  * returns the exit code (or -1) and leaves the output in out (cap bytes). */
-__attribute__((format(printf, 4, 5))) static int svc_sh(const svc *s, char *out, size_t cap,
+__attribute__((format(printf, 4, 5))) static inline int svc_sh(const svc *s, char *out, size_t cap,
                                                         const char *fmt, ...) {
   char cmd[4096], file[700];
   va_list ap;
@@ -157,7 +157,7 @@ __attribute__((format(printf, 4, 5))) static int svc_sh(const svc *s, char *out,
 }
 
 /* Finds a live worker by name in a status report. */
-static const mbd_worker_info *svc_find(const mbd_status_report *r, const char *name) {
+static inline const mbd_worker_info *svc_find(const mbd_status_report *r, const char *name) {
   for (size_t i = 0; i < r->n_workers; i++)
     if (!strcmp(r->workers[i].name, name) && r->workers[i].alive) return &r->workers[i];
   return NULL;
@@ -166,7 +166,7 @@ static const mbd_worker_info *svc_find(const mbd_status_report *r, const char *n
 /* Waits until every name in names[0..n) is registered (and, when not NULL,
  * the first one's uid differs from not_uid); copies that worker's info into
  * *first. Returns the elapsed ms or -1 on timeout. */
-static int64_t svc_wait_workers(mbd_client *c, const char *const *names, size_t n,
+static inline int64_t svc_wait_workers(mbd_client *c, const char *const *names, size_t n,
                                 const char *not_uid, mbd_worker_info *first, int64_t timeout_ms) {
   int64_t t0 = svc_now_ms();
   while (svc_now_ms() - t0 < timeout_ms) {
@@ -191,7 +191,7 @@ static int64_t svc_wait_workers(mbd_client *c, const char *const *names, size_t 
   return -1;
 }
 
-static mbd_client *svc_client(const svc *s) {
+static inline mbd_client *svc_client(const svc *s) {
   mbd_client_options o;
   mbd_client_options_init(&o);
   o.deadline_ms = 20000;
