@@ -17,7 +17,7 @@ extern "C" const size_t mbd_gemm_fatbin_len;
 #ifndef MBD_CUDA_ARCHS
 #define MBD_CUDA_ARCHS ""
 #endif
-#define MBD_CUDA_DISPATCH_REV 1
+#define MBD_CUDA_DISPATCH_REV 2
 
 const char *const mbd_k_kernel_names[MBD_K_COUNT] = {
     "mbd_sgemm_f32_s",       "mbd_sgemm_f32_m",       "mbd_sgemm_f32_l",

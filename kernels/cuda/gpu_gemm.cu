@@ -26,9 +26,9 @@ struct tile_cfg {
 /* Index order matches the kernel slots: s, m, n, l. */
 static const tile_cfg k_htiles[4] = {
     {16, 32, 128, 128, 4, 2}, {64, 32, 64, 128, 4, 2}, {64, 64, 32, 128, 4, 2},
-    {128, 128, 32, 256, 4, 2}};
+    {128, 128, 64, 256, 3, 2}};
 static const tile_cfg k_stiles[3] = {
-    {16, 32, 32, 128, 0, 0}, {64, 64, 16, 256, 0, 0}, {128, 128, 8, 256, 0, 0}};
+    {16, 32, 128, 128, 0, 0}, {64, 64, 16, 256, 0, 0}, {128, 128, 8, 256, 0, 0}};
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static int64_t blocks_of(const tile_cfg &t, int64_t m, int64_t n) {
@@ -37,7 +37,7 @@ static int64_t blocks_of(const tile_cfg &t, int64_t m, int64_t n) {
 
 static int pick_htile(const mbd_gpu_ctx *ctx, int64_t m, int64_t n) {
   if (m <= 16) return 0;
-  if (m <= 64) return 1;
+  if (m <= 64) return blocks_of(k_htiles[2], m, n) >= 2 * ctx->sm_count ? 2 : 1;
   if (blocks_of(k_htiles[3], m, n) >= ctx->sm_count) return 3;
   if (blocks_of(k_htiles[2], m, n) >= ctx->sm_count) return 2;
   return 1;

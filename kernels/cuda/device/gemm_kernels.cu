@@ -111,10 +111,10 @@ __device__ __forceinline__ void sgemm_body(const mbd_gemm_params &p) {
       name(const mbd_gemm_params p) {                                                     \
     sgemm_body<BM, BN, BK, TM, TN, TF>(p);                                               \
   }
-MBD_SGEMM(mbd_sgemm_f32_s, 16, 32, 32, 2, 2, false)
+MBD_SGEMM(mbd_sgemm_f32_s, 16, 32, 128, 2, 2, false)
 MBD_SGEMM(mbd_sgemm_f32_m, 64, 64, 16, 4, 4, false)
 MBD_SGEMM(mbd_sgemm_f32_l, 128, 128, 8, 8, 8, false)
-MBD_SGEMM(mbd_sgemm_tf32_s, 16, 32, 32, 2, 2, true)
+MBD_SGEMM(mbd_sgemm_tf32_s, 16, 32, 128, 2, 2, true)
 MBD_SGEMM(mbd_sgemm_tf32_m, 64, 64, 16, 4, 4, true)
 MBD_SGEMM(mbd_sgemm_tf32_l, 128, 128, 8, 8, 8, true)
 
@@ -297,11 +297,11 @@ __device__ __forceinline__ void hgemm_body(const mbd_gemm_params &p) {
   MBD_HGEMM(mbd_hgemm_##ty##_s_v, T, 16, 32, 128, 16, 8, 4, true)                         \
   MBD_HGEMM(mbd_hgemm_##ty##_m_v, T, 64, 32, 64, 32, 16, 4, true)                         \
   MBD_HGEMM(mbd_hgemm_##ty##_n_v, T, 64, 64, 32, 32, 32, 4, true)                         \
-  MBD_HGEMM(mbd_hgemm_##ty##_l_v, T, 128, 128, 32, 64, 32, 4, true)                       \
+  MBD_HGEMM(mbd_hgemm_##ty##_l_v, T, 128, 128, 64, 64, 32, 3, true)                       \
   MBD_HGEMM(mbd_hgemm_##ty##_s_e, T, 16, 32, 128, 16, 8, 2, false)                        \
   MBD_HGEMM(mbd_hgemm_##ty##_m_e, T, 64, 32, 64, 32, 16, 2, false)                        \
   MBD_HGEMM(mbd_hgemm_##ty##_n_e, T, 64, 64, 32, 32, 32, 2, false)                        \
-  MBD_HGEMM(mbd_hgemm_##ty##_l_e, T, 128, 128, 32, 64, 32, 2, false)
+  MBD_HGEMM(mbd_hgemm_##ty##_l_e, T, 128, 128, 64, 64, 32, 2, false)
 MBD_HGEMM_ALL(bf16, __nv_bfloat16)
 MBD_HGEMM_ALL(f16, __half)
 
