@@ -6,26 +6,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct mbd_session_table {
+struct mbd_wsession_table {
   char uid[MBD_WORKER_UID_MAX]; /* id prefix */
   size_t uid_len;
-  mbd_session *slots; /* capacity entries; id[0] == '\0' = free */
+  mbd_wsession *slots; /* capacity entries; id[0] == '\0' = free */
   size_t capacity;
   size_t count;     /* open sessions */
   uint64_t next_n;  /* next session number (never reused) */
-  mbd_session_free_fn free_fn;
+  mbd_wsession_free_fn free_fn;
   void *free_ctx;
 };
 
-int mbd_session_table_new(const char *uid, size_t capacity, mbd_session_free_fn free_fn,
-                          void *free_ctx, mbd_session_table **out, mbd_error *err) {
+int mbd_wsession_table_new(const char *uid, size_t capacity, mbd_wsession_free_fn free_fn,
+                          void *free_ctx, mbd_wsession_table **out, mbd_error *err) {
   *out = NULL;
   size_t n = uid ? strlen(uid) : 0;
   if (n == 0 || n >= MBD_WORKER_UID_MAX || strchr(uid, '/'))
     return mbd_error_set(err, MBD_E_INVALID, "worker uid must be 1..%d characters without '/'",
                          MBD_WORKER_UID_MAX - 1);
   if (capacity == 0) return mbd_error_set(err, MBD_E_INVALID, "session capacity must be >= 1");
-  mbd_session_table *t = calloc(1, sizeof *t);
+  mbd_wsession_table *t = calloc(1, sizeof *t);
   if (!t) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for the session table");
   t->slots = calloc(capacity, sizeof *t->slots);
   if (!t->slots) {
@@ -42,27 +42,27 @@ int mbd_session_table_new(const char *uid, size_t capacity, mbd_session_free_fn 
   return MBD_OK;
 }
 
-void mbd_session_close(mbd_session_table *t, mbd_session *s) {
+void mbd_wsession_close(mbd_wsession_table *t, mbd_wsession *s) {
   if (!s || !s->id[0]) return;
   if (t->free_fn) t->free_fn(t->free_ctx, s);
   memset(s, 0, sizeof *s);
   t->count--;
 }
 
-void mbd_session_table_destroy(mbd_session_table **pt) {
+void mbd_wsession_table_destroy(mbd_wsession_table **pt) {
   if (!pt || !*pt) return;
-  mbd_session_table *t = *pt;
-  for (size_t i = 0; i < t->capacity; i++) mbd_session_close(t, &t->slots[i]);
+  mbd_wsession_table *t = *pt;
+  for (size_t i = 0; i < t->capacity; i++) mbd_wsession_close(t, &t->slots[i]);
   free(t->slots);
   free(t);
   *pt = NULL;
 }
 
-int mbd_session_open(mbd_session_table *t, int model, void *state, double now,
-                     mbd_session **out, mbd_error *err) {
+int mbd_wsession_open(mbd_wsession_table *t, int model, void *state, double now,
+                     mbd_wsession **out, mbd_error *err) {
   *out = NULL;
   for (size_t i = 0; i < t->capacity; i++) {
-    mbd_session *s = &t->slots[i];
+    mbd_wsession *s = &t->slots[i];
     if (s->id[0]) continue;
     memset(s, 0, sizeof *s);
     snprintf(s->id, sizeof s->id, "%s/%" PRIu64, t->uid, t->next_n++);
@@ -79,7 +79,7 @@ int mbd_session_open(mbd_session_table *t, int model, void *state, double now,
                        t->capacity);
 }
 
-int mbd_session_find(mbd_session_table *t, const char *id, mbd_session **out, mbd_error *err) {
+int mbd_wsession_find(mbd_wsession_table *t, const char *id, mbd_wsession **out, mbd_error *err) {
   *out = NULL;
   size_t n = id ? strnlen(id, MBD_SESSION_ID_MAX) : 0;
   if (n == 0 || n >= MBD_SESSION_ID_MAX)
@@ -100,22 +100,22 @@ int mbd_session_find(mbd_session_table *t, const char *id, mbd_session **out, mb
                        "session '%s' is not open (closed, or expired after being idle)", id);
 }
 
-size_t mbd_session_expire(mbd_session_table *t, double now, double idle_s) {
+size_t mbd_wsession_expire(mbd_wsession_table *t, double now, double idle_s) {
   if (idle_s <= 0) return 0;
   size_t n = 0;
   for (size_t i = 0; i < t->capacity; i++) {
-    mbd_session *s = &t->slots[i];
+    mbd_wsession *s = &t->slots[i];
     if (s->id[0] && !s->busy && now - s->last_used > idle_s) {
-      mbd_session_close(t, s);
+      mbd_wsession_close(t, s);
       n++;
     }
   }
   return n;
 }
 
-size_t mbd_session_count(const mbd_session_table *t) { return t->count; }
-size_t mbd_session_capacity(const mbd_session_table *t) { return t->capacity; }
+size_t mbd_wsession_count(const mbd_wsession_table *t) { return t->count; }
+size_t mbd_wsession_capacity(const mbd_wsession_table *t) { return t->capacity; }
 
-mbd_session *mbd_session_at(mbd_session_table *t, size_t i) {
+mbd_wsession *mbd_wsession_at(mbd_wsession_table *t, size_t i) {
   return (i < t->capacity && t->slots[i].id[0]) ? &t->slots[i] : NULL;
 }

@@ -50,7 +50,7 @@ typedef struct gen_job {
   int64_t sent;    /* tokens already streamed in PARTIALs */
 } gen_job;
 
-/* Worker-side session data (mbd_session.user). */
+/* Worker-side session data (mbd_wsession.user). */
 typedef struct wsess {
   float *logits;   /* [V]: logits after the last consumed token */
   bool has_logits; /* false until the first prefill/step/import */
@@ -69,7 +69,7 @@ typedef struct step_job {
 
 /* One row of a batched step. */
 typedef struct batch_row {
-  mbd_session *s;
+  mbd_wsession *s;
   int64_t token;
   step_job *step; /* NULL for a GENERATE row */
 } batch_row;
@@ -84,7 +84,7 @@ struct mbd_worker {
   wmodel models[MBD_WORKER_MAX_MODELS];
   int nmodels;
   int64_t max_vocab;
-  mbd_session_table *sessions;
+  mbd_wsession_table *sessions;
   mbd_shm_cache *shm;
   /* scheduler */
   step_job *q_head, *q_tail; /* queued STEPs, FIFO */
@@ -325,7 +325,7 @@ static void free_job(gen_job *g) {
 }
 
 /* Session table callback: releases the backend state and worker-side data. */
-static void session_free(void *ctx, mbd_session *s) {
+static void session_free(void *ctx, mbd_wsession *s) {
   mbd_worker *w = ctx;
   wsess *ws = s->user;
   if (ws) {
@@ -383,7 +383,7 @@ int mbd_worker_new(const mbd_worker_opts *o, mbd_worker **out, mbd_error *err) {
     if ((rc = mbd_sampler_new(m->vocab, &m->sampler, err))) goto fail;
     MBD_LOGI(LOGC, "model %s: vocab %" PRId64 ", digest %.16s", m->name, m->vocab, m->digest);
   }
-  if ((rc = mbd_session_table_new(w->uid, (size_t)o->capacity, session_free, w, &w->sessions,
+  if ((rc = mbd_wsession_table_new(w->uid, (size_t)o->capacity, session_free, w, &w->sessions,
                                   err)))
     goto fail;
   if ((rc = mbd_shm_cache_new(SHM_CACHE_ENTRIES, &w->shm, err))) goto fail;
@@ -407,7 +407,7 @@ fail:
 void mbd_worker_destroy(mbd_worker **pw) {
   if (!pw || !*pw) return;
   mbd_worker *w = *pw;
-  mbd_session_table_destroy(&w->sessions);
+  mbd_wsession_table_destroy(&w->sessions);
   while (w->q_head) {
     step_job *j = w->q_head;
     w->q_head = j->next;
@@ -600,15 +600,15 @@ static int check_desc(const mbd_tensor_ref *r, mbd_dtype dt, int ndim_lo, int nd
 }
 
 /* Session lookup for session commands; wsess in *ws. */
-static int get_session(mbd_worker *w, const char *id, mbd_session **s, wsess **ws, mbd_error *err) {
-  int rc = mbd_session_find(w->sessions, id, s, err);
+static int get_session(mbd_worker *w, const char *id, mbd_wsession **s, wsess **ws, mbd_error *err) {
+  int rc = mbd_wsession_find(w->sessions, id, s, err);
   if (rc) return rc;
   *ws = (*s)->user;
   (*s)->last_used = now_s();
   return MBD_OK;
 }
 
-static int check_not_busy(const mbd_session *s, mbd_error *err) {
+static int check_not_busy(const mbd_wsession *s, mbd_error *err) {
   if (s->busy)
     return mbd_error_set(err, MBD_E_BUSY,
                          "session '%s' is generating: wait for its FINAL before sending more "
@@ -689,7 +689,7 @@ fail:
 }
 
 /* New session with a fresh state for model mi. */
-static int new_session(mbd_worker *w, int mi, mbd_session **out, mbd_error *err) {
+static int new_session(mbd_worker *w, int mi, mbd_wsession **out, mbd_error *err) {
   mbd_bstate *st = NULL;
   wsess *ws = calloc(1, sizeof *ws);
   int rc;
@@ -698,7 +698,7 @@ static int new_session(mbd_worker *w, int mi, mbd_session **out, mbd_error *err)
     goto fail;
   }
   if ((rc = w->be->ops->state_new(w->be, w->models[mi].bm, &st, err))) goto fail;
-  if ((rc = mbd_session_open(w->sessions, mi, st, now_s(), out, err))) goto fail;
+  if ((rc = mbd_wsession_open(w->sessions, mi, st, now_s(), out, err))) goto fail;
   (*out)->user = ws;
   return MBD_OK;
 fail:
@@ -711,7 +711,7 @@ fail:
 static int h_open(mbd_worker *w, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
   int mi = find_model(w, q->model, err);
   if (mi < 0) return mi;
-  mbd_session *s = NULL;
+  mbd_wsession *s = NULL;
   int rc = new_session(w, mi, &s, err);
   if (rc) return rc;
   MBD_LOGD(LOGC, "opened session %s (%s)", s->id, q->model);
@@ -721,7 +721,7 @@ static int h_open(mbd_worker *w, const mbd_wreq *q, uint64_t tag, mbd_error *err
 
 static int h_prefill(mbd_worker *w, const mbd_msg *msg, const mbd_wreq *q, uint64_t tag,
                      mbd_error *err) {
-  mbd_session *s;
+  mbd_wsession *s;
   wsess *ws;
   int rc = get_session(w, q->session, &s, &ws, err);
   if (rc || (rc = check_not_busy(s, err))) return rc;
@@ -755,7 +755,7 @@ fail:
 }
 
 static int h_step(mbd_worker *w, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
-  mbd_session *s;
+  mbd_wsession *s;
   wsess *ws;
   int rc = get_session(w, q->session, &s, &ws, err);
   if (rc || (rc = check_not_busy(s, err))) return rc;
@@ -784,7 +784,7 @@ static int h_step(mbd_worker *w, const mbd_wreq *q, uint64_t tag, mbd_error *err
 }
 
 static int h_generate(mbd_worker *w, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
-  mbd_session *s;
+  mbd_wsession *s;
   wsess *ws;
   int rc = get_session(w, q->session, &s, &ws, err);
   if (rc || (rc = check_not_busy(s, err))) return rc;
@@ -822,7 +822,7 @@ static int h_generate(mbd_worker *w, const mbd_wreq *q, uint64_t tag, mbd_error 
 }
 
 static int h_export(mbd_worker *w, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
-  mbd_session *s;
+  mbd_wsession *s;
   wsess *ws;
   int rc = get_session(w, q->session, &s, &ws, err);
   if (rc || (rc = check_not_busy(s, err))) return rc;
@@ -874,7 +874,7 @@ static int h_import(mbd_worker *w, const mbd_msg *msg, const mbd_wreq *q, uint64
   const void *blob = NULL;
   void *own = NULL;
   size_t n;
-  mbd_session *s = NULL;
+  mbd_wsession *s = NULL;
   int rc = get_input(w, msg, &q->tensors[0], &blob, &n, &own, err);
   if (rc) return rc;
   mbd_state_blob_info info;
@@ -922,13 +922,13 @@ static int h_import(mbd_worker *w, const mbd_msg *msg, const mbd_wreq *q, uint64
   reply_fields_str(w, tag, "session", s->id);
   s = NULL;
 fail:
-  if (s) mbd_session_close(w->sessions, s);
+  if (s) mbd_wsession_close(w->sessions, s);
   free(own);
   return rc;
 }
 
 static int h_close(mbd_worker *w, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
-  mbd_session *s;
+  mbd_wsession *s;
   wsess *ws;
   int rc = get_session(w, q->session, &s, &ws, err);
   if (rc || (rc = check_not_busy(s, err))) return rc;
@@ -936,7 +936,7 @@ static int h_close(mbd_worker *w, const mbd_wreq *q, uint64_t tag, mbd_error *er
     if (!strcmp(j->session, s->id))
       return mbd_error_set(err, MBD_E_BUSY, "session '%s' has a STEP queued: wait for its reply",
                            s->id);
-  mbd_session_close(w->sessions, s);
+  mbd_wsession_close(w->sessions, s);
   reply_fields_str(w, tag, NULL, NULL);
   return MBD_OK;
 }
@@ -1000,7 +1000,7 @@ done:
 
 /* ---- scheduler ---------------------------------------------------------- */
 
-static void gen_finish(mbd_worker *w, mbd_session *s, const char *reason, const mbd_error *fail) {
+static void gen_finish(mbd_worker *w, mbd_wsession *s, const char *reason, const mbd_error *fail) {
   wsess *ws = s->user;
   gen_job *g = ws->gen;
   if (fail) {
@@ -1037,7 +1037,7 @@ static void gen_partial(mbd_worker *w, gen_job *g) {
   g->sent = g->n;
 }
 
-static bool in_batch(const batch_row *rows, size_t n, const mbd_session *s) {
+static bool in_batch(const batch_row *rows, size_t n, const mbd_wsession *s) {
   for (size_t i = 0; i < n; i++)
     if (rows[i].s == s) return true;
   return false;
@@ -1076,10 +1076,10 @@ static void step_reply(mbd_worker *w, step_job *j, const float *row, int64_t V) 
  * Returns the number of rows run. */
 static size_t tick_model(mbd_worker *w, int mi, double now) {
   wmodel *m = &w->models[mi];
-  size_t maxb = (size_t)w->o.max_batch, n = 0, cap = mbd_session_capacity(w->sessions);
+  size_t maxb = (size_t)w->o.max_batch, n = 0, cap = mbd_wsession_capacity(w->sessions);
   /* GENERATE loops first (round-robin start for fairness when over max-batch). */
   for (size_t k = 0; k < cap && n < maxb && w->ngen; k++) {
-    mbd_session *s = mbd_session_at(w->sessions, (w->rr + k) % cap);
+    mbd_wsession *s = mbd_wsession_at(w->sessions, (w->rr + k) % cap);
     if (!s || s->model != mi || !((wsess *)s->user)->gen) continue;
     wsess *ws = s->user;
     gen_job *g = ws->gen;
@@ -1104,9 +1104,9 @@ static size_t tick_model(mbd_worker *w, int mi, double now) {
   step_job **pp = &w->q_head, *prev = NULL;
   while (*pp && n < maxb) {
     step_job *j = *pp;
-    mbd_session *s = NULL;
+    mbd_wsession *s = NULL;
     mbd_error e = {0};
-    if (mbd_session_find(w->sessions, j->session, &s, &e)) { /* closed/expired meanwhile */
+    if (mbd_wsession_find(w->sessions, j->session, &s, &e)) { /* closed/expired meanwhile */
       *pp = j->next;
       if (w->q_tail == j) w->q_tail = prev;
       reply_err(w, j->tag, &e);
@@ -1212,7 +1212,7 @@ static void send_control(mbd_worker *w, uint8_t cmd, const char *reason) {
   if (cmd == MBD_CMD_HEARTBEAT) {
     msgpack_pack_map(&pk, 2);
     mbd_pack_kv_u64(&pk, "load", (uint64_t)w->ngen + (w->q_head ? 1u : 0u));
-    mbd_pack_kv_u64(&pk, "sessions", (uint64_t)mbd_session_count(w->sessions));
+    mbd_pack_kv_u64(&pk, "sessions", (uint64_t)mbd_wsession_count(w->sessions));
   } else {
     msgpack_pack_map(&pk, 1);
     mbd_pack_kv_str(&pk, "reason", reason);
@@ -1290,8 +1290,8 @@ static void fail_pending(mbd_worker *w, const char *why) {
     free(j);
   }
   w->q_tail = NULL;
-  for (size_t i = 0; i < mbd_session_capacity(w->sessions) && w->ngen; i++) {
-    mbd_session *s = mbd_session_at(w->sessions, i);
+  for (size_t i = 0; i < mbd_wsession_capacity(w->sessions) && w->ngen; i++) {
+    mbd_wsession *s = mbd_wsession_at(w->sessions, i);
     if (s && ((wsess *)s->user)->gen) {
       mbd_error e;
       mbd_error_set(&e, MBD_E_STATE, "%s", why);
@@ -1333,7 +1333,7 @@ int mbd_worker_run(mbd_worker *w, volatile sig_atomic_t *stop, mbd_error *err) {
       w->next_hb = t + hb;
     }
     if (t >= next_expire) {
-      size_t n = mbd_session_expire(w->sessions, t, w->o.session_idle_s);
+      size_t n = mbd_wsession_expire(w->sessions, t, w->o.session_idle_s);
       if (n) MBD_LOGI(LOGC, "closed %zu idle session(s)", n);
       next_expire = t + 1.0;
     }
