@@ -1,0 +1,513 @@
+/* Broker routing logic without sockets: the registry (READY validation,
+ * matching, least-loaded pick, NO_ROUTE text) and the core state machine
+ * driven with a fake clock and a send callback that records every message. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "broker/core.h"
+#include "broker/registry.h"
+#include "common/protocol.h"
+
+/* ---- fixtures ------------------------------------------------------------- */
+
+#define OUT_MAX 64
+typedef struct sent {
+  mbd_bdest dest[OUT_MAX];
+  mbd_msg *m[OUT_MAX];
+  int n;
+  int fail_worker_rc; /* nonzero: sends to workers fail with this */
+} sent;
+
+static int rec_send(void *ctx, mbd_bdest d, mbd_msg **m, mbd_error *err) {
+  sent *s = ctx;
+  if (d == MBD_BDEST_WORKER && s->fail_worker_rc) {
+    mbd_msg_destroy(m);
+    return mbd_error_set(err, s->fail_worker_rc, "test: send failed");
+  }
+  assert_true(s->n < OUT_MAX);
+  s->dest[s->n] = d;
+  s->m[s->n++] = *m;
+  *m = NULL;
+  return 0;
+}
+
+static void clear(sent *s) {
+  for (int i = 0; i < s->n; i++) mbd_msg_destroy(&s->m[i]);
+  s->n = 0;
+}
+
+/* Index of the first recorded message with this cmd (and peer when given), or -1. */
+static int find(sent *s, uint8_t cmd, const char *peer) {
+  for (int i = 0; i < s->n; i++) {
+    size_t pl;
+    const void *p = mbd_msg_peer(s->m[i], &pl);
+    if (mbd_msg_cmd(s->m[i]) == cmd &&
+        (!peer || (pl == strlen(peer) && !memcmp(p, peer, pl))))
+      return i;
+  }
+  return -1;
+}
+
+static void route_of(mbd_route_identity *r, mbd_dtype_policy p) {
+  memset(r, 0, sizeof *r);
+  r->policy = p;
+  strcpy(r->isa, "x86-64-v3");
+  strcpy(r->kernel_digest, "abc");
+  strcpy(r->compiler, "cc");
+  strcpy(r->device_name, "cpu");
+  r->state_capacity = 4;
+}
+
+/* A READY message from worker `ident`. */
+static mbd_msg *ready_msg(const char *ident, const char *uid, mbd_dtype_policy p, int cap,
+                          const char *model, bool bad_id) {
+  mbd_route_identity r;
+  route_of(&r, p);
+  char enc[1024], id[65];
+  size_t len;
+  assert_int_equal(mbd_route_encode(&r, enc, sizeof enc, &len, NULL), 0);
+  mbd_route_id_hex(&r, id);
+  if (bad_id) id[0] = id[0] == '0' ? '1' : '0';
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 6);
+  mbd_pack_kv_str(&pk, "name", ident);
+  mbd_pack_kv_str(&pk, "uid", uid);
+  mbd_pack_kv_str(&pk, "route", enc);
+  mbd_pack_kv_str(&pk, "route_id", id);
+  mbd_pack_kv_u64(&pk, "capacity", (uint64_t)cap);
+  mbd_pack_str(&pk, "models");
+  msgpack_pack_array(&pk, 1);
+  msgpack_pack_map(&pk, 2);
+  mbd_pack_kv_str(&pk, "name", model);
+  mbd_pack_kv_str(&pk, "digest", "d");
+  mbd_msg *m = NULL;
+  assert_int_equal(mbd_msg_new(MBD_CMD_READY, 0, &m, NULL), 0);
+  assert_int_equal(mbd_msg_take_body(m, &sb, NULL), 0);
+  msgpack_sbuffer_destroy(&sb);
+  assert_int_equal(mbd_msg_set_peer(m, ident, strlen(ident), NULL), 0);
+  return m;
+}
+
+static mbd_msg *client_req(uint8_t cmd, uint64_t tag, const char *dtype, const char *model,
+                           uint64_t deadline, const char *session) {
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, (size_t)((dtype != NULL) + (model != NULL) + (deadline != 0) + (session != NULL)));
+  if (dtype) {
+    mbd_route_want w;
+    memset(&w, 0, sizeof w);
+    strcpy(w.dtype, dtype);
+    mbd_pack_str(&pk, "route");
+    mbd_pack_route_want(&pk, &w);
+  }
+  if (model) mbd_pack_kv_str(&pk, "model", model);
+  if (deadline) mbd_pack_kv_u64(&pk, "deadline_ms", deadline);
+  if (session) mbd_pack_kv_str(&pk, "session", session);
+  mbd_msg *m = NULL;
+  assert_int_equal(mbd_msg_new(cmd, tag, &m, NULL), 0);
+  assert_int_equal(mbd_msg_take_body(m, &sb, NULL), 0);
+  msgpack_sbuffer_destroy(&sb);
+  assert_int_equal(mbd_msg_set_peer(m, "cli", 3, NULL), 0);
+  return m;
+}
+
+static void from_worker(mbd_bcore *c, const char *ident, uint8_t cmd, uint64_t tag, int64_t now) {
+  mbd_msg *m = NULL;
+  assert_int_equal(mbd_msg_new(cmd, tag, &m, NULL), 0);
+  assert_int_equal(mbd_msg_set_peer(m, ident, strlen(ident), NULL), 0);
+  mbd_bcore_on_worker(c, &m, 0, NULL, now);
+  assert_null(m);
+}
+
+static int64_t err_code(mbd_msg *m) {
+  size_t len;
+  const void *b = mbd_msg_body(m, &len);
+  mbd_body *body = NULL;
+  assert_int_equal(mbd_body_parse(b, len, &body, NULL), 0);
+  int64_t code = 0;
+  assert_int_equal(mbd_obj_i64(mbd_body_root(body), "code", true, &code, NULL), 0);
+  mbd_body_destroy(&body);
+  return code;
+}
+
+static void err_text(mbd_msg *m, char *out, size_t cap) {
+  size_t len;
+  const void *b = mbd_msg_body(m, &len);
+  mbd_body *body = NULL;
+  assert_int_equal(mbd_body_parse(b, len, &body, NULL), 0);
+  assert_int_equal(mbd_obj_str(mbd_body_root(body), "message", true, out, cap, NULL), 0);
+  mbd_body_destroy(&body);
+}
+
+static mbd_bcore *core_new(sent *s, int queue_limit) {
+  mbd_broker_config cfg;
+  mbd_broker_config_defaults(&cfg);
+  strcpy(cfg.clients_ep, "inproc://c");
+  strcpy(cfg.workers_ep, "inproc://w");
+  cfg.heartbeat_ms = 100;
+  cfg.liveness = 3;
+  cfg.queue_limit = queue_limit;
+  mbd_bcore *c = NULL;
+  assert_int_equal(mbd_bcore_new(&cfg, rec_send, s, &c, NULL), 0);
+  return c;
+}
+
+/* ---- registry ----------------------------------------------------------------- */
+
+static void test_registry_ready_and_select(void **state) {
+  (void)state;
+  mbd_registry *r = NULL;
+  assert_int_equal(mbd_registry_new(&r, NULL), 0);
+  mbd_bworker w[3];
+  const char *names[3] = {"a", "b", "c"};
+  mbd_dtype_policy pol[3] = {MBD_POLICY_F32, MBD_POLICY_F32, MBD_POLICY_BF16};
+  int caps[3] = {2, 4, 1};
+  for (int i = 0; i < 3; i++) {
+    mbd_msg *m = ready_msg(names[i], names[i], pol[i], caps[i], "m", false);
+    size_t len;
+    const void *b = mbd_msg_body(m, &len);
+    mbd_body *body = NULL;
+    assert_int_equal(mbd_body_parse(b, len, &body, NULL), 0);
+    memset(&w[i], 0, sizeof w[i]);
+    mbd_error err = {0};
+    assert_int_equal(mbd_registry_parse_ready(mbd_body_root(body), &w[i], &err), 0);
+    mbd_body_destroy(&body);
+    mbd_msg_destroy(&m);
+    memcpy(w[i].ident, names[i], 1);
+    w[i].ident_len = 1;
+    w[i].gen = (uint64_t)i + 1;
+    bool rep = true;
+    assert_int_equal(mbd_registry_add(r, &w[i], NULL, &rep, NULL), 0);
+    assert_false(rep);
+  }
+  assert_int_equal(mbd_registry_count(r), 3);
+  mbd_route_want want;
+  memset(&want, 0, sizeof want);
+  strcpy(want.dtype, "f32");
+  size_t nm = 0;
+  /* least loaded by inflight/capacity: a 1/2 vs b 1/4 -> b */
+  mbd_registry_find_ident(r, "a", 1)->inflight = 1;
+  mbd_registry_find_ident(r, "b", 1)->inflight = 1;
+  mbd_bworker *p = mbd_registry_select(r, &want, "m", NULL, &nm);
+  assert_non_null(p);
+  assert_string_equal(p->name, "b");
+  assert_int_equal(nm, 2);
+  /* b 3/4 vs a 1/2 -> a */
+  mbd_registry_find_ident(r, "b", 1)->inflight = 3;
+  assert_string_equal(mbd_registry_select(r, &want, "m", NULL, &nm)->name, "a");
+  /* all full -> NULL but 2 match (queue, not NO_ROUTE) */
+  mbd_registry_find_ident(r, "a", 1)->inflight = 2;
+  mbd_registry_find_ident(r, "b", 1)->inflight = 4;
+  assert_null(mbd_registry_select(r, &want, "m", NULL, &nm));
+  assert_int_equal(nm, 2);
+  /* ties go round-robin */
+  mbd_registry_find_ident(r, "a", 1)->inflight = 0;
+  mbd_registry_find_ident(r, "b", 1)->inflight = 0;
+  mbd_registry_find_ident(r, "b", 1)->capacity = 2;
+  const char *first = mbd_registry_select(r, &want, "m", NULL, &nm)->name;
+  const char *second = mbd_registry_select(r, &want, "m", NULL, &nm)->name;
+  assert_string_not_equal(first, second);
+  /* model and dead workers */
+  assert_null(mbd_registry_select(r, &want, "nope", NULL, &nm));
+  assert_int_equal(nm, 0);
+  mbd_registry_find_ident(r, "a", 1)->dead = true;
+  assert_string_equal(mbd_registry_select(r, &want, "m", NULL, &nm)->name, "b");
+  assert_int_equal(nm, 1);
+  char msg[1024];
+  strcpy(want.dtype, "f16");
+  mbd_registry_no_route_message(r, &want, "m", msg, sizeof msg);
+  assert_non_null(strstr(msg, "dtype=f16"));
+  assert_non_null(strstr(msg, "model=m"));
+  char shortid[9];
+  snprintf(shortid, sizeof shortid, "%.8s", w[2].route_id);
+  assert_non_null(strstr(msg, shortid));
+  assert_non_null(strstr(msg, "cpu/bf16/deterministic models=[m]"));
+  char tiny[40];
+  mbd_registry_no_route_message(r, &want, "m", tiny, sizeof tiny);
+  assert_int_equal(strlen(tiny), sizeof tiny - 1);
+  assert_string_equal(tiny + sizeof tiny - 4, "...");
+  /* uid / gen lookups, re-registration replaces */
+  assert_non_null(mbd_registry_find_uid(r, "c"));
+  assert_non_null(mbd_registry_find_gen(r, 3));
+  mbd_bworker again = w[0], old;
+  again.gen = 9;
+  bool rep = false;
+  assert_int_equal(mbd_registry_add(r, &again, &old, &rep, NULL), 0);
+  assert_true(rep);
+  assert_int_equal(old.gen, 1);
+  assert_int_equal(mbd_registry_count(r), 3);
+  assert_int_equal(mbd_registry_remove(r, "c", 1), 0);
+  assert_int_equal(mbd_registry_remove(r, "c", 1), MBD_E_NOT_FOUND);
+  mbd_registry_destroy(&r);
+  assert_null(r);
+}
+
+static void test_registry_rejects_bad_ready(void **state) {
+  (void)state;
+  mbd_msg *m = ready_msg("x", "x", MBD_POLICY_F32, 1, "m", true);
+  size_t len;
+  const void *b = mbd_msg_body(m, &len);
+  mbd_body *body = NULL;
+  assert_int_equal(mbd_body_parse(b, len, &body, NULL), 0);
+  mbd_bworker w;
+  mbd_error err = {0};
+  assert_int_equal(mbd_registry_parse_ready(mbd_body_root(body), &w, &err), MBD_E_INVALID);
+  assert_non_null(strstr(err.msg, "does not match"));
+  mbd_body_destroy(&body);
+  mbd_msg_destroy(&m);
+  m = ready_msg("x", "bad/uid", MBD_POLICY_F32, 1, "m", false);
+  b = mbd_msg_body(m, &len);
+  assert_int_equal(mbd_body_parse(b, len, &body, NULL), 0);
+  assert_int_equal(mbd_registry_parse_ready(mbd_body_root(body), &w, &err), MBD_E_INVALID);
+  mbd_body_destroy(&body);
+  mbd_msg_destroy(&m);
+  m = ready_msg("x", "x", MBD_POLICY_F32, 0, "m", false); /* capacity 0 */
+  b = mbd_msg_body(m, &len);
+  assert_int_equal(mbd_body_parse(b, len, &body, NULL), 0);
+  assert_int_equal(mbd_registry_parse_ready(mbd_body_root(body), &w, &err), MBD_E_INVALID);
+  mbd_body_destroy(&body);
+  mbd_msg_destroy(&m);
+}
+
+/* ---- core ------------------------------------------------------------------------ */
+
+static void test_core_forward_and_reply(void **state) {
+  (void)state;
+  sent s = {0};
+  mbd_bcore *c = core_new(&s, 8);
+  mbd_msg *m = ready_msg("w1", "u1", MBD_POLICY_F32, 1, "m", false);
+  mbd_bcore_on_worker(c, &m, 0, NULL, 0);
+  assert_int_equal(mbd_registry_count(mbd_bcore_registry(c)), 1);
+  /* request with a payload: forwarded under a fresh ticket, payload bytes shared */
+  m = client_req(MBD_CMD_FORWARD, 77, "f32", "m", 0, NULL);
+  static uint8_t data[4096];
+  assert_int_equal(mbd_msg_add_payload_ref(m, data, sizeof data, NULL, NULL, NULL), 0);
+  mbd_bcore_on_client(c, &m, 0, NULL, 10);
+  assert_int_equal(s.n, 1);
+  assert_int_equal(s.dest[0], MBD_BDEST_WORKER);
+  uint64_t ticket = mbd_msg_tag(s.m[0]);
+  assert_true(ticket != 77 && ticket != 0);
+  size_t len;
+  assert_ptr_equal(mbd_msg_payload(s.m[0], 0, &len), data); /* no copy */
+  clear(&s);
+  /* second request queues (capacity 1) */
+  m = client_req(MBD_CMD_FORWARD, 78, "f32", "m", 0, NULL);
+  mbd_bcore_on_client(c, &m, 0, NULL, 11);
+  assert_int_equal(s.n, 0);
+  assert_int_equal(mbd_bcore_queue_len(c), 1);
+  /* a PARTIAL then FINAL go to the client with its tag; FINAL frees the slot */
+  from_worker(c, "w1", MBD_CMD_PARTIAL, ticket, 12);
+  assert_int_equal(s.n, 1);
+  assert_int_equal(s.dest[0], MBD_BDEST_CLIENT);
+  assert_int_equal(mbd_msg_tag(s.m[0]), 77);
+  clear(&s);
+  from_worker(c, "w1", MBD_CMD_FINAL, ticket, 13);
+  assert_int_equal(s.n, 2); /* FINAL to client + queued request to worker */
+  int fi = find(&s, MBD_CMD_FINAL, "cli");
+  assert_true(fi >= 0);
+  assert_int_equal(mbd_msg_tag(s.m[fi]), 77);
+  int wi = find(&s, MBD_CMD_FORWARD, "w1");
+  assert_true(wi >= 0);
+  uint64_t t2 = mbd_msg_tag(s.m[wi]);
+  clear(&s);
+  assert_int_equal(mbd_bcore_queue_len(c), 0);
+  /* a duplicate FINAL for the finished ticket is dropped */
+  from_worker(c, "w1", MBD_CMD_FINAL, ticket, 14);
+  assert_int_equal(s.n, 0);
+  assert_int_equal(mbd_bcore_get_stats(c)->late_dropped, 1);
+  from_worker(c, "w1", MBD_CMD_ERROR, t2, 15);
+  assert_int_equal(s.n, 1);
+  assert_int_equal(mbd_msg_tag(s.m[0]), 78);
+  clear(&s);
+  assert_int_equal(mbd_bcore_pending(c), 0);
+  mbd_bcore_destroy(&c);
+  assert_null(c);
+}
+
+static void test_core_failover_exactly_once(void **state) {
+  (void)state;
+  sent s = {0};
+  mbd_bcore *c = core_new(&s, 8);
+  mbd_msg *m = ready_msg("w1", "u1", MBD_POLICY_F32, 1, "m", false);
+  mbd_bcore_on_worker(c, &m, 0, NULL, 0);
+  m = ready_msg("w2", "u2", MBD_POLICY_F32, 1, "m", false);
+  mbd_bcore_on_worker(c, &m, 0, NULL, 0);
+  m = client_req(MBD_CMD_GEMM, 5, "f32", NULL, 100000, NULL);
+  mbd_bcore_on_client(c, &m, 0, NULL, 0);
+  assert_int_equal(s.n, 1);
+  size_t pl;
+  const char *first = mbd_msg_peer(s.m[0], &pl);
+  char fw[3] = {first[0], first[1], 0}, other[3] = {'w', fw[1] == '1' ? '2' : '1', 0};
+  uint64_t t1 = mbd_msg_tag(s.m[0]);
+  clear(&s);
+  /* the other worker keeps heartbeating; the first goes silent */
+  from_worker(c, other, MBD_CMD_HEARTBEAT, 0, 250);
+  mbd_bcore_tick(c, 350);
+  int wi = find(&s, MBD_CMD_GEMM, other);
+  assert_true(wi >= 0); /* re-sent to the other */
+  uint64_t t2 = mbd_msg_tag(s.m[wi]);
+  assert_true(t2 != t1);
+  assert_int_equal(find(&s, MBD_CMD_ERROR, NULL), -1);
+  assert_int_equal(mbd_bcore_get_stats(c)->failovers, 1);
+  clear(&s);
+  /* a late reply from the first (it re-registers under the same ident? no: unknown now) */
+  from_worker(c, fw, MBD_CMD_FINAL, t1, 360);
+  assert_int_equal(find(&s, MBD_CMD_FINAL, "cli"), -1); /* never answered twice */
+  assert_true(find(&s, MBD_CMD_DISCONNECT, fw) >= 0);   /* told to re-register */
+  clear(&s);
+  /* the second dies too: WORKER_LOST, no third send */
+  mbd_bcore_tick(c, 700);
+  int ei = find(&s, MBD_CMD_ERROR, "cli");
+  assert_true(ei >= 0);
+  assert_int_equal(err_code(s.m[ei]), MBD_E_WORKER_LOST);
+  assert_int_equal(find(&s, MBD_CMD_GEMM, NULL), -1);
+  clear(&s);
+  assert_int_equal(mbd_bcore_pending(c), 0);
+  assert_int_equal(mbd_registry_count(mbd_bcore_registry(c)), 0);
+  mbd_bcore_destroy(&c);
+}
+
+static void test_core_session_and_reregister(void **state) {
+  (void)state;
+  sent s = {0};
+  mbd_bcore *c = core_new(&s, 8);
+  mbd_msg *m = ready_msg("w1", "u1", MBD_POLICY_F32, 2, "m", false);
+  mbd_bcore_on_worker(c, &m, 0, NULL, 0);
+  m = ready_msg("w2", "u2", MBD_POLICY_F32, 2, "m", false);
+  mbd_bcore_on_worker(c, &m, 0, NULL, 0);
+  /* STEP on u2's session goes to w2 whatever the load */
+  m = client_req(MBD_CMD_STEP, 9, NULL, NULL, 0, "u2/4");
+  mbd_bcore_on_client(c, &m, 0, NULL, 1);
+  assert_true(find(&s, MBD_CMD_STEP, "w2") >= 0);
+  clear(&s);
+  /* w2 re-registers (new process, same ident): the session request fails */
+  m = ready_msg("w2", "u2b", MBD_POLICY_F32, 2, "m", false);
+  mbd_bcore_on_worker(c, &m, 0, NULL, 2);
+  int ei = find(&s, MBD_CMD_ERROR, "cli");
+  assert_true(ei >= 0);
+  assert_int_equal(err_code(s.m[ei]), MBD_E_WORKER_LOST);
+  char txt[512];
+  err_text(s.m[ei], txt, sizeof txt);
+  assert_non_null(strstr(txt, "EXPORT"));
+  clear(&s);
+  /* sessions of the old uid are gone */
+  m = client_req(MBD_CMD_STEP, 10, NULL, NULL, 0, "u2/4");
+  mbd_bcore_on_client(c, &m, 0, NULL, 3);
+  assert_int_equal(err_code(s.m[0]), MBD_E_WORKER_LOST);
+  clear(&s);
+  assert_int_equal(mbd_registry_count(mbd_bcore_registry(c)), 2);
+  mbd_bcore_destroy(&c);
+}
+
+static void test_core_queue_deadline_busy_noroute(void **state) {
+  (void)state;
+  sent s = {0};
+  mbd_bcore *c = core_new(&s, 1);
+  mbd_msg *m = ready_msg("w1", "u1", MBD_POLICY_F32, 1, "m", false);
+  mbd_bcore_on_worker(c, &m, 0, NULL, 0);
+  m = client_req(MBD_CMD_FORWARD, 1, "f32", "m", 50, NULL); /* in flight */
+  mbd_bcore_on_client(c, &m, 0, NULL, 0);
+  m = client_req(MBD_CMD_FORWARD, 2, "f32", "m", 30, NULL); /* queued */
+  mbd_bcore_on_client(c, &m, 0, NULL, 0);
+  m = client_req(MBD_CMD_FORWARD, 3, "f32", "m", 0, NULL); /* queue full */
+  mbd_bcore_on_client(c, &m, 0, NULL, 0);
+  int ei = find(&s, MBD_CMD_ERROR, "cli");
+  assert_int_equal(mbd_msg_tag(s.m[ei]), 3);
+  assert_int_equal(err_code(s.m[ei]), MBD_E_BUSY);
+  m = client_req(MBD_CMD_FORWARD, 4, "bf16", "m", 0, NULL); /* no route */
+  mbd_bcore_on_client(c, &m, 0, NULL, 0);
+  assert_int_equal(err_code(s.m[s.n - 1]), MBD_E_NO_ROUTE);
+  clear(&s);
+  mbd_bcore_tick(c, 0); /* first heartbeat round */
+  clear(&s);
+  assert_int_equal(mbd_bcore_next_due(c, 0), 30);
+  from_worker(c, "w1", MBD_CMD_HEARTBEAT, 0, 29);
+  mbd_bcore_tick(c, 29);
+  assert_int_equal(find(&s, MBD_CMD_ERROR, NULL), -1);
+  clear(&s);
+  mbd_bcore_tick(c, 30);
+  assert_int_equal(mbd_msg_tag(s.m[0]), 2);
+  assert_int_equal(err_code(s.m[0]), MBD_E_TIMEOUT);
+  clear(&s);
+  mbd_bcore_tick(c, 50);
+  assert_int_equal(mbd_msg_tag(s.m[0]), 1);
+  assert_int_equal(err_code(s.m[0]), MBD_E_TIMEOUT);
+  clear(&s);
+  assert_int_equal(mbd_bcore_pending(c), 0);
+  /* slot still held until the worker's late reply arrives */
+  m = client_req(MBD_CMD_FORWARD, 5, "f32", "m", 0, NULL);
+  mbd_bcore_on_client(c, &m, 0, NULL, 60);
+  assert_int_equal(s.n, 0);
+  assert_int_equal(mbd_bcore_queue_len(c), 1);
+  /* malformed input from the client: ERROR with the recv code */
+  mbd_msg *bad = NULL;
+  assert_int_equal(mbd_msg_new(MBD_CMD_FORWARD, 6, &bad, NULL), 0);
+  mbd_msg_set_peer(bad, "cli", 3, NULL);
+  mbd_error rerr = {0};
+  mbd_error_set(&rerr, MBD_E_FORMAT, "body is not a msgpack map");
+  mbd_bcore_on_client(c, &bad, MBD_E_FORMAT, &rerr, 61);
+  assert_int_equal(err_code(s.m[0]), MBD_E_FORMAT);
+  assert_int_equal(mbd_msg_tag(s.m[0]), 6);
+  clear(&s);
+  /* shutdown answers the queue with BUSY, abort tells workers DISCONNECT */
+  mbd_bcore_shutdown(c, 70);
+  assert_int_equal(mbd_msg_tag(s.m[0]), 5);
+  assert_int_equal(err_code(s.m[0]), MBD_E_BUSY);
+  clear(&s);
+  mbd_bcore_abort(c, 71);
+  assert_true(find(&s, MBD_CMD_DISCONNECT, "w1") >= 0);
+  clear(&s);
+  mbd_bcore_destroy(&c);
+}
+
+static void test_config_parse(void **state) {
+  (void)state;
+  mbd_broker_config c;
+  mbd_broker_config_defaults(&c);
+  mbd_error err = {0};
+  char *ok[] = {"b", "--clients", "tcp://*:1", "--workers", "ipc:///tmp/w", "--heartbeat-ms", "250",
+                "--queue-limit", "7", "--max-message-mb", "3", "--default-deadline-ms", "900",
+                "--hwm", "50", "--liveness", "5"};
+  assert_int_equal(mbd_broker_config_parse(17, ok, &c, &err), 0);
+  assert_int_equal(c.heartbeat_ms, 250);
+  assert_int_equal(c.queue_limit, 7);
+  assert_int_equal(c.max_message_mb, 3);
+  assert_int_equal(c.default_deadline_ms, 900);
+  assert_int_equal(c.hwm, 50);
+  assert_int_equal(c.liveness, 5);
+  mbd_broker_config_defaults(&c); /* workers endpoint missing */
+  char *bad1[] = {"b", "--clients", "tcp://*:1"};
+  assert_int_equal(mbd_broker_config_parse(3, bad1, &c, &err), MBD_E_INVALID);
+  char *bad2[] = {"b", "--clients", "tcp://*:1", "--workers", "tcp://*:2", "--liveness", "x"};
+  assert_int_equal(mbd_broker_config_parse(7, bad2, &c, &err), MBD_E_INVALID);
+  assert_non_null(strstr(err.msg, "--liveness"));
+  char *bad3[] = {"b", "--bogus", "1"};
+  assert_int_equal(mbd_broker_config_parse(3, bad3, &c, &err), MBD_E_INVALID);
+  char *bad4[] = {"b", "--clients", "tcp://*:1", "--workers", "tcp://*:1"};
+  assert_int_equal(mbd_broker_config_parse(5, bad4, &c, &err), MBD_E_INVALID);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_registry_ready_and_select),
+      cmocka_unit_test(test_registry_rejects_bad_ready),
+      cmocka_unit_test(test_core_forward_and_reply),
+      cmocka_unit_test(test_core_failover_exactly_once),
+      cmocka_unit_test(test_core_session_and_reregister),
+      cmocka_unit_test(test_core_queue_deadline_busy_noroute),
+      cmocka_unit_test(test_config_parse),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
