@@ -1,0 +1,108 @@
+/* The CLI's exit codes and messages: 0 on success, 1 with "CODE_NAME: message"
+ * on a failed request or file, 2 on bad usage, 127 for a missing program;
+ * `mambad up` rejects a bad YAML naming file, line and field. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "test_service_util.h"
+
+static svc s;
+
+static int teardown(void **state) {
+  (void)state;
+  svc_cleanup(&s);
+  return 0;
+}
+
+/* Runs `mambad ARGS` and checks the exit code and that the output holds want. */
+#define EXPECT(code, want, ...)                                                             \
+  do {                                                                                      \
+    char out_[8192];                                                                        \
+    int rc_ = svc_sh(&s, out_, sizeof out_, __VA_ARGS__);                                   \
+    if (rc_ != (code) || !strstr(out_, want))                                               \
+      fprintf(stderr, "exit %d (wanted %d), output:\n%s\n(wanted '%s')\n", rc_, code, out_, \
+              want);                                                                        \
+    assert_int_equal(rc_, code);                                                            \
+    assert_non_null(strstr(out_, want));                                                    \
+  } while (0)
+
+static void test_without_service(void **state) {
+  (void)state;
+  if (!svc_init(&s)) skip();
+  const char *b = s.bin;
+  EXPECT(0, "usage: mambad <command>", "'%s/mambad' --help", b);
+  EXPECT(2, "usage: mambad <command>", "'%s/mambad'", b);
+  EXPECT(2, "unknown command 'frobnicate'", "'%s/mambad' frobnicate", b);
+  const char *cmds[] = {"status", "forward", "generate", "gemm", "bench", "up"};
+  for (size_t i = 0; i < 6; i++) EXPECT(0, "usage: mambad", "'%s/mambad' %s --help", b, cmds[i]);
+  EXPECT(2, "unknown option", "'%s/mambad' status --bogus", b);
+  EXPECT(2, "does not apply", "'%s/mambad' status --model x", b);
+  EXPECT(2, "--model, --input and --output are required", "'%s/mambad' forward --model x", b);
+  EXPECT(2, "deterministic", "'%s/mambad' forward --gemm-mode fast", b);
+  EXPECT(2, "--generate wants an integer", "'%s/mambad' generate --generate -3", b);
+  EXPECT(2, "--top-p must be in [0,1]", "'%s/mambad' generate --top-p 2", b);
+  /* no broker at the endpoint: TIMEOUT, quickly */
+  int64_t t0 = svc_now_ms();
+  EXPECT(1, "status: TIMEOUT: broker at ipc:///nonexistent", "'%s/mambad' status --connect ipc:///nonexistent/x.sock", b);
+  assert_true(svc_now_ms() - t0 < 15000);
+  EXPECT(1, "INVALID", "'%s/mambad' status --connect bogus://x", b);
+  /* input files are checked before any request */
+  EXPECT(1, "forward: IO:", "'%s/mambad' forward --model m --input /nonexistent.st --output /tmp/x", b);
+  EXPECT(1, "gemm: NOT_FOUND", "'%s/mambad' gemm --input '%s/model.safetensors'", b, s.fixture);
+  EXPECT(1, "needs a tensor input_ids", "'%s/mambad' forward --model m --input '%s/model.safetensors' --output /tmp/x", b, s.fixture);
+
+  /* mambad up on bad YAML: file:line: field */
+  char yaml[700];
+  svc_write(&s, "bad.yaml", yaml, "broker:\n  clients: ipc:///tmp/x\n  workers: ipc:///tmp/y\n"
+                                  "workers:\n  - name: w\n    device: gpu\n");
+  EXPECT(1, "bad.yaml:6: workers[0].device: 'gpu' is not cpu, cuda:N or all", "'%s/mambad' up --config '%s'", b, yaml);
+  svc_write(&s, "curve.yaml", yaml, "broker: {clients: 'ipc:///tmp/x', workers: 'ipc:///tmp/y'}\n"
+                                    "security: {curve: true, server_public_key: \"rq:rM>}U?@Lns47E1%%kR.o@n%%FcmmsL/@{H8]yf7\", "
+                                    "server_secret_key: \"JTKVSB%%%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni{Lh6\"}\n");
+  EXPECT(1, "UNSUPPORTED", "'%s/mambad' up --config '%s'", b, yaml);
+  EXPECT(1, "not supported yet", "'%s/mambad' up --config '%s'", b, yaml);
+  EXPECT(1, "cannot open", "'%s/mambad' up --config /nonexistent.yaml", b);
+  EXPECT(2, "usage: mambad up", "'%s/mambad' up", b);
+  /* --dry-run prints the command lines */
+  svc_yaml(&s, "  - {name: r, device: cpu, count: 2, threads: 1}\n", yaml);
+  EXPECT(0, "mambad-worker --connect", "'%s/mambad' up --config '%s' --dry-run", b, yaml);
+  EXPECT(0, "--name r-1 --device cpu", "'%s/mambad' up --config '%s' --dry-run", b, yaml);
+  /* a tool that is not there */
+  /* a program that is neither next to the binary nor on PATH */
+  EXPECT(0, "", "cp '%s/mambad' '%s/mambad'", b, s.dir);
+  EXPECT(127, "cannot run 'mambad-run'", "PATH=/nonexistent '%s/mambad' run --help", s.dir);
+  EXPECT(0, "usage: mambad-broker", "PATH=/nonexistent '%s/mambad' broker --help", b);
+}
+
+static void test_with_service(void **state) {
+  (void)state;
+  if (!svc_init(&s)) skip();
+  const char *b = s.bin;
+  char yaml[700];
+  svc_yaml(&s, "  - {name: w32, device: cpu, dtype: f32, threads: 1}\n", yaml);
+  svc_up(&s, yaml);
+  mbd_client *c = svc_client(&s);
+  const char *names[] = {"w32"};
+  assert_true(svc_wait_workers(c, names, 1, NULL, NULL, 20000) >= 0);
+  mbd_client_destroy(&c);
+  char in[700];
+  snprintf(in, sizeof in, "%s/expected.safetensors", s.fixture);
+  EXPECT(1, "forward: NO_ROUTE:", "'%s/mambad' forward --connect '%s' --model tiny --dtype bf16 --input '%s' --output '%s/o.st'", b, s.clients, in, s.dir);
+  EXPECT(1, "NO_ROUTE", "'%s/mambad' forward --connect '%s' --model nosuchmodel --input '%s' --output '%s/o.st'", b, s.clients, in, s.dir);
+  EXPECT(1, "generate: NO_ROUTE", "'%s/mambad' generate --connect '%s' --model tiny --route-id 0123456789abcdef --input '%s'", b, s.clients, in);
+  EXPECT(0, "logits f32[3,20,512] from worker w32", "'%s/mambad' forward --connect '%s' --model tiny --input '%s' --output '%s/o.st'", b, s.clients, in, s.dir);
+  EXPECT(0, "c f32[9,7] from worker w32", "'%s/mambad' gemm --connect '%s' --m 9 --n 7 --k 13 --seed 3", b, s.clients);
+  EXPECT(0, "tokens/s", "'%s/mambad' bench --connect '%s' --model tiny --requests 5 --seq 8 --generate 8", b, s.clients);
+  EXPECT(0, "w32", "'%s/mambad' status --connect '%s'", b, s.clients);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_teardown(test_without_service, teardown),
+      cmocka_unit_test_teardown(test_with_service, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
