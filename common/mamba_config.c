@@ -178,7 +178,9 @@ int mbd_mamba_config_parse(const char *json, size_t len, const char *label, mbd_
   const json_t *eps = lookup(root, "layer_norm_epsilon", "norm_epsilon", NULL, NULL);
   double e = 1e-5;
   if (eps && !json_is_null(eps)) {
-    if (!json_is_number(eps) || !(json_number_value(eps) > 0) || !(json_number_value(eps) < 1)) {
+    /* Checked as the float the model uses: 1e-51 is positive in double but 0 in float. */
+    float fe = json_is_number(eps) ? (float)json_number_value(eps) : 0.0f;
+    if (!json_is_number(eps) || !(fe > 0.0f) || !(fe < 1.0f)) {
       rc = mbd_error_set(err, MBD_E_FORMAT, "%s: field 'layer_norm_epsilon' must be a number in (0, 1)",
                          label);
       goto fail;

@@ -158,6 +158,12 @@ static void test_rejections(void **state) {
        "\"layer_norm_epsilon\":-1}",
        MBD_E_FORMAT, "'layer_norm_epsilon'"},
       {"{\"model_type\":\"mamba\",\"hidden_size\":64,\"num_hidden_layers\":2,\"vocab_size\":5,"
+       "\"layer_norm_epsilon\":1e-51}", /* found by the fuzzer: 0 as a float */
+       MBD_E_FORMAT, "'layer_norm_epsilon'"},
+      {"{\"model_type\":\"mamba\",\"hidden_size\":64,\"num_hidden_layers\":2,\"vocab_size\":5,"
+       "\"layer_norm_epsilon\":0.999999999}",
+       MBD_E_FORMAT, "'layer_norm_epsilon'"},
+      {"{\"model_type\":\"mamba\",\"hidden_size\":64,\"num_hidden_layers\":2,\"vocab_size\":5,"
        "\"layer_norm_epsilon\":\"x\"}",
        MBD_E_FORMAT, "'layer_norm_epsilon'"},
       {"{\"model_type\":\"mamba\",\"hidden_size\":64,\"num_hidden_layers\":2,\"vocab_size\":5,"
