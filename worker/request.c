@@ -118,7 +118,7 @@ int mbd_wreq_input(const mbd_tensor_ref *r, const mbd_msg *msg, mbd_shm_cache *s
                    const void **data, size_t *nbytes, mbd_error *err) {
   *data = NULL;
   int rc = mbd_tensor_desc_nbytes(&r->desc, nbytes, err);
-  if (rc) return mbd_error_prefix(err, "tensor '%s': ", r->name);
+  if (rc) return mbd_error_prefix(err, "tensor '%s'", r->name);
   switch (r->kind) {
   case MBD_TREF_INLINE: {
     size_t npayloads = msg ? mbd_msg_npayloads(msg) : 0, len = 0;
@@ -141,7 +141,7 @@ int mbd_wreq_input(const mbd_tensor_ref *r, const mbd_msg *msg, mbd_shm_cache *s
     void *p = NULL;
     if ((rc = check_align(r, err))) return rc;
     rc = mbd_shm_cache_map(shm, r->shm_name, r->offset, r->size, *nbytes, false, &p, err);
-    if (rc) return mbd_error_prefix(err, "tensor '%s': ", r->name);
+    if (rc) return mbd_error_prefix(err, "tensor '%s'", r->name);
     *data = p;
     return MBD_OK;
   }
@@ -175,6 +175,6 @@ int mbd_wreq_output(const mbd_tensor_ref *r, const mbd_tensor_desc *want, mbd_sh
   if (rc) return rc;
   if ((rc = check_align(r, err))) return rc;
   rc = mbd_shm_cache_map(shm, r->shm_name, r->offset, r->size, nbytes, true, data, err);
-  if (rc) return mbd_error_prefix(err, "output '%s': ", r->name);
+  if (rc) return mbd_error_prefix(err, "output '%s'", r->name);
   return MBD_OK;
 }

@@ -183,13 +183,13 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
                              sizeof o->name - 1, val);
       snprintf(o->name, sizeof o->name, "%s", val);
     } else if (!strcmp(a, "--device")) {
-      if ((rc = mbd_backend_parse(val, &o->backend, err))) return mbd_error_prefix(err, "--device: ");
+      if ((rc = mbd_backend_parse(val, &o->backend, err))) return mbd_error_prefix(err, "--device");
     } else if (!strcmp(a, "--dtype")) {
       if ((rc = mbd_dtype_policy_parse(val, &o->policy, err)))
-        return mbd_error_prefix(err, "--dtype: ");
+        return mbd_error_prefix(err, "--dtype");
     } else if (!strcmp(a, "--gemm-mode")) {
       if ((rc = mbd_gemm_mode_parse(val, &o->mode, err)))
-        return mbd_error_prefix(err, "--gemm-mode: ");
+        return mbd_error_prefix(err, "--gemm-mode");
     } else if (!strcmp(a, "--model")) {
       const char *eq = strchr(val, '=');
       if (!eq || eq == val || !eq[1])
@@ -373,7 +373,7 @@ int mbd_worker_new(const mbd_worker_opts *o, mbd_worker **out, mbd_error *err) {
     rc = mbd_worker_model_digest(o->models[i].dir, m->digest, err);
     if (!rc) rc = w->be->ops->model_load(w->be, o->models[i].dir, &m->bm, err);
     if (rc) {
-      mbd_error_prefix(err, "loading model '%s' from %s (check --model NAME=DIR): ", m->name,
+      mbd_error_prefix(err, "loading model '%s' from %s (check --model NAME=DIR)", m->name,
                        o->models[i].dir);
       goto fail;
     }
