@@ -1,0 +1,218 @@
+/* bench_broker: what the broker hop costs. Starts the real mambad-broker on
+ * ipc:// endpoints, one in-process echo worker (capacity 256) and N client
+ * threads; prints round-trip p50/p99 of a tiny request through the broker
+ * next to a direct ZeroMQ REQ/REP round trip measured in the same run, then
+ * requests/s with 1, 4 and 16 client threads (each thread one request at a
+ * time). Usage: bench_broker [path/to/mambad-broker] (default $MBD_BIN_DIR). */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/protocol.h"
+#include "common/route.h"
+#include "common/wire.h"
+
+static void *g_ctx;
+static char g_cep[128], g_wep[128], g_direct[128];
+static volatile int g_stop;  /* worker and REP server */
+static volatile int g_cstop; /* client threads */
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static void *echo_worker(void *arg) {
+  (void)arg;
+  void *s = zmq_socket(g_ctx, ZMQ_DEALER);
+  int zero = 0, tmo = 100;
+  zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+  zmq_connect(s, g_wep);
+  mbd_route_identity r;
+  memset(&r, 0, sizeof r);
+  strcpy(r.device_name, "cpu");
+  char enc[1024], id[65];
+  size_t len;
+  mbd_route_encode(&r, enc, sizeof enc, &len, NULL);
+  mbd_route_id_hex(&r, id);
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 5);
+  mbd_pack_kv_str(&pk, "name", "echo");
+  mbd_pack_kv_str(&pk, "uid", "echo-1");
+  mbd_pack_kv_str(&pk, "route", enc);
+  mbd_pack_kv_str(&pk, "route_id", id);
+  mbd_pack_kv_u64(&pk, "capacity", 256);
+  mbd_msg *m = NULL;
+  mbd_msg_new(MBD_CMD_READY, 0, &m, NULL);
+  mbd_msg_take_body(m, &sb, NULL);
+  msgpack_sbuffer_destroy(&sb);
+  mbd_msg_send(&m, s, 0, NULL);
+  double last_hb = now_us();
+  while (!g_stop) {
+    if (now_us() - last_hb > 500e3) {
+      mbd_msg_new(MBD_CMD_HEARTBEAT, 0, &m, NULL);
+      mbd_msg_send(&m, s, 0, NULL);
+      last_hb = now_us();
+    }
+    if (mbd_msg_recv(s, false, 0, &m, NULL)) {
+      mbd_msg_destroy(&m);
+      continue;
+    }
+    if (mbd_cmd_is_request(mbd_msg_cmd(m))) {
+      mbd_msg_set_cmd(m, MBD_CMD_FINAL); /* echo the body back under the same ticket */
+      mbd_msg_send(&m, s, 0, NULL);
+    }
+    mbd_msg_destroy(&m);
+  }
+  zmq_close(s);
+  return NULL;
+}
+
+typedef struct client_arg {
+  int n;          /* requests to send (latency mode) or 0 = until g_stop */
+  double *lat;    /* per-request microseconds (latency mode) */
+  long done;
+} client_arg;
+
+static void *client(void *p) {
+  client_arg *a = p;
+  void *s = zmq_socket(g_ctx, ZMQ_DEALER);
+  int zero = 0, tmo = 5000;
+  zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+  zmq_connect(s, g_cep);
+  static const uint8_t body[] = {0x81, 0xa5, 'm', 'o', 'd', 'e', 'l', 0xa0}; /* {model: ""} */
+  for (uint64_t tag = 1; a->n ? (int)tag <= a->n : !g_cstop; tag++) {
+    double t0 = now_us();
+    mbd_msg *m = NULL;
+    mbd_msg_new(MBD_CMD_GEMM, tag, &m, NULL);
+    mbd_msg_set_body(m, body, sizeof body, NULL);
+    if (mbd_msg_send(&m, s, 0, NULL)) break;
+    if (mbd_msg_recv(s, false, 0, &m, NULL) || mbd_msg_cmd(m) != MBD_CMD_FINAL) {
+      fprintf(stderr, "bench: bad reply\n");
+      mbd_msg_destroy(&m);
+      break;
+    }
+    mbd_msg_destroy(&m);
+    if (a->lat) a->lat[tag - 1] = now_us() - t0;
+    a->done++;
+  }
+  zmq_close(s);
+  return NULL;
+}
+
+static void *rep_server(void *arg) {
+  (void)arg;
+  void *s = zmq_socket(g_ctx, ZMQ_REP);
+  int zero = 0, tmo = 100;
+  zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+  zmq_bind(s, g_direct);
+  char buf[64];
+  while (!g_stop) {
+    int n = zmq_recv(s, buf, sizeof buf, 0);
+    if (n >= 0) zmq_send(s, buf, (size_t)n, 0);
+  }
+  zmq_close(s);
+  return NULL;
+}
+
+static void pct(double *v, int n, double *p50, double *p99) {
+  qsort(v, (size_t)n, sizeof *v, cmp_d);
+  *p50 = v[n / 2];
+  *p99 = v[(n * 99) / 100];
+}
+
+int main(int argc, char **argv) {
+  char path[512];
+  const char *bin = getenv("MBD_BIN_DIR");
+  snprintf(path, sizeof path, "%s", argc > 1 ? argv[1] : "");
+  if (!path[0]) snprintf(path, sizeof path, "%s/mambad-broker", bin ? bin : "build/bin");
+  char dir[] = "/tmp/mbd-bench-XXXXXX";
+  if (!mkdtemp(dir)) return 1;
+  snprintf(g_cep, sizeof g_cep, "ipc://%s/c", dir);
+  snprintf(g_wep, sizeof g_wep, "ipc://%s/w", dir);
+  snprintf(g_direct, sizeof g_direct, "ipc://%s/d", dir);
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl(path, path, "--clients", g_cep, "--workers", g_wep, "--heartbeat-ms", "500", (char *)NULL);
+    _exit(127);
+  }
+  usleep(300000);
+  g_ctx = zmq_ctx_new();
+  pthread_t wt, rt;
+  pthread_create(&wt, NULL, echo_worker, NULL);
+  pthread_create(&rt, NULL, rep_server, NULL);
+  usleep(300000);
+
+  enum { N = 20000 };
+  double *lat = calloc(N, sizeof *lat);
+  client_arg warm = {1000, NULL, 0};
+  client(&warm);
+  client_arg a = {N, lat, 0};
+  client(&a);
+  double b50, b99, d50, d99;
+  pct(lat, (int)a.done, &b50, &b99);
+  /* direct REQ/REP over the same transport */
+  void *req = zmq_socket(g_ctx, ZMQ_REQ);
+  zmq_connect(req, g_direct);
+  char buf[64];
+  for (int i = 0; i < N + 1000; i++) {
+    double t0 = now_us();
+    zmq_send(req, "ping-ping", 9, 0);
+    zmq_recv(req, buf, sizeof buf, 0);
+    if (i >= 1000) lat[i - 1000] = now_us() - t0;
+  }
+  zmq_close(req);
+  pct(lat, N, &d50, &d99);
+  printf("round trip, tiny request (%d samples)   p50 us   p99 us\n", N);
+  printf("  via broker (client->broker->worker)  %7.1f  %7.1f\n", b50, b99);
+  printf("  direct REQ/REP, same transport       %7.1f  %7.1f\n", d50, d99);
+  printf("  broker hop overhead (p50)            %7.1f\n", b50 - d50);
+  printf("throughput via broker, 1 s per row\n  clients   requests/s\n");
+  int threads[] = {1, 4, 16};
+  for (int k = 0; k < 3; k++) {
+    int nt = threads[k];
+    pthread_t th[16];
+    client_arg ca[16];
+    g_cstop = 0;
+    for (int i = 0; i < nt; i++) {
+      ca[i] = (client_arg){0, NULL, 0};
+      pthread_create(&th[i], NULL, client, &ca[i]);
+    }
+    double t0 = now_us();
+    usleep(1000000);
+    g_cstop = 1;
+    long total = 0;
+    for (int i = 0; i < nt; i++) {
+      pthread_join(th[i], NULL);
+      total += ca[i].done;
+    }
+    printf("  %7d   %10.0f\n", nt, (double)total / ((now_us() - t0) / 1e6));
+  }
+  g_stop = 1;
+  pthread_join(wt, NULL);
+  pthread_join(rt, NULL);
+  kill(pid, SIGTERM);
+  waitpid(pid, NULL, 0);
+  zmq_ctx_term(g_ctx);
+  free(lat);
+  char cmd[64];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  return system(cmd) ? 1 : 0;
+}
