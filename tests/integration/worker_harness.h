@@ -39,13 +39,13 @@ typedef struct wh {
   uint64_t next_tag;
 } wh;
 
-static double wh_now(void) {
+static inline double wh_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static pid_t wh_spawn(char *const argv[]) {
+static inline pid_t wh_spawn(char *const argv[]) {
   pid_t p = fork();
   if (p == 0) {
     execv(argv[0], argv);
@@ -56,7 +56,7 @@ static pid_t wh_spawn(char *const argv[]) {
 }
 
 /* Returns 0, or 77 (skip) when binaries or fixtures are missing. */
-static int wh_init(wh *h) {
+static inline int wh_init(wh *h) {
   memset(h, 0, sizeof *h);
   const char *bin = getenv("MBD_BIN_DIR"), *fx = getenv("MBD_FIXTURES_DIR");
   if (!bin || !fx) return 77;
@@ -77,7 +77,7 @@ static int wh_init(wh *h) {
   return 0;
 }
 
-static void wh_start_broker(wh *h) {
+static inline void wh_start_broker(wh *h) {
   char exe[600];
   snprintf(exe, sizeof exe, "%s/mambad-broker", h->bin);
   char *argv[] = {exe, "--clients", h->clients, "--workers", h->workers, "--heartbeat-ms", "200",
@@ -91,7 +91,7 @@ static void wh_start_broker(wh *h) {
 }
 
 /* Starts a worker serving the fixture as model "tiny"; extra args NULL-terminated. */
-static pid_t wh_start_worker(wh *h, const char *name, ...) {
+static inline pid_t wh_start_worker(wh *h, const char *name, ...) {
   char exe[600], model[600];
   snprintf(exe, sizeof exe, "%s/mambad-worker", h->bin);
   snprintf(model, sizeof model, "tiny=%s", h->model_dir);
@@ -110,7 +110,7 @@ static pid_t wh_start_worker(wh *h, const char *name, ...) {
 }
 
 /* Stops a process with sig and reaps it; returns its exit status (or -sig). */
-static int wh_stop(pid_t p, int sig) {
+static inline int wh_stop(pid_t p, int sig) {
   if (p <= 0) return -1;
   kill(p, sig);
   int st = 0;
@@ -126,7 +126,7 @@ static int wh_stop(pid_t p, int sig) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
 }
 
-static void wh_fini(wh *h) {
+static inline void wh_fini(wh *h) {
   for (int i = 0; i < h->nprocs; i++) wh_stop(h->procs[i], SIGTERM);
   if (h->sock) zmq_close(h->sock);
   if (h->zctx) zmq_ctx_term(h->zctx);
@@ -138,7 +138,7 @@ static void wh_fini(wh *h) {
 }
 
 /* Sends cmd with body sb (consumed) and n inline payloads; returns the tag. */
-static uint64_t wh_send(wh *h, uint8_t cmd, msgpack_sbuffer *sb, int n, const void *const *pl,
+static inline uint64_t wh_send(wh *h, uint8_t cmd, msgpack_sbuffer *sb, int n, const void *const *pl,
                         const size_t *lens) {
   uint64_t tag = h->next_tag++;
   mbd_msg *m = NULL;
@@ -152,7 +152,7 @@ static uint64_t wh_send(wh *h, uint8_t cmd, msgpack_sbuffer *sb, int n, const vo
 }
 
 /* Next reply (any tag), or NULL after timeout_ms. */
-static mbd_msg *wh_recv(wh *h, int timeout_ms) {
+static inline mbd_msg *wh_recv(wh *h, int timeout_ms) {
   zmq_pollitem_t it = {.socket = h->sock, .events = ZMQ_POLLIN};
   if (zmq_poll(&it, 1, timeout_ms) <= 0) return NULL;
   mbd_msg *m = NULL;
@@ -166,7 +166,7 @@ static mbd_msg *wh_recv(wh *h, int timeout_ms) {
 
 /* Waits for the FINAL/ERROR of `tag` (PARTIALs of it are dropped; other tags
  * are a test bug here). NULL on timeout. */
-static mbd_msg *wh_wait(wh *h, uint64_t tag, int timeout_ms) {
+static inline mbd_msg *wh_wait(wh *h, uint64_t tag, int timeout_ms) {
   double end = wh_now() + timeout_ms / 1000.0;
   while (wh_now() < end) {
     mbd_msg *m = wh_recv(h, 100);
@@ -177,14 +177,14 @@ static mbd_msg *wh_wait(wh *h, uint64_t tag, int timeout_ms) {
   return NULL;
 }
 
-static mbd_msg *wh_call(wh *h, uint8_t cmd, msgpack_sbuffer *sb, int n, const void *const *pl,
+static inline mbd_msg *wh_call(wh *h, uint8_t cmd, msgpack_sbuffer *sb, int n, const void *const *pl,
                         const size_t *lens) {
   uint64_t tag = wh_send(h, cmd, sb, n, pl, lens);
   return wh_wait(h, tag, 60000);
 }
 
 /* Body of a reply (caller destroys). */
-static mbd_body *wh_body(const mbd_msg *m) {
+static inline mbd_body *wh_body(const mbd_msg *m) {
   size_t len = 0;
   const void *b = mbd_msg_body(m, &len);
   mbd_body *body = NULL;
@@ -194,7 +194,7 @@ static mbd_body *wh_body(const mbd_msg *m) {
 }
 
 /* Error code of an ERROR reply (0 for FINAL); prints the message. */
-static int wh_code(const mbd_msg *m) {
+static inline int wh_code(const mbd_msg *m) {
   if (!m) return 999;
   if (mbd_msg_cmd(m) != MBD_CMD_ERROR) return 0;
   mbd_body *b = wh_body(m);
@@ -212,13 +212,13 @@ typedef struct {
   msgpack_packer pk;
 } wh_pack;
 
-static void wh_pack_init(wh_pack *p) {
+static inline void wh_pack_init(wh_pack *p) {
   msgpack_sbuffer_init(&p->sb);
   msgpack_packer_init(&p->pk, &p->sb, msgpack_sbuffer_write);
 }
 
 /* Packs {name, dtype, shape, frame} */
-static void wh_ref(msgpack_packer *pk, const char *name, const char *dt, int ndim,
+static inline void wh_ref(msgpack_packer *pk, const char *name, const char *dt, int ndim,
                    const int64_t *shape, int frame) {
   msgpack_pack_map(pk, 4);
   mbd_pack_kv_str(pk, "name", name);
@@ -230,7 +230,7 @@ static void wh_ref(msgpack_packer *pk, const char *name, const char *dt, int ndi
 }
 
 /* Waits until the broker lists n workers (STATUS). Returns 0 or -1. */
-static int wh_wait_workers(wh *h, int n, int timeout_ms) {
+static inline int wh_wait_workers(wh *h, int n, int timeout_ms) {
   double end = wh_now() + timeout_ms / 1000.0;
   while (wh_now() < end) {
     wh_pack p;
@@ -253,12 +253,12 @@ static int wh_wait_workers(wh *h, int n, int timeout_ms) {
 }
 
 /* The payload bytes of the first tensor of a FINAL (pointer into m). */
-static const void *wh_tensor(const mbd_msg *m, size_t *len) {
+static inline const void *wh_tensor(const mbd_msg *m, size_t *len) {
   return mbd_msg_payload(m, 0, len);
 }
 
 /* A string field of a reply body into dst. */
-static int wh_str(const mbd_msg *m, const char *key, char *dst, size_t cap) {
+static inline int wh_str(const mbd_msg *m, const char *key, char *dst, size_t cap) {
   mbd_body *b = wh_body(m);
   int rc = b ? mbd_obj_str(mbd_body_root(b), key, true, dst, cap, NULL) : -1;
   mbd_body_destroy(&b);
@@ -266,7 +266,7 @@ static int wh_str(const mbd_msg *m, const char *key, char *dst, size_t cap) {
 }
 
 /* Token array `tokens` of a reply into out[cap]; returns count or -1. */
-static int wh_tokens(const mbd_msg *m, int64_t *out, size_t cap) {
+static inline int wh_tokens(const mbd_msg *m, int64_t *out, size_t cap) {
   mbd_body *b = wh_body(m);
   size_t n = 0;
   int rc = b ? mbd_obj_i64_array(mbd_body_root(b), "tokens", true, out, cap, &n, NULL) : -1;
@@ -276,7 +276,7 @@ static int wh_tokens(const mbd_msg *m, int64_t *out, size_t cap) {
 
 /* ---- requests ---- */
 
-static mbd_msg *wh_open(wh *h, char *sid, size_t cap) {
+static inline mbd_msg *wh_open(wh *h, char *sid, size_t cap) {
   wh_pack p;
   wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 1);
@@ -286,7 +286,7 @@ static mbd_msg *wh_open(wh *h, char *sid, size_t cap) {
   return m;
 }
 
-static uint64_t wh_send_prefill(wh *h, const char *sid, const int64_t *ids, int64_t T,
+static inline uint64_t wh_send_prefill(wh *h, const char *sid, const int64_t *ids, int64_t T,
                                 bool last_only) {
   wh_pack p;
   wh_pack_init(&p);
@@ -301,7 +301,7 @@ static uint64_t wh_send_prefill(wh *h, const char *sid, const int64_t *ids, int6
   return wh_send(h, MBD_CMD_PREFILL, &p.sb, 1, pl, lens);
 }
 
-static uint64_t wh_send_step(wh *h, const char *sid, int64_t token) {
+static inline uint64_t wh_send_step(wh *h, const char *sid, int64_t token) {
   wh_pack p;
   wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 2);
@@ -311,7 +311,7 @@ static uint64_t wh_send_step(wh *h, const char *sid, int64_t token) {
 }
 
 /* GENERATE; temperature 0 = greedy. */
-static uint64_t wh_send_generate(wh *h, const char *sid, int64_t max_tokens, double temperature,
+static inline uint64_t wh_send_generate(wh *h, const char *sid, int64_t max_tokens, double temperature,
                                  uint64_t seed) {
   wh_pack p;
   wh_pack_init(&p);
@@ -323,7 +323,7 @@ static uint64_t wh_send_generate(wh *h, const char *sid, int64_t max_tokens, dou
   return wh_send(h, MBD_CMD_GENERATE, &p.sb, 0, NULL, NULL);
 }
 
-static uint64_t wh_send_forward(wh *h, const int64_t *ids, int64_t B, int64_t T, bool last_only) {
+static inline uint64_t wh_send_forward(wh *h, const int64_t *ids, int64_t B, int64_t T, bool last_only) {
   wh_pack p;
   wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 3);
@@ -348,7 +348,7 @@ typedef struct wh_fixture {
   mbd_mamba1_model *model; /* in-process reference, f32 */
 } wh_fixture;
 
-static int wh_fixture_load(const wh *h, wh_fixture *f) {
+static inline int wh_fixture_load(const wh *h, wh_fixture *f) {
   memset(f, 0, sizeof *f);
   char p[600];
   mbd_error e = {0};
@@ -377,7 +377,7 @@ static int wh_fixture_load(const wh *h, wh_fixture *f) {
   return 0;
 }
 
-static void wh_fixture_free(wh_fixture *f) {
+static inline void wh_fixture_free(wh_fixture *f) {
   free((void *)f->ids);
   free((void *)f->greedy);
   mbd_mamba1_destroy(&f->model);
@@ -385,7 +385,7 @@ static void wh_fixture_free(wh_fixture *f) {
 }
 
 /* In-process reference: feeds ids[T] to a fresh state; logits out [T,V]. */
-static void wh_ref_prefill(wh_fixture *f, mbd_mamba1_state *s, const int64_t *ids, int64_t T,
+static inline void wh_ref_prefill(wh_fixture *f, mbd_mamba1_state *s, const int64_t *ids, int64_t T,
                            float *logits) {
   int32_t *t = malloc((size_t)T * sizeof *t);
   for (int64_t i = 0; i < T; i++) t[i] = (int32_t)ids[i];
