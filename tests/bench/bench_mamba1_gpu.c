@@ -16,6 +16,8 @@
 
 #include "common/mamba_config.h"
 #include "kernels/cuda/gpu_ctx.h"
+#include "kernels/cuda/gpu_gemm.h"
+#include "kernels/cuda/mamba_ops.h"
 #include "kernels/cuda/mamba1_gpu.h"
 
 #define CK(expr)                                                          \
@@ -159,6 +161,84 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
   return 0;
 }
 
+/* Per-launch time of each op of one layer at M=1 (130m bf16 shapes), each
+ * launched 200 times back to back on the context's stream: where a batch-1
+ * decode step's time goes. */
+static int op_breakdown(void) {
+  mbd_error err;
+  mbd_error_clear(&err);
+  mbd_gpu_ctx_config cc;
+  mbd_gpu_ctx_config_default(&cc);
+  cc.policy = MBD_POLICY_BF16;
+  mbd_gpu_ctx *ctx = NULL;
+  CK(mbd_gpu_ctx_new(&cc, &ctx, &err));
+  cudaStream_t s = (cudaStream_t)mbd_gpu_ctx_stream(ctx);
+  void *s_ = (void *)s;
+  const int d = 768, di = 1536, R = 48, N = 16, V = 50280;
+  void *w = NULL, *x = NULL, *y = NULL, *st = NULL;
+  int32_t *sl = NULL;
+  cudaMalloc(&w, (size_t)V * d * 2);
+  cudaMalloc(&x, (size_t)64 << 20);
+  cudaMalloc(&y, (size_t)64 << 20);
+  cudaMalloc(&st, (size_t)64 << 20);
+  cudaMalloc((void **)&sl, 64);
+  cudaMemset(sl, 0, 64);
+  CK(mbd_mops_fill_uniform(s_, MBD_DTYPE_BF16, w, (int64_t)V * d, 1, 0.03f, &err));
+  CK(mbd_mops_fill_uniform(s_, MBD_DTYPE_F32, x, 1 << 22, 2, 0.5f, &err));
+  CK(mbd_mops_fill_uniform(s_, MBD_DTYPE_F32, st, 1 << 22, 3, 0.5f, &err));
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  const char *names[] = {"add_rmsnorm", "gemm in_proj", "conv_silu", "gemm x_proj(dt)",
+                         "gemm x_proj(BC)", "gemm dt_proj", "scan", "gemm out_proj",
+                         "gemm lm_head", "sample"};
+  float total = 0;
+  printf("per-op time at M=1 (130m bf16, deterministic), us per launch:\n");
+  for (int op = 0; op < 10; op++) {
+    float ms = 0;
+    for (int pass = 0; pass < 2; pass++) {
+      cudaEventRecord(e0, s);
+      for (int i = 0; i < 200; i++) {
+        mbd_gpu_gemm_args a = {MBD_DTYPE_BF16, MBD_DTYPE_F32, 1, 0, 0, x, w, NULL, y};
+        int rc = 0;
+        switch (op) {
+        case 0: rc = mbd_mops_add_rmsnorm(s_, 1, d, 1, 0, (float *)x, (float *)y, (float *)st, 1e-5f, MBD_DTYPE_BF16, (char *)y + (1 << 20), &err); break;
+        case 1: a.n = 2 * di, a.k = d; rc = mbd_gpu_gemm(ctx, &a, &err); break;
+        case 2: rc = mbd_mops_conv_silu(s_, 1, 1, di, 4, (float *)x, 2 * di, (float *)st, NULL, (float *)st + (1 << 20), 0, sl, (float *)y, MBD_DTYPE_BF16, (char *)y + (1 << 20), &err); break;
+        case 3: a.n = R, a.k = di, a.out_dtype = MBD_DTYPE_BF16; rc = mbd_gpu_gemm(ctx, &a, &err); break;
+        case 4: a.n = 2 * N, a.k = di; rc = mbd_gpu_gemm(ctx, &a, &err); break;
+        case 5: a.n = di, a.k = R; rc = mbd_gpu_gemm(ctx, &a, &err); break;
+        case 6: rc = mbd_mops_scan(s_, 1, 1, di, N, (float *)x, (float *)x, (float *)x, (float *)st, (float *)st, (float *)x, 2 * di, di, (float *)st + (1 << 20), 0, sl, MBD_DTYPE_BF16, y, &err); break;
+        case 7: a.n = d, a.k = di; rc = mbd_gpu_gemm(ctx, &a, &err); break;
+        case 8: a.n = V, a.k = d; rc = mbd_gpu_gemm(ctx, &a, &err); break;
+        case 9: rc = mbd_mops_sample(s_, 1, V, (float *)x, V, NULL, NULL, NULL, (int32_t *)y, &err); break;
+        }
+        if (rc) {
+          fprintf(stderr, "%s: %s\n", names[op], err.msg);
+          return 1;
+        }
+      }
+      cudaEventRecord(e1, s);
+      cudaEventSynchronize(e1);
+      cudaEventElapsedTime(&ms, e0, e1);
+    }
+    float us = ms * 1000.0f / 200.0f;
+    total += op < 8 ? us * 24 : us;
+    printf("  %-16s %7.2f\n", names[op], us);
+  }
+  printf("  sum over 24 layers + head + sample: %.0f us per batch-1 step (launched "
+         "back to back, no graph)\n", total);
+  cudaFree(w);
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(st);
+  cudaFree(sl);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  mbd_gpu_ctx_destroy(&ctx);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   const char *which = argc > 1 ? argv[1] : "all";
   int reps = argc > 2 ? atoi(argv[2]) : 20;
@@ -174,7 +254,7 @@ int main(int argc, char **argv) {
          "dec b64", "dec b256", "pre T2048");
   const shape shapes[2] = {{"130m", 768, 24}, {"1.4b", 2048, 48}};
   const mbd_dtype dts[2] = {MBD_DTYPE_BF16, MBD_DTYPE_F32};
-  int rc = 0;
+  int rc = op_breakdown();
   for (int i = 0; i < 2; i++) {
     if (strcmp(which, "all") && strcmp(which, shapes[i].name)) continue;
     for (int j = 0; j < 2; j++) rc |= bench_one(&shapes[i], dts[j], reps, bw);
