@@ -1,0 +1,109 @@
+/* Worker lifecycle through the real processes: re-registration after the
+ * broker dies and a new one takes its endpoints (liveness), idle sessions
+ * expiring (--session-idle-s), and SIGTERM during a running GENERATE: the
+ * request gets exactly one final reply and the worker exits 0. Also a bad
+ * --model directory fails fast with a message naming it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "integration/worker_harness.h"
+
+static void test_bad_model_dir(void **state) {
+  (void)state;
+  wh h;
+  int rc = wh_init(&h);
+  if (rc == 77) skip();
+  char exe[600];
+  snprintf(exe, sizeof exe, "%s/mambad-worker", h.bin);
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd,
+           "%s --connect ipc://%s/none --name w --model tiny=/nonexistent/dir 2>&1", exe, h.dir);
+  FILE *p = popen(cmd, "r");
+  char out[2048] = "";
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = '\0';
+  int st = pclose(p);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+  assert_non_null(strstr(out, "tiny"));
+  assert_non_null(strstr(out, "/nonexistent/dir"));
+  snprintf(cmd, sizeof cmd, "%s --connect x --name w --dtype f64 2>&1", exe);
+  p = popen(cmd, "r");
+  n = fread(out, 1, sizeof out - 1, p);
+  out[n] = '\0';
+  st = pclose(p);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+  assert_non_null(strstr(out, "bf16"));
+  wh_fini(&h);
+}
+
+static void test_reregister_idle_sigterm(void **state) {
+  (void)state;
+  wh h;
+  int rc = wh_init(&h);
+  if (rc == 77) skip();
+  assert_int_equal(rc, 0);
+  wh_start_broker(&h);
+  pid_t w = wh_start_worker(&h, "wA", "--session-idle-s", "1", "--liveness", "3", NULL);
+  assert_int_equal(wh_wait_workers(&h, 1, 30000), 0);
+  /* Broker dies; a new one binds the same endpoints: the worker notices the
+   * silence and registers again. */
+  assert_true(wh_stop(h.broker, SIGKILL) < 0);
+  zmq_close(h.sock);
+  zmq_ctx_term(h.zctx);
+  wh_start_broker(&h);
+  double t0 = wh_now();
+  assert_int_equal(wh_wait_workers(&h, 1, 15000), 0);
+  fprintf(stderr, "re-registered %.2f s after the new broker started\n", wh_now() - t0);
+  /* Idle expiry: a session untouched for > 1 s is closed. */
+  char sid[64] = "";
+  mbd_msg *m = wh_open(&h, sid, sizeof sid);
+  assert_int_equal(wh_code(m), 0);
+  mbd_msg_destroy(&m);
+  int64_t ids[3] = {5, 6, 7};
+  m = wh_wait(&h, wh_send_prefill(&h, sid, ids, 3, true), 30000);
+  assert_int_equal(wh_code(m), 0);
+  mbd_msg_destroy(&m);
+  usleep(2600000);
+  m = wh_wait(&h, wh_send_step(&h, sid, 1), 30000);
+  assert_int_equal(wh_code(m), MBD_E_NOT_FOUND);
+  mbd_msg_destroy(&m);
+  /* SIGTERM while a long GENERATE runs: exactly one final reply, exit 0. */
+  m = wh_open(&h, sid, sizeof sid);
+  assert_int_equal(wh_code(m), 0);
+  mbd_msg_destroy(&m);
+  m = wh_wait(&h, wh_send_prefill(&h, sid, ids, 3, true), 30000);
+  assert_int_equal(wh_code(m), 0);
+  mbd_msg_destroy(&m);
+  uint64_t tag = wh_send_generate(&h, sid, 1000000, 0, 0);
+  int partials = 0, finals = 0;
+  double end = wh_now() + 30;
+  while (partials < 3 && wh_now() < end) {
+    m = wh_recv(&h, 200);
+    if (m && mbd_msg_tag(m) == tag && mbd_msg_cmd(m) == MBD_CMD_PARTIAL) partials++;
+    mbd_msg_destroy(&m);
+  }
+  assert_int_equal(partials, 3);
+  assert_int_equal(wh_stop(w, SIGTERM), 0);
+  h.procs[0] = 0;
+  end = wh_now() + 5;
+  while (wh_now() < end) {
+    m = wh_recv(&h, 200);
+    if (m && mbd_msg_tag(m) == tag && mbd_msg_cmd(m) != MBD_CMD_PARTIAL) {
+      finals++;
+      assert_int_not_equal(wh_code(m), 0); /* shutting down / worker lost */
+    }
+    mbd_msg_destroy(&m);
+  }
+  assert_int_equal(finals, 1);
+  wh_fini(&h);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_bad_model_dir),
+                                     cmocka_unit_test(test_reregister_idle_sigterm)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
