@@ -59,6 +59,7 @@ static void test_concurrent(void **state) {
   assert_int_equal(wh_wait_workers(&g_h, 1, 30000), 0);
   static run alone[NS], conc[NS];
   /* Alone: one session at a time. */
+  double t_alone = wh_now();
   for (int i = 0; i < NS; i++) {
     char sid[64];
     open_session(sid);
@@ -81,6 +82,7 @@ static void test_concurrent(void **state) {
     if (!sampled(i))
       assert_memory_equal(alone[i].tokens, g_f.greedy + (i % 3) * (T + G) + T, (size_t)G * 8);
   }
+  t_alone = wh_now() - t_alone;
   /* Concurrent: open + prefill all, then 32 GENERATEs in flight at once. */
   char sids[NS][64];
   for (int i = 0; i < NS; i++) open_session(sids[i]);
@@ -92,6 +94,7 @@ static void test_concurrent(void **state) {
     assert_int_equal(wh_code(m), 0);
     mbd_msg_destroy(&m);
   }
+  double t_gen = wh_now();
   for (int i = 0; i < NS; i++) tags[i] = send_gen(sids[i], i);
   int done = 0, partial_tags_before_first_final = 0, first_final = 0;
   bool seen_partial[NS] = {false};
@@ -116,6 +119,11 @@ static void test_concurrent(void **state) {
     mbd_msg_destroy(&m);
   }
   assert_int_equal(done, NS);
+  t_gen = wh_now() - t_gen;
+  fprintf(stderr,
+          "solo phase (open+prefill+generate %lld+step, x%d, sequential): %.2f s; "
+          "%d concurrent GENERATEs of %lld tokens: %.3f s = %.0f tokens/s\n",
+          (long long)G, NS, t_alone, NS, (long long)G, t_gen, (double)(NS * G) / t_gen);
   /* Interleaved: most sessions streamed before any finished (one token per tick). */
   fprintf(stderr, "sessions streaming before the first FINAL: %d of %d\n",
           partial_tags_before_first_final, NS);
