@@ -177,6 +177,15 @@ void mbd_cpu_ctx_run(mbd_cpu_ctx *ctx, mbd_cpu_task_fn fn, void *arg, int64_t nt
   pthread_mutex_unlock(&ctx->mu);
 }
 
+void mbd_cpu_ctx_run_sized(mbd_cpu_ctx *ctx, mbd_cpu_task_fn fn, void *arg, int64_t ntasks,
+                           int64_t work) {
+  if (work < MBD_CPU_INLINE_WORK) {
+    for (int64_t t = 0; t < ntasks; t++) fn(arg, t, 0);
+    return;
+  }
+  mbd_cpu_ctx_run(ctx, fn, arg, ntasks);
+}
+
 int mbd_cpu_ctx_reserve(mbd_cpu_ctx *ctx, size_t bytes, mbd_error *err) {
   if (bytes <= ctx->scratch_bytes) return MBD_OK;
   size_t rounded = (bytes + 63) & ~(size_t)63;

@@ -40,6 +40,13 @@ mbd_cpu_isa mbd_cpu_isa_detect(void);
  * done. Not reentrant: one run at a time per context. */
 void mbd_cpu_ctx_run(mbd_cpu_ctx *ctx, mbd_cpu_task_fn fn, void *arg, int64_t ntasks);
 
+/* As mbd_cpu_ctx_run, but runs everything on the calling thread when `work`
+ * (any cost unit: ~multiply-adds) is below MBD_CPU_INLINE_WORK: waking
+ * workers costs more than such jobs, especially on oversubscribed cores. */
+#define MBD_CPU_INLINE_WORK (1 << 18)
+void mbd_cpu_ctx_run_sized(mbd_cpu_ctx *ctx, mbd_cpu_task_fn fn, void *arg, int64_t ntasks,
+                           int64_t work);
+
 /* Per-thread scratch of at least `bytes` (64-byte aligned), kept across calls.
  * Call mbd_cpu_ctx_reserve from the owning thread before mbd_cpu_ctx_run; tasks
  * then read their slot with mbd_cpu_ctx_scratch without allocating. */

@@ -218,7 +218,7 @@ static int run_job(mbd_cpu_ctx *ctx, gemm_job *j, mbd_error *err) {
   size_t k = j->K > 0 ? (size_t)j->K : 1;
   int rc = mbd_cpu_ctx_reserve(ctx, ((size_t)MC + NR) * k * sizeof(float), err);
   if (rc) return rc;
-  mbd_cpu_ctx_run(ctx, gemm_task, j, nmc * j->ngroups);
+  mbd_cpu_ctx_run_sized(ctx, gemm_task, j, nmc * j->ngroups, j->M * j->N * j->K);
   return MBD_OK;
 }
 

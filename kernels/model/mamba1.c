@@ -1,0 +1,746 @@
+/* Mamba-1 model on the CPU backend (see mamba1.h).
+ *
+ * A call's tokens are flattened into rows, sequence-major, and processed in
+ * chunks of at most max_rows rows (a time window of every sequence). Row-wise
+ * work (norms, projections via the batch-invariant GEMM) depends only on the
+ * row; the conv and scan walk each sequence's rows in time order with the
+ * per-token functions of kernels/cpu/mamba_ops.h, parallel over channels. So
+ * neither the batch, the slot, the chunking nor prefill-vs-step can change a
+ * sequence's bits. */
+#include "kernels/model/mamba1.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/half.h"
+#include "common/safetensors.h"
+#include "kernels/cpu/cpu_ctx.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/mamba_ops.h"
+
+#define DEFAULT_MAX_ROWS 256
+#define CHANNEL_BLOCK 64 /* channels per conv/scan task */
+#define MAX_SHARDS 64
+
+typedef struct layer_w {
+  float *norm;             /* [d] */
+  mbd_cpu_wpack *in_proj;  /* [2 di, d] */
+  float *in_bias;          /* [2 di] or NULL */
+  float *conv_w;           /* [dc][di], tap-major */
+  float *conv_b;           /* [di] or NULL */
+  mbd_cpu_wpack *x_proj;   /* [R + 2 S, di] */
+  mbd_cpu_wpack *dt_proj;  /* [di, R] */
+  float *dt_bias;          /* [di] */
+  float *A;                /* [di][S], = -exp(A_log) */
+  float *D;                /* [di] */
+  mbd_cpu_wpack *out_proj; /* [d, di] */
+  float *out_bias;         /* [d] or NULL */
+} layer_w;
+
+struct mbd_mamba1_model {
+  mbd_mamba_config cfg;
+  mbd_dtype dtype;
+  mbd_cpu_ctx *ctx;
+  layer_w *layers;         /* [n_layer] */
+  mbd_cpu_wpack *embed;    /* [V, d], also the LM head when tied */
+  mbd_cpu_wpack *lm_head;  /* [V, d] when untied, else NULL */
+  float *norm_f;           /* [d] */
+  size_t weight_bytes;
+  /* workspace for max_rows rows */
+  int64_t max_rows;
+  float *resid;            /* [rows, d] residual stream */
+  float *xn;               /* [rows, d] normed */
+  float *xz;               /* [rows, 2 di] in_proj output (x | z) */
+  float *xc;               /* [rows, di] conv + silu output */
+  float *dbc;              /* [rows, R + 2 S] x_proj output (dt | B | C) */
+  float *dt;               /* [rows, di] dt_proj output (before softplus) */
+  float *y;                /* [rows, di] gated scan output */
+  float *out;              /* [rows, d] out_proj output */
+  /* per-call batch capacity (grow-only) */
+  int batch_cap;
+  float *last;             /* [batch_cap, d] final-normed last rows */
+  int64_t *seg;            /* [batch_cap * 4]: per chunk segment: seq, row0, nrows, t0 */
+};
+
+struct mbd_mamba1_state {
+  int n_layer, di, dc, ds;
+  int64_t pos;
+  float *conv; /* [L][dc-1][di] */
+  float *ssm;  /* [L][di][ds] */
+};
+
+void mbd_mamba1_options_default(mbd_mamba1_options *o) {
+  memset(o, 0, sizeof(*o));
+  o->backend = MBD_BACKEND_CPU;
+  o->dtype = MBD_DTYPE_F32;
+  o->threads = 0;
+  o->isa = MBD_CPU_ISA_AUTO;
+  o->max_rows = DEFAULT_MAX_ROWS;
+}
+
+/* ---- loading ---- */
+
+typedef struct shards {
+  mbd_safetensors *st[MAX_SHARDS];
+  int n;
+  const char *dir;
+} shards;
+
+static void shards_close(shards *s) {
+  for (int i = 0; i < s->n; i++) mbd_safetensors_destroy(&s->st[i]);
+  s->n = 0;
+}
+
+static int shards_open(const char *dir, shards *s, mbd_error *err) {
+  char path[4096];
+  s->dir = dir;
+  snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    int rc = mbd_safetensors_open(path, &s->st[0], err);
+    if (rc) return rc;
+    s->n = 1;
+    return MBD_OK;
+  }
+  fclose(f);
+  json_error_t je;
+  json_t *root = json_load_file(path, 0, &je);
+  json_t *map = root ? json_object_get(root, "weight_map") : NULL;
+  if (!json_is_object(map)) {
+    json_decref(root);
+    return mbd_error_set(err, MBD_E_FORMAT, "%s: not a safetensors index (%s)", path,
+                         root ? "no weight_map object" : je.text);
+  }
+  const char *key;
+  json_t *val;
+  const char *names[MAX_SHARDS];
+  int rc = MBD_OK;
+  json_object_foreach(map, key, val) {
+    const char *file = json_string_value(val);
+    if (!file || strchr(file, '/') || strstr(file, "..")) {
+      rc = mbd_error_set(err, MBD_E_FORMAT, "%s: bad shard name for tensor %s", path, key);
+      break;
+    }
+    int seen = 0;
+    for (int i = 0; i < s->n; i++) seen |= strcmp(names[i], file) == 0;
+    if (seen) continue;
+    if (s->n == MAX_SHARDS) {
+      rc = mbd_error_set(err, MBD_E_UNSUPPORTED, "%s: more than %d shards", path, MAX_SHARDS);
+      break;
+    }
+    char sp[4096];
+    snprintf(sp, sizeof(sp), "%s/%s", dir, file);
+    rc = mbd_safetensors_open(sp, &s->st[s->n], err);
+    if (rc) break;
+    names[s->n++] = file;
+  }
+  json_decref(root);
+  if (rc) shards_close(s);
+  return rc;
+}
+
+/* Finds a float tensor of the given shape in any shard. */
+static int get_tensor(const shards *s, const char *name, int ndim, const int64_t *shape,
+                      const mbd_st_entry **out, mbd_error *err) {
+  const mbd_st_entry *e = NULL;
+  for (int i = 0; i < s->n && !e; i++) e = mbd_safetensors_find(s->st[i], name);
+  if (!e)
+    return mbd_error_set(err, MBD_E_NOT_FOUND, "model %s: tensor %s is missing", s->dir, name);
+  if (e->desc.dtype != MBD_DTYPE_F32 && e->desc.dtype != MBD_DTYPE_BF16 &&
+      e->desc.dtype != MBD_DTYPE_F16)
+    return mbd_error_set(err, MBD_E_SHAPE, "model %s: tensor %s has dtype %s, want a float type",
+                         s->dir, name, mbd_dtype_name(e->desc.dtype));
+  int ok = e->desc.ndim == ndim;
+  for (int i = 0; ok && i < ndim; i++) ok = e->desc.shape[i] == shape[i];
+  if (!ok) {
+    char got[128], want[128];
+    mbd_tensor_desc wd = {.dtype = e->desc.dtype, .ndim = ndim};
+    for (int i = 0; i < ndim; i++) wd.shape[i] = shape[i];
+    mbd_tensor_desc_format(&e->desc, got, sizeof(got));
+    mbd_tensor_desc_format(&wd, want, sizeof(want));
+    return mbd_error_set(err, MBD_E_SHAPE, "model %s: tensor %s is %s, config says %s", s->dir,
+                         name, got, want);
+  }
+  *out = e;
+  return MBD_OK;
+}
+
+static float round_to(mbd_dtype dt, float v) {
+  if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(mbd_f32_to_bf16(v));
+  if (dt == MBD_DTYPE_F16) return mbd_f16_to_f32(mbd_f32_to_f16(v));
+  return v;
+}
+
+static float entry_at(const mbd_st_entry *e, size_t i) {
+  const unsigned char *p = e->data;
+  if (e->desc.dtype == MBD_DTYPE_F32) {
+    float v;
+    memcpy(&v, p + 4 * i, 4);
+    return v;
+  }
+  uint16_t h;
+  memcpy(&h, p + 2 * i, 2);
+  return e->desc.dtype == MBD_DTYPE_BF16 ? mbd_bf16_to_f32(h) : mbd_f16_to_f32(h);
+}
+
+/* Loads a small parameter into a new f32 array, rounded through the storage
+ * dtype (the model "has" storage-dtype weights). */
+static int load_vec(mbd_mamba1_model *m, const shards *s, const char *name, int ndim,
+                    const int64_t *shape, float **out, mbd_error *err) {
+  const mbd_st_entry *e;
+  int rc = get_tensor(s, name, ndim, shape, &e, err);
+  if (rc) return rc;
+  size_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+  float *v = malloc(n * sizeof(float) + 1);
+  if (!v) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory loading %s", name);
+  for (size_t i = 0; i < n; i++) v[i] = round_to(m->dtype, entry_at(e, i));
+  m->weight_bytes += n * mbd_dtype_size(m->dtype);
+  *out = v;
+  return MBD_OK;
+}
+
+static int load_mat(mbd_mamba1_model *m, const shards *s, const char *name, int64_t rows,
+                    int64_t cols, mbd_cpu_wpack **out, mbd_error *err) {
+  const mbd_st_entry *e;
+  int64_t shape[2] = {rows, cols};
+  int rc = get_tensor(s, name, 2, shape, &e, err);
+  if (rc) return rc;
+  const void *src = e->data;
+  void *copy = NULL;
+  if (((uintptr_t)src) % mbd_dtype_size(e->desc.dtype) != 0) { /* unaligned mapping */
+    copy = malloc(e->nbytes);
+    if (!copy) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory loading %s", name);
+    memcpy(copy, src, e->nbytes);
+    src = copy;
+  }
+  rc = mbd_cpu_wpack_new(m->dtype, rows, cols, e->desc.dtype, src, cols, out, err);
+  free(copy);
+  if (rc) return mbd_error_prefix(err, "model tensor %s: ", name);
+  m->weight_bytes += mbd_cpu_wpack_nbytes(*out);
+  return MBD_OK;
+}
+
+static int load_layer(mbd_mamba1_model *m, const shards *s, int i, mbd_error *err) {
+  const mbd_mamba_config *c = &m->cfg;
+  layer_w *L = &m->layers[i];
+  int64_t d = c->d_model, di = c->d_inner, S = c->d_state, R = c->dt_rank, dc = c->d_conv;
+  char nm[256];
+  int rc;
+#define NAME(suffix) (snprintf(nm, sizeof(nm), "backbone.layers.%d.%s", i, suffix), nm)
+  int64_t sh_d[1] = {d}, sh_di[1] = {di}, sh_2di[1] = {2 * di}, sh_A[2] = {di, S};
+  int64_t sh_conv[3] = {di, 1, dc};
+  if ((rc = load_vec(m, s, NAME("norm.weight"), 1, sh_d, &L->norm, err))) return rc;
+  if ((rc = load_mat(m, s, NAME("mixer.in_proj.weight"), 2 * di, d, &L->in_proj, err))) return rc;
+  if (c->proj_bias &&
+      (rc = load_vec(m, s, NAME("mixer.in_proj.bias"), 1, sh_2di, &L->in_bias, err)))
+    return rc;
+  float *cw = NULL;
+  if ((rc = load_vec(m, s, NAME("mixer.conv1d.weight"), 3, sh_conv, &cw, err))) return rc;
+  L->conv_w = malloc((size_t)(di * dc) * sizeof(float));
+  if (!L->conv_w) {
+    free(cw);
+    return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
+  }
+  for (int64_t ch = 0; ch < di; ch++)
+    for (int64_t j = 0; j < dc; j++) L->conv_w[j * di + ch] = cw[ch * dc + j];
+  free(cw);
+  if (c->conv_bias && (rc = load_vec(m, s, NAME("mixer.conv1d.bias"), 1, sh_di, &L->conv_b, err)))
+    return rc;
+  if ((rc = load_mat(m, s, NAME("mixer.x_proj.weight"), R + 2 * S, di, &L->x_proj, err)))
+    return rc;
+  if ((rc = load_mat(m, s, NAME("mixer.dt_proj.weight"), di, R, &L->dt_proj, err))) return rc;
+  if ((rc = load_vec(m, s, NAME("mixer.dt_proj.bias"), 1, sh_di, &L->dt_bias, err))) return rc;
+  if ((rc = load_vec(m, s, NAME("mixer.A_log"), 2, sh_A, &L->A, err))) return rc;
+  for (int64_t k = 0; k < di * S; k++) L->A[k] = -expf(L->A[k]);
+  if ((rc = load_vec(m, s, NAME("mixer.D"), 1, sh_di, &L->D, err))) return rc;
+  if ((rc = load_mat(m, s, NAME("mixer.out_proj.weight"), d, di, &L->out_proj, err))) return rc;
+  if (c->proj_bias &&
+      (rc = load_vec(m, s, NAME("mixer.out_proj.bias"), 1, sh_d, &L->out_bias, err)))
+    return rc;
+#undef NAME
+  return MBD_OK;
+}
+
+static int alloc_workspace(mbd_mamba1_model *m, mbd_error *err) {
+  const mbd_mamba_config *c = &m->cfg;
+  size_t r = (size_t)m->max_rows;
+  size_t d = (size_t)c->d_model, di = (size_t)c->d_inner;
+  size_t dbc = (size_t)(c->dt_rank + 2 * c->d_state);
+  float **bufs[] = {&m->resid, &m->xn, &m->xz, &m->xc, &m->dbc, &m->dt, &m->y, &m->out};
+  size_t sizes[] = {r * d, r * d, r * 2 * di, r * di, r * dbc, r * di, r * di, r * d};
+  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+    *bufs[i] = calloc(sizes[i], sizeof(float));
+    if (!*bufs[i]) return mbd_error_set(err, MBD_E_NOMEM, "model: cannot allocate workspace");
+  }
+  /* GEMM scratch for the widest K, reserved now so forward never allocates it. */
+  size_t kmax = d > di ? d : di;
+  return mbd_cpu_ctx_reserve(m->ctx, (64 + MBD_GEMM_NR) * kmax * sizeof(float), err);
+}
+
+int mbd_mamba1_load(const char *dir, const mbd_mamba1_options *opts, mbd_mamba1_model **out,
+                    mbd_error *err) {
+  *out = NULL;
+  mbd_mamba1_options def;
+  if (!opts) {
+    mbd_mamba1_options_default(&def);
+    opts = &def;
+  }
+  if (opts->backend != MBD_BACKEND_CPU)
+    return mbd_error_set(err, MBD_E_UNSUPPORTED,
+                         "model %s: the %s backend is not built for model runs yet; use cpu", dir,
+                         mbd_backend_name(opts->backend));
+  if (opts->dtype != MBD_DTYPE_F32 && opts->dtype != MBD_DTYPE_BF16 &&
+      opts->dtype != MBD_DTYPE_F16)
+    return mbd_error_set(err, MBD_E_INVALID, "model: storage dtype must be f32, bf16 or f16");
+  shards sh = {.n = 0};
+  mbd_mamba1_model *m = calloc(1, sizeof(*m));
+  if (!m) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
+  int rc = mbd_mamba_config_load(dir, &m->cfg, err);
+  if (rc) goto fail;
+  const mbd_mamba_config *c = &m->cfg;
+  m->dtype = opts->dtype;
+  m->max_rows = opts->max_rows > 0 ? opts->max_rows : DEFAULT_MAX_ROWS;
+  if (c->d_conv < 1 || c->d_state < 1 || c->dt_rank < 1 || c->d_inner < 1) {
+    rc = mbd_error_set(err, MBD_E_FORMAT, "model %s: config has non-positive sizes", dir);
+    goto fail;
+  }
+  if ((rc = mbd_cpu_ctx_new(opts->threads, (mbd_cpu_isa)opts->isa, &m->ctx, err))) goto fail;
+  if ((rc = shards_open(dir, &sh, err))) goto fail;
+  m->layers = calloc((size_t)c->n_layer, sizeof(layer_w));
+  if (!m->layers) {
+    rc = mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
+    goto fail;
+  }
+  if ((rc = load_mat(m, &sh, "backbone.embeddings.weight", c->vocab_size, c->d_model, &m->embed,
+                     err)))
+    goto fail;
+  for (int i = 0; i < c->n_layer; i++)
+    if ((rc = load_layer(m, &sh, i, err))) goto fail;
+  int64_t sh_d[1] = {c->d_model};
+  if ((rc = load_vec(m, &sh, "backbone.norm_f.weight", 1, sh_d, &m->norm_f, err))) goto fail;
+  if (!c->tie_embeddings) {
+    const mbd_st_entry *e = NULL;
+    for (int i = 0; i < sh.n && !e; i++) e = mbd_safetensors_find(sh.st[i], "lm_head.weight");
+    if (e && (rc = load_mat(m, &sh, "lm_head.weight", c->vocab_size, c->d_model, &m->lm_head,
+                            err)))
+      goto fail;
+  }
+  if ((rc = alloc_workspace(m, err))) goto fail;
+  shards_close(&sh);
+  *out = m;
+  return MBD_OK;
+fail:
+  shards_close(&sh);
+  mbd_mamba1_destroy(&m);
+  return rc;
+}
+
+void mbd_mamba1_destroy(mbd_mamba1_model **pm) {
+  if (!pm || !*pm) return;
+  mbd_mamba1_model *m = *pm;
+  if (m->layers) {
+    for (int i = 0; i < m->cfg.n_layer; i++) {
+      layer_w *L = &m->layers[i];
+      free(L->norm);
+      mbd_cpu_wpack_destroy(&L->in_proj);
+      free(L->in_bias);
+      free(L->conv_w);
+      free(L->conv_b);
+      mbd_cpu_wpack_destroy(&L->x_proj);
+      mbd_cpu_wpack_destroy(&L->dt_proj);
+      free(L->dt_bias);
+      free(L->A);
+      free(L->D);
+      mbd_cpu_wpack_destroy(&L->out_proj);
+      free(L->out_bias);
+    }
+  }
+  free(m->layers);
+  mbd_cpu_wpack_destroy(&m->embed);
+  mbd_cpu_wpack_destroy(&m->lm_head);
+  free(m->norm_f);
+  free(m->resid);
+  free(m->xn);
+  free(m->xz);
+  free(m->xc);
+  free(m->dbc);
+  free(m->dt);
+  free(m->y);
+  free(m->out);
+  free(m->last);
+  free(m->seg);
+  mbd_cpu_ctx_destroy(&m->ctx);
+  free(m);
+  *pm = NULL;
+}
+
+const mbd_mamba_config *mbd_mamba1_config(const mbd_mamba1_model *m) { return &m->cfg; }
+int mbd_mamba1_vocab(const mbd_mamba1_model *m) { return m->cfg.vocab_size; }
+mbd_dtype mbd_mamba1_dtype(const mbd_mamba1_model *m) { return m->dtype; }
+const char *mbd_mamba1_isa(const mbd_mamba1_model *m) {
+  return mbd_cpu_isa_name(mbd_cpu_ctx_isa(m->ctx));
+}
+size_t mbd_mamba1_weight_bytes(const mbd_mamba1_model *m) { return m->weight_bytes; }
+
+/* ---- state ---- */
+
+int mbd_mamba1_state_new(const mbd_mamba1_model *m, mbd_mamba1_state **out, mbd_error *err) {
+  *out = NULL;
+  mbd_mamba1_state *s = calloc(1, sizeof(*s));
+  if (!s) return mbd_error_set(err, MBD_E_NOMEM, "state: out of memory");
+  s->n_layer = m->cfg.n_layer;
+  s->di = m->cfg.d_inner;
+  s->dc = m->cfg.d_conv;
+  s->ds = m->cfg.d_state;
+  size_t nc = (size_t)s->n_layer * (size_t)(s->dc - 1) * (size_t)s->di;
+  size_t ns = (size_t)s->n_layer * (size_t)s->di * (size_t)s->ds;
+  s->conv = calloc(nc + 1, sizeof(float));
+  s->ssm = calloc(ns + 1, sizeof(float));
+  if (!s->conv || !s->ssm) {
+    mbd_mamba1_state_destroy(&s);
+    return mbd_error_set(err, MBD_E_NOMEM, "state: out of memory");
+  }
+  *out = s;
+  return MBD_OK;
+}
+
+void mbd_mamba1_state_destroy(mbd_mamba1_state **ps) {
+  if (!ps || !*ps) return;
+  free((*ps)->conv);
+  free((*ps)->ssm);
+  free(*ps);
+  *ps = NULL;
+}
+
+static size_t conv_count(const mbd_mamba1_state *s) {
+  return (size_t)s->n_layer * (size_t)(s->dc - 1) * (size_t)s->di;
+}
+static size_t ssm_count(const mbd_mamba1_state *s) {
+  return (size_t)s->n_layer * (size_t)s->di * (size_t)s->ds;
+}
+
+void mbd_mamba1_state_reset(mbd_mamba1_state *s) {
+  memset(s->conv, 0, conv_count(s) * sizeof(float));
+  memset(s->ssm, 0, ssm_count(s) * sizeof(float));
+  s->pos = 0;
+}
+
+int64_t mbd_mamba1_state_position(const mbd_mamba1_state *s) { return s->pos; }
+
+#define STATE_MAGIC "MBDMSTA1"
+#define STATE_HEADER 40
+
+size_t mbd_mamba1_state_export_size(const mbd_mamba1_state *s) {
+  return STATE_HEADER + (conv_count(s) + ssm_count(s)) * sizeof(float);
+}
+
+static void put_u32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get_u32(const unsigned char *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static void put_f32s(unsigned char *p, const float *v, size_t n) {
+  for (size_t i = 0; i < n; i++) put_u32(p + 4 * i, mbd_f32_to_bits(v[i]));
+}
+static void get_f32s(const unsigned char *p, float *v, size_t n) {
+  for (size_t i = 0; i < n; i++) v[i] = mbd_bits_to_f32(get_u32(p + 4 * i));
+}
+
+int mbd_mamba1_state_export(const mbd_mamba1_state *s, void *buf, size_t cap, size_t *len,
+                            mbd_error *err) {
+  size_t need = mbd_mamba1_state_export_size(s);
+  if (cap < need)
+    return mbd_error_set(err, MBD_E_TOO_LARGE, "state export needs %zu bytes, buffer has %zu",
+                         need, cap);
+  unsigned char *p = buf;
+  memcpy(p, STATE_MAGIC, 8);
+  put_u32(p + 8, 1);
+  put_u32(p + 12, (uint32_t)s->n_layer);
+  put_u32(p + 16, (uint32_t)s->di);
+  put_u32(p + 20, (uint32_t)s->dc);
+  put_u32(p + 24, (uint32_t)s->ds);
+  put_u32(p + 28, 0);
+  put_u32(p + 32, (uint32_t)((uint64_t)s->pos & 0xffffffffu));
+  put_u32(p + 36, (uint32_t)((uint64_t)s->pos >> 32));
+  put_f32s(p + STATE_HEADER, s->conv, conv_count(s));
+  put_f32s(p + STATE_HEADER + 4 * conv_count(s), s->ssm, ssm_count(s));
+  if (len) *len = need;
+  return MBD_OK;
+}
+
+int mbd_mamba1_state_import(mbd_mamba1_state *s, const void *buf, size_t len, mbd_error *err) {
+  const unsigned char *p = buf;
+  if (!buf || len < STATE_HEADER || memcmp(p, STATE_MAGIC, 8) != 0)
+    return mbd_error_set(err, MBD_E_FORMAT, "state import: not a Mamba-1 state export (bad magic)");
+  if (get_u32(p + 8) != 1)
+    return mbd_error_set(err, MBD_E_FORMAT, "state import: version %u, this build reads 1",
+                         get_u32(p + 8));
+  if (get_u32(p + 12) != (uint32_t)s->n_layer || get_u32(p + 16) != (uint32_t)s->di ||
+      get_u32(p + 20) != (uint32_t)s->dc || get_u32(p + 24) != (uint32_t)s->ds)
+    return mbd_error_set(err, MBD_E_SHAPE,
+                         "state import: state is for layers=%u d_inner=%u d_conv=%u d_state=%u, "
+                         "model has %d/%d/%d/%d",
+                         get_u32(p + 12), get_u32(p + 16), get_u32(p + 20), get_u32(p + 24),
+                         s->n_layer, s->di, s->dc, s->ds);
+  if (len != mbd_mamba1_state_export_size(s))
+    return mbd_error_set(err, MBD_E_FORMAT, "state import: %zu bytes, expected %zu", len,
+                         mbd_mamba1_state_export_size(s));
+  uint64_t pos = (uint64_t)get_u32(p + 32) | (uint64_t)get_u32(p + 36) << 32;
+  if (pos > (uint64_t)INT64_MAX)
+    return mbd_error_set(err, MBD_E_FORMAT, "state import: bad position");
+  s->pos = (int64_t)pos;
+  get_f32s(p + STATE_HEADER, s->conv, conv_count(s));
+  get_f32s(p + STATE_HEADER + 4 * conv_count(s), s->ssm, ssm_count(s));
+  return MBD_OK;
+}
+
+/* ---- forward ---- */
+
+typedef struct chunk {
+  mbd_mamba1_model *m;
+  mbd_mamba1_state *const *states;
+  const int64_t *seg; /* nseg x {seq, row0, nrows, t0} */
+  int64_t nseg;
+  int64_t nblocks;    /* channel blocks */
+  int layer;
+} chunk;
+
+static void conv_task(void *arg, int64_t task, int thread) {
+  (void)thread;
+  const chunk *ch = arg;
+  const mbd_mamba1_model *m = ch->m;
+  const layer_w *L = &m->layers[ch->layer];
+  int64_t di = m->cfg.d_inner;
+  int dc = m->cfg.d_conv;
+  const int64_t *sg = ch->seg + 4 * (task / ch->nblocks);
+  int64_t c0 = (task % ch->nblocks) * CHANNEL_BLOCK;
+  int64_t c1 = c0 + CHANNEL_BLOCK < di ? c0 + CHANNEL_BLOCK : di;
+  mbd_mamba1_state *s = ch->states[sg[0]];
+  float *state = s->conv + (size_t)ch->layer * (size_t)(dc - 1) * (size_t)di;
+  for (int64_t r = sg[1]; r < sg[1] + sg[2]; r++)
+    mbd_cpu_conv_step(mbd_cpu_ctx_isa(m->ctx), c0, c1, di, dc, L->conv_w, L->conv_b, state, m->xz + r * 2 * di,
+                      m->xc + r * di);
+}
+
+static void scan_task(void *arg, int64_t task, int thread) {
+  (void)thread;
+  const chunk *ch = arg;
+  const mbd_mamba1_model *m = ch->m;
+  const layer_w *L = &m->layers[ch->layer];
+  int64_t di = m->cfg.d_inner;
+  int ds = m->cfg.d_state;
+  int64_t R = m->cfg.dt_rank, ldb = R + 2 * ds;
+  const int64_t *sg = ch->seg + 4 * (task / ch->nblocks);
+  int64_t c0 = (task % ch->nblocks) * CHANNEL_BLOCK;
+  int64_t c1 = c0 + CHANNEL_BLOCK < di ? c0 + CHANNEL_BLOCK : di;
+  mbd_mamba1_state *s = ch->states[sg[0]];
+  float *h = s->ssm + (size_t)ch->layer * (size_t)di * (size_t)ds;
+  for (int64_t r = sg[1]; r < sg[1] + sg[2]; r++) {
+    const float *bc = m->dbc + r * ldb + R;
+    mbd_cpu_scan_step(mbd_cpu_ctx_isa(m->ctx), c0, c1, ds, L->A, L->D, m->dt + r * di, bc, bc + ds, m->xc + r * di,
+                      m->xz + r * 2 * di + di, h, m->y + r * di);
+  }
+}
+
+/* Runs all layers over the chunk's rows; leaves final-normed rows in m->xn. */
+static int forward_rows(mbd_mamba1_model *m, mbd_mamba1_state *const *states, const int64_t *seg,
+                        int64_t nseg, int64_t rows, mbd_error *err) {
+  const mbd_mamba_config *c = &m->cfg;
+  int64_t d = c->d_model, di = c->d_inner, R = c->dt_rank, S = c->d_state;
+  chunk ch = {.m = m, .states = states, .seg = seg, .nseg = nseg,
+              .nblocks = (di + CHANNEL_BLOCK - 1) / CHANNEL_BLOCK};
+  int rc;
+  for (int l = 0; l < c->n_layer; l++) {
+    const layer_w *L = &m->layers[l];
+    ch.layer = l;
+    for (int64_t r = 0; r < rows; r++)
+      mbd_cpu_rmsnorm(m->resid + r * d, L->norm, d, c->norm_eps, m->xn + r * d);
+    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->xn, d, L->in_proj, L->in_bias, m->xz, 2 * di,
+                                  err)))
+      return rc;
+    mbd_cpu_ctx_run_sized(m->ctx, conv_task, &ch, nseg * ch.nblocks, rows * di * c->d_conv);
+    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->xc, di, L->x_proj, NULL, m->dbc, R + 2 * S,
+                                  err)))
+      return rc;
+    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->dbc, R + 2 * S, L->dt_proj, L->dt_bias, m->dt,
+                                  di, err)))
+      return rc;
+    /* the scan costs ~ an expf and two fmas per (channel, state) */
+    mbd_cpu_ctx_run_sized(m->ctx, scan_task, &ch, nseg * ch.nblocks, rows * di * S * 8);
+    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->y, di, L->out_proj, L->out_bias, m->out, d,
+                                  err)))
+      return rc;
+    for (int64_t i = 0; i < rows * d; i++) m->resid[i] = m->resid[i] + m->out[i];
+  }
+  for (int64_t r = 0; r < rows; r++)
+    mbd_cpu_rmsnorm(m->resid + r * d, m->norm_f, d, c->norm_eps, m->xn + r * d);
+  return MBD_OK;
+}
+
+static int ensure_batch(mbd_mamba1_model *m, int batch, mbd_error *err) {
+  if (batch <= m->batch_cap) return MBD_OK;
+  float *last = realloc(m->last, (size_t)batch * (size_t)m->cfg.d_model * sizeof(float));
+  if (!last) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
+  m->last = last;
+  int64_t *seg = realloc(m->seg, (size_t)batch * 4 * sizeof(int64_t));
+  if (!seg) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
+  m->seg = seg;
+  m->batch_cap = batch;
+  return MBD_OK;
+}
+
+int mbd_mamba1_prefill(mbd_mamba1_model *m, mbd_mamba1_state *const *states, int batch,
+                       const int32_t *const *tokens, const int64_t *lens,
+                       mbd_mamba1_logits which, float *logits, mbd_error *err) {
+  if (!m || batch < 0 || (batch > 0 && (!states || !tokens || !lens)))
+    return mbd_error_set(err, MBD_E_INVALID, "prefill: NULL model/states/tokens/lens");
+  if (which != MBD_MAMBA1_LOGITS_NONE && which != MBD_MAMBA1_LOGITS_LAST &&
+      which != MBD_MAMBA1_LOGITS_ALL)
+    return mbd_error_set(err, MBD_E_INVALID, "prefill: bad logits selector %d", (int)which);
+  if (which != MBD_MAMBA1_LOGITS_NONE && !logits && batch > 0)
+    return mbd_error_set(err, MBD_E_INVALID, "prefill: logits requested but no buffer given");
+  const mbd_mamba_config *c = &m->cfg;
+  int64_t V = c->vocab_size, d = c->d_model;
+  int64_t maxlen = 0;
+  for (int b = 0; b < batch; b++) {
+    const mbd_mamba1_state *s = states[b];
+    if (!s || s->n_layer != c->n_layer || s->di != c->d_inner || s->dc != c->d_conv ||
+        s->ds != c->d_state)
+      return mbd_error_set(err, MBD_E_SHAPE, "prefill: state %d is missing or for another model",
+                           b);
+    for (int b2 = 0; b2 < b; b2++)
+      if (states[b2] == s)
+        return mbd_error_set(err, MBD_E_INVALID, "prefill: sequences %d and %d share a state", b2,
+                             b);
+    if (lens[b] < 0 || (lens[b] > 0 && !tokens[b]))
+      return mbd_error_set(err, MBD_E_INVALID, "prefill: sequence %d has no tokens", b);
+    for (int64_t t = 0; t < lens[b]; t++)
+      if (tokens[b][t] < 0 || tokens[b][t] >= V)
+        return mbd_error_set(err, MBD_E_INVALID,
+                             "prefill: sequence %d position %lld: token %d outside vocabulary "
+                             "[0, %lld)",
+                             b, (long long)t, tokens[b][t], (long long)V);
+    if (lens[b] > maxlen) maxlen = lens[b];
+  }
+  int rc = ensure_batch(m, batch, err);
+  if (rc) return rc;
+  const mbd_cpu_wpack *head = m->lm_head ? m->lm_head : m->embed;
+  int64_t out_base = 0; /* ALL: output row of the group's first sequence */
+  /* Groups of sequences at most max_rows wide; time windows of tw steps. */
+  for (int g0 = 0; g0 < batch; g0 += (int)m->max_rows) {
+    int gn = batch - g0 < m->max_rows ? batch - g0 : (int)m->max_rows;
+    int64_t tw = m->max_rows / gn;
+    int64_t glen = 0;
+    for (int b = g0; b < g0 + gn; b++) glen = lens[b] > glen ? lens[b] : glen;
+    for (int64_t t0 = 0; t0 < glen; t0 += tw) {
+      int64_t nseg = 0, rows = 0;
+      for (int b = g0; b < g0 + gn; b++) {
+        int64_t n = lens[b] - t0 < tw ? lens[b] - t0 : tw;
+        if (n <= 0) continue;
+        int64_t *sg = m->seg + 4 * nseg++;
+        sg[0] = b;
+        sg[1] = rows;
+        sg[2] = n;
+        sg[3] = t0;
+        for (int64_t t = 0; t < n; t++)
+          mbd_cpu_wpack_row(m->embed, tokens[b][t0 + t], m->resid + (rows + t) * d);
+        rows += n;
+      }
+      if ((rc = forward_rows(m, states, m->seg, nseg, rows, err))) return rc;
+      for (int64_t i = 0; i < nseg; i++) {
+        const int64_t *sg = m->seg + 4 * i;
+        int b = (int)sg[0];
+        states[b]->pos += sg[2];
+        if (which == MBD_MAMBA1_LOGITS_LAST && sg[3] + sg[2] == lens[b])
+          memcpy(m->last + (size_t)b * (size_t)d, m->xn + (sg[1] + sg[2] - 1) * d,
+                 (size_t)d * sizeof(float));
+      }
+      if (which == MBD_MAMBA1_LOGITS_ALL) {
+        /* Output rows of consecutive segments are contiguous when each
+         * segment ends its sequence and the next starts at t=0: merge runs. */
+        int64_t i = 0;
+        while (i < nseg) {
+          int64_t j = i + 1;
+          while (j < nseg && m->seg[4 * (j - 1) + 3] + m->seg[4 * (j - 1) + 2] ==
+                                 lens[m->seg[4 * (j - 1)]] &&
+                 m->seg[4 * j + 3] == 0 && m->seg[4 * j] == m->seg[4 * (j - 1)] + 1) {
+            int ok = 1;
+            for (int64_t b = m->seg[4 * (j - 1)] + 1; b < m->seg[4 * j]; b++) ok &= lens[b] == 0;
+            if (!ok) break;
+            j++;
+          }
+          const int64_t *si = m->seg + 4 * i, *sj = m->seg + 4 * (j - 1);
+          int64_t orow = out_base + si[3];
+          for (int64_t b = g0; b < si[0]; b++) orow += lens[b];
+          int64_t nrows = sj[1] + sj[2] - si[1];
+          if ((rc = mbd_cpu_gemm_packed(m->ctx, nrows, m->xn + si[1] * d, d, head, NULL,
+                                        logits + orow * V, V, err)))
+            return rc;
+          i = j;
+        }
+      }
+    }
+    for (int b = g0; b < g0 + gn; b++) out_base += lens[b];
+  }
+  if (which == MBD_MAMBA1_LOGITS_LAST) {
+    /* One GEMM over the sequences that had tokens (rows compacted). */
+    int64_t n = 0;
+    for (int b = 0; b < batch; b++) {
+      if (lens[b] == 0) continue;
+      if (n != b)
+        memmove(m->last + n * d, m->last + (int64_t)b * d, (size_t)d * sizeof(float));
+      n++;
+    }
+    if (n == batch) {
+      rc = mbd_cpu_gemm_packed(m->ctx, n, m->last, d, head, NULL, logits, V, err);
+    } else {
+      for (int b = 0, k = 0; b < batch && !rc; b++)
+        if (lens[b] > 0)
+          rc = mbd_cpu_gemm_packed(m->ctx, 1, m->last + (int64_t)(k++) * d, d, head, NULL,
+                                   logits + (int64_t)b * V, V, err);
+    }
+    if (rc) return rc;
+  }
+  return MBD_OK;
+}
+
+int mbd_mamba1_step(mbd_mamba1_model *m, mbd_mamba1_state *const *states, int batch,
+                    const int32_t *tokens, float *logits, mbd_error *err) {
+  if (!m || batch < 0 || (batch > 0 && !tokens))
+    return mbd_error_set(err, MBD_E_INVALID, "step: NULL model or tokens");
+  if (batch == 0) return MBD_OK;
+  /* Per-sequence pointers and lengths live in a small stack array for the
+   * common case; larger batches use the heap once. */
+  enum { SMALL = 64 };
+  const int32_t *tp_small[SMALL];
+  int64_t len_small[SMALL];
+  const int32_t **tp = tp_small;
+  int64_t *lens = len_small;
+  if (batch > SMALL) {
+    tp = malloc((size_t)batch * sizeof(*tp));
+    lens = malloc((size_t)batch * sizeof(*lens));
+    if (!tp || !lens) {
+      free(tp);
+      free(lens);
+      return mbd_error_set(err, MBD_E_NOMEM, "step: out of memory");
+    }
+  }
+  for (int b = 0; b < batch; b++) {
+    tp[b] = tokens + b;
+    lens[b] = 1;
+  }
+  int rc = mbd_mamba1_prefill(m, states, batch, tp, lens,
+                              logits ? MBD_MAMBA1_LOGITS_LAST : MBD_MAMBA1_LOGITS_NONE, logits,
+                              err);
+  if (batch > SMALL) {
+    free(tp);
+    free(lens);
+  }
+  return rc;
+}
