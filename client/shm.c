@@ -96,15 +96,16 @@ const char *mbd_shm_name(const mbd_shm *s) { return s->name; }
 
 int mbd_shm_tensor(const mbd_shm *s, uint64_t offset, const mbd_tensor_desc *desc,
                    mbd_tensor_in *out, mbd_error *err) {
+  mbd_tensor_desc d = *desc; /* desc may point into *out */
   memset(out, 0, sizeof *out);
   size_t nb = 0;
-  int rc = mbd_tensor_desc_nbytes(desc, &nb, err);
+  int rc = mbd_tensor_desc_nbytes(&d, &nb, err);
   if (rc != 0) return rc;
   if (offset > s->size || nb > s->size - offset)
     return mbd_error_set(err, MBD_E_INVALID,
                          "%zu bytes at offset %" PRIu64 " do not fit shm region %s of %zu bytes",
                          nb, offset, s->name, s->size);
-  out->desc = *desc;
+  out->desc = d;
   out->shm = s;
   out->offset = offset;
   return 0;
