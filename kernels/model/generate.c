@@ -30,9 +30,14 @@ int mbd_mamba1_generate(mbd_mamba1_model *m, mbd_mamba1_state *const *states, in
   }
   if ((rc = mbd_sampler_new(V, &smp, err))) goto fail;
   for (int64_t i = 0; i < (int64_t)batch * N; i++) out[i] = -1;
-  if ((rc = mbd_mamba1_prefill(m, states, batch, prompts, lens, MBD_MAMBA1_LOGITS_LAST, logits,
-                               err)))
+  if (gp->first_logits) {
+    for (int b = 0; b < batch; b++)
+      memcpy(logits + (int64_t)b * V, gp->first_logits + (int64_t)b * gp->first_stride,
+             (size_t)V * sizeof(float));
+  } else if ((rc = mbd_mamba1_prefill(m, states, batch, prompts, lens, MBD_MAMBA1_LOGITS_LAST,
+                                      logits, err))) {
     goto fail;
+  }
   int nact = batch;
   for (int b = 0; b < batch; b++) who[b] = b;
   for (int64_t step = 0; step < N && nact > 0; step++) {

@@ -15,6 +15,11 @@ typedef struct mbd_generate_params {
   const uint64_t *seeds;    /* per-sequence seeds, or NULL: sampling.seed for all */
   const int32_t *stop;      /* stop tokens (included in the output), may be NULL */
   int nstop;
+  /* When non-NULL the prompts were already fed (states are past them) and row
+   * b's next-token logits are first_logits[b * first_stride .. + V); prompts
+   * and lens are then only checked, not fed again. */
+  const float *first_logits;
+  int64_t first_stride;
 } mbd_generate_params;
 
 /* Continues each states[b] with prompt b (lens[b] >= 1 tokens) and writes up to
