@@ -435,10 +435,13 @@ const char *mbd_worker_uid(const mbd_worker *w) { return w->uid; }
 
 /* ---- sending ------------------------------------------------------------ */
 
+/* Never blocks the reactor: with the broker gone or stalled past the (large)
+ * send high-water mark, the message is dropped and logged; the broker answers
+ * the client (WORKER_LOST / TIMEOUT) in that case. */
 static void send_msg(mbd_worker *w, mbd_msg **m) {
   mbd_error e = {0};
-  if (mbd_msg_send(m, w->sock, 0, &e))
-    MBD_LOGW(LOGC, "send to broker failed: %s", e.msg);
+  if (mbd_msg_send(m, w->sock, ZMQ_DONTWAIT, &e))
+    MBD_LOGW(LOGC, "send to broker failed (message dropped): %s", e.msg);
 }
 
 static void reply_error(mbd_worker *w, uint64_t tag, int code, const char *msg) {
@@ -1233,8 +1236,9 @@ static int connect_broker(mbd_worker *w, mbd_error *err) {
   if (w->sock) zmq_close(w->sock);
   w->sock = zmq_socket(w->zctx, ZMQ_DEALER);
   if (!w->sock) return mbd_error_set(err, MBD_E_IO, "zmq_socket: %s", zmq_strerror(zmq_errno()));
-  int linger = 0, rcvtimeo = 0;
+  int linger = 0, rcvtimeo = 0, sndhwm = 1000000;
   zmq_setsockopt(w->sock, ZMQ_LINGER, &linger, sizeof linger);
+  zmq_setsockopt(w->sock, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm);
   /* recv after poll only: never block the reactor. */
   zmq_setsockopt(w->sock, ZMQ_RCVTIMEO, &rcvtimeo, sizeof rcvtimeo);
   if (zmq_connect(w->sock, w->o.connect))
@@ -1342,6 +1346,9 @@ int mbd_worker_run(mbd_worker *w, volatile sig_atomic_t *stop, mbd_error *err) {
     fail_pending(w, "worker shutting down (SIGTERM): resend the request");
     send_control(w, MBD_CMD_DISCONNECT, "shutdown");
     MBD_LOGI(LOGC, "%s: shut down after %" PRIu64 " requests", w->o.name, w->served);
+    /* Let the last replies and DISCONNECT leave before the socket closes. */
+    int linger = 2000;
+    zmq_setsockopt(w->sock, ZMQ_LINGER, &linger, sizeof linger);
   }
   zmq_close(w->sock);
   w->sock = NULL;
