@@ -191,7 +191,7 @@ static float entry_at(const mbd_st_entry *e, size_t i) {
  * dtype (the model "has" storage-dtype weights). */
 static int load_vec(mbd_mamba1_model *m, const shards *s, const char *name, int ndim,
                     const int64_t *shape, float **out, mbd_error *err) {
-  const mbd_st_entry *e;
+  const mbd_st_entry *e = NULL;
   int rc = get_tensor(s, name, ndim, shape, &e, err);
   if (rc) return rc;
   size_t n = 1;
@@ -206,7 +206,7 @@ static int load_vec(mbd_mamba1_model *m, const shards *s, const char *name, int 
 
 static int load_mat(mbd_mamba1_model *m, const shards *s, const char *name, int64_t rows,
                     int64_t cols, mbd_cpu_wpack **out, mbd_error *err) {
-  const mbd_st_entry *e;
+  const mbd_st_entry *e = NULL;
   int64_t shape[2] = {rows, cols};
   int rc = get_tensor(s, name, 2, shape, &e, err);
   if (rc) return rc;
