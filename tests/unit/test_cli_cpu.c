@@ -1,0 +1,178 @@
+/* mambad-run / mambad-model end to end: synth a small checkpoint and a prompt
+ * file, run prefill + generate, check the output shapes; on the tiny fixture
+ * (when present) the generated tokens equal the reference greedy tokens; a
+ * row's logits and tokens are the same alone and in the batch; bad inputs
+ * exit non-zero with a message. Needs MBD_BIN_DIR (skips otherwise). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/safetensors.h"
+
+static char bin[1024], tmp[64];
+
+static int sh(const char *fmt, ...) {
+  char cmd[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof(cmd), fmt, ap);
+  va_end(ap);
+  int st = system(cmd);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int setup(void **state) {
+  (void)state;
+  const char *b = getenv("MBD_BIN_DIR");
+  if (!b) return 0; /* tests skip */
+  snprintf(bin, sizeof(bin), "%s", b);
+  snprintf(tmp, sizeof(tmp), "/tmp/mbd-cli-XXXXXX");
+  if (!mkdtemp(tmp)) return -1;
+  return 0;
+}
+static int teardown(void **state) {
+  (void)state;
+  if (tmp[0]) sh("rm -rf '%s'", tmp);
+  return 0;
+}
+
+static const mbd_st_entry *need(mbd_safetensors *st, const char *name, mbd_dtype dt, int ndim) {
+  const mbd_st_entry *e = mbd_safetensors_find(st, name);
+  assert_non_null(e);
+  assert_int_equal(e->desc.dtype, dt);
+  assert_int_equal(e->desc.ndim, ndim);
+  return e;
+}
+
+static void test_synth_run(void **state) {
+  (void)state;
+  if (!bin[0]) skip();
+  assert_int_equal(sh("%s/mambad-model synth --shape custom --d-model 96 --layers 2 --vocab 300 "
+                      "--seed 5 --out %s/m 2>/dev/null",
+                      bin, tmp),
+                   0);
+  assert_int_equal(sh("%s/mambad-model prompt --out %s/in.safetensors --batch 3 --len 9 "
+                      "--vocab 300 --seed 2",
+                      bin, tmp),
+                   0);
+  /* row 1 alone */
+  assert_int_equal(sh("%s/mambad-model prompt --out %s/in1.safetensors --batch 1 --len 9 "
+                      "--vocab 300 --seed 2",
+                      bin, tmp),
+                   0);
+  for (int k = 0; k < 2; k++) {
+    const char *extra = k ? "--temperature 0.9 --top-k 40 --top-p 0.9 --seed 11" : "";
+    assert_int_equal(sh("%s/mambad-run --model %s/m --input %s/in.safetensors --output "
+                        "%s/out.safetensors --generate 6 --threads 2 %s 2>/dev/null",
+                        bin, tmp, tmp, tmp, extra),
+                     0);
+    assert_int_equal(sh("%s/mambad-run --model %s/m --input %s/in1.safetensors --output "
+                        "%s/out1.safetensors --generate 6 --threads 1 %s 2>/dev/null",
+                        bin, tmp, tmp, tmp, extra),
+                     0);
+    char p[256], p1[256];
+    snprintf(p, sizeof(p), "%s/out.safetensors", tmp);
+    snprintf(p1, sizeof(p1), "%s/out1.safetensors", tmp);
+    mbd_safetensors *o = NULL, *o1 = NULL;
+    mbd_error err = {0};
+    assert_int_equal(mbd_safetensors_open(p, &o, &err), 0);
+    assert_int_equal(mbd_safetensors_open(p1, &o1, &err), 0);
+    const mbd_st_entry *lg = need(o, "logits", MBD_DTYPE_F32, 3);
+    const mbd_st_entry *tk = need(o, "tokens", MBD_DTYPE_I64, 2);
+    assert_int_equal(lg->desc.shape[0], 3);
+    assert_int_equal(lg->desc.shape[1], 9);
+    assert_int_equal(lg->desc.shape[2], 300);
+    assert_int_equal(tk->desc.shape[1], 15);
+    const mbd_st_entry *lg1 = need(o1, "logits", MBD_DTYPE_F32, 3);
+    const mbd_st_entry *tk1 = need(o1, "tokens", MBD_DTYPE_I64, 2);
+    /* the prompt generator's first row is the same for batch 1 and 3 */
+    assert_memory_equal(lg->data, lg1->data, lg1->nbytes);
+    assert_memory_equal(tk->data, tk1->data, tk1->nbytes);
+    mbd_safetensors_destroy(&o);
+    mbd_safetensors_destroy(&o1);
+  }
+}
+
+static void test_fixture_greedy(void **state) {
+  (void)state;
+  const char *fx = getenv("MBD_FIXTURES_DIR");
+  char exp[1024];
+  snprintf(exp, sizeof(exp), "%s/mamba1/tiny-d64/expected.safetensors", fx ? fx : "");
+  if (!bin[0] || !fx || access(exp, R_OK) != 0) skip();
+  mbd_safetensors *e = NULL, *o = NULL;
+  mbd_error err = {0};
+  assert_int_equal(mbd_safetensors_open(exp, &e, &err), 0);
+  const mbd_st_entry *gr = need(e, "greedy", MBD_DTYPE_I64, 2);
+  const mbd_st_entry *ids = need(e, "input_ids", MBD_DTYPE_I64, 2);
+  long long G = (long long)(gr->desc.shape[1] - ids->desc.shape[1]);
+  assert_int_equal(sh("%s/mambad-run --model %s/mamba1/tiny-d64 --input %s --output "
+                      "%s/fx.safetensors --generate %lld 2>/dev/null",
+                      bin, fx, exp, tmp, G),
+                   0);
+  char p[256];
+  snprintf(p, sizeof(p), "%s/fx.safetensors", tmp);
+  assert_int_equal(mbd_safetensors_open(p, &o, &err), 0);
+  const mbd_st_entry *tk = need(o, "tokens", MBD_DTYPE_I64, 2);
+  assert_int_equal(tk->nbytes, gr->nbytes);
+  assert_memory_equal(tk->data, gr->data, gr->nbytes);
+  mbd_safetensors_destroy(&o);
+  mbd_safetensors_destroy(&e);
+}
+
+static void test_bad_inputs(void **state) {
+  (void)state;
+  if (!bin[0]) skip();
+  assert_int_equal(sh("%s/mambad-run --help >/dev/null", bin), 0);
+  assert_int_equal(sh("%s/mambad-run >/dev/null 2>&1", bin), 2);
+  assert_int_equal(sh("%s/mambad-run --backend cuda --model a --input b --output c 2>%s/err.txt",
+                      bin, tmp),
+                   2);
+  assert_int_equal(sh("grep -q 'CUDA backend is not built' %s/err.txt", tmp), 0);
+  assert_int_equal(sh("%s/mambad-run --model %s/nope --input %s/in.safetensors --output "
+                      "%s/x.safetensors 2>/dev/null",
+                      bin, tmp, tmp, tmp),
+                   1);
+  /* wrong tensor in input: the model file itself */
+  assert_int_equal(sh("%s/mambad-model synth --shape custom --d-model 32 --layers 1 --vocab 50 "
+                      "--out %s/m2 2>/dev/null",
+                      bin, tmp),
+                   0);
+  assert_int_equal(sh("%s/mambad-run --model %s/m2 --input %s/m2/model.safetensors --output "
+                      "%s/x.safetensors 2>%s/err.txt",
+                      bin, tmp, tmp, tmp, tmp),
+                   1);
+  assert_int_equal(sh("grep -q input_ids %s/err.txt", tmp), 0);
+  /* token ids outside the vocabulary */
+  assert_int_equal(sh("%s/mambad-model prompt --out %s/big.safetensors --batch 1 --len 4 "
+                      "--vocab 100000",
+                      bin, tmp),
+                   0);
+  assert_int_equal(sh("%s/mambad-run --model %s/m2 --input %s/big.safetensors --output "
+                      "%s/x.safetensors 2>%s/err.txt",
+                      bin, tmp, tmp, tmp, tmp),
+                   1);
+  assert_int_equal(sh("grep -q vocabulary %s/err.txt", tmp), 0);
+  assert_int_equal(sh("%s/mambad-run --model %s/m2 --input %s/in.safetensors --output x "
+                      "--dtype f64 2>/dev/null",
+                      bin, tmp, tmp),
+                   2);
+  assert_int_equal(sh("%s/mambad-model synth --shape 7b --out %s/q 2>/dev/null", bin, tmp), 2);
+  assert_int_equal(sh("%s/mambad-model frob 2>/dev/null", bin), 2);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_synth_run),
+      cmocka_unit_test(test_fixture_greedy),
+      cmocka_unit_test(test_bad_inputs),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
