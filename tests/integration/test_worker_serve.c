@@ -308,6 +308,50 @@ static void test_session_flow(void **state) {
   }
 }
 
+/* GENERATE stops at (and includes) a stop token: reason "stop". */
+static void test_generate_stop(void **state) {
+  (void)state;
+  const int64_t T = g_f.T, G = g_f.G;
+  const int64_t *gr = g_f.greedy + T; /* prompt 0's greedy continuation */
+  int64_t stop_tok = gr[5];
+  int64_t first = 0;
+  while (gr[first] != stop_tok) first++; /* it may occur earlier */
+  char sid[64] = "";
+  mbd_msg *m = wh_open(&g_h, sid, sizeof sid);
+  assert_int_equal(wh_code(m), 0);
+  mbd_msg_destroy(&m);
+  m = wh_wait(&g_h, wh_send_prefill(&g_h, sid, g_f.ids, T, true), 30000);
+  assert_int_equal(wh_code(m), 0);
+  mbd_msg_destroy(&m);
+  wh_pack k;
+  wh_pack_init(&k);
+  msgpack_pack_map(&k.pk, 3);
+  mbd_pack_kv_str(&k.pk, "session", sid);
+  mbd_pack_kv_i64(&k.pk, "max_tokens", G);
+  mbd_pack_str(&k.pk, "stop");
+  msgpack_pack_array(&k.pk, 2);
+  msgpack_pack_int64(&k.pk, g_f.V + 5); /* never produced */
+  msgpack_pack_int64(&k.pk, stop_tok);
+  m = wh_call(&g_h, MBD_CMD_GENERATE, &k.sb, 0, NULL, NULL);
+  assert_int_equal(wh_code(m), 0);
+  int64_t toks[64];
+  assert_int_equal(wh_tokens(m, toks, 64), first + 1);
+  assert_memory_equal(toks, gr, (size_t)(first + 1) * 8);
+  char reason[16] = "";
+  wh_str(m, "reason", reason, sizeof reason);
+  assert_string_equal(reason, "stop");
+  mbd_msg_destroy(&m);
+  /* The session consumed every returned token: one more greedy token is the
+   * fixture's next one. */
+  if (first + 1 < G) {
+    m = wh_wait(&g_h, wh_send_generate(&g_h, sid, 1, 0, 0), 30000);
+    assert_int_equal(wh_code(m), 0);
+    assert_int_equal(wh_tokens(m, toks, 64), 1);
+    assert_int_equal(toks[0], gr[first + 1]);
+    mbd_msg_destroy(&m);
+  }
+}
+
 static void test_malformed(void **state) {
   (void)state;
   char sid[64] = "";
@@ -397,7 +441,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_forward_bitwise), cmocka_unit_test(test_forward_shm),
       cmocka_unit_test(test_gemm),            cmocka_unit_test(test_session_flow),
-      cmocka_unit_test(test_malformed),
+      cmocka_unit_test(test_generate_stop), cmocka_unit_test(test_malformed),
   };
   if (!getenv("MBD_BIN_DIR") || !getenv("MBD_FIXTURES_DIR")) return 77;
   return cmocka_run_group_tests(tests, setup, teardown);
