@@ -464,6 +464,63 @@ static void test_sampling_and_errors(void **state) {
   free_fixture(&f);
 }
 
+/* A checkpoint split into two shards with model.safetensors.index.json
+ * loads to the same bits as the single file. */
+static void test_sharded_load(void **state) {
+  (void)state;
+  fixture f;
+  if (skip_if_absent(&f, cases[0])) skip();
+  char tmpl[] = "/tmp/mbd-shard-XXXXXX", path[1200];
+  assert_non_null(mkdtemp(tmpl));
+  snprintf(path, sizeof(path), "%s/model.safetensors", f.dir);
+  mbd_safetensors *src = NULL;
+  mbd_error err = {0};
+  assert_int_equal(mbd_safetensors_open(path, &src, &err), 0);
+  size_t n = mbd_safetensors_count(src);
+  mbd_st_writer *w[2] = {NULL, NULL};
+  assert_int_equal(mbd_st_writer_new(&w[0], &err), 0);
+  assert_int_equal(mbd_st_writer_new(&w[1], &err), 0);
+  snprintf(path, sizeof(path), "%s/model.safetensors.index.json", tmpl);
+  FILE *idx = fopen(path, "w");
+  assert_non_null(idx);
+  fprintf(idx, "{\"metadata\": {}, \"weight_map\": {");
+  for (size_t i = 0; i < n; i++) {
+    const mbd_st_entry *e = mbd_safetensors_at(src, i);
+    int shard = (int)(i % 2);
+    assert_int_equal(mbd_st_writer_add(w[shard], e->name, &e->desc, e->data, &err), 0);
+    fprintf(idx, "%s\"%s\": \"model-0000%d-of-00002.safetensors\"", i ? ", " : "", e->name,
+            shard + 1);
+  }
+  fprintf(idx, "}}\n");
+  fclose(idx);
+  for (int k = 0; k < 2; k++) {
+    snprintf(path, sizeof(path), "%s/model-0000%d-of-00002.safetensors", tmpl, k + 1);
+    assert_int_equal(mbd_st_writer_write(w[k], path, &err), 0);
+    mbd_st_writer_destroy(&w[k]);
+  }
+  char cmd[2400];
+  snprintf(cmd, sizeof(cmd), "cp '%s/config.json' '%s/'", f.dir, tmpl);
+  assert_int_equal(system(cmd), 0);
+  mbd_safetensors_destroy(&src);
+
+  mbd_mamba1_model *m1 = load_model(&f, MBD_DTYPE_F32, 0, 2);
+  fixture f2 = f;
+  snprintf(f2.dir, sizeof(f2.dir), "%s", tmpl);
+  mbd_mamba1_model *m2 = load_model(&f2, MBD_DTYPE_F32, 0, 2);
+  float *a = malloc((size_t)f.T * f.V * sizeof(float));
+  float *b = malloc((size_t)f.T * f.V * sizeof(float));
+  run_alone(m1, f.ids, f.T, a, NULL, NULL);
+  run_alone(m2, f.ids, f.T, b, NULL, NULL);
+  assert_memory_equal(a, b, (size_t)f.T * f.V * sizeof(float));
+  free(a);
+  free(b);
+  mbd_mamba1_destroy(&m1);
+  mbd_mamba1_destroy(&m2);
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpl);
+  assert_int_equal(system(cmd), 0);
+  free_fixture(&f);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1) cmocka_set_test_filter(argv[1]); /* e.g. "test_reference" */
   const struct CMUnitTest tests[] = {
@@ -472,6 +529,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_prefill_decode_and_export),
       cmocka_unit_test(test_low_precision),
       cmocka_unit_test(test_sampling_and_errors),
+      cmocka_unit_test(test_sharded_load),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
