@@ -27,6 +27,7 @@
 #define LOGC "worker"
 #define SHM_CACHE_ENTRIES 64
 #define DRAIN_MAX 256 /* messages handled per tick before computing */
+#define MAX_FORWARD_ROWS 4096 /* sequences per FORWARD */
 
 typedef struct wmodel {
   char name[MBD_WORKER_NAME_MAX]; /* registry name */
@@ -672,6 +673,10 @@ static int h_forward(mbd_worker *w, const mbd_msg *msg, const mbd_wreq *q, uint6
   int64_t B = r->desc.shape[0], T = r->desc.shape[1];
   if (B < 1 || T < 1)
     return mbd_error_set(err, MBD_E_SHAPE, "forward input_ids must be [B,T] with B, T >= 1");
+  if (B > MAX_FORWARD_ROWS) /* each row holds a recurrent state while it runs */
+    return mbd_error_set(err, MBD_E_TOO_LARGE,
+                         "forward batch of %lld sequences is over the limit of %d: split it",
+                         (long long)B, MAX_FORWARD_ROWS);
   mbd_tensor_desc ld;
   int64_t s3[3] = {B, T, m->vocab}, s2[2] = {B, m->vocab};
   if ((rc = q->last_only ? mbd_tensor_desc_make(&ld, MBD_DTYPE_F32, 2, s2, err)
