@@ -179,6 +179,16 @@ static int plan(supervisor *s, const mbd_deploy_config *cfg, mbd_error *err) {
   for (size_t i = 0; i < cfg->n_workers && rc == 0; i++) {
     const mbd_deploy_worker *w = &cfg->workers[i];
     char name[80], dev[32];
+    /* Fail fast here rather than restart a worker that can never load. */
+    for (size_t k = 0; k < w->n_models; k++) {
+      const mbd_deploy_model *m = &cfg->models[w->models[k]];
+      struct stat st;
+      if (stat(m->path, &st) != 0)
+        return mbd_error_set(err, MBD_E_NOT_FOUND,
+                             "%s:%d: models: '%s' path %s: %s (worker %s serves it; make a "
+                             "checkpoint there, e.g. `mambad model synth --shape 130m --out %s`)",
+                             cfg->path, m->line, m->name, m->path, strerror(errno), w->name, m->path);
+    }
     if (w->device == MBD_DEPLOY_DEVICE_ALL) {
       int n = count_gpus();
       if (n == 0)
@@ -266,7 +276,7 @@ static int reap(supervisor *s) {
       c->restart_at_ms = now_ms() + backoff;
       fprintf(stderr, "mambad up: %s (pid %d) %s after %.1f s; restarting in %" PRId64 " ms\n",
               c->name, (int)pid, how, ran / 1000.0, backoff);
-      if (!c->is_broker) s->announced = false;
+      s->announced = false; /* report again once it is back */
     }
   }
   return 0;

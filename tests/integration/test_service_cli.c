@@ -65,6 +65,11 @@ static void test_without_service(void **state) {
   EXPECT(1, "UNSUPPORTED", "'%s/mambad' up --config '%s'", b, yaml);
   EXPECT(1, "not supported yet", "'%s/mambad' up --config '%s'", b, yaml);
   EXPECT(1, "cannot open", "'%s/mambad' up --config /nonexistent.yaml", b);
+  svc_write(&s, "nomodel.yaml", yaml, "broker: {clients: 'ipc:///tmp/x', workers: 'ipc:///tmp/y'}\n"
+                                      "models:\n  - {name: m, path: /nonexistent/m}\n"
+                                      "workers:\n  - {name: w, device: cpu}\n");
+  EXPECT(1, "NOT_FOUND: ", "'%s/mambad' up --config '%s'", b, yaml);
+  EXPECT(1, "nomodel.yaml:3: models: 'm' path /nonexistent/m", "'%s/mambad' up --config '%s'", b, yaml);
   EXPECT(2, "usage: mambad up", "'%s/mambad' up", b);
   /* --dry-run prints the command lines */
   svc_yaml(&s, "  - {name: r, device: cpu, count: 2, threads: 1}\n", yaml);
