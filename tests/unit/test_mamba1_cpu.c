@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "common/safetensors.h"
+#include "kernels/cpu/cpu_ctx.h"
 #include "kernels/model/generate.h"
 #include "kernels/model/mamba1.h"
 
@@ -464,6 +465,44 @@ static void test_sampling_and_errors(void **state) {
   free_fixture(&f);
 }
 
+/* The portable build of every kernel gives the same bits as the AVX2 one
+ * (fma is exact; vector lanes never span K), so a route's ISA level changes
+ * speed, not results. */
+static void test_portable_equals_avx2(void **state) {
+  (void)state;
+  fixture f;
+  if (skip_if_absent(&f, cases[1])) skip();
+  if (mbd_cpu_isa_detect() != MBD_CPU_ISA_AVX2) {
+    free_fixture(&f);
+    skip();
+  }
+  float *a = malloc((size_t)f.T * f.V * sizeof(float));
+  float *b = malloc((size_t)f.T * f.V * sizeof(float));
+  uint8_t *sa, *sb;
+  size_t la, lb;
+  for (int k = 0; k < 2; k++) {
+    mbd_mamba1_options o;
+    mbd_mamba1_options_default(&o);
+    o.isa = k ? MBD_CPU_ISA_PORTABLE : MBD_CPU_ISA_AVX2;
+    o.dtype = MBD_DTYPE_BF16;
+    o.threads = 2;
+    mbd_mamba1_model *m = NULL;
+    mbd_error err = {0};
+    if (mbd_mamba1_load(f.dir, &o, &m, &err)) fail_msg("load: %s", err.msg);
+    assert_string_equal(mbd_mamba1_isa(m), k ? "portable" : "x86-64-v3");
+    run_alone(m, f.ids, f.T, k ? b : a, k ? &sb : &sa, k ? &lb : &la);
+    mbd_mamba1_destroy(&m);
+  }
+  assert_memory_equal(a, b, (size_t)f.T * f.V * sizeof(float));
+  assert_int_equal(la, lb);
+  assert_memory_equal(sa, sb, la);
+  free(sa);
+  free(sb);
+  free(a);
+  free(b);
+  free_fixture(&f);
+}
+
 /* A checkpoint split into two shards with model.safetensors.index.json
  * loads to the same bits as the single file. */
 static void test_sharded_load(void **state) {
@@ -530,6 +569,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_low_precision),
       cmocka_unit_test(test_sampling_and_errors),
       cmocka_unit_test(test_sharded_load),
+      cmocka_unit_test(test_portable_equals_avx2),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
