@@ -13,6 +13,10 @@ extern "C" {
 
 extern "C" const unsigned char mbd_gemm_fatbin[];
 extern "C" const size_t mbd_gemm_fatbin_len;
+extern "C" const unsigned char mbd_model_fatbin[]; /* mamba_ops.cu device code */
+extern "C" const size_t mbd_model_fatbin_len;
+extern "C" const unsigned char mbd_model_host_src[]; /* mamba1_gpu.cu */
+extern "C" const size_t mbd_model_host_src_len;
 
 #ifndef MBD_CUDA_ARCHS
 #define MBD_CUDA_ARCHS ""
@@ -41,8 +45,15 @@ extern "C" void mbd_gpu_ctx_config_default(mbd_gpu_ctx_config *cfg) {
 }
 
 extern "C" void mbd_gpu_kernel_digest(char out[65]) {
+  /* GEMM fatbin, then the model kernels' fatbin and the model's host source:
+   * a change to any of them changes the route. */
   uint8_t d[32];
-  mbd_sha256(mbd_gemm_fatbin, mbd_gemm_fatbin_len, d);
+  mbd_sha256_ctx h;
+  mbd_sha256_init(&h);
+  mbd_sha256_update(&h, mbd_gemm_fatbin, mbd_gemm_fatbin_len);
+  mbd_sha256_update(&h, mbd_model_fatbin, mbd_model_fatbin_len);
+  mbd_sha256_update(&h, mbd_model_host_src, mbd_model_host_src_len);
+  mbd_sha256_final(&h, d);
   mbd_sha256_hex(d, out);
 }
 

@@ -82,7 +82,8 @@ int mbd_gpu_memset(mbd_gpu_ctx *ctx, void *dst, int byte, size_t bytes, mbd_erro
 
 /* Fills the route identity of the context as it is now. */
 int mbd_gpu_ctx_route(const mbd_gpu_ctx *ctx, mbd_route_identity *out, mbd_error *err);
-/* Hex SHA-256 of the embedded kernel fatbin (the kernel_digest); no device needed. */
+/* Hex SHA-256 over the embedded GEMM fatbin, the model kernels' fatbin and the
+ * model's host source (the kernel_digest); no device needed. */
 void mbd_gpu_kernel_digest(char out[65]);
 
 /* Route recording: the ordered list of GEMM launches of an eager pass. */

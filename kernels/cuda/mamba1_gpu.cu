@@ -4,9 +4,10 @@
  * sequences x time steps, projections are mbd_gpu_gemm calls (row-invariant by
  * the GEMM contract), and the conv and scan kernels walk each sequence's time
  * steps in order from its slot's state, so a row's bits never depend on the
- * batch, the chunking or the bucket. x_proj runs as two GEMMs over the two row
- * blocks of its weight (dt part, then B|C): the same per-element sums, but the
- * dt part comes out contiguous in the activation dtype, as dt_proj needs it.
+ * batch, the chunking or the bucket. in_proj, out_proj and the LM head are
+ * mbd_gpu_gemm calls; x_proj (N = dt_rank + 2 d_state, tiny) is one
+ * mbd_mops_xproj launch and dt_proj is folded into the scan kernel, each with
+ * its own row-invariant contract (mamba_ops.h, docs/route.md "Model kernels").
  *
  * Device memory is allocated at load (weights, state slots, the workspace for
  * max(max_rows, max_batch) rows, pinned staging); graphs are captured on first
@@ -62,8 +63,9 @@ struct mbd_mamba1_gpu {
   int64_t conv_slot, ssm_slot; /* floats per slot */
   /* workspace, `rows` = max(max_rows, max_batch) */
   int32_t *d_tok, *d_slots;
-  float *resid, *xz, *xc, *bc, *dt, *out, *logits;
-  void *hn, *xc_act, *dtl, *y;
+  float *resid, *xz, *xc, *dbl, *out, *logits; /* dbl: x_proj rows [dt_low | B | C] */
+  void *hn, *xc_act, *y;
+  void *sample_work;
   float *d_temp;
   uint64_t *d_seed, *d_step;
   int32_t *d_next;
@@ -231,9 +233,7 @@ static int alloc_runtime(mbd_mamba1_gpu *m, mbd_error *err) {
     m->xc_act = m->xc;
   else
     DA(m->xc_act, rows * di * es);
-  DA(m->dtl, rows * R * es);
-  DA(m->bc, rows * 2 * N * 4);
-  DA(m->dt, rows * di * 4);
+  DA(m->dbl, rows * (R + 2 * N) * 4);
   DA(m->y, rows * di * es);
   DA(m->out, rows * d * 4);
   DA(m->logits, rows * V * 4);
@@ -242,6 +242,9 @@ static int alloc_runtime(mbd_mamba1_gpu *m, mbd_error *err) {
   DA(m->d_seed, B * 8);
   DA(m->d_step, B * 8);
   DA(m->d_next, B * 4);
+  DA(m->sample_work, mbd_mops_sample_work_bytes((int)B));
+  /* the sampler's row counters start at zero; each launch leaves them zero */
+  MBD_GPU_CHECK(cudaMemset(m->sample_work, 0, mbd_mops_sample_work_bytes((int)B)), err);
 #undef DA
   MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_tok, rows * 4), err);
   MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_slots, rows * 4), err);
@@ -582,7 +585,6 @@ static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, mbd_error *err
   const mbd_mamba_config *c = &m->cfg;
   const int64_t M = (int64_t)nseq * T, d = c->d_model, di = c->d_inner, N = c->d_state;
   const int64_t R = c->dt_rank, V = c->vocab_size;
-  const size_t es = mbd_dtype_size(m->dtype);
   const mbd_dtype act = m->dtype;
   void *s = (void *)m->stream;
   int rc;
@@ -599,14 +601,13 @@ static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, mbd_error *err
                                  m->conv_slot, m->d_slots, m->xc, act,
                                  act == MBD_DTYPE_F32 ? NULL : m->xc_act, err)))
       return rc;
-    if ((rc = gemm(m, M, R, di, m->xc_act, L->x_w, NULL, m->dtl, act, err))) return rc;
-    if ((rc = gemm(m, M, 2 * N, di, m->xc_act, (const char *)L->x_w + (size_t)(R * di) * es,
-                   NULL, m->bc, MBD_DTYPE_F32, err)))
+    if ((rc = mbd_mops_xproj(s, M, (int)di, (int)(R + 2 * N), act, m->xc_act, L->x_w, m->dbl,
+                             err)))
       return rc;
-    if ((rc = gemm(m, M, di, R, m->dtl, L->dt_w, L->dt_b, m->dt, MBD_DTYPE_F32, err))) return rc;
-    if ((rc = mbd_mops_scan(s, nseq, T, (int)di, (int)N, m->xc, m->dt, m->bc, L->A, L->D, m->xz,
-                            2 * di, di, m->ssm_st + (int64_t)l * di * N, m->ssm_slot, m->d_slots,
-                            act, m->y, err)))
+    if ((rc = mbd_mops_scan(s, nseq, T, (int)di, (int)N, (int)R, m->xc, m->dbl, m->dtype,
+                            L->dt_w, L->dt_b, L->A, L->D, m->xz, 2 * di, di,
+                            m->ssm_st + (int64_t)l * di * N, m->ssm_slot, m->d_slots, act, m->y,
+                            err)))
       return rc;
     if ((rc = gemm(m, M, d, di, m->y, L->out_w, L->out_b, m->out, MBD_DTYPE_F32, err)))
       return rc;
@@ -692,7 +693,8 @@ static int step_body(mbd_mamba1_gpu *m, int rows, mbd_error *err) {
   int rc = forward(m, rows, 1, 2, err);
   if (rc) return rc;
   return mbd_mops_sample((void *)m->stream, rows, m->cfg.vocab_size, m->logits,
-                         m->cfg.vocab_size, m->d_temp, m->d_seed, m->d_step, m->d_next, err);
+                         m->cfg.vocab_size, m->d_temp, m->d_seed, m->d_step, m->sample_work,
+                         m->d_next, err);
 }
 
 extern "C" int mbd_mamba1_gpu_step(mbd_mamba1_gpu *m, int n, const int32_t *tokens,

@@ -136,8 +136,15 @@ extern "C" int mbd_mops_add_rmsnorm(void *stream, int64_t M, int d, int64_t in_s
 
 /* ------------------------------------------------------------ conv + SiLU */
 
-/* One thread per (sequence, channel) walks the sequence's tokens in order with
- * the window in registers: the per-token arithmetic is mbd_cpu_conv_step's. */
+/* Time steps per conv thread. A thread owns (sequence, channel, segment of
+ * CONV_SEG steps); its window starts from the inputs just before the segment
+ * (the slot's state for the first segment), so segments run in parallel and
+ * each output still gets mbd_cpu_conv_step's arithmetic: the window taps in
+ * ascending order, then the new input, then the bias. Only the first
+ * segment's thread touches the state: it reads it first and writes the new
+ * window last, so no other thread can observe a half-updated state. */
+#define CONV_SEG 16
+
 template <int K, typename ActT>
 __global__ void k_conv_silu(int T, int di, const float *__restrict__ xz, int64_t ldxz,
                             const float *__restrict__ w, const float *__restrict__ bias,
@@ -145,20 +152,28 @@ __global__ void k_conv_silu(int T, int di, const float *__restrict__ xz, int64_t
                             const int32_t *__restrict__ slots, float *__restrict__ xc,
                             ActT *__restrict__ xc_act) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  const int s = blockIdx.y;
+  const int seg = blockIdx.y, s = blockIdx.z;
   if (c >= di) return;
+  const int t0 = seg * CONV_SEG, t1 = min(T, t0 + CONV_SEG);
+  const int64_t base = (int64_t)s * T; /* row of the sequence's step 0 */
   float *st = conv_state + (int64_t)slots[s] * slot_stride + c;
   float win[K - 1], wk[K];
 #pragma unroll
-  for (int j = 0; j < K - 1; j++) win[j] = st[(int64_t)j * di];
+  for (int j = 0; j < K - 1; j++)
+    win[j] = seg == 0 ? st[(int64_t)j * di] : xz[(base + t0 - (K - 1) + j) * ldxz + c];
 #pragma unroll
   for (int j = 0; j < K; j++) wk[j] = w[(int64_t)j * di + c];
   const float b = bias ? bias[c] : 0.0f;
-  int64_t row = (int64_t)s * T;
-  float xnext = xz[row * ldxz + c];
-  for (int t = 0; t < T; t++, row++) {
-    const float xv = xnext;
-    if (t + 1 < T) xnext = xz[(row + 1) * ldxz + c];
+  /* The segment's inputs are independent of the arithmetic: load them all
+   * first so their latencies overlap. */
+  float xs[CONV_SEG];
+#pragma unroll
+  for (int i = 0; i < CONV_SEG; i++)
+    xs[i] = t0 + i < t1 ? xz[(base + t0 + i) * ldxz + c] : 0.0f;
+#pragma unroll
+  for (int i = 0; i < CONV_SEG; i++) {
+    if (t0 + i >= t1) break;
+    const float xv = xs[i];
     float acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < K - 1; j++) acc = __fmaf_rn(wk[j], win[j], acc);
@@ -168,11 +183,19 @@ __global__ void k_conv_silu(int T, int di, const float *__restrict__ xz, int64_t
     for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
     win[K - 2] = xv;
     const float v = silu_f(acc);
+    const int64_t row = base + t0 + i;
     xc[row * di + c] = v;
     if (xc_act) st_act(xc_act + row * di + c, v);
   }
+  if (seg != 0) return;
+  if (t1 == T) { /* one segment: the window is the new state */
 #pragma unroll
-  for (int j = 0; j < K - 1; j++) st[(int64_t)j * di] = win[j];
+    for (int j = 0; j < K - 1; j++) st[(int64_t)j * di] = win[j];
+  } else { /* T > CONV_SEG >= K - 1: the last K - 1 inputs */
+#pragma unroll
+    for (int j = 0; j < K - 1; j++)
+      st[(int64_t)j * di] = xz[(base + T - (K - 1) + j) * ldxz + c];
+  }
 }
 
 extern "C" int mbd_mops_conv_silu(void *stream, int nseq, int T, int di, int K, const float *xz,
@@ -180,9 +203,12 @@ extern "C" int mbd_mops_conv_silu(void *stream, int nseq, int T, int di, int K, 
                                   float *conv_state, int64_t slot_stride, const int32_t *slots,
                                   float *xc, mbd_dtype act, void *xc_act, mbd_error *err) {
   if (nseq <= 0 || T <= 0) return 0;
+  if (nseq > 65535)
+    return mbd_error_set(err, MBD_E_INVALID, "conv_silu: %d sequences > 65535", nseq);
   cudaStream_t s = (cudaStream_t)stream;
   const int BT = 64;
-  dim3 grid((unsigned)((di + BT - 1) / BT), (unsigned)nseq);
+  dim3 grid((unsigned)((di + BT - 1) / BT), (unsigned)((T + CONV_SEG - 1) / CONV_SEG),
+            (unsigned)nseq);
 #define CONV_K(KK, T_)                                                                  \
   case KK:                                                                              \
     k_conv_silu<KK, T_><<<grid, BT, 0, s>>>(T, di, xz, ldxz, w, bias, conv_state,       \
@@ -200,87 +226,245 @@ extern "C" int mbd_mops_conv_silu(void *stream, int nseq, int T, int di, int K, 
   return launch_check("conv_silu", err);
 }
 
+/* ------------------------------------------------------------ x_proj */
+
+/* Eight consecutive elements k..k+7 widened to f32; one 16- or 32-byte
+ * vector load when the row allows it (VEC), element loads otherwise: the same
+ * values either way. */
+template <bool VEC, typename T>
+__device__ __forceinline__ void ld8(const T *p, int k, int K, float v[8]) {
+  if (VEC && k + 8 <= K) {
+    if constexpr (sizeof(T) == 4) {
+      float4 a = *(const float4 *)(p + k), b = *(const float4 *)(p + k + 4);
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+      v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+      uint4 q = *(const uint4 *)(p + k);
+      const T *h = (const T *)&q;
+#pragma unroll
+      for (int j = 0; j < 8; j++) v[j] = ld_f32(h + j);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = k + j < K ? ld_f32(p + k + j) : 0.0f;
+  }
+}
+
+#define XP_WARPS 8 /* outputs (warps) per block */
+#define XP_ROWS 4  /* rows per warp: the weight chunk is loaded once for them */
+
+/* out[r, o] = sum_k x[r, k] w[o, k] (f32 [M, NO]); x, w widened to f32.
+ * Model-kernel contract (docs/route.md): lane l of the warp owning (r, o)
+ * accumulates acc = fmaf(x, w, acc) from 0 over k = 256 i + 8 l + j for
+ * i ascending, then j = 0..7 (k < K only), then the 32 lane sums are added by
+ * the xor butterfly 16, 8, 4, 2, 1 (a + b == b + a, so every lane ends with
+ * the same bits). Nothing in it depends on M, the row's position or the other
+ * rows: XP_ROWS only shares the weight loads. */
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(32 * XP_WARPS)
+    k_xproj(int M, int K, int NO, const T *__restrict__ x, const T *__restrict__ w,
+            float *__restrict__ out) {
+  const int lane = threadIdx.x & 31;
+  const int o = blockIdx.x * XP_WARPS + (threadIdx.x >> 5);
+  const int r0 = blockIdx.y * XP_ROWS;
+  if (o >= NO) return;
+  const T *wr = w + (int64_t)o * K;
+  float acc[XP_ROWS];
+#pragma unroll
+  for (int r = 0; r < XP_ROWS; r++) acc[r] = 0.0f;
+#pragma unroll 2
+  for (int k = lane * 8; k < K; k += 256) {
+    float wv[8];
+    ld8<VEC>(wr, k, K, wv);
+#pragma unroll
+    for (int r = 0; r < XP_ROWS; r++) {
+      if (r0 + r >= M) break;
+      float xv[8];
+      ld8<VEC>(x + (int64_t)(r0 + r) * K, k, K, xv);
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        if (k + j < K) acc[r] = __fmaf_rn(xv[j], wv[j], acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < XP_ROWS; r++) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+      acc[r] = __fadd_rn(acc[r], __shfl_xor_sync(0xffffffffu, acc[r], off));
+    if (lane == 0 && r0 + r < M) out[(int64_t)(r0 + r) * NO + o] = acc[r];
+  }
+}
+
+extern "C" int mbd_mops_xproj(void *stream, int64_t M, int K, int NO, mbd_dtype dt,
+                              const void *x, const void *w, float *out, mbd_error *err) {
+  if (M <= 0 || NO <= 0) return 0;
+  if (K <= 0 || (M + XP_ROWS - 1) / XP_ROWS > 65535)
+    return mbd_error_set(err, MBD_E_INVALID, "x_proj: K %d or M %lld out of range", K,
+                         (long long)M);
+  cudaStream_t s = (cudaStream_t)stream;
+  dim3 grid((unsigned)((NO + XP_WARPS - 1) / XP_WARPS), (unsigned)((M + XP_ROWS - 1) / XP_ROWS));
+  const bool vec = K % 8 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0;
+#define XP(T)                                                                               \
+  do {                                                                                      \
+    if (vec)                                                                                \
+      k_xproj<T, true><<<grid, 32 * XP_WARPS, 0, s>>>((int)M, K, NO, (const T *)x,          \
+                                                      (const T *)w, out);                   \
+    else                                                                                    \
+      k_xproj<T, false><<<grid, 32 * XP_WARPS, 0, s>>>((int)M, K, NO, (const T *)x,         \
+                                                       (const T *)w, out);                  \
+  } while (0)
+  MBD_ACT_DISPATCH(dt, XP)
+#undef XP
+  return launch_check("x_proj", err);
+}
+
 /* ------------------------------------------------------------ selective scan */
 
-/* One thread per (sequence, channel), state h[N] in registers, tokens in order;
- * the next token's inputs are loaded before the current one is computed so the
- * loads overlap the arithmetic. Per token this is mbd_cpu_scan_step. */
-template <int N, typename ActT>
-__global__ void __launch_bounds__(64)
-    k_scan(int T, int di, const float *__restrict__ xc, const float *__restrict__ dt_raw,
-           const float *__restrict__ bc, const float *__restrict__ A,
-           const float *__restrict__ Dv, const float *__restrict__ xz, int64_t ldxz,
-           int64_t zoff, float *__restrict__ ssm_state, int64_t slot_stride,
+#define SCAN_BT 64 /* channels per block */
+#define SCAN_TC 16 /* time steps staged per chunk */
+
+__device__ __forceinline__ void cp_async4(void *sm, const void *g) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(sm);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(g));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait0() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+/* Rounds v through the activation dtype (what a GEMM input in that dtype holds). */
+template <typename T>
+__device__ __forceinline__ float round_act(float v) {
+  T t;
+  st_act(&t, v);
+  return ld_f32(&t);
+}
+
+/* dt_proj + softplus + selective scan + D skip + SiLU gate. One thread per
+ * (sequence, channel) keeps h[N] in registers and walks the time steps in
+ * order. The inputs of SCAN_TC steps are staged in shared memory by cp.async
+ * one chunk ahead, so the recurrence never waits on global memory. Per step
+ * (model-kernel contract, docs/route.md):
+ *   dt_raw = (fmaf chain over k = 0..R-1 ascending from 0 of
+ *             round_act(dbl[k]) * widen(dt_w[c, k])) + widen(dt_b[c])
+ *            (the f32 GEMM contract; dt_low rounded to the storage dtype as a
+ *             GEMM input would be);
+ *   dt = softplus(dt_raw), then mbd_cpu_scan_step's roundings. */
+template <int N, typename ActT, typename WT>
+__global__ void __launch_bounds__(SCAN_BT)
+    k_scan(int T, int di, int R, const float *__restrict__ xc, const float *__restrict__ dbl,
+           const WT *__restrict__ dt_w, const WT *__restrict__ dt_b,
+           const float *__restrict__ A, const float *__restrict__ Dv,
+           const float *__restrict__ xz, int64_t ldxz, int64_t zoff,
+           float *__restrict__ ssm_state, int64_t slot_stride,
            const int32_t *__restrict__ slots, ActT *__restrict__ y) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  extern __shared__ float4 scan_sm4[];
+  const int ND = R + 2 * N; /* x_proj row width */
+  const int stage_floats = 2 * SCAN_TC * SCAN_BT + SCAN_TC * ND;
+  float *smem = (float *)scan_sm4;
+  const int tid = threadIdx.x;
+  const int c = blockIdx.x * SCAN_BT + tid;
   const int s = blockIdx.y;
-  if (c >= di) return;
-  float *hp = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)c * N;
+  const bool live = c < di;
+  const int cc = live ? c : di - 1; /* dead lanes load a valid channel, store nothing */
+  const int64_t base = (int64_t)s * T;
+  const int nchunk = (T + SCAN_TC - 1) / SCAN_TC;
+
+  /* Issues the cp.async loads of chunk q into stage buffer q & 1. */
+  auto stage = [&](int q) {
+    float *sx = smem + (q & 1) * stage_floats, *sz = sx + SCAN_TC * SCAN_BT,
+          *sd = sz + SCAN_TC * SCAN_BT;
+    const int t0 = q * SCAN_TC, tc = min(SCAN_TC, T - t0);
+    for (int t = 0; t < tc; t++) {
+      const int64_t row = base + t0 + t;
+      cp_async4(sx + t * SCAN_BT + tid, xc + row * di + cc);
+      cp_async4(sz + t * SCAN_BT + tid, xz + row * ldxz + zoff + cc);
+    }
+    const float *g = dbl + (base + t0) * ND; /* the chunk's rows are contiguous */
+    for (int e = tid; e < tc * ND; e += SCAN_BT) cp_async4(sd + e, g + e);
+    cp_async_commit();
+  };
+
+  stage(0);
+  float *hp = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N;
   float h[N], a[N];
 #pragma unroll
   for (int n = 0; n < N; n += 4) {
     float4 q = *(const float4 *)(hp + n);
     h[n] = q.x, h[n + 1] = q.y, h[n + 2] = q.z, h[n + 3] = q.w;
-    float4 qa = *(const float4 *)(A + (int64_t)c * N + n);
+    float4 qa = *(const float4 *)(A + (int64_t)cc * N + n);
     a[n] = qa.x, a[n + 1] = qa.y, a[n + 2] = qa.z, a[n + 3] = qa.w;
   }
-  const float d = Dv[c];
-  int64_t row = (int64_t)s * T;
-  float nx = xc[row * di + c], ndt = dt_raw[row * di + c], nz = xz[row * ldxz + zoff + c];
-  float nB[N], nC[N];
+  const float d = Dv[cc];
+  const float bdt = ld_f32(dt_b + cc);
+  const WT *wr = dt_w + (int64_t)cc * R;
+
+  for (int q = 0; q < nchunk; q++) {
+    cp_async_wait0();
+    __syncthreads(); /* chunk q visible to all; buffer (q+1)&1 free (chunk q-1 done) */
+    if (q + 1 < nchunk) stage(q + 1);
+    const float *sx = smem + (q & 1) * stage_floats, *sz = sx + SCAN_TC * SCAN_BT,
+                *sd = sz + SCAN_TC * SCAN_BT;
+    const int t0 = q * SCAN_TC, tc = min(SCAN_TC, T - t0);
+    /* dt_proj for the chunk's steps: k outer so each weight is loaded once;
+     * every step's own chain still runs over k in ascending order. */
+    float dt[SCAN_TC];
 #pragma unroll
-  for (int n = 0; n < N; n += 4) {
-    float4 qb = *(const float4 *)(bc + row * 2 * N + n);
-    float4 qc = *(const float4 *)(bc + row * 2 * N + N + n);
-    nB[n] = qb.x, nB[n + 1] = qb.y, nB[n + 2] = qb.z, nB[n + 3] = qb.w;
-    nC[n] = qc.x, nC[n + 1] = qc.y, nC[n + 2] = qc.z, nC[n + 3] = qc.w;
-  }
-  for (int t = 0; t < T; t++, row++) {
-    const float x = nx, dtr = ndt, z = nz;
-    float B[N], C[N];
+    for (int t = 0; t < SCAN_TC; t++) dt[t] = 0.0f;
+    for (int k = 0; k < R; k++) {
+      const float wk = ld_f32(wr + k);
 #pragma unroll
-    for (int n = 0; n < N; n++) B[n] = nB[n], C[n] = nC[n];
-    if (t + 1 < T) {
-      const int64_t r1 = row + 1;
-      nx = xc[r1 * di + c];
-      ndt = dt_raw[r1 * di + c];
-      nz = xz[r1 * ldxz + zoff + c];
+      for (int t = 0; t < SCAN_TC; t++)
+        if (t < tc) dt[t] = __fmaf_rn(round_act<ActT>(sd[t * ND + k]), wk, dt[t]);
+    }
 #pragma unroll
-      for (int n = 0; n < N; n += 4) {
-        float4 qb = *(const float4 *)(bc + r1 * 2 * N + n);
-        float4 qc = *(const float4 *)(bc + r1 * 2 * N + N + n);
-        nB[n] = qb.x, nB[n + 1] = qb.y, nB[n + 2] = qb.z, nB[n + 3] = qb.w;
-        nC[n] = qc.x, nC[n + 1] = qc.y, nC[n + 2] = qc.z, nC[n + 3] = qc.w;
+    for (int t = 0; t < SCAN_TC; t++) dt[t] = softplus_f(__fadd_rn(dt[t], bdt));
+#pragma unroll
+    for (int t = 0; t < SCAN_TC; t++) {
+      if (t >= tc) break;
+      const float x = sx[t * SCAN_BT + tid], z = sz[t * SCAN_BT + tid];
+      const float *B = sd + t * ND + R, *C = B + N;
+      float acc = 0.0f;
+#pragma unroll
+      for (int n = 0; n < N; n++) {
+        const float dA = expf(__fmul_rn(dt[t], a[n]));
+        h[n] = __fmaf_rn(dA, h[n], __fmul_rn(__fmul_rn(dt[t], B[n]), x));
+        acc = __fmaf_rn(h[n], C[n], acc);
       }
+      acc = __fmaf_rn(d, x, acc);
+      if (live) st_act(y + (base + t0 + t) * di + c, __fmul_rn(acc, silu_f(z)));
     }
-    const float dt = softplus_f(dtr);
-    float acc = 0.0f;
-#pragma unroll
-    for (int n = 0; n < N; n++) {
-      const float dA = expf(__fmul_rn(dt, a[n]));
-      h[n] = __fmaf_rn(dA, h[n], __fmul_rn(__fmul_rn(dt, B[n]), x));
-      acc = __fmaf_rn(h[n], C[n], acc);
-    }
-    acc = __fmaf_rn(d, x, acc);
-    st_act(y + row * di + c, __fmul_rn(acc, silu_f(z)));
   }
+  if (live) {
 #pragma unroll
-  for (int n = 0; n < N; n += 4) *(float4 *)(hp + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
+    for (int n = 0; n < N; n += 4)
+      *(float4 *)(hp + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
+  }
 }
 
-extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, const float *xc,
-                             const float *dt_raw, const float *bc, const float *A,
-                             const float *D, const float *xz, int64_t ldxz, int64_t zoff,
-                             float *ssm_state, int64_t slot_stride, const int32_t *slots,
-                             mbd_dtype act, void *y, mbd_error *err) {
+extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R,
+                             const float *xc, const float *dbl, mbd_dtype wdt, const void *dt_w,
+                             const void *dt_b, const float *A, const float *D, const float *xz,
+                             int64_t ldxz, int64_t zoff, float *ssm_state, int64_t slot_stride,
+                             const int32_t *slots, mbd_dtype act, void *y, mbd_error *err) {
   if (nseq <= 0 || T <= 0) return 0;
+  if (R <= 0 || R > 4096 || nseq > 65535)
+    return mbd_error_set(err, MBD_E_INVALID, "scan: dt_rank %d or %d sequences out of range", R,
+                         nseq);
+  if (wdt != act)
+    return mbd_error_set(err, MBD_E_INVALID, "scan: weight dtype %s differs from activation %s",
+                         mbd_dtype_name(wdt), mbd_dtype_name(act));
   cudaStream_t s = (cudaStream_t)stream;
-  const int BT = 64;
-  dim3 grid((unsigned)((di + BT - 1) / BT), (unsigned)nseq);
-#define SCAN_N(NN, T_)                                                                  \
-  case NN:                                                                              \
-    k_scan<NN, T_><<<grid, BT, 0, s>>>(T, di, xc, dt_raw, bc, A, D, xz, ldxz, zoff,      \
-                                       ssm_state, slot_stride, slots, (T_ *)y);         \
+  dim3 grid((unsigned)((di + SCAN_BT - 1) / SCAN_BT), (unsigned)nseq);
+  const size_t sh = 2 * sizeof(float) * (size_t)(2 * SCAN_TC * SCAN_BT + SCAN_TC * (R + 2 * N));
+#define SCAN_N(NN, T_)                                                                     \
+  case NN:                                                                                 \
+    if (sh > 48 * 1024)                                                                    \
+      cudaFuncSetAttribute(k_scan<NN, T_, T_>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                           (int)sh);                                                       \
+    k_scan<NN, T_, T_><<<grid, SCAN_BT, sh, s>>>(T, di, R, xc, dbl, (const T_ *)dt_w,       \
+                                                 (const T_ *)dt_b, A, D, xz, ldxz, zoff,     \
+                                                 ssm_state, slot_stride, slots, (T_ *)y);    \
     break;
 #define SCAN(T_)                                                                        \
   switch (N) {                                                                          \
@@ -311,29 +495,16 @@ __device__ __forceinline__ float sample_uniform(uint64_t seed, uint64_t step, ui
 
 /* (v, i) beats (bv, bi) when larger, or equal with a lower index; NaN never
  * wins. The winner is the unique lowest-index maximum, so the reduction tree
- * cannot change it. */
+ * (and the number of blocks) cannot change it. */
 __device__ __forceinline__ void better(float v, int i, float &bv, int &bi) {
   if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
 }
 
-__global__ void k_sample(int V, const float *__restrict__ logits, int64_t ld,
-                         const float *__restrict__ temp, const uint64_t *__restrict__ seed,
-                         const uint64_t *__restrict__ step, int32_t *__restrict__ out) {
-  const int r = blockIdx.x;
-  const float *l = logits + (int64_t)r * ld;
-  const float tp = temp ? temp[r] : 0.0f;
-  const bool greedy = !(tp > 0.0f);
-  const uint64_t sd = seed ? seed[r] : 0, sp = step ? step[r] : 0;
-  float bv = -INFINITY;
-  int bi = 0x7fffffff;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) {
-    float v = l[i];
-    if (!greedy) {
-      const float u = sample_uniform(sd, sp, (uint64_t)i);
-      v = __fadd_rn(__fdiv_rn(v, tp), -logf(-logf(u)));
-    }
-    better(v, i, bv, bi);
-  }
+#define SAMPLE_BLOCKS 32 /* blocks per row: each scans V / 32 logits */
+#define SAMPLE_THREADS 256
+
+/* Block-wide winner of (bv, bi); valid in thread 0. */
+__device__ __forceinline__ void block_best(float &bv, int &bi) {
   for (int o = 16; o > 0; o >>= 1) {
     float ov = __shfl_xor_sync(0xffffffffu, bv, o);
     int oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -344,17 +515,82 @@ __global__ void k_sample(int V, const float *__restrict__ logits, int64_t ld,
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) sv[warp] = bv, si[warp] = bi;
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0)
     for (int k = 1; k < (int)(blockDim.x >> 5); k++) better(sv[k], si[k], bv, bi);
-    out[r] = bi == 0x7fffffff ? 0 : bi; /* all NaN / -inf: token 0 */
+}
+
+/* Grid (SAMPLE_BLOCKS, n). Each block writes its slice's winner to the
+ * workspace; the last block of a row to finish (counter) picks the row's
+ * winner and re-zeroes the counter for the next launch. */
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+    k_sample(int V, const float *__restrict__ logits, int64_t ld, const float *__restrict__ temp,
+             const uint64_t *__restrict__ seed, const uint64_t *__restrict__ step,
+             unsigned *__restrict__ cnt, float *__restrict__ pv, int *__restrict__ pi,
+             int32_t *__restrict__ out) {
+  const int r = blockIdx.y, blk = blockIdx.x;
+  const float *l = logits + (int64_t)r * ld;
+  const float tp = temp ? temp[r] : 0.0f;
+  const bool greedy = !(tp > 0.0f);
+  const uint64_t sd = seed ? seed[r] : 0, sp = step ? step[r] : 0;
+  const int per = (V + SAMPLE_BLOCKS - 1) / SAMPLE_BLOCKS;
+  const int i0 = blk * per, i1 = min(V, i0 + per);
+  float bv = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int i = i0 + threadIdx.x; i < i1; i += SAMPLE_THREADS) {
+    float v = l[i];
+    if (!greedy) {
+      const float u = sample_uniform(sd, sp, (uint64_t)i);
+      v = __fadd_rn(__fdiv_rn(v, tp), -logf(-logf(u)));
+    }
+    better(v, i, bv, bi);
   }
+  block_best(bv, bi);
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    pv[r * SAMPLE_BLOCKS + blk] = bv;
+    pi[r * SAMPLE_BLOCKS + blk] = bi;
+    __threadfence();
+    last = atomicAdd(&cnt[r], 1u) == SAMPLE_BLOCKS - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x < 32) {
+    float v = -INFINITY;
+    int i = 0x7fffffff;
+    if (threadIdx.x < SAMPLE_BLOCKS) {
+      v = __ldcg(pv + r * SAMPLE_BLOCKS + threadIdx.x);
+      i = __ldcg(pi + r * SAMPLE_BLOCKS + threadIdx.x);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      float ov = __shfl_xor_sync(0xffffffffu, v, o);
+      int oi = __shfl_xor_sync(0xffffffffu, i, o);
+      better(ov, oi, v, i);
+    }
+    if (threadIdx.x == 0) {
+      out[r] = i == 0x7fffffff ? 0 : i; /* all NaN / -inf: token 0 */
+      cnt[r] = 0;
+    }
+  }
+}
+
+extern "C" size_t mbd_mops_sample_work_bytes(int n) {
+  return n <= 0 ? 0 : (size_t)n * (4 + (size_t)SAMPLE_BLOCKS * 8);
 }
 
 extern "C" int mbd_mops_sample(void *stream, int n, int V, const float *logits, int64_t ld,
                                const float *temp, const uint64_t *seed, const uint64_t *step,
-                               int32_t *out, mbd_error *err) {
+                               void *work, int32_t *out, mbd_error *err) {
   if (n <= 0) return 0;
-  k_sample<<<(unsigned)n, 512, 0, (cudaStream_t)stream>>>(V, logits, ld, temp, seed, step, out);
+  if (n > 65535 || V <= 0 || !work)
+    return mbd_error_set(err, MBD_E_INVALID, "sampling: %d rows, vocabulary %d, workspace %p", n,
+                         V, work);
+  unsigned *cnt = (unsigned *)work;
+  float *pv = (float *)(cnt + n);
+  int *pi = (int *)(pv + (size_t)n * SAMPLE_BLOCKS);
+  dim3 grid(SAMPLE_BLOCKS, (unsigned)n);
+  k_sample<<<grid, SAMPLE_THREADS, 0, (cudaStream_t)stream>>>(V, logits, ld, temp, seed, step,
+                                                              cnt, pv, pi, out);
   return launch_check("sampling", err);
 }
 

@@ -3,7 +3,8 @@
  * opaque pointers (a cudaStream_t), every buffer is a device pointer.
  *
  * Arithmetic contract: each op performs, per element, exactly the roundings of
- * the CPU reference in kernels/cpu/mamba_ops.c (same expression order, same
+ * the CPU reference in kernels/cpu/mamba_ops.c (x_proj and dt_proj have their
+ * own summation orders, stated below) (same expression order, same
  * fmaf placement, IEEE division and square root). Only expf/log1pf come from
  * the CUDA math library instead of glibc (both accurate to a couple of ulp,
  * not bit-equal), so GPU f32 matches the CPU within a small tolerance, not in
@@ -20,6 +21,7 @@
 #ifndef MBD_CUDA_MAMBA_OPS_H
 #define MBD_CUDA_MAMBA_OPS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -47,32 +49,53 @@ int mbd_mops_add_rmsnorm(void *stream, int64_t M, int d, int64_t in_stride, int6
  * x[row, c] = xz[row * ldxz + c]; w tap-major [K][di]; bias [di] or NULL;
  * state of sequence s at conv_state + slots[s] * slot_stride, [K-1][di]
  * oldest first (updated in place). Writes xc (f32 [M, di]) and, when
- * xc_act != NULL, the same values in dtype `act`. K in 2..8. */
+ * xc_act != NULL, the same values in dtype `act`. K in 2..8. Each output is
+ * mbd_cpu_conv_step's arithmetic; the T steps run in parallel segments. */
 int mbd_mops_conv_silu(void *stream, int nseq, int T, int di, int K, const float *xz,
                        int64_t ldxz, const float *w, const float *bias, float *conv_state,
                        int64_t slot_stride, const int32_t *slots, float *xc, mbd_dtype act,
                        void *xc_act, mbd_error *err);
 
-/* Selective scan + D skip + SiLU gate (as mbd_cpu_scan_step), over nseq
- * sequences of T tokens. Per row: x = xc[row, c], dt = softplus(dt_raw[row, c]),
- * B = bc[row, 0..N), C = bc[row, N..2N), z = xz[row * ldxz + zoff + c]; A, D
- * f32 [di][N], [di]; state at ssm_state + slots[s] * slot_stride, [di][N].
- * Writes y[row, c] in dtype `act`. N in {4, 8, 16, 32}. */
-int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, const float *xc,
-                  const float *dt_raw, const float *bc, const float *A, const float *D,
-                  const float *xz, int64_t ldxz, int64_t zoff, float *ssm_state,
-                  int64_t slot_stride, const int32_t *slots, mbd_dtype act, void *y,
-                  mbd_error *err);
+/* x_proj: out[r, o] = sum over k < K of x[r, k] * w[o, k], f32 [M, NO]; x
+ * [M, K] and w [NO, K] in dtype dt (f32/bf16/f16), widened to f32. Contract
+ * (independent of M and of the other rows): lane l of 32 accumulates an
+ * fmaf chain from 0 over k = 256 i + 8 l + j (i ascending, then j = 0..7),
+ * the 32 partial sums are added by an xor butterfly (16, 8, 4, 2, 1). */
+int mbd_mops_xproj(void *stream, int64_t M, int K, int NO, mbd_dtype dt, const void *x,
+                   const void *w, float *out, mbd_error *err);
+
+/* dt_proj + selective scan + D skip + SiLU gate (as mbd_cpu_scan_step), over
+ * nseq sequences of T tokens. dbl: x_proj output f32 [M, R + 2N] (dt_low,
+ * B, C). Per row: x = xc[row, c];
+ *   dt_raw = (fmaf chain over k = 0..R-1 ascending from 0 of
+ *             round_act(dt_low[k]) * dt_w[c, k]) + dt_b[c]
+ *   (the f32 GEMM contract over dt_low rounded to `act`, weights dt_w
+ *   [di, R] and dt_b [di] in dtype wdt (= act) widened), dt = softplus(dt_raw),
+ * z = xz[row * ldxz + zoff + c]; A, D f32 [di][N], [di]; state at ssm_state
+ * + slots[s] * slot_stride, [di][N]. Writes y[row, c] in dtype `act`.
+ * N in {4, 8, 16, 32}. */
+int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R, const float *xc,
+                  const float *dbl, mbd_dtype wdt, const void *dt_w, const void *dt_b,
+                  const float *A, const float *D, const float *xz, int64_t ldxz, int64_t zoff,
+                  float *ssm_state, int64_t slot_stride, const int32_t *slots, mbd_dtype act,
+                  void *y, mbd_error *err);
+
+/* Bytes of the sampler's device workspace for n rows. It must be zero-filled
+ * once before its first use; every launch leaves it zero-filled again. */
+size_t mbd_mops_sample_work_bytes(int n);
 
 /* Next token per row r < n of logits [n, ld] (V columns):
  *   temp[r] <= 0: greedy argmax (lowest index among equal maxima; NaN ignored);
  *   temp[r] > 0 : Gumbel-max sampling: argmax of l / temp + g, with
  *     g = -logf(-logf(u)), u = mbd_sample_uniform(seed[r], step[r], index).
  * The draw depends only on (seed, step, index) and the row's logits, so it is
- * batch-invariant. temp, seed, step may be NULL (all greedy). */
+ * batch-invariant; the row is split over several blocks, and the winner (the
+ * lowest-index maximum) does not depend on the reduction order. temp, seed,
+ * step may be NULL (all greedy). work: mbd_mops_sample_work_bytes(n) bytes;
+ * launches sharing one workspace must be stream-ordered. */
 int mbd_mops_sample(void *stream, int n, int V, const float *logits, int64_t ld,
-                    const float *temp, const uint64_t *seed, const uint64_t *step, int32_t *out,
-                    mbd_error *err);
+                    const float *temp, const uint64_t *seed, const uint64_t *step, void *work,
+                    int32_t *out, mbd_error *err);
 
 /* p[i] = uniform in [-scale, scale) from a hash of (seed, i), stored in dt.
  * Synthetic weights for benchmarks and tests: no host round trip. */

@@ -7,7 +7,9 @@
  *   floor: HBM bound, (weight bytes + batch * state bytes * 2) per step over
  *          the measured device-to-device copy rate (bytes read + written).
  * Each number is the median of repeated runs timed with CUDA events on the
- * context's stream. Usage: bench_mamba1_gpu [130m|1.4b|all] [reps]. */
+ * context's stream; "det/cublas" is deterministic over cublas-fast tokens/s.
+ * Usage: bench_mamba1_gpu [--ops] [130m|1.4b|all] [reps]; --ops first prints
+ * the per-launch time of each op of one 130m bf16 layer at M=1. */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -107,6 +109,7 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
   for (int i = 0; i < 256; i++) sl[i] = i, tok[i] = ptok[i];
   float *t = malloc(sizeof(float) * (size_t)(reps > 5 ? reps : 5));
   const size_t wb = mbd_mamba1_gpu_weight_bytes(m), sb = mbd_mamba1_gpu_state_bytes(m);
+  double res[2][5] = {{0}};
   for (int mode = 0; mode < 2; mode++) {
     if (mode == 1) {
       if (mbd_gpu_ctx_set_mode(ctx, MBD_GEMM_CUBLAS_FAST, &err)) {
@@ -116,7 +119,7 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
       mbd_mamba1_gpu_set_graphs(m, 0); /* graphs replay only under their route */
       mbd_mamba1_gpu_set_graphs(m, 1);
     }
-    double dec[4];
+    double dec[4], pre;
     for (int k = 0; k < 4; k++) {
       int b = bs[k];
       for (int i = 0; i < b; i++) CK(mbd_mamba1_gpu_slot_reset(m, sl[i], &err));
@@ -142,10 +145,17 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
       if (r) cudaEventElapsedTime(&t[r - 1], e0, e1);
       free(lg);
     }
-    double pre = 2048 / (median(t, pr) * 1e-3);
+    pre = 2048 / (median(t, pr) * 1e-3);
     printf("%-5s %-4s %-13s | %9.0f %9.0f %9.0f %9.0f | %9.0f\n", sh->name, mbd_dtype_name(dt),
            mode ? "cublas-fast" : "deterministic", dec[0], dec[1], dec[2], dec[3], pre);
+    for (int k = 0; k < 4; k++) res[mode][k] = dec[k];
+    res[mode][4] = pre;
     fflush(stdout);
+  }
+  if (res[1][0] > 0) {
+    printf("%-5s %-4s %-13s |", sh->name, mbd_dtype_name(dt), "det/cublas");
+    for (int k = 0; k < 5; k++) printf(" %9.2f%s", res[0][k] / res[1][k], k == 3 ? " |" : "");
+    printf("\n");
   }
   printf("%-5s %-4s %-13s |", sh->name, mbd_dtype_name(dt), "HBM floor");
   for (int k = 0; k < 4; k++)
@@ -189,12 +199,15 @@ static int op_breakdown(void) {
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
-  const char *names[] = {"add_rmsnorm", "gemm in_proj", "conv_silu", "gemm x_proj(dt)",
-                         "gemm x_proj(BC)", "gemm dt_proj", "scan", "gemm out_proj",
-                         "gemm lm_head", "sample"};
+  void *wk = NULL;
+  cudaMalloc(&wk, mbd_mops_sample_work_bytes(1));
+  cudaMemset(wk, 0, mbd_mops_sample_work_bytes(1));
+  const char *names[] = {"add_rmsnorm", "gemm in_proj", "conv_silu", "x_proj",
+                         "scan+dt_proj", "gemm out_proj", "gemm lm_head", "sample"};
+  const int nops = 8, per_layer = 6;
   float total = 0;
   printf("per-op time at M=1 (130m bf16, deterministic), us per launch:\n");
-  for (int op = 0; op < 10; op++) {
+  for (int op = 0; op < nops; op++) {
     float ms = 0;
     for (int pass = 0; pass < 2; pass++) {
       cudaEventRecord(e0, s);
@@ -205,13 +218,11 @@ static int op_breakdown(void) {
         case 0: rc = mbd_mops_add_rmsnorm(s_, 1, d, 1, 0, (float *)x, (float *)y, (float *)st, 1e-5f, MBD_DTYPE_BF16, (char *)y + (1 << 20), &err); break;
         case 1: a.n = 2 * di, a.k = d; rc = mbd_gpu_gemm(ctx, &a, &err); break;
         case 2: rc = mbd_mops_conv_silu(s_, 1, 1, di, 4, (float *)x, 2 * di, (float *)st, NULL, (float *)st + (1 << 20), 0, sl, (float *)y, MBD_DTYPE_BF16, (char *)y + (1 << 20), &err); break;
-        case 3: a.n = R, a.k = di, a.out_dtype = MBD_DTYPE_BF16; rc = mbd_gpu_gemm(ctx, &a, &err); break;
-        case 4: a.n = 2 * N, a.k = di; rc = mbd_gpu_gemm(ctx, &a, &err); break;
-        case 5: a.n = di, a.k = R; rc = mbd_gpu_gemm(ctx, &a, &err); break;
-        case 6: rc = mbd_mops_scan(s_, 1, 1, di, N, (float *)x, (float *)x, (float *)x, (float *)st, (float *)st, (float *)x, 2 * di, di, (float *)st + (1 << 20), 0, sl, MBD_DTYPE_BF16, y, &err); break;
-        case 7: a.n = d, a.k = di; rc = mbd_gpu_gemm(ctx, &a, &err); break;
-        case 8: a.n = V, a.k = d; rc = mbd_gpu_gemm(ctx, &a, &err); break;
-        case 9: rc = mbd_mops_sample(s_, 1, V, (float *)x, V, NULL, NULL, NULL, (int32_t *)y, &err); break;
+        case 3: rc = mbd_mops_xproj(s_, 1, di, R + 2 * N, MBD_DTYPE_BF16, x, w, (float *)y, &err); break;
+        case 4: rc = mbd_mops_scan(s_, 1, 1, di, N, R, (float *)x, (float *)x, MBD_DTYPE_BF16, w, w, (float *)st, (float *)st, (float *)x, 2 * di, di, (float *)st + (1 << 20), 0, sl, MBD_DTYPE_BF16, y, &err); break;
+        case 5: a.n = d, a.k = di; rc = mbd_gpu_gemm(ctx, &a, &err); break;
+        case 6: a.n = V, a.k = d; rc = mbd_gpu_gemm(ctx, &a, &err); break;
+        case 7: rc = mbd_mops_sample(s_, 1, V, (float *)x, V, NULL, NULL, NULL, wk, (int32_t *)y, &err); break;
         }
         if (rc) {
           fprintf(stderr, "%s: %s\n", names[op], err.msg);
@@ -223,7 +234,7 @@ static int op_breakdown(void) {
       cudaEventElapsedTime(&ms, e0, e1);
     }
     float us = ms * 1000.0f / 200.0f;
-    total += op < 8 ? us * 24 : us;
+    total += op < per_layer ? us * 24 : us;
     printf("  %-16s %7.2f\n", names[op], us);
   }
   printf("  sum over 24 layers + head + sample: %.0f us per batch-1 step (launched "
@@ -233,6 +244,7 @@ static int op_breakdown(void) {
   cudaFree(y);
   cudaFree(st);
   cudaFree(sl);
+  cudaFree(wk);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   mbd_gpu_ctx_destroy(&ctx);
@@ -240,6 +252,8 @@ static int op_breakdown(void) {
 }
 
 int main(int argc, char **argv) {
+  int ops = argc > 1 && strcmp(argv[1], "--ops") == 0;
+  if (ops) argc--, argv++;
   const char *which = argc > 1 ? argv[1] : "all";
   int reps = argc > 2 ? atoi(argv[2]) : 20;
   if (reps < 5) reps = 5;
@@ -248,13 +262,13 @@ int main(int argc, char **argv) {
     printf("SKIP: no CUDA device\n");
     return 77;
   }
+  int rc = ops ? op_breakdown() : 0;
   double bw = copy_rate();
   printf("device copy rate %.2f TB/s (read + write); tokens/s, median of %d\n", bw / 1e12, reps);
   printf("%-5s %-4s %-13s | %9s %9s %9s %9s | %9s\n", "model", "dt", "mode", "dec b1", "dec b8",
          "dec b64", "dec b256", "pre T2048");
   const shape shapes[2] = {{"130m", 768, 24}, {"1.4b", 2048, 48}};
   const mbd_dtype dts[2] = {MBD_DTYPE_BF16, MBD_DTYPE_F32};
-  int rc = op_breakdown();
   for (int i = 0; i < 2; i++) {
     if (strcmp(which, "all") && strcmp(which, shapes[i].name)) continue;
     for (int j = 0; j < 2; j++) rc |= bench_one(&shapes[i], dts[j], reps, bw);

@@ -9,7 +9,8 @@
  *   max abs difference / max |logit| <= 2e-5 at every position (printed);
  * - bitwise (memcmp): a sequence's logits, picks and state alone vs in any
  *   slot of batches 2..256 (prefill and decode), eager vs graph, prefill +
- *   decode vs decode only, chunked vs whole prefill, run to run;
+ *   decode vs decode only, chunked vs whole prefill, run to run; f32 and
+ *   bf16 routes;
  * - bad tokens, slots, duplicate slots are errors that change nothing. */
 #include <math.h>
 #include <setjmp.h>
@@ -285,7 +286,7 @@ static void test_small(void **state) {
 /* ---------------------------------------------------------------- bitwise */
 
 #define CAP 300
-#define TT 12 /* prompt length */
+#define TT 40 /* prompt length: several conv segments and scan chunks (16 steps) */
 #define STEPS 3
 
 static void rand_tokens(uint64_t *s, int32_t *t, int n, int V) {
@@ -347,12 +348,11 @@ static void run_batch(mbd_mamba1_gpu *m, int n, const int32_t *toks, const int32
   free(pk);
 }
 
-static void test_bitwise(void **state) {
-  (void)state;
+static void check_bitwise(mbd_dtype dt) {
   fx f;
   fx_load(&f, "small-d256");
-  mbd_gpu_ctx *ctx = make_ctx(MBD_DTYPE_F32, CAP);
-  mbd_mamba1_gpu *m = make_model(ctx, f.dir, MBD_DTYPE_F32, 0, 1);
+  mbd_gpu_ctx *ctx = make_ctx(dt, CAP);
+  mbd_mamba1_gpu *m = make_model(ctx, f.dir, dt, 0, 1);
   const int V = f.V;
   const size_t sb = mbd_mamba1_gpu_state_bytes(m);
   uint64_t seed = 42;
@@ -383,7 +383,7 @@ static void test_bitwise(void **state) {
     for (int i = 0; i < n; i++) sl[i] = (int32_t)((off + i * 7) % CAP);
     /* the other sequences get seed 1000+i; the target keeps 77 */
     run_batch(m, n, toks, sl, who, V, &got);
-    printf("batch %3d (target at %3d, slot %3d): %s\n", n, who, sl[who],
+    printf("%s batch %3d (target at %3d, slot %3d): %s\n", mbd_dtype_name(dt), n, who, sl[who],
            trace_eq(&ref, &got, V, sb) ? "bit-identical" : "DIFFERS");
     assert_true(trace_eq(&ref, &got, V, sb));
   }
@@ -417,7 +417,7 @@ static void test_bitwise(void **state) {
 
   /* chunked prefill (3 rows per chunk) equals whole prefill */
   {
-    mbd_mamba1_gpu *mc = make_model(ctx, f.dir, MBD_DTYPE_F32, 5, 1);
+    mbd_mamba1_gpu *mc = make_model(ctx, f.dir, dt, 5, 1);
     memcpy(toks, target, sizeof target);
     sl[0] = 1;
     run_batch(mc, 1, toks, sl, 0, V, &got);
@@ -444,6 +444,16 @@ static void test_bitwise(void **state) {
   mbd_mamba1_gpu_destroy(&m);
   mbd_gpu_ctx_destroy(&ctx);
   fx_free(&f);
+}
+
+/* f32 and bf16 routes (their x_proj / GEMM inputs differ in dtype). */
+static void test_bitwise(void **state) {
+  (void)state;
+  check_bitwise(MBD_DTYPE_F32);
+}
+static void test_bitwise_bf16(void **state) {
+  (void)state;
+  check_bitwise(MBD_DTYPE_BF16);
 }
 
 /* ---------------------------------------------------------------- errors */
@@ -496,6 +506,7 @@ int main(void) {
       cmocka_unit_test(test_tiny),
       cmocka_unit_test(test_small),
       cmocka_unit_test(test_bitwise),
+      cmocka_unit_test(test_bitwise_bf16),
       cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
