@@ -21,7 +21,9 @@ enum {
   MBD_K_BCAST_U16 = 23,
   MBD_K_BCAST_BF16_F32 = 24,
   MBD_K_BCAST_F16_F32 = 25,
-  MBD_K_COUNT = 26,
+  MBD_K_WGEMM_BF16 = 26, /* sm_90a wgmma configurations 0..8 (gpu_gemm.cu k_wtiles) */
+  MBD_K_WGEMM_F16 = 35,
+  MBD_K_COUNT = 44,
 };
 extern const char *const mbd_k_kernel_names[MBD_K_COUNT];
 

@@ -1,7 +1,9 @@
 /* Host entry of the GEMM family: argument checks, tile dispatch for the
  * deterministic kernels (pure scheduling: every tile issues the same reduction
  * chain per output element, see device/gemm_kernels.cu), cuBLAS in the cuBLAS
- * modes, and launch recording. */
+ * modes, and launch recording. On an sm_90a build running on a cc 9.0 device,
+ * bf16/f16 go to the wgmma family (tensor maps encoded here per call). */
+#include <cuda.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -30,7 +32,100 @@ static const tile_cfg k_htiles[4] = {
 static const tile_cfg k_stiles[3] = {
     {16, 32, 128, 128, 0, 0}, {64, 64, 16, 256, 0, 0}, {128, 128, 8, 256, 0, 0}};
 
+/* Mirrors struct mbd_wg_params in device/gemm_kernels.cu. */
+struct mbd_wg_params {
+  CUtensorMap tx;
+  CUtensorMap tw;
+  mbd_gemm_params p;
+  int tiles_m, tiles_n;
+};
+
+/* wgmma configurations, index = kernel slot offset (see MBD_WG_ALL):
+ * bm, bn, stages, blocks per SM, relative per-SM efficiency (dispatch cost
+ * model only), tma. */
+struct wtile_cfg {
+  int bm, bn, stages, occ;
+  double eff;
+  bool tma;
+};
+static const wtile_cfg k_wtiles[9] = {
+    {64, 16, 8, 2, 0.3, true},    {64, 32, 8, 2, 0.4, true},   {64, 64, 6, 2, 0.55, true},
+    {64, 128, 4, 2, 0.7, true},   {128, 64, 4, 2, 0.75, true}, {128, 128, 3, 2, 0.9, true},
+    {128, 256, 4, 1, 1.0, true},  {64, 64, 4, 2, 0.5, false},  {128, 128, 3, 2, 0.8, false}};
+
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Pure scheduling (every configuration computes the same bits, see the kernel
+ * contract): M <= 64 streams the weights with the widest N tile that still
+ * gives every SM a block; larger M minimises waves x tile cost. */
+static int pick_wtile(const mbd_gpu_ctx *ctx, int64_t m, int64_t n, bool tma) {
+  if (!tma) return m <= 64 ? 7 : 8;
+  if (m <= 64) {
+    for (int i = 3; i > 0; i--)
+      if (cdiv(n, k_wtiles[i].bn) >= ctx->sm_count) return i;
+    return 0;
+  }
+  int best = 6;
+  double best_cost = 0;
+  for (int i = 6; i >= 2; i--) {
+    const wtile_cfg &t = k_wtiles[i];
+    int64_t blocks = cdiv(m, t.bm) * cdiv(n, t.bn);
+    int64_t waves = cdiv(blocks, (int64_t)ctx->sm_count * t.occ);
+    double cost = (double)waves * t.bm * t.bn * t.occ / t.eff;
+    if (i == 6 || cost < best_cost * 0.97) {
+      best = i;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+/* cc 9.0 device and an sm_90a build: the wgmma family is the route's. */
+static bool use_wgmma(const mbd_gpu_ctx *ctx) {
+  if (ctx->cc_major != 9 || ctx->cc_minor != 0) return false;
+  const char *archs = MBD_CUDA_ARCHS;
+  const char *p = strstr(archs, "90a");
+  return p && (p == archs || p[-1] == ';' || p[-1] == ' ');
+}
+
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                    const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                    const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                    CUtensorMapFloatOOBfill);
+/* The driver's tensor-map encoder, or NULL (then the plain-load kernels run:
+ * same bits, slower). */
+static encode_tiled_fn encoder(void) {
+  static encode_tiled_fn fn = [] {
+    void *f = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return (encode_tiled_fn)NULL;
+    }
+    return (encode_tiled_fn)f;
+  }();
+  return fn;
+}
+
+/* Row-major [rows, k] matrix, box {64, box_rows}, 128-byte swizzle, zero fill. */
+static bool encode_map(CUtensorMap *m, mbd_dtype dt, const void *base, int64_t rows, int64_t k,
+                       int box_rows) {
+  encode_tiled_fn fn = encoder();
+  if (!fn) return false;
+  cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
+  cuuint64_t strides[1] = {(cuuint64_t)k * 2};
+  cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
+  cuuint32_t es[2] = {1, 1};
+  CUresult r = fn(m, dt == MBD_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                          : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                  2, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
 static int64_t blocks_of(const tile_cfg &t, int64_t m, int64_t n) {
   return cdiv(m, t.bm) * cdiv(n, t.bn);
 }
@@ -94,10 +189,38 @@ static int launch(mbd_gpu_ctx *ctx, int slot, dim3 grid, dim3 block, size_t smem
   return MBD_OK;
 }
 
+static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
+                   const char **kname, mbd_error *err) {
+  mbd_wg_params P;
+  memset(&P, 0, sizeof P);
+  P.p = p;
+  bool tma = a->k % 8 == 0 && ((uintptr_t)a->x % 16) == 0 && ((uintptr_t)a->w % 16) == 0 &&
+             encoder() != NULL;
+  int ti = pick_wtile(ctx, a->m, a->n, tma);
+  const wtile_cfg &t = k_wtiles[ti];
+  if (tma && !(encode_map(&P.tx, a->dtype, a->x, a->m, a->k, t.bm) &&
+               encode_map(&P.tw, a->dtype, a->w, a->n, a->k, t.bn))) {
+    /* the encoder refused (limits we did not foresee): same bits on plain loads */
+    memset(&P, 0, sizeof P);
+    P.p = p;
+    ti = pick_wtile(ctx, a->m, a->n, false);
+  }
+  const wtile_cfg &u = k_wtiles[ti];
+  P.tiles_m = (int)cdiv(a->m, u.bm);
+  P.tiles_n = (int)cdiv(a->n, u.bn);
+  size_t smem = (size_t)u.stages * (u.bm + u.bn) * 128 + 1024 + 16 * (size_t)u.stages;
+  int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_WGEMM_BF16 : MBD_K_WGEMM_F16) + ti;
+  *kname = mbd_k_kernel_names[slot];
+  void *args[] = {&P};
+  dim3 grid((unsigned)((int64_t)P.tiles_m * P.tiles_n));
+  return launch(ctx, slot, grid, dim3((unsigned)(u.bm / 64 * 128 + 32)), smem, args, err);
+}
+
 static int gemm_det(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const char **kname,
                     mbd_error *err) {
   mbd_gemm_params p = {a->x, a->w, a->bias, a->y, (int)a->m, (int)a->n, (int)a->k,
                        a->out_dtype == MBD_DTYPE_F32};
+  if (a->dtype != MBD_DTYPE_F32 && use_wgmma(ctx)) return gemm_wg(ctx, a, p, kname, err);
   void *args[] = {&p};
   int slot;
   tile_cfg t;

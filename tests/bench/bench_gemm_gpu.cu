@@ -2,12 +2,18 @@
  * for f32 also cublas-pedantic, true FP32) through the same mbd_gpu_gemm entry,
  * at the Mamba projection shapes (130m d768, 1.4b d2048, 2.8b d2560: in_proj
  * d->4d, x_proj 2d->dt_rank+32, dt_proj dt_rank->2d, out_proj 2d->d, lm_head
- * d->50280) for M = 1, 64, 256, 4096 in bf16 and f32. Timing: CUDA events on
- * the context stream, warm-up, median of 7 batches, random data, weights and
- * inputs rotated over copies larger than L2. For M <= 64 it prints the HBM
- * floor: bytes moved / measured device copy bandwidth. */
+ * d->50280) for M = 1, 16, 64, 256, 2048, 8192 in bf16 (f32 too with --f32).
+ * Timing: CUDA events on the context stream, warm-up, median of 7 batches,
+ * random data, weights and inputs rotated over copies larger than L2.
+ * For M <= 64 it prints GB/s of weight bytes and the fraction of the measured
+ * device copy bandwidth (read + write bytes per second) that is; for M >= 256
+ * TFLOP/s. Summary: geometric mean of det/cuBLAS speed over M >= 256 (bf16, all
+ * three models) and the 1.4b M=1 weight bandwidth aggregated over its five
+ * projections (total weight bytes / total time). --quick: M <= 256 only. */
 #include <algorithm>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,20 +70,26 @@ struct bufset {
   void *y;
 };
 
-static void fill_random(void *d, size_t n, mbd_dtype dt, unsigned seed) {
-  size_t es = dt == MBD_DTYPE_F32 ? 4 : 2;
-  std::vector<unsigned char> h(n * es);
-  uint32_t s = seed * 2654435761u + 12345u;
-  for (size_t i = 0; i < n; i++) {
-    s = s * 1664525u + 1013904223u;
-    float v = (float)((s >> 8) & 0xffff) / 32768.0f - 1.0f;
-    if (dt == MBD_DTYPE_F32) memcpy(&h[i * 4], &v, 4);
-    else {
-      uint16_t b = mbd_f32_to_bf16(v);
-      memcpy(&h[i * 2], &b, 2);
-    }
+/* Uniform values in [-1, 1) from a hash of (seed, index), on the device (the
+ * buffers reach gigabytes: a host fill would dominate the run). */
+__global__ void fill_kernel(void *d, size_t n, int f32, unsigned seed) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    uint32_t h = (uint32_t)i * 2654435761u ^ (uint32_t)(i >> 32) * 40503u ^ seed * 97531u;
+    h ^= h >> 15;
+    h *= 0x2c1b3c6du;
+    h ^= h >> 12;
+    h *= 0x297a2d39u;
+    h ^= h >> 15;
+    float v = (float)(h >> 8) * (1.0f / 8388608.0f) - 1.0f;
+    if (f32) ((float *)d)[i] = v;
+    else ((__nv_bfloat16 *)d)[i] = __float2bfloat16_rn(v);
   }
-  CK(cudaMemcpy(d, h.data(), h.size(), cudaMemcpyHostToDevice));
+}
+static void fill_random(void *d, size_t n, mbd_dtype dt, unsigned seed) {
+  fill_kernel<<<1024, 256>>>(d, n, dt == MBD_DTYPE_F32, seed);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
 }
 
 /* Median seconds per GEMM. */
@@ -86,7 +98,7 @@ static double time_gemm(mbd_gpu_ctx *ctx, bufset &b, mbd_gpu_gemm_args a) {
   mbd_error err;
   size_t nb = b.w.size();
   auto run = [&](int i) {
-    a.x = b.x[i % nb];
+    a.x = b.x[i % b.x.size()];
     a.w = b.w[i % nb];
     if (mbd_gpu_gemm(ctx, &a, &err) < 0) die("gemm", err);
   };
@@ -145,12 +157,21 @@ int main(int argc, char **argv) {
          prop.multiProcessorCount, prop.l2CacheSize >> 20, bw / 1e12);
   struct model { const char *name; int d, dt_rank; } models[3] = {
       {"130m", 768, 48}, {"1.4b", 2048, 128}, {"2.8b", 2560, 160}};
-  int ms_[4] = {1, 64, 256, 4096};
-  bool quick = argc > 1 && !strcmp(argv[1], "--quick");
-  printf("%-5s %-8s %-4s %5s %6s %5s | %9s %7s | %9s %7s | %6s | %9s %7s | %8s %5s\n", "model",
-         "proj", "dt", "M", "N", "K", "det_us", "det_TF", "fast_us", "fast_TF", "ratio",
-         "ped_us", "ped_TF", "floor_us", "det/fl");
-  for (int d = 0; d < 2; d++) {
+  const int ms_[6] = {1, 16, 64, 256, 2048, 8192};
+  bool quick = false, with_f32 = false;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--quick")) quick = true;
+    if (!strcmp(argv[i], "--f32")) with_f32 = true;
+  }
+  printf("%-5s %-8s %-4s %5s %6s %5s | %9s %9s | %9s %9s | %6s | %9s %7s | %6s\n", "model",
+         "proj", "dt", "M", "N", "K", "det_us", "det", "fast_us", "fast", "ratio", "ped_us",
+         "ped_TF", "det/bw");
+  printf("(det, fast: TFLOP/s for M >= 256, GB/s of weight bytes for M <= 64; ratio = "
+         "det speed / cuBLAS speed; det/bw = weight GB/s / copy bandwidth)\n");
+  double log_sum = 0;
+  int log_n = 0;
+  double agg_bytes = 0, agg_time = 0, agg_time_fast = 0;
+  for (int d = 0; d < (with_f32 ? 2 : 1); d++) {
     mbd_dtype dt = d == 0 ? MBD_DTYPE_BF16 : MBD_DTYPE_F32;
     size_t es = d == 0 ? 2 : 4;
     for (auto &mo : models) {
@@ -160,20 +181,25 @@ int main(int argc, char **argv) {
           {"lm_head", 50280, mo.d}};
       for (auto &p : proj) {
         size_t wbytes = (size_t)p.n * p.k * es;
+        size_t maxm = quick ? 256 : 8192;
         int nb = (int)std::min<size_t>(16, std::max<size_t>(1, ((size_t)256 << 20) / wbytes));
+        size_t xbytes = maxm * p.k * es;
+        int nbx = (int)std::min<size_t>(nb, std::max<size_t>(1, ((size_t)128 << 20) / xbytes));
         bufset b;
-        size_t maxm = quick ? 256 : 4096;
         for (int i = 0; i < nb; i++) {
-          void *x, *w;
+          void *w;
           CK(cudaMalloc(&w, wbytes));
-          CK(cudaMalloc(&x, maxm * p.k * es));
           fill_random(w, (size_t)p.n * p.k, dt, 7 + i);
-          fill_random(x, maxm * p.k, dt, 100 + i);
           b.w.push_back(w);
+        }
+        for (int i = 0; i < nbx; i++) {
+          void *x;
+          CK(cudaMalloc(&x, xbytes));
+          fill_random(x, maxm * p.k, dt, 100 + i);
           b.x.push_back(x);
         }
         CK(cudaMalloc(&b.y, maxm * p.n * 4));
-        for (int mi = 0; mi < 4; mi++) {
+        for (int mi = 0; mi < 6; mi++) {
           int M = ms_[mi];
           if ((size_t)M > maxm) continue;
           mbd_gpu_gemm_args a = {dt, MBD_DTYPE_F32, M, p.n, p.k, NULL, NULL, NULL, b.y};
@@ -181,24 +207,38 @@ int main(int argc, char **argv) {
           for (int m = 0; m < 3; m++)
             if (m < 2 || d == 1) t[m] = time_gemm(ctx[d][m], b, a);
           double fl = 2.0 * M * p.n * p.k;
-          double floor_s = ((double)wbytes + (double)M * p.k * es + (double)M * p.n * 4) / bw;
-          printf("%-5s %-8s %-4s %5d %6d %5d | %9.2f %7.1f | %9.2f %7.1f | %6.2f | ", mo.name,
-                 p.name, mbd_dtype_name(dt), M, p.n, p.k, t[0] * 1e6, fl / t[0] / 1e12,
-                 t[1] * 1e6, fl / t[1] / 1e12, t[1] / t[0]);
+          double v0 = M <= 64 ? wbytes / t[0] / 1e9 : fl / t[0] / 1e12;
+          double v1 = M <= 64 ? wbytes / t[1] / 1e9 : fl / t[1] / 1e12;
+          printf("%-5s %-8s %-4s %5d %6d %5d | %9.2f %9.1f | %9.2f %9.1f | %6.2f | ", mo.name,
+                 p.name, mbd_dtype_name(dt), M, p.n, p.k, t[0] * 1e6, v0, t[1] * 1e6, v1,
+                 t[1] / t[0]);
           if (d == 1) printf("%9.2f %7.1f | ", t[2] * 1e6, fl / t[2] / 1e12);
           else printf("%9s %7s | ", "-", "-");
-          if (M <= 64) printf("%8.2f %5.2f\n", floor_s * 1e6, t[0] / floor_s);
-          else printf("%8s %5s\n", "-", "-");
+          if (M <= 64) printf("%6.2f\n", wbytes / t[0] / bw);
+          else printf("%6s\n", "-");
           fflush(stdout);
+          if (d == 0 && M >= 256) {
+            log_sum += log(t[1] / t[0]);
+            log_n++;
+          }
+          if (d == 0 && M == 1 && !strcmp(mo.name, "1.4b")) {
+            agg_bytes += (double)wbytes;
+            agg_time += t[0];
+            agg_time_fast += t[1];
+          }
         }
-        for (int i = 0; i < nb; i++) {
-          CK(cudaFree(b.w[i]));
-          CK(cudaFree(b.x[i]));
-        }
+        for (auto w : b.w) CK(cudaFree(w));
+        for (auto x : b.x) CK(cudaFree(x));
         CK(cudaFree(b.y));
       }
     }
   }
+  printf("SUMMARY bf16 det/cublas-fast geomean over M>=256 (%d shapes): %.3f (floor 0.60)\n",
+         log_n, log_n ? exp(log_sum / log_n) : 0.0);
+  printf("SUMMARY bf16 1.4b M=1 aggregated weight bandwidth: det %.0f GB/s = %.2f of copy bw "
+         "(floor 0.60), cublas-fast %.0f GB/s = %.2f\n", agg_bytes / agg_time / 1e9,
+         agg_bytes / agg_time / bw, agg_bytes / agg_time_fast / 1e9,
+         agg_bytes / agg_time_fast / bw);
   /* Ceiling check: square bf16 */
   {
     int S = 8192;

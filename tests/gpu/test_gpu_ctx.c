@@ -224,8 +224,12 @@ static void test_graph_route_guard_and_recording(void **st) {
   assert_int_equal(r0->m, 300);
   assert_int_equal(r0->n, 1100);
   assert_int_equal(r1->m, 1);
-  assert_int_equal(strncmp(r0->kernel, "mbd_hgemm_bf16_", 15), 0); /* never cuBLAS */
-  assert_string_equal(r1->kernel, "mbd_hgemm_bf16_s_e");          /* K=36: element path */
+  /* sm_90a routes run the wgmma family (slot 7: plain-load producer, M <= 64) */
+  mbd_route_identity ri;
+  CHECK_OK(mbd_gpu_ctx_route(ctx, &ri, &err));
+  int wg = strcmp(ri.isa, "sm_90a") == 0;
+  assert_int_equal(strncmp(r0->kernel, wg ? "mbd_wgemm_bf16_" : "mbd_hgemm_bf16_", 15), 0);
+  assert_string_equal(r1->kernel, wg ? "mbd_wgemm_bf16_7" : "mbd_hgemm_bf16_s_e"); /* K=36 */
   mbd_gpu_graph *g = NULL;
   CHECK_OK(mbd_gpu_graph_begin(ctx, &err));
   CHECK_OK(mbd_gpu_gemm(ctx, &p.a, &err));

@@ -305,6 +305,420 @@ __device__ __forceinline__ void hgemm_body(const mbd_gemm_params &p) {
 MBD_HGEMM_ALL(bf16, __nv_bfloat16)
 MBD_HGEMM_ALL(f16, __half)
 
+
+/* ---------------- bf16 / f16 on Hopper (sm_90a): wgmma + TMA ----------------
+ * Route contract on sm_90a (the route's isa says which family ran; it never
+ * mixes with the mma.sync family above inside one route):
+ *   acc = 0 (f32); for each 16-wide K chunk ascending (zero-padded past K):
+ *   acc = wgmma.m64nNk16(x chunk, w chunk, acc) with f32 accumulation, scale-d = 1;
+ *   y = round(acc + b).
+ * Every tile configuration issues that chain for every output element: BK = 64
+ * (four k16 steps per stage, in order), one warpgroup per 64 rows, the same
+ * descriptor layout (128-byte swizzle). Tiles differ only in how many rows and
+ * columns a block owns, the wgmma N (the instruction's column count, which only
+ * repeats the same per-column datapath; tests/gpu/test_gpu_gemm_bitwise.c proves
+ * M=1 (N=16..128 instruction) equals M=8192 (N=256) bit for bit) and whether the
+ * producer uses the tensor copy engine (TMA) or plain loads into the same layout.
+ * No split-K, no atomics: a row's bits depend only on that row of x and on W.
+ *
+ * Block: CWG consumer warpgroups (warps 0..4*CWG-1), then one producer warp.
+ * Shared memory: STAGES x (A tile [64*CWG][64], B tile [BN][64]) in the TMA
+ * 128-byte swizzle (16-byte chunk c of row r at r*128 + ((c ^ (r & 7)) * 16)),
+ * then full/empty mbarriers. */
+#include <cuda.h> /* CUtensorMap */
+
+struct mbd_wg_params {
+  CUtensorMap tx; /* X [M,K], box {64, 64*CWG}, 128B swizzle, zero fill */
+  CUtensorMap tw; /* W [N,K], box {64, BN} */
+  mbd_gemm_params p;
+  int tiles_m, tiles_n;
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MBD_HAVE_WGMMA 1
+#endif
+
+template <typename T, int N> struct wgmma_op {
+  static __device__ __forceinline__ void run(float *d, uint64_t da, uint64_t db);
+};
+
+#ifdef MBD_HAVE_WGMMA
+/* Generated: one wrapper per (dtype, N); scale-d = 1 (acc += A*B), no transposes. */
+template <> __device__ __forceinline__ void wgmma_op<__nv_bfloat16, 16>::run(float *d, uint64_t da,
+                                                                uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7"
+               "}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+               :
+                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+               : "l"(da), "l"(db));
+}
+template <> __device__ __forceinline__ void wgmma_op<__nv_bfloat16, 32>::run(float *d, uint64_t da,
+                                                                uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+               "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+               :
+                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "l"(da), "l"(db));
+}
+template <> __device__ __forceinline__ void wgmma_op<__nv_bfloat16, 64>::run(float *d, uint64_t da,
+                                                                uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+               "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+               :
+                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+               : "l"(da), "l"(db));
+}
+template <> __device__ __forceinline__ void wgmma_op<__nv_bfloat16, 128>::run(float *d, uint64_t da,
+                                                                uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+               "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+               :
+                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+               : "l"(da), "l"(db));
+}
+template <> __device__ __forceinline__ void wgmma_op<__nv_bfloat16, 256>::run(float *d, uint64_t da,
+                                                                uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+               "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+               "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+               "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+               :
+                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                 "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                 "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+                 "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+                 "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                 "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+                 "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                 "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                 "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+               : "l"(da), "l"(db));
+}
+template <> __device__ __forceinline__ void wgmma_op<__half, 16>::run(float *d, uint64_t da,
+                                                                uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7"
+               "}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+               :
+                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+               : "l"(da), "l"(db));
+}
+template <> __device__ __forceinline__ void wgmma_op<__half, 32>::run(float *d, uint64_t da,
+                                                                uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+               "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+               :
+                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "l"(da), "l"(db));
+}
+template <> __device__ __forceinline__ void wgmma_op<__half, 64>::run(float *d, uint64_t da,
+                                                                uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+               "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+               :
+                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+               : "l"(da), "l"(db));
+}
+template <> __device__ __forceinline__ void wgmma_op<__half, 128>::run(float *d, uint64_t da,
+                                                                uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+               "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+               :
+                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+               : "l"(da), "l"(db));
+}
+template <> __device__ __forceinline__ void wgmma_op<__half, 256>::run(float *d, uint64_t da,
+                                                                uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+               "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+               "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+               "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+               :
+                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                 "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                 "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+                 "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+                 "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                 "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+                 "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                 "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                 "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+               : "l"(da), "l"(db));
+}
+
+
+/* Shared-memory matrix descriptor, K-major, 128-byte swizzle: LBO unused (1),
+ * SBO = 1024 bytes between 8-row groups. */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+  return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)64 << 32) |
+         ((uint64_t)1 << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t ok;
+  do {
+    asm volatile(
+        "{\n.reg .pred q;\nmbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, q;\n}\n"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!ok);
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
+                                            int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
+      "l"((uint64_t)map), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+/* Plain-load producer (K % 8 != 0 or unaligned pointers): the same swizzled
+ * layout, zeros past the matrix, then a proxy fence so wgmma sees the stores. */
+template <typename T>
+__device__ __forceinline__ void wg_manual_tile(unsigned char *s, const T *g, int rows, int K,
+                                               int r0, int k0, int R, int lane) {
+  for (int e = lane; e < R * 64; e += 32) {
+    int r = e >> 6, col = e & 63, gr = r0 + r, gk = k0 + col;
+    T v = (gr < rows && gk < K) ? g[(size_t)gr * K + gk] : T(0.0f);
+    *(T *)(s + r * 128 + ((((col >> 3) ^ (r & 7))) << 4) + (col & 7) * 2) = v;
+  }
+}
+#endif /* MBD_HAVE_WGMMA */
+
+template <typename T, int CWG, int BN, int IN, int STAGES, bool TMA>
+__device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
+#ifdef MBD_HAVE_WGMMA
+  constexpr int BM = 64 * CWG, BK = 64;
+  constexpr uint32_t A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
+  constexpr uint32_t STAGE_BYTES = A_BYTES + B_BYTES;
+  static_assert(BN % IN == 0 && IN % 16 == 0, "instruction N must tile BN");
+  extern __shared__ __align__(16) unsigned char wg_raw[];
+  const uint32_t raw_s = smem_u32(wg_raw);
+  const uint32_t base_s = (raw_s + 1023u) & ~1023u; /* the swizzle atom needs 1024 */
+  unsigned char *base = wg_raw + (base_s - raw_s);
+  const uint32_t full0 = base_s + STAGES * STAGE_BYTES, empty0 = full0 + 8 * STAGES;
+  const mbd_gemm_params &p = P.p;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  /* Grouped raster: 16 M tiles share each sweep over N (L2 reuse of W and X). */
+  int bid = blockIdx.x, tm, tn;
+  {
+    const int G = 16, per = G * P.tiles_n, grp = bid / per, first = grp * G;
+    const int gs = min(P.tiles_m - first, G), r = bid - grp * per;
+    tm = first + r % gs;
+    tn = r / gs;
+  }
+  const int m0 = tm * BM, n0 = tn * BN;
+  const int KT = (p.k + BK - 1) / BK;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; s++) {
+      mbar_init(full0 + 8 * s, TMA ? 1 : 32);
+      mbar_init(empty0 + 8 * s, 4 * CWG);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == 4 * CWG) { /* producer warp */
+    for (int kt = 0; kt < KT; kt++) {
+      const int s = kt % STAGES;
+      const uint32_t ph = (uint32_t)(kt / STAGES) & 1u;
+      const uint32_t a_s = base_s + s * STAGE_BYTES, b_s = a_s + A_BYTES;
+      if (TMA) {
+        if (lane == 0) {
+          if (kt >= STAGES) mbar_wait(empty0 + 8 * s, ph ^ 1u);
+          mbar_expect_tx(full0 + 8 * s, STAGE_BYTES);
+          tma_load_2d(a_s, &P.tx, full0 + 8 * s, kt * BK, m0);
+          tma_load_2d(b_s, &P.tw, full0 + 8 * s, kt * BK, n0);
+        }
+      } else {
+        if (kt >= STAGES) mbar_wait(empty0 + 8 * s, ph ^ 1u);
+        unsigned char *a = base + s * STAGE_BYTES;
+        wg_manual_tile<T>(a, (const T *)p.x, p.m, p.k, m0, kt * BK, BM, lane);
+        wg_manual_tile<T>(a + A_BYTES, (const T *)p.w, p.n, p.k, n0, kt * BK, BN, lane);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        mbar_arrive(full0 + 8 * s);
+      }
+    }
+    return;
+  }
+
+  /* consumer warpgroup c: rows [m0 + 64c, m0 + 64c + 64), all BN columns */
+  const int c = warp >> 2;
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
+  for (int kt = 0; kt < KT; kt++) {
+    const int s = kt % STAGES;
+    mbar_wait(full0 + 8 * s, (uint32_t)(kt / STAGES) & 1u);
+    const uint32_t a_s = base_s + s * STAGE_BYTES + c * 64 * 128, b_s = base_s + s * STAGE_BYTES + A_BYTES;
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) { /* ascending k16 chunks */
+      const uint64_t da = wg_desc(a_s + kk * 32);
+#pragma unroll
+      for (int j = 0; j < BN / IN; j++)
+        wgmma_op<T, IN>::run(acc + j * (IN / 2), da, wg_desc(b_s + j * IN * 128 + kk * 32));
+    }
+    wg_commit();
+    wg_wait<1>(); /* the previous stage's group is done: hand its slot back */
+    if (kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((kt - 1) % STAGES));
+  }
+  wg_wait<0>();
+
+  const T *B = (const T *)p.bias;
+  const int wr = (warp & 3) * 16 + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < BN / IN; j++) {
+#pragma unroll
+    for (int nb = 0; nb < IN / 8; nb++) {
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int gm = m0 + c * 64 + wr + h * 8;
+        const int gn = n0 + j * IN + nb * 8 + (lane & 3) * 2;
+        if (gm >= p.m) continue;
+        float v0 = acc[j * (IN / 2) + nb * 4 + h * 2], v1 = acc[j * (IN / 2) + nb * 4 + h * 2 + 1];
+        if (B) {
+          if (gn < p.n) v0 = __fadd_rn(v0, mma_op<T>::to_f(B[gn]));
+          if (gn + 1 < p.n) v1 = __fadd_rn(v1, mma_op<T>::to_f(B[gn + 1]));
+        }
+        const size_t o = (size_t)gm * p.n + gn;
+        if (p.out_f32) {
+          float *Y = (float *)p.y;
+          if (gn + 1 < p.n && (((uintptr_t)(Y + o)) & 7) == 0) {
+            *(float2 *)(Y + o) = make_float2(v0, v1);
+          } else {
+            if (gn < p.n) Y[o] = v0;
+            if (gn + 1 < p.n) Y[o + 1] = v1;
+          }
+        } else {
+          T *Y = (T *)p.y;
+          if (gn < p.n) Y[o] = mma_op<T>::from_f(v0);
+          if (gn + 1 < p.n) Y[o + 1] = mma_op<T>::from_f(v1);
+        }
+      }
+    }
+  }
+#else
+  (void)P;
+  __trap(); /* not built for sm_90a: the host never dispatches here */
+#endif
+}
+
+#define MBD_WG(name, T, CWG, BN, IN, ST, TMA, MINB)                                       \
+  extern "C" __global__ void __launch_bounds__(CWG * 128 + 32, MINB)                     \
+      name(const __grid_constant__ mbd_wg_params P) {                                     \
+    wg_body<T, CWG, BN, IN, ST, TMA>(P);                                                 \
+  }
+/* Configurations (scheduling only; mirrored by k_wtiles in gpu_gemm.cu):
+ *   0..3: 64 x {16,32,64,128} (decode, weight streaming)  4..6: 128 x {64,128,256}
+ *   7, 8: plain-load producer, 64 x 64 and 128 x 128 */
+#define MBD_WG_ALL(ty, T)                                                                  \
+  MBD_WG(mbd_wgemm_##ty##_0, T, 1, 16, 16, 8, true, 2)                                     \
+  MBD_WG(mbd_wgemm_##ty##_1, T, 1, 32, 32, 8, true, 2)                                     \
+  MBD_WG(mbd_wgemm_##ty##_2, T, 1, 64, 64, 6, true, 2)                                     \
+  MBD_WG(mbd_wgemm_##ty##_3, T, 1, 128, 128, 4, true, 2)                                   \
+  MBD_WG(mbd_wgemm_##ty##_4, T, 2, 64, 64, 4, true, 2)                                     \
+  MBD_WG(mbd_wgemm_##ty##_5, T, 2, 128, 128, 3, true, 2)                                   \
+  MBD_WG(mbd_wgemm_##ty##_6, T, 2, 256, 256, 4, true, 1)                                   \
+  MBD_WG(mbd_wgemm_##ty##_7, T, 1, 64, 64, 4, false, 2)                                    \
+  MBD_WG(mbd_wgemm_##ty##_8, T, 2, 128, 128, 3, false, 2)
+MBD_WG_ALL(bf16, __nv_bfloat16)
+MBD_WG_ALL(f16, __half)
+
 /* Broadcast a bias row into every row of Y (cuBLAS modes add it with beta=1). */
 extern "C" __global__ void mbd_bcast_rows_u32(uint32_t *y, const uint32_t *b, int m, int n) {
   size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
