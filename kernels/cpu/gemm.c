@@ -1,6 +1,6 @@
 /* Deterministic CPU GEMM (see gemm.h for the contract).
  *
- * Work is cut into tasks of (a chunk of MC rows) x (a group of NR-column
+ * Work is cut into tasks of (a chunk of mc rows) x (a group of NR-column
  * panels). A task packs its rows of op(A) into [K][MR] f32 blocks, and for each
  * panel runs an MR x NR micro-kernel: for k ascending, acc[i][j] =
  * fma(a[i][k], b[k][j], acc[i][j]). Vector lanes are output columns j, so the
@@ -21,7 +21,8 @@
 
 #define MR 4
 #define NR MBD_GEMM_NR
-#define MC 64
+#define MC_MAX 256
+#define A_CHUNK_BYTES (512 * 1024) /* packed rows of op(A) per task: stays in L2 */
 
 struct mbd_cpu_wpack {
   mbd_dtype dtype; /* f32, bf16 or f16 */
@@ -122,6 +123,7 @@ typedef struct gemm_job {
   const float *bias;
   float *C;
   int64_t ldc;
+  int64_t mc;               /* rows per task chunk (multiple of MR) */
   int64_t npanels, ngroups, group_size;
   mbd_cpu_ctx *ctx;
   int avx2;
@@ -161,12 +163,12 @@ static void pack_b(const gemm_job *j, int64_t p, float *bp) {
 static void gemm_task(void *arg, int64_t task, int thread) {
   const gemm_job *j = arg;
   int64_t mc = task / j->ngroups, g = task % j->ngroups;
-  int64_t m0 = mc * MC;
-  int64_t rows = j->M - m0 < MC ? j->M - m0 : MC;
+  int64_t m0 = mc * j->mc;
+  int64_t rows = j->M - m0 < j->mc ? j->M - m0 : j->mc;
   int64_t p0 = g * j->group_size;
   int64_t p1 = p0 + j->group_size < j->npanels ? p0 + j->group_size : j->npanels;
   float *ap = mbd_cpu_ctx_scratch(j->ctx, thread);
-  float *bscratch = ap + (size_t)MC * (size_t)j->K;
+  float *bscratch = ap + (size_t)j->mc * (size_t)j->K;
   pack_a(j, m0, rows, ap);
   float out[MR][NR];
   for (int64_t p = p0; p < p1; p++) {
@@ -202,12 +204,27 @@ static void gemm_task(void *arg, int64_t task, int thread) {
   }
 }
 
+/* Rows per task: as many as fit A_CHUNK_BYTES packed, so each weight panel
+ * is streamed from memory once per chunk rather than once per 4 rows. */
+static int64_t chunk_rows(int64_t K) {
+  int64_t mc = K > 0 ? (A_CHUNK_BYTES / (int64_t)sizeof(float)) / K : MC_MAX;
+  if (mc > MC_MAX) mc = MC_MAX;
+  mc -= mc % MR;
+  return mc < MR ? MR : mc;
+}
+
+size_t mbd_cpu_gemm_scratch_bytes(int64_t K) {
+  size_t k = K > 0 ? (size_t)K : 1;
+  return ((size_t)chunk_rows(K) + NR) * k * sizeof(float);
+}
+
 static int run_job(mbd_cpu_ctx *ctx, gemm_job *j, mbd_error *err) {
   if (j->M == 0 || j->N == 0) return MBD_OK;
   j->ctx = ctx;
   j->avx2 = mbd_cpu_ctx_isa(ctx) == MBD_CPU_ISA_AVX2;
   j->npanels = (j->N + NR - 1) / NR;
-  int64_t nmc = (j->M + MC - 1) / MC;
+  j->mc = chunk_rows(j->K);
+  int64_t nmc = (j->M + j->mc - 1) / j->mc;
   /* Enough tasks for load balance; scheduling never changes the bits. */
   int64_t target = 8 * (int64_t)mbd_cpu_ctx_threads(ctx);
   int64_t ngroups = (target + nmc - 1) / nmc;
@@ -215,8 +232,7 @@ static int run_job(mbd_cpu_ctx *ctx, gemm_job *j, mbd_error *err) {
   if (ngroups < 1) ngroups = 1;
   j->group_size = (j->npanels + ngroups - 1) / ngroups;
   j->ngroups = (j->npanels + j->group_size - 1) / j->group_size;
-  size_t k = j->K > 0 ? (size_t)j->K : 1;
-  int rc = mbd_cpu_ctx_reserve(ctx, ((size_t)MC + NR) * k * sizeof(float), err);
+  int rc = mbd_cpu_ctx_reserve(ctx, mbd_cpu_gemm_scratch_bytes(j->K), err);
   if (rc) return rc;
   mbd_cpu_ctx_run_sized(ctx, gemm_task, j, nmc * j->ngroups, j->M * j->N * j->K);
   return MBD_OK;

@@ -38,6 +38,11 @@ int mbd_cpu_gemm(mbd_cpu_ctx *ctx, mbd_gemm_layout layout, int64_t M, int64_t N,
                  const void *B, int64_t ldb, const float *bias, float *C, int64_t ldc,
                  mbd_error *err);
 
+/* Per-thread scratch a GEMM with inner dimension K needs; callers that must
+ * not allocate later (model forward) reserve it up front with
+ * mbd_cpu_ctx_reserve. */
+size_t mbd_cpu_gemm_scratch_bytes(int64_t K);
+
 /* A weight W[N,K] (Hugging Face [out,in]) converted once to a storage dtype
  * and laid out in panels of MBD_GEMM_NR output columns ([K][NR] each, zero
  * padded), so decode-time GEMMs stream it without repacking. */

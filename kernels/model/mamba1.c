@@ -278,8 +278,13 @@ static int alloc_workspace(mbd_mamba1_model *m, mbd_error *err) {
     if (!*bufs[i]) return mbd_error_set(err, MBD_E_NOMEM, "model: cannot allocate workspace");
   }
   /* GEMM scratch for the widest K, reserved now so forward never allocates it. */
-  size_t kmax = d > di ? d : di;
-  return mbd_cpu_ctx_reserve(m->ctx, (64 + MBD_GEMM_NR) * kmax * sizeof(float), err);
+  int64_t ks[3] = {c->d_model, c->d_inner, c->dt_rank};
+  size_t need = 0;
+  for (int i = 0; i < 3; i++) {
+    size_t b = mbd_cpu_gemm_scratch_bytes(ks[i]);
+    if (b > need) need = b;
+  }
+  return mbd_cpu_ctx_reserve(m->ctx, need, err);
 }
 
 int mbd_mamba1_load(const char *dir, const mbd_mamba1_options *opts, mbd_mamba1_model **out,
