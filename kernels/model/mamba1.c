@@ -63,6 +63,8 @@ struct mbd_mamba1_model {
   int batch_cap;
   float *last;             /* [batch_cap, d] final-normed last rows */
   int64_t *seg;            /* [batch_cap * 4]: per chunk segment: seq, row0, nrows, t0 */
+  const int32_t **step_tok;/* [batch_cap] step's per-sequence token pointers */
+  int64_t *step_len;       /* [batch_cap] step's lengths (all 1) */
 };
 
 struct mbd_mamba1_state {
@@ -379,6 +381,8 @@ void mbd_mamba1_destroy(mbd_mamba1_model **pm) {
   free(m->out);
   free(m->last);
   free(m->seg);
+  free(m->step_tok);
+  free(m->step_len);
   mbd_cpu_ctx_destroy(&m->ctx);
   free(m);
   *pm = NULL;
@@ -596,6 +600,12 @@ static int ensure_batch(mbd_mamba1_model *m, int batch, mbd_error *err) {
   int64_t *seg = realloc(m->seg, (size_t)batch * 4 * sizeof(int64_t));
   if (!seg) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
   m->seg = seg;
+  const int32_t **st = realloc(m->step_tok, (size_t)batch * sizeof(*st));
+  if (!st) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
+  m->step_tok = st;
+  int64_t *sl = realloc(m->step_len, (size_t)batch * sizeof(*sl));
+  if (!sl) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
+  m->step_len = sl;
   m->batch_cap = batch;
   return MBD_OK;
 }
@@ -720,32 +730,13 @@ int mbd_mamba1_step(mbd_mamba1_model *m, mbd_mamba1_state *const *states, int ba
   if (!m || batch < 0 || (batch > 0 && !tokens))
     return mbd_error_set(err, MBD_E_INVALID, "step: NULL model or tokens");
   if (batch == 0) return MBD_OK;
-  /* Per-sequence pointers and lengths live in a small stack array for the
-   * common case; larger batches use the heap once. */
-  enum { SMALL = 64 };
-  const int32_t *tp_small[SMALL];
-  int64_t len_small[SMALL];
-  const int32_t **tp = tp_small;
-  int64_t *lens = len_small;
-  if (batch > SMALL) {
-    tp = malloc((size_t)batch * sizeof(*tp));
-    lens = malloc((size_t)batch * sizeof(*lens));
-    if (!tp || !lens) {
-      free(tp);
-      free(lens);
-      return mbd_error_set(err, MBD_E_NOMEM, "step: out of memory");
-    }
-  }
+  int rc = ensure_batch(m, batch, err);
+  if (rc) return rc;
   for (int b = 0; b < batch; b++) {
-    tp[b] = tokens + b;
-    lens[b] = 1;
+    m->step_tok[b] = tokens + b;
+    m->step_len[b] = 1;
   }
-  int rc = mbd_mamba1_prefill(m, states, batch, tp, lens,
-                              logits ? MBD_MAMBA1_LOGITS_LAST : MBD_MAMBA1_LOGITS_NONE, logits,
-                              err);
-  if (batch > SMALL) {
-    free(tp);
-    free(lens);
-  }
+  rc = mbd_mamba1_prefill(m, states, batch, m->step_tok, m->step_len,
+                          logits ? MBD_MAMBA1_LOGITS_LAST : MBD_MAMBA1_LOGITS_NONE, logits, err);
   return rc;
 }
