@@ -36,6 +36,9 @@ typedef struct breq {
   char model[MBD_BW_NAME_MAX];
   char session_uid[MBD_BW_UID_MAX]; /* session commands: the owning worker's uid */
   bool is_session;
+  bool has_ipc;                    /* carries CUDA IPC tensors: same-host GPU workers only */
+  int ipc_device;                  /* device of the first IPC tensor (GPU-affine routing) */
+  char client_host[MBD_BW_NAME_MAX]; /* the client's host_id (required with IPC tensors) */
   int64_t start_ms, deadline_ms;   /* absolute, monotonic */
   mbd_msg *orig;                   /* kept for a re-send (stateless) or until first send */
   uint64_t worker_gen;             /* worker it is on (in flight / zombie) */
@@ -208,6 +211,34 @@ static void worker_ctl(mbd_bcore *c, const mbd_bworker *w, uint8_t cmd, const ch
 
 /* ---- dispatch -------------------------------------------------------------- */
 
+/* Finds CUDA IPC refs in the request's "tensors"/"outputs" (only the routing
+ * facts: the worker checks the refs themselves) and the client's host_id. */
+static int scan_ipc(const msgpack_object *root, breq *r, mbd_error *err) {
+  static const char *const keys[2] = {"tensors", "outputs"};
+  for (int k = 0; k < 2; k++) {
+    const msgpack_object *a = mbd_obj_get(root, keys[k]);
+    if (!a || a->type != MSGPACK_OBJECT_ARRAY) continue;
+    for (uint32_t i = 0; i < a->via.array.size; i++) {
+      const msgpack_object *t = &a->via.array.ptr[i], *ipc;
+      if (t->type != MSGPACK_OBJECT_MAP || !(ipc = mbd_obj_get(t, "ipc"))) continue;
+      if (!r->has_ipc) {
+        int64_t dev = -1;
+        if (ipc->type == MSGPACK_OBJECT_MAP) mbd_obj_i64(ipc, "device", false, &dev, NULL);
+        r->ipc_device = (int)(dev >= 0 && dev <= 1023 ? dev : -1);
+      }
+      r->has_ipc = true;
+    }
+  }
+  if (!r->has_ipc) return MBD_OK;
+  int rc = mbd_obj_str(root, "host_id", false, r->client_host, sizeof r->client_host, err);
+  if (rc) return rc;
+  if (!r->client_host[0])
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "a request with CUDA IPC tensors must carry the client's 'host_id' "
+                         "(only workers on that host can open the handles)");
+  return MBD_OK;
+}
+
 static bool is_stateless(uint8_t cmd) { return cmd == MBD_CMD_GEMM || cmd == MBD_CMD_FORWARD; }
 
 /* Sends r to w under a fresh ticket. r is not in the queue. */
@@ -263,6 +294,15 @@ static void session_lost(mbd_bcore *c, breq *r) {
   req_fail(c, r, MBD_E_WORKER_LOST, msg);
 }
 
+/* The worker for a stateless request: GPU-affine on the client's host when
+ * it carries CUDA IPC tensors. */
+static mbd_bworker *select_for(mbd_bcore *c, breq *r, size_t *nmatch) {
+  if (r->has_ipc)
+    return mbd_registry_select_ipc(c->reg, &r->want, r->model, r->client_host, r->ipc_device, NULL,
+                                   nmatch);
+  return mbd_registry_select(c->reg, &r->want, r->model, NULL, nmatch);
+}
+
 /* Tries to place r (not queued). Returns true when it left r's fate decided
  * (sent or answered), false when it should wait for capacity. */
 static bool place(mbd_bcore *c, breq *r) {
@@ -272,12 +312,21 @@ static bool place(mbd_bcore *c, breq *r) {
       session_lost(c, r);
       return true;
     }
+    if (r->has_ipc && (w->device < 0 || strcmp(w->host_id, r->client_host))) {
+      char msg[512];
+      snprintf(msg, sizeof msg,
+               "session %s/... lives on worker %s (host %s) which cannot open CUDA IPC memory of "
+               "host %s: send the tensor inline or in shm",
+               r->session_uid, w->name, w->host_id, r->client_host);
+      req_fail(c, r, MBD_E_INVALID, msg);
+      return true;
+    }
     if (w->inflight >= w->capacity) return false;
     send_req(c, r, w);
     return true;
   }
   size_t nmatch = 0;
-  mbd_bworker *w = mbd_registry_select(c->reg, &r->want, r->model, NULL, &nmatch);
+  mbd_bworker *w = select_for(c, r, &nmatch);
   if (w) {
     send_req(c, r, w);
     return true;
@@ -290,6 +339,13 @@ static bool place(mbd_bcore *c, breq *r) {
                "route to retry it",
                r->worker_name, mbd_cmd_name(r->cmd));
       req_fail(c, r, MBD_E_WORKER_LOST, msg);
+    } else if (r->has_ipc) {
+      char msg[1024];
+      snprintf(msg, sizeof msg,
+               "no GPU worker on host %s matches this request carrying CUDA IPC tensors (they "
+               "can only be opened on the same host); send the tensors inline or in shm",
+               r->client_host);
+      req_fail(c, r, MBD_E_NO_ROUTE, msg);
     } else {
       no_route(c, r);
     }
@@ -475,6 +531,10 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     r->session_uid[ul] = '\0';
     r->is_session = true;
   }
+  if ((rc = scan_ipc(root, r, &err))) {
+    client_error(c, pcopy, plen, tag, rc, err.msg);
+    goto done;
+  }
   if (dl == 0) dl = (uint64_t)c->cfg.default_deadline_ms;
   if (dl > DEADLINE_MAX_MS) dl = DEADLINE_MAX_MS;
   r->client_tag = tag;
@@ -563,7 +623,7 @@ static void worker_lost(mbd_bcore *c, mbd_bworker *w, const char *why) {
     breq *next = r->qnext;
     size_t nmatch = 0;
     bool gone = r->is_session ? !mbd_registry_find_uid(c->reg, r->session_uid)
-                              : (mbd_registry_select(c->reg, &r->want, r->model, NULL, &nmatch),
+                              : (select_for(c, r, &nmatch),
                                  nmatch == 0);
     if (gone) {
       if (r->is_session) session_lost(c, r);

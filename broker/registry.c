@@ -59,6 +59,9 @@ int mbd_registry_parse_ready(const msgpack_object *body, mbd_bworker *w, mbd_err
   w->capacity = (int)cap;
   w->pid = 0;
   if ((rc = mbd_obj_i64(body, "pid", false, &w->pid, err))) return mbd_error_prefix(err, "READY: ");
+  int64_t dev = -1; /* optional: GPU workers report their CUDA ordinal */
+  if ((rc = mbd_obj_i64(body, "device", false, &dev, err))) return mbd_error_prefix(err, "READY: ");
+  w->device = dev >= 0 && dev <= 1023 ? (int)dev : -1;
   w->nmodels = 0;
   const msgpack_object *ms = mbd_obj_get(body, "models");
   if (ms && ms->type != MSGPACK_OBJECT_NIL) {
@@ -175,6 +178,26 @@ mbd_bworker *mbd_registry_select(mbd_registry *r, const mbd_route_want *want, co
     m++;
     if (w->inflight >= w->capacity) continue;
     if (!best || less_loaded(w, best)) best = w;
+  }
+  if (n_match) *n_match = m;
+  if (best) best->dispatch_seq = ++r->seq;
+  return best;
+}
+
+mbd_bworker *mbd_registry_select_ipc(mbd_registry *r, const mbd_route_want *want,
+                                     const char *model, const char *host_id, int device,
+                                     const mbd_bworker *exclude, size_t *n_match) {
+  mbd_bworker *best = NULL;
+  size_t m = 0;
+  for (size_t i = 0; i < r->n; i++) {
+    mbd_bworker *w = &r->w[i];
+    if (w == exclude || w->dead || w->device < 0 || strcmp(w->host_id, host_id) ||
+        !mbd_bworker_matches(w, want, model))
+      continue;
+    m++;
+    if (w->inflight >= w->capacity) continue;
+    bool wa = w->device == device, ba = best && best->device == device;
+    if (!best || (wa && !ba) || (wa == ba && less_loaded(w, best))) best = w;
   }
   if (n_match) *n_match = m;
   if (best) best->dispatch_seq = ++r->seq;

@@ -30,6 +30,7 @@ typedef struct mbd_bworker {
   char name[MBD_BW_NAME_MAX];             /* human name from READY */
   char uid[MBD_BW_UID_MAX];               /* unique per process start; prefixes session ids */
   char host_id[MBD_BW_NAME_MAX];          /* same host => shm/IPC possible */
+  int device;                             /* CUDA ordinal of a GPU worker; -1 = CPU/unknown */
   char route_id[65];                      /* recomputed from route_enc, verified */
   char route_enc[MBD_BW_ROUTE_ENC_MAX];   /* canonical route encoding */
   mbd_route_identity route;               /* decoded route_enc */
@@ -89,6 +90,14 @@ bool mbd_bworker_matches(const mbd_bworker *w, const mbd_route_want *want, const
  * `exclude` (optional) is never picked. */
 mbd_bworker *mbd_registry_select(mbd_registry *r, const mbd_route_want *want, const char *model,
                                  const mbd_bworker *exclude, size_t *n_match);
+
+/* As mbd_registry_select, for requests carrying CUDA IPC tensors: only GPU
+ * workers on the client's host (host_id equal, device >= 0) match; among
+ * those with spare capacity the one on `device` (the GPU holding the memory)
+ * is preferred, then the least loaded (GPU-affine routing). */
+mbd_bworker *mbd_registry_select_ipc(mbd_registry *r, const mbd_route_want *want,
+                                     const char *model, const char *host_id, int device,
+                                     const mbd_bworker *exclude, size_t *n_match);
 
 /* NO_ROUTE message naming what was asked and what exists, e.g.
  * "no live worker matches route dtype=bf16 model=m; available: 3fa2c1d0 cpu/f32/deterministic

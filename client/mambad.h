@@ -203,6 +203,26 @@ typedef struct mbd_session_state {
 } mbd_session_state;
 int mbd_session_export(mbd_session *s, const mbd_call_opts *o, mbd_session_state **out,
                        mbd_error *err);
+/* ---- CUDA IPC tensors (builds with CUDA only: client/cuda_ipc.c) ------- */
+
+struct mbd_tensor_ref; /* common/protocol.h: the request body's tensor ref */
+
+/* Fills *out as a CUDA IPC ref to the tensor desc at byte `offset` of the
+ * device allocation that starts at `alloc_base` (a cudaMalloc result; IPC
+ * handles name whole allocations) and holds `alloc_bytes`. When `cuda_event`
+ * (a cudaEvent_t created with cudaEventInterprocess | cudaEventDisableTiming)
+ * is non-NULL, the caller records it after producing the data and the worker
+ * waits on it before reading. Send the request with the client's host id
+ * (mbd_client_host_id): only workers on the same host can open the handle.
+ * MBD_E_INVALID when the range does not fit the allocation, MBD_E_DEVICE when
+ * CUDA refuses the export. */
+int mbd_cuda_ipc_ref(const void *alloc_base, size_t alloc_bytes, uint64_t offset,
+                     const mbd_tensor_desc *desc, const char *name, void *cuda_event,
+                     struct mbd_tensor_ref *out, mbd_error *err);
+/* This machine's host id as workers report it (/etc/machine-id, else the
+ * hostname) into buf. */
+void mbd_client_host_id(char *buf, size_t cap);
+
 void mbd_session_state_free(mbd_session_state **st);
 /* Creates a session from exported state. The route defaults to the state's
  * exact route id (bit-exact continuation); o->route overrides it. */

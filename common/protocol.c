@@ -406,6 +406,14 @@ static int read_tref(const msgpack_object *m, mbd_tensor_ref *r, mbd_error *err)
   if (rc) return rc;
   if (dev < 0 || dev > 1024) return mbd_error_set(err, MBD_E_INVALID, "bad CUDA device %" PRId64, dev);
   r->device = (int)dev;
+  const msgpack_object *ev = mbd_obj_get(loc, "event"); /* optional: order after the client */
+  if (ev) {
+    if (ev->type != MSGPACK_OBJECT_BIN || ev->via.bin.size != MBD_IPC_HANDLE_BYTES)
+      return mbd_error_set(err, MBD_E_INVALID, "field 'event' must be %d bytes of binary",
+                           MBD_IPC_HANDLE_BYTES);
+    memcpy(r->ipc_event, ev->via.bin.ptr, MBD_IPC_HANDLE_BYTES);
+    r->has_event = true;
+  }
   return MBD_OK;
 }
 
@@ -518,13 +526,18 @@ void mbd_pack_tensor_ref(msgpack_packer *pk, const mbd_tensor_ref *r) {
     break;
   case MBD_TREF_CUDA_IPC:
     mbd_pack_str(pk, "ipc");
-    msgpack_pack_map(pk, 4);
+    msgpack_pack_map(pk, r->has_event ? 5 : 4);
     mbd_pack_str(pk, "handle");
     msgpack_pack_bin(pk, MBD_IPC_HANDLE_BYTES);
     msgpack_pack_bin_body(pk, r->ipc_handle, MBD_IPC_HANDLE_BYTES);
     mbd_pack_kv_i64(pk, "device", r->device);
     mbd_pack_kv_u64(pk, "offset", r->offset);
     mbd_pack_kv_u64(pk, "size", r->size);
+    if (r->has_event) {
+      mbd_pack_str(pk, "event");
+      msgpack_pack_bin(pk, MBD_IPC_HANDLE_BYTES);
+      msgpack_pack_bin_body(pk, r->ipc_event, MBD_IPC_HANDLE_BYTES);
+    }
     break;
   }
 }

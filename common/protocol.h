@@ -102,7 +102,7 @@ typedef enum mbd_tref_kind {
 #define MBD_IPC_HANDLE_BYTES 64
 
 /* Body encoding: {"name", "dtype", "shape", and one of "frame" | "shm":{name,offset,size} |
- * "ipc":{handle(bin 64), device, offset, size}} */
+ * "ipc":{handle(bin 64), device, offset, size, [event(bin 64)]}} */
 typedef struct mbd_tensor_ref {
   char name[MBD_TREF_NAME_MAX]; /* e.g. "input_ids", "logits" */
   mbd_tensor_desc desc;         /* dtype + shape */
@@ -112,6 +112,9 @@ typedef struct mbd_tensor_ref {
   uint64_t offset, size;          /* SHM / CUDA_IPC: byte range; size >= desc bytes */
   uint8_t ipc_handle[MBD_IPC_HANDLE_BYTES]; /* CUDA_IPC */
   int device;                               /* CUDA_IPC: exporter's device ordinal */
+  bool has_event;                           /* CUDA_IPC: ipc_event is set */
+  uint8_t ipc_event[MBD_IPC_HANDLE_BYTES];  /* CUDA_IPC: optional cudaIpcEventHandle_t the
+                                               worker waits on before touching the memory */
 } mbd_tensor_ref;
 
 /* Reads array `key` of tensor refs into out[0..cap); checks dtype names, shape

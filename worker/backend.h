@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/protocol.h"
 #include "common/route.h"
 #include "common/status.h"
 #include "common/tensor.h"
@@ -27,6 +28,8 @@ typedef struct mbd_backend_opts {
   mbd_dtype_policy policy; /* weight storage dtype */
   int threads;             /* <= 0: one per CPU */
   int64_t state_capacity;  /* session slots (part of the route) */
+  int device;              /* CUDA device ordinal (cuda backend only) */
+  int max_batch;           /* largest batched step (cuda: decode graph buckets) */
 } mbd_backend_opts;
 
 typedef struct mbd_backend_ops {
@@ -56,6 +59,15 @@ typedef struct mbd_backend_ops {
   /* One token per state, n states at once: logits [n,V]. */
   int (*step)(mbd_backend *b, mbd_bmodel *m, mbd_bstate *const *states, const int64_t *tokens,
               int64_t n, float *logits, mbd_error *err);
+  /* Optional (NULL on backends without device memory): CUDA IPC tensors.
+   * ipc_read copies the nbytes of ref r (a checked range of the client's
+   * allocation, after the client's event when r names one) to host dst;
+   * ipc_write copies host src into it. Bad, stale or foreign handles and
+   * ranges outside the allocation fail the request, never the worker. */
+  int (*ipc_read)(mbd_backend *b, const mbd_tensor_ref *r, void *dst, size_t nbytes,
+                  mbd_error *err);
+  int (*ipc_write)(mbd_backend *b, const mbd_tensor_ref *r, const void *src, size_t nbytes,
+                   mbd_error *err);
 } mbd_backend_ops;
 
 struct mbd_backend {
@@ -65,6 +77,10 @@ struct mbd_backend {
 
 /* The CPU backend (portable C / AVX2, deterministic mode only). */
 int mbd_backend_cpu_new(const mbd_backend_opts *opts, mbd_backend **out, mbd_error *err);
+/* The CUDA backend on device opts->device (mbd_gpu_ctx + mbd_mamba1_gpu):
+ * sessions in preallocated device slots, steps batched into graph-replayed
+ * decodes. Only in builds with MBD_HAVE_CUDA (worker/backend_cuda.c). */
+int mbd_backend_cuda_new(const mbd_backend_opts *opts, mbd_backend **out, mbd_error *err);
 /* Calls ops->destroy; NULL-safe; nulls *b. */
 void mbd_backend_destroy(mbd_backend **b);
 

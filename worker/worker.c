@@ -110,7 +110,7 @@ static double now_s(void) {
 /* ---- options ---------------------------------------------------------- */
 
 const char *mbd_worker_usage(void) {
-  return "usage: mambad-worker --connect EP --name NAME [--device cpu] [--dtype f32|bf16|f16]\n"
+  return "usage: mambad-worker --connect EP --name NAME [--device cpu|cuda:N] [--dtype f32|bf16|f16]\n"
          "         [--gemm-mode deterministic] [--model NAME=DIR]... [--threads N]\n"
          "         [--capacity N] [--max-batch N] [--heartbeat-ms MS] [--liveness N]\n"
          "         [--session-idle-s S] [--host-id ID] [--max-message-mb N]\n";
@@ -155,6 +155,7 @@ static void default_host_id(char *out, size_t cap) {
 int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *err) {
   memset(o, 0, sizeof *o);
   o->backend = MBD_BACKEND_CPU;
+  o->device = -1;
   o->mode = MBD_GEMM_DETERMINISTIC;
   o->policy = MBD_POLICY_F32;
   o->capacity = 64;
@@ -184,7 +185,15 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
                              sizeof o->name - 1, val);
       snprintf(o->name, sizeof o->name, "%s", val);
     } else if (!strcmp(a, "--device")) {
-      if ((rc = mbd_backend_parse(val, &o->backend, err))) return mbd_error_prefix(err, "--device");
+      if (!strncmp(val, "cuda:", 5)) { /* cuda:N pins the worker to device N */
+        if ((rc = parse_int(a, val + 5, 0, 1023, &v, err))) return rc;
+        o->backend = MBD_BACKEND_CUDA;
+        o->device = (int)v;
+      } else if ((rc = mbd_backend_parse(val, &o->backend, err))) {
+        return mbd_error_prefix(err, "--device (cpu or cuda:N)");
+      } else {
+        o->device = o->backend == MBD_BACKEND_CUDA ? 0 : -1;
+      }
     } else if (!strcmp(a, "--dtype")) {
       if ((rc = mbd_dtype_policy_parse(val, &o->policy, err)))
         return mbd_error_prefix(err, "--dtype");
@@ -351,10 +360,13 @@ static void make_uid(char *out, size_t cap) {
 int mbd_worker_new(const mbd_worker_opts *o, mbd_worker **out, mbd_error *err) {
   *out = NULL;
   int rc;
+#ifndef MBD_HAVE_CUDA
   if (o->backend != MBD_BACKEND_CPU)
     return mbd_error_set(err, MBD_E_UNSUPPORTED,
-                         "--device %s is not built into this worker yet; use --device cpu",
+                         "--device %s: this build has no CUDA backend (rebuild with nvcc "
+                         "present); use --device cpu",
                          mbd_backend_name(o->backend));
+#endif
   if (o->nmodels == 0)
     MBD_LOGW(LOGC, "no --model given: this worker serves GEMM requests only");
   mbd_worker *w = calloc(1, sizeof *w);
@@ -362,8 +374,14 @@ int mbd_worker_new(const mbd_worker_opts *o, mbd_worker **out, mbd_error *err) {
   w->o = *o;
   make_uid(w->uid, sizeof w->uid);
   mbd_backend_opts bo = {.mode = o->mode, .policy = o->policy, .threads = o->threads,
-                         .state_capacity = o->capacity};
-  if ((rc = mbd_backend_cpu_new(&bo, &w->be, err))) goto fail;
+                         .state_capacity = o->capacity, .device = o->device,
+                         .max_batch = o->max_batch};
+#ifdef MBD_HAVE_CUDA
+  if (o->backend == MBD_BACKEND_CUDA) rc = mbd_backend_cuda_new(&bo, &w->be, err);
+  else
+#endif
+    rc = mbd_backend_cpu_new(&bo, &w->be, err);
+  if (rc) goto fail;
   w->be->ops->route(w->be, &w->route);
   size_t len = 0;
   if ((rc = mbd_route_encode(&w->route, w->route_enc, sizeof w->route_enc, &len, err))) goto fail;
@@ -520,7 +538,20 @@ static int find_model(mbd_worker *w, const char *name, mbd_error *err) {
 static int get_input(mbd_worker *w, const mbd_msg *msg, const mbd_tensor_ref *r, const void **data,
                      size_t *nbytes, void **own, mbd_error *err) {
   *own = NULL;
-  int rc = mbd_wreq_input(r, msg, w->shm, data, nbytes, err);
+  int rc;
+  if (r->kind == MBD_TREF_CUDA_IPC && w->be->ops->ipc_read) { /* staged through host */
+    if ((rc = mbd_tensor_desc_nbytes(&r->desc, nbytes, err))) return rc;
+    if (!(*own = malloc(*nbytes ? *nbytes : 1)))
+      return mbd_error_set(err, MBD_E_NOMEM, "out of memory for IPC tensor '%s'", r->name);
+    if ((rc = w->be->ops->ipc_read(w->be, r, *own, *nbytes, err))) {
+      free(*own);
+      *own = NULL;
+      return rc;
+    }
+    *data = *own;
+    return MBD_OK;
+  }
+  rc = mbd_wreq_input(r, msg, w->shm, data, nbytes, err);
   if (rc) return rc;
   size_t es = mbd_dtype_size(r->desc.dtype);
   if (es > 1 && ((uintptr_t)*data % es)) {
@@ -540,6 +571,19 @@ static int get_output(mbd_worker *w, const mbd_wreq *q, const mbd_tensor_desc *w
   size_t nbytes;
   int rc = mbd_tensor_desc_nbytes(want, &nbytes, err);
   if (rc) return rc;
+  if (q->noutputs && q->outputs[0].kind == MBD_TREF_CUDA_IPC && w->be->ops->ipc_read) {
+    /* Computed on the host, then copied into the IPC range by reply_tensor. */
+    const mbd_tensor_desc *d = &q->outputs[0].desc;
+    bool same = d->dtype == want->dtype && d->ndim == want->ndim;
+    for (int i = 0; same && i < want->ndim; i++) same = d->shape[i] == want->shape[i];
+    if (!same)
+      return mbd_error_set(err, MBD_E_SHAPE, "IPC output '%s' does not have the result's shape",
+                           q->outputs[0].name);
+    if (!(*own = malloc(nbytes ? nbytes : 1)))
+      return mbd_error_set(err, MBD_E_NOMEM, "out of memory for a %zu-byte result", nbytes);
+    *dst = *own;
+    return MBD_OK;
+  }
   if (q->noutputs) return mbd_wreq_output(&q->outputs[0], want, w->shm, dst, err);
   if (nbytes > w->o.max_message_bytes) {
     char d[96];
@@ -569,6 +613,17 @@ static void reply_tensor(mbd_worker *w, const mbd_wreq *q, uint64_t tag, const c
   mbd_tensor_ref r;
   size_t nbytes = 0;
   mbd_tensor_desc_nbytes(desc, &nbytes, NULL);
+  if (own && q->noutputs && q->outputs[0].kind == MBD_TREF_CUDA_IPC && w->be->ops->ipc_write) {
+    mbd_error e = {0};
+    int rc = w->be->ops->ipc_write(w->be, &q->outputs[0], own, nbytes, &e);
+    free(own);
+    own = NULL;
+    if (rc) {
+      msgpack_sbuffer_destroy(&sb);
+      reply_err(w, tag, &e);
+      return;
+    }
+  }
   if (own) {
     memset(&r, 0, sizeof r);
     snprintf(r.name, sizeof r.name, "%s", name);
@@ -1184,7 +1239,8 @@ static void send_ready(mbd_worker *w) {
   msgpack_sbuffer_init(&sb);
   msgpack_packer pk;
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk, 9);
+  msgpack_pack_map(&pk, 10);
+  mbd_pack_kv_i64(&pk, "device", w->o.backend == MBD_BACKEND_CUDA ? w->o.device : -1);
   mbd_pack_kv_str(&pk, "name", w->o.name);
   mbd_pack_kv_str(&pk, "uid", w->uid);
   mbd_pack_kv_str(&pk, "route", w->route_enc);

@@ -34,7 +34,8 @@ typedef struct mbd_worker_opts {
   char connect[256];                 /* broker's workers endpoint */
   char name[MBD_WORKER_NAME_MAX];    /* worker name (FINAL `worker`) */
   char host_id[128];                 /* same-host detection for shm; default machine-id */
-  mbd_backend_kind backend;          /* --device: cpu (cuda later) */
+  mbd_backend_kind backend;          /* --device: cpu or cuda:N */
+  int device;                        /* --device cuda:N: the CUDA ordinal N (-1 for cpu) */
   mbd_gemm_mode mode;                /* --gemm-mode */
   mbd_dtype_policy policy;           /* --dtype */
   mbd_worker_model_opt models[MBD_WORKER_MAX_MODELS];

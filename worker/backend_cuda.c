@@ -1,0 +1,546 @@
+/* CUDA backend of the worker: one GPU context (kernels/cuda/gpu_ctx.h) on
+ * --device cuda:N and the Mamba-1 GPU model (kernels/cuda/mamba1_gpu.h)
+ * behind the backend vtable (worker/backend.h).
+ *
+ * Sessions: each state is a preallocated device slot of the model (the
+ * context's state capacity); a batched step gathers the slots by index and
+ * replays the decode graph of the smallest bucket that holds the batch.
+ * Stateless FORWARDs run on extra slots above the sessions' ones.
+ * Export/import use the CPU model's state export format (kernels/model/
+ * mamba1.h: "MBDMSTA1" header + f32 conv + f32 ssm), so a blob moves between
+ * CPU and GPU workers byte-compatibly; the worker's route check decides
+ * whether an import is allowed (same route id = bit-exact continuation).
+ *
+ * CUDA IPC tensors: a handle is opened once and cached by its bytes; every
+ * use checks [offset, offset+size) against the real allocation found with
+ * cuMemGetAddressRange (resolved through cudaGetDriverEntryPointByVersion,
+ * so the worker does not link libcuda and still starts without a driver),
+ * and waits on the client's IPC event when the ref carries one. */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "kernels/cuda/gpu_ctx.h"
+#include "kernels/cuda/gpu_gemm.h"
+#include "kernels/cuda/mamba1_gpu.h"
+#include "worker/backend.h"
+
+#define LOGC "cuda-backend"
+#define STATE_MAGIC "MBDMSTA1" /* the CPU model's state export header */
+#define STATE_HEADER 40
+#define IPC_CACHE_MAX 256 /* open handles kept; the oldest is closed beyond */
+
+typedef CUresult (*addr_range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr dptr);
+
+/* One opened IPC memory handle or event. */
+typedef struct ipc_entry {
+  uint8_t key[MBD_IPC_HANDLE_BYTES]; /* handle bytes */
+  bool is_event;
+  void *base;                        /* opened mapping (memory) */
+  size_t size;                       /* allocation size (cuMemGetAddressRange) */
+  cudaEvent_t event;                 /* opened event */
+  uint64_t used;                     /* LRU clock */
+} ipc_entry;
+
+typedef struct cuda_model {
+  mbd_mamba1_gpu *m;
+  int64_t vocab;
+  int64_t *free_slots; /* stack of free session slots */
+  int64_t nfree;
+  int64_t fwd_base;    /* first forward slot */
+  int64_t fwd_slots;   /* forward slots (= max batch) */
+  int32_t *tok, *slots; /* [max_batch] scratch for steps */
+} cuda_model;
+
+/* Session state: a slot of its model and the tokens it consumed. */
+typedef struct cuda_state {
+  cuda_model *cm;
+  int64_t slot;
+  int64_t pos;
+} cuda_state;
+
+typedef struct cuda_backend {
+  mbd_backend base;
+  mbd_backend_opts opts;
+  mbd_gpu_ctx *ctx;
+  int64_t sessions;     /* session slots per model (--capacity) */
+  ipc_entry ipc[IPC_CACHE_MAX];
+  int nipc;
+  uint64_t clock;
+  addr_range_fn addr_range; /* cuMemGetAddressRange, or NULL (IPC refused) */
+} cuda_backend;
+
+static cuda_backend *impl(mbd_backend *b) { return (cuda_backend *)b->impl; }
+
+static int cu_err(mbd_error *err, cudaError_t e, const char *what) {
+  return mbd_error_set(err, MBD_E_DEVICE, "%s failed: %s (%s)", what, cudaGetErrorName(e),
+                       cudaGetErrorString(e));
+}
+
+static void cuda_destroy(mbd_backend *b) {
+  cuda_backend *c = impl(b);
+  for (int i = 0; i < c->nipc; i++) {
+    if (c->ipc[i].is_event) cudaEventDestroy(c->ipc[i].event);
+    else cudaIpcCloseMemHandle(c->ipc[i].base);
+  }
+  mbd_gpu_ctx_destroy(&c->ctx);
+  free(c);
+}
+
+static void cuda_route(mbd_backend *b, mbd_route_identity *r) {
+  cuda_backend *c = impl(b);
+  mbd_error e = {0};
+  memset(r, 0, sizeof *r);
+  if (mbd_gpu_ctx_route(c->ctx, r, &e)) MBD_LOGE(LOGC, "route: %s", e.msg);
+}
+
+static mbd_dtype policy_dtype(mbd_dtype_policy p) {
+  return p == MBD_POLICY_BF16 ? MBD_DTYPE_BF16 : p == MBD_POLICY_F16 ? MBD_DTYPE_F16 : MBD_DTYPE_F32;
+}
+
+/* GEMM request: upload, one mbd_gpu_gemm under the context's mode, download.
+ * Per-request allocations: GEMM requests are not on the token path. */
+static int cuda_gemm(mbd_backend *b, int64_t M, int64_t N, int64_t K, mbd_dtype a_dtype,
+                     const void *A, mbd_dtype b_dtype, const void *B, const float *bias, float *C,
+                     mbd_error *err) {
+  cuda_backend *c = impl(b);
+  mbd_dtype dt = policy_dtype(c->opts.policy);
+  if (a_dtype != dt || b_dtype != dt)
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "this GPU worker's route stores %s: send gemm a and b as %s (got %s, %s)",
+                         mbd_dtype_name(dt), mbd_dtype_name(dt), mbd_dtype_name(a_dtype),
+                         mbd_dtype_name(b_dtype));
+  if (bias && dt != MBD_DTYPE_F32)
+    return mbd_error_set(err, MBD_E_UNSUPPORTED,
+                         "a gemm bias needs the f32 route on GPU workers (the device GEMM takes "
+                         "the bias in the input dtype): add it on the client");
+  if (M < 1 || N < 1 || K < 1 || M >= INT32_MAX || N >= INT32_MAX || K >= INT32_MAX)
+    return mbd_error_set(err, MBD_E_SHAPE, "gemm dims must be in 1..2^31-1");
+  size_t es = mbd_dtype_size(dt), na = (size_t)M * (size_t)K * es, nb = (size_t)N * (size_t)K * es,
+         nc = (size_t)M * (size_t)N * sizeof(float);
+  void *dA = NULL, *dB = NULL, *dbias = NULL, *dC = NULL;
+  int rc;
+  if ((rc = mbd_gpu_alloc(c->ctx, na, &dA, err)) || (rc = mbd_gpu_alloc(c->ctx, nb, &dB, err)) ||
+      (rc = mbd_gpu_alloc(c->ctx, nc, &dC, err)) ||
+      (bias && (rc = mbd_gpu_alloc(c->ctx, (size_t)N * sizeof(float), &dbias, err))))
+    goto fail;
+  if ((rc = mbd_gpu_upload(c->ctx, dA, A, na, err)) || (rc = mbd_gpu_upload(c->ctx, dB, B, nb, err)) ||
+      (bias && (rc = mbd_gpu_upload(c->ctx, dbias, bias, (size_t)N * sizeof(float), err))))
+    goto fail;
+  mbd_gpu_gemm_args g = {.dtype = dt, .out_dtype = MBD_DTYPE_F32, .m = M, .n = N, .k = K,
+                         .x = dA, .w = dB, .bias = dbias, .y = dC};
+  if ((rc = mbd_gpu_gemm(c->ctx, &g, err))) goto fail;
+  rc = mbd_gpu_download(c->ctx, C, dC, nc, err);
+fail:
+  mbd_gpu_free(c->ctx, dA);
+  mbd_gpu_free(c->ctx, dB);
+  mbd_gpu_free(c->ctx, dbias);
+  mbd_gpu_free(c->ctx, dC);
+  return rc;
+}
+
+static void cuda_model_destroy(mbd_backend *b, mbd_bmodel *bm) {
+  cuda_model *cm = (cuda_model *)bm;
+  if (!cm) return;
+  mbd_mamba1_gpu_destroy(&cm->m);
+  free(cm->free_slots);
+  free(cm->tok);
+  free(cm->slots);
+  free(cm);
+}
+
+static int cuda_model_load(mbd_backend *b, const char *dir, mbd_bmodel **out, mbd_error *err) {
+  cuda_backend *c = impl(b);
+  int rc;
+  cuda_model *cm = calloc(1, sizeof *cm);
+  if (!cm) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for a model");
+  mbd_mamba1_gpu_options o;
+  mbd_mamba1_gpu_options_default(&o);
+  o.dtype = c->opts.policy == MBD_POLICY_TF32 ? MBD_DTYPE_F32 : policy_dtype(c->opts.policy);
+  o.max_batch = c->opts.max_batch;
+  o.use_graphs = 1;
+  if ((rc = mbd_mamba1_gpu_load(c->ctx, dir, &o, &cm->m, err))) goto fail;
+  cm->vocab = mbd_mamba1_gpu_config(cm->m)->vocab_size;
+  cm->fwd_slots = c->opts.max_batch;
+  cm->fwd_base = c->sessions;
+  if (mbd_mamba1_gpu_slots(cm->m) < cm->fwd_base + cm->fwd_slots) {
+    rc = mbd_error_set(err, MBD_E_INTERNAL, "model has %lld slots, need %lld",
+                       (long long)mbd_mamba1_gpu_slots(cm->m),
+                       (long long)(cm->fwd_base + cm->fwd_slots));
+    goto fail;
+  }
+  cm->free_slots = malloc((size_t)c->sessions * sizeof *cm->free_slots);
+  cm->tok = malloc((size_t)c->opts.max_batch * sizeof *cm->tok);
+  cm->slots = malloc((size_t)c->opts.max_batch * sizeof *cm->slots);
+  if (!cm->free_slots || !cm->tok || !cm->slots) {
+    rc = mbd_error_set(err, MBD_E_NOMEM, "out of memory for slot tables");
+    goto fail;
+  }
+  for (int64_t i = 0; i < c->sessions; i++) cm->free_slots[i] = c->sessions - 1 - i;
+  cm->nfree = c->sessions;
+  *out = (mbd_bmodel *)cm;
+  return MBD_OK;
+fail:
+  cuda_model_destroy(b, (mbd_bmodel *)cm);
+  return rc;
+}
+
+static int64_t cuda_model_vocab(const mbd_bmodel *m) { return ((const cuda_model *)m)->vocab; }
+
+static int to_i32(const int64_t *ids, int64_t n, int64_t vocab, int32_t *out, mbd_error *err) {
+  for (int64_t i = 0; i < n; i++) {
+    if (ids[i] < 0 || ids[i] >= vocab)
+      return mbd_error_set(err, MBD_E_INVALID, "token id %lld at position %lld is outside [0, %lld)",
+                           (long long)ids[i], (long long)i, (long long)vocab);
+    out[i] = (int32_t)ids[i];
+  }
+  return MBD_OK;
+}
+
+/* Stateless forward: rows in chunks of the forward slots, each from a zeroed
+ * slot; chunking does not change bits (mbd_mamba1_gpu determinism). */
+static int cuda_forward(mbd_backend *b, mbd_bmodel *bm, const int64_t *ids, int64_t B, int64_t T,
+                        bool last_only, float *logits, mbd_error *err) {
+  cuda_model *cm = (cuda_model *)bm;
+  if (B < 1 || T < 1 || T > INT32_MAX || B > INT64_MAX / T)
+    return mbd_error_set(err, MBD_E_SHAPE, "forward needs B >= 1 and 1 <= T < 2^31");
+  int64_t chunk = cm->fwd_slots;
+  int32_t *tok = malloc((size_t)(chunk * T) * sizeof *tok), slots[4096];
+  if (!tok) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for a forward");
+  int rc = MBD_OK;
+  size_t per = (size_t)(last_only ? 1 : T) * (size_t)cm->vocab;
+  for (int64_t r0 = 0; r0 < B && !rc; r0 += chunk) {
+    int64_t n = B - r0 < chunk ? B - r0 : chunk;
+    if ((rc = to_i32(ids + r0 * T, n * T, cm->vocab, tok, err))) break;
+    for (int64_t i = 0; i < n && !rc; i++) {
+      slots[i] = (int32_t)(cm->fwd_base + i);
+      rc = mbd_mamba1_gpu_slot_reset(cm->m, slots[i], err);
+    }
+    if (!rc)
+      rc = mbd_mamba1_gpu_prefill(cm->m, (int)n, (int)T, tok, slots,
+                                  last_only ? MBD_MAMBA1_GPU_LOGITS_LAST : MBD_MAMBA1_GPU_LOGITS_ALL,
+                                  logits + (size_t)r0 * per, err);
+  }
+  free(tok);
+  return rc;
+}
+
+static int cuda_state_new(mbd_backend *b, mbd_bmodel *bm, mbd_bstate **out, mbd_error *err) {
+  cuda_model *cm = (cuda_model *)bm;
+  *out = NULL;
+  if (cm->nfree == 0)
+    return mbd_error_set(err, MBD_E_BUSY, "all %lld device state slots are in use: close sessions "
+                         "or raise --capacity", (long long)impl(b)->sessions);
+  cuda_state *s = calloc(1, sizeof *s);
+  if (!s) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for a session state");
+  s->cm = cm;
+  s->slot = cm->free_slots[--cm->nfree];
+  int rc = mbd_mamba1_gpu_slot_reset(cm->m, s->slot, err);
+  if (rc) {
+    cm->free_slots[cm->nfree++] = s->slot;
+    free(s);
+    return rc;
+  }
+  *out = (mbd_bstate *)s;
+  return MBD_OK;
+}
+
+static void cuda_state_free(mbd_backend *b, mbd_bstate *bs) {
+  cuda_state *s = (cuda_state *)bs;
+  if (!s) return;
+  s->cm->free_slots[s->cm->nfree++] = s->slot;
+  free(s);
+}
+
+static size_t cuda_state_bytes(const mbd_bstate *bs) {
+  const cuda_state *s = (const cuda_state *)bs;
+  return STATE_HEADER + mbd_mamba1_gpu_state_bytes(s->cm->m);
+}
+
+static void put_u32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get_u32(const unsigned char *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static int cuda_state_save(const mbd_bstate *bs, void *dst, size_t cap, mbd_error *err) {
+  const cuda_state *s = (const cuda_state *)bs;
+  const mbd_mamba_config *c = mbd_mamba1_gpu_config(s->cm->m);
+  size_t need = cuda_state_bytes(bs);
+  if (cap < need)
+    return mbd_error_set(err, MBD_E_TOO_LARGE, "state export needs %zu bytes, buffer has %zu", need,
+                         cap);
+  unsigned char *p = dst;
+  memcpy(p, STATE_MAGIC, 8);
+  put_u32(p + 8, 1);
+  put_u32(p + 12, (uint32_t)c->n_layer);
+  put_u32(p + 16, (uint32_t)c->d_inner);
+  put_u32(p + 20, (uint32_t)c->d_conv);
+  put_u32(p + 24, (uint32_t)c->d_state);
+  put_u32(p + 28, 0);
+  put_u32(p + 32, (uint32_t)((uint64_t)s->pos & 0xffffffffu));
+  put_u32(p + 36, (uint32_t)((uint64_t)s->pos >> 32));
+  return mbd_mamba1_gpu_slot_read(s->cm->m, s->slot, p + STATE_HEADER, need - STATE_HEADER, err);
+}
+
+static int cuda_state_load(mbd_bstate *bs, const void *src, size_t len, mbd_error *err) {
+  cuda_state *s = (cuda_state *)bs;
+  const mbd_mamba_config *c = mbd_mamba1_gpu_config(s->cm->m);
+  const unsigned char *p = src;
+  if (!src || len < STATE_HEADER || memcmp(p, STATE_MAGIC, 8) != 0)
+    return mbd_error_set(err, MBD_E_FORMAT, "state import: not a Mamba-1 state export (bad magic)");
+  if (get_u32(p + 8) != 1)
+    return mbd_error_set(err, MBD_E_FORMAT, "state import: version %u, this build reads 1",
+                         get_u32(p + 8));
+  if (get_u32(p + 12) != (uint32_t)c->n_layer || get_u32(p + 16) != (uint32_t)c->d_inner ||
+      get_u32(p + 20) != (uint32_t)c->d_conv || get_u32(p + 24) != (uint32_t)c->d_state)
+    return mbd_error_set(err, MBD_E_SHAPE, "state import: the state is of another model shape");
+  if (len != cuda_state_bytes(bs))
+    return mbd_error_set(err, MBD_E_FORMAT, "state import: %zu bytes, expected %zu", len,
+                         cuda_state_bytes(bs));
+  /* The payload may be unaligned inside the request frame: slot_write copies bytes. */
+  int rc = mbd_mamba1_gpu_slot_write(s->cm->m, s->slot, p + STATE_HEADER, len - STATE_HEADER, err);
+  if (!rc) s->pos = (int64_t)((uint64_t)get_u32(p + 32) | (uint64_t)get_u32(p + 36) << 32);
+  return rc;
+}
+
+static int cuda_prefill(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *bs, const int64_t *ids,
+                        int64_t T, bool last_only, float *logits, mbd_error *err) {
+  cuda_model *cm = (cuda_model *)bm;
+  cuda_state *s = (cuda_state *)bs;
+  if (T < 1 || T > INT32_MAX)
+    return mbd_error_set(err, MBD_E_SHAPE, "prefill needs 1..2^31-1 tokens");
+  int32_t *tok = malloc((size_t)T * sizeof *tok);
+  if (!tok) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for %lld tokens", (long long)T);
+  int rc = to_i32(ids, T, cm->vocab, tok, err);
+  int32_t slot = (int32_t)s->slot;
+  if (!rc)
+    rc = mbd_mamba1_gpu_prefill(cm->m, 1, (int)T, tok, &slot,
+                                last_only ? MBD_MAMBA1_GPU_LOGITS_LAST : MBD_MAMBA1_GPU_LOGITS_ALL,
+                                logits, err);
+  if (!rc) s->pos += T;
+  free(tok);
+  return rc;
+}
+
+/* One graph-replayed decode over the sessions' slots (gathered by index). */
+static int cuda_step(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states,
+                     const int64_t *tokens, int64_t n, float *logits, mbd_error *err) {
+  cuda_backend *c = impl(b);
+  cuda_model *cm = (cuda_model *)bm;
+  if (n < 1 || n > c->opts.max_batch)
+    return mbd_error_set(err, MBD_E_INVALID, "step batch of %lld outside 1..%d", (long long)n,
+                         c->opts.max_batch);
+  int rc = to_i32(tokens, n, cm->vocab, cm->tok, err);
+  if (rc) return rc;
+  for (int64_t i = 0; i < n; i++) cm->slots[i] = (int32_t)((cuda_state *)states[i])->slot;
+  rc = mbd_mamba1_gpu_step(cm->m, (int)n, cm->tok, cm->slots, NULL, NULL, logits, err);
+  if (!rc)
+    for (int64_t i = 0; i < n; i++) ((cuda_state *)states[i])->pos++;
+  return rc;
+}
+
+/* ---- CUDA IPC ------------------------------------------------------------ */
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+static void ipc_evict(cuda_backend *c) {
+  int old = 0;
+  for (int i = 1; i < c->nipc; i++)
+    if (c->ipc[i].used < c->ipc[old].used) old = i;
+  if (c->ipc[old].is_event) cudaEventDestroy(c->ipc[old].event);
+  else cudaIpcCloseMemHandle(c->ipc[old].base);
+  c->ipc[old] = c->ipc[--c->nipc];
+}
+
+static ipc_entry *ipc_find(cuda_backend *c, const uint8_t *key, bool is_event) {
+  for (int i = 0; i < c->nipc; i++)
+    if (c->ipc[i].is_event == is_event && !memcmp(c->ipc[i].key, key, MBD_IPC_HANDLE_BYTES)) {
+      c->ipc[i].used = ++c->clock;
+      return &c->ipc[i];
+    }
+  return NULL;
+}
+
+/* Opens (or finds) the mapping of r's handle and checks r's range against the
+ * allocation; *dptr = base + offset. */
+static int ipc_resolve(cuda_backend *c, const mbd_tensor_ref *r, size_t nbytes, char **dptr,
+                       mbd_error *err) {
+  if (r->kind != MBD_TREF_CUDA_IPC)
+    return mbd_error_set(err, MBD_E_INVALID, "tensor '%s' is not a CUDA IPC ref", r->name);
+  double t0 = now_us();
+  ipc_entry *e = ipc_find(c, r->ipc_handle, false);
+  if (!e) {
+    cudaIpcMemHandle_t h;
+    memcpy(&h, r->ipc_handle, sizeof h);
+    void *base = NULL;
+    cudaError_t ce = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
+    if (ce != cudaSuccess) {
+      cudaGetLastError(); /* clear the sticky-free error so the worker keeps serving */
+      return mbd_error_set(err, MBD_E_INVALID,
+                           "tensor '%s': cannot open its CUDA IPC handle (%s: %s): the "
+                           "allocation was freed, the handle is from another machine or not "
+                           "a cudaIpcGetMemHandle result",
+                           r->name, cudaGetErrorName(ce), cudaGetErrorString(ce));
+    }
+    CUdeviceptr ab = 0;
+    size_t asz = 0;
+    CUresult cr = c->addr_range ? c->addr_range(&ab, &asz, (CUdeviceptr)(uintptr_t)base)
+                                : CUDA_ERROR_NOT_FOUND;
+    if (cr != CUDA_SUCCESS) {
+      cudaIpcCloseMemHandle(base);
+      return mbd_error_set(err, MBD_E_DEVICE,
+                           "tensor '%s': cuMemGetAddressRange on the opened IPC mapping failed "
+                           "(CUresult %d): cannot check the range, refusing it",
+                           r->name, (int)cr);
+    }
+    /* The handle maps the exporter's whole allocation from its base. */
+    size_t span = asz - (size_t)((uintptr_t)base - (uintptr_t)ab);
+    if ((uintptr_t)base < (uintptr_t)ab || (uintptr_t)base - (uintptr_t)ab > asz) span = 0;
+    if (c->nipc == IPC_CACHE_MAX) ipc_evict(c);
+    e = &c->ipc[c->nipc++];
+    memset(e, 0, sizeof *e);
+    memcpy(e->key, r->ipc_handle, MBD_IPC_HANDLE_BYTES);
+    e->base = base;
+    e->size = span;
+    e->used = ++c->clock;
+    MBD_LOGD(LOGC, "opened IPC handle of %zu bytes in %.1f us", span, now_us() - t0);
+  }
+  /* Overflow-safe: offset <= size, then both lengths within size - offset. */
+  if (r->offset > e->size || r->size > e->size - r->offset || nbytes > r->size)
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "tensor '%s': IPC range [%llu, +%llu) is outside the %zu-byte allocation "
+                         "its handle names",
+                         r->name, (unsigned long long)r->offset, (unsigned long long)r->size,
+                         e->size);
+  size_t es = mbd_dtype_size(r->desc.dtype);
+  if (es > 1 && r->offset % es)
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "tensor '%s': IPC offset %llu is not a multiple of its element size %zu",
+                         r->name, (unsigned long long)r->offset, es);
+  *dptr = (char *)e->base + r->offset;
+  if (r->has_event) { /* order our copy after the client's producer work */
+    ipc_entry *ev = ipc_find(c, r->ipc_event, true);
+    if (!ev) {
+      cudaIpcEventHandle_t eh;
+      memcpy(&eh, r->ipc_event, sizeof eh);
+      cudaEvent_t evt = NULL;
+      cudaError_t ce = cudaIpcOpenEventHandle(&evt, eh);
+      if (ce != cudaSuccess) {
+        cudaGetLastError();
+        return mbd_error_set(err, MBD_E_INVALID,
+                             "tensor '%s': cannot open its CUDA IPC event (%s): create it with "
+                             "cudaEventInterprocess | cudaEventDisableTiming",
+                             r->name, cudaGetErrorName(ce));
+      }
+      if (c->nipc == IPC_CACHE_MAX) ipc_evict(c);
+      ev = &c->ipc[c->nipc++];
+      memset(ev, 0, sizeof *ev);
+      memcpy(ev->key, r->ipc_event, MBD_IPC_HANDLE_BYTES);
+      ev->is_event = true;
+      ev->event = evt;
+      ev->used = ++c->clock;
+    }
+    cudaError_t ce = cudaStreamWaitEvent((cudaStream_t)mbd_gpu_ctx_stream(c->ctx), ev->event, 0);
+    if (ce != cudaSuccess) {
+      cudaGetLastError();
+      return cu_err(err, ce, "cudaStreamWaitEvent on the client's IPC event");
+    }
+  }
+  return MBD_OK;
+}
+
+static int ipc_copy(cuda_backend *c, void *dst, const void *src, size_t n, enum cudaMemcpyKind k,
+                    mbd_error *err) {
+  cudaStream_t s = (cudaStream_t)mbd_gpu_ctx_stream(c->ctx);
+  cudaError_t ce = cudaMemcpyAsync(dst, src, n, k, s);
+  if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
+  if (ce != cudaSuccess) {
+    cudaGetLastError();
+    return cu_err(err, ce, "copy through the CUDA IPC mapping");
+  }
+  return MBD_OK;
+}
+
+static int cuda_ipc_read(mbd_backend *b, const mbd_tensor_ref *r, void *dst, size_t nbytes,
+                         mbd_error *err) {
+  cuda_backend *c = impl(b);
+  char *p = NULL;
+  int rc = ipc_resolve(c, r, nbytes, &p, err);
+  if (rc || nbytes == 0) return rc;
+  return ipc_copy(c, dst, p, nbytes, cudaMemcpyDeviceToHost, err);
+}
+
+static int cuda_ipc_write(mbd_backend *b, const mbd_tensor_ref *r, const void *src, size_t nbytes,
+                          mbd_error *err) {
+  cuda_backend *c = impl(b);
+  char *p = NULL;
+  int rc = ipc_resolve(c, r, nbytes, &p, err);
+  if (rc || nbytes == 0) return rc;
+  return ipc_copy(c, p, src, nbytes, cudaMemcpyHostToDevice, err);
+}
+
+static const mbd_backend_ops k_cuda_ops = {
+    .name = "cuda",
+    .destroy = cuda_destroy,
+    .route = cuda_route,
+    .gemm = cuda_gemm,
+    .model_load = cuda_model_load,
+    .model_destroy = cuda_model_destroy,
+    .model_vocab = cuda_model_vocab,
+    .forward = cuda_forward,
+    .state_new = cuda_state_new,
+    .state_free = cuda_state_free,
+    .state_bytes = cuda_state_bytes,
+    .state_save = cuda_state_save,
+    .state_load = cuda_state_load,
+    .prefill = cuda_prefill,
+    .step = cuda_step,
+    .ipc_read = cuda_ipc_read,
+    .ipc_write = cuda_ipc_write,
+};
+
+int mbd_backend_cuda_new(const mbd_backend_opts *opts, mbd_backend **out, mbd_error *err) {
+  *out = NULL;
+  if (opts->max_batch < 1 || opts->max_batch > 4096 || opts->state_capacity < 1)
+    return mbd_error_set(err, MBD_E_INVALID, "cuda backend needs --max-batch in 1..4096 and "
+                         "--capacity >= 1");
+  cuda_backend *c = calloc(1, sizeof *c);
+  if (!c) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for the CUDA backend");
+  c->opts = *opts;
+  c->sessions = opts->state_capacity;
+  mbd_gpu_ctx_config cfg;
+  mbd_gpu_ctx_config_default(&cfg);
+  cfg.device = opts->device;
+  cfg.mode = opts->mode;
+  cfg.policy = opts->policy;
+  cfg.family = MBD_FAMILY_INFERENCE;
+  /* Session slots + one forward chunk of max_batch rows (the route's capacity). */
+  cfg.state_capacity = opts->state_capacity + opts->max_batch;
+  int rc = mbd_gpu_ctx_new(&cfg, &c->ctx, err);
+  if (rc) {
+    free(c);
+    return mbd_error_prefix(err, "--device cuda:%d", opts->device);
+  }
+  enum cudaDriverEntryPointQueryResult q;
+  void *fn = NULL;
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) ==
+          cudaSuccess &&
+      q == cudaDriverEntryPointSuccess)
+    c->addr_range = (addr_range_fn)fn;
+  else
+    MBD_LOGW(LOGC, "cuMemGetAddressRange unavailable: CUDA IPC tensors will be refused");
+  c->base.ops = &k_cuda_ops;
+  c->base.impl = c;
+  *out = &c->base;
+  return MBD_OK;
+}
