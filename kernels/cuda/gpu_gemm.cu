@@ -38,6 +38,7 @@ struct mbd_wg_params {
   CUtensorMap tw;
   mbd_gemm_params p;
   int tiles_m, tiles_n;
+  int a_rows;
 };
 
 /* wgmma configurations, index = kernel slot offset (see MBD_WG_ALL):
@@ -49,21 +50,41 @@ struct wtile_cfg {
   bool tma;
 };
 static const wtile_cfg k_wtiles[9] = {
-    {64, 16, 8, 2, 0.3, true},    {64, 32, 8, 2, 0.4, true},   {64, 64, 6, 2, 0.55, true},
-    {64, 128, 4, 2, 0.7, true},   {128, 64, 4, 2, 0.75, true}, {128, 128, 3, 2, 0.9, true},
+    {64, 16, 20, 1, 0.3, true},   {64, 32, 18, 1, 0.4, true},  {64, 64, 13, 1, 0.55, true},
+    {64, 128, 9, 1, 0.7, true},   {128, 64, 4, 2, 0.75, true}, {128, 128, 3, 2, 0.9, true},
     {128, 256, 4, 1, 1.0, true},  {64, 64, 4, 2, 0.5, false},  {128, 128, 3, 2, 0.8, false}};
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* Pure scheduling (every configuration computes the same bits, see the kernel
- * contract): M <= 64 streams the weights with the widest N tile that still
- * gives every SM a block; larger M minimises waves x tile cost. */
+ * contract). M <= 64 streams the weights: a block keeps stages x BN x 128
+ * weight bytes in flight, so it moves about that much per loaded memory
+ * latency (~3 us measured at rev 3's first run); a wave's rate is the sum over
+ * its blocks, capped by HBM (~4 TB/s); pick the least estimated time. Larger
+ * M minimises waves x tile cost. */
 static int pick_wtile(const mbd_gpu_ctx *ctx, int64_t m, int64_t n, bool tma) {
   if (!tma) return m <= 64 ? 7 : 8;
   if (m <= 64) {
-    for (int i = 3; i > 0; i--)
-      if (cdiv(n, k_wtiles[i].bn) >= ctx->sm_count) return i;
-    return 0;
+    int best = 3;
+    double best_t = 0;
+    for (int i = 3; i >= 0; i--) {
+      const wtile_cfg &c = k_wtiles[i];
+      double blk_rate = (double)c.stages * c.bn * 128 / 3e-6; /* bytes/s per block */
+      if (blk_rate > 150e9) blk_rate = 150e9;
+      int64_t left = cdiv(n, c.bn);
+      double t = 0;
+      while (left > 0) {
+        int64_t w = left < ctx->sm_count ? left : ctx->sm_count;
+        double rate = (double)w * blk_rate;
+        t += (double)w * c.bn * 128 / (rate < 4e12 ? rate : 4e12);
+        left -= w;
+      }
+      if (i == 3 || t < best_t * 0.97) {
+        best = i;
+        best_t = t;
+      }
+    }
+    return best;
   }
   int best = 6;
   double best_cost = 0;
@@ -198,7 +219,9 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
              encoder() != NULL;
   int ti = pick_wtile(ctx, a->m, a->n, tma);
   const wtile_cfg &t = k_wtiles[ti];
-  if (tma && !(encode_map(&P.tx, a->dtype, a->x, a->m, a->k, t.bm) &&
+  /* M < BM: the X box brings only the rows that exist (rounded up to 8) */
+  P.a_rows = a->m < t.bm ? (int)((a->m + 7) / 8 * 8) : t.bm;
+  if (tma && !(encode_map(&P.tx, a->dtype, a->x, a->m, a->k, P.a_rows) &&
                encode_map(&P.tw, a->dtype, a->w, a->n, a->k, t.bn))) {
     /* the encoder refused (limits we did not foresee): same bits on plain loads */
     memset(&P, 0, sizeof P);
@@ -206,6 +229,7 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
     ti = pick_wtile(ctx, a->m, a->n, false);
   }
   const wtile_cfg &u = k_wtiles[ti];
+  if (!u.tma) P.a_rows = u.bm;
   P.tiles_m = (int)cdiv(a->m, u.bm);
   P.tiles_n = (int)cdiv(a->n, u.bn);
   size_t smem = (size_t)u.stages * (u.bm + u.bn) * 128 + 1024 + 16 * (size_t)u.stages;

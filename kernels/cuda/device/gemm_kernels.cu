@@ -324,7 +324,10 @@ MBD_HGEMM_ALL(f16, __half)
  * Block: CWG consumer warpgroups (warps 0..4*CWG-1), then one producer warp.
  * Shared memory: STAGES x (A tile [64*CWG][64], B tile [BN][64]) in the TMA
  * 128-byte swizzle (16-byte chunk c of row r at r*128 + ((c ^ (r & 7)) * 16)),
- * then full/empty mbarriers. */
+ * then full/empty mbarriers. When M < BM the X box covers only round_up(M, 8)
+ * rows (the copy engine's zero fill of absent rows was measured slower than
+ * real loads); the A rows past it are zeroed once at block start. Rows past M
+ * only feed output rows that are never stored. */
 #include <cuda.h> /* CUtensorMap */
 
 struct mbd_wg_params {
@@ -332,6 +335,7 @@ struct mbd_wg_params {
   CUtensorMap tw; /* W [N,K], box {64, BN} */
   mbd_gemm_params p;
   int tiles_m, tiles_n;
+  int a_rows; /* rows of X the TMA box brings per stage (multiple of 8, <= BM) */
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -610,6 +614,14 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
+  if (TMA && P.a_rows < BM) {
+    const int zq = (BM - P.a_rows) * 8; /* 16-byte words per stage */
+    for (int s = 0; s < STAGES; s++) {
+      uint4 *z = (uint4 *)(base + s * STAGE_BYTES + P.a_rows * 128);
+      for (int i = threadIdx.x; i < zq; i += blockDim.x) z[i] = make_uint4(0, 0, 0, 0);
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
   __syncthreads();
 
   if (warp == 4 * CWG) { /* producer warp */
@@ -620,7 +632,7 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
       if (TMA) {
         if (lane == 0) {
           if (kt >= STAGES) mbar_wait(empty0 + 8 * s, ph ^ 1u);
-          mbar_expect_tx(full0 + 8 * s, STAGE_BYTES);
+          mbar_expect_tx(full0 + 8 * s, (uint32_t)P.a_rows * 128u + B_BYTES);
           tma_load_2d(a_s, &P.tx, full0 + 8 * s, kt * BK, m0);
           tma_load_2d(b_s, &P.tw, full0 + 8 * s, kt * BK, n0);
         }
@@ -704,13 +716,14 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
     wg_body<T, CWG, BN, IN, ST, TMA>(P);                                                 \
   }
 /* Configurations (scheduling only; mirrored by k_wtiles in gpu_gemm.cu):
- *   0..3: 64 x {16,32,64,128} (decode, weight streaming)  4..6: 128 x {64,128,256}
- *   7, 8: plain-load producer, 64 x 64 and 128 x 128 */
+ *   0..3: 64 x {16,32,64,128}, one block per SM with ~200 KB of stages so each SM
+ *         keeps 40-140 KB of weights in flight (decode is latency x bytes bound)
+ *   4..6: 128 x {64,128,256}   7, 8: plain-load producer, 64 x 64 and 128 x 128 */
 #define MBD_WG_ALL(ty, T)                                                                  \
-  MBD_WG(mbd_wgemm_##ty##_0, T, 1, 16, 16, 8, true, 2)                                     \
-  MBD_WG(mbd_wgemm_##ty##_1, T, 1, 32, 32, 8, true, 2)                                     \
-  MBD_WG(mbd_wgemm_##ty##_2, T, 1, 64, 64, 6, true, 2)                                     \
-  MBD_WG(mbd_wgemm_##ty##_3, T, 1, 128, 128, 4, true, 2)                                   \
+  MBD_WG(mbd_wgemm_##ty##_0, T, 1, 16, 16, 20, true, 1)                                    \
+  MBD_WG(mbd_wgemm_##ty##_1, T, 1, 32, 32, 18, true, 1)                                    \
+  MBD_WG(mbd_wgemm_##ty##_2, T, 1, 64, 64, 13, true, 1)                                    \
+  MBD_WG(mbd_wgemm_##ty##_3, T, 1, 128, 128, 9, true, 1)                                   \
   MBD_WG(mbd_wgemm_##ty##_4, T, 2, 64, 64, 4, true, 2)                                     \
   MBD_WG(mbd_wgemm_##ty##_5, T, 2, 128, 128, 3, true, 2)                                   \
   MBD_WG(mbd_wgemm_##ty##_6, T, 2, 256, 256, 4, true, 1)                                   \
