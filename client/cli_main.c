@@ -270,7 +270,7 @@ static int cmd_status(int argc, char **argv) {
   if (r->n_workers) printf("%-16s %-14s %-9s %-8s %-8s %s\n", "WORKER", "ROUTE", "LOAD", "SESSIONS", "PID", "MODELS");
   for (size_t i = 0; i < r->n_workers; i++) {
     const mbd_worker_info *w = &r->workers[i];
-    char load[32], sess[16], models[256] = "";
+    char load[48], sess[24], models[256] = "";
     snprintf(load, sizeof load, "%" PRId64 "/%" PRId64, w->load, w->capacity);
     if (w->sessions >= 0) snprintf(sess, sizeof sess, "%" PRId64, w->sessions);
     else snprintf(sess, sizeof sess, "-");

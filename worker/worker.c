@@ -165,7 +165,7 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
   o->session_idle_s = 600;
   o->max_message_bytes = (size_t)256 << 20;
   int rc;
-  long v;
+  long v = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h"))
