@@ -378,6 +378,8 @@ static int ipc_resolve(cuda_backend *c, const mbd_tensor_ref *r, size_t nbytes, 
   if (r->kind != MBD_TREF_CUDA_IPC)
     return mbd_error_set(err, MBD_E_INVALID, "tensor '%s' is not a CUDA IPC ref", r->name);
   double t0 = now_us();
+  cudaError_t se = cudaSetDevice(c->opts.device); /* handles open on the current device */
+  if (se != cudaSuccess) return cu_err(err, se, "cudaSetDevice");
   ipc_entry *e = ipc_find(c, r->ipc_handle, false);
   if (!e) {
     cudaIpcMemHandle_t h;
