@@ -98,14 +98,39 @@ static void find_bin_dir(char *out, size_t cap) {
   snprintf(out, cap, "%s", self);
 }
 
+/* GPUs this process may use (`device: all`): the driver's list
+ * (/proc/driver/nvidia/gpus, else `nvidia-smi -L`), capped by the number of
+ * entries in CUDA_VISIBLE_DEVICES when it is set (workers then see ordinals
+ * 0..n-1). No CUDA runtime needed, so CPU-only builds keep working. */
 static int count_gpus(void) {
-  DIR *d = opendir("/proc/driver/nvidia/gpus");
-  if (!d) return 0;
   int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)))
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
+  DIR *d = opendir("/proc/driver/nvidia/gpus");
+  if (d) {
+    struct dirent *e;
+    while ((e = readdir(d)))
+      if (e->d_name[0] != '.') n++;
+    closedir(d);
+  }
+  if (n == 0) {
+    FILE *f = popen("nvidia-smi -L 2>/dev/null", "r");
+    if (f) {
+      char line[512];
+      while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "GPU ", 4)) n++;
+      pclose(f);
+    }
+  }
+  const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+  if (vis) {
+    int v = 0;
+    for (const char *p = vis; *p;) {
+      size_t len = strcspn(p, ",");
+      if (len && strncmp(p, "-1", 2)) v++;
+      else if (len) break; /* an invalid entry hides the rest from CUDA */
+      p += len + (p[len] == ',');
+    }
+    if (v < n) n = v;
+  }
   return n;
 }
 
@@ -194,7 +219,8 @@ static int plan(supervisor *s, const mbd_deploy_config *cfg, mbd_error *err) {
       if (n == 0)
         return mbd_error_set(err, MBD_E_DEVICE,
                              "%s:%d: workers[%zu].device: 'all' but this host shows no NVIDIA GPU "
-                             "(/proc/driver/nvidia/gpus is empty); use device: cpu here",
+                             "(/proc/driver/nvidia/gpus, nvidia-smi -L and CUDA_VISIBLE_DEVICES give none); "
+                             "use device: cpu here",
                              cfg->path, w->line, i);
       for (int g = 0; g < n && rc == 0; g++) {
         snprintf(name, sizeof name, "%s-%d", w->name, g);
