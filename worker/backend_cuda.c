@@ -72,6 +72,8 @@ typedef struct cuda_backend {
   int nipc;
   uint64_t clock;
   addr_range_fn addr_range; /* cuMemGetAddressRange, or NULL (IPC refused) */
+  uint64_t ipc_hits;        /* cached handle lookups, and their summed time */
+  double ipc_hit_us;
 } cuda_backend;
 
 static cuda_backend *impl(mbd_backend *b) { return (cuda_backend *)b->impl; }
@@ -415,7 +417,12 @@ static int ipc_resolve(cuda_backend *c, const mbd_tensor_ref *r, size_t nbytes, 
     e->base = base;
     e->size = span;
     e->used = ++c->clock;
-    MBD_LOGD(LOGC, "opened IPC handle of %zu bytes in %.1f us", span, now_us() - t0);
+    MBD_LOGI(LOGC, "opened a CUDA IPC handle: %zu-byte allocation, %.1f us", span, now_us() - t0);
+  } else {
+    c->ipc_hit_us += now_us() - t0;
+    if (++c->ipc_hits % 50 == 0)
+      MBD_LOGI(LOGC, "CUDA IPC cache: %llu hits, mean cached lookup %.2f us",
+               (unsigned long long)c->ipc_hits, c->ipc_hit_us / (double)c->ipc_hits);
   }
   /* Overflow-safe: offset <= size, then both lengths within size - offset. */
   if (r->offset > e->size || r->size > e->size - r->offset || nbytes > r->size)

@@ -203,26 +203,29 @@ static void expect_error(const mbd_tensor_ref *in, bool host, int want_code, con
 
 static void test_bad_refs_fail_cleanly(void **st) {
   (void)st;
+  /* 2 MiB: a whole allocation granule, so the allocation the worker sees
+   * (cuMemGetAddressRange) ends exactly where the client's does. */
+  const size_t A = (size_t)2 << 20;
   void *din = NULL;
-  assert_int_equal(cudaMalloc(&din, 4096), cudaSuccess);
+  assert_int_equal(cudaMalloc(&din, A), cudaSuccess);
   cudaMemcpy(din, g_ids, sizeof g_ids, cudaMemcpyHostToDevice);
   mbd_tensor_desc d;
   ids_desc(&d);
   mbd_tensor_ref good, r;
   mbd_error e = {0};
-  assert_int_equal(mbd_cuda_ipc_ref(din, 4096, 0, &d, "input_ids", NULL, &good, &e), 0);
+  assert_int_equal(mbd_cuda_ipc_ref(din, A, 0, &d, "input_ids", NULL, &good, &e), 0);
   /* random handle bytes */
   r = good;
   uint64_t s = 31;
   for (int i = 0; i < MBD_IPC_HANDLE_BYTES; i++) r.ipc_handle[i] = (uint8_t)sg_rng(&s);
   expect_error(&r, true, 0, "random handle bytes");
-  /* offset past the end of the 4 KiB allocation */
+  /* offset past the end of the allocation */
   r = good;
-  r.offset = 8192;
+  r.offset = A + 8;
   expect_error(&r, true, MBD_E_INVALID, "offset past the end");
   /* in range start, size running past the end */
   r = good;
-  r.offset = 4096 - 64;
+  r.offset = A - 64;
   expect_error(&r, true, MBD_E_INVALID, "range past the end");
   /* size that would overflow offset + size inside the worker's check */
   r = good;
@@ -235,9 +238,9 @@ static void test_bad_refs_fail_cleanly(void **st) {
   expect_error(&r, true, 0, "overflowing offset");
   /* a freed allocation (never opened by the worker) */
   void *tmp = NULL;
-  assert_int_equal(cudaMalloc(&tmp, 1 << 20), cudaSuccess);
+  assert_int_equal(cudaMalloc(&tmp, A), cudaSuccess);
   mbd_tensor_ref freed;
-  assert_int_equal(mbd_cuda_ipc_ref(tmp, 1 << 20, 0, &d, "input_ids", NULL, &freed, &e), 0);
+  assert_int_equal(mbd_cuda_ipc_ref(tmp, A, 0, &d, "input_ids", NULL, &freed, &e), 0);
   cudaFree(tmp);
   expect_error(&freed, true, 0, "freed allocation");
   /* a foreign event handle */
