@@ -360,8 +360,11 @@ __global__ void __launch_bounds__(SCAN_BT)
            const int32_t *__restrict__ slots, ActT *__restrict__ y) {
   extern __shared__ float4 scan_sm4[];
   const int ND = R + 2 * N; /* x_proj row width */
-  const int stage_floats = 2 * SCAN_TC * SCAN_BT + SCAN_TC * ND;
-  float *smem = (float *)scan_sm4;
+  const int TS = min(T, SCAN_TC); /* staged steps per chunk (decode: 1) */
+  const int RP = R + 1;           /* padded weight row: conflict-free column reads */
+  const int stage_floats = 2 * TS * SCAN_BT + TS * ND;
+  float *sw = (float *)scan_sm4;  /* [SCAN_BT][RP] dt_proj weights, f32 */
+  float *smem = sw + SCAN_BT * RP;
   const int tid = threadIdx.x;
   const int c = blockIdx.x * SCAN_BT + tid;
   const int s = blockIdx.y;
@@ -372,8 +375,7 @@ __global__ void __launch_bounds__(SCAN_BT)
 
   /* Issues the cp.async loads of chunk q into stage buffer q & 1. */
   auto stage = [&](int q) {
-    float *sx = smem + (q & 1) * stage_floats, *sz = sx + SCAN_TC * SCAN_BT,
-          *sd = sz + SCAN_TC * SCAN_BT;
+    float *sx = smem + (q & 1) * stage_floats, *sz = sx + TS * SCAN_BT, *sd = sz + TS * SCAN_BT;
     const int t0 = q * SCAN_TC, tc = min(SCAN_TC, T - t0);
     for (int t = 0; t < tc; t++) {
       const int64_t row = base + t0 + t;
@@ -386,6 +388,14 @@ __global__ void __launch_bounds__(SCAN_BT)
   };
 
   stage(0);
+  { /* the block's weight rows are contiguous: coalesced, all loads in flight */
+    const int c0 = blockIdx.x * SCAN_BT, nch = min(SCAN_BT, di - c0);
+    const WT *g = dt_w + (int64_t)c0 * R;
+    for (int e = tid; e < nch * R; e += SCAN_BT) {
+      const int ch = e / R;
+      sw[ch * RP + (e - ch * R)] = ld_f32(g + e);
+    }
+  } /* visible after the first chunk's __syncthreads */
   float *hp = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N;
   float h[N], a[N];
 #pragma unroll
@@ -397,22 +407,23 @@ __global__ void __launch_bounds__(SCAN_BT)
   }
   const float d = Dv[cc];
   const float bdt = ld_f32(dt_b + cc);
-  const WT *wr = dt_w + (int64_t)cc * R;
+  const float *wr = sw + tid * RP; /* dead lanes: never stored */
 
   for (int q = 0; q < nchunk; q++) {
     cp_async_wait0();
     __syncthreads(); /* chunk q visible to all; buffer (q+1)&1 free (chunk q-1 done) */
     if (q + 1 < nchunk) stage(q + 1);
-    const float *sx = smem + (q & 1) * stage_floats, *sz = sx + SCAN_TC * SCAN_BT,
-                *sd = sz + SCAN_TC * SCAN_BT;
+    const float *sx = smem + (q & 1) * stage_floats, *sz = sx + TS * SCAN_BT,
+                *sd = sz + TS * SCAN_BT;
     const int t0 = q * SCAN_TC, tc = min(SCAN_TC, T - t0);
     /* dt_proj for the chunk's steps: k outer so each weight is loaded once;
      * every step's own chain still runs over k in ascending order. */
     float dt[SCAN_TC];
 #pragma unroll
     for (int t = 0; t < SCAN_TC; t++) dt[t] = 0.0f;
+#pragma unroll 4
     for (int k = 0; k < R; k++) {
-      const float wk = ld_f32(wr + k);
+      const float wk = wr[k];
 #pragma unroll
       for (int t = 0; t < SCAN_TC; t++)
         if (t < tc) dt[t] = __fmaf_rn(round_act<ActT>(sd[t * ND + k]), wk, dt[t]);
@@ -456,7 +467,9 @@ extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R
                          mbd_dtype_name(wdt), mbd_dtype_name(act));
   cudaStream_t s = (cudaStream_t)stream;
   dim3 grid((unsigned)((di + SCAN_BT - 1) / SCAN_BT), (unsigned)nseq);
-  const size_t sh = 2 * sizeof(float) * (size_t)(2 * SCAN_TC * SCAN_BT + SCAN_TC * (R + 2 * N));
+  const size_t ts = (size_t)(T < SCAN_TC ? T : SCAN_TC);
+  const size_t sh = sizeof(float) * ((size_t)SCAN_BT * (R + 1) +
+                                     2 * (2 * ts * SCAN_BT + ts * (size_t)(R + 2 * N)));
 #define SCAN_N(NN, T_)                                                                     \
   case NN:                                                                                 \
     if (sh > 48 * 1024)                                                                    \
@@ -502,6 +515,7 @@ __device__ __forceinline__ void better(float v, int i, float &bv, int &bi) {
 
 #define SAMPLE_BLOCKS 32 /* blocks per row: each scans V / 32 logits */
 #define SAMPLE_THREADS 256
+#define SAMPLE_ROW_BYTES (16 + 8 * SAMPLE_BLOCKS)
 
 /* Block-wide winner of (bv, bi); valid in thread 0. */
 __device__ __forceinline__ void block_best(float &bv, int &bi) {
@@ -525,9 +539,14 @@ __device__ __forceinline__ void block_best(float &bv, int &bi) {
 __global__ void __launch_bounds__(SAMPLE_THREADS)
     k_sample(int V, const float *__restrict__ logits, int64_t ld, const float *__restrict__ temp,
              const uint64_t *__restrict__ seed, const uint64_t *__restrict__ step,
-             unsigned *__restrict__ cnt, float *__restrict__ pv, int *__restrict__ pi,
-             int32_t *__restrict__ out) {
+             unsigned char *__restrict__ work, int32_t *__restrict__ out) {
   const int r = blockIdx.y, blk = blockIdx.x;
+  /* Row r's workspace block: counter, then the blocks' values and indices. Its
+   * place depends on r alone, not on n, so launches of any size share it. */
+  unsigned char *wr = work + (size_t)r * SAMPLE_ROW_BYTES;
+  unsigned *cnt = (unsigned *)wr;
+  float *pv = (float *)(wr + 16);
+  int *pi = (int *)(wr + 16 + 4 * SAMPLE_BLOCKS);
   const float *l = logits + (int64_t)r * ld;
   const float tp = temp ? temp[r] : 0.0f;
   const bool greedy = !(tp > 0.0f);
@@ -547,10 +566,10 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
   block_best(bv, bi);
   __shared__ bool last;
   if (threadIdx.x == 0) {
-    pv[r * SAMPLE_BLOCKS + blk] = bv;
-    pi[r * SAMPLE_BLOCKS + blk] = bi;
+    pv[blk] = bv;
+    pi[blk] = bi;
     __threadfence();
-    last = atomicAdd(&cnt[r], 1u) == SAMPLE_BLOCKS - 1;
+    last = atomicAdd(cnt, 1u) == SAMPLE_BLOCKS - 1;
   }
   __syncthreads();
   if (!last) return;
@@ -559,8 +578,8 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     float v = -INFINITY;
     int i = 0x7fffffff;
     if (threadIdx.x < SAMPLE_BLOCKS) {
-      v = __ldcg(pv + r * SAMPLE_BLOCKS + threadIdx.x);
-      i = __ldcg(pi + r * SAMPLE_BLOCKS + threadIdx.x);
+      v = __ldcg(pv + threadIdx.x);
+      i = __ldcg(pi + threadIdx.x);
     }
     for (int o = 16; o > 0; o >>= 1) {
       float ov = __shfl_xor_sync(0xffffffffu, v, o);
@@ -569,13 +588,13 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     }
     if (threadIdx.x == 0) {
       out[r] = i == 0x7fffffff ? 0 : i; /* all NaN / -inf: token 0 */
-      cnt[r] = 0;
+      *cnt = 0;
     }
   }
 }
 
 extern "C" size_t mbd_mops_sample_work_bytes(int n) {
-  return n <= 0 ? 0 : (size_t)n * (4 + (size_t)SAMPLE_BLOCKS * 8);
+  return n <= 0 ? 0 : (size_t)n * SAMPLE_ROW_BYTES;
 }
 
 extern "C" int mbd_mops_sample(void *stream, int n, int V, const float *logits, int64_t ld,
@@ -585,12 +604,9 @@ extern "C" int mbd_mops_sample(void *stream, int n, int V, const float *logits, 
   if (n > 65535 || V <= 0 || !work)
     return mbd_error_set(err, MBD_E_INVALID, "sampling: %d rows, vocabulary %d, workspace %p", n,
                          V, work);
-  unsigned *cnt = (unsigned *)work;
-  float *pv = (float *)(cnt + n);
-  int *pi = (int *)(pv + (size_t)n * SAMPLE_BLOCKS);
   dim3 grid(SAMPLE_BLOCKS, (unsigned)n);
   k_sample<<<grid, SAMPLE_THREADS, 0, (cudaStream_t)stream>>>(V, logits, ld, temp, seed, step,
-                                                              cnt, pv, pi, out);
+                                                              (unsigned char *)work, out);
   return launch_check("sampling", err);
 }
 
