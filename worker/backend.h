@@ -59,6 +59,13 @@ typedef struct mbd_backend_ops {
   /* One token per state, n states at once: logits [n,V]. */
   int (*step)(mbd_backend *b, mbd_bmodel *m, mbd_bstate *const *states, const int64_t *tokens,
               int64_t n, float *logits, mbd_error *err);
+  /* Optional: step, plus each row's greedy next token (argmax, lowest index
+   * among equal maxima, NaN ignored: the sampler's greedy rule) picked where
+   * the logits are, so a GENERATE loop need not bring logits to the host.
+   * logits may be NULL (not returned); same bits as step otherwise. */
+  int (*step_greedy)(mbd_backend *b, mbd_bmodel *m, mbd_bstate *const *states,
+                     const int64_t *tokens, int64_t n, int64_t *next, float *logits,
+                     mbd_error *err);
   /* Optional (NULL on backends without device memory): CUDA IPC tensors.
    * ipc_read copies the nbytes of ref r (a checked range of the client's
    * allocation, after the client's event when r names one) to host dst;

@@ -53,7 +53,7 @@ typedef struct cuda_model {
   int64_t nfree;
   int64_t fwd_base;    /* first forward slot */
   int64_t fwd_slots;   /* forward slots (= max batch) */
-  int32_t *tok, *slots; /* [max_batch] scratch for steps */
+  int32_t *tok, *slots, *next; /* [max_batch] scratch for steps */
 } cuda_model;
 
 /* Session state: a slot of its model and the tokens it consumed. */
@@ -152,6 +152,7 @@ static void cuda_model_destroy(mbd_backend *b, mbd_bmodel *bm) {
   free(cm->free_slots);
   free(cm->tok);
   free(cm->slots);
+  free(cm->next);
   free(cm);
 }
 
@@ -178,7 +179,8 @@ static int cuda_model_load(mbd_backend *b, const char *dir, mbd_bmodel **out, mb
   cm->free_slots = malloc((size_t)c->sessions * sizeof *cm->free_slots);
   cm->tok = malloc((size_t)c->opts.max_batch * sizeof *cm->tok);
   cm->slots = malloc((size_t)c->opts.max_batch * sizeof *cm->slots);
-  if (!cm->free_slots || !cm->tok || !cm->slots) {
+  cm->next = malloc((size_t)c->opts.max_batch * sizeof *cm->next);
+  if (!cm->free_slots || !cm->tok || !cm->slots || !cm->next) {
     rc = mbd_error_set(err, MBD_E_NOMEM, "out of memory for slot tables");
     goto fail;
   }
@@ -330,9 +332,11 @@ static int cuda_prefill(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *bs, const in
   return rc;
 }
 
-/* One graph-replayed decode over the sessions' slots (gathered by index). */
-static int cuda_step(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states,
-                     const int64_t *tokens, int64_t n, float *logits, mbd_error *err) {
+/* One graph-replayed decode over the sessions' slots (gathered by index);
+ * greedy picks on the device when next is given. */
+static int step_impl(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states,
+                     const int64_t *tokens, int64_t n, int64_t *next, float *logits,
+                     mbd_error *err) {
   cuda_backend *c = impl(b);
   cuda_model *cm = (cuda_model *)bm;
   if (n < 1 || n > c->opts.max_batch)
@@ -341,10 +345,25 @@ static int cuda_step(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states,
   int rc = to_i32(tokens, n, cm->vocab, cm->tok, err);
   if (rc) return rc;
   for (int64_t i = 0; i < n; i++) cm->slots[i] = (int32_t)((cuda_state *)states[i])->slot;
-  rc = mbd_mamba1_gpu_step(cm->m, (int)n, cm->tok, cm->slots, NULL, NULL, logits, err);
-  if (!rc)
-    for (int64_t i = 0; i < n; i++) ((cuda_state *)states[i])->pos++;
-  return rc;
+  rc = mbd_mamba1_gpu_step(cm->m, (int)n, cm->tok, cm->slots, NULL, next ? cm->next : NULL,
+                           logits, err);
+  if (rc) return rc;
+  for (int64_t i = 0; i < n; i++) {
+    ((cuda_state *)states[i])->pos++;
+    if (next) next[i] = cm->next[i];
+  }
+  return MBD_OK;
+}
+
+static int cuda_step(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states,
+                     const int64_t *tokens, int64_t n, float *logits, mbd_error *err) {
+  return step_impl(b, bm, states, tokens, n, NULL, logits, err);
+}
+
+static int cuda_step_greedy(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states,
+                            const int64_t *tokens, int64_t n, int64_t *next, float *logits,
+                            mbd_error *err) {
+  return step_impl(b, bm, states, tokens, n, next, logits, err);
 }
 
 /* ---- CUDA IPC ------------------------------------------------------------ */
@@ -514,6 +533,7 @@ static const mbd_backend_ops k_cuda_ops = {
     .state_load = cuda_state_load,
     .prefill = cuda_prefill,
     .step = cuda_step,
+    .step_greedy = cuda_step_greedy,
     .ipc_read = cuda_ipc_read,
     .ipc_write = cuda_ipc_write,
 };

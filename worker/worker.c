@@ -49,12 +49,15 @@ typedef struct gen_job {
   int64_t *tokens; /* generated so far, max_tokens entries */
   int64_t n;       /* count */
   int64_t sent;    /* tokens already streamed in PARTIALs */
+  int64_t next;    /* greedy: the next token, picked on the device by the last step */
+  bool has_next;
 } gen_job;
 
 /* Worker-side session data (mbd_wsession.user). */
 typedef struct wsess {
   float *logits;   /* [V]: logits after the last consumed token */
   bool has_logits; /* false until the first prefill/step/import */
+  bool logits_stale; /* a device-picked step left `logits` behind the state */
   gen_job *gen;    /* active GENERATE or NULL */
 } wsess;
 
@@ -93,6 +96,7 @@ struct mbd_worker {
   batch_row *rows;           /* max_batch */
   mbd_bstate **bstates;      /* max_batch */
   int64_t *btokens;          /* max_batch */
+  int64_t *bnext;            /* max_batch: device-picked greedy tokens */
   float *blogits;            /* max_batch * max_vocab */
   size_t rr;                 /* round-robin start over session slots */
   /* connection */
@@ -410,8 +414,9 @@ int mbd_worker_new(const mbd_worker_opts *o, mbd_worker **out, mbd_error *err) {
   w->rows = calloc(mb, sizeof *w->rows);
   w->bstates = calloc(mb, sizeof *w->bstates);
   w->btokens = calloc(mb, sizeof *w->btokens);
+  w->bnext = calloc(mb, sizeof *w->bnext);
   w->blogits = calloc(mb * (size_t)(w->max_vocab ? w->max_vocab : 1), sizeof(float));
-  if (!w->rows || !w->bstates || !w->btokens || !w->blogits) {
+  if (!w->rows || !w->bstates || !w->btokens || !w->bnext || !w->blogits) {
     rc = mbd_error_set(err, MBD_E_NOMEM, "out of memory for batch buffers (--max-batch %d)",
                        o->max_batch);
     goto fail;
@@ -441,6 +446,7 @@ void mbd_worker_destroy(mbd_worker **pw) {
   free(w->rows);
   free(w->bstates);
   free(w->btokens);
+  free(w->bnext);
   free(w->blogits);
   if (w->sock) zmq_close(w->sock);
   if (w->zctx) zmq_ctx_term(w->zctx);
@@ -1082,6 +1088,10 @@ static void gen_finish(mbd_worker *w, mbd_wsession *s, const char *reason, const
   }
   free_job(g);
   ws->gen = NULL;
+  if (ws->logits_stale) { /* ended early (deadline, error): last logits never came back */
+    ws->has_logits = false;
+    ws->logits_stale = false;
+  }
   s->busy = false;
   s->last_used = now_s();
   w->ngen--;
@@ -1135,6 +1145,13 @@ static void step_reply(mbd_worker *w, step_job *j, const float *row, int64_t V) 
   reply_tensor(w, &q, j->tag, "logits", &ld, own);
 }
 
+/* True when the GENERATE loop ends after the step that consumes `tok`. */
+static bool gen_ends(const gen_job *g, int64_t tok) {
+  for (size_t k = 0; k < g->nstop; k++)
+    if (g->stop[k] == tok) return true;
+  return g->n >= g->max_tokens;
+}
+
 /* One batched step for model mi over queued STEPs and active GENERATE loops.
  * Returns the number of rows run. */
 static size_t tick_model(mbd_worker *w, int mi, double now) {
@@ -1156,7 +1173,10 @@ static size_t tick_model(mbd_worker *w, int mi, double now) {
     }
     int32_t tok = 0;
     mbd_error e = {0};
-    if (mbd_sampler_pick(m->sampler, &g->sampling, (uint64_t)g->n, ws->logits, &tok, &e)) {
+    if (g->has_next) { /* greedy, picked on the device by the previous step */
+      tok = (int32_t)g->next;
+      g->has_next = false;
+    } else if (mbd_sampler_pick(m->sampler, &g->sampling, (uint64_t)g->n, ws->logits, &tok, &e)) {
       gen_finish(w, s, NULL, &e);
       continue;
     }
@@ -1191,17 +1211,37 @@ static size_t tick_model(mbd_worker *w, int mi, double now) {
     w->bstates[i] = (mbd_bstate *)w->rows[i].s->state;
     w->btokens[i] = w->rows[i].token;
   }
+  /* Greedy GENERATE rows may take their next token from the device; logits
+   * then come to the host only when a row needs them: STEP replies, sampled
+   * rows, and rows finishing this tick (so a session's logits are current
+   * whenever it is not generating). */
+  bool dev_pick = false, need_logits = false;
+  if (w->be->ops->step_greedy)
+    for (size_t i = 0; i < n; i++) {
+      batch_row *r = &w->rows[i];
+      gen_job *g = r->step ? NULL : ((wsess *)r->s->user)->gen;
+      if (!g || g->sampling.temperature > 0.0f) need_logits = true;
+      else dev_pick = true;
+      if (g && gen_ends(g, r->token)) need_logits = true;
+    }
   mbd_error e = {0};
-  int rc = w->be->ops->step(w->be, m->bm, w->bstates, w->btokens, (int64_t)n, w->blogits, &e);
+  int rc = dev_pick ? w->be->ops->step_greedy(w->be, m->bm, w->bstates, w->btokens, (int64_t)n,
+                                               w->bnext, need_logits ? w->blogits : NULL, &e)
+                    : w->be->ops->step(w->be, m->bm, w->bstates, w->btokens, (int64_t)n,
+                                       w->blogits, &e);
+  bool have_logits = !dev_pick || need_logits;
   double t = now_s();
   for (size_t i = 0; i < n; i++) {
     batch_row *r = &w->rows[i];
     wsess *ws = r->s->user;
     const float *row = w->blogits + i * (size_t)m->vocab;
     r->s->last_used = t;
-    if (!rc) {
+    if (!rc && have_logits) {
       memcpy(ws->logits, row, (size_t)m->vocab * sizeof(float));
       ws->has_logits = true;
+      ws->logits_stale = false;
+    } else if (!rc) {
+      ws->logits_stale = true;
     }
     if (r->step) {
       if (rc) reply_err(w, r->step->tag, &e);
@@ -1213,6 +1253,10 @@ static size_t tick_model(mbd_worker *w, int mi, double now) {
     if (rc) {
       gen_finish(w, r->s, NULL, &e);
       continue;
+    }
+    if (dev_pick && g->sampling.temperature <= 0.0f) {
+      g->next = w->bnext[i];
+      g->has_next = true;
     }
     bool stop = false;
     for (size_t k = 0; k < g->nstop; k++) stop |= g->stop[k] == r->token;

@@ -6,6 +6,9 @@
  *  - 1000 identical FORWARDs sent at once among random other traffic (other
  *    forwards, generating sessions) give exactly one distinct output, equal to
  *    the same request sent alone;
+ *  - GENERATE's greedy loop (next tokens picked on the device) equals a loop of
+ *    STEPs with host argmax, and the fixture's greedy tokens; the exported
+ *    states (state + last logits) of both sessions are byte-identical;
  *  - GPU worker basics: registration says backend cuda, a CPU-route state blob
  *    is refused, the worker keeps serving.
  * Exits 77 with a reason when no CUDA device is present. */
@@ -297,9 +300,74 @@ static void test_foreign_blob_refused(void **st) {
   free(blob);
 }
 
+static int64_t argmax(const float *l, int64_t V) {
+  int64_t b = 0;
+  for (int64_t i = 1; i < V; i++)
+    if (l[i] > l[b]) b = i;
+  return b;
+}
+
+static void test_generate_equals_step_loop_and_fixture(void **st) {
+  (void)st;
+  wh_fixture f;
+  assert_int_equal(wh_fixture_load(&g_h, &f), 0);
+  for (int64_t b = 0; b < f.B; b++) {
+    const int64_t *prompt = f.ids + b * f.T;
+    char sa[64], sb[64];
+    mbd_msg *m = wh_open(&g_h, sa, sizeof sa);
+    check_final(m, "open", 0);
+    mbd_msg_destroy(&m);
+    m = wh_open(&g_h, sb, sizeof sb);
+    check_final(m, "open", 1);
+    mbd_msg_destroy(&m);
+    m = wh_wait(&g_h, wh_send_prefill(&g_h, sa, prompt, f.T, true), 30000);
+    check_final(m, "prefill", 0);
+    mbd_msg_destroy(&m);
+    m = wh_wait(&g_h, wh_send_prefill(&g_h, sb, prompt, f.T, true), 30000);
+    check_final(m, "prefill", 1);
+    size_t n = 0;
+    float *lg = (float *)sg_payload(m, &n);
+    mbd_msg_destroy(&m);
+    /* sb: host argmax + STEP, G times (the last STEP consumes the last token) */
+    int64_t G = f.G, tb[64], ta[64];
+    assert_true(G <= 64);
+    for (int64_t k = 0; k < G; k++) {
+      tb[k] = argmax(lg, g_V);
+      free(lg);
+      m = wh_wait(&g_h, wh_send_step(&g_h, sb, tb[k]), 30000);
+      check_final(m, "step", (int)k);
+      lg = (float *)sg_payload(m, &n);
+      mbd_msg_destroy(&m);
+    }
+    free(lg);
+    m = wh_wait(&g_h, wh_send_generate(&g_h, sa, G, 0.0, 0), 30000);
+    check_final(m, "generate", 0);
+    assert_int_equal(wh_tokens(m, ta, 64), G);
+    mbd_msg_destroy(&m);
+    assert_memory_equal(ta, tb, (size_t)G * 8);
+    assert_memory_equal(ta, f.greedy + b * (f.T + G) + f.T, (size_t)G * 8);
+    m = wh_wait(&g_h, sg_send_export(&g_h, sa), 30000);
+    size_t na = 0, nb = 0;
+    uint8_t *ea = sg_payload(m, &na);
+    mbd_msg_destroy(&m);
+    m = wh_wait(&g_h, sg_send_export(&g_h, sb), 30000);
+    uint8_t *eb = sg_payload(m, &nb);
+    mbd_msg_destroy(&m);
+    assert_int_equal(na, nb);
+    assert_memory_equal(ea, eb, na);
+    free(ea);
+    free(eb);
+  }
+  printf("GENERATE greedy (device pick) == STEP loop (host argmax) == fixture for %lld prompts; "
+         "exported states identical\n",
+         (long long)f.B);
+  wh_fixture_free(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_registration_is_cuda),
+      cmocka_unit_test(test_generate_equals_step_loop_and_fixture),
       cmocka_unit_test(test_256_sessions_concurrent_equal_alone),
       cmocka_unit_test(test_1000_identical_among_traffic),
       cmocka_unit_test(test_foreign_blob_refused),
