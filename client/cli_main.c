@@ -472,6 +472,7 @@ static int cmd_generate(int argc, char **argv) {
     mbd_tensor_out_release(&last);
     if (sc.shown < ntok) on_tokens(&sc, toks + sc.shown, ntok - sc.shown);
     if (sc.started) printf("  (%s)\n", reason);
+    fflush(stdout); /* keep the streamed rows ahead of the summary on stderr */
     if (mbd_session_close(&s, &err)) {
       rc = report("generate", &err, c);
       goto done;
