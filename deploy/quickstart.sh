@@ -22,11 +22,9 @@ fi
 work=$(mktemp -d)
 "$bin/mambad" model prompt --out "$work/prompt.safetensors" --batch 2 --len 8 --vocab 50280 --seed 7
 
-config="$root/deploy/local.yaml"
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 &&
-   "$bin/mambad-worker" --help 2>&1 | grep -q cuda; then
-  config="$root/deploy/local-gpu.yaml"
-fi
+# GPU deployment when this host has a GPU the launcher can use, else the CPU worker.
+config="$root/deploy/local-gpu.yaml"
+"$bin/mambad" up --config "$config" --dry-run >/dev/null 2>&1 || config="$root/deploy/local.yaml"
 echo "== mambad up --config $config"
 "$bin/mambad" up --config "$config" > "$work/up.log" 2>&1 &
 up=$!
