@@ -10,6 +10,9 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+
+#include <utility>
 
 extern "C" {
 #include "kernels/cuda/mamba_ops.h"
@@ -39,6 +42,80 @@ static int launch_check(const char *what, mbd_error *err) {
   return 0;
 }
 
+/* Programmatic dependent launch. A decode step is a chain of ~150 small
+ * dependent kernels, so each one's launch latency and prologue (index math,
+ * weight loads) is on the critical path. Every model kernel is launched with
+ * programmatic stream serialisation: it may start while its predecessor is
+ * still running, does only work that reads no predecessor output (weights,
+ * index math), then waits in pdl_wait() until the predecessor has completed
+ * and its writes are visible. It calls pdl_wait() unconditionally before any
+ * early return, so its completion still implies its predecessor's, and the
+ * chain stays fully ordered. pdl_trigger() lets the successor's blocks launch
+ * early. Both are no-ops when the launch carries no attribute (MBD_PDL=0 in
+ * the environment: a benchmarking switch; the bits are the same either way). */
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+/* Hint: pull [p, p + bytes) toward L2 while the predecessor still runs. */
+__device__ __forceinline__ void prefetch_l2(const void *p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+static bool pdl_on() {
+  static const bool on = [] {
+    const char *e = getenv("MBD_PDL");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
+/* MBD_SCAN_STEP=0: decode steps use the chunked prefill scan (benchmarking
+ * switch; same bits). */
+static bool scan_step_on() {
+  static const bool on = [] {
+    const char *e = getenv("MBD_SCAN_STEP");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
+/* k<<<grid, block, sh, s>>>(args...), with the programmatic-serialisation
+ * attribute when pdl (kept by stream capture as a programmatic graph edge). */
+template <typename... KArgs, typename... Args>
+static int launch_ex(bool pdl, const char *what, void (*k)(KArgs...), dim3 grid, dim3 block,
+                     size_t sh, cudaStream_t s, mbd_error *err, Args &&...args) {
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = sh;
+  cfg.stream = s;
+  cfg.attrs = at;
+  cfg.numAttrs = pdl ? 1 : 0;
+  cudaError_t e = cudaLaunchKernelEx(&cfg, k, std::forward<Args>(args)...);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return mbd_error_set(err, MBD_E_DEVICE, "launching %s failed: %s (%d)", what,
+                         cudaGetErrorName(e), (int)e);
+  }
+  return launch_check(what, err);
+}
+
+template <typename... KArgs, typename... Args>
+static int launch_pdl(const char *what, void (*k)(KArgs...), dim3 grid, dim3 block, size_t sh,
+                      cudaStream_t s, mbd_error *err, Args &&...args) {
+  return launch_ex(pdl_on(), what, k, grid, block, sh, s, err, std::forward<Args>(args)...);
+}
+
 /* Dispatches on the activation dtype: F(type) is instantiated for the three. */
 #define MBD_ACT_DISPATCH(act, F)                                                        \
   switch (act) {                                                                        \
@@ -55,6 +132,8 @@ template <typename T>
 __global__ void k_embed(int64_t M, int d, const int32_t *__restrict__ tok,
                         const T *__restrict__ table, float *__restrict__ out) {
   int64_t r = blockIdx.x;
+  pdl_wait();
+  pdl_trigger();
   const T *src = table + (int64_t)tok[r] * d;
   for (int c = threadIdx.x; c < d; c += blockDim.x) out[r * d + c] = ld_f32(src + c);
 }
@@ -63,10 +142,12 @@ extern "C" int mbd_mops_embed(void *stream, int64_t M, int d, const int32_t *tok
                               const void *table, float *out, mbd_error *err) {
   if (M <= 0) return 0;
   cudaStream_t s = (cudaStream_t)stream;
-#define EMB(T) k_embed<T><<<(unsigned)M, 256, 0, s>>>(M, d, tok, (const T *)table, out)
+#define EMB(T)                                                                          \
+  return launch_pdl("embedding gather", k_embed<T>, dim3((unsigned)M), dim3(256), 0, s, err, M, \
+                    d, tok, (const T *)table, out)
   MBD_ACT_DISPATCH(dt, EMB)
 #undef EMB
-  return launch_check("embedding gather", err);
+  return 0;
 }
 
 /* ------------------------------------------------------------ RMSNorm */
@@ -84,6 +165,8 @@ __global__ void k_add_rmsnorm(int d, int64_t in_stride, int64_t in_offset,
   const int64_t i = blockIdx.x;
   const int64_t r = i * in_stride + in_offset;
   float *x = resid + r * d;
+  pdl_wait();
+  pdl_trigger();
   for (int c = threadIdx.x; c < d; c += blockDim.x) {
     float v = x[c];
     if (delta) {
@@ -126,12 +209,12 @@ extern "C" int mbd_mops_add_rmsnorm(void *stream, int64_t M, int d, int64_t in_s
     if (sh > 48 * 1024)                                                                  \
       cudaFuncSetAttribute(k_add_rmsnorm<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
                            (int)sh);                                                     \
-    k_add_rmsnorm<T><<<(unsigned)M, 256, sh, s>>>(d, in_stride, in_offset, resid, delta, w, \
-                                                  eps, (T *)out);                        \
+    return launch_pdl("add_rmsnorm", k_add_rmsnorm<T>, dim3((unsigned)M), dim3(256), sh, s,  \
+                      err, d, in_stride, in_offset, resid, delta, w, eps, (T *)out);     \
   } while (0)
   MBD_ACT_DISPATCH(act, NRM)
 #undef NRM
-  return launch_check("add_rmsnorm", err);
+  return 0;
 }
 
 /* ------------------------------------------------------------ conv + SiLU */
@@ -153,17 +236,20 @@ __global__ void k_conv_silu(int T, int di, const float *__restrict__ xz, int64_t
                             ActT *__restrict__ xc_act) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   const int seg = blockIdx.y, s = blockIdx.z;
+  const int cw = c < di ? c : di - 1;
+  float win[K - 1], wk[K];
+#pragma unroll
+  for (int j = 0; j < K; j++) wk[j] = w[(int64_t)j * di + cw]; /* weights: before the wait */
+  const float b = bias ? bias[cw] : 0.0f;
+  pdl_wait();
+  pdl_trigger();
   if (c >= di) return;
   const int t0 = seg * CONV_SEG, t1 = min(T, t0 + CONV_SEG);
   const int64_t base = (int64_t)s * T; /* row of the sequence's step 0 */
   float *st = conv_state + (int64_t)slots[s] * slot_stride + c;
-  float win[K - 1], wk[K];
 #pragma unroll
   for (int j = 0; j < K - 1; j++)
     win[j] = seg == 0 ? st[(int64_t)j * di] : xz[(base + t0 - (K - 1) + j) * ldxz + c];
-#pragma unroll
-  for (int j = 0; j < K; j++) wk[j] = w[(int64_t)j * di + c];
-  const float b = bias ? bias[c] : 0.0f;
   /* The segment's inputs are independent of the arithmetic: load them all
    * first so their latencies overlap. */
   float xs[CONV_SEG];
@@ -211,9 +297,8 @@ extern "C" int mbd_mops_conv_silu(void *stream, int nseq, int T, int di, int K, 
             (unsigned)nseq);
 #define CONV_K(KK, T_)                                                                  \
   case KK:                                                                              \
-    k_conv_silu<KK, T_><<<grid, BT, 0, s>>>(T, di, xz, ldxz, w, bias, conv_state,       \
-                                            slot_stride, slots, xc, (T_ *)xc_act);      \
-    break;
+    return launch_pdl("conv_silu", k_conv_silu<KK, T_>, grid, dim3(BT), 0, s, err, T, di, xz, \
+                      ldxz, w, bias, conv_state, slot_stride, slots, xc, (T_ *)xc_act);   
 #define CONV(T_)                                                                        \
   switch (K) {                                                                          \
     CONV_K(2, T_) CONV_K(3, T_) CONV_K(4, T_) CONV_K(5, T_) CONV_K(6, T_) CONV_K(7, T_) \
@@ -223,7 +308,7 @@ extern "C" int mbd_mops_conv_silu(void *stream, int nseq, int T, int di, int K, 
   MBD_ACT_DISPATCH(act, CONV)
 #undef CONV
 #undef CONV_K
-  return launch_check("conv_silu", err);
+  return 0;
 }
 
 /* ------------------------------------------------------------ x_proj */
@@ -267,8 +352,13 @@ __global__ void __launch_bounds__(32 * XP_WARPS)
   const int lane = threadIdx.x & 31;
   const int o = blockIdx.x * XP_WARPS + (threadIdx.x >> 5);
   const int r0 = blockIdx.y * XP_ROWS;
+  const T *wr = w + (int64_t)(o < NO ? o : NO - 1) * K;
+  /* the warp's weight row toward L2 while the conv still runs */
+  for (int k = lane * 128 / (int)sizeof(T); k < K; k += 32 * 128 / (int)sizeof(T))
+    prefetch_l2(wr + k);
+  pdl_wait();
+  pdl_trigger();
   if (o >= NO) return;
-  const T *wr = w + (int64_t)o * K;
   float acc[XP_ROWS];
 #pragma unroll
   for (int r = 0; r < XP_ROWS; r++) acc[r] = 0.0f;
@@ -307,15 +397,14 @@ extern "C" int mbd_mops_xproj(void *stream, int64_t M, int K, int NO, mbd_dtype 
 #define XP(T)                                                                               \
   do {                                                                                      \
     if (vec)                                                                                \
-      k_xproj<T, true><<<grid, 32 * XP_WARPS, 0, s>>>((int)M, K, NO, (const T *)x,          \
-                                                      (const T *)w, out);                   \
-    else                                                                                    \
-      k_xproj<T, false><<<grid, 32 * XP_WARPS, 0, s>>>((int)M, K, NO, (const T *)x,         \
-                                                       (const T *)w, out);                  \
+      return launch_pdl("x_proj", k_xproj<T, true>, grid, dim3(32 * XP_WARPS), 0, s, err,   \
+                        (int)M, K, NO, (const T *)x, (const T *)w, out);                    \
+    return launch_pdl("x_proj", k_xproj<T, false>, grid, dim3(32 * XP_WARPS), 0, s, err,    \
+                      (int)M, K, NO, (const T *)x, (const T *)w, out);                      \
   } while (0)
   MBD_ACT_DISPATCH(dt, XP)
 #undef XP
-  return launch_check("x_proj", err);
+  return 0;
 }
 
 /* ------------------------------------------------------------ selective scan */
@@ -387,7 +476,6 @@ __global__ void __launch_bounds__(SCAN_BT)
     cp_async_commit();
   };
 
-  stage(0);
   { /* the block's weight rows are contiguous: coalesced, all loads in flight */
     const int c0 = blockIdx.x * SCAN_BT, nch = min(SCAN_BT, di - c0);
     const WT *g = dt_w + (int64_t)c0 * R;
@@ -396,6 +484,9 @@ __global__ void __launch_bounds__(SCAN_BT)
       sw[ch * RP + (e - ch * R)] = ld_f32(g + e);
     }
   } /* visible after the first chunk's __syncthreads */
+  pdl_wait(); /* weights above may be read early; activations and state only now */
+  pdl_trigger();
+  stage(0);
   float *hp = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N;
   float h[N], a[N];
 #pragma unroll
@@ -453,6 +544,100 @@ __global__ void __launch_bounds__(SCAN_BT)
   }
 }
 
+/* The T = 1 (decode) form of k_scan: the same per-step arithmetic, statement
+ * for statement (a decode step must give the bits of one prefill step), with
+ * none of the chunk staging. SSTEP_BT channels of one sequence per block; the
+ * block's dt_proj weight rows are copied to shared memory with 16-byte loads
+ * before the PDL wait (they overlap the x_proj kernel), the sequence's x_proj
+ * row (dt_low, B, C) is staged once per block. Each thread keeps only h[N],
+ * A[N] and its scalars: no per-chunk arrays, so it runs many more blocks per
+ * SM than k_scan at large batch. */
+#define SSTEP_BT 128
+
+template <int N, typename ActT, typename WT>
+__global__ void __launch_bounds__(SSTEP_BT, 6)
+    k_scan_step(int di, int R, const float *__restrict__ xc, const float *__restrict__ dbl,
+                const WT *__restrict__ dt_w, const WT *__restrict__ dt_b,
+                const float *__restrict__ A, const float *__restrict__ Dv,
+                const float *__restrict__ xz, int64_t ldxz, int64_t zoff,
+                float *__restrict__ ssm_state, int64_t slot_stride,
+                const int32_t *__restrict__ slots, ActT *__restrict__ y, int vec) {
+  extern __shared__ float4 step_sm4[];
+  const int ND = R + 2 * N;
+  const int RP = R + 1; /* padded weight row: conflict-free column reads */
+  float *sw = (float *)step_sm4; /* [SSTEP_BT][RP] */
+  float *sd = sw + SSTEP_BT * RP; /* [ND]: round_act(dt_low), then B, C */
+  const int tid = threadIdx.x;
+  const int c0 = blockIdx.x * SSTEP_BT, c = c0 + tid;
+  const int s = blockIdx.y;
+  const bool live = c < di;
+  const int cc = live ? c : di - 1;
+  const int nch = min(SSTEP_BT, di - c0);
+  {
+    const WT *g = dt_w + (int64_t)c0 * R;
+    const int n = nch * R;
+    constexpr int PV = 16 / sizeof(WT); /* elements per 16-byte load */
+    if (vec) { /* g 16-byte aligned, n % PV == 0 (checked on the host) */
+      for (int e = tid * PV; e < n; e += SSTEP_BT * PV) {
+        uint4 q = *(const uint4 *)(g + e);
+        const WT *h = (const WT *)&q;
+        int ch = e / R, k = e - ch * R;
+#pragma unroll
+        for (int j = 0; j < PV; j++) {
+          sw[ch * RP + k] = ld_f32(h + j);
+          if (++k == R) k = 0, ch++;
+        }
+      }
+    } else {
+      for (int e = tid; e < n; e += SSTEP_BT) {
+        const int ch = e / R;
+        sw[ch * RP + (e - ch * R)] = ld_f32(g + e);
+      }
+    }
+  }
+  float a[N];
+#pragma unroll
+  for (int n = 0; n < N; n += 4) {
+    float4 qa = *(const float4 *)(A + (int64_t)cc * N + n);
+    a[n] = qa.x, a[n + 1] = qa.y, a[n + 2] = qa.z, a[n + 3] = qa.w;
+  }
+  const float d = Dv[cc];
+  const float bdt = ld_f32(dt_b + cc);
+  pdl_wait(); /* activations and state only from here on */
+  pdl_trigger();
+  const float *row = dbl + (int64_t)s * ND;
+  for (int e = tid; e < ND; e += SSTEP_BT) sd[e] = e < R ? round_act<ActT>(row[e]) : row[e];
+  float *hp = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N;
+  float h[N];
+#pragma unroll
+  for (int n = 0; n < N; n += 4) {
+    float4 q = *(const float4 *)(hp + n);
+    h[n] = q.x, h[n + 1] = q.y, h[n + 2] = q.z, h[n + 3] = q.w;
+  }
+  const float x = xc[(int64_t)s * di + cc], z = xz[(int64_t)s * ldxz + zoff + cc];
+  __syncthreads();
+  const float *wr = sw + tid * RP;
+  float dt = 0.0f;
+#pragma unroll 8
+  for (int k = 0; k < R; k++) dt = __fmaf_rn(sd[k], wr[k], dt);
+  dt = softplus_f(__fadd_rn(dt, bdt));
+  const float *B = sd + R, *C = B + N;
+  float acc = 0.0f;
+#pragma unroll
+  for (int n = 0; n < N; n++) {
+    const float dA = expf(__fmul_rn(dt, a[n]));
+    h[n] = __fmaf_rn(dA, h[n], __fmul_rn(__fmul_rn(dt, B[n]), x));
+    acc = __fmaf_rn(h[n], C[n], acc);
+  }
+  acc = __fmaf_rn(d, x, acc);
+  if (live) {
+    st_act(y + (int64_t)s * di + c, __fmul_rn(acc, silu_f(z)));
+#pragma unroll
+    for (int n = 0; n < N; n += 4)
+      *(float4 *)(hp + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
+  }
+}
+
 extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R,
                              const float *xc, const float *dbl, mbd_dtype wdt, const void *dt_w,
                              const void *dt_b, const float *A, const float *D, const float *xz,
@@ -466,6 +651,31 @@ extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R
     return mbd_error_set(err, MBD_E_INVALID, "scan: weight dtype %s differs from activation %s",
                          mbd_dtype_name(wdt), mbd_dtype_name(act));
   cudaStream_t s = (cudaStream_t)stream;
+  if (T == 1 && scan_step_on()) { /* decode */
+    dim3 grid((unsigned)((di + SSTEP_BT - 1) / SSTEP_BT), (unsigned)nseq);
+    const size_t sh = sizeof(float) * ((size_t)SSTEP_BT * (R + 1) + (size_t)(R + 2 * N));
+    const int vec = ((uintptr_t)dt_w & 15) == 0 &&
+                    (int64_t)di * R % (int64_t)(16 / mbd_dtype_size(wdt)) == 0;
+#define STEP_N(NN, T_)                                                                      \
+  case NN:                                                                                  \
+    if (sh > 48 * 1024)                                                                     \
+      cudaFuncSetAttribute(k_scan_step<NN, T_, T_>,                                         \
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh);           \
+    return launch_pdl("selective scan (step)", k_scan_step<NN, T_, T_>, grid, dim3(SSTEP_BT), \
+                      sh, s, err, di, R, xc, dbl, (const T_ *)dt_w, (const T_ *)dt_b, A, D, \
+                      xz, ldxz, zoff, ssm_state, slot_stride, slots, (T_ *)y, vec);
+#define STEP(T_)                                                                        \
+  switch (N) {                                                                          \
+    STEP_N(4, T_) STEP_N(8, T_) STEP_N(16, T_) STEP_N(32, T_)                           \
+  default: return mbd_error_set(err, MBD_E_INVALID, "d_state %d not in {4,8,16,32}", N); \
+  }
+    MBD_ACT_DISPATCH(act, STEP)
+#undef STEP
+#undef STEP_N
+  }
+  /* The chunked scan is a long, serial kernel of few blocks: launched early
+   * (PDL) its blocks were packed onto the few SMs x_proj left free and ran
+   * slower (prefill T=2048: 47208 -> 30170 tokens/s), so it waits normally. */
   dim3 grid((unsigned)((di + SCAN_BT - 1) / SCAN_BT), (unsigned)nseq);
   const size_t ts = (size_t)(T < SCAN_TC ? T : SCAN_TC);
   const size_t sh = sizeof(float) * ((size_t)SCAN_BT * (R + 1) +
@@ -475,10 +685,10 @@ extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R
     if (sh > 48 * 1024)                                                                    \
       cudaFuncSetAttribute(k_scan<NN, T_, T_>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
                            (int)sh);                                                       \
-    k_scan<NN, T_, T_><<<grid, SCAN_BT, sh, s>>>(T, di, R, xc, dbl, (const T_ *)dt_w,       \
-                                                 (const T_ *)dt_b, A, D, xz, ldxz, zoff,     \
-                                                 ssm_state, slot_stride, slots, (T_ *)y);    \
-    break;
+    return launch_ex(false, "selective scan", k_scan<NN, T_, T_>, grid, dim3(SCAN_BT), sh, s, \
+                     err,                                                                  \
+                      T, di, R, xc, dbl, (const T_ *)dt_w, (const T_ *)dt_b, A, D, xz, ldxz, \
+                      zoff, ssm_state, slot_stride, slots, (T_ *)y);
 #define SCAN(T_)                                                                        \
   switch (N) {                                                                          \
     SCAN_N(4, T_) SCAN_N(8, T_) SCAN_N(16, T_) SCAN_N(32, T_)                           \
@@ -487,7 +697,7 @@ extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R
   MBD_ACT_DISPATCH(act, SCAN)
 #undef SCAN
 #undef SCAN_N
-  return launch_check("selective scan", err);
+  return 0;
 }
 
 /* ------------------------------------------------------------ sampling */
@@ -541,6 +751,8 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
              const uint64_t *__restrict__ seed, const uint64_t *__restrict__ step,
              unsigned char *__restrict__ work, int32_t *__restrict__ out) {
   const int r = blockIdx.y, blk = blockIdx.x;
+  pdl_wait();
+  pdl_trigger();
   /* Row r's workspace block: counter, then the blocks' values and indices. Its
    * place depends on r alone, not on n, so launches of any size share it. */
   unsigned char *wr = work + (size_t)r * SAMPLE_ROW_BYTES;
@@ -605,9 +817,8 @@ extern "C" int mbd_mops_sample(void *stream, int n, int V, const float *logits, 
     return mbd_error_set(err, MBD_E_INVALID, "sampling: %d rows, vocabulary %d, workspace %p", n,
                          V, work);
   dim3 grid(SAMPLE_BLOCKS, (unsigned)n);
-  k_sample<<<grid, SAMPLE_THREADS, 0, (cudaStream_t)stream>>>(V, logits, ld, temp, seed, step,
-                                                              (unsigned char *)work, out);
-  return launch_check("sampling", err);
+  return launch_pdl("sampling", k_sample, grid, dim3(SAMPLE_THREADS), 0, (cudaStream_t)stream,
+                    err, V, logits, ld, temp, seed, step, (unsigned char *)work, out);
 }
 
 /* ------------------------------------------------------------ synthetic data */

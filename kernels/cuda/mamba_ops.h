@@ -17,7 +17,15 @@
  * Recurrent state and everything else stays f32.
  *
  * All launchers enqueue asynchronously and return 0 or MBD_E_DEVICE (launch
- * error) / MBD_E_INVALID (unsupported size) with a message in err. */
+ * error) / MBD_E_INVALID (unsupported size) with a message in err.
+ *
+ * Launches use programmatic dependent launch (also inside captured graphs): a
+ * kernel may start while the previous kernel on the stream is finishing and
+ * read its weights (conv, dt_proj, A, D) before that kernel has completed;
+ * every activation, state, token or slot input is read only after it. Weights
+ * written by a kernel must therefore be complete (stream synchronised) before
+ * an op that uses them is enqueued. MBD_PDL=0 in the environment turns the
+ * attribute off (benchmarking; same bits). */
 #ifndef MBD_CUDA_MAMBA_OPS_H
 #define MBD_CUDA_MAMBA_OPS_H
 
@@ -73,7 +81,8 @@ int mbd_mops_xproj(void *stream, int64_t M, int K, int NO, mbd_dtype dt, const v
  *   [di, R] and dt_b [di] in dtype wdt (= act) widened), dt = softplus(dt_raw),
  * z = xz[row * ldxz + zoff + c]; A, D f32 [di][N], [di]; state at ssm_state
  * + slots[s] * slot_stride, [di][N]. Writes y[row, c] in dtype `act`.
- * N in {4, 8, 16, 32}. */
+ * N in {4, 8, 16, 32}. T = 1 (decode) runs a single-step kernel with the same
+ * per-step arithmetic (MBD_SCAN_STEP=0 in the environment: the chunked one). */
 int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R, const float *xc,
                   const float *dbl, mbd_dtype wdt, const void *dt_w, const void *dt_b,
                   const float *A, const float *D, const float *xz, int64_t ldxz, int64_t zoff,
