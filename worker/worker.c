@@ -51,6 +51,7 @@ typedef struct gen_job {
   int64_t sent;    /* tokens already streamed in PARTIALs */
   int64_t next;    /* greedy: the next token, picked on the device by the last step */
   bool has_next;
+  int64_t peak_batch; /* most rows of any batched step this loop ran in (FINAL reports it) */
 } gen_job;
 
 /* Worker-side session data (mbd_wsession.user). */
@@ -1079,11 +1080,13 @@ static void gen_finish(mbd_worker *w, mbd_wsession *s, const char *reason, const
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    pack_head(w, &pk, 2);
+    pack_head(w, &pk, 3);
     mbd_pack_str(&pk, "tokens");
     msgpack_pack_array(&pk, (uint32_t)g->n);
     for (int64_t i = 0; i < g->n; i++) msgpack_pack_int64(&pk, g->tokens[i]);
     mbd_pack_kv_str(&pk, "reason", reason);
+    /* Observable proof of batching (tests): timing-free, unlike reply order. */
+    mbd_pack_kv_i64(&pk, "peak_batch", g->peak_batch);
     send_body(w, MBD_CMD_FINAL, g->tag, &sb, NULL, 0);
   }
   free_job(g);
@@ -1254,6 +1257,7 @@ static size_t tick_model(mbd_worker *w, int mi, double now) {
       gen_finish(w, r->s, NULL, &e);
       continue;
     }
+    if ((int64_t)n > g->peak_batch) g->peak_batch = (int64_t)n;
     if (dev_pick && g->sampling.temperature <= 0.0f) {
       g->next = w->bnext[i];
       g->has_next = true;

@@ -20,6 +20,7 @@
 
 #include "common/protocol.h"
 #include "common/wire.h"
+#include "integration/procs.h"
 
 #define HB_MS 100
 
@@ -66,14 +67,8 @@ static void start_broker(env *e, const char *const *extra) {
   int n = 9;
   for (int i = 0; extra && extra[i]; i++) argv[n++] = extra[i];
   argv[n] = NULL;
-  e->pid = fork();
-  assert_true(e->pid >= 0);
-  if (e->pid == 0) {
-    FILE *f = freopen(logp, "w", stderr);
-    (void)f;
-    execv(path, (char *const *)argv);
-    _exit(127);
-  }
+  e->pid = procs_spawn((char *const *)argv, logp);
+  assert_true(e->pid > 0);
   for (int i = 0; i < 500; i++) {
     FILE *f = fopen(logp, "r");
     char line[512];
@@ -117,17 +112,8 @@ static int teardown(void **state) {
   if (e->pid > 0) {
     /* A clean SIGTERM exit is part of every test: sanitizer reports in the
      * broker (leaks, UB) turn into a non-zero status here. */
-    kill(e->pid, SIGTERM);
-    int st = 0;
-    pid_t got = 0;
-    for (int i = 0; i < 500 && (got = waitpid(e->pid, &st, WNOHANG)) == 0; i++) usleep(10000);
-    if (got == 0) {
-      kill(e->pid, SIGKILL);
-      waitpid(e->pid, &st, 0);
-      rc = -1;
-    } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      rc = -1;
-    }
+    int st = procs_stop(e->pid, SIGTERM, 5000, NULL);
+    if (st < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) rc = -1;
     if (rc) {
       char cmd[160];
       snprintf(cmd, sizeof cmd, "echo '--- broker log:'; cat %s/broker.log >&2", e->dir);

@@ -19,8 +19,7 @@ static pid_t extra_worker;
 static int teardown(void **state) {
   (void)state;
   if (extra_worker > 0) {
-    kill(extra_worker, SIGTERM);
-    waitpid(extra_worker, NULL, 0);
+    procs_stop(extra_worker, SIGTERM, 10000, NULL);
     extra_worker = 0;
   }
   svc_cleanup(&s);

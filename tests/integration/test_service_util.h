@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "client/mambad.h"
+#include "procs.h"
 
 typedef struct svc {
   char dir[64];          /* mkdtemp directory: yaml, sockets, logs, files */
@@ -86,15 +87,7 @@ static inline void svc_yaml(const svc *s, const char *workers_yaml, char *path) 
 static inline pid_t svc_spawn(const svc *s, const char *log_name, char *const argv[]) {
   char log[700];
   snprintf(log, sizeof log, "%s/%s", s->dir, log_name);
-  pid_t pid = fork();
-  if (pid == 0) {
-    FILE *f = freopen(log, "a", stdout);
-    (void)f;
-    dup2(1, 2);
-    execv(argv[0], argv);
-    _exit(127);
-  }
-  return pid;
+  return procs_spawn(argv, log);
 }
 
 static inline void svc_up(svc *s, const char *yaml) {
@@ -107,20 +100,9 @@ static inline void svc_up(svc *s, const char *yaml) {
 /* SIGTERM to `mambad up`; waits up to ms; returns its wait status or -1. */
 static inline int svc_down(svc *s, int64_t ms) {
   if (s->up <= 0) return 0;
-  kill(s->up, SIGTERM);
-  int64_t end = svc_now_ms() + ms;
-  int st = 0;
-  while (svc_now_ms() < end) {
-    if (waitpid(s->up, &st, WNOHANG) == s->up) {
-      s->up = 0;
-      return st;
-    }
-    svc_sleep_ms(20);
-  }
-  kill(s->up, SIGKILL);
-  waitpid(s->up, &st, 0);
+  int st = procs_stop(s->up, SIGTERM, (int)ms, NULL);
   s->up = 0;
-  return -1;
+  return st;
 }
 
 static inline void svc_cleanup(svc *s) {

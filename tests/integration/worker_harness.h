@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "procs.h"
 #include "common/protocol.h"
 #include "common/safetensors.h"
 #include "common/wire.h"
@@ -45,15 +46,8 @@ static inline double wh_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static inline pid_t wh_spawn(char *const argv[]) {
-  pid_t p = fork();
-  if (p == 0) {
-    execv(argv[0], argv);
-    fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-    _exit(127);
-  }
-  return p;
-}
+/* Output stays on the test's stdout/stderr; the child dies with the test. */
+static inline pid_t wh_spawn(char *const argv[]) { return procs_spawn(argv, NULL); }
 
 /* Returns 0, or 77 (skip) when binaries or fixtures are missing. */
 static inline int wh_init(wh *h) {
@@ -112,17 +106,8 @@ static inline pid_t wh_start_worker(wh *h, const char *name, ...) {
 /* Stops a process with sig and reaps it; returns its exit status (or -sig). */
 static inline int wh_stop(pid_t p, int sig) {
   if (p <= 0) return -1;
-  kill(p, sig);
   int st = 0;
-  double t0 = wh_now();
-  while (waitpid(p, &st, WNOHANG) == 0) {
-    if (wh_now() - t0 > 10) {
-      kill(p, SIGKILL);
-      waitpid(p, &st, 0);
-      break;
-    }
-    usleep(10000);
-  }
+  procs_stop(p, sig, 10000, &st);
   return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
 }
 
@@ -263,6 +248,15 @@ static inline int wh_str(const mbd_msg *m, const char *key, char *dst, size_t ca
   int rc = b ? mbd_obj_str(mbd_body_root(b), key, true, dst, cap, NULL) : -1;
   mbd_body_destroy(&b);
   return rc;
+}
+
+/* An integer field of a reply body, or -1 when absent. */
+static inline int64_t wh_i64(const mbd_msg *m, const char *key) {
+  mbd_body *b = wh_body(m);
+  int64_t v = -1;
+  if (!b || mbd_obj_i64(mbd_body_root(b), key, true, &v, NULL)) v = -1;
+  mbd_body_destroy(&b);
+  return v;
 }
 
 /* Token array `tokens` of a reply into out[cap]; returns count or -1. */
