@@ -17,22 +17,10 @@ static wh g_h;
 static wh_fixture g_f;
 
 static mbd_msg *do_import(const void *blob, size_t n, const char *dtype) {
-  wh_pack k;
-  wh_pack_init(&k);
-  msgpack_pack_map(&k.pk, 3);
-  mbd_pack_kv_str(&k.pk, "model", "tiny");
-  mbd_pack_str(&k.pk, "route");
   mbd_route_want want;
   memset(&want, 0, sizeof want);
   snprintf(want.dtype, sizeof want.dtype, "%s", dtype);
-  mbd_pack_route_want(&k.pk, &want);
-  mbd_pack_str(&k.pk, "tensors");
-  msgpack_pack_array(&k.pk, 1);
-  int64_t s[1] = {(int64_t)(n / 8)};
-  wh_ref(&k.pk, "state", "i64", 1, s, 0);
-  const void *pl[1] = {blob};
-  size_t lens[1] = {n};
-  return wh_call(&g_h, MBD_CMD_IMPORT, &k.sb, 1, pl, lens);
+  return wh_wait(&g_h, wh_send_import(&g_h, blob, n, &want), 60000);
 }
 
 static void test_export_import(void **state) {

@@ -317,6 +317,24 @@ static inline uint64_t wh_send_generate(wh *h, const char *sid, int64_t max_toke
   return wh_send(h, MBD_CMD_GENERATE, &p.sb, 0, NULL, NULL);
 }
 
+/* IMPORT of an exported state blob (n bytes, i64 words) for model "tiny"
+ * under `want` (exact route id, dtype, ...). */
+static inline uint64_t wh_send_import(wh *h, const void *blob, size_t n, const mbd_route_want *want) {
+  wh_pack k;
+  wh_pack_init(&k);
+  msgpack_pack_map(&k.pk, 3);
+  mbd_pack_kv_str(&k.pk, "model", "tiny");
+  mbd_pack_str(&k.pk, "route");
+  mbd_pack_route_want(&k.pk, want);
+  mbd_pack_str(&k.pk, "tensors");
+  msgpack_pack_array(&k.pk, 1);
+  int64_t s[1] = {(int64_t)(n / 8)};
+  wh_ref(&k.pk, "state", "i64", 1, s, 0);
+  const void *pl[1] = {blob};
+  size_t lens[1] = {n};
+  return wh_send(h, MBD_CMD_IMPORT, &k.sb, 1, pl, lens);
+}
+
 static inline uint64_t wh_send_forward(wh *h, const int64_t *ids, int64_t B, int64_t T, bool last_only) {
   wh_pack p;
   wh_pack_init(&p);
