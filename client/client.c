@@ -391,6 +391,18 @@ static int request_(mbd_client *c, int64_t deadline_ms, mbd_msg **req,
   }
 }
 
+/* The FINAL of a request: the message (it owns the inline payloads that
+ * take_tensor may move out) and its parsed body. */
+typedef struct reply {
+  mbd_msg *fin;
+  mbd_body *body;
+} reply;
+
+static void reply_free(reply *r) {
+  mbd_body_destroy(&r->body);
+  mbd_msg_destroy(&r->fin);
+}
+
 static int final_body(mbd_client *c, const mbd_msg *m, mbd_body **out, mbd_error *err) {
   size_t len = 0;
   const void *body = mbd_msg_body(m, &len);
@@ -460,27 +472,62 @@ static int check_in(const mbd_tensor_in *t, const char *what, mbd_error *err) {
   return 0;
 }
 
+/* A request body being packed. */
+typedef struct req_body {
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+} req_body;
+
+static void body_init(req_body *b) {
+  msgpack_sbuffer_init(&b->sb);
+  msgpack_packer_init(&b->pk, &b->sb, msgpack_sbuffer_write);
+}
+
 static void pack_head(msgpack_packer *pk, int64_t deadline_ms) {
   if (deadline_ms > 0) mbd_pack_kv_i64(pk, "deadline_ms", deadline_ms);
 }
 
-/* Sends a request whose body the caller packed into sb, with payloads ts,
- * and returns the parsed FINAL body. */
-static int roundtrip(mbd_client *c, int64_t dl, uint8_t cmd, msgpack_sbuffer *sb,
+/* Starts a routed request body: {deadline_ms?, route, + extra keys}. */
+static void route_head(msgpack_packer *pk, int64_t dl, const mbd_route_want *want, size_t extra) {
+  msgpack_pack_map(pk, 1 + (dl > 0) + extra);
+  pack_head(pk, dl);
+  mbd_pack_str(pk, "route");
+  mbd_pack_route_want(pk, want);
+}
+
+/* Sends a request whose body the caller packed into rb (released here,
+ * whatever happens), with payloads ts, and returns its FINAL in *out. */
+static int roundtrip(mbd_client *c, int64_t dl, uint8_t cmd, req_body *rb,
                      const mbd_tensor_in *const *ts, size_t n, partial_fn pf, void *user,
-                     mbd_msg **final, mbd_body **body, mbd_error *err) {
+                     reply *out, mbd_error *err) {
+  out->fin = NULL;
+  out->body = NULL;
   mbd_msg *m = NULL;
   int rc = mbd_msg_new(cmd, 0, &m, err);
-  if (rc == 0) rc = mbd_msg_take_body(m, sb, err);
+  if (rc == 0) rc = mbd_msg_take_body(m, &rb->sb, err);
   if (rc == 0) rc = add_payloads(m, ts, n, err);
+  msgpack_sbuffer_destroy(&rb->sb);
   if (rc != 0) {
     mbd_msg_destroy(&m);
     return rc;
   }
-  rc = request_(c, dl, &m, pf, user, final, err);
+  rc = request_(c, dl, &m, pf, user, &out->fin, err);
   if (rc != 0) return rc;
-  rc = final_body(c, *final, body, err);
-  if (rc != 0) mbd_msg_destroy(final);
+  rc = final_body(c, out->fin, &out->body, err);
+  if (rc != 0) mbd_msg_destroy(&out->fin);
+  return rc;
+}
+
+/* roundtrip for the requests answered by one tensor (the first of the
+ * reply's "tensors"); `own` is the caller's shm output region, if any. */
+static int roundtrip_tensor(mbd_client *c, int64_t dl, uint8_t cmd, req_body *rb,
+                            const mbd_tensor_in *const *ts, size_t n, const mbd_shm *own,
+                            mbd_tensor_out *out, mbd_error *err) {
+  reply r;
+  int rc = roundtrip(c, dl, cmd, rb, ts, n, NULL, NULL, &r, err);
+  if (rc != 0) return rc;
+  rc = take_tensor(r.fin, r.body, 0, own, out, err);
+  reply_free(&r);
   return rc;
 }
 
@@ -538,46 +585,39 @@ static int parse_worker(const msgpack_object *w, mbd_worker_info *wi, mbd_error 
 
 int mbd_client_status(mbd_client *c, mbd_status_report **out, mbd_error *err) {
   *out = NULL;
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  req_body rb;
+  body_init(&rb);
   int64_t dl = deadline_(c, NULL);
-  msgpack_pack_map(&pk, dl > 0 ? 1 : 0);
-  pack_head(&pk, dl);
-  mbd_msg *fin = NULL;
-  mbd_body *b = NULL;
-  int rc = roundtrip(c, dl, MBD_CMD_STATUS, &sb, NULL, 0, NULL, NULL, &fin, &b, err);
-  msgpack_sbuffer_destroy(&sb);
+  msgpack_pack_map(&rb.pk, dl > 0 ? 1 : 0);
+  pack_head(&rb.pk, dl);
+  reply rp;
+  int rc = roundtrip(c, dl, MBD_CMD_STATUS, &rb, NULL, 0, NULL, NULL, &rp, err);
   if (rc != 0) return rc;
   mbd_status_report *rep = calloc(1, sizeof *rep);
   if (!rep) {
     rc = mbd_error_set(err, MBD_E_NOMEM, "out of memory reading STATUS");
-    goto fail;
+    goto done;
   }
-  const msgpack_object *root = mbd_body_root(b);
+  const msgpack_object *root = mbd_body_root(rp.body);
   rep->queue = int_field(root, "queue", 0);
   const msgpack_object *ws = mbd_obj_get(root, "workers");
   if (ws && ws->type == MSGPACK_OBJECT_ARRAY && ws->via.array.size > 0) {
     rep->workers = calloc(ws->via.array.size, sizeof *rep->workers);
     if (!rep->workers) {
       rc = mbd_error_set(err, MBD_E_NOMEM, "out of memory reading STATUS");
-      goto fail;
+      goto done;
     }
     for (size_t i = 0; i < ws->via.array.size; i++) {
       rep->n_workers = i + 1;
       rc = parse_worker(&ws->via.array.ptr[i], &rep->workers[i], err);
-      if (rc != 0) goto fail;
+      if (rc != 0) goto done;
     }
   }
-  mbd_body_destroy(&b);
-  mbd_msg_destroy(&fin);
   *out = rep;
-  return 0;
-fail:
+  rep = NULL;
+done:
   mbd_status_report_free(&rep);
-  mbd_body_destroy(&b);
-  mbd_msg_destroy(&fin);
+  reply_free(&rp);
   return rc;
 }
 
@@ -607,26 +647,13 @@ int mbd_client_gemm(mbd_client *c, const mbd_call_opts *o, const char *dtype,
   const mbd_tensor_in *ts[3] = {a, b, bias};
   size_t n = bias ? 3 : 2;
   int64_t dl = deadline_(c, o);
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk, 2 + (dl > 0) + (dtype && *dtype));
-  pack_head(&pk, dl);
-  mbd_pack_str(&pk, "route");
-  mbd_pack_route_want(&pk, route_(c, o));
-  if (dtype && *dtype) mbd_pack_kv_str(&pk, "dtype", dtype);
+  req_body rb;
+  body_init(&rb);
+  route_head(&rb.pk, dl, route_(c, o), 1 + (dtype && *dtype));
+  if (dtype && *dtype) mbd_pack_kv_str(&rb.pk, "dtype", dtype);
   uint32_t frame = 0;
-  pack_tensors(&pk, "tensors", names, ts, n, &frame);
-  mbd_msg *fin = NULL;
-  mbd_body *body = NULL;
-  rc = roundtrip(c, dl, MBD_CMD_GEMM, &sb, ts, n, NULL, NULL, &fin, &body, err);
-  msgpack_sbuffer_destroy(&sb);
-  if (rc != 0) return rc;
-  rc = take_tensor(fin, body, 0, NULL, out_c, err);
-  mbd_body_destroy(&body);
-  mbd_msg_destroy(&fin);
-  return rc;
+  pack_tensors(&rb.pk, "tensors", names, ts, n, &frame);
+  return roundtrip_tensor(c, dl, MBD_CMD_GEMM, &rb, ts, n, NULL, out_c, err);
 }
 
 int mbd_client_forward(mbd_client *c, const mbd_call_opts *o, const char *model,
@@ -648,45 +675,41 @@ int mbd_client_forward(mbd_client *c, const mbd_call_opts *o, const char *model,
   const mbd_tensor_in *ts[1] = {input_ids};
   const mbd_tensor_in *os[1] = {out_ref};
   int64_t dl = deadline_(c, o);
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk, 3 + (dl > 0) + last_only + (out_ref != NULL));
-  pack_head(&pk, dl);
-  mbd_pack_str(&pk, "route");
-  mbd_pack_route_want(&pk, route_(c, o));
-  mbd_pack_kv_str(&pk, "model", model);
-  if (last_only) mbd_pack_kv_bool(&pk, "last_only", true);
+  req_body rb;
+  body_init(&rb);
+  route_head(&rb.pk, dl, route_(c, o), 2 + last_only + (out_ref != NULL));
+  mbd_pack_kv_str(&rb.pk, "model", model);
+  if (last_only) mbd_pack_kv_bool(&rb.pk, "last_only", true);
   uint32_t frame = 0;
-  pack_tensors(&pk, "tensors", names, ts, 1, &frame);
-  if (out_ref) pack_tensors(&pk, "outputs", onames, os, 1, &frame);
-  mbd_msg *fin = NULL;
-  mbd_body *body = NULL;
-  rc = roundtrip(c, dl, MBD_CMD_FORWARD, &sb, ts, 1, NULL, NULL, &fin, &body, err);
-  msgpack_sbuffer_destroy(&sb);
-  if (rc != 0) return rc;
-  rc = take_tensor(fin, body, 0, out_ref ? out_ref->shm : NULL, logits, err);
-  mbd_body_destroy(&body);
-  mbd_msg_destroy(&fin);
-  return rc;
+  pack_tensors(&rb.pk, "tensors", names, ts, 1, &frame);
+  if (out_ref) pack_tensors(&rb.pk, "outputs", onames, os, 1, &frame);
+  return roundtrip_tensor(c, dl, MBD_CMD_FORWARD, &rb, ts, 1, out_ref ? out_ref->shm : NULL,
+                          logits, err);
 }
 
 /* ---- sessions ------------------------------------------------------------ */
 
-static int new_session(mbd_client *c, const mbd_body *body, const char *model, mbd_session **out,
-                       mbd_error *err) {
+/* Sends an OPEN or IMPORT packed in rb and makes the session its reply names. */
+static int open_session(mbd_client *c, int64_t dl, uint8_t cmd, req_body *rb,
+                        const mbd_tensor_in *const *ts, size_t n, const char *model,
+                        mbd_session **out, mbd_error *err) {
+  reply r;
+  int rc = roundtrip(c, dl, cmd, rb, ts, n, NULL, NULL, &r, err);
+  if (rc != 0) return rc;
   mbd_session *s = calloc(1, sizeof *s);
-  if (!s) return mbd_error_set(err, MBD_E_NOMEM, "out of memory allocating a session");
-  int rc = mbd_obj_str(mbd_body_root(body), "session", true, s->id, sizeof s->id, err);
-  if (rc != 0) {
+  if (!s) {
+    rc = mbd_error_set(err, MBD_E_NOMEM, "out of memory allocating a session");
+  } else if ((rc = mbd_obj_str(mbd_body_root(r.body), "session", true, s->id, sizeof s->id,
+                               err)) != 0) {
     free(s);
-    return mbd_error_prefix(err, "reply to OPEN/IMPORT");
+    rc = mbd_error_prefix(err, "reply to OPEN/IMPORT");
+  } else {
+    s->c = c;
+    snprintf(s->model, sizeof s->model, "%s", model);
+    *out = s;
   }
-  s->c = c;
-  snprintf(s->model, sizeof s->model, "%s", model);
-  *out = s;
-  return 0;
+  reply_free(&r);
+  return rc;
 }
 
 int mbd_session_open(mbd_client *c, const mbd_call_opts *o, const char *model, mbd_session **out,
@@ -694,24 +717,11 @@ int mbd_session_open(mbd_client *c, const mbd_call_opts *o, const char *model, m
   *out = NULL;
   if (!model || !*model) return mbd_error_set(err, MBD_E_INVALID, "open: no model name given");
   int64_t dl = deadline_(c, o);
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk, 2 + (dl > 0));
-  pack_head(&pk, dl);
-  mbd_pack_str(&pk, "route");
-  mbd_pack_route_want(&pk, route_(c, o));
-  mbd_pack_kv_str(&pk, "model", model);
-  mbd_msg *fin = NULL;
-  mbd_body *body = NULL;
-  int rc = roundtrip(c, dl, MBD_CMD_OPEN, &sb, NULL, 0, NULL, NULL, &fin, &body, err);
-  msgpack_sbuffer_destroy(&sb);
-  if (rc != 0) return rc;
-  rc = new_session(c, body, model, out, err);
-  mbd_body_destroy(&body);
-  mbd_msg_destroy(&fin);
-  return rc;
+  req_body rb;
+  body_init(&rb);
+  route_head(&rb.pk, dl, route_(c, o), 1);
+  mbd_pack_kv_str(&rb.pk, "model", model);
+  return open_session(c, dl, MBD_CMD_OPEN, &rb, NULL, 0, model, out, err);
 }
 
 const char *mbd_session_id(const mbd_session *s) { return s->id; }
@@ -731,44 +741,24 @@ int mbd_session_prefill(mbd_session *s, const mbd_call_opts *o, const mbd_tensor
   const char *names[1] = {"input_ids"};
   const mbd_tensor_in *ts[1] = {input_ids};
   int64_t dl = deadline_(s->c, o);
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  session_head(&pk, s, dl, 1 + last_only);
-  if (last_only) mbd_pack_kv_bool(&pk, "last_only", true);
+  req_body rb;
+  body_init(&rb);
+  session_head(&rb.pk, s, dl, 1 + last_only);
+  if (last_only) mbd_pack_kv_bool(&rb.pk, "last_only", true);
   uint32_t frame = 0;
-  pack_tensors(&pk, "tensors", names, ts, 1, &frame);
-  mbd_msg *fin = NULL;
-  mbd_body *body = NULL;
-  rc = roundtrip(s->c, dl, MBD_CMD_PREFILL, &sb, ts, 1, NULL, NULL, &fin, &body, err);
-  msgpack_sbuffer_destroy(&sb);
-  if (rc != 0) return rc;
-  rc = take_tensor(fin, body, 0, NULL, logits, err);
-  mbd_body_destroy(&body);
-  mbd_msg_destroy(&fin);
-  return rc;
+  pack_tensors(&rb.pk, "tensors", names, ts, 1, &frame);
+  return roundtrip_tensor(s->c, dl, MBD_CMD_PREFILL, &rb, ts, 1, NULL, logits, err);
 }
 
 int mbd_session_step(mbd_session *s, const mbd_call_opts *o, int64_t token,
                      mbd_tensor_out *logits, mbd_error *err) {
   memset(logits, 0, sizeof *logits);
   int64_t dl = deadline_(s->c, o);
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  session_head(&pk, s, dl, 1);
-  mbd_pack_kv_i64(&pk, "token", token);
-  mbd_msg *fin = NULL;
-  mbd_body *body = NULL;
-  int rc = roundtrip(s->c, dl, MBD_CMD_STEP, &sb, NULL, 0, NULL, NULL, &fin, &body, err);
-  msgpack_sbuffer_destroy(&sb);
-  if (rc != 0) return rc;
-  rc = take_tensor(fin, body, 0, NULL, logits, err);
-  mbd_body_destroy(&body);
-  mbd_msg_destroy(&fin);
-  return rc;
+  req_body rb;
+  body_init(&rb);
+  session_head(&rb.pk, s, dl, 1);
+  mbd_pack_kv_i64(&rb.pk, "token", token);
+  return roundtrip_tensor(s->c, dl, MBD_CMD_STEP, &rb, NULL, 0, NULL, logits, err);
 }
 
 typedef struct gen_ctx {
@@ -805,35 +795,31 @@ int mbd_session_generate(mbd_session *s, const mbd_call_opts *o, const mbd_gener
                          "generate: temperature must be >= 0, top_k >= 0 and top_p in [0,1]");
   bool sampled = p->temperature > 0;
   int64_t dl = deadline_(s->c, o);
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  session_head(&pk, s, dl, 2 + (sampled ? 4 : 0));
-  mbd_pack_kv_i64(&pk, "max_tokens", p->max_tokens);
-  mbd_pack_str(&pk, "stop");
-  msgpack_pack_array(&pk, p->n_stop);
-  for (size_t i = 0; i < p->n_stop; i++) msgpack_pack_int64(&pk, p->stop[i]);
+  req_body rb;
+  body_init(&rb);
+  msgpack_packer *pk = &rb.pk;
+  session_head(pk, s, dl, 2 + (sampled ? 4 : 0));
+  mbd_pack_kv_i64(pk, "max_tokens", p->max_tokens);
+  mbd_pack_str(pk, "stop");
+  msgpack_pack_array(pk, p->n_stop);
+  for (size_t i = 0; i < p->n_stop; i++) msgpack_pack_int64(pk, p->stop[i]);
   if (sampled) {
-    mbd_pack_kv_f64(&pk, "temperature", p->temperature);
-    mbd_pack_kv_i64(&pk, "top_k", p->top_k);
-    mbd_pack_kv_f64(&pk, "top_p", p->top_p);
-    mbd_pack_kv_u64(&pk, "seed", p->seed);
+    mbd_pack_kv_f64(pk, "temperature", p->temperature);
+    mbd_pack_kv_i64(pk, "top_k", p->top_k);
+    mbd_pack_kv_f64(pk, "top_p", p->top_p);
+    mbd_pack_kv_u64(pk, "seed", p->seed);
   }
   gen_ctx g = {cb, user};
-  mbd_msg *fin = NULL;
-  mbd_body *body = NULL;
-  int rc = roundtrip(s->c, dl, MBD_CMD_GENERATE, &sb, NULL, 0, gen_partial, &g, &fin, &body, err);
-  msgpack_sbuffer_destroy(&sb);
+  reply rp;
+  int rc = roundtrip(s->c, dl, MBD_CMD_GENERATE, &rb, NULL, 0, gen_partial, &g, &rp, err);
   if (rc != 0) return rc;
-  rc = i64_list(mbd_body_root(body), "tokens", tokens, n_tokens, err);
+  rc = i64_list(mbd_body_root(rp.body), "tokens", tokens, n_tokens, err);
   if (rc == 0 && reason) {
     char r[16] = "";
-    str_field(mbd_body_root(body), "reason", r, sizeof r);
+    str_field(mbd_body_root(rp.body), "reason", r, sizeof r);
     memcpy(reason, r, sizeof r);
   }
-  mbd_body_destroy(&body);
-  mbd_msg_destroy(&fin);
+  reply_free(&rp);
   return rc;
 }
 
@@ -841,22 +827,18 @@ int mbd_session_export(mbd_session *s, const mbd_call_opts *o, mbd_session_state
                        mbd_error *err) {
   *out = NULL;
   int64_t dl = deadline_(s->c, o);
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  session_head(&pk, s, dl, 0);
-  mbd_msg *fin = NULL;
-  mbd_body *body = NULL;
-  int rc = roundtrip(s->c, dl, MBD_CMD_EXPORT, &sb, NULL, 0, NULL, NULL, &fin, &body, err);
-  msgpack_sbuffer_destroy(&sb);
+  req_body rb;
+  body_init(&rb);
+  session_head(&rb.pk, s, dl, 0);
+  reply rp;
+  int rc = roundtrip(s->c, dl, MBD_CMD_EXPORT, &rb, NULL, 0, NULL, NULL, &rp, err);
   if (rc != 0) return rc;
   mbd_session_state *st = calloc(1, sizeof *st);
   if (!st) {
     rc = mbd_error_set(err, MBD_E_NOMEM, "out of memory reading exported state");
-    goto fail;
+    goto done;
   }
-  const msgpack_object *root = mbd_body_root(body);
+  const msgpack_object *root = mbd_body_root(rp.body);
   snprintf(st->model, sizeof st->model, "%s", s->model);
   str_field(root, "model", st->model, sizeof st->model);
   snprintf(st->route_id, sizeof st->route_id, "%s", s->c->last.route_id);
@@ -864,26 +846,23 @@ int mbd_session_export(mbd_session *s, const mbd_call_opts *o, mbd_session_state
   const msgpack_object *ts = mbd_obj_get(root, "tensors");
   if (!ts || ts->type != MSGPACK_OBJECT_ARRAY || ts->via.array.size == 0) {
     rc = mbd_error_set(err, MBD_E_PROTOCOL, "EXPORT reply carries no state tensors");
-    goto fail;
+    goto done;
   }
   st->tensors = calloc(ts->via.array.size, sizeof *st->tensors);
   if (!st->tensors) {
     rc = mbd_error_set(err, MBD_E_NOMEM, "out of memory reading exported state");
-    goto fail;
+    goto done;
   }
   for (size_t i = 0; i < ts->via.array.size; i++) {
-    rc = take_tensor(fin, body, i, NULL, &st->tensors[i], err);
-    if (rc != 0) goto fail;
+    rc = take_tensor(rp.fin, rp.body, i, NULL, &st->tensors[i], err);
+    if (rc != 0) goto done;
     st->n_tensors = i + 1;
   }
-  mbd_body_destroy(&body);
-  mbd_msg_destroy(&fin);
   *out = st;
-  return 0;
-fail:
+  st = NULL;
+done:
   mbd_session_state_free(&st);
-  mbd_body_destroy(&body);
-  mbd_msg_destroy(&fin);
+  reply_free(&rp);
   return rc;
 }
 
@@ -919,43 +898,25 @@ int mbd_session_import(mbd_client *c, const mbd_call_opts *o, const mbd_session_
     names[i] = st->tensors[i].name[0] ? st->tensors[i].name : "state";
   }
   int64_t dl = deadline_(c, o);
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk, 3 + (dl > 0));
-  pack_head(&pk, dl);
-  mbd_pack_str(&pk, "route");
-  mbd_pack_route_want(&pk, &want);
-  mbd_pack_kv_str(&pk, "model", st->model);
+  req_body rb;
+  body_init(&rb);
+  route_head(&rb.pk, dl, &want, 2);
+  mbd_pack_kv_str(&rb.pk, "model", st->model);
   uint32_t frame = 0;
-  pack_tensors(&pk, "tensors", names, ts, st->n_tensors, &frame);
-  mbd_msg *fin = NULL;
-  mbd_body *body = NULL;
-  int rc = roundtrip(c, dl, MBD_CMD_IMPORT, &sb, ts, st->n_tensors, NULL, NULL, &fin, &body, err);
-  msgpack_sbuffer_destroy(&sb);
-  if (rc != 0) return rc;
-  rc = new_session(c, body, st->model, out, err);
-  mbd_body_destroy(&body);
-  mbd_msg_destroy(&fin);
-  return rc;
+  pack_tensors(&rb.pk, "tensors", names, ts, st->n_tensors, &frame);
+  return open_session(c, dl, MBD_CMD_IMPORT, &rb, ts, st->n_tensors, st->model, out, err);
 }
 
 int mbd_session_close(mbd_session **ps, mbd_error *err) {
   if (!ps || !*ps) return 0;
   mbd_session *s = *ps;
   int64_t dl = deadline_(s->c, NULL);
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  session_head(&pk, s, dl, 0);
-  mbd_msg *fin = NULL;
-  mbd_body *body = NULL;
-  int rc = roundtrip(s->c, dl, MBD_CMD_CLOSE, &sb, NULL, 0, NULL, NULL, &fin, &body, err);
-  msgpack_sbuffer_destroy(&sb);
-  mbd_body_destroy(&body);
-  mbd_msg_destroy(&fin);
+  req_body rb;
+  body_init(&rb);
+  session_head(&rb.pk, s, dl, 0);
+  reply rp;
+  int rc = roundtrip(s->c, dl, MBD_CMD_CLOSE, &rb, NULL, 0, NULL, NULL, &rp, err);
+  reply_free(&rp);
   free(s);
   *ps = NULL;
   return rc;
