@@ -4,9 +4,9 @@
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "client/mambad.h"
+#include "common/host_id.h"
 #include "common/protocol.h"
 
 int mbd_cuda_ipc_ref(const void *alloc_base, size_t alloc_bytes, uint64_t offset,
@@ -58,18 +58,4 @@ int mbd_cuda_ipc_ref(const void *alloc_base, size_t alloc_bytes, uint64_t offset
   return MBD_OK;
 }
 
-void mbd_client_host_id(char *buf, size_t cap) {
-  FILE *f = fopen("/etc/machine-id", "r");
-  if (f) {
-    char line[128] = "";
-    if (fgets(line, sizeof line, f)) line[strcspn(line, "\r\n")] = '\0';
-    fclose(f);
-    if (line[0]) {
-      snprintf(buf, cap, "%s", line);
-      return;
-    }
-  }
-  char host[128] = "unknown-host";
-  if (gethostname(host, sizeof host) == 0) host[sizeof host - 1] = '\0';
-  snprintf(buf, cap, "%s", host);
-}
+void mbd_client_host_id(char *buf, size_t cap) { mbd_host_id_get(buf, cap); }

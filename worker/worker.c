@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/host_id.h"
 #include "common/log.h"
 #include "common/protocol.h"
 #include "common/sha256.h"
@@ -141,22 +142,6 @@ static bool valid_name(const char *s) {
   return true;
 }
 
-static void default_host_id(char *out, size_t cap) {
-  FILE *f = fopen("/etc/machine-id", "r");
-  if (f) {
-    char line[128] = "";
-    if (fgets(line, sizeof line, f)) line[strcspn(line, "\r\n")] = '\0';
-    fclose(f);
-    if (line[0]) {
-      snprintf(out, cap, "%s", line);
-      return;
-    }
-  }
-  char host[128] = "unknown-host";
-  if (gethostname(host, sizeof host) == 0) host[sizeof host - 1] = '\0';
-  snprintf(out, cap, "%s", host);
-}
-
 int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *err) {
   memset(o, 0, sizeof *o);
   o->backend = MBD_BACKEND_CPU;
@@ -260,7 +245,7 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
     return mbd_error_set(err, MBD_E_INVALID, "--connect EP is required (the broker's workers "
                          "endpoint, e.g. ipc:///tmp/mambad/workers)");
   if (!o->name[0]) return mbd_error_set(err, MBD_E_INVALID, "--name NAME is required");
-  if (!o->host_id[0]) default_host_id(o->host_id, sizeof o->host_id);
+  if (!o->host_id[0]) mbd_host_id_get(o->host_id, sizeof o->host_id);
   return MBD_OK;
 }
 
