@@ -650,21 +650,28 @@ static int check_desc(const mbd_tensor_ref *r, mbd_dtype dt, int ndim_lo, int nd
   return MBD_OK;
 }
 
-/* Session lookup for session commands; wsess in *ws. */
+/* Session lookup for session commands (wsess in *ws): MBD_E_BUSY while the
+ * session is generating, since a GENERATE owns its session until its FINAL. */
 static int get_session(mbd_worker *w, const char *id, mbd_wsession **s, wsess **ws, mbd_error *err) {
   int rc = mbd_wsession_find(w->sessions, id, s, err);
   if (rc) return rc;
   *ws = (*s)->user;
   (*s)->last_used = now_s();
-  return MBD_OK;
-}
-
-static int check_not_busy(const mbd_wsession *s, mbd_error *err) {
-  if (s->busy)
+  if ((*s)->busy)
     return mbd_error_set(err, MBD_E_BUSY,
                          "session '%s' is generating: wait for its FINAL before sending more "
                          "requests to it",
-                         s->id);
+                         (*s)->id);
+  return MBD_OK;
+}
+
+/* For requests that replace or read the whole state (GENERATE, EXPORT,
+ * CLOSE): a queued STEP must run first. */
+static int check_no_step_queued(const mbd_worker *w, const mbd_wsession *s, mbd_error *err) {
+  for (const step_job *j = w->q_head; j; j = j->next)
+    if (!strcmp(j->session, s->id))
+      return mbd_error_set(err, MBD_E_BUSY, "session '%s' has a STEP queued: wait for its reply",
+                           s->id);
   return MBD_OK;
 }
 
@@ -779,7 +786,7 @@ static int h_prefill(mbd_worker *w, const mbd_msg *msg, const mbd_wreq *q, uint6
   mbd_wsession *s;
   wsess *ws;
   int rc = get_session(w, q->session, &s, &ws, err);
-  if (rc || (rc = check_not_busy(s, err))) return rc;
+  if (rc) return rc;
   wmodel *m = &w->models[s->model];
   const mbd_tensor_ref *r = &q->tensors[0];
   if ((rc = check_desc(r, MBD_DTYPE_I64, 1, 2, "prefill input_ids", err))) return rc;
@@ -813,7 +820,7 @@ static int h_step(mbd_worker *w, const mbd_wreq *q, uint64_t tag, mbd_error *err
   mbd_wsession *s;
   wsess *ws;
   int rc = get_session(w, q->session, &s, &ws, err);
-  if (rc || (rc = check_not_busy(s, err))) return rc;
+  if (rc) return rc;
   int64_t V = w->models[s->model].vocab;
   if (q->token < 0 || q->token >= V)
     return mbd_error_set(err, MBD_E_INVALID, "token %lld is outside the vocabulary [0, %lld)",
@@ -842,14 +849,11 @@ static int h_generate(mbd_worker *w, const mbd_wreq *q, uint64_t tag, mbd_error 
   mbd_wsession *s;
   wsess *ws;
   int rc = get_session(w, q->session, &s, &ws, err);
-  if (rc || (rc = check_not_busy(s, err))) return rc;
+  if (rc) return rc;
   if (!ws->has_logits)
     return mbd_error_set(err, MBD_E_STATE,
                          "session '%s' has consumed no token yet: PREFILL the prompt first", s->id);
-  for (step_job *j = w->q_head; j; j = j->next)
-    if (!strcmp(j->session, s->id))
-      return mbd_error_set(err, MBD_E_BUSY, "session '%s' has a STEP queued: wait for its reply",
-                           s->id);
+  if ((rc = check_no_step_queued(w, s, err))) return rc;
   gen_job *g = calloc(1, sizeof *g);
   if (!g || !(g->tokens = malloc((size_t)q->max_tokens * sizeof *g->tokens))) {
     free_job(g);
@@ -880,11 +884,8 @@ static int h_export(mbd_worker *w, const mbd_wreq *q, uint64_t tag, mbd_error *e
   mbd_wsession *s;
   wsess *ws;
   int rc = get_session(w, q->session, &s, &ws, err);
-  if (rc || (rc = check_not_busy(s, err))) return rc;
-  for (step_job *j = w->q_head; j; j = j->next)
-    if (!strcmp(j->session, s->id))
-      return mbd_error_set(err, MBD_E_BUSY, "session '%s' has a STEP queued: wait for its reply",
-                           s->id);
+  if (rc) return rc;
+  if ((rc = check_no_step_queued(w, s, err))) return rc;
   wmodel *m = &w->models[s->model];
   mbd_state_blob_info info;
   memset(&info, 0, sizeof info);
@@ -986,11 +987,8 @@ static int h_close(mbd_worker *w, const mbd_wreq *q, uint64_t tag, mbd_error *er
   mbd_wsession *s;
   wsess *ws;
   int rc = get_session(w, q->session, &s, &ws, err);
-  if (rc || (rc = check_not_busy(s, err))) return rc;
-  for (step_job *j = w->q_head; j; j = j->next)
-    if (!strcmp(j->session, s->id))
-      return mbd_error_set(err, MBD_E_BUSY, "session '%s' has a STEP queued: wait for its reply",
-                           s->id);
+  if (rc) return rc;
+  if ((rc = check_no_step_queued(w, s, err))) return rc;
   mbd_wsession_close(w->sessions, s);
   reply_fields_str(w, tag, NULL, NULL);
   return MBD_OK;
@@ -1133,11 +1131,12 @@ static void step_reply(mbd_worker *w, step_job *j, const float *row, int64_t V) 
   reply_tensor(w, &q, j->tag, "logits", &ld, own);
 }
 
-/* True when the GENERATE loop ends after the step that consumes `tok`. */
-static bool gen_ends(const gen_job *g, int64_t tok) {
+/* Why the GENERATE loop ends after the step that consumes `tok`: "stop",
+ * "length", or NULL while it goes on. */
+static const char *gen_end_reason(const gen_job *g, int64_t tok) {
   for (size_t k = 0; k < g->nstop; k++)
-    if (g->stop[k] == tok) return true;
-  return g->n >= g->max_tokens;
+    if (g->stop[k] == tok) return "stop";
+  return g->n >= g->max_tokens ? "length" : NULL;
 }
 
 /* One batched step for model mi over queued STEPs and active GENERATE loops.
@@ -1210,7 +1209,7 @@ static size_t tick_model(mbd_worker *w, int mi, double now) {
       gen_job *g = r->step ? NULL : ((wsess *)r->s->user)->gen;
       if (!g || g->sampling.temperature > 0.0f) need_logits = true;
       else dev_pick = true;
-      if (g && gen_ends(g, r->token)) need_logits = true;
+      if (g && gen_end_reason(g, r->token)) need_logits = true;
     }
   mbd_error e = {0};
   int rc = dev_pick ? w->be->ops->step_greedy(w->be, m->bm, w->bstates, w->btokens, (int64_t)n,
@@ -1247,10 +1246,8 @@ static size_t tick_model(mbd_worker *w, int mi, double now) {
       g->next = w->bnext[i];
       g->has_next = true;
     }
-    bool stop = false;
-    for (size_t k = 0; k < g->nstop; k++) stop |= g->stop[k] == r->token;
-    if (stop) gen_finish(w, r->s, "stop", NULL);
-    else if (g->n >= g->max_tokens) gen_finish(w, r->s, "length", NULL);
+    const char *end = gen_end_reason(g, r->token);
+    if (end) gen_finish(w, r->s, end, NULL);
     else if (g->n - g->sent >= g->partial_every) gen_partial(w, g);
   }
   if (rc) MBD_LOGE(LOGC, "batched step of %zu rows failed: %s", n, e.msg);
@@ -1266,6 +1263,19 @@ static bool tick(mbd_worker *w) {
 }
 
 /* ---- connection --------------------------------------------------------- */
+
+/* Sends a control message (tag 0) whose body is in sb (consumed). */
+static void send_ctl_body(mbd_worker *w, uint8_t cmd, msgpack_sbuffer *sb) {
+  mbd_msg *m = NULL;
+  mbd_error e = {0};
+  if (mbd_msg_new(cmd, 0, &m, &e) || mbd_msg_take_body(m, sb, &e)) {
+    MBD_LOGE(LOGC, "cannot build %s: %s", mbd_cmd_name(cmd), e.msg);
+    mbd_msg_destroy(&m);
+  } else {
+    send_msg(w, &m);
+  }
+  msgpack_sbuffer_destroy(sb);
+}
 
 static void send_ready(mbd_worker *w) {
   msgpack_sbuffer sb;
@@ -1289,16 +1299,7 @@ static void send_ready(mbd_worker *w) {
     mbd_pack_kv_str(&pk, "digest", w->models[i].digest);
   }
   mbd_pack_kv_u64(&pk, "pid", (uint64_t)getpid());
-  mbd_msg *m = NULL;
-  mbd_error e = {0};
-  if (mbd_msg_new(MBD_CMD_READY, 0, &m, &e) || mbd_msg_take_body(m, &sb, &e)) {
-    MBD_LOGE(LOGC, "cannot build READY: %s", e.msg);
-    mbd_msg_destroy(&m);
-    msgpack_sbuffer_destroy(&sb);
-    return;
-  }
-  msgpack_sbuffer_destroy(&sb);
-  send_msg(w, &m);
+  send_ctl_body(w, MBD_CMD_READY, &sb);
 }
 
 static void send_control(mbd_worker *w, uint8_t cmd, const char *reason) {
@@ -1314,15 +1315,7 @@ static void send_control(mbd_worker *w, uint8_t cmd, const char *reason) {
     msgpack_pack_map(&pk, 1);
     mbd_pack_kv_str(&pk, "reason", reason);
   }
-  mbd_msg *m = NULL;
-  mbd_error e = {0};
-  if (mbd_msg_new(cmd, 0, &m, &e) || mbd_msg_take_body(m, &sb, &e)) {
-    mbd_msg_destroy(&m);
-    msgpack_sbuffer_destroy(&sb);
-    return;
-  }
-  msgpack_sbuffer_destroy(&sb);
-  send_msg(w, &m);
+  send_ctl_body(w, cmd, &sb);
 }
 
 /* (Re)creates the DEALER socket and registers. */
