@@ -90,5 +90,10 @@ int mbd_backend_cpu_new(const mbd_backend_opts *opts, mbd_backend **out, mbd_err
 int mbd_backend_cuda_new(const mbd_backend_opts *opts, mbd_backend **out, mbd_error *err);
 /* Calls ops->destroy; NULL-safe; nulls *b. */
 void mbd_backend_destroy(mbd_backend **b);
+/* For implementations: token ids arrive as i64 on the wire, the models take
+ * i32. Copies ids[0..n) into out; MBD_E_INVALID naming the first id outside
+ * [0, vocab). */
+int mbd_backend_tokens_i32(const int64_t *ids, int64_t n, int64_t vocab, int32_t *out,
+                           mbd_error *err);
 
 #endif

@@ -99,17 +99,6 @@ static int64_t cpu_model_vocab(const mbd_bmodel *m) {
   return mbd_mamba1_vocab((const mbd_mamba1_model *)m);
 }
 
-/* Token ids arrive as i64 on the wire; the model takes i32. */
-static int to_i32(const int64_t *ids, int64_t n, int64_t vocab, int32_t *out, mbd_error *err) {
-  for (int64_t i = 0; i < n; i++) {
-    if (ids[i] < 0 || ids[i] >= vocab)
-      return mbd_error_set(err, MBD_E_INVALID, "token id %lld at position %lld is outside [0, %lld)",
-                           (long long)ids[i], (long long)i, (long long)vocab);
-    out[i] = (int32_t)ids[i];
-  }
-  return MBD_OK;
-}
-
 static int cpu_forward(mbd_backend *b, mbd_bmodel *bm, const int64_t *ids, int64_t B, int64_t T,
                        bool last_only, float *logits, mbd_error *err) {
   mbd_mamba1_model *m = (mbd_mamba1_model *)bm;
@@ -125,7 +114,7 @@ static int cpu_forward(mbd_backend *b, mbd_bmodel *bm, const int64_t *ids, int64
                        (long long)T);
     goto fail;
   }
-  if ((rc = to_i32(ids, B * T, mbd_mamba1_vocab(m), tok, err))) goto fail;
+  if ((rc = mbd_backend_tokens_i32(ids, B * T, mbd_mamba1_vocab(m), tok, err))) goto fail;
   for (int64_t i = 0; i < B; i++) {
     if ((rc = mbd_mamba1_state_new(m, &st[i], err))) goto fail;
     rows[i] = tok + i * T;
@@ -174,7 +163,7 @@ static int cpu_prefill(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *s, const int6
   if (T < 1) return mbd_error_set(err, MBD_E_SHAPE, "prefill needs at least one token");
   int32_t *tok = malloc((size_t)T * sizeof *tok);
   if (!tok) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for %lld tokens", (long long)T);
-  int rc = to_i32(ids, T, mbd_mamba1_vocab(m), tok, err);
+  int rc = mbd_backend_tokens_i32(ids, T, mbd_mamba1_vocab(m), tok, err);
   if (!rc) {
     mbd_mamba1_state *st = (mbd_mamba1_state *)s;
     const int32_t *row = tok;
@@ -191,7 +180,7 @@ static int cpu_step(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states,
   if (n < 1 || n > INT32_MAX) return mbd_error_set(err, MBD_E_INVALID, "step batch of %lld", (long long)n);
   int32_t *tok = malloc((size_t)n * sizeof *tok);
   if (!tok) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for a step batch");
-  int rc = to_i32(tokens, n, mbd_mamba1_vocab(m), tok, err);
+  int rc = mbd_backend_tokens_i32(tokens, n, mbd_mamba1_vocab(m), tok, err);
   if (!rc)
     rc = mbd_mamba1_step(m, (mbd_mamba1_state *const *)states, (int)n, tok, logits, err);
   free(tok);
@@ -239,10 +228,4 @@ int mbd_backend_cpu_new(const mbd_backend_opts *opts, mbd_backend **out, mbd_err
   c->base.impl = c;
   *out = &c->base;
   return MBD_OK;
-}
-
-void mbd_backend_destroy(mbd_backend **b) {
-  if (!b || !*b) return;
-  (*b)->ops->destroy(*b);
-  *b = NULL;
 }

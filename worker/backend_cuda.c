@@ -195,16 +195,6 @@ fail:
 
 static int64_t cuda_model_vocab(const mbd_bmodel *m) { return ((const cuda_model *)m)->vocab; }
 
-static int to_i32(const int64_t *ids, int64_t n, int64_t vocab, int32_t *out, mbd_error *err) {
-  for (int64_t i = 0; i < n; i++) {
-    if (ids[i] < 0 || ids[i] >= vocab)
-      return mbd_error_set(err, MBD_E_INVALID, "token id %lld at position %lld is outside [0, %lld)",
-                           (long long)ids[i], (long long)i, (long long)vocab);
-    out[i] = (int32_t)ids[i];
-  }
-  return MBD_OK;
-}
-
 /* Stateless forward: rows in chunks of the forward slots, each from a zeroed
  * slot; chunking does not change bits (mbd_mamba1_gpu determinism). */
 static int cuda_forward(mbd_backend *b, mbd_bmodel *bm, const int64_t *ids, int64_t B, int64_t T,
@@ -219,7 +209,7 @@ static int cuda_forward(mbd_backend *b, mbd_bmodel *bm, const int64_t *ids, int6
   size_t per = (size_t)(last_only ? 1 : T) * (size_t)cm->vocab;
   for (int64_t r0 = 0; r0 < B && !rc; r0 += chunk) {
     int64_t n = B - r0 < chunk ? B - r0 : chunk;
-    if ((rc = to_i32(ids + r0 * T, n * T, cm->vocab, tok, err))) break;
+    if ((rc = mbd_backend_tokens_i32(ids + r0 * T, n * T, cm->vocab, tok, err))) break;
     for (int64_t i = 0; i < n && !rc; i++) {
       slots[i] = (int32_t)(cm->fwd_base + i);
       rc = mbd_mamba1_gpu_slot_reset(cm->m, slots[i], err);
@@ -321,7 +311,7 @@ static int cuda_prefill(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *bs, const in
     return mbd_error_set(err, MBD_E_SHAPE, "prefill needs 1..2^31-1 tokens");
   int32_t *tok = malloc((size_t)T * sizeof *tok);
   if (!tok) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for %lld tokens", (long long)T);
-  int rc = to_i32(ids, T, cm->vocab, tok, err);
+  int rc = mbd_backend_tokens_i32(ids, T, cm->vocab, tok, err);
   int32_t slot = (int32_t)s->slot;
   if (!rc)
     rc = mbd_mamba1_gpu_prefill(cm->m, 1, (int)T, tok, &slot,
@@ -342,7 +332,7 @@ static int step_impl(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states,
   if (n < 1 || n > c->opts.max_batch)
     return mbd_error_set(err, MBD_E_INVALID, "step batch of %lld outside 1..%d", (long long)n,
                          c->opts.max_batch);
-  int rc = to_i32(tokens, n, cm->vocab, cm->tok, err);
+  int rc = mbd_backend_tokens_i32(tokens, n, cm->vocab, cm->tok, err);
   if (rc) return rc;
   for (int64_t i = 0; i < n; i++) cm->slots[i] = (int32_t)((cuda_state *)states[i])->slot;
   rc = mbd_mamba1_gpu_step(cm->m, (int)n, cm->tok, cm->slots, NULL, next ? cm->next : NULL,
