@@ -316,18 +316,33 @@ static int open_input(const char *cmd, const char *path, mbd_safetensors **st,
   return 0;
 }
 
-static int write_output(const char *cmd, const char *path, const char *name,
-                        const mbd_tensor_desc *d, const void *data, const mbd_client *c) {
+typedef struct out_tensor {
+  const char *name;
+  const mbd_tensor_desc *desc;
+  const void *data;
+} out_tensor;
+
+/* Writes tensors ts[0..n) to a safetensors file, with the route_id and
+ * worker of the last reply as metadata. */
+static int write_outputs(const char *cmd, const char *path, const out_tensor *ts, size_t n,
+                         const mbd_client *c) {
   mbd_st_writer *w = NULL;
   mbd_error err = {0};
   const mbd_reply_meta *m = mbd_client_last_reply(c);
   int rc = mbd_st_writer_new(&w, &err);
-  if (!rc) rc = mbd_st_writer_add(w, name, d, data, &err);
+  for (size_t i = 0; i < n && !rc; i++)
+    rc = mbd_st_writer_add(w, ts[i].name, ts[i].desc, ts[i].data, &err);
   if (!rc && m->route_id[0]) rc = mbd_st_writer_set_metadata(w, "route_id", m->route_id, &err);
   if (!rc && m->worker[0]) rc = mbd_st_writer_set_metadata(w, "worker", m->worker, &err);
   if (!rc) rc = mbd_st_writer_write(w, path, &err);
   mbd_st_writer_destroy(&w);
   return rc ? report(cmd, &err, NULL) : 0;
+}
+
+static int write_output(const char *cmd, const char *path, const char *name,
+                        const mbd_tensor_desc *d, const void *data, const mbd_client *c) {
+  out_tensor t = {name, d, data};
+  return write_outputs(cmd, path, &t, 1, c);
 }
 
 static const int k_forward_opts[] = {O_CONNECT, O_MODEL, O_INPUT, O_OUTPUT, O_ROUTE_ID, O_BACKEND,
@@ -493,16 +508,8 @@ static int cmd_generate(int argc, char **argv) {
     int64_t shape[2] = {B, T + N}, lshape[1] = {B};
     mbd_tensor_desc_make(&d, MBD_DTYPE_I64, 2, shape, NULL);
     mbd_tensor_desc_make(&ld, MBD_DTYPE_I64, 1, lshape, NULL);
-    mbd_st_writer *w = NULL;
-    const mbd_reply_meta *m = mbd_client_last_reply(c);
-    rc = mbd_st_writer_new(&w, &err);
-    if (!rc) rc = mbd_st_writer_add(w, "tokens", &d, out, &err);
-    if (!rc) rc = mbd_st_writer_add(w, "lengths", &ld, lengths, &err);
-    if (!rc && m->route_id[0]) rc = mbd_st_writer_set_metadata(w, "route_id", m->route_id, &err);
-    if (!rc && m->worker[0]) rc = mbd_st_writer_set_metadata(w, "worker", m->worker, &err);
-    if (!rc) rc = mbd_st_writer_write(w, o.output, &err);
-    mbd_st_writer_destroy(&w);
-    if (rc) rc = report("generate", &err, NULL);
+    const out_tensor ts[2] = {{"tokens", &d, out}, {"lengths", &ld, lengths}};
+    rc = write_outputs("generate", o.output, ts, 2, c);
   }
 done:
   if (s) mbd_session_close(&s, NULL);
