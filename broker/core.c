@@ -239,6 +239,31 @@ static int scan_ipc(const msgpack_object *root, breq *r, mbd_error *err) {
   return MBD_OK;
 }
 
+/* Reads a client request's routing facts into r: route constraint, model,
+ * deadline (*dl, 0 = none given), owning worker of a session, IPC use. */
+static int req_read(const msgpack_object *root, uint8_t cmd, breq *r, uint64_t *dl,
+                    mbd_error *err) {
+  char session[2 * MBD_BW_UID_MAX] = "";
+  int rc;
+  if ((rc = mbd_obj_route_want(root, "route", &r->want, err)) ||
+      (rc = mbd_obj_str(root, "model", false, r->model, sizeof r->model, err)) ||
+      (rc = mbd_obj_u64(root, "deadline_ms", false, dl, err)) ||
+      (mbd_cmd_is_session(cmd) &&
+       (rc = mbd_obj_str(root, "session", true, session, sizeof session, err))))
+    return rc;
+  if (mbd_cmd_is_session(cmd)) {
+    const char *slash = strchr(session, '/');
+    size_t ul = slash ? (size_t)(slash - session) : 0;
+    if (!slash || ul == 0 || ul >= sizeof r->session_uid)
+      return mbd_error_set(err, MBD_E_INVALID,
+                           "session id '%s' is not of the form <worker-uid>/<n>", session);
+    memcpy(r->session_uid, session, ul);
+    r->session_uid[ul] = '\0';
+    r->is_session = true;
+  }
+  return scan_ipc(root, r, err);
+}
+
 static bool is_stateless(uint8_t cmd) { return cmd == MBD_CMD_GEMM || cmd == MBD_CMD_FORWARD; }
 
 /* Sends r to w under a fresh ticket. r is not in the queue. */
@@ -432,26 +457,16 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   mbd_pack_kv_i64(&pk, "liveness", c->cfg.liveness);
   mbd_pack_kv_i64(&pk, "queue_limit", c->cfg.queue_limit);
   mbd_pack_kv_i64(&pk, "default_deadline_ms", c->cfg.default_deadline_ms);
-  mbd_msg *m = *req;
-  *req = NULL;
-  /* Reuse the request message: peer and tag are already right. */
-  mbd_msg_set_cmd(m, MBD_CMD_FINAL);
-  while (mbd_msg_npayloads(m)) { /* a STATUS has no payloads; never echo any back */
-    mbd_msg *fresh = NULL;
-    size_t pl;
-    const void *peer = mbd_msg_peer(m, &pl);
-    if (mbd_msg_new(MBD_CMD_FINAL, mbd_msg_tag(m), &fresh, NULL) ||
-        mbd_msg_set_peer(fresh, peer, pl, NULL)) {
-      mbd_msg_destroy(&fresh);
-      mbd_msg_destroy(&m);
-      msgpack_sbuffer_destroy(&sb);
-      return;
-    }
+  /* A fresh FINAL to the request's peer and tag, so no payload a client
+   * attached to its STATUS is ever echoed back. */
+  mbd_msg *m = NULL;
+  size_t pl = 0;
+  const void *peer = mbd_msg_peer(*req, &pl);
+  if (mbd_msg_new(MBD_CMD_FINAL, mbd_msg_tag(*req), &m, NULL) ||
+      mbd_msg_set_peer(m, peer, pl, NULL) || mbd_msg_take_body(m, &sb, NULL))
     mbd_msg_destroy(&m);
-    m = fresh;
-  }
-  if (mbd_msg_take_body(m, &sb, NULL)) mbd_msg_destroy(&m);
   msgpack_sbuffer_destroy(&sb);
+  mbd_msg_destroy(req);
   if (m) send_to(c, MBD_BDEST_CLIENT, &m);
 }
 
@@ -503,35 +518,13 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     client_error(c, pcopy, plen, tag, rc, err.msg);
     goto done;
   }
-  const msgpack_object *root = mbd_body_root(body);
   r = calloc(1, sizeof *r);
   if (!r) {
     client_error(c, pcopy, plen, tag, MBD_E_NOMEM, "broker out of memory");
     goto done;
   }
   uint64_t dl = 0;
-  char session[2 * MBD_BW_UID_MAX] = "";
-  if ((rc = mbd_obj_route_want(root, "route", &r->want, &err)) ||
-      (rc = mbd_obj_str(root, "model", false, r->model, sizeof r->model, &err)) ||
-      (rc = mbd_obj_u64(root, "deadline_ms", false, &dl, &err)) ||
-      (mbd_cmd_is_session(cmd) &&
-       (rc = mbd_obj_str(root, "session", true, session, sizeof session, &err)))) {
-    client_error(c, pcopy, plen, tag, rc, err.msg);
-    goto done;
-  }
-  if (mbd_cmd_is_session(cmd)) {
-    const char *slash = strchr(session, '/');
-    size_t ul = slash ? (size_t)(slash - session) : 0;
-    if (!slash || ul == 0 || ul >= sizeof r->session_uid) {
-      snprintf(msg, sizeof msg, "session id '%s' is not of the form <worker-uid>/<n>", session);
-      client_error(c, pcopy, plen, tag, MBD_E_INVALID, msg);
-      goto done;
-    }
-    memcpy(r->session_uid, session, ul);
-    r->session_uid[ul] = '\0';
-    r->is_session = true;
-  }
-  if ((rc = scan_ipc(root, r, &err))) {
+  if ((rc = req_read(mbd_body_root(body), cmd, r, &dl, &err))) {
     client_error(c, pcopy, plen, tag, rc, err.msg);
     goto done;
   }
@@ -820,9 +813,7 @@ void mbd_bcore_shutdown(mbd_bcore *c, int64_t now) {
 }
 
 void mbd_bcore_abort(mbd_bcore *c, int64_t now) {
-  (void)now;
-  c->shutting = true;
-  while (c->qhead) req_fail(c, c->qhead, MBD_E_BUSY, "broker is shutting down; request not started");
+  mbd_bcore_shutdown(c, now); /* queued requests first, as in an orderly shutdown */
   for (breq *r = c->all; r;) {
     breq *next = r->anext;
     if (r->state == RQ_INFLIGHT)

@@ -52,6 +52,8 @@ typedef struct mbd_bcore_stats {
 
 typedef struct mbd_bcore mbd_bcore;
 
+/* A broker core with configuration cfg (copied) that sends every outgoing
+ * message through send(ctx, ...); it owns no sockets (tests drive it directly). */
 int mbd_bcore_new(const mbd_broker_config *cfg, mbd_bcore_send_fn send, void *ctx,
                   mbd_bcore **out, mbd_error *err);
 /* Frees queued and in-flight state without sending anything. */
