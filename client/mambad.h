@@ -141,6 +141,8 @@ typedef struct mbd_status_report {
   int64_t queue; /* requests waiting in the broker */
 } mbd_status_report;
 
+/* Asks the broker for its workers, their routes, models and load. *out is
+ * the caller's: free it with mbd_status_report_free (NULL-safe, nulls *r). */
 int mbd_client_status(mbd_client *c, mbd_status_report **out, mbd_error *err);
 void mbd_status_report_free(mbd_status_report **r);
 
@@ -201,8 +203,11 @@ typedef struct mbd_session_state {
   size_t n_tensors;
   mbd_tensor_out *tensors;
 } mbd_session_state;
+/* Exports the session's state (the session stays open and usable). *out is
+ * the caller's: free it with mbd_session_state_free (NULL-safe, nulls *st). */
 int mbd_session_export(mbd_session *s, const mbd_call_opts *o, mbd_session_state **out,
                        mbd_error *err);
+void mbd_session_state_free(mbd_session_state **st);
 /* ---- CUDA IPC tensors (builds with CUDA only: client/cuda_ipc.c) ------- */
 
 struct mbd_tensor_ref; /* common/protocol.h: the request body's tensor ref */
@@ -223,7 +228,6 @@ int mbd_cuda_ipc_ref(const void *alloc_base, size_t alloc_bytes, uint64_t offset
  * hostname) into buf. */
 void mbd_client_host_id(char *buf, size_t cap);
 
-void mbd_session_state_free(mbd_session_state **st);
 /* Creates a session from exported state. The route defaults to the state's
  * exact route id (bit-exact continuation); o->route overrides it. */
 int mbd_session_import(mbd_client *c, const mbd_call_opts *o, const mbd_session_state *st,
