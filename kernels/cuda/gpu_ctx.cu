@@ -21,7 +21,7 @@ extern "C" const size_t mbd_model_host_src_len;
 #ifndef MBD_CUDA_ARCHS
 #define MBD_CUDA_ARCHS ""
 #endif
-#define MBD_CUDA_DISPATCH_REV 4 /* 3: sm_90a bf16/f16 on wgmma + TMA; 4: two wgmma chains */
+#define MBD_CUDA_DISPATCH_REV 3 /* 3: sm_90a bf16/f16 on wgmma + TMA */
 
 const char *const mbd_k_kernel_names[MBD_K_COUNT] = {
     "mbd_sgemm_f32_s",       "mbd_sgemm_f32_m",       "mbd_sgemm_f32_l",

@@ -1,6 +1,6 @@
 /* Host entry of the GEMM family: argument checks, tile dispatch for the
  * deterministic kernels (pure scheduling: every tile issues the same reduction
- * chains per output element, see device/gemm_kernels.cu), cuBLAS in the cuBLAS
+ * chain per output element, see device/gemm_kernels.cu), cuBLAS in the cuBLAS
  * modes, and launch recording. On an sm_90a build running on a cc 9.0 device,
  * bf16/f16 go to the wgmma family (tensor maps encoded here per call). */
 #include <cuda.h>
@@ -51,8 +51,8 @@ struct wtile_cfg {
 };
 static const wtile_cfg k_wtiles[9] = {
     {64, 16, 20, 1, 0.3, true},   {64, 32, 18, 1, 0.4, true},  {64, 64, 13, 1, 0.55, true},
-    {64, 128, 9, 1, 0.7, true},   {128, 64, 4, 2, 0.75, true}, {128, 32, 5, 2, 0.45, true},
-    {128, 128, 6, 1, 0.9, true},  {64, 64, 4, 2, 0.5, false},  {128, 128, 4, 1, 0.8, false}};
+    {64, 128, 9, 1, 0.7, true},   {128, 64, 4, 2, 0.75, true}, {128, 128, 3, 2, 0.9, true},
+    {128, 256, 4, 1, 1.0, true},  {64, 64, 4, 2, 0.5, false},  {128, 128, 3, 2, 0.8, false}};
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

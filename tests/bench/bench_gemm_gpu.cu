@@ -171,7 +171,6 @@ int main(int argc, char **argv) {
   double log_sum = 0;
   int log_n = 0;
   double agg_bytes = 0, agg_time = 0, agg_time_fast = 0;
-  char per_shape[512] = "";
   for (int d = 0; d < (with_f32 ? 2 : 1); d++) {
     mbd_dtype dt = d == 0 ? MBD_DTYPE_BF16 : MBD_DTYPE_F32;
     size_t es = d == 0 ? 2 : 4;
@@ -226,9 +225,6 @@ int main(int argc, char **argv) {
             agg_bytes += (double)wbytes;
             agg_time += t[0];
             agg_time_fast += t[1];
-            size_t used = strlen(per_shape);
-            snprintf(per_shape + used, sizeof per_shape - used, " %s %.2f (%.2f us)", p.name,
-                     wbytes / t[0] / bw, t[0] * 1e6);
           }
         }
         for (auto w : b.w) CK(cudaFree(w));
@@ -243,7 +239,6 @@ int main(int argc, char **argv) {
          "(floor 0.60), cublas-fast %.0f GB/s = %.2f\n", agg_bytes / agg_time / 1e9,
          agg_bytes / agg_time / bw, agg_bytes / agg_time_fast / 1e9,
          agg_bytes / agg_time_fast / bw);
-  printf("SUMMARY bf16 1.4b M=1 per shape, det of copy bw:%s\n", per_shape);
   /* Ceiling check: square bf16 */
   {
     int S = 8192;

@@ -13,7 +13,7 @@
  *          y = round(acc + b). Every configuration issues the same mma chain per
  *          output element; tiles only change which warp issues it.
  *          That is the pre-Hopper route; an sm_90a build on a cc 9.0 device runs
- *          the two-chain wgmma contract instead (at mbd_wg_params below).
+ *          the wgmma chain instead (contract at mbd_wg_params below).
  * No split-K, no atomics. Names are extern "C" so the host finds them by name. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -310,28 +310,16 @@ MBD_HGEMM_ALL(f16, __half)
 
 /* ---------------- bf16 / f16 on Hopper (sm_90a): wgmma + TMA ----------------
  * Route contract on sm_90a (the route's isa says which family ran; it never
- * mixes with the mma.sync family above inside one route), with C = WG_CHAINS = 2
- * independent accumulation chains per output element:
- *   K is cut into 16-wide chunks j = 0 .. 4*ceil(K/64)-1 (zero-padded past K, so
- *   the padded tail chunks of the last 64-wide stage are issued too);
- *   acc_c = 0 (f32) for c < C; for each chunk j ascending:
- *     acc_(j mod C) = wgmma.m64nNk16(x chunk j, w chunk j, acc_(j mod C)),
- *     f32 accumulation, scale-d = 1;
- *   y = round((acc_0 + acc_1) + b)   (f32 adds, round-to-nearest, this order).
- * Why C chains: one chain makes every output wait K/16 dependent wgmma
- * latencies (~60-75 ns each), which bounded decode (M=1) GEMMs with K=4096 at
- * ~19 us whatever the tiling; C chains overlap in the tensor pipe. Why C = 2
- * and not 4: a 64 x BN tile costs C*BN/2 accumulator registers per thread, so
- * C = 4 would cap large-M tiles at 128 x 64 (twice the operand traffic of
- * 128 x 128); with C = 2 the largest tile is 128 x 128.
- * Every tile configuration issues those chains for every output element: BK = 64
- * (four k16 steps per stage, in order; chunk j = 4*stage + kk, so its chain is
- * kk mod C in every configuration), one warpgroup per 64 rows holding all C
- * accumulator sets, the same descriptor layout (128-byte swizzle), the same
- * final combine. Tiles differ only in how many rows and
+ * mixes with the mma.sync family above inside one route):
+ *   acc = 0 (f32); for each 16-wide K chunk ascending (zero-padded past K):
+ *   acc = wgmma.m64nNk16(x chunk, w chunk, acc) with f32 accumulation, scale-d = 1;
+ *   y = round(acc + b).
+ * Every tile configuration issues that chain for every output element: BK = 64
+ * (four k16 steps per stage, in order), one warpgroup per 64 rows, the same
+ * descriptor layout (128-byte swizzle). Tiles differ only in how many rows and
  * columns a block owns, the wgmma N (the instruction's column count, which only
  * repeats the same per-column datapath; tests/gpu/test_gpu_gemm_bitwise.c proves
- * M=1 (N=16 instruction) equals M=8192 (N=128) bit for bit) and whether the
+ * M=1 (N=16..128 instruction) equals M=8192 (N=256) bit for bit) and whether the
  * producer uses the tensor copy engine (TMA) or plain loads into the same layout.
  * No split-K, no atomics: a row's bits depend only on that row of x and on W.
  *
@@ -355,16 +343,6 @@ struct mbd_wg_params {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MBD_HAVE_WGMMA 1
 #endif
-
-/* Accumulation chains per output element (contract above); 128 % (16 * C) == 0
- * keeps a chunk's chain equal to its position kk in the 64-wide stage. */
-#define WG_CHAINS 2
-static_assert(WG_CHAINS == 2 || WG_CHAINS == 4, "chains must divide the 4 chunks of a stage");
-/* The contract's final combine of the chains of element i (chain c at a[c*an + i]). */
-__device__ __forceinline__ float wg_combine(const float *a, int i, int an) {
-  if (WG_CHAINS == 2) return __fadd_rn(a[i], a[an + i]);
-  return __fadd_rn(__fadd_rn(a[i], a[an + i]), __fadd_rn(a[2 * an + i], a[3 * an + i]));
-}
 
 template <typename T, int N> struct wgmma_op {
   static __device__ __forceinline__ void run(float *d, uint64_t da, uint64_t db);
@@ -427,6 +405,38 @@ template <> __device__ __forceinline__ void wgmma_op<__nv_bfloat16, 128>::run(fl
                  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                : "l"(da), "l"(db));
 }
+template <> __device__ __forceinline__ void wgmma_op<__nv_bfloat16, 256>::run(float *d, uint64_t da,
+                                                                uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+               "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+               "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+               "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+               :
+                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                 "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                 "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+                 "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+                 "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                 "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+                 "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                 "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                 "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+               : "l"(da), "l"(db));
+}
 template <> __device__ __forceinline__ void wgmma_op<__half, 16>::run(float *d, uint64_t da,
                                                                 uint64_t db) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
@@ -480,6 +490,38 @@ template <> __device__ __forceinline__ void wgmma_op<__half, 128>::run(float *d,
                  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
                  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
                  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+               : "l"(da), "l"(db));
+}
+template <> __device__ __forceinline__ void wgmma_op<__half, 256>::run(float *d, uint64_t da,
+                                                                uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+               "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+               "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+               "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+               :
+                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                 "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                 "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+                 "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+                 "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                 "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+                 "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                 "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                 "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
                : "l"(da), "l"(db));
 }
 
@@ -608,33 +650,28 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
     return;
   }
 
-  /* consumer warpgroup c: rows [m0 + 64c, m0 + 64c + 64), all BN columns;
-   * acc[ch * BN/2 + i] is chain ch's accumulator (contract above) */
+  /* consumer warpgroup c: rows [m0 + 64c, m0 + 64c + 64), all BN columns */
   const int c = warp >> 2;
-  constexpr int AN = BN / 2;
-  float acc[WG_CHAINS * AN];
+  float acc[BN / 2];
 #pragma unroll
-  for (int i = 0; i < WG_CHAINS * AN; i++) acc[i] = 0.0f;
+  for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
   for (int kt = 0; kt < KT; kt++) {
     const int s = kt % STAGES;
     mbar_wait(full0 + 8 * s, (uint32_t)(kt / STAGES) & 1u);
     const uint32_t a_s = base_s + s * STAGE_BYTES + c * 64 * 128, b_s = base_s + s * STAGE_BYTES + A_BYTES;
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) { /* ascending k16 chunks, chain kk mod C */
+    for (int kk = 0; kk < BK / 16; kk++) { /* ascending k16 chunks */
       const uint64_t da = wg_desc(a_s + kk * 32);
-      float *ch = acc + (kk % WG_CHAINS) * AN;
 #pragma unroll
       for (int j = 0; j < BN / IN; j++)
-        wgmma_op<T, IN>::run(ch + j * (IN / 2), da, wg_desc(b_s + j * IN * 128 + kk * 32));
+        wgmma_op<T, IN>::run(acc + j * (IN / 2), da, wg_desc(b_s + j * IN * 128 + kk * 32));
     }
     wg_commit();
     wg_wait<1>(); /* the previous stage's group is done: hand its slot back */
     if (kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((kt - 1) % STAGES));
   }
   wg_wait<0>();
-#pragma unroll
-  for (int i = 0; i < AN; i++) acc[i] = wg_combine(acc, i, AN); /* fixed order */
 
   const T *B = (const T *)p.bias;
   const int wr = (warp & 3) * 16 + (lane >> 2);
@@ -680,22 +717,20 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
       name(const __grid_constant__ mbd_wg_params P) {                                     \
     wg_body<T, CWG, BN, IN, ST, TMA>(P);                                                 \
   }
-/* Configurations (scheduling only; mirrored by k_wtiles in gpu_gemm.cu). A
- * consumer thread holds WG_CHAINS * BN / 2 accumulators, so BN <= 128 (128
- * registers) and 128-wide tiles run one block per SM:
+/* Configurations (scheduling only; mirrored by k_wtiles in gpu_gemm.cu):
  *   0..3: 64 x {16,32,64,128}, one block per SM with ~200 KB of stages so each SM
  *         keeps 40-140 KB of weights in flight (decode is latency x bytes bound)
- *   4..6: 128 x {64,32,128}   7, 8: plain-load producer, 64 x 64 and 128 x 128 */
+ *   4..6: 128 x {64,128,256}   7, 8: plain-load producer, 64 x 64 and 128 x 128 */
 #define MBD_WG_ALL(ty, T)                                                                  \
   MBD_WG(mbd_wgemm_##ty##_0, T, 1, 16, 16, 20, true, 1)                                    \
   MBD_WG(mbd_wgemm_##ty##_1, T, 1, 32, 32, 18, true, 1)                                    \
   MBD_WG(mbd_wgemm_##ty##_2, T, 1, 64, 64, 13, true, 1)                                    \
   MBD_WG(mbd_wgemm_##ty##_3, T, 1, 128, 128, 9, true, 1)                                   \
   MBD_WG(mbd_wgemm_##ty##_4, T, 2, 64, 64, 4, true, 2)                                     \
-  MBD_WG(mbd_wgemm_##ty##_5, T, 2, 32, 32, 5, true, 2)                                     \
-  MBD_WG(mbd_wgemm_##ty##_6, T, 2, 128, 128, 6, true, 1)                                   \
+  MBD_WG(mbd_wgemm_##ty##_5, T, 2, 128, 128, 3, true, 2)                                   \
+  MBD_WG(mbd_wgemm_##ty##_6, T, 2, 256, 256, 4, true, 1)                                   \
   MBD_WG(mbd_wgemm_##ty##_7, T, 1, 64, 64, 4, false, 2)                                    \
-  MBD_WG(mbd_wgemm_##ty##_8, T, 2, 128, 128, 4, false, 1)
+  MBD_WG(mbd_wgemm_##ty##_8, T, 2, 128, 128, 3, false, 2)
 MBD_WG_ALL(bf16, __nv_bfloat16)
 MBD_WG_ALL(f16, __half)
 
