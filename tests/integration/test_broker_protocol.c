@@ -23,6 +23,10 @@
 #include "integration/procs.h"
 
 #define HB_MS 100
+/* Expiry after LIVENESS beats: wide enough that a loaded CI machine pausing
+ * this process or the broker (seen: > 300 ms under 4 CPU hogs) does not drop
+ * a fake worker that is meant to stay alive. */
+#define LIVENESS 8
 
 typedef struct fworker {
   void *s;
@@ -43,6 +47,8 @@ typedef struct env {
   fworker w[4];
   int nw;
   uint64_t next_tag;
+  mbd_msg *stash[8]; /* client replies that came while another tag was awaited */
+  int nstash;
 } env;
 
 static int64_t now_ms(void) {
@@ -59,11 +65,12 @@ static void start_broker(env *e, const char *const *extra) {
     fprintf(stderr, "skip: %s not built\n", path);
     exit(77);
   }
-  char logp[128], hb[16];
+  char logp[128], hb[16], lv[16];
   snprintf(logp, sizeof logp, "%s/broker.log", e->dir);
   snprintf(hb, sizeof hb, "%d", HB_MS);
+  snprintf(lv, sizeof lv, "%d", LIVENESS);
   const char *argv[32] = {path, "--clients", e->cep, "--workers", e->wep, "--heartbeat-ms", hb,
-                          "--liveness", "3"};
+                          "--liveness", lv};
   int n = 9;
   for (int i = 0; extra && extra[i]; i++) argv[n++] = extra[i];
   argv[n] = NULL;
@@ -105,6 +112,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   env *e = *state;
+  for (int i = 0; i < e->nstash; i++) mbd_msg_destroy(&e->stash[i]);
   if (e->client) zmq_close(e->client);
   for (int i = 0; i < e->nw; i++) zmq_close(e->w[i].s);
   zmq_ctx_term(e->ctx);
@@ -268,6 +276,12 @@ static mbd_msg *pump(env *e, int ms) {
   }
 }
 
+/* Runs the fake workers until *a + *b reaches want (bounded by ms, so a
+ * loaded machine only slows the test); no client message may arrive meanwhile. */
+static void pump_until(env *e, const int *a, const int *b, int want, int ms) {
+  for (int64_t end = now_ms() + ms; *a + *b < want && now_ms() < end;) assert_null(pump(e, 20));
+}
+
 /* Sends a routed request; returns its tag. */
 static uint64_t request(env *e, uint8_t cmd, const char *dtype, const char *model, int deadline_ms,
                         const char *session) {
@@ -294,10 +308,24 @@ static uint64_t request(env *e, uint8_t cmd, const char *dtype, const char *mode
 }
 
 /* Waits for the reply to tag; checks command; returns the parsed body. */
+/* Replies to different tags may come in either order (two deadlines that pass
+ * in one broker tick under load): others are kept for their own expect. */
 static mbd_body *expect_reply(env *e, uint64_t tag, uint8_t cmd, int ms) {
-  mbd_msg *m = pump(e, ms);
-  if (!m) fail_msg("no reply to request %llu within %d ms", (unsigned long long)tag, ms);
-  assert_true(mbd_msg_tag(m) == tag);
+  mbd_msg *m = NULL;
+  for (int i = 0; i < e->nstash && !m; i++)
+    if (mbd_msg_tag(e->stash[i]) == tag) {
+      m = e->stash[i];
+      e->stash[i] = e->stash[--e->nstash];
+    }
+  for (int64_t end = now_ms() + ms; !m;) {
+    int64_t left = end - now_ms();
+    if (left <= 0) fail_msg("no reply to request %llu within %d ms", (unsigned long long)tag, ms);
+    mbd_msg *x = pump(e, (int)left);
+    if (x && mbd_msg_tag(x) == tag) m = x;
+    else if (x && e->nstash < (int)(sizeof e->stash / sizeof e->stash[0])) e->stash[e->nstash++] = x;
+    else if (x) fail_msg("too many replies to other requests while waiting for %llu",
+                         (unsigned long long)tag);
+  }
   size_t len;
   const void *b = mbd_msg_body(m, &len);
   mbd_body *body = NULL;
@@ -432,7 +460,7 @@ static void test_heartbeat_expiry(void **state) {
   add_worker(e, "wb", MBD_POLICY_BF16, 1, "m", false);
   wait_workers(e, 2);
   a->silent = true;
-  pump(e, 3 * HB_MS + 300);
+  pump(e, LIVENESS * HB_MS + 300);
   wait_workers(e, 1);
   expect_error(e, request(e, MBD_CMD_FORWARD, "f32", "m", 0, NULL), MBD_E_NO_ROUTE, "dtype=f32",
                NULL, 0);
@@ -454,12 +482,12 @@ static void test_failover_once(void **state) {
   /* both take it and go silent: the first loss re-sends, the second fails */
   a->answer = b->answer = false;
   uint64_t t = request(e, MBD_CMD_FORWARD, "f32", "m", 10000, NULL);
-  pump(e, 100);
+  pump_until(e, &a->received, &b->received, 1, 3000);
   assert_int_equal(a->received + b->received, 1);
   fworker *first = a->received ? a : b, *second = a->received ? b : a;
   first->silent = true;
-  mbd_msg *m = pump(e, 3 * HB_MS + 400);
-  assert_null(m);
+  pump_until(e, &a->received, &b->received, 2, LIVENESS * HB_MS + 3000);
+  assert_null(pump(e, 100)); /* nothing more: no third send, no reply */
   assert_int_equal(second->received, 1); /* re-sent exactly once */
   assert_int_equal(first->received, 1);
   second->silent = true;
@@ -472,7 +500,8 @@ static void test_failover_once(void **state) {
   wait_workers(e, 2);
   c->answer = d->answer = false;
   t = request(e, MBD_CMD_FORWARD, "bf16", "m", 10000, NULL);
-  pump(e, 100);
+  pump_until(e, &c->received, &d->received, 1, 3000);
+  assert_int_equal(c->received + d->received, 1);
   fworker *f1 = c->received ? c : d, *f2 = c->received ? d : c;
   f1->silent = true;
   f2->answer = true;
@@ -602,7 +631,10 @@ static void test_sigterm(void **state) {
   a->answer = false;
   uint64_t t1 = request(e, MBD_CMD_FORWARD, "f32", "m", 10000, NULL); /* in flight */
   uint64_t t2 = request(e, MBD_CMD_FORWARD, "f32", "m", 10000, NULL); /* queued */
-  pump(e, 100);
+  int none = 0;
+  pump_until(e, &a->received, &none, 1, 3000);
+  assert_int_equal(a->received, 1);
+  assert_null(pump(e, 100)); /* t2 reaches the broker's queue */
   kill(e->pid, SIGTERM);
   expect_error(e, t2, MBD_E_BUSY, "shutting down", NULL, 0);
   expect_error(e, t1, MBD_E_WORKER_LOST, "shut down", NULL, 0);
