@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
 
 #define MBD_CPU_MAX_THREADS 256
 
@@ -65,8 +68,10 @@ static void *worker_main(void *p) {
 mbd_cpu_isa mbd_cpu_isa_detect(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c"))
+  /* F16C from CPUID.1:ECX: clang before 16 rejects "f16c" in __builtin_cpu_supports. */
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
     return MBD_CPU_ISA_AVX2;
 #endif
   return MBD_CPU_ISA_PORTABLE;
