@@ -1,9 +1,15 @@
 /* Mamba-1 per-token element-wise ops (see mamba_ops.h). Written as plain
  * scalar loops with explicit fmaf: the kernels library is compiled with
- * -ffp-contract=off, so every rounding here is the one written. */
+ * -ffp-contract=off, so every rounding here is the one written. The
+ * transcendentals come from kernels/portable_math.h, not libm: the CUDA ops
+ * (kernels/cuda/mamba_ops.cu) use the same functions and make the same
+ * roundings, so f32 logits are bit-identical between the backends and do not
+ * depend on the C library. */
 #include "kernels/cpu/mamba_ops.h"
 
 #include <math.h>
+
+#include "kernels/portable_math.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -14,8 +20,8 @@ void mbd_cpu_rmsnorm(const float *x, const float *w, int64_t n, float eps, float
   for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
 }
 
-ALWAYS_INLINE float silu(float x) { return x / (1.0f + expf(-x)); }
-ALWAYS_INLINE float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+ALWAYS_INLINE float silu(float x) { return mbd_pm_silu(x); }
+ALWAYS_INLINE float softplus(float x) { return mbd_pm_softplus(x); }
 float mbd_cpu_silu(float x) { return silu(x); }
 float mbd_cpu_softplus(float x) { return softplus(x); }
 
@@ -42,7 +48,7 @@ ALWAYS_INLINE void scan_body(int64_t c0, int64_t c1, int ds, const float *A, con
     const float *Ac = A + c * ds;
     float y = 0.0f;
     for (int n = 0; n < ds; n++) {
-      float dA = expf(dt * Ac[n]);
+      float dA = mbd_pm_expf(dt * Ac[n]);
       hc[n] = fmaf(dA, hc[n], (dt * B[n]) * xc);
       y = fmaf(hc[n], C[n], y);
     }

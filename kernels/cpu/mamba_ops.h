@@ -14,7 +14,9 @@
  * is an fmaf chain in ascending i. In-place (out == x) allowed. */
 void mbd_cpu_rmsnorm(const float *x, const float *w, int64_t n, float eps, float *out);
 
-/* SiLU x / (1 + expf(-x)) and softplus (x > 20 ? x : log1pf(expf(x)), as torch). */
+/* SiLU x / (1 + exp(-x)) and softplus (x > 20 ? x : log1p(exp(x)), as torch),
+ * exp and log1p from kernels/portable_math.h (mbd_pm_silu, mbd_pm_softplus:
+ * the same bits on every host and on the GPU). */
 float mbd_cpu_silu(float x);
 float mbd_cpu_softplus(float x);
 
@@ -32,7 +34,7 @@ void mbd_cpu_conv_step(mbd_cpu_isa isa, int64_t c0, int64_t c1, int64_t di, int 
 
 /* Selective scan for one token on channels [c0, c1), state size ds:
  *   dt = softplus(dt_raw[c]); for n ascending:
- *     h[c][n] = fmaf(expf(dt * A[c][n]), h[c][n], (dt * B[n]) * x[c])
+ *     h[c][n] = fmaf(mbd_pm_expf(dt * A[c][n]), h[c][n], (dt * B[n]) * x[c])
  *     y = fmaf(h[c][n], C[n], y)          (y starts at +0)
  *   y = fmaf(D[c], x[c], y); out[c] = y * silu(z[c]). */
 void mbd_cpu_scan_step(mbd_cpu_isa isa, int64_t c0, int64_t c1, int ds, const float *A, const float *D,

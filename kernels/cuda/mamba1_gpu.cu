@@ -26,6 +26,7 @@ extern "C" {
 #include "kernels/cuda/mamba1_gpu.h"
 #include "kernels/cuda/mamba_ops.h"
 }
+#include "kernels/portable_math.h"
 
 #define MAX_BUCKETS 16
 
@@ -38,7 +39,7 @@ typedef struct layer_d {
   void *x_w;     /* [R + 2N, di] dtype: rows 0..R dt part, then B, then C */
   void *dt_w;    /* [di, R] dtype */
   void *dt_b;    /* [di] dtype */
-  float *A;      /* [di][N] = -expf(A_log) (host glibc expf, as the CPU model) */
+  float *A;      /* [di][N] = -exp(A_log) (host mbd_pm_expf, as the CPU model) */
   float *D;      /* [di] */
   void *out_w;   /* [d, di] dtype */
   void *out_b;   /* [d] dtype or NULL */
@@ -368,7 +369,7 @@ static int load_layer(mbd_mamba1_gpu *m, const mbd_safetensors *st, const char *
     return rc;
   if ((rc = read_tensor(st, dir, NAME("mixer.A_log"), 2, sh_A, &v, &n, err))) return rc;
   /* As the CPU model: round A_log through the storage dtype, then A = -expf. */
-  for (size_t k = 0; k < n; k++) v[k] = -expf(round_to(m->dtype, v[k]));
+  for (size_t k = 0; k < n; k++) v[k] = -mbd_pm_expf(round_to(m->dtype, v[k]));
   {
     /* upload() rounds through the dtype again; A itself must stay exact f32. */
     mbd_dtype keep = m->dtype;

@@ -3,8 +3,11 @@
  * Every rounding is spelled with an _rn intrinsic (__fmul_rn, __fadd_rn,
  * __fmaf_rn, __fdiv_rn, __fsqrt_rn) so nvcc can neither contract nor reorder
  * it, whatever --fmad says: that is what keeps these kernels on the CPU
- * reference's expression order. Parallelism is only across rows, sequences
- * and channels; time steps and reductions run in one fixed order per element. */
+ * reference's expression order. exp, log1p, SiLU and softplus are the
+ * functions of kernels/portable_math.h, which the CPU ops also use (not CUDA's
+ * expf/log1pf): f32 results are bit-identical to the CPU backend's.
+ * Parallelism is only across rows, sequences and channels; time steps and
+ * reductions run in one fixed order per element. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -17,6 +20,7 @@
 extern "C" {
 #include "kernels/cuda/mamba_ops.h"
 }
+#include "kernels/portable_math.h"
 
 /* ------------------------------------------------------------ helpers */
 
@@ -27,12 +31,10 @@ __device__ __forceinline__ void st_act(float *p, float v) { *p = v; }
 __device__ __forceinline__ void st_act(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ __forceinline__ void st_act(__half *p, float v) { *p = __float2half_rn(v); }
 
-/* x / (1 + expf(-x)), as mbd_cpu_silu. */
-__device__ __forceinline__ float silu_f(float x) {
-  return __fdiv_rn(x, __fadd_rn(1.0f, expf(-x)));
-}
-/* x > 20 ? x : log1pf(expf(x)), as mbd_cpu_softplus and torch. */
-__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+/* x / (1 + exp(-x)) and x > 20 ? x : log1p(exp(x)) (torch's softplus), as
+ * mbd_cpu_silu / mbd_cpu_softplus: the same portable functions. */
+__device__ __forceinline__ float silu_f(float x) { return mbd_pm_silu(x); }
+__device__ __forceinline__ float softplus_f(float x) { return mbd_pm_softplus(x); }
 
 static int launch_check(const char *what, mbd_error *err) {
   cudaError_t e = cudaGetLastError();
@@ -385,13 +387,77 @@ __global__ void __launch_bounds__(32 * XP_WARPS)
   }
 }
 
+/* f32 routes: the f32 GEMM contract, which is also the CPU model's x_proj
+ * (mbd_cpu_gemm_packed, no bias): out[r, o] = fmaf chain from 0 over k
+ * ascending of x[r, k] * w[o, k], one thread per output. That serial chain is
+ * what makes f32 logits bit-identical to the CPU backend; it costs a few
+ * microseconds of latency per layer, small beside the f32 GEMMs' own chains.
+ * Each thread runs XPS_ROWS rows (independent chains: the weight loads are
+ * shared and the chains overlap); rows past M are not computed. */
+#define XPS_THREADS 64
+#define XPS_ROWS 4
+
+template <bool VEC>
+__global__ void __launch_bounds__(XPS_THREADS)
+    k_xproj_seq(int M, int K, int NO, const float *__restrict__ x, const float *__restrict__ w,
+                float *__restrict__ out) {
+  const int o = blockIdx.x * XPS_THREADS + threadIdx.x;
+  const float *wr = w + (int64_t)(o < NO ? o : NO - 1) * K;
+  for (int k = 0; k < K; k += 32) prefetch_l2(wr + k); /* the row toward L2 during the wait */
+  pdl_wait();
+  pdl_trigger();
+  if (o >= NO) return;
+  for (int r0 = blockIdx.y * XPS_ROWS; r0 < M; r0 += gridDim.y * XPS_ROWS) {
+    const int nr = min(XPS_ROWS, M - r0);
+    const float *xr = x + (int64_t)r0 * K;
+    float acc[XPS_ROWS];
+#pragma unroll
+    for (int i = 0; i < XPS_ROWS; i++) acc[i] = 0.0f;
+    int k = 0;
+    if (VEC) {
+#pragma unroll 2
+      for (; k + 4 <= K; k += 4) {
+        const float4 b = *(const float4 *)(wr + k);
+#pragma unroll
+        for (int i = 0; i < XPS_ROWS; i++) {
+          if (i >= nr) break;
+          const float4 a = *(const float4 *)(xr + (int64_t)i * K + k);
+          acc[i] = __fmaf_rn(a.x, b.x, acc[i]);
+          acc[i] = __fmaf_rn(a.y, b.y, acc[i]);
+          acc[i] = __fmaf_rn(a.z, b.z, acc[i]);
+          acc[i] = __fmaf_rn(a.w, b.w, acc[i]);
+        }
+      }
+    }
+    for (; k < K; k++) {
+      const float b = wr[k];
+#pragma unroll
+      for (int i = 0; i < XPS_ROWS; i++)
+        if (i < nr) acc[i] = __fmaf_rn(xr[(int64_t)i * K + k], b, acc[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < XPS_ROWS; i++)
+      if (i < nr) out[(int64_t)(r0 + i) * NO + o] = acc[i];
+  }
+}
+
 extern "C" int mbd_mops_xproj(void *stream, int64_t M, int K, int NO, mbd_dtype dt,
                               const void *x, const void *w, float *out, mbd_error *err) {
   if (M <= 0 || NO <= 0) return 0;
-  if (K <= 0 || (M + XP_ROWS - 1) / XP_ROWS > 65535)
+  if (K <= 0 || M > INT32_MAX || (M + XP_ROWS - 1) / XP_ROWS > 65535)
     return mbd_error_set(err, MBD_E_INVALID, "x_proj: K %d or M %lld out of range", K,
                          (long long)M);
   cudaStream_t s = (cudaStream_t)stream;
+  if (dt == MBD_DTYPE_F32) {
+    dim3 grid((unsigned)((NO + XPS_THREADS - 1) / XPS_THREADS),
+              (unsigned)((M + XPS_ROWS - 1) / XPS_ROWS));
+    const bool vec4 = K % 4 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0;
+    if (vec4)
+      return launch_pdl("x_proj (f32)", k_xproj_seq<true>, grid, dim3(XPS_THREADS), 0, s, err,
+                        (int)M, K, NO, (const float *)x, (const float *)w, out);
+    return launch_pdl("x_proj (f32)", k_xproj_seq<false>, grid, dim3(XPS_THREADS), 0, s, err,
+                      (int)M, K, NO, (const float *)x, (const float *)w, out);
+  }
   dim3 grid((unsigned)((NO + XP_WARPS - 1) / XP_WARPS), (unsigned)((M + XP_ROWS - 1) / XP_ROWS));
   const bool vec = K % 8 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0;
 #define XP(T)                                                                               \
@@ -529,7 +595,7 @@ __global__ void __launch_bounds__(SCAN_BT)
       float acc = 0.0f;
 #pragma unroll
       for (int n = 0; n < N; n++) {
-        const float dA = expf(__fmul_rn(dt[t], a[n]));
+        const float dA = mbd_pm_expf(__fmul_rn(dt[t], a[n]));
         h[n] = __fmaf_rn(dA, h[n], __fmul_rn(__fmul_rn(dt[t], B[n]), x));
         acc = __fmaf_rn(h[n], C[n], acc);
       }
@@ -625,7 +691,7 @@ __global__ void __launch_bounds__(SSTEP_BT, 6)
   float acc = 0.0f;
 #pragma unroll
   for (int n = 0; n < N; n++) {
-    const float dA = expf(__fmul_rn(dt, a[n]));
+    const float dA = mbd_pm_expf(__fmul_rn(dt, a[n]));
     h[n] = __fmaf_rn(dA, h[n], __fmul_rn(__fmul_rn(dt, B[n]), x));
     acc = __fmaf_rn(h[n], C[n], acc);
   }

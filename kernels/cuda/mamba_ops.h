@@ -5,10 +5,10 @@
  * Arithmetic contract: each op performs, per element, exactly the roundings of
  * the CPU reference in kernels/cpu/mamba_ops.c (x_proj and dt_proj have their
  * own summation orders, stated below) (same expression order, same
- * fmaf placement, IEEE division and square root). Only expf/log1pf come from
- * the CUDA math library instead of glibc (both accurate to a couple of ulp,
- * not bit-equal), so GPU f32 matches the CPU within a small tolerance, not in
- * bits. Prefill and decode run the same kernels: a prefill over T tokens makes
+ * fmaf placement, IEEE division and square root, and exp/log1p/SiLU/softplus
+ * from kernels/portable_math.h on both sides, not CUDA's or the C library's),
+ * so on f32 routes the model's logits and states are bit-identical to the CPU
+ * backend's. Prefill and decode run the same kernels: a prefill over T tokens makes
  * the same roundings as T single steps (bit-identical states and logits), and
  * one sequence's bits never depend on which other sequences share the launch.
  *
@@ -66,9 +66,12 @@ int mbd_mops_conv_silu(void *stream, int nseq, int T, int di, int K, const float
 
 /* x_proj: out[r, o] = sum over k < K of x[r, k] * w[o, k], f32 [M, NO]; x
  * [M, K] and w [NO, K] in dtype dt (f32/bf16/f16), widened to f32. Contract
- * (independent of M and of the other rows): lane l of 32 accumulates an
- * fmaf chain from 0 over k = 256 i + 8 l + j (i ascending, then j = 0..7),
- * the 32 partial sums are added by an xor butterfly (16, 8, 4, 2, 1). */
+ * (independent of M and of the other rows):
+ * - f32: the f32 GEMM contract (= the CPU model's x_proj): an fmaf chain from
+ *   0 over k ascending;
+ * - bf16/f16: lane l of 32 accumulates an fmaf chain from 0 over
+ *   k = 256 i + 8 l + j (i ascending, then j = 0..7), the 32 partial sums are
+ *   added by an xor butterfly (16, 8, 4, 2, 1). */
 int mbd_mops_xproj(void *stream, int64_t M, int K, int NO, mbd_dtype dt, const void *x,
                    const void *w, float *out, mbd_error *err);
 

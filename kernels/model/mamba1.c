@@ -20,6 +20,7 @@
 #include "kernels/cpu/cpu_ctx.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/mamba_ops.h"
+#include "kernels/portable_math.h"
 
 #define DEFAULT_MAX_ROWS 256
 #define CHANNEL_BLOCK 64 /* channels per conv/scan task */
@@ -258,7 +259,8 @@ static int load_layer(mbd_mamba1_model *m, const shards *s, int i, mbd_error *er
   if ((rc = load_mat(m, s, NAME("mixer.dt_proj.weight"), di, R, &L->dt_proj, err))) return rc;
   if ((rc = load_vec(m, s, NAME("mixer.dt_proj.bias"), 1, sh_di, &L->dt_bias, err))) return rc;
   if ((rc = load_vec(m, s, NAME("mixer.A_log"), 2, sh_A, &L->A, err))) return rc;
-  for (int64_t k = 0; k < di * S; k++) L->A[k] = -expf(L->A[k]);
+  /* portable exp: the GPU model computes A with the same function (same bits) */
+  for (int64_t k = 0; k < di * S; k++) L->A[k] = -mbd_pm_expf(L->A[k]);
   if ((rc = load_vec(m, s, NAME("mixer.D"), 1, sh_di, &L->D, err))) return rc;
   if ((rc = load_mat(m, s, NAME("mixer.out_proj.weight"), d, di, &L->out_proj, err))) return rc;
   if (c->proj_bias &&
