@@ -285,7 +285,7 @@ fail:
       wh_send(&h, MBD_CMD_CLOSE, &k.sb, 0, NULL, NULL);
       n++;
     }
-    memset(m, 0, (size_t)S * sizeof *m);
+    if (S > 0) memset(m, 0, (size_t)S * sizeof *m); /* gcc 13 cannot see S > 0 here */
     collect(&h, t0, (size_t)n, m, 10000);
     free_all(m, (size_t)n);
   }
