@@ -2,7 +2,9 @@
  * file, run prefill + generate, check the output shapes; on the tiny fixture
  * (when present) the generated tokens equal the reference greedy tokens; a
  * row's logits and tokens are the same alone and in the batch; bad inputs
- * exit non-zero with a message. Needs MBD_BIN_DIR (skips otherwise). */
+ * exit non-zero with a message; --gemm-mode / --dtype tf32 / --backend cuda
+ * without a GPU (or without the CUDA backend) are clear errors. Needs
+ * MBD_BIN_DIR (skips otherwise). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +18,9 @@
 #include <cmocka.h>
 
 #include "common/safetensors.h"
+#ifdef MBD_HAVE_CUDA
+#include "kernels/cuda/gpu_ctx.h"
+#endif
 
 static char bin[1024], tmp[64];
 
@@ -132,10 +137,6 @@ static void test_bad_inputs(void **state) {
   if (!bin[0]) skip();
   assert_int_equal(sh("%s/mambad-run --help >/dev/null", bin), 0);
   assert_int_equal(sh("%s/mambad-run >/dev/null 2>&1", bin), 2);
-  assert_int_equal(sh("%s/mambad-run --backend cuda --model a --input b --output c 2>%s/err.txt",
-                      bin, tmp),
-                   2);
-  assert_int_equal(sh("grep -q 'CUDA backend is not built' %s/err.txt", tmp), 0);
   assert_int_equal(sh("%s/mambad-run --model %s/nope --input %s/in.safetensors --output "
                       "%s/x.safetensors 2>/dev/null",
                       bin, tmp, tmp, tmp),
@@ -168,11 +169,63 @@ static void test_bad_inputs(void **state) {
   assert_int_equal(sh("%s/mambad-model frob 2>/dev/null", bin), 2);
 }
 
+/* GPU-only flags on the CPU backend are usage errors naming what is valid;
+ * --backend cuda on a machine without a GPU (or in a build without the CUDA
+ * backend) fails with a message saying so. */
+static void test_backend_flags(void **state) {
+  (void)state;
+  if (!bin[0]) skip();
+  assert_int_equal(sh("%s/mambad-model synth --shape custom --d-model 32 --layers 1 --vocab 50 "
+                      "--seed 3 --out %s/mb 2>/dev/null",
+                      bin, tmp),
+                   0);
+  assert_int_equal(sh("%s/mambad-model prompt --out %s/inb.safetensors --batch 2 --len 3 "
+                      "--vocab 50",
+                      bin, tmp),
+                   0);
+  const char *run = "%s/mambad-run --model %s/mb --input %s/inb.safetensors --output "
+                    "%s/ob.safetensors %s 2>%s/errb.txt";
+  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--backend cpu --gemm-mode deterministic", tmp), 0);
+  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--gemm-mode cublas-fast", tmp), 2);
+  assert_int_equal(sh("grep -q 'needs --backend cuda' %s/errb.txt", tmp), 0);
+  assert_int_equal(sh("grep -q deterministic %s/errb.txt", tmp), 0);
+  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--backend cpu --gemm-mode cublas-pedantic", tmp),
+                   2);
+  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--gemm-mode turbo", tmp), 2);
+  assert_int_equal(sh("grep -q cublas-pedantic %s/errb.txt", tmp), 0); /* names all three */
+  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--dtype tf32", tmp), 2);
+  assert_int_equal(sh("grep -q tf32 %s/errb.txt", tmp), 0);
+  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--backend cuda:zero", tmp), 2);
+  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--backend tpu", tmp), 2);
+  assert_int_equal(sh("grep -q 'cpu, cuda or cuda:N' %s/errb.txt", tmp), 0);
+#ifdef MBD_HAVE_CUDA
+  mbd_gpu_ctx_config cfg;
+  mbd_gpu_ctx_config_default(&cfg);
+  mbd_gpu_ctx *ctx = NULL;
+  mbd_error err = {0};
+  if (mbd_gpu_ctx_new(&cfg, &ctx, &err) == 0) {
+    mbd_gpu_ctx_destroy(&ctx);
+    printf("a CUDA device is present: the no-GPU case is left to tests/gpu/test_run_cli_gpu\n");
+    return;
+  }
+  assert_non_null(strstr(err.msg, "no CUDA device")); /* this machine has none */
+  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--backend cuda", tmp), 1);
+  assert_int_equal(sh("grep -q 'no CUDA device' %s/errb.txt", tmp), 0);
+  assert_int_equal(sh("grep -q 'cuda:0' %s/errb.txt", tmp), 0);
+  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--backend cuda:1 --dtype bf16", tmp), 1);
+  assert_int_equal(sh("grep -q 'no CUDA device' %s/errb.txt", tmp), 0);
+#else
+  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--backend cuda", tmp), 2);
+  assert_int_equal(sh("grep -q 'no CUDA backend' %s/errb.txt", tmp), 0);
+#endif
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_synth_run),
       cmocka_unit_test(test_fixture_greedy),
       cmocka_unit_test(test_bad_inputs),
+      cmocka_unit_test(test_backend_flags),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
