@@ -6,8 +6,9 @@
  * reference's expression order. exp, log1p, SiLU and softplus are the
  * functions of kernels/portable_math.h, which the CPU ops also use (not CUDA's
  * expf/log1pf): f32 results are bit-identical to the CPU backend's.
- * Parallelism is only across rows, sequences and channels; time steps and
- * reductions run in one fixed order per element. */
+ * Parallelism is only across independent elements (rows, sequences,
+ * channels, state entries); each element's time steps and reductions run in
+ * one fixed order. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -475,7 +476,7 @@ extern "C" int mbd_mops_xproj(void *stream, int64_t M, int K, int NO, mbd_dtype 
 
 /* ------------------------------------------------------------ selective scan */
 
-#define SCAN_BT 64 /* channels per block */
+#define SCAN_THREADS 128 /* threads per chunked-scan block: 128 / N channels x N states */
 #define SCAN_TC 16 /* time steps staged per chunk */
 
 __device__ __forceinline__ void cp_async4(void *sm, const void *g) {
@@ -495,119 +496,137 @@ __device__ __forceinline__ float round_act(float v) {
   return ld_f32(&t);
 }
 
-/* dt_proj + softplus + selective scan + D skip + SiLU gate. One thread per
- * (sequence, channel) keeps h[N] in registers and walks the time steps in
- * order. The inputs of SCAN_TC steps are staged in shared memory by cp.async
- * one chunk ahead, so the recurrence never waits on global memory. Per step
- * (model-kernel contract, docs/route.md):
+/* dt_proj + softplus + selective scan + D skip + SiLU gate, SCAN_TC steps at a
+ * time. A block owns CB = SCAN_THREADS / N channels of one sequence; thread
+ * tid = n * CB + cl owns channel cl in every phase and state entry n. The
+ * inputs of SCAN_TC steps are staged in shared memory by cp.async one chunk
+ * ahead; each chunk then runs three phases between barriers:
+ *   dt: thread (cl, n) computes dt of steps t = n, n + N, ... of channel cl;
+ *   h:  thread (cl, n) runs h[cl][n] through the chunk's steps: the steps'
+ *       exps first (independent of each other, so they overlap), then the
+ *       recurrence in step order, storing every h_t in shared memory;
+ *   y:  thread (cl, n) reduces steps t = n, n + N, ...: C_t . h_t over the
+ *       states in ascending order, D skip, gate.
+ * One thread per channel walking all of it (the previous form) ran d_state
+ * portable exps per step back to back and was latency-bound; this spreads
+ * the same work over N times the threads. Only independent elements are
+ * spread: each dt, h[c][n] and y is computed by one thread with the roundings
+ * of mbd_cpu_scan_step, in the same order (k_scan_step is the same per step,
+ * so prefill == decode). Per step (model-kernel contract, docs/route.md):
  *   dt_raw = (fmaf chain over k = 0..R-1 ascending from 0 of
  *             round_act(dbl[k]) * widen(dt_w[c, k])) + widen(dt_b[c])
  *            (the f32 GEMM contract; dt_low rounded to the storage dtype as a
  *             GEMM input would be);
  *   dt = softplus(dt_raw), then mbd_cpu_scan_step's roundings. */
 template <int N, typename ActT, typename WT>
-__global__ void __launch_bounds__(SCAN_BT)
+__global__ void __launch_bounds__(SCAN_THREADS)
     k_scan(int T, int di, int R, const float *__restrict__ xc, const float *__restrict__ dbl,
            const WT *__restrict__ dt_w, const WT *__restrict__ dt_b,
            const float *__restrict__ A, const float *__restrict__ Dv,
            const float *__restrict__ xz, int64_t ldxz, int64_t zoff,
            float *__restrict__ ssm_state, int64_t slot_stride,
            const int32_t *__restrict__ slots, ActT *__restrict__ y) {
+  constexpr int CB = SCAN_THREADS / N; /* channels per block */
+  /* h_t row stride, padded by CB: phase y's warp reads steps t, t + 1, ...
+   * (32 / CB of them) of the same states in disjoint banks */
+  constexpr int HS = (N + 1) * CB;
   extern __shared__ float4 scan_sm4[];
-  const int ND = R + 2 * N; /* x_proj row width */
-  const int TS = min(T, SCAN_TC); /* staged steps per chunk (decode: 1) */
-  const int RP = R + 1;           /* padded weight row: conflict-free column reads */
-  const int stage_floats = 2 * TS * SCAN_BT + TS * ND;
-  float *sw = (float *)scan_sm4;  /* [SCAN_BT][RP] dt_proj weights, f32 */
-  float *smem = sw + SCAN_BT * RP;
+  const int ND = R + 2 * N;       /* x_proj row width */
+  const int NDP = ND | 1;         /* staged row stride, odd: steps' rows in distinct banks */
+  const int TS = min(T, SCAN_TC); /* staged steps per chunk (T = 1: 1) */
+  const int stage_floats = 2 * TS * CB + TS * NDP;
+  float *sw = (float *)scan_sm4; /* [R][CB] dt_proj weights, f32, k-major */
+  float *sdt = sw + R * CB;      /* [TS][CB] the chunk's dt */
+  float *sh = sdt + TS * CB;     /* [TS][HS]: h_t[n] of channel cl at t * HS + n * CB + cl */
+  float *smem = sh + TS * HS;    /* 2 stage buffers: x [TS][CB], z [TS][CB], dbl [TS][NDP] */
   const int tid = threadIdx.x;
-  const int c = blockIdx.x * SCAN_BT + tid;
+  const int cl = tid % CB, n = tid / CB;
+  const int c0 = blockIdx.x * CB, c = c0 + cl;
   const int s = blockIdx.y;
   const bool live = c < di;
-  const int cc = live ? c : di - 1; /* dead lanes load a valid channel, store nothing */
+  const int cc = live ? c : di - 1; /* dead channels load a valid channel, store nothing */
   const int64_t base = (int64_t)s * T;
   const int nchunk = (T + SCAN_TC - 1) / SCAN_TC;
 
   /* Issues the cp.async loads of chunk q into stage buffer q & 1. */
   auto stage = [&](int q) {
-    float *sx = smem + (q & 1) * stage_floats, *sz = sx + TS * SCAN_BT, *sd = sz + TS * SCAN_BT;
+    float *sx = smem + (q & 1) * stage_floats, *sz = sx + TS * CB, *sd = sz + TS * CB;
     const int t0 = q * SCAN_TC, tc = min(SCAN_TC, T - t0);
-    for (int t = 0; t < tc; t++) {
+    for (int t = n; t < tc; t += N) {
       const int64_t row = base + t0 + t;
-      cp_async4(sx + t * SCAN_BT + tid, xc + row * di + cc);
-      cp_async4(sz + t * SCAN_BT + tid, xz + row * ldxz + zoff + cc);
+      cp_async4(sx + t * CB + cl, xc + row * di + cc);
+      cp_async4(sz + t * CB + cl, xz + row * ldxz + zoff + cc);
     }
     const float *g = dbl + (base + t0) * ND; /* the chunk's rows are contiguous */
-    for (int e = tid; e < tc * ND; e += SCAN_BT) cp_async4(sd + e, g + e);
+    for (int e = tid; e < tc * ND; e += SCAN_THREADS) {
+      const int t = e / ND;
+      cp_async4(sd + t * NDP + (e - t * ND), g + e);
+    }
     cp_async_commit();
   };
 
-  { /* the block's weight rows are contiguous: coalesced, all loads in flight */
-    const int c0 = blockIdx.x * SCAN_BT, nch = min(SCAN_BT, di - c0);
-    const WT *g = dt_w + (int64_t)c0 * R;
-    for (int e = tid; e < nch * R; e += SCAN_BT) {
-      const int ch = e / R;
-      sw[ch * RP + (e - ch * R)] = ld_f32(g + e);
-    }
+  /* the block's weight rows are contiguous: coalesced, all loads in flight */
+  for (int e = tid; e < CB * R; e += SCAN_THREADS) {
+    const int ch = e / R, k = e - ch * R;
+    sw[k * CB + ch] = ld_f32(dt_w + (int64_t)min(c0 + ch, di - 1) * R + k);
   } /* visible after the first chunk's __syncthreads */
+  const float a = A[(int64_t)cc * N + n];
+  const float d = Dv[cc];
+  const float bdt = ld_f32(dt_b + cc);
   pdl_wait(); /* weights above may be read early; activations and state only now */
   pdl_trigger();
   stage(0);
-  float *hp = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N;
-  float h[N], a[N];
-#pragma unroll
-  for (int n = 0; n < N; n += 4) {
-    float4 q = *(const float4 *)(hp + n);
-    h[n] = q.x, h[n + 1] = q.y, h[n + 2] = q.z, h[n + 3] = q.w;
-    float4 qa = *(const float4 *)(A + (int64_t)cc * N + n);
-    a[n] = qa.x, a[n + 1] = qa.y, a[n + 2] = qa.z, a[n + 3] = qa.w;
-  }
-  const float d = Dv[cc];
-  const float bdt = ld_f32(dt_b + cc);
-  const float *wr = sw + tid * RP; /* dead lanes: never stored */
+  float *hp = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N + n;
+  float h = *hp;
 
   for (int q = 0; q < nchunk; q++) {
     cp_async_wait0();
-    __syncthreads(); /* chunk q visible to all; buffer (q+1)&1 free (chunk q-1 done) */
+    __syncthreads(); /* chunk q visible to all; buffer (q+1)&1, sdt, sh free (chunk q-1 done) */
     if (q + 1 < nchunk) stage(q + 1);
-    const float *sx = smem + (q & 1) * stage_floats, *sz = sx + TS * SCAN_BT,
-                *sd = sz + TS * SCAN_BT;
+    const float *sx = smem + (q & 1) * stage_floats, *sz = sx + TS * CB,
+                *sd = sz + TS * CB;
     const int t0 = q * SCAN_TC, tc = min(SCAN_TC, T - t0);
-    /* dt_proj for the chunk's steps: k outer so each weight is loaded once;
-     * every step's own chain still runs over k in ascending order. */
-    float dt[SCAN_TC];
-#pragma unroll
-    for (int t = 0; t < SCAN_TC; t++) dt[t] = 0.0f;
-#pragma unroll 4
-    for (int k = 0; k < R; k++) {
-      const float wk = wr[k];
-#pragma unroll
-      for (int t = 0; t < SCAN_TC; t++)
-        if (t < tc) dt[t] = __fmaf_rn(round_act<ActT>(sd[t * ND + k]), wk, dt[t]);
+    /* dt: step t's chain over k ascending (weights column cl, conflict-free) */
+    for (int t = n; t < tc; t += N) {
+      const float *dr = sd + t * NDP;
+      float v = 0.0f;
+#pragma unroll 8
+      for (int k = 0; k < R; k++) v = __fmaf_rn(round_act<ActT>(dr[k]), sw[k * CB + cl], v);
+      sdt[t * CB + cl] = softplus_f(__fadd_rn(v, bdt));
     }
+    __syncthreads();
+    /* h: state entry (cl, n) through the chunk's steps. No step guard, so
+     * the steps' exps may interleave: steps past tc (last chunk only)
+     * recompute step tc - 1 from valid staged data and are discarded. */
+    {
+      float dA[SCAN_TC], u[SCAN_TC];
 #pragma unroll
-    for (int t = 0; t < SCAN_TC; t++) dt[t] = softplus_f(__fadd_rn(dt[t], bdt));
+      for (int t = 0; t < SCAN_TC; t++) {
+        const int tt = min(t, tc - 1);
+        const float dt = sdt[tt * CB + cl];
+        dA[t] = mbd_pm_expf(__fmul_rn(dt, a));
+        u[t] = __fmul_rn(__fmul_rn(dt, sd[tt * NDP + R + n]), sx[tt * CB + cl]);
+      }
 #pragma unroll
-    for (int t = 0; t < SCAN_TC; t++) {
-      if (t >= tc) break;
-      const float x = sx[t * SCAN_BT + tid], z = sz[t * SCAN_BT + tid];
-      const float *B = sd + t * ND + R, *C = B + N;
+      for (int t = 0; t < SCAN_TC; t++) {
+        if (t >= tc) break;
+        h = __fmaf_rn(dA[t], h, u[t]);
+        sh[t * HS + n * CB + cl] = h;
+      }
+    }
+    __syncthreads();
+    /* y: step t of channel cl, states in ascending order */
+    for (int t = n; t < tc; t += N) {
+      const float *C = sd + t * NDP + R + N, *ht = sh + t * HS + cl;
       float acc = 0.0f;
 #pragma unroll
-      for (int n = 0; n < N; n++) {
-        const float dA = mbd_pm_expf(__fmul_rn(dt[t], a[n]));
-        h[n] = __fmaf_rn(dA, h[n], __fmul_rn(__fmul_rn(dt[t], B[n]), x));
-        acc = __fmaf_rn(h[n], C[n], acc);
-      }
+      for (int j = 0; j < N; j++) acc = __fmaf_rn(ht[j * CB], C[j], acc);
+      const float x = sx[t * CB + cl], z = sz[t * CB + cl];
       acc = __fmaf_rn(d, x, acc);
       if (live) st_act(y + (base + t0 + t) * di + c, __fmul_rn(acc, silu_f(z)));
     }
   }
-  if (live) {
-#pragma unroll
-    for (int n = 0; n < N; n += 4)
-      *(float4 *)(hp + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
-  }
+  if (live) *hp = h;
 }
 
 /* The T = 1 (decode) form of k_scan: the same per-step arithmetic, statement
@@ -739,22 +758,31 @@ extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R
 #undef STEP
 #undef STEP_N
   }
-  /* The chunked scan is a long, serial kernel of few blocks: launched early
-   * (PDL) its blocks were packed onto the few SMs x_proj left free and ran
-   * slower (prefill T=2048: 47208 -> 30170 tokens/s), so it waits normally. */
-  dim3 grid((unsigned)((di + SCAN_BT - 1) / SCAN_BT), (unsigned)nseq);
+  /* The chunked scan is a long, serial kernel: launched early (PDL) its
+   * blocks were packed onto the few SMs x_proj left free and ran slower
+   * (prefill T=2048, one thread per channel then: 47208 -> 30170 tokens/s),
+   * so it waits normally. */
   const size_t ts = (size_t)(T < SCAN_TC ? T : SCAN_TC);
-  const size_t sh = sizeof(float) * ((size_t)SCAN_BT * (R + 1) +
-                                     2 * (2 * ts * SCAN_BT + ts * (size_t)(R + 2 * N)));
+  /* k_scan's shared memory for N states: weights [R][cb], dt [ts][cb],
+   * h_t [ts][(N + 1) cb], two stage buffers of x, z [ts][cb] and the x_proj
+   * rows [ts][(R + 2N) | 1] (the layout at the top of k_scan) */
+  auto scan_sh = [&](int NN) {
+    const size_t cb = SCAN_THREADS / NN, ndp = (size_t)((R + 2 * NN) | 1);
+    return sizeof(float) * ((size_t)R * cb + ts * cb + ts * (NN + 1) * cb +
+                            2 * (2 * ts * cb + ts * ndp));
+  };
 #define SCAN_N(NN, T_)                                                                     \
-  case NN:                                                                                 \
+  case NN: {                                                                               \
+    const size_t sh = scan_sh(NN);                                                         \
+    const int cb = SCAN_THREADS / NN;                                                      \
     if (sh > 48 * 1024)                                                                    \
       cudaFuncSetAttribute(k_scan<NN, T_, T_>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
                            (int)sh);                                                       \
-    return launch_ex(false, "selective scan", k_scan<NN, T_, T_>, grid, dim3(SCAN_BT), sh, s, \
-                     err,                                                                  \
-                      T, di, R, xc, dbl, (const T_ *)dt_w, (const T_ *)dt_b, A, D, xz, ldxz, \
-                      zoff, ssm_state, slot_stride, slots, (T_ *)y);
+    return launch_ex(false, "selective scan", k_scan<NN, T_, T_>,                          \
+                     dim3((unsigned)((di + cb - 1) / cb), (unsigned)nseq), dim3(SCAN_THREADS), \
+                     sh, s, err, T, di, R, xc, dbl, (const T_ *)dt_w, (const T_ *)dt_b, A, D, \
+                     xz, ldxz, zoff, ssm_state, slot_stride, slots, (T_ *)y);              \
+  }
 #define SCAN(T_)                                                                        \
   switch (N) {                                                                          \
     SCAN_N(4, T_) SCAN_N(8, T_) SCAN_N(16, T_) SCAN_N(32, T_)                           \

@@ -12,8 +12,9 @@
  *   (the tolerance is printed for information);
  * - bitwise (memcmp): a sequence's logits, picks and state alone vs in any
  *   slot of batches 2..256 (prefill and decode), eager vs graph, prefill +
- *   decode vs decode only, chunked vs whole prefill, run to run; f32 and
- *   bf16 routes;
+ *   decode vs decode only, chunked vs whole prefill, prefill in pieces of
+ *   17, 1, 16, 6 tokens (across the scan's 16-step chunks) vs whole, run to
+ *   run; f32 and bf16 routes;
  * - bad tokens, slots, duplicate slots are errors that change nothing. */
 #include <math.h>
 #include <setjmp.h>
@@ -380,13 +381,24 @@ static int trace_eq(const trace *a, const trace *b, int V, size_t sb) {
          memcmp(a->pick, b->pick, sizeof a->pick) == 0 && memcmp(a->state, b->state, sb) == 0;
 }
 
-static void run_batch(mbd_mamba1_gpu *m, int n, const int32_t *toks, const int32_t *sl, int who,
-                      int V, trace *out) {
+/* As run_batch, the prompt prefilled in pieces of cut[0..ncut) tokens (sum TT). */
+static void run_batch_cut(mbd_mamba1_gpu *m, int n, const int32_t *toks, const int32_t *sl,
+                          int who, int V, const int *cut, int ncut, trace *out) {
   mbd_error err;
   for (int i = 0; i < n; i++) CHECK_OK(mbd_mamba1_gpu_slot_reset(m, sl[i], &err));
   float *lg = malloc((size_t)n * TT * V * 4);
-  CHECK_OK(mbd_mamba1_gpu_prefill(m, n, TT, toks, sl, MBD_MAMBA1_GPU_LOGITS_ALL, lg, &err));
-  memcpy(out->pre, lg + (size_t)who * TT * V, (size_t)TT * V * 4);
+  int32_t *piece = malloc(sizeof(int32_t) * n * TT);
+  int t0 = 0;
+  for (int p = 0; p < ncut; p++) {
+    const int len = cut[p];
+    for (int i = 0; i < n; i++)
+      memcpy(piece + i * len, toks + i * TT + t0, sizeof(int32_t) * len);
+    CHECK_OK(mbd_mamba1_gpu_prefill(m, n, len, piece, sl, MBD_MAMBA1_GPU_LOGITS_ALL, lg, &err));
+    memcpy(out->pre + (size_t)t0 * V, lg + (size_t)who * len * V, (size_t)len * V * 4);
+    t0 += len;
+  }
+  assert_int_equal(t0, TT);
+  free(piece);
   int32_t *cur = malloc(sizeof(int32_t) * n);
   mbd_mamba1_gpu_pick *pk = malloc(sizeof(*pk) * n);
   for (int i = 0; i < n; i++) cur[i] = toks[i * TT + TT - 1];
@@ -407,6 +419,14 @@ static void run_batch(mbd_mamba1_gpu *m, int n, const int32_t *toks, const int32
   free(lg);
   free(cur);
   free(pk);
+}
+
+/* Runs `n` sequences in slots sl (prompt TT tokens each, then STEPS decode
+ * steps with seeded sampling); see trace. */
+static void run_batch(mbd_mamba1_gpu *m, int n, const int32_t *toks, const int32_t *sl, int who,
+                      int V, trace *out) {
+  const int whole = TT;
+  run_batch_cut(m, n, toks, sl, who, V, &whole, 1, out);
 }
 
 static void check_bitwise(mbd_dtype dt) {
@@ -484,6 +504,20 @@ static void check_bitwise(mbd_dtype dt) {
     run_batch(mc, 1, toks, sl, 0, V, &got);
     assert_true(trace_eq(&ref, &got, V, sb));
     mbd_mamba1_gpu_destroy(&mc);
+  }
+
+  /* prefill in pieces across the scan's 16-step chunk boundaries: a chunk
+   * plus one step (T=17), a single step (T=1: the decode kernel), exactly one
+   * chunk, a partial chunk; 3 sequences, the target in the middle */
+  {
+    static const int cut[] = {17, 1, 16, 6};
+    rand_tokens(&seed, toks, 3 * TT, V);
+    memcpy(toks + TT, target, sizeof target);
+    for (int i = 0; i < 3; i++) sl[i] = 40 + i;
+    run_batch_cut(m, 3, toks, sl, 1, V, cut, 4, &got);
+    printf("%s prefill in pieces 17+1+16+6: %s\n", mbd_dtype_name(dt),
+           trace_eq(&ref, &got, V, sb) ? "bit-identical" : "DIFFERS");
+    assert_true(trace_eq(&ref, &got, V, sb));
   }
 
   /* sampling actually samples: the target's picks are not all the argmax */
