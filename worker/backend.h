@@ -75,6 +75,12 @@ typedef struct mbd_backend_ops {
                   mbd_error *err);
   int (*ipc_write)(mbd_backend *b, const mbd_tensor_ref *r, const void *src, size_t nbytes,
                    mbd_error *err);
+  /* Optional (NULL: plain malloc/free): host memory the device copies into
+   * fastest (page-locked on CUDA), for the worker's batch logits buffer, so a
+   * step that returns [n,V] logits is not bound by pageable staging. Returns
+   * NULL when it cannot; host_free takes what host_alloc returned (NULL-safe). */
+  void *(*host_alloc)(mbd_backend *b, size_t bytes);
+  void (*host_free)(mbd_backend *b, void *p);
 } mbd_backend_ops;
 
 struct mbd_backend {

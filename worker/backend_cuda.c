@@ -507,6 +507,28 @@ static int cuda_ipc_write(mbd_backend *b, const mbd_tensor_ref *r, const void *s
   return ipc_copy(c, p, src, nbytes, cudaMemcpyHostToDevice, err);
 }
 
+/* ---- page-locked host memory ------------------------------------------- */
+
+/* A D2H copy into pageable memory is staged by the driver at a fraction of the
+ * link rate; the worker's [max_batch, V] logits buffer lives here instead. */
+static void *cuda_host_alloc(mbd_backend *b, size_t bytes) {
+  (void)b;
+  void *p = NULL;
+  cudaError_t ce = cudaMallocHost(&p, bytes ? bytes : 1);
+  if (ce != cudaSuccess) {
+    cudaGetLastError();
+    MBD_LOGW(LOGC, "cudaMallocHost of %zu bytes failed (%s): using pageable memory", bytes,
+             cudaGetErrorName(ce));
+    return NULL;
+  }
+  return p;
+}
+
+static void cuda_host_free(mbd_backend *b, void *p) {
+  (void)b;
+  if (p) cudaFreeHost(p);
+}
+
 static const mbd_backend_ops k_cuda_ops = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -526,6 +548,8 @@ static const mbd_backend_ops k_cuda_ops = {
     .step_greedy = cuda_step_greedy,
     .ipc_read = cuda_ipc_read,
     .ipc_write = cuda_ipc_write,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
 };
 
 int mbd_backend_cuda_new(const mbd_backend_opts *opts, mbd_backend **out, mbd_error *err) {

@@ -29,6 +29,9 @@
 #define SHM_CACHE_ENTRIES 64
 #define DRAIN_MAX 256 /* messages handled per tick before computing */
 #define MAX_FORWARD_ROWS 4096 /* sequences per FORWARD */
+/* Page-lock the batch logits buffer only up to this size: locked memory is
+ * real memory, unlike a calloc'ed buffer whose untouched pages cost nothing. */
+#define PINNED_LOGITS_MAX ((size_t)1 << 30)
 
 typedef struct wmodel {
   char name[MBD_WORKER_NAME_MAX]; /* registry name */
@@ -100,6 +103,7 @@ struct mbd_worker {
   int64_t *btokens;          /* max_batch */
   int64_t *bnext;            /* max_batch: device-picked greedy tokens */
   float *blogits;            /* max_batch * max_vocab */
+  bool blogits_host;         /* blogits came from be->ops->host_alloc (page-locked) */
   size_t rr;                 /* round-robin start over session slots */
   /* connection */
   void *zctx, *sock;
@@ -401,7 +405,12 @@ int mbd_worker_new(const mbd_worker_opts *o, mbd_worker **out, mbd_error *err) {
   w->bstates = calloc(mb, sizeof *w->bstates);
   w->btokens = calloc(mb, sizeof *w->btokens);
   w->bnext = calloc(mb, sizeof *w->bnext);
-  w->blogits = calloc(mb * (size_t)(w->max_vocab ? w->max_vocab : 1), sizeof(float));
+  size_t lbytes = mb * (size_t)(w->max_vocab ? w->max_vocab : 1) * sizeof(float);
+  if (w->be->ops->host_alloc && lbytes <= PINNED_LOGITS_MAX &&
+      (w->blogits = w->be->ops->host_alloc(w->be, lbytes)))
+    w->blogits_host = true;
+  else
+    w->blogits = calloc(1, lbytes);
   if (!w->rows || !w->bstates || !w->btokens || !w->bnext || !w->blogits) {
     rc = mbd_error_set(err, MBD_E_NOMEM, "out of memory for batch buffers (--max-batch %d)",
                        o->max_batch);
@@ -428,12 +437,13 @@ void mbd_worker_destroy(mbd_worker **pw) {
     if (w->models[i].bm) w->be->ops->model_destroy(w->be, w->models[i].bm);
   }
   mbd_shm_cache_destroy(&w->shm);
+  if (w->blogits_host) w->be->ops->host_free(w->be, w->blogits); /* before the backend goes */
+  else free(w->blogits);
   mbd_backend_destroy(&w->be);
   free(w->rows);
   free(w->bstates);
   free(w->btokens);
   free(w->bnext);
-  free(w->blogits);
   if (w->sock) zmq_close(w->sock);
   if (w->zctx) zmq_ctx_term(w->zctx);
   free(w);
@@ -1139,6 +1149,16 @@ static const char *gen_end_reason(const gen_job *g, int64_t tok) {
   return g->n >= g->max_tokens ? "length" : NULL;
 }
 
+/* Whether row r's logits must reach its session after this step: always
+ * unless its next token is picked on the device (dev_pick and a greedy
+ * GENERATE row that goes on), so a session's logits are current whenever it
+ * is not generating. */
+static bool row_needs_logits(const batch_row *r, bool dev_pick) {
+  if (!dev_pick || r->step) return true;
+  const gen_job *g = ((const wsess *)r->s->user)->gen;
+  return g->sampling.temperature > 0.0f || gen_end_reason(g, r->token) != NULL;
+}
+
 /* One batched step for model mi over queued STEPs and active GENERATE loops.
  * Returns the number of rows run. */
 static size_t tick_model(mbd_worker *w, int mi, double now) {
@@ -1203,14 +1223,14 @@ static size_t tick_model(mbd_worker *w, int mi, double now) {
    * rows, and rows finishing this tick (so a session's logits are current
    * whenever it is not generating). */
   bool dev_pick = false, need_logits = false;
-  if (w->be->ops->step_greedy)
+  if (w->be->ops->step_greedy) {
     for (size_t i = 0; i < n; i++) {
       batch_row *r = &w->rows[i];
-      gen_job *g = r->step ? NULL : ((wsess *)r->s->user)->gen;
-      if (!g || g->sampling.temperature > 0.0f) need_logits = true;
-      else dev_pick = true;
-      if (g && gen_end_reason(g, r->token)) need_logits = true;
+      if (!r->step && ((wsess *)r->s->user)->gen->sampling.temperature <= 0.0f) dev_pick = true;
     }
+    for (size_t i = 0; i < n && dev_pick && !need_logits; i++)
+      need_logits = row_needs_logits(&w->rows[i], true);
+  }
   mbd_error e = {0};
   int rc = dev_pick ? w->be->ops->step_greedy(w->be, m->bm, w->bstates, w->btokens, (int64_t)n,
                                                w->bnext, need_logits ? w->blogits : NULL, &e)
@@ -1223,7 +1243,9 @@ static size_t tick_model(mbd_worker *w, int mi, double now) {
     wsess *ws = r->s->user;
     const float *row = w->blogits + i * (size_t)m->vocab;
     r->s->last_used = t;
-    if (!rc && have_logits) {
+    /* Only rows that need them copy their logits out: a tick where a few
+     * rows finish must not copy [n,V] into every session (V floats each). */
+    if (!rc && have_logits && row_needs_logits(r, dev_pick)) {
       memcpy(ws->logits, row, (size_t)m->vocab * sizeof(float));
       ws->has_logits = true;
       ws->logits_stale = false;
