@@ -196,7 +196,11 @@ static void fixture_case(const char *name) {
          name, mbd_safetensors_metadata(og, "route_id"), d32, mref, dbf, scale, dfast / mdet, same,
          (long long)(B * (T + GEN)));
   assert_true(dbf <= 2.0 * scale);
-  assert_true(dfast <= 1e-3 * mdet);
+  /* cublas-fast rounds both GEMM inputs to TF32 (unit roundoff u = 2^-11 = 4.9e-4), so each
+   * product carries up to ~2u relative error, compounded through every layer's projections
+   * and the LM head: allow 8u of the largest logit (observed on the H200: 6.9e-4 tiny-d64,
+   * 1.3e-3 small-d256). */
+  assert_true(dfast <= 8.0 * 0x1p-11 * mdet);
 
   mbd_safetensors_destroy(&of);
   mbd_safetensors_destroy(&ob);
