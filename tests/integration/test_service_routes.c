@@ -5,6 +5,7 @@
  * NO_ROUTE (with the code and message through the library); a route that
  * appears later (a worker started after the first requests) is then served.
  * The same request on the same route gives the same bits every time. */
+#include <stdlib.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -39,7 +40,7 @@ static int forward(mbd_client *c, const mbd_route_want *want, mbd_tensor_out *ou
 
 static void test_routes(void **state) {
   (void)state;
-  if (!svc_init(&s)) skip();
+  if (!svc_init(&s)) exit(77); /* ctest: skipped */
   char yaml[700];
   svc_yaml(&s,
            "  - {name: w32, device: cpu, dtype: f32, threads: 1}\n"

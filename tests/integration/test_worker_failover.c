@@ -2,6 +2,7 @@
  * burst of stateless FORWARDs; one is SIGKILLed mid-burst. Every request must
  * be answered exactly once (the broker re-sends the lost ones to the
  * survivor) and every answer must carry the right logits, bit for bit. */
+#include <stdlib.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,7 +20,7 @@ static wh_fixture g_f;
 static void test_kill9(void **state) {
   (void)state;
   int rc = wh_init(&g_h);
-  if (rc == 77) skip();
+  if (rc == 77) exit(77); /* ctest: skipped */
   assert_int_equal(rc, 0);
   assert_int_equal(wh_fixture_load(&g_h, &g_f), 0);
   const int64_t T = g_f.T, V = g_f.V;

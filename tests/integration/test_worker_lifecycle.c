@@ -3,6 +3,7 @@
  * expiring (--session-idle-s), and SIGTERM during a running GENERATE: the
  * request gets exactly one final reply and the worker exits 0. Also a bad
  * --model directory fails fast with a message naming it. */
+#include <stdlib.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,7 +17,7 @@ static void test_bad_model_dir(void **state) {
   (void)state;
   wh h;
   int rc = wh_init(&h);
-  if (rc == 77) skip();
+  if (rc == 77) exit(77); /* ctest: skipped */
   char exe[600];
   snprintf(exe, sizeof exe, "%s/mambad-worker", h.bin);
   char cmd[1200];
@@ -44,7 +45,7 @@ static void test_reregister_idle_sigterm(void **state) {
   (void)state;
   wh h;
   int rc = wh_init(&h);
-  if (rc == 77) skip();
+  if (rc == 77) exit(77); /* ctest: skipped */
   assert_int_equal(rc, 0);
   wh_start_broker(&h);
   pid_t w = wh_start_worker(&h, "wA", "--session-idle-s", "1", "--liveness", "3", NULL);

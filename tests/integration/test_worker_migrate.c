@@ -4,6 +4,7 @@
  * in-process model bit for bit and the fixture's greedy tokens. IMPORT on a
  * worker of another route (bf16) and IMPORT of a blob with altered model
  * identity are refused with STATE. */
+#include <stdlib.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,7 +27,7 @@ static mbd_msg *do_import(const void *blob, size_t n, const char *dtype) {
 static void test_export_import(void **state) {
   (void)state;
   int rc = wh_init(&g_h);
-  if (rc == 77) skip();
+  if (rc == 77) exit(77); /* ctest: skipped */
   assert_int_equal(rc, 0);
   assert_int_equal(wh_fixture_load(&g_h, &g_f), 0);
   const int64_t T = g_f.T, V = g_f.V, G = g_f.G, H = T / 2;
