@@ -4,6 +4,12 @@
 # Tests find fixtures via MBD_FIXTURES_DIR and built programs via MBD_BIN_DIR.
 # Fixture-based tests see MBD_FIXTURES_DIR only when the fixtures exist, so a
 # missing copy reads as "skipped" (exit 77), never as a silent pass.
+if(NOT EXISTS "${MBD_FIXTURES_DIR}/mamba1/tiny-d64/config.json"
+   AND EXISTS "${PROJECT_SOURCE_DIR}/tests/fixtures/mamba1/tiny-d64/config.json")
+  message(STATUS "mambad: shared fixtures not found at ${MBD_FIXTURES_DIR}; using the in-repo "
+                 "copy of tiny-d64 (tests/fixtures); small-d256 cases will be skipped")
+  set(MBD_FIXTURES_DIR "${PROJECT_SOURCE_DIR}/tests/fixtures")
+endif()
 if(EXISTS "${MBD_FIXTURES_DIR}/mamba1/tiny-d64/config.json")
   set(MBD_FIXTURES_FOUND ON)
 else()
