@@ -27,11 +27,11 @@
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/gpu_gemm.h"
 #include "kernels/cuda/mamba1_gpu.h"
+#include "kernels/model/mamba1.h"
 #include "worker/backend.h"
 
 #define LOGC "cuda-backend"
-#define STATE_MAGIC "MBDMSTA1" /* the CPU model's state export header */
-#define STATE_HEADER 40
+#define STATE_HEADER MBD_MAMBA1_STATE_HEADER /* the CPU model's export format */
 #define IPC_CACHE_MAX 256 /* open handles kept; the oldest is closed beyond */
 
 typedef CUresult (*addr_range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr dptr);
@@ -255,51 +255,29 @@ static size_t cuda_state_bytes(const mbd_bstate *bs) {
   return STATE_HEADER + mbd_mamba1_gpu_state_bytes(s->cm->m);
 }
 
-static void put_u32(unsigned char *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static uint32_t get_u32(const unsigned char *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 static int cuda_state_save(const mbd_bstate *bs, void *dst, size_t cap, mbd_error *err) {
   const cuda_state *s = (const cuda_state *)bs;
-  const mbd_mamba_config *c = mbd_mamba1_gpu_config(s->cm->m);
   size_t need = cuda_state_bytes(bs);
   if (cap < need)
     return mbd_error_set(err, MBD_E_TOO_LARGE, "state export needs %zu bytes, buffer has %zu", need,
                          cap);
   unsigned char *p = dst;
-  memcpy(p, STATE_MAGIC, 8);
-  put_u32(p + 8, 1);
-  put_u32(p + 12, (uint32_t)c->n_layer);
-  put_u32(p + 16, (uint32_t)c->d_inner);
-  put_u32(p + 20, (uint32_t)c->d_conv);
-  put_u32(p + 24, (uint32_t)c->d_state);
-  put_u32(p + 28, 0);
-  put_u32(p + 32, (uint32_t)((uint64_t)s->pos & 0xffffffffu));
-  put_u32(p + 36, (uint32_t)((uint64_t)s->pos >> 32));
+  mbd_mamba1_state_header_write(p, mbd_mamba1_gpu_config(s->cm->m), s->pos);
   return mbd_mamba1_gpu_slot_read(s->cm->m, s->slot, p + STATE_HEADER, need - STATE_HEADER, err);
 }
 
 static int cuda_state_load(mbd_bstate *bs, const void *src, size_t len, mbd_error *err) {
   cuda_state *s = (cuda_state *)bs;
-  const mbd_mamba_config *c = mbd_mamba1_gpu_config(s->cm->m);
   const unsigned char *p = src;
-  if (!src || len < STATE_HEADER || memcmp(p, STATE_MAGIC, 8) != 0)
-    return mbd_error_set(err, MBD_E_FORMAT, "state import: not a Mamba-1 state export (bad magic)");
-  if (get_u32(p + 8) != 1)
-    return mbd_error_set(err, MBD_E_FORMAT, "state import: version %u, this build reads 1",
-                         get_u32(p + 8));
-  if (get_u32(p + 12) != (uint32_t)c->n_layer || get_u32(p + 16) != (uint32_t)c->d_inner ||
-      get_u32(p + 20) != (uint32_t)c->d_conv || get_u32(p + 24) != (uint32_t)c->d_state)
-    return mbd_error_set(err, MBD_E_SHAPE, "state import: the state is of another model shape");
+  int64_t pos;
+  int rc = mbd_mamba1_state_header_read(p, len, mbd_mamba1_gpu_config(s->cm->m), &pos, err);
+  if (rc) return rc;
   if (len != cuda_state_bytes(bs))
     return mbd_error_set(err, MBD_E_FORMAT, "state import: %zu bytes, expected %zu", len,
                          cuda_state_bytes(bs));
   /* The payload may be unaligned inside the request frame: slot_write copies bytes. */
-  int rc = mbd_mamba1_gpu_slot_write(s->cm->m, s->slot, p + STATE_HEADER, len - STATE_HEADER, err);
-  if (!rc) s->pos = (int64_t)((uint64_t)get_u32(p + 32) | (uint64_t)get_u32(p + 36) << 32);
+  rc = mbd_mamba1_gpu_slot_write(s->cm->m, s->slot, p + STATE_HEADER, len - STATE_HEADER, err);
+  if (!rc) s->pos = pos;
   return rc;
 }
 

@@ -70,6 +70,17 @@ int mbd_mamba1_state_export(const mbd_mamba1_state *s, void *buf, size_t cap, si
  * blob (s unchanged then). */
 int mbd_mamba1_state_import(mbd_mamba1_state *s, const void *buf, size_t len, mbd_error *err);
 
+/* The export's 40-byte header, shared with backends that keep the state
+ * elsewhere (the GPU worker writes the same format from device slots). */
+#define MBD_MAMBA1_STATE_HEADER 40
+/* Writes the header for a state of cfg's shape at position pos into p. */
+void mbd_mamba1_state_header_write(void *p, const mbd_mamba_config *cfg, int64_t pos);
+/* Checks magic, version and shape against cfg (len >= header size) and returns
+ * the position; MBD_E_FORMAT / MBD_E_SHAPE naming what differs. The caller
+ * checks the payload size. */
+int mbd_mamba1_state_header_read(const void *p, size_t len, const mbd_mamba_config *cfg,
+                                 int64_t *pos, mbd_error *err);
+
 /* ---- forward ---- */
 
 typedef enum mbd_mamba1_logits {
