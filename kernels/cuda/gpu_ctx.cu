@@ -21,7 +21,7 @@ extern "C" const size_t mbd_model_host_src_len;
 #ifndef MBD_CUDA_ARCHS
 #define MBD_CUDA_ARCHS ""
 #endif
-#define MBD_CUDA_DISPATCH_REV 3 /* 3: sm_90a bf16/f16 on wgmma + TMA */
+#define MBD_CUDA_DISPATCH_REV 4 /* 3: sm_90a bf16/f16 on wgmma + TMA; 4: K in 256 chunks */
 
 const char *const mbd_k_kernel_names[MBD_K_COUNT] = {
     "mbd_sgemm_f32_s",       "mbd_sgemm_f32_m",       "mbd_sgemm_f32_l",
@@ -39,6 +39,8 @@ const char *const mbd_k_kernel_names[MBD_K_COUNT] = {
     "mbd_wgemm_f16_0",  "mbd_wgemm_f16_1",  "mbd_wgemm_f16_2",  "mbd_wgemm_f16_3",
     "mbd_wgemm_f16_4",  "mbd_wgemm_f16_5",  "mbd_wgemm_f16_6",  "mbd_wgemm_f16_7",
     "mbd_wgemm_f16_8",
+    "mbd_wkgemm_bf16_0", "mbd_wkgemm_bf16_1", "mbd_wkgemm_bf16_2", "mbd_wkgemm_bf16_3",
+    "mbd_wkgemm_f16_0",  "mbd_wkgemm_f16_1",  "mbd_wkgemm_f16_2",  "mbd_wkgemm_f16_3",
 };
 
 extern "C" void mbd_gpu_ctx_config_default(mbd_gpu_ctx_config *cfg) {
@@ -132,6 +134,7 @@ static int load_kernels(mbd_gpu_ctx *ctx, mbd_error *err) {
   int max_optin = 0;
   MBD_GPU_CHECK(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                        ctx->device), err);
+  ctx->smem_optin = max_optin;
   for (int i = 0; i < MBD_K_COUNT; i++) {
     MBD_GPU_CHECK(cudaLibraryGetKernel(&ctx->k[i], ctx->lib, mbd_k_kernel_names[i]), err);
     if ((i >= MBD_K_HGEMM_BF16 && i < MBD_K_BCAST_U32) || i >= MBD_K_WGEMM_BF16)

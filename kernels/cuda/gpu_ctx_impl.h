@@ -23,7 +23,9 @@ enum {
   MBD_K_BCAST_F16_F32 = 25,
   MBD_K_WGEMM_BF16 = 26, /* sm_90a wgmma configurations 0..8 (gpu_gemm.cu k_wtiles) */
   MBD_K_WGEMM_F16 = 35,
-  MBD_K_COUNT = 44,
+  MBD_K_WKGEMM_BF16 = 44, /* sm_90a M <= 8 chunk-parallel configurations 0..3 (k_ktiles) */
+  MBD_K_WKGEMM_F16 = 48,
+  MBD_K_COUNT = 52,
 };
 extern const char *const mbd_k_kernel_names[MBD_K_COUNT];
 
@@ -43,6 +45,7 @@ struct mbd_gpu_ctx {
   char digest[65];             /* SHA-256 of the embedded fatbin */
   char dev_name[96];
   int cc_major, cc_minor, sm_count;
+  int smem_optin; /* max dynamic shared memory per block (bytes) */
   int unusable;                /* poisoned: every GEMM/capture/replay returns diag */
   mbd_error diag;
   int recording, capturing;

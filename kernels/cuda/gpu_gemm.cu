@@ -40,6 +40,14 @@ struct mbd_wg_params {
   int tiles_m, tiles_n;
   int a_rows;
 };
+/* Mirrors struct mbd_wk_params and MBD_WG_KCH in device/gemm_kernels.cu. */
+struct mbd_wk_params {
+  CUtensorMap tx;
+  CUtensorMap tw;
+  mbd_gemm_params p;
+  int chunks;
+};
+#define MBD_WG_KCH 256
 
 /* wgmma configurations, index = kernel slot offset (see MBD_WG_ALL):
  * bm, bn, stages, blocks per SM, relative per-SM efficiency (dispatch cost
@@ -52,8 +60,16 @@ struct wtile_cfg {
 static const wtile_cfg k_wtiles[9] = {
     {64, 16, 20, 1, 0.3, true},   {64, 32, 18, 1, 0.4, true},  {64, 64, 13, 1, 0.55, true},
     {64, 128, 9, 1, 0.7, true},   {128, 64, 4, 2, 0.75, true}, {128, 128, 3, 2, 0.9, true},
-    {128, 256, 4, 1, 1.0, true},  {64, 64, 4, 2, 0.5, false},  {128, 128, 3, 2, 0.8, false}};
+    {128, 256, 4, 1, 1.0, true},  {64, 64, 4, 2, 0.5, false},  {128, 128, 3, 1, 0.8, false}};
+/* Configuration 6 (128 x 256) keeps no chunk partial: K <= one chunk only. */
+#define WTILE_NOFOLD 6
 
+/* M <= 8 chunk-parallel configurations (mbd_wkgemm_*): columns per block,
+ * warpgroups, ring stages per warpgroup. */
+struct ktile_cfg {
+  int bn, nwg, stages;
+};
+static const ktile_cfg k_ktiles[4] = {{16, 8, 4}, {32, 8, 4}, {64, 4, 4}, {128, 4, 3}};
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* Pure scheduling (every configuration computes the same bits, see the kernel
@@ -62,7 +78,7 @@ static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
  * latency (~3 us measured at rev 3's first run); a wave's rate is the sum over
  * its blocks, capped by HBM (~4 TB/s); pick the least estimated time. Larger
  * M minimises waves x tile cost. */
-static int pick_wtile(const mbd_gpu_ctx *ctx, int64_t m, int64_t n, bool tma) {
+static int pick_wtile(const mbd_gpu_ctx *ctx, int64_t m, int64_t n, int64_t k, bool tma) {
   if (!tma) return m <= 64 ? 7 : 8;
   if (m <= 64) {
     int best = 3;
@@ -86,14 +102,15 @@ static int pick_wtile(const mbd_gpu_ctx *ctx, int64_t m, int64_t n, bool tma) {
     }
     return best;
   }
-  int best = 6;
+  const int top = k <= MBD_WG_KCH ? WTILE_NOFOLD : WTILE_NOFOLD - 1;
+  int best = top;
   double best_cost = 0;
-  for (int i = 6; i >= 2; i--) {
+  for (int i = top; i >= 2; i--) {
     const wtile_cfg &t = k_wtiles[i];
     int64_t blocks = cdiv(m, t.bm) * cdiv(n, t.bn);
     int64_t waves = cdiv(blocks, (int64_t)ctx->sm_count * t.occ);
     double cost = (double)waves * t.bm * t.bn * t.occ / t.eff;
-    if (i == 6 || cost < best_cost * 0.97) {
+    if (i == top || cost < best_cost * 0.97) {
       best = i;
       best_cost = cost;
     }
@@ -202,12 +219,71 @@ static int check_args(const mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, mbd_er
   return MBD_OK;
 }
 
+/* pdl: launch with programmatic stream serialization (the kernel waits with
+ * griddepcontrol.wait before touching x or y; only the wgmma kernels do). */
 static int launch(mbd_gpu_ctx *ctx, int slot, dim3 grid, dim3 block, size_t smem, void **args,
-                  mbd_error *err) {
-  MBD_GPU_CHECK(cudaLaunchKernel((const void *)ctx->k[slot], grid, block, args, smem,
-                                 ctx->stream), err);
+                  bool pdl, mbd_error *err) {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = ctx->stream;
+  cfg.attrs = at;
+  cfg.numAttrs = pdl ? 1 : 0;
+  MBD_GPU_CHECK(cudaLaunchKernelExC(&cfg, (const void *)ctx->k[slot], args), err);
   MBD_GPU_CHECK(cudaGetLastError(), err);
   return MBD_OK;
+}
+
+/* Estimated time of an M <= 8 chunk-parallel configuration (dispatch only):
+ * a warpgroup runs its chunks' stages one after another (~0.3 us each, the
+ * dependent wgmma latency of four k16 steps) and a block streams at most its
+ * in-flight bytes per ~1 us of memory latency; blocks run one per SM. */
+static double ktile_time(const mbd_gpu_ctx *ctx, const ktile_cfg &c, int64_t n, int64_t k) {
+  const int64_t chunks = cdiv(k, MBD_WG_KCH), blocks = cdiv(n, c.bn);
+  const double chain = (double)cdiv(chunks, c.nwg) * (MBD_WG_KCH / 64) * 0.3e-6;
+  const double stream = (double)c.bn * k * 2 / ((double)c.nwg * c.stages * c.bn * 128 / 1e-6);
+  const double block = (chain > stream ? chain : stream) + 1e-6;
+  return (double)cdiv(blocks, ctx->sm_count) * block;
+}
+
+/* M <= 8, K > one chunk: the chunk-parallel kernel. Returns 1 when no
+ * configuration fits shared memory (the caller falls back to the tiles). */
+static int gemm_wk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
+                   const char **kname, mbd_error *err) {
+  const int64_t chunks = cdiv(a->k, MBD_WG_KCH);
+  int best = -1;
+  double best_t = 0;
+  size_t best_smem = 0;
+  for (int i = 0; i < 4; i++) {
+    const ktile_cfg &c = k_ktiles[i];
+    size_t smem = 1024 + (size_t)c.nwg * c.stages * (8 + c.bn) * 128 + 8 * c.nwg * c.stages +
+                  (size_t)chunks * a->m * c.bn * 4;
+    if (smem > (size_t)ctx->smem_optin) continue;
+    double t = ktile_time(ctx, c, a->n, a->k);
+    if (best < 0 || t < best_t * 0.97) {
+      best = i;
+      best_t = t;
+      best_smem = smem;
+    }
+  }
+  if (best < 0) return 1;
+  const ktile_cfg &c = k_ktiles[best];
+  mbd_wk_params P;
+  memset(&P, 0, sizeof P);
+  P.p = p;
+  P.chunks = (int)chunks;
+  if (!(encode_map(&P.tx, a->dtype, a->x, a->m, a->k, 8) &&
+        encode_map(&P.tw, a->dtype, a->w, a->n, a->k, c.bn)))
+    return 1;
+  int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_WKGEMM_BF16 : MBD_K_WKGEMM_F16) + best;
+  *kname = mbd_k_kernel_names[slot];
+  void *args[] = {&P};
+  return launch(ctx, slot, dim3((unsigned)cdiv(a->n, c.bn)), dim3((unsigned)(c.nwg * 128)),
+                best_smem, args, a->w_static != 0, err);
 }
 
 static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
@@ -217,7 +293,11 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   P.p = p;
   bool tma = a->k % 8 == 0 && ((uintptr_t)a->x % 16) == 0 && ((uintptr_t)a->w % 16) == 0 &&
              encoder() != NULL;
-  int ti = pick_wtile(ctx, a->m, a->n, tma);
+  if (tma && a->m <= 8 && a->k > MBD_WG_KCH) {
+    int rc = gemm_wk(ctx, a, p, kname, err);
+    if (rc != 1) return rc; /* 1: no configuration fits, the tile kernels run */
+  }
+  int ti = pick_wtile(ctx, a->m, a->n, a->k, tma);
   const wtile_cfg &t = k_wtiles[ti];
   /* M < BM: the X box brings only the rows that exist (rounded up to 8) */
   P.a_rows = a->m < t.bm ? (int)((a->m + 7) / 8 * 8) : t.bm;
@@ -226,7 +306,7 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
     /* the encoder refused (limits we did not foresee): same bits on plain loads */
     memset(&P, 0, sizeof P);
     P.p = p;
-    ti = pick_wtile(ctx, a->m, a->n, false);
+    ti = pick_wtile(ctx, a->m, a->n, a->k, false);
   }
   const wtile_cfg &u = k_wtiles[ti];
   if (!u.tma) P.a_rows = u.bm;
@@ -237,7 +317,8 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   *kname = mbd_k_kernel_names[slot];
   void *args[] = {&P};
   dim3 grid((unsigned)((int64_t)P.tiles_m * P.tiles_n));
-  return launch(ctx, slot, grid, dim3((unsigned)(u.bm / 64 * 128 + 32)), smem, args, err);
+  return launch(ctx, slot, grid, dim3((unsigned)(u.bm / 64 * 128 + 32)), smem, args,
+                a->w_static != 0, err);
 }
 
 static int gemm_det(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const char **kname,
@@ -263,7 +344,7 @@ static int gemm_det(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const char **k
   }
   *kname = mbd_k_kernel_names[slot];
   dim3 grid((unsigned)cdiv(a->m, t.bm), (unsigned)cdiv(a->n, t.bn));
-  return launch(ctx, slot, grid, dim3(t.threads), smem, args, err);
+  return launch(ctx, slot, grid, dim3(t.threads), smem, args, false, err);
 }
 
 static cudaDataType_t cuda_type(mbd_dtype d) {
@@ -283,7 +364,7 @@ static int gemm_blas(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, mbd_error *er
     int m = (int)a->m, n = (int)a->n;
     void *args[] = {&y, &b, &m, &n};
     int64_t total = a->m * a->n;
-    int rc = launch(ctx, slot, dim3((unsigned)cdiv(total, 256)), dim3(256), 0, args, err);
+    int rc = launch(ctx, slot, dim3((unsigned)cdiv(total, 256)), dim3(256), 0, args, false, err);
     if (rc < 0) return rc;
     beta = 1.0f;
   }

@@ -22,6 +22,10 @@ typedef struct mbd_gpu_gemm_args {
   const void *w;       /* device [n,k] (HF [out,in] layout) */
   const void *bias;    /* device [n] of dtype, or NULL */
   void *y;             /* device [m,n] of out_dtype; must not alias x, w or bias */
+  int w_static;        /* 1: no kernel just before on the stream writes w or bias (model
+                          weights): the GEMM may launch while its predecessor runs
+                          (programmatic dependent launch) and stream w early; x and y
+                          still wait for the predecessor. 0 (default): plain launch. */
 } mbd_gpu_gemm_args;
 
 /* Enqueues the GEMM on the context's stream under its mode (asynchronous).

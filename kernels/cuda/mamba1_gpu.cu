@@ -576,6 +576,7 @@ static int gemm(mbd_mamba1_gpu *m, int64_t M, int64_t N, int64_t K, const void *
   a.w = w;
   a.bias = b;
   a.y = y;
+  a.w_static = 1; /* weights and biases never change after load */
   return mbd_gpu_gemm(m->ctx, &a, err);
 }
 

@@ -202,7 +202,7 @@ int main(int argc, char **argv) {
         for (int mi = 0; mi < 6; mi++) {
           int M = ms_[mi];
           if ((size_t)M > maxm) continue;
-          mbd_gpu_gemm_args a = {dt, MBD_DTYPE_F32, M, p.n, p.k, NULL, NULL, NULL, b.y};
+          mbd_gpu_gemm_args a = {dt, MBD_DTYPE_F32, M, p.n, p.k, NULL, NULL, NULL, b.y, 0};
           double t[3] = {0, 0, 0};
           for (int m = 0; m < 3; m++)
             if (m < 2 || d == 1) t[m] = time_gemm(ctx[d][m], b, a);
@@ -251,7 +251,7 @@ int main(int argc, char **argv) {
     fill_random(w, (size_t)S * S, MBD_DTYPE_BF16, 2);
     b.x.push_back(x);
     b.w.push_back(w);
-    mbd_gpu_gemm_args a = {MBD_DTYPE_BF16, MBD_DTYPE_F32, S, S, S, NULL, NULL, NULL, b.y};
+    mbd_gpu_gemm_args a = {MBD_DTYPE_BF16, MBD_DTYPE_F32, S, S, S, NULL, NULL, NULL, b.y, 0};
     double t0 = time_gemm(ctx[0][0], b, a), t1 = time_gemm(ctx[0][1], b, a);
     double fl = 2.0 * S * S * S;
     printf("square bf16 %d^3: det %.1f TFLOP/s, cublas-fast %.1f TFLOP/s, ratio %.2f\n", S,

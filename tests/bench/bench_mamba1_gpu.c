@@ -212,7 +212,7 @@ static int op_breakdown(void) {
     for (int pass = 0; pass < 2; pass++) {
       cudaEventRecord(e0, s);
       for (int i = 0; i < 200; i++) {
-        mbd_gpu_gemm_args a = {MBD_DTYPE_BF16, MBD_DTYPE_F32, 1, 0, 0, x, w, NULL, y};
+        mbd_gpu_gemm_args a = {MBD_DTYPE_BF16, MBD_DTYPE_F32, 1, 0, 0, x, w, NULL, y, 0};
         int rc = 0;
         switch (op) {
         case 0: rc = mbd_mops_add_rmsnorm(s_, 1, d, 1, 0, (float *)x, (float *)y, (float *)st, 1e-5f, MBD_DTYPE_BF16, (char *)y + (1 << 20), &err); break;

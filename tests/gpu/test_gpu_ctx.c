@@ -66,7 +66,7 @@ static void prob_new(mbd_gpu_ctx *ctx, prob *p, int64_t m, int64_t n, int64_t k,
   CHECK_OK(mbd_gpu_upload(ctx, p->w, hw, ws, &err));
   free(hx);
   free(hw);
-  mbd_gpu_gemm_args a = {MBD_DTYPE_BF16, MBD_DTYPE_F32, m, n, k, p->x, p->w, NULL, p->y};
+  mbd_gpu_gemm_args a = {MBD_DTYPE_BF16, MBD_DTYPE_F32, m, n, k, p->x, p->w, NULL, p->y, 0};
   p->a = a;
 }
 static void prob_free(mbd_gpu_ctx *ctx, prob *p) {
@@ -263,7 +263,7 @@ static void test_graph_route_guard_and_recording(void **st) {
   CHECK_OK(mbd_gpu_scratch(ctx, 1 << 20, "grow", &s, &err)); /* not frozen yet: grows */
   assert_true(mbd_gpu_scratch_capacity(ctx) >= (1u << 20));
   /* bad input is an error, never a crash */
-  mbd_gpu_gemm_args bad = {MBD_DTYPE_F16, MBD_DTYPE_F32, 1, 1, 1, s, s, NULL, s};
+  mbd_gpu_gemm_args bad = {MBD_DTYPE_F16, MBD_DTYPE_F32, 1, 1, 1, s, s, NULL, s, 0};
   assert_int_equal(mbd_gpu_gemm(ctx, &bad, &err), MBD_E_SHAPE); /* dtype vs policy */
   bad.dtype = MBD_DTYPE_BF16;
   assert_int_equal(mbd_gpu_gemm(ctx, &bad, &err), MBD_E_INVALID); /* y aliases x */

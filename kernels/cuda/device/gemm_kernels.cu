@@ -309,22 +309,35 @@ MBD_HGEMM_ALL(f16, __half)
 
 
 /* ---------------- bf16 / f16 on Hopper (sm_90a): wgmma + TMA ----------------
- * Route contract on sm_90a (the route's isa says which family ran; it never
- * mixes with the mma.sync family above inside one route):
- *   acc = 0 (f32); for each 16-wide K chunk ascending (zero-padded past K):
- *   acc = wgmma.m64nNk16(x chunk, w chunk, acc) with f32 accumulation, scale-d = 1;
+ * Route contract on sm_90a (dispatch rev 4; the route's isa says which family
+ * ran; it never mixes with the mma.sync family above inside one route):
+ *   K is cut into chunks of MBD_WG_KCH = 256 (zero-padded past K). Chunk c's
+ *   partial p_c = the wgmma chain from 0 over its sixteen k16 steps in order
+ *   (wgmma.m64nNk16, f32 accumulation, scale-d = 1);
+ *   acc = p_0, then acc = acc + p_c for c = 1, 2, ... in order (fadd_rn);
  *   y = round(acc + b).
- * Every tile configuration issues that chain for every output element: BK = 64
- * (four k16 steps per stage, in order), one warpgroup per 64 rows, the same
- * descriptor layout (128-byte swizzle). Tiles differ only in how many rows and
- * columns a block owns, the wgmma N (the instruction's column count, which only
- * repeats the same per-column datapath; tests/gpu/test_gpu_gemm_bitwise.c proves
- * M=1 (N=16..128 instruction) equals M=8192 (N=256) bit for bit) and whether the
- * producer uses the tensor copy engine (TMA) or plain loads into the same layout.
- * No split-K, no atomics: a row's bits depend only on that row of x and on W.
+ * For K <= 256 that is the single chain of rev 3. The chunks exist for decode:
+ * one dependent k16 wgmma costs ~75 ns, so a single chain over K = 4096 took
+ * ~19 us whatever the tile; independent chunk chains run on separate
+ * warpgroups (mbd_wkgemm below) and are folded in the fixed order above.
  *
- * Block: CWG consumer warpgroups (warps 0..4*CWG-1), then one producer warp.
- * Shared memory: STAGES x (A tile [64*CWG][64], B tile [BN][64]) in the TMA
+ * Two kernel shapes issue exactly those chains and that fold:
+ *  - mbd_wgemm (wg_body): a tile of 64*CWG rows x BN columns per block, one
+ *    warpgroup per 64 rows running the chunks one after another (acc and the
+ *    running chunk's partial in registers), a producer warp feeding a TMA ring;
+ *  - mbd_wkgemm (wk_body), M <= 8: a column strip per block, its warpgroups
+ *    take chunks c = w, w + NWG, ... each with its own TMA ring, write the
+ *    partials of the M real rows to shared memory, and the block folds them.
+ * Every configuration uses BK = 64 (four k16 steps per stage, in order), the
+ * same descriptor layout (128-byte swizzle), and only changes which rows and
+ * columns a block owns, the wgmma N (the instruction's column count, which
+ * only repeats the same per-column datapath; tests/gpu/test_gpu_gemm_bitwise.c
+ * proves M=1 equals M=8192 bit for bit), and whether the producer uses the
+ * tensor copy engine (TMA) or plain loads into the same layout. No split-K
+ * across blocks, no atomics: a row's bits depend only on that row of x and on W.
+ *
+ * wg_body block: CWG consumer warpgroups (warps 0..4*CWG-1), then one producer
+ * warp. Shared memory: STAGES x (A tile [64*CWG][64], B tile [BN][64]) in the TMA
  * 128-byte swizzle (16-byte chunk c of row r at r*128 + ((c ^ (r & 7)) * 16)),
  * then full/empty mbarriers. When M < BM the X box covers only round_up(M, 8)
  * rows (the copy engine's zero fill of absent rows was measured slower than
@@ -332,12 +345,21 @@ MBD_HGEMM_ALL(f16, __half)
  * only feed output rows that are never stored. */
 #include <cuda.h> /* CUtensorMap */
 
+#define MBD_WG_KCH 256 /* K per chunk of the rev-4 contract */
+
 struct mbd_wg_params {
   CUtensorMap tx; /* X [M,K], box {64, 64*CWG}, 128B swizzle, zero fill */
   CUtensorMap tw; /* W [N,K], box {64, BN} */
   mbd_gemm_params p;
   int tiles_m, tiles_n;
   int a_rows; /* rows of X the TMA box brings per stage (multiple of 8, <= BM) */
+};
+
+struct mbd_wk_params {
+  CUtensorMap tx; /* X [M,K], M <= 8, box {64, 8} */
+  CUtensorMap tw; /* W [N,K], box {64, BN} */
+  mbd_gemm_params p;
+  int chunks; /* ceil(K / MBD_WG_KCH) */
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -532,6 +554,24 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
   return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)64 << 32) |
          ((uint64_t)1 << 62);
 }
+/* The same with SBO = 0: all eight 8-row groups of the m64 A operand read
+ * rows 0..7, so an 8-row X tile (1 KB a stage) feeds the instruction; rows
+ * 8..63 repeat real rows and only feed outputs that are never stored. */
+__device__ __forceinline__ uint64_t wg_desc_rows8(uint32_t saddr) {
+  return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)1 << 62);
+}
+/* Pins accumulator registers after wgmma.wait_group: the compiler may not
+ * move reads of them above the wait. */
+template <int N> __device__ __forceinline__ void wg_fence_regs(float *d) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+/* Programmatic dependent launch: no-ops unless the launch carries the
+ * attribute (gpu_gemm.cu sets it only when the caller says W is static). */
+__device__ __forceinline__ void wg_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void wg_pdl_trigger() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -582,13 +622,40 @@ __device__ __forceinline__ void wg_manual_tile(unsigned char *s, const T *g, int
 }
 #endif /* MBD_HAVE_WGMMA */
 
-template <typename T, int CWG, int BN, int IN, int STAGES, bool TMA>
+#ifdef MBD_HAVE_WGMMA
+/* One stage of a wgmma chain into d: wait for the stage's bytes, four k16
+ * steps in order, then hand the previous stage's slot back. */
+template <typename T, int BN, int IN, int STAGES>
+__device__ __forceinline__ void wg_stage(float *d, int kt, uint32_t stage_s, uint32_t a_off,
+                                         uint32_t b_off, uint32_t full0, uint32_t empty0,
+                                         int lane) {
+  const int s = kt % STAGES;
+  mbar_wait(full0 + 8 * s, (uint32_t)(kt / STAGES) & 1u);
+  const uint32_t a_s = stage_s + a_off, b_s = stage_s + b_off;
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) { /* ascending k16 steps */
+    const uint64_t da = wg_desc(a_s + kk * 32);
+#pragma unroll
+    for (int j = 0; j < BN / IN; j++)
+      wgmma_op<T, IN>::run(d + j * (IN / 2), da, wg_desc(b_s + j * IN * 128 + kk * 32));
+  }
+  wg_commit();
+  wg_wait<1>(); /* the previous stage's group is done: hand its slot back */
+  if (kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((kt - 1) % STAGES));
+}
+#endif
+
+/* FOLD: K may exceed one chunk (acc plus a chunk partial in registers, so BN
+ * is at most 128); without it the host only dispatches K <= MBD_WG_KCH. */
+template <typename T, int CWG, int BN, int IN, int STAGES, bool TMA, bool FOLD>
 __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
 #ifdef MBD_HAVE_WGMMA
-  constexpr int BM = 64 * CWG, BK = 64;
+  constexpr int BM = 64 * CWG, BK = 64, KCH = MBD_WG_KCH / BK;
   constexpr uint32_t A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
   constexpr uint32_t STAGE_BYTES = A_BYTES + B_BYTES;
   static_assert(BN % IN == 0 && IN % 16 == 0, "instruction N must tile BN");
+  static_assert(!FOLD || BN <= 128, "acc + partial must fit the register file");
   extern __shared__ __align__(16) unsigned char wg_raw[];
   const uint32_t raw_s = smem_u32(wg_raw);
   const uint32_t base_s = (raw_s + 1023u) & ~1023u; /* the swizzle atom needs 1024 */
@@ -625,6 +692,8 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
+  wg_pdl_wait(); /* X and Y belong to the predecessor until it completes */
+  wg_pdl_trigger();
 
   if (warp == 4 * CWG) { /* producer warp */
     for (int kt = 0; kt < KT; kt++) {
@@ -652,26 +721,34 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
 
   /* consumer warpgroup c: rows [m0 + 64c, m0 + 64c + 64), all BN columns */
   const int c = warp >> 2;
+  const uint32_t a_off = c * 64 * 128;
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
-  for (int kt = 0; kt < KT; kt++) {
-    const int s = kt % STAGES;
-    mbar_wait(full0 + 8 * s, (uint32_t)(kt / STAGES) & 1u);
-    const uint32_t a_s = base_s + s * STAGE_BYTES + c * 64 * 128, b_s = base_s + s * STAGE_BYTES + A_BYTES;
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) { /* ascending k16 chunks */
-      const uint64_t da = wg_desc(a_s + kk * 32);
-#pragma unroll
-      for (int j = 0; j < BN / IN; j++)
-        wgmma_op<T, IN>::run(acc + j * (IN / 2), da, wg_desc(b_s + j * IN * 128 + kk * 32));
-    }
-    wg_commit();
-    wg_wait<1>(); /* the previous stage's group is done: hand its slot back */
-    if (kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((kt - 1) % STAGES));
-  }
+  int kt = 0;
+  for (const int end0 = FOLD ? min(KT, KCH) : KT; kt < end0; kt++) /* chunk 0 */
+    wg_stage<T, BN, IN, STAGES>(acc, kt, base_s + (kt % STAGES) * STAGE_BYTES, a_off, A_BYTES,
+                                full0, empty0, lane);
   wg_wait<0>();
+  wg_fence_regs<BN / 2>(acc);
+  /* The running sum lives outside the wgmma accumulators: an accumulator that
+   * ordinary instructions redefine between wgmmas makes ptxas serialize them. */
+  float sum[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; i++) sum[i] = acc[i];
+  if constexpr (FOLD) {
+    while (kt < KT) { /* chunks 1, 2, ...: a fresh chain each, folded in order */
+#pragma unroll
+      for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
+      for (const int end = min(KT, kt + KCH); kt < end; kt++)
+        wg_stage<T, BN, IN, STAGES>(acc, kt, base_s + (kt % STAGES) * STAGE_BYTES, a_off,
+                                    A_BYTES, full0, empty0, lane);
+      wg_wait<0>();
+      wg_fence_regs<BN / 2>(acc);
+#pragma unroll
+      for (int i = 0; i < BN / 2; i++) sum[i] = __fadd_rn(sum[i], acc[i]);
+    }
+  }
 
   const T *B = (const T *)p.bias;
   const int wr = (warp & 3) * 16 + (lane >> 2);
@@ -684,7 +761,7 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
         const int gm = m0 + c * 64 + wr + h * 8;
         const int gn = n0 + j * IN + nb * 8 + (lane & 3) * 2;
         if (gm >= p.m) continue;
-        float v0 = acc[j * (IN / 2) + nb * 4 + h * 2], v1 = acc[j * (IN / 2) + nb * 4 + h * 2 + 1];
+        float v0 = sum[j * (IN / 2) + nb * 4 + h * 2], v1 = sum[j * (IN / 2) + nb * 4 + h * 2 + 1];
         if (B) {
           if (gn < p.n) v0 = __fadd_rn(v0, mma_op<T>::to_f(B[gn]));
           if (gn + 1 < p.n) v1 = __fadd_rn(v1, mma_op<T>::to_f(B[gn + 1]));
@@ -712,25 +789,148 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
 #endif
 }
 
-#define MBD_WG(name, T, CWG, BN, IN, ST, TMA, MINB)                                       \
+/* M <= 8 (decode): block = column strip [n0, n0 + BN) x all M rows; NWG
+ * warpgroups, each its own producer (thread 0) with an S-stage TMA ring.
+ * Warpgroup w runs chunks w, w + NWG, ...: the chain into acc from 0, then the
+ * M real rows of the partial go to shared memory; after a block barrier every
+ * thread folds outputs in chunk order (the contract above) and adds the bias.
+ * W (static for the caller, who asked for the programmatic launch) streams in
+ * before the grid-dependency wait; X only after it.
+ * Shared memory: NWG rings of S x (X tile 8 x 64, W tile BN x 64), the full
+ * mbarriers, then partials [chunks][M][BN] f32. */
+template <typename T, int BN, int NWG, int S>
+__device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
+#ifdef MBD_HAVE_WGMMA
+  constexpr int BK = 64, KCH = MBD_WG_KCH / BK;
+  constexpr uint32_t A_BYTES = 8 * 128, B_BYTES = BN * 128, STAGE = A_BYTES + B_BYTES;
+  static_assert(STAGE % 1024 == 0, "stages keep the 1024-byte swizzle alignment");
+  extern __shared__ __align__(16) unsigned char wg_raw[];
+  const uint32_t raw_s = smem_u32(wg_raw);
+  const uint32_t base_s = (raw_s + 1023u) & ~1023u;
+  unsigned char *base = wg_raw + (base_s - raw_s);
+  const mbd_gemm_params &p = P.p;
+  const int wg = threadIdx.x >> 7, t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
+  const int n0 = blockIdx.x * BN, KT = (p.k + BK - 1) / BK, C = P.chunks;
+  const uint32_t ring = base_s + wg * S * STAGE;
+  const uint32_t full0 = base_s + NWG * S * STAGE + 8 * S * wg;
+  float *part = (float *)(base + NWG * S * STAGE + 8 * S * NWG);
+
+  const int mych = wg < C ? (C - 1 - wg) / NWG + 1 : 0;
+  const int last_c = wg + (mych - 1) * NWG;
+  const int J = mych ? (mych - 1) * KCH + min(KCH, KT - last_c * KCH) : 0;
+  /* j-th tile of this warpgroup -> k tile */
+#define WK_KT(j) ((wg + ((j) / KCH) * NWG) * KCH + (j) % KCH)
+
+  if (t == 0) {
+    for (int s = 0; s < S; s++) mbar_init(full0 + 8 * s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int pre = min(S, J);
+  if (t == 0)
+    for (int j = 0; j < pre; j++) {
+      mbar_expect_tx(full0 + 8 * j, STAGE);
+      tma_load_2d(ring + j * STAGE + A_BYTES, &P.tw, full0 + 8 * j, WK_KT(j) * BK, n0);
+    }
+  wg_pdl_wait();
+  wg_pdl_trigger();
+  if (t == 0)
+    for (int j = 0; j < pre; j++)
+      tma_load_2d(ring + j * STAGE, &P.tx, full0 + 8 * j, WK_KT(j) * BK, 0);
+
+  float acc[BN / 2];
+  for (int j = 0; j < J; j++) {
+    const int s = j % S, kt = WK_KT(j);
+    if (j % KCH == 0) {
+#pragma unroll
+      for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
+    }
+    mbar_wait(full0 + 8 * s, (uint32_t)(j / S) & 1u);
+    const uint32_t a_s = ring + s * STAGE, b_s = a_s + A_BYTES;
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+      wgmma_op<T, BN>::run(acc, wg_desc_rows8(a_s + kk * 32), wg_desc(b_s + kk * 32));
+    wg_commit();
+    const bool chunk_end = j % KCH == KCH - 1 || kt == KT - 1;
+    if (chunk_end)
+      wg_wait<0>();
+    else
+      wg_wait<1>();
+    const int jn = j - 1 + S; /* group j-1 is done in every warp: refill its slot */
+    if (j >= 1 && jn < J) {
+      asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+      if (t == 0) {
+        const uint32_t sl = ring + (jn % S) * STAGE, fb = full0 + 8 * (jn % S);
+        mbar_expect_tx(fb, STAGE);
+        tma_load_2d(sl + A_BYTES, &P.tw, fb, WK_KT(jn) * BK, n0);
+        tma_load_2d(sl, &P.tx, fb, WK_KT(jn) * BK, 0);
+      }
+    }
+    if (chunk_end) {
+      wg_fence_regs<BN / 2>(acc);
+      const int row = lane >> 2;
+      if (warp == 0 && row < p.m) {
+        float *dst = part + ((size_t)(kt / KCH) * p.m + row) * BN + (lane & 3) * 2;
+#pragma unroll
+        for (int nb = 0; nb < BN / 8; nb++) {
+          dst[nb * 8] = acc[nb * 4];
+          dst[nb * 8 + 1] = acc[nb * 4 + 1];
+        }
+      }
+    }
+  }
+#undef WK_KT
+  __syncthreads();
+  const T *B = (const T *)p.bias;
+  for (int e = threadIdx.x; e < p.m * BN; e += blockDim.x) {
+    const int row = e / BN, col = e % BN, gn = n0 + col;
+    if (gn >= p.n) continue;
+    float v = part[(size_t)row * BN + col];
+    for (int c = 1; c < C; c++) v = __fadd_rn(v, part[((size_t)c * p.m + row) * BN + col]);
+    if (B) v = __fadd_rn(v, mma_op<T>::to_f(B[gn]));
+    const size_t o = (size_t)row * p.n + gn;
+    if (p.out_f32)
+      ((float *)p.y)[o] = v;
+    else
+      ((T *)p.y)[o] = mma_op<T>::from_f(v);
+  }
+#else
+  (void)P;
+  __trap();
+#endif
+}
+
+#define MBD_WG(name, T, CWG, BN, IN, ST, TMA, MINB, FOLD)                                 \
   extern "C" __global__ void __launch_bounds__(CWG * 128 + 32, MINB)                     \
       name(const __grid_constant__ mbd_wg_params P) {                                     \
-    wg_body<T, CWG, BN, IN, ST, TMA>(P);                                                 \
+    wg_body<T, CWG, BN, IN, ST, TMA, FOLD>(P);                                           \
   }
-/* Configurations (scheduling only; mirrored by k_wtiles in gpu_gemm.cu):
+#define MBD_WK(name, T, BN, NWG, S)                                                       \
+  extern "C" __global__ void __launch_bounds__(NWG * 128, 1)                             \
+      name(const __grid_constant__ mbd_wk_params P) {                                     \
+    wk_body<T, BN, NWG, S>(P);                                                            \
+  }
+/* Configurations (scheduling only; mirrored by k_wtiles / k_ktiles in gpu_gemm.cu):
  *   0..3: 64 x {16,32,64,128}, one block per SM with ~200 KB of stages so each SM
  *         keeps 40-140 KB of weights in flight (decode is latency x bytes bound)
- *   4..6: 128 x {64,128,256}   7, 8: plain-load producer, 64 x 64 and 128 x 128 */
+ *   4, 5: 128 x {64,128}; 6: 128 x 256 for K <= one chunk (no room for a partial)
+ *   7, 8: plain-load producer, 64 x 64 and 128 x 128
+ *   wkgemm 0..3: M <= 8 strips of {16,32,64,128} columns, {8,8,4,4} warpgroups */
 #define MBD_WG_ALL(ty, T)                                                                  \
-  MBD_WG(mbd_wgemm_##ty##_0, T, 1, 16, 16, 20, true, 1)                                    \
-  MBD_WG(mbd_wgemm_##ty##_1, T, 1, 32, 32, 18, true, 1)                                    \
-  MBD_WG(mbd_wgemm_##ty##_2, T, 1, 64, 64, 13, true, 1)                                    \
-  MBD_WG(mbd_wgemm_##ty##_3, T, 1, 128, 128, 9, true, 1)                                   \
-  MBD_WG(mbd_wgemm_##ty##_4, T, 2, 64, 64, 4, true, 2)                                     \
-  MBD_WG(mbd_wgemm_##ty##_5, T, 2, 128, 128, 3, true, 2)                                   \
-  MBD_WG(mbd_wgemm_##ty##_6, T, 2, 256, 256, 4, true, 1)                                   \
-  MBD_WG(mbd_wgemm_##ty##_7, T, 1, 64, 64, 4, false, 2)                                    \
-  MBD_WG(mbd_wgemm_##ty##_8, T, 2, 128, 128, 3, false, 2)
+  MBD_WG(mbd_wgemm_##ty##_0, T, 1, 16, 16, 20, true, 1, true)                              \
+  MBD_WG(mbd_wgemm_##ty##_1, T, 1, 32, 32, 18, true, 1, true)                              \
+  MBD_WG(mbd_wgemm_##ty##_2, T, 1, 64, 64, 13, true, 1, true)                              \
+  MBD_WG(mbd_wgemm_##ty##_3, T, 1, 128, 128, 9, true, 1, true)                             \
+  MBD_WG(mbd_wgemm_##ty##_4, T, 2, 64, 64, 4, true, 2, true)                               \
+  MBD_WG(mbd_wgemm_##ty##_5, T, 2, 128, 128, 4, true, 1, true)                             \
+  MBD_WG(mbd_wgemm_##ty##_6, T, 2, 256, 256, 4, true, 1, false)                            \
+  MBD_WG(mbd_wgemm_##ty##_7, T, 1, 64, 64, 4, false, 2, true)                              \
+  MBD_WG(mbd_wgemm_##ty##_8, T, 2, 128, 128, 3, false, 1, true)                            \
+  MBD_WK(mbd_wkgemm_##ty##_0, T, 16, 8, 4)                                                 \
+  MBD_WK(mbd_wkgemm_##ty##_1, T, 32, 8, 4)                                                 \
+  MBD_WK(mbd_wkgemm_##ty##_2, T, 64, 4, 4)                                                 \
+  MBD_WK(mbd_wkgemm_##ty##_3, T, 128, 4, 3)
 MBD_WG_ALL(bf16, __nv_bfloat16)
 MBD_WG_ALL(f16, __half)
 

@@ -156,7 +156,7 @@ int main(int argc, char **argv) {
     mbd_gpu_ctx *g = NULL;
     void *da = NULL, *db = NULL, *dc = NULL;
     mbd_route_identity r;
-    mbd_gpu_gemm_args ga = {dt, MBD_DTYPE_F32, o.m, o.n, o.k, NULL, NULL, NULL, NULL};
+    mbd_gpu_gemm_args ga = {dt, MBD_DTYPE_F32, o.m, o.n, o.k, NULL, NULL, NULL, NULL, 0};
     if (mbd_gpu_ctx_new(&cfg, &g, &err) < 0 || mbd_gpu_alloc(g, na * es, &da, &err) < 0 ||
         mbd_gpu_alloc(g, nb * es, &db, &err) < 0 || mbd_gpu_alloc(g, nc * 4, &dc, &err) < 0 ||
         mbd_gpu_upload(g, da, a16, na * es, &err) < 0 ||
