@@ -231,6 +231,22 @@ extern "C" int mbd_mops_add_rmsnorm(void *stream, int64_t M, int d, int64_t in_s
  * window last, so no other thread can observe a half-updated state. */
 #define CONV_SEG 16
 
+/* One causal conv + SiLU output, mbd_cpu_conv_step's arithmetic: the window
+ * taps (oldest first) in ascending order, then the new input, then the bias.
+ * The only place that arithmetic is spelled: k_conv_silu (prefill) and the
+ * decode fusion (k_conv_xproj, k_scan_step with KC > 0) all call it, so their
+ * bits cannot drift apart. */
+template <int K>
+__device__ __forceinline__ float conv_silu_out(const float (&wk)[K], const float (&win)[K - 1],
+                                               float xv, bool has_bias, float b) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < K - 1; j++) acc = __fmaf_rn(wk[j], win[j], acc);
+  acc = __fmaf_rn(wk[K - 1], xv, acc);
+  if (has_bias) acc = __fadd_rn(acc, b);
+  return silu_f(acc);
+}
+
 template <int K, typename ActT>
 __global__ void k_conv_silu(int T, int di, const float *__restrict__ xz, int64_t ldxz,
                             const float *__restrict__ w, const float *__restrict__ bias,
@@ -263,15 +279,10 @@ __global__ void k_conv_silu(int T, int di, const float *__restrict__ xz, int64_t
   for (int i = 0; i < CONV_SEG; i++) {
     if (t0 + i >= t1) break;
     const float xv = xs[i];
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < K - 1; j++) acc = __fmaf_rn(wk[j], win[j], acc);
-    acc = __fmaf_rn(wk[K - 1], xv, acc);
-    if (bias) acc = __fadd_rn(acc, b);
+    const float v = conv_silu_out<K>(wk, win, xv, bias != nullptr, b);
 #pragma unroll
     for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
     win[K - 2] = xv;
-    const float v = silu_f(acc);
     const int64_t row = base + t0 + i;
     xc[row * di + c] = v;
     if (xc_act) st_act(xc_act + row * di + c, v);
@@ -341,6 +352,35 @@ __device__ __forceinline__ void ld8(const T *p, int k, int K, float v[8]) {
 #define XP_WARPS 8 /* outputs (warps) per block */
 #define XP_ROWS 4  /* rows per warp: the weight chunk is loaded once for them */
 
+/* One lane's step of the x_proj contract: the weight chunk wv = w[o, k..k+7]
+ * against rows 0..nr-1 of x (row stride ldx): acc[r] = fmaf(x, w, acc[r]) for
+ * j = 0..7 (k + j < K only). k_xproj and k_conv_xproj both run it. */
+template <bool VEC, typename T>
+__device__ __forceinline__ void xp_chunk(const T *x, int64_t ldx, int nr, int k, int K,
+                                         const float (&wv)[8], float (&acc)[XP_ROWS]) {
+#pragma unroll
+  for (int r = 0; r < XP_ROWS; r++) {
+    if (r >= nr) break;
+    float xv[8];
+    ld8<VEC>(x + (int64_t)r * ldx, k, K, xv);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+      if (k + j < K) acc[r] = __fmaf_rn(xv[j], wv[j], acc[r]);
+  }
+}
+
+/* The contract's xor butterfly over the 32 lanes, then lane 0 stores. */
+__device__ __forceinline__ void xp_store(float (&acc)[XP_ROWS], int nr, int lane, float *out,
+                                         int NO, int o) {
+#pragma unroll
+  for (int r = 0; r < XP_ROWS; r++) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+      acc[r] = __fadd_rn(acc[r], __shfl_xor_sync(0xffffffffu, acc[r], off));
+    if (lane == 0 && r < nr) out[(int64_t)r * NO + o] = acc[r];
+  }
+}
+
 /* out[r, o] = sum_k x[r, k] w[o, k] (f32 [M, NO]); x, w widened to f32.
  * Model-kernel contract (docs/route.md): lane l of the warp owning (r, o)
  * accumulates acc = fmaf(x, w, acc) from 0 over k = 256 i + 8 l + j for
@@ -354,7 +394,7 @@ __global__ void __launch_bounds__(32 * XP_WARPS)
             float *__restrict__ out) {
   const int lane = threadIdx.x & 31;
   const int o = blockIdx.x * XP_WARPS + (threadIdx.x >> 5);
-  const int r0 = blockIdx.y * XP_ROWS;
+  const int r0 = blockIdx.y * XP_ROWS, nr = min(XP_ROWS, M - r0);
   const T *wr = w + (int64_t)(o < NO ? o : NO - 1) * K;
   /* the warp's weight row toward L2 while the conv still runs */
   for (int k = lane * 128 / (int)sizeof(T); k < K; k += 32 * 128 / (int)sizeof(T))
@@ -365,27 +405,130 @@ __global__ void __launch_bounds__(32 * XP_WARPS)
   float acc[XP_ROWS];
 #pragma unroll
   for (int r = 0; r < XP_ROWS; r++) acc[r] = 0.0f;
+  const T *xr = x + (int64_t)r0 * K;
 #pragma unroll 2
   for (int k = lane * 8; k < K; k += 256) {
     float wv[8];
     ld8<VEC>(wr, k, K, wv);
+    xp_chunk<VEC>(xr, K, nr, k, K, wv, acc);
+  }
+  xp_store(acc, nr, lane, out + (int64_t)r0 * NO, NO, o);
+}
+
+/* Decode fusion of conv + SiLU into x_proj (T = 1 rows, conv width 4).
+ *
+ * Block (bx, by) owns outputs bx * XPF_WARPS.. (one warp each) of rows
+ * by * XP_ROWS..; it first recomputes the conv + SiLU output of every channel
+ * of its rows with conv_silu_out (k_conv_silu's function) into shared memory,
+ * rounded to T exactly as k_conv_silu's xc_act store, then runs k_xproj's
+ * per-lane chain (xp_chunk, xp_store) on it: out is bit-identical to
+ * conv_silu + x_proj. Every block of a row recomputes the same conv (a few
+ * thousand multiply-adds, cheaper than a launch at small M; XPF_WARPS = 16
+ * keeps the copies to five for the 80 x_proj outputs of the 130m shape).
+ *
+ * The conv state. Several blocks read the same slot's state, and CUDA orders
+ * no block of a grid before another: a block that wrote the new window here
+ * could do so before a block scheduled later had read the old one. So no
+ * block of this kernel writes the state (nor xc: nothing reads it); the
+ * decode scan (k_scan_step with KC > 0) recomputes the same conv output for
+ * its channel and shifts the window, after its pdl_wait, i.e. after this
+ * whole grid has completed and every read here is done. The next read of
+ * the state is this layer's kernel in the next step, stream-ordered after
+ * that scan. Padding rows of a bucket share the scratch slot and race on it
+ * as in k_conv_silu; their outputs are discarded and touch no real row.
+ *
+ * Before the wait (weights only): the conv taps of the thread's first
+ * XPF_CPT channels and, for 16-byte aligned rows, the lane's first XPF_PRE
+ * chunks of its x_proj weight row, into registers. */
+#define XPF_WARPS 16 /* outputs (warps) per block */
+#define XPF_PRE 8    /* weight chunks per lane loaded before the wait (K <= 2048 all) */
+#define XPF_CPT 4    /* conv channels per thread per pass (weights in registers) */
+#define XPF_KC 4     /* the conv width of the fused path */
+
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(32 * XPF_WARPS)
+    k_conv_xproj(int M, int K, int NO, const float *__restrict__ cw, const float *__restrict__ cb,
+                 const float *__restrict__ cstate, int64_t cslot,
+                 const int32_t *__restrict__ slots, const float *__restrict__ xz, int64_t ldxz,
+                 const T *__restrict__ w, float *__restrict__ out) {
+  constexpr int BT = 32 * XPF_WARPS, KC = XPF_KC;
+  extern __shared__ float4 xpf_sm4[];
+  T *xs = (T *)xpf_sm4; /* [nr][K]: the rows' conv + SiLU outputs in dtype T */
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int o = blockIdx.x * XPF_WARPS + (tid >> 5);
+  const int r0 = blockIdx.y * XP_ROWS, nr = min(XP_ROWS, M - r0);
+  const T *wr = w + (int64_t)(o < NO ? o : NO - 1) * K;
+  float wk[XPF_CPT][KC], bb[XPF_CPT];
+  auto load_taps = [&](int p0) {
+#pragma unroll
+    for (int i = 0; i < XPF_CPT; i++) {
+      const int cc = min(p0 + i * BT + tid, K - 1);
+#pragma unroll
+      for (int j = 0; j < KC; j++) wk[i][j] = cw[(int64_t)j * K + cc];
+      bb[i] = cb ? cb[cc] : 0.0f;
+    }
+  };
+  load_taps(0);
+  uint4 wpre[XPF_PRE];
+#pragma unroll
+  for (int i = 0; i < XPF_PRE; i++) {
+    const int k = lane * 8 + 256 * i;
+    if (VEC && k < K) wpre[i] = *(const uint4 *)(wr + k);
+  }
+  if (!VEC)
+    for (int k = lane * 128 / (int)sizeof(T); k < K; k += 32 * 128 / (int)sizeof(T))
+      prefetch_l2(wr + k);
+  pdl_wait(); /* xz and the conv state only from here on */
+  pdl_trigger();
+  for (int p0 = 0; p0 < K; p0 += XPF_CPT * BT) {
+    if (p0) load_taps(p0);
 #pragma unroll
     for (int r = 0; r < XP_ROWS; r++) {
-      if (r0 + r >= M) break;
-      float xv[8];
-      ld8<VEC>(x + (int64_t)(r0 + r) * K, k, K, xv);
+      if (r >= nr) break;
+      const float *st = cstate + (int64_t)slots[r0 + r] * cslot;
+      const float *xr = xz + (int64_t)(r0 + r) * ldxz;
+      float win[XPF_CPT][KC - 1], xv[XPF_CPT];
 #pragma unroll
-      for (int j = 0; j < 8; j++)
-        if (k + j < K) acc[r] = __fmaf_rn(xv[j], wv[j], acc[r]);
+      for (int i = 0; i < XPF_CPT; i++) { /* all loads first: their latencies overlap */
+        const int cc = min(p0 + i * BT + tid, K - 1);
+#pragma unroll
+        for (int j = 0; j < KC - 1; j++) win[i][j] = st[(int64_t)j * K + cc];
+        xv[i] = xr[cc];
+      }
+#pragma unroll
+      for (int i = 0; i < XPF_CPT; i++) {
+        const int c = p0 + i * BT + tid;
+        if (c < K)
+          st_act(xs + (int64_t)r * K + c,
+                 conv_silu_out<KC>(wk[i], win[i], xv[i], cb != nullptr, bb[i]));
+      }
     }
   }
+  __syncthreads();
+  if (o >= NO) return;
+  float acc[XP_ROWS];
 #pragma unroll
-  for (int r = 0; r < XP_ROWS; r++) {
+  for (int r = 0; r < XP_ROWS; r++) acc[r] = 0.0f;
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-      acc[r] = __fadd_rn(acc[r], __shfl_xor_sync(0xffffffffu, acc[r], off));
-    if (lane == 0 && r0 + r < M) out[(int64_t)(r0 + r) * NO + o] = acc[r];
+  for (int i = 0; i < XPF_PRE; i++) {
+    const int k = lane * 8 + 256 * i;
+    if (k >= K) break;
+    float wv[8];
+    if (VEC) {
+      const T *h = (const T *)&wpre[i];
+#pragma unroll
+      for (int j = 0; j < 8; j++) wv[j] = ld_f32(h + j);
+    } else {
+      ld8<false>(wr, k, K, wv);
+    }
+    xp_chunk<VEC>((const T *)xs, K, nr, k, K, wv, acc);
   }
+  for (int k = lane * 8 + 256 * XPF_PRE; k < K; k += 256) {
+    float wv[8];
+    ld8<VEC>(wr, k, K, wv);
+    xp_chunk<VEC>((const T *)xs, K, nr, k, K, wv, acc);
+  }
+  xp_store(acc, nr, lane, out + (int64_t)r0 * NO, NO, o);
 }
 
 /* f32 routes: the f32 GEMM contract, which is also the CPU model's x_proj
@@ -472,6 +615,57 @@ extern "C" int mbd_mops_xproj(void *stream, int64_t M, int K, int NO, mbd_dtype 
   MBD_ACT_DISPATCH(dt, XP)
 #undef XP
   return 0;
+}
+
+/* MBD_CONV_FUSE_MAX: the most decode rows that run the fused conv (default
+ * 64, 0: never). Above it the conv's per-block copies cost more than the
+ * launch they save. */
+static int conv_fuse_max() {
+  static const int n = [] {
+    const char *e = getenv("MBD_CONV_FUSE_MAX");
+    return e ? atoi(e) : 64;
+  }();
+  return n;
+}
+
+extern "C" int mbd_mops_conv_fused(int nseq, int T, int K, mbd_dtype act) {
+  return T == 1 && K == XPF_KC && (act == MBD_DTYPE_BF16 || act == MBD_DTYPE_F16) &&
+         nseq >= 1 && nseq <= conv_fuse_max() && scan_step_on();
+}
+
+extern "C" int mbd_mops_conv_xproj(void *stream, int nseq, int di, const mbd_mops_conv *conv,
+                                   const float *xz, int64_t ldxz, const int32_t *slots, int NO,
+                                   mbd_dtype dt, const void *w, float *out, mbd_error *err) {
+  if (nseq <= 0 || NO <= 0) return 0;
+  if (!conv || conv->K != XPF_KC || (dt != MBD_DTYPE_BF16 && dt != MBD_DTYPE_F16))
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "conv + x_proj: conv width %d / dtype %s not fused (width %d, bf16 or "
+                         "f16 only)", conv ? conv->K : 0, mbd_dtype_name(dt), XPF_KC);
+  const size_t sh = ((size_t)(nseq < XP_ROWS ? nseq : XP_ROWS) * (size_t)(di > 0 ? di : 0) *
+                         mbd_dtype_size(dt) + 15) / 16 * 16;
+  if (di <= 0 || (nseq + XP_ROWS - 1) / XP_ROWS > 65535 || sh > 227 * 1024)
+    return mbd_error_set(err, MBD_E_INVALID, "conv + x_proj: d_inner %d or %d rows out of range",
+                         di, nseq);
+  cudaStream_t s = (cudaStream_t)stream;
+  dim3 grid((unsigned)((NO + XPF_WARPS - 1) / XPF_WARPS),
+            (unsigned)((nseq + XP_ROWS - 1) / XP_ROWS));
+  const bool vec = di % 8 == 0 && ((uintptr_t)w & 15) == 0;
+#define XPF(T, V)                                                                          \
+  do {                                                                                     \
+    if (sh > 48 * 1024)                                                                    \
+      cudaFuncSetAttribute(k_conv_xproj<T, V>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                           (int)sh);                                                       \
+    return launch_pdl("conv + x_proj", k_conv_xproj<T, V>, grid, dim3(32 * XPF_WARPS), sh, s, \
+                      err, nseq, di, NO, conv->w, conv->bias, (const float *)conv->state,  \
+                      conv->slot_stride, slots, xz, ldxz, (const T *)w, out);              \
+  } while (0)
+  if (dt == MBD_DTYPE_BF16) {
+    if (vec) XPF(__nv_bfloat16, true);
+    XPF(__nv_bfloat16, false);
+  }
+  if (vec) XPF(__half, true);
+  XPF(__half, false);
+#undef XPF
 }
 
 /* ------------------------------------------------------------ selective scan */
@@ -639,14 +833,21 @@ __global__ void __launch_bounds__(SCAN_THREADS)
  * SM than k_scan at large batch. */
 #define SSTEP_BT 128
 
-template <int N, typename ActT, typename WT>
+/* KC > 0 (the decode fusion, after k_conv_xproj): x is not read from xc but
+ * recomputed by conv_silu_out from xz's x part and the conv state (taps
+ * loaded before the wait), and this thread, the only one of the grid on its
+ * (slot, channel), shifts the conv window; see k_conv_xproj for why the state
+ * is written here. */
+template <int N, typename ActT, typename WT, int KC>
 __global__ void __launch_bounds__(SSTEP_BT, 6)
     k_scan_step(int di, int R, const float *__restrict__ xc, const float *__restrict__ dbl,
                 const WT *__restrict__ dt_w, const WT *__restrict__ dt_b,
                 const float *__restrict__ A, const float *__restrict__ Dv,
                 const float *__restrict__ xz, int64_t ldxz, int64_t zoff,
                 float *__restrict__ ssm_state, int64_t slot_stride,
-                const int32_t *__restrict__ slots, ActT *__restrict__ y, int vec) {
+                const int32_t *__restrict__ slots, const float *__restrict__ cw,
+                const float *__restrict__ cb, float *__restrict__ cstate, int64_t cslot,
+                ActT *__restrict__ y, int vec) {
   extern __shared__ float4 step_sm4[];
   const int ND = R + 2 * N;
   const int RP = R + 1; /* padded weight row: conflict-free column reads */
@@ -688,8 +889,30 @@ __global__ void __launch_bounds__(SSTEP_BT, 6)
   }
   const float d = Dv[cc];
   const float bdt = ld_f32(dt_b + cc);
+  float wk[KC > 0 ? KC : 1], cbias = 0.0f;
+  if constexpr (KC > 0) {
+#pragma unroll
+    for (int j = 0; j < KC; j++) wk[j] = cw[(int64_t)j * di + cc];
+    if (cb) cbias = cb[cc];
+  }
   pdl_wait(); /* activations and state only from here on */
   pdl_trigger();
+  float x;
+  if constexpr (KC > 0) {
+    float *cs = cstate + (int64_t)slots[s] * cslot + cc;
+    float win[KC > 0 ? KC - 1 : 1];
+#pragma unroll
+    for (int j = 0; j < KC - 1; j++) win[j] = cs[(int64_t)j * di];
+    const float xv = xz[(int64_t)s * ldxz + cc];
+    x = conv_silu_out<KC>(wk, win, xv, cb != nullptr, cbias);
+    if (live) { /* the new window: the old one shifted by the input */
+#pragma unroll
+      for (int j = 0; j + 1 < KC - 1; j++) cs[(int64_t)j * di] = win[j + 1];
+      cs[(int64_t)(KC - 2) * di] = xv;
+    }
+  } else {
+    x = xc[(int64_t)s * di + cc];
+  }
   const float *row = dbl + (int64_t)s * ND;
   for (int e = tid; e < ND; e += SSTEP_BT) sd[e] = e < R ? round_act<ActT>(row[e]) : row[e];
   float *hp = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N;
@@ -699,7 +922,7 @@ __global__ void __launch_bounds__(SSTEP_BT, 6)
     float4 q = *(const float4 *)(hp + n);
     h[n] = q.x, h[n + 1] = q.y, h[n + 2] = q.z, h[n + 3] = q.w;
   }
-  const float x = xc[(int64_t)s * di + cc], z = xz[(int64_t)s * ldxz + zoff + cc];
+  const float z = xz[(int64_t)s * ldxz + zoff + cc];
   __syncthreads();
   const float *wr = sw + tid * RP;
   float dt = 0.0f;
@@ -727,8 +950,14 @@ extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R
                              const float *xc, const float *dbl, mbd_dtype wdt, const void *dt_w,
                              const void *dt_b, const float *A, const float *D, const float *xz,
                              int64_t ldxz, int64_t zoff, float *ssm_state, int64_t slot_stride,
-                             const int32_t *slots, mbd_dtype act, void *y, mbd_error *err) {
+                             const int32_t *slots, const mbd_mops_conv *conv, mbd_dtype act,
+                             void *y, mbd_error *err) {
   if (nseq <= 0 || T <= 0) return 0;
+  if (conv && !mbd_mops_conv_fused(nseq, T, conv->K, act))
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "scan: conv fused for %d sequences of %d tokens, width %d, %s: not a "
+                         "fused decode shape (mbd_mops_conv_fused)", nseq, T, conv->K,
+                         mbd_dtype_name(act));
   if (R <= 0 || R > 4096 || nseq > 65535)
     return mbd_error_set(err, MBD_E_INVALID, "scan: dt_rank %d or %d sequences out of range", R,
                          nseq);
@@ -741,14 +970,23 @@ extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R
     const size_t sh = sizeof(float) * ((size_t)SSTEP_BT * (R + 1) + (size_t)(R + 2 * N));
     const int vec = ((uintptr_t)dt_w & 15) == 0 &&
                     (int64_t)di * R % (int64_t)(16 / mbd_dtype_size(wdt)) == 0;
+    const float *cw = conv ? conv->w : NULL, *cb = conv ? conv->bias : NULL;
+    float *cst = conv ? conv->state : NULL;
+    const int64_t cslot = conv ? conv->slot_stride : 0;
+#define STEP_KC(NN, T_, KC_)                                                                \
+  do {                                                                                      \
+    if (sh > 48 * 1024)                                                                     \
+      cudaFuncSetAttribute(k_scan_step<NN, T_, T_, KC_>,                                    \
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh);           \
+    return launch_pdl("selective scan (step)", k_scan_step<NN, T_, T_, KC_>, grid,          \
+                      dim3(SSTEP_BT), sh, s, err, di, R, xc, dbl, (const T_ *)dt_w,         \
+                      (const T_ *)dt_b, A, D, xz, ldxz, zoff, ssm_state, slot_stride, slots, \
+                      cw, cb, cst, cslot, (T_ *)y, vec);                                    \
+  } while (0)
 #define STEP_N(NN, T_)                                                                      \
   case NN:                                                                                  \
-    if (sh > 48 * 1024)                                                                     \
-      cudaFuncSetAttribute(k_scan_step<NN, T_, T_>,                                         \
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh);           \
-    return launch_pdl("selective scan (step)", k_scan_step<NN, T_, T_>, grid, dim3(SSTEP_BT), \
-                      sh, s, err, di, R, xc, dbl, (const T_ *)dt_w, (const T_ *)dt_b, A, D, \
-                      xz, ldxz, zoff, ssm_state, slot_stride, slots, (T_ *)y, vec);
+    if (conv) STEP_KC(NN, T_, XPF_KC);                                                      \
+    STEP_KC(NN, T_, 0);
 #define STEP(T_)                                                                        \
   switch (N) {                                                                          \
     STEP_N(4, T_) STEP_N(8, T_) STEP_N(16, T_) STEP_N(32, T_)                           \
@@ -757,6 +995,7 @@ extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R
     MBD_ACT_DISPATCH(act, STEP)
 #undef STEP
 #undef STEP_N
+#undef STEP_KC
   }
   /* The chunked scan is a long, serial kernel: launched early (PDL) its
    * blocks were packed onto the few SMs x_proj left free and ran slower

@@ -64,6 +64,35 @@ int mbd_mops_conv_silu(void *stream, int nseq, int T, int di, int K, const float
                        int64_t slot_stride, const int32_t *slots, float *xc, mbd_dtype act,
                        void *xc_act, mbd_error *err);
 
+/* One layer's causal conv for the decode fusion below: w tap-major [K][di],
+ * bias [di] or NULL, state of slot q at state + q * slot_stride, [K-1][di]
+ * oldest first (as mbd_mops_conv_silu). */
+typedef struct mbd_mops_conv {
+  int K;
+  const float *w;
+  const float *bias;
+  float *state;
+  int64_t slot_stride;
+} mbd_mops_conv;
+
+/* Whether a forward over nseq sequences of T tokens with conv width K and
+ * activation dtype act runs the conv fused into x_proj and the scan (decode:
+ * one launch less per layer) instead of mbd_mops_conv_silu: T == 1, K == 4,
+ * act bf16 or f16, nseq <= MBD_CONV_FUSE_MAX (environment, default 64; 0 turns
+ * the fusion off: a benchmarking switch, same bits), the single-step scan on. */
+int mbd_mops_conv_fused(int nseq, int T, int K, mbd_dtype act);
+
+/* x_proj of nseq decode rows (T = 1) whose input is the conv + SiLU output of
+ * xz's x part (xz[s * ldxz + c], c < di) against conv->state of slots[s]:
+ * out[s, :] = what mbd_mops_conv_silu (xc_act in dtype dt) followed by
+ * mbd_mops_xproj would give, bit for bit (the same per-step conv function, the
+ * same x_proj contract). Reads the conv state and writes neither it nor xc:
+ * mbd_mops_scan with the same conv does both, after this kernel. Only where
+ * mbd_mops_conv_fused(nseq, 1, conv->K, dt). */
+int mbd_mops_conv_xproj(void *stream, int nseq, int di, const mbd_mops_conv *conv,
+                        const float *xz, int64_t ldxz, const int32_t *slots, int NO,
+                        mbd_dtype dt, const void *w, float *out, mbd_error *err);
+
 /* x_proj: out[r, o] = sum over k < K of x[r, k] * w[o, k], f32 [M, NO]; x
  * [M, K] and w [NO, K] in dtype dt (f32/bf16/f16), widened to f32. Contract
  * (independent of M and of the other rows):
@@ -85,12 +114,16 @@ int mbd_mops_xproj(void *stream, int64_t M, int K, int NO, mbd_dtype dt, const v
  * z = xz[row * ldxz + zoff + c]; A, D f32 [di][N], [di]; state at ssm_state
  * + slots[s] * slot_stride, [di][N]. Writes y[row, c] in dtype `act`.
  * N in {4, 8, 16, 32}. T = 1 (decode) runs a single-step kernel with the same
- * per-step arithmetic (MBD_SCAN_STEP=0 in the environment: the chunked one). */
+ * per-step arithmetic (MBD_SCAN_STEP=0 in the environment: the chunked one).
+ * conv: NULL, or (only where mbd_mops_conv_fused(nseq, T, conv->K, act), after
+ * mbd_mops_conv_xproj) the layer's conv: x is then recomputed from xz's x part
+ * and the conv state (xc is not read, may be NULL) and the conv state is
+ * advanced, as mbd_mops_conv_silu would have done. */
 int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R, const float *xc,
                   const float *dbl, mbd_dtype wdt, const void *dt_w, const void *dt_b,
                   const float *A, const float *D, const float *xz, int64_t ldxz, int64_t zoff,
-                  float *ssm_state, int64_t slot_stride, const int32_t *slots, mbd_dtype act,
-                  void *y, mbd_error *err);
+                  float *ssm_state, int64_t slot_stride, const int32_t *slots,
+                  const mbd_mops_conv *conv, mbd_dtype act, void *y, mbd_error *err);
 
 /* Bytes of the sampler's device workspace for n rows. It must be zero-filled
  * once before its first use; every launch leaves it zero-filled again. */

@@ -8,8 +8,10 @@
  *          the measured device-to-device copy rate (bytes read + written).
  * Each number is the median of repeated runs timed with CUDA events on the
  * context's stream; "det/cublas" is deterministic over cublas-fast tokens/s.
- * Usage: bench_mamba1_gpu [--ops] [130m|1.4b|all] [reps]; --ops first prints
- * the per-launch time of each op of one 130m bf16 layer at M=1. */
+ * Usage: bench_mamba1_gpu [--ops] [130m|1.4b|all] [reps] [bf16|f32|all]; --ops
+ * first prints the per-launch time of each op of one 130m bf16 layer at M=1,
+ * with the separate conv and with the decode fusion (conv in x_proj and scan).
+ * MBD_CONV_FUSE_MAX (see mamba_ops.h) picks the model's decode path. */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -202,12 +204,19 @@ static int op_breakdown(void) {
   void *wk = NULL;
   cudaMalloc(&wk, mbd_mops_sample_work_bytes(1));
   cudaMemset(wk, 0, mbd_mops_sample_work_bytes(1));
-  const char *names[] = {"add_rmsnorm", "gemm in_proj", "conv_silu", "x_proj",
-                         "scan+dt_proj", "gemm out_proj", "gemm lm_head", "sample"};
-  const int nops = 8, per_layer = 6;
-  float total = 0;
+  const char *names[] = {"add_rmsnorm",  "gemm in_proj",  "conv_silu",    "x_proj",
+                         "scan+dt_proj", "gemm out_proj", "gemm lm_head", "sample",
+                         "conv+x_proj",  "scan+conv"};
+  /* ops 8, 9: the decode fusion; the conv state at its own place */
+  const mbd_mops_conv conv = {4, (float *)st, NULL, (float *)st + (2 << 20), 0};
+  const int nops = 10, fusable = mbd_mops_conv_fused(1, 1, 4, MBD_DTYPE_BF16);
+  float us_op[10] = {0};
   printf("per-op time at M=1 (130m bf16, deterministic), us per launch:\n");
   for (int op = 0; op < nops; op++) {
+    if (op >= 8 && !fusable) {
+      printf("  %-16s     n/a (MBD_CONV_FUSE_MAX=0)\n", names[op]);
+      continue;
+    }
     float ms = 0;
     for (int pass = 0; pass < 2; pass++) {
       cudaEventRecord(e0, s);
@@ -219,10 +228,12 @@ static int op_breakdown(void) {
         case 1: a.n = 2 * di, a.k = d; rc = mbd_gpu_gemm(ctx, &a, &err); break;
         case 2: rc = mbd_mops_conv_silu(s_, 1, 1, di, 4, (float *)x, 2 * di, (float *)st, NULL, (float *)st + (1 << 20), 0, sl, (float *)y, MBD_DTYPE_BF16, (char *)y + (1 << 20), &err); break;
         case 3: rc = mbd_mops_xproj(s_, 1, di, R + 2 * N, MBD_DTYPE_BF16, x, w, (float *)y, &err); break;
-        case 4: rc = mbd_mops_scan(s_, 1, 1, di, N, R, (float *)x, (float *)x, MBD_DTYPE_BF16, w, w, (float *)st, (float *)st, (float *)x, 2 * di, di, (float *)st + (1 << 20), 0, sl, MBD_DTYPE_BF16, y, &err); break;
+        case 4: rc = mbd_mops_scan(s_, 1, 1, di, N, R, (float *)x, (float *)x, MBD_DTYPE_BF16, w, w, (float *)st, (float *)st, (float *)x, 2 * di, di, (float *)st + (1 << 20), 0, sl, NULL, MBD_DTYPE_BF16, y, &err); break;
         case 5: a.n = d, a.k = di; rc = mbd_gpu_gemm(ctx, &a, &err); break;
         case 6: a.n = V, a.k = d; rc = mbd_gpu_gemm(ctx, &a, &err); break;
         case 7: rc = mbd_mops_sample(s_, 1, V, (float *)x, V, NULL, NULL, NULL, wk, (int32_t *)y, &err); break;
+        case 8: rc = mbd_mops_conv_xproj(s_, 1, di, &conv, (float *)x, 2 * di, sl, R + 2 * N, MBD_DTYPE_BF16, w, (float *)y, &err); break;
+        case 9: rc = mbd_mops_scan(s_, 1, 1, di, N, R, NULL, (float *)x, MBD_DTYPE_BF16, w, w, (float *)st, (float *)st, (float *)x, 2 * di, di, (float *)st + (1 << 20), 0, sl, &conv, MBD_DTYPE_BF16, y, &err); break;
         }
         if (rc) {
           fprintf(stderr, "%s: %s\n", names[op], err.msg);
@@ -233,12 +244,14 @@ static int op_breakdown(void) {
       cudaEventSynchronize(e1);
       cudaEventElapsedTime(&ms, e0, e1);
     }
-    float us = ms * 1000.0f / 200.0f;
-    total += op < per_layer ? us * 24 : us;
-    printf("  %-16s %7.2f\n", names[op], us);
+    us_op[op] = ms * 1000.0f / 200.0f;
+    printf("  %-16s %7.2f\n", names[op], us_op[op]);
   }
-  printf("  sum over 24 layers + head + sample: %.0f us per batch-1 step (launched "
-         "back to back, no graph)\n", total);
+  const float head = us_op[6] + us_op[7], norm_gemms = us_op[0] + us_op[1] + us_op[5];
+  printf("  sum over 24 layers + head + sample: %.0f us per batch-1 step with the conv kernel",
+         24 * (norm_gemms + us_op[2] + us_op[3] + us_op[4]) + head);
+  if (fusable) printf(", %.0f fused", 24 * (norm_gemms + us_op[8] + us_op[9]) + head);
+  printf(" (launched back to back, no graph)\n");
   cudaFree(w);
   cudaFree(x);
   cudaFree(y);
@@ -256,6 +269,7 @@ int main(int argc, char **argv) {
   if (ops) argc--, argv++;
   const char *which = argc > 1 ? argv[1] : "all";
   int reps = argc > 2 ? atoi(argv[2]) : 20;
+  const char *dtw = argc > 3 ? argv[3] : "all";
   if (reps < 5) reps = 5;
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -271,7 +285,9 @@ int main(int argc, char **argv) {
   const mbd_dtype dts[2] = {MBD_DTYPE_BF16, MBD_DTYPE_F32};
   for (int i = 0; i < 2; i++) {
     if (strcmp(which, "all") && strcmp(which, shapes[i].name)) continue;
-    for (int j = 0; j < 2; j++) rc |= bench_one(&shapes[i], dts[j], reps, bw);
+    for (int j = 0; j < 2; j++)
+      if (!strcmp(dtw, "all") || !strcmp(dtw, mbd_dtype_name(dts[j])))
+        rc |= bench_one(&shapes[i], dts[j], reps, bw);
   }
   return rc;
 }

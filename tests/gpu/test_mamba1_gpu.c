@@ -12,7 +12,8 @@
  *   (the tolerance is printed for information);
  * - bitwise (memcmp): a sequence's logits, picks and state alone vs in any
  *   slot of batches 2..256 (prefill and decode), eager vs graph, prefill +
- *   decode vs decode only, chunked vs whole prefill, prefill in pieces of
+ *   decode vs decode only (logits, and the state: on bf16 small-batch decode
+ *   runs the conv fused into x_proj and the scan), chunked vs whole prefill, prefill in pieces of
  *   17, 1, 16, 6 tokens (across the scan's 16-step chunks) vs whole, run to
  *   run; f32 and bf16 routes;
  * - bad tokens, slots, duplicate slots are errors that change nothing. */
@@ -482,10 +483,14 @@ static void check_bitwise(mbd_dtype dt) {
   assert_true(trace_eq(&ref, &got, V, sb));
   mbd_mamba1_gpu_set_graphs(m, 1);
 
-  /* decode only: TT greedy-free steps feeding the prompt, then the same steps */
+  /* decode only: TT greedy-free steps feeding the prompt, then the same steps.
+   * On bf16 these batch-1 steps run the conv fused into x_proj and the scan
+   * (mbd_mops_conv_fused), the prefill the separate conv kernel: the logits
+   * of every step and the whole state afterwards (conv windows included)
+   * must be the prefill's bits. */
   {
     mbd_error err;
-    int32_t s1 = 17, cur;
+    int32_t s1 = 17, s2 = 18, cur;
     CHECK_OK(mbd_mamba1_gpu_slot_reset(m, s1, &err));
     float *lg = malloc((size_t)V * 4);
     for (int t = 0; t < TT; t++) {
@@ -493,6 +498,17 @@ static void check_bitwise(mbd_dtype dt) {
       CHECK_OK(mbd_mamba1_gpu_step(m, 1, &cur, &s1, NULL, NULL, lg, &err));
       assert_memory_equal(lg, ref.pre + (size_t)t * V, (size_t)V * 4);
     }
+    CHECK_OK(mbd_mamba1_gpu_slot_reset(m, s2, &err));
+    CHECK_OK(mbd_mamba1_gpu_prefill(m, 1, TT, target, &s2, MBD_MAMBA1_GPU_LOGITS_NONE, NULL,
+                                    &err));
+    unsigned char *a = malloc(sb), *b = malloc(sb);
+    CHECK_OK(mbd_mamba1_gpu_slot_read(m, s1, a, sb, &err));
+    CHECK_OK(mbd_mamba1_gpu_slot_read(m, s2, b, sb, &err));
+    printf("%s state after %d decode steps vs prefill: %s\n", mbd_dtype_name(dt), TT,
+           memcmp(a, b, sb) == 0 ? "bit-identical" : "DIFFERS");
+    assert_memory_equal(a, b, sb);
+    free(a);
+    free(b);
     free(lg);
   }
 
