@@ -59,7 +59,7 @@ struct wtile_cfg {
 };
 static const wtile_cfg k_wtiles[9] = {
     {64, 16, 20, 1, 0.3, true},   {64, 32, 18, 1, 0.4, true},  {64, 64, 13, 1, 0.55, true},
-    {64, 128, 9, 1, 0.7, true},   {128, 64, 4, 2, 0.75, true}, {128, 128, 3, 2, 0.9, true},
+    {64, 128, 9, 1, 0.7, true},   {128, 64, 4, 2, 0.75, true}, {128, 128, 4, 1, 0.9, true},
     {128, 256, 4, 1, 1.0, true},  {64, 64, 4, 2, 0.5, false},  {128, 128, 3, 1, 0.8, false}};
 /* Configuration 6 (128 x 256) keeps no chunk partial: K <= one chunk only. */
 #define WTILE_NOFOLD 6

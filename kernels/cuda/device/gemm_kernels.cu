@@ -566,6 +566,13 @@ template <int N> __device__ __forceinline__ void wg_fence_regs(float *d) {
 #pragma unroll
   for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
+/* The host mirrors each configuration's stage count when it sizes shared
+ * memory (gpu_gemm.cu); a mismatch would overrun it silently, so trap. */
+__device__ __forceinline__ void wg_check_smem(uint32_t need) {
+  uint32_t have;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
+  if (have < need) __trap();
+}
 /* Programmatic dependent launch: no-ops unless the launch carries the
  * attribute (gpu_gemm.cu sets it only when the caller says W is static). */
 __device__ __forceinline__ void wg_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
@@ -674,6 +681,7 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
   }
   const int m0 = tm * BM, n0 = tn * BN;
   const int KT = (p.k + BK - 1) / BK;
+  wg_check_smem(1023u + STAGES * STAGE_BYTES + 16u * STAGES);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; s++) {
@@ -814,6 +822,7 @@ __device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
   const uint32_t ring = base_s + wg * S * STAGE;
   const uint32_t full0 = base_s + NWG * S * STAGE + 8 * S * wg;
   float *part = (float *)(base + NWG * S * STAGE + 8 * S * NWG);
+  wg_check_smem(1023u + NWG * S * STAGE + 8u * S * NWG + (uint32_t)C * p.m * BN * 4u);
 
   const int mych = wg < C ? (C - 1 - wg) / NWG + 1 : 0;
   const int last_c = wg + (mych - 1) * NWG;
