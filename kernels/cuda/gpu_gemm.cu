@@ -276,7 +276,7 @@ static int gemm_wk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   memset(&P, 0, sizeof P);
   P.p = p;
   P.chunks = (int)chunks;
-  if (!(encode_map(&P.tx, a->dtype, a->x, a->m, a->k, 8) &&
+  if (!(encode_map(&P.tx, a->dtype, a->x, a->m, a->k, (int)a->m) &&
         encode_map(&P.tw, a->dtype, a->w, a->n, a->k, c.bn)))
     return 1;
   int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_WKGEMM_BF16 : MBD_K_WKGEMM_F16) + best;
@@ -299,8 +299,9 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   }
   int ti = pick_wtile(ctx, a->m, a->n, a->k, tma);
   const wtile_cfg &t = k_wtiles[ti];
-  /* M < BM: the X box brings only the rows that exist (rounded up to 8) */
-  P.a_rows = a->m < t.bm ? (int)((a->m + 7) / 8 * 8) : t.bm;
+  /* M < BM: the X box brings exactly the rows that exist (a box past the
+   * tensor's last row makes the copy engine zero-fill, measured slow) */
+  P.a_rows = a->m < t.bm ? (int)a->m : t.bm;
   if (tma && !(encode_map(&P.tx, a->dtype, a->x, a->m, a->k, P.a_rows) &&
                encode_map(&P.tw, a->dtype, a->w, a->n, a->k, t.bn))) {
     /* the encoder refused (limits we did not foresee): same bits on plain loads */

@@ -339,9 +339,9 @@ MBD_HGEMM_ALL(f16, __half)
  * wg_body block: CWG consumer warpgroups (warps 0..4*CWG-1), then one producer
  * warp. Shared memory: STAGES x (A tile [64*CWG][64], B tile [BN][64]) in the TMA
  * 128-byte swizzle (16-byte chunk c of row r at r*128 + ((c ^ (r & 7)) * 16)),
- * then full/empty mbarriers. When M < BM the X box covers only round_up(M, 8)
- * rows (the copy engine's zero fill of absent rows was measured slower than
- * real loads); the A rows past it are zeroed once at block start. Rows past M
+ * then full/empty mbarriers. When M < BM the X box covers only the M rows
+ * that exist (the copy engine's zero fill of absent rows was measured slower
+ * than real loads); the A rows past it are zeroed once at block start. Rows past M
  * only feed output rows that are never stored. */
 #include <cuda.h> /* CUtensorMap */
 
@@ -352,11 +352,11 @@ struct mbd_wg_params {
   CUtensorMap tw; /* W [N,K], box {64, BN} */
   mbd_gemm_params p;
   int tiles_m, tiles_n;
-  int a_rows; /* rows of X the TMA box brings per stage (multiple of 8, <= BM) */
+  int a_rows; /* rows of X the TMA box brings per stage (min(M, BM)) */
 };
 
 struct mbd_wk_params {
-  CUtensorMap tx; /* X [M,K], M <= 8, box {64, 8} */
+  CUtensorMap tx; /* X [M,K], M <= 8, box {64, M} */
   CUtensorMap tw; /* W [N,K], box {64, BN} */
   mbd_gemm_params p;
   int chunks; /* ceil(K / MBD_WG_KCH) */
@@ -834,11 +834,20 @@ __device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
     for (int s = 0; s < S; s++) mbar_init(full0 + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  /* The X box is exactly M rows (a box reaching past the tensor's rows makes
+   * the copy engine zero-fill them, which was measured to serialise the
+   * loads); rows M..7 of every stage stay zero. */
+  for (int i = t; i < S * (8 - p.m) * 8; i += 128) {
+    const int st = i / ((8 - p.m) * 8), q = i % ((8 - p.m) * 8);
+    ((uint4 *)(base + (wg * S + st) * STAGE + p.m * 128))[q] = make_uint4(0, 0, 0, 0);
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
+  const uint32_t tx_bytes = (uint32_t)p.m * 128u + B_BYTES;
   const int pre = min(S, J);
   if (t == 0)
     for (int j = 0; j < pre; j++) {
-      mbar_expect_tx(full0 + 8 * j, STAGE);
+      mbar_expect_tx(full0 + 8 * j, tx_bytes);
       tma_load_2d(ring + j * STAGE + A_BYTES, &P.tw, full0 + 8 * j, WK_KT(j) * BK, n0);
     }
   wg_pdl_wait();
@@ -871,7 +880,7 @@ __device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
       asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
       if (t == 0) {
         const uint32_t sl = ring + (jn % S) * STAGE, fb = full0 + 8 * (jn % S);
-        mbar_expect_tx(fb, STAGE);
+        mbar_expect_tx(fb, tx_bytes);
         tma_load_2d(sl + A_BYTES, &P.tw, fb, WK_KT(jn) * BK, n0);
         tma_load_2d(sl, &P.tx, fb, WK_KT(jn) * BK, 0);
       }
