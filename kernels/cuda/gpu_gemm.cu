@@ -69,7 +69,7 @@ static const wtile_cfg k_wtiles[9] = {
 struct ktile_cfg {
   int bn, nwg, stages;
 };
-static const ktile_cfg k_ktiles[4] = {{16, 8, 4}, {32, 8, 4}, {64, 4, 4}, {128, 4, 3}};
+static const ktile_cfg k_ktiles[4] = {{16, 8, 7}, {32, 8, 5}, {64, 4, 5}, {128, 4, 3}};
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* Pure scheduling (every configuration computes the same bits, see the kernel

@@ -341,7 +341,7 @@ MBD_HGEMM_ALL(f16, __half)
  * 128-byte swizzle (16-byte chunk c of row r at r*128 + ((c ^ (r & 7)) * 16)),
  * then full/empty mbarriers. When M < BM the X box covers only the M rows
  * that exist (the copy engine's zero fill of absent rows was measured slower
- * than real loads); the A rows past it are zeroed once at block start. Rows past M
+ * than real loads). Rows past M
  * only feed output rows that are never stored. */
 #include <cuda.h> /* CUtensorMap */
 
@@ -600,12 +600,16 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t ok;
   do {
     asm volatile(
-        "{\n.reg .pred q;\nmbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2;\n"
+        "{\n.reg .pred q;\nmbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2, %3;\n"
         "selp.u32 %0, 1, 0, q;\n}\n"
         : "=r"(ok)
-        : "r"(bar), "r"(parity)
+        : "r"(bar), "r"(parity), "r"(0x989680u) /* suspend up to 10 ms: sleep, don't poll */
         : "memory");
   } while (!ok);
+}
+/* Start fetching a tensor map into the copy engine's descriptor cache. */
+__device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap *map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)map) : "memory");
 }
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
                                             int c0, int c1) {
@@ -684,6 +688,10 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
   wg_check_smem(1023u + STAGES * STAGE_BYTES + 16u * STAGES);
 
   if (threadIdx.x == 0) {
+    if (TMA) {
+      tma_prefetch_desc(&P.tw);
+      tma_prefetch_desc(&P.tx);
+    }
     for (int s = 0; s < STAGES; s++) {
       mbar_init(full0 + 8 * s, TMA ? 1 : 32);
       mbar_init(empty0 + 8 * s, 4 * CWG);
@@ -691,14 +699,9 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
-  if (TMA && P.a_rows < BM) {
-    const int zq = (BM - P.a_rows) * 8; /* 16-byte words per stage */
-    for (int s = 0; s < STAGES; s++) {
-      uint4 *z = (uint4 *)(base + s * STAGE_BYTES + P.a_rows * 128);
-      for (int i = threadIdx.x; i < zq; i += blockDim.x) z[i] = make_uint4(0, 0, 0, 0);
-    }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  }
+  /* When M < BM the A rows past M are never loaded: they hold whatever shared
+   * memory held and only feed output rows that are never stored (wgmma rows
+   * are independent; zeroing them cost ~1k cycles a block at decode). */
   __syncthreads();
   wg_pdl_wait(); /* X and Y belong to the predecessor until it completes */
   wg_pdl_trigger();
@@ -831,6 +834,8 @@ __device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
 #define WK_KT(j) ((wg + ((j) / KCH) * NWG) * KCH + (j) % KCH)
 
   if (t == 0) {
+    tma_prefetch_desc(&P.tw);
+    tma_prefetch_desc(&P.tx);
     for (int s = 0; s < S; s++) mbar_init(full0 + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -945,9 +950,9 @@ __device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
   MBD_WG(mbd_wgemm_##ty##_6, T, 2, 256, 256, 4, true, 1, false)                            \
   MBD_WG(mbd_wgemm_##ty##_7, T, 1, 64, 64, 4, false, 2, true)                              \
   MBD_WG(mbd_wgemm_##ty##_8, T, 2, 128, 128, 3, false, 1, true)                            \
-  MBD_WK(mbd_wkgemm_##ty##_0, T, 16, 8, 4)                                                 \
-  MBD_WK(mbd_wkgemm_##ty##_1, T, 32, 8, 4)                                                 \
-  MBD_WK(mbd_wkgemm_##ty##_2, T, 64, 4, 4)                                                 \
+  MBD_WK(mbd_wkgemm_##ty##_0, T, 16, 8, 7)                                                 \
+  MBD_WK(mbd_wkgemm_##ty##_1, T, 32, 8, 5)                                                 \
+  MBD_WK(mbd_wkgemm_##ty##_2, T, 64, 4, 5)                                                 \
   MBD_WK(mbd_wkgemm_##ty##_3, T, 128, 4, 3)
 MBD_WG_ALL(bf16, __nv_bfloat16)
 MBD_WG_ALL(f16, __half)
