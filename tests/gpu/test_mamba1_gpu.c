@@ -12,10 +12,13 @@
  *   (the tolerance is printed for information);
  * - bitwise (memcmp): a sequence's logits, picks and state alone vs in any
  *   slot of batches 2..256 (prefill and decode), eager vs graph, prefill +
- *   decode vs decode only (logits, and the state: on bf16 small-batch decode
- *   runs the conv fused into x_proj and the scan), chunked vs whole prefill, prefill in pieces of
+ *   decode vs decode only (logits, and the state), chunked vs whole prefill, prefill in pieces of
  *   17, 1, 16, 6 tokens (across the scan's 16-step chunks) vs whole, run to
- *   run; f32 and bf16 routes;
+ *   run; f32 and bf16 routes. On bf16, decode runs the layer's conv, x_proj
+ *   and scan in one launch up to 8 rows (batches 1-8, the target's
+ *   reference), the conv fused into x_proj and the scan up to 64 (33, 64)
+ *   and separate kernels above (255, 256) and in prefill
+ *   (mbd_mops_conv_fused): the comparisons pin the three paths together;
  * - bad tokens, slots, duplicate slots are errors that change nothing. */
 #include <math.h>
 #include <setjmp.h>
@@ -484,10 +487,9 @@ static void check_bitwise(mbd_dtype dt) {
   mbd_mamba1_gpu_set_graphs(m, 1);
 
   /* decode only: TT greedy-free steps feeding the prompt, then the same steps.
-   * On bf16 these batch-1 steps run the conv fused into x_proj and the scan
-   * (mbd_mops_conv_fused), the prefill the separate conv kernel: the logits
-   * of every step and the whole state afterwards (conv windows included)
-   * must be the prefill's bits. */
+   * On bf16 these batch-1 steps run the fused decode path (mbd_mops_conv_fused),
+   * the prefill the separate kernels: the logits of every step and the whole
+   * state afterwards (conv windows included) must be the prefill's bits. */
   {
     mbd_error err;
     int32_t s1 = 17, s2 = 18, cur;
