@@ -261,7 +261,7 @@ static int gemm_wk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   for (int i = 0; i < 4; i++) {
     const ktile_cfg &c = k_ktiles[i];
     size_t smem = 1024 + (size_t)c.nwg * c.stages * (8 + c.bn) * 128 + 8 * c.nwg * c.stages +
-                  (size_t)chunks * a->m * c.bn * 4;
+                  (size_t)chunks * a->m * c.bn * 4 + 7168 /* WK_TAIL */;
     if (smem > (size_t)ctx->smem_optin) continue;
     double t = ktile_time(ctx, c, a->n, a->k);
     if (best < 0 || t < best_t * 0.97) {

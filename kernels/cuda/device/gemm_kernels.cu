@@ -554,12 +554,6 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
   return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)64 << 32) |
          ((uint64_t)1 << 62);
 }
-/* The same with SBO = 0: all eight 8-row groups of the m64 A operand read
- * rows 0..7, so an 8-row X tile (1 KB a stage) feeds the instruction; rows
- * 8..63 repeat real rows and only feed outputs that are never stored. */
-__device__ __forceinline__ uint64_t wg_desc_rows8(uint32_t saddr) {
-  return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)1 << 62);
-}
 /* Pins accumulator registers after wgmma.wait_group: the compiler may not
  * move reads of them above the wait. */
 template <int N> __device__ __forceinline__ void wg_fence_regs(float *d) {
@@ -808,7 +802,12 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
  * W (static for the caller, who asked for the programmatic launch) streams in
  * before the grid-dependency wait; X only after it.
  * Shared memory: NWG rings of S x (X tile 8 x 64, W tile BN x 64), the full
- * mbarriers, then partials [chunks][M][BN] f32. */
+ * mbarriers, partials [chunks][M][BN] f32, then WK_TAIL bytes. */
+/* The m64 A operand reads 64 rows of 128 bytes from an 8-row X tile: rows
+ * 8..63 run on into the next tiles (never-stored output rows); the tail keeps
+ * the last tile's overrun inside the allocation. */
+#define WK_TAIL 7168u
+
 template <typename T, int BN, int NWG, int S>
 __device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
 #ifdef MBD_HAVE_WGMMA
@@ -825,7 +824,8 @@ __device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
   const uint32_t ring = base_s + wg * S * STAGE;
   const uint32_t full0 = base_s + NWG * S * STAGE + 8 * S * wg;
   float *part = (float *)(base + NWG * S * STAGE + 8 * S * NWG);
-  wg_check_smem(1023u + NWG * S * STAGE + 8u * S * NWG + (uint32_t)C * p.m * BN * 4u);
+  wg_check_smem(1023u + NWG * S * STAGE + 8u * S * NWG + (uint32_t)C * p.m * BN * 4u +
+                WK_TAIL);
 
   const int mych = wg < C ? (C - 1 - wg) / NWG + 1 : 0;
   const int last_c = wg + (mych - 1) * NWG;
@@ -873,7 +873,7 @@ __device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)
-      wgmma_op<T, BN>::run(acc, wg_desc_rows8(a_s + kk * 32), wg_desc(b_s + kk * 32));
+      wgmma_op<T, BN>::run(acc, wg_desc(a_s + kk * 32), wg_desc(b_s + kk * 32));
     wg_commit();
     const bool chunk_end = j % KCH == KCH - 1 || kt == KT - 1;
     if (chunk_end)
