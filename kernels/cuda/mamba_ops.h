@@ -82,9 +82,10 @@ typedef struct mbd_mops_conv {
  *   1: mbd_mops_conv_xproj, then mbd_mops_scan with the conv (one launch less);
  *   2: mbd_mops_layer_step (one launch for the three).
  * 1 and 2 need T == 1, K == 4, act bf16 or f16 and the single-step scan;
- * 2 also d_inner a multiple of 64 and at most 2048, and nseq <=
- * MBD_LAYER_FUSE_MAX (environment, default 8); 1 nseq <= MBD_CONV_FUSE_MAX
- * (default 64). 0 in either variable turns that path off (benchmarking). */
+ * 1 also d_inner <= 2048 and nseq <= MBD_CONV_FUSE_MAX (environment,
+ * default 64); 2 d_inner a multiple of 64 and at most 2048, and nseq <=
+ * MBD_LAYER_FUSE_MAX (default 8). 0 in either variable turns that path off
+ * (benchmarking). */
 int mbd_mops_conv_fused(int nseq, int T, int K, int di, int N, int R, mbd_dtype act);
 
 /* x_proj of nseq decode rows (T = 1) whose input is the conv + SiLU output of

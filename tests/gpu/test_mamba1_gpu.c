@@ -12,9 +12,9 @@
  *   (the tolerance is printed for information);
  * - bitwise (memcmp): a sequence's logits, picks and state alone vs in any
  *   slot of batches 2..256 (prefill and decode), eager vs graph, prefill +
- *   decode vs decode only (logits, and the state), chunked vs whole prefill, prefill in pieces of
- *   17, 1, 16, 6 tokens (across the scan's 16-step chunks) vs whole, run to
- *   run; f32 and bf16 routes. On bf16, decode runs the layer's conv, x_proj
+ *   decode vs decode only (logits, and the state), chunked vs whole prefill,
+ *   prefill in pieces of 17, 1, 16, 6 tokens (across the scan's 16-step
+ *   chunks) vs whole, run to run; f32 and bf16 routes. On bf16, decode runs the layer's conv, x_proj
  *   and scan in one launch up to 8 rows (batches 1-8, the target's
  *   reference), the conv fused into x_proj and the scan up to 64 (33, 64)
  *   and separate kernels above (255, 256) and in prefill
