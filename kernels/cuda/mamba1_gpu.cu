@@ -8,8 +8,7 @@
  * mbd_gpu_gemm calls; x_proj (N = dt_rank + 2 d_state, tiny) is one
  * mbd_mops_xproj launch and dt_proj is folded into the scan kernel, each with
  * its own row-invariant contract (mamba_ops.h, docs/route.md "Model kernels").
- * Small-batch decode folds the conv into x_proj and the scan, or runs conv,
- * x_proj and scan as one launch (mbd_mops_conv_fused).
+ * Small-batch decode folds the conv into x_proj and the scan (mbd_mops_conv_fused).
  *
  * Device memory is allocated at load (weights, state slots, the workspace for
  * max(max_rows, max_batch) rows, pinned staging); graphs are captured on first
@@ -600,33 +599,24 @@ static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, mbd_error *err
       return rc;
     if ((rc = gemm(m, M, 2 * di, d, m->hn, L->in_w, L->in_b, m->xz, MBD_DTYPE_F32, err)))
       return rc;
-    /* Decode at small batch: the conv runs inside x_proj and the scan, or
-     * all three in one launch (mbd_mops_conv_fused; same bits); they advance
-     * the conv state and write no xc. */
+    /* Decode at small batch: the conv runs inside x_proj and the scan (one
+     * launch less, same bits); they advance the conv state, not xc. */
     const mbd_mops_conv conv = {c->d_conv, L->conv_w, L->conv_b,
                                 m->conv_st + (int64_t)l * (c->d_conv - 1) * di, m->conv_slot};
-    float *ssm = m->ssm_st + (int64_t)l * di * N;
-    const int fused = mbd_mops_conv_fused(nseq, T, c->d_conv, (int)di, (int)N, (int)R, act);
-    if (fused == 2)
-      rc = mbd_mops_layer_step(s, nseq, (int)di, (int)N, (int)R, &conv, m->xz, 2 * di, di,
-                               m->d_slots, act, L->x_w, L->dt_w, L->dt_b, L->A, L->D, ssm,
-                               m->ssm_slot, m->y, err);
-    else {
-      if (fused)
-        rc = mbd_mops_conv_xproj(s, nseq, (int)di, &conv, m->xz, 2 * di, m->d_slots,
-                                 (int)(R + 2 * N), act, L->x_w, m->dbl, err);
-      else if (!(rc = mbd_mops_conv_silu(s, nseq, T, (int)di, c->d_conv, m->xz, 2 * di,
-                                         L->conv_w, L->conv_b, conv.state, m->conv_slot,
-                                         m->d_slots, m->xc, act,
-                                         act == MBD_DTYPE_F32 ? NULL : m->xc_act, err)))
-        rc = mbd_mops_xproj(s, M, (int)di, (int)(R + 2 * N), act, m->xc_act, L->x_w, m->dbl,
-                            err);
-      if (!rc)
-        rc = mbd_mops_scan(s, nseq, T, (int)di, (int)N, (int)R, m->xc, m->dbl, m->dtype,
-                           L->dt_w, L->dt_b, L->A, L->D, m->xz, 2 * di, di, ssm, m->ssm_slot,
-                           m->d_slots, fused ? &conv : NULL, act, m->y, err);
-    }
+    const int fused = mbd_mops_conv_fused(nseq, T, c->d_conv, (int)di, act);
+    if (fused)
+      rc = mbd_mops_conv_xproj(s, nseq, (int)di, &conv, m->xz, 2 * di, m->d_slots,
+                               (int)(R + 2 * N), act, L->x_w, m->dbl, err);
+    else if (!(rc = mbd_mops_conv_silu(s, nseq, T, (int)di, c->d_conv, m->xz, 2 * di, L->conv_w,
+                                       L->conv_b, conv.state, m->conv_slot, m->d_slots, m->xc,
+                                       act, act == MBD_DTYPE_F32 ? NULL : m->xc_act, err)))
+      rc = mbd_mops_xproj(s, M, (int)di, (int)(R + 2 * N), act, m->xc_act, L->x_w, m->dbl, err);
     if (rc) return rc;
+    if ((rc = mbd_mops_scan(s, nseq, T, (int)di, (int)N, (int)R, m->xc, m->dbl, m->dtype,
+                            L->dt_w, L->dt_b, L->A, L->D, m->xz, 2 * di, di,
+                            m->ssm_st + (int64_t)l * di * N, m->ssm_slot, m->d_slots,
+                            fused ? &conv : NULL, act, m->y, err)))
+      return rc;
     if ((rc = gemm(m, M, d, di, m->y, L->out_w, L->out_b, m->out, MBD_DTYPE_F32, err)))
       return rc;
   }

@@ -90,31 +90,20 @@ static bool scan_step_on() {
 }
 
 /* k<<<grid, block, sh, s>>>(args...), with the programmatic-serialisation
- * attribute when pdl (kept by stream capture as a programmatic graph edge)
- * and, when cluster > 0, in thread-block clusters of that many blocks. */
+ * attribute when pdl (kept by stream capture as a programmatic graph edge). */
 template <typename... KArgs, typename... Args>
-static int launch_cl(bool pdl, unsigned cluster, const char *what, void (*k)(KArgs...),
-                     dim3 grid, dim3 block, size_t sh, cudaStream_t s, mbd_error *err,
-                     Args &&...args) {
-  cudaLaunchAttribute at[2];
-  unsigned na = 0;
-  if (pdl) {
-    at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[na++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster) { /* thread-block clusters of `cluster` blocks along x */
-    at[na].id = cudaLaunchAttributeClusterDimension;
-    at[na].val.clusterDim.x = cluster;
-    at[na].val.clusterDim.y = 1;
-    at[na++].val.clusterDim.z = 1;
-  }
+static int launch_ex(bool pdl, const char *what, void (*k)(KArgs...), dim3 grid, dim3 block,
+                     size_t sh, cudaStream_t s, mbd_error *err, Args &&...args) {
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = sh;
   cfg.stream = s;
   cfg.attrs = at;
-  cfg.numAttrs = na;
+  cfg.numAttrs = pdl ? 1 : 0;
   cudaError_t e = cudaLaunchKernelEx(&cfg, k, std::forward<Args>(args)...);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
@@ -122,12 +111,6 @@ static int launch_cl(bool pdl, unsigned cluster, const char *what, void (*k)(KAr
                          cudaGetErrorName(e), (int)e);
   }
   return launch_check(what, err);
-}
-
-template <typename... KArgs, typename... Args>
-static int launch_ex(bool pdl, const char *what, void (*k)(KArgs...), dim3 grid, dim3 block,
-                     size_t sh, cudaStream_t s, mbd_error *err, Args &&...args) {
-  return launch_cl(pdl, 0, what, k, grid, block, sh, s, err, std::forward<Args>(args)...);
 }
 
 template <typename... KArgs, typename... Args>
@@ -834,9 +817,6 @@ __global__ void __launch_bounds__(SCAN_THREADS)
  * SM than k_scan at large batch. */
 #define SSTEP_BT 128
 
-/* The helpers below are the single-step scan's statements, shared by
- * k_scan_step and k_layer_step (one spelling: their bits cannot drift). */
-
 /* sw[ch * RP + k] = widen(g[ch * R + k]) for the n = nch * R weights of nch
  * consecutive channels' dt_proj rows; 16-byte loads when vec (g 16-byte
  * aligned, n a multiple of the elements per load). BTN threads. */
@@ -976,180 +956,14 @@ __global__ void __launch_bounds__(SSTEP_BT, 6)
   }
 }
 
-/* Batch-1-class decode: conv + SiLU, x_proj and dt_proj + scan of one layer
- * in one launch. Grid (LS_CL, nseq) in clusters of LS_CL blocks along x: the
- * cluster of sequence s splits its di channels into LS_CL slices of CW and
- * the x_proj outputs into slices of OW; block b (cluster rank) owns channel
- * slice b (one thread per channel) and output slice b (one warp per output):
- *   before the wait: its x_proj weight rows and dt_proj rows into shared
- *     memory, its channels' conv taps, A, D, dt bias into registers;
- *   1. conv + SiLU of its channels (conv_step_state, k_conv_silu's function),
- *      the new window written by the thread that read it: each (slot,
- *      channel) window is touched by one thread of the grid, so there is no
- *      race between blocks; the outputs, rounded to T as k_conv_silu's
- *      xc_act store, in its shared memory; the f32 value kept for the scan;
- *   cluster barrier; every block copies the whole row x[di] (T) out of the
- *      cluster's shared memories (distributed shared memory);
- *   2. x_proj of its outputs with k_xproj's lane chain (xp_chunk) and xor
- *      butterfly on that row: the bits of mbd_mops_xproj;
- *   cluster barrier; every block gathers the whole x_proj row
- *      (round_act(dt_low), B, C);
- *   3. the scan step of its channels (scan_one, k_scan_step's statements).
- * The last cluster barrier (arrive after the gathers, wait before exit) keeps
- * each block's shared memory alive until the others have read it. Outputs:
- * y and the two states; neither xc nor the x_proj row goes to memory. */
-#define LS_CL 8   /* blocks per cluster (portable cluster size) */
-#define LS_BT 256 /* threads per block; CW <= LS_BT */
-
-__device__ __forceinline__ void cluster_arrive() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-/* The address of the same shared variable in block `rank` of the cluster. */
-template <typename P>
-__device__ __forceinline__ const P *cluster_map(const P *p, unsigned rank) {
-  uint64_t out;
-  asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"((uint64_t)p), "r"(rank));
-  return (const P *)out;
-}
-
-/* Shared-memory layout of k_layer_step (byte offsets, 16-byte aligned). */
-struct ls_layout {
-  size_t xw, xs, xo, dw, dbo, sd, total;
-};
-__host__ __device__ inline ls_layout ls_plan(int di, int NO, int R, int N, int es) {
-  const size_t CW = (size_t)di / LS_CL, OW = ((size_t)NO + LS_CL - 1) / LS_CL;
-  auto up = [](size_t b) { return (b + 15) / 16 * 16; };
-  ls_layout L;
-  L.xw = 0;                                         /* [OW][di] T: x_proj rows */
-  L.xs = L.xw + up(OW * di * es);                   /* [di] T: the whole x row */
-  L.xo = L.xs + up((size_t)di * es);                /* [CW] T: own conv outputs */
-  L.dw = L.xo + up(CW * es);                        /* [CW][R+1] f32: dt_proj rows */
-  L.dbo = L.dw + up(CW * (size_t)(R + 1) * 4);      /* [OW] f32: own x_proj outputs */
-  L.sd = L.dbo + up(OW * 4);                        /* [R + 2N] f32: the gathered row */
-  L.total = L.sd + up((size_t)(R + 2 * N) * 4);
-  return L;
-}
-
-template <int N, typename T>
-__global__ void __launch_bounds__(LS_BT)
-    k_layer_step(int di, int NO, int R, const float *__restrict__ cw,
-                 const float *__restrict__ cb, float *__restrict__ cstate, int64_t cslot,
-                 const T *__restrict__ xw, const T *__restrict__ dt_w,
-                 const T *__restrict__ dt_b, const float *__restrict__ A,
-                 const float *__restrict__ Dv, const float *__restrict__ xz, int64_t ldxz,
-                 int64_t zoff, float *__restrict__ ssm_state, int64_t slot_stride,
-                 const int32_t *__restrict__ slots, T *__restrict__ y, int xvec, int dvec) {
-  constexpr int KC = XPF_KC;
-  extern __shared__ float4 ls_sm4[];
-  const ls_layout Ly = ls_plan(di, NO, R, N, (int)sizeof(T));
-  unsigned char *sm = (unsigned char *)ls_sm4;
-  T *sxw = (T *)(sm + Ly.xw), *sxs = (T *)(sm + Ly.xs), *sxo = (T *)(sm + Ly.xo);
-  float *sdw = (float *)(sm + Ly.dw), *sdbo = (float *)(sm + Ly.dbo);
-  float *sd = (float *)(sm + Ly.sd);
-  const int CW = di / LS_CL, OW = (NO + LS_CL - 1) / LS_CL, ND = R + 2 * N, RP = R + 1;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const unsigned rank = cluster_rank();
-  const int s = blockIdx.y;
-  const int c0 = (int)rank * CW, o0 = (int)rank * OW;
-  const int now = max(0, min(OW, NO - o0)); /* outputs this block owns */
-  const bool live = tid < CW;
-  const int cc = c0 + (live ? tid : CW - 1);
-  /* weights, before the wait */
-  {
-    const T *g = xw + (int64_t)o0 * di;
-    const int n = now * di;
-    if (xvec) /* xw 16-byte aligned, di % 8 == 0 */
-      for (int e = tid * 8; e < n; e += LS_BT * 8) *(uint4 *)(sxw + e) = *(const uint4 *)(g + e);
-    else
-      for (int e = tid; e < n; e += LS_BT) sxw[e] = g[e];
-  }
-  stage_dt_w<LS_BT>(sdw, RP, dt_w + (int64_t)c0 * R, CW * R, R, dvec, tid);
-  float a[N], wk[KC];
-  ld_f32x(A + (int64_t)cc * N, a);
-  const float d = Dv[cc];
-  const float bdt = ld_f32(dt_b + cc);
-#pragma unroll
-  for (int j = 0; j < KC; j++) wk[j] = cw[(int64_t)j * di + cc];
-  const float cbias = cb ? cb[cc] : 0.0f;
-  pdl_wait(); /* activations and states only from here on */
-  pdl_trigger();
-  /* 1. conv of the own channels; the scan's state and z loads start here too */
-  const int32_t slot = slots[s];
-  float *hp = ssm_state + (int64_t)slot * slot_stride + (int64_t)cc * N;
-  float h[N];
-  ld_f32x(hp, h);
-  const float z = xz[(int64_t)s * ldxz + zoff + cc];
-  const float x = conv_step_state<KC>(cstate + (int64_t)slot * cslot + cc, di,
-                                      xz[(int64_t)s * ldxz + cc], wk, cb != nullptr, cbias,
-                                      live);
-  if (live) st_act(sxo + tid, x);
-  cluster_arrive();
-  cluster_wait();
-  /* the whole row, CW / 8 16-byte pieces per block (CW % 8 == 0) */
-  for (int e = tid; e < di / 8; e += LS_BT) {
-    const unsigned src = (unsigned)(e * 8 / CW);
-    const T *p = cluster_map(sxo, src) + (e * 8 - (int)src * CW);
-    *(uint4 *)(sxs + e * 8) = *(const uint4 *)p;
-  }
-  __syncthreads();
-  /* 2. x_proj of the own outputs (one warp each) */
-  for (int oi = warp; oi < now; oi += LS_BT / 32) {
-    float acc[XP_ROWS];
-#pragma unroll
-    for (int r = 0; r < XP_ROWS; r++) acc[r] = 0.0f;
-    const T *wr = sxw + (int64_t)oi * di;
-    for (int k = lane * 8; k < di; k += 256) {
-      float wv[8];
-      ld8<true>(wr, k, di, wv);
-      xp_chunk<true>((const T *)sxs, di, 1, k, di, wv, acc);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-      acc[0] = __fadd_rn(acc[0], __shfl_xor_sync(0xffffffffu, acc[0], off));
-    if (lane == 0) sdbo[oi] = acc[0];
-  }
-  cluster_arrive();
-  cluster_wait();
-  for (int e = tid; e < ND; e += LS_BT) {
-    const unsigned src = (unsigned)(e / OW);
-    const float v = *(cluster_map(sdbo, src) + (e - (int)src * OW));
-    sd[e] = e < R ? round_act<T>(v) : v;
-  }
-  cluster_arrive(); /* this block is done reading the others' shared memory */
-  __syncthreads();
-  /* 3. the scan step of the own channels */
-  const float v = scan_one<N>(sd, sdw + (live ? tid : CW - 1) * RP, R, bdt, a, d, x, z, h);
-  if (live) {
-    st_act(y + (int64_t)s * di + cc, v);
-#pragma unroll
-    for (int n = 0; n < N; n += 4)
-      *(float4 *)(hp + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
-  }
-  cluster_wait(); /* and the others with this one's */
-}
-
-/* MBD_CONV_FUSE_MAX / MBD_LAYER_FUSE_MAX: the most decode rows that run the
- * conv fused into x_proj and the scan / the one-launch layer step (0: never).
- * Above them the recomputed or per-sequence work costs more than the
- * launches saved. */
-static int env_int(const char *name, int dflt) {
-  const char *e = getenv(name);
-  return e ? atoi(e) : dflt;
-}
+/* MBD_CONV_FUSE_MAX: the most decode rows that run the conv fused into
+ * x_proj and the scan (0: never). Above it the recomputed conv costs more
+ * than the launch saved (130m b256: 132365 -> 127460 tokens/s). */
 static int conv_fuse_max() {
-  static const int n = env_int("MBD_CONV_FUSE_MAX", 64);
-  return n;
-}
-static int layer_fuse_max() {
-  static const int n = env_int("MBD_LAYER_FUSE_MAX", 8);
+  static const int n = [] {
+    const char *e = getenv("MBD_CONV_FUSE_MAX");
+    return e ? atoi(e) : 64;
+  }();
   return n;
 }
 
@@ -1159,20 +973,10 @@ static bool conv_fusable(int T, int K, mbd_dtype act) {
          scan_step_on();
 }
 
-/* ... and those of k_layer_step on top. */
-static bool layer_fusable(int K, int di, int N, int R, mbd_dtype act) {
-  if (!conv_fusable(1, K, act) || di <= 0 || R <= 0 || di % (LS_CL * 8) != 0 ||
-      di / LS_CL > LS_BT || (N != 4 && N != 8 && N != 16 && N != 32))
-    return false;
-  return ls_plan(di, R + 2 * N, R, N, (int)mbd_dtype_size(act)).total <= 227 * 1024;
-}
-
-extern "C" int mbd_mops_conv_fused(int nseq, int T, int K, int di, int N, int R, mbd_dtype act) {
-  if (nseq < 1 || !conv_fusable(T, K, act)) return 0;
-  if (nseq <= layer_fuse_max() && layer_fusable(K, di, N, R, act)) return 2;
+extern "C" int mbd_mops_conv_fused(int nseq, int T, int K, int di, mbd_dtype act) {
   /* di > 2048 (1.4b: 4096): the recomputed conv made decode slower at every
    * batch measured (b1 394 -> 381, b64 11366 -> 9965 tokens/s) */
-  return nseq <= conv_fuse_max() && di <= 2048 ? 1 : 0;
+  return nseq >= 1 && nseq <= conv_fuse_max() && di <= 2048 && conv_fusable(T, K, act);
 }
 
 extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R,
@@ -1259,50 +1063,6 @@ extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R
 #undef SCAN
 #undef SCAN_N
   return 0;
-}
-
-extern "C" int mbd_mops_layer_step(void *stream, int nseq, int di, int N, int R,
-                                   const mbd_mops_conv *conv, const float *xz, int64_t ldxz,
-                                   int64_t zoff, const int32_t *slots, mbd_dtype act,
-                                   const void *x_w, const void *dt_w, const void *dt_b,
-                                   const float *A, const float *D, float *ssm_state,
-                                   int64_t slot_stride, void *y, mbd_error *err) {
-  if (nseq <= 0) return 0;
-  if (!conv || nseq > 65535 || !layer_fusable(conv->K, di, N, R, act))
-    return mbd_error_set(err, MBD_E_INVALID,
-                         "layer step: %d sequences, conv width %d, d_inner %d, d_state %d, "
-                         "dt_rank %d, %s: not a fused decode shape (mbd_mops_conv_fused)",
-                         nseq, conv ? conv->K : 0, di, N, R, mbd_dtype_name(act));
-  cudaStream_t s = (cudaStream_t)stream;
-  const int NO = R + 2 * N;
-  const size_t sh = ls_plan(di, NO, R, N, (int)mbd_dtype_size(act)).total;
-  const int xvec = ((uintptr_t)x_w & 15) == 0;
-  const int dvec = ((uintptr_t)dt_w & 15) == 0; /* slices of di / 8 rows: 16-byte multiples */
-  dim3 grid(LS_CL, (unsigned)nseq);
-#define LS_N(NN, T_)                                                                         \
-  case NN:                                                                                   \
-    if (sh > 48 * 1024)                                                                      \
-      cudaFuncSetAttribute(k_layer_step<NN, T_>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                           (int)sh);                                                         \
-    return launch_cl(pdl_on(), LS_CL, "layer step (conv + x_proj + scan)",                   \
-                     k_layer_step<NN, T_>, grid, dim3(LS_BT), sh, s, err, di, NO, R, conv->w, \
-                     conv->bias, conv->state, conv->slot_stride, (const T_ *)x_w,            \
-                     (const T_ *)dt_w, (const T_ *)dt_b, A, D, xz, ldxz, zoff, ssm_state,    \
-                     slot_stride, slots, (T_ *)y, xvec, dvec);
-#define LS(T_)                                                                          \
-  switch (N) {                                                                          \
-    LS_N(4, T_) LS_N(8, T_) LS_N(16, T_) LS_N(32, T_)                                   \
-  default: break;                                                                       \
-  }                                                                                     \
-  break;
-  switch (act) {
-  case MBD_DTYPE_BF16: LS(__nv_bfloat16)
-  case MBD_DTYPE_F16: LS(__half)
-  default: break;
-  }
-#undef LS
-#undef LS_N
-  return mbd_error_set(err, MBD_E_INVALID, "layer step: unsupported shape");
 }
 
 /* ------------------------------------------------------------ sampling */

@@ -75,18 +75,13 @@ typedef struct mbd_mops_conv {
   int64_t slot_stride;
 } mbd_mops_conv;
 
-/* How a forward over nseq sequences of T tokens runs a layer's conv, x_proj
- * and scan (the bits are the same for all three; only launches differ):
- *   0: mbd_mops_conv_silu, mbd_mops_xproj, mbd_mops_scan (prefill, large
- *      batches, f32, conv widths other than 4);
- *   1: mbd_mops_conv_xproj, then mbd_mops_scan with the conv (one launch less);
- *   2: mbd_mops_layer_step (one launch for the three).
- * 1 and 2 need T == 1, K == 4, act bf16 or f16 and the single-step scan;
- * 1 also d_inner <= 2048 and nseq <= MBD_CONV_FUSE_MAX (environment,
- * default 64); 2 d_inner a multiple of 64 and at most 2048, and nseq <=
- * MBD_LAYER_FUSE_MAX (default 8). 0 in either variable turns that path off
- * (benchmarking). */
-int mbd_mops_conv_fused(int nseq, int T, int K, int di, int N, int R, mbd_dtype act);
+/* Whether a forward over nseq sequences of T tokens runs a layer's conv
+ * fused into x_proj and the scan (mbd_mops_conv_xproj, then mbd_mops_scan with
+ * the conv: one launch less, the same bits) instead of mbd_mops_conv_silu +
+ * mbd_mops_xproj + mbd_mops_scan: T == 1, conv width K == 4, act bf16 or f16,
+ * d_inner di <= 2048, the single-step scan on, nseq <= MBD_CONV_FUSE_MAX
+ * (environment, default 64; 0 turns the fusion off: a benchmarking switch). */
+int mbd_mops_conv_fused(int nseq, int T, int K, int di, mbd_dtype act);
 
 /* x_proj of nseq decode rows (T = 1) whose input is the conv + SiLU output of
  * xz's x part (xz[s * ldxz + c], c < di) against conv->state of slots[s]:
@@ -130,19 +125,6 @@ int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R, const flo
                   const float *A, const float *D, const float *xz, int64_t ldxz, int64_t zoff,
                   float *ssm_state, int64_t slot_stride, const int32_t *slots,
                   const mbd_mops_conv *conv, mbd_dtype act, void *y, mbd_error *err);
-
-/* One decode step (T = 1) of nseq sequences through a layer's conv + SiLU,
- * x_proj (weights x_w [R + 2N, di]), dt_proj + scan + D skip + gate in one
- * launch: y, the conv state and the SSM state get the bits of
- * mbd_mops_conv_silu + mbd_mops_xproj + mbd_mops_scan (arguments as there;
- * every weight in dtype act); xc and the x_proj row are not written. Only
- * where mbd_mops_conv_fused(nseq, 1, conv->K, di, N, R, act) == 2 holds for
- * the shape (any nseq). */
-int mbd_mops_layer_step(void *stream, int nseq, int di, int N, int R, const mbd_mops_conv *conv,
-                        const float *xz, int64_t ldxz, int64_t zoff, const int32_t *slots,
-                        mbd_dtype act, const void *x_w, const void *dt_w, const void *dt_b,
-                        const float *A, const float *D, float *ssm_state, int64_t slot_stride,
-                        void *y, mbd_error *err);
 
 /* Bytes of the sampler's device workspace for n rows. It must be zero-filled
  * once before its first use; every launch leaves it zero-filled again. */

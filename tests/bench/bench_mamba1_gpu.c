@@ -10,9 +10,8 @@
  * context's stream; "det/cublas" is deterministic over cublas-fast tokens/s.
  * Usage: bench_mamba1_gpu [--ops] [130m|1.4b|all] [reps] [bf16|f32|all]; --ops
  * first prints the per-launch time of each op of one 130m bf16 layer at M=1,
- * with the separate conv and with the decode fusions (conv in x_proj and the
- * scan; conv + x_proj + scan in one launch). MBD_CONV_FUSE_MAX and
- * MBD_LAYER_FUSE_MAX (see mamba_ops.h) pick the model's decode path. */
+ * with the separate conv and with the decode fusion (conv in x_proj and the
+ * scan). MBD_CONV_FUSE_MAX (see mamba_ops.h) picks the model's decode path. */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -207,12 +206,12 @@ static int op_breakdown(void) {
   cudaMemset(wk, 0, mbd_mops_sample_work_bytes(1));
   const char *names[] = {"add_rmsnorm",  "gemm in_proj",  "conv_silu",    "x_proj",
                          "scan+dt_proj", "gemm out_proj", "gemm lm_head", "sample",
-                         "conv+x_proj",  "scan+conv",     "layer step"};
-  /* ops 8-10: the decode fusions (mbd_mops_conv_fused 1 and 2); the conv
-   * state at its own place */
+                         "conv+x_proj",  "scan+conv"};
+  /* ops 8, 9: the decode fusion (mbd_mops_conv_fused); the conv state at its
+   * own place */
   const mbd_mops_conv conv = {4, (float *)st, NULL, (float *)st + (2 << 20), 0};
-  const int nops = 11;
-  float us_op[11] = {0};
+  const int nops = 10;
+  float us_op[10] = {0};
   printf("per-op time at M=1 (130m bf16, deterministic), us per launch:\n");
   for (int op = 0; op < nops; op++) {
     float ms = 0;
@@ -232,7 +231,6 @@ static int op_breakdown(void) {
         case 7: rc = mbd_mops_sample(s_, 1, V, (float *)x, V, NULL, NULL, NULL, wk, (int32_t *)y, &err); break;
         case 8: rc = mbd_mops_conv_xproj(s_, 1, di, &conv, (float *)x, 2 * di, sl, R + 2 * N, MBD_DTYPE_BF16, w, (float *)y, &err); break;
         case 9: rc = mbd_mops_scan(s_, 1, 1, di, N, R, NULL, (float *)x, MBD_DTYPE_BF16, w, w, (float *)st, (float *)st, (float *)x, 2 * di, di, (float *)st + (1 << 20), 0, sl, &conv, MBD_DTYPE_BF16, y, &err); break;
-        case 10: rc = mbd_mops_layer_step(s_, 1, di, N, R, &conv, (float *)x, 2 * di, di, sl, MBD_DTYPE_BF16, w, w, w, (float *)st, (float *)st, (float *)st + (1 << 20), 0, y, &err); break;
         }
         if (rc) {
           fprintf(stderr, "%s: %s\n", names[op], err.msg);
@@ -248,9 +246,9 @@ static int op_breakdown(void) {
   }
   const float head = us_op[6] + us_op[7], norm_gemms = us_op[0] + us_op[1] + us_op[5];
   printf("  sum over 24 layers + head + sample, us per batch-1 step (launched back to back, no "
-         "graph): separate conv %.0f, conv in x_proj + scan %.0f, layer step %.0f\n",
+         "graph): separate conv %.0f, conv in x_proj + scan %.0f\n",
          24 * (norm_gemms + us_op[2] + us_op[3] + us_op[4]) + head,
-         24 * (norm_gemms + us_op[8] + us_op[9]) + head, 24 * (norm_gemms + us_op[10]) + head);
+         24 * (norm_gemms + us_op[8] + us_op[9]) + head);
   cudaFree(w);
   cudaFree(x);
   cudaFree(y);

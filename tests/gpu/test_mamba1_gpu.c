@@ -14,11 +14,10 @@
  *   slot of batches 2..256 (prefill and decode), eager vs graph, prefill +
  *   decode vs decode only (logits, and the state), chunked vs whole prefill,
  *   prefill in pieces of 17, 1, 16, 6 tokens (across the scan's 16-step
- *   chunks) vs whole, run to run; f32 and bf16 routes. On bf16, decode runs the layer's conv, x_proj
- *   and scan in one launch up to 8 rows (batches 1-8, the target's
- *   reference), the conv fused into x_proj and the scan up to 64 (33, 64)
- *   and separate kernels above (255, 256) and in prefill
- *   (mbd_mops_conv_fused): the comparisons pin the three paths together;
+ *   chunks) vs whole, run to run; f32 and bf16 routes. On bf16, decode runs
+ *   the conv fused into x_proj and the scan up to 64 rows (batches 1-64, the
+ *   target's reference) and separate kernels above (255, 256) and in
+ *   prefill (mbd_mops_conv_fused): the comparisons pin the two together;
  * - bad tokens, slots, duplicate slots are errors that change nothing. */
 #include <math.h>
 #include <setjmp.h>
