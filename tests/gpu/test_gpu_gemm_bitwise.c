@@ -19,9 +19,9 @@
  *   truncates once in f32 relative to at most the running absolute sum;
  *   2^-22 allows truncation;
  * - a storage-dtype output equals the rounding of the f32 output;
- * - K = 4104 (17 chunks of the sm_90a contract, the last 8 wide): the M <= 8
- *   chunk-parallel kernel (8 warpgroups) equals the tile kernels' in-register
- *   fold at every M;
+ * - K = 4096 (16 chunks of the sm_90a contract): the M <= 8 chunk-parallel
+ *   kernel (8 warpgroups) equals the tile kernels' in-register fold at every
+ *   M; K = 520 and 1088 end in a short chunk;
  * - w_static (programmatic launch) right after a GEMM that writes its x
  *   reads the finished x: same bits as two synchronised launches. */
 #include <math.h>
@@ -246,14 +246,15 @@ static void check_storage_output(fixture *f) {
 }
 
 /* GEMM 1 writes y1 = x W1^T (storage dtype, poisoned first; W1 = the first
- * 1096 rows of W); GEMM 2 reads y1 as its x (K = 1096: TMA, 5 chunks) with
+ * 1088 rows of W); GEMM 2 reads y1 as its x (K = 1088: 5 chunks, the last one
+ * k tile; M <= 8 runs the chunk-parallel kernel) with
  * w_static set, so it may launch while GEMM 1 runs and must wait for it
  * before loading x. Compared with the same pair synchronised. */
 static void check_pdl_chain(fixture *f) {
-  if (f->dt == MBD_DTYPE_F32 || f->n < 1096) return;
+  if (f->dt == MBD_DTYPE_F32 || f->n < 1088) return;
   mbd_error err;
   mbd_error_clear(&err);
-  const int64_t n1 = 1096, n2 = 512; /* W viewed as [512, 1096] for GEMM 2 */
+  const int64_t n1 = 1088, n2 = 512; /* W viewed as [512, 1088] for GEMM 2 */
   void *y1 = NULL, *y2 = NULL;
   CHECK_OK(mbd_gpu_alloc(f->ctx, (size_t)300 * n1 * f->es, &y1, &err));
   CHECK_OK(mbd_gpu_alloc(f->ctx, (size_t)300 * n2 * 4, &y2, &err));
@@ -331,11 +332,11 @@ static void check_reference(fixture *f, mbd_dtype_policy pol, int64_t rows) {
 static void run_policy(mbd_dtype_policy pol) {
   /* N=1100, K=520: partial N and K tiles (K % 64 != 0), vectorised loads,
    * every tile used. N=200, K=77: element-wise path (K % 8 != 0).
-   * N=80, K=136 (x_proj-like skinny N, K % 16 != 0). N=160, K=4104: 17
-   * chunks (x_proj of 1.4b with a short last chunk), f32 policies skip it
-   * (their chain is not chunked and the host reference is slow). */
+   * N=80, K=136 (x_proj-like skinny N, K % 16 != 0). N=160, K=4096: 16
+   * chunks (x_proj of 1.4b), f32 policies skip it (their chain is not
+   * chunked and the host reference is slow). */
   static const int64_t shapes[4][3] = {
-      {1100, 520, 300}, {200, 77, 40}, {80, 136, 300}, {160, 4104, 40}};
+      {1100, 520, 300}, {200, 77, 40}, {80, 136, 300}, {160, 4096, 40}};
   for (int s = 0; s < 4; s++) {
     if (s == 3 && (pol == MBD_POLICY_F32 || pol == MBD_POLICY_TF32)) continue;
     fixture f;

@@ -325,9 +325,10 @@ MBD_HGEMM_ALL(f16, __half)
  *  - mbd_wgemm (wg_body): a tile of 64*CWG rows x BN columns per block, one
  *    warpgroup per 64 rows running the chunks one after another (acc and the
  *    running chunk's partial in registers), a producer warp feeding a TMA ring;
- *  - mbd_wkgemm (wk_body), M <= 8: a column strip per block, its warpgroups
- *    take chunks c = w, w + NWG, ... each with its own TMA ring, write the
- *    partials of the M real rows to shared memory, and the block folds them.
+ *  - mbd_wkgemm (wk_body), M <= 8 and K % 64 == 0: a column strip per block,
+ *    its warpgroups take chunks c = w, w + NWG, ... (one copy-engine box of W
+ *    per chunk), write the partials of the M real rows to shared memory, and
+ *    the block folds them.
  * Every configuration uses BK = 64 (four k16 steps per stage, in order), the
  * same descriptor layout (128-byte swizzle), and only changes which rows and
  * columns a block owns, the wgmma N (the instruction's column count, which
@@ -356,8 +357,7 @@ struct mbd_wg_params {
 };
 
 struct mbd_wk_params {
-  CUtensorMap tx; /* X [M,K], M <= 8, box {64, M} */
-  CUtensorMap tw; /* W [N,K], box {64, BN} */
+  CUtensorMap tw; /* W [N,K] viewed {64, N, K/64}, box {64, BN, 4}: one chunk */
   mbd_gemm_params p;
   int chunks; /* ceil(K / MBD_WG_KCH) */
 };
@@ -601,6 +601,14 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
   } while (!ok);
 }
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
+                                            int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(dst),
+      "l"((uint64_t)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
 /* Start fetching a tensor map into the copy engine's descriptor cache. */
 __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap *map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)map) : "memory");
@@ -794,15 +802,21 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
 #endif
 }
 
-/* M <= 8 (decode): block = column strip [n0, n0 + BN) x all M rows; NWG
- * warpgroups, each its own producer (thread 0) with an S-stage TMA ring.
- * Warpgroup w runs chunks w, w + NWG, ...: the chain into acc from 0, then the
- * M real rows of the partial go to shared memory; after a block barrier every
- * thread folds outputs in chunk order (the contract above) and adds the bias.
- * W (static for the caller, who asked for the programmatic launch) streams in
- * before the grid-dependency wait; X only after it.
- * Shared memory: NWG rings of S x (X tile 8 x 64, W tile BN x 64), the full
- * mbarriers, partials [chunks][M][BN] f32, then WK_TAIL bytes. */
+/* M <= 8 (decode), K % 64 == 0: block = column strip [n0, n0 + BN) x all M
+ * rows; NWG warpgroups. Warpgroup w runs chunks c = w, w + NWG, ... each
+ * with a fresh chain in acc, then writes the M real rows of the partial to
+ * shared memory; after a block barrier every thread folds outputs in chunk
+ * order (the contract above) and adds the bias.
+ * W streams as ONE copy-engine box per chunk (a 3D view {64, N, K/64} of W,
+ * box {64, BN, 4} = the chunk's four k tiles): per-box cost, not bytes, bounded
+ * the earlier one-box-per-k-tile version at ~1.5 us a tile. Thread 0 of each
+ * warpgroup keeps S chunks in flight; the first are issued before the
+ * grid-dependency wait (W is static for callers that ask for the programmatic
+ * launch). X (M rows, L2-resident) is written by the warpgroup's threads into
+ * 8-row swizzled tiles once, after the wait.
+ * Shared memory (1024-aligned): W stages [NWG][S][4][BN][64]; X tiles
+ * [NWG][xch * 4][8][64]; full mbarriers [NWG][S]; partials [chunks][M][BN] f32;
+ * WK_TAIL. */
 /* The m64 A operand reads 64 rows of 128 bytes from an 8-row X tile: rows
  * 8..63 run on into the next tiles (never-stored output rows); the tail keeps
  * the last tile's overrun inside the allocation. */
@@ -811,99 +825,85 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
 template <typename T, int BN, int NWG, int S>
 __device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
 #ifdef MBD_HAVE_WGMMA
-  constexpr int BK = 64, KCH = MBD_WG_KCH / BK;
-  constexpr uint32_t A_BYTES = 8 * 128, B_BYTES = BN * 128, STAGE = A_BYTES + B_BYTES;
-  static_assert(STAGE % 1024 == 0, "stages keep the 1024-byte swizzle alignment");
+  constexpr int KCH = MBD_WG_KCH / 64;
+  constexpr uint32_t WT = BN * 128, WSTAGE = KCH * WT;
+  static_assert(WT % 1024 == 0, "W tiles keep the 1024-byte swizzle alignment");
   extern __shared__ __align__(16) unsigned char wg_raw[];
   const uint32_t raw_s = smem_u32(wg_raw);
   const uint32_t base_s = (raw_s + 1023u) & ~1023u;
   unsigned char *base = wg_raw + (base_s - raw_s);
   const mbd_gemm_params &p = P.p;
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
-  const int n0 = blockIdx.x * BN, KT = (p.k + BK - 1) / BK, C = P.chunks;
-  const uint32_t ring = base_s + wg * S * STAGE;
-  const uint32_t full0 = base_s + NWG * S * STAGE + 8 * S * wg;
-  float *part = (float *)(base + NWG * S * STAGE + 8 * S * NWG);
-  wg_check_smem(1023u + NWG * S * STAGE + 8u * S * NWG + (uint32_t)C * p.m * BN * 4u +
-                WK_TAIL);
-
-  const int mych = wg < C ? (C - 1 - wg) / NWG + 1 : 0;
-  const int last_c = wg + (mych - 1) * NWG;
-  const int J = mych ? (mych - 1) * KCH + min(KCH, KT - last_c * KCH) : 0;
-  /* j-th tile of this warpgroup -> k tile */
-#define WK_KT(j) ((wg + ((j) / KCH) * NWG) * KCH + (j) % KCH)
+  const int n0 = blockIdx.x * BN, KT = p.k / 64, C = P.chunks;
+  const int xch = (C + NWG - 1) / NWG; /* chunk slots per warpgroup */
+  const uint32_t wring = base_s + wg * S * WSTAGE;
+  const uint32_t xoff = NWG * S * WSTAGE + (uint32_t)wg * xch * KCH * 1024;
+  const uint32_t full0 = base_s + NWG * S * WSTAGE + (uint32_t)NWG * xch * KCH * 1024 + 8 * S * wg;
+  float *part = (float *)(base + NWG * S * WSTAGE + (size_t)NWG * xch * KCH * 1024 + 8 * S * NWG);
+  wg_check_smem(1023u + NWG * S * WSTAGE + (uint32_t)NWG * xch * KCH * 1024 + 8u * S * NWG +
+                (uint32_t)C * p.m * BN * 4u + WK_TAIL);
+  const int nch = wg < C ? (C - 1 - wg) / NWG + 1 : 0; /* chunks of this warpgroup */
 
   if (t == 0) {
     tma_prefetch_desc(&P.tw);
-    tma_prefetch_desc(&P.tx);
     for (int s = 0; s < S; s++) mbar_init(full0 + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  /* The X box is exactly M rows (a box reaching past the tensor's rows makes
-   * the copy engine zero-fill them, which was measured to serialise the
-   * loads); rows M..7 of every stage stay zero. */
-  for (int i = t; i < S * (8 - p.m) * 8; i += 128) {
-    const int st = i / ((8 - p.m) * 8), q = i % ((8 - p.m) * 8);
-    ((uint4 *)(base + (wg * S + st) * STAGE + p.m * 128))[q] = make_uint4(0, 0, 0, 0);
-  }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
-  const uint32_t tx_bytes = (uint32_t)p.m * 128u + B_BYTES;
-  const int pre = min(S, J);
   if (t == 0)
-    for (int j = 0; j < pre; j++) {
-      mbar_expect_tx(full0 + 8 * j, tx_bytes);
-      tma_load_2d(ring + j * STAGE + A_BYTES, &P.tw, full0 + 8 * j, WK_KT(j) * BK, n0);
+    for (int i = 0; i < min(S, nch); i++) {
+      mbar_expect_tx(full0 + 8 * i, WSTAGE); /* k tiles past K arrive zero-filled */
+      tma_load_3d(wring + i * WSTAGE, &P.tw, full0 + 8 * i, 0, n0, (wg + i * NWG) * KCH);
     }
   wg_pdl_wait();
   wg_pdl_trigger();
-  if (t == 0)
-    for (int j = 0; j < pre; j++)
-      tma_load_2d(ring + j * STAGE, &P.tx, full0 + 8 * j, WK_KT(j) * BK, 0);
+  { /* X tiles of this warpgroup's chunks, rows past M zero */
+    const T *X = (const T *)p.x;
+    for (int e = t; e < nch * KCH * 512; e += 128) {
+      const int slot = e >> 9, r = (e >> 6) & 7, col = e & 63;
+      const int k = ((wg + (slot / KCH) * NWG) * KCH + slot % KCH) * 64 + col;
+      const T v = r < p.m && k < p.k ? X[(size_t)r * p.k + k] : T(0.0f);
+      *(T *)(base + xoff + slot * 1024 + r * 128 + (((col >> 3) ^ r) << 4) + (col & 7) * 2) = v;
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+  }
 
   float acc[BN / 2];
-  for (int j = 0; j < J; j++) {
-    const int s = j % S, kt = WK_KT(j);
-    if (j % KCH == 0) {
+  for (int i = 0; i < nch; i++) {
+    const int s = i % S, c = wg + i * NWG;
 #pragma unroll
-      for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
-    }
-    mbar_wait(full0 + 8 * s, (uint32_t)(j / S) & 1u);
-    const uint32_t a_s = ring + s * STAGE, b_s = a_s + A_BYTES;
+    for (int q = 0; q < BN / 2; q++) acc[q] = 0.0f;
+    mbar_wait(full0 + 8 * s, (uint32_t)(i / S) & 1u);
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++)
-      wgmma_op<T, BN>::run(acc, wg_desc(a_s + kk * 32), wg_desc(b_s + kk * 32));
+    for (int kt = 0; kt < KCH; kt++) {
+      if (c * KCH + kt >= KT) break; /* the chain covers the k tiles that exist */
+      const uint32_t xa = base_s + xoff + (i * KCH + kt) * 1024, wb = wring + s * WSTAGE + kt * WT;
+#pragma unroll
+      for (int kk = 0; kk < 4; kk++)
+        wgmma_op<T, BN>::run(acc, wg_desc(xa + kk * 32), wg_desc(wb + kk * 32));
+    }
     wg_commit();
-    const bool chunk_end = j % KCH == KCH - 1 || kt == KT - 1;
-    if (chunk_end)
-      wg_wait<0>();
-    else
-      wg_wait<1>();
-    const int jn = j - 1 + S; /* group j-1 is done in every warp: refill its slot */
-    if (j >= 1 && jn < J) {
+    wg_wait<0>();
+    wg_fence_regs<BN / 2>(acc);
+    if (i + S < nch) { /* every warp is done with slot s: refill it */
       asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
       if (t == 0) {
-        const uint32_t sl = ring + (jn % S) * STAGE, fb = full0 + 8 * (jn % S);
-        mbar_expect_tx(fb, tx_bytes);
-        tma_load_2d(sl + A_BYTES, &P.tw, fb, WK_KT(jn) * BK, n0);
-        tma_load_2d(sl, &P.tx, fb, WK_KT(jn) * BK, 0);
+        mbar_expect_tx(full0 + 8 * s, WSTAGE);
+        tma_load_3d(wring + s * WSTAGE, &P.tw, full0 + 8 * s, 0, n0, (c + S * NWG) * KCH);
       }
     }
-    if (chunk_end) {
-      wg_fence_regs<BN / 2>(acc);
-      const int row = lane >> 2;
-      if (warp == 0 && row < p.m) {
-        float *dst = part + ((size_t)(kt / KCH) * p.m + row) * BN + (lane & 3) * 2;
+    const int row = lane >> 2;
+    if (warp == 0 && row < p.m) {
+      float *dst = part + ((size_t)c * p.m + row) * BN + (lane & 3) * 2;
 #pragma unroll
-        for (int nb = 0; nb < BN / 8; nb++) {
-          dst[nb * 8] = acc[nb * 4];
-          dst[nb * 8 + 1] = acc[nb * 4 + 1];
-        }
+      for (int nb = 0; nb < BN / 8; nb++) {
+        dst[nb * 8] = acc[nb * 4];
+        dst[nb * 8 + 1] = acc[nb * 4 + 1];
       }
     }
   }
-#undef WK_KT
   __syncthreads();
   const T *B = (const T *)p.bias;
   for (int e = threadIdx.x; e < p.m * BN; e += blockDim.x) {
@@ -939,7 +939,8 @@ __device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
  *         keeps 40-140 KB of weights in flight (decode is latency x bytes bound)
  *   4, 5: 128 x {64,128}; 6: 128 x 256 for K <= one chunk (no room for a partial)
  *   7, 8: plain-load producer, 64 x 64 and 128 x 128
- *   wkgemm 0..3: M <= 8 strips of {16,32,64,128} columns, {8,8,4,4} warpgroups */
+ *   wkgemm 0..3: M <= 8 strips of {16,32,64,128} columns, {8,4,4,2} warpgroups,
+ *         {2,2,1,1} chunks in flight per warpgroup */
 #define MBD_WG_ALL(ty, T)                                                                  \
   MBD_WG(mbd_wgemm_##ty##_0, T, 1, 16, 16, 20, true, 1, true)                              \
   MBD_WG(mbd_wgemm_##ty##_1, T, 1, 32, 32, 18, true, 1, true)                              \
@@ -950,10 +951,10 @@ __device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
   MBD_WG(mbd_wgemm_##ty##_6, T, 2, 256, 256, 4, true, 1, false)                            \
   MBD_WG(mbd_wgemm_##ty##_7, T, 1, 64, 64, 4, false, 2, true)                              \
   MBD_WG(mbd_wgemm_##ty##_8, T, 2, 128, 128, 3, false, 1, true)                            \
-  MBD_WK(mbd_wkgemm_##ty##_0, T, 16, 8, 7)                                                 \
-  MBD_WK(mbd_wkgemm_##ty##_1, T, 32, 8, 5)                                                 \
-  MBD_WK(mbd_wkgemm_##ty##_2, T, 64, 4, 5)                                                 \
-  MBD_WK(mbd_wkgemm_##ty##_3, T, 128, 4, 3)
+  MBD_WK(mbd_wkgemm_##ty##_0, T, 16, 8, 2)                                                 \
+  MBD_WK(mbd_wkgemm_##ty##_1, T, 32, 4, 2)                                                 \
+  MBD_WK(mbd_wkgemm_##ty##_2, T, 64, 4, 1)                                                 \
+  MBD_WK(mbd_wkgemm_##ty##_3, T, 128, 2, 1)
 MBD_WG_ALL(bf16, __nv_bfloat16)
 MBD_WG_ALL(f16, __half)
 
