@@ -276,11 +276,12 @@ static size_t ktile_smem(const ktile_cfg &c, int64_t m, int64_t chunks) {
          (size_t)chunks * m * c.bn * 4 + 7168 /* WK_TAIL */;
 }
 
-/* M <= 8, K > one chunk, K % 64 == 0: the chunk-parallel kernel. Returns 1
- * when it does not apply (the caller falls back to the tiles, same bits). */
+/* M <= 8, K a multiple of the chunk (every Mamba projection but dt_proj):
+ * the chunk-parallel kernel. Returns 1 when it does not apply (the caller
+ * falls back to the tiles, same bits). */
 static int gemm_wk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
                    const char **kname, mbd_error *err) {
-  if (a->k % 64 != 0) return 1;
+  if (a->k % MBD_WG_KCH != 0) return 1;
   const int64_t chunks = cdiv(a->k, MBD_WG_KCH);
   int best = -1;
   double best_t = 0;

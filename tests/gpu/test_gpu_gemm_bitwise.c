@@ -21,7 +21,7 @@
  * - a storage-dtype output equals the rounding of the f32 output;
  * - K = 4096 (16 chunks of the sm_90a contract): the M <= 8 chunk-parallel
  *   kernel (8 warpgroups) equals the tile kernels' in-register fold at every
- *   M; K = 520 and 1088 end in a short chunk;
+ *   M; K = 520 and 1088 end in a short chunk (tile kernels at every M);
  * - w_static (programmatic launch) right after a GEMM that writes its x
  *   reads the finished x: same bits as two synchronised launches. */
 #include <math.h>
@@ -246,15 +246,15 @@ static void check_storage_output(fixture *f) {
 }
 
 /* GEMM 1 writes y1 = x W1^T (storage dtype, poisoned first; W1 = the first
- * 1088 rows of W); GEMM 2 reads y1 as its x (K = 1088: 5 chunks, the last one
- * k tile; M <= 8 runs the chunk-parallel kernel) with
+ * 1024 rows of W); GEMM 2 reads y1 as its x (K = 1024: the chunk-parallel
+ * kernel at M <= 8) with
  * w_static set, so it may launch while GEMM 1 runs and must wait for it
  * before loading x. Compared with the same pair synchronised. */
 static void check_pdl_chain(fixture *f) {
-  if (f->dt == MBD_DTYPE_F32 || f->n < 1088) return;
+  if (f->dt == MBD_DTYPE_F32 || f->n < 1024) return;
   mbd_error err;
   mbd_error_clear(&err);
-  const int64_t n1 = 1088, n2 = 512; /* W viewed as [512, 1088] for GEMM 2 */
+  const int64_t n1 = 1024, n2 = 512; /* W viewed as [512, 1024] for GEMM 2 */
   void *y1 = NULL, *y2 = NULL;
   CHECK_OK(mbd_gpu_alloc(f->ctx, (size_t)300 * n1 * f->es, &y1, &err));
   CHECK_OK(mbd_gpu_alloc(f->ctx, (size_t)300 * n2 * 4, &y2, &err));

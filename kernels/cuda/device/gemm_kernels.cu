@@ -325,7 +325,7 @@ MBD_HGEMM_ALL(f16, __half)
  *  - mbd_wgemm (wg_body): a tile of 64*CWG rows x BN columns per block, one
  *    warpgroup per 64 rows running the chunks one after another (acc and the
  *    running chunk's partial in registers), a producer warp feeding a TMA ring;
- *  - mbd_wkgemm (wk_body), M <= 8 and K % 64 == 0: a column strip per block,
+ *  - mbd_wkgemm (wk_body), M <= 8 and K % 256 == 0: a column strip per block,
  *    its warpgroups take chunks c = w, w + NWG, ... (one copy-engine box of W
  *    per chunk), write the partials of the M real rows to shared memory, and
  *    the block folds them.
@@ -802,7 +802,7 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
 #endif
 }
 
-/* M <= 8 (decode), K % 64 == 0: block = column strip [n0, n0 + BN) x all M
+/* M <= 8 (decode), K % 256 == 0: block = column strip [n0, n0 + BN) x all M
  * rows; NWG warpgroups. Warpgroup w runs chunks c = w, w + NWG, ... each
  * with a fresh chain in acc, then writes the M real rows of the partial to
  * shared memory; after a block barrier every thread folds outputs in chunk
@@ -834,7 +834,7 @@ __device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
   unsigned char *base = wg_raw + (base_s - raw_s);
   const mbd_gemm_params &p = P.p;
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
-  const int n0 = blockIdx.x * BN, KT = p.k / 64, C = P.chunks;
+  const int n0 = blockIdx.x * BN, C = P.chunks;
   const int xch = (C + NWG - 1) / NWG; /* chunk slots per warpgroup */
   const uint32_t wring = base_s + wg * S * WSTAGE;
   const uint32_t xoff = NWG * S * WSTAGE + (uint32_t)wg * xch * KCH * 1024;
@@ -852,7 +852,7 @@ __device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
   __syncthreads();
   if (t == 0)
     for (int i = 0; i < min(S, nch); i++) {
-      mbar_expect_tx(full0 + 8 * i, WSTAGE); /* k tiles past K arrive zero-filled */
+      mbar_expect_tx(full0 + 8 * i, WSTAGE);
       tma_load_3d(wring + i * WSTAGE, &P.tw, full0 + 8 * i, 0, n0, (wg + i * NWG) * KCH);
     }
   wg_pdl_wait();
@@ -877,8 +877,7 @@ __device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
     mbar_wait(full0 + 8 * s, (uint32_t)(i / S) & 1u);
     wg_fence();
 #pragma unroll
-    for (int kt = 0; kt < KCH; kt++) {
-      if (c * KCH + kt >= KT) break; /* the chain covers the k tiles that exist */
+    for (int kt = 0; kt < KCH; kt++) { /* K % 256 == 0: every chunk is whole */
       const uint32_t xa = base_s + xoff + (i * KCH + kt) * 1024, wb = wring + s * WSTAGE + kt * WT;
 #pragma unroll
       for (int kk = 0; kk < 4; kk++)
@@ -886,7 +885,13 @@ __device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
     }
     wg_commit();
     wg_wait<0>();
-    wg_fence_regs<BN / 2>(acc);
+    /* ptxas serialises every wgmma of a kernel (C7518/C7520, which cost this
+     * kernel ~5x) when wgmmas sit under a data-dependent trip count or the
+     * accumulator is read on a warp-dependent path: whole chunks only, and
+     * every thread copies the chain out through real moves first. */
+    float res[BN / 2];
+#pragma unroll
+    for (int q = 0; q < BN / 2; q++) asm volatile("mov.b32 %0, %1;" : "=f"(res[q]) : "f"(acc[q]));
     if (i + S < nch) { /* every warp is done with slot s: refill it */
       asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
       if (t == 0) {
@@ -899,8 +904,8 @@ __device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
       float *dst = part + ((size_t)c * p.m + row) * BN + (lane & 3) * 2;
 #pragma unroll
       for (int nb = 0; nb < BN / 8; nb++) {
-        dst[nb * 8] = acc[nb * 4];
-        dst[nb * 8 + 1] = acc[nb * 4 + 1];
+        dst[nb * 8] = res[nb * 4];
+        dst[nb * 8 + 1] = res[nb * 4 + 1];
       }
     }
   }
