@@ -317,7 +317,7 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
              encoder() != NULL;
   if (tma && a->m <= 8 && a->k > MBD_WG_KCH) {
     int rc = gemm_wk(ctx, a, p, kname, err);
-    if (rc != 1) return rc; /* 1: no configuration fits, the tile kernels run */
+    if (rc != 1) return rc; /* 1: not applicable (K, shared memory, encoder): tiles */
   }
   int ti = pick_wtile(ctx, a->m, a->n, a->k, tma);
   const wtile_cfg &t = k_wtiles[ti];
