@@ -39,8 +39,7 @@ const char *const mbd_k_kernel_names[MBD_K_COUNT] = {
     "mbd_wgemm_f16_0",  "mbd_wgemm_f16_1",  "mbd_wgemm_f16_2",  "mbd_wgemm_f16_3",
     "mbd_wgemm_f16_4",  "mbd_wgemm_f16_5",  "mbd_wgemm_f16_6",  "mbd_wgemm_f16_7",
     "mbd_wgemm_f16_8",
-    "mbd_wkgemm_bf16_0", "mbd_wkgemm_bf16_1", "mbd_wkgemm_bf16_2", "mbd_wkgemm_bf16_3",
-    "mbd_wkgemm_f16_0",  "mbd_wkgemm_f16_1",  "mbd_wkgemm_f16_2",  "mbd_wkgemm_f16_3",
+    "mbd_mkgemm_bf16_8", "mbd_mkgemm_bf16_16", "mbd_mkgemm_f16_8", "mbd_mkgemm_f16_16",
 };
 
 extern "C" void mbd_gpu_ctx_config_default(mbd_gpu_ctx_config *cfg) {

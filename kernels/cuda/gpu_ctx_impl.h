@@ -23,9 +23,9 @@ enum {
   MBD_K_BCAST_F16_F32 = 25,
   MBD_K_WGEMM_BF16 = 26, /* sm_90a wgmma configurations 0..8 (gpu_gemm.cu k_wtiles) */
   MBD_K_WGEMM_F16 = 35,
-  MBD_K_WKGEMM_BF16 = 44, /* sm_90a M <= 8 chunk-parallel configurations 0..3 (k_ktiles) */
-  MBD_K_WKGEMM_F16 = 48,
-  MBD_K_COUNT = 52,
+  MBD_K_MKGEMM_BF16 = 44, /* sm_90a M <= 8, M <= 16: mma.sync chunk chains */
+  MBD_K_MKGEMM_F16 = 46,
+  MBD_K_COUNT = 48,
 };
 extern const char *const mbd_k_kernel_names[MBD_K_COUNT];
 

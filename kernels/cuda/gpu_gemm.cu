@@ -40,12 +40,12 @@ struct mbd_wg_params {
   int tiles_m, tiles_n;
   int a_rows;
 };
-/* Mirrors struct mbd_wk_params and MBD_WG_KCH in device/gemm_kernels.cu. */
-struct mbd_wk_params {
-  CUtensorMap tw;
+/* Mirrors struct mbd_mk_params, MK_WARPS and MBD_WG_KCH in device/gemm_kernels.cu. */
+struct mbd_mk_params {
   mbd_gemm_params p;
-  int chunks;
+  int chunks, groups;
 };
+#define MK_WARPS 8
 #define MBD_WG_KCH 256
 
 /* wgmma configurations, index = kernel slot offset (see MBD_WG_ALL):
@@ -63,12 +63,6 @@ static const wtile_cfg k_wtiles[9] = {
 /* Configuration 6 (128 x 256) keeps no chunk partial: K <= one chunk only. */
 #define WTILE_NOFOLD 6
 
-/* M <= 8 chunk-parallel configurations (mbd_wkgemm_*): columns per block,
- * warpgroups, chunks of W in flight per warpgroup. */
-struct ktile_cfg {
-  int bn, nwg, stages;
-};
-static const ktile_cfg k_ktiles[4] = {{16, 8, 2}, {32, 4, 2}, {64, 4, 1}, {128, 2, 1}};
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* Pure scheduling (every configuration computes the same bits, see the kernel
@@ -163,24 +157,6 @@ static bool encode_map(CUtensorMap *m, mbd_dtype dt, const void *base, int64_t r
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }
-/* W [n, k] (k % 64 == 0) as the 3D tensor {64, n, k / 64} (the k tile is the
- * outer dimension), box {64, box_rows, 4}: one box = one 256-wide K chunk
- * of box_rows rows, landing as four swizzled [box_rows][64] k tiles. */
-static bool encode_chunk_map(CUtensorMap *m, mbd_dtype dt, const void *base, int64_t rows,
-                             int64_t k, int box_rows) {
-  encode_tiled_fn fn = encoder();
-  if (!fn) return false;
-  cuuint64_t dims[3] = {64, (cuuint64_t)rows, (cuuint64_t)(k / 64)};
-  cuuint64_t strides[2] = {(cuuint64_t)k * 2, 128};
-  cuuint32_t box[3] = {64, (cuuint32_t)box_rows, MBD_WG_KCH / 64};
-  cuuint32_t es[3] = {1, 1, 1};
-  CUresult r = fn(m, dt == MBD_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                          : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                  3, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
-}
 static int64_t blocks_of(const tile_cfg &t, int64_t m, int64_t n) {
   return cdiv(m, t.bm) * cdiv(n, t.bn);
 }
@@ -255,57 +231,27 @@ static int launch(mbd_gpu_ctx *ctx, int slot, dim3 grid, dim3 block, size_t smem
   return MBD_OK;
 }
 
-/* Estimated time of an M <= 8 chunk-parallel configuration (dispatch only):
- * a warpgroup runs its chunks one after another (~1.2 us each: sixteen
- * dependent k16 steps) and a block streams at most its in-flight chunks per
- * ~1.5 us of loaded memory latency; blocks run one per SM. */
-static double ktile_time(const mbd_gpu_ctx *ctx, const ktile_cfg &c, int64_t n, int64_t k) {
-  const int64_t chunks = cdiv(k, MBD_WG_KCH), blocks = cdiv(n, c.bn);
-  const double chain = (double)cdiv(chunks, c.nwg) * 1.2e-6;
-  const double inflight = (double)c.nwg * c.stages * c.bn * MBD_WG_KCH * 2;
-  const double stream = (double)c.bn * k * 2 / (inflight / 1.5e-6);
-  const double block = (chain > stream ? chain : stream) + 1e-6;
-  return (double)cdiv(blocks, ctx->sm_count) * block;
-}
-
-/* Shared memory of a chunk-parallel configuration (mirrors wk_body's layout). */
-static size_t ktile_smem(const ktile_cfg &c, int64_t m, int64_t chunks) {
-  const int64_t xch = cdiv(chunks, c.nwg);
-  return 1024 + (size_t)c.nwg * c.stages * (MBD_WG_KCH / 64) * c.bn * 128 +
-         (size_t)c.nwg * xch * (MBD_WG_KCH / 64) * 1024 + 8 * (size_t)c.nwg * c.stages +
-         (size_t)chunks * m * c.bn * 4 + 7168 /* WK_TAIL */;
-}
-
-/* M <= 8, K a multiple of the chunk (every Mamba projection but dt_proj):
- * the chunk-parallel kernel. Returns 1 when it does not apply (the caller
- * falls back to the tiles, same bits). */
-static int gemm_wk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
+/* M <= 16 with K % 8 == 0 and 16-byte aligned x, w: the mma.sync chunk-chain
+ * kernel, 8 * groups columns per block with groups = ceil(MK_WARPS / chunks)
+ * so a block has a chain for each warp. Returns 1 when it does not apply
+ * (the caller runs the tile kernels: same bits). */
+static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
                    const char **kname, mbd_error *err) {
-  if (a->k % MBD_WG_KCH != 0) return 1;
+  if (a->m > 16 || a->k % 8 != 0 || ((uintptr_t)a->x & 15) || ((uintptr_t)a->w & 15)) return 1;
   const int64_t chunks = cdiv(a->k, MBD_WG_KCH);
-  int best = -1;
-  double best_t = 0;
-  for (int i = 0; i < 4; i++) {
-    const ktile_cfg &c = k_ktiles[i];
-    if (ktile_smem(c, a->m, chunks) > (size_t)ctx->smem_optin) continue;
-    double t = ktile_time(ctx, c, a->n, a->k);
-    if (best < 0 || t < best_t * 0.97) {
-      best = i;
-      best_t = t;
-    }
-  }
-  if (best < 0) return 1;
-  const ktile_cfg &c = k_ktiles[best];
-  mbd_wk_params P;
+  const int64_t groups = chunks >= MK_WARPS ? 1 : cdiv(MK_WARPS, chunks);
+  const size_t smem = (size_t)chunks * a->m * 8 * groups * 4;
+  if (smem > (size_t)ctx->smem_optin) return 1;
+  mbd_mk_params P;
   memset(&P, 0, sizeof P);
   P.p = p;
   P.chunks = (int)chunks;
-  if (!encode_chunk_map(&P.tw, a->dtype, a->w, a->n, a->k, c.bn)) return 1;
-  int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_WKGEMM_BF16 : MBD_K_WKGEMM_F16) + best;
+  P.groups = (int)groups;
+  int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_MKGEMM_BF16 : MBD_K_MKGEMM_F16) + (a->m > 8);
   *kname = mbd_k_kernel_names[slot];
   void *args[] = {&P};
-  return launch(ctx, slot, dim3((unsigned)cdiv(a->n, c.bn)), dim3((unsigned)(c.nwg * 128)),
-                ktile_smem(c, a->m, chunks), args, a->w_static != 0, err);
+  return launch(ctx, slot, dim3((unsigned)cdiv(a->n, 8 * groups)), dim3(MK_WARPS * 32), smem,
+                args, a->w_static != 0, err);
 }
 
 static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
@@ -315,9 +261,9 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   P.p = p;
   bool tma = a->k % 8 == 0 && ((uintptr_t)a->x % 16) == 0 && ((uintptr_t)a->w % 16) == 0 &&
              encoder() != NULL;
-  if (tma && a->m <= 8 && a->k > MBD_WG_KCH) {
-    int rc = gemm_wk(ctx, a, p, kname, err);
-    if (rc != 1) return rc; /* 1: not applicable (K, shared memory, encoder): tiles */
+  if (a->m <= 16) {
+    int rc = gemm_mk(ctx, a, p, kname, err);
+    if (rc != 1) return rc; /* 1: not applicable, the tile kernels run */
   }
   int ti = pick_wtile(ctx, a->m, a->n, a->k, tma);
   const wtile_cfg &t = k_wtiles[ti];

@@ -19,9 +19,10 @@
  *   truncates once in f32 relative to at most the running absolute sum;
  *   2^-22 allows truncation;
  * - a storage-dtype output equals the rounding of the f32 output;
- * - K = 4096 (16 chunks of the sm_90a contract): the M <= 8 chunk-parallel
- *   kernel (8 warpgroups) equals the tile kernels' in-register fold at every
- *   M; K = 520 and 1088 end in a short chunk (tile kernels at every M);
+ * - on sm_90a, M <= 16 runs mma.sync chunk chains and larger M the wgmma
+ *   tiles: the alone-vs-batched memcmp is what proves an m16n8k16 step has a
+ *   wgmma k16 step's bits (K = 4096: 16 chunks; K = 520 ends in a short
+ *   chunk; K = 77 and unaligned x take the tiles at every M);
  * - w_static (programmatic launch) right after a GEMM that writes its x
  *   reads the finished x: same bits as two synchronised launches. */
 #include <math.h>
@@ -246,8 +247,8 @@ static void check_storage_output(fixture *f) {
 }
 
 /* GEMM 1 writes y1 = x W1^T (storage dtype, poisoned first; W1 = the first
- * 1024 rows of W); GEMM 2 reads y1 as its x (K = 1024: the chunk-parallel
- * kernel at M <= 8) with
+ * 1024 rows of W); GEMM 2 reads y1 as its x (K = 1024; M <= 16 runs the
+ * mma.sync chunk kernel, which streams W before its dependency wait) with
  * w_static set, so it may launch while GEMM 1 runs and must wait for it
  * before loading x. Compared with the same pair synchronised. */
 static void check_pdl_chain(fixture *f) {

@@ -318,17 +318,16 @@ MBD_HGEMM_ALL(f16, __half)
  *   y = round(acc + b).
  * For K <= 256 that is the single chain of rev 3. The chunks exist for decode:
  * one dependent k16 wgmma costs ~75 ns, so a single chain over K = 4096 took
- * ~19 us whatever the tile; independent chunk chains run on separate
- * warpgroups (mbd_wkgemm below) and are folded in the fixed order above.
+ * ~19 us whatever the tile; independent chunk chains run on separate warps
+ * (mbd_mkgemm below) and are folded in the fixed order above.
  *
  * Two kernel shapes issue exactly those chains and that fold:
  *  - mbd_wgemm (wg_body): a tile of 64*CWG rows x BN columns per block, one
  *    warpgroup per 64 rows running the chunks one after another (acc and the
  *    running chunk's partial in registers), a producer warp feeding a TMA ring;
- *  - mbd_wkgemm (wk_body), M <= 8 and K % 256 == 0: a column strip per block,
- *    its warpgroups take chunks c = w, w + NWG, ... (one copy-engine box of W
- *    per chunk), write the partials of the M real rows to shared memory, and
- *    the block folds them.
+ *  - mbd_mkgemm (mk_body), M <= 16: the same chains as mma.sync.m16n8k16 steps
+ *    (bit-identical to wgmma k16 steps on sm_90a), one warp per (8 columns,
+ *    chunk), partials of the real rows folded by the block.
  * Every configuration uses BK = 64 (four k16 steps per stage, in order), the
  * same descriptor layout (128-byte swizzle), and only changes which rows and
  * columns a block owns, the wgmma N (the instruction's column count, which
@@ -356,11 +355,6 @@ struct mbd_wg_params {
   int a_rows; /* rows of X the TMA box brings per stage (min(M, BM)) */
 };
 
-struct mbd_wk_params {
-  CUtensorMap tw; /* W [N,K] viewed {64, N, K/64}, box {64, BN, 4}: one chunk */
-  mbd_gemm_params p;
-  int chunks; /* ceil(K / MBD_WG_KCH) */
-};
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MBD_HAVE_WGMMA 1
@@ -601,14 +595,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
   } while (!ok);
 }
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
-                                            int c0, int c1, int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(dst),
-      "l"((uint64_t)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
 /* Start fetching a tensor map into the copy engine's descriptor cache. */
 __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap *map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)map) : "memory");
@@ -802,121 +788,121 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
 #endif
 }
 
-/* M <= 8 (decode), K % 256 == 0: block = column strip [n0, n0 + BN) x all M
- * rows; NWG warpgroups. Warpgroup w runs chunks c = w, w + NWG, ... each
- * with a fresh chain in acc, then writes the M real rows of the partial to
- * shared memory; after a block barrier every thread folds outputs in chunk
- * order (the contract above) and adds the bias.
- * W streams as one copy-engine box per chunk (a 3D view {64, N, K/64} of W,
- * box {64, BN, 4} = the chunk's four k tiles; measured no faster than a box
- * per k tile: what bounds this kernel is the SM's ~50-75 ns per m64 wgmma
- * step, whatever the number of warpgroups issuing them). Thread 0 of each
- * warpgroup keeps S chunks in flight; the first are issued before the
- * grid-dependency wait (W is static for callers that ask for the programmatic
- * launch). X (M rows, L2-resident) is written by the warpgroup's threads into
- * 8-row swizzled tiles once, after the wait.
- * Shared memory (1024-aligned): W stages [NWG][S][4][BN][64]; X tiles
- * [NWG][xch * 4][8][64]; full mbarriers [NWG][S]; partials [chunks][M][BN] f32;
- * WK_TAIL. */
-/* The m64 A operand reads 64 rows of 128 bytes from an 8-row X tile: rows
- * 8..63 run on into the next tiles (never-stored output rows); the tail keeps
- * the last tile's overrun inside the allocation. */
-#define WK_TAIL 7168u
+/* M <= 16 (decode): mma.sync.m16n8k16 chains instead of wgmma. On sm_90a an
+ * m16n8k16 step accumulates with the same bits as a wgmma k16 step (measured:
+ * 11 x 8192 outputs memcmp-equal for single chains; test_gpu_gemm_bitwise
+ * checks it at every M against the wgmma tile kernels), so a chunk chain here
+ * is the contract's chunk chain, and an m16 instruction wastes 15 rows where
+ * the m64 wgmma wasted 63: a wgmma step cost ~50-75 ns of an SM whatever the
+ * warpgroup count, which bounded decode GEMMs at ~12 us for K = 4096.
+ * Block = `groups` column groups of 8 x all chunks; warp w takes items
+ * w, w + MK_WARPS, ... (item = group g, chunk c): it loads the chunk's W and X
+ * fragments straight from global memory (W for its first item before the
+ * grid-dependency wait), runs the chain from 0, and writes the partial of the
+ * real rows to shared memory [chunks][M][8 * groups]; then the block folds in
+ * chunk order and adds the bias. Chains run to the end of the last 64-wide k
+ * tile, zero past K, as the tile kernels' do. Needs K % 8 == 0 and x, w
+ * 16-byte aligned: a warp loads W and X as 16-byte pieces and a quad
+ * transpose (shuffles) makes the fragments (word loads ran 2-8x slower). */
+#define MK_WARPS 8
 
-template <typename T, int BN, int NWG, int S>
-__device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
-#ifdef MBD_HAVE_WGMMA
-  constexpr int KCH = MBD_WG_KCH / 64;
-  constexpr uint32_t WT = BN * 128, WSTAGE = KCH * WT;
-  static_assert(WT % 1024 == 0, "W tiles keep the 1024-byte swizzle alignment");
-  extern __shared__ __align__(16) unsigned char wg_raw[];
-  const uint32_t raw_s = smem_u32(wg_raw);
-  const uint32_t base_s = (raw_s + 1023u) & ~1023u;
-  unsigned char *base = wg_raw + (base_s - raw_s);
+struct mbd_mk_params {
+  mbd_gemm_params p;
+  int chunks, groups;
+};
+
+/* One chunk (256 k) of a row as eight 16-byte pieces: lane q of each quad
+ * loads elements 32 i + 8 q .. + 7 (i = 0..7); zero past K (K % 8 == 0). */
+template <typename T>
+__device__ __forceinline__ void mk_load(const T *row, bool ok, int kb0, int K, uint4 v[8], int q) {
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    const int k = kb0 + 32 * i + 8 * q;
+    v[i] = ok && k < K ? *(const uint4 *)(row + k) : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+/* Quad transpose into m16n8k16 fragments: for k16 step j of the chunk, lane q
+ * gets the element pairs at offsets 2q (f[j][0]) and 8 + 2q (f[j][1]). Those
+ * sit in word q of quad lanes 2(j%2) and 2(j%2)+1; round s reads lane q+s,
+ * which hands over its word q (= its own index - s). */
+__device__ __forceinline__ void mk_frags(const uint4 v[8], uint32_t f[16][2], int lane) {
+  const int q = lane & 3, quad = lane & ~3;
+#pragma unroll
+  for (int j = 0; j < 16; j++) f[j][0] = f[j][1] = 0u;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+      const int u = (q - s) & 3, src = (q + s) & 3;
+      const uint32_t give = u == 0 ? v[i].x : u == 1 ? v[i].y : u == 2 ? v[i].z : v[i].w;
+      const uint32_t got = __shfl_sync(0xffffffffu, give, quad | src);
+      f[2 * i][0] = src == 0 ? got : f[2 * i][0];
+      f[2 * i][1] = src == 1 ? got : f[2 * i][1];
+      f[2 * i + 1][0] = src == 2 ? got : f[2 * i + 1][0];
+      f[2 * i + 1][1] = src == 3 ? got : f[2 * i + 1][1];
+    }
+  }
+}
+
+/* HI: rows 8..15 exist (8 < M <= 16); without it their fragments are zero. */
+template <typename T, bool HI>
+__device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
+#ifdef MBD_HAVE_WGMMA /* sm_90a only: the bit identity with wgmma is what makes it legal */
   const mbd_gemm_params &p = P.p;
-  const int wg = threadIdx.x >> 7, t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
-  const int n0 = blockIdx.x * BN, C = P.chunks;
-  const int xch = (C + NWG - 1) / NWG; /* chunk slots per warpgroup */
-  const uint32_t wring = base_s + wg * S * WSTAGE;
-  const uint32_t xoff = NWG * S * WSTAGE + (uint32_t)wg * xch * KCH * 1024;
-  const uint32_t full0 = base_s + NWG * S * WSTAGE + (uint32_t)NWG * xch * KCH * 1024 + 8 * S * wg;
-  float *part = (float *)(base + NWG * S * WSTAGE + (size_t)NWG * xch * KCH * 1024 + 8 * S * NWG);
-  wg_check_smem(1023u + NWG * S * WSTAGE + (uint32_t)NWG * xch * KCH * 1024 + 8u * S * NWG +
-                (uint32_t)C * p.m * BN * 4u + WK_TAIL);
-  const int nch = wg < C ? (C - 1 - wg) / NWG + 1 : 0; /* chunks of this warpgroup */
-
-  if (t == 0) {
-    tma_prefetch_desc(&P.tw);
-    for (int s = 0; s < S; s++) mbar_init(full0 + 8 * s, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  extern __shared__ __align__(16) unsigned char mk_raw[];
+  float *part = (float *)mk_raw;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = lane & 3, r = lane >> 2;
+  const int G = P.groups, C = P.chunks, BNc = 8 * G, n0 = blockIdx.x * BNc;
+  const int Kp = (p.k + 63) / 64 * 64;
+  const T *W = (const T *)p.w, *X = (const T *)p.x;
+  bool waited = false;
+  for (int it = warp; it < G * C; it += MK_WARPS) {
+    const int g = it % G, c = it / G, steps = min(16, (Kp - c * MBD_WG_KCH) / 16);
+    const int n = min(n0 + g * 8 + r, p.n - 1); /* rows past N: outputs never stored */
+    const int kb0 = c * MBD_WG_KCH;
+    uint4 v[8];
+    uint32_t b[16][2], xa[16][2], xb[HI ? 16 : 1][2];
+    mk_load(W + (size_t)n * p.k, true, kb0, p.k, v, q);
+    if (!waited) { /* X and Y belong to the predecessor until it completes */
+      wg_pdl_wait();
+      wg_pdl_trigger();
+      waited = true;
+    }
+    mk_frags(v, b, lane);
+    mk_load(X + (size_t)r * p.k, r < p.m, kb0, p.k, v, q);
+    mk_frags(v, xa, lane);
+    if (HI) {
+      mk_load(X + (size_t)(r + 8) * p.k, r + 8 < p.m, kb0, p.k, v, q);
+      mk_frags(v, xb, lane);
+    }
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+      const uint32_t a[4] = {xa[j][0], HI ? xb[HI ? j : 0][0] : 0u, xa[j][1],
+                             HI ? xb[HI ? j : 0][1] : 0u};
+      if (j < steps) mma_op<T>::run(d, a, b[j]);
+    }
+    float *pc = part + (size_t)c * p.m * BNc + g * 8 + 2 * q;
+    if (r < p.m) {
+      pc[(size_t)r * BNc] = d[0];
+      pc[(size_t)r * BNc + 1] = d[1];
+    }
+    if (r + 8 < p.m) {
+      pc[(size_t)(r + 8) * BNc] = d[2];
+      pc[(size_t)(r + 8) * BNc + 1] = d[3];
+    }
   }
-  __syncthreads();
-  if (t == 0)
-    for (int i = 0; i < min(S, nch); i++) {
-      mbar_expect_tx(full0 + 8 * i, WSTAGE);
-      tma_load_3d(wring + i * WSTAGE, &P.tw, full0 + 8 * i, 0, n0, (wg + i * NWG) * KCH);
-    }
-  wg_pdl_wait();
-  wg_pdl_trigger();
-  { /* X tiles of this warpgroup's chunks, rows past M zero */
-    const T *X = (const T *)p.x;
-    for (int e = t; e < nch * KCH * 512; e += 128) {
-      const int slot = e >> 9, r = (e >> 6) & 7, col = e & 63;
-      const int k = ((wg + (slot / KCH) * NWG) * KCH + slot % KCH) * 64 + col;
-      const T v = r < p.m && k < p.k ? X[(size_t)r * p.k + k] : T(0.0f);
-      *(T *)(base + xoff + slot * 1024 + r * 128 + (((col >> 3) ^ r) << 4) + (col & 7) * 2) = v;
-    }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
-  }
-
-  float acc[BN / 2];
-  for (int i = 0; i < nch; i++) {
-    const int s = i % S, c = wg + i * NWG;
-#pragma unroll
-    for (int q = 0; q < BN / 2; q++) acc[q] = 0.0f;
-    mbar_wait(full0 + 8 * s, (uint32_t)(i / S) & 1u);
-    wg_fence();
-#pragma unroll
-    for (int kt = 0; kt < KCH; kt++) { /* K % 256 == 0: every chunk is whole */
-      const uint32_t xa = base_s + xoff + (i * KCH + kt) * 1024, wb = wring + s * WSTAGE + kt * WT;
-#pragma unroll
-      for (int kk = 0; kk < 4; kk++)
-        wgmma_op<T, BN>::run(acc, wg_desc(xa + kk * 32), wg_desc(wb + kk * 32));
-    }
-    wg_commit();
-    wg_wait<0>();
-    /* ptxas serialises every wgmma of a kernel (C7518/C7520, which cost this
-     * kernel ~5x) when wgmmas sit under a data-dependent trip count or the
-     * accumulator is read on a warp-dependent path: whole chunks only, and
-     * every thread copies the chain out through real moves first. */
-    float res[BN / 2];
-#pragma unroll
-    for (int q = 0; q < BN / 2; q++) asm volatile("mov.b32 %0, %1;" : "=f"(res[q]) : "f"(acc[q]));
-    if (i + S < nch) { /* every warp is done with slot s: refill it */
-      asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
-      if (t == 0) {
-        mbar_expect_tx(full0 + 8 * s, WSTAGE);
-        tma_load_3d(wring + s * WSTAGE, &P.tw, full0 + 8 * s, 0, n0, (c + S * NWG) * KCH);
-      }
-    }
-    const int row = lane >> 2;
-    if (warp == 0 && row < p.m) {
-      float *dst = part + ((size_t)c * p.m + row) * BN + (lane & 3) * 2;
-#pragma unroll
-      for (int nb = 0; nb < BN / 8; nb++) {
-        dst[nb * 8] = res[nb * 4];
-        dst[nb * 8 + 1] = res[nb * 4 + 1];
-      }
-    }
+  if (!waited) {
+    wg_pdl_wait();
+    wg_pdl_trigger();
   }
   __syncthreads();
   const T *B = (const T *)p.bias;
-  for (int e = threadIdx.x; e < p.m * BN; e += blockDim.x) {
-    const int row = e / BN, col = e % BN, gn = n0 + col;
+  for (int e = threadIdx.x; e < p.m * BNc; e += blockDim.x) {
+    const int row = e / BNc, col = e % BNc, gn = n0 + col;
     if (gn >= p.n) continue;
-    float v = part[(size_t)row * BN + col];
-    for (int c = 1; c < C; c++) v = __fadd_rn(v, part[((size_t)c * p.m + row) * BN + col]);
+    float v = part[(size_t)row * BNc + col];
+    for (int c = 1; c < C; c++) v = __fadd_rn(v, part[((size_t)c * p.m + row) * BNc + col]);
     if (B) v = __fadd_rn(v, mma_op<T>::to_f(B[gn]));
     const size_t o = (size_t)row * p.n + gn;
     if (p.out_f32)
@@ -935,18 +921,17 @@ __device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
       name(const __grid_constant__ mbd_wg_params P) {                                     \
     wg_body<T, CWG, BN, IN, ST, TMA, FOLD>(P);                                           \
   }
-#define MBD_WK(name, T, BN, NWG, S)                                                       \
-  extern "C" __global__ void __launch_bounds__(NWG * 128, 1)                             \
-      name(const __grid_constant__ mbd_wk_params P) {                                     \
-    wk_body<T, BN, NWG, S>(P);                                                            \
+#define MBD_MK(name, T, HI, MINB)                                                         \
+  extern "C" __global__ void __launch_bounds__(MK_WARPS * 32, MINB)                      \
+      name(const __grid_constant__ mbd_mk_params P) {                                     \
+    mk_body<T, HI>(P);                                                                    \
   }
 /* Configurations (scheduling only; mirrored by k_wtiles / k_ktiles in gpu_gemm.cu):
  *   0..3: 64 x {16,32,64,128}, one block per SM with ~200 KB of stages so each SM
  *         keeps 40-140 KB of weights in flight (decode is latency x bytes bound)
  *   4, 5: 128 x {64,128}; 6: 128 x 256 for K <= one chunk (no room for a partial)
  *   7, 8: plain-load producer, 64 x 64 and 128 x 128
- *   wkgemm 0..3: M <= 8 strips of {16,32,64,128} columns, {8,4,4,2} warpgroups,
- *         {2,2,1,1} chunks in flight per warpgroup */
+ *   mkgemm _8 / _16: M <= 8 / M <= 16, mma.sync chains (groups chosen per call) */
 #define MBD_WG_ALL(ty, T)                                                                  \
   MBD_WG(mbd_wgemm_##ty##_0, T, 1, 16, 16, 20, true, 1, true)                              \
   MBD_WG(mbd_wgemm_##ty##_1, T, 1, 32, 32, 18, true, 1, true)                              \
@@ -957,10 +942,8 @@ __device__ __forceinline__ void wk_body(const mbd_wk_params &P) {
   MBD_WG(mbd_wgemm_##ty##_6, T, 2, 256, 256, 4, true, 1, false)                            \
   MBD_WG(mbd_wgemm_##ty##_7, T, 1, 64, 64, 4, false, 2, true)                              \
   MBD_WG(mbd_wgemm_##ty##_8, T, 2, 128, 128, 3, false, 1, true)                            \
-  MBD_WK(mbd_wkgemm_##ty##_0, T, 16, 8, 2)                                                 \
-  MBD_WK(mbd_wkgemm_##ty##_1, T, 32, 4, 2)                                                 \
-  MBD_WK(mbd_wkgemm_##ty##_2, T, 64, 4, 1)                                                 \
-  MBD_WK(mbd_wkgemm_##ty##_3, T, 128, 2, 1)
+  MBD_MK(mbd_mkgemm_##ty##_8, T, false, 2)                                                 \
+  MBD_MK(mbd_mkgemm_##ty##_16, T, true, 1)
 MBD_WG_ALL(bf16, __nv_bfloat16)
 MBD_WG_ALL(f16, __half)
 
