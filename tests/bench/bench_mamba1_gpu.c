@@ -11,7 +11,9 @@
  * Usage: bench_mamba1_gpu [--ops] [130m|1.4b|all] [reps] [bf16|f32|all]; --ops
  * first prints the per-launch time of each op of one 130m bf16 layer at M=1,
  * with the separate conv and with the decode fusion (conv in x_proj and the
- * scan). MBD_CONV_FUSE_MAX (see mamba_ops.h) picks the model's decode path. */
+ * scan). MBD_CONV_FUSE_MAX (see mamba_ops.h) picks the model's decode path;
+ * MBD_BENCH_PROFILE_STEP: see profile_step. */
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -70,6 +72,11 @@ typedef struct shape {
   int d, L;
 } shape;
 
+/* MBD_BENCH_PROFILE_STEP=1: bracket one deterministic batch-1 decode step
+ * with cudaProfilerStart/Stop, for ncu --profile-from-start off
+ * --graph-profiling node (per-kernel device time of a step's graph). */
+static int profile_step;
+
 static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
   mbd_error err;
   mbd_error_clear(&err);
@@ -126,6 +133,11 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
       int b = bs[k];
       for (int i = 0; i < b; i++) CK(mbd_mamba1_gpu_slot_reset(m, sl[i], &err));
       for (int w = 0; w < 3; w++) CK(mbd_mamba1_gpu_step(m, b, tok, sl, NULL, tok, NULL, &err));
+      if (profile_step && mode == 0 && k == 0) { /* one step for ncu --profile-from-start off */
+        cudaProfilerStart();
+        CK(mbd_mamba1_gpu_step(m, b, tok, sl, NULL, tok, NULL, &err));
+        cudaProfilerStop();
+      }
       for (int r = 0; r < reps; r++) {
         cudaEventRecord(e0, s);
         CK(mbd_mamba1_gpu_step(m, b, tok, sl, NULL, tok, NULL, &err));
@@ -273,6 +285,8 @@ int main(int argc, char **argv) {
     printf("SKIP: no CUDA device\n");
     return 77;
   }
+  const char *pe = getenv("MBD_BENCH_PROFILE_STEP");
+  profile_step = pe && pe[0] == '1';
   int rc = ops ? op_breakdown() : 0;
   double bw = copy_rate();
   printf("device copy rate %.2f TB/s (read + write); tokens/s, median of %d\n", bw / 1e12, reps);
