@@ -1,0 +1,213 @@
+/* The per-element arithmetic of the Mamba-1 model kernels: loads and stores
+ * through the activation dtype, SiLU/softplus, the conv step, the x_proj lane
+ * chain, the scan step and the RMSNorm scale. The only place each is spelled:
+ * the per-op kernels (mamba_ops.cu) and the persistent decode kernel
+ * (decode_persistent.cu) both call these, so their bits cannot drift apart.
+ * Every rounding is an explicit _rn intrinsic (see mamba_ops.cu). */
+#ifndef MBD_MOPS_ARITH_CUH
+#define MBD_MOPS_ARITH_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "kernels/portable_math.h"
+
+__device__ __forceinline__ float ld_f32(const float *p) { return *p; }
+__device__ __forceinline__ float ld_f32(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float ld_f32(const __half *p) { return __half2float(*p); }
+__device__ __forceinline__ void st_act(float *p, float v) { *p = v; }
+__device__ __forceinline__ void st_act(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void st_act(__half *p, float v) { *p = __float2half_rn(v); }
+
+/* x / (1 + exp(-x)) and x > 20 ? x : log1p(exp(x)) (torch's softplus), as
+ * mbd_cpu_silu / mbd_cpu_softplus: the same portable functions. */
+__device__ __forceinline__ float silu_f(float x) { return mbd_pm_silu(x); }
+__device__ __forceinline__ float softplus_f(float x) { return mbd_pm_softplus(x); }
+
+static int launch_check(const char *what, mbd_error *err) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return mbd_error_set(err, MBD_E_DEVICE, "launching %s failed: %s (%d)", what,
+                         cudaGetErrorName(e), (int)e);
+  return 0;
+}
+
+/* Programmatic dependent launch. A decode step is a chain of ~150 small
+ * dependent kernels, so each one's launch latency and prologue (index math,
+ * weight loads) is on the critical path. Every model kernel is launched with
+ * programmatic stream serialisation: it may start while its predecessor is
+ * still running, does only work that reads no predecessor output (weights,
+ * index math), then waits in pdl_wait() until the predecessor has completed
+ * and its writes are visible. It calls pdl_wait() unconditionally before any
+ * early return, so its completion still implies its predecessor's, and the
+ * chain stays fully ordered. pdl_trigger() lets the successor's blocks launch
+ * early. Both are no-ops when the launch carries no attribute (MBD_PDL=0 in
+ * the environment: a benchmarking switch; the bits are the same either way). */
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+/* Hint: pull [p, p + bytes) toward L2 while the predecessor still runs. */
+__device__ __forceinline__ void prefetch_l2(const void *p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+/* One causal conv + SiLU output, mbd_cpu_conv_step's arithmetic: the window
+ * taps (oldest first) in ascending order, then the new input, then the bias.
+ * The only place that arithmetic is spelled: k_conv_silu (prefill) and the
+ * decode fusion (k_conv_xproj, k_scan_step with KC > 0) all call it, so their
+ * bits cannot drift apart. */
+template <int K>
+__device__ __forceinline__ float conv_silu_out(const float (&wk)[K], const float (&win)[K - 1],
+                                               float xv, bool has_bias, float b) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < K - 1; j++) acc = __fmaf_rn(wk[j], win[j], acc);
+  acc = __fmaf_rn(wk[K - 1], xv, acc);
+  if (has_bias) acc = __fadd_rn(acc, b);
+  return silu_f(acc);
+}
+
+/* Eight consecutive elements k..k+7 widened to f32; one 16- or 32-byte
+ * vector load when the row allows it (VEC), element loads otherwise: the same
+ * values either way. */
+template <bool VEC, typename T>
+__device__ __forceinline__ void ld8(const T *p, int k, int K, float v[8]) {
+  if (VEC && k + 8 <= K) {
+    if constexpr (sizeof(T) == 4) {
+      float4 a = *(const float4 *)(p + k), b = *(const float4 *)(p + k + 4);
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+      v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+      uint4 q = *(const uint4 *)(p + k);
+      const T *h = (const T *)&q;
+#pragma unroll
+      for (int j = 0; j < 8; j++) v[j] = ld_f32(h + j);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = k + j < K ? ld_f32(p + k + j) : 0.0f;
+  }
+}
+
+#define XP_ROWS 4  /* rows per warp: the weight chunk is loaded once for them */
+
+/* One lane's step of the x_proj contract: the weight chunk wv = w[o, k..k+7]
+ * against rows 0..nr-1 of x (row stride ldx): acc[r] = fmaf(x, w, acc[r]) for
+ * j = 0..7 (k + j < K only). k_xproj and k_conv_xproj both run it. */
+template <bool VEC, typename T>
+__device__ __forceinline__ void xp_chunk(const T *x, int64_t ldx, int nr, int k, int K,
+                                         const float (&wv)[8], float (&acc)[XP_ROWS]) {
+#pragma unroll
+  for (int r = 0; r < XP_ROWS; r++) {
+    if (r >= nr) break;
+    float xv[8];
+    ld8<VEC>(x + (int64_t)r * ldx, k, K, xv);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+      if (k + j < K) acc[r] = __fmaf_rn(xv[j], wv[j], acc[r]);
+  }
+}
+
+/* The contract's xor butterfly over the 32 lanes, then lane 0 stores. */
+__device__ __forceinline__ void xp_store(float (&acc)[XP_ROWS], int nr, int lane, float *out,
+                                         int NO, int o) {
+#pragma unroll
+  for (int r = 0; r < XP_ROWS; r++) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+      acc[r] = __fadd_rn(acc[r], __shfl_xor_sync(0xffffffffu, acc[r], off));
+    if (lane == 0 && r < nr) out[(int64_t)r * NO + o] = acc[r];
+  }
+}
+
+/* Rounds v through the activation dtype (what a GEMM input in that dtype holds). */
+template <typename T>
+__device__ __forceinline__ float round_act(float v) {
+  T t;
+  st_act(&t, v);
+  return ld_f32(&t);
+}
+
+template <int N>
+__device__ __forceinline__ void ld_f32x(const float *p, float (&v)[N]) {
+#pragma unroll
+  for (int n = 0; n < N; n += 4) {
+    float4 q = *(const float4 *)(p + n);
+    v[n] = q.x, v[n + 1] = q.y, v[n + 2] = q.z, v[n + 3] = q.w;
+  }
+}
+
+/* One channel's conv + SiLU output for a decode step from its window at cs
+ * (stride di, oldest first) and the input xv; when `write`, the window is
+ * advanced in place (the old one shifted by xv). */
+template <int KC>
+__device__ __forceinline__ float conv_step_state(float *cs, int64_t di, float xv,
+                                                 const float (&wk)[KC], bool has_bias, float b,
+                                                 bool write) {
+  float win[KC - 1];
+#pragma unroll
+  for (int j = 0; j < KC - 1; j++) win[j] = cs[(int64_t)j * di];
+  const float v = conv_silu_out<KC>(wk, win, xv, has_bias, b);
+  if (write) {
+#pragma unroll
+    for (int j = 0; j + 1 < KC - 1; j++) cs[(int64_t)j * di] = win[j + 1];
+    cs[(int64_t)(KC - 2) * di] = xv;
+  }
+  return v;
+}
+
+/* One step of one channel: sd = round_act(dt_low) [R], then B [N], C [N];
+ * wr its dt_proj row (f32); h its state (updated). Returns y before the
+ * act rounding: mbd_cpu_scan_step's roundings in its order. */
+template <int N>
+__device__ __forceinline__ float scan_one(const float *sd, const float *wr, int R, float bdt,
+                                          const float (&a)[N], float d, float x, float z,
+                                          float (&h)[N]) {
+  float dt = 0.0f;
+#pragma unroll 8
+  for (int k = 0; k < R; k++) dt = __fmaf_rn(sd[k], wr[k], dt);
+  dt = softplus_f(__fadd_rn(dt, bdt));
+  const float *B = sd + R, *C = B + N;
+  float acc = 0.0f;
+#pragma unroll
+  for (int n = 0; n < N; n++) {
+    const float dA = mbd_pm_expf(__fmul_rn(dt, a[n]));
+    h[n] = __fmaf_rn(dA, h[n], __fmul_rn(__fmul_rn(dt, B[n]), x));
+    acc = __fmaf_rn(h[n], C[n], acc);
+  }
+  acc = __fmaf_rn(d, x, acc);
+  return __fmul_rn(acc, silu_f(z));
+}
+
+/* 1 / sqrt(mean(row^2) + eps) with mbd_cpu_rmsnorm's arithmetic: one fmaf
+ * chain over the row in ascending order, on one thread (a tree would be
+ * faster but would round differently from the reference). row: 16-byte
+ * aligned (shared memory). */
+__device__ __forceinline__ float rms_inv(const float *row, int d, float eps) {
+  const float4 *row4 = (const float4 *)row;
+  float ss = 0.0f;
+  int c = 0;
+  for (; c + 4 <= d; c += 4) {
+    const float4 q = row4[c >> 2];
+    ss = __fmaf_rn(q.x, q.x, ss);
+    ss = __fmaf_rn(q.y, q.y, ss);
+    ss = __fmaf_rn(q.z, q.z, ss);
+    ss = __fmaf_rn(q.w, q.w, ss);
+  }
+  for (; c < d; c++) ss = __fmaf_rn(row[c], row[c], ss);
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)d), eps)));
+}
+/* One normalised element: w * (x * rinv), before the activation rounding. */
+__device__ __forceinline__ float rms_out(float w, float x, float rinv) {
+  return __fmul_rn(w, __fmul_rn(x, rinv));
+}
+
+#endif
