@@ -23,6 +23,7 @@
 extern "C" {
 #include "common/half.h"
 #include "common/safetensors.h"
+#include "kernels/cuda/decode_persistent.h"
 #include "kernels/cuda/gpu_gemm.h"
 #include "kernels/cuda/mamba1_gpu.h"
 #include "kernels/cuda/mamba_ops.h"
@@ -78,6 +79,7 @@ struct mbd_mamba1_gpu {
   uint32_t *stamp;       /* host [nslots]: duplicate-slot check */
   uint32_t gen;
   mbd_gpu_graph *graphs[MAX_BUCKETS];
+  mbd_dp_model dp;       /* the persistent decode's view of this model */
 };
 
 /* ------------------------------------------------------------ small helpers */
@@ -205,6 +207,63 @@ static int model_alloc(mbd_gpu_ctx *ctx, const mbd_mamba_config *cfg,
 }
 
 /* State slots, workspace and pinned staging. */
+/* The persistent decode's view (decode_persistent.h): a device copy of the
+ * layer table and its grid-barrier counter. Runs after the weights and the
+ * workspace exist. */
+static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
+  const mbd_mamba_config *c = &m->cfg;
+  const size_t tb = (size_t)c->n_layer * sizeof(mbd_dp_layer);
+  mbd_dp_layer *h = (mbd_dp_layer *)calloc(1, tb);
+  void *dl = NULL, *bar = NULL;
+  int rc = 0;
+  if (!h) return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
+  for (int l = 0; l < c->n_layer; l++) {
+    const layer_d *L = &m->layers[l];
+    mbd_dp_layer *o = &h[l];
+    o->norm = L->norm;
+    o->in_w = L->in_w;
+    o->in_b = L->in_b;
+    o->conv_w = L->conv_w;
+    o->conv_b = L->conv_b;
+    o->x_w = L->x_w;
+    o->dt_w = L->dt_w;
+    o->dt_b = L->dt_b;
+    o->A = L->A;
+    o->D = L->D;
+    o->out_w = L->out_w;
+    o->out_b = L->out_b;
+  }
+  if ((rc = dalloc(m, tb, &dl, err)) || (rc = dalloc(m, sizeof(unsigned), &bar, err))) goto fail;
+  MBD_GPU_TRY(cudaMemcpy(dl, h, tb, cudaMemcpyHostToDevice), err);
+  MBD_GPU_TRY(cudaMemset(bar, 0, sizeof(unsigned)), err);
+  {
+    mbd_dp_model *dp = &m->dp;
+    dp->d_model = c->d_model;
+    dp->d_inner = c->d_inner;
+    dp->dt_rank = c->dt_rank;
+    dp->d_state = c->d_state;
+    dp->d_conv = c->d_conv;
+    dp->n_layer = c->n_layer;
+    dp->norm_eps = c->norm_eps;
+    dp->dtype = m->dtype;
+    dp->emb = m->emb;
+    dp->layers = (const mbd_dp_layer *)dl;
+    dp->conv_state = m->conv_st;
+    dp->conv_slot = m->conv_slot;
+    dp->ssm_state = m->ssm_st;
+    dp->ssm_slot = m->ssm_slot;
+    dp->xc_act = m->xc_act;
+    dp->y = m->y;
+    dp->dbl = m->dbl;
+    dp->resid = m->resid;
+    dp->out = m->out;
+    dp->barrier = (unsigned *)bar;
+  }
+fail:
+  free(h);
+  return rc;
+}
+
 static int alloc_runtime(mbd_mamba1_gpu *m, mbd_error *err) {
   const mbd_mamba_config *c = &m->cfg;
   int rc = 0;
@@ -254,7 +313,7 @@ static int alloc_runtime(mbd_mamba1_gpu *m, mbd_error *err) {
   MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_temp, B * 4), err);
   MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_seed, B * 8), err);
   MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_step, B * 8), err);
-  return 0;
+  return dp_setup(m, err);
 }
 
 void mbd_mamba1_gpu_destroy(mbd_mamba1_gpu **pm) {
@@ -581,13 +640,16 @@ static int gemm(mbd_mamba1_gpu *m, int64_t M, int64_t N, int64_t K, const void *
   return mbd_gpu_gemm(m->ctx, &a, err);
 }
 
-/* Runs nseq x T rows (tokens in d_tok, slots in d_slots) through the model,
- * advancing the slots' states. Logits: 0 none; 1 each sequence's last row
- * ([nseq, V]); 2 every row ([nseq * T, V]); into m->logits. Enqueue only. */
-static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, mbd_error *err) {
+int mbd_mamba1_gpu_persistent(const mbd_mamba1_gpu *m, int rows) {
+  return mbd_gpu_ctx_mode(m->ctx) == MBD_GEMM_DETERMINISTIC && mbd_dp_fits(&m->dp, rows);
+}
+
+/* Embedding and every layer of nseq x T rows through the per-op kernels;
+ * leaves resid and out for the final add + norm. */
+static int layers(mbd_mamba1_gpu *m, int nseq, int T, mbd_error *err) {
   const mbd_mamba_config *c = &m->cfg;
   const int64_t M = (int64_t)nseq * T, d = c->d_model, di = c->d_inner, N = c->d_state;
-  const int64_t R = c->dt_rank, V = c->vocab_size;
+  const int64_t R = c->dt_rank;
   const mbd_dtype act = m->dtype;
   void *s = (void *)m->stream;
   int rc;
@@ -619,6 +681,29 @@ static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, mbd_error *err
       return rc;
     if ((rc = gemm(m, M, d, di, m->y, L->out_w, L->out_b, m->out, MBD_DTYPE_F32, err)))
       return rc;
+  }
+  return 0;
+}
+
+/* Runs nseq x T rows (tokens in d_tok, slots in d_slots) through the model,
+ * advancing the slots' states. Logits: 0 none; 1 each sequence's last row
+ * ([nseq, V]); 2 every row ([nseq * T, V]); into m->logits. Enqueue only. */
+static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, mbd_error *err) {
+  const mbd_mamba_config *c = &m->cfg;
+  const int64_t M = (int64_t)nseq * T, d = c->d_model, V = c->vocab_size;
+  const mbd_dtype act = m->dtype;
+  void *s = (void *)m->stream;
+  int rc;
+  if (T == 1 && mbd_mamba1_gpu_persistent(m, nseq)) {
+    /* small decode batches: every layer in one persistent launch, same bits */
+    mbd_error poisoned;
+    if (mbd_gpu_ctx_unusable(m->ctx, &poisoned)) { /* as mbd_gpu_gemm would refuse */
+      if (err) *err = poisoned;
+      return poisoned.code;
+    }
+    if ((rc = mbd_dp_decode(s, &m->dp, nseq, m->d_tok, m->d_slots, err))) return rc;
+  } else if ((rc = layers(m, nseq, T, err))) {
+    return rc;
   }
   if (which == 0) return 0;
   const int64_t rows = which == 1 ? nseq : M;

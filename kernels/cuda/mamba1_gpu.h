@@ -113,6 +113,11 @@ int mbd_mamba1_gpu_step(mbd_mamba1_gpu *m, int n, const int32_t *tokens, const i
  * after a GEMM-mode change, since a graph replays only under its route). */
 void mbd_mamba1_gpu_set_graphs(mbd_mamba1_gpu *m, int on);
 
+/* 1 when a decode step of `rows` rows runs every layer in one persistent
+ * launch (decode_persistent.h: small batches, deterministic mode, sm_90a,
+ * bf16/f16, shapes that fit), else 0. The bits are the same either way. */
+int mbd_mamba1_gpu_persistent(const mbd_mamba1_gpu *m, int rows);
+
 #ifdef __cplusplus
 }
 #endif

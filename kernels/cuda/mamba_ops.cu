@@ -25,6 +25,14 @@ extern "C" {
 
 /* ------------------------------------------------------------ helpers */
 
+static int launch_check(const char *what, mbd_error *err) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return mbd_error_set(err, MBD_E_DEVICE, "launching %s failed: %s (%d)", what,
+                         cudaGetErrorName(e), (int)e);
+  return 0;
+}
+
 static bool pdl_on() {
   static const bool on = [] {
     const char *e = getenv("MBD_PDL");

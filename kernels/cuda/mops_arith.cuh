@@ -25,14 +25,6 @@ __device__ __forceinline__ void st_act(__half *p, float v) { *p = __float2half_r
 __device__ __forceinline__ float silu_f(float x) { return mbd_pm_silu(x); }
 __device__ __forceinline__ float softplus_f(float x) { return mbd_pm_softplus(x); }
 
-static int launch_check(const char *what, mbd_error *err) {
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return mbd_error_set(err, MBD_E_DEVICE, "launching %s failed: %s (%d)", what,
-                         cudaGetErrorName(e), (int)e);
-  return 0;
-}
-
 /* Programmatic dependent launch. A decode step is a chain of ~150 small
  * dependent kernels, so each one's launch latency and prologue (index math,
  * weight loads) is on the critical path. Every model kernel is launched with

@@ -28,6 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda_runtime_api.h>
+
 #include <cmocka.h>
 
 #include "common/safetensors.h"
@@ -444,6 +446,19 @@ static void check_bitwise(mbd_dtype dt) {
   int32_t *sl = malloc(sizeof(int32_t) * 256);
   int32_t target[TT];
   rand_tokens(&seed, target, TT, V);
+
+  /* On the H200 (cc 9.0, sm_90a build) bf16 batch-1/2/4 steps run the
+   * persistent decode and larger batches the per-op kernels: every
+   * comparison below between them is a memcmp of the two paths. */
+  int cc_major = 0, cc_minor = 0;
+  cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, 0);
+  printf("%s persistent decode at batch 1/4/8: %d/%d/%d\n", mbd_dtype_name(dt),
+         mbd_mamba1_gpu_persistent(m, 1), mbd_mamba1_gpu_persistent(m, 4),
+         mbd_mamba1_gpu_persistent(m, 8));
+  if (dt == MBD_DTYPE_BF16 && cc_major == 9 && cc_minor == 0 && !getenv("MBD_DECODE_PERSISTENT"))
+    assert_true(mbd_mamba1_gpu_persistent(m, 1) && mbd_mamba1_gpu_persistent(m, 4));
+  assert_false(mbd_mamba1_gpu_persistent(m, 8));
 
   trace ref, got;
   trace_alloc(&ref, V, sb);

@@ -1,0 +1,428 @@
+/* Persistent decode kernel (see decode_persistent.h).
+ *
+ * Work split, block b of nb (one per SM), per layer:
+ *   A  every block: residual add + RMSNorm of all rows, redundantly (the same
+ *      bits everywhere, no barrier for it); then in_proj for its channel
+ *      groups g = b, b + nb, ... (8 channels: the x columns 8g.. and the z
+ *      columns di + 8g..), and the conv of its channels (it owns their conv
+ *      state), writing xc in the activation dtype for x_proj;
+ *   -- barrier: x_proj needs every channel
+ *   B  x_proj output o = b + j * nb on warp j (the x_proj lane contract);
+ *   -- barrier: the scan needs all of dt_low, B, C
+ *   C  dt_proj + scan + D skip + gate of its channels (it owns their state);
+ *   -- barrier: out_proj needs every channel
+ *   D  out_proj for its column groups b, b + nb, ...
+ *   -- barrier: the next norm needs every column.
+ * The projections are chunk chains of m16n8k16 steps (device/mma_m16n8k16.cuh)
+ * from W slices in shared memory, partials folded in chunk order and then the
+ * bias, as the GEMM family's mbd_mkgemm (same bits as its wgmma tiles). Each
+ * block streams its slices of layer l + 1 (cp.async) into the other half of a
+ * double buffer while layer l runs. Rows of W slices and of the activations
+ * are padded by 16 bytes, which makes the fragments' 32-bit shared loads
+ * conflict-free. Data written by other blocks in this launch is read through
+ * L2 (__ldcg), never a possibly stale L1 line. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "kernels/cuda/decode_persistent.h"
+}
+#include "kernels/cuda/device/mma_m16n8k16.cuh"
+#include "kernels/cuda/mops_arith.cuh"
+
+#define DP_WARPS 8
+#define DP_THREADS (32 * DP_WARPS)
+#define DP_KC 4        /* conv width */
+#define DP_N 16        /* d_state */
+#define DP_CH 256      /* K chunk of the GEMM contract (MBD_WG_KCH) */
+#define DP_MAXROWS XP_ROWS
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DP_HAVE_KERNEL 1 /* the mma.sync == wgmma bit identity is an sm_90a fact */
+#endif
+
+/* Shared-memory plan, the same on host and device. */
+struct dp_plan {
+  int gpb, opb, xpb;   /* in_proj groups, out_proj groups, x_proj outputs per block (max) */
+  int cin, cout, no;   /* K chunks of in_proj / out_proj; x_proj outputs */
+  int sh, sa;          /* row strides (elements) of hn [rows][d] and act [rows][di] */
+  uint32_t swi, swo;   /* W slice row strides, bytes */
+  uint32_t wbuf;       /* one weight buffer: in slice, out slice, x_proj slice */
+  uint32_t o_out, o_xp; /* offsets of the out and x_proj slices inside a buffer */
+  uint32_t o_resid, o_hn, o_act, o_part, o_xc, o_z, o_sd, o_dtw, o_rinv, total;
+};
+
+__host__ __device__ inline uint32_t dp_al16(uint32_t v) { return (v + 15u) & ~15u; }
+
+__host__ __device__ inline dp_plan dp_make_plan(int d, int di, int R, int rows, int nb, int ts) {
+  dp_plan P;
+  P.gpb = (di / 8 + nb - 1) / nb;
+  P.opb = (d / 8 + nb - 1) / nb;
+  P.no = R + 2 * DP_N;
+  P.xpb = (P.no + nb - 1) / nb;
+  P.cin = (d + DP_CH - 1) / DP_CH;
+  P.cout = (di + DP_CH - 1) / DP_CH;
+  P.sh = d + 16 / ts;
+  P.sa = di + 16 / ts;
+  P.swi = (uint32_t)(d * ts + 16);
+  P.swo = (uint32_t)(di * ts + 16);
+  P.o_out = (uint32_t)P.gpb * 16u * P.swi;
+  P.o_xp = P.o_out + (uint32_t)P.opb * 8u * P.swo;
+  P.wbuf = P.o_xp + (uint32_t)P.xpb * P.swo;
+  const int items = 2 * P.gpb * P.cin > P.opb * P.cout ? 2 * P.gpb * P.cin : P.opb * P.cout;
+  uint32_t o = 2u * P.wbuf;
+  P.o_resid = o;  o = dp_al16(o + (uint32_t)(rows * d) * 4u);
+  P.o_hn = o;     o = dp_al16(o + (uint32_t)(rows * P.sh * ts));
+  P.o_act = o;    o = dp_al16(o + (uint32_t)(rows * P.sa * ts));
+  P.o_part = o;   o = dp_al16(o + (uint32_t)(items * rows * 8) * 4u);
+  P.o_xc = o;     o = dp_al16(o + (uint32_t)(rows * P.gpb * 8) * 4u);
+  P.o_z = o;      o = dp_al16(o + (uint32_t)(rows * P.gpb * 8) * 4u);
+  P.o_sd = o;     o = dp_al16(o + (uint32_t)(rows * P.no) * 4u);
+  P.o_dtw = o;    o = dp_al16(o + (uint32_t)(P.gpb * 8 * (R + 1)) * 4u);
+  P.o_rinv = o;   o = dp_al16(o + DP_MAXROWS * 4u);
+  P.total = o;
+  return P;
+}
+
+struct dp_args {
+  mbd_dp_model m;
+  int rows;
+  const int32_t *tok, *slots;
+};
+
+#ifdef DP_HAVE_KERNEL
+__device__ __forceinline__ void dp_cp16(void *dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                   (uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void dp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void dp_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
+/* Grid-wide barrier over a counter that returns to its start value after
+ * every barrier: block 0 adds 2^31 - (nb - 1), the others 1, so the top bit
+ * flips once all nb have arrived (the scheme of cooperative groups' grid
+ * sync); the fence before the add and the acquire load make every block's
+ * writes before the barrier visible to every block after it. */
+__device__ __forceinline__ void dp_grid_sync(unsigned *bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
+    __threadfence();
+    const unsigned old = atomicAdd(bar, add);
+    unsigned cur;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(bar) : "memory");
+    } while (((old ^ cur) & 0x80000000u) == 0);
+  }
+  __syncthreads();
+}
+
+/* Blocks of groups b, b + nb, ... below n: how many this block owns. */
+__device__ __forceinline__ int dp_owned(int n, int per) {
+  int k = 0;
+  while (k < per && (int)blockIdx.x + k * (int)gridDim.x < n) k++;
+  return k;
+}
+
+/* One contract chunk chain: 8 outputs (W rows at w, stride sw elements) for
+ * the rows of x (stride sx) below `rows`, k16 steps k0.. (steps of them) from
+ * 0. Lane 4g + t ends with rows g's outputs 2t, 2t + 1 in d[0], d[1]. */
+template <typename T>
+__device__ __forceinline__ void dp_chain(const T *w, int sw, const T *x, int sx, int rows, int k0,
+                                         int steps, float d[4], int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const uint32_t *wr = (const uint32_t *)(w + (size_t)g * sw + k0);
+  const uint32_t *xr = (const uint32_t *)(x + (size_t)(g < rows ? g : 0) * sx + k0);
+  const bool xl = g < rows;
+  d[0] = d[1] = d[2] = d[3] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < DP_CH / 16; j++) {
+    if (j < steps) {
+      const uint32_t b[2] = {wr[8 * j + t], wr[8 * j + 4 + t]};
+      const uint32_t a[4] = {xl ? xr[8 * j + t] : 0u, 0u, xl ? xr[8 * j + 4 + t] : 0u, 0u};
+      mma_op<T>::run(d, a, b);
+    }
+  }
+}
+
+/* rows x n elements (n % 8 == 0) of a T matrix written earlier in this launch
+ * into shared memory with row stride ld. */
+template <typename T>
+__device__ __forceinline__ void dp_stage_rows(T *dst, int ld, const T *src, int rows, int n) {
+  const int pr = n / 8;
+  for (int e = threadIdx.x; e < rows * pr; e += DP_THREADS) {
+    const int r = e / pr, p = e - r * pr;
+    *(uint4 *)(dst + (size_t)r * ld + 8 * p) = __ldcg((const uint4 *)(src + (size_t)r * n) + p);
+  }
+}
+#endif
+
+template <typename T>
+__global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_constant__ dp_args A) {
+#ifdef DP_HAVE_KERNEL
+  extern __shared__ __align__(16) unsigned char dsm[];
+  const mbd_dp_model &M = A.m;
+  const int rows = A.rows, d = M.d_model, di = M.d_inner, R = M.dt_rank, L = M.n_layer;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int b = blockIdx.x, nb = gridDim.x;
+  const dp_plan P = dp_make_plan(d, di, R, rows, nb, (int)sizeof(T));
+  const int NO = P.no;
+  const int nin = dp_owned(di / 8, P.gpb), nout = dp_owned(d / 8, P.opb),
+            nxp = dp_owned(NO, P.xpb);
+  float *resid = (float *)(dsm + P.o_resid), *part = (float *)(dsm + P.o_part);
+  float *xcv = (float *)(dsm + P.o_xc), *zv = (float *)(dsm + P.o_z);
+  float *sd = (float *)(dsm + P.o_sd), *dtw = (float *)(dsm + P.o_dtw);
+  float *rinv = (float *)(dsm + P.o_rinv);
+  T *hn = (T *)(dsm + P.o_hn), *act = (T *)(dsm + P.o_act);
+  const int qn = P.gpb * 8; /* channel slots per row in xcv, zv */
+
+  /* Layer l's W slices of this block into buffer l & 1. */
+  auto issue = [&](int l) {
+    const mbd_dp_layer &Y = M.layers[l];
+    unsigned char *wb = dsm + (uint32_t)(l & 1) * P.wbuf;
+    const int pin = d / 8, pout = di / 8;
+    for (int e = tid; e < nin * 16 * pin; e += DP_THREADS) {
+      const int row = e / pin, p = e - row * pin;
+      const int n = ((row >> 3) & 1) * di + 8 * (b + (row >> 4) * nb) + (row & 7);
+      dp_cp16(wb + row * P.swi + 16 * p, (const T *)Y.in_w + (size_t)n * d + 8 * p);
+    }
+    for (int e = tid; e < nout * 8 * pout; e += DP_THREADS) {
+      const int row = e / pout, p = e - row * pout;
+      const int n = 8 * (b + (row >> 3) * nb) + (row & 7);
+      dp_cp16(wb + P.o_out + row * P.swo + 16 * p, (const T *)Y.out_w + (size_t)n * di + 8 * p);
+    }
+    for (int e = tid; e < nxp * pout; e += DP_THREADS) {
+      const int j = e / pout, p = e - j * pout;
+      dp_cp16(wb + P.o_xp + j * P.swo + 16 * p, (const T *)Y.x_w + (size_t)(b + j * nb) * di + 8 * p);
+    }
+  };
+
+  issue(0);
+  dp_commit();
+  for (int l = 0; l < L; l++) {
+    const mbd_dp_layer &Y = M.layers[l];
+    const unsigned char *wb = dsm + (uint32_t)(l & 1) * P.wbuf;
+    if (l + 1 < L) issue(l + 1);
+    dp_commit();
+
+    /* ---- A: residual, norm (k_embed, k_add_rmsnorm), in_proj, conv */
+    for (int e = tid; e < rows * d; e += DP_THREADS) {
+      const int r = e / d, c = e - r * d;
+      resid[e] = l == 0 ? ld_f32((const T *)M.emb + (size_t)A.tok[r] * d + c)
+                        : __fadd_rn(resid[e], __ldcg(M.out + e));
+    }
+    __syncthreads();
+    if (tid < rows) rinv[tid] = rms_inv(resid + tid * d, d, M.norm_eps);
+    __syncthreads();
+    for (int e = tid; e < rows * d; e += DP_THREADS) {
+      const int r = e / d, c = e - r * d;
+      st_act(hn + r * P.sh + c, rms_out(Y.norm[c], resid[e], rinv[r]));
+    }
+    dp_wait1(); /* this thread's copies of layer l's slices */
+    __syncthreads();
+    for (int it = warp; it < nin * 2 * P.cin; it += DP_WARPS) {
+      const int row8 = it / P.cin, c = it - row8 * P.cin;
+      float dd[4];
+      dp_chain<T>((const T *)(wb + row8 * 8 * P.swi), (int)(P.swi / sizeof(T)), hn, P.sh, rows,
+                  c * DP_CH, min(16, (d - c * DP_CH) / 16), dd, lane);
+      const int g = lane >> 2, t = lane & 3;
+      if (g < rows) {
+        part[(it * rows + g) * 8 + 2 * t] = dd[0];
+        part[(it * rows + g) * 8 + 2 * t + 1] = dd[1];
+      }
+    }
+    __syncthreads();
+    for (int e = tid; e < nin * 2 * rows * 8; e += DP_THREADS) {
+      const int col = e & 7, r = (e >> 3) % rows, row8 = (e >> 3) / rows;
+      const int jj = row8 >> 1, half = row8 & 1, ch = 8 * (b + jj * nb) + col;
+      float v = part[((row8 * P.cin) * rows + r) * 8 + col];
+      for (int c = 1; c < P.cin; c++) v = __fadd_rn(v, part[((row8 * P.cin + c) * rows + r) * 8 + col]);
+      if (Y.in_b) v = __fadd_rn(v, ld_f32((const T *)Y.in_b + half * di + ch));
+      const int q = jj * 8 + col;
+      if (half) {
+        zv[r * qn + q] = v;
+      } else {
+        float wk[DP_KC];
+#pragma unroll
+        for (int j = 0; j < DP_KC; j++) wk[j] = Y.conv_w[(size_t)j * di + ch];
+        float *cs = M.conv_state + (int64_t)A.slots[r] * M.conv_slot + (int64_t)l * (DP_KC - 1) * di + ch;
+        const float xc = conv_step_state<DP_KC>(cs, di, v, wk, Y.conv_b != nullptr,
+                                                Y.conv_b ? Y.conv_b[ch] : 0.0f, true);
+        xcv[r * qn + q] = xc;
+        st_act((T *)M.xc_act + (size_t)r * di + ch, xc);
+      }
+    }
+    dp_grid_sync(M.barrier);
+
+    /* ---- B: x_proj (k_conv_xproj's lane chain on the same rounded inputs) */
+    if (nxp > 0) {
+      dp_stage_rows<T>(act, P.sa, (const T *)M.xc_act, rows, di);
+      __syncthreads();
+      if (warp < nxp) {
+        const T *wr = (const T *)(wb + P.o_xp + warp * P.swo);
+        float acc[XP_ROWS];
+#pragma unroll
+        for (int r = 0; r < XP_ROWS; r++) acc[r] = 0.0f;
+        for (int k = lane * 8; k < di; k += 256) {
+          float wv[8];
+          ld8<true>(wr, k, di, wv);
+          xp_chunk<true>((const T *)act, P.sa, rows, k, di, wv, acc);
+        }
+        xp_store(acc, rows, lane, M.dbl, NO, b + warp * nb);
+      }
+    }
+    /* the scan's weights and this block's own state, before the barrier */
+    for (int e = tid; e < nin * 8 * R; e += DP_THREADS) {
+      const int q = e / R, k = e - q * R, ch = 8 * (b + (q >> 3) * nb) + (q & 7);
+      dtw[q * (R + 1) + k] = ld_f32((const T *)Y.dt_w + (size_t)ch * R + k);
+    }
+    const int nq = nin * 8; /* this block's channels */
+    const bool scan_live = tid < rows * nq;
+    const int sr = scan_live ? tid / nq : 0, sq = scan_live ? tid - sr * nq : 0;
+    const int sch = 8 * (b + (sq >> 3) * nb) + (sq & 7);
+    float a[DP_N], h[DP_N], Dd = 0.0f, bdt = 0.0f;
+    float *hp = nullptr;
+    if (scan_live) {
+      ld_f32x(Y.A + (size_t)sch * DP_N, a);
+      Dd = Y.D[sch];
+      bdt = ld_f32((const T *)Y.dt_b + sch);
+      hp = M.ssm_state + (int64_t)A.slots[sr] * M.ssm_slot + ((int64_t)l * di + sch) * DP_N;
+      ld_f32x(hp, h);
+    }
+    dp_grid_sync(M.barrier);
+
+    /* ---- C: dt_proj + scan + D + gate (k_scan_step) */
+    for (int e = tid; e < rows * NO; e += DP_THREADS) {
+      const int r = e / NO, k = e - r * NO;
+      const float v = __ldcg(M.dbl + e);
+      sd[r * NO + k] = k < R ? round_act<T>(v) : v;
+    }
+    __syncthreads();
+    if (scan_live) {
+      const float v = scan_one<DP_N>(sd + sr * NO, dtw + sq * (R + 1), R, bdt, a, Dd,
+                                     xcv[sr * qn + sq], zv[sr * qn + sq], h);
+      st_act((T *)M.y + (size_t)sr * di + sch, v);
+#pragma unroll
+      for (int n = 0; n < DP_N; n += 4)
+        *(float4 *)(hp + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
+    }
+    dp_grid_sync(M.barrier);
+
+    /* ---- D: out_proj */
+    if (nout > 0) {
+      dp_stage_rows<T>(act, P.sa, (const T *)M.y, rows, di);
+      __syncthreads();
+      for (int it = warp; it < nout * P.cout; it += DP_WARPS) {
+        const int jj = it / P.cout, c = it - jj * P.cout;
+        float dd[4];
+        dp_chain<T>((const T *)(wb + P.o_out + jj * 8 * P.swo), (int)(P.swo / sizeof(T)), act,
+                    P.sa, rows, c * DP_CH, min(16, (di - c * DP_CH) / 16), dd, lane);
+        const int g = lane >> 2, t = lane & 3;
+        if (g < rows) {
+          part[(it * rows + g) * 8 + 2 * t] = dd[0];
+          part[(it * rows + g) * 8 + 2 * t + 1] = dd[1];
+        }
+      }
+      __syncthreads();
+      for (int e = tid; e < nout * rows * 8; e += DP_THREADS) {
+        const int col = e & 7, r = (e >> 3) % rows, jj = (e >> 3) / rows;
+        const int n = 8 * (b + jj * nb) + col;
+        float v = part[((jj * P.cout) * rows + r) * 8 + col];
+        for (int c = 1; c < P.cout; c++) v = __fadd_rn(v, part[((jj * P.cout + c) * rows + r) * 8 + col]);
+        if (Y.out_b) v = __fadd_rn(v, ld_f32((const T *)Y.out_b + n));
+        M.out[(size_t)r * d + n] = v;
+      }
+    }
+    if (l + 1 < L) dp_grid_sync(M.barrier);
+  }
+  if (b == 0)
+    for (int e = tid; e < rows * d; e += DP_THREADS) M.resid[e] = resid[e];
+#endif
+}
+
+/* ------------------------------------------------------------ host */
+
+static bool dp_enabled() {
+  static const bool on = [] {
+    const char *e = getenv("MBD_DECODE_PERSISTENT");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
+/* Blocks of the grid (one per SM) and the shared memory of a launch, or 0. */
+static int dp_geometry(const mbd_dp_model *m, int rows, int *nb, dp_plan *P) {
+  int dev = 0, sms = 0, smax = 0, maj = 0, min_ = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smax, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&min_, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+#ifdef MBD_CUDA_ARCHS
+  if (!strstr(MBD_CUDA_ARCHS, "90a")) return 0;
+#endif
+  if (maj != 9 || min_ != 0) return 0;
+  const int ts = (int)mbd_dtype_size(m->dtype);
+  *P = dp_make_plan(m->d_model, m->d_inner, m->dt_rank, rows, sms, ts);
+  if (P->total > (uint32_t)smax || P->xpb > DP_WARPS || rows * P->gpb * 8 > DP_THREADS) return 0;
+  *nb = sms;
+  return 1;
+}
+
+extern "C" int mbd_dp_fits(const mbd_dp_model *m, int rows) {
+  if (!dp_enabled() || !m || rows < 1 || rows > DP_MAXROWS) return 0;
+  if (m->dtype != MBD_DTYPE_BF16 && m->dtype != MBD_DTYPE_F16) return 0;
+  if (m->d_state != DP_N || m->d_conv != DP_KC || m->n_layer < 1 || m->dt_rank < 1) return 0;
+  if (m->d_model % 64 || m->d_inner % 64 || m->d_model <= 0 || m->d_inner <= 0) return 0;
+  int nb = 0;
+  dp_plan P;
+  return dp_geometry(m, rows, &nb, &P);
+}
+
+extern "C" int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, const int32_t *tok,
+                             const int32_t *slots, mbd_error *err) {
+  int nb = 0;
+  dp_plan P;
+  if (!mbd_dp_fits(m, rows) || !dp_geometry(m, rows, &nb, &P))
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "persistent decode: %d rows of this model do not fit (mbd_dp_fits)", rows);
+  dp_args a;
+  a.m = *m;
+  a.rows = rows;
+  a.tok = tok;
+  a.slots = slots;
+  void (*k)(dp_args) = m->dtype == MBD_DTYPE_BF16 ? k_decode_layers<__nv_bfloat16>
+                                                  : k_decode_layers<__half>;
+  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)P.total);
+  if (e == cudaSuccess) {
+    /* Cooperative: the launch fails rather than deadlock in the grid barrier
+     * if the blocks cannot all be resident at once. */
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeCooperative;
+    at[0].val.cooperative = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)nb);
+    cfg.blockDim = dim3(DP_THREADS);
+    cfg.dynamicSmemBytes = P.total;
+    cfg.stream = (cudaStream_t)stream;
+    cfg.attrs = at;
+    const char *ce = getenv("MBD_DP_COOP");
+    cfg.numAttrs = ce && ce[0] == '0' ? 0 : 1;
+    e = cudaLaunchKernelEx(&cfg, k, a);
+  }
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return mbd_error_set(err, MBD_E_DEVICE, "launching the persistent decode (%d blocks, %u B "
+                         "shared) failed: %s (%d)", nb, P.total, cudaGetErrorName(e), (int)e);
+  }
+  return 0;
+}

@@ -1,0 +1,74 @@
+/* Persistent decode: every Mamba-1 layer of a small decode batch (1..4 rows)
+ * in one launch, one block per SM, grid-wide barriers between the stages.
+ *
+ * A batch-1 decode step through the per-op kernels is ~125 dependent launches
+ * of a few microseconds each; here the launches become four grid barriers per
+ * layer and each block streams its next layer's weight slices into shared
+ * memory while the current layer runs. The bits are the per-op path's: the
+ * projections run the GEMM family's sm_90a contract (256-wide K chunks of
+ * m16n8k16 steps, folded in order, then the bias), and the norm, conv, x_proj,
+ * scan and gate call the same functions as the per-op kernels
+ * (mops_arith.cuh). tests/gpu/test_mamba1_gpu.c compares the two paths with
+ * memcmp. Only for cc 9.0 devices with an sm_90a build, bf16/f16 storage,
+ * d_state 16, conv width 4, d_model and d_inner multiples of 64, and shapes
+ * whose per-block weight slices fit shared memory twice (130m, 370m). */
+#ifndef MBD_KERNELS_CUDA_DECODE_PERSISTENT_H
+#define MBD_KERNELS_CUDA_DECODE_PERSISTENT_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "common/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One layer's device weights, as mamba1_gpu.cu holds them. */
+typedef struct mbd_dp_layer {
+  const float *norm;   /* [d] */
+  const void *in_w;    /* [2 di, d] dtype */
+  const void *in_b;    /* [2 di] dtype or NULL */
+  const float *conv_w; /* [4][di] tap-major */
+  const float *conv_b; /* [di] or NULL */
+  const void *x_w;     /* [R + 32, di] dtype */
+  const void *dt_w;    /* [di, R] dtype */
+  const void *dt_b;    /* [di] dtype */
+  const float *A;      /* [di][16] */
+  const float *D;      /* [di] */
+  const void *out_w;   /* [d, di] dtype */
+  const void *out_b;   /* [d] dtype or NULL */
+} mbd_dp_layer;
+
+typedef struct mbd_dp_model {
+  int d_model, d_inner, dt_rank, d_state, d_conv, n_layer;
+  float norm_eps;
+  mbd_dtype dtype;
+  const void *emb;              /* [V, d] dtype */
+  const mbd_dp_layer *layers;   /* device array [n_layer] */
+  float *conv_state;            /* slot s, layer l: + s * conv_slot + l * 3 * di */
+  int64_t conv_slot;
+  float *ssm_state;             /* slot s, layer l: + s * ssm_slot + l * di * 16 */
+  int64_t ssm_slot;
+  void *xc_act, *y;             /* scratch [rows][di] dtype */
+  float *dbl;                   /* scratch [rows][R + 32] */
+  float *resid, *out;           /* [rows][d]: on return, the per-op path's values
+                                   before the final add + norm */
+  unsigned *barrier;            /* device counter, zeroed once, owned by this model */
+} mbd_dp_model;
+
+/* 1 when `rows` decode rows of m run persistently on the current device (see
+ * above; MBD_DECODE_PERSISTENT=0 in the environment turns it off), else 0. */
+int mbd_dp_fits(const mbd_dp_model *m, int rows);
+
+/* Enqueues the layers of one decode step of `rows` rows (tokens tok[rows],
+ * state slots slots[rows], device arrays) on stream. mbd_dp_fits must hold.
+ * Leaves resid and out as the per-op path leaves them. */
+int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, const int32_t *tok,
+                  const int32_t *slots, mbd_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
