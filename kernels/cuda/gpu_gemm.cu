@@ -40,12 +40,14 @@ struct mbd_wg_params {
   int tiles_m, tiles_n;
   int a_rows;
 };
-/* Mirrors struct mbd_mk_params, MK_WARPS and MBD_WG_KCH in device/gemm_kernels.cu. */
+/* Mirrors struct mbd_mk_params, MK_WARPS, MK_MAX_STAGES and MBD_WG_KCH in
+ * device/gemm_kernels.cu. */
 struct mbd_mk_params {
   mbd_gemm_params p;
-  int chunks, groups;
+  int chunks, lg, strips, stages;
 };
 #define MK_WARPS 8
+#define MK_MAX_STAGES 8
 #define MBD_WG_KCH 256
 
 /* wgmma configurations, index = kernel slot offset (see MBD_WG_ALL):
@@ -231,27 +233,54 @@ static int launch(mbd_gpu_ctx *ctx, int slot, dim3 grid, dim3 block, size_t smem
   return MBD_OK;
 }
 
-/* M <= 16 with K % 8 == 0 and 16-byte aligned x, w: the mma.sync chunk-chain
- * kernel, 8 * groups columns per block with groups = ceil(MK_WARPS / chunks)
- * so a block has a chain for each warp. Returns 1 when it does not apply
- * (the caller runs the tile kernels: same bits). */
+/* M <= 16 with K % 8 == 0 and 16-byte aligned x, w: the streaming mma.sync
+ * chunk-chain kernel (mk_body). Scheduling only: the strip width BN = 8 << lg
+ * giving the fewest weight rows on the busiest SM (grid = min(strips, SMs),
+ * one block per SM), then the deepest ring, then the widest strip; shared
+ * memory = X (M rows of 2K + 16 bytes) + partials (chunks x M x BN f32) +
+ * stages x BN x (CPS * 512 + 16). Returns 1 when it does not apply (the
+ * caller runs the tile kernels: same bits). */
 static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
                    const char **kname, mbd_error *err) {
   if (a->m > 16 || a->k % 8 != 0 || ((uintptr_t)a->x & 15) || ((uintptr_t)a->w & 15)) return 1;
+  if (a->k > (1 << 20)) return 1; /* X would not fit shared memory anyway */
   const int64_t chunks = cdiv(a->k, MBD_WG_KCH);
-  const int64_t groups = chunks >= MK_WARPS ? 1 : cdiv(MK_WARPS, chunks);
-  const size_t smem = (size_t)chunks * a->m * 8 * groups * 4;
-  if (smem > (size_t)ctx->smem_optin) return 1;
+  const int64_t xbytes = a->m * (2 * a->k + 16);
+  int best = -1;
+  int64_t best_rows = 0, best_stages = 0, best_strips = 0;
+  for (int lg = 3; lg >= 0; lg--) {
+    const int64_t bn = 8 << lg, strips = cdiv(a->n, bn);
+    const int64_t grid = strips < ctx->sm_count ? strips : ctx->sm_count;
+    const int64_t rows = cdiv(strips, grid) * bn; /* weight rows on the busiest SM */
+    const int64_t slot = bn * ((8 >> lg) * 512 + 16);
+    const int64_t avail = (int64_t)ctx->smem_optin - xbytes - chunks * a->m * bn * 4;
+    int64_t stages = avail > 0 ? avail / slot : 0;
+    if (stages > MK_MAX_STAGES) stages = MK_MAX_STAGES;
+    if (stages < 2) continue;
+    if (best < 0 || rows < best_rows || (rows == best_rows && stages > best_stages)) {
+      best = lg;
+      best_rows = rows;
+      best_stages = stages;
+      best_strips = strips;
+    }
+  }
+  if (best < 0) return 1;
+  const int64_t bn = 8 << best;
+  const size_t smem = (size_t)(xbytes + chunks * a->m * bn * 4 +
+                               best_stages * bn * ((8 >> best) * 512 + 16));
   mbd_mk_params P;
   memset(&P, 0, sizeof P);
   P.p = p;
   P.chunks = (int)chunks;
-  P.groups = (int)groups;
+  P.lg = best;
+  P.strips = (int)best_strips;
+  P.stages = (int)best_stages;
   int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_MKGEMM_BF16 : MBD_K_MKGEMM_F16) + (a->m > 8);
   *kname = mbd_k_kernel_names[slot];
   void *args[] = {&P};
-  return launch(ctx, slot, dim3((unsigned)cdiv(a->n, 8 * groups)), dim3(MK_WARPS * 32), smem,
-                args, a->w_static != 0, err);
+  const int64_t grid = best_strips < ctx->sm_count ? best_strips : ctx->sm_count;
+  return launch(ctx, slot, dim3((unsigned)grid), dim3(MK_WARPS * 32), smem, args,
+                a->w_static != 0, err);
 }
 
 static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,

@@ -771,54 +771,69 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
  * 11 x 8192 outputs memcmp-equal for single chains; test_gpu_gemm_bitwise
  * checks it at every M against the wgmma tile kernels), so a chunk chain here
  * is the contract's chunk chain, and an m16 instruction wastes 15 rows where
- * the m64 wgmma wasted 63: a wgmma step cost ~50-75 ns of an SM whatever the
- * warpgroup count, which bounded decode GEMMs at ~12 us for K = 4096.
- * Block = `groups` column groups of 8 x all chunks; warp w takes items
- * w, w + MK_WARPS, ... (item = group g, chunk c): it loads the chunk's W and X
- * fragments straight from global memory (W for its first item before the
- * grid-dependency wait), runs the chain from 0, and writes the partial of the
- * real rows to shared memory [chunks][M][8 * groups]; then the block folds in
- * chunk order and adds the bias. Chains run to the end of the last 64-wide k
- * tile, zero past K, as the tile kernels' do. Needs K % 8 == 0 and x, w
- * 16-byte aligned: a warp loads W and X as 16-byte pieces and a quad
- * transpose (shuffles) makes the fragments (word loads ran 2-8x slower). */
+ * the m64 wgmma wasted 63 (a wgmma step cost ~50-75 ns of an SM whatever the
+ * warpgroup count, which bounded decode GEMMs at ~12 us for K = 4096).
+ *
+ * Decode is a weight stream, so the kernel is built around keeping every SM's
+ * memory pipe full (loading W inside each warp, serialised with its chain,
+ * ran at 0.32 of copy bandwidth): a persistent grid (one 256-thread block per
+ * SM) walks column strips of BN = 8 << lg columns (strips b, b + grid, ...).
+ * A strip's W rows stream through a ring of `stages` shared-memory slots with
+ * 16-byte cp.async copies issued stages - 1 slots ahead, across strip
+ * boundaries; one slot = BN rows x CPS = 8 >> lg chunks (always 64 (8-column
+ * group, chunk) items, one per warp), each smem row padded by 16 bytes so the
+ * ldmatrix row reads of a fragment hit distinct banks. X (M rows) is staged
+ * once per block. Warp w takes group w % G, chunk slot w / G of each slot:
+ * ldmatrix B (W rows) and A (X rows; rows >= M read row M-1 and only feed
+ * output rows that are never stored) fragments, zero k >= K in the last chunk
+ * (the tile kernels' zero fill), runs the chain from 0 to the end of the last
+ * 64-wide k tile, and writes the real rows' partial to shared memory
+ * [chunk][M][BN]; after a strip's last slot the block folds the partials in
+ * chunk order (__fadd_rn), adds the bias and stores. W slots for the first
+ * stages - 1 slots are issued before the grid-dependency wait (W is static
+ * under w_static), X and Y are touched only after it. Needs K % 8 == 0 and x,
+ * w 16-byte aligned (gpu_gemm.cu picks lg and stages; mirrored there). */
 #define MK_WARPS 8
+#define MK_MAX_STAGES 8
 
 struct mbd_mk_params {
   mbd_gemm_params p;
-  int chunks, groups;
+  int chunks; /* C = ceil(K / 256) */
+  int lg;     /* strip width BN = 8 << lg (0..3); chunks per slot CPS = 8 >> lg */
+  int strips; /* ceil(N / BN) */
+  int stages; /* ring slots, 2..MK_MAX_STAGES */
 };
 
-/* One chunk (256 k) of a row as eight 16-byte pieces: lane q of each quad
- * loads elements 32 i + 8 q .. + 7 (i = 0..7); zero past K (K % 8 == 0). */
-template <typename T>
-__device__ __forceinline__ void mk_load(const T *row, bool ok, int kb0, int K, uint4 v[8], int q) {
-#pragma unroll
-  for (int i = 0; i < 8; i++) {
-    const int k = kb0 + 32 * i + 8 * q;
-    v[i] = ok && k < K ? *(const uint4 *)(row + k) : make_uint4(0u, 0u, 0u, 0u);
+/* cp.async.wait_group takes an immediate: the ring depth is a launch argument. */
+__device__ __forceinline__ void mk_cp_wait(int n) {
+  switch (n) {
+    case 0: cp_wait<0>(); break;
+    case 1: cp_wait<1>(); break;
+    case 2: cp_wait<2>(); break;
+    case 3: cp_wait<3>(); break;
+    case 4: cp_wait<4>(); break;
+    case 5: cp_wait<5>(); break;
+    default: cp_wait<6>(); break;
   }
 }
-/* Quad transpose into m16n8k16 fragments: for k16 step j of the chunk, lane q
- * gets the element pairs at offsets 2q (f[j][0]) and 8 + 2q (f[j][1]). Those
- * sit in word q of quad lanes 2(j%2) and 2(j%2)+1; round s reads lane q+s,
- * which hands over its word q (= its own index - s). */
-__device__ __forceinline__ void mk_frags(const uint4 v[8], uint32_t f[16][2], int lane) {
-  const int q = lane & 3, quad = lane & ~3;
+
+/* Issues the copies of the block's slot t (strip blockIdx.x + (t / sps) * grid,
+ * chunks [(t % sps) * CPS, +CPS)) into ring slot s_addr: 2048 16-byte pieces,
+ * consecutive threads on consecutive pieces of a row; rows past N and pieces
+ * past K are not copied (their fragments are masked or never stored). */
+template <typename T>
+__device__ __forceinline__ void mk_issue(uint32_t s_addr, const T *W, int t, int sps, int lg,
+                                         int rs, int N, int K) {
+  const int strip = blockIdx.x + (t / sps) * gridDim.x;
+  const int n0 = strip << (3 + lg), kb = (t % sps) * (8 >> lg) * MBD_WG_KCH;
+  const int sh = 8 - lg; /* 16-byte pieces per row = 256 >> lg */
 #pragma unroll
-  for (int j = 0; j < 16; j++) f[j][0] = f[j][1] = 0u;
-#pragma unroll
-  for (int i = 0; i < 8; i++) {
-#pragma unroll
-    for (int s = 0; s < 4; s++) {
-      const int u = (q - s) & 3, src = (q + s) & 3;
-      const uint32_t give = u == 0 ? v[i].x : u == 1 ? v[i].y : u == 2 ? v[i].z : v[i].w;
-      const uint32_t got = __shfl_sync(0xffffffffu, give, quad | src);
-      f[2 * i][0] = src == 0 ? got : f[2 * i][0];
-      f[2 * i][1] = src == 1 ? got : f[2 * i][1];
-      f[2 * i + 1][0] = src == 2 ? got : f[2 * i + 1][0];
-      f[2 * i + 1][1] = src == 3 ? got : f[2 * i + 1][1];
-    }
+  for (int u = 0; u < 2048 / (MK_WARPS * 32); u++) {
+    const int i = threadIdx.x + u * MK_WARPS * 32;
+    const int row = i >> sh, col = i & ((1 << sh) - 1);
+    const int n = n0 + row, k = kb + col * 8;
+    if (n < N && k < K)
+      cp_async16(s_addr + (uint32_t)(row * rs + col * 16), W + (size_t)n * K + k, 16);
   }
 }
 
@@ -828,66 +843,114 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
 #ifdef MBD_HAVE_WGMMA /* sm_90a only: the bit identity with wgmma is what makes it legal */
   const mbd_gemm_params &p = P.p;
   extern __shared__ __align__(16) unsigned char mk_raw[];
-  float *part = (float *)mk_raw;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = lane & 3, r = lane >> 2;
-  const int G = P.groups, C = P.chunks, BNc = 8 * G, n0 = blockIdx.x * BNc;
-  const int Kp = (p.k + 63) / 64 * 64;
+  const int M = p.m, N = p.n, K = p.k, C = P.chunks, lg = P.lg, S = P.stages;
+  const int BN = 8 << lg, G = 1 << lg, CPS = 8 >> lg;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = warp & (G - 1), j = warp >> lg, q = lane & 3, r = lane >> 2;
+  const int xs = 2 * K + 16, rs = CPS * 512 + 16, sb = BN * rs;
+  const int sps = (C + CPS - 1) / CPS, Kp = (K + 63) / 64 * 64;
+  const int mine = (P.strips - 1 - (int)blockIdx.x) / (int)gridDim.x + 1; /* grid <= strips */
+  const int TT = mine * sps;
+  unsigned char *xsm = mk_raw;
+  float *part = (float *)(mk_raw + (size_t)M * xs);
+  const uint32_t x_s = smem_u32(xsm);
+  const uint32_t ring_s = smem_u32(part + (size_t)C * M * BN);
   const T *W = (const T *)p.w, *X = (const T *)p.x;
-  bool waited = false;
-  for (int it = warp; it < G * C; it += MK_WARPS) {
-    const int g = it % G, c = it / G, steps = min(16, (Kp - c * MBD_WG_KCH) / 16);
-    const int n = min(n0 + g * 8 + r, p.n - 1); /* rows past N: outputs never stored */
-    const int kb0 = c * MBD_WG_KCH;
-    uint4 v[8];
-    uint32_t b[16][2], xa[16][2], xb[HI ? 16 : 1][2];
-    mk_load(W + (size_t)n * p.k, true, kb0, p.k, v, q);
-    if (!waited) { /* X and Y belong to the predecessor until it completes */
-      wg_pdl_wait();
-      wg_pdl_trigger();
-      waited = true;
-    }
-    mk_frags(v, b, lane);
-    mk_load(X + (size_t)r * p.k, r < p.m, kb0, p.k, v, q);
-    mk_frags(v, xa, lane);
-    if (HI) {
-      mk_load(X + (size_t)(r + 8) * p.k, r + 8 < p.m, kb0, p.k, v, q);
-      mk_frags(v, xb, lane);
-    }
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-      const uint32_t a[4] = {xa[j][0], HI ? xb[HI ? j : 0][0] : 0u, xa[j][1],
-                             HI ? xb[HI ? j : 0][1] : 0u};
-      if (j < steps) mma_op<T>::run(d, a, b[j]);
-    }
-    float *pc = part + (size_t)c * p.m * BNc + g * 8 + 2 * q;
-    if (r < p.m) {
-      pc[(size_t)r * BNc] = d[0];
-      pc[(size_t)r * BNc + 1] = d[1];
-    }
-    if (r + 8 < p.m) {
-      pc[(size_t)(r + 8) * BNc] = d[2];
-      pc[(size_t)(r + 8) * BNc + 1] = d[3];
+
+  for (int t = 0; t < S - 1; t++) { /* W is static: stream it before the wait */
+    if (t < TT) mk_issue<T>(ring_s + t * sb, W, t, sps, lg, rs, N, K);
+    cp_commit();
+  }
+  wg_pdl_wait(); /* X and Y belong to the predecessor until it completes */
+  wg_pdl_trigger();
+  {
+    const int pr = K / 8; /* 16-byte pieces per X row */
+    for (int i = threadIdx.x; i < M * pr; i += MK_WARPS * 32) {
+      const int row = i / pr, col = i - row * pr;
+      *(uint4 *)(xsm + (size_t)row * xs + col * 16) = *(const uint4 *)(X + (size_t)row * K + col * 8);
     }
   }
-  if (!waited) {
-    wg_pdl_wait();
-    wg_pdl_trigger();
-  }
-  __syncthreads();
+  /* ldmatrix lane addresses: B rows g*8 + (lane & 7), k offset 8 (lane >> 3);
+   * A rows lane & 7 (HI: lane & 15, k offset 8 (lane >> 4)), clamped to M - 1. */
+  const uint32_t b_lane = (uint32_t)((g * 8 + (lane & 7)) * rs + j * 512 + (lane >> 3) * 16);
+  const uint32_t a_lane =
+      HI ? x_s + (uint32_t)(min(lane & 15, M - 1) * xs + (lane >> 4) * 16)
+         : x_s + (uint32_t)(min(lane & 7, M - 1) * xs + (lane >> 3) * 16);
   const T *B = (const T *)p.bias;
-  for (int e = threadIdx.x; e < p.m * BNc; e += blockDim.x) {
-    const int row = e / BNc, col = e % BNc, gn = n0 + col;
-    if (gn >= p.n) continue;
-    float v = part[(size_t)row * BNc + col];
-    for (int c = 1; c < C; c++) v = __fadd_rn(v, part[((size_t)c * p.m + row) * BNc + col]);
-    if (B) v = __fadd_rn(v, mma_op<T>::to_f(B[gn]));
-    const size_t o = (size_t)row * p.n + gn;
-    if (p.out_f32)
-      ((float *)p.y)[o] = v;
-    else
-      ((T *)p.y)[o] = mma_op<T>::from_f(v);
+
+  for (int t = 0; t < TT; t++) {
+    mk_cp_wait(S - 2); /* this thread's copies of slot t landed */
+    __syncthreads();   /* everyone's did, and slot t - 1 is free */
+    {
+      const int nt = t + S - 1;
+      if (nt < TT) mk_issue<T>(ring_s + (nt % S) * sb, W, nt, sps, lg, rs, N, K);
+      cp_commit();
+    }
+    const int strip = blockIdx.x + (t / sps) * gridDim.x, ls = t % sps;
+    const int c = ls * CPS + j;
+    if (c < C) {
+      const uint32_t bs = ring_s + (t % S) * sb + b_lane, as = a_lane + c * 512;
+      uint32_t b[16][2], a[16][4];
+#pragma unroll
+      for (int h = 0; h < 8; h++) {
+        uint32_t v[4];
+        ldsm_x4(v, bs + h * 64);
+        b[2 * h][0] = v[0];
+        b[2 * h][1] = v[1];
+        b[2 * h + 1][0] = v[2];
+        b[2 * h + 1][1] = v[3];
+      }
+      if (HI) {
+#pragma unroll
+        for (int s = 0; s < 16; s++) ldsm_x4(a[s], as + s * 32);
+      } else {
+#pragma unroll
+        for (int h = 0; h < 8; h++) {
+          uint32_t v[4];
+          ldsm_x4(v, as + h * 64);
+          a[2 * h][0] = v[0];
+          a[2 * h][2] = v[1];
+          a[2 * h + 1][0] = v[2];
+          a[2 * h + 1][2] = v[3];
+          a[2 * h][1] = a[2 * h][3] = a[2 * h + 1][1] = a[2 * h + 1][3] = 0u;
+        }
+      }
+      if (c * MBD_WG_KCH + MBD_WG_KCH > K) { /* last chunk: zero k >= K (K % 8 == 0) */
+#pragma unroll
+        for (int s = 0; s < 16; s++) {
+          const int k0 = c * MBD_WG_KCH + 16 * s + 2 * q;
+          if (k0 >= K) b[s][0] = a[s][0] = a[s][1] = 0u;
+          if (k0 + 8 >= K) b[s][1] = a[s][2] = a[s][3] = 0u;
+        }
+      }
+      const int steps = min(16, (Kp - c * MBD_WG_KCH) / 16);
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int s = 0; s < 16; s++)
+        if (s < steps) mma_op<T>::run(d, a[s], b[s]);
+      float *pc = part + (size_t)c * M * BN + g * 8 + 2 * q;
+      if (r < M) *(float2 *)(pc + r * BN) = make_float2(d[0], d[1]);
+      if (HI && r + 8 < M) *(float2 *)(pc + (r + 8) * BN) = make_float2(d[2], d[3]);
+    }
+    if (ls == sps - 1) { /* the strip is complete: fold in chunk order, bias, store */
+      __syncthreads();
+      const int n0 = strip << (3 + lg);
+      for (int e = threadIdx.x; e < M * BN; e += MK_WARPS * 32) {
+        const int row = e >> (3 + lg), col = e & (BN - 1), gn = n0 + col;
+        if (gn >= N) continue;
+        float v = part[e];
+        for (int cc = 1; cc < C; cc++) v = __fadd_rn(v, part[(size_t)cc * M * BN + e]);
+        if (B) v = __fadd_rn(v, mma_op<T>::to_f(B[gn]));
+        const size_t o = (size_t)row * N + gn;
+        if (p.out_f32)
+          ((float *)p.y)[o] = v;
+        else
+          ((T *)p.y)[o] = mma_op<T>::from_f(v);
+      }
+      /* the next slot's top barrier keeps its partial writes after these reads */
+    }
   }
+  cp_wait<0>();
 #else
   (void)P;
   __trap();
@@ -909,7 +972,8 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
  *         keeps 40-140 KB of weights in flight (decode is latency x bytes bound)
  *   4, 5: 128 x {64,128}; 6: 128 x 256 for K <= one chunk (no room for a partial)
  *   7, 8: plain-load producer, 64 x 64 and 128 x 128
- *   mkgemm _8 / _16: M <= 8 / M <= 16, mma.sync chains (groups chosen per call) */
+ *   mkgemm _8 / _16: M <= 8 / M <= 16, mma.sync chains streaming W (strip width and
+ *         ring depth chosen per call), one block per SM */
 #define MBD_WG_ALL(ty, T)                                                                  \
   MBD_WG(mbd_wgemm_##ty##_0, T, 1, 16, 16, 20, true, 1, true)                              \
   MBD_WG(mbd_wgemm_##ty##_1, T, 1, 32, 32, 18, true, 1, true)                              \
@@ -920,7 +984,7 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
   MBD_WG(mbd_wgemm_##ty##_6, T, 2, 256, 256, 4, true, 1, false)                            \
   MBD_WG(mbd_wgemm_##ty##_7, T, 1, 64, 64, 4, false, 2, true)                              \
   MBD_WG(mbd_wgemm_##ty##_8, T, 2, 128, 128, 3, false, 1, true)                            \
-  MBD_MK(mbd_mkgemm_##ty##_8, T, false, 2)                                                 \
+  MBD_MK(mbd_mkgemm_##ty##_8, T, false, 1)                                                 \
   MBD_MK(mbd_mkgemm_##ty##_16, T, true, 1)
 MBD_WG_ALL(bf16, __nv_bfloat16)
 MBD_WG_ALL(f16, __half)
