@@ -40,14 +40,15 @@ struct mbd_wg_params {
   int tiles_m, tiles_n;
   int a_rows;
 };
-/* Mirrors struct mbd_mk_params, MK_WARPS, MK_MAX_STAGES and MBD_WG_KCH in
- * device/gemm_kernels.cu. */
+/* Mirrors struct mbd_mk_params, MK_WARPS, MK_MAX_STAGES, MK_BAR_BYTES and
+ * MBD_WG_KCH in device/gemm_kernels.cu. */
 struct mbd_mk_params {
   mbd_gemm_params p;
   int chunks, lg, strips, stages;
 };
 #define MK_WARPS 8
 #define MK_MAX_STAGES 8
+#define MK_BAR_BYTES 128
 #define MBD_WG_KCH 256
 
 /* wgmma configurations, index = kernel slot offset (see MBD_WG_ALL):
@@ -237,9 +238,10 @@ static int launch(mbd_gpu_ctx *ctx, int slot, dim3 grid, dim3 block, size_t smem
  * chunk-chain kernel (mk_body). Scheduling only: the strip width BN = 8 << lg
  * giving the fewest weight rows on the busiest SM (grid = min(strips, SMs),
  * one block per SM), then the deepest ring, then the widest strip; shared
- * memory = X (M rows of 2K + 16 bytes) + partials (chunks x M x BN f32) +
- * stages x BN x (CPS * 512 + 16). Returns 1 when it does not apply (the
- * caller runs the tile kernels: same bits). */
+ * memory = mbarriers + X (M rows of 2K + 16 bytes) + for BN < 64 two partial
+ * buffers (chunks x M x BN f32 each) + stages x BN x (CPS * 512 + 16).
+ * Returns 1 when it does not apply (the caller runs the tile kernels: same
+ * bits). */
 static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
                    const char **kname, mbd_error *err) {
   if (a->m > 16 || a->k % 8 != 0 || ((uintptr_t)a->x & 15) || ((uintptr_t)a->w & 15)) return 1;
@@ -253,7 +255,8 @@ static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
     const int64_t grid = strips < ctx->sm_count ? strips : ctx->sm_count;
     const int64_t rows = cdiv(strips, grid) * bn; /* weight rows on the busiest SM */
     const int64_t slot = bn * ((8 >> lg) * 512 + 16);
-    const int64_t avail = (int64_t)ctx->smem_optin - xbytes - chunks * a->m * bn * 4;
+    const int64_t pbytes = lg == 3 ? 0 : 2 * chunks * a->m * bn * 4;
+    const int64_t avail = (int64_t)ctx->smem_optin - MK_BAR_BYTES - xbytes - pbytes;
     int64_t stages = avail > 0 ? avail / slot : 0;
     if (stages > MK_MAX_STAGES) stages = MK_MAX_STAGES;
     if (stages < 2) continue;
@@ -266,8 +269,9 @@ static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   }
   if (best < 0) return 1;
   const int64_t bn = 8 << best;
-  const size_t smem = (size_t)(xbytes + chunks * a->m * bn * 4 +
-                               best_stages * bn * ((8 >> best) * 512 + 16));
+  const int64_t pbytes = best == 3 ? 0 : 2 * chunks * a->m * bn * 4;
+  const size_t smem =
+      (size_t)(MK_BAR_BYTES + xbytes + pbytes + best_stages * bn * ((8 >> best) * 512 + 16));
   mbd_mk_params P;
   memset(&P, 0, sizeof P);
   P.p = p;
@@ -279,7 +283,7 @@ static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   *kname = mbd_k_kernel_names[slot];
   void *args[] = {&P};
   const int64_t grid = best_strips < ctx->sm_count ? best_strips : ctx->sm_count;
-  return launch(ctx, slot, dim3((unsigned)grid), dim3(MK_WARPS * 32), smem, args,
+  return launch(ctx, slot, dim3((unsigned)grid), dim3(MK_WARPS * 32 + 32), smem, args,
                 a->w_static != 0, err);
 }
 

@@ -775,26 +775,30 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
  * warpgroup count, which bounded decode GEMMs at ~12 us for K = 4096).
  *
  * Decode is a weight stream, so the kernel is built around keeping every SM's
- * memory pipe full (loading W inside each warp, serialised with its chain,
- * ran at 0.32 of copy bandwidth): a persistent grid (one 256-thread block per
- * SM) walks column strips of BN = 8 << lg columns (strips b, b + grid, ...).
- * A strip's W rows stream through a ring of `stages` shared-memory slots with
- * 16-byte cp.async copies issued stages - 1 slots ahead, across strip
- * boundaries; one slot = BN rows x CPS = 8 >> lg chunks (always 64 (8-column
- * group, chunk) items, one per warp), each smem row padded by 16 bytes so the
- * ldmatrix row reads of a fragment hit distinct banks. X (M rows) is staged
- * once per block. Warp w takes group w % G, chunk slot w / G of each slot:
- * ldmatrix B (W rows) and A (X rows; rows >= M read row M-1 and only feed
- * output rows that are never stored) fragments, zero k >= K in the last chunk
- * (the tile kernels' zero fill), runs the chain from 0 to the end of the last
- * 64-wide k tile, and writes the real rows' partial to shared memory
- * [chunk][M][BN]; after a strip's last slot the block folds the partials in
- * chunk order (__fadd_rn), adds the bias and stores. W slots for the first
- * stages - 1 slots are issued before the grid-dependency wait (W is static
- * under w_static), X and Y are touched only after it. Needs K % 8 == 0 and x,
- * w 16-byte aligned (gpu_gemm.cu picks lg and stages; mirrored there). */
-#define MK_WARPS 8
+ * memory pipe full: loads inside each warp serialised with its chain ran at
+ * 0.32 of copy bandwidth, and 16-byte cp.async copies through a ring at 0.50
+ * (the load/store unit caps the bytes an SM keeps in flight), so W moves with
+ * 1D bulk copies of the copy engine. A persistent grid (one block per SM)
+ * walks column strips of BN = 8 << lg columns (strips b, b + grid, ...). A
+ * producer warp streams each strip's W rows through a ring of `stages`
+ * shared-memory slots (full/empty mbarriers, across strip boundaries, from
+ * before the grid-dependency wait: W is static under w_static); one slot =
+ * BN rows x CPS = 8 >> lg chunks (64 (8-column group, chunk) items, one per
+ * consumer warp), one bulk copy per row, rows padded by 16 bytes so the
+ * ldmatrix row reads of a fragment hit distinct banks. The 8 consumer warps
+ * stage X (M rows) once after the wait; consumer w takes group w % G, chunk
+ * slot w / G of each slot: ldmatrix B (W rows) and A (X rows; rows >= M read
+ * row M-1 and only feed output rows that are never stored), zero k >= K in the
+ * last chunk (the tile kernels' zero fill), the chain from 0 to the end of the
+ * last 64-wide k tile. BN = 64 (CPS = 1): a warp owns its 8 columns' chunks in
+ * order and folds them in registers (__fadd_rn); narrower strips write the
+ * real rows' partials to shared memory [chunk][M][BN] (two buffers by strip
+ * parity) and the consumers fold them in chunk order after a named barrier.
+ * Then the bias and the store. Needs K % 8 == 0 and x, w 16-byte aligned
+ * (gpu_gemm.cu picks lg and stages; the layout is mirrored there). */
+#define MK_WARPS 8 /* consumer warps; one producer warp more */
 #define MK_MAX_STAGES 8
+#define MK_BAR_BYTES 128 /* full[8], empty[8] mbarriers at the start of shared memory */
 
 struct mbd_mk_params {
   mbd_gemm_params p;
@@ -804,37 +808,15 @@ struct mbd_mk_params {
   int stages; /* ring slots, 2..MK_MAX_STAGES */
 };
 
-/* cp.async.wait_group takes an immediate: the ring depth is a launch argument. */
-__device__ __forceinline__ void mk_cp_wait(int n) {
-  switch (n) {
-    case 0: cp_wait<0>(); break;
-    case 1: cp_wait<1>(); break;
-    case 2: cp_wait<2>(); break;
-    case 3: cp_wait<3>(); break;
-    case 4: cp_wait<4>(); break;
-    case 5: cp_wait<5>(); break;
-    default: cp_wait<6>(); break;
-  }
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes,
+                                         uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
 }
-
-/* Issues the copies of the block's slot t (strip blockIdx.x + (t / sps) * grid,
- * chunks [(t % sps) * CPS, +CPS)) into ring slot s_addr: 2048 16-byte pieces,
- * consecutive threads on consecutive pieces of a row; rows past N and pieces
- * past K are not copied (their fragments are masked or never stored). */
-template <typename T>
-__device__ __forceinline__ void mk_issue(uint32_t s_addr, const T *W, int t, int sps, int lg,
-                                         int rs, int N, int K) {
-  const int strip = blockIdx.x + (t / sps) * gridDim.x;
-  const int n0 = strip << (3 + lg), kb = (t % sps) * (8 >> lg) * MBD_WG_KCH;
-  const int sh = 8 - lg; /* 16-byte pieces per row = 256 >> lg */
-#pragma unroll
-  for (int u = 0; u < 2048 / (MK_WARPS * 32); u++) {
-    const int i = threadIdx.x + u * MK_WARPS * 32;
-    const int row = i >> sh, col = i & ((1 << sh) - 1);
-    const int n = n0 + row, k = kb + col * 8;
-    if (n < N && k < K)
-      cp_async16(s_addr + (uint32_t)(row * rs + col * 16), W + (size_t)n * K + k, 16);
-  }
+__device__ __forceinline__ void mk_consumer_sync() { /* the 8 consumer warps only */
+  asm volatile("bar.sync 1, %0;" ::"n"(MK_WARPS * 32) : "memory");
 }
 
 /* HI: rows 8..15 exist (8 < M <= 16); without it their fragments are zero. */
@@ -846,50 +828,86 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
   const int M = p.m, N = p.n, K = p.k, C = P.chunks, lg = P.lg, S = P.stages;
   const int BN = 8 << lg, G = 1 << lg, CPS = 8 >> lg;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = warp & (G - 1), j = warp >> lg, q = lane & 3, r = lane >> 2;
   const int xs = 2 * K + 16, rs = CPS * 512 + 16, sb = BN * rs;
   const int sps = (C + CPS - 1) / CPS, Kp = (K + 63) / 64 * 64;
   const int mine = (P.strips - 1 - (int)blockIdx.x) / (int)gridDim.x + 1; /* grid <= strips */
   const int TT = mine * sps;
-  unsigned char *xsm = mk_raw;
-  float *part = (float *)(mk_raw + (size_t)M * xs);
-  const uint32_t x_s = smem_u32(xsm);
-  const uint32_t ring_s = smem_u32(part + (size_t)C * M * BN);
-  const T *W = (const T *)p.w, *X = (const T *)p.x;
+  const uint32_t full0 = smem_u32(mk_raw), empty0 = full0 + 8 * MK_MAX_STAGES;
+  unsigned char *xsm = mk_raw + MK_BAR_BYTES;
+  float *part = (float *)(xsm + (size_t)M * xs);
+  const size_t pbuf = CPS > 1 ? (size_t)C * M * BN : 0; /* floats per partial buffer */
+  const uint32_t x_s = smem_u32(xsm), ring_s = smem_u32(part + 2 * pbuf);
+  const T *W = (const T *)p.w, *X = (const T *)p.x, *B = (const T *)p.bias;
 
-  for (int t = 0; t < S - 1; t++) { /* W is static: stream it before the wait */
-    if (t < TT) mk_issue<T>(ring_s + t * sb, W, t, sps, lg, rs, N, K);
-    cp_commit();
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; s++) {
+      mbar_init(full0 + 8 * s, 1);
+      mbar_init(empty0 + 8 * s, MK_WARPS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  __syncthreads();
+
+  if (warp == MK_WARPS) { /* producer: W is static, no dependency wait */
+    wg_pdl_trigger();
+    for (int t = 0; t < TT; t++) {
+      const int s = t % S;
+      if (t >= S) mbar_wait(empty0 + 8 * s, (uint32_t)(t / S - 1) & 1u);
+      const int n0 = (blockIdx.x + (t / sps) * gridDim.x) << (3 + lg);
+      const int kb = (t % sps) * CPS * MBD_WG_KCH;
+      const int rows = min(BN, N - n0);
+      const uint32_t seg = (uint32_t)min(CPS * MBD_WG_KCH, K - kb) * 2u;
+      if (lane == 0) mbar_expect_tx(full0 + 8 * s, (uint32_t)rows * seg);
+      __syncwarp();
+      for (int row = lane; row < rows; row += 32)
+        bulk_g2s(ring_s + s * sb + row * rs, W + (size_t)(n0 + row) * K + kb, seg, full0 + 8 * s);
+    }
+    return;
+  }
+
   wg_pdl_wait(); /* X and Y belong to the predecessor until it completes */
   wg_pdl_trigger();
-  {
-    const int pr = K / 8; /* 16-byte pieces per X row */
-    for (int i = threadIdx.x; i < M * pr; i += MK_WARPS * 32) {
-      const int row = i / pr, col = i - row * pr;
-      *(uint4 *)(xsm + (size_t)row * xs + col * 16) = *(const uint4 *)(X + (size_t)row * K + col * 8);
+  { /* X: 16-byte pieces, eight loads in flight per thread before the stores */
+    const int pr = K / 8, total = M * pr, NT = MK_WARPS * 32;
+    for (int i0 = threadIdx.x; i0 < total; i0 += 8 * NT) {
+      uint4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; u++) {
+        const int i = i0 + u * NT, row = i / pr, col = i - row * pr;
+        if (i < total) v[u] = *(const uint4 *)(X + (size_t)row * K + col * 8);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; u++) {
+        const int i = i0 + u * NT, row = i / pr, col = i - row * pr;
+        if (i < total) *(uint4 *)(xsm + (size_t)row * xs + col * 16) = v[u];
+      }
     }
   }
+  mk_consumer_sync();
+
+  const int g = warp & (G - 1), j = warp >> lg, q = lane & 3, r = lane >> 2;
   /* ldmatrix lane addresses: B rows g*8 + (lane & 7), k offset 8 (lane >> 3);
    * A rows lane & 7 (HI: lane & 15, k offset 8 (lane >> 4)), clamped to M - 1. */
   const uint32_t b_lane = (uint32_t)((g * 8 + (lane & 7)) * rs + j * 512 + (lane >> 3) * 16);
   const uint32_t a_lane =
       HI ? x_s + (uint32_t)(min(lane & 15, M - 1) * xs + (lane >> 4) * 16)
          : x_s + (uint32_t)(min(lane & 7, M - 1) * xs + (lane >> 3) * 16);
-  const T *B = (const T *)p.bias;
+  float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float bias0 = 0.0f, bias1 = 0.0f;
+  int buf = 0;
 
   for (int t = 0; t < TT; t++) {
-    mk_cp_wait(S - 2); /* this thread's copies of slot t landed */
-    __syncthreads();   /* everyone's did, and slot t - 1 is free */
-    {
-      const int nt = t + S - 1;
-      if (nt < TT) mk_issue<T>(ring_s + (nt % S) * sb, W, nt, sps, lg, rs, N, K);
-      cp_commit();
+    const int s = t % S, ls = t % sps, c = ls * CPS + j;
+    const int n0 = (blockIdx.x + (t / sps) * gridDim.x) << (3 + lg);
+    const int gn = n0 + g * 8 + 2 * q; /* this lane's first output column */
+    if (CPS == 1 && ls == 0 && B) {    /* fetched early: used after the strip */
+      bias0 = gn < N ? mma_op<T>::to_f(B[gn]) : 0.0f;
+      bias1 = gn + 1 < N ? mma_op<T>::to_f(B[gn + 1]) : 0.0f;
     }
-    const int strip = blockIdx.x + (t / sps) * gridDim.x, ls = t % sps;
-    const int c = ls * CPS + j;
+    mbar_wait(full0 + 8 * s, (uint32_t)(t / S) & 1u);
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (c < C) {
-      const uint32_t bs = ring_s + (t % S) * sb + b_lane, as = a_lane + c * 512;
+      const uint32_t bs = ring_s + s * sb + b_lane, as = a_lane + c * 512;
       uint32_t b[16][2], a[16][4];
 #pragma unroll
       for (int h = 0; h < 8; h++) {
@@ -902,7 +920,7 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
       }
       if (HI) {
 #pragma unroll
-        for (int s = 0; s < 16; s++) ldsm_x4(a[s], as + s * 32);
+        for (int st = 0; st < 16; st++) ldsm_x4(a[st], as + st * 32);
       } else {
 #pragma unroll
         for (int h = 0; h < 8; h++) {
@@ -917,40 +935,70 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
       }
       if (c * MBD_WG_KCH + MBD_WG_KCH > K) { /* last chunk: zero k >= K (K % 8 == 0) */
 #pragma unroll
-        for (int s = 0; s < 16; s++) {
-          const int k0 = c * MBD_WG_KCH + 16 * s + 2 * q;
-          if (k0 >= K) b[s][0] = a[s][0] = a[s][1] = 0u;
-          if (k0 + 8 >= K) b[s][1] = a[s][2] = a[s][3] = 0u;
+        for (int st = 0; st < 16; st++) {
+          const int k0 = c * MBD_WG_KCH + 16 * st + 2 * q;
+          if (k0 >= K) b[st][0] = a[st][0] = a[st][1] = 0u;
+          if (k0 + 8 >= K) b[st][1] = a[st][2] = a[st][3] = 0u;
         }
       }
       const int steps = min(16, (Kp - c * MBD_WG_KCH) / 16);
-      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int s = 0; s < 16; s++)
-        if (s < steps) mma_op<T>::run(d, a[s], b[s]);
-      float *pc = part + (size_t)c * M * BN + g * 8 + 2 * q;
-      if (r < M) *(float2 *)(pc + r * BN) = make_float2(d[0], d[1]);
-      if (HI && r + 8 < M) *(float2 *)(pc + (r + 8) * BN) = make_float2(d[2], d[3]);
+      for (int st = 0; st < 16; st++)
+        if (st < steps) mma_op<T>::run(d, a[st], b[st]);
     }
-    if (ls == sps - 1) { /* the strip is complete: fold in chunk order, bias, store */
-      __syncthreads();
-      const int n0 = strip << (3 + lg);
-      for (int e = threadIdx.x; e < M * BN; e += MK_WARPS * 32) {
-        const int row = e >> (3 + lg), col = e & (BN - 1), gn = n0 + col;
-        if (gn >= N) continue;
-        float v = part[e];
-        for (int cc = 1; cc < C; cc++) v = __fadd_rn(v, part[(size_t)cc * M * BN + e]);
-        if (B) v = __fadd_rn(v, mma_op<T>::to_f(B[gn]));
-        const size_t o = (size_t)row * N + gn;
-        if (p.out_f32)
-          ((float *)p.y)[o] = v;
-        else
-          ((T *)p.y)[o] = mma_op<T>::from_f(v);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty0 + 8 * s); /* the slot's fragments are consumed */
+
+    if (CPS == 1) { /* this warp ran chunk ls of its columns: fold in order */
+#pragma unroll
+      for (int i = 0; i < 4; i++) sum[i] = ls == 0 ? d[i] : __fadd_rn(sum[i], d[i]);
+      if (ls == sps - 1) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          const int row = r + 8 * h;
+          if (row >= M) continue;
+          float v0 = sum[2 * h], v1 = sum[2 * h + 1];
+          if (B) {
+            v0 = __fadd_rn(v0, bias0);
+            v1 = __fadd_rn(v1, bias1);
+          }
+          const size_t o = (size_t)row * N + gn;
+          if (p.out_f32) {
+            if (gn < N) ((float *)p.y)[o] = v0;
+            if (gn + 1 < N) ((float *)p.y)[o + 1] = v1;
+          } else {
+            if (gn < N) ((T *)p.y)[o] = mma_op<T>::from_f(v0);
+            if (gn + 1 < N) ((T *)p.y)[o + 1] = mma_op<T>::from_f(v1);
+          }
+        }
       }
-      /* the next slot's top barrier keeps its partial writes after these reads */
+    } else {
+      float *pb = part + buf * pbuf;
+      if (c < C) {
+        float *pc = pb + (size_t)c * M * BN + g * 8 + 2 * q;
+        if (r < M) *(float2 *)(pc + r * BN) = make_float2(d[0], d[1]);
+        if (HI && r + 8 < M) *(float2 *)(pc + (r + 8) * BN) = make_float2(d[2], d[3]);
+      }
+      if (ls == sps - 1) { /* strip complete: fold in chunk order, bias, store */
+        mk_consumer_sync();
+        for (int e = threadIdx.x; e < M * BN; e += MK_WARPS * 32) {
+          const int row = e >> (3 + lg), col = e & (BN - 1), on = n0 + col;
+          if (on >= N) continue;
+          float v = pb[e];
+          for (int cc = 1; cc < C; cc++) v = __fadd_rn(v, pb[(size_t)cc * M * BN + e]);
+          if (B) v = __fadd_rn(v, mma_op<T>::to_f(B[on]));
+          const size_t o = (size_t)row * N + on;
+          if (p.out_f32)
+            ((float *)p.y)[o] = v;
+          else
+            ((T *)p.y)[o] = mma_op<T>::from_f(v);
+        }
+        /* the next strip writes the other buffer; this one again only after
+         * every consumer passed the next strip's barrier, i.e. after this fold */
+        buf ^= 1;
+      }
     }
   }
-  cp_wait<0>();
 #else
   (void)P;
   __trap();
@@ -963,7 +1011,7 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
     wg_body<T, CWG, BN, IN, ST, TMA, FOLD>(P);                                           \
   }
 #define MBD_MK(name, T, HI, MINB)                                                         \
-  extern "C" __global__ void __launch_bounds__(MK_WARPS * 32, MINB)                      \
+  extern "C" __global__ void __launch_bounds__(MK_WARPS * 32 + 32, MINB)                 \
       name(const __grid_constant__ mbd_mk_params P) {                                     \
     mk_body<T, HI>(P);                                                                    \
   }
