@@ -25,6 +25,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,8 +52,12 @@ struct dp_plan {
   int cin, cout, no;   /* K chunks of in_proj / out_proj; x_proj outputs */
   int sh, sa;          /* row strides (elements) of hn [rows][d] and act [rows][di] */
   uint32_t swi, swo;   /* W slice row strides, bytes */
-  uint32_t wbuf;       /* one weight buffer: in slice, out slice, x_proj slice */
+  uint32_t wbuf;       /* one layer buffer: W slices, then the small parameters and state */
   uint32_t o_out, o_xp; /* offsets of the out and x_proj slices inside a buffer */
+  /* inside a buffer: norm weight, per owned channel group conv taps/bias, A,
+   * D, dt bias, dt_proj rows, in_proj bias; out_proj bias; per row and group
+   * the conv window and the scan state */
+  uint32_t o_norm, o_cw, o_cb, o_A, o_D, o_dtb, o_dtwr, o_inb, o_outb, o_cst, o_h;
   uint32_t o_resid, o_hn, o_act, o_part, o_xc, o_z, o_sd, o_dtw, o_rinv, total;
 };
 
@@ -72,9 +77,22 @@ __host__ __device__ inline dp_plan dp_make_plan(int d, int di, int R, int rows, 
   P.swo = (uint32_t)(di * ts + 16);
   P.o_out = (uint32_t)P.gpb * 16u * P.swi;
   P.o_xp = P.o_out + (uint32_t)P.opb * 8u * P.swo;
-  P.wbuf = P.o_xp + (uint32_t)P.xpb * P.swo;
+  uint32_t o = P.o_xp + (uint32_t)P.xpb * P.swo;
+  const uint32_t G = (uint32_t)P.gpb;
+  P.o_norm = o; o = dp_al16(o + (uint32_t)d * 4u);
+  P.o_cw = o;   o = dp_al16(o + G * DP_KC * 8u * 4u);
+  P.o_cb = o;   o = dp_al16(o + G * 8u * 4u);
+  P.o_A = o;    o = dp_al16(o + G * 8u * DP_N * 4u);
+  P.o_D = o;    o = dp_al16(o + G * 8u * 4u);
+  P.o_dtb = o;  o = dp_al16(o + G * 8u * (uint32_t)ts);
+  P.o_dtwr = o; o = dp_al16(o + G * 8u * (uint32_t)(R * ts));
+  P.o_inb = o;  o = dp_al16(o + G * 16u * (uint32_t)ts);
+  P.o_outb = o; o = dp_al16(o + (uint32_t)P.opb * 8u * (uint32_t)ts);
+  P.o_cst = o;  o = dp_al16(o + (uint32_t)rows * G * (DP_KC - 1) * 8u * 4u);
+  P.o_h = o;    o = dp_al16(o + (uint32_t)rows * G * 8u * DP_N * 4u);
+  P.wbuf = o;
   const int items = 2 * P.gpb * P.cin > P.opb * P.cout ? 2 * P.gpb * P.cin : P.opb * P.cout;
-  uint32_t o = 2u * P.wbuf;
+  o = 2u * P.wbuf;
   P.o_resid = o;  o = dp_al16(o + (uint32_t)(rows * d) * 4u);
   P.o_hn = o;     o = dp_al16(o + (uint32_t)(rows * P.sh * ts));
   P.o_act = o;    o = dp_al16(o + (uint32_t)(rows * P.sa * ts));
@@ -88,10 +106,15 @@ __host__ __device__ inline dp_plan dp_make_plan(int d, int di, int R, int rows, 
   return P;
 }
 
+/* Stage trace (MBD_DP_TRACE=1, a diagnostic): clock64 of every block at
+ * each of DP_TP points of every layer; see mbd_dp_trace_print. */
+#define DP_TP 9
+
 struct dp_args {
   mbd_dp_model m;
   int rows;
   const int32_t *tok, *slots;
+  long long *trace; /* [nb][L][DP_TP] or NULL */
 };
 
 #ifdef DP_HAVE_KERNEL
@@ -201,13 +224,59 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
       const int j = e / pout, p = e - j * pout;
       dp_cp16(wb + P.o_xp + j * P.swo + 16 * p, (const T *)Y.x_w + (size_t)(b + j * nb) * di + 8 * p);
     }
+    /* 16-byte pieces of the small parameters and of this block's state */
+    for (int e = tid; e < d / 4; e += DP_THREADS) dp_cp16(wb + P.o_norm + 16 * e, Y.norm + 4 * e);
+    const int ts = (int)sizeof(T), pw = R * ts / 2; /* dt_proj pieces of a group */
+    for (int jj = 0; jj < nin; jj++) {
+      const int c0 = 8 * (b + jj * nb);
+      for (int e = tid; e < 2 * DP_KC + 2 + 32 + 2 + 1 + pw + 2; e += DP_THREADS) {
+        int k = e;
+        if (k < 2 * DP_KC) {
+          dp_cp16(wb + P.o_cw + (jj * DP_KC * 8 + 4 * k) * 4, Y.conv_w + (size_t)(k >> 1) * di + c0 + 4 * (k & 1));
+        } else if ((k -= 2 * DP_KC) < 2) {
+          if (Y.conv_b) dp_cp16(wb + P.o_cb + (jj * 8 + 4 * k) * 4, Y.conv_b + c0 + 4 * k);
+        } else if ((k -= 2) < 32) {
+          dp_cp16(wb + P.o_A + (jj * 8 * DP_N + 4 * k) * 4, Y.A + (size_t)c0 * DP_N + 4 * k);
+        } else if ((k -= 32) < 2) {
+          dp_cp16(wb + P.o_D + (jj * 8 + 4 * k) * 4, Y.D + c0 + 4 * k);
+        } else if ((k -= 2) < 1) {
+          dp_cp16(wb + P.o_dtb + jj * 8 * ts, (const T *)Y.dt_b + c0);
+        } else if ((k -= 1) < pw) {
+          dp_cp16(wb + P.o_dtwr + jj * 8 * R * ts + 16 * k, (const char *)Y.dt_w + (size_t)c0 * R * ts + 16 * k);
+        } else if ((k -= pw) < 2 && Y.in_b) {
+          dp_cp16(wb + P.o_inb + (jj * 16 + 8 * k) * ts, (const T *)Y.in_b + k * di + c0);
+        }
+      }
+      for (int e = tid; e < rows * ((DP_KC - 1) * 2 + 32); e += DP_THREADS) {
+        const int r = e / ((DP_KC - 1) * 2 + 32), k = e - r * ((DP_KC - 1) * 2 + 32);
+        const int64_t slot = A.slots[r];
+        if (k < (DP_KC - 1) * 2)
+          dp_cp16(wb + P.o_cst + ((r * P.gpb + jj) * (DP_KC - 1) * 8 + 4 * k) * 4,
+                  M.conv_state + slot * M.conv_slot + ((int64_t)l * (DP_KC - 1) + (k >> 1)) * di + c0 + 4 * (k & 1));
+        else
+          dp_cp16(wb + P.o_h + ((r * P.gpb + jj) * 8 * DP_N + 4 * (k - (DP_KC - 1) * 2)) * 4,
+                  M.ssm_state + slot * M.ssm_slot + ((int64_t)l * di + c0) * DP_N + 4 * (k - (DP_KC - 1) * 2));
+      }
+    }
+    if (Y.out_b)
+      for (int e = tid; e < nout; e += DP_THREADS)
+        dp_cp16(wb + P.o_outb + e * 8 * ts, (const T *)Y.out_b + 8 * (b + e * nb));
   };
+  long long *trc = A.trace ? A.trace + (size_t)b * L * DP_TP : nullptr;
+#define DP_MARK(l, i) \
+  if (trc && tid == 0) trc[(l) * DP_TP + (i)] = clock64()
 
   issue(0);
   dp_commit();
   for (int l = 0; l < L; l++) {
     const mbd_dp_layer &Y = M.layers[l];
     const unsigned char *wb = dsm + (uint32_t)(l & 1) * P.wbuf;
+    const float *s_cw = (const float *)(wb + P.o_cw), *s_cb = (const float *)(wb + P.o_cb);
+    const float *s_A = (const float *)(wb + P.o_A), *s_D = (const float *)(wb + P.o_D);
+    const float *s_cst = (const float *)(wb + P.o_cst), *s_h = (const float *)(wb + P.o_h);
+    const T *s_dtb = (const T *)(wb + P.o_dtb), *s_dtwr = (const T *)(wb + P.o_dtwr);
+    const T *s_inb = (const T *)(wb + P.o_inb), *s_outb = (const T *)(wb + P.o_outb);
+    DP_MARK(l, 0);
     if (l + 1 < L) issue(l + 1);
     dp_commit();
 
@@ -217,15 +286,16 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
       resid[e] = l == 0 ? ld_f32((const T *)M.emb + (size_t)A.tok[r] * d + c)
                         : __fadd_rn(resid[e], __ldcg(M.out + e));
     }
+    dp_wait1(); /* this thread's copies of layer l's buffer */
     __syncthreads();
     if (tid < rows) rinv[tid] = rms_inv(resid + tid * d, d, M.norm_eps);
     __syncthreads();
     for (int e = tid; e < rows * d; e += DP_THREADS) {
       const int r = e / d, c = e - r * d;
-      st_act(hn + r * P.sh + c, rms_out(Y.norm[c], resid[e], rinv[r]));
+      st_act(hn + r * P.sh + c, rms_out(((const float *)(wb + P.o_norm))[c], resid[e], rinv[r]));
     }
-    dp_wait1(); /* this thread's copies of layer l's slices */
     __syncthreads();
+    DP_MARK(l, 1);
     for (int it = warp; it < nin * 2 * P.cin; it += DP_WARPS) {
       const int row8 = it / P.cin, c = it - row8 * P.cin;
       float dd[4];
@@ -243,22 +313,29 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
       const int jj = row8 >> 1, half = row8 & 1, ch = 8 * (b + jj * nb) + col;
       float v = part[((row8 * P.cin) * rows + r) * 8 + col];
       for (int c = 1; c < P.cin; c++) v = __fadd_rn(v, part[((row8 * P.cin + c) * rows + r) * 8 + col]);
-      if (Y.in_b) v = __fadd_rn(v, ld_f32((const T *)Y.in_b + half * di + ch));
+      if (Y.in_b) v = __fadd_rn(v, ld_f32(s_inb + jj * 16 + half * 8 + col));
       const int q = jj * 8 + col;
       if (half) {
         zv[r * qn + q] = v;
-      } else {
-        float wk[DP_KC];
+      } else { /* conv_step_state's arithmetic on the prefetched window */
+        float wk[DP_KC], win[DP_KC - 1];
 #pragma unroll
-        for (int j = 0; j < DP_KC; j++) wk[j] = Y.conv_w[(size_t)j * di + ch];
+        for (int j = 0; j < DP_KC; j++) wk[j] = s_cw[jj * DP_KC * 8 + j * 8 + col];
+#pragma unroll
+        for (int j = 0; j < DP_KC - 1; j++) win[j] = s_cst[(r * P.gpb + jj) * (DP_KC - 1) * 8 + j * 8 + col];
+        const float xc = conv_silu_out<DP_KC>(wk, win, v, Y.conv_b != nullptr,
+                                              Y.conv_b ? s_cb[jj * 8 + col] : 0.0f);
         float *cs = M.conv_state + (int64_t)A.slots[r] * M.conv_slot + (int64_t)l * (DP_KC - 1) * di + ch;
-        const float xc = conv_step_state<DP_KC>(cs, di, v, wk, Y.conv_b != nullptr,
-                                                Y.conv_b ? Y.conv_b[ch] : 0.0f, true);
+#pragma unroll
+        for (int j = 0; j + 1 < DP_KC - 1; j++) cs[(int64_t)j * di] = win[j + 1];
+        cs[(int64_t)(DP_KC - 2) * di] = v;
         xcv[r * qn + q] = xc;
         st_act((T *)M.xc_act + (size_t)r * di + ch, xc);
       }
     }
+    DP_MARK(l, 2);
     dp_grid_sync(M.barrier);
+    DP_MARK(l, 3);
 
     /* ---- B: x_proj (k_conv_xproj's lane chain on the same rounded inputs) */
     if (nxp > 0) {
@@ -277,25 +354,14 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
         xp_store(acc, rows, lane, M.dbl, NO, b + warp * nb);
       }
     }
-    /* the scan's weights and this block's own state, before the barrier */
+    /* the scan's dt_proj rows widened to f32 (stage_dt_w's values) */
     for (int e = tid; e < nin * 8 * R; e += DP_THREADS) {
-      const int q = e / R, k = e - q * R, ch = 8 * (b + (q >> 3) * nb) + (q & 7);
-      dtw[q * (R + 1) + k] = ld_f32((const T *)Y.dt_w + (size_t)ch * R + k);
+      const int q = e / R, k = e - q * R;
+      dtw[q * (R + 1) + k] = ld_f32(s_dtwr + e);
     }
-    const int nq = nin * 8; /* this block's channels */
-    const bool scan_live = tid < rows * nq;
-    const int sr = scan_live ? tid / nq : 0, sq = scan_live ? tid - sr * nq : 0;
-    const int sch = 8 * (b + (sq >> 3) * nb) + (sq & 7);
-    float a[DP_N], h[DP_N], Dd = 0.0f, bdt = 0.0f;
-    float *hp = nullptr;
-    if (scan_live) {
-      ld_f32x(Y.A + (size_t)sch * DP_N, a);
-      Dd = Y.D[sch];
-      bdt = ld_f32((const T *)Y.dt_b + sch);
-      hp = M.ssm_state + (int64_t)A.slots[sr] * M.ssm_slot + ((int64_t)l * di + sch) * DP_N;
-      ld_f32x(hp, h);
-    }
+    DP_MARK(l, 4);
     dp_grid_sync(M.barrier);
+    DP_MARK(l, 5);
 
     /* ---- C: dt_proj + scan + D + gate (k_scan_step) */
     for (int e = tid; e < rows * NO; e += DP_THREADS) {
@@ -304,15 +370,29 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
       sd[r * NO + k] = k < R ? round_act<T>(v) : v;
     }
     __syncthreads();
-    if (scan_live) {
-      const float v = scan_one<DP_N>(sd + sr * NO, dtw + sq * (R + 1), R, bdt, a, Dd,
-                                     xcv[sr * qn + sq], zv[sr * qn + sq], h);
-      st_act((T *)M.y + (size_t)sr * di + sch, v);
+    {
+      const int nq = nin * 8; /* this block's channels */
+      if (tid < rows * nq) {
+        const int sr = tid / nq, sq = tid - sr * nq;
+        const int sch = 8 * (b + (sq >> 3) * nb) + (sq & 7);
+        float a[DP_N], h[DP_N];
 #pragma unroll
-      for (int n = 0; n < DP_N; n += 4)
-        *(float4 *)(hp + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
+        for (int n = 0; n < DP_N; n++) {
+          a[n] = s_A[sq * DP_N + n];
+          h[n] = s_h[(sr * P.gpb * 8 + sq) * DP_N + n];
+        }
+        const float v = scan_one<DP_N>(sd + sr * NO, dtw + sq * (R + 1), R, ld_f32(s_dtb + sq),
+                                       a, s_D[sq], xcv[sr * qn + sq], zv[sr * qn + sq], h);
+        st_act((T *)M.y + (size_t)sr * di + sch, v);
+        float *hp = M.ssm_state + (int64_t)A.slots[sr] * M.ssm_slot + ((int64_t)l * di + sch) * DP_N;
+#pragma unroll
+        for (int n = 0; n < DP_N; n += 4)
+          *(float4 *)(hp + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
+      }
     }
+    DP_MARK(l, 6);
     dp_grid_sync(M.barrier);
+    DP_MARK(l, 7);
 
     /* ---- D: out_proj */
     if (nout > 0) {
@@ -335,10 +415,11 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
         const int n = 8 * (b + jj * nb) + col;
         float v = part[((jj * P.cout) * rows + r) * 8 + col];
         for (int c = 1; c < P.cout; c++) v = __fadd_rn(v, part[((jj * P.cout + c) * rows + r) * 8 + col]);
-        if (Y.out_b) v = __fadd_rn(v, ld_f32((const T *)Y.out_b + n));
+        if (Y.out_b) v = __fadd_rn(v, ld_f32(s_outb + jj * 8 + col));
         M.out[(size_t)r * d + n] = v;
       }
     }
+    DP_MARK(l, 8);
     if (l + 1 < L) dp_grid_sync(M.barrier);
   }
   if (b == 0)
@@ -388,6 +469,63 @@ extern "C" int mbd_dp_fits(const mbd_dp_model *m, int rows) {
   return dp_geometry(m, rows, &nb, &P);
 }
 
+/* MBD_DP_TRACE=1: one trace buffer for the process (a diagnostic; graphs
+ * captured with it keep writing it). */
+static long long *g_trace;
+static int g_trace_nb, g_trace_L;
+
+static long long *dp_trace_buffer(int nb, int L) {
+  const char *e = getenv("MBD_DP_TRACE");
+  if (!e || e[0] != '1') return NULL;
+  if (!g_trace && cudaMalloc((void **)&g_trace, (size_t)nb * L * DP_TP * 8) != cudaSuccess) {
+    (void)cudaGetLastError();
+    g_trace = NULL;
+    return NULL;
+  }
+  g_trace_nb = nb;
+  g_trace_L = L;
+  return g_trace;
+}
+
+extern "C" void mbd_dp_trace_print(void) {
+  if (!g_trace) return;
+  const int nb = g_trace_nb, L = g_trace_L;
+  long long *t = (long long *)malloc((size_t)nb * L * DP_TP * 8);
+  int khz = 0, dev = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev);
+  if (!t || khz <= 0 || cudaDeviceSynchronize() != cudaSuccess ||
+      cudaMemcpy(t, g_trace, (size_t)nb * L * DP_TP * 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    free(t);
+    return;
+  }
+  /* segments: [from point, to point], the last one into the next layer's 0 */
+  static const char *name[9] = {"A: resid+norm", "A: in_proj+conv", "barrier 1", "B: x_proj",
+                                "barrier 2", "C: scan", "barrier 3", "D: out_proj", "barrier 4"};
+  printf("persistent decode trace, %d blocks, us per layer (layers 1..%d): mean over blocks / max\n",
+         nb, L - 2);
+  double tot_mean = 0;
+  for (int sgm = 0; sgm < 9; sgm++) {
+    double mean = 0, mx = 0;
+    for (int l = 1; l + 1 < L; l++) {
+      double lm = 0, lx = 0;
+      for (int b = 0; b < nb; b++) {
+        const long long *r = t + ((size_t)b * L + l) * DP_TP;
+        const long long a = r[sgm], z = sgm == 8 ? r[DP_TP] : r[sgm + 1];
+        const double us = (double)(z - a) / (double)khz * 1e3;
+        lm += us / nb;
+        lx = us > lx ? us : lx;
+      }
+      mean += lm / (L - 2);
+      mx += lx / (L - 2);
+    }
+    tot_mean += mean;
+    printf("  %-16s %7.2f %7.2f\n", name[sgm], mean, mx);
+  }
+  printf("  %-16s %7.2f\n", "layer", tot_mean);
+  free(t);
+}
+
 extern "C" int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, const int32_t *tok,
                              const int32_t *slots, mbd_error *err) {
   int nb = 0;
@@ -400,6 +538,7 @@ extern "C" int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, cons
   a.rows = rows;
   a.tok = tok;
   a.slots = slots;
+  a.trace = dp_trace_buffer(nb, m->n_layer);
   void (*k)(dp_args) = m->dtype == MBD_DTYPE_BF16 ? k_decode_layers<__nv_bfloat16>
                                                   : k_decode_layers<__half>;
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)P.total);

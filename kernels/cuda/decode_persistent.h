@@ -67,6 +67,11 @@ int mbd_dp_fits(const mbd_dp_model *m, int rows);
 int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, const int32_t *tok,
                   const int32_t *slots, mbd_error *err);
 
+/* Diagnostic: with MBD_DP_TRACE=1 in the environment, each launch records
+ * per-block clock stamps of its stages; this prints the time per stage of
+ * the last launch (stdout). */
+void mbd_dp_trace_print(void);
+
 #ifdef __cplusplus
 }
 #endif

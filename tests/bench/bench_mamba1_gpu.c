@@ -12,7 +12,8 @@
  * first prints the per-launch time of each op of one 130m bf16 layer at M=1,
  * with the separate conv and with the decode fusion (conv in x_proj and the
  * scan). MBD_CONV_FUSE_MAX (see mamba_ops.h) picks the model's decode path;
- * MBD_BENCH_PROFILE_STEP: see profile_step. */
+ * MBD_BENCH_PROFILE_STEP: see profile_step; MBD_DP_TRACE=1: the persistent
+ * decode's time per stage at batch 1 (decode_persistent.h). */
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <stdint.h>
@@ -21,6 +22,7 @@
 #include <string.h>
 
 #include "common/mamba_config.h"
+#include "kernels/cuda/decode_persistent.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/gpu_gemm.h"
 #include "kernels/cuda/mamba_ops.h"
@@ -163,6 +165,7 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
     printf("%-5s %-4s %-13s | %9.0f %9.0f %9.0f %9.0f | %9.0f\n", sh->name, mbd_dtype_name(dt),
            mode ? "cublas-fast" : "deterministic", dec[0], dec[1], dec[2], dec[3], pre);
     for (int k = 0; k < 4; k++) res[mode][k] = dec[k];
+    if (mode == 0 && getenv("MBD_DP_TRACE")) mbd_dp_trace_print(); /* batch 1's last step */
     res[mode][4] = pre;
     fflush(stdout);
   }
