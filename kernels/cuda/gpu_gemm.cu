@@ -235,13 +235,16 @@ static int launch(mbd_gpu_ctx *ctx, int slot, dim3 grid, dim3 block, size_t smem
 }
 
 /* M <= 16 with K % 8 == 0 and 16-byte aligned x, w: the streaming mma.sync
- * chunk-chain kernel (mk_body). Scheduling only: the strip width BN = 8 << lg
- * giving the fewest weight rows on the busiest SM (grid = min(strips, SMs),
- * one block per SM), then the deepest ring, then the widest strip; shared
- * memory = mbarriers + X (M rows of 2K + 16 bytes) + for BN < 64 two partial
- * buffers (chunks x M x BN f32 each) + stages x BN x (CPS * 512 + 16).
- * Returns 1 when it does not apply (the caller runs the tile kernels: same
- * bits). */
+ * chunk-chain kernel (mk_body). Scheduling only: per strip width BN = 8 << lg
+ * (grid = min(strips, SMs), one block per SM) the estimated time is the
+ * larger of the busiest SM's weight bytes at ~25 GB/s and its slots at
+ * ~0.5 us of consumer time each (one chain, the fold); near-ties go to the
+ * larger bulk copy per row (measured: 512-byte row copies streamed at a
+ * third of the rate of 2-4 KB ones), then the deeper ring, then the wider
+ * strip. Shared memory = mbarriers + X (M rows of 2K + 16 bytes) + for
+ * BN < 64 two partial buffers (chunks x M x BN f32 each) + stages x BN x
+ * (CPS * 512 + 16). Returns 1 when it does not apply (the caller runs the
+ * tile kernels: same bits). */
 static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
                    const char **kname, mbd_error *err) {
   if (a->m > 16 || a->k % 8 != 0 || ((uintptr_t)a->x & 15) || ((uintptr_t)a->w & 15)) return 1;
@@ -249,20 +252,28 @@ static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   const int64_t chunks = cdiv(a->k, MBD_WG_KCH);
   const int64_t xbytes = a->m * (2 * a->k + 16);
   int best = -1;
-  int64_t best_rows = 0, best_stages = 0, best_strips = 0;
+  int64_t best_copy = 0, best_stages = 0, best_strips = 0;
+  double best_t = 0;
   for (int lg = 3; lg >= 0; lg--) {
-    const int64_t bn = 8 << lg, strips = cdiv(a->n, bn);
+    const int64_t bn = 8 << lg, cps = 8 >> lg, strips = cdiv(a->n, bn);
     const int64_t grid = strips < ctx->sm_count ? strips : ctx->sm_count;
-    const int64_t rows = cdiv(strips, grid) * bn; /* weight rows on the busiest SM */
-    const int64_t slot = bn * ((8 >> lg) * 512 + 16);
+    const int64_t rounds = cdiv(strips, grid); /* strips on the busiest SM */
+    const double t_bytes = (double)(rounds * bn) * (double)a->k * 2 / 25e9;
+    const double t_slots = (double)(rounds * cdiv(chunks, cps)) * 0.5e-6;
+    const double t = t_bytes > t_slots ? t_bytes : t_slots;
+    const int64_t copy = (cps < chunks ? cps : chunks) * 512; /* bytes per row copy (max) */
+    const int64_t slot = bn * (cps * 512 + 16);
     const int64_t pbytes = lg == 3 ? 0 : 2 * chunks * a->m * bn * 4;
     const int64_t avail = (int64_t)ctx->smem_optin - MK_BAR_BYTES - xbytes - pbytes;
     int64_t stages = avail > 0 ? avail / slot : 0;
     if (stages > MK_MAX_STAGES) stages = MK_MAX_STAGES;
-    if (stages < 2) continue;
-    if (best < 0 || rows < best_rows || (rows == best_rows && stages > best_stages)) {
+    if (stages < 1) continue;
+    const bool near = best >= 0 && t <= best_t * 1.02 && t >= best_t * 0.98;
+    if (best < 0 || (!near && t < best_t) ||
+        (near && (copy > best_copy || (copy == best_copy && stages > best_stages)))) {
       best = lg;
-      best_rows = rows;
+      best_t = t;
+      best_copy = copy;
       best_stages = stages;
       best_strips = strips;
     }

@@ -22,7 +22,7 @@
  * - on sm_90a, M <= 16 runs mma.sync chunk chains (the streaming kernel)
  *   and larger M the wgmma tiles: the alone-vs-batched memcmp is what proves
  *   an m16n8k16 step has a wgmma k16 step's bits (K = 4096: 16 chunks; K =
- *   520 and 1040 end in a short chunk; N = 16856 makes each block walk two
+ *   520 and 1040 end in a short chunk; N = 16856 makes each block walk many
  *   strips; K = 77 and unaligned x take the tiles at every M);
  * - w_static (programmatic launch) right after a GEMM that writes its x
  *   reads the finished x: same bits as two synchronised launches. */
@@ -336,14 +336,17 @@ static void run_policy(mbd_dtype_policy pol) {
    * every tile used. N=200, K=77: element-wise path (K % 8 != 0).
    * N=80, K=136 (x_proj-like skinny N, K % 16 != 0). N=160, K=4096: 16
    * chunks (x_proj of 1.4b; on sm_90a two ring slots per 8-column strip).
-   * N=16856, K=1040: on sm_90a at M <= 16 every block of the streaming kernel
-   * walks two 64-column strips (the ring runs across the strip boundary) and
-   * the last strip is partial; the last chunk has one k16 step of data.
-   * f32 policies skip the last two (their chain is not chunked and the host
+   * On sm_90a at M <= 16 (the streaming kernel): N=16856, K=1040: every
+   * block walks many 8-column strips (the ring runs across strip boundaries,
+   * partials alternate between two buffers) and the last chunk has one k16
+   * step of data; N=5120, K=160: 64-column strips folded in registers;
+   * N=192, K=5120: at M > 8 X leaves room for a one-slot ring only.
+   * f32 policies skip the last four (their chain is not chunked and the host
    * reference is slow). */
-  static const int64_t shapes[5][3] = {
-      {1100, 520, 300}, {200, 77, 40}, {80, 136, 300}, {160, 4096, 40}, {16856, 1040, 20}};
-  for (int s = 0; s < 5; s++) {
+  static const int64_t shapes[7][3] = {{1100, 520, 300}, {200, 77, 40},   {80, 136, 300},
+                                       {160, 4096, 40},  {16856, 1040, 20}, {5120, 160, 20},
+                                       {192, 5120, 20}};
+  for (int s = 0; s < 7; s++) {
     if (s >= 3 && (pol == MBD_POLICY_F32 || pol == MBD_POLICY_TF32)) continue;
     fixture f;
     setup(&f, pol, shapes[s][0], shapes[s][1], 1234 + (uint64_t)pol * 7 + (uint64_t)s);

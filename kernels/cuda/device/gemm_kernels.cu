@@ -778,7 +778,9 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
  * memory pipe full: loads inside each warp serialised with its chain ran at
  * 0.32 of copy bandwidth, and 16-byte cp.async copies through a ring at 0.50
  * (the load/store unit caps the bytes an SM keeps in flight), so W moves with
- * 1D bulk copies of the copy engine. A persistent grid (one block per SM)
+ * 1D bulk copies of the copy engine, one per row and slot (512-byte row
+ * copies streamed at a third of the rate of 2-4 KB ones: the host prefers
+ * narrow strips, whose slots hold more of K). A persistent grid (one block per SM)
  * walks column strips of BN = 8 << lg columns (strips b, b + grid, ...). A
  * producer warp streams each strip's W rows through a ring of `stages`
  * shared-memory slots (full/empty mbarriers, across strip boundaries, from
@@ -805,7 +807,7 @@ struct mbd_mk_params {
   int chunks; /* C = ceil(K / 256) */
   int lg;     /* strip width BN = 8 << lg (0..3); chunks per slot CPS = 8 >> lg */
   int strips; /* ceil(N / BN) */
-  int stages; /* ring slots, 2..MK_MAX_STAGES */
+  int stages; /* ring slots, 1..MK_MAX_STAGES */
 };
 
 __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes,
@@ -900,9 +902,14 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
     const int s = t % S, ls = t % sps, c = ls * CPS + j;
     const int n0 = (blockIdx.x + (t / sps) * gridDim.x) << (3 + lg);
     const int gn = n0 + g * 8 + 2 * q; /* this lane's first output column */
-    if (CPS == 1 && ls == 0 && B) {    /* fetched early: used after the strip */
-      bias0 = gn < N ? mma_op<T>::to_f(B[gn]) : 0.0f;
-      bias1 = gn + 1 < N ? mma_op<T>::to_f(B[gn + 1]) : 0.0f;
+    if (ls == 0 && B) { /* fetched early: used after the strip, off the critical path */
+      if (CPS == 1) {
+        bias0 = gn < N ? mma_op<T>::to_f(B[gn]) : 0.0f;
+        bias1 = gn + 1 < N ? mma_op<T>::to_f(B[gn + 1]) : 0.0f;
+      } else { /* the fold below gives this thread column threadIdx.x % BN only */
+        const int on = n0 + (threadIdx.x & (BN - 1));
+        bias0 = on < N ? mma_op<T>::to_f(B[on]) : 0.0f;
+      }
     }
     mbar_wait(full0 + 8 * s, (uint32_t)(t / S) & 1u);
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -986,7 +993,7 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
           if (on >= N) continue;
           float v = pb[e];
           for (int cc = 1; cc < C; cc++) v = __fadd_rn(v, pb[(size_t)cc * M * BN + e]);
-          if (B) v = __fadd_rn(v, mma_op<T>::to_f(B[on]));
+          if (B) v = __fadd_rn(v, bias0);
           const size_t o = (size_t)row * N + on;
           if (p.out_f32)
             ((float *)p.y)[o] = v;
