@@ -115,6 +115,7 @@ struct dp_args {
   int rows;
   const int32_t *tok, *slots;
   long long *trace; /* [nb][L][DP_TP] or NULL */
+  int bar_red;      /* barrier: 1 dp_grid_sync_red, 0 dp_grid_sync (MBD_DP_BAR) */
 };
 
 #ifdef DP_HAVE_KERNEL
@@ -142,6 +143,23 @@ __device__ __forceinline__ void dp_grid_sync(unsigned *bar) {
     do {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(bar) : "memory");
     } while (((old ^ cur) & 0x80000000u) == 0);
+  }
+  __syncthreads();
+}
+
+/* The same barrier without waiting for the add's return: the arrival is a
+ * release reduction, and thread 0 tracks the phase it waits for (read once
+ * at kernel start: no block can flip it before every block has arrived). */
+__device__ __forceinline__ void dp_grid_sync_red(unsigned *bar, unsigned &phase) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(bar), "r"(add) : "memory");
+    phase ^= 0x80000000u;
+    unsigned cur;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(bar) : "memory");
+    } while ((cur & 0x80000000u) != phase);
   }
   __syncthreads();
 }
@@ -266,6 +284,14 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
 #define DP_MARK(l, i) \
   if (trc && tid == 0) trc[(l) * DP_TP + (i)] = clock64()
 
+  unsigned phase = 0;
+  if (tid == 0) phase = *(volatile unsigned *)M.barrier & 0x80000000u;
+  auto grid_sync = [&]() {
+    if (A.bar_red)
+      dp_grid_sync_red(M.barrier, phase);
+    else
+      dp_grid_sync(M.barrier);
+  };
   issue(0);
   dp_commit();
   for (int l = 0; l < L; l++) {
@@ -334,7 +360,7 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
       }
     }
     DP_MARK(l, 2);
-    dp_grid_sync(M.barrier);
+    grid_sync();
     DP_MARK(l, 3);
 
     /* ---- B: x_proj (k_conv_xproj's lane chain on the same rounded inputs) */
@@ -360,7 +386,7 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
       dtw[q * (R + 1) + k] = ld_f32(s_dtwr + e);
     }
     DP_MARK(l, 4);
-    dp_grid_sync(M.barrier);
+    grid_sync();
     DP_MARK(l, 5);
 
     /* ---- C: dt_proj + scan + D + gate (k_scan_step) */
@@ -391,7 +417,7 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
       }
     }
     DP_MARK(l, 6);
-    dp_grid_sync(M.barrier);
+    grid_sync();
     DP_MARK(l, 7);
 
     /* ---- D: out_proj */
@@ -420,7 +446,7 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
       }
     }
     DP_MARK(l, 8);
-    if (l + 1 < L) dp_grid_sync(M.barrier);
+    if (l + 1 < L) grid_sync();
   }
   if (b == 0)
     for (int e = tid; e < rows * d; e += DP_THREADS) M.resid[e] = resid[e];
@@ -474,17 +500,23 @@ extern "C" int mbd_dp_fits(const mbd_dp_model *m, int rows) {
 static long long *g_trace;
 static int g_trace_nb, g_trace_L;
 
-static long long *dp_trace_buffer(int nb, int L) {
+extern "C" void mbd_dp_trace_prepare(int n_layer) {
   const char *e = getenv("MBD_DP_TRACE");
-  if (!e || e[0] != '1') return NULL;
-  if (!g_trace && cudaMalloc((void **)&g_trace, (size_t)nb * L * DP_TP * 8) != cudaSuccess) {
+  int dev = 0, nb = 0;
+  if (!e || e[0] != '1' || g_trace || cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&nb, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaMalloc((void **)&g_trace, (size_t)nb * n_layer * DP_TP * 8) != cudaSuccess) {
     (void)cudaGetLastError();
-    g_trace = NULL;
-    return NULL;
+    return;
   }
   g_trace_nb = nb;
-  g_trace_L = L;
-  return g_trace;
+  g_trace_L = n_layer;
+}
+
+/* The trace buffer when prepared for this grid and depth (never allocated
+ * here: a launch may be under stream capture). */
+static long long *dp_trace_buffer(int nb, int L) {
+  return g_trace && g_trace_nb == nb && g_trace_L == L ? g_trace : NULL;
 }
 
 extern "C" void mbd_dp_trace_print(void) {
@@ -539,6 +571,8 @@ extern "C" int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, cons
   a.tok = tok;
   a.slots = slots;
   a.trace = dp_trace_buffer(nb, m->n_layer);
+  const char *be = getenv("MBD_DP_BAR");
+  a.bar_red = be && be[0] == '1';
   void (*k)(dp_args) = m->dtype == MBD_DTYPE_BF16 ? k_decode_layers<__nv_bfloat16>
                                                   : k_decode_layers<__half>;
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)P.total);

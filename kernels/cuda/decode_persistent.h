@@ -67,9 +67,11 @@ int mbd_dp_fits(const mbd_dp_model *m, int rows);
 int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, const int32_t *tok,
                   const int32_t *slots, mbd_error *err);
 
-/* Diagnostic: with MBD_DP_TRACE=1 in the environment, each launch records
- * per-block clock stamps of its stages; this prints the time per stage of
- * the last launch (stdout). */
+/* Diagnostic: with MBD_DP_TRACE=1 in the environment, prepare (outside any
+ * stream capture; mamba1_gpu.cu calls it at load) allocates a process-wide
+ * buffer in which every launch of that depth records per-block clock stamps
+ * of its stages; print shows the time per stage of the last launch. */
+void mbd_dp_trace_prepare(int n_layer);
 void mbd_dp_trace_print(void);
 
 #ifdef __cplusplus

@@ -259,6 +259,7 @@ static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
     dp->out = m->out;
     dp->barrier = (unsigned *)bar;
   }
+  mbd_dp_trace_prepare(c->n_layer);
 fail:
   free(h);
   return rc;
