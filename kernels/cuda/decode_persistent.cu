@@ -32,6 +32,7 @@
 extern "C" {
 #include "kernels/cuda/decode_persistent.h"
 }
+#include "kernels/cuda/device/async_copy.cuh"
 #include "kernels/cuda/device/mma_m16n8k16.cuh"
 #include "kernels/cuda/mops_arith.cuh"
 
@@ -58,7 +59,7 @@ struct dp_plan {
    * D, dt bias, dt_proj rows, in_proj bias; out_proj bias; per row and group
    * the conv window and the scan state */
   uint32_t o_norm, o_cw, o_cb, o_A, o_D, o_dtb, o_dtwr, o_inb, o_outb, o_cst, o_h;
-  uint32_t o_resid, o_hn, o_act, o_part, o_xc, o_z, o_sd, o_dtw, o_rinv, total;
+  uint32_t o_resid, o_hn, o_act, o_part, o_xc, o_z, o_sd, o_dtw, o_rinv, o_mbar, total;
 };
 
 __host__ __device__ inline uint32_t dp_al16(uint32_t v) { return (v + 15u) & ~15u; }
@@ -102,13 +103,14 @@ __host__ __device__ inline dp_plan dp_make_plan(int d, int di, int R, int rows, 
   P.o_sd = o;     o = dp_al16(o + (uint32_t)(rows * P.no) * 4u);
   P.o_dtw = o;    o = dp_al16(o + (uint32_t)(P.gpb * 8 * (R + 1)) * 4u);
   P.o_rinv = o;   o = dp_al16(o + DP_MAXROWS * 4u);
+  P.o_mbar = o;   o = dp_al16(o + 16u); /* one mbarrier per buffer: its W rows landed */
   P.total = o;
   return P;
 }
 
 /* Stage trace (MBD_DP_TRACE=1, a diagnostic): clock64 of every block at
  * each of DP_TP points of every layer; see mbd_dp_trace_print. */
-#define DP_TP 9
+#define DP_TP 10
 
 struct dp_args {
   mbd_dp_model m;
@@ -192,6 +194,62 @@ __device__ __forceinline__ void dp_chain(const T *w, int sw, const T *x, int sx,
   }
 }
 
+/* Two independent chains interleaved (same x): the second hides the first's
+ * mma latency. Each chain's steps are dp_chain's, so are its bits. */
+template <typename T>
+__device__ __forceinline__ void dp_chain2(const T *w1, int k01, int steps1, const T *w2, int k02,
+                                          int steps2, int sw, const T *x, int sx, int rows,
+                                          float d1[4], float d2[4], int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const uint32_t *wr1 = (const uint32_t *)(w1 + (size_t)g * sw + k01);
+  const uint32_t *wr2 = (const uint32_t *)(w2 + (size_t)g * sw + k02);
+  const uint32_t *xr1 = (const uint32_t *)(x + (size_t)(g < rows ? g : 0) * sx + k01);
+  const uint32_t *xr2 = (const uint32_t *)(x + (size_t)(g < rows ? g : 0) * sx + k02);
+  const bool xl = g < rows;
+  d1[0] = d1[1] = d1[2] = d1[3] = 0.0f;
+  d2[0] = d2[1] = d2[2] = d2[3] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < DP_CH / 16; j++) {
+    if (j < steps1) {
+      const uint32_t b[2] = {wr1[8 * j + t], wr1[8 * j + 4 + t]};
+      const uint32_t a[4] = {xl ? xr1[8 * j + t] : 0u, 0u, xl ? xr1[8 * j + 4 + t] : 0u, 0u};
+      mma_op<T>::run(d1, a, b);
+    }
+    if (j < steps2) {
+      const uint32_t b[2] = {wr2[8 * j + t], wr2[8 * j + 4 + t]};
+      const uint32_t a[4] = {xl ? xr2[8 * j + t] : 0u, 0u, xl ? xr2[8 * j + 4 + t] : 0u, 0u};
+      mma_op<T>::run(d2, a, b);
+    }
+  }
+}
+
+/* The chains of items it = warp, warp + DP_WARPS, ... (two at a time) of a
+ * projection: item (group row block rb, chunk c) = rb * C + c; W rows of
+ * row block rb at w + rb * 8 rows. Partials of the real rows to
+ * part[(it * rows + row) * 8 + col]. */
+template <typename T>
+__device__ __forceinline__ void dp_project(int items, int C, int K, const T *w, int sw,
+                                           const T *x, int sx, int rows, float *part, int warp,
+                                           int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  for (int it = warp; it < items; it += 2 * DP_WARPS) {
+    const int it2 = it + DP_WARPS;
+    const int c1 = it % C, c2 = it2 % C;
+    float d1[4], d2[4];
+    dp_chain2<T>(w + (size_t)(it / C) * 8 * sw, c1 * DP_CH, min(16, (K - c1 * DP_CH) / 16),
+                 w + (size_t)(it2 < items ? it2 / C : 0) * 8 * sw, c2 * DP_CH,
+                 it2 < items ? min(16, (K - c2 * DP_CH) / 16) : 0, sw, x, sx, rows, d1, d2, lane);
+    if (g < rows) {
+      part[(it * rows + g) * 8 + 2 * t] = d1[0];
+      part[(it * rows + g) * 8 + 2 * t + 1] = d1[1];
+      if (it2 < items) {
+        part[(it2 * rows + g) * 8 + 2 * t] = d2[0];
+        part[(it2 * rows + g) * 8 + 2 * t + 1] = d2[1];
+      }
+    }
+  }
+}
+
 /* rows x n elements (n % 8 == 0) of a T matrix written earlier in this launch
  * into shared memory with row stride ld. */
 template <typename T>
@@ -223,24 +281,28 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
   T *hn = (T *)(dsm + P.o_hn), *act = (T *)(dsm + P.o_act);
   const int qn = P.gpb * 8; /* channel slots per row in xcv, zv */
 
-  /* Layer l's W slices of this block into buffer l & 1. */
+  /* Layer l's W rows (one bulk copy each, issued by the last warp's lane 0
+   * so the norm's thread 0 is not delayed; landing counted on the buffer's
+   * mbarrier) and, as 16-byte cp.async pieces, its small parameters and this
+   * block's state, into buffer l & 1. */
+  const uint32_t mbar0 = (uint32_t)__cvta_generic_to_shared(dsm + P.o_mbar);
   auto issue = [&](int l) {
     const mbd_dp_layer &Y = M.layers[l];
     unsigned char *wb = dsm + (uint32_t)(l & 1) * P.wbuf;
-    const int pin = d / 8, pout = di / 8;
-    for (int e = tid; e < nin * 16 * pin; e += DP_THREADS) {
-      const int row = e / pin, p = e - row * pin;
-      const int n = ((row >> 3) & 1) * di + 8 * (b + (row >> 4) * nb) + (row & 7);
-      dp_cp16(wb + row * P.swi + 16 * p, (const T *)Y.in_w + (size_t)n * d + 8 * p);
-    }
-    for (int e = tid; e < nout * 8 * pout; e += DP_THREADS) {
-      const int row = e / pout, p = e - row * pout;
-      const int n = 8 * (b + (row >> 3) * nb) + (row & 7);
-      dp_cp16(wb + P.o_out + row * P.swo + 16 * p, (const T *)Y.out_w + (size_t)n * di + 8 * p);
-    }
-    for (int e = tid; e < nxp * pout; e += DP_THREADS) {
-      const int j = e / pout, p = e - j * pout;
-      dp_cp16(wb + P.o_xp + j * P.swo + 16 * p, (const T *)Y.x_w + (size_t)(b + j * nb) * di + 8 * p);
+    const uint32_t wbs = (uint32_t)__cvta_generic_to_shared(wb), bar = mbar0 + 8u * (l & 1);
+    if (tid == DP_THREADS - 32) {
+      const uint32_t ri = (uint32_t)d * sizeof(T), ro = (uint32_t)di * sizeof(T);
+      mbar_expect_tx(bar, (uint32_t)nin * 16u * ri + (uint32_t)(nout * 8 + nxp) * ro);
+      for (int row = 0; row < nin * 16; row++) {
+        const int n = ((row >> 3) & 1) * di + 8 * (b + (row >> 4) * nb) + (row & 7);
+        bulk_g2s(wbs + row * P.swi, (const T *)Y.in_w + (size_t)n * d, ri, bar);
+      }
+      for (int row = 0; row < nout * 8; row++) {
+        const int n = 8 * (b + (row >> 3) * nb) + (row & 7);
+        bulk_g2s(wbs + P.o_out + row * P.swo, (const T *)Y.out_w + (size_t)n * di, ro, bar);
+      }
+      for (int j = 0; j < nxp; j++)
+        bulk_g2s(wbs + P.o_xp + j * P.swo, (const T *)Y.x_w + (size_t)(b + j * nb) * di, ro, bar);
     }
     /* 16-byte pieces of the small parameters and of this block's state */
     for (int e = tid; e < d / 4; e += DP_THREADS) dp_cp16(wb + P.o_norm + 16 * e, Y.norm + 4 * e);
@@ -292,6 +354,12 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
     else
       dp_grid_sync(M.barrier);
   };
+  if (tid == 0) {
+    mbar_init(mbar0, 1);
+    mbar_init(mbar0 + 8, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
   issue(0);
   dp_commit();
   for (int l = 0; l < L; l++) {
@@ -312,7 +380,8 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
       resid[e] = l == 0 ? ld_f32((const T *)M.emb + (size_t)A.tok[r] * d + c)
                         : __fadd_rn(resid[e], __ldcg(M.out + e));
     }
-    dp_wait1(); /* this thread's copies of layer l's buffer */
+    dp_wait1(); /* this thread's pieces of layer l's buffer */
+    mbar_wait(mbar0 + 8u * (l & 1), (uint32_t)(l >> 1) & 1u); /* its W rows */
     __syncthreads();
     if (tid < rows) rinv[tid] = rms_inv(resid + tid * d, d, M.norm_eps);
     __syncthreads();
@@ -322,17 +391,9 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
     }
     __syncthreads();
     DP_MARK(l, 1);
-    for (int it = warp; it < nin * 2 * P.cin; it += DP_WARPS) {
-      const int row8 = it / P.cin, c = it - row8 * P.cin;
-      float dd[4];
-      dp_chain<T>((const T *)(wb + row8 * 8 * P.swi), (int)(P.swi / sizeof(T)), hn, P.sh, rows,
-                  c * DP_CH, min(16, (d - c * DP_CH) / 16), dd, lane);
-      const int g = lane >> 2, t = lane & 3;
-      if (g < rows) {
-        part[(it * rows + g) * 8 + 2 * t] = dd[0];
-        part[(it * rows + g) * 8 + 2 * t + 1] = dd[1];
-      }
-    }
+    dp_project<T>(nin * 2 * P.cin, P.cin, d, (const T *)wb, (int)(P.swi / sizeof(T)), hn, P.sh,
+                  rows, part, warp, lane);
+    DP_MARK(l, 2);
     __syncthreads();
     for (int e = tid; e < nin * 2 * rows * 8; e += DP_THREADS) {
       const int col = e & 7, r = (e >> 3) % rows, row8 = (e >> 3) / rows;
@@ -359,9 +420,9 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
         st_act((T *)M.xc_act + (size_t)r * di + ch, xc);
       }
     }
-    DP_MARK(l, 2);
-    grid_sync();
     DP_MARK(l, 3);
+    grid_sync();
+    DP_MARK(l, 4);
 
     /* ---- B: x_proj (k_conv_xproj's lane chain on the same rounded inputs) */
     if (nxp > 0) {
@@ -385,9 +446,9 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
       const int q = e / R, k = e - q * R;
       dtw[q * (R + 1) + k] = ld_f32(s_dtwr + e);
     }
-    DP_MARK(l, 4);
-    grid_sync();
     DP_MARK(l, 5);
+    grid_sync();
+    DP_MARK(l, 6);
 
     /* ---- C: dt_proj + scan + D + gate (k_scan_step) */
     for (int e = tid; e < rows * NO; e += DP_THREADS) {
@@ -416,25 +477,16 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
           *(float4 *)(hp + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
       }
     }
-    DP_MARK(l, 6);
-    grid_sync();
     DP_MARK(l, 7);
+    grid_sync();
+    DP_MARK(l, 8);
 
     /* ---- D: out_proj */
     if (nout > 0) {
       dp_stage_rows<T>(act, P.sa, (const T *)M.y, rows, di);
       __syncthreads();
-      for (int it = warp; it < nout * P.cout; it += DP_WARPS) {
-        const int jj = it / P.cout, c = it - jj * P.cout;
-        float dd[4];
-        dp_chain<T>((const T *)(wb + P.o_out + jj * 8 * P.swo), (int)(P.swo / sizeof(T)), act,
-                    P.sa, rows, c * DP_CH, min(16, (di - c * DP_CH) / 16), dd, lane);
-        const int g = lane >> 2, t = lane & 3;
-        if (g < rows) {
-          part[(it * rows + g) * 8 + 2 * t] = dd[0];
-          part[(it * rows + g) * 8 + 2 * t + 1] = dd[1];
-        }
-      }
+      dp_project<T>(nout * P.cout, P.cout, di, (const T *)(wb + P.o_out), (int)(P.swo / sizeof(T)),
+                    act, P.sa, rows, part, warp, lane);
       __syncthreads();
       for (int e = tid; e < nout * rows * 8; e += DP_THREADS) {
         const int col = e & 7, r = (e >> 3) % rows, jj = (e >> 3) / rows;
@@ -445,7 +497,7 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
         M.out[(size_t)r * d + n] = v;
       }
     }
-    DP_MARK(l, 8);
+    DP_MARK(l, 9);
     if (l + 1 < L) grid_sync();
   }
   if (b == 0)
@@ -532,18 +584,20 @@ extern "C" void mbd_dp_trace_print(void) {
     return;
   }
   /* segments: [from point, to point], the last one into the next layer's 0 */
-  static const char *name[9] = {"A: resid+norm", "A: in_proj+conv", "barrier 1", "B: x_proj",
-                                "barrier 2", "C: scan", "barrier 3", "D: out_proj", "barrier 4"};
+  static const char *name[DP_TP] = {"A: resid+norm", "A: in_proj mma", "A: fold+conv",
+                                    "barrier 1",     "B: x_proj",      "barrier 2",
+                                    "C: scan",       "barrier 3",      "D: out_proj",
+                                    "barrier 4"};
   printf("persistent decode trace, %d blocks, us per layer (layers 1..%d): mean over blocks / max\n",
          nb, L - 2);
   double tot_mean = 0;
-  for (int sgm = 0; sgm < 9; sgm++) {
+  for (int sgm = 0; sgm < DP_TP; sgm++) {
     double mean = 0, mx = 0;
     for (int l = 1; l + 1 < L; l++) {
       double lm = 0, lx = 0;
       for (int b = 0; b < nb; b++) {
         const long long *r = t + ((size_t)b * L + l) * DP_TP;
-        const long long a = r[sgm], z = sgm == 8 ? r[DP_TP] : r[sgm + 1];
+        const long long a = r[sgm], z = sgm == DP_TP - 1 ? r[DP_TP] : r[sgm + 1];
         const double us = (double)(z - a) / (double)khz * 1e3;
         lm += us / nb;
         lx = us > lx ? us : lx;

@@ -76,6 +76,9 @@ struct mbd_mamba1_gpu {
   int32_t *h_tok, *h_slots, *h_next;
   float *h_temp;
   uint64_t *h_seed, *h_step;
+  void *h_in, *d_in;     /* one pinned block [tok|slots|temp|seed|step] and its device
+                            mirror (same offsets): a step's inputs in one copy */
+  size_t in_bytes;
   uint32_t *stamp;       /* host [nslots]: duplicate-slot check */
   uint32_t gen;
   mbd_gpu_graph *graphs[MAX_BUCKETS];
@@ -285,8 +288,23 @@ static int alloc_runtime(mbd_mamba1_gpu *m, mbd_error *err) {
   DA(m->ssm_st, ns * (size_t)m->ssm_slot * 4);
   MBD_GPU_CHECK(cudaMemset(m->conv_st, 0, ns * (size_t)m->conv_slot * 4), err);
   MBD_GPU_CHECK(cudaMemset(m->ssm_st, 0, ns * (size_t)m->ssm_slot * 4), err);
-  DA(m->d_tok, rows * 4);
-  DA(m->d_slots, rows * 4);
+  const size_t B = (size_t)m->max_batch;
+  const size_t o_temp = 2 * rows * 4, o_seed = (o_temp + B * 4 + 7) & ~(size_t)7;
+  const size_t o_step = o_seed + B * 8;
+  m->in_bytes = o_step + B * 8;
+  DA(m->d_in, m->in_bytes);
+  MBD_GPU_CHECK(cudaMallocHost(&m->h_in, m->in_bytes), err);
+  memset(m->h_in, 0, m->in_bytes);
+  m->d_tok = (int32_t *)m->d_in;
+  m->d_slots = (int32_t *)((char *)m->d_in + rows * 4);
+  m->d_temp = (float *)((char *)m->d_in + o_temp);
+  m->d_seed = (uint64_t *)((char *)m->d_in + o_seed);
+  m->d_step = (uint64_t *)((char *)m->d_in + o_step);
+  m->h_tok = (int32_t *)m->h_in;
+  m->h_slots = (int32_t *)((char *)m->h_in + rows * 4);
+  m->h_temp = (float *)((char *)m->h_in + o_temp);
+  m->h_seed = (uint64_t *)((char *)m->h_in + o_seed);
+  m->h_step = (uint64_t *)((char *)m->h_in + o_step);
   DA(m->resid, rows * d * 4);
   DA(m->hn, rows * d * es);
   DA(m->xz, rows * 2 * di * 4);
@@ -299,21 +317,12 @@ static int alloc_runtime(mbd_mamba1_gpu *m, mbd_error *err) {
   DA(m->y, rows * di * es);
   DA(m->out, rows * d * 4);
   DA(m->logits, rows * V * 4);
-  size_t B = (size_t)m->max_batch;
-  DA(m->d_temp, B * 4);
-  DA(m->d_seed, B * 8);
-  DA(m->d_step, B * 8);
   DA(m->d_next, B * 4);
   DA(m->sample_work, mbd_mops_sample_work_bytes((int)B));
   /* the sampler's row counters start at zero; each launch leaves them zero */
   MBD_GPU_CHECK(cudaMemset(m->sample_work, 0, mbd_mops_sample_work_bytes((int)B)), err);
 #undef DA
-  MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_tok, rows * 4), err);
-  MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_slots, rows * 4), err);
   MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_next, B * 4), err);
-  MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_temp, B * 4), err);
-  MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_seed, B * 8), err);
-  MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_step, B * 8), err);
   return dp_setup(m, err);
 }
 
@@ -323,12 +332,8 @@ void mbd_mamba1_gpu_destroy(mbd_mamba1_gpu **pm) {
   if (m->stream) cudaStreamSynchronize(m->stream);
   for (int i = 0; i < MAX_BUCKETS; i++) mbd_gpu_graph_destroy(&m->graphs[i]);
   for (int i = 0; i < m->nalloc; i++) cudaFree(m->allocs[i]);
-  cudaFreeHost(m->h_tok);
-  cudaFreeHost(m->h_slots);
+  cudaFreeHost(m->h_in);
   cudaFreeHost(m->h_next);
-  cudaFreeHost(m->h_temp);
-  cudaFreeHost(m->h_seed);
-  cudaFreeHost(m->h_step);
   free(m->allocs);
   free(m->layers);
   free(m->stamp);
@@ -782,13 +787,21 @@ extern "C" int mbd_mamba1_gpu_prefill(mbd_mamba1_gpu *m, int nseq, int T, const 
   return 0;
 }
 
-/* One decode step of `rows` rows from the device inputs, then the pick. */
+/* One decode step of `rows` rows: the staged inputs up (one copy), the
+ * model, the pick, the picks down; a graph replays all of it. */
 static int step_body(mbd_mamba1_gpu *m, int rows, mbd_error *err) {
+  MBD_GPU_CHECK(cudaMemcpyAsync(m->d_in, m->h_in, m->in_bytes, cudaMemcpyHostToDevice, m->stream),
+                err);
   int rc = forward(m, rows, 1, 2, err);
   if (rc) return rc;
-  return mbd_mops_sample((void *)m->stream, rows, m->cfg.vocab_size, m->logits,
-                         m->cfg.vocab_size, m->d_temp, m->d_seed, m->d_step, m->sample_work,
-                         m->d_next, err);
+  if ((rc = mbd_mops_sample((void *)m->stream, rows, m->cfg.vocab_size, m->logits,
+                            m->cfg.vocab_size, m->d_temp, m->d_seed, m->d_step, m->sample_work,
+                            m->d_next, err)))
+    return rc;
+  MBD_GPU_CHECK(cudaMemcpyAsync(m->h_next, m->d_next, (size_t)rows * 4, cudaMemcpyDeviceToHost,
+                                m->stream),
+                err);
+  return 0;
 }
 
 extern "C" int mbd_mamba1_gpu_step(mbd_mamba1_gpu *m, int n, const int32_t *tokens,
@@ -813,16 +826,6 @@ extern "C" int mbd_mamba1_gpu_step(mbd_mamba1_gpu *m, int n, const int32_t *toke
     m->h_step[i] = real && picks ? picks[i].step : 0;
   }
   cudaStream_t s = m->stream;
-  MBD_GPU_CHECK(cudaMemcpyAsync(m->d_tok, m->h_tok, (size_t)rows * 4, cudaMemcpyHostToDevice, s),
-                err);
-  MBD_GPU_CHECK(
-      cudaMemcpyAsync(m->d_slots, m->h_slots, (size_t)rows * 4, cudaMemcpyHostToDevice, s), err);
-  MBD_GPU_CHECK(
-      cudaMemcpyAsync(m->d_temp, m->h_temp, (size_t)rows * 4, cudaMemcpyHostToDevice, s), err);
-  MBD_GPU_CHECK(
-      cudaMemcpyAsync(m->d_seed, m->h_seed, (size_t)rows * 8, cudaMemcpyHostToDevice, s), err);
-  MBD_GPU_CHECK(
-      cudaMemcpyAsync(m->d_step, m->h_step, (size_t)rows * 8, cudaMemcpyHostToDevice, s), err);
   if (m->use_graphs) {
     if (!m->graphs[bi]) {
       if ((rc = mbd_gpu_graph_begin(m->ctx, err))) return rc;
@@ -839,8 +842,6 @@ extern "C" int mbd_mamba1_gpu_step(mbd_mamba1_gpu *m, int n, const int32_t *toke
   } else if ((rc = step_body(m, rows, err))) {
     return rc;
   }
-  MBD_GPU_CHECK(
-      cudaMemcpyAsync(m->h_next, m->d_next, (size_t)n * 4, cudaMemcpyDeviceToHost, s), err);
   if (logits)
     MBD_GPU_CHECK(cudaMemcpyAsync(logits, m->logits, (size_t)n * m->cfg.vocab_size * 4,
                                   cudaMemcpyDeviceToHost, s),
