@@ -42,6 +42,7 @@ extern "C" {
 #define DP_N 16        /* d_state */
 #define DP_CH 256      /* K chunk of the GEMM contract (MBD_WG_KCH) */
 #define DP_MAXROWS XP_ROWS
+#define DP_RES_PT 12   /* residual elements per thread loaded at once (rows * d <= 3072) */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DP_HAVE_KERNEL 1 /* the mma.sync == wgmma bit identity is an sm_90a fact */
@@ -343,6 +344,9 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
         dp_cp16(wb + P.o_outb + e * 8 * ts, (const T *)Y.out_b + 8 * (b + e * nb));
   };
   long long *trc = A.trace ? A.trace + (size_t)b * L * DP_TP : nullptr;
+  /* block 0's %globaltimer at start and end, after the per-block stamps */
+  long long *gtt = A.trace && b == 0 && tid == 0 ? A.trace + (size_t)nb * L * DP_TP : nullptr;
+  if (gtt) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gtt[0]));
 #define DP_MARK(l, i) \
   if (trc && tid == 0) trc[(l) * DP_TP + (i)] = clock64()
 
@@ -375,15 +379,31 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
     dp_commit();
 
     /* ---- A: residual, norm (k_embed, k_add_rmsnorm), in_proj, conv */
-    for (int e = tid; e < rows * d; e += DP_THREADS) {
-      const int r = e / d, c = e - r * d;
-      resid[e] = l == 0 ? ld_f32((const T *)M.emb + (size_t)A.tok[r] * d + c)
-                        : __fadd_rn(resid[e], __ldcg(M.out + e));
+    if (l == 0) {
+      for (int e = tid; e < rows * d; e += DP_THREADS) {
+        const int r = e / d;
+        resid[e] = ld_f32((const T *)M.emb + (size_t)A.tok[r] * d + (e - r * d));
+      }
+    } else { /* all of this thread's loads first: one L2 round trip, not one per element */
+      float o[DP_RES_PT];
+#pragma unroll
+      for (int i = 0; i < DP_RES_PT; i++) {
+        const int e = tid + i * DP_THREADS;
+        o[i] = e < rows * d ? __ldcg(M.out + e) : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < DP_RES_PT; i++) {
+        const int e = tid + i * DP_THREADS;
+        if (e < rows * d) resid[e] = __fadd_rn(resid[e], o[i]);
+      }
+      for (int e = tid + DP_RES_PT * DP_THREADS; e < rows * d; e += DP_THREADS)
+        resid[e] = __fadd_rn(resid[e], __ldcg(M.out + e));
     }
-    dp_wait1(); /* this thread's pieces of layer l's buffer */
-    mbar_wait(mbar0 + 8u * (l & 1), (uint32_t)(l >> 1) & 1u); /* its W rows */
     __syncthreads();
     if (tid < rows) rinv[tid] = rms_inv(resid + tid * d, d, M.norm_eps);
+    /* the other threads wait for layer l's buffer meanwhile */
+    dp_wait1(); /* this thread's pieces */
+    mbar_wait(mbar0 + 8u * (l & 1), (uint32_t)(l >> 1) & 1u); /* the W rows */
     __syncthreads();
     for (int e = tid; e < rows * d; e += DP_THREADS) {
       const int r = e / d, c = e - r * d;
@@ -502,6 +522,7 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
   }
   if (b == 0)
     for (int e = tid; e < rows * d; e += DP_THREADS) M.resid[e] = resid[e];
+  if (gtt) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gtt[1]));
 #endif
 }
 
@@ -557,7 +578,7 @@ extern "C" void mbd_dp_trace_prepare(int n_layer) {
   int dev = 0, nb = 0;
   if (!e || e[0] != '1' || g_trace || cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&nb, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaMalloc((void **)&g_trace, (size_t)nb * n_layer * DP_TP * 8) != cudaSuccess) {
+      cudaMalloc((void **)&g_trace, ((size_t)nb * n_layer * DP_TP + 2) * 8) != cudaSuccess) {
     (void)cudaGetLastError();
     return;
   }
@@ -574,12 +595,12 @@ static long long *dp_trace_buffer(int nb, int L) {
 extern "C" void mbd_dp_trace_print(void) {
   if (!g_trace) return;
   const int nb = g_trace_nb, L = g_trace_L;
-  long long *t = (long long *)malloc((size_t)nb * L * DP_TP * 8);
+  long long *t = (long long *)malloc(((size_t)nb * L * DP_TP + 2) * 8);
   int khz = 0, dev = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev);
   if (!t || khz <= 0 || cudaDeviceSynchronize() != cudaSuccess ||
-      cudaMemcpy(t, g_trace, (size_t)nb * L * DP_TP * 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
+      cudaMemcpy(t, g_trace, ((size_t)nb * L * DP_TP + 2) * 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
     free(t);
     return;
   }
@@ -609,6 +630,8 @@ extern "C" void mbd_dp_trace_print(void) {
     printf("  %-16s %7.2f %7.2f\n", name[sgm], mean, mx);
   }
   printf("  %-16s %7.2f\n", "layer", tot_mean);
+  const long long *gt = t + (size_t)nb * L * DP_TP;
+  printf("  whole launch (block 0, globaltimer): %.1f us\n", (double)(gt[1] - gt[0]) * 1e-3);
   free(t);
 }
 
