@@ -181,20 +181,41 @@ __device__ __forceinline__ float scan_one(const float *sd, const float *wr, int 
 
 /* 1 / sqrt(mean(row^2) + eps) with mbd_cpu_rmsnorm's arithmetic: one fmaf
  * chain over the row in ascending order, on one thread (a tree would be
- * faster but would round differently from the reference). row: 16-byte
- * aligned (shared memory). */
+ * faster but would round differently from the reference). The chain is on
+ * every layer's critical path, so the next eight quads load while the
+ * current eight are chained (one shared-memory latency per 32 elements, not
+ * per 4); the order of the fmafs is unchanged. row: 16-byte aligned (shared
+ * memory). */
+__device__ __forceinline__ void rms_quad(float4 q, float &ss) {
+  ss = __fmaf_rn(q.x, q.x, ss);
+  ss = __fmaf_rn(q.y, q.y, ss);
+  ss = __fmaf_rn(q.z, q.z, ss);
+  ss = __fmaf_rn(q.w, q.w, ss);
+}
 __device__ __forceinline__ float rms_inv(const float *row, int d, float eps) {
   const float4 *row4 = (const float4 *)row;
+  const int nq = d / 4;
   float ss = 0.0f;
-  int c = 0;
-  for (; c + 4 <= d; c += 4) {
-    const float4 q = row4[c >> 2];
-    ss = __fmaf_rn(q.x, q.x, ss);
-    ss = __fmaf_rn(q.y, q.y, ss);
-    ss = __fmaf_rn(q.z, q.z, ss);
-    ss = __fmaf_rn(q.w, q.w, ss);
+  int i = 0;
+  if (nq >= 8) {
+    float4 q[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) q[j] = row4[j];
+    for (; i + 16 <= nq; i += 8) {
+      float4 nx[8];
+#pragma unroll
+      for (int j = 0; j < 8; j++) nx[j] = row4[i + 8 + j];
+#pragma unroll
+      for (int j = 0; j < 8; j++) rms_quad(q[j], ss);
+#pragma unroll
+      for (int j = 0; j < 8; j++) q[j] = nx[j];
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) rms_quad(q[j], ss);
+    i += 8;
   }
-  for (; c < d; c++) ss = __fmaf_rn(row[c], row[c], ss);
+  for (; i < nq; i++) rms_quad(row4[i], ss);
+  for (int c = 4 * nq; c < d; c++) ss = __fmaf_rn(row[c], row[c], ss);
   return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)d), eps)));
 }
 /* One normalised element: w * (x * rinv), before the activation rounding. */
