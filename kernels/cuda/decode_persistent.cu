@@ -37,7 +37,8 @@ extern "C" {
 #include "kernels/cuda/mops_arith.cuh"
 
 #define DP_WARPS 8
-#define DP_THREADS (32 * DP_WARPS)
+#define DP_THREADS (32 * DP_WARPS) /* compute threads; one more warp produces copies */
+#define DP_BLOCK (DP_THREADS + 32)
 #define DP_KC 4        /* conv width */
 #define DP_N 16        /* d_state */
 #define DP_CH 256      /* K chunk of the GEMM contract (MBD_WG_KCH) */
@@ -104,7 +105,7 @@ __host__ __device__ inline dp_plan dp_make_plan(int d, int di, int R, int rows, 
   P.o_sd = o;     o = dp_al16(o + (uint32_t)(rows * P.no) * 4u);
   P.o_dtw = o;    o = dp_al16(o + (uint32_t)(P.gpb * 8 * (R + 1)) * 4u);
   P.o_rinv = o;   o = dp_al16(o + DP_MAXROWS * 4u);
-  P.o_mbar = o;   o = dp_al16(o + 16u); /* one mbarrier per buffer: its W rows landed */
+  P.o_mbar = o;   o = dp_al16(o + 32u); /* per buffer: full (landed), empty (released) */
   P.total = o;
   return P;
 }
@@ -122,14 +123,8 @@ struct dp_args {
 };
 
 #ifdef DP_HAVE_KERNEL
-__device__ __forceinline__ void dp_cp16(void *dst, const void *src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                   (uint32_t)__cvta_generic_to_shared(dst)),
-               "l"(src)
-               : "memory");
-}
-__device__ __forceinline__ void dp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void dp_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+/* The compute warps' barrier (the producer warp never joins it). */
+__device__ __forceinline__ void dp_sync() { asm volatile("bar.sync 1, %0;" ::"n"(DP_THREADS) : "memory"); }
 
 /* Grid-wide barrier over a counter that returns to its start value after
  * every barrier: block 0 adds 2^31 - (nb - 1), the others 1, so the top bit
@@ -137,7 +132,7 @@ __device__ __forceinline__ void dp_wait1() { asm volatile("cp.async.wait_group 1
  * sync); the fence before the add and the acquire load make every block's
  * writes before the barrier visible to every block after it. */
 __device__ __forceinline__ void dp_grid_sync(unsigned *bar) {
-  __syncthreads();
+  dp_sync();
   if (threadIdx.x == 0) {
     const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
     __threadfence();
@@ -147,14 +142,14 @@ __device__ __forceinline__ void dp_grid_sync(unsigned *bar) {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(bar) : "memory");
     } while (((old ^ cur) & 0x80000000u) == 0);
   }
-  __syncthreads();
+  dp_sync();
 }
 
 /* The same barrier without waiting for the add's return: the arrival is a
  * release reduction, and thread 0 tracks the phase it waits for (read once
  * at kernel start: no block can flip it before every block has arrived). */
 __device__ __forceinline__ void dp_grid_sync_red(unsigned *bar, unsigned &phase) {
-  __syncthreads();
+  dp_sync();
   if (threadIdx.x == 0) {
     const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(bar), "r"(add) : "memory");
@@ -164,7 +159,7 @@ __device__ __forceinline__ void dp_grid_sync_red(unsigned *bar, unsigned &phase)
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(bar) : "memory");
     } while ((cur & 0x80000000u) != phase);
   }
-  __syncthreads();
+  dp_sync();
 }
 
 /* Blocks of groups b, b + nb, ... below n: how many this block owns. */
@@ -264,7 +259,7 @@ __device__ __forceinline__ void dp_stage_rows(T *dst, int ld, const T *src, int 
 #endif
 
 template <typename T>
-__global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_constant__ dp_args A) {
+__global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_constant__ dp_args A) {
 #ifdef DP_HAVE_KERNEL
   extern __shared__ __align__(16) unsigned char dsm[];
   const mbd_dp_model &M = A.m;
@@ -282,67 +277,74 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
   T *hn = (T *)(dsm + P.o_hn), *act = (T *)(dsm + P.o_act);
   const int qn = P.gpb * 8; /* channel slots per row in xcv, zv */
 
-  /* Layer l's W rows (one bulk copy each, issued by the last warp's lane 0
-   * so the norm's thread 0 is not delayed; landing counted on the buffer's
-   * mbarrier) and, as 16-byte cp.async pieces, its small parameters and this
-   * block's state, into buffer l & 1. */
+  /* The producer warp's lane 0 walks the layers, each into buffer l & 1 as
+   * soon as the compute warps have released it (layer l - 2 done): the W
+   * rows, the small parameters and this block's conv/scan state, one 1D bulk
+   * copy each, counted in bytes on the buffer's full mbarrier. Issuing can
+   * block on the copy engine's queue; only this warp waits for it. */
   const uint32_t mbar0 = (uint32_t)__cvta_generic_to_shared(dsm + P.o_mbar);
-  auto issue = [&](int l) {
-    const mbd_dp_layer &Y = M.layers[l];
-    unsigned char *wb = dsm + (uint32_t)(l & 1) * P.wbuf;
-    const uint32_t wbs = (uint32_t)__cvta_generic_to_shared(wb), bar = mbar0 + 8u * (l & 1);
-    if (tid == DP_THREADS - 32) {
-      const uint32_t ri = (uint32_t)d * sizeof(T), ro = (uint32_t)di * sizeof(T);
-      mbar_expect_tx(bar, (uint32_t)nin * 16u * ri + (uint32_t)(nout * 8 + nxp) * ro);
+  const uint32_t full0 = mbar0, empty0 = mbar0 + 16;
+  if (tid == 0) {
+    for (int i = 0; i < 2; i++) {
+      mbar_init(full0 + 8 * i, 1);
+      mbar_init(empty0 + 8 * i, 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (warp == DP_WARPS) {
+    if (lane != 0) return;
+    const int ts = (int)sizeof(T);
+    const uint32_t ri = (uint32_t)d * ts, ro = (uint32_t)di * ts;
+    for (int l = 0; l < L; l++) {
+      const mbd_dp_layer &Y = M.layers[l];
+      const uint32_t wb = (uint32_t)__cvta_generic_to_shared(dsm) + (uint32_t)(l & 1) * P.wbuf;
+      const uint32_t full = full0 + 8u * (l & 1);
+      if (l >= 2) mbar_wait(empty0 + 8u * (l & 1), (uint32_t)((l >> 1) - 1) & 1u);
+      uint32_t bytes = (uint32_t)nin * 16u * ri + (uint32_t)(nout * 8 + nxp) * ro + (uint32_t)d * 4u;
+      bytes += (uint32_t)nin * (DP_KC * 32u + (Y.conv_b ? 32u : 0u) + DP_N * 32u + 32u + 8u * ts +
+                                8u * R * ts + (Y.in_b ? 16u * ts : 0u));
+      bytes += (uint32_t)(rows * nin) * ((DP_KC - 1) * 32u + DP_N * 32u);
+      if (Y.out_b) bytes += (uint32_t)nout * 8u * ts;
+      mbar_expect_tx(full, bytes);
       for (int row = 0; row < nin * 16; row++) {
         const int n = ((row >> 3) & 1) * di + 8 * (b + (row >> 4) * nb) + (row & 7);
-        bulk_g2s(wbs + row * P.swi, (const T *)Y.in_w + (size_t)n * d, ri, bar);
+        bulk_g2s(wb + row * P.swi, (const T *)Y.in_w + (size_t)n * d, ri, full);
       }
       for (int row = 0; row < nout * 8; row++) {
         const int n = 8 * (b + (row >> 3) * nb) + (row & 7);
-        bulk_g2s(wbs + P.o_out + row * P.swo, (const T *)Y.out_w + (size_t)n * di, ro, bar);
+        bulk_g2s(wb + P.o_out + row * P.swo, (const T *)Y.out_w + (size_t)n * di, ro, full);
       }
       for (int j = 0; j < nxp; j++)
-        bulk_g2s(wbs + P.o_xp + j * P.swo, (const T *)Y.x_w + (size_t)(b + j * nb) * di, ro, bar);
-    }
-    /* 16-byte pieces of the small parameters and of this block's state */
-    for (int e = tid; e < d / 4; e += DP_THREADS) dp_cp16(wb + P.o_norm + 16 * e, Y.norm + 4 * e);
-    const int ts = (int)sizeof(T), pw = R * ts / 2; /* dt_proj pieces of a group */
-    for (int jj = 0; jj < nin; jj++) {
-      const int c0 = 8 * (b + jj * nb);
-      for (int e = tid; e < 2 * DP_KC + 2 + 32 + 2 + 1 + pw + 2; e += DP_THREADS) {
-        int k = e;
-        if (k < 2 * DP_KC) {
-          dp_cp16(wb + P.o_cw + (jj * DP_KC * 8 + 4 * k) * 4, Y.conv_w + (size_t)(k >> 1) * di + c0 + 4 * (k & 1));
-        } else if ((k -= 2 * DP_KC) < 2) {
-          if (Y.conv_b) dp_cp16(wb + P.o_cb + (jj * 8 + 4 * k) * 4, Y.conv_b + c0 + 4 * k);
-        } else if ((k -= 2) < 32) {
-          dp_cp16(wb + P.o_A + (jj * 8 * DP_N + 4 * k) * 4, Y.A + (size_t)c0 * DP_N + 4 * k);
-        } else if ((k -= 32) < 2) {
-          dp_cp16(wb + P.o_D + (jj * 8 + 4 * k) * 4, Y.D + c0 + 4 * k);
-        } else if ((k -= 2) < 1) {
-          dp_cp16(wb + P.o_dtb + jj * 8 * ts, (const T *)Y.dt_b + c0);
-        } else if ((k -= 1) < pw) {
-          dp_cp16(wb + P.o_dtwr + jj * 8 * R * ts + 16 * k, (const char *)Y.dt_w + (size_t)c0 * R * ts + 16 * k);
-        } else if ((k -= pw) < 2 && Y.in_b) {
-          dp_cp16(wb + P.o_inb + (jj * 16 + 8 * k) * ts, (const T *)Y.in_b + k * di + c0);
+        bulk_g2s(wb + P.o_xp + j * P.swo, (const T *)Y.x_w + (size_t)(b + j * nb) * di, ro, full);
+      bulk_g2s(wb + P.o_norm, Y.norm, (uint32_t)d * 4u, full);
+      for (int jj = 0; jj < nin; jj++) {
+        const int c0 = 8 * (b + jj * nb);
+        for (int j = 0; j < DP_KC; j++)
+          bulk_g2s(wb + P.o_cw + (jj * DP_KC + j) * 32, Y.conv_w + (size_t)j * di + c0, 32u, full);
+        if (Y.conv_b) bulk_g2s(wb + P.o_cb + jj * 32, Y.conv_b + c0, 32u, full);
+        bulk_g2s(wb + P.o_A + jj * DP_N * 32, Y.A + (size_t)c0 * DP_N, DP_N * 32u, full);
+        bulk_g2s(wb + P.o_D + jj * 32, Y.D + c0, 32u, full);
+        bulk_g2s(wb + P.o_dtb + jj * 8 * ts, (const T *)Y.dt_b + c0, 8u * ts, full);
+        bulk_g2s(wb + P.o_dtwr + jj * 8 * R * ts, (const T *)Y.dt_w + (size_t)c0 * R, 8u * R * ts, full);
+        if (Y.in_b)
+          for (int h = 0; h < 2; h++)
+            bulk_g2s(wb + P.o_inb + (jj * 16 + 8 * h) * ts, (const T *)Y.in_b + h * di + c0, 8u * ts, full);
+        for (int r = 0; r < rows; r++) {
+          const int64_t slot = A.slots[r];
+          for (int j = 0; j < DP_KC - 1; j++)
+            bulk_g2s(wb + P.o_cst + ((r * P.gpb + jj) * (DP_KC - 1) + j) * 32,
+                     M.conv_state + slot * M.conv_slot + ((int64_t)l * (DP_KC - 1) + j) * di + c0, 32u, full);
+          bulk_g2s(wb + P.o_h + (r * P.gpb + jj) * 8 * DP_N * 4,
+                   M.ssm_state + slot * M.ssm_slot + ((int64_t)l * di + c0) * DP_N, DP_N * 32u, full);
         }
       }
-      for (int e = tid; e < rows * ((DP_KC - 1) * 2 + 32); e += DP_THREADS) {
-        const int r = e / ((DP_KC - 1) * 2 + 32), k = e - r * ((DP_KC - 1) * 2 + 32);
-        const int64_t slot = A.slots[r];
-        if (k < (DP_KC - 1) * 2)
-          dp_cp16(wb + P.o_cst + ((r * P.gpb + jj) * (DP_KC - 1) * 8 + 4 * k) * 4,
-                  M.conv_state + slot * M.conv_slot + ((int64_t)l * (DP_KC - 1) + (k >> 1)) * di + c0 + 4 * (k & 1));
-        else
-          dp_cp16(wb + P.o_h + ((r * P.gpb + jj) * 8 * DP_N + 4 * (k - (DP_KC - 1) * 2)) * 4,
-                  M.ssm_state + slot * M.ssm_slot + ((int64_t)l * di + c0) * DP_N + 4 * (k - (DP_KC - 1) * 2));
-      }
+      if (Y.out_b)
+        for (int j = 0; j < nout; j++)
+          bulk_g2s(wb + P.o_outb + j * 8 * ts, (const T *)Y.out_b + 8 * (b + j * nb), 8u * ts, full);
     }
-    if (Y.out_b)
-      for (int e = tid; e < nout; e += DP_THREADS)
-        dp_cp16(wb + P.o_outb + e * 8 * ts, (const T *)Y.out_b + 8 * (b + e * nb));
-  };
+    return;
+  }
   long long *trc = A.trace ? A.trace + (size_t)b * L * DP_TP : nullptr;
   /* block 0's %globaltimer at start and end, after the per-block stamps */
   long long *gtt = A.trace && b == 0 && tid == 0 ? A.trace + (size_t)nb * L * DP_TP : nullptr;
@@ -358,14 +360,6 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
     else
       dp_grid_sync(M.barrier);
   };
-  if (tid == 0) {
-    mbar_init(mbar0, 1);
-    mbar_init(mbar0 + 8, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  issue(0);
-  dp_commit();
   for (int l = 0; l < L; l++) {
     const mbd_dp_layer &Y = M.layers[l];
     const unsigned char *wb = dsm + (uint32_t)(l & 1) * P.wbuf;
@@ -375,8 +369,6 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
     const T *s_dtb = (const T *)(wb + P.o_dtb), *s_dtwr = (const T *)(wb + P.o_dtwr);
     const T *s_inb = (const T *)(wb + P.o_inb), *s_outb = (const T *)(wb + P.o_outb);
     DP_MARK(l, 0);
-    if (l + 1 < L) issue(l + 1);
-    dp_commit();
 
     /* ---- A: residual, norm (k_embed, k_add_rmsnorm), in_proj, conv */
     if (l == 0) {
@@ -399,22 +391,21 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
       for (int e = tid + DP_RES_PT * DP_THREADS; e < rows * d; e += DP_THREADS)
         resid[e] = __fadd_rn(resid[e], __ldcg(M.out + e));
     }
-    __syncthreads();
+    dp_sync();
     if (tid < rows) rinv[tid] = rms_inv(resid + tid * d, d, M.norm_eps);
     /* the other threads wait for layer l's buffer meanwhile */
-    dp_wait1(); /* this thread's pieces */
-    mbar_wait(mbar0 + 8u * (l & 1), (uint32_t)(l >> 1) & 1u); /* the W rows */
-    __syncthreads();
+    mbar_wait(full0 + 8u * (l & 1), (uint32_t)(l >> 1) & 1u);
+    dp_sync();
     for (int e = tid; e < rows * d; e += DP_THREADS) {
       const int r = e / d, c = e - r * d;
       st_act(hn + r * P.sh + c, rms_out(((const float *)(wb + P.o_norm))[c], resid[e], rinv[r]));
     }
-    __syncthreads();
+    dp_sync();
     DP_MARK(l, 1);
     dp_project<T>(nin * 2 * P.cin, P.cin, d, (const T *)wb, (int)(P.swi / sizeof(T)), hn, P.sh,
                   rows, part, warp, lane);
     DP_MARK(l, 2);
-    __syncthreads();
+    dp_sync();
     for (int e = tid; e < nin * 2 * rows * 8; e += DP_THREADS) {
       const int col = e & 7, r = (e >> 3) % rows, row8 = (e >> 3) / rows;
       const int jj = row8 >> 1, half = row8 & 1, ch = 8 * (b + jj * nb) + col;
@@ -447,7 +438,7 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
     /* ---- B: x_proj (k_conv_xproj's lane chain on the same rounded inputs) */
     if (nxp > 0) {
       dp_stage_rows<T>(act, P.sa, (const T *)M.xc_act, rows, di);
-      __syncthreads();
+      dp_sync();
       if (warp < nxp) {
         const T *wr = (const T *)(wb + P.o_xp + warp * P.swo);
         float acc[XP_ROWS];
@@ -476,7 +467,7 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
       const float v = __ldcg(M.dbl + e);
       sd[r * NO + k] = k < R ? round_act<T>(v) : v;
     }
-    __syncthreads();
+    dp_sync();
     {
       const int nq = nin * 8; /* this block's channels */
       if (tid < rows * nq) {
@@ -504,10 +495,10 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
     /* ---- D: out_proj */
     if (nout > 0) {
       dp_stage_rows<T>(act, P.sa, (const T *)M.y, rows, di);
-      __syncthreads();
+      dp_sync();
       dp_project<T>(nout * P.cout, P.cout, di, (const T *)(wb + P.o_out), (int)(P.swo / sizeof(T)),
                     act, P.sa, rows, part, warp, lane);
-      __syncthreads();
+      dp_sync();
       for (int e = tid; e < nout * rows * 8; e += DP_THREADS) {
         const int col = e & 7, r = (e >> 3) % rows, jj = (e >> 3) / rows;
         const int n = 8 * (b + jj * nb) + col;
@@ -518,6 +509,8 @@ __global__ void __launch_bounds__(DP_THREADS, 1) k_decode_layers(const __grid_co
       }
     }
     DP_MARK(l, 9);
+    dp_sync(); /* every compute warp is done with buffer l & 1 */
+    if (tid == 0) mbar_arrive(empty0 + 8u * (l & 1));
     if (l + 1 < L) grid_sync();
   }
   if (b == 0)
@@ -661,7 +654,7 @@ extern "C" int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, cons
     at[0].val.cooperative = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)nb);
-    cfg.blockDim = dim3(DP_THREADS);
+    cfg.blockDim = dim3(DP_BLOCK);
     cfg.dynamicSmemBytes = P.total;
     cfg.stream = (cudaStream_t)stream;
     cfg.attrs = at;
