@@ -658,8 +658,7 @@ extern "C" int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, cons
     cfg.dynamicSmemBytes = P.total;
     cfg.stream = (cudaStream_t)stream;
     cfg.attrs = at;
-    const char *ce = getenv("MBD_DP_COOP");
-    cfg.numAttrs = ce && ce[0] == '0' ? 0 : 1;
+    cfg.numAttrs = 1;
     e = cudaLaunchKernelEx(&cfg, k, a);
   }
   if (e != cudaSuccess) {

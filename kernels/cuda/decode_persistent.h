@@ -58,7 +58,9 @@ typedef struct mbd_dp_model {
 } mbd_dp_model;
 
 /* 1 when `rows` decode rows of m run persistently on the current device (see
- * above; MBD_DECODE_PERSISTENT=0 in the environment turns it off), else 0. */
+ * above; MBD_DECODE_PERSISTENT=0 in the environment turns it off), else 0.
+ * MBD_DP_BAR=1 picks the release-reduction grid barrier instead of
+ * atomicAdd + poll (an A/B switch: both measured the same). */
 int mbd_dp_fits(const mbd_dp_model *m, int rows);
 
 /* Enqueues the layers of one decode step of `rows` rows (tokens tok[rows],
