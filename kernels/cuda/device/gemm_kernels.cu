@@ -795,53 +795,6 @@ __device__ __forceinline__ void mk_consumer_sync() { /* the 8 consumer warps onl
 }
 
 /* HI: rows 8..15 exist (8 < M <= 16); without it their fragments are zero. */
-/* Slot t's fragments for a warp's (columns g, chunk j) of mk_body, or false
- * when the chunk is past K's last (the slot is still waited for). */
-template <bool HI>
-__device__ __forceinline__ bool mk_frags(int t, int S, int sps, int CPS, int j, int C, int K,
-                                         int Kp, int q, uint32_t full0, uint32_t ring_s, int sb,
-                                         uint32_t b_lane, uint32_t a_lane, uint32_t (&b)[16][2],
-                                         uint32_t (&a)[16][4], int &steps) {
-  const int s = t % S, c = (t % sps) * CPS + j;
-  mbar_wait(full0 + 8 * s, (uint32_t)(t / S) & 1u);
-  if (c >= C) return false;
-  const uint32_t bs = ring_s + s * sb + b_lane, as = a_lane + c * 512;
-#pragma unroll
-  for (int h = 0; h < 8; h++) {
-    uint32_t v[4];
-    ldsm_x4(v, bs + h * 64);
-    b[2 * h][0] = v[0];
-    b[2 * h][1] = v[1];
-    b[2 * h + 1][0] = v[2];
-    b[2 * h + 1][1] = v[3];
-  }
-  if (HI) {
-#pragma unroll
-    for (int st = 0; st < 16; st++) ldsm_x4(a[st], as + st * 32);
-  } else {
-#pragma unroll
-    for (int h = 0; h < 8; h++) {
-      uint32_t v[4];
-      ldsm_x4(v, as + h * 64);
-      a[2 * h][0] = v[0];
-      a[2 * h][2] = v[1];
-      a[2 * h + 1][0] = v[2];
-      a[2 * h + 1][2] = v[3];
-      a[2 * h][1] = a[2 * h][3] = a[2 * h + 1][1] = a[2 * h + 1][3] = 0u;
-    }
-  }
-  if (c * MBD_WG_KCH + MBD_WG_KCH > K) { /* last chunk: zero k >= K (K % 8 == 0) */
-#pragma unroll
-    for (int st = 0; st < 16; st++) {
-      const int k0 = c * MBD_WG_KCH + 16 * st + 2 * q;
-      if (k0 >= K) b[st][0] = a[st][0] = a[st][1] = 0u;
-      if (k0 + 8 >= K) b[st][1] = a[st][2] = a[st][3] = 0u;
-    }
-  }
-  steps = min(16, (Kp - c * MBD_WG_KCH) / 16);
-  return true;
-}
-
 template <typename T, bool HI>
 __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
 #ifdef MBD_HAVE_WGMMA /* sm_90a only: the bit identity with wgmma is what makes it legal */
@@ -918,19 +871,11 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
   float bias0 = 0.0f, bias1 = 0.0f;
   int buf = 0;
 
-#define MK_FRAGS(t, b, a, steps) \
-  mk_frags<HI>(t, S, sps, CPS, j, C, K, Kp, q, full0, ring_s, sb, b_lane, a_lane, b, a, steps)
-  /* The slot's fragments are in registers: hand it back to the producer. */
-  auto release = [&](int t) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty0 + 8 * (t % S));
-  };
-  /* Slot t's chain result d: into the strip's fold (chunk order), then out. */
-  auto post = [&](int t, const float (&d)[4]) {
-    const int ls = t % sps, c = ls * CPS + j;
+  for (int t = 0; t < TT; t++) {
+    const int s = t % S, ls = t % sps, c = ls * CPS + j;
     const int n0 = (blockIdx.x + (t / sps) * gridDim.x) << (3 + lg);
     const int gn = n0 + g * 8 + 2 * q; /* this lane's first output column */
-    if (ls == 0 && B) {
+    if (ls == 0 && B) { /* fetched early: used after the strip, off the critical path */
       if (CPS == 1) {
         bias0 = gn < N ? mma_op<T>::to_f(B[gn]) : 0.0f;
         bias1 = gn + 1 < N ? mma_op<T>::to_f(B[gn + 1]) : 0.0f;
@@ -939,6 +884,51 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
         bias0 = on < N ? mma_op<T>::to_f(B[on]) : 0.0f;
       }
     }
+    mbar_wait(full0 + 8 * s, (uint32_t)(t / S) & 1u);
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (c < C) {
+      const uint32_t bs = ring_s + s * sb + b_lane, as = a_lane + c * 512;
+      uint32_t b[16][2], a[16][4];
+#pragma unroll
+      for (int h = 0; h < 8; h++) {
+        uint32_t v[4];
+        ldsm_x4(v, bs + h * 64);
+        b[2 * h][0] = v[0];
+        b[2 * h][1] = v[1];
+        b[2 * h + 1][0] = v[2];
+        b[2 * h + 1][1] = v[3];
+      }
+      if (HI) {
+#pragma unroll
+        for (int st = 0; st < 16; st++) ldsm_x4(a[st], as + st * 32);
+      } else {
+#pragma unroll
+        for (int h = 0; h < 8; h++) {
+          uint32_t v[4];
+          ldsm_x4(v, as + h * 64);
+          a[2 * h][0] = v[0];
+          a[2 * h][2] = v[1];
+          a[2 * h + 1][0] = v[2];
+          a[2 * h + 1][2] = v[3];
+          a[2 * h][1] = a[2 * h][3] = a[2 * h + 1][1] = a[2 * h + 1][3] = 0u;
+        }
+      }
+      if (c * MBD_WG_KCH + MBD_WG_KCH > K) { /* last chunk: zero k >= K (K % 8 == 0) */
+#pragma unroll
+        for (int st = 0; st < 16; st++) {
+          const int k0 = c * MBD_WG_KCH + 16 * st + 2 * q;
+          if (k0 >= K) b[st][0] = a[st][0] = a[st][1] = 0u;
+          if (k0 + 8 >= K) b[st][1] = a[st][2] = a[st][3] = 0u;
+        }
+      }
+      const int steps = min(16, (Kp - c * MBD_WG_KCH) / 16);
+#pragma unroll
+      for (int st = 0; st < 16; st++)
+        if (st < steps) mma_op<T>::run(d, a[st], b[st]);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty0 + 8 * s); /* the slot's fragments are consumed */
+
     if (CPS == 1) { /* this warp ran chunk ls of its columns: fold in order */
 #pragma unroll
       for (int i = 0; i < 4; i++) sum[i] = ls == 0 ? d[i] : __fadd_rn(sum[i], d[i]);
@@ -988,71 +978,7 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
         buf ^= 1;
       }
     }
-  };
-
-  /* A dependent m16n8k16 step costs ~75-85 ns, so one chain per warp left the
-   * SM waiting on mma latency (~1.5 us per 32 KB slot): for M <= 8 a warp runs
-   * two slots' chains interleaved (each chain's steps unchanged, so its bits),
-   * when the ring has two slots to hold them. */
-  for (int t = 0; t < TT;) {
-    if (!HI && S >= 2 && t + 1 < TT) {
-      /* fragments loaded step by step (two slots' worth would not fit the
-       * registers of 9 warps): the other chain's mma hides each load */
-      const int s1 = t % S, s2 = (t + 1) % S;
-      const int c1 = (t % sps) * CPS + j, c2 = ((t + 1) % sps) * CPS + j;
-      mbar_wait(full0 + 8 * s1, (uint32_t)(t / S) & 1u);
-      mbar_wait(full0 + 8 * s2, (uint32_t)((t + 1) / S) & 1u);
-      const bool h1 = c1 < C, h2 = c2 < C;
-      const uint32_t bs1 = ring_s + s1 * sb + b_lane, as1 = a_lane + c1 * 512;
-      const uint32_t bs2 = ring_s + s2 * sb + b_lane, as2 = a_lane + c2 * 512;
-      const int st1 = h1 ? min(16, (Kp - c1 * MBD_WG_KCH) / 16) : 0;
-      const int st2 = h2 ? min(16, (Kp - c2 * MBD_WG_KCH) / 16) : 0;
-      float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int h = 0; h < 8; h++) {
-        uint32_t v1[4] = {0u, 0u, 0u, 0u}, w1[4] = {0u, 0u, 0u, 0u};
-        uint32_t v2[4] = {0u, 0u, 0u, 0u}, w2[4] = {0u, 0u, 0u, 0u};
-        if (2 * h < st1) {
-          ldsm_x4(v1, bs1 + h * 64);
-          ldsm_x4(w1, as1 + h * 64);
-        }
-        if (2 * h < st2) {
-          ldsm_x4(v2, bs2 + h * 64);
-          ldsm_x4(w2, as2 + h * 64);
-        }
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-          const int st = 2 * h + e;
-          uint32_t bb1[2] = {v1[2 * e], v1[2 * e + 1]}, aa1[4] = {w1[2 * e], 0u, w1[2 * e + 1], 0u};
-          uint32_t bb2[2] = {v2[2 * e], v2[2 * e + 1]}, aa2[4] = {w2[2 * e], 0u, w2[2 * e + 1], 0u};
-          const int k1 = c1 * MBD_WG_KCH + 16 * st + 2 * q, k2 = c2 * MBD_WG_KCH + 16 * st + 2 * q;
-          if (k1 >= K) bb1[0] = aa1[0] = 0u; /* zero k >= K, as mk_frags */
-          if (k1 + 8 >= K) bb1[1] = aa1[2] = 0u;
-          if (k2 >= K) bb2[0] = aa2[0] = 0u;
-          if (k2 + 8 >= K) bb2[1] = aa2[2] = 0u;
-          if (st < st1) mma_op<T>::run(d1, aa1, bb1);
-          if (st < st2) mma_op<T>::run(d2, aa2, bb2);
-        }
-      }
-      release(t);
-      release(t + 1);
-      post(t, d1);
-      post(t + 1, d2);
-      t += 2;
-    } else {
-      uint32_t b1[16][2], a1[16][4];
-      int st1 = 0;
-      const bool h1 = MK_FRAGS(t, b1, a1, st1);
-      release(t);
-      float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int st = 0; st < 16; st++)
-        if (h1 && st < st1) mma_op<T>::run(d1, a1[st], b1[st]);
-      post(t, d1);
-      t += 1;
-    }
   }
-#undef MK_FRAGS
 #else
   (void)P;
   __trap();
