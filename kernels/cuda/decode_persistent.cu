@@ -15,10 +15,13 @@
  *   -- barrier: the next norm needs every column.
  * The projections are chunk chains of m16n8k16 steps (device/mma_m16n8k16.cuh)
  * from W slices in shared memory, partials folded in chunk order and then the
- * bias, as the GEMM family's mbd_mkgemm (same bits as its wgmma tiles). Each
- * block streams its slices of layer l + 1 (cp.async) into the other half of a
- * double buffer while layer l runs. Rows of W slices and of the activations
- * are padded by 16 bytes, which makes the fragments' 32-bit shared loads
+ * bias, as the GEMM family's mbd_mkgemm (same bits as its wgmma tiles); a
+ * warp runs two items' chains interleaved to hide the mma latency. A ninth
+ * (producer) warp streams each layer's W rows, small parameters and this
+ * block's conv/scan state into one half of a two-buffer ring by 1D bulk
+ * copies (full/empty mbarriers), a layer or two ahead; the eight compute
+ * warps sync on a named barrier. Rows of W slices and of the activations are
+ * padded by 16 bytes, which makes the fragments' 32-bit shared loads
  * conflict-free. Data written by other blocks in this launch is read through
  * L2 (__ldcg), never a possibly stale L1 line. */
 #include <cuda_bf16.h>
@@ -169,29 +172,10 @@ __device__ __forceinline__ int dp_owned(int n, int per) {
   return k;
 }
 
-/* One contract chunk chain: 8 outputs (W rows at w, stride sw elements) for
- * the rows of x (stride sx) below `rows`, k16 steps k0.. (steps of them) from
- * 0. Lane 4g + t ends with rows g's outputs 2t, 2t + 1 in d[0], d[1]. */
-template <typename T>
-__device__ __forceinline__ void dp_chain(const T *w, int sw, const T *x, int sx, int rows, int k0,
-                                         int steps, float d[4], int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  const uint32_t *wr = (const uint32_t *)(w + (size_t)g * sw + k0);
-  const uint32_t *xr = (const uint32_t *)(x + (size_t)(g < rows ? g : 0) * sx + k0);
-  const bool xl = g < rows;
-  d[0] = d[1] = d[2] = d[3] = 0.0f;
-#pragma unroll
-  for (int j = 0; j < DP_CH / 16; j++) {
-    if (j < steps) {
-      const uint32_t b[2] = {wr[8 * j + t], wr[8 * j + 4 + t]};
-      const uint32_t a[4] = {xl ? xr[8 * j + t] : 0u, 0u, xl ? xr[8 * j + 4 + t] : 0u, 0u};
-      mma_op<T>::run(d, a, b);
-    }
-  }
-}
-
-/* Two independent chains interleaved (same x): the second hides the first's
- * mma latency. Each chain's steps are dp_chain's, so are its bits. */
+/* Two contract chunk chains interleaved (same x; the second hides the first's
+ * mma latency): 8 outputs each (W rows at w1 / w2, stride sw elements) for the
+ * rows of x (stride sx) below `rows`, k16 steps from k0 (steps of them) from 0.
+ * Lane 4g + t ends with row g's outputs 2t, 2t + 1 in d[0], d[1]. */
 template <typename T>
 __device__ __forceinline__ void dp_chain2(const T *w1, int k01, int steps1, const T *w2, int k02,
                                           int steps2, int sw, const T *x, int sx, int rows,
