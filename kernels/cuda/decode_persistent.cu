@@ -513,8 +513,13 @@ static bool dp_enabled() {
   return on;
 }
 
-/* Blocks of the grid (one per SM) and the shared memory of a launch, or 0. */
-static int dp_geometry(const mbd_dp_model *m, int rows, int *nb, dp_plan *P) {
+/* Whether `rows` rows of m run persistently here; when they do, the grid
+ * (one block per SM) and the shared-memory plan of the launch. */
+static int dp_check(const mbd_dp_model *m, int rows, int *nb, dp_plan *P) {
+  if (!dp_enabled() || !m || rows < 1 || rows > DP_MAXROWS) return 0;
+  if (m->dtype != MBD_DTYPE_BF16 && m->dtype != MBD_DTYPE_F16) return 0;
+  if (m->d_state != DP_N || m->d_conv != DP_KC || m->n_layer < 1 || m->dt_rank < 1) return 0;
+  if (m->d_model % 64 || m->d_inner % 64 || m->d_model <= 0 || m->d_inner <= 0) return 0;
   int dev = 0, sms = 0, smax = 0, maj = 0, min_ = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
@@ -536,13 +541,9 @@ static int dp_geometry(const mbd_dp_model *m, int rows, int *nb, dp_plan *P) {
 }
 
 extern "C" int mbd_dp_fits(const mbd_dp_model *m, int rows) {
-  if (!dp_enabled() || !m || rows < 1 || rows > DP_MAXROWS) return 0;
-  if (m->dtype != MBD_DTYPE_BF16 && m->dtype != MBD_DTYPE_F16) return 0;
-  if (m->d_state != DP_N || m->d_conv != DP_KC || m->n_layer < 1 || m->dt_rank < 1) return 0;
-  if (m->d_model % 64 || m->d_inner % 64 || m->d_model <= 0 || m->d_inner <= 0) return 0;
   int nb = 0;
   dp_plan P;
-  return dp_geometry(m, rows, &nb, &P);
+  return dp_check(m, rows, &nb, &P);
 }
 
 /* MBD_DP_TRACE=1: one trace buffer for the process (a diagnostic; graphs
@@ -616,7 +617,7 @@ extern "C" int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, cons
                              const int32_t *slots, mbd_error *err) {
   int nb = 0;
   dp_plan P;
-  if (!mbd_dp_fits(m, rows) || !dp_geometry(m, rows, &nb, &P))
+  if (!dp_check(m, rows, &nb, &P))
     return mbd_error_set(err, MBD_E_INVALID,
                          "persistent decode: %d rows of this model do not fit (mbd_dp_fits)", rows);
   dp_args a;

@@ -24,20 +24,21 @@
 extern "C" {
 #endif
 
-/* One layer's device weights, as mamba1_gpu.cu holds them. */
+/* One layer's device weights: the model's own layer table (mamba1_gpu.cu
+ * loads into it and uploads it as is). */
 typedef struct mbd_dp_layer {
-  const float *norm;   /* [d] */
-  const void *in_w;    /* [2 di, d] dtype */
-  const void *in_b;    /* [2 di] dtype or NULL */
-  const float *conv_w; /* [4][di] tap-major */
-  const float *conv_b; /* [di] or NULL */
-  const void *x_w;     /* [R + 32, di] dtype */
-  const void *dt_w;    /* [di, R] dtype */
-  const void *dt_b;    /* [di] dtype */
-  const float *A;      /* [di][16] */
-  const float *D;      /* [di] */
-  const void *out_w;   /* [d, di] dtype */
-  const void *out_b;   /* [d] dtype or NULL */
+  float *norm;   /* [d] f32 (values rounded through the storage dtype) */
+  void *in_w;    /* [2 di, d] dtype */
+  void *in_b;    /* [2 di] dtype or NULL */
+  float *conv_w; /* [K][di] tap-major */
+  float *conv_b; /* [di] or NULL */
+  void *x_w;     /* [R + 2N, di] dtype: rows 0..R dt part, then B, then C */
+  void *dt_w;    /* [di, R] dtype */
+  void *dt_b;    /* [di] dtype */
+  float *A;      /* [di][N] = -exp(A_log) (host mbd_pm_expf, as the CPU model) */
+  float *D;      /* [di] */
+  void *out_w;   /* [d, di] dtype */
+  void *out_b;   /* [d] dtype or NULL */
 } mbd_dp_layer;
 
 typedef struct mbd_dp_model {

@@ -32,20 +32,7 @@ extern "C" {
 
 #define MAX_BUCKETS 16
 
-typedef struct layer_d {
-  float *norm;   /* [d] f32 (values rounded through the storage dtype) */
-  void *in_w;    /* [2 di, d] dtype */
-  void *in_b;    /* [2 di] dtype or NULL */
-  float *conv_w; /* [K][di] tap-major */
-  float *conv_b; /* [di] or NULL */
-  void *x_w;     /* [R + 2N, di] dtype: rows 0..R dt part, then B, then C */
-  void *dt_w;    /* [di, R] dtype */
-  void *dt_b;    /* [di] dtype */
-  float *A;      /* [di][N] = -exp(A_log) (host mbd_pm_expf, as the CPU model) */
-  float *D;      /* [di] */
-  void *out_w;   /* [d, di] dtype */
-  void *out_b;   /* [d] dtype or NULL */
-} layer_d;
+typedef mbd_dp_layer layer_d; /* one layer's device weights (decode_persistent.h) */
 
 struct mbd_mamba1_gpu {
   mbd_gpu_ctx *ctx;
@@ -211,33 +198,15 @@ static int model_alloc(mbd_gpu_ctx *ctx, const mbd_mamba_config *cfg,
 
 /* State slots, workspace and pinned staging. */
 /* The persistent decode's view (decode_persistent.h): a device copy of the
- * layer table and its grid-barrier counter. Runs after the weights and the
+ * layer table (layer_d is its mbd_dp_layer) and its grid-barrier counter. Runs after the weights and the
  * workspace exist. */
 static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
   const mbd_mamba_config *c = &m->cfg;
   const size_t tb = (size_t)c->n_layer * sizeof(mbd_dp_layer);
-  mbd_dp_layer *h = (mbd_dp_layer *)calloc(1, tb);
   void *dl = NULL, *bar = NULL;
   int rc = 0;
-  if (!h) return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
-  for (int l = 0; l < c->n_layer; l++) {
-    const layer_d *L = &m->layers[l];
-    mbd_dp_layer *o = &h[l];
-    o->norm = L->norm;
-    o->in_w = L->in_w;
-    o->in_b = L->in_b;
-    o->conv_w = L->conv_w;
-    o->conv_b = L->conv_b;
-    o->x_w = L->x_w;
-    o->dt_w = L->dt_w;
-    o->dt_b = L->dt_b;
-    o->A = L->A;
-    o->D = L->D;
-    o->out_w = L->out_w;
-    o->out_b = L->out_b;
-  }
   if ((rc = dalloc(m, tb, &dl, err)) || (rc = dalloc(m, sizeof(unsigned), &bar, err))) goto fail;
-  MBD_GPU_TRY(cudaMemcpy(dl, h, tb, cudaMemcpyHostToDevice), err);
+  MBD_GPU_TRY(cudaMemcpy(dl, m->layers, tb, cudaMemcpyHostToDevice), err);
   MBD_GPU_TRY(cudaMemset(bar, 0, sizeof(unsigned)), err);
   {
     mbd_dp_model *dp = &m->dp;
@@ -264,7 +233,6 @@ static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
   }
   mbd_dp_trace_prepare(c->n_layer);
 fail:
-  free(h);
   return rc;
 }
 
