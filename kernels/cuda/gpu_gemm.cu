@@ -43,6 +43,7 @@ struct mbd_wg_params {
 /* Mirrors struct mbd_mk_params, MK_WARPS, MK_MAX_STAGES, MK_BAR_BYTES and
  * MBD_WG_KCH in device/gemm_kernels.cu. */
 struct mbd_mk_params {
+  CUtensorMap tw;
   mbd_gemm_params p;
   int chunks, lg, strips, stages;
 };
@@ -235,62 +236,70 @@ static int launch(mbd_gpu_ctx *ctx, int slot, dim3 grid, dim3 block, size_t smem
 }
 
 /* M <= 16 with K % 8 == 0 and 16-byte aligned x, w: the streaming mma.sync
- * chunk-chain kernel (mk_body). Scheduling only: per strip width BN = 8 << lg
- * (grid = min(strips, SMs), one block per SM) the estimated time is the
- * larger of the busiest SM's weight bytes at ~25 GB/s and its slots at
- * ~0.5 us of consumer time each (one chain, the fold); near-ties go to the
- * larger bulk copy per row (measured: 512-byte row copies streamed at a
- * third of the rate of 2-4 KB ones), then the deeper ring, then the wider
- * strip. Shared memory = mbarriers + X (M rows of 2K + 16 bytes) + for
- * BN < 64 two partial buffers (chunks x M x BN f32 each) + stages x BN x
- * (CPS * 512 + 16). Returns 1 when it does not apply (the caller runs the
- * tile kernels: same bits). */
+ * chunk-chain kernel (mk_body). Scheduling only: for each form (SW: 16
+ * columns per warp, M <= 8 only; else 8) and strip width BN (grid =
+ * min(strips, SMs), one block per SM) the estimated time is the larger of
+ * the busiest SM's weight bytes at ~25 GB/s and its slots at ~0.5 us of
+ * consumer time each (one chain); near-ties go to the larger TMA box (W rows
+ * x 128 bytes), then fewer slots, then the deeper ring. Shared memory =
+ * mbarriers + X (M rows of 2K + 16 bytes) + for CPS > 1 two partial buffers
+ * (chunks x M x BN f32 each) + 1024 (the ring's swizzle alignment) + stages x
+ * BN x CPS x 512. Returns 1 when it does not apply (the caller runs the tile
+ * kernels: same bits). */
 static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
                    const char **kname, mbd_error *err) {
   if (a->m > 16 || a->k % 8 != 0 || ((uintptr_t)a->x & 15) || ((uintptr_t)a->w & 15)) return 1;
-  if (a->k > (1 << 20)) return 1; /* X would not fit shared memory anyway */
+  if (a->k > (1 << 20) || encoder() == NULL) return 1; /* X would not fit shared memory */
   const int64_t chunks = cdiv(a->k, MBD_WG_KCH);
   const int64_t xbytes = a->m * (2 * a->k + 16);
-  int best = -1;
-  int64_t best_copy = 0, best_stages = 0, best_strips = 0;
+  int best_sw = -1, best_lg = -1;
+  int64_t best_box = 0, best_stages = 0, best_strips = 0, best_slots = 0;
   double best_t = 0;
-  for (int lg = 3; lg >= 0; lg--) {
-    const int64_t bn = 8 << lg, cps = 8 >> lg, strips = cdiv(a->n, bn);
-    const int64_t grid = strips < ctx->sm_count ? strips : ctx->sm_count;
-    const int64_t rounds = cdiv(strips, grid); /* strips on the busiest SM */
-    const double t_bytes = (double)(rounds * bn) * (double)a->k * 2 / 25e9;
-    const double t_slots = (double)(rounds * cdiv(chunks, cps)) * 0.5e-6;
-    const double t = t_bytes > t_slots ? t_bytes : t_slots;
-    const int64_t copy = (cps < chunks ? cps : chunks) * 512; /* bytes per row copy (max) */
-    const int64_t slot = bn * (cps * 512 + 16);
-    const int64_t pbytes = lg == 3 ? 0 : 2 * chunks * a->m * bn * 4;
-    const int64_t avail = (int64_t)ctx->smem_optin - MK_BAR_BYTES - xbytes - pbytes;
-    int64_t stages = avail > 0 ? avail / slot : 0;
-    if (stages > MK_MAX_STAGES) stages = MK_MAX_STAGES;
-    if (stages < 1) continue;
-    const bool near = best >= 0 && t <= best_t * 1.02 && t >= best_t * 0.98;
-    if (best < 0 || (!near && t < best_t) ||
-        (near && (copy > best_copy || (copy == best_copy && stages > best_stages)))) {
-      best = lg;
-      best_t = t;
-      best_copy = copy;
-      best_stages = stages;
-      best_strips = strips;
+  for (int sw = a->m <= 8; sw >= 0; sw--)
+    for (int lg = 3; lg >= 0; lg--) {
+      const int64_t bn = (int64_t)(sw ? 16 : 8) << lg, cps = 8 >> lg;
+      const int64_t strips = cdiv(a->n, bn);
+      const int64_t grid = strips < ctx->sm_count ? strips : ctx->sm_count;
+      const int64_t rounds = cdiv(strips, grid); /* strips on the busiest SM */
+      const int64_t slots = rounds * cdiv(chunks, cps);
+      const double t_bytes = (double)(rounds * bn) * (double)a->k * 2 / 25e9;
+      const double t_slots = (double)slots * 0.5e-6;
+      const double t = t_bytes > t_slots ? t_bytes : t_slots;
+      const int64_t box = bn * 128;
+      const int64_t slot = box * 4 * cps;
+      const int64_t pbytes = lg == 3 ? 0 : 2 * chunks * a->m * bn * 4;
+      const int64_t avail = (int64_t)ctx->smem_optin - MK_BAR_BYTES - xbytes - pbytes - 1024;
+      int64_t stages = avail > 0 ? avail / slot : 0;
+      if (stages > MK_MAX_STAGES) stages = MK_MAX_STAGES;
+      if (stages < 1) continue;
+      const bool near = best_lg >= 0 && t <= best_t * 1.02 && t >= best_t * 0.98;
+      const bool better_tie =
+          box > best_box || (box == best_box && (slots < best_slots ||
+                                                 (slots == best_slots && stages > best_stages)));
+      if (best_lg < 0 || (!near && t < best_t) || (near && better_tie)) {
+        best_sw = sw;
+        best_lg = lg;
+        best_t = t;
+        best_box = box;
+        best_slots = slots;
+        best_stages = stages;
+        best_strips = strips;
+      }
     }
-  }
-  if (best < 0) return 1;
-  const int64_t bn = 8 << best;
-  const int64_t pbytes = best == 3 ? 0 : 2 * chunks * a->m * bn * 4;
-  const size_t smem =
-      (size_t)(MK_BAR_BYTES + xbytes + pbytes + best_stages * bn * ((8 >> best) * 512 + 16));
+  if (best_lg < 0) return 1;
   mbd_mk_params P;
   memset(&P, 0, sizeof P);
+  const int bn = (best_sw ? 16 : 8) << best_lg;
+  if (!encode_map(&P.tw, a->dtype, a->w, a->n, a->k, bn)) return 1;
+  const int64_t pbytes = best_lg == 3 ? 0 : 2 * chunks * a->m * bn * 4;
+  const size_t smem = (size_t)(MK_BAR_BYTES + xbytes + pbytes + 1024 +
+                               best_stages * (int64_t)bn * 512 * (8 >> best_lg));
   P.p = p;
   P.chunks = (int)chunks;
-  P.lg = best;
+  P.lg = best_lg;
   P.strips = (int)best_strips;
   P.stages = (int)best_stages;
-  int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_MKGEMM_BF16 : MBD_K_MKGEMM_F16) + (a->m > 8);
+  int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_MKGEMM_BF16 : MBD_K_MKGEMM_F16) + !best_sw;
   *kname = mbd_k_kernel_names[slot];
   void *args[] = {&P};
   const int64_t grid = best_strips < ctx->sm_count ? best_strips : ctx->sm_count;

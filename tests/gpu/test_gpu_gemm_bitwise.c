@@ -341,12 +341,16 @@ static void run_policy(mbd_dtype_policy pol) {
    * partials alternate between two buffers) and the last chunk has one k16
    * step of data; N=5120, K=160: 64-column strips folded in registers;
    * N=192, K=5120: at M > 8 X leaves room for a one-slot ring only.
-   * f32 policies skip the last four (their chain is not chunked and the host
+   * At M <= 8 N=16856 and N=1800 take the form with W as the A operand (16
+   * columns per warp): 128-column strips folded in registers, and 16-column
+   * strips of 8 chunks a slot folded in shared memory with a partial last
+   * strip and a last chunk of 8 k (the copy engine's zero fill past K).
+   * f32 policies skip the last five (their chain is not chunked and the host
    * reference is slow). */
-  static const int64_t shapes[7][3] = {{1100, 520, 300}, {200, 77, 40},   {80, 136, 300},
+  static const int64_t shapes[8][3] = {{1100, 520, 300}, {200, 77, 40},     {80, 136, 300},
                                        {160, 4096, 40},  {16856, 1040, 20}, {5120, 160, 20},
-                                       {192, 5120, 20}};
-  for (int s = 0; s < 7; s++) {
+                                       {192, 5120, 20},  {1800, 2056, 20}};
+  for (int s = 0; s < 8; s++) {
     if (s >= 3 && (pol == MBD_POLICY_F32 || pol == MBD_POLICY_TF32)) continue;
     fixture f;
     setup(&f, pol, shapes[s][0], shapes[s][1], 1234 + (uint64_t)pol * 7 + (uint64_t)s);

@@ -756,36 +756,43 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
  *
  * Decode is a weight stream, so the kernel is built around keeping every SM's
  * memory pipe full: loads inside each warp serialised with its chain ran at
- * 0.32 of copy bandwidth, and 16-byte cp.async copies through a ring at 0.50
- * (the load/store unit caps the bytes an SM keeps in flight), so W moves with
- * 1D bulk copies of the copy engine, one per row and slot (512-byte row
- * copies streamed at a third of the rate of 2-4 KB ones: the host prefers
- * narrow strips, whose slots hold more of K). A persistent grid (one block per SM)
- * walks column strips of BN = 8 << lg columns (strips b, b + grid, ...). A
- * producer warp streams each strip's W rows through a ring of `stages`
- * shared-memory slots (full/empty mbarriers, across strip boundaries, from
- * before the grid-dependency wait: W is static under w_static); one slot =
- * BN rows x CPS = 8 >> lg chunks (64 (8-column group, chunk) items, one per
- * consumer warp), one bulk copy per row, rows padded by 16 bytes so the
- * ldmatrix row reads of a fragment hit distinct banks. The 8 consumer warps
- * stage X (M rows) once after the wait; consumer w takes group w % G, chunk
- * slot w / G of each slot: ldmatrix B (W rows) and A (X rows; rows >= M read
- * row M-1 and only feed output rows that are never stored), zero k >= K in the
- * last chunk (the tile kernels' zero fill), the chain from 0 to the end of the
- * last 64-wide k tile. BN = 64 (CPS = 1): a warp owns its 8 columns' chunks in
- * order and folds them in registers (__fadd_rn); narrower strips write the
- * real rows' partials to shared memory [chunk][M][BN] (two buffers by strip
- * parity) and the consumers fold them in chunk order after a named barrier.
- * Then the bias and the store. Needs K % 8 == 0 and x, w 16-byte aligned
- * (gpu_gemm.cu picks lg and stages; the layout is mirrored there). */
+ * 0.32 of copy bandwidth, 16-byte cp.async copies through a ring at 0.50 (the
+ * load/store unit caps an SM's bytes in flight), and 1D bulk copies, one per W
+ * row, were bound by the copy engine's per-copy cost on short rows (130m
+ * lm_head 49 us). W now moves by TMA boxes of 64 k x BN rows (128-byte swizzle,
+ * zero fill past N and K) issued by a producer warp through a ring of `stages`
+ * slots (full/empty mbarriers, across strip boundaries, from before the
+ * grid-dependency wait: W is static under w_static). A persistent grid (one
+ * block per SM) walks column strips of BN columns (strips b, b + grid, ...);
+ * a slot holds BN rows x CPS = 8 >> lg chunks, one (column group, chunk) item
+ * per consumer warp. Two forms, both the contract's chains:
+ *  - SW (M <= 8, kernel _8): W is the A operand, so one m16n8k16 step covers 16
+ *    W rows and the 8 B columns are the rows of X (an m16n8 output is 16
+ *    columns x 8 rows). Half the dependent steps per W byte of the other form:
+ *    a step's products and its k order are the same, only the operands' roles
+ *    swap (test_gpu_gemm_bitwise checks the bits at every M against the tiles).
+ *  - X is the A operand (kernel _16, M <= 16; also M <= 8 when N is too narrow
+ *    for 16-column groups to fill the SMs): 8 W rows per step.
+ * The 8 consumer warps stage X (M rows) once after the wait; consumer w takes
+ * group w % G, chunk slot w / G of each slot, loads its fragments by ldmatrix
+ * (X rows >= M read row M-1 and only feed outputs that are never stored), zeroes
+ * X's k >= K in the last chunk (W past K is the copy engine's zero fill), and
+ * runs the chain from 0 to the end of the last 64-wide k tile. CPS = 1: a warp
+ * owns its columns' chunks in order and folds them in registers (__fadd_rn);
+ * otherwise the real rows' partials go to shared memory [chunk][M][BN] (two
+ * buffers by strip parity) and the consumers fold them in chunk order after a
+ * named barrier. Then the bias and the store. Needs K % 8 == 0 and x, w 16-byte
+ * aligned (gpu_gemm.cu picks the form, lg and stages; the layout is mirrored
+ * there). */
 #define MK_WARPS 8 /* consumer warps; one producer warp more */
 #define MK_MAX_STAGES 8
 #define MK_BAR_BYTES 128 /* full[8], empty[8] mbarriers at the start of shared memory */
 
 struct mbd_mk_params {
+  CUtensorMap tw; /* W [N,K], box {64, BN}, 128B swizzle */
   mbd_gemm_params p;
   int chunks; /* C = ceil(K / 256) */
-  int lg;     /* strip width BN = 8 << lg (0..3); chunks per slot CPS = 8 >> lg */
+  int lg;     /* strip width BN = (SW ? 16 : 8) << lg (lg 0..3); CPS = 8 >> lg */
   int strips; /* ceil(N / BN) */
   int stages; /* ring slots, 1..MK_MAX_STAGES */
 };
@@ -794,25 +801,26 @@ __device__ __forceinline__ void mk_consumer_sync() { /* the 8 consumer warps onl
   asm volatile("bar.sync 1, %0;" ::"n"(MK_WARPS * 32) : "memory");
 }
 
-/* HI: rows 8..15 exist (8 < M <= 16); without it their fragments are zero. */
-template <typename T, bool HI>
+template <typename T, bool SW>
 __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
 #ifdef MBD_HAVE_WGMMA /* sm_90a only: the bit identity with wgmma is what makes it legal */
   const mbd_gemm_params &p = P.p;
   extern __shared__ __align__(16) unsigned char mk_raw[];
+  constexpr int LW = SW ? 4 : 3; /* log2 of a warp's columns */
   const int M = p.m, N = p.n, K = p.k, C = P.chunks, lg = P.lg, S = P.stages;
-  const int BN = 8 << lg, G = 1 << lg, CPS = 8 >> lg;
+  const int lbn = LW + lg, BN = 1 << lbn, G = 1 << lg, CPS = 8 >> lg;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int xs = 2 * K + 16, rs = CPS * 512 + 16, sb = BN * rs;
-  const int sps = (C + CPS - 1) / CPS, Kp = (K + 63) / 64 * 64;
+  const int xs = 2 * K + 16, sps = (C + CPS - 1) / CPS, Kp = (K + 63) / 64 * 64;
+  const uint32_t tile_b = (uint32_t)BN * 128, sb = tile_b * 4 * CPS; /* k tile, slot */
   const int mine = (P.strips - 1 - (int)blockIdx.x) / (int)gridDim.x + 1; /* grid <= strips */
   const int TT = mine * sps;
   const uint32_t full0 = smem_u32(mk_raw), empty0 = full0 + 8 * MK_MAX_STAGES;
   unsigned char *xsm = mk_raw + MK_BAR_BYTES;
   float *part = (float *)(xsm + (size_t)M * xs);
   const size_t pbuf = CPS > 1 ? (size_t)C * M * BN : 0; /* floats per partial buffer */
-  const uint32_t x_s = smem_u32(xsm), ring_s = smem_u32(part + 2 * pbuf);
-  const T *W = (const T *)p.w, *X = (const T *)p.x, *B = (const T *)p.bias;
+  const uint32_t x_s = smem_u32(xsm);
+  const uint32_t ring_s = (smem_u32(part + 2 * pbuf) + 1023u) & ~1023u; /* swizzle atom */
+  const T *X = (const T *)p.x, *B = (const T *)p.bias;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; s++) {
@@ -825,17 +833,18 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
 
   if (warp == MK_WARPS) { /* producer: W is static, no dependency wait */
     wg_pdl_trigger();
-    for (int t = 0; t < TT; t++) {
-      const int s = t % S;
-      if (t >= S) mbar_wait(empty0 + 8 * s, (uint32_t)(t / S - 1) & 1u);
-      const int n0 = (blockIdx.x + (t / sps) * gridDim.x) << (3 + lg);
-      const int kb = (t % sps) * CPS * MBD_WG_KCH;
-      const int rows = min(BN, N - n0);
-      const uint32_t seg = (uint32_t)min(CPS * MBD_WG_KCH, K - kb) * 2u;
-      if (lane == 0) mbar_expect_tx(full0 + 8 * s, (uint32_t)rows * seg);
-      __syncwarp();
-      for (int row = lane; row < rows; row += 32)
-        bulk_g2s(ring_s + s * sb + row * rs, W + (size_t)(n0 + row) * K + kb, seg, full0 + 8 * s);
+    if (lane == 0) {
+      tma_prefetch_desc(&P.tw);
+      for (int t = 0; t < TT; t++) {
+        const int s = t % S;
+        if (t >= S) mbar_wait(empty0 + 8 * s, (uint32_t)(t / S - 1) & 1u);
+        const int n0 = (blockIdx.x + (t / sps) * gridDim.x) << lbn;
+        const int kb = (t % sps) * CPS * MBD_WG_KCH;
+        const int tiles = min(4 * CPS, (Kp - kb) / 64); /* the chains stop at Kp */
+        mbar_expect_tx(full0 + 8 * s, (uint32_t)tiles * tile_b);
+        for (int i = 0; i < tiles; i++)
+          tma_load_2d(ring_s + s * sb + i * tile_b, &P.tw, full0 + 8 * s, kb + 64 * i, n0);
+      }
     }
     return;
   }
@@ -861,70 +870,92 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
   mk_consumer_sync();
 
   const int g = warp & (G - 1), j = warp >> lg, q = lane & 3, r = lane >> 2;
-  /* ldmatrix lane addresses: B rows g*8 + (lane & 7), k offset 8 (lane >> 3);
-   * A rows lane & 7 (HI: lane & 15, k offset 8 (lane >> 4)), clamped to M - 1. */
-  const uint32_t b_lane = (uint32_t)((g * 8 + (lane & 7)) * rs + j * 512 + (lane >> 3) * 16);
-  const uint32_t a_lane =
-      HI ? x_s + (uint32_t)(min(lane & 15, M - 1) * xs + (lane >> 4) * 16)
-         : x_s + (uint32_t)(min(lane & 7, M - 1) * xs + (lane >> 3) * 16);
+  /* ldmatrix lane addresses. W in the 128-byte swizzle: the 16-byte piece c of
+   * row R of a k tile sits at R * 128 + ((c ^ (R & 7)) * 16); a lane's R & 7 is
+   * lane & 7 and its piece is a constant per step xor its k offset, so the xor
+   * of both is precomputed (w_x). SW: W rows g*16 + (lane & 15), k offset
+   * 8 (lane >> 4); X rows lane & 7, k offset 8 (lane >> 3). Otherwise: W rows
+   * g*8 + (lane & 7), k offset 8 (lane >> 3); X rows lane & 15, k offset
+   * 8 (lane >> 4). X rows clamp to M - 1. */
+  const int w_row = SW ? g * 16 + (lane & 15) : g * 8 + (lane & 7);
+  const int w_x = (SW ? lane >> 4 : lane >> 3) ^ (lane & 7);
+  const uint32_t w_lane = (uint32_t)(w_row * 128) + (uint32_t)j * 4 * tile_b;
+  const uint32_t x_lane =
+      SW ? x_s + (uint32_t)(min(lane & 7, M - 1) * xs + (lane >> 3) * 16)
+         : x_s + (uint32_t)(min(lane & 15, M - 1) * xs + (lane >> 4) * 16);
+  /* output i of a lane's m16n8 fragment: X row xr(i), column n0 + wc(i) */
+  auto xr = [&](int i) { return SW ? 2 * q + (i & 1) : r + 8 * (i >> 1); };
+  auto wc = [&](int i) { return SW ? g * 16 + r + 8 * (i >> 1) : g * 8 + 2 * q + (i & 1); };
   float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  float bias0 = 0.0f, bias1 = 0.0f;
+  float bias[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   int buf = 0;
 
   for (int t = 0; t < TT; t++) {
     const int s = t % S, ls = t % sps, c = ls * CPS + j;
-    const int n0 = (blockIdx.x + (t / sps) * gridDim.x) << (3 + lg);
-    const int gn = n0 + g * 8 + 2 * q; /* this lane's first output column */
+    const int n0 = (blockIdx.x + (t / sps) * gridDim.x) << lbn;
     if (ls == 0 && B) { /* fetched early: used after the strip, off the critical path */
       if (CPS == 1) {
-        bias0 = gn < N ? mma_op<T>::to_f(B[gn]) : 0.0f;
-        bias1 = gn + 1 < N ? mma_op<T>::to_f(B[gn + 1]) : 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+          bias[i] = n0 + wc(i) < N ? mma_op<T>::to_f(B[n0 + wc(i)]) : 0.0f;
       } else { /* the fold below gives this thread column threadIdx.x % BN only */
         const int on = n0 + (threadIdx.x & (BN - 1));
-        bias0 = on < N ? mma_op<T>::to_f(B[on]) : 0.0f;
+        bias[0] = on < N ? mma_op<T>::to_f(B[on]) : 0.0f;
       }
     }
     mbar_wait(full0 + 8 * s, (uint32_t)(t / S) & 1u);
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (c < C) {
-      const uint32_t bs = ring_s + s * sb + b_lane, as = a_lane + c * 512;
-      uint32_t b[16][2], a[16][4];
+      const uint32_t ws = ring_s + s * sb + w_lane, xc = x_lane + c * 512;
+      uint32_t w[16][4], x[16][4]; /* per step: SW w = A, x = B (2 words); else x = A, w = B */
+      if (SW) {
 #pragma unroll
-      for (int h = 0; h < 8; h++) {
-        uint32_t v[4];
-        ldsm_x4(v, bs + h * 64);
-        b[2 * h][0] = v[0];
-        b[2 * h][1] = v[1];
-        b[2 * h + 1][0] = v[2];
-        b[2 * h + 1][1] = v[3];
-      }
-      if (HI) {
+        for (int st = 0; st < 16; st++)
+          ldsm_x4(w[st], ws + (st >> 2) * tile_b + ((((2 * st) & 7) ^ w_x) << 4));
 #pragma unroll
-        for (int st = 0; st < 16; st++) ldsm_x4(a[st], as + st * 32);
+        for (int h = 0; h < 8; h++) {
+          uint32_t v[4];
+          ldsm_x4(v, xc + h * 64);
+          x[2 * h][0] = v[0];
+          x[2 * h][1] = v[1];
+          x[2 * h + 1][0] = v[2];
+          x[2 * h + 1][1] = v[3];
+        }
       } else {
 #pragma unroll
         for (int h = 0; h < 8; h++) {
           uint32_t v[4];
-          ldsm_x4(v, as + h * 64);
-          a[2 * h][0] = v[0];
-          a[2 * h][2] = v[1];
-          a[2 * h + 1][0] = v[2];
-          a[2 * h + 1][2] = v[3];
-          a[2 * h][1] = a[2 * h][3] = a[2 * h + 1][1] = a[2 * h + 1][3] = 0u;
+          ldsm_x4(v, ws + (h >> 1) * tile_b + ((((4 * h) & 7) ^ w_x) << 4));
+          w[2 * h][0] = v[0];
+          w[2 * h][1] = v[1];
+          w[2 * h + 1][0] = v[2];
+          w[2 * h + 1][1] = v[3];
         }
+#pragma unroll
+        for (int st = 0; st < 16; st++) ldsm_x4(x[st], xc + st * 32);
       }
-      if (c * MBD_WG_KCH + MBD_WG_KCH > K) { /* last chunk: zero k >= K (K % 8 == 0) */
+      if (c * MBD_WG_KCH + MBD_WG_KCH > K) { /* last chunk: zero X's k >= K (K % 8 == 0) */
 #pragma unroll
         for (int st = 0; st < 16; st++) {
           const int k0 = c * MBD_WG_KCH + 16 * st + 2 * q;
-          if (k0 >= K) b[st][0] = a[st][0] = a[st][1] = 0u;
-          if (k0 + 8 >= K) b[st][1] = a[st][2] = a[st][3] = 0u;
+          if (SW) {
+            if (k0 >= K) x[st][0] = 0u;
+            if (k0 + 8 >= K) x[st][1] = 0u;
+          } else {
+            if (k0 >= K) x[st][0] = x[st][1] = 0u;
+            if (k0 + 8 >= K) x[st][2] = x[st][3] = 0u;
+          }
         }
       }
       const int steps = min(16, (Kp - c * MBD_WG_KCH) / 16);
 #pragma unroll
       for (int st = 0; st < 16; st++)
-        if (st < steps) mma_op<T>::run(d, a[st], b[st]);
+        if (st < steps) {
+          if (SW)
+            mma_op<T>::run(d, w[st], x[st]);
+          else
+            mma_op<T>::run(d, x[st], w[st]);
+        }
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(empty0 + 8 * s); /* the slot's fragments are consumed */
@@ -934,39 +965,32 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
       for (int i = 0; i < 4; i++) sum[i] = ls == 0 ? d[i] : __fadd_rn(sum[i], d[i]);
       if (ls == sps - 1) {
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-          const int row = r + 8 * h;
-          if (row >= M) continue;
-          float v0 = sum[2 * h], v1 = sum[2 * h + 1];
-          if (B) {
-            v0 = __fadd_rn(v0, bias0);
-            v1 = __fadd_rn(v1, bias1);
-          }
-          const size_t o = (size_t)row * N + gn;
-          if (p.out_f32) {
-            if (gn < N) ((float *)p.y)[o] = v0;
-            if (gn + 1 < N) ((float *)p.y)[o + 1] = v1;
-          } else {
-            if (gn < N) ((T *)p.y)[o] = mma_op<T>::from_f(v0);
-            if (gn + 1 < N) ((T *)p.y)[o + 1] = mma_op<T>::from_f(v1);
-          }
+        for (int i = 0; i < 4; i++) {
+          const int row = xr(i), on = n0 + wc(i);
+          if (row >= M || on >= N) continue;
+          const float v = B ? __fadd_rn(sum[i], bias[i]) : sum[i];
+          const size_t o = (size_t)row * N + on;
+          if (p.out_f32)
+            ((float *)p.y)[o] = v;
+          else
+            ((T *)p.y)[o] = mma_op<T>::from_f(v);
         }
       }
     } else {
       float *pb = part + buf * pbuf;
       if (c < C) {
-        float *pc = pb + (size_t)c * M * BN + g * 8 + 2 * q;
-        if (r < M) *(float2 *)(pc + r * BN) = make_float2(d[0], d[1]);
-        if (HI && r + 8 < M) *(float2 *)(pc + (r + 8) * BN) = make_float2(d[2], d[3]);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+          if (xr(i) < M) pb[((size_t)c * M + xr(i)) * BN + wc(i)] = d[i];
       }
       if (ls == sps - 1) { /* strip complete: fold in chunk order, bias, store */
         mk_consumer_sync();
         for (int e = threadIdx.x; e < M * BN; e += MK_WARPS * 32) {
-          const int row = e >> (3 + lg), col = e & (BN - 1), on = n0 + col;
+          const int row = e >> lbn, col = e & (BN - 1), on = n0 + col;
           if (on >= N) continue;
           float v = pb[e];
           for (int cc = 1; cc < C; cc++) v = __fadd_rn(v, pb[(size_t)cc * M * BN + e]);
-          if (B) v = __fadd_rn(v, bias0);
+          if (B) v = __fadd_rn(v, bias[0]);
           const size_t o = (size_t)row * N + on;
           if (p.out_f32)
             ((float *)p.y)[o] = v;
@@ -990,10 +1014,10 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
       name(const __grid_constant__ mbd_wg_params P) {                                     \
     wg_body<T, CWG, BN, IN, ST, TMA, FOLD>(P);                                           \
   }
-#define MBD_MK(name, T, HI, MINB)                                                         \
+#define MBD_MK(name, T, SW, MINB)                                                         \
   extern "C" __global__ void __launch_bounds__(MK_WARPS * 32 + 32, MINB)                 \
       name(const __grid_constant__ mbd_mk_params P) {                                     \
-    mk_body<T, HI>(P);                                                                    \
+    mk_body<T, SW>(P);                                                                    \
   }
 /* Configurations (scheduling only; mirrored by k_wtiles / k_ktiles in gpu_gemm.cu):
  *   0..3: 64 x {16,32,64,128}, one block per SM with ~200 KB of stages so each SM
@@ -1012,8 +1036,8 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
   MBD_WG(mbd_wgemm_##ty##_6, T, 2, 256, 256, 4, true, 1, false)                            \
   MBD_WG(mbd_wgemm_##ty##_7, T, 1, 64, 64, 4, false, 2, true)                              \
   MBD_WG(mbd_wgemm_##ty##_8, T, 2, 128, 128, 3, false, 1, true)                            \
-  MBD_MK(mbd_mkgemm_##ty##_8, T, false, 1)                                                 \
-  MBD_MK(mbd_mkgemm_##ty##_16, T, true, 1)
+  MBD_MK(mbd_mkgemm_##ty##_8, T, true, 1)                                                  \
+  MBD_MK(mbd_mkgemm_##ty##_16, T, false, 1)
 MBD_WG_ALL(bf16, __nv_bfloat16)
 MBD_WG_ALL(f16, __half)
 
