@@ -4,12 +4,13 @@
  *   A  every block: residual add + RMSNorm of all rows, redundantly (the same
  *      bits everywhere, no barrier for it); then in_proj for its channel
  *      groups g = b, b + nb, ... (8 channels: the x columns 8g.. and the z
- *      columns di + 8g..), and the conv of its channels (it owns their conv
- *      state), writing xc in the activation dtype for x_proj;
- *   -- barrier: x_proj needs every channel
- *   B  x_proj output o = b + j * nb on warp j (the x_proj lane contract);
+ *      columns di + 8g..), the conv of its channels (it owns their conv
+ *      state), and its groups' x_proj partials (the x_proj contract sums
+ *      one partial per 8-channel group, mops_arith.cuh xp_chunk);
  *   -- barrier: the scan needs all of dt_low, B, C
- *   C  dt_proj + scan + D skip + gate of its channels (it owns their state);
+ *   C  every block: the x_proj fold of all groups' partials (the contract's
+ *      lane sums and butterfly, redundantly), then dt_proj + scan + D skip +
+ *      gate of its channels (it owns their state);
  *   -- barrier: out_proj needs every channel
  *   D  out_proj for its column groups b, b + nb, ...
  *   -- barrier: the next norm needs every column.
@@ -47,6 +48,7 @@ extern "C" {
 #define DP_CH 256      /* K chunk of the GEMM contract (MBD_WG_KCH) */
 #define DP_MAXROWS XP_ROWS
 #define DP_RES_PT 12   /* residual elements per thread loaded at once (rows * d <= 3072) */
+#define DP_XPI (MBD_DP_MAX_INNER / 256) /* x_proj group partials per lane in the fold */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DP_HAVE_KERNEL 1 /* the mma.sync == wgmma bit identity is an sm_90a fact */
@@ -54,12 +56,12 @@ extern "C" {
 
 /* Shared-memory plan, the same on host and device. */
 struct dp_plan {
-  int gpb, opb, xpb;   /* in_proj groups, out_proj groups, x_proj outputs per block (max) */
+  int gpb, opb;        /* in_proj (channel) groups, out_proj groups per block (max) */
   int cin, cout, no;   /* K chunks of in_proj / out_proj; x_proj outputs */
   int sh, sa;          /* row strides (elements) of hn [rows][d] and act [rows][di] */
   uint32_t swi, swo;   /* W slice row strides, bytes */
   uint32_t wbuf;       /* one layer buffer: W slices, then the small parameters and state */
-  uint32_t o_out, o_xp; /* offsets of the out and x_proj slices inside a buffer */
+  uint32_t o_out, o_xp; /* offsets of the out_proj and x_proj slices inside a buffer */
   /* inside a buffer: norm weight, per owned channel group conv taps/bias, A,
    * D, dt bias, dt_proj rows, in_proj bias; out_proj bias; per row and group
    * the conv window and the scan state */
@@ -74,7 +76,6 @@ __host__ __device__ inline dp_plan dp_make_plan(int d, int di, int R, int rows, 
   P.gpb = (di / 8 + nb - 1) / nb;
   P.opb = (d / 8 + nb - 1) / nb;
   P.no = R + 2 * DP_N;
-  P.xpb = (P.no + nb - 1) / nb;
   P.cin = (d + DP_CH - 1) / DP_CH;
   P.cout = (di + DP_CH - 1) / DP_CH;
   P.sh = d + 16 / ts;
@@ -83,8 +84,8 @@ __host__ __device__ inline dp_plan dp_make_plan(int d, int di, int R, int rows, 
   P.swo = (uint32_t)(di * ts + 16);
   P.o_out = (uint32_t)P.gpb * 16u * P.swi;
   P.o_xp = P.o_out + (uint32_t)P.opb * 8u * P.swo;
-  uint32_t o = P.o_xp + (uint32_t)P.xpb * P.swo;
   const uint32_t G = (uint32_t)P.gpb;
+  uint32_t o = P.o_xp + G * (uint32_t)P.no * 8u * (uint32_t)ts; /* [group][o][8] */
   P.o_norm = o; o = dp_al16(o + (uint32_t)d * 4u);
   P.o_cw = o;   o = dp_al16(o + G * DP_KC * 8u * 4u);
   P.o_cb = o;   o = dp_al16(o + G * 8u * 4u);
@@ -115,7 +116,7 @@ __host__ __device__ inline dp_plan dp_make_plan(int d, int di, int R, int rows, 
 
 /* Stage trace (MBD_DP_TRACE=1, a diagnostic): clock64 of every block at
  * each of DP_TP points of every layer; see mbd_dp_trace_print. */
-#define DP_TP 10
+#define DP_TP 9
 
 struct dp_args {
   mbd_dp_model m;
@@ -252,8 +253,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
   const int b = blockIdx.x, nb = gridDim.x;
   const dp_plan P = dp_make_plan(d, di, R, rows, nb, (int)sizeof(T));
   const int NO = P.no;
-  const int nin = dp_owned(di / 8, P.gpb), nout = dp_owned(d / 8, P.opb),
-            nxp = dp_owned(NO, P.xpb);
+  const int nin = dp_owned(di / 8, P.gpb), nout = dp_owned(d / 8, P.opb), ng = di / 8;
   float *resid = (float *)(dsm + P.o_resid), *part = (float *)(dsm + P.o_part);
   float *xcv = (float *)(dsm + P.o_xc), *zv = (float *)(dsm + P.o_z);
   float *sd = (float *)(dsm + P.o_sd), *dtw = (float *)(dsm + P.o_dtw);
@@ -285,7 +285,8 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
       const uint32_t wb = (uint32_t)__cvta_generic_to_shared(dsm) + (uint32_t)(l & 1) * P.wbuf;
       const uint32_t full = full0 + 8u * (l & 1);
       if (l >= 2) mbar_wait(empty0 + 8u * (l & 1), (uint32_t)((l >> 1) - 1) & 1u);
-      uint32_t bytes = (uint32_t)nin * 16u * ri + (uint32_t)(nout * 8 + nxp) * ro + (uint32_t)d * 4u;
+      const uint32_t xgb = (uint32_t)NO * 8u * ts; /* one group's x_proj slice */
+      uint32_t bytes = (uint32_t)nin * (16u * ri + xgb) + (uint32_t)nout * 8u * ro + (uint32_t)d * 4u;
       bytes += (uint32_t)nin * (DP_KC * 32u + (Y.conv_b ? 32u : 0u) + DP_N * 32u + 32u + 8u * ts +
                                 8u * R * ts + (Y.in_b ? 16u * ts : 0u));
       bytes += (uint32_t)(rows * nin) * ((DP_KC - 1) * 32u + DP_N * 32u);
@@ -299,8 +300,8 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         const int n = 8 * (b + (row >> 3) * nb) + (row & 7);
         bulk_g2s(wb + P.o_out + row * P.swo, (const T *)Y.out_w + (size_t)n * di, ro, full);
       }
-      for (int j = 0; j < nxp; j++)
-        bulk_g2s(wb + P.o_xp + j * P.swo, (const T *)Y.x_w + (size_t)(b + j * nb) * di, ro, full);
+      for (int jj = 0; jj < nin; jj++)
+        bulk_g2s(wb + P.o_xp + jj * xgb, (const T *)Y.x_wg + (size_t)(b + jj * nb) * NO * 8, xgb, full);
       bulk_g2s(wb + P.o_norm, Y.norm, (uint32_t)d * 4u, full);
       for (int jj = 0; jj < nin; jj++) {
         const int c0 = 8 * (b + jj * nb);
@@ -376,7 +377,10 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         resid[e] = __fadd_rn(resid[e], __ldcg(M.out + e));
     }
     dp_sync();
-    if (tid < rows) rinv[tid] = rms_inv(resid + tid * d, d, M.norm_eps);
+    if (warp < rows) {
+      const float v = rms_inv_route<T>(resid + warp * d, d, M.norm_eps, lane);
+      if (lane == 0) rinv[warp] = v;
+    }
     /* the other threads wait for layer l's buffer meanwhile */
     mbar_wait(full0 + 8u * (l & 1), (uint32_t)(l >> 1) & 1u);
     dp_sync();
@@ -412,44 +416,47 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         for (int j = 0; j + 1 < DP_KC - 1; j++) cs[(int64_t)j * di] = win[j + 1];
         cs[(int64_t)(DP_KC - 2) * di] = v;
         xcv[r * qn + q] = xc;
-        st_act((T *)M.xc_act + (size_t)r * di + ch, xc);
       }
     }
     DP_MARK(l, 3);
-    grid_sync();
-    DP_MARK(l, 4);
-
-    /* ---- B: x_proj (k_conv_xproj's lane chain on the same rounded inputs) */
-    if (nxp > 0) {
-      dp_stage_rows<T>(act, P.sa, (const T *)M.xc_act, rows, di);
-      dp_sync();
-      if (warp < nxp) {
-        const T *wr = (const T *)(wb + P.o_xp + warp * P.swo);
-        float acc[XP_ROWS];
+    dp_sync();
+    /* x_proj partials of its groups (xp_chunk's p on the same rounded inputs),
+     * to xpp[r][o][group] */
+#pragma unroll 1
+    for (int e = tid; e < rows * nin * NO; e += DP_THREADS) {
+      const int o = e % NO, rj = e / NO, jj = rj % nin, r = rj / nin;
+      const T *w8 = (const T *)(wb + P.o_xp) + ((size_t)jj * NO + o) * 8;
+      float xv[8], wv[8];
 #pragma unroll
-        for (int r = 0; r < XP_ROWS; r++) acc[r] = 0.0f;
-        for (int k = lane * 8; k < di; k += 256) {
-          float wv[8];
-          ld8<true>(wr, k, di, wv);
-          xp_chunk<true>((const T *)act, P.sa, rows, k, di, wv, acc);
-        }
-        xp_store(acc, rows, lane, M.dbl, NO, b + warp * nb);
+      for (int j = 0; j < 8; j++) {
+        xv[j] = round_act<T>(xcv[r * qn + jj * 8 + j]);
+        wv[j] = ld_f32(w8 + j);
       }
+      M.xpp[((size_t)r * NO + o) * ng + b + jj * nb] = xp_group_partial(xv, wv);
     }
     /* the scan's dt_proj rows widened to f32 (stage_dt_w's values) */
     for (int e = tid; e < nin * 8 * R; e += DP_THREADS) {
       const int q = e / R, k = e - q * R;
       dtw[q * (R + 1) + k] = ld_f32(s_dtwr + e);
     }
-    DP_MARK(l, 5);
+    DP_MARK(l, 4);
     grid_sync();
-    DP_MARK(l, 6);
+    DP_MARK(l, 5);
 
-    /* ---- C: dt_proj + scan + D + gate (k_scan_step) */
-    for (int e = tid; e < rows * NO; e += DP_THREADS) {
-      const int r = e / NO, k = e - r * NO;
-      const float v = __ldcg(M.dbl + e);
-      sd[r * NO + k] = k < R ? round_act<T>(v) : v;
+    /* ---- C: x_proj fold (xp_chunk's sums over the groups, then xp_store's
+     * butterfly), then dt_proj + scan + D + gate (k_scan_step) */
+#pragma unroll 1
+    for (int u = warp; u < rows * NO; u += DP_WARPS) {
+      const float *pp = M.xpp + (size_t)u * ng;
+      float v[DP_XPI];
+#pragma unroll
+      for (int i = 0; i < DP_XPI; i++) v[i] = 32 * i + lane < ng ? __ldcg(pp + 32 * i + lane) : 0.0f;
+      float acc = 0.0f;
+#pragma unroll
+      for (int i = 0; i < DP_XPI; i++)
+        if (32 * i + lane < ng) acc = __fadd_rn(acc, v[i]);
+      acc = lane_sum(acc);
+      if (lane == 0) sd[u] = u % NO < R ? round_act<T>(acc) : acc;
     }
     dp_sync();
     {
@@ -472,9 +479,9 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
           *(float4 *)(hp + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
       }
     }
-    DP_MARK(l, 7);
+    DP_MARK(l, 6);
     grid_sync();
-    DP_MARK(l, 8);
+    DP_MARK(l, 7);
 
     /* ---- D: out_proj */
     if (nout > 0) {
@@ -492,7 +499,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         M.out[(size_t)r * d + n] = v;
       }
     }
-    DP_MARK(l, 9);
+    DP_MARK(l, 8);
     dp_sync(); /* every compute warp is done with buffer l & 1 */
     if (tid == 0) mbar_arrive(empty0 + 8u * (l & 1));
     if (l + 1 < L) grid_sync();
@@ -535,7 +542,8 @@ static int dp_check(const mbd_dp_model *m, int rows, int *nb, dp_plan *P) {
   if (maj != 9 || min_ != 0) return 0;
   const int ts = (int)mbd_dtype_size(m->dtype);
   *P = dp_make_plan(m->d_model, m->d_inner, m->dt_rank, rows, sms, ts);
-  if (P->total > (uint32_t)smax || P->xpb > DP_WARPS || rows * P->gpb * 8 > DP_THREADS) return 0;
+  if (P->total > (uint32_t)smax || rows * P->gpb * 8 > DP_THREADS) return 0;
+  if (m->d_inner > MBD_DP_MAX_INNER || !m->xpp) return 0;
   *nb = sms;
   return 1;
 }
@@ -583,10 +591,9 @@ extern "C" void mbd_dp_trace_print(void) {
     return;
   }
   /* segments: [from point, to point], the last one into the next layer's 0 */
-  static const char *name[DP_TP] = {"A: resid+norm", "A: in_proj mma", "A: fold+conv",
-                                    "barrier 1",     "B: x_proj",      "barrier 2",
-                                    "C: scan",       "barrier 3",      "D: out_proj",
-                                    "barrier 4"};
+  static const char *name[DP_TP] = {"A: resid+norm", "A: in_proj mma",   "A: fold+conv",
+                                    "A: x_proj parts", "barrier 1",      "C: x_proj+scan",
+                                    "barrier 2",      "D: out_proj",      "barrier 3"};
   printf("persistent decode trace, %d blocks, us per layer (layers 1..%d): mean over blocks / max\n",
          nb, L - 2);
   double tot_mean = 0;

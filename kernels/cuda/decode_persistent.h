@@ -2,7 +2,7 @@
  * in one launch, one block per SM, grid-wide barriers between the stages.
  *
  * A batch-1 decode step through the per-op kernels is ~125 dependent launches
- * of a few microseconds each; here the launches become four grid barriers per
+ * of a few microseconds each; here the launches become three grid barriers per
  * layer and each block streams its next layer's weight slices into shared
  * memory while the current layer runs. The bits are the per-op path's: the
  * projections run the GEMM family's sm_90a contract (256-wide K chunks of
@@ -33,6 +33,8 @@ typedef struct mbd_dp_layer {
   float *conv_w; /* [K][di] tap-major */
   float *conv_b; /* [di] or NULL */
   void *x_w;     /* [R + 2N, di] dtype: rows 0..R dt part, then B, then C */
+  void *x_wg;    /* x_w regrouped [di / 8][R + 2N][8] (one contiguous slice per
+                    8-channel group, for the persistent decode), or NULL */
   void *dt_w;    /* [di, R] dtype */
   void *dt_b;    /* [di] dtype */
   float *A;      /* [di][N] = -exp(A_log) (host mbd_pm_expf, as the CPU model) */
@@ -51,13 +53,15 @@ typedef struct mbd_dp_model {
   int64_t conv_slot;
   float *ssm_state;             /* slot s, layer l: + s * ssm_slot + l * di * 16 */
   int64_t ssm_slot;
-  void *xc_act, *y;             /* scratch [rows][di] dtype */
-  float *dbl;                   /* scratch [rows][R + 32] */
+  void *y;                      /* scratch [rows][di] dtype */
+  float *xpp;                   /* scratch [4][R + 32][di / 8]: x_proj group partials */
   float *resid, *out;           /* [rows][d]: on return, the per-op path's values
                                    before the final add + norm */
   unsigned *barrier;            /* device counter, zeroed once, owned by this model */
 } mbd_dp_model;
 
+/* The widest d_inner it runs (its x_proj fold holds 8 group partials a lane). */
+#define MBD_DP_MAX_INNER 2048
 /* 1 when `rows` decode rows of m run persistently on the current device (see
  * above; MBD_DECODE_PERSISTENT=0 in the environment turns it off), else 0.
  * MBD_DP_BAR=1 picks the release-reduction grid barrier instead of

@@ -196,16 +196,42 @@ static int model_alloc(mbd_gpu_ctx *ctx, const mbd_mamba_config *cfg,
   return 0;
 }
 
-/* State slots, workspace and pinned staging. */
+/* x_w regrouped by 8-channel group, [di / 8][R + 2N][8] (layer_d.x_wg): one
+ * contiguous slice per group for the persistent decode's producer. */
+static int dp_regroup_xw(mbd_mamba1_gpu *m, layer_d *L, mbd_error *err) {
+  const mbd_mamba_config *c = &m->cfg;
+  const size_t es = mbd_dtype_size(m->dtype), no = (size_t)(c->dt_rank + 2 * c->d_state);
+  const size_t di = (size_t)c->d_inner, bytes = no * di * es;
+  unsigned char *h = (unsigned char *)malloc(2 * bytes), *g = h + bytes;
+  if (!h) return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
+  int rc = 0;
+  MBD_GPU_TRY(cudaMemcpy(h, L->x_w, bytes, cudaMemcpyDeviceToHost), err);
+  for (size_t o = 0; o < no; o++)
+    for (size_t k = 0; k < di; k++)
+      memcpy(g + (((k / 8) * no + o) * 8 + k % 8) * es, h + (o * di + k) * es, es);
+  if ((rc = dalloc(m, bytes, &L->x_wg, err))) goto fail;
+  MBD_GPU_TRY(cudaMemcpy(L->x_wg, g, bytes, cudaMemcpyHostToDevice), err);
+fail:
+  free(h);
+  return rc;
+}
+
 /* The persistent decode's view (decode_persistent.h): a device copy of the
- * layer table (layer_d is its mbd_dp_layer) and its grid-barrier counter. Runs after the weights and the
- * workspace exist. */
+ * layer table (layer_d is its mbd_dp_layer, with x_wg filled in), its x_proj
+ * partials and its grid-barrier counter. Runs after the weights and the
+ * workspace exist; only where the persistent decode can run. */
 static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
   const mbd_mamba_config *c = &m->cfg;
+  if (m->dtype != MBD_DTYPE_BF16 && m->dtype != MBD_DTYPE_F16) return 0; /* dp stays zeroed: */
+  if (c->d_inner > MBD_DP_MAX_INNER) return 0;                           /* never runs */
   const size_t tb = (size_t)c->n_layer * sizeof(mbd_dp_layer);
-  void *dl = NULL, *bar = NULL;
+  const size_t xpp = 4 * (size_t)(c->dt_rank + 2 * c->d_state) * (size_t)(c->d_inner / 8) * 4;
+  void *dl = NULL, *bar = NULL, *xp = NULL;
   int rc = 0;
-  if ((rc = dalloc(m, tb, &dl, err)) || (rc = dalloc(m, sizeof(unsigned), &bar, err))) goto fail;
+  for (int l = 0; l < c->n_layer && !rc; l++) rc = dp_regroup_xw(m, &m->layers[l], err);
+  if (rc || (rc = dalloc(m, tb, &dl, err)) || (rc = dalloc(m, sizeof(unsigned), &bar, err)) ||
+      (rc = dalloc(m, xpp, &xp, err)))
+    goto fail;
   MBD_GPU_TRY(cudaMemcpy(dl, m->layers, tb, cudaMemcpyHostToDevice), err);
   MBD_GPU_TRY(cudaMemset(bar, 0, sizeof(unsigned)), err);
   {
@@ -224,9 +250,8 @@ static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
     dp->conv_slot = m->conv_slot;
     dp->ssm_state = m->ssm_st;
     dp->ssm_slot = m->ssm_slot;
-    dp->xc_act = m->xc_act;
     dp->y = m->y;
-    dp->dbl = m->dbl;
+    dp->xpp = (float *)xp;
     dp->resid = m->resid;
     dp->out = m->out;
     dp->barrier = (unsigned *)bar;

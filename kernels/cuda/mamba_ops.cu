@@ -117,8 +117,9 @@ extern "C" int mbd_mops_embed(void *stream, int64_t M, int d, const int32_t *tok
 
 /* ------------------------------------------------------------ RMSNorm */
 
-/* One block per row. The row goes through shared memory; one thread runs the
- * square-sum chain (rms_inv), the block writes the output (rms_out). */
+/* One block per row. The row goes through shared memory; the first warp
+ * computes the route's scale (rms_inv_route), the block writes the output
+ * (rms_out). */
 template <typename OutT>
 __global__ void k_add_rmsnorm(int d, int64_t in_stride, int64_t in_offset,
                               float *__restrict__ resid, const float *__restrict__ delta,
@@ -140,7 +141,10 @@ __global__ void k_add_rmsnorm(int d, int64_t in_stride, int64_t in_offset,
     row[c] = v;
   }
   __syncthreads();
-  if (threadIdx.x == 0) r_sh = rms_inv(row, d, eps);
+  if (threadIdx.x < 32) {
+    const float v = rms_inv_route<OutT>(row, d, eps, threadIdx.x);
+    if (threadIdx.x == 0) r_sh = v;
+  }
   __syncthreads();
   const float rr = r_sh;
   for (int c = threadIdx.x; c < d; c += blockDim.x)

@@ -92,20 +92,42 @@ __device__ __forceinline__ void ld8(const T *p, int k, int K, float v[8]) {
 #define XP_ROWS 4  /* rows per warp: the weight chunk is loaded once for them */
 
 /* One lane's step of the x_proj contract: the weight chunk wv = w[o, k..k+7]
- * against rows 0..nr-1 of x (row stride ldx): acc[r] = fmaf(x, w, acc[r]) for
- * j = 0..7 (k + j < K only). k_xproj and k_conv_xproj both run it. */
+ * against rows 0..nr-1 of x (row stride ldx): the chunk's partial p = fmaf
+ * chain from 0 over j = 0..7 (k + j < K only), then acc[r] = acc[r] + p. The
+ * partial of one 8-channel group depends on that group alone, so the
+ * persistent decode computes it where the group's channels are
+ * (xp_group_partial) and folds the groups later with the same adds.
+ * k_xproj and k_conv_xproj both run it. */
 template <bool VEC, typename T>
 __device__ __forceinline__ void xp_chunk(const T *x, int64_t ldx, int nr, int k, int K,
                                          const float (&wv)[8], float (&acc)[XP_ROWS]) {
 #pragma unroll
   for (int r = 0; r < XP_ROWS; r++) {
     if (r >= nr) break;
-    float xv[8];
+    float xv[8], p = 0.0f;
     ld8<VEC>(x + (int64_t)r * ldx, k, K, xv);
 #pragma unroll
     for (int j = 0; j < 8; j++)
-      if (k + j < K) acc[r] = __fmaf_rn(xv[j], wv[j], acc[r]);
+      if (k + j < K) p = __fmaf_rn(xv[j], wv[j], p);
+    acc[r] = __fadd_rn(acc[r], p);
   }
+}
+
+/* The partial of one full 8-channel group (xp_chunk's p) from its inputs
+ * already widened to f32. */
+__device__ __forceinline__ float xp_group_partial(const float (&xv)[8], const float (&wv)[8]) {
+  float p = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; j++) p = __fmaf_rn(xv[j], wv[j], p);
+  return p;
+}
+
+/* The contract's xor butterfly over the 32 lanes: every lane ends with the
+ * same bits (a + b == b + a). */
+__device__ __forceinline__ float lane_sum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
 }
 
 /* The contract's xor butterfly over the 32 lanes, then lane 0 stores. */
@@ -113,9 +135,7 @@ __device__ __forceinline__ void xp_store(float (&acc)[XP_ROWS], int nr, int lane
                                          int NO, int o) {
 #pragma unroll
   for (int r = 0; r < XP_ROWS; r++) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-      acc[r] = __fadd_rn(acc[r], __shfl_xor_sync(0xffffffffu, acc[r], off));
+    acc[r] = lane_sum(acc[r]);
     if (lane == 0 && r < nr) out[(int64_t)r * NO + o] = acc[r];
   }
 }
@@ -217,6 +237,38 @@ __device__ __forceinline__ float rms_inv(const float *row, int d, float eps) {
   for (; i < nq; i++) rms_quad(row4[i], ss);
   for (int c = 4 * nq; c < d; c++) ss = __fmaf_rn(row[c], row[c], ss);
   return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)d), eps)));
+}
+/* The 16-bit routes' RMSNorm scale, on one warp: lane l runs the fmaf chain
+ * from 0 over c = l, l + 32, ... (c < d), the 32 lane sums are added by the
+ * xor butterfly (lane_sum), then rms_inv's last three roundings. Every lane
+ * returns the same bits. f32 routes keep rms_inv, the CPU model's chain;
+ * 16-bit routes are not compared with the CPU, and a 768-long serial chain is
+ * ~1.5 us on every layer's critical path of a batch-1 decode. */
+__device__ __forceinline__ float rms_inv_lanes(const float *row, int d, float eps, int lane) {
+  float ss = 0.0f;
+#pragma unroll 1
+  for (int c0 = lane; c0 < d; c0 += 256) { /* eight loads, then their eight fmafs */
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = c0 + 32 * j < d ? row[c0 + 32 * j] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+      if (c0 + 32 * j < d) ss = __fmaf_rn(v[j], v[j], ss);
+  }
+  ss = lane_sum(ss);
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)d), eps)));
+}
+/* rms_inv (f32 routes, on one thread) or rms_inv_lanes (16-bit routes, on a
+ * warp) by the activation dtype T: every lane of the calling warp returns it. */
+template <typename T>
+__device__ __forceinline__ float rms_inv_route(const float *row, int d, float eps, int lane) {
+  if constexpr (sizeof(T) == 4) {
+    float v = 0.0f;
+    if (lane == 0) v = rms_inv(row, d, eps);
+    return __shfl_sync(0xffffffffu, v, 0);
+  } else {
+    return rms_inv_lanes(row, d, eps, lane);
+  }
 }
 /* One normalised element: w * (x * rinv), before the activation rounding. */
 __device__ __forceinline__ float rms_out(float w, float x, float rinv) {
