@@ -49,6 +49,7 @@ extern "C" {
 #define DP_MAXROWS XP_ROWS
 #define DP_RES_PT 12   /* residual elements per thread loaded at once (rows * d <= 3072) */
 #define DP_XPI (MBD_DP_MAX_INNER / 256) /* x_proj group partials per lane in the fold */
+#define DP_XPU 10      /* x_proj outputs a warp folds at once (their loads in flight together) */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DP_HAVE_KERNEL 1 /* the mma.sync == wgmma bit identity is an sm_90a fact */
@@ -445,18 +446,30 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
 
     /* ---- C: x_proj fold (xp_chunk's sums over the groups, then xp_store's
      * butterfly), then dt_proj + scan + D + gate (k_scan_step) */
+    /* A read of what other SMs wrote costs ~1 us, so each warp issues the
+     * loads of DP_XPU outputs before the first add. */
 #pragma unroll 1
-    for (int u = warp; u < rows * NO; u += DP_WARPS) {
-      const float *pp = M.xpp + (size_t)u * ng;
-      float v[DP_XPI];
+    for (int u0 = warp; u0 < rows * NO; u0 += DP_WARPS * DP_XPU) {
+      float v[DP_XPU][DP_XPI];
 #pragma unroll
-      for (int i = 0; i < DP_XPI; i++) v[i] = 32 * i + lane < ng ? __ldcg(pp + 32 * i + lane) : 0.0f;
-      float acc = 0.0f;
+      for (int a = 0; a < DP_XPU; a++) {
+        const int u = u0 + a * DP_WARPS;
 #pragma unroll
-      for (int i = 0; i < DP_XPI; i++)
-        if (32 * i + lane < ng) acc = __fadd_rn(acc, v[i]);
-      acc = lane_sum(acc);
-      if (lane == 0) sd[u] = u % NO < R ? round_act<T>(acc) : acc;
+        for (int i = 0; i < DP_XPI; i++)
+          v[a][i] = u < rows * NO && 32 * i + lane < ng ? __ldcg(M.xpp + (size_t)u * ng + 32 * i + lane)
+                                                        : 0.0f;
+      }
+#pragma unroll
+      for (int a = 0; a < DP_XPU; a++) {
+        const int u = u0 + a * DP_WARPS;
+        if (u >= rows * NO) break; /* warp-uniform */
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DP_XPI; i++)
+          if (32 * i + lane < ng) acc = __fadd_rn(acc, v[a][i]);
+        acc = lane_sum(acc);
+        if (lane == 0) sd[u] = u % NO < R ? round_act<T>(acc) : acc;
+      }
     }
     dp_sync();
     {
