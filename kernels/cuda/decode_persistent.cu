@@ -2,11 +2,13 @@
  *
  * Work split, block b of nb (one per SM), per layer:
  *   A  every block: residual add + RMSNorm of all rows, redundantly (the same
- *      bits everywhere, no barrier for it); then in_proj for its channel
- *      groups g = b, b + nb, ... (8 channels: the x columns 8g.. and the z
- *      columns di + 8g..), the conv of its channels (it owns their conv
- *      state), and its groups' x_proj partials (the x_proj contract sums
- *      one partial per 8-channel group, mops_arith.cuh xp_chunk);
+ *      bits everywhere, no barrier for it); then, if it owns channels, in_proj
+ *      for its channel groups G = b, b + nb, ... (16 channels: the x columns
+ *      16G.. and the z columns di + 16G.., as two 8-row items each), the conv
+ *      of its channels (it owns their conv state), and its groups' x_proj
+ *      partials (the x_proj contract sums one partial per 16-channel group,
+ *      mops_arith.cuh xp_chunk; 16 rather than 8 halves what every block
+ *      reads back after the barrier);
  *   -- barrier: the scan needs all of dt_low, B, C
  *   C  every block: the x_proj fold of all groups' partials (the contract's
  *      lane sums and butterfly, redundantly), then dt_proj + scan + D skip +
@@ -48,8 +50,8 @@ extern "C" {
 #define DP_CH 256      /* K chunk of the GEMM contract (MBD_WG_KCH) */
 #define DP_MAXROWS XP_ROWS
 #define DP_RES_PT 12   /* residual elements per thread loaded at once (rows * d <= 3072) */
-#define DP_XPI (MBD_DP_MAX_INNER / 256) /* x_proj group partials per lane in the fold */
-#define DP_XPU 10      /* x_proj outputs a warp folds at once (their loads in flight together) */
+#define DP_XPI (MBD_DP_MAX_INNER / (32 * XP_GW)) /* x_proj group partials per lane (fold) */
+#define DP_XPU 12      /* x_proj outputs a warp folds at once (their loads in flight together) */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DP_HAVE_KERNEL 1 /* the mma.sync == wgmma bit identity is an sm_90a fact */
@@ -57,7 +59,7 @@ extern "C" {
 
 /* Shared-memory plan, the same on host and device. */
 struct dp_plan {
-  int gpb, opb;        /* in_proj (channel) groups, out_proj groups per block (max) */
+  int gpb, opb;        /* 8-channel groups (two per x_proj group), out_proj groups per block (max) */
   int cin, cout, no;   /* K chunks of in_proj / out_proj; x_proj outputs */
   int sh, sa;          /* row strides (elements) of hn [rows][d] and act [rows][di] */
   uint32_t swi, swo;   /* W slice row strides, bytes */
@@ -74,7 +76,7 @@ __host__ __device__ inline uint32_t dp_al16(uint32_t v) { return (v + 15u) & ~15
 
 __host__ __device__ inline dp_plan dp_make_plan(int d, int di, int R, int rows, int nb, int ts) {
   dp_plan P;
-  P.gpb = (di / 8 + nb - 1) / nb;
+  P.gpb = 2 * ((di / XP_GW + nb - 1) / nb);
   P.opb = (d / 8 + nb - 1) / nb;
   P.no = R + 2 * DP_N;
   P.cin = (d + DP_CH - 1) / DP_CH;
@@ -254,7 +256,9 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
   const int b = blockIdx.x, nb = gridDim.x;
   const dp_plan P = dp_make_plan(d, di, R, rows, nb, (int)sizeof(T));
   const int NO = P.no;
-  const int nin = dp_owned(di / 8, P.gpb), nout = dp_owned(d / 8, P.opb), ng = di / 8;
+  const int ng = di / XP_GW, nin = 2 * dp_owned(ng, P.gpb / 2), nout = dp_owned(d / 8, P.opb);
+  /* the first channel of its 8-channel group jj (two per x_proj group) */
+  auto ch0 = [&](int jj) { return XP_GW * (b + (jj >> 1) * nb) + 8 * (jj & 1); };
   float *resid = (float *)(dsm + P.o_resid), *part = (float *)(dsm + P.o_part);
   float *xcv = (float *)(dsm + P.o_xc), *zv = (float *)(dsm + P.o_z);
   float *sd = (float *)(dsm + P.o_sd), *dtw = (float *)(dsm + P.o_dtw);
@@ -294,7 +298,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
       if (Y.out_b) bytes += (uint32_t)nout * 8u * ts;
       mbar_expect_tx(full, bytes);
       for (int row = 0; row < nin * 16; row++) {
-        const int n = ((row >> 3) & 1) * di + 8 * (b + (row >> 4) * nb) + (row & 7);
+        const int n = ((row >> 3) & 1) * di + ch0(row >> 4) + (row & 7);
         bulk_g2s(wb + row * P.swi, (const T *)Y.in_w + (size_t)n * d, ri, full);
       }
       for (int row = 0; row < nout * 8; row++) {
@@ -302,10 +306,10 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         bulk_g2s(wb + P.o_out + row * P.swo, (const T *)Y.out_w + (size_t)n * di, ro, full);
       }
       for (int jj = 0; jj < nin; jj++)
-        bulk_g2s(wb + P.o_xp + jj * xgb, (const T *)Y.x_wg + (size_t)(b + jj * nb) * NO * 8, xgb, full);
+        bulk_g2s(wb + P.o_xp + jj * xgb, (const T *)Y.x_wg + (size_t)(ch0(jj) / 8) * NO * 8, xgb, full);
       bulk_g2s(wb + P.o_norm, Y.norm, (uint32_t)d * 4u, full);
       for (int jj = 0; jj < nin; jj++) {
-        const int c0 = 8 * (b + jj * nb);
+        const int c0 = ch0(jj);
         for (int j = 0; j < DP_KC; j++)
           bulk_g2s(wb + P.o_cw + (jj * DP_KC + j) * 32, Y.conv_w + (size_t)j * di + c0, 32u, full);
         if (Y.conv_b) bulk_g2s(wb + P.o_cb + jj * 32, Y.conv_b + c0, 32u, full);
@@ -397,7 +401,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
     dp_sync();
     for (int e = tid; e < nin * 2 * rows * 8; e += DP_THREADS) {
       const int col = e & 7, r = (e >> 3) % rows, row8 = (e >> 3) / rows;
-      const int jj = row8 >> 1, half = row8 & 1, ch = 8 * (b + jj * nb) + col;
+      const int jj = row8 >> 1, half = row8 & 1, ch = ch0(jj) + col;
       float v = part[((row8 * P.cin) * rows + r) * 8 + col];
       for (int c = 1; c < P.cin; c++) v = __fadd_rn(v, part[((row8 * P.cin + c) * rows + r) * 8 + col]);
       if (Y.in_b) v = __fadd_rn(v, ld_f32(s_inb + jj * 16 + half * 8 + col));
@@ -424,16 +428,16 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
     /* x_proj partials of its groups (xp_chunk's p on the same rounded inputs),
      * to xpp[r][o][group] */
 #pragma unroll 1
-    for (int e = tid; e < rows * nin * NO; e += DP_THREADS) {
-      const int o = e % NO, rj = e / NO, jj = rj % nin, r = rj / nin;
-      const T *w8 = (const T *)(wb + P.o_xp) + ((size_t)jj * NO + o) * 8;
-      float xv[8], wv[8];
+    for (int e = tid; e < rows * (nin / 2) * NO; e += DP_THREADS) {
+      const int o = e % NO, rj = e / NO, jg = rj % (nin / 2), r = rj / (nin / 2);
+      float xv[XP_GW], wv[XP_GW];
 #pragma unroll
-      for (int j = 0; j < 8; j++) {
-        xv[j] = round_act<T>(xcv[r * qn + jj * 8 + j]);
-        wv[j] = ld_f32(w8 + j);
+      for (int j = 0; j < XP_GW; j++) {
+        const T *w8 = (const T *)(wb + P.o_xp) + ((size_t)(2 * jg + j / 8) * NO + o) * 8;
+        xv[j] = round_act<T>(xcv[r * qn + jg * XP_GW + j]);
+        wv[j] = ld_f32(w8 + j % 8);
       }
-      M.xpp[((size_t)r * NO + o) * ng + b + jj * nb] = xp_group_partial(xv, wv);
+      M.xpp[((size_t)r * NO + o) * ng + b + jg * nb] = xp_group_partial(xv, wv);
     }
     /* the scan's dt_proj rows widened to f32 (stage_dt_w's values) */
     for (int e = tid; e < nin * 8 * R; e += DP_THREADS) {
@@ -476,7 +480,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
       const int nq = nin * 8; /* this block's channels */
       if (tid < rows * nq) {
         const int sr = tid / nq, sq = tid - sr * nq;
-        const int sch = 8 * (b + (sq >> 3) * nb) + (sq & 7);
+        const int sch = ch0(sq >> 3) + (sq & 7);
         float a[DP_N], h[DP_N];
 #pragma unroll
         for (int n = 0; n < DP_N; n++) {

@@ -268,11 +268,12 @@ extern "C" int mbd_mops_conv_silu(void *stream, int nseq, int T, int di, int K, 
 
 /* out[r, o] = sum_k x[r, k] w[o, k] (f32 [M, NO]); x, w widened to f32.
  * Model-kernel contract (docs/route.md): lane l of the warp owning (r, o)
- * accumulates acc = fmaf(x, w, acc) from 0 over k = 256 i + 8 l + j for
- * i ascending, then j = 0..7 (k < K only), then the 32 lane sums are added by
- * the xor butterfly 16, 8, 4, 2, 1 (a + b == b + a, so every lane ends with
- * the same bits). Nothing in it depends on M, the row's position or the other
- * rows: XP_ROWS only shares the weight loads. */
+ * runs, for i ascending, the group partial p = fmaf chain from 0 over
+ * k = 512 i + 16 l + j, j = 0..15 (k < K only), and acc = acc + p (from 0);
+ * then the 32 lane sums are added by the xor butterfly 16, 8, 4, 2, 1
+ * (a + b == b + a, so every lane ends with the same bits). Nothing in it
+ * depends on M, the row's position or the other rows: XP_ROWS only shares
+ * the weight loads. */
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(32 * XP_WARPS)
     k_xproj(int M, int K, int NO, const T *__restrict__ x, const T *__restrict__ w,
@@ -292,9 +293,10 @@ __global__ void __launch_bounds__(32 * XP_WARPS)
   for (int r = 0; r < XP_ROWS; r++) acc[r] = 0.0f;
   const T *xr = x + (int64_t)r0 * K;
 #pragma unroll 2
-  for (int k = lane * 8; k < K; k += 256) {
-    float wv[8];
+  for (int k = lane * XP_GW; k < K; k += 32 * XP_GW) {
+    float wv[XP_GW];
     ld8<VEC>(wr, k, K, wv);
+    ld8<VEC>(wr, k + 8, K, wv + 8);
     xp_chunk<VEC>(xr, K, nr, k, K, wv, acc);
   }
   xp_store(acc, nr, lane, out + (int64_t)r0 * NO, NO, o);
@@ -354,10 +356,11 @@ __global__ void __launch_bounds__(32 * XPF_WARPS)
     }
   };
   load_taps(0);
-  uint4 wpre[XPF_PRE];
+  uint4 wpre[XPF_PRE]; /* 2 per group: k = 512 (i / 2) + 16 lane + 8 (i % 2) */
 #pragma unroll
   for (int i = 0; i < XPF_PRE; i++) {
-    const int k = lane * 8 + 256 * i;
+    const int k = lane * XP_GW + 32 * XP_GW * (i >> 1) + 8 * (i & 1);
+    wpre[i] = make_uint4(0u, 0u, 0u, 0u);
     if (VEC && k < K) wpre[i] = *(const uint4 *)(wr + k);
   }
   if (!VEC)
@@ -395,22 +398,27 @@ __global__ void __launch_bounds__(32 * XPF_WARPS)
 #pragma unroll
   for (int r = 0; r < XP_ROWS; r++) acc[r] = 0.0f;
 #pragma unroll
-  for (int i = 0; i < XPF_PRE; i++) {
-    const int k = lane * 8 + 256 * i;
+  for (int i = 0; i < XPF_PRE / 2; i++) {
+    const int k = lane * XP_GW + 32 * XP_GW * i;
     if (k >= K) break;
-    float wv[8];
+    float wv[XP_GW];
     if (VEC) {
-      const T *h = (const T *)&wpre[i];
 #pragma unroll
-      for (int j = 0; j < 8; j++) wv[j] = ld_f32(h + j);
+      for (int h = 0; h < 2; h++) {
+        const T *hp = (const T *)&wpre[2 * i + h];
+#pragma unroll
+        for (int j = 0; j < 8; j++) wv[8 * h + j] = ld_f32(hp + j);
+      }
     } else {
       ld8<false>(wr, k, K, wv);
+      ld8<false>(wr, k + 8, K, wv + 8);
     }
     xp_chunk<VEC>((const T *)xs, K, nr, k, K, wv, acc);
   }
-  for (int k = lane * 8 + 256 * XPF_PRE; k < K; k += 256) {
-    float wv[8];
+  for (int k = lane * XP_GW + 32 * XP_GW * (XPF_PRE / 2); k < K; k += 32 * XP_GW) {
+    float wv[XP_GW];
     ld8<VEC>(wr, k, K, wv);
+    ld8<VEC>(wr, k + 8, K, wv + 8);
     xp_chunk<VEC>((const T *)xs, K, nr, k, K, wv, acc);
   }
   xp_store(acc, nr, lane, out + (int64_t)r0 * NO, NO, o);

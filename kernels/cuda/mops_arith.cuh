@@ -90,35 +90,38 @@ __device__ __forceinline__ void ld8(const T *p, int k, int K, float v[8]) {
 }
 
 #define XP_ROWS 4  /* rows per warp: the weight chunk is loaded once for them */
+#define XP_GW 16   /* channels per x_proj group (the contract's partial) */
 
-/* One lane's step of the x_proj contract: the weight chunk wv = w[o, k..k+7]
- * against rows 0..nr-1 of x (row stride ldx): the chunk's partial p = fmaf
- * chain from 0 over j = 0..7 (k + j < K only), then acc[r] = acc[r] + p. The
- * partial of one 8-channel group depends on that group alone, so the
- * persistent decode computes it where the group's channels are
+/* One lane's step of the x_proj contract: the group of XP_GW channels at k
+ * with weights wv = w[o, k..k+15], against rows 0..nr-1 of x (row stride
+ * ldx): the group's partial p = fmaf chain from 0 over j = 0..15 (k + j < K
+ * only), then acc[r] = acc[r] + p. A group's partial depends on that group
+ * alone, so the persistent decode computes it where the group's channels are
  * (xp_group_partial) and folds the groups later with the same adds.
  * k_xproj and k_conv_xproj both run it. */
 template <bool VEC, typename T>
 __device__ __forceinline__ void xp_chunk(const T *x, int64_t ldx, int nr, int k, int K,
-                                         const float (&wv)[8], float (&acc)[XP_ROWS]) {
+                                         const float (&wv)[XP_GW], float (&acc)[XP_ROWS]) {
 #pragma unroll
   for (int r = 0; r < XP_ROWS; r++) {
     if (r >= nr) break;
-    float xv[8], p = 0.0f;
+    float xv[XP_GW], p = 0.0f;
     ld8<VEC>(x + (int64_t)r * ldx, k, K, xv);
+    ld8<VEC>(x + (int64_t)r * ldx, k + 8, K, xv + 8);
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < XP_GW; j++)
       if (k + j < K) p = __fmaf_rn(xv[j], wv[j], p);
     acc[r] = __fadd_rn(acc[r], p);
   }
 }
 
-/* The partial of one full 8-channel group (xp_chunk's p) from its inputs
- * already widened to f32. */
-__device__ __forceinline__ float xp_group_partial(const float (&xv)[8], const float (&wv)[8]) {
+/* The partial of one full group (xp_chunk's p) from its inputs already
+ * widened to f32. */
+__device__ __forceinline__ float xp_group_partial(const float (&xv)[XP_GW],
+                                                  const float (&wv)[XP_GW]) {
   float p = 0.0f;
 #pragma unroll
-  for (int j = 0; j < 8; j++) p = __fmaf_rn(xv[j], wv[j], p);
+  for (int j = 0; j < XP_GW; j++) p = __fmaf_rn(xv[j], wv[j], p);
   return p;
 }
 
