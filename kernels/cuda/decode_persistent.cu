@@ -453,7 +453,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
     /* A read of what other SMs wrote costs ~1 us, so each warp issues the
      * loads of DP_XPU outputs before the first add. */
 #pragma unroll 1
-    for (int u0 = warp; u0 < rows * NO; u0 += DP_WARPS * DP_XPU) {
+    for (int u0 = warp; nin > 0 && u0 < rows * NO; u0 += DP_WARPS * DP_XPU) { /* owners only */
       float v[DP_XPU][DP_XPI];
 #pragma unroll
       for (int a = 0; a < DP_XPU; a++) {
