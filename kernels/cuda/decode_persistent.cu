@@ -463,16 +463,25 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
           v[a][i] = u < rows * NO && 32 * i + lane < ng ? __ldcg(M.xpp + (size_t)u * ng + 32 * i + lane)
                                                         : 0.0f;
       }
+      /* the outputs' sums and butterflies interleaved (each one's adds in
+       * the contract's order): ten dependent shuffle chains side by side */
+      float acc[DP_XPU];
+#pragma unroll
+      for (int a = 0; a < DP_XPU; a++) {
+        acc[a] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DP_XPI; i++)
+          if (32 * i + lane < ng) acc[a] = __fadd_rn(acc[a], v[a][i]);
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+        for (int a = 0; a < DP_XPU; a++)
+          acc[a] = __fadd_rn(acc[a], __shfl_xor_sync(0xffffffffu, acc[a], off));
 #pragma unroll
       for (int a = 0; a < DP_XPU; a++) {
         const int u = u0 + a * DP_WARPS;
-        if (u >= rows * NO) break; /* warp-uniform */
-        float acc = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DP_XPI; i++)
-          if (32 * i + lane < ng) acc = __fadd_rn(acc, v[a][i]);
-        acc = lane_sum(acc);
-        if (lane == 0) sd[u] = u % NO < R ? round_act<T>(acc) : acc;
+        if (lane == 0 && u < rows * NO) sd[u] = u % NO < R ? round_act<T>(acc[a]) : acc[a];
       }
     }
     dp_sync();
