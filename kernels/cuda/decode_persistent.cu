@@ -119,7 +119,7 @@ __host__ __device__ inline dp_plan dp_make_plan(int d, int di, int R, int rows, 
 
 /* Stage trace (MBD_DP_TRACE=1, a diagnostic): clock64 of every block at
  * each of DP_TP points of every layer; see mbd_dp_trace_print. */
-#define DP_TP 9
+#define DP_TP 10
 
 struct dp_args {
   mbd_dp_model m;
@@ -485,6 +485,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
       }
     }
     dp_sync();
+    DP_MARK(l, 6);
     {
       const int nq = nin * 8; /* this block's channels */
       if (tid < rows * nq) {
@@ -505,9 +506,9 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
           *(float4 *)(hp + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
       }
     }
-    DP_MARK(l, 6);
-    grid_sync();
     DP_MARK(l, 7);
+    grid_sync();
+    DP_MARK(l, 8);
 
     /* ---- D: out_proj */
     if (nout > 0) {
@@ -525,7 +526,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         M.out[(size_t)r * d + n] = v;
       }
     }
-    DP_MARK(l, 8);
+    DP_MARK(l, 9);
     dp_sync(); /* every compute warp is done with buffer l & 1 */
     if (tid == 0) mbar_arrive(empty0 + 8u * (l & 1));
     if (l + 1 < L) grid_sync();
@@ -617,9 +618,10 @@ extern "C" void mbd_dp_trace_print(void) {
     return;
   }
   /* segments: [from point, to point], the last one into the next layer's 0 */
-  static const char *name[DP_TP] = {"A: resid+norm", "A: in_proj mma",   "A: fold+conv",
-                                    "A: x_proj parts", "barrier 1",      "C: x_proj+scan",
-                                    "barrier 2",      "D: out_proj",      "barrier 3"};
+  static const char *name[DP_TP] = {"A: resid+norm", "A: in_proj mma", "A: fold+conv",
+                                    "A: x_proj parts", "barrier 1",    "C: x_proj fold",
+                                    "C: scan",        "barrier 2",      "D: out_proj",
+                                    "barrier 3"};
   printf("persistent decode trace, %d blocks, us per layer (layers 1..%d): mean over blocks / max\n",
          nb, L - 2);
   double tot_mean = 0;
