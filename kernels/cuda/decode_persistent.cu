@@ -51,7 +51,7 @@ extern "C" {
 #define DP_MAXROWS XP_ROWS
 #define DP_RES_PT 12   /* residual elements per thread loaded at once (rows * d <= 3072) */
 #define DP_XPI (MBD_DP_MAX_INNER / (32 * XP_GW)) /* x_proj group partials per lane (fold) */
-#define DP_XPU 8      /* x_proj outputs a warp folds at once (their loads in flight together) */
+#define DP_XPU 12      /* x_proj outputs a warp folds at once (their loads in flight together) */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DP_HAVE_KERNEL 1 /* the mma.sync == wgmma bit identity is an sm_90a fact */
@@ -126,8 +126,7 @@ struct dp_args {
   int rows;
   const int32_t *tok, *slots;
   long long *trace; /* [nb][L][DP_TP] or NULL */
-  int bar_flags;    /* barrier: 1 dp_grid_sync_flags, 0 dp_grid_sync (MBD_DP_BAR) */
-  int repl;         /* copies of each broadcast buffer (MBD_DP_REPL, 1..MBD_DP_MAX_REPL) */
+  int bar_red;      /* barrier: 1 dp_grid_sync_red, 0 dp_grid_sync (MBD_DP_BAR) */
 };
 
 #ifdef DP_HAVE_KERNEL
@@ -153,30 +152,19 @@ __device__ __forceinline__ void dp_grid_sync(unsigned *bar) {
   dp_sync();
 }
 
-/* The same barrier with the release spread over lines: every block adds 1
- * to the counter; the last to arrive resets it and stores the new generation
- * to all MBD_DP_MAX_REPL flags (one 128-byte line each), and the others poll
- * flag b % repl. 132 SMs polling one line queue behind each other at its L2
- * slice; a dozen per line do not. gen: the generation thread 0 last saw. */
-__device__ __forceinline__ void dp_grid_sync_flags(unsigned *bar, unsigned &gen, int repl) {
+/* The same barrier without waiting for the add's return: the arrival is a
+ * release reduction, and thread 0 tracks the phase it waits for (read once
+ * at kernel start: no block can flip it before every block has arrived). */
+__device__ __forceinline__ void dp_grid_sync_red(unsigned *bar, unsigned &phase) {
   dp_sync();
   if (threadIdx.x == 0) {
-    gen++;
-    __threadfence();
-    const unsigned old = atomicAdd(bar, 1u);
-    if (old == gridDim.x - 1) {
-      *(volatile unsigned *)bar = 0u;
-      __threadfence();
-      for (int k = 0; k < MBD_DP_MAX_REPL; k++)
-        asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 32 * (k + 1)), "r"(gen)
-                     : "memory");
-    } else {
-      const unsigned *fl = bar + 32 * (blockIdx.x % repl + 1);
-      unsigned cur;
-      do {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(fl) : "memory");
-      } while (cur != gen);
-    }
+    const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(bar), "r"(add) : "memory");
+    phase ^= 0x80000000u;
+    unsigned cur;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(bar) : "memory");
+    } while ((cur & 0x80000000u) != phase);
   }
   dp_sync();
 }
@@ -354,21 +342,14 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
 #define DP_MARK(l, i) \
   if (trc && tid == 0) trc[(l) * DP_TP + (i)] = clock64()
 
-  const int repl = A.repl, rb = b % repl; /* this block reads broadcast copy rb */
-  unsigned gen = 0;
-  if (tid == 0) gen = *(volatile unsigned *)(M.bar_flags + 32 * (rb + 1));
+  unsigned phase = 0;
+  if (tid == 0) phase = *(volatile unsigned *)M.barrier & 0x80000000u;
   auto grid_sync = [&]() {
-    if (A.bar_flags)
-      dp_grid_sync_flags(M.bar_flags, gen, repl);
+    if (A.bar_red)
+      dp_grid_sync_red(M.barrier, phase);
     else
       dp_grid_sync(M.barrier);
   };
-  /* Broadcast buffers (written by a few blocks, read by every block right
-   * after a barrier) exist in repl copies, so each line has ~nb / repl
-   * readers: the same line requested by every SM at once is served one
-   * request after another (a 3 KB read took ~1 us). */
-  const size_t rep_out = (size_t)DP_MAXROWS * d, rep_xp = (size_t)DP_MAXROWS * NO * ng,
-               rep_y = (size_t)DP_MAXROWS * di;
   for (int l = 0; l < L; l++) {
     const mbd_dp_layer &Y = M.layers[l];
     const unsigned char *wb = dsm + (uint32_t)(l & 1) * P.wbuf;
@@ -390,7 +371,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
 #pragma unroll
       for (int i = 0; i < DP_RES_PT; i++) {
         const int e = tid + i * DP_THREADS;
-        o[i] = e < rows * d ? __ldcg(M.bc_out + rb * rep_out + e) : 0.0f;
+        o[i] = e < rows * d ? __ldcg(M.out + e) : 0.0f;
       }
 #pragma unroll
       for (int i = 0; i < DP_RES_PT; i++) {
@@ -398,7 +379,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         if (e < rows * d) resid[e] = __fadd_rn(resid[e], o[i]);
       }
       for (int e = tid + DP_RES_PT * DP_THREADS; e < rows * d; e += DP_THREADS)
-        resid[e] = __fadd_rn(resid[e], __ldcg(M.bc_out + rb * rep_out + e));
+        resid[e] = __fadd_rn(resid[e], __ldcg(M.out + e));
     }
     dp_sync();
     if (warp < rows) {
@@ -456,8 +437,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         xv[j] = round_act<T>(xcv[r * qn + jg * XP_GW + j]);
         wv[j] = ld_f32(w8 + j % 8);
       }
-      const float p = xp_group_partial(xv, wv);
-      for (int k = 0; k < repl; k++) M.xpp[k * rep_xp + ((size_t)r * NO + o) * ng + b + jg * nb] = p;
+      M.xpp[((size_t)r * NO + o) * ng + b + jg * nb] = xp_group_partial(xv, wv);
     }
     /* the scan's dt_proj rows widened to f32 (stage_dt_w's values) */
     for (int e = tid; e < nin * 8 * R; e += DP_THREADS) {
@@ -480,9 +460,8 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         const int u = u0 + a * DP_WARPS;
 #pragma unroll
         for (int i = 0; i < DP_XPI; i++)
-          v[a][i] = u < rows * NO && 32 * i + lane < ng
-                        ? __ldcg(M.xpp + rb * rep_xp + (size_t)u * ng + 32 * i + lane)
-                        : 0.0f;
+          v[a][i] = u < rows * NO && 32 * i + lane < ng ? __ldcg(M.xpp + (size_t)u * ng + 32 * i + lane)
+                                                        : 0.0f;
       }
       /* the outputs' sums and butterflies interleaved (each one's adds in
        * the contract's order): ten dependent shuffle chains side by side */
@@ -520,7 +499,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         }
         const float v = scan_one<DP_N>(sd + sr * NO, dtw + sq * (R + 1), R, ld_f32(s_dtb + sq),
                                        a, s_D[sq], xcv[sr * qn + sq], zv[sr * qn + sq], h);
-        for (int k = 0; k < repl; k++) st_act((T *)M.y_rep + k * rep_y + (size_t)sr * di + sch, v);
+        st_act((T *)M.y + (size_t)sr * di + sch, v);
         float *hp = M.ssm_state + (int64_t)A.slots[sr] * M.ssm_slot + ((int64_t)l * di + sch) * DP_N;
 #pragma unroll
         for (int n = 0; n < DP_N; n += 4)
@@ -533,7 +512,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
 
     /* ---- D: out_proj */
     if (nout > 0) {
-      dp_stage_rows<T>(act, P.sa, (const T *)M.y_rep + rb * rep_y, rows, di);
+      dp_stage_rows<T>(act, P.sa, (const T *)M.y, rows, di);
       dp_sync();
       dp_project<T>(nout * P.cout, P.cout, di, (const T *)(wb + P.o_out), (int)(P.swo / sizeof(T)),
                     act, P.sa, rows, part, warp, lane);
@@ -544,8 +523,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         float v = part[((jj * P.cout) * rows + r) * 8 + col];
         for (int c = 1; c < P.cout; c++) v = __fadd_rn(v, part[((jj * P.cout + c) * rows + r) * 8 + col]);
         if (Y.out_b) v = __fadd_rn(v, ld_f32(s_outb + jj * 8 + col));
-        for (int k = 0; k < repl; k++) M.bc_out[k * rep_out + (size_t)r * d + n] = v;
-        if (l == L - 1) M.out[(size_t)r * d + n] = v; /* for the final add + norm */
+        M.out[(size_t)r * d + n] = v;
       }
     }
     DP_MARK(l, 9);
@@ -683,10 +661,8 @@ extern "C" int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, cons
   a.tok = tok;
   a.slots = slots;
   a.trace = dp_trace_buffer(nb, m->n_layer);
-  const char *be = getenv("MBD_DP_BAR"), *re = getenv("MBD_DP_REPL");
-  a.bar_flags = !(be && be[0] == '0');
-  a.repl = re ? atoi(re) : 8;
-  if (a.repl < 1 || a.repl > MBD_DP_MAX_REPL) a.repl = 8;
+  const char *be = getenv("MBD_DP_BAR");
+  a.bar_red = be && be[0] == '1';
   void (*k)(dp_args) = m->dtype == MBD_DTYPE_BF16 ? k_decode_layers<__nv_bfloat16>
                                                   : k_decode_layers<__half>;
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)P.total);

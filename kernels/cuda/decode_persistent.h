@@ -53,25 +53,19 @@ typedef struct mbd_dp_model {
   int64_t conv_slot;
   float *ssm_state;             /* slot s, layer l: + s * ssm_slot + l * di * 16 */
   int64_t ssm_slot;
-  /* scratch broadcast buffers, MBD_DP_MAX_REPL copies of 4 rows each: */
-  float *bc_out;                /* out_proj outputs [d] */
-  float *xpp;                   /* x_proj group partials [R + 32][di / 16] */
-  void *y_rep;                  /* scan outputs [di] dtype */
+  void *y;                      /* scratch [rows][di] dtype */
+  float *xpp;                   /* scratch [4][R + 32][di / 16]: x_proj group partials */
   float *resid, *out;           /* [rows][d]: on return, the per-op path's values
                                    before the final add + norm */
   unsigned *barrier;            /* device counter, zeroed once, owned by this model */
-  unsigned *bar_flags;          /* counter + MBD_DP_MAX_REPL flags, 128 bytes apart, zeroed once */
 } mbd_dp_model;
 
-/* The widest d_inner it runs (its x_proj fold holds 4 group partials a lane). */
+/* The widest d_inner it runs (its x_proj fold holds 8 group partials a lane). */
 #define MBD_DP_MAX_INNER 2048
-/* Most copies of a broadcast buffer (MBD_DP_REPL). */
-#define MBD_DP_MAX_REPL 16
 /* 1 when `rows` decode rows of m run persistently on the current device (see
  * above; MBD_DECODE_PERSISTENT=0 in the environment turns it off), else 0.
- * A/B switches: MBD_DP_BAR=0 picks the one-line grid barrier (atomicAdd, then
- * every block polls one line) instead of per-copy release flags;
- * MBD_DP_REPL=k (1..16, default 8) sets the copies of the broadcast buffers. */
+ * MBD_DP_BAR=1 picks the release-reduction grid barrier instead of
+ * atomicAdd + poll (an A/B switch: both measured the same). */
 int mbd_dp_fits(const mbd_dp_model *m, int rows);
 
 /* Enqueues the layers of one decode step of `rows` rows (tokens tok[rows],

@@ -225,20 +225,15 @@ static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
   if (m->dtype != MBD_DTYPE_BF16 && m->dtype != MBD_DTYPE_F16) return 0; /* dp stays zeroed: */
   if (c->d_inner > MBD_DP_MAX_INNER) return 0;                           /* never runs */
   const size_t tb = (size_t)c->n_layer * sizeof(mbd_dp_layer);
-  const size_t copies = (size_t)MBD_DP_MAX_REPL * 4; /* broadcast copies x rows */
-  const size_t xpp = copies * (size_t)(c->dt_rank + 2 * c->d_state) * (size_t)(c->d_inner / 16) * 4;
-  const size_t flags = (MBD_DP_MAX_REPL + 1) * 32 * sizeof(unsigned);
-  void *dl = NULL, *bar = NULL, *xp = NULL, *bo = NULL, *yr = NULL, *fl = NULL;
+  const size_t xpp = 4 * (size_t)(c->dt_rank + 2 * c->d_state) * (size_t)(c->d_inner / 16) * 4;
+  void *dl = NULL, *bar = NULL, *xp = NULL;
   int rc = 0;
   for (int l = 0; l < c->n_layer && !rc; l++) rc = dp_regroup_xw(m, &m->layers[l], err);
   if (rc || (rc = dalloc(m, tb, &dl, err)) || (rc = dalloc(m, sizeof(unsigned), &bar, err)) ||
-      (rc = dalloc(m, xpp, &xp, err)) || (rc = dalloc(m, copies * c->d_model * 4, &bo, err)) ||
-      (rc = dalloc(m, copies * c->d_inner * mbd_dtype_size(m->dtype), &yr, err)) ||
-      (rc = dalloc(m, flags, &fl, err)))
+      (rc = dalloc(m, xpp, &xp, err)))
     goto fail;
   MBD_GPU_TRY(cudaMemcpy(dl, m->layers, tb, cudaMemcpyHostToDevice), err);
   MBD_GPU_TRY(cudaMemset(bar, 0, sizeof(unsigned)), err);
-  MBD_GPU_TRY(cudaMemset(fl, 0, flags), err);
   {
     mbd_dp_model *dp = &m->dp;
     dp->d_model = c->d_model;
@@ -255,13 +250,11 @@ static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
     dp->conv_slot = m->conv_slot;
     dp->ssm_state = m->ssm_st;
     dp->ssm_slot = m->ssm_slot;
-    dp->bc_out = (float *)bo;
+    dp->y = m->y;
     dp->xpp = (float *)xp;
-    dp->y_rep = yr;
     dp->resid = m->resid;
     dp->out = m->out;
     dp->barrier = (unsigned *)bar;
-    dp->bar_flags = (unsigned *)fl;
   }
   mbd_dp_trace_prepare(c->n_layer);
 fail:
