@@ -192,17 +192,34 @@ __device__ __forceinline__ void dp_chain2(const T *w1, int k01, int steps1, cons
   const bool xl = g < rows;
   d1[0] = d1[1] = d1[2] = d1[3] = 0.0f;
   d2[0] = d2[1] = d2[2] = d2[3] = 0.0f;
+  /* Each half chunk's fragments are loaded before its first step, so the
+   * steps wait on one round of shared-memory loads, not one per step. */
 #pragma unroll
-  for (int j = 0; j < DP_CH / 16; j++) {
-    if (j < steps1) {
-      const uint32_t b[2] = {wr1[8 * j + t], wr1[8 * j + 4 + t]};
-      const uint32_t a[4] = {xl ? xr1[8 * j + t] : 0u, 0u, xl ? xr1[8 * j + 4 + t] : 0u, 0u};
-      mma_op<T>::run(d1, a, b);
+  for (int h = 0; h < 2; h++) {
+    uint32_t b1[8][2], a1[8][2], b2[8][2], a2[8][2];
+#pragma unroll
+    for (int jj = 0; jj < 8; jj++) {
+      const int j = 8 * h + jj;
+      b1[jj][0] = wr1[8 * j + t];
+      b1[jj][1] = wr1[8 * j + 4 + t];
+      a1[jj][0] = xl ? xr1[8 * j + t] : 0u;
+      a1[jj][1] = xl ? xr1[8 * j + 4 + t] : 0u;
+      b2[jj][0] = wr2[8 * j + t];
+      b2[jj][1] = wr2[8 * j + 4 + t];
+      a2[jj][0] = xl ? xr2[8 * j + t] : 0u;
+      a2[jj][1] = xl ? xr2[8 * j + 4 + t] : 0u;
     }
-    if (j < steps2) {
-      const uint32_t b[2] = {wr2[8 * j + t], wr2[8 * j + 4 + t]};
-      const uint32_t a[4] = {xl ? xr2[8 * j + t] : 0u, 0u, xl ? xr2[8 * j + 4 + t] : 0u, 0u};
-      mma_op<T>::run(d2, a, b);
+#pragma unroll
+    for (int jj = 0; jj < 8; jj++) {
+      const int j = 8 * h + jj;
+      if (j < steps1) {
+        const uint32_t a[4] = {a1[jj][0], 0u, a1[jj][1], 0u};
+        mma_op<T>::run(d1, a, b1[jj]);
+      }
+      if (j < steps2) {
+        const uint32_t a[4] = {a2[jj][0], 0u, a2[jj][1], 0u};
+        mma_op<T>::run(d2, a, b2[jj]);
+      }
     }
   }
 }
