@@ -51,7 +51,7 @@ extern "C" {
 #define DP_MAXROWS XP_ROWS
 #define DP_RES_PT 12   /* residual elements per thread loaded at once (rows * d <= 3072) */
 #define DP_XPI (MBD_DP_MAX_INNER / (32 * XP_GW)) /* x_proj group partials per lane (fold) */
-#define DP_XPU 8      /* x_proj outputs a warp folds at once (their loads in flight together) */
+#define DP_XPU 12      /* x_proj outputs a warp folds at once (their loads in flight together) */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DP_HAVE_KERNEL 1 /* the mma.sync == wgmma bit identity is an sm_90a fact */
@@ -467,9 +467,8 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
 
     /* ---- C: x_proj fold (xp_chunk's sums over the groups, then xp_store's
      * butterfly), then dt_proj + scan + D + gate (k_scan_step) */
-    /* Other SMs wrote these just before the barrier: each warp issues the
-     * loads of DP_XPU outputs before the first add (clamped, unconditional:
-     * predicated loads were issued one branch at a time). */
+    /* A read of what other SMs wrote costs ~1 us, so each warp issues the
+     * loads of DP_XPU outputs before the first add. */
 #pragma unroll 1
     for (int u0 = warp; nin > 0 && u0 < rows * NO; u0 += DP_WARPS * DP_XPU) { /* owners only */
       float v[DP_XPU][DP_XPI];
@@ -478,7 +477,8 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         const int u = u0 + a * DP_WARPS;
 #pragma unroll
         for (int i = 0; i < DP_XPI; i++)
-          v[a][i] = __ldcg(M.xpp + (size_t)min(u, rows * NO - 1) * ng + min(32 * i + lane, ng - 1));
+          v[a][i] = u < rows * NO && 32 * i + lane < ng ? __ldcg(M.xpp + (size_t)u * ng + 32 * i + lane)
+                                                        : 0.0f;
       }
       /* the outputs' sums and butterflies interleaved (each one's adds in
        * the contract's order): ten dependent shuffle chains side by side */
