@@ -1,6 +1,7 @@
-/* Shared-memory mbarriers and 1D bulk copies of the copy engine (sm_90),
- * shared by the GEMM family (device/gemm_kernels.cu) and the persistent
- * decode kernel (decode_persistent.cu). Addresses are shared-window (u32). */
+/* Shared-memory mbarriers (the GEMM family's rings, device/gemm_kernels.cu,
+ * and the persistent decode's, decode_persistent.cu) and the 1D bulk copies
+ * of the copy engine (sm_90) that the persistent decode streams its slices
+ * with. Addresses are shared-window (u32). */
 #ifndef MBD_ASYNC_COPY_CUH
 #define MBD_ASYNC_COPY_CUH
 
