@@ -10,9 +10,9 @@
  *      mops_arith.cuh xp_chunk; 16 rather than 8 halves what every block
  *      reads back after the barrier);
  *   -- barrier: the scan needs all of dt_low, B, C
- *   C  every block: the x_proj fold of all groups' partials (the contract's
- *      lane sums and butterfly, redundantly), then dt_proj + scan + D skip +
- *      gate of its channels (it owns their state);
+ *   C  every block that owns channels: the x_proj fold of all groups'
+ *      partials (the contract's lane sums and butterfly, redundantly), then
+ *      dt_proj + scan + D skip + gate of its channels (it owns their state);
  *   -- barrier: out_proj needs every channel
  *   D  out_proj for its column groups b, b + nb, ...
  *   -- barrier: the next norm needs every column.
@@ -467,8 +467,10 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
 
     /* ---- C: x_proj fold (xp_chunk's sums over the groups, then xp_store's
      * butterfly), then dt_proj + scan + D + gate (k_scan_step) */
-    /* A read of what other SMs wrote costs ~1 us, so each warp issues the
-     * loads of DP_XPU outputs before the first add. */
+    /* Other SMs wrote these just before the barrier: each warp issues the
+     * loads of DP_XPU outputs before the first add (a round trip per output
+     * took ~1.4 us each). Still ~2.7 us on an owner block at 130m, unexplained
+     * (docs/benchmarks.md, session 4). */
 #pragma unroll 1
     for (int u0 = warp; nin > 0 && u0 < rows * NO; u0 += DP_WARPS * DP_XPU) { /* owners only */
       float v[DP_XPU][DP_XPI];
@@ -481,7 +483,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
                                                         : 0.0f;
       }
       /* the outputs' sums and butterflies interleaved (each one's adds in
-       * the contract's order): ten dependent shuffle chains side by side */
+       * the contract's order): DP_XPU dependent shuffle chains side by side */
       float acc[DP_XPU];
 #pragma unroll
       for (int a = 0; a < DP_XPU; a++) {
