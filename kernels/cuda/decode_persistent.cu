@@ -572,7 +572,9 @@ static int dp_check(const mbd_dp_model *m, int rows, int *nb, dp_plan *P) {
   if (!dp_enabled() || !m || rows < 1 || rows > DP_MAXROWS) return 0;
   if (m->dtype != MBD_DTYPE_BF16 && m->dtype != MBD_DTYPE_F16) return 0;
   if (m->d_state != DP_N || m->d_conv != DP_KC || m->n_layer < 1 || m->dt_rank < 1) return 0;
-  if (m->d_model % 64 || m->d_inner % 64 || m->d_model <= 0 || m->d_inner <= 0) return 0;
+  /* whole 256-wide K chunks: dp_chain2 loads a chunk's fragments before its
+   * steps (every Mamba size; a partial chunk would read past its rows) */
+  if (m->d_model % DP_CH || m->d_inner % DP_CH || m->d_model <= 0 || m->d_inner <= 0) return 0;
   int dev = 0, sms = 0, smax = 0, maj = 0, min_ = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||

@@ -10,7 +10,8 @@
  * scan and gate call the same functions as the per-op kernels
  * (mops_arith.cuh). tests/gpu/test_mamba1_gpu.c compares the two paths with
  * memcmp. Only for cc 9.0 devices with an sm_90a build, bf16/f16 storage,
- * d_state 16, conv width 4, d_model and d_inner multiples of 64, and shapes
+ * d_state 16, conv width 4, d_model and d_inner multiples of 256 (whole K
+ * chunks: the chains load a chunk's fragments before its steps), and shapes
  * whose per-block weight slices fit shared memory twice (130m, 370m). */
 #ifndef MBD_KERNELS_CUDA_DECODE_PERSISTENT_H
 #define MBD_KERNELS_CUDA_DECODE_PERSISTENT_H
@@ -60,7 +61,7 @@ typedef struct mbd_dp_model {
   unsigned *barrier;            /* device counter, zeroed once, owned by this model */
 } mbd_dp_model;
 
-/* The widest d_inner it runs (its x_proj fold holds 8 group partials a lane). */
+/* The widest d_inner it runs (its x_proj fold holds 4 group partials a lane). */
 #define MBD_DP_MAX_INNER 2048
 /* 1 when `rows` decode rows of m run persistently on the current device (see
  * above; MBD_DECODE_PERSISTENT=0 in the environment turns it off), else 0.

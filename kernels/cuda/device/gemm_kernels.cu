@@ -305,8 +305,8 @@ MBD_HGEMM_ALL(f16, __half)
  *    warpgroup per 64 rows running the chunks one after another (acc and the
  *    running chunk's partial in registers), a producer warp feeding a TMA ring;
  *  - mbd_mkgemm (mk_body), M <= 16: the same chains as mma.sync.m16n8k16 steps
- *    (bit-identical to wgmma k16 steps on sm_90a), one warp per (8 columns,
- *    chunk), partials of the real rows folded by the block.
+ *    (bit-identical to wgmma k16 steps on sm_90a), one warp per (8 or 16
+ *    columns, chunk), partials of the real rows folded by the block.
  * Every configuration uses BK = 64 (four k16 steps per stage, in order), the
  * same descriptor layout (128-byte swizzle), and only changes which rows and
  * columns a block owns, the wgmma N (the instruction's column count, which
