@@ -15,7 +15,6 @@
  * Needs MBD_BIN_DIR and MBD_FIXTURES_DIR; skips (77) without a device. */
 #include <math.h>
 #include <setjmp.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,21 +26,13 @@
 #include <cmocka.h>
 
 #include "common/safetensors.h"
+#include "integration/procs.h"
 #include "gpu/gpu_test_util.h"
 
 #define GEN 8
 
 static char bin[1024], fxroot[1024], tmp[64];
 
-static int sh(const char *fmt, ...) {
-  char cmd[8192];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof(cmd), fmt, ap);
-  va_end(ap);
-  int st = system(cmd);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 /* Opens DIR/FILE. */
 static mbd_safetensors *open_st(const char *dir, const char *file) {
@@ -65,12 +56,12 @@ static const mbd_st_entry *need(const mbd_safetensors *st, const char *name, mbd
 /* Runs mambad-run on MODEL with IN, writing tmp/OUT.safetensors (stderr to
  * tmp/OUT.err, shown when it fails); returns its exit status. */
 static int run(const char *model, const char *in, const char *out, const char *flags) {
-  int rc = sh("%s/mambad-run --model %s --input %s --output %s/%s.safetensors %s 2>%s/%s.err",
-              bin, model, in, tmp, out, flags, tmp, out);
+  int rc = procs_sh("%s/mambad-run --model %s --input %s --output %s/%s.safetensors %s 2>%s/%s.err",
+                    bin, model, in, tmp, out, flags, tmp, out);
   if (rc != 0) {
     printf("mambad-run %s -> exit %d:\n", flags, rc);
     fflush(stdout);
-    sh("cat %s/%s.err", tmp, out);
+    procs_sh("cat %s/%s.err", tmp, out);
   }
   return rc;
 }
@@ -226,8 +217,9 @@ static void test_chunks_stop_sampling(void **state) {
   char model[1200], in[1200], flags[256];
   snprintf(model, sizeof model, "%s/mamba1/tiny-d64", fxroot);
   snprintf(in, sizeof in, "%s/b70.safetensors", tmp);
-  assert_int_equal(sh("%s/mambad-model prompt --out %s --batch 70 --len 7 --vocab 512 --seed 4",
-                      bin, in),
+  assert_int_equal(procs_sh("%s/mambad-model prompt --out %s --batch 70 --len 7 --vocab 512 "
+                            "--seed 4",
+                            bin, in),
                    0);
   assert_int_equal(run(model, in, "b70-cpu", "--backend cpu --generate 6"), 0);
   assert_int_equal(run(model, in, "b70-gpu", "--backend cuda:0 --generate 6"), 0);
@@ -283,9 +275,10 @@ static void test_bad_flags(void **state) {
     if (rc != 2) fail_msg("'%s' exited %d, want 2", usage[i], rc);
   }
   assert_int_equal(run(model, in, "bad", "--backend cuda:0 --gemm-mode fast"), 2);
-  assert_int_equal(sh("grep -q cublas-pedantic %s/bad.err", tmp), 0); /* names the valid modes */
+  /* names the valid modes */
+  assert_int_equal(procs_sh("grep -q cublas-pedantic %s/bad.err", tmp), 0);
   assert_int_equal(run(model, in, "bad", "--backend cuda:1023"), 1);
-  assert_int_equal(sh("grep -q 'does not exist' %s/bad.err", tmp), 0);
+  assert_int_equal(procs_sh("grep -q 'does not exist' %s/bad.err", tmp), 0);
 }
 
 static int setup(void **state) {
@@ -296,7 +289,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   (void)state;
-  if (tmp[0]) sh("rm -rf '%s'", tmp);
+  if (tmp[0]) procs_sh("rm -rf '%s'", tmp);
   return 0;
 }
 

@@ -1,6 +1,7 @@
-/* Child processes of the integration tests (broker, workers, `mambad up`):
- * one spawner and one stopper shared by worker_harness.h, test_service_util.h
- * and test_broker_protocol.c. Header-only (static) like its users.
+/* Child processes of the tests (broker, workers, `mambad up`, CLI runs): one
+ * spawner and one stopper shared by worker_harness.h, test_service_util.h and
+ * test_broker_protocol.c, and a shell runner for the CLI tests. Header-only
+ * (static) like its users.
  *
  * Every child is tied to the test process (PR_SET_PDEATHSIG = SIGKILL): a
  * failed cmocka assertion longjmps past the test's own cleanup, and a broker
@@ -12,12 +13,26 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+/* Runs the printf-formatted command line under /bin/sh; returns its exit
+ * status, or -1 when it did not exit normally. */
+static inline int procs_sh(const char *fmt, ...) {
+  char cmd[8192];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof(cmd), fmt, ap);
+  va_end(ap);
+  int st = system(cmd);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
 
 /* Starts argv[0] with argv. log NULL: stdout and stderr are the test's;
  * otherwise both are appended to the file `log`. Returns the pid, or -1. */

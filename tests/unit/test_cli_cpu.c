@@ -6,7 +6,6 @@
  * without a GPU (or without the CUDA backend) are clear errors. Needs
  * MBD_BIN_DIR (skips otherwise). */
 #include <setjmp.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -18,21 +17,12 @@
 #include <cmocka.h>
 
 #include "common/safetensors.h"
+#include "integration/procs.h"
 #ifdef MBD_HAVE_CUDA
 #include "kernels/cuda/gpu_ctx.h"
 #endif
 
 static char bin[1024], tmp[64];
-
-static int sh(const char *fmt, ...) {
-  char cmd[4096];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof(cmd), fmt, ap);
-  va_end(ap);
-  int st = system(cmd);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static int setup(void **state) {
   (void)state;
@@ -45,7 +35,7 @@ static int setup(void **state) {
 }
 static int teardown(void **state) {
   (void)state;
-  if (tmp[0]) sh("rm -rf '%s'", tmp);
+  if (tmp[0]) procs_sh("rm -rf '%s'", tmp);
   return 0;
 }
 
@@ -60,28 +50,28 @@ static const mbd_st_entry *need(mbd_safetensors *st, const char *name, mbd_dtype
 static void test_synth_run(void **state) {
   (void)state;
   if (!bin[0]) skip();
-  assert_int_equal(sh("%s/mambad-model synth --shape custom --d-model 96 --layers 2 --vocab 300 "
-                      "--seed 5 --out %s/m 2>/dev/null",
-                      bin, tmp),
+  assert_int_equal(procs_sh("%s/mambad-model synth --shape custom --d-model 96 --layers 2 "
+                            "--vocab 300 --seed 5 --out %s/m 2>/dev/null",
+                            bin, tmp),
                    0);
-  assert_int_equal(sh("%s/mambad-model prompt --out %s/in.safetensors --batch 3 --len 9 "
-                      "--vocab 300 --seed 2",
-                      bin, tmp),
+  assert_int_equal(procs_sh("%s/mambad-model prompt --out %s/in.safetensors --batch 3 --len 9 "
+                            "--vocab 300 --seed 2",
+                            bin, tmp),
                    0);
   /* row 1 alone */
-  assert_int_equal(sh("%s/mambad-model prompt --out %s/in1.safetensors --batch 1 --len 9 "
-                      "--vocab 300 --seed 2",
-                      bin, tmp),
+  assert_int_equal(procs_sh("%s/mambad-model prompt --out %s/in1.safetensors --batch 1 --len 9 "
+                            "--vocab 300 --seed 2",
+                            bin, tmp),
                    0);
   for (int k = 0; k < 2; k++) {
     const char *extra = k ? "--temperature 0.9 --top-k 40 --top-p 0.9 --seed 11" : "";
-    assert_int_equal(sh("%s/mambad-run --model %s/m --input %s/in.safetensors --output "
-                        "%s/out.safetensors --generate 6 --threads 2 %s 2>/dev/null",
-                        bin, tmp, tmp, tmp, extra),
+    assert_int_equal(procs_sh("%s/mambad-run --model %s/m --input %s/in.safetensors --output "
+                              "%s/out.safetensors --generate 6 --threads 2 %s 2>/dev/null",
+                              bin, tmp, tmp, tmp, extra),
                      0);
-    assert_int_equal(sh("%s/mambad-run --model %s/m --input %s/in1.safetensors --output "
-                        "%s/out1.safetensors --generate 6 --threads 1 %s 2>/dev/null",
-                        bin, tmp, tmp, tmp, extra),
+    assert_int_equal(procs_sh("%s/mambad-run --model %s/m --input %s/in1.safetensors --output "
+                              "%s/out1.safetensors --generate 6 --threads 1 %s 2>/dev/null",
+                              bin, tmp, tmp, tmp, extra),
                      0);
     char p[256], p1[256];
     snprintf(p, sizeof(p), "%s/out.safetensors", tmp);
@@ -118,9 +108,9 @@ static void test_fixture_greedy(void **state) {
   const mbd_st_entry *gr = need(e, "greedy", MBD_DTYPE_I64, 2);
   const mbd_st_entry *ids = need(e, "input_ids", MBD_DTYPE_I64, 2);
   long long G = (long long)(gr->desc.shape[1] - ids->desc.shape[1]);
-  assert_int_equal(sh("%s/mambad-run --model %s/mamba1/tiny-d64 --input %s --output "
-                      "%s/fx.safetensors --generate %lld 2>/dev/null",
-                      bin, fx, exp, tmp, G),
+  assert_int_equal(procs_sh("%s/mambad-run --model %s/mamba1/tiny-d64 --input %s --output "
+                            "%s/fx.safetensors --generate %lld 2>/dev/null",
+                            bin, fx, exp, tmp, G),
                    0);
   char p[256];
   snprintf(p, sizeof(p), "%s/fx.safetensors", tmp);
@@ -135,38 +125,39 @@ static void test_fixture_greedy(void **state) {
 static void test_bad_inputs(void **state) {
   (void)state;
   if (!bin[0]) skip();
-  assert_int_equal(sh("%s/mambad-run --help >/dev/null", bin), 0);
-  assert_int_equal(sh("%s/mambad-run >/dev/null 2>&1", bin), 2);
-  assert_int_equal(sh("%s/mambad-run --model %s/nope --input %s/in.safetensors --output "
-                      "%s/x.safetensors 2>/dev/null",
-                      bin, tmp, tmp, tmp),
+  assert_int_equal(procs_sh("%s/mambad-run --help >/dev/null", bin), 0);
+  assert_int_equal(procs_sh("%s/mambad-run >/dev/null 2>&1", bin), 2);
+  assert_int_equal(procs_sh("%s/mambad-run --model %s/nope --input %s/in.safetensors --output "
+                            "%s/x.safetensors 2>/dev/null",
+                            bin, tmp, tmp, tmp),
                    1);
   /* wrong tensor in input: the model file itself */
-  assert_int_equal(sh("%s/mambad-model synth --shape custom --d-model 32 --layers 1 --vocab 50 "
-                      "--out %s/m2 2>/dev/null",
-                      bin, tmp),
+  assert_int_equal(procs_sh("%s/mambad-model synth --shape custom --d-model 32 --layers 1 "
+                            "--vocab 50 --out %s/m2 2>/dev/null",
+                            bin, tmp),
                    0);
-  assert_int_equal(sh("%s/mambad-run --model %s/m2 --input %s/m2/model.safetensors --output "
-                      "%s/x.safetensors 2>%s/err.txt",
-                      bin, tmp, tmp, tmp, tmp),
+  assert_int_equal(procs_sh("%s/mambad-run --model %s/m2 --input %s/m2/model.safetensors --output "
+                            "%s/x.safetensors 2>%s/err.txt",
+                            bin, tmp, tmp, tmp, tmp),
                    1);
-  assert_int_equal(sh("grep -q input_ids %s/err.txt", tmp), 0);
+  assert_int_equal(procs_sh("grep -q input_ids %s/err.txt", tmp), 0);
   /* token ids outside the vocabulary */
-  assert_int_equal(sh("%s/mambad-model prompt --out %s/big.safetensors --batch 1 --len 4 "
-                      "--vocab 100000",
-                      bin, tmp),
+  assert_int_equal(procs_sh("%s/mambad-model prompt --out %s/big.safetensors --batch 1 --len 4 "
+                            "--vocab 100000",
+                            bin, tmp),
                    0);
-  assert_int_equal(sh("%s/mambad-run --model %s/m2 --input %s/big.safetensors --output "
-                      "%s/x.safetensors 2>%s/err.txt",
-                      bin, tmp, tmp, tmp, tmp),
+  assert_int_equal(procs_sh("%s/mambad-run --model %s/m2 --input %s/big.safetensors --output "
+                            "%s/x.safetensors 2>%s/err.txt",
+                            bin, tmp, tmp, tmp, tmp),
                    1);
-  assert_int_equal(sh("grep -q vocabulary %s/err.txt", tmp), 0);
-  assert_int_equal(sh("%s/mambad-run --model %s/m2 --input %s/in.safetensors --output x "
-                      "--dtype f64 2>/dev/null",
-                      bin, tmp, tmp),
+  assert_int_equal(procs_sh("grep -q vocabulary %s/err.txt", tmp), 0);
+  assert_int_equal(procs_sh("%s/mambad-run --model %s/m2 --input %s/in.safetensors --output x "
+                            "--dtype f64 2>/dev/null",
+                            bin, tmp, tmp),
                    2);
-  assert_int_equal(sh("%s/mambad-model synth --shape 7b --out %s/q 2>/dev/null", bin, tmp), 2);
-  assert_int_equal(sh("%s/mambad-model frob 2>/dev/null", bin), 2);
+  assert_int_equal(procs_sh("%s/mambad-model synth --shape 7b --out %s/q 2>/dev/null", bin, tmp),
+                   2);
+  assert_int_equal(procs_sh("%s/mambad-model frob 2>/dev/null", bin), 2);
 }
 
 /* GPU-only flags on the CPU backend are usage errors naming what is valid;
@@ -175,29 +166,30 @@ static void test_bad_inputs(void **state) {
 static void test_backend_flags(void **state) {
   (void)state;
   if (!bin[0]) skip();
-  assert_int_equal(sh("%s/mambad-model synth --shape custom --d-model 32 --layers 1 --vocab 50 "
-                      "--seed 3 --out %s/mb 2>/dev/null",
-                      bin, tmp),
+  assert_int_equal(procs_sh("%s/mambad-model synth --shape custom --d-model 32 --layers 1 "
+                            "--vocab 50 --seed 3 --out %s/mb 2>/dev/null",
+                            bin, tmp),
                    0);
-  assert_int_equal(sh("%s/mambad-model prompt --out %s/inb.safetensors --batch 2 --len 3 "
-                      "--vocab 50",
-                      bin, tmp),
+  assert_int_equal(procs_sh("%s/mambad-model prompt --out %s/inb.safetensors --batch 2 --len 3 "
+                            "--vocab 50",
+                            bin, tmp),
                    0);
   const char *run = "%s/mambad-run --model %s/mb --input %s/inb.safetensors --output "
                     "%s/ob.safetensors %s 2>%s/errb.txt";
-  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--backend cpu --gemm-mode deterministic", tmp), 0);
-  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--gemm-mode cublas-fast", tmp), 2);
-  assert_int_equal(sh("grep -q 'needs --backend cuda' %s/errb.txt", tmp), 0);
-  assert_int_equal(sh("grep -q deterministic %s/errb.txt", tmp), 0);
-  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--backend cpu --gemm-mode cublas-pedantic", tmp),
-                   2);
-  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--gemm-mode turbo", tmp), 2);
-  assert_int_equal(sh("grep -q cublas-pedantic %s/errb.txt", tmp), 0); /* names all three */
-  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--dtype tf32", tmp), 2);
-  assert_int_equal(sh("grep -q tf32 %s/errb.txt", tmp), 0);
-  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--backend cuda:zero", tmp), 2);
-  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--backend tpu", tmp), 2);
-  assert_int_equal(sh("grep -q 'cpu, cuda or cuda:N' %s/errb.txt", tmp), 0);
+  assert_int_equal(
+      procs_sh(run, bin, tmp, tmp, tmp, "--backend cpu --gemm-mode deterministic", tmp), 0);
+  assert_int_equal(procs_sh(run, bin, tmp, tmp, tmp, "--gemm-mode cublas-fast", tmp), 2);
+  assert_int_equal(procs_sh("grep -q 'needs --backend cuda' %s/errb.txt", tmp), 0);
+  assert_int_equal(procs_sh("grep -q deterministic %s/errb.txt", tmp), 0);
+  assert_int_equal(
+      procs_sh(run, bin, tmp, tmp, tmp, "--backend cpu --gemm-mode cublas-pedantic", tmp), 2);
+  assert_int_equal(procs_sh(run, bin, tmp, tmp, tmp, "--gemm-mode turbo", tmp), 2);
+  assert_int_equal(procs_sh("grep -q cublas-pedantic %s/errb.txt", tmp), 0); /* names all three */
+  assert_int_equal(procs_sh(run, bin, tmp, tmp, tmp, "--dtype tf32", tmp), 2);
+  assert_int_equal(procs_sh("grep -q tf32 %s/errb.txt", tmp), 0);
+  assert_int_equal(procs_sh(run, bin, tmp, tmp, tmp, "--backend cuda:zero", tmp), 2);
+  assert_int_equal(procs_sh(run, bin, tmp, tmp, tmp, "--backend tpu", tmp), 2);
+  assert_int_equal(procs_sh("grep -q 'cpu, cuda or cuda:N' %s/errb.txt", tmp), 0);
 #ifdef MBD_HAVE_CUDA
   mbd_gpu_ctx_config cfg;
   mbd_gpu_ctx_config_default(&cfg);
@@ -209,14 +201,14 @@ static void test_backend_flags(void **state) {
     return;
   }
   assert_non_null(strstr(err.msg, "no CUDA device")); /* this machine has none */
-  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--backend cuda", tmp), 1);
-  assert_int_equal(sh("grep -q 'no CUDA device' %s/errb.txt", tmp), 0);
-  assert_int_equal(sh("grep -q 'cuda:0' %s/errb.txt", tmp), 0);
-  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--backend cuda:1 --dtype bf16", tmp), 1);
-  assert_int_equal(sh("grep -q 'no CUDA device' %s/errb.txt", tmp), 0);
+  assert_int_equal(procs_sh(run, bin, tmp, tmp, tmp, "--backend cuda", tmp), 1);
+  assert_int_equal(procs_sh("grep -q 'no CUDA device' %s/errb.txt", tmp), 0);
+  assert_int_equal(procs_sh("grep -q 'cuda:0' %s/errb.txt", tmp), 0);
+  assert_int_equal(procs_sh(run, bin, tmp, tmp, tmp, "--backend cuda:1 --dtype bf16", tmp), 1);
+  assert_int_equal(procs_sh("grep -q 'no CUDA device' %s/errb.txt", tmp), 0);
 #else
-  assert_int_equal(sh(run, bin, tmp, tmp, tmp, "--backend cuda", tmp), 2);
-  assert_int_equal(sh("grep -q 'no CUDA backend' %s/errb.txt", tmp), 0);
+  assert_int_equal(procs_sh(run, bin, tmp, tmp, tmp, "--backend cuda", tmp), 2);
+  assert_int_equal(procs_sh("grep -q 'no CUDA backend' %s/errb.txt", tmp), 0);
 #endif
 }
 
