@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (device tool, carry [".gpu-deps"]): builds for sm_90a,
 # runs every GPU test, then the GPU benchmarks; logs and tables land in $OUT.
-#   usage: tests/gpu/run-on-device.sh ["tests gemm model service scaling" | all]   (default all)
+#   usage: tests/gpu/run-on-device.sh ["tests gemm model latency service scaling" | all]   (default all)
 # Recipe and ceilings: ../shared/gpu/README.md. Budget: ~3 min build, ~2 min tests,
 # ~3 min benches on one H200.
 set -uo pipefail
@@ -28,6 +28,9 @@ if want gemm; then
 fi
 if want model; then
   timeout 240 $B/bin/bench_mamba1_gpu > "$out/bench-mamba1.log" 2>&1; stamp "bench_mamba1_gpu rc=$?"
+fi
+if want latency; then
+  timeout 60 $B/bin/bench_latency_gpu > "$out/bench-latency.log" 2>&1; stamp "bench_latency_gpu rc=$?"
 fi
 if want service; then
   [ -f /tmp/m130/model.safetensors ] ||
