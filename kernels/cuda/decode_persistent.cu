@@ -506,23 +506,18 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
     dp_sync();
     DP_MARK(l, 6);
     {
+      /* DP_N lanes per (row, channel), lane n owning state n; rows * nq * DP_N
+       * is a multiple of 32 (nq of 8), so every warp runs whole */
       const int nq = nin * 8; /* this block's channels */
-      if (tid < rows * nq) {
-        const int sr = tid / nq, sq = tid - sr * nq;
+      for (int e = tid; e < rows * nq * DP_N; e += DP_THREADS) {
+        const int n = e % DP_N, rc = e / DP_N, sr = rc / nq, sq = rc - sr * nq;
         const int sch = ch0(sq >> 3) + (sq & 7);
-        float a[DP_N], h[DP_N];
-#pragma unroll
-        for (int n = 0; n < DP_N; n++) {
-          a[n] = s_A[sq * DP_N + n];
-          h[n] = s_h[(sr * P.gpb * 8 + sq) * DP_N + n];
-        }
-        const float v = scan_one<DP_N>(sd + sr * NO, dtw + sq * (R + 1), R, ld_f32(s_dtb + sq),
-                                       a, s_D[sq], xcv[sr * qn + sq], zv[sr * qn + sq], h);
-        st_act((T *)M.y + (size_t)sr * di + sch, v);
-        float *hp = M.ssm_state + (int64_t)A.slots[sr] * M.ssm_slot + ((int64_t)l * di + sch) * DP_N;
-#pragma unroll
-        for (int n = 0; n < DP_N; n += 4)
-          *(float4 *)(hp + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
+        float h = s_h[(sr * P.gpb * 8 + sq) * DP_N + n];
+        const float v = scan_one_lanes<DP_N>(sd + sr * NO, dtw + sq * (R + 1), R,
+                                             ld_f32(s_dtb + sq), s_A[sq * DP_N + n], s_D[sq],
+                                             xcv[sr * qn + sq], zv[sr * qn + sq], h, n);
+        if (n == 0) st_act((T *)M.y + (size_t)sr * di + sch, v);
+        M.ssm_state[(int64_t)A.slots[sr] * M.ssm_slot + ((int64_t)l * di + sch) * DP_N + n] = h;
       }
     }
     DP_MARK(l, 7);

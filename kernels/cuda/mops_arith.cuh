@@ -179,6 +179,20 @@ __device__ __forceinline__ float conv_step_state(float *cs, int64_t di, float xv
   return v;
 }
 
+/* The pieces of one channel's scan step, mbd_cpu_scan_step's roundings:
+ * dt = softplus(fmaf chain from 0 over k of dt_low[k] * wr[k], + bias), and
+ * one state's update h' = fmaf(exp(dt * a), h, (dt * B) * x). */
+__device__ __forceinline__ float scan_dt(const float *sd, const float *wr, int R, float bdt) {
+  float dt = 0.0f;
+#pragma unroll 8
+  for (int k = 0; k < R; k++) dt = __fmaf_rn(sd[k], wr[k], dt);
+  return softplus_f(__fadd_rn(dt, bdt));
+}
+__device__ __forceinline__ float scan_state(float dt, float a, float b, float x, float h) {
+  const float dA = mbd_pm_expf(__fmul_rn(dt, a));
+  return __fmaf_rn(dA, h, __fmul_rn(__fmul_rn(dt, b), x));
+}
+
 /* One step of one channel: sd = round_act(dt_low) [R], then B [N], C [N];
  * wr its dt_proj row (f32); h its state (updated). Returns y before the
  * act rounding: mbd_cpu_scan_step's roundings in its order. */
@@ -186,18 +200,33 @@ template <int N>
 __device__ __forceinline__ float scan_one(const float *sd, const float *wr, int R, float bdt,
                                           const float (&a)[N], float d, float x, float z,
                                           float (&h)[N]) {
-  float dt = 0.0f;
-#pragma unroll 8
-  for (int k = 0; k < R; k++) dt = __fmaf_rn(sd[k], wr[k], dt);
-  dt = softplus_f(__fadd_rn(dt, bdt));
+  const float dt = scan_dt(sd, wr, R, bdt);
   const float *B = sd + R, *C = B + N;
   float acc = 0.0f;
 #pragma unroll
   for (int n = 0; n < N; n++) {
-    const float dA = mbd_pm_expf(__fmul_rn(dt, a[n]));
-    h[n] = __fmaf_rn(dA, h[n], __fmul_rn(__fmul_rn(dt, B[n]), x));
+    h[n] = scan_state(dt, a[n], B[n], x, h[n]);
     acc = __fmaf_rn(h[n], C[n], acc);
   }
+  acc = __fmaf_rn(d, x, acc);
+  return __fmul_rn(acc, silu_f(z));
+}
+
+/* scan_one on N lanes of a warp (N divides 32, the channel's lanes aligned):
+ * lane n updates state n (h: its state), the C chain runs on every lane over
+ * the states fetched by shuffles in the same order, so every lane returns
+ * scan_one's bits. The N exponentials run side by side instead of on one
+ * thread. */
+template <int N>
+__device__ __forceinline__ float scan_one_lanes(const float *sd, const float *wr, int R, float bdt,
+                                                float a, float d, float x, float z, float &h,
+                                                int n) {
+  const float dt = scan_dt(sd, wr, R, bdt);
+  const float *B = sd + R, *C = B + N;
+  h = scan_state(dt, a, B[n], x, h);
+  float acc = 0.0f;
+#pragma unroll
+  for (int m = 0; m < N; m++) acc = __fmaf_rn(__shfl_sync(0xffffffffu, h, m, N), C[m], acc);
   acc = __fmaf_rn(d, x, acc);
   return __fmul_rn(acc, silu_f(z));
 }
