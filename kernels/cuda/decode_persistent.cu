@@ -51,7 +51,7 @@ extern "C" {
 #define DP_MAXROWS XP_ROWS
 #define DP_RES_PT 12   /* residual elements per thread loaded at once (rows * d <= 3072) */
 #define DP_XPI (MBD_DP_MAX_INNER / (32 * XP_GW)) /* x_proj group partials per lane (fold) */
-#define DP_XPU 12      /* x_proj outputs a warp folds at once (their loads in flight together) */
+#define DP_XPU 4      /* x_proj outputs a warp folds at once (their loads in flight together) */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DP_HAVE_KERNEL 1 /* the mma.sync == wgmma bit identity is an sm_90a fact */
@@ -443,7 +443,8 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
     DP_MARK(l, 3);
     dp_sync();
     /* x_proj partials of its groups (xp_chunk's p on the same rounded inputs),
-     * to xpp[r][o][group] */
+     * to xpp[r][o][lane l][i] for group 32 i + l: the fold's lane reads its
+     * DP_XPI partials with one 16-byte load */
 #pragma unroll 1
     for (int e = tid; e < rows * (nin / 2) * NO; e += DP_THREADS) {
       const int o = e % NO, rj = e / NO, jg = rj % (nin / 2), r = rj / (nin / 2);
@@ -454,7 +455,8 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         xv[j] = round_act<T>(xcv[r * qn + jg * XP_GW + j]);
         wv[j] = ld_f32(w8 + j % 8);
       }
-      M.xpp[((size_t)r * NO + o) * ng + b + jg * nb] = xp_group_partial(xv, wv);
+      const int G = b + jg * nb;
+      M.xpp[(((size_t)r * NO + o) * 32 + G % 32) * DP_XPI + G / 32] = xp_group_partial(xv, wv);
     }
     /* the scan's dt_proj rows widened to f32 (stage_dt_w's values) */
     for (int e = tid; e < nin * 8 * R; e += DP_THREADS) {
@@ -469,18 +471,17 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
      * butterfly), then dt_proj + scan + D + gate (k_scan_step) */
     /* Other SMs wrote these just before the barrier: each warp issues the
      * loads of DP_XPU outputs before the first add (a round trip per output
-     * took ~1.4 us each). Still ~2.7 us on an owner block at 130m, unexplained
-     * (docs/benchmarks.md, session 4). */
+     * took ~1.4 us each), one 16-byte load a lane per output (the fold's time
+     * grew with its load count, docs/benchmarks.md, session 4; slots of
+     * groups >= ng are never written and never added). */
 #pragma unroll 1
     for (int u0 = warp; nin > 0 && u0 < rows * NO; u0 += DP_WARPS * DP_XPU) { /* owners only */
-      float v[DP_XPU][DP_XPI];
+      static_assert(DP_XPI == 4, "one float4 per lane and output");
+      float4 v[DP_XPU];
 #pragma unroll
       for (int a = 0; a < DP_XPU; a++) {
         const int u = u0 + a * DP_WARPS;
-#pragma unroll
-        for (int i = 0; i < DP_XPI; i++)
-          v[a][i] = u < rows * NO && 32 * i + lane < ng ? __ldcg(M.xpp + (size_t)u * ng + 32 * i + lane)
-                                                        : 0.0f;
+        if (u < rows * NO) v[a] = __ldcg((const float4 *)(M.xpp + ((size_t)u * 32 + lane) * DP_XPI));
       }
       /* the outputs' sums and butterflies interleaved (each one's adds in
        * the contract's order): DP_XPU dependent shuffle chains side by side */
@@ -490,7 +491,8 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         acc[a] = 0.0f;
 #pragma unroll
         for (int i = 0; i < DP_XPI; i++)
-          if (32 * i + lane < ng) acc[a] = __fadd_rn(acc[a], v[a][i]);
+          if (32 * i + lane < ng)
+            acc[a] = __fadd_rn(acc[a], i == 0 ? v[a].x : i == 1 ? v[a].y : i == 2 ? v[a].z : v[a].w);
       }
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1)

@@ -55,7 +55,8 @@ typedef struct mbd_dp_model {
   float *ssm_state;             /* slot s, layer l: + s * ssm_slot + l * di * 16 */
   int64_t ssm_slot;
   void *y;                      /* scratch [rows][di] dtype */
-  float *xpp;                   /* scratch [4][R + 32][di / 16]: x_proj group partials */
+  float *xpp;                   /* scratch [4][R + 32][MBD_DP_MAX_INNER / 16]: x_proj
+                                   group partials, lane-major (decode_persistent.cu) */
   float *resid, *out;           /* [rows][d]: on return, the per-op path's values
                                    before the final add + norm */
   unsigned *barrier;            /* device counter, zeroed once, owned by this model */

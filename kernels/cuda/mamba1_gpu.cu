@@ -225,7 +225,7 @@ static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
   if (m->dtype != MBD_DTYPE_BF16 && m->dtype != MBD_DTYPE_F16) return 0; /* dp stays zeroed: */
   if (c->d_inner > MBD_DP_MAX_INNER) return 0;                           /* never runs */
   const size_t tb = (size_t)c->n_layer * sizeof(mbd_dp_layer);
-  const size_t xpp = 4 * (size_t)(c->dt_rank + 2 * c->d_state) * (size_t)(c->d_inner / 16) * 4;
+  const size_t xpp = 4 * (size_t)(c->dt_rank + 2 * c->d_state) * (MBD_DP_MAX_INNER / 16) * 4;
   void *dl = NULL, *bar = NULL, *xp = NULL;
   int rc = 0;
   for (int l = 0; l < c->n_layer && !rc; l++) rc = dp_regroup_xw(m, &m->layers[l], err);
