@@ -336,21 +336,24 @@ static void run_policy(mbd_dtype_policy pol) {
    * every tile used. N=200, K=77: element-wise path (K % 8 != 0).
    * N=80, K=136 (x_proj-like skinny N, K % 16 != 0). N=160, K=4096: 16
    * chunks (x_proj of 1.4b; on sm_90a two ring slots per 8-column strip).
-   * On sm_90a at M <= 16 (the streaming kernel): N=16856, K=1040: every
-   * block walks many 8-column strips (the ring runs across strip boundaries,
-   * partials alternate between two buffers) and the last chunk has one k16
-   * step of data; N=5120, K=160: 64-column strips folded in registers;
-   * N=192, K=5120: at M > 8 X leaves room for a one-slot ring only.
-   * At M <= 8 N=16856 and N=1800 take the form with W as the A operand (16
-   * columns per warp): 128-column strips folded in registers, and 16-column
-   * strips of 8 chunks a slot folded in shared memory with a partial last
-   * strip and a last chunk of 8 k (the copy engine's zero fill past K).
-   * f32 policies skip the last five (their chain is not chunked and the host
-   * reference is slow). */
-  static const int64_t shapes[8][3] = {{1100, 520, 300}, {200, 77, 40},     {80, 136, 300},
-                                       {160, 4096, 40},  {16856, 1040, 20}, {5120, 160, 20},
-                                       {192, 5120, 20},  {1800, 2056, 20}};
-  for (int s = 0; s < 8; s++) {
+   * On sm_90a at M <= 16 (the streaming kernel, gpu_gemm.cu gemm_mk picks the
+   * form and strip width): N=16856, K=1040: wide strips, the last chunk has
+   * one k16 step of data; N=5120, K=160: 64-column strips folded in
+   * registers; N=192, K=5120: at M = 15..16 X leaves room for a one-slot ring
+   * only; N=1800, K=2056 (M <= 8): W as the A operand, 16-column strips of 8
+   * chunks a slot folded in shared memory, a partial last strip and a last
+   * chunk of 8 k (the copy engine's zero fill past K); N=3072, K=768 (130m
+   * in_proj): 8-column strips, ~3 a block, so the two partial buffers
+   * alternate and each strip reloads its bias; N=6144, K=1536: the same with
+   * W as the A operand at M <= 8 (16-column strips) and 16-column strips of
+   * 4 chunks at M > 8; N=4096, K=1024: W as the A operand in 32-column strips.
+   * f32 policies skip all but the first three (their chain is not chunked
+   * and the host reference is slow). */
+  static const int64_t shapes[11][3] = {
+      {1100, 520, 300},  {200, 77, 40},     {80, 136, 300},   {160, 4096, 40},
+      {16856, 1040, 20}, {5120, 160, 20},   {192, 5120, 20},  {1800, 2056, 20},
+      {3072, 768, 20},   {6144, 1536, 20},  {4096, 1024, 20}};
+  for (int s = 0; s < 11; s++) {
     if (s >= 3 && (pol == MBD_POLICY_F32 || pol == MBD_POLICY_TF32)) continue;
     fixture f;
     setup(&f, pol, shapes[s][0], shapes[s][1], 1234 + (uint64_t)pol * 7 + (uint64_t)s);
