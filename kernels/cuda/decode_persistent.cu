@@ -51,7 +51,7 @@ extern "C" {
 #define DP_MAXROWS XP_ROWS
 #define DP_RES_PT 12   /* residual elements per thread loaded at once (rows * d <= 3072) */
 #define DP_XPI (MBD_DP_MAX_INNER / (32 * XP_GW)) /* x_proj group partials per lane (fold) */
-#define DP_XPU 4      /* x_proj outputs a warp folds at once (their loads in flight together) */
+#define DP_XPU 5      /* x_proj outputs a warp folds at once (their loads in flight together) */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DP_HAVE_KERNEL 1 /* the mma.sync == wgmma bit identity is an sm_90a fact */
@@ -112,7 +112,7 @@ __host__ __device__ inline dp_plan dp_make_plan(int d, int di, int R, int rows, 
   P.o_sd = o;     o = dp_al16(o + (uint32_t)(rows * P.no) * 4u);
   P.o_dtw = o;    o = dp_al16(o + (uint32_t)(P.gpb * 8 * (R + 1)) * 4u);
   P.o_rinv = o;   o = dp_al16(o + DP_MAXROWS * 4u);
-  P.o_mbar = o;   o = dp_al16(o + 32u); /* per buffer: full (landed), empty (released) */
+  P.o_mbar = o;   o = dp_al16(o + 40u); /* per buffer: full (landed), empty (released); the fold's */
   P.total = o;
   return P;
 }
@@ -127,6 +127,7 @@ struct dp_args {
   const int32_t *tok, *slots;
   long long *trace; /* [nb][L][DP_TP] or NULL */
   int bar_red;      /* barrier: 1 dp_grid_sync_red, 0 dp_grid_sync (MBD_DP_BAR) */
+  int csz;          /* blocks per cluster: the x_proj fold is split over a cluster's blocks */
 };
 
 #ifdef DP_HAVE_KERNEL
@@ -174,6 +175,37 @@ __device__ __forceinline__ int dp_owned(int n, int per) {
   int k = 0;
   while (k < per && (int)blockIdx.x + k * (int)gridDim.x < n) k++;
   return k;
+}
+
+/* Distributed shared memory of the cluster (sm_90): the address of the same
+ * shared variable in block `rank` of this cluster, a store there, and a
+ * release arrival on an mbarrier there. */
+__device__ __forceinline__ uint32_t dsm_map(uint32_t a, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void dsm_store(uint32_t a, float v) {
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(a), "f"(v) : "memory");
+}
+__device__ __forceinline__ void dsm_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+/* mbar_wait with cluster-scope acquire: the peers' stores before their
+ * arrivals are visible after it. */
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+  uint32_t ok;
+  do {
+    asm volatile(
+        "{\n.reg .pred q;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 q, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, q;\n}\n"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!ok);
+}
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
 /* Two contract chunk chains interleaved (same x; the second hides the first's
@@ -289,15 +321,20 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
    * copy each, counted in bytes on the buffer's full mbarrier. Issuing can
    * block on the copy engine's queue; only this warp waits for it. */
   const uint32_t mbar0 = (uint32_t)__cvta_generic_to_shared(dsm + P.o_mbar);
-  const uint32_t full0 = mbar0, empty0 = mbar0 + 16;
+  const uint32_t full0 = mbar0, empty0 = mbar0 + 16, foldbar = mbar0 + 32;
+  const int csz = A.csz;
+  uint32_t crank = 0;
+  if (csz > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(crank));
   if (tid == 0) {
     for (int i = 0; i < 2; i++) {
       mbar_init(full0 + 8 * i, 1);
       mbar_init(empty0 + 8 * i, 1);
     }
+    mbar_init(foldbar, csz); /* one arrival per block of the cluster and layer */
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  if (csz > 1) cluster_sync_all(); /* every peer's fold mbarrier is initialised */
   if (warp == DP_WARPS) {
     if (lane != 0) return;
     const int ts = (int)sizeof(T);
@@ -349,6 +386,22 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
       if (Y.out_b)
         for (int j = 0; j < nout; j++)
           bulk_g2s(wb + P.o_outb + j * 8 * ts, (const T *)Y.out_b + 8 * (b + j * nb), 8u * ts, full);
+    }
+    /* The last layer's loads are queued (they are issued early in layer
+     * L - 2): this block's share of the next kernel's first bytes into L2,
+     * kept there by an evict_last policy, while the last layers compute. */
+    if (M.l2_next_bytes) {
+      const uint64_t per = (M.l2_next_bytes / (uint64_t)nb + 15u) & ~(uint64_t)15;
+      uint64_t o = per * (uint64_t)b;
+      const uint64_t end = o + per < M.l2_next_bytes ? o + per : M.l2_next_bytes;
+      uint64_t pol;
+      asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+      for (; o < end; o += 65536) {
+        const uint32_t n = (uint32_t)(end - o < 65536 ? end - o : 65536);
+        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(
+                         (const char *)M.l2_next + o), "r"(n), "l"(pol)
+                     : "memory");
+      }
     }
     return;
   }
@@ -471,17 +524,22 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
      * butterfly), then dt_proj + scan + D + gate (k_scan_step) */
     /* Other SMs wrote these just before the barrier: each warp issues the
      * loads of DP_XPU outputs before the first add (a round trip per output
-     * took ~1.4 us each), one 16-byte load a lane per output (the fold's time
-     * grew with its load count, docs/benchmarks.md, session 4; slots of
-     * groups >= ng are never written and never added). */
+     * took ~1.4 us each), one 16-byte load a lane per output (slots of groups
+     * >= ng are never written and never added). With clusters (csz > 1) each
+     * block of a cluster folds every csz-th output and stores it into every
+     * peer's sd, so a block reads 1/csz of the partials from L2; a cluster
+     * folds when one of its blocks owns channels. */
+    const bool folds = csz > 1 ? b - (int)crank < ng : nin > 0;
+    const int nu = rows * NO;
+    const uint32_t sd_s = (uint32_t)__cvta_generic_to_shared(sd);
 #pragma unroll 1
-    for (int u0 = warp; nin > 0 && u0 < rows * NO; u0 += DP_WARPS * DP_XPU) { /* owners only */
+    for (int v0 = warp; folds && (int)crank + csz * v0 < nu; v0 += DP_WARPS * DP_XPU) {
       static_assert(DP_XPI == 4, "one float4 per lane and output");
       float4 v[DP_XPU];
 #pragma unroll
       for (int a = 0; a < DP_XPU; a++) {
-        const int u = u0 + a * DP_WARPS;
-        if (u < rows * NO) v[a] = __ldcg((const float4 *)(M.xpp + ((size_t)u * 32 + lane) * DP_XPI));
+        const int u = (int)crank + csz * (v0 + a * DP_WARPS);
+        if (u < nu) v[a] = __ldcg((const float4 *)(M.xpp + ((size_t)u * 32 + lane) * DP_XPI));
       }
       /* the outputs' sums and butterflies interleaved (each one's adds in
        * the contract's order): DP_XPU dependent shuffle chains side by side */
@@ -501,11 +559,21 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
           acc[a] = __fadd_rn(acc[a], __shfl_xor_sync(0xffffffffu, acc[a], off));
 #pragma unroll
       for (int a = 0; a < DP_XPU; a++) {
-        const int u = u0 + a * DP_WARPS;
-        if (lane == 0 && u < rows * NO) sd[u] = u % NO < R ? round_act<T>(acc[a]) : acc[a];
+        const int u = (int)crank + csz * (v0 + a * DP_WARPS);
+        if (u >= nu) continue;
+        const float r = u % NO < R ? round_act<T>(acc[a]) : acc[a];
+        if (csz == 1) {
+          if (lane == 0) sd[u] = r;
+        } else if (lane < csz) { /* lane p stores into peer p */
+          dsm_store(dsm_map(sd_s + 4u * (uint32_t)u, (uint32_t)lane), r);
+        }
       }
     }
     dp_sync();
+    if (csz > 1 && folds) { /* every peer's outputs have landed in sd */
+      if (tid < csz) dsm_arrive(dsm_map(foldbar, (uint32_t)tid));
+      mbar_wait_cluster(foldbar, (uint32_t)l & 1u);
+    }
     DP_MARK(l, 6);
     {
       /* DP_N lanes per (row, channel), lane n owning state n; rows * nq * DP_N
@@ -681,22 +749,28 @@ extern "C" int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, cons
   a.trace = dp_trace_buffer(nb, m->n_layer);
   const char *be = getenv("MBD_DP_BAR");
   a.bar_red = be && be[0] == '1';
+  const char *ce = getenv("MBD_DP_CLUSTER");
+  a.csz = ce && (ce[0] == '2' || ce[0] == '4') && nb % (ce[0] - '0') == 0 ? ce[0] - '0' : 1;
   void (*k)(dp_args) = m->dtype == MBD_DTYPE_BF16 ? k_decode_layers<__nv_bfloat16>
                                                   : k_decode_layers<__half>;
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)P.total);
   if (e == cudaSuccess) {
     /* Cooperative: the launch fails rather than deadlock in the grid barrier
      * if the blocks cannot all be resident at once. */
-    cudaLaunchAttribute at[1];
+    cudaLaunchAttribute at[2];
     at[0].id = cudaLaunchAttributeCooperative;
     at[0].val.cooperative = 1;
+    at[1].id = cudaLaunchAttributeClusterDimension;
+    at[1].val.clusterDim.x = (unsigned)a.csz;
+    at[1].val.clusterDim.y = 1;
+    at[1].val.clusterDim.z = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)nb);
     cfg.blockDim = dim3(DP_BLOCK);
     cfg.dynamicSmemBytes = P.total;
     cfg.stream = (cudaStream_t)stream;
     cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = a.csz > 1 ? 2 : 1;
     e = cudaLaunchKernelEx(&cfg, k, a);
   }
   if (e != cudaSuccess) {

@@ -60,6 +60,9 @@ typedef struct mbd_dp_model {
   float *resid, *out;           /* [rows][d]: on return, the per-op path's values
                                    before the final add + norm */
   unsigned *barrier;            /* device counter, zeroed once, owned by this model */
+  const void *l2_next;          /* read by the step's next kernel (the LM head's W): */
+  uint64_t l2_next_bytes;       /* its first bytes are prefetched into L2 during the
+                                   last layers (0: none) */
 } mbd_dp_model;
 
 /* The widest d_inner it runs (its x_proj fold holds 4 group partials a lane). */

@@ -70,7 +70,41 @@ struct mbd_mamba1_gpu {
   uint32_t gen;
   mbd_gpu_graph *graphs[MAX_BUCKETS];
   mbd_dp_model dp;       /* the persistent decode's view of this model */
+  int marking;           /* inside step_body with MBD_STEP_EVENTS=1 */
 };
+
+/* MBD_STEP_EVENTS=1 (a diagnostic): events at a decode step's stage
+ * boundaries, recorded into the graphs captured while it is set; the last
+ * step's intervals by mbd_mamba1_gpu_step_events_print. */
+#define STEP_EV 7
+static cudaEvent_t g_step_ev[STEP_EV];
+static int step_events_on(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("MBD_STEP_EVENTS");
+    on = e && e[0] == '1';
+    for (int i = 0; on && i < STEP_EV; i++)
+      if (cudaEventCreate(&g_step_ev[i]) != cudaSuccess) on = 0;
+  }
+  return on;
+}
+static void step_mark(const mbd_mamba1_gpu *m, int i) {
+  if (m->marking) (void)cudaEventRecord(g_step_ev[i], m->stream);
+}
+extern "C" void mbd_mamba1_gpu_step_events_print(void) {
+  static const char *name[STEP_EV - 1] = {"inputs up (copy)", "layers", "final add + norm",
+                                          "lm_head", "sampling", "pick down (copy)"};
+  if (!step_events_on() || cudaEventSynchronize(g_step_ev[STEP_EV - 1]) != cudaSuccess) return;
+  printf("decode step on the device (events in the graph), us:");
+  for (int i = 0; i + 1 < STEP_EV; i++) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, g_step_ev[i], g_step_ev[i + 1]);
+    printf(" %s %.1f;", name[i], ms * 1e3);
+  }
+  float ms = 0;
+  cudaEventElapsedTime(&ms, g_step_ev[0], g_step_ev[STEP_EV - 1]);
+  printf(" total %.1f\n", ms * 1e3);
+}
 
 /* ------------------------------------------------------------ small helpers */
 
@@ -255,6 +289,11 @@ static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
     dp->resid = m->resid;
     dp->out = m->out;
     dp->barrier = (unsigned *)bar;
+    const char *pf = getenv("MBD_DP_L2PF"); /* MB of the LM head prefetched */
+    const uint64_t hb = (uint64_t)c->vocab_size * (uint64_t)c->d_model * mbd_dtype_size(m->dtype);
+    const uint64_t want = pf ? (uint64_t)atol(pf) << 20 : 0;
+    dp->l2_next = m->head;
+    dp->l2_next_bytes = (want < hb ? want : hb) & ~(uint64_t)15;
   }
   mbd_dp_trace_prepare(c->n_layer);
 fail:
@@ -704,11 +743,13 @@ static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, mbd_error *err
   } else if ((rc = layers(m, nseq, T, err))) {
     return rc;
   }
+  step_mark(m, 2);
   if (which == 0) return 0;
   const int64_t rows = which == 1 ? nseq : M;
   if ((rc = mbd_mops_add_rmsnorm(s, rows, (int)d, which == 1 ? T : 1, which == 1 ? T - 1 : 0,
                                  m->resid, m->out, m->norm_f, c->norm_eps, act, m->hn, err)))
     return rc;
+  step_mark(m, 3);
   return gemm(m, rows, V, d, m->hn, m->head, NULL, m->logits, MBD_DTYPE_F32, err);
 }
 
@@ -782,19 +823,31 @@ extern "C" int mbd_mamba1_gpu_prefill(mbd_mamba1_gpu *m, int nseq, int T, const 
 
 /* One decode step of `rows` rows: the staged inputs up (one copy), the
  * model, the pick, the picks down; a graph replays all of it. */
-static int step_body(mbd_mamba1_gpu *m, int rows, mbd_error *err) {
+static int step_body_marked(mbd_mamba1_gpu *m, int rows, mbd_error *err) {
+  step_mark(m, 0);
   MBD_GPU_CHECK(cudaMemcpyAsync(m->d_in, m->h_in, m->in_bytes, cudaMemcpyHostToDevice, m->stream),
                 err);
+  step_mark(m, 1);
   int rc = forward(m, rows, 1, 2, err);
   if (rc) return rc;
+  step_mark(m, 4);
   if ((rc = mbd_mops_sample((void *)m->stream, rows, m->cfg.vocab_size, m->logits,
                             m->cfg.vocab_size, m->d_temp, m->d_seed, m->d_step, m->sample_work,
                             m->d_next, err)))
     return rc;
+  step_mark(m, 5);
   MBD_GPU_CHECK(cudaMemcpyAsync(m->h_next, m->d_next, (size_t)rows * 4, cudaMemcpyDeviceToHost,
                                 m->stream),
                 err);
+  step_mark(m, 6);
   return 0;
+}
+
+static int step_body(mbd_mamba1_gpu *m, int rows, mbd_error *err) {
+  m->marking = step_events_on();
+  int rc = step_body_marked(m, rows, err);
+  m->marking = 0;
+  return rc;
 }
 
 extern "C" int mbd_mamba1_gpu_step(mbd_mamba1_gpu *m, int n, const int32_t *tokens,
@@ -819,6 +872,7 @@ extern "C" int mbd_mamba1_gpu_step(mbd_mamba1_gpu *m, int n, const int32_t *toke
     m->h_step[i] = real && picks ? picks[i].step : 0;
   }
   cudaStream_t s = m->stream;
+  (void)step_events_on(); /* creates its events now, outside any capture */
   if (m->use_graphs) {
     if (!m->graphs[bi]) {
       if ((rc = mbd_gpu_graph_begin(m->ctx, err))) return rc;

@@ -118,6 +118,10 @@ void mbd_mamba1_gpu_set_graphs(mbd_mamba1_gpu *m, int on);
  * bf16/f16, shapes that fit), else 0. The bits are the same either way. */
 int mbd_mamba1_gpu_persistent(const mbd_mamba1_gpu *m, int rows);
 
+/* MBD_STEP_EVENTS=1 (a diagnostic): prints the device time of the last
+ * decode step's stages (events recorded inside its graph). */
+void mbd_mamba1_gpu_step_events_print(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -148,6 +148,7 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
         cudaEventElapsedTime(&t[r], e0, e1);
       }
       dec[k] = b / (median(t, reps) * 1e-3);
+      if (mode == 0 && k == 0) mbd_mamba1_gpu_step_events_print(); /* MBD_STEP_EVENTS=1 */
     }
     CK(mbd_mamba1_gpu_slot_reset(m, 0, &err));
     int pr = 3;
