@@ -89,12 +89,16 @@ static int step_events_on(void) {
   return on;
 }
 static void step_mark(const mbd_mamba1_gpu *m, int i) {
-  if (m->marking) (void)cudaEventRecord(g_step_ev[i], m->stream);
+  /* External: an event record node of the graph, not a capture-internal join */
+  if (m->marking) (void)cudaEventRecordWithFlags(g_step_ev[i], m->stream, cudaEventRecordExternal);
 }
 extern "C" void mbd_mamba1_gpu_step_events_print(void) {
   static const char *name[STEP_EV - 1] = {"inputs up (copy)", "layers", "final add + norm",
                                           "lm_head", "sampling", "pick down (copy)"};
-  if (!step_events_on() || cudaEventSynchronize(g_step_ev[STEP_EV - 1]) != cudaSuccess) return;
+  if (!step_events_on() || cudaEventSynchronize(g_step_ev[STEP_EV - 1]) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
   printf("decode step on the device (events in the graph), us:");
   for (int i = 0; i + 1 < STEP_EV; i++) {
     float ms = 0;
@@ -844,7 +848,9 @@ static int step_body_marked(mbd_mamba1_gpu *m, int rows, mbd_error *err) {
 }
 
 static int step_body(mbd_mamba1_gpu *m, int rows, mbd_error *err) {
-  m->marking = step_events_on();
+  /* (persistent rows only: the per-op path's PDL launches admit no event
+   * nodes between them) */
+  m->marking = step_events_on() && mbd_mamba1_gpu_persistent(m, rows);
   int rc = step_body_marked(m, rows, err);
   m->marking = 0;
   return rc;
