@@ -119,14 +119,13 @@ __host__ __device__ inline dp_plan dp_make_plan(int d, int di, int R, int rows, 
 
 /* Stage trace (MBD_DP_TRACE=1, a diagnostic): clock64 of every block at
  * each of DP_TP points of every layer; see mbd_dp_trace_print. */
-#define DP_TP 10
+#define DP_TP 9
 
 struct dp_args {
   mbd_dp_model m;
   int rows;
   const int32_t *tok, *slots;
   long long *trace; /* [nb][L][DP_TP] or NULL */
-  int bar_red;      /* barrier: 1 dp_grid_sync_red, 0 dp_grid_sync (MBD_DP_BAR) */
   int csz;          /* blocks per cluster: the x_proj fold is split over a cluster's blocks */
 };
 
@@ -134,40 +133,52 @@ struct dp_args {
 /* The compute warps' barrier (the producer warp never joins it). */
 __device__ __forceinline__ void dp_sync() { asm volatile("bar.sync 1, %0;" ::"n"(DP_THREADS) : "memory"); }
 
-/* Grid-wide barrier over a counter that returns to its start value after
- * every barrier: block 0 adds 2^31 - (nb - 1), the others 1, so the top bit
- * flips once all nb have arrived (the scheme of cooperative groups' grid
- * sync); the fence before the add and the acquire load make every block's
- * writes before the barrier visible to every block after it. */
-__device__ __forceinline__ void dp_grid_sync(unsigned *bar) {
-  dp_sync();
-  if (threadIdx.x == 0) {
-    const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
-    __threadfence();
-    const unsigned old = atomicAdd(bar, add);
-    unsigned cur;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(bar) : "memory");
-    } while (((old ^ cur) & 0x80000000u) == 0);
+/* Exchange words (NCCL's low-latency protocol): a value and the tag of the
+ * layer that wrote it in one 64-bit store, so a reader that sees the tag
+ * sees the value, with no fence and no grid barrier. Tags grow by launch
+ * and layer (dp_tag), so stale words never match. */
+__device__ __forceinline__ uint64_t dp_word(uint32_t bits, uint32_t tag) {
+  return (uint64_t)tag << 32 | bits;
+}
+__device__ __forceinline__ void st_word(uint64_t *p, uint64_t w) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+}
+__device__ __forceinline__ uint64_t ld_word(const uint64_t *p) {
+  uint64_t w;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
+  return w;
+}
+__device__ __forceinline__ uint32_t word_tag(uint64_t w) { return (uint32_t)(w >> 32); }
+
+/* The words e = threadIdx.x + i * DP_THREADS (i < DP_RES_PT) below n, each
+ * handed to f(e, its low 32 bits) once it carries `tag`; the pending ones
+ * are reloaded together, one round trip a round. */
+template <typename F>
+__device__ __forceinline__ void dp_poll(const uint64_t *src, int n, uint32_t tag, F f) {
+  uint32_t pend = 0;
+#pragma unroll
+  for (int i = 0; i < DP_RES_PT; i++)
+    if ((int)threadIdx.x + i * DP_THREADS < n) pend |= 1u << i;
+  while (pend) {
+    uint64_t w[DP_RES_PT];
+#pragma unroll
+    for (int i = 0; i < DP_RES_PT; i++)
+      if (pend >> i & 1u) w[i] = ld_word(src + threadIdx.x + i * DP_THREADS);
+#pragma unroll
+    for (int i = 0; i < DP_RES_PT; i++)
+      if ((pend >> i & 1u) && word_tag(w[i]) == tag) {
+        f((int)threadIdx.x + i * DP_THREADS, (uint32_t)w[i]);
+        pend &= ~(1u << i);
+      }
   }
-  dp_sync();
 }
 
-/* The same barrier without waiting for the add's return: the arrival is a
- * release reduction, and thread 0 tracks the phase it waits for (read once
- * at kernel start: no block can flip it before every block has arrived). */
-__device__ __forceinline__ void dp_grid_sync_red(unsigned *bar, unsigned &phase) {
-  dp_sync();
-  if (threadIdx.x == 0) {
-    const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(bar), "r"(add) : "memory");
-    phase ^= 0x80000000u;
-    unsigned cur;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(bar) : "memory");
-    } while ((cur & 0x80000000u) != phase);
-  }
-  dp_sync();
+/* The 16 bits of v rounded to the activation dtype T (st_act's rounding). */
+template <typename T>
+__device__ __forceinline__ uint32_t act_bits(float v) {
+  T t;
+  st_act(&t, v);
+  return (uint32_t)*(const unsigned short *)&t;
 }
 
 /* Blocks of groups b, b + nb, ... below n: how many this block owns. */
@@ -283,16 +294,6 @@ __device__ __forceinline__ void dp_project(int items, int C, int K, const T *w, 
   }
 }
 
-/* rows x n elements (n % 8 == 0) of a T matrix written earlier in this launch
- * into shared memory with row stride ld. */
-template <typename T>
-__device__ __forceinline__ void dp_stage_rows(T *dst, int ld, const T *src, int rows, int n) {
-  const int pr = n / 8;
-  for (int e = threadIdx.x; e < rows * pr; e += DP_THREADS) {
-    const int r = e / pr, p = e - r * pr;
-    *(uint4 *)(dst + (size_t)r * ld + 8 * p) = __ldcg((const uint4 *)(src + (size_t)r * n) + p);
-  }
-}
 #endif
 
 template <typename T>
@@ -335,6 +336,15 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
   }
   __syncthreads();
   if (csz > 1) cluster_sync_all(); /* every peer's fold mbarrier is initialised */
+  /* A cluster folds x_proj when one of its blocks owns channels (without
+   * clusters: an owner folds); a block with no channels, no out_proj columns
+   * and no share of a fold takes no part (nobody waits for it). */
+  const bool folds = csz > 1 ? b - (int)crank < ng : nin > 0;
+  if (nin == 0 && nout == 0 && !folds) {
+    if (A.trace && tid == 0) /* no stamps: the trace skips this block */
+      for (int i = 0; i < L * DP_TP; i++) A.trace[(size_t)b * L * DP_TP + i] = 0;
+    return;
+  }
   if (warp == DP_WARPS) {
     if (lane != 0) return;
     const int ts = (int)sizeof(T);
@@ -412,134 +422,140 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
 #define DP_MARK(l, i) \
   if (trc && tid == 0) trc[(l) * DP_TP + (i)] = clock64()
 
-  unsigned phase = 0;
-  if (tid == 0) phase = *(volatile unsigned *)M.barrier & 0x80000000u;
-  auto grid_sync = [&]() {
-    if (A.bar_red)
-      dp_grid_sync_red(M.barrier, phase);
-    else
-      dp_grid_sync(M.barrier);
-  };
+  /* Layer l's words carry tag0 + l. Every participant reads the count before
+   * it writes a word, and block 0 advances it only after the last layer's
+   * words reached it, which needed every participant's words of layer 0. */
+  const uint32_t epoch = __ldcg(M.epoch), tag0 = epoch * (uint32_t)L + 1u;
+  const int nu = rows * NO;
+  const uint32_t sd_s = (uint32_t)__cvta_generic_to_shared(sd);
   for (int l = 0; l < L; l++) {
     const mbd_dp_layer &Y = M.layers[l];
+    const uint32_t tag = tag0 + (uint32_t)l;
     const unsigned char *wb = dsm + (uint32_t)(l & 1) * P.wbuf;
     const float *s_cw = (const float *)(wb + P.o_cw), *s_cb = (const float *)(wb + P.o_cb);
     const float *s_A = (const float *)(wb + P.o_A), *s_D = (const float *)(wb + P.o_D);
     const float *s_cst = (const float *)(wb + P.o_cst), *s_h = (const float *)(wb + P.o_h);
     const T *s_dtb = (const T *)(wb + P.o_dtb), *s_dtwr = (const T *)(wb + P.o_dtwr);
     const T *s_inb = (const T *)(wb + P.o_inb), *s_outb = (const T *)(wb + P.o_outb);
+    const float *s_norm = (const float *)(wb + P.o_norm);
     DP_MARK(l, 0);
 
-    /* ---- A: residual, norm (k_embed, k_add_rmsnorm), in_proj, conv */
-    if (l == 0) {
+    /* ---- A (channel owners): residual, norm (k_embed, k_add_rmsnorm), in_proj, conv */
+    if (nin == 0) {
+      mbar_wait(full0 + 8u * (l & 1), (uint32_t)(l >> 1) & 1u);
+      DP_MARK(l, 1);
+      DP_MARK(l, 2);
+      DP_MARK(l, 3);
+    } else {
+      if (l == 0) {
+        for (int e = tid; e < rows * d; e += DP_THREADS) {
+          const int r = e / d;
+          resid[e] = ld_f32((const T *)M.emb + (size_t)A.tok[r] * d + (e - r * d));
+        }
+      } else { /* the previous layer's out_proj outputs, as they arrive */
+        dp_poll(M.xo, rows * d, tag - 1u,
+                [&](int e, uint32_t v) { resid[e] = __fadd_rn(resid[e], __uint_as_float(v)); });
+      }
+      dp_sync();
+      if (warp < rows) {
+        const float v = rms_inv_route<T>(resid + warp * d, d, M.norm_eps, lane);
+        if (lane == 0) rinv[warp] = v;
+      }
+      /* the other threads wait for layer l's buffer meanwhile */
+      mbar_wait(full0 + 8u * (l & 1), (uint32_t)(l >> 1) & 1u);
+      dp_sync();
       for (int e = tid; e < rows * d; e += DP_THREADS) {
-        const int r = e / d;
-        resid[e] = ld_f32((const T *)M.emb + (size_t)A.tok[r] * d + (e - r * d));
+        const int r = e / d, c = e - r * d;
+        st_act(hn + r * P.sh + c, rms_out(s_norm[c], resid[e], rinv[r]));
       }
-    } else { /* all of this thread's loads first: one L2 round trip, not one per element */
-      float o[DP_RES_PT];
+      dp_sync();
+      DP_MARK(l, 1);
+      dp_project<T>(nin * 2 * P.cin, P.cin, d, (const T *)wb, (int)(P.swi / sizeof(T)), hn, P.sh,
+                    rows, part, warp, lane);
+      DP_MARK(l, 2);
+      dp_sync();
+      for (int e = tid; e < nin * 2 * rows * 8; e += DP_THREADS) {
+        const int col = e & 7, r = (e >> 3) % rows, row8 = (e >> 3) / rows;
+        const int jj = row8 >> 1, half = row8 & 1, ch = ch0(jj) + col;
+        float v = part[((row8 * P.cin) * rows + r) * 8 + col];
+        for (int c = 1; c < P.cin; c++) v = __fadd_rn(v, part[((row8 * P.cin + c) * rows + r) * 8 + col]);
+        if (Y.in_b) v = __fadd_rn(v, ld_f32(s_inb + jj * 16 + half * 8 + col));
+        const int q = jj * 8 + col;
+        if (half) {
+          zv[r * qn + q] = v;
+        } else { /* conv_step_state's arithmetic on the prefetched window */
+          float wk[DP_KC], win[DP_KC - 1];
 #pragma unroll
-      for (int i = 0; i < DP_RES_PT; i++) {
-        const int e = tid + i * DP_THREADS;
-        o[i] = e < rows * d ? __ldcg(M.out + e) : 0.0f;
+          for (int j = 0; j < DP_KC; j++) wk[j] = s_cw[jj * DP_KC * 8 + j * 8 + col];
+#pragma unroll
+          for (int j = 0; j < DP_KC - 1; j++) win[j] = s_cst[(r * P.gpb + jj) * (DP_KC - 1) * 8 + j * 8 + col];
+          const float xc = conv_silu_out<DP_KC>(wk, win, v, Y.conv_b != nullptr,
+                                                Y.conv_b ? s_cb[jj * 8 + col] : 0.0f);
+          float *cs = M.conv_state + (int64_t)A.slots[r] * M.conv_slot + (int64_t)l * (DP_KC - 1) * di + ch;
+#pragma unroll
+          for (int j = 0; j + 1 < DP_KC - 1; j++) cs[(int64_t)j * di] = win[j + 1];
+          cs[(int64_t)(DP_KC - 2) * di] = v;
+          xcv[r * qn + q] = xc;
+        }
       }
-#pragma unroll
-      for (int i = 0; i < DP_RES_PT; i++) {
-        const int e = tid + i * DP_THREADS;
-        if (e < rows * d) resid[e] = __fadd_rn(resid[e], o[i]);
-      }
-      for (int e = tid + DP_RES_PT * DP_THREADS; e < rows * d; e += DP_THREADS)
-        resid[e] = __fadd_rn(resid[e], __ldcg(M.out + e));
-    }
-    dp_sync();
-    if (warp < rows) {
-      const float v = rms_inv_route<T>(resid + warp * d, d, M.norm_eps, lane);
-      if (lane == 0) rinv[warp] = v;
-    }
-    /* the other threads wait for layer l's buffer meanwhile */
-    mbar_wait(full0 + 8u * (l & 1), (uint32_t)(l >> 1) & 1u);
-    dp_sync();
-    for (int e = tid; e < rows * d; e += DP_THREADS) {
-      const int r = e / d, c = e - r * d;
-      st_act(hn + r * P.sh + c, rms_out(((const float *)(wb + P.o_norm))[c], resid[e], rinv[r]));
-    }
-    dp_sync();
-    DP_MARK(l, 1);
-    dp_project<T>(nin * 2 * P.cin, P.cin, d, (const T *)wb, (int)(P.swi / sizeof(T)), hn, P.sh,
-                  rows, part, warp, lane);
-    DP_MARK(l, 2);
-    dp_sync();
-    for (int e = tid; e < nin * 2 * rows * 8; e += DP_THREADS) {
-      const int col = e & 7, r = (e >> 3) % rows, row8 = (e >> 3) / rows;
-      const int jj = row8 >> 1, half = row8 & 1, ch = ch0(jj) + col;
-      float v = part[((row8 * P.cin) * rows + r) * 8 + col];
-      for (int c = 1; c < P.cin; c++) v = __fadd_rn(v, part[((row8 * P.cin + c) * rows + r) * 8 + col]);
-      if (Y.in_b) v = __fadd_rn(v, ld_f32(s_inb + jj * 16 + half * 8 + col));
-      const int q = jj * 8 + col;
-      if (half) {
-        zv[r * qn + q] = v;
-      } else { /* conv_step_state's arithmetic on the prefetched window */
-        float wk[DP_KC], win[DP_KC - 1];
-#pragma unroll
-        for (int j = 0; j < DP_KC; j++) wk[j] = s_cw[jj * DP_KC * 8 + j * 8 + col];
-#pragma unroll
-        for (int j = 0; j < DP_KC - 1; j++) win[j] = s_cst[(r * P.gpb + jj) * (DP_KC - 1) * 8 + j * 8 + col];
-        const float xc = conv_silu_out<DP_KC>(wk, win, v, Y.conv_b != nullptr,
-                                              Y.conv_b ? s_cb[jj * 8 + col] : 0.0f);
-        float *cs = M.conv_state + (int64_t)A.slots[r] * M.conv_slot + (int64_t)l * (DP_KC - 1) * di + ch;
-#pragma unroll
-        for (int j = 0; j + 1 < DP_KC - 1; j++) cs[(int64_t)j * di] = win[j + 1];
-        cs[(int64_t)(DP_KC - 2) * di] = v;
-        xcv[r * qn + q] = xc;
-      }
-    }
-    DP_MARK(l, 3);
-    dp_sync();
-    /* x_proj partials of its groups (xp_chunk's p on the same rounded inputs),
-     * to xpp[r][o][lane l][i] for group 32 i + l: the fold's lane reads its
-     * DP_XPI partials with one 16-byte load */
+      DP_MARK(l, 3);
+      dp_sync();
+      /* x_proj partials of its groups (xp_chunk's p on the same rounded
+       * inputs), to xq[r][o][lane l][i] for group 32 i + l: a folding lane
+       * reads its DP_XPI partials of an output with two 16-byte loads */
 #pragma unroll 1
-    for (int e = tid; e < rows * (nin / 2) * NO; e += DP_THREADS) {
-      const int o = e % NO, rj = e / NO, jg = rj % (nin / 2), r = rj / (nin / 2);
-      float xv[XP_GW], wv[XP_GW];
+      for (int e = tid; e < rows * (nin / 2) * NO; e += DP_THREADS) {
+        const int o = e % NO, rj = e / NO, jg = rj % (nin / 2), r = rj / (nin / 2);
+        float xv[XP_GW], wv[XP_GW];
 #pragma unroll
-      for (int j = 0; j < XP_GW; j++) {
-        const T *w8 = (const T *)(wb + P.o_xp) + ((size_t)(2 * jg + j / 8) * NO + o) * 8;
-        xv[j] = round_act<T>(xcv[r * qn + jg * XP_GW + j]);
-        wv[j] = ld_f32(w8 + j % 8);
+        for (int j = 0; j < XP_GW; j++) {
+          const T *w8 = (const T *)(wb + P.o_xp) + ((size_t)(2 * jg + j / 8) * NO + o) * 8;
+          xv[j] = round_act<T>(xcv[r * qn + jg * XP_GW + j]);
+          wv[j] = ld_f32(w8 + j % 8);
+        }
+        const int G = b + jg * nb;
+        st_word(M.xq + (((size_t)r * NO + o) * 32 + G % 32) * DP_XPI + G / 32,
+                dp_word(__float_as_uint(xp_group_partial(xv, wv)), tag));
       }
-      const int G = b + jg * nb;
-      M.xpp[(((size_t)r * NO + o) * 32 + G % 32) * DP_XPI + G / 32] = xp_group_partial(xv, wv);
-    }
-    /* the scan's dt_proj rows widened to f32 (stage_dt_w's values) */
-    for (int e = tid; e < nin * 8 * R; e += DP_THREADS) {
-      const int q = e / R, k = e - q * R;
-      dtw[q * (R + 1) + k] = ld_f32(s_dtwr + e);
+      /* the scan's dt_proj rows widened to f32 (stage_dt_w's values) */
+      for (int e = tid; e < nin * 8 * R; e += DP_THREADS) {
+        const int q = e / R, k = e - q * R;
+        dtw[q * (R + 1) + k] = ld_f32(s_dtwr + e);
+      }
     }
     DP_MARK(l, 4);
-    grid_sync();
-    DP_MARK(l, 5);
 
     /* ---- C: x_proj fold (xp_chunk's sums over the groups, then xp_store's
      * butterfly), then dt_proj + scan + D + gate (k_scan_step) */
-    /* Other SMs wrote these just before the barrier: each warp issues the
-     * loads of DP_XPU outputs before the first add (a round trip per output
-     * took ~1.4 us each), one 16-byte load a lane per output (slots of groups
-     * >= ng are never written and never added). With clusters (csz > 1) each
-     * block of a cluster folds every csz-th output and stores it into every
-     * peer's sd, so a block reads 1/csz of the partials from L2; a cluster
-     * folds when one of its blocks owns channels. */
-    const bool folds = csz > 1 ? b - (int)crank < ng : nin > 0;
-    const int nu = rows * NO;
-    const uint32_t sd_s = (uint32_t)__cvta_generic_to_shared(sd);
+    /* Each warp loads DP_XPU outputs' partials before the first add, and
+     * reloads those not yet tagged; a lane's slots of groups >= ng are never
+     * written and never waited for. With clusters (csz > 1) each block of a
+     * cluster folds every csz-th output and stores it into every peer's sd,
+     * so a block reads 1/csz of the partials from L2. */
 #pragma unroll 1
     for (int v0 = warp; folds && (int)crank + csz * v0 < nu; v0 += DP_WARPS * DP_XPU) {
-      static_assert(DP_XPI == 4, "one float4 per lane and output");
-      float4 v[DP_XPU];
+      static_assert(DP_XPI == 4, "four group partials a lane and output");
+      uint64_t w[DP_XPU][DP_XPI];
+      uint32_t pend = 0;
 #pragma unroll
-      for (int a = 0; a < DP_XPU; a++) {
-        const int u = (int)crank + csz * (v0 + a * DP_WARPS);
-        if (u < nu) v[a] = __ldcg((const float4 *)(M.xpp + ((size_t)u * 32 + lane) * DP_XPI));
+      for (int a = 0; a < DP_XPU; a++)
+        if ((int)crank + csz * (v0 + a * DP_WARPS) < nu) pend |= 1u << a;
+      while (pend) { /* warp-uniform */
+#pragma unroll
+        for (int a = 0; a < DP_XPU; a++)
+          if (pend >> a & 1u) {
+            const uint64_t *src = M.xq + ((size_t)((int)crank + csz * (v0 + a * DP_WARPS)) * 32 + lane) * DP_XPI;
+#pragma unroll
+            for (int i = 0; i < DP_XPI; i++) w[a][i] = ld_word(src + i);
+          }
+#pragma unroll
+        for (int a = 0; a < DP_XPU; a++)
+          if (pend >> a & 1u) {
+            bool ok = true;
+#pragma unroll
+            for (int i = 0; i < DP_XPI; i++) ok &= 32 * i + lane >= ng || word_tag(w[a][i]) == tag;
+            if (__all_sync(0xffffffffu, ok)) pend &= ~(1u << a);
+          }
       }
       /* the outputs' sums and butterflies interleaved (each one's adds in
        * the contract's order): DP_XPU dependent shuffle chains side by side */
@@ -549,8 +565,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         acc[a] = 0.0f;
 #pragma unroll
         for (int i = 0; i < DP_XPI; i++)
-          if (32 * i + lane < ng)
-            acc[a] = __fadd_rn(acc[a], i == 0 ? v[a].x : i == 1 ? v[a].y : i == 2 ? v[a].z : v[a].w);
+          if (32 * i + lane < ng) acc[a] = __fadd_rn(acc[a], __uint_as_float((uint32_t)w[a][i]));
       }
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1)
@@ -574,10 +589,11 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
       if (tid < csz) dsm_arrive(dsm_map(foldbar, (uint32_t)tid));
       mbar_wait_cluster(foldbar, (uint32_t)l & 1u);
     }
-    DP_MARK(l, 6);
+    DP_MARK(l, 5);
     {
       /* DP_N lanes per (row, channel), lane n owning state n; rows * nq * DP_N
-       * is a multiple of 32 (nq of 8), so every warp runs whole */
+       * is a multiple of 32 (nq of 8), so every warp runs whole, its lanes
+       * 0..15 on an even channel and 16..31 on the next one */
       const int nq = nin * 8; /* this block's channels */
       for (int e = tid; e < rows * nq * DP_N; e += DP_THREADS) {
         const int n = e % DP_N, rc = e / DP_N, sr = rc / nq, sq = rc - sr * nq;
@@ -586,18 +602,22 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         const float v = scan_one_lanes<DP_N>(sd + sr * NO, dtw + sq * (R + 1), R,
                                              ld_f32(s_dtb + sq), s_A[sq * DP_N + n], s_D[sq],
                                              xcv[sr * qn + sq], zv[sr * qn + sq], h, n);
-        if (n == 0) st_act((T *)M.y + (size_t)sr * di + sch, v);
+        const uint32_t hi = act_bits<T>(__shfl_down_sync(0xffffffffu, v, 16));
+        if (lane == 0) /* y of channels sch, sch + 1 in one word */
+          st_word(M.xy + ((size_t)sr * di + sch) / 2, dp_word(hi << 16 | act_bits<T>(v), tag));
         M.ssm_state[(int64_t)A.slots[sr] * M.ssm_slot + ((int64_t)l * di + sch) * DP_N + n] = h;
       }
     }
-    DP_MARK(l, 7);
-    grid_sync();
-    DP_MARK(l, 8);
+    DP_MARK(l, 6);
 
-    /* ---- D: out_proj */
+    /* ---- D: out_proj, on y as its words arrive */
     if (nout > 0) {
-      dp_stage_rows<T>(act, P.sa, (const T *)M.y, rows, di);
+      dp_poll(M.xy, rows * di / 2, tag, [&](int e, uint32_t v) {
+        const int r = e / (di / 2), c = e - r * (di / 2);
+        *(uint32_t *)(act + (size_t)r * P.sa + 2 * c) = v;
+      });
       dp_sync();
+      DP_MARK(l, 7);
       dp_project<T>(nout * P.cout, P.cout, di, (const T *)(wb + P.o_out), (int)(P.swo / sizeof(T)),
                     act, P.sa, rows, part, warp, lane);
       dp_sync();
@@ -607,16 +627,46 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         float v = part[((jj * P.cout) * rows + r) * 8 + col];
         for (int c = 1; c < P.cout; c++) v = __fadd_rn(v, part[((jj * P.cout + c) * rows + r) * 8 + col]);
         if (Y.out_b) v = __fadd_rn(v, ld_f32(s_outb + jj * 8 + col));
-        M.out[(size_t)r * d + n] = v;
+        st_word(M.xo + (size_t)r * d + n, dp_word(__float_as_uint(v), tag));
       }
     }
-    DP_MARK(l, 9);
+    if (nout == 0) DP_MARK(l, 7);
+    DP_MARK(l, 8);
     dp_sync(); /* every compute warp is done with buffer l & 1 */
     if (tid == 0) mbar_arrive(empty0 + 8u * (l & 1));
-    if (l + 1 < L) grid_sync();
   }
-  if (b == 0)
-    for (int e = tid; e < rows * d; e += DP_THREADS) M.resid[e] = resid[e];
+  if (b != 0) return;
+  /* Block 0: the final add + norm (k_add_rmsnorm's arithmetic, as stage A),
+   * resid and out as the per-op path leaves them, then the next launch's
+   * tags. */
+  dp_poll(M.xo, rows * d, tag0 + (uint32_t)L - 1u, [&](int e, uint32_t v) {
+    const float o = __uint_as_float(v), x = __fadd_rn(resid[e], o);
+    M.out[e] = o;
+    M.resid[e] = x;
+    resid[e] = x;
+  });
+  dp_sync();
+  if (warp < rows) {
+    const float v = rms_inv_route<T>(resid + warp * d, d, M.norm_eps, lane);
+    if (lane == 0) rinv[warp] = v;
+  }
+  dp_sync();
+  for (int e = tid; e < rows * d; e += DP_THREADS) {
+    const int r = e / d, c = e - r * d;
+    st_act((T *)M.hn + e, rms_out(M.norm_f[c], resid[e], rinv[r]));
+  }
+  /* Every word of this launch has been read (each reader's words fed the
+   * last layer's out_proj, which block 0 just read). At the wrap the words
+   * go back to tag 0 before the count restarts. */
+  const bool wrap = epoch + 1u >= M.epoch_wrap;
+  if (wrap) {
+    const size_t nq = (size_t)DP_MAXROWS * NO * 32 * DP_XPI, ny = (size_t)DP_MAXROWS * di / 2,
+                 no = (size_t)DP_MAXROWS * d;
+    for (size_t e = tid; e < nq; e += DP_THREADS) M.xq[e] = 0;
+    for (size_t e = tid; e < ny; e += DP_THREADS) M.xy[e] = 0;
+    for (size_t e = tid; e < no; e += DP_THREADS) M.xo[e] = 0;
+  }
+  if (tid == 0) *M.epoch = wrap ? 0u : epoch + 1u;
   if (gtt) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gtt[1]));
 #endif
 }
@@ -656,7 +706,10 @@ static int dp_check(const mbd_dp_model *m, int rows, int *nb, dp_plan *P) {
   const int ts = (int)mbd_dtype_size(m->dtype);
   *P = dp_make_plan(m->d_model, m->d_inner, m->dt_rank, rows, sms, ts);
   if (P->total > (uint32_t)smax || rows * P->gpb * 8 > DP_THREADS) return 0;
-  if (m->d_inner > MBD_DP_MAX_INNER || !m->xpp) return 0;
+  if (m->d_inner > MBD_DP_MAX_INNER || !m->xq || !m->xy || !m->xo || !m->epoch) return 0;
+  /* dp_poll's words a thread */
+  if (rows * m->d_model > DP_RES_PT * DP_THREADS || rows * m->d_inner / 2 > DP_RES_PT * DP_THREADS)
+    return 0;
   *nb = sms;
   return 1;
 }
@@ -704,12 +757,13 @@ extern "C" void mbd_dp_trace_print(void) {
     return;
   }
   /* segments: [from point, to point], the last one into the next layer's 0 */
-  static const char *name[DP_TP] = {"A: resid+norm", "A: in_proj mma", "A: fold+conv",
-                                    "A: x_proj parts", "barrier 1",    "C: x_proj fold",
-                                    "C: scan",        "barrier 2",      "D: out_proj",
-                                    "barrier 3"};
-  printf("persistent decode trace, %d blocks, us per layer (layers 1..%d): mean over blocks / max\n",
-         nb, L - 2);
+  static const char *name[DP_TP] = {"A: wait out+norm", "A: in_proj mma", "A: fold+conv",
+                                    "A: x_proj parts",  "C: wait+fold",   "C: scan",
+                                    "D: wait y",        "D: out_proj",    "layer end"};
+  int np = 0; /* blocks that took part (the others left zero stamps) */
+  for (int b = 0; b < nb; b++) np += t[(size_t)b * L * DP_TP + DP_TP] != 0;
+  printf("persistent decode trace, %d of %d blocks, us per layer (layers 1..%d): mean over blocks / "
+         "max\n", np, nb, L - 2);
   double tot_mean = 0;
   for (int sgm = 0; sgm < DP_TP; sgm++) {
     double mean = 0, mx = 0;
@@ -717,9 +771,10 @@ extern "C" void mbd_dp_trace_print(void) {
       double lm = 0, lx = 0;
       for (int b = 0; b < nb; b++) {
         const long long *r = t + ((size_t)b * L + l) * DP_TP;
+        if (r[0] == 0) continue;
         const long long a = r[sgm], z = sgm == DP_TP - 1 ? r[DP_TP] : r[sgm + 1];
         const double us = (double)(z - a) / (double)khz * 1e3;
-        lm += us / nb;
+        lm += us / np;
         lx = us > lx ? us : lx;
       }
       mean += lm / (L - 2);
@@ -747,8 +802,6 @@ extern "C" int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, cons
   a.tok = tok;
   a.slots = slots;
   a.trace = dp_trace_buffer(nb, m->n_layer);
-  const char *be = getenv("MBD_DP_BAR");
-  a.bar_red = be && be[0] == '1';
   const char *ce = getenv("MBD_DP_CLUSTER");
   a.csz = ce && (ce[0] == '2' || ce[0] == '4') && nb % (ce[0] - '0') == 0 ? ce[0] - '0' : 1;
   void (*k)(dp_args) = m->dtype == MBD_DTYPE_BF16 ? k_decode_layers<__nv_bfloat16>

@@ -1,10 +1,11 @@
 /* Persistent decode: every Mamba-1 layer of a small decode batch (1..4 rows)
- * in one launch, one block per SM, grid-wide barriers between the stages.
+ * and the final add + norm in one launch, one block per SM, no grid barrier.
  *
  * A batch-1 decode step through the per-op kernels is ~125 dependent launches
- * of a few microseconds each; here the launches become three grid barriers per
- * layer and each block streams its next layer's weight slices into shared
- * memory while the current layer runs. The bits are the per-op path's: the
+ * of a few microseconds each; here a block waits only for the words it reads
+ * (each value carries the tag of the layer that wrote it) at three exchanges
+ * per layer, and streams its next layer's weight slices into shared memory
+ * while the current layer runs. The bits are the per-op path's: the
  * projections run the GEMM family's sm_90a contract (256-wide K chunks of
  * m16n8k16 steps, folded in order, then the bias), and the norm, conv, x_proj,
  * scan and gate call the same functions as the per-op kernels
@@ -54,12 +55,18 @@ typedef struct mbd_dp_model {
   int64_t conv_slot;
   float *ssm_state;             /* slot s, layer l: + s * ssm_slot + l * di * 16 */
   int64_t ssm_slot;
-  void *y;                      /* scratch [rows][di] dtype */
-  float *xpp;                   /* scratch [4][R + 32][MBD_DP_MAX_INNER / 16]: x_proj
+  /* exchange words (value | layer tag << 32), zeroed once, owned by this model */
+  uint64_t *xq;                 /* [4][R + 32][32][MBD_DP_MAX_INNER / 512]: x_proj
                                    group partials, lane-major (decode_persistent.cu) */
+  uint64_t *xy;                 /* [4][d_inner / 2]: y, two dtype values a word */
+  uint64_t *xo;                 /* [4][d_model]: out_proj outputs (f32) */
+  unsigned *epoch;              /* launches so far (the tags' base), zeroed once */
+  uint32_t epoch_wrap;          /* at this many launches the words are re-zeroed and
+                                   the count restarts (tags stay below 2^32) */
   float *resid, *out;           /* [rows][d]: on return, the per-op path's values
-                                   before the final add + norm */
-  unsigned *barrier;            /* device counter, zeroed once, owned by this model */
+                                   after the final add (resid) */
+  const float *norm_f;          /* [d] final norm weight */
+  void *hn;                     /* [rows][d] dtype: on return, the final norm's output */
   const void *l2_next;          /* read by the step's next kernel (the LM head's W): */
   uint64_t l2_next_bytes;       /* its first bytes are prefetched into L2 during the
                                    last layers (0: none) */
@@ -68,14 +75,13 @@ typedef struct mbd_dp_model {
 /* The widest d_inner it runs (its x_proj fold holds 4 group partials a lane). */
 #define MBD_DP_MAX_INNER 2048
 /* 1 when `rows` decode rows of m run persistently on the current device (see
- * above; MBD_DECODE_PERSISTENT=0 in the environment turns it off), else 0.
- * MBD_DP_BAR=1 picks the release-reduction grid barrier instead of
- * atomicAdd + poll (an A/B switch: both measured the same). */
+ * above; MBD_DECODE_PERSISTENT=0 in the environment turns it off), else 0. */
 int mbd_dp_fits(const mbd_dp_model *m, int rows);
 
 /* Enqueues the layers of one decode step of `rows` rows (tokens tok[rows],
- * state slots slots[rows], device arrays) on stream. mbd_dp_fits must hold.
- * Leaves resid and out as the per-op path leaves them. */
+ * state slots slots[rows], device arrays) and the final add + norm on
+ * stream. mbd_dp_fits must hold. Leaves resid, out and hn as the per-op
+ * path leaves them. */
 int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, const int32_t *tok,
                   const int32_t *slots, mbd_error *err);
 

@@ -263,15 +263,20 @@ static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
   if (m->dtype != MBD_DTYPE_BF16 && m->dtype != MBD_DTYPE_F16) return 0; /* dp stays zeroed: */
   if (c->d_inner > MBD_DP_MAX_INNER) return 0;                           /* never runs */
   const size_t tb = (size_t)c->n_layer * sizeof(mbd_dp_layer);
-  const size_t xpp = 4 * (size_t)(c->dt_rank + 2 * c->d_state) * (MBD_DP_MAX_INNER / 16) * 4;
-  void *dl = NULL, *bar = NULL, *xp = NULL;
+  /* the exchange words (decode_persistent.h), 4 rows each, zeroed: tag 0 */
+  const size_t xq = 4 * (size_t)(c->dt_rank + 2 * c->d_state) * (MBD_DP_MAX_INNER / 16) * 8,
+               xy = 4 * (size_t)c->d_inner / 2 * 8, xo = 4 * (size_t)c->d_model * 8;
+  void *dl = NULL, *ep = NULL, *q = NULL, *y = NULL, *o = NULL;
   int rc = 0;
   for (int l = 0; l < c->n_layer && !rc; l++) rc = dp_regroup_xw(m, &m->layers[l], err);
-  if (rc || (rc = dalloc(m, tb, &dl, err)) || (rc = dalloc(m, sizeof(unsigned), &bar, err)) ||
-      (rc = dalloc(m, xpp, &xp, err)))
+  if (rc || (rc = dalloc(m, tb, &dl, err)) || (rc = dalloc(m, sizeof(unsigned), &ep, err)) ||
+      (rc = dalloc(m, xq, &q, err)) || (rc = dalloc(m, xy, &y, err)) || (rc = dalloc(m, xo, &o, err)))
     goto fail;
   MBD_GPU_TRY(cudaMemcpy(dl, m->layers, tb, cudaMemcpyHostToDevice), err);
-  MBD_GPU_TRY(cudaMemset(bar, 0, sizeof(unsigned)), err);
+  MBD_GPU_TRY(cudaMemset(ep, 0, sizeof(unsigned)), err);
+  MBD_GPU_TRY(cudaMemset(q, 0, xq), err);
+  MBD_GPU_TRY(cudaMemset(y, 0, xy), err);
+  MBD_GPU_TRY(cudaMemset(o, 0, xo), err);
   {
     mbd_dp_model *dp = &m->dp;
     dp->d_model = c->d_model;
@@ -288,11 +293,19 @@ static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
     dp->conv_slot = m->conv_slot;
     dp->ssm_state = m->ssm_st;
     dp->ssm_slot = m->ssm_slot;
-    dp->y = m->y;
-    dp->xpp = (float *)xp;
+    dp->xq = (uint64_t *)q;
+    dp->xy = (uint64_t *)y;
+    dp->xo = (uint64_t *)o;
+    dp->epoch = (unsigned *)ep;
+    /* tags (launch * n_layer + layer + 1) stay below 2^32; MBD_DP_EPOCH_WRAP
+     * (tests) wraps sooner */
+    const char *ew = getenv("MBD_DP_EPOCH_WRAP");
+    dp->epoch_wrap = ew && atol(ew) > 0 ? (uint32_t)atol(ew)
+                                        : (uint32_t)(0xfffffffeu / (uint32_t)c->n_layer - 1u);
     dp->resid = m->resid;
     dp->out = m->out;
-    dp->barrier = (unsigned *)bar;
+    dp->norm_f = m->norm_f;
+    dp->hn = m->hn;
     const char *pf = getenv("MBD_DP_L2PF"); /* MB of the LM head prefetched */
     const uint64_t hb = (uint64_t)c->vocab_size * (uint64_t)c->d_model * mbd_dtype_size(m->dtype);
     const uint64_t want = pf ? (uint64_t)atol(pf) << 20 : 0;
@@ -736,8 +749,10 @@ static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, mbd_error *err
   const mbd_dtype act = m->dtype;
   void *s = (void *)m->stream;
   int rc;
-  if (T == 1 && mbd_mamba1_gpu_persistent(m, nseq)) {
-    /* small decode batches: every layer in one persistent launch, same bits */
+  const int persistent = T == 1 && mbd_mamba1_gpu_persistent(m, nseq);
+  if (persistent) {
+    /* small decode batches: every layer and the final add + norm in one
+     * persistent launch, same bits */
     mbd_error poisoned;
     if (mbd_gpu_ctx_unusable(m->ctx, &poisoned)) { /* as mbd_gpu_gemm would refuse */
       if (err) *err = poisoned;
@@ -750,7 +765,7 @@ static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, mbd_error *err
   step_mark(m, 2);
   if (which == 0) return 0;
   const int64_t rows = which == 1 ? nseq : M;
-  if ((rc = mbd_mops_add_rmsnorm(s, rows, (int)d, which == 1 ? T : 1, which == 1 ? T - 1 : 0,
+  if (!persistent && (rc = mbd_mops_add_rmsnorm(s, rows, (int)d, which == 1 ? T : 1, which == 1 ? T - 1 : 0,
                                  m->resid, m->out, m->norm_f, c->norm_eps, act, m->hn, err)))
     return rc;
   step_mark(m, 3);

@@ -538,6 +538,22 @@ static void check_bitwise(mbd_dtype dt) {
     mbd_mamba1_gpu_destroy(&mc);
   }
 
+  /* the persistent decode's tag wrap (every 2 launches here, every ~2^32 /
+   * n_layer launches in service): its exchange words are re-zeroed and the
+   * count restarts; stale words must never pass for new ones */
+  {
+    setenv("MBD_DP_EPOCH_WRAP", "2", 1);
+    mbd_mamba1_gpu *mw = make_model(ctx, f.dir, dt, 0, 1);
+    unsetenv("MBD_DP_EPOCH_WRAP");
+    memcpy(toks, target, sizeof target);
+    sl[0] = 2;
+    run_batch(mw, 1, toks, sl, 0, V, &got);
+    printf("%s with the tag wrap every 2 launches: %s\n", mbd_dtype_name(dt),
+           trace_eq(&ref, &got, V, sb) ? "bit-identical" : "DIFFERS");
+    assert_true(trace_eq(&ref, &got, V, sb));
+    mbd_mamba1_gpu_destroy(&mw);
+  }
+
   /* prefill in pieces across the scan's 16-step chunk boundaries: a chunk
    * plus one step (T=17), a single step (T=1: the decode kernel), exactly one
    * chunk, a partial chunk; 3 sequences, the target in the middle */
