@@ -51,7 +51,6 @@ extern "C" {
 #define DP_MAXROWS XP_ROWS
 #define DP_RES_PT 12   /* residual elements per thread loaded at once (rows * d <= 3072) */
 #define DP_XPI (MBD_DP_MAX_INNER / (32 * XP_GW)) /* x_proj group partials per lane (fold) */
-#define DP_XPU 5      /* x_proj outputs a warp folds at once (their loads in flight together) */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DP_HAVE_KERNEL 1 /* the mma.sync == wgmma bit identity is an sm_90a fact */
@@ -112,7 +111,7 @@ __host__ __device__ inline dp_plan dp_make_plan(int d, int di, int R, int rows, 
   P.o_sd = o;     o = dp_al16(o + (uint32_t)(rows * P.no) * 4u);
   P.o_dtw = o;    o = dp_al16(o + (uint32_t)(P.gpb * 8 * (R + 1)) * 4u);
   P.o_rinv = o;   o = dp_al16(o + DP_MAXROWS * 4u);
-  P.o_mbar = o;   o = dp_al16(o + 40u); /* per buffer: full (landed), empty (released); the fold's */
+  P.o_mbar = o;   o = dp_al16(o + 32u); /* per buffer: full (landed), empty (released) */
   P.total = o;
   return P;
 }
@@ -126,7 +125,6 @@ struct dp_args {
   int rows;
   const int32_t *tok, *slots;
   long long *trace; /* [nb][L][DP_TP] or NULL */
-  int csz;          /* blocks per cluster: the x_proj fold is split over a cluster's blocks */
 };
 
 #ifdef DP_HAVE_KERNEL
@@ -186,37 +184,6 @@ __device__ __forceinline__ int dp_owned(int n, int per) {
   int k = 0;
   while (k < per && (int)blockIdx.x + k * (int)gridDim.x < n) k++;
   return k;
-}
-
-/* Distributed shared memory of the cluster (sm_90): the address of the same
- * shared variable in block `rank` of this cluster, a store there, and a
- * release arrival on an mbarrier there. */
-__device__ __forceinline__ uint32_t dsm_map(uint32_t a, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ void dsm_store(uint32_t a, float v) {
-  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(a), "f"(v) : "memory");
-}
-__device__ __forceinline__ void dsm_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-/* mbar_wait with cluster-scope acquire: the peers' stores before their
- * arrivals are visible after it. */
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-  uint32_t ok;
-  do {
-    asm volatile(
-        "{\n.reg .pred q;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 q, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, q;\n}\n"
-        : "=r"(ok)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!ok);
-}
-__device__ __forceinline__ void cluster_sync_all() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
 /* Two contract chunk chains interleaved (same x; the second hides the first's
@@ -322,25 +289,18 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
    * copy each, counted in bytes on the buffer's full mbarrier. Issuing can
    * block on the copy engine's queue; only this warp waits for it. */
   const uint32_t mbar0 = (uint32_t)__cvta_generic_to_shared(dsm + P.o_mbar);
-  const uint32_t full0 = mbar0, empty0 = mbar0 + 16, foldbar = mbar0 + 32;
-  const int csz = A.csz;
-  uint32_t crank = 0;
-  if (csz > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(crank));
+  const uint32_t full0 = mbar0, empty0 = mbar0 + 16;
   if (tid == 0) {
     for (int i = 0; i < 2; i++) {
       mbar_init(full0 + 8 * i, 1);
       mbar_init(empty0 + 8 * i, 1);
     }
-    mbar_init(foldbar, csz); /* one arrival per block of the cluster and layer */
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  if (csz > 1) cluster_sync_all(); /* every peer's fold mbarrier is initialised */
-  /* A cluster folds x_proj when one of its blocks owns channels (without
-   * clusters: an owner folds); a block with no channels, no out_proj columns
-   * and no share of a fold takes no part (nobody waits for it). */
-  const bool folds = csz > 1 ? b - (int)crank < ng : nin > 0;
-  if (nin == 0 && nout == 0 && !folds) {
+  /* a block with no channels and no out_proj columns takes no part (nobody
+   * waits for its words) */
+  if (nin == 0 && nout == 0) {
     if (A.trace && tid == 0) /* no stamps: the trace skips this block */
       for (int i = 0; i < L * DP_TP; i++) A.trace[(size_t)b * L * DP_TP + i] = 0;
     return;
@@ -426,8 +386,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
    * it writes a word, and block 0 advances it only after the last layer's
    * words reached it, which needed every participant's words of layer 0. */
   const uint32_t epoch = __ldcg(M.epoch), tag0 = epoch * (uint32_t)L + 1u;
-  const int nu = rows * NO;
-  const uint32_t sd_s = (uint32_t)__cvta_generic_to_shared(sd);
+  const int nu = rows * NO, nown = ng < nb ? ng : nb; /* channel owners: blocks 0..nown-1 */
   for (int l = 0; l < L; l++) {
     const mbd_dp_layer &Y = M.layers[l];
     const uint32_t tag = tag0 + (uint32_t)l;
@@ -527,67 +486,38 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
 
     /* ---- C: x_proj fold (xp_chunk's sums over the groups, then xp_store's
      * butterfly), then dt_proj + scan + D + gate (k_scan_step) */
-    /* Each warp loads DP_XPU outputs' partials before the first add, and
-     * reloads those not yet tagged; a lane's slots of groups >= ng are never
-     * written and never waited for. With clusters (csz > 1) each block of a
-     * cluster folds every csz-th output and stores it into every peer's sd,
-     * so a block reads 1/csz of the partials from L2. */
-#pragma unroll 1
-    for (int v0 = warp; folds && (int)crank + csz * v0 < nu; v0 += DP_WARPS * DP_XPU) {
+    /* Each output is folded once, by warp (u / nown) % DP_WARPS of channel
+     * owner u % nown: its lanes wait for their partials (lane l: groups l,
+     * l + 32, ...; slots of groups >= ng are never written), add them in the
+     * contract's order and butterfly; the sum goes out as a word of xs. Then
+     * every owner takes all of xs into sd. */
+    for (int u = b + nown * warp; nin > 0 && u < nu; u += nown * DP_WARPS) {
       static_assert(DP_XPI == 4, "four group partials a lane and output");
-      uint64_t w[DP_XPU][DP_XPI];
-      uint32_t pend = 0;
+      const uint64_t *src = M.xq + ((size_t)u * 32 + lane) * DP_XPI;
+      uint64_t w[DP_XPI];
+      bool ok;
+      do {
 #pragma unroll
-      for (int a = 0; a < DP_XPU; a++)
-        if ((int)crank + csz * (v0 + a * DP_WARPS) < nu) pend |= 1u << a;
-      while (pend) { /* warp-uniform */
+        for (int i = 0; i < DP_XPI; i++) w[i] = 32 * i + lane < ng ? ld_word(src + i) : 0;
+        ok = true;
 #pragma unroll
-        for (int a = 0; a < DP_XPU; a++)
-          if (pend >> a & 1u) {
-            const uint64_t *src = M.xq + ((size_t)((int)crank + csz * (v0 + a * DP_WARPS)) * 32 + lane) * DP_XPI;
+        for (int i = 0; i < DP_XPI; i++) ok &= 32 * i + lane >= ng || word_tag(w[i]) == tag;
+      } while (!__all_sync(0xffffffffu, ok));
+      float acc = 0.0f;
 #pragma unroll
-            for (int i = 0; i < DP_XPI; i++) w[a][i] = ld_word(src + i);
-          }
-#pragma unroll
-        for (int a = 0; a < DP_XPU; a++)
-          if (pend >> a & 1u) {
-            bool ok = true;
-#pragma unroll
-            for (int i = 0; i < DP_XPI; i++) ok &= 32 * i + lane >= ng || word_tag(w[a][i]) == tag;
-            if (__all_sync(0xffffffffu, ok)) pend &= ~(1u << a);
-          }
-      }
-      /* the outputs' sums and butterflies interleaved (each one's adds in
-       * the contract's order): DP_XPU dependent shuffle chains side by side */
-      float acc[DP_XPU];
-#pragma unroll
-      for (int a = 0; a < DP_XPU; a++) {
-        acc[a] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DP_XPI; i++)
-          if (32 * i + lane < ng) acc[a] = __fadd_rn(acc[a], __uint_as_float((uint32_t)w[a][i]));
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1)
-#pragma unroll
-        for (int a = 0; a < DP_XPU; a++)
-          acc[a] = __fadd_rn(acc[a], __shfl_xor_sync(0xffffffffu, acc[a], off));
-#pragma unroll
-      for (int a = 0; a < DP_XPU; a++) {
-        const int u = (int)crank + csz * (v0 + a * DP_WARPS);
-        if (u >= nu) continue;
-        const float r = u % NO < R ? round_act<T>(acc[a]) : acc[a];
-        if (csz == 1) {
-          if (lane == 0) sd[u] = r;
-        } else if (lane < csz) { /* lane p stores into peer p */
-          dsm_store(dsm_map(sd_s + 4u * (uint32_t)u, (uint32_t)lane), r);
-        }
-      }
+      for (int i = 0; i < DP_XPI; i++)
+        if (32 * i + lane < ng) acc = __fadd_rn(acc, __uint_as_float((uint32_t)w[i]));
+      for (int off = 16; off > 0; off >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, off));
+      if (lane == 0)
+        st_word(M.xs + u, dp_word(__float_as_uint(u % NO < R ? round_act<T>(acc) : acc), tag));
     }
-    dp_sync();
-    if (csz > 1 && folds) { /* every peer's outputs have landed in sd */
-      if (tid < csz) dsm_arrive(dsm_map(foldbar, (uint32_t)tid));
-      mbar_wait_cluster(foldbar, (uint32_t)l & 1u);
+    if (nin > 0) {
+      for (int e = tid; e < nu; e += DP_THREADS) { /* one or two words a thread */
+        uint64_t w;
+        while (word_tag(w = ld_word(M.xs + e)) != tag) __nanosleep(32);
+        sd[e] = __uint_as_float((uint32_t)w);
+      }
+      dp_sync();
     }
     DP_MARK(l, 5);
     {
@@ -665,6 +595,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
     for (size_t e = tid; e < nq; e += DP_THREADS) M.xq[e] = 0;
     for (size_t e = tid; e < ny; e += DP_THREADS) M.xy[e] = 0;
     for (size_t e = tid; e < no; e += DP_THREADS) M.xo[e] = 0;
+    for (size_t e = tid; e < (size_t)DP_MAXROWS * NO; e += DP_THREADS) M.xs[e] = 0;
   }
   if (tid == 0) *M.epoch = wrap ? 0u : epoch + 1u;
   if (gtt) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gtt[1]));
@@ -706,7 +637,7 @@ static int dp_check(const mbd_dp_model *m, int rows, int *nb, dp_plan *P) {
   const int ts = (int)mbd_dtype_size(m->dtype);
   *P = dp_make_plan(m->d_model, m->d_inner, m->dt_rank, rows, sms, ts);
   if (P->total > (uint32_t)smax || rows * P->gpb * 8 > DP_THREADS) return 0;
-  if (m->d_inner > MBD_DP_MAX_INNER || !m->xq || !m->xy || !m->xo || !m->epoch) return 0;
+  if (m->d_inner > MBD_DP_MAX_INNER || !m->xq || !m->xs || !m->xy || !m->xo || !m->epoch) return 0;
   /* dp_poll's words a thread */
   if (rows * m->d_model > DP_RES_PT * DP_THREADS || rows * m->d_inner / 2 > DP_RES_PT * DP_THREADS)
     return 0;
@@ -802,28 +733,22 @@ extern "C" int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, cons
   a.tok = tok;
   a.slots = slots;
   a.trace = dp_trace_buffer(nb, m->n_layer);
-  const char *ce = getenv("MBD_DP_CLUSTER");
-  a.csz = ce && (ce[0] == '2' || ce[0] == '4') && nb % (ce[0] - '0') == 0 ? ce[0] - '0' : 1;
   void (*k)(dp_args) = m->dtype == MBD_DTYPE_BF16 ? k_decode_layers<__nv_bfloat16>
                                                   : k_decode_layers<__half>;
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)P.total);
   if (e == cudaSuccess) {
     /* Cooperative: the launch fails rather than deadlock in the grid barrier
      * if the blocks cannot all be resident at once. */
-    cudaLaunchAttribute at[2];
+    cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeCooperative;
     at[0].val.cooperative = 1;
-    at[1].id = cudaLaunchAttributeClusterDimension;
-    at[1].val.clusterDim.x = (unsigned)a.csz;
-    at[1].val.clusterDim.y = 1;
-    at[1].val.clusterDim.z = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)nb);
     cfg.blockDim = dim3(DP_BLOCK);
     cfg.dynamicSmemBytes = P.total;
     cfg.stream = (cudaStream_t)stream;
     cfg.attrs = at;
-    cfg.numAttrs = a.csz > 1 ? 2 : 1;
+    cfg.numAttrs = 1;
     e = cudaLaunchKernelEx(&cfg, k, a);
   }
   if (e != cudaSuccess) {

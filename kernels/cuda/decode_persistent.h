@@ -58,6 +58,7 @@ typedef struct mbd_dp_model {
   /* exchange words (value | layer tag << 32), zeroed once, owned by this model */
   uint64_t *xq;                 /* [4][R + 32][32][MBD_DP_MAX_INNER / 512]: x_proj
                                    group partials, lane-major (decode_persistent.cu) */
+  uint64_t *xs;                 /* [4][R + 32]: x_proj outputs (folded partials) */
   uint64_t *xy;                 /* [4][d_inner / 2]: y, two dtype values a word */
   uint64_t *xo;                 /* [4][d_model]: out_proj outputs (f32) */
   unsigned *epoch;              /* launches so far (the tags' base), zeroed once */

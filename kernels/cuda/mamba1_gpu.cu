@@ -265,16 +265,19 @@ static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
   const size_t tb = (size_t)c->n_layer * sizeof(mbd_dp_layer);
   /* the exchange words (decode_persistent.h), 4 rows each, zeroed: tag 0 */
   const size_t xq = 4 * (size_t)(c->dt_rank + 2 * c->d_state) * (MBD_DP_MAX_INNER / 16) * 8,
+               xs = 4 * (size_t)(c->dt_rank + 2 * c->d_state) * 8,
                xy = 4 * (size_t)c->d_inner / 2 * 8, xo = 4 * (size_t)c->d_model * 8;
-  void *dl = NULL, *ep = NULL, *q = NULL, *y = NULL, *o = NULL;
+  void *dl = NULL, *ep = NULL, *q = NULL, *xsd = NULL, *y = NULL, *o = NULL;
   int rc = 0;
   for (int l = 0; l < c->n_layer && !rc; l++) rc = dp_regroup_xw(m, &m->layers[l], err);
   if (rc || (rc = dalloc(m, tb, &dl, err)) || (rc = dalloc(m, sizeof(unsigned), &ep, err)) ||
-      (rc = dalloc(m, xq, &q, err)) || (rc = dalloc(m, xy, &y, err)) || (rc = dalloc(m, xo, &o, err)))
+      (rc = dalloc(m, xq, &q, err)) || (rc = dalloc(m, xs, &xsd, err)) ||
+      (rc = dalloc(m, xy, &y, err)) || (rc = dalloc(m, xo, &o, err)))
     goto fail;
   MBD_GPU_TRY(cudaMemcpy(dl, m->layers, tb, cudaMemcpyHostToDevice), err);
   MBD_GPU_TRY(cudaMemset(ep, 0, sizeof(unsigned)), err);
   MBD_GPU_TRY(cudaMemset(q, 0, xq), err);
+  MBD_GPU_TRY(cudaMemset(xsd, 0, xs), err);
   MBD_GPU_TRY(cudaMemset(y, 0, xy), err);
   MBD_GPU_TRY(cudaMemset(o, 0, xo), err);
   {
@@ -294,6 +297,7 @@ static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
     dp->ssm_state = m->ssm_st;
     dp->ssm_slot = m->ssm_slot;
     dp->xq = (uint64_t *)q;
+    dp->xs = (uint64_t *)xsd;
     dp->xy = (uint64_t *)y;
     dp->xo = (uint64_t *)o;
     dp->epoch = (unsigned *)ep;
