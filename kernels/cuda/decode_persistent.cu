@@ -297,6 +297,12 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  /* the rows' tokens and slots, read once (they may be in mapped host memory) */
+  __shared__ int32_t s_tok[DP_MAXROWS], s_slot[DP_MAXROWS];
+  if (tid < rows) {
+    s_tok[tid] = A.tok[tid];
+    s_slot[tid] = A.slots[tid];
+  }
   __syncthreads();
   /* a block with no channels and no out_proj columns takes no part (nobody
    * waits for its words) */
@@ -345,7 +351,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
           for (int h = 0; h < 2; h++)
             bulk_g2s(wb + P.o_inb + (jj * 16 + 8 * h) * ts, (const T *)Y.in_b + h * di + c0, 8u * ts, full);
         for (int r = 0; r < rows; r++) {
-          const int64_t slot = A.slots[r];
+          const int64_t slot = s_slot[r];
           for (int j = 0; j < DP_KC - 1; j++)
             bulk_g2s(wb + P.o_cst + ((r * P.gpb + jj) * (DP_KC - 1) + j) * 32,
                      M.conv_state + slot * M.conv_slot + ((int64_t)l * (DP_KC - 1) + j) * di + c0, 32u, full);
@@ -409,7 +415,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
       if (l == 0) {
         for (int e = tid; e < rows * d; e += DP_THREADS) {
           const int r = e / d;
-          resid[e] = ld_f32((const T *)M.emb + (size_t)A.tok[r] * d + (e - r * d));
+          resid[e] = ld_f32((const T *)M.emb + (size_t)s_tok[r] * d + (e - r * d));
         }
       } else { /* the previous layer's out_proj outputs, as they arrive */
         dp_poll(M.xo, rows * d, tag - 1u,
@@ -450,7 +456,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
           for (int j = 0; j < DP_KC - 1; j++) win[j] = s_cst[(r * P.gpb + jj) * (DP_KC - 1) * 8 + j * 8 + col];
           const float xc = conv_silu_out<DP_KC>(wk, win, v, Y.conv_b != nullptr,
                                                 Y.conv_b ? s_cb[jj * 8 + col] : 0.0f);
-          float *cs = M.conv_state + (int64_t)A.slots[r] * M.conv_slot + (int64_t)l * (DP_KC - 1) * di + ch;
+          float *cs = M.conv_state + (int64_t)s_slot[r] * M.conv_slot + (int64_t)l * (DP_KC - 1) * di + ch;
 #pragma unroll
           for (int j = 0; j + 1 < DP_KC - 1; j++) cs[(int64_t)j * di] = win[j + 1];
           cs[(int64_t)(DP_KC - 2) * di] = v;
@@ -535,7 +541,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         const uint32_t hi = act_bits<T>(__shfl_down_sync(0xffffffffu, v, 16));
         if (lane == 0) /* y of channels sch, sch + 1 in one word */
           st_word(M.xy + ((size_t)sr * di + sch) / 2, dp_word(hi << 16 | act_bits<T>(v), tag));
-        M.ssm_state[(int64_t)A.slots[sr] * M.ssm_slot + ((int64_t)l * di + sch) * DP_N + n] = h;
+        M.ssm_state[(int64_t)s_slot[sr] * M.ssm_slot + ((int64_t)l * di + sch) * DP_N + n] = h;
       }
     }
     DP_MARK(l, 6);
@@ -636,7 +642,7 @@ static int dp_check(const mbd_dp_model *m, int rows, int *nb, dp_plan *P) {
   if (maj != 9 || min_ != 0) return 0;
   const int ts = (int)mbd_dtype_size(m->dtype);
   *P = dp_make_plan(m->d_model, m->d_inner, m->dt_rank, rows, sms, ts);
-  if (P->total > (uint32_t)smax || rows * P->gpb * 8 > DP_THREADS) return 0;
+  if (P->total + 64u > (uint32_t)smax || rows * P->gpb * 8 > DP_THREADS) return 0; /* + static */
   if (m->d_inner > MBD_DP_MAX_INNER || !m->xq || !m->xs || !m->xy || !m->xo || !m->epoch) return 0;
   /* dp_poll's words a thread */
   if (rows * m->d_model > DP_RES_PT * DP_THREADS || rows * m->d_inner / 2 > DP_RES_PT * DP_THREADS)

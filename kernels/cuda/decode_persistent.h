@@ -80,7 +80,8 @@ typedef struct mbd_dp_model {
 int mbd_dp_fits(const mbd_dp_model *m, int rows);
 
 /* Enqueues the layers of one decode step of `rows` rows (tokens tok[rows],
- * state slots slots[rows], device arrays) and the final add + norm on
+ * state slots slots[rows]: device or mapped pinned host arrays, read once
+ * at the start) and the final add + norm on
  * stream. mbd_dp_fits must hold. Leaves resid, out and hn as the per-op
  * path leaves them. */
 int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, const int32_t *tok,

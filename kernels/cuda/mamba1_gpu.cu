@@ -58,7 +58,6 @@ struct mbd_mamba1_gpu {
   void *sample_work;
   float *d_temp;
   uint64_t *d_seed, *d_step;
-  int32_t *d_next;
   /* pinned staging */
   int32_t *h_tok, *h_slots, *h_next;
   float *h_temp;
@@ -76,7 +75,7 @@ struct mbd_mamba1_gpu {
 /* MBD_STEP_EVENTS=1 (a diagnostic): events at a decode step's stage
  * boundaries, recorded into the graphs captured while it is set; the last
  * step's intervals by mbd_mamba1_gpu_step_events_print. */
-#define STEP_EV 7
+#define STEP_EV 6
 static cudaEvent_t g_step_ev[STEP_EV];
 static int step_events_on(void) {
   static int on = -1;
@@ -94,7 +93,7 @@ static void step_mark(const mbd_mamba1_gpu *m, int i) {
 }
 extern "C" void mbd_mamba1_gpu_step_events_print(void) {
   static const char *name[STEP_EV - 1] = {"inputs up (copy)", "layers", "final add + norm",
-                                          "lm_head", "sampling", "pick down (copy)"};
+                                          "lm_head", "sampling"};
   if (!step_events_on() || cudaEventSynchronize(g_step_ev[STEP_EV - 1]) != cudaSuccess) {
     (void)cudaGetLastError();
     return;
@@ -370,7 +369,6 @@ static int alloc_runtime(mbd_mamba1_gpu *m, mbd_error *err) {
   DA(m->y, rows * di * es);
   DA(m->out, rows * d * 4);
   DA(m->logits, rows * V * 4);
-  DA(m->d_next, B * 4);
   DA(m->sample_work, mbd_mops_sample_work_bytes((int)B));
   /* the sampler's row counters start at zero; each launch leaves them zero */
   MBD_GPU_CHECK(cudaMemset(m->sample_work, 0, mbd_mops_sample_work_bytes((int)B)), err);
@@ -747,7 +745,8 @@ static int layers(mbd_mamba1_gpu *m, int nseq, int T, mbd_error *err) {
 /* Runs nseq x T rows (tokens in d_tok, slots in d_slots) through the model,
  * advancing the slots' states. Logits: 0 none; 1 each sequence's last row
  * ([nseq, V]); 2 every row ([nseq * T, V]); into m->logits. Enqueue only. */
-static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, mbd_error *err) {
+static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, const int32_t *dp_tok,
+                   const int32_t *dp_slots, mbd_error *err) {
   const mbd_mamba_config *c = &m->cfg;
   const int64_t M = (int64_t)nseq * T, d = c->d_model, V = c->vocab_size;
   const mbd_dtype act = m->dtype;
@@ -762,7 +761,7 @@ static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, mbd_error *err
       if (err) *err = poisoned;
       return poisoned.code;
     }
-    if ((rc = mbd_dp_decode(s, &m->dp, nseq, m->d_tok, m->d_slots, err))) return rc;
+    if ((rc = mbd_dp_decode(s, &m->dp, nseq, dp_tok, dp_slots, err))) return rc;
   } else if ((rc = layers(m, nseq, T, err))) {
     return rc;
   }
@@ -828,7 +827,7 @@ extern "C" int mbd_mamba1_gpu_prefill(mbd_mamba1_gpu *m, int nseq, int T, const 
       int w = which == MBD_MAMBA1_GPU_LOGITS_ALL ? 2
               : (which == MBD_MAMBA1_GPU_LOGITS_LAST && last) ? 1
                                                                : 0;
-      if ((rc = forward(m, ns, tc, w, err))) return rc;
+      if ((rc = forward(m, ns, tc, w, m->d_tok, m->d_slots, err))) return rc;
       if (w == 2)
         MBD_GPU_CHECK(cudaMemcpy2DAsync(logits + ((size_t)s0 * T + t0) * V, (size_t)T * V * 4,
                                         m->logits, (size_t)tc * V * 4, (size_t)tc * V * 4,
@@ -844,25 +843,30 @@ extern "C" int mbd_mamba1_gpu_prefill(mbd_mamba1_gpu *m, int nseq, int T, const 
   return 0;
 }
 
-/* One decode step of `rows` rows: the staged inputs up (one copy), the
- * model, the pick, the picks down; a graph replays all of it. */
+/* One decode step of `rows` rows: the staged inputs (up in one copy for the
+ * per-op path), the model, the pick into pinned h_next; a graph replays all
+ * of it. */
 static int step_body_marked(mbd_mamba1_gpu *m, int rows, mbd_error *err) {
+  /* The pinned staging is mapped (unified addressing): the persistent decode
+   * and the sampling read their few inputs from it directly, and the picks
+   * go straight into h_next. A copy node costs ~7 us each way; the per-op
+   * layers read the tokens and slots many times and get one upload. */
+  const int direct = mbd_mamba1_gpu_persistent(m, rows);
   step_mark(m, 0);
-  MBD_GPU_CHECK(cudaMemcpyAsync(m->d_in, m->h_in, m->in_bytes, cudaMemcpyHostToDevice, m->stream),
-                err);
+  if (!direct)
+    MBD_GPU_CHECK(cudaMemcpyAsync(m->d_in, m->h_in, m->in_bytes, cudaMemcpyHostToDevice,
+                                  m->stream),
+                  err);
   step_mark(m, 1);
-  int rc = forward(m, rows, 1, 2, err);
+  int rc = forward(m, rows, 1, 2, m->h_tok, m->h_slots, err);
   if (rc) return rc;
   step_mark(m, 4);
   if ((rc = mbd_mops_sample((void *)m->stream, rows, m->cfg.vocab_size, m->logits,
-                            m->cfg.vocab_size, m->d_temp, m->d_seed, m->d_step, m->sample_work,
-                            m->d_next, err)))
+                            m->cfg.vocab_size, direct ? m->h_temp : m->d_temp,
+                            direct ? m->h_seed : m->d_seed, direct ? m->h_step : m->d_step,
+                            m->sample_work, m->h_next, err)))
     return rc;
   step_mark(m, 5);
-  MBD_GPU_CHECK(cudaMemcpyAsync(m->h_next, m->d_next, (size_t)rows * 4, cudaMemcpyDeviceToHost,
-                                m->stream),
-                err);
-  step_mark(m, 6);
   return 0;
 }
 
