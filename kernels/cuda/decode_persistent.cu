@@ -363,22 +363,6 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         for (int j = 0; j < nout; j++)
           bulk_g2s(wb + P.o_outb + j * 8 * ts, (const T *)Y.out_b + 8 * (b + j * nb), 8u * ts, full);
     }
-    /* The last layer's loads are queued (they are issued early in layer
-     * L - 2): this block's share of the next kernel's first bytes into L2,
-     * kept there by an evict_last policy, while the last layers compute. */
-    if (M.l2_next_bytes) {
-      const uint64_t per = (M.l2_next_bytes / (uint64_t)nb + 15u) & ~(uint64_t)15;
-      uint64_t o = per * (uint64_t)b;
-      const uint64_t end = o + per < M.l2_next_bytes ? o + per : M.l2_next_bytes;
-      uint64_t pol;
-      asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-      for (; o < end; o += 65536) {
-        const uint32_t n = (uint32_t)(end - o < 65536 ? end - o : 65536);
-        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(
-                         (const char *)M.l2_next + o), "r"(n), "l"(pol)
-                     : "memory");
-      }
-    }
     return;
   }
   long long *trc = A.trace ? A.trace + (size_t)b * L * DP_TP : nullptr;

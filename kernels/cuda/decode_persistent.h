@@ -68,9 +68,6 @@ typedef struct mbd_dp_model {
                                    after the final add (resid) */
   const float *norm_f;          /* [d] final norm weight */
   void *hn;                     /* [rows][d] dtype: on return, the final norm's output */
-  const void *l2_next;          /* read by the step's next kernel (the LM head's W): */
-  uint64_t l2_next_bytes;       /* its first bytes are prefetched into L2 during the
-                                   last layers (0: none) */
 } mbd_dp_model;
 
 /* The widest d_inner it runs (its x_proj fold holds 4 group partials a lane). */

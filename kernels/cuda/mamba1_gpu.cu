@@ -309,11 +309,6 @@ static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
     dp->out = m->out;
     dp->norm_f = m->norm_f;
     dp->hn = m->hn;
-    const char *pf = getenv("MBD_DP_L2PF"); /* MB of the LM head prefetched */
-    const uint64_t hb = (uint64_t)c->vocab_size * (uint64_t)c->d_model * mbd_dtype_size(m->dtype);
-    const uint64_t want = pf ? (uint64_t)atol(pf) << 20 : 0;
-    dp->l2_next = m->head;
-    dp->l2_next_bytes = (want < hb ? want : hb) & ~(uint64_t)15;
   }
   mbd_dp_trace_prepare(c->n_layer);
 fail:
