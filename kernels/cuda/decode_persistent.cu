@@ -1,21 +1,25 @@
 /* Persistent decode kernel (see decode_persistent.h).
  *
  * Work split, block b of nb (one per SM), per layer:
- *   A  every block: residual add + RMSNorm of all rows, redundantly (the same
- *      bits everywhere, no barrier for it); then, if it owns channels, in_proj
- *      for its channel groups G = b, b + nb, ... (16 channels: the x columns
- *      16G.. and the z columns di + 16G.., as two 8-row items each), the conv
- *      of its channels (it owns their conv state), and its groups' x_proj
- *      partials (the x_proj contract sums one partial per 16-channel group,
- *      mops_arith.cuh xp_chunk; 16 rather than 8 halves what every block
- *      reads back after the barrier);
- *   -- barrier: the scan needs all of dt_low, B, C
- *   C  every block that owns channels: the x_proj fold of all groups'
- *      partials (the contract's lane sums and butterfly, redundantly), then
- *      dt_proj + scan + D skip + gate of its channels (it owns their state);
- *   -- barrier: out_proj needs every channel
- *   D  out_proj for its column groups b, b + nb, ...
- *   -- barrier: the next norm needs every column.
+ *   A  blocks owning channels (groups G = b, b + nb, ... of 16: the x columns
+ *      16G.. and the z columns di + 16G.., as two 8-row items each): the
+ *      residual add of the previous layer's out_proj words as they arrive, the
+ *      RMSNorm of all rows (the same bits in every owner), in_proj for its
+ *      groups, the conv of its channels (it owns their conv state), and its
+ *      groups' x_proj partials (mops_arith.cuh xp_chunk's one partial per
+ *      16-channel group) out as xq words;
+ *   C  one owner warp per x_proj output folds that output's partials (the
+ *      contract's lane sums and butterfly) into an xs word; every owner takes
+ *      all xs words, then runs dt_proj + scan + D skip + gate of its channels
+ *      (it owns their state) and sends y out as xy words, two channels a word;
+ *   D  blocks owning out_proj column groups b, b + nb, ...: out_proj on the xy
+ *      words as they arrive, out as xo words.
+ * Block 0 ends with the final add + norm. Blocks with no channel and no
+ * column leave at once. The exchanges need no barrier: a word is a value and
+ * its layer's tag in one 64-bit store (single-copy atomic), so a reader that
+ * sees the tag sees the value; it reloads until every word it needs carries
+ * the tag. Overwrites are safe because every reader of a layer's words fed
+ * the next layer's words that their writers wait for.
  * The projections are chunk chains of m16n8k16 steps (device/mma_m16n8k16.cuh)
  * from W slices in shared memory, partials folded in chunk order and then the
  * bias, as the GEMM family's mbd_mkgemm (same bits as its wgmma tiles); a
@@ -25,8 +29,7 @@
  * copies (full/empty mbarriers), a layer or two ahead; the eight compute
  * warps sync on a named barrier. Rows of W slices and of the activations are
  * padded by 16 bytes, which makes the fragments' 32-bit shared loads
- * conflict-free. Data written by other blocks in this launch is read through
- * L2 (__ldcg), never a possibly stale L1 line. */
+ * conflict-free. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -134,7 +137,7 @@ __device__ __forceinline__ void dp_sync() { asm volatile("bar.sync 1, %0;" ::"n"
 /* Exchange words (NCCL's low-latency protocol): a value and the tag of the
  * layer that wrote it in one 64-bit store, so a reader that sees the tag
  * sees the value, with no fence and no grid barrier. Tags grow by launch
- * and layer (dp_tag), so stale words never match. */
+ * and layer (tag0 + l in the kernel), so stale words never match. */
 __device__ __forceinline__ uint64_t dp_word(uint32_t bits, uint32_t tag) {
   return (uint64_t)tag << 32 | bits;
 }
@@ -727,8 +730,8 @@ extern "C" int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, cons
                                                   : k_decode_layers<__half>;
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)P.total);
   if (e == cudaSuccess) {
-    /* Cooperative: the launch fails rather than deadlock in the grid barrier
-     * if the blocks cannot all be resident at once. */
+    /* Cooperative: the launch fails rather than deadlock waiting for words
+     * of a block that could not be resident at the same time. */
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeCooperative;
     at[0].val.cooperative = 1;
