@@ -128,6 +128,7 @@ struct dp_args {
   int rows;
   const int32_t *tok, *slots;
   long long *trace; /* [nb][L][DP_TP] or NULL */
+  mbd_dp_side side;
 };
 
 #ifdef DP_HAVE_KERNEL
@@ -315,7 +316,12 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
     return;
   }
   if (warp == DP_WARPS) {
-    if (lane != 0) return;
+    if (lane != 0) { /* block 0's spare lanes move the side bytes */
+      for (int k = 0; b == 0 && k < 3; k++)
+        for (size_t i = lane - 1; i < A.side.bytes[k] / 4; i += 31)
+          ((uint32_t *)A.side.dst[k])[i] = ((const uint32_t *)A.side.src[k])[i];
+      return;
+    }
     const int ts = (int)sizeof(T);
     const uint32_t ri = (uint32_t)d * ts, ro = (uint32_t)di * ts;
     for (int l = 0; l < L; l++) {
@@ -714,7 +720,7 @@ extern "C" void mbd_dp_trace_print(void) {
 }
 
 extern "C" int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, const int32_t *tok,
-                             const int32_t *slots, mbd_error *err) {
+                             const int32_t *slots, const mbd_dp_side *side, mbd_error *err) {
   int nb = 0;
   dp_plan P;
   if (!dp_check(m, rows, &nb, &P))
@@ -726,6 +732,7 @@ extern "C" int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, cons
   a.tok = tok;
   a.slots = slots;
   a.trace = dp_trace_buffer(nb, m->n_layer);
+  a.side = side ? *side : mbd_dp_side{};
   void (*k)(dp_args) = m->dtype == MBD_DTYPE_BF16 ? k_decode_layers<__nv_bfloat16>
                                                   : k_decode_layers<__half>;
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)P.total);

@@ -76,13 +76,22 @@ typedef struct mbd_dp_model {
  * above; MBD_DECODE_PERSISTENT=0 in the environment turns it off), else 0. */
 int mbd_dp_fits(const mbd_dp_model *m, int rows);
 
+/* Bytes the launch also moves, off its critical path, for the kernels after
+ * it (the sampling's inputs, from mapped pinned memory): up to three ranges,
+ * 4-byte aligned. */
+typedef struct mbd_dp_side {
+  const void *src[3];
+  void *dst[3];
+  size_t bytes[3];
+} mbd_dp_side;
+
 /* Enqueues the layers of one decode step of `rows` rows (tokens tok[rows],
  * state slots slots[rows]: device or mapped pinned host arrays, read once
  * at the start) and the final add + norm on
- * stream. mbd_dp_fits must hold. Leaves resid, out and hn as the per-op
+ * stream; side (or NULL) is copied meanwhile. mbd_dp_fits must hold. Leaves resid, out and hn as the per-op
  * path leaves them. */
 int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, const int32_t *tok,
-                  const int32_t *slots, mbd_error *err);
+                  const int32_t *slots, const mbd_dp_side *side, mbd_error *err);
 
 /* Diagnostic: with MBD_DP_TRACE=1 in the environment, prepare (outside any
  * stream capture; mamba1_gpu.cu calls it at load) allocates a process-wide

@@ -740,8 +740,8 @@ static int layers(mbd_mamba1_gpu *m, int nseq, int T, mbd_error *err) {
 /* Runs nseq x T rows (tokens in d_tok, slots in d_slots) through the model,
  * advancing the slots' states. Logits: 0 none; 1 each sequence's last row
  * ([nseq, V]); 2 every row ([nseq * T, V]); into m->logits. Enqueue only. */
-static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, const int32_t *dp_tok,
-                   const int32_t *dp_slots, mbd_error *err) {
+static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, int from_staging,
+                   mbd_error *err) {
   const mbd_mamba_config *c = &m->cfg;
   const int64_t M = (int64_t)nseq * T, d = c->d_model, V = c->vocab_size;
   const mbd_dtype act = m->dtype;
@@ -756,7 +756,15 @@ static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, const int32_t 
       if (err) *err = poisoned;
       return poisoned.code;
     }
-    if ((rc = mbd_dp_decode(s, &m->dp, nseq, dp_tok, dp_slots, err))) return rc;
+    /* from_staging: tokens and slots from the mapped pinned staging, which
+     * the launch also copies to d_in for the sampling */
+    const mbd_dp_side side = {{m->h_temp, m->h_seed, m->h_step},
+                              {m->d_temp, m->d_seed, m->d_step},
+                              {(size_t)nseq * 4, (size_t)nseq * 8, (size_t)nseq * 8}};
+    if ((rc = from_staging
+                  ? mbd_dp_decode(s, &m->dp, nseq, m->h_tok, m->h_slots, &side, err)
+                  : mbd_dp_decode(s, &m->dp, nseq, m->d_tok, m->d_slots, NULL, err)))
+      return rc;
   } else if ((rc = layers(m, nseq, T, err))) {
     return rc;
   }
@@ -822,7 +830,7 @@ extern "C" int mbd_mamba1_gpu_prefill(mbd_mamba1_gpu *m, int nseq, int T, const 
       int w = which == MBD_MAMBA1_GPU_LOGITS_ALL ? 2
               : (which == MBD_MAMBA1_GPU_LOGITS_LAST && last) ? 1
                                                                : 0;
-      if ((rc = forward(m, ns, tc, w, m->d_tok, m->d_slots, err))) return rc;
+      if ((rc = forward(m, ns, tc, w, 0, err))) return rc;
       if (w == 2)
         MBD_GPU_CHECK(cudaMemcpy2DAsync(logits + ((size_t)s0 * T + t0) * V, (size_t)T * V * 4,
                                         m->logits, (size_t)tc * V * 4, (size_t)tc * V * 4,
@@ -843,9 +851,11 @@ extern "C" int mbd_mamba1_gpu_prefill(mbd_mamba1_gpu *m, int nseq, int T, const 
  * of it. */
 static int step_body_marked(mbd_mamba1_gpu *m, int rows, mbd_error *err) {
   /* The pinned staging is mapped (unified addressing): the persistent decode
-   * and the sampling read their few inputs from it directly, and the picks
-   * go straight into h_next. A copy node costs ~7 us each way; the per-op
-   * layers read the tokens and slots many times and get one upload. */
+   * reads its tokens and slots from it directly and copies the rest up for
+   * the sampling while the layers run; the picks go straight into h_next. A
+   * copy node costs ~7 us each way (reading the sampling's inputs over PCIe
+   * ~3 us); the per-op layers read the tokens and slots many times and get
+   * one upload. */
   const int direct = mbd_mamba1_gpu_persistent(m, rows);
   step_mark(m, 0);
   if (!direct)
@@ -853,13 +863,12 @@ static int step_body_marked(mbd_mamba1_gpu *m, int rows, mbd_error *err) {
                                   m->stream),
                   err);
   step_mark(m, 1);
-  int rc = forward(m, rows, 1, 2, m->h_tok, m->h_slots, err);
+  int rc = forward(m, rows, 1, 2, direct, err);
   if (rc) return rc;
   step_mark(m, 4);
   if ((rc = mbd_mops_sample((void *)m->stream, rows, m->cfg.vocab_size, m->logits,
-                            m->cfg.vocab_size, direct ? m->h_temp : m->d_temp,
-                            direct ? m->h_seed : m->d_seed, direct ? m->h_step : m->d_step,
-                            m->sample_work, m->h_next, err)))
+                            m->cfg.vocab_size, m->d_temp, m->d_seed, m->d_step, m->sample_work,
+                            m->h_next, err)))
     return rc;
   step_mark(m, 5);
   return 0;
