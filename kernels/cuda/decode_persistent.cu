@@ -436,7 +436,8 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         const int col = e & 7, r = (e >> 3) % rows, row8 = (e >> 3) / rows;
         const int jj = row8 >> 1, half = row8 & 1, ch = ch0(jj) + col;
         float v = part[((row8 * P.cin) * rows + r) * 8 + col];
-        for (int c = 1; c < P.cin; c++) v = __fadd_rn(v, part[((row8 * P.cin + c) * rows + r) * 8 + col]);
+        for (int c = 1; c < P.cin; c++)
+          v = __fadd_rn(v, part[((row8 * P.cin + c) * rows + r) * 8 + col]);
         if (Y.in_b) v = __fadd_rn(v, ld_f32(s_inb + jj * 16 + half * 8 + col));
         const int q = jj * 8 + col;
         if (half) {
@@ -446,10 +447,12 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
 #pragma unroll
           for (int j = 0; j < DP_KC; j++) wk[j] = s_cw[jj * DP_KC * 8 + j * 8 + col];
 #pragma unroll
-          for (int j = 0; j < DP_KC - 1; j++) win[j] = s_cst[(r * P.gpb + jj) * (DP_KC - 1) * 8 + j * 8 + col];
+          for (int j = 0; j < DP_KC - 1; j++)
+            win[j] = s_cst[(r * P.gpb + jj) * (DP_KC - 1) * 8 + j * 8 + col];
           const float xc = conv_silu_out<DP_KC>(wk, win, v, Y.conv_b != nullptr,
                                                 Y.conv_b ? s_cb[jj * 8 + col] : 0.0f);
-          float *cs = M.conv_state + (int64_t)s_slot[r] * M.conv_slot + (int64_t)l * (DP_KC - 1) * di + ch;
+          float *cs = M.conv_state + (int64_t)s_slot[r] * M.conv_slot +
+                      (int64_t)l * (DP_KC - 1) * di + ch;
 #pragma unroll
           for (int j = 0; j + 1 < DP_KC - 1; j++) cs[(int64_t)j * di] = win[j + 1];
           cs[(int64_t)(DP_KC - 2) * di] = v;
@@ -506,7 +509,8 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
 #pragma unroll
       for (int i = 0; i < DP_XPI; i++)
         if (32 * i + lane < ng) acc = __fadd_rn(acc, __uint_as_float((uint32_t)w[i]));
-      for (int off = 16; off > 0; off >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, off));
+      for (int off = 16; off > 0; off >>= 1)
+        acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, off));
       if (lane == 0)
         st_word(M.xs + u, dp_word(__float_as_uint(u % NO < R ? round_act<T>(acc) : acc), tag));
     }

@@ -86,10 +86,10 @@ typedef struct mbd_dp_side {
 } mbd_dp_side;
 
 /* Enqueues the layers of one decode step of `rows` rows (tokens tok[rows],
- * state slots slots[rows]: device or mapped pinned host arrays, read once
- * at the start) and the final add + norm on
- * stream; side (or NULL) is copied meanwhile. mbd_dp_fits must hold. Leaves resid, out and hn as the per-op
- * path leaves them. */
+ * state slots slots[rows]: device or mapped pinned host arrays, read once at
+ * the start) and the final add + norm on stream; side (or NULL) is copied
+ * meanwhile. mbd_dp_fits must hold. Leaves resid, out and hn as the per-op
+ * path's final add + norm leaves them. */
 int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, const int32_t *tok,
                   const int32_t *slots, const mbd_dp_side *side, mbd_error *err);
 

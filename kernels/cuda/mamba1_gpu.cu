@@ -737,9 +737,11 @@ static int layers(mbd_mamba1_gpu *m, int nseq, int T, mbd_error *err) {
   return 0;
 }
 
-/* Runs nseq x T rows (tokens in d_tok, slots in d_slots) through the model,
- * advancing the slots' states. Logits: 0 none; 1 each sequence's last row
- * ([nseq, V]); 2 every row ([nseq * T, V]); into m->logits. Enqueue only. */
+/* Runs nseq x T rows (tokens in d_tok, slots in d_slots; from_staging: a
+ * persistent decode takes them from the pinned staging h_tok, h_slots and
+ * moves the sampling's inputs up) through the model, advancing the slots'
+ * states. Logits: 0 none; 1 each sequence's last row ([nseq, V]); 2 every row
+ * ([nseq * T, V]); into m->logits. Enqueue only. */
 static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, int from_staging,
                    mbd_error *err) {
   const mbd_mamba_config *c = &m->cfg;
@@ -756,8 +758,6 @@ static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, int from_stagi
       if (err) *err = poisoned;
       return poisoned.code;
     }
-    /* from_staging: tokens and slots from the mapped pinned staging, which
-     * the launch also copies to d_in for the sampling */
     const mbd_dp_side side = {{m->h_temp, m->h_seed, m->h_step},
                               {m->d_temp, m->d_seed, m->d_step},
                               {(size_t)nseq * 4, (size_t)nseq * 8, (size_t)nseq * 8}};
@@ -771,7 +771,8 @@ static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, int from_stagi
   step_mark(m, 2);
   if (which == 0) return 0;
   const int64_t rows = which == 1 ? nseq : M;
-  if (!persistent && (rc = mbd_mops_add_rmsnorm(s, rows, (int)d, which == 1 ? T : 1, which == 1 ? T - 1 : 0,
+  if (!persistent && /* the persistent launch ends with it */
+      (rc = mbd_mops_add_rmsnorm(s, rows, (int)d, which == 1 ? T : 1, which == 1 ? T - 1 : 0,
                                  m->resid, m->out, m->norm_f, c->norm_eps, act, m->hn, err)))
     return rc;
   step_mark(m, 3);
