@@ -287,6 +287,13 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
   T *hn = (T *)(dsm + P.o_hn), *act = (T *)(dsm + P.o_act);
   const int qn = P.gpb * 8; /* channel slots per row in xcv, zv */
 
+  /* a block with no channels and no out_proj columns takes no part (nobody
+   * waits for its words) */
+  if (nin == 0 && nout == 0) {
+    if (A.trace && tid == 0) /* no stamps: the trace skips this block */
+      for (int i = 0; i < L * DP_TP; i++) A.trace[(size_t)b * L * DP_TP + i] = 0;
+    return;
+  }
   /* The producer warp's lane 0 walks the layers, each into buffer l & 1 as
    * soon as the compute warps have released it (layer l - 2 done): the W
    * rows, the small parameters and this block's conv/scan state, one 1D bulk
@@ -308,13 +315,6 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
     s_slot[tid] = A.slots[tid];
   }
   __syncthreads();
-  /* a block with no channels and no out_proj columns takes no part (nobody
-   * waits for its words) */
-  if (nin == 0 && nout == 0) {
-    if (A.trace && tid == 0) /* no stamps: the trace skips this block */
-      for (int i = 0; i < L * DP_TP; i++) A.trace[(size_t)b * L * DP_TP + i] = 0;
-    return;
-  }
   if (warp == DP_WARPS) {
     if (lane != 0) { /* block 0's spare lanes move the side bytes */
       for (int k = 0; b == 0 && k < 3; k++)
@@ -463,7 +463,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
       dp_sync();
       /* x_proj partials of its groups (xp_chunk's p on the same rounded
        * inputs), to xq[r][o][lane l][i] for group 32 i + l: a folding lane
-       * reads its DP_XPI partials of an output with two 16-byte loads */
+       * reads its DP_XPI partials of an output, adjacent words */
 #pragma unroll 1
       for (int e = tid; e < rows * (nin / 2) * NO; e += DP_THREADS) {
         const int o = e % NO, rj = e / NO, jg = rj % (nin / 2), r = rj / (nin / 2);
@@ -694,6 +694,10 @@ extern "C" void mbd_dp_trace_print(void) {
   static const char *name[DP_TP] = {"A: wait out+norm", "A: in_proj mma", "A: fold+conv",
                                     "A: x_proj parts",  "C: wait+fold",   "C: scan",
                                     "D: wait y",        "D: out_proj",    "layer end"};
+  if (L < 3) { /* the mean skips the first and the last layer */
+    free(t);
+    return;
+  }
   int np = 0; /* blocks that took part (the others left zero stamps) */
   for (int b = 0; b < nb; b++) np += t[(size_t)b * L * DP_TP + DP_TP] != 0;
   printf("persistent decode trace, %d of %d blocks, us per layer (layers 1..%d): mean over blocks / "

@@ -255,7 +255,7 @@ fail:
 
 /* The persistent decode's view (decode_persistent.h): a device copy of the
  * layer table (layer_d is its mbd_dp_layer, with x_wg filled in), its x_proj
- * partials and its grid-barrier counter. Runs after the weights and the
+ * exchange words and its launch counter. Runs after the weights and the
  * workspace exist; only where the persistent decode can run. */
 static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
   const mbd_mamba_config *c = &m->cfg;
@@ -274,11 +274,14 @@ static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
       (rc = dalloc(m, xy, &y, err)) || (rc = dalloc(m, xo, &o, err)))
     goto fail;
   MBD_GPU_TRY(cudaMemcpy(dl, m->layers, tb, cudaMemcpyHostToDevice), err);
-  MBD_GPU_TRY(cudaMemset(ep, 0, sizeof(unsigned)), err);
-  MBD_GPU_TRY(cudaMemset(q, 0, xq), err);
-  MBD_GPU_TRY(cudaMemset(xsd, 0, xs), err);
-  MBD_GPU_TRY(cudaMemset(y, 0, xy), err);
-  MBD_GPU_TRY(cudaMemset(o, 0, xo), err);
+  /* on the model's stream, done before the first launch: a memset left on
+   * the legacy stream could land after a launch's words and hang it */
+  MBD_GPU_TRY(cudaMemsetAsync(ep, 0, sizeof(unsigned), m->stream), err);
+  MBD_GPU_TRY(cudaMemsetAsync(q, 0, xq, m->stream), err);
+  MBD_GPU_TRY(cudaMemsetAsync(xsd, 0, xs, m->stream), err);
+  MBD_GPU_TRY(cudaMemsetAsync(y, 0, xy, m->stream), err);
+  MBD_GPU_TRY(cudaMemsetAsync(o, 0, xo, m->stream), err);
+  MBD_GPU_TRY(cudaStreamSynchronize(m->stream), err);
   {
     mbd_dp_model *dp = &m->dp;
     dp->d_model = c->d_model;
@@ -301,10 +304,11 @@ static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
     dp->xo = (uint64_t *)o;
     dp->epoch = (unsigned *)ep;
     /* tags (launch * n_layer + layer + 1) stay below 2^32; MBD_DP_EPOCH_WRAP
-     * (tests) wraps sooner */
+     * (tests) wraps sooner, never later */
+    const uint32_t wrap = 0xfffffffeu / (uint32_t)c->n_layer - 1u;
     const char *ew = getenv("MBD_DP_EPOCH_WRAP");
-    dp->epoch_wrap = ew && atol(ew) > 0 ? (uint32_t)atol(ew)
-                                        : (uint32_t)(0xfffffffeu / (uint32_t)c->n_layer - 1u);
+    const long ewv = ew ? atol(ew) : 0;
+    dp->epoch_wrap = ewv > 0 && (unsigned long)ewv < wrap ? (uint32_t)ewv : wrap;
     dp->resid = m->resid;
     dp->out = m->out;
     dp->norm_f = m->norm_f;
