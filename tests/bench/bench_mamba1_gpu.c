@@ -2,7 +2,7 @@
  * device): 130m (d768 L24) and 1.4b (d2048 L48) shapes, V 50280, bf16 and
  * f32 storage, deterministic GEMM mode and cublas-fast.
  *   decode: tokens/s of mbd_mamba1_gpu_step (graph replay, greedy pick on the
- *           device, token upload and download included) at batch 1/8/64/256;
+ *           device, tokens in and picks out included) at batch 1/8/64/256;
  *   prefill: tokens/s of one sequence of T=2048 (last-position logits);
  *   floor: HBM bound, (weight bytes + batch * state bytes * 2) per step over
  *          the measured device-to-device copy rate (bytes read + written).
@@ -13,7 +13,9 @@
  * with the separate conv and with the decode fusion (conv in x_proj and the
  * scan). MBD_CONV_FUSE_MAX (see mamba_ops.h) picks the model's decode path;
  * MBD_BENCH_PROFILE_STEP: see profile_step; MBD_DP_TRACE=1: the persistent
- * decode's time per stage at batch 1 (decode_persistent.h). */
+ * decode's time per stage at batch 1 (decode_persistent.h); MBD_STEP_EVENTS=1:
+ * the device time of a batch-1 step's stages, from events recorded in its
+ * graph (mamba1_gpu.h). */
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <stdint.h>
