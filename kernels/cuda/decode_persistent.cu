@@ -52,7 +52,7 @@ extern "C" {
 #define DP_N 16        /* d_state */
 #define DP_CH 256      /* K chunk of the GEMM contract (MBD_WG_KCH) */
 #define DP_MAXROWS XP_ROWS
-#define DP_RES_PT 12   /* residual elements per thread loaded at once (rows * d <= 3072) */
+#define DP_RES_PT 12   /* words a thread polls at once (dp_poll: n <= 3072) */
 #define DP_XPI (MBD_DP_MAX_INNER / (32 * XP_GW)) /* x_proj group partials per lane (fold) */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -181,6 +181,16 @@ __device__ __forceinline__ uint32_t act_bits(float v) {
   T t;
   st_act(&t, v);
   return (uint32_t)*(const unsigned short *)&t;
+}
+
+/* rinv[r] = the RMSNorm scale of row r of resid (rms_inv_route, warp r). */
+template <typename T>
+__device__ __forceinline__ void dp_rms_rows(const float *resid, int rows, int d, float eps,
+                                            float *rinv, int warp, int lane) {
+  if (warp < rows) {
+    const float v = rms_inv_route<T>(resid + warp * d, d, eps, lane);
+    if (lane == 0) rinv[warp] = v;
+  }
 }
 
 /* Blocks of groups b, b + nb, ... below n: how many this block owns. */
@@ -415,10 +425,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
                 [&](int e, uint32_t v) { resid[e] = __fadd_rn(resid[e], __uint_as_float(v)); });
       }
       dp_sync();
-      if (warp < rows) {
-        const float v = rms_inv_route<T>(resid + warp * d, d, M.norm_eps, lane);
-        if (lane == 0) rinv[warp] = v;
-      }
+      dp_rms_rows<T>(resid, rows, d, M.norm_eps, rinv, warp, lane);
       /* the other threads wait for layer l's buffer meanwhile */
       mbar_wait(full0 + 8u * (l & 1), (uint32_t)(l >> 1) & 1u);
       dp_sync();
@@ -579,10 +586,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
     resid[e] = x;
   });
   dp_sync();
-  if (warp < rows) {
-    const float v = rms_inv_route<T>(resid + warp * d, d, M.norm_eps, lane);
-    if (lane == 0) rinv[warp] = v;
-  }
+  dp_rms_rows<T>(resid, rows, d, M.norm_eps, rinv, warp, lane);
   dp_sync();
   for (int e = tid; e < rows * d; e += DP_THREADS) {
     const int r = e / d, c = e - r * d;
