@@ -1,5 +1,5 @@
 /* The CUDA path of mambad-run: drives kernels/cuda/gpu_ctx.h and
- * kernels/cuda/mamba1_gpu.h the way the GPU worker (worker/backend_cuda.c)
+ * kernels/cuda/mamba1_gpu.h the way the GPU worker (kernels/cuda/backend_cuda.c)
  * does, but for one batch of prompt rows in this process: reset slots,
  * prefill with all logits, then one batched decode step per generated token
  * with the next tokens picked on the device (greedy) or by the CPU sampler. */

@@ -19,7 +19,7 @@
 #include "common/sha256.h"
 #include "common/wire.h"
 #include "kernels/model/sampler.h"
-#include "worker/backend.h"
+#include "kernels/backend.h"
 #include "worker/request.h"
 #include "worker/session.h"
 #include "worker/shm.h"

@@ -6,8 +6,8 @@
  * a batched `step` gives each state exactly the bits it would get alone, and
  * `forward` on a batch gives each row the bits it would get alone. All calls
  * come from the reactor thread; a backend may use its own threads inside. */
-#ifndef MBD_WORKER_BACKEND_H
-#define MBD_WORKER_BACKEND_H
+#ifndef MBD_KERNELS_BACKEND_H
+#define MBD_KERNELS_BACKEND_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -92,7 +92,7 @@ struct mbd_backend {
 int mbd_backend_cpu_new(const mbd_backend_opts *opts, mbd_backend **out, mbd_error *err);
 /* The CUDA backend on device opts->device (mbd_gpu_ctx + mbd_mamba1_gpu):
  * sessions in preallocated device slots, steps batched into graph-replayed
- * decodes. Only in builds with MBD_HAVE_CUDA (worker/backend_cuda.c). */
+ * decodes. Only in builds with MBD_HAVE_CUDA (kernels/cuda/backend_cuda.c). */
 int mbd_backend_cuda_new(const mbd_backend_opts *opts, mbd_backend **out, mbd_error *err);
 /* Calls ops->destroy; NULL-safe; nulls *b. */
 void mbd_backend_destroy(mbd_backend **b);

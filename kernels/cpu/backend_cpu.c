@@ -13,10 +13,10 @@
 #include "kernels/cpu/cpu_ctx.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/model/mamba1.h"
-#include "worker/backend.h"
+#include "kernels/backend.h"
 
 #ifndef MBD_KERNEL_SRC_DIGEST
-#error "MBD_KERNEL_SRC_DIGEST must come from worker/CMakeLists.txt"
+#error "MBD_KERNEL_SRC_DIGEST must come from kernels/CMakeLists.txt"
 #endif
 
 /* Revision of the CPU tile/dispatch policy (thread split, panel width): bump

@@ -1,6 +1,6 @@
 /* CUDA backend of the worker: one GPU context (kernels/cuda/gpu_ctx.h) on
  * --device cuda:N and the Mamba-1 GPU model (kernels/cuda/mamba1_gpu.h)
- * behind the backend vtable (worker/backend.h).
+ * behind the backend vtable (kernels/backend.h).
  *
  * Sessions: each state is a preallocated device slot of the model (the
  * context's state capacity); a batched step gathers the slots by index and
@@ -28,7 +28,7 @@
 #include "kernels/cuda/gpu_gemm.h"
 #include "kernels/cuda/mamba1_gpu.h"
 #include "kernels/model/mamba1.h"
-#include "worker/backend.h"
+#include "kernels/backend.h"
 
 #define LOGC "cuda-backend"
 #define STATE_HEADER MBD_MAMBA1_STATE_HEADER /* the CPU model's export format */

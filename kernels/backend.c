@@ -1,6 +1,6 @@
 /* Backend-independent parts of the backend interface (backend.h): the
  * destructor and the helpers every implementation shares. */
-#include "worker/backend.h"
+#include "kernels/backend.h"
 
 void mbd_backend_destroy(mbd_backend **b) {
   if (!b || !*b) return;
