@@ -1,6 +1,7 @@
-/* The worker process core: options, model registry with identities, the route
- * identity, and the single-threaded reactor that registers with the broker,
- * keeps heartbeats flowing, serves requests and batches session steps.
+/* The worker process: the single-threaded reactor that registers with the
+ * broker, keeps heartbeats flowing, serves requests (worker/handlers.h) and
+ * batches session steps (worker/scheduler.h). Options are in
+ * worker/options.h, model identities in worker/models.h.
  *
  * One reactor tick: poll the broker socket (timeout 0 while work is pending),
  * drain every waiting message (cheap requests answered at once; STEPs queued;
@@ -15,51 +16,11 @@
 #define MBD_WORKER_WORKER_H
 
 #include <signal.h>
-#include <stddef.h>
-#include <stdint.h>
 
 #include "common/route.h"
 #include "common/status.h"
-
-#define MBD_WORKER_MAX_MODELS 16
-#define MBD_WORKER_NAME_MAX 64
-#define MBD_WORKER_PATH_MAX 1024
-
-typedef struct mbd_worker_model_opt {
-  char name[MBD_WORKER_NAME_MAX]; /* registry name (request field `model`) */
-  char dir[MBD_WORKER_PATH_MAX];  /* Hugging Face checkpoint directory */
-} mbd_worker_model_opt;
-
-typedef struct mbd_worker_opts {
-  char connect[256];                 /* broker's workers endpoint */
-  char name[MBD_WORKER_NAME_MAX];    /* worker name (FINAL `worker`) */
-  char host_id[128];                 /* same-host detection for shm; default machine-id */
-  mbd_backend_kind backend;          /* --device: cpu or cuda:N */
-  int device;                        /* --device cuda:N: the CUDA ordinal N (-1 for cpu) */
-  mbd_gemm_mode mode;                /* --gemm-mode */
-  mbd_dtype_policy policy;           /* --dtype */
-  mbd_worker_model_opt models[MBD_WORKER_MAX_MODELS];
-  int nmodels;
-  int threads;                       /* --threads; 0 = one per CPU */
-  int capacity;                      /* --capacity: session slots */
-  int max_batch;                     /* --max-batch: rows per batched step */
-  int heartbeat_ms;                  /* --heartbeat-ms */
-  int liveness;                      /* --liveness: silent intervals before reconnecting */
-  double session_idle_s;             /* --session-idle-s; <= 0 disables expiry */
-  size_t max_message_bytes;          /* --max-message-mb */
-} mbd_worker_opts;
-
-/* Defaults, then argv (argv[0] skipped). MBD_E_INVALID naming the flag and the
- * accepted values on any bad or missing option. Fills host_id from
- * /etc/machine-id (or the hostname) unless --host-id is given. */
-int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *err);
-/* The usage text. */
-const char *mbd_worker_usage(void);
-
-/* Model identity: SHA-256 (hex) over, in file-name order, "<file>\n<sha256 hex>\n"
- * for config.json and every *.safetensors file of dir. MBD_E_NOT_FOUND when dir
- * has no safetensors file. */
-int mbd_worker_model_digest(const char *dir, char out[65], mbd_error *err);
+#include "worker/models.h"
+#include "worker/options.h"
 
 typedef struct mbd_worker mbd_worker;
 

@@ -1,0 +1,429 @@
+/* Request handlers: one function per request verb, from the decoded body to
+ * the reply (or, for STEP and GENERATE, to the scheduler's queue). See
+ * handlers.h. */
+#include "worker/handlers.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/protocol.h"
+#include "worker/models.h"
+#include "worker/reply.h"
+#include "worker/request.h"
+#include "worker/scheduler.h"
+#include "worker/state_blob.h"
+
+#define LOGC MBD_WSTATE_LOG
+#define MAX_FORWARD_ROWS 4096 /* sequences per FORWARD */
+
+/* Input bytes, copied to an aligned buffer (*own) only when the frame is not
+ * aligned for the element type. */
+static int get_input(mbd_wstate *st, const mbd_msg *msg, const mbd_tensor_ref *r, const void **data,
+                     size_t *nbytes, void **own, mbd_error *err) {
+  *own = NULL;
+  int rc;
+  if (r->kind == MBD_TREF_CUDA_IPC && st->be->ops->ipc_read) { /* staged through host */
+    if ((rc = mbd_tensor_desc_nbytes(&r->desc, nbytes, err))) return rc;
+    if (!(*own = malloc(*nbytes ? *nbytes : 1)))
+      return mbd_error_set(err, MBD_E_NOMEM, "out of memory for IPC tensor '%s'", r->name);
+    if ((rc = st->be->ops->ipc_read(st->be, r, *own, *nbytes, err))) {
+      free(*own);
+      *own = NULL;
+      return rc;
+    }
+    *data = *own;
+    return MBD_OK;
+  }
+  rc = mbd_wreq_input(r, msg, st->shm, data, nbytes, err);
+  if (rc) return rc;
+  size_t es = mbd_dtype_size(r->desc.dtype);
+  if (es > 1 && ((uintptr_t)*data % es)) {
+    if (!(*own = malloc(*nbytes ? *nbytes : 1)))
+      return mbd_error_set(err, MBD_E_NOMEM, "out of memory copying tensor '%s'", r->name);
+    memcpy(*own, *data, *nbytes);
+    *data = *own;
+  }
+  return MBD_OK;
+}
+
+/* Destination for a result `want`: the request's shm output when given, else
+ * a malloc'ed buffer (*own) that becomes the reply's payload frame. */
+static int get_output(mbd_wstate *st, const mbd_wreq *q, const mbd_tensor_desc *want, void **dst,
+                      void **own, mbd_error *err) {
+  *own = NULL;
+  size_t nbytes;
+  int rc = mbd_tensor_desc_nbytes(want, &nbytes, err);
+  if (rc) return rc;
+  if (q->noutputs && q->outputs[0].kind == MBD_TREF_CUDA_IPC && st->be->ops->ipc_read) {
+    /* Computed on the host, then copied into the IPC range by reply_tensor. */
+    const mbd_tensor_desc *d = &q->outputs[0].desc;
+    bool same = d->dtype == want->dtype && d->ndim == want->ndim;
+    for (int i = 0; same && i < want->ndim; i++) same = d->shape[i] == want->shape[i];
+    if (!same)
+      return mbd_error_set(err, MBD_E_SHAPE, "IPC output '%s' does not have the result's shape",
+                           q->outputs[0].name);
+    if (!(*own = malloc(nbytes ? nbytes : 1)))
+      return mbd_error_set(err, MBD_E_NOMEM, "out of memory for a %zu-byte result", nbytes);
+    *dst = *own;
+    return MBD_OK;
+  }
+  if (q->noutputs) return mbd_wreq_output(&q->outputs[0], want, st->shm, dst, err);
+  if (nbytes > st->o.max_message_bytes) {
+    char d[96];
+    mbd_tensor_desc_format(want, d, sizeof d);
+    return mbd_error_set(err, MBD_E_TOO_LARGE,
+                         "result %s is %zu bytes, over the %zu-byte message cap: ask for "
+                         "last_only, split the batch, or pass a shm output",
+                         d, nbytes, st->o.max_message_bytes);
+  }
+  if (!(*own = malloc(nbytes ? nbytes : 1)))
+    return mbd_error_set(err, MBD_E_NOMEM, "out of memory for a %zu-byte result", nbytes);
+  *dst = *own;
+  return MBD_OK;
+}
+
+static int check_desc(const mbd_tensor_ref *r, mbd_dtype dt, int ndim_lo, int ndim_hi,
+                      const char *what, mbd_error *err) {
+  if (r->desc.dtype != dt || r->desc.ndim < ndim_lo || r->desc.ndim > ndim_hi) {
+    char d[96];
+    mbd_tensor_desc_format(&r->desc, d, sizeof d);
+    return mbd_error_set(err, MBD_E_SHAPE, "%s must be %s with %d..%d dims (got '%s' %s)", what,
+                         mbd_dtype_name(dt), ndim_lo, ndim_hi, r->name, d);
+  }
+  return MBD_OK;
+}
+
+/* Session lookup for session commands (its data in *ws): MBD_E_BUSY while the
+ * session is generating, since a GENERATE owns its session until its FINAL. */
+static int get_session(mbd_wstate *st, const char *id, mbd_wsession **s, mbd_wsess_data **ws,
+                       mbd_error *err) {
+  int rc = mbd_wsession_find(st->sessions, id, s, err);
+  if (rc) return rc;
+  *ws = (*s)->user;
+  (*s)->last_used = mbd_wstate_now(st);
+  if ((*s)->busy)
+    return mbd_error_set(err, MBD_E_BUSY,
+                         "session '%s' is generating: wait for its FINAL before sending more "
+                         "requests to it",
+                         (*s)->id);
+  return MBD_OK;
+}
+
+static int h_gemm(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint64_t tag,
+                  mbd_error *err) {
+  const void *a = NULL, *b = NULL, *bias = NULL;
+  void *own[3] = {NULL, NULL, NULL}, *outown = NULL, *c = NULL;
+  size_t na, nb, nbias;
+  int rc;
+  const mbd_tensor_ref *ra = &q->tensors[0], *rb = &q->tensors[1];
+  if ((rc = check_desc(ra, q->dtype, 2, 2, "gemm a", err))) return rc;
+  if ((rc = check_desc(rb, q->dtype, 2, 2, "gemm b (weights layout [N,K])", err))) return rc;
+  int64_t M = ra->desc.shape[0], K = ra->desc.shape[1], N = rb->desc.shape[0];
+  if (rb->desc.shape[1] != K)
+    return mbd_error_set(err, MBD_E_SHAPE, "gemm: a is [%lld,%lld] but b is [%lld,%lld]: b must "
+                         "be [N,K] with the same K",
+                         (long long)M, (long long)K, (long long)N, (long long)rb->desc.shape[1]);
+  if (q->ntensors == 3) {
+    const mbd_tensor_ref *rc3 = &q->tensors[2];
+    if ((rc = check_desc(rc3, MBD_DTYPE_F32, 1, 1, "gemm bias", err))) return rc;
+    if (rc3->desc.shape[0] != N)
+      return mbd_error_set(err, MBD_E_SHAPE, "gemm: bias has %lld entries, N is %lld",
+                           (long long)rc3->desc.shape[0], (long long)N);
+  }
+  mbd_tensor_desc cd;
+  int64_t cs[2] = {M, N};
+  if ((rc = mbd_tensor_desc_make(&cd, MBD_DTYPE_F32, 2, cs, err))) return rc;
+  if ((rc = get_input(st, msg, ra, &a, &na, &own[0], err))) goto fail;
+  if ((rc = get_input(st, msg, rb, &b, &nb, &own[1], err))) goto fail;
+  if (q->ntensors == 3 && (rc = get_input(st, msg, &q->tensors[2], &bias, &nbias, &own[2], err)))
+    goto fail;
+  if ((rc = get_output(st, q, &cd, &c, &outown, err))) goto fail;
+  rc = st->be->ops->gemm(st->be, M, N, K, ra->desc.dtype, a, rb->desc.dtype, b, bias, c, err);
+  if (rc) goto fail;
+  mbd_wreply_tensor(st, q, tag, "c", &cd, outown);
+  outown = NULL;
+fail:
+  for (int i = 0; i < 3; i++) free(own[i]);
+  free(outown);
+  return rc;
+}
+
+static int h_forward(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint64_t tag,
+                     mbd_error *err) {
+  int mi = mbd_wmodels_find(st, q->model, err);
+  if (mi < 0) return mi;
+  mbd_wmodel *m = &st->models[mi];
+  const mbd_tensor_ref *r = &q->tensors[0];
+  int rc = check_desc(r, MBD_DTYPE_I64, 2, 2, "forward input_ids", err);
+  if (rc) return rc;
+  int64_t B = r->desc.shape[0], T = r->desc.shape[1];
+  if (B < 1 || T < 1)
+    return mbd_error_set(err, MBD_E_SHAPE, "forward input_ids must be [B,T] with B, T >= 1");
+  if (B > MAX_FORWARD_ROWS) /* each row holds a recurrent state while it runs */
+    return mbd_error_set(err, MBD_E_TOO_LARGE,
+                         "forward batch of %lld sequences is over the limit of %d: split it",
+                         (long long)B, MAX_FORWARD_ROWS);
+  mbd_tensor_desc ld;
+  int64_t s3[3] = {B, T, m->vocab}, s2[2] = {B, m->vocab};
+  if ((rc = q->last_only ? mbd_tensor_desc_make(&ld, MBD_DTYPE_F32, 2, s2, err)
+                         : mbd_tensor_desc_make(&ld, MBD_DTYPE_F32, 3, s3, err)))
+    return rc;
+  const void *ids = NULL;
+  void *own = NULL, *outown = NULL, *dst = NULL;
+  size_t n;
+  if ((rc = get_input(st, msg, r, &ids, &n, &own, err))) goto fail;
+  if ((rc = get_output(st, q, &ld, &dst, &outown, err))) goto fail;
+  if ((rc = st->be->ops->forward(st->be, m->bm, ids, B, T, q->last_only, dst, err))) goto fail;
+  mbd_wreply_tensor(st, q, tag, "logits", &ld, outown);
+  outown = NULL;
+fail:
+  free(own);
+  free(outown);
+  return rc;
+}
+
+static int h_open(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
+  int mi = mbd_wmodels_find(st, q->model, err);
+  if (mi < 0) return mi;
+  mbd_wsession *s = NULL;
+  int rc = mbd_wstate_session_new(st, mi, &s, err);
+  if (rc) return rc;
+  MBD_LOGD(LOGC, "opened session %s (%s)", s->id, q->model);
+  mbd_wreply_fields_str(st, tag, "session", s->id);
+  return MBD_OK;
+}
+
+static int h_prefill(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint64_t tag,
+                     mbd_error *err) {
+  mbd_wsession *s;
+  mbd_wsess_data *ws;
+  int rc = get_session(st, q->session, &s, &ws, err);
+  if (rc) return rc;
+  mbd_wmodel *m = &st->models[s->model];
+  const mbd_tensor_ref *r = &q->tensors[0];
+  if ((rc = check_desc(r, MBD_DTYPE_I64, 1, 2, "prefill input_ids", err))) return rc;
+  if (r->desc.ndim == 2 && r->desc.shape[0] != 1)
+    return mbd_error_set(err, MBD_E_SHAPE, "prefill input_ids must be [T] or [1,T] (one session "
+                         "is one sequence; use FORWARD for batches)");
+  int64_t T = r->desc.shape[r->desc.ndim - 1];
+  if (T < 1) return mbd_error_set(err, MBD_E_SHAPE, "prefill needs at least one token");
+  mbd_tensor_desc ld;
+  int64_t sh[2] = {q->last_only ? 1 : T, m->vocab};
+  if ((rc = mbd_tensor_desc_make(&ld, MBD_DTYPE_F32, 2, sh, err))) return rc;
+  const void *ids = NULL;
+  void *own = NULL, *outown = NULL, *dst = NULL;
+  size_t n;
+  if ((rc = get_input(st, msg, r, &ids, &n, &own, err))) goto fail;
+  if ((rc = get_output(st, q, &ld, &dst, &outown, err))) goto fail;
+  rc = st->be->ops->prefill(st->be, m->bm, (mbd_bstate *)s->state, ids, T, q->last_only, dst, err);
+  if (rc) goto fail;
+  memcpy(ws->logits, (float *)dst + (size_t)(sh[0] - 1) * (size_t)m->vocab,
+         (size_t)m->vocab * sizeof(float));
+  ws->has_logits = true;
+  mbd_wreply_tensor(st, q, tag, "logits", &ld, outown);
+  outown = NULL;
+fail:
+  free(own);
+  free(outown);
+  return rc;
+}
+
+static int h_step(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
+  mbd_wsession *s;
+  mbd_wsess_data *ws;
+  int rc = get_session(st, q->session, &s, &ws, err);
+  if (rc) return rc;
+  int64_t V = st->models[s->model].vocab;
+  if (q->token < 0 || q->token >= V)
+    return mbd_error_set(err, MBD_E_INVALID, "token %lld is outside the vocabulary [0, %lld)",
+                         (long long)q->token, (long long)V);
+  if (q->noutputs) { /* check the output now so the error comes before queueing */
+    mbd_tensor_desc ld;
+    int64_t sh[1] = {V};
+    void *dst;
+    if ((rc = mbd_tensor_desc_make(&ld, MBD_DTYPE_F32, 1, sh, err))) return rc;
+    if ((rc = mbd_wreq_output(&q->outputs[0], &ld, st->shm, &dst, err))) return rc;
+  }
+  return mbd_wsched_step(st, s, tag, q->token, q->noutputs ? &q->outputs[0] : NULL, err);
+}
+
+static int h_generate(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
+  mbd_wsession *s;
+  mbd_wsess_data *ws;
+  int rc = get_session(st, q->session, &s, &ws, err);
+  if (rc) return rc;
+  return mbd_wsched_generate(st, s, tag, q, err);
+}
+
+static int h_export(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
+  mbd_wsession *s;
+  mbd_wsess_data *ws;
+  int rc = get_session(st, q->session, &s, &ws, err);
+  if (rc) return rc;
+  if ((rc = mbd_wsched_check_no_step(st, s, err))) return rc;
+  mbd_wmodel *m = &st->models[s->model];
+  mbd_state_blob_info info;
+  memset(&info, 0, sizeof info);
+  snprintf(info.model, sizeof info.model, "%s", m->name);
+  memcpy(info.model_digest, m->digest, sizeof info.model_digest);
+  memcpy(info.route_id, st->route_id, sizeof info.route_id);
+  info.state_bytes = st->be->ops->state_bytes((const mbd_bstate *)s->state);
+  info.vocab = (uint64_t)m->vocab;
+  info.has_logits = ws->has_logits;
+  size_t size = mbd_state_blob_size(info.state_bytes, info.vocab, info.has_logits);
+  void *blob = size ? malloc(size) : NULL;
+  if (!blob) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for a %zu-byte export", size);
+  void *sdst, *ldst;
+  mbd_state_blob_write_header(blob, size, &info, &sdst, &ldst);
+  if ((rc = st->be->ops->state_save((const mbd_bstate *)s->state, sdst, info.state_bytes, err))) {
+    free(blob);
+    return rc;
+  }
+  if (ldst) memcpy(ldst, ws->logits, (size_t)m->vocab * sizeof(float));
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  mbd_wreply_head(st, &pk, 3);
+  mbd_pack_kv_str(&pk, "model", m->name);
+  mbd_pack_kv_str(&pk, "model_digest", m->digest);
+  mbd_pack_str(&pk, "tensors");
+  msgpack_pack_array(&pk, 1);
+  mbd_tensor_ref r;
+  memset(&r, 0, sizeof r);
+  snprintf(r.name, sizeof r.name, "state");
+  int64_t sh[1] = {(int64_t)(size / 8)};
+  mbd_tensor_desc_make(&r.desc, MBD_DTYPE_I64, 1, sh, NULL);
+  r.kind = MBD_TREF_INLINE;
+  mbd_pack_tensor_ref(&pk, &r);
+  mbd_wreply_body(st, MBD_CMD_FINAL, tag, &sb, blob, size);
+  return MBD_OK;
+}
+
+static int h_import(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint64_t tag,
+                    mbd_error *err) {
+  const void *blob = NULL;
+  void *own = NULL;
+  size_t n;
+  mbd_wsession *s = NULL;
+  int rc = get_input(st, msg, &q->tensors[0], &blob, &n, &own, err);
+  if (rc) return rc;
+  mbd_state_blob_info info;
+  if ((rc = mbd_state_blob_parse(blob, n, &info, err))) goto fail;
+  if (q->model[0] && strcmp(q->model, info.model)) {
+    rc = mbd_error_set(err, MBD_E_INVALID, "import names model '%s' but the state is of '%s'",
+                       q->model, info.model);
+    goto fail;
+  }
+  int mi = mbd_wmodels_find(st, info.model, err);
+  if (mi < 0) {
+    rc = mi;
+    goto fail;
+  }
+  mbd_wmodel *m = &st->models[mi];
+  if (strcmp(info.model_digest, m->digest)) {
+    rc = mbd_error_set(err, MBD_E_STATE,
+                       "state of model '%s' was exported from weights %.16s… but this worker "
+                       "loaded %.16s…: import it on a worker serving the same checkpoint",
+                       info.model, info.model_digest, m->digest);
+    goto fail;
+  }
+  if (strcmp(info.route_id, st->route_id)) {
+    rc = mbd_error_set(err, MBD_E_STATE,
+                       "state was exported on route %.16s… but this worker is route %.16s…: "
+                       "bit-exact continuation needs the same route (send IMPORT with "
+                       "route.route_id=%s)",
+                       info.route_id, st->route_id, info.route_id);
+    goto fail;
+  }
+  if (info.vocab != (uint64_t)m->vocab) {
+    rc = mbd_error_set(err, MBD_E_FORMAT, "state blob vocab %llu != model vocab %lld",
+                       (unsigned long long)info.vocab, (long long)m->vocab);
+    goto fail;
+  }
+  if ((rc = mbd_wstate_session_new(st, mi, &s, err))) goto fail;
+  /* The state image may sit at any offset in the frame: the backend's import
+   * reads it with memcpy-safe code, and logits are copied bytewise. */
+  if ((rc = st->be->ops->state_load((mbd_bstate *)s->state, info.state, info.state_bytes, err)))
+    goto fail;
+  mbd_wsess_data *ws = s->user;
+  ws->has_logits = info.has_logits;
+  if (info.has_logits) memcpy(ws->logits, info.logits, (size_t)m->vocab * sizeof(float));
+  MBD_LOGD(LOGC, "imported session %s (%s)", s->id, m->name);
+  mbd_wreply_fields_str(st, tag, "session", s->id);
+  s = NULL;
+fail:
+  if (s) mbd_wsession_close(st->sessions, s);
+  free(own);
+  return rc;
+}
+
+static int h_close(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
+  mbd_wsession *s;
+  mbd_wsess_data *ws;
+  int rc = get_session(st, q->session, &s, &ws, err);
+  if (rc) return rc;
+  if ((rc = mbd_wsched_check_no_step(st, s, err))) return rc;
+  mbd_wsession_close(st->sessions, s);
+  mbd_wreply_fields_str(st, tag, NULL, NULL);
+  return MBD_OK;
+}
+
+/* Checks the request's route constraint against this worker (the broker
+ * already matched it; this catches misrouting). */
+static int check_route(mbd_wstate *st, const msgpack_object *root, mbd_error *err) {
+  if (!mbd_obj_get(root, "route")) return MBD_OK;
+  mbd_route_want want;
+  int rc = mbd_obj_route_want(root, "route", &want, err);
+  if (rc) return rc;
+  if (!mbd_route_matches(&want, &st->route, st->route_id)) {
+    char d[256];
+    mbd_route_want_format(&want, d, sizeof d);
+    return mbd_error_set(err, MBD_E_NO_ROUTE, "worker %s (route %.16s…) does not match %s",
+                         st->o.name, st->route_id, d);
+  }
+  return MBD_OK;
+}
+
+void mbd_whandle_request(mbd_wstate *st, mbd_msg *msg) {
+  uint8_t cmd = mbd_msg_cmd(msg);
+  uint64_t tag = mbd_msg_tag(msg);
+  mbd_error err = {0};
+  mbd_body *body = NULL;
+  size_t blen = 0;
+  const void *b = mbd_msg_body(msg, &blen);
+  int rc = mbd_body_parse(b, blen, &body, &err);
+  mbd_wreq *q = NULL;
+  if (rc) goto done;
+  const msgpack_object *root = mbd_body_root(body);
+  if ((rc = check_route(st, root, &err))) goto done;
+  if (!(q = malloc(sizeof *q))) {
+    rc = mbd_error_set(&err, MBD_E_NOMEM, "out of memory decoding a request");
+    goto done;
+  }
+  if ((rc = mbd_wreq_decode(cmd, root, q, &err))) goto done;
+  switch (cmd) {
+  case MBD_CMD_GEMM: rc = h_gemm(st, msg, q, tag, &err); break;
+  case MBD_CMD_FORWARD: rc = h_forward(st, msg, q, tag, &err); break;
+  case MBD_CMD_OPEN: rc = h_open(st, q, tag, &err); break;
+  case MBD_CMD_PREFILL: rc = h_prefill(st, msg, q, tag, &err); break;
+  case MBD_CMD_STEP: rc = h_step(st, q, tag, &err); break;
+  case MBD_CMD_GENERATE: rc = h_generate(st, q, tag, &err); break;
+  case MBD_CMD_EXPORT: rc = h_export(st, q, tag, &err); break;
+  case MBD_CMD_IMPORT: rc = h_import(st, msg, q, tag, &err); break;
+  case MBD_CMD_CLOSE: rc = h_close(st, q, tag, &err); break;
+  default:
+    rc = mbd_error_set(&err, MBD_E_UNSUPPORTED, "command %s is not served by workers",
+                       mbd_cmd_name(cmd));
+  }
+done:
+  if (rc) {
+    if (!err.code) err.code = rc;
+    mbd_wreply_err(st, tag, &err);
+  }
+  st->served++;
+  free(q);
+  mbd_body_destroy(&body);
+}

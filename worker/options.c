@@ -1,0 +1,144 @@
+/* The worker's command line: defaults, parsing and the usage text. Every
+ * option lands in one plain struct that the rest of the worker reads. */
+#include "worker/options.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/host_id.h"
+
+const char *mbd_worker_usage(void) {
+  return "usage: mambad-worker --connect EP --name NAME [--device cpu|cuda:N] [--dtype f32|bf16|f16]\n"
+         "         [--gemm-mode deterministic] [--model NAME=DIR]... [--threads N]\n"
+         "         [--capacity N] [--max-batch N] [--heartbeat-ms MS] [--liveness N]\n"
+         "         [--session-idle-s S] [--host-id ID] [--max-message-mb N]\n";
+}
+
+static int parse_int(const char *flag, const char *v, long lo, long hi, long *out, mbd_error *err) {
+  char *end = NULL;
+  errno = 0;
+  long x = strtol(v, &end, 10);
+  if (errno || !*v || *end || x < lo || x > hi)
+    return mbd_error_set(err, MBD_E_INVALID, "%s expects an integer in %ld..%ld (got '%s')", flag,
+                         lo, hi, v);
+  *out = x;
+  return MBD_OK;
+}
+
+static bool valid_name(const char *s) {
+  if (!*s) return false;
+  for (; *s; s++)
+    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+          *s == '-' || *s == '_' || *s == '.'))
+      return false;
+  return true;
+}
+
+int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *err) {
+  memset(o, 0, sizeof *o);
+  o->backend = MBD_BACKEND_CPU;
+  o->device = -1;
+  o->mode = MBD_GEMM_DETERMINISTIC;
+  o->policy = MBD_POLICY_F32;
+  o->capacity = 64;
+  o->max_batch = 64;
+  o->heartbeat_ms = 1000;
+  o->liveness = 3;
+  o->session_idle_s = 600;
+  o->max_message_bytes = (size_t)256 << 20;
+  int rc;
+  long v = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h"))
+      return mbd_error_set(err, MBD_E_INVALID, "%s", mbd_worker_usage());
+    if (strncmp(a, "--", 2) || i + 1 >= argc)
+      return mbd_error_set(err, MBD_E_INVALID, "unknown argument or missing value: '%s'\n%s", a,
+                           mbd_worker_usage());
+    const char *val = argv[++i];
+    if (!strcmp(a, "--connect")) {
+      if (strlen(val) >= sizeof o->connect)
+        return mbd_error_set(err, MBD_E_INVALID, "--connect endpoint too long");
+      snprintf(o->connect, sizeof o->connect, "%s", val);
+    } else if (!strcmp(a, "--name")) {
+      if (strlen(val) >= sizeof o->name || !valid_name(val))
+        return mbd_error_set(err, MBD_E_INVALID,
+                             "--name must be 1..%zu characters of [A-Za-z0-9._-] (got '%s')",
+                             sizeof o->name - 1, val);
+      snprintf(o->name, sizeof o->name, "%s", val);
+    } else if (!strcmp(a, "--device")) {
+      if (!strncmp(val, "cuda:", 5)) { /* cuda:N pins the worker to device N */
+        if ((rc = parse_int(a, val + 5, 0, 1023, &v, err))) return rc;
+        o->backend = MBD_BACKEND_CUDA;
+        o->device = (int)v;
+      } else if ((rc = mbd_backend_parse(val, &o->backend, err))) {
+        return mbd_error_prefix(err, "--device (cpu or cuda:N)");
+      } else {
+        o->device = o->backend == MBD_BACKEND_CUDA ? 0 : -1;
+      }
+    } else if (!strcmp(a, "--dtype")) {
+      if ((rc = mbd_dtype_policy_parse(val, &o->policy, err)))
+        return mbd_error_prefix(err, "--dtype");
+    } else if (!strcmp(a, "--gemm-mode")) {
+      if ((rc = mbd_gemm_mode_parse(val, &o->mode, err)))
+        return mbd_error_prefix(err, "--gemm-mode");
+    } else if (!strcmp(a, "--model")) {
+      const char *eq = strchr(val, '=');
+      if (!eq || eq == val || !eq[1])
+        return mbd_error_set(err, MBD_E_INVALID, "--model expects NAME=DIR (got '%s')", val);
+      if (o->nmodels >= MBD_WORKER_MAX_MODELS)
+        return mbd_error_set(err, MBD_E_INVALID, "at most %d --model flags",
+                             MBD_WORKER_MAX_MODELS);
+      mbd_worker_model_opt *m = &o->models[o->nmodels];
+      size_t nl = (size_t)(eq - val);
+      if (nl >= sizeof m->name || strlen(eq + 1) >= sizeof m->dir)
+        return mbd_error_set(err, MBD_E_INVALID, "--model '%s': name or path too long", val);
+      memcpy(m->name, val, nl);
+      m->name[nl] = '\0';
+      if (!valid_name(m->name))
+        return mbd_error_set(err, MBD_E_INVALID,
+                             "--model name '%s' must use only [A-Za-z0-9._-]", m->name);
+      for (int j = 0; j < o->nmodels; j++)
+        if (!strcmp(o->models[j].name, m->name))
+          return mbd_error_set(err, MBD_E_INVALID, "--model name '%s' given twice", m->name);
+      snprintf(m->dir, sizeof m->dir, "%s", eq + 1);
+      o->nmodels++;
+    } else if (!strcmp(a, "--threads")) {
+      if ((rc = parse_int(a, val, 0, 1024, &v, err))) return rc;
+      o->threads = (int)v;
+    } else if (!strcmp(a, "--capacity")) {
+      if ((rc = parse_int(a, val, 1, 1 << 20, &v, err))) return rc;
+      o->capacity = (int)v;
+    } else if (!strcmp(a, "--max-batch")) {
+      if ((rc = parse_int(a, val, 1, 4096, &v, err))) return rc;
+      o->max_batch = (int)v;
+    } else if (!strcmp(a, "--heartbeat-ms")) {
+      if ((rc = parse_int(a, val, 10, 600000, &v, err))) return rc;
+      o->heartbeat_ms = (int)v;
+    } else if (!strcmp(a, "--liveness")) {
+      if ((rc = parse_int(a, val, 1, 1000, &v, err))) return rc;
+      o->liveness = (int)v;
+    } else if (!strcmp(a, "--session-idle-s")) {
+      if ((rc = parse_int(a, val, 0, 100L * 86400, &v, err))) return rc;
+      o->session_idle_s = (double)v;
+    } else if (!strcmp(a, "--host-id")) {
+      if (!*val || strlen(val) >= sizeof o->host_id)
+        return mbd_error_set(err, MBD_E_INVALID, "--host-id must be 1..%zu characters",
+                             sizeof o->host_id - 1);
+      snprintf(o->host_id, sizeof o->host_id, "%s", val);
+    } else if (!strcmp(a, "--max-message-mb")) {
+      if ((rc = parse_int(a, val, 1, 1 << 16, &v, err))) return rc;
+      o->max_message_bytes = (size_t)v << 20;
+    } else {
+      return mbd_error_set(err, MBD_E_INVALID, "unknown option '%s'\n%s", a, mbd_worker_usage());
+    }
+  }
+  if (!o->connect[0])
+    return mbd_error_set(err, MBD_E_INVALID, "--connect EP is required (the broker's workers "
+                         "endpoint, e.g. ipc:///tmp/mambad/workers)");
+  if (!o->name[0]) return mbd_error_set(err, MBD_E_INVALID, "--name NAME is required");
+  if (!o->host_id[0]) mbd_host_id_get(o->host_id, sizeof o->host_id);
+  return MBD_OK;
+}

@@ -1,0 +1,60 @@
+/* The batching scheduler: queued STEPs and running GENERATE loops of every
+ * session, advanced by one batched backend step per model per tick, plus
+ * deadlines and idle expiry. No sockets: replies leave through the state's
+ * send callback (worker/reply.h) and time comes from the state's clock, so
+ * tests/unit/test_worker_scheduler.c drives it with a fake backend and a
+ * fake clock.
+ *
+ * One tick, per model: first every running GENERATE of the model (session
+ * slots in round-robin order, the start moving by one slot per tick), each
+ * picking its next token from its session's last logits (or taking the one
+ * the backend picked on the device); then queued STEPs in arrival order, at
+ * most one per session, up to max_batch rows; then ONE backend step over all
+ * rows. Each STEP gets its own row's logits; each GENERATE row streams a
+ * PARTIAL every partial_every tokens and ends with FINAL reason "stop" (a stop
+ * token was produced: it is included and fed) or "length" (max_tokens
+ * reached), or ERROR TIMEOUT when the tick starts past its deadline. A failed
+ * backend step answers every request of that batch with the backend's error
+ * (a GENERATE ends there) and the next tick serves again. */
+#ifndef MBD_WORKER_SCHEDULER_H
+#define MBD_WORKER_SCHEDULER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "common/tensor.h"
+#include "worker/request.h"
+#include "worker/session.h"
+#include "worker/state.h"
+
+/* Queues a STEP feeding `token` to s (already checked against the vocab);
+ * its reply goes to `out` (an shm output, checked by the caller) when
+ * non-NULL. MBD_E_NOMEM only. */
+int mbd_wsched_step(mbd_wstate *st, mbd_wsession *s, uint64_t tag, int64_t token,
+                    const mbd_tensor_ref *out, mbd_error *err);
+/* Attaches a GENERATE loop with q's fields (max_tokens, stop, sampling,
+ * partial_every, deadline_ms from now) to s, which becomes busy until its
+ * FINAL or ERROR. MBD_E_STATE when s has consumed no token yet, MBD_E_BUSY
+ * when a STEP of s is queued, MBD_E_INVALID for bad sampling values. */
+int mbd_wsched_generate(mbd_wstate *st, mbd_wsession *s, uint64_t tag, const mbd_wreq *q,
+                        mbd_error *err);
+/* MBD_E_BUSY when a STEP of s is queued (requests that read or replace the
+ * whole state must wait for it). */
+int mbd_wsched_check_no_step(const mbd_wstate *st, const mbd_wsession *s, mbd_error *err);
+
+/* Runs one batched step per model; returns whether work remains queued. */
+bool mbd_wsched_tick(mbd_wstate *st);
+/* Whether any STEP is queued or GENERATE running. */
+bool mbd_wsched_pending(const mbd_wstate *st);
+/* The heartbeat's load: running GENERATEs, plus one when STEPs are queued. */
+uint64_t mbd_wsched_load(const mbd_wstate *st);
+/* Closes sessions idle for more than o.session_idle_s at the state's clock
+ * (generating sessions are never idle); returns how many. A STEP queued for
+ * a closed session is answered NOT_FOUND by the next tick. */
+size_t mbd_wsched_expire(mbd_wstate *st);
+/* Shutdown: every queued STEP and running GENERATE gets ERROR STATE `why`. */
+void mbd_wsched_fail_pending(mbd_wstate *st, const char *why);
+
+#endif

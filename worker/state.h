@@ -1,0 +1,141 @@
+/* The worker's shared state: the backend, its route, the model registry, the
+ * session table, the step queue and the batch buffers, plus the two things
+ * the state gets from its caller: a clock and a sink for outgoing messages.
+ * Every other worker file reads this struct; this file includes none of them,
+ * so the worker's includes have no cycle.
+ *
+ * Nothing here touches a socket or the wall clock: the reactor (worker.c)
+ * passes a monotonic clock and a send callback over its DEALER socket; the
+ * scheduler's unit test passes a fake clock and a callback that records. */
+#ifndef MBD_WORKER_STATE_H
+#define MBD_WORKER_STATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/route.h"
+#include "common/status.h"
+#include "common/wire.h"
+#include "kernels/backend.h"
+#include "kernels/model/sampler.h"
+#include "worker/options.h"
+#include "worker/request.h"
+#include "worker/session.h"
+#include "worker/shm.h"
+
+#define MBD_WSTATE_LOG "worker" /* log tag of every worker file */
+
+/* One loaded model. */
+typedef struct mbd_wmodel {
+  char name[MBD_WORKER_NAME_MAX]; /* registry name */
+  char digest[65];                /* model identity (weights + config), hex SHA-256 */
+  char tokenizer_digest[65];      /* hex SHA-256 of tokenizer.json; "" when the dir has none */
+  mbd_bmodel *bm;                 /* loaded on the backend */
+  int64_t vocab;
+  mbd_sampler *sampler;           /* scratch for GENERATE sampling */
+} mbd_wmodel;
+
+/* A GENERATE loop attached to its session. */
+typedef struct mbd_wgen {
+  uint64_t tag;          /* broker ticket */
+  mbd_sampling sampling; /* greedy or seeded */
+  int64_t max_tokens;
+  int64_t stop[MBD_WREQ_MAX_STOP];
+  size_t nstop;
+  int64_t partial_every;
+  double deadline; /* clock seconds; 0 = none */
+  int64_t *tokens; /* generated so far, max_tokens entries */
+  int64_t n;       /* count */
+  int64_t sent;    /* tokens already streamed in PARTIALs */
+  int64_t next;    /* greedy: the next token, picked on the device by the last step */
+  bool has_next;
+  int64_t peak_batch; /* most rows of any batched step this loop ran in (FINAL reports it) */
+} mbd_wgen;
+
+/* Worker-side session data (mbd_wsession.user). */
+typedef struct mbd_wsess_data {
+  float *logits;     /* [V]: logits after the last consumed token */
+  bool has_logits;   /* false until the first prefill/step/import */
+  bool logits_stale; /* a device-picked step left `logits` behind the state */
+  mbd_wgen *gen;     /* active GENERATE or NULL */
+} mbd_wsess_data;
+
+/* A queued STEP request. */
+typedef struct mbd_wstep {
+  struct mbd_wstep *next;
+  uint64_t tag;
+  char session[MBD_SESSION_ID_MAX];
+  int64_t token;
+  mbd_tensor_ref out; /* shm output when has_out */
+  bool has_out;
+} mbd_wstep;
+
+/* One row of a batched step. */
+typedef struct mbd_wrow {
+  mbd_wsession *s;
+  int64_t token;
+  mbd_wstep *step; /* NULL for a GENERATE row */
+} mbd_wrow;
+
+/* Monotonic seconds. */
+typedef double (*mbd_wclock_fn)(void *ctx);
+/* Sends *m and destroys it (sets *m to NULL); never blocks, never calls back
+ * into the worker. A message that cannot leave is the callback's to log. */
+typedef void (*mbd_wsend_fn)(void *ctx, mbd_msg **m);
+
+typedef struct mbd_wstate {
+  mbd_worker_opts o;    /* options (name, capacity, max_batch, limits) */
+  char uid[MBD_WORKER_UID_MAX];
+  mbd_backend *be;      /* owned */
+  mbd_route_identity route;
+  char route_id[65];
+  char route_enc[1024];
+  mbd_wmodel models[MBD_WORKER_MAX_MODELS];
+  int nmodels;
+  int64_t max_vocab;
+  mbd_wsession_table *sessions;
+  mbd_shm_cache *shm;
+  /* scheduler (worker/scheduler.c) */
+  mbd_wstep *q_head, *q_tail; /* queued STEPs, FIFO */
+  size_t ngen;                /* active GENERATE loops */
+  mbd_wrow *rows;             /* max_batch */
+  mbd_bstate **bstates;       /* max_batch */
+  int64_t *btokens;           /* max_batch */
+  int64_t *bnext;             /* max_batch: device-picked greedy tokens */
+  float *blogits;             /* max_batch * max_vocab */
+  bool blogits_host;          /* blogits came from be->ops->host_alloc (page-locked) */
+  size_t rr;                  /* round-robin start over session slots */
+  uint64_t served;            /* requests handled */
+  /* from the caller */
+  mbd_wclock_fn now;
+  void *now_ctx;
+  mbd_wsend_fn send;
+  void *send_ctx;
+} mbd_wstate;
+
+/* A state over backend *be (taken: *be is set to NULL, also on failure) with
+ * no models yet: route identity, uid, session table (o->capacity slots), shm
+ * cache and batch buffers (o->max_batch rows). now and send must be non-NULL. */
+int mbd_wstate_new(const mbd_worker_opts *o, mbd_backend **be, mbd_wclock_fn now, void *now_ctx,
+                   mbd_wsend_fn send, void *send_ctx, mbd_wstate **out, mbd_error *err);
+/* Closes every session, frees models, buffers and the backend; NULL-safe;
+ * nulls *st. Sends nothing. */
+void mbd_wstate_destroy(mbd_wstate **st);
+
+/* Registers a model loaded on st->be as `name` with its identities (bm taken,
+ * destroyed on failure) and grows the batch logits buffer to its vocab. */
+int mbd_wstate_add_model(mbd_wstate *st, const char *name, const char *digest,
+                         const char *tokenizer_digest, mbd_bmodel *bm, mbd_error *err);
+
+/* The caller's clock. */
+double mbd_wstate_now(const mbd_wstate *st);
+
+/* Opens a session of model mi with a fresh backend state and no logits yet;
+ * MBD_E_BUSY when every slot is taken. */
+int mbd_wstate_session_new(mbd_wstate *st, int mi, mbd_wsession **out, mbd_error *err);
+
+/* Frees a GENERATE loop (NULL-safe). */
+void mbd_wgen_free(mbd_wgen *g);
+
+#endif
