@@ -84,6 +84,35 @@ static int get_output(mbd_wstate *st, const mbd_wreq *q, const mbd_tensor_desc *
   return MBD_OK;
 }
 
+/* A request's token ids and where its logits go (FORWARD, PREFILL). */
+typedef struct ids_io {
+  const void *ids; /* the input ids (in the frame, shm, or own) */
+  void *own;       /* aligned or staged copy of the ids, or NULL */
+  void *dst;       /* where the logits are written */
+  void *outown;    /* dst when it is ours (the reply's payload), else NULL */
+} ids_io;
+
+static int ids_io_open(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q,
+                       const mbd_tensor_ref *r, const mbd_tensor_desc *ld, ids_io *io,
+                       mbd_error *err) {
+  size_t n;
+  int rc = get_input(st, msg, r, &io->ids, &n, &io->own, err);
+  if (!rc) rc = get_output(st, q, ld, &io->dst, &io->outown, err);
+  return rc;
+}
+
+/* Replies with the logits when rc is 0, frees what io holds, returns rc. */
+static int ids_io_close(mbd_wstate *st, const mbd_wreq *q, uint64_t tag,
+                        const mbd_tensor_desc *ld, ids_io *io, int rc) {
+  if (!rc) {
+    mbd_wreply_tensor(st, q, tag, "logits", ld, io->outown);
+    io->outown = NULL;
+  }
+  free(io->own);
+  free(io->outown);
+  return rc;
+}
+
 static int check_desc(const mbd_tensor_ref *r, mbd_dtype dt, int ndim_lo, int ndim_hi,
                       const char *what, mbd_error *err) {
   if (r->desc.dtype != dt || r->desc.ndim < ndim_lo || r->desc.ndim > ndim_hi) {
@@ -170,18 +199,10 @@ static int h_forward(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint
   if ((rc = q->last_only ? mbd_tensor_desc_make(&ld, MBD_DTYPE_F32, 2, s2, err)
                          : mbd_tensor_desc_make(&ld, MBD_DTYPE_F32, 3, s3, err)))
     return rc;
-  const void *ids = NULL;
-  void *own = NULL, *outown = NULL, *dst = NULL;
-  size_t n;
-  if ((rc = get_input(st, msg, r, &ids, &n, &own, err))) goto fail;
-  if ((rc = get_output(st, q, &ld, &dst, &outown, err))) goto fail;
-  if ((rc = st->be->ops->forward(st->be, m->bm, ids, B, T, q->last_only, dst, err))) goto fail;
-  mbd_wreply_tensor(st, q, tag, "logits", &ld, outown);
-  outown = NULL;
-fail:
-  free(own);
-  free(outown);
-  return rc;
+  ids_io io = {0};
+  if (!(rc = ids_io_open(st, msg, q, r, &ld, &io, err)))
+    rc = st->be->ops->forward(st->be, m->bm, io.ids, B, T, q->last_only, io.dst, err);
+  return ids_io_close(st, q, tag, &ld, &io, rc);
 }
 
 static int h_open(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
@@ -212,22 +233,16 @@ static int h_prefill(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint
   mbd_tensor_desc ld;
   int64_t sh[2] = {q->last_only ? 1 : T, m->vocab};
   if ((rc = mbd_tensor_desc_make(&ld, MBD_DTYPE_F32, 2, sh, err))) return rc;
-  const void *ids = NULL;
-  void *own = NULL, *outown = NULL, *dst = NULL;
-  size_t n;
-  if ((rc = get_input(st, msg, r, &ids, &n, &own, err))) goto fail;
-  if ((rc = get_output(st, q, &ld, &dst, &outown, err))) goto fail;
-  rc = st->be->ops->prefill(st->be, m->bm, (mbd_bstate *)s->state, ids, T, q->last_only, dst, err);
-  if (rc) goto fail;
-  memcpy(ws->logits, (float *)dst + (size_t)(sh[0] - 1) * (size_t)m->vocab,
-         (size_t)m->vocab * sizeof(float));
-  ws->has_logits = true;
-  mbd_wreply_tensor(st, q, tag, "logits", &ld, outown);
-  outown = NULL;
-fail:
-  free(own);
-  free(outown);
-  return rc;
+  ids_io io = {0};
+  if (!(rc = ids_io_open(st, msg, q, r, &ld, &io, err)))
+    rc = st->be->ops->prefill(st->be, m->bm, (mbd_bstate *)s->state, io.ids, T, q->last_only,
+                              io.dst, err);
+  if (!rc) {
+    memcpy(ws->logits, (float *)io.dst + (size_t)(sh[0] - 1) * (size_t)m->vocab,
+           (size_t)m->vocab * sizeof(float));
+    ws->has_logits = true;
+  }
+  return ids_io_close(st, q, tag, &ld, &io, rc);
 }
 
 static int h_step(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *err) {

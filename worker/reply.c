@@ -138,30 +138,30 @@ void mbd_wreply_step_logits(mbd_wstate *st, uint64_t tag, const mbd_tensor_ref *
   mbd_wreply_tensor(st, &q, tag, "logits", &ld, own);
 }
 
-void mbd_wreply_gen_partial(mbd_wstate *st, uint64_t tag, const int64_t *tokens, int64_t n) {
+/* PARTIAL {tokens} when reason is NULL, else FINAL {tokens, reason, peak_batch}. */
+static void send_tokens(mbd_wstate *st, uint64_t tag, const int64_t *tokens, int64_t n,
+                        const char *reason, int64_t peak_batch) {
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
   msgpack_packer pk;
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  mbd_wreply_head(st, &pk, 1);
+  mbd_wreply_head(st, &pk, reason ? 3 : 1);
   mbd_pack_str(&pk, "tokens");
   msgpack_pack_array(&pk, (uint32_t)n);
   for (int64_t i = 0; i < n; i++) msgpack_pack_int64(&pk, tokens[i]);
-  mbd_wreply_body(st, MBD_CMD_PARTIAL, tag, &sb, NULL, 0);
+  if (reason) {
+    mbd_pack_kv_str(&pk, "reason", reason);
+    /* Observable proof of batching (tests): timing-free, unlike reply order. */
+    mbd_pack_kv_i64(&pk, "peak_batch", peak_batch);
+  }
+  mbd_wreply_body(st, reason ? MBD_CMD_FINAL : MBD_CMD_PARTIAL, tag, &sb, NULL, 0);
+}
+
+void mbd_wreply_gen_partial(mbd_wstate *st, uint64_t tag, const int64_t *tokens, int64_t n) {
+  send_tokens(st, tag, tokens, n, NULL, 0);
 }
 
 void mbd_wreply_gen_final(mbd_wstate *st, uint64_t tag, const int64_t *tokens, int64_t n,
                           const char *reason, int64_t peak_batch) {
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  mbd_wreply_head(st, &pk, 3);
-  mbd_pack_str(&pk, "tokens");
-  msgpack_pack_array(&pk, (uint32_t)n);
-  for (int64_t i = 0; i < n; i++) msgpack_pack_int64(&pk, tokens[i]);
-  mbd_pack_kv_str(&pk, "reason", reason);
-  /* Observable proof of batching (tests): timing-free, unlike reply order. */
-  mbd_pack_kv_i64(&pk, "peak_batch", peak_batch);
-  mbd_wreply_body(st, MBD_CMD_FINAL, tag, &sb, NULL, 0);
+  send_tokens(st, tag, tokens, n, reason, peak_batch);
 }

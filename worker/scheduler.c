@@ -251,7 +251,7 @@ bool mbd_wsched_tick(mbd_wstate *st) {
   double now = mbd_wstate_now(st);
   for (int mi = 0; mi < st->nmodels; mi++) tick_model(st, mi, now);
   st->rr++;
-  return st->q_head != NULL || st->ngen > 0;
+  return mbd_wsched_pending(st);
 }
 
 void mbd_wsched_fail_pending(mbd_wstate *st, const char *why) {

@@ -153,18 +153,6 @@ static const mbd_backend_ops fake_ops = {
     .step = fake_step,
 };
 
-static const mbd_backend_ops fake_ops_greedy = {
-    .name = "fake-greedy",
-    .destroy = fake_destroy,
-    .route = fake_route,
-    .model_destroy = fake_model_destroy,
-    .model_vocab = fake_vocab,
-    .state_new = fake_state_new,
-    .state_free = fake_state_free,
-    .step = fake_step,
-    .step_greedy = fake_step_greedy,
-};
-
 /* ---- fixture: state, clock, recorded replies -------------------------------- */
 
 #define OUT_MAX 128
@@ -238,6 +226,16 @@ static mbd_wsession *open_session(fx *x, int model) {
 static void step(fx *x, mbd_wsession *s, uint64_t tag, int64_t tok) {
   mbd_error err = {0};
   assert_int_equal(mbd_wsched_step(x->st, s, tag, tok, NULL, &err), 0);
+}
+
+/* A new session of model 0 that consumed `tok` in a STEP of its own (so it
+ * has logits to GENERATE from); its reply is cleared. */
+static mbd_wsession *primed_session(fx *x, int64_t tok) {
+  mbd_wsession *s = open_session(x, 0);
+  step(x, s, 1, tok);
+  mbd_wsched_tick(x->st);
+  clear_out(x);
+  return s;
 }
 
 static mbd_wreq gen_req(int64_t max_tokens, int64_t partial_every) {
@@ -431,10 +429,7 @@ static void test_generate_length(void **state) {
   (void)state;
   fx x;
   fx_init(&x, &fake_ops, 4, 1, 0);
-  mbd_wsession *s = open_session(&x, 0);
-  step(&x, s, 1, 6);
-  mbd_wsched_tick(x.st);
-  clear_out(&x);
+  mbd_wsession *s = primed_session(&x, 6);
   mbd_wreq q = gen_req(5, 2);
   generate(&x, s, 7, &q);
   assert_true(s->busy);
@@ -467,10 +462,7 @@ static void test_generate_stop(void **state) {
   (void)state;
   fx x;
   fx_init(&x, &fake_ops, 4, 1, 0);
-  mbd_wsession *s = open_session(&x, 0);
-  step(&x, s, 1, 2);
-  mbd_wsched_tick(x.st);
-  clear_out(&x);
+  mbd_wsession *s = primed_session(&x, 2);
   int64_t want[6], got[8];
   greedy_seq(fake_mix(0, 2), FAKE_V, want, 6);
   assert_true(want[1] != want[0]); /* the test needs a token that ends it early */
@@ -502,10 +494,7 @@ static void test_generate_deadline(void **state) {
   (void)state;
   fx x;
   fx_init(&x, &fake_ops, 4, 1, 0);
-  mbd_wsession *s = open_session(&x, 0);
-  step(&x, s, 1, 2);
-  mbd_wsched_tick(x.st);
-  clear_out(&x);
+  mbd_wsession *s = primed_session(&x, 2);
   mbd_wreq q = gen_req(50, 1);
   q.deadline_ms = 1500;
   generate(&x, s, 5, &q); /* deadline 101.5 */
@@ -528,8 +517,11 @@ static void test_generate_deadline(void **state) {
  * host sampling, and logits reach the host only on the tick a row ends. */
 static void test_generate_device_pick(void **state) {
   (void)state;
+  static mbd_backend_ops greedy_ops; /* the fake, plus device-side greedy picks */
+  greedy_ops = fake_ops;
+  greedy_ops.step_greedy = fake_step_greedy;
   fx x;
-  fx_init(&x, &fake_ops_greedy, 4, 1, 0);
+  fx_init(&x, &greedy_ops, 4, 1, 0);
   mbd_wsession *s = open_session(&x, 0);
   step(&x, s, 1, 3);
   mbd_wsched_tick(x.st);
