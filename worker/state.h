@@ -1,8 +1,10 @@
 /* The worker's shared state: the backend, its route, the model registry, the
  * session table, the step queue and the batch buffers, plus the two things
  * the state gets from its caller: a clock and a sink for outgoing messages.
- * Every other worker file reads this struct; this file includes none of them,
- * so the worker's includes have no cycle.
+ * The worker's modules (models, reply, scheduler, handlers, conn, the
+ * reactor) read this struct; it includes only the leaf modules (options,
+ * request, session, shm) and none of those that read it, so the worker's
+ * includes have no cycle.
  *
  * Nothing here touches a socket or the wall clock: the reactor (worker.c)
  * passes a monotonic clock and a send callback over its DEALER socket; the
