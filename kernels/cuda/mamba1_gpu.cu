@@ -20,98 +20,25 @@
 #include <string.h>
 
 #include "kernels/cuda/gpu_check.h"
+#include "kernels/cuda/mamba1_gpu_impl.h"
 extern "C" {
 #include "common/half.h"
 #include "common/safetensors.h"
-#include "kernels/cuda/decode_persistent.h"
 #include "kernels/cuda/gpu_gemm.h"
-#include "kernels/cuda/mamba1_gpu.h"
 #include "kernels/cuda/mamba_ops.h"
 }
 #include "kernels/portable_math.h"
 
-#define MAX_BUCKETS 16
-
-typedef mbd_dp_layer layer_d; /* one layer's device weights (decode_persistent.h) */
-
-struct mbd_mamba1_gpu {
-  mbd_gpu_ctx *ctx;
-  cudaStream_t stream;
-  mbd_mamba_config cfg;
-  mbd_dtype dtype;       /* storage dtype = activation dtype of GEMM inputs */
-  int max_rows, max_batch, use_graphs;
-  int64_t nslots;        /* real slots; index nslots is the padding scratch slot */
-  layer_d *layers;
-  void *emb;             /* [V, d] dtype */
-  void *head;            /* LM head weight: emb when tied */
-  float *norm_f;         /* [d] */
-  size_t weight_bytes;
-  void **allocs;         /* every device allocation, freed at destroy */
-  int nalloc, capalloc;
-  float *conv_st;        /* [nslots + 1][L][K-1][di] */
-  float *ssm_st;         /* [nslots + 1][L][di][N] */
-  int64_t conv_slot, ssm_slot; /* floats per slot */
-  /* workspace, `rows` = max(max_rows, max_batch) */
-  int32_t *d_tok, *d_slots;
-  float *resid, *xz, *xc, *dbl, *out, *logits; /* dbl: x_proj rows [dt_low | B | C] */
-  void *hn, *xc_act, *y;
-  void *sample_work;
-  float *d_temp;
-  uint64_t *d_seed, *d_step;
-  /* pinned staging */
-  int32_t *h_tok, *h_slots, *h_next;
-  float *h_temp;
-  uint64_t *h_seed, *h_step;
-  void *h_in, *d_in;     /* one pinned block [tok|slots|temp|seed|step] and its device
-                            mirror (same offsets): a step's inputs in one copy */
-  size_t in_bytes;
-  uint32_t *stamp;       /* host [nslots]: duplicate-slot check */
-  uint32_t gen;
-  mbd_gpu_graph *graphs[MAX_BUCKETS];
-  mbd_dp_model dp;       /* the persistent decode's view of this model */
-  int marking;           /* inside step_body with MBD_STEP_EVENTS=1 */
-};
-
-/* MBD_STEP_EVENTS=1 (a diagnostic): events at a decode step's stage
- * boundaries, recorded into the graphs captured while it is set; the last
- * step's intervals by mbd_mamba1_gpu_step_events_print. */
-#define STEP_EV 6
-static cudaEvent_t g_step_ev[STEP_EV];
-static int step_events_on(void) {
-  static int on = -1;
-  if (on < 0) {
-    const char *e = getenv("MBD_STEP_EVENTS");
-    on = e && e[0] == '1';
-    for (int i = 0; on && i < STEP_EV; i++)
-      if (cudaEventCreate(&g_step_ev[i]) != cudaSuccess) on = 0;
-  }
-  return on;
-}
+/* Stage event i, where the step has step events (mamba1_gpu.h). */
 static void step_mark(const mbd_mamba1_gpu *m, int i) {
   /* External: an event record node of the graph, not a capture-internal join */
-  if (m->marking) (void)cudaEventRecordWithFlags(g_step_ev[i], m->stream, cudaEventRecordExternal);
-}
-extern "C" void mbd_mamba1_gpu_step_events_print(void) {
-  static const char *name[STEP_EV - 1] = {"inputs up (copy)", "layers", "final add + norm",
-                                          "lm_head", "sampling"};
-  if (!step_events_on() || cudaEventSynchronize(g_step_ev[STEP_EV - 1]) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return;
-  }
-  printf("decode step on the device (events in the graph), us:");
-  for (int i = 0; i + 1 < STEP_EV; i++) {
-    float ms = 0;
-    cudaEventElapsedTime(&ms, g_step_ev[i], g_step_ev[i + 1]);
-    printf(" %s %.1f;", name[i], ms * 1e3);
-  }
-  float ms = 0;
-  cudaEventElapsedTime(&ms, g_step_ev[0], g_step_ev[STEP_EV - 1]);
-  printf(" total %.1f\n", ms * 1e3);
+  if (m->marking) (void)cudaEventRecordWithFlags(m->step_ev[i], m->stream, cudaEventRecordExternal);
 }
 
 /* ------------------------------------------------------------ small helpers */
 
 void mbd_mamba1_gpu_options_default(mbd_mamba1_gpu_options *o) {
+  memset(o, 0, sizeof *o);
   o->dtype = MBD_DTYPE_F32;
   o->max_rows = 2048;
   o->max_batch = 256;
@@ -211,6 +138,11 @@ static int model_alloc(mbd_gpu_ctx *ctx, const mbd_mamba_config *cfg,
     return mbd_error_set(err, MBD_E_UNSUPPORTED,
                          "model: d_conv %d (2..8) or d_state %d (4, 8, 16, 32) not supported",
                          cfg->d_conv, cfg->d_state);
+  int nev = 0;
+  for (int i = 0; i < MBD_MAMBA1_GPU_STEP_EVENTS; i++) nev += opts->step_events[i] != NULL;
+  if (nev != 0 && nev != MBD_MAMBA1_GPU_STEP_EVENTS)
+    return mbd_error_set(err, MBD_E_INVALID, "model: %d of the %d step events given (all or none)",
+                         nev, MBD_MAMBA1_GPU_STEP_EVENTS);
   mbd_mamba1_gpu *m = (mbd_mamba1_gpu *)calloc(1, sizeof(*m));
   if (!m) return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
   m->ctx = ctx;
@@ -220,8 +152,13 @@ static int model_alloc(mbd_gpu_ctx *ctx, const mbd_mamba_config *cfg,
   m->max_rows = opts->max_rows > 0 ? opts->max_rows : 2048;
   int mb = opts->max_batch > 0 ? opts->max_batch : 256;
   m->max_batch = 1;
-  while (m->max_batch < mb && m->max_batch < (1 << (MAX_BUCKETS - 1))) m->max_batch <<= 1;
+  while (m->max_batch < mb && m->max_batch < (1 << (MBD_M1G_MAX_BUCKETS - 1))) m->max_batch <<= 1;
   m->use_graphs = opts->use_graphs;
+  m->decode = rid.decode;
+  m->dp_epoch_wrap = opts->dp_epoch_wrap;
+  for (int i = 0; i < MBD_MAMBA1_GPU_STEP_EVENTS; i++)
+    m->step_ev[i] = (cudaEvent_t)opts->step_events[i];
+  m->dp_trace = opts->dp_trace;
   m->nslots = rid.state_capacity;
   m->layers = (layer_d *)calloc((size_t)cfg->n_layer, sizeof(layer_d));
   m->stamp = (uint32_t *)calloc((size_t)m->nslots, sizeof(uint32_t));
@@ -256,9 +193,11 @@ fail:
 /* The persistent decode's view (decode_persistent.h): a device copy of the
  * layer table (layer_d is its mbd_dp_layer, with x_wg filled in), its x_proj
  * exchange words and its launch counter. Runs after the weights and the
- * workspace exist; only where the persistent decode can run. */
+ * workspace exist; only where the route allows the persistent decode and it
+ * can run. */
 static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
   const mbd_mamba_config *c = &m->cfg;
+  if (m->decode != MBD_DECODE_PERSISTENT) return 0;
   if (m->dtype != MBD_DTYPE_BF16 && m->dtype != MBD_DTYPE_F16) return 0; /* dp stays zeroed: */
   if (c->d_inner > MBD_DP_MAX_INNER) return 0;                           /* never runs */
   const size_t tb = (size_t)c->n_layer * sizeof(mbd_dp_layer);
@@ -303,18 +242,16 @@ static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
     dp->xy = (uint64_t *)y;
     dp->xo = (uint64_t *)o;
     dp->epoch = (unsigned *)ep;
-    /* tags (launch * n_layer + layer + 1) stay below 2^32; MBD_DP_EPOCH_WRAP
-     * (tests) wraps sooner, never later */
+    /* tags (launch * n_layer + layer + 1) stay below 2^32; the tests' wrap
+     * comes sooner, never later */
     const uint32_t wrap = 0xfffffffeu / (uint32_t)c->n_layer - 1u;
-    const char *ew = getenv("MBD_DP_EPOCH_WRAP");
-    const long ewv = ew ? atol(ew) : 0;
-    dp->epoch_wrap = ewv > 0 && (unsigned long)ewv < wrap ? (uint32_t)ewv : wrap;
+    const uint32_t ew = m->dp_epoch_wrap;
+    dp->epoch_wrap = ew > 0 && ew < wrap ? ew : wrap;
     dp->resid = m->resid;
     dp->out = m->out;
     dp->norm_f = m->norm_f;
     dp->hn = m->hn;
   }
-  mbd_dp_trace_prepare(c->n_layer);
 fail:
   return rc;
 }
@@ -380,7 +317,7 @@ void mbd_mamba1_gpu_destroy(mbd_mamba1_gpu **pm) {
   if (!pm || !*pm) return;
   mbd_mamba1_gpu *m = *pm;
   if (m->stream) cudaStreamSynchronize(m->stream);
-  for (int i = 0; i < MAX_BUCKETS; i++) mbd_gpu_graph_destroy(&m->graphs[i]);
+  for (int i = 0; i < MBD_M1G_MAX_BUCKETS; i++) mbd_gpu_graph_destroy(&m->graphs[i]);
   for (int i = 0; i < m->nalloc; i++) cudaFree(m->allocs[i]);
   cudaFreeHost(m->h_in);
   cudaFreeHost(m->h_next);
@@ -542,73 +479,22 @@ fail:
   return mbd_error_prefix(err, "loading %s on the GPU: ", dir);
 }
 
-/* Synthetic model: matrices filled on the device, small vectors on the host. */
-extern "C" int mbd_mamba1_gpu_new_random(mbd_gpu_ctx *ctx, const mbd_mamba_config *cfg,
-                                         uint64_t seed, const mbd_mamba1_gpu_options *opts,
-                                         mbd_mamba1_gpu **out, mbd_error *err) {
-  *out = NULL;
-  mbd_mamba1_gpu *m = NULL;
-  float *h = NULL;
-  int rc = model_alloc(ctx, cfg, opts, &m, err);
-  if (rc) return rc;
-  const int64_t d = cfg->d_model, di = cfg->d_inner, N = cfg->d_state, R = cfg->dt_rank;
-  const int64_t K = cfg->d_conv, V = cfg->vocab_size;
-  const size_t es = mbd_dtype_size(m->dtype);
-  size_t hmax = (size_t)(di * N + K * di + d);
-  h = (float *)malloc(hmax * sizeof(float));
-  if (!h) {
-    rc = mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
-    goto fail;
-  }
-#define MAT(ptr, rows, cols)                                                               \
-  do {                                                                                   \
-    if ((rc = dalloc(m, (size_t)(rows) * (size_t)(cols) * es, &(ptr), err))) goto fail;   \
-    if ((rc = mbd_mops_fill_uniform(m->stream, m->dtype, (ptr), (int64_t)(rows) * (cols), \
-                                    seed++, 1.0f / sqrtf((float)(cols)), err)))            \
-      goto fail;                                                                         \
-    m->weight_bytes += (size_t)(rows) * (size_t)(cols) * es;                             \
-  } while (0)
-#define VEC(ptr, n, as_dtype, expr)                                                  \
-  do {                                                                             \
-    for (int64_t i_ = 0; i_ < (n); i_++) h[i_] = (expr);                           \
-    if ((rc = upload(m, h, (size_t)(n), (as_dtype), (void **)&(ptr), err))) goto fail; \
-  } while (0)
-  MAT(m->emb, V, d);
-  m->head = m->emb;
-  for (int l = 0; l < cfg->n_layer; l++) {
-    layer_d *L = &m->layers[l];
-    VEC(L->norm, d, 0, 1.0f);
-    MAT(L->in_w, 2 * di, d);
-    VEC(L->conv_w, K * di, 0, 0.5f * (float)((i_ * 7 + l) % 5 - 2) / (float)K);
-    if (cfg->conv_bias) VEC(L->conv_b, di, 0, 0.01f * (float)(i_ % 3));
-    MAT(L->x_w, R + 2 * N, di);
-    MAT(L->dt_w, di, R);
-    /* dt = softplus(bias) spread log-uniformly over [0.001, 0.1] */
-    VEC(L->dt_b, di, 1,
-        logf(expm1f(expf(logf(0.001f) + (logf(0.1f) - logf(0.001f)) *
-                                          (float)(i_ % 97) / 96.0f))));
-    {
-      mbd_dtype keep = m->dtype;
-      m->dtype = MBD_DTYPE_F32;
-      VEC(L->A, di * N, 0, -(float)(i_ % N + 1));
-      m->dtype = keep;
-    }
-    VEC(L->D, di, 0, 1.0f);
-    MAT(L->out_w, d, di);
-  }
-  VEC(m->norm_f, d, 0, 1.0f);
-#undef MAT
-#undef VEC
-  if ((rc = alloc_runtime(m, err))) goto fail;
-  MBD_GPU_TRY(cudaStreamSynchronize(m->stream), err);
-  free(h);
-  *out = m;
-  return 0;
-fail:
-  free(h);
-  mbd_mamba1_gpu_destroy(&m);
-  return rc;
+/* ------------------------------------------------------------ internal entries */
+
+/* For the bench-only synthetic model (mamba1_gpu_impl.h). */
+extern "C" int mbd_m1g_alloc(mbd_gpu_ctx *ctx, const mbd_mamba_config *cfg,
+                             const mbd_mamba1_gpu_options *opts, mbd_mamba1_gpu **out,
+                             mbd_error *err) {
+  return model_alloc(ctx, cfg, opts, out, err);
 }
+extern "C" int mbd_m1g_dalloc(mbd_mamba1_gpu *m, size_t bytes, void **out, mbd_error *err) {
+  return dalloc(m, bytes, out, err);
+}
+extern "C" int mbd_m1g_upload(mbd_mamba1_gpu *m, const float *v, size_t n, int as_dtype,
+                              void **out, mbd_error *err) {
+  return upload(m, v, n, as_dtype, out, err);
+}
+extern "C" int mbd_m1g_finish(mbd_mamba1_gpu *m, mbd_error *err) { return alloc_runtime(m, err); }
 
 /* ------------------------------------------------------------ accessors */
 
@@ -697,7 +583,8 @@ static int gemm(mbd_mamba1_gpu *m, int64_t M, int64_t N, int64_t K, const void *
 }
 
 int mbd_mamba1_gpu_persistent(const mbd_mamba1_gpu *m, int rows) {
-  return mbd_gpu_ctx_mode(m->ctx) == MBD_GEMM_DETERMINISTIC && mbd_dp_fits(&m->dp, rows);
+  return m->decode == MBD_DECODE_PERSISTENT && mbd_gpu_ctx_mode(m->ctx) == MBD_GEMM_DETERMINISTIC &&
+         mbd_dp_fits(&m->dp, rows);
 }
 
 /* Embedding and every layer of nseq x T rows through the per-op kernels;
@@ -766,8 +653,9 @@ static int forward(mbd_mamba1_gpu *m, int nseq, int T, int which, int from_stagi
                               {m->d_temp, m->d_seed, m->d_step},
                               {(size_t)nseq * 4, (size_t)nseq * 8, (size_t)nseq * 8}};
     if ((rc = from_staging
-                  ? mbd_dp_decode(s, &m->dp, nseq, m->h_tok, m->h_slots, &side, err)
-                  : mbd_dp_decode(s, &m->dp, nseq, m->d_tok, m->d_slots, NULL, err)))
+                  ? mbd_dp_decode(s, &m->dp, nseq, m->h_tok, m->h_slots, &side, m->dp_trace, err)
+                  : mbd_dp_decode(s, &m->dp, nseq, m->d_tok, m->d_slots, NULL, m->dp_trace,
+                                  err)))
       return rc;
   } else if ((rc = layers(m, nseq, T, err))) {
     return rc;
@@ -882,7 +770,7 @@ static int step_body_marked(mbd_mamba1_gpu *m, int rows, mbd_error *err) {
 static int step_body(mbd_mamba1_gpu *m, int rows, mbd_error *err) {
   /* (persistent rows only: the per-op path's PDL launches admit no event
    * nodes between them) */
-  m->marking = step_events_on() && mbd_mamba1_gpu_persistent(m, rows);
+  m->marking = m->step_ev[0] && mbd_mamba1_gpu_persistent(m, rows);
   int rc = step_body_marked(m, rows, err);
   m->marking = 0;
   return rc;
@@ -910,7 +798,6 @@ extern "C" int mbd_mamba1_gpu_step(mbd_mamba1_gpu *m, int n, const int32_t *toke
     m->h_step[i] = real && picks ? picks[i].step : 0;
   }
   cudaStream_t s = m->stream;
-  (void)step_events_on(); /* creates its events now, outside any capture */
   if (m->use_graphs) {
     if (!m->graphs[bi]) {
       if ((rc = mbd_gpu_graph_begin(m->ctx, err))) return rc;
@@ -938,6 +825,6 @@ extern "C" int mbd_mamba1_gpu_step(mbd_mamba1_gpu *m, int n, const int32_t *toke
 
 void mbd_mamba1_gpu_set_graphs(mbd_mamba1_gpu *m, int on) {
   if (!on)
-    for (int i = 0; i < MAX_BUCKETS; i++) mbd_gpu_graph_destroy(&m->graphs[i]);
+    for (int i = 0; i < MBD_M1G_MAX_BUCKETS; i++) mbd_gpu_graph_destroy(&m->graphs[i]);
   m->use_graphs = on;
 }
