@@ -76,7 +76,7 @@ typedef struct mbd_dp_model {
 #define MBD_DP_MAX_INNER 2048
 /* 1 when `rows` decode rows of m run persistently on the current device (see
  * above), else 0. Whether the model asks is its route's decode path
- * (mamba1_gpu.cu). */
+ * (mamba1_gpu_run.cu). */
 int mbd_dp_fits(const mbd_dp_model *m, int rows);
 
 /* Bytes the launch also moves, off its critical path, for the kernels after

@@ -1,6 +1,8 @@
-/* Internal layout of mbd_mamba1_gpu, shared by the model's own files and the
- * bench-only synthetic model (kernels/cuda/bench/mamba1_gpu_random.cu); C++
- * only. Callers outside those use kernels/cuda/mamba1_gpu.h. */
+/* Internal layout of mbd_mamba1_gpu, shared by the model's own files
+ * (mamba1_gpu.cu: weights, workspace, slots; mamba1_gpu_run.cu: prefill and
+ * decode) and the bench-only synthetic model
+ * (kernels/cuda/bench/mamba1_gpu_random.cu); C++ only. Callers outside those
+ * use kernels/cuda/mamba1_gpu.h. */
 #ifndef MBD_MAMBA1_GPU_IMPL_H
 #define MBD_MAMBA1_GPU_IMPL_H
 
@@ -71,6 +73,8 @@ int mbd_m1g_upload(mbd_mamba1_gpu *m, const float *v, size_t n, int as_dtype, vo
 /* After the weights: state slots, workspace, staging and the persistent
  * decode's tables. */
 int mbd_m1g_finish(mbd_mamba1_gpu *m, mbd_error *err);
+/* MBD_E_INVALID for a slot outside 0..nslots-1. */
+int mbd_m1g_check_slot(const mbd_mamba1_gpu *m, int64_t slot, mbd_error *err);
 }
 
 #endif

@@ -92,8 +92,8 @@ extern "C" void mbd_m1g_probes_print_trace(const mbd_m1g_probes *p) {
                                  "D: wait y",        "D: out_proj",    "layer end"};
   int np = 0; /* blocks that took part (the others left zero stamps) */
   for (int b = 0; b < nb; b++) np += t[(size_t)b * L * TP + TP] != 0;
-  printf("persistent decode trace, %d of %d blocks, us per layer (layers 1..%d): mean over blocks / "
-         "max\n", np, nb, L - 2);
+  printf("persistent decode trace, %d of %d blocks, us per layer (layers 1..%d): "
+         "mean over blocks / max\n", np, nb, L - 2);
   double tot_mean = 0;
   for (int sgm = 0; sgm < TP; sgm++) {
     double mean = 0, mx = 0;
