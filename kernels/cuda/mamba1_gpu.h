@@ -53,15 +53,16 @@ typedef struct mbd_mamba1_gpu_options {
                              launch), never later than the largest */
   void *step_events[MBD_MAMBA1_GPU_STEP_EVENTS]; /* benchmarks: all NULL, or six cudaEvent_t
                              the caller created (and destroys after the model) that
-                             persistent decode steps record at their stage boundaries
-                             (eager steps, and graphs captured from then on): 0 start,
-                             1 inputs up, 2 layers done, 3 final add + norm done, 4 LM
-                             head done, 5 picks out. Per-op steps record none (their
+                             persistent decode steps record at their stage boundaries,
+                             eager or as nodes of the decode graphs: 0 start, 1 inputs
+                             up, 2 layers done, 3 final add + norm done, 4 LM head
+                             done, 5 picks out. Per-op steps record none (their
                              programmatic launches admit no event node between them) */
   void *dp_trace;   /* benchmarks: NULL, or a device buffer of mbd_dp_trace_bytes(n_layer)
                        bytes (kernels/cuda/decode_persistent.h) that every persistent
                        decode launch fills with its stage trace; the caller frees it
-                       after the model */
+                       after the model. kernels/cuda/bench/mamba1_gpu_bench.h makes
+                       both probes and prints them */
 } mbd_mamba1_gpu_options;
 
 /* f32 storage, 2048 rows, batch 256, graphs on, no test or benchmark hooks. */

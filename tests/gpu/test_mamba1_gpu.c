@@ -15,8 +15,9 @@
  *   decode vs decode only (logits, and the state), chunked vs whole prefill,
  *   prefill in pieces of 17, 1, 16, 6 tokens (across the scan's 16-step
  *   chunks) vs whole, run to run, the persistent decode's tag wrap at every
- *   launch (dp_epoch_wrap 1) and a per-op route's batch 1 (mbd_gpu_ctx_config
- *   decode) vs the reference; f32 and bf16 routes. On bf16, decode runs
+ *   launch (dp_epoch_wrap 1), a per-op route's batch 1 (mbd_gpu_ctx_config
+ *   decode) and a model with the benchmarks' probes vs the reference; f32
+ *   and bf16 routes. On bf16, decode runs
  *   the conv fused into x_proj and the scan up to 64 rows (batches 1-64, the
  *   target's reference) and separate kernels above (255, 256) and in
  *   prefill (mbd_mops_conv_fused): the comparisons pin the two together;
@@ -36,6 +37,7 @@
 
 #include "common/safetensors.h"
 #include "gpu/gpu_test_util.h"
+#include "kernels/cuda/bench/mamba1_gpu_bench.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/mamba1_gpu.h"
 #include "kernels/model/mamba1.h"
@@ -582,6 +584,30 @@ static void check_bitwise(mbd_dtype dt) {
     assert_true(trace_eq(&ref, &got, V, sb));
     mbd_mamba1_gpu_destroy(&mp);
     mbd_gpu_ctx_destroy(&cp);
+  }
+
+  /* the benchmarks' probes (stage events in the graphs, the persistent
+   * decode's stage trace) change no bit */
+  {
+    mbd_error err;
+    mbd_m1g_probes *pr = NULL;
+    CHECK_OK(mbd_m1g_probes_new(mbd_mamba1_gpu_config(m)->n_layer, 1, 1, &pr, &err));
+    mbd_mamba1_gpu_options o;
+    mbd_mamba1_gpu_options_default(&o);
+    o.dtype = dt;
+    mbd_m1g_probes_attach(pr, &o);
+    mbd_mamba1_gpu *mq = NULL;
+    CHECK_OK(mbd_mamba1_gpu_load(ctx, f.dir, &o, &mq, &err));
+    memcpy(toks, target, sizeof target);
+    sl[0] = 4;
+    run_batch(mq, 1, toks, sl, 0, V, &got);
+    printf("%s with step events and the stage trace: %s\n", mbd_dtype_name(dt),
+           trace_eq(&ref, &got, V, sb) ? "bit-identical" : "DIFFERS");
+    assert_true(trace_eq(&ref, &got, V, sb));
+    mbd_m1g_probes_print_step(pr);
+    mbd_m1g_probes_print_trace(pr);
+    mbd_mamba1_gpu_destroy(&mq);
+    mbd_m1g_probes_destroy(&pr);
   }
 
   /* prefill in pieces across the scan's 16-step chunk boundaries: a chunk

@@ -36,12 +36,13 @@ int mbd_m1g_probes_new(int n_layer, int step_events, int dp_trace, mbd_m1g_probe
 /* Points o's step_events and dp_trace at the probes (those asked for). */
 void mbd_m1g_probes_attach(const mbd_m1g_probes *p, mbd_mamba1_gpu_options *o);
 /* Prints the device time between the stage events of the last decode step
- * that recorded them (nothing without step events). */
+ * that recorded them (nothing without step events; a line saying so when no
+ * step recorded them). */
 void mbd_m1g_probes_print_step(const mbd_m1g_probes *p);
 /* Prints the persistent decode's time per stage of its last launch: mean
  * over the blocks that took part and the slowest block, us per layer over
  * layers 1..n_layer-2, and block 0's whole launch (nothing without a trace or
- * with fewer than 3 layers). */
+ * with fewer than 3 layers; a line saying so when no launch filled it). */
 void mbd_m1g_probes_print_trace(const mbd_m1g_probes *p);
 /* NULL-safe; nulls *p. After the model that used them. */
 void mbd_m1g_probes_destroy(mbd_m1g_probes **p);

@@ -56,19 +56,20 @@ extern "C" void mbd_m1g_probes_print_step(const mbd_m1g_probes *p) {
   static const char *name[MBD_MAMBA1_GPU_STEP_EVENTS - 1] = {
       "inputs up (copy)", "layers", "final add + norm", "lm_head", "sampling"};
   const int last = MBD_MAMBA1_GPU_STEP_EVENTS - 1;
-  if (p->nev != MBD_MAMBA1_GPU_STEP_EVENTS || cudaEventSynchronize(p->ev[last]) != cudaSuccess) {
+  if (p->nev != MBD_MAMBA1_GPU_STEP_EVENTS) return;
+  float ms[MBD_MAMBA1_GPU_STEP_EVENTS] = {0}; /* [i]: event i to i + 1; [last]: the total */
+  bool ok = cudaEventSynchronize(p->ev[last]) == cudaSuccess;
+  for (int i = 0; ok && i < last; i++)
+    ok = cudaEventElapsedTime(&ms[i], p->ev[i], p->ev[i + 1]) == cudaSuccess;
+  if (ok) ok = cudaEventElapsedTime(&ms[last], p->ev[0], p->ev[last]) == cudaSuccess;
+  if (!ok) { /* never recorded: no persistent step since the probes were made */
     (void)cudaGetLastError();
+    printf("decode step events: none recorded\n");
     return;
   }
   printf("decode step on the device (events in the graph), us:");
-  for (int i = 0; i < last; i++) {
-    float ms = 0;
-    cudaEventElapsedTime(&ms, p->ev[i], p->ev[i + 1]);
-    printf(" %s %.1f;", name[i], ms * 1e3);
-  }
-  float ms = 0;
-  cudaEventElapsedTime(&ms, p->ev[0], p->ev[last]);
-  printf(" total %.1f\n", ms * 1e3);
+  for (int i = 0; i < last; i++) printf(" %s %.1f;", name[i], ms[i] * 1e3);
+  printf(" total %.1f\n", ms[last] * 1e3);
 }
 
 extern "C" void mbd_m1g_probes_print_trace(const mbd_m1g_probes *p) {
@@ -92,6 +93,11 @@ extern "C" void mbd_m1g_probes_print_trace(const mbd_m1g_probes *p) {
                                  "D: wait y",        "D: out_proj",    "layer end"};
   int np = 0; /* blocks that took part (the others left zero stamps) */
   for (int b = 0; b < nb; b++) np += t[(size_t)b * L * TP + TP] != 0;
+  if (np == 0) { /* no persistent launch since the probes were made */
+    printf("persistent decode trace: no launch recorded\n");
+    free(t);
+    return;
+  }
   printf("persistent decode trace, %d of %d blocks, us per layer (layers 1..%d): "
          "mean over blocks / max\n", np, nb, L - 2);
   double tot_mean = 0;
