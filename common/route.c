@@ -13,6 +13,7 @@ static const char *const k_modes[] = {"deterministic", "cublas-fast", "cublas-pe
 static const char *const k_policies[] = {"f32", "tf32", "bf16", "f16"};
 static const char *const k_families[] = {"inference", "triad"};
 static const char *const k_backends[] = {"cpu", "cuda"};
+static const char *const k_decode_paths[] = {"per-op", "persistent"};
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -58,6 +59,9 @@ const char *mbd_family_name(mbd_family f) { return name_of(k_families, COUNT(k_f
 const char *mbd_backend_name(mbd_backend_kind b) {
   return name_of(k_backends, COUNT(k_backends), (int)b);
 }
+const char *mbd_decode_path_name(mbd_decode_path d) {
+  return name_of(k_decode_paths, COUNT(k_decode_paths), (int)d);
+}
 
 int mbd_gemm_mode_parse(const char *s, mbd_gemm_mode *out, mbd_error *err) {
   int v = 0, rc = parse_name("GEMM mode", k_modes, COUNT(k_modes), s, &v, err);
@@ -77,6 +81,11 @@ int mbd_family_parse(const char *s, mbd_family *out, mbd_error *err) {
 int mbd_backend_parse(const char *s, mbd_backend_kind *out, mbd_error *err) {
   int v = 0, rc = parse_name("backend", k_backends, COUNT(k_backends), s, &v, err);
   if (!rc) *out = (mbd_backend_kind)v;
+  return rc;
+}
+int mbd_decode_path_parse(const char *s, mbd_decode_path *out, mbd_error *err) {
+  int v = 0, rc = parse_name("decode path", k_decode_paths, COUNT(k_decode_paths), s, &v, err);
+  if (!rc) *out = (mbd_decode_path)v;
   return rc;
 }
 
@@ -100,10 +109,11 @@ int mbd_route_encode(const mbd_route_identity *r, char *buf, size_t cap, size_t 
                    "mambad-route/%d\n"
                    "backend=%s\nmode=%s\ndtype=%s\nfamily=%s\nisa=%s\nkernels=%s\n"
                    "compiler=%s\ndevice=%s\ncc=%d.%d\nsms=%d\nlibraries=%s\ndispatch=%d\n"
-                   "state_capacity=%" PRId64 "\n",
+                   "decode=%s\nstate_capacity=%" PRId64 "\n",
                    MBD_ROUTE_FORMAT_VERSION, mbd_backend_name(r->backend), mbd_gemm_mode_name(r->mode),
                    mbd_dtype_policy_name(r->policy), mbd_family_name(r->family), isa, dig, comp, dev,
-                   r->cc_major, r->cc_minor, r->sm_count, libs, r->dispatch_rev, r->state_capacity);
+                   r->cc_major, r->cc_minor, r->sm_count, libs, r->dispatch_rev,
+                   mbd_decode_path_name(r->decode), r->state_capacity);
   if (n < 0 || (size_t)n >= cap)
     return mbd_error_set(err, MBD_E_TOO_LARGE, "route encoding needs %d bytes, buffer has %zu", n,
                          cap);
@@ -156,7 +166,7 @@ int mbd_route_decode(const char *buf, size_t len, mbd_route_identity *out, mbd_e
                          (int)strlen(hdr) - 1, hdr);
   memset(out, 0, sizeof *out);
   char v[128];
-  int m = 0, p = 0, f = 0, b = 0;
+  int m = 0, p = 0, f = 0, b = 0, d = 0;
   /* Enum fields: keep the parser's message (it lists the valid values). */
   if (field(text, "backend", v, sizeof v)) return missing(err, "backend");
   if (mbd_backend_parse(v, (mbd_backend_kind *)&b, err)) return as_format(err);
@@ -166,10 +176,13 @@ int mbd_route_decode(const char *buf, size_t len, mbd_route_identity *out, mbd_e
   if (mbd_dtype_policy_parse(v, (mbd_dtype_policy *)&p, err)) return as_format(err);
   if (field(text, "family", v, sizeof v)) return missing(err, "family");
   if (mbd_family_parse(v, (mbd_family *)&f, err)) return as_format(err);
+  if (field(text, "decode", v, sizeof v)) return missing(err, "decode");
+  if (mbd_decode_path_parse(v, (mbd_decode_path *)&d, err)) return as_format(err);
   out->backend = (mbd_backend_kind)b;
   out->mode = (mbd_gemm_mode)m;
   out->policy = (mbd_dtype_policy)p;
   out->family = (mbd_family)f;
+  out->decode = (mbd_decode_path)d;
   if (field(text, "isa", out->isa, sizeof out->isa) ||
       field(text, "kernels", out->kernel_digest, sizeof out->kernel_digest) ||
       field(text, "compiler", out->compiler, sizeof out->compiler) ||

@@ -30,6 +30,13 @@ typedef enum mbd_dtype_policy {
 typedef enum mbd_family { MBD_FAMILY_INFERENCE = 0, MBD_FAMILY_TRIAD = 1 } mbd_family;
 typedef enum mbd_backend_kind { MBD_BACKEND_CPU = 0, MBD_BACKEND_CUDA = 1 } mbd_backend_kind;
 
+/* Which kernels a decode step may run. */
+typedef enum mbd_decode_path {
+  MBD_DECODE_PER_OP = 0,      /* one launch per op at every batch size (the CPU's only path) */
+  MBD_DECODE_PERSISTENT = 1,  /* CUDA: small batches run every layer in one persistent launch
+                                 where it fits (kernels/cuda/decode_persistent.h) */
+} mbd_decode_path;
+
 #define MBD_ROUTE_FORMAT_VERSION 1
 
 typedef struct mbd_route_identity {
@@ -45,10 +52,11 @@ typedef struct mbd_route_identity {
   int sm_count;           /* multiprocessors; 0 on CPU */
   char libraries[64];     /* bit-relevant library versions ("cublas 13.0.0"); "" in deterministic mode */
   int dispatch_rev;       /* revision of the tile/dispatch policy */
+  mbd_decode_path decode; /* which decode kernels may run */
   int64_t state_capacity; /* session state slots the context is sized for */
 } mbd_route_identity;
 
-/* Mode / policy / family / backend names and parsers. Parsers reject unknown or
+/* Mode / policy / family / backend / decode path names and parsers. Parsers reject unknown or
  * non-UTF-8 strings with MBD_E_INVALID naming every valid value. */
 const char *mbd_gemm_mode_name(mbd_gemm_mode m);
 int mbd_gemm_mode_parse(const char *s, mbd_gemm_mode *out, mbd_error *err);
@@ -58,6 +66,8 @@ const char *mbd_family_name(mbd_family f);
 int mbd_family_parse(const char *s, mbd_family *out, mbd_error *err);
 const char *mbd_backend_name(mbd_backend_kind b);
 int mbd_backend_parse(const char *s, mbd_backend_kind *out, mbd_error *err);
+const char *mbd_decode_path_name(mbd_decode_path d);
+int mbd_decode_path_parse(const char *s, mbd_decode_path *out, mbd_error *err);
 
 /* Canonical encoding into buf (NUL-terminated); *len excludes the NUL.
  * MBD_E_TOO_LARGE when cap is too small (1 KiB always suffices). */

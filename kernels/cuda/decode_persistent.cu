@@ -34,8 +34,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 extern "C" {
@@ -119,9 +117,8 @@ __host__ __device__ inline dp_plan dp_make_plan(int d, int di, int R, int rows, 
   return P;
 }
 
-/* Stage trace (MBD_DP_TRACE=1, a diagnostic): clock64 of every block at
- * each of DP_TP points of every layer; see mbd_dp_trace_print. */
-#define DP_TP 9
+/* Stage trace points a layer (decode_persistent.h). */
+#define DP_TP MBD_DP_TRACE_POINTS
 
 struct dp_args {
   mbd_dp_model m;
@@ -611,18 +608,10 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
 
 /* ------------------------------------------------------------ host */
 
-static bool dp_enabled() {
-  static const bool on = [] {
-    const char *e = getenv("MBD_DECODE_PERSISTENT");
-    return !(e && e[0] == '0');
-  }();
-  return on;
-}
-
 /* Whether `rows` rows of m run persistently here; when they do, the grid
  * (one block per SM) and the shared-memory plan of the launch. */
 static int dp_check(const mbd_dp_model *m, int rows, int *nb, dp_plan *P) {
-  if (!dp_enabled() || !m || rows < 1 || rows > DP_MAXROWS) return 0;
+  if (!m || rows < 1 || rows > DP_MAXROWS) return 0;
   if (m->dtype != MBD_DTYPE_BF16 && m->dtype != MBD_DTYPE_F16) return 0;
   if (m->d_state != DP_N || m->d_conv != DP_KC || m->n_layer < 1 || m->dt_rank < 1) return 0;
   /* whole 256-wide K chunks: dp_chain2 loads a chunk's fragments before its
@@ -658,81 +647,19 @@ extern "C" int mbd_dp_fits(const mbd_dp_model *m, int rows) {
   return dp_check(m, rows, &nb, &P);
 }
 
-/* MBD_DP_TRACE=1: one trace buffer for the process (a diagnostic; graphs
- * captured with it keep writing it). */
-static long long *g_trace;
-static int g_trace_nb, g_trace_L;
-
-extern "C" void mbd_dp_trace_prepare(int n_layer) {
-  const char *e = getenv("MBD_DP_TRACE");
+extern "C" size_t mbd_dp_trace_bytes(int n_layer) {
   int dev = 0, nb = 0;
-  if (!e || e[0] != '1' || g_trace || cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&nb, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaMalloc((void **)&g_trace, ((size_t)nb * n_layer * DP_TP + 2) * 8) != cudaSuccess) {
+  if (n_layer < 1 || cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&nb, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
     (void)cudaGetLastError();
-    return;
+    return 0;
   }
-  g_trace_nb = nb;
-  g_trace_L = n_layer;
-}
-
-/* The trace buffer when prepared for this grid and depth (never allocated
- * here: a launch may be under stream capture). */
-static long long *dp_trace_buffer(int nb, int L) {
-  return g_trace && g_trace_nb == nb && g_trace_L == L ? g_trace : NULL;
-}
-
-extern "C" void mbd_dp_trace_print(void) {
-  if (!g_trace) return;
-  const int nb = g_trace_nb, L = g_trace_L;
-  long long *t = (long long *)malloc(((size_t)nb * L * DP_TP + 2) * 8);
-  int khz = 0, dev = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev);
-  if (!t || khz <= 0 || cudaDeviceSynchronize() != cudaSuccess ||
-      cudaMemcpy(t, g_trace, ((size_t)nb * L * DP_TP + 2) * 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
-    free(t);
-    return;
-  }
-  /* segments: [from point, to point], the last one into the next layer's 0 */
-  static const char *name[DP_TP] = {"A: wait out+norm", "A: in_proj mma", "A: fold+conv",
-                                    "A: x_proj parts",  "C: wait+fold",   "C: scan",
-                                    "D: wait y",        "D: out_proj",    "layer end"};
-  if (L < 3) { /* the mean skips the first and the last layer */
-    free(t);
-    return;
-  }
-  int np = 0; /* blocks that took part (the others left zero stamps) */
-  for (int b = 0; b < nb; b++) np += t[(size_t)b * L * DP_TP + DP_TP] != 0;
-  printf("persistent decode trace, %d of %d blocks, us per layer (layers 1..%d): mean over blocks / "
-         "max\n", np, nb, L - 2);
-  double tot_mean = 0;
-  for (int sgm = 0; sgm < DP_TP; sgm++) {
-    double mean = 0, mx = 0;
-    for (int l = 1; l + 1 < L; l++) {
-      double lm = 0, lx = 0;
-      for (int b = 0; b < nb; b++) {
-        const long long *r = t + ((size_t)b * L + l) * DP_TP;
-        if (r[0] == 0) continue;
-        const long long a = r[sgm], z = sgm == DP_TP - 1 ? r[DP_TP] : r[sgm + 1];
-        const double us = (double)(z - a) / (double)khz * 1e3;
-        lm += us / np;
-        lx = us > lx ? us : lx;
-      }
-      mean += lm / (L - 2);
-      mx += lx / (L - 2);
-    }
-    tot_mean += mean;
-    printf("  %-16s %7.2f %7.2f\n", name[sgm], mean, mx);
-  }
-  printf("  %-16s %7.2f\n", "layer", tot_mean);
-  const long long *gt = t + (size_t)nb * L * DP_TP;
-  printf("  whole launch (block 0, globaltimer): %.1f us\n", (double)(gt[1] - gt[0]) * 1e-3);
-  free(t);
+  return ((size_t)nb * (size_t)n_layer * DP_TP + 2) * 8;
 }
 
 extern "C" int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, const int32_t *tok,
-                             const int32_t *slots, const mbd_dp_side *side, mbd_error *err) {
+                             const int32_t *slots, const mbd_dp_side *side, void *trace,
+                             mbd_error *err) {
   int nb = 0;
   dp_plan P;
   if (!dp_check(m, rows, &nb, &P))
@@ -743,7 +670,7 @@ extern "C" int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, cons
   a.rows = rows;
   a.tok = tok;
   a.slots = slots;
-  a.trace = dp_trace_buffer(nb, m->n_layer);
+  a.trace = (long long *)trace;
   a.side = side ? *side : mbd_dp_side{};
   void (*k)(dp_args) = m->dtype == MBD_DTYPE_BF16 ? k_decode_layers<__nv_bfloat16>
                                                   : k_decode_layers<__half>;

@@ -18,6 +18,7 @@
 #ifndef MBD_KERNELS_CUDA_DECODE_PERSISTENT_H
 #define MBD_KERNELS_CUDA_DECODE_PERSISTENT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -74,7 +75,8 @@ typedef struct mbd_dp_model {
 /* The widest d_inner it runs (its x_proj fold holds 4 group partials a lane). */
 #define MBD_DP_MAX_INNER 2048
 /* 1 when `rows` decode rows of m run persistently on the current device (see
- * above; MBD_DECODE_PERSISTENT=0 in the environment turns it off), else 0. */
+ * above), else 0. Whether the model asks is its route's decode path
+ * (mamba1_gpu_run.cu). */
 int mbd_dp_fits(const mbd_dp_model *m, int rows);
 
 /* Bytes the launch also moves, off its critical path, for the kernels after
@@ -89,17 +91,25 @@ typedef struct mbd_dp_side {
 /* Enqueues the layers of one decode step of `rows` rows (tokens tok[rows],
  * state slots slots[rows]: device or mapped pinned host arrays, read once at
  * the start) and the final add + norm on stream; side (or NULL) is copied
- * meanwhile. mbd_dp_fits must hold. Leaves resid, out and hn as the per-op
- * path's final add + norm leaves them. */
+ * meanwhile. trace: NULL, or a stage trace buffer (below) of this device and
+ * m's depth that the launch fills. mbd_dp_fits must hold. Leaves resid, out
+ * and hn as the per-op path's final add + norm leaves them. */
 int mbd_dp_decode(void *stream, const mbd_dp_model *m, int rows, const int32_t *tok,
-                  const int32_t *slots, const mbd_dp_side *side, mbd_error *err);
+                  const int32_t *slots, const mbd_dp_side *side, void *trace, mbd_error *err);
 
-/* Diagnostic: with MBD_DP_TRACE=1 in the environment, prepare (outside any
- * stream capture; mamba1_gpu.cu calls it at load) allocates a process-wide
- * buffer in which every launch of that depth records per-block clock stamps
- * of its stages; print shows the time per stage of the last launch. */
-void mbd_dp_trace_prepare(int n_layer);
-void mbd_dp_trace_print(void);
+/* Stage trace (a diagnostic; the same bits with or without it): int64 words,
+ * for every block b of the grid (one per SM) and layer l, the block's clock64
+ * at MBD_DP_TRACE_POINTS points of the layer, at [(b * n_layer + l) *
+ * MBD_DP_TRACE_POINTS + i]. Segment i runs from point i to point i + 1 (the
+ * last to the next layer's point 0): 0 stage A waits for the previous
+ * out_proj words and norms, 1 in_proj mma, 2 fold + conv, 3 x_proj partials,
+ * 4 stage C waits for and folds x_proj, 5 scan, 6 stage D waits for y, 7
+ * out_proj, 8 layer end. A block with no work leaves its words zero. Then two
+ * words: block 0's globaltimer (ns) at the launch's start and end. */
+#define MBD_DP_TRACE_POINTS 9
+/* Bytes of a trace buffer for the current device and n_layer layers; 0 when
+ * the device cannot be queried. */
+size_t mbd_dp_trace_bytes(int n_layer);
 
 #ifdef __cplusplus
 }

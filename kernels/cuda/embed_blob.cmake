@@ -1,11 +1,13 @@
 # Writes a C file defining `${SYMBOL}` (the bytes of ${INPUT}, followed by those
-# of ${INPUT2} when given) and `${SYMBOL}_len`.
-# Run as: cmake -DINPUT=... [-DINPUT2=...] -DOUTPUT=... -DSYMBOL=... -P embed_blob.cmake
+# of ${INPUT2}, ${INPUT3} and ${INPUT4} when given) and `${SYMBOL}_len`.
+# Run as: cmake -DINPUT=... [-DINPUT2=... ...] -DOUTPUT=... -DSYMBOL=... -P embed_blob.cmake
 file(READ "${INPUT}" hex HEX)
-if(INPUT2)
-  file(READ "${INPUT2}" hex2 HEX)
-  string(APPEND hex "${hex2}")
-endif()
+foreach(more INPUT2 INPUT3 INPUT4)
+  if(${more})
+    file(READ "${${more}}" hex2 HEX)
+    string(APPEND hex "${hex2}")
+  endif()
+endforeach()
 string(LENGTH "${hex}" n)
 math(EXPR nbytes "${n} / 2")
 string(REGEX REPLACE "([0-9a-f][0-9a-f])" "0x\\1," body "${hex}")

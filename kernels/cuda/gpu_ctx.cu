@@ -15,7 +15,7 @@ extern "C" const unsigned char mbd_gemm_fatbin[];
 extern "C" const size_t mbd_gemm_fatbin_len;
 extern "C" const unsigned char mbd_model_fatbin[]; /* mamba_ops.cu + decode_persistent.cu */
 extern "C" const size_t mbd_model_fatbin_len;
-extern "C" const unsigned char mbd_model_host_src[]; /* mamba1_gpu.cu */
+extern "C" const unsigned char mbd_model_host_src[]; /* mamba1_gpu*.cu, _impl.h, portable_math.h */
 extern "C" const size_t mbd_model_host_src_len;
 
 #ifndef MBD_CUDA_ARCHS
@@ -49,6 +49,7 @@ extern "C" void mbd_gpu_ctx_config_default(mbd_gpu_ctx_config *cfg) {
   cfg->policy = MBD_POLICY_BF16;
   cfg->family = MBD_FAMILY_INFERENCE;
   cfg->state_capacity = 1;
+  cfg->decode = MBD_DECODE_PERSISTENT;
 }
 
 extern "C" void mbd_gpu_kernel_digest(char out[65]) {
@@ -62,17 +63,6 @@ extern "C" void mbd_gpu_kernel_digest(char out[65]) {
   mbd_sha256_update(&h, mbd_model_host_src, mbd_model_host_src_len);
   mbd_sha256_final(&h, d);
   mbd_sha256_hex(d, out);
-}
-
-extern "C" int mbd_gpu_mode_from_env_value(const char *value, mbd_gemm_mode fallback,
-                                           mbd_gemm_mode *out, mbd_error *err) {
-  if (!value) {
-    *out = fallback;
-    return MBD_OK;
-  }
-  int rc = mbd_gemm_mode_parse(value, out, err);
-  if (rc < 0) return mbd_error_prefix(err, "environment variable MBD_GEMM_MODE");
-  return MBD_OK;
 }
 
 extern "C" int mbd_gpu_ctx_enter(mbd_gpu_ctx *ctx, mbd_error *err) {
@@ -288,12 +278,16 @@ extern "C" int mbd_gpu_ctx_new(const mbd_gpu_ctx_config *cfg, mbd_gpu_ctx **out,
   if (cfg->state_capacity < 0)
     return mbd_error_set(err, MBD_E_INVALID, "GPU context: state_capacity %lld < 0",
                          (long long)cfg->state_capacity);
+  if (cfg->decode != MBD_DECODE_PER_OP && cfg->decode != MBD_DECODE_PERSISTENT)
+    return mbd_error_set(err, MBD_E_INVALID, "GPU context config: invalid decode path %d",
+                         (int)cfg->decode);
   ctx = (mbd_gpu_ctx *)calloc(1, sizeof *ctx);
   if (!ctx) return mbd_error_set(err, MBD_E_NOMEM, "GPU context: out of host memory");
   ctx->mode = MBD_GEMM_DETERMINISTIC;
   ctx->policy = cfg->policy;
   ctx->family = cfg->family;
   ctx->state_capacity = cfg->state_capacity;
+  ctx->decode = cfg->decode;
   ctx->fault = cfg->fault;
   mbd_gpu_kernel_digest(ctx->digest);
   rc = probe_device(ctx, cfg->device, err);
@@ -314,15 +308,6 @@ extern "C" int mbd_gpu_ctx_new(const mbd_gpu_ctx_config *cfg, mbd_gpu_ctx **out,
 fail:
   mbd_gpu_ctx_destroy(&ctx);
   return rc;
-}
-
-extern "C" int mbd_gpu_ctx_new_from_env(const mbd_gpu_ctx_config *cfg, mbd_gpu_ctx **out,
-                                        mbd_error *err) {
-  if (!cfg || !out) return mbd_error_set(err, MBD_E_INVALID, "mbd_gpu_ctx_new_from_env: NULL");
-  mbd_gpu_ctx_config c = *cfg;
-  int rc = mbd_gpu_mode_from_env_value(getenv("MBD_GEMM_MODE"), cfg->mode, &c.mode, err);
-  if (rc < 0) return rc;
-  return mbd_gpu_ctx_new(&c, out, err);
 }
 
 extern "C" void mbd_gpu_ctx_destroy(mbd_gpu_ctx **pctx) {
@@ -428,6 +413,7 @@ extern "C" int mbd_gpu_ctx_route(const mbd_gpu_ctx *ctx, mbd_route_identity *r, 
     snprintf(r->libraries, sizeof r->libraries, "cublas %d.%d.%d", ma, mi, pa);
   }
   r->dispatch_rev = MBD_CUDA_DISPATCH_REV;
+  r->decode = ctx->decode;
   r->state_capacity = ctx->state_capacity;
   return MBD_OK;
 }

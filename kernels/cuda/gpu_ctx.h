@@ -35,25 +35,23 @@ typedef struct mbd_gpu_ctx_config {
   mbd_dtype_policy policy;  /* storage dtype policy; GEMM dtypes must match it */
   mbd_family family;        /* only MBD_FAMILY_INFERENCE is implemented */
   int64_t state_capacity;   /* session state slots (part of the route identity) */
+  mbd_decode_path decode;   /* which decode kernels a model on this context may run (part
+                               of the route identity): MBD_DECODE_PERSISTENT lets
+                               kernels/cuda/mamba1_gpu.h run small decode batches in the
+                               persistent launch where it fits, MBD_DECODE_PER_OP never;
+                               the bits are the same either way */
   size_t scratch_bytes;     /* scratch presized at construction (may grow until frozen) */
   mbd_gpu_fault fault;      /* tests only */
 } mbd_gpu_ctx_config;
 
-/* Defaults: device 0, deterministic, bf16, inference, capacity 1, no scratch. */
+/* Defaults: device 0, deterministic, bf16, inference, capacity 1, persistent
+ * decode, no scratch. */
 void mbd_gpu_ctx_config_default(mbd_gpu_ctx_config *cfg);
 
 /* Creates a context. Validates the device (present, compute capability covered
  * by the embedded kernels, SM count read twice agrees) and loads the kernels.
  * MBD_E_DEVICE "no CUDA device: cudaGetDeviceCount returned ..." without GPU. */
 int mbd_gpu_ctx_new(const mbd_gpu_ctx_config *cfg, mbd_gpu_ctx **out, mbd_error *err);
-/* As mbd_gpu_ctx_new, but the GEMM mode comes from env MBD_GEMM_MODE when set
- * (the only reader of it); an invalid or non-UTF-8 value is MBD_E_INVALID naming
- * the three valid values. */
-int mbd_gpu_ctx_new_from_env(const mbd_gpu_ctx_config *cfg, mbd_gpu_ctx **out, mbd_error *err);
-/* Resolves the mode from an MBD_GEMM_MODE value (NULL = unset -> fallback).
- * No device needed: used by mbd_gpu_ctx_new_from_env and unit-testable. */
-int mbd_gpu_mode_from_env_value(const char *value, mbd_gemm_mode fallback, mbd_gemm_mode *out,
-                                mbd_error *err);
 void mbd_gpu_ctx_destroy(mbd_gpu_ctx **ctx);
 
 /* Changes the GEMM mode. MBD_E_STATE while capturing or recording. Entering a

@@ -42,6 +42,7 @@ struct mbd_gpu_ctx {
   mbd_dtype_policy policy;
   mbd_family family;
   int64_t state_capacity;
+  mbd_decode_path decode;      /* which decode kernels the model may run (route) */
   char digest[65];             /* SHA-256 of the embedded fatbin */
   char dev_name[96];
   int cc_major, cc_minor, sm_count;

@@ -32,15 +32,40 @@ extern "C" {
 
 typedef struct mbd_mamba1_gpu mbd_mamba1_gpu;
 
+/* Stage boundaries of a decode step that step_events mark (see below). */
+#define MBD_MAMBA1_GPU_STEP_EVENTS 6
+
+/* How the model is built and run. Which decode kernels may run is not here
+ * but in the context's route (mbd_gpu_ctx_config.decode), so that the route
+ * says it. The fields after use_graphs are for tests and benchmarks (zero in
+ * service); none of them changes a bit. */
 typedef struct mbd_mamba1_gpu_options {
   mbd_dtype dtype;  /* weight storage f32 / bf16 / f16; must suit the context's policy
                        (f32 for policies f32 and tf32) */
   int max_rows;     /* token rows per prefill chunk (device workspace); 0 = 2048 */
   int max_batch;    /* largest decode batch; rounded up to a power of two; 0 = 256 */
   int use_graphs;   /* 1: decode replays one CUDA graph per bucket 1,2,4,..; 0: eager */
+  uint32_t dp_epoch_wrap; /* tests: the persistent decode's exchange words carry tags
+                             (launch count x n_layer + layer + 1) and are re-zeroed, the
+                             count restarting, when the count reaches the wrap. 0: the
+                             largest wrap that keeps tags below 2^32 (every ~2^32 /
+                             n_layer launches); n > 0: every n launches (1: at every
+                             launch), never later than the largest */
+  void *step_events[MBD_MAMBA1_GPU_STEP_EVENTS]; /* benchmarks: all NULL, or six cudaEvent_t
+                             the caller created (and destroys after the model) that
+                             persistent decode steps record at their stage boundaries,
+                             eager or as nodes of the decode graphs: 0 start, 1 inputs
+                             up, 2 layers done, 3 final add + norm done, 4 LM head
+                             done, 5 picks out. Per-op steps record none (their
+                             programmatic launches admit no event node between them) */
+  void *dp_trace;   /* benchmarks: NULL, or a device buffer of mbd_dp_trace_bytes(n_layer)
+                       bytes (kernels/cuda/decode_persistent.h) that every persistent
+                       decode launch fills with its stage trace; the caller frees it
+                       after the model. kernels/cuda/bench/mamba1_gpu_bench.h makes
+                       both probes and prints them */
 } mbd_mamba1_gpu_options;
 
-/* f32 storage, 2048 rows, batch 256, graphs on. */
+/* f32 storage, 2048 rows, batch 256, graphs on, no test or benchmark hooks. */
 void mbd_mamba1_gpu_options_default(mbd_mamba1_gpu_options *o);
 
 /* Loads DIR/config.json and DIR/model.safetensors (Hugging Face layout) onto
@@ -48,12 +73,6 @@ void mbd_mamba1_gpu_options_default(mbd_mamba1_gpu_options *o);
  * The model borrows ctx, which must outlive it. */
 int mbd_mamba1_gpu_load(mbd_gpu_ctx *ctx, const char *dir, const mbd_mamba1_gpu_options *opts,
                         mbd_mamba1_gpu **out, mbd_error *err);
-/* A model of config cfg with synthetic random weights generated on the device
- * from seed (benchmarks): uniform +-1/sqrt(fan_in) matrices, A_log = log(1..N),
- * D = 1, norms 1, dt bias giving dt in about [0.001, 0.1]. */
-int mbd_mamba1_gpu_new_random(mbd_gpu_ctx *ctx, const mbd_mamba_config *cfg, uint64_t seed,
-                              const mbd_mamba1_gpu_options *opts, mbd_mamba1_gpu **out,
-                              mbd_error *err);
 /* Frees device memory and graphs; NULL-safe; nulls *m. */
 void mbd_mamba1_gpu_destroy(mbd_mamba1_gpu **m);
 
@@ -114,13 +133,10 @@ int mbd_mamba1_gpu_step(mbd_mamba1_gpu *m, int n, const int32_t *tokens, const i
 void mbd_mamba1_gpu_set_graphs(mbd_mamba1_gpu *m, int on);
 
 /* 1 when a decode step of `rows` rows runs every layer in one persistent
- * launch (decode_persistent.h: small batches, deterministic mode, sm_90a,
- * bf16/f16, shapes that fit), else 0. The bits are the same either way. */
+ * launch (the context's decode path MBD_DECODE_PERSISTENT, and
+ * decode_persistent.h: small batches, deterministic mode, sm_90a, bf16/f16,
+ * shapes that fit), else 0. The bits are the same either way. */
 int mbd_mamba1_gpu_persistent(const mbd_mamba1_gpu *m, int rows);
-
-/* MBD_STEP_EVENTS=1 (a diagnostic): prints the device time of the last
- * decode step's stages (events recorded inside its graph). */
-void mbd_mamba1_gpu_step_events_print(void);
 
 #ifdef __cplusplus
 }

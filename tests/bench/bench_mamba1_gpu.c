@@ -8,14 +8,18 @@
  *          the measured device-to-device copy rate (bytes read + written).
  * Each number is the median of repeated runs timed with CUDA events on the
  * context's stream; "det/cublas" is deterministic over cublas-fast tokens/s.
- * Usage: bench_mamba1_gpu [--ops] [130m|1.4b|all] [reps] [bf16|f32|all]; --ops
- * first prints the per-launch time of each op of one 130m bf16 layer at M=1,
- * with the separate conv and with the decode fusion (conv in x_proj and the
- * scan). MBD_CONV_FUSE_MAX (see mamba_ops.h) picks the model's decode path;
- * MBD_BENCH_PROFILE_STEP: see profile_step; MBD_DP_TRACE=1: the persistent
- * decode's time per stage at batch 1 (decode_persistent.h); MBD_STEP_EVENTS=1:
- * the device time of a batch-1 step's stages, from events recorded in its
- * graph (mamba1_gpu.h). */
+ * Usage: bench_mamba1_gpu [--ops] [--per-op] [--trace] [--step-events]
+ *                         [130m|1.4b|all] [reps] [bf16|f32|all]
+ *   --ops: first the per-launch time of each op of one 130m bf16 layer at M=1,
+ *          with the separate conv and with the decode fusion (conv in x_proj
+ *          and the scan);
+ *   --per-op: contexts with the per-op decode path (no persistent decode);
+ *   --trace: the persistent decode's time per stage at batch 1
+ *            (decode_persistent.h's stage trace);
+ *   --step-events: the device time of a batch-1 step's stages, from events
+ *                  recorded in its graph (mamba1_gpu.h's step_events).
+ * MBD_CONV_FUSE_MAX (see mamba_ops.h) picks the model's decode path;
+ * MBD_BENCH_PROFILE_STEP: see profile_step. */
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <stdint.h>
@@ -24,7 +28,7 @@
 #include <string.h>
 
 #include "common/mamba_config.h"
-#include "kernels/cuda/decode_persistent.h"
+#include "kernels/cuda/bench/mamba1_gpu_bench.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/gpu_gemm.h"
 #include "kernels/cuda/mamba_ops.h"
@@ -81,6 +85,9 @@ typedef struct shape {
  * --graph-profiling node (per-kernel device time of a step's graph). */
 static int profile_step;
 
+/* Command-line choices (see the usage above). */
+static int per_op, want_trace, want_step_events;
+
 static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
   mbd_error err;
   mbd_error_clear(&err);
@@ -103,13 +110,19 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
   mbd_gpu_ctx_config_default(&cc);
   cc.policy = dt == MBD_DTYPE_BF16 ? MBD_POLICY_BF16 : MBD_POLICY_F32;
   cc.state_capacity = 256;
+  cc.decode = per_op ? MBD_DECODE_PER_OP : MBD_DECODE_PERSISTENT;
   mbd_gpu_ctx *ctx = NULL;
   mbd_mamba1_gpu *m = NULL;
+  mbd_m1g_probes *probes = NULL;
   CK(mbd_gpu_ctx_new(&cc, &ctx, &err));
   mbd_mamba1_gpu_options o;
   mbd_mamba1_gpu_options_default(&o);
   o.dtype = dt;
   o.max_rows = 2048;
+  if (want_trace || want_step_events) {
+    CK(mbd_m1g_probes_new(c.n_layer, want_step_events, want_trace, &probes, &err));
+    mbd_m1g_probes_attach(probes, &o);
+  }
   CK(mbd_mamba1_gpu_new_random(ctx, &c, 1234, &o, &m, &err));
   cudaStream_t s = (cudaStream_t)mbd_gpu_ctx_stream(ctx);
   cudaEvent_t e0, e1;
@@ -150,7 +163,7 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
         cudaEventElapsedTime(&t[r], e0, e1);
       }
       dec[k] = b / (median(t, reps) * 1e-3);
-      if (mode == 0 && k == 0) mbd_mamba1_gpu_step_events_print(); /* MBD_STEP_EVENTS=1 */
+      if (probes && mode == 0 && k == 0) mbd_m1g_probes_print_step(probes);
     }
     CK(mbd_mamba1_gpu_slot_reset(m, 0, &err));
     int pr = 3;
@@ -168,7 +181,7 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
     printf("%-5s %-4s %-13s | %9.0f %9.0f %9.0f %9.0f | %9.0f\n", sh->name, mbd_dtype_name(dt),
            mode ? "cublas-fast" : "deterministic", dec[0], dec[1], dec[2], dec[3], pre);
     for (int k = 0; k < 4; k++) res[mode][k] = dec[k];
-    if (mode == 0 && getenv("MBD_DP_TRACE")) mbd_dp_trace_print(); /* batch 1's last step */
+    if (probes && mode == 0) mbd_m1g_probes_print_trace(probes); /* batch 1's last step */
     res[mode][4] = pre;
     fflush(stdout);
   }
@@ -187,6 +200,7 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   mbd_mamba1_gpu_destroy(&m);
+  mbd_m1g_probes_destroy(&probes);
   mbd_gpu_ctx_destroy(&ctx);
   return 0;
 }
@@ -280,8 +294,22 @@ static int op_breakdown(void) {
 }
 
 int main(int argc, char **argv) {
-  int ops = argc > 1 && strcmp(argv[1], "--ops") == 0;
-  if (ops) argc--, argv++;
+  int ops = 0;
+  for (; argc > 1 && strncmp(argv[1], "--", 2) == 0; argc--, argv++) {
+    if (!strcmp(argv[1], "--ops")) {
+      ops = 1;
+    } else if (!strcmp(argv[1], "--per-op")) {
+      per_op = 1;
+    } else if (!strcmp(argv[1], "--trace")) {
+      want_trace = 1;
+    } else if (!strcmp(argv[1], "--step-events")) {
+      want_step_events = 1;
+    } else {
+      fprintf(stderr, "bench_mamba1_gpu: unknown option %s (valid: --ops, --per-op, --trace, "
+              "--step-events)\n", argv[1]);
+      return 2;
+    }
+  }
   const char *which = argc > 1 ? argv[1] : "all";
   int reps = argc > 2 ? atoi(argv[2]) : 20;
   const char *dtw = argc > 3 ? argv[3] : "all";

@@ -1,8 +1,9 @@
 /* GPU context rules: mode transitions (refused while capturing or recording;
  * forced cuBLAS math-mode failure rolled back; unverifiable rollback makes the
  * context unusable for GEMM, capture and replay), route identity (equal across
- * contexts and processes, different per mode and dtype), graph replay refused
- * under a changed route, launch recording, frozen scratch, cuBLAS modes run. */
+ * contexts and processes, different per mode, dtype and decode path), graph
+ * replay refused under a changed route, launch recording, frozen scratch,
+ * cuBLAS modes run. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -201,6 +202,19 @@ static void test_route_identity(void **st) {
   char changed[65];
   mbd_route_id_hex(&r, changed);
   assert_string_not_equal(changed, ia);
+  /* the decode path is the config's, and part of the id */
+  assert_int_equal(r.decode, MBD_DECODE_PERSISTENT);
+  mbd_gpu_ctx_config cfg;
+  mbd_gpu_ctx_config_default(&cfg);
+  cfg.decode = MBD_DECODE_PER_OP;
+  mbd_gpu_ctx *d = NULL;
+  CHECK_OK(mbd_gpu_ctx_new(&cfg, &d, &err));
+  CHECK_OK(mbd_gpu_ctx_route(d, &r, &err));
+  assert_int_equal(r.decode, MBD_DECODE_PER_OP);
+  char iper_op[65];
+  route_id(d, iper_op);
+  assert_string_not_equal(iper_op, ia);
+  mbd_gpu_ctx_destroy(&d);
   mbd_gpu_ctx_destroy(&a);
   mbd_gpu_ctx_destroy(&b);
   mbd_gpu_ctx_destroy(&c);

@@ -14,7 +14,10 @@
  *   slot of batches 2..256 (prefill and decode), eager vs graph, prefill +
  *   decode vs decode only (logits, and the state), chunked vs whole prefill,
  *   prefill in pieces of 17, 1, 16, 6 tokens (across the scan's 16-step
- *   chunks) vs whole, run to run; f32 and bf16 routes. On bf16, decode runs
+ *   chunks) vs whole, run to run, the persistent decode's tag wrap at every
+ *   launch (dp_epoch_wrap 1), a per-op route's batch 1 (mbd_gpu_ctx_config
+ *   decode) and a model with the benchmarks' probes vs the reference; f32
+ *   and bf16 routes. On bf16, decode runs
  *   the conv fused into x_proj and the scan up to 64 rows (batches 1-64, the
  *   target's reference) and separate kernels above (255, 256) and in
  *   prefill (mbd_mops_conv_fused): the comparisons pin the two together;
@@ -34,6 +37,7 @@
 
 #include "common/safetensors.h"
 #include "gpu/gpu_test_util.h"
+#include "kernels/cuda/bench/mamba1_gpu_bench.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/mamba1_gpu.h"
 #include "kernels/model/mamba1.h"
@@ -102,9 +106,10 @@ static void fx_free(fx *f) {
   mbd_safetensors_destroy(&f->st);
 }
 
-static mbd_gpu_ctx *make_ctx(mbd_dtype dt, int64_t cap) {
+static mbd_gpu_ctx *make_ctx_path(mbd_dtype dt, int64_t cap, mbd_decode_path decode) {
   mbd_gpu_ctx_config cfg;
   mbd_gpu_ctx_config_default(&cfg);
+  cfg.decode = decode;
   cfg.policy = dt == MBD_DTYPE_F32 ? MBD_POLICY_F32
                : dt == MBD_DTYPE_BF16 ? MBD_POLICY_BF16
                                       : MBD_POLICY_F16;
@@ -115,17 +120,29 @@ static mbd_gpu_ctx *make_ctx(mbd_dtype dt, int64_t cap) {
   return ctx;
 }
 
-static mbd_mamba1_gpu *make_model(mbd_gpu_ctx *ctx, const char *dir, mbd_dtype dt, int max_rows,
-                                  int graphs) {
+/* The default context: small decode batches may run the persistent decode. */
+static mbd_gpu_ctx *make_ctx(mbd_dtype dt, int64_t cap) {
+  return make_ctx_path(dt, cap, MBD_DECODE_PERSISTENT);
+}
+
+/* wrap: the persistent decode's tag wrap (mbd_mamba1_gpu_options.dp_epoch_wrap). */
+static mbd_mamba1_gpu *make_model_wrap(mbd_gpu_ctx *ctx, const char *dir, mbd_dtype dt,
+                                       int max_rows, int graphs, uint32_t wrap) {
   mbd_mamba1_gpu_options o;
   mbd_mamba1_gpu_options_default(&o);
   o.dtype = dt;
   o.max_rows = max_rows;
   o.use_graphs = graphs;
+  o.dp_epoch_wrap = wrap;
   mbd_mamba1_gpu *m = NULL;
   mbd_error err;
   CHECK_OK(mbd_mamba1_gpu_load(ctx, dir, &o, &m, &err));
   return m;
+}
+
+static mbd_mamba1_gpu *make_model(mbd_gpu_ctx *ctx, const char *dir, mbd_dtype dt, int max_rows,
+                                  int graphs) {
+  return make_model_wrap(ctx, dir, dt, max_rows, graphs, 0);
 }
 
 /* Max over positions of (max abs error / max |ref|) over the vocabulary. */
@@ -456,7 +473,7 @@ static void check_bitwise(mbd_dtype dt) {
   printf("%s persistent decode at batch 1/4/8: %d/%d/%d\n", mbd_dtype_name(dt),
          mbd_mamba1_gpu_persistent(m, 1), mbd_mamba1_gpu_persistent(m, 4),
          mbd_mamba1_gpu_persistent(m, 8));
-  if (dt == MBD_DTYPE_BF16 && cc_major == 9 && cc_minor == 0 && !getenv("MBD_DECODE_PERSISTENT"))
+  if (dt == MBD_DTYPE_BF16 && cc_major == 9 && cc_minor == 0)
     assert_true(mbd_mamba1_gpu_persistent(m, 1) && mbd_mamba1_gpu_persistent(m, 4));
   assert_false(mbd_mamba1_gpu_persistent(m, 8));
 
@@ -543,9 +560,7 @@ static void check_bitwise(mbd_dtype dt) {
    * count restarts, so every launch reuses the previous launch's tags and
    * any word the wrap failed to clear would pass for a new one */
   {
-    setenv("MBD_DP_EPOCH_WRAP", "1", 1);
-    mbd_mamba1_gpu *mw = make_model(ctx, f.dir, dt, 0, 1);
-    unsetenv("MBD_DP_EPOCH_WRAP");
+    mbd_mamba1_gpu *mw = make_model_wrap(ctx, f.dir, dt, 0, 1, 1);
     memcpy(toks, target, sizeof target);
     sl[0] = 2;
     run_batch(mw, 1, toks, sl, 0, V, &got);
@@ -553,6 +568,46 @@ static void check_bitwise(mbd_dtype dt) {
            trace_eq(&ref, &got, V, sb) ? "bit-identical" : "DIFFERS");
     assert_true(trace_eq(&ref, &got, V, sb));
     mbd_mamba1_gpu_destroy(&mw);
+  }
+
+  /* a context whose route says per-op: batch 1 never runs persistently and
+   * has the bits of the reference (which ran persistently where it can) */
+  {
+    mbd_gpu_ctx *cp = make_ctx_path(dt, CAP, MBD_DECODE_PER_OP);
+    mbd_mamba1_gpu *mp = make_model(cp, f.dir, dt, 0, 1);
+    assert_false(mbd_mamba1_gpu_persistent(mp, 1));
+    memcpy(toks, target, sizeof target);
+    sl[0] = 3;
+    run_batch(mp, 1, toks, sl, 0, V, &got);
+    printf("%s on a per-op route at batch 1: %s\n", mbd_dtype_name(dt),
+           trace_eq(&ref, &got, V, sb) ? "bit-identical" : "DIFFERS");
+    assert_true(trace_eq(&ref, &got, V, sb));
+    mbd_mamba1_gpu_destroy(&mp);
+    mbd_gpu_ctx_destroy(&cp);
+  }
+
+  /* the benchmarks' probes (stage events in the graphs, the persistent
+   * decode's stage trace) change no bit */
+  {
+    mbd_error err;
+    mbd_m1g_probes *pr = NULL;
+    CHECK_OK(mbd_m1g_probes_new(mbd_mamba1_gpu_config(m)->n_layer, 1, 1, &pr, &err));
+    mbd_mamba1_gpu_options o;
+    mbd_mamba1_gpu_options_default(&o);
+    o.dtype = dt;
+    mbd_m1g_probes_attach(pr, &o);
+    mbd_mamba1_gpu *mq = NULL;
+    CHECK_OK(mbd_mamba1_gpu_load(ctx, f.dir, &o, &mq, &err));
+    memcpy(toks, target, sizeof target);
+    sl[0] = 4;
+    run_batch(mq, 1, toks, sl, 0, V, &got);
+    printf("%s with step events and the stage trace: %s\n", mbd_dtype_name(dt),
+           trace_eq(&ref, &got, V, sb) ? "bit-identical" : "DIFFERS");
+    assert_true(trace_eq(&ref, &got, V, sb));
+    mbd_m1g_probes_print_step(pr);
+    mbd_m1g_probes_print_trace(pr);
+    mbd_mamba1_gpu_destroy(&mq);
+    mbd_m1g_probes_destroy(&pr);
   }
 
   /* prefill in pieces across the scan's 16-step chunk boundaries: a chunk

@@ -28,6 +28,7 @@ static mbd_route_identity sample(void) {
   r.sm_count = 132;
   snprintf(r.libraries, sizeof r.libraries, "cublas 12.8.4");
   r.dispatch_rev = 3;
+  r.decode = MBD_DECODE_PERSISTENT;
   r.state_capacity = 4096;
   return r;
 }
@@ -72,6 +73,14 @@ static void test_names_and_parsers(void **state) {
   assert_int_equal(b, MBD_BACKEND_CUDA);
   assert_int_equal(mbd_backend_parse("gpu", &b, &err), MBD_E_INVALID);
   assert_non_null(strstr(err.msg, "cpu, cuda"));
+  mbd_decode_path dp;
+  assert_int_equal(mbd_decode_path_parse("per-op", &dp, &err), MBD_OK);
+  assert_int_equal(dp, MBD_DECODE_PER_OP);
+  assert_int_equal(mbd_decode_path_parse("persistent", &dp, &err), MBD_OK);
+  assert_int_equal(dp, MBD_DECODE_PERSISTENT);
+  assert_int_equal(mbd_decode_path_parse("fused", &dp, &err), MBD_E_INVALID);
+  assert_non_null(strstr(err.msg, "per-op, persistent"));
+  assert_string_equal(mbd_decode_path_name((mbd_decode_path)2), "?");
   assert_string_equal(mbd_gemm_mode_name((mbd_gemm_mode)7), "?");
   assert_string_equal(mbd_backend_name((mbd_backend_kind)-1), "?");
 }
@@ -86,7 +95,12 @@ static void test_encode_decode(void **state) {
   assert_int_equal(strlen(buf), len);
   assert_int_equal(strncmp(buf, "mambad-route/1\nbackend=cuda\nmode=cublas-pedantic\n", 48), 0);
   assert_non_null(strstr(buf, "\ncc=9.0\nsms=132\n"));
-  assert_non_null(strstr(buf, "\nstate_capacity=4096\n"));
+  assert_non_null(strstr(buf, "\ndispatch=3\ndecode=persistent\nstate_capacity=4096\n"));
+  assert_int_equal(mbd_route_decode(buf, len, &back, &err), MBD_OK);
+  assert_memory_equal(&r, &back, sizeof r);
+  r.decode = MBD_DECODE_PER_OP;
+  assert_int_equal(mbd_route_encode(&r, buf, sizeof buf, &len, &err), MBD_OK);
+  assert_non_null(strstr(buf, "\ndecode=per-op\n"));
   assert_int_equal(mbd_route_decode(buf, len, &back, &err), MBD_OK);
   assert_memory_equal(&r, &back, sizeof r);
   /* Maximal string fields still fit in 1 KiB and round-trip. */
@@ -139,6 +153,12 @@ static void test_decode_errors(void **state) {
   assert_int_equal(err.code, MBD_E_FORMAT);
   assert_non_null(strstr(err.msg, "'cublas-pedantix'"));
   assert_non_null(strstr(err.msg, "deterministic, cublas-fast, cublas-pedantic"));
+  snprintf(bad, sizeof bad, "%s", buf);
+  char *dec = strstr(bad, "decode=persistent");
+  assert_non_null(dec);
+  memcpy(dec, "decode=persistenz", 17);
+  assert_int_equal(mbd_route_decode(bad, len, &back, &err), MBD_E_FORMAT);
+  assert_non_null(strstr(err.msg, "per-op, persistent"));
   /* Every truncation either fails or (cut inside the last value) decodes. */
   for (size_t n = 0; n < len; n++) {
     int rc = mbd_route_decode(buf, n, &back, &err);
@@ -175,7 +195,7 @@ static void test_id(void **state) {
   assert_string_equal(a, b);
 
   /* Changing any single field changes the id; all ids distinct. */
-  enum { NV = 15 };
+  enum { NV = 16 };
   char ids[NV][65];
   for (int k = 0; k < NV; k++) {
     mbd_route_identity v = sample();
@@ -195,6 +215,7 @@ static void test_id(void **state) {
       case 12: v.libraries[0] = '\0'; break;
       case 13: v.dispatch_rev = 4; break;
       case 14: v.state_capacity = 4097; break;
+      case 15: v.decode = MBD_DECODE_PER_OP; break;
     }
     mbd_route_id_hex(&v, ids[k]);
     for (int j = 0; j < k; j++)
