@@ -13,7 +13,7 @@ extern "C" {
 
 extern "C" const unsigned char mbd_gemm_fatbin[];
 extern "C" const size_t mbd_gemm_fatbin_len;
-extern "C" const unsigned char mbd_model_fatbin[]; /* mamba_ops.cu + decode_persistent.cu */
+extern "C" const unsigned char mbd_model_fatbin[]; /* the ops (ops/), then decode_persistent.cu */
 extern "C" const size_t mbd_model_fatbin_len;
 extern "C" const unsigned char mbd_model_host_src[]; /* mamba1_gpu.cu */
 extern "C" const size_t mbd_model_host_src_len;

@@ -11,7 +11,7 @@
  * Usage: bench_mamba1_gpu [--ops] [130m|1.4b|all] [reps] [bf16|f32|all]; --ops
  * first prints the per-launch time of each op of one 130m bf16 layer at M=1,
  * with the separate conv and with the decode fusion (conv in x_proj and the
- * scan). MBD_CONV_FUSE_MAX (see mamba_ops.h) picks the model's decode path;
+ * scan). mbd_mops_conv_fused (kernels/cuda/ops/conv_xproj.h) picks the model's decode path;
  * MBD_BENCH_PROFILE_STEP: see profile_step; MBD_DP_TRACE=1: the persistent
  * decode's time per stage at batch 1 (decode_persistent.h); MBD_STEP_EVENTS=1:
  * the device time of a batch-1 step's stages, from events recorded in its
