@@ -109,8 +109,8 @@ static encode_tiled_fn encoder(void) {
   static encode_tiled_fn fn = [] {
     void *f = NULL;
     cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
+    if (!mbd_gpu_status_ok(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                            cudaEnableDefault, &q)) ||
         q != cudaDriverEntryPointSuccess) {
       (void)cudaGetLastError();
       return (encode_tiled_fn)NULL;
@@ -134,7 +134,7 @@ static bool encode_map(CUtensorMap *m, mbd_dtype dt, const void *base, int64_t r
                   2, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
                   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
+  return mbd_gpu_status_ok(r);
 }
 static int64_t blocks_of(const tile_cfg &t, int64_t m, int64_t n) {
   return cdiv(m, t.bm) * cdiv(n, t.bn);
