@@ -41,6 +41,10 @@ static const double k_weff[9] = {0.3, 0.4, 0.55, 0.7, 0.75, 0.9, 1.0, 0.5, 0.8};
 #define WTILE_NOFOLD 6
 static_assert(!k_wtiles[WTILE_NOFOLD].fold && k_wtiles[WTILE_NOFOLD - 1].fold,
               "pick_wtile's K > one chunk range ends below WTILE_NOFOLD");
+/* The kernel slots (gpu_ctx_impl.h) hold one kernel per configuration. */
+static_assert(MBD_K_SGEMM_TF32 - MBD_K_SGEMM_F32 == sizeof k_stiles / sizeof k_stiles[0], "");
+static_assert(MBD_K_HGEMM_F16 - MBD_K_HGEMM_BF16 == 2 * sizeof k_htiles / sizeof k_htiles[0], "");
+static_assert(MBD_K_WGEMM_F16 - MBD_K_WGEMM_BF16 == sizeof k_wtiles / sizeof k_wtiles[0], "");
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
