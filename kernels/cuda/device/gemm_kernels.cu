@@ -13,7 +13,7 @@
  *          y = round(acc + b). Every configuration issues the same mma chain per
  *          output element; tiles only change which warp issues it.
  *          That is the pre-Hopper route; an sm_90a build on a cc 9.0 device runs
- *          the wgmma chain instead (contract at mbd_wg_params below).
+ *          the wgmma chain instead (contract in the sm_90a section below).
  * No split-K, no atomics. Names are extern "C" so the host finds them by name. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
