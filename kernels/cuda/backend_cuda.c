@@ -6,9 +6,9 @@
  * context's state capacity); a batched step gathers the slots by index and
  * replays the decode graph of the smallest bucket that holds the batch.
  * Stateless FORWARDs run on extra slots above the sessions' ones.
- * Export/import use the CPU model's state export format (kernels/model/
- * mamba1.h: "MBDMSTA1" header + f32 conv + f32 ssm), so a blob moves between
- * CPU and GPU workers byte-compatibly; the worker's route check decides
+ * Export/import write and read the family's state image (kernels/state_blob.h,
+ * shaped by mbd_mamba1_state_shape), the one the CPU model writes too, so a
+ * blob moves between CPU and GPU workers byte-compatibly; the worker's route check decides
  * whether an import is allowed (same route id = bit-exact continuation).
  *
  * CUDA IPC tensors: a handle is opened once and cached by its bytes; every
@@ -29,9 +29,10 @@
 #include "kernels/cuda/mamba1_gpu.h"
 #include "kernels/model/mamba1.h"
 #include "kernels/backend.h"
+#include "kernels/state_blob.h"
 
 #define LOGC "cuda-backend"
-#define STATE_HEADER MBD_MAMBA1_STATE_HEADER /* the CPU model's export format */
+#define STATE_HEADER MBD_STATE_IMAGE_HEADER
 #define IPC_CACHE_MAX 256 /* open handles kept; the oldest is closed beyond */
 
 typedef CUresult (*addr_range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr dptr);
@@ -262,7 +263,8 @@ static int cuda_state_save(const mbd_bstate *bs, void *dst, size_t cap, mbd_erro
     return mbd_error_set(err, MBD_E_TOO_LARGE, "state export needs %zu bytes, buffer has %zu", need,
                          cap);
   unsigned char *p = dst;
-  mbd_mamba1_state_header_write(p, mbd_mamba1_gpu_config(s->cm->m), s->pos);
+  mbd_state_shape shape = mbd_mamba1_state_shape(mbd_mamba1_gpu_config(s->cm->m));
+  mbd_state_image_write_header(p, &shape, s->pos);
   return mbd_mamba1_gpu_slot_read(s->cm->m, s->slot, p + STATE_HEADER, need - STATE_HEADER, err);
 }
 
@@ -270,7 +272,8 @@ static int cuda_state_load(mbd_bstate *bs, const void *src, size_t len, mbd_erro
   cuda_state *s = (cuda_state *)bs;
   const unsigned char *p = src;
   int64_t pos;
-  int rc = mbd_mamba1_state_header_read(p, len, mbd_mamba1_gpu_config(s->cm->m), &pos, err);
+  mbd_state_shape shape = mbd_mamba1_state_shape(mbd_mamba1_gpu_config(s->cm->m));
+  int rc = mbd_state_image_read_header(p, len, &shape, &pos, err);
   if (rc) return rc;
   if (len != cuda_state_bytes(bs))
     return mbd_error_set(err, MBD_E_FORMAT, "state import: %zu bytes, expected %zu", len,

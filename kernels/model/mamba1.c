@@ -341,8 +341,7 @@ void mbd_mamba1_state_reset(mbd_mamba1_state *s) {
 
 int64_t mbd_mamba1_state_position(const mbd_mamba1_state *s) { return s->pos; }
 
-#define STATE_MAGIC "MBDMSTA1"
-#define STATE_HEADER MBD_MAMBA1_STATE_HEADER
+#define STATE_HEADER MBD_STATE_IMAGE_HEADER
 
 size_t mbd_mamba1_state_export_size(const mbd_mamba1_state *s) {
   return STATE_HEADER + (conv_count(s) + ssm_count(s)) * sizeof(float);
@@ -361,49 +360,23 @@ static void get_f32s(const unsigned char *p, float *v, size_t n) {
   for (size_t i = 0; i < n; i++) v[i] = mbd_bits_to_f32(get_u32(p + 4 * i));
 }
 
-/* The four dims of s as a config, for the shared header functions. */
-static mbd_mamba_config state_shape(const mbd_mamba1_state *s) {
-  mbd_mamba_config c;
-  memset(&c, 0, sizeof c);
-  c.n_layer = s->n_layer;
-  c.d_inner = s->di;
-  c.d_conv = s->dc;
-  c.d_state = s->ds;
-  return c;
+mbd_state_shape mbd_mamba1_state_shape(const mbd_mamba_config *cfg) {
+  mbd_state_shape sh = {.family = MBD_STATE_FAMILY_MAMBA1,
+                        .n_layer = (uint32_t)cfg->n_layer,
+                        .d_inner = (uint32_t)cfg->d_inner,
+                        .d_conv = (uint32_t)cfg->d_conv,
+                        .d_state = (uint32_t)cfg->d_state};
+  return sh;
 }
 
-void mbd_mamba1_state_header_write(void *buf, const mbd_mamba_config *cfg, int64_t pos) {
-  unsigned char *p = buf;
-  memcpy(p, STATE_MAGIC, 8);
-  put_u32(p + 8, 1);
-  put_u32(p + 12, (uint32_t)cfg->n_layer);
-  put_u32(p + 16, (uint32_t)cfg->d_inner);
-  put_u32(p + 20, (uint32_t)cfg->d_conv);
-  put_u32(p + 24, (uint32_t)cfg->d_state);
-  put_u32(p + 28, 0);
-  put_u32(p + 32, (uint32_t)((uint64_t)pos & 0xffffffffu));
-  put_u32(p + 36, (uint32_t)((uint64_t)pos >> 32));
-}
-
-int mbd_mamba1_state_header_read(const void *buf, size_t len, const mbd_mamba_config *cfg,
-                                 int64_t *pos, mbd_error *err) {
-  const unsigned char *p = buf;
-  if (!buf || len < STATE_HEADER || memcmp(p, STATE_MAGIC, 8) != 0)
-    return mbd_error_set(err, MBD_E_FORMAT, "state import: not a Mamba-1 state export (bad magic)");
-  if (get_u32(p + 8) != 1)
-    return mbd_error_set(err, MBD_E_FORMAT, "state import: version %u, this build reads 1",
-                         get_u32(p + 8));
-  if (get_u32(p + 12) != (uint32_t)cfg->n_layer || get_u32(p + 16) != (uint32_t)cfg->d_inner ||
-      get_u32(p + 20) != (uint32_t)cfg->d_conv || get_u32(p + 24) != (uint32_t)cfg->d_state)
-    return mbd_error_set(err, MBD_E_SHAPE,
-                         "state import: state is for layers=%u d_inner=%u d_conv=%u d_state=%u, "
-                         "model has %d/%d/%d/%d",
-                         get_u32(p + 12), get_u32(p + 16), get_u32(p + 20), get_u32(p + 24),
-                         cfg->n_layer, cfg->d_inner, cfg->d_conv, cfg->d_state);
-  uint64_t v = (uint64_t)get_u32(p + 32) | (uint64_t)get_u32(p + 36) << 32;
-  if (v > (uint64_t)INT64_MAX) return mbd_error_set(err, MBD_E_FORMAT, "state import: bad position");
-  *pos = (int64_t)v;
-  return MBD_OK;
+/* The image shape of s (its four dims). */
+static mbd_state_shape state_shape(const mbd_mamba1_state *s) {
+  mbd_state_shape sh = {.family = MBD_STATE_FAMILY_MAMBA1,
+                        .n_layer = (uint32_t)s->n_layer,
+                        .d_inner = (uint32_t)s->di,
+                        .d_conv = (uint32_t)s->dc,
+                        .d_state = (uint32_t)s->ds};
+  return sh;
 }
 
 int mbd_mamba1_state_export(const mbd_mamba1_state *s, void *buf, size_t cap, size_t *len,
@@ -413,8 +386,8 @@ int mbd_mamba1_state_export(const mbd_mamba1_state *s, void *buf, size_t cap, si
     return mbd_error_set(err, MBD_E_TOO_LARGE, "state export needs %zu bytes, buffer has %zu",
                          need, cap);
   unsigned char *p = buf;
-  mbd_mamba_config shape = state_shape(s);
-  mbd_mamba1_state_header_write(p, &shape, s->pos);
+  mbd_state_shape shape = state_shape(s);
+  mbd_state_image_write_header(p, &shape, s->pos);
   put_f32s(p + STATE_HEADER, s->conv, conv_count(s));
   put_f32s(p + STATE_HEADER + 4 * conv_count(s), s->ssm, ssm_count(s));
   if (len) *len = need;
@@ -423,8 +396,8 @@ int mbd_mamba1_state_export(const mbd_mamba1_state *s, void *buf, size_t cap, si
 
 int mbd_mamba1_state_import(mbd_mamba1_state *s, const void *buf, size_t len, mbd_error *err) {
   int64_t pos;
-  mbd_mamba_config shape = state_shape(s);
-  int rc = mbd_mamba1_state_header_read(buf, len, &shape, &pos, err);
+  mbd_state_shape shape = state_shape(s);
+  int rc = mbd_state_image_read_header(buf, len, &shape, &pos, err);
   if (rc) return rc;
   if (len != mbd_mamba1_state_export_size(s))
     return mbd_error_set(err, MBD_E_FORMAT, "state import: %zu bytes, expected %zu", len,
