@@ -640,3 +640,77 @@ int mbd_mamba1_step(mbd_mamba1_model *m, mbd_mamba1_state *const *states, int ba
                           logits ? MBD_MAMBA1_LOGITS_LAST : MBD_MAMBA1_LOGITS_NONE, logits, err);
   return rc;
 }
+
+/* ---- the family vtable (kernels/model/family.h) ---- */
+
+_Static_assert((int)MBD_MAMBA1_LOGITS_NONE == (int)MBD_LOGITS_NONE &&
+                   (int)MBD_MAMBA1_LOGITS_LAST == (int)MBD_LOGITS_LAST &&
+                   (int)MBD_MAMBA1_LOGITS_ALL == (int)MBD_LOGITS_ALL,
+               "mbd_mamba1_logits mirrors mbd_logits_sel");
+
+static int fam_load(const char *dir, const mbd_cpu_model_opts *o, void **model, mbd_error *err) {
+  mbd_mamba1_options mo;
+  mbd_mamba1_options_default(&mo);
+  mo.dtype = o->dtype;
+  mo.threads = o->threads;
+  mo.isa = o->isa;
+  mbd_mamba1_model *m = NULL;
+  int rc = mbd_mamba1_load(dir, &mo, &m, err);
+  *model = m;
+  return rc;
+}
+
+static void fam_destroy(void *model) {
+  mbd_mamba1_model *m = model;
+  mbd_mamba1_destroy(&m);
+}
+
+static int64_t fam_vocab(const void *model) { return mbd_mamba1_vocab(model); }
+static const char *fam_isa(const void *model) { return mbd_mamba1_isa(model); }
+
+static int fam_state_new(const void *model, void **state, mbd_error *err) {
+  mbd_mamba1_state *s = NULL;
+  int rc = mbd_mamba1_state_new(model, &s, err);
+  *state = s;
+  return rc;
+}
+
+static void fam_state_free(void *state) {
+  mbd_mamba1_state *s = state;
+  mbd_mamba1_state_destroy(&s);
+}
+
+static size_t fam_state_bytes(const void *state) { return mbd_mamba1_state_export_size(state); }
+
+static int fam_state_save(const void *state, void *dst, size_t cap, mbd_error *err) {
+  return mbd_mamba1_state_export(state, dst, cap, NULL, err);
+}
+
+static int fam_state_load(void *state, const void *src, size_t len, mbd_error *err) {
+  return mbd_mamba1_state_import(state, src, len, err);
+}
+
+static int fam_prefill(void *model, void *const *states, int n, const int32_t *const *tokens,
+                       const int64_t *lens, mbd_logits_sel sel, float *logits, mbd_error *err) {
+  return mbd_mamba1_prefill(model, (mbd_mamba1_state *const *)states, n, tokens, lens,
+                            (mbd_mamba1_logits)sel, logits, err);
+}
+
+static int fam_step(void *model, void *const *states, int n, const int32_t *tokens,
+                    float *logits, mbd_error *err) {
+  return mbd_mamba1_step(model, (mbd_mamba1_state *const *)states, n, tokens, logits, err);
+}
+
+const mbd_cpu_model_ops mbd_mamba1_cpu_ops = {
+    .load = fam_load,
+    .destroy = fam_destroy,
+    .vocab = fam_vocab,
+    .isa = fam_isa,
+    .state_new = fam_state_new,
+    .state_free = fam_state_free,
+    .state_bytes = fam_state_bytes,
+    .state_save = fam_state_save,
+    .state_load = fam_state_load,
+    .prefill = fam_prefill,
+    .step = fam_step,
+};

@@ -20,6 +20,7 @@
 #include "common/route.h"
 #include "common/status.h"
 #include "common/tensor.h"
+#include "kernels/model/family.h"
 #include "kernels/state_blob.h"
 
 typedef struct mbd_mamba1_model mbd_mamba1_model;
@@ -96,5 +97,9 @@ int mbd_mamba1_prefill(mbd_mamba1_model *m, mbd_mamba1_state *const *states, int
  * prefill. */
 int mbd_mamba1_step(mbd_mamba1_model *m, mbd_mamba1_state *const *states, int batch,
                     const int32_t *tokens, float *logits, mbd_error *err);
+
+/* The Mamba-1 family on the CPU backend (kernels/model/family.h): the
+ * functions above behind the family vtable. */
+extern const mbd_cpu_model_ops mbd_mamba1_cpu_ops;
 
 #endif
