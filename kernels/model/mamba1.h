@@ -1,10 +1,12 @@
 /* Mamba-1 language model (Hugging Face `MambaForCausalLM`, slow_forward
  * semantics): weights, per-sequence recurrent state, prefill and step.
  *
- * Backend-agnostic API: a model is loaded for one backend (only the CPU backend
- * exists today) and storage dtype; the state object is the recurrent state of
- * one sequence (conv window + SSM state per layer, f32) and can be exported to
- * bytes and imported on any model with the same shapes.
+ * The CPU model of the Mamba-1 family (the GPU one is kernels/cuda/
+ * mamba1_gpu.h; both sit behind the backends through kernels/model/family.h):
+ * a model is loaded in one storage dtype; the state object is the recurrent
+ * state of one sequence (conv window + SSM state per layer, f32) and exports
+ * to the family's state image, which imports on any model (CPU or GPU) with
+ * the same shapes.
  *
  * Determinism contract (deterministic GEMM route): a sequence's logits and
  * state are bit-identical whether it runs alone or in any slot of a batch of
