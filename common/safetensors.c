@@ -587,7 +587,8 @@ int mbd_st_dir_get_float(const mbd_st_dir *d, const char *name, int ndim, const 
   for (int i = 0; ok && i < ndim; i++) ok = e->desc.shape[i] == shape[i];
   if (!ok) {
     char got[128], want[128];
-    mbd_tensor_desc wd = {.dtype = e->desc.dtype, .ndim = ndim < MBD_MAX_DIMS ? ndim : MBD_MAX_DIMS};
+    mbd_tensor_desc wd = {.dtype = e->desc.dtype,
+                          .ndim = ndim < MBD_MAX_DIMS ? ndim : MBD_MAX_DIMS};
     for (int i = 0; i < wd.ndim; i++) wd.shape[i] = shape[i];
     mbd_tensor_desc_format(&e->desc, got, sizeof got);
     mbd_tensor_desc_format(&wd, want, sizeof want);
@@ -619,7 +620,8 @@ int mbd_st_dir_read_f32(const mbd_st_dir *d, const char *name, int ndim, const i
   size_t n = 1;
   for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
   float *v = malloc(n * sizeof(float) + 4);
-  if (!v) return mbd_error_set(err, MBD_E_NOMEM, "model %s: out of memory reading %s", d->dir, name);
+  if (!v)
+    return mbd_error_set(err, MBD_E_NOMEM, "model %s: out of memory reading %s", d->dir, name);
   for (size_t i = 0; i < n; i++) v[i] = mbd_st_entry_f32(e, i);
   *out = v;
   if (n_out) *n_out = n;

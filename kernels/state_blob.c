@@ -55,7 +55,8 @@ int mbd_state_image_read_header(const void *buf, size_t len, const mbd_state_sha
                          get_u32(p + 12), get_u32(p + 16), get_u32(p + 20), get_u32(p + 24),
                          want->n_layer, want->d_inner, want->d_conv, want->d_state);
   uint64_t v = get_u64(p + 32);
-  if (v > (uint64_t)INT64_MAX) return mbd_error_set(err, MBD_E_FORMAT, "state import: bad position");
+  if (v > (uint64_t)INT64_MAX)
+    return mbd_error_set(err, MBD_E_FORMAT, "state import: bad position");
   *pos = (int64_t)v;
   return MBD_OK;
 }

@@ -75,6 +75,9 @@ typedef struct cpu_model {
   const mbd_cpu_model_ops *f;
   void *m;
   int64_t vocab;
+  int64_t cap;  /* rows of the step scratch (grow-only) */
+  int32_t *tok; /* [cap] a step's tokens as i32 */
+  void **st;    /* [cap] a step's family states */
 } cpu_model;
 
 /* A session state: the family's state and the vtable that frees it. */
@@ -88,6 +91,8 @@ static void cpu_model_destroy(mbd_backend *b, mbd_bmodel *bm) {
   cpu_model *cm = (cpu_model *)bm;
   if (!cm) return;
   cm->f->destroy(cm->m);
+  free(cm->tok);
+  free(cm->st);
   free(cm);
 }
 
@@ -208,28 +213,31 @@ static int cpu_state_load(mbd_bstate *bs, const void *src, size_t len, mbd_error
   return s->f->state_load(s->s, src, len, err);
 }
 
-/* The family states of n backend states, into a new array. */
-static void **family_states(mbd_bstate *const *states, int64_t n, mbd_error *err) {
-  void **st = malloc((size_t)n * sizeof *st);
-  if (!st) {
-    mbd_error_set(err, MBD_E_NOMEM, "out of memory for a batch of %lld", (long long)n);
-    return NULL;
+/* Grows the step scratch to n rows and fills cm->st with the family states
+ * of states[n]; steps then allocate nothing once the largest batch was seen. */
+static int family_states(cpu_model *cm, mbd_bstate *const *states, int64_t n, mbd_error *err) {
+  if (n > cm->cap) {
+    int32_t *tok = realloc(cm->tok, (size_t)n * sizeof *tok);
+    if (tok) cm->tok = tok;
+    void **st = tok ? realloc(cm->st, (size_t)n * sizeof *st) : NULL;
+    if (!st)
+      return mbd_error_set(err, MBD_E_NOMEM, "out of memory for a batch of %lld", (long long)n);
+    cm->st = st;
+    cm->cap = n;
   }
-  for (int64_t i = 0; i < n; i++) st[i] = ((cpu_state *)states[i])->s;
-  return st;
+  for (int64_t i = 0; i < n; i++) cm->st[i] = ((cpu_state *)states[i])->s;
+  return MBD_OK;
 }
 
 static int cpu_prefill_batch(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states, int64_t n,
                              const int64_t *ids, int64_t T, bool last_only, float *logits,
                              mbd_error *err) {
   (void)b;
+  cpu_model *cm = (cpu_model *)bm;
   if (n < 1 || n > INT32_MAX)
     return mbd_error_set(err, MBD_E_SHAPE, "prefill of %lld rows", (long long)n);
-  void **st = family_states(states, n, err);
-  if (!st) return MBD_E_NOMEM;
-  int rc = prefill_rows((cpu_model *)bm, st, n, ids, T, last_only, logits, err);
-  free(st);
-  return rc;
+  int rc = family_states(cm, states, n, err);
+  return rc ? rc : prefill_rows(cm, cm->st, n, ids, T, last_only, logits, err);
 }
 
 static int cpu_prefill(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *s, const int64_t *ids,
@@ -242,15 +250,11 @@ static int cpu_step(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states,
                     const int64_t *tokens, int64_t n, float *logits, mbd_error *err) {
   (void)b;
   cpu_model *cm = (cpu_model *)bm;
-  if (n < 1 || n > INT32_MAX) return mbd_error_set(err, MBD_E_INVALID, "step batch of %lld", (long long)n);
-  int32_t *tok = malloc((size_t)n * sizeof *tok);
-  void **st = family_states(states, n, err);
-  int rc = !tok ? mbd_error_set(err, MBD_E_NOMEM, "out of memory for a step batch")
-           : !st ? MBD_E_NOMEM
-                 : mbd_backend_tokens_i32(tokens, n, cm->vocab, tok, err);
-  if (!rc) rc = cm->f->step(cm->m, st, (int)n, tok, logits, err);
-  free(st);
-  free(tok);
+  if (n < 1 || n > INT32_MAX)
+    return mbd_error_set(err, MBD_E_INVALID, "step batch of %lld", (long long)n);
+  int rc = family_states(cm, states, n, err);
+  if (!rc) rc = mbd_backend_tokens_i32(tokens, n, cm->vocab, cm->tok, err);
+  if (!rc) rc = cm->f->step(cm->m, cm->st, (int)n, cm->tok, logits, err);
   return rc;
 }
 

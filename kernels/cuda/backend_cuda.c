@@ -7,9 +7,9 @@
  * replays the decode graph of the smallest bucket that holds the batch.
  * Stateless FORWARDs run on extra slots above the sessions' ones.
  * Export/import write and read the family's state image (kernels/state_blob.h),
- * the one the family's CPU model writes too, so a
- * blob moves between CPU and GPU workers byte-compatibly; the worker's route check decides
- * whether an import is allowed (same route id = bit-exact continuation).
+ * the one the family's CPU model writes too, so a blob moves between CPU and
+ * GPU workers byte-compatibly; the worker's route check decides whether an
+ * import is allowed (same route id = bit-exact continuation).
  *
  * CUDA IPC tensors: a handle is opened once and cached by its bytes; every
  * use checks [offset, offset+size) against the real allocation found with
