@@ -371,12 +371,8 @@ mbd_state_shape mbd_mamba1_state_shape(const mbd_mamba_config *cfg) {
 
 /* The image shape of s (its four dims). */
 static mbd_state_shape state_shape(const mbd_mamba1_state *s) {
-  mbd_state_shape sh = {.family = MBD_STATE_FAMILY_MAMBA1,
-                        .n_layer = (uint32_t)s->n_layer,
-                        .d_inner = (uint32_t)s->di,
-                        .d_conv = (uint32_t)s->dc,
-                        .d_state = (uint32_t)s->ds};
-  return sh;
+  mbd_mamba_config c = {.n_layer = s->n_layer, .d_inner = s->di, .d_conv = s->dc, .d_state = s->ds};
+  return mbd_mamba1_state_shape(&c);
 }
 
 int mbd_mamba1_state_export(const mbd_mamba1_state *s, void *buf, size_t cap, size_t *len,
