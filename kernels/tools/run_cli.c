@@ -43,7 +43,7 @@ static void usage(FILE *f) {
           "  IN:  input_ids I64 [B,T] (e.g. from `mambad-model prompt`)\n"
           "  OUT: logits F32 [B,T,V]; with --generate N also tokens I64 [B,T+N]\n"
           "       (greedy unless --temperature > 0; rows after a --stop token are padded with -1)\n"
-          "  DIR: Hugging Face Mamba-1 checkpoint (config.json + model.safetensors)\n"
+          "  DIR: Hugging Face checkpoint (config.json + model.safetensors or its shards)\n"
           "  cpu: --dtype f32|bf16|f16, --gemm-mode deterministic, --threads/--isa apply\n"
           "  cuda:N (cuda = cuda:0): every --dtype and --gemm-mode; greedy tokens are\n"
           "       picked on the device, sampled ones by the CPU sampler\n");
