@@ -18,7 +18,7 @@
 #include "common/protocol.h"
 #include "common/wire.h"
 #include "worker/request.h"
-#include "worker/state_blob.h"
+#include "kernels/state_blob.h"
 #include "worker/worker.h"
 
 typedef struct {

@@ -1,7 +1,9 @@
 /* mambad-gemm: runs one GEMM Y[M,N] = A[M,K] B[N,K]^T on cuda:N or cpu, for
- * testing routes by hand. Inputs come from safetensors files (first tensor of
- * each) or are seeded random; prints the route id, time and a SHA-256 of the
- * output bytes, and optionally writes the output ("y", f32) as safetensors.
+ * testing routes by hand, through the backend interface's gemm (the one the
+ * worker's GEMM request runs). Inputs come from safetensors files (first
+ * tensor of each) or are seeded random; prints the route id (cuda), the time
+ * of the call (on cuda: upload, GEMM and download) and a SHA-256 of the output
+ * bytes, and optionally writes the output ("y", f32) as safetensors.
  *
  *   mambad-gemm --device cuda:0 --dtype bf16 --mode deterministic --m 64 --n 3072 --k 768
  *               [--a A.safetensors --b B.safetensors --out C.safetensors] [--seed S] */
@@ -14,9 +16,7 @@
 #include "common/route.h"
 #include "common/safetensors.h"
 #include "common/sha256.h"
-#include "kernels/cpu/gemm.h"
-#include "kernels/cuda/gpu_ctx.h"
-#include "kernels/cuda/gpu_gemm.h"
+#include "kernels/backend.h"
 
 typedef struct opts {
   const char *device, *dtype, *mode, *a, *b, *out;
@@ -131,57 +131,36 @@ int main(int argc, char **argv) {
   }
   double t0 = 0, t1 = 0;
   char route_id[65] = "";
+  mbd_backend_kind kind = MBD_BACKEND_CPU;
+  mbd_backend_opts bo = {.mode = mode, .policy = pol, .state_capacity = 1, .max_batch = 1};
   if (!strcmp(o.device, "cpu")) {
     if (pol == MBD_POLICY_TF32 || mode != MBD_GEMM_DETERMINISTIC) {
       fprintf(stderr, "mambad-gemm: the cpu backend runs deterministic f32/bf16/f16 only\n");
       goto done;
     }
-    mbd_cpu_ctx *cpu = NULL;
-    if (mbd_cpu_ctx_new(0, MBD_CPU_ISA_AUTO, &cpu, &err) < 0) {
-      fprintf(stderr, "mambad-gemm: %s\n", err.msg);
-      goto done;
-    }
-    t0 = now_s();
-    int g = mbd_cpu_gemm(cpu, MBD_GEMM_NT, o.m, o.n, o.k, dt, a16, o.k, dt, b16, o.k, NULL, c,
-                         o.n, &err);
-    t1 = now_s();
-    mbd_cpu_ctx_destroy(&cpu);
-    if (g < 0) { fprintf(stderr, "mambad-gemm: %s\n", err.msg); goto done; }
   } else if (!strncmp(o.device, "cuda:", 5)) {
-    mbd_gpu_ctx_config cfg;
-    mbd_gpu_ctx_config_default(&cfg);
-    cfg.device = atoi(o.device + 5);
-    cfg.mode = mode;
-    cfg.policy = pol;
-    mbd_gpu_ctx *g = NULL;
-    void *da = NULL, *db = NULL, *dc = NULL;
-    mbd_route_identity r;
-    mbd_gpu_gemm_args ga = {dt, MBD_DTYPE_F32, o.m, o.n, o.k, NULL, NULL, NULL, NULL, 0};
-    if (mbd_gpu_ctx_new(&cfg, &g, &err) < 0 || mbd_gpu_alloc(g, na * es, &da, &err) < 0 ||
-        mbd_gpu_alloc(g, nb * es, &db, &err) < 0 || mbd_gpu_alloc(g, nc * 4, &dc, &err) < 0 ||
-        mbd_gpu_upload(g, da, a16, na * es, &err) < 0 ||
-        mbd_gpu_upload(g, db, b16, nb * es, &err) < 0 || mbd_gpu_ctx_route(g, &r, &err) < 0) {
-      fprintf(stderr, "mambad-gemm: %s\n", err.msg);
-    } else {
-      mbd_route_id_hex(&r, route_id);
-      ga.x = da;
-      ga.w = db;
-      ga.y = dc;
-      t0 = now_s();
-      if (mbd_gpu_gemm(g, &ga, &err) == 0 && mbd_gpu_ctx_sync(g, &err) == 0) {
-        t1 = now_s();
-        if (mbd_gpu_download(g, c, dc, nc * 4, &err) == 0) rc = 0;
-      }
-      if (rc) fprintf(stderr, "mambad-gemm: %s\n", err.msg);
-    }
-    mbd_gpu_free(g, da);
-    mbd_gpu_free(g, db);
-    mbd_gpu_free(g, dc);
-    mbd_gpu_ctx_destroy(&g);
-    if (rc) goto done;
-    rc = 1;
+    kind = MBD_BACKEND_CUDA;
+    bo.device = atoi(o.device + 5);
   } else {
     usage("--device must be cpu or cuda:N");
+    goto done;
+  }
+  mbd_backend *be = NULL;
+  if (mbd_backend_new(kind, &bo, &be, &err) < 0) {
+    fprintf(stderr, "mambad-gemm: %s\n", err.msg);
+    goto done;
+  }
+  if (kind == MBD_BACKEND_CUDA) {
+    mbd_route_identity r;
+    be->ops->route(be, &r);
+    mbd_route_id_hex(&r, route_id);
+  }
+  t0 = now_s();
+  int g = be->ops->gemm(be, o.m, o.n, o.k, dt, a16, dt, b16, NULL, c, &err);
+  t1 = now_s();
+  mbd_backend_destroy(&be);
+  if (g < 0) {
+    fprintf(stderr, "mambad-gemm: %s\n", err.msg);
     goto done;
   }
   uint8_t d[32];

@@ -7,8 +7,9 @@
  * IN holds input_ids I64 [B,T]; OUT gets logits F32 [B,T,V] and, with
  * --generate, tokens I64 [B,T+N] (greedy unless --temperature > 0; every row
  * samples with the same seed, so a row's tokens do not depend on its slot;
- * after a --stop token the row is padded with -1). The CPU backend runs in
- * this file; the CUDA one in worker/run_cuda.c (CUDA builds only).
+ * after a --stop token the row is padded with -1). Compute goes through the
+ * backend interface (kernels/backend.h) only, as in the worker: the same
+ * backend, model family and route for `--backend cpu` and `cuda:N`.
  * Exit 0 ok, 1 error, 2 usage. */
 #include <errno.h>
 #include <math.h>
@@ -17,17 +18,20 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/route.h"
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "common/tensor.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/cpu_ctx.h"
-#include "kernels/model/generate.h"
-#include "kernels/model/mamba1.h"
-#ifdef MBD_HAVE_CUDA
-#include "worker/run_cuda.h"
-#endif
+#include "kernels/model/sampler.h"
 
 #define MAX_STOP 64
+/* On cuda:N the context is sized like a default `mambad worker --backend
+ * cuda` (--capacity 64, --max-batch 64), so on the same device, build, GEMM
+ * mode and dtype the route id is the worker's: its bits are the service's. */
+#define RUN_CUDA_SESSIONS 64
+#define RUN_CUDA_BATCH 64
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -39,7 +43,7 @@ static void usage(FILE *f) {
           "  IN:  input_ids I64 [B,T] (e.g. from `mambad-model prompt`)\n"
           "  OUT: logits F32 [B,T,V]; with --generate N also tokens I64 [B,T+N]\n"
           "       (greedy unless --temperature > 0; rows after a --stop token are padded with -1)\n"
-          "  DIR: Hugging Face Mamba-1 checkpoint (config.json + model.safetensors)\n"
+          "  DIR: Hugging Face checkpoint (config.json + model.safetensors or its shards)\n"
           "  cpu: --dtype f32|bf16|f16, --gemm-mode deterministic, --threads/--isa apply\n"
           "  cuda:N (cuda = cuda:0): every --dtype and --gemm-mode; greedy tokens are\n"
           "       picked on the device, sampled ones by the CPU sampler\n");
@@ -93,42 +97,122 @@ static int parse_backend(const char *s, mbd_backend_kind *kind, int *device) {
   return 0;
 }
 
-/* Prefill, then generate when gp->n_new > 0, on the CPU model: one state per
- * row, all rows in one batch. */
-static int run_cpu(mbd_mamba1_model *m, int64_t B, int64_t T, const int32_t *ids,
-                   mbd_generate_params *gp, float *logits, int32_t *gen, double *t_prefill,
-                   double *t_gen, mbd_error *err) {
-  const int64_t V = mbd_mamba1_vocab(m);
+/* What a run does after the prefill. */
+typedef struct run_gen {
+  int64_t n_new;         /* tokens per row; 0 = prefill only */
+  mbd_sampling sampling; /* temperature <= 0: greedy */
+  const int32_t *stop;   /* stop tokens (kept in the output) */
+  int nstop;
+} run_gen;
+
+static int is_stop(const run_gen *g, int32_t tok) {
+  for (int i = 0; i < g->nstop; i++)
+    if (g->stop[i] == tok) return 1;
+  return 0;
+}
+
+/* Scratch of one chunk's generation loop, indexed by position in the active
+ * list (rows leave it at a stop token; the others' bits do not change). */
+typedef struct gen_scratch {
+  int64_t *row;        /* [chunk] chunk row of each active entry */
+  mbd_bstate **st;     /* [chunk] its state */
+  int64_t *feed;       /* [chunk] token fed by the next step */
+  int64_t *next;       /* [chunk] device-picked tokens of the last step (greedy) */
+  float *logits;       /* [chunk, V] last step's logits (when picked on the host) */
+} gen_scratch;
+
+/* Generates for the n rows of one chunk whose states st[n] are just past their
+ * prompts; first[i * first_stride] are row i's next-token logits. Greedy rows
+ * take the backend's own pick (step_greedy) where it has one; otherwise every
+ * token is picked by the sampler from the step's logits, so the tokens are
+ * the same on every backend whose logits are. */
+static int gen_chunk(mbd_backend *b, mbd_bmodel *m, int64_t n, mbd_bstate *const *st,
+                     const run_gen *g, const float *first, int64_t first_stride,
+                     mbd_sampler *smp, gen_scratch *s, int32_t *gen, mbd_error *err) {
+  const int64_t N = g->n_new, V = b->ops->model_vocab(m);
+  const int device_pick = g->sampling.temperature <= 0.0f && b->ops->step_greedy;
+  int64_t nact = n;
+  int rc;
+  for (int64_t i = 0; i < n; i++) {
+    s->row[i] = i;
+    s->st[i] = st[i];
+  }
+  for (int64_t step = 0; step < N && nact > 0; step++) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < nact; i++) {
+      int32_t tok;
+      if (step == 0 || !device_pick) {
+        const float *l = step == 0 ? first + s->row[i] * first_stride : s->logits + i * V;
+        if ((rc = mbd_sampler_pick(smp, &g->sampling, (uint64_t)step, l, &tok, err))) return rc;
+      } else {
+        tok = (int32_t)s->next[i];
+      }
+      gen[s->row[i] * N + step] = tok;
+      if (is_stop(g, tok)) continue; /* the rest of the row stays -1 */
+      s->row[k] = s->row[i];
+      s->st[k] = s->st[i];
+      s->feed[k++] = tok;
+    }
+    nact = k;
+    if (step + 1 < N && nact > 0 &&
+        (rc = device_pick ? b->ops->step_greedy(b, m, s->st, s->feed, nact, s->next, NULL, err)
+                          : b->ops->step(b, m, s->st, s->feed, nact, s->logits, err)))
+      return rc;
+  }
+  return MBD_OK;
+}
+
+/* Runs ids [B,T] from zero states in chunks of `chunk` rows (chunking changes
+ * no bits: batch invariance): logits [B,T,V] and, when g->n_new > 0, gen
+ * [B, n_new] (-1 after a stop token). */
+static int run(mbd_backend *b, mbd_bmodel *m, int64_t B, int64_t T, int64_t chunk,
+               const int64_t *ids, const run_gen *g, float *logits, int32_t *gen,
+               double *t_prefill, double *t_gen, mbd_error *err) {
+  const int64_t V = b->ops->model_vocab(m), N = g->n_new;
   int rc = MBD_OK;
-  const int32_t **tp = calloc((size_t)B, sizeof(*tp));
-  int64_t *lens = calloc((size_t)B, sizeof(*lens));
-  mbd_mamba1_state **st = calloc((size_t)B, sizeof(*st)); /* NULL entries are fine for destroy */
-  if (!tp || !lens || !st) {
-    rc = mbd_error_set(err, MBD_E_NOMEM, "out of memory for %lld states", (long long)B);
+  mbd_sampler *smp = NULL;
+  mbd_bstate **st = calloc((size_t)chunk, sizeof *st); /* NULL entries are fine for state_free */
+  gen_scratch s = {.row = malloc((size_t)chunk * sizeof *s.row),
+                   .st = malloc((size_t)chunk * sizeof *s.st),
+                   .feed = malloc((size_t)chunk * sizeof *s.feed),
+                   .next = malloc((size_t)chunk * sizeof *s.next)};
+  if (!st || !s.row || !s.st || !s.feed || !s.next) {
+    rc = mbd_error_set(err, MBD_E_NOMEM, "out of memory for %lld states", (long long)chunk);
     goto fail;
   }
-  for (int64_t b = 0; b < B; b++) {
-    tp[b] = ids + b * T;
-    lens[b] = T;
-    if ((rc = mbd_mamba1_state_new(m, &st[b], err))) goto fail;
+  if (N > 0) {
+    if ((rc = mbd_sampler_new(V, &smp, err))) goto fail;
+    if (!(s.logits = malloc((size_t)chunk * (size_t)V * sizeof(float)))) {
+      rc = mbd_error_set(err, MBD_E_NOMEM, "out of memory for %lld x %lld step logits",
+                         (long long)chunk, (long long)V);
+      goto fail;
+    }
+    for (int64_t i = 0; i < B * N; i++) gen[i] = -1;
   }
-  double t0 = now_s();
-  if ((rc = mbd_mamba1_prefill(m, st, (int)B, tp, lens, MBD_MAMBA1_LOGITS_ALL, logits, err)))
-    goto fail;
-  *t_prefill = now_s() - t0;
-  if (gp->n_new > 0) {
-    gp->first_logits = logits + (T - 1) * V;
-    gp->first_stride = T * V;
-    t0 = now_s();
-    if ((rc = mbd_mamba1_generate(m, st, (int)B, tp, lens, gp, gen, NULL, err))) goto fail;
-    *t_gen = now_s() - t0;
+  for (int64_t r0 = 0; r0 < B && !rc; r0 += chunk) {
+    int64_t n = B - r0 < chunk ? B - r0 : chunk;
+    float *lg = logits + r0 * T * V;
+    double t0 = now_s();
+    for (int64_t i = 0; i < n && !rc; i++) rc = b->ops->state_new(b, m, &st[i], err);
+    if (!rc) rc = mbd_backend_prefill_batch(b, m, st, n, ids + r0 * T, T, false, lg, err);
+    double t1 = now_s();
+    *t_prefill += t1 - t0;
+    if (!rc && N > 0)
+      rc = gen_chunk(b, m, n, st, g, lg + (T - 1) * V, T * V, smp, &s, gen + r0 * N, err);
+    *t_gen += now_s() - t1;
+    for (int64_t i = 0; i < n; i++) {
+      b->ops->state_free(b, st[i]);
+      st[i] = NULL;
+    }
   }
 fail:
-  if (st)
-    for (int64_t b = 0; b < B; b++) mbd_mamba1_state_destroy(&st[b]);
+  free(s.logits);
+  free(s.next);
+  free(s.feed);
+  free(s.st);
+  free(s.row);
   free(st);
-  free(lens);
-  free(tp);
+  mbd_sampler_destroy(&smp);
   return rc;
 }
 
@@ -195,8 +279,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "mambad-run: --gemm-mode: %s\n", err.msg);
     return 2;
   }
-  mbd_mamba1_options opts;
-  mbd_mamba1_options_default(&opts);
+  mbd_backend_opts opts = {.mode = mode, .policy = policy, .device = device};
   if (kind == MBD_BACKEND_CUDA) {
 #ifndef MBD_HAVE_CUDA
     fprintf(stderr, "mambad-run: this build has no CUDA backend (it was configured without the "
@@ -216,9 +299,6 @@ int main(int argc, char **argv) {
                       "bf16 or f16\n");
       return 2;
     }
-    opts.dtype = policy == MBD_POLICY_BF16  ? MBD_DTYPE_BF16
-                 : policy == MBD_POLICY_F16 ? MBD_DTYPE_F16
-                                            : MBD_DTYPE_F32;
   }
   if (!strcmp(isas, "auto")) opts.isa = MBD_CPU_ISA_AUTO;
   else if (!strcmp(isas, "portable")) opts.isa = MBD_CPU_ISA_PORTABLE;
@@ -228,31 +308,27 @@ int main(int argc, char **argv) {
     return 2;
   }
   opts.threads = (int)threads;
-  mbd_generate_params gp = {.n_new = n_gen, .stop = stop, .nstop = nstop};
-  gp.sampling.temperature = temperature;
-  gp.sampling.top_k = (int)top_k;
-  gp.sampling.top_p = top_p;
-  gp.sampling.seed = (uint64_t)seed;
-  if (mbd_sampling_check(&gp.sampling, &err)) {
+  run_gen g = {.n_new = n_gen, .stop = stop, .nstop = nstop};
+  g.sampling.temperature = temperature;
+  g.sampling.top_k = (int)top_k;
+  g.sampling.top_p = top_p;
+  g.sampling.seed = (uint64_t)seed;
+  if (mbd_sampling_check(&g.sampling, &err)) {
     fprintf(stderr, "mambad-run: %s\n", err.msg);
     return 2;
   }
 
   int rc = 1;
   mbd_safetensors *in = NULL;
-  mbd_mamba1_model *m = NULL;
-#ifdef MBD_HAVE_CUDA
-  mbd_run_cuda *rcu = NULL;
-#endif
-  int32_t *ids = NULL, *gen = NULL;
-  int64_t *tokens_out = NULL;
+  mbd_backend *be = NULL;
+  mbd_bmodel *m = NULL;
+  int64_t *ids = NULL, *tokens_out = NULL;
+  int32_t *gen = NULL;
   float *logits = NULL;
   mbd_st_writer *w = NULL;
-  int64_t B = 0, T = 0, V = 0;
-  char label[192] = "";
-#ifdef MBD_HAVE_CUDA
-  char devs[16] = "";
-#endif
+  int64_t B = 0, T = 0, V = 0, chunk = 0;
+  char label[192] = "", devs[16] = "", route_id[65] = "";
+  mbd_route_identity route;
   const mbd_st_entry *e = mbd_safetensors_open(in_path, &in, &err) ? NULL
                           : mbd_safetensors_find(in, "input_ids");
   if (!in) {
@@ -274,31 +350,27 @@ int main(int argc, char **argv) {
                     "2^28)\n", (long long)B, (long long)T);
     goto done;
   }
+  /* cpu: every row in one batch; cuda:N: the default worker's sizes. */
+  chunk = kind == MBD_BACKEND_CPU ? B : RUN_CUDA_BATCH;
+  opts.state_capacity = kind == MBD_BACKEND_CPU ? B : RUN_CUDA_SESSIONS;
+  opts.max_batch = (int)chunk;
   double t0 = now_s();
-  if (kind == MBD_BACKEND_CPU) {
-    if (mbd_mamba1_load(model_dir, &opts, &m, &err)) {
-      fprintf(stderr, "mambad-run: %s\n", err.msg);
-      goto done;
-    }
-    V = mbd_mamba1_vocab(m);
-    snprintf(label, sizeof label, "cpu %s %s", mbd_dtype_policy_name(policy), mbd_mamba1_isa(m));
+  if (mbd_backend_new(kind, &opts, &be, &err) || be->ops->model_load(be, model_dir, &m, &err)) {
+    fprintf(stderr, "mambad-run: %s\n", err.msg); /* a device error names cuda:N */
+    goto done;
   }
-#ifdef MBD_HAVE_CUDA
-  else {
-    mbd_run_cuda_opts co = {.device = device, .mode = mode, .policy = policy};
-    if (mbd_run_cuda_new(model_dir, &co, &rcu, &err)) {
-      fprintf(stderr, "mambad-run: %s\n", err.msg); /* err names cuda:N */
-      goto done;
-    }
-    V = mbd_run_cuda_vocab(rcu);
-    snprintf(devs, sizeof devs, "cuda:%d", device);
-    snprintf(label, sizeof label, "%s (%s) %s %s, route %.12s", devs,
-             mbd_run_cuda_device_name(rcu), mbd_dtype_policy_name(policy),
-             mbd_gemm_mode_name(mode), mbd_run_cuda_route_id(rcu));
-  }
-#endif
   double t_load = now_s() - t0;
-  ids = malloc((size_t)(B * T) * sizeof(int32_t));
+  V = be->ops->model_vocab(m);
+  be->ops->route(be, &route);
+  mbd_route_id_hex(&route, route_id);
+  if (kind == MBD_BACKEND_CPU) {
+    snprintf(label, sizeof label, "cpu %s %s", mbd_dtype_policy_name(policy), route.isa);
+  } else {
+    snprintf(devs, sizeof devs, "cuda:%d", device);
+    snprintf(label, sizeof label, "%s (%s) %s %s, route %.12s", devs, route.device_name,
+             mbd_dtype_policy_name(policy), mbd_gemm_mode_name(mode), route_id);
+  }
+  ids = malloc((size_t)(B * T) * sizeof *ids);
   logits = malloc((size_t)B * (size_t)T * (size_t)V * sizeof(float));
   if (!ids || !logits) {
     fprintf(stderr, "mambad-run: out of memory for batch %lld x %lld x vocab %lld logits\n",
@@ -306,14 +378,12 @@ int main(int argc, char **argv) {
     goto done;
   }
   for (int64_t i = 0; i < B * T; i++) {
-    int64_t v;
-    memcpy(&v, (const char *)e->data + 8 * i, 8);
-    if (v < 0 || v >= V) {
+    memcpy(&ids[i], (const char *)e->data + 8 * i, 8);
+    if (ids[i] < 0 || ids[i] >= V) {
       fprintf(stderr, "mambad-run: input_ids[%lld][%lld] = %lld is outside the vocabulary [0, %lld)\n",
-              (long long)(i / T), (long long)(i % T), (long long)v, (long long)V);
+              (long long)(i / T), (long long)(i % T), (long long)ids[i], (long long)V);
       goto done;
     }
-    ids[i] = (int32_t)v;
   }
   if (n_gen > 0) {
     gen = malloc((size_t)(B * n_gen) * sizeof(int32_t));
@@ -324,24 +394,13 @@ int main(int argc, char **argv) {
     }
   }
   double t_prefill = 0, t_gen = 0;
-  int run_rc;
-  if (kind == MBD_BACKEND_CPU) {
-    run_rc = run_cpu(m, B, T, ids, &gp, logits, gen, &t_prefill, &t_gen, &err);
-  } else {
-#ifdef MBD_HAVE_CUDA
-    mbd_run_cuda_gen cg = {.n_new = n_gen, .sampling = gp.sampling, .stop = stop, .nstop = nstop};
-    run_rc = mbd_run_cuda_run(rcu, B, T, ids, &cg, logits, gen, &t_prefill, &t_gen, &err);
-#else
-    run_rc = mbd_error_set(&err, MBD_E_INTERNAL, "no CUDA backend in this build");
-#endif
-  }
-  if (run_rc) {
+  if (run(be, m, B, T, chunk, ids, &g, logits, gen, &t_prefill, &t_gen, &err)) {
     fprintf(stderr, "mambad-run: %s\n", err.msg);
     goto done;
   }
   for (int64_t b = 0; b < B && n_gen > 0; b++) {
     for (int64_t t = 0; t < T; t++) tokens_out[b * (T + n_gen) + t] = ids[b * T + t];
-    for (int64_t g = 0; g < n_gen; g++) tokens_out[b * (T + n_gen) + T + g] = gen[b * n_gen + g];
+    for (int64_t k = 0; k < n_gen; k++) tokens_out[b * (T + n_gen) + T + k] = gen[b * n_gen + k];
   }
   mbd_tensor_desc dl, dt;
   int64_t sl[3] = {B, T, V}, stok[2] = {B, T + n_gen};
@@ -353,13 +412,11 @@ int main(int argc, char **argv) {
              mbd_st_writer_set_metadata(w, "dtype", mbd_dtype_policy_name(policy), &err) ||
              mbd_st_writer_set_metadata(w, "gemm_mode", mbd_gemm_mode_name(mode), &err);
   if (!werr && kind == MBD_BACKEND_CPU)
-    werr = mbd_st_writer_set_metadata(w, "isa", mbd_mamba1_isa(m), &err);
-#ifdef MBD_HAVE_CUDA
+    werr = mbd_st_writer_set_metadata(w, "isa", route.isa, &err);
   if (!werr && kind == MBD_BACKEND_CUDA)
-    werr = mbd_st_writer_set_metadata(w, "route_id", mbd_run_cuda_route_id(rcu), &err) ||
+    werr = mbd_st_writer_set_metadata(w, "route_id", route_id, &err) ||
            mbd_st_writer_set_metadata(w, "device", devs, &err) ||
-           mbd_st_writer_set_metadata(w, "device_name", mbd_run_cuda_device_name(rcu), &err);
-#endif
+           mbd_st_writer_set_metadata(w, "device_name", route.device_name, &err);
   if (werr || mbd_st_writer_write(w, out_path, &err)) {
     fprintf(stderr, "mambad-run: writing %s: %s\n", out_path, err.msg);
     goto done;
@@ -377,10 +434,8 @@ done:
   free(tokens_out);
   free(gen);
   free(ids);
-#ifdef MBD_HAVE_CUDA
-  mbd_run_cuda_destroy(&rcu);
-#endif
-  mbd_mamba1_destroy(&m);
+  if (m) be->ops->model_destroy(be, m);
+  mbd_backend_destroy(&be);
   mbd_safetensors_destroy(&in);
   return rc;
 }

@@ -1,5 +1,6 @@
-/* Session export blob encoding and validation (see state_blob.h). */
-#include "worker/state_blob.h"
+/* State image header and session blob: encoding and validation (see
+ * state_blob.h). */
+#include "kernels/state_blob.h"
 
 #include <string.h>
 
@@ -19,6 +20,48 @@ static uint64_t get_u64(const uint8_t *p) {
   for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
   return v;
 }
+
+/* ---- state image ---- */
+
+void mbd_state_image_write_header(void *buf, const mbd_state_shape *s, int64_t pos) {
+  uint8_t *p = buf;
+  memcpy(p, MBD_STATE_IMAGE_MAGIC, 8);
+  put_u32(p + 8, MBD_STATE_IMAGE_VERSION);
+  put_u32(p + 12, s->n_layer);
+  put_u32(p + 16, s->d_inner);
+  put_u32(p + 20, s->d_conv);
+  put_u32(p + 24, s->d_state);
+  put_u32(p + 28, s->family);
+  put_u64(p + 32, (uint64_t)pos);
+}
+
+int mbd_state_image_read_header(const void *buf, size_t len, const mbd_state_shape *want,
+                                int64_t *pos, mbd_error *err) {
+  const uint8_t *p = buf;
+  if (!buf || len < MBD_STATE_IMAGE_HEADER || memcmp(p, MBD_STATE_IMAGE_MAGIC, 8) != 0)
+    return mbd_error_set(err, MBD_E_FORMAT, "state import: not a state image (bad magic)");
+  if (get_u32(p + 8) != MBD_STATE_IMAGE_VERSION)
+    return mbd_error_set(err, MBD_E_FORMAT, "state import: version %u, this build reads %d",
+                         get_u32(p + 8), MBD_STATE_IMAGE_VERSION);
+  if (get_u32(p + 28) != want->family)
+    return mbd_error_set(err, MBD_E_SHAPE,
+                         "state import: state is of model family %u, this model is family %u",
+                         get_u32(p + 28), want->family);
+  if (get_u32(p + 12) != want->n_layer || get_u32(p + 16) != want->d_inner ||
+      get_u32(p + 20) != want->d_conv || get_u32(p + 24) != want->d_state)
+    return mbd_error_set(err, MBD_E_SHAPE,
+                         "state import: state is for layers=%u d_inner=%u d_conv=%u d_state=%u, "
+                         "model has %u/%u/%u/%u",
+                         get_u32(p + 12), get_u32(p + 16), get_u32(p + 20), get_u32(p + 24),
+                         want->n_layer, want->d_inner, want->d_conv, want->d_state);
+  uint64_t v = get_u64(p + 32);
+  if (v > (uint64_t)INT64_MAX)
+    return mbd_error_set(err, MBD_E_FORMAT, "state import: bad position");
+  *pos = (int64_t)v;
+  return MBD_OK;
+}
+
+/* ---- session blob ---- */
 
 size_t mbd_state_blob_size(uint64_t state_bytes, uint64_t vocab, bool has_logits) {
   uint64_t lb = has_logits ? vocab : 0;
