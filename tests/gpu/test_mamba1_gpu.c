@@ -33,7 +33,7 @@
 #include <cmocka.h>
 
 #include "common/safetensors.h"
-#include "gpu/gpu_test_util.h"
+#include "support/gpu_util.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/mamba1_gpu.h"
 #include "kernels/model/mamba1.h"

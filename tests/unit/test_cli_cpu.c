@@ -17,7 +17,7 @@
 #include <cmocka.h>
 
 #include "common/safetensors.h"
-#include "integration/procs.h"
+#include "support/procs.h"
 #ifdef MBD_HAVE_CUDA
 #include "kernels/cuda/gpu_ctx.h"
 #endif
