@@ -10,12 +10,14 @@ jobs=$(nproc)
 if [ "${1:-}" = "--sanitize" ]; then
   build="$root/build-sanitize"
   # Host code only: CUDA objects are not instrumented, so leave them out here;
-  # benches do not run in this pass (unit label only), so do not build them.
+  # benches do not run in this pass, so do not build them. Unit tests (the
+  # fuzz smoke tests among them) and integration tests: the broker, worker and
+  # CLI processes the integration tests start are the instrumented binaries.
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Debug -DMBD_SANITIZE=ON -DMBD_CUDA=OFF \
     -DMBD_BENCH=OFF
   cmake --build "$build" -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir "$build" -L unit --output-on-failure -j"$jobs"
+    ctest --test-dir "$build" -L 'unit|integration' --output-on-failure -j"$jobs"
 else
   build="$root/build"
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
