@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 #include <cmocka.h>
+#include <cuda_runtime_api.h>
 
 #include "client/mambad.h"
 #include "support/service_gpu.h"
