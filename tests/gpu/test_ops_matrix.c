@@ -42,18 +42,18 @@ enum { N_DINNER = 3, N_ACT = 3 };
 
 static cudaStream_t g_stream;
 
-#define CK(call)                                                                 \
-  do {                                                                           \
-    cudaError_t e_ = (call);                                                     \
-    if (e_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(e_));    \
+#define CK(call)                                                              \
+  do {                                                                        \
+    cudaError_t e_ = (call);                                                  \
+    if (e_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(e_)); \
   } while (0)
 
 /* Runs an op entry (last argument &err) and fails with its message. */
-#define OP(call)                                                 \
-  do {                                                           \
-    mbd_error err = {0};                                         \
-    if ((call) != 0) fail_msg("%s: %s", #call, err.msg);         \
-    CK(cudaStreamSynchronize(g_stream));                         \
+#define OP(call)                                         \
+  do {                                                   \
+    mbd_error err = {0};                                 \
+    if ((call) != 0) fail_msg("%s: %s", #call, err.msg); \
+    CK(cudaStreamSynchronize(g_stream));                 \
   } while (0)
 
 static void *dput(const void *h, size_t n) {
@@ -86,9 +86,12 @@ static float round_to(mbd_dtype dt, float v) {
   return v;
 }
 static void store(mbd_dtype dt, void *buf, size_t i, float v) {
-  if (dt == MBD_DTYPE_F32) ((float *)buf)[i] = v;
-  else if (dt == MBD_DTYPE_BF16) ((uint16_t *)buf)[i] = mbd_f32_to_bf16(v);
-  else ((uint16_t *)buf)[i] = mbd_f32_to_f16(v);
+  if (dt == MBD_DTYPE_F32)
+    ((float *)buf)[i] = v;
+  else if (dt == MBD_DTYPE_BF16)
+    ((uint16_t *)buf)[i] = mbd_f32_to_bf16(v);
+  else
+    ((uint16_t *)buf)[i] = mbd_f32_to_f16(v);
 }
 static float load(mbd_dtype dt, const void *buf, size_t i) {
   if (dt == MBD_DTYPE_F32) return ((const float *)buf)[i];
@@ -144,7 +147,8 @@ static void test_embed(void **state) {
       OP(mbd_mops_embed(g_stream, M, d, dtok, dt, dtab, dout, &err));
       float *got = malloc((size_t)M * d * 4), *want = malloc((size_t)M * d * 4);
       dget(got, dout, (size_t)M * d * 4);
-      for (int r = 0; r < M; r++) memcpy(want + (size_t)r * d, tf + (size_t)tok[r] * d, (size_t)d * 4);
+      for (int r = 0; r < M; r++)
+        memcpy(want + (size_t)r * d, tf + (size_t)tok[r] * d, (size_t)d * 4);
       char what[64];
       snprintf(what, sizeof what, "embed %s d=%d", mbd_dtype_name(dt), d);
       same_bytes(what, got, want, (size_t)M * d, 4);
@@ -191,7 +195,8 @@ static void test_add_rmsnorm(void **state) {
   const float eps = 1e-5f;
   for (int a = 0; a < N_ACT; a++) {
     for (size_t q = 0; q < sizeof dims / sizeof dims[0]; q++) {
-      for (int form = 0; form < 3; form++) { /* 0: no delta; 1: delta; 2: delta, every 3rd row + 2 */
+      for (int form = 0; form < 3;
+           form++) { /* 0: no delta; 1: delta; 2: delta, every 3rd row + 2 */
         mbd_dtype act = k_act[a];
         int d = dims[q];
         int64_t M = 4, stride = form == 2 ? 3 : 1, offset = form == 2 ? 2 : 0;
@@ -204,7 +209,8 @@ static void test_add_rmsnorm(void **state) {
         float *dres = dput(resid, nr * 4), *ddel = delta ? dput(delta, nr * 4) : NULL;
         float *dw = dput(w, (size_t)d * 4);
         void *dout = dzero((size_t)M * d * dsize(act));
-        OP(mbd_mops_add_rmsnorm(g_stream, M, d, stride, offset, dres, ddel, dw, eps, act, dout, &err));
+        OP(mbd_mops_add_rmsnorm(g_stream, M, d, stride, offset, dres, ddel, dw, eps, act, dout,
+                                &err));
         float *gres = malloc(nr * 4);
         void *gout = malloc((size_t)M * d * dsize(act)), *want = malloc((size_t)M * d * dsize(act));
         dget(gres, dres, nr * 4);
@@ -228,7 +234,8 @@ static void test_add_rmsnorm(void **state) {
             mbd_cpu_rmsnorm(x, w, d, eps, row);
             for (int c = 0; c < d; c++) {
               uint16_t g = ((const uint16_t *)gout)[(size_t)i * d + c];
-              uint16_t cpu = act == MBD_DTYPE_BF16 ? mbd_f32_to_bf16(row[c]) : mbd_f32_to_f16(row[c]);
+              uint16_t cpu =
+                  act == MBD_DTYPE_BF16 ? mbd_f32_to_bf16(row[c]) : mbd_f32_to_f16(row[c]);
               if (abs((int)g - (int)cpu) > 1)
                 fail_msg("%s: row %lld col %d: 0x%04x vs CPU 0x%04x, more than 1 ulp", what,
                          (long long)i, c, g, cpu);
@@ -371,8 +378,9 @@ static float xproj_lanes(const float *x, const float *w, int K) {
 static void test_xproj(void **state) {
   (void)state;
   uint64_t seed = 14;
-  const int Ms[] = {1, 3, 7};                 /* rows per warp: 4 */
-  const int Ks[] = {37, 130, 257, 520, 1040}; /* 520, 1040: vector loads, more than one lane stride */
+  const int Ms[] = {1, 3, 7}; /* rows per warp: 4 */
+  const int Ks[] = {37, 130, 257, 520,
+                    1040}; /* 520, 1040: vector loads, more than one lane stride */
   const int NO = 5 + 2 * 16;
   for (int a = 0; a < N_ACT; a++)
     for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
@@ -422,9 +430,9 @@ typedef struct scan_case {
   int N, R, di, T;
   mbd_dtype act;
   int64_t M, ldxz, zoff, sstride, nd;
-  float *A, *D, *xc, *dbl, *xz, *st;   /* host f32 */
-  float *dtw_f, *dtb_f;                /* dt_proj weights as widened */
-  void *dtw, *dtb;                     /* the same in act */
+  float *A, *D, *xc, *dbl, *xz, *st; /* host f32 */
+  float *dtw_f, *dtb_f;              /* dt_proj weights as widened */
+  void *dtw, *dtb;                   /* the same in act */
 } scan_case;
 
 static void scan_case_make(scan_case *c, int N, int R, int di, int T, mbd_dtype act,
@@ -434,7 +442,8 @@ static void scan_case_make(scan_case *c, int N, int R, int di, int T, mbd_dtype 
   c->M = (int64_t)NSEQ * T;
   c->ldxz = 2 * di + 3;
   c->zoff = di;
-  c->sstride = (int64_t)di * N + 4; /* a multiple of 4: the decode kernel loads states by 16 bytes */
+  c->sstride =
+      (int64_t)di * N + 4; /* a multiple of 4: the decode kernel loads states by 16 bytes */
   c->nd = R + 2 * N;
   c->A = malloc((size_t)di * N * 4);
   for (int64_t i = 0; i < (int64_t)di * N; i++)
@@ -475,12 +484,14 @@ static void scan_ref(scan_case *c, const float *xcs, void *y) {
       const float *row = c->dbl + r * c->nd;
       for (int ch = 0; ch < c->di; ch++) {
         float v = 0.0f;
-        for (int k = 0; k < c->R; k++) v = fmaf(round_to(c->act, row[k]), c->dtw_f[ch * c->R + k], v);
+        for (int k = 0; k < c->R; k++)
+          v = fmaf(round_to(c->act, row[k]), c->dtw_f[ch * c->R + k], v);
         dt_raw[ch] = v + c->dtb_f[ch];
       }
       mbd_cpu_scan_step(MBD_CPU_ISA_PORTABLE, 0, c->di, c->N, c->A, c->D, dt_raw, row + c->R,
                         row + c->R + c->N, (xcs ? xcs : c->xc) + r * c->di,
-                        c->xz + r * c->ldxz + c->zoff, c->st + (int64_t)k_slots[s] * c->sstride, out);
+                        c->xz + r * c->ldxz + c->zoff, c->st + (int64_t)k_slots[s] * c->sstride,
+                        out);
       for (int ch = 0; ch < c->di; ch++) store(c->act, y, (size_t)(r * c->di + ch), out[ch]);
     }
   free(dt_raw);
@@ -508,8 +519,8 @@ static void test_scan(void **state) {
             void *dtw = dput(c.dtw, (size_t)c.di * c.R * es), *dtb = dput(c.dtb, (size_t)c.di * es);
             int32_t *dsl = dput(k_slots, sizeof k_slots);
             void *dy = dzero(ny * es);
-            OP(mbd_mops_scan(g_stream, NSEQ, c.T, c.di, c.N, c.R, dxc, ddbl, c.act, dtw, dtb, dA, dD,
-                             dxz, c.ldxz, c.zoff, dst, c.sstride, dsl, NULL, c.act, dy, &err));
+            OP(mbd_mops_scan(g_stream, NSEQ, c.T, c.di, c.N, c.R, dxc, ddbl, c.act, dtw, dtb, dA,
+                             dD, dxz, c.ldxz, c.zoff, dst, c.sstride, dsl, NULL, c.act, dy, &err));
             void *gy = malloc(ny * es), *ry = malloc(ny * es);
             float *gst = malloc((size_t)NSLOT * c.sstride * 4);
             dget(gy, dy, ny * es);
@@ -537,14 +548,14 @@ static void test_scan(void **state) {
           }
   /* d_state 64 and a weight dtype other than act are refused */
   mbd_error err = {0};
-  assert_int_equal(mbd_mops_scan(g_stream, 1, 1, 37, 64, 5, NULL, NULL, MBD_DTYPE_F32, NULL, NULL,
-                                 NULL, NULL, NULL, 80, 37, NULL, 0, NULL, NULL, MBD_DTYPE_F32,
-                                 NULL, &err),
-                   MBD_E_INVALID);
-  assert_int_equal(mbd_mops_scan(g_stream, 1, 1, 37, 16, 5, NULL, NULL, MBD_DTYPE_F32, NULL, NULL,
-                                 NULL, NULL, NULL, 80, 37, NULL, 0, NULL, NULL, MBD_DTYPE_BF16,
-                                 NULL, &err),
-                   MBD_E_INVALID);
+  assert_int_equal(
+      mbd_mops_scan(g_stream, 1, 1, 37, 64, 5, NULL, NULL, MBD_DTYPE_F32, NULL, NULL, NULL, NULL,
+                    NULL, 80, 37, NULL, 0, NULL, NULL, MBD_DTYPE_F32, NULL, &err),
+      MBD_E_INVALID);
+  assert_int_equal(
+      mbd_mops_scan(g_stream, 1, 1, 37, 16, 5, NULL, NULL, MBD_DTYPE_F32, NULL, NULL, NULL, NULL,
+                    NULL, 80, 37, NULL, 0, NULL, NULL, MBD_DTYPE_BF16, NULL, &err),
+      MBD_E_INVALID);
 }
 
 /* ---- the decode fusion: conv + x_proj, then the scan with the conv --------------- */
@@ -587,7 +598,8 @@ static void test_conv_fusion(void **state) {
           float *dcst = dput(cst, (size_t)NSLOT * cstride * 4);
           float *ddbl = dzero((size_t)NSEQ * NO * 4);
           void *dy = dzero(ny * es);
-          mbd_mops_conv conv = {.K = K, .w = dcw, .bias = dcb, .state = dcst, .slot_stride = cstride};
+          mbd_mops_conv conv = {
+              .K = K, .w = dcw, .bias = dcb, .state = dcst, .slot_stride = cstride};
           if (path == 0) { /* conv_silu, x_proj, scan */
             float *dxc = dzero(ny * 4);
             void *dxa = dzero(ny * es);
@@ -647,8 +659,9 @@ static void test_conv_fusion(void **state) {
         scan_case_free(&c);
       }
   if (!ran) {
-    print_message("mbd_mops_conv_fused accepts none of these shapes (MBD_CONV_FUSE_MAX=0 or "
-                  "MBD_SCAN_STEP=0 in the environment): fusion not compared\n");
+    print_message(
+        "mbd_mops_conv_fused accepts none of these shapes (MBD_CONV_FUSE_MAX=0 or "
+        "MBD_SCAN_STEP=0 in the environment): fusion not compared\n");
     skip();
   }
 }
@@ -712,7 +725,8 @@ static void test_fill_uniform(void **state) {
     same_bytes("fill_uniform", h1, h2, NV, dsize(dt));
     for (size_t i = 0; i < NV; i++) {
       float v = load(dt, h1, i);
-      if (!(v >= -0.5f && v <= 0.5f)) fail_msg("fill_uniform %s: p[%zu] = %g", mbd_dtype_name(dt), i, (double)v);
+      if (!(v >= -0.5f && v <= 0.5f))
+        fail_msg("fill_uniform %s: p[%zu] = %g", mbd_dtype_name(dt), i, (double)v);
     }
     dfree(d1);
     dfree(d2);
@@ -734,9 +748,9 @@ static int teardown(void **state) {
 int main(void) {
   gpu_test_require_device();
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_embed),        cmocka_unit_test(test_add_rmsnorm),
-      cmocka_unit_test(test_conv_silu),    cmocka_unit_test(test_xproj),
-      cmocka_unit_test(test_scan),         cmocka_unit_test(test_conv_fusion),
+      cmocka_unit_test(test_embed),         cmocka_unit_test(test_add_rmsnorm),
+      cmocka_unit_test(test_conv_silu),     cmocka_unit_test(test_xproj),
+      cmocka_unit_test(test_scan),          cmocka_unit_test(test_conv_fusion),
       cmocka_unit_test(test_sample_greedy), cmocka_unit_test(test_fill_uniform),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -26,7 +26,8 @@ void sg_init_or_skip(wh *h, int need) {
   }
   int rc = wh_init(h);
   if (rc == 77) {
-    printf("SKIP: MBD_BIN_DIR/MBD_FIXTURES_DIR, mambad-broker/-worker or the tiny fixture missing\n");
+    printf(
+        "SKIP: MBD_BIN_DIR/MBD_FIXTURES_DIR, mambad-broker/-worker or the tiny fixture missing\n");
     exit(77);
   }
   if (rc) {
@@ -36,11 +37,11 @@ void sg_init_or_skip(wh *h, int need) {
 }
 
 pid_t sg_start_gpu_worker(wh *h, const char *name, int dev, const char *capacity,
-                                        const char *max_batch) {
+                          const char *max_batch) {
   static char devs[8][16];
   snprintf(devs[dev & 7], sizeof devs[0], "cuda:%d", dev);
-  return wh_start_worker(h, name, "--device", devs[dev & 7], "--capacity", capacity,
-                         "--max-batch", max_batch, "--max-message-mb", "1024", NULL);
+  return wh_start_worker(h, name, "--device", devs[dev & 7], "--capacity", capacity, "--max-batch",
+                         max_batch, "--max-message-mb", "1024", NULL);
 }
 
 size_t sg_collect(wh *h, uint64_t t0, size_t n, mbd_msg **out, int timeout_ms) {

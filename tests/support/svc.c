@@ -30,8 +30,7 @@ bool svc_init(svc *s) {
   return true;
 }
 
-void svc_write(const svc *s, const char *name,
-                                                            char *out, const char *fmt, ...) {
+void svc_write(const svc *s, const char *name, char *out, const char *fmt, ...) {
   snprintf(out, 700, "%s/%s", s->dir, name);
   FILE *f = fopen(out, "w");
   if (!f) return;
@@ -80,8 +79,7 @@ void svc_cleanup(svc *s) {
   }
 }
 
-int svc_sh(const svc *s, char *out, size_t cap,
-                                                        const char *fmt, ...) {
+int svc_sh(const svc *s, char *out, size_t cap, const char *fmt, ...) {
   char cmd[4096], file[700];
   va_list ap;
   va_start(ap, fmt);
@@ -108,8 +106,8 @@ const mbd_worker_info *svc_find(const mbd_status_report *r, const char *name) {
   return NULL;
 }
 
-int64_t svc_wait_workers(mbd_client *c, const char *const *names, size_t n,
-                                const char *not_uid, mbd_worker_info *first, int64_t timeout_ms) {
+int64_t svc_wait_workers(mbd_client *c, const char *const *names, size_t n, const char *not_uid,
+                         mbd_worker_info *first, int64_t timeout_ms) {
   int64_t t0 = ev_now_ms();
   while (ev_now_ms() - t0 < timeout_ms) {
     mbd_status_report *r = NULL;

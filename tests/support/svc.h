@@ -14,12 +14,12 @@
 #include "support/procs.h"
 
 typedef struct svc {
-  char dir[64];          /* mkdtemp directory: yaml, sockets, logs, files */
-  char clients[128];     /* ipc:// endpoint for clients */
-  char workers[128];     /* ipc:// endpoint for workers */
-  char bin[512];         /* MBD_BIN_DIR */
-  char fixture[512];     /* tiny-d64 fixture directory */
-  pid_t up;              /* the `mambad up` process, 0 when none */
+  char dir[64];      /* mkdtemp directory: yaml, sockets, logs, files */
+  char clients[128]; /* ipc:// endpoint for clients */
+  char workers[128]; /* ipc:// endpoint for workers */
+  char bin[512];     /* MBD_BIN_DIR */
+  char fixture[512]; /* tiny-d64 fixture directory */
+  pid_t up;          /* the `mambad up` process, 0 when none */
 } svc;
 
 /* Fills s; returns false (caller skips) when binaries or fixtures are missing. */

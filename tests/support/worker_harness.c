@@ -37,8 +37,8 @@ int wh_init(wh *h) {
 void wh_start_broker(wh *h) {
   char exe[600];
   snprintf(exe, sizeof exe, "%s/mambad-broker", h->bin);
-  char *argv[] = {exe, "--clients", h->clients, "--workers", h->workers, "--heartbeat-ms", "200",
-                  "--liveness", "3", NULL};
+  char *argv[] = {exe,   "--clients",  h->clients, "--workers", h->workers, "--heartbeat-ms",
+                  "200", "--liveness", "3",        NULL};
   /* Output stays on the test's stdout/stderr; the child dies with the test. */
   h->broker = procs_spawn(argv, NULL);
   h->zctx = zmq_ctx_new();
@@ -57,8 +57,8 @@ pid_t wh_start_worker(wh *h, const char *name, ...) {
   snprintf(exe, sizeof exe, "%s/mambad-worker", h->bin);
   snprintf(model, sizeof model, "tiny=%s", h->model_dir);
   wh_worker_log(h, name, log, sizeof log);
-  char *argv[32] = {exe, "--connect", h->workers, "--name", (char *)name, "--model", model,
-                    "--heartbeat-ms", "200", "--threads", "2"};
+  char *argv[32] = {exe,   "--connect",      h->workers, "--name",    (char *)name, "--model",
+                    model, "--heartbeat-ms", "200",      "--threads", "2"};
   int n = 11;
   va_list ap;
   va_start(ap, name);

@@ -21,17 +21,17 @@
 #define WH_MAX_PROCS 8
 
 typedef struct wh {
-  char dir[256];             /* mkdtemp directory holding the ipc sockets (and logs) */
-  char clients[320];         /* broker client endpoint */
-  char workers[320];         /* broker worker endpoint */
-  char bin[512];             /* $MBD_BIN_DIR */
-  char model_dir[512];       /* fixture tiny-d64 */
-  bool worker_logs;          /* true: each worker's output goes to dir/<name>.log */
-  pid_t broker;
-  pid_t procs[WH_MAX_PROCS]; /* workers, by start order */
-  int nprocs;
+  char dir[256];       /* mkdtemp directory holding the ipc sockets (and logs) */
+  char clients[320];   /* broker client endpoint */
+  char workers[320];   /* broker worker endpoint */
+  char bin[512];       /* $MBD_BIN_DIR */
+  char model_dir[512]; /* fixture tiny-d64 */
+  bool worker_logs;    /* true: each worker's output goes to dir/<name>.log */
+  pid_t broker;              /* the broker process, 0 when none */
+  pid_t procs[WH_MAX_PROCS]; /* workers, by start order (0: already stopped) */
+  int nprocs;                /* entries of procs in use */
   void *zctx, *sock;         /* client DEALER */
-  uint64_t next_tag;
+  uint64_t next_tag;         /* tag of the next request */
 } wh;
 
 /* Monotonic clock in seconds. */

@@ -116,7 +116,8 @@ static void test_silu_softplus(void **state) {
     float x = (float)i * 0.0025f; /* [-100, 100] */
     float s = mbd_cpu_silu(x), sp = mbd_cpu_softplus(x);
     float rs = mbd_pm_silu(x), rsp = mbd_pm_softplus(x);
-    if (mbd_f32_to_bits(s) != mbd_f32_to_bits(rs)) fail_msg("silu(%g) is not mbd_pm_silu", (double)x);
+    if (mbd_f32_to_bits(s) != mbd_f32_to_bits(rs))
+      fail_msg("silu(%g) is not mbd_pm_silu", (double)x);
     if (mbd_f32_to_bits(sp) != mbd_f32_to_bits(rsp))
       fail_msg("softplus(%g) is not mbd_pm_softplus", (double)x);
     double ws = (double)x / (1.0 + exp(-(double)x));
@@ -134,7 +135,8 @@ static void test_silu_softplus(void **state) {
     if (e > 2.0)
       fail_msg("softplus(%.9g) = %.9g, libm %.17g: %.2f ulp > 2", (double)x, (double)sp, wsp, e);
   }
-  print_message("silu max %.2f ulp, softplus max %.2f ulp over [-100, 100]\n", worst_silu, worst_sp);
+  print_message("silu max %.2f ulp, softplus max %.2f ulp over [-100, 100]\n", worst_silu,
+                worst_sp);
 }
 
 /* ---- RMSNorm ------------------------------------------------------------ */
@@ -160,7 +162,8 @@ static void test_rmsnorm(void **state) {
   for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
     for (int k = W_F32; k <= W_F16; k++) {
       int64_t n = dims[di];
-      float *x = vec((size_t)n, &s, -3.0f, 3.0f, W_F32), *w = vec((size_t)n, &s, 0.5f, 1.5f, (wkind)k);
+      float *x = vec((size_t)n, &s, -3.0f, 3.0f, W_F32),
+            *w = vec((size_t)n, &s, 0.5f, 1.5f, (wkind)k);
       float *out = malloc((size_t)n * sizeof *out), *ref = malloc((size_t)n * sizeof *ref);
       float eps = 1e-5f;
       mbd_cpu_rmsnorm(x, w, n, eps, out);
@@ -230,8 +233,8 @@ static void conv_bound(const char *what, int64_t di, int K, const float *w, cons
       mag += fabs((double)bias[c]);
     }
     double want = acc / (1.0 + exp(-acc));
-    double bound = 1.1 * (K + 1) * u * mag + 2.0 * ldexp(1.0, ilogb(want == 0 ? 1e-30 : want) - 23) +
-                   ldexp(1.0, -120);
+    double bound = 1.1 * (K + 1) * u * mag +
+                   2.0 * ldexp(1.0, ilogb(want == 0 ? 1e-30 : want) - 23) + ldexp(1.0, -120);
     if (fabs((double)out[c] - want) > bound)
       fail_msg("%s: out[%lld] = %.9g, double %.17g, beyond %.3g", what, (long long)c,
                (double)out[c], want, bound);
@@ -261,13 +264,14 @@ static void test_conv_step(void **state) {
           char what[128];
           for (int ii = 0; ii < nisa; ii++) {
             /* whole range, one step at a time */
-            float *st = dup(st0, nst ? nst : 1), *out = malloc((size_t)T * (size_t)di * sizeof *out);
+            float *st = dup(st0, nst ? nst : 1),
+                  *out = malloc((size_t)T * (size_t)di * sizeof *out);
             float *before = dup(st0, nst ? nst : 1);
             for (int t = 0; t < T; t++) {
               memcpy(before, st, nst * sizeof *st);
               mbd_cpu_conv_step(isa[ii], 0, di, di, K, w, b, st, x + t * di, out + t * di);
-              snprintf(what, sizeof what, "conv K=%d di=%lld w=%s bias=%d %s t=%d", K, (long long)di,
-                       k_wname[k], with_bias, mbd_cpu_isa_name(isa[ii]), t);
+              snprintf(what, sizeof what, "conv K=%d di=%lld w=%s bias=%d %s t=%d", K,
+                       (long long)di, k_wname[k], with_bias, mbd_cpu_isa_name(isa[ii]), t);
               if (ii == 0) conv_bound(what, di, K, w, b, before, x + t * di, out + t * di);
             }
             snprintf(what, sizeof what, "conv K=%d di=%lld w=%s bias=%d %s", K, (long long)di,
@@ -275,7 +279,8 @@ static void test_conv_step(void **state) {
             same_bits(what, out, ref, (size_t)T * (size_t)di);
             same_bits(what, st, ref_st, nst);
             /* split over uneven channel ranges: the same bits */
-            float *st2 = dup(st0, nst ? nst : 1), *out2 = malloc((size_t)T * (size_t)di * sizeof *out2);
+            float *st2 = dup(st0, nst ? nst : 1),
+                  *out2 = malloc((size_t)T * (size_t)di * sizeof *out2);
             for (int t = 0; t < T; t++)
               for (int64_t c0 = 0, step = 1; c0 < di; c0 += step, step = step * 3 + 1) {
                 int64_t c1 = c0 + step < di ? c0 + step : di;
