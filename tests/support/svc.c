@@ -9,22 +9,28 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* Prints why the test cannot run; returns false. */
+static bool missing(const char *what, const char *path) {
+  printf("skipped: %s %s\n", what, path);
+  return false;
+}
+
 bool svc_init(svc *s) {
   memset(s, 0, sizeof *s);
   const char *bin = getenv("MBD_BIN_DIR"), *fx = getenv("MBD_FIXTURES_DIR");
-  if (!bin || !fx) return false;
+  if (!bin || !fx) return missing("MBD_BIN_DIR or MBD_FIXTURES_DIR not set", "(ctest sets both)");
   snprintf(s->bin, sizeof s->bin, "%s", bin);
   snprintf(s->fixture, sizeof s->fixture, "%s/mamba1/tiny-d64", fx);
   char probe[700];
   snprintf(probe, sizeof probe, "%s/config.json", s->fixture);
-  if (access(probe, R_OK) != 0) return false;
+  if (access(probe, R_OK) != 0) return missing("no fixture", probe);
   const char *progs[] = {"mambad", "mambad-up", "mambad-broker", "mambad-worker"};
   for (size_t i = 0; i < 4; i++) {
     snprintf(probe, sizeof probe, "%s/%s", s->bin, progs[i]);
-    if (access(probe, X_OK) != 0) return false;
+    if (access(probe, X_OK) != 0) return missing("program not built:", probe);
   }
   snprintf(s->dir, sizeof s->dir, "/tmp/mbd-svc-XXXXXX");
-  if (!mkdtemp(s->dir)) return false;
+  if (!mkdtemp(s->dir)) return missing("cannot create", s->dir);
   snprintf(s->clients, sizeof s->clients, "ipc://%s/c.sock", s->dir);
   snprintf(s->workers, sizeof s->workers, "ipc://%s/w.sock", s->dir);
   return true;

@@ -22,7 +22,8 @@ typedef struct svc {
   pid_t up;          /* the `mambad up` process, 0 when none */
 } svc;
 
-/* Fills s; returns false (caller skips) when binaries or fixtures are missing. */
+/* Fills s; returns false (caller skips) when binaries or fixtures are missing,
+ * having printed which. */
 bool svc_init(svc *s);
 
 /* Writes s->dir/name with printf-style content; returns the path in out. */

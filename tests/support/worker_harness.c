@@ -13,19 +13,25 @@
 
 double wh_now(void) { return (double)ev_now_ms() / 1000.0; }
 
+/* Prints why the test cannot run; returns 77 (ctest: skipped). */
+static int missing(const char *what, const char *path) {
+  printf("skipped: %s %s\n", what, path);
+  return 77;
+}
+
 int wh_init(wh *h) {
   memset(h, 0, sizeof *h);
   const char *bin = getenv("MBD_BIN_DIR"), *fx = getenv("MBD_FIXTURES_DIR");
-  if (!bin || !fx) return 77;
+  if (!bin || !fx) return missing("MBD_BIN_DIR or MBD_FIXTURES_DIR not set", "(ctest sets both)");
   snprintf(h->bin, sizeof h->bin, "%s", bin);
   snprintf(h->model_dir, sizeof h->model_dir, "%s/mamba1/tiny-d64", fx);
   char p[600];
   snprintf(p, sizeof p, "%s/mambad-broker", bin);
-  if (access(p, X_OK)) return 77;
+  if (access(p, X_OK)) return missing("program not built:", p);
   snprintf(p, sizeof p, "%s/mambad-worker", bin);
-  if (access(p, X_OK)) return 77;
+  if (access(p, X_OK)) return missing("program not built:", p);
   snprintf(p, sizeof p, "%s/config.json", h->model_dir);
-  if (access(p, R_OK)) return 77;
+  if (access(p, R_OK)) return missing("no fixture", p);
   snprintf(h->dir, sizeof h->dir, "/tmp/mbd-wt-XXXXXX");
   if (!mkdtemp(h->dir)) return 1;
   snprintf(h->clients, sizeof h->clients, "ipc://%s/clients", h->dir);

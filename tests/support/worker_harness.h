@@ -37,7 +37,8 @@ typedef struct wh {
 /* Monotonic clock in seconds. */
 double wh_now(void);
 
-/* Returns 0, or 77 (skip) when binaries or fixtures are missing. */
+/* Returns 0, or 77 (skip) with the reason printed when binaries or fixtures
+ * are missing. */
 int wh_init(wh *h);
 
 /* Starts the broker (heartbeat 200 ms, liveness 3) and connects the client. */
