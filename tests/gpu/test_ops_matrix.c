@@ -503,11 +503,11 @@ static void test_scan(void **state) {
   uint64_t seed = 15;
   const int Ns[] = {4, 8, 16, 32};
   const int Ts[] = {1, 5, 37}; /* 1: the decode kernel; 37: three chunks of 16 steps */
-  const int Rs[] = {1, 5};
+  const int Rs[] = {1, 4, 5}; /* 4: di * R a multiple of 4 or 8, the decode kernel's vector loads */
   for (size_t ni = 0; ni < 4; ni++)
     for (int q = 0; q < N_DINNER; q++)
       for (size_t ti = 0; ti < 3; ti++)
-        for (size_t ri = 0; ri < 2; ri++)
+        for (size_t ri = 0; ri < 3; ri++)
           for (int a = 0; a < N_ACT; a++) {
             scan_case c;
             scan_case_make(&c, Ns[ni], Rs[ri], k_dinner[q], Ts[ti], k_act[a], &seed);
