@@ -25,10 +25,13 @@ pid_t sg_start_gpu_worker(wh *h, const char *name, int dev, const char *capacity
  * Returns the number still missing after timeout_ms. */
 size_t sg_collect(wh *h, uint64_t t0, size_t n, mbd_msg **out, int timeout_ms);
 
+/* Destroys m[0..n) (NULL entries allowed). */
 void sg_free_all(mbd_msg **m, size_t n);
 
+/* EXPORT of session sid's state. */
 uint64_t sg_send_export(wh *h, const char *sid);
 
+/* OPEN of model "tiny", without waiting for the reply. */
 uint64_t sg_send_open(wh *h);
 
 /* IMPORT of an exported blob under its exact route id. */

@@ -21,6 +21,7 @@ typedef struct wh_fixture {
 /* Loads h->model_dir's fixture and model; 0 or -1 with a printed reason. */
 int wh_fixture_load(const wh *h, wh_fixture *f);
 
+/* Frees what wh_fixture_load loaded (also after a failed load). */
 void wh_fixture_free(wh_fixture *f);
 
 /* In-process reference: feeds ids[T] to state s; logits out [T,V]. */

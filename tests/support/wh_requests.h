@@ -17,6 +17,7 @@ typedef struct {
   msgpack_packer pk;
 } wh_pack;
 
+/* An empty body with its packer. */
 void wh_pack_init(wh_pack *p);
 
 /* Packs a tensor reference {name, dtype, shape, frame}. */
@@ -26,8 +27,10 @@ void wh_ref(msgpack_packer *pk, const char *name, const char *dt, int ndim, cons
 /* OPEN of model "tiny"; the session id goes to sid. Returns the reply. */
 mbd_msg *wh_open(wh *h, char *sid, size_t cap);
 
+/* PREFILL of ids[T] into session sid; last_only: logits of the last position only. */
 uint64_t wh_send_prefill(wh *h, const char *sid, const int64_t *ids, int64_t T, bool last_only);
 
+/* STEP of session sid with one token. */
 uint64_t wh_send_step(wh *h, const char *sid, int64_t token);
 
 /* GENERATE; temperature 0 = greedy. */
