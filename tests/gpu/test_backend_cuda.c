@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "common/safetensors.h"
-#include "gpu_test_util.h"
+#include "support/gpu_util.h"
 #include "kernels/backend.h"
 #include "kernels/model/synth.h"
 #include "kernels/state_blob.h"

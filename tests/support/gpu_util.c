@@ -1,10 +1,6 @@
-/* Helpers shared by the GPU tests: device probe with the skip rule (exit 77
- * with a printed reason when no device is present), seeded random data,
- * dtype rounding. Header-only so each test stays one program. */
-#ifndef MBD_GPU_TEST_UTIL_H
-#define MBD_GPU_TEST_UTIL_H
+/* GPU test helpers (see gpu_util.h). */
+#include "support/gpu_util.h"
 
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,8 +8,7 @@
 #include "common/half.h"
 #include "kernels/cuda/gpu_ctx.h"
 
-/* Exits 77 when no CUDA device can be used; any other failure is returned. */
-static inline void gpu_test_require_device(void) {
+void gpu_test_require_device(void) {
   mbd_gpu_ctx_config cfg;
   mbd_gpu_ctx_config_default(&cfg);
   mbd_gpu_ctx *ctx = NULL;
@@ -30,20 +25,18 @@ static inline void gpu_test_require_device(void) {
   mbd_gpu_ctx_destroy(&ctx);
 }
 
-static inline uint64_t gpu_test_rng(uint64_t *s) {
+uint64_t gpu_test_rng(uint64_t *s) {
   uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
-/* Uniform in [-1, 1), never all zeros. */
-static inline float gpu_test_uniform(uint64_t *s) {
+
+float gpu_test_uniform(uint64_t *s) {
   return (float)((double)(gpu_test_rng(s) >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0);
 }
 
-/* Fills n values of dtype dt into dst (host) and their exact f32 values into
- * f (may be NULL). */
-static inline void gpu_test_fill(mbd_dtype dt, size_t n, uint64_t *seed, void *dst, float *f) {
+void gpu_test_fill(mbd_dtype dt, size_t n, uint64_t *seed, void *dst, float *f) {
   for (size_t i = 0; i < n; i++) {
     float v = gpu_test_uniform(seed);
     if (dt == MBD_DTYPE_F32) {
@@ -57,14 +50,10 @@ static inline void gpu_test_fill(mbd_dtype dt, size_t n, uint64_t *seed, void *d
   }
 }
 
-/* cvt.rna.tf32.f32: round to 10 mantissa bits, ties away from zero. */
-static inline float gpu_test_tf32(float v) {
+float gpu_test_tf32(float v) {
   uint32_t u = mbd_f32_to_bits(v);
   if ((u & 0x7f800000u) == 0x7f800000u) return v;
   u += 0x1000u;
   u &= 0xffffe000u;
   return mbd_bits_to_f32(u);
 }
-
-
-#endif

@@ -1,68 +1,42 @@
-/* Helpers shared by the service integration tests: a temporary deployment
- * directory, `mambad up` as a child process, running the CLI, and waiting for
- * workers to register. Header-only (static) so each test stays one program. */
-#ifndef MBD_TEST_SERVICE_UTIL_H
-#define MBD_TEST_SERVICE_UTIL_H
+/* A deployment under test (see svc.h). */
+#include "support/svc.h"
 
 #include <signal.h>
 #include <stdarg.h>
-#include <stdbool.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "client/mambad.h"
-#include "procs.h"
-
-typedef struct svc {
-  char dir[64];          /* mkdtemp directory: yaml, sockets, logs, files */
-  char clients[128];     /* ipc:// endpoint for clients */
-  char workers[128];     /* ipc:// endpoint for workers */
-  char bin[512];         /* MBD_BIN_DIR */
-  char fixture[512];     /* tiny-d64 fixture directory */
-  pid_t up;              /* the `mambad up` process, 0 when none */
-} svc;
-
-static inline int64_t svc_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+/* Prints why the test cannot run; returns false. */
+static bool missing(const char *what, const char *path) {
+  printf("skipped: %s %s\n", what, path);
+  return false;
 }
 
-static inline void svc_sleep_ms(int64_t ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
-  nanosleep(&ts, NULL);
-}
-
-/* Fills s; returns false (caller skips) when binaries or fixtures are missing. */
-static inline bool svc_init(svc *s) {
+bool svc_init(svc *s) {
   memset(s, 0, sizeof *s);
   const char *bin = getenv("MBD_BIN_DIR"), *fx = getenv("MBD_FIXTURES_DIR");
-  if (!bin || !fx) return false;
+  if (!bin || !fx) return missing("MBD_BIN_DIR or MBD_FIXTURES_DIR not set", "(ctest sets both)");
   snprintf(s->bin, sizeof s->bin, "%s", bin);
   snprintf(s->fixture, sizeof s->fixture, "%s/mamba1/tiny-d64", fx);
   char probe[700];
   snprintf(probe, sizeof probe, "%s/config.json", s->fixture);
-  if (access(probe, R_OK) != 0) return false;
+  if (access(probe, R_OK) != 0) return missing("no fixture", probe);
   const char *progs[] = {"mambad", "mambad-up", "mambad-broker", "mambad-worker"};
   for (size_t i = 0; i < 4; i++) {
     snprintf(probe, sizeof probe, "%s/%s", s->bin, progs[i]);
-    if (access(probe, X_OK) != 0) return false;
+    if (access(probe, X_OK) != 0) return missing("program not built:", probe);
   }
   snprintf(s->dir, sizeof s->dir, "/tmp/mbd-svc-XXXXXX");
-  if (!mkdtemp(s->dir)) return false;
+  if (!mkdtemp(s->dir)) return missing("cannot create", s->dir);
   snprintf(s->clients, sizeof s->clients, "ipc://%s/c.sock", s->dir);
   snprintf(s->workers, sizeof s->workers, "ipc://%s/w.sock", s->dir);
   return true;
 }
 
-/* Writes s->dir/name with printf-style content; returns the path in out. */
-__attribute__((format(printf, 4, 5))) static inline void svc_write(const svc *s, const char *name,
-                                                            char *out, const char *fmt, ...) {
+void svc_write(const svc *s, const char *name, char *out, const char *fmt, ...) {
   snprintf(out, 700, "%s/%s", s->dir, name);
   FILE *f = fopen(out, "w");
   if (!f) return;
@@ -73,8 +47,7 @@ __attribute__((format(printf, 4, 5))) static inline void svc_write(const svc *s,
   fclose(f);
 }
 
-/* YAML head: broker on the test's sockets, fast heartbeats, the tiny model. */
-static inline void svc_yaml(const svc *s, const char *workers_yaml, char *path) {
+void svc_yaml(const svc *s, const char *workers_yaml, char *path) {
   svc_write(s, "deploy.yaml", path,
             "broker:\n  clients: %s\n  workers: %s\n  heartbeat_ms: 200\n  liveness: 3\n"
             "  default_deadline_ms: 20000\n"
@@ -83,29 +56,27 @@ static inline void svc_yaml(const svc *s, const char *workers_yaml, char *path) 
             s->clients, s->workers, s->fixture, workers_yaml);
 }
 
-/* Starts `mambad up --config path` with output in dir/up.log. */
-static inline pid_t svc_spawn(const svc *s, const char *log_name, char *const argv[]) {
+pid_t svc_spawn(const svc *s, const char *log_name, char *const argv[]) {
   char log[700];
   snprintf(log, sizeof log, "%s/%s", s->dir, log_name);
   return procs_spawn(argv, log);
 }
 
-static inline void svc_up(svc *s, const char *yaml) {
+void svc_up(svc *s, const char *yaml) {
   char prog[600];
   snprintf(prog, sizeof prog, "%s/mambad", s->bin);
   char *argv[] = {prog, "up", "--config", (char *)yaml, "--grace-ms", "3000", NULL};
   s->up = svc_spawn(s, "up.log", argv);
 }
 
-/* SIGTERM to `mambad up`; waits up to ms; returns its wait status or -1. */
-static inline int svc_down(svc *s, int64_t ms) {
+int svc_down(svc *s, int64_t ms) {
   if (s->up <= 0) return 0;
   int st = procs_stop(s->up, SIGTERM, (int)ms, NULL);
   s->up = 0;
   return st;
 }
 
-static inline void svc_cleanup(svc *s) {
+void svc_cleanup(svc *s) {
   svc_down(s, 5000);
   if (s->dir[0] && getenv("MBD_KEEP_TMP") == NULL) {
     char cmd[128];
@@ -114,10 +85,7 @@ static inline void svc_cleanup(svc *s) {
   }
 }
 
-/* Runs a shell command line (printf-style) with stdout+stderr into dir/cmd.out;
- * returns the exit code (or -1) and leaves the output in out (cap bytes). */
-__attribute__((format(printf, 4, 5))) static inline int svc_sh(const svc *s, char *out, size_t cap,
-                                                        const char *fmt, ...) {
+int svc_sh(const svc *s, char *out, size_t cap, const char *fmt, ...) {
   char cmd[4096], file[700];
   va_list ap;
   va_start(ap, fmt);
@@ -138,20 +106,16 @@ __attribute__((format(printf, 4, 5))) static inline int svc_sh(const svc *s, cha
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/* Finds a live worker by name in a status report. */
-static inline const mbd_worker_info *svc_find(const mbd_status_report *r, const char *name) {
+const mbd_worker_info *svc_find(const mbd_status_report *r, const char *name) {
   for (size_t i = 0; i < r->n_workers; i++)
     if (!strcmp(r->workers[i].name, name) && r->workers[i].alive) return &r->workers[i];
   return NULL;
 }
 
-/* Waits until every name in names[0..n) is registered (and, when not NULL,
- * the first one's uid differs from not_uid); copies that worker's info into
- * *first. Returns the elapsed ms or -1 on timeout. */
-static inline int64_t svc_wait_workers(mbd_client *c, const char *const *names, size_t n,
-                                const char *not_uid, mbd_worker_info *first, int64_t timeout_ms) {
-  int64_t t0 = svc_now_ms();
-  while (svc_now_ms() - t0 < timeout_ms) {
+int64_t svc_wait_workers(mbd_client *c, const char *const *names, size_t n, const char *not_uid,
+                         mbd_worker_info *first, int64_t timeout_ms) {
+  int64_t t0 = ev_now_ms();
+  while (ev_now_ms() - t0 < timeout_ms) {
     mbd_status_report *r = NULL;
     if (mbd_client_status(c, &r, NULL) == 0) {
       size_t ok = 0;
@@ -166,14 +130,14 @@ static inline int64_t svc_wait_workers(mbd_client *c, const char *const *names, 
         }
       }
       mbd_status_report_free(&r);
-      if (ok == n) return svc_now_ms() - t0;
+      if (ok == n) return ev_now_ms() - t0;
     }
-    svc_sleep_ms(50);
+    ev_nap_ms(50);
   }
   return -1;
 }
 
-static inline mbd_client *svc_client(const svc *s) {
+mbd_client *svc_client(const svc *s) {
   mbd_client_options o;
   mbd_client_options_init(&o);
   o.deadline_ms = 20000;
@@ -183,5 +147,3 @@ static inline mbd_client *svc_client(const svc *s) {
   if (mbd_client_new(s->clients, &o, &c, &err)) fprintf(stderr, "client: %s\n", err.msg);
   return c;
 }
-
-#endif
