@@ -218,6 +218,12 @@ static int build_id_tables(loader *L) {
   for (size_t i = 0; i < L->n_added; i++)
     if (L->added[i].id > max_id) max_id = L->added[i].id;
   if (max_id < 0) return ferr(L, "model.vocab", "no tokens at all");
+  /* ids may leave holes (o200k has some), but not so many that a short file
+   * makes the per-id tables huge */
+  size_t given = v->n + L->n_added;
+  if ((uint64_t)max_id >= 2 * (uint64_t)given + 1024)
+    return ferr(L, "model.vocab / added_tokens", "largest id %lld is far beyond the %zu tokens given",
+                (long long)max_id, given);
   t->n_ids = max_id + 1;
   size_t n = (size_t)t->n_ids;
   int64_t *src = malloc(n * sizeof *src); /* >= 0: vocab entry, < 0: -(added index) - 1 */

@@ -507,6 +507,7 @@ static void test_malformed(void **state) {
       {"{\"model\": {\"vocab\": {\"a\": -1}, \"merges\": []}}", "model.vocab[\"a\"]"},
       {"{\"model\": {\"vocab\": {\"a\": 99999999999}, \"merges\": []}}", "too large"},
       {"{\"model\": {\"vocab\": {\"a\": 1.5}, \"merges\": []}}", "not an integer"},
+      {"{\"model\": {\"vocab\": {\"a\": 5000000}, \"merges\": []}}", "far beyond"},
       {"{\"model\": {\"vocab\": {\"a\": 0, \"b\": 0}, \"merges\": []}}", "two tokens"},
       {"{\"model\": {\"vocab\": {\"a\": 0}}}", "model.merges"},
       {"{\"model\": {\"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a c\"]}}", "model.merges[0]"},
