@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/tokenizer/tokenizer.h"
+#include "kernels/model/synth_tokenizer.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -575,6 +576,44 @@ static void test_malformed(void **state) {
   assert_null(t);
 }
 
+/* ---- the synthetic checkpoints' tokenizer ------------------------------- */
+
+static void test_synth_tokenizer(void **state) {
+  (void)state;
+  char dir[] = "/tmp/mbd_synthtok_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  static const int64_t sizes[] = {1, 100, 257, 512, 50280};
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+    mbd_error err = {0};
+    assert_int_equal(mbd_synth_tokenizer_write(sizes[k], dir, &err), MBD_OK);
+    mbd_tokenizer *t = NULL;
+    if (mbd_tokenizer_load(dir, &t, &err)) fail_msg("vocab %lld: %s", (long long)sizes[k], err.msg);
+    assert_int_equal(mbd_tokenizer_vocab_size(t), sizes[k]); /* every id the model can emit */
+    assert_true(mbd_tokenizer_is_special(t, 0));
+    for (int32_t id = 0; id < sizes[k]; id++) {
+      char *s = NULL;
+      size_t len = 0;
+      assert_int_equal(mbd_tokenizer_decode(t, &id, 1, false, &s, &len, &err), MBD_OK);
+      free(s);
+    }
+    if (sizes[k] >= 257) { /* all bytes present: text survives the round trip */
+      const char *text = "the quick brown fox, Zebra! 12 caf\xc3\xa9 \xf0\x9f\x98\x80<|endoftext|>";
+      int32_t ids[256];
+      size_t n = encode(t, text, false, ids, 256);
+      assert_int_equal(ids[n - 1], 0);
+      char *s = decode(t, ids, n, false);
+      assert_string_equal(s, text);
+      free(s);
+      if (sizes[k] == 50280) assert_true(n < 30); /* merges do work */
+    }
+    mbd_tokenizer_destroy(&t);
+  }
+  char path[64];
+  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+  unlink(path);
+  rmdir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fixture_neox),
@@ -586,6 +625,7 @@ int main(void) {
       cmocka_unit_test(test_template_and_added_flags),
       cmocka_unit_test(test_nfkc_and_unk),
       cmocka_unit_test(test_malformed),
+      cmocka_unit_test(test_synth_tokenizer),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
