@@ -47,11 +47,16 @@ int32_t tok_strmap_get(const tok_strmap *m, const char *key, size_t len);
 
 /* ---- BPE merges (tok_bpe.c) ------------------------------------------- */
 
-/* (left id, right id) -> (rank, merged id), open addressing. */
+/* (left id, right id) -> (rank, merged id), open addressing; one slot is one
+ * 16-byte entry so a lookup touches one cache line. */
+typedef struct tok_merge_slot {
+  uint64_t key;     /* (left << 32 | right) + 1, 0 = empty */
+  int32_t rank;
+  int32_t merged;
+} tok_merge_slot;
+
 typedef struct tok_merges {
-  uint64_t *keys;   /* [cap] (left << 32 | right) + 1, 0 = empty */
-  int32_t *rank;    /* [cap] */
-  int32_t *merged;  /* [cap] */
+  tok_merge_slot *slot; /* [cap] */
   size_t cap, n;
 } tok_merges;
 

@@ -121,8 +121,8 @@ static int load_merges(loader *L, const json_t *merges) {
     }
     int32_t ia, ib, im;
     if ((rc = merge_lookup(L, i, a, na, &ia)) || (rc = merge_lookup(L, i, b, nb, &ib))) break;
-    if (na + nb > cat_cap) {
-      cat_cap = (na + nb) * 2;
+    if (na + nb > cat_cap || !cat) {
+      cat_cap = (na + nb) * 2 + 16;
       char *p = realloc(cat, cat_cap);
       if (!p) {
         rc = nomem(L);
