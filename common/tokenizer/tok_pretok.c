@@ -22,7 +22,10 @@ pcre2_code *tok_regex_compile(const char *pattern, size_t len, bool literal, cha
   }
   int ec = 0;
   PCRE2_SIZE eo = 0;
-  uint32_t opt = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C;
+  /* the library's regexes are Oniguruma's Ruby syntax, where ^ and $ anchor
+   * at every line */
+  uint32_t opt = literal ? PCRE2_UTF | PCRE2_LITERAL
+                         : PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE | PCRE2_NEVER_BACKSLASH_C;
   pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, opt, &ec, &eo, NULL);
   if (!re) {
     PCRE2_UCHAR msg[200];
@@ -188,7 +191,7 @@ static int split_and_run(const mbd_tokenizer *t, tok_pre_scratch *ps, tok_bpe_sc
   apply_behavior(v, b, invert);
   size_t count = v->n;
   for (size_t i = 0; i < count; i++) {
-    span sp = v->p[i]; /* v may not be touched below this step, but copy anyway */
+    span sp = v->p[i]; /* deeper steps use their own span vectors */
     if (sp.flag || sp.end <= sp.start) continue;
     if ((rc = run(t, ps, bs, step + 1, s + sp.start, sp.end - sp.start, out, err))) return rc;
   }

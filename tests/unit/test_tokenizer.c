@@ -407,6 +407,9 @@ static void test_split_behaviors(void **state) {
   check_split(dash, "Removed", true, "ab-ab", (int32_t[]){2}, 1);
   check_split("{\"Regex\": \"-+\"}", "Isolated", false, "ab--ab", (int32_t[]){5, 6, 5}, 3);
   check_split("{\"Regex\": \"[a-z]+\"}", "Removed", true, "ab-ab", (int32_t[]){5, 5}, 2);
+  /* ^ anchors at each line, as in Oniguruma's Ruby syntax ("\n" is not in the
+   * vocabulary: dropped) */
+  check_split("{\"Regex\": \"^a\"}", "Isolated", false, "ab\nab", (int32_t[]){0, 1, 0, 1}, 4);
   /* a literal String pattern is not a regex */
   check_split("{\"String\": \"-+\"}", "Isolated", false, "ab--ab", (int32_t[]){0, 3, 4, 1}, 4);
 }
