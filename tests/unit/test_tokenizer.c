@@ -410,6 +410,11 @@ static void test_split_behaviors(void **state) {
   /* ^ anchors at each line, as in Oniguruma's Ruby syntax ("\n" is not in the
    * vocabulary: dropped) */
   check_split("{\"Regex\": \"^a\"}", "Isolated", false, "ab\nab", (int32_t[]){0, 1, 0, 1}, 4);
+  /* \s is White_Space, as in Oniguruma: U+180E is not a space (PCRE2 alone says it is) */
+  check_split("{\"Regex\": \"\\\\s+\"}", "Isolated", false, "a\xe1\xa0\x8e" "b", (int32_t[]){5}, 1);
+  check_split("{\"Regex\": \"[\\\\s]+\"}", "Isolated", false, "a\xe1\xa0\x8e" "b", (int32_t[]){5}, 1);
+  check_split("{\"Regex\": \"\\\\S+\"}", "Isolated", false, "a\xe1\xa0\x8e" "b", (int32_t[]){5}, 1);
+  check_split("{\"Regex\": \"\\\\s\"}", "Removed", false, "ab ab", (int32_t[]){5, 5}, 2);
   /* a literal String pattern is not a regex */
   check_split("{\"String\": \"-+\"}", "Isolated", false, "ab--ab", (int32_t[]){0, 3, 4, 1}, 4);
 }
