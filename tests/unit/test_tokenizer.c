@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -584,6 +585,65 @@ static void test_malformed(void **state) {
   assert_null(t);
 }
 
+/* ---- one tokenizer, several threads ------------------------------------- */
+
+typedef struct thread_job {
+  const mbd_tokenizer *t;
+  const json_t *cases; /* array of the fixture's case objects */
+  int offset;          /* each thread starts elsewhere in the list */
+  int bad;
+} thread_job;
+
+static void *encode_all(void *arg) {
+  thread_job *j = arg;
+  size_t n_cases = json_array_size(j->cases);
+  for (size_t k = 0; k < 3 * n_cases; k++) {
+    const json_t *c = json_array_get(j->cases, (k + (size_t)j->offset) % n_cases);
+    const json_t *text = json_object_get(c, "text");
+    int32_t *ids = NULL;
+    size_t n = 0;
+    mbd_error err = {0};
+    if (mbd_tokenizer_encode(j->t, json_string_value(text), json_string_length(text), false, &ids, &n, &err) ||
+        !ids_equal(ids, n, json_object_get(c, "ids")))
+      j->bad++;
+    free(ids);
+  }
+  return NULL;
+}
+
+static void test_threads(void **state) {
+  (void)state;
+  char dir[512];
+  if (!fixture_dir("qwen3", dir, sizeof dir)) skip();
+  mbd_tokenizer *t = NULL;
+  mbd_error err = {0};
+  assert_int_equal(mbd_tokenizer_load(dir, &t, &err), MBD_OK);
+  char path[700];
+  snprintf(path, sizeof path, "%s/cases.jsonl", dir);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  json_t *cases = json_array();
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t got;
+  while ((got = getline(&line, &cap, f)) > 0)
+    json_array_append_new(cases, json_loadb(line, (size_t)got, JSON_ALLOW_NUL, NULL));
+  free(line);
+  fclose(f);
+  thread_job jobs[4];
+  pthread_t th[4];
+  for (int i = 0; i < 4; i++) {
+    jobs[i] = (thread_job){t, cases, i * 97, 0};
+    assert_int_equal(pthread_create(&th[i], NULL, encode_all, &jobs[i]), 0);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    assert_int_equal(jobs[i].bad, 0);
+  }
+  json_decref(cases);
+  mbd_tokenizer_destroy(&t);
+}
+
 /* ---- the synthetic checkpoints' tokenizer ------------------------------- */
 
 static void test_synth_tokenizer(void **state) {
@@ -634,6 +694,7 @@ int main(void) {
       cmocka_unit_test(test_nfkc_and_unk),
       cmocka_unit_test(test_malformed),
       cmocka_unit_test(test_synth_tokenizer),
+      cmocka_unit_test(test_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
