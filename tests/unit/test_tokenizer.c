@@ -361,6 +361,15 @@ static void test_empty_and_invalid_utf8(void **state) {
   assert_int_equal(mbd_tokenizer_encode(t, "a\0b", 3, false, &ids, &n, &err), MBD_OK);
   assert_true(n >= 2);
   free(ids);
+  /* ... also where the normalizer runs: NFC keeps it and composes around it */
+  static const char nul_text[] = "\xc3\xa9\0e\xcc\x81";
+  assert_int_equal(mbd_tokenizer_encode(t, nul_text, sizeof nul_text - 1, false, &ids, &n, &err), MBD_OK);
+  size_t dl = 0;
+  char *d = decode_n(t, ids, n, false, &dl);
+  assert_int_equal(dl, 5);
+  assert_memory_equal(d, "\xc3\xa9\0\xc3\xa9", 5);
+  free(d);
+  free(ids);
   assert_int_equal(mbd_tokenizer_token_id(t, "<|endoftext|>"), 0);
   assert_true(mbd_tokenizer_is_special(t, 0));
   assert_false(mbd_tokenizer_is_special(t, 5));
