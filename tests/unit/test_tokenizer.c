@@ -244,6 +244,11 @@ static void test_detok_split_chars(void **state) {
       bytes[i] = (char)v;
     }
     if (nb == 1) byte_tok[(uint8_t)bytes[0]] = id;
+    size_t il = 0;
+    const char *ib = mbd_tokenizer_id_bytes(t, id, &il);
+    assert_non_null(ib);
+    assert_int_equal(il, nb);
+    assert_memory_equal(ib, bytes, nb);
     char *d = decode(t, &id, 1, false);
     bool valid = true;
     for (size_t i = 0; i < nb; i++) valid &= (uint8_t)bytes[i] < 0x80;
@@ -374,6 +379,14 @@ static void test_empty_and_invalid_utf8(void **state) {
   assert_true(mbd_tokenizer_is_special(t, 0));
   assert_false(mbd_tokenizer_is_special(t, 5));
   assert_int_equal(mbd_tokenizer_token_id(t, "no such token here"), -1);
+  size_t tl = 0;
+  const char *tok = mbd_tokenizer_id_token(t, mbd_tokenizer_token_id(t, "\xc4\xa0the"), &tl);
+  assert_non_null(tok);
+  assert_int_equal(tl, 5);
+  assert_memory_equal(tok, "\xc4\xa0the", 5);
+  assert_null(mbd_tokenizer_id_token(t, 8000, &tl));
+  assert_null(mbd_tokenizer_id_bytes(t, -1, &tl));
+  assert_int_equal(tl, 0);
   mbd_tokenizer_destroy(&t);
   mbd_tokenizer_destroy(&t); /* NULL-safe */
 }
@@ -476,6 +489,10 @@ static void test_template_and_added_flags(void **state) {
   free(s);
   assert_int_equal(mbd_tokenizer_token_id(t, "b"), 7); /* added tokens first */
   assert_int_equal(mbd_tokenizer_token_id(t, "ab"), 5);
+  size_t tl = 0;
+  assert_null(mbd_tokenizer_id_bytes(t, 5, &tl)); /* no ByteLevel decoder */
+  assert_non_null(mbd_tokenizer_id_token(t, 5, &tl));
+  assert_int_equal(tl, 2);
   mbd_tokenizer_destroy(&t);
 }
 
