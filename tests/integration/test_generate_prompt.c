@@ -3,7 +3,9 @@
  * prompt ids the worker saw are the tokenizer's encoding of the prompt, the
  * text streamed to stdout is the decode of the generated ids written to
  * --output, and --prompt-file gives the same as --prompt. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,7 +15,7 @@
 #include "common/safetensors.h"
 #include "common/tokenizer/tokenizer.h"
 #include "kernels/model/synth_tokenizer.h"
-#include "test_service_util.h"
+#include "support/svc.h"
 
 static svc s;
 

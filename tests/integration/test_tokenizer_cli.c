@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "integration/procs.h"
+#include "support/procs.h"
 
 static char g_tmp[256];
 
