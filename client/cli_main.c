@@ -1049,6 +1049,7 @@ static int exec_tool(const char *name, int argc, char **argv) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: mambad <command> [options]   (mambad <command> --help for details)\n"
+          "       mambad --version   version and kernel source digest of this build\n"
           "\n"
           "service client commands:\n"
           "  status     workers, routes, models and load of a running service\n"
@@ -1077,6 +1078,10 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
     usage(stdout);
+    return 0;
+  }
+  if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+    printf("mambad %s\nkernel sources sha256 %s\n", MBD_VERSION, MBD_KERNEL_SRC_DIGEST);
     return 0;
   }
   static const char *const tools[] = {"run", "model", "up", "broker", "worker", NULL};
