@@ -6,9 +6,14 @@ include(CMakePackageConfigHelpers)
 # `mambad <tool>` execs mambad-<tool> from its own directory, so they go together.
 set(mbd_programs mambad_cli mambad-up mambad-broker mambad-worker mambad-run mambad-model
     mambad-gemm mambad-gateway)
+# `cmake --build B --target mambad-installable` builds just what is installed
+# (the container images build this, not the tests).
+add_custom_target(mambad-installable)
+add_dependencies(mambad-installable mambad)
 foreach(t ${mbd_programs})
   if(TARGET ${t})
     install(TARGETS ${t} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+    add_dependencies(mambad-installable ${t})
   endif()
 endforeach()
 
@@ -77,7 +82,7 @@ function(mbd_deb_dep out)
   set(${out} ${first} PARENT_SCOPE)
 endfunction()
 set(mbd_deb_deps "")
-foreach(alts "libzmq5" "libmsgpackc2;libmsgpack-c2" "libyaml-0-2" "libjansson4" "libpcre2-8-0"
+foreach(alts "libc6" "libzmq5" "libmsgpackc2;libmsgpack-c2" "libyaml-0-2" "libjansson4" "libpcre2-8-0"
         "libutf8proc2;libutf8proc3")
   mbd_deb_dep(d ${alts})
   list(APPEND mbd_deb_deps ${d})
