@@ -578,6 +578,7 @@ static int parse_worker(const msgpack_object *w, mbd_worker_info *wi, mbd_error 
     } else if (mo->type == MSGPACK_OBJECT_MAP) {
       str_field(mo, "name", mi->name, sizeof mi->name);
       str_field(mo, "digest", mi->digest, sizeof mi->digest);
+      str_field(mo, "tokenizer_digest", mi->tokenizer_digest, sizeof mi->tokenizer_digest);
     }
   }
   return 0;

@@ -116,6 +116,7 @@ int mbd_shm_tensor(const mbd_shm *s, uint64_t offset, const mbd_tensor_desc *des
 typedef struct mbd_model_info {
   char name[64];
   char digest[72]; /* checkpoint digest as the worker reports it */
+  char tokenizer_digest[72]; /* SHA-256 of the model's tokenizer.json, "" when not reported */
 } mbd_model_info;
 
 typedef struct mbd_worker_info {
