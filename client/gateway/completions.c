@@ -120,7 +120,10 @@ int gw_job_prepare(gw_ctx *g, gw_request *req, double t0, gw_job **out, gw_err *
   static const char hex[] = "0123456789abcdef";
   uint64_t r = mix64((uint64_t)(t0 * 1e9) ^ (uint64_t)(uintptr_t)j);
   snprintf(j->id, sizeof j->id, "%s-", j->req.chat ? "chatcmpl" : "cmpl");
-  for (size_t k = strlen(j->id); k < 32; k++, r >>= 4) j->id[k] = hex[r & 15];
+  for (size_t k = strlen(j->id), d = 0; k < 36; k++, d++, r >>= 4) {
+    if (d == 16) r = mix64(r ^ (uint64_t)k);
+    j->id[k] = hex[r & 15];
+  }
   *out = j;
   const gw_request *q = &j->req;
   if (!(j->m = gw_find_model(g, q->model)))
@@ -134,7 +137,7 @@ int gw_job_prepare(gw_ctx *g, gw_request *req, double t0, gw_job **out, gw_err *
   if (gw_model_check(g, j->m, e)) return -1;
   for (size_t i = 0; i < q->n_stop; i++) j->stops[j->n_stops++] = q->stop[i];
   for (size_t i = 0; i < q->n_stop_ids; i++) j->stop_ids[j->n_stop_ids++] = q->stop_ids[i];
-  if (j->m->eos >= 0) j->stop_ids[j->n_stop_ids++] = j->m->eos;
+  if (j->m->eos >= 0 && !q->ignore_eos) j->stop_ids[j->n_stop_ids++] = j->m->eos;
   int64_t vocab = mbd_tokenizer_vocab_size(j->m->tok);
   for (size_t i = 0; i < j->n_stop_ids; i++)
     if (j->stop_ids[i] >= vocab)
@@ -365,7 +368,7 @@ static int generate(choice *c, mbd_client *cl, mbd_session *s, gw_err *e) {
     p.stop = j->stop_ids;
     p.n_stop = j->n_stop_ids;
     p.temperature = q->temperature;
-    p.top_p = q->top_p >= 1.0 ? 0.0 : q->top_p;
+    p.top_p = q->top_p;
     p.seed = k == 0 ? seed : mix64(seed ^ mix64(k));
     left = j->deadline - gw_now_ms();
     if (left <= 0)

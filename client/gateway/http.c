@@ -142,7 +142,7 @@ static enum MHD_Result route(gw_ctx *g, struct MHD_Connection *c, const char *ur
   int http;
   gw_err e;
   if (!strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions")) {
-    if (post) return completions(g, c, url, q, url[4] == 'c');
+    if (post) return completions(g, c, url, q, !strcmp(url, "/v1/chat/completions"));
     gw_err_set(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s wants POST", url);
     return send_err(g, c, url, -1, &e);
   }

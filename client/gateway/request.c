@@ -388,6 +388,7 @@ int gw_request_parse(const char *body, size_t len, bool chat, gw_request *r, gw_
     gw_err_bad(e, "user", "'user' must be a string");
     goto done;
   }
+  if (bool_field(o, "ignore_eos", &r->ignore_eos, e)) goto done;
   if (parse_route(json_object_get(o, "route"), r, e)) goto done;
   if (unsupported(o, e)) goto done;
   rc = 0;

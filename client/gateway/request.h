@@ -48,6 +48,7 @@ typedef struct gw_request {
   bool include_usage;        /* stream_options.include_usage */
   int logprobs;              /* top-k per token, -1 = none (completions: 0..5) */
   bool echo;
+  bool ignore_eos;           /* extension (as vLLM's): do not stop at the end-of-text token */
   bool has_route;            /* `route` given */
   mbd_route_want route;
 } gw_request;
