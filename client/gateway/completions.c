@@ -589,7 +589,7 @@ int gw_job_run(gw_job *j, char **body, gw_err *e) {
     if (!*body) rc = oom(e);
   }
   json_decref(choices);
-  gw_metrics_observe(j->g->metrics, j->mi, GW_H_E2E, gw_now_s() - j->t0);
+  if (rc == 0) gw_metrics_observe(j->g->metrics, j->mi, GW_H_E2E, gw_now_s() - j->t0);
   return rc;
 }
 
@@ -628,5 +628,5 @@ void gw_job_stream(gw_job *j, gw_sse *s) {
   }
   if (!gone) gw_sse_data(s, "[DONE]");
   gw_sse_end(s);
-  gw_metrics_observe(j->g->metrics, j->mi, GW_H_E2E, gw_now_s() - j->t0);
+  if (rc == 0 && !gone) gw_metrics_observe(j->g->metrics, j->mi, GW_H_E2E, gw_now_s() - j->t0);
 }
