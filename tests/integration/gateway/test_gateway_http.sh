@@ -297,6 +297,28 @@ else
   echo "SKIP openai client: node/npm cannot be installed"
 fi
 
+# a gateway whose tokenizer differs from the one the workers serve refuses the model
+if grep -q 'mambad_worker_model_info{.*model="tiny".*tokenizer_digest="[0-9a-f]\{64\}"' "$dir/metrics.txt"; then
+  other=${MBD_FIXTURES_DIR:-$src/../shared/fixtures}/tokenizers/qwen3/tokenizer.json
+  if [ -f "$other" ]; then
+    mkdir -p "$dir/other" && cp "$other" "$dir/other/tokenizer.json"
+    port2=$((port + 1))
+    "$bin/mambad-gateway" --connect "ipc://$dir/c.sock" --listen "127.0.0.1:$port2" \
+      --model "tiny=$dir/other" > "$dir/gw2.log" 2>&1 &
+    gw2=$!
+    for _ in $(seq 1 100); do curl -s -o /dev/null "http://127.0.0.1:$port2/health/live" && break; sleep 0.1; done
+    got=$(code "http://127.0.0.1:$port2/v1/completions" -d '{"model": "tiny", "prompt": "x"}')
+    check "another tokenizer than the workers': 503 tokenizer_mismatch ($got)" \
+      bash -c "[ $got = 503 ] && grep -q tokenizer_mismatch '$dir/body'"
+    check "... and /health/ready says not ready" [ "$(code "http://127.0.0.1:$port2/health/ready")" = 503 ]
+    kill -TERM "$gw2"; wait "$gw2"
+  else
+    echo "SKIP tokenizer mismatch: no second tokenizer fixture ($other)"
+  fi
+else
+  echo "SKIP tokenizer mismatch: the workers report no tokenizer_digest (READY models[].tokenizer_digest)"
+fi
+
 check "the gateway is still serving" [ "$(code "$base/health/live")" = 200 ]
 if [ "$fails" -gt 0 ]; then
   echo "$fails check(s) failed; up.log:"; tail -50 "$dir/up.log"; exit 1
