@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "common/tensor.h"
 #include "kernels/model/synth.h"
+#include "kernels/model/synth_tokenizer.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -91,7 +92,7 @@ static int cmd_synth(int argc, char **argv) {
     fprintf(stderr, "mambad-model synth: cannot create directory %s: %s\n", out, strerror(errno));
     return 1;
   }
-  if (mbd_synth_write(&cfg, dt, (uint64_t)seed, out, &err)) {
+  if (mbd_synth_write(&cfg, dt, (uint64_t)seed, out, &err) || mbd_synth_tokenizer_write(cfg.vocab_size, out, &err)) {
     fprintf(stderr, "mambad-model synth: %s\n", err.msg);
     return 1;
   }
