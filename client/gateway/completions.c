@@ -346,7 +346,6 @@ static int generate(choice *c, mbd_client *cl, mbd_session *s, gw_err *e) {
   mbd_route_want pin;
   memset(&pin, 0, sizeof pin);
   snprintf(pin.route_id, sizeof pin.route_id, "%s", j->route);
-  (void)cl;
   mbd_tensor_desc d;
   int64_t shape[1] = {(int64_t)j->n_ids[c->prompt]};
   mbd_tensor_desc_make(&d, MBD_DTYPE_I64, 1, shape, NULL);
@@ -381,6 +380,8 @@ static int generate(choice *c, mbd_client *cl, mbd_session *s, gw_err *e) {
     c->seen = 0;
     if (mbd_session_generate(s, &co, &p, token_cb, c, &toks, &nt, reason, &err))
       return gw_err_from_service(e, &err, "generating");
+    int64_t pb = mbd_client_last_reply(cl)->peak_batch;
+    if (pb > 0) gw_metrics_observe(j->g->metrics, j->mi, GW_H_BATCH, (double)pb);
     for (size_t i = c->seen; i < nt; i++) on_token(c, toks[i]); /* the FINAL's tail */
     free(toks);
     remaining -= (int64_t)nt;

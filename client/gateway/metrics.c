@@ -19,9 +19,19 @@ static const char *const k_reasons[N_REASONS] = {"stop", "length", "cancelled", 
 static const double k_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25,
                                   0.5,   0.75,   1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
 #define N_BOUNDS (sizeof k_bounds / sizeof k_bounds[0])
+/* Batch rows: powers of two up to the largest batch a worker takes. */
+static const double k_batch_bounds[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
+#define N_BATCH_BOUNDS (sizeof k_batch_bounds / sizeof k_batch_bounds[0])
+
+_Static_assert(N_BATCH_BOUNDS <= N_BOUNDS, "hist.buckets holds every kind's bounds");
+
+static const double *bounds_of(int h, size_t *n) {
+  *n = h == GW_H_BATCH ? N_BATCH_BOUNDS : N_BOUNDS;
+  return h == GW_H_BATCH ? k_batch_bounds : k_bounds;
+}
 
 typedef struct hist {
-  uint64_t buckets[N_BOUNDS]; /* non-cumulative counts per bound; +Inf is count */
+  uint64_t buckets[N_BOUNDS]; /* non-cumulative counts per bound (N_BOUNDS >= every kind's); +Inf is count */
   uint64_t count;
   double sum;
 } hist;
@@ -41,6 +51,7 @@ static const struct {
     {"mambad_e2e_request_latency_seconds", "Time from request arrival to its last byte."},
     {"mambad_request_queue_time_seconds",
      "Time from request arrival until its generation session is open on a worker."},
+    {"mambad_batch_size", "Per GENERATE: the most rows of any batched model step it ran in."},
 };
 
 struct gw_metrics {
@@ -107,11 +118,13 @@ void gw_metrics_tokens(gw_metrics *m, int model, int64_t prompt, int64_t generat
 
 void gw_metrics_observe(gw_metrics *m, int model, gw_hist h, double s) {
   if (!valid(m, model) || h < 0 || h >= GW_H_COUNT) return;
+  size_t nb;
+  const double *bd = bounds_of(h, &nb);
   pthread_mutex_lock(&m->mu);
   hist *x = &m->h[h][model];
   size_t b = 0;
-  while (b < N_BOUNDS && s > k_bounds[b]) b++;
-  if (b < N_BOUNDS) x->buckets[b]++;
+  while (b < nb && s > bd[b]) b++;
+  if (b < nb) x->buckets[b]++;
   x->count++;
   x->sum += s;
   pthread_mutex_unlock(&m->mu);
@@ -293,13 +306,15 @@ char *gw_metrics_render(gw_metrics *m, const mbd_status_report *r) {
           esc(m->names[i], mn, sizeof mn), k_reasons[k], (unsigned long long)m->finished[i][k]);
   for (int h = 0; h < GW_H_COUNT; h++) {
     out(&b, "# HELP %s %s\n# TYPE %s histogram\n", k_hist[h].name, k_hist[h].help, k_hist[h].name);
+    size_t nb;
+    const double *bd = bounds_of(h, &nb);
     for (size_t i = 0; i < m->n_models; i++) {
       const hist *x = &m->h[h][i];
       uint64_t cum = 0;
       esc(m->names[i], mn, sizeof mn);
-      for (size_t k = 0; k < N_BOUNDS; k++) {
+      for (size_t k = 0; k < nb; k++) {
         cum += x->buckets[k];
-        out(&b, "%s_bucket{model=\"%s\",le=\"%g\"} %llu\n", k_hist[h].name, mn, k_bounds[k],
+        out(&b, "%s_bucket{model=\"%s\",le=\"%g\"} %llu\n", k_hist[h].name, mn, bd[k],
             (unsigned long long)cum);
       }
       out(&b, "%s_bucket{model=\"%s\",le=\"+Inf\"} %llu\n", k_hist[h].name, mn,

@@ -17,6 +17,7 @@ typedef enum gw_hist {
   GW_H_ITL,      /* between two generated tokens, seconds (per token) */
   GW_H_E2E,      /* arrival -> response complete, seconds */
   GW_H_QUEUE,    /* arrival -> generation session open on a worker, seconds */
+  GW_H_BATCH,    /* per GENERATE: most rows of any batched model step it ran in */
   GW_H_COUNT
 } gw_hist;
 
@@ -28,7 +29,7 @@ void gw_metrics_destroy(gw_metrics **m);
  * HTTP status. */
 void gw_metrics_request(gw_metrics *m, int model, const char *endpoint, int http);
 void gw_metrics_tokens(gw_metrics *m, int model, int64_t prompt, int64_t generated);
-void gw_metrics_observe(gw_metrics *m, int model, gw_hist h, double seconds);
+void gw_metrics_observe(gw_metrics *m, int model, gw_hist h, double value);
 /* A finished generation (one choice) and why: "stop", "length", "cancelled", "error". */
 void gw_metrics_finished(gw_metrics *m, int model, const char *reason);
 /* Gauges: requests generating now / waiting for a generation slot. */

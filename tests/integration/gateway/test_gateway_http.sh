@@ -278,6 +278,7 @@ for pat in [r'mambad_http_requests_total\{endpoint="/v1/completions",model="tiny
             r'mambad_time_to_first_token_seconds_count\{model="tiny"\} [1-9]',
             r'mambad_inter_token_latency_seconds_bucket\{model="tiny",le="\+Inf"\} [1-9]',
             r'mambad_e2e_request_latency_seconds_sum', r'mambad_request_queue_time_seconds_count\{model="tiny"\} [1-9]',
+            r'mambad_batch_size_bucket\{model="tiny",le="64"\} [1-9]', r'mambad_batch_size_count\{model="tiny"\} [1-9]',
             r'mambad_num_requests_running 0', r'mambad_num_requests_waiting 0',
             r'mambad_worker_up\{worker="w0",route="[0-9a-f]{12}",device="[^"]*"\} 1', r'mambad_broker_queue_length']:
     assert re.search(pat, t), pat
