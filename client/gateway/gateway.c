@@ -129,10 +129,15 @@ void gw_status_use(gw_ctx *g, int64_t max_age_ms, gw_status_fn fn, void *user) {
   int64_t now = gw_now_ms();
   if (!g->status_ms || now - g->status_ms > max_age_ms) {
     mbd_error err = {0};
-    mbd_client *c = gw_client_get(g, &err);
     mbd_status_report *r = NULL;
-    if (c && mbd_client_status(c, &r, &err)) r = NULL;
-    gw_client_put(g, c);
+    if (!g->status_client) { /* a broker that is down costs a probe 2 s, not a request deadline */
+      mbd_client_options o;
+      mbd_client_options_init(&o);
+      o.deadline_ms = 2000;
+      o.connect_ms = 1000;
+      if (mbd_client_new(g->opt.connect, &o, &g->status_client, &err)) g->status_client = NULL;
+    }
+    if (g->status_client && mbd_client_status(g->status_client, &r, &err)) r = NULL;
     mbd_status_report_free(&g->status);
     g->status = r;
     g->status_ms = now;

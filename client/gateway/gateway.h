@@ -50,7 +50,8 @@ typedef struct gw_ctx {
   pthread_mutex_t mu;     /* guards the slots */
   pthread_cond_t slot_cv;
   int running;            /* generations holding a slot */
-  pthread_mutex_t status_mu; /* guards the status cache */
+  pthread_mutex_t status_mu; /* guards the status cache and its client */
+  mbd_client *status_client; /* STATUS only, short deadline (owned; made on first use) */
   mbd_status_report *status; /* last STATUS (owned), NULL when the broker did not answer */
   int64_t status_ms;      /* when it was fetched (monotonic ms), 0 = never */
 } gw_ctx;

@@ -183,6 +183,7 @@ done:
   gw_client_pool_destroy(&g->pool);
   gw_metrics_destroy(&g->metrics);
   mbd_status_report_free(&g->status);
+  mbd_client_destroy(&g->status_client);
   for (size_t i = 0; i < g->n_models; i++) mbd_tokenizer_destroy(&g->models[i].tok);
   return rc;
 }
