@@ -5,14 +5,19 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
+#include <unistd.h>
+
+#include "client/gateway/gateway.h"
 #include "client/gateway/metrics.h"
 #include "client/gateway/request.h"
 #include "client/gateway/stop.h"
+#include "kernels/model/synth_tokenizer.h"
 
 /* Feeds pieces; returns the released text and whether a stop hit. */
 static char *feed(char *const *stops, size_t ns, const char *const *pieces, size_t np, int *hit) {
@@ -193,11 +198,69 @@ static void test_metrics_text(void **state) {
   assert_null(m);
 }
 
+/* The serving check against a STATUS the cache already holds: a worker with
+ * another tokenizer digest makes the model unservable; one with the same, or
+ * with none reported, is fine; no live worker is a 503 too. */
+static void test_model_check_tokenizer_digest(void **state) {
+  (void)state;
+  char dir[] = "/tmp/mbd-gwtok-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  mbd_error err = {0};
+  assert_int_equal(mbd_synth_tokenizer_write(300, dir, &err), 0);
+  static gw_ctx g;
+  memset(&g, 0, sizeof g);
+  pthread_mutex_init(&g.mu, NULL);
+  pthread_mutex_init(&g.status_mu, NULL);
+  g.n_models = 1;
+  gw_model *m = &g.models[0];
+  snprintf(m->name, sizeof m->name, "tiny");
+  snprintf(m->dir, sizeof m->dir, "%s", dir);
+  assert_int_equal(mbd_tokenizer_load(dir, &m->tok, &err), 0);
+  mbd_status_report *r = calloc(1, sizeof *r);
+  r->n_workers = 1;
+  r->workers = calloc(1, sizeof *r->workers);
+  mbd_worker_info *w = &r->workers[0];
+  snprintf(w->name, sizeof w->name, "w0");
+  w->alive = true;
+  w->n_models = 1;
+  w->models = calloc(1, sizeof *w->models);
+  snprintf(w->models[0].name, sizeof w->models[0].name, "tiny");
+  g.status = r;
+  static const struct {
+    const char *digest;
+    bool alive;
+    int rc;
+    const char *code;
+  } k[] = {{"", true, 0, ""},
+           {NULL, true, 0, ""}, /* the loaded tokenizer's own digest */
+           {"0000000000000000000000000000000000000000000000000000000000000000", true, -1,
+            "tokenizer_mismatch"},
+           {"", false, -1, "no_worker"}};
+  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+    snprintf(w->models[0].tokenizer_digest, sizeof w->models[0].tokenizer_digest, "%s",
+             k[i].digest ? k[i].digest : mbd_tokenizer_digest(m->tok));
+    w->alive = k[i].alive;
+    g.status_ms = gw_now_ms(); /* fresh: no broker is asked */
+    gw_err e;
+    memset(&e, 0, sizeof e);
+    assert_int_equal(gw_model_check(&g, m, &e), k[i].rc);
+    assert_string_equal(e.code, k[i].code);
+    if (k[i].rc) assert_int_equal(e.http, 503);
+  }
+  mbd_status_report_free(&g.status);
+  mbd_tokenizer_destroy(&m->tok);
+  char path[600];
+  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+  unlink(path);
+  rmdir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stop_across_pieces),     cmocka_unit_test(test_stop_held_then_released),
       cmocka_unit_test(test_stop_earliest_and_none), cmocka_unit_test(test_request_defaults_and_fields),
       cmocka_unit_test(test_request_rejections),     cmocka_unit_test(test_metrics_text),
+      cmocka_unit_test(test_model_check_tokenizer_digest),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
