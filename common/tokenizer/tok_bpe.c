@@ -14,37 +14,22 @@ static inline size_t merge_hash(uint64_t key, size_t mask) {
 }
 
 void tok_merges_free(tok_merges *m) {
-  free(m->keys);
-  free(m->rank);
-  free(m->merged);
+  free(m->slot);
   memset(m, 0, sizeof *m);
 }
 
 static int merges_grow(tok_merges *m) {
   size_t nc = m->cap ? m->cap * 2 : 1024;
-  uint64_t *k = calloc(nc, sizeof *k);
-  int32_t *r = malloc(nc * sizeof *r);
-  int32_t *g = malloc(nc * sizeof *g);
-  if (!k || !r || !g) {
-    free(k);
-    free(r);
-    free(g);
-    return MBD_E_NOMEM;
-  }
+  tok_merge_slot *ns = calloc(nc, sizeof *ns);
+  if (!ns) return MBD_E_NOMEM;
   for (size_t i = 0; i < m->cap; i++) {
-    if (!m->keys[i]) continue;
-    size_t j = merge_hash(m->keys[i], nc - 1);
-    while (k[j]) j = (j + 1) & (nc - 1);
-    k[j] = m->keys[i];
-    r[j] = m->rank[i];
-    g[j] = m->merged[i];
+    if (!m->slot[i].key) continue;
+    size_t j = merge_hash(m->slot[i].key, nc - 1);
+    while (ns[j].key) j = (j + 1) & (nc - 1);
+    ns[j] = m->slot[i];
   }
-  free(m->keys);
-  free(m->rank);
-  free(m->merged);
-  m->keys = k;
-  m->rank = r;
-  m->merged = g;
+  free(m->slot);
+  m->slot = ns;
   m->cap = nc;
   return 0;
 }
@@ -53,11 +38,9 @@ int tok_merges_put(tok_merges *m, int32_t a, int32_t b, int32_t rank, int32_t me
   if ((m->n + 1) * 2 > m->cap && merges_grow(m)) return MBD_E_NOMEM;
   uint64_t key = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
   size_t j = merge_hash(key, m->cap - 1);
-  while (m->keys[j] && m->keys[j] != key) j = (j + 1) & (m->cap - 1);
-  if (!m->keys[j]) m->n++;
-  m->keys[j] = key;
-  m->rank[j] = rank;
-  m->merged[j] = merged;
+  while (m->slot[j].key && m->slot[j].key != key) j = (j + 1) & (m->cap - 1);
+  if (!m->slot[j].key) m->n++;
+  m->slot[j] = (tok_merge_slot){key, rank, merged};
   return 0;
 }
 
@@ -67,11 +50,11 @@ static inline bool merges_get(const tok_merges *m, int32_t a, int32_t b, int32_t
   uint64_t key = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
   size_t j = merge_hash(key, m->cap - 1);
   for (;;) {
-    uint64_t k = m->keys[j];
-    if (!k) return false;
-    if (k == key) {
-      *rank = m->rank[j];
-      *merged = m->merged[j];
+    const tok_merge_slot *e = &m->slot[j];
+    if (!e->key) return false;
+    if (e->key == key) {
+      *rank = e->rank;
+      *merged = e->merged;
       return true;
     }
     j = (j + 1) & (m->cap - 1);
@@ -90,11 +73,30 @@ typedef struct cand {
   int32_t rank, pos, merged;
 } cand;
 
+/* Words already merged in this call: text repeats its words, and a piece's
+ * ids depend on its bytes alone. */
+#define CACHE_WORD_MAX 64     /* longer pieces are not cached */
+#define CACHE_ENTRIES (1 << 15)
+#define CACHE_SLOTS (1 << 16) /* power of two, twice the entries */
+#define CACHE_AFTER 256       /* short texts do not pay for the cache's allocation */
+
+typedef struct cache_entry {
+  uint32_t key_off, ids_off; /* into key_blob / id_pool */
+  uint16_t key_len, n_ids;
+} cache_entry;
+
 struct tok_bpe_scratch {
   symbol *sym;
   size_t sym_cap;
   cand *heap;
   size_t heap_cap;
+  uint32_t *slot;          /* [CACHE_SLOTS] entry + 1, 0 = empty; NULL until first use */
+  cache_entry *entry;      /* [CACHE_ENTRIES] */
+  size_t n_entries;
+  char *key_blob;          /* [CACHE_ENTRIES * CACHE_WORD_MAX] */
+  int32_t *id_pool;        /* [CACHE_ENTRIES * CACHE_WORD_MAX] (a piece has at most n ids) */
+  size_t key_used, ids_used;
+  size_t words;            /* pieces seen; the cache starts after CACHE_AFTER */
 };
 
 tok_bpe_scratch *tok_bpe_scratch_new(void) { return calloc(1, sizeof(tok_bpe_scratch)); }
@@ -103,7 +105,44 @@ void tok_bpe_scratch_free(tok_bpe_scratch *s) {
   if (!s) return;
   free(s->sym);
   free(s->heap);
+  free(s->slot);
+  free(s->entry);
+  free(s->key_blob);
+  free(s->id_pool);
   free(s);
+}
+
+static uint32_t word_hash(const char *p, size_t n) {
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)p[i]) * 16777619u;
+  return h ^ (h >> 15);
+}
+
+/* The slot for word p[0..n): holding its entry, or empty. */
+static uint32_t *cache_slot(tok_bpe_scratch *s, const char *p, size_t n) {
+  size_t j = word_hash(p, n) & (CACHE_SLOTS - 1);
+  for (;;) {
+    uint32_t e = s->slot[j];
+    if (!e) return &s->slot[j];
+    const cache_entry *c = &s->entry[e - 1];
+    if (c->key_len == n && !memcmp(s->key_blob + c->key_off, p, n)) return &s->slot[j];
+    j = (j + 1) & (CACHE_SLOTS - 1);
+  }
+}
+
+static bool cache_ready(tok_bpe_scratch *s) {
+  if (s->slot) return true;
+  s->slot = calloc(CACHE_SLOTS, sizeof *s->slot);
+  s->entry = malloc(CACHE_ENTRIES * sizeof *s->entry);
+  s->key_blob = malloc((size_t)CACHE_ENTRIES * CACHE_WORD_MAX);
+  s->id_pool = malloc((size_t)CACHE_ENTRIES * CACHE_WORD_MAX * sizeof *s->id_pool);
+  if (s->slot && s->entry && s->key_blob && s->id_pool) return true;
+  free(s->slot);
+  free(s->entry);
+  free(s->key_blob);
+  free(s->id_pool);
+  s->slot = NULL;
+  return false; /* no cache: merge every piece */
 }
 
 static inline bool cand_less(const cand *a, const cand *b) {
@@ -217,6 +256,18 @@ int tok_bpe_word(const mbd_tokenizer *t, tok_bpe_scratch *s, const char *p, size
     int32_t id = t->byte_level ? tok_strmap_get(&t->vocab_bytes, p, n) : tok_strmap_get(&t->vocab, p, n);
     if (id >= 0) return tok_ids_push(out, id);
   }
+  uint32_t *slot = NULL;
+  size_t first_out = out->n;
+  if (n <= CACHE_WORD_MAX && ++s->words > CACHE_AFTER && cache_ready(s)) {
+    slot = cache_slot(s, p, n);
+    if (*slot) {
+      const cache_entry *c = &s->entry[*slot - 1];
+      for (size_t i = 0; i < c->n_ids; i++)
+        if (tok_ids_push(out, s->id_pool[c->ids_off + i])) return MBD_E_NOMEM;
+      return 0;
+    }
+    if (s->n_entries == CACHE_ENTRIES) slot = NULL; /* full: stop caching */
+  }
   /* byte_fallback may turn one character into 4 symbols */
   if (reserve(s, 4 * n + 1)) return MBD_E_NOMEM;
   word w = {.sym = s->sym, .n = 0, .unk_id = -1};
@@ -273,6 +324,16 @@ int tok_bpe_word(const mbd_tokenizer *t, tok_bpe_scratch *s, const char *p, size
   }
   for (size_t i = 0; i < w.n; i++)
     if (sym[i].len && tok_ids_push(out, sym[i].id)) return MBD_E_NOMEM;
+  size_t k = out->n - first_out;
+  if (slot && k <= CACHE_WORD_MAX) { /* k <= n without byte_fallback */
+    cache_entry *c = &s->entry[s->n_entries];
+    *c = (cache_entry){(uint32_t)s->key_used, (uint32_t)s->ids_used, (uint16_t)n, (uint16_t)k};
+    memcpy(s->key_blob + s->key_used, p, n);
+    memcpy(s->id_pool + s->ids_used, out->p + first_out, k * sizeof *out->p);
+    s->key_used += n;
+    s->ids_used += k;
+    *slot = (uint32_t)++s->n_entries;
+  }
   return 0;
 }
 

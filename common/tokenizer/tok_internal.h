@@ -47,11 +47,16 @@ int32_t tok_strmap_get(const tok_strmap *m, const char *key, size_t len);
 
 /* ---- BPE merges (tok_bpe.c) ------------------------------------------- */
 
-/* (left id, right id) -> (rank, merged id), open addressing. */
+/* (left id, right id) -> (rank, merged id), open addressing; one slot is one
+ * 16-byte entry so a lookup touches one cache line. */
+typedef struct tok_merge_slot {
+  uint64_t key;     /* (left << 32 | right) + 1, 0 = empty */
+  int32_t rank;
+  int32_t merged;
+} tok_merge_slot;
+
 typedef struct tok_merges {
-  uint64_t *keys;   /* [cap] (left << 32 | right) + 1, 0 = empty */
-  int32_t *rank;    /* [cap] */
-  int32_t *merged;  /* [cap] */
+  tok_merge_slot *slot; /* [cap] */
   size_t cap, n;
 } tok_merges;
 
@@ -137,9 +142,10 @@ struct mbd_tokenizer {
 
 /* ---- UTF-8 and the GPT-2 byte table (tok_utf8.c) ---------------------- */
 
-/* Length of the valid UTF-8 sequence at s[0..n), or -k (k >= 1) when the
- * bytes from s are invalid: k is the maximal invalid subpart's length (what
- * one U+FFFD replaces); -(n) with n < needed means the input ended mid-sequence. */
+/* Length of the valid UTF-8 sequence at s[0..n) (n >= 1), or -k (k >= 1)
+ * when it is not valid: k is the length of the maximal invalid subpart (what
+ * one U+FFFD replaces). *truncated tells that the bytes so far were a valid
+ * start and the input ended (more bytes could still complete it). */
 int tok_utf8_seq(const uint8_t *s, size_t n, bool *truncated);
 /* Offset of the first invalid byte, or len when s is valid UTF-8. */
 size_t tok_utf8_check(const char *s, size_t len);
@@ -201,7 +207,9 @@ int tok_pretokenize(const mbd_tokenizer *t, tok_pre_scratch *ps, tok_bpe_scratch
 
 /* ---- loading helpers -------------------------------------------------- */
 
-/* The GPT-2 pre-tokenizer regex, compiled (UTF + UCP, JIT when available). */
+/* Compiles pattern[0..len) (UTF + UCP, JIT when available; literal: a plain
+ * string), or the GPT-2 pre-tokenizer regex when pattern is NULL. NULL on
+ * error, with PCRE2's reason in why. */
 pcre2_code *tok_regex_compile(const char *pattern, size_t len, bool literal, char *why, size_t why_cap);
 
 /* Reads post_processor (field names it in errors) into t->post_prefix/suffix;

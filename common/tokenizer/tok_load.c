@@ -121,8 +121,8 @@ static int load_merges(loader *L, const json_t *merges) {
     }
     int32_t ia, ib, im;
     if ((rc = merge_lookup(L, i, a, na, &ia)) || (rc = merge_lookup(L, i, b, nb, &ib))) break;
-    if (na + nb > cat_cap) {
-      cat_cap = (na + nb) * 2;
+    if (na + nb > cat_cap || !cat) {
+      cat_cap = (na + nb) * 2 + 16;
       char *p = realloc(cat, cat_cap);
       if (!p) {
         rc = nomem(L);
@@ -642,4 +642,19 @@ int32_t mbd_tokenizer_token_id(const mbd_tokenizer *t, const char *token) {
 
 bool mbd_tokenizer_is_special(const mbd_tokenizer *t, int32_t id) {
   return id >= 0 && id < t->n_ids && t->kind[id] == TOK_ID_SPECIAL;
+}
+
+const char *mbd_tokenizer_id_token(const mbd_tokenizer *t, int32_t id, size_t *len) {
+  *len = 0;
+  if (id < 0 || id >= t->n_ids || t->kind[id] == TOK_ID_HOLE) return NULL;
+  *len = t->str_off[id + 1] - t->str_off[id];
+  return t->str_blob + t->str_off[id];
+}
+
+const char *mbd_tokenizer_id_bytes(const mbd_tokenizer *t, int32_t id, size_t *len) {
+  *len = 0;
+  if (id < 0 || id >= t->n_ids || t->kind[id] == TOK_ID_HOLE || !t->byte_blob || t->n_dec_byte_level != 1)
+    return NULL;
+  *len = t->byte_off[id + 1] - t->byte_off[id];
+  return t->byte_blob + t->byte_off[id];
 }

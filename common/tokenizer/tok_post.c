@@ -14,6 +14,7 @@ static int fmt_err(mbd_error *err, const char *what, const char *field, const ch
 }
 
 static int append_ids(int32_t **list, size_t *n, const int32_t *ids, size_t k, bool front) {
+  if (!k) return 0;
   int32_t *p = realloc(*list, (*n + k + 1) * sizeof *p);
   if (!p) return MBD_E_NOMEM;
   if (front) {

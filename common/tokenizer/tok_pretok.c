@@ -15,15 +15,87 @@
 static const char k_gpt2_regex[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
+/* Oniguruma's \s is Unicode White_Space; PCRE2's (with UCP) also takes
+ * U+180E, which stopped being a space in Unicode 6.3. So \s is spelled out,
+ * and \S outside a class too (inside one it is left as PCRE2 has it). */
+#define TOK_SPACE_CLASS "\\t\\n\\x0b\\f\\r\\x{85}\\p{Z}"
+
+static char *spell_spaces(const char *p, size_t n, size_t *out_len) {
+  size_t cap = n * 24 + 1, o = 0;
+  char *out = malloc(cap);
+  if (!out) return NULL;
+  bool in_class = false;
+  for (size_t i = 0; i < n; i++) {
+    const char *add = NULL;
+    if (p[i] == '\\' && i + 1 < n) {
+      char c = p[i + 1];
+      if (c == 's') add = in_class ? TOK_SPACE_CLASS : "[" TOK_SPACE_CLASS "]";
+      else if (c == 'S' && !in_class) add = "[^" TOK_SPACE_CLASS "]";
+      if (add) {
+        size_t k = strlen(add);
+        memcpy(out + o, add, k);
+        o += k;
+        i++;
+        continue;
+      }
+      if (c == 'Q') { /* \Q...\E is literal: copied as it is */
+        const char *e = NULL;
+        for (size_t j = i + 2; j + 1 < n && !e; j++)
+          if (p[j] == '\\' && p[j + 1] == 'E') e = p + j + 2;
+        size_t k = e ? (size_t)(e - (p + i)) : n - i;
+        memcpy(out + o, p + i, k);
+        o += k;
+        i += k - 1;
+        continue;
+      }
+      out[o++] = p[i++];
+      out[o++] = p[i];
+      continue;
+    }
+    if (p[i] == '[' && !in_class) {
+      in_class = true;
+      out[o++] = p[i];
+      if (i + 1 < n && p[i + 1] == '^') out[o++] = p[++i];
+      if (i + 1 < n && p[i + 1] == ']') out[o++] = p[++i]; /* a leading ] is literal */
+      continue;
+    }
+    if (p[i] == '[' && in_class && i + 1 < n && p[i + 1] == ':') { /* [:alpha:] */
+      const char *e = strstr(p + i, ":]");
+      size_t k = e && (size_t)(e + 2 - p) <= n ? (size_t)(e + 2 - (p + i)) : 1;
+      memcpy(out + o, p + i, k);
+      o += k;
+      i += k - 1;
+      continue;
+    }
+    if (p[i] == ']' && in_class) in_class = false;
+    out[o++] = p[i];
+  }
+  out[o] = '\0';
+  *out_len = o;
+  return out;
+}
+
 pcre2_code *tok_regex_compile(const char *pattern, size_t len, bool literal, char *why, size_t why_cap) {
   if (!pattern) {
     pattern = k_gpt2_regex;
     len = sizeof k_gpt2_regex - 1;
   }
+  char *spelled = NULL;
+  if (!literal) {
+    if (!(spelled = spell_spaces(pattern, len, &len))) {
+      snprintf(why, why_cap, "out of memory");
+      return NULL;
+    }
+    pattern = spelled;
+  }
   int ec = 0;
   PCRE2_SIZE eo = 0;
-  uint32_t opt = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C;
+  /* the library's regexes are Oniguruma's Ruby syntax, where ^ and $ anchor
+   * at every line */
+  uint32_t opt = literal ? PCRE2_UTF | PCRE2_LITERAL
+                         : PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE | PCRE2_NEVER_BACKSLASH_C;
   pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, opt, &ec, &eo, NULL);
+  free(spelled);
   if (!re) {
     PCRE2_UCHAR msg[200];
     pcre2_get_error_message(ec, msg, sizeof msg);
@@ -188,7 +260,7 @@ static int split_and_run(const mbd_tokenizer *t, tok_pre_scratch *ps, tok_bpe_sc
   apply_behavior(v, b, invert);
   size_t count = v->n;
   for (size_t i = 0; i < count; i++) {
-    span sp = v->p[i]; /* v may not be touched below this step, but copy anyway */
+    span sp = v->p[i]; /* deeper steps use their own span vectors */
     if (sp.flag || sp.end <= sp.start) continue;
     if ((rc = run(t, ps, bs, step + 1, s + sp.start, sp.end - sp.start, out, err))) return rc;
   }

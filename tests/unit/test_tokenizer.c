@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,6 +244,11 @@ static void test_detok_split_chars(void **state) {
       bytes[i] = (char)v;
     }
     if (nb == 1) byte_tok[(uint8_t)bytes[0]] = id;
+    size_t il = 0;
+    const char *ib = mbd_tokenizer_id_bytes(t, id, &il);
+    assert_non_null(ib);
+    assert_int_equal(il, nb);
+    assert_memory_equal(ib, bytes, nb);
     char *d = decode(t, &id, 1, false);
     bool valid = true;
     for (size_t i = 0; i < nb; i++) valid &= (uint8_t)bytes[i] < 0x80;
@@ -360,10 +366,27 @@ static void test_empty_and_invalid_utf8(void **state) {
   assert_int_equal(mbd_tokenizer_encode(t, "a\0b", 3, false, &ids, &n, &err), MBD_OK);
   assert_true(n >= 2);
   free(ids);
+  /* ... also where the normalizer runs: NFC keeps it and composes around it */
+  static const char nul_text[] = "\xc3\xa9\0e\xcc\x81";
+  assert_int_equal(mbd_tokenizer_encode(t, nul_text, sizeof nul_text - 1, false, &ids, &n, &err), MBD_OK);
+  size_t dl = 0;
+  char *d = decode_n(t, ids, n, false, &dl);
+  assert_int_equal(dl, 5);
+  assert_memory_equal(d, "\xc3\xa9\0\xc3\xa9", 5);
+  free(d);
+  free(ids);
   assert_int_equal(mbd_tokenizer_token_id(t, "<|endoftext|>"), 0);
   assert_true(mbd_tokenizer_is_special(t, 0));
   assert_false(mbd_tokenizer_is_special(t, 5));
   assert_int_equal(mbd_tokenizer_token_id(t, "no such token here"), -1);
+  size_t tl = 0;
+  const char *tok = mbd_tokenizer_id_token(t, mbd_tokenizer_token_id(t, "\xc4\xa0the"), &tl);
+  assert_non_null(tok);
+  assert_int_equal(tl, 5);
+  assert_memory_equal(tok, "\xc4\xa0the", 5);
+  assert_null(mbd_tokenizer_id_token(t, 8000, &tl));
+  assert_null(mbd_tokenizer_id_bytes(t, -1, &tl));
+  assert_int_equal(tl, 0);
   mbd_tokenizer_destroy(&t);
   mbd_tokenizer_destroy(&t); /* NULL-safe */
 }
@@ -407,6 +430,14 @@ static void test_split_behaviors(void **state) {
   check_split(dash, "Removed", true, "ab-ab", (int32_t[]){2}, 1);
   check_split("{\"Regex\": \"-+\"}", "Isolated", false, "ab--ab", (int32_t[]){5, 6, 5}, 3);
   check_split("{\"Regex\": \"[a-z]+\"}", "Removed", true, "ab-ab", (int32_t[]){5, 5}, 2);
+  /* ^ anchors at each line, as in Oniguruma's Ruby syntax ("\n" is not in the
+   * vocabulary: dropped) */
+  check_split("{\"Regex\": \"^a\"}", "Isolated", false, "ab\nab", (int32_t[]){0, 1, 0, 1}, 4);
+  /* \s is White_Space, as in Oniguruma: U+180E is not a space (PCRE2 alone says it is) */
+  check_split("{\"Regex\": \"\\\\s+\"}", "Isolated", false, "a\xe1\xa0\x8e" "b", (int32_t[]){5}, 1);
+  check_split("{\"Regex\": \"[\\\\s]+\"}", "Isolated", false, "a\xe1\xa0\x8e" "b", (int32_t[]){5}, 1);
+  check_split("{\"Regex\": \"\\\\S+\"}", "Isolated", false, "a\xe1\xa0\x8e" "b", (int32_t[]){5}, 1);
+  check_split("{\"Regex\": \"\\\\s\"}", "Removed", false, "ab ab", (int32_t[]){5, 5}, 2);
   /* a literal String pattern is not a regex */
   check_split("{\"String\": \"-+\"}", "Isolated", false, "ab--ab", (int32_t[]){0, 3, 4, 1}, 4);
 }
@@ -458,6 +489,10 @@ static void test_template_and_added_flags(void **state) {
   free(s);
   assert_int_equal(mbd_tokenizer_token_id(t, "b"), 7); /* added tokens first */
   assert_int_equal(mbd_tokenizer_token_id(t, "ab"), 5);
+  size_t tl = 0;
+  assert_null(mbd_tokenizer_id_bytes(t, 5, &tl)); /* no ByteLevel decoder */
+  assert_non_null(mbd_tokenizer_id_token(t, 5, &tl));
+  assert_int_equal(tl, 2);
   mbd_tokenizer_destroy(&t);
 }
 
@@ -576,6 +611,65 @@ static void test_malformed(void **state) {
   assert_null(t);
 }
 
+/* ---- one tokenizer, several threads ------------------------------------- */
+
+typedef struct thread_job {
+  const mbd_tokenizer *t;
+  const json_t *cases; /* array of the fixture's case objects */
+  int offset;          /* each thread starts elsewhere in the list */
+  int bad;
+} thread_job;
+
+static void *encode_all(void *arg) {
+  thread_job *j = arg;
+  size_t n_cases = json_array_size(j->cases);
+  for (size_t k = 0; k < 3 * n_cases; k++) {
+    const json_t *c = json_array_get(j->cases, (k + (size_t)j->offset) % n_cases);
+    const json_t *text = json_object_get(c, "text");
+    int32_t *ids = NULL;
+    size_t n = 0;
+    mbd_error err = {0};
+    if (mbd_tokenizer_encode(j->t, json_string_value(text), json_string_length(text), false, &ids, &n, &err) ||
+        !ids_equal(ids, n, json_object_get(c, "ids")))
+      j->bad++;
+    free(ids);
+  }
+  return NULL;
+}
+
+static void test_threads(void **state) {
+  (void)state;
+  char dir[512];
+  if (!fixture_dir("qwen3", dir, sizeof dir)) skip();
+  mbd_tokenizer *t = NULL;
+  mbd_error err = {0};
+  assert_int_equal(mbd_tokenizer_load(dir, &t, &err), MBD_OK);
+  char path[700];
+  snprintf(path, sizeof path, "%s/cases.jsonl", dir);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  json_t *cases = json_array();
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t got;
+  while ((got = getline(&line, &cap, f)) > 0)
+    json_array_append_new(cases, json_loadb(line, (size_t)got, JSON_ALLOW_NUL, NULL));
+  free(line);
+  fclose(f);
+  thread_job jobs[4];
+  pthread_t th[4];
+  for (int i = 0; i < 4; i++) {
+    jobs[i] = (thread_job){t, cases, i * 97, 0};
+    assert_int_equal(pthread_create(&th[i], NULL, encode_all, &jobs[i]), 0);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    assert_int_equal(jobs[i].bad, 0);
+  }
+  json_decref(cases);
+  mbd_tokenizer_destroy(&t);
+}
+
 /* ---- the synthetic checkpoints' tokenizer ------------------------------- */
 
 static void test_synth_tokenizer(void **state) {
@@ -626,6 +720,7 @@ int main(void) {
       cmocka_unit_test(test_nfkc_and_unk),
       cmocka_unit_test(test_malformed),
       cmocka_unit_test(test_synth_tokenizer),
+      cmocka_unit_test(test_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
