@@ -107,7 +107,7 @@ static void test_request_defaults_and_fields(void **state) {
   assert_true(r.temperature == 1.0 && r.top_p == 1.0 && r.n == 1 && r.logprobs == -1);
   gw_request_free(&r);
   assert_int_equal(parse("{\"model\":\"m\",\"prompt\":[[1,2],[3]],\"stop\":[\"a\",7],\"n\":2,"
-                         "\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+                         "\"stream\":false,\"stream_options\":{\"include_usage\":true},"
                          "\"logprobs\":2,\"echo\":true,\"seed\":-1,\"route\":\"backend=cpu,dtype=f32\"}",
                          false, &r, &e),
                    0);
@@ -118,7 +118,7 @@ static void test_request_defaults_and_fields(void **state) {
   assert_string_equal(r.stop[0], "a");
   assert_int_equal(r.n_stop_ids, 1);
   assert_int_equal(r.stop_ids[0], 7);
-  assert_true(r.stream && r.include_usage && r.echo && r.has_route);
+  assert_true(!r.stream && r.include_usage && r.echo && r.has_route);
   assert_int_equal(r.logprobs, 2);
   assert_true(r.seed == UINT64_MAX);
   assert_string_equal(r.route.backend, "cpu");
@@ -154,6 +154,7 @@ static void test_request_rejections(void **state) {
       {"{\"model\":\"m\",\"prompt\":\"x\",\"n\":17}", "n", 400},
       {"{\"model\":\"m\",\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", 400},
       {"{\"model\":\"m\",\"prompt\":\"x\",\"stream\":1}", "stream", 400},
+      {"{\"model\":\"m\",\"prompt\":\"x\",\"stream\":true,\"logprobs\":1}", "logprobs", 400},
       {"{\"model\":\"m\",\"prompt\":\"x\",\"presence_penalty\":0.5}", "presence_penalty", 400},
       {"{\"model\":\"m\",\"prompt\":\"x\",\"route\":\"abc\"}", "route", 400},
       {"{\"model\":\"m\",\"prompt\":\"x\",\"model\":\"n\"}", "", 400},
