@@ -54,6 +54,17 @@ typedef struct choice {
   mbd_error err;
   double last_s;     /* time of the previous token, 0 before the first */
   size_t seen;       /* tokens of the current chunk the callback saw */
+  /* Streamed logprobs: tokens are held for a chunk, then scored by a shadow
+   * session that prefills what the generating session consumed. */
+  bool lp_stream;
+  mbd_client *lcl;   /* the shadow session's client and session */
+  mbd_session *ls;
+  float *prev;       /* [V] logits that predict the next token */
+  int64_t V;
+  int64_t *pend;     /* tokens of the chunk in flight */
+  size_t n_pend, cap_pend;
+  json_t *lp;        /* logprobs not yet sent ({tokens, token_logprobs, ...}) */
+  size_t lp_off;     /* text_offset of the next token */
 } choice;
 
 int gw_job_model(const gw_job *j) { return j ? j->mi : -1; }
@@ -216,6 +227,62 @@ void gw_job_destroy(gw_job **jp) {
   *jp = NULL;
 }
 
+/* ---- logprobs entries --------------------------------------------------- */
+
+static json_t *token_str(const gw_model *m, int64_t id) {
+  int32_t t = (int32_t)id;
+  char *s = NULL;
+  size_t n = 0;
+  if (mbd_tokenizer_decode(m->tok, &t, 1, false, &s, &n, NULL)) return json_string("");
+  json_t *v = json_stringn(s, n);
+  free(s);
+  return v;
+}
+
+/* OpenAI's legacy logprobs object, empty. */
+static json_t *lp_new(void) {
+  return json_pack("{s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+}
+
+/* Appends token tok, predicted by row[0..V) (NULL: nothing predicts it), with
+ * its top-k, to lp; *off advances by the token's text. */
+static void lp_append(const gw_model *m, json_t *lp, const float *row, int64_t V, int64_t tok,
+                      int k, size_t *off) {
+  json_t *ts = token_str(m, tok);
+  json_array_append(json_object_get(lp, "tokens"), ts);
+  json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)*off));
+  *off += json_string_length(ts);
+  json_decref(ts);
+  json_t *lps = json_object_get(lp, "token_logprobs"), *tops = json_object_get(lp, "top_logprobs");
+  if (!row) {
+    json_array_append_new(lps, json_null());
+    json_array_append_new(tops, json_null());
+    return;
+  }
+  double mx = -INFINITY, sum = 0;
+  for (int64_t v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+  for (int64_t v = 0; v < V; v++) sum += exp(row[v] - mx);
+  double lse = mx + log(sum);
+  json_array_append_new(lps, json_real(tok < V ? row[tok] - lse : -INFINITY));
+  int64_t best[GW_MAX_LOGPROBS];
+  int nb = 0;
+  for (int64_t v = 0; v < V; v++) { /* top-k by insertion, k <= 5 */
+    int pos = nb;
+    while (pos > 0 && row[best[pos - 1]] < row[v]) pos--;
+    if (pos >= k) continue;
+    if (nb < k) nb++;
+    for (int q = nb - 1; q > pos; q--) best[q] = best[q - 1];
+    best[pos] = v;
+  }
+  json_t *top = json_object();
+  for (int q = 0; q < nb; q++) {
+    json_t *s = token_str(m, best[q]);
+    json_object_set_new(top, json_string_value(s), json_real(row[best[q]] - lse));
+    json_decref(s);
+  }
+  json_array_append_new(tops, top);
+}
+
 /* ---- streaming chunks ------------------------------------------------- */
 
 static json_t *chunk_head(const gw_job *j) {
@@ -241,7 +308,12 @@ static int send_delta(choice *c, const char *text, size_t len, const char *finis
   } else {
     json_object_set_new(ch, "text", json_stringn(text ? text : "", text ? len : 0));
   }
-  json_object_set_new(ch, "logprobs", json_null());
+  if (c->lp_stream && c->lp && json_array_size(json_object_get(c->lp, "tokens"))) {
+    json_object_set_new(ch, "logprobs", c->lp); /* sent: start a new one */
+    c->lp = lp_new();
+  } else {
+    json_object_set_new(ch, "logprobs", json_null());
+  }
   json_object_set_new(ch, "finish_reason", finish ? json_string(finish) : json_null());
   json_object_set_new(o, "choices", json_pack("[o]", ch));
   char *s = json_dumps(o, JSON_COMPACT);
@@ -332,10 +404,85 @@ static void on_token(choice *c, int64_t t) {
   free(piece);
 }
 
+/* Holds tok for the chunk's scoring (streamed logprobs). */
+static void hold(choice *c, int64_t tok) {
+  if (c->failed) return;
+  if (c->n_pend == c->cap_pend) {
+    size_t cap = c->cap_pend ? c->cap_pend * 2 : 32;
+    int64_t *q = realloc(c->pend, cap * sizeof *q);
+    if (!q) {
+      c->failed = true;
+      mbd_error_set(&c->err, MBD_E_NOMEM, "out of memory for tokens");
+      return;
+    }
+    c->pend = q;
+    c->cap_pend = cap;
+  }
+  c->pend[c->n_pend++] = tok;
+}
+
 static void token_cb(void *user, const int64_t *tokens, size_t n) {
   choice *c = user;
-  for (size_t i = 0; i < n; i++) on_token(c, tokens[i]);
+  for (size_t i = 0; i < n; i++) {
+    if (c->lp_stream) hold(c, tokens[i]);
+    else on_token(c, tokens[i]);
+  }
   c->seen += n;
+}
+
+/* Streamed logprobs: the shadow session prefills rows (I64 [n]) and keeps
+ * the last row as the next prediction; rows_out gets [n,V] when non-NULL. */
+static int shadow_prefill(choice *c, const int64_t *ids, size_t n, bool last_only,
+                          mbd_tensor_out *rows, gw_err *e) {
+  gw_job *j = c->j;
+  mbd_error err = {0};
+  mbd_route_want pin;
+  memset(&pin, 0, sizeof pin);
+  snprintf(pin.route_id, sizeof pin.route_id, "%s", j->route);
+  int64_t left = j->deadline - gw_now_ms();
+  if (left <= 0)
+    return gw_err_set(e, 504, "timeout", "deadline_exceeded", NULL, "the request's deadline passed");
+  mbd_call_opts co = {&pin, left};
+  mbd_tensor_desc d;
+  int64_t shape[1] = {(int64_t)n};
+  mbd_tensor_desc_make(&d, MBD_DTYPE_I64, 1, shape, NULL);
+  mbd_tensor_in in = {d, ids, NULL, 0};
+  if (mbd_session_prefill(c->ls, &co, &in, last_only, rows, &err))
+    return gw_err_from_service(e, &err, "scoring tokens for logprobs");
+  int64_t V = rows->desc.shape[rows->desc.ndim - 1];
+  if (!c->prev) {
+    c->V = V;
+    if (!(c->prev = malloc((size_t)V * sizeof *c->prev))) return oom(e);
+  }
+  if (V != c->V)
+    return gw_err_set(e, 500, "server_error", "internal", NULL, "logits of %lld then %lld entries",
+                      (long long)c->V, (long long)V);
+  memcpy(c->prev, (const float *)rows->data + (rows->nbytes / sizeof(float) - (size_t)V),
+         (size_t)V * sizeof(float));
+  return 0;
+}
+
+/* End of a chunk with streamed logprobs: scores the held tokens, then feeds
+ * them on (text, stop matching, events carrying their logprobs). */
+static int score_chunk(choice *c, gw_err *e) {
+  if (c->n_pend == 0) return 0;
+  gw_job *j = c->j;
+  mbd_tensor_out rows;
+  memset(&rows, 0, sizeof rows);
+  float *before = malloc((size_t)c->V * sizeof *before);
+  if (!before) return oom(e);
+  memcpy(before, c->prev, (size_t)c->V * sizeof *before);
+  int rc = shadow_prefill(c, c->pend, c->n_pend, false, &rows, e);
+  for (size_t i = 0; rc == 0 && i < c->n_pend; i++) {
+    if (!c->finish && !c->cancelled && !c->failed)
+      lp_append(j->m, c->lp, i == 0 ? before : (const float *)rows.data + (i - 1) * (size_t)c->V,
+                c->V, c->pend[i], j->req.logprobs, &c->lp_off);
+    on_token(c, c->pend[i]);
+  }
+  c->n_pend = 0;
+  free(before);
+  mbd_tensor_out_release(&rows);
+  return rc;
 }
 
 /* Prefill + chunked generate on an open session. Service failures go to e. */
@@ -358,6 +505,18 @@ static int generate(choice *c, mbd_client *cl, mbd_session *s, gw_err *e) {
     return gw_err_from_service(e, &err, "prefilling the prompt");
   mbd_tensor_out_release(&lg);
   gw_metrics_tokens(j->g->metrics, j->mi, (int64_t)j->n_ids[c->prompt], 0);
+  if (c->lp_stream) { /* the shadow session: same route, same prompt */
+    if (!(c->lcl = gw_client_get(j->g, &err))) return gw_err_from_service(e, &err, "connecting to the broker");
+    co.deadline_ms = j->deadline - gw_now_ms() > 0 ? j->deadline - gw_now_ms() : 1;
+    if (mbd_session_open(c->lcl, &co, j->m->name, &c->ls, &err))
+      return gw_err_from_service(e, &err, "opening a session for logprobs");
+    if (!(c->lp = lp_new())) return oom(e);
+    c->lp_off = j->echo[c->prompt] ? strlen(j->echo[c->prompt]) : 0;
+    memset(&lg, 0, sizeof lg);
+    int rc = shadow_prefill(c, j->ids[c->prompt], j->n_ids[c->prompt], true, &lg, e);
+    mbd_tensor_out_release(&lg);
+    if (rc) return rc;
+  }
   uint64_t seed = q->seed + (uint64_t)(c->index % (size_t)q->n);
   int64_t remaining = q->max_tokens;
   for (uint64_t k = 0; remaining > 0 && !c->finish && !c->cancelled && !c->failed; k++) {
@@ -382,8 +541,12 @@ static int generate(choice *c, mbd_client *cl, mbd_session *s, gw_err *e) {
       return gw_err_from_service(e, &err, "generating");
     int64_t pb = mbd_client_last_reply(cl)->peak_batch;
     if (pb > 0) gw_metrics_observe(j->g->metrics, j->mi, GW_H_BATCH, (double)pb);
-    for (size_t i = c->seen; i < nt; i++) on_token(c, toks[i]); /* the FINAL's tail */
+    for (size_t i = c->seen; i < nt; i++) { /* the FINAL's tail */
+      if (c->lp_stream) hold(c, toks[i]);
+      else on_token(c, toks[i]);
+    }
     free(toks);
+    if (c->lp_stream && score_chunk(c, e)) return -1;
     remaining -= (int64_t)nt;
     if (!strcmp(reason, "stop") && !c->finish) c->finish = "stop";
   }
@@ -428,6 +591,9 @@ static int run_choice(choice *c, gw_err *e) {
   }
   mbd_session_close(&s, NULL);
   gw_client_put(j->g, cl);
+  mbd_session_close(&c->ls, NULL);
+  gw_client_put(j->g, c->lcl);
+  c->lcl = NULL;
   j->completion_tokens += (int64_t)c->n_toks;
   gw_metrics_tokens(j->g->metrics, j->mi, 0, (int64_t)c->n_toks);
   gw_metrics_finished(j->g->metrics, j->mi, rc ? "error" : c->cancelled ? "cancelled" : c->finish);
@@ -435,6 +601,9 @@ static int run_choice(choice *c, gw_err *e) {
 }
 
 static void choice_free(choice *c) {
+  json_decref(c->lp);
+  free(c->prev);
+  free(c->pend);
   mbd_detok_destroy(&c->dt);
   gw_stop_free(&c->st);
   free(c->text);
@@ -442,16 +611,6 @@ static void choice_free(choice *c) {
 }
 
 /* ---- logprobs (completions, buffered) ---------------------------------- */
-
-static json_t *token_str(const gw_model *m, int64_t id) {
-  int32_t t = (int32_t)id;
-  char *s = NULL;
-  size_t n = 0;
-  if (mbd_tokenizer_decode(m->tok, &t, 1, false, &s, &n, NULL)) return json_string("");
-  json_t *v = json_stringn(s, n);
-  free(s);
-  return v;
-}
 
 /* OpenAI's legacy logprobs object for choice c from one FORWARD over prompt +
  * completion: token t's log-probability is read from the row before it. */
@@ -493,49 +652,14 @@ static int logprobs(choice *c, json_t **out, gw_err *e) {
   }
   int64_t Vl = lg.desc.shape[lg.desc.ndim - 1];
   const float *L = lg.data;
-  json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
-  size_t first = j->req.echo ? 0 : P, off = 0;
-  int k = j->req.logprobs;
-  for (size_t t = first; t < T; t++) {
-    json_t *ts = token_str(m, ids[t]);
-    json_array_append(toks, ts);
-    json_array_append_new(offs, json_integer((json_int_t)off));
-    off += json_string_length(ts);
-    json_decref(ts);
-    if (t == 0) { /* nothing predicts the first token */
-      json_array_append_new(lps, json_null());
-      json_array_append_new(tops, json_null());
-      continue;
-    }
-    const float *row = L + (t - 1) * (size_t)Vl;
-    double mx = -INFINITY, sum = 0;
-    for (int64_t v = 0; v < Vl; v++) mx = row[v] > mx ? row[v] : mx;
-    for (int64_t v = 0; v < Vl; v++) sum += exp(row[v] - mx);
-    double lse = mx + log(sum);
-    json_array_append_new(lps, json_real(ids[t] < Vl ? row[ids[t]] - lse : -INFINITY));
-    int64_t best[GW_MAX_LOGPROBS];
-    int nb = 0;
-    for (int64_t v = 0; v < Vl; v++) { /* top-k by insertion, k <= 5 */
-      int pos = nb;
-      while (pos > 0 && row[best[pos - 1]] < row[v]) pos--;
-      if (pos >= k) continue;
-      if (nb < k) nb++;
-      for (int q = nb - 1; q > pos; q--) best[q] = best[q - 1];
-      best[pos] = v;
-    }
-    json_t *top = json_object();
-    for (int q = 0; q < nb; q++) {
-      json_t *s = token_str(m, best[q]);
-      json_object_set_new(top, json_string_value(s), json_real(row[best[q]] - lse));
-      json_decref(s);
-    }
-    json_array_append_new(tops, top);
-  }
+  json_t *lp = lp_new();
+  size_t off = 0;
+  for (size_t t = j->req.echo ? 0 : P; t < T && lp; t++)
+    lp_append(m, lp, t == 0 ? NULL : L + (t - 1) * (size_t)Vl, Vl, ids[t], j->req.logprobs, &off);
   mbd_tensor_out_release(&lg);
   free(ids);
-  *out = json_pack("{s:o,s:o,s:o,s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops,
-                   "text_offset", offs);
-  return *out ? 0 : oom(e);
+  *out = lp;
+  return lp ? 0 : oom(e);
 }
 
 /* ---- the two ways to run ------------------------------------------------ */
@@ -608,6 +732,7 @@ void gw_job_stream(gw_job *j, gw_sse *s) {
     c.index = i;
     c.prompt = i / (size_t)q->n;
     c.sse = s;
+    c.lp_stream = q->logprobs >= 0;
     if (q->chat && send_delta(&c, "", 0, NULL, true)) c.cancelled = true;
     if (!c.cancelled) rc = run_choice(&c, &e);
     gone = c.cancelled;

@@ -382,11 +382,6 @@ int gw_request_parse(const char *body, size_t len, bool chat, gw_request *r, gw_
     if (int_field(o, "logprobs", 0, GW_MAX_LOGPROBS, &x, e)) goto done;
     r->logprobs = (int)x;
     if (bool_field(o, "echo", &r->echo, e)) goto done;
-    if (r->logprobs >= 0 && r->stream) {
-      gw_err_bad(e, "logprobs", "'logprobs' is not supported with 'stream' (the worker streams no "
-                                "logits): drop one of them");
-      goto done;
-    }
   }
   json_t *u = json_object_get(o, "user");
   if (u && !json_is_null(u) && !json_is_string(u)) {

@@ -146,6 +146,30 @@ assert len(lp['tokens']) == n and lp['token_logprobs'][0] is None and lp['top_lo
 assert all(v <= 0 for v in lp['token_logprobs'][1:]) and all(len(t) == 3 for t in lp['top_logprobs'][1:]), lp
 "
 
+check "logprobs streamed: same tokens and values as the buffered answer" python3 -c "
+import json, subprocess
+req = {'model': 'tiny', 'prompt': 'Hello world', 'max_tokens': 40, 'logprobs': 2, 'echo': True, 'seed': 3}
+run = lambda r: subprocess.run(['curl', '-sN', '$base/v1/completions', '-d', json.dumps(r)],
+                               capture_output=True, text=True).stdout
+full = json.loads(run(req))
+ref = full['choices'][0]
+out = run(dict(req, stream=True))
+ev = [json.loads(l[6:]) for l in out.split('\n') if l.startswith('data: {')]
+text = ''.join(c['text'] for e in ev for c in e['choices'])
+toks, lps, tops = [], [], []
+for e in ev:
+    for c in e['choices']:
+        if c['logprobs']:
+            toks += c['logprobs']['tokens']; lps += c['logprobs']['token_logprobs']
+            tops += c['logprobs']['top_logprobs']
+assert text == ref['text'], (text, ref['text'])
+r = ref['logprobs']
+k = len(r['tokens']) - len(toks)  # the echoed prompt tokens lead the buffered list
+assert len(toks) == full['usage']['completion_tokens'] and toks == r['tokens'][k:], (toks, r['tokens'])
+assert all(abs(a - b) < 1e-4 for a, b in zip(lps, r['token_logprobs'][k:])), (lps, r['token_logprobs'][k:])
+assert all(sorted(a) == sorted(b) for a, b in zip(tops, r['top_logprobs'][k:]))
+"
+
 # streaming: same text as the buffered answer, usage chunk, [DONE] last
 S=$(python3 -c "import json,sys; r=json.loads(sys.argv[1]); r.update(stream=True, stream_options={'include_usage': True}); print(json.dumps(r))" "$R")
 curl -sN "$base/v1/completions" -d "$S" > "$dir/stream.txt"
@@ -203,7 +227,6 @@ corpus 400 '{"model": "tiny", "prompt": "x", "n": 0}' "n = 0"
 corpus 400 '{"model": "tiny", "prompt": [1, 99999999]}' "token id outside the vocabulary"
 corpus 400 '{"model": "tiny", "prompt": "x", "stop": [""]}' "empty stop string"
 corpus 400 '{"model": "tiny", "prompt": "x", "logprobs": 50}' "logprobs over 5"
-corpus 400 '{"model": "tiny", "prompt": "x", "logprobs": 1, "stream": true}' "logprobs with stream"
 corpus 400 '{"model": "tiny", "prompt": "x", "route": "colour=red"}' "unknown route key"
 corpus 404 '{"model": "nope", "prompt": "x"}' "unknown model"
 python3 -c "import json; print(json.dumps({'model': 'tiny', 'prompt': 'x' * 200000}))" > "$dir/big.json"

@@ -154,7 +154,6 @@ static void test_request_rejections(void **state) {
       {"{\"model\":\"m\",\"prompt\":\"x\",\"n\":17}", "n", 400},
       {"{\"model\":\"m\",\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", 400},
       {"{\"model\":\"m\",\"prompt\":\"x\",\"stream\":1}", "stream", 400},
-      {"{\"model\":\"m\",\"prompt\":\"x\",\"stream\":true,\"logprobs\":1}", "logprobs", 400},
       {"{\"model\":\"m\",\"prompt\":\"x\",\"presence_penalty\":0.5}", "presence_penalty", 400},
       {"{\"model\":\"m\",\"prompt\":\"x\",\"route\":\"abc\"}", "route", 400},
       {"{\"model\":\"m\",\"prompt\":\"x\",\"model\":\"n\"}", "", 400},
