@@ -239,6 +239,9 @@ static json_t *token_str(const gw_model *m, int64_t id) {
   return v;
 }
 
+/* JSON has no -inf (jansson refuses it): an impossible token reads -9999, as in vLLM. */
+static double finite_lp(double x) { return isfinite(x) ? x : -9999.0; }
+
 /* OpenAI's legacy logprobs object, empty. */
 static json_t *lp_new(void) {
   return json_pack("{s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
@@ -263,7 +266,7 @@ static void lp_append(const gw_model *m, json_t *lp, const float *row, int64_t V
   for (int64_t v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx;
   for (int64_t v = 0; v < V; v++) sum += exp(row[v] - mx);
   double lse = mx + log(sum);
-  json_array_append_new(lps, json_real(tok < V ? row[tok] - lse : -INFINITY));
+  json_array_append_new(lps, json_real(finite_lp(tok < V ? row[tok] - lse : -INFINITY)));
   int64_t best[GW_MAX_LOGPROBS];
   int nb = 0;
   for (int64_t v = 0; v < V; v++) { /* top-k by insertion, k <= 5 */
@@ -277,7 +280,7 @@ static void lp_append(const gw_model *m, json_t *lp, const float *row, int64_t V
   json_t *top = json_object();
   for (int q = 0; q < nb; q++) {
     json_t *s = token_str(m, best[q]);
-    json_object_set_new(top, json_string_value(s), json_real(row[best[q]] - lse));
+    json_object_set_new(top, json_string_value(s), json_real(finite_lp(row[best[q]] - lse)));
     json_decref(s);
   }
   json_array_append_new(tops, top);
