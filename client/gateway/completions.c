@@ -286,6 +286,32 @@ static void lp_append(const gw_model *m, json_t *lp, const float *row, int64_t V
   json_array_append_new(tops, top);
 }
 
+/* The chat form of a legacy logprobs object: {content: [{token, logprob,
+ * bytes, top_logprobs: [{token, logprob, bytes}]}]} (new reference). */
+static json_t *bytes_of(const char *s) {
+  json_t *a = json_array();
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) json_array_append_new(a, json_integer(*p));
+  return a;
+}
+
+static json_t *lp_chat(const json_t *lp) {
+  json_t *content = json_array();
+  const json_t *toks = json_object_get(lp, "tokens"), *lps = json_object_get(lp, "token_logprobs"),
+               *tops = json_object_get(lp, "top_logprobs");
+  for (size_t i = 0; i < json_array_size(toks); i++) {
+    const char *t = json_string_value(json_array_get(toks, i));
+    json_t *top = json_array(), *v;
+    const char *k;
+    json_object_foreach(json_array_get(tops, i), k, v)
+      json_array_append_new(top, json_pack("{s:s,s:O,s:o}", "token", k, "logprob", v, "bytes", bytes_of(k)));
+    json_t *x = json_array_get(lps, i);
+    json_array_append_new(content, json_pack("{s:s,s:o,s:o,s:o}", "token", t ? t : "", "logprob",
+                                             json_is_null(x) ? json_real(0) : json_incref(x), "bytes",
+                                             bytes_of(t ? t : ""), "top_logprobs", top));
+  }
+  return json_pack("{s:o}", "content", content);
+}
+
 /* ---- streaming chunks ------------------------------------------------- */
 
 static json_t *chunk_head(const gw_job *j) {
@@ -312,7 +338,8 @@ static int send_delta(choice *c, const char *text, size_t len, const char *finis
     json_object_set_new(ch, "text", json_stringn(text ? text : "", text ? len : 0));
   }
   if (c->lp_stream && c->lp && json_array_size(json_object_get(c->lp, "tokens"))) {
-    json_object_set_new(ch, "logprobs", c->lp); /* sent: start a new one */
+    json_object_set_new(ch, "logprobs", c->j->req.chat ? lp_chat(c->lp) : json_incref(c->lp));
+    json_decref(c->lp); /* sent: start a new one */
     c->lp = lp_new();
   } else {
     json_object_set_new(ch, "logprobs", json_null());
@@ -690,6 +717,11 @@ int gw_job_run(gw_job *j, char **body, gw_err *e) {
     if (rc == 0 && q->logprobs >= 0) {
       json_decref(lp);
       rc = logprobs(&c, &lp, e);
+    }
+    if (rc == 0 && q->chat && q->logprobs >= 0) {
+      json_t *cl = lp_chat(lp);
+      json_decref(lp);
+      lp = cl;
     }
     if (rc == 0) {
       json_t *ch;

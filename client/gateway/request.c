@@ -366,17 +366,16 @@ int gw_request_parse(const char *body, size_t len, bool chat, gw_request *r, gw_
     }
     if (bool_field(so, "include_usage", &r->include_usage, e)) goto done;
   }
-  json_t *lp = json_object_get(o, "logprobs");
-  if (chat) {
-    if (json_is_true(lp)) {
-      gw_err_bad(e, "logprobs", "'logprobs' is not supported on chat completions (use "
-                                "/v1/completions)");
+  if (chat) { /* logprobs: bool, top_logprobs: 0..5 */
+    bool want = false;
+    if (bool_field(o, "logprobs", &want, e)) goto done;
+    x = 0;
+    if (int_field(o, "top_logprobs", 0, GW_MAX_LOGPROBS, &x, e)) goto done;
+    if (!want && json_object_get(o, "top_logprobs") && !json_is_null(json_object_get(o, "top_logprobs"))) {
+      gw_err_bad(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
       goto done;
     }
-    if (lp && !json_is_null(lp) && !json_is_boolean(lp)) {
-      gw_err_bad(e, "logprobs", "'logprobs' must be true or false");
-      goto done;
-    }
+    r->logprobs = want ? (int)x : -1;
   } else {
     x = -1;
     if (int_field(o, "logprobs", 0, GW_MAX_LOGPROBS, &x, e)) goto done;

@@ -207,6 +207,24 @@ check "chat answer shape" python3 -c "
 import json; d = json.load(open('$dir/body')); m = d['choices'][0]['message']
 assert d['object'] == 'chat.completion' and m['role'] == 'assistant' and isinstance(m['content'], str), d"
 check "chat stream ends with [DONE]" bash -c "curl -sN '$base/v1/chat/completions' -d '{\"model\": \"chat\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 3, \"stream\": true}' | tail -n 2 | grep -q '^data: \[DONE\]'"
+check "chat logprobs, buffered and streamed alike" python3 -c "
+import json, subprocess
+req = {'model': 'chat', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 20,
+       'logprobs': True, 'top_logprobs': 2, 'seed': 4}
+run = lambda r: subprocess.run(['curl', '-sN', '$base/v1/chat/completions', '-d', json.dumps(r)],
+                               capture_output=True, text=True).stdout
+full = json.loads(run(req))
+ref = full['choices'][0]['logprobs']['content']
+assert len(ref) == full['usage']['completion_tokens'], full
+assert all(e['logprob'] <= 0 and 1 <= len(e['top_logprobs']) <= 2 and bytes(e['bytes']).decode() == e['token'] for e in ref), ref
+out = run(dict(req, stream=True))
+ev = [json.loads(l[6:]) for l in out.split('\n') if l.startswith('data: {')]
+got = [x for e in ev for c in e['choices'] if c.get('logprobs') for x in c['logprobs']['content']]
+assert [x['token'] for x in got] == [x['token'] for x in ref], (got, ref)
+assert all(abs(a['logprob'] - b['logprob']) < 1e-4 for a, b in zip(got, ref))
+text = ''.join(c['delta'].get('content', '') for e in ev for c in e['choices'])
+assert text == full['choices'][0]['message']['content'], (text, full)
+"
 check "chat on a model without a template: 400 saying so" bash -c "[ \"\$(curl -s -o '$dir/b2' -w '%{http_code}' '$base/v1/chat/completions' -d '{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}')\" = 400 ] && grep -q 'no chat template' '$dir/b2'"
 
 # the bad-input corpus: each its error, in OpenAI's shape
