@@ -49,7 +49,8 @@ typedef struct choice {
   int64_t *toks;     /* tokens counted as completion tokens */
   size_t n_toks, cap_toks;
   const char *finish; /* "stop" | "length" once ended */
-  bool cancelled;    /* the client went away */
+  bool cancelled;    /* the client went away, or the gateway is stopping */
+  bool shutdown;     /* cancelled because the gateway is stopping */
   bool failed;       /* detokenizer or memory failure (err) */
   mbd_error err;
   double last_s;     /* time of the previous token, 0 before the first */
@@ -400,6 +401,10 @@ static void on_token(choice *c, int64_t t) {
     c->cancelled = true;
     return;
   }
+  if (atomic_load(&j->g->stopping)) {
+    c->cancelled = c->shutdown = true;
+    return;
+  }
   double now = gw_now_s();
   if (c->last_s == 0) {
     if (c->index == 0) gw_metrics_observe(j->g->metrics, j->mi, GW_H_TTFT, now - j->t0);
@@ -581,6 +586,10 @@ static int generate(choice *c, mbd_client *cl, mbd_session *s, gw_err *e) {
     if (!strcmp(reason, "stop") && !c->finish) c->finish = "stop";
   }
   if (c->failed) return gw_err_set(e, 500, "server_error", "internal", NULL, "%s", c->err.msg);
+  if (c->shutdown)
+    return gw_err_set(e, 503, "service_unavailable", "shutting_down", NULL,
+                      "the gateway is shutting down; the generation stopped after %zu tokens",
+                      c->n_toks);
   if (c->cancelled) return 0;
   if (!c->finish) {
     c->finish = "length";
@@ -770,7 +779,7 @@ void gw_job_stream(gw_job *j, gw_sse *s) {
     c.lp_stream = q->logprobs >= 0;
     if (q->chat && send_delta(&c, "", 0, NULL, true)) c.cancelled = true;
     if (!c.cancelled) rc = run_choice(&c, &e);
-    gone = c.cancelled;
+    gone = c.cancelled && !c.shutdown; /* the client left; on shutdown it gets the error */
     if (rc == 0 && !gone && send_delta(&c, NULL, 0, c.finish, false)) gone = true;
     choice_free(&c);
   }

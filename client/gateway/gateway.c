@@ -95,6 +95,11 @@ int gw_slot_acquire(gw_ctx *g, int64_t deadline_abs, gw_err *e) {
   gw_metrics_waiting(g->metrics, 1);
   int rc = 0;
   while (g->running >= g->opt.max_running) {
+    if (atomic_load(&g->stopping)) {
+      rc = gw_err_set(e, 503, "service_unavailable", "shutting_down", NULL,
+                      "the gateway is shutting down");
+      break;
+    }
     int64_t left = deadline_abs - gw_now_ms();
     if (left <= 0) {
       rc = gw_err_set(e, 504, "timeout", "deadline_exceeded", NULL,

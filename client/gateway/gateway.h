@@ -6,6 +6,7 @@
 #define MBD_GW_GATEWAY_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -52,6 +53,9 @@ typedef struct gw_ctx {
   int running;            /* generations holding a slot */
   pthread_mutex_t status_mu; /* guards the status cache and its client */
   mbd_client *status_client; /* STATUS only, short deadline (owned; made on first use) */
+  atomic_bool stopping;   /* shutting down: generations end at their next chunk */
+  int streams;            /* stream threads running (under mu) */
+  pthread_cond_t streams_cv; /* signalled when a stream thread ends */
   mbd_status_report *status; /* last STATUS (owned), NULL when the broker did not answer */
   int64_t status_ms;      /* when it was fetched (monotonic ms), 0 = never */
 } gw_ctx;

@@ -90,6 +90,7 @@ int main(int argc, char **argv) {
   pthread_mutex_init(&g->mu, NULL);
   pthread_mutex_init(&g->status_mu, NULL);
   pthread_cond_init(&g->slot_cv, NULL);
+  pthread_cond_init(&g->streams_cv, NULL);
   int o;
   long long x;
   opterr = 0;

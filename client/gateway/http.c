@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "client/gateway/completions.h"
 #include "client/gateway/handlers.h"
@@ -34,6 +35,7 @@ typedef struct hreq {
 } hreq;
 
 typedef struct stream_arg {
+  gw_ctx *g;
   gw_job *job;
   gw_sse *sse;
 } stream_arg;
@@ -68,10 +70,15 @@ static enum MHD_Result send_err(gw_ctx *g, struct MHD_Connection *c, const char 
 
 static void *stream_main(void *p) {
   stream_arg *a = p;
+  gw_ctx *g = a->g;
   gw_job_stream(a->job, a->sse);
   gw_job_destroy(&a->job);
   gw_sse_unref(&a->sse);
   free(a);
+  pthread_mutex_lock(&g->mu);
+  g->streams--;
+  pthread_cond_broadcast(&g->streams_cv);
+  pthread_mutex_unlock(&g->mu);
   return NULL;
 }
 
@@ -116,10 +123,17 @@ static enum MHD_Result completions(gw_ctx *g, struct MHD_Connection *c, const ch
   pthread_attr_init(&at);
   pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
   if (r) {
+    a->g = g;
     a->job = job;
     a->sse = s;
   }
+  pthread_mutex_lock(&g->mu);
+  g->streams++;
+  pthread_mutex_unlock(&g->mu);
   if (!r || pthread_create(&th, &at, stream_main, a)) {
+    pthread_mutex_lock(&g->mu);
+    g->streams--;
+    pthread_mutex_unlock(&g->mu);
     pthread_attr_destroy(&at);
     if (r) MHD_destroy_response(r);
     gw_job_destroy(&job);
@@ -246,7 +260,7 @@ int gw_http_start(gw_ctx *g, gw_http **out, char *msg, size_t cap) {
   }
   h->g = g;
   h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                              MHD_USE_POLL | MHD_USE_ERROR_LOG,
+                              MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG,
                           (uint16_t)g->opt.port, NULL, NULL, on_request, g,
                           MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                           MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)g->opt.conn_timeout_s,
@@ -269,6 +283,21 @@ int gw_http_port(const gw_http *h) { return h->port; }
 
 void gw_http_stop(gw_http **hp) {
   if (!hp || !*hp) return;
+  gw_ctx *g = (*hp)->g;
+  /* New connections are refused; generations in flight end at their next
+   * chunk; stream threads are waited for (they use the context), then the
+   * connection threads. */
+  MHD_quiesce_daemon((*hp)->d);
+  atomic_store(&g->stopping, true);
+  pthread_mutex_lock(&g->mu);
+  while (g->streams > 0) pthread_cond_wait(&g->streams_cv, &g->mu);
+  pthread_mutex_unlock(&g->mu);
+  for (int i = 0; i < 100; i++) { /* up to 2 s for answers still being written */
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info((*hp)->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+    if (!di || di->num_connections == 0) break;
+    struct timespec ts = {0, 20 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
   MHD_stop_daemon((*hp)->d);
   free(*hp);
   *hp = NULL;

@@ -363,6 +363,18 @@ else
 fi
 
 check "the gateway is still serving" [ "$(code "$base/health/live")" = 200 ]
+
+# shutdown with a stream in flight: it gets an error event and [DONE], all exit cleanly
+curl -sN "$base/v1/completions" \
+  -d '{"model": "tiny", "prompt": "go on", "max_tokens": 60000, "ignore_eos": true, "stream": true}' \
+  > "$dir/shut.txt" &
+reader=$!
+for _ in $(seq 1 100); do [ -s "$dir/shut.txt" ] && break; sleep 0.1; done
+kill -TERM "$up"; wait "$up"; st=$?; up=
+wait "$reader"
+check "SIGTERM mid-stream: mambad up exits 0 ($st)" [ "$st" = 0 ]
+check "SIGTERM mid-stream: the stream ends with shutting_down and [DONE]" \
+  bash -c "grep -q shutting_down '$dir/shut.txt' && tail -n 2 '$dir/shut.txt' | grep -q '^data: \[DONE\]'"
 if [ "$fails" -gt 0 ]; then
   echo "$fails check(s) failed; up.log:"; tail -50 "$dir/up.log"; exit 1
 fi
