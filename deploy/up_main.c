@@ -7,7 +7,7 @@
  * Ctrl-C reaches only the supervisor, which then stops things in order.
  * A child that exits is restarted with exponential backoff (reset after it
  * has run for a while); workers re-register with the broker on their own.
- * SIGINT/SIGTERM: SIGTERM to the workers, then the broker, wait up to the
+ * SIGINT/SIGTERM: SIGTERM to the gateway, then the workers, then the broker, wait up to the
  * grace period, SIGKILL what is left. Children get PR_SET_PDEATHSIG so they
  * do not outlive a supervisor that was killed. */
 #include <dirent.h>
@@ -38,6 +38,7 @@
 typedef struct child {
   char name[80];          /* "broker" or the worker name */
   bool is_broker;
+  int stop_phase;         /* order of SIGTERM: 0 gateway, 1 workers, 2 broker */
   char *argv[MAX_ARGS];   /* owned strings, NULL-terminated */
   pid_t pid;              /* 0 when not running */
   int64_t started_ms;     /* when the current process started */
@@ -161,6 +162,7 @@ static child *new_child(supervisor *s, const char *name, bool broker, const char
   memset(c, 0, sizeof *c);
   snprintf(c->name, sizeof c->name, "%s", name);
   c->is_broker = broker;
+  c->stop_phase = broker ? 2 : 1;
   add_arg(c, "%s", prog);
   return c;
 }
@@ -214,6 +216,7 @@ static int add_gateway(supervisor *s, const mbd_deploy_config *cfg, mbd_error *e
   }
   child *c = new_child(s, "gateway", false, "mambad-gateway");
   if (!c) return mbd_error_set(err, MBD_E_NOMEM, "too many processes to start");
+  c->stop_phase = 0; /* the front door closes first, while workers still answer */
   int rc = 0;
   rc |= add_arg(c, "--connect") | add_arg(c, "%s", s->clients_connect);
   rc |= add_arg(c, "--listen") | add_arg(c, "%s", h->listen);
@@ -373,11 +376,12 @@ static void check_ready(supervisor *s, mbd_client *cl, int64_t t0) {
   mbd_status_report_free(&r);
 }
 
-/* SIGTERM workers, then the broker; SIGKILL what is left after the grace period. */
+/* SIGTERM the gateway, then the workers, then the broker; SIGKILL what is
+ * left of each after the grace period. */
 static void stop_all(supervisor *s) {
-  for (int phase = 0; phase < 2; phase++) {
+  for (int phase = 0; phase < 3; phase++) {
     for (size_t i = 0; i < s->n; i++)
-      if (s->kids[i].pid > 0 && s->kids[i].is_broker == (phase == 1)) kill(s->kids[i].pid, SIGTERM);
+      if (s->kids[i].pid > 0 && s->kids[i].stop_phase == phase) kill(s->kids[i].pid, SIGTERM);
     int64_t end = now_ms() + s->grace_ms;
     for (;;) {
       int status;
@@ -387,11 +391,11 @@ static void stop_all(supervisor *s) {
           if (s->kids[i].pid == pid) s->kids[i].pid = 0;
       bool left = false;
       for (size_t i = 0; i < s->n; i++)
-        left = left || (s->kids[i].pid > 0 && s->kids[i].is_broker == (phase == 1));
+        left = left || (s->kids[i].pid > 0 && s->kids[i].stop_phase == phase);
       if (!left) break;
       if (now_ms() >= end) {
         for (size_t i = 0; i < s->n; i++)
-          if (s->kids[i].pid > 0 && s->kids[i].is_broker == (phase == 1)) {
+          if (s->kids[i].pid > 0 && s->kids[i].stop_phase == phase) {
             fprintf(stderr, "mambad up: %s did not stop within %" PRId64 " ms; killing it\n",
                     s->kids[i].name, s->grace_ms);
             kill(s->kids[i].pid, SIGKILL);

@@ -362,6 +362,30 @@ else
   echo "SKIP tokenizer mismatch: the workers report no tokenizer_digest (READY models[].tokenizer_digest)"
 fi
 
+# queue full (429) and deadline (504), on gateways of their own with tight limits
+gateway() { # port, extra options...
+  local p=$1; shift
+  "$bin/mambad-gateway" --connect "ipc://$dir/c.sock" --listen "127.0.0.1:$p" --model "tiny=$dir/tiny" "$@" \
+    >> "$dir/gw-extra.log" 2>&1 &
+  extra=$!
+  for _ in $(seq 1 100); do curl -s -o /dev/null "http://127.0.0.1:$p/health/live" && break; sleep 0.1; done
+}
+LONG='{"model": "tiny", "prompt": "go on", "max_tokens": 60000, "ignore_eos": true, "stream": true}'
+gateway $((port + 2)) --max-running 1 --max-waiting 0
+curl -sN "http://127.0.0.1:$((port + 2))/v1/completions" -d "$LONG" > "$dir/long.txt" &
+holder=$!
+for _ in $(seq 1 100); do [ -s "$dir/long.txt" ] && break; sleep 0.1; done
+got=$(code "http://127.0.0.1:$((port + 2))/v1/completions" -d '{"model": "tiny", "prompt": "x"}')
+check "generation slots and wait queue full: 429 queue_full ($got)" \
+  bash -c "[ $got = 429 ] && grep -q queue_full '$dir/body'"
+kill "$holder"; wait "$holder" 2>/dev/null
+kill -TERM "$extra"; wait "$extra"
+gateway $((port + 3)) --deadline-ms 300
+got=$(code "http://127.0.0.1:$((port + 3))/v1/completions" \
+  -d '{"model": "tiny", "prompt": "go on", "max_tokens": 60000, "ignore_eos": true}')
+check "deadline passed mid-generation: 504 ($got)" [ "$got" = 504 ]
+kill -TERM "$extra"; wait "$extra"
+
 check "the gateway is still serving" [ "$(code "$base/health/live")" = 200 ]
 
 # shutdown with a stream in flight: it gets an error event and [DONE], all exit cleanly
