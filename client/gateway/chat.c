@@ -41,8 +41,9 @@ static void classify(const char *tpl, const char *where, gw_chat_template *t) {
 void gw_chat_detect(const char *dir, gw_chat_template *t) {
   char path[1200];
   t->kind = GW_CHAT_NONE;
-  snprintf(t->why, sizeof t->why, "the model directory has no chat template "
-                                  "(tokenizer_config.json chat_template or chat_template.jinja)");
+  snprintf(t->why, sizeof t->why,
+           "the model directory has no chat template "
+           "(tokenizer_config.json chat_template or chat_template.jinja)");
   snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
   char *s = read_file(path);
   if (s) {

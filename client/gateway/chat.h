@@ -28,8 +28,8 @@ void gw_chat_detect(const char *dir, gw_chat_template *t);
 
 /* A chat message of a parsed request (strings owned by the request). */
 typedef struct gw_chat_msg {
-  char *role;          /* "system" | "user" | "assistant" | "tool" ... */
-  char *content;       /* text parts joined */
+  char *role;    /* "system" | "user" | "assistant" | "tool" ... */
+  char *content; /* text parts joined */
 } gw_chat_msg;
 
 /* Renders msgs with the generation prompt for the assistant appended

@@ -19,15 +19,15 @@ struct gw_job {
   int mi;
   gw_request req;
   size_t n_prompts;
-  int64_t **ids;   /* [n_prompts] tokenized prompts */
+  int64_t **ids; /* [n_prompts] tokenized prompts */
   size_t *n_ids;
-  char **echo;     /* [n_prompts] prompt text for echo (owned) */
-  double t0;       /* arrival, gw_now_s */
+  char **echo;      /* [n_prompts] prompt text for echo (owned) */
+  double t0;        /* arrival, gw_now_s */
   int64_t deadline; /* absolute, gw_now_ms */
   bool slot;
-  mbd_client *c0;  /* the first choice's client and session, opened in prepare */
+  mbd_client *c0; /* the first choice's client and session, opened in prepare */
   mbd_session *s0;
-  char route[65];  /* the first choice's route id: later choices are pinned to it */
+  char route[65]; /* the first choice's route id: later choices are pinned to it */
   char *stops[GW_MAX_STOP + 1];
   size_t n_stops;
   int64_t stop_ids[MAX_WORKER_STOP];
@@ -41,31 +41,31 @@ struct gw_job {
 typedef struct choice {
   gw_job *j;
   size_t index, prompt;
-  gw_sse *sse;       /* stream target, NULL when buffering */
+  gw_sse *sse; /* stream target, NULL when buffering */
   mbd_detok *dt;
   gw_stop st;
-  char *text;        /* released text (buffered mode) */
+  char *text; /* released text (buffered mode) */
   size_t len;
-  int64_t *toks;     /* tokens counted as completion tokens */
+  int64_t *toks; /* tokens counted as completion tokens */
   size_t n_toks, cap_toks;
   const char *finish; /* "stop" | "length" once ended */
-  bool cancelled;    /* the client went away, or the gateway is stopping */
-  bool shutdown;     /* cancelled because the gateway is stopping */
-  bool failed;       /* detokenizer or memory failure (err) */
+  bool cancelled;     /* the client went away, or the gateway is stopping */
+  bool shutdown;      /* cancelled because the gateway is stopping */
+  bool failed;        /* detokenizer or memory failure (err) */
   mbd_error err;
-  double last_s;     /* time of the previous token, 0 before the first */
-  size_t seen;       /* tokens of the current chunk the callback saw */
+  double last_s; /* time of the previous token, 0 before the first */
+  size_t seen;   /* tokens of the current chunk the callback saw */
   /* Streamed logprobs: tokens are held for a chunk, then scored by a shadow
    * session that prefills what the generating session consumed. */
   bool lp_stream;
-  mbd_client *lcl;   /* the shadow session's client and session */
+  mbd_client *lcl; /* the shadow session's client and session */
   mbd_session *ls;
-  float *prev;       /* [V] logits that predict the next token */
+  float *prev; /* [V] logits that predict the next token */
   int64_t V;
-  int64_t *pend;     /* tokens of the chunk in flight */
+  int64_t *pend; /* tokens of the chunk in flight */
   size_t n_pend, cap_pend;
-  json_t *lp;        /* logprobs not yet sent ({tokens, token_logprobs, ...}) */
-  size_t lp_off;     /* text_offset of the next token */
+  json_t *lp;    /* logprobs not yet sent ({tokens, token_logprobs, ...}) */
+  size_t lp_off; /* text_offset of the next token */
 } choice;
 
 int gw_job_model(const gw_job *j) { return j ? j->mi : -1; }
@@ -100,14 +100,18 @@ static int tokenize(gw_job *j, size_t p, const char *text, size_t len, gw_err *e
 
 static int open_session(gw_job *j, mbd_client **c, mbd_session **s, gw_err *e) {
   mbd_error err = {0};
-  if (!(*c = gw_client_get(j->g, &err))) return gw_err_from_service(e, &err, "connecting to the broker");
+  if (!(*c = gw_client_get(j->g, &err)))
+    return gw_err_from_service(e, &err, "connecting to the broker");
   mbd_route_want want;
   memset(&want, 0, sizeof want);
-  if (j->route[0]) snprintf(want.route_id, sizeof want.route_id, "%s", j->route);
-  else if (j->req.has_route) want = j->req.route;
+  if (j->route[0])
+    snprintf(want.route_id, sizeof want.route_id, "%s", j->route);
+  else if (j->req.has_route)
+    want = j->req.route;
   int64_t left = j->deadline - gw_now_ms();
   if (left <= 0)
-    return gw_err_set(e, 504, "timeout", "deadline_exceeded", NULL, "the request's deadline passed");
+    return gw_err_set(e, 504, "timeout", "deadline_exceeded", NULL,
+                      "the request's deadline passed");
   mbd_call_opts co = {&want, left};
   if (mbd_session_open(*c, &co, j->m->name, s, &err))
     return gw_err_from_service(e, &err, "opening a session");
@@ -144,8 +148,10 @@ int gw_job_prepare(gw_ctx *g, gw_request *req, double t0, gw_job **out, gw_err *
                       q->model);
   j->mi = gw_model_index(g, j->m);
   if (q->chat && j->m->chat.kind == GW_CHAT_NONE)
-    return gw_err_bad(e, "messages", "model '%s' has no chat template the gateway can render: %s; "
-                      "use /v1/completions with a prompt", q->model, j->m->chat.why);
+    return gw_err_bad(e, "messages",
+                      "model '%s' has no chat template the gateway can render: %s; "
+                      "use /v1/completions with a prompt",
+                      q->model, j->m->chat.why);
   if (gw_model_check(g, j->m, e)) return -1;
   for (size_t i = 0; i < q->n_stop; i++) j->stops[j->n_stops++] = q->stop[i];
   for (size_t i = 0; i < q->n_stop_ids; i++) j->stop_ids[j->n_stop_ids++] = q->stop_ids[i];
@@ -182,8 +188,10 @@ int gw_job_prepare(gw_ctx *g, gw_request *req, double t0, gw_job **out, gw_err *
       }
       for (size_t i = 0; i < pr->n_ids; i++)
         if (pr->ids[i] >= vocab)
-          return gw_err_bad(e, "prompt", "prompt %zu: token id %lld is outside the vocabulary "
-                            "(%lld ids)", p, (long long)pr->ids[i], (long long)vocab);
+          return gw_err_bad(e, "prompt",
+                            "prompt %zu: token id %lld is outside the vocabulary "
+                            "(%lld ids)",
+                            p, (long long)pr->ids[i], (long long)vocab);
       if (!(j->ids[p] = malloc(pr->n_ids * sizeof **j->ids))) return oom(e);
       memcpy(j->ids[p], pr->ids, pr->n_ids * sizeof **j->ids);
       j->n_ids[p] = pr->n_ids;
@@ -245,7 +253,8 @@ static double finite_lp(double x) { return isfinite(x) ? x : -9999.0; }
 
 /* OpenAI's legacy logprobs object, empty. */
 static json_t *lp_new(void) {
-  return json_pack("{s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+  return json_pack("{s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs", "top_logprobs",
+                   "text_offset");
 }
 
 /* Appends token tok, predicted by row[0..V) (NULL: nothing predicts it), with
@@ -291,7 +300,8 @@ static void lp_append(const gw_model *m, json_t *lp, const float *row, int64_t V
  * bytes, top_logprobs: [{token, logprob, bytes}]}]} (new reference). */
 static json_t *bytes_of(const char *s) {
   json_t *a = json_array();
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) json_array_append_new(a, json_integer(*p));
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+    json_array_append_new(a, json_integer(*p));
   return a;
 }
 
@@ -303,12 +313,12 @@ static json_t *lp_chat(const json_t *lp) {
     const char *t = json_string_value(json_array_get(toks, i));
     json_t *top = json_array(), *v;
     const char *k;
-    json_object_foreach(json_array_get(tops, i), k, v)
-      json_array_append_new(top, json_pack("{s:s,s:O,s:o}", "token", k, "logprob", v, "bytes", bytes_of(k)));
+    json_object_foreach(json_array_get(tops, i), k, v) json_array_append_new(
+        top, json_pack("{s:s,s:O,s:o}", "token", k, "logprob", v, "bytes", bytes_of(k)));
     json_t *x = json_array_get(lps, i);
     json_array_append_new(content, json_pack("{s:s,s:o,s:o,s:o}", "token", t ? t : "", "logprob",
-                                             json_is_null(x) ? json_real(0) : json_incref(x), "bytes",
-                                             bytes_of(t ? t : ""), "top_logprobs", top));
+                                             json_is_null(x) ? json_real(0) : json_incref(x),
+                                             "bytes", bytes_of(t ? t : ""), "top_logprobs", top));
   }
   return json_pack("{s:o}", "content", content);
 }
@@ -459,8 +469,10 @@ static void hold(choice *c, int64_t tok) {
 static void token_cb(void *user, const int64_t *tokens, size_t n) {
   choice *c = user;
   for (size_t i = 0; i < n; i++) {
-    if (c->lp_stream) hold(c, tokens[i]);
-    else on_token(c, tokens[i]);
+    if (c->lp_stream)
+      hold(c, tokens[i]);
+    else
+      on_token(c, tokens[i]);
   }
   c->seen += n;
 }
@@ -476,7 +488,8 @@ static int shadow_prefill(choice *c, const int64_t *ids, size_t n, bool last_onl
   snprintf(pin.route_id, sizeof pin.route_id, "%s", j->route);
   int64_t left = j->deadline - gw_now_ms();
   if (left <= 0)
-    return gw_err_set(e, 504, "timeout", "deadline_exceeded", NULL, "the request's deadline passed");
+    return gw_err_set(e, 504, "timeout", "deadline_exceeded", NULL,
+                      "the request's deadline passed");
   mbd_call_opts co = {&pin, left};
   mbd_tensor_desc d;
   int64_t shape[1] = {(int64_t)n};
@@ -541,7 +554,8 @@ static int generate(choice *c, mbd_client *cl, mbd_session *s, gw_err *e) {
   mbd_tensor_out_release(&lg);
   gw_metrics_tokens(j->g->metrics, j->mi, (int64_t)j->n_ids[c->prompt], 0);
   if (c->lp_stream) { /* the shadow session: same route, same prompt */
-    if (!(c->lcl = gw_client_get(j->g, &err))) return gw_err_from_service(e, &err, "connecting to the broker");
+    if (!(c->lcl = gw_client_get(j->g, &err)))
+      return gw_err_from_service(e, &err, "connecting to the broker");
     co.deadline_ms = j->deadline - gw_now_ms() > 0 ? j->deadline - gw_now_ms() : 1;
     if (mbd_session_open(c->lcl, &co, j->m->name, &c->ls, &err))
       return gw_err_from_service(e, &err, "opening a session for logprobs");
@@ -577,8 +591,10 @@ static int generate(choice *c, mbd_client *cl, mbd_session *s, gw_err *e) {
     int64_t pb = mbd_client_last_reply(cl)->peak_batch;
     if (pb > 0) gw_metrics_observe(j->g->metrics, j->mi, GW_H_BATCH, (double)pb);
     for (size_t i = c->seen; i < nt; i++) { /* the FINAL's tail */
-      if (c->lp_stream) hold(c, toks[i]);
-      else on_token(c, toks[i]);
+      if (c->lp_stream)
+        hold(c, toks[i]);
+      else
+        on_token(c, toks[i]);
     }
     free(toks);
     if (c->lp_stream && score_chunk(c, e)) return -1;
@@ -624,8 +640,10 @@ static int run_choice(choice *c, gw_err *e) {
     rc = open_session(j, &cl, &s, e);
   }
   if (rc == 0) {
-    if (c->sse && j->echo[c->prompt]) emit(c, j->echo[c->prompt], strlen(j->echo[c->prompt]));
-    else if (!c->sse && j->echo[c->prompt]) emit(c, j->echo[c->prompt], strlen(j->echo[c->prompt]));
+    if (c->sse && j->echo[c->prompt])
+      emit(c, j->echo[c->prompt], strlen(j->echo[c->prompt]));
+    else if (!c->sse && j->echo[c->prompt])
+      emit(c, j->echo[c->prompt], strlen(j->echo[c->prompt]));
     rc = generate(c, cl, s, e);
   }
   mbd_session_close(&s, NULL);
@@ -659,9 +677,10 @@ static int logprobs(choice *c, json_t **out, gw_err *e) {
   size_t P = j->n_ids[c->prompt], G = c->n_toks, T = P + G;
   int64_t V = mbd_tokenizer_vocab_size(m->tok);
   if (T > 0 && (size_t)V > LOGPROB_MAX_BYTES / 4 / T)
-    return gw_err_bad(e, "logprobs", "logprobs over %zu tokens need %zu MiB of logits (limit %zu "
-                      "MiB): ask for fewer tokens", T, T * (size_t)V * 4 >> 20,
-                      LOGPROB_MAX_BYTES >> 20);
+    return gw_err_bad(e, "logprobs",
+                      "logprobs over %zu tokens need %zu MiB of logits (limit %zu "
+                      "MiB): ask for fewer tokens",
+                      T, T * (size_t)V * 4 >> 20, LOGPROB_MAX_BYTES >> 20);
   int64_t *ids = malloc(T * sizeof *ids);
   if (!ids) return oom(e);
   memcpy(ids, j->ids[c->prompt], P * sizeof *ids);
@@ -750,8 +769,8 @@ int gw_job_run(gw_job *j, char **body, gw_err *e) {
   if (rc == 0) {
     json_t *o = json_pack("{s:s,s:s,s:I,s:s,s:s,s:o,s:o}", "id", j->id, "object",
                           q->chat ? "chat.completion" : "text_completion", "created",
-                          (json_int_t)j->created, "model", j->m->name, "system_fingerprint", j->route,
-                          "choices", choices, "usage", usage(j));
+                          (json_int_t)j->created, "model", j->m->name, "system_fingerprint",
+                          j->route, "choices", choices, "usage", usage(j));
     choices = NULL;
     *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);

@@ -37,14 +37,32 @@ int gw_err_from_service(gw_err *e, const mbd_error *se, const char *what) {
   int http = 500;
   const char *type = "server_error";
   switch (se->code) {
-  case MBD_E_NO_ROUTE: http = 503; type = "service_unavailable"; break;
-  case MBD_E_BUSY: http = 429; type = "rate_limit_error"; break;
-  case MBD_E_TIMEOUT: http = 504; type = "timeout"; break;
+  case MBD_E_NO_ROUTE:
+    http = 503;
+    type = "service_unavailable";
+    break;
+  case MBD_E_BUSY:
+    http = 429;
+    type = "rate_limit_error";
+    break;
+  case MBD_E_TIMEOUT:
+    http = 504;
+    type = "timeout";
+    break;
   case MBD_E_INVALID:
   case MBD_E_SHAPE:
-  case MBD_E_TOO_LARGE: http = 400; type = "invalid_request_error"; break;
-  case MBD_E_NOT_FOUND: http = 404; type = "invalid_request_error"; break;
-  case MBD_E_WORKER_LOST: http = 503; type = "service_unavailable"; break;
+  case MBD_E_TOO_LARGE:
+    http = 400;
+    type = "invalid_request_error";
+    break;
+  case MBD_E_NOT_FOUND:
+    http = 404;
+    type = "invalid_request_error";
+    break;
+  case MBD_E_WORKER_LOST:
+    http = 503;
+    type = "service_unavailable";
+    break;
   default: break;
   }
   char code[40];

@@ -9,10 +9,10 @@
 
 /* A failure to answer with: HTTP status + OpenAI fields. Plain data. */
 typedef struct gw_err {
-  int http;          /* 400, 404, 413, 429, 500, 503, 504 ... */
-  char type[40];     /* "invalid_request_error", "server_error", ... */
-  char code[40];     /* "model_not_found", "" = null */
-  char param[40];    /* the request field at fault, "" = null */
+  int http;       /* 400, 404, 413, 429, 500, 503, 504 ... */
+  char type[40];  /* "invalid_request_error", "server_error", ... */
+  char code[40];  /* "model_not_found", "" = null */
+  char param[40]; /* the request field at fault, "" = null */
   char msg[1024];
 } gw_err;
 

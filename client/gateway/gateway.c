@@ -33,9 +33,7 @@ gw_model *gw_find_model(gw_ctx *g, const char *name) {
   return NULL;
 }
 
-int gw_model_index(const gw_ctx *g, const gw_model *m) {
-  return m ? (int)(m - g->models) : -1;
-}
+int gw_model_index(const gw_ctx *g, const gw_model *m) { return m ? (int)(m - g->models) : -1; }
 
 gw_client_pool *gw_client_pool_new(void) {
   gw_client_pool *p = calloc(1, sizeof *p);

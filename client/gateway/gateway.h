@@ -20,24 +20,24 @@
 #define GW_MAX_MODELS 32
 
 typedef struct gw_options {
-  char connect[256];      /* broker clients endpoint */
-  char host[64];          /* listen address ("127.0.0.1") */
-  int port;               /* listen port */
-  size_t max_body;        /* request body cap in bytes (default 1 MiB) */
-  int conn_timeout_s;     /* idle connection timeout (default 30) */
-  int max_conns;          /* open connections at once (default 256) */
-  int max_running;        /* generations in flight at once (default 64) */
-  int max_waiting;        /* requests waiting for a slot before 429 (default 256) */
-  int64_t deadline_ms;    /* per request (default 120000) */
-  int chunk_tokens;       /* tokens per GENERATE (default 16): how soon stops take effect */
+  char connect[256];   /* broker clients endpoint */
+  char host[64];       /* listen address ("127.0.0.1") */
+  int port;            /* listen port */
+  size_t max_body;     /* request body cap in bytes (default 1 MiB) */
+  int conn_timeout_s;  /* idle connection timeout (default 30) */
+  int max_conns;       /* open connections at once (default 256) */
+  int max_running;     /* generations in flight at once (default 64) */
+  int max_waiting;     /* requests waiting for a slot before 429 (default 256) */
+  int64_t deadline_ms; /* per request (default 120000) */
+  int chunk_tokens;    /* tokens per GENERATE (default 16): how soon stops take effect */
 } gw_options;
 
 typedef struct gw_model {
-  char name[64];          /* catalogue name = the request's `model` */
-  char dir[1024];         /* checkpoint directory */
-  mbd_tokenizer *tok;     /* owned */
-  gw_chat_template chat;  /* GW_CHAT_NONE when the directory has none we can render */
-  int32_t eos;            /* end-of-text id added to every stop list, -1 when none */
+  char name[64];         /* catalogue name = the request's `model` */
+  char dir[1024];        /* checkpoint directory */
+  mbd_tokenizer *tok;    /* owned */
+  gw_chat_template chat; /* GW_CHAT_NONE when the directory has none we can render */
+  int32_t eos;           /* end-of-text id added to every stop list, -1 when none */
 } gw_model;
 
 typedef struct gw_client_pool gw_client_pool;
@@ -48,16 +48,16 @@ typedef struct gw_ctx {
   gw_model models[GW_MAX_MODELS];
   gw_metrics *metrics;
   gw_client_pool *pool;
-  pthread_mutex_t mu;     /* guards the slots */
+  pthread_mutex_t mu; /* guards the slots */
   pthread_cond_t slot_cv;
-  int running;            /* generations holding a slot */
+  int running;               /* generations holding a slot */
   pthread_mutex_t status_mu; /* guards the status cache and its client */
   mbd_client *status_client; /* STATUS only, short deadline (owned; made on first use) */
-  atomic_bool stopping;   /* shutting down: generations end at their next chunk */
-  int streams;            /* stream threads running (under mu) */
+  atomic_bool stopping;      /* shutting down: generations end at their next chunk */
+  int streams;               /* stream threads running (under mu) */
   pthread_cond_t streams_cv; /* signalled when a stream thread ends */
   mbd_status_report *status; /* last STATUS (owned), NULL when the broker did not answer */
-  int64_t status_ms;      /* when it was fetched (monotonic ms), 0 = never */
+  int64_t status_ms;         /* when it was fetched (monotonic ms), 0 = never */
 } gw_ctx;
 
 int64_t gw_now_ms(void);

@@ -12,14 +12,15 @@
 #include "client/gateway/http.h"
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: mambad-gateway --model NAME=DIR [--model ...] [--connect EP] [--listen HOST:PORT]\n"
-          "       [--max-body-bytes N] [--conn-timeout-s N] [--max-conns N] [--max-running N]\n"
-          "       [--max-waiting N] [--deadline-ms N] [--chunk-tokens N]\n"
-          "Serves OpenAI's /v1/completions, /v1/chat/completions and /v1/models, plus\n"
-          "/health/live, /health/ready and /metrics, for the models named (DIR holds the\n"
-          "checkpoint's tokenizer.json). --connect: the broker's clients endpoint (default\n"
-          "ipc:///tmp/mambad/clients.sock); --listen default 127.0.0.1:8000 (port 0 picks one).\n");
+  fprintf(
+      f,
+      "usage: mambad-gateway --model NAME=DIR [--model ...] [--connect EP] [--listen HOST:PORT]\n"
+      "       [--max-body-bytes N] [--conn-timeout-s N] [--max-conns N] [--max-running N]\n"
+      "       [--max-waiting N] [--deadline-ms N] [--chunk-tokens N]\n"
+      "Serves OpenAI's /v1/completions, /v1/chat/completions and /v1/models, plus\n"
+      "/health/live, /health/ready and /metrics, for the models named (DIR holds the\n"
+      "checkpoint's tokenizer.json). --connect: the broker's clients endpoint (default\n"
+      "ipc:///tmp/mambad/clients.sock); --listen default 127.0.0.1:8000 (port 0 picks one).\n");
 }
 
 static int parse_int(const char *opt, const char *v, long long lo, long long hi, long long *out) {
@@ -27,7 +28,8 @@ static int parse_int(const char *opt, const char *v, long long lo, long long hi,
   errno = 0;
   long long x = strtoll(v, &end, 10);
   if (!*v || *end || errno || x < lo || x > hi) {
-    fprintf(stderr, "mambad-gateway: %s wants an integer in %lld..%lld, got '%s'\n", opt, lo, hi, v);
+    fprintf(stderr, "mambad-gateway: %s wants an integer in %lld..%lld, got '%s'\n", opt, lo, hi,
+            v);
     return -1;
   }
   *out = x;
@@ -50,8 +52,10 @@ static int add_model(gw_ctx *g, const char *spec) {
   snprintf(m->dir, sizeof m->dir, "%s", eq + 1);
   mbd_error err = {0};
   if (mbd_tokenizer_load(m->dir, &m->tok, &err)) {
-    fprintf(stderr, "mambad-gateway: model '%s': %s: %s (the model directory needs the "
-            "checkpoint's tokenizer.json)\n", m->name, mbd_status_name(err.code), err.msg);
+    fprintf(stderr,
+            "mambad-gateway: model '%s': %s: %s (the model directory needs the "
+            "checkpoint's tokenizer.json)\n",
+            m->name, mbd_status_name(err.code), err.msg);
     return -1;
   }
   m->eos = -1;
@@ -66,13 +70,18 @@ static int add_model(gw_ctx *g, const char *spec) {
 }
 
 int main(int argc, char **argv) {
-  static const struct option opts[] = {
-      {"connect", required_argument, 0, 'c'},      {"listen", required_argument, 0, 'l'},
-      {"model", required_argument, 0, 'm'},        {"max-body-bytes", required_argument, 0, 'B'},
-      {"conn-timeout-s", required_argument, 0, 'T'}, {"max-conns", required_argument, 0, 'C'},
-      {"max-running", required_argument, 0, 'R'},  {"max-waiting", required_argument, 0, 'W'},
-      {"deadline-ms", required_argument, 0, 'D'},  {"chunk-tokens", required_argument, 0, 'K'},
-      {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
+  static const struct option opts[] = {{"connect", required_argument, 0, 'c'},
+                                       {"listen", required_argument, 0, 'l'},
+                                       {"model", required_argument, 0, 'm'},
+                                       {"max-body-bytes", required_argument, 0, 'B'},
+                                       {"conn-timeout-s", required_argument, 0, 'T'},
+                                       {"max-conns", required_argument, 0, 'C'},
+                                       {"max-running", required_argument, 0, 'R'},
+                                       {"max-waiting", required_argument, 0, 'W'},
+                                       {"deadline-ms", required_argument, 0, 'D'},
+                                       {"chunk-tokens", required_argument, 0, 'K'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
   static gw_ctx ctx; /* large (models); lives for the whole process */
   gw_ctx *g = &ctx;
   int rc = 1;

@@ -16,7 +16,8 @@ int gw_health_ready(gw_ctx *g, char **body) {
   for (size_t i = 0; i < g->n_models; i++) {
     gw_err e;
     memset(&e, 0, sizeof e);
-    if (gw_model_check(g, &g->models[i], &e)) json_object_set_new(why, g->models[i].name, json_string(e.msg));
+    if (gw_model_check(g, &g->models[i], &e))
+      json_object_set_new(why, g->models[i].name, json_string(e.msg));
   }
   bool ready = json_object_size(why) == 0;
   json_t *o = json_pack("{s:s,s:o}", "status", ready ? "ready" : "not_ready", "models", why);

@@ -47,7 +47,8 @@ static enum MHD_Result send_body(struct MHD_Connection *c, int http, char *body,
     http = 500;
     if (!body) return MHD_NO;
   }
-  struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+  struct MHD_Response *r =
+      MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
   if (!r) {
     free(body);
     return MHD_NO;
@@ -114,7 +115,8 @@ static enum MHD_Result completions(gw_ctx *g, struct MHD_Connection *c, const ch
     gw_metrics_request(g->metrics, mi, ep, 200);
     return send_json(c, 200, body);
   }
-  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
   gw_sse *s = gw_sse_new(ci ? (int)ci->connect_fd : -1, g->opt.conn_timeout_s);
   stream_arg *a = s ? calloc(1, sizeof *a) : NULL;
   struct MHD_Response *r = a ? gw_sse_response(s) : NULL;
@@ -166,10 +168,14 @@ static enum MHD_Result route(gw_ctx *g, struct MHD_Connection *c, const char *ur
                method, url);
     return send_err(g, c, url, -1, &e);
   }
-  if (!strcmp(url, "/v1/models")) http = gw_models(g, NULL, &body);
-  else if (!strncmp(url, "/v1/models/", 11) && url[11]) http = gw_models(g, url + 11, &body);
-  else if (!strcmp(url, "/health/live") || !strcmp(url, "/health")) http = gw_health_live(g, &body);
-  else if (!strcmp(url, "/health/ready")) http = gw_health_ready(g, &body);
+  if (!strcmp(url, "/v1/models"))
+    http = gw_models(g, NULL, &body);
+  else if (!strncmp(url, "/v1/models/", 11) && url[11])
+    http = gw_models(g, url + 11, &body);
+  else if (!strcmp(url, "/health/live") || !strcmp(url, "/health"))
+    http = gw_health_live(g, &body);
+  else if (!strcmp(url, "/health/ready"))
+    http = gw_health_ready(g, &body);
   else if (!strcmp(url, "/metrics")) {
     http = gw_metrics_page(g, &body);
     kind = "text/plain; version=0.0.4; charset=utf-8";
@@ -180,7 +186,8 @@ static enum MHD_Result route(gw_ctx *g, struct MHD_Connection *c, const char *ur
                url);
     return send_err(g, c, "other", -1, &e);
   }
-  gw_metrics_request(g->metrics, -1, !strncmp(url, "/v1/models/", 11) ? "/v1/models/{id}" : url, http);
+  gw_metrics_request(g->metrics, -1, !strncmp(url, "/v1/models/", 11) ? "/v1/models/{id}" : url,
+                     http);
   return send_body(c, http, body, kind);
 }
 
@@ -259,17 +266,17 @@ int gw_http_start(gw_ctx *g, gw_http **out, char *msg, size_t cap) {
     return -1;
   }
   h->g = g;
-  h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                              MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG,
-                          (uint16_t)g->opt.port, NULL, NULL, on_request, g,
-                          MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)g->opt.conn_timeout_s,
-                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)g->opt.max_conns,
-                          MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)g->opt.max_conns,
-                          MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
-                          MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL, MHD_OPTION_END);
+  h->d = MHD_start_daemon(
+      MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
+          MHD_USE_ERROR_LOG,
+      (uint16_t)g->opt.port, NULL, NULL, on_request, g, MHD_OPTION_SOCK_ADDR,
+      (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)g->opt.conn_timeout_s,
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)g->opt.max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+      (unsigned)g->opt.max_conns, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
+      MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL, MHD_OPTION_END);
   if (!h->d) {
-    snprintf(msg, cap, "cannot listen on %s:%d (in use, or not permitted)", g->opt.host, g->opt.port);
+    snprintf(msg, cap, "cannot listen on %s:%d (in use, or not permitted)", g->opt.host,
+             g->opt.port);
     free(h);
     return -1;
   }
@@ -293,7 +300,8 @@ void gw_http_stop(gw_http **hp) {
   while (g->streams > 0) pthread_cond_wait(&g->streams_cv, &g->mu);
   pthread_mutex_unlock(&g->mu);
   for (int i = 0; i < 100; i++) { /* up to 2 s for answers still being written */
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info((*hp)->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+    const union MHD_DaemonInfo *di =
+        MHD_get_daemon_info((*hp)->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
     if (!di || di->num_connections == 0) break;
     struct timespec ts = {0, 20 * 1000000L};
     nanosleep(&ts, NULL);

@@ -16,7 +16,7 @@
 static const char *const k_reasons[N_REASONS] = {"stop", "length", "cancelled", "error"};
 
 /* Bucket bounds in seconds, shared by all histograms (vLLM's TTFT-like range). */
-static const double k_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25,
+static const double k_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,
                                   0.5,   0.75,   1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
 #define N_BOUNDS (sizeof k_bounds / sizeof k_bounds[0])
 /* Batch rows: powers of two up to the largest batch a worker takes. */
@@ -30,8 +30,9 @@ static const double *bounds_of(int h, size_t *n) {
   return h == GW_H_BATCH ? k_batch_bounds : k_bounds;
 }
 
+/* Counts per bound, not cumulative (N_BOUNDS >= every kind's); +Inf is count. */
 typedef struct hist {
-  uint64_t buckets[N_BOUNDS]; /* non-cumulative counts per bound (N_BOUNDS >= every kind's); +Inf is count */
+  uint64_t buckets[N_BOUNDS];
   uint64_t count;
   double sum;
 } hist;
@@ -46,7 +47,8 @@ typedef struct req_row {
 static const struct {
   const char *name, *help;
 } k_hist[GW_H_COUNT] = {
-    {"mambad_time_to_first_token_seconds", "Time from request arrival to the first generated token."},
+    {"mambad_time_to_first_token_seconds",
+     "Time from request arrival to the first generated token."},
     {"mambad_inter_token_latency_seconds", "Time between two generated tokens of one request."},
     {"mambad_e2e_request_latency_seconds", "Time from request arrival to its last byte."},
     {"mambad_request_queue_time_seconds",
@@ -72,7 +74,8 @@ gw_metrics *gw_metrics_new(size_t n, const char *const *names) {
   if (!m) return NULL;
   pthread_mutex_init(&m->mu, NULL);
   m->n_models = n < MAX_MODELS ? n : MAX_MODELS;
-  for (size_t i = 0; i < m->n_models; i++) snprintf(m->names[i], sizeof m->names[i], "%s", names[i]);
+  for (size_t i = 0; i < m->n_models; i++)
+    snprintf(m->names[i], sizeof m->names[i], "%s", names[i]);
   return m;
 }
 
@@ -83,14 +86,17 @@ void gw_metrics_destroy(gw_metrics **m) {
   *m = NULL;
 }
 
-static bool valid(const gw_metrics *m, int model) { return model >= 0 && (size_t)model < m->n_models; }
+static bool valid(const gw_metrics *m, int model) {
+  return model >= 0 && (size_t)model < m->n_models;
+}
 
 void gw_metrics_request(gw_metrics *m, int model, const char *endpoint, int http) {
   if (!valid(m, model)) model = -1;
   pthread_mutex_lock(&m->mu);
   size_t i = 0;
   for (; i < m->n_rows; i++)
-    if (m->rows[i].model == model && m->rows[i].http == http && !strcmp(m->rows[i].endpoint, endpoint))
+    if (m->rows[i].model == model && m->rows[i].http == http &&
+        !strcmp(m->rows[i].endpoint, endpoint))
       break;
   if (i == m->n_rows) {
     if (m->n_rows == MAX_REQ_ROWS) {
@@ -198,9 +204,12 @@ static void out(sbuf *b, const char *fmt, ...) {
 static const char *esc(const char *s, char *dst, size_t cap) {
   size_t j = 0;
   for (; *s && j + 2 < cap; s++) {
-    if (*s == '\\' || *s == '"') dst[j++] = '\\', dst[j++] = *s;
-    else if (*s == '\n') dst[j++] = '\\', dst[j++] = 'n';
-    else dst[j++] = *s;
+    if (*s == '\\' || *s == '"')
+      dst[j++] = '\\', dst[j++] = *s;
+    else if (*s == '\n')
+      dst[j++] = '\\', dst[j++] = 'n';
+    else
+      dst[j++] = *s;
   }
   dst[j] = '\0';
   return dst;
@@ -227,11 +236,13 @@ static void render_workers(sbuf *b, const mbd_status_report *r) {
   static const struct {
     const char *name, *help, *type;
   } k[] = {
-      {"mambad_worker_up", "1 when the broker heard from the worker within its liveness window.", "gauge"},
+      {"mambad_worker_up", "1 when the broker heard from the worker within its liveness window.",
+       "gauge"},
       {"mambad_worker_capacity", "Requests the worker accepts at once.", "gauge"},
       {"mambad_worker_requests_inflight", "Requests in flight on the worker now.", "gauge"},
       {"mambad_worker_sessions", "Open sessions on the worker (-1: not reported).", "gauge"},
-      {"mambad_worker_heartbeat_age_seconds", "Since the broker last heard from the worker.", "gauge"},
+      {"mambad_worker_heartbeat_age_seconds", "Since the broker last heard from the worker.",
+       "gauge"},
       {"mambad_worker_uptime_seconds", "Since the worker registered.", "gauge"},
   };
   char wn[160], rt[40], dev[200], mn[160], dg[160], td[160];
@@ -271,8 +282,9 @@ static void render_workers(sbuf *b, const mbd_status_report *r) {
           esc(w->models[j].name, mn, sizeof mn), esc(w->models[j].digest, dg, sizeof dg),
           esc(w->models[j].tokenizer_digest, td, sizeof td));
   }
-  out(b, "# HELP mambad_broker_queue_length Requests waiting in the broker for a worker.\n"
-         "# TYPE mambad_broker_queue_length gauge\nmambad_broker_queue_length %lld\n",
+  out(b,
+      "# HELP mambad_broker_queue_length Requests waiting in the broker for a worker.\n"
+      "# TYPE mambad_broker_queue_length gauge\nmambad_broker_queue_length %lld\n",
       (long long)r->queue);
 }
 
@@ -285,8 +297,9 @@ char *gw_metrics_render(gw_metrics *m, const mbd_status_report *r) {
   for (size_t i = 0; i < m->n_rows; i++) {
     const req_row *q = &m->rows[i];
     out(&b, "mambad_http_requests_total{endpoint=\"%s\",model=\"%s\",code=\"%d\"} %llu\n",
-        esc(q->endpoint, ep, sizeof ep), q->model >= 0 ? esc(m->names[q->model], mn, sizeof mn) : "",
-        q->http, (unsigned long long)q->n);
+        esc(q->endpoint, ep, sizeof ep),
+        q->model >= 0 ? esc(m->names[q->model], mn, sizeof mn) : "", q->http,
+        (unsigned long long)q->n);
   }
   out(&b, "# HELP mambad_prompt_tokens_total Prompt tokens prefilled.\n"
           "# TYPE mambad_prompt_tokens_total counter\n");
@@ -319,18 +332,20 @@ char *gw_metrics_render(gw_metrics *m, const mbd_status_report *r) {
       }
       out(&b, "%s_bucket{model=\"%s\",le=\"+Inf\"} %llu\n", k_hist[h].name, mn,
           (unsigned long long)x->count);
-      out(&b, "%s_sum{model=\"%s\"} %.9g\n%s_count{model=\"%s\"} %llu\n", k_hist[h].name, mn, x->sum,
-          k_hist[h].name, mn, (unsigned long long)x->count);
+      out(&b, "%s_sum{model=\"%s\"} %.9g\n%s_count{model=\"%s\"} %llu\n", k_hist[h].name, mn,
+          x->sum, k_hist[h].name, mn, (unsigned long long)x->count);
     }
   }
-  out(&b, "# HELP mambad_num_requests_running Requests generating now.\n"
-          "# TYPE mambad_num_requests_running gauge\nmambad_num_requests_running %lld\n"
-          "# HELP mambad_num_requests_waiting Requests waiting for a generation slot.\n"
-          "# TYPE mambad_num_requests_waiting gauge\nmambad_num_requests_waiting %lld\n",
+  out(&b,
+      "# HELP mambad_num_requests_running Requests generating now.\n"
+      "# TYPE mambad_num_requests_running gauge\nmambad_num_requests_running %lld\n"
+      "# HELP mambad_num_requests_waiting Requests waiting for a generation slot.\n"
+      "# TYPE mambad_num_requests_waiting gauge\nmambad_num_requests_waiting %lld\n",
       (long long)m->running, (long long)m->waiting);
   pthread_mutex_unlock(&m->mu);
-  out(&b, "# HELP mambad_gateway_broker_up 1 when the broker answered STATUS for this scrape.\n"
-          "# TYPE mambad_gateway_broker_up gauge\nmambad_gateway_broker_up %d\n",
+  out(&b,
+      "# HELP mambad_gateway_broker_up 1 when the broker answered STATUS for this scrape.\n"
+      "# TYPE mambad_gateway_broker_up gauge\nmambad_gateway_broker_up %d\n",
       r ? 1 : 0);
   if (r) render_workers(&b, r);
   if (b.bad) {

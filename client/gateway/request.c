@@ -17,7 +17,8 @@ static char *dup_n(const char *s, size_t n) {
 }
 
 static int oom(gw_err *e) {
-  return gw_err_set(e, 500, "server_error", "out_of_memory", NULL, "out of memory parsing the request");
+  return gw_err_set(e, 500, "server_error", "out_of_memory", NULL,
+                    "out of memory parsing the request");
 }
 
 /* An array of integers (token ids) -> ids; 0 when it is not one. */
@@ -25,7 +26,8 @@ static int id_array(const json_t *a, const char *param, int64_t **ids, size_t *n
   size_t k = json_array_size(a), i;
   json_t *v;
   if (k == 0) return gw_err_bad(e, param, "'%s' must not be empty", param);
-  if (k > (1u << 20)) return gw_err_bad(e, param, "'%s' has %zu tokens (at most %u)", param, k, 1u << 20);
+  if (k > (1u << 20))
+    return gw_err_bad(e, param, "'%s' has %zu tokens (at most %u)", param, k, 1u << 20);
   *ids = malloc(k * sizeof **ids);
   if (!*ids) return oom(e);
   json_array_foreach(a, i, v) {
@@ -55,8 +57,9 @@ static int parse_prompt(const json_t *v, gw_request *r, gw_err *e) {
   if (!(r->prompts = calloc(cap, sizeof *r->prompts))) return oom(e);
   if (json_is_string(v)) return add_text_prompt(r, v, e);
   if (!json_is_array(v))
-    return gw_err_bad(e, "prompt", "'prompt' must be a string, an array of strings, or an array "
-                                   "of token ids (or of token-id arrays)");
+    return gw_err_bad(e, "prompt",
+                      "'prompt' must be a string, an array of strings, or an array "
+                      "of token ids (or of token-id arrays)");
   if (json_is_integer(json_array_get(v, 0))) {
     gw_prompt *p = &r->prompts[r->n_prompts++];
     return id_array(v, "prompt", &p->ids, &p->n_ids, e);
@@ -87,16 +90,20 @@ static int content_text(const json_t *c, size_t idx, char **out, gw_err *e) {
     return *out ? 0 : oom(e);
   }
   if (!json_is_array(c))
-    return gw_err_bad(e, "messages", "messages[%zu].content must be a string or an array of "
-                                     "text parts", idx);
+    return gw_err_bad(e, "messages",
+                      "messages[%zu].content must be a string or an array of "
+                      "text parts",
+                      idx);
   size_t len = 0, i;
   json_t *p;
   json_array_foreach(c, i, p) {
     const char *ty = json_string_value(json_object_get(p, "type"));
     json_t *t = json_object_get(p, "text");
     if (!ty || strcmp(ty, "text") || !json_is_string(t))
-      return gw_err_bad(e, "messages", "messages[%zu].content[%zu]: only {\"type\": \"text\", "
-                                       "\"text\": ...} parts are supported", idx, i);
+      return gw_err_bad(e, "messages",
+                        "messages[%zu].content[%zu]: only {\"type\": \"text\", "
+                        "\"text\": ...} parts are supported",
+                        idx, i);
     len += json_string_length(t);
   }
   if (!(*out = malloc(len + 1))) return oom(e);
@@ -145,8 +152,9 @@ static int parse_stop(const json_t *v, gw_request *r, gw_err *e) {
   }
   int rc = 0;
   if (!json_is_array(v)) {
-    rc = gw_err_bad(e, "stop", "'stop' must be a string or an array of strings (token ids as "
-                               "integers are an extension)");
+    rc = gw_err_bad(e, "stop",
+                    "'stop' must be a string or an array of strings (token ids as "
+                    "integers are an extension)");
     goto done;
   }
   size_t i;
@@ -166,7 +174,8 @@ static int parse_stop(const json_t *v, gw_request *r, gw_err *e) {
         goto done;
       }
       r->n_stop++;
-    } else if (json_is_integer(x) && json_integer_value(x) >= 0 && json_integer_value(x) <= INT32_MAX) {
+    } else if (json_is_integer(x) && json_integer_value(x) >= 0 &&
+               json_integer_value(x) <= INT32_MAX) {
       if (r->n_stop_ids == GW_MAX_STOP_IDS) {
         rc = gw_err_bad(e, "stop", "at most %d stop token ids", GW_MAX_STOP_IDS);
         goto done;
@@ -193,10 +202,14 @@ static int want_field(mbd_route_want *w, const char *k, const char *v, gw_err *e
     const char *key;
     char *dst;
     size_t cap;
-  } f[] = {{"route_id", w->route_id, sizeof w->route_id},   {"id", w->route_id, sizeof w->route_id},
-           {"backend", w->backend, sizeof w->backend},      {"gemm_mode", w->gemm_mode, sizeof w->gemm_mode},
-           {"mode", w->gemm_mode, sizeof w->gemm_mode},     {"dtype", w->dtype, sizeof w->dtype},
-           {"family", w->family, sizeof w->family},         {"device", w->device_name, sizeof w->device_name}};
+  } f[] = {{"route_id", w->route_id, sizeof w->route_id},
+           {"id", w->route_id, sizeof w->route_id},
+           {"backend", w->backend, sizeof w->backend},
+           {"gemm_mode", w->gemm_mode, sizeof w->gemm_mode},
+           {"mode", w->gemm_mode, sizeof w->gemm_mode},
+           {"dtype", w->dtype, sizeof w->dtype},
+           {"family", w->family, sizeof w->family},
+           {"device", w->device_name, sizeof w->device_name}};
   for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
     if (strcmp(k, f[i].key)) continue;
     if (strlen(v) >= f[i].cap) return gw_err_bad(e, "route", "route %s '%.40s' is too long", k, v);
@@ -205,8 +218,10 @@ static int want_field(mbd_route_want *w, const char *k, const char *v, gw_err *e
     snprintf(f[i].dst, f[i].cap, "%s", v);
     return 0;
   }
-  return gw_err_bad(e, "route", "unknown route key '%.40s' (route_id, backend, gemm_mode, dtype, "
-                                "family, device)", k);
+  return gw_err_bad(e, "route",
+                    "unknown route key '%.40s' (route_id, backend, gemm_mode, dtype, "
+                    "family, device)",
+                    k);
 }
 
 int gw_route_parse(const char *s, mbd_route_want *w, gw_err *e) {
@@ -230,8 +245,9 @@ static int parse_route(const json_t *v, gw_request *r, gw_err *e) {
   r->has_route = true;
   if (json_is_string(v)) return gw_route_parse(json_string_value(v), &r->route, e);
   if (!json_is_object(v))
-    return gw_err_bad(e, "route", "'route' must be a route id, \"key=value,...\" constraints or "
-                                  "an object of them");
+    return gw_err_bad(e, "route",
+                      "'route' must be a route id, \"key=value,...\" constraints or "
+                      "an object of them");
   const char *k;
   json_t *x;
   json_object_foreach((json_t *)v, k, x) {
@@ -247,7 +263,8 @@ static int num_field(const json_t *o, const char *k, double lo, double hi, doubl
   if (!v || json_is_null(v)) return 0;
   if (!json_is_number(v)) return gw_err_bad(e, k, "'%s' must be a number", k);
   double d = json_number_value(v);
-  if (!(d >= lo && d <= hi)) return gw_err_bad(e, k, "'%s' must be in [%g, %g] (got %g)", k, lo, hi, d);
+  if (!(d >= lo && d <= hi))
+    return gw_err_bad(e, k, "'%s' must be in [%g, %g] (got %g)", k, lo, hi, d);
   *out = d;
   return 0;
 }
@@ -267,8 +284,8 @@ static int int_field(const json_t *o, const char *k, json_int_t lo, json_int_t h
   if (!json_is_integer(v)) return gw_err_bad(e, k, "'%s' must be an integer", k);
   json_int_t x = json_integer_value(v);
   if (x < lo || x > hi)
-    return gw_err_bad(e, k, "'%s' must be in %lld..%lld (got %lld)", k, (long long)lo, (long long)hi,
-                      (long long)x);
+    return gw_err_bad(e, k, "'%s' must be in %lld..%lld (got %lld)", k, (long long)lo,
+                      (long long)hi, (long long)x);
   *out = x;
   return 0;
 }
@@ -330,8 +347,8 @@ int gw_request_parse(const char *body, size_t len, bool chat, gw_request *r, gw_
            : parse_prompt(json_object_get(o, "prompt"), r, e))
     goto done;
   json_int_t x = r->max_tokens;
-  const char *mt = chat && json_object_get(o, "max_completion_tokens") ? "max_completion_tokens"
-                                                                         : "max_tokens";
+  const char *mt =
+      chat && json_object_get(o, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   if (int_field(o, mt, 1, GW_MAX_TOKENS_CAP, &x, e)) goto done;
   r->max_tokens = x;
   if (num_field(o, "temperature", 0, 2, &r->temperature, e)) goto done;
@@ -371,7 +388,8 @@ int gw_request_parse(const char *body, size_t len, bool chat, gw_request *r, gw_
     if (bool_field(o, "logprobs", &want, e)) goto done;
     x = 0;
     if (int_field(o, "top_logprobs", 0, GW_MAX_LOGPROBS, &x, e)) goto done;
-    if (!want && json_object_get(o, "top_logprobs") && !json_is_null(json_object_get(o, "top_logprobs"))) {
+    if (!want && json_object_get(o, "top_logprobs") &&
+        !json_is_null(json_object_get(o, "top_logprobs"))) {
       gw_err_bad(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
       goto done;
     }

@@ -13,43 +13,43 @@
 #include "client/gateway/errors.h"
 #include "common/route.h"
 
-#define GW_MAX_PROMPTS 64     /* prompts in one request */
-#define GW_MAX_N 16           /* choices per prompt */
-#define GW_MAX_CHOICES 128    /* prompts x n */
-#define GW_MAX_STOP 4         /* stop strings (OpenAI's limit) */
-#define GW_MAX_STOP_IDS 32    /* stop token ids (extension) */
+#define GW_MAX_PROMPTS 64  /* prompts in one request */
+#define GW_MAX_N 16        /* choices per prompt */
+#define GW_MAX_CHOICES 128 /* prompts x n */
+#define GW_MAX_STOP 4      /* stop strings (OpenAI's limit) */
+#define GW_MAX_STOP_IDS 32 /* stop token ids (extension) */
 #define GW_MAX_TOKENS_CAP 65536
 #define GW_MAX_LOGPROBS 5
 
 typedef struct gw_prompt {
-  char *text;     /* UTF-8 prompt (owned), NULL when given as token ids */
-  size_t len;     /* bytes of text */
-  int64_t *ids;   /* token-id prompt (owned), NULL when given as text */
+  char *text;   /* UTF-8 prompt (owned), NULL when given as token ids */
+  size_t len;   /* bytes of text */
+  int64_t *ids; /* token-id prompt (owned), NULL when given as text */
   size_t n_ids;
 } gw_prompt;
 
 typedef struct gw_request {
-  bool chat;                 /* /v1/chat/completions */
+  bool chat; /* /v1/chat/completions */
   char model[64];
-  size_t n_prompts;          /* completions */
+  size_t n_prompts; /* completions */
   gw_prompt *prompts;
-  size_t n_msgs;             /* chat */
+  size_t n_msgs; /* chat */
   gw_chat_msg *msgs;
-  int64_t max_tokens;        /* 1..GW_MAX_TOKENS_CAP */
-  double temperature;        /* 0..2, default 1 */
-  double top_p;              /* (0,1], default 1 */
-  uint64_t seed;             /* default 0: requests are reproducible unless seeds differ */
-  int n;                     /* choices per prompt */
+  int64_t max_tokens; /* 1..GW_MAX_TOKENS_CAP */
+  double temperature; /* 0..2, default 1 */
+  double top_p;       /* (0,1], default 1 */
+  uint64_t seed;      /* default 0: requests are reproducible unless seeds differ */
+  int n;              /* choices per prompt */
   size_t n_stop;
-  char *stop[GW_MAX_STOP];   /* owned stop strings */
+  char *stop[GW_MAX_STOP]; /* owned stop strings */
   size_t n_stop_ids;
   int64_t stop_ids[GW_MAX_STOP_IDS];
   bool stream;
-  bool include_usage;        /* stream_options.include_usage */
-  int logprobs;              /* top-k per token, -1 = none (completions: 0..5) */
+  bool include_usage; /* stream_options.include_usage */
+  int logprobs;       /* top-k per token, -1 = none (completions: 0..5) */
   bool echo;
-  bool ignore_eos;           /* extension (as vLLM's): do not stop at the end-of-text token */
-  bool has_route;            /* `route` given */
+  bool ignore_eos; /* extension (as vLLM's): do not stop at the end-of-text token */
+  bool has_route;  /* `route` given */
   mbd_route_want route;
 } gw_request;
 

@@ -51,8 +51,10 @@ int gw_sse_data(gw_sse *s, const char *json) {
   size_t n = strlen(json) + 8;
   pthread_mutex_lock(&s->mu);
   for (int waited = 0; !s->gone && s->len - s->head > GW_SSE_MAX_QUEUED; waited += 100) {
-    if (waited >= s->idle_timeout_s * 1000) s->gone = true; /* the reader stalled: give it up */
-    else wait_ms(s, 100);
+    if (waited >= s->idle_timeout_s * 1000)
+      s->gone = true; /* the reader stalled: give it up */
+    else
+      wait_ms(s, 100);
   }
   if (s->gone) {
     pthread_mutex_unlock(&s->mu);
@@ -149,7 +151,8 @@ struct MHD_Response *gw_sse_response(gw_sse *s) {
   pthread_mutex_lock(&s->mu);
   s->refs++;
   pthread_mutex_unlock(&s->mu);
-  struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, reader, s, release);
+  struct MHD_Response *r =
+      MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, reader, s, release);
   if (!r) {
     gw_sse *t = s;
     gw_sse_unref(&t);

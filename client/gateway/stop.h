@@ -11,9 +11,9 @@
 typedef struct gw_stop {
   char *const *stop; /* borrowed stop strings */
   size_t n_stop;
-  char *buf;         /* text received and not yet released */
+  char *buf; /* text received and not yet released */
   size_t len, cap;
-  bool hit;          /* a stop string was found: nothing more is released */
+  bool hit; /* a stop string was found: nothing more is released */
 } gw_stop;
 
 /* stop[0..n) are borrowed for the matcher's life. */

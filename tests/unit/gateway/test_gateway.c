@@ -106,11 +106,12 @@ static void test_request_defaults_and_fields(void **state) {
   assert_int_equal(r.max_tokens, 16);
   assert_true(r.temperature == 1.0 && r.top_p == 1.0 && r.n == 1 && r.logprobs == -1);
   gw_request_free(&r);
-  assert_int_equal(parse("{\"model\":\"m\",\"prompt\":[[1,2],[3]],\"stop\":[\"a\",7],\"n\":2,"
-                         "\"stream\":false,\"stream_options\":{\"include_usage\":true},"
-                         "\"logprobs\":2,\"echo\":true,\"seed\":-1,\"route\":\"backend=cpu,dtype=f32\"}",
-                         false, &r, &e),
-                   0);
+  assert_int_equal(
+      parse("{\"model\":\"m\",\"prompt\":[[1,2],[3]],\"stop\":[\"a\",7],\"n\":2,"
+            "\"stream\":false,\"stream_options\":{\"include_usage\":true},"
+            "\"logprobs\":2,\"echo\":true,\"seed\":-1,\"route\":\"backend=cpu,dtype=f32\"}",
+            false, &r, &e),
+      0);
   assert_int_equal(r.n_prompts, 2);
   assert_int_equal(r.prompts[0].n_ids, 2);
   assert_int_equal(r.prompts[1].ids[0], 3);
@@ -124,10 +125,11 @@ static void test_request_defaults_and_fields(void **state) {
   assert_string_equal(r.route.backend, "cpu");
   assert_string_equal(r.route.dtype, "f32");
   gw_request_free(&r);
-  assert_int_equal(parse("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":"
-                         "[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]}]}",
-                         true, &r, &e),
-                   0);
+  assert_int_equal(
+      parse("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":"
+            "[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]}]}",
+            true, &r, &e),
+      0);
   assert_int_equal(r.n_msgs, 1);
   assert_string_equal(r.msgs[0].role, "user");
   assert_string_equal(r.msgs[0].content, "ab");
@@ -183,14 +185,20 @@ static void test_metrics_text(void **state) {
   gw_metrics_observe(m, 0, GW_H_TTFT, 100.0);
   char *t = gw_metrics_render(m, NULL);
   assert_non_null(t);
-  assert_non_null(strstr(t, "mambad_http_requests_total{endpoint=\"/v1/completions\",model=\"tiny\",code=\"200\"} 1\n"));
+  assert_non_null(strstr(
+      t,
+      "mambad_http_requests_total{endpoint=\"/v1/completions\",model=\"tiny\",code=\"200\"} 1\n"));
   assert_non_null(strstr(t, "model=\"\",code=\"400\"} 1\n"));
   assert_non_null(strstr(t, "mambad_prompt_tokens_total{model=\"tiny\"} 5\n"));
   assert_non_null(strstr(t, "mambad_generation_tokens_total{model=\"tiny\"} 7\n"));
-  assert_non_null(strstr(t, "mambad_time_to_first_token_seconds_bucket{model=\"tiny\",le=\"0.0025\"} 0\n"));
-  assert_non_null(strstr(t, "mambad_time_to_first_token_seconds_bucket{model=\"tiny\",le=\"0.005\"} 1\n"));
-  assert_non_null(strstr(t, "mambad_time_to_first_token_seconds_bucket{model=\"tiny\",le=\"80\"} 1\n"));
-  assert_non_null(strstr(t, "mambad_time_to_first_token_seconds_bucket{model=\"tiny\",le=\"+Inf\"} 2\n"));
+  assert_non_null(
+      strstr(t, "mambad_time_to_first_token_seconds_bucket{model=\"tiny\",le=\"0.0025\"} 0\n"));
+  assert_non_null(
+      strstr(t, "mambad_time_to_first_token_seconds_bucket{model=\"tiny\",le=\"0.005\"} 1\n"));
+  assert_non_null(
+      strstr(t, "mambad_time_to_first_token_seconds_bucket{model=\"tiny\",le=\"80\"} 1\n"));
+  assert_non_null(
+      strstr(t, "mambad_time_to_first_token_seconds_bucket{model=\"tiny\",le=\"+Inf\"} 2\n"));
   assert_non_null(strstr(t, "mambad_time_to_first_token_seconds_count{model=\"tiny\"} 2\n"));
   assert_non_null(strstr(t, "mambad_gateway_broker_up 0\n"));
   free(t);
@@ -257,9 +265,12 @@ static void test_model_check_tokenizer_digest(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_stop_across_pieces),     cmocka_unit_test(test_stop_held_then_released),
-      cmocka_unit_test(test_stop_earliest_and_none), cmocka_unit_test(test_request_defaults_and_fields),
-      cmocka_unit_test(test_request_rejections),     cmocka_unit_test(test_metrics_text),
+      cmocka_unit_test(test_stop_across_pieces),
+      cmocka_unit_test(test_stop_held_then_released),
+      cmocka_unit_test(test_stop_earliest_and_none),
+      cmocka_unit_test(test_request_defaults_and_fields),
+      cmocka_unit_test(test_request_rejections),
+      cmocka_unit_test(test_metrics_text),
       cmocka_unit_test(test_model_check_tokenizer_digest),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
