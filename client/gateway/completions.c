@@ -35,6 +35,7 @@ struct gw_job {
   char id[48];
   int64_t created;
   int64_t prompt_tokens, completion_tokens;
+  int fd; /* the client's socket for a buffered job, -1 = not watched */
 };
 
 /* One generation: a prompt's choice. */
@@ -69,6 +70,8 @@ typedef struct choice {
 } choice;
 
 int gw_job_model(const gw_job *j) { return j ? j->mi : -1; }
+
+void gw_job_watch(gw_job *j, int fd) { j->fd = fd; }
 
 static uint64_t mix64(uint64_t x) { /* SplitMix64's finalizer */
   x += 0x9e3779b97f4a7c15ull;
@@ -130,6 +133,7 @@ int gw_job_prepare(gw_ctx *g, gw_request *req, double t0, gw_job **out, gw_err *
   j->req = *req;
   memset(req, 0, sizeof *req);
   j->t0 = t0;
+  j->fd = -1;
   j->deadline = gw_now_ms() + g->opt.deadline_ms;
   j->mi = -1;
   j->created = (int64_t)time(NULL);
@@ -407,7 +411,7 @@ static bool is_stop_id(const gw_job *j, int64_t t) {
 static void on_token(choice *c, int64_t t) {
   gw_job *j = c->j;
   if (c->finish || c->cancelled || c->failed) return;
-  if (c->sse && gw_sse_gone(c->sse)) {
+  if (c->sse ? gw_sse_gone(c->sse) : gw_peer_gone(j->fd)) {
     c->cancelled = true;
     return;
   }
@@ -741,6 +745,10 @@ int gw_job_run(gw_job *j, char **body, gw_err *e) {
     c.index = i;
     c.prompt = i / (size_t)q->n;
     rc = run_choice(&c, e);
+    if (rc == 0 && c.cancelled) /* nobody to answer: 499 is for the metrics and the log */
+      rc = gw_err_set(e, 499, "client_closed", "client_closed", NULL,
+                      "the client closed the connection; generation stopped after %zu tokens",
+                      c.n_toks);
     json_t *lp = json_null();
     if (rc == 0 && q->logprobs >= 0) {
       json_decref(lp);

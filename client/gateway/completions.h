@@ -24,6 +24,9 @@ typedef struct gw_job gw_job;
  * contents afterwards (req is zeroed). t0: arrival (gw_now_s). */
 int gw_job_prepare(gw_ctx *g, gw_request *req, double t0, gw_job **out, gw_err *e);
 int gw_job_model(const gw_job *j); /* model index for metrics */
+/* The client's socket, watched during a buffered job: a client that hangs up
+ * stops the generation at the next token's chunk end (answer: 499). */
+void gw_job_watch(gw_job *j, int fd);
 /* Runs a non-streamed job: *body is the JSON response (malloc'd). */
 int gw_job_run(gw_job *j, char **body, gw_err *e);
 /* Runs a streamed job, writing chunks (and `data: [DONE]`) to s. Errors

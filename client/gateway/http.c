@@ -107,16 +107,17 @@ static enum MHD_Result completions(gw_ctx *g, struct MHD_Connection *c, const ch
     return send_err(g, c, ep, mi, &e);
   }
   int mi = gw_job_model(job);
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
   if (!stream) {
     char *body = NULL;
+    gw_job_watch(job, ci ? (int)ci->connect_fd : -1);
     int rc = gw_job_run(job, &body, &e);
     gw_job_destroy(&job);
     if (rc) return send_err(g, c, ep, mi, &e);
     gw_metrics_request(g->metrics, mi, ep, 200);
     return send_json(c, 200, body);
   }
-  const union MHD_ConnectionInfo *ci =
-      MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
   gw_sse *s = gw_sse_new(ci ? (int)ci->connect_fd : -1, g->opt.conn_timeout_s);
   stream_arg *a = s ? calloc(1, sizeof *a) : NULL;
   struct MHD_Response *r = a ? gw_sse_response(s) : NULL;

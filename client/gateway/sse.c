@@ -101,8 +101,7 @@ bool gw_sse_gone(gw_sse *s) {
   return g;
 }
 
-/* The peer closed its end (or the socket failed): a zero-timeout poll. */
-static bool hung_up(int fd) {
+bool gw_peer_gone(int fd) {
   if (fd < 0) return false;
   struct pollfd p = {.fd = fd, .events = POLLRDHUP};
   int n = poll(&p, 1, 0);
@@ -127,7 +126,7 @@ static ssize_t reader(void *cls, uint64_t pos, char *out, size_t max) {
       pthread_mutex_unlock(&s->mu);
       return MHD_CONTENT_READER_END_OF_STREAM;
     }
-    if (hung_up(s->fd)) {
+    if (gw_peer_gone(s->fd)) {
       s->gone = true;
       pthread_cond_broadcast(&s->cv);
       break;

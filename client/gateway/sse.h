@@ -25,6 +25,9 @@ void gw_sse_end(gw_sse *s);
 bool gw_sse_gone(gw_sse *s);
 /* A libmicrohttpd response reading from s (takes a reference); NULL on failure. */
 struct MHD_Response *gw_sse_response(gw_sse *s);
+/* Whether the peer of socket fd closed its end (or the socket failed): a
+ * zero-timeout poll for POLLRDHUP/POLLHUP/POLLERR; false for fd < 0. */
+bool gw_peer_gone(int fd);
 /* Drops the caller's reference; NULL-safe, nulls *s. */
 void gw_sse_unref(gw_sse **s);
 

@@ -267,6 +267,15 @@ for _ in $(seq 1 300); do
 done
 check "client gone mid-stream: generation cancelled (got data first: $(grep -c '^data:' "$dir/gone.txt") events)" \
   [ "${cancelled:-0}" -ge 1 ]
+curl -s --max-time 1 "$base/v1/completions" \
+  -d '{"model": "tiny", "prompt": "go on", "max_tokens": 60000, "ignore_eos": true}' > /dev/null
+gone499=0
+for _ in $(seq 1 300); do
+  gone499=$(curl -s "$base/metrics" | sed -n 's/^mambad_http_requests_total{endpoint="\/v1\/completions",model="tiny",code="499"} //p')
+  [ "${gone499:-0}" -ge 1 ] && break
+  sleep 0.2
+done
+check "client gone during a buffered completion: generation stopped (499 counted)" [ "${gone499:-0}" -ge 1 ]
 running=$(curl -s "$base/metrics" | sed -n 's/^mambad_num_requests_running //p')
 gen=$(curl -s "$base/metrics" | sed -n 's/^mambad_generation_tokens_total{model="tiny"} //p')
 check "no generation left running after the cancel ($running), far fewer than 60000 tokens ($gen)" \
