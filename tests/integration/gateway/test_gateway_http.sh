@@ -397,6 +397,12 @@ kill -TERM "$extra"; wait "$extra"
 
 check "the gateway is still serving" [ "$(code "$base/health/live")" = 200 ]
 
+# the gateway bench (tests/bench/bench_gateway.c) runs against this deployment
+if [ -x "$bin/bench_gateway" ]; then
+  check "bench_gateway runs (20 requests)" bash -c \
+    "'$bin/bench_gateway' --connect 'ipc://$dir/c.sock' --http 127.0.0.1:$port --model tiny --requests 20 --concurrency 4"
+fi
+
 # shutdown with a stream in flight: it gets an error event and [DONE], all exit cleanly
 curl -sN "$base/v1/completions" \
   -d '{"model": "tiny", "prompt": "go on", "max_tokens": 60000, "ignore_eos": true, "stream": true}' \
