@@ -123,6 +123,10 @@ pinned=$(python3 -c "import json,sys; r=json.loads(sys.argv[1]); r['route']=sys.
 post "$pinned" >/dev/null
 check "route pinned by id prefix: same text and fingerprint" \
   [ "$(js 'd["choices"][0]["text"] + "|" + d["system_fingerprint"]' < "$dir/body")" = "$text|$fp" ]
+cons=$(python3 -c "import json,sys; r=json.loads(sys.argv[1]); r['route']={'backend': 'cpu', 'dtype': 'f32', 'gemm_mode': 'deterministic'}; print(json.dumps(r))" "$R")
+post "$cons" >/dev/null
+check "route pinned by constraints (object form): same text and fingerprint" \
+  [ "$(js 'd["choices"][0]["text"] + "|" + d["system_fingerprint"]' < "$dir/body")" = "$text|$fp" ]
 check "route constraints that match nothing: 503" \
   [ "$(post '{"model": "tiny", "prompt": "x", "route": "backend=cuda"}')" = 503 ]
 check "token-array prompt" [ "$(post '{"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 3}')" = 200 ]
