@@ -428,9 +428,10 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
     mbd_pack_str(&pk, "models");
     msgpack_pack_array(&pk, (size_t)w->nmodels);
     for (int k = 0; k < w->nmodels; k++) {
-      msgpack_pack_map(&pk, 2);
+      msgpack_pack_map(&pk, 3);
       mbd_pack_kv_str(&pk, "name", w->models[k].name);
       mbd_pack_kv_str(&pk, "digest", w->models[k].digest);
+      mbd_pack_kv_str(&pk, "tokenizer_digest", w->models[k].tokenizer_digest);
     }
   }
   mbd_pack_kv_u64(&pk, "queue", c->qlen);

@@ -74,10 +74,13 @@ int mbd_registry_parse_ready(const msgpack_object *body, mbd_bworker *w, mbd_err
       mbd_bmodel *m = &w->models[i];
       const msgpack_object *o = &ms->via.array.ptr[i];
       m->digest[0] = '\0';
+      m->tokenizer_digest[0] = '\0';
       if (o->type != MSGPACK_OBJECT_MAP)
         return mbd_error_set(err, MBD_E_INVALID, "READY: models[%u] must be a map {name, digest}", i);
       if ((rc = mbd_obj_str(o, "name", true, m->name, sizeof m->name, err)) ||
-          (rc = mbd_obj_str(o, "digest", false, m->digest, sizeof m->digest, err)))
+          (rc = mbd_obj_str(o, "digest", false, m->digest, sizeof m->digest, err)) ||
+          (rc = mbd_obj_str(o, "tokenizer_digest", false, m->tokenizer_digest,
+                            sizeof m->tokenizer_digest, err)))
         return mbd_error_prefix(err, "READY: models[%u]: ", i);
     }
     w->nmodels = (int)ms->via.array.size;

@@ -23,6 +23,7 @@
 typedef struct mbd_bmodel {
   char name[MBD_BW_NAME_MAX];
   char digest[72]; /* hex SHA-256 of the weights, as the worker reported */
+  char tokenizer_digest[72]; /* hex SHA-256 of its tokenizer.json, "" when not reported */
 } mbd_bmodel;
 
 /* One registered worker (plain data, owned by the registry). */
@@ -58,7 +59,7 @@ void mbd_registry_destroy(mbd_registry **r);
 /* Parses and checks a READY body into w (ident/time fields untouched):
  * name, uid (no '/'), route (decoded with mbd_route_decode), route_id (must
  * equal mbd_route_id_hex of the decoded route), host_id, capacity (1..4096,
- * default 1), models [{name, digest}], pid. MBD_E_INVALID / MBD_E_FORMAT with
+ * default 1), models [{name, digest, tokenizer_digest?}], pid. MBD_E_INVALID / MBD_E_FORMAT with
  * the reason otherwise. */
 int mbd_registry_parse_ready(const msgpack_object *body, mbd_bworker *w, mbd_error *err);
 

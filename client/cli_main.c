@@ -306,7 +306,8 @@ static int cmd_status(int argc, char **argv) {
         p = nl ? nl + 1 : p + len;
       }
       for (size_t k = 0; k < w->n_models; k++)
-        printf("  model %s %s\n", w->models[k].name, w->models[k].digest);
+        printf("  model %s %s%s%s\n", w->models[k].name, w->models[k].digest,
+               w->models[k].tokenizer_digest[0] ? " tokenizer " : "", w->models[k].tokenizer_digest);
     }
   }
   mbd_status_report_free(&r);

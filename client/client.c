@@ -578,6 +578,7 @@ static int parse_worker(const msgpack_object *w, mbd_worker_info *wi, mbd_error 
     } else if (mo->type == MSGPACK_OBJECT_MAP) {
       str_field(mo, "name", mi->name, sizeof mi->name);
       str_field(mo, "digest", mi->digest, sizeof mi->digest);
+      str_field(mo, "tokenizer_digest", mi->tokenizer_digest, sizeof mi->tokenizer_digest);
     }
   }
   return 0;
@@ -814,6 +815,8 @@ int mbd_session_generate(mbd_session *s, const mbd_call_opts *o, const mbd_gener
   int rc = roundtrip(s->c, dl, MBD_CMD_GENERATE, &rb, NULL, 0, gen_partial, &g, &rp, err);
   if (rc != 0) return rc;
   rc = i64_list(mbd_body_root(rp.body), "tokens", tokens, n_tokens, err);
+  int64_t pb = 0;
+  if (mbd_obj_i64(mbd_body_root(rp.body), "peak_batch", false, &pb, NULL) == 0) s->c->last.peak_batch = pb;
   if (rc == 0 && reason) {
     char r[16] = "";
     str_field(mbd_body_root(rp.body), "reason", r, sizeof r);

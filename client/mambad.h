@@ -65,6 +65,7 @@ typedef struct mbd_reply_meta {
   char error[32];      /* ERROR: code name as sent ("NO_ROUTE") */
   char route_id[65];   /* serving route id (hex), "" when none */
   char worker[64];     /* serving worker's name, "" when none */
+  int64_t peak_batch;  /* GENERATE: most rows of any batched model step it ran in (1 = alone), 0 otherwise */
 } mbd_reply_meta;
 const mbd_reply_meta *mbd_client_last_reply(const mbd_client *c);
 
@@ -116,6 +117,7 @@ int mbd_shm_tensor(const mbd_shm *s, uint64_t offset, const mbd_tensor_desc *des
 typedef struct mbd_model_info {
   char name[64];
   char digest[72]; /* checkpoint digest as the worker reports it */
+  char tokenizer_digest[72]; /* SHA-256 of the model's tokenizer.json, "" when not reported */
 } mbd_model_info;
 
 typedef struct mbd_worker_info {
