@@ -240,22 +240,15 @@ def dry_run_plan(deploy, tmp):
     for i, m in enumerate(cfg.get("models", [])):
         d = os.path.join(tmp, f"model{i}")
         os.makedirs(d, exist_ok=True)
+        open(os.path.join(d, "tokenizer.json"), "w").close()  # so the gateway serves it
         pathmap[d] = m["path"]
         m["path"] = d
-    up = os.path.join(BIN, "mambad-up")
-    for attempt in ("as is", "without http"):
-        p = os.path.join(tmp, "deploy.yaml")
-        with open(p, "w") as f:
-            yaml.safe_dump(cfg, f)
-        r = subprocess.run([up, "--config", p, "--dry-run"], capture_output=True, text=True,
-                           timeout=30)
-        if r.returncode == 0:
-            break
-        if attempt == "as is" and "http" in cfg and "'http'" in r.stderr:
-            notes.append("deploy.yaml: this build's `mambad up` does not know the http: section "
-                         "yet: validated without it")
-            cfg.pop("http")
-            continue
+    p = os.path.join(tmp, "deploy.yaml")
+    with open(p, "w") as f:
+        yaml.safe_dump(cfg, f)
+    r = subprocess.run([os.path.join(BIN, "mambad-up"), "--config", p, "--dry-run"],
+                       capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
         fail(f"deploy/k8s/deploy.yaml: mambad up --dry-run rejects it: {r.stderr.strip()}")
         return None, pathmap
     plan = {}
@@ -267,16 +260,18 @@ def dry_run_plan(deploy, tmp):
             plan["broker"] = argv
         elif os.path.basename(argv[0]) == "mambad-worker":
             plan[flag_value(argv, "--name")] = argv
+        elif os.path.basename(argv[0]) == "mambad-gateway":
+            plan["gateway"] = argv
     return plan, pathmap
 
 
-def normalise_worker(argv, pathmap):
-    """Worker argv without --connect/--name/--device (pod-specific) and with
-    model paths mapped back to deploy.yaml's."""
+def normalise_args(argv, pathmap, drop=("--connect", "--name", "--device")):
+    """argv without the pod-specific flags in drop and with model paths mapped
+    back to deploy.yaml's."""
     out, i = [], 1
     while i < len(argv):
         a = argv[i]
-        if a in ("--connect", "--name", "--device"):
+        if a in drop:
             i += 2
             continue
         if a == "--model" and i + 1 < len(argv):
@@ -422,9 +417,9 @@ def check_k8s(uid, exposed, version):
             if entry not in plan:
                 fail(f"{f}: {name} runs deploy.yaml worker '{entry}', which deploy.yaml does not list")
                 continue
-            if normalise_worker(got, {}) != normalise_worker(plan[entry], pathmap):
-                fail(f"{f}: {name}: worker flags {normalise_worker(got, {})} != mambad up's plan for "
-                     f"'{entry}' {normalise_worker(plan[entry], pathmap)}")
+            if normalise_args(got, {}) != normalise_args(plan[entry], pathmap):
+                fail(f"{f}: {name}: worker flags {normalise_args(got, {})} != mambad up's plan for "
+                     f"'{entry}' {normalise_args(plan[entry], pathmap)}")
             dev = next(x["device"] for x in deploy["workers"] if x["name"] == entry)
             if flag_value(got, "--device") != dev:
                 fail(f"{f}: {name}: --device {flag_value(got, '--device')} != deploy.yaml's {dev}")
@@ -438,11 +433,17 @@ def check_k8s(uid, exposed, version):
             if x["name"] not in served:
                 fail(f"deploy.yaml: worker '{x['name']}' is run by no workload")
 
-    # The gateway: broker clients port, http.listen, probe paths.
+    # The gateway: mambad up's plan, broker clients port, http.listen, probe paths.
     if "mambad-gateway" in pods:
         f, w, spec, _ = pods["mambad-gateway"]
         c = spec["containers"][0]
         argv = c["command"] + c["args"]
+        if plan is not None and "http" in deploy:
+            if "gateway" not in plan:
+                fail("deploy/k8s/deploy.yaml: mambad up --dry-run plans no gateway for its http: section")
+            elif normalise_args(argv, {}, ("--connect",)) != normalise_args(plan["gateway"], pathmap, ("--connect",)):
+                fail(f"{f}: gateway flags {normalise_args(argv, {}, ('--connect',))} != mambad up's plan "
+                     f"{normalise_args(plan['gateway'], pathmap, ('--connect',))}")
         host, port = endpoint_port(flag_value(argv, "--connect"))
         if host != "mambad-broker" or port != clients_port:
             fail(f"{f}: gateway --connect {flag_value(argv, '--connect')} is not tcp://mambad-broker:{clients_port}")

@@ -153,6 +153,10 @@ else
            usr/share/doc/mambad/deploy.md; do
     grep -q " \./$f\( \|$\)" "$tmp/contents" || die ".deb lacks /$f"
   done
+  if [ -x "$build/bin/mambad-gateway" ]; then
+    grep -q ' \./usr/bin/mambad-gateway$' "$tmp/contents" || die ".deb lacks /usr/bin/mambad-gateway"
+    grep -Eq '^ Depends:.*\blibmicrohttpd12' "$tmp/info" || die ".deb Depends lacks libmicrohttpd12"
+  fi
   grep -q 'postinst' "$tmp/info" || die ".deb has no postinst (service user)"
   dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/lib/systemd/system/mambad.service >"$tmp/deb.unit"
   grep -q '^ExecStart=/usr/bin/mambad up --config /etc/mambad/deploy.yaml' "$tmp/deb.unit" || die ".deb unit: $(grep ExecStart "$tmp/deb.unit")"
