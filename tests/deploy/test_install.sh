@@ -29,7 +29,7 @@ has() { command -v "$1" >/dev/null 2>&1; }
 # A sanitized libmambad needs the sanitizer runtime loaded by a program that
 # was not built with it: tolerate the link order there.
 if [ "${MBD_SANITIZE:-OFF}" = ON ]; then
-  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0:detect_leaks=0"
+  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0"
 fi
 
 # ---- 1. install and the files it puts there ----------------------------------
