@@ -274,9 +274,10 @@ static int plan(supervisor *s, const mbd_deploy_config *cfg, mbd_error *err) {
     rc |= add_arg(b, "--default-deadline-ms") | add_arg(b, "%" PRId64, cfg->default_deadline_ms);
   }
   char wconn[MBD_DEPLOY_EP_MAX];
-  if (connect_endpoint(s, cfg->workers_ep, wconn, sizeof wconn, err) ||
-      connect_endpoint(s, cfg->clients_ep, s->clients_connect, sizeof s->clients_connect, err))
-    return err ? err->code : MBD_E_INVALID;
+  int erc = connect_endpoint(s, cfg->workers_ep, wconn, sizeof wconn, err);
+  if (!erc)
+    erc = connect_endpoint(s, cfg->clients_ep, s->clients_connect, sizeof s->clients_connect, err);
+  if (erc) return erc;
   for (size_t i = 0; i < cfg->n_workers && rc == 0 && (s->roles & ROLE_WORKERS); i++) {
     const mbd_deploy_worker *w = &cfg->workers[i];
     char name[80], dev[32];
