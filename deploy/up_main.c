@@ -502,7 +502,8 @@ static int check_plan(const supervisor *s, const char *config) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: mambad up --config FILE.yaml [--role broker,workers,gateway|all]\n"
-          "                 [--broker-host HOST] [--grace-ms N] [--bin-dir DIR] [--dry-run | --check]\n"
+          "                 [--broker-host HOST] [--grace-ms N] [--bin-dir DIR]\n"
+          "                 [--dry-run | --check]\n"
           "Starts the broker and the workers FILE.yaml lists, in the foreground, and keeps\n"
           "them running: a worker that dies is restarted (with backoff) and re-registers.\n"
           "Ctrl-C or SIGTERM stops everything (SIGTERM, then SIGKILL after --grace-ms,\n"
