@@ -55,6 +55,21 @@ int mbd_broker_config_parse(int argc, char **argv, mbd_broker_config *c, mbd_err
       if (!(rc = parse_int(o, v, 1, 1 << 20, &x, err))) c->max_message_mb = x;
     } else if (!strcmp(o, "--default-deadline-ms")) {
       if (!(rc = parse_int(o, v, 1, 24LL * 3600 * 1000, &x, err))) c->default_deadline_ms = x;
+    } else if (!strcmp(o, "--default-digest")) {
+      const char *eq = strchr(v, '=');
+      size_t nl = eq ? (size_t)(eq - v) : 0;
+      if (!eq || nl == 0 || nl >= MBD_BW_NAME_MAX || !mbd_digest_prefix_ok(eq + 1))
+        return mbd_error_set(err, MBD_E_INVALID,
+                             "--default-digest: '%s' is not NAME=DIGEST with DIGEST a lower-case "
+                             "hex prefix of 8 to 64 characters of the model's weights digest",
+                             v);
+      if (c->ndefaults == MBD_BW_DEFAULTS_MAX)
+        return mbd_error_set(err, MBD_E_INVALID, "--default-digest: at most %d",
+                             MBD_BW_DEFAULTS_MAX);
+      memcpy(c->defaults[c->ndefaults].name, v, nl);
+      c->defaults[c->ndefaults].name[nl] = '\0';
+      snprintf(c->defaults[c->ndefaults].digest, MBD_BW_DIGEST_MAX, "%s", eq + 1);
+      c->ndefaults++;
     } else if (!strcmp(o, "--hwm")) {
       if (!(rc = parse_int(o, v, 1, 10000000, &x, err))) c->hwm = (int)x;
     } else {

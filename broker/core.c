@@ -34,6 +34,9 @@ typedef struct breq {
   uint8_t cmd;
   mbd_route_want want;
   char model[MBD_BW_NAME_MAX];
+  char digest[MBD_BW_DIGEST_MAX];  /* the model's weights digest: the client's pin (a prefix) or,
+                                      once resolved, the full digest every send must match */
+  bool digest_fixed;               /* digest is the full one chosen for this request */
   char session_uid[MBD_BW_UID_MAX]; /* session commands: the owning worker's uid */
   bool is_session;
   bool has_ipc;                    /* carries CUDA IPC tensors: same-host GPU workers only */
@@ -247,11 +250,20 @@ static int req_read(const msgpack_object *root, uint8_t cmd, breq *r, uint64_t *
   int rc;
   if ((rc = mbd_obj_route_want(root, "route", &r->want, err)) ||
       (rc = mbd_obj_str(root, "model", false, r->model, sizeof r->model, err)) ||
+      (rc = mbd_obj_str(root, "model_digest", false, r->digest, sizeof r->digest, err)) ||
       (rc = mbd_obj_u64(root, "deadline_ms", false, dl, err)) ||
       (mbd_cmd_is_session(cmd) &&
        (rc = mbd_obj_str(root, "session", true, session, sizeof session, err))))
     return rc;
+  if (r->digest[0] && !mbd_digest_prefix_ok(r->digest))
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "model_digest '%s' is not a lower-case hex prefix of 8 to 64 characters "
+                         "of a weights digest (mambad status lists them)",
+                         r->digest);
+  if (r->digest[0] && !r->model[0] && !mbd_cmd_is_session(cmd))
+    return mbd_error_set(err, MBD_E_INVALID, "model_digest needs the model's name in 'model'");
   if (mbd_cmd_is_session(cmd)) {
+    r->digest[0] = '\0'; /* a session's model was fixed when it was opened */
     const char *slash = strchr(session, '/');
     size_t ul = slash ? (size_t)(slash - session) : 0;
     if (!slash || ul == 0 || ul >= sizeof r->session_uid)
@@ -305,7 +317,7 @@ static void send_req(mbd_bcore *c, breq *r, mbd_bworker *w) {
 
 static void no_route(mbd_bcore *c, breq *r) {
   char msg[1024];
-  mbd_registry_no_route_message(c->reg, &r->want, r->model, msg, sizeof msg);
+  mbd_registry_no_route_message(c->reg, &r->want, r->model, r->digest, msg, sizeof msg);
   req_fail(c, r, MBD_E_NO_ROUTE, msg);
 }
 
@@ -323,9 +335,25 @@ static void session_lost(mbd_bcore *c, breq *r) {
  * it carries CUDA IPC tensors. */
 static mbd_bworker *select_for(mbd_bcore *c, breq *r, size_t *nmatch) {
   if (r->has_ipc)
-    return mbd_registry_select_ipc(c->reg, &r->want, r->model, r->client_host, r->ipc_device, NULL,
-                                   nmatch);
-  return mbd_registry_select(c->reg, &r->want, r->model, NULL, nmatch);
+    return mbd_registry_select_ipc(c->reg, &r->want, r->model, r->digest, r->client_host,
+                                   r->ipc_device, NULL, nmatch);
+  return mbd_registry_select(c->reg, &r->want, r->model, r->digest, NULL, nmatch);
+}
+
+/* Fixes which weights r gets (once: a re-send goes to the same digest).
+ * False when r was answered (the name is ambiguous). */
+static bool resolve_digest(mbd_bcore *c, breq *r) {
+  if (r->digest_fixed || !r->model[0]) return true;
+  mbd_error err = {0};
+  char d[MBD_BW_DIGEST_MAX];
+  if (mbd_registry_resolve_digest(c->reg, &r->want, r->model, r->digest, d, &err)) {
+    c->st.ambiguous++;
+    req_fail(c, r, err.code, err.msg);
+    return false;
+  }
+  snprintf(r->digest, sizeof r->digest, "%s", d);
+  r->digest_fixed = strlen(d) == 64;
+  return true;
 }
 
 /* Tries to place r (not queued). Returns true when it left r's fate decided
@@ -350,6 +378,7 @@ static bool place(mbd_bcore *c, breq *r) {
     send_req(c, r, w);
     return true;
   }
+  if (!resolve_digest(c, r)) return true;
   size_t nmatch = 0;
   mbd_bworker *w = select_for(c, r, &nmatch);
   if (w) {
@@ -402,13 +431,45 @@ static void drain_queue(mbd_bcore *c) {
 
 /* ---- client side ---------------------------------------------------------------- */
 
+/* STATUS "models": one entry per distinct (name, weights digest) among the
+ * live workers, with how many serve it and whether it is the name's default,
+ * so two digests under one name show as two models. */
+static void pack_models(mbd_bcore *c, msgpack_packer *pk) {
+  enum { MAXM = 256 };
+  const mbd_bmodel *seen[MAXM];
+  int nserve[MAXM];
+  size_t n = 0;
+  for (size_t i = 0; i < mbd_registry_count(c->reg); i++) {
+    const mbd_bworker *w = mbd_registry_at(c->reg, i);
+    for (int k = 0; k < w->nmodels; k++) {
+      const mbd_bmodel *m = &w->models[k];
+      size_t j = 0;
+      while (j < n && (strcmp(seen[j]->name, m->name) || strcmp(seen[j]->digest, m->digest))) j++;
+      if (j < n) nserve[j]++;
+      else if (n < MAXM) seen[n] = m, nserve[n++] = 1;
+    }
+  }
+  mbd_pack_str(pk, "models");
+  msgpack_pack_array(pk, n);
+  for (size_t j = 0; j < n; j++) {
+    const char *d = mbd_registry_default(c->reg, seen[j]->name);
+    msgpack_pack_map(pk, 5);
+    mbd_pack_kv_str(pk, "name", seen[j]->name);
+    mbd_pack_kv_str(pk, "digest", seen[j]->digest);
+    mbd_pack_kv_str(pk, "tokenizer_digest", seen[j]->tokenizer_digest);
+    mbd_pack_kv_i64(pk, "workers", nserve[j]);
+    mbd_pack_kv_bool(pk, "default", d && !strncmp(seen[j]->digest, d, strlen(d)));
+  }
+}
+
 static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
   msgpack_packer pk;
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   size_t n = mbd_registry_count(c->reg);
-  msgpack_pack_map(&pk, 5);
+  msgpack_pack_map(&pk, 6);
+  pack_models(c, &pk);
   mbd_pack_str(&pk, "workers");
   msgpack_pack_array(&pk, n);
   for (size_t i = 0; i < n; i++) {
@@ -428,17 +489,19 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
     mbd_pack_str(&pk, "models");
     msgpack_pack_array(&pk, (size_t)w->nmodels);
     for (int k = 0; k < w->nmodels; k++) {
-      msgpack_pack_map(&pk, 2);
+      msgpack_pack_map(&pk, 3);
       mbd_pack_kv_str(&pk, "name", w->models[k].name);
       mbd_pack_kv_str(&pk, "digest", w->models[k].digest);
+      mbd_pack_kv_str(&pk, "tokenizer_digest", w->models[k].tokenizer_digest);
     }
   }
   mbd_pack_kv_u64(&pk, "queue", c->qlen);
   mbd_pack_kv_u64(&pk, "pending", c->pending);
   mbd_pack_str(&pk, "counters");
   const mbd_bcore_stats *s = &c->st;
-  msgpack_pack_map(&pk, 13);
+  msgpack_pack_map(&pk, 14);
   mbd_pack_kv_u64(&pk, "requests", s->requests);
+  mbd_pack_kv_u64(&pk, "ambiguous", s->ambiguous);
   mbd_pack_kv_u64(&pk, "forwarded", s->forwarded);
   mbd_pack_kv_u64(&pk, "replies", s->replies);
   mbd_pack_kv_u64(&pk, "errors", s->errors);
@@ -626,6 +689,19 @@ static void worker_lost(mbd_bcore *c, mbd_bworker *w, const char *why) {
   }
 }
 
+/* Adds model_digest to a FINAL's body (a small map: tensors travel in the
+ * payload frames, which stay untouched), so the client sees which weights
+ * answered. A body that cannot be rewritten is forwarded as it was. */
+static void add_digest(mbd_msg *m, const char *digest) {
+  size_t blen = 0;
+  const void *b = mbd_msg_body(m, &blen);
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  if (!mbd_body_append_str(b, blen, "model_digest", digest, &sb, NULL))
+    mbd_msg_take_body(m, &sb, NULL);
+  msgpack_sbuffer_destroy(&sb);
+}
+
 static void on_ready(mbd_bcore *c, mbd_msg *m, int64_t now) {
   mbd_bworker w;
   memset(&w, 0, sizeof w);
@@ -728,6 +804,7 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     }
     bool last = cmd != MBD_CMD_PARTIAL;
     if (r->state == RQ_INFLIGHT) {
+      if (cmd == MBD_CMD_FINAL && r->digest_fixed) add_digest(m, r->digest);
       mbd_msg_set_tag(m, r->client_tag);
       mbd_msg_set_peer(m, r->client, r->client_len, NULL);
       c->st.replies++;
@@ -835,7 +912,10 @@ int mbd_bcore_new(const mbd_broker_config *cfg, mbd_bcore_send_fn send, void *ct
   c->send = send;
   c->ctx = ctx;
   int rc = mbd_registry_new(&c->reg, err);
+  for (int i = 0; !rc && i < cfg->ndefaults; i++)
+    rc = mbd_registry_set_default(c->reg, cfg->defaults[i].name, cfg->defaults[i].digest, err);
   if (rc) {
+    mbd_registry_destroy(&c->reg);
     free(c);
     return rc;
   }

@@ -26,6 +26,12 @@ typedef struct mbd_broker_config {
   int64_t max_message_mb;             /* ZMQ_MAXMSGSIZE and receive cap, MiB (2048) */
   int64_t default_deadline_ms;        /* when a request names none (60000) */
   int hwm;                            /* SNDHWM/RCVHWM per socket (0 = 10000) */
+  /* --default-digest NAME=DIGEST: unpinned requests for NAME get only these weights */
+  struct {
+    char name[MBD_BW_NAME_MAX];
+    char digest[MBD_BW_DIGEST_MAX];
+  } defaults[MBD_BW_DEFAULTS_MAX];
+  int ndefaults;
 } mbd_broker_config;
 
 void mbd_broker_config_defaults(mbd_broker_config *c);
@@ -44,6 +50,7 @@ typedef struct mbd_bcore_stats {
   uint64_t replies;         /* worker replies forwarded to clients */
   uint64_t errors;          /* ERROR replies the broker itself sent to clients */
   uint64_t no_route, busy, timeouts, worker_lost;
+  uint64_t ambiguous;       /* unpinned requests refused: their model name had two digests */
   uint64_t failovers;       /* stateless requests re-sent after a worker loss */
   uint64_t late_dropped;    /* worker replies for tickets no longer live */
   uint64_t malformed;       /* malformed messages from clients or workers */

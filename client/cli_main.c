@@ -275,8 +275,9 @@ static int cmd_status(int argc, char **argv) {
     if (w->sessions >= 0) snprintf(sess, sizeof sess, "%" PRId64, w->sessions);
     else snprintf(sess, sizeof sess, "-");
     for (size_t k = 0; k < w->n_models; k++) {
-      if (k) strncat(models, ",", sizeof models - strlen(models) - 1);
-      strncat(models, w->models[k].name, sizeof models - strlen(models) - 1);
+      size_t used = strlen(models);
+      snprintf(models + used, sizeof models - used, "%s%s@%.8s", k ? "," : "", w->models[k].name,
+               w->models[k].digest);
     }
     printf("%-16s %-14.12s %-9s %-8s %-8" PRId64 " %s%s\n", w->name, w->route_id, load, sess, w->pid,
            models, w->alive ? "" : "  (not responding)");
@@ -291,8 +292,18 @@ static int cmd_status(int argc, char **argv) {
         p = nl ? nl + 1 : p + len;
       }
       for (size_t k = 0; k < w->n_models; k++)
-        printf("  model %s %s\n", w->models[k].name, w->models[k].digest);
+        printf("  model %s %s%s%s\n", w->models[k].name, w->models[k].digest,
+               w->models[k].tokenizer_digest[0] ? " tokenizer " : "", w->models[k].tokenizer_digest);
     }
+  }
+  /* Models as the broker routes them: two digests under one name are two rows. */
+  if (r->n_models) printf("%-24s %-18s %-8s %s\n", "MODEL", "DIGEST", "WORKERS", "NOTE");
+  for (size_t i = 0; i < r->n_models; i++) {
+    const mbd_model_entry *m = &r->models[i];
+    size_t same = 0;
+    for (size_t j = 0; j < r->n_models; j++) same += !strcmp(r->models[j].name, m->name);
+    printf("%-24s %-18.16s %-8" PRId64 " %s\n", m->name, m->digest, m->workers,
+           m->is_default ? "default" : same > 1 ? "pin with NAME@DIGEST" : "");
   }
   mbd_status_report_free(&r);
   mbd_client_destroy(&c);
@@ -353,7 +364,7 @@ static int cmd_forward(int argc, char **argv) {
   cli_opts o;
   int rc = parse_opts("forward", argc, argv, k_forward_opts, &o);
   if (rc < 0) {
-    printf("usage: mambad forward --model NAME --input IN.safetensors --output OUT.safetensors\n"
+    printf("usage: mambad forward --model NAME[@DIGEST] --input IN.safetensors --output OUT.safetensors\n"
            "                      [--last-only] [--shm] [route options]\n"
            "Runs input_ids (I64 [B,T]) through the service and writes logits (F32 [B,T,V], or\n"
            "[B,V] with --last-only), plus metadata route_id and worker. --shm passes input_ids\n"
@@ -390,8 +401,10 @@ static int cmd_forward(int argc, char **argv) {
   if ((rc = write_output("forward", o.output, "logits", &logits.desc, logits.data, c))) goto done;
   char shape[96];
   mbd_tensor_desc_format(&logits.desc, shape, sizeof shape);
-  fprintf(stderr, "logits %s from worker %s (route %.12s) in %.1f ms -> %s\n", shape,
-          mbd_client_last_reply(c)->worker, mbd_client_last_reply(c)->route_id, dt * 1e3, o.output);
+  fprintf(stderr, "logits %s from worker %s (route %.12s, weights %.12s) in %.1f ms -> %s\n", shape,
+          mbd_client_last_reply(c)->worker, mbd_client_last_reply(c)->route_id,
+          mbd_client_last_reply(c)->model_digest[0] ? mbd_client_last_reply(c)->model_digest : "-",
+          dt * 1e3, o.output);
 done:
   mbd_tensor_out_release(&logits);
   mbd_shm_destroy(&in_shm);
@@ -424,7 +437,7 @@ static int cmd_generate(int argc, char **argv) {
   cli_opts o;
   int rc = parse_opts("generate", argc, argv, allowed, &o);
   if (rc < 0) {
-    printf("usage: mambad generate --model NAME --input IN.safetensors [--output OUT.safetensors]\n"
+    printf("usage: mambad generate --model NAME[@DIGEST] --input IN.safetensors [--output OUT.safetensors]\n"
            "                       [--generate N | --max-tokens N] [--temperature T] [--top-k K]\n"
            "                       [--top-p P] [--seed S] [--stop ID]... [--quiet] [route options]\n"
            "Opens one session per prompt row of input_ids (I64 [B,T]), prefills it, and generates\n"

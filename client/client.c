@@ -7,6 +7,7 @@
  * unreachable broker shows up as a clear TIMEOUT instead of a silent wait. */
 #include "client/mambad.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -38,6 +39,7 @@ struct mbd_session {
   mbd_client *c;    /* borrowed */
   char id[128];     /* "<worker-uid>/<n>" */
   char model[64];
+  char model_digest[72]; /* weights digest the broker chose at OPEN/IMPORT, "" if not told */
 };
 
 void mbd_client_options_init(mbd_client_options *o) {
@@ -411,6 +413,36 @@ static int final_body(mbd_client *c, const mbd_msg *m, mbd_body **out, mbd_error
   const msgpack_object *root = mbd_body_root(*out);
   str_field(root, "route_id", c->last.route_id, sizeof c->last.route_id);
   str_field(root, "worker", c->last.worker, sizeof c->last.worker);
+  str_field(root, "model_digest", c->last.model_digest, sizeof c->last.model_digest);
+  return 0;
+}
+
+/* Packs "model" and, for "NAME@DIGEST", "model_digest" (a lower-cased hex
+ * prefix of >= 8 chars); *nkeys (1 or 2) is how many keys it will pack, so
+ * call it once with pk NULL to count. */
+static int pack_model(msgpack_packer *pk, const char *model, size_t *nkeys, mbd_error *err) {
+  char name[64], digest[72] = "";
+  const char *at = strrchr(model, '@');
+  size_t nl = at ? (size_t)(at - model) : strlen(model);
+  if (nl == 0 || nl >= sizeof name)
+    return mbd_error_set(err, MBD_E_INVALID, "model '%s': the name is empty or too long", model);
+  memcpy(name, model, nl);
+  name[nl] = '\0';
+  if (at) {
+    size_t dl = strlen(at + 1);
+    for (size_t i = 0; i < dl && i + 1 < sizeof digest; i++)
+      digest[i] = (char)tolower((unsigned char)at[1 + i]);
+    digest[dl < sizeof digest ? dl : sizeof digest - 1] = '\0';
+    if (!mbd_digest_prefix_ok(digest))
+      return mbd_error_set(err, MBD_E_INVALID,
+                           "model '%s': after '@' comes a hex prefix of 8 to 64 characters of the "
+                           "weights digest (mambad status lists the digests)",
+                           model);
+  }
+  *nkeys = digest[0] ? 2 : 1;
+  if (!pk) return 0;
+  mbd_pack_kv_str(pk, "model", name);
+  if (digest[0]) mbd_pack_kv_str(pk, "model_digest", digest);
   return 0;
 }
 
@@ -578,7 +610,28 @@ static int parse_worker(const msgpack_object *w, mbd_worker_info *wi, mbd_error 
     } else if (mo->type == MSGPACK_OBJECT_MAP) {
       str_field(mo, "name", mi->name, sizeof mi->name);
       str_field(mo, "digest", mi->digest, sizeof mi->digest);
+      str_field(mo, "tokenizer_digest", mi->tokenizer_digest, sizeof mi->tokenizer_digest);
     }
+  }
+  return 0;
+}
+
+/* STATUS "models": one entry per (name, digest) the live workers serve. */
+static int parse_models(const msgpack_object *root, mbd_status_report *rep, mbd_error *err) {
+  const msgpack_object *ms = mbd_obj_get(root, "models");
+  if (!ms || ms->type != MSGPACK_OBJECT_ARRAY || ms->via.array.size == 0) return 0;
+  rep->models = calloc(ms->via.array.size, sizeof *rep->models);
+  if (!rep->models) return mbd_error_set(err, MBD_E_NOMEM, "out of memory reading STATUS");
+  for (size_t i = 0; i < ms->via.array.size; i++) {
+    const msgpack_object *mo = &ms->via.array.ptr[i];
+    if (mo->type != MSGPACK_OBJECT_MAP) continue;
+    mbd_model_entry *e = &rep->models[rep->n_models++];
+    str_field(mo, "name", e->name, sizeof e->name);
+    str_field(mo, "digest", e->digest, sizeof e->digest);
+    str_field(mo, "tokenizer_digest", e->tokenizer_digest, sizeof e->tokenizer_digest);
+    e->workers = int_field(mo, "workers", 0);
+    const msgpack_object *d = mbd_obj_get(mo, "default");
+    e->is_default = d && d->type == MSGPACK_OBJECT_BOOLEAN && d->via.boolean;
   }
   return 0;
 }
@@ -600,6 +653,7 @@ int mbd_client_status(mbd_client *c, mbd_status_report **out, mbd_error *err) {
   }
   const msgpack_object *root = mbd_body_root(rp.body);
   rep->queue = int_field(root, "queue", 0);
+  if ((rc = parse_models(root, rep, err)) != 0) goto done;
   const msgpack_object *ws = mbd_obj_get(root, "workers");
   if (ws && ws->type == MSGPACK_OBJECT_ARRAY && ws->via.array.size > 0) {
     rep->workers = calloc(ws->via.array.size, sizeof *rep->workers);
@@ -629,6 +683,7 @@ void mbd_status_report_free(mbd_status_report **pr) {
     free(r->workers[i].models);
   }
   free(r->workers);
+  free(r->models);
   free(r);
   *pr = NULL;
 }
@@ -670,6 +725,8 @@ int mbd_client_forward(mbd_client *c, const mbd_call_opts *o, const char *model,
   if (rc != 0) return rc;
   if (input_ids->desc.dtype != MBD_DTYPE_I64 || input_ids->desc.ndim != 2)
     return mbd_error_set(err, MBD_E_SHAPE, "forward: input_ids must be i64 [B,T]");
+  size_t nmk = 0;
+  if ((rc = pack_model(NULL, model, &nmk, err)) != 0) return mbd_error_prefix(err, "forward: ");
   const char *names[1] = {"input_ids"};
   const char *onames[1] = {"logits"};
   const mbd_tensor_in *ts[1] = {input_ids};
@@ -677,8 +734,8 @@ int mbd_client_forward(mbd_client *c, const mbd_call_opts *o, const char *model,
   int64_t dl = deadline_(c, o);
   req_body rb;
   body_init(&rb);
-  route_head(&rb.pk, dl, route_(c, o), 2 + last_only + (out_ref != NULL));
-  mbd_pack_kv_str(&rb.pk, "model", model);
+  route_head(&rb.pk, dl, route_(c, o), 1 + nmk + last_only + (out_ref != NULL));
+  pack_model(&rb.pk, model, &nmk, NULL);
   if (last_only) mbd_pack_kv_bool(&rb.pk, "last_only", true);
   uint32_t frame = 0;
   pack_tensors(&rb.pk, "tensors", names, ts, 1, &frame);
@@ -705,7 +762,8 @@ static int open_session(mbd_client *c, int64_t dl, uint8_t cmd, req_body *rb,
     rc = mbd_error_prefix(err, "reply to OPEN/IMPORT");
   } else {
     s->c = c;
-    snprintf(s->model, sizeof s->model, "%s", model);
+    snprintf(s->model, sizeof s->model, "%.*s", (int)strcspn(model, "@"), model);
+    snprintf(s->model_digest, sizeof s->model_digest, "%s", c->last.model_digest);
     *out = s;
   }
   reply_free(&r);
@@ -716,15 +774,19 @@ int mbd_session_open(mbd_client *c, const mbd_call_opts *o, const char *model, m
                      mbd_error *err) {
   *out = NULL;
   if (!model || !*model) return mbd_error_set(err, MBD_E_INVALID, "open: no model name given");
+  size_t nmk = 0;
+  int rc = pack_model(NULL, model, &nmk, err);
+  if (rc != 0) return mbd_error_prefix(err, "open: ");
   int64_t dl = deadline_(c, o);
   req_body rb;
   body_init(&rb);
-  route_head(&rb.pk, dl, route_(c, o), 1);
-  mbd_pack_kv_str(&rb.pk, "model", model);
+  route_head(&rb.pk, dl, route_(c, o), nmk);
+  pack_model(&rb.pk, model, &nmk, NULL);
   return open_session(c, dl, MBD_CMD_OPEN, &rb, NULL, 0, model, out, err);
 }
 
 const char *mbd_session_id(const mbd_session *s) { return s->id; }
+const char *mbd_session_model_digest(const mbd_session *s) { return s->model_digest; }
 
 /* Starts a session request body: {session, deadline_ms?, + extra keys}. */
 static void session_head(msgpack_packer *pk, const mbd_session *s, int64_t dl, size_t extra) {
@@ -843,6 +905,8 @@ int mbd_session_export(mbd_session *s, const mbd_call_opts *o, mbd_session_state
   str_field(root, "model", st->model, sizeof st->model);
   snprintf(st->route_id, sizeof st->route_id, "%s", s->c->last.route_id);
   str_field(root, "route_id", st->route_id, sizeof st->route_id);
+  snprintf(st->model_digest, sizeof st->model_digest, "%s", s->model_digest);
+  str_field(root, "model_digest", st->model_digest, sizeof st->model_digest);
   const msgpack_object *ts = mbd_obj_get(root, "tensors");
   if (!ts || ts->type != MSGPACK_OBJECT_ARRAY || ts->via.array.size == 0) {
     rc = mbd_error_set(err, MBD_E_PROTOCOL, "EXPORT reply carries no state tensors");
@@ -900,8 +964,10 @@ int mbd_session_import(mbd_client *c, const mbd_call_opts *o, const mbd_session_
   int64_t dl = deadline_(c, o);
   req_body rb;
   body_init(&rb);
-  route_head(&rb.pk, dl, &want, 2);
+  bool pin = mbd_digest_prefix_ok(st->model_digest);
+  route_head(&rb.pk, dl, &want, 2 + pin);
   mbd_pack_kv_str(&rb.pk, "model", st->model);
+  if (pin) mbd_pack_kv_str(&rb.pk, "model_digest", st->model_digest);
   uint32_t frame = 0;
   pack_tensors(&rb.pk, "tensors", names, ts, st->n_tensors, &frame);
   return open_session(c, dl, MBD_CMD_IMPORT, &rb, ts, st->n_tensors, st->model, out, err);

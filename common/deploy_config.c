@@ -13,6 +13,7 @@
 #include <string.h>
 #include <yaml.h>
 
+#include "common/protocol.h"
 #include "common/route.h"
 
 #define MAX_MAP_KEYS 64
@@ -196,7 +197,7 @@ static int parse_broker(walker *w, const yaml_node_t *n, mbd_deploy_config *c) {
 
 static int parse_models(walker *w, const yaml_node_t *n, const char *base_dir,
                         mbd_deploy_config *c) {
-  static const char *const keys[] = {"name", "path", NULL};
+  static const char *const keys[] = {"name", "path", "default_digest", NULL};
   int rc = want_kind(w, n, YAML_SEQUENCE_NODE, "models");
   if (rc) return rc;
   for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
@@ -226,6 +227,16 @@ static int parse_models(walker *w, const yaml_node_t *n, const char *base_dir,
     if (len < 0 || (size_t)len >= sizeof md->path)
       return failf(w, MBD_E_INVALID, v, field, "resolved path is longer than %d bytes",
                    MBD_DEPLOY_PATH_MAX - 1);
+    md->default_digest[0] = '\0';
+    if ((v = map_get(w, m, "default_digest"))) {
+      snprintf(field, sizeof field, "models[%zu].default_digest", i);
+      if ((rc = get_str(w, v, field, md->default_digest, sizeof md->default_digest))) return rc;
+      if (!mbd_digest_prefix_ok(md->default_digest))
+        return failf(w, MBD_E_INVALID, v, field,
+                     "'%s' is not a lower-case hex prefix of 8 to 64 characters of the weights "
+                     "digest (mambad status lists the digests)",
+                     md->default_digest);
+    }
     c->n_models = i + 1;
   }
   return 0;

@@ -4,7 +4,7 @@
  *
  *   broker:   {clients: EP, workers: EP, heartbeat_ms, liveness, queue_limit,
  *              max_message_mb, default_deadline_ms}
- *   models:   [{name, path}]            path relative to the YAML file's directory
+ *   models:   [{name, path, default_digest?}]  path relative to the YAML file's directory
  *   workers:  [{name, device: cpu | cuda:N | all, dtype, gemm_mode, threads,
  *              capacity, max_batch, session_idle_s, models: [names], count}]
  *   security: {curve: bool, server_public_key, server_secret_key,
@@ -33,6 +33,8 @@
 typedef struct mbd_deploy_model {
   char name[MBD_DEPLOY_NAME_MAX]; /* catalogue name requests use */
   char path[MBD_DEPLOY_PATH_MAX]; /* checkpoint directory, resolved against the YAML dir */
+  char default_digest[72];        /* hex prefix: unpinned requests for name get these weights
+                                     only ("" = none; a name with two digests is then refused) */
   int line;                       /* 1-based line of the entry */
 } mbd_deploy_model;
 

@@ -435,6 +435,39 @@ int mbd_obj_tensor_refs(const msgpack_object *map, const char *key, bool require
   return MBD_OK;
 }
 
+int mbd_body_append_str(const void *body, size_t len, const char *key, const char *val,
+                        msgpack_sbuffer *out, mbd_error *err) {
+  const uint8_t *p = body;
+  uint64_t count = 0;
+  size_t head = 0;
+  if (len == 0) {
+    head = 0;
+  } else if ((p[0] & 0xf0) == 0x80) {
+    count = p[0] & 0x0f, head = 1;
+  } else if (p[0] == 0xde && len >= 3) {
+    count = (uint64_t)p[1] << 8 | p[2], head = 3;
+  } else if (p[0] == 0xdf && len >= 5) {
+    count = (uint64_t)p[1] << 24 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 8 | p[4], head = 5;
+  } else {
+    return mbd_error_set(err, MBD_E_FORMAT, "body is not a msgpack map");
+  }
+  if (count >= UINT32_MAX) return mbd_error_set(err, MBD_E_TOO_LARGE, "body map too large");
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, out, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, (size_t)count + 1);
+  if (len > head) msgpack_sbuffer_write(out, (const char *)p + head, len - head);
+  mbd_pack_kv_str(&pk, key, val);
+  return MBD_OK;
+}
+
+bool mbd_digest_prefix_ok(const char *s) {
+  size_t n = strlen(s);
+  if (n < 8 || n > 64) return false;
+  for (size_t i = 0; i < n; i++)
+    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
+  return true;
+}
+
 int mbd_obj_route_want(const msgpack_object *map, const char *key, mbd_route_want *out,
                        mbd_error *err) {
   memset(out, 0, sizeof *out);

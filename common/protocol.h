@@ -89,6 +89,10 @@ int mbd_obj_bool(const msgpack_object *map, const char *key, bool required, bool
 int mbd_obj_i64_array(const msgpack_object *map, const char *key, bool required, int64_t *out,
                       size_t cap, size_t *n, mbd_error *err);
 
+/* True when s is a lower-case hex digest prefix of 8 to 64 characters (how
+ * requests pin a model's weights digest, `model_digest`). */
+bool mbd_digest_prefix_ok(const char *s);
+
 /* ---- tensor references ------------------------------------------------ */
 
 typedef enum mbd_tref_kind {
@@ -130,6 +134,13 @@ int mbd_obj_route_want(const msgpack_object *map, const char *key, mbd_route_wan
                        mbd_error *err);
 
 /* ---- writing bodies ---------------------------------------------------- */
+
+/* Writes into out (initialised by the caller) the map `body` (len bytes, an
+ * empty buffer = empty map) with one more entry key: val at its end, copying
+ * the other entries' bytes as they are (nothing decoded). MBD_E_FORMAT when
+ * body does not start with a map header. */
+int mbd_body_append_str(const void *body, size_t len, const char *key, const char *val,
+                        msgpack_sbuffer *out, mbd_error *err);
 /* Thin helpers over msgpack_packer; keys are C strings. */
 void mbd_pack_str(msgpack_packer *pk, const char *s);
 void mbd_pack_kv_str(msgpack_packer *pk, const char *key, const char *val);

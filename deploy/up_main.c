@@ -198,6 +198,10 @@ static int plan(supervisor *s, const mbd_deploy_config *cfg, mbd_error *err) {
   rc |= add_arg(b, "--queue-limit") | add_arg(b, "%" PRId64, cfg->queue_limit);
   rc |= add_arg(b, "--max-message-mb") | add_arg(b, "%" PRId64, cfg->max_message_mb);
   rc |= add_arg(b, "--default-deadline-ms") | add_arg(b, "%" PRId64, cfg->default_deadline_ms);
+  for (size_t i = 0; i < cfg->n_models; i++)
+    if (cfg->models[i].default_digest[0])
+      rc |= add_arg(b, "--default-digest") |
+            add_arg(b, "%s=%s", cfg->models[i].name, cfg->models[i].default_digest);
   char wconn[MBD_DEPLOY_EP_MAX];
   mbd_deploy_connect_endpoint(cfg->workers_ep, wconn, sizeof wconn);
   mbd_deploy_connect_endpoint(cfg->clients_ep, s->clients_connect, sizeof s->clients_connect);
