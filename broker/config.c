@@ -14,6 +14,7 @@ void mbd_broker_config_defaults(mbd_broker_config *c) {
   c->heartbeat_ms = 1000;
   c->liveness = 3;
   c->queue_limit = 1024;
+  c->queue_mb = 512;
   c->max_message_mb = 2048;
   c->default_deadline_ms = 60000;
   c->hwm = 10000;
@@ -51,6 +52,8 @@ int mbd_broker_config_parse(int argc, char **argv, mbd_broker_config *c, mbd_err
       if (!(rc = parse_int(o, v, 1, 1000, &x, err))) c->liveness = (int)x;
     } else if (!strcmp(o, "--queue-limit")) {
       if (!(rc = parse_int(o, v, 0, 10000000, &x, err))) c->queue_limit = (int)x;
+    } else if (!strcmp(o, "--queue-mb")) {
+      if (!(rc = parse_int(o, v, 1, 1 << 20, &x, err))) c->queue_mb = x;
     } else if (!strcmp(o, "--max-message-mb")) {
       if (!(rc = parse_int(o, v, 1, 1 << 20, &x, err))) c->max_message_mb = x;
     } else if (!strcmp(o, "--default-deadline-ms")) {

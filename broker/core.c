@@ -20,6 +20,7 @@
 #define LOG "broker"
 #define TICKET_BUCKETS 4096
 #define DEADLINE_MAX_MS (24LL * 3600 * 1000)
+#define HEADER_MAX_BYTES (256u << 10) /* routing fields of one request, decoded */
 
 /* WAITING: on no worker (queued, or being placed); INFLIGHT: sent, not
  * answered; ZOMBIE: answered by the broker (timeout), the worker's slot stays
@@ -43,6 +44,7 @@ typedef struct breq {
   int ipc_device;                  /* device of the first IPC tensor (GPU-affine routing) */
   char client_host[MBD_BW_NAME_MAX]; /* the client's host_id (required with IPC tensors) */
   int64_t start_ms, deadline_ms;   /* absolute, monotonic */
+  size_t bytes;                    /* body + payload bytes the broker holds for it */
   mbd_msg *orig;                   /* kept for a re-send (stateless) or until first send */
   uint64_t worker_gen;             /* worker it is on (in flight / zombie) */
   char worker_name[MBD_BW_NAME_MAX];
@@ -62,6 +64,7 @@ struct mbd_bcore {
   breq *buckets[TICKET_BUCKETS];
   breq *qhead, *qtail;
   size_t qlen;
+  size_t qbytes;                   /* sum of the queued requests' bytes */
   breq *all;
   size_t pending;                  /* queued + in flight (not zombies) */
   uint64_t next_ticket, next_gen;
@@ -115,6 +118,7 @@ static void q_push(mbd_bcore *c, breq *r, bool front) {
     c->qtail = r;
   }
   c->qlen++;
+  c->qbytes += r->bytes;
 }
 
 /* Links r (not queued) just before `at` (NULL = at the tail). */
@@ -131,6 +135,7 @@ static void q_insert_before(mbd_bcore *c, breq *r, breq *at) {
   else c->qhead = r;
   at->qprev = r;
   c->qlen++;
+  c->qbytes += r->bytes;
 }
 
 static void q_del(mbd_bcore *c, breq *r) {
@@ -142,6 +147,7 @@ static void q_del(mbd_bcore *c, breq *r) {
   else c->qtail = r->qprev;
   r->qprev = r->qnext = NULL;
   c->qlen--;
+  c->qbytes -= r->bytes;
 }
 
 /* Unlinks r from every structure and frees it. */
@@ -468,7 +474,7 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   msgpack_packer pk;
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   size_t n = mbd_registry_count(c->reg);
-  msgpack_pack_map(&pk, 6);
+  msgpack_pack_map(&pk, 7);
   pack_models(c, &pk);
   mbd_pack_str(&pk, "workers");
   msgpack_pack_array(&pk, n);
@@ -496,12 +502,15 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
     }
   }
   mbd_pack_kv_u64(&pk, "queue", c->qlen);
+  mbd_pack_kv_u64(&pk, "queue_bytes", c->qbytes);
   mbd_pack_kv_u64(&pk, "pending", c->pending);
   mbd_pack_str(&pk, "counters");
   const mbd_bcore_stats *s = &c->st;
-  msgpack_pack_map(&pk, 14);
+  msgpack_pack_map(&pk, 16);
   mbd_pack_kv_u64(&pk, "requests", s->requests);
   mbd_pack_kv_u64(&pk, "ambiguous", s->ambiguous);
+  mbd_pack_kv_u64(&pk, "busy_count", s->busy_count);
+  mbd_pack_kv_u64(&pk, "busy_bytes", s->busy_bytes);
   mbd_pack_kv_u64(&pk, "forwarded", s->forwarded);
   mbd_pack_kv_u64(&pk, "replies", s->replies);
   mbd_pack_kv_u64(&pk, "errors", s->errors);
@@ -515,10 +524,11 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   mbd_pack_kv_u64(&pk, "workers_joined", s->workers_joined);
   mbd_pack_kv_u64(&pk, "workers_lost", s->workers_lost);
   mbd_pack_str(&pk, "config");
-  msgpack_pack_map(&pk, 4);
+  msgpack_pack_map(&pk, 5);
   mbd_pack_kv_i64(&pk, "heartbeat_ms", c->cfg.heartbeat_ms);
   mbd_pack_kv_i64(&pk, "liveness", c->cfg.liveness);
   mbd_pack_kv_i64(&pk, "queue_limit", c->cfg.queue_limit);
+  mbd_pack_kv_i64(&pk, "queue_mb", c->cfg.queue_mb);
   mbd_pack_kv_i64(&pk, "default_deadline_ms", c->cfg.default_deadline_ms);
   /* A fresh FINAL to the request's peer and tag, so no payload a client
    * attached to its STATUS is ever echoed back. */
@@ -576,7 +586,11 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   mbd_error err = {0};
   size_t blen = 0;
   const void *b = mbd_msg_body(m, &blen);
-  int rc = mbd_body_parse(b, blen, &body, &err);
+  /* The routing header only: bulk fields are skipped, never decoded. */
+  static const char *const header_keys[] = {"route",   "model",   "model_digest", "deadline_ms",
+                                            "session", "tensors", "outputs",      "host_id",
+                                            NULL};
+  int rc = mbd_body_parse_keys(b, blen, header_keys, HEADER_MAX_BYTES, &body, &err);
   if (rc) {
     client_error(c, pcopy, plen, tag, rc, err.msg);
     goto done;
@@ -599,6 +613,12 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   r->cmd = cmd;
   r->start_ms = now;
   r->deadline_ms = now + (int64_t)dl;
+  r->bytes = blen;
+  for (size_t i = 0; i < mbd_msg_npayloads(m); i++) {
+    size_t pl = 0;
+    mbd_msg_payload(m, i, &pl);
+    r->bytes += pl;
+  }
   r->orig = m;
   m = NULL;
   r->state = RQ_WAITING;
@@ -609,11 +629,22 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   breq *nr = r;
   r = NULL;
   if (!place(c, nr)) {
+    uint64_t qcap = (uint64_t)c->cfg.queue_mb << 20;
     if ((int)c->qlen >= c->cfg.queue_limit) {
+      c->st.busy_count++;
       snprintf(msg, sizeof msg,
                "every worker matching route/model is at capacity and the broker queue is full "
-               "(%d waiting); retry later or add workers",
-               c->cfg.queue_limit);
+               "by count (%d requests waiting, --queue-limit %d); retry later or add workers",
+               (int)c->qlen, c->cfg.queue_limit);
+      req_fail(c, nr, MBD_E_BUSY, msg);
+    } else if (c->qbytes + nr->bytes > qcap) {
+      c->st.busy_bytes++;
+      snprintf(msg, sizeof msg,
+               "every worker matching route/model is at capacity and the broker queue is full "
+               "by bytes (%zu requests holding %.1f MiB waiting, this one %.1f MiB, --queue-mb "
+               "%" PRId64 "); retry later or add workers",
+               c->qlen, (double)c->qbytes / (1 << 20), (double)nr->bytes / (1 << 20),
+               c->cfg.queue_mb);
       req_fail(c, nr, MBD_E_BUSY, msg);
     } else {
       q_push(c, nr, false);

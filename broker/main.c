@@ -16,7 +16,7 @@ static void on_signal(int sig) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: mambad-broker --clients EP --workers EP [--heartbeat-ms 1000] [--liveness 3]\n"
-          "                     [--queue-limit 1024] [--max-message-mb 2048]\n"
+          "                     [--queue-limit 1024] [--queue-mb 512] [--max-message-mb 2048]\n"
           "                     [--default-deadline-ms 60000] [--hwm 10000]\n"
           "                     [--default-digest NAME=DIGEST]...\n"
           "Routes client requests to workers whose numeric route matches (docs/architecture.md).\n"

@@ -66,6 +66,13 @@ int mbd_body_check(const void *buf, size_t len, mbd_error *err);
 /* Decodes a body (copied: it does not borrow buf); it must be exactly one msgpack map (empty buffer = empty map).
  * MBD_E_FORMAT with a readable reason otherwise. */
 int mbd_body_parse(const void *buf, size_t len, mbd_body **out, mbd_error *err);
+/* Decodes only the top-level entries whose keys are in `keys` (NULL-ended):
+ * every other value is skipped over without being decoded or copied, so the
+ * cost is bounded by the wanted fields, not the body (how the broker reads a
+ * request's routing header). MBD_E_TOO_LARGE when the wanted entries together
+ * exceed max_bytes; MBD_E_FORMAT for a body that is not one msgpack map. */
+int mbd_body_parse_keys(const void *buf, size_t len, const char *const *keys, size_t max_bytes,
+                        mbd_body **out, mbd_error *err);
 void mbd_body_destroy(mbd_body **b);
 /* The root map object (borrowed). */
 const msgpack_object *mbd_body_root(const mbd_body *b);
