@@ -14,12 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/defaults.h"
 #include "common/log.h"
 #include "common/protocol.h"
 
 #define LOG "broker"
 #define TICKET_BUCKETS 4096
-#define DEADLINE_MAX_MS (24LL * 3600 * 1000)
+#define DEADLINE_MAX_MS MBD_DEADLINE_MS_MAX
 #define HEADER_MAX_BYTES (256u << 10) /* routing fields of one request, decoded */
 
 /* WAITING: on no worker (queued, or being placed); INFLIGHT: sent, not

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/defaults.h"
 #include "common/protocol.h"
 #include "common/route.h"
 #include "common/status.h"
@@ -18,7 +19,7 @@
 #define MBD_BW_MODELS_MAX 16
 #define MBD_BW_ROUTE_ENC_MAX 1024
 #define MBD_BW_IDENT_MAX 255
-#define MBD_BW_CAPACITY_MAX 4096
+#define MBD_BW_CAPACITY_MAX MBD_CAPACITY_MAX
 #define MBD_BW_DIGEST_MAX 72
 #define MBD_BW_DEFAULTS_MAX 64
 #define MBD_DIGEST_PREFIX_MIN 8

@@ -51,7 +51,8 @@ typedef struct mbd_deploy_worker {
   char dtype[8];                  /* storage policy ("f32"), "" = worker default */
   char gemm_mode[24];             /* "deterministic" ..., "" = worker default */
   int threads;                    /* CPU threads, 0 = worker default */
-  int capacity;                   /* concurrent requests, 0 = worker default */
+  int capacity;                   /* in-flight requests (--capacity), 0 = worker default */
+  int sessions;                   /* session slots (--sessions), 0 = worker default */
   int max_batch;                  /* batch size cap, 0 = worker default */
   int session_idle_s;             /* idle session expiry, 0 = worker default */
   int count;                      /* replicas (cpu only), >= 1 */
@@ -72,11 +73,13 @@ typedef struct mbd_deploy_config {
   char path[MBD_DEPLOY_PATH_MAX];  /* the file as given ("<memory>" label when parsed) */
   char clients_ep[MBD_DEPLOY_EP_MAX]; /* ipc:// or tcp:// */
   char workers_ep[MBD_DEPLOY_EP_MAX];
-  int64_t heartbeat_ms;            /* default 1000 */
-  int64_t liveness;                /* missed heartbeats before a peer is dead, default 3 */
-  int64_t queue_limit;             /* default 1024 */
-  int64_t max_message_mb;          /* default 512 */
-  int64_t default_deadline_ms;     /* default 30000 */
+  /* defaults for these: common/defaults.h */
+  int64_t heartbeat_ms;            /* heartbeat interval, both ways */
+  int64_t liveness;                /* missed heartbeats before a peer is dead */
+  int64_t queue_limit;             /* broker queue, requests */
+  int64_t queue_mb;                /* broker queue, MiB of bodies and payloads */
+  int64_t max_message_mb;          /* message cap of the broker and every worker */
+  int64_t default_deadline_ms;     /* deadline of requests that name none */
   size_t n_models;
   mbd_deploy_model models[MBD_DEPLOY_MAX_MODELS];
   size_t n_workers;

@@ -1,0 +1,245 @@
+/* One meaning per knob, with real worker processes against a ZeroMQ ROUTER
+ * standing where the broker's workers socket is (so the test sees READY as
+ * sent and can refuse it):
+ *  - READY's capacity is --capacity (in-flight requests); the route's
+ *    state_capacity is --sessions, which defaults to --capacity;
+ *  - --capacity beyond what the broker accepts fails at start (exit 2);
+ *  - a refused READY (ERROR with tag 0) makes the worker exit non-zero with
+ *    the broker's reason, instead of re-registering in a loop;
+ *  - MBD_GEMM_MODE is honoured, an explicit --gemm-mode wins over it, and an
+ *    invalid value stops the worker naming the three valid modes;
+ *  - `mambad up` hands broker.max_message_mb to every worker it starts. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "common/defaults.h"
+#include "worker_harness.h"
+
+static wh g;
+static void *g_router;
+
+static int setup(void **state) {
+  (void)state;
+  int rc = wh_init(&g);
+  if (rc) return rc == 77 ? 0 : -1;
+  g.zctx = zmq_ctx_new();
+  g_router = zmq_socket(g.zctx, ZMQ_ROUTER);
+  int linger = 0;
+  zmq_setsockopt(g_router, ZMQ_LINGER, &linger, sizeof linger);
+  return zmq_bind(g_router, g.workers) ? -1 : 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  if (g_router) zmq_close(g_router);
+  g_router = NULL;
+  wh_fini(&g);
+  return 0;
+}
+
+/* Starts mambad-worker with output in dir/<name>.log; extra args NULL-ended. */
+static pid_t worker(const char *name, const char *env, ...) {
+  char exe[600], model[600], log[400];
+  snprintf(exe, sizeof exe, "%s/mambad-worker", g.bin);
+  snprintf(model, sizeof model, "tiny=%s", g.model_dir);
+  snprintf(log, sizeof log, "%s/%s.log", g.dir, name);
+  char *argv[32] = {exe, "--connect", g.workers, "--name", (char *)name, "--model", model,
+                    "--heartbeat-ms", "100", "--liveness", "2", "--threads", "1"};
+  int n = 13;
+  va_list ap;
+  va_start(ap, env);
+  const char *a;
+  while ((a = va_arg(ap, const char *)) && n < 30) argv[n++] = (char *)a;
+  va_end(ap);
+  argv[n] = NULL;
+  if (env) setenv("MBD_GEMM_MODE", env, 1);
+  else unsetenv("MBD_GEMM_MODE");
+  pid_t p = procs_spawn(argv, log);
+  unsetenv("MBD_GEMM_MODE");
+  return p;
+}
+
+/* Exit status of p within ms (reaped), or -1 if it is still running (then killed). */
+static int exit_within(pid_t p, int ms) {
+  for (int t = 0; t < ms; t += 20) {
+    int st = 0;
+    if (waitpid(p, &st, WNOHANG) == p) return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    usleep(20000);
+  }
+  kill(p, SIGKILL);
+  waitpid(p, NULL, 0);
+  return -1;
+}
+
+static void read_log(const char *name, char *out, size_t cap) {
+  char path[400];
+  snprintf(path, sizeof path, "%s/%s.log", g.dir, name);
+  out[0] = '\0';
+  FILE *f = fopen(path, "r");
+  if (!f) return;
+  size_t n = fread(out, 1, cap - 1, f);
+  out[n] = '\0';
+  fclose(f);
+}
+
+/* The next READY on the router: its decoded route and capacity; the routing
+ * id goes to ident. Fails the test after 20 s. */
+static void next_ready(mbd_route_identity *route, uint64_t *capacity, uint8_t *ident,
+                       size_t *ident_len) {
+  zmq_pollitem_t it = {.socket = g_router, .events = ZMQ_POLLIN};
+  for (int k = 0; k < 200; k++) {
+    if (zmq_poll(&it, 1, 100) <= 0) continue;
+    mbd_msg *m = NULL;
+    if (mbd_msg_recv(g_router, true, 0, &m, NULL)) {
+      mbd_msg_destroy(&m);
+      continue;
+    }
+    if (mbd_msg_cmd(m) != MBD_CMD_READY) {
+      mbd_msg_destroy(&m);
+      continue;
+    }
+    const void *peer = mbd_msg_peer(m, ident_len);
+    memcpy(ident, peer, *ident_len);
+    mbd_body *b = wh_body(m);
+    char enc[1024] = "";
+    assert_int_equal(mbd_obj_str(mbd_body_root(b), "route", true, enc, sizeof enc, NULL), 0);
+    assert_int_equal(mbd_obj_u64(mbd_body_root(b), "capacity", true, capacity, NULL), 0);
+    assert_int_equal(mbd_route_decode(enc, strlen(enc), route, NULL), 0);
+    mbd_body_destroy(&b);
+    mbd_msg_destroy(&m);
+    return;
+  }
+  fail_msg("no READY within 20 s");
+}
+
+static void test_capacity_and_sessions(void **state) {
+  (void)state;
+  if (!g_router) skip();
+  mbd_route_identity r;
+  uint64_t cap = 0;
+  uint8_t id[256];
+  size_t idl = 0;
+  pid_t p = worker("w1", NULL, "--capacity", "3", "--sessions", "7", NULL);
+  next_ready(&r, &cap, id, &idl);
+  assert_int_equal(cap, 3);
+  assert_int_equal(r.state_capacity, 7);
+  wh_stop(p, SIGTERM);
+  p = worker("w2", NULL, "--capacity", "5", NULL);
+  next_ready(&r, &cap, id, &idl);
+  assert_int_equal(cap, 5);
+  assert_int_equal(r.state_capacity, 5);
+  wh_stop(p, SIGTERM);
+  /* beyond the broker's limit: refused at start, naming the flag */
+  char big[16], log[4096];
+  snprintf(big, sizeof big, "%d", MBD_CAPACITY_MAX + 1);
+  p = worker("w3", NULL, "--capacity", big, NULL);
+  assert_int_equal(exit_within(p, 10000), 2);
+  read_log("w3", log, sizeof log);
+  assert_non_null(strstr(log, "--capacity"));
+}
+
+static void test_refused_ready_is_fatal(void **state) {
+  (void)state;
+  if (!g_router) skip();
+  mbd_route_identity r;
+  uint64_t cap = 0;
+  uint8_t id[256];
+  size_t idl = 0;
+  pid_t p = worker("w4", NULL, NULL);
+  next_ready(&r, &cap, id, &idl);
+  mbd_msg *e = NULL;
+  assert_int_equal(mbd_msg_new_error(0, MBD_E_INVALID, "READY: test refuses this worker", &e, NULL), 0);
+  assert_int_equal(mbd_msg_set_peer(e, id, idl, NULL), 0);
+  assert_int_equal(mbd_msg_send(&e, g_router, 0, NULL), 0);
+  int rc = exit_within(p, 10000);
+  assert_true(rc > 0);
+  char log[8192];
+  read_log("w4", log, sizeof log);
+  assert_non_null(strstr(log, "refused this worker's registration"));
+  assert_non_null(strstr(log, "test refuses this worker"));
+}
+
+static void test_gemm_mode_env(void **state) {
+  (void)state;
+  if (!g_router) skip();
+  char log[8192];
+  /* invalid: an error naming the three valid modes */
+  pid_t p = worker("w5", "fastest", NULL);
+  assert_int_equal(exit_within(p, 10000), 2);
+  read_log("w5", log, sizeof log);
+  assert_non_null(strstr(log, "MBD_GEMM_MODE"));
+  assert_non_null(strstr(log, "deterministic"));
+  assert_non_null(strstr(log, "cublas-fast"));
+  assert_non_null(strstr(log, "cublas-pedantic"));
+  /* honoured: the CPU backend runs deterministic only, so cublas-fast stops it */
+  p = worker("w6", "cublas-fast", NULL);
+  assert_int_not_equal(exit_within(p, 10000), 0);
+  read_log("w6", log, sizeof log);
+  assert_non_null(strstr(log, "cublas-fast"));
+  /* an explicit flag wins over the environment */
+  mbd_route_identity r;
+  uint64_t cap = 0;
+  uint8_t id[256];
+  size_t idl = 0;
+  p = worker("w7", "cublas-fast", "--gemm-mode", "deterministic", NULL);
+  next_ready(&r, &cap, id, &idl);
+  assert_int_equal(r.mode, MBD_GEMM_DETERMINISTIC);
+  wh_stop(p, SIGTERM);
+}
+
+/* `mambad up`'s worker command lines carry broker.max_message_mb. */
+static void test_up_passes_message_size(void **state) {
+  (void)state;
+  if (!g_router) skip();
+  zmq_close(g_router); /* mambad up starts its own broker on a fresh endpoint pair */
+  g_router = NULL;
+  char yaml[2400], path[700], up[600], log[700];
+  snprintf(path, sizeof path, "%s/deploy.yaml", g.dir);
+  snprintf(yaml, sizeof yaml,
+           "broker:\n  clients: ipc://%s/uc\n  workers: ipc://%s/uw\n  max_message_mb: 77\n"
+           "models:\n  - name: tiny\n    path: %s\n"
+           "workers:\n  - {name: k1, device: cpu, threads: 1}\n",
+           g.dir, g.dir, g.model_dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(yaml, f);
+  fclose(f);
+  snprintf(up, sizeof up, "%s/mambad-up", g.bin);
+  snprintf(log, sizeof log, "%s/up.log", g.dir);
+  char *argv[] = {up, "--config", path, NULL};
+  pid_t p = procs_spawn(argv, log);
+  /* find the worker among up's children and read its command line */
+  bool found = false;
+  for (int k = 0; k < 200 && !found; k++) {
+    usleep(50000);
+    char cmd[300], out[4096] = "";
+    snprintf(cmd, sizeof cmd,
+             "for c in $(pgrep -P %d); do tr '\\0' ' ' </proc/$c/cmdline; echo; done", (int)p);
+    FILE *pp = popen(cmd, "r");
+    if (!pp) continue;
+    size_t n = fread(out, 1, sizeof out - 1, pp);
+    out[n] = '\0';
+    pclose(pp);
+    char *w = strstr(out, "mambad-worker");
+    if (w) {
+      assert_non_null(strstr(w, "--max-message-mb 77"));
+      found = true;
+    }
+  }
+  procs_stop(p, SIGTERM, 10000, NULL);
+  assert_true(found);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_capacity_and_sessions, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_refused_ready_is_fatal, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_gemm_mode_env, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_up_passes_message_size, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
