@@ -10,6 +10,7 @@
 #include "broker/core.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,9 +73,35 @@ struct mbd_bcore {
   int64_t next_hb_ms;
   bool shutting;
   mbd_bcore_stats st;
+  int64_t warn_at_ms;              /* when the last worker-input warning was logged */
+  uint64_t warn_suppressed;        /* worker-input warnings not logged since */
 };
 
 /* ---- plumbing ------------------------------------------------------------ */
+
+#define WARN_EVERY_MS 1000
+
+/* Logs a warning about input from workers at most once a second, saying how
+ * many were left out since, so a flood of bad frames cannot flood the log. */
+static void warn_limited(mbd_bcore *c, int64_t now, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void warn_limited(mbd_bcore *c, int64_t now, const char *fmt, ...) {
+  if (c->warn_at_ms && now - c->warn_at_ms < WARN_EVERY_MS) {
+    c->warn_suppressed++;
+    return;
+  }
+  char line[MBD_ERROR_MSG_MAX + 128];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  if (c->warn_suppressed)
+    MBD_LOGW(LOG, "%s (%" PRIu64 " similar warnings in the last %" PRId64 " ms not shown)", line,
+             c->warn_suppressed, now - c->warn_at_ms);
+  else MBD_LOGW(LOG, "%s", line);
+  c->warn_at_ms = now;
+  c->warn_suppressed = 0;
+}
 
 static int64_t expiry_ms(const mbd_bcore *c) { return (int64_t)c->cfg.heartbeat_ms * c->cfg.liveness; }
 
@@ -481,8 +508,9 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   msgpack_pack_array(&pk, n);
   for (size_t i = 0; i < n; i++) {
     const mbd_bworker *w = mbd_registry_at(c->reg, i);
-    msgpack_pack_map(&pk, 12);
+    msgpack_pack_map(&pk, 13);
     mbd_pack_kv_str(&pk, "name", w->name);
+    mbd_pack_kv_i64(&pk, "sessions", w->sessions);
     mbd_pack_kv_str(&pk, "uid", w->uid);
     mbd_pack_kv_str(&pk, "route_id", w->route_id);
     mbd_pack_kv_str(&pk, "route", w->route_enc);
@@ -747,7 +775,7 @@ static void on_ready(mbd_bcore *c, mbd_msg *m, int64_t now) {
   if (!rc) rc = mbd_registry_parse_ready(mbd_body_root(body), &w, &err);
   mbd_body_destroy(&body);
   if (rc) {
-    MBD_LOGW(LOG, "rejected worker registration: %s", err.msg);
+    warn_limited(c, now, "rejected worker registration: %s", err.msg);
     c->st.malformed++;
     mbd_msg *e = NULL;
     if (!mbd_msg_new_error(0, rc, err.msg, &e, NULL) && !mbd_msg_set_peer(e, peer, plen, NULL))
@@ -759,6 +787,7 @@ static void on_ready(mbd_bcore *c, mbd_msg *m, int64_t now) {
   memcpy(w.ident, peer, plen);
   w.ident_len = plen;
   w.last_seen_ms = w.registered_ms = now;
+  w.sessions = -1; /* until its first heartbeat says */
   w.gen = ++c->next_gen;
   mbd_bworker old;
   bool replaced = false;
@@ -788,7 +817,8 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   const void *peer = mbd_msg_peer(m, &plen);
   if (recv_rc) {
     c->st.malformed++;
-    MBD_LOGW(LOG, "dropped a malformed message from a worker: %s", recv_err ? recv_err->msg : "");
+    warn_limited(c, now, "dropped a malformed message from a worker: %s",
+                 recv_err ? recv_err->msg : "");
     goto done;
   }
   uint8_t cmd = mbd_msg_cmd(m);
@@ -810,7 +840,19 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   }
   w->last_seen_ms = now;
   switch (cmd) {
-  case MBD_CMD_HEARTBEAT: break;
+  case MBD_CMD_HEARTBEAT: {
+    /* {load, sessions}: only the open sessions are kept, for STATUS */
+    static const char *const keys[] = {"sessions", NULL};
+    mbd_body *body = NULL;
+    size_t blen;
+    const void *b = mbd_msg_body(m, &blen);
+    int64_t n = -1;
+    if (blen && !mbd_body_parse_keys(b, blen, keys, 64, &body, NULL))
+      mbd_obj_i64(mbd_body_root(body), "sessions", false, &n, NULL);
+    mbd_body_destroy(&body);
+    if (n >= 0) w->sessions = n;
+    break;
+  }
   case MBD_CMD_DISCONNECT: {
     char reason[160] = "";
     mbd_body *body = NULL;
@@ -853,7 +895,8 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   }
   default:
     c->st.malformed++;
-    MBD_LOGW(LOG, "worker %s sent %s, which workers may not send; dropped", w->name, mbd_cmd_name(cmd));
+    warn_limited(c, now, "worker %s sent %s, which workers may not send; dropped", w->name,
+                 mbd_cmd_name(cmd));
     break;
   }
 done:

@@ -45,6 +45,7 @@ typedef struct mbd_bworker {
   int nmodels;
   int capacity;                           /* concurrent requests it accepts (>= 1) */
   int inflight;                           /* requests sent and not finished */
+  int64_t sessions;                       /* open sessions, from its last HEARTBEAT; -1 unknown */
   int64_t pid;                            /* reported process id (informational) */
   uint8_t ident[MBD_BW_IDENT_MAX];        /* ZeroMQ routing id on the workers socket */
   size_t ident_len;

@@ -33,6 +33,7 @@
 #define BACKOFF_MIN_MS 250
 #define BACKOFF_MAX_MS 10000
 #define HEALTHY_MS 30000 /* a child that ran this long starts its backoff afresh */
+#define CRASH_LOOP_RESTARTS 4 /* quick exits in a row reported as a crash loop */
 
 typedef struct child {
   char name[80];          /* "broker" or the worker name */
@@ -309,6 +310,12 @@ static int reap(supervisor *s) {
       c->restart_at_ms = now_ms() + backoff;
       fprintf(stderr, "mambad up: %s (pid %d) %s after %.1f s; restarting in %" PRId64 " ms\n",
               c->name, (int)pid, how, ran / 1000.0, backoff);
+      if (c->restarts >= CRASH_LOOP_RESTARTS)
+        fprintf(stderr,
+                "mambad up: %s is crash-looping: %d exits in a row, each within %d s of its "
+                "start (last: %s); its own messages above say why (a model that does not load, "
+                "a registration the broker refuses); backoff is now %" PRId64 " ms\n",
+                c->name, c->restarts, HEALTHY_MS / 1000, how, backoff);
       s->announced = false; /* report again once it is back */
     }
   }

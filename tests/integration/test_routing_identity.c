@@ -206,6 +206,16 @@ static void test_one_name_two_digests(void **state) {
   mbd_session *s = NULL;
   assert_int_equal(mbd_session_open(c, NULL, pin[1], &s, &err), 0);
   assert_string_equal(mbd_session_model_digest(s), g.digest[1]);
+  /* STATUS shows the open session on wb once a heartbeat has told the broker */
+  int64_t sessions = -1;
+  for (int k = 0; k < 100 && sessions != 1; k++) {
+    nap_ms(50);
+    assert_int_equal(mbd_client_status(c, &r, NULL), 0);
+    for (size_t i = 0; i < r->n_workers; i++)
+      if (!strcmp(r->workers[i].name, "wb")) sessions = r->workers[i].sessions;
+    mbd_status_report_free(&r);
+  }
+  assert_int_equal(sessions, 1);
   mbd_session_state *st = NULL;
   assert_int_equal(mbd_session_export(s, NULL, &st, &err), 0);
   assert_string_equal(st->model_digest, g.digest[1]);

@@ -8,7 +8,8 @@
  *    the broker's reason, instead of re-registering in a loop;
  *  - MBD_GEMM_MODE is honoured, an explicit --gemm-mode wins over it, and an
  *    invalid value stops the worker naming the three valid modes;
- *  - `mambad up` hands broker.max_message_mb to every worker it starts. */
+ *  - `mambad up` hands broker.max_message_mb to every worker it starts, and
+ *    reports a crash-looping worker while its backoff grows. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -234,12 +235,58 @@ static void test_up_passes_message_size(void **state) {
   assert_true(found);
 }
 
+/* A worker whose model never loads: `mambad up` backs off more each time
+ * and says it is crash-looping. */
+static void test_up_reports_crash_loop(void **state) {
+  (void)state;
+  if (!g_router) skip();
+  zmq_close(g_router);
+  g_router = NULL;
+  char yaml[2400], path[700], up[600], log[700], bad[400];
+  snprintf(bad, sizeof bad, "%s/broken", g.dir);
+  assert_int_equal(procs_sh("mkdir -p '%s' && echo '{}' > '%s/config.json'", bad, bad), 0);
+  snprintf(path, sizeof path, "%s/deploy.yaml", g.dir);
+  snprintf(yaml, sizeof yaml,
+           "broker:\n  clients: ipc://%s/uc\n  workers: ipc://%s/uw\n"
+           "models:\n  - name: broken\n    path: %s\n"
+           "workers:\n  - {name: k2, device: cpu, threads: 1}\n",
+           g.dir, g.dir, bad);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(yaml, f);
+  fclose(f);
+  snprintf(up, sizeof up, "%s/mambad-up", g.bin);
+  snprintf(log, sizeof log, "%s/up.log", g.dir);
+  char *argv[] = {up, "--config", path, NULL};
+  pid_t p = procs_spawn(argv, log);
+  static char text[1 << 16];
+  bool looping = false;
+  for (int k = 0; k < 300 && !looping; k++) {
+    usleep(50000);
+    text[0] = '\0';
+    FILE *lf = fopen(log, "r");
+    if (!lf) continue;
+    size_t n = fread(text, 1, sizeof text - 1, lf);
+    text[n] = '\0';
+    fclose(lf);
+    looping = strstr(text, "k2 is crash-looping") != NULL;
+  }
+  procs_stop(p, SIGTERM, 10000, NULL);
+  assert_true(looping);
+  /* the backoff grew: 250, 500, 1000, 2000 ms */
+  assert_non_null(strstr(text, "restarting in 250 ms"));
+  assert_non_null(strstr(text, "restarting in 500 ms"));
+  assert_non_null(strstr(text, "restarting in 1000 ms"));
+  assert_non_null(strstr(text, "restarting in 2000 ms"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_capacity_and_sessions, setup, teardown),
       cmocka_unit_test_setup_teardown(test_refused_ready_is_fatal, setup, teardown),
       cmocka_unit_test_setup_teardown(test_gemm_mode_env, setup, teardown),
       cmocka_unit_test_setup_teardown(test_up_passes_message_size, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_up_reports_crash_loop, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
