@@ -18,9 +18,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "client/mambad.h"
 #include "common/half.h"
 #include "common/safetensors.h"
+#include "common/tokenizer/tokenizer.h"
 
 #define DEFAULT_ENDPOINT "ipc:///tmp/mambad/clients.sock"
 #define EXIT_FAIL 1
@@ -41,12 +44,16 @@ typedef struct cli_opts {
   int64_t m, n, k, requests, batch, seq;
   const char *gemm_dtype;
   uint64_t seed;
+  /* text: tokenize / detokenize / generate --prompt */
+  const char *tokenizer, *prompt, *prompt_file;
+  bool add_special, skip_special;
 } cli_opts;
 
 enum {
   O_CONNECT = 1000, O_MODEL, O_INPUT, O_OUTPUT, O_ROUTE_ID, O_BACKEND, O_DTYPE, O_GEMM_MODE,
   O_FAMILY, O_DEVICE, O_DEADLINE, O_SHM, O_LAST_ONLY, O_FULL, O_QUIET, O_GENERATE, O_TEMP,
-  O_TOPK, O_TOPP, O_SEED, O_STOP, O_M, O_N, O_K, O_REQUESTS, O_BATCH, O_SEQ, O_HELP
+  O_TOPK, O_TOPP, O_SEED, O_STOP, O_M, O_N, O_K, O_REQUESTS, O_BATCH, O_SEQ, O_HELP,
+  O_TOKENIZER, O_ADD_SPECIAL, O_SKIP_SPECIAL, O_PROMPT, O_PROMPT_FILE
 };
 
 static const struct option k_long[] = {
@@ -64,7 +71,10 @@ static const struct option k_long[] = {
     {"m", required_argument, 0, O_M},              {"n", required_argument, 0, O_N},
     {"k", required_argument, 0, O_K},              {"requests", required_argument, 0, O_REQUESTS},
     {"batch", required_argument, 0, O_BATCH},      {"seq", required_argument, 0, O_SEQ},
-    {"help", no_argument, 0, O_HELP},              {0, 0, 0, 0}};
+    {"help", no_argument, 0, O_HELP},
+    {"tokenizer", required_argument, 0, O_TOKENIZER}, {"add-special-tokens", no_argument, 0, O_ADD_SPECIAL},
+    {"skip-special-tokens", no_argument, 0, O_SKIP_SPECIAL}, {"prompt", required_argument, 0, O_PROMPT},
+    {"prompt-file", required_argument, 0, O_PROMPT_FILE}, {0, 0, 0, 0}};
 
 static const char *k_route_help =
     "  --connect EP        broker client endpoint (default $MAMBAD_CONNECT or " DEFAULT_ENDPOINT ")\n"
@@ -208,6 +218,11 @@ static int parse_opts(const char *cmd, int argc, char **argv, const int *allowed
     case O_REQUESTS: rc = parse_i64(cmd, "--requests", v, 1, &o->requests); break;
     case O_BATCH: rc = parse_i64(cmd, "--batch", v, 1, &o->batch); break;
     case O_SEQ: rc = parse_i64(cmd, "--seq", v, 1, &o->seq); break;
+    case O_TOKENIZER: o->tokenizer = v; break;
+    case O_ADD_SPECIAL: o->add_special = true; break;
+    case O_SKIP_SPECIAL: o->skip_special = true; break;
+    case O_PROMPT: o->prompt = v; break;
+    case O_PROMPT_FILE: o->prompt_file = v; break;
     default: return usage_error(cmd, "unhandled option %s", argv[optind - 1]);
     }
     if (rc) return rc;
@@ -308,6 +323,199 @@ static int cmd_status(int argc, char **argv) {
   mbd_status_report_free(&r);
   mbd_client_destroy(&c);
   return 0;
+}
+
+/* ---- tokenize / detokenize ------------------------------------------------- */
+
+static int load_tokenizer(const char *cmd, const char *path, mbd_tokenizer **t) {
+  mbd_error err = {0};
+  if (!path) return usage_error(cmd, "--tokenizer FILE|DIR is required");
+  if (mbd_tokenizer_load(path, t, &err)) return report(cmd, &err, NULL);
+  return 0;
+}
+
+/* Fails line `lineno` of stdin with a message; returns EXIT_FAIL. */
+__attribute__((format(printf, 3, 4))) static int line_error(const char *cmd, size_t lineno, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "mambad %s: stdin line %zu: ", cmd, lineno);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  return EXIT_FAIL;
+}
+
+/* Shared loop: each non-blank stdin line is a JSON object; `fn` turns it into
+ * one output line. Stops at the first bad line (exit 1, earlier lines written). */
+typedef int (*jsonl_fn)(const char *cmd, const mbd_tokenizer *t, const cli_opts *o, const json_t *in,
+                        size_t lineno);
+
+static int jsonl_loop(const char *cmd, const mbd_tokenizer *t, const cli_opts *o, jsonl_fn fn) {
+  char *line = NULL;
+  size_t cap = 0, lineno = 0;
+  ssize_t got;
+  int rc = 0;
+  while (!rc && (got = getline(&line, &cap, stdin)) > 0) {
+    lineno++;
+    size_t n = (size_t)got;
+    while (n && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' ')) n--;
+    if (!n) continue;
+    json_error_t je;
+    json_t *in = json_loadb(line, n, JSON_ALLOW_NUL, &je);
+    if (!json_is_object(in)) rc = line_error(cmd, lineno, "not a JSON object%s%s", in ? "" : ": ", in ? "" : je.text);
+    else rc = fn(cmd, t, o, in, lineno);
+    json_decref(in);
+  }
+  free(line);
+  if (fflush(stdout) || ferror(stdout)) {
+    fprintf(stderr, "mambad %s: writing stdout: %s\n", cmd, strerror(errno));
+    rc = EXIT_FAIL;
+  }
+  return rc;
+}
+
+static int tokenize_line(const char *cmd, const mbd_tokenizer *t, const cli_opts *o, const json_t *in,
+                         size_t lineno) {
+  const json_t *text = json_object_get(in, "text");
+  if (!json_is_string(text)) return line_error(cmd, lineno, "wants {\"text\": \"...\"}");
+  int32_t *ids = NULL;
+  size_t n = 0;
+  mbd_error err = {0};
+  if (mbd_tokenizer_encode(t, json_string_value(text), json_string_length(text), o->add_special, &ids, &n, &err))
+    return line_error(cmd, lineno, "%s: %s", mbd_status_name(err.code), err.msg);
+  fputs("{\"ids\": [", stdout);
+  for (size_t i = 0; i < n; i++) printf(i ? ", %d" : "%d", (int)ids[i]);
+  fputs("]}\n", stdout);
+  free(ids);
+  return 0;
+}
+
+static int detokenize_line(const char *cmd, const mbd_tokenizer *t, const cli_opts *o, const json_t *in,
+                           size_t lineno) {
+  const json_t *arr = json_object_get(in, "ids");
+  if (!json_is_array(arr)) return line_error(cmd, lineno, "wants {\"ids\": [...]}");
+  size_t n = json_array_size(arr);
+  int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+  if (!ids) return line_error(cmd, lineno, "out of memory");
+  for (size_t i = 0; i < n; i++) {
+    const json_t *v = json_array_get(arr, i);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
+      free(ids);
+      return line_error(cmd, lineno, "ids[%zu] is not a token id", i);
+    }
+    ids[i] = (int32_t)json_integer_value(v);
+  }
+  char *s = NULL;
+  size_t len = 0;
+  mbd_error err = {0};
+  int rc = mbd_tokenizer_decode(t, ids, n, o->skip_special, &s, &len, &err);
+  free(ids);
+  if (rc) return line_error(cmd, lineno, "%s: %s", mbd_status_name(err.code), err.msg);
+  json_t *out = json_pack("{s:s%}", "text", s, len);
+  char *js = out ? json_dumps(out, JSON_COMPACT) : NULL;
+  free(s);
+  json_decref(out);
+  if (!js) return line_error(cmd, lineno, "out of memory");
+  puts(js);
+  free(js);
+  return 0;
+}
+
+/* generate --prompt / --prompt-file: the prompt's ids as input_ids I64 [1,T]
+ * in *ids (freed by the caller), described by *entry. */
+static int encode_prompt(const cli_opts *o, const mbd_tokenizer *t, int64_t **ids, mbd_st_entry *entry) {
+  mbd_error err = {0};
+  char *file = NULL;
+  const char *p = o->prompt;
+  size_t plen = p ? strlen(p) : 0;
+  if (o->prompt_file) {
+    FILE *f = fopen(o->prompt_file, "rb");
+    size_t cap = 0;
+    if (!f) {
+      mbd_error_set(&err, MBD_E_IO, "%s: %s", o->prompt_file, strerror(errno));
+      return report("generate", &err, NULL);
+    }
+    for (;;) {
+      if (plen + 65536 > cap) {
+        char *q = realloc(file, cap = 2 * cap + 65536);
+        if (!q) break;
+        file = q;
+      }
+      size_t got = fread(file + plen, 1, cap - plen, f);
+      plen += got;
+      if (!got) break;
+    }
+    bool bad = ferror(f) || !file;
+    fclose(f);
+    if (bad) {
+      free(file);
+      mbd_error_set(&err, MBD_E_IO, "%s: read failed", o->prompt_file);
+      return report("generate", &err, NULL);
+    }
+    p = file;
+  }
+  int32_t *i32 = NULL;
+  size_t n = 0;
+  int rc = mbd_tokenizer_encode(t, p, plen, o->add_special, &i32, &n, &err);
+  free(file);
+  if (rc) return report("generate", &err, NULL);
+  if (!n) {
+    free(i32);
+    mbd_error_set(&err, MBD_E_INVALID, "the prompt encodes to no tokens");
+    return report("generate", &err, NULL);
+  }
+  *ids = malloc(n * sizeof **ids);
+  if (!*ids) {
+    free(i32);
+    mbd_error_set(&err, MBD_E_NOMEM, "out of memory for %zu prompt tokens", n);
+    return report("generate", &err, NULL);
+  }
+  for (size_t i = 0; i < n; i++) (*ids)[i] = i32[i];
+  free(i32);
+  int64_t shape[2] = {1, (int64_t)n};
+  memset(entry, 0, sizeof *entry);
+  entry->name = "input_ids";
+  mbd_tensor_desc_make(&entry->desc, MBD_DTYPE_I64, 2, shape, NULL);
+  entry->data = *ids;
+  entry->nbytes = n * sizeof **ids;
+  return 0;
+}
+
+static int cmd_tokenize(int argc, char **argv) {
+  static const int allowed[] = {O_TOKENIZER, O_ADD_SPECIAL, 0};
+  cli_opts o;
+  int rc = parse_opts("tokenize", argc, argv, allowed, &o);
+  if (rc < 0) {
+    printf("usage: mambad tokenize --tokenizer FILE|DIR [--add-special-tokens] < in.jsonl\n"
+           "Reads JSON lines {\"text\": \"...\"} on stdin and writes {\"ids\": [...]} lines, encoded\n"
+           "as Hugging Face tokenizers does with the tokenizer.json given (or the one in DIR).\n"
+           "--add-special-tokens applies the post-processor's template (BOS/EOS).\n");
+    return 0;
+  }
+  if (rc) return rc;
+  mbd_tokenizer *t = NULL;
+  if ((rc = load_tokenizer("tokenize", o.tokenizer, &t))) return rc;
+  rc = jsonl_loop("tokenize", t, &o, tokenize_line);
+  mbd_tokenizer_destroy(&t);
+  return rc;
+}
+
+static int cmd_detokenize(int argc, char **argv) {
+  static const int allowed[] = {O_TOKENIZER, O_SKIP_SPECIAL, 0};
+  cli_opts o;
+  int rc = parse_opts("detokenize", argc, argv, allowed, &o);
+  if (rc < 0) {
+    printf("usage: mambad detokenize --tokenizer FILE|DIR [--skip-special-tokens] < in.jsonl\n"
+           "Reads JSON lines {\"ids\": [...]} on stdin and writes {\"text\": \"...\"} lines.\n"
+           "--skip-special-tokens drops added tokens marked special.\n");
+    return 0;
+  }
+  if (rc) return rc;
+  mbd_tokenizer *t = NULL;
+  if ((rc = load_tokenizer("detokenize", o.tokenizer, &t))) return rc;
+  rc = jsonl_loop("detokenize", t, &o, detokenize_line);
+  mbd_tokenizer_destroy(&t);
+  return rc;
 }
 
 /* ---- forward / generate ---------------------------------------------------- */
@@ -418,10 +626,32 @@ typedef struct stream_ctx {
   int64_t row;
   bool started;
   size_t shown; /* tokens printed from PARTIALs; FINAL may carry more */
+  mbd_detok *detok; /* --prompt: print text instead of ids */
 } stream_ctx;
+
+/* --prompt: the text the tokens complete, as they come. */
+static void on_text(stream_ctx *s, const int64_t *t, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    char *buf = NULL;
+    size_t len = 0;
+    mbd_error err = {0};
+    if (t[i] < 0 || t[i] > INT32_MAX || mbd_detok_push(s->detok, (int32_t)t[i], &buf, &len, &err))
+      fprintf(stderr, "mambad generate: token %" PRId64 " is not in the tokenizer's vocabulary\n", t[i]);
+    else if (s->print)
+      fwrite(buf, 1, len, stdout);
+    free(buf);
+  }
+  s->started = true;
+  s->shown += n;
+  fflush(stdout);
+}
 
 static void on_tokens(void *user, const int64_t *t, size_t n) {
   stream_ctx *s = user;
+  if (s->detok) {
+    on_text(s, t, n);
+    return;
+  }
   if (!s->print) return;
   if (!s->started) printf("row %" PRId64 ":", s->row);
   s->started = true;
@@ -433,25 +663,45 @@ static void on_tokens(void *user, const int64_t *t, size_t n) {
 static int cmd_generate(int argc, char **argv) {
   static const int allowed[] = {O_CONNECT, O_MODEL, O_INPUT, O_OUTPUT, O_ROUTE_ID, O_BACKEND, O_DTYPE,
                                 O_GEMM_MODE, O_FAMILY, O_DEVICE, O_DEADLINE, O_GENERATE, O_TEMP,
-                                O_TOPK, O_TOPP, O_SEED, O_STOP, O_QUIET, O_SHM, 0};
+                                O_TOPK, O_TOPP, O_SEED, O_STOP, O_QUIET, O_SHM, O_TOKENIZER,
+                                O_PROMPT, O_PROMPT_FILE, O_ADD_SPECIAL, O_SKIP_SPECIAL, 0};
   cli_opts o;
   int rc = parse_opts("generate", argc, argv, allowed, &o);
   if (rc < 0) {
     printf("usage: mambad generate --model NAME[@DIGEST] --input IN.safetensors [--output OUT.safetensors]\n"
            "                       [--generate N | --max-tokens N] [--temperature T] [--top-k K]\n"
            "                       [--top-p P] [--seed S] [--stop ID]... [--quiet] [route options]\n"
+           "       mambad generate --model NAME --tokenizer FILE|DIR (--prompt TEXT | --prompt-file F)\n"
+           "                       [--add-special-tokens] [--skip-special-tokens] [same options]\n"
            "Opens one session per prompt row of input_ids (I64 [B,T]), prefills it, and generates\n"
            "up to N tokens on the worker (greedy unless --temperature > 0), streaming them to\n"
            "stdout. --output writes tokens I64 [B,T+N] (prompt then generated tokens; rows that\n"
-           "stopped early are padded with -1) and lengths I64 [B].\n%s",
+           "stopped early are padded with -1) and lengths I64 [B].\n"
+           "With --prompt (or --prompt-file, its bytes as they are) the prompt is encoded with the\n"
+           "tokenizer and the generated text streams to stdout as tokens arrive.\n%s",
            k_route_help);
     return 0;
   }
   if (rc) return rc;
-  if (!o.model || !o.input) return usage_error("generate", "--model and --input are required");
+  bool text = o.prompt || o.prompt_file;
+  if (!o.model || (!o.input == !text) || (o.prompt && o.prompt_file))
+    return usage_error("generate", "--model and one of --input, --prompt, --prompt-file are required");
   mbd_safetensors *st = NULL;
   const mbd_st_entry *ids = NULL;
-  if ((rc = open_input("generate", o.input, &st, &ids))) return rc;
+  mbd_tokenizer *tok = NULL;
+  mbd_detok *detok = NULL;
+  int64_t *prompt_ids = NULL;
+  mbd_st_entry prompt_entry;
+  if (text) {
+    if ((rc = load_tokenizer("generate", o.tokenizer, &tok))) return rc;
+    if ((rc = encode_prompt(&o, tok, &prompt_ids, &prompt_entry))) {
+      mbd_tokenizer_destroy(&tok);
+      return rc;
+    }
+    ids = &prompt_entry;
+  } else if ((rc = open_input("generate", o.input, &st, &ids))) {
+    return rc;
+  }
   int64_t B = ids->desc.shape[0], T = ids->desc.shape[1], N = o.gen.max_tokens;
   mbd_client *c = NULL;
   mbd_session *s = NULL;
@@ -488,7 +738,13 @@ static int cmd_generate(int argc, char **argv) {
     mbd_tensor_desc_make(&in.desc, MBD_DTYPE_I64, 2, shape, NULL);
     if (shm) mbd_shm_tensor(shm, (uint64_t)(b * T) * 8, &in.desc, &in, NULL);
     mbd_tensor_out last = {0};
-    stream_ctx sc = {!o.quiet, b, false, 0};
+    stream_ctx sc = {!o.quiet, b, false, 0, NULL};
+    mbd_detok_destroy(&detok);
+    if (tok && mbd_detok_new(tok, o.skip_special, &detok, &err)) {
+      rc = report("generate", &err, NULL);
+      goto done;
+    }
+    sc.detok = detok;
     char reason[16];
     if (mbd_session_open(c, NULL, o.model, &s, &err) ||
         mbd_session_prefill(s, NULL, &in, true, &last, &err) ||
@@ -499,7 +755,16 @@ static int cmd_generate(int argc, char **argv) {
     }
     mbd_tensor_out_release(&last);
     if (sc.shown < ntok) on_tokens(&sc, toks + sc.shown, ntok - sc.shown);
-    if (sc.started) printf("  (%s)\n", reason);
+    if (detok) {
+      char *tail = NULL;
+      size_t tail_len = 0;
+      if (!mbd_detok_flush(detok, &tail, &tail_len, &err) && !o.quiet) fwrite(tail, 1, tail_len, stdout);
+      free(tail);
+      if (!o.quiet) putchar('\n');
+      fprintf(stderr, "(%s)\n", reason);
+    } else if (sc.started) {
+      printf("  (%s)\n", reason);
+    }
     fflush(stdout); /* keep the streamed rows ahead of the summary on stderr */
     if (mbd_session_close(&s, &err)) {
       rc = report("generate", &err, c);
@@ -532,6 +797,9 @@ done:
   mbd_shm_destroy(&shm);
   mbd_client_destroy(&c);
   mbd_safetensors_destroy(&st);
+  mbd_detok_destroy(&detok);
+  mbd_tokenizer_destroy(&tok);
+  free(prompt_ids);
   return rc;
 }
 
@@ -802,6 +1070,10 @@ static void usage(FILE *f) {
           "  gemm       C = A B^T on a worker (random or file inputs)\n"
           "  bench      round trips and tokens/s through the service\n"
           "\n"
+          "text (no service needed):\n"
+          "  tokenize   JSON lines of text -> token ids with a tokenizer.json\n"
+          "  detokenize JSON lines of token ids -> text\n"
+          "\n"
           "programs (exec mambad-<command>):\n"
           "  up         start a deployment from a YAML file and supervise it\n"
           "  run        run a model in this process (no service)\n"
@@ -828,6 +1100,8 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
   if (!strcmp(cmd, "gemm")) return cmd_gemm(argc - 1, argv + 1);
   if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+  if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
+  if (!strcmp(cmd, "detokenize")) return cmd_detokenize(argc - 1, argv + 1);
   fprintf(stderr, "mambad: unknown command '%s'\n\n", cmd);
   usage(stderr);
   return EXIT_USAGE;

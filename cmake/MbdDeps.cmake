@@ -17,6 +17,8 @@ mbd_require_pkg(MSGPACK libmsgpack-dev msgpack-c msgpack)
 mbd_require_pkg(YAML libyaml-dev yaml-0.1)
 mbd_require_pkg(JANSSON libjansson-dev jansson)
 mbd_require_pkg(CMOCKA libcmocka-dev cmocka)
+mbd_require_pkg(PCRE2 libpcre2-dev libpcre2-8)
+mbd_require_pkg(UTF8PROC libutf8proc-dev libutf8proc)
 find_package(Threads REQUIRED)
 find_library(MATH_LIB m)
 

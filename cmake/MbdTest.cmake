@@ -1,7 +1,10 @@
 # One helper registers every test: an executable, its label and a timeout.
 #   mbd_add_test(NAME n SOURCES a.c ... [LIBS l ...] [LABELS unit|integration|gpu|fuzz|bench]
 #                [TIMEOUT s] [ARGS ...])
-# Tests find fixtures via MBD_FIXTURES_DIR and built programs via MBD_BIN_DIR.
+# Every test links the test support library (tests/support: child processes,
+# waiting on events, the service and worker harnesses), and GPU tests its GPU
+# part as well. Tests find fixtures via MBD_FIXTURES_DIR and built programs via
+# MBD_BIN_DIR.
 # Fixture-based tests see MBD_FIXTURES_DIR only when the fixtures exist, so a
 # missing copy reads as "skipped" (exit 77), never as a silent pass.
 if(NOT EXISTS "${MBD_FIXTURES_DIR}/mamba1/tiny-d64/config.json"
@@ -24,7 +27,11 @@ function(mbd_add_test)
     set(T_TIMEOUT 120)
   endif()
   add_executable(${T_NAME} ${T_SOURCES})
-  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} PkgConfig::CMOCKA)
+  set(support mbd_test_support)
+  if("gpu" IN_LIST T_LABELS)
+    list(APPEND support mbd_test_support_gpu)
+  endif()
+  target_link_libraries(${T_NAME} PRIVATE ${support} ${T_LIBS} PkgConfig::CMOCKA)
   target_include_directories(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/tests)
   add_test(NAME ${T_NAME} COMMAND ${T_NAME} ${T_ARGS})
   set(env "MBD_BIN_DIR=${PROJECT_BINARY_DIR}/bin;MBD_SOURCE_DIR=${PROJECT_SOURCE_DIR}")

@@ -1,7 +1,7 @@
 /* Numeric route identity: everything that can change the bits a worker returns.
  *
  * The canonical encoding is a versioned, line-oriented text with a fixed key
- * order ("mambad-route/1\nbackend=cuda\n..."), so it is stable across builds
+ * order ("mambad-route/2\nbackend=cuda\n..."), so it is stable across builds
  * and readable in `mambad status --full`; SHA-256 of it is the route id.
  * docs/route.md explains each field. */
 #ifndef MBD_ROUTE_H
@@ -37,7 +37,7 @@ typedef enum mbd_decode_path {
                                  where it fits (kernels/cuda/decode_persistent.h) */
 } mbd_decode_path;
 
-#define MBD_ROUTE_FORMAT_VERSION 1
+#define MBD_ROUTE_FORMAT_VERSION 2
 
 typedef struct mbd_route_identity {
   mbd_gemm_mode mode;

@@ -19,6 +19,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/half.h"
+
 #define ST_META_KEY "__metadata__"
 
 struct mbd_safetensors {
@@ -425,6 +427,205 @@ const char *mbd_safetensors_metadata(const mbd_safetensors *st, const char *key)
   for (size_t i = 0; st && key && i < st->n_meta; i++)
     if (!strcmp(st->meta_keys[i], key)) return st->meta_vals[i];
   return NULL;
+}
+
+/* ---- checkpoint directories ---- */
+
+#define ST_SINGLE "model.safetensors"
+#define ST_INDEX "model.safetensors.index.json"
+#define ST_MAX_SHARD_NAME 255
+
+struct mbd_st_dir {
+  char *dir;               /* the directory, for messages */
+  mbd_safetensors **st;    /* open files */
+  size_t n;
+};
+
+void mbd_st_dir_destroy(mbd_st_dir **pd) {
+  if (!pd || !*pd) return;
+  mbd_st_dir *d = *pd;
+  for (size_t i = 0; i < d->n; i++) mbd_safetensors_destroy(&d->st[i]);
+  free(d->st);
+  free(d->dir);
+  free(d);
+  *pd = NULL;
+}
+
+size_t mbd_st_dir_shards(const mbd_st_dir *d) { return d ? d->n : 0; }
+
+/* A shard name from the index: a plain file name inside the directory. */
+static bool shard_name_ok(const char *f) {
+  size_t n = strlen(f);
+  return n > 0 && n <= ST_MAX_SHARD_NAME && !strchr(f, '/') && !strstr(f, "..");
+}
+
+/* Opens the distinct shards the index lists (in first-listed order), then
+ * checks the weight map against what the shards hold. */
+static int dir_open_index(mbd_st_dir *d, const char *path, mbd_error *err) {
+  char sh[128];
+  json_error_t je;
+  json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+  json_t *map = json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
+  const char **names = NULL; /* borrowed from root, [MBD_ST_MAX_SHARDS] */
+  int rc = MBD_OK;
+  if (!root) {
+    rc = mbd_error_set(err, MBD_E_FORMAT, "%s: not JSON (line %d: %s)", path, je.line, je.text);
+    goto done;
+  }
+  if (!json_is_object(map) || json_object_size(map) == 0) {
+    rc = mbd_error_set(err, MBD_E_FORMAT, "%s: not a safetensors index (%s)", path,
+                       !json_is_object(root) ? "not a JSON object"
+                       : !map                ? "no weight_map"
+                       : !json_is_object(map) ? "weight_map is not an object"
+                                              : "weight_map is empty");
+    goto done;
+  }
+  names = calloc(MBD_ST_MAX_SHARDS, sizeof *names);
+  d->st = calloc(MBD_ST_MAX_SHARDS, sizeof *d->st);
+  if (!names || !d->st) {
+    rc = mbd_error_set(err, MBD_E_NOMEM, "%s: out of memory", path);
+    goto done;
+  }
+  const char *key;
+  json_t *val;
+  json_object_foreach(map, key, val) {
+    const char *file = json_string_value(val);
+    if (!file || !shard_name_ok(file)) {
+      rc = mbd_error_set(err, MBD_E_FORMAT,
+                         "%s: tensor '%s' maps to %s: a shard must be a file name in %s", path,
+                         shown(key, sh, sizeof sh), file ? "a bad file name" : json_kind(val),
+                         d->dir);
+      goto done;
+    }
+    bool seen = false;
+    for (size_t i = 0; i < d->n && !seen; i++) seen = !strcmp(names[i], file);
+    if (seen) continue;
+    if (d->n == MBD_ST_MAX_SHARDS) {
+      rc = mbd_error_set(err, MBD_E_UNSUPPORTED, "%s: more than %d shards", path,
+                         MBD_ST_MAX_SHARDS);
+      goto done;
+    }
+    char fp[4096];
+    snprintf(fp, sizeof fp, "%s/%s", d->dir, file);
+    if ((rc = mbd_safetensors_open(fp, &d->st[d->n], err))) goto done;
+    names[d->n++] = file;
+  }
+  /* Every listed tensor is where the index says. */
+  json_object_foreach(map, key, val) {
+    const char *file = json_string_value(val);
+    size_t i = 0;
+    while (strcmp(names[i], file)) i++;
+    if (!mbd_safetensors_find(d->st[i], key)) {
+      rc = mbd_error_set(err, MBD_E_FORMAT, "%s: lists tensor '%s' in %s, which does not hold it",
+                         path, shown(key, sh, sizeof sh), file);
+      goto done;
+    }
+  }
+  /* Every tensor of every shard is listed there (so also: in no other shard). */
+  for (size_t i = 0; i < d->n; i++)
+    for (size_t k = 0; k < mbd_safetensors_count(d->st[i]); k++) {
+      const char *name = mbd_safetensors_at(d->st[i], k)->name;
+      const char *want = json_string_value(json_object_get(map, name));
+      if (!want || strcmp(want, names[i])) {
+        rc = mbd_error_set(err, MBD_E_FORMAT, "%s: shard %s holds tensor '%s', which the index %s",
+                           path, names[i], shown(name, sh, sizeof sh),
+                           want ? "places in another shard" : "does not list");
+        goto done;
+      }
+    }
+done:
+  free(names);
+  json_decref(root);
+  return rc;
+}
+
+int mbd_st_dir_open(const char *dir, mbd_st_dir **out, mbd_error *err) {
+  *out = NULL;
+  mbd_st_dir *d = calloc(1, sizeof *d);
+  if (!d || !(d->dir = strdup(dir ? dir : ""))) {
+    free(d);
+    return mbd_error_set(err, MBD_E_NOMEM, "out of memory opening %s", dir);
+  }
+  char path[4096];
+  int rc;
+  snprintf(path, sizeof path, "%s/%s", d->dir, ST_INDEX);
+  struct stat sb;
+  if (stat(path, &sb) == 0) {
+    rc = dir_open_index(d, path, err);
+  } else {
+    snprintf(path, sizeof path, "%s/%s", d->dir, ST_SINGLE);
+    d->st = calloc(1, sizeof *d->st);
+    rc = d->st ? mbd_safetensors_open(path, &d->st[0], err)
+               : mbd_error_set(err, MBD_E_NOMEM, "out of memory opening %s", path);
+    if (!rc) d->n = 1;
+  }
+  if (rc) {
+    mbd_st_dir_destroy(&d);
+    return rc;
+  }
+  *out = d;
+  return MBD_OK;
+}
+
+const mbd_st_entry *mbd_st_dir_find(const mbd_st_dir *d, const char *name) {
+  const mbd_st_entry *e = NULL;
+  for (size_t i = 0; d && i < d->n && !e; i++) e = mbd_safetensors_find(d->st[i], name);
+  return e;
+}
+
+int mbd_st_dir_get_float(const mbd_st_dir *d, const char *name, int ndim, const int64_t *shape,
+                         const mbd_st_entry **out, mbd_error *err) {
+  *out = NULL;
+  const mbd_st_entry *e = mbd_st_dir_find(d, name);
+  if (!e)
+    return mbd_error_set(err, MBD_E_NOT_FOUND, "model %s: tensor %s is missing", d->dir, name);
+  if (e->desc.dtype != MBD_DTYPE_F32 && e->desc.dtype != MBD_DTYPE_BF16 &&
+      e->desc.dtype != MBD_DTYPE_F16)
+    return mbd_error_set(err, MBD_E_SHAPE, "model %s: tensor %s has dtype %s, want a float type",
+                         d->dir, name, mbd_dtype_name(e->desc.dtype));
+  bool ok = e->desc.ndim == ndim && ndim <= MBD_MAX_DIMS;
+  for (int i = 0; ok && i < ndim; i++) ok = e->desc.shape[i] == shape[i];
+  if (!ok) {
+    char got[128], want[128];
+    mbd_tensor_desc wd = {.dtype = e->desc.dtype,
+                          .ndim = ndim < MBD_MAX_DIMS ? ndim : MBD_MAX_DIMS};
+    for (int i = 0; i < wd.ndim; i++) wd.shape[i] = shape[i];
+    mbd_tensor_desc_format(&e->desc, got, sizeof got);
+    mbd_tensor_desc_format(&wd, want, sizeof want);
+    return mbd_error_set(err, MBD_E_SHAPE, "model %s: tensor %s is %s, config says %s", d->dir,
+                         name, got, want);
+  }
+  *out = e;
+  return MBD_OK;
+}
+
+float mbd_st_entry_f32(const mbd_st_entry *e, size_t i) {
+  const unsigned char *p = e->data;
+  if (e->desc.dtype == MBD_DTYPE_F32) {
+    float v;
+    memcpy(&v, p + 4 * i, 4);
+    return v;
+  }
+  uint16_t h;
+  memcpy(&h, p + 2 * i, 2);
+  return e->desc.dtype == MBD_DTYPE_BF16 ? mbd_bf16_to_f32(h) : mbd_f16_to_f32(h);
+}
+
+int mbd_st_dir_read_f32(const mbd_st_dir *d, const char *name, int ndim, const int64_t *shape,
+                        float **out, size_t *n_out, mbd_error *err) {
+  *out = NULL;
+  const mbd_st_entry *e = NULL;
+  int rc = mbd_st_dir_get_float(d, name, ndim, shape, &e, err);
+  if (rc) return rc;
+  size_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+  float *v = malloc(n * sizeof(float) + 4);
+  if (!v)
+    return mbd_error_set(err, MBD_E_NOMEM, "model %s: out of memory reading %s", d->dir, name);
+  for (size_t i = 0; i < n; i++) v[i] = mbd_st_entry_f32(e, i);
+  *out = v;
+  if (n_out) *n_out = n;
+  return MBD_OK;
 }
 
 /* ---- writer ---- */

@@ -55,6 +55,43 @@ int mbd_safetensors_expect(const mbd_safetensors *st, const char *name, mbd_dtyp
 /* Metadata value or NULL. */
 const char *mbd_safetensors_metadata(const mbd_safetensors *st, const char *key);
 
+/* ---- checkpoint directories ----
+ *
+ * The one weight loader every model family and backend reads through: a
+ * directory's tensors, from DIR/model.safetensors or, when it exists, from the
+ * shards that DIR/model.safetensors.index.json names ({"weight_map": {tensor:
+ * shard file}, "metadata": {...}} as Hugging Face writes it). The index is
+ * checked as strictly as a file header: a JSON object whose weight_map is a
+ * non-empty object of strings; shard names plain file names (no '/', no
+ * "..", at most 255 bytes); at most MBD_ST_MAX_SHARDS shards; every listed
+ * tensor present in the shard it names; no tensor in two shards; no tensor
+ * in a shard that the index does not list. MBD_E_FORMAT (or MBD_E_UNSUPPORTED
+ * for too many shards) naming the index and the tensor or shard otherwise;
+ * a shard's own errors are those of mbd_safetensors_open. */
+#define MBD_ST_MAX_SHARDS 256
+
+typedef struct mbd_st_dir mbd_st_dir; /* opaque: the open files of a checkpoint */
+
+/* Opens and validates DIR's tensors as above. On success *out owns them. */
+int mbd_st_dir_open(const char *dir, mbd_st_dir **out, mbd_error *err);
+/* Unmaps and frees; NULL-safe; nulls *d. */
+void mbd_st_dir_destroy(mbd_st_dir **d);
+/* Files open (1 without an index). */
+size_t mbd_st_dir_shards(const mbd_st_dir *d);
+/* The tensor `name` in whichever file holds it; NULL when absent. */
+const mbd_st_entry *mbd_st_dir_find(const mbd_st_dir *d, const char *name);
+/* Finds a floating-point (F32/BF16/F16) tensor of exactly `shape`:
+ * MBD_E_NOT_FOUND "model DIR: tensor NAME is missing", MBD_E_SHAPE for another
+ * dtype or shape (naming found and expected). */
+int mbd_st_dir_get_float(const mbd_st_dir *d, const char *name, int ndim, const int64_t *shape,
+                         const mbd_st_entry **out, mbd_error *err);
+/* As mbd_st_dir_get_float, then every element widened to f32 (exact) into a
+ * new array the caller frees; *n (may be NULL) gets the element count. */
+int mbd_st_dir_read_f32(const mbd_st_dir *d, const char *name, int ndim, const int64_t *shape,
+                        float **out, size_t *n, mbd_error *err);
+/* Element i of a floating-point entry as f32 (exact widening; unaligned-safe). */
+float mbd_st_entry_f32(const mbd_st_entry *e, size_t i);
+
 /* Writer: collect tensors (bytes borrowed until write), then write atomically
  * (temp file + rename). Data is laid out in insertion order, contiguous (as the
  * reference requires), the data section starting 8-byte aligned (header padded

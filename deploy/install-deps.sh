@@ -4,7 +4,8 @@
 set -euo pipefail
 msgpack=libmsgpack-dev
 if apt-cache show libmsgpack-c-dev >/dev/null 2>&1; then msgpack=libmsgpack-c-dev; fi
-want=(build-essential cmake pkg-config libzmq3-dev "$msgpack" libyaml-dev libcmocka-dev libjansson-dev)
+want=(build-essential cmake pkg-config libzmq3-dev "$msgpack" libyaml-dev libcmocka-dev libjansson-dev
+      libpcre2-dev libutf8proc-dev)
 missing=()
 for p in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,6 +1,9 @@
-/* The worker's compute backend interface: one vtable that the CPU backend
- * (backend_cpu.c) implements today and a CUDA backend plugs into later, so the
- * reactor, sessions and batching never see a device type.
+/* The compute backend interface: one vtable that the CPU backend
+ * (cpu/backend_cpu.c) and the CUDA backend (cuda/backend_cuda.c) implement,
+ * shared by the worker and the in-process tools (mambad-run, mambad-gemm), so
+ * neither the worker's reactor, sessions and batching nor a tool ever sees a
+ * device type or a model family. A backend opens a model of whichever family
+ * its config.json names (kernels/model/family.h).
  *
  * Contract every backend keeps (the determinism contract of docs/route.md):
  * a batched `step` gives each state exactly the bits it would get alone, and
@@ -22,7 +25,7 @@ typedef struct mbd_backend mbd_backend;
 typedef struct mbd_bmodel mbd_bmodel; /* a model loaded on a backend; opaque */
 typedef struct mbd_bstate mbd_bstate; /* one session's recurrent state; opaque */
 
-/* Options from the worker command line that decide the route. */
+/* Options that decide the route (from the worker's or a tool's command line). */
 typedef struct mbd_backend_opts {
   mbd_gemm_mode mode;      /* only deterministic on CPU */
   mbd_dtype_policy policy; /* weight storage dtype */
@@ -30,6 +33,7 @@ typedef struct mbd_backend_opts {
   int64_t state_capacity;  /* session slots (part of the route) */
   int device;              /* CUDA device ordinal (cuda backend only) */
   int max_batch;           /* largest batched step (cuda: decode graph buckets) */
+  int isa;                 /* CPU ISA level (mbd_cpu_isa; 0 = best available; cpu only) */
 } mbd_backend_opts;
 
 typedef struct mbd_backend_ops {
@@ -81,6 +85,13 @@ typedef struct mbd_backend_ops {
    * NULL when it cannot; host_free takes what host_alloc returned (NULL-safe). */
   void *(*host_alloc)(mbd_backend *b, size_t bytes);
   void (*host_free)(mbd_backend *b, void *p);
+  /* Optional (NULL: one prefill per state; call mbd_backend_prefill_batch):
+   * prefill of n states at once, row i feeding ids[i*T .. i*T+T) into
+   * states[i] (distinct); logits [n,T,V], or [n,V] when last_only. Same bits
+   * as n separate prefills. */
+  int (*prefill_batch)(mbd_backend *b, mbd_bmodel *m, mbd_bstate *const *states, int64_t n,
+                       const int64_t *ids, int64_t T, bool last_only, float *logits,
+                       mbd_error *err);
 } mbd_backend_ops;
 
 struct mbd_backend {
@@ -94,8 +105,16 @@ int mbd_backend_cpu_new(const mbd_backend_opts *opts, mbd_backend **out, mbd_err
  * sessions in preallocated device slots, steps batched into graph-replayed
  * decodes. Only in builds with MBD_HAVE_CUDA (kernels/cuda/backend_cuda.c). */
 int mbd_backend_cuda_new(const mbd_backend_opts *opts, mbd_backend **out, mbd_error *err);
+/* The backend of `kind` (cpu or cuda). MBD_E_UNSUPPORTED saying how to get one
+ * when this build has no CUDA backend. */
+int mbd_backend_new(mbd_backend_kind kind, const mbd_backend_opts *opts, mbd_backend **out,
+                    mbd_error *err);
 /* Calls ops->destroy; NULL-safe; nulls *b. */
 void mbd_backend_destroy(mbd_backend **b);
+/* ops->prefill_batch, or one ops->prefill per state where a backend has none. */
+int mbd_backend_prefill_batch(mbd_backend *b, mbd_bmodel *m, mbd_bstate *const *states, int64_t n,
+                              const int64_t *ids, int64_t T, bool last_only, float *logits,
+                              mbd_error *err);
 /* For implementations: token ids arrive as i64 on the wire, the models take
  * i32. Copies ids[0..n) into out; MBD_E_INVALID naming the first id outside
  * [0, vocab). */

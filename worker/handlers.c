@@ -13,7 +13,7 @@
 #include "worker/reply.h"
 #include "worker/request.h"
 #include "worker/scheduler.h"
-#include "worker/state_blob.h"
+#include "kernels/state_blob.h"
 
 #define LOGC MBD_WSTATE_LOG
 #define MAX_FORWARD_ROWS 4096 /* sequences per FORWARD */

@@ -44,13 +44,6 @@ static void drop_send(void *ctx, mbd_msg **m) {
 int mbd_worker_new(const mbd_worker_opts *o, mbd_worker **out, mbd_error *err) {
   *out = NULL;
   int rc;
-#ifndef MBD_HAVE_CUDA
-  if (o->backend != MBD_BACKEND_CPU)
-    return mbd_error_set(err, MBD_E_UNSUPPORTED,
-                         "--device %s: this build has no CUDA backend (rebuild with nvcc "
-                         "present); use --device cpu",
-                         mbd_backend_name(o->backend));
-#endif
   if (o->nmodels == 0)
     MBD_LOGW(LOGC, "no --model given: this worker serves GEMM requests only");
   mbd_worker *w = calloc(1, sizeof *w);
@@ -59,12 +52,7 @@ int mbd_worker_new(const mbd_worker_opts *o, mbd_worker **out, mbd_error *err) {
   mbd_backend_opts bo = {.mode = o->mode, .policy = o->policy, .threads = o->threads,
                          .state_capacity = o->sessions, .device = o->device,
                          .max_batch = o->max_batch};
-#ifdef MBD_HAVE_CUDA
-  if (o->backend == MBD_BACKEND_CUDA) rc = mbd_backend_cuda_new(&bo, &be, err);
-  else
-#endif
-    rc = mbd_backend_cpu_new(&bo, &be, err);
-  if (rc) goto fail;
+  if ((rc = mbd_backend_new(o->backend, &bo, &be, err))) goto fail;
   if ((rc = mbd_wstate_new(o, &be, now_s, NULL, drop_send, NULL, &w->st, err))) goto fail;
   if ((rc = mbd_wmodels_load(w->st, o, err))) goto fail;
   *out = w;

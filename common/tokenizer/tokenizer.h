@@ -39,6 +39,15 @@ int64_t mbd_tokenizer_vocab_size(const mbd_tokenizer *t);
 int32_t mbd_tokenizer_token_id(const mbd_tokenizer *t, const char *token);
 /* Whether id is an added token marked special (what skip_special drops). */
 bool mbd_tokenizer_is_special(const mbd_tokenizer *t, int32_t id);
+/* The token string of id as the vocabulary spells it (for a byte-level BPE
+ * in the GPT-2 alphabet, e.g. "\xc4\xa0the" for " the"), borrowed and NOT
+ * NUL-terminated: *len gets its length. NULL for an id outside the vocabulary. */
+const char *mbd_tokenizer_id_token(const mbd_tokenizer *t, int32_t id, size_t *len);
+/* The raw bytes the decoder gives for id alone, before invalid UTF-8 is
+ * replaced (a token may hold part of a character): borrowed, NOT
+ * NUL-terminated, *len its length. NULL for an id outside the vocabulary or
+ * when the decoder is not ByteLevel (then decode the id instead). */
+const char *mbd_tokenizer_id_bytes(const mbd_tokenizer *t, int32_t id, size_t *len);
 
 /* text[0..len) (UTF-8; invalid UTF-8 is MBD_E_INVALID) -> *ids[0..*n).
  * add_special: apply the post-processor's template (BOS/EOS). */

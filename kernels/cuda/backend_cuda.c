@@ -1,15 +1,15 @@
-/* CUDA backend of the worker: one GPU context (kernels/cuda/gpu_ctx.h) on
- * --device cuda:N and the Mamba-1 GPU model (kernels/cuda/mamba1_gpu.h)
- * behind the backend vtable (kernels/backend.h).
+/* CUDA backend: one GPU context (kernels/cuda/gpu_ctx.h) on cuda:N and the
+ * model families' GPU implementations (kernels/cuda/gpu_family.h, chosen by
+ * each checkpoint's config.json) behind the backend vtable (kernels/backend.h).
  *
  * Sessions: each state is a preallocated device slot of the model (the
  * context's state capacity); a batched step gathers the slots by index and
  * replays the decode graph of the smallest bucket that holds the batch.
  * Stateless FORWARDs run on extra slots above the sessions' ones.
- * Export/import use the CPU model's state export format (kernels/model/
- * mamba1.h: "MBDMSTA1" header + f32 conv + f32 ssm), so a blob moves between
- * CPU and GPU workers byte-compatibly; the worker's route check decides
- * whether an import is allowed (same route id = bit-exact continuation).
+ * Export/import write and read the family's state image (kernels/state_blob.h),
+ * the one the family's CPU model writes too, so a blob moves between CPU and
+ * GPU workers byte-compatibly; the worker's route check decides whether an
+ * import is allowed (same route id = bit-exact continuation).
  *
  * CUDA IPC tensors: a handle is opened once and cached by its bytes; every
  * use checks [offset, offset+size) against the real allocation found with
@@ -26,12 +26,13 @@
 #include "common/log.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/gpu_gemm.h"
-#include "kernels/cuda/mamba1_gpu.h"
-#include "kernels/model/mamba1.h"
+#include "kernels/cuda/gpu_family.h"
+#include "kernels/model/family.h"
 #include "kernels/backend.h"
+#include "kernels/state_blob.h"
 
 #define LOGC "cuda-backend"
-#define STATE_HEADER MBD_MAMBA1_STATE_HEADER /* the CPU model's export format */
+#define STATE_HEADER MBD_STATE_IMAGE_HEADER
 #define IPC_CACHE_MAX 256 /* open handles kept; the oldest is closed beyond */
 
 typedef CUresult (*addr_range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr dptr);
@@ -47,7 +48,8 @@ typedef struct ipc_entry {
 } ipc_entry;
 
 typedef struct cuda_model {
-  mbd_mamba1_gpu *m;
+  const mbd_gpu_model_ops *f; /* the family's GPU implementation */
+  void *m;                    /* its model */
   int64_t vocab;
   int64_t *free_slots; /* stack of free session slots */
   int64_t nfree;
@@ -148,7 +150,7 @@ fail:
 static void cuda_model_destroy(mbd_backend *b, mbd_bmodel *bm) {
   cuda_model *cm = (cuda_model *)bm;
   if (!cm) return;
-  mbd_mamba1_gpu_destroy(&cm->m);
+  if (cm->f) cm->f->destroy(cm->m);
   free(cm->free_slots);
   free(cm->tok);
   free(cm->slots);
@@ -159,20 +161,26 @@ static void cuda_model_destroy(mbd_backend *b, mbd_bmodel *bm) {
 static int cuda_model_load(mbd_backend *b, const char *dir, mbd_bmodel **out, mbd_error *err) {
   cuda_backend *c = impl(b);
   int rc;
+  const mbd_model_family *fam = NULL;
+  *out = NULL;
+  if ((rc = mbd_model_family_detect(dir, &fam, err))) return rc;
+  const mbd_gpu_model_ops *f = mbd_gpu_model_ops_find(fam->name);
+  if (!f)
+    return mbd_error_set(err, MBD_E_UNSUPPORTED,
+                         "model %s: the %s family has no CUDA implementation in this build", dir,
+                         fam->name);
   cuda_model *cm = calloc(1, sizeof *cm);
   if (!cm) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for a model");
-  mbd_mamba1_gpu_options o;
-  mbd_mamba1_gpu_options_default(&o);
-  o.dtype = c->opts.policy == MBD_POLICY_TF32 ? MBD_DTYPE_F32 : policy_dtype(c->opts.policy);
-  o.max_batch = c->opts.max_batch;
-  o.use_graphs = 1;
-  if ((rc = mbd_mamba1_gpu_load(c->ctx, dir, &o, &cm->m, err))) goto fail;
-  cm->vocab = mbd_mamba1_gpu_config(cm->m)->vocab_size;
+  mbd_gpu_model_opts o = {.dtype = policy_dtype(c->opts.policy), .max_batch = c->opts.max_batch,
+                          .use_graphs = 1};
+  if ((rc = f->load(c->ctx, dir, &o, &cm->m, err))) goto fail;
+  cm->f = f;
+  cm->vocab = f->vocab(cm->m);
   cm->fwd_slots = c->opts.max_batch;
   cm->fwd_base = c->sessions;
-  if (mbd_mamba1_gpu_slots(cm->m) < cm->fwd_base + cm->fwd_slots) {
+  if (f->slots(cm->m) < cm->fwd_base + cm->fwd_slots) {
     rc = mbd_error_set(err, MBD_E_INTERNAL, "model has %lld slots, need %lld",
-                       (long long)mbd_mamba1_gpu_slots(cm->m),
+                       (long long)f->slots(cm->m),
                        (long long)(cm->fwd_base + cm->fwd_slots));
     goto fail;
   }
@@ -196,7 +204,7 @@ fail:
 static int64_t cuda_model_vocab(const mbd_bmodel *m) { return ((const cuda_model *)m)->vocab; }
 
 /* Stateless forward: rows in chunks of the forward slots, each from a zeroed
- * slot; chunking does not change bits (mbd_mamba1_gpu determinism). */
+ * slot; chunking does not change bits (the family's determinism contract). */
 static int cuda_forward(mbd_backend *b, mbd_bmodel *bm, const int64_t *ids, int64_t B, int64_t T,
                         bool last_only, float *logits, mbd_error *err) {
   cuda_model *cm = (cuda_model *)bm;
@@ -212,12 +220,12 @@ static int cuda_forward(mbd_backend *b, mbd_bmodel *bm, const int64_t *ids, int6
     if ((rc = mbd_backend_tokens_i32(ids + r0 * T, n * T, cm->vocab, tok, err))) break;
     for (int64_t i = 0; i < n && !rc; i++) {
       slots[i] = (int32_t)(cm->fwd_base + i);
-      rc = mbd_mamba1_gpu_slot_reset(cm->m, slots[i], err);
+      rc = cm->f->slot_reset(cm->m, slots[i], err);
     }
     if (!rc)
-      rc = mbd_mamba1_gpu_prefill(cm->m, (int)n, (int)T, tok, slots,
-                                  last_only ? MBD_MAMBA1_GPU_LOGITS_LAST : MBD_MAMBA1_GPU_LOGITS_ALL,
-                                  logits + (size_t)r0 * per, err);
+      rc = cm->f->prefill(cm->m, (int)n, (int)T, tok, slots,
+                          last_only ? MBD_LOGITS_LAST : MBD_LOGITS_ALL, logits + (size_t)r0 * per,
+                          err);
   }
   free(tok);
   return rc;
@@ -233,7 +241,7 @@ static int cuda_state_new(mbd_backend *b, mbd_bmodel *bm, mbd_bstate **out, mbd_
   if (!s) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for a session state");
   s->cm = cm;
   s->slot = cm->free_slots[--cm->nfree];
-  int rc = mbd_mamba1_gpu_slot_reset(cm->m, s->slot, err);
+  int rc = cm->f->slot_reset(cm->m, s->slot, err);
   if (rc) {
     cm->free_slots[cm->nfree++] = s->slot;
     free(s);
@@ -252,7 +260,7 @@ static void cuda_state_free(mbd_backend *b, mbd_bstate *bs) {
 
 static size_t cuda_state_bytes(const mbd_bstate *bs) {
   const cuda_state *s = (const cuda_state *)bs;
-  return STATE_HEADER + mbd_mamba1_gpu_state_bytes(s->cm->m);
+  return STATE_HEADER + s->cm->f->state_payload(s->cm->m);
 }
 
 static int cuda_state_save(const mbd_bstate *bs, void *dst, size_t cap, mbd_error *err) {
@@ -262,42 +270,53 @@ static int cuda_state_save(const mbd_bstate *bs, void *dst, size_t cap, mbd_erro
     return mbd_error_set(err, MBD_E_TOO_LARGE, "state export needs %zu bytes, buffer has %zu", need,
                          cap);
   unsigned char *p = dst;
-  mbd_mamba1_state_header_write(p, mbd_mamba1_gpu_config(s->cm->m), s->pos);
-  return mbd_mamba1_gpu_slot_read(s->cm->m, s->slot, p + STATE_HEADER, need - STATE_HEADER, err);
+  mbd_state_shape shape = s->cm->f->state_shape(s->cm->m);
+  mbd_state_image_write_header(p, &shape, s->pos);
+  return s->cm->f->slot_read(s->cm->m, s->slot, p + STATE_HEADER, need - STATE_HEADER, err);
 }
 
 static int cuda_state_load(mbd_bstate *bs, const void *src, size_t len, mbd_error *err) {
   cuda_state *s = (cuda_state *)bs;
   const unsigned char *p = src;
   int64_t pos;
-  int rc = mbd_mamba1_state_header_read(p, len, mbd_mamba1_gpu_config(s->cm->m), &pos, err);
+  mbd_state_shape shape = s->cm->f->state_shape(s->cm->m);
+  int rc = mbd_state_image_read_header(p, len, &shape, &pos, err);
   if (rc) return rc;
   if (len != cuda_state_bytes(bs))
     return mbd_error_set(err, MBD_E_FORMAT, "state import: %zu bytes, expected %zu", len,
                          cuda_state_bytes(bs));
   /* The payload may be unaligned inside the request frame: slot_write copies bytes. */
-  rc = mbd_mamba1_gpu_slot_write(s->cm->m, s->slot, p + STATE_HEADER, len - STATE_HEADER, err);
+  rc = s->cm->f->slot_write(s->cm->m, s->slot, p + STATE_HEADER, len - STATE_HEADER, err);
   if (!rc) s->pos = pos;
+  return rc;
+}
+
+/* n sessions' prompts of T tokens in one prefill over their slots. */
+static int cuda_prefill_batch(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states,
+                              int64_t n, const int64_t *ids, int64_t T, bool last_only,
+                              float *logits, mbd_error *err) {
+  (void)b;
+  cuda_model *cm = (cuda_model *)bm;
+  if (T < 1 || T > INT32_MAX || n < 1 || n > INT32_MAX || n > INT64_MAX / T)
+    return mbd_error_set(err, MBD_E_SHAPE, "prefill needs 1..2^31-1 rows of 1..2^31-1 tokens");
+  int32_t *tok = malloc((size_t)(n * T) * sizeof *tok);
+  int32_t *slots = malloc((size_t)n * sizeof *slots);
+  int rc = !tok || !slots ? mbd_error_set(err, MBD_E_NOMEM, "out of memory for %lld x %lld tokens",
+                                          (long long)n, (long long)T)
+                          : mbd_backend_tokens_i32(ids, n * T, cm->vocab, tok, err);
+  for (int64_t i = 0; i < n && !rc; i++) slots[i] = (int32_t)((cuda_state *)states[i])->slot;
+  if (!rc)
+    rc = cm->f->prefill(cm->m, (int)n, (int)T, tok, slots,
+                        last_only ? MBD_LOGITS_LAST : MBD_LOGITS_ALL, logits, err);
+  for (int64_t i = 0; i < n && !rc; i++) ((cuda_state *)states[i])->pos += T;
+  free(slots);
+  free(tok);
   return rc;
 }
 
 static int cuda_prefill(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *bs, const int64_t *ids,
                         int64_t T, bool last_only, float *logits, mbd_error *err) {
-  cuda_model *cm = (cuda_model *)bm;
-  cuda_state *s = (cuda_state *)bs;
-  if (T < 1 || T > INT32_MAX)
-    return mbd_error_set(err, MBD_E_SHAPE, "prefill needs 1..2^31-1 tokens");
-  int32_t *tok = malloc((size_t)T * sizeof *tok);
-  if (!tok) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for %lld tokens", (long long)T);
-  int rc = mbd_backend_tokens_i32(ids, T, cm->vocab, tok, err);
-  int32_t slot = (int32_t)s->slot;
-  if (!rc)
-    rc = mbd_mamba1_gpu_prefill(cm->m, 1, (int)T, tok, &slot,
-                                last_only ? MBD_MAMBA1_GPU_LOGITS_LAST : MBD_MAMBA1_GPU_LOGITS_ALL,
-                                logits, err);
-  if (!rc) s->pos += T;
-  free(tok);
-  return rc;
+  return cuda_prefill_batch(b, bm, &bs, 1, ids, T, last_only, logits, err);
 }
 
 /* One graph-replayed decode over the sessions' slots (gathered by index);
@@ -313,8 +332,7 @@ static int step_impl(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states,
   int rc = mbd_backend_tokens_i32(tokens, n, cm->vocab, cm->tok, err);
   if (rc) return rc;
   for (int64_t i = 0; i < n; i++) cm->slots[i] = (int32_t)((cuda_state *)states[i])->slot;
-  rc = mbd_mamba1_gpu_step(cm->m, (int)n, cm->tok, cm->slots, NULL, next ? cm->next : NULL,
-                           logits, err);
+  rc = cm->f->step(cm->m, (int)n, cm->tok, cm->slots, next ? cm->next : NULL, logits, err);
   if (rc) return rc;
   for (int64_t i = 0; i < n; i++) {
     ((cuda_state *)states[i])->pos++;
@@ -528,6 +546,7 @@ static const mbd_backend_ops k_cuda_ops = {
     .ipc_write = cuda_ipc_write,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .prefill_batch = cuda_prefill_batch,
 };
 
 int mbd_backend_cuda_new(const mbd_backend_opts *opts, mbd_backend **out, mbd_error *err) {

@@ -1,8 +1,11 @@
 /* One status-check generator for the CUDA runtime, the driver and cuBLAS.
- * Internal to the .cu files of kernels/cuda (C++ only): MBD_GPU_TRY(kind, expr, err) runs
+ * Internal to the .cu files of kernels/cuda (C++ only): MBD_GPU_TRY(expr, err) runs
  * expr, and on failure records "<expr> failed: <name> (<code>) at file:line"
  * as MBD_E_DEVICE in err and jumps to the enclosing function's `fail:` label
- * with rc set; MBD_GPU_CHECK returns the status instead of jumping. */
+ * with rc set; MBD_GPU_CHECK returns the status instead of jumping. A check
+ * whose failure is not that error (a start-up message that says what to do,
+ * MBD_E_NOMEM, a fallback) tests the status with mbd_gpu_status_ok and names
+ * it with mbd_gpu_status_name, the same overloads. */
 #ifndef MBD_GPU_CHECK_H
 #define MBD_GPU_CHECK_H
 

@@ -13,7 +13,7 @@ extern "C" {
 
 extern "C" const unsigned char mbd_gemm_fatbin[];
 extern "C" const size_t mbd_gemm_fatbin_len;
-extern "C" const unsigned char mbd_model_fatbin[]; /* mamba_ops.cu + decode_persistent.cu */
+extern "C" const unsigned char mbd_model_fatbin[]; /* the ops (ops/), then decode_persistent.cu */
 extern "C" const size_t mbd_model_fatbin_len;
 extern "C" const unsigned char mbd_model_host_src[]; /* mamba1_gpu*.cu, _impl.h, portable_math.h */
 extern "C" const size_t mbd_model_host_src_len;
@@ -79,12 +79,12 @@ extern "C" int mbd_gpu_ctx_enter(mbd_gpu_ctx *ctx, mbd_error *err) {
 static int probe_device(mbd_gpu_ctx *ctx, int dev, mbd_error *err) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
+  if (!mbd_gpu_status_ok(e) || count == 0) {
     (void)cudaGetLastError(); /* clear the sticky-free error so later probes start clean */
     return mbd_error_set(err, MBD_E_DEVICE,
                          "no CUDA device: cudaGetDeviceCount returned %s (%s), %d devices; "
                          "run on a machine with an NVIDIA GPU and driver, or use the cpu backend",
-                         cudaGetErrorName(e), cudaGetErrorString(e), count);
+                         mbd_gpu_status_name(e), cudaGetErrorString(e), count);
   }
   if (dev < 0 || dev >= count)
     return mbd_error_set(err, MBD_E_INVALID, "CUDA device %d does not exist (%d devices: 0..%d)",
@@ -114,11 +114,11 @@ static int probe_device(mbd_gpu_ctx *ctx, int dev, mbd_error *err) {
 
 static int load_kernels(mbd_gpu_ctx *ctx, mbd_error *err) {
   cudaError_t e = cudaLibraryLoadData(&ctx->lib, mbd_gemm_fatbin, NULL, NULL, 0, NULL, NULL, 0);
-  if (e != cudaSuccess)
+  if (!mbd_gpu_status_ok(e))
     return mbd_error_set(err, MBD_E_DEVICE,
                          "loading the embedded GEMM kernels failed: %s; built for CUDA archs "
                          "'%s', device is sm_%d%d: rebuild with -DCMAKE_CUDA_ARCHITECTURES "
-                         "covering it", cudaGetErrorName(e), MBD_CUDA_ARCHS, ctx->cc_major,
+                         "covering it", mbd_gpu_status_name(e), MBD_CUDA_ARCHS, ctx->cc_major,
                          ctx->cc_minor);
   int max_optin = 0;
   MBD_GPU_CHECK(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
@@ -339,10 +339,10 @@ extern "C" int mbd_gpu_alloc(mbd_gpu_ctx *ctx, size_t bytes, void **out, mbd_err
   if (rc < 0) return rc;
   *out = NULL;
   cudaError_t e = cudaMalloc(out, bytes ? bytes : 1);
-  if (e != cudaSuccess)
+  if (!mbd_gpu_status_ok(e))
     return mbd_error_set(err, e == cudaErrorMemoryAllocation ? MBD_E_NOMEM : MBD_E_DEVICE,
                          "cudaMalloc(%zu bytes) on device %d failed: %s", bytes, ctx->device,
-                         cudaGetErrorName(e));
+                         mbd_gpu_status_name(e));
   return MBD_OK;
 }
 

@@ -7,65 +7,44 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/cuda/device/gemm_params.h"
 #include "kernels/cuda/gpu_ctx_impl.h"
 extern "C" {
 #include "kernels/cuda/gpu_gemm.h"
 }
 
-/* Mirrors struct mbd_gemm_params in device/gemm_kernels.cu. */
-struct mbd_gemm_params {
-  const void *x;
-  const void *w;
-  const void *bias;
-  void *y;
-  int m, n, k;
-  int out_f32;
-};
-
+/* The kernels' tile configurations (device/gemm_params.h), index = kernel
+ * slot offset. */
 struct tile_cfg {
   int bm, bn, bk, threads, stages_vec, stages_elem;
 };
-/* Index order matches the kernel slots: s, m, n, l. */
-static const tile_cfg k_htiles[4] = {
-    {16, 32, 128, 128, 4, 2}, {64, 32, 64, 128, 4, 2}, {64, 64, 32, 128, 4, 2},
-    {128, 128, 64, 256, 3, 2}};
-static const tile_cfg k_stiles[3] = {
-    {16, 32, 128, 128, 0, 0}, {64, 64, 16, 256, 0, 0}, {128, 128, 8, 256, 0, 0}};
+#define HTILE(ty, T, n, BM, BN, BK, WM, WN, SV, SE)                                     \
+  {BM, BN, BK, (BM / WM) * (BN / WN) * 32, SV, SE},
+#define STILE(n, BM, BN, BK, TM, TN) {BM, BN, BK, (BM / TM) * (BN / TN), 0, 0},
+static const tile_cfg k_htiles[4] = {MBD_HGEMM_TILES(HTILE, , )};
+static const tile_cfg k_stiles[3] = {MBD_SGEMM_TILES(STILE)};
+#undef HTILE
+#undef STILE
 
-/* Mirrors struct mbd_wg_params in device/gemm_kernels.cu. */
-struct mbd_wg_params {
-  CUtensorMap tx;
-  CUtensorMap tw;
-  mbd_gemm_params p;
-  int tiles_m, tiles_n;
-  int a_rows;
-};
-/* Mirrors struct mbd_mk_params, MK_WARPS, MK_MAX_STAGES, MK_BAR_BYTES and
- * MBD_WG_KCH in device/gemm_kernels.cu. */
-struct mbd_mk_params {
-  CUtensorMap tw;
-  mbd_gemm_params p;
-  int chunks, lg, strips, stages;
-};
-#define MK_WARPS 8
-#define MK_MAX_STAGES 8
-#define MK_BAR_BYTES 128
-#define MBD_WG_KCH 256
-
-/* wgmma configurations, index = kernel slot offset (see MBD_WG_ALL):
- * bm, bn, stages, blocks per SM, relative per-SM efficiency (dispatch cost
- * model only), tma. */
+/* wgmma configurations: bm, bn, stages, blocks per SM, tma, fold. */
 struct wtile_cfg {
   int bm, bn, stages, occ;
-  double eff;
-  bool tma;
+  bool tma, fold;
 };
-static const wtile_cfg k_wtiles[9] = {
-    {64, 16, 20, 1, 0.3, true},   {64, 32, 18, 1, 0.4, true},  {64, 64, 13, 1, 0.55, true},
-    {64, 128, 9, 1, 0.7, true},   {128, 64, 4, 2, 0.75, true}, {128, 128, 4, 1, 0.9, true},
-    {128, 256, 4, 1, 1.0, true},  {64, 64, 4, 2, 0.5, false},  {128, 128, 3, 1, 0.8, false}};
+#define WTILE(ty, T, i, CWG, BN, IN, ST, TMA, MINB, FOLD) {64 * CWG, BN, ST, MINB, TMA, FOLD},
+static constexpr wtile_cfg k_wtiles[9] = {MBD_WG_TILES(WTILE, , )};
+#undef WTILE
+/* Relative per-SM efficiency of each wgmma configuration (dispatch cost
+ * model only). */
+static const double k_weff[9] = {0.3, 0.4, 0.55, 0.7, 0.75, 0.9, 1.0, 0.5, 0.8};
 /* Configuration 6 (128 x 256) keeps no chunk partial: K <= one chunk only. */
 #define WTILE_NOFOLD 6
+static_assert(!k_wtiles[WTILE_NOFOLD].fold && k_wtiles[WTILE_NOFOLD - 1].fold,
+              "pick_wtile's K > one chunk range ends below WTILE_NOFOLD");
+/* The kernel slots (gpu_ctx_impl.h) hold one kernel per configuration. */
+static_assert(MBD_K_SGEMM_TF32 - MBD_K_SGEMM_F32 == sizeof k_stiles / sizeof k_stiles[0], "");
+static_assert(MBD_K_HGEMM_F16 - MBD_K_HGEMM_BF16 == 2 * sizeof k_htiles / sizeof k_htiles[0], "");
+static_assert(MBD_K_WGEMM_F16 - MBD_K_WGEMM_BF16 == sizeof k_wtiles / sizeof k_wtiles[0], "");
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -106,7 +85,7 @@ static int pick_wtile(const mbd_gpu_ctx *ctx, int64_t m, int64_t n, int64_t k, b
     const wtile_cfg &t = k_wtiles[i];
     int64_t blocks = cdiv(m, t.bm) * cdiv(n, t.bn);
     int64_t waves = cdiv(blocks, (int64_t)ctx->sm_count * t.occ);
-    double cost = (double)waves * t.bm * t.bn * t.occ / t.eff;
+    double cost = (double)waves * t.bm * t.bn * t.occ / k_weff[i];
     if (i == top || cost < best_cost * 0.97) {
       best = i;
       best_cost = cost;
@@ -134,8 +113,8 @@ static encode_tiled_fn encoder(void) {
   static encode_tiled_fn fn = [] {
     void *f = NULL;
     cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
+    if (!mbd_gpu_status_ok(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                            cudaEnableDefault, &q)) ||
         q != cudaDriverEntryPointSuccess) {
       (void)cudaGetLastError();
       return (encode_tiled_fn)NULL;
@@ -159,7 +138,7 @@ static bool encode_map(CUtensorMap *m, mbd_dtype dt, const void *base, int64_t r
                   2, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
                   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
+  return mbd_gpu_status_ok(r);
 }
 static int64_t blocks_of(const tile_cfg &t, int64_t m, int64_t n) {
   return cdiv(m, t.bm) * cdiv(n, t.bn);

@@ -55,18 +55,6 @@ static float round_to(mbd_dtype dt, float v) {
   return v;
 }
 
-static float entry_at(const mbd_st_entry *e, size_t i) {
-  const unsigned char *p = (const unsigned char *)e->data;
-  if (e->desc.dtype == MBD_DTYPE_F32) {
-    float v;
-    memcpy(&v, p + 4 * i, 4);
-    return v;
-  }
-  uint16_t h;
-  memcpy(&h, p + 2 * i, 2);
-  return e->desc.dtype == MBD_DTYPE_BF16 ? mbd_bf16_to_f32(h) : mbd_f16_to_f32(h);
-}
-
 /* Host values (f32) -> device, either in the storage dtype (matrices, GEMM
  * biases) or as f32 rounded through it (small parameters). */
 static int upload(mbd_mamba1_gpu *m, const float *v, size_t n, int as_dtype, void **out,
@@ -317,53 +305,19 @@ void mbd_mamba1_gpu_destroy(mbd_mamba1_gpu **pm) {
 
 /* ------------------------------------------------------------ loading */
 
-/* Reads tensor `name` of the given shape as f32 values into a new array. */
-static int read_tensor(const mbd_safetensors *st, const char *dir, const char *name, int ndim,
-                       const int64_t *shape, float **out, size_t *n_out, mbd_error *err) {
-  *out = NULL;
-  const mbd_st_entry *e = mbd_safetensors_find(st, name);
-  if (!e) return mbd_error_set(err, MBD_E_NOT_FOUND, "model %s: tensor %s is missing", dir, name);
-  if (e->desc.dtype != MBD_DTYPE_F32 && e->desc.dtype != MBD_DTYPE_BF16 &&
-      e->desc.dtype != MBD_DTYPE_F16)
-    return mbd_error_set(err, MBD_E_SHAPE, "model %s: tensor %s has dtype %s, want a float type",
-                         dir, name, mbd_dtype_name(e->desc.dtype));
-  int ok = e->desc.ndim == ndim;
-  for (int i = 0; ok && i < ndim; i++) ok = e->desc.shape[i] == shape[i];
-  if (!ok) {
-    char got[128], want[128];
-    mbd_tensor_desc wd;
-    memset(&wd, 0, sizeof(wd));
-    wd.dtype = e->desc.dtype;
-    wd.ndim = ndim;
-    for (int i = 0; i < ndim; i++) wd.shape[i] = shape[i];
-    mbd_tensor_desc_format(&e->desc, got, sizeof(got));
-    mbd_tensor_desc_format(&wd, want, sizeof(want));
-    return mbd_error_set(err, MBD_E_SHAPE, "model %s: tensor %s is %s, config says %s", dir, name,
-                         got, want);
-  }
-  size_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
-  float *v = (float *)malloc(n * sizeof(float) + 4);
-  if (!v) return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory loading %s", name);
-  for (size_t i = 0; i < n; i++) v[i] = entry_at(e, i);
-  *out = v;
-  *n_out = n;
-  return 0;
-}
-
-static int load_one(mbd_mamba1_gpu *m, const mbd_safetensors *st, const char *dir,
-                    const char *name, int ndim, const int64_t *shape, int as_dtype, void **out,
-                    mbd_error *err) {
+/* One tensor through the shared checkpoint reader (common/safetensors.h),
+ * uploaded as upload() says. */
+static int load_one(mbd_mamba1_gpu *m, const mbd_st_dir *st, const char *name, int ndim,
+                    const int64_t *shape, int as_dtype, void **out, mbd_error *err) {
   float *v = NULL;
   size_t n = 0;
-  int rc = read_tensor(st, dir, name, ndim, shape, &v, &n, err);
+  int rc = mbd_st_dir_read_f32(st, name, ndim, shape, &v, &n, err);
   if (!rc) rc = upload(m, v, n, as_dtype, out, err);
   free(v);
   return rc;
 }
 
-static int load_layer(mbd_mamba1_gpu *m, const mbd_safetensors *st, const char *dir, int i,
-                      mbd_error *err) {
+static int load_layer(mbd_mamba1_gpu *m, const mbd_st_dir *st, int i, mbd_error *err) {
   const mbd_mamba_config *c = &m->cfg;
   layer_d *L = &m->layers[i];
   const int64_t d = c->d_model, di = c->d_inner, N = c->d_state, R = c->dt_rank, K = c->d_conv;
@@ -375,14 +329,14 @@ static int load_layer(mbd_mamba1_gpu *m, const mbd_safetensors *st, const char *
   int64_t sh_d[1] = {d}, sh_di[1] = {di}, sh_2di[1] = {2 * di}, sh_A[2] = {di, N};
   int64_t sh_in[2] = {2 * di, d}, sh_x[2] = {R + 2 * N, di}, sh_dt[2] = {di, R};
   int64_t sh_out[2] = {d, di}, sh_conv[3] = {di, 1, K};
-  if ((rc = load_one(m, st, dir, NAME("norm.weight"), 1, sh_d, 0, (void **)&L->norm, err)))
+  if ((rc = load_one(m, st, NAME("norm.weight"), 1, sh_d, 0, (void **)&L->norm, err)))
     return rc;
-  if ((rc = load_one(m, st, dir, NAME("mixer.in_proj.weight"), 2, sh_in, 1, &L->in_w, err)))
+  if ((rc = load_one(m, st, NAME("mixer.in_proj.weight"), 2, sh_in, 1, &L->in_w, err)))
     return rc;
   if (c->proj_bias &&
-      (rc = load_one(m, st, dir, NAME("mixer.in_proj.bias"), 1, sh_2di, 1, &L->in_b, err)))
+      (rc = load_one(m, st, NAME("mixer.in_proj.bias"), 1, sh_2di, 1, &L->in_b, err)))
     return rc;
-  if ((rc = read_tensor(st, dir, NAME("mixer.conv1d.weight"), 3, sh_conv, &v, &n, err)))
+  if ((rc = mbd_st_dir_read_f32(st, NAME("mixer.conv1d.weight"), 3, sh_conv, &v, &n, err)))
     return rc;
   {
     float *tm = (float *)malloc(n * sizeof(float) + 4);
@@ -399,15 +353,15 @@ static int load_layer(mbd_mamba1_gpu *m, const mbd_safetensors *st, const char *
     if (rc) return rc;
   }
   if (c->conv_bias &&
-      (rc = load_one(m, st, dir, NAME("mixer.conv1d.bias"), 1, sh_di, 0, (void **)&L->conv_b, err)))
+      (rc = load_one(m, st, NAME("mixer.conv1d.bias"), 1, sh_di, 0, (void **)&L->conv_b, err)))
     return rc;
-  if ((rc = load_one(m, st, dir, NAME("mixer.x_proj.weight"), 2, sh_x, 1, &L->x_w, err)))
+  if ((rc = load_one(m, st, NAME("mixer.x_proj.weight"), 2, sh_x, 1, &L->x_w, err)))
     return rc;
-  if ((rc = load_one(m, st, dir, NAME("mixer.dt_proj.weight"), 2, sh_dt, 1, &L->dt_w, err)))
+  if ((rc = load_one(m, st, NAME("mixer.dt_proj.weight"), 2, sh_dt, 1, &L->dt_w, err)))
     return rc;
-  if ((rc = load_one(m, st, dir, NAME("mixer.dt_proj.bias"), 1, sh_di, 1, &L->dt_b, err)))
+  if ((rc = load_one(m, st, NAME("mixer.dt_proj.bias"), 1, sh_di, 1, &L->dt_b, err)))
     return rc;
-  if ((rc = read_tensor(st, dir, NAME("mixer.A_log"), 2, sh_A, &v, &n, err))) return rc;
+  if ((rc = mbd_st_dir_read_f32(st, NAME("mixer.A_log"), 2, sh_A, &v, &n, err))) return rc;
   /* As the CPU model: round A_log through the storage dtype, then A = -expf. */
   for (size_t k = 0; k < n; k++) v[k] = -mbd_pm_expf(round_to(m->dtype, v[k]));
   {
@@ -419,11 +373,11 @@ static int load_layer(mbd_mamba1_gpu *m, const mbd_safetensors *st, const char *
     free(v);
     if (rc) return rc;
   }
-  if ((rc = load_one(m, st, dir, NAME("mixer.D"), 1, sh_di, 0, (void **)&L->D, err))) return rc;
-  if ((rc = load_one(m, st, dir, NAME("mixer.out_proj.weight"), 2, sh_out, 1, &L->out_w, err)))
+  if ((rc = load_one(m, st, NAME("mixer.D"), 1, sh_di, 0, (void **)&L->D, err))) return rc;
+  if ((rc = load_one(m, st, NAME("mixer.out_proj.weight"), 2, sh_out, 1, &L->out_w, err)))
     return rc;
   if (c->proj_bias &&
-      (rc = load_one(m, st, dir, NAME("mixer.out_proj.bias"), 1, sh_d, 1, &L->out_b, err)))
+      (rc = load_one(m, st, NAME("mixer.out_proj.bias"), 1, sh_d, 1, &L->out_b, err)))
     return rc;
 #undef NAME
   return 0;
@@ -434,34 +388,32 @@ extern "C" int mbd_mamba1_gpu_load(mbd_gpu_ctx *ctx, const char *dir,
                                    mbd_error *err) {
   *out = NULL;
   mbd_mamba_config cfg;
-  mbd_safetensors *st = NULL;
+  mbd_st_dir *st = NULL;
   mbd_mamba1_gpu *m = NULL;
-  char path[4096];
   int rc = mbd_mamba_config_load(dir, &cfg, err);
   if (rc) return rc;
-  snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-  if ((rc = mbd_safetensors_open(path, &st, err))) return rc;
+  if ((rc = mbd_st_dir_open(dir, &st, err))) return rc;
   if ((rc = model_alloc(ctx, &cfg, opts, &m, err))) goto fail;
   {
     int64_t sh_e[2] = {cfg.vocab_size, cfg.d_model}, sh_d[1] = {cfg.d_model};
-    if ((rc = load_one(m, st, dir, "backbone.embeddings.weight", 2, sh_e, 1, &m->emb, err)))
+    if ((rc = load_one(m, st, "backbone.embeddings.weight", 2, sh_e, 1, &m->emb, err)))
       goto fail;
     for (int i = 0; i < cfg.n_layer; i++)
-      if ((rc = load_layer(m, st, dir, i, err))) goto fail;
-    if ((rc = load_one(m, st, dir, "backbone.norm_f.weight", 1, sh_d, 0, (void **)&m->norm_f,
+      if ((rc = load_layer(m, st, i, err))) goto fail;
+    if ((rc = load_one(m, st, "backbone.norm_f.weight", 1, sh_d, 0, (void **)&m->norm_f,
                        err)))
       goto fail;
     m->head = m->emb;
-    if (!cfg.tie_embeddings && mbd_safetensors_find(st, "lm_head.weight") &&
-        (rc = load_one(m, st, dir, "lm_head.weight", 2, sh_e, 1, &m->head, err)))
+    if (!cfg.tie_embeddings && mbd_st_dir_find(st, "lm_head.weight") &&
+        (rc = load_one(m, st, "lm_head.weight", 2, sh_e, 1, &m->head, err)))
       goto fail;
   }
   if ((rc = alloc_runtime(m, err))) goto fail;
-  mbd_safetensors_destroy(&st);
+  mbd_st_dir_destroy(&st);
   *out = m;
   return 0;
 fail:
-  mbd_safetensors_destroy(&st);
+  mbd_st_dir_destroy(&st);
   mbd_mamba1_gpu_destroy(&m);
   return mbd_error_prefix(err, "loading %s on the GPU: ", dir);
 }

@@ -68,8 +68,9 @@ typedef struct mbd_mamba1_gpu_options {
 /* f32 storage, 2048 rows, batch 256, graphs on, no test or benchmark hooks. */
 void mbd_mamba1_gpu_options_default(mbd_mamba1_gpu_options *o);
 
-/* Loads DIR/config.json and DIR/model.safetensors (Hugging Face layout) onto
- * ctx's device. State slots: the context's state capacity (route identity).
+/* Loads DIR/config.json and DIR/model.safetensors, or the shards listed in
+ * DIR/model.safetensors.index.json (Hugging Face layout, mbd_st_dir_open),
+ * onto ctx's device. State slots: the context's state capacity (route identity).
  * The model borrows ctx, which must outlive it. */
 int mbd_mamba1_gpu_load(mbd_gpu_ctx *ctx, const char *dir, const mbd_mamba1_gpu_options *opts,
                         mbd_mamba1_gpu **out, mbd_error *err);

@@ -1,9 +1,9 @@
 /* The per-element arithmetic of the Mamba-1 model kernels: loads and stores
  * through the activation dtype, SiLU/softplus, the conv step, the x_proj lane
  * chain, the scan step and the RMSNorm scale. The only place each is spelled:
- * the per-op kernels (mamba_ops.cu) and the persistent decode kernel
+ * the per-op kernels (kernels/cuda/ops/) and the persistent decode kernel
  * (decode_persistent.cu) both call these, so their bits cannot drift apart.
- * Every rounding is an explicit _rn intrinsic (see mamba_ops.cu). */
+ * Every rounding is an explicit _rn intrinsic (see ops/common.cuh). */
 #ifndef MBD_MOPS_ARITH_CUH
 #define MBD_MOPS_ARITH_CUH
 
@@ -34,8 +34,8 @@ __device__ __forceinline__ float softplus_f(float x) { return mbd_pm_softplus(x)
  * and its writes are visible. It calls pdl_wait() unconditionally before any
  * early return, so its completion still implies its predecessor's, and the
  * chain stays fully ordered. pdl_trigger() lets the successor's blocks launch
- * early. Both are no-ops when the launch carries no attribute (MBD_PDL=0 in
- * the environment: a benchmarking switch; the bits are the same either way). */
+ * early. Both are no-ops when the launch carries no attribute (the chunked
+ * scan's; the bits are the same either way). */
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");

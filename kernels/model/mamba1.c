@@ -9,7 +9,6 @@
  * sequence's bits. */
 #include "kernels/model/mamba1.h"
 
-#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +23,6 @@
 
 #define DEFAULT_MAX_ROWS 256
 #define CHANNEL_BLOCK 64 /* channels per conv/scan task */
-#define MAX_SHARDS 64
 
 typedef struct layer_w {
   float *norm;             /* [d] */
@@ -84,93 +82,7 @@ void mbd_mamba1_options_default(mbd_mamba1_options *o) {
   o->max_rows = DEFAULT_MAX_ROWS;
 }
 
-/* ---- loading ---- */
-
-typedef struct shards {
-  mbd_safetensors *st[MAX_SHARDS];
-  int n;
-  const char *dir;
-} shards;
-
-static void shards_close(shards *s) {
-  for (int i = 0; i < s->n; i++) mbd_safetensors_destroy(&s->st[i]);
-  s->n = 0;
-}
-
-static int shards_open(const char *dir, shards *s, mbd_error *err) {
-  char path[4096];
-  s->dir = dir;
-  snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-    int rc = mbd_safetensors_open(path, &s->st[0], err);
-    if (rc) return rc;
-    s->n = 1;
-    return MBD_OK;
-  }
-  fclose(f);
-  json_error_t je;
-  json_t *root = json_load_file(path, 0, &je);
-  json_t *map = root ? json_object_get(root, "weight_map") : NULL;
-  if (!json_is_object(map)) {
-    json_decref(root);
-    return mbd_error_set(err, MBD_E_FORMAT, "%s: not a safetensors index (%s)", path,
-                         root ? "no weight_map object" : je.text);
-  }
-  const char *key;
-  json_t *val;
-  const char *names[MAX_SHARDS];
-  int rc = MBD_OK;
-  json_object_foreach(map, key, val) {
-    const char *file = json_string_value(val);
-    if (!file || strchr(file, '/') || strstr(file, "..")) {
-      rc = mbd_error_set(err, MBD_E_FORMAT, "%s: bad shard name for tensor %s", path, key);
-      break;
-    }
-    int seen = 0;
-    for (int i = 0; i < s->n; i++) seen |= strcmp(names[i], file) == 0;
-    if (seen) continue;
-    if (s->n == MAX_SHARDS) {
-      rc = mbd_error_set(err, MBD_E_UNSUPPORTED, "%s: more than %d shards", path, MAX_SHARDS);
-      break;
-    }
-    char sp[4096];
-    snprintf(sp, sizeof(sp), "%s/%s", dir, file);
-    rc = mbd_safetensors_open(sp, &s->st[s->n], err);
-    if (rc) break;
-    names[s->n++] = file;
-  }
-  json_decref(root);
-  if (rc) shards_close(s);
-  return rc;
-}
-
-/* Finds a float tensor of the given shape in any shard. */
-static int get_tensor(const shards *s, const char *name, int ndim, const int64_t *shape,
-                      const mbd_st_entry **out, mbd_error *err) {
-  const mbd_st_entry *e = NULL;
-  for (int i = 0; i < s->n && !e; i++) e = mbd_safetensors_find(s->st[i], name);
-  if (!e)
-    return mbd_error_set(err, MBD_E_NOT_FOUND, "model %s: tensor %s is missing", s->dir, name);
-  if (e->desc.dtype != MBD_DTYPE_F32 && e->desc.dtype != MBD_DTYPE_BF16 &&
-      e->desc.dtype != MBD_DTYPE_F16)
-    return mbd_error_set(err, MBD_E_SHAPE, "model %s: tensor %s has dtype %s, want a float type",
-                         s->dir, name, mbd_dtype_name(e->desc.dtype));
-  int ok = e->desc.ndim == ndim;
-  for (int i = 0; ok && i < ndim; i++) ok = e->desc.shape[i] == shape[i];
-  if (!ok) {
-    char got[128], want[128];
-    mbd_tensor_desc wd = {.dtype = e->desc.dtype, .ndim = ndim};
-    for (int i = 0; i < ndim; i++) wd.shape[i] = shape[i];
-    mbd_tensor_desc_format(&e->desc, got, sizeof(got));
-    mbd_tensor_desc_format(&wd, want, sizeof(want));
-    return mbd_error_set(err, MBD_E_SHAPE, "model %s: tensor %s is %s, config says %s", s->dir,
-                         name, got, want);
-  }
-  *out = e;
-  return MBD_OK;
-}
+/* ---- loading (through the one checkpoint reader, common/safetensors.h) ---- */
 
 static float round_to(mbd_dtype dt, float v) {
   if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(mbd_f32_to_bf16(v));
@@ -178,40 +90,28 @@ static float round_to(mbd_dtype dt, float v) {
   return v;
 }
 
-static float entry_at(const mbd_st_entry *e, size_t i) {
-  const unsigned char *p = e->data;
-  if (e->desc.dtype == MBD_DTYPE_F32) {
-    float v;
-    memcpy(&v, p + 4 * i, 4);
-    return v;
-  }
-  uint16_t h;
-  memcpy(&h, p + 2 * i, 2);
-  return e->desc.dtype == MBD_DTYPE_BF16 ? mbd_bf16_to_f32(h) : mbd_f16_to_f32(h);
-}
-
 /* Loads a small parameter into a new f32 array, rounded through the storage
  * dtype (the model "has" storage-dtype weights). */
-static int load_vec(mbd_mamba1_model *m, const shards *s, const char *name, int ndim,
+static int load_vec(mbd_mamba1_model *m, const mbd_st_dir *s, const char *name, int ndim,
                     const int64_t *shape, float **out, mbd_error *err) {
   const mbd_st_entry *e = NULL;
-  int rc = get_tensor(s, name, ndim, shape, &e, err);
+  int rc = mbd_st_dir_get_float(s, name, ndim, shape, &e, err);
   if (rc) return rc;
   size_t n = 1;
   for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
   float *v = malloc(n * sizeof(float) + 1);
   if (!v) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory loading %s", name);
-  for (size_t i = 0; i < n; i++) v[i] = round_to(m->dtype, entry_at(e, i));
+  for (size_t i = 0; i < n; i++) v[i] = round_to(m->dtype, mbd_st_entry_f32(e, i));
   m->weight_bytes += n * mbd_dtype_size(m->dtype);
   *out = v;
   return MBD_OK;
 }
 
-static int load_mat(mbd_mamba1_model *m, const shards *s, const char *name, int64_t rows,
+static int load_mat(mbd_mamba1_model *m, const mbd_st_dir *s, const char *name, int64_t rows,
                     int64_t cols, mbd_cpu_wpack **out, mbd_error *err) {
   const mbd_st_entry *e = NULL;
   int64_t shape[2] = {rows, cols};
-  int rc = get_tensor(s, name, 2, shape, &e, err);
+  int rc = mbd_st_dir_get_float(s, name, 2, shape, &e, err);
   if (rc) return rc;
   const void *src = e->data;
   void *copy = NULL;
@@ -228,7 +128,7 @@ static int load_mat(mbd_mamba1_model *m, const shards *s, const char *name, int6
   return MBD_OK;
 }
 
-static int load_layer(mbd_mamba1_model *m, const shards *s, int i, mbd_error *err) {
+static int load_layer(mbd_mamba1_model *m, const mbd_st_dir *s, int i, mbd_error *err) {
   const mbd_mamba_config *c = &m->cfg;
   layer_w *L = &m->layers[i];
   int64_t d = c->d_model, di = c->d_inner, S = c->d_state, R = c->dt_rank, dc = c->d_conv;
@@ -306,7 +206,7 @@ int mbd_mamba1_load(const char *dir, const mbd_mamba1_options *opts, mbd_mamba1_
   if (opts->dtype != MBD_DTYPE_F32 && opts->dtype != MBD_DTYPE_BF16 &&
       opts->dtype != MBD_DTYPE_F16)
     return mbd_error_set(err, MBD_E_INVALID, "model: storage dtype must be f32, bf16 or f16");
-  shards sh = {.n = 0};
+  mbd_st_dir *sh = NULL;
   mbd_mamba1_model *m = calloc(1, sizeof(*m));
   if (!m) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
   int rc = mbd_mamba_config_load(dir, &m->cfg, err);
@@ -319,32 +219,30 @@ int mbd_mamba1_load(const char *dir, const mbd_mamba1_options *opts, mbd_mamba1_
     goto fail;
   }
   if ((rc = mbd_cpu_ctx_new(opts->threads, (mbd_cpu_isa)opts->isa, &m->ctx, err))) goto fail;
-  if ((rc = shards_open(dir, &sh, err))) goto fail;
+  if ((rc = mbd_st_dir_open(dir, &sh, err))) goto fail;
   m->layers = calloc((size_t)c->n_layer, sizeof(layer_w));
   if (!m->layers) {
     rc = mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
     goto fail;
   }
-  if ((rc = load_mat(m, &sh, "backbone.embeddings.weight", c->vocab_size, c->d_model, &m->embed,
+  if ((rc = load_mat(m, sh, "backbone.embeddings.weight", c->vocab_size, c->d_model, &m->embed,
                      err)))
     goto fail;
   for (int i = 0; i < c->n_layer; i++)
-    if ((rc = load_layer(m, &sh, i, err))) goto fail;
+    if ((rc = load_layer(m, sh, i, err))) goto fail;
   int64_t sh_d[1] = {c->d_model};
-  if ((rc = load_vec(m, &sh, "backbone.norm_f.weight", 1, sh_d, &m->norm_f, err))) goto fail;
+  if ((rc = load_vec(m, sh, "backbone.norm_f.weight", 1, sh_d, &m->norm_f, err))) goto fail;
   if (!c->tie_embeddings) {
-    const mbd_st_entry *e = NULL;
-    for (int i = 0; i < sh.n && !e; i++) e = mbd_safetensors_find(sh.st[i], "lm_head.weight");
-    if (e && (rc = load_mat(m, &sh, "lm_head.weight", c->vocab_size, c->d_model, &m->lm_head,
-                            err)))
+    if (mbd_st_dir_find(sh, "lm_head.weight") &&
+        (rc = load_mat(m, sh, "lm_head.weight", c->vocab_size, c->d_model, &m->lm_head, err)))
       goto fail;
   }
   if ((rc = alloc_workspace(m, err))) goto fail;
-  shards_close(&sh);
+  mbd_st_dir_destroy(&sh);
   *out = m;
   return MBD_OK;
 fail:
-  shards_close(&sh);
+  mbd_st_dir_destroy(&sh);
   mbd_mamba1_destroy(&m);
   return rc;
 }
@@ -443,8 +341,7 @@ void mbd_mamba1_state_reset(mbd_mamba1_state *s) {
 
 int64_t mbd_mamba1_state_position(const mbd_mamba1_state *s) { return s->pos; }
 
-#define STATE_MAGIC "MBDMSTA1"
-#define STATE_HEADER MBD_MAMBA1_STATE_HEADER
+#define STATE_HEADER MBD_STATE_IMAGE_HEADER
 
 size_t mbd_mamba1_state_export_size(const mbd_mamba1_state *s) {
   return STATE_HEADER + (conv_count(s) + ssm_count(s)) * sizeof(float);
@@ -463,49 +360,19 @@ static void get_f32s(const unsigned char *p, float *v, size_t n) {
   for (size_t i = 0; i < n; i++) v[i] = mbd_bits_to_f32(get_u32(p + 4 * i));
 }
 
-/* The four dims of s as a config, for the shared header functions. */
-static mbd_mamba_config state_shape(const mbd_mamba1_state *s) {
-  mbd_mamba_config c;
-  memset(&c, 0, sizeof c);
-  c.n_layer = s->n_layer;
-  c.d_inner = s->di;
-  c.d_conv = s->dc;
-  c.d_state = s->ds;
-  return c;
+mbd_state_shape mbd_mamba1_state_shape(const mbd_mamba_config *cfg) {
+  mbd_state_shape sh = {.family = MBD_STATE_FAMILY_MAMBA1,
+                        .n_layer = (uint32_t)cfg->n_layer,
+                        .d_inner = (uint32_t)cfg->d_inner,
+                        .d_conv = (uint32_t)cfg->d_conv,
+                        .d_state = (uint32_t)cfg->d_state};
+  return sh;
 }
 
-void mbd_mamba1_state_header_write(void *buf, const mbd_mamba_config *cfg, int64_t pos) {
-  unsigned char *p = buf;
-  memcpy(p, STATE_MAGIC, 8);
-  put_u32(p + 8, 1);
-  put_u32(p + 12, (uint32_t)cfg->n_layer);
-  put_u32(p + 16, (uint32_t)cfg->d_inner);
-  put_u32(p + 20, (uint32_t)cfg->d_conv);
-  put_u32(p + 24, (uint32_t)cfg->d_state);
-  put_u32(p + 28, 0);
-  put_u32(p + 32, (uint32_t)((uint64_t)pos & 0xffffffffu));
-  put_u32(p + 36, (uint32_t)((uint64_t)pos >> 32));
-}
-
-int mbd_mamba1_state_header_read(const void *buf, size_t len, const mbd_mamba_config *cfg,
-                                 int64_t *pos, mbd_error *err) {
-  const unsigned char *p = buf;
-  if (!buf || len < STATE_HEADER || memcmp(p, STATE_MAGIC, 8) != 0)
-    return mbd_error_set(err, MBD_E_FORMAT, "state import: not a Mamba-1 state export (bad magic)");
-  if (get_u32(p + 8) != 1)
-    return mbd_error_set(err, MBD_E_FORMAT, "state import: version %u, this build reads 1",
-                         get_u32(p + 8));
-  if (get_u32(p + 12) != (uint32_t)cfg->n_layer || get_u32(p + 16) != (uint32_t)cfg->d_inner ||
-      get_u32(p + 20) != (uint32_t)cfg->d_conv || get_u32(p + 24) != (uint32_t)cfg->d_state)
-    return mbd_error_set(err, MBD_E_SHAPE,
-                         "state import: state is for layers=%u d_inner=%u d_conv=%u d_state=%u, "
-                         "model has %d/%d/%d/%d",
-                         get_u32(p + 12), get_u32(p + 16), get_u32(p + 20), get_u32(p + 24),
-                         cfg->n_layer, cfg->d_inner, cfg->d_conv, cfg->d_state);
-  uint64_t v = (uint64_t)get_u32(p + 32) | (uint64_t)get_u32(p + 36) << 32;
-  if (v > (uint64_t)INT64_MAX) return mbd_error_set(err, MBD_E_FORMAT, "state import: bad position");
-  *pos = (int64_t)v;
-  return MBD_OK;
+/* The image shape of s (its four dims). */
+static mbd_state_shape state_shape(const mbd_mamba1_state *s) {
+  mbd_mamba_config c = {.n_layer = s->n_layer, .d_inner = s->di, .d_conv = s->dc, .d_state = s->ds};
+  return mbd_mamba1_state_shape(&c);
 }
 
 int mbd_mamba1_state_export(const mbd_mamba1_state *s, void *buf, size_t cap, size_t *len,
@@ -515,8 +382,8 @@ int mbd_mamba1_state_export(const mbd_mamba1_state *s, void *buf, size_t cap, si
     return mbd_error_set(err, MBD_E_TOO_LARGE, "state export needs %zu bytes, buffer has %zu",
                          need, cap);
   unsigned char *p = buf;
-  mbd_mamba_config shape = state_shape(s);
-  mbd_mamba1_state_header_write(p, &shape, s->pos);
+  mbd_state_shape shape = state_shape(s);
+  mbd_state_image_write_header(p, &shape, s->pos);
   put_f32s(p + STATE_HEADER, s->conv, conv_count(s));
   put_f32s(p + STATE_HEADER + 4 * conv_count(s), s->ssm, ssm_count(s));
   if (len) *len = need;
@@ -525,8 +392,8 @@ int mbd_mamba1_state_export(const mbd_mamba1_state *s, void *buf, size_t cap, si
 
 int mbd_mamba1_state_import(mbd_mamba1_state *s, const void *buf, size_t len, mbd_error *err) {
   int64_t pos;
-  mbd_mamba_config shape = state_shape(s);
-  int rc = mbd_mamba1_state_header_read(buf, len, &shape, &pos, err);
+  mbd_state_shape shape = state_shape(s);
+  int rc = mbd_state_image_read_header(buf, len, &shape, &pos, err);
   if (rc) return rc;
   if (len != mbd_mamba1_state_export_size(s))
     return mbd_error_set(err, MBD_E_FORMAT, "state import: %zu bytes, expected %zu", len,
@@ -769,3 +636,77 @@ int mbd_mamba1_step(mbd_mamba1_model *m, mbd_mamba1_state *const *states, int ba
                           logits ? MBD_MAMBA1_LOGITS_LAST : MBD_MAMBA1_LOGITS_NONE, logits, err);
   return rc;
 }
+
+/* ---- the family vtable (kernels/model/family.h) ---- */
+
+_Static_assert((int)MBD_MAMBA1_LOGITS_NONE == (int)MBD_LOGITS_NONE &&
+                   (int)MBD_MAMBA1_LOGITS_LAST == (int)MBD_LOGITS_LAST &&
+                   (int)MBD_MAMBA1_LOGITS_ALL == (int)MBD_LOGITS_ALL,
+               "mbd_mamba1_logits mirrors mbd_logits_sel");
+
+static int fam_load(const char *dir, const mbd_cpu_model_opts *o, void **model, mbd_error *err) {
+  mbd_mamba1_options mo;
+  mbd_mamba1_options_default(&mo);
+  mo.dtype = o->dtype;
+  mo.threads = o->threads;
+  mo.isa = o->isa;
+  mbd_mamba1_model *m = NULL;
+  int rc = mbd_mamba1_load(dir, &mo, &m, err);
+  *model = m;
+  return rc;
+}
+
+static void fam_destroy(void *model) {
+  mbd_mamba1_model *m = model;
+  mbd_mamba1_destroy(&m);
+}
+
+static int64_t fam_vocab(const void *model) { return mbd_mamba1_vocab(model); }
+static const char *fam_isa(const void *model) { return mbd_mamba1_isa(model); }
+
+static int fam_state_new(const void *model, void **state, mbd_error *err) {
+  mbd_mamba1_state *s = NULL;
+  int rc = mbd_mamba1_state_new(model, &s, err);
+  *state = s;
+  return rc;
+}
+
+static void fam_state_free(void *state) {
+  mbd_mamba1_state *s = state;
+  mbd_mamba1_state_destroy(&s);
+}
+
+static size_t fam_state_bytes(const void *state) { return mbd_mamba1_state_export_size(state); }
+
+static int fam_state_save(const void *state, void *dst, size_t cap, mbd_error *err) {
+  return mbd_mamba1_state_export(state, dst, cap, NULL, err);
+}
+
+static int fam_state_load(void *state, const void *src, size_t len, mbd_error *err) {
+  return mbd_mamba1_state_import(state, src, len, err);
+}
+
+static int fam_prefill(void *model, void *const *states, int n, const int32_t *const *tokens,
+                       const int64_t *lens, mbd_logits_sel sel, float *logits, mbd_error *err) {
+  return mbd_mamba1_prefill(model, (mbd_mamba1_state *const *)states, n, tokens, lens,
+                            (mbd_mamba1_logits)sel, logits, err);
+}
+
+static int fam_step(void *model, void *const *states, int n, const int32_t *tokens,
+                    float *logits, mbd_error *err) {
+  return mbd_mamba1_step(model, (mbd_mamba1_state *const *)states, n, tokens, logits, err);
+}
+
+const mbd_cpu_model_ops mbd_mamba1_cpu_ops = {
+    .load = fam_load,
+    .destroy = fam_destroy,
+    .vocab = fam_vocab,
+    .isa = fam_isa,
+    .state_new = fam_state_new,
+    .state_free = fam_state_free,
+    .state_bytes = fam_state_bytes,
+    .state_save = fam_state_save,
+    .state_load = fam_state_load,
+    .prefill = fam_prefill,
+    .step = fam_step,
+};

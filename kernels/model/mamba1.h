@@ -1,10 +1,12 @@
 /* Mamba-1 language model (Hugging Face `MambaForCausalLM`, slow_forward
  * semantics): weights, per-sequence recurrent state, prefill and step.
  *
- * Backend-agnostic API: a model is loaded for one backend (only the CPU backend
- * exists today) and storage dtype; the state object is the recurrent state of
- * one sequence (conv window + SSM state per layer, f32) and can be exported to
- * bytes and imported on any model with the same shapes.
+ * The CPU model of the Mamba-1 family (the GPU one is kernels/cuda/
+ * mamba1_gpu.h; both sit behind the backends through kernels/model/family.h):
+ * a model is loaded in one storage dtype; the state object is the recurrent
+ * state of one sequence (conv window + SSM state per layer, f32) and exports
+ * to the family's state image, which imports on any model (CPU or GPU) with
+ * the same shapes.
  *
  * Determinism contract (deterministic GEMM route): a sequence's logits and
  * state are bit-identical whether it runs alone or in any slot of a batch of
@@ -20,6 +22,8 @@
 #include "common/route.h"
 #include "common/status.h"
 #include "common/tensor.h"
+#include "kernels/model/family.h"
+#include "kernels/state_blob.h"
 
 typedef struct mbd_mamba1_model mbd_mamba1_model;
 typedef struct mbd_mamba1_state mbd_mamba1_state;
@@ -59,9 +63,10 @@ void mbd_mamba1_state_reset(mbd_mamba1_state *s);
 /* Tokens consumed since the last reset/import. */
 int64_t mbd_mamba1_state_position(const mbd_mamba1_state *s);
 
-/* Export format (little-endian): "MBDMSTA1" magic (8 bytes), u32 version (1),
- * u32 n_layer, u32 d_inner, u32 d_conv, u32 d_state, u32 0, i64 position, then
- * f32 conv[n_layer][d_conv-1][d_inner], f32 ssm[n_layer][d_inner][d_state]. */
+/* Export: a state image (kernels/state_blob.h: "MBDMSTA1" header, family
+ * MBD_STATE_FAMILY_MAMBA1, shape n_layer / d_inner / d_conv / d_state) whose
+ * payload is f32 conv[n_layer][d_conv-1][d_inner] then f32
+ * ssm[n_layer][d_inner][d_state]. The GPU model writes the same image. */
 size_t mbd_mamba1_state_export_size(const mbd_mamba1_state *s);
 /* Writes the export into buf (cap >= export size); MBD_E_TOO_LARGE otherwise. */
 int mbd_mamba1_state_export(const mbd_mamba1_state *s, void *buf, size_t cap, size_t *len,
@@ -70,16 +75,8 @@ int mbd_mamba1_state_export(const mbd_mamba1_state *s, void *buf, size_t cap, si
  * blob (s unchanged then). */
 int mbd_mamba1_state_import(mbd_mamba1_state *s, const void *buf, size_t len, mbd_error *err);
 
-/* The export's 40-byte header, shared with backends that keep the state
- * elsewhere (the GPU worker writes the same format from device slots). */
-#define MBD_MAMBA1_STATE_HEADER 40
-/* Writes the header for a state of cfg's shape at position pos into p. */
-void mbd_mamba1_state_header_write(void *p, const mbd_mamba_config *cfg, int64_t pos);
-/* Checks magic, version and shape against cfg (len >= header size) and returns
- * the position; MBD_E_FORMAT / MBD_E_SHAPE naming what differs. The caller
- * checks the payload size. */
-int mbd_mamba1_state_header_read(const void *p, size_t len, const mbd_mamba_config *cfg,
-                                 int64_t *pos, mbd_error *err);
+/* The image shape of a Mamba-1 state of config cfg (for every backend). */
+mbd_state_shape mbd_mamba1_state_shape(const mbd_mamba_config *cfg);
 
 /* ---- forward ---- */
 
@@ -102,5 +99,9 @@ int mbd_mamba1_prefill(mbd_mamba1_model *m, mbd_mamba1_state *const *states, int
  * prefill. */
 int mbd_mamba1_step(mbd_mamba1_model *m, mbd_mamba1_state *const *states, int batch,
                     const int32_t *tokens, float *logits, mbd_error *err);
+
+/* The Mamba-1 family on the CPU backend (kernels/model/family.h): the
+ * functions above behind the family vtable. */
+extern const mbd_cpu_model_ops mbd_mamba1_cpu_ops;
 
 #endif

@@ -18,7 +18,7 @@
  *            (decode_persistent.h's stage trace);
  *   --step-events: the device time of a batch-1 step's stages, from events
  *                  recorded in its graph (mamba1_gpu.h's step_events).
- * MBD_CONV_FUSE_MAX (see mamba_ops.h) picks the model's decode path;
+ * mbd_mops_conv_fused (kernels/cuda/ops/conv_xproj.h) picks the model's decode path;
  * MBD_BENCH_PROFILE_STEP: see profile_step. */
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>

@@ -35,10 +35,12 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "client/mambad.h"
 #include "common/mamba_config.h"
-#include "integration/worker_harness.h"
+#include "support/wh_requests.h"
+#include "support/worker_harness.h"
 
 #define MAX_WORKERS 64 /* worker masks are uint64_t */
 #define N_CLASSES 8    /* distinct prompts */

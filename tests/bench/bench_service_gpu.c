@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "client/mambad.h"
-#include "gpu/service_gpu_util.h"
+#include "support/service_gpu.h"
 #include "kernels/cuda/mamba1_gpu.h"
 
 static int cmp_d(const void *a, const void *b) {

@@ -13,9 +13,10 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <signal.h>
 
 #include "client/mambad.h"
-#include "integration/procs.h"
+#include "support/procs.h"
 #include "kernels/cpu/gemm.h"
 
 enum { K = 4096, THREADS = 2 };

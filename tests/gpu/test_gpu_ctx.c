@@ -18,7 +18,7 @@
 
 #include "common/route.h"
 #include "common/sha256.h"
-#include "gpu/gpu_test_util.h"
+#include "support/gpu_util.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/gpu_gemm.h"
 

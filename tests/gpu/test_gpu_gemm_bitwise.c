@@ -37,7 +37,7 @@
 
 #include <cmocka.h>
 
-#include "gpu/gpu_test_util.h"
+#include "support/gpu_util.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/gpu_gemm.h"

@@ -36,7 +36,7 @@
 #include <cmocka.h>
 
 #include "common/safetensors.h"
-#include "gpu/gpu_test_util.h"
+#include "support/gpu_util.h"
 #include "kernels/cuda/bench/mamba1_gpu_bench.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/mamba1_gpu.h"

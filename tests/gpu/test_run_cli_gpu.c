@@ -26,8 +26,8 @@
 #include <cmocka.h>
 
 #include "common/safetensors.h"
-#include "integration/procs.h"
-#include "gpu/gpu_test_util.h"
+#include "support/procs.h"
+#include "support/gpu_util.h"
 
 #define GEN 8
 

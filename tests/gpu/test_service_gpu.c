@@ -16,10 +16,14 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
-#include "gpu/service_gpu_util.h"
+#include "support/service_gpu.h"
+#include "support/wh_fixture.h"
 
 #define NS 256    /* concurrent sessions */
 #define GEN 12    /* tokens generated per session */

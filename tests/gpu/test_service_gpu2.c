@@ -11,10 +11,15 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
 
 #include <cmocka.h>
 
-#include "gpu/service_gpu_util.h"
+#include "support/service_gpu.h"
 
 static wh g_h;
 static pid_t g_w1;

@@ -11,11 +11,14 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include <cmocka.h>
+#include <cuda_runtime_api.h>
 
 #include "client/mambad.h"
-#include "gpu/service_gpu_util.h"
+#include "support/service_gpu.h"
 
 static wh g_h;
 static char g_host[128];

@@ -17,10 +17,12 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <zmq.h>
 
 #include "common/protocol.h"
 #include "common/wire.h"
-#include "integration/procs.h"
+#include "support/events.h"
+#include "support/procs.h"
 
 #define HB_MS 100
 /* Expiry after LIVENESS beats: wide enough that a loaded CI machine pausing
@@ -51,11 +53,7 @@ typedef struct env {
   int nstash;
 } env;
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+static int64_t now_ms(void) { return ev_now_ms(); }
 
 static void start_broker(env *e, const char *const *extra) {
   const char *bin = getenv("MBD_BIN_DIR");
@@ -76,17 +74,8 @@ static void start_broker(env *e, const char *const *extra) {
   argv[n] = NULL;
   e->pid = procs_spawn((char *const *)argv, logp);
   assert_true(e->pid > 0);
-  for (int i = 0; i < 500; i++) {
-    FILE *f = fopen(logp, "r");
-    char line[512];
-    bool ready = false;
-    while (f && fgets(line, sizeof line, f))
-      if (strstr(line, "broker ready clients=")) ready = true;
-    if (f) fclose(f);
-    if (ready) return;
-    usleep(10000);
-  }
-  fail_msg("broker did not print 'broker ready' within 5 s");
+  if (!ev_wait_lines(logp, "broker ready clients=", 1, EV_HANG_MS))
+    fail_msg("broker never printed 'broker ready' (%s)", logp);
 }
 
 static void *dealer(env *e, const char *ep, const char *id) {
@@ -341,7 +330,7 @@ static mbd_body *expect_reply(env *e, uint64_t tag, uint8_t cmd, int ms) {
 
 static void expect_error(env *e, uint64_t tag, int code, const char *needle, char *msg_out,
                          size_t cap) {
-  mbd_body *b = expect_reply(e, tag, MBD_CMD_ERROR, 3000);
+  mbd_body *b = expect_reply(e, tag, MBD_CMD_ERROR, EV_HANG_MS);
   int64_t c = 0;
   char msg[1024] = "";
   assert_int_equal(mbd_obj_i64(mbd_body_root(b), "code", true, &c, NULL), 0);
@@ -353,7 +342,7 @@ static void expect_error(env *e, uint64_t tag, int code, const char *needle, cha
 }
 
 static void expect_served_by(env *e, uint64_t tag, const fworker *w) {
-  mbd_body *b = expect_reply(e, tag, MBD_CMD_FINAL, 3000);
+  mbd_body *b = expect_reply(e, tag, MBD_CMD_FINAL, EV_HANG_MS);
   char name[32] = "";
   assert_int_equal(mbd_obj_str(mbd_body_root(b), "worker", true, name, sizeof name, NULL), 0);
   if (strcmp(name, w->name)) fail_msg("served by %s, expected %s", name, w->name);
@@ -363,12 +352,12 @@ static void expect_served_by(env *e, uint64_t tag, const fworker *w) {
   mbd_body_destroy(&b);
 }
 
-/* STATUS until `n` workers are registered. */
+/* STATUS until `n` workers are registered (the fake workers heartbeat meanwhile). */
 static void wait_workers(env *e, size_t n) {
-  for (int i = 0; i < 100; i++) {
+  for (int64_t end = now_ms() + EV_HANG_MS; now_ms() < end;) {
     uint64_t t = e->next_tag++;
     send_body(e->client, MBD_CMD_STATUS, t, NULL);
-    mbd_body *b = expect_reply(e, t, MBD_CMD_FINAL, 2000);
+    mbd_body *b = expect_reply(e, t, MBD_CMD_FINAL, EV_HANG_MS);
     const msgpack_object *ws = mbd_obj_get(mbd_body_root(b), "workers");
     assert_non_null(ws);
     size_t have = ws->via.array.size;
@@ -411,7 +400,7 @@ static void test_routing(void **state) {
   expect_served_by(e, request(e, MBD_CMD_FORWARD, "f16", "m", 0, NULL), c);
   /* sessions: OPEN by route, then STEP goes to the owner by uid */
   uint64_t t = request(e, MBD_CMD_OPEN, "bf16", "m", 0, NULL);
-  mbd_body *body = expect_reply(e, t, MBD_CMD_FINAL, 2000);
+  mbd_body *body = expect_reply(e, t, MBD_CMD_FINAL, EV_HANG_MS);
   char sess[64];
   assert_int_equal(mbd_obj_str(mbd_body_root(body), "session", true, sess, sizeof sess, NULL), 0);
   mbd_body_destroy(&body);
@@ -424,7 +413,7 @@ static void test_routing(void **state) {
   /* STATUS content */
   t = e->next_tag++;
   send_body(e->client, MBD_CMD_STATUS, t, NULL);
-  body = expect_reply(e, t, MBD_CMD_FINAL, 2000);
+  body = expect_reply(e, t, MBD_CMD_FINAL, EV_HANG_MS);
   const msgpack_object *ws = mbd_obj_get(mbd_body_root(body), "workers");
   assert_int_equal(ws->via.array.size, 3);
   bool found = false;
@@ -434,7 +423,7 @@ static void test_routing(void **state) {
     assert_int_equal(mbd_obj_str(w, "route_id", true, rid, sizeof rid, NULL), 0);
     assert_int_equal(mbd_obj_str(w, "route", true, route, sizeof route, NULL), 0);
     assert_int_equal(mbd_obj_str(w, "name", true, name, sizeof name, NULL), 0);
-    assert_non_null(strstr(route, "mambad-route/1"));
+    assert_non_null(strstr(route, "mambad-route/2"));
     if (!strcmp(name, "wb")) {
       found = true;
       assert_string_equal(rid, b->route_id);
@@ -460,14 +449,14 @@ static void test_heartbeat_expiry(void **state) {
   add_worker(e, "wb", MBD_POLICY_BF16, 1, "m", false);
   wait_workers(e, 2);
   a->silent = true;
-  pump(e, LIVENESS * HB_MS + 300);
-  wait_workers(e, 1);
+  wait_workers(e, 1); /* wa's silence outlived the liveness window */
   expect_error(e, request(e, MBD_CMD_FORWARD, "f32", "m", 0, NULL), MBD_E_NO_ROUTE, "dtype=f32",
                NULL, 0);
   /* the dropped worker speaks again: DISCONNECT tells it to re-register */
   a->silent = false;
   send_body(a->s, MBD_CMD_HEARTBEAT, 0, NULL);
-  pump(e, 200);
+  int none = 0;
+  pump_until(e, &a->disconnects, &none, 1, EV_HANG_MS);
   assert_true(a->disconnects >= 1);
 }
 
@@ -482,11 +471,11 @@ static void test_failover_once(void **state) {
   /* both take it and go silent: the first loss re-sends, the second fails */
   a->answer = b->answer = false;
   uint64_t t = request(e, MBD_CMD_FORWARD, "f32", "m", 10000, NULL);
-  pump_until(e, &a->received, &b->received, 1, 3000);
+  pump_until(e, &a->received, &b->received, 1, EV_HANG_MS);
   assert_int_equal(a->received + b->received, 1);
   fworker *first = a->received ? a : b, *second = a->received ? b : a;
   first->silent = true;
-  pump_until(e, &a->received, &b->received, 2, LIVENESS * HB_MS + 3000);
+  pump_until(e, &a->received, &b->received, 2, EV_HANG_MS);
   assert_null(pump(e, 100)); /* nothing more: no third send, no reply */
   assert_int_equal(second->received, 1); /* re-sent exactly once */
   assert_int_equal(first->received, 1);
@@ -500,7 +489,7 @@ static void test_failover_once(void **state) {
   wait_workers(e, 2);
   c->answer = d->answer = false;
   t = request(e, MBD_CMD_FORWARD, "bf16", "m", 10000, NULL);
-  pump_until(e, &c->received, &d->received, 1, 3000);
+  pump_until(e, &c->received, &d->received, 1, EV_HANG_MS);
   assert_int_equal(c->received + d->received, 1);
   fworker *f1 = c->received ? c : d, *f2 = c->received ? d : c;
   f1->silent = true;
@@ -611,7 +600,7 @@ static void test_malformed_corpus(void **state) {
   for (size_t i = 0; i < 1000; i++) big[i] = (uint8_t)(i * 13);
   assert_int_equal(mbd_msg_add_payload_copy(m, big, 1000, &err), 0);
   assert_int_equal(mbd_msg_send(&m, e->client, 0, &err), 0);
-  m = pump(e, 3000);
+  m = pump(e, EV_HANG_MS);
   assert_non_null(m);
   assert_int_equal(mbd_msg_tag(m), 4242);
   assert_int_equal(mbd_msg_cmd(m), MBD_CMD_FINAL);
@@ -632,18 +621,23 @@ static void test_sigterm(void **state) {
   uint64_t t1 = request(e, MBD_CMD_FORWARD, "f32", "m", 10000, NULL); /* in flight */
   uint64_t t2 = request(e, MBD_CMD_FORWARD, "f32", "m", 10000, NULL); /* queued */
   int none = 0;
-  pump_until(e, &a->received, &none, 1, 3000);
+  pump_until(e, &a->received, &none, 1, EV_HANG_MS);
   assert_int_equal(a->received, 1);
-  assert_null(pump(e, 100)); /* t2 reaches the broker's queue */
+  /* The broker reads this client's messages in order: once it answers a
+   * STATUS sent after t2, t2 is in its queue. */
+  uint64_t ts = e->next_tag++;
+  send_body(e->client, MBD_CMD_STATUS, ts, NULL);
+  mbd_body *sb = expect_reply(e, ts, MBD_CMD_FINAL, EV_HANG_MS);
+  mbd_body_destroy(&sb);
   kill(e->pid, SIGTERM);
   expect_error(e, t2, MBD_E_BUSY, "shutting down", NULL, 0);
   expect_error(e, t1, MBD_E_WORKER_LOST, "shut down", NULL, 0);
-  int st = 0;
-  for (int i = 0; i < 300 && waitpid(e->pid, &st, WNOHANG) == 0; i++) usleep(10000);
+  int st = procs_wait_exit(e->pid, EV_HANG_MS);
+  assert_true(st != -1);
   assert_true(WIFEXITED(st));
   assert_int_equal(WEXITSTATUS(st), 0);
   e->pid = 0;
-  pump(e, 50);
+  pump_until(e, &a->disconnects, &none, 1, EV_HANG_MS);
   assert_true(a->disconnects >= 1);
 }
 

@@ -6,11 +6,14 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
 #include "common/safetensors.h"
-#include "test_service_util.h"
+#include "support/svc.h"
 
 static svc s;
 static mbd_client *c;
@@ -26,7 +29,7 @@ static int setup(void **state) {
   c = svc_client(&s);
   const char *names[] = {"w32"};
   mbd_worker_info w;
-  if (!c || svc_wait_workers(c, names, 1, NULL, &w, 20000) < 0) return -1;
+  if (!c || svc_wait_workers(c, names, 1, NULL, &w, EV_HANG_MS) < 0) return -1;
   snprintf(route32, sizeof route32, "%s", w.route_id);
   snprintf(path, sizeof path, "%s/expected.safetensors", s.fixture);
   return mbd_safetensors_open(path, &expected, NULL) ? -1 : 0;

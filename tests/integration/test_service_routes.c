@@ -9,10 +9,13 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <signal.h>
 
 #include <cmocka.h>
 
-#include "test_service_util.h"
+#include "support/svc.h"
 
 static svc s;
 static pid_t extra_worker;
@@ -51,7 +54,7 @@ static void test_routes(void **state) {
   assert_non_null(c);
   const char *names[] = {"w32", "w16"}, *n16[] = {"w16"};
   mbd_worker_info i32, i16;
-  assert_true(svc_wait_workers(c, names, 2, NULL, &i32, 20000) >= 0);
+  assert_true(svc_wait_workers(c, names, 2, NULL, &i32, EV_HANG_MS) >= 0);
   assert_true(svc_wait_workers(c, n16, 1, NULL, &i16, 1000) >= 0);
   assert_string_not_equal(i32.route_id, i16.route_id);
 
@@ -129,7 +132,7 @@ static void test_routes(void **state) {
   extra_worker = svc_spawn(&s, "late16.log", argv);
   const char *nl[] = {"late16"};
   mbd_worker_info il;
-  assert_true(svc_wait_workers(c, nl, 1, NULL, &il, 20000) >= 0);
+  assert_true(svc_wait_workers(c, nl, 1, NULL, &il, EV_HANG_MS) >= 0);
   assert_int_equal(forward(c, &want, &other, &err), 0);
   assert_string_equal(mbd_client_last_reply(c)->worker, "late16");
   assert_string_equal(mbd_client_last_reply(c)->route_id, il.route_id);

@@ -10,10 +10,14 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #include <cmocka.h>
 
-#include "integration/worker_harness.h"
+#include "support/wh_fixture.h"
+#include "support/wh_requests.h"
+#include "support/worker_harness.h"
 
 #define NS 32
 #define PROBE_TOKEN 7

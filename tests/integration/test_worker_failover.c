@@ -7,10 +7,15 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <signal.h>
+#include <sys/wait.h>
 
 #include <cmocka.h>
 
-#include "integration/worker_harness.h"
+#include "support/wh_fixture.h"
+#include "support/wh_requests.h"
+#include "support/worker_harness.h"
 
 #define NREQ 80
 

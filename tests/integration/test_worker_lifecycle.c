@@ -1,17 +1,25 @@
 /* Worker lifecycle through the real processes: re-registration after the
  * broker dies and a new one takes its endpoints (liveness), idle sessions
- * expiring (--session-idle-s), and SIGTERM during a running GENERATE: the
- * request gets exactly one final reply and the worker exits 0. Also a bad
+ * expiring (--session-idle-s; the worker's log line, then NOT_FOUND), and
+ * SIGTERM during a running GENERATE: the request gets exactly one final reply
+ * (counted until the broker lists no worker) and the worker exits 0. Also a bad
  * --model directory fails fast with a message naming it. */
 #include <stdlib.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <signal.h>
+#include <sys/wait.h>
 
 #include <cmocka.h>
+#include <zmq.h>
 
-#include "integration/worker_harness.h"
+#include "support/wh_requests.h"
+#include "support/worker_harness.h"
 
 static void test_bad_model_dir(void **state) {
   (void)state;
@@ -41,6 +49,35 @@ static void test_bad_model_dir(void **state) {
   wh_fini(&h);
 }
 
+/* Sends STATUS and reads replies until its answer, counting the final
+ * replies (FINAL/ERROR, which must be errors) of request `tag` on the way.
+ * Returns the number of workers STATUS listed, or -1 without an answer. */
+static int status_counting(wh *h, uint64_t tag, int *finals) {
+  wh_pack p;
+  wh_pack_init(&p);
+  msgpack_pack_map(&p.pk, 0);
+  uint64_t st = wh_send(h, MBD_CMD_STATUS, &p.sb, 0, NULL, NULL);
+  double guard = wh_now() + EV_HANG_MS / 1000.0;
+  while (wh_now() < guard) {
+    mbd_msg *m = wh_recv(h, 200);
+    if (!m) continue;
+    if (mbd_msg_tag(m) == tag && mbd_msg_cmd(m) != MBD_CMD_PARTIAL) {
+      (*finals)++;
+      assert_int_not_equal(wh_code(m), 0); /* shutting down / worker lost */
+    }
+    if (mbd_msg_tag(m) == st) {
+      mbd_body *b = wh_body(m);
+      const msgpack_object *ws = b ? mbd_obj_get(mbd_body_root(b), "workers") : NULL;
+      int n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? (int)ws->via.array.size : -1;
+      mbd_body_destroy(&b);
+      mbd_msg_destroy(&m);
+      return n;
+    }
+    mbd_msg_destroy(&m);
+  }
+  return -1;
+}
+
 static void test_reregister_idle_sigterm(void **state) {
   (void)state;
   wh h;
@@ -48,8 +85,11 @@ static void test_reregister_idle_sigterm(void **state) {
   if (rc == 77) exit(77); /* ctest: skipped */
   assert_int_equal(rc, 0);
   wh_start_broker(&h);
+  h.worker_logs = true; /* the idle expiry is seen in the worker's log */
   pid_t w = wh_start_worker(&h, "wA", "--session-idle-s", "1", "--liveness", "3", NULL);
-  assert_int_equal(wh_wait_workers(&h, 1, 30000), 0);
+  char log[400];
+  wh_worker_log(&h, "wA", log, sizeof log);
+  assert_int_equal(wh_wait_workers(&h, 1, EV_HANG_MS), 0);
   /* Broker dies; a new one binds the same endpoints: the worker notices the
    * silence and registers again. */
   assert_true(wh_stop(h.broker, SIGKILL) < 0);
@@ -57,9 +97,10 @@ static void test_reregister_idle_sigterm(void **state) {
   zmq_ctx_term(h.zctx);
   wh_start_broker(&h);
   double t0 = wh_now();
-  assert_int_equal(wh_wait_workers(&h, 1, 15000), 0);
+  assert_int_equal(wh_wait_workers(&h, 1, EV_HANG_MS), 0);
   fprintf(stderr, "re-registered %.2f s after the new broker started\n", wh_now() - t0);
-  /* Idle expiry: a session untouched for > 1 s is closed. */
+  /* Idle expiry: a session untouched for > 1 s is closed; the worker logs it,
+   * and a STEP after that finds no session. */
   char sid[64] = "";
   mbd_msg *m = wh_open(&h, sid, sizeof sid);
   assert_int_equal(wh_code(m), 0);
@@ -68,7 +109,10 @@ static void test_reregister_idle_sigterm(void **state) {
   m = wh_wait(&h, wh_send_prefill(&h, sid, ids, 3, true), 30000);
   assert_int_equal(wh_code(m), 0);
   mbd_msg_destroy(&m);
-  usleep(2600000);
+  if (!ev_wait_lines(log, "closed 1 idle session", 1, EV_HANG_MS)) {
+    procs_sh("cat '%s' >&2", log);
+    fail_msg("the worker never logged 'closed 1 idle session' (log above)");
+  }
   m = wh_wait(&h, wh_send_step(&h, sid, 1), 30000);
   assert_int_equal(wh_code(m), MBD_E_NOT_FOUND);
   mbd_msg_destroy(&m);
@@ -90,15 +134,12 @@ static void test_reregister_idle_sigterm(void **state) {
   assert_int_equal(partials, 3);
   assert_int_equal(wh_stop(w, SIGTERM), 0);
   h.procs[0] = 0;
-  end = wh_now() + 5;
-  while (wh_now() < end) {
-    m = wh_recv(&h, 200);
-    if (m && mbd_msg_tag(m) == tag && mbd_msg_cmd(m) != MBD_CMD_PARTIAL) {
-      finals++;
-      assert_int_not_equal(wh_code(m), 0); /* shutting down / worker lost */
-    }
-    mbd_msg_destroy(&m);
-  }
+  /* Once STATUS lists no worker the broker has handled every message of the
+   * gone worker, and it answered them on this socket before that STATUS. */
+  int listed = 1;
+  double guard = wh_now() + EV_HANG_MS / 1000.0;
+  while ((listed != 0 || finals == 0) && wh_now() < guard) listed = status_counting(&h, tag, &finals);
+  assert_int_equal(listed, 0);
   assert_int_equal(finals, 1);
   wh_fini(&h);
 }

@@ -9,10 +9,15 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <signal.h>
 
 #include <cmocka.h>
 
-#include "integration/worker_harness.h"
+#include "support/wh_fixture.h"
+#include "support/wh_requests.h"
+#include "support/worker_harness.h"
 
 static wh g_h;
 static wh_fixture g_f;

@@ -8,11 +8,18 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/mman.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "kernels/cpu/gemm.h"
-#include "integration/worker_harness.h"
+#include "support/wh_fixture.h"
+#include "support/wh_requests.h"
+#include "support/worker_harness.h"
 
 static wh g_h;
 static wh_fixture g_f;

@@ -17,7 +17,7 @@
 #include <cmocka.h>
 
 #include "common/safetensors.h"
-#include "integration/procs.h"
+#include "support/procs.h"
 #ifdef MBD_HAVE_CUDA
 #include "kernels/cuda/gpu_ctx.h"
 #endif
@@ -39,6 +39,13 @@ static int teardown(void **state) {
   return 0;
 }
 
+/* Skips the calling test, with the reason, when MBD_BIN_DIR is not set. */
+static void need_bin(void) {
+  if (bin[0]) return;
+  print_message("MBD_BIN_DIR is not set (ctest sets it to the built programs)\n");
+  skip();
+}
+
 static const mbd_st_entry *need(mbd_safetensors *st, const char *name, mbd_dtype dt, int ndim) {
   const mbd_st_entry *e = mbd_safetensors_find(st, name);
   assert_non_null(e);
@@ -49,7 +56,7 @@ static const mbd_st_entry *need(mbd_safetensors *st, const char *name, mbd_dtype
 
 static void test_synth_run(void **state) {
   (void)state;
-  if (!bin[0]) skip();
+  need_bin();
   assert_int_equal(procs_sh("%s/mambad-model synth --shape custom --d-model 96 --layers 2 "
                             "--vocab 300 --seed 5 --out %s/m 2>/dev/null",
                             bin, tmp),
@@ -101,7 +108,11 @@ static void test_fixture_greedy(void **state) {
   const char *fx = getenv("MBD_FIXTURES_DIR");
   char exp[1024];
   snprintf(exp, sizeof(exp), "%s/mamba1/tiny-d64/expected.safetensors", fx ? fx : "");
-  if (!bin[0] || !fx || access(exp, R_OK) != 0) skip();
+  need_bin();
+  if (!fx || access(exp, R_OK) != 0) {
+    print_message("fixture %s not found (MBD_FIXTURES_DIR)\n", exp);
+    skip();
+  }
   mbd_safetensors *e = NULL, *o = NULL;
   mbd_error err = {0};
   assert_int_equal(mbd_safetensors_open(exp, &e, &err), 0);
@@ -124,7 +135,7 @@ static void test_fixture_greedy(void **state) {
 
 static void test_bad_inputs(void **state) {
   (void)state;
-  if (!bin[0]) skip();
+  need_bin();
   assert_int_equal(procs_sh("%s/mambad-run --help >/dev/null", bin), 0);
   assert_int_equal(procs_sh("%s/mambad-run >/dev/null 2>&1", bin), 2);
   assert_int_equal(procs_sh("%s/mambad-run --model %s/nope --input %s/in.safetensors --output "
@@ -165,7 +176,7 @@ static void test_bad_inputs(void **state) {
  * backend) fails with a message saying so. */
 static void test_backend_flags(void **state) {
   (void)state;
-  if (!bin[0]) skip();
+  need_bin();
   assert_int_equal(procs_sh("%s/mambad-model synth --shape custom --d-model 32 --layers 1 "
                             "--vocab 50 --seed 3 --out %s/mb 2>/dev/null",
                             bin, tmp),
@@ -197,8 +208,8 @@ static void test_backend_flags(void **state) {
   mbd_error err = {0};
   if (mbd_gpu_ctx_new(&cfg, &ctx, &err) == 0) {
     mbd_gpu_ctx_destroy(&ctx);
-    printf("a CUDA device is present: the no-GPU case is left to tests/gpu/test_run_cli_gpu\n");
-    return;
+    print_message("a CUDA device is present: the no-GPU case is left to tests/gpu/test_run_cli_gpu\n");
+    skip();
   }
   assert_non_null(strstr(err.msg, "no CUDA device")); /* this machine has none */
   assert_int_equal(procs_sh(run, bin, tmp, tmp, tmp, "--backend cuda", tmp), 1);

@@ -1,5 +1,7 @@
-/* Route identity: name parsers, canonical encoding round trip, id stability
- * and sensitivity to every field, decode errors, constraint matching. */
+/* Route identity: name parsers, golden encodings and ids (fixed identities
+ * whose canonical bytes and SHA-256 are spelled out, so any drift in the
+ * encoding or the id fails), round trip, id stability and sensitivity to
+ * every field, decode errors, constraint matching. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -31,6 +33,118 @@ static mbd_route_identity sample(void) {
   r.decode = MBD_DECODE_PERSISTENT;
   r.state_capacity = 4096;
   return r;
+}
+
+/* Golden vectors. The bytes are docs/route.md's "Canonical encoding and id"
+ * layout; the ids were computed outside this code base (`sha256sum` of the
+ * bytes). A change here is a new route format: bump MBD_ROUTE_FORMAT_VERSION
+ * and docs/route.md with it, never just the expected strings. */
+typedef struct golden {
+  mbd_route_identity r;
+  const char *encoding;
+  const char *id;
+} golden;
+
+static golden golden_cpu(void) {
+  golden g;
+  memset(&g, 0, sizeof g);
+  g.r.mode = MBD_GEMM_DETERMINISTIC;
+  g.r.policy = MBD_POLICY_F32;
+  g.r.family = MBD_FAMILY_INFERENCE;
+  g.r.backend = MBD_BACKEND_CPU;
+  snprintf(g.r.isa, sizeof g.r.isa, "x86-64-v3");
+  snprintf(g.r.kernel_digest, sizeof g.r.kernel_digest, "%s",
+           "dd56de4137951d9c92681b03416ec15f886b4482a27e3a517d32f085244cbe5d");
+  snprintf(g.r.compiler, sizeof g.r.compiler, "12.2.0");
+  snprintf(g.r.device_name, sizeof g.r.device_name, "cpu");
+  g.r.dispatch_rev = 1;
+  g.r.state_capacity = 64;
+  g.encoding = "mambad-route/2\n"
+               "backend=cpu\n"
+               "mode=deterministic\n"
+               "dtype=f32\n"
+               "family=inference\n"
+               "isa=x86-64-v3\n"
+               "kernels=dd56de4137951d9c92681b03416ec15f886b4482a27e3a517d32f085244cbe5d\n"
+               "compiler=12.2.0\n"
+               "device=cpu\n"
+               "cc=0.0\n"
+               "sms=0\n"
+               "libraries=\n"
+               "dispatch=1\n"
+               "decode=per-op\n"
+               "state_capacity=64\n";
+  g.id = "56141f8eafe2a529217c9beedb6e011be69875d712d9a9db043ea807200846fd";
+  return g;
+}
+
+static golden golden_cuda(void) {
+  golden g;
+  memset(&g, 0, sizeof g);
+  g.r.mode = MBD_GEMM_CUBLAS_PEDANTIC;
+  g.r.policy = MBD_POLICY_BF16;
+  g.r.family = MBD_FAMILY_TRIAD;
+  g.r.backend = MBD_BACKEND_CUDA;
+  snprintf(g.r.isa, sizeof g.r.isa, "sm_90a");
+  snprintf(g.r.kernel_digest, sizeof g.r.kernel_digest, "%s",
+           "0000000000000000000000000000000000000000000000000000000000000abc");
+  snprintf(g.r.compiler, sizeof g.r.compiler, "nvcc 12.8 / gcc 12.2");
+  snprintf(g.r.device_name, sizeof g.r.device_name, "NVIDIA H200");
+  g.r.cc_major = 9;
+  g.r.cc_minor = 0;
+  g.r.sm_count = 132;
+  snprintf(g.r.libraries, sizeof g.r.libraries, "cublas 12.8.4");
+  g.r.dispatch_rev = 3;
+  g.r.decode = MBD_DECODE_PERSISTENT;
+  g.r.state_capacity = 4096;
+  g.encoding = "mambad-route/2\n"
+               "backend=cuda\n"
+               "mode=cublas-pedantic\n"
+               "dtype=bf16\n"
+               "family=triad\n"
+               "isa=sm_90a\n"
+               "kernels=0000000000000000000000000000000000000000000000000000000000000abc\n"
+               "compiler=nvcc 12.8 / gcc 12.2\n"
+               "device=NVIDIA H200\n"
+               "cc=9.0\n"
+               "sms=132\n"
+               "libraries=cublas 12.8.4\n"
+               "dispatch=3\n"
+               "decode=persistent\n"
+               "state_capacity=4096\n";
+  g.id = "1d88ba8ad85057cb725bafec60f671e256dadbfa3e9c87163b7f6dc54dfb0074";
+  return g;
+}
+
+static void check_golden(const golden *g) {
+  char buf[1024], id[65];
+  size_t len = 0;
+  mbd_error err = {0};
+  assert_int_equal(mbd_route_encode(&g->r, buf, sizeof buf, &len, &err), MBD_OK);
+  if (len != strlen(g->encoding) || memcmp(buf, g->encoding, len))
+    fail_msg("route encoding drifted:\n--- got (%zu bytes)\n%s--- want (%zu bytes)\n%s", len, buf,
+             strlen(g->encoding), g->encoding);
+  mbd_route_id_hex(&g->r, id);
+  assert_string_equal(id, g->id);
+  /* The id is a function of the bytes alone: hashing the golden text gives it. */
+  uint8_t d[32];
+  mbd_sha256(g->encoding, strlen(g->encoding), d);
+  mbd_sha256_hex(d, id);
+  assert_string_equal(id, g->id);
+  /* And the golden bytes decode to the identity they came from. */
+  mbd_route_identity back;
+  assert_int_equal(mbd_route_decode(g->encoding, strlen(g->encoding), &back, &err), MBD_OK);
+  assert_memory_equal(&back, &g->r, sizeof back);
+}
+
+static void test_golden(void **state) {
+  (void)state;
+  golden c = golden_cpu(), g = golden_cuda();
+  check_golden(&c);
+  check_golden(&g);
+  /* The CUDA golden identity is sample()'s: the tests below vary the pinned one. */
+  mbd_route_identity s = sample();
+  assert_memory_equal(&s, &g.r, sizeof s);
 }
 
 static void test_names_and_parsers(void **state) {
@@ -93,7 +207,7 @@ static void test_encode_decode(void **state) {
   mbd_error err = {0};
   assert_int_equal(mbd_route_encode(&r, buf, sizeof buf, &len, &err), MBD_OK);
   assert_int_equal(strlen(buf), len);
-  assert_int_equal(strncmp(buf, "mambad-route/1\nbackend=cuda\nmode=cublas-pedantic\n", 48), 0);
+  assert_int_equal(strncmp(buf, "mambad-route/2\nbackend=cuda\nmode=cublas-pedantic\n", 48), 0);
   assert_non_null(strstr(buf, "\ncc=9.0\nsms=132\n"));
   assert_non_null(strstr(buf, "\ndispatch=3\ndecode=persistent\nstate_capacity=4096\n"));
   assert_int_equal(mbd_route_decode(buf, len, &back, &err), MBD_OK);
@@ -128,6 +242,12 @@ static void test_encode_decode(void **state) {
   assert_int_equal(mbd_route_decode(buf, len, &back, &err), MBD_OK);
   assert_int_equal(back.backend, MBD_BACKEND_CUDA);
   assert_string_equal(back.device_name, "evil backend=cpu");
+  /* '=' and '\r' in a value: the key is cut at the first '=', '\r' becomes a space. */
+  snprintf(r.device_name, sizeof r.device_name, "a=b\rc");
+  assert_int_equal(mbd_route_encode(&r, buf, sizeof buf, &len, &err), MBD_OK);
+  assert_non_null(strstr(buf, "\ndevice=a=b c\n"));
+  assert_int_equal(mbd_route_decode(buf, len, &back, &err), MBD_OK);
+  assert_string_equal(back.device_name, "a=b c");
 }
 
 static void test_decode_errors(void **state) {
@@ -138,8 +258,8 @@ static void test_decode_errors(void **state) {
   mbd_error err = {0};
   assert_int_equal(mbd_route_encode(&r, buf, sizeof buf, &len, &err), MBD_OK);
   assert_int_equal(mbd_route_decode(buf, 0, &back, &err), MBD_E_FORMAT);
-  assert_int_equal(mbd_route_decode("mambad-route/2\n", 15, &back, &err), MBD_E_FORMAT);
-  assert_non_null(strstr(err.msg, "mambad-route/1"));
+  assert_int_equal(mbd_route_decode("mambad-route/1\n", 15, &back, &err), MBD_E_FORMAT);
+  assert_non_null(strstr(err.msg, "mambad-route/2"));
   char big[2048];
   memset(big, 'a', sizeof big);
   assert_int_equal(mbd_route_decode(big, sizeof big, &back, &err), MBD_E_FORMAT);
@@ -285,7 +405,8 @@ static void test_matching(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_names_and_parsers), cmocka_unit_test(test_encode_decode),
+      cmocka_unit_test(test_golden),            cmocka_unit_test(test_names_and_parsers),
+      cmocka_unit_test(test_encode_decode),
       cmocka_unit_test(test_decode_errors),     cmocka_unit_test(test_id),
       cmocka_unit_test(test_matching),
   };

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -582,6 +583,176 @@ static void test_open_errors(void **state) {
   assert_null(mbd_safetensors_metadata(NULL, "x"));
 }
 
+/* ---- checkpoint directories (mbd_st_dir) ---- */
+
+static char g_ck[128]; /* g_dir/ck: one checkpoint directory per case */
+
+static void ck_clear(void) {
+  DIR *d = opendir(g_ck);
+  struct dirent *de;
+  while (d && (de = readdir(d))) {
+    if (de->d_name[0] == '.') continue;
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", g_ck, de->d_name);
+    unlink(p);
+  }
+  if (d) closedir(d);
+}
+
+static void ck_begin(void) {
+  snprintf(g_ck, sizeof g_ck, "%s/ck", g_dir);
+  mkdir(g_ck, 0700);
+  ck_clear();
+}
+
+static void ck_end(void) {
+  ck_clear();
+  rmdir(g_ck);
+}
+
+static void ck_text(const char *file, const char *text) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/%s", g_ck, file);
+  FILE *f = fopen(p, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(text, 1, strlen(text), f), strlen(text));
+  fclose(f);
+}
+
+/* A shard holding tensors named in a comma-separated list: "a" f32 [2,3]
+ * (g_f32), "b" bf16 [5] (g_bf16), anything else f16 [3] (g_f16). */
+static void ck_shard(const char *file, const char *names) {
+  mbd_st_writer *w = NULL;
+  mbd_error err = {0};
+  assert_int_equal(mbd_st_writer_new(&w, &err), MBD_OK);
+  char list[128], *save = NULL;
+  snprintf(list, sizeof list, "%s", names);
+  for (char *n = strtok_r(list, ",", &save); n; n = strtok_r(NULL, ",", &save)) {
+    mbd_tensor_desc d;
+    const void *data = g_f16;
+    if (!strcmp(n, "a")) {
+      assert_int_equal(mbd_tensor_desc_make(&d, MBD_DTYPE_F32, 2, (int64_t[]){2, 3}, &err), 0);
+      data = g_f32;
+    } else if (!strcmp(n, "b")) {
+      assert_int_equal(mbd_tensor_desc_make(&d, MBD_DTYPE_BF16, 1, (int64_t[]){5}, &err), 0);
+      data = g_bf16;
+    } else {
+      assert_int_equal(mbd_tensor_desc_make(&d, MBD_DTYPE_F16, 1, (int64_t[]){3}, &err), 0);
+    }
+    assert_int_equal(mbd_st_writer_add(w, n, &d, data, &err), MBD_OK);
+  }
+  char p[512];
+  snprintf(p, sizeof p, "%s/%s", g_ck, file);
+  assert_int_equal(mbd_st_writer_write(w, p, &err), MBD_OK);
+  mbd_st_writer_destroy(&w);
+}
+
+static void test_dir_single(void **state) {
+  (void)state;
+  ck_begin();
+  mbd_st_dir *d = (mbd_st_dir *)1;
+  mbd_error err = {0};
+  assert_int_equal(mbd_st_dir_open(g_ck, &d, &err), MBD_E_IO); /* empty directory */
+  assert_null(d);
+  assert_non_null(strstr(err.msg, "model.safetensors"));
+  ck_shard("model.safetensors", "a,b");
+  assert_int_equal(mbd_st_dir_open(g_ck, &d, &err), MBD_OK);
+  assert_int_equal(mbd_st_dir_shards(d), 1);
+  const mbd_st_entry *e = NULL;
+  assert_int_equal(mbd_st_dir_get_float(d, "a", 2, (int64_t[]){2, 3}, &e, &err), MBD_OK);
+  check_entry(e, "a", MBD_DTYPE_F32, 2, (int64_t[]){2, 3}, g_f32, 24);
+  assert_int_equal(mbd_st_dir_get_float(d, "a", 2, (int64_t[]){3, 2}, &e, &err), MBD_E_SHAPE);
+  assert_non_null(strstr(err.msg, "config says"));
+  assert_int_equal(mbd_st_dir_get_float(d, "zz", 1, (int64_t[]){1}, &e, &err), MBD_E_NOT_FOUND);
+  assert_non_null(strstr(err.msg, "tensor zz is missing"));
+  float *v = NULL;
+  size_t n = 0;
+  assert_int_equal(mbd_st_dir_read_f32(d, "b", 1, (int64_t[]){5}, &v, &n, &err), MBD_OK);
+  assert_int_equal(n, 5);
+  assert_true(v[0] == 1.0f && v[1] == -1.0f && isnan(v[2]));
+  free(v);
+  mbd_st_dir_destroy(&d);
+  assert_null(d);
+  mbd_st_dir_destroy(&d); /* NULL-safe */
+  ck_end();
+}
+
+static void test_dir_sharded(void **state) {
+  (void)state;
+  ck_begin();
+  ck_shard("m-1.safetensors", "a,c");
+  ck_shard("m-2.safetensors", "b");
+  ck_shard("model.safetensors", "a"); /* the index wins over a stray single file */
+  ck_text("model.safetensors.index.json",
+          "{\"metadata\": {\"total_size\": 40}, \"weight_map\": {\"a\": \"m-1.safetensors\", "
+          "\"b\": \"m-2.safetensors\", \"c\": \"m-1.safetensors\"}}");
+  mbd_st_dir *d = NULL;
+  mbd_error err = {0};
+  assert_int_equal(mbd_st_dir_open(g_ck, &d, &err), MBD_OK);
+  assert_int_equal(mbd_st_dir_shards(d), 2);
+  check_entry(mbd_st_dir_find(d, "a"), "a", MBD_DTYPE_F32, 2, (int64_t[]){2, 3}, g_f32, 24);
+  check_entry(mbd_st_dir_find(d, "b"), "b", MBD_DTYPE_BF16, 1, (int64_t[]){5}, g_bf16, 10);
+  check_entry(mbd_st_dir_find(d, "c"), "c", MBD_DTYPE_F16, 1, (int64_t[]){3}, g_f16, 6);
+  assert_null(mbd_st_dir_find(d, "d"));
+  assert_float_equal(mbd_st_entry_f32(mbd_st_dir_find(d, "c"), 0), 1.0f, 0.0f);
+  mbd_st_dir_destroy(&d);
+  ck_end();
+}
+
+/* Each malformed index: its error code and a word of its message. */
+static void test_dir_bad_index(void **state) {
+  (void)state;
+  static const struct {
+    const char *index, *code_word;
+    int code;
+  } cases[] = {
+      {"{\"weight_map\": ", "not JSON", MBD_E_FORMAT},
+      {"[1, 2]", "not a JSON object", MBD_E_FORMAT},
+      {"{\"metadata\": {}}", "no weight_map", MBD_E_FORMAT},
+      {"{\"weight_map\": [\"s1.safetensors\"]}", "not an object", MBD_E_FORMAT},
+      {"{\"weight_map\": {}}", "empty", MBD_E_FORMAT},
+      {"{\"weight_map\": {\"a\": 7}}", "an integer", MBD_E_FORMAT},
+      {"{\"weight_map\": {\"a\": \"../s1.safetensors\"}}", "file name", MBD_E_FORMAT},
+      {"{\"weight_map\": {\"a\": \"sub/s1.safetensors\"}}", "file name", MBD_E_FORMAT},
+      {"{\"weight_map\": {\"a\": \"\"}}", "file name", MBD_E_FORMAT},
+      {"{\"weight_map\": {\"a\": \"s1.safetensors\", \"a\": \"s1.safetensors\"}}", "duplicate",
+       MBD_E_FORMAT},
+      {"{\"weight_map\": {\"a\": \"missing.safetensors\"}}", "missing.safetensors", MBD_E_IO},
+      {"{\"weight_map\": {\"a\": \"s1.safetensors\", \"b\": \"s1.safetensors\", \"x\": "
+       "\"s2.safetensors\", \"q\": \"s2.safetensors\"}}",
+       "does not hold it", MBD_E_FORMAT},
+      {"{\"weight_map\": {\"a\": \"s1.safetensors\"}}", "does not list", MBD_E_FORMAT},
+      {"{\"weight_map\": {\"a\": \"s1.safetensors\", \"b\": \"s1.safetensors\", \"y\": "
+       "\"s3.safetensors\"}}",
+       "another shard", MBD_E_FORMAT}, /* s3 holds a too */
+      {"{\"weight_map\": {\"a\": \"bad.safetensors\"}}", "bad.safetensors", MBD_E_FORMAT},
+  };
+  ck_begin();
+  ck_shard("s1.safetensors", "a,b");
+  ck_shard("s2.safetensors", "x");
+  ck_shard("s3.safetensors", "a,y");
+  ck_text("bad.safetensors", "\x10\0\0\0\0\0\0\0{not json}");
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ck_text("model.safetensors.index.json", cases[i].index);
+    mbd_st_dir *d = (mbd_st_dir *)1;
+    mbd_error err = {0};
+    int rc = mbd_st_dir_open(g_ck, &d, &err);
+    if (rc != cases[i].code || !strstr(err.msg, cases[i].code_word))
+      fail_msg("case %zu (%s): rc %d, message '%s'", i, cases[i].index, rc, err.msg);
+    assert_null(d);
+  }
+  /* The good index over the same shards opens. */
+  ck_text("model.safetensors.index.json",
+          "{\"weight_map\": {\"a\": \"s1.safetensors\", \"b\": \"s1.safetensors\", \"x\": "
+          "\"s2.safetensors\"}}");
+  mbd_st_dir *d = NULL;
+  mbd_error err = {0};
+  assert_int_equal(mbd_st_dir_open(g_ck, &d, &err), MBD_OK);
+  assert_int_equal(mbd_st_dir_shards(d), 2);
+  mbd_st_dir_destroy(&d);
+  ck_end();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip),    cmocka_unit_test(test_exact_layout),
@@ -589,6 +760,8 @@ int main(void) {
       cmocka_unit_test(test_broken_corpus), cmocka_unit_test(test_framing),
       cmocka_unit_test(test_valid_edges),   cmocka_unit_test(test_truncations),
       cmocka_unit_test(test_bit_flips),     cmocka_unit_test(test_open_errors),
+      cmocka_unit_test(test_dir_single),    cmocka_unit_test(test_dir_sharded),
+      cmocka_unit_test(test_dir_bad_index),
   };
   return cmocka_run_group_tests(tests, setup_dir, teardown_dir);
 }

@@ -13,6 +13,7 @@
 
 #include "common/protocol.h"
 #include "common/wire.h"
+#include "support/events.h"
 
 typedef struct {
   void *ctx, *router, *dealer;
@@ -162,7 +163,9 @@ static void test_zero_copy_ref(void **state) {
   assert_int_equal(mbd_msg_tag(r), 5);
   mbd_msg_destroy(&r);
   /* inproc hands the zmq_msg over; freeing may lag on the I/O thread. */
-  for (int i = 0; i < 200 && __atomic_load_n(&g_freed, __ATOMIC_SEQ_CST) == 0; i++) usleep(5000);
+  for (int64_t end = ev_now_ms() + EV_HANG_MS;
+       __atomic_load_n(&g_freed, __ATOMIC_SEQ_CST) == 0 && ev_now_ms() < end;)
+    ev_nap_ms(5);
   assert_int_equal(__atomic_load_n(&g_freed, __ATOMIC_SEQ_CST), 1);
 }
 

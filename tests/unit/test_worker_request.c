@@ -18,7 +18,7 @@
 #include "common/protocol.h"
 #include "common/wire.h"
 #include "worker/request.h"
-#include "worker/state_blob.h"
+#include "kernels/state_blob.h"
 #include "worker/worker.h"
 
 typedef struct {
@@ -386,6 +386,26 @@ static void test_opts(void **state) {
   assert_true(strlen(o.host_id) > 0);
 }
 
+/* Copies src to dst byte for byte; flips byte `flip` of the copy when >= 0. */
+static void copy_file(const char *src, const char *dst, long flip) {
+  FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+  assert_non_null(in);
+  assert_non_null(out);
+  char buf[65536];
+  size_t n;
+  long at = 0;
+  while ((n = fread(buf, 1, sizeof buf, in)) > 0) {
+    if (flip >= at && flip < at + (long)n) buf[flip - at] ^= 0x01;
+    at += (long)n;
+    assert_int_equal(fwrite(buf, 1, n, out), n);
+  }
+  fclose(in);
+  assert_int_equal(fclose(out), 0);
+}
+
+/* The model digest covers config.json and every *.safetensors by content:
+ * a copy of the fixture has the same digest, one flipped byte in either file
+ * gives another. */
 static void test_model_digest(void **state) {
   (void)state;
   const char *fx = getenv("MBD_FIXTURES_DIR");
@@ -393,19 +413,35 @@ static void test_model_digest(void **state) {
   char d1[65], d2[65], dir[1024];
   assert_int_equal(mbd_worker_model_digest("/nonexistent-dir", d1, &err), MBD_E_NOT_FOUND);
   assert_int_equal(mbd_worker_model_digest("/", d1, &err), MBD_E_NOT_FOUND); /* no weights */
-  if (!fx) skip();
+  if (!fx) {
+    print_message("MBD_FIXTURES_DIR is not set (ctest sets it): fixture digests skipped\n");
+    skip();
+  }
   snprintf(dir, sizeof dir, "%s/mamba1/tiny-d64", fx);
   assert_int_equal(mbd_worker_model_digest(dir, d1, &err), 0);
   assert_int_equal(strlen(d1), 64);
   assert_int_equal(mbd_worker_model_digest(dir, d2, &err), 0);
   assert_string_equal(d1, d2);
-  snprintf(dir, sizeof dir, "%s/mamba1/small-d256", fx);
-  if (access(dir, R_OK)) {
-    print_message("small-d256 fixture not found (%s): digest inequality skipped\n", dir);
-    return;
+
+  char tmp[] = "/tmp/mbd-digest-XXXXXX";
+  assert_non_null(mkdtemp(tmp));
+  const char *files[] = {"config.json", "model.safetensors", "expected.safetensors"};
+  char src[1200], dst[1200];
+  for (int changed = -1; changed < 2; changed++) {
+    for (int i = 0; i < 3; i++) {
+      snprintf(src, sizeof src, "%s/%s", dir, files[i]);
+      snprintf(dst, sizeof dst, "%s/%s", tmp, files[i]);
+      copy_file(src, dst, i == changed ? 100 : -1); /* byte 100: inside the JSON / the header */
+    }
+    assert_int_equal(mbd_worker_model_digest(tmp, d2, &err), 0);
+    if (changed < 0) assert_string_equal(d1, d2);
+    else if (!strcmp(d1, d2)) fail_msg("a flipped byte in %s left the digest %s", files[changed], d2);
   }
-  assert_int_equal(mbd_worker_model_digest(dir, d2, &err), 0);
-  assert_string_not_equal(d1, d2);
+  for (int i = 0; i < 3; i++) {
+    snprintf(dst, sizeof dst, "%s/%s", tmp, files[i]);
+    unlink(dst);
+  }
+  rmdir(tmp);
 }
 
 int main(void) {

@@ -13,23 +13,15 @@
  *          y = round(acc + b). Every configuration issues the same mma chain per
  *          output element; tiles only change which warp issues it.
  *          That is the pre-Hopper route; an sm_90a build on a cc 9.0 device runs
- *          the wgmma chain instead (contract at mbd_wg_params below).
+ *          the wgmma chain instead (contract in the sm_90a section below).
  * No split-K, no atomics. Names are extern "C" so the host finds them by name. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 
 #include "async_copy.cuh"
+#include "gemm_params.h"
 #include "mma_m16n8k16.cuh"
-
-struct mbd_gemm_params {
-  const void *x;    /* [M,K] row-major */
-  const void *w;    /* [N,K] row-major (HF [out,in]) */
-  const void *bias; /* [N] in the input dtype, or NULL */
-  void *y;          /* [M,N] row-major, f32 or the input dtype */
-  int m, n, k;
-  int out_f32; /* 1: y is f32; 0: y has the input dtype */
-};
 
 /* ---------------- f32 / tf32: SIMT, one fmaf per K step ---------------- */
 
@@ -116,12 +108,12 @@ __device__ __forceinline__ void sgemm_body(const mbd_gemm_params &p) {
       name(const mbd_gemm_params p) {                                                     \
     sgemm_body<BM, BN, BK, TM, TN, TF>(p);                                               \
   }
-MBD_SGEMM(mbd_sgemm_f32_s, 16, 32, 128, 2, 2, false)
-MBD_SGEMM(mbd_sgemm_f32_m, 64, 64, 16, 4, 4, false)
-MBD_SGEMM(mbd_sgemm_f32_l, 128, 128, 8, 8, 8, false)
-MBD_SGEMM(mbd_sgemm_tf32_s, 16, 32, 128, 2, 2, true)
-MBD_SGEMM(mbd_sgemm_tf32_m, 64, 64, 16, 4, 4, true)
-MBD_SGEMM(mbd_sgemm_tf32_l, 128, 128, 8, 8, 8, true)
+#define MBD_SGEMM_F32(n, BM, BN, BK, TM, TN)                                             \
+  MBD_SGEMM(mbd_sgemm_f32_##n, BM, BN, BK, TM, TN, false)
+#define MBD_SGEMM_TF32(n, BM, BN, BK, TM, TN)                                            \
+  MBD_SGEMM(mbd_sgemm_tf32_##n, BM, BN, BK, TM, TN, true)
+MBD_SGEMM_TILES(MBD_SGEMM_F32) /* tiles: gemm_params.h */
+MBD_SGEMM_TILES(MBD_SGEMM_TF32)
 
 /* ---------------- bf16 / f16: mma.sync m16n8k16, cp.async pipeline ---------------- */
 
@@ -272,17 +264,13 @@ __device__ __forceinline__ void hgemm_body(const mbd_gemm_params &p) {
       name(const mbd_gemm_params p) {                                                      \
     hgemm_body<T, BM, BN, BK, WM, WN, ST, VEC>(p);                                        \
   }
-/* Tile configurations (scheduling only; see the contract above):
- *   s: M <= 16, weight streaming (decode)  m: M <= 64  n: medium  l: large M */
-#define MBD_HGEMM_ALL(ty, T)                                                              \
-  MBD_HGEMM(mbd_hgemm_##ty##_s_v, T, 16, 32, 128, 16, 8, 4, true)                         \
-  MBD_HGEMM(mbd_hgemm_##ty##_m_v, T, 64, 32, 64, 32, 16, 4, true)                         \
-  MBD_HGEMM(mbd_hgemm_##ty##_n_v, T, 64, 64, 32, 32, 32, 4, true)                         \
-  MBD_HGEMM(mbd_hgemm_##ty##_l_v, T, 128, 128, 64, 64, 32, 3, true)                       \
-  MBD_HGEMM(mbd_hgemm_##ty##_s_e, T, 16, 32, 128, 16, 8, 2, false)                        \
-  MBD_HGEMM(mbd_hgemm_##ty##_m_e, T, 64, 32, 64, 32, 16, 2, false)                        \
-  MBD_HGEMM(mbd_hgemm_##ty##_n_e, T, 64, 64, 32, 32, 32, 2, false)                        \
-  MBD_HGEMM(mbd_hgemm_##ty##_l_e, T, 128, 128, 64, 64, 32, 2, false)
+/* Tile configurations (scheduling only; see the contract above): gemm_params.h.
+ * Per dtype the 16-byte cp.async kernels (_v), then the element-load ones (_e). */
+#define MBD_HGEMM_V(ty, T, n, BM, BN, BK, WM, WN, SV, SE)                                 \
+  MBD_HGEMM(mbd_hgemm_##ty##_##n##_v, T, BM, BN, BK, WM, WN, SV, true)
+#define MBD_HGEMM_E(ty, T, n, BM, BN, BK, WM, WN, SV, SE)                                 \
+  MBD_HGEMM(mbd_hgemm_##ty##_##n##_e, T, BM, BN, BK, WM, WN, SE, false)
+#define MBD_HGEMM_ALL(ty, T) MBD_HGEMM_TILES(MBD_HGEMM_V, ty, T) MBD_HGEMM_TILES(MBD_HGEMM_E, ty, T)
 MBD_HGEMM_ALL(bf16, __nv_bfloat16)
 MBD_HGEMM_ALL(f16, __half)
 
@@ -321,18 +309,8 @@ MBD_HGEMM_ALL(f16, __half)
  * then full/empty mbarriers. When M < BM the X box covers only the M rows
  * that exist (the copy engine's zero fill of absent rows was measured slower
  * than real loads). Rows past M
- * only feed output rows that are never stored. */
-#include <cuda.h> /* CUtensorMap */
-
-#define MBD_WG_KCH 256 /* K per chunk of the rev-4 contract */
-
-struct mbd_wg_params {
-  CUtensorMap tx; /* X [M,K], box {64, 64*CWG}, 128B swizzle, zero fill */
-  CUtensorMap tw; /* W [N,K], box {64, BN} */
-  mbd_gemm_params p;
-  int tiles_m, tiles_n;
-  int a_rows; /* rows of X the TMA box brings per stage (min(M, BM)) */
-};
+ * only feed output rows that are never stored. The parameter block
+ * (mbd_wg_params) and MBD_WG_KCH are in gemm_params.h. */
 
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -344,182 +322,55 @@ template <typename T, int N> struct wgmma_op {
 };
 
 #ifdef MBD_HAVE_WGMMA
-/* Generated: one wrapper per (dtype, N); scale-d = 1 (acc += A*B), no transposes. */
-template <> __device__ __forceinline__ void wgmma_op<__nv_bfloat16, 16>::run(float *d, uint64_t da,
-                                                                uint64_t db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7"
-               "}, %8, %9, p, 1, 1, 0, 0;\n}\n"
-               :
-                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-               : "l"(da), "l"(db));
-}
-template <> __device__ __forceinline__ void wgmma_op<__nv_bfloat16, 32>::run(float *d, uint64_t da,
-                                                                uint64_t db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-               "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-               :
-                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-               : "l"(da), "l"(db));
-}
-template <> __device__ __forceinline__ void wgmma_op<__nv_bfloat16, 64>::run(float *d, uint64_t da,
-                                                                uint64_t db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-               "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-               :
-                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-               : "l"(da), "l"(db));
-}
-template <> __device__ __forceinline__ void wgmma_op<__nv_bfloat16, 128>::run(float *d, uint64_t da,
-                                                                uint64_t db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-               "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-               :
-                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-               : "l"(da), "l"(db));
-}
-template <> __device__ __forceinline__ void wgmma_op<__nv_bfloat16, 256>::run(float *d, uint64_t da,
-                                                                uint64_t db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-               "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-               "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-               "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-               :
-                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-                 "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-                 "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-                 "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-                 "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-                 "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-                 "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-                 "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-                 "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-               : "l"(da), "l"(db));
-}
-template <> __device__ __forceinline__ void wgmma_op<__half, 16>::run(float *d, uint64_t da,
-                                                                uint64_t db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7"
-               "}, %8, %9, p, 1, 1, 0, 0;\n}\n"
-               :
-                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-               : "l"(da), "l"(db));
-}
-template <> __device__ __forceinline__ void wgmma_op<__half, 32>::run(float *d, uint64_t da,
-                                                                uint64_t db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-               "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-               :
-                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-               : "l"(da), "l"(db));
-}
-template <> __device__ __forceinline__ void wgmma_op<__half, 64>::run(float *d, uint64_t da,
-                                                                uint64_t db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-               "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-               :
-                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-               : "l"(da), "l"(db));
-}
-template <> __device__ __forceinline__ void wgmma_op<__half, 128>::run(float *d, uint64_t da,
-                                                                uint64_t db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-               "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-               :
-                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-               : "l"(da), "l"(db));
-}
-template <> __device__ __forceinline__ void wgmma_op<__half, 256>::run(float *d, uint64_t da,
-                                                                uint64_t db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-               "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-               "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-               "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-               :
-                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-                 "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-                 "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-                 "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-                 "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-                 "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-                 "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-                 "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-                 "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-               : "l"(da), "l"(db));
-}
-
+/* wgmma_op<T, N>::run, generated: one wgmma.m64nNk16 (f32 accumulation,
+ * scale-d = 1: acc += A*B, no transposes) per (dtype, N). A thread holds
+ * R = N / 2 accumulators, operands %0..%R-1; the two descriptors are %R and
+ * %R+1. WG_ACC_<R>(F) applies F to the accumulator indices 1..R-1 (index 0
+ * is spelled where the comma-separated lists start). */
+#define WG_ACC_8(F)                                                                     \
+  F(1) F(2) F(3) F(4) F(5) F(6) F(7)
+#define WG_ACC_16(F)                                                                    \
+  WG_ACC_8(F)                                                                           \
+  F(8) F(9) F(10) F(11) F(12) F(13) F(14) F(15)
+#define WG_ACC_32(F)                                                                    \
+  WG_ACC_16(F)                                                                          \
+  F(16) F(17) F(18) F(19) F(20) F(21) F(22) F(23) F(24) F(25)                           \
+  F(26) F(27) F(28) F(29) F(30) F(31)
+#define WG_ACC_64(F)                                                                    \
+  WG_ACC_32(F)                                                                          \
+  F(32) F(33) F(34) F(35) F(36) F(37) F(38) F(39) F(40) F(41)                           \
+  F(42) F(43) F(44) F(45) F(46) F(47) F(48) F(49) F(50) F(51)                           \
+  F(52) F(53) F(54) F(55) F(56) F(57) F(58) F(59) F(60) F(61)                           \
+  F(62) F(63)
+#define WG_ACC_128(F)                                                                   \
+  WG_ACC_64(F)                                                                          \
+  F(64) F(65) F(66) F(67) F(68) F(69) F(70) F(71) F(72) F(73)                           \
+  F(74) F(75) F(76) F(77) F(78) F(79) F(80) F(81) F(82) F(83)                           \
+  F(84) F(85) F(86) F(87) F(88) F(89) F(90) F(91) F(92) F(93)                           \
+  F(94) F(95) F(96) F(97) F(98) F(99) F(100) F(101) F(102) F(103)                       \
+  F(104) F(105) F(106) F(107) F(108) F(109) F(110) F(111) F(112) F(113)                 \
+  F(114) F(115) F(116) F(117) F(118) F(119) F(120) F(121) F(122) F(123)                 \
+  F(124) F(125) F(126) F(127)
+#define WG_FMT(i) ", %" #i
+#define WG_ARG(i) , "+f"(d[i])
+#define MBD_WGMMA(T, ty, N, R, R1)                                                      \
+  template <>                                                                           \
+  __device__ __forceinline__ void wgmma_op<T, N>::run(float *d, uint64_t da, uint64_t db) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                              \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #ty "." #ty " {"       \
+                 "%0" WG_ACC_##R(WG_FMT) "}, %" #R ", %" #R1 ", p, 1, 1, 0, 0;\n}\n"      \
+                 : "+f"(d[0]) WG_ACC_##R(WG_ARG)                                        \
+                 : "l"(da), "l"(db));                                                   \
+  }
+/* The instruction shapes: X(T, ty, N, R = N / 2, R + 1). */
+#define MBD_WGMMA_SHAPES(X, T, ty)                                                      \
+  X(T, ty, 16, 8, 9)                                                                    \
+  X(T, ty, 32, 16, 17)                                                                  \
+  X(T, ty, 64, 32, 33)                                                                  \
+  X(T, ty, 128, 64, 65)                                                                 \
+  X(T, ty, 256, 128, 129)
+MBD_WGMMA_SHAPES(MBD_WGMMA, __nv_bfloat16, bf16)
+MBD_WGMMA_SHAPES(MBD_WGMMA, __half, f16)
 
 /* Shared-memory matrix descriptor, K-major, 128-byte swizzle: LBO unused (1),
  * SBO = 1024 bytes between 8-row groups. */
@@ -533,8 +384,8 @@ template <int N> __device__ __forceinline__ void wg_fence_regs(float *d) {
 #pragma unroll
   for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
-/* The host mirrors each configuration's stage count when it sizes shared
- * memory (gpu_gemm.cu); a mismatch would overrun it silently, so trap. */
+/* The host sizes shared memory from the same configuration table
+ * (gemm_params.h); a mismatch would overrun it silently, so trap. */
 __device__ __forceinline__ void wg_check_smem(uint32_t need) {
   uint32_t have;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
@@ -782,20 +633,8 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
  * otherwise the real rows' partials go to shared memory [chunk][M][BN] (two
  * buffers by strip parity) and the consumers fold them in chunk order after a
  * named barrier. Then the bias and the store. Needs K % 8 == 0 and x, w 16-byte
- * aligned (gpu_gemm.cu picks the form, lg and stages; the layout is mirrored
- * there). */
-#define MK_WARPS 8 /* consumer warps; one producer warp more */
-#define MK_MAX_STAGES 8
-#define MK_BAR_BYTES 128 /* full[8], empty[8] mbarriers at the start of shared memory */
-
-struct mbd_mk_params {
-  CUtensorMap tw; /* W [N,K], box {64, BN}, 128B swizzle */
-  mbd_gemm_params p;
-  int chunks; /* C = ceil(K / 256) */
-  int lg;     /* strip width BN = (SW ? 16 : 8) << lg (lg 0..3); CPS = 8 >> lg */
-  int strips; /* ceil(N / BN) */
-  int stages; /* ring slots, 1..MK_MAX_STAGES */
-};
+ * aligned (gpu_gemm.cu picks the form, lg and stages from the same
+ * mbd_mk_params and MK_* constants, gemm_params.h). */
 
 __device__ __forceinline__ void mk_consumer_sync() { /* the 8 consumer warps only */
   asm volatile("bar.sync 1, %0;" ::"n"(MK_WARPS * 32) : "memory");
@@ -1019,23 +858,14 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
       name(const __grid_constant__ mbd_mk_params P) {                                     \
     mk_body<T, SW>(P);                                                                    \
   }
-/* Configurations (scheduling only; mirrored by k_wtiles / k_ktiles in gpu_gemm.cu):
- *   0..3: 64 x {16,32,64,128}, one block per SM with ~200 KB of stages so each SM
- *         keeps 40-140 KB of weights in flight (decode is latency x bytes bound)
- *   4, 5: 128 x {64,128}; 6: 128 x 256 for K <= one chunk (no room for a partial)
- *   7, 8: plain-load producer, 64 x 64 and 128 x 128
+/* Configurations (scheduling only): the wgmma tiles of MBD_WG_TILES
+ * (gemm_params.h, which gpu_gemm.cu expands too), then
  *   mkgemm _8 / _16: M <= 8 / M <= 16, mma.sync chains streaming W (strip width and
  *         ring depth chosen per call), one block per SM */
+#define MBD_WG_TILE(ty, T, i, CWG, BN, IN, ST, TMA, MINB, FOLD)                           \
+  MBD_WG(mbd_wgemm_##ty##_##i, T, CWG, BN, IN, ST, TMA, MINB, FOLD)
 #define MBD_WG_ALL(ty, T)                                                                  \
-  MBD_WG(mbd_wgemm_##ty##_0, T, 1, 16, 16, 20, true, 1, true)                              \
-  MBD_WG(mbd_wgemm_##ty##_1, T, 1, 32, 32, 18, true, 1, true)                              \
-  MBD_WG(mbd_wgemm_##ty##_2, T, 1, 64, 64, 13, true, 1, true)                              \
-  MBD_WG(mbd_wgemm_##ty##_3, T, 1, 128, 128, 9, true, 1, true)                             \
-  MBD_WG(mbd_wgemm_##ty##_4, T, 2, 64, 64, 4, true, 2, true)                               \
-  MBD_WG(mbd_wgemm_##ty##_5, T, 2, 128, 128, 4, true, 1, true)                             \
-  MBD_WG(mbd_wgemm_##ty##_6, T, 2, 256, 256, 4, true, 1, false)                            \
-  MBD_WG(mbd_wgemm_##ty##_7, T, 1, 64, 64, 4, false, 2, true)                              \
-  MBD_WG(mbd_wgemm_##ty##_8, T, 2, 128, 128, 3, false, 1, true)                            \
+  MBD_WG_TILES(MBD_WG_TILE, ty, T)                                                         \
   MBD_MK(mbd_mkgemm_##ty##_8, T, true, 1)                                                  \
   MBD_MK(mbd_mkgemm_##ty##_16, T, false, 1)
 MBD_WG_ALL(bf16, __nv_bfloat16)

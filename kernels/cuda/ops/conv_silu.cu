@@ -1,0 +1,103 @@
+/* Causal depthwise conv + SiLU, prefill and decode (see conv_silu.h). */
+#include "kernels/cuda/ops/common.cuh"
+#include "kernels/cuda/ops/conv_silu.h"
+
+/* Time steps per conv thread. A thread owns (sequence, channel, segment of
+ * CONV_SEG steps); its window starts from the inputs just before the segment
+ * (the slot's state for the first segment), so segments run in parallel and
+ * each output still gets mbd_cpu_conv_step's arithmetic: the window taps in
+ * ascending order, then the new input, then the bias. Only the first
+ * segment's thread touches the state: it reads it first and writes the new
+ * window last, so no other thread can observe a half-updated state. */
+#define CONV_SEG 16
+
+template <int K, typename ActT>
+__global__ void k_conv_silu(int T, int di, const float *__restrict__ xz, int64_t ldxz,
+                            const float *__restrict__ w, const float *__restrict__ bias,
+                            float *__restrict__ conv_state, int64_t slot_stride,
+                            const int32_t *__restrict__ slots, float *__restrict__ xc,
+                            ActT *__restrict__ xc_act) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int seg = blockIdx.y, s = blockIdx.z;
+  const int cw = c < di ? c : di - 1;
+  float win[K - 1], wk[K];
+#pragma unroll
+  for (int j = 0; j < K; j++) wk[j] = w[(int64_t)j * di + cw]; /* weights: before the wait */
+  const float b = bias ? bias[cw] : 0.0f;
+  pdl_wait();
+  pdl_trigger();
+  if (c >= di) return;
+  const int t0 = seg * CONV_SEG, t1 = min(T, t0 + CONV_SEG);
+  const int64_t base = (int64_t)s * T; /* row of the sequence's step 0 */
+  float *st = conv_state + (int64_t)slots[s] * slot_stride + c;
+#pragma unroll
+  for (int j = 0; j < K - 1; j++)
+    win[j] = seg == 0 ? st[(int64_t)j * di] : xz[(base + t0 - (K - 1) + j) * ldxz + c];
+  /* The segment's inputs are independent of the arithmetic: load them all
+   * first so their latencies overlap. */
+  float xs[CONV_SEG];
+#pragma unroll
+  for (int i = 0; i < CONV_SEG; i++)
+    xs[i] = t0 + i < t1 ? xz[(base + t0 + i) * ldxz + c] : 0.0f;
+#pragma unroll
+  for (int i = 0; i < CONV_SEG; i++) {
+    if (t0 + i >= t1) break;
+    const float xv = xs[i];
+    const float v = conv_silu_out<K>(wk, win, xv, bias != nullptr, b);
+#pragma unroll
+    for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
+    win[K - 2] = xv;
+    const int64_t row = base + t0 + i;
+    xc[row * di + c] = v;
+    if (xc_act) st_act(xc_act + row * di + c, v);
+  }
+  if (seg != 0) return;
+  if (t1 == T) { /* one segment: the window is the new state */
+#pragma unroll
+    for (int j = 0; j < K - 1; j++) st[(int64_t)j * di] = win[j];
+  } else { /* T > CONV_SEG >= K - 1: the last K - 1 inputs */
+#pragma unroll
+    for (int j = 0; j < K - 1; j++)
+      st[(int64_t)j * di] = xz[(base + T - (K - 1) + j) * ldxz + c];
+  }
+}
+
+#define CONV_BT 64 /* channels per block */
+
+template <int K, typename ActT>
+static int conv_silu_launch(cudaStream_t s, int nseq, int T, int di, const float *xz,
+                            int64_t ldxz, const float *w, const float *bias, float *conv_state,
+                            int64_t slot_stride, const int32_t *slots, float *xc, ActT *xc_act,
+                            mbd_error *err) {
+  const dim3 grid((unsigned)((di + CONV_BT - 1) / CONV_BT),
+                  (unsigned)((T + CONV_SEG - 1) / CONV_SEG), (unsigned)nseq);
+  return launch_pdl("conv_silu", k_conv_silu<K, ActT>, grid, dim3(CONV_BT), 0, s, err, T, di, xz,
+                    ldxz, w, bias, conv_state, slot_stride, slots, xc, xc_act);
+}
+
+extern "C" int mbd_mops_conv_silu(void *stream, int nseq, int T, int di, int K, const float *xz,
+                                  int64_t ldxz, const float *w, const float *bias,
+                                  float *conv_state, int64_t slot_stride, const int32_t *slots,
+                                  float *xc, mbd_dtype act, void *xc_act, mbd_error *err) {
+  if (nseq <= 0 || T <= 0) return 0;
+  if (nseq > 65535)
+    return mbd_error_set(err, MBD_E_INVALID, "conv_silu: %d sequences > 65535", nseq);
+  if (di <= 0 || (T + CONV_SEG - 1) / CONV_SEG > 65535)
+    return mbd_error_set(err, MBD_E_INVALID, "conv_silu: d_inner %d or %d tokens out of range",
+                         di, T);
+  cudaStream_t s = (cudaStream_t)stream;
+#define CONV_K(KK, T_)                                                                      \
+  case KK:                                                                                  \
+    return conv_silu_launch<KK, T_>(s, nseq, T, di, xz, ldxz, w, bias, conv_state,          \
+                                    slot_stride, slots, xc, (T_ *)xc_act, err);
+#define CONV(T_)                                                                            \
+  switch (K) {                                                                              \
+    CONV_K(2, T_) CONV_K(3, T_) CONV_K(4, T_) CONV_K(5, T_) CONV_K(6, T_) CONV_K(7, T_)     \
+    CONV_K(8, T_)                                                                           \
+  default: return mbd_error_set(err, MBD_E_INVALID, "conv kernel width %d outside 2..8", K); \
+  }
+  MBD_ACT_DISPATCH(act, CONV)
+#undef CONV
+#undef CONV_K
+  return 0;
+}

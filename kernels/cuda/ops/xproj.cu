@@ -1,0 +1,141 @@
+/* x_proj (see xproj.h): a warp per output on the 16-bit routes, a thread per
+ * output (the f32 GEMM chain) on f32 routes. */
+#include "kernels/cuda/ops/common.cuh"
+#include "kernels/cuda/ops/xproj.h"
+
+#define XP_WARPS 8 /* outputs (warps) per block */
+
+/* out[r, o] = sum_k x[r, k] w[o, k] (f32 [M, NO]); x, w widened to f32.
+ * Model-kernel contract (docs/route.md): lane l of the warp owning (r, o)
+ * runs, for i ascending, the group partial p = fmaf chain from 0 over
+ * k = 512 i + 16 l + j, j = 0..15 (k < K only), and acc = acc + p (from 0);
+ * then the 32 lane sums are added by the xor butterfly 16, 8, 4, 2, 1
+ * (a + b == b + a, so every lane ends with the same bits). Nothing in it
+ * depends on M, the row's position or the other rows: XP_ROWS only shares
+ * the weight loads. */
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(32 * XP_WARPS)
+    k_xproj(int M, int K, int NO, const T *__restrict__ x, const T *__restrict__ w,
+            float *__restrict__ out) {
+  const int lane = threadIdx.x & 31;
+  const int o = blockIdx.x * XP_WARPS + (threadIdx.x >> 5);
+  const int r0 = blockIdx.y * XP_ROWS, nr = min(XP_ROWS, M - r0);
+  const T *wr = w + (int64_t)(o < NO ? o : NO - 1) * K;
+  /* the warp's weight row toward L2 while the conv still runs */
+  for (int k = lane * 128 / (int)sizeof(T); k < K; k += 32 * 128 / (int)sizeof(T))
+    prefetch_l2(wr + k);
+  pdl_wait();
+  pdl_trigger();
+  if (o >= NO) return;
+  float acc[XP_ROWS];
+#pragma unroll
+  for (int r = 0; r < XP_ROWS; r++) acc[r] = 0.0f;
+  const T *xr = x + (int64_t)r0 * K;
+#pragma unroll 2
+  for (int k = lane * XP_GW; k < K; k += 32 * XP_GW) {
+    float wv[XP_GW];
+    ld8<VEC>(wr, k, K, wv);
+    ld8<VEC>(wr, k + 8, K, wv + 8);
+    xp_chunk<VEC>(xr, K, nr, k, K, wv, acc);
+  }
+  xp_store(acc, nr, lane, out + (int64_t)r0 * NO, NO, o);
+}
+
+
+/* f32 routes: the f32 GEMM contract, which is also the CPU model's x_proj
+ * (mbd_cpu_gemm_packed, no bias): out[r, o] = fmaf chain from 0 over k
+ * ascending of x[r, k] * w[o, k], one thread per output. That serial chain is
+ * what makes f32 logits bit-identical to the CPU backend; it costs a few
+ * microseconds of latency per layer, small beside the f32 GEMMs' own chains.
+ * Each thread runs XPS_ROWS rows (independent chains: the weight loads are
+ * shared and the chains overlap); rows past M are not computed. */
+#define XPS_THREADS 64
+#define XPS_ROWS 4
+
+template <bool VEC>
+__global__ void __launch_bounds__(XPS_THREADS)
+    k_xproj_seq(int M, int K, int NO, const float *__restrict__ x, const float *__restrict__ w,
+                float *__restrict__ out) {
+  const int o = blockIdx.x * XPS_THREADS + threadIdx.x;
+  const float *wr = w + (int64_t)(o < NO ? o : NO - 1) * K;
+  for (int k = 0; k < K; k += 32) prefetch_l2(wr + k); /* the row toward L2 during the wait */
+  pdl_wait();
+  pdl_trigger();
+  if (o >= NO) return;
+  for (int r0 = blockIdx.y * XPS_ROWS; r0 < M; r0 += gridDim.y * XPS_ROWS) {
+    const int nr = min(XPS_ROWS, M - r0);
+    const float *xr = x + (int64_t)r0 * K;
+    float acc[XPS_ROWS];
+#pragma unroll
+    for (int i = 0; i < XPS_ROWS; i++) acc[i] = 0.0f;
+    int k = 0;
+    if (VEC) {
+#pragma unroll 2
+      for (; k + 4 <= K; k += 4) {
+        const float4 b = *(const float4 *)(wr + k);
+#pragma unroll
+        for (int i = 0; i < XPS_ROWS; i++) {
+          if (i >= nr) break;
+          const float4 a = *(const float4 *)(xr + (int64_t)i * K + k);
+          acc[i] = __fmaf_rn(a.x, b.x, acc[i]);
+          acc[i] = __fmaf_rn(a.y, b.y, acc[i]);
+          acc[i] = __fmaf_rn(a.z, b.z, acc[i]);
+          acc[i] = __fmaf_rn(a.w, b.w, acc[i]);
+        }
+      }
+    }
+    for (; k < K; k++) {
+      const float b = wr[k];
+#pragma unroll
+      for (int i = 0; i < XPS_ROWS; i++)
+        if (i < nr) acc[i] = __fmaf_rn(xr[(int64_t)i * K + k], b, acc[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < XPS_ROWS; i++)
+      if (i < nr) out[(int64_t)(r0 + i) * NO + o] = acc[i];
+  }
+}
+
+template <bool VEC>
+static int xproj_seq_launch(cudaStream_t s, int M, int K, int NO, const float *x, const float *w,
+                            float *out, mbd_error *err) {
+  const dim3 grid((unsigned)((NO + XPS_THREADS - 1) / XPS_THREADS),
+                  (unsigned)((M + XPS_ROWS - 1) / XPS_ROWS));
+  return launch_pdl("x_proj (f32)", k_xproj_seq<VEC>, grid, dim3(XPS_THREADS), 0, s, err, M, K,
+                    NO, x, w, out);
+}
+
+template <typename T, bool VEC>
+static int xproj_launch(cudaStream_t s, int M, int K, int NO, const T *x, const T *w, float *out,
+                        mbd_error *err) {
+  const dim3 grid((unsigned)((NO + XP_WARPS - 1) / XP_WARPS),
+                  (unsigned)((M + XP_ROWS - 1) / XP_ROWS));
+  return launch_pdl("x_proj", k_xproj<T, VEC>, grid, dim3(32 * XP_WARPS), 0, s, err, M, K, NO, x,
+                    w, out);
+}
+
+extern "C" int mbd_mops_xproj(void *stream, int64_t M, int K, int NO, mbd_dtype dt,
+                              const void *x, const void *w, float *out, mbd_error *err) {
+  if (M <= 0 || NO <= 0) return 0;
+  if (K <= 0 || M > INT32_MAX || (M + XP_ROWS - 1) / XP_ROWS > 65535)
+    return mbd_error_set(err, MBD_E_INVALID, "x_proj: K %d or M %lld out of range", K,
+                         (long long)M);
+  cudaStream_t s = (cudaStream_t)stream;
+  if (dt == MBD_DTYPE_F32) {
+    const bool vec4 = K % 4 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0;
+    if (vec4)
+      return xproj_seq_launch<true>(s, (int)M, K, NO, (const float *)x, (const float *)w, out,
+                                    err);
+    return xproj_seq_launch<false>(s, (int)M, K, NO, (const float *)x, (const float *)w, out, err);
+  }
+  const bool vec = K % 8 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0;
+#define XP(T)                                                                               \
+  do {                                                                                      \
+    if (vec)                                                                                \
+      return xproj_launch<T, true>(s, (int)M, K, NO, (const T *)x, (const T *)w, out, err); \
+    return xproj_launch<T, false>(s, (int)M, K, NO, (const T *)x, (const T *)w, out, err);  \
+  } while (0)
+  MBD_ACT_DISPATCH(dt, XP)
+#undef XP
+  return 0;
+}

@@ -1,0 +1,757 @@
+/* Per-op matrix of the CUDA Mamba-1 ops (kernels/cuda/mamba_ops.h) against
+ * the CPU ops (kernels/cpu/mamba_ops.h), in the manner of ggml's
+ * test-backend-ops: every entry over d_state 4/8/16/32 (64: refused with
+ * MBD_E_INVALID, as the header states), d_conv 2..8, d_inner 37/130/257 (not
+ * multiples of any tile: conv blocks of 64 channels, scan blocks of 128 / N,
+ * x_proj groups of 16 and 512-wide lane strides), activation and weight
+ * dtypes f32/bf16/f16, several sequences in permuted state slots, and
+ * sequence lengths on both sides of the 16-step chunks.
+ *
+ * Bitwise (memcmp) wherever docs/route.md ("Model kernels", "Contract between
+ * the backends") states the roundings: the f32 ops are the CPU ops' roundings
+ * (CPU f32 == GPU f32); the 16-bit routes' RMSNorm and x_proj have their own
+ * stated reduction orders, written out here; every store in a 16-bit dtype is
+ * the f32 value rounded to nearest even. Where the orders differ by contract
+ * (16-bit RMSNorm and x_proj against the CPU's f32 chains) the test states a
+ * bound and its reason. Sampling with a temperature is not in the contract
+ * (each backend draws its own numbers); greedy picks are, and are compared.
+ *
+ * Skips (exit 77) with a printed reason when no CUDA device is present. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+
+#include "common/half.h"
+#include "kernels/cpu/cpu_ctx.h"
+#include "kernels/cpu/mamba_ops.h"
+#include "kernels/cuda/mamba_ops.h"
+#include "kernels/portable_math.h"
+#include "support/gpu_util.h"
+
+static const int k_dinner[] = {37, 130, 257};
+static const mbd_dtype k_act[] = {MBD_DTYPE_F32, MBD_DTYPE_BF16, MBD_DTYPE_F16};
+enum { N_DINNER = 3, N_ACT = 3 };
+
+static cudaStream_t g_stream;
+
+#define CK(call)                                                              \
+  do {                                                                        \
+    cudaError_t e_ = (call);                                                  \
+    if (e_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(e_)); \
+  } while (0)
+
+/* Runs an op entry (last argument &err) and fails with its message. */
+#define OP(call)                                         \
+  do {                                                   \
+    mbd_error err = {0};                                 \
+    if ((call) != 0) fail_msg("%s: %s", #call, err.msg); \
+    CK(cudaStreamSynchronize(g_stream));                 \
+  } while (0)
+
+static void *dput(const void *h, size_t n) {
+  void *d = NULL;
+  CK(cudaMalloc(&d, n ? n : 16));
+  if (n) CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+  return d;
+}
+static void *dzero(size_t n) {
+  void *d = NULL;
+  CK(cudaMalloc(&d, n ? n : 16));
+  CK(cudaMemset(d, 0, n ? n : 16));
+  return d;
+}
+static void dget(void *h, const void *d, size_t n) {
+  CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
+}
+static void dfree(void *d) {
+  if (d) CK(cudaFree(d));
+}
+
+/* ---- host side of the dtypes ---------------------------------------------- */
+
+static size_t dsize(mbd_dtype dt) { return dt == MBD_DTYPE_F32 ? 4 : 2; }
+
+/* v rounded to nearest even in dt and widened back (what a store then a load gives). */
+static float round_to(mbd_dtype dt, float v) {
+  if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(mbd_f32_to_bf16(v));
+  if (dt == MBD_DTYPE_F16) return mbd_f16_to_f32(mbd_f32_to_f16(v));
+  return v;
+}
+static void store(mbd_dtype dt, void *buf, size_t i, float v) {
+  if (dt == MBD_DTYPE_F32)
+    ((float *)buf)[i] = v;
+  else if (dt == MBD_DTYPE_BF16)
+    ((uint16_t *)buf)[i] = mbd_f32_to_bf16(v);
+  else
+    ((uint16_t *)buf)[i] = mbd_f32_to_f16(v);
+}
+static float load(mbd_dtype dt, const void *buf, size_t i) {
+  if (dt == MBD_DTYPE_F32) return ((const float *)buf)[i];
+  if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(((const uint16_t *)buf)[i]);
+  return mbd_f16_to_f32(((const uint16_t *)buf)[i]);
+}
+
+/* n values uniform in [lo, hi) stored in dt; their exact f32 values in f (may be NULL). */
+static void *fill(mbd_dtype dt, size_t n, uint64_t *seed, float lo, float hi, float *f) {
+  void *h = malloc(n * dsize(dt) + 16);
+  assert_non_null(h);
+  for (size_t i = 0; i < n; i++) {
+    float v = lo + (hi - lo) * 0.5f * (gpu_test_uniform(seed) + 1.0f);
+    store(dt, h, i, v);
+    if (f) f[i] = load(dt, h, i);
+  }
+  return h;
+}
+static float *fillf(size_t n, uint64_t *seed, float lo, float hi) {
+  return fill(MBD_DTYPE_F32, n, seed, lo, hi, NULL);
+}
+
+/* Fails naming the first differing element when the n elements of size es differ. */
+static void same_bytes(const char *what, const void *got, const void *want, size_t n, size_t es) {
+  if (!memcmp(got, want, n * es)) return;
+  for (size_t i = 0; i < n; i++)
+    if (memcmp((const char *)got + i * es, (const char *)want + i * es, es)) {
+      uint32_t g = 0, w = 0;
+      memcpy(&g, (const char *)got + i * es, es);
+      memcpy(&w, (const char *)want + i * es, es);
+      fail_msg("%s: element %zu of %zu differs: 0x%08x (GPU) vs 0x%08x (reference)", what, i, n, g,
+               w);
+    }
+}
+
+/* ---- embedding ------------------------------------------------------------ */
+
+/* out[r] = table[tok[r]] widened: exact in every dtype. */
+static void test_embed(void **state) {
+  (void)state;
+  uint64_t seed = 11;
+  enum { M = 7, V = 13 };
+  for (int a = 0; a < N_ACT; a++) {
+    for (int q = 0; q < N_DINNER; q++) {
+      int d = k_dinner[q];
+      mbd_dtype dt = k_act[a];
+      float *tf = malloc((size_t)V * d * sizeof *tf);
+      void *table = fill(dt, (size_t)V * d, &seed, -2.0f, 2.0f, tf);
+      int32_t tok[M];
+      for (int r = 0; r < M; r++) tok[r] = (int32_t)(gpu_test_rng(&seed) % V);
+      void *dtab = dput(table, (size_t)V * d * dsize(dt)), *dtok = dput(tok, sizeof tok);
+      float *dout = dzero((size_t)M * d * 4);
+      OP(mbd_mops_embed(g_stream, M, d, dtok, dt, dtab, dout, &err));
+      float *got = malloc((size_t)M * d * 4), *want = malloc((size_t)M * d * 4);
+      dget(got, dout, (size_t)M * d * 4);
+      for (int r = 0; r < M; r++)
+        memcpy(want + (size_t)r * d, tf + (size_t)tok[r] * d, (size_t)d * 4);
+      char what[64];
+      snprintf(what, sizeof what, "embed %s d=%d", mbd_dtype_name(dt), d);
+      same_bytes(what, got, want, (size_t)M * d, 4);
+      dfree(dtab);
+      dfree(dtok);
+      dfree(dout);
+      free(tf);
+      free(table);
+      free(got);
+      free(want);
+    }
+  }
+}
+
+/* ---- add + RMSNorm ---------------------------------------------------------- */
+
+/* The 16-bit routes' scale (docs/route.md): lane l's fmaf chain from 0 over
+ * c = l, l + 32, ... ascending, the xor butterfly 16, 8, 4, 2, 1 over the lane
+ * sums, then 1 / sqrtf(ss / d + eps). */
+static float rms_inv_lanes(const float *x, int d, float eps) {
+  float s[32];
+  for (int l = 0; l < 32; l++) {
+    s[l] = 0.0f;
+    for (int c = l; c < d; c += 32) s[l] = fmaf(x[c], x[c], s[l]);
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    float t[32];
+    for (int l = 0; l < 32; l++) t[l] = s[l] + s[l ^ off];
+    memcpy(s, t, sizeof s);
+  }
+  return 1.0f / sqrtf(s[0] / (float)d + eps);
+}
+
+/* Bound of the 16-bit routes against the CPU op rounded to the same dtype:
+ * both square sums are chains over the same d non-negative terms in different
+ * orders (each within d u of the exact sum, u = 2^-24), so the two scales
+ * differ by at most d u relative (the square root halves 2 d u); for d <=
+ * 1000 that is 6e-5, far below half a bf16 (2^-9) or f16 (2^-12) ulp, so the
+ * rounded outputs are equal or adjacent: at most 1 unit in the last place. */
+static void test_add_rmsnorm(void **state) {
+  (void)state;
+  uint64_t seed = 12;
+  const int dims[] = {37, 130, 257, 768, 1000};
+  const float eps = 1e-5f;
+  for (int a = 0; a < N_ACT; a++) {
+    for (size_t q = 0; q < sizeof dims / sizeof dims[0]; q++) {
+      for (int form = 0; form < 3;
+           form++) { /* 0: no delta; 1: delta; 2: delta, every 3rd row + 2 */
+        mbd_dtype act = k_act[a];
+        int d = dims[q];
+        int64_t M = 4, stride = form == 2 ? 3 : 1, offset = form == 2 ? 2 : 0;
+        int64_t rows = (M - 1) * stride + offset + 1;
+        size_t nr = (size_t)rows * d;
+        float *resid = fillf(nr, &seed, -3.0f, 3.0f);
+        float *delta = form ? fillf(nr, &seed, -1.0f, 1.0f) : NULL;
+        float *w = malloc((size_t)d * 4);
+        void *wdt = fill(act, (size_t)d, &seed, 0.5f, 1.5f, w); /* the model widens w to f32 */
+        float *dres = dput(resid, nr * 4), *ddel = delta ? dput(delta, nr * 4) : NULL;
+        float *dw = dput(w, (size_t)d * 4);
+        void *dout = dzero((size_t)M * d * dsize(act));
+        OP(mbd_mops_add_rmsnorm(g_stream, M, d, stride, offset, dres, ddel, dw, eps, act, dout,
+                                &err));
+        float *gres = malloc(nr * 4);
+        void *gout = malloc((size_t)M * d * dsize(act)), *want = malloc((size_t)M * d * dsize(act));
+        dget(gres, dres, nr * 4);
+        dget(gout, dout, (size_t)M * d * dsize(act));
+        /* reference: the residual add (f32, stored back) on the rows the op reads */
+        float *rres = malloc(nr * 4), *row = malloc((size_t)d * 4);
+        memcpy(rres, resid, nr * 4);
+        char what[96];
+        snprintf(what, sizeof what, "add_rmsnorm %s d=%d form=%d", mbd_dtype_name(act), d, form);
+        for (int64_t i = 0; i < M; i++) {
+          float *x = rres + (size_t)(i * stride + offset) * d;
+          if (delta)
+            for (int c = 0; c < d; c++) x[c] = x[c] + delta[(size_t)(i * stride + offset) * d + c];
+          if (act == MBD_DTYPE_F32) {
+            mbd_cpu_rmsnorm(x, w, d, eps, row); /* CPU f32 == GPU f32 */
+            memcpy((float *)want + (size_t)i * d, row, (size_t)d * 4);
+          } else {
+            float r = rms_inv_lanes(x, d, eps);
+            for (int c = 0; c < d; c++) store(act, want, (size_t)i * d + c, w[c] * (x[c] * r));
+            /* the stated bound against the CPU op */
+            mbd_cpu_rmsnorm(x, w, d, eps, row);
+            for (int c = 0; c < d; c++) {
+              uint16_t g = ((const uint16_t *)gout)[(size_t)i * d + c];
+              uint16_t cpu =
+                  act == MBD_DTYPE_BF16 ? mbd_f32_to_bf16(row[c]) : mbd_f32_to_f16(row[c]);
+              if (abs((int)g - (int)cpu) > 1)
+                fail_msg("%s: row %lld col %d: 0x%04x vs CPU 0x%04x, more than 1 ulp", what,
+                         (long long)i, c, g, cpu);
+            }
+          }
+        }
+        same_bytes(what, gout, want, (size_t)M * d, dsize(act));
+        same_bytes(what, gres, rres, nr, 4);
+        dfree(dres);
+        dfree(ddel);
+        dfree(dw);
+        dfree(dout);
+        free(resid);
+        free(delta);
+        free(w);
+        free(wdt);
+        free(gres);
+        free(gout);
+        free(want);
+        free(rres);
+        free(row);
+      }
+    }
+  }
+}
+
+/* ---- conv + SiLU ------------------------------------------------------------ */
+
+/* Three sequences in slots 2, 0, 3 of 4, row s * T + t; xz rows of 2 di + 3
+ * floats (x first); the state slots padded by 5 floats. Every output and the
+ * whole state buffer against T calls of mbd_cpu_conv_step per sequence. */
+enum { NSEQ = 3, NSLOT = 4 };
+static const int32_t k_slots[NSEQ] = {2, 0, 3};
+
+static void test_conv_silu(void **state) {
+  (void)state;
+  uint64_t seed = 13;
+  const int Ts[] = {1, 5, 40}; /* 40: three segments of 16 steps */
+  for (int K = 2; K <= 8; K++)
+    for (int q = 0; q < N_DINNER; q++)
+      for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
+        for (int a = 0; a < N_ACT; a++)
+          for (int with_bias = 0; with_bias < 2; with_bias++) {
+            int di = k_dinner[q], T = Ts[ti];
+            mbd_dtype act = k_act[a];
+            int64_t M = (int64_t)NSEQ * T, ldxz = 2 * di + 3, sstride = (int64_t)(K - 1) * di + 5;
+            float *w = malloc((size_t)K * di * 4), *b = with_bias ? malloc((size_t)di * 4) : NULL;
+            void *w16 = fill(act, (size_t)K * di, &seed, -0.6f, 0.6f, w); /* weights as widened */
+            void *b16 = with_bias ? fill(act, (size_t)di, &seed, -0.3f, 0.3f, b) : NULL;
+            float *xz = fillf((size_t)M * ldxz, &seed, -2.0f, 2.0f);
+            float *st = fillf((size_t)NSLOT * sstride, &seed, -1.0f, 1.0f);
+            float *dxz = dput(xz, (size_t)M * ldxz * 4), *dw = dput(w, (size_t)K * di * 4);
+            float *db = b ? dput(b, (size_t)di * 4) : NULL;
+            float *dst = dput(st, (size_t)NSLOT * sstride * 4);
+            int32_t *dsl = dput(k_slots, sizeof k_slots);
+            float *dxc = dzero((size_t)M * di * 4);
+            void *dact = dzero((size_t)M * di * dsize(act));
+            OP(mbd_mops_conv_silu(g_stream, NSEQ, T, di, K, dxz, ldxz, dw, db, dst, sstride, dsl,
+                                  dxc, act, dact, &err));
+            float *gxc = malloc((size_t)M * di * 4), *gst = malloc((size_t)NSLOT * sstride * 4);
+            void *gact = malloc((size_t)M * di * dsize(act));
+            dget(gxc, dxc, (size_t)M * di * 4);
+            dget(gst, dst, (size_t)NSLOT * sstride * 4);
+            dget(gact, dact, (size_t)M * di * dsize(act));
+            float *rxc = malloc((size_t)M * di * 4);
+            void *ract = malloc((size_t)M * di * dsize(act));
+            for (int s = 0; s < NSEQ; s++)
+              for (int t = 0; t < T; t++) {
+                int64_t r = (int64_t)s * T + t;
+                mbd_cpu_conv_step(MBD_CPU_ISA_PORTABLE, 0, di, di, K, w, b,
+                                  st + (int64_t)k_slots[s] * sstride, xz + r * ldxz, rxc + r * di);
+              }
+            for (int64_t i = 0; i < M * di; i++) store(act, ract, (size_t)i, rxc[i]);
+            char what[96];
+            snprintf(what, sizeof what, "conv_silu K=%d di=%d T=%d %s bias=%d", K, di, T,
+                     mbd_dtype_name(act), with_bias);
+            same_bytes(what, gxc, rxc, (size_t)(M * di), 4);
+            same_bytes(what, gact, ract, (size_t)(M * di), dsize(act));
+            same_bytes(what, gst, st, (size_t)NSLOT * sstride, 4); /* st: the reference's state */
+            dfree(dxz);
+            dfree(dw);
+            dfree(db);
+            dfree(dst);
+            dfree(dsl);
+            dfree(dxc);
+            dfree(dact);
+            free(w);
+            free(b);
+            free(w16);
+            free(b16);
+            free(xz);
+            free(st);
+            free(gxc);
+            free(gst);
+            free(gact);
+            free(rxc);
+            free(ract);
+          }
+  /* widths outside 2..8 are refused */
+  mbd_error err = {0};
+  assert_int_equal(mbd_mops_conv_silu(g_stream, 1, 1, 8, 9, NULL, 16, NULL, NULL, NULL, 0, NULL,
+                                      NULL, MBD_DTYPE_F32, NULL, &err),
+                   MBD_E_INVALID);
+}
+
+/* ---- x_proj ----------------------------------------------------------------- */
+
+/* The f32 contract: fmaf chain from 0 over k ascending (the CPU model's x_proj). */
+static float xproj_f32(const float *x, const float *w, int K) {
+  float acc = 0.0f;
+  for (int k = 0; k < K; k++) acc = fmaf(x[k], w[k], acc);
+  return acc;
+}
+
+/* The 16-bit contract (docs/route.md): groups of 16 channels, the group's
+ * partial an fmaf chain from 0 over its k ascending (k < K); lane l adds from 0
+ * the partials of groups l, l + 32, ... in order; the 32 lane sums by the xor
+ * butterfly 16, 8, 4, 2, 1. */
+static float xproj_lanes(const float *x, const float *w, int K) {
+  float s[32];
+  for (int l = 0; l < 32; l++) {
+    s[l] = 0.0f;
+    for (int g = l; g * 16 < K; g += 32) {
+      float p = 0.0f;
+      for (int j = 0; j < 16 && g * 16 + j < K; j++) p = fmaf(x[g * 16 + j], w[g * 16 + j], p);
+      s[l] = s[l] + p;
+    }
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    float t[32];
+    for (int l = 0; l < 32; l++) t[l] = s[l] + s[l ^ off];
+    memcpy(s, t, sizeof s);
+  }
+  return s[0];
+}
+
+/* 16-bit routes against the f32 chain over the same widened inputs: two
+ * orders of the same K products, each within K u sum |x w| of the exact sum
+ * (u = 2^-24), so they differ by at most 2 K u sum |x w|. */
+static void test_xproj(void **state) {
+  (void)state;
+  uint64_t seed = 14;
+  const int Ms[] = {1, 3, 7}; /* rows per warp: 4 */
+  const int Ks[] = {37, 130, 257, 520,
+                    1040}; /* 520, 1040: vector loads, more than one lane stride */
+  const int NO = 5 + 2 * 16;
+  for (int a = 0; a < N_ACT; a++)
+    for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+      for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+        mbd_dtype dt = k_act[a];
+        int M = Ms[mi], K = Ks[ki];
+        float *xf = malloc((size_t)M * K * 4), *wf = malloc((size_t)NO * K * 4);
+        void *x = fill(dt, (size_t)M * K, &seed, -1.0f, 1.0f, xf);
+        void *w = fill(dt, (size_t)NO * K, &seed, -1.0f, 1.0f, wf);
+        void *dx = dput(x, (size_t)M * K * dsize(dt)), *dw = dput(w, (size_t)NO * K * dsize(dt));
+        float *dout = dzero((size_t)M * NO * 4);
+        OP(mbd_mops_xproj(g_stream, M, K, NO, dt, dx, dw, dout, &err));
+        float *got = malloc((size_t)M * NO * 4), *want = malloc((size_t)M * NO * 4);
+        dget(got, dout, (size_t)M * NO * 4);
+        char what[64];
+        snprintf(what, sizeof what, "x_proj %s M=%d K=%d", mbd_dtype_name(dt), M, K);
+        for (int r = 0; r < M; r++)
+          for (int o = 0; o < NO; o++) {
+            const float *xr = xf + (size_t)r * K, *wr = wf + (size_t)o * K;
+            float chain = xproj_f32(xr, wr, K);
+            want[r * NO + o] = dt == MBD_DTYPE_F32 ? chain : xproj_lanes(xr, wr, K);
+            if (dt != MBD_DTYPE_F32) {
+              double mag = 0;
+              for (int k = 0; k < K; k++) mag += fabs((double)xr[k] * wr[k]);
+              double bound = 2.0 * K * ldexp(1.0, -24) * mag;
+              if (fabs((double)got[r * NO + o] - chain) > bound)
+                fail_msg("%s: out[%d][%d] = %.9g, f32 chain %.9g: beyond %.3g", what, r, o,
+                         (double)got[r * NO + o], (double)chain, bound);
+            }
+          }
+        same_bytes(what, got, want, (size_t)M * NO, 4);
+        dfree(dx);
+        dfree(dw);
+        dfree(dout);
+        free(xf);
+        free(wf);
+        free(x);
+        free(w);
+        free(got);
+        free(want);
+      }
+}
+
+/* ---- selective scan ----------------------------------------------------------- */
+
+typedef struct scan_case {
+  int N, R, di, T;
+  mbd_dtype act;
+  int64_t M, ldxz, zoff, sstride, nd;
+  float *A, *D, *xc, *dbl, *xz, *st; /* host f32 */
+  float *dtw_f, *dtb_f;              /* dt_proj weights as widened */
+  void *dtw, *dtb;                   /* the same in act */
+} scan_case;
+
+static void scan_case_make(scan_case *c, int N, int R, int di, int T, mbd_dtype act,
+                           uint64_t *seed) {
+  memset(c, 0, sizeof *c);
+  c->N = N, c->R = R, c->di = di, c->T = T, c->act = act;
+  c->M = (int64_t)NSEQ * T;
+  c->ldxz = 2 * di + 3;
+  c->zoff = di;
+  c->sstride =
+      (int64_t)di * N + 4; /* a multiple of 4: the decode kernel loads states by 16 bytes */
+  c->nd = R + 2 * N;
+  c->A = malloc((size_t)di * N * 4);
+  for (int64_t i = 0; i < (int64_t)di * N; i++)
+    c->A[i] = -mbd_pm_expf(2.0f * 0.5f * (gpu_test_uniform(seed) + 1.0f)); /* A_log in [0, 2] */
+  c->D = fillf((size_t)di, seed, -1.0f, 1.0f);
+  c->xc = fillf((size_t)c->M * di, seed, -2.0f, 2.0f);
+  c->dbl = fillf((size_t)c->M * c->nd, seed, -1.0f, 1.0f);
+  c->xz = fillf((size_t)c->M * c->ldxz, seed, -4.0f, 4.0f);
+  c->st = fillf((size_t)NSLOT * c->sstride, seed, -1.0f, 1.0f);
+  c->dtw_f = malloc((size_t)di * R * 4);
+  c->dtb_f = malloc((size_t)di * 4);
+  c->dtw = fill(act, (size_t)di * R, seed, -1.0f, 1.0f, c->dtw_f);
+  c->dtb = fill(act, (size_t)di, seed, -3.0f, 0.0f, c->dtb_f);
+}
+
+static void scan_case_free(scan_case *c) {
+  free(c->A);
+  free(c->D);
+  free(c->xc);
+  free(c->dbl);
+  free(c->xz);
+  free(c->st);
+  free(c->dtw_f);
+  free(c->dtb_f);
+  free(c->dtw);
+  free(c->dtb);
+}
+
+/* The reference: per sequence and step, dt_raw = (fmaf chain from 0 over k
+ * of round_act(dt_low[k]) * dt_w[c, k]) + dt_b[c], then mbd_cpu_scan_step on
+ * the sequence's slot, y rounded to act. Updates c->st; y in act. When xcs
+ * is not NULL it replaces c->xc as the scan's input x. */
+static void scan_ref(scan_case *c, const float *xcs, void *y) {
+  float *dt_raw = malloc((size_t)c->di * 4), *out = malloc((size_t)c->di * 4);
+  for (int s = 0; s < NSEQ; s++)
+    for (int t = 0; t < c->T; t++) {
+      int64_t r = (int64_t)s * c->T + t;
+      const float *row = c->dbl + r * c->nd;
+      for (int ch = 0; ch < c->di; ch++) {
+        float v = 0.0f;
+        for (int k = 0; k < c->R; k++)
+          v = fmaf(round_to(c->act, row[k]), c->dtw_f[ch * c->R + k], v);
+        dt_raw[ch] = v + c->dtb_f[ch];
+      }
+      mbd_cpu_scan_step(MBD_CPU_ISA_PORTABLE, 0, c->di, c->N, c->A, c->D, dt_raw, row + c->R,
+                        row + c->R + c->N, (xcs ? xcs : c->xc) + r * c->di,
+                        c->xz + r * c->ldxz + c->zoff, c->st + (int64_t)k_slots[s] * c->sstride,
+                        out);
+      for (int ch = 0; ch < c->di; ch++) store(c->act, y, (size_t)(r * c->di + ch), out[ch]);
+    }
+  free(dt_raw);
+  free(out);
+}
+
+static void test_scan(void **state) {
+  (void)state;
+  uint64_t seed = 15;
+  const int Ns[] = {4, 8, 16, 32};
+  const int Ts[] = {1, 5, 37}; /* 1: the decode kernel; 37: three chunks of 16 steps */
+  const int Rs[] = {1, 4, 5}; /* 4: di * R a multiple of 4 or 8, the decode kernel's vector loads */
+  for (size_t ni = 0; ni < 4; ni++)
+    for (int q = 0; q < N_DINNER; q++)
+      for (size_t ti = 0; ti < 3; ti++)
+        for (size_t ri = 0; ri < 3; ri++)
+          for (int a = 0; a < N_ACT; a++) {
+            scan_case c;
+            scan_case_make(&c, Ns[ni], Rs[ri], k_dinner[q], Ts[ti], k_act[a], &seed);
+            size_t es = dsize(c.act), ny = (size_t)c.M * c.di;
+            float *dA = dput(c.A, (size_t)c.di * c.N * 4), *dD = dput(c.D, (size_t)c.di * 4);
+            float *dxc = dput(c.xc, ny * 4), *ddbl = dput(c.dbl, (size_t)c.M * c.nd * 4);
+            float *dxz = dput(c.xz, (size_t)c.M * c.ldxz * 4);
+            float *dst = dput(c.st, (size_t)NSLOT * c.sstride * 4);
+            void *dtw = dput(c.dtw, (size_t)c.di * c.R * es), *dtb = dput(c.dtb, (size_t)c.di * es);
+            int32_t *dsl = dput(k_slots, sizeof k_slots);
+            void *dy = dzero(ny * es);
+            OP(mbd_mops_scan(g_stream, NSEQ, c.T, c.di, c.N, c.R, dxc, ddbl, c.act, dtw, dtb, dA,
+                             dD, dxz, c.ldxz, c.zoff, dst, c.sstride, dsl, NULL, c.act, dy, &err));
+            void *gy = malloc(ny * es), *ry = malloc(ny * es);
+            float *gst = malloc((size_t)NSLOT * c.sstride * 4);
+            dget(gy, dy, ny * es);
+            dget(gst, dst, (size_t)NSLOT * c.sstride * 4);
+            scan_ref(&c, NULL, ry);
+            char what[96];
+            snprintf(what, sizeof what, "scan N=%d R=%d di=%d T=%d %s", c.N, c.R, c.di, c.T,
+                     mbd_dtype_name(c.act));
+            same_bytes(what, gy, ry, ny, es);
+            same_bytes(what, gst, c.st, (size_t)NSLOT * c.sstride, 4);
+            dfree(dA);
+            dfree(dD);
+            dfree(dxc);
+            dfree(ddbl);
+            dfree(dxz);
+            dfree(dst);
+            dfree(dtw);
+            dfree(dtb);
+            dfree(dsl);
+            dfree(dy);
+            free(gy);
+            free(ry);
+            free(gst);
+            scan_case_free(&c);
+          }
+  /* d_state 64 and a weight dtype other than act are refused */
+  mbd_error err = {0};
+  assert_int_equal(
+      mbd_mops_scan(g_stream, 1, 1, 37, 64, 5, NULL, NULL, MBD_DTYPE_F32, NULL, NULL, NULL, NULL,
+                    NULL, 80, 37, NULL, 0, NULL, NULL, MBD_DTYPE_F32, NULL, &err),
+      MBD_E_INVALID);
+  assert_int_equal(
+      mbd_mops_scan(g_stream, 1, 1, 37, 16, 5, NULL, NULL, MBD_DTYPE_F32, NULL, NULL, NULL, NULL,
+                    NULL, 80, 37, NULL, 0, NULL, NULL, MBD_DTYPE_BF16, NULL, &err),
+      MBD_E_INVALID);
+}
+
+/* ---- the decode fusion: conv + x_proj, then the scan with the conv --------------- */
+
+/* mbd_mops_conv_xproj then mbd_mops_scan with the conv give the bits of
+ * conv_silu, x_proj and scan (which the tests above tie to the CPU), for the
+ * shapes mbd_mops_conv_fused accepts: T = 1, width 4, bf16/f16. */
+static void test_conv_fusion(void **state) {
+  (void)state;
+  uint64_t seed = 16;
+  const int K = 4;
+  int ran = 0;
+  for (int a = 1; a < N_ACT; a++)
+    for (int q = 0; q < N_DINNER; q++)
+      for (int ni = 0; ni < 4; ni++) {
+        mbd_dtype act = k_act[a];
+        int di = k_dinner[q], N = 4 << ni, R = 5;
+        if (!mbd_mops_conv_fused(NSEQ, 1, K, di, act)) continue;
+        ran++;
+        scan_case c;
+        scan_case_make(&c, N, R, di, 1, act, &seed);
+        size_t es = dsize(act), ny = (size_t)NSEQ * di;
+        int NO = R + 2 * N;
+        int64_t cstride = (int64_t)(K - 1) * di + 5;
+        float *cw = malloc((size_t)K * di * 4), *cb = malloc((size_t)di * 4);
+        void *cw16 = fill(act, (size_t)K * di, &seed, -0.6f, 0.6f, cw);
+        void *cb16 = fill(act, (size_t)di, &seed, -0.3f, 0.3f, cb);
+        float *cst = fillf((size_t)NSLOT * cstride, &seed, -1.0f, 1.0f);
+        void *xw = fill(act, (size_t)NO * di, &seed, -1.0f, 1.0f, NULL);
+        float *dA = dput(c.A, (size_t)di * N * 4), *dD = dput(c.D, (size_t)di * 4);
+        float *dxz = dput(c.xz, (size_t)NSEQ * c.ldxz * 4);
+        void *dtw = dput(c.dtw, (size_t)di * R * es), *dtb = dput(c.dtb, (size_t)di * es);
+        int32_t *dsl = dput(k_slots, sizeof k_slots);
+        float *dcw = dput(cw, (size_t)K * di * 4), *dcb = dput(cb, (size_t)di * 4);
+        void *dxw = dput(xw, (size_t)NO * di * es);
+        float *out_st[2], *out_cst[2];
+        void *out_y[2], *out_dbl[2];
+        for (int path = 0; path < 2; path++) {
+          float *dst = dput(c.st, (size_t)NSLOT * c.sstride * 4);
+          float *dcst = dput(cst, (size_t)NSLOT * cstride * 4);
+          float *ddbl = dzero((size_t)NSEQ * NO * 4);
+          void *dy = dzero(ny * es);
+          mbd_mops_conv conv = {
+              .K = K, .w = dcw, .bias = dcb, .state = dcst, .slot_stride = cstride};
+          if (path == 0) { /* conv_silu, x_proj, scan */
+            float *dxc = dzero(ny * 4);
+            void *dxa = dzero(ny * es);
+            OP(mbd_mops_conv_silu(g_stream, NSEQ, 1, di, K, dxz, c.ldxz, dcw, dcb, dcst, cstride,
+                                  dsl, dxc, act, dxa, &err));
+            OP(mbd_mops_xproj(g_stream, NSEQ, di, NO, act, dxa, dxw, ddbl, &err));
+            OP(mbd_mops_scan(g_stream, NSEQ, 1, di, N, R, dxc, ddbl, act, dtw, dtb, dA, dD, dxz,
+                             c.ldxz, c.zoff, dst, c.sstride, dsl, NULL, act, dy, &err));
+            dfree(dxc);
+            dfree(dxa);
+          } else { /* the fusion */
+            OP(mbd_mops_conv_xproj(g_stream, NSEQ, di, &conv, dxz, c.ldxz, dsl, NO, act, dxw, ddbl,
+                                   &err));
+            OP(mbd_mops_scan(g_stream, NSEQ, 1, di, N, R, NULL, ddbl, act, dtw, dtb, dA, dD, dxz,
+                             c.ldxz, c.zoff, dst, c.sstride, dsl, &conv, act, dy, &err));
+          }
+          out_st[path] = malloc((size_t)NSLOT * c.sstride * 4);
+          out_cst[path] = malloc((size_t)NSLOT * cstride * 4);
+          out_y[path] = malloc(ny * es);
+          out_dbl[path] = malloc((size_t)NSEQ * NO * 4);
+          dget(out_st[path], dst, (size_t)NSLOT * c.sstride * 4);
+          dget(out_cst[path], dcst, (size_t)NSLOT * cstride * 4);
+          dget(out_y[path], dy, ny * es);
+          dget(out_dbl[path], ddbl, (size_t)NSEQ * NO * 4);
+          dfree(dst);
+          dfree(dcst);
+          dfree(ddbl);
+          dfree(dy);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "conv fusion N=%d di=%d %s", N, di, mbd_dtype_name(act));
+        same_bytes(what, out_dbl[1], out_dbl[0], (size_t)NSEQ * NO, 4);
+        same_bytes(what, out_y[1], out_y[0], ny, es);
+        same_bytes(what, out_st[1], out_st[0], (size_t)NSLOT * c.sstride, 4);
+        same_bytes(what, out_cst[1], out_cst[0], (size_t)NSLOT * cstride, 4);
+        for (int path = 0; path < 2; path++) {
+          free(out_st[path]);
+          free(out_cst[path]);
+          free(out_y[path]);
+          free(out_dbl[path]);
+        }
+        dfree(dA);
+        dfree(dD);
+        dfree(dxz);
+        dfree(dtw);
+        dfree(dtb);
+        dfree(dsl);
+        dfree(dcw);
+        dfree(dcb);
+        dfree(dxw);
+        free(cw);
+        free(cb);
+        free(cw16);
+        free(cb16);
+        free(cst);
+        free(xw);
+        scan_case_free(&c);
+      }
+  if (!ran) {
+    print_message(
+        "mbd_mops_conv_fused accepts none of these shapes (MBD_CONV_FUSE_MAX=0 or "
+        "MBD_SCAN_STEP=0 in the environment): fusion not compared\n");
+    skip();
+  }
+}
+
+/* ---- greedy sampling ------------------------------------------------------------ */
+
+/* Greedy picks: the lowest index among equal maxima, NaN never wins; the same
+ * on the CPU by definition. Two launches on one workspace (it must be left
+ * zero-filled). */
+static void test_sample_greedy(void **state) {
+  (void)state;
+  uint64_t seed = 17;
+  enum { NR = 4, V = 1000, LD = 1003 };
+  float *l = fillf((size_t)NR * LD, &seed, -5.0f, 5.0f);
+  l[1 * LD + 10] = 9.0f; /* a tie: index 10 wins */
+  l[1 * LD + 900] = 9.0f;
+  l[2 * LD + 5] = NAN; /* NaN ignored */
+  l[2 * LD + 7] = 8.0f;
+  for (int i = 0; i < V; i++) l[3 * LD + i] = -1.0f; /* all equal: index 0 */
+  int32_t want[NR];
+  for (int r = 0; r < NR; r++) {
+    int bi = -1;
+    for (int i = 0; i < V; i++) {
+      float v = l[r * LD + i];
+      if (v == v && (bi < 0 || v > l[r * LD + bi])) bi = i;
+    }
+    want[r] = bi;
+  }
+  assert_int_equal(want[1], 10);
+  assert_int_equal(want[2], 7);
+  float *dl = dput(l, (size_t)NR * LD * 4);
+  void *work = dzero(mbd_mops_sample_work_bytes(NR));
+  int32_t *dout = dzero(sizeof want);
+  for (int rep = 0; rep < 2; rep++) {
+    int32_t got[NR];
+    OP(mbd_mops_sample(g_stream, NR, V, dl, LD, NULL, NULL, NULL, work, dout, &err));
+    dget(got, dout, sizeof got);
+    same_bytes("greedy sample", got, want, NR, 4);
+  }
+  dfree(dl);
+  dfree(work);
+  dfree(dout);
+  free(l);
+}
+
+/* ---- synthetic weights ------------------------------------------------------------ */
+
+/* Not an op of the model's arithmetic: values in [-scale, scale), the same
+ * bits for the same seed. */
+static void test_fill_uniform(void **state) {
+  (void)state;
+  enum { NV = 10007 };
+  for (int a = 0; a < N_ACT; a++) {
+    mbd_dtype dt = k_act[a];
+    void *d1 = dzero(NV * dsize(dt)), *d2 = dzero(NV * dsize(dt));
+    OP(mbd_mops_fill_uniform(g_stream, dt, d1, NV, 42, 0.5f, &err));
+    OP(mbd_mops_fill_uniform(g_stream, dt, d2, NV, 42, 0.5f, &err));
+    void *h1 = malloc(NV * dsize(dt)), *h2 = malloc(NV * dsize(dt));
+    dget(h1, d1, NV * dsize(dt));
+    dget(h2, d2, NV * dsize(dt));
+    same_bytes("fill_uniform", h1, h2, NV, dsize(dt));
+    for (size_t i = 0; i < NV; i++) {
+      float v = load(dt, h1, i);
+      if (!(v >= -0.5f && v <= 0.5f))
+        fail_msg("fill_uniform %s: p[%zu] = %g", mbd_dtype_name(dt), i, (double)v);
+    }
+    dfree(d1);
+    dfree(d2);
+    free(h1);
+    free(h2);
+  }
+}
+
+static int setup(void **state) {
+  (void)state;
+  return cudaStreamCreate(&g_stream) == cudaSuccess ? 0 : -1;
+}
+static int teardown(void **state) {
+  (void)state;
+  cudaStreamDestroy(g_stream);
+  return 0;
+}
+
+int main(void) {
+  gpu_test_require_device();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_embed),         cmocka_unit_test(test_add_rmsnorm),
+      cmocka_unit_test(test_conv_silu),     cmocka_unit_test(test_xproj),
+      cmocka_unit_test(test_scan),          cmocka_unit_test(test_conv_fusion),
+      cmocka_unit_test(test_sample_greedy), cmocka_unit_test(test_fill_uniform),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

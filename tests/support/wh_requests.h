@@ -1,0 +1,47 @@
+/* Request builders for the worker harness: each packs one request body as
+ * docs/protocol.md describes it and sends it through wh_send (the tag is
+ * returned; wh_wait collects the reply). */
+#ifndef MBD_TEST_WH_REQUESTS_H
+#define MBD_TEST_WH_REQUESTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/route.h"
+#include "support/worker_harness.h"
+
+/* A body being packed. */
+typedef struct {
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+} wh_pack;
+
+/* An empty body with its packer. */
+void wh_pack_init(wh_pack *p);
+
+/* Packs a tensor reference {name, dtype, shape, frame}. */
+void wh_ref(msgpack_packer *pk, const char *name, const char *dt, int ndim, const int64_t *shape,
+            int frame);
+
+/* OPEN of model "tiny"; the session id goes to sid. Returns the reply. */
+mbd_msg *wh_open(wh *h, char *sid, size_t cap);
+
+/* PREFILL of ids[T] into session sid; last_only: logits of the last position only. */
+uint64_t wh_send_prefill(wh *h, const char *sid, const int64_t *ids, int64_t T, bool last_only);
+
+/* STEP of session sid with one token. */
+uint64_t wh_send_step(wh *h, const char *sid, int64_t token);
+
+/* GENERATE; temperature 0 = greedy. */
+uint64_t wh_send_generate(wh *h, const char *sid, int64_t max_tokens, double temperature,
+                          uint64_t seed);
+
+/* IMPORT of an exported state blob (n bytes, i64 words) for model "tiny"
+ * under `want` (exact route id, dtype, ...). */
+uint64_t wh_send_import(wh *h, const void *blob, size_t n, const mbd_route_want *want);
+
+/* Stateless FORWARD of ids [B, T] through model "tiny". */
+uint64_t wh_send_forward(wh *h, const int64_t *ids, int64_t B, int64_t T, bool last_only);
+
+#endif
