@@ -16,7 +16,11 @@
 #include <cmocka.h>
 
 #include "client/mambad.h"
-#include "procs.h"
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "support/procs.h"
 
 #define NTOK 8
 

@@ -18,7 +18,16 @@
 #include <cmocka.h>
 
 #include "common/defaults.h"
-#include "worker_harness.h"
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "support/worker_harness.h"
 
 static wh g;
 static void *g_router;

@@ -13,7 +13,17 @@
 
 #include <cmocka.h>
 
-#include "worker_harness.h"
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "support/wh_requests.h"
+#include "support/worker_harness.h"
 
 #define QUEUE_MB 64
 #define BIG_MIB 64
@@ -87,7 +97,7 @@ static int setup(void **state) {
   char opts[512];
   snprintf(opts, sizeof opts, "%s%squarantine_size_mb=8", asan ? asan : "", asan && *asan ? ":" : "");
   setenv("ASAN_OPTIONS", opts, 1);
-  g.broker = wh_spawn(argv);
+  g.broker = procs_spawn(argv, NULL);
   if (asan) setenv("ASAN_OPTIONS", asan, 1);
   else unsetenv("ASAN_OPTIONS");
   g.zctx = zmq_ctx_new();
