@@ -391,7 +391,7 @@ static void test_routing(void **state) {
   assert_non_null(strstr(msg, shorta));
   assert_non_null(strstr(msg, shortb));
   assert_non_null(strstr(msg, "cpu/bf16/deterministic"));
-  assert_non_null(strstr(msg, "models=[m]"));
+  assert_non_null(strstr(msg, "models=[m@01234567]"));
   expect_error(e, request(e, MBD_CMD_FORWARD, "f32", "other", 0, NULL), MBD_E_NO_ROUTE,
                "model=other", NULL, 0);
   /* a route that appears later is served */
