@@ -327,8 +327,22 @@ static void check_ready(supervisor *s, mbd_client *cl, int64_t t0) {
   mbd_status_report *r = NULL;
   mbd_error err = {0};
   if (mbd_client_status(cl, &r, &err)) return;
+  /* Workers of this deployment with a live record, by name: a crashed
+   * worker's old record (until the broker expires it) must not count for
+   * the process that replaced it, nor a stranger's worker for ours. */
   size_t up = 0;
-  for (size_t i = 0; i < r->n_workers; i++) up += r->workers[i].alive;
+  for (size_t k = 0; k < s->n; k++) {
+    if (s->kids[k].is_broker || !s->kids[k].pid) continue;
+    for (size_t i = 0; i < r->n_workers; i++) {
+      /* registered after this process started (uptime is a duration, so
+       * the two clocks need not agree), with slack for the round trip */
+      if (r->workers[i].alive && !strcmp(r->workers[i].name, s->kids[k].name) &&
+          r->workers[i].uptime_ms <= now_ms() - s->kids[k].started_ms + 500) {
+        up++;
+        break;
+      }
+    }
+  }
   if (up >= s->n_workers) {
     printf("mambad up: ready in %.1f s: %zu worker%s registered\n", (now_ms() - t0) / 1000.0, up,
            up == 1 ? "" : "s");
