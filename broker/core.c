@@ -32,6 +32,7 @@ typedef enum { RQ_WAITING, RQ_INFLIGHT, RQ_ZOMBIE } rq_state;
 typedef struct breq {
   uint64_t ticket;                 /* current ticket while in flight */
   uint64_t client_tag;             /* the client's request id */
+  char rid[40];                    /* the body's request_id (the client's trace id), "" if none */
   uint8_t client[MBD_BW_IDENT_MAX];
   size_t client_len;
   uint8_t cmd;
@@ -219,6 +220,8 @@ static void client_error(mbd_bcore *c, const void *peer, size_t plen, uint64_t t
 /* Answers r with an ERROR and frees it, or turns an in-flight request into a
  * zombie (answered; the worker's slot stays busy until it replies or dies). */
 static void req_fail(mbd_bcore *c, breq *r, int code, const char *msg) {
+  MBD_LOGD(LOG, "request %s: %s answered by the broker: %s %s", r->rid[0] ? r->rid : "-",
+           mbd_cmd_name(r->cmd), mbd_status_name(code), msg);
   client_error(c, r->client, r->client_len, r->client_tag, code, msg);
   if (r->state == RQ_INFLIGHT && mbd_registry_find_gen(c->reg, r->worker_gen)) {
     r->state = RQ_ZOMBIE;
@@ -286,6 +289,7 @@ static int req_read(const msgpack_object *root, uint8_t cmd, breq *r, uint64_t *
       (rc = mbd_obj_str(root, "model", false, r->model, sizeof r->model, err)) ||
       (rc = mbd_obj_str(root, "model_digest", false, r->digest, sizeof r->digest, err)) ||
       (rc = mbd_obj_u64(root, "deadline_ms", false, dl, err)) ||
+      (rc = mbd_obj_str(root, "request_id", false, r->rid, sizeof r->rid, err)) ||
       (mbd_cmd_is_session(cmd) &&
        (rc = mbd_obj_str(root, "session", true, session, sizeof session, err))))
     return rc;
@@ -334,6 +338,9 @@ static void send_req(mbd_bcore *c, breq *r, mbd_bworker *w) {
   mbd_msg_set_tag(m, r->ticket);
   mbd_msg_set_peer(m, w->ident, w->ident_len, NULL);
   c->st.forwarded++;
+  MBD_LOGD(LOG, "request %s: %s (client tag %" PRIu64 ") to worker %s as ticket %" PRIu64 "%s",
+           r->rid[0] ? r->rid : "-", mbd_cmd_name(r->cmd), r->client_tag, w->name, r->ticket,
+           r->retried ? " (re-sent)" : "");
   int rc = c->send(c->ctx, MBD_BDEST_WORKER, &m, &err);
   if (rc == MBD_E_NOT_FOUND) {
     /* Gone without a goodbye: the next tick drops it and fails its requests over. */
@@ -618,7 +625,7 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   /* The routing header only: bulk fields are skipped, never decoded. */
   static const char *const header_keys[] = {"route",   "model",   "model_digest", "deadline_ms",
                                             "session", "tensors", "outputs",      "host_id",
-                                            NULL};
+                                            "request_id", NULL};
   int rc = mbd_body_parse_keys(b, blen, header_keys, HEADER_MAX_BYTES, &body, &err);
   if (rc) {
     client_error(c, pcopy, plen, tag, rc, err.msg);
@@ -887,6 +894,8 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
       c->st.late_dropped++;
     }
     if (last) {
+      MBD_LOGD(LOG, "request %s: %s from worker %s (ticket %" PRIu64 ")", r->rid[0] ? r->rid : "-",
+               mbd_cmd_name(cmd), w->name, r->ticket);
       if (w->inflight > 0) w->inflight--;
       req_free(c, r);
       drain_queue(c);

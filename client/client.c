@@ -32,6 +32,7 @@ struct mbd_client {
   char endpoint[256];
   mbd_client_options opt;
   uint64_t next_id;         /* next request id; never 0 */
+  uint32_t trace_salt;      /* random per client: request_id = salt + tag, unique across clients */
   mbd_reply_meta last;      /* who answered the last request */
 };
 
@@ -70,6 +71,14 @@ int mbd_client_new(const char *endpoint, const mbd_client_options *opt, mbd_clie
   if (c->opt.max_message_bytes == 0) c->opt.max_message_bytes = (size_t)2 << 30;
   snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
   c->next_id = 1;
+  {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ ((uint64_t)getpid() << 40) ^
+                 (uint64_t)(uintptr_t)c;
+    x ^= x >> 33, x *= 0xff51afd7ed558ccdULL, x ^= x >> 33;
+    c->trace_salt = (uint32_t)x;
+  }
   int one = 1, zero = 0;
   c->zctx = zmq_ctx_new();
   if (!c->zctx) {
@@ -319,6 +328,7 @@ static int request_(mbd_client *c, int64_t deadline_ms, mbd_msg **req,
   if (c->next_id == 0) c->next_id = 1;
   memset(&c->last, 0, sizeof c->last);
   c->last.request_id = id;
+  snprintf(c->last.trace, sizeof c->last.trace, "%08x%08" PRIx64, c->trace_salt, id);
   uint8_t cmd = mbd_msg_cmd(*req);
   mbd_msg_set_tag(*req, id);
   int64_t wait = deadline_ms > 0 ? deadline_ms + GRACE_MS : c->opt.wait_ms;
@@ -515,14 +525,21 @@ static void body_init(req_body *b) {
   msgpack_packer_init(&b->pk, &b->sb, msgpack_sbuffer_write);
 }
 
-static void pack_head(msgpack_packer *pk, int64_t deadline_ms) {
+/* request_id (what the broker and the worker log for this request: the id
+ * request_ will give it, with the client's salt) and deadline_ms when set:
+ * 1 + (deadline_ms > 0) map entries. */
+static void pack_head(msgpack_packer *pk, const mbd_client *c, int64_t deadline_ms) {
+  char rid[24];
+  snprintf(rid, sizeof rid, "%08x%08" PRIx64, c->trace_salt, c->next_id);
+  mbd_pack_kv_str(pk, "request_id", rid);
   if (deadline_ms > 0) mbd_pack_kv_i64(pk, "deadline_ms", deadline_ms);
 }
 
-/* Starts a routed request body: {deadline_ms?, route, + extra keys}. */
-static void route_head(msgpack_packer *pk, int64_t dl, const mbd_route_want *want, size_t extra) {
-  msgpack_pack_map(pk, 1 + (dl > 0) + extra);
-  pack_head(pk, dl);
+/* Starts a routed request body: {request_id, deadline_ms?, route, + extra keys}. */
+static void route_head(msgpack_packer *pk, const mbd_client *c, int64_t dl,
+                       const mbd_route_want *want, size_t extra) {
+  msgpack_pack_map(pk, 2 + (dl > 0) + extra);
+  pack_head(pk, c, dl);
   mbd_pack_str(pk, "route");
   mbd_pack_route_want(pk, want);
 }
@@ -641,8 +658,8 @@ int mbd_client_status(mbd_client *c, mbd_status_report **out, mbd_error *err) {
   req_body rb;
   body_init(&rb);
   int64_t dl = deadline_(c, NULL);
-  msgpack_pack_map(&rb.pk, dl > 0 ? 1 : 0);
-  pack_head(&rb.pk, dl);
+  msgpack_pack_map(&rb.pk, dl > 0 ? 2 : 1);
+  pack_head(&rb.pk, c, dl);
   reply rp;
   int rc = roundtrip(c, dl, MBD_CMD_STATUS, &rb, NULL, 0, NULL, NULL, &rp, err);
   if (rc != 0) return rc;
@@ -704,7 +721,7 @@ int mbd_client_gemm(mbd_client *c, const mbd_call_opts *o, const char *dtype,
   int64_t dl = deadline_(c, o);
   req_body rb;
   body_init(&rb);
-  route_head(&rb.pk, dl, route_(c, o), 1 + (dtype && *dtype));
+  route_head(&rb.pk, c, dl, route_(c, o), 1 + (dtype && *dtype));
   if (dtype && *dtype) mbd_pack_kv_str(&rb.pk, "dtype", dtype);
   uint32_t frame = 0;
   pack_tensors(&rb.pk, "tensors", names, ts, n, &frame);
@@ -734,7 +751,7 @@ int mbd_client_forward(mbd_client *c, const mbd_call_opts *o, const char *model,
   int64_t dl = deadline_(c, o);
   req_body rb;
   body_init(&rb);
-  route_head(&rb.pk, dl, route_(c, o), 1 + nmk + last_only + (out_ref != NULL));
+  route_head(&rb.pk, c, dl, route_(c, o), 1 + nmk + last_only + (out_ref != NULL));
   pack_model(&rb.pk, model, &nmk, NULL);
   if (last_only) mbd_pack_kv_bool(&rb.pk, "last_only", true);
   uint32_t frame = 0;
@@ -780,7 +797,7 @@ int mbd_session_open(mbd_client *c, const mbd_call_opts *o, const char *model, m
   int64_t dl = deadline_(c, o);
   req_body rb;
   body_init(&rb);
-  route_head(&rb.pk, dl, route_(c, o), nmk);
+  route_head(&rb.pk, c, dl, route_(c, o), nmk);
   pack_model(&rb.pk, model, &nmk, NULL);
   return open_session(c, dl, MBD_CMD_OPEN, &rb, NULL, 0, model, out, err);
 }
@@ -788,10 +805,10 @@ int mbd_session_open(mbd_client *c, const mbd_call_opts *o, const char *model, m
 const char *mbd_session_id(const mbd_session *s) { return s->id; }
 const char *mbd_session_model_digest(const mbd_session *s) { return s->model_digest; }
 
-/* Starts a session request body: {session, deadline_ms?, + extra keys}. */
+/* Starts a session request body: {request_id, session, deadline_ms?, + extra keys}. */
 static void session_head(msgpack_packer *pk, const mbd_session *s, int64_t dl, size_t extra) {
-  msgpack_pack_map(pk, 1 + (dl > 0) + extra);
-  pack_head(pk, dl);
+  msgpack_pack_map(pk, 2 + (dl > 0) + extra);
+  pack_head(pk, s->c, dl);
   mbd_pack_kv_str(pk, "session", s->id);
 }
 
@@ -965,7 +982,7 @@ int mbd_session_import(mbd_client *c, const mbd_call_opts *o, const mbd_session_
   req_body rb;
   body_init(&rb);
   bool pin = mbd_digest_prefix_ok(st->model_digest);
-  route_head(&rb.pk, dl, &want, 2 + pin);
+  route_head(&rb.pk, c, dl, &want, 2 + pin);
   mbd_pack_kv_str(&rb.pk, "model", st->model);
   if (pin) mbd_pack_kv_str(&rb.pk, "model_digest", st->model_digest);
   uint32_t frame = 0;

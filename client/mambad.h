@@ -61,6 +61,7 @@ void mbd_client_destroy(mbd_client **c);
  * the next request. Empty strings when the broker itself answered. */
 typedef struct mbd_reply_meta {
   uint64_t request_id; /* tag of the request */
+  char trace[24];      /* the body's request_id: the broker and the worker log it (debug) */
   int code;            /* 0 or the ERROR reply's code */
   char error[32];      /* ERROR: code name as sent ("NO_ROUTE") */
   char route_id[65];   /* serving route id (hex), "" when none */

@@ -9,7 +9,9 @@
  *  - MBD_GEMM_MODE is honoured, an explicit --gemm-mode wins over it, and an
  *    invalid value stops the worker naming the three valid modes;
  *  - `mambad up` hands broker.max_message_mb to every worker it starts, and
- *    reports a crash-looping worker while its backoff grows. */
+ *    reports a crash-looping worker while its backoff grows;
+ *  - one request id follows a request from the CLI through the broker's and
+ *    the worker's logs, whose lines carry an ISO-8601 date and time. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -289,6 +291,69 @@ static void test_up_reports_crash_loop(void **state) {
   assert_non_null(strstr(text, "restarting in 2000 ms"));
 }
 
+/* The request id of `mambad forward --verbose` shows in the broker's and the
+ * worker's debug logs: one id follows the request client -> broker -> worker. */
+static void test_request_id_follows(void **state) {
+  (void)state;
+  if (!g_router) skip();
+  zmq_close(g_router);
+  g_router = NULL;
+  char exe[600], blog[400], wlog[400], model[600];
+  snprintf(blog, sizeof blog, "%s/broker.log", g.dir);
+  snprintf(wlog, sizeof wlog, "%s/wt.log", g.dir);
+  setenv("MBD_LOG_LEVEL", "debug", 1);
+  snprintf(exe, sizeof exe, "%s/mambad-broker", g.bin);
+  char *bargv[] = {exe, "--clients", g.clients, "--workers", g.workers, "--heartbeat-ms", "200",
+                   NULL};
+  g.broker = procs_spawn(bargv, blog);
+  char wexe[600];
+  snprintf(wexe, sizeof wexe, "%s/mambad-worker", g.bin);
+  snprintf(model, sizeof model, "tiny=%s", g.model_dir);
+  char *wargv[] = {wexe, "--connect", g.workers, "--name", "wt", "--model", model,
+                   "--heartbeat-ms", "200", "--threads", "1", NULL};
+  pid_t w = procs_spawn(wargv, wlog);
+  unsetenv("MBD_LOG_LEVEL");
+  char out[8192] = "";
+  int rc = -1;
+  for (int k = 0; k < 100 && rc; k++) { /* until the worker has registered */
+    usleep(100000);
+    rc = procs_sh("'%s/mambad' model prompt --out '%s/in.st' --batch 1 --len 4 --vocab 256 "
+                  ">/dev/null 2>&1 && MAMBAD_CONNECT='%s' '%s/mambad' forward --model tiny "
+                  "--input '%s/in.st' --output '%s/out.st' --verbose 2>'%s/cli.err'",
+                  g.bin, g.dir, g.clients, g.bin, g.dir, g.dir, g.dir);
+  }
+  assert_int_equal(rc, 0);
+  char path[400];
+  snprintf(path, sizeof path, "%s/cli.err", g.dir);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  size_t n = fread(out, 1, sizeof out - 1, f);
+  out[n] = '\0';
+  fclose(f);
+  const char *p = strstr(out, "request ");
+  assert_non_null(p);
+  char id[40] = "";
+  assert_int_equal(sscanf(p, "request %39s", id), 1);
+  assert_int_equal(strlen(id), 16);
+  usleep(300000);
+  static char text[1 << 17];
+  char needle[64];
+  snprintf(needle, sizeof needle, "request %s: forward", id);
+  for (int k = 0; k < 2; k++) {
+    f = fopen(k ? wlog : blog, "r");
+    assert_non_null(f);
+    n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    if (!strstr(text, needle)) fail_msg("'%s' not in the %s log", needle, k ? "worker" : "broker");
+    /* log lines carry an ISO-8601 date and time: [YYYY-MM-DDTHH:MM:SS.mmmZ] */
+    const char *l = strstr(text, needle);
+    while (l > text && l[-1] != '\n') l--;
+    assert_true(l[0] == '[' && l[5] == '-' && l[8] == '-' && l[11] == 'T' && l[24] == 'Z');
+  }
+  wh_stop(w, SIGTERM);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_capacity_and_sessions, setup, teardown),
@@ -296,6 +361,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_gemm_mode_env, setup, teardown),
       cmocka_unit_test_setup_teardown(test_up_passes_message_size, setup, teardown),
       cmocka_unit_test_setup_teardown(test_up_reports_crash_loop, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_request_id_follows, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
