@@ -23,6 +23,7 @@
 #define TICKET_BUCKETS 4096
 #define DEADLINE_MAX_MS MBD_DEADLINE_MS_MAX
 #define HEADER_MAX_BYTES (256u << 10) /* routing fields of one request, decoded */
+#define FAILED_MAX 64                  /* start failures kept for STATUS */
 
 /* WAITING: on no worker (queued, or being placed); INFLIGHT: sent, not
  * answered; ZOMBIE: answered by the broker (timeout), the worker's slot stays
@@ -74,6 +75,13 @@ struct mbd_bcore {
   int64_t next_hb_ms;
   bool shutting;
   mbd_bcore_stats st;
+  struct start_failure {           /* workers that reported they could not start */
+    char name[MBD_BW_NAME_MAX];
+    char error[256];
+    char models[256];              /* the models it was to serve, comma-separated */
+    int64_t at_ms;
+  } failed[FAILED_MAX];
+  size_t nfailed;
   int64_t warn_at_ms;              /* when the last worker-input warning was logged */
   uint64_t warn_suppressed;        /* worker-input warnings not logged since */
 };
@@ -81,6 +89,7 @@ struct mbd_bcore {
 /* ---- plumbing ------------------------------------------------------------ */
 
 #define WARN_EVERY_MS 1000
+
 
 /* Logs a warning about input from workers at most once a second, saying how
  * many were left out since, so a flood of bad frames cannot flood the log. */
@@ -102,6 +111,46 @@ static void warn_limited(mbd_bcore *c, int64_t now, const char *fmt, ...) {
   else MBD_LOGW(LOG, "%s", line);
   c->warn_at_ms = now;
   c->warn_suppressed = 0;
+}
+
+/* Records a worker's start failure (DISCONNECT {name, error, models} from a
+ * peer that never registered), replacing an older one of the same name. */
+static void note_start_failure(mbd_bcore *c, const msgpack_object *root, int64_t now) {
+  char name[MBD_BW_NAME_MAX] = "", error[256] = "";
+  if (mbd_obj_str(root, "name", true, name, sizeof name, NULL) ||
+      mbd_obj_str(root, "error", true, error, sizeof error, NULL) || !name[0])
+    return;
+  size_t i = 0;
+  while (i < c->nfailed && strcmp(c->failed[i].name, name)) i++;
+  if (i == c->nfailed) {
+    if (c->nfailed == FAILED_MAX) i = 0; /* full: the oldest slot goes */
+    else c->nfailed++;
+  }
+  struct start_failure *f = &c->failed[i];
+  snprintf(f->name, sizeof f->name, "%s", name);
+  snprintf(f->error, sizeof f->error, "%s", error);
+  f->models[0] = '\0';
+  const msgpack_object *ms = mbd_obj_get(root, "models");
+  size_t n = 0;
+  for (uint32_t k = 0; ms && ms->type == MSGPACK_OBJECT_ARRAY && k < ms->via.array.size; k++) {
+    const msgpack_object *o = &ms->via.array.ptr[k];
+    if (o->type != MSGPACK_OBJECT_STR || n >= sizeof f->models) continue;
+    int x = snprintf(f->models + n, sizeof f->models - n, "%s%.*s", n ? "," : "",
+                     (int)(o->via.str.size < 64 ? o->via.str.size : 64), o->via.str.ptr);
+    if (x > 0) n += (size_t)x;
+  }
+  f->at_ms = now;
+  warn_limited(c, now, "worker %s could not start (models %s): %s", f->name,
+               f->models[0] ? f->models : "-", f->error);
+}
+
+/* A worker of that name registered: its earlier start failure is history. */
+static void clear_start_failure(mbd_bcore *c, const char *name) {
+  for (size_t i = 0; i < c->nfailed; i++)
+    if (!strcmp(c->failed[i].name, name)) {
+      c->failed[i] = c->failed[--c->nfailed];
+      return;
+    }
 }
 
 static int64_t expiry_ms(const mbd_bcore *c) { return (int64_t)c->cfg.heartbeat_ms * c->cfg.liveness; }
@@ -509,8 +558,17 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   msgpack_packer pk;
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   size_t n = mbd_registry_count(c->reg);
-  msgpack_pack_map(&pk, 7);
+  msgpack_pack_map(&pk, 8);
   pack_models(c, &pk);
+  mbd_pack_str(&pk, "failed");
+  msgpack_pack_array(&pk, c->nfailed);
+  for (size_t i = 0; i < c->nfailed; i++) {
+    msgpack_pack_map(&pk, 4);
+    mbd_pack_kv_str(&pk, "name", c->failed[i].name);
+    mbd_pack_kv_str(&pk, "error", c->failed[i].error);
+    mbd_pack_kv_str(&pk, "models", c->failed[i].models);
+    mbd_pack_kv_i64(&pk, "age_ms", now - c->failed[i].at_ms);
+  }
   mbd_pack_str(&pk, "workers");
   msgpack_pack_array(&pk, n);
   for (size_t i = 0; i < n; i++) {
@@ -804,6 +862,7 @@ static void on_ready(mbd_bcore *c, mbd_msg *m, int64_t now) {
     return;
   }
   c->st.workers_joined++;
+  clear_start_failure(c, w.name);
   MBD_LOGI(LOG, "worker %s registered: uid %s route %.8s (%s/%s/%s) capacity %d, %d model(s)%s",
            w.name, w.uid, w.route_id, mbd_backend_name(w.route.backend),
            mbd_dtype_policy_name(w.route.policy), mbd_gemm_mode_name(w.route.mode), w.capacity,
@@ -834,6 +893,16 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     goto done;
   }
   mbd_bworker *w = mbd_registry_find_ident(c->reg, peer, plen);
+  if (!w && cmd == MBD_CMD_DISCONNECT) {
+    static const char *const keys[] = {"name", "error", "models", NULL};
+    mbd_body *body = NULL;
+    size_t blen;
+    const void *b = mbd_msg_body(m, &blen);
+    if (!mbd_body_parse_keys(b, blen, keys, 4096, &body, NULL))
+      note_start_failure(c, mbd_body_root(body), now);
+    mbd_body_destroy(&body);
+    goto done;
+  }
   if (!w) {
     if (cmd != MBD_CMD_DISCONNECT) {
       mbd_bworker tmp;

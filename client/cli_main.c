@@ -325,6 +325,12 @@ static int cmd_status(int argc, char **argv) {
                w->models[k].tokenizer_digest[0] ? " tokenizer " : "", w->models[k].tokenizer_digest);
     }
   }
+  /* Workers that could not start: why their models have no live worker. */
+  for (size_t i = 0; i < r->n_failed; i++) {
+    const mbd_failed_worker *f = &r->failed[i];
+    printf("worker %s is not running (models %s): %s (reported %.1f s ago)\n", f->name,
+           f->models[0] ? f->models : "-", f->error, f->age_ms / 1000.0);
+  }
   /* Models as the broker routes them: two digests under one name are two rows. */
   if (r->n_models) printf("%-24s %-18s %-8s %s\n", "MODEL", "DIGEST", "WORKERS", "NOTE");
   for (size_t i = 0; i < r->n_models; i++) {

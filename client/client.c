@@ -671,6 +671,23 @@ int mbd_client_status(mbd_client *c, mbd_status_report **out, mbd_error *err) {
   const msgpack_object *root = mbd_body_root(rp.body);
   rep->queue = int_field(root, "queue", 0);
   if ((rc = parse_models(root, rep, err)) != 0) goto done;
+  const msgpack_object *fs = mbd_obj_get(root, "failed");
+  if (fs && fs->type == MSGPACK_OBJECT_ARRAY && fs->via.array.size > 0) {
+    rep->failed = calloc(fs->via.array.size, sizeof *rep->failed);
+    if (!rep->failed) {
+      rc = mbd_error_set(err, MBD_E_NOMEM, "out of memory reading STATUS");
+      goto done;
+    }
+    for (size_t i = 0; i < fs->via.array.size; i++) {
+      const msgpack_object *fo = &fs->via.array.ptr[i];
+      if (fo->type != MSGPACK_OBJECT_MAP) continue;
+      mbd_failed_worker *fw = &rep->failed[rep->n_failed++];
+      str_field(fo, "name", fw->name, sizeof fw->name);
+      str_field(fo, "error", fw->error, sizeof fw->error);
+      str_field(fo, "models", fw->models, sizeof fw->models);
+      fw->age_ms = int_field(fo, "age_ms", -1);
+    }
+  }
   const msgpack_object *ws = mbd_obj_get(root, "workers");
   if (ws && ws->type == MSGPACK_OBJECT_ARRAY && ws->via.array.size > 0) {
     rep->workers = calloc(ws->via.array.size, sizeof *rep->workers);
@@ -701,6 +718,7 @@ void mbd_status_report_free(mbd_status_report **pr) {
   }
   free(r->workers);
   free(r->models);
+  free(r->failed);
   free(r);
   *pr = NULL;
 }

@@ -148,12 +148,23 @@ typedef struct mbd_worker_info {
   mbd_model_info *models;
 } mbd_worker_info;
 
+/* A worker that reported it could not start (e.g. a model that does not
+ * load), until a worker of that name registers. */
+typedef struct mbd_failed_worker {
+  char name[64];
+  char error[256];  /* its start-up error */
+  char models[256]; /* the models it was to serve, comma-separated */
+  int64_t age_ms;   /* since it reported */
+} mbd_failed_worker;
+
 typedef struct mbd_status_report {
   size_t n_workers;
   mbd_worker_info *workers;
   int64_t queue; /* requests waiting in the broker */
   size_t n_models;
   mbd_model_entry *models; /* distinct (name, digest) pairs */
+  size_t n_failed;
+  mbd_failed_worker *failed; /* workers that could not start, and why */
 } mbd_status_report;
 
 /* Asks the broker for its workers, their routes, models and load. *out is

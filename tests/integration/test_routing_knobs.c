@@ -10,6 +10,7 @@
  *    invalid value stops the worker naming the three valid modes;
  *  - `mambad up` hands broker.max_message_mb to every worker it starts, and
  *    reports a crash-looping worker while its backoff grows;
+ *  - a worker that cannot start says why, and `mambad status` shows it;
  *  - one request id follows a request from the CLI through the broker's and
  *    the worker's logs, whose lines carry an ISO-8601 date and time. */
 #include <setjmp.h>
@@ -354,6 +355,61 @@ static void test_request_id_follows(void **state) {
   wh_stop(w, SIGTERM);
 }
 
+/* A worker whose model does not load tells the broker why before it exits;
+ * `mambad status` says which models have no worker and why, until a worker
+ * of that name registers. */
+static void test_status_says_why_model_missing(void **state) {
+  (void)state;
+  if (!g_router) skip();
+  zmq_close(g_router);
+  g_router = NULL;
+  char exe[600], bad[400], model[600], out[8192];
+  snprintf(bad, sizeof bad, "%s/broken", g.dir);
+  assert_int_equal(procs_sh("mkdir -p '%s' && echo '{}' > '%s/config.json'", bad, bad), 0);
+  snprintf(exe, sizeof exe, "%s/mambad-broker", g.bin);
+  char *bargv[] = {exe, "--clients", g.clients, "--workers", g.workers, "--heartbeat-ms", "200",
+                   NULL};
+  g.broker = procs_spawn(bargv, NULL);
+  char wexe[600];
+  snprintf(wexe, sizeof wexe, "%s/mambad-worker", g.bin);
+  snprintf(model, sizeof model, "broken=%s", bad);
+  char *wargv[] = {wexe, "--connect", g.workers, "--name", "wbad", "--model", model, NULL};
+  pid_t w = procs_spawn(wargv, NULL);
+  assert_int_equal(exit_within(w, 20000), 1);
+  bool said = false;
+  for (int k = 0; k < 50 && !said; k++) {
+    usleep(100000);
+    if (procs_sh("MAMBAD_CONNECT='%s' '%s/mambad' status > '%s/status.out' 2>&1", g.clients, g.bin,
+                 g.dir))
+      continue;
+    char path[400];
+    snprintf(path, sizeof path, "%s/status.out", g.dir);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    said = strstr(out, "worker wbad is not running (models broken)") != NULL;
+  }
+  if (!said) fail_msg("status did not say why: %s", out);
+  assert_non_null(strstr(out, "broken")); /* the loader's reason names the model */
+  /* a worker of that name registers: the failure is history */
+  snprintf(model, sizeof model, "tiny=%s", g.model_dir);
+  char *gargv[] = {wexe, "--connect", g.workers, "--name", "wbad", "--model", model, "--threads",
+                   "1", NULL};
+  w = procs_spawn(gargv, NULL);
+  bool cleared = false;
+  for (int k = 0; k < 100 && !cleared; k++) {
+    usleep(100000);
+    if (procs_sh("MAMBAD_CONNECT='%s' '%s/mambad' status | grep -q '^wbad ' && "
+                 "! MAMBAD_CONNECT='%s' '%s/mambad' status | grep -q 'not running'",
+                 g.clients, g.bin, g.clients, g.bin) == 0)
+      cleared = true;
+  }
+  wh_stop(w, SIGTERM);
+  assert_true(cleared);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_capacity_and_sessions, setup, teardown),
@@ -362,6 +418,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_up_passes_message_size, setup, teardown),
       cmocka_unit_test_setup_teardown(test_up_reports_crash_loop, setup, teardown),
       cmocka_unit_test_setup_teardown(test_request_id_follows, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_status_says_why_model_missing, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
