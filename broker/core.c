@@ -24,6 +24,7 @@
 #define DEADLINE_MAX_MS MBD_DEADLINE_MS_MAX
 #define HEADER_MAX_BYTES (256u << 10) /* routing fields of one request, decoded */
 #define FAILED_MAX 64                  /* start failures kept for STATUS */
+#define SEEN_UIDS 1024                 /* registered uids remembered for session errors */
 
 /* WAITING: on no worker (queued, or being placed); INFLIGHT: sent, not
  * answered; ZOMBIE: answered by the broker (timeout), the worker's slot stays
@@ -82,6 +83,9 @@ struct mbd_bcore {
     int64_t at_ms;
   } failed[FAILED_MAX];
   size_t nfailed;
+  char seen_uids[SEEN_UIDS][MBD_BW_UID_MAX]; /* uids that registered (ring), so a session
+                                               of a lost worker is told from an unknown one */
+  size_t nseen, seen_next;
   int64_t warn_at_ms;              /* when the last worker-input warning was logged */
   uint64_t warn_suppressed;        /* worker-input warnings not logged since */
 };
@@ -411,8 +415,30 @@ static void no_route(mbd_bcore *c, breq *r) {
   req_fail(c, r, MBD_E_NO_ROUTE, msg);
 }
 
+static bool uid_seen(const mbd_bcore *c, const char *uid) {
+  for (size_t i = 0; i < c->nseen; i++)
+    if (!strcmp(c->seen_uids[i], uid)) return true;
+  return false;
+}
+
+static void note_uid(mbd_bcore *c, const char *uid) {
+  if (uid_seen(c, uid)) return;
+  snprintf(c->seen_uids[c->seen_next], MBD_BW_UID_MAX, "%s", uid);
+  c->seen_next = (c->seen_next + 1) % SEEN_UIDS;
+  if (c->nseen < SEEN_UIDS) c->nseen++;
+}
+
 static void session_lost(mbd_bcore *c, breq *r) {
   char msg[512];
+  if (!uid_seen(c, r->session_uid)) {
+    snprintf(msg, sizeof msg,
+             "session %s/...: no worker with uid %s has registered with this broker (a mistyped "
+             "session id, a session of another deployment, or of a worker lost before this "
+             "broker started)",
+             r->session_uid, r->session_uid);
+    req_fail(c, r, MBD_E_NOT_FOUND, msg);
+    return;
+  }
   snprintf(msg, sizeof msg,
            "the worker holding session %s/... (uid %s) is gone; sessions live on one worker: "
            "EXPORT a session's state while its worker lives and IMPORT it on another worker with "
@@ -863,6 +889,7 @@ static void on_ready(mbd_bcore *c, mbd_msg *m, int64_t now) {
   }
   c->st.workers_joined++;
   clear_start_failure(c, w.name);
+  note_uid(c, w.uid);
   MBD_LOGI(LOG, "worker %s registered: uid %s route %.8s (%s/%s/%s) capacity %d, %d model(s)%s",
            w.name, w.uid, w.route_id, mbd_backend_name(w.route.backend),
            mbd_dtype_policy_name(w.route.policy), mbd_gemm_mode_name(w.route.mode), w.capacity,

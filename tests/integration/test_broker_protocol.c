@@ -408,8 +408,8 @@ static void test_routing(void **state) {
   int before = b->received;
   expect_served_by(e, request(e, MBD_CMD_STEP, NULL, NULL, 0, sess), b);
   assert_int_equal(b->received, before + 1);
-  expect_error(e, request(e, MBD_CMD_STEP, NULL, NULL, 0, "uid-gone/3"), MBD_E_WORKER_LOST,
-               "EXPORT", NULL, 0);
+  expect_error(e, request(e, MBD_CMD_STEP, NULL, NULL, 0, "uid-gone/3"), MBD_E_NOT_FOUND,
+               "has registered", NULL, 0);
   /* STATUS content */
   t = e->next_tag++;
   send_body(e->client, MBD_CMD_STATUS, t, NULL);

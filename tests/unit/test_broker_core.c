@@ -469,6 +469,13 @@ static void test_core_session_and_reregister(void **state) {
   mbd_bcore_on_client(c, &m, 0, NULL, 3);
   assert_int_equal(err_code(s.m[0]), MBD_E_WORKER_LOST);
   clear(&s);
+  /* a uid that never registered: NOT_FOUND, not a lost worker */
+  m = client_req(MBD_CMD_STEP, 11, NULL, NULL, 0, "never/1");
+  mbd_bcore_on_client(c, &m, 0, NULL, 4);
+  assert_int_equal(err_code(s.m[0]), MBD_E_NOT_FOUND);
+  err_text(s.m[0], txt, sizeof txt);
+  assert_non_null(strstr(txt, "never"));
+  clear(&s);
   assert_int_equal(mbd_registry_count(mbd_bcore_registry(c)), 2);
   mbd_bcore_destroy(&c);
 }
