@@ -911,6 +911,8 @@ int mbd_session_generate(mbd_session *s, const mbd_call_opts *o, const mbd_gener
   int rc = roundtrip(s->c, dl, MBD_CMD_GENERATE, &rb, NULL, 0, gen_partial, &g, &rp, err);
   if (rc != 0) return rc;
   rc = i64_list(mbd_body_root(rp.body), "tokens", tokens, n_tokens, err);
+  int64_t pb = 0;
+  if (mbd_obj_i64(mbd_body_root(rp.body), "peak_batch", false, &pb, NULL) == 0) s->c->last.peak_batch = pb;
   if (rc == 0 && reason) {
     char r[16] = "";
     str_field(mbd_body_root(rp.body), "reason", r, sizeof r);

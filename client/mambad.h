@@ -67,6 +67,7 @@ typedef struct mbd_reply_meta {
   char route_id[65];   /* serving route id (hex), "" when none */
   char worker[64];     /* serving worker's name, "" when none */
   char model_digest[72]; /* weights digest that answered (FORWARD, OPEN, IMPORT), "" when none */
+  int64_t peak_batch;  /* GENERATE: most rows of any batched model step it ran in (1 = alone), 0 otherwise */
 } mbd_reply_meta;
 const mbd_reply_meta *mbd_client_last_reply(const mbd_client *c);
 

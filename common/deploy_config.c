@@ -202,6 +202,39 @@ static int parse_broker(walker *w, const yaml_node_t *n, mbd_deploy_config *c) {
   return 0;
 }
 
+static int parse_http(walker *w, const yaml_node_t *n, mbd_deploy_config *c) {
+  static const char *const keys[] = {"listen", "max_body_bytes", "conn_timeout_s", "max_running",
+                                     "deadline_ms", NULL};
+  mbd_deploy_http *h = &c->http;
+  int rc = check_keys(w, n, "http", keys);
+  if (rc) return rc;
+  h->enabled = true;
+  h->line = (int)n->start_mark.line + 1;
+  yaml_node_t *v;
+  if (!(v = map_get(w, n, "listen")))
+    return failf(w, MBD_E_INVALID, n, "http.listen", "missing (e.g. \"127.0.0.1:8000\")");
+  if ((rc = get_str(w, v, "http.listen", h->listen, sizeof h->listen))) return rc;
+  const char *colon = strrchr(h->listen, ':');
+  char *end = NULL;
+  long port = colon ? strtol(colon + 1, &end, 10) : -1;
+  if (!colon || colon == h->listen || !colon[1] || *end || port < 0 || port > 65535)
+    return failf(w, MBD_E_INVALID, v, "http.listen", "'%s' must be HOST:PORT (127.0.0.1:8000)",
+                 h->listen);
+  if ((v = map_get(w, n, "max_body_bytes")) &&
+      (rc = get_int(w, v, "http.max_body_bytes", 1024, 1ll << 30, &h->max_body_bytes)))
+    return rc;
+  if ((v = map_get(w, n, "conn_timeout_s")) &&
+      (rc = get_int(w, v, "http.conn_timeout_s", 1, 3600, &h->conn_timeout_s)))
+    return rc;
+  if ((v = map_get(w, n, "max_running")) &&
+      (rc = get_int(w, v, "http.max_running", 1, 65536, &h->max_running)))
+    return rc;
+  if ((v = map_get(w, n, "deadline_ms")) &&
+      (rc = get_int(w, v, "http.deadline_ms", 1, 86400000, &h->deadline_ms)))
+    return rc;
+  return 0;
+}
+
 static int parse_models(walker *w, const yaml_node_t *n, const char *base_dir,
                         mbd_deploy_config *c) {
   static const char *const keys[] = {"name", "path", "default_digest", NULL};
@@ -456,7 +489,7 @@ int mbd_deploy_config_parse(const char *text, size_t len, const char *label, con
     rc = mbd_error_set(err, MBD_E_FORMAT, "%s:1: the file is empty; it needs at least a broker: section", label);
     goto fail;
   }
-  static const char *const keys[] = {"broker", "models", "workers", "security", NULL};
+  static const char *const keys[] = {"broker", "models", "workers", "security", "http", NULL};
   if ((rc = check_keys(&w, root, "top level", keys))) goto fail;
   yaml_node_t *v = map_get(&w, root, "broker");
   if (!v) {
@@ -468,6 +501,7 @@ int mbd_deploy_config_parse(const char *text, size_t len, const char *label, con
   if ((v = map_get(&w, root, "models")) && (rc = parse_models(&w, v, base_dir, c))) goto fail;
   if ((v = map_get(&w, root, "workers")) && (rc = parse_workers(&w, v, c))) goto fail;
   if ((v = map_get(&w, root, "security")) && (rc = parse_security(&w, v, c))) goto fail;
+  if ((v = map_get(&w, root, "http")) && (rc = parse_http(&w, v, c))) goto fail;
   yaml_document_delete(&doc);
   yaml_parser_delete(&parser);
   *out = c;

@@ -7,6 +7,8 @@
  *   models:   [{name, path, default_digest?}]  path relative to the YAML file's directory
  *   workers:  [{name, device: cpu | cuda:N | all, dtype, gemm_mode, threads,
  *              capacity, max_batch, session_idle_s, models: [names], count}]
+ *   http:     {listen: "HOST:PORT", max_body_bytes, conn_timeout_s, max_running,
+ *              deadline_ms}    starts mambad-gateway serving every model
  *   security: {curve: bool, server_public_key, server_secret_key,
  *              client_public_keys: [..]}   Z85 CURVE keys (40 chars)
  *
@@ -69,6 +71,16 @@ typedef struct mbd_deploy_security {
   char client_public_keys[MBD_DEPLOY_MAX_CLIENT_KEYS][41];
 } mbd_deploy_security;
 
+typedef struct mbd_deploy_http {
+  bool enabled;                    /* the file has an http: section */
+  char listen[64];                 /* "127.0.0.1:8000" */
+  int64_t max_body_bytes;          /* 0 = gateway default */
+  int64_t conn_timeout_s;          /* 0 = gateway default */
+  int64_t max_running;             /* 0 = gateway default */
+  int64_t deadline_ms;             /* 0 = gateway default */
+  int line;
+} mbd_deploy_http;
+
 typedef struct mbd_deploy_config {
   char path[MBD_DEPLOY_PATH_MAX];  /* the file as given ("<memory>" label when parsed) */
   char clients_ep[MBD_DEPLOY_EP_MAX]; /* ipc:// or tcp:// */
@@ -85,6 +97,7 @@ typedef struct mbd_deploy_config {
   size_t n_workers;
   mbd_deploy_worker workers[MBD_DEPLOY_MAX_WORKERS];
   mbd_deploy_security security;
+  mbd_deploy_http http;
 } mbd_deploy_config;
 
 /* Reads and validates `path`; model paths are resolved against its directory.

@@ -3,11 +3,12 @@
 # Idempotent: does nothing (and needs no network) when everything is present.
 set -euo pipefail
 msgpack=libmsgpack-dev
+gateway=(libmicrohttpd-dev curl prometheus) # mambad-gateway; curl and promtool for its tests
 if apt-cache show libmsgpack-c-dev >/dev/null 2>&1; then msgpack=libmsgpack-c-dev; fi
 want=(build-essential cmake pkg-config libzmq3-dev "$msgpack" libyaml-dev libcmocka-dev libjansson-dev
       libpcre2-dev libutf8proc-dev)
 missing=()
-for p in "${want[@]}"; do
+for p in "${want[@]}" "${gateway[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then

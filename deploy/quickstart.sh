@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds, starts a local deployment
 # (broker + one worker: a GPU worker when a GPU is present, else the CPU worker),
-# sends a real generation request through it, prints the tokens, and stops.
+# sends a real generation request through it, prints the tokens, then sends a
+# text completion over HTTP (the gateway, deploy/local.yaml's http: section)
+# with curl and prints the text, and stops.
 #   usage (as root on Debian/Ubuntu): deploy/quickstart.sh
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -9,7 +11,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
 cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$root/build" -j"$(nproc)" --target mambad_cli mambad-broker mambad-worker mambad-up \
-  mambad-model mambad-run >/dev/null
+  mambad-model mambad-run mambad-gateway >/dev/null
 bin="$root/build/bin"
 
 # A seeded synthetic checkpoint in the Hugging Face layout (no download needed).
@@ -39,4 +41,14 @@ done
 echo "== mambad generate (2 prompts x 8 tokens, 16 new tokens each, greedy)"
 "$bin/mambad" generate --connect "$endpoint" --model mamba-130m --input "$work/prompt.safetensors" \
   --output "$work/tokens.safetensors" --max-tokens 16
+echo "== POST http://127.0.0.1:8000/v1/completions (the HTTP gateway)"
+for _ in $(seq 1 240); do
+  curl -sf http://127.0.0.1:8000/health/ready >/dev/null 2>&1 && break
+  sleep 0.5
+done
+reply=$(curl -sS http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \
+  -d '{"model": "mamba-130m", "prompt": "The capital of France is", "max_tokens": 16, "seed": 1}')
+echo "$reply"
+echo "== completion text:"
+printf '%s\n' "$reply" | python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])'
 echo "== done; stopping the deployment"

@@ -2,11 +2,12 @@
  * supervises it in the foreground.
  *
  * It starts the broker, then every worker the file lists (cpu replicas and
- * `device: all` expanded), each in its own process group so a terminal's
+ * `device: all` expanded), then, when the file has an `http:` section, the
+ * HTTP gateway (mambad-gateway) serving every model of the catalogue, each in its own process group so a terminal's
  * Ctrl-C reaches only the supervisor, which then stops things in order.
  * A child that exits is restarted with exponential backoff (reset after it
  * has run for a while); workers re-register with the broker on their own.
- * SIGINT/SIGTERM: SIGTERM to the workers, then the broker, wait up to the
+ * SIGINT/SIGTERM: SIGTERM to the gateway, then the workers, then the broker, wait up to the
  * grace period, SIGKILL what is left. Children get PR_SET_PDEATHSIG so they
  * do not outlive a supervisor that was killed. */
 #include <dirent.h>
@@ -38,6 +39,7 @@
 typedef struct child {
   char name[80];          /* "broker" or the worker name */
   bool is_broker;
+  int stop_phase;         /* order of SIGTERM: 0 gateway, 1 workers, 2 broker */
   char *argv[MAX_ARGS];   /* owned strings, NULL-terminated */
   pid_t pid;              /* 0 when not running */
   int64_t started_ms;     /* when the current process started */
@@ -53,6 +55,7 @@ typedef struct supervisor {
   char clients_connect[MBD_DEPLOY_EP_MAX];
   size_t n_workers;       /* expected worker registrations */
   bool announced;         /* printed "ready" */
+  char http_listen[64];   /* the gateway's HOST:PORT, "" without an http: section */
 } supervisor;
 
 static volatile sig_atomic_t g_stop; /* set by SIGINT/SIGTERM: the only global */
@@ -160,6 +163,7 @@ static child *new_child(supervisor *s, const char *name, bool broker, const char
   memset(c, 0, sizeof *c);
   snprintf(c->name, sizeof c->name, "%s", name);
   c->is_broker = broker;
+  c->stop_phase = broker ? 2 : 1;
   add_arg(c, "%s", prog);
   return c;
 }
@@ -188,6 +192,46 @@ static int add_worker(supervisor *s, const mbd_deploy_config *cfg, const mbd_dep
   rc |= add_arg(c, "--max-message-mb") | add_arg(c, "%" PRId64, cfg->max_message_mb);
   s->n_workers++;
   return rc;
+}
+
+/* The gateway: a broker client serving the catalogue over HTTP. A model whose
+ * directory has no tokenizer.json cannot take text: it is left out with a
+ * warning (and the gateway too when no model has one). */
+static int add_gateway(supervisor *s, const mbd_deploy_config *cfg, mbd_error *err) {
+  const mbd_deploy_http *h = &cfg->http;
+  bool has[MBD_DEPLOY_MAX_MODELS];
+  size_t n = 0;
+  for (size_t k = 0; k < cfg->n_models; k++) {
+    char tj[MBD_DEPLOY_PATH_MAX + 32];
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", cfg->models[k].path);
+    has[k] = access(tj, R_OK) == 0;
+    n += has[k];
+    if (!has[k])
+      fprintf(stderr, "mambad up: %s:%d: http: model '%s' has no %s: the gateway leaves it out "
+              "(text needs the checkpoint's tokenizer.json)\n",
+              cfg->path, h->line, cfg->models[k].name, tj);
+  }
+  if (n == 0) {
+    fprintf(stderr, "mambad up: %s:%d: http: no model has a tokenizer.json; not starting the "
+            "gateway\n", cfg->path, h->line);
+    s->http_listen[0] = '\0';
+    return 0;
+  }
+  child *c = new_child(s, "gateway", false, "mambad-gateway");
+  if (!c) return mbd_error_set(err, MBD_E_NOMEM, "too many processes to start");
+  c->stop_phase = 0; /* the front door closes first, while workers still answer */
+  int rc = 0;
+  rc |= add_arg(c, "--connect") | add_arg(c, "%s", s->clients_connect);
+  rc |= add_arg(c, "--listen") | add_arg(c, "%s", h->listen);
+  for (size_t k = 0; k < cfg->n_models; k++)
+    if (has[k])
+      rc |= add_arg(c, "--model") | add_arg(c, "%s=%s", cfg->models[k].name, cfg->models[k].path);
+  if (h->max_body_bytes) rc |= add_arg(c, "--max-body-bytes") | add_arg(c, "%" PRId64, h->max_body_bytes);
+  if (h->conn_timeout_s) rc |= add_arg(c, "--conn-timeout-s") | add_arg(c, "%" PRId64, h->conn_timeout_s);
+  if (h->max_running) rc |= add_arg(c, "--max-running") | add_arg(c, "%" PRId64, h->max_running);
+  if (h->deadline_ms) rc |= add_arg(c, "--deadline-ms") | add_arg(c, "%" PRId64, h->deadline_ms);
+  if (rc) return mbd_error_set(err, MBD_E_NOMEM, "too many gateway arguments");
+  return 0;
 }
 
 /* Turns the config into child command lines. */
@@ -247,6 +291,10 @@ static int plan(supervisor *s, const mbd_deploy_config *cfg, mbd_error *err) {
     }
   }
   if (rc) return mbd_error_set(err, MBD_E_NOMEM, "too many workers or arguments to start");
+  if (cfg->http.enabled) {
+    snprintf(s->http_listen, sizeof s->http_listen, "%s", cfg->http.listen);
+    return add_gateway(s, cfg, err);
+  }
   return 0;
 }
 
@@ -346,6 +394,7 @@ static void check_ready(supervisor *s, mbd_client *cl, int64_t t0) {
   if (up >= s->n_workers) {
     printf("mambad up: ready in %.1f s: %zu worker%s registered\n", (now_ms() - t0) / 1000.0, up,
            up == 1 ? "" : "s");
+    if (s->http_listen[0]) printf("  http gateway on http://%s\n", s->http_listen);
     for (size_t i = 0; i < r->n_workers; i++)
       printf("  worker %-16s route %.12s  models %zu  pid %" PRId64 "\n", r->workers[i].name,
              r->workers[i].route_id, r->workers[i].n_models, r->workers[i].pid);
@@ -355,11 +404,12 @@ static void check_ready(supervisor *s, mbd_client *cl, int64_t t0) {
   mbd_status_report_free(&r);
 }
 
-/* SIGTERM workers, then the broker; SIGKILL what is left after the grace period. */
+/* SIGTERM the gateway, then the workers, then the broker; SIGKILL what is
+ * left of each after the grace period. */
 static void stop_all(supervisor *s) {
-  for (int phase = 0; phase < 2; phase++) {
+  for (int phase = 0; phase < 3; phase++) {
     for (size_t i = 0; i < s->n; i++)
-      if (s->kids[i].pid > 0 && s->kids[i].is_broker == (phase == 1)) kill(s->kids[i].pid, SIGTERM);
+      if (s->kids[i].pid > 0 && s->kids[i].stop_phase == phase) kill(s->kids[i].pid, SIGTERM);
     int64_t end = now_ms() + s->grace_ms;
     for (;;) {
       int status;
@@ -369,11 +419,11 @@ static void stop_all(supervisor *s) {
           if (s->kids[i].pid == pid) s->kids[i].pid = 0;
       bool left = false;
       for (size_t i = 0; i < s->n; i++)
-        left = left || (s->kids[i].pid > 0 && s->kids[i].is_broker == (phase == 1));
+        left = left || (s->kids[i].pid > 0 && s->kids[i].stop_phase == phase);
       if (!left) break;
       if (now_ms() >= end) {
         for (size_t i = 0; i < s->n; i++)
-          if (s->kids[i].pid > 0 && s->kids[i].is_broker == (phase == 1)) {
+          if (s->kids[i].pid > 0 && s->kids[i].stop_phase == phase) {
             fprintf(stderr, "mambad up: %s did not stop within %" PRId64 " ms; killing it\n",
                     s->kids[i].name, s->grace_ms);
             kill(s->kids[i].pid, SIGKILL);

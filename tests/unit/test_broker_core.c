@@ -87,9 +87,10 @@ static mbd_msg *ready_msg(const char *ident, const char *uid, mbd_dtype_policy p
   mbd_pack_kv_u64(&pk, "capacity", (uint64_t)cap);
   mbd_pack_str(&pk, "models");
   msgpack_pack_array(&pk, 1);
-  msgpack_pack_map(&pk, 2);
+  msgpack_pack_map(&pk, 3);
   mbd_pack_kv_str(&pk, "name", model);
   mbd_pack_kv_str(&pk, "digest", "d");
+  mbd_pack_kv_str(&pk, "tokenizer_digest", "t");
   mbd_msg *m = NULL;
   assert_int_equal(mbd_msg_new(MBD_CMD_READY, 0, &m, NULL), 0);
   assert_int_equal(mbd_msg_take_body(m, &sb, NULL), 0);
@@ -245,6 +246,7 @@ static void test_registry_ready_and_select(void **state) {
     memset(&w[i], 0, sizeof w[i]);
     mbd_error err = {0};
     assert_int_equal(mbd_registry_parse_ready(mbd_body_root(body), &w[i], &err), 0);
+    assert_string_equal(w[i].models[0].tokenizer_digest, "t");
     mbd_body_destroy(&body);
     mbd_msg_destroy(&m);
     memcpy(w[i].ident, names[i], 1);

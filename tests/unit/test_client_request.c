@@ -134,9 +134,10 @@ static void *fake_main(void *arg) {
     mbd_pack_kv_i64(&pk, "capacity", 8);
     mbd_pack_str(&pk, "models");
     msgpack_pack_array(&pk, 1);
-    msgpack_pack_map(&pk, 2);
+    msgpack_pack_map(&pk, 3);
     mbd_pack_kv_str(&pk, "name", "tiny");
     mbd_pack_kv_str(&pk, "digest", "d1");
+    mbd_pack_kv_str(&pk, "tokenizer_digest", "t1");
     send_reply(f, req, MBD_CMD_FINAL, tag, &sb, NULL, 0);
     break;
   }
@@ -267,6 +268,7 @@ static void test_stray_and_malformed_replies_skipped(void **state) {
   assert_string_equal(r->workers[0].route, "");
   assert_int_equal(r->workers[0].n_models, 1);
   assert_string_equal(r->workers[0].models[0].digest, "d1");
+  assert_string_equal(r->workers[0].models[0].tokenizer_digest, "t1");
   mbd_status_report_free(&r);
 }
 

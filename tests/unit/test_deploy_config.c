@@ -182,6 +182,29 @@ static void test_errors_name_line_and_field(void **state) {
             MBD_E_UNSUPPORTED, 5, "not supported yet");
 }
 
+static void test_http_section(void **state) {
+  (void)state;
+  mbd_deploy_config *c = parse_ok(BROKER);
+  assert_false(c->http.enabled);
+  mbd_deploy_config_free(&c);
+  c = parse_ok(BROKER "http:\n  listen: \"127.0.0.1:8000\"\n  max_body_bytes: 65536\n"
+                      "  conn_timeout_s: 5\n  max_running: 8\n  deadline_ms: 1000\n");
+  assert_true(c->http.enabled);
+  assert_string_equal(c->http.listen, "127.0.0.1:8000");
+  assert_int_equal(c->http.max_body_bytes, 65536);
+  assert_int_equal(c->http.conn_timeout_s, 5);
+  assert_int_equal(c->http.max_running, 8);
+  assert_int_equal(c->http.deadline_ms, 1000);
+  assert_int_equal(c->http.line, 5);
+  mbd_deploy_config_free(&c);
+  parse_bad(BROKER "http: {}\n", MBD_E_INVALID, 4, "http.listen: missing");
+  parse_bad(BROKER "http:\n  listen: 8000\n", MBD_E_INVALID, 5, "must be HOST:PORT");
+  parse_bad(BROKER "http:\n  listen: \"h:99999\"\n", MBD_E_INVALID, 5, "must be HOST:PORT");
+  parse_bad(BROKER "http:\n  listen: \"h:1\"\n  port: 2\n", MBD_E_INVALID, 6, "unknown key 'port'");
+  parse_bad(BROKER "http:\n  listen: \"h:1\"\n  conn_timeout_s: 0\n", MBD_E_INVALID, 6,
+            "http.conn_timeout_s");
+}
+
 /* Anchors/aliases in place of scalars are refused, not expanded. */
 static void test_alias_bomb(void **state) {
   (void)state;
@@ -216,8 +239,8 @@ static void test_load_file_and_shipped_examples(void **state) {
 
   const char *src = getenv("MBD_SOURCE_DIR");
   if (!src) return;
-  const char *files[] = {"deploy/local.yaml", "deploy/multi-host.yaml"};
-  for (size_t i = 0; i < 2; i++) {
+  const char *files[] = {"deploy/local.yaml", "deploy/multi-host.yaml", "deploy/local-gpu.yaml"};
+  for (size_t i = 0; i < 3; i++) {
     snprintf(path, sizeof path, "%s/%s", src, files[i]);
     int rc = mbd_deploy_config_load(path, &c, &err);
     if (rc) fprintf(stderr, "%s: %s\n", path, err.msg);
@@ -243,6 +266,7 @@ int main(void) {
       cmocka_unit_test(test_full_file),
       cmocka_unit_test(test_defaults),
       cmocka_unit_test(test_errors_name_line_and_field),
+      cmocka_unit_test(test_http_section),
       cmocka_unit_test(test_alias_bomb),
       cmocka_unit_test(test_load_file_and_shipped_examples),
       cmocka_unit_test(test_connect_endpoint),
