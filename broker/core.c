@@ -43,6 +43,7 @@ typedef struct breq {
   char digest[MBD_BW_DIGEST_MAX];  /* the model's weights digest: the client's pin (a prefix) or,
                                       once resolved, the full digest every send must match */
   bool digest_fixed;               /* digest is the full one chosen for this request */
+  char tokenizer[MBD_BW_DIGEST_MAX]; /* with digest_fixed: the tokenizer digest chosen with it */
   char session_uid[MBD_BW_UID_MAX]; /* session commands: the owning worker's uid */
   bool is_session;
   bool has_ipc;                    /* carries CUDA IPC tensors: same-host GPU workers only */
@@ -451,9 +452,11 @@ static void session_lost(mbd_bcore *c, breq *r) {
  * it carries CUDA IPC tensors. */
 static mbd_bworker *select_for(mbd_bcore *c, breq *r, size_t *nmatch) {
   if (r->has_ipc)
-    return mbd_registry_select_ipc(c->reg, &r->want, r->model, r->digest, r->client_host,
+    return mbd_registry_select_ipc(c->reg, &r->want, r->model, r->digest,
+                                   r->digest_fixed ? r->tokenizer : NULL, r->client_host,
                                    r->ipc_device, NULL, nmatch);
-  return mbd_registry_select(c->reg, &r->want, r->model, r->digest, NULL, nmatch);
+  return mbd_registry_select(c->reg, &r->want, r->model, r->digest,
+                             r->digest_fixed ? r->tokenizer : NULL, NULL, nmatch);
 }
 
 /* Fixes which weights r gets (once: a re-send goes to the same digest).
@@ -462,7 +465,7 @@ static bool resolve_digest(mbd_bcore *c, breq *r) {
   if (r->digest_fixed || !r->model[0]) return true;
   mbd_error err = {0};
   char d[MBD_BW_DIGEST_MAX];
-  if (mbd_registry_resolve_digest(c->reg, &r->want, r->model, r->digest, d, &err)) {
+  if (mbd_registry_resolve_digest(c->reg, &r->want, r->model, r->digest, d, r->tokenizer, &err)) {
     c->st.ambiguous++;
     req_fail(c, r, err.code, err.msg);
     return false;
@@ -547,7 +550,7 @@ static void drain_queue(mbd_bcore *c) {
 
 /* ---- client side ---------------------------------------------------------------- */
 
-/* STATUS "models": one entry per distinct (name, weights digest) among the
+/* STATUS "models": one entry per distinct (name, weights, tokenizer) among the
  * live workers, with how many serve it and whether it is the name's default,
  * so two digests under one name show as two models. */
 static void pack_models(mbd_bcore *c, msgpack_packer *pk) {
@@ -560,7 +563,9 @@ static void pack_models(mbd_bcore *c, msgpack_packer *pk) {
     for (int k = 0; k < w->nmodels; k++) {
       const mbd_bmodel *m = &w->models[k];
       size_t j = 0;
-      while (j < n && (strcmp(seen[j]->name, m->name) || strcmp(seen[j]->digest, m->digest))) j++;
+      while (j < n && (strcmp(seen[j]->name, m->name) || strcmp(seen[j]->digest, m->digest) ||
+                       strcmp(seen[j]->tokenizer_digest, m->tokenizer_digest)))
+        j++;
       if (j < n) nserve[j]++;
       else if (n < MAXM) seen[n] = m, nserve[n++] = 1;
     }

@@ -162,16 +162,20 @@ static bool has_prefix(const char *s, const char *prefix) {
   return !prefix || !prefix[0] || !strncmp(s, prefix, strlen(prefix));
 }
 
-bool mbd_bworker_serves(const mbd_bworker *w, const char *model, const char *digest) {
+bool mbd_bworker_serves(const mbd_bworker *w, const char *model, const char *digest,
+                        const char *tokenizer) {
   if (!model || !model[0]) return true;
   for (int i = 0; i < w->nmodels; i++)
-    if (!strcmp(w->models[i].name, model) && has_prefix(w->models[i].digest, digest)) return true;
+    if (!strcmp(w->models[i].name, model) && has_prefix(w->models[i].digest, digest) &&
+        (!tokenizer || !strcmp(w->models[i].tokenizer_digest, tokenizer)))
+      return true;
   return false;
 }
 
 bool mbd_bworker_matches(const mbd_bworker *w, const mbd_route_want *want, const char *model,
-                         const char *digest) {
-  return mbd_route_matches(want, &w->route, w->route_id) && mbd_bworker_serves(w, model, digest);
+                         const char *digest, const char *tokenizer) {
+  return mbd_route_matches(want, &w->route, w->route_id) &&
+         mbd_bworker_serves(w, model, digest, tokenizer);
 }
 
 int mbd_registry_set_default(mbd_registry *r, const char *name, const char *digest,
@@ -203,48 +207,66 @@ const char *mbd_registry_default(const mbd_registry *r, const char *name) {
   return NULL;
 }
 
-/* The digest of `model` on w that starts with prefix, or NULL. */
-static const char *served_digest(const mbd_bworker *w, const char *model, const char *prefix) {
+/* The model `model` on w whose digest starts with prefix, or NULL. */
+static const mbd_bmodel *served_model(const mbd_bworker *w, const char *model, const char *prefix) {
   for (int i = 0; i < w->nmodels; i++)
     if (!strcmp(w->models[i].name, model) && has_prefix(w->models[i].digest, prefix))
-      return w->models[i].digest;
+      return &w->models[i];
   return NULL;
 }
 
 int mbd_registry_resolve_digest(mbd_registry *r, const mbd_route_want *want, const char *model,
-                                const char *pin, char out[MBD_BW_DIGEST_MAX], mbd_error *err) {
+                                const char *pin, char out[MBD_BW_DIGEST_MAX],
+                                char tokenizer_out[MBD_BW_DIGEST_MAX], mbd_error *err) {
   const char *prefix = pin ? pin : "";
+  tokenizer_out[0] = '\0';
   if (!model || !model[0]) {
     snprintf(out, MBD_BW_DIGEST_MAX, "%s", prefix);
     return MBD_OK;
   }
   const char *dflt = prefix[0] ? NULL : mbd_registry_default(r, model);
   if (dflt) prefix = dflt;
-  const char *found[MBD_BW_MODELS_MAX];
+  const mbd_bmodel *found[MBD_BW_MODELS_MAX];
   size_t nfound = 0, total = 0;
+  bool same_weights = true; /* every pair found has the first one's weights */
   for (size_t i = 0; i < r->n; i++) {
     const mbd_bworker *w = &r->w[i];
-    const char *d;
+    const mbd_bmodel *m;
     if (w->dead || !mbd_route_matches(want, &w->route, w->route_id) ||
-        !(d = served_digest(w, model, prefix)))
+        !(m = served_model(w, model, prefix)))
       continue;
     size_t k = 0;
-    while (k < nfound && strcmp(found[k], d)) k++;
+    while (k < nfound &&
+           (strcmp(found[k]->digest, m->digest) ||
+            strcmp(found[k]->tokenizer_digest, m->tokenizer_digest)))
+      k++;
     if (k == nfound) {
       total++;
-      if (nfound < MBD_BW_MODELS_MAX) found[nfound++] = d;
+      if (nfound && strcmp(found[0]->digest, m->digest)) same_weights = false;
+      if (nfound < MBD_BW_MODELS_MAX) found[nfound++] = m;
     }
   }
   if (total <= 1) {
-    snprintf(out, MBD_BW_DIGEST_MAX, "%s", total ? found[0] : prefix);
+    snprintf(out, MBD_BW_DIGEST_MAX, "%s", total ? found[0]->digest : prefix);
+    if (total) snprintf(tokenizer_out, MBD_BW_DIGEST_MAX, "%s", found[0]->tokenizer_digest);
     return MBD_OK;
   }
   char list[MBD_ERROR_MSG_MAX];
   size_t n = 0;
   for (size_t k = 0; k < nfound && n < sizeof list; k++) {
-    int x = snprintf(list + n, sizeof list - n, "%s%s", k ? ", " : "", found[k]);
+    int x = same_weights ? snprintf(list + n, sizeof list - n, "%stokenizer %.16s", k ? ", " : "",
+                                    found[k]->tokenizer_digest[0] ? found[k]->tokenizer_digest
+                                                                  : "(none)")
+                         : snprintf(list + n, sizeof list - n, "%s%s", k ? ", " : "",
+                                    found[k]->digest);
     if (x > 0) n += (size_t)x;
   }
+  if (same_weights)
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "model '%s' (weights %.16s) is served with %zu different tokenizers: %s; "
+                         "a name must mean one tokenizer: serve the same tokenizer.json on every "
+                         "worker of this name, or give the variants different names",
+                         model, found[0]->digest, total, list);
   return mbd_error_set(err, MBD_E_INVALID,
                        "model '%s'%s%s is served with %zu different weights digests: %s; pin one "
                        "(request field model_digest, or mambad --model %s@DIGEST) or mark a "
@@ -262,12 +284,14 @@ static bool less_loaded(const mbd_bworker *a, const mbd_bworker *b) {
 }
 
 mbd_bworker *mbd_registry_select(mbd_registry *r, const mbd_route_want *want, const char *model,
-                                 const char *digest, const mbd_bworker *exclude, size_t *n_match) {
+                                 const char *digest, const char *tokenizer,
+                                 const mbd_bworker *exclude, size_t *n_match) {
   mbd_bworker *best = NULL;
   size_t m = 0;
   for (size_t i = 0; i < r->n; i++) {
     mbd_bworker *w = &r->w[i];
-    if (w == exclude || w->dead || !mbd_bworker_matches(w, want, model, digest)) continue;
+    if (w == exclude || w->dead || !mbd_bworker_matches(w, want, model, digest, tokenizer))
+      continue;
     m++;
     if (w->inflight >= w->capacity) continue;
     if (!best || less_loaded(w, best)) best = w;
@@ -278,15 +302,15 @@ mbd_bworker *mbd_registry_select(mbd_registry *r, const mbd_route_want *want, co
 }
 
 mbd_bworker *mbd_registry_select_ipc(mbd_registry *r, const mbd_route_want *want,
-                                     const char *model, const char *digest, const char *host_id,
-                                     int device,
+                                     const char *model, const char *digest,
+                                     const char *tokenizer, const char *host_id, int device,
                                      const mbd_bworker *exclude, size_t *n_match) {
   mbd_bworker *best = NULL;
   size_t m = 0;
   for (size_t i = 0; i < r->n; i++) {
     mbd_bworker *w = &r->w[i];
     if (w == exclude || w->dead || w->device < 0 || strcmp(w->host_id, host_id) ||
-        !mbd_bworker_matches(w, want, model, digest))
+        !mbd_bworker_matches(w, want, model, digest, tokenizer))
       continue;
     m++;
     if (w->inflight >= w->capacity) continue;

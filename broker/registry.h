@@ -86,11 +86,13 @@ size_t mbd_registry_count(const mbd_registry *r);
 mbd_bworker *mbd_registry_at(mbd_registry *r, size_t i);
 
 /* True when w serves `model` ("" = any model) with a weights digest that
- * starts with `digest` (NULL or "" = any digest). */
-bool mbd_bworker_serves(const mbd_bworker *w, const char *model, const char *digest);
-/* True when w matches the route constraint and model (name and digest prefix). */
+ * starts with `digest` (NULL or "" = any digest) and, when `tokenizer` is not
+ * NULL, exactly that tokenizer digest ("" = a model without tokenizer). */
+bool mbd_bworker_serves(const mbd_bworker *w, const char *model, const char *digest,
+                        const char *tokenizer);
+/* True when w matches the route constraint and model (name, digest prefix, tokenizer). */
 bool mbd_bworker_matches(const mbd_bworker *w, const mbd_route_want *want, const char *model,
-                         const char *digest);
+                         const char *digest, const char *tokenizer);
 
 /* Marks `digest` (a hex prefix of >= 8 chars) as the default of model `name`:
  * requests for `name` that pin no digest are served by it only. Replaces an
@@ -105,12 +107,14 @@ const char *mbd_registry_default(const mbd_registry *r, const char *name);
  * means two models without the client choosing. `pin` is the request's digest
  * prefix ("" = none). Among the live workers matching want and serving model
  * with a digest starting with pin (or, unpinned, with the name's default),
- * the distinct digests are counted: one -> its full digest goes to out;
+ * the distinct (weights digest, tokenizer digest) pairs are counted: one ->
+ * its full digest goes to out and its tokenizer digest to tokenizer_out;
  * none -> out is the prefix (the caller's select then finds no worker: NO_ROUTE);
  * more than one -> MBD_E_INVALID with a message listing every digest and its
  * workers and saying how to pin one. model "" leaves out = pin. */
 int mbd_registry_resolve_digest(mbd_registry *r, const mbd_route_want *want, const char *model,
-                                const char *pin, char out[MBD_BW_DIGEST_MAX], mbd_error *err);
+                                const char *pin, char out[MBD_BW_DIGEST_MAX],
+                                char tokenizer_out[MBD_BW_DIGEST_MAX], mbd_error *err);
 
 /* Picks the least-loaded matching worker with spare capacity (lowest
  * inflight/capacity; ties: fewer in flight, then least recently used).
@@ -119,15 +123,16 @@ int mbd_registry_resolve_digest(mbd_registry *r, const mbd_route_want *want, con
  * Workers marked dead are skipped and not counted.
  * `exclude` (optional) is never picked. */
 mbd_bworker *mbd_registry_select(mbd_registry *r, const mbd_route_want *want, const char *model,
-                                 const char *digest, const mbd_bworker *exclude, size_t *n_match);
+                                 const char *digest, const char *tokenizer,
+                                 const mbd_bworker *exclude, size_t *n_match);
 
 /* As mbd_registry_select, for requests carrying CUDA IPC tensors: only GPU
  * workers on the client's host (host_id equal, device >= 0) match; among
  * those with spare capacity the one on `device` (the GPU holding the memory)
  * is preferred, then the least loaded (GPU-affine routing). */
 mbd_bworker *mbd_registry_select_ipc(mbd_registry *r, const mbd_route_want *want,
-                                     const char *model, const char *digest, const char *host_id,
-                                     int device,
+                                     const char *model, const char *digest,
+                                     const char *tokenizer, const char *host_id, int device,
                                      const mbd_bworker *exclude, size_t *n_match);
 
 /* NO_ROUTE message naming what was asked and what exists, e.g.

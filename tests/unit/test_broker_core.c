@@ -196,36 +196,48 @@ static void test_registry_digest_identity(void **state) {
   assert_int_equal(mbd_registry_add(r, &w, NULL, &rep, NULL), 0);
   mbd_route_want want;
   memset(&want, 0, sizeof want);
-  char out[MBD_BW_DIGEST_MAX];
+  char out[MBD_BW_DIGEST_MAX], tok[MBD_BW_DIGEST_MAX];
   mbd_error err = {0};
   /* one digest: unpinned resolves to it */
-  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "", out, &err), 0);
+  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "", out, tok, &err), 0);
   assert_string_equal(out, d1);
   worker_with(&w, "b", d2);
   assert_int_equal(mbd_registry_add(r, &w, NULL, &rep, NULL), 0);
-  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "", out, &err), MBD_E_INVALID);
+  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "", out, tok, &err), MBD_E_INVALID);
   assert_non_null(strstr(err.msg, d1));
   assert_non_null(strstr(err.msg, d2));
   /* pinned by prefix */
-  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "22222222", out, &err), 0);
+  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "22222222", out, tok, &err), 0);
   assert_string_equal(out, d2);
   size_t nm = 0;
   for (int i = 0; i < 8; i++)
-    assert_string_equal(mbd_registry_select(r, &want, "m", out, NULL, &nm)->name, "b");
+    assert_string_equal(mbd_registry_select(r, &want, "m", out, NULL, NULL, &nm)->name, "b");
   assert_int_equal(nm, 1);
   /* a pin nobody serves: the prefix comes back, select finds nothing (NO_ROUTE) */
-  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "33333333", out, &err), 0);
+  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "33333333", out, tok, &err), 0);
   assert_string_equal(out, "33333333");
-  assert_null(mbd_registry_select(r, &want, "m", out, NULL, &nm));
+  assert_null(mbd_registry_select(r, &want, "m", out, NULL, NULL, &nm));
   assert_int_equal(nm, 0);
   /* the deployment's default decides for unpinned requests */
   assert_int_equal(mbd_registry_set_default(r, "m", "BAD", &err), MBD_E_INVALID);
   assert_int_equal(mbd_registry_set_default(r, "m", "11111111", &err), 0);
-  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "", out, &err), 0);
+  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "", out, tok, &err), 0);
   assert_string_equal(out, d1);
   /* ... but a pin still wins */
-  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "2222222222", out, &err), 0);
+  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "2222222222", out, tok, &err), 0);
   assert_string_equal(out, d2);
+  /* same weights, another tokenizer under the name: refused, pinned or not */
+  worker_with(&w, "c", d2);
+  strcpy(w.models[0].tokenizer_digest, "7777777777777777777777777777777777777777777777777777777777777777");
+  assert_int_equal(mbd_registry_add(r, &w, NULL, &rep, NULL), 0);
+  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "22222222", out, tok, &err),
+                   MBD_E_INVALID);
+  assert_non_null(strstr(err.msg, "tokenizers"));
+  /* the default's weights have one tokenizer: served, and only by its workers */
+  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "", out, tok, &err), 0);
+  assert_string_equal(out, d1);
+  assert_string_equal(tok, "");
+  assert_string_equal(mbd_registry_select(r, &want, "m", out, tok, NULL, &nm)->name, "a");
   mbd_registry_destroy(&r);
 }
 
@@ -264,30 +276,30 @@ static void test_registry_ready_and_select(void **state) {
   /* least loaded by inflight/capacity: a 1/2 vs b 1/4 -> b */
   mbd_registry_find_ident(r, "a", 1)->inflight = 1;
   mbd_registry_find_ident(r, "b", 1)->inflight = 1;
-  mbd_bworker *p = mbd_registry_select(r, &want, "m", NULL, NULL, &nm);
+  mbd_bworker *p = mbd_registry_select(r, &want, "m", NULL, NULL, NULL, &nm);
   assert_non_null(p);
   assert_string_equal(p->name, "b");
   assert_int_equal(nm, 2);
   /* b 3/4 vs a 1/2 -> a */
   mbd_registry_find_ident(r, "b", 1)->inflight = 3;
-  assert_string_equal(mbd_registry_select(r, &want, "m", NULL, NULL, &nm)->name, "a");
+  assert_string_equal(mbd_registry_select(r, &want, "m", NULL, NULL, NULL, &nm)->name, "a");
   /* all full -> NULL but 2 match (queue, not NO_ROUTE) */
   mbd_registry_find_ident(r, "a", 1)->inflight = 2;
   mbd_registry_find_ident(r, "b", 1)->inflight = 4;
-  assert_null(mbd_registry_select(r, &want, "m", NULL, NULL, &nm));
+  assert_null(mbd_registry_select(r, &want, "m", NULL, NULL, NULL, &nm));
   assert_int_equal(nm, 2);
   /* ties go round-robin */
   mbd_registry_find_ident(r, "a", 1)->inflight = 0;
   mbd_registry_find_ident(r, "b", 1)->inflight = 0;
   mbd_registry_find_ident(r, "b", 1)->capacity = 2;
-  const char *first = mbd_registry_select(r, &want, "m", NULL, NULL, &nm)->name;
-  const char *second = mbd_registry_select(r, &want, "m", NULL, NULL, &nm)->name;
+  const char *first = mbd_registry_select(r, &want, "m", NULL, NULL, NULL, &nm)->name;
+  const char *second = mbd_registry_select(r, &want, "m", NULL, NULL, NULL, &nm)->name;
   assert_string_not_equal(first, second);
   /* model and dead workers */
-  assert_null(mbd_registry_select(r, &want, "nope", NULL, NULL, &nm));
+  assert_null(mbd_registry_select(r, &want, "nope", NULL, NULL, NULL, &nm));
   assert_int_equal(nm, 0);
   mbd_registry_find_ident(r, "a", 1)->dead = true;
-  assert_string_equal(mbd_registry_select(r, &want, "m", NULL, NULL, &nm)->name, "b");
+  assert_string_equal(mbd_registry_select(r, &want, "m", NULL, NULL, NULL, &nm)->name, "b");
   assert_int_equal(nm, 1);
   char msg[1024];
   strcpy(want.dtype, "f16");
