@@ -42,6 +42,7 @@
 #define BACKOFF_MIN_MS 250
 #define BACKOFF_MAX_MS 10000
 #define HEALTHY_MS 30000 /* a child that ran this long starts its backoff afresh */
+#define CRASH_LOOP_RESTARTS 4 /* quick exits in a row reported as a crash loop */
 
 typedef struct child {
   char name[80];          /* "broker" or the worker name */
@@ -196,10 +197,12 @@ static int add_worker(supervisor *s, const mbd_deploy_config *cfg, const mbd_dep
   }
   if (w->threads) rc |= add_arg(c, "--threads") | add_arg(c, "%d", w->threads);
   if (w->capacity) rc |= add_arg(c, "--capacity") | add_arg(c, "%d", w->capacity);
+  if (w->sessions) rc |= add_arg(c, "--sessions") | add_arg(c, "%d", w->sessions);
   if (w->max_batch) rc |= add_arg(c, "--max-batch") | add_arg(c, "%d", w->max_batch);
   if (w->session_idle_s) rc |= add_arg(c, "--session-idle-s") | add_arg(c, "%d", w->session_idle_s);
   rc |= add_arg(c, "--heartbeat-ms") | add_arg(c, "%" PRId64, cfg->heartbeat_ms);
   rc |= add_arg(c, "--liveness") | add_arg(c, "%" PRId64, cfg->liveness);
+  rc |= add_arg(c, "--max-message-mb") | add_arg(c, "%" PRId64, cfg->max_message_mb);
   s->n_workers++;
   return rc;
 }
@@ -270,8 +273,13 @@ static int plan(supervisor *s, const mbd_deploy_config *cfg, mbd_error *err) {
     rc |= add_arg(b, "--heartbeat-ms") | add_arg(b, "%" PRId64, cfg->heartbeat_ms);
     rc |= add_arg(b, "--liveness") | add_arg(b, "%" PRId64, cfg->liveness);
     rc |= add_arg(b, "--queue-limit") | add_arg(b, "%" PRId64, cfg->queue_limit);
+    rc |= add_arg(b, "--queue-mb") | add_arg(b, "%" PRId64, cfg->queue_mb);
     rc |= add_arg(b, "--max-message-mb") | add_arg(b, "%" PRId64, cfg->max_message_mb);
     rc |= add_arg(b, "--default-deadline-ms") | add_arg(b, "%" PRId64, cfg->default_deadline_ms);
+    for (size_t i = 0; i < cfg->n_models; i++)
+      if (cfg->models[i].default_digest[0])
+        rc |= add_arg(b, "--default-digest") |
+              add_arg(b, "%s=%s", cfg->models[i].name, cfg->models[i].default_digest);
   }
   char wconn[MBD_DEPLOY_EP_MAX];
   int erc = connect_endpoint(s, cfg->workers_ep, wconn, sizeof wconn, err);
@@ -383,6 +391,12 @@ static int reap(supervisor *s) {
       c->restart_at_ms = now_ms() + backoff;
       fprintf(stderr, "mambad up: %s (pid %d) %s after %.1f s; restarting in %" PRId64 " ms\n",
               c->name, (int)pid, how, ran / 1000.0, backoff);
+      if (c->restarts >= CRASH_LOOP_RESTARTS)
+        fprintf(stderr,
+                "mambad up: %s is crash-looping: %d exits in a row, each within %d s of its "
+                "start (last: %s); its own messages above say why (a model that does not load, "
+                "a registration the broker refuses); backoff is now %" PRId64 " ms\n",
+                c->name, c->restarts, HEALTHY_MS / 1000, how, backoff);
       s->announced = false; /* report again once it is back */
     }
   }
@@ -394,8 +408,22 @@ static void check_ready(supervisor *s, mbd_client *cl, int64_t t0) {
   mbd_status_report *r = NULL;
   mbd_error err = {0};
   if (mbd_client_status(cl, &r, &err)) return;
+  /* Workers of this deployment with a live record, by name: a crashed
+   * worker's old record (until the broker expires it) must not count for
+   * the process that replaced it, nor a stranger's worker for ours. */
   size_t up = 0;
-  for (size_t i = 0; i < r->n_workers; i++) up += r->workers[i].alive;
+  for (size_t k = 0; k < s->n; k++) {
+    if (s->kids[k].is_broker || !s->kids[k].pid) continue;
+    for (size_t i = 0; i < r->n_workers; i++) {
+      /* registered after this process started (uptime is a duration, so
+       * the two clocks need not agree), with slack for the round trip */
+      if (r->workers[i].alive && !strcmp(r->workers[i].name, s->kids[k].name) &&
+          r->workers[i].uptime_ms <= now_ms() - s->kids[k].started_ms + 500) {
+        up++;
+        break;
+      }
+    }
+  }
   if (up >= s->n_workers) {
     printf("mambad up: ready in %.1f s: %zu worker%s registered\n", (now_ms() - t0) / 1000.0, up,
            up == 1 ? "" : "s");

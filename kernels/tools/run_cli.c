@@ -218,7 +218,7 @@ fail:
 
 int main(int argc, char **argv) {
   const char *model_dir = NULL, *in_path = NULL, *out_path = NULL, *backend = "cpu";
-  const char *dts = "f32", *isas = "auto", *modes = "deterministic";
+  const char *dts = "f32", *isas = "auto", *modes = NULL;
   long long threads = 0, n_gen = 0, top_k = 0, seed = 0;
   float temperature = 0.0f, top_p = 1.0f;
   int32_t stop[MAX_STOP];
@@ -275,8 +275,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "mambad-run: --dtype: %s\n", err.msg);
     return 2;
   }
-  if (mbd_gemm_mode_parse(modes, &mode, &err)) {
-    fprintf(stderr, "mambad-run: --gemm-mode: %s\n", err.msg);
+  if (mbd_gemm_mode_resolve(modes, &mode, &err)) {
+    fprintf(stderr, "mambad-run: %s\n", err.msg);
     return 2;
   }
   mbd_backend_opts opts = {.mode = mode, .policy = policy, .device = device};
