@@ -91,7 +91,7 @@ static double service_tps(wh *h, int n, int G, int V) {
   mbd_msg **r = calloc((size_t)n, sizeof *r);
   double t[3] = {0};
   uint64_t tg = h->next_tag;
-  for (int i = 0; i < n; i++) sg_send_open(h);
+  for (int i = 0; i < n; i++) wh_send_open(h);
   if (sg_collect(h, tg, (size_t)n, r, 60000)) return 0;
   for (int i = 0; i < n; i++) wh_str(r[i], "session", sid[i], 64);
   sg_free_all(r, (size_t)n);

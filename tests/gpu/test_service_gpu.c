@@ -136,7 +136,7 @@ static void test_256_sessions_concurrent_equal_alone(void **st) {
   char (*sid)[64] = calloc(NS, 64);
   t0 = wh_now();
   uint64_t tg = g_h.next_tag;
-  for (int i = 0; i < NS; i++) sg_send_open(&g_h);
+  for (int i = 0; i < NS; i++) wh_send_open(&g_h);
   assert_int_equal(sg_collect(&g_h, tg, NS, r, 60000), 0);
   for (int i = 0; i < NS; i++) {
     check_final(r[i], "open", i);

@@ -74,31 +74,11 @@ uint64_t sg_send_export(wh *h, const char *sid) {
   return wh_send(h, MBD_CMD_EXPORT, &k.sb, 0, NULL, NULL);
 }
 
-uint64_t sg_send_open(wh *h) {
-  wh_pack p;
-  wh_pack_init(&p);
-  msgpack_pack_map(&p.pk, 1);
-  mbd_pack_kv_str(&p.pk, "model", "tiny");
-  return wh_send(h, MBD_CMD_OPEN, &p.sb, 0, NULL, NULL);
-}
-
 uint64_t sg_send_import(wh *h, const void *blob, size_t n, const char *route_id) {
-  wh_pack k;
-  wh_pack_init(&k);
-  msgpack_pack_map(&k.pk, 3);
-  mbd_pack_kv_str(&k.pk, "model", "tiny");
-  mbd_pack_str(&k.pk, "route");
   mbd_route_want want;
   memset(&want, 0, sizeof want);
   snprintf(want.route_id, sizeof want.route_id, "%s", route_id);
-  mbd_pack_route_want(&k.pk, &want);
-  mbd_pack_str(&k.pk, "tensors");
-  msgpack_pack_array(&k.pk, 1);
-  int64_t s[1] = {(int64_t)(n / 8)};
-  wh_ref(&k.pk, "state", "i64", 1, s, 0);
-  const void *pl[1] = {blob};
-  size_t lens[1] = {n};
-  return wh_send(h, MBD_CMD_IMPORT, &k.sb, 1, pl, lens);
+  return wh_send_import(h, blob, n, &want);
 }
 
 uint8_t *sg_payload(const mbd_msg *m, size_t *n) {

@@ -31,9 +31,6 @@ void sg_free_all(mbd_msg **m, size_t n);
 /* EXPORT of session sid's state. */
 uint64_t sg_send_export(wh *h, const char *sid);
 
-/* OPEN of model "tiny", without waiting for the reply. */
-uint64_t sg_send_open(wh *h);
-
 /* IMPORT of an exported blob under its exact route id. */
 uint64_t sg_send_import(wh *h, const void *blob, size_t n, const char *route_id);
 

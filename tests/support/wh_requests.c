@@ -19,12 +19,16 @@ void wh_ref(msgpack_packer *pk, const char *name, const char *dt, int ndim, cons
   mbd_pack_kv_u64(pk, "frame", (uint64_t)frame);
 }
 
-mbd_msg *wh_open(wh *h, char *sid, size_t cap) {
+uint64_t wh_send_open(wh *h) {
   wh_pack p;
   wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 1);
   mbd_pack_kv_str(&p.pk, "model", "tiny");
-  mbd_msg *m = wh_call(h, MBD_CMD_OPEN, &p.sb, 0, NULL, NULL);
+  return wh_send(h, MBD_CMD_OPEN, &p.sb, 0, NULL, NULL);
+}
+
+mbd_msg *wh_open(wh *h, char *sid, size_t cap) {
+  mbd_msg *m = wh_wait(h, wh_send_open(h), 60000);
   if (m && mbd_msg_cmd(m) == MBD_CMD_FINAL) wh_str(m, "session", sid, cap);
   return m;
 }
