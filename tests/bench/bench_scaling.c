@@ -1,4 +1,4 @@
-/* bench_scaling: load generator for the per-device worker scaling run (issue 7).
+/* bench_scaling: load generator for the per-device worker scaling run.
  *
  * Talks to a running deployment (`mambad up`, N workers already started):
  *  1. STATUS through libmambad until N workers are alive; "routes same" = all
