@@ -22,21 +22,6 @@
 #include "worker/worker.h"
 #include "support/wh_requests.h"
 
-static void pack_ref_shm(msgpack_packer *pk, const char *name, const char *dt, int ndim,
-                         const int64_t *shape, const char *obj, uint64_t off, uint64_t size) {
-  msgpack_pack_map(pk, 4);
-  mbd_pack_kv_str(pk, "name", name);
-  mbd_pack_kv_str(pk, "dtype", dt);
-  mbd_pack_str(pk, "shape");
-  msgpack_pack_array(pk, (size_t)ndim);
-  for (int i = 0; i < ndim; i++) msgpack_pack_int64(pk, shape[i]);
-  mbd_pack_str(pk, "shm");
-  msgpack_pack_map(pk, 3);
-  mbd_pack_kv_str(pk, "name", obj);
-  mbd_pack_kv_u64(pk, "offset", off);
-  mbd_pack_kv_u64(pk, "size", size);
-}
-
 static int decode(uint8_t cmd, wh_pack *p, mbd_wreq *q, mbd_error *err) {
   mbd_body *b = NULL;
   assert_int_equal(mbd_body_parse(p->sb.data, p->sb.size, &b, err), 0);
@@ -177,10 +162,10 @@ static void test_decode_tensor_cmds(void **state) {
   mbd_pack_kv_str(&p.pk, "model", "tiny");
   mbd_pack_str(&p.pk, "tensors");
   msgpack_pack_array(&p.pk, 1);
-  pack_ref_shm(&p.pk, "input_ids", "i64", 2, s2, "/in", 0, 48);
+  wh_ref_shm(&p.pk, "input_ids", "i64", 2, s2, "/in", 0, 48);
   mbd_pack_str(&p.pk, "outputs");
   msgpack_pack_array(&p.pk, 1);
-  pack_ref_shm(&p.pk, "logits", "f32", 2, s2, "/out", 64, 24);
+  wh_ref_shm(&p.pk, "logits", "f32", 2, s2, "/out", 64, 24);
   assert_int_equal(decode(MBD_CMD_FORWARD, &p, &q, &err), 0);
   assert_int_equal(q.tensors[0].kind, MBD_TREF_SHM);
   assert_int_equal(q.noutputs, 1);
