@@ -25,8 +25,8 @@ __device__ __forceinline__ void st_act(__half *p, float v) { *p = __float2half_r
 __device__ __forceinline__ float silu_f(float x) { return mbd_pm_silu(x); }
 __device__ __forceinline__ float softplus_f(float x) { return mbd_pm_softplus(x); }
 
-/* Programmatic dependent launch. A decode step is a chain of ~150 small
- * dependent kernels, so each one's launch latency and prologue (index math,
+/* Programmatic dependent launch. A decode step is a chain of over a hundred
+ * small dependent kernels, so each one's launch latency and prologue (index math,
  * weight loads) is on the critical path. Every model kernel is launched with
  * programmatic stream serialisation: it may start while its predecessor is
  * still running, does only work that reads no predecessor output (weights,
