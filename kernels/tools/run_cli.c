@@ -27,8 +27,8 @@
 #include "kernels/model/sampler.h"
 
 #define MAX_STOP 64
-/* On cuda:N the context is sized like a default `mambad worker --backend
- * cuda` (--capacity 64, --max-batch 64), so on the same device, build, GEMM
+/* On cuda:N the context is sized like a default `mambad worker --device
+ * cuda:N` (--capacity 64, --max-batch 64), so on the same device, build, GEMM
  * mode and dtype the route id is the worker's: its bits are the service's. */
 #define RUN_CUDA_SESSIONS 64
 #define RUN_CUDA_BATCH 64

@@ -26,7 +26,7 @@
 
 #define HB_MS 100
 /* Expiry after LIVENESS beats: wide enough that a loaded CI machine pausing
- * this process or the broker (seen: > 300 ms under 4 CPU hogs) does not drop
+ * this process or the broker for hundreds of milliseconds does not drop
  * a fake worker that is meant to stay alive. */
 #define LIVENESS 8
 
