@@ -13,7 +13,8 @@ const char *mbd_worker_usage(void) {
   return "usage: mambad-worker --connect EP --name NAME [--device cpu|cuda:N] [--dtype f32|bf16|f16]\n"
          "         [--gemm-mode deterministic] [--model NAME=DIR]... [--threads N]\n"
          "         [--capacity N] [--max-batch N] [--heartbeat-ms MS] [--liveness N]\n"
-         "         [--session-idle-s S] [--host-id ID] [--max-message-mb N]\n";
+         "         [--session-idle-s S] [--host-id ID] [--max-message-mb N]\n"
+         "         [--slice-tokens N] [--drain-ms MS]\n";
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi, long *out, mbd_error *err) {
@@ -47,6 +48,8 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
   o->heartbeat_ms = 1000;
   o->liveness = 3;
   o->session_idle_s = 600;
+  o->slice_tokens = 512;
+  o->drain_ms = 5000;
   o->max_message_bytes = (size_t)256 << 20;
   int rc;
   long v = 0;
@@ -120,6 +123,12 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
     } else if (!strcmp(a, "--liveness")) {
       if ((rc = parse_int(a, val, 1, 1000, &v, err))) return rc;
       o->liveness = (int)v;
+    } else if (!strcmp(a, "--slice-tokens")) {
+      if ((rc = parse_int(a, val, 1, 1 << 24, &v, err))) return rc;
+      o->slice_tokens = (int)v;
+    } else if (!strcmp(a, "--drain-ms")) {
+      if ((rc = parse_int(a, val, 0, 3600000, &v, err))) return rc;
+      o->drain_ms = (int)v;
     } else if (!strcmp(a, "--session-idle-s")) {
       if ((rc = parse_int(a, val, 0, 100L * 86400, &v, err))) return rc;
       o->session_idle_s = (double)v;
