@@ -171,20 +171,14 @@ static pid_t start_cli_generate(const wh *h, const char *in, const char *log) {
   return procs_spawn(argv, log);
 }
 
-/* Waits (bounded) until file `log` holds at least n bytes. */
-static void wait_output(const char *log, long n) {
+/* Waits (bounded) until the broker relayed n more worker replies than
+ * `base` (the CLI's PARTIALs: its stdout is a buffered file here). */
+static void wait_streaming(wh *h, int64_t base, int64_t n) {
   for (int i = 0; i < 600; i++) {
-    FILE *f = fopen(log, "r");
-    long sz = 0;
-    if (f) {
-      fseek(f, 0, SEEK_END);
-      sz = ftell(f);
-      fclose(f);
-    }
-    if (sz >= n) return;
+    if (status_value(h, "replies") >= base + n) return;
     usleep(50000);
   }
-  fail_msg("no streamed output in %s", log);
+  fail_msg("the CLI's generate is not streaming");
 }
 
 static void test_client_killed_and_ctrl_c(void **state) {
@@ -196,12 +190,17 @@ static void test_client_killed_and_ctrl_c(void **state) {
   wh_start_broker(&h);
   wh_start_worker(&h, "wA", NULL);
   assert_int_equal(wh_wait_workers(&h, 1, 30000), 0);
-  char in[400], log[400];
+  char in[700], log[700];
+  snprintf(log, sizeof log, "%s/mambad", h.bin);
+  if (access(log, X_OK)) { /* the CLI is not built: nothing to test here */
+    wh_fini(&h);
+    skip();
+  }
   prompt_file(&h, in, sizeof in);
   /* kill -9 mid-stream: the broker cancels the request on the worker. */
   snprintf(log, sizeof log, "%s/kill.log", h.dir);
   pid_t p = start_cli_generate(&h, in, log);
-  wait_output(log, 200);
+  wait_streaming(&h, status_value(&h, "replies"), 50);
   assert_int_equal(status_value(&h, NULL), 1);
   int st = 0;
   procs_stop(p, SIGKILL, 10000, &st);
@@ -211,7 +210,7 @@ static void test_client_killed_and_ctrl_c(void **state) {
   /* Ctrl-C: cancelled, exit status 130. */
   snprintf(log, sizeof log, "%s/int.log", h.dir);
   p = start_cli_generate(&h, in, log);
-  wait_output(log, 200);
+  wait_streaming(&h, status_value(&h, "replies"), 50);
   assert_true(procs_stop(p, SIGINT, 10000, &st) >= 0);
   assert_true(WIFEXITED(st));
   assert_int_equal(WEXITSTATUS(st), 130);
