@@ -156,7 +156,7 @@ static int sock_register(mbd_wconn *c, mbd_error *err) {
   int linger = 0, rcvtimeo = 0, sndhwm = 1000000;
   zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
   zmq_setsockopt(c->sock, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm);
-  /* recv after poll only: never block the reactor. */
+  /* recv after poll only: never block the I/O thread. */
   zmq_setsockopt(c->sock, ZMQ_RCVTIMEO, &rcvtimeo, sizeof rcvtimeo);
   if (zmq_connect(c->sock, st->o.connect))
     return mbd_error_set(err, MBD_E_IO, "cannot connect to broker at %s: %s (check --connect)",

@@ -6,9 +6,10 @@
  * request, session, shm) and none of those that read it, so the worker's
  * includes have no cycle.
  *
- * Nothing here touches a socket or the wall clock: the reactor (worker.c)
- * passes a monotonic clock and a send callback over its DEALER socket; the
- * scheduler's unit test passes a fake clock and a callback that records. */
+ * Nothing here touches a socket or the wall clock: the compute thread
+ * (worker.c) passes a monotonic clock and a send callback into the pipe to
+ * the I/O thread (worker/conn.h); the scheduler's unit test passes a fake
+ * clock and a callback that records. Only the compute thread touches it. */
 #ifndef MBD_WORKER_STATE_H
 #define MBD_WORKER_STATE_H
 

@@ -1,6 +1,7 @@
-/* The worker reactor: creates the backend, the state and the models, then
- * polls the broker connection, drains requests into the handlers, ticks the
- * scheduler, sends heartbeats and expires idle sessions. See worker.h. */
+/* The worker's compute thread: creates the backend, the state and the
+ * models, then polls the pipe from the I/O thread, drains requests into the
+ * handlers, ticks the scheduler, expires idle sessions, and drains on
+ * SIGTERM. See worker.h. */
 #include "worker/worker.h"
 
 #include <inttypes.h>

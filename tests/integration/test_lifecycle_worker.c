@@ -6,6 +6,7 @@
  *   registration), the FORWARD's rows must equal the in-process reference bit
  *   for bit (slicing is scheduling only), and the sessions' STEP p99 must
  *   stay under a bound derived from the measured cost of one slice.
+ * - PREFILL chunks and FORWARD row groups give the bits of one call.
  * - SIGTERM under 4 x [1, 1024] FORWARD load: the worker exits 0 within its
  *   drain period (plus process start-up slack), and every request gets
  *   exactly one final reply (FINAL, or an ERROR saying the worker shut down).
@@ -175,6 +176,75 @@ static void test_forward_while_stepping(void **state) {
   wh_fixture_free(&f);
 }
 
+/* Slicing is scheduling only: a PREFILL of 1000 tokens in chunks of 128
+ * (full logits, then last_only, then a STEP after it) and a FORWARD [3, 200]
+ * in row groups of 2 + 1 (full logits) equal the in-process reference bit
+ * for bit. */
+static void test_slices_bit_exact(void **state) {
+  (void)state;
+  wh h;
+  wh_fixture f;
+  int rc = wh_init(&h);
+  if (rc == 77) exit(77);
+  assert_int_equal(rc, 0);
+  assert_int_equal(wh_fixture_load(&h, &f), 0);
+  const int64_t V = f.V, T = 1000;
+  wh_start_broker(&h);
+  wh_start_worker(&h, "wA", "--slice-tokens", "128", NULL);
+  assert_int_equal(wh_wait_workers(&h, 1, 30000), 0);
+  int64_t *ids = malloc((size_t)T * sizeof *ids);
+  fill_ids(ids, (size_t)T, V);
+  float *ref = malloc((size_t)(T + 1) * (size_t)V * 4);
+  mbd_mamba1_state *rs = NULL;
+  assert_int_equal(mbd_mamba1_state_new(f.model, &rs, NULL), 0);
+  wh_ref_prefill(&f, rs, ids, T, ref);
+  int64_t next = 3;
+  wh_ref_prefill(&f, rs, &next, 1, ref + (size_t)T * V); /* the STEP after it */
+  mbd_mamba1_state_destroy(&rs);
+  for (int last = 0; last < 2; last++) {
+    char sid[64];
+    mbd_msg *m = wh_open(&h, sid, sizeof sid);
+    assert_int_equal(wh_code(m), 0);
+    mbd_msg_destroy(&m);
+    m = wh_wait(&h, wh_send_prefill(&h, sid, ids, T, last), 60000);
+    assert_int_equal(wh_code(m), 0);
+    size_t len = 0;
+    const void *got = wh_tensor(m, &len);
+    if (last) {
+      assert_int_equal(len, (size_t)V * 4);
+      assert_memory_equal(got, ref + (size_t)(T - 1) * V, (size_t)V * 4);
+    } else {
+      assert_int_equal(len, (size_t)(T * V) * 4);
+      assert_memory_equal(got, ref, (size_t)(T * V) * 4);
+    }
+    mbd_msg_destroy(&m);
+    m = wh_wait(&h, wh_send_step(&h, sid, next), 30000);
+    assert_int_equal(wh_code(m), 0);
+    got = wh_tensor(m, &len);
+    assert_int_equal(len, (size_t)V * 4);
+    assert_memory_equal(got, ref + (size_t)T * V, (size_t)V * 4);
+    mbd_msg_destroy(&m);
+  }
+  /* FORWARD [3, 200], full logits: row groups of 2 then 1. */
+  const int64_t B = 3, FT2 = 200;
+  mbd_msg *m = wh_wait(&h, wh_send_forward(&h, ids, B, FT2, false), 60000);
+  assert_int_equal(wh_code(m), 0);
+  size_t len = 0;
+  const float *got = wh_tensor(m, &len);
+  assert_int_equal(len, (size_t)(B * FT2 * V) * 4);
+  for (int64_t b = 0; b < B; b++) {
+    assert_int_equal(mbd_mamba1_state_new(f.model, &rs, NULL), 0);
+    wh_ref_prefill(&f, rs, ids + b * FT2, FT2, ref);
+    mbd_mamba1_state_destroy(&rs);
+    assert_memory_equal(got + (size_t)(b * FT2 * V), ref, (size_t)(FT2 * V) * 4);
+  }
+  mbd_msg_destroy(&m);
+  free(ref);
+  free(ids);
+  wh_fini(&h);
+  wh_fixture_free(&f);
+}
+
 /* Starts a worker with --drain-ms drain, sends 4 FORWARDs [B, T], SIGTERMs
  * it once they are on the worker; returns how many of the 4 ended in ERROR. */
 static int sigterm_run(const char *drain, int64_t B, int64_t T) {
@@ -235,6 +305,7 @@ static void test_sigterm_under_load(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_forward_while_stepping),
+                                     cmocka_unit_test(test_slices_bit_exact),
                                      cmocka_unit_test(test_sigterm_under_load)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
