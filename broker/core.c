@@ -809,7 +809,23 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   }
   w->last_seen_ms = now;
   switch (cmd) {
-  case MBD_CMD_HEARTBEAT: break;
+  case MBD_CMD_HEARTBEAT: {
+    /* {load, sessions, draining?}: a worker that drains after SIGTERM gets
+     * no new work (capacity 0: it still matches, so requests wait for other
+     * workers instead of failing NO_ROUTE, and it keeps its running ones). */
+    size_t blen = 0;
+    const void *b = mbd_msg_body(m, &blen);
+    mbd_body *body = NULL;
+    bool draining = false;
+    if (w->capacity > 0 && blen && !mbd_body_parse(b, blen, &body, NULL))
+      mbd_obj_bool(mbd_body_root(body), "draining", false, &draining, NULL);
+    mbd_body_destroy(&body);
+    if (draining) {
+      MBD_LOGI(LOG, "worker %s is shutting down: no new work goes to it", w->name);
+      w->capacity = 0;
+    }
+    break;
+  }
   case MBD_CMD_DISCONNECT: {
     char reason[160] = "";
     mbd_body *body = NULL;

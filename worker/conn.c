@@ -28,6 +28,7 @@ struct mbd_wconn {
   atomic_bool failed;         /* the I/O thread ended on an error (in err) */
   mbd_error err;
   _Atomic uint64_t load, sessions; /* published by the compute thread */
+  atomic_bool draining;       /* set by the compute thread on SIGTERM */
   double last_heard, next_hb; /* I/O thread's clock, seconds */
 };
 
@@ -45,6 +46,7 @@ int mbd_wconn_new(const mbd_wstate *st, mbd_wconn **out, mbd_error *err) {
   atomic_init(&c->failed, false);
   atomic_init(&c->load, 0);
   atomic_init(&c->sessions, 0);
+  atomic_init(&c->draining, false);
   if (!(c->zctx = zmq_ctx_new())) {
     free(c);
     return mbd_error_set(err, MBD_E_IO, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
@@ -136,15 +138,36 @@ static void send_ready(mbd_wconn *c) {
   send_ctl_body(c, MBD_CMD_READY, &sb);
 }
 
+/* HEARTBEAT {load, sessions[, draining: true]} into sb. */
+static void heartbeat_body(mbd_wconn *c, msgpack_sbuffer *sb) {
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+  bool draining = atomic_load(&c->draining);
+  msgpack_pack_map(&pk, draining ? 3 : 2);
+  mbd_pack_kv_u64(&pk, "load", atomic_load(&c->load));
+  mbd_pack_kv_u64(&pk, "sessions", atomic_load(&c->sessions));
+  if (draining) mbd_pack_kv_bool(&pk, "draining", true);
+}
+
 static void send_heartbeat(mbd_wconn *c) {
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk, 2);
-  mbd_pack_kv_u64(&pk, "load", atomic_load(&c->load));
-  mbd_pack_kv_u64(&pk, "sessions", atomic_load(&c->sessions));
+  heartbeat_body(c, &sb);
   send_ctl_body(c, MBD_CMD_HEARTBEAT, &sb);
+}
+
+void mbd_wconn_announce_draining(mbd_wconn *c) {
+  atomic_store(&c->draining, true);
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  heartbeat_body(c, &sb);
+  mbd_msg *m = NULL;
+  mbd_error e = {0};
+  if (mbd_msg_new(MBD_CMD_HEARTBEAT, 0, &m, &e) || mbd_msg_take_body(m, &sb, &e))
+    mbd_msg_destroy(&m); /* the next periodic HEARTBEAT says it as well */
+  else
+    mbd_wconn_send(c, &m); /* through the pipe: ahead of nothing, behind earlier replies */
+  msgpack_sbuffer_destroy(&sb);
 }
 
 /* (Re)creates the DEALER, connects and sends READY; restarts the liveness clock. */

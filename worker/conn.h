@@ -51,6 +51,10 @@ int mbd_wconn_recv(mbd_wconn *c, mbd_msg **out, mbd_error *err);
 /* Compute side: the load and session count the next HEARTBEAT reports. */
 void mbd_wconn_publish(mbd_wconn *c, uint64_t load, uint64_t sessions);
 
+/* Compute side, on SIGTERM: every HEARTBEAT from now on carries
+ * `draining: true` (one goes out at once), so the broker sends no new work. */
+void mbd_wconn_announce_draining(mbd_wconn *c);
+
 /* mbd_wsend_fn for the compute thread (ctx is the mbd_wconn): into the pipe,
  * never blocking; the I/O thread sends it on to the broker. */
 void mbd_wconn_send(void *ctx, mbd_msg **m);

@@ -430,9 +430,11 @@ void mbd_whandle_request(mbd_wstate *st, mbd_msg *msg) {
     goto done;
   }
   if ((rc = mbd_wreq_decode(cmd, root, q, &err))) goto done;
-  if (st->draining) {
-    rc = mbd_error_set(&err, MBD_E_BUSY,
-                       "worker %s is shutting down and takes no new requests: resend it", st->o.name);
+  if (st->draining && (cmd == MBD_CMD_GENERATE || cmd == MBD_CMD_OPEN || cmd == MBD_CMD_IMPORT)) {
+    /* Bounded work that was on its way is still served while draining;
+     * loops of unknown length and new sessions are not. */
+    rc = mbd_error_set(&err, MBD_E_BUSY, "worker %s is shutting down: resend the %s", st->o.name,
+                       mbd_cmd_name(cmd));
     goto done;
   }
   switch (cmd) {

@@ -21,6 +21,7 @@
 #define LOGC MBD_WSTATE_LOG
 #define DRAIN_MAX 256    /* messages handled per tick before computing */
 #define IDLE_POLL_MS 50L /* longest wait for a message while no work is pending */
+#define DRAIN_QUIET_S 0.1 /* draining ends this long after the last message, with no work left */
 
 struct mbd_worker {
   mbd_wstate *st;  /* everything the handlers and the scheduler share */
@@ -88,13 +89,13 @@ const char *mbd_worker_route_id(const mbd_worker *w) { return w->st->route_id; }
 const char *mbd_worker_uid(const mbd_worker *w) { return w->st->uid; }
 
 /* Drains waiting messages from the I/O thread: requests to the handlers,
- * CANCEL to the scheduler. */
-static void drain(mbd_worker *w) {
+ * CANCEL to the scheduler. Returns how many it took. */
+static int drain(mbd_worker *w) {
   for (int k = 0; k < DRAIN_MAX; k++) {
     mbd_msg *m = NULL;
     mbd_error e = {0};
     int rc = mbd_wconn_recv(w->conn, &m, &e);
-    if (rc == MBD_E_IO || (rc && !m)) return; /* nothing more */
+    if (rc == MBD_E_IO || (rc && !m)) return k; /* nothing more */
     if (rc) { /* malformed: answer with the tag when readable */
       uint64_t tag = mbd_msg_tag(m);
       MBD_LOGW(LOGC, "malformed message from broker: %s", e.msg);
@@ -115,6 +116,7 @@ static void drain(mbd_worker *w) {
     }
     mbd_msg_destroy(&m);
   }
+  return DRAIN_MAX;
 }
 
 int mbd_worker_run(mbd_worker *w, volatile sig_atomic_t *stop, mbd_error *err) {
@@ -124,13 +126,15 @@ int mbd_worker_run(mbd_worker *w, volatile sig_atomic_t *stop, mbd_error *err) {
   st->send = mbd_wconn_send;
   st->send_ctx = w->conn;
   if ((rc = mbd_wconn_start(w->conn, err))) goto done;
-  double next_expire = mbd_wstate_now(st) + 1.0, drain_end = 0;
+  double next_expire = mbd_wstate_now(st) + 1.0, drain_end = 0, last_msg = 0;
   bool busy = false;
   for (;;) {
     double t = mbd_wstate_now(st);
     if (*stop && !st->draining) {
       st->draining = true;
+      mbd_wconn_announce_draining(w->conn);
       drain_end = t + st->o.drain_ms / 1000.0;
+      last_msg = t;
       MBD_LOGI(LOGC, "%s: stopping; finishing started work for up to %d ms", st->o.name,
                st->o.drain_ms);
       char why[160];
@@ -138,7 +142,10 @@ int mbd_worker_run(mbd_worker *w, volatile sig_atomic_t *stop, mbd_error *err) {
                st->o.name);
       mbd_wsched_stop_generates(st, why);
     }
-    if (st->draining && (!mbd_wsched_pending(st) || t >= drain_end)) break;
+    /* Draining ends at drain_end, or earlier once no work is left and the
+     * requests the broker sent before it heard of the drain had time to come. */
+    if (st->draining && (t >= drain_end || (!mbd_wsched_pending(st) && t - last_msg >= DRAIN_QUIET_S)))
+      break;
     if (mbd_wconn_failed(w->conn, err)) {
       rc = err->code ? err->code : MBD_E_IO;
       break;
@@ -149,7 +156,7 @@ int mbd_worker_run(mbd_worker *w, volatile sig_atomic_t *stop, mbd_error *err) {
       rc = pr;
       break;
     }
-    if (pr > 0) drain(w);
+    if (pr > 0 && drain(w) > 0) last_msg = mbd_wstate_now(st);
     busy = mbd_wsched_tick(st);
     mbd_wconn_publish(w->conn, mbd_wsched_load(st), (uint64_t)mbd_wsession_count(st->sessions));
     t = mbd_wstate_now(st);
@@ -166,7 +173,8 @@ int mbd_worker_run(mbd_worker *w, volatile sig_atomic_t *stop, mbd_error *err) {
              "resend it",
              st->o.name, st->o.drain_ms);
     mbd_wsched_fail_pending(st, why);
-    drain(w); /* requests already here get BUSY (draining) rather than silence */
+    /* Requests that came after the drain period: answered, not left unread. */
+    while (drain(w) > 0) mbd_wsched_fail_pending(st, why);
     mbd_wconn_stop(w->conn, "shutdown");
     MBD_LOGI(LOGC, "%s: shut down after %" PRIu64 " requests", st->o.name, st->served);
   }

@@ -1,7 +1,7 @@
 /* Request lifecycle in the broker core, without sockets (fake clock, a send
  * callback that records, a probe that says which clients are gone): the
  * deadline each worker send carries, CANCEL of a queued and of an in-flight
- * request, a client that went away, and poison detection. Also the body
+ * request, a client that went away, poison detection, and a draining worker. Also the body
  * rewrite that carries the deadline (mbd_body_prepend_u64). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -320,10 +320,48 @@ static void test_poison(void **state) {
   mbd_bcore_destroy(&c);
 }
 
+static void test_draining_worker(void **state) {
+  (void)state;
+  sent s = {0};
+  mbd_bcore *c = core_new(&s);
+  add_worker(c, "w1", 2, 0);
+  clear(&s);
+  client_send(c, "cli", MBD_CMD_FORWARD, 1, 0, 10);
+  int i = find(&s, MBD_CMD_FORWARD, "w1");
+  assert_true(i >= 0);
+  uint64_t t1 = mbd_msg_tag(s.m[i]);
+  clear(&s);
+  /* HEARTBEAT {draining: true}: its running request goes on, new ones wait. */
+  mbd_msg *m = NULL;
+  assert_int_equal(mbd_msg_new(MBD_CMD_HEARTBEAT, 0, &m, NULL), 0);
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 1);
+  mbd_pack_kv_bool(&pk, "draining", true);
+  assert_int_equal(mbd_msg_take_body(m, &sb, NULL), 0);
+  msgpack_sbuffer_destroy(&sb);
+  assert_int_equal(mbd_msg_set_peer(m, "w1", 2, NULL), 0);
+  mbd_bcore_on_worker(c, &m, 0, NULL, 20);
+  client_send(c, "cli", MBD_CMD_FORWARD, 2, 0, 30);
+  assert_int_equal(s.n, 0); /* queued, not NO_ROUTE, not sent */
+  assert_int_equal(mbd_bcore_queue_len(c), 1);
+  from_worker(c, "w1", MBD_CMD_FINAL, t1, NULL, 40);
+  assert_int_equal(find(&s, MBD_CMD_FINAL, "cli"), 0);
+  assert_int_equal(find(&s, MBD_CMD_FORWARD, NULL), -1);
+  clear(&s);
+  add_worker(c, "w2", 1, 50); /* a replacement takes the queued one */
+  assert_true(find(&s, MBD_CMD_FORWARD, "w2") >= 0);
+  clear(&s);
+  mbd_bcore_destroy(&c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_prepend),
                                      cmocka_unit_test(test_deadline_and_cancel),
                                      cmocka_unit_test(test_client_gone),
-                                     cmocka_unit_test(test_poison)};
+                                     cmocka_unit_test(test_poison),
+                                     cmocka_unit_test(test_draining_worker)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
