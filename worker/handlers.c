@@ -142,8 +142,8 @@ static int check_desc(const mbd_tensor_ref *r, mbd_dtype dt, int ndim_lo, int nd
   return MBD_OK;
 }
 
-/* Session lookup for session commands (its data in *ws): MBD_E_BUSY while the
- * session is generating, since a GENERATE owns its session until its FINAL. */
+/* Session lookup for session commands (its data in *ws): MBD_E_BUSY while a
+ * GENERATE or a PREFILL owns the session (until its reply). */
 static int get_session(mbd_wstate *st, const char *id, mbd_wsession **s, mbd_wsess_data **ws,
                        mbd_error *err) {
   int rc = mbd_wsession_find(st->sessions, id, s, err);
@@ -152,8 +152,8 @@ static int get_session(mbd_wstate *st, const char *id, mbd_wsession **s, mbd_wse
   (*s)->last_used = mbd_wstate_now(st);
   if ((*s)->busy)
     return mbd_error_set(err, MBD_E_BUSY,
-                         "session '%s' is generating: wait for its FINAL before sending more "
-                         "requests to it",
+                         "session '%s' is busy (a GENERATE or PREFILL runs on it): wait for its "
+                         "reply before sending more requests to it",
                          (*s)->id);
   return MBD_OK;
 }
@@ -249,7 +249,6 @@ static int h_prefill(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint
   int64_t sh[2] = {q->last_only ? 1 : T, m->vocab};
   if ((rc = mbd_tensor_desc_make(&ld, MBD_DTYPE_F32, 2, sh, err))) return rc;
   if ((rc = mbd_wsched_check_no_step(st, s, err))) return rc;
-  (void)ws;
   if ((rc = queue_job(st, msg, q, tag, MBD_CMD_PREFILL, s->model, s, r, 1, T, &ld, err))) return rc;
   s->busy = true; /* the job owns the session until its reply */
   return MBD_OK;
