@@ -10,6 +10,8 @@
  * - A `mambad generate` killed with SIGKILL mid-stream: the broker notices
  *   the closed connection and cancels its request on the worker (counters
  *   clients_gone and cancelled; in-flight back to 0).
+ * - A client that sends 200 FORWARDs and closes its socket: most are never
+ *   sent to the worker, the running ones are cancelled there.
  * - Ctrl-C (SIGINT) of a streaming `mambad generate` cancels the request
  *   and exits 130; `--temperature 0.8` works with the sampling defaults.
  *
@@ -225,9 +227,60 @@ static void test_client_killed_and_ctrl_c(void **state) {
   wh_fini(&h);
 }
 
+/* A client sends 200 FORWARDs [1, 2048] (more than the worker's 64 slots
+ * take at once) and closes its socket: the broker drops the queued ones and
+ * cancels the running ones, so far fewer than 200 are ever sent on. */
+static void test_gone_client_burst(void **state) {
+  (void)state;
+  wh h;
+  int rc = wh_init(&h);
+  if (rc == 77) exit(77);
+  assert_int_equal(rc, 0);
+  wh_start_broker(&h);
+  wh_start_worker(&h, "wA", NULL);
+  assert_int_equal(wh_wait_workers(&h, 1, 30000), 0);
+  int64_t *ids = malloc(2048 * sizeof *ids);
+  for (int i = 0; i < 2048; i++) ids[i] = (i * 31) % 512;
+  /* The burst comes from a second connection, which then goes away. */
+  void *main_sock = h.sock;
+  h.sock = zmq_socket(h.zctx, ZMQ_DEALER);
+  int linger = 0;
+  zmq_setsockopt(h.sock, ZMQ_LINGER, &linger, sizeof linger);
+  assert_int_equal(zmq_connect(h.sock, h.clients), 0);
+  for (int i = 0; i < 200; i++) wh_send_forward(&h, ids, 1, 2048, true);
+  usleep(100000);
+  zmq_close(h.sock);
+  h.sock = main_sock;
+  int64_t queue = -1, inflight = -1;
+  for (int i = 0; i < 200 && (queue != 0 || inflight != 0); i++) {
+    inflight = status_value(&h, NULL);
+    wh_pack k;
+    wh_pack_init(&k);
+    msgpack_pack_map(&k.pk, 0);
+    mbd_msg *m = wh_call(&h, MBD_CMD_STATUS, &k.sb, 0, NULL, NULL);
+    mbd_body *b = wh_body(m);
+    mbd_obj_i64(mbd_body_root(b), "queue", true, &queue, NULL);
+    mbd_body_destroy(&b);
+    mbd_msg_destroy(&m);
+    usleep(50000);
+  }
+  assert_int_equal(queue, 0);
+  assert_int_equal(inflight, 0);
+  int64_t fwd = status_value(&h, "forwarded"), can = status_value(&h, "cancelled"),
+          rep = status_value(&h, "replies");
+  fprintf(stderr, "200 requests of a client that left: %lld sent to the worker, %lld answered, "
+                  "%lld cancelled\n", (long long)fwd, (long long)rep, (long long)can);
+  assert_true(fwd < 200);
+  assert_int_equal(can + rep, 200);
+  assert_int_equal(status_value(&h, "clients_gone"), 1);
+  free(ids);
+  wh_fini(&h);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_cancel_stops_stream),
                                      cmocka_unit_test(test_default_deadline_reaches_worker),
-                                     cmocka_unit_test(test_client_killed_and_ctrl_c)};
+                                     cmocka_unit_test(test_client_killed_and_ctrl_c),
+                                     cmocka_unit_test(test_gone_client_burst)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
