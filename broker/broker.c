@@ -17,6 +17,7 @@ struct mbd_broker {
   mbd_broker_config cfg;
   void *zctx;
   void *clients, *workers;
+  void *mon[2];  /* PAIR sockets reading ZMQ_EVENT_DISCONNECTED of clients, workers */
   mbd_bcore *core;
 };
 
@@ -31,17 +32,64 @@ static int send_cb(void *ctx, mbd_bdest dest, mbd_msg **m, mbd_error *err) {
   return mbd_msg_send(m, dest == MBD_BDEST_CLIENT ? b->clients : b->workers, ZMQ_DONTWAIT, err);
 }
 
+/* The client probe of the core: the routing id with an empty frame after it.
+ * Under ROUTER_MANDATORY an id that is no longer connected fails at once
+ * with EHOSTUNREACH; a connected client gets one empty frame, which is not a
+ * mambad message and is dropped by its receiver. */
+static int probe_cb(void *ctx, const void *id, size_t len) {
+  mbd_broker *b = ctx;
+  if (zmq_send(b->clients, id, len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+    return errno == EHOSTUNREACH ? MBD_E_NOT_FOUND : MBD_E_IO;
+  zmq_send(b->clients, "", 0, ZMQ_DONTWAIT);
+  return MBD_OK;
+}
+
+/* Watches s for closed connections: a PAIR socket on its monitor endpoint. */
+static int make_monitor(mbd_broker *b, void *s, const char *ep, void **out, mbd_error *err) {
+  if (zmq_socket_monitor(s, ep, ZMQ_EVENT_DISCONNECTED))
+    return mbd_error_set(err, MBD_E_IO, "socket monitor: %s", zmq_strerror(errno));
+  void *m = zmq_socket(b->zctx, ZMQ_PAIR);
+  int zero = 0;
+  if (!m || zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero) || zmq_connect(m, ep)) {
+    if (m) zmq_close(m);
+    return mbd_error_set(err, MBD_E_IO, "socket monitor: %s", zmq_strerror(errno));
+  }
+  *out = m;
+  return MBD_OK;
+}
+
+/* Reads the waiting monitor events of side d (two frames each) and tells the core. */
+static void read_monitor(mbd_broker *b, int d) {
+  bool any = false;
+  for (int i = 0; i < BATCH; i++) {
+    zmq_msg_t f;
+    zmq_msg_init(&f);
+    if (zmq_msg_recv(&f, b->mon[d], ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&f);
+      break;
+    }
+    bool first = zmq_msg_size(&f) == 6 && zmq_msg_more(&f);
+    zmq_msg_close(&f);
+    any |= first;
+  }
+  if (any) mbd_bcore_on_disconnect(b->core, d == 0 ? MBD_BDEST_CLIENT : MBD_BDEST_WORKER, now_ms());
+}
+
 static int make_socket(mbd_broker *b, const char *ep, void **out, mbd_error *err) {
   void *s = zmq_socket(b->zctx, ZMQ_ROUTER);
   if (!s) return mbd_error_set(err, MBD_E_IO, "creating a ROUTER socket: %s", zmq_strerror(errno));
-  int one = 1, linger = 100, hwm = b->cfg.hwm;
+  int one = 1, linger = 100, hwm = b->cfg.hwm, hb_timeout = b->cfg.heartbeat_ms * b->cfg.liveness;
   int64_t maxmsg = b->cfg.max_message_mb * 1024 * 1024;
   if (zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one) ||
       zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &one, sizeof one) ||
       zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) ||
       zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm) ||
       zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm) ||
-      zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg)) {
+      zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
+      /* ZMTP pings: a peer whose host vanished (no FIN ever comes) is closed
+       * after the liveness period, which the monitor then reports. */
+      zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &b->cfg.heartbeat_ms, sizeof(int)) ||
+      zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof hb_timeout)) {
     int e = errno;
     zmq_close(s);
     return mbd_error_set(err, MBD_E_IO, "setting socket options: %s", zmq_strerror(e));
@@ -69,8 +117,11 @@ int mbd_broker_new(const mbd_broker_config *cfg, mbd_broker **out, mbd_error *er
   }
   if ((rc = make_socket(b, cfg->clients_ep, &b->clients, err)) ||
       (rc = make_socket(b, cfg->workers_ep, &b->workers, err)) ||
+      (rc = make_monitor(b, b->clients, "inproc://mbd-broker-mon-clients", &b->mon[0], err)) ||
+      (rc = make_monitor(b, b->workers, "inproc://mbd-broker-mon-workers", &b->mon[1], err)) ||
       (rc = mbd_bcore_new(cfg, send_cb, b, &b->core, err)))
     goto fail;
+  mbd_bcore_set_probe(b->core, probe_cb);
   *out = b;
   return MBD_OK;
 fail:
@@ -82,6 +133,8 @@ void mbd_broker_destroy(mbd_broker **pb) {
   if (!pb || !*pb) return;
   mbd_broker *b = *pb;
   mbd_bcore_destroy(&b->core);
+  for (int d = 0; d < 2; d++)
+    if (b->mon[d]) zmq_close(b->mon[d]);
   if (b->clients) zmq_close(b->clients);
   if (b->workers) zmq_close(b->workers);
   if (b->zctx) zmq_ctx_term(b->zctx);
@@ -112,7 +165,10 @@ static void pump(mbd_broker *b, bool client_side) {
 }
 
 int mbd_broker_run(mbd_broker *b, volatile sig_atomic_t *stop, int grace_ms, mbd_error *err) {
-  zmq_pollitem_t items[2] = {{b->clients, 0, ZMQ_POLLIN, 0}, {b->workers, 0, ZMQ_POLLIN, 0}};
+  zmq_pollitem_t items[4] = {{b->clients, 0, ZMQ_POLLIN, 0},
+                             {b->workers, 0, ZMQ_POLLIN, 0},
+                             {b->mon[0], 0, ZMQ_POLLIN, 0},
+                             {b->mon[1], 0, ZMQ_POLLIN, 0}};
   int64_t drain_until = -1;
   for (;;) {
     int64_t now = now_ms();
@@ -127,13 +183,15 @@ int mbd_broker_run(mbd_broker *b, volatile sig_atomic_t *stop, int grace_ms, mbd
     int64_t wait = mbd_bcore_next_due(b->core, now);
     if (drain_until >= 0 && drain_until - now < wait) wait = drain_until - now;
     if (wait > 1000) wait = 1000;
-    int rc = zmq_poll(items, 2, (long)wait);
+    int rc = zmq_poll(items, 4, (long)wait);
     if (rc < 0) {
       if (errno == EINTR) continue;
       return mbd_error_set(err, MBD_E_IO, "zmq_poll: %s", zmq_strerror(errno));
     }
     if (items[1].revents & ZMQ_POLLIN) pump(b, false); /* workers first: replies free capacity */
     if (items[0].revents & ZMQ_POLLIN) pump(b, true);
+    for (int d = 0; d < 2; d++)
+      if (items[2 + d].revents & ZMQ_POLLIN) read_monitor(b, d);
     mbd_bcore_tick(b->core, now_ms());
   }
   mbd_bcore_abort(b->core, now_ms());

@@ -25,6 +25,10 @@
 #define HEADER_MAX_BYTES (256u << 10) /* routing fields of one request, decoded */
 #define FAILED_MAX 64                  /* start failures kept for STATUS */
 #define SEEN_UIDS 1024                 /* registered uids remembered for session errors */
+#define MAX_SENDS 3      /* sends of one stateless request (the first + re-sends) */
+#define POISON_CRASHES 2 /* workers that died running a request before it is not re-sent */
+#define PROBE_ROUNDS 5   /* liveness probes after a socket reports a disconnect */
+static const int64_t probe_after_ms[PROBE_ROUNDS] = {0, 10, 50, 200, 1000};
 
 /* WAITING: on no worker (queued, or being placed); INFLIGHT: sent, not
  * answered; ZOMBIE: answered by the broker (timeout), the worker's slot stays
@@ -54,7 +58,10 @@ typedef struct breq {
   mbd_msg *orig;                   /* kept for a re-send (stateless) or until first send */
   uint64_t worker_gen;             /* worker it is on (in flight / zombie) */
   char worker_name[MBD_BW_NAME_MAX];
-  bool retried;                    /* the one failover re-send was used */
+  bool retried;                    /* re-sent at least once after a worker loss */
+  int sends;                       /* times sent to a worker */
+  int crashes;                     /* workers that died (not re-registered) while running it */
+  char crashed_on[POISON_CRASHES][MBD_BW_NAME_MAX]; /* their names */
   rq_state state;
   bool queued, hashed;             /* linked in the queue / the ticket hash */
   struct breq *hnext;              /* ticket hash chain */
@@ -76,6 +83,10 @@ struct mbd_bcore {
   uint64_t next_ticket, next_gen;
   int64_t next_hb_ms;
   bool shutting;
+  int64_t now_ms;                  /* the clock at the current entry point */
+  int64_t probe_t0[2];             /* per side (mbd_bdest): when a disconnect was reported */
+  int probe_next[2];               /* next probe round; PROBE_ROUNDS = none pending */
+  mbd_bcore_probe_fn probe;        /* client liveness probe, or NULL */
   mbd_bcore_stats st;
   struct start_failure {           /* workers that reported they could not start */
     char name[MBD_BW_NAME_MAX];
@@ -303,6 +314,55 @@ static void worker_ctl(mbd_bcore *c, const mbd_bworker *w, uint8_t cmd, const ch
   send_to(c, MBD_BDEST_WORKER, &m);
 }
 
+static void drain_queue(mbd_bcore *c);
+
+/* Tells r's worker to stop r's ticket (CANCEL; the worker answers the ticket
+ * with ERROR CANCELLED, which frees the slot). */
+static void cancel_on_worker(mbd_bcore *c, uint64_t ticket, uint64_t gen) {
+  mbd_bworker *w = mbd_registry_find_gen(c->reg, gen);
+  mbd_msg *m = NULL;
+  if (!w || mbd_msg_new(MBD_CMD_CANCEL, ticket, &m, NULL)) return;
+  mbd_msg_set_peer(m, w->ident, w->ident_len, NULL);
+  send_to(c, MBD_BDEST_WORKER, &m);
+}
+
+/* Stops r: queued -> freed, in flight -> CANCEL to its worker and a zombie
+ * until the worker answers. `answer`: the client gets ERROR CANCELLED `why`
+ * (a client that is gone gets nothing). */
+static void req_cancel(mbd_bcore *c, breq *r, bool answer, const char *why) {
+  c->st.cancelled++;
+  bool inflight = r->state == RQ_INFLIGHT;
+  uint64_t ticket = r->ticket, gen = r->worker_gen;
+  if (answer) {
+    req_fail(c, r, MBD_E_CANCELLED, why); /* the client hears first, then the worker */
+  } else if (r->state == RQ_INFLIGHT && mbd_registry_find_gen(c->reg, r->worker_gen)) {
+    r->state = RQ_ZOMBIE;
+    c->pending--;
+    mbd_msg_destroy(&r->orig);
+  } else {
+    req_free(c, r);
+  }
+  if (inflight) cancel_on_worker(c, ticket, gen);
+}
+
+/* The client at identity id is gone: its requests are stopped, nobody is
+ * told (nobody can receive it). */
+static void client_gone(mbd_bcore *c, const uint8_t *id, size_t len, const char *why) {
+  size_t n = 0;
+  for (breq *r = c->all; r;) {
+    breq *next = r->anext;
+    if (r->state != RQ_ZOMBIE && r->client_len == len && !memcmp(r->client, id, len)) {
+      req_cancel(c, r, false, why);
+      n++;
+    }
+    r = next;
+  }
+  if (!n) return;
+  c->st.clients_gone++;
+  MBD_LOGI(LOG, "a client went away (%s): %zu request(s) stopped", why, n);
+  drain_queue(c);
+}
+
 /* ---- dispatch -------------------------------------------------------------- */
 
 /* Finds CUDA IPC refs in the request's "tensors"/"outputs" (only the routing
@@ -374,7 +434,7 @@ static bool is_stateless(uint8_t cmd) { return cmd == MBD_CMD_GEMM || cmd == MBD
 static void send_req(mbd_bcore *c, breq *r, mbd_bworker *w) {
   mbd_msg *m = NULL;
   mbd_error err = {0};
-  if (is_stateless(r->cmd) && !r->retried) {
+  if (is_stateless(r->cmd) && r->sends + 1 < MAX_SENDS) {
     if (mbd_msg_clone(r->orig, &m, &err)) {
       req_fail(c, r, MBD_E_NOMEM, "broker out of memory forwarding the request");
       return;
@@ -383,6 +443,22 @@ static void send_req(mbd_bcore *c, breq *r, mbd_bworker *w) {
     m = r->orig; /* last possible send: hand the frames over */
     r->orig = NULL;
   }
+  /* The worker gets the time left, so it stops where the broker gives up. */
+  int64_t left = r->deadline_ms - c->now_ms;
+  size_t blen = 0;
+  const void *body = mbd_msg_body(m, &blen);
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  if (mbd_body_prepend_u64(body, blen, "deadline_ms", (uint64_t)(left > 1 ? left : 1), &sb,
+                           &err) ||
+      mbd_msg_take_body(m, &sb, &err)) {
+    msgpack_sbuffer_destroy(&sb);
+    mbd_msg_destroy(&m);
+    req_fail(c, r, MBD_E_NOMEM, "broker out of memory forwarding the request");
+    return;
+  }
+  msgpack_sbuffer_destroy(&sb);
+  r->sends++;
   r->ticket = ++c->next_ticket;
   r->worker_gen = w->gen;
   snprintf(r->worker_name, sizeof r->worker_name, "%s", w->name);
@@ -631,7 +707,7 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   mbd_pack_kv_u64(&pk, "pending", c->pending);
   mbd_pack_str(&pk, "counters");
   const mbd_bcore_stats *s = &c->st;
-  msgpack_pack_map(&pk, 16);
+  msgpack_pack_map(&pk, 19);
   mbd_pack_kv_u64(&pk, "requests", s->requests);
   mbd_pack_kv_u64(&pk, "ambiguous", s->ambiguous);
   mbd_pack_kv_u64(&pk, "busy_count", s->busy_count);
@@ -648,6 +724,9 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   mbd_pack_kv_u64(&pk, "malformed", s->malformed);
   mbd_pack_kv_u64(&pk, "workers_joined", s->workers_joined);
   mbd_pack_kv_u64(&pk, "workers_lost", s->workers_lost);
+  mbd_pack_kv_u64(&pk, "cancelled", s->cancelled);
+  mbd_pack_kv_u64(&pk, "clients_gone", s->clients_gone);
+  mbd_pack_kv_u64(&pk, "poisoned", s->poisoned);
   mbd_pack_str(&pk, "config");
   msgpack_pack_map(&pk, 5);
   mbd_pack_kv_i64(&pk, "heartbeat_ms", c->cfg.heartbeat_ms);
@@ -683,12 +762,25 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   char msg[MBD_ERROR_MSG_MAX + 128];
   mbd_body *body = NULL;
   breq *r = NULL;
+  c->now_ms = now;
   if (recv_rc) {
     c->st.malformed++;
     snprintf(msg, sizeof msg, "malformed request: %s", recv_err ? recv_err->msg : "");
     client_error(c, pcopy, plen, tag, recv_rc, msg);
     goto done;
   }
+  if (cmd == MBD_CMD_CANCEL) { /* no reply of its own: the request ends CANCELLED */
+    for (breq *q = c->all; q; q = q->anext) {
+      if (q->state == RQ_ZOMBIE || q->client_tag != tag || q->client_len != plen ||
+          memcmp(q->client, pcopy, plen))
+        continue;
+      req_cancel(c, q, true, "cancelled by the client");
+      drain_queue(c);
+      break;
+    }
+    goto done;
+  }
+  if (cmd == MBD_CMD_HEARTBEAT) goto done; /* a client's keep-alive: nothing to do */
   if (!mbd_cmd_is_request(cmd)) {
     c->st.malformed++;
     snprintf(msg, sizeof msg, "command %s (0x%02x) is not a client request", mbd_cmd_name(cmd), cmd);
@@ -784,7 +876,7 @@ done:
 /* ---- worker side ----------------------------------------------------------------- */
 
 /* Fails over or fails every request on worker generation `gen` (removed already). */
-static void fail_over(mbd_bcore *c, uint64_t gen, const char *wname, const char *why) {
+static void fail_over(mbd_bcore *c, uint64_t gen, const char *wname, const char *why, bool crash) {
   /* Detach first: placing one request may touch the lists. */
   breq *lost = NULL;
   for (breq *r = c->all; r; r = r->anext) {
@@ -803,7 +895,21 @@ static void fail_over(mbd_bcore *c, uint64_t gen, const char *wname, const char 
     }
     r->worker_gen = 0;
     r->state = RQ_WAITING;
-    if (is_stateless(r->cmd) && !r->retried && r->orig) {
+    if (crash && r->crashes < POISON_CRASHES)
+      snprintf(r->crashed_on[r->crashes++], sizeof r->crashed_on[0], "%s", wname);
+    if (is_stateless(r->cmd) && r->crashes >= POISON_CRASHES) {
+      char msg[512];
+      snprintf(msg, sizeof msg,
+               "not re-sent: workers %s and %s both died while running this %s, so it may be what "
+               "kills them (a poison request); check its inputs before sending it again",
+               r->crashed_on[0], r->crashed_on[1], mbd_cmd_name(r->cmd));
+      MBD_LOGW(LOG, "poison request: %s (client tag %" PRIu64 ") killed workers %s and %s",
+               mbd_cmd_name(r->cmd), r->client_tag, r->crashed_on[0], r->crashed_on[1]);
+      c->st.poisoned++;
+      req_fail(c, r, MBD_E_WORKER_LOST, msg);
+      continue;
+    }
+    if (is_stateless(r->cmd) && r->orig) {
       r->retried = true;
       c->st.failovers++;
       MBD_LOGI(LOG, "re-sending %s (client tag %" PRIu64 ") lost on worker %s", mbd_cmd_name(r->cmd),
@@ -814,7 +920,7 @@ static void fail_over(mbd_bcore *c, uint64_t gen, const char *wname, const char 
     char msg[512];
     snprintf(msg, sizeof msg, "worker %s was lost (%s) while running this %s%s", wname, why,
              mbd_cmd_name(r->cmd),
-             r->retried ? " after it had already been re-sent once"
+             r->retried ? " after it had already been re-sent"
              : is_stateless(r->cmd) ? ""
              : "; session state on that worker is gone (EXPORT/IMPORT moves a session to another worker)");
     req_fail(c, r, MBD_E_WORKER_LOST, msg);
@@ -828,7 +934,7 @@ static void worker_lost(mbd_bcore *c, mbd_bworker *w, const char *why) {
   MBD_LOGW(LOG, "worker %s (uid %s, route %.8s) dropped: %s", w->name, w->uid, w->route_id, why);
   c->st.workers_lost++;
   mbd_registry_remove(c->reg, w->ident, w->ident_len);
-  fail_over(c, gen, name, why);
+  fail_over(c, gen, name, why, true);
   drain_queue(c); /* queued requests that no longer match anything get NO_ROUTE */
   /* Queued requests for routes nobody serves any more: answer now, not at the deadline. */
   for (breq *r = c->qhead; r;) {
@@ -901,7 +1007,7 @@ static void on_ready(mbd_bcore *c, mbd_msg *m, int64_t now) {
            w.nmodels, replaced ? " (re-registered)" : "");
   if (replaced) {
     c->st.workers_lost++;
-    fail_over(c, old.gen, old.name, "it re-registered");
+    fail_over(c, old.gen, old.name, "it re-registered", false);
   }
   drain_queue(c);
 }
@@ -911,6 +1017,7 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   mbd_msg *m = *pm;
   *pm = NULL;
   if (!m) return;
+  c->now_ms = now;
   size_t plen = 0;
   const void *peer = mbd_msg_peer(m, &plen);
   if (recv_rc) {
@@ -949,16 +1056,26 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   w->last_seen_ms = now;
   switch (cmd) {
   case MBD_CMD_HEARTBEAT: {
-    /* {load, sessions}: only the open sessions are kept, for STATUS */
-    static const char *const keys[] = {"sessions", NULL};
+    /* {load, sessions, draining?}: the open sessions are kept for STATUS; a
+     * worker that drains after SIGTERM gets no new work (capacity 0: it still
+     * matches, so requests wait for other workers instead of failing
+     * NO_ROUTE, and it keeps its running ones). */
+    static const char *const keys[] = {"sessions", "draining", NULL};
     mbd_body *body = NULL;
-    size_t blen;
+    size_t blen = 0;
     const void *b = mbd_msg_body(m, &blen);
     int64_t n = -1;
-    if (blen && !mbd_body_parse_keys(b, blen, keys, 64, &body, NULL))
+    bool draining = false;
+    if (blen && !mbd_body_parse_keys(b, blen, keys, 64, &body, NULL)) {
       mbd_obj_i64(mbd_body_root(body), "sessions", false, &n, NULL);
+      mbd_obj_bool(mbd_body_root(body), "draining", false, &draining, NULL);
+    }
     mbd_body_destroy(&body);
     if (n >= 0) w->sessions = n;
+    if (draining && w->capacity > 0) {
+      MBD_LOGI(LOG, "worker %s is shutting down: no new work goes to it", w->name);
+      w->capacity = 0;
+    }
     break;
   }
   case MBD_CMD_DISCONNECT: {
@@ -985,12 +1102,14 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
       break;
     }
     bool last = cmd != MBD_CMD_PARTIAL;
+    bool gone = false;
     if (r->state == RQ_INFLIGHT) {
       if (cmd == MBD_CMD_FINAL && r->digest_fixed) add_digest(m, r->digest);
       mbd_msg_set_tag(m, r->client_tag);
       mbd_msg_set_peer(m, r->client, r->client_len, NULL);
       c->st.replies++;
-      send_to(c, MBD_BDEST_CLIENT, &m);
+      mbd_error se = {0};
+      gone = c->send(c->ctx, MBD_BDEST_CLIENT, &m, &se) == MBD_E_NOT_FOUND;
     } else {
       c->st.late_dropped++;
     }
@@ -999,8 +1118,14 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
                mbd_cmd_name(cmd), w->name, r->ticket);
       if (w->inflight > 0) w->inflight--;
       req_free(c, r);
-      drain_queue(c);
     }
+    if (gone && !last) { /* a stream nobody reads any more: stop it */
+      uint8_t id[MBD_BW_IDENT_MAX];
+      size_t il = r->client_len;
+      memcpy(id, r->client, il);
+      client_gone(c, id, il, "a reply could not be delivered");
+    }
+    if (last) drain_queue(c);
     break;
   }
   default:
@@ -1015,7 +1140,64 @@ done:
 
 /* ---- timers ------------------------------------------------------------------------ */
 
+/* One probe round on side d: a HEARTBEAT to each peer of that side; a peer
+ * that can no longer be reached (ROUTER_MANDATORY: EHOSTUNREACH) is gone. */
+static void probe_round(mbd_bcore *c, mbd_bdest d) {
+  if (d == MBD_BDEST_WORKER) {
+    for (size_t i = 0; i < mbd_registry_count(c->reg); i++) {
+      mbd_bworker *w = mbd_registry_at(c->reg, i);
+      mbd_msg *m = NULL;
+      mbd_error e = {0};
+      if (w->dead || mbd_msg_new(MBD_CMD_HEARTBEAT, 0, &m, NULL)) continue;
+      mbd_msg_set_peer(m, w->ident, w->ident_len, NULL);
+      if (c->send(c->ctx, MBD_BDEST_WORKER, &m, &e) == MBD_E_NOT_FOUND) {
+        MBD_LOGI(LOG, "worker %s: connection closed", w->name);
+        w->dead = true; /* dropped with failover just below, in this tick */
+      }
+    }
+    return;
+  }
+  for (breq *r = c->all; r;) {
+    breq *next = r->anext;
+    /* One probe per client identity: requests of one client are often adjacent. */
+    bool dup = r->aprev && r->aprev->client_len == r->client_len &&
+               !memcmp(r->aprev->client, r->client, r->client_len);
+    mbd_msg *m = NULL;
+    mbd_error e = {0};
+    int rc = MBD_OK;
+    if (r->state != RQ_ZOMBIE && !dup) {
+      if (c->probe) {
+        rc = c->probe(c->ctx, r->client, r->client_len);
+      } else if (!mbd_msg_new(MBD_CMD_HEARTBEAT, 0, &m, NULL)) {
+        mbd_msg_set_peer(m, r->client, r->client_len, NULL);
+        rc = c->send(c->ctx, MBD_BDEST_CLIENT, &m, &e);
+      }
+    }
+    if (rc == MBD_E_NOT_FOUND) {
+      uint8_t id[MBD_BW_IDENT_MAX];
+      size_t il = r->client_len;
+      memcpy(id, r->client, il);
+      client_gone(c, id, il, "its connection closed");
+      next = c->all; /* the list changed; stopped requests are zombies or gone */
+    }
+    r = next;
+  }
+}
+
+void mbd_bcore_on_disconnect(mbd_bcore *c, mbd_bdest side, int64_t now) {
+  c->now_ms = now;
+  c->probe_t0[side] = now;
+  c->probe_next[side] = 0;
+}
+
 void mbd_bcore_tick(mbd_bcore *c, int64_t now) {
+  c->now_ms = now;
+  for (int d = 0; d < 2; d++)
+    while (c->probe_next[d] < PROBE_ROUNDS &&
+           now >= c->probe_t0[d] + probe_after_ms[c->probe_next[d]]) {
+      c->probe_next[d]++;
+      probe_round(c, (mbd_bdest)d);
+    }
   if (now >= c->next_hb_ms) {
     for (size_t i = 0; i < mbd_registry_count(c->reg); i++)
       worker_ctl(c, mbd_registry_at(c->reg, i), MBD_CMD_HEARTBEAT, NULL);
@@ -1048,7 +1230,10 @@ void mbd_bcore_tick(mbd_bcore *c, int64_t now) {
       else
         snprintf(msg, sizeof msg, "deadline of %" PRId64 " ms passed while worker %s was running the %s",
                  r->deadline_ms - r->start_ms, r->worker_name, mbd_cmd_name(r->cmd));
+      bool inflight = r->state == RQ_INFLIGHT;
+      uint64_t ticket = r->ticket, gen = r->worker_gen;
       req_fail(c, r, MBD_E_TIMEOUT, msg); /* frees or zombifies r only */
+      if (inflight) cancel_on_worker(c, ticket, gen); /* in case it did not stop by itself */
     }
     r = next;
   }
@@ -1056,6 +1241,9 @@ void mbd_bcore_tick(mbd_bcore *c, int64_t now) {
 
 int64_t mbd_bcore_next_due(const mbd_bcore *c, int64_t now) {
   int64_t due = c->next_hb_ms;
+  for (int d = 0; d < 2; d++)
+    if (c->probe_next[d] < PROBE_ROUNDS && c->probe_t0[d] + probe_after_ms[c->probe_next[d]] < due)
+      due = c->probe_t0[d] + probe_after_ms[c->probe_next[d]];
   for (const breq *r = c->all; r; r = r->anext)
     if (r->state != RQ_ZOMBIE && r->deadline_ms < due) due = r->deadline_ms;
   for (size_t i = 0; i < mbd_registry_count(c->reg); i++) {
@@ -1094,6 +1282,7 @@ int mbd_bcore_new(const mbd_broker_config *cfg, mbd_bcore_send_fn send, void *ct
   mbd_bcore *c = calloc(1, sizeof *c);
   if (!c) return mbd_error_set(err, MBD_E_NOMEM, "out of memory creating the broker");
   c->cfg = *cfg;
+  c->probe_next[0] = c->probe_next[1] = PROBE_ROUNDS;
   c->send = send;
   c->ctx = ctx;
   int rc = mbd_registry_new(&c->reg, err);
@@ -1121,6 +1310,8 @@ void mbd_bcore_destroy(mbd_bcore **pc) {
   free(c);
   *pc = NULL;
 }
+
+void mbd_bcore_set_probe(mbd_bcore *c, mbd_bcore_probe_fn probe) { c->probe = probe; }
 
 size_t mbd_bcore_queue_len(const mbd_bcore *c) { return c->qlen; }
 size_t mbd_bcore_pending(const mbd_bcore *c) { return c->pending; }

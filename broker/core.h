@@ -45,6 +45,11 @@ typedef enum mbd_bdest { MBD_BDEST_CLIENT = 0, MBD_BDEST_WORKER = 1 } mbd_bdest;
  * status; MBD_E_NOT_FOUND means the peer is gone. Must not call back into the core. */
 typedef int (*mbd_bcore_send_fn)(void *ctx, mbd_bdest dest, mbd_msg **m, mbd_error *err);
 
+/* Whether the client at routing id `id` is still connected, found without
+ * delivering anything it would read as a message (broker.c: an empty frame
+ * under ROUTER_MANDATORY). Returns MBD_E_NOT_FOUND when it is gone. */
+typedef int (*mbd_bcore_probe_fn)(void *ctx, const void *id, size_t len);
+
 typedef struct mbd_bcore_stats {
   uint64_t requests;        /* client requests accepted for routing or STATUS */
   uint64_t forwarded;       /* sends to workers (re-sends included) */
@@ -57,6 +62,9 @@ typedef struct mbd_bcore_stats {
   uint64_t late_dropped;    /* worker replies for tickets no longer live */
   uint64_t malformed;       /* malformed messages from clients or workers */
   uint64_t workers_joined, workers_lost;
+  uint64_t cancelled;       /* requests stopped by CANCEL or because their client went away */
+  uint64_t clients_gone;    /* client connections found gone with requests pending */
+  uint64_t poisoned;        /* requests not re-sent after killing POISON_CRASHES workers */
 } mbd_bcore_stats;
 
 typedef struct mbd_bcore mbd_bcore;
@@ -65,6 +73,9 @@ typedef struct mbd_bcore mbd_bcore;
  * message through send(ctx, ...); it owns no sockets (tests drive it directly). */
 int mbd_bcore_new(const mbd_broker_config *cfg, mbd_bcore_send_fn send, void *ctx,
                   mbd_bcore **out, mbd_error *err);
+/* Sets the client probe of mbd_bcore_on_disconnect (without one, clients are
+ * probed with a HEARTBEAT message, which libmambad ignores). */
+void mbd_bcore_set_probe(mbd_bcore *c, mbd_bcore_probe_fn probe);
 /* Frees queued and in-flight state without sending anything. */
 void mbd_bcore_destroy(mbd_bcore **c);
 
@@ -75,6 +86,13 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **m, int recv_rc, const mbd_error
 /* A message from the workers socket (malformed ones are logged and dropped). */
 void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **m, int recv_rc, const mbd_error *recv_err,
                          int64_t now_ms);
+/* A socket reported a closed connection (ZMQ_EVENT_DISCONNECTED) on `side`:
+ * the peers of that side are probed (a HEARTBEAT each, a few times over the
+ * next second); one that can no longer be reached is gone. A gone client has
+ * its queued requests dropped and its in-flight ones cancelled on their
+ * workers (CANCEL); a gone worker is dropped with failover, without waiting
+ * for its heartbeats to stop. */
+void mbd_bcore_on_disconnect(mbd_bcore *c, mbd_bdest side, int64_t now_ms);
 /* Timers: heartbeats out, silent workers dropped (with failover), deadlines. */
 void mbd_bcore_tick(mbd_bcore *c, int64_t now_ms);
 /* Milliseconds until the next tick is due (>= 0). */

@@ -11,6 +11,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -681,6 +682,15 @@ static void on_tokens(void *user, const int64_t *t, size_t n) {
   fflush(stdout);
 }
 
+/* Ctrl-C during `generate`: set by the SIGINT handler, read by libmambad,
+ * which cancels the running request. */
+static volatile sig_atomic_t g_interrupted;
+
+static void on_sigint(int sig) {
+  (void)sig;
+  g_interrupted = 1;
+}
+
 static int cmd_generate(int argc, char **argv) {
   static const int allowed[] = {O_CONNECT, O_MODEL, O_INPUT, O_OUTPUT, O_ROUTE_ID, O_BACKEND, O_DTYPE,
                                 O_GEMM_MODE, O_FAMILY, O_DEVICE, O_DEADLINE, O_GENERATE, O_TEMP,
@@ -743,6 +753,12 @@ static int cmd_generate(int argc, char **argv) {
     goto done;
   }
   if ((rc = connect_client("generate", &o, &c))) goto done;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_sigint; /* no SA_RESTART: the wait wakes up at once */
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  mbd_client_set_interrupt(c, &g_interrupted);
   if (o.shm && (mbd_shm_create(NULL, ids->nbytes, &shm, &err) == 0))
     memcpy(mbd_shm_data(shm), ids->data, ids->nbytes);
   else if (o.shm) {
@@ -776,6 +792,15 @@ static int cmd_generate(int argc, char **argv) {
       trace_line("generate", &o, c, "generate");
     if (grc) {
       mbd_tensor_out_release(&last);
+      if (g_interrupted) { /* Ctrl-C: the request was cancelled; close the session */
+        if (sc.started) printf("\n");
+        fflush(stdout);
+        fprintf(stderr, "mambad generate: interrupted; the generation was cancelled\n");
+        mbd_client_set_interrupt(c, NULL);
+        mbd_session_close(&s, NULL);
+        rc = 130;
+        goto done;
+      }
       rc = report("generate", &err, c);
       goto done;
     }

@@ -13,6 +13,7 @@
 #include <inttypes.h>
 #include <msgpack.h>
 #include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -34,6 +35,7 @@ struct mbd_client {
   uint64_t next_id;         /* next request id; never 0 */
   uint32_t trace_salt;      /* random per client: request_id = salt + tag, unique across clients */
   mbd_reply_meta last;      /* who answered the last request */
+  volatile sig_atomic_t *interrupt; /* when set nonzero, the running request is cancelled */
 };
 
 struct mbd_session {
@@ -50,9 +52,22 @@ void mbd_client_options_init(mbd_client_options *o) {
   o->max_message_bytes = (size_t)2 << 30;
 }
 
+int mbd_client_cancel(mbd_client *c, uint64_t request_id, mbd_error *err) {
+  if (request_id == 0) return mbd_error_set(err, MBD_E_INVALID, "request id 0 is never used");
+  mbd_msg *m = NULL;
+  int rc = mbd_msg_new(MBD_CMD_CANCEL, request_id, &m, err);
+  if (rc) return rc;
+  rc = mbd_msg_send(&m, c->sock, ZMQ_DONTWAIT, err);
+  if (rc) return mbd_error_prefix(err, "sending cancel of request %" PRIu64, request_id);
+  return MBD_OK;
+}
+
+void mbd_client_set_interrupt(mbd_client *c, volatile sig_atomic_t *flag) { c->interrupt = flag; }
+
 void mbd_generate_params_init(mbd_generate_params *p) {
   memset(p, 0, sizeof *p);
   p->max_tokens = 16;
+  p->top_p = 1; /* off */
 }
 
 int mbd_client_new(const char *endpoint, const mbd_client_options *opt, mbd_client **out,
@@ -353,12 +368,26 @@ static int request_(mbd_client *c, int64_t deadline_ms, mbd_msg **req,
   if (rc != 0) return mbd_error_prefix(err, "sending %s to %s", mbd_cmd_name(cmd), c->endpoint);
 
   it.events = ZMQ_POLLIN;
+  bool cancelled = false;
   for (;;) {
+    if (c->interrupt && *c->interrupt && !cancelled) {
+      /* The broker answers ERROR CANCELLED at once; wait a little for it so
+       * the id's last message is consumed here, not by the next request. */
+      cancelled = true;
+      mbd_client_cancel(c, id, NULL);
+      if (end > now_ms() + GRACE_MS) end = now_ms() + GRACE_MS;
+    }
     int64_t left = end - now_ms();
+    if (left <= 0 && cancelled)
+      return mbd_error_set(err, MBD_E_CANCELLED, "%s (request %" PRIu64 ") cancelled",
+                           mbd_cmd_name(cmd), id);
     if (left <= 0)
       return mbd_error_set(err, MBD_E_TIMEOUT,
                            "no reply to %s (request %" PRIu64 ") from %s within %" PRId64 " ms",
                            mbd_cmd_name(cmd), id, c->endpoint, wait);
+    /* With an interrupt flag, wake up now and then: a signal may land just
+     * before the poll, which then would not see EINTR. */
+    if (c->interrupt && !cancelled && left > 100) left = 100;
     int r = zmq_poll(&it, 1, (long)left);
     if (r < 0 && errno != EINTR)
       return mbd_error_set(err, MBD_E_IO, "polling the broker socket: %s", zmq_strerror(errno));
@@ -903,7 +932,7 @@ int mbd_session_generate(mbd_session *s, const mbd_call_opts *o, const mbd_gener
   if (sampled) {
     mbd_pack_kv_f64(pk, "temperature", p->temperature);
     mbd_pack_kv_i64(pk, "top_k", p->top_k);
-    mbd_pack_kv_f64(pk, "top_p", p->top_p);
+    mbd_pack_kv_f64(pk, "top_p", p->top_p > 0 ? p->top_p : 1); /* 0 means off too */
     mbd_pack_kv_u64(pk, "seed", p->seed);
   }
   gen_ctx g = {cb, user};

@@ -21,6 +21,7 @@
 #ifndef MBD_MAMBAD_H
 #define MBD_MAMBAD_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -70,6 +71,17 @@ typedef struct mbd_reply_meta {
   int64_t peak_batch;  /* GENERATE: most rows of any batched model step it ran in (1 = alone), 0 otherwise */
 } mbd_reply_meta;
 const mbd_reply_meta *mbd_client_last_reply(const mbd_client *c);
+
+/* Cancels request `request_id` of this client (sends CANCEL; no reply of its
+ * own): the broker answers the request with ERROR CANCELLED and tells its
+ * worker to stop (a GENERATE stops between tokens, a PREFILL between
+ * chunks). Inside a callback of the running request (mbd_token_cb), its id is
+ * mbd_client_last_reply(c)->request_id. Cancelling a finished id does nothing. */
+int mbd_client_cancel(mbd_client *c, uint64_t request_id, mbd_error *err);
+/* While *flag is nonzero, the running request is cancelled and the call
+ * returns MBD_E_CANCELLED; a signal handler may set it (e.g. SIGINT: Ctrl-C
+ * stops a streaming generate). flag NULL: no interrupt. The flag is not reset. */
+void mbd_client_set_interrupt(mbd_client *c, volatile sig_atomic_t *flag);
 
 /* Per-call overrides; pass NULL to use the client's options. */
 typedef struct mbd_call_opts {
@@ -216,10 +228,10 @@ typedef struct mbd_generate_params {
   size_t n_stop;
   double temperature;   /* 0 = greedy */
   int64_t top_k;        /* 0 = off */
-  double top_p;         /* 0 or 1 = off */
+  double top_p;         /* (0, 1]; 1 = off (the default), 0 reads as 1 */
   uint64_t seed;        /* sampling seed (used when temperature > 0) */
 } mbd_generate_params;
-void mbd_generate_params_init(mbd_generate_params *p); /* greedy, 16 tokens */
+void mbd_generate_params_init(mbd_generate_params *p); /* greedy, 16 tokens, top_p 1, top_k off */
 
 /* Called for each streamed PARTIAL with the new tokens (borrowed for the call). */
 typedef void (*mbd_token_cb)(void *user, const int64_t *tokens, size_t n);

@@ -39,5 +39,10 @@
 #define MBD_MAX_BATCH_MAX 4096
 /* Idle session expiry, s (worker --session-idle-s, workers[].session_idle_s). */
 #define MBD_DEFAULT_SESSION_IDLE_S 600
+/* Most tokens one FORWARD or PREFILL slice computes before live sessions'
+ * steps get their turn (worker --slice-tokens). */
+#define MBD_DEFAULT_SLICE_TOKENS 512
+/* Grace for work already on its way after SIGTERM, ms (worker --drain-ms). */
+#define MBD_DEFAULT_DRAIN_MS 5000
 
 #endif

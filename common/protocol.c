@@ -27,6 +27,7 @@ const char *mbd_cmd_name(int cmd) {
   case MBD_CMD_EXPORT: return "export";
   case MBD_CMD_IMPORT: return "import";
   case MBD_CMD_CLOSE: return "close";
+  case MBD_CMD_CANCEL: return "cancel";
   case MBD_CMD_PARTIAL: return "PARTIAL";
   case MBD_CMD_FINAL: return "FINAL";
   case MBD_CMD_ERROR: return "ERROR";
@@ -42,6 +43,35 @@ bool mbd_cmd_is_request(int cmd) { return cmd >= MBD_CMD_STATUS && cmd <= MBD_CM
 bool mbd_cmd_is_session(int cmd) {
   return cmd == MBD_CMD_PREFILL || cmd == MBD_CMD_STEP || cmd == MBD_CMD_GENERATE ||
          cmd == MBD_CMD_EXPORT || cmd == MBD_CMD_CLOSE;
+}
+
+int mbd_body_prepend_u64(const void *buf, size_t len, const char *key, uint64_t v,
+                         msgpack_sbuffer *out, mbd_error *err) {
+  const uint8_t *p = buf;
+  size_t hdr, n;
+  if (len == 0) {
+    hdr = 0;
+    n = 0;
+  } else if ((p[0] & 0xf0) == 0x80) {
+    hdr = 1;
+    n = p[0] & 0x0f;
+  } else if (p[0] == 0xde && len >= 3) {
+    hdr = 3;
+    n = (size_t)p[1] << 8 | p[2];
+  } else if (p[0] == 0xdf && len >= 5) {
+    hdr = 5;
+    n = (size_t)p[1] << 24 | (size_t)p[2] << 16 | (size_t)p[3] << 8 | p[4];
+  } else {
+    return mbd_error_set(err, MBD_E_FORMAT, "body is not a msgpack map");
+  }
+  if (n >= UINT32_MAX) return mbd_error_set(err, MBD_E_FORMAT, "body map is too large");
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, out, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, (uint32_t)(n + 1));
+  mbd_pack_kv_u64(&pk, key, v);
+  if (len > hdr && msgpack_sbuffer_write(out, (const char *)p + hdr, len - hdr))
+    return mbd_error_set(err, MBD_E_NOMEM, "out of memory rewriting a %zu-byte body", len);
+  return MBD_OK;
 }
 
 /* ---- validation without allocation ------------------------------------ */

@@ -36,6 +36,9 @@ typedef enum mbd_cmd {
   MBD_CMD_EXPORT = 0x08,   /* session state -> bytes */
   MBD_CMD_IMPORT = 0x09,   /* bytes -> new session */
   MBD_CMD_CLOSE = 0x0A,    /* close a session */
+  /* client -> broker -> worker: stop request `tag` (no reply of its own; the
+   * cancelled request ends with ERROR CANCELLED) */
+  MBD_CMD_CANCEL = 0x0B,
   /* replies (worker -> broker -> client, or broker -> client) */
   MBD_CMD_PARTIAL = 0x40, /* streamed part; more follow */
   MBD_CMD_FINAL = 0x41,   /* success, last message of the request */
@@ -73,6 +76,12 @@ int mbd_body_parse(const void *buf, size_t len, mbd_body **out, mbd_error *err);
  * exceed max_bytes; MBD_E_FORMAT for a body that is not one msgpack map. */
 int mbd_body_parse_keys(const void *buf, size_t len, const char *const *keys, size_t max_bytes,
                         mbd_body **out, mbd_error *err);
+/* Writes into out (initialised by the caller) the map body buf[len] (already
+ * checked by mbd_body_check) with `key: v` put first, so mbd_obj_get finds
+ * it before any older entry of that key; the other entries are copied as
+ * bytes, not decoded. MBD_E_FORMAT when buf is not a map. */
+int mbd_body_prepend_u64(const void *buf, size_t len, const char *key, uint64_t v,
+                         msgpack_sbuffer *out, mbd_error *err);
 void mbd_body_destroy(mbd_body **b);
 /* The root map object (borrowed). */
 const msgpack_object *mbd_body_root(const mbd_body *b);

@@ -65,6 +65,7 @@ const char *mbd_status_name(int code) {
     case MBD_E_WORKER_LOST: return "WORKER_LOST";
     case MBD_E_UNUSABLE: return "UNUSABLE";
     case MBD_E_INTERNAL: return "INTERNAL";
+    case MBD_E_CANCELLED: return "CANCELLED";
     default: return "UNKNOWN";
   }
 }

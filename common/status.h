@@ -27,6 +27,7 @@ typedef enum mbd_status {
   MBD_E_WORKER_LOST = -15,/* the worker serving the request died */
   MBD_E_UNUSABLE = -16,   /* context poisoned by an unverifiable failure */
   MBD_E_INTERNAL = -17,   /* invariant broken: a bug, please report */
+  MBD_E_CANCELLED = -18,  /* the client cancelled the request, or went away */
 } mbd_status;
 
 #define MBD_ERROR_MSG_MAX 512

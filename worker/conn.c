@@ -1,30 +1,53 @@
-/* The worker's DEALER connection to the broker: registration, control
- * messages, non-blocking sends and receives. See conn.h. */
+/* The worker's connection to the broker: the I/O thread with the DEALER
+ * socket, and the compute side of the pipe. See conn.h. */
 #include "worker/conn.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #include "common/log.h"
 #include "common/protocol.h"
-#include "worker/scheduler.h"
 
 #define LOGC MBD_WSTATE_LOG
+#define PIPE_EP "inproc://mbd-worker-pipe"
+#define RELAY_MAX 256 /* messages relayed per direction per turn */
 
 struct mbd_wconn {
-  const mbd_wstate *st; /* borrowed: options, identities, load */
-  void *zctx;           /* own ZeroMQ context */
-  void *sock;           /* DEALER; NULL before the first register */
+  const mbd_wstate *st;       /* borrowed: options, identities */
+  void *zctx;                 /* own ZeroMQ context */
+  void *sock;                 /* DEALER to the broker: I/O thread only once started */
+  void *pipe_io, *pipe_cmp;   /* PAIR ends: I/O thread's, compute thread's */
+  pthread_t thread;
+  bool started;
+  atomic_bool failed;         /* the I/O thread ended on an error (in err) */
+  mbd_error err;
+  bool refused;               /* the broker refused READY: err says why, never retried */
+  _Atomic uint64_t load, sessions; /* published by the compute thread */
+  atomic_bool draining;       /* set by the compute thread on SIGTERM */
+  double last_heard, next_hb; /* I/O thread's clock, seconds */
 };
+
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 int mbd_wconn_new(const mbd_wstate *st, mbd_wconn **out, mbd_error *err) {
   *out = NULL;
   mbd_wconn *c = calloc(1, sizeof *c);
   if (!c) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for the connection");
   c->st = st;
+  atomic_init(&c->failed, false);
+  atomic_init(&c->load, 0);
+  atomic_init(&c->sessions, 0);
+  atomic_init(&c->draining, false);
   if (!(c->zctx = zmq_ctx_new())) {
     free(c);
     return mbd_error_set(err, MBD_E_IO, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
@@ -36,14 +59,22 @@ int mbd_wconn_new(const mbd_wstate *st, mbd_wconn **out, mbd_error *err) {
 void mbd_wconn_destroy(mbd_wconn **pc) {
   if (!pc || !*pc) return;
   mbd_wconn *c = *pc;
+  if (c->started) { /* not stopped: make its poll fail with ETERM */
+    zmq_ctx_shutdown(c->zctx);
+    pthread_join(c->thread, NULL);
+  }
   if (c->sock) zmq_close(c->sock);
+  if (c->pipe_io) zmq_close(c->pipe_io);
+  if (c->pipe_cmp) zmq_close(c->pipe_cmp);
   if (c->zctx) zmq_ctx_term(c->zctx);
   free(c);
   *pc = NULL;
 }
 
-void mbd_wconn_send(void *ctx, mbd_msg **m) {
-  mbd_wconn *c = ctx;
+/* Sends *m on the DEALER (I/O thread), ZMQ_DONTWAIT; with the broker gone or
+ * stalled past the (large) send high-water mark the message is dropped and
+ * logged, and the broker answers the client. */
+static void sock_send(mbd_wconn *c, mbd_msg **m) {
   mbd_error e = {0};
   if (!c->sock) {
     mbd_msg_destroy(m);
@@ -54,6 +85,18 @@ void mbd_wconn_send(void *ctx, mbd_msg **m) {
     MBD_LOGW(LOGC, "send to broker failed (message dropped): %s", e.msg);
 }
 
+void mbd_wconn_send(void *ctx, mbd_msg **m) {
+  mbd_wconn *c = ctx;
+  mbd_error e = {0};
+  if (mbd_msg_send(m, c->pipe_cmp, ZMQ_DONTWAIT, &e))
+    MBD_LOGW(LOGC, "reply dropped on its way to the I/O thread: %s", e.msg);
+}
+
+void mbd_wconn_publish(mbd_wconn *c, uint64_t load, uint64_t sessions) {
+  atomic_store(&c->load, load);
+  atomic_store(&c->sessions, sessions);
+}
+
 /* Sends a control message (tag 0) whose body is in sb (consumed). */
 static void send_ctl_body(mbd_wconn *c, uint8_t cmd, msgpack_sbuffer *sb) {
   mbd_msg *m = NULL;
@@ -62,7 +105,7 @@ static void send_ctl_body(mbd_wconn *c, uint8_t cmd, msgpack_sbuffer *sb) {
     MBD_LOGE(LOGC, "cannot build %s: %s", mbd_cmd_name(cmd), e.msg);
     mbd_msg_destroy(&m);
   } else {
-    mbd_wconn_send(c, &m);
+    sock_send(c, &m);
   }
   msgpack_sbuffer_destroy(sb);
 }
@@ -96,28 +139,40 @@ static void send_ready(mbd_wconn *c) {
   send_ctl_body(c, MBD_CMD_READY, &sb);
 }
 
-void mbd_wconn_heartbeat(mbd_wconn *c) {
+/* HEARTBEAT {load, sessions[, draining: true]} into sb. */
+static void heartbeat_body(mbd_wconn *c, msgpack_sbuffer *sb) {
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+  bool draining = atomic_load(&c->draining);
+  msgpack_pack_map(&pk, draining ? 3 : 2);
+  mbd_pack_kv_u64(&pk, "load", atomic_load(&c->load));
+  mbd_pack_kv_u64(&pk, "sessions", atomic_load(&c->sessions));
+  if (draining) mbd_pack_kv_bool(&pk, "draining", true);
+}
+
+static void send_heartbeat(mbd_wconn *c) {
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk, 2);
-  mbd_pack_kv_u64(&pk, "load", mbd_wsched_load(c->st));
-  mbd_pack_kv_u64(&pk, "sessions", (uint64_t)mbd_wsession_count(c->st->sessions));
+  heartbeat_body(c, &sb);
   send_ctl_body(c, MBD_CMD_HEARTBEAT, &sb);
 }
 
-void mbd_wconn_disconnect(mbd_wconn *c, const char *reason) {
+void mbd_wconn_announce_draining(mbd_wconn *c) {
+  atomic_store(&c->draining, true);
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk, 1);
-  mbd_pack_kv_str(&pk, "reason", reason);
-  send_ctl_body(c, MBD_CMD_DISCONNECT, &sb);
+  heartbeat_body(c, &sb);
+  mbd_msg *m = NULL;
+  mbd_error e = {0};
+  if (mbd_msg_new(MBD_CMD_HEARTBEAT, 0, &m, &e) || mbd_msg_take_body(m, &sb, &e))
+    mbd_msg_destroy(&m); /* the next periodic HEARTBEAT says it as well */
+  else
+    mbd_wconn_send(c, &m); /* through the pipe: ahead of nothing, behind earlier replies */
+  msgpack_sbuffer_destroy(&sb);
 }
 
-int mbd_wconn_register(mbd_wconn *c, mbd_error *err) {
+/* (Re)creates the DEALER, connects and sends READY; restarts the liveness clock. */
+static int sock_register(mbd_wconn *c, mbd_error *err) {
   const mbd_wstate *st = c->st;
   if (c->sock) zmq_close(c->sock);
   c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
@@ -125,19 +180,175 @@ int mbd_wconn_register(mbd_wconn *c, mbd_error *err) {
   int linger = 0, rcvtimeo = 0, sndhwm = 1000000;
   zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
   zmq_setsockopt(c->sock, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm);
-  /* recv after poll only: never block the reactor. */
+  /* recv after poll only: never block the I/O thread. */
   zmq_setsockopt(c->sock, ZMQ_RCVTIMEO, &rcvtimeo, sizeof rcvtimeo);
   if (zmq_connect(c->sock, st->o.connect))
     return mbd_error_set(err, MBD_E_IO, "cannot connect to broker at %s: %s (check --connect)",
                          st->o.connect, zmq_strerror(zmq_errno()));
   send_ready(c);
+  c->last_heard = mono_s();
+  c->next_hb = c->last_heard + c->st->o.heartbeat_ms / 1000.0;
   MBD_LOGI(LOGC, "%s registered at %s: uid %s route %.16s…", st->o.name, st->o.connect, st->uid,
            st->route_id);
   return MBD_OK;
 }
 
+/* Broker -> compute: HEARTBEAT is liveness only, DISCONNECT asks for a new
+ * registration (returns true), everything else goes into the pipe. A
+ * malformed message is answered here when its tag is readable. */
+static bool relay_in(mbd_wconn *c) {
+  for (int k = 0; k < RELAY_MAX; k++) {
+    mbd_msg *m = NULL;
+    mbd_error e = {0};
+    int rc = mbd_msg_recv(c->sock, false, c->st->o.max_message_bytes, &m, &e);
+    if (rc == MBD_E_IO || (rc && !m)) return false; /* nothing more */
+    c->last_heard = mono_s();
+    if (rc) {
+      uint64_t tag = mbd_msg_tag(m);
+      MBD_LOGW(LOGC, "malformed message from broker: %s", e.msg);
+      mbd_msg_destroy(&m);
+      if (tag && !mbd_msg_new_error(tag, e.code ? e.code : rc, e.msg, &m, NULL)) sock_send(c, &m);
+      continue;
+    }
+    uint8_t cmd = mbd_msg_cmd(m);
+    if (cmd == MBD_CMD_HEARTBEAT) {
+      mbd_msg_destroy(&m);
+    } else if (cmd == MBD_CMD_ERROR && mbd_msg_tag(m) == 0) {
+      /* The broker's answer to a READY it refused: the same READY would be
+       * refused again, so registering in a loop helps nobody. */
+      char why[MBD_ERROR_MSG_MAX - 64] = "no reason given";
+      size_t blen = 0;
+      const void *b = mbd_msg_body(m, &blen);
+      mbd_body *body = NULL;
+      if (!mbd_body_parse(b, blen, &body, NULL))
+        mbd_obj_str(mbd_body_root(body), "message", false, why, sizeof why, NULL);
+      mbd_body_destroy(&body);
+      mbd_msg_destroy(&m);
+      mbd_error_set(&c->err, MBD_E_INVALID, "the broker refused this worker's registration: %s",
+                    why);
+      c->refused = true;
+      return false;
+    } else if (cmd == MBD_CMD_DISCONNECT) {
+      MBD_LOGI(LOGC, "broker sent DISCONNECT: re-registering");
+      mbd_msg_destroy(&m);
+      return true;
+    } else if (mbd_msg_send(&m, c->pipe_io, ZMQ_DONTWAIT, &e)) {
+      MBD_LOGE(LOGC, "request dropped on its way to the compute thread: %s", e.msg);
+    }
+  }
+  return false;
+}
+
+/* Compute -> broker. Returns true on the compute thread's DISCONNECT (tag 0):
+ * the last message, sent on to the broker. */
+static bool relay_out(mbd_wconn *c) {
+  for (int k = 0; k < RELAY_MAX; k++) {
+    mbd_msg *m = NULL;
+    mbd_error e = {0};
+    int rc = mbd_msg_recv(c->pipe_io, false, 0, &m, &e);
+    if (rc) {
+      mbd_msg_destroy(&m);
+      if (rc != MBD_E_IO) MBD_LOGE(LOGC, "bad message from the compute thread: %s", e.msg);
+      return false;
+    }
+    bool quit = mbd_msg_cmd(m) == MBD_CMD_DISCONNECT && mbd_msg_tag(m) == 0;
+    sock_send(c, &m);
+    if (quit) return true;
+  }
+  return false;
+}
+
+static void *io_main(void *arg) {
+  mbd_wconn *c = arg;
+  double hb = c->st->o.heartbeat_ms / 1000.0;
+  for (;;) {
+    zmq_pollitem_t it[2] = {{c->sock, 0, ZMQ_POLLIN, 0}, {c->pipe_io, 0, ZMQ_POLLIN, 0}};
+    long timeout = (long)((c->next_hb - mono_s()) * 1000.0) + 1;
+    if (timeout < 0) timeout = 0;
+    if (zmq_poll(it, 2, timeout) < 0 && zmq_errno() != EINTR) {
+      mbd_error_set(&c->err, MBD_E_IO, "zmq_poll: %s", zmq_strerror(zmq_errno()));
+      break;
+    }
+    /* Replies first: each one frees capacity on the broker. */
+    if ((it[1].revents & ZMQ_POLLIN) && relay_out(c)) {
+      int linger = 2000; /* let the last replies and DISCONNECT leave */
+      zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
+      return NULL;
+    }
+    bool again = (it[0].revents & ZMQ_POLLIN) && relay_in(c);
+    if (c->refused) break;
+    double t = mono_s();
+    if (!again && t - c->last_heard > hb * c->st->o.liveness) {
+      MBD_LOGW(LOGC, "broker silent for %.1f s: reconnecting", t - c->last_heard);
+      again = true;
+    }
+    if (again && sock_register(c, &c->err)) break;
+    t = mono_s();
+    if (t >= c->next_hb) {
+      send_heartbeat(c);
+      c->next_hb = t + hb;
+    }
+  }
+  MBD_LOGE(LOGC, "connection to the broker failed: %s", c->err.msg);
+  atomic_store(&c->failed, true);
+  return NULL;
+}
+
+int mbd_wconn_start(mbd_wconn *c, mbd_error *err) {
+  int zero = 0;
+  c->pipe_io = zmq_socket(c->zctx, ZMQ_PAIR);
+  c->pipe_cmp = zmq_socket(c->zctx, ZMQ_PAIR);
+  if (!c->pipe_io || !c->pipe_cmp)
+    return mbd_error_set(err, MBD_E_IO, "zmq_socket: %s", zmq_strerror(zmq_errno()));
+  /* No high-water mark on the pipe: what the compute thread produced must
+   * reach the DEALER (whose own mark is large) rather than be dropped. */
+  void *ends[2] = {c->pipe_io, c->pipe_cmp};
+  for (int i = 0; i < 2; i++) {
+    zmq_setsockopt(ends[i], ZMQ_SNDHWM, &zero, sizeof zero);
+    zmq_setsockopt(ends[i], ZMQ_RCVHWM, &zero, sizeof zero);
+    zmq_setsockopt(ends[i], ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(ends[i], ZMQ_RCVTIMEO, &zero, sizeof zero); /* recv after poll only */
+  }
+  if (zmq_bind(c->pipe_io, PIPE_EP) || zmq_connect(c->pipe_cmp, PIPE_EP))
+    return mbd_error_set(err, MBD_E_IO, "worker pipe: %s", zmq_strerror(zmq_errno()));
+  int rc = sock_register(c, err);
+  if (rc) return rc;
+  if (pthread_create(&c->thread, NULL, io_main, c))
+    return mbd_error_set(err, MBD_E_IO, "cannot start the worker's I/O thread");
+  c->started = true;
+  return MBD_OK;
+}
+
+void mbd_wconn_stop(mbd_wconn *c, const char *reason) {
+  if (!c->started) return;
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 1);
+  mbd_pack_kv_str(&pk, "reason", reason);
+  mbd_msg *m = NULL;
+  mbd_error e = {0};
+  if (mbd_msg_new(MBD_CMD_DISCONNECT, 0, &m, &e) || mbd_msg_take_body(m, &sb, &e) ||
+      mbd_msg_send(&m, c->pipe_cmp, 0, &e)) {
+    /* The I/O thread cannot be told: it is stopped by closing the context. */
+    MBD_LOGE(LOGC, "cannot stop the I/O thread cleanly: %s", e.msg);
+    mbd_msg_destroy(&m);
+    zmq_ctx_shutdown(c->zctx);
+  }
+  msgpack_sbuffer_destroy(&sb);
+  pthread_join(c->thread, NULL);
+  c->started = false;
+}
+
+bool mbd_wconn_failed(const mbd_wconn *c, mbd_error *err) {
+  if (!atomic_load(&c->failed)) return false;
+  if (err) *err = c->err;
+  return true;
+}
+
 int mbd_wconn_poll(mbd_wconn *c, long timeout_ms, mbd_error *err) {
-  zmq_pollitem_t it = {.socket = c->sock, .events = ZMQ_POLLIN};
+  zmq_pollitem_t it = {.socket = c->pipe_cmp, .events = ZMQ_POLLIN};
   int pr = zmq_poll(&it, 1, timeout_ms);
   if (pr < 0) {
     if (zmq_errno() == EINTR) return 0;
@@ -147,9 +358,5 @@ int mbd_wconn_poll(mbd_wconn *c, long timeout_ms, mbd_error *err) {
 }
 
 int mbd_wconn_recv(mbd_wconn *c, mbd_msg **out, mbd_error *err) {
-  return mbd_msg_recv(c->sock, false, c->st->o.max_message_bytes, out, err);
-}
-
-void mbd_wconn_set_linger(mbd_wconn *c, int ms) {
-  if (c->sock) zmq_setsockopt(c->sock, ZMQ_LINGER, &ms, sizeof ms);
+  return mbd_msg_recv(c->pipe_cmp, false, c->st->o.max_message_bytes, out, err);
 }

@@ -1,7 +1,14 @@
-/* The worker's connection to the broker: a ZeroMQ DEALER socket that is
- * (re)created to register (READY), carries control messages (HEARTBEAT,
- * DISCONNECT), receives requests, and is the state's send callback. Sends
- * never block the reactor. */
+/* The worker's connection to the broker, on a thread of its own so that the
+ * broker always gets an answer, whatever the compute thread is doing.
+ *
+ * The I/O thread owns the ZeroMQ DEALER socket: it registers (READY), sends
+ * HEARTBEAT every heartbeat interval, notices the broker's silence or its
+ * DISCONNECT and registers again (same uid, so sessions stay reachable), and
+ * relays everything else. Between it and the compute thread (the reactor,
+ * worker.c) is an inproc PAIR pipe: requests and CANCELs go in, replies come
+ * out, in order, without copies (frames are moved). The compute thread never
+ * touches the DEALER and the I/O thread never touches the worker state: the
+ * heartbeat's load and session count are published through atomics. */
 #ifndef MBD_WORKER_CONN_H
 #define MBD_WORKER_CONN_H
 
@@ -15,32 +22,41 @@
 
 typedef struct mbd_wconn mbd_wconn;
 
-/* A connection for st (borrowed; READY and HEARTBEAT read it) with its own
- * ZeroMQ context and no socket yet. */
+/* A connection for st (borrowed: options and identities, which do not change
+ * while it runs) with its own ZeroMQ context; nothing is connected yet. */
 int mbd_wconn_new(const mbd_wstate *st, mbd_wconn **out, mbd_error *err);
-/* Closes the socket (linger as set) and the context; NULL-safe; nulls *c. */
+/* Stops the I/O thread if running (without DISCONNECT), closes everything;
+ * NULL-safe; nulls *c. */
 void mbd_wconn_destroy(mbd_wconn **c);
 
-/* (Re)creates the DEALER socket, connects to st->o.connect and sends READY
+/* Creates the pipe, connects the DEALER to st->o.connect, sends READY
  * {device, name, uid, route, route_id, host_id, capacity, max_batch,
- * models: [{name, digest[, tokenizer_digest]}], pid}. */
-int mbd_wconn_register(mbd_wconn *c, mbd_error *err);
-/* HEARTBEAT {load, sessions}. */
-void mbd_wconn_heartbeat(mbd_wconn *c);
-/* DISCONNECT {reason}. */
-void mbd_wconn_disconnect(mbd_wconn *c, const char *reason);
-/* Waits up to timeout_ms (0: just looks) for a readable socket: 1 when a
- * message waits, 0 when none, MBD_E_IO when polling failed (EINTR is 0). */
-int mbd_wconn_poll(mbd_wconn *c, long timeout_ms, mbd_error *err);
-/* Receives one waiting message without blocking (mbd_msg_recv's contract,
- * capped at st->o.max_message_bytes). */
-int mbd_wconn_recv(mbd_wconn *c, mbd_msg **out, mbd_error *err);
-/* Keeps unsent messages up to ms after the socket closes (shutdown). */
-void mbd_wconn_set_linger(mbd_wconn *c, int ms);
+ * models: [{name, digest[, tokenizer_digest]}], pid} and starts the I/O
+ * thread. */
+int mbd_wconn_start(mbd_wconn *c, mbd_error *err);
+/* Shutdown: the I/O thread sends every reply queued before this call, then
+ * DISCONNECT {reason}, keeps unsent messages up to 2 s, and exits; joined
+ * here. */
+void mbd_wconn_stop(mbd_wconn *c, const char *reason);
+/* Whether the I/O thread ended on its own (it could not re-create its socket). */
+bool mbd_wconn_failed(const mbd_wconn *c, mbd_error *err);
 
-/* mbd_wsend_fn over c's socket (ctx is the mbd_wconn): ZMQ_DONTWAIT; with the
- * broker gone or stalled past the (large) send high-water mark the message
- * is dropped and logged, and the broker answers the client. */
+/* Compute side. Waits up to timeout_ms (0: just looks) for a message from the
+ * broker: 1 when one waits, 0 when none, MBD_E_IO when polling failed (EINTR
+ * is 0). */
+int mbd_wconn_poll(mbd_wconn *c, long timeout_ms, mbd_error *err);
+/* Compute side: receives one waiting message without blocking (mbd_msg_recv's
+ * contract, capped at st->o.max_message_bytes). */
+int mbd_wconn_recv(mbd_wconn *c, mbd_msg **out, mbd_error *err);
+/* Compute side: the load and session count the next HEARTBEAT reports. */
+void mbd_wconn_publish(mbd_wconn *c, uint64_t load, uint64_t sessions);
+
+/* Compute side, on SIGTERM: every HEARTBEAT from now on carries
+ * `draining: true` (one goes out at once), so the broker sends no new work. */
+void mbd_wconn_announce_draining(mbd_wconn *c);
+
+/* mbd_wsend_fn for the compute thread (ctx is the mbd_wconn): into the pipe,
+ * never blocking; the I/O thread sends it on to the broker. */
 void mbd_wconn_send(void *ctx, mbd_msg **m);
 
 #endif

@@ -85,33 +85,51 @@ static int get_output(mbd_wstate *st, const mbd_wreq *q, const mbd_tensor_desc *
   return MBD_OK;
 }
 
-/* A request's token ids and where its logits go (FORWARD, PREFILL). */
-typedef struct ids_io {
-  const void *ids; /* the input ids (in the frame, shm, or own) */
-  void *own;       /* aligned or staged copy of the ids, or NULL */
-  void *dst;       /* where the logits are written */
-  void *outown;    /* dst when it is ours (the reply's payload), else NULL */
-} ids_io;
-
-static int ids_io_open(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q,
-                       const mbd_tensor_ref *r, const mbd_tensor_desc *ld, ids_io *io,
-                       mbd_error *err) {
-  size_t n;
-  int rc = get_input(st, msg, r, &io->ids, &n, &io->own, err);
-  if (!rc) rc = get_output(st, q, ld, &io->dst, &io->outown, err);
-  return rc;
+/* Deadline of q on the state's clock (0 = none). */
+static double deadline_of(const mbd_wstate *st, const mbd_wreq *q) {
+  return q->deadline_ms > 0 ? mbd_wstate_now(st) + (double)q->deadline_ms / 1000.0 : 0;
 }
 
-/* Replies with the logits when rc is 0, frees what io holds, returns rc. */
-static int ids_io_close(mbd_wstate *st, const mbd_wreq *q, uint64_t tag,
-                        const mbd_tensor_desc *ld, ids_io *io, int rc) {
-  if (!rc) {
-    mbd_wreply_tensor(st, q, tag, "logits", ld, io->outown);
-    io->outown = NULL;
+/* Queues a FORWARD/PREFILL as a sliced job (worker/scheduler.h): the ids are
+ * copied (the frame and shm mapping need not outlive this call), the output
+ * is checked now so a bad one fails before any compute, and the result goes
+ * to a buffer of the job's own. */
+static int queue_job(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint64_t tag,
+                     uint8_t cmd, int mi, const mbd_wsession *s, const mbd_tensor_ref *r, int64_t B,
+                     int64_t T, const mbd_tensor_desc *ld, mbd_error *err) {
+  const void *ids = NULL;
+  void *own = NULL, *dst = NULL, *outown = NULL;
+  size_t n = 0, nout = 0;
+  int rc = get_input(st, msg, r, &ids, &n, &own, err);
+  if (!rc) rc = get_output(st, q, ld, &dst, &outown, err);
+  if (!rc) rc = mbd_tensor_desc_nbytes(ld, &nout, err);
+  mbd_wjob *j = NULL;
+  if (!rc && (!(j = calloc(1, sizeof *j)) || !(j->ids = malloc(n ? n : 1)) ||
+              !(j->q = malloc(sizeof *j->q)) ||
+              !(j->out = outown ? outown : malloc(nout ? nout : 1))))
+    rc = mbd_error_set(err, MBD_E_NOMEM, "out of memory queueing a %s of %lld x %lld tokens",
+                       mbd_cmd_name(cmd), (long long)B, (long long)T);
+  if (rc) {
+    if (j && j->out == outown) j->out = NULL;
+    mbd_wjob_free(j);
+    free(outown);
+    free(own);
+    return rc;
   }
-  free(io->own);
-  free(io->outown);
-  return rc;
+  memcpy(j->ids, ids, n);
+  free(own);
+  *j->q = *q;
+  j->tag = tag;
+  j->cmd = cmd;
+  j->model = mi;
+  if (s) snprintf(j->session, sizeof j->session, "%s", s->id);
+  j->B = B;
+  j->T = T;
+  j->last_only = q->last_only;
+  j->ld = *ld;
+  j->deadline = deadline_of(st, q);
+  mbd_wsched_job(st, j);
+  return MBD_OK;
 }
 
 static int check_desc(const mbd_tensor_ref *r, mbd_dtype dt, int ndim_lo, int ndim_hi,
@@ -125,8 +143,8 @@ static int check_desc(const mbd_tensor_ref *r, mbd_dtype dt, int ndim_lo, int nd
   return MBD_OK;
 }
 
-/* Session lookup for session commands (its data in *ws): MBD_E_BUSY while the
- * session is generating, since a GENERATE owns its session until its FINAL. */
+/* Session lookup for session commands (its data in *ws): MBD_E_BUSY while a
+ * GENERATE or a PREFILL owns the session (until its reply). */
 static int get_session(mbd_wstate *st, const char *id, mbd_wsession **s, mbd_wsess_data **ws,
                        mbd_error *err) {
   int rc = mbd_wsession_find(st->sessions, id, s, err);
@@ -135,8 +153,8 @@ static int get_session(mbd_wstate *st, const char *id, mbd_wsession **s, mbd_wse
   (*s)->last_used = mbd_wstate_now(st);
   if ((*s)->busy)
     return mbd_error_set(err, MBD_E_BUSY,
-                         "session '%s' is generating: wait for its FINAL before sending more "
-                         "requests to it",
+                         "session '%s' is busy (a GENERATE or PREFILL runs on it): wait for its "
+                         "reply before sending more requests to it",
                          (*s)->id);
   return MBD_OK;
 }
@@ -200,10 +218,7 @@ static int h_forward(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint
   if ((rc = q->last_only ? mbd_tensor_desc_make(&ld, MBD_DTYPE_F32, 2, s2, err)
                          : mbd_tensor_desc_make(&ld, MBD_DTYPE_F32, 3, s3, err)))
     return rc;
-  ids_io io = {0};
-  if (!(rc = ids_io_open(st, msg, q, r, &ld, &io, err)))
-    rc = st->be->ops->forward(st->be, m->bm, io.ids, B, T, q->last_only, io.dst, err);
-  return ids_io_close(st, q, tag, &ld, &io, rc);
+  return queue_job(st, msg, q, tag, MBD_CMD_FORWARD, mi, NULL, r, B, T, &ld, err);
 }
 
 static int h_open(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
@@ -234,16 +249,10 @@ static int h_prefill(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint
   mbd_tensor_desc ld;
   int64_t sh[2] = {q->last_only ? 1 : T, m->vocab};
   if ((rc = mbd_tensor_desc_make(&ld, MBD_DTYPE_F32, 2, sh, err))) return rc;
-  ids_io io = {0};
-  if (!(rc = ids_io_open(st, msg, q, r, &ld, &io, err)))
-    rc = st->be->ops->prefill(st->be, m->bm, (mbd_bstate *)s->state, io.ids, T, q->last_only,
-                              io.dst, err);
-  if (!rc) {
-    memcpy(ws->logits, (float *)io.dst + (size_t)(sh[0] - 1) * (size_t)m->vocab,
-           (size_t)m->vocab * sizeof(float));
-    ws->has_logits = true;
-  }
-  return ids_io_close(st, q, tag, &ld, &io, rc);
+  if ((rc = mbd_wsched_check_no_step(st, s, err))) return rc;
+  if ((rc = queue_job(st, msg, q, tag, MBD_CMD_PREFILL, s->model, s, r, 1, T, &ld, err))) return rc;
+  s->busy = true; /* the job owns the session until its reply */
+  return MBD_OK;
 }
 
 static int h_step(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
@@ -262,7 +271,8 @@ static int h_step(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *er
     if ((rc = mbd_tensor_desc_make(&ld, MBD_DTYPE_F32, 1, sh, err))) return rc;
     if ((rc = mbd_wreq_output(&q->outputs[0], &ld, st->shm, &dst, err))) return rc;
   }
-  return mbd_wsched_step(st, s, tag, q->token, q->noutputs ? &q->outputs[0] : NULL, err);
+  return mbd_wsched_step_until(st, s, tag, q->token, q->noutputs ? &q->outputs[0] : NULL,
+                               deadline_of(st, q), err);
 }
 
 static int h_generate(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
@@ -423,6 +433,13 @@ void mbd_whandle_request(mbd_wstate *st, mbd_msg *msg) {
     goto done;
   }
   if ((rc = mbd_wreq_decode(cmd, root, q, &err))) goto done;
+  if (st->draining && (cmd == MBD_CMD_GENERATE || cmd == MBD_CMD_OPEN || cmd == MBD_CMD_IMPORT)) {
+    /* Bounded work that was on its way is still served while draining;
+     * loops of unknown length and new sessions are not. */
+    rc = mbd_error_set(&err, MBD_E_BUSY, "worker %s is shutting down: resend the %s", st->o.name,
+                       mbd_cmd_name(cmd));
+    goto done;
+  }
   switch (cmd) {
   case MBD_CMD_GEMM: rc = h_gemm(st, msg, q, tag, &err); break;
   case MBD_CMD_FORWARD: rc = h_forward(st, msg, q, tag, &err); break;

@@ -15,6 +15,7 @@ const char *mbd_worker_usage(void) {
          "         [--gemm-mode deterministic] [--model NAME=DIR]... [--threads N]\n"
          "         [--capacity N] [--sessions N] [--max-batch N] [--heartbeat-ms MS] [--liveness N]\n"
          "         [--session-idle-s S] [--host-id ID] [--max-message-mb N]\n"
+         "         [--slice-tokens N] [--drain-ms MS]\n"
          "--capacity: requests the broker sends at once (1..4096, default 64);\n"
          "--sessions: session slots (default: the capacity); both defaults: common/defaults.h\n";
 }
@@ -51,6 +52,8 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
   o->heartbeat_ms = MBD_DEFAULT_HEARTBEAT_MS;
   o->liveness = MBD_DEFAULT_LIVENESS;
   o->session_idle_s = MBD_DEFAULT_SESSION_IDLE_S;
+  o->slice_tokens = MBD_DEFAULT_SLICE_TOKENS;
+  o->drain_ms = MBD_DEFAULT_DRAIN_MS;
   o->max_message_bytes = (size_t)MBD_DEFAULT_MAX_MESSAGE_MB << 20;
   int rc;
   long v = 0;
@@ -127,6 +130,12 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
     } else if (!strcmp(a, "--liveness")) {
       if ((rc = parse_int(a, val, 1, MBD_LIVENESS_MAX, &v, err))) return rc;
       o->liveness = (int)v;
+    } else if (!strcmp(a, "--slice-tokens")) {
+      if ((rc = parse_int(a, val, 1, 1 << 24, &v, err))) return rc;
+      o->slice_tokens = (int)v;
+    } else if (!strcmp(a, "--drain-ms")) {
+      if ((rc = parse_int(a, val, 0, 3600000, &v, err))) return rc;
+      o->drain_ms = (int)v;
     } else if (!strcmp(a, "--session-idle-s")) {
       if ((rc = parse_int(a, val, 0, 100L * 86400, &v, err))) return rc;
       o->session_idle_s = (double)v;

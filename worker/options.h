@@ -36,6 +36,8 @@ typedef struct mbd_worker_opts {
   int liveness;                      /* --liveness: silent intervals before reconnecting */
   double session_idle_s;             /* --session-idle-s; <= 0 disables expiry */
   size_t max_message_bytes;          /* --max-message-mb */
+  int slice_tokens;                  /* --slice-tokens: tokens of FORWARD/PREFILL per compute slice */
+  int drain_ms;                      /* --drain-ms: after SIGTERM, time to finish started work */
 } mbd_worker_opts;
 
 /* Defaults, then argv (argv[0] skipped). MBD_E_INVALID naming the flag and the

@@ -15,9 +15,15 @@
 
 int mbd_wsched_step(mbd_wstate *st, mbd_wsession *s, uint64_t tag, int64_t token,
                     const mbd_tensor_ref *out, mbd_error *err) {
+  return mbd_wsched_step_until(st, s, tag, token, out, 0, err);
+}
+
+int mbd_wsched_step_until(mbd_wstate *st, mbd_wsession *s, uint64_t tag, int64_t token,
+                          const mbd_tensor_ref *out, double deadline, mbd_error *err) {
   mbd_wstep *j = calloc(1, sizeof *j);
   if (!j) return mbd_error_set(err, MBD_E_NOMEM, "out of memory queueing a step");
   j->tag = tag;
+  j->deadline = deadline;
   snprintf(j->session, sizeof j->session, "%s", s->id);
   j->token = token;
   j->has_out = out != NULL;
@@ -70,10 +76,12 @@ int mbd_wsched_generate(mbd_wstate *st, mbd_wsession *s, uint64_t tag, const mbd
   return MBD_OK;
 }
 
-bool mbd_wsched_pending(const mbd_wstate *st) { return st->q_head != NULL || st->ngen > 0; }
+bool mbd_wsched_pending(const mbd_wstate *st) {
+  return st->q_head != NULL || st->ngen > 0 || st->j_head != NULL;
+}
 
 uint64_t mbd_wsched_load(const mbd_wstate *st) {
-  return (uint64_t)st->ngen + (st->q_head ? 1u : 0u);
+  return (uint64_t)st->ngen + (uint64_t)st->njobs + (st->q_head ? 1u : 0u);
 }
 
 size_t mbd_wsched_expire(mbd_wstate *st) {
@@ -171,6 +179,14 @@ static size_t tick_model(mbd_wstate *st, int mi, double now) {
       free(j);
       continue;
     }
+    if (j->deadline > 0 && now > j->deadline) { /* nobody waits for this answer any more */
+      *pp = j->next;
+      if (st->q_tail == j) st->q_tail = prev;
+      mbd_wreply_error(st, j->tag, MBD_E_TIMEOUT,
+                       "step passed its deadline while queued behind other work (raise deadline_ms)");
+      free(j);
+      continue;
+    }
     if (s->model != mi || in_batch(st->rows, n, s)) {
       prev = j;
       pp = &j->next;
@@ -247,14 +263,187 @@ static size_t tick_model(mbd_wstate *st, int mi, double now) {
   return n;
 }
 
+/* ---- sliced jobs (FORWARD, PREFILL) ------------------------------------- */
+
+void mbd_wsched_job(mbd_wstate *st, mbd_wjob *j) {
+  j->next = NULL;
+  if (st->j_tail) st->j_tail->next = j;
+  else st->j_head = j;
+  st->j_tail = j;
+  st->njobs++;
+}
+
+/* Unlinks j (prev is its predecessor or NULL). */
+static void job_unlink(mbd_wstate *st, mbd_wjob *j, mbd_wjob *prev) {
+  if (prev) prev->next = j->next;
+  else st->j_head = j->next;
+  if (st->j_tail == j) st->j_tail = prev;
+  j->next = NULL;
+  st->njobs--;
+}
+
+/* The session of a PREFILL job, or NULL when it is gone. */
+static mbd_wsession *job_session(mbd_wstate *st, const mbd_wjob *j) {
+  mbd_wsession *s = NULL;
+  if (j->cmd != MBD_CMD_PREFILL || mbd_wsession_find(st->sessions, j->session, &s, NULL)) return NULL;
+  return s;
+}
+
+/* Ends j (unlinked): its FINAL when fail is NULL, else ERROR fail. A PREFILL's
+ * session becomes free again; it keeps the tokens consumed so far. */
+static void job_finish(mbd_wstate *st, mbd_wjob *j, const mbd_error *fail) {
+  mbd_wsession *s = job_session(st, j);
+  if (s) {
+    s->busy = false;
+    s->last_used = mbd_wstate_now(st);
+  }
+  if (fail) {
+    mbd_wreply_err(st, j->tag, fail);
+  } else if (j->q->noutputs && j->q->outputs[0].kind == MBD_TREF_SHM) {
+    /* The mapping is resolved again now: the cache may have dropped it between slices. */
+    void *dst = NULL;
+    mbd_error e = {0};
+    size_t nb = 0;
+    mbd_tensor_desc_nbytes(&j->ld, &nb, NULL);
+    if (mbd_wreq_output(&j->q->outputs[0], &j->ld, st->shm, &dst, &e)) {
+      mbd_wreply_err(st, j->tag, &e);
+    } else {
+      memcpy(dst, j->out, nb);
+      mbd_wreply_tensor(st, j->q, j->tag, "logits", &j->ld, NULL);
+    }
+  } else {
+    mbd_wreply_tensor(st, j->q, j->tag, "logits", &j->ld, j->out);
+    j->out = NULL;
+  }
+  mbd_wjob_free(j);
+}
+
+/* Runs one slice of j: FORWARD rows [done, done + r) with r * T <= slice
+ * tokens (at least one row), or the next PREFILL chunk of <= slice tokens.
+ * Returns 1 when j is complete, 0 when more remains, or a status. */
+static int job_slice(mbd_wstate *st, mbd_wjob *j, mbd_error *err) {
+  mbd_wmodel *m = &st->models[j->model];
+  int64_t budget = st->o.slice_tokens > 0 ? st->o.slice_tokens : 512;
+  size_t V = (size_t)m->vocab;
+  int rc;
+  if (j->cmd == MBD_CMD_FORWARD) {
+    int64_t r = budget / j->T;
+    if (r < 1) r = 1;
+    if (r > j->B - j->done) r = j->B - j->done;
+    size_t per_row = j->last_only ? V : (size_t)j->T * V;
+    rc = st->be->ops->forward(st->be, m->bm, j->ids + j->done * j->T, r, j->T, j->last_only,
+                              j->out + (size_t)j->done * per_row, err);
+    if (rc) return rc;
+    j->done += r;
+    return j->done >= j->B;
+  }
+  mbd_wsession *s = job_session(st, j);
+  if (!s) return mbd_error_set(err, MBD_E_NOT_FOUND, "session '%s' closed during its prefill", j->session);
+  mbd_wsess_data *ws = s->user;
+  int64_t c = j->T - j->done < budget ? j->T - j->done : budget;
+  /* last_only: every chunk writes its [1,V] to out; the final chunk's stays. */
+  float *dst = j->last_only ? j->out : j->out + (size_t)j->done * V;
+  rc = st->be->ops->prefill(st->be, m->bm, (mbd_bstate *)s->state, j->ids + j->done, c,
+                            j->last_only, dst, err);
+  if (rc) return rc;
+  j->done += c;
+  /* The session's logits follow every chunk, so a prefill stopped between
+   * chunks leaves a session that continues from the tokens it consumed. */
+  memcpy(ws->logits, j->last_only ? dst : dst + (size_t)(c - 1) * V, V * sizeof(float));
+  ws->has_logits = true;
+  ws->logits_stale = false;
+  return j->done >= j->T;
+}
+
+/* One slice of the job at the head, which then goes to the tail (jobs take
+ * turns). A job past its deadline ends with TIMEOUT before its next slice. */
+static void tick_job(mbd_wstate *st, double now) {
+  mbd_wjob *j = st->j_head;
+  if (!j) return;
+  job_unlink(st, j, NULL);
+  mbd_error e = {0};
+  if (j->deadline > 0 && now > j->deadline) {
+    if (j->cmd == MBD_CMD_PREFILL)
+      mbd_error_set(&e, MBD_E_TIMEOUT,
+                    "prefill passed its deadline after %lld of %lld tokens (the session holds "
+                    "those; raise deadline_ms or send shorter prefills)",
+                    (long long)j->done, (long long)j->T);
+    else
+      mbd_error_set(&e, MBD_E_TIMEOUT,
+                    "forward passed its deadline after %lld of %lld rows (raise deadline_ms or "
+                    "split the batch)",
+                    (long long)j->done, (long long)j->B);
+    job_finish(st, j, &e);
+    return;
+  }
+  int rc = job_slice(st, j, &e);
+  if (rc < 0) {
+    MBD_LOGW(LOGC, "%s failed: %s", mbd_cmd_name(j->cmd), e.msg);
+    job_finish(st, j, &e);
+  } else if (rc == 1) {
+    job_finish(st, j, NULL);
+  } else {
+    mbd_wsched_job(st, j);
+  }
+}
+
 bool mbd_wsched_tick(mbd_wstate *st) {
   double now = mbd_wstate_now(st);
   for (int mi = 0; mi < st->nmodels; mi++) tick_model(st, mi, now);
   st->rr++;
+  tick_job(st, mbd_wstate_now(st));
   return mbd_wsched_pending(st);
 }
 
+bool mbd_wsched_cancel(mbd_wstate *st, uint64_t tag, int code, const char *why) {
+  mbd_error e;
+  mbd_error_set(&e, code, "%s", why);
+  for (mbd_wjob *j = st->j_head, *prev = NULL; j; prev = j, j = j->next) {
+    if (j->tag != tag) continue;
+    job_unlink(st, j, prev);
+    job_finish(st, j, &e);
+    return true;
+  }
+  for (mbd_wstep **pp = &st->q_head, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->next) {
+    mbd_wstep *j = *pp;
+    if (j->tag != tag) continue;
+    *pp = j->next;
+    if (st->q_tail == j) st->q_tail = prev;
+    mbd_wreply_err(st, tag, &e);
+    free(j);
+    return true;
+  }
+  for (size_t i = 0; i < mbd_wsession_capacity(st->sessions) && st->ngen; i++) {
+    mbd_wsession *s = mbd_wsession_at(st->sessions, i);
+    mbd_wgen *g = s ? ((mbd_wsess_data *)s->user)->gen : NULL;
+    if (g && g->tag == tag) {
+      gen_finish(st, s, NULL, &e);
+      return true;
+    }
+  }
+  return false;
+}
+
+void mbd_wsched_stop_generates(mbd_wstate *st, const char *why) {
+  for (size_t i = 0; i < mbd_wsession_capacity(st->sessions) && st->ngen; i++) {
+    mbd_wsession *s = mbd_wsession_at(st->sessions, i);
+    mbd_wgen *g = s ? ((mbd_wsess_data *)s->user)->gen : NULL;
+    if (!g) continue;
+    mbd_error e;
+    mbd_error_set(&e, MBD_E_STATE, "%s (after %lld generated tokens, which the session consumed)",
+                  why, (long long)g->n);
+    gen_finish(st, s, NULL, &e);
+  }
+}
+
 void mbd_wsched_fail_pending(mbd_wstate *st, const char *why) {
+  while (st->j_head) {
+    mbd_wjob *j = st->j_head;
+    job_unlink(st, j, NULL);
+    mbd_error e;
+    mbd_error_set(&e, MBD_E_STATE, "%s", why);
+    job_finish(st, j, &e);
+  }
   while (st->q_head) {
     mbd_wstep *j = st->q_head;
     st->q_head = j->next;

@@ -15,7 +15,14 @@
  * token was produced: it is included and fed) or "length" (max_tokens
  * reached), or ERROR TIMEOUT when the tick starts past its deadline. A failed
  * backend step answers every request of that batch with the backend's error
- * (a GENERATE ends there) and the next tick serves again. */
+ * (a GENERATE ends there) and the next tick serves again.
+ *
+ * After the batched steps, a tick runs ONE slice of one FORWARD or PREFILL
+ * job (at most o.slice_tokens tokens, whole rows of a FORWARD), and that job
+ * goes to the back of the job list: live sessions' steps wait for at most one
+ * slice, and stateless and session work alternate tick by tick. Deadlines are
+ * checked before every slice and every queued STEP: work whose answer nobody
+ * waits for any more is not started. */
 #ifndef MBD_WORKER_SCHEDULER_H
 #define MBD_WORKER_SCHEDULER_H
 
@@ -34,6 +41,17 @@
  * non-NULL. MBD_E_NOMEM only. */
 int mbd_wsched_step(mbd_wstate *st, mbd_wsession *s, uint64_t tag, int64_t token,
                     const mbd_tensor_ref *out, mbd_error *err);
+/* The same with a deadline (clock seconds, 0 = none): a STEP still queued
+ * past it is answered TIMEOUT and never computed. */
+int mbd_wsched_step_until(mbd_wstate *st, mbd_wsession *s, uint64_t tag, int64_t token,
+                          const mbd_tensor_ref *out, double deadline, mbd_error *err);
+/* Queues a sliced FORWARD/PREFILL job (taken); a PREFILL's session must be
+ * marked busy by the caller (the job frees it when it ends). */
+void mbd_wsched_job(mbd_wstate *st, mbd_wjob *j);
+/* Stops request `tag` wherever it is (queued STEP, job, GENERATE) and answers
+ * it with ERROR code `why`; a stopped PREFILL leaves its session with the
+ * tokens consumed so far. Returns false when no such request is running. */
+bool mbd_wsched_cancel(mbd_wstate *st, uint64_t tag, int code, const char *why);
 /* Attaches a GENERATE loop with q's fields (max_tokens, stop, sampling,
  * partial_every, deadline_ms from now) to s, which becomes busy until its
  * FINAL or ERROR. MBD_E_STATE when s has consumed no token yet, MBD_E_BUSY
@@ -44,7 +62,8 @@ int mbd_wsched_generate(mbd_wstate *st, mbd_wsession *s, uint64_t tag, const mbd
  * whole state must wait for it). */
 int mbd_wsched_check_no_step(const mbd_wstate *st, const mbd_wsession *s, mbd_error *err);
 
-/* Runs one batched step per model; returns whether work remains queued. */
+/* Runs one batched step per model, then one slice of the oldest job (jobs
+ * take turns); returns whether work remains queued. */
 bool mbd_wsched_tick(mbd_wstate *st);
 /* Whether any STEP is queued or GENERATE running. */
 bool mbd_wsched_pending(const mbd_wstate *st);
@@ -54,7 +73,11 @@ uint64_t mbd_wsched_load(const mbd_wstate *st);
  * (generating sessions are never idle); returns how many. A STEP queued for
  * a closed session is answered NOT_FOUND by the next tick. */
 size_t mbd_wsched_expire(mbd_wstate *st);
-/* Shutdown: every queued STEP and running GENERATE gets ERROR STATE `why`. */
+/* Shutdown, first step: every running GENERATE ends with ERROR STATE `why`
+ * (a loop's remaining length is unknown; jobs and queued STEPs are bounded
+ * work and may still finish). */
+void mbd_wsched_stop_generates(mbd_wstate *st, const char *why);
+/* Shutdown: every job, queued STEP and running GENERATE gets ERROR STATE `why`. */
 void mbd_wsched_fail_pending(mbd_wstate *st, const char *why);
 
 #endif

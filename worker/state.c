@@ -23,6 +23,14 @@ void mbd_wgen_free(mbd_wgen *g) {
   free(g);
 }
 
+void mbd_wjob_free(mbd_wjob *j) {
+  if (!j) return;
+  free(j->ids);
+  free(j->out);
+  free(j->q);
+  free(j);
+}
+
 /* Session table callback: releases the backend state and worker-side data. */
 static void session_free(void *ctx, mbd_wsession *s) {
   mbd_wstate *st = ctx;
@@ -116,6 +124,11 @@ void mbd_wstate_destroy(mbd_wstate **pst) {
   if (!pst || !*pst) return;
   mbd_wstate *st = *pst;
   mbd_wsession_table_destroy(&st->sessions);
+  while (st->j_head) {
+    mbd_wjob *j = st->j_head;
+    st->j_head = j->next;
+    mbd_wjob_free(j);
+  }
   while (st->q_head) {
     mbd_wstep *j = st->q_head;
     st->q_head = j->next;

@@ -6,9 +6,10 @@
  * request, session, shm) and none of those that read it, so the worker's
  * includes have no cycle.
  *
- * Nothing here touches a socket or the wall clock: the reactor (worker.c)
- * passes a monotonic clock and a send callback over its DEALER socket; the
- * scheduler's unit test passes a fake clock and a callback that records. */
+ * Nothing here touches a socket or the wall clock: the compute thread
+ * (worker.c) passes a monotonic clock and a send callback into the pipe to
+ * the I/O thread (worker/conn.h); the scheduler's unit test passes a fake
+ * clock and a callback that records. Only the compute thread touches it. */
 #ifndef MBD_WORKER_STATE_H
 #define MBD_WORKER_STATE_H
 
@@ -67,11 +68,31 @@ typedef struct mbd_wsess_data {
 typedef struct mbd_wstep {
   struct mbd_wstep *next;
   uint64_t tag;
+  double deadline; /* clock seconds; 0 = none */
   char session[MBD_SESSION_ID_MAX];
   int64_t token;
   mbd_tensor_ref out; /* shm output when has_out */
   bool has_out;
 } mbd_wstep;
+
+/* A FORWARD or PREFILL computed in slices of at most o.slice_tokens tokens
+ * (FORWARD: groups of whole rows; PREFILL: chunks of the prompt), one slice
+ * per scheduler tick, so session steps and control traffic run between them. */
+typedef struct mbd_wjob {
+  struct mbd_wjob *next;
+  uint64_t tag;
+  uint8_t cmd;                      /* MBD_CMD_FORWARD or MBD_CMD_PREFILL */
+  int model;                        /* index in models[] */
+  char session[MBD_SESSION_ID_MAX]; /* PREFILL: the session (busy while the job runs) */
+  int64_t *ids;                     /* [B*T] own copy of the input ids */
+  int64_t B, T;                     /* PREFILL: B = 1 */
+  int64_t done;                     /* FORWARD: rows done; PREFILL: tokens consumed */
+  bool last_only;
+  mbd_tensor_desc ld;               /* the result: logits [B,T,V], [B,V], [T,V] or [1,V] */
+  float *out;                       /* own buffer of ld's bytes */
+  mbd_wreq *q;                      /* the decoded request (outputs for the reply); owned */
+  double deadline;                  /* clock seconds; 0 = none */
+} mbd_wjob;
 
 /* One row of a batched step. */
 typedef struct mbd_wrow {
@@ -108,6 +129,9 @@ typedef struct mbd_wstate {
   float *blogits;             /* max_batch * max_vocab */
   bool blogits_host;          /* blogits came from be->ops->host_alloc (page-locked) */
   size_t rr;                  /* round-robin start over session slots */
+  mbd_wjob *j_head, *j_tail;  /* sliced FORWARD/PREFILL jobs, round-robin one slice per tick */
+  size_t njobs;
+  bool draining;              /* SIGTERM seen: new requests get BUSY, started ones finish */
   uint64_t served;            /* requests handled */
   /* from the caller */
   mbd_wclock_fn now;
@@ -139,5 +163,7 @@ int mbd_wstate_session_new(mbd_wstate *st, int mi, mbd_wsession **out, mbd_error
 
 /* Frees a GENERATE loop (NULL-safe). */
 void mbd_wgen_free(mbd_wgen *g);
+/* Frees a job and what it owns (NULL-safe). */
+void mbd_wjob_free(mbd_wjob *j);
 
 #endif

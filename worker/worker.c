@@ -1,9 +1,11 @@
-/* The worker reactor: creates the backend, the state and the models, then
- * polls the broker connection, drains requests into the handlers, ticks the
- * scheduler, sends heartbeats and expires idle sessions. See worker.h. */
+/* The worker's compute thread: creates the backend, the state and the
+ * models, then polls the pipe from the I/O thread, drains requests into the
+ * handlers, ticks the scheduler, expires idle sessions, and drains on
+ * SIGTERM. See worker.h. */
 #include "worker/worker.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -17,14 +19,13 @@
 #include "worker/state.h"
 
 #define LOGC MBD_WSTATE_LOG
-#define DRAIN_MAX 256 /* messages handled per tick before computing */
+#define DRAIN_MAX 256    /* messages handled per tick before computing */
+#define IDLE_POLL_MS 50L /* longest wait for a message while no work is pending */
+#define DRAIN_QUIET_S 0.1 /* draining ends this long after the last message, with no work left */
 
 struct mbd_worker {
-  mbd_wstate *st;    /* everything the handlers and the scheduler share */
-  mbd_wconn *conn;   /* while mbd_worker_run runs */
-  double last_heard; /* clock seconds of the broker's last message */
-  double next_hb;    /* when the next HEARTBEAT is due */
-  mbd_error refused; /* the broker refused our READY (code != 0): fatal, never retried */
+  mbd_wstate *st;  /* everything the handlers and the scheduler share */
+  mbd_wconn *conn; /* while mbd_worker_run runs (its I/O thread talks to the broker) */
 };
 
 static double now_s(void *ctx) {
@@ -75,24 +76,14 @@ const mbd_route_identity *mbd_worker_route(const mbd_worker *w) { return &w->st-
 const char *mbd_worker_route_id(const mbd_worker *w) { return w->st->route_id; }
 const char *mbd_worker_uid(const mbd_worker *w) { return w->st->uid; }
 
-/* (Re)registers with the broker and restarts the liveness clock. */
-static int connect_broker(mbd_worker *w, mbd_error *err) {
-  int rc = mbd_wconn_register(w->conn, err);
-  if (rc) return rc;
-  double t = mbd_wstate_now(w->st);
-  w->last_heard = t;
-  w->next_hb = t + w->st->o.heartbeat_ms / 1000.0;
-  return MBD_OK;
-}
-
-/* Drains waiting messages; returns false when the broker asked us to re-register. */
-static bool drain(mbd_worker *w) {
+/* Drains waiting messages from the I/O thread: requests to the handlers,
+ * CANCEL to the scheduler. Returns how many it took. */
+static int drain(mbd_worker *w) {
   for (int k = 0; k < DRAIN_MAX; k++) {
     mbd_msg *m = NULL;
     mbd_error e = {0};
     int rc = mbd_wconn_recv(w->conn, &m, &e);
-    if (rc == MBD_E_IO || (rc && !m)) return true; /* nothing more */
-    w->last_heard = mbd_wstate_now(w->st);
+    if (rc == MBD_E_IO || (rc && !m)) return k; /* nothing more */
     if (rc) { /* malformed: answer with the tag when readable */
       uint64_t tag = mbd_msg_tag(m);
       MBD_LOGW(LOGC, "malformed message from broker: %s", e.msg);
@@ -101,26 +92,10 @@ static bool drain(mbd_worker *w) {
       continue;
     }
     uint8_t cmd = mbd_msg_cmd(m);
-    if (cmd == MBD_CMD_HEARTBEAT) {
-      /* liveness only */
-    } else if (cmd == MBD_CMD_DISCONNECT) {
-      MBD_LOGI(LOGC, "broker sent DISCONNECT: re-registering");
-      mbd_msg_destroy(&m);
-      return false;
-    } else if (cmd == MBD_CMD_ERROR && mbd_msg_tag(m) == 0) {
-      /* The broker's answer to a READY it refused: the same READY would be
-       * refused again, so registering in a loop helps nobody. */
-      char why[MBD_ERROR_MSG_MAX - 64] = "no reason given";
-      size_t blen = 0;
-      const void *b = mbd_msg_body(m, &blen);
-      mbd_body *body = NULL;
-      if (!mbd_body_parse(b, blen, &body, NULL))
-        mbd_obj_str(mbd_body_root(body), "message", false, why, sizeof why, NULL);
-      mbd_body_destroy(&body);
-      mbd_error_set(&w->refused, MBD_E_INVALID,
-                    "the broker refused this worker's registration: %s", why);
-      mbd_msg_destroy(&m);
-      return false;
+    if (cmd == MBD_CMD_CANCEL) {
+      if (mbd_wsched_cancel(w->st, mbd_msg_tag(m), MBD_E_CANCELLED,
+                            "cancelled (by the client, or because it went away)"))
+        MBD_LOGD(LOGC, "cancelled ticket %" PRIu64, mbd_msg_tag(m));
     } else if (mbd_cmd_is_request(cmd) && cmd != MBD_CMD_STATUS) {
       mbd_whandle_request(w->st, m);
     } else {
@@ -129,7 +104,7 @@ static bool drain(mbd_worker *w) {
     }
     mbd_msg_destroy(&m);
   }
-  return true;
+  return DRAIN_MAX;
 }
 
 int mbd_worker_run(mbd_worker *w, volatile sig_atomic_t *stop, mbd_error *err) {
@@ -138,36 +113,41 @@ int mbd_worker_run(mbd_worker *w, volatile sig_atomic_t *stop, mbd_error *err) {
   if (rc) return rc;
   st->send = mbd_wconn_send;
   st->send_ctx = w->conn;
-  if ((rc = connect_broker(w, err))) goto done;
-  double hb = st->o.heartbeat_ms / 1000.0, next_expire = mbd_wstate_now(st) + 1.0;
+  if ((rc = mbd_wconn_start(w->conn, err))) goto done;
+  double next_expire = mbd_wstate_now(st) + 1.0, drain_end = 0, last_msg = 0;
   bool busy = false;
-  while (!*stop) {
+  for (;;) {
     double t = mbd_wstate_now(st);
-    long timeout = busy ? 0 : (long)((w->next_hb - t) * 1000.0) + 1;
-    if (timeout < 0) timeout = 0;
-    int pr = mbd_wconn_poll(w->conn, timeout, err);
+    if (*stop && !st->draining) {
+      st->draining = true;
+      mbd_wconn_announce_draining(w->conn);
+      drain_end = t + st->o.drain_ms / 1000.0;
+      last_msg = t;
+      MBD_LOGI(LOGC, "%s: stopping; finishing started work for up to %d ms", st->o.name,
+               st->o.drain_ms);
+      char why[160];
+      snprintf(why, sizeof why, "worker %s is shutting down (SIGTERM): generation stopped",
+               st->o.name);
+      mbd_wsched_stop_generates(st, why);
+    }
+    /* Draining ends at drain_end, or earlier once no work is left and the
+     * requests the broker sent before it heard of the drain had time to come. */
+    if (st->draining && (t >= drain_end || (!mbd_wsched_pending(st) && t - last_msg >= DRAIN_QUIET_S)))
+      break;
+    if (mbd_wconn_failed(w->conn, err)) {
+      rc = err->code ? err->code : MBD_E_IO;
+      break;
+    }
+    /* The poll also bounds how long a stop waits to be seen while idle. */
+    int pr = mbd_wconn_poll(w->conn, busy ? 0 : IDLE_POLL_MS, err);
     if (pr < 0) {
       rc = pr;
       break;
     }
-    if (*stop) break;
-    bool ok = true;
-    if (pr > 0) ok = drain(w);
-    if (w->refused.code) {
-      rc = mbd_error_set(err, w->refused.code, "%s", w->refused.msg);
-      break;
-    }
-    t = mbd_wstate_now(st);
-    if (!ok || t - w->last_heard > hb * st->o.liveness) {
-      if (ok) MBD_LOGW(LOGC, "broker silent for %.1f s: reconnecting", t - w->last_heard);
-      if ((rc = connect_broker(w, err))) break;
-    }
+    if (pr > 0 && drain(w) > 0) last_msg = mbd_wstate_now(st);
     busy = mbd_wsched_tick(st);
+    mbd_wconn_publish(w->conn, mbd_wsched_load(st), (uint64_t)mbd_wsession_count(st->sessions));
     t = mbd_wstate_now(st);
-    if (t >= w->next_hb) {
-      mbd_wconn_heartbeat(w->conn);
-      w->next_hb = t + hb;
-    }
     if (t >= next_expire) {
       size_t n = mbd_wsched_expire(st);
       if (n) MBD_LOGI(LOGC, "closed %zu idle session(s)", n);
@@ -175,11 +155,16 @@ int mbd_worker_run(mbd_worker *w, volatile sig_atomic_t *stop, mbd_error *err) {
     }
   }
   if (!rc) {
-    mbd_wsched_fail_pending(st, "worker shutting down (SIGTERM): resend the request");
-    mbd_wconn_disconnect(w->conn, "shutdown");
+    char why[160];
+    snprintf(why, sizeof why,
+             "worker %s shut down (SIGTERM) before this request finished (drain period %d ms): "
+             "resend it",
+             st->o.name, st->o.drain_ms);
+    mbd_wsched_fail_pending(st, why);
+    /* Requests that came after the drain period: answered, not left unread. */
+    while (drain(w) > 0) mbd_wsched_fail_pending(st, why);
+    mbd_wconn_stop(w->conn, "shutdown");
     MBD_LOGI(LOGC, "%s: shut down after %" PRIu64 " requests", st->o.name, st->served);
-    /* Let the last replies and DISCONNECT leave before the socket closes. */
-    mbd_wconn_set_linger(w->conn, 2000);
   }
 done:
   st->send = drop_send;
