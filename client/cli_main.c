@@ -22,6 +22,7 @@
 
 #include "client/mambad.h"
 #include "common/half.h"
+#include "common/progress.h"
 #include "common/safetensors.h"
 #include "common/tokenizer/text_stream.h"
 #include "common/tokenizer/tokenizer.h"
@@ -890,6 +891,11 @@ static int cmd_bench(int argc, char **argv) {
     return EXIT_FAIL;
   }
   if ((rc = connect_client("bench", &o, &c))) goto done;
+  mbd_progress_opts po; /* long runs: a line every 5 s on stderr; short ones stay quiet */
+  mbd_progress_opts_init(&po, mbd_progress_print, stderr);
+  po.min_bytes = po.every_bytes = 0;
+  mbd_progress pr;
+  mbd_progress_begin(&pr, &po, "bench status", "round trips", 0, (uint64_t)o.requests);
   for (int64_t i = 0; i < o.requests; i++) {
     mbd_status_report *r = NULL;
     double t0 = now_s();
@@ -899,7 +905,9 @@ static int cmd_bench(int argc, char **argv) {
     }
     lat[i] = now_s() - t0;
     mbd_status_report_free(&r);
+    mbd_progress_add(&pr, 0, 1);
   }
+  mbd_progress_end(&pr);
   qsort(lat, (size_t)o.requests, sizeof *lat, cmp_double);
   printf("status   %6" PRId64 " round trips  p50 %8.3f ms  p99 %8.3f ms\n", o.requests,
          lat[o.requests / 2] * 1e3, lat[(o.requests * 99) / 100] * 1e3);
@@ -918,6 +926,7 @@ static int cmd_bench(int argc, char **argv) {
     mbd_shm_tensor(shm, 0, &d, &in, NULL);
   }
   double wall0 = now_s();
+  mbd_progress_begin(&pr, &po, "bench forward", "requests", 0, (uint64_t)o.requests);
   for (int64_t i = 0; i < o.requests; i++) {
     mbd_tensor_out logits = {0};
     double t0 = now_s();
@@ -927,7 +936,9 @@ static int cmd_bench(int argc, char **argv) {
     }
     lat[i] = now_s() - t0;
     mbd_tensor_out_release(&logits);
+    mbd_progress_add(&pr, 0, 1);
   }
+  mbd_progress_end(&pr);
   double wall = now_s() - wall0;
   qsort(lat, (size_t)o.requests, sizeof *lat, cmp_double);
   printf("forward  %6" PRId64 " requests [%" PRId64 "x%" PRId64 "]  p50 %8.3f ms  p99 %8.3f ms  "

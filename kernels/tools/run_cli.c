@@ -349,6 +349,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   opts.threads = (int)threads;
+  mbd_progress_opts progress; /* large checkpoints: a line every 256 MiB or 5 s on stderr */
+  mbd_progress_opts_init(&progress, mbd_progress_print, stderr);
+  opts.progress = &progress;
   run_gen g = {.n_new = n_gen, .stop = stop, .nstop = nstop};
   g.sampling.temperature = temperature;
   g.sampling.top_k = (int)top_k;
