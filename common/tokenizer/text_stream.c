@@ -100,12 +100,17 @@ int mbd_text_stream_push(mbd_text_stream *s, const int64_t *ids, size_t n, mbd_e
   char *buf = NULL;
   size_t len = 0;
   int rc = MBD_OK;
-  for (size_t i = 0; i < n && !rc; i++) {
-    if (ids[i] < 0 || ids[i] > INT32_MAX)
-      rc = mbd_error_set(err, MBD_E_INVALID, "token %lld is not in the tokenizer's vocabulary",
-                         (long long)ids[i]);
-    else if ((rc = mbd_detok_push(s->detok, (int32_t)ids[i], &buf, &len, err)) == MBD_OK)
-      s->count++;
+  for (size_t i = 0; i < n; i++) { /* an id that is not text is skipped; the first one reported */
+    mbd_error e = {0};
+    int r = ids[i] < 0 || ids[i] > INT32_MAX
+                ? mbd_error_set(&e, MBD_E_INVALID, "token %lld is not in the tokenizer's "
+                                "vocabulary", (long long)ids[i])
+                : mbd_detok_push(s->detok, (int32_t)ids[i], &buf, &len, &e);
+    if (!r) s->count++;
+    if (r && !rc) {
+      rc = r;
+      if (err) *err = e;
+    }
   }
   int wrc = emit(s, buf, buf ? len : 0, err);
   free(buf);

@@ -30,8 +30,8 @@ int mbd_text_stream_new(const mbd_tokenizer *t, bool skip_special, FILE *out,
 /* NULL-safe; nulls *s. */
 void mbd_text_stream_destroy(mbd_text_stream **s);
 /* Writes the text ids[0..n) complete and flushes `out`. An id outside the
- * vocabulary is MBD_E_INVALID (the ids before it are written); MBD_E_IO when
- * out cannot be written. */
+ * vocabulary is skipped and the push returns MBD_E_INVALID naming the first
+ * such id (the others' text is written); MBD_E_IO when out cannot be written. */
 int mbd_text_stream_push(mbd_text_stream *s, const int64_t *ids, size_t n, mbd_error *err);
 /* Writes what is held back (an incomplete character becomes U+FFFD) and
  * flushes; the stream can take more ids afterwards. */
