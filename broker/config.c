@@ -8,15 +8,17 @@
 #include <string.h>
 
 #include "broker/core.h"
+#include "common/defaults.h"
 
 void mbd_broker_config_defaults(mbd_broker_config *c) {
   memset(c, 0, sizeof *c);
-  c->heartbeat_ms = 1000;
-  c->liveness = 3;
-  c->queue_limit = 1024;
-  c->max_message_mb = 2048;
-  c->default_deadline_ms = 60000;
-  c->hwm = 10000;
+  c->heartbeat_ms = MBD_DEFAULT_HEARTBEAT_MS;
+  c->liveness = MBD_DEFAULT_LIVENESS;
+  c->queue_limit = MBD_DEFAULT_QUEUE_LIMIT;
+  c->queue_mb = MBD_DEFAULT_QUEUE_MB;
+  c->max_message_mb = MBD_DEFAULT_MAX_MESSAGE_MB;
+  c->default_deadline_ms = MBD_DEFAULT_DEADLINE_MS;
+  c->hwm = MBD_DEFAULT_HWM;
 }
 
 static int parse_int(const char *opt, const char *v, int64_t lo, int64_t hi, int64_t *out,
@@ -46,15 +48,33 @@ int mbd_broker_config_parse(int argc, char **argv, mbd_broker_config *c, mbd_err
                              o, v);
       snprintf(dst, MBD_BROKER_EP_MAX, "%s", v);
     } else if (!strcmp(o, "--heartbeat-ms")) {
-      if (!(rc = parse_int(o, v, 10, 600000, &x, err))) c->heartbeat_ms = (int)x;
+      if (!(rc = parse_int(o, v, MBD_HEARTBEAT_MS_MIN, MBD_HEARTBEAT_MS_MAX, &x, err)))
+        c->heartbeat_ms = (int)x;
     } else if (!strcmp(o, "--liveness")) {
-      if (!(rc = parse_int(o, v, 1, 1000, &x, err))) c->liveness = (int)x;
+      if (!(rc = parse_int(o, v, 1, MBD_LIVENESS_MAX, &x, err))) c->liveness = (int)x;
     } else if (!strcmp(o, "--queue-limit")) {
-      if (!(rc = parse_int(o, v, 0, 10000000, &x, err))) c->queue_limit = (int)x;
+      if (!(rc = parse_int(o, v, 0, MBD_QUEUE_LIMIT_MAX, &x, err))) c->queue_limit = (int)x;
+    } else if (!strcmp(o, "--queue-mb")) {
+      if (!(rc = parse_int(o, v, 1, MBD_QUEUE_MB_MAX, &x, err))) c->queue_mb = x;
     } else if (!strcmp(o, "--max-message-mb")) {
-      if (!(rc = parse_int(o, v, 1, 1 << 20, &x, err))) c->max_message_mb = x;
+      if (!(rc = parse_int(o, v, 1, MBD_MAX_MESSAGE_MB_MAX, &x, err))) c->max_message_mb = x;
     } else if (!strcmp(o, "--default-deadline-ms")) {
-      if (!(rc = parse_int(o, v, 1, 24LL * 3600 * 1000, &x, err))) c->default_deadline_ms = x;
+      if (!(rc = parse_int(o, v, 1, MBD_DEADLINE_MS_MAX, &x, err))) c->default_deadline_ms = x;
+    } else if (!strcmp(o, "--default-digest")) {
+      const char *eq = strchr(v, '=');
+      size_t nl = eq ? (size_t)(eq - v) : 0;
+      if (!eq || nl == 0 || nl >= MBD_BW_NAME_MAX || !mbd_digest_prefix_ok(eq + 1))
+        return mbd_error_set(err, MBD_E_INVALID,
+                             "--default-digest: '%s' is not NAME=DIGEST with DIGEST a lower-case "
+                             "hex prefix of 8 to 64 characters of the model's weights digest",
+                             v);
+      if (c->ndefaults == MBD_BW_DEFAULTS_MAX)
+        return mbd_error_set(err, MBD_E_INVALID, "--default-digest: at most %d",
+                             MBD_BW_DEFAULTS_MAX);
+      memcpy(c->defaults[c->ndefaults].name, v, nl);
+      c->defaults[c->ndefaults].name[nl] = '\0';
+      snprintf(c->defaults[c->ndefaults].digest, MBD_BW_DIGEST_MAX, "%s", eq + 1);
+      c->ndefaults++;
     } else if (!strcmp(o, "--hwm")) {
       if (!(rc = parse_int(o, v, 1, 10000000, &x, err))) c->hwm = (int)x;
     } else {

@@ -10,16 +10,21 @@
 #include "broker/core.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/defaults.h"
 #include "common/log.h"
 #include "common/protocol.h"
 
 #define LOG "broker"
 #define TICKET_BUCKETS 4096
-#define DEADLINE_MAX_MS (24LL * 3600 * 1000)
+#define DEADLINE_MAX_MS MBD_DEADLINE_MS_MAX
+#define HEADER_MAX_BYTES (256u << 10) /* routing fields of one request, decoded */
+#define FAILED_MAX 64                  /* start failures kept for STATUS */
+#define SEEN_UIDS 1024                 /* registered uids remembered for session errors */
 
 /* WAITING: on no worker (queued, or being placed); INFLIGHT: sent, not
  * answered; ZOMBIE: answered by the broker (timeout), the worker's slot stays
@@ -29,17 +34,23 @@ typedef enum { RQ_WAITING, RQ_INFLIGHT, RQ_ZOMBIE } rq_state;
 typedef struct breq {
   uint64_t ticket;                 /* current ticket while in flight */
   uint64_t client_tag;             /* the client's request id */
+  char rid[40];                    /* the body's request_id (the client's trace id), "" if none */
   uint8_t client[MBD_BW_IDENT_MAX];
   size_t client_len;
   uint8_t cmd;
   mbd_route_want want;
   char model[MBD_BW_NAME_MAX];
+  char digest[MBD_BW_DIGEST_MAX];  /* the model's weights digest: the client's pin (a prefix) or,
+                                      once resolved, the full digest every send must match */
+  bool digest_fixed;               /* digest is the full one chosen for this request */
+  char tokenizer[MBD_BW_DIGEST_MAX]; /* with digest_fixed: the tokenizer digest chosen with it */
   char session_uid[MBD_BW_UID_MAX]; /* session commands: the owning worker's uid */
   bool is_session;
   bool has_ipc;                    /* carries CUDA IPC tensors: same-host GPU workers only */
   int ipc_device;                  /* device of the first IPC tensor (GPU-affine routing) */
   char client_host[MBD_BW_NAME_MAX]; /* the client's host_id (required with IPC tensors) */
   int64_t start_ms, deadline_ms;   /* absolute, monotonic */
+  size_t bytes;                    /* body + payload bytes the broker holds for it */
   mbd_msg *orig;                   /* kept for a re-send (stateless) or until first send */
   uint64_t worker_gen;             /* worker it is on (in flight / zombie) */
   char worker_name[MBD_BW_NAME_MAX];
@@ -59,15 +70,93 @@ struct mbd_bcore {
   breq *buckets[TICKET_BUCKETS];
   breq *qhead, *qtail;
   size_t qlen;
+  size_t qbytes;                   /* sum of the queued requests' bytes */
   breq *all;
   size_t pending;                  /* queued + in flight (not zombies) */
   uint64_t next_ticket, next_gen;
   int64_t next_hb_ms;
   bool shutting;
   mbd_bcore_stats st;
+  struct start_failure {           /* workers that reported they could not start */
+    char name[MBD_BW_NAME_MAX];
+    char error[256];
+    char models[256];              /* the models it was to serve, comma-separated */
+    int64_t at_ms;
+  } failed[FAILED_MAX];
+  size_t nfailed;
+  char seen_uids[SEEN_UIDS][MBD_BW_UID_MAX]; /* uids that registered (ring), so a session
+                                               of a lost worker is told from an unknown one */
+  size_t nseen, seen_next;
+  int64_t warn_at_ms;              /* when the last worker-input warning was logged */
+  uint64_t warn_suppressed;        /* worker-input warnings not logged since */
 };
 
 /* ---- plumbing ------------------------------------------------------------ */
+
+#define WARN_EVERY_MS 1000
+
+
+/* Logs a warning about input from workers at most once a second, saying how
+ * many were left out since, so a flood of bad frames cannot flood the log. */
+static void warn_limited(mbd_bcore *c, int64_t now, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void warn_limited(mbd_bcore *c, int64_t now, const char *fmt, ...) {
+  if (c->warn_at_ms && now - c->warn_at_ms < WARN_EVERY_MS) {
+    c->warn_suppressed++;
+    return;
+  }
+  char line[MBD_ERROR_MSG_MAX + 128];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  if (c->warn_suppressed)
+    MBD_LOGW(LOG, "%s (%" PRIu64 " similar warnings in the last %" PRId64 " ms not shown)", line,
+             c->warn_suppressed, now - c->warn_at_ms);
+  else MBD_LOGW(LOG, "%s", line);
+  c->warn_at_ms = now;
+  c->warn_suppressed = 0;
+}
+
+/* Records a worker's start failure (DISCONNECT {name, error, models} from a
+ * peer that never registered), replacing an older one of the same name. */
+static void note_start_failure(mbd_bcore *c, const msgpack_object *root, int64_t now) {
+  char name[MBD_BW_NAME_MAX] = "", error[256] = "";
+  if (mbd_obj_str(root, "name", true, name, sizeof name, NULL) ||
+      mbd_obj_str(root, "error", true, error, sizeof error, NULL) || !name[0])
+    return;
+  size_t i = 0;
+  while (i < c->nfailed && strcmp(c->failed[i].name, name)) i++;
+  if (i == c->nfailed) {
+    if (c->nfailed == FAILED_MAX) i = 0; /* full: the oldest slot goes */
+    else c->nfailed++;
+  }
+  struct start_failure *f = &c->failed[i];
+  snprintf(f->name, sizeof f->name, "%s", name);
+  snprintf(f->error, sizeof f->error, "%s", error);
+  f->models[0] = '\0';
+  const msgpack_object *ms = mbd_obj_get(root, "models");
+  size_t n = 0;
+  for (uint32_t k = 0; ms && ms->type == MSGPACK_OBJECT_ARRAY && k < ms->via.array.size; k++) {
+    const msgpack_object *o = &ms->via.array.ptr[k];
+    if (o->type != MSGPACK_OBJECT_STR || n >= sizeof f->models) continue;
+    int x = snprintf(f->models + n, sizeof f->models - n, "%s%.*s", n ? "," : "",
+                     (int)(o->via.str.size < 64 ? o->via.str.size : 64), o->via.str.ptr);
+    if (x > 0) n += (size_t)x;
+  }
+  f->at_ms = now;
+  warn_limited(c, now, "worker %s could not start (models %s): %s", f->name,
+               f->models[0] ? f->models : "-", f->error);
+}
+
+/* A worker of that name registered: its earlier start failure is history. */
+static void clear_start_failure(mbd_bcore *c, const char *name) {
+  for (size_t i = 0; i < c->nfailed; i++)
+    if (!strcmp(c->failed[i].name, name)) {
+      c->failed[i] = c->failed[--c->nfailed];
+      return;
+    }
+}
 
 static int64_t expiry_ms(const mbd_bcore *c) { return (int64_t)c->cfg.heartbeat_ms * c->cfg.liveness; }
 
@@ -112,6 +201,7 @@ static void q_push(mbd_bcore *c, breq *r, bool front) {
     c->qtail = r;
   }
   c->qlen++;
+  c->qbytes += r->bytes;
 }
 
 /* Links r (not queued) just before `at` (NULL = at the tail). */
@@ -128,6 +218,7 @@ static void q_insert_before(mbd_bcore *c, breq *r, breq *at) {
   else c->qhead = r;
   at->qprev = r;
   c->qlen++;
+  c->qbytes += r->bytes;
 }
 
 static void q_del(mbd_bcore *c, breq *r) {
@@ -139,6 +230,7 @@ static void q_del(mbd_bcore *c, breq *r) {
   else c->qtail = r->qprev;
   r->qprev = r->qnext = NULL;
   c->qlen--;
+  c->qbytes -= r->bytes;
 }
 
 /* Unlinks r from every structure and frees it. */
@@ -182,6 +274,8 @@ static void client_error(mbd_bcore *c, const void *peer, size_t plen, uint64_t t
 /* Answers r with an ERROR and frees it, or turns an in-flight request into a
  * zombie (answered; the worker's slot stays busy until it replies or dies). */
 static void req_fail(mbd_bcore *c, breq *r, int code, const char *msg) {
+  MBD_LOGD(LOG, "request %s: %s answered by the broker: %s %s", r->rid[0] ? r->rid : "-",
+           mbd_cmd_name(r->cmd), mbd_status_name(code), msg);
   client_error(c, r->client, r->client_len, r->client_tag, code, msg);
   if (r->state == RQ_INFLIGHT && mbd_registry_find_gen(c->reg, r->worker_gen)) {
     r->state = RQ_ZOMBIE;
@@ -247,11 +341,21 @@ static int req_read(const msgpack_object *root, uint8_t cmd, breq *r, uint64_t *
   int rc;
   if ((rc = mbd_obj_route_want(root, "route", &r->want, err)) ||
       (rc = mbd_obj_str(root, "model", false, r->model, sizeof r->model, err)) ||
+      (rc = mbd_obj_str(root, "model_digest", false, r->digest, sizeof r->digest, err)) ||
       (rc = mbd_obj_u64(root, "deadline_ms", false, dl, err)) ||
+      (rc = mbd_obj_str(root, "request_id", false, r->rid, sizeof r->rid, err)) ||
       (mbd_cmd_is_session(cmd) &&
        (rc = mbd_obj_str(root, "session", true, session, sizeof session, err))))
     return rc;
+  if (r->digest[0] && !mbd_digest_prefix_ok(r->digest))
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "model_digest '%s' is not a lower-case hex prefix of 8 to 64 characters "
+                         "of a weights digest (mambad status lists them)",
+                         r->digest);
+  if (r->digest[0] && !r->model[0] && !mbd_cmd_is_session(cmd))
+    return mbd_error_set(err, MBD_E_INVALID, "model_digest needs the model's name in 'model'");
   if (mbd_cmd_is_session(cmd)) {
+    r->digest[0] = '\0'; /* a session's model was fixed when it was opened */
     const char *slash = strchr(session, '/');
     size_t ul = slash ? (size_t)(slash - session) : 0;
     if (!slash || ul == 0 || ul >= sizeof r->session_uid)
@@ -288,6 +392,9 @@ static void send_req(mbd_bcore *c, breq *r, mbd_bworker *w) {
   mbd_msg_set_tag(m, r->ticket);
   mbd_msg_set_peer(m, w->ident, w->ident_len, NULL);
   c->st.forwarded++;
+  MBD_LOGD(LOG, "request %s: %s (client tag %" PRIu64 ") to worker %s as ticket %" PRIu64 "%s",
+           r->rid[0] ? r->rid : "-", mbd_cmd_name(r->cmd), r->client_tag, w->name, r->ticket,
+           r->retried ? " (re-sent)" : "");
   int rc = c->send(c->ctx, MBD_BDEST_WORKER, &m, &err);
   if (rc == MBD_E_NOT_FOUND) {
     /* Gone without a goodbye: the next tick drops it and fails its requests over. */
@@ -305,12 +412,34 @@ static void send_req(mbd_bcore *c, breq *r, mbd_bworker *w) {
 
 static void no_route(mbd_bcore *c, breq *r) {
   char msg[1024];
-  mbd_registry_no_route_message(c->reg, &r->want, r->model, msg, sizeof msg);
+  mbd_registry_no_route_message(c->reg, &r->want, r->model, r->digest, msg, sizeof msg);
   req_fail(c, r, MBD_E_NO_ROUTE, msg);
+}
+
+static bool uid_seen(const mbd_bcore *c, const char *uid) {
+  for (size_t i = 0; i < c->nseen; i++)
+    if (!strcmp(c->seen_uids[i], uid)) return true;
+  return false;
+}
+
+static void note_uid(mbd_bcore *c, const char *uid) {
+  if (uid_seen(c, uid)) return;
+  snprintf(c->seen_uids[c->seen_next], MBD_BW_UID_MAX, "%s", uid);
+  c->seen_next = (c->seen_next + 1) % SEEN_UIDS;
+  if (c->nseen < SEEN_UIDS) c->nseen++;
 }
 
 static void session_lost(mbd_bcore *c, breq *r) {
   char msg[512];
+  if (!uid_seen(c, r->session_uid)) {
+    snprintf(msg, sizeof msg,
+             "session %s/...: no worker with uid %s has registered with this broker (a mistyped "
+             "session id, a session of another deployment, or of a worker lost before this "
+             "broker started)",
+             r->session_uid, r->session_uid);
+    req_fail(c, r, MBD_E_NOT_FOUND, msg);
+    return;
+  }
   snprintf(msg, sizeof msg,
            "the worker holding session %s/... (uid %s) is gone; sessions live on one worker: "
            "EXPORT a session's state while its worker lives and IMPORT it on another worker with "
@@ -323,9 +452,27 @@ static void session_lost(mbd_bcore *c, breq *r) {
  * it carries CUDA IPC tensors. */
 static mbd_bworker *select_for(mbd_bcore *c, breq *r, size_t *nmatch) {
   if (r->has_ipc)
-    return mbd_registry_select_ipc(c->reg, &r->want, r->model, r->client_host, r->ipc_device, NULL,
-                                   nmatch);
-  return mbd_registry_select(c->reg, &r->want, r->model, NULL, nmatch);
+    return mbd_registry_select_ipc(c->reg, &r->want, r->model, r->digest,
+                                   r->digest_fixed ? r->tokenizer : NULL, r->client_host,
+                                   r->ipc_device, NULL, nmatch);
+  return mbd_registry_select(c->reg, &r->want, r->model, r->digest,
+                             r->digest_fixed ? r->tokenizer : NULL, NULL, nmatch);
+}
+
+/* Fixes which weights r gets (once: a re-send goes to the same digest).
+ * False when r was answered (the name is ambiguous). */
+static bool resolve_digest(mbd_bcore *c, breq *r) {
+  if (r->digest_fixed || !r->model[0]) return true;
+  mbd_error err = {0};
+  char d[MBD_BW_DIGEST_MAX];
+  if (mbd_registry_resolve_digest(c->reg, &r->want, r->model, r->digest, d, r->tokenizer, &err)) {
+    c->st.ambiguous++;
+    req_fail(c, r, err.code, err.msg);
+    return false;
+  }
+  snprintf(r->digest, sizeof r->digest, "%s", d);
+  r->digest_fixed = strlen(d) == 64;
+  return true;
 }
 
 /* Tries to place r (not queued). Returns true when it left r's fate decided
@@ -350,6 +497,7 @@ static bool place(mbd_bcore *c, breq *r) {
     send_req(c, r, w);
     return true;
   }
+  if (!resolve_digest(c, r)) return true;
   size_t nmatch = 0;
   mbd_bworker *w = select_for(c, r, &nmatch);
   if (w) {
@@ -402,19 +550,63 @@ static void drain_queue(mbd_bcore *c) {
 
 /* ---- client side ---------------------------------------------------------------- */
 
+/* STATUS "models": one entry per distinct (name, weights, tokenizer) among the
+ * live workers, with how many serve it and whether it is the name's default,
+ * so two digests under one name show as two models. */
+static void pack_models(mbd_bcore *c, msgpack_packer *pk) {
+  enum { MAXM = 256 };
+  const mbd_bmodel *seen[MAXM];
+  int nserve[MAXM];
+  size_t n = 0;
+  for (size_t i = 0; i < mbd_registry_count(c->reg); i++) {
+    const mbd_bworker *w = mbd_registry_at(c->reg, i);
+    for (int k = 0; k < w->nmodels; k++) {
+      const mbd_bmodel *m = &w->models[k];
+      size_t j = 0;
+      while (j < n && (strcmp(seen[j]->name, m->name) || strcmp(seen[j]->digest, m->digest) ||
+                       strcmp(seen[j]->tokenizer_digest, m->tokenizer_digest)))
+        j++;
+      if (j < n) nserve[j]++;
+      else if (n < MAXM) seen[n] = m, nserve[n++] = 1;
+    }
+  }
+  mbd_pack_str(pk, "models");
+  msgpack_pack_array(pk, n);
+  for (size_t j = 0; j < n; j++) {
+    const char *d = mbd_registry_default(c->reg, seen[j]->name);
+    msgpack_pack_map(pk, 5);
+    mbd_pack_kv_str(pk, "name", seen[j]->name);
+    mbd_pack_kv_str(pk, "digest", seen[j]->digest);
+    mbd_pack_kv_str(pk, "tokenizer_digest", seen[j]->tokenizer_digest);
+    mbd_pack_kv_i64(pk, "workers", nserve[j]);
+    mbd_pack_kv_bool(pk, "default", d && !strncmp(seen[j]->digest, d, strlen(d)));
+  }
+}
+
 static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
   msgpack_packer pk;
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   size_t n = mbd_registry_count(c->reg);
-  msgpack_pack_map(&pk, 5);
+  msgpack_pack_map(&pk, 8);
+  pack_models(c, &pk);
+  mbd_pack_str(&pk, "failed");
+  msgpack_pack_array(&pk, c->nfailed);
+  for (size_t i = 0; i < c->nfailed; i++) {
+    msgpack_pack_map(&pk, 4);
+    mbd_pack_kv_str(&pk, "name", c->failed[i].name);
+    mbd_pack_kv_str(&pk, "error", c->failed[i].error);
+    mbd_pack_kv_str(&pk, "models", c->failed[i].models);
+    mbd_pack_kv_i64(&pk, "age_ms", now - c->failed[i].at_ms);
+  }
   mbd_pack_str(&pk, "workers");
   msgpack_pack_array(&pk, n);
   for (size_t i = 0; i < n; i++) {
     const mbd_bworker *w = mbd_registry_at(c->reg, i);
-    msgpack_pack_map(&pk, 12);
+    msgpack_pack_map(&pk, 13);
     mbd_pack_kv_str(&pk, "name", w->name);
+    mbd_pack_kv_i64(&pk, "sessions", w->sessions);
     mbd_pack_kv_str(&pk, "uid", w->uid);
     mbd_pack_kv_str(&pk, "route_id", w->route_id);
     mbd_pack_kv_str(&pk, "route", w->route_enc);
@@ -435,11 +627,15 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
     }
   }
   mbd_pack_kv_u64(&pk, "queue", c->qlen);
+  mbd_pack_kv_u64(&pk, "queue_bytes", c->qbytes);
   mbd_pack_kv_u64(&pk, "pending", c->pending);
   mbd_pack_str(&pk, "counters");
   const mbd_bcore_stats *s = &c->st;
-  msgpack_pack_map(&pk, 13);
+  msgpack_pack_map(&pk, 16);
   mbd_pack_kv_u64(&pk, "requests", s->requests);
+  mbd_pack_kv_u64(&pk, "ambiguous", s->ambiguous);
+  mbd_pack_kv_u64(&pk, "busy_count", s->busy_count);
+  mbd_pack_kv_u64(&pk, "busy_bytes", s->busy_bytes);
   mbd_pack_kv_u64(&pk, "forwarded", s->forwarded);
   mbd_pack_kv_u64(&pk, "replies", s->replies);
   mbd_pack_kv_u64(&pk, "errors", s->errors);
@@ -453,10 +649,11 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   mbd_pack_kv_u64(&pk, "workers_joined", s->workers_joined);
   mbd_pack_kv_u64(&pk, "workers_lost", s->workers_lost);
   mbd_pack_str(&pk, "config");
-  msgpack_pack_map(&pk, 4);
+  msgpack_pack_map(&pk, 5);
   mbd_pack_kv_i64(&pk, "heartbeat_ms", c->cfg.heartbeat_ms);
   mbd_pack_kv_i64(&pk, "liveness", c->cfg.liveness);
   mbd_pack_kv_i64(&pk, "queue_limit", c->cfg.queue_limit);
+  mbd_pack_kv_i64(&pk, "queue_mb", c->cfg.queue_mb);
   mbd_pack_kv_i64(&pk, "default_deadline_ms", c->cfg.default_deadline_ms);
   /* A fresh FINAL to the request's peer and tag, so no payload a client
    * attached to its STATUS is ever echoed back. */
@@ -514,7 +711,11 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   mbd_error err = {0};
   size_t blen = 0;
   const void *b = mbd_msg_body(m, &blen);
-  int rc = mbd_body_parse(b, blen, &body, &err);
+  /* The routing header only: bulk fields are skipped, never decoded. */
+  static const char *const header_keys[] = {"route",   "model",   "model_digest", "deadline_ms",
+                                            "session", "tensors", "outputs",      "host_id",
+                                            "request_id", NULL};
+  int rc = mbd_body_parse_keys(b, blen, header_keys, HEADER_MAX_BYTES, &body, &err);
   if (rc) {
     client_error(c, pcopy, plen, tag, rc, err.msg);
     goto done;
@@ -537,6 +738,12 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   r->cmd = cmd;
   r->start_ms = now;
   r->deadline_ms = now + (int64_t)dl;
+  r->bytes = blen;
+  for (size_t i = 0; i < mbd_msg_npayloads(m); i++) {
+    size_t pl = 0;
+    mbd_msg_payload(m, i, &pl);
+    r->bytes += pl;
+  }
   r->orig = m;
   m = NULL;
   r->state = RQ_WAITING;
@@ -547,11 +754,22 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   breq *nr = r;
   r = NULL;
   if (!place(c, nr)) {
+    uint64_t qcap = (uint64_t)c->cfg.queue_mb << 20;
     if ((int)c->qlen >= c->cfg.queue_limit) {
+      c->st.busy_count++;
       snprintf(msg, sizeof msg,
                "every worker matching route/model is at capacity and the broker queue is full "
-               "(%d waiting); retry later or add workers",
-               c->cfg.queue_limit);
+               "by count (%d requests waiting, --queue-limit %d); retry later or add workers",
+               (int)c->qlen, c->cfg.queue_limit);
+      req_fail(c, nr, MBD_E_BUSY, msg);
+    } else if (c->qbytes + nr->bytes > qcap) {
+      c->st.busy_bytes++;
+      snprintf(msg, sizeof msg,
+               "every worker matching route/model is at capacity and the broker queue is full "
+               "by bytes (%zu requests holding %.1f MiB waiting, this one %.1f MiB, --queue-mb "
+               "%" PRId64 "); retry later or add workers",
+               c->qlen, (double)c->qbytes / (1 << 20), (double)nr->bytes / (1 << 20),
+               c->cfg.queue_mb);
       req_fail(c, nr, MBD_E_BUSY, msg);
     } else {
       q_push(c, nr, false);
@@ -627,6 +845,19 @@ static void worker_lost(mbd_bcore *c, mbd_bworker *w, const char *why) {
   }
 }
 
+/* Adds model_digest to a FINAL's body (a small map: tensors travel in the
+ * payload frames, which stay untouched), so the client sees which weights
+ * answered. A body that cannot be rewritten is forwarded as it was. */
+static void add_digest(mbd_msg *m, const char *digest) {
+  size_t blen = 0;
+  const void *b = mbd_msg_body(m, &blen);
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  if (!mbd_body_append_str(b, blen, "model_digest", digest, &sb, NULL))
+    mbd_msg_take_body(m, &sb, NULL);
+  msgpack_sbuffer_destroy(&sb);
+}
+
 static void on_ready(mbd_bcore *c, mbd_msg *m, int64_t now) {
   mbd_bworker w;
   memset(&w, 0, sizeof w);
@@ -640,7 +871,7 @@ static void on_ready(mbd_bcore *c, mbd_msg *m, int64_t now) {
   if (!rc) rc = mbd_registry_parse_ready(mbd_body_root(body), &w, &err);
   mbd_body_destroy(&body);
   if (rc) {
-    MBD_LOGW(LOG, "rejected worker registration: %s", err.msg);
+    warn_limited(c, now, "rejected worker registration: %s", err.msg);
     c->st.malformed++;
     mbd_msg *e = NULL;
     if (!mbd_msg_new_error(0, rc, err.msg, &e, NULL) && !mbd_msg_set_peer(e, peer, plen, NULL))
@@ -652,6 +883,7 @@ static void on_ready(mbd_bcore *c, mbd_msg *m, int64_t now) {
   memcpy(w.ident, peer, plen);
   w.ident_len = plen;
   w.last_seen_ms = w.registered_ms = now;
+  w.sessions = -1; /* until its first heartbeat says */
   w.gen = ++c->next_gen;
   mbd_bworker old;
   bool replaced = false;
@@ -661,6 +893,8 @@ static void on_ready(mbd_bcore *c, mbd_msg *m, int64_t now) {
     return;
   }
   c->st.workers_joined++;
+  clear_start_failure(c, w.name);
+  note_uid(c, w.uid);
   MBD_LOGI(LOG, "worker %s registered: uid %s route %.8s (%s/%s/%s) capacity %d, %d model(s)%s",
            w.name, w.uid, w.route_id, mbd_backend_name(w.route.backend),
            mbd_dtype_policy_name(w.route.policy), mbd_gemm_mode_name(w.route.mode), w.capacity,
@@ -681,7 +915,8 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   const void *peer = mbd_msg_peer(m, &plen);
   if (recv_rc) {
     c->st.malformed++;
-    MBD_LOGW(LOG, "dropped a malformed message from a worker: %s", recv_err ? recv_err->msg : "");
+    warn_limited(c, now, "dropped a malformed message from a worker: %s",
+                 recv_err ? recv_err->msg : "");
     goto done;
   }
   uint8_t cmd = mbd_msg_cmd(m);
@@ -690,6 +925,16 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     goto done;
   }
   mbd_bworker *w = mbd_registry_find_ident(c->reg, peer, plen);
+  if (!w && cmd == MBD_CMD_DISCONNECT) {
+    static const char *const keys[] = {"name", "error", "models", NULL};
+    mbd_body *body = NULL;
+    size_t blen;
+    const void *b = mbd_msg_body(m, &blen);
+    if (!mbd_body_parse_keys(b, blen, keys, 4096, &body, NULL))
+      note_start_failure(c, mbd_body_root(body), now);
+    mbd_body_destroy(&body);
+    goto done;
+  }
   if (!w) {
     if (cmd != MBD_CMD_DISCONNECT) {
       mbd_bworker tmp;
@@ -703,7 +948,19 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   }
   w->last_seen_ms = now;
   switch (cmd) {
-  case MBD_CMD_HEARTBEAT: break;
+  case MBD_CMD_HEARTBEAT: {
+    /* {load, sessions}: only the open sessions are kept, for STATUS */
+    static const char *const keys[] = {"sessions", NULL};
+    mbd_body *body = NULL;
+    size_t blen;
+    const void *b = mbd_msg_body(m, &blen);
+    int64_t n = -1;
+    if (blen && !mbd_body_parse_keys(b, blen, keys, 64, &body, NULL))
+      mbd_obj_i64(mbd_body_root(body), "sessions", false, &n, NULL);
+    mbd_body_destroy(&body);
+    if (n >= 0) w->sessions = n;
+    break;
+  }
   case MBD_CMD_DISCONNECT: {
     char reason[160] = "";
     mbd_body *body = NULL;
@@ -729,6 +986,7 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     }
     bool last = cmd != MBD_CMD_PARTIAL;
     if (r->state == RQ_INFLIGHT) {
+      if (cmd == MBD_CMD_FINAL && r->digest_fixed) add_digest(m, r->digest);
       mbd_msg_set_tag(m, r->client_tag);
       mbd_msg_set_peer(m, r->client, r->client_len, NULL);
       c->st.replies++;
@@ -737,6 +995,8 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
       c->st.late_dropped++;
     }
     if (last) {
+      MBD_LOGD(LOG, "request %s: %s from worker %s (ticket %" PRIu64 ")", r->rid[0] ? r->rid : "-",
+               mbd_cmd_name(cmd), w->name, r->ticket);
       if (w->inflight > 0) w->inflight--;
       req_free(c, r);
       drain_queue(c);
@@ -745,7 +1005,8 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   }
   default:
     c->st.malformed++;
-    MBD_LOGW(LOG, "worker %s sent %s, which workers may not send; dropped", w->name, mbd_cmd_name(cmd));
+    warn_limited(c, now, "worker %s sent %s, which workers may not send; dropped", w->name,
+                 mbd_cmd_name(cmd));
     break;
   }
 done:
@@ -836,7 +1097,10 @@ int mbd_bcore_new(const mbd_broker_config *cfg, mbd_bcore_send_fn send, void *ct
   c->send = send;
   c->ctx = ctx;
   int rc = mbd_registry_new(&c->reg, err);
+  for (int i = 0; !rc && i < cfg->ndefaults; i++)
+    rc = mbd_registry_set_default(c->reg, cfg->defaults[i].name, cfg->defaults[i].digest, err);
   if (rc) {
+    mbd_registry_destroy(&c->reg);
     free(c);
     return rc;
   }

@@ -16,10 +16,13 @@ static void on_signal(int sig) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: mambad-broker --clients EP --workers EP [--heartbeat-ms 1000] [--liveness 3]\n"
-          "                     [--queue-limit 1024] [--max-message-mb 2048]\n"
+          "                     [--queue-limit 1024] [--queue-mb 512] [--max-message-mb 2048]\n"
           "                     [--default-deadline-ms 60000] [--hwm 10000]\n"
+          "                     [--default-digest NAME=DIGEST]...\n"
           "Routes client requests to workers whose numeric route matches (docs/architecture.md).\n"
-          "EP: ZeroMQ endpoints, e.g. tcp://*:5555 or ipc:///run/mambad/clients.\n");
+          "EP: ZeroMQ endpoints, e.g. tcp://*:5555 or ipc:///run/mambad/clients.\n"
+          "--default-digest: requests for model NAME that pin no digest get only the weights\n"
+          "whose digest starts with DIGEST (else a name served with two digests is refused).\n");
 }
 
 int main(int argc, char **argv) {

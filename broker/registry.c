@@ -9,10 +9,17 @@
 
 #define REGISTRY_MAX 1024
 
+typedef struct model_default {
+  char name[MBD_BW_NAME_MAX];
+  char digest[MBD_BW_DIGEST_MAX]; /* lower-case hex prefix */
+} model_default;
+
 struct mbd_registry {
   mbd_bworker *w; /* w[0..n) */
   size_t n, cap;
   uint64_t seq;   /* dispatch sequence for round-robin tie breaks */
+  model_default defaults[MBD_BW_DEFAULTS_MAX]; /* the deployment's default digest per name */
+  size_t ndefaults;
 };
 
 int mbd_registry_new(mbd_registry **out, mbd_error *err) {
@@ -73,8 +80,7 @@ int mbd_registry_parse_ready(const msgpack_object *body, mbd_bworker *w, mbd_err
     for (uint32_t i = 0; i < ms->via.array.size; i++) {
       mbd_bmodel *m = &w->models[i];
       const msgpack_object *o = &ms->via.array.ptr[i];
-      m->digest[0] = '\0';
-      m->tokenizer_digest[0] = '\0';
+      m->digest[0] = m->tokenizer_digest[0] = '\0';
       if (o->type != MSGPACK_OBJECT_MAP)
         return mbd_error_set(err, MBD_E_INVALID, "READY: models[%u] must be a map {name, digest}", i);
       if ((rc = mbd_obj_str(o, "name", true, m->name, sizeof m->name, err)) ||
@@ -152,15 +158,121 @@ int mbd_registry_remove(mbd_registry *r, const void *ident, size_t len) {
 size_t mbd_registry_count(const mbd_registry *r) { return r->n; }
 mbd_bworker *mbd_registry_at(mbd_registry *r, size_t i) { return i < r->n ? &r->w[i] : NULL; }
 
-bool mbd_bworker_serves(const mbd_bworker *w, const char *model) {
+static bool has_prefix(const char *s, const char *prefix) {
+  return !prefix || !prefix[0] || !strncmp(s, prefix, strlen(prefix));
+}
+
+bool mbd_bworker_serves(const mbd_bworker *w, const char *model, const char *digest,
+                        const char *tokenizer) {
   if (!model || !model[0]) return true;
   for (int i = 0; i < w->nmodels; i++)
-    if (!strcmp(w->models[i].name, model)) return true;
+    if (!strcmp(w->models[i].name, model) && has_prefix(w->models[i].digest, digest) &&
+        (!tokenizer || !strcmp(w->models[i].tokenizer_digest, tokenizer)))
+      return true;
   return false;
 }
 
-bool mbd_bworker_matches(const mbd_bworker *w, const mbd_route_want *want, const char *model) {
-  return mbd_route_matches(want, &w->route, w->route_id) && mbd_bworker_serves(w, model);
+bool mbd_bworker_matches(const mbd_bworker *w, const mbd_route_want *want, const char *model,
+                         const char *digest, const char *tokenizer) {
+  return mbd_route_matches(want, &w->route, w->route_id) &&
+         mbd_bworker_serves(w, model, digest, tokenizer);
+}
+
+int mbd_registry_set_default(mbd_registry *r, const char *name, const char *digest,
+                             mbd_error *err) {
+  if (!name[0] || strlen(name) >= MBD_BW_NAME_MAX)
+    return mbd_error_set(err, MBD_E_INVALID, "default digest: model name '%s' is empty or too long",
+                         name);
+  if (!mbd_digest_prefix_ok(digest))
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "default digest of model '%s': '%s' is not a hex digest prefix of 8 to 64 "
+                         "lower-case characters",
+                         name, digest);
+  model_default *d = NULL;
+  for (size_t i = 0; i < r->ndefaults; i++)
+    if (!strcmp(r->defaults[i].name, name)) d = &r->defaults[i];
+  if (!d) {
+    if (r->ndefaults == MBD_BW_DEFAULTS_MAX)
+      return mbd_error_set(err, MBD_E_BUSY, "more than %d model defaults", MBD_BW_DEFAULTS_MAX);
+    d = &r->defaults[r->ndefaults++];
+  }
+  snprintf(d->name, sizeof d->name, "%s", name);
+  snprintf(d->digest, sizeof d->digest, "%s", digest);
+  return MBD_OK;
+}
+
+const char *mbd_registry_default(const mbd_registry *r, const char *name) {
+  for (size_t i = 0; i < r->ndefaults; i++)
+    if (!strcmp(r->defaults[i].name, name)) return r->defaults[i].digest;
+  return NULL;
+}
+
+/* The model `model` on w whose digest starts with prefix, or NULL. */
+static const mbd_bmodel *served_model(const mbd_bworker *w, const char *model, const char *prefix) {
+  for (int i = 0; i < w->nmodels; i++)
+    if (!strcmp(w->models[i].name, model) && has_prefix(w->models[i].digest, prefix))
+      return &w->models[i];
+  return NULL;
+}
+
+int mbd_registry_resolve_digest(mbd_registry *r, const mbd_route_want *want, const char *model,
+                                const char *pin, char out[MBD_BW_DIGEST_MAX],
+                                char tokenizer_out[MBD_BW_DIGEST_MAX], mbd_error *err) {
+  const char *prefix = pin ? pin : "";
+  tokenizer_out[0] = '\0';
+  if (!model || !model[0]) {
+    snprintf(out, MBD_BW_DIGEST_MAX, "%s", prefix);
+    return MBD_OK;
+  }
+  const char *dflt = prefix[0] ? NULL : mbd_registry_default(r, model);
+  if (dflt) prefix = dflt;
+  const mbd_bmodel *found[MBD_BW_MODELS_MAX];
+  size_t nfound = 0, total = 0;
+  bool same_weights = true; /* every pair found has the first one's weights */
+  for (size_t i = 0; i < r->n; i++) {
+    const mbd_bworker *w = &r->w[i];
+    const mbd_bmodel *m;
+    if (w->dead || !mbd_route_matches(want, &w->route, w->route_id) ||
+        !(m = served_model(w, model, prefix)))
+      continue;
+    size_t k = 0;
+    while (k < nfound &&
+           (strcmp(found[k]->digest, m->digest) ||
+            strcmp(found[k]->tokenizer_digest, m->tokenizer_digest)))
+      k++;
+    if (k == nfound) {
+      total++;
+      if (nfound && strcmp(found[0]->digest, m->digest)) same_weights = false;
+      if (nfound < MBD_BW_MODELS_MAX) found[nfound++] = m;
+    }
+  }
+  if (total <= 1) {
+    snprintf(out, MBD_BW_DIGEST_MAX, "%s", total ? found[0]->digest : prefix);
+    if (total) snprintf(tokenizer_out, MBD_BW_DIGEST_MAX, "%s", found[0]->tokenizer_digest);
+    return MBD_OK;
+  }
+  char list[MBD_ERROR_MSG_MAX];
+  size_t n = 0;
+  for (size_t k = 0; k < nfound && n < sizeof list; k++) {
+    int x = same_weights ? snprintf(list + n, sizeof list - n, "%stokenizer %.16s", k ? ", " : "",
+                                    found[k]->tokenizer_digest[0] ? found[k]->tokenizer_digest
+                                                                  : "(none)")
+                         : snprintf(list + n, sizeof list - n, "%s%s", k ? ", " : "",
+                                    found[k]->digest);
+    if (x > 0) n += (size_t)x;
+  }
+  if (same_weights)
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "model '%s' (weights %.16s) is served with %zu different tokenizers: %s; "
+                         "a name must mean one tokenizer: serve the same tokenizer.json on every "
+                         "worker of this name, or give the variants different names",
+                         model, found[0]->digest, total, list);
+  return mbd_error_set(err, MBD_E_INVALID,
+                       "model '%s'%s%s is served with %zu different weights digests: %s; pin one "
+                       "(request field model_digest, or mambad --model %s@DIGEST) or mark a "
+                       "default in the deployment",
+                       model, pin && pin[0] ? " pinned to " : "", pin ? pin : "", total, list,
+                       model);
 }
 
 /* a less loaded than b? inflight/capacity compared by cross-multiplying. */
@@ -172,12 +284,14 @@ static bool less_loaded(const mbd_bworker *a, const mbd_bworker *b) {
 }
 
 mbd_bworker *mbd_registry_select(mbd_registry *r, const mbd_route_want *want, const char *model,
+                                 const char *digest, const char *tokenizer,
                                  const mbd_bworker *exclude, size_t *n_match) {
   mbd_bworker *best = NULL;
   size_t m = 0;
   for (size_t i = 0; i < r->n; i++) {
     mbd_bworker *w = &r->w[i];
-    if (w == exclude || w->dead || !mbd_bworker_matches(w, want, model)) continue;
+    if (w == exclude || w->dead || !mbd_bworker_matches(w, want, model, digest, tokenizer))
+      continue;
     m++;
     if (w->inflight >= w->capacity) continue;
     if (!best || less_loaded(w, best)) best = w;
@@ -188,14 +302,15 @@ mbd_bworker *mbd_registry_select(mbd_registry *r, const mbd_route_want *want, co
 }
 
 mbd_bworker *mbd_registry_select_ipc(mbd_registry *r, const mbd_route_want *want,
-                                     const char *model, const char *host_id, int device,
+                                     const char *model, const char *digest,
+                                     const char *tokenizer, const char *host_id, int device,
                                      const mbd_bworker *exclude, size_t *n_match) {
   mbd_bworker *best = NULL;
   size_t m = 0;
   for (size_t i = 0; i < r->n; i++) {
     mbd_bworker *w = &r->w[i];
     if (w == exclude || w->dead || w->device < 0 || strcmp(w->host_id, host_id) ||
-        !mbd_bworker_matches(w, want, model))
+        !mbd_bworker_matches(w, want, model, digest, tokenizer))
       continue;
     m++;
     if (w->inflight >= w->capacity) continue;
@@ -208,7 +323,7 @@ mbd_bworker *mbd_registry_select_ipc(mbd_registry *r, const mbd_route_want *want
 }
 
 void mbd_registry_no_route_message(mbd_registry *r, const mbd_route_want *want, const char *model,
-                                   char *buf, size_t cap) {
+                                   const char *digest, char *buf, size_t cap) {
   char wtxt[256];
   mbd_route_want_format(want, wtxt, sizeof wtxt);
   size_t n = 0;
@@ -219,7 +334,8 @@ void mbd_registry_no_route_message(mbd_registry *r, const mbd_route_want *want, 
       if (x_ > 0) n += (size_t)x_;                                 \
     }                                                              \
   } while (0)
-  PUT("no live worker matches route %s model=%s; ", wtxt, model && model[0] ? model : "any");
+  PUT("no live worker matches route %s model=%s%s%.16s; ", wtxt, model && model[0] ? model : "any",
+      digest && digest[0] ? "@" : "", digest ? digest : "");
   if (!r->n) PUT("no workers are registered");
   else PUT("available:");
   for (size_t i = 0; i < r->n; i++) {
@@ -227,7 +343,9 @@ void mbd_registry_no_route_message(mbd_registry *r, const mbd_route_want *want, 
     PUT(" %.8s %s/%s/%s", w->route_id, mbd_backend_name(w->route.backend),
         mbd_dtype_policy_name(w->route.policy), mbd_gemm_mode_name(w->route.mode));
     PUT(" models=[");
-    for (int k = 0; k < w->nmodels; k++) PUT("%s%s", k ? "," : "", w->models[k].name);
+    for (int k = 0; k < w->nmodels; k++)
+      PUT("%s%s%s%.8s", k ? "," : "", w->models[k].name, w->models[k].digest[0] ? "@" : "",
+          w->models[k].digest);
     PUT("]%s", i + 1 < r->n ? ";" : "");
   }
 #undef PUT

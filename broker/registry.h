@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/defaults.h"
 #include "common/protocol.h"
 #include "common/route.h"
 #include "common/status.h"
@@ -18,12 +19,17 @@
 #define MBD_BW_MODELS_MAX 16
 #define MBD_BW_ROUTE_ENC_MAX 1024
 #define MBD_BW_IDENT_MAX 255
-#define MBD_BW_CAPACITY_MAX 4096
+#define MBD_BW_CAPACITY_MAX MBD_CAPACITY_MAX
+#define MBD_BW_DIGEST_MAX 72
+#define MBD_BW_DEFAULTS_MAX 64
+#define MBD_DIGEST_PREFIX_MIN 8
 
+/* A model identity: name, weights digest and (when the model directory has
+ * one) tokenizer digest. Two digests under one name are two models. */
 typedef struct mbd_bmodel {
   char name[MBD_BW_NAME_MAX];
-  char digest[72]; /* hex SHA-256 of the weights, as the worker reported */
-  char tokenizer_digest[72]; /* hex SHA-256 of its tokenizer.json, "" when not reported */
+  char digest[MBD_BW_DIGEST_MAX];           /* hex SHA-256 of the weights, as the worker reported */
+  char tokenizer_digest[MBD_BW_DIGEST_MAX]; /* hex SHA-256 of tokenizer.json, "" when none */
 } mbd_bmodel;
 
 /* One registered worker (plain data, owned by the registry). */
@@ -39,6 +45,7 @@ typedef struct mbd_bworker {
   int nmodels;
   int capacity;                           /* concurrent requests it accepts (>= 1) */
   int inflight;                           /* requests sent and not finished */
+  int64_t sessions;                       /* open sessions, from its last HEARTBEAT; -1 unknown */
   int64_t pid;                            /* reported process id (informational) */
   uint8_t ident[MBD_BW_IDENT_MAX];        /* ZeroMQ routing id on the workers socket */
   size_t ident_len;
@@ -78,10 +85,36 @@ int mbd_registry_remove(mbd_registry *r, const void *ident, size_t len);
 size_t mbd_registry_count(const mbd_registry *r);
 mbd_bworker *mbd_registry_at(mbd_registry *r, size_t i);
 
-/* True when w serves `model` ("" = any model). */
-bool mbd_bworker_serves(const mbd_bworker *w, const char *model);
-/* True when w matches the route constraint and model. */
-bool mbd_bworker_matches(const mbd_bworker *w, const mbd_route_want *want, const char *model);
+/* True when w serves `model` ("" = any model) with a weights digest that
+ * starts with `digest` (NULL or "" = any digest) and, when `tokenizer` is not
+ * NULL, exactly that tokenizer digest ("" = a model without tokenizer). */
+bool mbd_bworker_serves(const mbd_bworker *w, const char *model, const char *digest,
+                        const char *tokenizer);
+/* True when w matches the route constraint and model (name, digest prefix, tokenizer). */
+bool mbd_bworker_matches(const mbd_bworker *w, const mbd_route_want *want, const char *model,
+                         const char *digest, const char *tokenizer);
+
+/* Marks `digest` (a hex prefix of >= 8 chars) as the default of model `name`:
+ * requests for `name` that pin no digest are served by it only. Replaces an
+ * earlier default of that name. MBD_E_INVALID for a bad prefix, MBD_E_BUSY
+ * beyond MBD_BW_DEFAULTS_MAX names. */
+int mbd_registry_set_default(mbd_registry *r, const char *name, const char *digest,
+                             mbd_error *err);
+/* The default digest prefix of `name`, or NULL when the deployment set none. */
+const char *mbd_registry_default(const mbd_registry *r, const char *name);
+
+/* Decides which weights a request for `model` gets, so that one name never
+ * means two models without the client choosing. `pin` is the request's digest
+ * prefix ("" = none). Among the live workers matching want and serving model
+ * with a digest starting with pin (or, unpinned, with the name's default),
+ * the distinct (weights digest, tokenizer digest) pairs are counted: one ->
+ * its full digest goes to out and its tokenizer digest to tokenizer_out;
+ * none -> out is the prefix (the caller's select then finds no worker: NO_ROUTE);
+ * more than one -> MBD_E_INVALID with a message listing every digest and its
+ * workers and saying how to pin one. model "" leaves out = pin. */
+int mbd_registry_resolve_digest(mbd_registry *r, const mbd_route_want *want, const char *model,
+                                const char *pin, char out[MBD_BW_DIGEST_MAX],
+                                char tokenizer_out[MBD_BW_DIGEST_MAX], mbd_error *err);
 
 /* Picks the least-loaded matching worker with spare capacity (lowest
  * inflight/capacity; ties: fewer in flight, then least recently used).
@@ -90,6 +123,7 @@ bool mbd_bworker_matches(const mbd_bworker *w, const mbd_route_want *want, const
  * Workers marked dead are skipped and not counted.
  * `exclude` (optional) is never picked. */
 mbd_bworker *mbd_registry_select(mbd_registry *r, const mbd_route_want *want, const char *model,
+                                 const char *digest, const char *tokenizer,
                                  const mbd_bworker *exclude, size_t *n_match);
 
 /* As mbd_registry_select, for requests carrying CUDA IPC tensors: only GPU
@@ -97,13 +131,14 @@ mbd_bworker *mbd_registry_select(mbd_registry *r, const mbd_route_want *want, co
  * those with spare capacity the one on `device` (the GPU holding the memory)
  * is preferred, then the least loaded (GPU-affine routing). */
 mbd_bworker *mbd_registry_select_ipc(mbd_registry *r, const mbd_route_want *want,
-                                     const char *model, const char *host_id, int device,
+                                     const char *model, const char *digest,
+                                     const char *tokenizer, const char *host_id, int device,
                                      const mbd_bworker *exclude, size_t *n_match);
 
 /* NO_ROUTE message naming what was asked and what exists, e.g.
  * "no live worker matches route dtype=bf16 model=m; available: 3fa2c1d0 cpu/f32/deterministic
  * models=[m2]; ..." (truncated with "..." to fit cap). */
 void mbd_registry_no_route_message(mbd_registry *r, const mbd_route_want *want, const char *model,
-                                   char *buf, size_t cap);
+                                   const char *digest, char *buf, size_t cap);
 
 #endif

@@ -40,6 +40,7 @@ typedef struct cli_opts {
   mbd_route_want route;  /* --route-id/--backend/--dtype/--gemm-mode/--family/--device */
   int64_t deadline_ms;
   bool shm, last_only, full, quiet;
+  bool verbose;          /* --verbose: each request's id (as the broker and worker log it) */
   mbd_generate_params gen;
   int64_t stop[64];
   /* gemm / bench */
@@ -55,7 +56,7 @@ enum {
   O_CONNECT = 1000, O_MODEL, O_INPUT, O_OUTPUT, O_ROUTE_ID, O_BACKEND, O_DTYPE, O_GEMM_MODE,
   O_FAMILY, O_DEVICE, O_DEADLINE, O_SHM, O_LAST_ONLY, O_FULL, O_QUIET, O_GENERATE, O_TEMP,
   O_TOPK, O_TOPP, O_SEED, O_STOP, O_M, O_N, O_K, O_REQUESTS, O_BATCH, O_SEQ, O_HELP,
-  O_TOKENIZER, O_ADD_SPECIAL, O_SKIP_SPECIAL, O_PROMPT, O_PROMPT_FILE
+  O_TOKENIZER, O_ADD_SPECIAL, O_SKIP_SPECIAL, O_PROMPT, O_PROMPT_FILE, O_VERBOSE
 };
 
 static const struct option k_long[] = {
@@ -67,6 +68,7 @@ static const struct option k_long[] = {
     {"deadline-ms", required_argument, 0, O_DEADLINE}, {"shm", no_argument, 0, O_SHM},
     {"last-only", no_argument, 0, O_LAST_ONLY},    {"full", no_argument, 0, O_FULL},
     {"quiet", no_argument, 0, O_QUIET},            {"generate", required_argument, 0, O_GENERATE},
+    {"verbose", no_argument, 0, O_VERBOSE},
     {"max-tokens", required_argument, 0, O_GENERATE}, {"temperature", required_argument, 0, O_TEMP},
     {"top-k", required_argument, 0, O_TOPK},       {"top-p", required_argument, 0, O_TOPP},
     {"seed", required_argument, 0, O_SEED},        {"stop", required_argument, 0, O_STOP},
@@ -197,6 +199,7 @@ static int parse_opts(const char *cmd, int argc, char **argv, const int *allowed
     case O_LAST_ONLY: o->last_only = true; break;
     case O_FULL: o->full = true; break;
     case O_QUIET: o->quiet = true; break;
+    case O_VERBOSE: o->verbose = true; break;
     case O_GENERATE: rc = parse_i64(cmd, "--generate", v, 1, &o->gen.max_tokens); break;
     case O_TEMP: rc = parse_f64(cmd, "--temperature", v, &o->gen.temperature); break;
     case O_TOPK: rc = parse_i64(cmd, "--top-k", v, 0, &o->gen.top_k); break;
@@ -237,11 +240,22 @@ static int parse_opts(const char *cmd, int argc, char **argv, const int *allowed
 static int report(const char *cmd, const mbd_error *err, const mbd_client *c) {
   fprintf(stderr, "mambad %s: %s: %s", cmd, mbd_status_name(err->code), err->msg);
   const mbd_reply_meta *m = c ? mbd_client_last_reply(c) : NULL;
+  if (m && m->trace[0]) fprintf(stderr, " [request %s]", m->trace);
   if (m && (m->worker[0] || m->route_id[0]))
     fprintf(stderr, " [worker %s, route %.12s]", m->worker[0] ? m->worker : "-",
             m->route_id[0] ? m->route_id : "-");
   fputc('\n', stderr);
   return EXIT_FAIL;
+}
+
+/* --verbose: who answered the last request and its request id, which the
+ * broker and the worker print in their logs at MBD_LOG_LEVEL=debug. */
+static void trace_line(const char *cmd, const cli_opts *o, const mbd_client *c, const char *what) {
+  if (!o->verbose) return;
+  const mbd_reply_meta *m = mbd_client_last_reply(c);
+  fprintf(stderr, "mambad %s: %s: request %s (tag %" PRIu64 ") worker %s route %.12s weights %.12s\n",
+          cmd, what, m->trace, m->request_id, m->worker[0] ? m->worker : "-",
+          m->route_id[0] ? m->route_id : "-", m->model_digest[0] ? m->model_digest : "-");
 }
 
 static int connect_client(const char *cmd, const cli_opts *o, mbd_client **c) {
@@ -292,8 +306,9 @@ static int cmd_status(int argc, char **argv) {
     if (w->sessions >= 0) snprintf(sess, sizeof sess, "%" PRId64, w->sessions);
     else snprintf(sess, sizeof sess, "-");
     for (size_t k = 0; k < w->n_models; k++) {
-      if (k) strncat(models, ",", sizeof models - strlen(models) - 1);
-      strncat(models, w->models[k].name, sizeof models - strlen(models) - 1);
+      size_t used = strlen(models);
+      snprintf(models + used, sizeof models - used, "%s%s@%.8s", k ? "," : "", w->models[k].name,
+               w->models[k].digest);
     }
     printf("%-16s %-14.12s %-9s %-8s %-8" PRId64 " %s%s\n", w->name, w->route_id, load, sess, w->pid,
            models, w->alive ? "" : "  (not responding)");
@@ -311,6 +326,21 @@ static int cmd_status(int argc, char **argv) {
         printf("  model %s %s%s%s\n", w->models[k].name, w->models[k].digest,
                w->models[k].tokenizer_digest[0] ? " tokenizer " : "", w->models[k].tokenizer_digest);
     }
+  }
+  /* Workers that could not start: why their models have no live worker. */
+  for (size_t i = 0; i < r->n_failed; i++) {
+    const mbd_failed_worker *f = &r->failed[i];
+    printf("worker %s is not running (models %s): %s (reported %.1f s ago)\n", f->name,
+           f->models[0] ? f->models : "-", f->error, f->age_ms / 1000.0);
+  }
+  /* Models as the broker routes them: two digests under one name are two rows. */
+  if (r->n_models) printf("%-24s %-18s %-8s %s\n", "MODEL", "DIGEST", "WORKERS", "NOTE");
+  for (size_t i = 0; i < r->n_models; i++) {
+    const mbd_model_entry *m = &r->models[i];
+    size_t same = 0;
+    for (size_t j = 0; j < r->n_models; j++) same += !strcmp(r->models[j].name, m->name);
+    printf("%-24s %-18.16s %-8" PRId64 " %s\n", m->name, m->digest, m->workers,
+           m->is_default ? "default" : same > 1 ? "pin with NAME@DIGEST" : "");
   }
   mbd_status_report_free(&r);
   mbd_client_destroy(&c);
@@ -514,13 +544,13 @@ static int write_output(const char *cmd, const char *path, const char *name,
 
 static const int k_forward_opts[] = {O_CONNECT, O_MODEL, O_INPUT, O_OUTPUT, O_ROUTE_ID, O_BACKEND,
                                      O_DTYPE, O_GEMM_MODE, O_FAMILY, O_DEVICE, O_DEADLINE, O_SHM,
-                                     O_LAST_ONLY, 0};
+                                     O_LAST_ONLY, O_VERBOSE, 0};
 
 static int cmd_forward(int argc, char **argv) {
   cli_opts o;
   int rc = parse_opts("forward", argc, argv, k_forward_opts, &o);
   if (rc < 0) {
-    printf("usage: mambad forward --model NAME --input IN.safetensors --output OUT.safetensors\n"
+    printf("usage: mambad forward --model NAME[@DIGEST] --input IN.safetensors --output OUT.safetensors\n"
            "                      [--last-only] [--shm] [route options]\n"
            "Runs input_ids (I64 [B,T]) through the service and writes logits (F32 [B,T,V], or\n"
            "[B,V] with --last-only), plus metadata route_id and worker. --shm passes input_ids\n"
@@ -554,11 +584,14 @@ static int cmd_forward(int argc, char **argv) {
     goto done;
   }
   double dt = now_s() - t0;
+  trace_line("forward", &o, c, "forward");
   if ((rc = write_output("forward", o.output, "logits", &logits.desc, logits.data, c))) goto done;
   char shape[96];
   mbd_tensor_desc_format(&logits.desc, shape, sizeof shape);
-  fprintf(stderr, "logits %s from worker %s (route %.12s) in %.1f ms -> %s\n", shape,
-          mbd_client_last_reply(c)->worker, mbd_client_last_reply(c)->route_id, dt * 1e3, o.output);
+  fprintf(stderr, "logits %s from worker %s (route %.12s, weights %.12s) in %.1f ms -> %s\n", shape,
+          mbd_client_last_reply(c)->worker, mbd_client_last_reply(c)->route_id,
+          mbd_client_last_reply(c)->model_digest[0] ? mbd_client_last_reply(c)->model_digest : "-",
+          dt * 1e3, o.output);
 done:
   mbd_tensor_out_release(&logits);
   mbd_shm_destroy(&in_shm);
@@ -601,11 +634,11 @@ static int cmd_generate(int argc, char **argv) {
   static const int allowed[] = {O_CONNECT, O_MODEL, O_INPUT, O_OUTPUT, O_ROUTE_ID, O_BACKEND, O_DTYPE,
                                 O_GEMM_MODE, O_FAMILY, O_DEVICE, O_DEADLINE, O_GENERATE, O_TEMP,
                                 O_TOPK, O_TOPP, O_SEED, O_STOP, O_QUIET, O_SHM, O_TOKENIZER,
-                                O_PROMPT, O_PROMPT_FILE, O_ADD_SPECIAL, O_SKIP_SPECIAL, 0};
+                                O_PROMPT, O_PROMPT_FILE, O_ADD_SPECIAL, O_SKIP_SPECIAL, O_VERBOSE, 0};
   cli_opts o;
   int rc = parse_opts("generate", argc, argv, allowed, &o);
   if (rc < 0) {
-    printf("usage: mambad generate --model NAME --input IN.safetensors [--output OUT.safetensors]\n"
+    printf("usage: mambad generate --model NAME[@DIGEST] --input IN.safetensors [--output OUT.safetensors]\n"
            "                       [--generate N | --max-tokens N] [--temperature T] [--top-k K]\n"
            "                       [--top-p P] [--seed S] [--stop ID]... [--quiet] [route options]\n"
            "       mambad generate --model NAME --tokenizer FILE|DIR (--prompt TEXT | --prompt-file F)\n"
@@ -683,9 +716,14 @@ static int cmd_generate(int argc, char **argv) {
     }
     sc.text = text_out;
     char reason[16];
-    if (mbd_session_open(c, NULL, o.model, &s, &err) ||
-        mbd_session_prefill(s, NULL, &in, true, &last, &err) ||
-        mbd_session_generate(s, NULL, &o.gen, on_tokens, &sc, &toks, &ntok, reason, &err)) {
+    int grc = mbd_session_open(c, NULL, o.model, &s, &err);
+    if (!grc) trace_line("generate", &o, c, "open");
+    if (!grc && !(grc = mbd_session_prefill(s, NULL, &in, true, &last, &err)))
+      trace_line("generate", &o, c, "prefill");
+    if (!grc &&
+        !(grc = mbd_session_generate(s, NULL, &o.gen, on_tokens, &sc, &toks, &ntok, reason, &err)))
+      trace_line("generate", &o, c, "generate");
+    if (grc) {
       mbd_tensor_out_release(&last);
       rc = report("generate", &err, c);
       goto done;
@@ -1006,6 +1044,7 @@ static int exec_tool(const char *name, int argc, char **argv) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: mambad <command> [options]   (mambad <command> --help for details)\n"
+          "       mambad --version   version and kernel source digest of this build\n"
           "\n"
           "service client commands:\n"
           "  status     workers, routes, models and load of a running service\n"
@@ -1034,6 +1073,10 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
     usage(stdout);
+    return 0;
+  }
+  if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+    printf("mambad %s\nkernel sources sha256 %s\n", MBD_VERSION, MBD_KERNEL_SRC_DIGEST);
     return 0;
   }
   static const char *const tools[] = {"run", "model", "up", "broker", "worker", NULL};

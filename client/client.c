@@ -7,6 +7,7 @@
  * unreachable broker shows up as a clear TIMEOUT instead of a silent wait. */
 #include "client/mambad.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -31,6 +32,7 @@ struct mbd_client {
   char endpoint[256];
   mbd_client_options opt;
   uint64_t next_id;         /* next request id; never 0 */
+  uint32_t trace_salt;      /* random per client: request_id = salt + tag, unique across clients */
   mbd_reply_meta last;      /* who answered the last request */
 };
 
@@ -38,6 +40,7 @@ struct mbd_session {
   mbd_client *c;    /* borrowed */
   char id[128];     /* "<worker-uid>/<n>" */
   char model[64];
+  char model_digest[72]; /* weights digest the broker chose at OPEN/IMPORT, "" if not told */
 };
 
 void mbd_client_options_init(mbd_client_options *o) {
@@ -68,6 +71,14 @@ int mbd_client_new(const char *endpoint, const mbd_client_options *opt, mbd_clie
   if (c->opt.max_message_bytes == 0) c->opt.max_message_bytes = (size_t)2 << 30;
   snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
   c->next_id = 1;
+  {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ ((uint64_t)getpid() << 40) ^
+                 (uint64_t)(uintptr_t)c;
+    x ^= x >> 33, x *= 0xff51afd7ed558ccdULL, x ^= x >> 33;
+    c->trace_salt = (uint32_t)x;
+  }
   int one = 1, zero = 0;
   c->zctx = zmq_ctx_new();
   if (!c->zctx) {
@@ -317,6 +328,7 @@ static int request_(mbd_client *c, int64_t deadline_ms, mbd_msg **req,
   if (c->next_id == 0) c->next_id = 1;
   memset(&c->last, 0, sizeof c->last);
   c->last.request_id = id;
+  snprintf(c->last.trace, sizeof c->last.trace, "%08x%08" PRIx64, c->trace_salt, id);
   uint8_t cmd = mbd_msg_cmd(*req);
   mbd_msg_set_tag(*req, id);
   int64_t wait = deadline_ms > 0 ? deadline_ms + GRACE_MS : c->opt.wait_ms;
@@ -411,6 +423,36 @@ static int final_body(mbd_client *c, const mbd_msg *m, mbd_body **out, mbd_error
   const msgpack_object *root = mbd_body_root(*out);
   str_field(root, "route_id", c->last.route_id, sizeof c->last.route_id);
   str_field(root, "worker", c->last.worker, sizeof c->last.worker);
+  str_field(root, "model_digest", c->last.model_digest, sizeof c->last.model_digest);
+  return 0;
+}
+
+/* Packs "model" and, for "NAME@DIGEST", "model_digest" (a lower-cased hex
+ * prefix of >= 8 chars); *nkeys (1 or 2) is how many keys it will pack, so
+ * call it once with pk NULL to count. */
+static int pack_model(msgpack_packer *pk, const char *model, size_t *nkeys, mbd_error *err) {
+  char name[64], digest[72] = "";
+  const char *at = strrchr(model, '@');
+  size_t nl = at ? (size_t)(at - model) : strlen(model);
+  if (nl == 0 || nl >= sizeof name)
+    return mbd_error_set(err, MBD_E_INVALID, "model '%s': the name is empty or too long", model);
+  memcpy(name, model, nl);
+  name[nl] = '\0';
+  if (at) {
+    size_t dl = strlen(at + 1);
+    for (size_t i = 0; i < dl && i + 1 < sizeof digest; i++)
+      digest[i] = (char)tolower((unsigned char)at[1 + i]);
+    digest[dl < sizeof digest ? dl : sizeof digest - 1] = '\0';
+    if (!mbd_digest_prefix_ok(digest))
+      return mbd_error_set(err, MBD_E_INVALID,
+                           "model '%s': after '@' comes a hex prefix of 8 to 64 characters of the "
+                           "weights digest (mambad status lists the digests)",
+                           model);
+  }
+  *nkeys = digest[0] ? 2 : 1;
+  if (!pk) return 0;
+  mbd_pack_kv_str(pk, "model", name);
+  if (digest[0]) mbd_pack_kv_str(pk, "model_digest", digest);
   return 0;
 }
 
@@ -483,14 +525,21 @@ static void body_init(req_body *b) {
   msgpack_packer_init(&b->pk, &b->sb, msgpack_sbuffer_write);
 }
 
-static void pack_head(msgpack_packer *pk, int64_t deadline_ms) {
+/* request_id (what the broker and the worker log for this request: the id
+ * request_ will give it, with the client's salt) and deadline_ms when set:
+ * 1 + (deadline_ms > 0) map entries. */
+static void pack_head(msgpack_packer *pk, const mbd_client *c, int64_t deadline_ms) {
+  char rid[24];
+  snprintf(rid, sizeof rid, "%08x%08" PRIx64, c->trace_salt, c->next_id);
+  mbd_pack_kv_str(pk, "request_id", rid);
   if (deadline_ms > 0) mbd_pack_kv_i64(pk, "deadline_ms", deadline_ms);
 }
 
-/* Starts a routed request body: {deadline_ms?, route, + extra keys}. */
-static void route_head(msgpack_packer *pk, int64_t dl, const mbd_route_want *want, size_t extra) {
-  msgpack_pack_map(pk, 1 + (dl > 0) + extra);
-  pack_head(pk, dl);
+/* Starts a routed request body: {request_id, deadline_ms?, route, + extra keys}. */
+static void route_head(msgpack_packer *pk, const mbd_client *c, int64_t dl,
+                       const mbd_route_want *want, size_t extra) {
+  msgpack_pack_map(pk, 2 + (dl > 0) + extra);
+  pack_head(pk, c, dl);
   mbd_pack_str(pk, "route");
   mbd_pack_route_want(pk, want);
 }
@@ -584,13 +633,33 @@ static int parse_worker(const msgpack_object *w, mbd_worker_info *wi, mbd_error 
   return 0;
 }
 
+/* STATUS "models": one entry per (name, digest) the live workers serve. */
+static int parse_models(const msgpack_object *root, mbd_status_report *rep, mbd_error *err) {
+  const msgpack_object *ms = mbd_obj_get(root, "models");
+  if (!ms || ms->type != MSGPACK_OBJECT_ARRAY || ms->via.array.size == 0) return 0;
+  rep->models = calloc(ms->via.array.size, sizeof *rep->models);
+  if (!rep->models) return mbd_error_set(err, MBD_E_NOMEM, "out of memory reading STATUS");
+  for (size_t i = 0; i < ms->via.array.size; i++) {
+    const msgpack_object *mo = &ms->via.array.ptr[i];
+    if (mo->type != MSGPACK_OBJECT_MAP) continue;
+    mbd_model_entry *e = &rep->models[rep->n_models++];
+    str_field(mo, "name", e->name, sizeof e->name);
+    str_field(mo, "digest", e->digest, sizeof e->digest);
+    str_field(mo, "tokenizer_digest", e->tokenizer_digest, sizeof e->tokenizer_digest);
+    e->workers = int_field(mo, "workers", 0);
+    const msgpack_object *d = mbd_obj_get(mo, "default");
+    e->is_default = d && d->type == MSGPACK_OBJECT_BOOLEAN && d->via.boolean;
+  }
+  return 0;
+}
+
 int mbd_client_status(mbd_client *c, mbd_status_report **out, mbd_error *err) {
   *out = NULL;
   req_body rb;
   body_init(&rb);
   int64_t dl = deadline_(c, NULL);
-  msgpack_pack_map(&rb.pk, dl > 0 ? 1 : 0);
-  pack_head(&rb.pk, dl);
+  msgpack_pack_map(&rb.pk, dl > 0 ? 2 : 1);
+  pack_head(&rb.pk, c, dl);
   reply rp;
   int rc = roundtrip(c, dl, MBD_CMD_STATUS, &rb, NULL, 0, NULL, NULL, &rp, err);
   if (rc != 0) return rc;
@@ -601,6 +670,24 @@ int mbd_client_status(mbd_client *c, mbd_status_report **out, mbd_error *err) {
   }
   const msgpack_object *root = mbd_body_root(rp.body);
   rep->queue = int_field(root, "queue", 0);
+  if ((rc = parse_models(root, rep, err)) != 0) goto done;
+  const msgpack_object *fs = mbd_obj_get(root, "failed");
+  if (fs && fs->type == MSGPACK_OBJECT_ARRAY && fs->via.array.size > 0) {
+    rep->failed = calloc(fs->via.array.size, sizeof *rep->failed);
+    if (!rep->failed) {
+      rc = mbd_error_set(err, MBD_E_NOMEM, "out of memory reading STATUS");
+      goto done;
+    }
+    for (size_t i = 0; i < fs->via.array.size; i++) {
+      const msgpack_object *fo = &fs->via.array.ptr[i];
+      if (fo->type != MSGPACK_OBJECT_MAP) continue;
+      mbd_failed_worker *fw = &rep->failed[rep->n_failed++];
+      str_field(fo, "name", fw->name, sizeof fw->name);
+      str_field(fo, "error", fw->error, sizeof fw->error);
+      str_field(fo, "models", fw->models, sizeof fw->models);
+      fw->age_ms = int_field(fo, "age_ms", -1);
+    }
+  }
   const msgpack_object *ws = mbd_obj_get(root, "workers");
   if (ws && ws->type == MSGPACK_OBJECT_ARRAY && ws->via.array.size > 0) {
     rep->workers = calloc(ws->via.array.size, sizeof *rep->workers);
@@ -630,6 +717,8 @@ void mbd_status_report_free(mbd_status_report **pr) {
     free(r->workers[i].models);
   }
   free(r->workers);
+  free(r->models);
+  free(r->failed);
   free(r);
   *pr = NULL;
 }
@@ -650,7 +739,7 @@ int mbd_client_gemm(mbd_client *c, const mbd_call_opts *o, const char *dtype,
   int64_t dl = deadline_(c, o);
   req_body rb;
   body_init(&rb);
-  route_head(&rb.pk, dl, route_(c, o), 1 + (dtype && *dtype));
+  route_head(&rb.pk, c, dl, route_(c, o), 1 + (dtype && *dtype));
   if (dtype && *dtype) mbd_pack_kv_str(&rb.pk, "dtype", dtype);
   uint32_t frame = 0;
   pack_tensors(&rb.pk, "tensors", names, ts, n, &frame);
@@ -671,6 +760,8 @@ int mbd_client_forward(mbd_client *c, const mbd_call_opts *o, const char *model,
   if (rc != 0) return rc;
   if (input_ids->desc.dtype != MBD_DTYPE_I64 || input_ids->desc.ndim != 2)
     return mbd_error_set(err, MBD_E_SHAPE, "forward: input_ids must be i64 [B,T]");
+  size_t nmk = 0;
+  if ((rc = pack_model(NULL, model, &nmk, err)) != 0) return mbd_error_prefix(err, "forward: ");
   const char *names[1] = {"input_ids"};
   const char *onames[1] = {"logits"};
   const mbd_tensor_in *ts[1] = {input_ids};
@@ -678,8 +769,8 @@ int mbd_client_forward(mbd_client *c, const mbd_call_opts *o, const char *model,
   int64_t dl = deadline_(c, o);
   req_body rb;
   body_init(&rb);
-  route_head(&rb.pk, dl, route_(c, o), 2 + last_only + (out_ref != NULL));
-  mbd_pack_kv_str(&rb.pk, "model", model);
+  route_head(&rb.pk, c, dl, route_(c, o), 1 + nmk + last_only + (out_ref != NULL));
+  pack_model(&rb.pk, model, &nmk, NULL);
   if (last_only) mbd_pack_kv_bool(&rb.pk, "last_only", true);
   uint32_t frame = 0;
   pack_tensors(&rb.pk, "tensors", names, ts, 1, &frame);
@@ -706,7 +797,8 @@ static int open_session(mbd_client *c, int64_t dl, uint8_t cmd, req_body *rb,
     rc = mbd_error_prefix(err, "reply to OPEN/IMPORT");
   } else {
     s->c = c;
-    snprintf(s->model, sizeof s->model, "%s", model);
+    snprintf(s->model, sizeof s->model, "%.*s", (int)strcspn(model, "@"), model);
+    snprintf(s->model_digest, sizeof s->model_digest, "%s", c->last.model_digest);
     *out = s;
   }
   reply_free(&r);
@@ -717,20 +809,24 @@ int mbd_session_open(mbd_client *c, const mbd_call_opts *o, const char *model, m
                      mbd_error *err) {
   *out = NULL;
   if (!model || !*model) return mbd_error_set(err, MBD_E_INVALID, "open: no model name given");
+  size_t nmk = 0;
+  int rc = pack_model(NULL, model, &nmk, err);
+  if (rc != 0) return mbd_error_prefix(err, "open: ");
   int64_t dl = deadline_(c, o);
   req_body rb;
   body_init(&rb);
-  route_head(&rb.pk, dl, route_(c, o), 1);
-  mbd_pack_kv_str(&rb.pk, "model", model);
+  route_head(&rb.pk, c, dl, route_(c, o), nmk);
+  pack_model(&rb.pk, model, &nmk, NULL);
   return open_session(c, dl, MBD_CMD_OPEN, &rb, NULL, 0, model, out, err);
 }
 
 const char *mbd_session_id(const mbd_session *s) { return s->id; }
+const char *mbd_session_model_digest(const mbd_session *s) { return s->model_digest; }
 
-/* Starts a session request body: {session, deadline_ms?, + extra keys}. */
+/* Starts a session request body: {request_id, session, deadline_ms?, + extra keys}. */
 static void session_head(msgpack_packer *pk, const mbd_session *s, int64_t dl, size_t extra) {
-  msgpack_pack_map(pk, 1 + (dl > 0) + extra);
-  pack_head(pk, dl);
+  msgpack_pack_map(pk, 2 + (dl > 0) + extra);
+  pack_head(pk, s->c, dl);
   mbd_pack_kv_str(pk, "session", s->id);
 }
 
@@ -846,6 +942,8 @@ int mbd_session_export(mbd_session *s, const mbd_call_opts *o, mbd_session_state
   str_field(root, "model", st->model, sizeof st->model);
   snprintf(st->route_id, sizeof st->route_id, "%s", s->c->last.route_id);
   str_field(root, "route_id", st->route_id, sizeof st->route_id);
+  snprintf(st->model_digest, sizeof st->model_digest, "%s", s->model_digest);
+  str_field(root, "model_digest", st->model_digest, sizeof st->model_digest);
   const msgpack_object *ts = mbd_obj_get(root, "tensors");
   if (!ts || ts->type != MSGPACK_OBJECT_ARRAY || ts->via.array.size == 0) {
     rc = mbd_error_set(err, MBD_E_PROTOCOL, "EXPORT reply carries no state tensors");
@@ -903,8 +1001,10 @@ int mbd_session_import(mbd_client *c, const mbd_call_opts *o, const mbd_session_
   int64_t dl = deadline_(c, o);
   req_body rb;
   body_init(&rb);
-  route_head(&rb.pk, dl, &want, 2);
+  bool pin = mbd_digest_prefix_ok(st->model_digest);
+  route_head(&rb.pk, c, dl, &want, 2 + pin);
   mbd_pack_kv_str(&rb.pk, "model", st->model);
+  if (pin) mbd_pack_kv_str(&rb.pk, "model_digest", st->model_digest);
   uint32_t frame = 0;
   pack_tensors(&rb.pk, "tensors", names, ts, st->n_tensors, &frame);
   return open_session(c, dl, MBD_CMD_IMPORT, &rb, ts, st->n_tensors, st->model, out, err);

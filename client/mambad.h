@@ -61,10 +61,12 @@ void mbd_client_destroy(mbd_client **c);
  * the next request. Empty strings when the broker itself answered. */
 typedef struct mbd_reply_meta {
   uint64_t request_id; /* tag of the request */
+  char trace[24];      /* the body's request_id: the broker and the worker log it (debug) */
   int code;            /* 0 or the ERROR reply's code */
   char error[32];      /* ERROR: code name as sent ("NO_ROUTE") */
   char route_id[65];   /* serving route id (hex), "" when none */
   char worker[64];     /* serving worker's name, "" when none */
+  char model_digest[72]; /* weights digest that answered (FORWARD, OPEN, IMPORT), "" when none */
   int64_t peak_batch;  /* GENERATE: most rows of any batched model step it ran in (1 = alone), 0 otherwise */
 } mbd_reply_meta;
 const mbd_reply_meta *mbd_client_last_reply(const mbd_client *c);
@@ -116,9 +118,19 @@ int mbd_shm_tensor(const mbd_shm *s, uint64_t offset, const mbd_tensor_desc *des
 
 typedef struct mbd_model_info {
   char name[64];
-  char digest[72]; /* checkpoint digest as the worker reports it */
-  char tokenizer_digest[72]; /* SHA-256 of the model's tokenizer.json, "" when not reported */
+  char digest[72];           /* checkpoint digest as the worker reports it */
+  char tokenizer_digest[72]; /* tokenizer.json digest, "" when the model has none */
 } mbd_model_info;
+
+/* A model as the broker routes it: a name and one weights digest. One name
+ * served with two digests is two entries. */
+typedef struct mbd_model_entry {
+  char name[64];
+  char digest[72];
+  char tokenizer_digest[72];
+  int64_t workers;  /* live workers serving it */
+  bool is_default;  /* the deployment's default for the name */
+} mbd_model_entry;
 
 typedef struct mbd_worker_info {
   char name[64];
@@ -137,10 +149,23 @@ typedef struct mbd_worker_info {
   mbd_model_info *models;
 } mbd_worker_info;
 
+/* A worker that reported it could not start (e.g. a model that does not
+ * load), until a worker of that name registers. */
+typedef struct mbd_failed_worker {
+  char name[64];
+  char error[256];  /* its start-up error */
+  char models[256]; /* the models it was to serve, comma-separated */
+  int64_t age_ms;   /* since it reported */
+} mbd_failed_worker;
+
 typedef struct mbd_status_report {
   size_t n_workers;
   mbd_worker_info *workers;
   int64_t queue; /* requests waiting in the broker */
+  size_t n_models;
+  mbd_model_entry *models; /* distinct (name, digest) pairs */
+  size_t n_failed;
+  mbd_failed_worker *failed; /* workers that could not start, and why */
 } mbd_status_report;
 
 /* Asks the broker for its workers, their routes, models and load. *out is
@@ -156,6 +181,12 @@ int mbd_client_gemm(mbd_client *c, const mbd_call_opts *o, const char *dtype,
                     const mbd_tensor_in *a, const mbd_tensor_in *b, const mbd_tensor_in *bias,
                     mbd_tensor_out *out_c, mbd_error *err);
 
+/* Model names: "NAME" or "NAME@DIGEST" (DIGEST: a hex prefix of >= 8 chars
+ * of the weights digest, `mambad status` lists them) pins the weights. A
+ * name that the route serves with two digests must be pinned unless the
+ * deployment marks a default (else ERROR INVALID listing the digests). The
+ * digest that answered is in mbd_client_last_reply()->model_digest. */
+
 /* input_ids I64 [B,T] -> logits F32 [B,T,V] ([B,V] when last_only). When
  * out_ref is a shm tensor, the worker is asked to write the logits there. */
 int mbd_client_forward(mbd_client *c, const mbd_call_opts *o, const char *model,
@@ -170,6 +201,8 @@ int mbd_session_open(mbd_client *c, const mbd_call_opts *o, const char *model, m
                      mbd_error *err);
 /* "<worker-uid>/<n>" as the worker named it; borrowed. */
 const char *mbd_session_id(const mbd_session *s);
+/* The weights digest the session runs (fixed at open), "" if not reported; borrowed. */
+const char *mbd_session_model_digest(const mbd_session *s);
 /* Feeds tokens (I64 [T] or [1,T]) -> logits F32 [T,V] ([1,V] when last_only). */
 int mbd_session_prefill(mbd_session *s, const mbd_call_opts *o, const mbd_tensor_in *input_ids,
                         bool last_only, mbd_tensor_out *logits, mbd_error *err);
@@ -201,6 +234,7 @@ int mbd_session_generate(mbd_session *s, const mbd_call_opts *o, const mbd_gener
  * worker with the same route id. */
 typedef struct mbd_session_state {
   char model[64];
+  char model_digest[72]; /* weights digest of the exporter; the import pins it */
   char route_id[65];
   size_t n_tensors;
   mbd_tensor_out *tensors;

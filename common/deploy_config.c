@@ -13,6 +13,8 @@
 #include <string.h>
 #include <yaml.h>
 
+#include "common/defaults.h"
+#include "common/protocol.h"
 #include "common/route.h"
 
 #define MAX_MAP_KEYS 64
@@ -160,7 +162,8 @@ static int check_endpoint(walker *w, const yaml_node_t *n, const char *field, co
 }
 
 static int parse_broker(walker *w, const yaml_node_t *n, mbd_deploy_config *c) {
-  static const char *const keys[] = {"clients", "workers", "heartbeat_ms", "liveness", "queue_limit",
+  static const char *const keys[] = {"clients",        "workers",  "heartbeat_ms",
+                                     "liveness",       "queue_limit", "queue_mb",
                                      "max_message_mb", "default_deadline_ms", NULL};
   int rc = check_keys(w, n, "broker", keys);
   if (rc) return rc;
@@ -178,18 +181,23 @@ static int parse_broker(walker *w, const yaml_node_t *n, mbd_deploy_config *c) {
   if (!strcmp(c->clients_ep, c->workers_ep))
     return failf(w, MBD_E_INVALID, v, "broker.workers", "must differ from broker.clients");
   if ((v = map_get(w, n, "heartbeat_ms")) &&
-      (rc = get_int(w, v, "broker.heartbeat_ms", 10, 600000, &c->heartbeat_ms)))
+      (rc = get_int(w, v, "broker.heartbeat_ms", MBD_HEARTBEAT_MS_MIN, MBD_HEARTBEAT_MS_MAX,
+                    &c->heartbeat_ms)))
     return rc;
-  if ((v = map_get(w, n, "liveness")) && (rc = get_int(w, v, "broker.liveness", 1, 100, &c->liveness)))
+  if ((v = map_get(w, n, "liveness")) && (rc = get_int(w, v, "broker.liveness", 1, MBD_LIVENESS_MAX, &c->liveness)))
     return rc;
   if ((v = map_get(w, n, "queue_limit")) &&
-      (rc = get_int(w, v, "broker.queue_limit", 1, 1000000, &c->queue_limit)))
+      (rc = get_int(w, v, "broker.queue_limit", 1, MBD_QUEUE_LIMIT_MAX, &c->queue_limit)))
+    return rc;
+  if ((v = map_get(w, n, "queue_mb")) &&
+      (rc = get_int(w, v, "broker.queue_mb", 1, MBD_QUEUE_MB_MAX, &c->queue_mb)))
     return rc;
   if ((v = map_get(w, n, "max_message_mb")) &&
-      (rc = get_int(w, v, "broker.max_message_mb", 1, 65536, &c->max_message_mb)))
+      (rc = get_int(w, v, "broker.max_message_mb", 1, MBD_MAX_MESSAGE_MB_MAX, &c->max_message_mb)))
     return rc;
   if ((v = map_get(w, n, "default_deadline_ms")) &&
-      (rc = get_int(w, v, "broker.default_deadline_ms", 1, 86400000, &c->default_deadline_ms)))
+      (rc = get_int(w, v, "broker.default_deadline_ms", 1, MBD_DEADLINE_MS_MAX,
+                    &c->default_deadline_ms)))
     return rc;
   return 0;
 }
@@ -229,7 +237,7 @@ static int parse_http(walker *w, const yaml_node_t *n, mbd_deploy_config *c) {
 
 static int parse_models(walker *w, const yaml_node_t *n, const char *base_dir,
                         mbd_deploy_config *c) {
-  static const char *const keys[] = {"name", "path", NULL};
+  static const char *const keys[] = {"name", "path", "default_digest", NULL};
   int rc = want_kind(w, n, YAML_SEQUENCE_NODE, "models");
   if (rc) return rc;
   for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
@@ -259,6 +267,16 @@ static int parse_models(walker *w, const yaml_node_t *n, const char *base_dir,
     if (len < 0 || (size_t)len >= sizeof md->path)
       return failf(w, MBD_E_INVALID, v, field, "resolved path is longer than %d bytes",
                    MBD_DEPLOY_PATH_MAX - 1);
+    md->default_digest[0] = '\0';
+    if ((v = map_get(w, m, "default_digest"))) {
+      snprintf(field, sizeof field, "models[%zu].default_digest", i);
+      if ((rc = get_str(w, v, field, md->default_digest, sizeof md->default_digest))) return rc;
+      if (!mbd_digest_prefix_ok(md->default_digest))
+        return failf(w, MBD_E_INVALID, v, field,
+                     "'%s' is not a lower-case hex prefix of 8 to 64 characters of the weights "
+                     "digest (mambad status lists the digests)",
+                     md->default_digest);
+    }
     c->n_models = i + 1;
   }
   return 0;
@@ -286,8 +304,9 @@ static int parse_device(walker *w, const yaml_node_t *v, const char *field, mbd_
 }
 
 static int parse_worker(walker *w, const yaml_node_t *m, size_t i, mbd_deploy_config *c) {
-  static const char *const keys[] = {"name", "device", "dtype", "gemm_mode", "threads", "capacity",
-                                     "max_batch", "session_idle_s", "models", "count", NULL};
+  static const char *const keys[] = {"name",     "device",    "dtype",          "gemm_mode",
+                                     "threads",  "capacity",  "sessions",       "max_batch",
+                                     "session_idle_s", "models", "count", NULL};
   mbd_deploy_worker *wk = &c->workers[i];
   char field[64];
   snprintf(field, sizeof field, "workers[%zu]", i);
@@ -322,10 +341,13 @@ static int parse_worker(walker *w, const yaml_node_t *m, size_t i, mbd_deploy_co
   if ((v = map_get(w, m, "threads")) && (rc = get_int32(w, v, FIELD("threads"), 0, 1024, &wk->threads)))
     return rc;
   if ((v = map_get(w, m, "capacity")) &&
-      (rc = get_int32(w, v, FIELD("capacity"), 1, 65536, &wk->capacity)))
+      (rc = get_int32(w, v, FIELD("capacity"), 1, MBD_CAPACITY_MAX, &wk->capacity)))
+    return rc;
+  if ((v = map_get(w, m, "sessions")) &&
+      (rc = get_int32(w, v, FIELD("sessions"), 1, MBD_SESSIONS_MAX, &wk->sessions)))
     return rc;
   if ((v = map_get(w, m, "max_batch")) &&
-      (rc = get_int32(w, v, FIELD("max_batch"), 1, 4096, &wk->max_batch)))
+      (rc = get_int32(w, v, FIELD("max_batch"), 1, MBD_MAX_BATCH_MAX, &wk->max_batch)))
     return rc;
   if ((v = map_get(w, m, "session_idle_s")) &&
       (rc = get_int32(w, v, FIELD("session_idle_s"), 1, 86400 * 30, &wk->session_idle_s)))
@@ -435,11 +457,12 @@ int mbd_deploy_config_parse(const char *text, size_t len, const char *label, con
   mbd_deploy_config *c = calloc(1, sizeof *c);
   if (!c) return mbd_error_set(err, MBD_E_NOMEM, "out of memory reading %s", label);
   snprintf(c->path, sizeof c->path, "%s", label);
-  c->heartbeat_ms = 1000;
-  c->liveness = 3;
-  c->queue_limit = 1024;
-  c->max_message_mb = 512;
-  c->default_deadline_ms = 30000;
+  c->heartbeat_ms = MBD_DEFAULT_HEARTBEAT_MS;
+  c->liveness = MBD_DEFAULT_LIVENESS;
+  c->queue_limit = MBD_DEFAULT_QUEUE_LIMIT;
+  c->queue_mb = MBD_DEFAULT_QUEUE_MB;
+  c->max_message_mb = MBD_DEFAULT_MAX_MESSAGE_MB;
+  c->default_deadline_ms = MBD_DEFAULT_DEADLINE_MS;
 
   yaml_parser_t parser;
   yaml_document_t doc;

@@ -4,7 +4,7 @@
  *
  *   broker:   {clients: EP, workers: EP, heartbeat_ms, liveness, queue_limit,
  *              max_message_mb, default_deadline_ms}
- *   models:   [{name, path}]            path relative to the YAML file's directory
+ *   models:   [{name, path, default_digest?}]  path relative to the YAML file's directory
  *   workers:  [{name, device: cpu | cuda:N | all, dtype, gemm_mode, threads,
  *              capacity, max_batch, session_idle_s, models: [names], count}]
  *   http:     {listen: "HOST:PORT", max_body_bytes, conn_timeout_s, max_running,
@@ -35,6 +35,8 @@
 typedef struct mbd_deploy_model {
   char name[MBD_DEPLOY_NAME_MAX]; /* catalogue name requests use */
   char path[MBD_DEPLOY_PATH_MAX]; /* checkpoint directory, resolved against the YAML dir */
+  char default_digest[72];        /* hex prefix: unpinned requests for name get these weights
+                                     only ("" = none; a name with two digests is then refused) */
   int line;                       /* 1-based line of the entry */
 } mbd_deploy_model;
 
@@ -51,7 +53,8 @@ typedef struct mbd_deploy_worker {
   char dtype[8];                  /* storage policy ("f32"), "" = worker default */
   char gemm_mode[24];             /* "deterministic" ..., "" = worker default */
   int threads;                    /* CPU threads, 0 = worker default */
-  int capacity;                   /* concurrent requests, 0 = worker default */
+  int capacity;                   /* in-flight requests (--capacity), 0 = worker default */
+  int sessions;                   /* session slots (--sessions), 0 = worker default */
   int max_batch;                  /* batch size cap, 0 = worker default */
   int session_idle_s;             /* idle session expiry, 0 = worker default */
   int count;                      /* replicas (cpu only), >= 1 */
@@ -82,11 +85,13 @@ typedef struct mbd_deploy_config {
   char path[MBD_DEPLOY_PATH_MAX];  /* the file as given ("<memory>" label when parsed) */
   char clients_ep[MBD_DEPLOY_EP_MAX]; /* ipc:// or tcp:// */
   char workers_ep[MBD_DEPLOY_EP_MAX];
-  int64_t heartbeat_ms;            /* default 1000 */
-  int64_t liveness;                /* missed heartbeats before a peer is dead, default 3 */
-  int64_t queue_limit;             /* default 1024 */
-  int64_t max_message_mb;          /* default 512 */
-  int64_t default_deadline_ms;     /* default 30000 */
+  /* defaults for these: common/defaults.h */
+  int64_t heartbeat_ms;            /* heartbeat interval, both ways */
+  int64_t liveness;                /* missed heartbeats before a peer is dead */
+  int64_t queue_limit;             /* broker queue, requests */
+  int64_t queue_mb;                /* broker queue, MiB of bodies and payloads */
+  int64_t max_message_mb;          /* message cap of the broker and every worker */
+  int64_t default_deadline_ms;     /* deadline of requests that name none */
   size_t n_models;
   mbd_deploy_model models[MBD_DEPLOY_MAX_MODELS];
   size_t n_workers;

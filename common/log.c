@@ -27,8 +27,9 @@ void mbd_log(mbd_log_level level, const char *component, const char *fmt, ...) {
   clock_gettime(CLOCK_REALTIME, &ts);
   struct tm tm;
   gmtime_r(&ts.tv_sec, &tm);
-  int n = snprintf(line, sizeof line, "[%02d:%02d:%02d.%03ld] %s %s[%d]: ", tm.tm_hour, tm.tm_min,
-                   tm.tm_sec, ts.tv_nsec / 1000000, names[level], component, (int)getpid());
+  int n = snprintf(line, sizeof line, "[%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ] %s %s[%d]: ",
+                   tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                   ts.tv_nsec / 1000000, names[level], component, (int)getpid());
   va_list ap;
   va_start(ap, fmt);
   if (n > 0 && (size_t)n < sizeof line) n += vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);

@@ -1,4 +1,5 @@
-/* Minimal leveled logging to stderr: "[time] LEVEL component: message".
+/* Minimal leveled logging to stderr:
+ * "[2026-12-01T10:25:42.123Z] LEVEL component[pid]: message" (ISO-8601, UTC).
  * The level comes from MBD_LOG_LEVEL (error, warn, info, debug; default info)
  * read once by mbd_log_init; there is no other global state. */
 #ifndef MBD_LOG_H

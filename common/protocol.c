@@ -188,6 +188,89 @@ fail:
   return rc;
 }
 
+/* Skips one whole object at *off: bounded, no allocation, no recursion. */
+static int skip_object(const uint8_t *p, size_t len, size_t *off, mbd_error *err) {
+  uint64_t owed = 1;
+  while (owed) {
+    owed--;
+    uint64_t kids = 0;
+    int rc = skip_header(p, len, off, &kids, err);
+    if (rc) return rc;
+    owed += kids; /* kids <= bytes left, so this never overflows */
+  }
+  return MBD_OK;
+}
+
+/* The string at p[off..) as (ptr, n) without moving off; false when not a str. */
+static bool peek_str(const uint8_t *p, size_t len, size_t off, const char **s, size_t *n) {
+  if (off >= len) return false;
+  uint8_t t = p[off];
+  size_t h = 0, l = 0;
+  if (t >= 0xa0 && t <= 0xbf) h = 1, l = t & 0x1f;
+  else if (t == 0xd9 && need(len, off, 2)) h = 2, l = p[off + 1];
+  else if (t == 0xda && need(len, off, 3)) h = 3, l = (size_t)be(p + off + 1, 2);
+  else if (t == 0xdb && need(len, off, 5)) h = 5, l = (size_t)be(p + off + 1, 4);
+  else return false;
+  if (l > len - off - h) return false;
+  *s = (const char *)p + off + h;
+  *n = l;
+  return true;
+}
+
+int mbd_body_parse_keys(const void *buf, size_t len, const char *const *keys, size_t max_bytes,
+                        mbd_body **out, mbd_error *err) {
+  *out = NULL;
+  const uint8_t *p = buf;
+  if (len == 0) return mbd_body_parse(buf, 0, out, err);
+  uint8_t t = p[0];
+  if (!((t >= 0x80 && t <= 0x8f) || t == 0xde || t == 0xdf))
+    return mbd_error_set(err, MBD_E_FORMAT, "body is not a msgpack map (type byte 0x%02x)", t);
+  size_t off = 0;
+  uint64_t kids = 0;
+  int rc = skip_header(p, len, &off, &kids, err);
+  if (rc) return rc;
+  msgpack_sbuffer sel;
+  msgpack_sbuffer_init(&sel);
+  uint32_t nsel = 0;
+  for (uint64_t i = 0; i < kids / 2; i++) {
+    size_t k0 = off;
+    const char *ks = NULL;
+    size_t kn = 0;
+    bool is_str = peek_str(p, len, off, &ks, &kn);
+    if ((rc = skip_object(p, len, &off, err)) || (rc = skip_object(p, len, &off, err))) goto done;
+    if (!is_str) continue;
+    bool wanted = false;
+    for (const char *const *k = keys; *k && !wanted; k++)
+      wanted = strlen(*k) == kn && !memcmp(*k, ks, kn);
+    if (!wanted) continue;
+    if (off - k0 > max_bytes - sel.size) {
+      rc = mbd_error_set(err, MBD_E_TOO_LARGE,
+                         "body field '%.*s' makes the routing fields larger than %zu bytes",
+                         (int)(kn < 64 ? kn : 64), ks, max_bytes);
+      goto done;
+    }
+    msgpack_sbuffer_write(&sel, (const char *)p + k0, off - k0);
+    nsel++;
+  }
+  if (off != len) {
+    rc = mbd_error_set(err, MBD_E_FORMAT, "body has %zu trailing bytes after the map", len - off);
+    goto done;
+  }
+  {
+    msgpack_sbuffer head;
+    msgpack_sbuffer_init(&head);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &head, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, nsel);
+    if (sel.size) msgpack_sbuffer_write(&head, sel.data, sel.size);
+    rc = mbd_body_parse(head.data, head.size, out, err);
+    msgpack_sbuffer_destroy(&head);
+  }
+done:
+  msgpack_sbuffer_destroy(&sel);
+  return rc;
+}
+
 void mbd_body_destroy(mbd_body **pb) {
   if (!pb || !*pb) return;
   msgpack_unpacked_destroy(&(*pb)->up);
@@ -433,6 +516,39 @@ int mbd_obj_tensor_refs(const msgpack_object *map, const char *key, bool require
   }
   *n = v->via.array.size;
   return MBD_OK;
+}
+
+int mbd_body_append_str(const void *body, size_t len, const char *key, const char *val,
+                        msgpack_sbuffer *out, mbd_error *err) {
+  const uint8_t *p = body;
+  uint64_t count = 0;
+  size_t head = 0;
+  if (len == 0) {
+    head = 0;
+  } else if ((p[0] & 0xf0) == 0x80) {
+    count = p[0] & 0x0f, head = 1;
+  } else if (p[0] == 0xde && len >= 3) {
+    count = (uint64_t)p[1] << 8 | p[2], head = 3;
+  } else if (p[0] == 0xdf && len >= 5) {
+    count = (uint64_t)p[1] << 24 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 8 | p[4], head = 5;
+  } else {
+    return mbd_error_set(err, MBD_E_FORMAT, "body is not a msgpack map");
+  }
+  if (count >= UINT32_MAX) return mbd_error_set(err, MBD_E_TOO_LARGE, "body map too large");
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, out, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, (size_t)count + 1);
+  if (len > head) msgpack_sbuffer_write(out, (const char *)p + head, len - head);
+  mbd_pack_kv_str(&pk, key, val);
+  return MBD_OK;
+}
+
+bool mbd_digest_prefix_ok(const char *s) {
+  size_t n = strlen(s);
+  if (n < 8 || n > 64) return false;
+  for (size_t i = 0; i < n; i++)
+    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
+  return true;
 }
 
 int mbd_obj_route_want(const msgpack_object *map, const char *key, mbd_route_want *out,

@@ -66,6 +66,13 @@ int mbd_body_check(const void *buf, size_t len, mbd_error *err);
 /* Decodes a body (copied: it does not borrow buf); it must be exactly one msgpack map (empty buffer = empty map).
  * MBD_E_FORMAT with a readable reason otherwise. */
 int mbd_body_parse(const void *buf, size_t len, mbd_body **out, mbd_error *err);
+/* Decodes only the top-level entries whose keys are in `keys` (NULL-ended):
+ * every other value is skipped over without being decoded or copied, so the
+ * cost is bounded by the wanted fields, not the body (how the broker reads a
+ * request's routing header). MBD_E_TOO_LARGE when the wanted entries together
+ * exceed max_bytes; MBD_E_FORMAT for a body that is not one msgpack map. */
+int mbd_body_parse_keys(const void *buf, size_t len, const char *const *keys, size_t max_bytes,
+                        mbd_body **out, mbd_error *err);
 void mbd_body_destroy(mbd_body **b);
 /* The root map object (borrowed). */
 const msgpack_object *mbd_body_root(const mbd_body *b);
@@ -88,6 +95,10 @@ int mbd_obj_bool(const msgpack_object *map, const char *key, bool required, bool
  * (MBD_E_TOO_LARGE beyond). *n is set to 0 first, so an absent key reads as empty. */
 int mbd_obj_i64_array(const msgpack_object *map, const char *key, bool required, int64_t *out,
                       size_t cap, size_t *n, mbd_error *err);
+
+/* True when s is a lower-case hex digest prefix of 8 to 64 characters (how
+ * requests pin a model's weights digest, `model_digest`). */
+bool mbd_digest_prefix_ok(const char *s);
 
 /* ---- tensor references ------------------------------------------------ */
 
@@ -130,6 +141,13 @@ int mbd_obj_route_want(const msgpack_object *map, const char *key, mbd_route_wan
                        mbd_error *err);
 
 /* ---- writing bodies ---------------------------------------------------- */
+
+/* Writes into out (initialised by the caller) the map `body` (len bytes, an
+ * empty buffer = empty map) with one more entry key: val at its end, copying
+ * the other entries' bytes as they are (nothing decoded). MBD_E_FORMAT when
+ * body does not start with a map header. */
+int mbd_body_append_str(const void *body, size_t len, const char *key, const char *val,
+                        msgpack_sbuffer *out, mbd_error *err);
 /* Thin helpers over msgpack_packer; keys are C strings. */
 void mbd_pack_str(msgpack_packer *pk, const char *s);
 void mbd_pack_kv_str(msgpack_packer *pk, const char *key, const char *val);

@@ -68,6 +68,16 @@ int mbd_gemm_mode_parse(const char *s, mbd_gemm_mode *out, mbd_error *err) {
   if (!rc) *out = (mbd_gemm_mode)v;
   return rc;
 }
+int mbd_gemm_mode_resolve(const char *flag, mbd_gemm_mode *out, mbd_error *err) {
+  const char *env = getenv("MBD_GEMM_MODE");
+  const char *v = flag ? flag : env && *env ? env : NULL;
+  *out = MBD_GEMM_DETERMINISTIC;
+  if (!v) return MBD_OK;
+  int rc = mbd_gemm_mode_parse(v, out, err);
+  if (rc) return mbd_error_prefix(err, flag ? "--gemm-mode: " : "MBD_GEMM_MODE (environment): ");
+  return MBD_OK;
+}
+
 int mbd_dtype_policy_parse(const char *s, mbd_dtype_policy *out, mbd_error *err) {
   int v = 0, rc = parse_name("dtype", k_policies, COUNT(k_policies), s, &v, err);
   if (!rc) *out = (mbd_dtype_policy)v;

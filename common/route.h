@@ -60,6 +60,11 @@ typedef struct mbd_route_identity {
  * non-UTF-8 strings with MBD_E_INVALID naming every valid value. */
 const char *mbd_gemm_mode_name(mbd_gemm_mode m);
 int mbd_gemm_mode_parse(const char *s, mbd_gemm_mode *out, mbd_error *err);
+/* The GEMM mode a program runs: `flag` (the command line's value, NULL when
+ * not given) wins, else the environment's MBD_GEMM_MODE when set and non-empty,
+ * else deterministic. An invalid value is MBD_E_INVALID naming where it came
+ * from and the three valid modes. Every program that takes --gemm-mode uses it. */
+int mbd_gemm_mode_resolve(const char *flag, mbd_gemm_mode *out, mbd_error *err);
 const char *mbd_dtype_policy_name(mbd_dtype_policy p);
 int mbd_dtype_policy_parse(const char *s, mbd_dtype_policy *out, mbd_error *err);
 const char *mbd_family_name(mbd_family f);

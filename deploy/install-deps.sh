@@ -6,7 +6,8 @@ msgpack=libmsgpack-dev
 gateway=(libmicrohttpd-dev curl prometheus) # mambad-gateway; curl and promtool for its tests
 if apt-cache show libmsgpack-c-dev >/dev/null 2>&1; then msgpack=libmsgpack-c-dev; fi
 want=(build-essential cmake pkg-config libzmq3-dev "$msgpack" libyaml-dev libcmocka-dev libjansson-dev
-      libpcre2-dev libutf8proc-dev)
+      libpcre2-dev libutf8proc-dev
+      python3-yaml systemd)  # tests/deploy: manifest checks, systemd-analyze verify
 missing=()
 for p in "${want[@]}" "${gateway[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

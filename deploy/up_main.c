@@ -9,7 +9,15 @@
  * has run for a while); workers re-register with the broker on their own.
  * SIGINT/SIGTERM: SIGTERM to the gateway, then the workers, then the broker, wait up to the
  * grace period, SIGKILL what is left. Children get PR_SET_PDEATHSIG so they
- * do not outlive a supervisor that was killed. */
+ * do not outlive a supervisor that was killed.
+ *
+ * Host roles: --role broker|workers|gateway (comma-separated; default all)
+ * starts only those parts, so every host of a multi-host deployment runs
+ * `mambad up` on the same file: the broker host with --role broker, a GPU
+ * host with --role workers --broker-host HOST (its workers connect to HOST's
+ * tcp endpoints and register again on their own when that broker restarts).
+ * --check validates the file and the plan for the roles (models, devices,
+ * programs) without starting anything. */
 #include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
@@ -34,6 +42,7 @@
 #define BACKOFF_MIN_MS 250
 #define BACKOFF_MAX_MS 10000
 #define HEALTHY_MS 30000 /* a child that ran this long starts its backoff afresh */
+#define CRASH_LOOP_RESTARTS 4 /* quick exits in a row reported as a crash loop */
 
 typedef struct child {
   char name[80];          /* "broker" or the worker name */
@@ -46,6 +55,9 @@ typedef struct child {
   int restarts;           /* consecutive quick failures */
 } child;
 
+/* Which parts of the deployment this host runs (--role). */
+enum { ROLE_BROKER = 1, ROLE_WORKERS = 2, ROLE_GATEWAY = 4, ROLE_ALL = 7 };
+
 typedef struct supervisor {
   child kids[MAX_CHILDREN];
   size_t n;
@@ -55,6 +67,8 @@ typedef struct supervisor {
   size_t n_workers;       /* expected worker registrations */
   bool announced;         /* printed "ready" */
   char http_listen[64];   /* the gateway's HOST:PORT, "" without an http: section */
+  int roles;              /* ROLE_* bits: the parts this host runs */
+  const char *broker_host; /* --broker-host: where the broker's tcp endpoints are, or NULL */
 } supervisor;
 
 static volatile sig_atomic_t g_stop; /* set by SIGINT/SIGTERM: the only global */
@@ -183,10 +197,12 @@ static int add_worker(supervisor *s, const mbd_deploy_config *cfg, const mbd_dep
   }
   if (w->threads) rc |= add_arg(c, "--threads") | add_arg(c, "%d", w->threads);
   if (w->capacity) rc |= add_arg(c, "--capacity") | add_arg(c, "%d", w->capacity);
+  if (w->sessions) rc |= add_arg(c, "--sessions") | add_arg(c, "%d", w->sessions);
   if (w->max_batch) rc |= add_arg(c, "--max-batch") | add_arg(c, "%d", w->max_batch);
   if (w->session_idle_s) rc |= add_arg(c, "--session-idle-s") | add_arg(c, "%d", w->session_idle_s);
   rc |= add_arg(c, "--heartbeat-ms") | add_arg(c, "%" PRId64, cfg->heartbeat_ms);
   rc |= add_arg(c, "--liveness") | add_arg(c, "%" PRId64, cfg->liveness);
+  rc |= add_arg(c, "--max-message-mb") | add_arg(c, "%" PRId64, cfg->max_message_mb);
   s->n_workers++;
   return rc;
 }
@@ -232,20 +248,45 @@ static int add_gateway(supervisor *s, const mbd_deploy_config *cfg, mbd_error *e
 }
 
 /* Turns the config into child command lines. */
+/* The endpoint a peer connects to for the broker's bound `ep`: on this host,
+ * or with --broker-host, that host's port of a tcp endpoint. */
+static int connect_endpoint(const supervisor *s, const char *ep, char *out, size_t cap,
+                            mbd_error *err) {
+  mbd_deploy_connect_endpoint(ep, out, cap);
+  if (!s->broker_host) return 0;
+  const char *port = strrchr(ep, ':');
+  if (strncmp(ep, "tcp://", 6) || !port)
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "--broker-host: the broker endpoint %s is not tcp://HOST:PORT (a broker "
+                         "on another host needs tcp endpoints in broker:)", ep);
+  if ((size_t)snprintf(out, cap, "tcp://%s%s", s->broker_host, port) >= cap)
+    return mbd_error_set(err, MBD_E_INVALID, "--broker-host '%s' is too long", s->broker_host);
+  return 0;
+}
+
 static int plan(supervisor *s, const mbd_deploy_config *cfg, mbd_error *err) {
-  child *b = new_child(s, "broker", true, "mambad-broker");
   int rc = 0;
-  rc |= add_arg(b, "--clients") | add_arg(b, "%s", cfg->clients_ep);
-  rc |= add_arg(b, "--workers") | add_arg(b, "%s", cfg->workers_ep);
-  rc |= add_arg(b, "--heartbeat-ms") | add_arg(b, "%" PRId64, cfg->heartbeat_ms);
-  rc |= add_arg(b, "--liveness") | add_arg(b, "%" PRId64, cfg->liveness);
-  rc |= add_arg(b, "--queue-limit") | add_arg(b, "%" PRId64, cfg->queue_limit);
-  rc |= add_arg(b, "--max-message-mb") | add_arg(b, "%" PRId64, cfg->max_message_mb);
-  rc |= add_arg(b, "--default-deadline-ms") | add_arg(b, "%" PRId64, cfg->default_deadline_ms);
+  if (s->roles & ROLE_BROKER) {
+    child *b = new_child(s, "broker", true, "mambad-broker");
+    rc |= add_arg(b, "--clients") | add_arg(b, "%s", cfg->clients_ep);
+    rc |= add_arg(b, "--workers") | add_arg(b, "%s", cfg->workers_ep);
+    rc |= add_arg(b, "--heartbeat-ms") | add_arg(b, "%" PRId64, cfg->heartbeat_ms);
+    rc |= add_arg(b, "--liveness") | add_arg(b, "%" PRId64, cfg->liveness);
+    rc |= add_arg(b, "--queue-limit") | add_arg(b, "%" PRId64, cfg->queue_limit);
+    rc |= add_arg(b, "--queue-mb") | add_arg(b, "%" PRId64, cfg->queue_mb);
+    rc |= add_arg(b, "--max-message-mb") | add_arg(b, "%" PRId64, cfg->max_message_mb);
+    rc |= add_arg(b, "--default-deadline-ms") | add_arg(b, "%" PRId64, cfg->default_deadline_ms);
+    for (size_t i = 0; i < cfg->n_models; i++)
+      if (cfg->models[i].default_digest[0])
+        rc |= add_arg(b, "--default-digest") |
+              add_arg(b, "%s=%s", cfg->models[i].name, cfg->models[i].default_digest);
+  }
   char wconn[MBD_DEPLOY_EP_MAX];
-  mbd_deploy_connect_endpoint(cfg->workers_ep, wconn, sizeof wconn);
-  mbd_deploy_connect_endpoint(cfg->clients_ep, s->clients_connect, sizeof s->clients_connect);
-  for (size_t i = 0; i < cfg->n_workers && rc == 0; i++) {
+  int erc = connect_endpoint(s, cfg->workers_ep, wconn, sizeof wconn, err);
+  if (!erc)
+    erc = connect_endpoint(s, cfg->clients_ep, s->clients_connect, sizeof s->clients_connect, err);
+  if (erc) return erc;
+  for (size_t i = 0; i < cfg->n_workers && rc == 0 && (s->roles & ROLE_WORKERS); i++) {
     const mbd_deploy_worker *w = &cfg->workers[i];
     char name[80], dev[32];
     /* Fail fast here rather than restart a worker that can never load. */
@@ -283,7 +324,7 @@ static int plan(supervisor *s, const mbd_deploy_config *cfg, mbd_error *err) {
     }
   }
   if (rc) return mbd_error_set(err, MBD_E_NOMEM, "too many workers or arguments to start");
-  if (cfg->http.enabled) {
+  if (cfg->http.enabled && (s->roles & ROLE_GATEWAY)) {
     snprintf(s->http_listen, sizeof s->http_listen, "%s", cfg->http.listen);
     return add_gateway(s, cfg, err);
   }
@@ -350,6 +391,12 @@ static int reap(supervisor *s) {
       c->restart_at_ms = now_ms() + backoff;
       fprintf(stderr, "mambad up: %s (pid %d) %s after %.1f s; restarting in %" PRId64 " ms\n",
               c->name, (int)pid, how, ran / 1000.0, backoff);
+      if (c->restarts >= CRASH_LOOP_RESTARTS)
+        fprintf(stderr,
+                "mambad up: %s is crash-looping: %d exits in a row, each within %d s of its "
+                "start (last: %s); its own messages above say why (a model that does not load, "
+                "a registration the broker refuses); backoff is now %" PRId64 " ms\n",
+                c->name, c->restarts, HEALTHY_MS / 1000, how, backoff);
       s->announced = false; /* report again once it is back */
     }
   }
@@ -361,8 +408,22 @@ static void check_ready(supervisor *s, mbd_client *cl, int64_t t0) {
   mbd_status_report *r = NULL;
   mbd_error err = {0};
   if (mbd_client_status(cl, &r, &err)) return;
+  /* Workers of this deployment with a live record, by name: a crashed
+   * worker's old record (until the broker expires it) must not count for
+   * the process that replaced it, nor a stranger's worker for ours. */
   size_t up = 0;
-  for (size_t i = 0; i < r->n_workers; i++) up += r->workers[i].alive;
+  for (size_t k = 0; k < s->n; k++) {
+    if (s->kids[k].is_broker || !s->kids[k].pid) continue;
+    for (size_t i = 0; i < r->n_workers; i++) {
+      /* registered after this process started (uptime is a duration, so
+       * the two clocks need not agree), with slack for the round trip */
+      if (r->workers[i].alive && !strcmp(r->workers[i].name, s->kids[k].name) &&
+          r->workers[i].uptime_ms <= now_ms() - s->kids[k].started_ms + 500) {
+        up++;
+        break;
+      }
+    }
+  }
   if (up >= s->n_workers) {
     printf("mambad up: ready in %.1f s: %zu worker%s registered\n", (now_ms() - t0) / 1000.0, up,
            up == 1 ? "" : "s");
@@ -409,14 +470,77 @@ static void stop_all(supervisor *s) {
   }
 }
 
+static int parse_roles(const char *arg, int *out) {
+  char buf[128];
+  if ((size_t)snprintf(buf, sizeof buf, "%s", arg) >= sizeof buf) return -1;
+  int roles = 0;
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    if (!strcmp(t, "broker")) roles |= ROLE_BROKER;
+    else if (!strcmp(t, "workers")) roles |= ROLE_WORKERS;
+    else if (!strcmp(t, "gateway")) roles |= ROLE_GATEWAY;
+    else if (!strcmp(t, "all")) roles |= ROLE_ALL;
+    else return -1;
+  }
+  if (!roles) return -1;
+  *out = roles;
+  return 0;
+}
+
+/* True when prog would start: in bin_dir, or an executable on PATH. */
+static bool program_found(const supervisor *s, const char *prog) {
+  char path[PATH_MAX + 64];
+  if (s->bin_dir[0]) {
+    snprintf(path, sizeof path, "%s/%s", s->bin_dir, prog);
+    if (access(path, X_OK) == 0) return true;
+  }
+  const char *env = getenv("PATH");
+  char dirs[4096];
+  snprintf(dirs, sizeof dirs, "%s", env ? env : "/usr/bin:/bin");
+  for (char *save = NULL, *d = strtok_r(dirs, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+    snprintf(path, sizeof path, "%s/%s", d, prog);
+    if (access(path, X_OK) == 0) return true;
+  }
+  return false;
+}
+
+/* --check: the file parsed and planned (models, devices); every program the
+ * plan runs must be found. Prints what would start. */
+static int check_plan(const supervisor *s, const char *config) {
+  int bad = 0;
+  for (size_t i = 0; i < s->n; i++)
+    if (!program_found(s, s->kids[i].argv[0])) {
+      fprintf(stderr, "mambad up: %s: %s needs %s, which is neither in %s nor on PATH (build "
+              "it, or install mambad)\n", config, s->kids[i].name, s->kids[i].argv[0],
+              s->bin_dir[0] ? s->bin_dir : "the bin dir");
+      bad = 1;
+    }
+  if (s->n == 0) {
+    fprintf(stderr, "mambad up: %s: nothing to start for these roles\n", config);
+    bad = 1;
+  }
+  if (bad) return -1;
+  printf("mambad up: %s: ok: %s%zu worker%s%s", config,
+         (s->roles & ROLE_BROKER) ? "broker, " : "", s->n_workers, s->n_workers == 1 ? "" : "s",
+         s->http_listen[0] ? ", gateway" : "");
+  printf("%s%s\n", (s->roles & ROLE_BROKER) ? "" : "; broker at ",
+         (s->roles & ROLE_BROKER) ? "" : s->clients_connect);
+  return 0;
+}
+
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: mambad up --config FILE.yaml [--grace-ms N] [--bin-dir DIR] [--dry-run]\n"
+          "usage: mambad up --config FILE.yaml [--role broker,workers,gateway|all]\n"
+          "                 [--broker-host HOST] [--grace-ms N] [--bin-dir DIR]\n"
+          "                 [--dry-run | --check]\n"
           "Starts the broker and the workers FILE.yaml lists, in the foreground, and keeps\n"
           "them running: a worker that dies is restarted (with backoff) and re-registers.\n"
           "Ctrl-C or SIGTERM stops everything (SIGTERM, then SIGKILL after --grace-ms,\n"
           "default 10000). --dry-run prints the command lines and exits. Programs are\n"
-          "looked up in --bin-dir, next to this binary, then on PATH.\n");
+          "looked up in --bin-dir, next to this binary, then on PATH.\n"
+          "--role: start only these parts (default all); --broker-host: the host whose tcp\n"
+          "endpoints (the ports of broker:) workers and the gateway connect to, for hosts\n"
+          "without --role broker. --check: validate the file and the plan for the roles\n"
+          "(models, devices, programs) and exit 0 when it would start.\n");
 }
 
 int main(int argc, char **argv) {
@@ -424,11 +548,16 @@ int main(int argc, char **argv) {
                                        {"grace-ms", required_argument, 0, 'g'},
                                        {"bin-dir", required_argument, 0, 'b'},
                                        {"dry-run", no_argument, 0, 'n'},
+                                       {"check", no_argument, 0, 'k'},
+                                       {"role", required_argument, 0, 'r'},
+                                       {"broker-host", required_argument, 0, 'H'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   const char *config = NULL, *bin_dir = NULL;
   int64_t grace_ms = 10000;
-  bool dry = false;
+  bool dry = false, check = false;
+  int roles = ROLE_ALL;
+  const char *broker_host = NULL;
   int o;
   opterr = 0;
   while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -436,6 +565,15 @@ int main(int argc, char **argv) {
     case 'c': config = optarg; break;
     case 'b': bin_dir = optarg; break;
     case 'n': dry = true; break;
+    case 'k': check = true; break;
+    case 'H': broker_host = optarg; break;
+    case 'r':
+      if (parse_roles(optarg, &roles)) {
+        fprintf(stderr, "mambad up: --role wants a comma-separated list of broker, workers, "
+                "gateway or all, got '%s'\n", optarg);
+        return 2;
+      }
+      break;
     case 'g': {
       char *end = NULL;
       grace_ms = strtoll(optarg, &end, 10);
@@ -466,6 +604,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   s->grace_ms = grace_ms;
+  s->roles = roles;
+  s->broker_host = broker_host;
   if (bin_dir) snprintf(s->bin_dir, sizeof s->bin_dir, "%s", bin_dir);
   else find_bin_dir(s->bin_dir, sizeof s->bin_dir);
   if (mbd_deploy_config_load(config, &cfg, &err) || plan(s, cfg, &err)) {
@@ -475,6 +615,10 @@ int main(int argc, char **argv) {
   if (dry) {
     for (size_t i = 0; i < s->n; i++) print_cmd(&s->kids[i]);
     rc = 0;
+    goto done;
+  }
+  if (check) {
+    rc = check_plan(s, config) ? 1 : 0;
     goto done;
   }
   if (ensure_ipc_dir(cfg->clients_ep, &err) || ensure_ipc_dir(cfg->workers_ep, &err)) {
@@ -490,8 +634,12 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
 
   int64_t t0 = now_ms();
-  printf("mambad up: %s: broker on clients %s, workers %s; starting %zu worker%s\n", config,
-         cfg->clients_ep, cfg->workers_ep, s->n_workers, s->n_workers == 1 ? "" : "s");
+  if (s->roles & ROLE_BROKER)
+    printf("mambad up: %s: broker on clients %s, workers %s; starting %zu worker%s\n", config,
+           cfg->clients_ep, cfg->workers_ep, s->n_workers, s->n_workers == 1 ? "" : "s");
+  else
+    printf("mambad up: %s: broker at %s; starting %zu worker%s\n", config, s->clients_connect,
+           s->n_workers, s->n_workers == 1 ? "" : "s");
   fflush(stdout);
   for (size_t i = 0; i < s->n; i++) {
     if (start(s, &s->kids[i])) goto stop;

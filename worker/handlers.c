@@ -3,6 +3,7 @@
  * handlers.h. */
 #include "worker/handlers.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -413,6 +414,9 @@ void mbd_whandle_request(mbd_wstate *st, mbd_msg *msg) {
   mbd_wreq *q = NULL;
   if (rc) goto done;
   const msgpack_object *root = mbd_body_root(body);
+  char rid[40] = "-"; /* the client's request_id, for the log */
+  mbd_obj_str(root, "request_id", false, rid, sizeof rid, NULL);
+  MBD_LOGD(LOGC, "request %s: %s as ticket %" PRIu64, rid, mbd_cmd_name(cmd), tag);
   if ((rc = check_route(st, root, &err))) goto done;
   if (!(q = malloc(sizeof *q))) {
     rc = mbd_error_set(&err, MBD_E_NOMEM, "out of memory decoding a request");

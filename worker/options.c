@@ -7,13 +7,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/defaults.h"
 #include "common/host_id.h"
 
 const char *mbd_worker_usage(void) {
   return "usage: mambad-worker --connect EP --name NAME [--device cpu|cuda:N] [--dtype f32|bf16|f16]\n"
          "         [--gemm-mode deterministic] [--model NAME=DIR]... [--threads N]\n"
-         "         [--capacity N] [--max-batch N] [--heartbeat-ms MS] [--liveness N]\n"
-         "         [--session-idle-s S] [--host-id ID] [--max-message-mb N]\n";
+         "         [--capacity N] [--sessions N] [--max-batch N] [--heartbeat-ms MS] [--liveness N]\n"
+         "         [--session-idle-s S] [--host-id ID] [--max-message-mb N]\n"
+         "--capacity: requests the broker sends at once (1..4096, default 64);\n"
+         "--sessions: session slots (default: the capacity); both defaults: common/defaults.h\n";
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi, long *out, mbd_error *err) {
@@ -42,14 +45,16 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
   o->device = -1;
   o->mode = MBD_GEMM_DETERMINISTIC;
   o->policy = MBD_POLICY_F32;
-  o->capacity = 64;
-  o->max_batch = 64;
-  o->heartbeat_ms = 1000;
-  o->liveness = 3;
-  o->session_idle_s = 600;
-  o->max_message_bytes = (size_t)256 << 20;
+  o->capacity = MBD_DEFAULT_CAPACITY;
+  o->sessions = 0; /* resolved after parsing */
+  o->max_batch = MBD_DEFAULT_MAX_BATCH;
+  o->heartbeat_ms = MBD_DEFAULT_HEARTBEAT_MS;
+  o->liveness = MBD_DEFAULT_LIVENESS;
+  o->session_idle_s = MBD_DEFAULT_SESSION_IDLE_S;
+  o->max_message_bytes = (size_t)MBD_DEFAULT_MAX_MESSAGE_MB << 20;
   int rc;
   long v = 0;
+  const char *gemm_flag = NULL; /* --gemm-mode, else MBD_GEMM_MODE */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h"))
@@ -82,8 +87,7 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
       if ((rc = mbd_dtype_policy_parse(val, &o->policy, err)))
         return mbd_error_prefix(err, "--dtype");
     } else if (!strcmp(a, "--gemm-mode")) {
-      if ((rc = mbd_gemm_mode_parse(val, &o->mode, err)))
-        return mbd_error_prefix(err, "--gemm-mode");
+      gemm_flag = val;
     } else if (!strcmp(a, "--model")) {
       const char *eq = strchr(val, '=');
       if (!eq || eq == val || !eq[1])
@@ -109,16 +113,19 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
       if ((rc = parse_int(a, val, 0, 1024, &v, err))) return rc;
       o->threads = (int)v;
     } else if (!strcmp(a, "--capacity")) {
-      if ((rc = parse_int(a, val, 1, 1 << 20, &v, err))) return rc;
+      if ((rc = parse_int(a, val, 1, MBD_CAPACITY_MAX, &v, err))) return rc;
       o->capacity = (int)v;
+    } else if (!strcmp(a, "--sessions")) {
+      if ((rc = parse_int(a, val, 1, MBD_SESSIONS_MAX, &v, err))) return rc;
+      o->sessions = (int)v;
     } else if (!strcmp(a, "--max-batch")) {
-      if ((rc = parse_int(a, val, 1, 4096, &v, err))) return rc;
+      if ((rc = parse_int(a, val, 1, MBD_MAX_BATCH_MAX, &v, err))) return rc;
       o->max_batch = (int)v;
     } else if (!strcmp(a, "--heartbeat-ms")) {
-      if ((rc = parse_int(a, val, 10, 600000, &v, err))) return rc;
+      if ((rc = parse_int(a, val, MBD_HEARTBEAT_MS_MIN, MBD_HEARTBEAT_MS_MAX, &v, err))) return rc;
       o->heartbeat_ms = (int)v;
     } else if (!strcmp(a, "--liveness")) {
-      if ((rc = parse_int(a, val, 1, 1000, &v, err))) return rc;
+      if ((rc = parse_int(a, val, 1, MBD_LIVENESS_MAX, &v, err))) return rc;
       o->liveness = (int)v;
     } else if (!strcmp(a, "--session-idle-s")) {
       if ((rc = parse_int(a, val, 0, 100L * 86400, &v, err))) return rc;
@@ -129,7 +136,7 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
                              sizeof o->host_id - 1);
       snprintf(o->host_id, sizeof o->host_id, "%s", val);
     } else if (!strcmp(a, "--max-message-mb")) {
-      if ((rc = parse_int(a, val, 1, 1 << 16, &v, err))) return rc;
+      if ((rc = parse_int(a, val, 1, MBD_MAX_MESSAGE_MB_MAX, &v, err))) return rc;
       o->max_message_bytes = (size_t)v << 20;
     } else {
       return mbd_error_set(err, MBD_E_INVALID, "unknown option '%s'\n%s", a, mbd_worker_usage());
@@ -140,5 +147,7 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
                          "endpoint, e.g. ipc:///tmp/mambad/workers)");
   if (!o->name[0]) return mbd_error_set(err, MBD_E_INVALID, "--name NAME is required");
   if (!o->host_id[0]) mbd_host_id_get(o->host_id, sizeof o->host_id);
+  if (!o->sessions) o->sessions = o->capacity;
+  if ((rc = mbd_gemm_mode_resolve(gemm_flag, &o->mode, err))) return rc;
   return MBD_OK;
 }

@@ -28,7 +28,9 @@ typedef struct mbd_worker_opts {
   mbd_worker_model_opt models[MBD_WORKER_MAX_MODELS];
   int nmodels;
   int threads;                       /* --threads; 0 = one per CPU */
-  int capacity;                      /* --capacity: session slots */
+  int capacity;                      /* --capacity: requests in flight at once (READY capacity) */
+  int sessions;                      /* --sessions: session slots (route state_capacity);
+                                        defaults to capacity */
   int max_batch;                     /* --max-batch: rows per batched step */
   int heartbeat_ms;                  /* --heartbeat-ms */
   int liveness;                      /* --liveness: silent intervals before reconnecting */

@@ -75,7 +75,7 @@ int mbd_wsession_open(mbd_wsession_table *t, int model, void *state, double now,
   }
   return mbd_error_set(err, MBD_E_BUSY,
                        "all %zu session slots are in use: close idle sessions or start the "
-                       "worker with a larger --capacity",
+                       "worker with a larger --sessions",
                        t->capacity);
 }
 

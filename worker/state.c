@@ -90,7 +90,7 @@ int mbd_wstate_new(const mbd_worker_opts *o, mbd_backend **be, mbd_wclock_fn now
   if ((rc = mbd_route_encode(&st->route, st->route_enc, sizeof st->route_enc, &len, err)))
     goto fail;
   mbd_route_id_hex(&st->route, st->route_id);
-  if ((rc = mbd_wsession_table_new(st->uid, (size_t)o->capacity, session_free, st, &st->sessions,
+  if ((rc = mbd_wsession_table_new(st->uid, (size_t)o->sessions, session_free, st, &st->sessions,
                                   err)))
     goto fail;
   if ((rc = mbd_shm_cache_new(SHM_CACHE_ENTRIES, &st->shm, err))) goto fail;

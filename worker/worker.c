@@ -24,6 +24,7 @@ struct mbd_worker {
   mbd_wconn *conn;   /* while mbd_worker_run runs */
   double last_heard; /* clock seconds of the broker's last message */
   double next_hb;    /* when the next HEARTBEAT is due */
+  mbd_error refused; /* the broker refused our READY (code != 0): fatal, never retried */
 };
 
 static double now_s(void *ctx) {
@@ -62,7 +63,7 @@ int mbd_worker_new(const mbd_worker_opts *o, mbd_worker **out, mbd_error *err) {
   if (!w) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for the worker");
   mbd_backend *be = NULL;
   mbd_backend_opts bo = {.mode = o->mode, .policy = o->policy, .threads = o->threads,
-                         .state_capacity = o->capacity, .device = o->device,
+                         .state_capacity = o->sessions, .device = o->device,
                          .max_batch = o->max_batch};
   bo.progress = &k_load_progress;
   if ((rc = mbd_backend_new(o->backend, &bo, &be, err))) goto fail;
@@ -120,6 +121,20 @@ static bool drain(mbd_worker *w) {
       MBD_LOGI(LOGC, "broker sent DISCONNECT: re-registering");
       mbd_msg_destroy(&m);
       return false;
+    } else if (cmd == MBD_CMD_ERROR && mbd_msg_tag(m) == 0) {
+      /* The broker's answer to a READY it refused: the same READY would be
+       * refused again, so registering in a loop helps nobody. */
+      char why[MBD_ERROR_MSG_MAX - 64] = "no reason given";
+      size_t blen = 0;
+      const void *b = mbd_msg_body(m, &blen);
+      mbd_body *body = NULL;
+      if (!mbd_body_parse(b, blen, &body, NULL))
+        mbd_obj_str(mbd_body_root(body), "message", false, why, sizeof why, NULL);
+      mbd_body_destroy(&body);
+      mbd_error_set(&w->refused, MBD_E_INVALID,
+                    "the broker refused this worker's registration: %s", why);
+      mbd_msg_destroy(&m);
+      return false;
     } else if (mbd_cmd_is_request(cmd) && cmd != MBD_CMD_STATUS) {
       mbd_whandle_request(w->st, m);
     } else {
@@ -152,6 +167,10 @@ int mbd_worker_run(mbd_worker *w, volatile sig_atomic_t *stop, mbd_error *err) {
     if (*stop) break;
     bool ok = true;
     if (pr > 0) ok = drain(w);
+    if (w->refused.code) {
+      rc = mbd_error_set(err, w->refused.code, "%s", w->refused.msg);
+      break;
+    }
     t = mbd_wstate_now(st);
     if (!ok || t - w->last_heard > hb * st->o.liveness) {
       if (ok) MBD_LOGW(LOGC, "broker silent for %.1f s: reconnecting", t - w->last_heard);

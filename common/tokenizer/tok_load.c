@@ -57,6 +57,36 @@ static const char *get_type(loader *L, const json_t *o, const char *field, int *
   return type;
 }
 
+/* Loads one step (normalizer, pre-tokenizer, decoder) at nesting depth. */
+typedef int (*step_loader)(loader *L, const json_t *o, const char *field, int depth);
+
+/* The "type" of step o at nesting depth, or NULL with *rc = 0 when o is absent
+ * or null (nothing to load), else NULL with *rc the error. */
+static const char *step_type(loader *L, const json_t *o, const char *field, int depth, int *rc) {
+  *rc = 0;
+  if (!o || json_is_null(o)) return NULL;
+  if (depth > TOK_MAX_DEPTH) {
+    *rc = ferr(L, field, "Sequence nested too deeply");
+    return NULL;
+  }
+  return get_type(L, o, field, rc);
+}
+
+/* A "Sequence" step: every entry of the array o[key], loaded one level deeper. */
+static int load_sequence(loader *L, const json_t *o, const char *field, const char *key, int depth,
+                         step_loader load) {
+  char f[256];
+  const json_t *list = json_object_get(o, key);
+  snprintf(f, sizeof f, "%s.%s", field, key);
+  if (!json_is_array(list)) return ferr(L, f, "missing or not an array");
+  for (size_t i = 0; i < json_array_size(list); i++) {
+    snprintf(f, sizeof f, "%s.%s[%zu]", field, key, i);
+    int rc = load(L, json_array_get(list, i), f, depth + 1);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 /* ---- model ------------------------------------------------------------- */
 
 static int load_vocab(loader *L, const json_t *vocab) {
@@ -402,10 +432,8 @@ static int build_added_sets(loader *L) {
 
 static int load_normalizer(loader *L, const json_t *o, const char *field, int depth) {
   mbd_tokenizer *t = L->t;
-  if (!o || json_is_null(o)) return 0;
-  if (depth > TOK_MAX_DEPTH) return ferr(L, field, "Sequence nested too deeply");
   int rc;
-  const char *type = get_type(L, o, field, &rc);
+  const char *type = step_type(L, o, field, depth, &rc);
   if (!type) return rc;
   static const struct { const char *name; tok_norm_kind kind; } k[] = {
       {"NFC", TOK_NORM_NFC}, {"NFKC", TOK_NORM_NFKC}, {"NFD", TOK_NORM_NFD}, {"NFKD", TOK_NORM_NFKD}};
@@ -416,16 +444,7 @@ static int load_normalizer(loader *L, const json_t *o, const char *field, int de
     return 0;
   }
   char f[256];
-  if (!strcmp(type, "Sequence")) {
-    const json_t *list = json_object_get(o, "normalizers");
-    snprintf(f, sizeof f, "%s.normalizers", field);
-    if (!json_is_array(list)) return ferr(L, f, "missing or not an array");
-    for (size_t i = 0; i < json_array_size(list); i++) {
-      snprintf(f, sizeof f, "%s.normalizers[%zu]", field, i);
-      if ((rc = load_normalizer(L, json_array_get(list, i), f, depth + 1))) return rc;
-    }
-    return 0;
-  }
+  if (!strcmp(type, "Sequence")) return load_sequence(L, o, field, "normalizers", depth, load_normalizer);
   snprintf(f, sizeof f, "%s.type", field);
   return ferr(L, f, "\"%.64s\" is not supported (NFC, NFKC, NFD, NFKD, Sequence)", type);
 }
@@ -460,22 +479,11 @@ static int load_split(loader *L, const json_t *o, const char *field, tok_pre *p)
 
 static int load_pre(loader *L, const json_t *o, const char *field, int depth) {
   mbd_tokenizer *t = L->t;
-  if (!o || json_is_null(o)) return 0;
-  if (depth > TOK_MAX_DEPTH) return ferr(L, field, "Sequence nested too deeply");
   int rc;
-  const char *type = get_type(L, o, field, &rc);
+  const char *type = step_type(L, o, field, depth, &rc);
   if (!type) return rc;
   char f[256];
-  if (!strcmp(type, "Sequence")) {
-    const json_t *list = json_object_get(o, "pretokenizers");
-    snprintf(f, sizeof f, "%s.pretokenizers", field);
-    if (!json_is_array(list)) return ferr(L, f, "missing or not an array");
-    for (size_t i = 0; i < json_array_size(list); i++) {
-      snprintf(f, sizeof f, "%s.pretokenizers[%zu]", field, i);
-      if ((rc = load_pre(L, json_array_get(list, i), f, depth + 1))) return rc;
-    }
-    return 0;
-  }
+  if (!strcmp(type, "Sequence")) return load_sequence(L, o, field, "pretokenizers", depth, load_pre);
   bool is_bl = !strcmp(type, "ByteLevel"), is_split = !strcmp(type, "Split");
   snprintf(f, sizeof f, "%s.type", field);
   if (!is_bl && !is_split) return ferr(L, f, "\"%.64s\" is not supported (ByteLevel, Split, Sequence)", type);
@@ -501,10 +509,8 @@ static int load_pre(loader *L, const json_t *o, const char *field, int depth) {
 
 static int load_decoder(loader *L, const json_t *o, const char *field, int depth) {
   mbd_tokenizer *t = L->t;
-  if (!o || json_is_null(o)) return 0;
-  if (depth > TOK_MAX_DEPTH) return ferr(L, field, "Sequence nested too deeply");
   int rc;
-  const char *type = get_type(L, o, field, &rc);
+  const char *type = step_type(L, o, field, depth, &rc);
   if (!type) return rc;
   t->has_decoder = true;
   char f[256];
@@ -512,16 +518,7 @@ static int load_decoder(loader *L, const json_t *o, const char *field, int depth
     t->n_dec_byte_level++;
     return 0;
   }
-  if (!strcmp(type, "Sequence")) {
-    const json_t *list = json_object_get(o, "decoders");
-    snprintf(f, sizeof f, "%s.decoders", field);
-    if (!json_is_array(list)) return ferr(L, f, "missing or not an array");
-    for (size_t i = 0; i < json_array_size(list); i++) {
-      snprintf(f, sizeof f, "%s.decoders[%zu]", field, i);
-      if ((rc = load_decoder(L, json_array_get(list, i), f, depth + 1))) return rc;
-    }
-    return 0;
-  }
+  if (!strcmp(type, "Sequence")) return load_sequence(L, o, field, "decoders", depth, load_decoder);
   snprintf(f, sizeof f, "%s.type", field);
   return ferr(L, f, "\"%.64s\" is not supported (ByteLevel, Sequence)", type);
 }

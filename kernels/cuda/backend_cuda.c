@@ -69,7 +69,7 @@ typedef struct cuda_backend {
   mbd_backend base;
   mbd_backend_opts opts;
   mbd_gpu_ctx *ctx;
-  int64_t sessions;     /* session slots per model (--capacity) */
+  int64_t sessions;     /* session slots per model (--sessions) */
   ipc_entry ipc[IPC_CACHE_MAX];
   int nipc;
   uint64_t clock;
@@ -236,7 +236,7 @@ static int cuda_state_new(mbd_backend *b, mbd_bmodel *bm, mbd_bstate **out, mbd_
   *out = NULL;
   if (cm->nfree == 0)
     return mbd_error_set(err, MBD_E_BUSY, "all %lld device state slots are in use: close sessions "
-                         "or raise --capacity", (long long)impl(b)->sessions);
+                         "or raise --sessions", (long long)impl(b)->sessions);
   cuda_state *s = calloc(1, sizeof *s);
   if (!s) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for a session state");
   s->cm = cm;
@@ -553,7 +553,7 @@ int mbd_backend_cuda_new(const mbd_backend_opts *opts, mbd_backend **out, mbd_er
   *out = NULL;
   if (opts->max_batch < 1 || opts->max_batch > 4096 || opts->state_capacity < 1)
     return mbd_error_set(err, MBD_E_INVALID, "cuda backend needs --max-batch in 1..4096 and "
-                         "--capacity >= 1");
+                         "--sessions >= 1");
   cuda_backend *c = calloc(1, sizeof *c);
   if (!c) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for the CUDA backend");
   c->opts = *opts;

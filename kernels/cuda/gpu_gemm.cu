@@ -51,7 +51,7 @@ static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /* Pure scheduling (every configuration computes the same bits, see the kernel
  * contract). M <= 64 streams the weights: a block keeps stages x BN x 128
  * weight bytes in flight, so it moves about that much per loaded memory
- * latency (~3 us measured at rev 3's first run); a wave's rate is the sum over
+ * latency (taken as 3 us); a wave's rate is the sum over
  * its blocks, capped by HBM (~4 TB/s); pick the least estimated time. Larger
  * M minimises waves x tile cost. */
 static int pick_wtile(const mbd_gpu_ctx *ctx, int64_t m, int64_t n, int64_t k, bool tma) {
@@ -300,7 +300,7 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   int ti = pick_wtile(ctx, a->m, a->n, a->k, tma);
   const wtile_cfg &t = k_wtiles[ti];
   /* M < BM: the X box brings exactly the rows that exist (a box past the
-   * tensor's last row makes the copy engine zero-fill, measured slow) */
+   * tensor's last row makes the copy engine zero-fill, which is slow) */
   P.a_rows = a->m < t.bm ? (int)a->m : t.bm;
   if (tma && !(encode_map(&P.tx, a->dtype, a->x, a->m, a->k, P.a_rows) &&
                encode_map(&P.tw, a->dtype, a->w, a->n, a->k, t.bn))) {

@@ -210,9 +210,9 @@ static int step_body_marked(mbd_mamba1_gpu *m, int rows, mbd_error *err) {
   /* The pinned staging is mapped (unified addressing): the persistent decode
    * reads its tokens and slots from it directly and copies the rest up for
    * the sampling while the layers run; the picks go straight into h_next. A
-   * copy node costs ~7 us each way (reading the sampling's inputs over PCIe
-   * ~3 us); the per-op layers read the tokens and slots many times and get
-   * one upload. */
+   * copy node costs more than reading the sampling's inputs over PCIe
+   * (docs/benchmarks.md); the per-op layers read the tokens and slots many
+   * times and get one upload. */
   const int direct = mbd_mamba1_gpu_persistent(m, rows);
   step_mark(m, 0);
   if (!direct)

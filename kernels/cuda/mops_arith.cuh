@@ -25,8 +25,8 @@ __device__ __forceinline__ void st_act(__half *p, float v) { *p = __float2half_r
 __device__ __forceinline__ float silu_f(float x) { return mbd_pm_silu(x); }
 __device__ __forceinline__ float softplus_f(float x) { return mbd_pm_softplus(x); }
 
-/* Programmatic dependent launch. A decode step is a chain of ~150 small
- * dependent kernels, so each one's launch latency and prologue (index math,
+/* Programmatic dependent launch. A decode step is a chain of over a hundred
+ * small dependent kernels, so each one's launch latency and prologue (index math,
  * weight loads) is on the critical path. Every model kernel is launched with
  * programmatic stream serialisation: it may start while its predecessor is
  * still running, does only work that reads no predecessor output (weights,
@@ -274,8 +274,8 @@ __device__ __forceinline__ float rms_inv(const float *row, int d, float eps) {
  * from 0 over c = l, l + 32, ... (c < d), the 32 lane sums are added by the
  * xor butterfly (lane_sum), then rms_inv's last three roundings. Every lane
  * returns the same bits. f32 routes keep rms_inv, the CPU model's chain;
- * 16-bit routes are not compared with the CPU, and a 768-long serial chain is
- * ~1.5 us on every layer's critical path of a batch-1 decode. */
+ * 16-bit routes are not compared with the CPU, and a serial chain over
+ * d_model sits on every layer's critical path of a batch-1 decode. */
 __device__ __forceinline__ float rms_inv_lanes(const float *row, int d, float eps, int lane) {
   float ss = 0.0f;
 #pragma unroll 1

@@ -37,7 +37,7 @@ static int parse(int argc, char **argv, opts *o) {
   memset(o, 0, sizeof *o);
   o->device = "cuda:0";
   o->dtype = "bf16";
-  o->mode = "deterministic";
+  o->mode = NULL; /* --mode, else MBD_GEMM_MODE, else deterministic */
   o->seed = 1;
   for (int i = 1; i < argc; i++) {
     const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -106,7 +106,7 @@ int main(int argc, char **argv) {
   if (o.m < 1 || o.n < 1 || o.k < 1) return usage("--m, --n, --k must be >= 1");
   mbd_dtype_policy pol;
   mbd_gemm_mode mode;
-  if (mbd_dtype_policy_parse(o.dtype, &pol, &err) < 0 || mbd_gemm_mode_parse(o.mode, &mode, &err) < 0)
+  if (mbd_dtype_policy_parse(o.dtype, &pol, &err) < 0 || mbd_gemm_mode_resolve(o.mode, &mode, &err) < 0)
     return usage(err.msg);
   mbd_dtype dt = pol == MBD_POLICY_BF16 ? MBD_DTYPE_BF16 : pol == MBD_POLICY_F16 ? MBD_DTYPE_F16
                                                                                 : MBD_DTYPE_F32;
@@ -168,7 +168,7 @@ int main(int argc, char **argv) {
   mbd_sha256(c, nc * 4, d);
   mbd_sha256_hex(d, hex);
   printf("device=%s dtype=%s mode=%s m=%lld n=%lld k=%lld time_ms=%.3f\n", o.device, o.dtype,
-         o.mode, o.m, o.n, o.k, (t1 - t0) * 1e3);
+         mbd_gemm_mode_name(mode), o.m, o.n, o.k, (t1 - t0) * 1e3);
   if (route_id[0]) printf("route_id=%s\n", route_id);
   printf("y_sha256=%s\n", hex);
   if (o.out) {

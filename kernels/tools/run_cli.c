@@ -33,8 +33,8 @@
 #include "kernels/model/sampler.h"
 
 #define MAX_STOP 64
-/* On cuda:N the context is sized like a default `mambad worker --backend
- * cuda` (--capacity 64, --max-batch 64), so on the same device, build, GEMM
+/* On cuda:N the context is sized like a default `mambad worker --device
+ * cuda:N` (--capacity 64, --max-batch 64), so on the same device, build, GEMM
  * mode and dtype the route id is the worker's: its bits are the service's. */
 #define RUN_CUDA_SESSIONS 64
 #define RUN_CUDA_BATCH 64
@@ -242,7 +242,7 @@ static void stream_token(void *user, int64_t row, int32_t tok) {
 
 int main(int argc, char **argv) {
   const char *model_dir = NULL, *in_path = NULL, *out_path = NULL, *backend = "cpu";
-  const char *dts = "f32", *isas = "auto", *modes = "deterministic";
+  const char *dts = "f32", *isas = "auto", *modes = NULL;
   const char *prompt = NULL, *prompt_file = NULL, *tok_path = NULL;
   int add_special = 0, skip_special = 0, quiet = 0;
   long long threads = 0, n_gen = -1, top_k = 0, seed = 0;
@@ -316,8 +316,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "mambad-run: --dtype: %s\n", err.msg);
     return 2;
   }
-  if (mbd_gemm_mode_parse(modes, &mode, &err)) {
-    fprintf(stderr, "mambad-run: --gemm-mode: %s\n", err.msg);
+  if (mbd_gemm_mode_resolve(modes, &mode, &err)) {
+    fprintf(stderr, "mambad-run: %s\n", err.msg);
     return 2;
   }
   mbd_backend_opts opts = {.mode = mode, .policy = policy, .device = device};

@@ -1,7 +1,7 @@
 /* bench_broker: what the broker hop costs. Starts the real mambad-broker on
  * ipc:// endpoints, one in-process echo worker (capacity 256) and N client
  * threads; prints round-trip p50/p99 of a tiny request through the broker
- * next to a direct ZeroMQ REQ/REP round trip measured in the same run, then
+ * next to a direct ZeroMQ REQ/REP round trip, the two interleaved, then
  * requests/s with 1, 4 and 16 client threads (each thread one request at a
  * time). Usage: bench_broker [path/to/mambad-broker] (default $MBD_BIN_DIR). */
 #include <pthread.h>
@@ -17,7 +17,9 @@
 #include "common/route.h"
 #include "common/wire.h"
 
-static void *g_ctx;
+static void *g_ctx;  /* the clients' context (one I/O thread) */
+static void *g_sctx; /* the servers' (echo worker, REP server): their own I/O thread, as a
+                        worker process has */
 static char g_cep[128], g_wep[128], g_direct[128];
 static volatile int g_stop;  /* worker and REP server */
 static volatile int g_cstop; /* client threads */
@@ -35,7 +37,7 @@ static int cmp_d(const void *a, const void *b) {
 
 static void *echo_worker(void *arg) {
   (void)arg;
-  void *s = zmq_socket(g_ctx, ZMQ_DEALER);
+  void *s = zmq_socket(g_sctx, ZMQ_DEALER);
   int zero = 0, tmo = 100;
   zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
   zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
@@ -89,6 +91,22 @@ typedef struct client_arg {
   long done;
 } client_arg;
 
+/* One tiny GEMM-tagged request through the broker on DEALER s; 0 or -1. */
+static int broker_rt(void *s, uint64_t tag) {
+  static const uint8_t body[] = {0x81, 0xa5, 'm', 'o', 'd', 'e', 'l', 0xa0}; /* {model: ""} */
+  mbd_msg *m = NULL;
+  mbd_msg_new(MBD_CMD_GEMM, tag, &m, NULL);
+  mbd_msg_set_body(m, body, sizeof body, NULL);
+  if (mbd_msg_send(&m, s, 0, NULL)) return -1;
+  if (mbd_msg_recv(s, false, 0, &m, NULL) || mbd_msg_cmd(m) != MBD_CMD_FINAL) {
+    fprintf(stderr, "bench: bad reply\n");
+    mbd_msg_destroy(&m);
+    return -1;
+  }
+  mbd_msg_destroy(&m);
+  return 0;
+}
+
 static void *client(void *p) {
   client_arg *a = p;
   void *s = zmq_socket(g_ctx, ZMQ_DEALER);
@@ -96,19 +114,9 @@ static void *client(void *p) {
   zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
   zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
   zmq_connect(s, g_cep);
-  static const uint8_t body[] = {0x81, 0xa5, 'm', 'o', 'd', 'e', 'l', 0xa0}; /* {model: ""} */
   for (uint64_t tag = 1; a->n ? (int)tag <= a->n : !g_cstop; tag++) {
     double t0 = now_us();
-    mbd_msg *m = NULL;
-    mbd_msg_new(MBD_CMD_GEMM, tag, &m, NULL);
-    mbd_msg_set_body(m, body, sizeof body, NULL);
-    if (mbd_msg_send(&m, s, 0, NULL)) break;
-    if (mbd_msg_recv(s, false, 0, &m, NULL) || mbd_msg_cmd(m) != MBD_CMD_FINAL) {
-      fprintf(stderr, "bench: bad reply\n");
-      mbd_msg_destroy(&m);
-      break;
-    }
-    mbd_msg_destroy(&m);
+    if (broker_rt(s, tag)) break;
     if (a->lat) a->lat[tag - 1] = now_us() - t0;
     a->done++;
   }
@@ -118,7 +126,7 @@ static void *client(void *p) {
 
 static void *rep_server(void *arg) {
   (void)arg;
-  void *s = zmq_socket(g_ctx, ZMQ_REP);
+  void *s = zmq_socket(g_sctx, ZMQ_REP);
   int zero = 0, tmo = 100;
   zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
   zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
@@ -155,35 +163,45 @@ int main(int argc, char **argv) {
   }
   usleep(300000);
   g_ctx = zmq_ctx_new();
+  g_sctx = zmq_ctx_new();
   pthread_t wt, rt;
   pthread_create(&wt, NULL, echo_worker, NULL);
   pthread_create(&rt, NULL, rep_server, NULL);
   usleep(300000);
 
   enum { N = 20000 };
-  double *lat = calloc(N, sizeof *lat);
+  double *lat = calloc(N, sizeof *lat), *dlat = calloc(N, sizeof *dlat);
   client_arg warm = {1000, NULL, 0};
   client(&warm);
-  client_arg a = {N, lat, 0};
-  client(&a);
-  double b50, b99, d50, d99;
-  pct(lat, (int)a.done, &b50, &b99);
-  /* direct REQ/REP over the same transport */
-  void *req = zmq_socket(g_ctx, ZMQ_REQ);
+  /* Interleaved: one brokered round trip, then one direct REQ/REP round trip
+   * over the same transport, N times, so a burst of outside load on this
+   * shared machine lands on both alike. */
+  void *dealer = zmq_socket(g_ctx, ZMQ_DEALER), *req = zmq_socket(g_ctx, ZMQ_REQ);
+  int zero = 0, tmo = 5000;
+  zmq_setsockopt(dealer, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(dealer, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+  zmq_connect(dealer, g_cep);
   zmq_connect(req, g_direct);
   char buf[64];
+  int nb = 0;
   for (int i = 0; i < N + 1000; i++) {
     double t0 = now_us();
+    if (broker_rt(dealer, (uint64_t)i + 1)) break;
+    double t1 = now_us();
     zmq_send(req, "ping-ping", 9, 0);
     zmq_recv(req, buf, sizeof buf, 0);
-    if (i >= 1000) lat[i - 1000] = now_us() - t0;
+    double t2 = now_us();
+    if (i >= 1000) lat[nb] = t1 - t0, dlat[nb++] = t2 - t1;
   }
   zmq_close(req);
-  pct(lat, N, &d50, &d99);
+  zmq_close(dealer);
+  double b50, b99, d50, d99;
+  pct(lat, nb, &b50, &b99);
+  pct(dlat, nb, &d50, &d99);
   printf("round trip, tiny request (%d samples)   p50 us   p99 us\n", N);
   printf("  via broker (client->broker->worker)  %7.1f  %7.1f\n", b50, b99);
   printf("  direct REQ/REP, same transport       %7.1f  %7.1f\n", d50, d99);
-  printf("  broker hop overhead (p50)            %7.1f\n", b50 - d50);
+  printf("  broker hop overhead (p50)            %7.1f   ratio %.2fx\n", b50 - d50, b50 / d50);
   printf("throughput via broker, 1 s per row\n  clients   requests/s\n");
   int threads[] = {1, 4, 16};
   for (int k = 0; k < 3; k++) {
@@ -211,7 +229,9 @@ int main(int argc, char **argv) {
   kill(pid, SIGTERM);
   waitpid(pid, NULL, 0);
   zmq_ctx_term(g_ctx);
+  zmq_ctx_term(g_sctx);
   free(lat);
+  free(dlat);
   char cmd[64];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   return system(cmd) ? 1 : 0;

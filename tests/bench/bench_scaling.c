@@ -1,4 +1,4 @@
-/* bench_scaling: load generator for the per-device worker scaling run (issue 7).
+/* bench_scaling: load generator for the per-device worker scaling run.
  *
  * Talks to a running deployment (`mambad up`, N workers already started):
  *  1. STATUS through libmambad until N workers are alive; "routes same" = all
@@ -144,27 +144,10 @@ static void wh_disconnect(wh *h) {
 /* Collects the FINAL/ERROR of tags [t0, t0+n) into out[] (PARTIALs dropped).
  * Returns how many are missing or ERROR (ERRORs are printed). */
 static size_t collect(wh *h, uint64_t t0, size_t n, mbd_msg **out, int timeout_ms) {
-  size_t got = 0;
-  double end = wh_now() + timeout_ms / 1000.0;
-  while (got < n && wh_now() < end) {
-    mbd_msg *m = wh_recv(h, 200);
-    if (!m) continue;
-    uint64_t tag = mbd_msg_tag(m);
-    if (tag < t0 || tag >= t0 + n || mbd_msg_cmd(m) == MBD_CMD_PARTIAL || out[tag - t0]) {
-      mbd_msg_destroy(&m);
-      continue;
-    }
-    out[tag - t0] = m;
-    got++;
-  }
-  size_t bad = n - got;
+  size_t bad = wh_collect(h, t0, n, out, timeout_ms);
   for (size_t i = 0; i < n; i++)
     if (out[i] && wh_code(out[i])) bad++;
   return bad;
-}
-
-static void free_all(mbd_msg **m, size_t n) {
-  for (size_t i = 0; i < n; i++) mbd_msg_destroy(&m[i]);
 }
 
 /* Starts a map with the fields every routed request carries. */
@@ -211,7 +194,7 @@ static int child_run(const opts *o, int idx, const sess *ss, int ready_fd, int g
     wh_send_prefill(&h, ss[i].id, ids, PROMPT_T, true);
   }
   bad = collect(&h, t0, (size_t)S, m, (int)o->deadline_ms);
-  free_all(m, (size_t)S);
+  wh_free_all(m, (size_t)S);
   if (bad) {
     snprintf(r->msg, sizeof r->msg, "client %d: %zu PREFILLs failed", idx, bad);
     goto fail;
@@ -255,7 +238,7 @@ static int child_run(const opts *o, int idx, const sess *ss, int ready_fd, int g
         r->tokens += n;
       }
     }
-    free_all(m, (size_t)S);
+    wh_free_all(m, (size_t)S);
     if (bad) {
       if (!r->msg[0]) snprintf(r->msg, sizeof r->msg, "client %d: %zu GENERATEs failed", idx, bad);
       goto fail;
@@ -289,7 +272,7 @@ fail:
     }
     if (S > 0) memset(m, 0, (size_t)S * sizeof *m); /* gcc 13 cannot see S > 0 here */
     collect(&h, t0, (size_t)n, m, 10000);
-    free_all(m, (size_t)n);
+    wh_free_all(m, (size_t)n);
   }
   wh_disconnect(&h);
   free(hist);
@@ -340,7 +323,7 @@ static sess *open_balanced(const opts *o, int per_worker[MAX_WORKERS]) {
         snprintf(extra[n_extra++], 64, "%s", id);
       }
     }
-    free_all(m, (size_t)need);
+    wh_free_all(m, (size_t)need);
     t0 = h.next_tag;
     for (int i = 0; i < n_extra; i++) {
       wh_pack k;
@@ -350,11 +333,11 @@ static sess *open_balanced(const opts *o, int per_worker[MAX_WORKERS]) {
       wh_send(&h, MBD_CMD_CLOSE, &k.sb, 0, NULL, NULL);
     }
     if (collect(&h, t0, (size_t)n_extra, m, (int)o->deadline_ms)) {
-      free_all(m, (size_t)n_extra);
+      wh_free_all(m, (size_t)n_extra);
       fprintf(stderr, "bench_scaling: closing surplus sessions failed\n");
       goto fail;
     }
-    free_all(m, (size_t)n_extra);
+    wh_free_all(m, (size_t)n_extra);
   }
   if (have < total) {
     fprintf(stderr, "bench_scaling: %d of %d sessions placed evenly after %d rounds\n", have, total,
@@ -479,7 +462,7 @@ static bool bits_check(const opts *o, int *seen, int *replies) {
       }
       (*replies)++;
     }
-    free_all(m, (size_t)F);
+    wh_free_all(m, (size_t)F);
   }
   wh_disconnect(&h);
   free(ref);

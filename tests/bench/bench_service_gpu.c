@@ -91,27 +91,27 @@ static double service_tps(wh *h, int n, int G, int V) {
   mbd_msg **r = calloc((size_t)n, sizeof *r);
   double t[3] = {0};
   uint64_t tg = h->next_tag;
-  for (int i = 0; i < n; i++) sg_send_open(h);
-  if (sg_collect(h, tg, (size_t)n, r, 60000)) return 0;
+  for (int i = 0; i < n; i++) wh_send_open(h);
+  if (wh_collect(h, tg, (size_t)n, r, 60000)) return 0;
   for (int i = 0; i < n; i++) wh_str(r[i], "session", sid[i], 64);
-  sg_free_all(r, (size_t)n);
+  wh_free_all(r, (size_t)n);
   int64_t ids[8];
   tg = h->next_tag;
   for (int i = 0; i < n; i++) {
     for (int k = 0; k < 8; k++) ids[k] = (i * 8 + k * 977) % V;
     wh_send_prefill(h, sid[i], ids, 8, true);
   }
-  if (sg_collect(h, tg, (size_t)n, r, 60000)) return 0;
-  sg_free_all(r, (size_t)n);
+  if (wh_collect(h, tg, (size_t)n, r, 60000)) return 0;
+  wh_free_all(r, (size_t)n);
   for (int rep = 0; rep < 3; rep++) {
     tg = h->next_tag;
     double t0 = wh_now();
     for (int i = 0; i < n; i++) send_gen(h, sid[i], G);
-    size_t miss = sg_collect(h, tg, (size_t)n, r, 300000);
+    size_t miss = wh_collect(h, tg, (size_t)n, r, 300000);
     t[rep] = wh_now() - t0;
     for (int i = 0; i < n; i++)
       if (!r[i] || wh_code(r[i])) miss++;
-    sg_free_all(r, (size_t)n);
+    wh_free_all(r, (size_t)n);
     if (miss) {
       fprintf(stderr, "service: %zu generate requests failed at n=%d\n", miss, n);
       return 0;
@@ -125,8 +125,8 @@ static double service_tps(wh *h, int n, int G, int V) {
     wh_send(h, MBD_CMD_CLOSE, &k.sb, 0, NULL, NULL);
   }
   tg = h->next_tag - (uint64_t)n;
-  sg_collect(h, tg, (size_t)n, r, 60000);
-  sg_free_all(r, (size_t)n);
+  wh_collect(h, tg, (size_t)n, r, 60000);
+  wh_free_all(r, (size_t)n);
   free(sid);
   free(r);
   return (double)n * G / median(t, 3);

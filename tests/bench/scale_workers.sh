@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Per-device worker scaling (issue 7): for each size n, writes a deployment YAML
+# Per-device worker scaling: for each size n, writes a deployment YAML
 # (GPU: one worker per GPU via `device: all` with CUDA_VISIBLE_DEVICES limited to
 # the first n GPUs; CPU: `count: n` cpu workers), starts it with `mambad up`,
 # waits for n workers, drives it with bench_scaling (P client processes x S

@@ -136,25 +136,25 @@ static void test_256_sessions_concurrent_equal_alone(void **st) {
   char (*sid)[64] = calloc(NS, 64);
   t0 = wh_now();
   uint64_t tg = g_h.next_tag;
-  for (int i = 0; i < NS; i++) sg_send_open(&g_h);
-  assert_int_equal(sg_collect(&g_h, tg, NS, r, 60000), 0);
+  for (int i = 0; i < NS; i++) wh_send_open(&g_h);
+  assert_int_equal(wh_collect(&g_h, tg, NS, r, 60000), 0);
   for (int i = 0; i < NS; i++) {
     check_final(r[i], "open", i);
     assert_int_equal(wh_str(r[i], "session", sid[i], 64), 0);
   }
-  sg_free_all(r, NS);
+  wh_free_all(r, NS);
   tg = g_h.next_tag;
   for (int i = 0; i < NS; i++) {
     int64_t ids[32], T;
     prompt_of(i, ids, &T);
     wh_send_prefill(&g_h, sid[i], ids, T, true);
   }
-  assert_int_equal(sg_collect(&g_h, tg, NS, r, 60000), 0);
+  assert_int_equal(wh_collect(&g_h, tg, NS, r, 60000), 0);
   for (int i = 0; i < NS; i++) check_final(r[i], "prefill", i);
-  sg_free_all(r, NS);
+  wh_free_all(r, NS);
   tg = g_h.next_tag;
   for (int i = 0; i < NS; i++) send_gen(i, sid[i]);
-  assert_int_equal(sg_collect(&g_h, tg, NS, r, 120000), 0);
+  assert_int_equal(wh_collect(&g_h, tg, NS, r, 120000), 0);
   int mism = 0;
   for (int i = 0; i < NS; i++) {
     check_final(r[i], "generate", i);
@@ -162,29 +162,29 @@ static void test_256_sessions_concurrent_equal_alone(void **st) {
     int n = wh_tokens(r[i], toks, GEN);
     if (n != alone[i].ntoks || memcmp(toks, alone[i].toks, (size_t)n * 8)) mism++;
   }
-  sg_free_all(r, NS);
+  wh_free_all(r, NS);
   assert_int_equal(mism, 0);
   tg = g_h.next_tag;
   for (int i = 0; i < NS; i++) wh_send_step(&g_h, sid[i], (i * 7) % g_V);
-  assert_int_equal(sg_collect(&g_h, tg, NS, r, 60000), 0);
+  assert_int_equal(wh_collect(&g_h, tg, NS, r, 60000), 0);
   for (int i = 0; i < NS; i++) {
     check_final(r[i], "step", i);
     size_t n = 0;
     const void *p = wh_tensor(r[i], &n);
     if (n != alone[i].nstep || memcmp(p, alone[i].step_logits, n)) mism++;
   }
-  sg_free_all(r, NS);
+  wh_free_all(r, NS);
   assert_int_equal(mism, 0);
   tg = g_h.next_tag;
   for (int i = 0; i < NS; i++) sg_send_export(&g_h, sid[i]);
-  assert_int_equal(sg_collect(&g_h, tg, NS, r, 60000), 0);
+  assert_int_equal(wh_collect(&g_h, tg, NS, r, 60000), 0);
   for (int i = 0; i < NS; i++) {
     check_final(r[i], "export", i);
     size_t n = 0;
     const void *p = wh_tensor(r[i], &n);
     if (n != alone[i].nblob || memcmp(p, alone[i].blob, n)) mism++;
   }
-  sg_free_all(r, NS);
+  wh_free_all(r, NS);
   assert_int_equal(mism, 0);
   double t_conc = wh_now() - t0;
   printf("256 sessions: alone (one after another) %.2f s, concurrent %.2f s; tokens, step logits "
@@ -247,7 +247,7 @@ static void test_1000_identical_among_traffic(void **st) {
     sent++;
   }
   assert_int_equal(nsame, NSAME);
-  assert_int_equal(sg_collect(&g_h, tg, NT + 32, r, 300000), 0);
+  assert_int_equal(wh_collect(&g_h, tg, NT + 32, r, 300000), 0);
   size_t distinct_bad = 0, finals = 0;
   for (size_t i = 0; i < NT + 32; i++) {
     check_final(r[i], "traffic", (int)i);
@@ -261,7 +261,7 @@ static void test_1000_identical_among_traffic(void **st) {
          "output when 0)\n",
          NSAME, finals - NSAME, distinct_bad);
   assert_int_equal(distinct_bad, 0);
-  sg_free_all(r, NT + 32);
+  wh_free_all(r, NT + 32);
   free(r);
   free(is_same);
   free(want);

@@ -74,7 +74,7 @@ static void test_identical_bits_on_either(void **st) {
   mbd_msg *r[N] = {0};
   uint64_t tg = g_h.next_tag;
   for (int i = 0; i < N; i++) wh_send_forward(&g_h, ids, 3, 21, false);
-  assert_int_equal(sg_collect(&g_h, tg, N, r, 60000), 0);
+  assert_int_equal(wh_collect(&g_h, tg, N, r, 60000), 0);
   size_t n0 = 0;
   const void *p0 = wh_tensor(r[0], &n0);
   int on[2] = {0, 0};
@@ -90,7 +90,7 @@ static void test_identical_bits_on_either(void **st) {
   }
   printf("forward answered %d times by gpu0 and %d by gpu1, all identical\n", on[0], on[1]);
   assert_true(on[0] > 0 && on[1] > 0);
-  sg_free_all(r, N);
+  wh_free_all(r, N);
 }
 
 /* Opens sessions until one lands on `want` worker; returns its id in sid. */
@@ -180,7 +180,7 @@ static void test_kill9_under_load_loses_nothing(void **st) {
     wh_send_forward(&g_h, ids, 2, 17, false);
     if (i == N / 3) kill(g_w1, SIGKILL); /* mid-burst */
   }
-  size_t missing = sg_collect(&g_h, tg, N, r, 120000);
+  size_t missing = wh_collect(&g_h, tg, N, r, 120000);
   assert_int_equal(missing, 0);
   int bad = 0, on1 = 0;
   for (int i = 0; i < N; i++) {
@@ -201,7 +201,7 @@ static void test_kill9_under_load_loses_nothing(void **st) {
   waitpid(g_w1, NULL, 0);
   for (int i = 0; i < g_h.nprocs; i++)
     if (g_h.procs[i] == g_w1) g_h.procs[i] = 0;
-  sg_free_all(r, N);
+  wh_free_all(r, N);
   free(r);
   free(want);
 }

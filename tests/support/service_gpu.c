@@ -44,28 +44,6 @@ pid_t sg_start_gpu_worker(wh *h, const char *name, int dev, const char *capacity
                          max_batch, "--max-message-mb", "1024", NULL);
 }
 
-size_t sg_collect(wh *h, uint64_t t0, size_t n, mbd_msg **out, int timeout_ms) {
-  size_t got = 0;
-  for (size_t i = 0; i < n; i++) got += out[i] != NULL;
-  double end = wh_now() + timeout_ms / 1000.0;
-  while (got < n && wh_now() < end) {
-    mbd_msg *m = wh_recv(h, 200);
-    if (!m) continue;
-    uint64_t tag = mbd_msg_tag(m);
-    if (tag < t0 || tag >= t0 + n || mbd_msg_cmd(m) == MBD_CMD_PARTIAL || out[tag - t0]) {
-      mbd_msg_destroy(&m);
-      continue;
-    }
-    out[tag - t0] = m;
-    got++;
-  }
-  return n - got;
-}
-
-void sg_free_all(mbd_msg **m, size_t n) {
-  for (size_t i = 0; i < n; i++) mbd_msg_destroy(&m[i]);
-}
-
 uint64_t sg_send_export(wh *h, const char *sid) {
   wh_pack k;
   wh_pack_init(&k);
@@ -74,31 +52,11 @@ uint64_t sg_send_export(wh *h, const char *sid) {
   return wh_send(h, MBD_CMD_EXPORT, &k.sb, 0, NULL, NULL);
 }
 
-uint64_t sg_send_open(wh *h) {
-  wh_pack p;
-  wh_pack_init(&p);
-  msgpack_pack_map(&p.pk, 1);
-  mbd_pack_kv_str(&p.pk, "model", "tiny");
-  return wh_send(h, MBD_CMD_OPEN, &p.sb, 0, NULL, NULL);
-}
-
 uint64_t sg_send_import(wh *h, const void *blob, size_t n, const char *route_id) {
-  wh_pack k;
-  wh_pack_init(&k);
-  msgpack_pack_map(&k.pk, 3);
-  mbd_pack_kv_str(&k.pk, "model", "tiny");
-  mbd_pack_str(&k.pk, "route");
   mbd_route_want want;
   memset(&want, 0, sizeof want);
   snprintf(want.route_id, sizeof want.route_id, "%s", route_id);
-  mbd_pack_route_want(&k.pk, &want);
-  mbd_pack_str(&k.pk, "tensors");
-  msgpack_pack_array(&k.pk, 1);
-  int64_t s[1] = {(int64_t)(n / 8)};
-  wh_ref(&k.pk, "state", "i64", 1, s, 0);
-  const void *pl[1] = {blob};
-  size_t lens[1] = {n};
-  return wh_send(h, MBD_CMD_IMPORT, &k.sb, 1, pl, lens);
+  return wh_send_import(h, blob, n, &want);
 }
 
 uint8_t *sg_payload(const mbd_msg *m, size_t *n) {

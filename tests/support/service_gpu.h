@@ -21,18 +21,8 @@ void sg_init_or_skip(wh *h, int need);
 pid_t sg_start_gpu_worker(wh *h, const char *name, int dev, const char *capacity,
                           const char *max_batch);
 
-/* Collects the FINAL/ERROR of tags [t0, t0+n) into out[] (PARTIALs dropped).
- * Returns the number still missing after timeout_ms. */
-size_t sg_collect(wh *h, uint64_t t0, size_t n, mbd_msg **out, int timeout_ms);
-
-/* Destroys m[0..n) (NULL entries allowed). */
-void sg_free_all(mbd_msg **m, size_t n);
-
 /* EXPORT of session sid's state. */
 uint64_t sg_send_export(wh *h, const char *sid);
-
-/* OPEN of model "tiny", without waiting for the reply. */
-uint64_t sg_send_open(wh *h);
 
 /* IMPORT of an exported blob under its exact route id. */
 uint64_t sg_send_import(wh *h, const void *blob, size_t n, const char *route_id);

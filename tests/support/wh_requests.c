@@ -8,23 +8,43 @@ void wh_pack_init(wh_pack *p) {
   msgpack_packer_init(&p->pk, &p->sb, msgpack_sbuffer_write);
 }
 
-void wh_ref(msgpack_packer *pk, const char *name, const char *dt, int ndim, const int64_t *shape,
-            int frame) {
+/* Opens a tensor reference map: name, dtype and shape, the location to follow. */
+static void ref_head(msgpack_packer *pk, const char *name, const char *dt, int ndim,
+                     const int64_t *shape) {
   msgpack_pack_map(pk, 4);
   mbd_pack_kv_str(pk, "name", name);
   mbd_pack_kv_str(pk, "dtype", dt);
   mbd_pack_str(pk, "shape");
   msgpack_pack_array(pk, (size_t)ndim);
   for (int i = 0; i < ndim; i++) msgpack_pack_int64(pk, shape[i]);
+}
+
+void wh_ref(msgpack_packer *pk, const char *name, const char *dt, int ndim, const int64_t *shape,
+            int frame) {
+  ref_head(pk, name, dt, ndim, shape);
   mbd_pack_kv_u64(pk, "frame", (uint64_t)frame);
 }
 
-mbd_msg *wh_open(wh *h, char *sid, size_t cap) {
+void wh_ref_shm(msgpack_packer *pk, const char *name, const char *dt, int ndim,
+                const int64_t *shape, const char *obj, uint64_t off, uint64_t size) {
+  ref_head(pk, name, dt, ndim, shape);
+  mbd_pack_str(pk, "shm");
+  msgpack_pack_map(pk, 3);
+  mbd_pack_kv_str(pk, "name", obj);
+  mbd_pack_kv_u64(pk, "offset", off);
+  mbd_pack_kv_u64(pk, "size", size);
+}
+
+uint64_t wh_send_open(wh *h) {
   wh_pack p;
   wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 1);
   mbd_pack_kv_str(&p.pk, "model", "tiny");
-  mbd_msg *m = wh_call(h, MBD_CMD_OPEN, &p.sb, 0, NULL, NULL);
+  return wh_send(h, MBD_CMD_OPEN, &p.sb, 0, NULL, NULL);
+}
+
+mbd_msg *wh_open(wh *h, char *sid, size_t cap) {
+  mbd_msg *m = wh_wait(h, wh_send_open(h), 60000);
   if (m && mbd_msg_cmd(m) == MBD_CMD_FINAL) wh_str(m, "session", sid, cap);
   return m;
 }

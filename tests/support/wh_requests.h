@@ -24,6 +24,13 @@ void wh_pack_init(wh_pack *p);
 void wh_ref(msgpack_packer *pk, const char *name, const char *dt, int ndim, const int64_t *shape,
             int frame);
 
+/* Packs a tensor reference {name, dtype, shape, shm: {name: obj, offset, size}}. */
+void wh_ref_shm(msgpack_packer *pk, const char *name, const char *dt, int ndim,
+                const int64_t *shape, const char *obj, uint64_t off, uint64_t size);
+
+/* OPEN of model "tiny", without waiting for the reply. */
+uint64_t wh_send_open(wh *h);
+
 /* OPEN of model "tiny"; the session id goes to sid. Returns the reply. */
 mbd_msg *wh_open(wh *h, char *sid, size_t cap);
 

@@ -136,6 +136,28 @@ mbd_msg *wh_call(wh *h, uint8_t cmd, msgpack_sbuffer *sb, int n, const void *con
   return wh_wait(h, tag, 60000);
 }
 
+size_t wh_collect(wh *h, uint64_t t0, size_t n, mbd_msg **out, int timeout_ms) {
+  size_t got = 0;
+  for (size_t i = 0; i < n; i++) got += out[i] != NULL;
+  double end = wh_now() + timeout_ms / 1000.0;
+  while (got < n && wh_now() < end) {
+    mbd_msg *m = wh_recv(h, 200);
+    if (!m) continue;
+    uint64_t tag = mbd_msg_tag(m);
+    if (tag < t0 || tag >= t0 + n || mbd_msg_cmd(m) == MBD_CMD_PARTIAL || out[tag - t0]) {
+      mbd_msg_destroy(&m);
+      continue;
+    }
+    out[tag - t0] = m;
+    got++;
+  }
+  return n - got;
+}
+
+void wh_free_all(mbd_msg **m, size_t n) {
+  for (size_t i = 0; i < n; i++) mbd_msg_destroy(&m[i]);
+}
+
 mbd_body *wh_body(const mbd_msg *m) {
   size_t len = 0;
   const void *b = mbd_msg_body(m, &len);

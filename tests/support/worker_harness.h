@@ -71,6 +71,14 @@ mbd_msg *wh_wait(wh *h, uint64_t tag, int timeout_ms);
 mbd_msg *wh_call(wh *h, uint8_t cmd, msgpack_sbuffer *sb, int n, const void *const *pl,
                  const size_t *lens);
 
+/* Collects the FINAL/ERROR of tags [t0, t0+n) into out[] (PARTIALs dropped;
+ * entries already set count as collected). Returns the number still missing
+ * after timeout_ms. */
+size_t wh_collect(wh *h, uint64_t t0, size_t n, mbd_msg **out, int timeout_ms);
+
+/* Destroys m[0..n) (NULL entries allowed). */
+void wh_free_all(mbd_msg **m, size_t n);
+
 /* Body of a reply (caller destroys). */
 mbd_body *wh_body(const mbd_msg *m);
 

@@ -167,6 +167,80 @@ static mbd_bcore *core_new(sent *s, int queue_limit) {
 
 /* ---- registry ----------------------------------------------------------------- */
 
+/* A worker record serving model "m" with weights digest `digest`. */
+static void worker_with(mbd_bworker *w, const char *ident, const char *digest) {
+  memset(w, 0, sizeof *w);
+  route_of(&w->route, MBD_POLICY_F32);
+  mbd_route_id_hex(&w->route, w->route_id);
+  snprintf(w->name, sizeof w->name, "%s", ident);
+  snprintf(w->uid, sizeof w->uid, "u%s", ident);
+  memcpy(w->ident, ident, strlen(ident));
+  w->ident_len = strlen(ident);
+  w->capacity = 4;
+  w->nmodels = 1;
+  strcpy(w->models[0].name, "m");
+  snprintf(w->models[0].digest, sizeof w->models[0].digest, "%s", digest);
+}
+
+/* One name, two digests: unpinned is refused naming both, a pin (or the
+ * deployment's default) picks exactly one, and select honours the digest. */
+static void test_registry_digest_identity(void **state) {
+  (void)state;
+  static const char d1[] = "1111111111111111111111111111111111111111111111111111111111111111";
+  static const char d2[] = "2222222222222222222222222222222222222222222222222222222222222222";
+  mbd_registry *r = NULL;
+  assert_int_equal(mbd_registry_new(&r, NULL), 0);
+  mbd_bworker w;
+  bool rep = false;
+  worker_with(&w, "a", d1);
+  assert_int_equal(mbd_registry_add(r, &w, NULL, &rep, NULL), 0);
+  mbd_route_want want;
+  memset(&want, 0, sizeof want);
+  char out[MBD_BW_DIGEST_MAX], tok[MBD_BW_DIGEST_MAX];
+  mbd_error err = {0};
+  /* one digest: unpinned resolves to it */
+  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "", out, tok, &err), 0);
+  assert_string_equal(out, d1);
+  worker_with(&w, "b", d2);
+  assert_int_equal(mbd_registry_add(r, &w, NULL, &rep, NULL), 0);
+  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "", out, tok, &err), MBD_E_INVALID);
+  assert_non_null(strstr(err.msg, d1));
+  assert_non_null(strstr(err.msg, d2));
+  /* pinned by prefix */
+  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "22222222", out, tok, &err), 0);
+  assert_string_equal(out, d2);
+  size_t nm = 0;
+  for (int i = 0; i < 8; i++)
+    assert_string_equal(mbd_registry_select(r, &want, "m", out, NULL, NULL, &nm)->name, "b");
+  assert_int_equal(nm, 1);
+  /* a pin nobody serves: the prefix comes back, select finds nothing (NO_ROUTE) */
+  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "33333333", out, tok, &err), 0);
+  assert_string_equal(out, "33333333");
+  assert_null(mbd_registry_select(r, &want, "m", out, NULL, NULL, &nm));
+  assert_int_equal(nm, 0);
+  /* the deployment's default decides for unpinned requests */
+  assert_int_equal(mbd_registry_set_default(r, "m", "BAD", &err), MBD_E_INVALID);
+  assert_int_equal(mbd_registry_set_default(r, "m", "11111111", &err), 0);
+  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "", out, tok, &err), 0);
+  assert_string_equal(out, d1);
+  /* ... but a pin still wins */
+  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "2222222222", out, tok, &err), 0);
+  assert_string_equal(out, d2);
+  /* same weights, another tokenizer under the name: refused, pinned or not */
+  worker_with(&w, "c", d2);
+  strcpy(w.models[0].tokenizer_digest, "7777777777777777777777777777777777777777777777777777777777777777");
+  assert_int_equal(mbd_registry_add(r, &w, NULL, &rep, NULL), 0);
+  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "22222222", out, tok, &err),
+                   MBD_E_INVALID);
+  assert_non_null(strstr(err.msg, "tokenizers"));
+  /* the default's weights have one tokenizer: served, and only by its workers */
+  assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "", out, tok, &err), 0);
+  assert_string_equal(out, d1);
+  assert_string_equal(tok, "");
+  assert_string_equal(mbd_registry_select(r, &want, "m", out, tok, NULL, &nm)->name, "a");
+  mbd_registry_destroy(&r);
+}
+
 static void test_registry_ready_and_select(void **state) {
   (void)state;
   mbd_registry *r = NULL;
@@ -202,42 +276,42 @@ static void test_registry_ready_and_select(void **state) {
   /* least loaded by inflight/capacity: a 1/2 vs b 1/4 -> b */
   mbd_registry_find_ident(r, "a", 1)->inflight = 1;
   mbd_registry_find_ident(r, "b", 1)->inflight = 1;
-  mbd_bworker *p = mbd_registry_select(r, &want, "m", NULL, &nm);
+  mbd_bworker *p = mbd_registry_select(r, &want, "m", NULL, NULL, NULL, &nm);
   assert_non_null(p);
   assert_string_equal(p->name, "b");
   assert_int_equal(nm, 2);
   /* b 3/4 vs a 1/2 -> a */
   mbd_registry_find_ident(r, "b", 1)->inflight = 3;
-  assert_string_equal(mbd_registry_select(r, &want, "m", NULL, &nm)->name, "a");
+  assert_string_equal(mbd_registry_select(r, &want, "m", NULL, NULL, NULL, &nm)->name, "a");
   /* all full -> NULL but 2 match (queue, not NO_ROUTE) */
   mbd_registry_find_ident(r, "a", 1)->inflight = 2;
   mbd_registry_find_ident(r, "b", 1)->inflight = 4;
-  assert_null(mbd_registry_select(r, &want, "m", NULL, &nm));
+  assert_null(mbd_registry_select(r, &want, "m", NULL, NULL, NULL, &nm));
   assert_int_equal(nm, 2);
   /* ties go round-robin */
   mbd_registry_find_ident(r, "a", 1)->inflight = 0;
   mbd_registry_find_ident(r, "b", 1)->inflight = 0;
   mbd_registry_find_ident(r, "b", 1)->capacity = 2;
-  const char *first = mbd_registry_select(r, &want, "m", NULL, &nm)->name;
-  const char *second = mbd_registry_select(r, &want, "m", NULL, &nm)->name;
+  const char *first = mbd_registry_select(r, &want, "m", NULL, NULL, NULL, &nm)->name;
+  const char *second = mbd_registry_select(r, &want, "m", NULL, NULL, NULL, &nm)->name;
   assert_string_not_equal(first, second);
   /* model and dead workers */
-  assert_null(mbd_registry_select(r, &want, "nope", NULL, &nm));
+  assert_null(mbd_registry_select(r, &want, "nope", NULL, NULL, NULL, &nm));
   assert_int_equal(nm, 0);
   mbd_registry_find_ident(r, "a", 1)->dead = true;
-  assert_string_equal(mbd_registry_select(r, &want, "m", NULL, &nm)->name, "b");
+  assert_string_equal(mbd_registry_select(r, &want, "m", NULL, NULL, NULL, &nm)->name, "b");
   assert_int_equal(nm, 1);
   char msg[1024];
   strcpy(want.dtype, "f16");
-  mbd_registry_no_route_message(r, &want, "m", msg, sizeof msg);
+  mbd_registry_no_route_message(r, &want, "m", NULL, msg, sizeof msg);
   assert_non_null(strstr(msg, "dtype=f16"));
   assert_non_null(strstr(msg, "model=m"));
   char shortid[9];
   snprintf(shortid, sizeof shortid, "%.8s", w[2].route_id);
   assert_non_null(strstr(msg, shortid));
-  assert_non_null(strstr(msg, "cpu/bf16/deterministic models=[m]"));
+  assert_non_null(strstr(msg, "cpu/bf16/deterministic models=[m@d]"));
   char tiny[40];
-  mbd_registry_no_route_message(r, &want, "m", tiny, sizeof tiny);
+  mbd_registry_no_route_message(r, &want, "m", NULL, tiny, sizeof tiny);
   assert_int_equal(strlen(tiny), sizeof tiny - 1);
   assert_string_equal(tiny + sizeof tiny - 4, "...");
   /* uid / gen lookups, re-registration replaces */
@@ -409,6 +483,13 @@ static void test_core_session_and_reregister(void **state) {
   mbd_bcore_on_client(c, &m, 0, NULL, 3);
   assert_int_equal(err_code(s.m[0]), MBD_E_WORKER_LOST);
   clear(&s);
+  /* a uid that never registered: NOT_FOUND, not a lost worker */
+  m = client_req(MBD_CMD_STEP, 11, NULL, NULL, 0, "never/1");
+  mbd_bcore_on_client(c, &m, 0, NULL, 4);
+  assert_int_equal(err_code(s.m[0]), MBD_E_NOT_FOUND);
+  err_text(s.m[0], txt, sizeof txt);
+  assert_non_null(strstr(txt, "never"));
+  clear(&s);
   assert_int_equal(mbd_registry_count(mbd_bcore_registry(c)), 2);
   mbd_bcore_destroy(&c);
 }
@@ -504,6 +585,7 @@ static void test_config_parse(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_registry_ready_and_select),
+      cmocka_unit_test(test_registry_digest_identity),
       cmocka_unit_test(test_registry_rejects_bad_ready),
       cmocka_unit_test(test_core_forward_and_reply),
       cmocka_unit_test(test_core_failover_exactly_once),

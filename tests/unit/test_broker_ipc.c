@@ -234,7 +234,7 @@ static void test_registry_select_ipc_plain(void **st) {
   mbd_route_want want;
   memset(&want, 0, sizeof want);
   size_t n = 99;
-  assert_null(mbd_registry_select_ipc(r, &want, "", "h", 0, NULL, &n));
+  assert_null(mbd_registry_select_ipc(r, &want, "", NULL, NULL, "h", 0, NULL, &n));
   assert_int_equal(n, 0);
   mbd_registry_destroy(&r);
 }

@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "common/defaults.h"
 #include "common/deploy_config.h"
 
 static const char *k_full =
@@ -120,11 +121,13 @@ static void test_full_file(void **state) {
 static void test_defaults(void **state) {
   (void)state;
   mbd_deploy_config *c = parse_ok("broker: {clients: 'ipc:///tmp/a', workers: 'ipc:///tmp/b'}\n");
-  assert_int_equal(c->heartbeat_ms, 1000);
-  assert_int_equal(c->liveness, 3);
-  assert_int_equal(c->queue_limit, 1024);
-  assert_int_equal(c->max_message_mb, 512);
-  assert_int_equal(c->default_deadline_ms, 30000);
+  /* the one table every process uses (common/defaults.h) */
+  assert_int_equal(c->heartbeat_ms, MBD_DEFAULT_HEARTBEAT_MS);
+  assert_int_equal(c->liveness, MBD_DEFAULT_LIVENESS);
+  assert_int_equal(c->queue_limit, MBD_DEFAULT_QUEUE_LIMIT);
+  assert_int_equal(c->queue_mb, MBD_DEFAULT_QUEUE_MB);
+  assert_int_equal(c->max_message_mb, MBD_DEFAULT_MAX_MESSAGE_MB);
+  assert_int_equal(c->default_deadline_ms, MBD_DEFAULT_DEADLINE_MS);
   assert_int_equal(c->n_models, 0);
   assert_int_equal(c->n_workers, 0);
   mbd_deploy_config_free(&c);

@@ -418,6 +418,68 @@ static void test_route_want(void **state) {
   assert_int_equal(want_from(longdtype, 1, &w, &err), MBD_E_INVALID);
 }
 
+/* The broker's header reader: wanted keys decoded, a huge other value skipped;
+ * a FINAL body gains one entry with the others' bytes kept. */
+static void test_body_parse_keys_and_append(void **state) {
+  (void)state;
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 4);
+  mbd_pack_kv_str(&pk, "model", "m");
+  mbd_pack_str(&pk, "junk");
+  msgpack_pack_array(&pk, 100000);
+  for (int i = 0; i < 100000; i++) msgpack_pack_int(&pk, i & 0x7f);
+  mbd_pack_kv_u64(&pk, "deadline_ms", 1234);
+  msgpack_pack_int(&pk, 7); /* a non-string key: skipped */
+  msgpack_pack_int(&pk, 8);
+  static const char *const keys[] = {"model", "deadline_ms", "absent", NULL};
+  mbd_body *b = NULL;
+  mbd_error err = {0};
+  assert_int_equal(mbd_body_parse_keys(sb.data, sb.size, keys, 1024, &b, &err), 0);
+  const msgpack_object *root = mbd_body_root(b);
+  assert_int_equal(root->via.map.size, 2);
+  char model[8] = "";
+  uint64_t dl = 0;
+  assert_int_equal(mbd_obj_str(root, "model", true, model, sizeof model, NULL), 0);
+  assert_string_equal(model, "m");
+  assert_int_equal(mbd_obj_u64(root, "deadline_ms", true, &dl, NULL), 0);
+  assert_int_equal(dl, 1234);
+  assert_null(mbd_obj_get(root, "junk"));
+  mbd_body_destroy(&b);
+  /* a wanted field beyond the cap */
+  static const char *const big[] = {"junk", NULL};
+  assert_int_equal(mbd_body_parse_keys(sb.data, sb.size, big, 1024, &b, &err), MBD_E_TOO_LARGE);
+  assert_null(b);
+  /* truncated */
+  assert_int_equal(mbd_body_parse_keys(sb.data, sb.size - 1, keys, 1024, &b, &err), MBD_E_FORMAT);
+  assert_int_equal(mbd_body_parse_keys("", 0, keys, 1024, &b, &err), 0);
+  mbd_body_destroy(&b);
+  /* append */
+  msgpack_sbuffer out;
+  msgpack_sbuffer_init(&out);
+  assert_int_equal(mbd_body_append_str(sb.data, sb.size, "model_digest", "abc", &out, &err), 0);
+  assert_int_equal(mbd_body_parse(out.data, out.size, &b, &err), 0);
+  root = mbd_body_root(b);
+  assert_int_equal(root->via.map.size, 5);
+  assert_int_equal(mbd_obj_str(root, "model_digest", true, model, sizeof model, NULL), 0);
+  assert_string_equal(model, "abc");
+  assert_non_null(mbd_obj_get(root, "junk"));
+  mbd_body_destroy(&b);
+  msgpack_sbuffer_clear(&out);
+  assert_int_equal(mbd_body_append_str("", 0, "k", "v", &out, &err), 0);
+  assert_int_equal(mbd_body_parse(out.data, out.size, &b, &err), 0);
+  assert_int_equal(mbd_body_root(b)->via.map.size, 1);
+  mbd_body_destroy(&b);
+  assert_int_equal(mbd_body_append_str("\x91\x01", 2, "k", "v", &out, &err), MBD_E_FORMAT);
+  msgpack_sbuffer_destroy(&out);
+  msgpack_sbuffer_destroy(&sb);
+  assert_true(mbd_digest_prefix_ok("0123abcd"));
+  assert_false(mbd_digest_prefix_ok("0123abc"));
+  assert_false(mbd_digest_prefix_ok("0123ABCD"));
+}
+
 static void test_route_want_matches(void **state) {
   (void)state;
   mbd_route_identity r;
@@ -447,6 +509,7 @@ int main(void) {
       cmocka_unit_test(test_getters),            cmocka_unit_test(test_tensor_refs_rules),
       cmocka_unit_test(test_tensor_refs_roundtrip), cmocka_unit_test(test_route_want),
       cmocka_unit_test(test_route_want_matches),
+      cmocka_unit_test(test_body_parse_keys_and_append),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,45 +20,9 @@
 #include "worker/request.h"
 #include "kernels/state_blob.h"
 #include "worker/worker.h"
+#include "support/wh_requests.h"
 
-typedef struct {
-  msgpack_sbuffer sb;
-  msgpack_packer pk;
-} packbuf;
-
-static void pb_init(packbuf *p) {
-  msgpack_sbuffer_init(&p->sb);
-  msgpack_packer_init(&p->pk, &p->sb, msgpack_sbuffer_write);
-}
-
-/* {name, dtype, shape:[d0..], frame:f} */
-static void pack_ref_frame(msgpack_packer *pk, const char *name, const char *dt, int ndim,
-                           const int64_t *shape, int frame) {
-  msgpack_pack_map(pk, 4);
-  mbd_pack_kv_str(pk, "name", name);
-  mbd_pack_kv_str(pk, "dtype", dt);
-  mbd_pack_str(pk, "shape");
-  msgpack_pack_array(pk, (size_t)ndim);
-  for (int i = 0; i < ndim; i++) msgpack_pack_int64(pk, shape[i]);
-  mbd_pack_kv_u64(pk, "frame", (uint64_t)frame);
-}
-
-static void pack_ref_shm(msgpack_packer *pk, const char *name, const char *dt, int ndim,
-                         const int64_t *shape, const char *obj, uint64_t off, uint64_t size) {
-  msgpack_pack_map(pk, 4);
-  mbd_pack_kv_str(pk, "name", name);
-  mbd_pack_kv_str(pk, "dtype", dt);
-  mbd_pack_str(pk, "shape");
-  msgpack_pack_array(pk, (size_t)ndim);
-  for (int i = 0; i < ndim; i++) msgpack_pack_int64(pk, shape[i]);
-  mbd_pack_str(pk, "shm");
-  msgpack_pack_map(pk, 3);
-  mbd_pack_kv_str(pk, "name", obj);
-  mbd_pack_kv_u64(pk, "offset", off);
-  mbd_pack_kv_u64(pk, "size", size);
-}
-
-static int decode(uint8_t cmd, packbuf *p, mbd_wreq *q, mbd_error *err) {
+static int decode(uint8_t cmd, wh_pack *p, mbd_wreq *q, mbd_error *err) {
   mbd_body *b = NULL;
   assert_int_equal(mbd_body_parse(p->sb.data, p->sb.size, &b, err), 0);
   int rc = mbd_wreq_decode(cmd, mbd_body_root(b), q, err);
@@ -71,8 +35,8 @@ static void test_decode_generate(void **state) {
   (void)state;
   mbd_wreq q;
   mbd_error err = {0};
-  packbuf p;
-  pb_init(&p);
+  wh_pack p;
+  wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 7);
   mbd_pack_kv_str(&p.pk, "session", "u/1");
   mbd_pack_kv_i64(&p.pk, "max_tokens", 5);
@@ -95,7 +59,7 @@ static void test_decode_generate(void **state) {
   assert_int_equal(q.partial_every, 1);
 
   /* Defaults: greedy, top_p 1. */
-  pb_init(&p);
+  wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 2);
   mbd_pack_kv_str(&p.pk, "session", "u/1");
   mbd_pack_kv_i64(&p.pk, "max_tokens", 1);
@@ -112,7 +76,7 @@ static void test_decode_generate(void **state) {
              {"top_p", 1.5, "top_p"},             {"top_k", -3, "top_k"},
              {"partial_every", 0, "partial_every"}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    pb_init(&p);
+    wh_pack_init(&p);
     bool mt = !strcmp(bad[i].key, "max_tokens");
     msgpack_pack_map(&p.pk, mt ? 2 : 3);
     mbd_pack_kv_str(&p.pk, "session", "u/1");
@@ -125,12 +89,12 @@ static void test_decode_generate(void **state) {
     assert_non_null(strstr(err.msg, bad[i].needle));
   }
   /* Missing session; wrong type. */
-  pb_init(&p);
+  wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 1);
   mbd_pack_kv_i64(&p.pk, "max_tokens", 4);
   assert_int_equal(decode(MBD_CMD_GENERATE, &p, &q, &err), MBD_E_INVALID);
   assert_non_null(strstr(err.msg, "session"));
-  pb_init(&p);
+  wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 2);
   mbd_pack_kv_i64(&p.pk, "session", 7);
   mbd_pack_kv_i64(&p.pk, "max_tokens", 4);
@@ -141,82 +105,82 @@ static void test_decode_tensor_cmds(void **state) {
   (void)state;
   mbd_wreq q;
   mbd_error err = {0};
-  packbuf p;
+  wh_pack p;
   int64_t s2[2] = {2, 3}, s1[1] = {3};
   /* GEMM with bias. */
-  pb_init(&p);
+  wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 2);
   mbd_pack_kv_str(&p.pk, "dtype", "bf16");
   mbd_pack_str(&p.pk, "tensors");
   msgpack_pack_array(&p.pk, 3);
-  pack_ref_frame(&p.pk, "a", "bf16", 2, s2, 0);
-  pack_ref_frame(&p.pk, "b", "bf16", 2, s2, 1);
-  pack_ref_frame(&p.pk, "bias", "f32", 1, s1, 2);
+  wh_ref(&p.pk, "a", "bf16", 2, s2, 0);
+  wh_ref(&p.pk, "b", "bf16", 2, s2, 1);
+  wh_ref(&p.pk, "bias", "f32", 1, s1, 2);
   assert_int_equal(decode(MBD_CMD_GEMM, &p, &q, &err), 0);
   assert_int_equal(q.dtype, MBD_DTYPE_BF16);
   assert_int_equal(q.ntensors, 3);
   /* GEMM with one tensor, and i64 dtype: rejected. */
-  pb_init(&p);
+  wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 1);
   mbd_pack_str(&p.pk, "tensors");
   msgpack_pack_array(&p.pk, 1);
-  pack_ref_frame(&p.pk, "a", "f32", 2, s2, 0);
+  wh_ref(&p.pk, "a", "f32", 2, s2, 0);
   assert_int_equal(decode(MBD_CMD_GEMM, &p, &q, &err), MBD_E_INVALID);
-  pb_init(&p);
+  wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 2);
   mbd_pack_kv_str(&p.pk, "dtype", "i64");
   mbd_pack_str(&p.pk, "tensors");
   msgpack_pack_array(&p.pk, 0);
   assert_int_equal(decode(MBD_CMD_GEMM, &p, &q, &err), MBD_E_INVALID);
-  pb_init(&p);
+  wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 2);
   mbd_pack_kv_str(&p.pk, "dtype", "f64");
   mbd_pack_str(&p.pk, "tensors");
   msgpack_pack_array(&p.pk, 0);
   assert_int_equal(decode(MBD_CMD_GEMM, &p, &q, &err), MBD_E_INVALID);
   /* FORWARD needs model and exactly one tensor. */
-  pb_init(&p);
+  wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 3);
   mbd_pack_kv_str(&p.pk, "model", "tiny");
   mbd_pack_kv_bool(&p.pk, "last_only", true);
   mbd_pack_str(&p.pk, "tensors");
   msgpack_pack_array(&p.pk, 1);
-  pack_ref_frame(&p.pk, "input_ids", "i64", 2, s2, 0);
+  wh_ref(&p.pk, "input_ids", "i64", 2, s2, 0);
   assert_int_equal(decode(MBD_CMD_FORWARD, &p, &q, &err), 0);
   assert_true(q.last_only);
   assert_string_equal(q.model, "tiny");
-  pb_init(&p);
+  wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 1);
   mbd_pack_str(&p.pk, "tensors");
   msgpack_pack_array(&p.pk, 1);
-  pack_ref_frame(&p.pk, "input_ids", "i64", 2, s2, 0);
+  wh_ref(&p.pk, "input_ids", "i64", 2, s2, 0);
   assert_int_equal(decode(MBD_CMD_FORWARD, &p, &q, &err), MBD_E_INVALID);
   assert_non_null(strstr(err.msg, "model"));
   /* FORWARD from shm with a shm output. */
-  pb_init(&p);
+  wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 3);
   mbd_pack_kv_str(&p.pk, "model", "tiny");
   mbd_pack_str(&p.pk, "tensors");
   msgpack_pack_array(&p.pk, 1);
-  pack_ref_shm(&p.pk, "input_ids", "i64", 2, s2, "/in", 0, 48);
+  wh_ref_shm(&p.pk, "input_ids", "i64", 2, s2, "/in", 0, 48);
   mbd_pack_str(&p.pk, "outputs");
   msgpack_pack_array(&p.pk, 1);
-  pack_ref_shm(&p.pk, "logits", "f32", 2, s2, "/out", 64, 24);
+  wh_ref_shm(&p.pk, "logits", "f32", 2, s2, "/out", 64, 24);
   assert_int_equal(decode(MBD_CMD_FORWARD, &p, &q, &err), 0);
   assert_int_equal(q.tensors[0].kind, MBD_TREF_SHM);
   assert_int_equal(q.noutputs, 1);
   assert_string_equal(q.outputs[0].shm_name, "/out");
   assert_int_equal(q.outputs[0].offset, 64);
   /* STEP needs a token; STATUS is not a worker command. */
-  pb_init(&p);
+  wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 1);
   mbd_pack_kv_str(&p.pk, "session", "u/1");
   assert_int_equal(decode(MBD_CMD_STEP, &p, &q, &err), MBD_E_INVALID);
   assert_non_null(strstr(err.msg, "token"));
-  pb_init(&p);
+  wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 0);
   assert_int_equal(decode(MBD_CMD_STATUS, &p, &q, &err), MBD_E_UNSUPPORTED);
-  pb_init(&p);
+  wh_pack_init(&p);
   msgpack_pack_map(&p.pk, 2);
   mbd_pack_kv_str(&p.pk, "session", "u/1");
   mbd_pack_kv_i64(&p.pk, "deadline_ms", -5);

@@ -188,6 +188,7 @@ static void fx_init(fx *x, const mbd_backend_ops *ops, int max_batch, int nmodel
   memset(&o, 0, sizeof o);
   snprintf(o.name, sizeof o.name, "w-test");
   o.capacity = 8;
+  o.sessions = 8;
   o.max_batch = max_batch;
   o.session_idle_s = idle_s;
   o.max_message_bytes = (size_t)1 << 20;

@@ -35,7 +35,7 @@ static void test_open_find_close(void **state) {
   /* Full. */
   void *st = malloc(4);
   assert_int_equal(mbd_wsession_open(t, 0, st, 1.0, &c, &err), MBD_E_BUSY);
-  assert_non_null(strstr(err.msg, "--capacity"));
+  assert_non_null(strstr(err.msg, "--sessions"));
   free(st); /* not taken on failure */
   assert_int_equal(mbd_wsession_count(t), 2);
   assert_int_equal(mbd_wsession_find(t, "abc123/2", &f, &err), 0);

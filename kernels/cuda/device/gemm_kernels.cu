@@ -276,17 +276,18 @@ MBD_HGEMM_ALL(f16, __half)
 
 
 /* ---------------- bf16 / f16 on Hopper (sm_90a): wgmma + TMA ----------------
- * Route contract on sm_90a (dispatch rev 4; the route's isa says which family
- * ran; it never mixes with the mma.sync family above inside one route):
+ * Route contract on sm_90a (the route's isa says which family ran; it never
+ * mixes with the mma.sync family above inside one route):
  *   K is cut into chunks of MBD_WG_KCH = 256 (zero-padded past K). Chunk c's
  *   partial p_c = the wgmma chain from 0 over its sixteen k16 steps in order
  *   (wgmma.m64nNk16, f32 accumulation, scale-d = 1);
  *   acc = p_0, then acc = acc + p_c for c = 1, 2, ... in order (fadd_rn);
  *   y = round(acc + b).
- * For K <= 256 that is the single chain of rev 3. The chunks exist for decode:
- * one dependent k16 wgmma costs ~75 ns, so a single chain over K = 4096 took
- * ~19 us whatever the tile; independent chunk chains run on separate warps
- * (mbd_mkgemm below) and are folded in the fixed order above.
+ * For K <= 256 that is a single chain. The chunks exist for decode: dependent
+ * k16 wgmma steps are latency-bound, so one chain over a long K costs the same
+ * whatever the tile (figures in docs/benchmarks.md); independent chunk chains
+ * run on separate warps (mbd_mkgemm below) and are folded in the fixed order
+ * above.
  *
  * Two kernel shapes issue exactly those chains and that fold:
  *  - mbd_wgemm (wg_body): a tile of 64*CWG rows x BN columns per block, one
@@ -307,8 +308,8 @@ MBD_HGEMM_ALL(f16, __half)
  * warp. Shared memory: STAGES x (A tile [64*CWG][64], B tile [BN][64]) in the TMA
  * 128-byte swizzle (16-byte chunk c of row r at r*128 + ((c ^ (r & 7)) * 16)),
  * then full/empty mbarriers. When M < BM the X box covers only the M rows
- * that exist (the copy engine's zero fill of absent rows was measured slower
- * than real loads). Rows past M
+ * that exist (the copy engine's zero fill of absent rows is slower than real
+ * loads). Rows past M
  * only feed output rows that are never stored. The parameter block
  * (mbd_wg_params) and MBD_WG_KCH are in gemm_params.h. */
 
@@ -498,7 +499,7 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
   }
   /* When M < BM the A rows past M are never loaded: they hold whatever shared
    * memory held and only feed output rows that are never stored (wgmma rows
-   * are independent; zeroing them cost ~1k cycles a block at decode). */
+   * are independent; zeroing them would cost every block time at decode). */
   __syncthreads();
   wg_pdl_wait(); /* X and Y belong to the predecessor until it completes */
   wg_pdl_trigger();
@@ -598,19 +599,18 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
 }
 
 /* M <= 16 (decode): mma.sync.m16n8k16 chains instead of wgmma. On sm_90a an
- * m16n8k16 step accumulates with the same bits as a wgmma k16 step (measured:
- * 11 x 8192 outputs memcmp-equal for single chains; test_gpu_gemm_bitwise
- * checks it at every M against the wgmma tile kernels), so a chunk chain here
- * is the contract's chunk chain, and an m16 instruction wastes 15 rows where
- * the m64 wgmma wasted 63 (a wgmma step cost ~50-75 ns of an SM whatever the
- * warpgroup count, which bounded decode GEMMs at ~12 us for K = 4096).
+ * m16n8k16 step accumulates with the same bits as a wgmma k16 step
+ * (test_gpu_gemm_bitwise checks it at every M against the wgmma tile kernels),
+ * so a chunk chain here is the contract's chunk chain, and an m16 instruction
+ * wastes 15 rows where the m64 wgmma wastes 63 (a wgmma step costs an SM the
+ * same time whatever the warpgroup count, which bounds decode GEMMs).
  *
  * Decode is a weight stream, so the kernel is built around keeping every SM's
- * memory pipe full: loads inside each warp serialised with its chain ran at
- * 0.32 of copy bandwidth, 16-byte cp.async copies through a ring at 0.50 (the
- * load/store unit caps an SM's bytes in flight), and 1D bulk copies, one per W
- * row, were bound by the copy engine's per-copy cost on short rows (130m
- * lm_head 49 us). W now moves by TMA boxes of 64 k x BN rows (128-byte swizzle,
+ * memory pipe full. Loads serialised with each warp's chain, 16-byte cp.async
+ * copies through a ring (the load/store unit caps an SM's bytes in flight) and
+ * one 1D bulk copy per W row (bound by the copy engine's per-copy cost on
+ * short rows) all leave it short of copy bandwidth (docs/benchmarks.md, "M <=
+ * 16 decode GEMM"), so W moves by TMA boxes of 64 k x BN rows (128-byte swizzle,
  * zero fill past N and K) issued by a producer warp through a ring of `stages`
  * slots (full/empty mbarriers, across strip boundaries, from before the
  * grid-dependency wait: W is static under w_static). A persistent grid (one

@@ -40,7 +40,7 @@ typedef struct mbd_gemm_params {
 
 /* ---- sm_90a wgmma family ---- */
 
-#define MBD_WG_KCH 256 /* K per chunk of the rev-4 contract */
+#define MBD_WG_KCH 256 /* K per chunk of the sm_90a contract */
 
 /* wgmma configurations, index = kernel slot offset (scheduling only):
  *   0..3: 64 x {16,32,64,128}, one block per SM with ~200 KB of stages so each SM

@@ -27,8 +27,8 @@ __device__ __forceinline__ void cp_async_wait0() {
  *       recurrence in step order, storing every h_t in shared memory;
  *   y:  thread (cl, n) reduces steps t = n, n + N, ...: C_t . h_t over the
  *       states in ascending order, D skip, gate.
- * One thread per channel walking all of it (the previous form) ran d_state
- * portable exps per step back to back and was latency-bound; this spreads
+ * One thread per channel walking all of it would run d_state portable exps
+ * per step back to back, latency-bound; this spreads
  * the same work over N times the threads. Only independent elements are
  * spread: each dt, h[c][n] and y is computed by one thread with the roundings
  * of mbd_cpu_scan_step, in the same order (k_scan_step is the same per step,
@@ -270,8 +270,8 @@ static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float
 }
 
 /* The chunked scan (T > 1). It is a long, serial kernel: launched early
- * (PDL) its blocks were packed onto the few SMs x_proj left free and ran
- * slower, so it waits for its predecessor normally. */
+ * (PDL) its blocks would be packed onto the few SMs x_proj leaves free and
+ * run slower, so it waits for its predecessor normally. */
 template <int N, typename ActT>
 static int scan_chunked_launch(cudaStream_t s, int nseq, int T, int di, int R, const float *xc,
                                const float *dbl, const ActT *dt_w, const ActT *dt_b,
