@@ -23,7 +23,9 @@
 
 #include "client/mambad.h"
 #include "common/half.h"
+#include "common/progress.h"
 #include "common/safetensors.h"
+#include "common/tokenizer/text_stream.h"
 #include "common/tokenizer/tokenizer.h"
 
 #define DEFAULT_ENDPOINT "ipc:///tmp/mambad/clients.sock"
@@ -446,53 +448,9 @@ static int detokenize_line(const char *cmd, const mbd_tokenizer *t, const cli_op
  * in *ids (freed by the caller), described by *entry. */
 static int encode_prompt(const cli_opts *o, const mbd_tokenizer *t, int64_t **ids, mbd_st_entry *entry) {
   mbd_error err = {0};
-  char *file = NULL;
-  const char *p = o->prompt;
-  size_t plen = p ? strlen(p) : 0;
-  if (o->prompt_file) {
-    FILE *f = fopen(o->prompt_file, "rb");
-    size_t cap = 0;
-    if (!f) {
-      mbd_error_set(&err, MBD_E_IO, "%s: %s", o->prompt_file, strerror(errno));
-      return report("generate", &err, NULL);
-    }
-    for (;;) {
-      if (plen + 65536 > cap) {
-        char *q = realloc(file, cap = 2 * cap + 65536);
-        if (!q) break;
-        file = q;
-      }
-      size_t got = fread(file + plen, 1, cap - plen, f);
-      plen += got;
-      if (!got) break;
-    }
-    bool bad = ferror(f) || !file;
-    fclose(f);
-    if (bad) {
-      free(file);
-      mbd_error_set(&err, MBD_E_IO, "%s: read failed", o->prompt_file);
-      return report("generate", &err, NULL);
-    }
-    p = file;
-  }
-  int32_t *i32 = NULL;
   size_t n = 0;
-  int rc = mbd_tokenizer_encode(t, p, plen, o->add_special, &i32, &n, &err);
-  free(file);
-  if (rc) return report("generate", &err, NULL);
-  if (!n) {
-    free(i32);
-    mbd_error_set(&err, MBD_E_INVALID, "the prompt encodes to no tokens");
+  if (mbd_text_prompt_ids(t, o->prompt, o->prompt_file, o->add_special, ids, &n, &err))
     return report("generate", &err, NULL);
-  }
-  *ids = malloc(n * sizeof **ids);
-  if (!*ids) {
-    free(i32);
-    mbd_error_set(&err, MBD_E_NOMEM, "out of memory for %zu prompt tokens", n);
-    return report("generate", &err, NULL);
-  }
-  for (size_t i = 0; i < n; i++) (*ids)[i] = i32[i];
-  free(i32);
   int64_t shape[2] = {1, (int64_t)n};
   memset(entry, 0, sizeof *entry);
   entry->name = "input_ids";
@@ -648,29 +606,20 @@ typedef struct stream_ctx {
   int64_t row;
   bool started;
   size_t shown; /* tokens printed from PARTIALs; FINAL may carry more */
-  mbd_detok *detok; /* --prompt: print text instead of ids */
+  mbd_text_stream *text; /* --prompt: print text instead of ids */
 } stream_ctx;
 
 /* --prompt: the text the tokens complete, as they come. */
 static void on_text(stream_ctx *s, const int64_t *t, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    char *buf = NULL;
-    size_t len = 0;
-    mbd_error err = {0};
-    if (t[i] < 0 || t[i] > INT32_MAX || mbd_detok_push(s->detok, (int32_t)t[i], &buf, &len, &err))
-      fprintf(stderr, "mambad generate: token %" PRId64 " is not in the tokenizer's vocabulary\n", t[i]);
-    else if (s->print)
-      fwrite(buf, 1, len, stdout);
-    free(buf);
-  }
+  mbd_error err = {0};
+  if (mbd_text_stream_push(s->text, t, n, &err)) fprintf(stderr, "mambad generate: %s\n", err.msg);
   s->started = true;
   s->shown += n;
-  fflush(stdout);
 }
 
 static void on_tokens(void *user, const int64_t *t, size_t n) {
   stream_ctx *s = user;
-  if (s->detok) {
+  if (s->text) {
     on_text(s, t, n);
     return;
   }
@@ -720,7 +669,7 @@ static int cmd_generate(int argc, char **argv) {
   mbd_safetensors *st = NULL;
   const mbd_st_entry *ids = NULL;
   mbd_tokenizer *tok = NULL;
-  mbd_detok *detok = NULL;
+  mbd_text_stream *text_out = NULL;
   int64_t *prompt_ids = NULL;
   mbd_st_entry prompt_entry;
   if (text) {
@@ -776,12 +725,12 @@ static int cmd_generate(int argc, char **argv) {
     if (shm) mbd_shm_tensor(shm, (uint64_t)(b * T) * 8, &in.desc, &in, NULL);
     mbd_tensor_out last = {0};
     stream_ctx sc = {!o.quiet, b, false, 0, NULL};
-    mbd_detok_destroy(&detok);
-    if (tok && mbd_detok_new(tok, o.skip_special, &detok, &err)) {
+    mbd_text_stream_destroy(&text_out);
+    if (tok && mbd_text_stream_new(tok, o.skip_special, o.quiet ? NULL : stdout, &text_out, &err)) {
       rc = report("generate", &err, NULL);
       goto done;
     }
-    sc.detok = detok;
+    sc.text = text_out;
     char reason[16];
     int grc = mbd_session_open(c, NULL, o.model, &s, &err);
     if (!grc) trace_line("generate", &o, c, "open");
@@ -806,11 +755,8 @@ static int cmd_generate(int argc, char **argv) {
     }
     mbd_tensor_out_release(&last);
     if (sc.shown < ntok) on_tokens(&sc, toks + sc.shown, ntok - sc.shown);
-    if (detok) {
-      char *tail = NULL;
-      size_t tail_len = 0;
-      if (!mbd_detok_flush(detok, &tail, &tail_len, &err) && !o.quiet) fwrite(tail, 1, tail_len, stdout);
-      free(tail);
+    if (text_out) {
+      mbd_text_stream_finish(text_out, &err);
       if (!o.quiet) putchar('\n');
       fprintf(stderr, "(%s)\n", reason);
     } else if (sc.started) {
@@ -848,7 +794,7 @@ done:
   mbd_shm_destroy(&shm);
   mbd_client_destroy(&c);
   mbd_safetensors_destroy(&st);
-  mbd_detok_destroy(&detok);
+  mbd_text_stream_destroy(&text_out);
   mbd_tokenizer_destroy(&tok);
   free(prompt_ids);
   return rc;
@@ -1008,6 +954,11 @@ static int cmd_bench(int argc, char **argv) {
     return EXIT_FAIL;
   }
   if ((rc = connect_client("bench", &o, &c))) goto done;
+  mbd_progress_opts po; /* long runs: a line every 5 s on stderr; short ones stay quiet */
+  mbd_progress_opts_init(&po, mbd_progress_print, stderr);
+  po.min_bytes = po.every_bytes = 0;
+  mbd_progress pr;
+  mbd_progress_begin(&pr, &po, "bench status", "round trips", 0, (uint64_t)o.requests);
   for (int64_t i = 0; i < o.requests; i++) {
     mbd_status_report *r = NULL;
     double t0 = now_s();
@@ -1017,7 +968,9 @@ static int cmd_bench(int argc, char **argv) {
     }
     lat[i] = now_s() - t0;
     mbd_status_report_free(&r);
+    mbd_progress_add(&pr, 0, 1);
   }
+  mbd_progress_end(&pr);
   qsort(lat, (size_t)o.requests, sizeof *lat, cmp_double);
   printf("status   %6" PRId64 " round trips  p50 %8.3f ms  p99 %8.3f ms\n", o.requests,
          lat[o.requests / 2] * 1e3, lat[(o.requests * 99) / 100] * 1e3);
@@ -1036,6 +989,7 @@ static int cmd_bench(int argc, char **argv) {
     mbd_shm_tensor(shm, 0, &d, &in, NULL);
   }
   double wall0 = now_s();
+  mbd_progress_begin(&pr, &po, "bench forward", "requests", 0, (uint64_t)o.requests);
   for (int64_t i = 0; i < o.requests; i++) {
     mbd_tensor_out logits = {0};
     double t0 = now_s();
@@ -1045,7 +999,9 @@ static int cmd_bench(int argc, char **argv) {
     }
     lat[i] = now_s() - t0;
     mbd_tensor_out_release(&logits);
+    mbd_progress_add(&pr, 0, 1);
   }
+  mbd_progress_end(&pr);
   double wall = now_s() - wall0;
   qsort(lat, (size_t)o.requests, sizeof *lat, cmp_double);
   printf("forward  %6" PRId64 " requests [%" PRId64 "x%" PRId64 "]  p50 %8.3f ms  p99 %8.3f ms  "

@@ -439,11 +439,16 @@ struct mbd_st_dir {
   char *dir;               /* the directory, for messages */
   mbd_safetensors **st;    /* open files */
   size_t n;
+  mbd_progress *progress;  /* reads counted (behind a pointer: readers take a const dir) */
+  char *what;              /* "loading DIR", the progress label */
 };
 
 void mbd_st_dir_destroy(mbd_st_dir **pd) {
   if (!pd || !*pd) return;
   mbd_st_dir *d = *pd;
+  if (d->progress) mbd_progress_end(d->progress);
+  free(d->progress);
+  free(d->what);
   for (size_t i = 0; i < d->n; i++) mbd_safetensors_destroy(&d->st[i]);
   free(d->st);
   free(d->dir);
@@ -567,6 +572,29 @@ int mbd_st_dir_open(const char *dir, mbd_st_dir **out, mbd_error *err) {
   return MBD_OK;
 }
 
+int mbd_st_dir_set_progress(mbd_st_dir *d, const mbd_progress_opts *o, mbd_error *err) {
+  if (!o || !o->fn) return MBD_OK;
+  uint64_t bytes = 0, tensors = 0;
+  for (size_t i = 0; i < d->n; i++)
+    for (size_t k = 0; k < mbd_safetensors_count(d->st[i]); k++, tensors++)
+      bytes += mbd_safetensors_at(d->st[i], k)->nbytes;
+  size_t wl = strlen(d->dir) + 16;
+  free(d->progress);
+  free(d->what);
+  d->progress = malloc(sizeof *d->progress);
+  d->what = malloc(wl);
+  if (!d->progress || !d->what) {
+    free(d->progress);
+    free(d->what);
+    d->progress = NULL;
+    d->what = NULL;
+    return mbd_error_set(err, MBD_E_NOMEM, "model %s: out of memory", d->dir);
+  }
+  snprintf(d->what, wl, "loading %s", d->dir);
+  mbd_progress_begin(d->progress, o, d->what, "tensors", bytes, tensors);
+  return MBD_OK;
+}
+
 const mbd_st_entry *mbd_st_dir_find(const mbd_st_dir *d, const char *name) {
   const mbd_st_entry *e = NULL;
   for (size_t i = 0; d && i < d->n && !e; i++) e = mbd_safetensors_find(d->st[i], name);
@@ -595,6 +623,7 @@ int mbd_st_dir_get_float(const mbd_st_dir *d, const char *name, int ndim, const 
     return mbd_error_set(err, MBD_E_SHAPE, "model %s: tensor %s is %s, config says %s", d->dir,
                          name, got, want);
   }
+  if (d->progress) mbd_progress_add(d->progress, e->nbytes, 1);
   *out = e;
   return MBD_OK;
 }
@@ -641,7 +670,13 @@ struct mbd_st_writer {
   wr_tensor *t;
   size_t n, cap;
   json_t *meta; /* object of strings, insertion order */
+  mbd_progress_opts progress; /* fn NULL: silent */
 };
+
+void mbd_st_writer_set_progress(mbd_st_writer *w, const mbd_progress_opts *o) {
+  if (o) w->progress = *o;
+  else memset(&w->progress, 0, sizeof w->progress);
+}
 
 int mbd_st_writer_new(mbd_st_writer **out, mbd_error *err) {
   *out = NULL;
@@ -780,8 +815,18 @@ int mbd_st_writer_write(mbd_st_writer *w, const char *path, mbd_error *err) {
   for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
   static const char spaces[8] = "        ";
   int bad = write_all(fd, len8, 8) || write_all(fd, hdr, hl) || write_all(fd, spaces, padded - hl);
-  for (size_t i = 0; !bad && i < w->n; i++)
+  uint64_t total = 0;
+  for (size_t i = 0; i < w->n; i++) total += w->t[i].nbytes;
+  char *what = malloc(plen + 16);
+  if (what) snprintf(what, plen + 16, "writing %s", path);
+  mbd_progress pr;
+  mbd_progress_begin(&pr, what ? &w->progress : NULL, what, "tensors", total, w->n);
+  for (size_t i = 0; !bad && i < w->n; i++) {
     if (w->t[i].nbytes) bad = write_all(fd, w->t[i].data, w->t[i].nbytes);
+    mbd_progress_add(&pr, w->t[i].nbytes, 1);
+  }
+  mbd_progress_end(&pr);
+  free(what);
   if (!bad) bad = fchmod(fd, 0644) || fsync(fd);
   if (bad) {
     rc = mbd_error_set(err, MBD_E_IO, "writing '%s' failed: %s", tmp, strerror(errno));

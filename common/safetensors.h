@@ -18,6 +18,7 @@
 
 #include <stddef.h>
 
+#include "common/progress.h"
 #include "common/status.h"
 #include "common/tensor.h"
 
@@ -74,8 +75,14 @@ typedef struct mbd_st_dir mbd_st_dir; /* opaque: the open files of a checkpoint 
 
 /* Opens and validates DIR's tensors as above. On success *out owns them. */
 int mbd_st_dir_open(const char *dir, mbd_st_dir **out, mbd_error *err);
-/* Unmaps and frees; NULL-safe; nulls *d. */
+/* Unmaps and frees; NULL-safe; nulls *d. Ends the progress job (its closing
+ * report, when it made any). */
 void mbd_st_dir_destroy(mbd_st_dir **d);
+/* Reports loading progress through o (copied; NULL or no fn: silent): every
+ * tensor that mbd_st_dir_get_float / mbd_st_dir_read_f32 hands out counts
+ * as read, against all the tensors and bytes of the checkpoint, labelled
+ * "loading DIR". Checkpoints below o->min_bytes stay quiet. */
+int mbd_st_dir_set_progress(mbd_st_dir *d, const mbd_progress_opts *o, mbd_error *err);
 /* Files open (1 without an index). */
 size_t mbd_st_dir_shards(const mbd_st_dir *d);
 /* The tensor `name` in whichever file holds it; NULL when absent. */
@@ -103,6 +110,9 @@ int mbd_st_writer_add(mbd_st_writer *w, const char *name, const mbd_tensor_desc 
 int mbd_st_writer_set_metadata(mbd_st_writer *w, const char *key, const char *value,
                                mbd_error *err);
 int mbd_st_writer_write(mbd_st_writer *w, const char *path, mbd_error *err);
+/* Reports the progress of later writes through o (copied; NULL: silent),
+ * labelled "writing PATH"; files below o->min_bytes stay quiet. */
+void mbd_st_writer_set_progress(mbd_st_writer *w, const mbd_progress_opts *o);
 void mbd_st_writer_destroy(mbd_st_writer **w);
 
 #endif

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/progress.h"
 #include "common/protocol.h"
 #include "common/route.h"
 #include "common/status.h"
@@ -34,6 +35,10 @@ typedef struct mbd_backend_opts {
   int device;              /* CUDA device ordinal (cuda backend only) */
   int max_batch;           /* largest batched step (cuda: decode graph buckets) */
   int isa;                 /* CPU ISA level (mbd_cpu_isa; 0 = best available; cpu only) */
+  /* Not part of the route: where model_load reports its progress on large
+   * checkpoints (common/progress.h); NULL: silent. Borrowed: it must outlive
+   * the backend. */
+  const mbd_progress_opts *progress;
 } mbd_backend_opts;
 
 typedef struct mbd_backend_ops {

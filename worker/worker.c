@@ -42,6 +42,19 @@ static void drop_send(void *ctx, mbd_msg **m) {
   mbd_msg_destroy(m);
 }
 
+/* Loading progress of large checkpoints (a line every 256 MiB or 5 s), logged. */
+static void log_progress(void *user, const mbd_progress_info *p) {
+  char line[512];
+  (void)user;
+  mbd_progress_format(p, line, sizeof line);
+  MBD_LOGI(LOGC, "%s", line);
+}
+
+static const mbd_progress_opts k_load_progress = {.fn = log_progress,
+                                                  .min_bytes = MBD_PROGRESS_MIN_BYTES,
+                                                  .every_bytes = MBD_PROGRESS_EVERY_BYTES,
+                                                  .every_s = MBD_PROGRESS_EVERY_S};
+
 int mbd_worker_new(const mbd_worker_opts *o, mbd_worker **out, mbd_error *err) {
   *out = NULL;
   int rc;
@@ -53,6 +66,7 @@ int mbd_worker_new(const mbd_worker_opts *o, mbd_worker **out, mbd_error *err) {
   mbd_backend_opts bo = {.mode = o->mode, .policy = o->policy, .threads = o->threads,
                          .state_capacity = o->sessions, .device = o->device,
                          .max_batch = o->max_batch};
+  bo.progress = &k_load_progress;
   if ((rc = mbd_backend_new(o->backend, &bo, &be, err))) goto fail;
   if ((rc = mbd_wstate_new(o, &be, now_s, NULL, drop_send, NULL, &w->st, err))) goto fail;
   if ((rc = mbd_wmodels_load(w->st, o, err))) goto fail;

@@ -110,6 +110,7 @@ static int cpu_model_load(mbd_backend *b, const char *dir, mbd_bmodel **out, mbd
   if (!cm) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for a model");
   cm->f = fam->cpu;
   mbd_cpu_model_opts o = {.dtype = policy_dtype(c->opts.policy), .threads = c->opts.threads,
+                          .progress = c->opts.progress,
                           .isa = (int)mbd_cpu_ctx_isa(c->ctx)};
   if ((rc = cm->f->load(dir, &o, &cm->m, err))) {
     free(cm);

@@ -172,7 +172,7 @@ static int cuda_model_load(mbd_backend *b, const char *dir, mbd_bmodel **out, mb
   cuda_model *cm = calloc(1, sizeof *cm);
   if (!cm) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for a model");
   mbd_gpu_model_opts o = {.dtype = policy_dtype(c->opts.policy), .max_batch = c->opts.max_batch,
-                          .use_graphs = 1};
+                          .use_graphs = 1, .progress = c->opts.progress};
   if ((rc = f->load(c->ctx, dir, &o, &cm->m, err))) goto fail;
   cm->f = f;
   cm->vocab = f->vocab(cm->m);

@@ -19,6 +19,7 @@ static int m1_load(mbd_gpu_ctx *ctx, const char *dir, const mbd_gpu_model_opts *
   mo.dtype = o->dtype;
   mo.max_batch = o->max_batch;
   mo.use_graphs = o->use_graphs;
+  mo.progress = o->progress;
   mbd_mamba1_gpu *m = NULL;
   int rc = mbd_mamba1_gpu_load(ctx, dir, &mo, &m, err);
   *model = m;

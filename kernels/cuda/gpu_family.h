@@ -22,6 +22,7 @@ typedef struct mbd_gpu_model_opts {
   mbd_dtype dtype; /* weight storage f32 / bf16 / f16 (suits the context's policy) */
   int max_batch;   /* largest decode batch */
   int use_graphs;  /* 1: graph-replayed decode */
+  const mbd_progress_opts *progress; /* loading progress (mbd_st_dir_set_progress); NULL: silent */
 } mbd_gpu_model_opts;
 
 typedef struct mbd_gpu_model_ops {

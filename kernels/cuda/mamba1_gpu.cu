@@ -393,6 +393,7 @@ extern "C" int mbd_mamba1_gpu_load(mbd_gpu_ctx *ctx, const char *dir,
   int rc = mbd_mamba_config_load(dir, &cfg, err);
   if (rc) return rc;
   if ((rc = mbd_st_dir_open(dir, &st, err))) return rc;
+  if ((rc = mbd_st_dir_set_progress(st, opts ? opts->progress : NULL, err))) goto fail;
   if ((rc = model_alloc(ctx, &cfg, opts, &m, err))) goto fail;
   {
     int64_t sh_e[2] = {cfg.vocab_size, cfg.d_model}, sh_d[1] = {cfg.d_model};

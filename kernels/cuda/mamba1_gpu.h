@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "common/mamba_config.h"
+#include "common/progress.h"
 #include "common/status.h"
 #include "common/tensor.h"
 #include "kernels/cuda/gpu_ctx.h"
@@ -63,6 +64,7 @@ typedef struct mbd_mamba1_gpu_options {
                        decode launch fills with its stage trace; the caller frees it
                        after the model. kernels/cuda/bench/mamba1_gpu_bench.h makes
                        both probes and prints them */
+  const mbd_progress_opts *progress; /* loading progress; NULL (default): silent */
 } mbd_mamba1_gpu_options;
 
 /* f32 storage, 2048 rows, batch 256, graphs on, no test or benchmark hooks. */

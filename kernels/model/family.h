@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/progress.h"
 #include "common/status.h"
 #include "common/tensor.h"
 
@@ -28,6 +29,7 @@ typedef struct mbd_cpu_model_opts {
   mbd_dtype dtype; /* weight storage: f32, bf16 or f16 */
   int threads;     /* <= 0: one per online CPU */
   int isa;         /* mbd_cpu_isa; 0 = best available */
+  const mbd_progress_opts *progress; /* loading progress (mbd_st_dir_set_progress); NULL: silent */
 } mbd_cpu_model_opts;
 
 /* A family on the CPU: a model and its per-sequence states, opaque. The

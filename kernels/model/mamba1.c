@@ -219,7 +219,8 @@ int mbd_mamba1_load(const char *dir, const mbd_mamba1_options *opts, mbd_mamba1_
     goto fail;
   }
   if ((rc = mbd_cpu_ctx_new(opts->threads, (mbd_cpu_isa)opts->isa, &m->ctx, err))) goto fail;
-  if ((rc = mbd_st_dir_open(dir, &sh, err))) goto fail;
+  if ((rc = mbd_st_dir_open(dir, &sh, err)) || (rc = mbd_st_dir_set_progress(sh, opts->progress, err)))
+    goto fail;
   m->layers = calloc((size_t)c->n_layer, sizeof(layer_w));
   if (!m->layers) {
     rc = mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
@@ -650,6 +651,7 @@ static int fam_load(const char *dir, const mbd_cpu_model_opts *o, void **model, 
   mo.dtype = o->dtype;
   mo.threads = o->threads;
   mo.isa = o->isa;
+  mo.progress = o->progress;
   mbd_mamba1_model *m = NULL;
   int rc = mbd_mamba1_load(dir, &mo, &m, err);
   *model = m;

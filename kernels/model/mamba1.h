@@ -34,6 +34,7 @@ typedef struct mbd_mamba1_options {
   int threads;              /* CPU threads; <= 0 = one per online CPU */
   int isa;                  /* mbd_cpu_isa; 0 = best available */
   int max_rows;             /* token rows per internal chunk (workspace); 0 = 256 */
+  const mbd_progress_opts *progress; /* loading progress; NULL (default): silent */
 } mbd_mamba1_options;
 
 /* Fills defaults: CPU, f32, all threads, best ISA, 256 rows. */

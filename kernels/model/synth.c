@@ -105,6 +105,26 @@ static int gen(tensor_buf *t, const char *name, mbd_dtype dt, int ndim, const in
 
 int mbd_synth_write(const mbd_mamba_config *cfg, mbd_dtype dtype, uint64_t seed, const char *dir,
                     mbd_error *err) {
+  return mbd_synth_write_progress(cfg, dtype, seed, dir, NULL, err);
+}
+
+static uint64_t tbytes(const tensor_buf *t) {
+  size_t n = 0;
+  mbd_tensor_desc_nbytes(&t->desc, &n, NULL);
+  return n;
+}
+
+/* Bytes of the checkpoint's tensors (for the progress threshold). */
+static uint64_t synth_bytes(const mbd_mamba_config *c, mbd_dtype dtype) {
+  uint64_t d = (uint64_t)c->d_model, di = (uint64_t)c->d_inner, S = (uint64_t)c->d_state;
+  uint64_t R = (uint64_t)c->dt_rank, dc = (uint64_t)c->d_conv;
+  uint64_t layer = d + 2 * di * d + di * dc + (c->conv_bias ? di : 0) + (R + 2 * S) * di +
+                   di * R + di + di * S + di + d * di;
+  return ((uint64_t)c->vocab_size * d + (uint64_t)c->n_layer * layer + d) * mbd_dtype_size(dtype);
+}
+
+int mbd_synth_write_progress(const mbd_mamba_config *cfg, mbd_dtype dtype, uint64_t seed,
+                             const char *dir, const mbd_progress_opts *progress, mbd_error *err) {
   if (dtype != MBD_DTYPE_F32 && dtype != MBD_DTYPE_BF16 && dtype != MBD_DTYPE_F16)
     return mbd_error_set(err, MBD_E_INVALID, "synth: dtype must be f32, bf16 or f16");
   if (cfg->d_model < 1 || cfg->n_layer < 1 || cfg->vocab_size < 1 || cfg->d_state < 1 ||
@@ -115,14 +135,19 @@ int mbd_synth_write(const mbd_mamba_config *cfg, mbd_dtype dtype, uint64_t seed,
   size_t ntens = 2 + (size_t)cfg->n_layer * 12;
   tensor_buf *t = calloc(ntens, sizeof(*t));
   mbd_st_writer *w = NULL;
-  char path[4096];
+  char path[4096], what[4096 + 16];
   int rc = MBD_OK;
   size_t k = 0;
   if (!t) return mbd_error_set(err, MBD_E_NOMEM, "synth: out of memory");
+  mbd_progress pr;
+  snprintf(what, sizeof what, "synthesising %s", dir);
+  mbd_progress_begin(&pr, progress, what, "tensors", synth_bytes(cfg, dtype),
+                     2 + (uint64_t)cfg->n_layer * (cfg->conv_bias ? 10 : 9));
   int64_t s_emb[2] = {V, d};
   if ((rc = gen(&t[k], "backbone.embeddings.weight", dtype, 2, s_emb, KIND_UNIFORM,
                 0.02 * sqrt(3.0), seed, k, err)))
     goto fail;
+  mbd_progress_add(&pr, tbytes(&t[k]), 1);
   k++;
   for (int l = 0; l < cfg->n_layer; l++) {
     char nm[128];
@@ -132,6 +157,7 @@ int mbd_synth_write(const mbd_mamba_config *cfg, mbd_dtype dtype, uint64_t seed,
   do {                                                                                      \
     snprintf(nm, sizeof(nm), "backbone.layers.%d.%s", l, suffix);                           \
     if ((rc = gen(&t[k], nm, dtype, nd, shape, kind, scale, seed, k, err))) goto fail;      \
+    mbd_progress_add(&pr, tbytes(&t[k]), 1);                                                \
     k++;                                                                                    \
   } while (0)
     G("norm.weight", 1, s_d, KIND_ONES, 0);
@@ -150,8 +176,11 @@ int mbd_synth_write(const mbd_mamba_config *cfg, mbd_dtype dtype, uint64_t seed,
   int64_t s_d[1] = {d};
   if ((rc = gen(&t[k], "backbone.norm_f.weight", dtype, 1, s_d, KIND_ONES, 0, seed, k, err)))
     goto fail;
+  mbd_progress_add(&pr, tbytes(&t[k]), 1);
   k++;
+  mbd_progress_end(&pr);
   if ((rc = mbd_st_writer_new(&w, err))) goto fail;
+  mbd_st_writer_set_progress(w, progress);
   for (size_t i = 0; i < k; i++)
     if ((rc = mbd_st_writer_add(w, t[i].name, &t[i].desc, t[i].data, err))) goto fail;
   if ((rc = mbd_st_writer_set_metadata(w, "format", "pt", err))) goto fail;
@@ -160,6 +189,7 @@ int mbd_synth_write(const mbd_mamba_config *cfg, mbd_dtype dtype, uint64_t seed,
   snprintf(path, sizeof(path), "%s/config.json", dir);
   rc = mbd_mamba_config_write(cfg, path, err);
 fail:
+  mbd_progress_end(&pr);
   mbd_st_writer_destroy(&w);
   for (size_t i = 0; i < ntens; i++) free(t[i].data);
   free(t);

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "common/mamba_config.h"
+#include "common/progress.h"
 #include "common/status.h"
 #include "common/tensor.h"
 
@@ -24,5 +25,10 @@ void mbd_synth_custom(int d_model, int n_layer, int vocab, mbd_mamba_config *cfg
  * writing. */
 int mbd_synth_write(const mbd_mamba_config *cfg, mbd_dtype dtype, uint64_t seed, const char *dir,
                     mbd_error *err);
+/* The same, reporting progress through `progress` (NULL: silent): tensors
+ * generated ("synthesising DIR") and then written ("writing DIR/..."), each
+ * against the checkpoint's size, so small checkpoints stay quiet. */
+int mbd_synth_write_progress(const mbd_mamba_config *cfg, mbd_dtype dtype, uint64_t seed,
+                             const char *dir, const mbd_progress_opts *progress, mbd_error *err);
 
 #endif

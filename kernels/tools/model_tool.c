@@ -92,7 +92,10 @@ static int cmd_synth(int argc, char **argv) {
     fprintf(stderr, "mambad-model synth: cannot create directory %s: %s\n", out, strerror(errno));
     return 1;
   }
-  if (mbd_synth_write(&cfg, dt, (uint64_t)seed, out, &err) || mbd_synth_tokenizer_write(cfg.vocab_size, out, &err)) {
+  mbd_progress_opts progress; /* large checkpoints: a line every 256 MiB or 5 s on stderr */
+  mbd_progress_opts_init(&progress, mbd_progress_print, stderr);
+  if (mbd_synth_write_progress(&cfg, dt, (uint64_t)seed, out, &progress, &err) ||
+      mbd_synth_tokenizer_write(cfg.vocab_size, out, &err)) {
     fprintf(stderr, "mambad-model synth: %s\n", err.msg);
     return 1;
   }

@@ -1,5 +1,7 @@
-/* mambad-run: runs a Mamba-1 model in this process on a file of token ids.
+/* mambad-run: runs a model in this process on a file of token ids, or on text.
  *   mambad-run --model DIR --input IN.safetensors --output OUT.safetensors
+ *   mambad-run --model DIR (--prompt TEXT | --prompt-file F) [--tokenizer FILE|DIR]
+ *              [--add-special-tokens] [--skip-special-tokens] [--quiet] [--output OUT]
  *              [--backend cpu|cuda|cuda:N] [--dtype f32|tf32|bf16|f16]
  *              [--gemm-mode deterministic|cublas-fast|cublas-pedantic]
  *              [--threads N] [--isa auto|portable|avx2]
@@ -7,7 +9,10 @@
  * IN holds input_ids I64 [B,T]; OUT gets logits F32 [B,T,V] and, with
  * --generate, tokens I64 [B,T+N] (greedy unless --temperature > 0; every row
  * samples with the same seed, so a row's tokens do not depend on its slot;
- * after a --stop token the row is padded with -1). Compute goes through the
+ * after a --stop token the row is padded with -1). With --prompt the text is
+ * encoded with DIR's tokenizer.json (or --tokenizer) as `mambad generate
+ * --prompt` does (common/tokenizer/text_stream.h) and the generated text
+ * streams to stdout as tokens are picked. Compute goes through the
  * backend interface (kernels/backend.h) only, as in the worker: the same
  * backend, model family and route for `--backend cpu` and `cuda:N`.
  * Exit 0 ok, 1 error, 2 usage. */
@@ -22,6 +27,7 @@
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "common/tensor.h"
+#include "common/tokenizer/text_stream.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ctx.h"
 #include "kernels/model/sampler.h"
@@ -36,14 +42,20 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: mambad-run --model DIR --input IN.safetensors --output OUT.safetensors\n"
+          "       mambad-run --model DIR (--prompt TEXT | --prompt-file F) [--tokenizer FILE|DIR]\n"
+          "                  [--add-special-tokens] [--skip-special-tokens] [--quiet]\n"
+          "                  [--output OUT.safetensors]   (and the options below)\n"
           "                  [--backend cpu|cuda|cuda:N] [--dtype f32|tf32|bf16|f16]\n"
           "                  [--gemm-mode deterministic|cublas-fast|cublas-pedantic]\n"
-          "                  [--threads N] [--isa auto|portable|avx2] [--generate N]\n"
+          "                  [--threads N] [--isa auto|portable|avx2] [--generate N | --max-tokens N]\n"
           "                  [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop ID]...\n"
           "  IN:  input_ids I64 [B,T] (e.g. from `mambad-model prompt`)\n"
           "  OUT: logits F32 [B,T,V]; with --generate N also tokens I64 [B,T+N]\n"
           "       (greedy unless --temperature > 0; rows after a --stop token are padded with -1)\n"
           "  DIR: Hugging Face checkpoint (config.json + model.safetensors or its shards)\n"
+          "  --prompt TEXT / --prompt-file F (its bytes as they are): encoded with DIR's\n"
+          "       tokenizer.json (or --tokenizer); generates --generate N tokens (default 16)\n"
+          "       and streams their text to stdout (--quiet: not); OUT as above, B = 1\n"
           "  cpu: --dtype f32|bf16|f16, --gemm-mode deterministic, --threads/--isa apply\n"
           "  cuda:N (cuda = cuda:0): every --dtype and --gemm-mode; greedy tokens are\n"
           "       picked on the device, sampled ones by the CPU sampler\n");
@@ -103,6 +115,9 @@ typedef struct run_gen {
   mbd_sampling sampling; /* temperature <= 0: greedy */
   const int32_t *stop;   /* stop tokens (kept in the output) */
   int nstop;
+  /* Optional: called with each token as it is picked (row, in step order). */
+  void (*on_token)(void *user, int64_t row, int32_t tok);
+  void *user;
 } run_gen;
 
 static int is_stop(const run_gen *g, int32_t tok) {
@@ -148,6 +163,7 @@ static int gen_chunk(mbd_backend *b, mbd_bmodel *m, int64_t n, mbd_bstate *const
         tok = (int32_t)s->next[i];
       }
       gen[s->row[i] * N + step] = tok;
+      if (g->on_token) g->on_token(g->user, s->row[i], tok);
       if (is_stop(g, tok)) continue; /* the rest of the row stays -1 */
       s->row[k] = s->row[i];
       s->st[k] = s->st[i];
@@ -216,10 +232,20 @@ fail:
   return rc;
 }
 
+/* --prompt: each picked token's text, streamed (run_gen.on_token). */
+static void stream_token(void *user, int64_t row, int32_t tok) {
+  int64_t id = tok;
+  mbd_error err = {0};
+  (void)row;
+  if (mbd_text_stream_push(user, &id, 1, &err)) fprintf(stderr, "mambad-run: %s\n", err.msg);
+}
+
 int main(int argc, char **argv) {
   const char *model_dir = NULL, *in_path = NULL, *out_path = NULL, *backend = "cpu";
   const char *dts = "f32", *isas = "auto", *modes = NULL;
-  long long threads = 0, n_gen = 0, top_k = 0, seed = 0;
+  const char *prompt = NULL, *prompt_file = NULL, *tok_path = NULL;
+  int add_special = 0, skip_special = 0, quiet = 0;
+  long long threads = 0, n_gen = -1, top_k = 0, seed = 0;
   float temperature = 0.0f, top_p = 1.0f;
   int32_t stop[MAX_STOP];
   int nstop = 0;
@@ -238,7 +264,14 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--gemm-mode")) modes = v;
     else if (!strcmp(a, "--isa")) isas = v;
     else if (!strcmp(a, "--threads")) bad = parse_ll(a, v, 0, 256, &threads);
-    else if (!strcmp(a, "--generate")) bad = parse_ll(a, v, 0, 1 << 20, &n_gen);
+    else if (!strcmp(a, "--generate") || !strcmp(a, "--max-tokens"))
+      bad = parse_ll(a, v, 0, 1 << 20, &n_gen);
+    else if (!strcmp(a, "--prompt")) prompt = v;
+    else if (!strcmp(a, "--prompt-file")) prompt_file = v;
+    else if (!strcmp(a, "--tokenizer")) tok_path = v;
+    else if (!strcmp(a, "--add-special-tokens")) add_special = 1, takes = 0;
+    else if (!strcmp(a, "--skip-special-tokens")) skip_special = 1, takes = 0;
+    else if (!strcmp(a, "--quiet")) quiet = 1, takes = 0;
     else if (!strcmp(a, "--top-k")) bad = parse_ll(a, v, 0, 1 << 30, &top_k);
     else if (!strcmp(a, "--seed")) bad = parse_ll(a, v, 0, INT64_MAX, &seed);
     else if (!strcmp(a, "--temperature")) bad = parse_f(a, v, &temperature);
@@ -261,10 +294,18 @@ int main(int argc, char **argv) {
     if (bad) return 2;
     i += takes;
   }
-  if (!model_dir || !in_path || !out_path) {
-    fprintf(stderr, "mambad-run: --model, --input and --output are required (see --help)\n");
+  const int text = prompt || prompt_file;
+  if (!model_dir || !in_path == !text || (prompt && prompt_file) || (in_path && !out_path)) {
+    fprintf(stderr, "mambad-run: --model and either --input with --output, or one of --prompt, "
+                    "--prompt-file are required (see --help)\n");
     return 2;
   }
+  if (!text && (tok_path || add_special || skip_special || quiet)) {
+    fprintf(stderr, "mambad-run: --tokenizer, --add-special-tokens, --skip-special-tokens and "
+                    "--quiet go with --prompt or --prompt-file\n");
+    return 2;
+  }
+  if (n_gen < 0) n_gen = text ? 16 : 0; /* as `mambad generate` */
   mbd_error err = {0};
   mbd_backend_kind kind = MBD_BACKEND_CPU;
   mbd_dtype_policy policy = MBD_POLICY_F32;
@@ -308,6 +349,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   opts.threads = (int)threads;
+  mbd_progress_opts progress; /* large checkpoints: a line every 256 MiB or 5 s on stderr */
+  mbd_progress_opts_init(&progress, mbd_progress_print, stderr);
+  opts.progress = &progress;
   run_gen g = {.n_new = n_gen, .stop = stop, .nstop = nstop};
   g.sampling.temperature = temperature;
   g.sampling.top_k = (int)top_k;
@@ -319,6 +363,11 @@ int main(int argc, char **argv) {
   }
 
   int rc = 1;
+  mbd_tokenizer *tok = NULL;
+  mbd_text_stream *text_out = NULL;
+  int64_t *prompt_ids = NULL;
+  size_t n_prompt = 0;
+  const int64_t *src = NULL; /* input_ids [B,T], little-endian i64 (maybe unaligned) */
   mbd_safetensors *in = NULL;
   mbd_backend *be = NULL;
   mbd_bmodel *m = NULL;
@@ -329,22 +378,37 @@ int main(int argc, char **argv) {
   int64_t B = 0, T = 0, V = 0, chunk = 0;
   char label[192] = "", devs[16] = "", route_id[65] = "";
   mbd_route_identity route;
-  const mbd_st_entry *e = mbd_safetensors_open(in_path, &in, &err) ? NULL
-                          : mbd_safetensors_find(in, "input_ids");
-  if (!in) {
-    fprintf(stderr, "mambad-run: %s\n", err.msg);
-    goto done;
+  if (text) {
+    const char *tp = tok_path ? tok_path : model_dir;
+    if (mbd_tokenizer_load(tp, &tok, &err) ||
+        mbd_text_prompt_ids(tok, prompt, prompt_file, add_special, &prompt_ids, &n_prompt, &err) ||
+        mbd_text_stream_new(tok, skip_special, quiet ? NULL : stdout, &text_out, &err)) {
+      fprintf(stderr, "mambad-run: %s%s\n", err.msg,
+              tok || tok_path ? "" : "; give --tokenizer FILE|DIR");
+      goto done;
+    }
+    B = 1;
+    T = (int64_t)n_prompt;
+    src = prompt_ids;
+  } else {
+    const mbd_st_entry *e = mbd_safetensors_open(in_path, &in, &err)
+                                ? NULL : mbd_safetensors_find(in, "input_ids");
+    if (!in) {
+      fprintf(stderr, "mambad-run: %s\n", err.msg);
+      goto done;
+    }
+    if (!e || e->desc.dtype != MBD_DTYPE_I64 || e->desc.ndim != 2 || e->desc.shape[0] < 1 ||
+        e->desc.shape[1] < 1) {
+      char d[96] = "absent";
+      if (e) mbd_tensor_desc_format(&e->desc, d, sizeof(d));
+      fprintf(stderr, "mambad-run: %s: need input_ids i64[B,T] with B, T >= 1, found %s\n",
+              in_path, d);
+      goto done;
+    }
+    B = e->desc.shape[0];
+    T = e->desc.shape[1];
+    src = e->data;
   }
-  if (!e || e->desc.dtype != MBD_DTYPE_I64 || e->desc.ndim != 2 || e->desc.shape[0] < 1 ||
-      e->desc.shape[1] < 1) {
-    char d[96] = "absent";
-    if (e) mbd_tensor_desc_format(&e->desc, d, sizeof(d));
-    fprintf(stderr, "mambad-run: %s: need input_ids i64[B,T] with B, T >= 1, found %s\n",
-            in_path, d);
-    goto done;
-  }
-  B = e->desc.shape[0];
-  T = e->desc.shape[1];
   if (B > 1 << 16 || T > 1 << 28) {
     fprintf(stderr, "mambad-run: input_ids [%lld, %lld] too large (max batch 65536, max length "
                     "2^28)\n", (long long)B, (long long)T);
@@ -378,7 +442,7 @@ int main(int argc, char **argv) {
     goto done;
   }
   for (int64_t i = 0; i < B * T; i++) {
-    memcpy(&ids[i], (const char *)e->data + 8 * i, 8);
+    memcpy(&ids[i], (const char *)src + 8 * i, 8);
     if (ids[i] < 0 || ids[i] >= V) {
       fprintf(stderr, "mambad-run: input_ids[%lld][%lld] = %lld is outside the vocabulary [0, %lld)\n",
               (long long)(i / T), (long long)(i % T), (long long)ids[i], (long long)V);
@@ -394,9 +458,20 @@ int main(int argc, char **argv) {
     }
   }
   double t_prefill = 0, t_gen = 0;
+  if (text_out) {
+    g.on_token = stream_token;
+    g.user = text_out;
+  }
   if (run(be, m, B, T, chunk, ids, &g, logits, gen, &t_prefill, &t_gen, &err)) {
     fprintf(stderr, "mambad-run: %s\n", err.msg);
     goto done;
+  }
+  if (text_out) {
+    int stopped = n_gen > 0 && (gen[n_gen - 1] == -1 || is_stop(&g, gen[n_gen - 1]));
+    if (mbd_text_stream_finish(text_out, &err)) fprintf(stderr, "mambad-run: %s\n", err.msg);
+    if (!quiet) putchar('\n');
+    fflush(stdout); /* the text ahead of the summary on stderr */
+    fprintf(stderr, "(%s)\n", stopped ? "stop" : "length");
   }
   for (int64_t b = 0; b < B && n_gen > 0; b++) {
     for (int64_t t = 0; t < T; t++) tokens_out[b * (T + n_gen) + t] = ids[b * T + t];
@@ -417,7 +492,7 @@ int main(int argc, char **argv) {
     werr = mbd_st_writer_set_metadata(w, "route_id", route_id, &err) ||
            mbd_st_writer_set_metadata(w, "device", devs, &err) ||
            mbd_st_writer_set_metadata(w, "device_name", route.device_name, &err);
-  if (werr || mbd_st_writer_write(w, out_path, &err)) {
+  if (werr || (out_path && mbd_st_writer_write(w, out_path, &err))) {
     fprintf(stderr, "mambad-run: writing %s: %s\n", out_path, err.msg);
     goto done;
   }
@@ -437,5 +512,8 @@ done:
   if (m) be->ops->model_destroy(be, m);
   mbd_backend_destroy(&be);
   mbd_safetensors_destroy(&in);
+  mbd_text_stream_destroy(&text_out);
+  mbd_tokenizer_destroy(&tok);
+  free(prompt_ids);
   return rc;
 }
