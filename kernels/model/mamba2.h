@@ -119,6 +119,21 @@ int mbd_mamba2_prefill(mbd_mamba2_model *m, mbd_mamba2_state *const *states, int
 int mbd_mamba2_step(mbd_mamba2_model *m, mbd_mamba2_state *const *states, int batch,
                     const int32_t *tokens, float *logits, mbd_error *err);
 
+/* ---- synthetic checkpoints (kernels/model/mamba2_synth.c) ---- */
+
+/* cfg for a published Mamba-2 shape: "130m" (d768 L24), "370m" (d1024 L48),
+ * "780m" (d1536 L48), "1.3b" (d2048 L48), "2.7b" (d2560 L64); vocab 50288,
+ * d_state 128, head_dim 64, expand 2, one group, conv 4, tied head.
+ * MBD_E_INVALID names the valid shapes. */
+int mbd_mamba2_synth_shape(const char *name, mbd_mamba2_config *cfg, mbd_error *err);
+/* cfg for custom sizes with the same defaults (head_dim 64 when 2 d_model
+ * is a multiple of 64, else one head). */
+void mbd_mamba2_synth_custom(int d_model, int n_layer, int vocab, mbd_mamba2_config *cfg);
+/* Writes dir/config.json and dir/model.safetensors (dir must exist) in the
+ * Hugging Face Mamba2ForCausalLM layout, tensors stored in dtype. */
+int mbd_mamba2_synth_write(const mbd_mamba2_config *cfg, mbd_dtype dtype, uint64_t seed,
+                           const char *dir, mbd_error *err);
+
 /* The Mamba-2 family on the CPU backend. */
 extern const mbd_cpu_model_ops mbd_mamba2_cpu_ops;
 
