@@ -64,7 +64,6 @@ typedef struct m2gpu {
   float *resid, *zx, *xbc, *y, *out, *logits;
   void *hn, *y_act;
   void *sample_work;
-  float *h_logits; /* pinned [rows, V] */
 } m2gpu;
 
 static int dalloc(m2gpu *m, size_t bytes, void **out, mbd_error *err) {
@@ -180,7 +179,6 @@ static void m2_destroy(void *model) {
   if (m->stream) cudaStreamSynchronize(m->stream);
   for (int i = 0; i < m->nalloc; i++) cudaFree(m->allocs[i]);
   cudaFreeHost(m->h_tok);
-  cudaFreeHost(m->h_logits);
   free(m->allocs);
   free(m->layers);
   free(m);
@@ -211,7 +209,6 @@ static int alloc_runtime(m2gpu *m, mbd_error *err) {
   DA(m->d_next, rows * 4);
   MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_tok, 2 * rows * 4), err);
   m->h_slots = m->h_tok + rows;
-  MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_logits, rows * V * 4), err);
   DA(m->resid, rows * d * 4);
   DA(m->hn, rows * d * es);
   DA(m->zx, rows * pin * 4);
@@ -350,12 +347,10 @@ static int check_slots(const m2gpu *m, int n, const int32_t *slots, mbd_error *e
   return 0;
 }
 
-static int m2_prefill(void *model, int nseq, int T, const int32_t *tokens, const int32_t *slots,
-                      mbd_logits_sel sel, float *logits, mbd_error *err) {
-  m2gpu *m = (m2gpu *)model;
-  if (nseq <= 0 || T <= 0) return 0;
-  if (sel != MBD_LOGITS_NONE && !logits)
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: logits requested but no buffer given");
+/* The prefill; with LAST and logits NULL the logits stay on the device
+ * (m->logits [nseq, V], nseq <= max_rows) for the step's sampler. */
+static int prefill_impl(m2gpu *m, int nseq, int T, const int32_t *tokens, const int32_t *slots,
+                        mbd_logits_sel sel, float *logits, mbd_error *err) {
   int rc = check_slots(m, nseq, slots, err);
   if (rc) return rc;
   for (int64_t i = 0; i < (int64_t)nseq * T; i++)
@@ -384,32 +379,39 @@ static int m2_prefill(void *model, int nseq, int T, const int32_t *tokens, const
                                err)) ||
           (rc = run_layers(m, ns, tw, err)))
         return rc;
-      const bool last = t0 + tw == T;
       if (sel == MBD_LOGITS_ALL) {
         if ((rc = mbd_mops_add_rmsnorm(m->stream, rows, (int)d, 1, 0, m->resid, m->out,
                                        m->norm_f, m->cfg.norm_eps, m->dtype, m->hn, err)) ||
             (rc = gemm(m, rows, V, d, m->hn, m->head, NULL, m->logits, err)))
           return rc;
-        MBD_GPU_CHECK(cudaMemcpyAsync(m->h_logits, m->logits, (size_t)(rows * V) * 4,
-                                      cudaMemcpyDeviceToHost, m->stream),
-                      err);
-        MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
         for (int s = 0; s < ns; s++)
-          memcpy(logits + ((int64_t)(g0 + s) * T + t0) * V, m->h_logits + (int64_t)s * tw * V,
-                 (size_t)(tw * V) * 4);
-      } else if (sel == MBD_LOGITS_LAST && last) {
+          MBD_GPU_CHECK(cudaMemcpyAsync(logits + ((int64_t)(g0 + s) * T + t0) * V,
+                                        m->logits + (int64_t)s * tw * V, (size_t)(tw * V) * 4,
+                                        cudaMemcpyDeviceToHost, m->stream),
+                        err);
+      } else if (sel == MBD_LOGITS_LAST && t0 + tw == T) {
         if ((rc = mbd_mops_add_rmsnorm(m->stream, ns, (int)d, tw, tw - 1, m->resid, m->out,
                                        m->norm_f, m->cfg.norm_eps, m->dtype, m->hn, err)) ||
             (rc = gemm(m, ns, V, d, m->hn, m->head, NULL, m->logits, err)))
           return rc;
-        MBD_GPU_CHECK(cudaMemcpyAsync(logits + (int64_t)g0 * V, m->logits, (size_t)(ns * V) * 4,
-                                      cudaMemcpyDeviceToHost, m->stream),
-                      err);
+        if (logits)
+          MBD_GPU_CHECK(cudaMemcpyAsync(logits + (int64_t)g0 * V, m->logits,
+                                        (size_t)(ns * V) * 4, cudaMemcpyDeviceToHost,
+                                        m->stream),
+                        err);
       }
       MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
     }
   }
   return 0;
+}
+
+static int m2_prefill(void *model, int nseq, int T, const int32_t *tokens, const int32_t *slots,
+                      mbd_logits_sel sel, float *logits, mbd_error *err) {
+  if (nseq <= 0 || T <= 0) return 0;
+  if (sel != MBD_LOGITS_NONE && !logits)
+    return mbd_error_set(err, MBD_E_INVALID, "prefill: logits requested but no buffer given");
+  return prefill_impl((m2gpu *)model, nseq, T, tokens, slots, sel, logits, err);
 }
 
 static int m2_step(void *model, int n, const int32_t *tokens, const int32_t *slots,
@@ -418,8 +420,8 @@ static int m2_step(void *model, int n, const int32_t *tokens, const int32_t *slo
   if (n < 1 || n > m->max_batch)
     return mbd_error_set(err, MBD_E_INVALID, "step: batch %d outside 1..%d", n, m->max_batch);
   const int64_t V = m->V;
-  float *lg = logits ? logits : m->h_logits;
-  int rc = m2_prefill(model, n, 1, tokens, slots, MBD_LOGITS_LAST, lg, err);
+  int rc = prefill_impl(m, n, 1, tokens, slots, next || logits ? MBD_LOGITS_LAST : MBD_LOGITS_NONE,
+                        logits, err);
   if (rc || !next) return rc;
   /* m->logits still holds the step's logits on the device */
   if ((rc = mbd_mops_sample(m->stream, n, (int)V, m->logits, V, NULL, NULL, NULL,

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kernels/model/config_json.h"
 #include "kernels/model/mamba1.h"
 #include "kernels/model/mamba2.h"
 
@@ -37,7 +38,7 @@ int mbd_model_family_detect(const char *dir, const mbd_model_family **out, mbd_e
   char path[4096], fams[256];
   *out = &k_families[0];
   snprintf(path, sizeof path, "%s/config.json", dir);
-  json_t *root = json_load_file(path, 0, NULL);
+  json_t *root = mbd_config_json_load(path, NULL);
   if (!json_is_object(root)) {
     json_decref(root);
     return MBD_OK; /* the Mamba-1 loader reports what is wrong */

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kernels/model/config_json.h"
 #include "kernels/model/mamba2.h"
 
 /* An integer key, or `def` when absent. */
@@ -43,6 +44,8 @@ static int get_float_value(const json_t *v, const char *label, const char *key, 
   }
   const json_t *s = json_is_object(v) ? json_object_get(v, "__float__") : NULL;
   const char *t = json_is_string(s) ? json_string_value(s) : NULL;
+  if (t && !strcmp(t, "NaN"))
+    return mbd_error_set(err, MBD_E_FORMAT, "%s: %s must not be NaN", label, key);
   if (t && (!strcmp(t, "Infinity") || !strcmp(t, "inf"))) {
     *out = INFINITY;
     return MBD_OK;
@@ -148,7 +151,7 @@ int mbd_mamba2_config_load(const char *path, mbd_mamba2_config *out, mbd_error *
   else
     snprintf(file, sizeof file, "%s/config.json", path);
   json_error_t je;
-  json_t *root = json_load_file(file, 0, &je);
+  json_t *root = mbd_config_json_load(file, &je);
   if (!root) return mbd_error_set(err, MBD_E_IO, "%s: cannot read (%s)", file, je.text);
   int rc = json_is_object(root) ? parse_root(root, file, out, err)
                                 : mbd_error_set(err, MBD_E_FORMAT, "%s: not a JSON object", file);

@@ -496,6 +496,25 @@ static void test_config(void **state) {
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     assert_int_not_equal(mbd_mamba2_config_parse(bad[i], strlen(bad[i]), "c", &c, &err), MBD_OK);
+  /* Python's bare Infinity (transformers before 5), in a file: detected and
+   * read; "Infinity" inside a string stays a string */
+  char dir[] = "/tmp/mbd_m2cfg_XXXXXX", path[64];
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  FILE *fp = fopen(path, "w");
+  assert_non_null(fp);
+  fputs("{\"model_type\": \"mamba2\", \"hidden_size\": 64, \"num_heads\": 8, \"head_dim\": "
+        "16, \"n_groups\": 1, \"note\": \"Infinity \\\" NaN\",\n \"time_step_limit\": [0.0, "
+        "Infinity]}\n",
+        fp);
+  fclose(fp);
+  assert_int_equal(mbd_mamba2_config_load(dir, &c, &err), MBD_OK);
+  assert_true(c.dt_min == 0.0f && isinf(c.dt_max));
+  const mbd_model_family *fam = NULL;
+  assert_int_equal(mbd_model_family_detect(dir, &fam, &err), MBD_OK);
+  assert_string_equal(fam->name, "mamba2");
+  unlink(path);
+  rmdir(dir);
 }
 
 /* Synthetic checkpoints: every published shape name, a small custom one
