@@ -4,7 +4,7 @@
  * reference at every position; prefill in chunks of several lengths then
  * decoding == decoding token by token (memcmp); a sequence alone == any slot
  * of batched steps of 2..64; run to run; a CPU state image continues on the
- * GPU bit-exactly; bf16 within the fixture's bf16 error. Exits 77 without a
+ * GPU bit-exactly; bf16 within 2x the fixture's bf16 error. Exits 77 without a
  * device. */
 #include <math.h>
 #include <setjmp.h>
@@ -258,7 +258,9 @@ static void test_batch_invariance(void **state) {
   free_fixture(&f);
 }
 
-/* bf16 route: within the error of PyTorch's bf16 run of the fixture. */
+/* bf16 route: within twice the error of PyTorch's bf16 run of the fixture
+ * (the Mamba-1 GPU test's bound: GEMM inputs are rounded to bf16 here, and
+ * the block norms take the 32-lane split). */
 static void test_bf16(void **state) {
   (void)state;
   int ran = 0;
@@ -274,7 +276,7 @@ static void test_bf16(void **state) {
     assert_int_equal(gb->ops->forward(gb, gm, f.ids, f.B, f.T, false, g, &err), 0);
     double mx, ours = max_err(g, f.target, n, &mx), theirs = max_err(f.lbf16, f.hf, n, &mx);
     print_message("%s bf16: max abs err %.3g (PyTorch bf16 %.3g)\n", cases[c], ours, theirs);
-    if (ours > theirs) fail_msg("%s bf16 err %.3g > %.3g", cases[c], ours, theirs);
+    if (ours > 2 * theirs) fail_msg("%s bf16 err %.3g > 2 x %.3g", cases[c], ours, theirs);
     free(g);
     gb->ops->model_destroy(gb, gm);
     free_fixture(&f);
