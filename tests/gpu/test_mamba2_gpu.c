@@ -251,6 +251,25 @@ static void test_batch_invariance(void **state) {
     }
     for (int i = 0; i < n; i++) gb->ops->state_free(gb, st[i]);
   }
+  /* greedy picks on the device (step_greedy): the argmax of the solo logits */
+  if (gb->ops->step_greedy) {
+    mbd_bstate *st[NMAX];
+    int64_t tk[NMAX], next[NMAX];
+    for (int i = 0; i < NMAX; i++) st[i] = new_state(gb, gm);
+    for (int t = 0; t < STEPS; t++) {
+      for (int i = 0; i < NMAX; i++) tk[i] = tok[i][t];
+      assert_int_equal(gb->ops->step_greedy(gb, gm, st, tk, NMAX, next, rows, &err), 0);
+      for (int i = 0; i < NMAX; i++) {
+        const float *l = solo + ((size_t)i * STEPS + t) * V;
+        int64_t am = 0;
+        for (int64_t v = 1; v < V; v++)
+          if (l[v] > l[am]) am = v;
+        assert_int_equal(next[i], am);
+        assert_memory_equal(rows + (size_t)i * V, l, (size_t)V * 4);
+      }
+    }
+    for (int i = 0; i < NMAX; i++) gb->ops->state_free(gb, st[i]);
+  }
   free(rows);
   free(solo);
   gb->ops->model_destroy(gb, gm);
