@@ -26,7 +26,8 @@ static void usage(FILE *f) {
           "      writes DIR/config.json + DIR/model.safetensors (Hugging Face layout,\n"
           "      seeded random weights initialised like MambaForCausalLM)\n"
           "  mambad-model synth --family mamba2 --shape 130m|370m|780m|1.3b|2.7b|custom\n"
-          "                     --out DIR [--dtype D] [--seed S] [--d-model D --layers L --vocab V]\n"
+          "                     --out DIR [--dtype D] [--seed S]\n"
+          "                     [--d-model D --layers L --vocab V]\n"
           "      the same for Mamba2ForCausalLM (model_type mamba2)\n"
           "  mambad-model prompt --out IN.safetensors --batch B --len T --vocab V [--seed S]\n"
           "      writes input_ids I64 [B,T] of seeded random tokens in [0, V)\n");
@@ -73,8 +74,9 @@ static int synth_mamba2(const char *shape, const char *out, mbd_dtype dt, long l
     fprintf(stderr, "mambad-model synth: %s\n", err.msg);
     return 1;
   }
-  fprintf(stderr, "wrote %s: mamba2, d_model %d, layers %d, vocab %d, %d heads x %d, d_state %d, %s\n",
-          out, cfg.d_model, cfg.n_layer, cfg.vocab_size, cfg.n_heads, cfg.head_dim, cfg.d_state,
+  fprintf(stderr,
+          "wrote %s: mamba2, d_model %d, layers %d, vocab %d, %d heads x %d, d_state %d, %s\n", out,
+          cfg.d_model, cfg.n_layer, cfg.vocab_size, cfg.n_heads, cfg.head_dim, cfg.d_state,
           mbd_dtype_name(dt));
   return 0;
 }

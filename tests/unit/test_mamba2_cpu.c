@@ -2,7 +2,7 @@
  * n_groups > 1 the per-group gated norm of mamba_ssm, logits_norm_per_group),
  * and the determinism contract by memcmp: prefill of T tokens then decoding
  * == decoding from the start (T across chunk lengths, non-multiples too),
- * internal chunking, alone vs every slot of batches 2..8, run to run,
+ * internal chunking, alone vs every slot of batches 2..8 and 256, run to run,
  * threads and ISA, state export/import continuation. Skips when the fixtures
  * are absent. */
 #include <math.h>
@@ -286,7 +286,8 @@ static void test_prefill_equals_decode(void **state) {
     ran++;
     mbd_mamba2_model *m = load_model(&f, MBD_DTYPE_F32, 0, 2);
     int T = f.T, V = f.V;
-    float *ref = malloc((size_t)T * V * sizeof(float)), *got = malloc((size_t)T * V * sizeof(float));
+    float *ref = malloc((size_t)T * V * sizeof(float));
+    float *got = malloc((size_t)T * V * sizeof(float));
     uint8_t *ref_st = NULL, *got_st = NULL;
     size_t ref_len = 0, got_len = 0;
     const int32_t *tok = f.ids;
@@ -386,6 +387,48 @@ static void test_batch_invariance(void **state) {
         }
       }
     }
+    /* 256 sequences (more than the model's 32 rows per pass): a prefill of
+     * all, then one batched step, each sequence's bits as alone */
+    {
+      enum { NB = 256 };
+      int32_t (*bt)[7] = malloc(sizeof(int32_t[NB][7]));
+      int64_t bl[NB], total = 0;
+      mbd_mamba2_state **bs = calloc(NB, sizeof *bs);
+      const int32_t **bp = calloc(NB, sizeof *bp);
+      for (int i = 0; i < NB; i++) {
+        bl[i] = 1 + (i * 5) % 6;
+        total += bl[i];
+        for (int t = 0; t < 7; t++) bt[i][t] = (int32_t)((i * 131 + t * 29 + 3) % V);
+        bs[i] = new_state(m);
+        bp[i] = bt[i];
+      }
+      float *bo = malloc((size_t)total * V * sizeof(float));
+      float *one = malloc((size_t)8 * V * sizeof(float));
+      float *srow = malloc((size_t)NB * V * sizeof(float));
+      int32_t nt[NB];
+      for (int i = 0; i < NB; i++) nt[i] = bt[i][6];
+      mbd_error err = {0};
+      assert_int_equal(mbd_mamba2_prefill(m, bs, NB, bp, bl, MBD_LOGITS_ALL, bo, &err), 0);
+      assert_int_equal(mbd_mamba2_step(m, bs, NB, nt, srow, &err), 0);
+      size_t o = 0;
+      for (int i = 0; i < NB; i += 1) {
+        int32_t seq[7];
+        memcpy(seq, bt[i], sizeof seq);
+        seq[bl[i]] = bt[i][6];
+        run_alone(m, seq, bl[i] + 1, one, NULL, NULL);
+        assert_memory_equal(bo + o * V, one, (size_t)bl[i] * V * sizeof(float));
+        assert_memory_equal(srow + (size_t)i * V, one + (size_t)bl[i] * V,
+                            (size_t)V * sizeof(float));
+        o += (size_t)bl[i];
+        mbd_mamba2_state_destroy(&bs[i]);
+      }
+      free(bt);
+      free(bs);
+      free(bp);
+      free(bo);
+      free(one);
+      free(srow);
+    }
     /* run to run; threads; ISA */
     float *again = malloc((size_t)64 * V * sizeof(float));
     mbd_mamba2_model *m1 = load_model(&f, MBD_DTYPE_F32, 0, 1);
@@ -418,7 +461,8 @@ static void test_state_roundtrip(void **state) {
   mbd_mamba2_model *a = load_model(&f, MBD_DTYPE_F32, 0, 1);
   mbd_mamba2_model *b = load_model(&f, MBD_DTYPE_F32, 0, 2);
   int T = f.T, V = f.V, k = T / 2 + 1;
-  float *ref = malloc((size_t)T * V * sizeof(float)), *got = malloc((size_t)T * V * sizeof(float));
+  float *ref = malloc((size_t)T * V * sizeof(float));
+  float *got = malloc((size_t)T * V * sizeof(float));
   run_alone(a, f.ids, T, ref, NULL, NULL);
   mbd_mamba2_state *s = new_state(a), *s2 = new_state(b);
   mbd_error err = {0};
