@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "common/safetensors.h"
 #include "kernels/cpu/cpu_ctx.h"
@@ -618,6 +619,73 @@ static void test_synth(void **state) {
   rmdir(dir);
 }
 
+/* The small fixture rewritten as two shards with an index, untied, its
+ * lm_head.weight a copy of the embedding: the same bits as the original. */
+static void test_sharded_untied(void **state) {
+  (void)state;
+  fixture f;
+  if (load_fixture(cases[1], &f)) skip();
+  char dir[] = "/tmp/mbd_m2shard_XXXXXX", path[1200];
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/model.safetensors", f.dir);
+  mbd_safetensors *src = NULL;
+  mbd_st_writer *w[2] = {NULL, NULL};
+  mbd_error err = {0};
+  assert_int_equal(mbd_safetensors_open(path, &src, &err), 0);
+  assert_int_equal(mbd_st_writer_new(&w[0], &err), 0);
+  assert_int_equal(mbd_st_writer_new(&w[1], &err), 0);
+  json_t *map = json_object();
+  for (size_t i = 0; i < mbd_safetensors_count(src); i++) {
+    const mbd_st_entry *e = mbd_safetensors_at(src, i);
+    assert_int_equal(mbd_st_writer_add(w[i % 2], e->name, &e->desc, e->data, &err), 0);
+    json_object_set_new(map, e->name, json_string(i % 2 ? "s1.safetensors" : "s0.safetensors"));
+    if (!strcmp(e->name, "backbone.embeddings.weight")) {
+      assert_int_equal(mbd_st_writer_add(w[1], "lm_head.weight", &e->desc, e->data, &err), 0);
+      json_object_set_new(map, "lm_head.weight", json_string("s1.safetensors"));
+    }
+  }
+  for (int k = 0; k < 2; k++) {
+    snprintf(path, sizeof path, "%s/s%d.safetensors", dir, k);
+    assert_int_equal(mbd_st_writer_write(w[k], path, &err), 0);
+    mbd_st_writer_destroy(&w[k]);
+  }
+  mbd_safetensors_destroy(&src);
+  json_t *idx = json_pack("{s:o}", "weight_map", map);
+  snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+  assert_int_equal(json_dump_file(idx, path, 0), 0);
+  json_decref(idx);
+  snprintf(path, sizeof path, "%s/config.json", f.dir);
+  json_t *cfg = json_load_file(path, 0, NULL);
+  assert_non_null(cfg);
+  json_object_set_new(cfg, "tie_word_embeddings", json_false());
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  assert_int_equal(json_dump_file(cfg, path, 0), 0);
+  json_decref(cfg);
+  mbd_mamba2_model *a = load_model(&f, MBD_DTYPE_F32, 0, 2);
+  fixture g = f;
+  snprintf(g.dir, sizeof g.dir, "%s", dir);
+  mbd_mamba2_model *b = load_model(&g, MBD_DTYPE_F32, 0, 2);
+  assert_false(mbd_mamba2_config_of(b)->tie_embeddings);
+  assert_true(mbd_mamba2_weight_bytes(b) > mbd_mamba2_weight_bytes(a)); /* its own head */
+  size_t n = (size_t)f.T * f.V;
+  float *la = malloc(n * sizeof(float)), *lb = malloc(n * sizeof(float));
+  run_alone(a, f.ids, f.T, la, NULL, NULL);
+  run_alone(b, f.ids, f.T, lb, NULL, NULL);
+  assert_memory_equal(la, lb, n * sizeof(float));
+  free(la);
+  free(lb);
+  mbd_mamba2_destroy(&a);
+  mbd_mamba2_destroy(&b);
+  const char *files[] = {"s0.safetensors", "s1.safetensors", "model.safetensors.index.json",
+                         "config.json"};
+  for (int i = 0; i < 4; i++) {
+    snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+    unlink(path);
+  }
+  rmdir(dir);
+  free_fixture(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_config),
@@ -628,6 +696,7 @@ int main(void) {
       cmocka_unit_test(test_batch_invariance),
       cmocka_unit_test(test_state_roundtrip),
       cmocka_unit_test(test_synth),
+      cmocka_unit_test(test_sharded_untied),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
