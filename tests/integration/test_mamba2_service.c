@@ -2,7 +2,8 @@
  * processes): sessions of both, and two sessions of the Mamba-2 model, with
  * their requests in flight together, each give the bits of the in-process
  * solo run; a Mamba-2 session exported from one worker and imported on
- * another continues bit-exactly, greedy generation included. */
+ * another continues bit-exactly, greedy generation included; mambad-run
+ * serves the family too. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -15,7 +16,9 @@
 #include <cmocka.h>
 
 #include "common/protocol.h"
+#include "common/safetensors.h"
 #include "kernels/model/mamba2.h"
+#include "support/procs.h"
 #include "support/wh_fixture.h"
 #include "support/wh_requests.h"
 #include "support/worker_harness.h"
@@ -266,6 +269,47 @@ static void test_export_import(void **state) {
   free(blob);
 }
 
+/* mambad-run on the tiny Mamba-2 fixture: its greedy continuation; and a
+ * synthetic Mamba-2 checkpoint from mambad-model runs. */
+static void test_cli(void **state) {
+  (void)state;
+  const char *root = getenv("MBD_FIXTURES_DIR");
+  char tiny[1100], out[600];
+  snprintf(tiny, sizeof tiny, "%s/mamba2/tiny-d64-s16-c8", root);
+  snprintf(out, sizeof out, "%s/run.safetensors", g_h.dir);
+  mbd_safetensors *exp = NULL, *got = NULL;
+  char p[1200];
+  snprintf(p, sizeof p, "%s/expected.safetensors", tiny);
+  mbd_error e = {0};
+  assert_int_equal(mbd_safetensors_open(p, &exp, &e), 0);
+  const mbd_st_entry *gr = mbd_safetensors_find(exp, "greedy");
+  const mbd_st_entry *ids = mbd_safetensors_find(exp, "input_ids");
+  assert_non_null(gr);
+  const int64_t G = gr->desc.shape[1] - ids->desc.shape[1];
+  assert_int_equal(procs_sh("%s/mambad-run --model %s --input %s --output %s --generate %lld",
+                            g_h.bin, tiny, p, out, (long long)G),
+                   0);
+  assert_int_equal(mbd_safetensors_open(out, &got, &e), 0);
+  const mbd_st_entry *tk = mbd_safetensors_find(got, "tokens");
+  assert_non_null(tk);
+  assert_int_equal(tk->nbytes, gr->nbytes);
+  assert_memory_equal(tk->data, gr->data, gr->nbytes);
+  mbd_safetensors_destroy(&got);
+  mbd_safetensors_destroy(&exp);
+  assert_int_equal(procs_sh("%s/mambad-model synth --family mamba2 --shape custom --d-model 64 "
+                            "--layers 2 --vocab 300 --out %s/syn",
+                            g_h.bin, g_h.dir),
+                   0);
+  assert_int_equal(procs_sh("%s/mambad-model prompt --out %s/in.safetensors --batch 2 --len 5 "
+                            "--vocab 300",
+                            g_h.bin, g_h.dir),
+                   0);
+  assert_int_equal(procs_sh("%s/mambad-run --model %s/syn --input %s/in.safetensors --output "
+                            "%s/syn.safetensors --generate 3",
+                            g_h.bin, g_h.dir, g_h.dir, g_h.dir),
+                   0);
+}
+
 static int setup(void **state) {
   (void)state;
   int rc = wh_init(&g_h);
@@ -295,6 +339,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mixed_sessions),
       cmocka_unit_test(test_export_import),
+      cmocka_unit_test(test_cli),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
