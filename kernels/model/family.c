@@ -5,11 +5,14 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kernels/model/config_json.h"
 #include "kernels/model/mamba1.h"
+#include "kernels/model/mamba2.h"
 
 static const mbd_model_family k_families[] = {
     {.name = "mamba1", .model_type = "mamba", .legacy_layer = "Mamba1",
      .cpu = &mbd_mamba1_cpu_ops},
+    {.name = "mamba2", .model_type = "mamba2", .legacy_layer = "Mamba2", .cpu = &mbd_mamba2_cpu_ops},
 };
 #define NFAMILIES (sizeof k_families / sizeof k_families[0])
 
@@ -35,7 +38,7 @@ int mbd_model_family_detect(const char *dir, const mbd_model_family **out, mbd_e
   char path[4096], fams[256];
   *out = &k_families[0];
   snprintf(path, sizeof path, "%s/config.json", dir);
-  json_t *root = json_load_file(path, 0, NULL);
+  json_t *root = mbd_config_json_load(path, NULL);
   if (!json_is_object(root)) {
     json_decref(root);
     return MBD_OK; /* the Mamba-1 loader reports what is wrong */

@@ -1,6 +1,7 @@
 /* mambad-model: synthetic Mamba-1 checkpoints and prompt files.
  *   mambad-model synth --shape 130m|370m|1.4b|2.8b|custom --out DIR
  *                      [--dtype f32|bf16|f16] [--seed S] [--d-model D --layers L --vocab V]
+ *   mambad-model synth --family mamba2 --shape 130m|370m|780m|1.3b|2.7b|custom ...
  *   mambad-model prompt --out IN.safetensors --batch B --len T --vocab V [--seed S]
  * A tool: fails fast with a message and exit code 2 (usage) or 1 (error). */
 #include <errno.h>
@@ -12,6 +13,7 @@
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "common/tensor.h"
+#include "kernels/model/mamba2.h"
 #include "kernels/model/synth.h"
 #include "kernels/model/synth_tokenizer.h"
 
@@ -23,6 +25,10 @@ static void usage(FILE *f) {
           "                     [--d-model D --layers L --vocab V]   (custom, or overrides)\n"
           "      writes DIR/config.json + DIR/model.safetensors (Hugging Face layout,\n"
           "      seeded random weights initialised like MambaForCausalLM)\n"
+          "  mambad-model synth --family mamba2 --shape 130m|370m|780m|1.3b|2.7b|custom\n"
+          "                     --out DIR [--dtype D] [--seed S]\n"
+          "                     [--d-model D --layers L --vocab V]\n"
+          "      the same for Mamba2ForCausalLM (model_type mamba2)\n"
           "  mambad-model prompt --out IN.safetensors --batch B --len T --vocab V [--seed S]\n"
           "      writes input_ids I64 [B,T] of seeded random tokens in [0, V)\n");
 }
@@ -41,14 +47,49 @@ static int parse_i64(const char *flag, const char *s, long long lo, long long hi
   return 0;
 }
 
+/* synth --family mamba2 (the other arguments already parsed). */
+static int synth_mamba2(const char *shape, const char *out, mbd_dtype dt, long long seed,
+                        long long dm, long long layers, long long vocab) {
+  mbd_error err = {0};
+  mbd_mamba2_config cfg;
+  if (!strcmp(shape, "custom")) {
+    if (!dm || !layers || !vocab) {
+      fprintf(stderr, "mambad-model synth: --shape custom needs --d-model, --layers and --vocab\n");
+      return 2;
+    }
+    mbd_mamba2_synth_custom((int)dm, (int)layers, (int)vocab, &cfg);
+  } else if (mbd_mamba2_synth_shape(shape, &cfg, &err)) {
+    fprintf(stderr, "mambad-model synth: %s\n", err.msg);
+    return 2;
+  } else if (dm || layers || vocab) {
+    mbd_mamba2_synth_custom(dm ? (int)dm : cfg.d_model, layers ? (int)layers : cfg.n_layer,
+                            vocab ? (int)vocab : cfg.vocab_size, &cfg);
+  }
+  if (mkdir(out, 0755) != 0 && errno != EEXIST) {
+    fprintf(stderr, "mambad-model synth: cannot create directory %s: %s\n", out, strerror(errno));
+    return 1;
+  }
+  if (mbd_mamba2_synth_write(&cfg, dt, (uint64_t)seed, out, &err) ||
+      mbd_synth_tokenizer_write(cfg.vocab_size, out, &err)) {
+    fprintf(stderr, "mambad-model synth: %s\n", err.msg);
+    return 1;
+  }
+  fprintf(stderr,
+          "wrote %s: mamba2, d_model %d, layers %d, vocab %d, %d heads x %d, d_state %d, %s\n", out,
+          cfg.d_model, cfg.n_layer, cfg.vocab_size, cfg.n_heads, cfg.head_dim, cfg.d_state,
+          mbd_dtype_name(dt));
+  return 0;
+}
+
 static int cmd_synth(int argc, char **argv) {
-  const char *shape = NULL, *out = NULL, *dts = "f32";
+  const char *shape = NULL, *out = NULL, *dts = "f32", *family = "mamba1";
   long long seed = 0, dm = 0, layers = 0, vocab = 0;
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     int bad = 0;
     if (!strcmp(a, "--shape")) shape = v, i++;
     else if (!strcmp(a, "--out")) out = v, i++;
+    else if (!strcmp(a, "--family")) family = v, i++;
     else if (!strcmp(a, "--dtype")) dts = v, i++;
     else if (!strcmp(a, "--seed")) bad = parse_i64(a, v, 0, INT64_MAX, &seed), i++;
     else if (!strcmp(a, "--d-model")) bad = parse_i64(a, v, 1, 1 << 16, &dm), i++;
@@ -66,6 +107,16 @@ static int cmd_synth(int argc, char **argv) {
     return 2;
   }
   mbd_error err = {0};
+  mbd_dtype dt;
+  if (!family || (strcmp(family, "mamba1") && strcmp(family, "mamba2"))) {
+    fprintf(stderr, "mambad-model synth: --family must be mamba1 or mamba2\n");
+    return 2;
+  }
+  if (mbd_dtype_parse(dts, &dt, &err) || dt == MBD_DTYPE_I64) {
+    fprintf(stderr, "mambad-model synth: --dtype must be f32, bf16 or f16\n");
+    return 2;
+  }
+  if (!strcmp(family, "mamba2")) return synth_mamba2(shape, out, dt, seed, dm, layers, vocab);
   mbd_mamba_config cfg;
   if (!strcmp(shape, "custom")) {
     if (!dm || !layers || !vocab) {
@@ -82,11 +133,6 @@ static int cmd_synth(int argc, char **argv) {
       mbd_synth_custom(dm ? (int)dm : cfg.d_model, layers ? (int)layers : cfg.n_layer,
                        vocab ? (int)vocab : cfg.vocab_size, &cfg);
     }
-  }
-  mbd_dtype dt;
-  if (mbd_dtype_parse(dts, &dt, &err) || dt == MBD_DTYPE_I64) {
-    fprintf(stderr, "mambad-model synth: --dtype must be f32, bf16 or f16\n");
-    return 2;
   }
   if (mkdir(out, 0755) != 0 && errno != EEXIST) {
     fprintf(stderr, "mambad-model synth: cannot create directory %s: %s\n", out, strerror(errno));

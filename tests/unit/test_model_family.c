@@ -65,13 +65,16 @@ static void test_detect(void **state) {
   assert_string_equal(f->name, "mamba1");
 
   write_config("{\"model_type\": \"mamba2\"}");
+  assert_int_equal(mbd_model_family_detect(g_dir, &f, &err), MBD_OK);
+  assert_string_equal(f->name, "mamba2");
+  write_config("{\"model_type\": \"mamba9\"}");
   assert_int_equal(mbd_model_family_detect(g_dir, &f, &err), MBD_E_UNSUPPORTED);
   assert_null(f);
-  assert_non_null(strstr(err.msg, "model_type 'mamba2'"));
+  assert_non_null(strstr(err.msg, "model_type 'mamba9'"));
   assert_non_null(strstr(err.msg, "mamba1 (model_type 'mamba')"));
-  write_config("{\"d_model\": 64, \"ssm_cfg\": {\"layer\": \"Mamba2\"}}");
+  write_config("{\"d_model\": 64, \"ssm_cfg\": {\"layer\": \"Mamba9\"}}");
   assert_int_equal(mbd_model_family_detect(g_dir, &f, &err), MBD_E_UNSUPPORTED);
-  assert_non_null(strstr(err.msg, "ssm_cfg.layer 'Mamba2'"));
+  assert_non_null(strstr(err.msg, "ssm_cfg.layer 'Mamba9'"));
 
   /* Left to the Mamba-1 loader, which names the problem. */
   write_config("[1, 2]");

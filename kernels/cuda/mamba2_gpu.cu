@@ -1,0 +1,540 @@
+/* Mamba-2 model on a GPU context (see mamba2_gpu.h): weights, state slots,
+ * workspace, prefill and decode steps, and the family vtable.
+ *
+ * A call's tokens run in chunks of at most max_rows rows: a group of
+ * sequences and a time window of each, rows sequence-major (row s * tw + t),
+ * which is the layout the conv and the recurrence take. Device memory is
+ * allocated at load; nothing is allocated per token. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/gpu_check.h"
+extern "C" {
+#include "common/half.h"
+#include "common/route.h"
+#include "common/safetensors.h"
+#include "kernels/cuda/gpu_gemm.h"
+#include "kernels/cuda/mamba2_gpu.h"
+#include "kernels/cuda/ops/add_rmsnorm.h"
+#include "kernels/cuda/ops/conv_silu.h"
+#include "kernels/cuda/ops/embed.h"
+#include "kernels/cuda/ops/gated_rmsnorm.h"
+#include "kernels/cuda/ops/sample.h"
+#include "kernels/cuda/ops/ssd_scan.h"
+#include "kernels/model/mamba2.h"
+}
+#include "kernels/portable_math.h"
+
+#define M2G_MAX_ROWS 2048
+
+typedef struct layer2_d {
+  float *norm;      /* [d] */
+  void *in_w;       /* [Pin, d] dtype */
+  void *in_b;       /* [Pin] dtype or NULL */
+  float *conv_w;    /* [K][cd] tap-major */
+  float *conv_b;    /* [cd] or NULL */
+  float *dt_bias;   /* [H] */
+  float *A;         /* [H], = -exp(A_log) */
+  float *D;         /* [H] */
+  float *gnorm;     /* [di] */
+  void *out_w;      /* [d, di] dtype */
+  void *out_b;      /* [d] dtype or NULL */
+} layer2_d;
+
+typedef struct m2gpu {
+  mbd_gpu_ctx *ctx;
+  cudaStream_t stream;
+  mbd_mamba2_config cfg;
+  mbd_dtype dtype;
+  int64_t V, pin, cd;
+  int max_rows, max_batch;
+  int64_t nslots;
+  layer2_d *layers;
+  void *emb, *head;
+  float *norm_f;
+  size_t weight_bytes;
+  void **allocs;
+  int nalloc, capalloc;
+  float *conv_st, *ssm_st; /* [nslots][L][K-1][cd], [nslots][L][H P][N] */
+  int64_t conv_slot, ssm_slot;
+  int32_t *d_tok, *d_slots, *h_tok, *h_slots, *d_next;
+  float *resid, *zx, *xbc, *y, *out, *logits;
+  void *hn, *y_act;
+  void *sample_work;
+} m2gpu;
+
+static int dalloc(m2gpu *m, size_t bytes, void **out, mbd_error *err) {
+  *out = NULL;
+  if (m->nalloc == m->capalloc) {
+    int nc = m->capalloc ? 2 * m->capalloc : 64;
+    void **na = (void **)realloc(m->allocs, (size_t)nc * sizeof(void *));
+    if (!na) return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
+    m->allocs = na;
+    m->capalloc = nc;
+  }
+  cudaError_t e = cudaMalloc(out, bytes ? bytes : 16);
+  if (e != cudaSuccess)
+    return mbd_error_set(err, MBD_E_NOMEM, "model: cudaMalloc of %zu bytes failed: %s", bytes,
+                         cudaGetErrorName(e));
+  m->allocs[m->nalloc++] = *out;
+  return 0;
+}
+
+static float round_to(mbd_dtype dt, float v) {
+  if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(mbd_f32_to_bf16(v));
+  if (dt == MBD_DTYPE_F16) return mbd_f16_to_f32(mbd_f32_to_f16(v));
+  return v;
+}
+
+/* Host f32 -> device: in the storage dtype (as_dtype 1: GEMM weights and
+ * biases) or f32 rounded through it (0: the CPU model's load_vec). */
+static int upload(m2gpu *m, const float *v, size_t n, int as_dtype, void **out, mbd_error *err) {
+  int rc = 0;
+  size_t es = as_dtype ? mbd_dtype_size(m->dtype) : 4;
+  void *host = malloc(n * es + 4);
+  if (!host) return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
+  for (size_t i = 0; i < n; i++) {
+    if (!as_dtype || m->dtype == MBD_DTYPE_F32)
+      ((float *)host)[i] = as_dtype ? v[i] : round_to(m->dtype, v[i]);
+    else
+      ((uint16_t *)host)[i] =
+          m->dtype == MBD_DTYPE_BF16 ? mbd_f32_to_bf16(v[i]) : mbd_f32_to_f16(v[i]);
+  }
+  if ((rc = dalloc(m, n * es, out, err))) goto fail;
+  MBD_GPU_TRY(cudaMemcpy(*out, host, n * es, cudaMemcpyHostToDevice), err);
+  m->weight_bytes += n * mbd_dtype_size(m->dtype);
+fail:
+  free(host);
+  return rc;
+}
+
+static int load_one(m2gpu *m, const mbd_st_dir *st, const char *name, int ndim,
+                    const int64_t *shape, int as_dtype, void **out, mbd_error *err) {
+  float *v = NULL;
+  size_t n = 0;
+  int rc = mbd_st_dir_read_f32(st, name, ndim, shape, &v, &n, err);
+  if (!rc) rc = upload(m, v, n, as_dtype, out, err);
+  free(v);
+  return rc;
+}
+
+static int load_layer(m2gpu *m, const mbd_st_dir *st, int i, mbd_error *err) {
+  const mbd_mamba2_config *c = &m->cfg;
+  layer2_d *L = &m->layers[i];
+  const int64_t d = c->d_model, di = c->d_inner, H = c->n_heads, K = c->d_conv, cd = m->cd;
+  char nm[256];
+  int rc;
+  float *v = NULL;
+  size_t n = 0;
+#define NAME(suffix) (snprintf(nm, sizeof nm, "backbone.layers.%d.%s", i, suffix), nm)
+  int64_t sh_d[1] = {d}, sh_di[1] = {di}, sh_H[1] = {H}, sh_pin[1] = {m->pin}, sh_cd[1] = {cd};
+  int64_t sh_in[2] = {m->pin, d}, sh_out[2] = {d, di}, sh_conv[3] = {cd, 1, K};
+  if ((rc = load_one(m, st, NAME("norm.weight"), 1, sh_d, 0, (void **)&L->norm, err)) ||
+      (rc = load_one(m, st, NAME("mixer.in_proj.weight"), 2, sh_in, 1, &L->in_w, err)) ||
+      (c->proj_bias &&
+       (rc = load_one(m, st, NAME("mixer.in_proj.bias"), 1, sh_pin, 1, &L->in_b, err))) ||
+      (c->conv_bias &&
+       (rc = load_one(m, st, NAME("mixer.conv1d.bias"), 1, sh_cd, 0, (void **)&L->conv_b, err))) ||
+      (rc = load_one(m, st, NAME("mixer.dt_bias"), 1, sh_H, 0, (void **)&L->dt_bias, err)) ||
+      (rc = load_one(m, st, NAME("mixer.D"), 1, sh_H, 0, (void **)&L->D, err)) ||
+      (rc = load_one(m, st, NAME("mixer.norm.weight"), 1, sh_di, 0, (void **)&L->gnorm, err)) ||
+      (rc = load_one(m, st, NAME("mixer.out_proj.weight"), 2, sh_out, 1, &L->out_w, err)) ||
+      (c->proj_bias &&
+       (rc = load_one(m, st, NAME("mixer.out_proj.bias"), 1, sh_d, 1, &L->out_b, err))))
+    return rc;
+  /* conv weights tap-major, rounded through the dtype (the CPU model's) */
+  if ((rc = mbd_st_dir_read_f32(st, NAME("mixer.conv1d.weight"), 3, sh_conv, &v, &n, err)))
+    return rc;
+  float *tw = (float *)malloc((size_t)(cd * K) * sizeof(float));
+  if (!tw) {
+    free(v);
+    return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
+  }
+  for (int64_t ch = 0; ch < cd; ch++)
+    for (int64_t j = 0; j < K; j++) tw[j * cd + ch] = v[ch * K + j];
+  free(v);
+  rc = upload(m, tw, (size_t)(cd * K), 0, (void **)&L->conv_w, err);
+  free(tw);
+  if (rc) return rc;
+  /* A = -exp(A_log) on the host with the portable exp, as the CPU model */
+  if ((rc = mbd_st_dir_read_f32(st, NAME("mixer.A_log"), 1, sh_H, &v, &n, err))) return rc;
+  for (size_t k = 0; k < n; k++) v[k] = -mbd_pm_expf(round_to(m->dtype, v[k]));
+  {
+    mbd_dtype keep = m->dtype;
+    m->dtype = MBD_DTYPE_F32;
+    rc = upload(m, v, n, 0, (void **)&L->A, err);
+    m->dtype = keep;
+  }
+  free(v);
+#undef NAME
+  return rc;
+}
+
+static void m2_destroy(void *model) {
+  m2gpu *m = (m2gpu *)model;
+  if (!m) return;
+  if (m->stream) cudaStreamSynchronize(m->stream);
+  for (int i = 0; i < m->nalloc; i++) cudaFree(m->allocs[i]);
+  cudaFreeHost(m->h_tok);
+  free(m->allocs);
+  free(m->layers);
+  free(m);
+}
+
+static int alloc_runtime(m2gpu *m, mbd_error *err) {
+  const mbd_mamba2_config *c = &m->cfg;
+  int rc = 0;
+  const size_t L = (size_t)c->n_layer, di = (size_t)c->d_inner, d = (size_t)c->d_model;
+  const size_t N = (size_t)c->d_state, K = (size_t)c->d_conv, V = (size_t)m->V;
+  const size_t es = mbd_dtype_size(m->dtype), cd = (size_t)m->cd, pin = (size_t)m->pin;
+  m->conv_slot = (int64_t)(L * (K - 1) * cd);
+  m->ssm_slot = (int64_t)(L * di * N);
+  const size_t ns = (size_t)m->nslots;
+  const size_t rows = (size_t)m->max_rows;
+  void *p;
+#define DA(ptr, bytes)                                 \
+  do {                                                 \
+    if ((rc = dalloc(m, (bytes), &p, err))) return rc; \
+    *(void **)&(ptr) = p;                              \
+  } while (0)
+  DA(m->conv_st, ns * (size_t)m->conv_slot * 4);
+  DA(m->ssm_st, ns * (size_t)m->ssm_slot * 4);
+  MBD_GPU_CHECK(cudaMemset(m->conv_st, 0, ns * (size_t)m->conv_slot * 4), err);
+  MBD_GPU_CHECK(cudaMemset(m->ssm_st, 0, ns * (size_t)m->ssm_slot * 4), err);
+  DA(m->d_tok, rows * 4);
+  DA(m->d_slots, rows * 4);
+  DA(m->d_next, rows * 4);
+  MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_tok, 2 * rows * 4), err);
+  m->h_slots = m->h_tok + rows;
+  DA(m->resid, rows * d * 4);
+  DA(m->hn, rows * d * es);
+  DA(m->zx, rows * pin * 4);
+  DA(m->xbc, rows * cd * 4);
+  DA(m->y, rows * di * 4);
+  DA(m->y_act, rows * di * es);
+  DA(m->out, rows * d * 4);
+  DA(m->logits, rows * V * 4);
+  DA(m->sample_work, mbd_mops_sample_work_bytes((int)rows));
+  MBD_GPU_CHECK(cudaMemset(m->sample_work, 0, mbd_mops_sample_work_bytes((int)rows)), err);
+#undef DA
+  return 0;
+}
+
+static int m2_load(mbd_gpu_ctx *ctx, const char *dir, const mbd_gpu_model_opts *o, void **model,
+                   mbd_error *err) {
+  *model = NULL;
+  mbd_route_identity rid;
+  int rc = mbd_gpu_ctx_route(ctx, &rid, err);
+  if (rc) return rc;
+  mbd_dtype want = rid.policy == MBD_POLICY_BF16 ? MBD_DTYPE_BF16
+                   : rid.policy == MBD_POLICY_F16 ? MBD_DTYPE_F16
+                                                  : MBD_DTYPE_F32;
+  if (o->dtype != want)
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "model: storage dtype %s does not fit the context's dtype policy %s",
+                         mbd_dtype_name(o->dtype), mbd_dtype_policy_name(rid.policy));
+  if (rid.state_capacity < 1)
+    return mbd_error_set(err, MBD_E_INVALID, "model: context state capacity %lld < 1",
+                         (long long)rid.state_capacity);
+  m2gpu *m = (m2gpu *)calloc(1, sizeof *m);
+  if (!m) return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
+  mbd_st_dir *st = NULL;
+  if ((rc = mbd_mamba2_config_load(dir, &m->cfg, err))) goto fail;
+  m->ctx = ctx;
+  m->stream = (cudaStream_t)mbd_gpu_ctx_stream(ctx);
+  m->dtype = o->dtype;
+  m->nslots = rid.state_capacity;
+  m->max_batch = o->max_batch > 0 ? o->max_batch : 256;
+  m->max_rows = m->max_batch > M2G_MAX_ROWS ? m->max_batch : M2G_MAX_ROWS;
+  m->cd = (int64_t)m->cfg.d_inner + 2 * (int64_t)m->cfg.n_groups * m->cfg.d_state;
+  m->pin = (int64_t)m->cfg.d_inner + m->cd + m->cfg.n_heads;
+  if (m->cfg.d_conv < 2 || m->cfg.d_conv > 8) {
+    rc = mbd_error_set(err, MBD_E_UNSUPPORTED, "model: conv_kernel %d outside 2..8",
+                       m->cfg.d_conv);
+    goto fail;
+  }
+  if ((rc = mbd_st_dir_open(dir, &st, err))) goto fail;
+  {
+    const mbd_st_entry *e = mbd_st_dir_find(st, "backbone.embeddings.weight");
+    m->V = e && e->desc.ndim == 2 ? e->desc.shape[0] : m->cfg.vocab_size;
+    int64_t sh_emb[2] = {m->V, m->cfg.d_model}, sh_d[1] = {m->cfg.d_model};
+    m->layers = (layer2_d *)calloc((size_t)m->cfg.n_layer, sizeof(layer2_d));
+    if (!m->layers) {
+      rc = mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
+      goto fail;
+    }
+    if ((rc = load_one(m, st, "backbone.embeddings.weight", 2, sh_emb, 1, &m->emb, err)))
+      goto fail;
+    m->head = m->emb;
+    for (int i = 0; i < m->cfg.n_layer; i++)
+      if ((rc = load_layer(m, st, i, err))) goto fail;
+    if ((rc = load_one(m, st, "backbone.norm_f.weight", 1, sh_d, 0, (void **)&m->norm_f, err)))
+      goto fail;
+    if (!m->cfg.tie_embeddings && mbd_st_dir_find(st, "lm_head.weight") &&
+        (rc = load_one(m, st, "lm_head.weight", 2, sh_emb, 1, &m->head, err)))
+      goto fail;
+  }
+  if ((rc = alloc_runtime(m, err))) goto fail;
+  mbd_st_dir_destroy(&st);
+  *model = m;
+  return 0;
+fail:
+  mbd_st_dir_destroy(&st);
+  m2_destroy(m);
+  return rc;
+}
+
+/* ---- running ---- */
+
+static int gemm(m2gpu *m, int64_t rows, int64_t n, int64_t k, const void *x, const void *w,
+                const void *bias, float *y, mbd_error *err) {
+  mbd_gpu_gemm_args a;
+  memset(&a, 0, sizeof a);
+  a.dtype = m->dtype;
+  a.out_dtype = MBD_DTYPE_F32;
+  a.m = rows;
+  a.n = n;
+  a.k = k;
+  a.x = x;
+  a.w = w;
+  a.bias = bias;
+  a.y = y;
+  return mbd_gpu_gemm(m->ctx, &a, err);
+}
+
+/* The layers over rows = ns sequences x tw steps already embedded in resid
+ * (d_slots holds their slots); leaves resid with the last layer's output not
+ * yet added (m->out holds it). */
+static int run_layers(m2gpu *m, int ns, int tw, mbd_error *err) {
+  const mbd_mamba2_config *c = &m->cfg;
+  const int64_t rows = (int64_t)ns * tw, d = c->d_model, di = c->d_inner;
+  const mbd_mops_ssd_dims dm = {c->n_heads, c->head_dim, c->d_state, c->n_groups};
+  int rc = 0;
+  for (int l = 0; l < c->n_layer; l++) {
+    const layer2_d *L = &m->layers[l];
+    if ((rc = mbd_mops_add_rmsnorm(m->stream, rows, (int)d, 1, 0, m->resid, l ? m->out : NULL,
+                                   L->norm, c->norm_eps, m->dtype, m->hn, err)) ||
+        (rc = gemm(m, rows, m->pin, d, m->hn, L->in_w, L->in_b, m->zx, err)) ||
+        (rc = mbd_mops_conv_silu(m->stream, ns, tw, (int)m->cd, c->d_conv, m->zx + di, m->pin,
+                                 L->conv_w, L->conv_b,
+                                 m->conv_st + (int64_t)l * (c->d_conv - 1) * m->cd,
+                                 m->conv_slot, m->d_slots, m->xbc, MBD_DTYPE_F32, NULL, err)) ||
+        (rc = mbd_mops_ssd_scan(m->stream, ns, tw, &dm, L->A, L->D, L->dt_bias, c->dt_min,
+                                c->dt_max, m->zx + di + m->cd, m->pin, m->xbc, m->cd,
+                                m->ssm_st + (int64_t)l * di * c->d_state, m->ssm_slot,
+                                m->d_slots, m->y, err)) ||
+        (rc = mbd_mops_gated_rmsnorm(m->stream, rows, (int)di, (int)(di / c->n_groups), m->y,
+                                     m->zx, m->pin, L->gnorm, c->norm_eps, c->norm_before_gate,
+                                     m->dtype, m->y_act, err)) ||
+        (rc = gemm(m, rows, d, di, m->y_act, L->out_w, L->out_b, m->out, err)))
+      return rc;
+  }
+  return 0;
+}
+
+static int check_slots(const m2gpu *m, int n, const int32_t *slots, mbd_error *err) {
+  for (int i = 0; i < n; i++) {
+    if (slots[i] < 0 || slots[i] >= m->nslots)
+      return mbd_error_set(err, MBD_E_INVALID, "slot %d outside 0..%lld", slots[i],
+                           (long long)m->nslots - 1);
+    for (int j = 0; j < i; j++)
+      if (slots[j] == slots[i])
+        return mbd_error_set(err, MBD_E_INVALID, "slot %d given twice", slots[i]);
+  }
+  return 0;
+}
+
+/* The prefill; with LAST and logits NULL the logits stay on the device
+ * (m->logits [nseq, V], nseq <= max_rows) for the step's sampler. */
+static int prefill_impl(m2gpu *m, int nseq, int T, const int32_t *tokens, const int32_t *slots,
+                        mbd_logits_sel sel, float *logits, mbd_error *err) {
+  int rc = check_slots(m, nseq, slots, err);
+  if (rc) return rc;
+  for (int64_t i = 0; i < (int64_t)nseq * T; i++)
+    if (tokens[i] < 0 || tokens[i] >= m->V)
+      return mbd_error_set(err, MBD_E_INVALID, "prefill: token %d outside vocabulary [0, %lld)",
+                           tokens[i], (long long)m->V);
+  const int64_t d = m->cfg.d_model, V = m->V;
+  for (int g0 = 0; g0 < nseq; g0 += m->max_rows) {
+    const int ns = nseq - g0 < m->max_rows ? nseq - g0 : m->max_rows;
+    const int tw_max = m->max_rows / ns;
+    for (int t0 = 0; t0 < T; t0 += tw_max) {
+      const int tw = T - t0 < tw_max ? T - t0 : tw_max;
+      const int64_t rows = (int64_t)ns * tw;
+      for (int s = 0; s < ns; s++) {
+        m->h_slots[s] = slots[g0 + s];
+        memcpy(m->h_tok + (int64_t)s * tw, tokens + (int64_t)(g0 + s) * T + t0,
+               (size_t)tw * 4);
+      }
+      MBD_GPU_CHECK(cudaMemcpyAsync(m->d_tok, m->h_tok, (size_t)rows * 4,
+                                    cudaMemcpyHostToDevice, m->stream),
+                    err);
+      MBD_GPU_CHECK(cudaMemcpyAsync(m->d_slots, m->h_slots, (size_t)ns * 4,
+                                    cudaMemcpyHostToDevice, m->stream),
+                    err);
+      if ((rc = mbd_mops_embed(m->stream, rows, (int)d, m->d_tok, m->dtype, m->emb, m->resid,
+                               err)) ||
+          (rc = run_layers(m, ns, tw, err)))
+        return rc;
+      if (sel == MBD_LOGITS_ALL) {
+        if ((rc = mbd_mops_add_rmsnorm(m->stream, rows, (int)d, 1, 0, m->resid, m->out,
+                                       m->norm_f, m->cfg.norm_eps, m->dtype, m->hn, err)) ||
+            (rc = gemm(m, rows, V, d, m->hn, m->head, NULL, m->logits, err)))
+          return rc;
+        for (int s = 0; s < ns; s++)
+          MBD_GPU_CHECK(cudaMemcpyAsync(logits + ((int64_t)(g0 + s) * T + t0) * V,
+                                        m->logits + (int64_t)s * tw * V, (size_t)(tw * V) * 4,
+                                        cudaMemcpyDeviceToHost, m->stream),
+                        err);
+      } else if (sel == MBD_LOGITS_LAST && t0 + tw == T) {
+        if ((rc = mbd_mops_add_rmsnorm(m->stream, ns, (int)d, tw, tw - 1, m->resid, m->out,
+                                       m->norm_f, m->cfg.norm_eps, m->dtype, m->hn, err)) ||
+            (rc = gemm(m, ns, V, d, m->hn, m->head, NULL, m->logits, err)))
+          return rc;
+        if (logits)
+          MBD_GPU_CHECK(cudaMemcpyAsync(logits + (int64_t)g0 * V, m->logits,
+                                        (size_t)(ns * V) * 4, cudaMemcpyDeviceToHost,
+                                        m->stream),
+                        err);
+      }
+      MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+    }
+  }
+  return 0;
+}
+
+static int m2_prefill(void *model, int nseq, int T, const int32_t *tokens, const int32_t *slots,
+                      mbd_logits_sel sel, float *logits, mbd_error *err) {
+  if (nseq <= 0 || T <= 0) return 0;
+  if (sel != MBD_LOGITS_NONE && !logits)
+    return mbd_error_set(err, MBD_E_INVALID, "prefill: logits requested but no buffer given");
+  return prefill_impl((m2gpu *)model, nseq, T, tokens, slots, sel, logits, err);
+}
+
+static int m2_step(void *model, int n, const int32_t *tokens, const int32_t *slots,
+                   int32_t *next, float *logits, mbd_error *err) {
+  m2gpu *m = (m2gpu *)model;
+  if (n < 1 || n > m->max_batch)
+    return mbd_error_set(err, MBD_E_INVALID, "step: batch %d outside 1..%d", n, m->max_batch);
+  const int64_t V = m->V;
+  int rc = prefill_impl(m, n, 1, tokens, slots, next || logits ? MBD_LOGITS_LAST : MBD_LOGITS_NONE,
+                        logits, err);
+  if (rc || !next) return rc;
+  /* m->logits still holds the step's logits on the device */
+  if ((rc = mbd_mops_sample(m->stream, n, (int)V, m->logits, V, NULL, NULL, NULL,
+                            m->sample_work, m->d_next, err)))
+    return rc;
+  MBD_GPU_CHECK(cudaMemcpyAsync(next, m->d_next, (size_t)n * 4, cudaMemcpyDeviceToHost,
+                                m->stream),
+                err);
+  MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+  return 0;
+}
+
+/* ---- slots: payload = u32 heads, head_dim, groups, 0, then conv, ssm ---- */
+
+#define SUB_HEADER 16
+
+static size_t m2_state_payload(const void *model) {
+  const m2gpu *m = (const m2gpu *)model;
+  return SUB_HEADER + (size_t)(m->conv_slot + m->ssm_slot) * 4;
+}
+
+static int check_slot(const m2gpu *m, int64_t slot, mbd_error *err) {
+  if (slot < 0 || slot >= m->nslots)
+    return mbd_error_set(err, MBD_E_INVALID, "slot %lld outside 0..%lld", (long long)slot,
+                         (long long)m->nslots - 1);
+  return 0;
+}
+
+static int m2_slot_reset(void *model, int64_t slot, mbd_error *err) {
+  m2gpu *m = (m2gpu *)model;
+  int rc = check_slot(m, slot, err);
+  if (rc) return rc;
+  MBD_GPU_CHECK(cudaMemsetAsync(m->conv_st + slot * m->conv_slot, 0, (size_t)m->conv_slot * 4,
+                                m->stream),
+                err);
+  MBD_GPU_CHECK(
+      cudaMemsetAsync(m->ssm_st + slot * m->ssm_slot, 0, (size_t)m->ssm_slot * 4, m->stream),
+      err);
+  MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+  return 0;
+}
+
+static void put_u32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get_u32(const unsigned char *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static int m2_slot_read(void *model, int64_t slot, void *buf, size_t cap, mbd_error *err) {
+  m2gpu *m = (m2gpu *)model;
+  int rc = check_slot(m, slot, err);
+  if (rc) return rc;
+  size_t need = m2_state_payload(m), cb = (size_t)m->conv_slot * 4;
+  if (cap < need)
+    return mbd_error_set(err, MBD_E_TOO_LARGE, "slot read: buffer of %zu bytes, need %zu", cap,
+                         need);
+  unsigned char *p = (unsigned char *)buf;
+  put_u32(p, (uint32_t)m->cfg.n_heads);
+  put_u32(p + 4, (uint32_t)m->cfg.head_dim);
+  put_u32(p + 8, (uint32_t)m->cfg.n_groups);
+  put_u32(p + 12, 0);
+  MBD_GPU_CHECK(cudaMemcpyAsync(p + SUB_HEADER, m->conv_st + slot * m->conv_slot, cb,
+                                cudaMemcpyDeviceToHost, m->stream),
+                err);
+  MBD_GPU_CHECK(cudaMemcpyAsync(p + SUB_HEADER + cb, m->ssm_st + slot * m->ssm_slot,
+                                need - SUB_HEADER - cb, cudaMemcpyDeviceToHost, m->stream),
+                err);
+  MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+  return 0;
+}
+
+static int m2_slot_write(void *model, int64_t slot, const void *buf, size_t len,
+                         mbd_error *err) {
+  m2gpu *m = (m2gpu *)model;
+  int rc = check_slot(m, slot, err);
+  if (rc) return rc;
+  size_t need = m2_state_payload(m), cb = (size_t)m->conv_slot * 4;
+  if (len != need)
+    return mbd_error_set(err, MBD_E_SHAPE, "slot write: %zu bytes, this model's state is %zu",
+                         len, need);
+  const unsigned char *p = (const unsigned char *)buf;
+  if (get_u32(p) != (uint32_t)m->cfg.n_heads || get_u32(p + 4) != (uint32_t)m->cfg.head_dim ||
+      get_u32(p + 8) != (uint32_t)m->cfg.n_groups || get_u32(p + 12) != 0)
+    return mbd_error_set(err, MBD_E_SHAPE, "slot write: state of %u heads x %u, %u groups",
+                         get_u32(p), get_u32(p + 4), get_u32(p + 8));
+  MBD_GPU_CHECK(cudaMemcpyAsync(m->conv_st + slot * m->conv_slot, p + SUB_HEADER, cb,
+                                cudaMemcpyHostToDevice, m->stream),
+                err);
+  MBD_GPU_CHECK(cudaMemcpyAsync(m->ssm_st + slot * m->ssm_slot, p + SUB_HEADER + cb,
+                                need - SUB_HEADER - cb, cudaMemcpyHostToDevice, m->stream),
+                err);
+  MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+  return 0;
+}
+
+static int64_t m2_vocab(const void *model) { return ((const m2gpu *)model)->V; }
+static int64_t m2_slots(const void *model) { return ((const m2gpu *)model)->nslots; }
+static mbd_state_shape m2_state_shape(const void *model) {
+  return mbd_mamba2_state_shape(&((const m2gpu *)model)->cfg);
+}
+
+extern "C" const mbd_gpu_model_ops mbd_mamba2_gpu_ops = {
+    /* .name = */ "mamba2",
+    /* .load = */ m2_load,
+    /* .destroy = */ m2_destroy,
+    /* .vocab = */ m2_vocab,
+    /* .slots = */ m2_slots,
+    /* .state_shape = */ m2_state_shape,
+    /* .state_payload = */ m2_state_payload,
+    /* .slot_reset = */ m2_slot_reset,
+    /* .slot_read = */ m2_slot_read,
+    /* .slot_write = */ m2_slot_write,
+    /* .prefill = */ m2_prefill,
+    /* .step = */ m2_step,
+};

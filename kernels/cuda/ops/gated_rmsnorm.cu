@@ -1,0 +1,67 @@
+/* Gated RMSNorm (see gated_rmsnorm.h): one block per row; the gated values
+ * go through shared memory, one thread per group runs the group's square
+ * sum as the CPU's ascending fmaf chain, then the block writes the row. */
+#include "kernels/cuda/ops/common.cuh"
+#include "kernels/cuda/ops/gated_rmsnorm.h"
+
+#define GN_THREADS 256
+#define GN_MAX_GROUPS 64
+
+template <typename OutT>
+__global__ void k_gated_rmsnorm(int n, int group, const float *__restrict__ y,
+                                const float *__restrict__ z, int64_t ldz,
+                                const float *__restrict__ w, float eps, int norm_before_gate,
+                                OutT *__restrict__ out) {
+  extern __shared__ float4 smem4[];
+  float *v = (float *)smem4;
+  __shared__ float r_sh[GN_MAX_GROUPS];
+  const int64_t i = blockIdx.x;
+  pdl_wait();
+  pdl_trigger();
+  for (int c = threadIdx.x; c < n; c += blockDim.x) {
+    const float yv = y[i * n + c];
+    v[c] = norm_before_gate ? yv : __fmul_rn(yv, mbd_pm_silu(z[i * ldz + c]));
+  }
+  __syncthreads();
+  for (int g = threadIdx.x; g < n / group; g += blockDim.x) {
+    float ss = 0.0f;
+    for (int c = g * group; c < (g + 1) * group; c++) ss = __fmaf_rn(v[c], v[c], ss);
+    r_sh[g] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)group), eps)));
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < n; c += blockDim.x) {
+    float o = __fmul_rn(w[c], __fmul_rn(v[c], r_sh[c / group]));
+    if (norm_before_gate) o = __fmul_rn(o, mbd_pm_silu(z[i * ldz + c]));
+    st_act(out + i * n + c, o);
+  }
+}
+
+template <typename T>
+static int gated_rmsnorm_launch(cudaStream_t s, int64_t M, int n, int group, const float *y,
+                                const float *z, int64_t ldz, const float *w, float eps,
+                                int norm_before_gate, T *out, mbd_error *err) {
+  const size_t sh = ((size_t)n + 3) / 4 * 16;
+  int rc = allow_smem(k_gated_rmsnorm<T>, sh, err);
+  if (rc < 0) return rc;
+  return launch_pdl("gated_rmsnorm", k_gated_rmsnorm<T>, dim3((unsigned)M), dim3(GN_THREADS), sh,
+                    s, err, n, group, y, z, ldz, w, eps, norm_before_gate, out);
+}
+
+extern "C" int mbd_mops_gated_rmsnorm(void *stream, int64_t M, int n, int group, const float *y,
+                                      const float *z, int64_t ldz, const float *w, float eps,
+                                      int norm_before_gate, mbd_dtype act, void *out,
+                                      mbd_error *err) {
+  if (M <= 0) return 0;
+  if (n <= 0 || n > 40960 || group <= 0 || n % group || n / group > GN_MAX_GROUPS ||
+      M > INT32_MAX)
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "gated_rmsnorm: width %d, group %d or %lld rows unsupported", n, group,
+                         (long long)M);
+  cudaStream_t s = (cudaStream_t)stream;
+#define GNR(T)                                                                              \
+  return gated_rmsnorm_launch<T>(s, M, n, group, y, z, ldz, w, eps, norm_before_gate, (T *)out, \
+                                 err)
+  MBD_ACT_DISPATCH(act, GNR)
+#undef GNR
+  return 0;
+}

@@ -1,0 +1,40 @@
+/* The Mamba-2 recurrence on the GPU, prefill and decode
+ * (kernels/cuda/ops/ssd_scan.cu). C header; the conventions shared by the
+ * model ops are in kernels/cuda/mamba_ops.h. */
+#ifndef MBD_CUDA_OPS_SSD_SCAN_H
+#define MBD_CUDA_OPS_SSD_SCAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "common/status.h"
+#include "common/tensor.h"
+
+/* Shapes of one layer: H heads of P channels, state N, G groups for B/C. */
+typedef struct mbd_mops_ssd_dims {
+  int heads, head_dim, d_state, n_groups;
+} mbd_mops_ssd_dims;
+
+/* nseq sequences of T tokens (row s*T+t), each token through
+ * mbd_cpu_ssd_step's arithmetic (kernels/cpu/ssd_step.h) in time order:
+ * dt_raw[row * ld_dt + h] (before dt_bias), xbc[row * ld_xbc + ...] = x
+ * [H P] | B [G N] | C [G N]; A, D, dt_bias [H] f32; clamp [lo, hi]; state of
+ * sequence s at state + slots[s] * slot_stride, [H P][N] (updated in place);
+ * y f32 [M, H P] (D skip included, not gated). Parallel over sequences,
+ * heads, channels and state entries; each state entry's steps and each
+ * output's n chain run in the CPU's order, so any T and any chunking give
+ * the same bits. */
+int mbd_mops_ssd_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
+                      const float *A, const float *D, const float *dt_bias, float lo, float hi,
+                      const float *dt_raw, int64_t ld_dt, const float *xbc, int64_t ld_xbc,
+                      float *state, int64_t slot_stride, const int32_t *slots, float *y,
+                      mbd_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
