@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -19,6 +20,7 @@
 #include "kernels/model/family.h"
 #include "kernels/model/mamba3.h"
 #include "kernels/model/mamba3_math.h"
+#include "kernels/model/mamba3_synth.h"
 
 typedef struct fixture {
   char dir[1024];
@@ -483,6 +485,52 @@ static void test_math(void **state) {
   assert_true(mbd_m3_decay(-1e9f, 1e-4f) == -1e-4f);
 }
 
+/* A synthetic Mamba-3 checkpoint (the synth tool's writer, d_state 128,
+ * headdim 64, 32 rotary pairs) loads, and its chunked prefill equals decoding
+ * bit for bit; a shape name outside the list is refused. */
+static void test_synth(void **state) {
+  (void)state;
+  mbd_mamba3_config c;
+  mbd_error err = {0};
+  assert_int_not_equal(mbd_mamba3_synth_shape("9b", 0, 0, 0, &c, &err), 0);
+  assert_int_equal(mbd_mamba3_synth_shape("custom", 128, 2, 300, &c, &err), 0);
+  char dir[] = "/tmp/mbd-m3synth-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  assert_int_equal(mbd_mamba3_synth_write(&c, MBD_DTYPE_F32, 7, dir, &err), 0);
+  mbd_mamba3_options o;
+  mbd_mamba3_options_default(&o);
+  o.threads = 2;
+  o.max_rows = 5;
+  mbd_mamba3_model *m = NULL;
+  if (mbd_mamba3_load(dir, &o, &m, &err)) fail_msg("load synth: %s", err.msg);
+  const mbd_mamba3_config *mc = mbd_mamba3_model_config(m);
+  assert_int_equal(mc->angles, 32);
+  assert_int_equal(mc->heads, 4);
+  int V = mbd_mamba3_vocab(m);
+  assert_int_equal(V, 304);
+  enum { T = 13 };
+  int32_t tok[T];
+  for (int t = 0; t < T; t++) tok[t] = (t * 37 + 5) % 300;
+  float *a = malloc((size_t)T * V * sizeof(float)), *b = malloc((size_t)T * V * sizeof(float));
+  mbd_mamba3_state *s1 = decode_only(m, tok, T, a), *s2 = new_state(m);
+  const int32_t *tp = tok;
+  int64_t n = T;
+  assert_int_equal(mbd_mamba3_prefill(m, &s2, 1, &tp, &n, MBD_LOGITS_ALL, b, &err), 0);
+  assert_memory_equal(a, b, (size_t)T * V * sizeof(float));
+  for (size_t i = 0; i < (size_t)T * V; i++) assert_true(isfinite(a[i]));
+  mbd_mamba3_state_destroy(&s1);
+  mbd_mamba3_state_destroy(&s2);
+  mbd_mamba3_destroy(&m);
+  free(a);
+  free(b);
+  char p[128];
+  snprintf(p, sizeof p, "%s/config.json", dir);
+  unlink(p);
+  snprintf(p, sizeof p, "%s/model.safetensors", dir);
+  unlink(p);
+  rmdir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_math),
@@ -492,6 +540,7 @@ int main(void) {
       cmocka_unit_test(test_prefill_then_decode),
       cmocka_unit_test(test_batch_invariance),
       cmocka_unit_test(test_export_import),
+      cmocka_unit_test(test_synth),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
