@@ -1,8 +1,6 @@
 /* Mamba-3 SISO per-token ops (see mamba3_ops.h). */
 #include "kernels/cpu/mamba3_ops.h"
 
-#include <math.h>
-
 #include "kernels/cpu/mamba_ops.h"
 #include "kernels/model/mamba3_math.h"
 
@@ -48,30 +46,18 @@ void mbd_cpu_m3_head_step(const mbd_m3_dims *d, int h, const float *row, const f
     k[n] = B[n] + b_bias[n];
   }
   for (int i = 0; i < S; i++) {
-    float a = fmaf(theta[i], dt, ang[i]);
-    a = fmaf(-MBD_M3_TWO_PI, floorf(a / MBD_M3_TWO_PI), a);
+    const float a = mbd_m3_angle_step(theta[i], dt, ang[i]);
     ang[i] = a;
     float sn, cs;
     mbd_m3_sincos(a, &sn, &cs);
-    const float q0 = q[2 * i], q1 = q[2 * i + 1], k0 = k[2 * i], k1 = k[2 * i + 1];
-    q[2 * i] = fmaf(q0, cs, -(q1 * sn));
-    q[2 * i + 1] = fmaf(q0, sn, q1 * cs);
-    k[2 * i] = fmaf(k0, cs, -(k1 * sn));
-    k[2 * i + 1] = fmaf(k0, sn, k1 * cs);
+    mbd_m3_rotate(&q[2 * i], &q[2 * i + 1], sn, cs);
+    mbd_m3_rotate(&k[2 * i], &k[2 * i + 1], sn, cs);
   }
-  const float alpha = mbd_pm_expf(adt);
-  const float beta = ((1.0f - trap) * dt) * alpha;
-  const float gamma = trap * dt;
+  float alpha, beta, gamma;
+  mbd_m3_coeffs(adt, dt, trap, &alpha, &beta, &gamma);
   for (int p = 0; p < P; p++) {
-    const float vb = beta * vst[p], vg = gamma * x[p];
-    float *hp = ssm + (int64_t)p * N;
-    float acc = 0.0f;
-    for (int n = 0; n < N; n++) {
-      const float hn = fmaf(alpha, hp[n], fmaf(kst[n], vb, vg * k[n]));
-      hp[n] = hn;
-      acc = fmaf(hn, q[n], acc);
-    }
-    acc = fmaf(D, x[p], acc);
+    const float acc = mbd_m3_channel(N, alpha, beta, gamma, vst[p], x[p], D, ssm + (int64_t)p * N,
+                                     kst, k, q);
     y[p] = gated ? acc * mbd_pm_silu(z[p]) : acc;
   }
   for (int n = 0; n < N; n++) kst[n] = k[n];

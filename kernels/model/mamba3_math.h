@@ -70,4 +70,44 @@ MBD_PM_FN float mbd_m3_decay(float a, float a_floor) {
   return A > -a_floor ? -a_floor : A;
 }
 
+/* One step of a rotary angle: a = fmaf(theta, dt, a), then reduced into
+ * [0, 2 pi] as a = fmaf(-2pi, floorf(a / 2pi), a). */
+MBD_PM_FN float mbd_m3_angle_step(float theta, float dt, float a) {
+  a = MBD_PM_FMA(theta, dt, a);
+  return MBD_PM_FMA(-MBD_M3_TWO_PI, floorf(MBD_PM_DIV(a, MBD_M3_TWO_PI)), a);
+}
+
+/* The pair (v0, v1) rotated by the angle of sine sn, cosine cs:
+ * (fmaf(v0, cs, -(v1 sn)), fmaf(v0, sn, v1 cs)). */
+MBD_PM_FN void mbd_m3_rotate(float *v0, float *v1, float sn, float cs) {
+  const float a = *v0, b = *v1;
+  *v0 = MBD_PM_FMA(a, cs, -MBD_PM_MUL(b, sn));
+  *v1 = MBD_PM_FMA(a, sn, MBD_PM_MUL(b, cs));
+}
+
+/* The trapezoidal coefficients: alpha = e^(A dt), beta = ((1 - trap) dt)
+ * alpha, gamma = trap dt. */
+MBD_PM_FN void mbd_m3_coeffs(float adt, float dt, float trap, float *alpha, float *beta,
+                             float *gamma) {
+  *alpha = mbd_pm_expf(adt);
+  *beta = MBD_PM_MUL(MBD_PM_MUL(MBD_PM_ADD(1.0f, -trap), dt), *alpha);
+  *gamma = MBD_PM_MUL(trap, dt);
+}
+
+/* One headdim channel of one token: vb = beta v_prev, vg = gamma x; for n
+ * ascending h[n] = fmaf(alpha, h[n], fmaf(k_prev[n], vb, vg k[n])),
+ * y = fmaf(h[n], q[n], y) from +0; returns fmaf(D, x, y) (ungated). */
+MBD_PM_FN float mbd_m3_channel(int N, float alpha, float beta, float gamma, float v_prev,
+                               float x, float D, float *h, const float *k_prev, const float *k,
+                               const float *q) {
+  const float vb = MBD_PM_MUL(beta, v_prev), vg = MBD_PM_MUL(gamma, x);
+  float y = 0.0f;
+  for (int n = 0; n < N; n++) {
+    const float hn = MBD_PM_FMA(alpha, h[n], MBD_PM_FMA(k_prev[n], vb, MBD_PM_MUL(vg, k[n])));
+    h[n] = hn;
+    y = MBD_PM_FMA(hn, q[n], y);
+  }
+  return MBD_PM_FMA(D, x, y);
+}
+
 #endif
