@@ -419,13 +419,19 @@ size_t mbd_mamba3_state_export_size(const mbd_mamba3_state *s) {
   return MBD_STATE_IMAGE_HEADER + n_all(s) * sizeof(float);
 }
 
-static mbd_state_shape state_shape(const mbd_mamba3_state *s) {
+mbd_state_shape mbd_mamba3_state_shape(const mbd_mamba3_config *c) {
   mbd_state_shape sh = {.family = MBD_STATE_FAMILY_MAMBA3,
-                        .n_layer = (uint32_t)s->n_layer,
-                        .d_inner = (uint32_t)(s->heads * s->headdim),
-                        .d_conv = (uint32_t)s->heads,
-                        .d_state = (uint32_t)s->d_state};
+                        .n_layer = (uint32_t)c->n_layer,
+                        .d_inner = (uint32_t)c->d_inner,
+                        .d_conv = (uint32_t)c->heads,
+                        .d_state = (uint32_t)c->d_state};
   return sh;
+}
+
+static mbd_state_shape state_shape(const mbd_mamba3_state *s) {
+  mbd_mamba3_config c = {.n_layer = s->n_layer, .d_inner = (int64_t)s->heads * s->headdim,
+                         .heads = s->heads, .d_state = s->d_state};
+  return mbd_mamba3_state_shape(&c);
 }
 
 int mbd_mamba3_state_export(const mbd_mamba3_state *s, void *buf, size_t cap, size_t *len,

@@ -86,6 +86,8 @@ size_t mbd_mamba3_state_export_size(const mbd_mamba3_state *s);
 int mbd_mamba3_state_export(const mbd_mamba3_state *s, void *buf, size_t cap, size_t *len,
                             mbd_error *err);
 int mbd_mamba3_state_import(mbd_mamba3_state *s, const void *buf, size_t len, mbd_error *err);
+/* The image shape of a Mamba-3 state of config cfg (for every backend). */
+mbd_state_shape mbd_mamba3_state_shape(const mbd_mamba3_config *cfg);
 
 /* ---- forward ---- */
 
