@@ -104,6 +104,7 @@ static void test_gpu_vs_cpu(void **state) {
     if (fx_load(cases[c], &f)) continue;
     ran++;
     const int B = f.B, T = f.T, V = f.V;
+    assert_true(B <= 8 && T <= 64); /* the local arrays below */
     mbd_error err = {0};
     mbd_mamba3_options o;
     mbd_mamba3_options_default(&o);
@@ -132,6 +133,20 @@ static void test_gpu_vs_cpu(void **state) {
       CHECK_OK(mbd_mamba3_gpu_slot_read(g, b, buf, pay, &err));
       assert_memory_equal(buf, img[b] + MBD_STATE_IMAGE_HEADER, pay);
     }
+    /* any slot of a batch of 2..B (sequences rotated through the slots) */
+    for (int n = 2; n <= B; n++)
+      for (int rot = 0; rot < n; rot++) {
+        int32_t tk[8 * 64];
+        for (int j = 0; j < n; j++) {
+          slots[j] = 24 + j;
+          CHECK_OK(mbd_mamba3_gpu_slot_reset(g, slots[j], &err));
+          memcpy(tk + j * T, f.ids + ((j + rot) % n) * T, (size_t)T * sizeof(int32_t));
+        }
+        CHECK_OK(mbd_mamba3_gpu_prefill(g, n, T, tk, slots, MBD_LOGITS_ALL, got, &err));
+        for (int j = 0; j < n; j++)
+          assert_memory_equal(got + (size_t)j * T * V, ref + (size_t)((j + rot) % n) * T * V,
+                              (size_t)T * V * 4);
+      }
     /* step by step from the start, slots 10.., with greedy picks after */
     int32_t tok[8], next[8];
     for (int b = 0; b < B; b++) {
