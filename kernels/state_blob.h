@@ -45,6 +45,7 @@
 /* Model families as the image records them. */
 #define MBD_STATE_FAMILY_MAMBA1 0u
 #define MBD_STATE_FAMILY_MAMBA2 1u
+#define MBD_STATE_FAMILY_MAMBA3 2u
 
 /* What the header records of a state's shape. */
 typedef struct mbd_state_shape {

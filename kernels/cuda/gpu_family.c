@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/mamba1_gpu.h"
 #include "kernels/cuda/mamba2_gpu.h"
+#include "kernels/cuda/mamba3_gpu.h"
 #include "kernels/model/mamba1.h"
 
 _Static_assert((int)MBD_MAMBA1_GPU_LOGITS_NONE == (int)MBD_LOGITS_NONE &&
@@ -79,7 +80,8 @@ static const mbd_gpu_model_ops k_mamba1 = {
     .step = m1_step,
 };
 
-static const mbd_gpu_model_ops *const k_families[] = {&k_mamba1, &mbd_mamba2_gpu_ops};
+static const mbd_gpu_model_ops *const k_families[] = {&k_mamba1, &mbd_mamba2_gpu_ops,
+                                                      &mbd_mamba3_gpu_ops};
 
 const mbd_gpu_model_ops *mbd_gpu_model_ops_find(const char *name) {
   for (size_t i = 0; name && i < sizeof k_families / sizeof k_families[0]; i++)

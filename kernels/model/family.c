@@ -8,11 +8,13 @@
 #include "kernels/model/config_json.h"
 #include "kernels/model/mamba1.h"
 #include "kernels/model/mamba2.h"
+#include "kernels/model/mamba3.h"
 
 static const mbd_model_family k_families[] = {
     {.name = "mamba1", .model_type = "mamba", .legacy_layer = "Mamba1",
      .cpu = &mbd_mamba1_cpu_ops},
     {.name = "mamba2", .model_type = "mamba2", .legacy_layer = "Mamba2", .cpu = &mbd_mamba2_cpu_ops},
+    {.name = "mamba3", .model_type = "mamba3", .legacy_layer = "Mamba3", .cpu = &mbd_mamba3_cpu_ops},
 };
 #define NFAMILIES (sizeof k_families / sizeof k_families[0])
 

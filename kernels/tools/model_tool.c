@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "common/tensor.h"
 #include "kernels/model/mamba2.h"
+#include "kernels/model/mamba3_synth.h"
 #include "kernels/model/synth.h"
 #include "kernels/model/synth_tokenizer.h"
 
@@ -21,7 +22,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage:\n"
           "  mambad-model synth --shape 130m|370m|1.4b|2.8b|custom --out DIR\n"
-          "                     [--dtype f32|bf16|f16] [--seed S]\n"
+          "                     [--dtype f32|bf16|f16] [--seed S] [--family mamba1|mamba3]\n"
           "                     [--d-model D --layers L --vocab V]   (custom, or overrides)\n"
           "      writes DIR/config.json + DIR/model.safetensors (Hugging Face layout,\n"
           "      seeded random weights initialised like MambaForCausalLM)\n"
@@ -81,6 +82,29 @@ static int synth_mamba2(const char *shape, const char *out, mbd_dtype dt, long l
   return 0;
 }
 
+/* --family mamba3: a Mamba-3 SISO checkpoint (kernels/model/mamba3_synth.h). */
+static int synth_mamba3(const char *shape, const char *out, const char *dts, long long seed,
+                        long long dm, long long layers, long long vocab) {
+  mbd_error err = {0};
+  mbd_mamba3_config c;
+  mbd_dtype dt;
+  if (mbd_mamba3_synth_shape(shape, (int)dm, (int)layers, (int)vocab, &c, &err) ||
+      mbd_dtype_parse(dts, &dt, &err) || dt == MBD_DTYPE_I64) {
+    fprintf(stderr, "mambad-model synth: %s\n", err.msg[0] ? err.msg : "bad --dtype");
+    return 2;
+  }
+  if ((mkdir(out, 0755) != 0 && errno != EEXIST) ||
+      mbd_mamba3_synth_write(&c, dt, (uint64_t)seed, out, &err) ||
+      mbd_synth_tokenizer_write(c.vocab_padded, out, &err)) {
+    fprintf(stderr, "mambad-model synth: %s: %s\n", out, err.msg[0] ? err.msg : strerror(errno));
+    return 1;
+  }
+  fprintf(stderr, "wrote %s: Mamba-3 SISO, d_model %d, layers %d, vocab %d, heads %d x %d, "
+          "d_state %d, %s\n", out, c.d_model, c.n_layer, c.vocab_padded, c.heads, c.headdim,
+          c.d_state, mbd_dtype_name(dt));
+  return 0;
+}
+
 static int cmd_synth(int argc, char **argv) {
   const char *shape = NULL, *out = NULL, *dts = "f32", *family = "mamba1";
   long long seed = 0, dm = 0, layers = 0, vocab = 0;
@@ -107,9 +131,10 @@ static int cmd_synth(int argc, char **argv) {
     return 2;
   }
   mbd_error err = {0};
+  if (family && !strcmp(family, "mamba3")) return synth_mamba3(shape, out, dts, seed, dm, layers, vocab);
   mbd_dtype dt;
   if (!family || (strcmp(family, "mamba1") && strcmp(family, "mamba2"))) {
-    fprintf(stderr, "mambad-model synth: --family must be mamba1 or mamba2\n");
+    fprintf(stderr, "mambad-model synth: --family must be mamba1, mamba2 or mamba3\n");
     return 2;
   }
   if (mbd_dtype_parse(dts, &dt, &err) || dt == MBD_DTYPE_I64) {

@@ -93,11 +93,11 @@ static void test_backend_refuses(void **state) {
   mbd_backend *b = NULL;
   mbd_error err = {0};
   assert_int_equal(mbd_backend_new(MBD_BACKEND_CPU, &o, &b, &err), MBD_OK);
-  write_config("{\"model_type\": \"mamba3\"}");
+  write_config("{\"model_type\": \"hyena\"}");
   mbd_bmodel *m = (mbd_bmodel *)1;
   assert_int_equal(b->ops->model_load(b, g_dir, &m, &err), MBD_E_UNSUPPORTED);
   assert_null(m);
-  assert_non_null(strstr(err.msg, "'mamba3'"));
+  assert_non_null(strstr(err.msg, "'hyena'"));
   write_config("{\"model_type\": \"mamba\", \"hidden_size\": 64}"); /* no weights */
   assert_int_not_equal(b->ops->model_load(b, g_dir, &m, &err), MBD_OK);
   mbd_backend_destroy(&b);

@@ -1,0 +1,742 @@
+/* Mamba-3 SISO model on the CPU backend (see mamba3.h).
+ *
+ * A call's tokens are flattened into rows, sequence-major, and processed in
+ * chunks of at most max_rows rows (a time window of every sequence), as the
+ * Mamba-1 model does. Row-wise work (norms, projections via the
+ * batch-invariant GEMM, mbd_cpu_m3_preprocess) depends only on the row; the
+ * recurrence walks each sequence's rows in time order with
+ * mbd_cpu_m3_head_step, one task per (sequence, head). So neither the batch,
+ * the slot, the chunking nor prefill-vs-step can change a sequence's bits. */
+#include "kernels/model/mamba3.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/half.h"
+#include "common/safetensors.h"
+#include "kernels/cpu/cpu_ctx.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/mamba3_ops.h"
+#include "kernels/cpu/mamba_ops.h"
+#include "kernels/portable_math.h"
+
+#define DEFAULT_MAX_ROWS 256
+#define NORM_EPS 1e-5f
+
+/* ---- config ---- */
+
+static int cfg_int(const char *path, const json_t *obj, const char *key, long long def,
+                   long long lo, long long hi, int *out, mbd_error *err) {
+  const json_t *v = json_object_get(obj, key);
+  long long x = def;
+  if (v && !json_is_null(v)) {
+    if (json_is_integer(v))
+      x = json_integer_value(v);
+    else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) &&
+             fabs(json_real_value(v)) < 1e15)
+      x = (long long)json_real_value(v);
+    else
+      return mbd_error_set(err, MBD_E_FORMAT, "%s: %s must be an integer", path, key);
+  }
+  if (x < lo || x > hi)
+    return mbd_error_set(err, MBD_E_FORMAT, "%s: %s = %lld outside [%lld, %lld]", path, key, x,
+                         lo, hi);
+  *out = (int)x;
+  return MBD_OK;
+}
+
+static int cfg_real(const char *path, const json_t *obj, const char *key, double def,
+                    double *out, mbd_error *err) {
+  const json_t *v = json_object_get(obj, key);
+  *out = def;
+  if (!v || json_is_null(v)) return MBD_OK;
+  if (!json_is_number(v))
+    return mbd_error_set(err, MBD_E_FORMAT, "%s: %s must be a number", path, key);
+  *out = json_number_value(v);
+  return MBD_OK;
+}
+
+static int cfg_bool(const char *path, const json_t *obj, const char *key, int def, int *out,
+                    mbd_error *err) {
+  const json_t *v = json_object_get(obj, key);
+  *out = def;
+  if (!v || json_is_null(v)) return MBD_OK;
+  if (!json_is_boolean(v))
+    return mbd_error_set(err, MBD_E_FORMAT, "%s: %s must be true or false", path, key);
+  *out = json_is_true(v);
+  return MBD_OK;
+}
+
+static int parse_config(const char *path, const json_t *root, mbd_mamba3_config *c,
+                        mbd_error *err) {
+  const json_t *ssm = json_object_get(root, "ssm_cfg");
+  if (!json_is_object(ssm))
+    return mbd_error_set(err, MBD_E_FORMAT, "%s: ssm_cfg must be an object", path);
+  const json_t *layer = json_object_get(ssm, "layer");
+  if (!json_is_string(layer) || strcmp(json_string_value(layer), "Mamba3"))
+    return mbd_error_set(err, MBD_E_FORMAT, "%s: ssm_cfg.layer must be \"Mamba3\"", path);
+  int rc, d_inter, pad, rms, mimo;
+  double expand, rope, a_floor;
+  if ((rc = cfg_int(path, root, "d_model", -1, 1, 1 << 20, &c->d_model, err)) ||
+      (rc = cfg_int(path, root, "n_layer", -1, 1, 4096, &c->n_layer, err)) ||
+      (rc = cfg_int(path, root, "vocab_size", -1, 1, 1 << 24, &c->vocab_size, err)) ||
+      (rc = cfg_int(path, root, "d_intermediate", 0, 0, 0, &d_inter, err)) ||
+      (rc = cfg_int(path, root, "pad_vocab_size_multiple", 1, 1, 1 << 16, &pad, err)) ||
+      (rc = cfg_bool(path, root, "rms_norm", 1, &rms, err)) ||
+      (rc = cfg_bool(path, root, "tie_embeddings", 1, &c->tie_embeddings, err)) ||
+      (rc = cfg_int(path, ssm, "d_state", 128, 2, 1 << 12, &c->d_state, err)) ||
+      (rc = cfg_real(path, ssm, "expand", 2.0, &expand, err)) ||
+      (rc = cfg_int(path, ssm, "headdim", 64, 1, 1 << 12, &c->headdim, err)) ||
+      (rc = cfg_int(path, ssm, "ngroups", 1, 1, 1 << 12, &c->ngroups, err)) ||
+      (rc = cfg_real(path, ssm, "rope_fraction", 0.5, &rope, err)) ||
+      (rc = cfg_real(path, ssm, "A_floor", 1e-4, &a_floor, err)) ||
+      (rc = cfg_bool(path, ssm, "is_outproj_norm", 0, &c->outproj_norm, err)) ||
+      (rc = cfg_bool(path, ssm, "is_mimo", 0, &mimo, err)))
+    return rc;
+  const json_t *attn = json_object_get(root, "attn_layer_idx");
+  if (attn && !json_is_null(attn) && !(json_is_array(attn) && json_array_size(attn) == 0))
+    return mbd_error_set(err, MBD_E_UNSUPPORTED, "%s: attention layers are not supported", path);
+  if (!rms)
+    return mbd_error_set(err, MBD_E_UNSUPPORTED, "%s: rms_norm false (LayerNorm) is not supported",
+                         path);
+  if (mimo)
+    return mbd_error_set(err, MBD_E_UNSUPPORTED, "%s: Mamba-3 MIMO is not supported (SISO only)",
+                         path);
+  if (rope != 0.5 && rope != 1.0)
+    return mbd_error_set(err, MBD_E_FORMAT, "%s: rope_fraction must be 0.5 or 1.0", path);
+  if (!(expand > 0) || expand * c->d_model > (double)(1 << 24))
+    return mbd_error_set(err, MBD_E_FORMAT, "%s: bad expand", path);
+  if (!(a_floor >= 0) || !isfinite(a_floor))
+    return mbd_error_set(err, MBD_E_FORMAT, "%s: bad A_floor", path);
+  c->d_inner = (int64_t)(expand * c->d_model); /* int(expand * d_model), as upstream */
+  if (c->d_inner < 1 || c->d_inner % c->headdim)
+    return mbd_error_set(err, MBD_E_FORMAT, "%s: d_inner %lld is not a multiple of headdim %d",
+                         path, (long long)c->d_inner, c->headdim);
+  c->heads = (int)(c->d_inner / c->headdim);
+  if (c->heads % c->ngroups)
+    return mbd_error_set(err, MBD_E_FORMAT, "%s: %d heads do not split into %d groups", path,
+                         c->heads, c->ngroups);
+  if (c->d_state % 2)
+    return mbd_error_set(err, MBD_E_FORMAT, "%s: d_state must be even (rotary pairs)", path);
+  int split = (int)(c->d_state * rope);
+  if (split % 2) split--;
+  c->angles = split / 2;
+  if (c->angles < 1)
+    return mbd_error_set(err, MBD_E_FORMAT, "%s: no rotary angles (d_state too small)", path);
+  c->rope_fraction = (float)rope;
+  c->a_floor = (float)a_floor;
+  c->eps = NORM_EPS;
+  c->vocab_padded = (int)(((int64_t)c->vocab_size + pad - 1) / pad * pad);
+  c->d_in_proj = 2 * c->d_inner + 2 * (int64_t)c->ngroups * c->d_state + 3 * c->heads + c->angles;
+  return MBD_OK;
+}
+
+int mbd_mamba3_config_load(const char *dir, mbd_mamba3_config *out, mbd_error *err) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  memset(out, 0, sizeof(*out));
+  json_error_t jerr;
+  json_t *root = json_load_file(path, 0, &jerr);
+  if (!root) return mbd_error_set(err, MBD_E_FORMAT, "%s: %s", path, jerr.text);
+  int rc = json_is_object(root) ? parse_config(path, root, out, err)
+                                : mbd_error_set(err, MBD_E_FORMAT, "%s: not a JSON object", path);
+  json_decref(root);
+  return rc;
+}
+
+/* ---- model ---- */
+
+typedef struct layer_w {
+  float *norm;            /* [d] */
+  mbd_cpu_wpack *in_proj; /* [d_in_proj, d] */
+  float *dt_bias;         /* [heads] */
+  float *b_bias, *c_bias; /* [heads][d_state] */
+  float *b_norm, *c_norm; /* [d_state] */
+  float *D;               /* [heads] */
+  float *onorm;           /* [d_inner] (outproj_norm) or NULL */
+  mbd_cpu_wpack *out_proj;/* [d, d_inner] */
+} layer_w;
+
+struct mbd_mamba3_model {
+  mbd_mamba3_config cfg;
+  mbd_m3_dims dims;
+  mbd_dtype dtype;
+  mbd_cpu_ctx *ctx;
+  layer_w *layers;
+  mbd_cpu_wpack *embed;   /* [Vp, d], the LM head when tied */
+  mbd_cpu_wpack *lm_head; /* untied only */
+  float *norm_f;
+  int64_t max_rows;
+  float *resid, *xn, *proj, *y, *out; /* workspace rows */
+  float *scratch;         /* [threads][2 d_state] */
+  int batch_cap;
+  float *last;
+  int64_t *seg;
+  const int32_t **step_tok;
+  int64_t *step_len;
+};
+
+struct mbd_mamba3_state {
+  int n_layer, heads, headdim, d_state, angles;
+  int64_t pos;
+  float *buf; /* angle | ssm | k | v, each [n_layer][heads][...] */
+};
+
+void mbd_mamba3_options_default(mbd_mamba3_options *o) {
+  memset(o, 0, sizeof(*o));
+  o->dtype = MBD_DTYPE_F32;
+  o->isa = MBD_CPU_ISA_AUTO;
+  o->max_rows = DEFAULT_MAX_ROWS;
+}
+
+static float round_to(mbd_dtype dt, float v) {
+  if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(mbd_f32_to_bf16(v));
+  if (dt == MBD_DTYPE_F16) return mbd_f16_to_f32(mbd_f32_to_f16(v));
+  return v;
+}
+
+/* A small parameter as f32, rounded through `dt` (F32: kept). */
+static int load_vec(const mbd_st_dir *s, const char *name, int ndim, const int64_t *shape,
+                    mbd_dtype dt, float **out, mbd_error *err) {
+  const mbd_st_entry *e = NULL;
+  int rc = mbd_st_dir_get_float(s, name, ndim, shape, &e, err);
+  if (rc) return rc;
+  size_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+  float *v = malloc(n * sizeof(float) + 1);
+  if (!v) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory loading %s", name);
+  for (size_t i = 0; i < n; i++) v[i] = round_to(dt, mbd_st_entry_f32(e, i));
+  *out = v;
+  return MBD_OK;
+}
+
+static int load_mat(mbd_mamba3_model *m, const mbd_st_dir *s, const char *name, int64_t rows,
+                    int64_t cols, mbd_cpu_wpack **out, mbd_error *err) {
+  const mbd_st_entry *e = NULL;
+  int64_t shape[2] = {rows, cols};
+  int rc = mbd_st_dir_get_float(s, name, 2, shape, &e, err);
+  if (rc) return rc;
+  const void *src = e->data;
+  void *copy = NULL;
+  if (((uintptr_t)src) % mbd_dtype_size(e->desc.dtype) != 0) {
+    copy = malloc(e->nbytes);
+    if (!copy) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory loading %s", name);
+    memcpy(copy, src, e->nbytes);
+    src = copy;
+  }
+  rc = mbd_cpu_wpack_new(m->dtype, rows, cols, e->desc.dtype, src, cols, out, err);
+  free(copy);
+  if (rc) return mbd_error_prefix(err, "model tensor %s: ", name);
+  return MBD_OK;
+}
+
+static int load_layer(mbd_mamba3_model *m, const mbd_st_dir *s, int i, mbd_error *err) {
+  const mbd_mamba3_config *c = &m->cfg;
+  layer_w *L = &m->layers[i];
+  char nm[256];
+  int rc;
+#define NAME(suffix) (snprintf(nm, sizeof(nm), "backbone.layers.%d.%s", i, suffix), nm)
+  int64_t sh_d[1] = {c->d_model}, sh_h[1] = {c->heads}, sh_n[1] = {c->d_state};
+  int64_t sh_di[1] = {c->d_inner}, sh_bias[3] = {c->heads, 1, c->d_state};
+  mbd_dtype f32 = MBD_DTYPE_F32;
+  if ((rc = load_vec(s, NAME("norm.weight"), 1, sh_d, m->dtype, &L->norm, err)) ||
+      (rc = load_mat(m, s, NAME("mixer.in_proj.weight"), c->d_in_proj, c->d_model, &L->in_proj,
+                     err)) ||
+      (rc = load_vec(s, NAME("mixer.dt_bias"), 1, sh_h, f32, &L->dt_bias, err)) ||
+      (rc = load_vec(s, NAME("mixer.B_bias"), 3, sh_bias, f32, &L->b_bias, err)) ||
+      (rc = load_vec(s, NAME("mixer.C_bias"), 3, sh_bias, f32, &L->c_bias, err)) ||
+      (rc = load_vec(s, NAME("mixer.B_norm.weight"), 1, sh_n, m->dtype, &L->b_norm, err)) ||
+      (rc = load_vec(s, NAME("mixer.C_norm.weight"), 1, sh_n, m->dtype, &L->c_norm, err)) ||
+      (rc = load_vec(s, NAME("mixer.D"), 1, sh_h, f32, &L->D, err)) ||
+      (c->outproj_norm &&
+       (rc = load_vec(s, NAME("mixer.norm.weight"), 1, sh_di, m->dtype, &L->onorm, err))) ||
+      (rc = load_mat(m, s, NAME("mixer.out_proj.weight"), c->d_model, c->d_inner, &L->out_proj,
+                     err)))
+    return rc;
+#undef NAME
+  return MBD_OK;
+}
+
+static int alloc_workspace(mbd_mamba3_model *m, mbd_error *err) {
+  const mbd_mamba3_config *c = &m->cfg;
+  size_t r = (size_t)m->max_rows, d = (size_t)c->d_model, di = (size_t)c->d_inner;
+  float **bufs[] = {&m->resid, &m->xn, &m->proj, &m->y, &m->out};
+  size_t sizes[] = {r * d, r * d, r * (size_t)c->d_in_proj, r * di, r * d};
+  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+    *bufs[i] = calloc(sizes[i], sizeof(float));
+    if (!*bufs[i]) return mbd_error_set(err, MBD_E_NOMEM, "model: cannot allocate workspace");
+  }
+  m->scratch = calloc((size_t)mbd_cpu_ctx_threads(m->ctx) * 2 * (size_t)c->d_state, sizeof(float));
+  if (!m->scratch) return mbd_error_set(err, MBD_E_NOMEM, "model: cannot allocate workspace");
+  size_t a = mbd_cpu_gemm_scratch_bytes(c->d_model), b = mbd_cpu_gemm_scratch_bytes(c->d_inner);
+  return mbd_cpu_ctx_reserve(m->ctx, a > b ? a : b, err);
+}
+
+int mbd_mamba3_load(const char *dir, const mbd_mamba3_options *opts, mbd_mamba3_model **out,
+                    mbd_error *err) {
+  *out = NULL;
+  mbd_mamba3_options def;
+  if (!opts) {
+    mbd_mamba3_options_default(&def);
+    opts = &def;
+  }
+  if (opts->dtype != MBD_DTYPE_F32 && opts->dtype != MBD_DTYPE_BF16 &&
+      opts->dtype != MBD_DTYPE_F16)
+    return mbd_error_set(err, MBD_E_INVALID, "model: storage dtype must be f32, bf16 or f16");
+  mbd_st_dir *sh = NULL;
+  mbd_mamba3_model *m = calloc(1, sizeof(*m));
+  if (!m) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
+  int rc = mbd_mamba3_config_load(dir, &m->cfg, err);
+  if (rc) goto fail;
+  const mbd_mamba3_config *c = &m->cfg;
+  m->dims = (mbd_m3_dims){.d_inner = c->d_inner, .heads = c->heads, .headdim = c->headdim,
+                          .d_state = c->d_state, .ngroups = c->ngroups, .angles = c->angles,
+                          .a_floor = c->a_floor, .eps = c->eps};
+  m->dtype = opts->dtype;
+  m->max_rows = opts->max_rows > 0 ? opts->max_rows : DEFAULT_MAX_ROWS;
+  if ((rc = mbd_cpu_ctx_new(opts->threads, (mbd_cpu_isa)opts->isa, &m->ctx, err))) goto fail;
+  if ((rc = mbd_st_dir_open(dir, &sh, err))) goto fail;
+  m->layers = calloc((size_t)c->n_layer, sizeof(layer_w));
+  if (!m->layers) {
+    rc = mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
+    goto fail;
+  }
+  for (int i = 0; i < c->n_layer; i++)
+    if ((rc = load_layer(m, sh, i, err))) goto fail;
+  int64_t sh_d[1] = {c->d_model};
+  if ((rc = load_mat(m, sh, "backbone.embedding.weight", c->vocab_padded, c->d_model, &m->embed,
+                     err)))
+    goto fail;
+  if (!c->tie_embeddings &&
+      (rc = load_mat(m, sh, "lm_head.weight", c->vocab_padded, c->d_model, &m->lm_head, err)))
+    goto fail;
+  if ((rc = load_vec(sh, "backbone.norm_f.weight", 1, sh_d, m->dtype, &m->norm_f, err))) goto fail;
+  mbd_st_dir_destroy(&sh);
+  if ((rc = alloc_workspace(m, err))) goto fail;
+  *out = m;
+  return MBD_OK;
+fail:
+  mbd_st_dir_destroy(&sh);
+  mbd_mamba3_destroy(&m);
+  return mbd_error_prefix(err, "mamba3 %s: ", dir);
+}
+
+void mbd_mamba3_destroy(mbd_mamba3_model **pm) {
+  if (!pm || !*pm) return;
+  mbd_mamba3_model *m = *pm;
+  for (int i = 0; m->layers && i < m->cfg.n_layer; i++) {
+    layer_w *L = &m->layers[i];
+    free(L->norm);
+    mbd_cpu_wpack_destroy(&L->in_proj);
+    free(L->dt_bias);
+    free(L->b_bias);
+    free(L->c_bias);
+    free(L->b_norm);
+    free(L->c_norm);
+    free(L->D);
+    free(L->onorm);
+    mbd_cpu_wpack_destroy(&L->out_proj);
+  }
+  free(m->layers);
+  mbd_cpu_wpack_destroy(&m->embed);
+  mbd_cpu_wpack_destroy(&m->lm_head);
+  free(m->norm_f);
+  free(m->resid);
+  free(m->xn);
+  free(m->proj);
+  free(m->y);
+  free(m->out);
+  free(m->scratch);
+  free(m->last);
+  free(m->seg);
+  free(m->step_tok);
+  free(m->step_len);
+  mbd_cpu_ctx_destroy(&m->ctx);
+  free(m);
+  *pm = NULL;
+}
+
+const mbd_mamba3_config *mbd_mamba3_model_config(const mbd_mamba3_model *m) { return &m->cfg; }
+int mbd_mamba3_vocab(const mbd_mamba3_model *m) { return m->cfg.vocab_padded; }
+const char *mbd_mamba3_isa(const mbd_mamba3_model *m) {
+  return mbd_cpu_isa_name(mbd_cpu_ctx_isa(m->ctx));
+}
+
+/* ---- state ---- */
+
+/* Floats per layer of each part, and the part offsets in buf. */
+static size_t n_ang(const mbd_mamba3_state *s) { return (size_t)s->heads * (size_t)s->angles; }
+static size_t n_ssm(const mbd_mamba3_state *s) {
+  return (size_t)s->heads * (size_t)s->headdim * (size_t)s->d_state;
+}
+static size_t n_k(const mbd_mamba3_state *s) { return (size_t)s->heads * (size_t)s->d_state; }
+static size_t n_v(const mbd_mamba3_state *s) { return (size_t)s->heads * (size_t)s->headdim; }
+static size_t n_all(const mbd_mamba3_state *s) {
+  return (size_t)s->n_layer * (n_ang(s) + n_ssm(s) + n_k(s) + n_v(s));
+}
+static float *part_ang(const mbd_mamba3_state *s, int l) { return s->buf + (size_t)l * n_ang(s); }
+static float *part_ssm(const mbd_mamba3_state *s, int l) {
+  return s->buf + (size_t)s->n_layer * n_ang(s) + (size_t)l * n_ssm(s);
+}
+static float *part_k(const mbd_mamba3_state *s, int l) {
+  return s->buf + (size_t)s->n_layer * (n_ang(s) + n_ssm(s)) + (size_t)l * n_k(s);
+}
+static float *part_v(const mbd_mamba3_state *s, int l) {
+  return s->buf + (size_t)s->n_layer * (n_ang(s) + n_ssm(s) + n_k(s)) + (size_t)l * n_v(s);
+}
+
+int mbd_mamba3_state_new(const mbd_mamba3_model *m, mbd_mamba3_state **out, mbd_error *err) {
+  *out = NULL;
+  mbd_mamba3_state *s = calloc(1, sizeof(*s));
+  if (!s) return mbd_error_set(err, MBD_E_NOMEM, "state: out of memory");
+  s->n_layer = m->cfg.n_layer;
+  s->heads = m->cfg.heads;
+  s->headdim = m->cfg.headdim;
+  s->d_state = m->cfg.d_state;
+  s->angles = m->cfg.angles;
+  s->buf = calloc(n_all(s) + 1, sizeof(float));
+  if (!s->buf) {
+    free(s);
+    return mbd_error_set(err, MBD_E_NOMEM, "state: out of memory");
+  }
+  *out = s;
+  return MBD_OK;
+}
+
+void mbd_mamba3_state_destroy(mbd_mamba3_state **ps) {
+  if (!ps || !*ps) return;
+  free((*ps)->buf);
+  free(*ps);
+  *ps = NULL;
+}
+
+int64_t mbd_mamba3_state_position(const mbd_mamba3_state *s) { return s->pos; }
+
+size_t mbd_mamba3_state_export_size(const mbd_mamba3_state *s) {
+  return MBD_STATE_IMAGE_HEADER + n_all(s) * sizeof(float);
+}
+
+mbd_state_shape mbd_mamba3_state_shape(const mbd_mamba3_config *c) {
+  mbd_state_shape sh = {.family = MBD_STATE_FAMILY_MAMBA3,
+                        .n_layer = (uint32_t)c->n_layer,
+                        .d_inner = (uint32_t)c->d_inner,
+                        .d_conv = (uint32_t)c->heads,
+                        .d_state = (uint32_t)c->d_state};
+  return sh;
+}
+
+static mbd_state_shape state_shape(const mbd_mamba3_state *s) {
+  mbd_mamba3_config c = {.n_layer = s->n_layer, .d_inner = (int64_t)s->heads * s->headdim,
+                         .heads = s->heads, .d_state = s->d_state};
+  return mbd_mamba3_state_shape(&c);
+}
+
+int mbd_mamba3_state_export(const mbd_mamba3_state *s, void *buf, size_t cap, size_t *len,
+                            mbd_error *err) {
+  size_t need = mbd_mamba3_state_export_size(s), n = n_all(s);
+  if (cap < need)
+    return mbd_error_set(err, MBD_E_TOO_LARGE, "state export needs %zu bytes, buffer has %zu",
+                         need, cap);
+  unsigned char *p = buf;
+  mbd_state_shape shape = state_shape(s);
+  mbd_state_image_write_header(p, &shape, s->pos);
+  p += MBD_STATE_IMAGE_HEADER;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u = mbd_f32_to_bits(s->buf[i]);
+    for (int b = 0; b < 4; b++) p[4 * i + (size_t)b] = (unsigned char)(u >> (8 * b));
+  }
+  if (len) *len = need;
+  return MBD_OK;
+}
+
+int mbd_mamba3_state_import(mbd_mamba3_state *s, const void *buf, size_t len, mbd_error *err) {
+  int64_t pos;
+  mbd_state_shape shape = state_shape(s);
+  int rc = mbd_state_image_read_header(buf, len, &shape, &pos, err);
+  if (rc) return rc;
+  if (len != mbd_mamba3_state_export_size(s))
+    return mbd_error_set(err, MBD_E_FORMAT, "state import: %zu bytes, expected %zu", len,
+                         mbd_mamba3_state_export_size(s));
+  const unsigned char *p = (const unsigned char *)buf + MBD_STATE_IMAGE_HEADER;
+  size_t n = n_all(s);
+  for (size_t i = 0; i < n; i++) {
+    const unsigned char *q = p + 4 * i;
+    uint32_t u = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 |
+                 (uint32_t)q[3] << 24;
+    s->buf[i] = mbd_bits_to_f32(u);
+  }
+  s->pos = pos;
+  return MBD_OK;
+}
+
+/* ---- forward ---- */
+
+typedef struct chunk {
+  mbd_mamba3_model *m;
+  mbd_mamba3_state *const *states;
+  const int64_t *seg; /* nseg x {seq, row0, nrows, t0} */
+  int layer;
+} chunk;
+
+static void pre_task(void *arg, int64_t r, int thread) {
+  (void)thread;
+  const chunk *ch = arg;
+  mbd_mamba3_model *m = ch->m;
+  const layer_w *L = &m->layers[ch->layer];
+  mbd_cpu_m3_preprocess(&m->dims, L->dt_bias, L->b_norm, L->c_norm,
+                        m->proj + r * m->cfg.d_in_proj);
+}
+
+static void head_task(void *arg, int64_t task, int thread) {
+  const chunk *ch = arg;
+  mbd_mamba3_model *m = ch->m;
+  const mbd_mamba3_config *c = &m->cfg;
+  const layer_w *L = &m->layers[ch->layer];
+  const int H = c->heads, P = c->headdim, N = c->d_state, S = c->angles;
+  const int64_t *sg = ch->seg + 4 * (task / H);
+  const int h = (int)(task % H);
+  const mbd_mamba3_state *s = ch->states[sg[0]];
+  float *ang = part_ang(s, ch->layer) + (size_t)h * (size_t)S;
+  float *ssm = part_ssm(s, ch->layer) + (size_t)h * (size_t)P * (size_t)N;
+  float *kst = part_k(s, ch->layer) + (size_t)h * (size_t)N;
+  float *vst = part_v(s, ch->layer) + (size_t)h * (size_t)P;
+  float *scratch = m->scratch + (size_t)thread * 2 * (size_t)N;
+  for (int64_t r = sg[1]; r < sg[1] + sg[2]; r++) {
+    float *y = m->y + r * c->d_inner + (int64_t)h * P;
+    mbd_cpu_m3_head_step(&m->dims, h, m->proj + r * c->d_in_proj, L->b_bias + (size_t)h * N,
+                         L->c_bias + (size_t)h * N, L->D[h], !c->outproj_norm, ang, ssm, kst, vst,
+                         y, scratch);
+    if (c->outproj_norm) { /* norm before gate, per head: rmsnorm(y) w silu(z) */
+      const float *z = m->proj + r * c->d_in_proj + (int64_t)h * P;
+      mbd_cpu_rmsnorm(y, L->onorm + (size_t)h * P, P, c->eps, y);
+      for (int p = 0; p < P; p++) y[p] = y[p] * mbd_pm_silu(z[p]);
+    }
+  }
+}
+
+/* Runs all layers over the chunk's rows; leaves final-normed rows in m->xn. */
+static int forward_rows(mbd_mamba3_model *m, mbd_mamba3_state *const *states, const int64_t *seg,
+                        int64_t nseg, int64_t rows, mbd_error *err) {
+  const mbd_mamba3_config *c = &m->cfg;
+  int64_t d = c->d_model, di = c->d_inner, np = c->d_in_proj;
+  chunk ch = {.m = m, .states = states, .seg = seg};
+  int rc;
+  for (int l = 0; l < c->n_layer; l++) {
+    const layer_w *L = &m->layers[l];
+    ch.layer = l;
+    for (int64_t r = 0; r < rows; r++)
+      mbd_cpu_rmsnorm(m->resid + r * d, L->norm, d, c->eps, m->xn + r * d);
+    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->xn, d, L->in_proj, NULL, m->proj, np, err)))
+      return rc;
+    mbd_cpu_ctx_run_sized(m->ctx, pre_task, &ch, rows, rows * (np - 2 * di) * 16);
+    mbd_cpu_ctx_run_sized(m->ctx, head_task, &ch, nseg * c->heads,
+                          rows * di * c->d_state * 6);
+    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->y, di, L->out_proj, NULL, m->out, d, err)))
+      return rc;
+    for (int64_t i = 0; i < rows * d; i++) m->resid[i] = m->resid[i] + m->out[i];
+  }
+  for (int64_t r = 0; r < rows; r++)
+    mbd_cpu_rmsnorm(m->resid + r * d, m->norm_f, d, c->eps, m->xn + r * d);
+  return MBD_OK;
+}
+
+static int ensure_batch(mbd_mamba3_model *m, int batch, mbd_error *err) {
+  if (batch <= m->batch_cap) return MBD_OK;
+  float *last = realloc(m->last, (size_t)batch * (size_t)m->cfg.d_model * sizeof(float));
+  if (last) m->last = last;
+  int64_t *seg = last ? realloc(m->seg, (size_t)batch * 4 * sizeof(int64_t)) : NULL;
+  if (seg) m->seg = seg;
+  const int32_t **st = seg ? realloc(m->step_tok, (size_t)batch * sizeof(*st)) : NULL;
+  if (st) m->step_tok = st;
+  int64_t *sl = st ? realloc(m->step_len, (size_t)batch * sizeof(*sl)) : NULL;
+  if (!sl) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
+  m->step_len = sl;
+  m->batch_cap = batch;
+  return MBD_OK;
+}
+
+/* Writes the logits of the ALL selector for the chunk's segments. */
+static int logits_all(mbd_mamba3_model *m, const int64_t *lens, int g0, int64_t out_base,
+                      int64_t nseg, float *logits, mbd_error *err) {
+  const mbd_cpu_wpack *head = m->lm_head ? m->lm_head : m->embed;
+  int64_t V = m->cfg.vocab_padded, d = m->cfg.d_model;
+  for (int64_t i = 0; i < nseg; i++) {
+    const int64_t *sg = m->seg + 4 * i;
+    int64_t orow = out_base + sg[3];
+    for (int64_t b = g0; b < sg[0]; b++) orow += lens[b];
+    int rc = mbd_cpu_gemm_packed(m->ctx, sg[2], m->xn + sg[1] * d, d, head, NULL,
+                                 logits + orow * V, V, err);
+    if (rc) return rc;
+  }
+  return MBD_OK;
+}
+
+int mbd_mamba3_prefill(mbd_mamba3_model *m, mbd_mamba3_state *const *states, int batch,
+                       const int32_t *const *tokens, const int64_t *lens, mbd_logits_sel sel,
+                       float *logits, mbd_error *err) {
+  if (!m || batch < 0 || (batch > 0 && (!states || !tokens || !lens)))
+    return mbd_error_set(err, MBD_E_INVALID, "prefill: NULL model/states/tokens/lens");
+  if (sel != MBD_LOGITS_NONE && sel != MBD_LOGITS_LAST && sel != MBD_LOGITS_ALL)
+    return mbd_error_set(err, MBD_E_INVALID, "prefill: bad logits selector %d", (int)sel);
+  if (sel != MBD_LOGITS_NONE && !logits && batch > 0)
+    return mbd_error_set(err, MBD_E_INVALID, "prefill: logits requested but no buffer given");
+  const mbd_mamba3_config *c = &m->cfg;
+  int64_t V = c->vocab_padded, d = c->d_model;
+  for (int b = 0; b < batch; b++) {
+    const mbd_mamba3_state *s = states[b];
+    if (!s || s->n_layer != c->n_layer || s->heads != c->heads || s->headdim != c->headdim ||
+        s->d_state != c->d_state || s->angles != c->angles)
+      return mbd_error_set(err, MBD_E_SHAPE, "prefill: state %d is missing or for another model",
+                           b);
+    for (int b2 = 0; b2 < b; b2++)
+      if (states[b2] == s)
+        return mbd_error_set(err, MBD_E_INVALID, "prefill: sequences %d and %d share a state", b2,
+                             b);
+    if (lens[b] < 0 || (lens[b] > 0 && !tokens[b]))
+      return mbd_error_set(err, MBD_E_INVALID, "prefill: sequence %d has no tokens", b);
+    for (int64_t t = 0; t < lens[b]; t++)
+      if (tokens[b][t] < 0 || tokens[b][t] >= V)
+        return mbd_error_set(err, MBD_E_INVALID,
+                             "prefill: sequence %d position %lld: token %d outside vocabulary "
+                             "[0, %lld)",
+                             b, (long long)t, tokens[b][t], (long long)V);
+  }
+  int rc = ensure_batch(m, batch, err);
+  if (rc) return rc;
+  const mbd_cpu_wpack *head = m->lm_head ? m->lm_head : m->embed;
+  int64_t out_base = 0;
+  for (int g0 = 0; g0 < batch; g0 += (int)m->max_rows) {
+    int gn = batch - g0 < m->max_rows ? batch - g0 : (int)m->max_rows;
+    int64_t tw = m->max_rows / gn, glen = 0;
+    for (int b = g0; b < g0 + gn; b++) glen = lens[b] > glen ? lens[b] : glen;
+    for (int64_t t0 = 0; t0 < glen; t0 += tw) {
+      int64_t nseg = 0, rows = 0;
+      for (int b = g0; b < g0 + gn; b++) {
+        int64_t n = lens[b] - t0 < tw ? lens[b] - t0 : tw;
+        if (n <= 0) continue;
+        int64_t *sg = m->seg + 4 * nseg++;
+        sg[0] = b;
+        sg[1] = rows;
+        sg[2] = n;
+        sg[3] = t0;
+        for (int64_t t = 0; t < n; t++)
+          mbd_cpu_wpack_row(m->embed, tokens[b][t0 + t], m->resid + (rows + t) * d);
+        rows += n;
+      }
+      if ((rc = forward_rows(m, states, m->seg, nseg, rows, err))) return rc;
+      for (int64_t i = 0; i < nseg; i++) {
+        const int64_t *sg = m->seg + 4 * i;
+        int b = (int)sg[0];
+        states[b]->pos += sg[2];
+        if (sel == MBD_LOGITS_LAST && sg[3] + sg[2] == lens[b])
+          memcpy(m->last + (size_t)b * (size_t)d, m->xn + (sg[1] + sg[2] - 1) * d,
+                 (size_t)d * sizeof(float));
+      }
+      if (sel == MBD_LOGITS_ALL && (rc = logits_all(m, lens, g0, out_base, nseg, logits, err)))
+        return rc;
+    }
+    for (int b = g0; b < g0 + gn; b++) out_base += lens[b];
+  }
+  if (sel == MBD_LOGITS_LAST) {
+    int64_t n = 0;
+    for (int b = 0; b < batch; b++) {
+      if (lens[b] == 0) continue;
+      if (n != b) memmove(m->last + n * d, m->last + (int64_t)b * d, (size_t)d * sizeof(float));
+      n++;
+    }
+    if (n == batch) return mbd_cpu_gemm_packed(m->ctx, n, m->last, d, head, NULL, logits, V, err);
+    for (int b = 0, k = 0; b < batch; b++)
+      if (lens[b] > 0 &&
+          (rc = mbd_cpu_gemm_packed(m->ctx, 1, m->last + (int64_t)(k++) * d, d, head, NULL,
+                                    logits + (int64_t)b * V, V, err)))
+        return rc;
+  }
+  return MBD_OK;
+}
+
+int mbd_mamba3_step(mbd_mamba3_model *m, mbd_mamba3_state *const *states, int batch,
+                    const int32_t *tokens, float *logits, mbd_error *err) {
+  if (!m || batch < 0 || (batch > 0 && !tokens))
+    return mbd_error_set(err, MBD_E_INVALID, "step: NULL model or tokens");
+  if (batch == 0) return MBD_OK;
+  int rc = ensure_batch(m, batch, err);
+  if (rc) return rc;
+  for (int b = 0; b < batch; b++) {
+    m->step_tok[b] = tokens + b;
+    m->step_len[b] = 1;
+  }
+  return mbd_mamba3_prefill(m, states, batch, m->step_tok, m->step_len,
+                            logits ? MBD_LOGITS_LAST : MBD_LOGITS_NONE, logits, err);
+}
+
+/* ---- the family vtable (kernels/model/family.h) ---- */
+
+static int fam_load(const char *dir, const mbd_cpu_model_opts *o, void **model, mbd_error *err) {
+  mbd_mamba3_options mo;
+  mbd_mamba3_options_default(&mo);
+  mo.dtype = o->dtype;
+  mo.threads = o->threads;
+  mo.isa = o->isa;
+  mbd_mamba3_model *m = NULL;
+  int rc = mbd_mamba3_load(dir, &mo, &m, err);
+  *model = m;
+  return rc;
+}
+
+static void fam_destroy(void *model) {
+  mbd_mamba3_model *m = model;
+  mbd_mamba3_destroy(&m);
+}
+
+static int64_t fam_vocab(const void *model) { return mbd_mamba3_vocab(model); }
+static const char *fam_isa(const void *model) { return mbd_mamba3_isa(model); }
+
+static int fam_state_new(const void *model, void **state, mbd_error *err) {
+  mbd_mamba3_state *s = NULL;
+  int rc = mbd_mamba3_state_new(model, &s, err);
+  *state = s;
+  return rc;
+}
+
+static void fam_state_free(void *state) {
+  mbd_mamba3_state *s = state;
+  mbd_mamba3_state_destroy(&s);
+}
+
+static size_t fam_state_bytes(const void *state) { return mbd_mamba3_state_export_size(state); }
+
+static int fam_state_save(const void *state, void *dst, size_t cap, mbd_error *err) {
+  return mbd_mamba3_state_export(state, dst, cap, NULL, err);
+}
+
+static int fam_state_load(void *state, const void *src, size_t len, mbd_error *err) {
+  return mbd_mamba3_state_import(state, src, len, err);
+}
+
+static int fam_prefill(void *model, void *const *states, int n, const int32_t *const *tokens,
+                       const int64_t *lens, mbd_logits_sel sel, float *logits, mbd_error *err) {
+  return mbd_mamba3_prefill(model, (mbd_mamba3_state *const *)states, n, tokens, lens, sel,
+                            logits, err);
+}
+
+static int fam_step(void *model, void *const *states, int n, const int32_t *tokens,
+                    float *logits, mbd_error *err) {
+  return mbd_mamba3_step(model, (mbd_mamba3_state *const *)states, n, tokens, logits, err);
+}
+
+const mbd_cpu_model_ops mbd_mamba3_cpu_ops = {
+    .load = fam_load,
+    .destroy = fam_destroy,
+    .vocab = fam_vocab,
+    .isa = fam_isa,
+    .state_new = fam_state_new,
+    .state_free = fam_state_free,
+    .state_bytes = fam_state_bytes,
+    .state_save = fam_state_save,
+    .state_load = fam_state_load,
+    .prefill = fam_prefill,
+    .step = fam_step,
+};
