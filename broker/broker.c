@@ -8,6 +8,7 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "broker/caller.h"
 #include "common/log.h"
 
 #define LOG "broker"
@@ -105,6 +106,11 @@ static void pump(mbd_broker *b, bool client_side) {
     if (rc == MBD_E_IO || rc == MBD_E_NOMEM) {
       if (rc == MBD_E_NOMEM) MBD_LOGE(LOG, "%s", err.msg);
       return;
+    }
+    if (client_side && rc == MBD_OK) { /* the core and workers see only who we vouch for */
+      mbd_bcaller who;
+      mbd_bcaller_of(m, !strncmp(b->cfg.clients_ep, "ipc://", 6), &who);
+      rc = mbd_bcaller_stamp(m, &who, &err);
     }
     if (client_side) mbd_bcore_on_client(b->core, &m, rc, &err, now_ms());
     else mbd_bcore_on_worker(b->core, &m, rc, &err, now_ms());

@@ -411,6 +411,7 @@ void mbd_whandle_request(mbd_wstate *st, mbd_msg *msg) {
   const void *b = mbd_msg_body(msg, &blen);
   int rc = mbd_body_parse(b, blen, &body, &err);
   mbd_wreq *q = NULL;
+  mbd_shm_cache_watch(st->shm); /* a shrunk shm object fails this request's reply */
   if (rc) goto done;
   const msgpack_object *root = mbd_body_root(body);
   if ((rc = check_route(st, root, &err))) goto done;
@@ -438,6 +439,7 @@ done:
     if (!err.code) err.code = rc;
     mbd_wreply_err(st, tag, &err);
   }
+  mbd_shm_cache_watch(st->shm);
   st->served++;
   free(q);
   mbd_body_destroy(&body);
