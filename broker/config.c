@@ -17,6 +17,7 @@ void mbd_broker_config_defaults(mbd_broker_config *c) {
   c->max_message_mb = 2048;
   c->default_deadline_ms = 60000;
   c->hwm = 10000;
+  c->client_inflight = 1024;
 }
 
 static int parse_int(const char *opt, const char *v, int64_t lo, int64_t hi, int64_t *out,
@@ -55,6 +56,8 @@ int mbd_broker_config_parse(int argc, char **argv, mbd_broker_config *c, mbd_err
       if (!(rc = parse_int(o, v, 1, 1 << 20, &x, err))) c->max_message_mb = x;
     } else if (!strcmp(o, "--default-deadline-ms")) {
       if (!(rc = parse_int(o, v, 1, 24LL * 3600 * 1000, &x, err))) c->default_deadline_ms = x;
+    } else if (!strcmp(o, "--client-inflight")) {
+      if (!(rc = parse_int(o, v, 1, 10000000, &x, err))) c->client_inflight = (int)x;
     } else if (!strcmp(o, "--hwm")) {
       if (!(rc = parse_int(o, v, 1, 10000000, &x, err))) c->hwm = (int)x;
     } else {

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "broker/caller.h"
 #include "common/log.h"
 #include "common/protocol.h"
 
@@ -31,6 +32,7 @@ typedef struct breq {
   uint64_t client_tag;             /* the client's request id */
   uint8_t client[MBD_BW_IDENT_MAX];
   size_t client_len;
+  char caller[MBD_BCALLER_ID_MAX]; /* the stamped caller id; "" = anonymous (then the routing id counts) */
   uint8_t cmd;
   mbd_route_want want;
   char model[MBD_BW_NAME_MAX];
@@ -333,8 +335,10 @@ static mbd_bworker *select_for(mbd_bcore *c, breq *r, size_t *nmatch) {
 static bool place(mbd_bcore *c, breq *r) {
   if (r->is_session) {
     mbd_bworker *w = mbd_registry_find_uid(c->reg, r->session_uid);
-    if (!w || w->dead) {
-      session_lost(c, r);
+    if (!w || w->dead) { /* an id no live worker issued: as unknown as a closed one */
+      req_fail(c, r, MBD_E_NOT_FOUND,
+               "session is not open: no live worker holds it (closed, expired, or its worker "
+               "stopped; EXPORT a session while its worker lives to move it)");
       return true;
     }
     if (r->has_ipc && (w->device < 0 || strcmp(w->host_id, r->client_host))) {
@@ -452,7 +456,8 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   mbd_pack_kv_u64(&pk, "workers_joined", s->workers_joined);
   mbd_pack_kv_u64(&pk, "workers_lost", s->workers_lost);
   mbd_pack_str(&pk, "config");
-  msgpack_pack_map(&pk, 4);
+  msgpack_pack_map(&pk, 5);
+  mbd_pack_kv_i64(&pk, "client_inflight", c->cfg.client_inflight);
   mbd_pack_kv_i64(&pk, "heartbeat_ms", c->cfg.heartbeat_ms);
   mbd_pack_kv_i64(&pk, "liveness", c->cfg.liveness);
   mbd_pack_kv_i64(&pk, "queue_limit", c->cfg.queue_limit);
@@ -468,6 +473,20 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   msgpack_sbuffer_destroy(&sb);
   mbd_msg_destroy(req);
   if (m) send_to(c, MBD_BDEST_CLIENT, &m);
+}
+
+/* True when the caller (by id, or by routing id when anonymous) already has
+ * client_inflight unanswered requests. */
+static bool caller_busy(const mbd_bcore *c, const char *id, const uint8_t *peer, size_t plen) {
+  if (c->cfg.client_inflight <= 0) return false;
+  int n = 0;
+  for (const breq *r = c->all; r; r = r->anext) {
+    if (r->state == RQ_ZOMBIE) continue;
+    bool same = id[0] ? !strcmp(r->caller, id)
+                      : !r->caller[0] && r->client_len == plen && !memcmp(r->client, peer, plen);
+    if (same && ++n >= c->cfg.client_inflight) return true;
+  }
+  return false;
 }
 
 void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_error *recv_err,
@@ -528,6 +547,18 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     client_error(c, pcopy, plen, tag, rc, err.msg);
     goto done;
   }
+  mbd_bcaller who;
+  mbd_bcaller_read(mbd_body_root(body), &who);
+  if (caller_busy(c, who.id, pcopy, plen)) {
+    snprintf(msg, sizeof msg,
+             "this client already has %d requests in flight (the per-client limit, "
+             "--client-inflight); wait for replies before sending more",
+             c->cfg.client_inflight);
+    c->st.busy++;
+    client_error(c, pcopy, plen, tag, MBD_E_BUSY, msg);
+    goto done;
+  }
+  snprintf(r->caller, sizeof r->caller, "%s", who.id);
   if (dl == 0) dl = (uint64_t)c->cfg.default_deadline_ms;
   if (dl > DEADLINE_MAX_MS) dl = DEADLINE_MAX_MS;
   r->client_tag = tag;

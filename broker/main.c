@@ -17,7 +17,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: mambad-broker --clients EP --workers EP [--heartbeat-ms 1000] [--liveness 3]\n"
           "                     [--queue-limit 1024] [--max-message-mb 2048]\n"
-          "                     [--default-deadline-ms 60000] [--hwm 10000]\n"
+          "                     [--default-deadline-ms 60000] [--hwm 10000] [--client-inflight 1024]\n"
           "Routes client requests to workers whose numeric route matches (docs/architecture.md).\n"
           "EP: ZeroMQ endpoints, e.g. tcp://*:5555 or ipc:///run/mambad/clients.\n");
 }

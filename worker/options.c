@@ -12,8 +12,8 @@
 const char *mbd_worker_usage(void) {
   return "usage: mambad-worker --connect EP --name NAME [--device cpu|cuda:N] [--dtype f32|bf16|f16]\n"
          "         [--gemm-mode deterministic] [--model NAME=DIR]... [--threads N]\n"
-         "         [--capacity N] [--max-batch N] [--heartbeat-ms MS] [--liveness N]\n"
-         "         [--session-idle-s S] [--host-id ID] [--max-message-mb N]\n";
+         "         [--capacity N] [--client-sessions N] [--max-batch N] [--heartbeat-ms MS]\n"
+         "         [--liveness N] [--session-idle-s S] [--host-id ID] [--max-message-mb N]\n";
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi, long *out, mbd_error *err) {
@@ -111,6 +111,9 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
     } else if (!strcmp(a, "--capacity")) {
       if ((rc = parse_int(a, val, 1, 1 << 20, &v, err))) return rc;
       o->capacity = (int)v;
+    } else if (!strcmp(a, "--client-sessions")) {
+      if ((rc = parse_int(a, val, 1, 1 << 20, &v, err))) return rc;
+      o->client_sessions = (int)v;
     } else if (!strcmp(a, "--max-batch")) {
       if ((rc = parse_int(a, val, 1, 4096, &v, err))) return rc;
       o->max_batch = (int)v;
@@ -140,5 +143,7 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
                          "endpoint, e.g. ipc:///tmp/mambad/workers)");
   if (!o->name[0]) return mbd_error_set(err, MBD_E_INVALID, "--name NAME is required");
   if (!o->host_id[0]) mbd_host_id_get(o->host_id, sizeof o->host_id);
+  if (!o->client_sessions) o->client_sessions = o->capacity * 3 / 4 > 0 ? o->capacity * 3 / 4 : 1;
+  if (o->client_sessions > o->capacity) o->client_sessions = o->capacity;
   return MBD_OK;
 }

@@ -29,6 +29,8 @@ typedef struct mbd_worker_opts {
   int nmodels;
   int threads;                       /* --threads; 0 = one per CPU */
   int capacity;                      /* --capacity: session slots */
+  int client_sessions;               /* --client-sessions: slots one client may hold (default
+                                        3/4 of capacity, at least 1) */
   int max_batch;                     /* --max-batch: rows per batched step */
   int heartbeat_ms;                  /* --heartbeat-ms */
   int liveness;                      /* --liveness: silent intervals before reconnecting */

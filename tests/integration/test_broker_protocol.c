@@ -419,7 +419,7 @@ static void test_routing(void **state) {
   int before = b->received;
   expect_served_by(e, request(e, MBD_CMD_STEP, NULL, NULL, 0, sess), b);
   assert_int_equal(b->received, before + 1);
-  expect_error(e, request(e, MBD_CMD_STEP, NULL, NULL, 0, "uid-gone/3"), MBD_E_WORKER_LOST,
+  expect_error(e, request(e, MBD_CMD_STEP, NULL, NULL, 0, "uid-gone/3"), MBD_E_NOT_FOUND,
                "EXPORT", NULL, 0);
   /* STATUS content */
   t = e->next_tag++;

@@ -6,24 +6,21 @@
  * to own the victim's objects); skips with the reason otherwise. */
 #include <fcntl.h>
 #include <pthread.h>
-#include <pwd.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <grp.h>
 #include <sys/types.h>
 
 #include <cmocka.h>
 
 #include "worker_harness.h"
+#include "security_util.h"
 
 static wh g_h;
 static pid_t g_worker;
-static uid_t g_nobody_uid;
-static gid_t g_nobody_gid;
 
 #define M 4
 #define K 8
@@ -114,13 +111,10 @@ static bool obj_all(const char *name, size_t size, int fill) {
 static int setup(void **state) {
   (void)state;
   if (wh_init(&g_h)) return -1;
-  chmod(g_h.dir, 0755); /* the second uid must reach the clients socket */
   wh_start_broker(&g_h);
   g_worker = wh_start_worker(&g_h, "w0", NULL);
   if (wh_wait_workers(&g_h, 1, 20000)) return -1;
-  char sock[400];
-  snprintf(sock, sizeof sock, "%s/clients", g_h.dir);
-  chmod(sock, 0777);
+  sec_open_socket(&g_h);
   for (int i = 0; i < N * K; i++) g_b[i] = (float)(i % 5) - 2.0f;
   return 0;
 }
@@ -131,64 +125,33 @@ static int teardown(void **state) {
   return 0;
 }
 
-/* Runs fn(h) in a child that has become nobody, with its own client socket;
- * returns the child's exit status (0 = every check passed). */
-static int as_nobody(int (*fn)(wh *h)) {
-  fflush(stdout);
-  pid_t p = fork();
-  if (p == 0) {
-    if (setgroups(0, NULL) || setgid(g_nobody_gid) || setuid(g_nobody_uid)) _exit(90);
-    wh c = g_h;
-    c.zctx = zmq_ctx_new();
-    c.sock = zmq_socket(c.zctx, ZMQ_DEALER);
-    int linger = 0;
-    zmq_setsockopt(c.sock, ZMQ_LINGER, &linger, sizeof linger);
-    if (zmq_connect(c.sock, c.clients)) _exit(91);
-    int rc = fn(&c);
-    zmq_close(c.sock);
-    zmq_ctx_term(c.zctx);
-    _exit(rc);
-  }
-  int st = 0;
-  waitpid(p, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 100 + WTERMSIG(st);
-}
-
 static char g_secret[64], g_target[64];
-
-#define CHECK(cond)                                                                  \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      fprintf(stderr, "nobody: check failed at line %d: %s\n", __LINE__, #cond);     \
-      return __LINE__ % 200 + 1;                                                     \
-    }                                                                                \
-  } while (0)
 
 static int attacks(wh *h) {
   char msg[512];
   /* Read a root-only object through the worker. */
-  CHECK(gemm(h, g_secret, M * K * 4, NULL, msg, sizeof msg) == MBD_E_INVALID);
-  CHECK(strstr(msg, "belongs to uid 0"));
+  SEC_CHECK(gemm(h, g_secret, M * K * 4, NULL, msg, sizeof msg) == MBD_E_INVALID);
+  SEC_CHECK(strstr(msg, "belongs to uid 0"));
   /* Overwrite it through outputs (the input is nobody's own object). */
   char own[64];
   snprintf(own, sizeof own, "/mbd-sec-own-%d", (int)getpid());
-  CHECK(make_obj(own, 0600, M * K * 4, 0) == 0);
-  CHECK(gemm(h, own, M * K * 4, g_target, msg, sizeof msg) == MBD_E_INVALID);
-  CHECK(strstr(msg, "belongs to uid 0"));
+  SEC_CHECK(make_obj(own, 0600, M * K * 4, 0) == 0);
+  SEC_CHECK(gemm(h, own, M * K * 4, g_target, msg, sizeof msg) == MBD_E_INVALID);
+  SEC_CHECK(strstr(msg, "belongs to uid 0"));
   /* Directories and escapes. */
-  CHECK(gemm(h, "/..", 1 << 20, NULL, msg, sizeof msg) == MBD_E_INVALID);
-  CHECK(gemm(h, "/.", 1 << 20, NULL, msg, sizeof msg) == MBD_E_INVALID);
+  SEC_CHECK(gemm(h, "/..", 1 << 20, NULL, msg, sizeof msg) == MBD_E_INVALID);
+  SEC_CHECK(gemm(h, "/.", 1 << 20, NULL, msg, sizeof msg) == MBD_E_INVALID);
   /* A FIFO of nobody's own: refused, and the worker does not hang in open(). */
   char fifo[64], path[96];
   snprintf(fifo, sizeof fifo, "/mbd-sec-fifo-%d", (int)getpid());
   snprintf(path, sizeof path, "/dev/shm%s", fifo);
   unlink(path);
-  CHECK(mkfifo(path, 0600) == 0);
-  CHECK(gemm(h, fifo, M * K * 4, NULL, msg, sizeof msg) == MBD_E_INVALID);
-  CHECK(strstr(msg, "not a regular"));
+  SEC_CHECK(mkfifo(path, 0600) == 0);
+  SEC_CHECK(gemm(h, fifo, M * K * 4, NULL, msg, sizeof msg) == MBD_E_INVALID);
+  SEC_CHECK(strstr(msg, "not a regular"));
   unlink(path);
   /* Its own object works, and the worker is still serving. */
-  CHECK(gemm(h, own, M * K * 4, NULL, msg, sizeof msg) == 0);
+  SEC_CHECK(gemm(h, own, M * K * 4, NULL, msg, sizeof msg) == 0);
   shm_unlink(own);
   return 0;
 }
@@ -199,7 +162,7 @@ static void test_second_uid_refused(void **state) {
   snprintf(g_target, sizeof g_target, "/mbd-sec-target-%d", (int)getpid());
   assert_int_equal(make_obj(g_secret, 0600, M * K * 4, 0x42), 0);
   assert_int_equal(make_obj(g_target, 0600, M * N * 4, 0x17), 0);
-  assert_int_equal(as_nobody(attacks), 0);
+  assert_int_equal(sec_as_nobody(&g_h, attacks), 0);
   assert_true(obj_all(g_target, M * N * 4, 0x17)); /* nothing written */
   /* The owner itself is served from the same objects. */
   assert_int_equal(gemm(&g_h, g_secret, M * K * 4, g_target, NULL, 0), 0);
@@ -286,20 +249,7 @@ int main(void) {
       cmocka_unit_test(test_second_uid_refused),
       cmocka_unit_test(test_shrink_during_reads),
   };
-  if (geteuid() != 0) {
-    printf("SKIP: needs root, to act as a second uid (nobody) against root-owned objects\n");
-    return 77;
-  }
-  struct passwd *pw = getpwnam("nobody");
-  if (!pw) {
-    printf("SKIP: no user 'nobody' on this system to act as the second uid\n");
-    return 77;
-  }
-  g_nobody_uid = pw->pw_uid;
-  g_nobody_gid = pw->pw_gid;
-  if (!getenv("MBD_BIN_DIR") || !getenv("MBD_FIXTURES_DIR")) {
-    printf("SKIP: MBD_BIN_DIR / MBD_FIXTURES_DIR not set\n");
-    return 77;
-  }
+  int rc = sec_init();
+  if (rc) return rc;
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "broker/caller.h"
 #include "broker/core.h"
 #include "broker/registry.h"
 #include "common/protocol.h"
@@ -405,7 +406,7 @@ static void test_core_session_and_reregister(void **state) {
   /* sessions of the old uid are gone */
   m = client_req(MBD_CMD_STEP, 10, NULL, NULL, 0, "u2/4");
   mbd_bcore_on_client(c, &m, 0, NULL, 3);
-  assert_int_equal(err_code(s.m[0]), MBD_E_WORKER_LOST);
+  assert_int_equal(err_code(s.m[0]), MBD_E_NOT_FOUND);
   clear(&s);
   assert_int_equal(mbd_registry_count(mbd_bcore_registry(c)), 2);
   mbd_bcore_destroy(&c);
@@ -499,6 +500,91 @@ static void test_config_parse(void **state) {
   assert_int_equal(mbd_broker_config_parse(5, bad4, &c, &err), MBD_E_INVALID);
 }
 
+/* Stamps caller `id` into m as the reactor does (any caller already there is dropped). */
+static void stamp(mbd_msg *m, const char *id) {
+  mbd_bcaller who;
+  memset(&who, 0, sizeof who);
+  snprintf(who.id, sizeof who.id, "%s", id);
+  assert_int_equal(mbd_bcaller_stamp(m, &who, NULL), 0);
+}
+
+static void test_caller_stamp_and_inflight_limit(void **state) {
+  (void)state;
+  /* The stamp replaces a forged caller; peer credentials parse from the end. */
+  mbd_msg *m = NULL;
+  assert_int_equal(mbd_msg_new(MBD_CMD_GEMM, 1, &m, NULL), 0);
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 2);
+  mbd_pack_kv_str(&pk, "model", "m");
+  mbd_pack_str(&pk, "caller");
+  msgpack_pack_map(&pk, 2);
+  mbd_pack_kv_str(&pk, "id", "uid:0");
+  mbd_pack_kv_u64(&pk, "uid", 0);
+  assert_int_equal(mbd_msg_take_body(m, &sb, NULL), 0);
+  msgpack_sbuffer_destroy(&sb);
+  mbd_bcaller who;
+  assert_true(mbd_bcaller_parse_peer("/x:0:0:1:1000:100:4242", &who));
+  assert_string_equal(who.id, "uid:1000");
+  assert_int_equal(who.gid, 100);
+  assert_int_equal(who.pid, 4242);
+  assert_false(mbd_bcaller_parse_peer("127.0.0.1", &who));
+  assert_false(mbd_bcaller_parse_peer("1:2:x", &who));
+  assert_true(mbd_bcaller_parse_peer("1000:100:4242", &who) == false);
+  assert_true(mbd_bcaller_parse_peer("localhost:1000:100:4242", &who));
+  assert_int_equal(mbd_bcaller_stamp(m, &who, NULL), 0);
+  size_t len;
+  const void *b = mbd_msg_body(m, &len);
+  mbd_body *body = NULL;
+  assert_int_equal(mbd_body_parse(b, len, &body, NULL), 0);
+  assert_int_equal(mbd_body_root(body)->via.map.size, 2);
+  mbd_bcaller back;
+  mbd_bcaller_read(mbd_body_root(body), &back);
+  assert_string_equal(back.id, "uid:1000");
+  assert_true(back.has_uid);
+  assert_int_equal(back.uid, 1000);
+  mbd_body_destroy(&body);
+  mbd_msg_destroy(&m);
+
+  /* At most client_inflight unanswered requests per caller: the next is BUSY;
+   * another caller is unaffected. */
+  sent s = {0};
+  mbd_broker_config cfg;
+  mbd_broker_config_defaults(&cfg);
+  strcpy(cfg.clients_ep, "inproc://c");
+  strcpy(cfg.workers_ep, "inproc://w");
+  cfg.client_inflight = 2;
+  mbd_bcore *c = NULL;
+  assert_int_equal(mbd_bcore_new(&cfg, rec_send, &s, &c, NULL), 0);
+  m = ready_msg("w1", "u1", MBD_POLICY_F32, 8, "m", false);
+  mbd_bcore_on_worker(c, &m, 0, NULL, 0);
+  for (int i = 0; i < 2; i++) {
+    m = client_req(MBD_CMD_FORWARD, 10 + (uint64_t)i, "f32", "m", 0, NULL);
+    stamp(m, "uid:5");
+    mbd_bcore_on_client(c, &m, 0, NULL, 1);
+  }
+  assert_int_equal(s.n, 2);
+  clear(&s);
+  m = client_req(MBD_CMD_FORWARD, 12, "f32", "m", 0, NULL);
+  stamp(m, "uid:5");
+  mbd_bcore_on_client(c, &m, 0, NULL, 1);
+  assert_int_equal(s.n, 1);
+  assert_int_equal(err_code(s.m[0]), MBD_E_BUSY);
+  char txt[512];
+  err_text(s.m[0], txt, sizeof txt);
+  assert_non_null(strstr(txt, "--client-inflight"));
+  clear(&s);
+  m = client_req(MBD_CMD_FORWARD, 13, "f32", "m", 0, NULL);
+  stamp(m, "uid:6");
+  mbd_bcore_on_client(c, &m, 0, NULL, 1);
+  assert_int_equal(s.n, 1);
+  assert_int_equal(s.dest[0], MBD_BDEST_WORKER);
+  clear(&s);
+  mbd_bcore_destroy(&c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_registry_ready_and_select),
@@ -508,6 +594,7 @@ int main(void) {
       cmocka_unit_test(test_core_session_and_reregister),
       cmocka_unit_test(test_core_queue_deadline_busy_noroute),
       cmocka_unit_test(test_config_parse),
+      cmocka_unit_test(test_caller_stamp_and_inflight_limit),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
