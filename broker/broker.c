@@ -2,6 +2,7 @@
 #include "broker/broker.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include <zmq.h>
 
 #include "broker/caller.h"
+#include "broker/ipcdir.h"
 #include "common/log.h"
 
 #define LOG "broker"
@@ -19,6 +21,7 @@ struct mbd_broker {
   void *zctx;
   void *clients, *workers;
   mbd_bcore *core;
+  mbd_ipc_access ipc; /* who may reach ipc sockets */
 };
 
 static int64_t now_ms(void) {
@@ -47,11 +50,20 @@ static int make_socket(mbd_broker *b, const char *ep, void **out, mbd_error *err
     zmq_close(s);
     return mbd_error_set(err, MBD_E_IO, "setting socket options: %s", zmq_strerror(e));
   }
+  int rc = mbd_ipc_dir_prepare(ep, &b->ipc, err);
+  if (rc) {
+    zmq_close(s);
+    return rc;
+  }
   if (zmq_bind(s, ep)) {
     int e = errno;
     zmq_close(s);
     return mbd_error_set(err, MBD_E_IO, "cannot bind %s: %s (is another broker running there?)", ep,
                          zmq_strerror(e));
+  }
+  if ((rc = mbd_ipc_socket_secure(ep, &b->ipc, err))) {
+    zmq_close(s);
+    return rc;
   }
   *out = s;
   return MBD_OK;
@@ -63,6 +75,17 @@ int mbd_broker_new(const mbd_broker_config *cfg, mbd_broker **out, mbd_error *er
   mbd_broker *b = calloc(1, sizeof *b);
   if (!b) return mbd_error_set(err, MBD_E_NOMEM, "out of memory creating the broker");
   b->cfg = *cfg;
+  if (cfg->ipc_group[0]) {
+    struct group *g = getgrnam(cfg->ipc_group);
+    char *end = NULL;
+    unsigned long gid = strtoul(cfg->ipc_group, &end, 10);
+    if (!g && (!end || *end || end == cfg->ipc_group)) {
+      rc = mbd_error_set(err, MBD_E_INVALID, "--ipc-group: no group '%s'", cfg->ipc_group);
+      goto fail;
+    }
+    b->ipc.has_group = true;
+    b->ipc.gid = g ? g->gr_gid : (gid_t)gid;
+  }
   b->zctx = zmq_ctx_new();
   if (!b->zctx) {
     rc = mbd_error_set(err, MBD_E_IO, "creating the ZeroMQ context: %s", zmq_strerror(errno));

@@ -56,6 +56,10 @@ int mbd_broker_config_parse(int argc, char **argv, mbd_broker_config *c, mbd_err
       if (!(rc = parse_int(o, v, 1, 1 << 20, &x, err))) c->max_message_mb = x;
     } else if (!strcmp(o, "--default-deadline-ms")) {
       if (!(rc = parse_int(o, v, 1, 24LL * 3600 * 1000, &x, err))) c->default_deadline_ms = x;
+    } else if (!strcmp(o, "--ipc-group")) {
+      if (!v[0] || strlen(v) >= sizeof c->ipc_group)
+        return mbd_error_set(err, MBD_E_INVALID, "--ipc-group: '%s' is not a group name or id", v);
+      snprintf(c->ipc_group, sizeof c->ipc_group, "%s", v);
     } else if (!strcmp(o, "--client-inflight")) {
       if (!(rc = parse_int(o, v, 1, 10000000, &x, err))) c->client_inflight = (int)x;
     } else if (!strcmp(o, "--hwm")) {

@@ -26,6 +26,7 @@ typedef struct mbd_broker_config {
   int64_t max_message_mb;             /* ZMQ_MAXMSGSIZE and receive cap, MiB (2048) */
   int64_t default_deadline_ms;        /* when a request names none (60000) */
   int hwm;                            /* SNDHWM/RCVHWM per socket (0 = 10000) */
+  char ipc_group[64];                 /* --ipc-group: group that may reach ipc sockets ("" = none) */
   int client_inflight;                /* unanswered requests one caller may have (1024); more -> BUSY */
 } mbd_broker_config;
 

@@ -22,7 +22,19 @@
 #include "common/half.h"
 #include "common/safetensors.h"
 
-#define DEFAULT_ENDPOINT "ipc:///tmp/mambad/clients.sock"
+#define DEFAULT_ENDPOINT "ipc://$XDG_RUNTIME_DIR/mambad/clients.sock, as root ipc:///run/mambad/clients.sock"
+
+/* The default broker endpoint: under the user's runtime directory (private to
+ * the user), or /run/mambad for root; never a world-writable /tmp path. */
+static const char *default_endpoint(void) {
+  static char ep[512];
+  const char *rt = getenv("XDG_RUNTIME_DIR");
+  if (geteuid() != 0 && rt && rt[0] == '/')
+    snprintf(ep, sizeof ep, "ipc://%s/mambad/clients.sock", rt);
+  else
+    snprintf(ep, sizeof ep, "ipc:///run/mambad/clients.sock");
+  return ep;
+}
 #define EXIT_FAIL 1
 #define EXIT_USAGE 2
 
@@ -123,7 +135,7 @@ static int set_str(const char *cmd, const char *flag, char *dst, size_t cap, con
  * EXIT_USAGE, or -1 for --help. */
 static int parse_opts(const char *cmd, int argc, char **argv, const int *allowed, cli_opts *o) {
   memset(o, 0, sizeof *o);
-  o->connect = getenv("MAMBAD_CONNECT") ? getenv("MAMBAD_CONNECT") : DEFAULT_ENDPOINT;
+  o->connect = getenv("MAMBAD_CONNECT") ? getenv("MAMBAD_CONNECT") : default_endpoint();
   mbd_generate_params_init(&o->gen);
   o->gen.stop = o->stop;
   o->requests = 100;

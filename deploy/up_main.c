@@ -148,7 +148,7 @@ static int ensure_ipc_dir(const char *ep, mbd_error *err) {
     mkdir(dir, 0755);
     *p = '/';
   }
-  if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST) /* the broker refuses a wider one */
     return mbd_error_set(err, MBD_E_IO, "cannot create %s for %s: %s", dir, ep, strerror(errno));
   return 0;
 }
