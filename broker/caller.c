@@ -49,7 +49,7 @@ void mbd_bcaller_of(const mbd_msg *m, bool ipc, mbd_bcaller *out) {
   if (ipc && mbd_bcaller_parse_peer(mbd_msg_gets(m, "Peer-Address"), out)) return;
   memset(out, 0, sizeof *out);
   const char *uid = mbd_msg_gets(m, "User-Id");
-  if (uid && !strncmp(uid, "key:", 4) && strlen(uid) < sizeof out->id)
+  if (uid && (!strncmp(uid, "key:", 4) || !strncmp(uid, "op:", 3)) && strlen(uid) < sizeof out->id)
     snprintf(out->id, sizeof out->id, "%s", uid);
 }
 

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "broker/caller.h"
 #include "common/log.h"
@@ -406,7 +407,23 @@ static void drain_queue(mbd_bcore *c) {
 
 /* ---- client side ---------------------------------------------------------------- */
 
+/* STATUS detail (worker uids, route encodings, hosts, pids) goes to operator
+ * keys and to local callers running as the service's uid or root; everyone
+ * else sees what routing needs. The caller is the reactor's stamp. */
+static bool status_privileged(const mbd_msg *req) {
+  size_t blen = 0;
+  const void *b = mbd_msg_body(req, &blen);
+  mbd_body *body = NULL;
+  if (mbd_body_parse(b, blen, &body, NULL)) return false;
+  mbd_bcaller who;
+  mbd_bcaller_read(mbd_body_root(body), &who);
+  mbd_body_destroy(&body);
+  if (!strncmp(who.id, "op:", 3)) return true;
+  return who.has_uid && (who.uid == (uint32_t)geteuid() || who.uid == 0);
+}
+
 static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
+  bool full = status_privileged(*req);
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
   msgpack_packer pk;
@@ -417,17 +434,17 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   msgpack_pack_array(&pk, n);
   for (size_t i = 0; i < n; i++) {
     const mbd_bworker *w = mbd_registry_at(c->reg, i);
-    msgpack_pack_map(&pk, 12);
+    msgpack_pack_map(&pk, full ? 12 : 8);
     mbd_pack_kv_str(&pk, "name", w->name);
-    mbd_pack_kv_str(&pk, "uid", w->uid);
+    if (full) mbd_pack_kv_str(&pk, "uid", w->uid);
     mbd_pack_kv_str(&pk, "route_id", w->route_id);
-    mbd_pack_kv_str(&pk, "route", w->route_enc);
+    if (full) mbd_pack_kv_str(&pk, "route", w->route_enc);
     mbd_pack_kv_str(&pk, "backend", mbd_backend_name(w->route.backend));
-    mbd_pack_kv_str(&pk, "host_id", w->host_id);
+    if (full) mbd_pack_kv_str(&pk, "host_id", w->host_id);
     mbd_pack_kv_i64(&pk, "capacity", w->capacity);
     mbd_pack_kv_i64(&pk, "inflight", w->inflight);
     mbd_pack_kv_i64(&pk, "heartbeat_age_ms", now - w->last_seen_ms);
-    mbd_pack_kv_i64(&pk, "pid", w->pid);
+    if (full) mbd_pack_kv_i64(&pk, "pid", w->pid);
     mbd_pack_kv_i64(&pk, "uptime_ms", now - w->registered_ms);
     mbd_pack_str(&pk, "models");
     msgpack_pack_array(&pk, (size_t)w->nmodels);

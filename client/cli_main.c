@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "client/mambad.h"
+#include "common/curve.h"
 #include "common/half.h"
 #include "common/safetensors.h"
 
@@ -790,6 +791,32 @@ static int exec_tool(const char *name, int argc, char **argv) {
   return 127;
 }
 
+/* mambad keygen --out PREFIX: a CURVE key pair, PREFIX.key (secret, 0600)
+ * and PREFIX.pub, never overwriting an existing key. */
+static int cmd_keygen(int argc, char **argv) {
+  const char *prefix = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      printf("usage: mambad keygen --out PREFIX\n"
+             "Writes a CURVE key pair: PREFIX.key (public + secret, mode 0600) and PREFIX.pub\n"
+             "(the public key alone: list it in the broker's admitted keys). docs/security.md.\n");
+      return 0;
+    }
+    if (!strcmp(argv[i], "--out") && i + 1 < argc) prefix = argv[++i];
+    else return usage_error("keygen", "unknown argument '%s'", argv[i]);
+  }
+  if (!prefix) return usage_error("keygen", "--out PREFIX is required");
+  mbd_curve_pair kp;
+  mbd_error err = {0};
+  if (mbd_curve_generate(&kp, &err) || mbd_curve_write(prefix, &kp, &err)) {
+    fprintf(stderr, "mambad keygen: %s\n", err.msg);
+    return 1;
+  }
+  printf("%s\n", kp.public_key);
+  fprintf(stderr, "wrote %s.key (secret, 0600) and %s.pub\n", prefix, prefix);
+  return 0;
+}
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: mambad <command> [options]   (mambad <command> --help for details)\n"
@@ -800,6 +827,7 @@ static void usage(FILE *f) {
           "  generate   prompts -> generated tokens through worker sessions\n"
           "  gemm       C = A B^T on a worker (random or file inputs)\n"
           "  bench      round trips and tokens/s through the service\n"
+          "  keygen     a CURVE key pair for tcp endpoints (docs/security.md)\n"
           "\n"
           "programs (exec mambad-<command>):\n"
           "  up         start a deployment from a YAML file and supervise it\n"
@@ -827,6 +855,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
   if (!strcmp(cmd, "gemm")) return cmd_gemm(argc - 1, argv + 1);
   if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+  if (!strcmp(cmd, "keygen")) return cmd_keygen(argc - 1, argv + 1);
   fprintf(stderr, "mambad: unknown command '%s'\n\n", cmd);
   usage(stderr);
   return EXIT_USAGE;

@@ -13,7 +13,8 @@ const char *mbd_worker_usage(void) {
   return "usage: mambad-worker --connect EP --name NAME [--device cpu|cuda:N] [--dtype f32|bf16|f16]\n"
          "         [--gemm-mode deterministic] [--model NAME=DIR]... [--threads N]\n"
          "         [--capacity N] [--client-sessions N] [--max-batch N] [--heartbeat-ms MS]\n"
-         "         [--liveness N] [--session-idle-s S] [--host-id ID] [--max-message-mb N]\n";
+         "         [--liveness N] [--session-idle-s S] [--host-id ID] [--max-message-mb N]\n"
+         "         [--curve-secret FILE --server-key KEY|FILE]\n";
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi, long *out, mbd_error *err) {
@@ -111,6 +112,11 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
     } else if (!strcmp(a, "--capacity")) {
       if ((rc = parse_int(a, val, 1, 1 << 20, &v, err))) return rc;
       o->capacity = (int)v;
+    } else if (!strcmp(a, "--curve-secret")) {
+      if ((rc = mbd_curve_read_secret(val, &o->curve_key, err))) return rc;
+      o->curve = true;
+    } else if (!strcmp(a, "--server-key")) {
+      if ((rc = mbd_curve_read_public(val, o->server_key, err))) return rc;
     } else if (!strcmp(a, "--client-sessions")) {
       if ((rc = parse_int(a, val, 1, 1 << 20, &v, err))) return rc;
       o->client_sessions = (int)v;
@@ -142,6 +148,9 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
     return mbd_error_set(err, MBD_E_INVALID, "--connect EP is required (the broker's workers "
                          "endpoint, e.g. ipc:///tmp/mambad/workers)");
   if (!o->name[0]) return mbd_error_set(err, MBD_E_INVALID, "--name NAME is required");
+  if (o->curve != (o->server_key[0] != '\0'))
+    return mbd_error_set(err, MBD_E_INVALID, "--curve-secret FILE and --server-key KEY go together "
+                         "(CURVE to a broker's tcp endpoint; keys from `mambad keygen`)");
   if (!o->host_id[0]) mbd_host_id_get(o->host_id, sizeof o->host_id);
   if (!o->client_sessions) o->client_sessions = o->capacity * 3 / 4 > 0 ? o->capacity * 3 / 4 : 1;
   if (o->client_sessions > o->capacity) o->client_sessions = o->capacity;
