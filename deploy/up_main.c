@@ -183,6 +183,10 @@ static int add_worker(supervisor *s, const mbd_deploy_config *cfg, const mbd_dep
   if (w->session_idle_s) rc |= add_arg(c, "--session-idle-s") | add_arg(c, "%d", w->session_idle_s);
   rc |= add_arg(c, "--heartbeat-ms") | add_arg(c, "%" PRId64, cfg->heartbeat_ms);
   rc |= add_arg(c, "--liveness") | add_arg(c, "%" PRId64, cfg->liveness);
+  const mbd_deploy_security *sec = &cfg->security;
+  if (sec->curve && !strncmp(cfg->workers_ep, "tcp://", 6)) /* docs/security.md */
+    rc |= add_arg(c, "--curve-secret") | add_arg(c, "%s", sec->worker_key) |
+          add_arg(c, "--server-key") | add_arg(c, "%s", sec->broker_key);
   s->n_workers++;
   return rc;
 }
@@ -198,6 +202,16 @@ static int plan(supervisor *s, const mbd_deploy_config *cfg, mbd_error *err) {
   rc |= add_arg(b, "--queue-limit") | add_arg(b, "%" PRId64, cfg->queue_limit);
   rc |= add_arg(b, "--max-message-mb") | add_arg(b, "%" PRId64, cfg->max_message_mb);
   rc |= add_arg(b, "--default-deadline-ms") | add_arg(b, "%" PRId64, cfg->default_deadline_ms);
+  const mbd_deploy_security *sec = &cfg->security;
+  if (sec->curve) rc |= add_arg(b, "--curve-secret") | add_arg(b, "%s", sec->broker_key);
+  if (sec->client_keys[0]) rc |= add_arg(b, "--client-keys") | add_arg(b, "%s", sec->client_keys);
+  for (size_t k = 0; k < sec->n_client_keys; k++)
+    rc |= add_arg(b, "--client-keys") | add_arg(b, "%s", sec->client_public_keys[k]);
+  if (sec->worker_keys[0]) rc |= add_arg(b, "--worker-keys") | add_arg(b, "%s", sec->worker_keys);
+  if (sec->operator_keys[0])
+    rc |= add_arg(b, "--operator-keys") | add_arg(b, "%s", sec->operator_keys);
+  if (sec->insecure_clients) rc |= add_arg(b, "--insecure") | add_arg(b, "clients");
+  if (sec->insecure_workers) rc |= add_arg(b, "--insecure") | add_arg(b, "workers");
   char wconn[MBD_DEPLOY_EP_MAX];
   mbd_deploy_connect_endpoint(cfg->workers_ep, wconn, sizeof wconn);
   mbd_deploy_connect_endpoint(cfg->clients_ep, s->clients_connect, sizeof s->clients_connect);

@@ -51,7 +51,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   /* The same bytes as a Peer-Address string. */
   char pa[300];
   size_t m = size < sizeof pa - 1 ? size : sizeof pa - 1;
-  memcpy(pa, data, m);
+  if (m) memcpy(pa, data, m);
   pa[m] = '\0';
   mbd_bcaller c;
   if (mbd_bcaller_parse_peer(pa, &c)) {
