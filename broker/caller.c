@@ -92,6 +92,37 @@ int mbd_bcaller_stamp(mbd_msg *m, const mbd_bcaller *c, mbd_error *err) {
   return rc;
 }
 
+int mbd_bcaller_vouch_reply(mbd_msg *m, const char *worker, const char *route_id, mbd_error *err) {
+  size_t blen = 0;
+  const void *b = mbd_msg_body(m, &blen);
+  mbd_body *body = NULL;
+  int rc = mbd_body_parse(b, blen, &body, err);
+  if (rc) return rc;
+  const msgpack_object *root = mbd_body_root(body);
+  uint32_t keep = 0;
+  for (uint32_t i = 0; i < root->via.map.size; i++) {
+    const msgpack_object *k = &root->via.map.ptr[i].key;
+    keep += !is_key(k, "worker") && !is_key(k, "route_id");
+  }
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, keep + 2);
+  mbd_pack_kv_str(&pk, "route_id", route_id);
+  mbd_pack_kv_str(&pk, "worker", worker);
+  for (uint32_t i = 0; i < root->via.map.size; i++) {
+    const msgpack_object_kv *kv = &root->via.map.ptr[i];
+    if (is_key(&kv->key, "worker") || is_key(&kv->key, "route_id")) continue;
+    msgpack_pack_object(&pk, kv->key);
+    msgpack_pack_object(&pk, kv->val);
+  }
+  mbd_body_destroy(&body);
+  rc = mbd_msg_take_body(m, &sb, err);
+  msgpack_sbuffer_destroy(&sb);
+  return rc;
+}
+
 void mbd_bcaller_read(const msgpack_object *root, mbd_bcaller *out) {
   memset(out, 0, sizeof *out);
   const msgpack_object *c = mbd_obj_get(root, "caller");

@@ -775,6 +775,14 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
       break;
     }
     bool last = cmd != MBD_CMD_PARTIAL;
+    mbd_error verr = {0};
+    if (r->state == RQ_INFLIGHT && cmd != MBD_CMD_ERROR &&
+        mbd_bcaller_vouch_reply(m, w->name, w->route_id, &verr)) {
+      /* Replies name the worker as registered; one that cannot be rewritten is not sent. */
+      c->st.malformed++;
+      MBD_LOGW(LOG, "cannot vouch for a %s of worker %s (%s)", mbd_cmd_name(cmd), w->name, verr.msg);
+      req_fail(c, r, MBD_E_INTERNAL, "the broker could not relay the worker's reply");
+    }
     if (r->state == RQ_INFLIGHT) {
       mbd_msg_set_tag(m, r->client_tag);
       mbd_msg_set_peer(m, r->client, r->client_len, NULL);

@@ -581,6 +581,36 @@ static void test_caller_stamp_and_inflight_limit(void **state) {
   mbd_bcore_on_client(c, &m, 0, NULL, 1);
   assert_int_equal(s.n, 1);
   assert_int_equal(s.dest[0], MBD_BDEST_WORKER);
+  uint64_t ticket = mbd_msg_tag(s.m[0]);
+  clear(&s);
+  /* A reply claiming another worker and route reaches the client as the
+   * broker knows the sender. */
+  assert_int_equal(mbd_msg_new(MBD_CMD_FINAL, ticket, &m, NULL), 0);
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 3);
+  mbd_pack_kv_str(&pk, "worker", "someone-else");
+  mbd_pack_kv_str(&pk, "route_id", "0000000000000000");
+  mbd_pack_kv_u64(&pk, "x", 7);
+  assert_int_equal(mbd_msg_take_body(m, &sb, NULL), 0);
+  msgpack_sbuffer_destroy(&sb);
+  assert_int_equal(mbd_msg_set_peer(m, "w1", 2, NULL), 0);
+  mbd_bcore_on_worker(c, &m, 0, NULL, 2);
+  assert_int_equal(s.n, 1);
+  assert_int_equal(s.dest[0], MBD_BDEST_CLIENT);
+  b = mbd_msg_body(s.m[0], &len);
+  assert_int_equal(mbd_body_parse(b, len, &body, NULL), 0);
+  char wn[64] = "", rid[80] = "";
+  assert_int_equal(mbd_obj_str(mbd_body_root(body), "worker", true, wn, sizeof wn, NULL), 0);
+  assert_int_equal(mbd_obj_str(mbd_body_root(body), "route_id", true, rid, sizeof rid, NULL), 0);
+  assert_string_equal(wn, "w1");
+  mbd_route_identity ri;
+  route_of(&ri, MBD_POLICY_F32);
+  char want_id[65];
+  mbd_route_id_hex(&ri, want_id);
+  assert_string_equal(rid, want_id);
+  assert_non_null(mbd_obj_get(mbd_body_root(body), "x"));
+  mbd_body_destroy(&body);
   clear(&s);
   mbd_bcore_destroy(&c);
 }
