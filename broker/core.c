@@ -9,13 +9,16 @@
  * reference-counted clone is what goes out) for one failover re-send. */
 #include "broker/core.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "broker/caller.h"
+#include "broker/reclaim.h"
 #include "common/log.h"
 #include "common/protocol.h"
 
@@ -34,6 +37,8 @@ typedef struct breq {
   uint8_t client[MBD_BW_IDENT_MAX];
   size_t client_len;
   char caller[MBD_BCALLER_ID_MAX]; /* the stamped caller id; "" = anonymous (then the routing id counts) */
+  int64_t caller_pid;              /* local caller's process (ipc peer credentials), 0 = unknown */
+  char session_id[2 * MBD_BW_UID_MAX]; /* session commands: the whole id */
   uint8_t cmd;
   mbd_route_want want;
   char model[MBD_BW_NAME_MAX];
@@ -66,6 +71,8 @@ struct mbd_bcore {
   size_t pending;                  /* queued + in flight (not zombies) */
   uint64_t next_ticket, next_gen;
   int64_t next_hb_ms;
+  int64_t next_reap_ms;            /* next sweep for sessions of departed local clients */
+  mbd_breclaim *reclaim;           /* sessions of local clients, by process */
   bool shutting;
   mbd_bcore_stats st;
 };
@@ -262,9 +269,27 @@ static int req_read(const msgpack_object *root, uint8_t cmd, breq *r, uint64_t *
                            "session id '%s' is not of the form <worker-uid>/<n>", session);
     memcpy(r->session_uid, session, ul);
     r->session_uid[ul] = '\0';
+    snprintf(r->session_id, sizeof r->session_id, "%s", session);
     r->is_session = true;
   }
   return scan_ipc(root, r, err);
+}
+
+/* Remembers sessions that local clients open and forgets those they close. */
+static void track_session(mbd_bcore *c, const breq *r, const mbd_bworker *w, const mbd_msg *m) {
+  if (r->cmd == MBD_CMD_CLOSE) {
+    mbd_breclaim_closed(c->reclaim, r->session_id);
+    return;
+  }
+  if ((r->cmd != MBD_CMD_OPEN && r->cmd != MBD_CMD_IMPORT) || r->caller_pid <= 0) return;
+  size_t blen = 0;
+  const void *b = mbd_msg_body(m, &blen);
+  mbd_body *body = NULL;
+  char sid[2 * MBD_BW_UID_MAX] = "";
+  if (!mbd_body_parse(b, blen, &body, NULL) &&
+      !mbd_obj_str(mbd_body_root(body), "session", true, sid, sizeof sid, NULL))
+    mbd_breclaim_opened(c->reclaim, sid, w->uid, r->caller, r->caller_pid);
+  mbd_body_destroy(&body);
 }
 
 static bool is_stateless(uint8_t cmd) { return cmd == MBD_CMD_GEMM || cmd == MBD_CMD_FORWARD; }
@@ -576,6 +601,7 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     goto done;
   }
   snprintf(r->caller, sizeof r->caller, "%s", who.id);
+  r->caller_pid = who.has_uid ? who.pid : 0;
   if (dl == 0) dl = (uint64_t)c->cfg.default_deadline_ms;
   if (dl > DEADLINE_MAX_MS) dl = DEADLINE_MAX_MS;
   r->client_tag = tag;
@@ -783,6 +809,7 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
       MBD_LOGW(LOG, "cannot vouch for a %s of worker %s (%s)", mbd_cmd_name(cmd), w->name, verr.msg);
       req_fail(c, r, MBD_E_INTERNAL, "the broker could not relay the worker's reply");
     }
+    if (r->state == RQ_INFLIGHT && cmd == MBD_CMD_FINAL) track_session(c, r, w, m);
     if (r->state == RQ_INFLIGHT) {
       mbd_msg_set_tag(m, r->client_tag);
       mbd_msg_set_peer(m, r->client, r->client_len, NULL);
@@ -809,7 +836,42 @@ done:
 
 /* ---- timers ------------------------------------------------------------------------ */
 
+static bool pid_alive(int64_t pid) {
+  return kill((pid_t)pid, 0) == 0 || errno != ESRCH;
+}
+
+/* CLOSE {session, caller} to the session's worker on behalf of its departed
+ * owner; the answer comes back under ticket 0 and is dropped. */
+static void reclaim_close(void *ctx, const char *id, const char *worker_uid, const char *caller) {
+  mbd_bcore *c = ctx;
+  mbd_bworker *w = mbd_registry_find_uid(c->reg, worker_uid);
+  if (!w || w->dead) return;
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 2);
+  mbd_pack_kv_str(&pk, "session", id);
+  mbd_pack_str(&pk, "caller");
+  msgpack_pack_map(&pk, 1);
+  mbd_pack_kv_str(&pk, "id", caller);
+  mbd_msg *m = NULL;
+  if (mbd_msg_new(MBD_CMD_CLOSE, 0, &m, NULL) || mbd_msg_set_peer(m, w->ident, w->ident_len, NULL) ||
+      mbd_msg_take_body(m, &sb, NULL)) {
+    mbd_msg_destroy(&m);
+    msgpack_sbuffer_destroy(&sb);
+    return;
+  }
+  msgpack_sbuffer_destroy(&sb);
+  MBD_LOGI(LOG, "closing session %s on %s: its client (%s) has exited", id, w->name, caller);
+  send_to(c, MBD_BDEST_WORKER, &m);
+}
+
 void mbd_bcore_tick(mbd_bcore *c, int64_t now) {
+  if (now >= c->next_reap_ms) {
+    mbd_breclaim_sweep(c->reclaim, pid_alive, reclaim_close, c);
+    c->next_reap_ms = now + 1000;
+  }
   if (now >= c->next_hb_ms) {
     for (size_t i = 0; i < mbd_registry_count(c->reg); i++)
       worker_ctl(c, mbd_registry_at(c->reg, i), MBD_CMD_HEARTBEAT, NULL);
@@ -895,6 +957,11 @@ int mbd_bcore_new(const mbd_broker_config *cfg, mbd_bcore_send_fn send, void *ct
     free(c);
     return rc;
   }
+  if (!(c->reclaim = mbd_breclaim_new())) {
+    mbd_registry_destroy(&c->reg);
+    free(c);
+    return mbd_error_set(err, MBD_E_NOMEM, "out of memory creating the broker");
+  }
   *out = c;
   return MBD_OK;
 }
@@ -909,6 +976,7 @@ void mbd_bcore_destroy(mbd_bcore **pc) {
     free(r);
   }
   mbd_registry_destroy(&c->reg);
+  mbd_breclaim_destroy(&c->reclaim);
   free(c);
   *pc = NULL;
 }

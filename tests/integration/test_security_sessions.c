@@ -2,7 +2,8 @@
  * broker and worker: nobody's STEP, EXPORT and CLOSE on root's session id all
  * get NOT_FOUND (as an id that was never open), root's session is untouched and
  * keeps serving; guessed ids never reach a live session; the per-client session
- * limit answers BUSY while other clients can still open. Needs root to become
+ * limit answers BUSY while other clients can still open; sessions of a client
+ * process that exited are closed by the broker. Needs root to become
  * nobody; skips with the reason otherwise. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -115,10 +116,39 @@ static void test_client_session_limit(void **state) {
   mbd_msg_destroy(&m);
 }
 
+/* Opens sessions until it holds `want` (BUSY retried for up to 10 s). */
+static int open_until(wh *h, int want) {
+  int have = 0;
+  for (int i = 0; i < 500 && have < want; i++) {
+    char sid[64] = "";
+    mbd_msg *m = wh_open(h, sid, sizeof sid);
+    SEC_CHECK(m != NULL);
+    int code = wh_code(m);
+    mbd_msg_destroy(&m);
+    SEC_CHECK(code == 0 || code == MBD_E_BUSY);
+    if (code == 0) have++;
+    else usleep(20000);
+  }
+  return have == want ? 0 : 150;
+}
+
+static int hold_two_and_exit(wh *h) { return open_until(h, 2); }
+static int open_one(wh *h) { return open_until(h, 1); }
+
+/* A client process that exits holding its limit of sessions: the broker
+ * closes them (the process is gone), so the same uid can open again soon,
+ * long before the workers' idle timeout (600 s). */
+static void test_departed_client_reclaimed(void **state) {
+  (void)state;
+  assert_int_equal(sec_as_nobody(&g_h, hold_two_and_exit), 0);
+  assert_int_equal(sec_as_nobody(&g_h, open_one), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_foreign_session),
       cmocka_unit_test(test_client_session_limit),
+      cmocka_unit_test(test_departed_client_reclaimed),
   };
   int rc = sec_init();
   if (rc) return rc;

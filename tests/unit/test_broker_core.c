@@ -13,6 +13,7 @@
 
 #include "broker/caller.h"
 #include "broker/core.h"
+#include "broker/reclaim.h"
 #include "broker/registry.h"
 #include "common/protocol.h"
 
@@ -615,6 +616,30 @@ static void test_caller_stamp_and_inflight_limit(void **state) {
   mbd_bcore_destroy(&c);
 }
 
+static bool g_dead_pid_alive(int64_t pid) { return pid != 42; }
+static char g_closed[128];
+static void on_reclaim(void *ctx, const char *id, const char *worker_uid, const char *caller) {
+  (void)ctx;
+  snprintf(g_closed, sizeof g_closed, "%s %s %s", id, worker_uid, caller);
+}
+
+static void test_reclaim_departed(void **state) {
+  (void)state;
+  mbd_breclaim *r = mbd_breclaim_new();
+  assert_non_null(r);
+  mbd_breclaim_opened(r, "u1/aa", "u1", "uid:5", 42);
+  mbd_breclaim_opened(r, "u1/bb", "u1", "uid:5", 42);
+  mbd_breclaim_opened(r, "u1/cc", "u1", "uid:6", 43);
+  mbd_breclaim_opened(r, "u1/dd", "u1", "key:x", 0); /* no pid: not tracked */
+  assert_int_equal(mbd_breclaim_count(r), 3);
+  mbd_breclaim_closed(r, "u1/bb");
+  assert_int_equal(mbd_breclaim_sweep(r, g_dead_pid_alive, on_reclaim, NULL), 1);
+  assert_string_equal(g_closed, "u1/aa u1 uid:5");
+  assert_int_equal(mbd_breclaim_count(r), 1);
+  mbd_breclaim_destroy(&r);
+  assert_null(r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_registry_ready_and_select),
@@ -625,6 +650,7 @@ int main(void) {
       cmocka_unit_test(test_core_queue_deadline_busy_noroute),
       cmocka_unit_test(test_config_parse),
       cmocka_unit_test(test_caller_stamp_and_inflight_limit),
+      cmocka_unit_test(test_reclaim_departed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
