@@ -81,6 +81,7 @@ static const struct option k_long[] = {
 
 static const char *k_route_help =
     "  --connect EP        broker client endpoint (default $MAMBAD_CONNECT or " DEFAULT_ENDPOINT ")\n"
+    "                      tcp with CURVE: $MAMBAD_CURVE_KEY (own .key) and $MAMBAD_SERVER_KEY\n"
     "  --route-id HEX      exact route id or a prefix of >= 8 hex chars\n"
     "  --backend B         cpu | cuda\n"
     "  --dtype D           storage dtype policy: f32 | tf32 | bf16 | f16\n"
@@ -245,6 +246,8 @@ static int connect_client(const char *cmd, const cli_opts *o, mbd_client **c) {
   mbd_client_options_init(&co);
   co.deadline_ms = o->deadline_ms;
   co.route = o->route;
+  co.curve_key = getenv("MAMBAD_CURVE_KEY"); /* tcp with CURVE: docs/security.md */
+  co.server_key = getenv("MAMBAD_SERVER_KEY");
   mbd_error err = {0};
   if (mbd_client_new(o->connect, &co, c, &err)) return report(cmd, &err, NULL);
   return 0;

@@ -169,6 +169,18 @@ static void test_routing_over_curve(void **state) {
   assert_int_equal(status(&c, 5000, &detail), 1);
   assert_true(detail);
   client_close(&c);
+  /* The CLI (libmambad) over CURVE with its key from the environment; without
+   * it, the same command cannot get an answer. */
+  char out[400];
+  snprintf(out, sizeof out, "%s/status.txt", g_h.dir);
+  assert_int_equal(procs_sh("MAMBAD_CURVE_KEY='%s/cgood.key' MAMBAD_SERVER_KEY='%s/broker.pub' "
+                            "'%s/mambad' status --connect '%s' > '%s' 2>&1",
+                            g_h.dir, g_h.dir, g_h.bin, g_cep, out),
+                   0);
+  assert_int_equal(procs_sh("grep -q wgood '%s'", out), 0);
+  assert_int_not_equal(procs_sh("'%s/mambad' status --connect '%s' --deadline-ms 500 >/dev/null 2>&1",
+                                g_h.bin, g_cep),
+                       0);
 }
 
 static void test_unlisted_keys_rejected(void **state) {
