@@ -40,11 +40,12 @@ struct mbd_shm_cache {
  * caches are listed here (a worker has one; tests a few). */
 #define MAX_CACHES 16
 static mbd_shm_cache *volatile g_caches[MAX_CACHES];
+static size_t g_page = 4096; /* sysconf is not async-signal-safe: read once at registration */
 static struct sigaction g_prev_bus;
 
 static void on_sigbus(int sig, siginfo_t *si, void *uc) {
   char *addr = si ? (char *)si->si_addr : NULL;
-  long page = sysconf(_SC_PAGESIZE);
+  size_t page = g_page;
   for (int k = 0; addr && k < MAX_CACHES; k++) {
     mbd_shm_cache *c = g_caches[k];
     if (!c) continue;
@@ -52,7 +53,7 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc) {
       shm_entry *e = &c->e[i];
       char *b = e->base;
       if (!b || addr < b || addr >= b + e->size) continue;
-      size_t len = (e->size + (size_t)page - 1) / (size_t)page * (size_t)page;
+      size_t len = (e->size + page - 1) / page * page;
       if (mmap(b, len, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) ==
           MAP_FAILED)
         break; /* cannot repair: fall through to the previous handler */
@@ -81,6 +82,8 @@ static int cache_register(mbd_shm_cache *c, mbd_error *err) {
   sigset_t all, old;
   sigfillset(&all);
   sigprocmask(SIG_BLOCK, &all, &old);
+  long ps = sysconf(_SC_PAGESIZE);
+  if (ps > 0) g_page = (size_t)ps;
   int slot = -1;
   for (int k = 0; k < MAX_CACHES && slot < 0; k++)
     if (!g_caches[k]) slot = k;
