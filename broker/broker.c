@@ -191,9 +191,12 @@ static void pump(mbd_broker *b, bool client_side) {
       if (rc == MBD_E_NOMEM) MBD_LOGE(LOG, "%s", err.msg);
       return;
     }
-    if (client_side && rc == MBD_OK) { /* the core and workers see only who we vouch for */
+    /* The core and workers see only who we vouch for: every client request and
+     * every worker READY carries the stamped caller. */
+    if (rc == MBD_OK && (client_side || mbd_msg_cmd(m) == MBD_CMD_READY)) {
       mbd_bcaller who;
-      mbd_bcaller_of(m, !strncmp(b->cfg.clients_ep, "ipc://", 6), &who);
+      const char *ep = client_side ? b->cfg.clients_ep : b->cfg.workers_ep;
+      mbd_bcaller_of(m, !strncmp(ep, "ipc://", 6), &who);
       rc = mbd_bcaller_stamp(m, &who, &err);
     }
     if (client_side) mbd_bcore_on_client(b->core, &m, rc, &err, now_ms());

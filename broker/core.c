@@ -711,6 +711,17 @@ static void on_ready(mbd_bcore *c, mbd_msg *m, int64_t now) {
   const void *peer = mbd_msg_peer(m, &plen);
   int rc = mbd_body_parse(b, blen, &body, &err);
   if (!rc) rc = mbd_registry_parse_ready(mbd_body_root(body), &w, &err);
+  if (!rc) { /* a uid stays with the peer that registered it first */
+    mbd_bcaller who;
+    mbd_bcaller_read(mbd_body_root(body), &who);
+    snprintf(w.peer_id, sizeof w.peer_id, "%s", who.id);
+    const mbd_bworker *same = mbd_registry_find_uid(c->reg, w.uid);
+    if (same && strcmp(same->peer_id, w.peer_id))
+      rc = mbd_error_set(&err, MBD_E_INVALID,
+                         "worker uid %s is registered by another peer (%s); a worker may "
+                         "re-register only under its own key or uid",
+                         w.uid, same->peer_id[0] ? same->peer_id : "anonymous");
+  }
   mbd_body_destroy(&body);
   if (rc) {
     MBD_LOGW(LOG, "rejected worker registration: %s", err.msg);

@@ -616,6 +616,37 @@ static void test_caller_stamp_and_inflight_limit(void **state) {
   mbd_bcore_destroy(&c);
 }
 
+/* A worker uid stays with the peer (key or local uid) that registered it. */
+static void test_uid_bound_to_peer(void **state) {
+  (void)state;
+  sent s = {0};
+  mbd_bcore *c = core_new(&s, 8);
+  mbd_msg *m = ready_msg("w1", "u1", MBD_POLICY_F32, 1, "m", false);
+  stamp(m, "key:A");
+  mbd_bcore_on_worker(c, &m, 0, NULL, 0);
+  assert_int_equal(mbd_registry_count(mbd_bcore_registry(c)), 1);
+  m = ready_msg("evil", "u1", MBD_POLICY_F32, 1, "m", false);
+  stamp(m, "key:B");
+  mbd_bcore_on_worker(c, &m, 0, NULL, 1);
+  assert_int_equal(s.n, 1);
+  assert_int_equal(mbd_msg_cmd(s.m[0]), MBD_CMD_ERROR);
+  char txt[512];
+  err_text(s.m[0], txt, sizeof txt);
+  assert_non_null(strstr(txt, "another peer"));
+  clear(&s);
+  const mbd_bworker *w = mbd_registry_find_uid(mbd_bcore_registry(c), "u1");
+  assert_non_null(w);
+  assert_memory_equal(w->ident, "w1", 2);
+  /* The same key re-registering (a reconnect) is fine. */
+  m = ready_msg("w1b", "u1", MBD_POLICY_F32, 1, "m", false);
+  stamp(m, "key:A");
+  mbd_bcore_on_worker(c, &m, 0, NULL, 2);
+  w = mbd_registry_find_uid(mbd_bcore_registry(c), "u1");
+  assert_memory_equal(w->ident, "w1b", 3);
+  clear(&s);
+  mbd_bcore_destroy(&c);
+}
+
 static bool g_dead_pid_alive(int64_t pid) { return pid != 42; }
 static char g_closed[128];
 static void on_reclaim(void *ctx, const char *id, const char *worker_uid, const char *caller) {
@@ -651,6 +682,7 @@ int main(void) {
       cmocka_unit_test(test_config_parse),
       cmocka_unit_test(test_caller_stamp_and_inflight_limit),
       cmocka_unit_test(test_reclaim_departed),
+      cmocka_unit_test(test_uid_bound_to_peer),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
