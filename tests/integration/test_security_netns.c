@@ -3,7 +3,8 @@
  * joined to b by a veth pair, everything over tcp with CURVE. Routing works
  * across the hosts; an unlisted worker key and an unlisted client key are
  * rejected; a worker host whose link goes down is dropped within the liveness
- * window while requests keep being answered by the other, and it rejoins when
+ * window, its in-flight stateless requests are re-sent to the other, which keeps
+ * answering, and it rejoins when
  * the link is back. Needs root and iproute2 (`ip netns`); skips with the
  * reason otherwise. */
 #include <fcntl.h>
@@ -115,6 +116,43 @@ static bool wait_workers(void *s, int n, int ms) {
     usleep(100000);
   }
   return false;
+}
+
+/* Sends a small GEMM on s and returns its tag (the reply is left queued). */
+static uint64_t send_gemm(void *s) {
+  wh_pack p;
+  wh_pack_init(&p);
+  msgpack_pack_map(&p.pk, 2);
+  mbd_pack_kv_str(&p.pk, "dtype", "f32");
+  mbd_pack_str(&p.pk, "tensors");
+  msgpack_pack_array(&p.pk, 2);
+  int64_t sh2[2] = {2, 3};
+  wh_ref(&p.pk, "a", "f32", 2, sh2, 0);
+  wh_ref(&p.pk, "b", "f32", 2, sh2, 1);
+  float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, 0, 0, 1, 0};
+  const void *pl[2] = {a, b};
+  size_t len[2] = {sizeof a, sizeof b};
+  wh c = g_h;
+  c.sock = s;
+  uint64_t tag = wh_send(&c, MBD_CMD_GEMM, &p.sb, 2, pl, len);
+  g_h.next_tag = c.next_tag;
+  return tag;
+}
+
+/* The broker's failover counter (STATUS counters.failovers), -1 on no answer. */
+static int64_t failovers(void *s) {
+  wh_pack p;
+  wh_pack_init(&p);
+  msgpack_pack_map(&p.pk, 0);
+  mbd_msg *m = call(s, MBD_CMD_STATUS, &p, 0, NULL, NULL, 3000);
+  if (!m) return -1;
+  mbd_body *b = wh_body(m);
+  const msgpack_object *cn = mbd_obj_get(mbd_body_root(b), "counters");
+  int64_t v = -1;
+  if (cn) mbd_obj_i64(cn, "failovers", false, &v, NULL);
+  mbd_body_destroy(&b);
+  mbd_msg_destroy(&m);
+  return v;
 }
 
 /* A small GEMM; returns the reply code (0 = FINAL), 1 when no answer. */
@@ -233,7 +271,29 @@ static void test_link_down_and_back(void **state) {
   (void)state;
   void *s = client(&g_cgood);
   assert_true(wait_workers(s, 2, 20000));
+  int64_t before = failovers(s);
+  assert_true(before >= 0);
   assert_int_equal(sh(IP " -n %s link set vb1 down", g_ns[0]), 0);
+  /* Requests sent at once: the least-loaded choice gives w1 some of them,
+   * stuck on the dead link; when w1 is dropped they are re-sent to w2. */
+  uint64_t tags[4];
+  for (int i = 0; i < 4; i++) tags[i] = send_gemm(s);
+  wh c = g_h;
+  c.sock = s;
+  int answered = 0;
+  for (int i = 0; i < 400 && answered < 4; i++) { /* replies come in any order */
+    mbd_msg *m = wh_recv(&c, 100);
+    if (!m) continue;
+    bool ours = false;
+    for (int k = 0; k < 4; k++) ours = ours || mbd_msg_tag(m) == tags[k];
+    if (ours && mbd_msg_cmd(m) != MBD_CMD_PARTIAL) {
+      assert_int_equal(wh_code(m), 0);
+      answered++;
+    }
+    mbd_msg_destroy(&m);
+  }
+  assert_int_equal(answered, 4);
+  assert_true(failovers(s) > before);
   /* Dropped within the liveness window (3 x 200 ms, polled for a few seconds),
    * and requests keep being answered by w2 meanwhile. */
   assert_true(wait_workers(s, 1, 10000));
