@@ -395,7 +395,7 @@ static int parse_security(walker *w, const yaml_node_t *n, const char *base_dir,
   static const char *const keys[] = {"curve", "server_public_key", "server_secret_key",
                                      "client_public_keys", "broker_key", "worker_key",
                                      "client_keys", "worker_keys", "operator_keys", "insecure",
-                                     NULL};
+                                     "ipc_group", NULL};
   mbd_deploy_security *s = &c->security;
   int rc = check_keys(w, n, "security", keys);
   if (rc) return rc;
@@ -435,6 +435,9 @@ static int parse_security(walker *w, const yaml_node_t *n, const char *base_dir,
         (rc = get_keyspec(w, v, field, base_dir, (char *)s + specs[i].off, MBD_DEPLOY_PATH_MAX)))
       return rc;
   }
+  if ((v = map_get(w, n, "ipc_group")) &&
+      (rc = get_str(w, v, "security.ipc_group", s->ipc_group, sizeof s->ipc_group)))
+    return rc;
   if ((v = map_get(w, n, "insecure"))) {
     if ((rc = want_kind(w, v, YAML_MAPPING_NODE, "security.insecure"))) return rc;
     if ((rc = parse_insecure(w, v, s))) return rc;

@@ -9,6 +9,7 @@
  *              capacity, max_batch, session_idle_s, models: [names], count}]
  *   security: {curve: bool, broker_key: FILE, worker_key: FILE, client_keys: SPEC,
  *              worker_keys: SPEC, operator_keys: SPEC, insecure: {clients, workers},
+ *              ipc_group: GROUP,
  *              server_public_key, server_secret_key, client_public_keys: [..]}
  *
  * Unknown keys, duplicate keys, wrong types and out-of-range values are errors
@@ -75,6 +76,7 @@ typedef struct mbd_deploy_security {
   char operator_keys[MBD_DEPLOY_PATH_MAX]; /* clients that see STATUS detail */
   bool insecure_clients;            /* insecure: {clients: true}: tcp clients without CURVE */
   bool insecure_workers;            /* insecure: {workers: true} */
+  char ipc_group[MBD_DEPLOY_NAME_MAX]; /* ipc_group: group that may reach the ipc sockets ("" = none) */
 } mbd_deploy_security;
 
 typedef struct mbd_deploy_config {

@@ -210,6 +210,7 @@ static int plan(supervisor *s, const mbd_deploy_config *cfg, mbd_error *err) {
   if (sec->worker_keys[0]) rc |= add_arg(b, "--worker-keys") | add_arg(b, "%s", sec->worker_keys);
   if (sec->operator_keys[0])
     rc |= add_arg(b, "--operator-keys") | add_arg(b, "%s", sec->operator_keys);
+  if (sec->ipc_group[0]) rc |= add_arg(b, "--ipc-group") | add_arg(b, "%s", sec->ipc_group);
   if (sec->insecure_clients) rc |= add_arg(b, "--insecure") | add_arg(b, "clients");
   if (sec->insecure_workers) rc |= add_arg(b, "--insecure") | add_arg(b, "workers");
   char wconn[MBD_DEPLOY_EP_MAX];

@@ -184,8 +184,10 @@ static void test_tcp_needs_curve_or_insecure(void **state) {
 #define TCP "broker:\n  clients: tcp://*:5555\n  workers: tcp://*:5556\n"
   parse_bad(TCP, MBD_E_INVALID, 1, "tcp without CURVE");
   parse_bad(TCP "security:\n  insecure: {clients: true}\n", MBD_E_INVALID, 1, "broker.workers");
-  mbd_deploy_config *c = parse_ok(TCP "security:\n  insecure: {clients: true, workers: true}\n");
+  mbd_deploy_config *c =
+      parse_ok(TCP "security:\n  insecure: {clients: true, workers: true}\n  ipc_group: mambad\n");
   assert_true(c->security.insecure_clients && c->security.insecure_workers);
+  assert_string_equal(c->security.ipc_group, "mambad");
   mbd_deploy_config_free(&c);
   parse_bad(TCP "security:\n  curve: true\n  broker_key: keys/broker.key\n", MBD_E_INVALID, 1,
             "worker_keys");
