@@ -2,12 +2,17 @@
 #include "broker/broker.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <zmq.h>
 
+#include "broker/caller.h"
+#include "broker/ipcdir.h"
+#include "broker/zap.h"
+#include "common/curve.h"
 #include "common/log.h"
 
 #define LOG "broker"
@@ -19,6 +24,11 @@ struct mbd_broker {
   void *clients, *workers;
   void *mon[2];  /* PAIR sockets reading ZMQ_EVENT_DISCONNECTED of clients, workers */
   mbd_bcore *core;
+  mbd_ipc_access ipc; /* who may reach ipc sockets */
+  bool curve;         /* tcp endpoints are CURVE servers */
+  mbd_curve_pair key; /* the broker's key pair (curve) */
+  mbd_zap_keys *keys; /* admitted public keys per role */
+  void *zap;          /* REP on inproc://zeromq.zap.01 (curve) */
 };
 
 static int64_t now_ms(void) {
@@ -75,7 +85,26 @@ static void read_monitor(mbd_broker *b, int d) {
   if (any) mbd_bcore_on_disconnect(b->core, d == 0 ? MBD_BDEST_CLIENT : MBD_BDEST_WORKER, now_ms());
 }
 
-static int make_socket(mbd_broker *b, const char *ep, void **out, mbd_error *err) {
+static bool is_tcp(const char *ep) { return !strncmp(ep, "tcp://", 6); }
+
+/* The tcp rule: CURVE, or an endpoint the operator marked insecure (warned). */
+static int check_transport(const mbd_broker *b, const char *ep, const char *role, bool insecure,
+                           mbd_error *err) {
+  if (!is_tcp(ep)) return MBD_OK;
+  if (b->curve) return MBD_OK;
+  if (!insecure)
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "%s endpoint %s is tcp without CURVE: anyone who reaches the port could "
+                         "connect. Give --curve-secret and the admitted keys, or pass --insecure %s "
+                         "(YAML: insecure: true) to accept that",
+                         role, ep, role);
+  MBD_LOGW(LOG, "%s endpoint %s is tcp WITHOUT authentication or encryption (--insecure %s)", role,
+           ep, role);
+  return MBD_OK;
+}
+
+static int make_socket(mbd_broker *b, const char *ep, const char *domain, void **out,
+                       mbd_error *err) {
   void *s = zmq_socket(b->zctx, ZMQ_ROUTER);
   if (!s) return mbd_error_set(err, MBD_E_IO, "creating a ROUTER socket: %s", zmq_strerror(errno));
   int one = 1, linger = 100, hwm = b->cfg.hwm, hb_timeout = b->cfg.heartbeat_ms * b->cfg.liveness;
@@ -94,13 +123,53 @@ static int make_socket(mbd_broker *b, const char *ep, void **out, mbd_error *err
     zmq_close(s);
     return mbd_error_set(err, MBD_E_IO, "setting socket options: %s", zmq_strerror(e));
   }
+  int rc = b->curve && is_tcp(ep) ? mbd_curve_server(s, &b->key, domain, err) : MBD_OK;
+  if (!rc) rc = mbd_ipc_dir_prepare(ep, &b->ipc, err);
+  if (rc) {
+    zmq_close(s);
+    return rc;
+  }
   if (zmq_bind(s, ep)) {
     int e = errno;
     zmq_close(s);
     return mbd_error_set(err, MBD_E_IO, "cannot bind %s: %s (is another broker running there?)", ep,
                          zmq_strerror(e));
   }
+  if ((rc = mbd_ipc_socket_secure(ep, &b->ipc, err))) {
+    zmq_close(s);
+    return rc;
+  }
   *out = s;
+  return MBD_OK;
+}
+
+/* With --curve-secret: the key pair, the admitted keys and the ZAP socket,
+ * bound before any CURVE socket so no handshake goes unanswered. */
+static int setup_curve(mbd_broker *b, mbd_error *err) {
+  const mbd_broker_config *c = &b->cfg;
+  if (!c->curve_secret[0]) {
+    if (c->client_keys[0] || c->worker_keys[0] || c->operator_keys[0])
+      return mbd_error_set(err, MBD_E_INVALID, "admitted keys given without --curve-secret");
+    return MBD_OK;
+  }
+  int rc = mbd_curve_read_secret(c->curve_secret, &b->key, err);
+  if (rc || (rc = mbd_zap_keys_new(&b->keys, err))) return rc;
+  if ((c->client_keys[0] && (rc = mbd_zap_keys_add(b->keys, MBD_ZAP_CLIENTS, c->client_keys, err))) ||
+      (c->worker_keys[0] && (rc = mbd_zap_keys_add(b->keys, MBD_ZAP_WORKERS, c->worker_keys, err))) ||
+      (c->operator_keys[0] &&
+       (rc = mbd_zap_keys_add(b->keys, MBD_ZAP_OPERATORS, c->operator_keys, err))))
+    return rc;
+  if (is_tcp(c->workers_ep) && !mbd_zap_keys_count(b->keys, MBD_ZAP_WORKERS))
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "CURVE workers endpoint %s admits no key: give --worker-keys", c->workers_ep);
+  b->zap = zmq_socket(b->zctx, ZMQ_REP);
+  if (!b->zap || zmq_bind(b->zap, MBD_ZAP_ENDPOINT))
+    return mbd_error_set(err, MBD_E_IO, "binding the ZAP handler: %s", zmq_strerror(errno));
+  b->curve = true;
+  MBD_LOGI(LOG, "CURVE on tcp endpoints: server key %s, %zu client, %zu worker, %zu operator keys",
+           b->key.public_key, mbd_zap_keys_count(b->keys, MBD_ZAP_CLIENTS),
+           mbd_zap_keys_count(b->keys, MBD_ZAP_WORKERS),
+           mbd_zap_keys_count(b->keys, MBD_ZAP_OPERATORS));
   return MBD_OK;
 }
 
@@ -110,13 +179,27 @@ int mbd_broker_new(const mbd_broker_config *cfg, mbd_broker **out, mbd_error *er
   mbd_broker *b = calloc(1, sizeof *b);
   if (!b) return mbd_error_set(err, MBD_E_NOMEM, "out of memory creating the broker");
   b->cfg = *cfg;
+  if (cfg->ipc_group[0]) {
+    struct group *g = getgrnam(cfg->ipc_group);
+    char *end = NULL;
+    unsigned long gid = strtoul(cfg->ipc_group, &end, 10);
+    if (!g && (!end || *end || end == cfg->ipc_group)) {
+      rc = mbd_error_set(err, MBD_E_INVALID, "--ipc-group: no group '%s'", cfg->ipc_group);
+      goto fail;
+    }
+    b->ipc.has_group = true;
+    b->ipc.gid = g ? g->gr_gid : (gid_t)gid;
+  }
   b->zctx = zmq_ctx_new();
   if (!b->zctx) {
     rc = mbd_error_set(err, MBD_E_IO, "creating the ZeroMQ context: %s", zmq_strerror(errno));
     goto fail;
   }
-  if ((rc = make_socket(b, cfg->clients_ep, &b->clients, err)) ||
-      (rc = make_socket(b, cfg->workers_ep, &b->workers, err)) ||
+  if ((rc = setup_curve(b, err)) ||
+      (rc = check_transport(b, cfg->clients_ep, "clients", cfg->insecure_clients, err)) ||
+      (rc = check_transport(b, cfg->workers_ep, "workers", cfg->insecure_workers, err)) ||
+      (rc = make_socket(b, cfg->clients_ep, "clients", &b->clients, err)) ||
+      (rc = make_socket(b, cfg->workers_ep, "workers", &b->workers, err)) ||
       (rc = make_monitor(b, b->clients, "inproc://mbd-broker-mon-clients", &b->mon[0], err)) ||
       (rc = make_monitor(b, b->workers, "inproc://mbd-broker-mon-workers", &b->mon[1], err)) ||
       (rc = mbd_bcore_new(cfg, send_cb, b, &b->core, err)))
@@ -137,6 +220,8 @@ void mbd_broker_destroy(mbd_broker **pb) {
     if (b->mon[d]) zmq_close(b->mon[d]);
   if (b->clients) zmq_close(b->clients);
   if (b->workers) zmq_close(b->workers);
+  if (b->zap) zmq_close(b->zap);
+  mbd_zap_keys_destroy(&b->keys);
   if (b->zctx) zmq_ctx_term(b->zctx);
   free(b);
   *pb = NULL;
@@ -159,16 +244,26 @@ static void pump(mbd_broker *b, bool client_side) {
       if (rc == MBD_E_NOMEM) MBD_LOGE(LOG, "%s", err.msg);
       return;
     }
+    /* The core and workers see only who we vouch for: every client request and
+     * every worker READY carries the stamped caller. */
+    if (rc == MBD_OK && (client_side || mbd_msg_cmd(m) == MBD_CMD_READY)) {
+      mbd_bcaller who;
+      const char *ep = client_side ? b->cfg.clients_ep : b->cfg.workers_ep;
+      mbd_bcaller_of(m, !strncmp(ep, "ipc://", 6), &who);
+      rc = mbd_bcaller_stamp(m, &who, &err);
+    }
     if (client_side) mbd_bcore_on_client(b->core, &m, rc, &err, now_ms());
     else mbd_bcore_on_worker(b->core, &m, rc, &err, now_ms());
   }
 }
 
 int mbd_broker_run(mbd_broker *b, volatile sig_atomic_t *stop, int grace_ms, mbd_error *err) {
-  zmq_pollitem_t items[4] = {{b->clients, 0, ZMQ_POLLIN, 0},
+  zmq_pollitem_t items[5] = {{b->clients, 0, ZMQ_POLLIN, 0},
                              {b->workers, 0, ZMQ_POLLIN, 0},
                              {b->mon[0], 0, ZMQ_POLLIN, 0},
-                             {b->mon[1], 0, ZMQ_POLLIN, 0}};
+                             {b->mon[1], 0, ZMQ_POLLIN, 0},
+                             {b->zap, 0, ZMQ_POLLIN, 0}};
+  int nitems = b->zap ? 5 : 4;
   int64_t drain_until = -1;
   for (;;) {
     int64_t now = now_ms();
@@ -183,11 +278,12 @@ int mbd_broker_run(mbd_broker *b, volatile sig_atomic_t *stop, int grace_ms, mbd
     int64_t wait = mbd_bcore_next_due(b->core, now);
     if (drain_until >= 0 && drain_until - now < wait) wait = drain_until - now;
     if (wait > 1000) wait = 1000;
-    int rc = zmq_poll(items, 4, (long)wait);
+    int rc = zmq_poll(items, nitems, (long)wait);
     if (rc < 0) {
       if (errno == EINTR) continue;
       return mbd_error_set(err, MBD_E_IO, "zmq_poll: %s", zmq_strerror(errno));
     }
+    if (b->zap && (items[4].revents & ZMQ_POLLIN)) mbd_zap_serve(b->zap, b->keys);
     if (items[1].revents & ZMQ_POLLIN) pump(b, false); /* workers first: replies free capacity */
     if (items[0].revents & ZMQ_POLLIN) pump(b, true);
     for (int d = 0; d < 2; d++)

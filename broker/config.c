@@ -19,6 +19,7 @@ void mbd_broker_config_defaults(mbd_broker_config *c) {
   c->max_message_mb = MBD_DEFAULT_MAX_MESSAGE_MB;
   c->default_deadline_ms = MBD_DEFAULT_DEADLINE_MS;
   c->hwm = MBD_DEFAULT_HWM;
+  c->client_inflight = 1024;
 }
 
 static int parse_int(const char *opt, const char *v, int64_t lo, int64_t hi, int64_t *out,
@@ -75,6 +76,35 @@ int mbd_broker_config_parse(int argc, char **argv, mbd_broker_config *c, mbd_err
       c->defaults[c->ndefaults].name[nl] = '\0';
       snprintf(c->defaults[c->ndefaults].digest, MBD_BW_DIGEST_MAX, "%s", eq + 1);
       c->ndefaults++;
+    } else if (!strcmp(o, "--curve-secret") || !strcmp(o, "--client-keys") ||
+               !strcmp(o, "--worker-keys") || !strcmp(o, "--operator-keys")) {
+      char *dst = o[2] == 'c' && o[3] == 'u' ? c->curve_secret
+                  : o[2] == 'c'              ? c->client_keys
+                  : o[2] == 'w'              ? c->worker_keys
+                                             : c->operator_keys;
+      size_t cap = dst == c->curve_secret ? sizeof c->curve_secret : sizeof c->client_keys;
+      if (!v[0] || strlen(v) >= cap)
+        return mbd_error_set(err, MBD_E_INVALID, "%s: value empty or longer than %zu characters", o,
+                             cap - 1);
+      if (dst[0] && dst != c->curve_secret) { /* repeated: a comma-separated list */
+        if (strlen(dst) + 1 + strlen(v) >= cap)
+          return mbd_error_set(err, MBD_E_INVALID, "%s: too many keys", o);
+        strcat(dst, ",");
+        strcat(dst, v);
+      } else {
+        snprintf(dst, cap, "%s", v);
+      }
+    } else if (!strcmp(o, "--insecure")) {
+      if (!strcmp(v, "clients")) c->insecure_clients = true;
+      else if (!strcmp(v, "workers")) c->insecure_workers = true;
+      else
+        return mbd_error_set(err, MBD_E_INVALID, "--insecure takes clients or workers (got '%s')", v);
+    } else if (!strcmp(o, "--ipc-group")) {
+      if (!v[0] || strlen(v) >= sizeof c->ipc_group)
+        return mbd_error_set(err, MBD_E_INVALID, "--ipc-group: '%s' is not a group name or id", v);
+      snprintf(c->ipc_group, sizeof c->ipc_group, "%s", v);
+    } else if (!strcmp(o, "--client-inflight")) {
+      if (!(rc = parse_int(o, v, 1, 10000000, &x, err))) c->client_inflight = (int)x;
     } else if (!strcmp(o, "--hwm")) {
       if (!(rc = parse_int(o, v, 1, 10000000, &x, err))) c->hwm = (int)x;
     } else {

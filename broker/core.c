@@ -9,13 +9,18 @@
  * reference-counted clone is what goes out) for one failover re-send. */
 #include "broker/core.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/defaults.h"
+#include "broker/caller.h"
+#include "broker/reclaim.h"
 #include "common/log.h"
 #include "common/protocol.h"
 
@@ -41,6 +46,9 @@ typedef struct breq {
   char rid[40];                    /* the body's request_id (the client's trace id), "" if none */
   uint8_t client[MBD_BW_IDENT_MAX];
   size_t client_len;
+  char caller[MBD_BCALLER_ID_MAX]; /* the stamped caller id; "" = anonymous (then the routing id counts) */
+  int64_t caller_pid;              /* local caller's process (ipc peer credentials), 0 = unknown */
+  char session_id[2 * MBD_BW_UID_MAX]; /* session commands: the whole id */
   uint8_t cmd;
   mbd_route_want want;
   char model[MBD_BW_NAME_MAX];
@@ -82,6 +90,8 @@ struct mbd_bcore {
   size_t pending;                  /* queued + in flight (not zombies) */
   uint64_t next_ticket, next_gen;
   int64_t next_hb_ms;
+  int64_t next_reap_ms;            /* next sweep for sessions of departed local clients */
+  mbd_breclaim *reclaim;           /* sessions of local clients, by process */
   bool shutting;
   int64_t now_ms;                  /* the clock at the current entry point */
   int64_t probe_t0[2];             /* per side (mbd_bdest): when a disconnect was reported */
@@ -423,9 +433,27 @@ static int req_read(const msgpack_object *root, uint8_t cmd, breq *r, uint64_t *
                            "session id '%s' is not of the form <worker-uid>/<n>", session);
     memcpy(r->session_uid, session, ul);
     r->session_uid[ul] = '\0';
+    snprintf(r->session_id, sizeof r->session_id, "%s", session);
     r->is_session = true;
   }
   return scan_ipc(root, r, err);
+}
+
+/* Remembers sessions that local clients open and forgets those they close. */
+static void track_session(mbd_bcore *c, const breq *r, const mbd_bworker *w, const mbd_msg *m) {
+  if (r->cmd == MBD_CMD_CLOSE) {
+    mbd_breclaim_closed(c->reclaim, r->session_id);
+    return;
+  }
+  if ((r->cmd != MBD_CMD_OPEN && r->cmd != MBD_CMD_IMPORT) || r->caller_pid <= 0) return;
+  size_t blen = 0;
+  const void *b = mbd_msg_body(m, &blen);
+  mbd_body *body = NULL;
+  char sid[2 * MBD_BW_UID_MAX] = "";
+  if (!mbd_body_parse(b, blen, &body, NULL) &&
+      !mbd_obj_str(mbd_body_root(body), "session", true, sid, sizeof sid, NULL))
+    mbd_breclaim_opened(c->reclaim, sid, w->uid, r->caller, r->caller_pid);
+  mbd_body_destroy(&body);
 }
 
 static bool is_stateless(uint8_t cmd) { return cmd == MBD_CMD_GEMM || cmd == MBD_CMD_FORWARD; }
@@ -556,8 +584,10 @@ static bool resolve_digest(mbd_bcore *c, breq *r) {
 static bool place(mbd_bcore *c, breq *r) {
   if (r->is_session) {
     mbd_bworker *w = mbd_registry_find_uid(c->reg, r->session_uid);
-    if (!w || w->dead) {
-      session_lost(c, r);
+    if (!w || w->dead) { /* an id no live worker issued: as unknown as a closed one */
+      req_fail(c, r, MBD_E_NOT_FOUND,
+               "session is not open: no live worker holds it (closed, expired, or its worker "
+               "stopped; EXPORT a session while its worker lives to move it)");
       return true;
     }
     if (r->has_ipc && (w->device < 0 || strcmp(w->host_id, r->client_host))) {
@@ -659,7 +689,23 @@ static void pack_models(mbd_bcore *c, msgpack_packer *pk) {
   }
 }
 
+/* STATUS detail (worker uids, route encodings, hosts, pids) goes to operator
+ * keys and to local callers running as the service's uid or root; everyone
+ * else sees what routing needs. The caller is the reactor's stamp. */
+static bool status_privileged(const mbd_msg *req) {
+  size_t blen = 0;
+  const void *b = mbd_msg_body(req, &blen);
+  mbd_body *body = NULL;
+  if (mbd_body_parse(b, blen, &body, NULL)) return false;
+  mbd_bcaller who;
+  mbd_bcaller_read(mbd_body_root(body), &who);
+  mbd_body_destroy(&body);
+  if (!strncmp(who.id, "op:", 3)) return true;
+  return who.has_uid && (who.uid == (uint32_t)geteuid() || who.uid == 0);
+}
+
 static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
+  bool full = status_privileged(*req);
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
   msgpack_packer pk;
@@ -680,18 +726,18 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   msgpack_pack_array(&pk, n);
   for (size_t i = 0; i < n; i++) {
     const mbd_bworker *w = mbd_registry_at(c->reg, i);
-    msgpack_pack_map(&pk, 13);
+    msgpack_pack_map(&pk, full ? 13 : 9);
     mbd_pack_kv_str(&pk, "name", w->name);
     mbd_pack_kv_i64(&pk, "sessions", w->sessions);
-    mbd_pack_kv_str(&pk, "uid", w->uid);
+    if (full) mbd_pack_kv_str(&pk, "uid", w->uid);
     mbd_pack_kv_str(&pk, "route_id", w->route_id);
-    mbd_pack_kv_str(&pk, "route", w->route_enc);
+    if (full) mbd_pack_kv_str(&pk, "route", w->route_enc);
     mbd_pack_kv_str(&pk, "backend", mbd_backend_name(w->route.backend));
-    mbd_pack_kv_str(&pk, "host_id", w->host_id);
+    if (full) mbd_pack_kv_str(&pk, "host_id", w->host_id);
     mbd_pack_kv_i64(&pk, "capacity", w->capacity);
     mbd_pack_kv_i64(&pk, "inflight", w->inflight);
     mbd_pack_kv_i64(&pk, "heartbeat_age_ms", now - w->last_seen_ms);
-    mbd_pack_kv_i64(&pk, "pid", w->pid);
+    if (full) mbd_pack_kv_i64(&pk, "pid", w->pid);
     mbd_pack_kv_i64(&pk, "uptime_ms", now - w->registered_ms);
     mbd_pack_str(&pk, "models");
     msgpack_pack_array(&pk, (size_t)w->nmodels);
@@ -728,7 +774,8 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   mbd_pack_kv_u64(&pk, "clients_gone", s->clients_gone);
   mbd_pack_kv_u64(&pk, "poisoned", s->poisoned);
   mbd_pack_str(&pk, "config");
-  msgpack_pack_map(&pk, 5);
+  msgpack_pack_map(&pk, 6);
+  mbd_pack_kv_i64(&pk, "client_inflight", c->cfg.client_inflight);
   mbd_pack_kv_i64(&pk, "heartbeat_ms", c->cfg.heartbeat_ms);
   mbd_pack_kv_i64(&pk, "liveness", c->cfg.liveness);
   mbd_pack_kv_i64(&pk, "queue_limit", c->cfg.queue_limit);
@@ -745,6 +792,20 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   msgpack_sbuffer_destroy(&sb);
   mbd_msg_destroy(req);
   if (m) send_to(c, MBD_BDEST_CLIENT, &m);
+}
+
+/* True when the caller (by id, or by routing id when anonymous) already has
+ * client_inflight unanswered requests. */
+static bool caller_busy(const mbd_bcore *c, const char *id, const uint8_t *peer, size_t plen) {
+  if (c->cfg.client_inflight <= 0) return false;
+  int n = 0;
+  for (const breq *r = c->all; r; r = r->anext) {
+    if (r->state == RQ_ZOMBIE) continue;
+    bool same = id[0] ? !strcmp(r->caller, id)
+                      : !r->caller[0] && r->client_len == plen && !memcmp(r->client, peer, plen);
+    if (same && ++n >= c->cfg.client_inflight) return true;
+  }
+  return false;
 }
 
 void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_error *recv_err,
@@ -822,6 +883,19 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     client_error(c, pcopy, plen, tag, rc, err.msg);
     goto done;
   }
+  mbd_bcaller who;
+  mbd_bcaller_read(mbd_body_root(body), &who);
+  if (caller_busy(c, who.id, pcopy, plen)) {
+    snprintf(msg, sizeof msg,
+             "this client already has %d requests in flight (the per-client limit, "
+             "--client-inflight); wait for replies before sending more",
+             c->cfg.client_inflight);
+    c->st.busy++;
+    client_error(c, pcopy, plen, tag, MBD_E_BUSY, msg);
+    goto done;
+  }
+  snprintf(r->caller, sizeof r->caller, "%s", who.id);
+  r->caller_pid = who.has_uid ? who.pid : 0;
   if (dl == 0) dl = (uint64_t)c->cfg.default_deadline_ms;
   if (dl > DEADLINE_MAX_MS) dl = DEADLINE_MAX_MS;
   r->client_tag = tag;
@@ -975,6 +1049,17 @@ static void on_ready(mbd_bcore *c, mbd_msg *m, int64_t now) {
   const void *peer = mbd_msg_peer(m, &plen);
   int rc = mbd_body_parse(b, blen, &body, &err);
   if (!rc) rc = mbd_registry_parse_ready(mbd_body_root(body), &w, &err);
+  if (!rc) { /* a uid stays with the peer that registered it first */
+    mbd_bcaller who;
+    mbd_bcaller_read(mbd_body_root(body), &who);
+    snprintf(w.peer_id, sizeof w.peer_id, "%s", who.id);
+    const mbd_bworker *same = mbd_registry_find_uid(c->reg, w.uid);
+    if (same && strcmp(same->peer_id, w.peer_id))
+      rc = mbd_error_set(&err, MBD_E_INVALID,
+                         "worker uid %s is registered by another peer (%s); a worker may "
+                         "re-register only under its own key or uid",
+                         w.uid, same->peer_id[0] ? same->peer_id : "anonymous");
+  }
   mbd_body_destroy(&body);
   if (rc) {
     warn_limited(c, now, "rejected worker registration: %s", err.msg);
@@ -1103,6 +1188,15 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     }
     bool last = cmd != MBD_CMD_PARTIAL;
     bool gone = false;
+    mbd_error verr = {0};
+    if (r->state == RQ_INFLIGHT && cmd != MBD_CMD_ERROR &&
+        mbd_bcaller_vouch_reply(m, w->name, w->route_id, &verr)) {
+      /* Replies name the worker as registered; one that cannot be rewritten is not sent. */
+      c->st.malformed++;
+      MBD_LOGW(LOG, "cannot vouch for a %s of worker %s (%s)", mbd_cmd_name(cmd), w->name, verr.msg);
+      req_fail(c, r, MBD_E_INTERNAL, "the broker could not relay the worker's reply");
+    }
+    if (r->state == RQ_INFLIGHT && cmd == MBD_CMD_FINAL) track_session(c, r, w, m);
     if (r->state == RQ_INFLIGHT) {
       if (cmd == MBD_CMD_FINAL && r->digest_fixed) add_digest(m, r->digest);
       mbd_msg_set_tag(m, r->client_tag);
@@ -1190,8 +1284,43 @@ void mbd_bcore_on_disconnect(mbd_bcore *c, mbd_bdest side, int64_t now) {
   c->probe_next[side] = 0;
 }
 
+static bool pid_alive(int64_t pid) {
+  return kill((pid_t)pid, 0) == 0 || errno != ESRCH;
+}
+
+/* CLOSE {session, caller} to the session's worker on behalf of its departed
+ * owner; the answer comes back under ticket 0 and is dropped. */
+static void reclaim_close(void *ctx, const char *id, const char *worker_uid, const char *caller) {
+  mbd_bcore *c = ctx;
+  mbd_bworker *w = mbd_registry_find_uid(c->reg, worker_uid);
+  if (!w || w->dead) return;
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 2);
+  mbd_pack_kv_str(&pk, "session", id);
+  mbd_pack_str(&pk, "caller");
+  msgpack_pack_map(&pk, 1);
+  mbd_pack_kv_str(&pk, "id", caller);
+  mbd_msg *m = NULL;
+  if (mbd_msg_new(MBD_CMD_CLOSE, 0, &m, NULL) || mbd_msg_set_peer(m, w->ident, w->ident_len, NULL) ||
+      mbd_msg_take_body(m, &sb, NULL)) {
+    mbd_msg_destroy(&m);
+    msgpack_sbuffer_destroy(&sb);
+    return;
+  }
+  msgpack_sbuffer_destroy(&sb);
+  MBD_LOGI(LOG, "closing session %s on %s: its client (%s) has exited", id, w->name, caller);
+  send_to(c, MBD_BDEST_WORKER, &m);
+}
+
 void mbd_bcore_tick(mbd_bcore *c, int64_t now) {
   c->now_ms = now;
+  if (now >= c->next_reap_ms) {
+    mbd_breclaim_sweep(c->reclaim, pid_alive, reclaim_close, c);
+    c->next_reap_ms = now + 1000;
+  }
   for (int d = 0; d < 2; d++)
     while (c->probe_next[d] < PROBE_ROUNDS &&
            now >= c->probe_t0[d] + probe_after_ms[c->probe_next[d]]) {
@@ -1293,6 +1422,11 @@ int mbd_bcore_new(const mbd_broker_config *cfg, mbd_bcore_send_fn send, void *ct
     free(c);
     return rc;
   }
+  if (!(c->reclaim = mbd_breclaim_new())) {
+    mbd_registry_destroy(&c->reg);
+    free(c);
+    return mbd_error_set(err, MBD_E_NOMEM, "out of memory creating the broker");
+  }
   *out = c;
   return MBD_OK;
 }
@@ -1307,6 +1441,7 @@ void mbd_bcore_destroy(mbd_bcore **pc) {
     free(r);
   }
   mbd_registry_destroy(&c->reg);
+  mbd_breclaim_destroy(&c->reclaim);
   free(c);
   *pc = NULL;
 }

@@ -33,6 +33,14 @@ typedef struct mbd_broker_config {
     char digest[MBD_BW_DIGEST_MAX];
   } defaults[MBD_BW_DEFAULTS_MAX];
   int ndefaults;
+  char curve_secret[512];             /* --curve-secret FILE: the broker's CURVE key pair ("" = none) */
+  char client_keys[1024];             /* --client-keys SPEC: admitted client public keys */
+  char worker_keys[1024];             /* --worker-keys SPEC: admitted worker public keys */
+  char operator_keys[1024];           /* --operator-keys SPEC: clients who see STATUS detail */
+  bool insecure_clients;              /* --insecure clients: tcp clients endpoint without CURVE */
+  bool insecure_workers;              /* --insecure workers */
+  char ipc_group[64];                 /* --ipc-group: group that may reach ipc sockets ("" = none) */
+  int client_inflight;                /* unanswered requests one caller may have (1024); more -> BUSY */
 } mbd_broker_config;
 
 void mbd_broker_config_defaults(mbd_broker_config *c);

@@ -17,12 +17,20 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: mambad-broker --clients EP --workers EP [--heartbeat-ms 1000] [--liveness 3]\n"
           "                     [--queue-limit 1024] [--queue-mb 512] [--max-message-mb 2048]\n"
-          "                     [--default-deadline-ms 60000] [--hwm 10000]\n"
+          "                     [--default-deadline-ms 60000] [--hwm 10000] [--client-inflight 1024]\n"
           "                     [--default-digest NAME=DIGEST]...\n"
+          "                     [--ipc-group GROUP] [--curve-secret FILE] [--client-keys SPEC]\n"
+          "                     [--worker-keys SPEC] [--operator-keys SPEC]\n"
+          "                     [--insecure clients|workers]\n"
           "Routes client requests to workers whose numeric route matches (docs/architecture.md).\n"
           "EP: ZeroMQ endpoints, e.g. tcp://*:5555 or ipc:///run/mambad/clients.\n"
           "--default-digest: requests for model NAME that pin no digest get only the weights\n"
-          "whose digest starts with DIGEST (else a name served with two digests is refused).\n");
+          "whose digest starts with DIGEST (else a name served with two digests is refused).\n"
+          "ipc directories must belong to the broker's uid with mode 0700 (0750 with --ipc-group);\n"
+          "sockets get 0600 (0660 and the group with --ipc-group).\n"
+          "tcp endpoints are CURVE servers (--curve-secret, keys from `mambad keygen`) admitting\n"
+          "only the listed public keys (SPEC: a key, a file of keys, or a directory of *.pub);\n"
+          "tcp without CURVE is refused unless --insecure names the endpoint. docs/security.md.\n");
 }
 
 int main(int argc, char **argv) {

@@ -56,6 +56,8 @@ typedef struct mbd_bworker {
                                              remember it so a re-registered worker's old requests
                                              are told apart from new ones */
   bool dead;                              /* unreachable (send failed): expired at the next tick */
+  char peer_id[96];                       /* who registered it, as the reactor stamped the READY:
+                                             "key:<z85>" (CURVE), "uid:<n>" (ipc), "" unknown */
 } mbd_bworker;
 
 typedef struct mbd_registry mbd_registry;

@@ -22,13 +22,26 @@
 #include <jansson.h>
 
 #include "client/mambad.h"
+#include "common/curve.h"
 #include "common/half.h"
 #include "common/progress.h"
 #include "common/safetensors.h"
 #include "common/tokenizer/text_stream.h"
 #include "common/tokenizer/tokenizer.h"
 
-#define DEFAULT_ENDPOINT "ipc:///tmp/mambad/clients.sock"
+#define DEFAULT_ENDPOINT "ipc://$XDG_RUNTIME_DIR/mambad/clients.sock, as root ipc:///run/mambad/clients.sock"
+
+/* The default broker endpoint: under the user's runtime directory (private to
+ * the user), or /run/mambad for root; never a world-writable /tmp path. */
+static const char *default_endpoint(void) {
+  static char ep[512];
+  const char *rt = getenv("XDG_RUNTIME_DIR");
+  if (geteuid() != 0 && rt && rt[0] == '/')
+    snprintf(ep, sizeof ep, "ipc://%s/mambad/clients.sock", rt);
+  else
+    snprintf(ep, sizeof ep, "ipc:///run/mambad/clients.sock");
+  return ep;
+}
 #define EXIT_FAIL 1
 #define EXIT_USAGE 2
 
@@ -83,6 +96,7 @@ static const struct option k_long[] = {
 
 static const char *k_route_help =
     "  --connect EP        broker client endpoint (default $MAMBAD_CONNECT or " DEFAULT_ENDPOINT ")\n"
+    "                      tcp with CURVE: $MAMBAD_CURVE_KEY (own .key) and $MAMBAD_SERVER_KEY\n"
     "  --route-id HEX      exact route id or a prefix of >= 8 hex chars\n"
     "  --backend B         cpu | cuda\n"
     "  --dtype D           storage dtype policy: f32 | tf32 | bf16 | f16\n"
@@ -138,7 +152,7 @@ static int set_str(const char *cmd, const char *flag, char *dst, size_t cap, con
  * EXIT_USAGE, or -1 for --help. */
 static int parse_opts(const char *cmd, int argc, char **argv, const int *allowed, cli_opts *o) {
   memset(o, 0, sizeof *o);
-  o->connect = getenv("MAMBAD_CONNECT") ? getenv("MAMBAD_CONNECT") : DEFAULT_ENDPOINT;
+  o->connect = getenv("MAMBAD_CONNECT") ? getenv("MAMBAD_CONNECT") : default_endpoint();
   mbd_generate_params_init(&o->gen);
   o->gen.stop = o->stop;
   o->requests = 100;
@@ -264,6 +278,8 @@ static int connect_client(const char *cmd, const cli_opts *o, mbd_client **c) {
   mbd_client_options_init(&co);
   co.deadline_ms = o->deadline_ms;
   co.route = o->route;
+  co.curve_key = getenv("MAMBAD_CURVE_KEY"); /* tcp with CURVE: docs/security.md */
+  co.server_key = getenv("MAMBAD_SERVER_KEY");
   mbd_error err = {0};
   if (mbd_client_new(o->connect, &co, c, &err)) return report(cmd, &err, NULL);
   return 0;
@@ -1066,6 +1082,32 @@ static int exec_tool(const char *name, int argc, char **argv) {
   return 127;
 }
 
+/* mambad keygen --out PREFIX: a CURVE key pair, PREFIX.key (secret, 0600)
+ * and PREFIX.pub, never overwriting an existing key. */
+static int cmd_keygen(int argc, char **argv) {
+  const char *prefix = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      printf("usage: mambad keygen --out PREFIX\n"
+             "Writes a CURVE key pair: PREFIX.key (public + secret, mode 0600) and PREFIX.pub\n"
+             "(the public key alone: list it in the broker's admitted keys). docs/security.md.\n");
+      return 0;
+    }
+    if (!strcmp(argv[i], "--out") && i + 1 < argc) prefix = argv[++i];
+    else return usage_error("keygen", "unknown argument '%s'", argv[i]);
+  }
+  if (!prefix) return usage_error("keygen", "--out PREFIX is required");
+  mbd_curve_pair kp;
+  mbd_error err = {0};
+  if (mbd_curve_generate(&kp, &err) || mbd_curve_write(prefix, &kp, &err)) {
+    fprintf(stderr, "mambad keygen: %s\n", err.msg);
+    return 1;
+  }
+  printf("%s\n", kp.public_key);
+  fprintf(stderr, "wrote %s.key (secret, 0600) and %s.pub\n", prefix, prefix);
+  return 0;
+}
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: mambad <command> [options]   (mambad <command> --help for details)\n"
@@ -1077,6 +1119,7 @@ static void usage(FILE *f) {
           "  generate   prompts -> generated tokens through worker sessions\n"
           "  gemm       C = A B^T on a worker (random or file inputs)\n"
           "  bench      round trips and tokens/s through the service\n"
+          "  keygen     a CURVE key pair for tcp endpoints (docs/security.md)\n"
           "\n"
           "text (no service needed):\n"
           "  tokenize   JSON lines of text -> token ids with a tokenizer.json\n"
@@ -1114,6 +1157,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
   if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
   if (!strcmp(cmd, "detokenize")) return cmd_detokenize(argc - 1, argv + 1);
+  if (!strcmp(cmd, "keygen")) return cmd_keygen(argc - 1, argv + 1);
   fprintf(stderr, "mambad: unknown command '%s'\n\n", cmd);
   usage(stderr);
   return EXIT_USAGE;

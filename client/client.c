@@ -22,6 +22,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/curve.h"
 #include "common/protocol.h"
 #include "common/wire.h"
 
@@ -107,6 +108,20 @@ int mbd_client_new(const char *endpoint, const mbd_client_options *opt, mbd_clie
   }
   zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof zero);
   zmq_setsockopt(c->sock, ZMQ_IMMEDIATE, &one, sizeof one);
+  if (c->opt.curve_key || c->opt.server_key) {
+    mbd_curve_pair own;
+    char server[MBD_CURVE_KEY_LEN + 1];
+    if (!c->opt.curve_key || !c->opt.server_key) {
+      mbd_error_set(err, MBD_E_INVALID, "CURVE needs both curve_key (this client's secret file) "
+                    "and server_key (the broker's public key)");
+      goto fail;
+    }
+    if (mbd_curve_read_secret(c->opt.curve_key, &own, err) ||
+        mbd_curve_read_public(c->opt.server_key, server, err) ||
+        mbd_curve_client(c->sock, &own, server, err))
+      goto fail;
+    c->opt.curve_key = c->opt.server_key = NULL; /* borrowed strings: not kept */
+  }
   if (zmq_connect(c->sock, endpoint) != 0) {
     mbd_error_set(err, MBD_E_INVALID,
                   "cannot connect to '%s': %s (endpoints look like ipc:///path or tcp://host:port)",

@@ -46,13 +46,16 @@ typedef struct mbd_client_options {
   int64_t connect_ms;       /* how long a request waits for the broker connection (default 5000) */
   mbd_route_want route;     /* default route constraints for gemm/forward/open/import */
   size_t max_message_bytes; /* largest reply accepted (default 2 GiB) */
+  const char *curve_key;    /* CURVE: this client's secret key file (`mambad keygen`); NULL = none */
+  const char *server_key;   /* CURVE: the broker's public key (Z85, or a file holding it) */
 } mbd_client_options;
 
 /* Fills defaults: no deadline of our own (broker default), any route. */
 void mbd_client_options_init(mbd_client_options *o);
 
-/* Connects to `endpoint` ("ipc:///tmp/mambad.sock", "tcp://host:5555").
- * opt may be NULL (defaults). Connecting is lazy: an unreachable broker shows
+/* Connects to `endpoint` ("ipc:///run/mambad/clients.sock", "tcp://host:5555").
+ * opt may be NULL (defaults). With curve_key and server_key the socket is a
+ * CURVE client (docs/security.md); a bad key file is MBD_E_INVALID. Connecting is lazy: an unreachable broker shows
  * as MBD_E_TIMEOUT on the first request. MBD_E_INVALID for a malformed endpoint. */
 int mbd_client_new(const char *endpoint, const mbd_client_options *opt, mbd_client **out,
                    mbd_error *err);

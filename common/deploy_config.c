@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -412,9 +413,44 @@ static int get_key(walker *w, const yaml_node_t *n, const char *field, char dst[
   return 0;
 }
 
-static int parse_security(walker *w, const yaml_node_t *n, mbd_deploy_config *c) {
+/* A key file or key list path: a Z85 key stays as is, a relative path is
+ * resolved against the YAML file's directory. */
+static int get_keyspec(walker *w, const yaml_node_t *n, const char *field, const char *base_dir,
+                       char *dst, size_t cap) {
+  char v[MBD_DEPLOY_PATH_MAX];
+  int rc = get_str(w, n, field, v, sizeof v);
+  if (rc) return rc;
+  if (!v[0]) return failf(w, MBD_E_INVALID, n, field, "is empty");
+  static const char z85[] =
+      "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
+  bool key = strlen(v) == 40 && strspn(v, z85) == 40; /* as the broker reads a SPEC */
+  int len = key || v[0] == '/' || !base_dir || !*base_dir ? snprintf(dst, cap, "%s", v)
+                                                          : snprintf(dst, cap, "%s/%s", base_dir, v);
+  if (len < 0 || (size_t)len >= cap)
+    return failf(w, MBD_E_INVALID, n, field, "resolved path is longer than %zu bytes", cap - 1);
+  return 0;
+}
+
+static int parse_insecure(walker *w, const yaml_node_t *n, mbd_deploy_security *s) {
+  static const char *const keys[] = {"clients", "workers", NULL};
+  int rc = check_keys(w, n, "security.insecure", keys);
+  if (rc) return rc;
+  yaml_node_t *v;
+  if ((v = map_get(w, n, "clients")) &&
+      (rc = get_bool(w, v, "security.insecure.clients", &s->insecure_clients)))
+    return rc;
+  if ((v = map_get(w, n, "workers")) &&
+      (rc = get_bool(w, v, "security.insecure.workers", &s->insecure_workers)))
+    return rc;
+  return 0;
+}
+
+static int parse_security(walker *w, const yaml_node_t *n, const char *base_dir,
+                          mbd_deploy_config *c) {
   static const char *const keys[] = {"curve", "server_public_key", "server_secret_key",
-                                     "client_public_keys", NULL};
+                                     "client_public_keys", "broker_key", "worker_key",
+                                     "client_keys", "worker_keys", "operator_keys", "insecure",
+                                     "ipc_group", NULL};
   mbd_deploy_security *s = &c->security;
   int rc = check_keys(w, n, "security", keys);
   if (rc) return rc;
@@ -439,13 +475,50 @@ static int parse_security(walker *w, const yaml_node_t *n, mbd_deploy_config *c)
       s->n_client_keys = k + 1;
     }
   }
-  if (s->curve) {
-    if (!s->server_public_key[0] || !s->server_secret_key[0])
-      return failf(w, MBD_E_INVALID, n, "security",
-                   "curve: true needs server_public_key and server_secret_key");
-    return failf(w, MBD_E_UNSUPPORTED, n, "security.curve",
-                 "CURVE encryption is not supported yet; set curve: false (and keep the broker "
-                 "on ipc:// or a private network)");
+  static const struct {
+    const char *key;
+    size_t off;
+  } specs[] = {{"broker_key", offsetof(mbd_deploy_security, broker_key)},
+               {"worker_key", offsetof(mbd_deploy_security, worker_key)},
+               {"client_keys", offsetof(mbd_deploy_security, client_keys)},
+               {"worker_keys", offsetof(mbd_deploy_security, worker_keys)},
+               {"operator_keys", offsetof(mbd_deploy_security, operator_keys)}};
+  for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+    char field[64];
+    snprintf(field, sizeof field, "security.%s", specs[i].key);
+    if ((v = map_get(w, n, specs[i].key)) &&
+        (rc = get_keyspec(w, v, field, base_dir, (char *)s + specs[i].off, MBD_DEPLOY_PATH_MAX)))
+      return rc;
+  }
+  if ((v = map_get(w, n, "ipc_group")) &&
+      (rc = get_str(w, v, "security.ipc_group", s->ipc_group, sizeof s->ipc_group)))
+    return rc;
+  if ((v = map_get(w, n, "insecure"))) {
+    if ((rc = want_kind(w, v, YAML_MAPPING_NODE, "security.insecure"))) return rc;
+    if ((rc = parse_insecure(w, v, s))) return rc;
+  }
+  if (s->curve && !s->broker_key[0])
+    return failf(w, MBD_E_INVALID, n, "security",
+                 "curve: true needs broker_key (the broker's secret file from `mambad keygen`)");
+  return 0;
+}
+
+/* The tcp rule: CURVE with the keys it needs, or an endpoint marked insecure. */
+static int check_transport(walker *w, const yaml_node_t *root, const mbd_deploy_config *c) {
+  const mbd_deploy_security *s = &c->security;
+  const char *eps[2] = {c->clients_ep, c->workers_ep}, *names[2] = {"clients", "workers"};
+  bool insecure[2] = {s->insecure_clients, s->insecure_workers};
+  for (int i = 0; i < 2; i++) {
+    if (strncmp(eps[i], "tcp://", 6)) continue;
+    if (!s->curve && !insecure[i])
+      return failf(w, MBD_E_INVALID, root, i == 0 ? "broker.clients" : "broker.workers",
+                   "%s is tcp without CURVE: set security.curve: true with broker_key and the "
+                   "admitted keys, or security.insecure.%s: true on a trusted network",
+                   eps[i], names[i]);
+    if (s->curve && i == 1 && (!s->worker_keys[0] || !s->worker_key[0]))
+      return failf(w, MBD_E_INVALID, root, "security",
+                   "a CURVE workers endpoint needs worker_keys (admitted) and worker_key (the "
+                   "workers' own secret file)");
   }
   return 0;
 }
@@ -500,8 +573,9 @@ int mbd_deploy_config_parse(const char *text, size_t len, const char *label, con
   /* models before workers: workers name catalogue entries */
   if ((v = map_get(&w, root, "models")) && (rc = parse_models(&w, v, base_dir, c))) goto fail;
   if ((v = map_get(&w, root, "workers")) && (rc = parse_workers(&w, v, c))) goto fail;
-  if ((v = map_get(&w, root, "security")) && (rc = parse_security(&w, v, c))) goto fail;
+  if ((v = map_get(&w, root, "security")) && (rc = parse_security(&w, v, base_dir, c))) goto fail;
   if ((v = map_get(&w, root, "http")) && (rc = parse_http(&w, v, c))) goto fail;
+  if ((rc = check_transport(&w, root, c))) goto fail;
   yaml_document_delete(&doc);
   yaml_parser_delete(&parser);
   *out = c;

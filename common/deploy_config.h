@@ -9,13 +9,16 @@
  *              capacity, max_batch, session_idle_s, models: [names], count}]
  *   http:     {listen: "HOST:PORT", max_body_bytes, conn_timeout_s, max_running,
  *              deadline_ms}    starts mambad-gateway serving every model
- *   security: {curve: bool, server_public_key, server_secret_key,
- *              client_public_keys: [..]}   Z85 CURVE keys (40 chars)
+ *   security: {curve: bool, broker_key: FILE, worker_key: FILE, client_keys: SPEC,
+ *              worker_keys: SPEC, operator_keys: SPEC, insecure: {clients, workers},
+ *              ipc_group: GROUP,
+ *              server_public_key, server_secret_key, client_public_keys: [..]}
  *
  * Unknown keys, duplicate keys, wrong types and out-of-range values are errors
  * naming the file, the line and the field ("deploy.yaml:12: workers[1].device:
- * ..."). CURVE is parsed and its keys validated, but `curve: true` is rejected
- * with MBD_E_UNSUPPORTED ("not supported yet"): the sockets are not encrypted. */
+ * ..."). A tcp endpoint needs `curve: true` (with broker_key, and worker_keys for a
+ * tcp workers endpoint) or `insecure: {clients|workers: true}`; otherwise the
+ * file is refused (docs/security.md). */
 #ifndef MBD_DEPLOY_CONFIG_H
 #define MBD_DEPLOY_CONFIG_H
 
@@ -64,11 +67,21 @@ typedef struct mbd_deploy_worker {
 } mbd_deploy_worker;
 
 typedef struct mbd_deploy_security {
-  bool curve;                       /* requested encryption (unsupported: load fails) */
-  char server_public_key[41];       /* Z85, "" when absent */
+  bool curve;                       /* tcp endpoints are CURVE servers (docs/security.md) */
+  char server_public_key[41];       /* Z85, "" when absent (informational) */
   char server_secret_key[41];
   size_t n_client_keys;
-  char client_public_keys[MBD_DEPLOY_MAX_CLIENT_KEYS][41];
+  char client_public_keys[MBD_DEPLOY_MAX_CLIENT_KEYS][41]; /* admitted clients (inline) */
+  /* Key files and key lists (a Z85 key, a key file or a directory of *.pub;
+   * paths resolved against the YAML file's directory); "" when absent. */
+  char broker_key[MBD_DEPLOY_PATH_MAX];    /* the broker's secret file (curve: required) */
+  char worker_key[MBD_DEPLOY_PATH_MAX];    /* the workers' secret file (curve, tcp workers) */
+  char client_keys[MBD_DEPLOY_PATH_MAX];   /* admitted client public keys */
+  char worker_keys[MBD_DEPLOY_PATH_MAX];   /* admitted worker public keys */
+  char operator_keys[MBD_DEPLOY_PATH_MAX]; /* clients that see STATUS detail */
+  bool insecure_clients;            /* insecure: {clients: true}: tcp clients without CURVE */
+  bool insecure_workers;            /* insecure: {workers: true} */
+  char ipc_group[MBD_DEPLOY_NAME_MAX]; /* ipc_group: group that may reach the ipc sockets ("" = none) */
 } mbd_deploy_security;
 
 typedef struct mbd_deploy_http {

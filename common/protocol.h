@@ -135,6 +135,10 @@ typedef struct mbd_tensor_ref {
   bool has_event;                           /* CUDA_IPC: ipc_event is set */
   uint8_t ipc_event[MBD_IPC_HANDLE_BYTES];  /* CUDA_IPC: optional cudaIpcEventHandle_t the
                                                worker waits on before touching the memory */
+  /* Worker side, never read from the wire: the uid of the client that sent
+   * the ref, as the broker vouched for it (worker/request.c fills it). */
+  bool caller_known;
+  uint32_t caller_uid;
 } mbd_tensor_ref;
 
 /* Reads array `key` of tensor refs into out[0..cap); checks dtype names, shape

@@ -86,6 +86,10 @@ int mbd_msg_take_body(mbd_msg *m, msgpack_sbuffer *sb, mbd_error *err) {
   return MBD_OK;
 }
 
+const char *mbd_msg_gets(const mbd_msg *m, const char *property) {
+  return zmq_msg_gets(&m->body, property);
+}
+
 const void *mbd_msg_body(const mbd_msg *m, size_t *len) {
   zmq_msg_t *b = (zmq_msg_t *)&m->body; /* zmq_msg_size/data take non-const */
   *len = zmq_msg_size(b);

@@ -54,6 +54,11 @@ int mbd_msg_take_payload(mbd_msg *m, size_t i, zmq_msg_t *dst, mbd_error *err);
 int mbd_msg_set_peer(mbd_msg *m, const void *id, size_t len, mbd_error *err);
 const void *mbd_msg_peer(const mbd_msg *m, size_t *len);
 
+/* A ZeroMQ metadata property of a received message ("Peer-Address",
+ * "User-Id", ...; see zmq_msg_gets), read from its body frame; NULL when the
+ * message was not received or has no such property. Borrowed. */
+const char *mbd_msg_gets(const mbd_msg *m, const char *property);
+
 /* A second message with the same command, tag, peer, body and payloads; the
  * frames are shared by reference count (zmq_msg_copy), never copied, so a
  * broker can keep a request for a failover re-send at no cost. */

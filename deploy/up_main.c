@@ -165,7 +165,7 @@ static int ensure_ipc_dir(const char *ep, mbd_error *err) {
     mkdir(dir, 0755);
     *p = '/';
   }
-  if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST) /* the broker refuses a wider one */
     return mbd_error_set(err, MBD_E_IO, "cannot create %s for %s: %s", dir, ep, strerror(errno));
   return 0;
 }
@@ -203,6 +203,10 @@ static int add_worker(supervisor *s, const mbd_deploy_config *cfg, const mbd_dep
   rc |= add_arg(c, "--heartbeat-ms") | add_arg(c, "%" PRId64, cfg->heartbeat_ms);
   rc |= add_arg(c, "--liveness") | add_arg(c, "%" PRId64, cfg->liveness);
   rc |= add_arg(c, "--max-message-mb") | add_arg(c, "%" PRId64, cfg->max_message_mb);
+  const mbd_deploy_security *sec = &cfg->security;
+  if (sec->curve && !strncmp(cfg->workers_ep, "tcp://", 6)) /* docs/security.md */
+    rc |= add_arg(c, "--curve-secret") | add_arg(c, "%s", sec->worker_key) |
+          add_arg(c, "--server-key") | add_arg(c, "%s", sec->broker_key);
   s->n_workers++;
   return rc;
 }
@@ -280,6 +284,17 @@ static int plan(supervisor *s, const mbd_deploy_config *cfg, mbd_error *err) {
       if (cfg->models[i].default_digest[0])
         rc |= add_arg(b, "--default-digest") |
               add_arg(b, "%s=%s", cfg->models[i].name, cfg->models[i].default_digest);
+    const mbd_deploy_security *sec = &cfg->security;
+    if (sec->curve) rc |= add_arg(b, "--curve-secret") | add_arg(b, "%s", sec->broker_key);
+    if (sec->client_keys[0]) rc |= add_arg(b, "--client-keys") | add_arg(b, "%s", sec->client_keys);
+    for (size_t k = 0; k < sec->n_client_keys; k++)
+      rc |= add_arg(b, "--client-keys") | add_arg(b, "%s", sec->client_public_keys[k]);
+    if (sec->worker_keys[0]) rc |= add_arg(b, "--worker-keys") | add_arg(b, "%s", sec->worker_keys);
+    if (sec->operator_keys[0])
+      rc |= add_arg(b, "--operator-keys") | add_arg(b, "%s", sec->operator_keys);
+    if (sec->ipc_group[0]) rc |= add_arg(b, "--ipc-group") | add_arg(b, "%s", sec->ipc_group);
+    if (sec->insecure_clients) rc |= add_arg(b, "--insecure") | add_arg(b, "clients");
+    if (sec->insecure_workers) rc |= add_arg(b, "--insecure") | add_arg(b, "workers");
   }
   char wconn[MBD_DEPLOY_EP_MAX];
   int erc = connect_endpoint(s, cfg->workers_ep, wconn, sizeof wconn, err);

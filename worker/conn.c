@@ -182,6 +182,8 @@ static int sock_register(mbd_wconn *c, mbd_error *err) {
   zmq_setsockopt(c->sock, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm);
   /* recv after poll only: never block the I/O thread. */
   zmq_setsockopt(c->sock, ZMQ_RCVTIMEO, &rcvtimeo, sizeof rcvtimeo);
+  if (st->o.curve && mbd_curve_client(c->sock, &st->o.curve_key, st->o.server_key, err))
+    return err->code;
   if (zmq_connect(c->sock, st->o.connect))
     return mbd_error_set(err, MBD_E_IO, "cannot connect to broker at %s: %s (check --connect)",
                          st->o.connect, zmq_strerror(zmq_errno()));

@@ -145,9 +145,9 @@ static int check_desc(const mbd_tensor_ref *r, mbd_dtype dt, int ndim_lo, int nd
 
 /* Session lookup for session commands (its data in *ws): MBD_E_BUSY while a
  * GENERATE or a PREFILL owns the session (until its reply). */
-static int get_session(mbd_wstate *st, const char *id, mbd_wsession **s, mbd_wsess_data **ws,
+static int get_session(mbd_wstate *st, const mbd_wreq *q, mbd_wsession **s, mbd_wsess_data **ws,
                        mbd_error *err) {
-  int rc = mbd_wsession_find(st->sessions, id, s, err);
+  int rc = mbd_wsession_find_for(st->sessions, q->session, q->caller.id, s, err);
   if (rc) return rc;
   *ws = (*s)->user;
   (*s)->last_used = mbd_wstate_now(st);
@@ -225,8 +225,9 @@ static int h_open(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *er
   int mi = mbd_wmodels_find(st, q->model, err);
   if (mi < 0) return mi;
   mbd_wsession *s = NULL;
-  int rc = mbd_wstate_session_new(st, mi, &s, err);
-  if (rc) return rc;
+  int rc = mbd_wsession_admit(st->sessions, q->caller.id, st->o.client_sessions, err);
+  if (rc || (rc = mbd_wstate_session_new(st, mi, &s, err))) return rc;
+  mbd_wsession_own(s, q->caller.id);
   MBD_LOGD(LOGC, "opened session %s (%s)", s->id, q->model);
   mbd_wreply_fields_str(st, tag, "session", s->id);
   return MBD_OK;
@@ -236,7 +237,7 @@ static int h_prefill(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint
                      mbd_error *err) {
   mbd_wsession *s;
   mbd_wsess_data *ws;
-  int rc = get_session(st, q->session, &s, &ws, err);
+  int rc = get_session(st, q, &s, &ws, err);
   if (rc) return rc;
   mbd_wmodel *m = &st->models[s->model];
   const mbd_tensor_ref *r = &q->tensors[0];
@@ -258,7 +259,7 @@ static int h_prefill(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint
 static int h_step(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
   mbd_wsession *s;
   mbd_wsess_data *ws;
-  int rc = get_session(st, q->session, &s, &ws, err);
+  int rc = get_session(st, q, &s, &ws, err);
   if (rc) return rc;
   int64_t V = st->models[s->model].vocab;
   if (q->token < 0 || q->token >= V)
@@ -278,7 +279,7 @@ static int h_step(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *er
 static int h_generate(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
   mbd_wsession *s;
   mbd_wsess_data *ws;
-  int rc = get_session(st, q->session, &s, &ws, err);
+  int rc = get_session(st, q, &s, &ws, err);
   if (rc) return rc;
   return mbd_wsched_generate(st, s, tag, q, err);
 }
@@ -286,7 +287,7 @@ static int h_generate(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error
 static int h_export(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
   mbd_wsession *s;
   mbd_wsess_data *ws;
-  int rc = get_session(st, q->session, &s, &ws, err);
+  int rc = get_session(st, q, &s, &ws, err);
   if (rc) return rc;
   if ((rc = mbd_wsched_check_no_step(st, s, err))) return rc;
   mbd_wmodel *m = &st->models[s->model];
@@ -369,7 +370,10 @@ static int h_import(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint6
                        (unsigned long long)info.vocab, (long long)m->vocab);
     goto fail;
   }
-  if ((rc = mbd_wstate_session_new(st, mi, &s, err))) goto fail;
+  if ((rc = mbd_wsession_admit(st->sessions, q->caller.id, st->o.client_sessions, err)) ||
+      (rc = mbd_wstate_session_new(st, mi, &s, err)))
+    goto fail;
+  mbd_wsession_own(s, q->caller.id);
   /* The state image may sit at any offset in the frame: the backend's import
    * reads it with memcpy-safe code, and logits are copied bytewise. */
   if ((rc = st->be->ops->state_load((mbd_bstate *)s->state, info.state, info.state_bytes, err)))
@@ -389,7 +393,7 @@ fail:
 static int h_close(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
   mbd_wsession *s;
   mbd_wsess_data *ws;
-  int rc = get_session(st, q->session, &s, &ws, err);
+  int rc = get_session(st, q, &s, &ws, err);
   if (rc) return rc;
   if ((rc = mbd_wsched_check_no_step(st, s, err))) return rc;
   mbd_wsession_close(st->sessions, s);
@@ -422,6 +426,7 @@ void mbd_whandle_request(mbd_wstate *st, mbd_msg *msg) {
   const void *b = mbd_msg_body(msg, &blen);
   int rc = mbd_body_parse(b, blen, &body, &err);
   mbd_wreq *q = NULL;
+  mbd_shm_cache_watch(st->shm); /* a shrunk shm object fails this request's reply */
   if (rc) goto done;
   const msgpack_object *root = mbd_body_root(body);
   char rid[40] = "-"; /* the client's request_id, for the log */
@@ -459,6 +464,7 @@ done:
     if (!err.code) err.code = rc;
     mbd_wreply_err(st, tag, &err);
   }
+  mbd_shm_cache_watch(st->shm);
   st->served++;
   free(q);
   mbd_body_destroy(&body);

@@ -13,9 +13,10 @@
 const char *mbd_worker_usage(void) {
   return "usage: mambad-worker --connect EP --name NAME [--device cpu|cuda:N] [--dtype f32|bf16|f16]\n"
          "         [--gemm-mode deterministic] [--model NAME=DIR]... [--threads N]\n"
-         "         [--capacity N] [--sessions N] [--max-batch N] [--heartbeat-ms MS] [--liveness N]\n"
-         "         [--session-idle-s S] [--host-id ID] [--max-message-mb N]\n"
-         "         [--slice-tokens N] [--drain-ms MS]\n"
+         "         [--capacity N] [--sessions N] [--client-sessions N] [--max-batch N]\n"
+         "         [--heartbeat-ms MS] [--liveness N] [--session-idle-s S] [--host-id ID]\n"
+         "         [--max-message-mb N] [--slice-tokens N] [--drain-ms MS]\n"
+         "         [--curve-secret FILE --server-key KEY|FILE]\n"
          "--capacity: requests the broker sends at once (1..4096, default 64);\n"
          "--sessions: session slots (default: the capacity); both defaults: common/defaults.h\n";
 }
@@ -121,6 +122,14 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
     } else if (!strcmp(a, "--sessions")) {
       if ((rc = parse_int(a, val, 1, MBD_SESSIONS_MAX, &v, err))) return rc;
       o->sessions = (int)v;
+    } else if (!strcmp(a, "--curve-secret")) {
+      if ((rc = mbd_curve_read_secret(val, &o->curve_key, err))) return rc;
+      o->curve = true;
+    } else if (!strcmp(a, "--server-key")) {
+      if ((rc = mbd_curve_read_public(val, o->server_key, err))) return rc;
+    } else if (!strcmp(a, "--client-sessions")) {
+      if ((rc = parse_int(a, val, 1, 1 << 20, &v, err))) return rc;
+      o->client_sessions = (int)v;
     } else if (!strcmp(a, "--max-batch")) {
       if ((rc = parse_int(a, val, 1, MBD_MAX_BATCH_MAX, &v, err))) return rc;
       o->max_batch = (int)v;
@@ -155,8 +164,13 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
     return mbd_error_set(err, MBD_E_INVALID, "--connect EP is required (the broker's workers "
                          "endpoint, e.g. ipc:///tmp/mambad/workers)");
   if (!o->name[0]) return mbd_error_set(err, MBD_E_INVALID, "--name NAME is required");
+  if (o->curve != (o->server_key[0] != '\0'))
+    return mbd_error_set(err, MBD_E_INVALID, "--curve-secret FILE and --server-key KEY go together "
+                         "(CURVE to a broker's tcp endpoint; keys from `mambad keygen`)");
   if (!o->host_id[0]) mbd_host_id_get(o->host_id, sizeof o->host_id);
   if (!o->sessions) o->sessions = o->capacity;
+  if (!o->client_sessions) o->client_sessions = o->sessions * 3 / 4 > 0 ? o->sessions * 3 / 4 : 1;
+  if (o->client_sessions > o->sessions) o->client_sessions = o->sessions;
   if ((rc = mbd_gemm_mode_resolve(gemm_flag, &o->mode, err))) return rc;
   return MBD_OK;
 }

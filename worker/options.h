@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "common/curve.h"
 #include "common/route.h"
 #include "common/status.h"
 
@@ -19,6 +20,9 @@ typedef struct mbd_worker_model_opt {
 
 typedef struct mbd_worker_opts {
   char connect[256];                 /* broker's workers endpoint */
+  bool curve;                        /* --curve-secret given: connect as a CURVE client */
+  mbd_curve_pair curve_key;          /* --curve-secret FILE: this worker's key pair */
+  char server_key[MBD_CURVE_KEY_LEN + 1]; /* --server-key KEY|FILE: the broker's public key */
   char name[MBD_WORKER_NAME_MAX];    /* worker name (FINAL `worker`) */
   char host_id[128];                 /* same-host detection for shm; default machine-id */
   mbd_backend_kind backend;          /* --device: cpu or cuda:N */
@@ -31,6 +35,8 @@ typedef struct mbd_worker_opts {
   int capacity;                      /* --capacity: requests in flight at once (READY capacity) */
   int sessions;                      /* --sessions: session slots (route state_capacity);
                                         defaults to capacity */
+  int client_sessions;               /* --client-sessions: slots one client may hold (default
+                                        3/4 of the session slots, at least 1) */
   int max_batch;                     /* --max-batch: rows per batched step */
   int heartbeat_ms;                  /* --heartbeat-ms */
   int liveness;                      /* --liveness: silent intervals before reconnecting */

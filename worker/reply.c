@@ -44,6 +44,12 @@ void mbd_wreply_body(mbd_wstate *st, uint8_t cmd, uint64_t tag, msgpack_sbuffer 
                      size_t plen) {
   mbd_msg *m = NULL;
   mbd_error e = {0};
+  if (mbd_shm_cache_check(st->shm, &e)) { /* the result was computed from a shrunk object */
+    free(payload);
+    msgpack_sbuffer_destroy(sb);
+    mbd_wreply_err(st, tag, &e);
+    return;
+  }
   if (mbd_msg_new(cmd, tag, &m, &e) || mbd_msg_take_body(m, sb, &e)) goto fail;
   if (payload) {
     int rc = plen ? mbd_msg_add_payload_ref(m, payload, plen, free_payload, NULL, &e)
@@ -125,6 +131,7 @@ void mbd_wreply_step_logits(mbd_wstate *st, uint64_t tag, const mbd_tensor_ref *
       mbd_wreply_err(st, tag, &err);
       return;
     }
+    mbd_shm_cache_watch(st->shm);
     memcpy(dst, row, (size_t)V * sizeof(float));
     mbd_wreply_tensor(st, &q, tag, "logits", &ld, NULL);
     return;

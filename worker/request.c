@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 static int decode_tensors(const msgpack_object *root, const char *key, bool required,
                           mbd_tensor_ref *out, size_t *n, mbd_error *err) {
@@ -39,7 +40,57 @@ static int decode_generate(const msgpack_object *root, mbd_wreq *r, mbd_error *e
   return MBD_OK;
 }
 
+/* `caller` as the broker stamped it; absent = anonymous. */
+static int decode_caller(const msgpack_object *root, mbd_wcaller *c, mbd_error *err) {
+  const msgpack_object *m = mbd_obj_get(root, "caller");
+  if (!m) return MBD_OK;
+  if (m->type != MSGPACK_OBJECT_MAP)
+    return mbd_error_set(err, MBD_E_INVALID, "caller must be a map (the broker sets it)");
+  int rc = mbd_obj_str(m, "id", false, c->id, sizeof c->id, err);
+  if (rc) return rc;
+  if (!mbd_obj_get(m, "uid")) return MBD_OK;
+  uint64_t uid = 0, gid = 0;
+  if ((rc = mbd_obj_u64(m, "uid", true, &uid, err)) || (rc = mbd_obj_u64(m, "gid", false, &gid, err)) ||
+      (rc = mbd_obj_i64(m, "pid", false, &c->pid, err)))
+    return rc;
+  if (uid > UINT32_MAX || gid > UINT32_MAX)
+    return mbd_error_set(err, MBD_E_INVALID, "caller uid/gid out of range");
+  c->has_uid = true;
+  c->uid = (uint32_t)uid;
+  c->gid = (uint32_t)gid;
+  return MBD_OK;
+}
+
+static int decode_one(uint8_t cmd, const msgpack_object *root, mbd_wreq *r, mbd_error *err);
+
+/* Stamps the caller's uid into every ref and applies the CUDA IPC rule. */
+static int bind_refs(mbd_wreq *r, mbd_error *err) {
+  mbd_tensor_ref *all[2] = {r->tensors, r->outputs};
+  size_t n[2] = {r->ntensors, r->noutputs};
+  for (int k = 0; k < 2; k++)
+    for (size_t i = 0; i < n[k]; i++) {
+      mbd_tensor_ref *t = &all[k][i];
+      t->caller_known = r->caller.has_uid;
+      t->caller_uid = r->caller.uid;
+      if (t->kind != MBD_TREF_CUDA_IPC) continue;
+      uid_t self = geteuid();
+      if (!r->caller.has_uid || (r->caller.uid != (uint32_t)self && r->caller.uid != 0))
+        return mbd_error_set(err, MBD_E_INVALID,
+                             "tensor '%s': CUDA IPC refs are accepted only from clients on this "
+                             "host running as the worker's uid (%u) or root; send the bytes "
+                             "inline or in shm",
+                             t->name, (unsigned)self);
+    }
+  return MBD_OK;
+}
+
 int mbd_wreq_decode(uint8_t cmd, const msgpack_object *root, mbd_wreq *r, mbd_error *err) {
+  int rc = decode_one(cmd, root, r, err);
+  if (rc) return rc;
+  return bind_refs(r, err);
+}
+
+static int decode_one(uint8_t cmd, const msgpack_object *root, mbd_wreq *r, mbd_error *err) {
   memset(r, 0, sizeof *r);
   r->cmd = cmd;
   r->dtype = MBD_DTYPE_F32;
@@ -49,6 +100,7 @@ int mbd_wreq_decode(uint8_t cmd, const msgpack_object *root, mbd_wreq *r, mbd_er
     return mbd_error_set(err, MBD_E_FORMAT, "request body must be a msgpack map");
   int rc = mbd_obj_i64(root, "deadline_ms", false, &r->deadline_ms, err);
   if (rc) return rc;
+  if ((rc = decode_caller(root, &r->caller, err))) return rc;
   if (r->deadline_ms < 0) return mbd_error_set(err, MBD_E_INVALID, "deadline_ms must be >= 0");
   switch (cmd) {
   case MBD_CMD_GEMM: {
@@ -114,6 +166,10 @@ static int check_align(const mbd_tensor_ref *r, mbd_error *err) {
   return MBD_OK;
 }
 
+static int64_t caller_uid(const mbd_tensor_ref *r) {
+  return r->caller_known ? (int64_t)r->caller_uid : -1;
+}
+
 int mbd_wreq_input(const mbd_tensor_ref *r, const mbd_msg *msg, mbd_shm_cache *shm,
                    const void **data, size_t *nbytes, mbd_error *err) {
   *data = NULL;
@@ -140,7 +196,8 @@ int mbd_wreq_input(const mbd_tensor_ref *r, const mbd_msg *msg, mbd_shm_cache *s
   case MBD_TREF_SHM: {
     void *p = NULL;
     if ((rc = check_align(r, err))) return rc;
-    rc = mbd_shm_cache_map(shm, r->shm_name, r->offset, r->size, *nbytes, false, &p, err);
+    rc = mbd_shm_cache_map(shm, r->shm_name, r->offset, r->size, *nbytes, false, caller_uid(r), &p,
+                           err);
     if (rc) return mbd_error_prefix(err, "tensor '%s'", r->name);
     *data = p;
     return MBD_OK;
@@ -174,7 +231,8 @@ int mbd_wreq_output(const mbd_tensor_ref *r, const mbd_tensor_desc *want, mbd_sh
   int rc = mbd_tensor_desc_nbytes(want, &nbytes, err);
   if (rc) return rc;
   if ((rc = check_align(r, err))) return rc;
-  rc = mbd_shm_cache_map(shm, r->shm_name, r->offset, r->size, nbytes, true, data, err);
+  rc = mbd_shm_cache_map(shm, r->shm_name, r->offset, r->size, nbytes, true, caller_uid(r), data,
+                         err);
   if (rc) return mbd_error_prefix(err, "output '%s'", r->name);
   return MBD_OK;
 }

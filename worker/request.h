@@ -20,12 +20,24 @@
 #define MBD_WREQ_MAX_STOP 64
 #define MBD_WREQ_MODEL_MAX 64
 #define MBD_WREQ_MAX_TOKENS_CAP (1 << 20) /* generate: hard cap on max_tokens */
+#define MBD_WCALLER_ID_MAX 96
+
+/* The client that sent a request, as the broker stamped it into the body
+ * (`caller`: {id, uid?, gid?, pid?}; the broker drops whatever a client put
+ * there). docs/security.md says what each field is worth. */
+typedef struct mbd_wcaller {
+  char id[MBD_WCALLER_ID_MAX]; /* "uid:<n>" (ipc peer credentials), "key:<z85>" (CURVE); "" anonymous */
+  bool has_uid;                /* uid/gid/pid are the peer credentials of an ipc connection */
+  uint32_t uid, gid;
+  int64_t pid;
+} mbd_wcaller;
 
 typedef struct mbd_wreq {
   uint8_t cmd;                        /* mbd_cmd */
   char model[MBD_WREQ_MODEL_MAX];     /* FORWARD, OPEN, IMPORT */
   char session[MBD_SESSION_ID_MAX];   /* PREFILL, STEP, GENERATE, EXPORT, CLOSE */
   int64_t deadline_ms;                /* relative; 0 = none */
+  mbd_wcaller caller;                 /* who sent it (every command) */
   bool last_only;                     /* FORWARD, PREFILL */
   mbd_dtype dtype;                    /* GEMM: storage dtype of A and B (default f32) */
   int64_t token;                      /* STEP */
@@ -45,19 +57,24 @@ typedef struct mbd_wreq {
   size_t noutputs;
 } mbd_wreq;
 
-/* Decodes and checks the fields of request `cmd` from body map `root`. */
+/* Decodes and checks the fields of request `cmd` from body map `root`. Every
+ * tensor ref gets the caller's uid (mbd_tensor_ref.caller_*), so later shm
+ * lookups check ownership against it. CUDA IPC refs are refused unless the
+ * caller runs as the worker's own uid or root (an IPC handle has no owner the
+ * worker could check; docs/security.md). */
 int mbd_wreq_decode(uint8_t cmd, const msgpack_object *root, mbd_wreq *out, mbd_error *err);
 
 /* Resolves an input tensor ref to its bytes: INLINE -> payload frame r->frame
  * of msg, whose length must equal the tensor's bytes; SHM -> the cache
- * (read-only; the offset must be a multiple of the element size so the data
- * is aligned). CUDA_IPC is MBD_E_UNSUPPORTED here. *nbytes receives the
+ * (read-only, owned by r's caller; the offset must be a multiple of the
+ * element size so the data is aligned). CUDA_IPC is MBD_E_UNSUPPORTED here. *nbytes receives the
  * tensor's byte size. */
 int mbd_wreq_input(const mbd_tensor_ref *r, const mbd_msg *msg, mbd_shm_cache *shm,
                    const void **data, size_t *nbytes, mbd_error *err);
 
-/* Resolves an output ref (must be SHM, dtype/shape must equal `want`, offset
- * a multiple of the element size) to a writable pointer. */
+/* Resolves an output ref (must be SHM, owned and writable by r's caller,
+ * dtype/shape must equal `want`, offset a multiple of the element size) to a
+ * writable pointer. */
 int mbd_wreq_output(const mbd_tensor_ref *r, const mbd_tensor_desc *want, mbd_shm_cache *shm,
                     void **data, mbd_error *err);
 

@@ -1,7 +1,9 @@
-/* Session table: fixed slots, monotonically numbered ids, idle expiry. */
+/* Session table: fixed slots, random ids bound to an owner, idle expiry. */
 #include "worker/session.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <sys/random.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +14,6 @@ struct mbd_wsession_table {
   mbd_wsession *slots; /* capacity entries; id[0] == '\0' = free */
   size_t capacity;
   size_t count;     /* open sessions */
-  uint64_t next_n;  /* next session number (never reused) */
   mbd_wsession_free_fn free_fn;
   void *free_ctx;
 };
@@ -35,7 +36,6 @@ int mbd_wsession_table_new(const char *uid, size_t capacity, mbd_wsession_free_f
   memcpy(t->uid, uid, n + 1);
   t->uid_len = n;
   t->capacity = capacity;
-  t->next_n = 1;
   t->free_fn = free_fn;
   t->free_ctx = free_ctx;
   *out = t;
@@ -64,8 +64,20 @@ int mbd_wsession_open(mbd_wsession_table *t, int model, void *state, double now,
   for (size_t i = 0; i < t->capacity; i++) {
     mbd_wsession *s = &t->slots[i];
     if (s->id[0]) continue;
+    uint8_t rnd[16];
+    size_t got = 0;
+    while (got < sizeof rnd) {
+      ssize_t r = getrandom(rnd + got, sizeof rnd - got, 0);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0)
+        return mbd_error_set(err, MBD_E_IO, "no random bytes for a session id: %s",
+                             strerror(errno));
+      got += (size_t)r;
+    }
     memset(s, 0, sizeof *s);
-    snprintf(s->id, sizeof s->id, "%s/%" PRIu64, t->uid, t->next_n++);
+    char hex[33];
+    for (int k = 0; k < 16; k++) snprintf(hex + 2 * k, 3, "%02x", rnd[k]);
+    snprintf(s->id, sizeof s->id, "%s/%s", t->uid, hex);
     s->model = model;
     s->state = state;
     s->last_used = now;
@@ -77,6 +89,35 @@ int mbd_wsession_open(mbd_wsession_table *t, int model, void *state, double now,
                        "all %zu session slots are in use: close idle sessions or start the "
                        "worker with a larger --sessions",
                        t->capacity);
+}
+
+int mbd_wsession_admit(const mbd_wsession_table *t, const char *owner, int limit, mbd_error *err) {
+  if (limit <= 0 || mbd_wsession_count_owned(t, owner) < (size_t)limit) return MBD_OK;
+  return mbd_error_set(err, MBD_E_BUSY,
+                       "this client already holds %d sessions on this worker (the per-client "
+                       "limit, --client-sessions): close some first",
+                       limit);
+}
+
+void mbd_wsession_own(mbd_wsession *s, const char *owner) {
+  snprintf(s->owner, sizeof s->owner, "%s", owner ? owner : "");
+}
+
+size_t mbd_wsession_count_owned(const mbd_wsession_table *t, const char *owner) {
+  size_t n = 0;
+  for (size_t i = 0; i < t->capacity; i++)
+    n += t->slots[i].id[0] && !strcmp(t->slots[i].owner, owner ? owner : "");
+  return n;
+}
+
+int mbd_wsession_find_for(mbd_wsession_table *t, const char *id, const char *owner,
+                          mbd_wsession **out, mbd_error *err) {
+  int rc = mbd_wsession_find(t, id, out, err);
+  if (rc) return rc;
+  if (!strcmp((*out)->owner, owner ? owner : "")) return MBD_OK;
+  *out = NULL;
+  return mbd_error_set(err, MBD_E_NOT_FOUND,
+                       "session '%s' is not open (closed, or expired after being idle)", id);
 }
 
 int mbd_wsession_find(mbd_wsession_table *t, const char *id, mbd_wsession **out, mbd_error *err) {

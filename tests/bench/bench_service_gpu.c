@@ -229,6 +229,7 @@ int main(int argc, char **argv) {
   h.next_tag = 1;
   wh_start_broker(&h);
   wh_start_worker(&h, "gpu0", "--device", "cuda:0", "--dtype", "bf16", "--capacity", "512",
+                  "--client-sessions", "512",
                   "--max-batch", "256", "--max-message-mb", "1024", NULL);
   if (wh_wait_workers(&h, 1, 120000)) {
     fprintf(stderr, "worker did not register\n");

@@ -64,8 +64,7 @@ static void test_without_service(void **state) {
   svc_write(&s, "curve.yaml", yaml, "broker: {clients: 'ipc:///tmp/x', workers: 'ipc:///tmp/y'}\n"
                                     "security: {curve: true, server_public_key: \"rq:rM>}U?@Lns47E1%%kR.o@n%%FcmmsL/@{H8]yf7\", "
                                     "server_secret_key: \"JTKVSB%%%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni{Lh6\"}\n");
-  EXPECT(1, "UNSUPPORTED", "'%s/mambad' up --config '%s'", b, yaml);
-  EXPECT(1, "not supported yet", "'%s/mambad' up --config '%s'", b, yaml);
+  EXPECT(1, "curve: true needs broker_key", "'%s/mambad' up --config '%s'", b, yaml);
   EXPECT(1, "cannot open", "'%s/mambad' up --config /nonexistent.yaml", b);
   svc_write(&s, "nomodel.yaml", yaml, "broker: {clients: 'ipc:///tmp/x', workers: 'ipc:///tmp/y'}\n"
                                       "models:\n  - {name: m, path: /nonexistent/m}\n"

@@ -62,7 +62,8 @@ static void test_concurrent(void **state) {
   assert_int_equal(wh_fixture_load(&g_h, &g_f), 0);
   const int64_t T = g_f.T, V = g_f.V, G = g_f.G;
   wh_start_broker(&g_h);
-  wh_start_worker(&g_h, "wA", "--capacity", "64", "--max-batch", "64", NULL);
+  wh_start_worker(&g_h, "wA", "--capacity", "64", "--client-sessions", "64", "--max-batch", "64",
+                  NULL);
   assert_int_equal(wh_wait_workers(&g_h, 1, 30000), 0);
   static run alone[NS], conc[NS];
   /* Alone: one session at a time. */

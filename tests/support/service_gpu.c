@@ -40,8 +40,9 @@ pid_t sg_start_gpu_worker(wh *h, const char *name, int dev, const char *capacity
                           const char *max_batch) {
   static char devs[8][16];
   snprintf(devs[dev & 7], sizeof devs[0], "cuda:%d", dev);
-  return wh_start_worker(h, name, "--device", devs[dev & 7], "--capacity", capacity, "--max-batch",
-                         max_batch, "--max-message-mb", "1024", NULL);
+  return wh_start_worker(h, name, "--device", devs[dev & 7], "--capacity", capacity,
+                         "--client-sessions", capacity, "--max-batch", max_batch,
+                         "--max-message-mb", "1024", NULL);
 }
 
 uint64_t sg_send_export(wh *h, const char *sid) {

@@ -11,7 +11,9 @@
 
 #include <cmocka.h>
 
+#include "broker/caller.h"
 #include "broker/core.h"
+#include "broker/reclaim.h"
 #include "broker/registry.h"
 #include "common/protocol.h"
 
@@ -481,7 +483,7 @@ static void test_core_session_and_reregister(void **state) {
   /* sessions of the old uid are gone */
   m = client_req(MBD_CMD_STEP, 10, NULL, NULL, 0, "u2/4");
   mbd_bcore_on_client(c, &m, 0, NULL, 3);
-  assert_int_equal(err_code(s.m[0]), MBD_E_WORKER_LOST);
+  assert_int_equal(err_code(s.m[0]), MBD_E_NOT_FOUND);
   clear(&s);
   /* a uid that never registered: NOT_FOUND, not a lost worker */
   m = client_req(MBD_CMD_STEP, 11, NULL, NULL, 0, "never/1");
@@ -582,6 +584,176 @@ static void test_config_parse(void **state) {
   assert_int_equal(mbd_broker_config_parse(5, bad4, &c, &err), MBD_E_INVALID);
 }
 
+/* Stamps caller `id` into m as the reactor does (any caller already there is dropped). */
+static void stamp(mbd_msg *m, const char *id) {
+  mbd_bcaller who;
+  memset(&who, 0, sizeof who);
+  snprintf(who.id, sizeof who.id, "%s", id);
+  assert_int_equal(mbd_bcaller_stamp(m, &who, NULL), 0);
+}
+
+static void test_caller_stamp_and_inflight_limit(void **state) {
+  (void)state;
+  /* The stamp replaces a forged caller; peer credentials parse from the end. */
+  mbd_msg *m = NULL;
+  assert_int_equal(mbd_msg_new(MBD_CMD_GEMM, 1, &m, NULL), 0);
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 2);
+  mbd_pack_kv_str(&pk, "model", "m");
+  mbd_pack_str(&pk, "caller");
+  msgpack_pack_map(&pk, 2);
+  mbd_pack_kv_str(&pk, "id", "uid:0");
+  mbd_pack_kv_u64(&pk, "uid", 0);
+  assert_int_equal(mbd_msg_take_body(m, &sb, NULL), 0);
+  msgpack_sbuffer_destroy(&sb);
+  mbd_bcaller who;
+  assert_true(mbd_bcaller_parse_peer("/x:0:0:1:1000:100:4242", &who));
+  assert_string_equal(who.id, "uid:1000");
+  assert_int_equal(who.gid, 100);
+  assert_int_equal(who.pid, 4242);
+  assert_false(mbd_bcaller_parse_peer("127.0.0.1", &who));
+  assert_false(mbd_bcaller_parse_peer("1:2:x", &who));
+  assert_true(mbd_bcaller_parse_peer("1000:100:4242", &who) == false);
+  assert_true(mbd_bcaller_parse_peer("localhost:1000:100:4242", &who));
+  assert_int_equal(mbd_bcaller_stamp(m, &who, NULL), 0);
+  size_t len;
+  const void *b = mbd_msg_body(m, &len);
+  mbd_body *body = NULL;
+  assert_int_equal(mbd_body_parse(b, len, &body, NULL), 0);
+  assert_int_equal(mbd_body_root(body)->via.map.size, 2);
+  mbd_bcaller back;
+  mbd_bcaller_read(mbd_body_root(body), &back);
+  assert_string_equal(back.id, "uid:1000");
+  assert_true(back.has_uid);
+  assert_int_equal(back.uid, 1000);
+  mbd_body_destroy(&body);
+  mbd_msg_destroy(&m);
+
+  /* At most client_inflight unanswered requests per caller: the next is BUSY;
+   * another caller is unaffected. */
+  sent s = {0};
+  mbd_broker_config cfg;
+  mbd_broker_config_defaults(&cfg);
+  strcpy(cfg.clients_ep, "inproc://c");
+  strcpy(cfg.workers_ep, "inproc://w");
+  cfg.client_inflight = 2;
+  mbd_bcore *c = NULL;
+  assert_int_equal(mbd_bcore_new(&cfg, rec_send, &s, &c, NULL), 0);
+  m = ready_msg("w1", "u1", MBD_POLICY_F32, 8, "m", false);
+  mbd_bcore_on_worker(c, &m, 0, NULL, 0);
+  for (int i = 0; i < 2; i++) {
+    m = client_req(MBD_CMD_FORWARD, 10 + (uint64_t)i, "f32", "m", 0, NULL);
+    stamp(m, "uid:5");
+    mbd_bcore_on_client(c, &m, 0, NULL, 1);
+  }
+  assert_int_equal(s.n, 2);
+  clear(&s);
+  m = client_req(MBD_CMD_FORWARD, 12, "f32", "m", 0, NULL);
+  stamp(m, "uid:5");
+  mbd_bcore_on_client(c, &m, 0, NULL, 1);
+  assert_int_equal(s.n, 1);
+  assert_int_equal(err_code(s.m[0]), MBD_E_BUSY);
+  char txt[512];
+  err_text(s.m[0], txt, sizeof txt);
+  assert_non_null(strstr(txt, "--client-inflight"));
+  clear(&s);
+  m = client_req(MBD_CMD_FORWARD, 13, "f32", "m", 0, NULL);
+  stamp(m, "uid:6");
+  mbd_bcore_on_client(c, &m, 0, NULL, 1);
+  assert_int_equal(s.n, 1);
+  assert_int_equal(s.dest[0], MBD_BDEST_WORKER);
+  uint64_t ticket = mbd_msg_tag(s.m[0]);
+  clear(&s);
+  /* A reply claiming another worker and route reaches the client as the
+   * broker knows the sender. */
+  assert_int_equal(mbd_msg_new(MBD_CMD_FINAL, ticket, &m, NULL), 0);
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 3);
+  mbd_pack_kv_str(&pk, "worker", "someone-else");
+  mbd_pack_kv_str(&pk, "route_id", "0000000000000000");
+  mbd_pack_kv_u64(&pk, "x", 7);
+  assert_int_equal(mbd_msg_take_body(m, &sb, NULL), 0);
+  msgpack_sbuffer_destroy(&sb);
+  assert_int_equal(mbd_msg_set_peer(m, "w1", 2, NULL), 0);
+  mbd_bcore_on_worker(c, &m, 0, NULL, 2);
+  assert_int_equal(s.n, 1);
+  assert_int_equal(s.dest[0], MBD_BDEST_CLIENT);
+  b = mbd_msg_body(s.m[0], &len);
+  assert_int_equal(mbd_body_parse(b, len, &body, NULL), 0);
+  char wn[64] = "", rid[80] = "";
+  assert_int_equal(mbd_obj_str(mbd_body_root(body), "worker", true, wn, sizeof wn, NULL), 0);
+  assert_int_equal(mbd_obj_str(mbd_body_root(body), "route_id", true, rid, sizeof rid, NULL), 0);
+  assert_string_equal(wn, "w1");
+  mbd_route_identity ri;
+  route_of(&ri, MBD_POLICY_F32);
+  char want_id[65];
+  mbd_route_id_hex(&ri, want_id);
+  assert_string_equal(rid, want_id);
+  assert_non_null(mbd_obj_get(mbd_body_root(body), "x"));
+  mbd_body_destroy(&body);
+  clear(&s);
+  mbd_bcore_destroy(&c);
+}
+
+/* A worker uid stays with the peer (key or local uid) that registered it. */
+static void test_uid_bound_to_peer(void **state) {
+  (void)state;
+  sent s = {0};
+  mbd_bcore *c = core_new(&s, 8);
+  mbd_msg *m = ready_msg("w1", "u1", MBD_POLICY_F32, 1, "m", false);
+  stamp(m, "key:A");
+  mbd_bcore_on_worker(c, &m, 0, NULL, 0);
+  assert_int_equal(mbd_registry_count(mbd_bcore_registry(c)), 1);
+  m = ready_msg("evil", "u1", MBD_POLICY_F32, 1, "m", false);
+  stamp(m, "key:B");
+  mbd_bcore_on_worker(c, &m, 0, NULL, 1);
+  assert_int_equal(s.n, 1);
+  assert_int_equal(mbd_msg_cmd(s.m[0]), MBD_CMD_ERROR);
+  char txt[512];
+  err_text(s.m[0], txt, sizeof txt);
+  assert_non_null(strstr(txt, "another peer"));
+  clear(&s);
+  const mbd_bworker *w = mbd_registry_find_uid(mbd_bcore_registry(c), "u1");
+  assert_non_null(w);
+  assert_memory_equal(w->ident, "w1", 2);
+  /* The same key re-registering (a reconnect) is fine. */
+  m = ready_msg("w1b", "u1", MBD_POLICY_F32, 1, "m", false);
+  stamp(m, "key:A");
+  mbd_bcore_on_worker(c, &m, 0, NULL, 2);
+  w = mbd_registry_find_uid(mbd_bcore_registry(c), "u1");
+  assert_memory_equal(w->ident, "w1b", 3);
+  clear(&s);
+  mbd_bcore_destroy(&c);
+}
+
+static bool g_dead_pid_alive(int64_t pid) { return pid != 42; }
+static char g_closed[128];
+static void on_reclaim(void *ctx, const char *id, const char *worker_uid, const char *caller) {
+  (void)ctx;
+  snprintf(g_closed, sizeof g_closed, "%s %s %s", id, worker_uid, caller);
+}
+
+static void test_reclaim_departed(void **state) {
+  (void)state;
+  mbd_breclaim *r = mbd_breclaim_new();
+  assert_non_null(r);
+  mbd_breclaim_opened(r, "u1/aa", "u1", "uid:5", 42);
+  mbd_breclaim_opened(r, "u1/bb", "u1", "uid:5", 42);
+  mbd_breclaim_opened(r, "u1/cc", "u1", "uid:6", 43);
+  mbd_breclaim_opened(r, "u1/dd", "u1", "key:x", 0); /* no pid: not tracked */
+  assert_int_equal(mbd_breclaim_count(r), 3);
+  mbd_breclaim_closed(r, "u1/bb");
+  assert_int_equal(mbd_breclaim_sweep(r, g_dead_pid_alive, on_reclaim, NULL), 1);
+  assert_string_equal(g_closed, "u1/aa u1 uid:5");
+  assert_int_equal(mbd_breclaim_count(r), 1);
+  mbd_breclaim_destroy(&r);
+  assert_null(r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_registry_ready_and_select),
@@ -592,6 +764,9 @@ int main(void) {
       cmocka_unit_test(test_core_session_and_reregister),
       cmocka_unit_test(test_core_queue_deadline_busy_noroute),
       cmocka_unit_test(test_config_parse),
+      cmocka_unit_test(test_caller_stamp_and_inflight_limit),
+      cmocka_unit_test(test_reclaim_departed),
+      cmocka_unit_test(test_uid_bound_to_peer),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -45,6 +45,7 @@ static const char *k_full =
     "    device: all\n"
     "security:\n"
     "  curve: false\n"
+    "  insecure: {workers: true}\n"
     "  server_public_key: \"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\"\n"
     "  client_public_keys: [\"Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID\"]\n";
 
@@ -175,11 +176,34 @@ static void test_errors_name_line_and_field(void **state) {
             "must be a single value");
   parse_bad(BROKER "security:\n  server_public_key: short\n", MBD_E_INVALID, 5, "Z85");
   parse_bad(BROKER "security:\n  curve: maybe\n", MBD_E_INVALID, 5, "security.curve");
-  parse_bad(BROKER "security:\n  curve: true\n", MBD_E_INVALID, 5, "needs server_public_key");
-  parse_bad(BROKER "security:\n  curve: true\n"
-                   "  server_public_key: \"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\"\n"
-                   "  server_secret_key: \"JTKVSB%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni{Lh6\"\n",
-            MBD_E_UNSUPPORTED, 5, "not supported yet");
+  parse_bad(BROKER "security:\n  curve: true\n", MBD_E_INVALID, 5, "needs broker_key");
+  parse_bad(BROKER "security:\n  insecure: {clients: yes, other: true}\n", MBD_E_INVALID, 5,
+            "security.insecure");
+}
+
+/* tcp endpoints need CURVE (with its keys) or an explicit insecure mark. */
+static void test_tcp_needs_curve_or_insecure(void **state) {
+  (void)state;
+#define TCP "broker:\n  clients: tcp://*:5555\n  workers: tcp://*:5556\n"
+  parse_bad(TCP, MBD_E_INVALID, 1, "tcp without CURVE");
+  parse_bad(TCP "security:\n  insecure: {clients: true}\n", MBD_E_INVALID, 1, "broker.workers");
+  mbd_deploy_config *c =
+      parse_ok(TCP "security:\n  insecure: {clients: true, workers: true}\n  ipc_group: mambad\n");
+  assert_true(c->security.insecure_clients && c->security.insecure_workers);
+  assert_string_equal(c->security.ipc_group, "mambad");
+  mbd_deploy_config_free(&c);
+  parse_bad(TCP "security:\n  curve: true\n  broker_key: keys/broker.key\n", MBD_E_INVALID, 1,
+            "worker_keys");
+  c = parse_ok(TCP "security:\n  curve: true\n  broker_key: keys/broker.key\n"
+                   "  worker_key: /etc/mambad/worker.key\n  worker_keys: keys/workers\n"
+                   "  client_keys: \"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\"\n");
+  assert_true(c->security.curve);
+  assert_string_equal(c->security.broker_key, "/base/keys/broker.key");
+  assert_string_equal(c->security.worker_key, "/etc/mambad/worker.key");
+  assert_string_equal(c->security.worker_keys, "/base/keys/workers");
+  assert_string_equal(c->security.client_keys, "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7");
+  mbd_deploy_config_free(&c);
+#undef TCP
 }
 
 static void test_http_section(void **state) {
@@ -267,6 +291,7 @@ int main(void) {
       cmocka_unit_test(test_defaults),
       cmocka_unit_test(test_errors_name_line_and_field),
       cmocka_unit_test(test_http_section),
+      cmocka_unit_test(test_tcp_needs_curve_or_insecure),
       cmocka_unit_test(test_alias_bomb),
       cmocka_unit_test(test_load_file_and_shipped_examples),
       cmocka_unit_test(test_connect_endpoint),

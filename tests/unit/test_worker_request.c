@@ -236,6 +236,11 @@ static void test_input_resolution(void **state) {
   strcpy(r.shm_name, name);
   r.offset = 64;
   r.size = 48;
+  /* The caller's uid is unknown: refused; stamped as the object's owner: served. */
+  assert_int_equal(mbd_wreq_input(&r, NULL, c, &data, &nb, &err), MBD_E_INVALID);
+  assert_non_null(strstr(err.msg, "uid is unknown"));
+  r.caller_known = true;
+  r.caller_uid = (uint32_t)geteuid();
   assert_int_equal(mbd_wreq_input(&r, NULL, c, &data, &nb, &err), 0);
   assert_memory_equal(data, ids, 48);
   r.offset = 65;
