@@ -227,6 +227,7 @@ int main(int argc, char **argv) {
   snprintf(h.clients, sizeof h.clients, "ipc://%s/clients", h.dir);
   snprintf(h.workers, sizeof h.workers, "ipc://%s/workers", h.dir);
   h.next_tag = 1;
+  h.client_inflight = "100000"; /* this one client sends the traffic of many */
   wh_start_broker(&h);
   wh_start_worker(&h, "gpu0", "--device", "cuda:0", "--dtype", "bf16", "--capacity", "512",
                   "--client-sessions", "512",

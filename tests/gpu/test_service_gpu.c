@@ -94,6 +94,7 @@ static void run_alone(int i, run_out *o) {
 static int setup(void **st) {
   (void)st;
   sg_init_or_skip(&g_h, 1);
+  g_h.client_inflight = "100000"; /* this one client sends the traffic of many */
   wh_start_broker(&g_h);
   sg_start_gpu_worker(&g_h, "gpu0", 0, "1100", "256");
   if (wh_wait_workers(&g_h, 1, 60000)) {

@@ -28,6 +28,7 @@ static const int64_t V = 512;
 static int setup(void **st) {
   (void)st;
   sg_init_or_skip(&g_h, 2);
+  g_h.client_inflight = "100000"; /* this one client sends the traffic of many */
   wh_start_broker(&g_h);
   sg_start_gpu_worker(&g_h, "gpu0", 0, "256", "64");
   g_w1 = sg_start_gpu_worker(&g_h, "gpu1", 1, "256", "64");

@@ -44,7 +44,11 @@ void wh_start_broker(wh *h) {
   char exe[600];
   snprintf(exe, sizeof exe, "%s/mambad-broker", h->bin);
   char *argv[] = {exe,   "--clients",  h->clients, "--workers", h->workers, "--heartbeat-ms",
-                  "200", "--liveness", "3",        NULL};
+                  "200", "--liveness", "3",        NULL,        NULL,       NULL};
+  if (h->client_inflight) {
+    argv[9] = "--client-inflight";
+    argv[10] = (char *)h->client_inflight;
+  }
   /* Output stays on the test's stdout/stderr; the child dies with the test. */
   h->broker = procs_spawn(argv, NULL);
   h->zctx = zmq_ctx_new();

@@ -27,6 +27,8 @@ typedef struct wh {
   char bin[512];       /* $MBD_BIN_DIR */
   char model_dir[512]; /* fixture tiny-d64 */
   bool worker_logs;    /* true: each worker's output goes to dir/<name>.log */
+  const char *client_inflight; /* broker --client-inflight when set (one test client
+                                  that drives the traffic of many) */
   pid_t broker;              /* the broker process, 0 when none */
   pid_t procs[WH_MAX_PROCS]; /* workers, by start order (0: already stopped) */
   int nprocs;                /* entries of procs in use */
