@@ -61,24 +61,11 @@ static bool is_key(const msgpack_object *k, const char *s) {
 int mbd_bcaller_stamp(mbd_msg *m, const mbd_bcaller *c, mbd_error *err) {
   size_t blen = 0;
   const void *b = mbd_msg_body(m, &blen);
-  mbd_body *body = NULL;
-  int rc = mbd_body_parse(b, blen, &body, err);
-  if (rc) return rc;
-  const msgpack_object *root = mbd_body_root(body);
-  uint32_t keep = 0;
-  for (uint32_t i = 0; i < root->via.map.size; i++) keep += !is_key(&root->via.map.ptr[i].key, "caller");
-  msgpack_sbuffer sb;
+  msgpack_sbuffer val, sb;
+  msgpack_sbuffer_init(&val);
   msgpack_sbuffer_init(&sb);
   msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk, keep + 1);
-  for (uint32_t i = 0; i < root->via.map.size; i++) {
-    const msgpack_object_kv *kv = &root->via.map.ptr[i];
-    if (is_key(&kv->key, "caller")) continue;
-    msgpack_pack_object(&pk, kv->key);
-    msgpack_pack_object(&pk, kv->val);
-  }
-  mbd_pack_str(&pk, "caller");
+  msgpack_packer_init(&pk, &val, msgpack_sbuffer_write);
   msgpack_pack_map(&pk, c->has_uid ? 4 : 1);
   mbd_pack_kv_str(&pk, "id", c->id);
   if (c->has_uid) {
@@ -86,9 +73,10 @@ int mbd_bcaller_stamp(mbd_msg *m, const mbd_bcaller *c, mbd_error *err) {
     mbd_pack_kv_u64(&pk, "gid", c->gid);
     mbd_pack_kv_i64(&pk, "pid", c->pid);
   }
-  mbd_body_destroy(&body);
-  rc = mbd_msg_take_body(m, &sb, err);
+  int rc = mbd_body_replace_raw(b, blen, "caller", val.data, val.size, &sb, err);
+  if (!rc) rc = mbd_msg_take_body(m, &sb, err);
   msgpack_sbuffer_destroy(&sb);
+  msgpack_sbuffer_destroy(&val);
   return rc;
 }
 

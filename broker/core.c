@@ -585,6 +585,10 @@ static bool place(mbd_bcore *c, breq *r) {
   if (r->is_session) {
     mbd_bworker *w = mbd_registry_find_uid(c->reg, r->session_uid);
     if (!w || w->dead) { /* an id no live worker issued: as unknown as a closed one */
+      if (!uid_seen(c, r->session_uid)) {
+        session_lost(c, r); /* NOT_FOUND naming the uid no worker registered */
+        return true;
+      }
       req_fail(c, r, MBD_E_NOT_FOUND,
                "session is not open: no live worker holds it (closed, expired, or its worker "
                "stopped; EXPORT a session while its worker lives to move it)");
@@ -867,7 +871,7 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   /* The routing header only: bulk fields are skipped, never decoded. */
   static const char *const header_keys[] = {"route",   "model",   "model_digest", "deadline_ms",
                                             "session", "tensors", "outputs",      "host_id",
-                                            "request_id", NULL};
+                                            "request_id", "caller", NULL};
   int rc = mbd_body_parse_keys(b, blen, header_keys, HEADER_MAX_BYTES, &body, &err);
   if (rc) {
     client_error(c, pcopy, plen, tag, rc, err.msg);

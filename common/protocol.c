@@ -301,6 +301,58 @@ done:
   return rc;
 }
 
+/* True when the key at p[off..) is the string `key`. */
+static bool key_is(const uint8_t *p, size_t len, size_t off, const char *key) {
+  const char *ks = NULL;
+  size_t kn = 0;
+  return peek_str(p, len, off, &ks, &kn) && kn == strlen(key) && !memcmp(ks, key, kn);
+}
+
+int mbd_body_replace_raw(const void *buf, size_t len, const char *key, const void *val, size_t vlen,
+                         msgpack_sbuffer *out, mbd_error *err) {
+  const uint8_t *p = buf;
+  size_t off = 0;
+  uint64_t kids = 0;
+  int rc;
+  if (len) {
+    uint8_t t = p[0];
+    if (!((t >= 0x80 && t <= 0x8f) || t == 0xde || t == 0xdf))
+      return mbd_error_set(err, MBD_E_FORMAT, "body is not a msgpack map (type byte 0x%02x)", t);
+    if ((rc = skip_header(p, len, &off, &kids, err))) return rc;
+  }
+  size_t first = off;
+  uint64_t keep = 0;
+  for (uint64_t i = 0; i < kids / 2; i++) { /* count what stays */
+    bool drop = key_is(p, len, off, key);
+    if ((rc = skip_object(p, len, &off, err)) || (rc = skip_object(p, len, &off, err))) return rc;
+    keep += !drop;
+  }
+  if (off != len)
+    return mbd_error_set(err, MBD_E_FORMAT, "body has %zu trailing bytes after the map", len - off);
+  if (keep >= UINT32_MAX) return mbd_error_set(err, MBD_E_FORMAT, "body map is too large");
+  if (!out->data) { /* one allocation for a body that may be large */
+    out->data = malloc(len + vlen + strlen(key) + 16);
+    if (!out->data) return mbd_error_set(err, MBD_E_NOMEM, "out of memory rewriting a %zu-byte body", len);
+    out->alloc = len + vlen + strlen(key) + 16;
+  }
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, out, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, (uint32_t)(keep + 1));
+  mbd_pack_str(&pk, key);
+  if (msgpack_sbuffer_write(out, val, vlen))
+    return mbd_error_set(err, MBD_E_NOMEM, "out of memory rewriting a %zu-byte body", len);
+  off = first;
+  for (uint64_t i = 0; i < kids / 2; i++) {
+    size_t k0 = off;
+    bool drop = key_is(p, len, off, key);
+    skip_object(p, len, &off, NULL); /* checked by the first pass */
+    skip_object(p, len, &off, NULL);
+    if (!drop && msgpack_sbuffer_write(out, (const char *)p + k0, off - k0))
+      return mbd_error_set(err, MBD_E_NOMEM, "out of memory rewriting a %zu-byte body", len);
+  }
+  return MBD_OK;
+}
+
 void mbd_body_destroy(mbd_body **pb) {
   if (!pb || !*pb) return;
   msgpack_unpacked_destroy(&(*pb)->up);

@@ -82,6 +82,13 @@ int mbd_body_parse_keys(const void *buf, size_t len, const char *const *keys, si
  * bytes, not decoded. MBD_E_FORMAT when buf is not a map. */
 int mbd_body_prepend_u64(const void *buf, size_t len, const char *key, uint64_t v,
                          msgpack_sbuffer *out, mbd_error *err);
+/* Writes into out (initialised by the caller) the map body buf[len] with
+ * every top-level entry of `key` dropped and `key: val` put first (val: one
+ * encoded msgpack object of vlen bytes); the other entries are copied as
+ * bytes, not decoded, so the cost is one copy of the body (how the broker
+ * stamps the caller). MBD_E_FORMAT when buf is not one msgpack map. */
+int mbd_body_replace_raw(const void *buf, size_t len, const char *key, const void *val, size_t vlen,
+                         msgpack_sbuffer *out, mbd_error *err);
 void mbd_body_destroy(mbd_body **b);
 /* The root map object (borrowed). */
 const msgpack_object *mbd_body_root(const mbd_body *b);

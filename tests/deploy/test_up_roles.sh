@@ -37,6 +37,8 @@ workers:
   - name: cpu
     device: cpu
     threads: 1
+security:
+  insecure: {clients: true, workers: true}   # loopback only: CURVE has its own tests
 YAML
 
 # --check: both roles plan and find their programs; a missing one is refused.

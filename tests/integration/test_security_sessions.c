@@ -20,7 +20,7 @@
 #include "support/wh_fixture.h"
 #include "support/wh_requests.h"
 #include "support/worker_harness.h"
-#include "security_util.h"
+#include "support/security.h"
 
 static wh g_h;
 static pid_t g_worker;
