@@ -309,17 +309,8 @@ static void req_fail(mbd_bcore *c, breq *r, int code, const char *msg) {
 
 static void worker_ctl(mbd_bcore *c, const mbd_bworker *w, uint8_t cmd, const char *reason) {
   mbd_msg *m = NULL;
-  if (mbd_msg_new(cmd, 0, &m, NULL)) return;
-  if (reason) {
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 1);
-    mbd_pack_kv_str(&pk, "reason", reason);
-    mbd_msg_take_body(m, &sb, NULL);
-    msgpack_sbuffer_destroy(&sb);
-  }
+  if (reason ? mbd_msg_new_kv(cmd, 0, "reason", reason, &m, NULL) : mbd_msg_new(cmd, 0, &m, NULL))
+    return;
   mbd_msg_set_peer(m, w->ident, w->ident_len, NULL);
   send_to(c, MBD_BDEST_WORKER, &m);
 }

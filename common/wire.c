@@ -438,3 +438,24 @@ int mbd_msg_new_error(uint64_t tag, int code, const char *message, mbd_msg **out
   *out = m;
   return MBD_OK;
 }
+
+int mbd_msg_new_kv(uint8_t cmd, uint64_t tag, const char *key, const char *value, mbd_msg **out,
+                   mbd_error *err) {
+  mbd_msg *m = NULL;
+  int rc = mbd_msg_new(cmd, tag, &m, err);
+  if (rc) return rc;
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 1);
+  mbd_pack_kv_str(&pk, key, value ? value : "");
+  rc = mbd_msg_take_body(m, &sb, err);
+  msgpack_sbuffer_destroy(&sb);
+  if (rc) {
+    mbd_msg_destroy(&m);
+    return rc;
+  }
+  *out = m;
+  return MBD_OK;
+}

@@ -94,5 +94,9 @@ int mbd_msg_decode(zmq_msg_t *frames, size_t n, bool router, size_t max_bytes, m
 /* Builds an ERROR reply {code, error: status name, message} with the given tag
  * and (optional) peer. */
 int mbd_msg_new_error(uint64_t tag, int code, const char *message, mbd_msg **out, mbd_error *err);
+/* Builds a message whose body is the one-entry map {key: value} (DISCONNECT
+ * {reason}, and the like). */
+int mbd_msg_new_kv(uint8_t cmd, uint64_t tag, const char *key, const char *value, mbd_msg **out,
+                   mbd_error *err);
 
 #endif

@@ -323,22 +323,15 @@ int mbd_wconn_start(mbd_wconn *c, mbd_error *err) {
 
 void mbd_wconn_stop(mbd_wconn *c, const char *reason) {
   if (!c->started) return;
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk, 1);
-  mbd_pack_kv_str(&pk, "reason", reason);
   mbd_msg *m = NULL;
   mbd_error e = {0};
-  if (mbd_msg_new(MBD_CMD_DISCONNECT, 0, &m, &e) || mbd_msg_take_body(m, &sb, &e) ||
+  if (mbd_msg_new_kv(MBD_CMD_DISCONNECT, 0, "reason", reason, &m, &e) ||
       mbd_msg_send(&m, c->pipe_cmp, 0, &e)) {
     /* The I/O thread cannot be told: it is stopped by closing the context. */
     MBD_LOGE(LOGC, "cannot stop the I/O thread cleanly: %s", e.msg);
     mbd_msg_destroy(&m);
     zmq_ctx_shutdown(c->zctx);
   }
-  msgpack_sbuffer_destroy(&sb);
   pthread_join(c->thread, NULL);
   c->started = false;
 }

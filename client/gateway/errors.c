@@ -8,27 +8,29 @@
 
 static void copy(char *dst, size_t cap, const char *s) { snprintf(dst, cap, "%s", s ? s : ""); }
 
-int gw_err_set(gw_err *e, int http, const char *type, const char *code, const char *param,
-               const char *fmt, ...) {
+static int err_vset(gw_err *e, int http, const char *type, const char *code, const char *param,
+                    const char *fmt, va_list ap) {
   e->http = http;
   copy(e->type, sizeof e->type, type);
   copy(e->code, sizeof e->code, code);
   copy(e->param, sizeof e->param, param);
+  vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+  return -1;
+}
+
+int gw_err_set(gw_err *e, int http, const char *type, const char *code, const char *param,
+               const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+  err_vset(e, http, type, code, param, fmt, ap);
   va_end(ap);
   return -1;
 }
 
 int gw_err_bad(gw_err *e, const char *param, const char *fmt, ...) {
-  e->http = 400;
-  copy(e->type, sizeof e->type, "invalid_request_error");
-  copy(e->code, sizeof e->code, "invalid_value");
-  copy(e->param, sizeof e->param, param);
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+  err_vset(e, 400, "invalid_request_error", "invalid_value", param, fmt, ap);
   va_end(ap);
   return -1;
 }
