@@ -5,7 +5,8 @@
 # `git archive COMMIT | tar -x -C .baseline`, .baseline ignored in .git/info/exclude).
 #   usage: tests/gpu/ab-on-device.sh BASELINE_DIR build|bench
 #   build: builds both trees (in parallel) and runs this tree's `ctest -L gpu`;
-#   bench: bench_gemm_gpu and bench_mamba1_gpu, alternating new and baseline.
+#   bench: bench_gemm_gpu ($REPS times each, default 3, alternating new and
+#          baseline, appended to one log per tree) and bench_mamba1_gpu.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 base=$1 what=$2
@@ -27,9 +28,12 @@ if [ "$what" = build ]; then
     ctest --test-dir "$N" -L gpu --output-on-failure --timeout 240 > "$out/gpu-tests.log" 2>&1
   stamp "ctest -L gpu rc=$?"; grep -E "tests passed|Passed|Failed|\*\*\*" "$out/gpu-tests.log" | tee -a "$S"
 else
-  for t in new base; do
-    d=$N; [ $t = base ] && d=$B
-    timeout 150 "$d/bin/bench_gemm_gpu" > "$out/gemm-$t.log" 2>&1; stamp "bench_gemm_gpu $t rc=$?"
+  for i in $(seq "${REPS:-3}"); do
+    for t in new base; do
+      d=$N; [ $t = base ] && d=$B
+      echo "=== rep $i" >> "$out/gemm-$t.log"
+      timeout 150 "$d/bin/bench_gemm_gpu" >> "$out/gemm-$t.log" 2>&1; stamp "bench_gemm_gpu $t $i rc=$?"
+    done
   done
   for t in new base; do
     d=$N; [ $t = base ] && d=$B
