@@ -22,7 +22,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage:\n"
           "  mambad-model synth --shape 130m|370m|1.4b|2.8b|custom --out DIR\n"
-          "                     [--dtype f32|bf16|f16] [--seed S] [--family mamba1|mamba3]\n"
+          "                     [--dtype f32|bf16|f16] [--seed S]\n"
           "                     [--d-model D --layers L --vocab V]   (custom, or overrides)\n"
           "      writes DIR/config.json + DIR/model.safetensors (Hugging Face layout,\n"
           "      seeded random weights initialised like MambaForCausalLM)\n"
@@ -30,6 +30,8 @@ static void usage(FILE *f) {
           "                     --out DIR [--dtype D] [--seed S]\n"
           "                     [--d-model D --layers L --vocab V]\n"
           "      the same for Mamba2ForCausalLM (model_type mamba2)\n"
+          "  mambad-model synth --family mamba3 --shape 130m|1.3b|custom --out DIR [...]\n"
+          "      a Mamba-3 SISO checkpoint (state-spaces layout, ssm_cfg.layer Mamba3)\n"
           "  mambad-model prompt --out IN.safetensors --batch B --len T --vocab V [--seed S]\n"
           "      writes input_ids I64 [B,T] of seeded random tokens in [0, V)\n");
 }
