@@ -169,6 +169,7 @@ static int bench_shape(const char *name, int reps, double bw) {
     fprintf(stderr, "out of host memory\n");
     goto done;
   }
+  fprintf(stderr, "%s: writing a synthetic bf16 checkpoint to %s and loading it\n", name, dir);
   if (mbd_mamba2_synth_write(&c, MBD_DTYPE_BF16, 1234, dir, &err)) {
     fprintf(stderr, "synth %s: %s\n", name, err.msg);
     goto done;
@@ -180,6 +181,10 @@ static int bench_shape(const char *name, int reps, double bw) {
   if (mbd_backend_new(MBD_BACKEND_CUDA, &o, &be, &err) ||
       be->ops->model_load(be, dir, &m, &err)) {
     fprintf(stderr, "%s: %s\n", name, err.msg);
+    goto done;
+  }
+  if (!be->ops->step_greedy) {
+    fprintf(stderr, "%s: the cuda backend has no step_greedy\n", name);
     goto done;
   }
   k.be = be;
