@@ -19,6 +19,7 @@
 #include "kernels/cpu/cpu_ctx.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/mamba_ops.h"
+#include "kernels/model/weights.h"
 #include "kernels/portable_math.h"
 
 #define DEFAULT_MAX_ROWS 256
@@ -84,48 +85,14 @@ void mbd_mamba1_options_default(mbd_mamba1_options *o) {
 
 /* ---- loading (through the one checkpoint reader, common/safetensors.h) ---- */
 
-static float round_to(mbd_dtype dt, float v) {
-  if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(mbd_f32_to_bf16(v));
-  if (dt == MBD_DTYPE_F16) return mbd_f16_to_f32(mbd_f32_to_f16(v));
-  return v;
-}
-
-/* Loads a small parameter into a new f32 array, rounded through the storage
- * dtype (the model "has" storage-dtype weights). */
 static int load_vec(mbd_mamba1_model *m, const mbd_st_dir *s, const char *name, int ndim,
                     const int64_t *shape, float **out, mbd_error *err) {
-  const mbd_st_entry *e = NULL;
-  int rc = mbd_st_dir_get_float(s, name, ndim, shape, &e, err);
-  if (rc) return rc;
-  size_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
-  float *v = malloc(n * sizeof(float) + 1);
-  if (!v) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory loading %s", name);
-  for (size_t i = 0; i < n; i++) v[i] = round_to(m->dtype, mbd_st_entry_f32(e, i));
-  m->weight_bytes += n * mbd_dtype_size(m->dtype);
-  *out = v;
-  return MBD_OK;
+  return mbd_weights_vec(s, name, ndim, shape, m->dtype, out, &m->weight_bytes, err);
 }
 
 static int load_mat(mbd_mamba1_model *m, const mbd_st_dir *s, const char *name, int64_t rows,
                     int64_t cols, mbd_cpu_wpack **out, mbd_error *err) {
-  const mbd_st_entry *e = NULL;
-  int64_t shape[2] = {rows, cols};
-  int rc = mbd_st_dir_get_float(s, name, 2, shape, &e, err);
-  if (rc) return rc;
-  const void *src = e->data;
-  void *copy = NULL;
-  if (((uintptr_t)src) % mbd_dtype_size(e->desc.dtype) != 0) { /* unaligned mapping */
-    copy = malloc(e->nbytes);
-    if (!copy) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory loading %s", name);
-    memcpy(copy, src, e->nbytes);
-    src = copy;
-  }
-  rc = mbd_cpu_wpack_new(m->dtype, rows, cols, e->desc.dtype, src, cols, out, err);
-  free(copy);
-  if (rc) return mbd_error_prefix(err, "model tensor %s: ", name);
-  m->weight_bytes += mbd_cpu_wpack_nbytes(*out);
-  return MBD_OK;
+  return mbd_weights_mat(s, name, rows, cols, m->dtype, out, &m->weight_bytes, err);
 }
 
 static int load_layer(mbd_mamba1_model *m, const mbd_st_dir *s, int i, mbd_error *err) {
@@ -136,22 +103,14 @@ static int load_layer(mbd_mamba1_model *m, const mbd_st_dir *s, int i, mbd_error
   int rc;
 #define NAME(suffix) (snprintf(nm, sizeof(nm), "backbone.layers.%d.%s", i, suffix), nm)
   int64_t sh_d[1] = {d}, sh_di[1] = {di}, sh_2di[1] = {2 * di}, sh_A[2] = {di, S};
-  int64_t sh_conv[3] = {di, 1, dc};
   if ((rc = load_vec(m, s, NAME("norm.weight"), 1, sh_d, &L->norm, err))) return rc;
   if ((rc = load_mat(m, s, NAME("mixer.in_proj.weight"), 2 * di, d, &L->in_proj, err))) return rc;
   if (c->proj_bias &&
       (rc = load_vec(m, s, NAME("mixer.in_proj.bias"), 1, sh_2di, &L->in_bias, err)))
     return rc;
-  float *cw = NULL;
-  if ((rc = load_vec(m, s, NAME("mixer.conv1d.weight"), 3, sh_conv, &cw, err))) return rc;
-  L->conv_w = malloc((size_t)(di * dc) * sizeof(float));
-  if (!L->conv_w) {
-    free(cw);
-    return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
-  }
-  for (int64_t ch = 0; ch < di; ch++)
-    for (int64_t j = 0; j < dc; j++) L->conv_w[j * di + ch] = cw[ch * dc + j];
-  free(cw);
+  if ((rc = mbd_weights_conv(s, NAME("mixer.conv1d.weight"), di, dc, m->dtype, &L->conv_w,
+                              &m->weight_bytes, err)))
+    return rc;
   if (c->conv_bias && (rc = load_vec(m, s, NAME("mixer.conv1d.bias"), 1, sh_di, &L->conv_b, err)))
     return rc;
   if ((rc = load_mat(m, s, NAME("mixer.x_proj.weight"), R + 2 * S, di, &L->x_proj, err)))

@@ -21,6 +21,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/mamba3_ops.h"
 #include "kernels/cpu/mamba_ops.h"
+#include "kernels/model/weights.h"
 #include "kernels/portable_math.h"
 
 #define DEFAULT_MAX_ROWS 256
@@ -192,45 +193,14 @@ void mbd_mamba3_options_default(mbd_mamba3_options *o) {
   o->max_rows = DEFAULT_MAX_ROWS;
 }
 
-static float round_to(mbd_dtype dt, float v) {
-  if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(mbd_f32_to_bf16(v));
-  if (dt == MBD_DTYPE_F16) return mbd_f16_to_f32(mbd_f32_to_f16(v));
-  return v;
-}
-
-/* A small parameter as f32, rounded through `dt` (F32: kept). */
 static int load_vec(const mbd_st_dir *s, const char *name, int ndim, const int64_t *shape,
                     mbd_dtype dt, float **out, mbd_error *err) {
-  const mbd_st_entry *e = NULL;
-  int rc = mbd_st_dir_get_float(s, name, ndim, shape, &e, err);
-  if (rc) return rc;
-  size_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
-  float *v = malloc(n * sizeof(float) + 1);
-  if (!v) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory loading %s", name);
-  for (size_t i = 0; i < n; i++) v[i] = round_to(dt, mbd_st_entry_f32(e, i));
-  *out = v;
-  return MBD_OK;
+  return mbd_weights_vec(s, name, ndim, shape, dt, out, NULL, err);
 }
 
 static int load_mat(mbd_mamba3_model *m, const mbd_st_dir *s, const char *name, int64_t rows,
                     int64_t cols, mbd_cpu_wpack **out, mbd_error *err) {
-  const mbd_st_entry *e = NULL;
-  int64_t shape[2] = {rows, cols};
-  int rc = mbd_st_dir_get_float(s, name, 2, shape, &e, err);
-  if (rc) return rc;
-  const void *src = e->data;
-  void *copy = NULL;
-  if (((uintptr_t)src) % mbd_dtype_size(e->desc.dtype) != 0) {
-    copy = malloc(e->nbytes);
-    if (!copy) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory loading %s", name);
-    memcpy(copy, src, e->nbytes);
-    src = copy;
-  }
-  rc = mbd_cpu_wpack_new(m->dtype, rows, cols, e->desc.dtype, src, cols, out, err);
-  free(copy);
-  if (rc) return mbd_error_prefix(err, "model tensor %s: ", name);
-  return MBD_OK;
+  return mbd_weights_mat(s, name, rows, cols, m->dtype, out, NULL, err);
 }
 
 static int load_layer(mbd_mamba3_model *m, const mbd_st_dir *s, int i, mbd_error *err) {
