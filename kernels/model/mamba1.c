@@ -19,6 +19,7 @@
 #include "kernels/cpu/cpu_ctx.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/mamba_ops.h"
+#include "kernels/model/rows.h"
 #include "kernels/model/weights.h"
 #include "kernels/portable_math.h"
 
@@ -59,12 +60,7 @@ struct mbd_mamba1_model {
   float *dt;               /* [rows, di] dt_proj output (before softplus) */
   float *y;                /* [rows, di] gated scan output */
   float *out;              /* [rows, d] out_proj output */
-  /* per-call batch capacity (grow-only) */
-  int batch_cap;
-  float *last;             /* [batch_cap, d] final-normed last rows */
-  int64_t *seg;            /* [batch_cap * 4]: per chunk segment: seq, row0, nrows, t0 */
-  const int32_t **step_tok;/* [batch_cap] step's per-sequence token pointers */
-  int64_t *step_len;       /* [batch_cap] step's lengths (all 1) */
+  mbd_rows_batch batch;    /* per-call buffers (kernels/model/rows.h) */
 };
 
 struct mbd_mamba1_state {
@@ -239,10 +235,7 @@ void mbd_mamba1_destroy(mbd_mamba1_model **pm) {
   free(m->dt);
   free(m->y);
   free(m->out);
-  free(m->last);
-  free(m->seg);
-  free(m->step_tok);
-  free(m->step_len);
+  mbd_rows_batch_free(&m->batch);
   mbd_cpu_ctx_destroy(&m->ctx);
   free(m);
   *pm = NULL;
@@ -414,8 +407,10 @@ static void scan_task(void *arg, int64_t task, int thread) {
 }
 
 /* Runs all layers over the chunk's rows; leaves final-normed rows in m->xn. */
-static int forward_rows(mbd_mamba1_model *m, mbd_mamba1_state *const *states, const int64_t *seg,
-                        int64_t nseg, int64_t rows, mbd_error *err) {
+static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_t nseg,
+                        int64_t rows, mbd_error *err) {
+  mbd_mamba1_model *m = model;
+  mbd_mamba1_state *const *states = (mbd_mamba1_state *const *)st;
   const mbd_mamba_config *c = &m->cfg;
   int64_t d = c->d_model, di = c->d_inner, R = c->dt_rank, S = c->d_state;
   chunk ch = {.m = m, .states = states, .seg = seg, .nseg = nseg,
@@ -448,153 +443,37 @@ static int forward_rows(mbd_mamba1_model *m, mbd_mamba1_state *const *states, co
   return MBD_OK;
 }
 
-static int ensure_batch(mbd_mamba1_model *m, int batch, mbd_error *err) {
-  if (batch <= m->batch_cap) return MBD_OK;
-  float *last = realloc(m->last, (size_t)batch * (size_t)m->cfg.d_model * sizeof(float));
-  if (!last) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
-  m->last = last;
-  int64_t *seg = realloc(m->seg, (size_t)batch * 4 * sizeof(int64_t));
-  if (!seg) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
-  m->seg = seg;
-  const int32_t **st = realloc(m->step_tok, (size_t)batch * sizeof(*st));
-  if (!st) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
-  m->step_tok = st;
-  int64_t *sl = realloc(m->step_len, (size_t)batch * sizeof(*sl));
-  if (!sl) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
-  m->step_len = sl;
-  m->batch_cap = batch;
-  return MBD_OK;
+static int state_fits(const void *model, const void *state) {
+  const mbd_mamba_config *c = &((const mbd_mamba1_model *)model)->cfg;
+  const mbd_mamba1_state *s = state;
+  return s->n_layer == c->n_layer && s->di == c->d_inner && s->dc == c->d_conv &&
+         s->ds == c->d_state;
+}
+
+static void advance(void *state, int64_t n) { ((mbd_mamba1_state *)state)->pos += n; }
+
+/* The model as the shared prefill driver sees it. */
+static mbd_rows_model rows_of(mbd_mamba1_model *m) {
+  if (!m) return (mbd_rows_model){.model = NULL};
+  return (mbd_rows_model){.model = m, .ctx = m->ctx, .embed = m->embed,
+                          .head = m->lm_head ? m->lm_head : m->embed, .d = m->cfg.d_model,
+                          .V = m->cfg.vocab_size, .max_rows = m->max_rows, .resid = m->resid,
+                          .xn = m->xn, .batch = &m->batch, .state_fits = state_fits,
+                          .advance = advance, .forward = forward_rows};
 }
 
 int mbd_mamba1_prefill(mbd_mamba1_model *m, mbd_mamba1_state *const *states, int batch,
-                       const int32_t *const *tokens, const int64_t *lens,
-                       mbd_mamba1_logits which, float *logits, mbd_error *err) {
-  if (!m || batch < 0 || (batch > 0 && (!states || !tokens || !lens)))
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: NULL model/states/tokens/lens");
-  if (which != MBD_MAMBA1_LOGITS_NONE && which != MBD_MAMBA1_LOGITS_LAST &&
-      which != MBD_MAMBA1_LOGITS_ALL)
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: bad logits selector %d", (int)which);
-  if (which != MBD_MAMBA1_LOGITS_NONE && !logits && batch > 0)
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: logits requested but no buffer given");
-  const mbd_mamba_config *c = &m->cfg;
-  int64_t V = c->vocab_size, d = c->d_model;
-  int64_t maxlen = 0;
-  for (int b = 0; b < batch; b++) {
-    const mbd_mamba1_state *s = states[b];
-    if (!s || s->n_layer != c->n_layer || s->di != c->d_inner || s->dc != c->d_conv ||
-        s->ds != c->d_state)
-      return mbd_error_set(err, MBD_E_SHAPE, "prefill: state %d is missing or for another model",
-                           b);
-    for (int b2 = 0; b2 < b; b2++)
-      if (states[b2] == s)
-        return mbd_error_set(err, MBD_E_INVALID, "prefill: sequences %d and %d share a state", b2,
-                             b);
-    if (lens[b] < 0 || (lens[b] > 0 && !tokens[b]))
-      return mbd_error_set(err, MBD_E_INVALID, "prefill: sequence %d has no tokens", b);
-    for (int64_t t = 0; t < lens[b]; t++)
-      if (tokens[b][t] < 0 || tokens[b][t] >= V)
-        return mbd_error_set(err, MBD_E_INVALID,
-                             "prefill: sequence %d position %lld: token %d outside vocabulary "
-                             "[0, %lld)",
-                             b, (long long)t, tokens[b][t], (long long)V);
-    if (lens[b] > maxlen) maxlen = lens[b];
-  }
-  int rc = ensure_batch(m, batch, err);
-  if (rc) return rc;
-  const mbd_cpu_wpack *head = m->lm_head ? m->lm_head : m->embed;
-  int64_t out_base = 0; /* ALL: output row of the group's first sequence */
-  /* Groups of sequences at most max_rows wide; time windows of tw steps. */
-  for (int g0 = 0; g0 < batch; g0 += (int)m->max_rows) {
-    int gn = batch - g0 < m->max_rows ? batch - g0 : (int)m->max_rows;
-    int64_t tw = m->max_rows / gn;
-    int64_t glen = 0;
-    for (int b = g0; b < g0 + gn; b++) glen = lens[b] > glen ? lens[b] : glen;
-    for (int64_t t0 = 0; t0 < glen; t0 += tw) {
-      int64_t nseg = 0, rows = 0;
-      for (int b = g0; b < g0 + gn; b++) {
-        int64_t n = lens[b] - t0 < tw ? lens[b] - t0 : tw;
-        if (n <= 0) continue;
-        int64_t *sg = m->seg + 4 * nseg++;
-        sg[0] = b;
-        sg[1] = rows;
-        sg[2] = n;
-        sg[3] = t0;
-        for (int64_t t = 0; t < n; t++)
-          mbd_cpu_wpack_row(m->embed, tokens[b][t0 + t], m->resid + (rows + t) * d);
-        rows += n;
-      }
-      if ((rc = forward_rows(m, states, m->seg, nseg, rows, err))) return rc;
-      for (int64_t i = 0; i < nseg; i++) {
-        const int64_t *sg = m->seg + 4 * i;
-        int b = (int)sg[0];
-        states[b]->pos += sg[2];
-        if (which == MBD_MAMBA1_LOGITS_LAST && sg[3] + sg[2] == lens[b])
-          memcpy(m->last + (size_t)b * (size_t)d, m->xn + (sg[1] + sg[2] - 1) * d,
-                 (size_t)d * sizeof(float));
-      }
-      if (which == MBD_MAMBA1_LOGITS_ALL) {
-        /* Output rows of consecutive segments are contiguous when each
-         * segment ends its sequence and the next starts at t=0: merge runs. */
-        int64_t i = 0;
-        while (i < nseg) {
-          int64_t j = i + 1;
-          while (j < nseg && m->seg[4 * (j - 1) + 3] + m->seg[4 * (j - 1) + 2] ==
-                                 lens[m->seg[4 * (j - 1)]] &&
-                 m->seg[4 * j + 3] == 0 && m->seg[4 * j] == m->seg[4 * (j - 1)] + 1) {
-            int ok = 1;
-            for (int64_t b = m->seg[4 * (j - 1)] + 1; b < m->seg[4 * j]; b++) ok &= lens[b] == 0;
-            if (!ok) break;
-            j++;
-          }
-          const int64_t *si = m->seg + 4 * i, *sj = m->seg + 4 * (j - 1);
-          int64_t orow = out_base + si[3];
-          for (int64_t b = g0; b < si[0]; b++) orow += lens[b];
-          int64_t nrows = sj[1] + sj[2] - si[1];
-          if ((rc = mbd_cpu_gemm_packed(m->ctx, nrows, m->xn + si[1] * d, d, head, NULL,
-                                        logits + orow * V, V, err)))
-            return rc;
-          i = j;
-        }
-      }
-    }
-    for (int b = g0; b < g0 + gn; b++) out_base += lens[b];
-  }
-  if (which == MBD_MAMBA1_LOGITS_LAST) {
-    /* One GEMM over the sequences that had tokens (rows compacted). */
-    int64_t n = 0;
-    for (int b = 0; b < batch; b++) {
-      if (lens[b] == 0) continue;
-      if (n != b)
-        memmove(m->last + n * d, m->last + (int64_t)b * d, (size_t)d * sizeof(float));
-      n++;
-    }
-    if (n == batch) {
-      rc = mbd_cpu_gemm_packed(m->ctx, n, m->last, d, head, NULL, logits, V, err);
-    } else {
-      for (int b = 0, k = 0; b < batch && !rc; b++)
-        if (lens[b] > 0)
-          rc = mbd_cpu_gemm_packed(m->ctx, 1, m->last + (int64_t)(k++) * d, d, head, NULL,
-                                   logits + (int64_t)b * V, V, err);
-    }
-    if (rc) return rc;
-  }
-  return MBD_OK;
+                       const int32_t *const *tokens, const int64_t *lens, mbd_mamba1_logits which,
+                       float *logits, mbd_error *err) {
+  mbd_rows_model r = rows_of(m);
+  return mbd_rows_prefill(&r, (void *const *)states, batch, tokens, lens, (mbd_logits_sel)which,
+                          logits, err);
 }
 
 int mbd_mamba1_step(mbd_mamba1_model *m, mbd_mamba1_state *const *states, int batch,
                     const int32_t *tokens, float *logits, mbd_error *err) {
-  if (!m || batch < 0 || (batch > 0 && !tokens))
-    return mbd_error_set(err, MBD_E_INVALID, "step: NULL model or tokens");
-  if (batch == 0) return MBD_OK;
-  int rc = ensure_batch(m, batch, err);
-  if (rc) return rc;
-  for (int b = 0; b < batch; b++) {
-    m->step_tok[b] = tokens + b;
-    m->step_len[b] = 1;
-  }
-  rc = mbd_mamba1_prefill(m, states, batch, m->step_tok, m->step_len,
-                          logits ? MBD_MAMBA1_LOGITS_LAST : MBD_MAMBA1_LOGITS_NONE, logits, err);
-  return rc;
+  mbd_rows_model r = rows_of(m);
+  return mbd_rows_step(&r, (void *const *)states, batch, tokens, logits, err);
 }
 
 /* ---- the family vtable (kernels/model/family.h) ---- */

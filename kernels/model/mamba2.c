@@ -21,6 +21,7 @@
 #include "kernels/cpu/gated_rmsnorm.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/mamba_ops.h"
+#include "kernels/model/rows.h"
 #include "kernels/model/weights.h"
 #include "kernels/cpu/ssd_step.h"
 #include "kernels/portable_math.h"
@@ -62,11 +63,7 @@ struct mbd_mamba2_model {
   float *xbc;              /* [rows, conv_dim] conv + silu output (x | B | C) */
   float *y;                /* [rows, di] recurrence output, then gated-normed */
   float *out;              /* [rows, d] out_proj output */
-  int batch_cap;
-  float *last;             /* [batch_cap, d] */
-  int64_t *seg;            /* [batch_cap * 4]: seq, row0, nrows, t0 */
-  const int32_t **step_tok;
-  int64_t *step_len;
+  mbd_rows_batch batch;    /* per-call buffers (kernels/model/rows.h) */
 };
 
 struct mbd_mamba2_state {
@@ -224,10 +221,7 @@ void mbd_mamba2_destroy(mbd_mamba2_model **pm) {
   free(m->xbc);
   free(m->y);
   free(m->out);
-  free(m->last);
-  free(m->seg);
-  free(m->step_tok);
-  free(m->step_len);
+  mbd_rows_batch_free(&m->batch);
   mbd_cpu_ctx_destroy(&m->ctx);
   free(m);
   *pm = NULL;
@@ -416,8 +410,10 @@ static void scan_task(void *arg, int64_t task, int thread) {
 }
 
 /* Runs all layers over the chunk's rows; leaves final-normed rows in m->xn. */
-static int forward_rows(mbd_mamba2_model *m, mbd_mamba2_state *const *states, const int64_t *seg,
-                        int64_t nseg, int64_t rows, mbd_error *err) {
+static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_t nseg,
+                        int64_t rows, mbd_error *err) {
+  mbd_mamba2_model *m = model;
+  mbd_mamba2_state *const *states = (mbd_mamba2_state *const *)st;
   const mbd_mamba2_config *c = &m->cfg;
   int64_t d = c->d_model, di = c->d_inner, cd = m->conv_dim;
   int hb = CHANNEL_BLOCK / c->head_dim > 0 ? CHANNEL_BLOCK / c->head_dim : 1;
@@ -450,153 +446,37 @@ static int forward_rows(mbd_mamba2_model *m, mbd_mamba2_state *const *states, co
   return MBD_OK;
 }
 
-static int ensure_batch(mbd_mamba2_model *m, int batch, mbd_error *err) {
-  if (batch <= m->batch_cap) return MBD_OK;
-  float *last = realloc(m->last, (size_t)batch * (size_t)m->cfg.d_model * sizeof(float));
-  if (!last) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
-  m->last = last;
-  int64_t *seg = realloc(m->seg, (size_t)batch * 4 * sizeof(int64_t));
-  if (!seg) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
-  m->seg = seg;
-  const int32_t **st = realloc(m->step_tok, (size_t)batch * sizeof(*st));
-  if (!st) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
-  m->step_tok = st;
-  int64_t *sl = realloc(m->step_len, (size_t)batch * sizeof(*sl));
-  if (!sl) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
-  m->step_len = sl;
-  m->batch_cap = batch;
-  return MBD_OK;
+static int state_fits(const void *model, const void *state) {
+  const mbd_mamba2_config *c = &((const mbd_mamba2_model *)model)->cfg;
+  const mbd_mamba2_state *s = state;
+  return s->n_layer == c->n_layer && s->di == c->d_inner && s->dc == c->d_conv &&
+         s->ds == c->d_state && s->heads == c->n_heads && s->groups == c->n_groups;
 }
 
-/* Checks the call's states and tokens before anything changes. */
-static int check_call(const mbd_mamba2_model *m, mbd_mamba2_state *const *states, int batch,
-                      const int32_t *const *tokens, const int64_t *lens, mbd_error *err) {
-  const mbd_mamba2_config *c = &m->cfg;
-  for (int b = 0; b < batch; b++) {
-    const mbd_mamba2_state *s = states[b];
-    if (!s || s->n_layer != c->n_layer || s->di != c->d_inner || s->dc != c->d_conv ||
-        s->ds != c->d_state || s->heads != c->n_heads || s->groups != c->n_groups)
-      return mbd_error_set(err, MBD_E_SHAPE, "prefill: state %d is missing or for another model",
-                           b);
-    for (int b2 = 0; b2 < b; b2++)
-      if (states[b2] == s)
-        return mbd_error_set(err, MBD_E_INVALID, "prefill: sequences %d and %d share a state", b2,
-                             b);
-    if (lens[b] < 0 || (lens[b] > 0 && !tokens[b]))
-      return mbd_error_set(err, MBD_E_INVALID, "prefill: sequence %d has no tokens", b);
-    for (int64_t t = 0; t < lens[b]; t++)
-      if (tokens[b][t] < 0 || tokens[b][t] >= m->V)
-        return mbd_error_set(err, MBD_E_INVALID,
-                             "prefill: sequence %d position %lld: token %d outside vocabulary "
-                             "[0, %lld)",
-                             b, (long long)t, tokens[b][t], (long long)m->V);
-  }
-  return MBD_OK;
-}
+static void advance(void *state, int64_t n) { ((mbd_mamba2_state *)state)->pos += n; }
 
-/* ALL: the logits of the chunk's segments, merging segments whose output rows
- * are contiguous into one GEMM. */
-static int chunk_logits_all(mbd_mamba2_model *m, const mbd_cpu_wpack *head, int64_t nseg,
-                            const int64_t *lens, int g0, int64_t out_base, float *logits,
-                            mbd_error *err) {
-  int64_t d = m->cfg.d_model, V = m->V;
-  const int64_t *S = m->seg;
-  int64_t i = 0;
-  while (i < nseg) {
-    int64_t j = i + 1;
-    while (j < nseg && S[4 * (j - 1) + 3] + S[4 * (j - 1) + 2] == lens[S[4 * (j - 1)]] &&
-           S[4 * j + 3] == 0 && S[4 * j] == S[4 * (j - 1)] + 1)
-      j++;
-    const int64_t *si = S + 4 * i, *sj = S + 4 * (j - 1);
-    int64_t orow = out_base + si[3];
-    for (int64_t b = g0; b < si[0]; b++) orow += lens[b];
-    int64_t nrows = sj[1] + sj[2] - si[1];
-    int rc = mbd_cpu_gemm_packed(m->ctx, nrows, m->xn + si[1] * d, d, head, NULL,
-                                 logits + orow * V, V, err);
-    if (rc) return rc;
-    i = j;
-  }
-  return MBD_OK;
+/* The model as the shared prefill driver sees it. */
+static mbd_rows_model rows_of(mbd_mamba2_model *m) {
+  if (!m) return (mbd_rows_model){.model = NULL};
+  return (mbd_rows_model){.model = m, .ctx = m->ctx, .embed = m->embed,
+                          .head = m->lm_head ? m->lm_head : m->embed, .d = m->cfg.d_model,
+                          .V = m->V, .max_rows = m->max_rows, .resid = m->resid,
+                          .xn = m->xn, .batch = &m->batch, .state_fits = state_fits,
+                          .advance = advance, .forward = forward_rows};
 }
 
 int mbd_mamba2_prefill(mbd_mamba2_model *m, mbd_mamba2_state *const *states, int batch,
                        const int32_t *const *tokens, const int64_t *lens, mbd_logits_sel which,
                        float *logits, mbd_error *err) {
-  if (!m || batch < 0 || (batch > 0 && (!states || !tokens || !lens)))
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: NULL model/states/tokens/lens");
-  if (which != MBD_LOGITS_NONE && which != MBD_LOGITS_LAST && which != MBD_LOGITS_ALL)
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: bad logits selector %d", (int)which);
-  if (which != MBD_LOGITS_NONE && !logits && batch > 0)
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: logits requested but no buffer given");
-  int rc = check_call(m, states, batch, tokens, lens, err);
-  if (rc || (rc = ensure_batch(m, batch, err))) return rc;
-  int64_t V = m->V, d = m->cfg.d_model;
-  const mbd_cpu_wpack *head = m->lm_head ? m->lm_head : m->embed;
-  int64_t out_base = 0; /* ALL: output row of the group's first sequence */
-  /* Groups of sequences at most max_rows wide; time windows of tw steps. */
-  for (int g0 = 0; g0 < batch; g0 += (int)m->max_rows) {
-    int gn = batch - g0 < m->max_rows ? batch - g0 : (int)m->max_rows;
-    int64_t tw = m->max_rows / gn;
-    int64_t glen = 0;
-    for (int b = g0; b < g0 + gn; b++) glen = lens[b] > glen ? lens[b] : glen;
-    for (int64_t t0 = 0; t0 < glen; t0 += tw) {
-      int64_t nseg = 0, rows = 0;
-      for (int b = g0; b < g0 + gn; b++) {
-        int64_t n = lens[b] - t0 < tw ? lens[b] - t0 : tw;
-        if (n <= 0) continue;
-        int64_t *sg = m->seg + 4 * nseg++;
-        sg[0] = b;
-        sg[1] = rows;
-        sg[2] = n;
-        sg[3] = t0;
-        for (int64_t t = 0; t < n; t++)
-          mbd_cpu_wpack_row(m->embed, tokens[b][t0 + t], m->resid + (rows + t) * d);
-        rows += n;
-      }
-      if ((rc = forward_rows(m, states, m->seg, nseg, rows, err))) return rc;
-      for (int64_t i = 0; i < nseg; i++) {
-        const int64_t *sg = m->seg + 4 * i;
-        int b = (int)sg[0];
-        states[b]->pos += sg[2];
-        if (which == MBD_LOGITS_LAST && sg[3] + sg[2] == lens[b])
-          memcpy(m->last + (size_t)b * (size_t)d, m->xn + (sg[1] + sg[2] - 1) * d,
-                 (size_t)d * sizeof(float));
-      }
-      if (which == MBD_LOGITS_ALL &&
-          (rc = chunk_logits_all(m, head, nseg, lens, g0, out_base, logits, err)))
-        return rc;
-    }
-    for (int b = g0; b < g0 + gn; b++) out_base += lens[b];
-  }
-  if (which == MBD_LOGITS_LAST) {
-    int64_t n = 0;
-    for (int b = 0; b < batch; b++) {
-      if (lens[b] == 0) continue;
-      if (n != b) memmove(m->last + n * d, m->last + (int64_t)b * d, (size_t)d * sizeof(float));
-      n++;
-    }
-    if (n == batch) return mbd_cpu_gemm_packed(m->ctx, n, m->last, d, head, NULL, logits, V, err);
-    for (int b = 0, k = 0; b < batch && !rc; b++)
-      if (lens[b] > 0)
-        rc = mbd_cpu_gemm_packed(m->ctx, 1, m->last + (int64_t)(k++) * d, d, head, NULL,
-                                 logits + (int64_t)b * V, V, err);
-  }
-  return rc;
+  mbd_rows_model r = rows_of(m);
+  return mbd_rows_prefill(&r, (void *const *)states, batch, tokens, lens, (mbd_logits_sel)which,
+                          logits, err);
 }
 
 int mbd_mamba2_step(mbd_mamba2_model *m, mbd_mamba2_state *const *states, int batch,
                     const int32_t *tokens, float *logits, mbd_error *err) {
-  if (!m || batch < 0 || (batch > 0 && !tokens))
-    return mbd_error_set(err, MBD_E_INVALID, "step: NULL model or tokens");
-  if (batch == 0) return MBD_OK;
-  int rc = ensure_batch(m, batch, err);
-  if (rc) return rc;
-  for (int b = 0; b < batch; b++) {
-    m->step_tok[b] = tokens + b;
-    m->step_len[b] = 1;
-  }
-  return mbd_mamba2_prefill(m, states, batch, m->step_tok, m->step_len,
-                            logits ? MBD_LOGITS_LAST : MBD_LOGITS_NONE, logits, err);
+  mbd_rows_model r = rows_of(m);
+  return mbd_rows_step(&r, (void *const *)states, batch, tokens, logits, err);
 }
 
 /* ---- the family vtable (kernels/model/family.h) ---- */

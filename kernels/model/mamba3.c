@@ -21,6 +21,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/mamba3_ops.h"
 #include "kernels/cpu/mamba_ops.h"
+#include "kernels/model/rows.h"
 #include "kernels/model/weights.h"
 #include "kernels/portable_math.h"
 
@@ -173,11 +174,7 @@ struct mbd_mamba3_model {
   int64_t max_rows;
   float *resid, *xn, *proj, *y, *out; /* workspace rows */
   float *scratch;         /* [threads][2 d_state] */
-  int batch_cap;
-  float *last;
-  int64_t *seg;
-  const int32_t **step_tok;
-  int64_t *step_len;
+  mbd_rows_batch batch;    /* per-call buffers (kernels/model/rows.h) */
 };
 
 struct mbd_mamba3_state {
@@ -320,10 +317,7 @@ void mbd_mamba3_destroy(mbd_mamba3_model **pm) {
   free(m->y);
   free(m->out);
   free(m->scratch);
-  free(m->last);
-  free(m->seg);
-  free(m->step_tok);
-  free(m->step_len);
+  mbd_rows_batch_free(&m->batch);
   mbd_cpu_ctx_destroy(&m->ctx);
   free(m);
   *pm = NULL;
@@ -488,8 +482,10 @@ static void head_task(void *arg, int64_t task, int thread) {
 }
 
 /* Runs all layers over the chunk's rows; leaves final-normed rows in m->xn. */
-static int forward_rows(mbd_mamba3_model *m, mbd_mamba3_state *const *states, const int64_t *seg,
-                        int64_t nseg, int64_t rows, mbd_error *err) {
+static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_t nseg,
+                        int64_t rows, mbd_error *err) {
+  mbd_mamba3_model *m = model;
+  mbd_mamba3_state *const *states = (mbd_mamba3_state *const *)st;
   const mbd_mamba3_config *c = &m->cfg;
   int64_t d = c->d_model, di = c->d_inner, np = c->d_in_proj;
   chunk ch = {.m = m, .states = states, .seg = seg};
@@ -513,133 +509,37 @@ static int forward_rows(mbd_mamba3_model *m, mbd_mamba3_state *const *states, co
   return MBD_OK;
 }
 
-static int ensure_batch(mbd_mamba3_model *m, int batch, mbd_error *err) {
-  if (batch <= m->batch_cap) return MBD_OK;
-  float *last = realloc(m->last, (size_t)batch * (size_t)m->cfg.d_model * sizeof(float));
-  if (last) m->last = last;
-  int64_t *seg = last ? realloc(m->seg, (size_t)batch * 4 * sizeof(int64_t)) : NULL;
-  if (seg) m->seg = seg;
-  const int32_t **st = seg ? realloc(m->step_tok, (size_t)batch * sizeof(*st)) : NULL;
-  if (st) m->step_tok = st;
-  int64_t *sl = st ? realloc(m->step_len, (size_t)batch * sizeof(*sl)) : NULL;
-  if (!sl) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
-  m->step_len = sl;
-  m->batch_cap = batch;
-  return MBD_OK;
+static int state_fits(const void *model, const void *state) {
+  const mbd_mamba3_config *c = &((const mbd_mamba3_model *)model)->cfg;
+  const mbd_mamba3_state *s = state;
+  return s->n_layer == c->n_layer && s->heads == c->heads && s->headdim == c->headdim &&
+         s->d_state == c->d_state && s->angles == c->angles;
 }
 
-/* Writes the logits of the ALL selector for the chunk's segments. */
-static int logits_all(mbd_mamba3_model *m, const int64_t *lens, int g0, int64_t out_base,
-                      int64_t nseg, float *logits, mbd_error *err) {
-  const mbd_cpu_wpack *head = m->lm_head ? m->lm_head : m->embed;
-  int64_t V = m->cfg.vocab_padded, d = m->cfg.d_model;
-  for (int64_t i = 0; i < nseg; i++) {
-    const int64_t *sg = m->seg + 4 * i;
-    int64_t orow = out_base + sg[3];
-    for (int64_t b = g0; b < sg[0]; b++) orow += lens[b];
-    int rc = mbd_cpu_gemm_packed(m->ctx, sg[2], m->xn + sg[1] * d, d, head, NULL,
-                                 logits + orow * V, V, err);
-    if (rc) return rc;
-  }
-  return MBD_OK;
+static void advance(void *state, int64_t n) { ((mbd_mamba3_state *)state)->pos += n; }
+
+/* The model as the shared prefill driver sees it. */
+static mbd_rows_model rows_of(mbd_mamba3_model *m) {
+  if (!m) return (mbd_rows_model){.model = NULL};
+  return (mbd_rows_model){.model = m, .ctx = m->ctx, .embed = m->embed,
+                          .head = m->lm_head ? m->lm_head : m->embed, .d = m->cfg.d_model,
+                          .V = m->cfg.vocab_padded, .max_rows = m->max_rows, .resid = m->resid,
+                          .xn = m->xn, .batch = &m->batch, .state_fits = state_fits,
+                          .advance = advance, .forward = forward_rows};
 }
 
 int mbd_mamba3_prefill(mbd_mamba3_model *m, mbd_mamba3_state *const *states, int batch,
-                       const int32_t *const *tokens, const int64_t *lens, mbd_logits_sel sel,
+                       const int32_t *const *tokens, const int64_t *lens, mbd_logits_sel which,
                        float *logits, mbd_error *err) {
-  if (!m || batch < 0 || (batch > 0 && (!states || !tokens || !lens)))
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: NULL model/states/tokens/lens");
-  if (sel != MBD_LOGITS_NONE && sel != MBD_LOGITS_LAST && sel != MBD_LOGITS_ALL)
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: bad logits selector %d", (int)sel);
-  if (sel != MBD_LOGITS_NONE && !logits && batch > 0)
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: logits requested but no buffer given");
-  const mbd_mamba3_config *c = &m->cfg;
-  int64_t V = c->vocab_padded, d = c->d_model;
-  for (int b = 0; b < batch; b++) {
-    const mbd_mamba3_state *s = states[b];
-    if (!s || s->n_layer != c->n_layer || s->heads != c->heads || s->headdim != c->headdim ||
-        s->d_state != c->d_state || s->angles != c->angles)
-      return mbd_error_set(err, MBD_E_SHAPE, "prefill: state %d is missing or for another model",
-                           b);
-    for (int b2 = 0; b2 < b; b2++)
-      if (states[b2] == s)
-        return mbd_error_set(err, MBD_E_INVALID, "prefill: sequences %d and %d share a state", b2,
-                             b);
-    if (lens[b] < 0 || (lens[b] > 0 && !tokens[b]))
-      return mbd_error_set(err, MBD_E_INVALID, "prefill: sequence %d has no tokens", b);
-    for (int64_t t = 0; t < lens[b]; t++)
-      if (tokens[b][t] < 0 || tokens[b][t] >= V)
-        return mbd_error_set(err, MBD_E_INVALID,
-                             "prefill: sequence %d position %lld: token %d outside vocabulary "
-                             "[0, %lld)",
-                             b, (long long)t, tokens[b][t], (long long)V);
-  }
-  int rc = ensure_batch(m, batch, err);
-  if (rc) return rc;
-  const mbd_cpu_wpack *head = m->lm_head ? m->lm_head : m->embed;
-  int64_t out_base = 0;
-  for (int g0 = 0; g0 < batch; g0 += (int)m->max_rows) {
-    int gn = batch - g0 < m->max_rows ? batch - g0 : (int)m->max_rows;
-    int64_t tw = m->max_rows / gn, glen = 0;
-    for (int b = g0; b < g0 + gn; b++) glen = lens[b] > glen ? lens[b] : glen;
-    for (int64_t t0 = 0; t0 < glen; t0 += tw) {
-      int64_t nseg = 0, rows = 0;
-      for (int b = g0; b < g0 + gn; b++) {
-        int64_t n = lens[b] - t0 < tw ? lens[b] - t0 : tw;
-        if (n <= 0) continue;
-        int64_t *sg = m->seg + 4 * nseg++;
-        sg[0] = b;
-        sg[1] = rows;
-        sg[2] = n;
-        sg[3] = t0;
-        for (int64_t t = 0; t < n; t++)
-          mbd_cpu_wpack_row(m->embed, tokens[b][t0 + t], m->resid + (rows + t) * d);
-        rows += n;
-      }
-      if ((rc = forward_rows(m, states, m->seg, nseg, rows, err))) return rc;
-      for (int64_t i = 0; i < nseg; i++) {
-        const int64_t *sg = m->seg + 4 * i;
-        int b = (int)sg[0];
-        states[b]->pos += sg[2];
-        if (sel == MBD_LOGITS_LAST && sg[3] + sg[2] == lens[b])
-          memcpy(m->last + (size_t)b * (size_t)d, m->xn + (sg[1] + sg[2] - 1) * d,
-                 (size_t)d * sizeof(float));
-      }
-      if (sel == MBD_LOGITS_ALL && (rc = logits_all(m, lens, g0, out_base, nseg, logits, err)))
-        return rc;
-    }
-    for (int b = g0; b < g0 + gn; b++) out_base += lens[b];
-  }
-  if (sel == MBD_LOGITS_LAST) {
-    int64_t n = 0;
-    for (int b = 0; b < batch; b++) {
-      if (lens[b] == 0) continue;
-      if (n != b) memmove(m->last + n * d, m->last + (int64_t)b * d, (size_t)d * sizeof(float));
-      n++;
-    }
-    if (n == batch) return mbd_cpu_gemm_packed(m->ctx, n, m->last, d, head, NULL, logits, V, err);
-    for (int b = 0, k = 0; b < batch; b++)
-      if (lens[b] > 0 &&
-          (rc = mbd_cpu_gemm_packed(m->ctx, 1, m->last + (int64_t)(k++) * d, d, head, NULL,
-                                    logits + (int64_t)b * V, V, err)))
-        return rc;
-  }
-  return MBD_OK;
+  mbd_rows_model r = rows_of(m);
+  return mbd_rows_prefill(&r, (void *const *)states, batch, tokens, lens, (mbd_logits_sel)which,
+                          logits, err);
 }
 
 int mbd_mamba3_step(mbd_mamba3_model *m, mbd_mamba3_state *const *states, int batch,
                     const int32_t *tokens, float *logits, mbd_error *err) {
-  if (!m || batch < 0 || (batch > 0 && !tokens))
-    return mbd_error_set(err, MBD_E_INVALID, "step: NULL model or tokens");
-  if (batch == 0) return MBD_OK;
-  int rc = ensure_batch(m, batch, err);
-  if (rc) return rc;
-  for (int b = 0; b < batch; b++) {
-    m->step_tok[b] = tokens + b;
-    m->step_len[b] = 1;
-  }
-  return mbd_mamba3_prefill(m, states, batch, m->step_tok, m->step_len,
-                            logits ? MBD_LOGITS_LAST : MBD_LOGITS_NONE, logits, err);
+  mbd_rows_model r = rows_of(m);
+  return mbd_rows_step(&r, (void *const *)states, batch, tokens, logits, err);
 }
 
 /* ---- the family vtable (kernels/model/family.h) ---- */
