@@ -4,6 +4,8 @@
 
 #include <string.h>
 
+#include "common/half.h"
+
 static void put_u32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
@@ -22,6 +24,19 @@ static uint64_t get_u64(const uint8_t *p) {
 }
 
 /* ---- state image ---- */
+
+void mbd_state_image_put_u32(void *p, uint32_t v) { put_u32(p, v); }
+uint32_t mbd_state_image_get_u32(const void *p) { return get_u32(p); }
+
+void mbd_state_image_put_f32s(void *p, const float *v, size_t n) {
+  uint8_t *q = p;
+  for (size_t i = 0; i < n; i++) put_u32(q + 4 * i, mbd_f32_to_bits(v[i]));
+}
+
+void mbd_state_image_get_f32s(const void *p, float *v, size_t n) {
+  const uint8_t *q = p;
+  for (size_t i = 0; i < n; i++) v[i] = mbd_bits_to_f32(get_u32(q + 4 * i));
+}
 
 void mbd_state_image_write_header(void *buf, const mbd_state_shape *s, int64_t pos) {
   uint8_t *p = buf;

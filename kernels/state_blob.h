@@ -63,6 +63,12 @@ void mbd_state_image_write_header(void *p, const mbd_state_shape *s, int64_t pos
  * The caller checks the payload size. */
 int mbd_state_image_read_header(const void *p, size_t len, const mbd_state_shape *want,
                                 int64_t *pos, mbd_error *err);
+/* The payload's words, little-endian: a u32 at p, and n f32 (their IEEE
+ * bits) from p on, 4 n bytes. */
+void mbd_state_image_put_u32(void *p, uint32_t v);
+uint32_t mbd_state_image_get_u32(const void *p);
+void mbd_state_image_put_f32s(void *p, const float *v, size_t n);
+void mbd_state_image_get_f32s(const void *p, float *v, size_t n);
 
 /* ---- session blob ---- */
 

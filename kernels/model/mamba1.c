@@ -19,6 +19,7 @@
 #include "kernels/cpu/cpu_ctx.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/mamba_ops.h"
+#include "kernels/model/family_ops.h"
 #include "kernels/model/rows.h"
 #include "kernels/model/weights.h"
 #include "kernels/portable_math.h"
@@ -300,19 +301,6 @@ size_t mbd_mamba1_state_export_size(const mbd_mamba1_state *s) {
   return STATE_HEADER + (conv_count(s) + ssm_count(s)) * sizeof(float);
 }
 
-static void put_u32(unsigned char *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static uint32_t get_u32(const unsigned char *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static void put_f32s(unsigned char *p, const float *v, size_t n) {
-  for (size_t i = 0; i < n; i++) put_u32(p + 4 * i, mbd_f32_to_bits(v[i]));
-}
-static void get_f32s(const unsigned char *p, float *v, size_t n) {
-  for (size_t i = 0; i < n; i++) v[i] = mbd_bits_to_f32(get_u32(p + 4 * i));
-}
-
 mbd_state_shape mbd_mamba1_state_shape(const mbd_mamba_config *cfg) {
   mbd_state_shape sh = {.family = MBD_STATE_FAMILY_MAMBA1,
                         .n_layer = (uint32_t)cfg->n_layer,
@@ -337,8 +325,8 @@ int mbd_mamba1_state_export(const mbd_mamba1_state *s, void *buf, size_t cap, si
   unsigned char *p = buf;
   mbd_state_shape shape = state_shape(s);
   mbd_state_image_write_header(p, &shape, s->pos);
-  put_f32s(p + STATE_HEADER, s->conv, conv_count(s));
-  put_f32s(p + STATE_HEADER + 4 * conv_count(s), s->ssm, ssm_count(s));
+  mbd_state_image_put_f32s(p + STATE_HEADER, s->conv, conv_count(s));
+  mbd_state_image_put_f32s(p + STATE_HEADER + 4 * conv_count(s), s->ssm, ssm_count(s));
   if (len) *len = need;
   return MBD_OK;
 }
@@ -353,8 +341,8 @@ int mbd_mamba1_state_import(mbd_mamba1_state *s, const void *buf, size_t len, mb
                          mbd_mamba1_state_export_size(s));
   const unsigned char *p = buf;
   s->pos = pos;
-  get_f32s(p + STATE_HEADER, s->conv, conv_count(s));
-  get_f32s(p + STATE_HEADER + 4 * conv_count(s), s->ssm, ssm_count(s));
+  mbd_state_image_get_f32s(p + STATE_HEADER, s->conv, conv_count(s));
+  mbd_state_image_get_f32s(p + STATE_HEADER + 4 * conv_count(s), s->ssm, ssm_count(s));
   return MBD_OK;
 }
 
@@ -496,57 +484,4 @@ static int fam_load(const char *dir, const mbd_cpu_model_opts *o, void **model, 
   return rc;
 }
 
-static void fam_destroy(void *model) {
-  mbd_mamba1_model *m = model;
-  mbd_mamba1_destroy(&m);
-}
-
-static int64_t fam_vocab(const void *model) { return mbd_mamba1_vocab(model); }
-static const char *fam_isa(const void *model) { return mbd_mamba1_isa(model); }
-
-static int fam_state_new(const void *model, void **state, mbd_error *err) {
-  mbd_mamba1_state *s = NULL;
-  int rc = mbd_mamba1_state_new(model, &s, err);
-  *state = s;
-  return rc;
-}
-
-static void fam_state_free(void *state) {
-  mbd_mamba1_state *s = state;
-  mbd_mamba1_state_destroy(&s);
-}
-
-static size_t fam_state_bytes(const void *state) { return mbd_mamba1_state_export_size(state); }
-
-static int fam_state_save(const void *state, void *dst, size_t cap, mbd_error *err) {
-  return mbd_mamba1_state_export(state, dst, cap, NULL, err);
-}
-
-static int fam_state_load(void *state, const void *src, size_t len, mbd_error *err) {
-  return mbd_mamba1_state_import(state, src, len, err);
-}
-
-static int fam_prefill(void *model, void *const *states, int n, const int32_t *const *tokens,
-                       const int64_t *lens, mbd_logits_sel sel, float *logits, mbd_error *err) {
-  return mbd_mamba1_prefill(model, (mbd_mamba1_state *const *)states, n, tokens, lens,
-                            (mbd_mamba1_logits)sel, logits, err);
-}
-
-static int fam_step(void *model, void *const *states, int n, const int32_t *tokens,
-                    float *logits, mbd_error *err) {
-  return mbd_mamba1_step(model, (mbd_mamba1_state *const *)states, n, tokens, logits, err);
-}
-
-const mbd_cpu_model_ops mbd_mamba1_cpu_ops = {
-    .load = fam_load,
-    .destroy = fam_destroy,
-    .vocab = fam_vocab,
-    .isa = fam_isa,
-    .state_new = fam_state_new,
-    .state_free = fam_state_free,
-    .state_bytes = fam_state_bytes,
-    .state_save = fam_state_save,
-    .state_load = fam_state_load,
-    .prefill = fam_prefill,
-    .step = fam_step,
-};
+MBD_CPU_FAMILY_OPS(mamba1, fam_load);

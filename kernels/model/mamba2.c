@@ -21,6 +21,7 @@
 #include "kernels/cpu/gated_rmsnorm.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/mamba_ops.h"
+#include "kernels/model/family_ops.h"
 #include "kernels/model/rows.h"
 #include "kernels/model/weights.h"
 #include "kernels/cpu/ssd_step.h"
@@ -289,19 +290,6 @@ size_t mbd_mamba2_state_export_size(const mbd_mamba2_state *s) {
   return STATE_HEADER + SUB_HEADER + (conv_count(s) + ssm_count(s)) * sizeof(float);
 }
 
-static void put_u32(unsigned char *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static uint32_t get_u32(const unsigned char *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static void put_f32s(unsigned char *p, const float *v, size_t n) {
-  for (size_t i = 0; i < n; i++) put_u32(p + 4 * i, mbd_f32_to_bits(v[i]));
-}
-static void get_f32s(const unsigned char *p, float *v, size_t n) {
-  for (size_t i = 0; i < n; i++) v[i] = mbd_bits_to_f32(get_u32(p + 4 * i));
-}
-
 mbd_state_shape mbd_mamba2_state_shape(const mbd_mamba2_config *cfg) {
   mbd_state_shape sh = {.family = MBD_STATE_FAMILY_MAMBA2,
                         .n_layer = (uint32_t)cfg->n_layer,
@@ -326,13 +314,13 @@ int mbd_mamba2_state_export(const mbd_mamba2_state *s, void *buf, size_t cap, si
   unsigned char *p = buf;
   mbd_state_shape shape = state_shape(s);
   mbd_state_image_write_header(p, &shape, s->pos);
-  put_u32(p + STATE_HEADER, (uint32_t)s->heads);
-  put_u32(p + STATE_HEADER + 4, (uint32_t)s->head_dim);
-  put_u32(p + STATE_HEADER + 8, (uint32_t)s->groups);
-  put_u32(p + STATE_HEADER + 12, 0);
+  mbd_state_image_put_u32(p + STATE_HEADER, (uint32_t)s->heads);
+  mbd_state_image_put_u32(p + STATE_HEADER + 4, (uint32_t)s->head_dim);
+  mbd_state_image_put_u32(p + STATE_HEADER + 8, (uint32_t)s->groups);
+  mbd_state_image_put_u32(p + STATE_HEADER + 12, 0);
   unsigned char *q = p + STATE_HEADER + SUB_HEADER;
-  put_f32s(q, s->conv, conv_count(s));
-  put_f32s(q + 4 * conv_count(s), s->ssm, ssm_count(s));
+  mbd_state_image_put_f32s(q, s->conv, conv_count(s));
+  mbd_state_image_put_f32s(q + 4 * conv_count(s), s->ssm, ssm_count(s));
   if (len) *len = need;
   return MBD_OK;
 }
@@ -346,18 +334,18 @@ int mbd_mamba2_state_import(mbd_mamba2_state *s, const void *buf, size_t len, mb
     return mbd_error_set(err, MBD_E_FORMAT, "state import: %zu bytes, expected %zu", len,
                          mbd_mamba2_state_export_size(s));
   const unsigned char *p = buf;
-  uint32_t h = get_u32(p + STATE_HEADER), hd = get_u32(p + STATE_HEADER + 4),
-           g = get_u32(p + STATE_HEADER + 8);
+  uint32_t h = mbd_state_image_get_u32(p + STATE_HEADER), hd = mbd_state_image_get_u32(p + STATE_HEADER + 4),
+           g = mbd_state_image_get_u32(p + STATE_HEADER + 8);
   if (h != (uint32_t)s->heads || hd != (uint32_t)s->head_dim || g != (uint32_t)s->groups ||
-      get_u32(p + STATE_HEADER + 12) != 0)
+      mbd_state_image_get_u32(p + STATE_HEADER + 12) != 0)
     return mbd_error_set(err, MBD_E_SHAPE,
                          "state import: state has %u heads x %u, %u groups; this model %d x %d, "
                          "%d groups",
                          h, hd, g, s->heads, s->head_dim, s->groups);
   const unsigned char *q = p + STATE_HEADER + SUB_HEADER;
   s->pos = pos;
-  get_f32s(q, s->conv, conv_count(s));
-  get_f32s(q + 4 * conv_count(s), s->ssm, ssm_count(s));
+  mbd_state_image_get_f32s(q, s->conv, conv_count(s));
+  mbd_state_image_get_f32s(q + 4 * conv_count(s), s->ssm, ssm_count(s));
   return MBD_OK;
 }
 
@@ -481,69 +469,5 @@ int mbd_mamba2_step(mbd_mamba2_model *m, mbd_mamba2_state *const *states, int ba
 
 /* ---- the family vtable (kernels/model/family.h) ---- */
 
-static int fam_load(const char *dir, const mbd_cpu_model_opts *o, void **model, mbd_error *err) {
-  mbd_mamba2_options mo;
-  mbd_mamba2_options_default(&mo);
-  mo.dtype = o->dtype;
-  mo.threads = o->threads;
-  mo.isa = o->isa;
-  mbd_mamba2_model *m = NULL;
-  int rc = mbd_mamba2_load(dir, &mo, &m, err);
-  *model = m;
-  return rc;
-}
-
-static void fam_destroy(void *model) {
-  mbd_mamba2_model *m = model;
-  mbd_mamba2_destroy(&m);
-}
-
-static int64_t fam_vocab(const void *model) { return mbd_mamba2_vocab(model); }
-static const char *fam_isa(const void *model) { return mbd_mamba2_isa(model); }
-
-static int fam_state_new(const void *model, void **state, mbd_error *err) {
-  mbd_mamba2_state *s = NULL;
-  int rc = mbd_mamba2_state_new(model, &s, err);
-  *state = s;
-  return rc;
-}
-
-static void fam_state_free(void *state) {
-  mbd_mamba2_state *s = state;
-  mbd_mamba2_state_destroy(&s);
-}
-
-static size_t fam_state_bytes(const void *state) { return mbd_mamba2_state_export_size(state); }
-
-static int fam_state_save(const void *state, void *dst, size_t cap, mbd_error *err) {
-  return mbd_mamba2_state_export(state, dst, cap, NULL, err);
-}
-
-static int fam_state_load(void *state, const void *src, size_t len, mbd_error *err) {
-  return mbd_mamba2_state_import(state, src, len, err);
-}
-
-static int fam_prefill(void *model, void *const *states, int n, const int32_t *const *tokens,
-                       const int64_t *lens, mbd_logits_sel sel, float *logits, mbd_error *err) {
-  return mbd_mamba2_prefill(model, (mbd_mamba2_state *const *)states, n, tokens, lens, sel,
-                            logits, err);
-}
-
-static int fam_step(void *model, void *const *states, int n, const int32_t *tokens,
-                    float *logits, mbd_error *err) {
-  return mbd_mamba2_step(model, (mbd_mamba2_state *const *)states, n, tokens, logits, err);
-}
-
-const mbd_cpu_model_ops mbd_mamba2_cpu_ops = {
-    .load = fam_load,
-    .destroy = fam_destroy,
-    .vocab = fam_vocab,
-    .isa = fam_isa,
-    .state_new = fam_state_new,
-    .state_free = fam_state_free,
-    .state_bytes = fam_state_bytes,
-    .state_save = fam_state_save,
-    .state_load = fam_state_load,
-    .prefill = fam_prefill,
-    .step = fam_step,
-};
+MBD_CPU_FAMILY_LOAD(mamba2)
+MBD_CPU_FAMILY_OPS(mamba2, fam_load);

@@ -21,6 +21,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/mamba3_ops.h"
 #include "kernels/cpu/mamba_ops.h"
+#include "kernels/model/family_ops.h"
 #include "kernels/model/rows.h"
 #include "kernels/model/weights.h"
 #include "kernels/portable_math.h"
@@ -408,10 +409,7 @@ int mbd_mamba3_state_export(const mbd_mamba3_state *s, void *buf, size_t cap, si
   mbd_state_shape shape = state_shape(s);
   mbd_state_image_write_header(p, &shape, s->pos);
   p += MBD_STATE_IMAGE_HEADER;
-  for (size_t i = 0; i < n; i++) {
-    uint32_t u = mbd_f32_to_bits(s->buf[i]);
-    for (int b = 0; b < 4; b++) p[4 * i + (size_t)b] = (unsigned char)(u >> (8 * b));
-  }
+  mbd_state_image_put_f32s(p, s->buf, n);
   if (len) *len = need;
   return MBD_OK;
 }
@@ -426,12 +424,7 @@ int mbd_mamba3_state_import(mbd_mamba3_state *s, const void *buf, size_t len, mb
                          mbd_mamba3_state_export_size(s));
   const unsigned char *p = (const unsigned char *)buf + MBD_STATE_IMAGE_HEADER;
   size_t n = n_all(s);
-  for (size_t i = 0; i < n; i++) {
-    const unsigned char *q = p + 4 * i;
-    uint32_t u = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 |
-                 (uint32_t)q[3] << 24;
-    s->buf[i] = mbd_bits_to_f32(u);
-  }
+  mbd_state_image_get_f32s(p, s->buf, n);
   s->pos = pos;
   return MBD_OK;
 }
@@ -544,69 +537,5 @@ int mbd_mamba3_step(mbd_mamba3_model *m, mbd_mamba3_state *const *states, int ba
 
 /* ---- the family vtable (kernels/model/family.h) ---- */
 
-static int fam_load(const char *dir, const mbd_cpu_model_opts *o, void **model, mbd_error *err) {
-  mbd_mamba3_options mo;
-  mbd_mamba3_options_default(&mo);
-  mo.dtype = o->dtype;
-  mo.threads = o->threads;
-  mo.isa = o->isa;
-  mbd_mamba3_model *m = NULL;
-  int rc = mbd_mamba3_load(dir, &mo, &m, err);
-  *model = m;
-  return rc;
-}
-
-static void fam_destroy(void *model) {
-  mbd_mamba3_model *m = model;
-  mbd_mamba3_destroy(&m);
-}
-
-static int64_t fam_vocab(const void *model) { return mbd_mamba3_vocab(model); }
-static const char *fam_isa(const void *model) { return mbd_mamba3_isa(model); }
-
-static int fam_state_new(const void *model, void **state, mbd_error *err) {
-  mbd_mamba3_state *s = NULL;
-  int rc = mbd_mamba3_state_new(model, &s, err);
-  *state = s;
-  return rc;
-}
-
-static void fam_state_free(void *state) {
-  mbd_mamba3_state *s = state;
-  mbd_mamba3_state_destroy(&s);
-}
-
-static size_t fam_state_bytes(const void *state) { return mbd_mamba3_state_export_size(state); }
-
-static int fam_state_save(const void *state, void *dst, size_t cap, mbd_error *err) {
-  return mbd_mamba3_state_export(state, dst, cap, NULL, err);
-}
-
-static int fam_state_load(void *state, const void *src, size_t len, mbd_error *err) {
-  return mbd_mamba3_state_import(state, src, len, err);
-}
-
-static int fam_prefill(void *model, void *const *states, int n, const int32_t *const *tokens,
-                       const int64_t *lens, mbd_logits_sel sel, float *logits, mbd_error *err) {
-  return mbd_mamba3_prefill(model, (mbd_mamba3_state *const *)states, n, tokens, lens, sel,
-                            logits, err);
-}
-
-static int fam_step(void *model, void *const *states, int n, const int32_t *tokens,
-                    float *logits, mbd_error *err) {
-  return mbd_mamba3_step(model, (mbd_mamba3_state *const *)states, n, tokens, logits, err);
-}
-
-const mbd_cpu_model_ops mbd_mamba3_cpu_ops = {
-    .load = fam_load,
-    .destroy = fam_destroy,
-    .vocab = fam_vocab,
-    .isa = fam_isa,
-    .state_new = fam_state_new,
-    .state_free = fam_state_free,
-    .state_bytes = fam_state_bytes,
-    .state_save = fam_state_save,
-    .state_load = fam_state_load,
-    .prefill = fam_prefill,
-    .step = fam_step,
-};
+MBD_CPU_FAMILY_LOAD(mamba3)
+MBD_CPU_FAMILY_OPS(mamba3, fam_load);
