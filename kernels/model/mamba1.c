@@ -21,6 +21,7 @@
 #include "kernels/cpu/mamba_ops.h"
 #include "kernels/model/family_ops.h"
 #include "kernels/model/rows.h"
+#include "kernels/model/trunk.h"
 #include "kernels/model/weights.h"
 #include "kernels/portable_math.h"
 
@@ -44,24 +45,14 @@ typedef struct layer_w {
 
 struct mbd_mamba1_model {
   mbd_mamba_config cfg;
-  mbd_dtype dtype;
-  mbd_cpu_ctx *ctx;
+  mbd_trunk t;             /* embedding, head, final norm, rows, batch buffers */
   layer_w *layers;         /* [n_layer] */
-  mbd_cpu_wpack *embed;    /* [V, d], also the LM head when tied */
-  mbd_cpu_wpack *lm_head;  /* [V, d] when untied, else NULL */
-  float *norm_f;           /* [d] */
-  size_t weight_bytes;
   /* workspace for max_rows rows */
-  int64_t max_rows;
-  float *resid;            /* [rows, d] residual stream */
-  float *xn;               /* [rows, d] normed */
   float *xz;               /* [rows, 2 di] in_proj output (x | z) */
   float *xc;               /* [rows, di] conv + silu output */
   float *dbc;              /* [rows, R + 2 S] x_proj output (dt | B | C) */
   float *dt;               /* [rows, di] dt_proj output (before softplus) */
   float *y;                /* [rows, di] gated scan output */
-  float *out;              /* [rows, d] out_proj output */
-  mbd_rows_batch batch;    /* per-call buffers (kernels/model/rows.h) */
 };
 
 struct mbd_mamba1_state {
@@ -84,12 +75,12 @@ void mbd_mamba1_options_default(mbd_mamba1_options *o) {
 
 static int load_vec(mbd_mamba1_model *m, const mbd_st_dir *s, const char *name, int ndim,
                     const int64_t *shape, float **out, mbd_error *err) {
-  return mbd_weights_vec(s, name, ndim, shape, m->dtype, out, &m->weight_bytes, err);
+  return mbd_weights_vec(s, name, ndim, shape, m->t.dtype, out, &m->t.weight_bytes, err);
 }
 
 static int load_mat(mbd_mamba1_model *m, const mbd_st_dir *s, const char *name, int64_t rows,
                     int64_t cols, mbd_cpu_wpack **out, mbd_error *err) {
-  return mbd_weights_mat(s, name, rows, cols, m->dtype, out, &m->weight_bytes, err);
+  return mbd_weights_mat(s, name, rows, cols, m->t.dtype, out, &m->t.weight_bytes, err);
 }
 
 static int load_layer(mbd_mamba1_model *m, const mbd_st_dir *s, int i, mbd_error *err) {
@@ -105,8 +96,8 @@ static int load_layer(mbd_mamba1_model *m, const mbd_st_dir *s, int i, mbd_error
   if (c->proj_bias &&
       (rc = load_vec(m, s, NAME("mixer.in_proj.bias"), 1, sh_2di, &L->in_bias, err)))
     return rc;
-  if ((rc = mbd_weights_conv(s, NAME("mixer.conv1d.weight"), di, dc, m->dtype, &L->conv_w,
-                              &m->weight_bytes, err)))
+  if ((rc = mbd_weights_conv(s, NAME("mixer.conv1d.weight"), di, dc, m->t.dtype, &L->conv_w,
+                              &m->t.weight_bytes, err)))
     return rc;
   if (c->conv_bias && (rc = load_vec(m, s, NAME("mixer.conv1d.bias"), 1, sh_di, &L->conv_b, err)))
     return rc;
@@ -128,23 +119,12 @@ static int load_layer(mbd_mamba1_model *m, const mbd_st_dir *s, int i, mbd_error
 
 static int alloc_workspace(mbd_mamba1_model *m, mbd_error *err) {
   const mbd_mamba_config *c = &m->cfg;
-  size_t r = (size_t)m->max_rows;
-  size_t d = (size_t)c->d_model, di = (size_t)c->d_inner;
-  size_t dbc = (size_t)(c->dt_rank + 2 * c->d_state);
-  float **bufs[] = {&m->resid, &m->xn, &m->xz, &m->xc, &m->dbc, &m->dt, &m->y, &m->out};
-  size_t sizes[] = {r * d, r * d, r * 2 * di, r * di, r * dbc, r * di, r * di, r * d};
-  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-    *bufs[i] = calloc(sizes[i], sizeof(float));
-    if (!*bufs[i]) return mbd_error_set(err, MBD_E_NOMEM, "model: cannot allocate workspace");
-  }
-  /* GEMM scratch for the widest K, reserved now so forward never allocates it. */
+  size_t di = (size_t)c->d_inner, dbc = (size_t)(c->dt_rank + 2 * c->d_state);
+  float **bufs[] = {&m->xz, &m->xc, &m->dbc, &m->dt, &m->y};
+  size_t widths[] = {2 * di, di, dbc, di, di};
   int64_t ks[3] = {c->d_model, c->d_inner, c->dt_rank};
-  size_t need = 0;
-  for (int i = 0; i < 3; i++) {
-    size_t b = mbd_cpu_gemm_scratch_bytes(ks[i]);
-    if (b > need) need = b;
-  }
-  return mbd_cpu_ctx_reserve(m->ctx, need, err);
+  int rc = mbd_trunk_alloc_rows(&m->t, bufs, widths, 5, err);
+  return rc ? rc : mbd_trunk_reserve(&m->t, ks, 3, err);
 }
 
 int mbd_mamba1_load(const char *dir, const mbd_mamba1_options *opts, mbd_mamba1_model **out,
@@ -159,22 +139,19 @@ int mbd_mamba1_load(const char *dir, const mbd_mamba1_options *opts, mbd_mamba1_
     return mbd_error_set(err, MBD_E_UNSUPPORTED,
                          "model %s: the %s backend is not built for model runs yet; use cpu", dir,
                          mbd_backend_name(opts->backend));
-  if (opts->dtype != MBD_DTYPE_F32 && opts->dtype != MBD_DTYPE_BF16 &&
-      opts->dtype != MBD_DTYPE_F16)
-    return mbd_error_set(err, MBD_E_INVALID, "model: storage dtype must be f32, bf16 or f16");
   mbd_st_dir *sh = NULL;
   mbd_mamba1_model *m = calloc(1, sizeof(*m));
   if (!m) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
   int rc = mbd_mamba_config_load(dir, &m->cfg, err);
   if (rc) goto fail;
   const mbd_mamba_config *c = &m->cfg;
-  m->dtype = opts->dtype;
-  m->max_rows = opts->max_rows > 0 ? opts->max_rows : DEFAULT_MAX_ROWS;
   if (c->d_conv < 1 || c->d_state < 1 || c->dt_rank < 1 || c->d_inner < 1) {
     rc = mbd_error_set(err, MBD_E_FORMAT, "model %s: config has non-positive sizes", dir);
     goto fail;
   }
-  if ((rc = mbd_cpu_ctx_new(opts->threads, (mbd_cpu_isa)opts->isa, &m->ctx, err))) goto fail;
+  if ((rc = mbd_trunk_init(&m->t, opts->dtype, opts->threads, opts->isa, opts->max_rows,
+                           c->d_model, err)))
+    goto fail;
   if ((rc = mbd_st_dir_open(dir, &sh, err)) || (rc = mbd_st_dir_set_progress(sh, opts->progress, err)))
     goto fail;
   m->layers = calloc((size_t)c->n_layer, sizeof(layer_w));
@@ -182,18 +159,11 @@ int mbd_mamba1_load(const char *dir, const mbd_mamba1_options *opts, mbd_mamba1_
     rc = mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
     goto fail;
   }
-  if ((rc = load_mat(m, sh, "backbone.embeddings.weight", c->vocab_size, c->d_model, &m->embed,
-                     err)))
+  if ((rc = mbd_trunk_load_embed(&m->t, sh, "backbone.embeddings.weight", c->vocab_size, err)))
     goto fail;
   for (int i = 0; i < c->n_layer; i++)
     if ((rc = load_layer(m, sh, i, err))) goto fail;
-  int64_t sh_d[1] = {c->d_model};
-  if ((rc = load_vec(m, sh, "backbone.norm_f.weight", 1, sh_d, &m->norm_f, err))) goto fail;
-  if (!c->tie_embeddings) {
-    if (mbd_st_dir_find(sh, "lm_head.weight") &&
-        (rc = load_mat(m, sh, "lm_head.weight", c->vocab_size, c->d_model, &m->lm_head, err)))
-      goto fail;
-  }
+  if ((rc = mbd_trunk_load_tail(&m->t, sh, c->tie_embeddings, true, err))) goto fail;
   if ((rc = alloc_workspace(m, err))) goto fail;
   mbd_st_dir_destroy(&sh);
   *out = m;
@@ -225,30 +195,23 @@ void mbd_mamba1_destroy(mbd_mamba1_model **pm) {
     }
   }
   free(m->layers);
-  mbd_cpu_wpack_destroy(&m->embed);
-  mbd_cpu_wpack_destroy(&m->lm_head);
-  free(m->norm_f);
-  free(m->resid);
-  free(m->xn);
   free(m->xz);
   free(m->xc);
   free(m->dbc);
   free(m->dt);
   free(m->y);
-  free(m->out);
-  mbd_rows_batch_free(&m->batch);
-  mbd_cpu_ctx_destroy(&m->ctx);
+  mbd_trunk_free(&m->t);
   free(m);
   *pm = NULL;
 }
 
 const mbd_mamba_config *mbd_mamba1_config(const mbd_mamba1_model *m) { return &m->cfg; }
 int mbd_mamba1_vocab(const mbd_mamba1_model *m) { return m->cfg.vocab_size; }
-mbd_dtype mbd_mamba1_dtype(const mbd_mamba1_model *m) { return m->dtype; }
+mbd_dtype mbd_mamba1_dtype(const mbd_mamba1_model *m) { return m->t.dtype; }
 const char *mbd_mamba1_isa(const mbd_mamba1_model *m) {
-  return mbd_cpu_isa_name(mbd_cpu_ctx_isa(m->ctx));
+  return mbd_cpu_isa_name(mbd_cpu_ctx_isa(m->t.ctx));
 }
-size_t mbd_mamba1_weight_bytes(const mbd_mamba1_model *m) { return m->weight_bytes; }
+size_t mbd_mamba1_weight_bytes(const mbd_mamba1_model *m) { return m->t.weight_bytes; }
 
 /* ---- state ---- */
 
@@ -370,7 +333,7 @@ static void conv_task(void *arg, int64_t task, int thread) {
   mbd_mamba1_state *s = ch->states[sg[0]];
   float *state = s->conv + (size_t)ch->layer * (size_t)(dc - 1) * (size_t)di;
   for (int64_t r = sg[1]; r < sg[1] + sg[2]; r++)
-    mbd_cpu_conv_step(mbd_cpu_ctx_isa(m->ctx), c0, c1, di, dc, L->conv_w, L->conv_b, state, m->xz + r * 2 * di,
+    mbd_cpu_conv_step(mbd_cpu_ctx_isa(m->t.ctx), c0, c1, di, dc, L->conv_w, L->conv_b, state, m->xz + r * 2 * di,
                       m->xc + r * di);
 }
 
@@ -389,12 +352,12 @@ static void scan_task(void *arg, int64_t task, int thread) {
   float *h = s->ssm + (size_t)ch->layer * (size_t)di * (size_t)ds;
   for (int64_t r = sg[1]; r < sg[1] + sg[2]; r++) {
     const float *bc = m->dbc + r * ldb + R;
-    mbd_cpu_scan_step(mbd_cpu_ctx_isa(m->ctx), c0, c1, ds, L->A, L->D, m->dt + r * di, bc, bc + ds, m->xc + r * di,
+    mbd_cpu_scan_step(mbd_cpu_ctx_isa(m->t.ctx), c0, c1, ds, L->A, L->D, m->dt + r * di, bc, bc + ds, m->xc + r * di,
                       m->xz + r * 2 * di + di, h, m->y + r * di);
   }
 }
 
-/* Runs all layers over the chunk's rows; leaves final-normed rows in m->xn. */
+/* Runs all layers over the chunk's rows; leaves final-normed rows in m->t.xn. */
 static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_t nseg,
                         int64_t rows, mbd_error *err) {
   mbd_mamba1_model *m = model;
@@ -407,27 +370,25 @@ static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_
   for (int l = 0; l < c->n_layer; l++) {
     const layer_w *L = &m->layers[l];
     ch.layer = l;
-    for (int64_t r = 0; r < rows; r++)
-      mbd_cpu_rmsnorm(m->resid + r * d, L->norm, d, c->norm_eps, m->xn + r * d);
-    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->xn, d, L->in_proj, L->in_bias, m->xz, 2 * di,
+    mbd_trunk_norm(&m->t, rows, L->norm, c->norm_eps);
+    if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->t.xn, d, L->in_proj, L->in_bias, m->xz, 2 * di,
                                   err)))
       return rc;
-    mbd_cpu_ctx_run_sized(m->ctx, conv_task, &ch, nseg * ch.nblocks, rows * di * c->d_conv);
-    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->xc, di, L->x_proj, NULL, m->dbc, R + 2 * S,
+    mbd_cpu_ctx_run_sized(m->t.ctx, conv_task, &ch, nseg * ch.nblocks, rows * di * c->d_conv);
+    if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->xc, di, L->x_proj, NULL, m->dbc, R + 2 * S,
                                   err)))
       return rc;
-    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->dbc, R + 2 * S, L->dt_proj, L->dt_bias, m->dt,
+    if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->dbc, R + 2 * S, L->dt_proj, L->dt_bias, m->dt,
                                   di, err)))
       return rc;
     /* the scan costs ~ an expf and two fmas per (channel, state) */
-    mbd_cpu_ctx_run_sized(m->ctx, scan_task, &ch, nseg * ch.nblocks, rows * di * S * 8);
-    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->y, di, L->out_proj, L->out_bias, m->out, d,
+    mbd_cpu_ctx_run_sized(m->t.ctx, scan_task, &ch, nseg * ch.nblocks, rows * di * S * 8);
+    if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->y, di, L->out_proj, L->out_bias, m->t.out, d,
                                   err)))
       return rc;
-    for (int64_t i = 0; i < rows * d; i++) m->resid[i] = m->resid[i] + m->out[i];
+    mbd_trunk_add_out(&m->t, rows);
   }
-  for (int64_t r = 0; r < rows; r++)
-    mbd_cpu_rmsnorm(m->resid + r * d, m->norm_f, d, c->norm_eps, m->xn + r * d);
+  mbd_trunk_norm(&m->t, rows, m->t.norm_f, c->norm_eps);
   return MBD_OK;
 }
 
@@ -443,11 +404,7 @@ static void advance(void *state, int64_t n) { ((mbd_mamba1_state *)state)->pos +
 /* The model as the shared prefill driver sees it. */
 static mbd_rows_model rows_of(mbd_mamba1_model *m) {
   if (!m) return (mbd_rows_model){.model = NULL};
-  return (mbd_rows_model){.model = m, .ctx = m->ctx, .embed = m->embed,
-                          .head = m->lm_head ? m->lm_head : m->embed, .d = m->cfg.d_model,
-                          .V = m->cfg.vocab_size, .max_rows = m->max_rows, .resid = m->resid,
-                          .xn = m->xn, .batch = &m->batch, .state_fits = state_fits,
-                          .advance = advance, .forward = forward_rows};
+  return mbd_trunk_rows(&m->t, m, state_fits, advance, forward_rows);
 }
 
 int mbd_mamba1_prefill(mbd_mamba1_model *m, mbd_mamba1_state *const *states, int batch,

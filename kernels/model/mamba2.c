@@ -23,6 +23,7 @@
 #include "kernels/cpu/mamba_ops.h"
 #include "kernels/model/family_ops.h"
 #include "kernels/model/rows.h"
+#include "kernels/model/trunk.h"
 #include "kernels/model/weights.h"
 #include "kernels/cpu/ssd_step.h"
 #include "kernels/portable_math.h"
@@ -46,25 +47,14 @@ typedef struct layer_w {
 
 struct mbd_mamba2_model {
   mbd_mamba2_config cfg;
-  mbd_dtype dtype;
-  mbd_cpu_ctx *ctx;
-  int64_t V;               /* rows of the embedding */
+  mbd_trunk t;             /* embedding (its rows: V), head, final norm, rows, batch buffers */
   int64_t pin, conv_dim;   /* in_proj width, conv channels */
   mbd_ssd_dims dims;
   layer_w *layers;         /* [n_layer] */
-  mbd_cpu_wpack *embed;    /* [V, d], also the LM head when tied */
-  mbd_cpu_wpack *lm_head;  /* [V, d] when untied, else NULL */
-  float *norm_f;           /* [d] */
-  size_t weight_bytes;
   /* workspace for max_rows rows */
-  int64_t max_rows;
-  float *resid;            /* [rows, d] residual stream */
-  float *xn;               /* [rows, d] normed */
   float *zx;               /* [rows, Pin] in_proj output */
   float *xbc;              /* [rows, conv_dim] conv + silu output (x | B | C) */
   float *y;                /* [rows, di] recurrence output, then gated-normed */
-  float *out;              /* [rows, d] out_proj output */
-  mbd_rows_batch batch;    /* per-call buffers (kernels/model/rows.h) */
 };
 
 struct mbd_mamba2_state {
@@ -85,12 +75,12 @@ void mbd_mamba2_options_default(mbd_mamba2_options *o) {
 
 static int load_vec(mbd_mamba2_model *m, const mbd_st_dir *s, const char *name, int ndim,
                     const int64_t *shape, float **out, mbd_error *err) {
-  return mbd_weights_vec(s, name, ndim, shape, m->dtype, out, &m->weight_bytes, err);
+  return mbd_weights_vec(s, name, ndim, shape, m->t.dtype, out, &m->t.weight_bytes, err);
 }
 
 static int load_mat(mbd_mamba2_model *m, const mbd_st_dir *s, const char *name, int64_t rows,
                     int64_t cols, mbd_cpu_wpack **out, mbd_error *err) {
-  return mbd_weights_mat(s, name, rows, cols, m->dtype, out, &m->weight_bytes, err);
+  return mbd_weights_mat(s, name, rows, cols, m->t.dtype, out, &m->t.weight_bytes, err);
 }
 
 static int load_layer(mbd_mamba2_model *m, const mbd_st_dir *s, int i, mbd_error *err) {
@@ -107,8 +97,8 @@ static int load_layer(mbd_mamba2_model *m, const mbd_st_dir *s, int i, mbd_error
   if (c->proj_bias &&
       (rc = load_vec(m, s, NAME("mixer.in_proj.bias"), 1, sh_pin, &L->in_bias, err)))
     return rc;
-  if ((rc = mbd_weights_conv(s, NAME("mixer.conv1d.weight"), cd, dc, m->dtype, &L->conv_w,
-                              &m->weight_bytes, err)))
+  if ((rc = mbd_weights_conv(s, NAME("mixer.conv1d.weight"), cd, dc, m->t.dtype, &L->conv_w,
+                              &m->t.weight_bytes, err)))
     return rc;
   if (c->conv_bias && (rc = load_vec(m, s, NAME("mixer.conv1d.bias"), 1, sh_cd, &L->conv_b, err)))
     return rc;
@@ -128,16 +118,11 @@ static int load_layer(mbd_mamba2_model *m, const mbd_st_dir *s, int i, mbd_error
 
 static int alloc_workspace(mbd_mamba2_model *m, mbd_error *err) {
   const mbd_mamba2_config *c = &m->cfg;
-  size_t r = (size_t)m->max_rows;
-  size_t d = (size_t)c->d_model, di = (size_t)c->d_inner;
-  float **bufs[] = {&m->resid, &m->xn, &m->zx, &m->xbc, &m->y, &m->out};
-  size_t sizes[] = {r * d, r * d, r * (size_t)m->pin, r * (size_t)m->conv_dim, r * di, r * d};
-  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-    *bufs[i] = calloc(sizes[i], sizeof(float));
-    if (!*bufs[i]) return mbd_error_set(err, MBD_E_NOMEM, "model: cannot allocate workspace");
-  }
-  size_t a = mbd_cpu_gemm_scratch_bytes(c->d_model), b = mbd_cpu_gemm_scratch_bytes(c->d_inner);
-  return mbd_cpu_ctx_reserve(m->ctx, a > b ? a : b, err);
+  float **bufs[] = {&m->zx, &m->xbc, &m->y};
+  size_t widths[] = {(size_t)m->pin, (size_t)m->conv_dim, (size_t)c->d_inner};
+  int64_t ks[2] = {c->d_model, c->d_inner};
+  int rc = mbd_trunk_alloc_rows(&m->t, bufs, widths, 3, err);
+  return rc ? rc : mbd_trunk_reserve(&m->t, ks, 2, err);
 }
 
 int mbd_mamba2_load(const char *dir, const mbd_mamba2_options *opts, mbd_mamba2_model **out,
@@ -148,22 +133,19 @@ int mbd_mamba2_load(const char *dir, const mbd_mamba2_options *opts, mbd_mamba2_
     mbd_mamba2_options_default(&def);
     opts = &def;
   }
-  if (opts->dtype != MBD_DTYPE_F32 && opts->dtype != MBD_DTYPE_BF16 &&
-      opts->dtype != MBD_DTYPE_F16)
-    return mbd_error_set(err, MBD_E_INVALID, "model: storage dtype must be f32, bf16 or f16");
   mbd_st_dir *sh = NULL;
   mbd_mamba2_model *m = calloc(1, sizeof(*m));
   if (!m) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
   int rc = mbd_mamba2_config_load(dir, &m->cfg, err);
   if (rc) goto fail;
   const mbd_mamba2_config *c = &m->cfg;
-  m->dtype = opts->dtype;
-  m->max_rows = opts->max_rows > 0 ? opts->max_rows : DEFAULT_MAX_ROWS;
   m->conv_dim = (int64_t)c->d_inner + 2 * (int64_t)c->n_groups * c->d_state;
   m->pin = (int64_t)c->d_inner + m->conv_dim + c->n_heads;
   m->dims = (mbd_ssd_dims){.heads = c->n_heads, .head_dim = c->head_dim, .d_state = c->d_state,
                            .n_groups = c->n_groups};
-  if ((rc = mbd_cpu_ctx_new(opts->threads, (mbd_cpu_isa)opts->isa, &m->ctx, err))) goto fail;
+  if ((rc = mbd_trunk_init(&m->t, opts->dtype, opts->threads, opts->isa, opts->max_rows,
+                           c->d_model, err)))
+    goto fail;
   if ((rc = mbd_st_dir_open(dir, &sh, err))) goto fail;
   m->layers = calloc((size_t)c->n_layer, sizeof(layer_w));
   if (!m->layers) {
@@ -171,20 +153,15 @@ int mbd_mamba2_load(const char *dir, const mbd_mamba2_options *opts, mbd_mamba2_
     goto fail;
   }
   const mbd_st_entry *emb = mbd_st_dir_find(sh, "backbone.embeddings.weight");
-  m->V = emb && emb->desc.ndim == 2 ? emb->desc.shape[0] : c->vocab_size;
-  if (m->V < 1 || m->V > INT32_MAX) {
+  int64_t V = emb && emb->desc.ndim == 2 ? emb->desc.shape[0] : c->vocab_size;
+  if (V < 1 || V > INT32_MAX) {
     rc = mbd_error_set(err, MBD_E_SHAPE, "model %s: embedding has no rows", dir);
     goto fail;
   }
-  if ((rc = load_mat(m, sh, "backbone.embeddings.weight", m->V, c->d_model, &m->embed, err)))
-    goto fail;
+  if ((rc = mbd_trunk_load_embed(&m->t, sh, "backbone.embeddings.weight", V, err))) goto fail;
   for (int i = 0; i < c->n_layer; i++)
     if ((rc = load_layer(m, sh, i, err))) goto fail;
-  int64_t sh_d[1] = {c->d_model};
-  if ((rc = load_vec(m, sh, "backbone.norm_f.weight", 1, sh_d, &m->norm_f, err))) goto fail;
-  if (!c->tie_embeddings && mbd_st_dir_find(sh, "lm_head.weight") &&
-      (rc = load_mat(m, sh, "lm_head.weight", m->V, c->d_model, &m->lm_head, err)))
-    goto fail;
+  if ((rc = mbd_trunk_load_tail(&m->t, sh, c->tie_embeddings, true, err))) goto fail;
   if ((rc = alloc_workspace(m, err))) goto fail;
   mbd_st_dir_destroy(&sh);
   *out = m;
@@ -213,27 +190,20 @@ void mbd_mamba2_destroy(mbd_mamba2_model **pm) {
     free(L->out_bias);
   }
   free(m->layers);
-  mbd_cpu_wpack_destroy(&m->embed);
-  mbd_cpu_wpack_destroy(&m->lm_head);
-  free(m->norm_f);
-  free(m->resid);
-  free(m->xn);
   free(m->zx);
   free(m->xbc);
   free(m->y);
-  free(m->out);
-  mbd_rows_batch_free(&m->batch);
-  mbd_cpu_ctx_destroy(&m->ctx);
+  mbd_trunk_free(&m->t);
   free(m);
   *pm = NULL;
 }
 
 const mbd_mamba2_config *mbd_mamba2_config_of(const mbd_mamba2_model *m) { return &m->cfg; }
-int mbd_mamba2_vocab(const mbd_mamba2_model *m) { return (int)m->V; }
+int mbd_mamba2_vocab(const mbd_mamba2_model *m) { return (int)m->t.V; }
 const char *mbd_mamba2_isa(const mbd_mamba2_model *m) {
-  return mbd_cpu_isa_name(mbd_cpu_ctx_isa(m->ctx));
+  return mbd_cpu_isa_name(mbd_cpu_ctx_isa(m->t.ctx));
 }
-size_t mbd_mamba2_weight_bytes(const mbd_mamba2_model *m) { return m->weight_bytes; }
+size_t mbd_mamba2_weight_bytes(const mbd_mamba2_model *m) { return m->t.weight_bytes; }
 
 /* ---- state ---- */
 
@@ -373,7 +343,7 @@ static void conv_task(void *arg, int64_t task, int thread) {
   mbd_mamba2_state *s = ch->states[sg[0]];
   float *state = s->conv + (size_t)ch->layer * (size_t)(dc - 1) * (size_t)cd;
   for (int64_t r = sg[1]; r < sg[1] + sg[2]; r++)
-    mbd_cpu_conv_step(mbd_cpu_ctx_isa(m->ctx), c0, c1, cd, dc, L->conv_w, L->conv_b, state,
+    mbd_cpu_conv_step(mbd_cpu_ctx_isa(m->t.ctx), c0, c1, cd, dc, L->conv_w, L->conv_b, state,
                       m->zx + r * m->pin + di, m->xbc + r * cd);
 }
 
@@ -391,13 +361,13 @@ static void scan_task(void *arg, int64_t task, int thread) {
   float *h = s->ssm + (size_t)ch->layer * (size_t)di * (size_t)c->d_state;
   for (int64_t r = sg[1]; r < sg[1] + sg[2]; r++) {
     const float *xbc = m->xbc + r * cd;
-    mbd_cpu_ssd_step(mbd_cpu_ctx_isa(m->ctx), &m->dims, h0, h1, L->A, L->D, L->dt_bias,
+    mbd_cpu_ssd_step(mbd_cpu_ctx_isa(m->t.ctx), &m->dims, h0, h1, L->A, L->D, L->dt_bias,
                      c->dt_min, c->dt_max, m->zx + r * m->pin + di + cd, xbc + di,
                      xbc + di + GN, xbc, h, m->y + r * di);
   }
 }
 
-/* Runs all layers over the chunk's rows; leaves final-normed rows in m->xn. */
+/* Runs all layers over the chunk's rows; leaves final-normed rows in m->t.xn. */
 static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_t nseg,
                         int64_t rows, mbd_error *err) {
   mbd_mamba2_model *m = model;
@@ -413,24 +383,22 @@ static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_
   for (int l = 0; l < c->n_layer; l++) {
     const layer_w *L = &m->layers[l];
     cc.layer = sc.layer = l;
-    for (int64_t r = 0; r < rows; r++)
-      mbd_cpu_rmsnorm(m->resid + r * d, L->norm, d, c->norm_eps, m->xn + r * d);
-    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->xn, d, L->in_proj, L->in_bias, m->zx, m->pin,
+    mbd_trunk_norm(&m->t, rows, L->norm, c->norm_eps);
+    if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->t.xn, d, L->in_proj, L->in_bias, m->zx, m->pin,
                                   err)))
       return rc;
-    mbd_cpu_ctx_run_sized(m->ctx, conv_task, &cc, nseg * cc.nblocks, rows * cd * c->d_conv);
-    mbd_cpu_ctx_run_sized(m->ctx, scan_task, &sc, nseg * sc.nblocks,
+    mbd_cpu_ctx_run_sized(m->t.ctx, conv_task, &cc, nseg * cc.nblocks, rows * cd * c->d_conv);
+    mbd_cpu_ctx_run_sized(m->t.ctx, scan_task, &sc, nseg * sc.nblocks,
                           rows * di * c->d_state * 3);
     for (int64_t r = 0; r < rows; r++)
       mbd_cpu_gated_rmsnorm(m->y + r * di, m->zx + r * m->pin, L->gnorm, di,
                             di / c->n_groups, c->norm_eps, c->norm_before_gate, m->y + r * di);
-    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->y, di, L->out_proj, L->out_bias, m->out, d,
+    if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->y, di, L->out_proj, L->out_bias, m->t.out, d,
                                   err)))
       return rc;
-    for (int64_t i = 0; i < rows * d; i++) m->resid[i] = m->resid[i] + m->out[i];
+    mbd_trunk_add_out(&m->t, rows);
   }
-  for (int64_t r = 0; r < rows; r++)
-    mbd_cpu_rmsnorm(m->resid + r * d, m->norm_f, d, c->norm_eps, m->xn + r * d);
+  mbd_trunk_norm(&m->t, rows, m->t.norm_f, c->norm_eps);
   return MBD_OK;
 }
 
@@ -446,11 +414,7 @@ static void advance(void *state, int64_t n) { ((mbd_mamba2_state *)state)->pos +
 /* The model as the shared prefill driver sees it. */
 static mbd_rows_model rows_of(mbd_mamba2_model *m) {
   if (!m) return (mbd_rows_model){.model = NULL};
-  return (mbd_rows_model){.model = m, .ctx = m->ctx, .embed = m->embed,
-                          .head = m->lm_head ? m->lm_head : m->embed, .d = m->cfg.d_model,
-                          .V = m->V, .max_rows = m->max_rows, .resid = m->resid,
-                          .xn = m->xn, .batch = &m->batch, .state_fits = state_fits,
-                          .advance = advance, .forward = forward_rows};
+  return mbd_trunk_rows(&m->t, m, state_fits, advance, forward_rows);
 }
 
 int mbd_mamba2_prefill(mbd_mamba2_model *m, mbd_mamba2_state *const *states, int batch,

@@ -23,6 +23,7 @@
 #include "kernels/cpu/mamba_ops.h"
 #include "kernels/model/family_ops.h"
 #include "kernels/model/rows.h"
+#include "kernels/model/trunk.h"
 #include "kernels/model/weights.h"
 #include "kernels/portable_math.h"
 
@@ -166,16 +167,10 @@ typedef struct layer_w {
 struct mbd_mamba3_model {
   mbd_mamba3_config cfg;
   mbd_m3_dims dims;
-  mbd_dtype dtype;
-  mbd_cpu_ctx *ctx;
+  mbd_trunk t;            /* embedding [Vp, d], head, final norm, rows, batch buffers */
   layer_w *layers;
-  mbd_cpu_wpack *embed;   /* [Vp, d], the LM head when tied */
-  mbd_cpu_wpack *lm_head; /* untied only */
-  float *norm_f;
-  int64_t max_rows;
-  float *resid, *xn, *proj, *y, *out; /* workspace rows */
+  float *proj, *y;        /* workspace rows: [rows, d_in_proj], [rows, d_inner] */
   float *scratch;         /* [threads][2 d_state] */
-  mbd_rows_batch batch;    /* per-call buffers (kernels/model/rows.h) */
 };
 
 struct mbd_mamba3_state {
@@ -198,7 +193,7 @@ static int load_vec(const mbd_st_dir *s, const char *name, int ndim, const int64
 
 static int load_mat(mbd_mamba3_model *m, const mbd_st_dir *s, const char *name, int64_t rows,
                     int64_t cols, mbd_cpu_wpack **out, mbd_error *err) {
-  return mbd_weights_mat(s, name, rows, cols, m->dtype, out, NULL, err);
+  return mbd_weights_mat(s, name, rows, cols, m->t.dtype, out, NULL, err);
 }
 
 static int load_layer(mbd_mamba3_model *m, const mbd_st_dir *s, int i, mbd_error *err) {
@@ -210,17 +205,17 @@ static int load_layer(mbd_mamba3_model *m, const mbd_st_dir *s, int i, mbd_error
   int64_t sh_d[1] = {c->d_model}, sh_h[1] = {c->heads}, sh_n[1] = {c->d_state};
   int64_t sh_di[1] = {c->d_inner}, sh_bias[3] = {c->heads, 1, c->d_state};
   mbd_dtype f32 = MBD_DTYPE_F32;
-  if ((rc = load_vec(s, NAME("norm.weight"), 1, sh_d, m->dtype, &L->norm, err)) ||
+  if ((rc = load_vec(s, NAME("norm.weight"), 1, sh_d, m->t.dtype, &L->norm, err)) ||
       (rc = load_mat(m, s, NAME("mixer.in_proj.weight"), c->d_in_proj, c->d_model, &L->in_proj,
                      err)) ||
       (rc = load_vec(s, NAME("mixer.dt_bias"), 1, sh_h, f32, &L->dt_bias, err)) ||
       (rc = load_vec(s, NAME("mixer.B_bias"), 3, sh_bias, f32, &L->b_bias, err)) ||
       (rc = load_vec(s, NAME("mixer.C_bias"), 3, sh_bias, f32, &L->c_bias, err)) ||
-      (rc = load_vec(s, NAME("mixer.B_norm.weight"), 1, sh_n, m->dtype, &L->b_norm, err)) ||
-      (rc = load_vec(s, NAME("mixer.C_norm.weight"), 1, sh_n, m->dtype, &L->c_norm, err)) ||
+      (rc = load_vec(s, NAME("mixer.B_norm.weight"), 1, sh_n, m->t.dtype, &L->b_norm, err)) ||
+      (rc = load_vec(s, NAME("mixer.C_norm.weight"), 1, sh_n, m->t.dtype, &L->c_norm, err)) ||
       (rc = load_vec(s, NAME("mixer.D"), 1, sh_h, f32, &L->D, err)) ||
       (c->outproj_norm &&
-       (rc = load_vec(s, NAME("mixer.norm.weight"), 1, sh_di, m->dtype, &L->onorm, err))) ||
+       (rc = load_vec(s, NAME("mixer.norm.weight"), 1, sh_di, m->t.dtype, &L->onorm, err))) ||
       (rc = load_mat(m, s, NAME("mixer.out_proj.weight"), c->d_model, c->d_inner, &L->out_proj,
                      err)))
     return rc;
@@ -230,17 +225,15 @@ static int load_layer(mbd_mamba3_model *m, const mbd_st_dir *s, int i, mbd_error
 
 static int alloc_workspace(mbd_mamba3_model *m, mbd_error *err) {
   const mbd_mamba3_config *c = &m->cfg;
-  size_t r = (size_t)m->max_rows, d = (size_t)c->d_model, di = (size_t)c->d_inner;
-  float **bufs[] = {&m->resid, &m->xn, &m->proj, &m->y, &m->out};
-  size_t sizes[] = {r * d, r * d, r * (size_t)c->d_in_proj, r * di, r * d};
-  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-    *bufs[i] = calloc(sizes[i], sizeof(float));
-    if (!*bufs[i]) return mbd_error_set(err, MBD_E_NOMEM, "model: cannot allocate workspace");
-  }
-  m->scratch = calloc((size_t)mbd_cpu_ctx_threads(m->ctx) * 2 * (size_t)c->d_state, sizeof(float));
+  float **bufs[] = {&m->proj, &m->y};
+  size_t widths[] = {(size_t)c->d_in_proj, (size_t)c->d_inner};
+  int64_t ks[2] = {c->d_model, c->d_inner};
+  int rc = mbd_trunk_alloc_rows(&m->t, bufs, widths, 2, err);
+  if (rc) return rc;
+  m->scratch =
+      calloc((size_t)mbd_cpu_ctx_threads(m->t.ctx) * 2 * (size_t)c->d_state, sizeof(float));
   if (!m->scratch) return mbd_error_set(err, MBD_E_NOMEM, "model: cannot allocate workspace");
-  size_t a = mbd_cpu_gemm_scratch_bytes(c->d_model), b = mbd_cpu_gemm_scratch_bytes(c->d_inner);
-  return mbd_cpu_ctx_reserve(m->ctx, a > b ? a : b, err);
+  return mbd_trunk_reserve(&m->t, ks, 2, err);
 }
 
 int mbd_mamba3_load(const char *dir, const mbd_mamba3_options *opts, mbd_mamba3_model **out,
@@ -251,9 +244,6 @@ int mbd_mamba3_load(const char *dir, const mbd_mamba3_options *opts, mbd_mamba3_
     mbd_mamba3_options_default(&def);
     opts = &def;
   }
-  if (opts->dtype != MBD_DTYPE_F32 && opts->dtype != MBD_DTYPE_BF16 &&
-      opts->dtype != MBD_DTYPE_F16)
-    return mbd_error_set(err, MBD_E_INVALID, "model: storage dtype must be f32, bf16 or f16");
   mbd_st_dir *sh = NULL;
   mbd_mamba3_model *m = calloc(1, sizeof(*m));
   if (!m) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
@@ -263,9 +253,9 @@ int mbd_mamba3_load(const char *dir, const mbd_mamba3_options *opts, mbd_mamba3_
   m->dims = (mbd_m3_dims){.d_inner = c->d_inner, .heads = c->heads, .headdim = c->headdim,
                           .d_state = c->d_state, .ngroups = c->ngroups, .angles = c->angles,
                           .a_floor = c->a_floor, .eps = c->eps};
-  m->dtype = opts->dtype;
-  m->max_rows = opts->max_rows > 0 ? opts->max_rows : DEFAULT_MAX_ROWS;
-  if ((rc = mbd_cpu_ctx_new(opts->threads, (mbd_cpu_isa)opts->isa, &m->ctx, err))) goto fail;
+  if ((rc = mbd_trunk_init(&m->t, opts->dtype, opts->threads, opts->isa, opts->max_rows,
+                           c->d_model, err)))
+    goto fail;
   if ((rc = mbd_st_dir_open(dir, &sh, err))) goto fail;
   m->layers = calloc((size_t)c->n_layer, sizeof(layer_w));
   if (!m->layers) {
@@ -274,14 +264,9 @@ int mbd_mamba3_load(const char *dir, const mbd_mamba3_options *opts, mbd_mamba3_
   }
   for (int i = 0; i < c->n_layer; i++)
     if ((rc = load_layer(m, sh, i, err))) goto fail;
-  int64_t sh_d[1] = {c->d_model};
-  if ((rc = load_mat(m, sh, "backbone.embedding.weight", c->vocab_padded, c->d_model, &m->embed,
-                     err)))
+  if ((rc = mbd_trunk_load_embed(&m->t, sh, "backbone.embedding.weight", c->vocab_padded, err)) ||
+      (rc = mbd_trunk_load_tail(&m->t, sh, c->tie_embeddings, false, err)))
     goto fail;
-  if (!c->tie_embeddings &&
-      (rc = load_mat(m, sh, "lm_head.weight", c->vocab_padded, c->d_model, &m->lm_head, err)))
-    goto fail;
-  if ((rc = load_vec(sh, "backbone.norm_f.weight", 1, sh_d, m->dtype, &m->norm_f, err))) goto fail;
   mbd_st_dir_destroy(&sh);
   if ((rc = alloc_workspace(m, err))) goto fail;
   *out = m;
@@ -309,17 +294,10 @@ void mbd_mamba3_destroy(mbd_mamba3_model **pm) {
     mbd_cpu_wpack_destroy(&L->out_proj);
   }
   free(m->layers);
-  mbd_cpu_wpack_destroy(&m->embed);
-  mbd_cpu_wpack_destroy(&m->lm_head);
-  free(m->norm_f);
-  free(m->resid);
-  free(m->xn);
   free(m->proj);
   free(m->y);
-  free(m->out);
   free(m->scratch);
-  mbd_rows_batch_free(&m->batch);
-  mbd_cpu_ctx_destroy(&m->ctx);
+  mbd_trunk_free(&m->t);
   free(m);
   *pm = NULL;
 }
@@ -327,7 +305,7 @@ void mbd_mamba3_destroy(mbd_mamba3_model **pm) {
 const mbd_mamba3_config *mbd_mamba3_model_config(const mbd_mamba3_model *m) { return &m->cfg; }
 int mbd_mamba3_vocab(const mbd_mamba3_model *m) { return m->cfg.vocab_padded; }
 const char *mbd_mamba3_isa(const mbd_mamba3_model *m) {
-  return mbd_cpu_isa_name(mbd_cpu_ctx_isa(m->ctx));
+  return mbd_cpu_isa_name(mbd_cpu_ctx_isa(m->t.ctx));
 }
 
 /* ---- state ---- */
@@ -474,7 +452,7 @@ static void head_task(void *arg, int64_t task, int thread) {
   }
 }
 
-/* Runs all layers over the chunk's rows; leaves final-normed rows in m->xn. */
+/* Runs all layers over the chunk's rows; leaves final-normed rows in m->t.xn. */
 static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_t nseg,
                         int64_t rows, mbd_error *err) {
   mbd_mamba3_model *m = model;
@@ -486,19 +464,17 @@ static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_
   for (int l = 0; l < c->n_layer; l++) {
     const layer_w *L = &m->layers[l];
     ch.layer = l;
-    for (int64_t r = 0; r < rows; r++)
-      mbd_cpu_rmsnorm(m->resid + r * d, L->norm, d, c->eps, m->xn + r * d);
-    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->xn, d, L->in_proj, NULL, m->proj, np, err)))
+    mbd_trunk_norm(&m->t, rows, L->norm, c->eps);
+    if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->t.xn, d, L->in_proj, NULL, m->proj, np, err)))
       return rc;
-    mbd_cpu_ctx_run_sized(m->ctx, pre_task, &ch, rows, rows * (np - 2 * di) * 16);
-    mbd_cpu_ctx_run_sized(m->ctx, head_task, &ch, nseg * c->heads,
+    mbd_cpu_ctx_run_sized(m->t.ctx, pre_task, &ch, rows, rows * (np - 2 * di) * 16);
+    mbd_cpu_ctx_run_sized(m->t.ctx, head_task, &ch, nseg * c->heads,
                           rows * di * c->d_state * 6);
-    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->y, di, L->out_proj, NULL, m->out, d, err)))
+    if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->y, di, L->out_proj, NULL, m->t.out, d, err)))
       return rc;
-    for (int64_t i = 0; i < rows * d; i++) m->resid[i] = m->resid[i] + m->out[i];
+    mbd_trunk_add_out(&m->t, rows);
   }
-  for (int64_t r = 0; r < rows; r++)
-    mbd_cpu_rmsnorm(m->resid + r * d, m->norm_f, d, c->eps, m->xn + r * d);
+  mbd_trunk_norm(&m->t, rows, m->t.norm_f, c->eps);
   return MBD_OK;
 }
 
@@ -514,11 +490,7 @@ static void advance(void *state, int64_t n) { ((mbd_mamba3_state *)state)->pos +
 /* The model as the shared prefill driver sees it. */
 static mbd_rows_model rows_of(mbd_mamba3_model *m) {
   if (!m) return (mbd_rows_model){.model = NULL};
-  return (mbd_rows_model){.model = m, .ctx = m->ctx, .embed = m->embed,
-                          .head = m->lm_head ? m->lm_head : m->embed, .d = m->cfg.d_model,
-                          .V = m->cfg.vocab_padded, .max_rows = m->max_rows, .resid = m->resid,
-                          .xn = m->xn, .batch = &m->batch, .state_fits = state_fits,
-                          .advance = advance, .forward = forward_rows};
+  return mbd_trunk_rows(&m->t, m, state_fits, advance, forward_rows);
 }
 
 int mbd_mamba3_prefill(mbd_mamba3_model *m, mbd_mamba3_state *const *states, int batch,
