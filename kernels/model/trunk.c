@@ -47,19 +47,24 @@ int mbd_trunk_load_tail(mbd_trunk *t, const mbd_st_dir *s, bool tied, bool head_
                          &t->weight_bytes, err);
 }
 
-int mbd_trunk_alloc_rows(mbd_trunk *t, float **const *bufs, const size_t *widths, size_t n,
-                         mbd_error *err) {
-  if (!t->resid) {
-    float **own[] = {&t->resid, &t->xn, &t->out};
-    size_t d[] = {(size_t)t->d, (size_t)t->d, (size_t)t->d};
-    int rc = mbd_trunk_alloc_rows(t, own, d, 3, err);
-    if (rc) return rc;
-  }
+static int alloc_rows(const mbd_trunk *t, float **const *bufs, const size_t *widths, size_t n,
+                      mbd_error *err) {
   for (size_t i = 0; i < n; i++) {
     *bufs[i] = calloc((size_t)t->max_rows * widths[i], sizeof(float));
     if (!*bufs[i]) return mbd_error_set(err, MBD_E_NOMEM, "model: cannot allocate workspace");
   }
   return MBD_OK;
+}
+
+int mbd_trunk_alloc_rows(mbd_trunk *t, float **const *bufs, const size_t *widths, size_t n,
+                         mbd_error *err) {
+  if (!t->resid) {
+    float **own[] = {&t->resid, &t->xn, &t->out};
+    size_t d[] = {(size_t)t->d, (size_t)t->d, (size_t)t->d};
+    int rc = alloc_rows(t, own, d, 3, err);
+    if (rc) return rc;
+  }
+  return alloc_rows(t, bufs, widths, n, err);
 }
 
 int mbd_trunk_reserve(mbd_trunk *t, const int64_t *ks, int n, mbd_error *err) {
