@@ -258,10 +258,16 @@ void mbd_mamba1_state_reset(mbd_mamba1_state *s) {
 
 int64_t mbd_mamba1_state_position(const mbd_mamba1_state *s) { return s->pos; }
 
-#define STATE_HEADER MBD_STATE_IMAGE_HEADER
+/* The image payload: conv then ssm. */
+static size_t parts_of(const mbd_mamba1_state *s, mbd_state_part p[2]) {
+  p[0] = (mbd_state_part){s->conv, conv_count(s)};
+  p[1] = (mbd_state_part){s->ssm, ssm_count(s)};
+  return 2;
+}
 
 size_t mbd_mamba1_state_export_size(const mbd_mamba1_state *s) {
-  return STATE_HEADER + (conv_count(s) + ssm_count(s)) * sizeof(float);
+  mbd_state_part p[2];
+  return mbd_state_image_size(0, p, parts_of(s, p));
 }
 
 mbd_state_shape mbd_mamba1_state_shape(const mbd_mamba_config *cfg) {
@@ -281,31 +287,21 @@ static mbd_state_shape state_shape(const mbd_mamba1_state *s) {
 
 int mbd_mamba1_state_export(const mbd_mamba1_state *s, void *buf, size_t cap, size_t *len,
                             mbd_error *err) {
-  size_t need = mbd_mamba1_state_export_size(s);
-  if (cap < need)
-    return mbd_error_set(err, MBD_E_TOO_LARGE, "state export needs %zu bytes, buffer has %zu",
-                         need, cap);
-  unsigned char *p = buf;
+  mbd_state_part p[2];
+  size_t np = parts_of(s, p);
   mbd_state_shape shape = state_shape(s);
-  mbd_state_image_write_header(p, &shape, s->pos);
-  mbd_state_image_put_f32s(p + STATE_HEADER, s->conv, conv_count(s));
-  mbd_state_image_put_f32s(p + STATE_HEADER + 4 * conv_count(s), s->ssm, ssm_count(s));
-  if (len) *len = need;
-  return MBD_OK;
+  return mbd_state_image_export(buf, cap, len, &shape, s->pos, NULL, 0, p, np, err);
 }
 
 int mbd_mamba1_state_import(mbd_mamba1_state *s, const void *buf, size_t len, mbd_error *err) {
-  int64_t pos;
+  mbd_state_part p[2];
+  size_t np = parts_of(s, p);
   mbd_state_shape shape = state_shape(s);
-  int rc = mbd_state_image_read_header(buf, len, &shape, &pos, err);
+  int64_t pos;
+  int rc = mbd_state_image_check(buf, len, &shape, 0, p, np, &pos, NULL, err);
   if (rc) return rc;
-  if (len != mbd_mamba1_state_export_size(s))
-    return mbd_error_set(err, MBD_E_FORMAT, "state import: %zu bytes, expected %zu", len,
-                         mbd_mamba1_state_export_size(s));
-  const unsigned char *p = buf;
+  mbd_state_image_read_parts(buf, 0, p, np);
   s->pos = pos;
-  mbd_state_image_get_f32s(p + STATE_HEADER, s->conv, conv_count(s));
-  mbd_state_image_get_f32s(p + STATE_HEADER + 4 * conv_count(s), s->ssm, ssm_count(s));
   return MBD_OK;
 }
 

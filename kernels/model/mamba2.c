@@ -253,11 +253,18 @@ void mbd_mamba2_state_reset(mbd_mamba2_state *s) {
 
 int64_t mbd_mamba2_state_position(const mbd_mamba2_state *s) { return s->pos; }
 
-#define STATE_HEADER MBD_STATE_IMAGE_HEADER
-#define SUB_HEADER 16 /* u32 heads, head_dim, groups, 0 */
+#define SUB_WORDS 4 /* u32 heads, head_dim, groups, 0 */
+
+/* The image payload after the sub-header: conv then ssm. */
+static size_t parts_of(const mbd_mamba2_state *s, mbd_state_part p[2]) {
+  p[0] = (mbd_state_part){s->conv, conv_count(s)};
+  p[1] = (mbd_state_part){s->ssm, ssm_count(s)};
+  return 2;
+}
 
 size_t mbd_mamba2_state_export_size(const mbd_mamba2_state *s) {
-  return STATE_HEADER + SUB_HEADER + (conv_count(s) + ssm_count(s)) * sizeof(float);
+  mbd_state_part p[2];
+  return mbd_state_image_size(SUB_WORDS, p, parts_of(s, p));
 }
 
 mbd_state_shape mbd_mamba2_state_shape(const mbd_mamba2_config *cfg) {
@@ -277,45 +284,29 @@ static mbd_state_shape state_shape(const mbd_mamba2_state *s) {
 
 int mbd_mamba2_state_export(const mbd_mamba2_state *s, void *buf, size_t cap, size_t *len,
                             mbd_error *err) {
-  size_t need = mbd_mamba2_state_export_size(s);
-  if (cap < need)
-    return mbd_error_set(err, MBD_E_TOO_LARGE, "state export needs %zu bytes, buffer has %zu",
-                         need, cap);
-  unsigned char *p = buf;
+  mbd_state_part p[2];
+  size_t np = parts_of(s, p);
   mbd_state_shape shape = state_shape(s);
-  mbd_state_image_write_header(p, &shape, s->pos);
-  mbd_state_image_put_u32(p + STATE_HEADER, (uint32_t)s->heads);
-  mbd_state_image_put_u32(p + STATE_HEADER + 4, (uint32_t)s->head_dim);
-  mbd_state_image_put_u32(p + STATE_HEADER + 8, (uint32_t)s->groups);
-  mbd_state_image_put_u32(p + STATE_HEADER + 12, 0);
-  unsigned char *q = p + STATE_HEADER + SUB_HEADER;
-  mbd_state_image_put_f32s(q, s->conv, conv_count(s));
-  mbd_state_image_put_f32s(q + 4 * conv_count(s), s->ssm, ssm_count(s));
-  if (len) *len = need;
-  return MBD_OK;
+  uint32_t w[SUB_WORDS] = {(uint32_t)s->heads, (uint32_t)s->head_dim, (uint32_t)s->groups, 0};
+  return mbd_state_image_export(buf, cap, len, &shape, s->pos, w, SUB_WORDS, p, np, err);
 }
 
 int mbd_mamba2_state_import(mbd_mamba2_state *s, const void *buf, size_t len, mbd_error *err) {
-  int64_t pos;
+  mbd_state_part p[2];
+  size_t np = parts_of(s, p);
   mbd_state_shape shape = state_shape(s);
-  int rc = mbd_state_image_read_header(buf, len, &shape, &pos, err);
+  int64_t pos;
+  uint32_t w[SUB_WORDS];
+  int rc = mbd_state_image_check(buf, len, &shape, SUB_WORDS, p, np, &pos, w, err);
   if (rc) return rc;
-  if (len != mbd_mamba2_state_export_size(s))
-    return mbd_error_set(err, MBD_E_FORMAT, "state import: %zu bytes, expected %zu", len,
-                         mbd_mamba2_state_export_size(s));
-  const unsigned char *p = buf;
-  uint32_t h = mbd_state_image_get_u32(p + STATE_HEADER), hd = mbd_state_image_get_u32(p + STATE_HEADER + 4),
-           g = mbd_state_image_get_u32(p + STATE_HEADER + 8);
-  if (h != (uint32_t)s->heads || hd != (uint32_t)s->head_dim || g != (uint32_t)s->groups ||
-      mbd_state_image_get_u32(p + STATE_HEADER + 12) != 0)
+  if (w[0] != (uint32_t)s->heads || w[1] != (uint32_t)s->head_dim ||
+      w[2] != (uint32_t)s->groups || w[3] != 0)
     return mbd_error_set(err, MBD_E_SHAPE,
                          "state import: state has %u heads x %u, %u groups; this model %d x %d, "
                          "%d groups",
-                         h, hd, g, s->heads, s->head_dim, s->groups);
-  const unsigned char *q = p + STATE_HEADER + SUB_HEADER;
+                         w[0], w[1], w[2], s->heads, s->head_dim, s->groups);
+  mbd_state_image_read_parts(buf, SUB_WORDS, p, np);
   s->pos = pos;
-  mbd_state_image_get_f32s(q, s->conv, conv_count(s));
-  mbd_state_image_get_f32s(q + 4 * conv_count(s), s->ssm, ssm_count(s));
   return MBD_OK;
 }
 

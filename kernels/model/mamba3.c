@@ -359,7 +359,8 @@ void mbd_mamba3_state_destroy(mbd_mamba3_state **ps) {
 int64_t mbd_mamba3_state_position(const mbd_mamba3_state *s) { return s->pos; }
 
 size_t mbd_mamba3_state_export_size(const mbd_mamba3_state *s) {
-  return MBD_STATE_IMAGE_HEADER + n_all(s) * sizeof(float);
+  mbd_state_part p = {s->buf, n_all(s)};
+  return mbd_state_image_size(0, &p, 1);
 }
 
 mbd_state_shape mbd_mamba3_state_shape(const mbd_mamba3_config *c) {
@@ -379,30 +380,18 @@ static mbd_state_shape state_shape(const mbd_mamba3_state *s) {
 
 int mbd_mamba3_state_export(const mbd_mamba3_state *s, void *buf, size_t cap, size_t *len,
                             mbd_error *err) {
-  size_t need = mbd_mamba3_state_export_size(s), n = n_all(s);
-  if (cap < need)
-    return mbd_error_set(err, MBD_E_TOO_LARGE, "state export needs %zu bytes, buffer has %zu",
-                         need, cap);
-  unsigned char *p = buf;
+  mbd_state_part p = {s->buf, n_all(s)};
   mbd_state_shape shape = state_shape(s);
-  mbd_state_image_write_header(p, &shape, s->pos);
-  p += MBD_STATE_IMAGE_HEADER;
-  mbd_state_image_put_f32s(p, s->buf, n);
-  if (len) *len = need;
-  return MBD_OK;
+  return mbd_state_image_export(buf, cap, len, &shape, s->pos, NULL, 0, &p, 1, err);
 }
 
 int mbd_mamba3_state_import(mbd_mamba3_state *s, const void *buf, size_t len, mbd_error *err) {
-  int64_t pos;
+  mbd_state_part p = {s->buf, n_all(s)};
   mbd_state_shape shape = state_shape(s);
-  int rc = mbd_state_image_read_header(buf, len, &shape, &pos, err);
+  int64_t pos;
+  int rc = mbd_state_image_check(buf, len, &shape, 0, &p, 1, &pos, NULL, err);
   if (rc) return rc;
-  if (len != mbd_mamba3_state_export_size(s))
-    return mbd_error_set(err, MBD_E_FORMAT, "state import: %zu bytes, expected %zu", len,
-                         mbd_mamba3_state_export_size(s));
-  const unsigned char *p = (const unsigned char *)buf + MBD_STATE_IMAGE_HEADER;
-  size_t n = n_all(s);
-  mbd_state_image_get_f32s(p, s->buf, n);
+  mbd_state_image_read_parts(buf, 0, &p, 1);
   s->pos = pos;
   return MBD_OK;
 }
