@@ -236,6 +236,12 @@ static int alloc_workspace(mbd_mamba3_model *m, mbd_error *err) {
   return mbd_trunk_reserve(&m->t, ks, 2, err);
 }
 
+/* The model's part of prefill and step (defined with the forward, below). */
+static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_t nseg,
+                        int64_t rows, mbd_error *err);
+static int state_fits(const void *model, const void *state);
+static void advance(void *state, int64_t n);
+
 int mbd_mamba3_load(const char *dir, const mbd_mamba3_options *opts, mbd_mamba3_model **out,
                     mbd_error *err) {
   *out = NULL;
@@ -269,6 +275,7 @@ int mbd_mamba3_load(const char *dir, const mbd_mamba3_options *opts, mbd_mamba3_
     goto fail;
   mbd_st_dir_destroy(&sh);
   if ((rc = alloc_workspace(m, err))) goto fail;
+  mbd_trunk_bind(&m->t, m, state_fits, advance, forward_rows);
   *out = m;
   return MBD_OK;
 fail:
@@ -476,24 +483,16 @@ static int state_fits(const void *model, const void *state) {
 
 static void advance(void *state, int64_t n) { ((mbd_mamba3_state *)state)->pos += n; }
 
-/* The model as the shared prefill driver sees it. */
-static mbd_rows_model rows_of(mbd_mamba3_model *m) {
-  if (!m) return (mbd_rows_model){.model = NULL};
-  return mbd_trunk_rows(&m->t, m, state_fits, advance, forward_rows);
-}
-
 int mbd_mamba3_prefill(mbd_mamba3_model *m, mbd_mamba3_state *const *states, int batch,
                        const int32_t *const *tokens, const int64_t *lens, mbd_logits_sel which,
                        float *logits, mbd_error *err) {
-  mbd_rows_model r = rows_of(m);
-  return mbd_rows_prefill(&r, (void *const *)states, batch, tokens, lens, (mbd_logits_sel)which,
-                          logits, err);
+  return mbd_rows_prefill(m ? &m->t.rows : NULL, (void *const *)states, batch, tokens, lens,
+                          (mbd_logits_sel)which, logits, err);
 }
 
 int mbd_mamba3_step(mbd_mamba3_model *m, mbd_mamba3_state *const *states, int batch,
                     const int32_t *tokens, float *logits, mbd_error *err) {
-  mbd_rows_model r = rows_of(m);
-  return mbd_rows_step(&r, (void *const *)states, batch, tokens, logits, err);
+  return mbd_rows_step(m ? &m->t.rows : NULL, (void *const *)states, batch, tokens, logits, err);
 }
 
 /* ---- the family vtable (kernels/model/family.h) ---- */

@@ -103,7 +103,7 @@ static int logits_last(const mbd_rows_model *r, int batch, const int64_t *lens, 
 int mbd_rows_prefill(const mbd_rows_model *r, void *const *states, int batch,
                      const int32_t *const *tokens, const int64_t *lens, mbd_logits_sel which,
                      float *logits, mbd_error *err) {
-  if (!r->model || batch < 0 || (batch > 0 && (!states || !tokens || !lens)))
+  if (!r || !r->model || batch < 0 || (batch > 0 && (!states || !tokens || !lens)))
     return mbd_error_set(err, MBD_E_INVALID, "prefill: NULL model/states/tokens/lens");
   if (which != MBD_LOGITS_NONE && which != MBD_LOGITS_LAST && which != MBD_LOGITS_ALL)
     return mbd_error_set(err, MBD_E_INVALID, "prefill: bad logits selector %d", (int)which);
@@ -154,7 +154,7 @@ int mbd_rows_prefill(const mbd_rows_model *r, void *const *states, int batch,
 
 int mbd_rows_step(const mbd_rows_model *r, void *const *states, int batch, const int32_t *tokens,
                   float *logits, mbd_error *err) {
-  if (!r->model || batch < 0 || (batch > 0 && !tokens))
+  if (!r || !r->model || batch < 0 || (batch > 0 && !tokens))
     return mbd_error_set(err, MBD_E_INVALID, "step: NULL model or tokens");
   if (batch == 0) return MBD_OK;
   int rc = ensure_batch(r->batch, batch, r->d, err);

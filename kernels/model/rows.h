@@ -52,7 +52,8 @@ typedef struct mbd_rows_model {
 /* Feeds lens[b] tokens tokens[b][..] to states[b] (distinct), b < batch, as
  * mbd_cpu_model_ops.prefill: LAST logits [batch, V] (a row with lens[b] == 0
  * is left untouched); ALL [sum(lens), V]. A bad call (NULLs, foreign or
- * shared states, tokens outside [0, V)) is refused before anything changes. */
+ * shared states, tokens outside [0, V)) is refused before anything changes;
+ * r NULL is MBD_E_INVALID. */
 int mbd_rows_prefill(const mbd_rows_model *r, void *const *states, int batch,
                      const int32_t *const *tokens, const int64_t *lens, mbd_logits_sel which,
                      float *logits, mbd_error *err);

@@ -85,14 +85,13 @@ void mbd_trunk_add_out(mbd_trunk *t, int64_t rows) {
   for (int64_t i = 0; i < rows * t->d; i++) t->resid[i] = t->resid[i] + t->out[i];
 }
 
-mbd_rows_model mbd_trunk_rows(mbd_trunk *t, void *model,
-                              int (*state_fits)(const void *, const void *),
-                              void (*advance)(void *, int64_t),
-                              int (*forward)(void *, void *const *, const int64_t *, int64_t,
-                                             int64_t, mbd_error *)) {
-  return (mbd_rows_model){.model = model, .ctx = t->ctx, .embed = t->embed,
-                          .head = t->lm_head ? t->lm_head : t->embed, .d = t->d, .V = t->V,
-                          .max_rows = t->max_rows, .resid = t->resid, .xn = t->xn,
-                          .batch = &t->batch, .state_fits = state_fits, .advance = advance,
-                          .forward = forward};
+void mbd_trunk_bind(mbd_trunk *t, void *model, int (*state_fits)(const void *, const void *),
+                    void (*advance)(void *, int64_t),
+                    int (*forward)(void *, void *const *, const int64_t *, int64_t, int64_t,
+                                   mbd_error *)) {
+  t->rows = (mbd_rows_model){.model = model, .ctx = t->ctx, .embed = t->embed,
+                             .head = t->lm_head ? t->lm_head : t->embed, .d = t->d, .V = t->V,
+                             .max_rows = t->max_rows, .resid = t->resid, .xn = t->xn,
+                             .batch = &t->batch, .state_fits = state_fits, .advance = advance,
+                             .forward = forward};
 }

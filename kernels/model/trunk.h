@@ -32,6 +32,7 @@ typedef struct mbd_trunk {
   float *xn;              /* [max_rows, d] normed rows */
   float *out;             /* [max_rows, d] a layer's output projection */
   mbd_rows_batch batch;   /* per-call buffers */
+  mbd_rows_model rows;    /* the model as the prefill driver sees it (mbd_trunk_bind) */
 } mbd_trunk;
 
 /* Checks dtype (MBD_E_INVALID naming the three), starts the thread context
@@ -62,11 +63,12 @@ void mbd_trunk_norm(mbd_trunk *t, int64_t rows, const float *w, float eps);
 /* resid += out over rows rows. */
 void mbd_trunk_add_out(mbd_trunk *t, int64_t rows);
 
-/* The trunk as the prefill driver sees it, for model and its callbacks. */
-mbd_rows_model mbd_trunk_rows(mbd_trunk *t, void *model,
-                              int (*state_fits)(const void *, const void *),
-                              void (*advance)(void *, int64_t),
-                              int (*forward)(void *, void *const *, const int64_t *, int64_t,
-                                             int64_t, mbd_error *));
+/* Sets t->rows for model and its callbacks, once its weights and rows are
+ * in place; then a family's prefill and step are mbd_rows_prefill(&t->rows)
+ * and mbd_rows_step(&t->rows). */
+void mbd_trunk_bind(mbd_trunk *t, void *model, int (*state_fits)(const void *, const void *),
+                    void (*advance)(void *, int64_t),
+                    int (*forward)(void *, void *const *, const int64_t *, int64_t, int64_t,
+                                   mbd_error *));
 
 #endif
