@@ -73,45 +73,39 @@ void mbd_mamba1_options_default(mbd_mamba1_options *o) {
 
 /* ---- loading (through the one checkpoint reader, common/safetensors.h) ---- */
 
-static int load_vec(mbd_mamba1_model *m, const mbd_st_dir *s, const char *name, int ndim,
-                    const int64_t *shape, float **out, mbd_error *err) {
-  return mbd_weights_vec(s, name, ndim, shape, m->t.dtype, out, &m->t.weight_bytes, err);
-}
-
-static int load_mat(mbd_mamba1_model *m, const mbd_st_dir *s, const char *name, int64_t rows,
-                    int64_t cols, mbd_cpu_wpack **out, mbd_error *err) {
-  return mbd_weights_mat(s, name, rows, cols, m->t.dtype, out, &m->t.weight_bytes, err);
-}
-
 static int load_layer(mbd_mamba1_model *m, const mbd_st_dir *s, int i, mbd_error *err) {
   const mbd_mamba_config *c = &m->cfg;
   layer_w *L = &m->layers[i];
+  mbd_trunk *T = &m->t;
   int64_t d = c->d_model, di = c->d_inner, S = c->d_state, R = c->dt_rank, dc = c->d_conv;
   char nm[256];
   int rc;
 #define NAME(suffix) (snprintf(nm, sizeof(nm), "backbone.layers.%d.%s", i, suffix), nm)
   int64_t sh_d[1] = {d}, sh_di[1] = {di}, sh_2di[1] = {2 * di}, sh_A[2] = {di, S};
-  if ((rc = load_vec(m, s, NAME("norm.weight"), 1, sh_d, &L->norm, err))) return rc;
-  if ((rc = load_mat(m, s, NAME("mixer.in_proj.weight"), 2 * di, d, &L->in_proj, err))) return rc;
+  if ((rc = mbd_trunk_vec(T, s, NAME("norm.weight"), 1, sh_d, &L->norm, err))) return rc;
+  if ((rc = mbd_trunk_mat(T, s, NAME("mixer.in_proj.weight"), 2 * di, d, &L->in_proj, err)))
+    return rc;
   if (c->proj_bias &&
-      (rc = load_vec(m, s, NAME("mixer.in_proj.bias"), 1, sh_2di, &L->in_bias, err)))
+      (rc = mbd_trunk_vec(T, s, NAME("mixer.in_proj.bias"), 1, sh_2di, &L->in_bias, err)))
     return rc;
   if ((rc = mbd_weights_conv(s, NAME("mixer.conv1d.weight"), di, dc, m->t.dtype, &L->conv_w,
                               &m->t.weight_bytes, err)))
     return rc;
-  if (c->conv_bias && (rc = load_vec(m, s, NAME("mixer.conv1d.bias"), 1, sh_di, &L->conv_b, err)))
+  if (c->conv_bias && (rc = mbd_trunk_vec(T, s, NAME("mixer.conv1d.bias"), 1, sh_di, &L->conv_b,
+                                          err)))
     return rc;
-  if ((rc = load_mat(m, s, NAME("mixer.x_proj.weight"), R + 2 * S, di, &L->x_proj, err)))
+  if ((rc = mbd_trunk_mat(T, s, NAME("mixer.x_proj.weight"), R + 2 * S, di, &L->x_proj, err)))
     return rc;
-  if ((rc = load_mat(m, s, NAME("mixer.dt_proj.weight"), di, R, &L->dt_proj, err))) return rc;
-  if ((rc = load_vec(m, s, NAME("mixer.dt_proj.bias"), 1, sh_di, &L->dt_bias, err))) return rc;
-  if ((rc = load_vec(m, s, NAME("mixer.A_log"), 2, sh_A, &L->A, err))) return rc;
+  if ((rc = mbd_trunk_mat(T, s, NAME("mixer.dt_proj.weight"), di, R, &L->dt_proj, err))) return rc;
+  if ((rc = mbd_trunk_vec(T, s, NAME("mixer.dt_proj.bias"), 1, sh_di, &L->dt_bias, err))) return rc;
+  if ((rc = mbd_trunk_vec(T, s, NAME("mixer.A_log"), 2, sh_A, &L->A, err))) return rc;
   /* portable exp: the GPU model computes A with the same function (same bits) */
   for (int64_t k = 0; k < di * S; k++) L->A[k] = -mbd_pm_expf(L->A[k]);
-  if ((rc = load_vec(m, s, NAME("mixer.D"), 1, sh_di, &L->D, err))) return rc;
-  if ((rc = load_mat(m, s, NAME("mixer.out_proj.weight"), d, di, &L->out_proj, err))) return rc;
+  if ((rc = mbd_trunk_vec(T, s, NAME("mixer.D"), 1, sh_di, &L->D, err))) return rc;
+  if ((rc = mbd_trunk_mat(T, s, NAME("mixer.out_proj.weight"), d, di, &L->out_proj, err)))
+    return rc;
   if (c->proj_bias &&
-      (rc = load_vec(m, s, NAME("mixer.out_proj.bias"), 1, sh_d, &L->out_bias, err)))
+      (rc = mbd_trunk_vec(T, s, NAME("mixer.out_proj.bias"), 1, sh_d, &L->out_bias, err)))
     return rc;
 #undef NAME
   return MBD_OK;

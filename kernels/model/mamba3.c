@@ -191,14 +191,10 @@ static int load_vec(const mbd_st_dir *s, const char *name, int ndim, const int64
   return mbd_weights_vec(s, name, ndim, shape, dt, out, NULL, err);
 }
 
-static int load_mat(mbd_mamba3_model *m, const mbd_st_dir *s, const char *name, int64_t rows,
-                    int64_t cols, mbd_cpu_wpack **out, mbd_error *err) {
-  return mbd_weights_mat(s, name, rows, cols, m->t.dtype, out, NULL, err);
-}
-
 static int load_layer(mbd_mamba3_model *m, const mbd_st_dir *s, int i, mbd_error *err) {
   const mbd_mamba3_config *c = &m->cfg;
   layer_w *L = &m->layers[i];
+  mbd_trunk *T = &m->t;
   char nm[256];
   int rc;
 #define NAME(suffix) (snprintf(nm, sizeof(nm), "backbone.layers.%d.%s", i, suffix), nm)
@@ -206,7 +202,7 @@ static int load_layer(mbd_mamba3_model *m, const mbd_st_dir *s, int i, mbd_error
   int64_t sh_di[1] = {c->d_inner}, sh_bias[3] = {c->heads, 1, c->d_state};
   mbd_dtype f32 = MBD_DTYPE_F32;
   if ((rc = load_vec(s, NAME("norm.weight"), 1, sh_d, m->t.dtype, &L->norm, err)) ||
-      (rc = load_mat(m, s, NAME("mixer.in_proj.weight"), c->d_in_proj, c->d_model, &L->in_proj,
+      (rc = mbd_trunk_mat(T, s, NAME("mixer.in_proj.weight"), c->d_in_proj, c->d_model, &L->in_proj,
                      err)) ||
       (rc = load_vec(s, NAME("mixer.dt_bias"), 1, sh_h, f32, &L->dt_bias, err)) ||
       (rc = load_vec(s, NAME("mixer.B_bias"), 3, sh_bias, f32, &L->b_bias, err)) ||
@@ -216,7 +212,7 @@ static int load_layer(mbd_mamba3_model *m, const mbd_st_dir *s, int i, mbd_error
       (rc = load_vec(s, NAME("mixer.D"), 1, sh_h, f32, &L->D, err)) ||
       (c->outproj_norm &&
        (rc = load_vec(s, NAME("mixer.norm.weight"), 1, sh_di, m->t.dtype, &L->onorm, err))) ||
-      (rc = load_mat(m, s, NAME("mixer.out_proj.weight"), c->d_model, c->d_inner, &L->out_proj,
+      (rc = mbd_trunk_mat(T, s, NAME("mixer.out_proj.weight"), c->d_model, c->d_inner, &L->out_proj,
                      err)))
     return rc;
 #undef NAME

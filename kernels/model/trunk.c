@@ -31,6 +31,16 @@ void mbd_trunk_free(mbd_trunk *t) {
   t->norm_f = t->resid = t->xn = t->out = NULL;
 }
 
+int mbd_trunk_vec(mbd_trunk *t, const mbd_st_dir *s, const char *name, int ndim,
+                  const int64_t *shape, float **out, mbd_error *err) {
+  return mbd_weights_vec(s, name, ndim, shape, t->dtype, out, &t->weight_bytes, err);
+}
+
+int mbd_trunk_mat(mbd_trunk *t, const mbd_st_dir *s, const char *name, int64_t rows, int64_t cols,
+                  mbd_cpu_wpack **out, mbd_error *err) {
+  return mbd_weights_mat(s, name, rows, cols, t->dtype, out, &t->weight_bytes, err);
+}
+
 int mbd_trunk_load_embed(mbd_trunk *t, const mbd_st_dir *s, const char *name, int64_t V,
                          mbd_error *err) {
   t->V = V;

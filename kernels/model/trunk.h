@@ -50,6 +50,13 @@ int mbd_trunk_load_embed(mbd_trunk *t, const mbd_st_dir *s, const char *name, in
 int mbd_trunk_load_tail(mbd_trunk *t, const mbd_st_dir *s, bool tied, bool head_optional,
                         mbd_error *err);
 
+/* A layer weight in the trunk's dtype, its size added to weight_bytes
+ * (kernels/model/weights.h): a vector [ndim] as f32, a matrix packed. */
+int mbd_trunk_vec(mbd_trunk *t, const mbd_st_dir *s, const char *name, int ndim,
+                  const int64_t *shape, float **out, mbd_error *err);
+int mbd_trunk_mat(mbd_trunk *t, const mbd_st_dir *s, const char *name, int64_t rows, int64_t cols,
+                  mbd_cpu_wpack **out, mbd_error *err);
+
 /* Allocates n zeroed workspaces *bufs[i] of [max_rows, widths[i]] floats;
  * the trunk's own (resid, xn, out) with the first call. */
 int mbd_trunk_alloc_rows(mbd_trunk *t, float **const *bufs, const size_t *widths, size_t n,
