@@ -4,6 +4,8 @@
 
 #include <string.h>
 
+#include "common/half.h"
+
 static void put_u32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
@@ -22,6 +24,63 @@ static uint64_t get_u64(const uint8_t *p) {
 }
 
 /* ---- state image ---- */
+
+static void put_f32s(void *p, const float *v, size_t n) {
+  uint8_t *q = p;
+  for (size_t i = 0; i < n; i++) put_u32(q + 4 * i, mbd_f32_to_bits(v[i]));
+}
+
+static void get_f32s(const void *p, float *v, size_t n) {
+  const uint8_t *q = p;
+  for (size_t i = 0; i < n; i++) v[i] = mbd_bits_to_f32(get_u32(q + 4 * i));
+}
+
+size_t mbd_state_image_size(size_t nwords, const mbd_state_part *parts, size_t nparts) {
+  size_t n = MBD_STATE_IMAGE_HEADER + 4 * nwords;
+  for (size_t i = 0; i < nparts; i++) n += parts[i].n * sizeof(float);
+  return n;
+}
+
+int mbd_state_image_export(void *buf, size_t cap, size_t *len, const mbd_state_shape *shape,
+                           int64_t pos, const uint32_t *words, size_t nwords,
+                           const mbd_state_part *parts, size_t nparts, mbd_error *err) {
+  size_t need = mbd_state_image_size(nwords, parts, nparts);
+  if (cap < need)
+    return mbd_error_set(err, MBD_E_TOO_LARGE, "state export needs %zu bytes, buffer has %zu",
+                         need, cap);
+  uint8_t *p = buf;
+  mbd_state_image_write_header(p, shape, pos);
+  p += MBD_STATE_IMAGE_HEADER;
+  for (size_t i = 0; i < nwords; i++, p += 4) put_u32(p, words[i]);
+  for (size_t i = 0; i < nparts; i++) {
+    put_f32s(p, parts[i].v, parts[i].n);
+    p += 4 * parts[i].n;
+  }
+  if (len) *len = need;
+  return MBD_OK;
+}
+
+int mbd_state_image_check(const void *buf, size_t len, const mbd_state_shape *shape,
+                          size_t nwords, const mbd_state_part *parts, size_t nparts,
+                          int64_t *pos, uint32_t *words, mbd_error *err) {
+  int rc = mbd_state_image_read_header(buf, len, shape, pos, err);
+  if (rc) return rc;
+  size_t want = mbd_state_image_size(nwords, parts, nparts);
+  if (len != want)
+    return mbd_error_set(err, MBD_E_FORMAT, "state import: %zu bytes, expected %zu", len, want);
+  const uint8_t *p = (const uint8_t *)buf + MBD_STATE_IMAGE_HEADER;
+  for (size_t i = 0; i < nwords; i++) words[i] = get_u32(p + 4 * i);
+  return MBD_OK;
+}
+
+void mbd_state_image_read_parts(const void *buf, size_t nwords, const mbd_state_part *parts,
+                                size_t nparts) {
+  const uint8_t *p = (const uint8_t *)buf + MBD_STATE_IMAGE_HEADER + 4 * nwords;
+  for (size_t i = 0; i < nparts; i++) {
+    get_f32s(p, parts[i].v, parts[i].n);
+    p += 4 * parts[i].n;
+  }
+}
 
 void mbd_state_image_write_header(void *buf, const mbd_state_shape *s, int64_t pos) {
   uint8_t *p = buf;

@@ -63,6 +63,28 @@ void mbd_state_image_write_header(void *p, const mbd_state_shape *s, int64_t pos
  * The caller checks the payload size. */
 int mbd_state_image_read_header(const void *p, size_t len, const mbd_state_shape *want,
                                 int64_t *pos, mbd_error *err);
+/* A run of f32 in a state image's payload (little-endian IEEE bits, after the
+ * header and the family's u32 words): the family's arrays, in order. */
+typedef struct mbd_state_part {
+  float *v; /* [n] (read only by export) */
+  size_t n;
+} mbd_state_part;
+
+/* Bytes of an image whose payload is nwords u32 words, then the parts. */
+size_t mbd_state_image_size(size_t nwords, const mbd_state_part *parts, size_t nparts);
+/* Writes the image of a state of shape at pos: header, words, parts.
+ * MBD_E_TOO_LARGE when cap is short; *len (may be NULL) gets the size. */
+int mbd_state_image_export(void *buf, size_t cap, size_t *len, const mbd_state_shape *shape,
+                           int64_t pos, const uint32_t *words, size_t nwords,
+                           const mbd_state_part *parts, size_t nparts, mbd_error *err);
+/* Checks an image of len bytes against shape and the payload's size, and
+ * returns its position and its nwords words, changing nothing; the caller
+ * checks the words, then copies the parts in with mbd_state_image_read_parts. */
+int mbd_state_image_check(const void *buf, size_t len, const mbd_state_shape *shape,
+                          size_t nwords, const mbd_state_part *parts, size_t nparts,
+                          int64_t *pos, uint32_t *words, mbd_error *err);
+void mbd_state_image_read_parts(const void *buf, size_t nwords, const mbd_state_part *parts,
+                                size_t nparts);
 
 /* ---- session blob ---- */
 

@@ -19,6 +19,10 @@
 #include "kernels/cpu/cpu_ctx.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/mamba_ops.h"
+#include "kernels/model/family_ops.h"
+#include "kernels/model/rows.h"
+#include "kernels/model/trunk.h"
+#include "kernels/model/weights.h"
 #include "kernels/portable_math.h"
 
 #define DEFAULT_MAX_ROWS 256
@@ -41,29 +45,14 @@ typedef struct layer_w {
 
 struct mbd_mamba1_model {
   mbd_mamba_config cfg;
-  mbd_dtype dtype;
-  mbd_cpu_ctx *ctx;
+  mbd_trunk t;             /* embedding, head, final norm, rows, batch buffers */
   layer_w *layers;         /* [n_layer] */
-  mbd_cpu_wpack *embed;    /* [V, d], also the LM head when tied */
-  mbd_cpu_wpack *lm_head;  /* [V, d] when untied, else NULL */
-  float *norm_f;           /* [d] */
-  size_t weight_bytes;
   /* workspace for max_rows rows */
-  int64_t max_rows;
-  float *resid;            /* [rows, d] residual stream */
-  float *xn;               /* [rows, d] normed */
   float *xz;               /* [rows, 2 di] in_proj output (x | z) */
   float *xc;               /* [rows, di] conv + silu output */
   float *dbc;              /* [rows, R + 2 S] x_proj output (dt | B | C) */
   float *dt;               /* [rows, di] dt_proj output (before softplus) */
   float *y;                /* [rows, di] gated scan output */
-  float *out;              /* [rows, d] out_proj output */
-  /* per-call batch capacity (grow-only) */
-  int batch_cap;
-  float *last;             /* [batch_cap, d] final-normed last rows */
-  int64_t *seg;            /* [batch_cap * 4]: per chunk segment: seq, row0, nrows, t0 */
-  const int32_t **step_tok;/* [batch_cap] step's per-sequence token pointers */
-  int64_t *step_len;       /* [batch_cap] step's lengths (all 1) */
 };
 
 struct mbd_mamba1_state {
@@ -84,87 +73,39 @@ void mbd_mamba1_options_default(mbd_mamba1_options *o) {
 
 /* ---- loading (through the one checkpoint reader, common/safetensors.h) ---- */
 
-static float round_to(mbd_dtype dt, float v) {
-  if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(mbd_f32_to_bf16(v));
-  if (dt == MBD_DTYPE_F16) return mbd_f16_to_f32(mbd_f32_to_f16(v));
-  return v;
-}
-
-/* Loads a small parameter into a new f32 array, rounded through the storage
- * dtype (the model "has" storage-dtype weights). */
-static int load_vec(mbd_mamba1_model *m, const mbd_st_dir *s, const char *name, int ndim,
-                    const int64_t *shape, float **out, mbd_error *err) {
-  const mbd_st_entry *e = NULL;
-  int rc = mbd_st_dir_get_float(s, name, ndim, shape, &e, err);
-  if (rc) return rc;
-  size_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
-  float *v = malloc(n * sizeof(float) + 1);
-  if (!v) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory loading %s", name);
-  for (size_t i = 0; i < n; i++) v[i] = round_to(m->dtype, mbd_st_entry_f32(e, i));
-  m->weight_bytes += n * mbd_dtype_size(m->dtype);
-  *out = v;
-  return MBD_OK;
-}
-
-static int load_mat(mbd_mamba1_model *m, const mbd_st_dir *s, const char *name, int64_t rows,
-                    int64_t cols, mbd_cpu_wpack **out, mbd_error *err) {
-  const mbd_st_entry *e = NULL;
-  int64_t shape[2] = {rows, cols};
-  int rc = mbd_st_dir_get_float(s, name, 2, shape, &e, err);
-  if (rc) return rc;
-  const void *src = e->data;
-  void *copy = NULL;
-  if (((uintptr_t)src) % mbd_dtype_size(e->desc.dtype) != 0) { /* unaligned mapping */
-    copy = malloc(e->nbytes);
-    if (!copy) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory loading %s", name);
-    memcpy(copy, src, e->nbytes);
-    src = copy;
-  }
-  rc = mbd_cpu_wpack_new(m->dtype, rows, cols, e->desc.dtype, src, cols, out, err);
-  free(copy);
-  if (rc) return mbd_error_prefix(err, "model tensor %s: ", name);
-  m->weight_bytes += mbd_cpu_wpack_nbytes(*out);
-  return MBD_OK;
-}
-
 static int load_layer(mbd_mamba1_model *m, const mbd_st_dir *s, int i, mbd_error *err) {
   const mbd_mamba_config *c = &m->cfg;
   layer_w *L = &m->layers[i];
+  mbd_trunk *T = &m->t;
   int64_t d = c->d_model, di = c->d_inner, S = c->d_state, R = c->dt_rank, dc = c->d_conv;
   char nm[256];
   int rc;
 #define NAME(suffix) (snprintf(nm, sizeof(nm), "backbone.layers.%d.%s", i, suffix), nm)
   int64_t sh_d[1] = {d}, sh_di[1] = {di}, sh_2di[1] = {2 * di}, sh_A[2] = {di, S};
-  int64_t sh_conv[3] = {di, 1, dc};
-  if ((rc = load_vec(m, s, NAME("norm.weight"), 1, sh_d, &L->norm, err))) return rc;
-  if ((rc = load_mat(m, s, NAME("mixer.in_proj.weight"), 2 * di, d, &L->in_proj, err))) return rc;
+  if ((rc = mbd_trunk_vec(T, s, NAME("norm.weight"), 1, sh_d, &L->norm, err))) return rc;
+  if ((rc = mbd_trunk_mat(T, s, NAME("mixer.in_proj.weight"), 2 * di, d, &L->in_proj, err)))
+    return rc;
   if (c->proj_bias &&
-      (rc = load_vec(m, s, NAME("mixer.in_proj.bias"), 1, sh_2di, &L->in_bias, err)))
+      (rc = mbd_trunk_vec(T, s, NAME("mixer.in_proj.bias"), 1, sh_2di, &L->in_bias, err)))
     return rc;
-  float *cw = NULL;
-  if ((rc = load_vec(m, s, NAME("mixer.conv1d.weight"), 3, sh_conv, &cw, err))) return rc;
-  L->conv_w = malloc((size_t)(di * dc) * sizeof(float));
-  if (!L->conv_w) {
-    free(cw);
-    return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
-  }
-  for (int64_t ch = 0; ch < di; ch++)
-    for (int64_t j = 0; j < dc; j++) L->conv_w[j * di + ch] = cw[ch * dc + j];
-  free(cw);
-  if (c->conv_bias && (rc = load_vec(m, s, NAME("mixer.conv1d.bias"), 1, sh_di, &L->conv_b, err)))
+  if ((rc = mbd_weights_conv(s, NAME("mixer.conv1d.weight"), di, dc, m->t.dtype, &L->conv_w,
+                              &m->t.weight_bytes, err)))
     return rc;
-  if ((rc = load_mat(m, s, NAME("mixer.x_proj.weight"), R + 2 * S, di, &L->x_proj, err)))
+  if (c->conv_bias && (rc = mbd_trunk_vec(T, s, NAME("mixer.conv1d.bias"), 1, sh_di, &L->conv_b,
+                                          err)))
     return rc;
-  if ((rc = load_mat(m, s, NAME("mixer.dt_proj.weight"), di, R, &L->dt_proj, err))) return rc;
-  if ((rc = load_vec(m, s, NAME("mixer.dt_proj.bias"), 1, sh_di, &L->dt_bias, err))) return rc;
-  if ((rc = load_vec(m, s, NAME("mixer.A_log"), 2, sh_A, &L->A, err))) return rc;
+  if ((rc = mbd_trunk_mat(T, s, NAME("mixer.x_proj.weight"), R + 2 * S, di, &L->x_proj, err)))
+    return rc;
+  if ((rc = mbd_trunk_mat(T, s, NAME("mixer.dt_proj.weight"), di, R, &L->dt_proj, err))) return rc;
+  if ((rc = mbd_trunk_vec(T, s, NAME("mixer.dt_proj.bias"), 1, sh_di, &L->dt_bias, err))) return rc;
+  if ((rc = mbd_trunk_vec(T, s, NAME("mixer.A_log"), 2, sh_A, &L->A, err))) return rc;
   /* portable exp: the GPU model computes A with the same function (same bits) */
   for (int64_t k = 0; k < di * S; k++) L->A[k] = -mbd_pm_expf(L->A[k]);
-  if ((rc = load_vec(m, s, NAME("mixer.D"), 1, sh_di, &L->D, err))) return rc;
-  if ((rc = load_mat(m, s, NAME("mixer.out_proj.weight"), d, di, &L->out_proj, err))) return rc;
+  if ((rc = mbd_trunk_vec(T, s, NAME("mixer.D"), 1, sh_di, &L->D, err))) return rc;
+  if ((rc = mbd_trunk_mat(T, s, NAME("mixer.out_proj.weight"), d, di, &L->out_proj, err)))
+    return rc;
   if (c->proj_bias &&
-      (rc = load_vec(m, s, NAME("mixer.out_proj.bias"), 1, sh_d, &L->out_bias, err)))
+      (rc = mbd_trunk_vec(T, s, NAME("mixer.out_proj.bias"), 1, sh_d, &L->out_bias, err)))
     return rc;
 #undef NAME
   return MBD_OK;
@@ -172,24 +113,19 @@ static int load_layer(mbd_mamba1_model *m, const mbd_st_dir *s, int i, mbd_error
 
 static int alloc_workspace(mbd_mamba1_model *m, mbd_error *err) {
   const mbd_mamba_config *c = &m->cfg;
-  size_t r = (size_t)m->max_rows;
-  size_t d = (size_t)c->d_model, di = (size_t)c->d_inner;
-  size_t dbc = (size_t)(c->dt_rank + 2 * c->d_state);
-  float **bufs[] = {&m->resid, &m->xn, &m->xz, &m->xc, &m->dbc, &m->dt, &m->y, &m->out};
-  size_t sizes[] = {r * d, r * d, r * 2 * di, r * di, r * dbc, r * di, r * di, r * d};
-  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-    *bufs[i] = calloc(sizes[i], sizeof(float));
-    if (!*bufs[i]) return mbd_error_set(err, MBD_E_NOMEM, "model: cannot allocate workspace");
-  }
-  /* GEMM scratch for the widest K, reserved now so forward never allocates it. */
+  size_t di = (size_t)c->d_inner, dbc = (size_t)(c->dt_rank + 2 * c->d_state);
+  float **bufs[] = {&m->xz, &m->xc, &m->dbc, &m->dt, &m->y};
+  size_t widths[] = {2 * di, di, dbc, di, di};
   int64_t ks[3] = {c->d_model, c->d_inner, c->dt_rank};
-  size_t need = 0;
-  for (int i = 0; i < 3; i++) {
-    size_t b = mbd_cpu_gemm_scratch_bytes(ks[i]);
-    if (b > need) need = b;
-  }
-  return mbd_cpu_ctx_reserve(m->ctx, need, err);
+  int rc = mbd_trunk_alloc_rows(&m->t, bufs, widths, 5, err);
+  return rc ? rc : mbd_trunk_reserve(&m->t, ks, 3, err);
 }
+
+/* The model's part of prefill and step (defined with the forward, below). */
+static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_t nseg,
+                        int64_t rows, mbd_error *err);
+static int state_fits(const void *model, const void *state);
+static void advance(void *state, int64_t n);
 
 int mbd_mamba1_load(const char *dir, const mbd_mamba1_options *opts, mbd_mamba1_model **out,
                     mbd_error *err) {
@@ -203,22 +139,19 @@ int mbd_mamba1_load(const char *dir, const mbd_mamba1_options *opts, mbd_mamba1_
     return mbd_error_set(err, MBD_E_UNSUPPORTED,
                          "model %s: the %s backend is not built for model runs yet; use cpu", dir,
                          mbd_backend_name(opts->backend));
-  if (opts->dtype != MBD_DTYPE_F32 && opts->dtype != MBD_DTYPE_BF16 &&
-      opts->dtype != MBD_DTYPE_F16)
-    return mbd_error_set(err, MBD_E_INVALID, "model: storage dtype must be f32, bf16 or f16");
   mbd_st_dir *sh = NULL;
   mbd_mamba1_model *m = calloc(1, sizeof(*m));
   if (!m) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
   int rc = mbd_mamba_config_load(dir, &m->cfg, err);
   if (rc) goto fail;
   const mbd_mamba_config *c = &m->cfg;
-  m->dtype = opts->dtype;
-  m->max_rows = opts->max_rows > 0 ? opts->max_rows : DEFAULT_MAX_ROWS;
   if (c->d_conv < 1 || c->d_state < 1 || c->dt_rank < 1 || c->d_inner < 1) {
     rc = mbd_error_set(err, MBD_E_FORMAT, "model %s: config has non-positive sizes", dir);
     goto fail;
   }
-  if ((rc = mbd_cpu_ctx_new(opts->threads, (mbd_cpu_isa)opts->isa, &m->ctx, err))) goto fail;
+  if ((rc = mbd_trunk_init(&m->t, opts->dtype, opts->threads, opts->isa, opts->max_rows,
+                           c->d_model, err)))
+    goto fail;
   if ((rc = mbd_st_dir_open(dir, &sh, err)) || (rc = mbd_st_dir_set_progress(sh, opts->progress, err)))
     goto fail;
   m->layers = calloc((size_t)c->n_layer, sizeof(layer_w));
@@ -226,19 +159,13 @@ int mbd_mamba1_load(const char *dir, const mbd_mamba1_options *opts, mbd_mamba1_
     rc = mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
     goto fail;
   }
-  if ((rc = load_mat(m, sh, "backbone.embeddings.weight", c->vocab_size, c->d_model, &m->embed,
-                     err)))
+  if ((rc = mbd_trunk_load_embed(&m->t, sh, "backbone.embeddings.weight", c->vocab_size, err)))
     goto fail;
   for (int i = 0; i < c->n_layer; i++)
     if ((rc = load_layer(m, sh, i, err))) goto fail;
-  int64_t sh_d[1] = {c->d_model};
-  if ((rc = load_vec(m, sh, "backbone.norm_f.weight", 1, sh_d, &m->norm_f, err))) goto fail;
-  if (!c->tie_embeddings) {
-    if (mbd_st_dir_find(sh, "lm_head.weight") &&
-        (rc = load_mat(m, sh, "lm_head.weight", c->vocab_size, c->d_model, &m->lm_head, err)))
-      goto fail;
-  }
+  if ((rc = mbd_trunk_load_tail(&m->t, sh, c->tie_embeddings, true, err))) goto fail;
   if ((rc = alloc_workspace(m, err))) goto fail;
+  mbd_trunk_bind(&m->t, m, state_fits, advance, forward_rows);
   mbd_st_dir_destroy(&sh);
   *out = m;
   return MBD_OK;
@@ -269,33 +196,23 @@ void mbd_mamba1_destroy(mbd_mamba1_model **pm) {
     }
   }
   free(m->layers);
-  mbd_cpu_wpack_destroy(&m->embed);
-  mbd_cpu_wpack_destroy(&m->lm_head);
-  free(m->norm_f);
-  free(m->resid);
-  free(m->xn);
   free(m->xz);
   free(m->xc);
   free(m->dbc);
   free(m->dt);
   free(m->y);
-  free(m->out);
-  free(m->last);
-  free(m->seg);
-  free(m->step_tok);
-  free(m->step_len);
-  mbd_cpu_ctx_destroy(&m->ctx);
+  mbd_trunk_free(&m->t);
   free(m);
   *pm = NULL;
 }
 
 const mbd_mamba_config *mbd_mamba1_config(const mbd_mamba1_model *m) { return &m->cfg; }
 int mbd_mamba1_vocab(const mbd_mamba1_model *m) { return m->cfg.vocab_size; }
-mbd_dtype mbd_mamba1_dtype(const mbd_mamba1_model *m) { return m->dtype; }
+mbd_dtype mbd_mamba1_dtype(const mbd_mamba1_model *m) { return m->t.dtype; }
 const char *mbd_mamba1_isa(const mbd_mamba1_model *m) {
-  return mbd_cpu_isa_name(mbd_cpu_ctx_isa(m->ctx));
+  return mbd_cpu_isa_name(mbd_cpu_ctx_isa(m->t.ctx));
 }
-size_t mbd_mamba1_weight_bytes(const mbd_mamba1_model *m) { return m->weight_bytes; }
+size_t mbd_mamba1_weight_bytes(const mbd_mamba1_model *m) { return m->t.weight_bytes; }
 
 /* ---- state ---- */
 
@@ -342,23 +259,16 @@ void mbd_mamba1_state_reset(mbd_mamba1_state *s) {
 
 int64_t mbd_mamba1_state_position(const mbd_mamba1_state *s) { return s->pos; }
 
-#define STATE_HEADER MBD_STATE_IMAGE_HEADER
+/* The image payload: conv then ssm. */
+static size_t parts_of(const mbd_mamba1_state *s, mbd_state_part p[2]) {
+  p[0] = (mbd_state_part){s->conv, conv_count(s)};
+  p[1] = (mbd_state_part){s->ssm, ssm_count(s)};
+  return 2;
+}
 
 size_t mbd_mamba1_state_export_size(const mbd_mamba1_state *s) {
-  return STATE_HEADER + (conv_count(s) + ssm_count(s)) * sizeof(float);
-}
-
-static void put_u32(unsigned char *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static uint32_t get_u32(const unsigned char *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static void put_f32s(unsigned char *p, const float *v, size_t n) {
-  for (size_t i = 0; i < n; i++) put_u32(p + 4 * i, mbd_f32_to_bits(v[i]));
-}
-static void get_f32s(const unsigned char *p, float *v, size_t n) {
-  for (size_t i = 0; i < n; i++) v[i] = mbd_bits_to_f32(get_u32(p + 4 * i));
+  mbd_state_part p[2];
+  return mbd_state_image_size(0, p, parts_of(s, p));
 }
 
 mbd_state_shape mbd_mamba1_state_shape(const mbd_mamba_config *cfg) {
@@ -378,31 +288,21 @@ static mbd_state_shape state_shape(const mbd_mamba1_state *s) {
 
 int mbd_mamba1_state_export(const mbd_mamba1_state *s, void *buf, size_t cap, size_t *len,
                             mbd_error *err) {
-  size_t need = mbd_mamba1_state_export_size(s);
-  if (cap < need)
-    return mbd_error_set(err, MBD_E_TOO_LARGE, "state export needs %zu bytes, buffer has %zu",
-                         need, cap);
-  unsigned char *p = buf;
+  mbd_state_part p[2];
+  size_t np = parts_of(s, p);
   mbd_state_shape shape = state_shape(s);
-  mbd_state_image_write_header(p, &shape, s->pos);
-  put_f32s(p + STATE_HEADER, s->conv, conv_count(s));
-  put_f32s(p + STATE_HEADER + 4 * conv_count(s), s->ssm, ssm_count(s));
-  if (len) *len = need;
-  return MBD_OK;
+  return mbd_state_image_export(buf, cap, len, &shape, s->pos, NULL, 0, p, np, err);
 }
 
 int mbd_mamba1_state_import(mbd_mamba1_state *s, const void *buf, size_t len, mbd_error *err) {
-  int64_t pos;
+  mbd_state_part p[2];
+  size_t np = parts_of(s, p);
   mbd_state_shape shape = state_shape(s);
-  int rc = mbd_state_image_read_header(buf, len, &shape, &pos, err);
+  int64_t pos;
+  int rc = mbd_state_image_check(buf, len, &shape, 0, p, np, &pos, NULL, err);
   if (rc) return rc;
-  if (len != mbd_mamba1_state_export_size(s))
-    return mbd_error_set(err, MBD_E_FORMAT, "state import: %zu bytes, expected %zu", len,
-                         mbd_mamba1_state_export_size(s));
-  const unsigned char *p = buf;
+  mbd_state_image_read_parts(buf, 0, p, np);
   s->pos = pos;
-  get_f32s(p + STATE_HEADER, s->conv, conv_count(s));
-  get_f32s(p + STATE_HEADER + 4 * conv_count(s), s->ssm, ssm_count(s));
   return MBD_OK;
 }
 
@@ -430,7 +330,7 @@ static void conv_task(void *arg, int64_t task, int thread) {
   mbd_mamba1_state *s = ch->states[sg[0]];
   float *state = s->conv + (size_t)ch->layer * (size_t)(dc - 1) * (size_t)di;
   for (int64_t r = sg[1]; r < sg[1] + sg[2]; r++)
-    mbd_cpu_conv_step(mbd_cpu_ctx_isa(m->ctx), c0, c1, di, dc, L->conv_w, L->conv_b, state, m->xz + r * 2 * di,
+    mbd_cpu_conv_step(mbd_cpu_ctx_isa(m->t.ctx), c0, c1, di, dc, L->conv_w, L->conv_b, state, m->xz + r * 2 * di,
                       m->xc + r * di);
 }
 
@@ -449,14 +349,16 @@ static void scan_task(void *arg, int64_t task, int thread) {
   float *h = s->ssm + (size_t)ch->layer * (size_t)di * (size_t)ds;
   for (int64_t r = sg[1]; r < sg[1] + sg[2]; r++) {
     const float *bc = m->dbc + r * ldb + R;
-    mbd_cpu_scan_step(mbd_cpu_ctx_isa(m->ctx), c0, c1, ds, L->A, L->D, m->dt + r * di, bc, bc + ds, m->xc + r * di,
+    mbd_cpu_scan_step(mbd_cpu_ctx_isa(m->t.ctx), c0, c1, ds, L->A, L->D, m->dt + r * di, bc, bc + ds, m->xc + r * di,
                       m->xz + r * 2 * di + di, h, m->y + r * di);
   }
 }
 
-/* Runs all layers over the chunk's rows; leaves final-normed rows in m->xn. */
-static int forward_rows(mbd_mamba1_model *m, mbd_mamba1_state *const *states, const int64_t *seg,
-                        int64_t nseg, int64_t rows, mbd_error *err) {
+/* Runs all layers over the chunk's rows; leaves final-normed rows in m->t.xn. */
+static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_t nseg,
+                        int64_t rows, mbd_error *err) {
+  mbd_mamba1_model *m = model;
+  mbd_mamba1_state *const *states = (mbd_mamba1_state *const *)st;
   const mbd_mamba_config *c = &m->cfg;
   int64_t d = c->d_model, di = c->d_inner, R = c->dt_rank, S = c->d_state;
   chunk ch = {.m = m, .states = states, .seg = seg, .nseg = nseg,
@@ -465,177 +367,47 @@ static int forward_rows(mbd_mamba1_model *m, mbd_mamba1_state *const *states, co
   for (int l = 0; l < c->n_layer; l++) {
     const layer_w *L = &m->layers[l];
     ch.layer = l;
-    for (int64_t r = 0; r < rows; r++)
-      mbd_cpu_rmsnorm(m->resid + r * d, L->norm, d, c->norm_eps, m->xn + r * d);
-    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->xn, d, L->in_proj, L->in_bias, m->xz, 2 * di,
+    mbd_trunk_norm(&m->t, rows, L->norm, c->norm_eps);
+    if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->t.xn, d, L->in_proj, L->in_bias, m->xz, 2 * di,
                                   err)))
       return rc;
-    mbd_cpu_ctx_run_sized(m->ctx, conv_task, &ch, nseg * ch.nblocks, rows * di * c->d_conv);
-    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->xc, di, L->x_proj, NULL, m->dbc, R + 2 * S,
+    mbd_cpu_ctx_run_sized(m->t.ctx, conv_task, &ch, nseg * ch.nblocks, rows * di * c->d_conv);
+    if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->xc, di, L->x_proj, NULL, m->dbc, R + 2 * S,
                                   err)))
       return rc;
-    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->dbc, R + 2 * S, L->dt_proj, L->dt_bias, m->dt,
+    if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->dbc, R + 2 * S, L->dt_proj, L->dt_bias, m->dt,
                                   di, err)))
       return rc;
     /* the scan costs ~ an expf and two fmas per (channel, state) */
-    mbd_cpu_ctx_run_sized(m->ctx, scan_task, &ch, nseg * ch.nblocks, rows * di * S * 8);
-    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->y, di, L->out_proj, L->out_bias, m->out, d,
+    mbd_cpu_ctx_run_sized(m->t.ctx, scan_task, &ch, nseg * ch.nblocks, rows * di * S * 8);
+    if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->y, di, L->out_proj, L->out_bias, m->t.out, d,
                                   err)))
       return rc;
-    for (int64_t i = 0; i < rows * d; i++) m->resid[i] = m->resid[i] + m->out[i];
+    mbd_trunk_add_out(&m->t, rows);
   }
-  for (int64_t r = 0; r < rows; r++)
-    mbd_cpu_rmsnorm(m->resid + r * d, m->norm_f, d, c->norm_eps, m->xn + r * d);
+  mbd_trunk_norm(&m->t, rows, m->t.norm_f, c->norm_eps);
   return MBD_OK;
 }
 
-static int ensure_batch(mbd_mamba1_model *m, int batch, mbd_error *err) {
-  if (batch <= m->batch_cap) return MBD_OK;
-  float *last = realloc(m->last, (size_t)batch * (size_t)m->cfg.d_model * sizeof(float));
-  if (!last) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
-  m->last = last;
-  int64_t *seg = realloc(m->seg, (size_t)batch * 4 * sizeof(int64_t));
-  if (!seg) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
-  m->seg = seg;
-  const int32_t **st = realloc(m->step_tok, (size_t)batch * sizeof(*st));
-  if (!st) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
-  m->step_tok = st;
-  int64_t *sl = realloc(m->step_len, (size_t)batch * sizeof(*sl));
-  if (!sl) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
-  m->step_len = sl;
-  m->batch_cap = batch;
-  return MBD_OK;
+static int state_fits(const void *model, const void *state) {
+  const mbd_mamba_config *c = &((const mbd_mamba1_model *)model)->cfg;
+  const mbd_mamba1_state *s = state;
+  return s->n_layer == c->n_layer && s->di == c->d_inner && s->dc == c->d_conv &&
+         s->ds == c->d_state;
 }
+
+static void advance(void *state, int64_t n) { ((mbd_mamba1_state *)state)->pos += n; }
 
 int mbd_mamba1_prefill(mbd_mamba1_model *m, mbd_mamba1_state *const *states, int batch,
-                       const int32_t *const *tokens, const int64_t *lens,
-                       mbd_mamba1_logits which, float *logits, mbd_error *err) {
-  if (!m || batch < 0 || (batch > 0 && (!states || !tokens || !lens)))
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: NULL model/states/tokens/lens");
-  if (which != MBD_MAMBA1_LOGITS_NONE && which != MBD_MAMBA1_LOGITS_LAST &&
-      which != MBD_MAMBA1_LOGITS_ALL)
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: bad logits selector %d", (int)which);
-  if (which != MBD_MAMBA1_LOGITS_NONE && !logits && batch > 0)
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: logits requested but no buffer given");
-  const mbd_mamba_config *c = &m->cfg;
-  int64_t V = c->vocab_size, d = c->d_model;
-  int64_t maxlen = 0;
-  for (int b = 0; b < batch; b++) {
-    const mbd_mamba1_state *s = states[b];
-    if (!s || s->n_layer != c->n_layer || s->di != c->d_inner || s->dc != c->d_conv ||
-        s->ds != c->d_state)
-      return mbd_error_set(err, MBD_E_SHAPE, "prefill: state %d is missing or for another model",
-                           b);
-    for (int b2 = 0; b2 < b; b2++)
-      if (states[b2] == s)
-        return mbd_error_set(err, MBD_E_INVALID, "prefill: sequences %d and %d share a state", b2,
-                             b);
-    if (lens[b] < 0 || (lens[b] > 0 && !tokens[b]))
-      return mbd_error_set(err, MBD_E_INVALID, "prefill: sequence %d has no tokens", b);
-    for (int64_t t = 0; t < lens[b]; t++)
-      if (tokens[b][t] < 0 || tokens[b][t] >= V)
-        return mbd_error_set(err, MBD_E_INVALID,
-                             "prefill: sequence %d position %lld: token %d outside vocabulary "
-                             "[0, %lld)",
-                             b, (long long)t, tokens[b][t], (long long)V);
-    if (lens[b] > maxlen) maxlen = lens[b];
-  }
-  int rc = ensure_batch(m, batch, err);
-  if (rc) return rc;
-  const mbd_cpu_wpack *head = m->lm_head ? m->lm_head : m->embed;
-  int64_t out_base = 0; /* ALL: output row of the group's first sequence */
-  /* Groups of sequences at most max_rows wide; time windows of tw steps. */
-  for (int g0 = 0; g0 < batch; g0 += (int)m->max_rows) {
-    int gn = batch - g0 < m->max_rows ? batch - g0 : (int)m->max_rows;
-    int64_t tw = m->max_rows / gn;
-    int64_t glen = 0;
-    for (int b = g0; b < g0 + gn; b++) glen = lens[b] > glen ? lens[b] : glen;
-    for (int64_t t0 = 0; t0 < glen; t0 += tw) {
-      int64_t nseg = 0, rows = 0;
-      for (int b = g0; b < g0 + gn; b++) {
-        int64_t n = lens[b] - t0 < tw ? lens[b] - t0 : tw;
-        if (n <= 0) continue;
-        int64_t *sg = m->seg + 4 * nseg++;
-        sg[0] = b;
-        sg[1] = rows;
-        sg[2] = n;
-        sg[3] = t0;
-        for (int64_t t = 0; t < n; t++)
-          mbd_cpu_wpack_row(m->embed, tokens[b][t0 + t], m->resid + (rows + t) * d);
-        rows += n;
-      }
-      if ((rc = forward_rows(m, states, m->seg, nseg, rows, err))) return rc;
-      for (int64_t i = 0; i < nseg; i++) {
-        const int64_t *sg = m->seg + 4 * i;
-        int b = (int)sg[0];
-        states[b]->pos += sg[2];
-        if (which == MBD_MAMBA1_LOGITS_LAST && sg[3] + sg[2] == lens[b])
-          memcpy(m->last + (size_t)b * (size_t)d, m->xn + (sg[1] + sg[2] - 1) * d,
-                 (size_t)d * sizeof(float));
-      }
-      if (which == MBD_MAMBA1_LOGITS_ALL) {
-        /* Output rows of consecutive segments are contiguous when each
-         * segment ends its sequence and the next starts at t=0: merge runs. */
-        int64_t i = 0;
-        while (i < nseg) {
-          int64_t j = i + 1;
-          while (j < nseg && m->seg[4 * (j - 1) + 3] + m->seg[4 * (j - 1) + 2] ==
-                                 lens[m->seg[4 * (j - 1)]] &&
-                 m->seg[4 * j + 3] == 0 && m->seg[4 * j] == m->seg[4 * (j - 1)] + 1) {
-            int ok = 1;
-            for (int64_t b = m->seg[4 * (j - 1)] + 1; b < m->seg[4 * j]; b++) ok &= lens[b] == 0;
-            if (!ok) break;
-            j++;
-          }
-          const int64_t *si = m->seg + 4 * i, *sj = m->seg + 4 * (j - 1);
-          int64_t orow = out_base + si[3];
-          for (int64_t b = g0; b < si[0]; b++) orow += lens[b];
-          int64_t nrows = sj[1] + sj[2] - si[1];
-          if ((rc = mbd_cpu_gemm_packed(m->ctx, nrows, m->xn + si[1] * d, d, head, NULL,
-                                        logits + orow * V, V, err)))
-            return rc;
-          i = j;
-        }
-      }
-    }
-    for (int b = g0; b < g0 + gn; b++) out_base += lens[b];
-  }
-  if (which == MBD_MAMBA1_LOGITS_LAST) {
-    /* One GEMM over the sequences that had tokens (rows compacted). */
-    int64_t n = 0;
-    for (int b = 0; b < batch; b++) {
-      if (lens[b] == 0) continue;
-      if (n != b)
-        memmove(m->last + n * d, m->last + (int64_t)b * d, (size_t)d * sizeof(float));
-      n++;
-    }
-    if (n == batch) {
-      rc = mbd_cpu_gemm_packed(m->ctx, n, m->last, d, head, NULL, logits, V, err);
-    } else {
-      for (int b = 0, k = 0; b < batch && !rc; b++)
-        if (lens[b] > 0)
-          rc = mbd_cpu_gemm_packed(m->ctx, 1, m->last + (int64_t)(k++) * d, d, head, NULL,
-                                   logits + (int64_t)b * V, V, err);
-    }
-    if (rc) return rc;
-  }
-  return MBD_OK;
+                       const int32_t *const *tokens, const int64_t *lens, mbd_mamba1_logits which,
+                       float *logits, mbd_error *err) {
+  return mbd_rows_prefill(m ? &m->t.rows : NULL, (void *const *)states, batch, tokens, lens,
+                          (mbd_logits_sel)which, logits, err);
 }
 
 int mbd_mamba1_step(mbd_mamba1_model *m, mbd_mamba1_state *const *states, int batch,
                     const int32_t *tokens, float *logits, mbd_error *err) {
-  if (!m || batch < 0 || (batch > 0 && !tokens))
-    return mbd_error_set(err, MBD_E_INVALID, "step: NULL model or tokens");
-  if (batch == 0) return MBD_OK;
-  int rc = ensure_batch(m, batch, err);
-  if (rc) return rc;
-  for (int b = 0; b < batch; b++) {
-    m->step_tok[b] = tokens + b;
-    m->step_len[b] = 1;
-  }
-  rc = mbd_mamba1_prefill(m, states, batch, m->step_tok, m->step_len,
-                          logits ? MBD_MAMBA1_LOGITS_LAST : MBD_MAMBA1_LOGITS_NONE, logits, err);
-  return rc;
+  return mbd_rows_step(m ? &m->t.rows : NULL, (void *const *)states, batch, tokens, logits, err);
 }
 
 /* ---- the family vtable (kernels/model/family.h) ---- */
@@ -658,57 +430,4 @@ static int fam_load(const char *dir, const mbd_cpu_model_opts *o, void **model, 
   return rc;
 }
 
-static void fam_destroy(void *model) {
-  mbd_mamba1_model *m = model;
-  mbd_mamba1_destroy(&m);
-}
-
-static int64_t fam_vocab(const void *model) { return mbd_mamba1_vocab(model); }
-static const char *fam_isa(const void *model) { return mbd_mamba1_isa(model); }
-
-static int fam_state_new(const void *model, void **state, mbd_error *err) {
-  mbd_mamba1_state *s = NULL;
-  int rc = mbd_mamba1_state_new(model, &s, err);
-  *state = s;
-  return rc;
-}
-
-static void fam_state_free(void *state) {
-  mbd_mamba1_state *s = state;
-  mbd_mamba1_state_destroy(&s);
-}
-
-static size_t fam_state_bytes(const void *state) { return mbd_mamba1_state_export_size(state); }
-
-static int fam_state_save(const void *state, void *dst, size_t cap, mbd_error *err) {
-  return mbd_mamba1_state_export(state, dst, cap, NULL, err);
-}
-
-static int fam_state_load(void *state, const void *src, size_t len, mbd_error *err) {
-  return mbd_mamba1_state_import(state, src, len, err);
-}
-
-static int fam_prefill(void *model, void *const *states, int n, const int32_t *const *tokens,
-                       const int64_t *lens, mbd_logits_sel sel, float *logits, mbd_error *err) {
-  return mbd_mamba1_prefill(model, (mbd_mamba1_state *const *)states, n, tokens, lens,
-                            (mbd_mamba1_logits)sel, logits, err);
-}
-
-static int fam_step(void *model, void *const *states, int n, const int32_t *tokens,
-                    float *logits, mbd_error *err) {
-  return mbd_mamba1_step(model, (mbd_mamba1_state *const *)states, n, tokens, logits, err);
-}
-
-const mbd_cpu_model_ops mbd_mamba1_cpu_ops = {
-    .load = fam_load,
-    .destroy = fam_destroy,
-    .vocab = fam_vocab,
-    .isa = fam_isa,
-    .state_new = fam_state_new,
-    .state_free = fam_state_free,
-    .state_bytes = fam_state_bytes,
-    .state_save = fam_state_save,
-    .state_load = fam_state_load,
-    .prefill = fam_prefill,
-    .step = fam_step,
-};
+MBD_CPU_FAMILY_OPS(mamba1, fam_load);

@@ -21,6 +21,10 @@
 #include "kernels/cpu/gated_rmsnorm.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/mamba_ops.h"
+#include "kernels/model/family_ops.h"
+#include "kernels/model/rows.h"
+#include "kernels/model/trunk.h"
+#include "kernels/model/weights.h"
 #include "kernels/cpu/ssd_step.h"
 #include "kernels/portable_math.h"
 
@@ -43,29 +47,14 @@ typedef struct layer_w {
 
 struct mbd_mamba2_model {
   mbd_mamba2_config cfg;
-  mbd_dtype dtype;
-  mbd_cpu_ctx *ctx;
-  int64_t V;               /* rows of the embedding */
+  mbd_trunk t;             /* embedding (its rows: V), head, final norm, rows, batch buffers */
   int64_t pin, conv_dim;   /* in_proj width, conv channels */
   mbd_ssd_dims dims;
   layer_w *layers;         /* [n_layer] */
-  mbd_cpu_wpack *embed;    /* [V, d], also the LM head when tied */
-  mbd_cpu_wpack *lm_head;  /* [V, d] when untied, else NULL */
-  float *norm_f;           /* [d] */
-  size_t weight_bytes;
   /* workspace for max_rows rows */
-  int64_t max_rows;
-  float *resid;            /* [rows, d] residual stream */
-  float *xn;               /* [rows, d] normed */
   float *zx;               /* [rows, Pin] in_proj output */
   float *xbc;              /* [rows, conv_dim] conv + silu output (x | B | C) */
   float *y;                /* [rows, di] recurrence output, then gated-normed */
-  float *out;              /* [rows, d] out_proj output */
-  int batch_cap;
-  float *last;             /* [batch_cap, d] */
-  int64_t *seg;            /* [batch_cap * 4]: seq, row0, nrows, t0 */
-  const int32_t **step_tok;
-  int64_t *step_len;
 };
 
 struct mbd_mamba2_state {
@@ -84,85 +73,37 @@ void mbd_mamba2_options_default(mbd_mamba2_options *o) {
 
 /* ---- loading ---- */
 
-static float round_to(mbd_dtype dt, float v) {
-  if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(mbd_f32_to_bf16(v));
-  if (dt == MBD_DTYPE_F16) return mbd_f16_to_f32(mbd_f32_to_f16(v));
-  return v;
-}
-
-/* A small parameter as a new f32 array, rounded through the storage dtype. */
-static int load_vec(mbd_mamba2_model *m, const mbd_st_dir *s, const char *name, int ndim,
-                    const int64_t *shape, float **out, mbd_error *err) {
-  const mbd_st_entry *e = NULL;
-  int rc = mbd_st_dir_get_float(s, name, ndim, shape, &e, err);
-  if (rc) return rc;
-  size_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
-  float *v = malloc(n * sizeof(float) + 1);
-  if (!v) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory loading %s", name);
-  for (size_t i = 0; i < n; i++) v[i] = round_to(m->dtype, mbd_st_entry_f32(e, i));
-  m->weight_bytes += n * mbd_dtype_size(m->dtype);
-  *out = v;
-  return MBD_OK;
-}
-
-static int load_mat(mbd_mamba2_model *m, const mbd_st_dir *s, const char *name, int64_t rows,
-                    int64_t cols, mbd_cpu_wpack **out, mbd_error *err) {
-  const mbd_st_entry *e = NULL;
-  int64_t shape[2] = {rows, cols};
-  int rc = mbd_st_dir_get_float(s, name, 2, shape, &e, err);
-  if (rc) return rc;
-  const void *src = e->data;
-  void *copy = NULL;
-  if (((uintptr_t)src) % mbd_dtype_size(e->desc.dtype) != 0) { /* unaligned mapping */
-    copy = malloc(e->nbytes);
-    if (!copy) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory loading %s", name);
-    memcpy(copy, src, e->nbytes);
-    src = copy;
-  }
-  rc = mbd_cpu_wpack_new(m->dtype, rows, cols, e->desc.dtype, src, cols, out, err);
-  free(copy);
-  if (rc) return mbd_error_prefix(err, "model tensor %s: ", name);
-  m->weight_bytes += mbd_cpu_wpack_nbytes(*out);
-  return MBD_OK;
-}
-
 static int load_layer(mbd_mamba2_model *m, const mbd_st_dir *s, int i, mbd_error *err) {
   const mbd_mamba2_config *c = &m->cfg;
   layer_w *L = &m->layers[i];
+  mbd_trunk *T = &m->t;
   int64_t d = c->d_model, di = c->d_inner, H = c->n_heads, dc = c->d_conv;
   int64_t cd = m->conv_dim, pin = m->pin;
   char nm[256];
   int rc;
 #define NAME(suffix) (snprintf(nm, sizeof(nm), "backbone.layers.%d.%s", i, suffix), nm)
   int64_t sh_d[1] = {d}, sh_di[1] = {di}, sh_H[1] = {H}, sh_pin[1] = {pin}, sh_cd[1] = {cd};
-  int64_t sh_conv[3] = {cd, 1, dc};
-  if ((rc = load_vec(m, s, NAME("norm.weight"), 1, sh_d, &L->norm, err))) return rc;
-  if ((rc = load_mat(m, s, NAME("mixer.in_proj.weight"), pin, d, &L->in_proj, err))) return rc;
+  if ((rc = mbd_trunk_vec(T, s, NAME("norm.weight"), 1, sh_d, &L->norm, err))) return rc;
+  if ((rc = mbd_trunk_mat(T, s, NAME("mixer.in_proj.weight"), pin, d, &L->in_proj, err))) return rc;
   if (c->proj_bias &&
-      (rc = load_vec(m, s, NAME("mixer.in_proj.bias"), 1, sh_pin, &L->in_bias, err)))
+      (rc = mbd_trunk_vec(T, s, NAME("mixer.in_proj.bias"), 1, sh_pin, &L->in_bias, err)))
     return rc;
-  float *cw = NULL;
-  if ((rc = load_vec(m, s, NAME("mixer.conv1d.weight"), 3, sh_conv, &cw, err))) return rc;
-  L->conv_w = malloc((size_t)(cd * dc) * sizeof(float));
-  if (!L->conv_w) {
-    free(cw);
-    return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
-  }
-  for (int64_t ch = 0; ch < cd; ch++)
-    for (int64_t j = 0; j < dc; j++) L->conv_w[j * cd + ch] = cw[ch * dc + j];
-  free(cw);
-  if (c->conv_bias && (rc = load_vec(m, s, NAME("mixer.conv1d.bias"), 1, sh_cd, &L->conv_b, err)))
+  if ((rc = mbd_weights_conv(s, NAME("mixer.conv1d.weight"), cd, dc, m->t.dtype, &L->conv_w,
+                              &m->t.weight_bytes, err)))
     return rc;
-  if ((rc = load_vec(m, s, NAME("mixer.dt_bias"), 1, sh_H, &L->dt_bias, err))) return rc;
-  if ((rc = load_vec(m, s, NAME("mixer.A_log"), 1, sh_H, &L->A, err))) return rc;
+  if (c->conv_bias && (rc = mbd_trunk_vec(T, s, NAME("mixer.conv1d.bias"), 1, sh_cd, &L->conv_b,
+                                          err)))
+    return rc;
+  if ((rc = mbd_trunk_vec(T, s, NAME("mixer.dt_bias"), 1, sh_H, &L->dt_bias, err))) return rc;
+  if ((rc = mbd_trunk_vec(T, s, NAME("mixer.A_log"), 1, sh_H, &L->A, err))) return rc;
   /* portable exp: a GPU model computes A with the same function (same bits) */
   for (int64_t k = 0; k < H; k++) L->A[k] = -mbd_pm_expf(L->A[k]);
-  if ((rc = load_vec(m, s, NAME("mixer.D"), 1, sh_H, &L->D, err))) return rc;
-  if ((rc = load_vec(m, s, NAME("mixer.norm.weight"), 1, sh_di, &L->gnorm, err))) return rc;
-  if ((rc = load_mat(m, s, NAME("mixer.out_proj.weight"), d, di, &L->out_proj, err))) return rc;
+  if ((rc = mbd_trunk_vec(T, s, NAME("mixer.D"), 1, sh_H, &L->D, err))) return rc;
+  if ((rc = mbd_trunk_vec(T, s, NAME("mixer.norm.weight"), 1, sh_di, &L->gnorm, err))) return rc;
+  if ((rc = mbd_trunk_mat(T, s, NAME("mixer.out_proj.weight"), d, di, &L->out_proj, err)))
+    return rc;
   if (c->proj_bias &&
-      (rc = load_vec(m, s, NAME("mixer.out_proj.bias"), 1, sh_d, &L->out_bias, err)))
+      (rc = mbd_trunk_vec(T, s, NAME("mixer.out_proj.bias"), 1, sh_d, &L->out_bias, err)))
     return rc;
 #undef NAME
   return MBD_OK;
@@ -170,17 +111,18 @@ static int load_layer(mbd_mamba2_model *m, const mbd_st_dir *s, int i, mbd_error
 
 static int alloc_workspace(mbd_mamba2_model *m, mbd_error *err) {
   const mbd_mamba2_config *c = &m->cfg;
-  size_t r = (size_t)m->max_rows;
-  size_t d = (size_t)c->d_model, di = (size_t)c->d_inner;
-  float **bufs[] = {&m->resid, &m->xn, &m->zx, &m->xbc, &m->y, &m->out};
-  size_t sizes[] = {r * d, r * d, r * (size_t)m->pin, r * (size_t)m->conv_dim, r * di, r * d};
-  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-    *bufs[i] = calloc(sizes[i], sizeof(float));
-    if (!*bufs[i]) return mbd_error_set(err, MBD_E_NOMEM, "model: cannot allocate workspace");
-  }
-  size_t a = mbd_cpu_gemm_scratch_bytes(c->d_model), b = mbd_cpu_gemm_scratch_bytes(c->d_inner);
-  return mbd_cpu_ctx_reserve(m->ctx, a > b ? a : b, err);
+  float **bufs[] = {&m->zx, &m->xbc, &m->y};
+  size_t widths[] = {(size_t)m->pin, (size_t)m->conv_dim, (size_t)c->d_inner};
+  int64_t ks[2] = {c->d_model, c->d_inner};
+  int rc = mbd_trunk_alloc_rows(&m->t, bufs, widths, 3, err);
+  return rc ? rc : mbd_trunk_reserve(&m->t, ks, 2, err);
 }
+
+/* The model's part of prefill and step (defined with the forward, below). */
+static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_t nseg,
+                        int64_t rows, mbd_error *err);
+static int state_fits(const void *model, const void *state);
+static void advance(void *state, int64_t n);
 
 int mbd_mamba2_load(const char *dir, const mbd_mamba2_options *opts, mbd_mamba2_model **out,
                     mbd_error *err) {
@@ -190,22 +132,19 @@ int mbd_mamba2_load(const char *dir, const mbd_mamba2_options *opts, mbd_mamba2_
     mbd_mamba2_options_default(&def);
     opts = &def;
   }
-  if (opts->dtype != MBD_DTYPE_F32 && opts->dtype != MBD_DTYPE_BF16 &&
-      opts->dtype != MBD_DTYPE_F16)
-    return mbd_error_set(err, MBD_E_INVALID, "model: storage dtype must be f32, bf16 or f16");
   mbd_st_dir *sh = NULL;
   mbd_mamba2_model *m = calloc(1, sizeof(*m));
   if (!m) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
   int rc = mbd_mamba2_config_load(dir, &m->cfg, err);
   if (rc) goto fail;
   const mbd_mamba2_config *c = &m->cfg;
-  m->dtype = opts->dtype;
-  m->max_rows = opts->max_rows > 0 ? opts->max_rows : DEFAULT_MAX_ROWS;
   m->conv_dim = (int64_t)c->d_inner + 2 * (int64_t)c->n_groups * c->d_state;
   m->pin = (int64_t)c->d_inner + m->conv_dim + c->n_heads;
   m->dims = (mbd_ssd_dims){.heads = c->n_heads, .head_dim = c->head_dim, .d_state = c->d_state,
                            .n_groups = c->n_groups};
-  if ((rc = mbd_cpu_ctx_new(opts->threads, (mbd_cpu_isa)opts->isa, &m->ctx, err))) goto fail;
+  if ((rc = mbd_trunk_init(&m->t, opts->dtype, opts->threads, opts->isa, opts->max_rows,
+                           c->d_model, err)))
+    goto fail;
   if ((rc = mbd_st_dir_open(dir, &sh, err))) goto fail;
   m->layers = calloc((size_t)c->n_layer, sizeof(layer_w));
   if (!m->layers) {
@@ -213,21 +152,17 @@ int mbd_mamba2_load(const char *dir, const mbd_mamba2_options *opts, mbd_mamba2_
     goto fail;
   }
   const mbd_st_entry *emb = mbd_st_dir_find(sh, "backbone.embeddings.weight");
-  m->V = emb && emb->desc.ndim == 2 ? emb->desc.shape[0] : c->vocab_size;
-  if (m->V < 1 || m->V > INT32_MAX) {
+  int64_t V = emb && emb->desc.ndim == 2 ? emb->desc.shape[0] : c->vocab_size;
+  if (V < 1 || V > INT32_MAX) {
     rc = mbd_error_set(err, MBD_E_SHAPE, "model %s: embedding has no rows", dir);
     goto fail;
   }
-  if ((rc = load_mat(m, sh, "backbone.embeddings.weight", m->V, c->d_model, &m->embed, err)))
-    goto fail;
+  if ((rc = mbd_trunk_load_embed(&m->t, sh, "backbone.embeddings.weight", V, err))) goto fail;
   for (int i = 0; i < c->n_layer; i++)
     if ((rc = load_layer(m, sh, i, err))) goto fail;
-  int64_t sh_d[1] = {c->d_model};
-  if ((rc = load_vec(m, sh, "backbone.norm_f.weight", 1, sh_d, &m->norm_f, err))) goto fail;
-  if (!c->tie_embeddings && mbd_st_dir_find(sh, "lm_head.weight") &&
-      (rc = load_mat(m, sh, "lm_head.weight", m->V, c->d_model, &m->lm_head, err)))
-    goto fail;
+  if ((rc = mbd_trunk_load_tail(&m->t, sh, c->tie_embeddings, true, err))) goto fail;
   if ((rc = alloc_workspace(m, err))) goto fail;
+  mbd_trunk_bind(&m->t, m, state_fits, advance, forward_rows);
   mbd_st_dir_destroy(&sh);
   *out = m;
   return MBD_OK;
@@ -255,30 +190,20 @@ void mbd_mamba2_destroy(mbd_mamba2_model **pm) {
     free(L->out_bias);
   }
   free(m->layers);
-  mbd_cpu_wpack_destroy(&m->embed);
-  mbd_cpu_wpack_destroy(&m->lm_head);
-  free(m->norm_f);
-  free(m->resid);
-  free(m->xn);
   free(m->zx);
   free(m->xbc);
   free(m->y);
-  free(m->out);
-  free(m->last);
-  free(m->seg);
-  free(m->step_tok);
-  free(m->step_len);
-  mbd_cpu_ctx_destroy(&m->ctx);
+  mbd_trunk_free(&m->t);
   free(m);
   *pm = NULL;
 }
 
 const mbd_mamba2_config *mbd_mamba2_config_of(const mbd_mamba2_model *m) { return &m->cfg; }
-int mbd_mamba2_vocab(const mbd_mamba2_model *m) { return (int)m->V; }
+int mbd_mamba2_vocab(const mbd_mamba2_model *m) { return (int)m->t.V; }
 const char *mbd_mamba2_isa(const mbd_mamba2_model *m) {
-  return mbd_cpu_isa_name(mbd_cpu_ctx_isa(m->ctx));
+  return mbd_cpu_isa_name(mbd_cpu_ctx_isa(m->t.ctx));
 }
-size_t mbd_mamba2_weight_bytes(const mbd_mamba2_model *m) { return m->weight_bytes; }
+size_t mbd_mamba2_weight_bytes(const mbd_mamba2_model *m) { return m->t.weight_bytes; }
 
 /* ---- state ---- */
 
@@ -328,24 +253,18 @@ void mbd_mamba2_state_reset(mbd_mamba2_state *s) {
 
 int64_t mbd_mamba2_state_position(const mbd_mamba2_state *s) { return s->pos; }
 
-#define STATE_HEADER MBD_STATE_IMAGE_HEADER
-#define SUB_HEADER 16 /* u32 heads, head_dim, groups, 0 */
+#define SUB_WORDS 4 /* u32 heads, head_dim, groups, 0 */
+
+/* The image payload after the sub-header: conv then ssm. */
+static size_t parts_of(const mbd_mamba2_state *s, mbd_state_part p[2]) {
+  p[0] = (mbd_state_part){s->conv, conv_count(s)};
+  p[1] = (mbd_state_part){s->ssm, ssm_count(s)};
+  return 2;
+}
 
 size_t mbd_mamba2_state_export_size(const mbd_mamba2_state *s) {
-  return STATE_HEADER + SUB_HEADER + (conv_count(s) + ssm_count(s)) * sizeof(float);
-}
-
-static void put_u32(unsigned char *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static uint32_t get_u32(const unsigned char *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static void put_f32s(unsigned char *p, const float *v, size_t n) {
-  for (size_t i = 0; i < n; i++) put_u32(p + 4 * i, mbd_f32_to_bits(v[i]));
-}
-static void get_f32s(const unsigned char *p, float *v, size_t n) {
-  for (size_t i = 0; i < n; i++) v[i] = mbd_bits_to_f32(get_u32(p + 4 * i));
+  mbd_state_part p[2];
+  return mbd_state_image_size(SUB_WORDS, p, parts_of(s, p));
 }
 
 mbd_state_shape mbd_mamba2_state_shape(const mbd_mamba2_config *cfg) {
@@ -365,45 +284,29 @@ static mbd_state_shape state_shape(const mbd_mamba2_state *s) {
 
 int mbd_mamba2_state_export(const mbd_mamba2_state *s, void *buf, size_t cap, size_t *len,
                             mbd_error *err) {
-  size_t need = mbd_mamba2_state_export_size(s);
-  if (cap < need)
-    return mbd_error_set(err, MBD_E_TOO_LARGE, "state export needs %zu bytes, buffer has %zu",
-                         need, cap);
-  unsigned char *p = buf;
+  mbd_state_part p[2];
+  size_t np = parts_of(s, p);
   mbd_state_shape shape = state_shape(s);
-  mbd_state_image_write_header(p, &shape, s->pos);
-  put_u32(p + STATE_HEADER, (uint32_t)s->heads);
-  put_u32(p + STATE_HEADER + 4, (uint32_t)s->head_dim);
-  put_u32(p + STATE_HEADER + 8, (uint32_t)s->groups);
-  put_u32(p + STATE_HEADER + 12, 0);
-  unsigned char *q = p + STATE_HEADER + SUB_HEADER;
-  put_f32s(q, s->conv, conv_count(s));
-  put_f32s(q + 4 * conv_count(s), s->ssm, ssm_count(s));
-  if (len) *len = need;
-  return MBD_OK;
+  uint32_t w[SUB_WORDS] = {(uint32_t)s->heads, (uint32_t)s->head_dim, (uint32_t)s->groups, 0};
+  return mbd_state_image_export(buf, cap, len, &shape, s->pos, w, SUB_WORDS, p, np, err);
 }
 
 int mbd_mamba2_state_import(mbd_mamba2_state *s, const void *buf, size_t len, mbd_error *err) {
-  int64_t pos;
+  mbd_state_part p[2];
+  size_t np = parts_of(s, p);
   mbd_state_shape shape = state_shape(s);
-  int rc = mbd_state_image_read_header(buf, len, &shape, &pos, err);
+  int64_t pos;
+  uint32_t w[SUB_WORDS];
+  int rc = mbd_state_image_check(buf, len, &shape, SUB_WORDS, p, np, &pos, w, err);
   if (rc) return rc;
-  if (len != mbd_mamba2_state_export_size(s))
-    return mbd_error_set(err, MBD_E_FORMAT, "state import: %zu bytes, expected %zu", len,
-                         mbd_mamba2_state_export_size(s));
-  const unsigned char *p = buf;
-  uint32_t h = get_u32(p + STATE_HEADER), hd = get_u32(p + STATE_HEADER + 4),
-           g = get_u32(p + STATE_HEADER + 8);
-  if (h != (uint32_t)s->heads || hd != (uint32_t)s->head_dim || g != (uint32_t)s->groups ||
-      get_u32(p + STATE_HEADER + 12) != 0)
+  if (w[0] != (uint32_t)s->heads || w[1] != (uint32_t)s->head_dim ||
+      w[2] != (uint32_t)s->groups || w[3] != 0)
     return mbd_error_set(err, MBD_E_SHAPE,
                          "state import: state has %u heads x %u, %u groups; this model %d x %d, "
                          "%d groups",
-                         h, hd, g, s->heads, s->head_dim, s->groups);
-  const unsigned char *q = p + STATE_HEADER + SUB_HEADER;
+                         w[0], w[1], w[2], s->heads, s->head_dim, s->groups);
+  mbd_state_image_read_parts(buf, SUB_WORDS, p, np);
   s->pos = pos;
-  get_f32s(q, s->conv, conv_count(s));
-  get_f32s(q + 4 * conv_count(s), s->ssm, ssm_count(s));
   return MBD_OK;
 }
 
@@ -431,7 +334,7 @@ static void conv_task(void *arg, int64_t task, int thread) {
   mbd_mamba2_state *s = ch->states[sg[0]];
   float *state = s->conv + (size_t)ch->layer * (size_t)(dc - 1) * (size_t)cd;
   for (int64_t r = sg[1]; r < sg[1] + sg[2]; r++)
-    mbd_cpu_conv_step(mbd_cpu_ctx_isa(m->ctx), c0, c1, cd, dc, L->conv_w, L->conv_b, state,
+    mbd_cpu_conv_step(mbd_cpu_ctx_isa(m->t.ctx), c0, c1, cd, dc, L->conv_w, L->conv_b, state,
                       m->zx + r * m->pin + di, m->xbc + r * cd);
 }
 
@@ -449,15 +352,17 @@ static void scan_task(void *arg, int64_t task, int thread) {
   float *h = s->ssm + (size_t)ch->layer * (size_t)di * (size_t)c->d_state;
   for (int64_t r = sg[1]; r < sg[1] + sg[2]; r++) {
     const float *xbc = m->xbc + r * cd;
-    mbd_cpu_ssd_step(mbd_cpu_ctx_isa(m->ctx), &m->dims, h0, h1, L->A, L->D, L->dt_bias,
+    mbd_cpu_ssd_step(mbd_cpu_ctx_isa(m->t.ctx), &m->dims, h0, h1, L->A, L->D, L->dt_bias,
                      c->dt_min, c->dt_max, m->zx + r * m->pin + di + cd, xbc + di,
                      xbc + di + GN, xbc, h, m->y + r * di);
   }
 }
 
-/* Runs all layers over the chunk's rows; leaves final-normed rows in m->xn. */
-static int forward_rows(mbd_mamba2_model *m, mbd_mamba2_state *const *states, const int64_t *seg,
-                        int64_t nseg, int64_t rows, mbd_error *err) {
+/* Runs all layers over the chunk's rows; leaves final-normed rows in m->t.xn. */
+static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_t nseg,
+                        int64_t rows, mbd_error *err) {
+  mbd_mamba2_model *m = model;
+  mbd_mamba2_state *const *states = (mbd_mamba2_state *const *)st;
   const mbd_mamba2_config *c = &m->cfg;
   int64_t d = c->d_model, di = c->d_inner, cd = m->conv_dim;
   int hb = CHANNEL_BLOCK / c->head_dim > 0 ? CHANNEL_BLOCK / c->head_dim : 1;
@@ -469,241 +374,47 @@ static int forward_rows(mbd_mamba2_model *m, mbd_mamba2_state *const *states, co
   for (int l = 0; l < c->n_layer; l++) {
     const layer_w *L = &m->layers[l];
     cc.layer = sc.layer = l;
-    for (int64_t r = 0; r < rows; r++)
-      mbd_cpu_rmsnorm(m->resid + r * d, L->norm, d, c->norm_eps, m->xn + r * d);
-    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->xn, d, L->in_proj, L->in_bias, m->zx, m->pin,
+    mbd_trunk_norm(&m->t, rows, L->norm, c->norm_eps);
+    if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->t.xn, d, L->in_proj, L->in_bias, m->zx, m->pin,
                                   err)))
       return rc;
-    mbd_cpu_ctx_run_sized(m->ctx, conv_task, &cc, nseg * cc.nblocks, rows * cd * c->d_conv);
-    mbd_cpu_ctx_run_sized(m->ctx, scan_task, &sc, nseg * sc.nblocks,
+    mbd_cpu_ctx_run_sized(m->t.ctx, conv_task, &cc, nseg * cc.nblocks, rows * cd * c->d_conv);
+    mbd_cpu_ctx_run_sized(m->t.ctx, scan_task, &sc, nseg * sc.nblocks,
                           rows * di * c->d_state * 3);
     for (int64_t r = 0; r < rows; r++)
       mbd_cpu_gated_rmsnorm(m->y + r * di, m->zx + r * m->pin, L->gnorm, di,
                             di / c->n_groups, c->norm_eps, c->norm_before_gate, m->y + r * di);
-    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->y, di, L->out_proj, L->out_bias, m->out, d,
+    if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->y, di, L->out_proj, L->out_bias, m->t.out, d,
                                   err)))
       return rc;
-    for (int64_t i = 0; i < rows * d; i++) m->resid[i] = m->resid[i] + m->out[i];
+    mbd_trunk_add_out(&m->t, rows);
   }
-  for (int64_t r = 0; r < rows; r++)
-    mbd_cpu_rmsnorm(m->resid + r * d, m->norm_f, d, c->norm_eps, m->xn + r * d);
+  mbd_trunk_norm(&m->t, rows, m->t.norm_f, c->norm_eps);
   return MBD_OK;
 }
 
-static int ensure_batch(mbd_mamba2_model *m, int batch, mbd_error *err) {
-  if (batch <= m->batch_cap) return MBD_OK;
-  float *last = realloc(m->last, (size_t)batch * (size_t)m->cfg.d_model * sizeof(float));
-  if (!last) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
-  m->last = last;
-  int64_t *seg = realloc(m->seg, (size_t)batch * 4 * sizeof(int64_t));
-  if (!seg) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
-  m->seg = seg;
-  const int32_t **st = realloc(m->step_tok, (size_t)batch * sizeof(*st));
-  if (!st) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
-  m->step_tok = st;
-  int64_t *sl = realloc(m->step_len, (size_t)batch * sizeof(*sl));
-  if (!sl) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
-  m->step_len = sl;
-  m->batch_cap = batch;
-  return MBD_OK;
+static int state_fits(const void *model, const void *state) {
+  const mbd_mamba2_config *c = &((const mbd_mamba2_model *)model)->cfg;
+  const mbd_mamba2_state *s = state;
+  return s->n_layer == c->n_layer && s->di == c->d_inner && s->dc == c->d_conv &&
+         s->ds == c->d_state && s->heads == c->n_heads && s->groups == c->n_groups;
 }
 
-/* Checks the call's states and tokens before anything changes. */
-static int check_call(const mbd_mamba2_model *m, mbd_mamba2_state *const *states, int batch,
-                      const int32_t *const *tokens, const int64_t *lens, mbd_error *err) {
-  const mbd_mamba2_config *c = &m->cfg;
-  for (int b = 0; b < batch; b++) {
-    const mbd_mamba2_state *s = states[b];
-    if (!s || s->n_layer != c->n_layer || s->di != c->d_inner || s->dc != c->d_conv ||
-        s->ds != c->d_state || s->heads != c->n_heads || s->groups != c->n_groups)
-      return mbd_error_set(err, MBD_E_SHAPE, "prefill: state %d is missing or for another model",
-                           b);
-    for (int b2 = 0; b2 < b; b2++)
-      if (states[b2] == s)
-        return mbd_error_set(err, MBD_E_INVALID, "prefill: sequences %d and %d share a state", b2,
-                             b);
-    if (lens[b] < 0 || (lens[b] > 0 && !tokens[b]))
-      return mbd_error_set(err, MBD_E_INVALID, "prefill: sequence %d has no tokens", b);
-    for (int64_t t = 0; t < lens[b]; t++)
-      if (tokens[b][t] < 0 || tokens[b][t] >= m->V)
-        return mbd_error_set(err, MBD_E_INVALID,
-                             "prefill: sequence %d position %lld: token %d outside vocabulary "
-                             "[0, %lld)",
-                             b, (long long)t, tokens[b][t], (long long)m->V);
-  }
-  return MBD_OK;
-}
-
-/* ALL: the logits of the chunk's segments, merging segments whose output rows
- * are contiguous into one GEMM. */
-static int chunk_logits_all(mbd_mamba2_model *m, const mbd_cpu_wpack *head, int64_t nseg,
-                            const int64_t *lens, int g0, int64_t out_base, float *logits,
-                            mbd_error *err) {
-  int64_t d = m->cfg.d_model, V = m->V;
-  const int64_t *S = m->seg;
-  int64_t i = 0;
-  while (i < nseg) {
-    int64_t j = i + 1;
-    while (j < nseg && S[4 * (j - 1) + 3] + S[4 * (j - 1) + 2] == lens[S[4 * (j - 1)]] &&
-           S[4 * j + 3] == 0 && S[4 * j] == S[4 * (j - 1)] + 1)
-      j++;
-    const int64_t *si = S + 4 * i, *sj = S + 4 * (j - 1);
-    int64_t orow = out_base + si[3];
-    for (int64_t b = g0; b < si[0]; b++) orow += lens[b];
-    int64_t nrows = sj[1] + sj[2] - si[1];
-    int rc = mbd_cpu_gemm_packed(m->ctx, nrows, m->xn + si[1] * d, d, head, NULL,
-                                 logits + orow * V, V, err);
-    if (rc) return rc;
-    i = j;
-  }
-  return MBD_OK;
-}
+static void advance(void *state, int64_t n) { ((mbd_mamba2_state *)state)->pos += n; }
 
 int mbd_mamba2_prefill(mbd_mamba2_model *m, mbd_mamba2_state *const *states, int batch,
                        const int32_t *const *tokens, const int64_t *lens, mbd_logits_sel which,
                        float *logits, mbd_error *err) {
-  if (!m || batch < 0 || (batch > 0 && (!states || !tokens || !lens)))
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: NULL model/states/tokens/lens");
-  if (which != MBD_LOGITS_NONE && which != MBD_LOGITS_LAST && which != MBD_LOGITS_ALL)
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: bad logits selector %d", (int)which);
-  if (which != MBD_LOGITS_NONE && !logits && batch > 0)
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: logits requested but no buffer given");
-  int rc = check_call(m, states, batch, tokens, lens, err);
-  if (rc || (rc = ensure_batch(m, batch, err))) return rc;
-  int64_t V = m->V, d = m->cfg.d_model;
-  const mbd_cpu_wpack *head = m->lm_head ? m->lm_head : m->embed;
-  int64_t out_base = 0; /* ALL: output row of the group's first sequence */
-  /* Groups of sequences at most max_rows wide; time windows of tw steps. */
-  for (int g0 = 0; g0 < batch; g0 += (int)m->max_rows) {
-    int gn = batch - g0 < m->max_rows ? batch - g0 : (int)m->max_rows;
-    int64_t tw = m->max_rows / gn;
-    int64_t glen = 0;
-    for (int b = g0; b < g0 + gn; b++) glen = lens[b] > glen ? lens[b] : glen;
-    for (int64_t t0 = 0; t0 < glen; t0 += tw) {
-      int64_t nseg = 0, rows = 0;
-      for (int b = g0; b < g0 + gn; b++) {
-        int64_t n = lens[b] - t0 < tw ? lens[b] - t0 : tw;
-        if (n <= 0) continue;
-        int64_t *sg = m->seg + 4 * nseg++;
-        sg[0] = b;
-        sg[1] = rows;
-        sg[2] = n;
-        sg[3] = t0;
-        for (int64_t t = 0; t < n; t++)
-          mbd_cpu_wpack_row(m->embed, tokens[b][t0 + t], m->resid + (rows + t) * d);
-        rows += n;
-      }
-      if ((rc = forward_rows(m, states, m->seg, nseg, rows, err))) return rc;
-      for (int64_t i = 0; i < nseg; i++) {
-        const int64_t *sg = m->seg + 4 * i;
-        int b = (int)sg[0];
-        states[b]->pos += sg[2];
-        if (which == MBD_LOGITS_LAST && sg[3] + sg[2] == lens[b])
-          memcpy(m->last + (size_t)b * (size_t)d, m->xn + (sg[1] + sg[2] - 1) * d,
-                 (size_t)d * sizeof(float));
-      }
-      if (which == MBD_LOGITS_ALL &&
-          (rc = chunk_logits_all(m, head, nseg, lens, g0, out_base, logits, err)))
-        return rc;
-    }
-    for (int b = g0; b < g0 + gn; b++) out_base += lens[b];
-  }
-  if (which == MBD_LOGITS_LAST) {
-    int64_t n = 0;
-    for (int b = 0; b < batch; b++) {
-      if (lens[b] == 0) continue;
-      if (n != b) memmove(m->last + n * d, m->last + (int64_t)b * d, (size_t)d * sizeof(float));
-      n++;
-    }
-    if (n == batch) return mbd_cpu_gemm_packed(m->ctx, n, m->last, d, head, NULL, logits, V, err);
-    for (int b = 0, k = 0; b < batch && !rc; b++)
-      if (lens[b] > 0)
-        rc = mbd_cpu_gemm_packed(m->ctx, 1, m->last + (int64_t)(k++) * d, d, head, NULL,
-                                 logits + (int64_t)b * V, V, err);
-  }
-  return rc;
+  return mbd_rows_prefill(m ? &m->t.rows : NULL, (void *const *)states, batch, tokens, lens,
+                          (mbd_logits_sel)which, logits, err);
 }
 
 int mbd_mamba2_step(mbd_mamba2_model *m, mbd_mamba2_state *const *states, int batch,
                     const int32_t *tokens, float *logits, mbd_error *err) {
-  if (!m || batch < 0 || (batch > 0 && !tokens))
-    return mbd_error_set(err, MBD_E_INVALID, "step: NULL model or tokens");
-  if (batch == 0) return MBD_OK;
-  int rc = ensure_batch(m, batch, err);
-  if (rc) return rc;
-  for (int b = 0; b < batch; b++) {
-    m->step_tok[b] = tokens + b;
-    m->step_len[b] = 1;
-  }
-  return mbd_mamba2_prefill(m, states, batch, m->step_tok, m->step_len,
-                            logits ? MBD_LOGITS_LAST : MBD_LOGITS_NONE, logits, err);
+  return mbd_rows_step(m ? &m->t.rows : NULL, (void *const *)states, batch, tokens, logits, err);
 }
 
 /* ---- the family vtable (kernels/model/family.h) ---- */
 
-static int fam_load(const char *dir, const mbd_cpu_model_opts *o, void **model, mbd_error *err) {
-  mbd_mamba2_options mo;
-  mbd_mamba2_options_default(&mo);
-  mo.dtype = o->dtype;
-  mo.threads = o->threads;
-  mo.isa = o->isa;
-  mbd_mamba2_model *m = NULL;
-  int rc = mbd_mamba2_load(dir, &mo, &m, err);
-  *model = m;
-  return rc;
-}
-
-static void fam_destroy(void *model) {
-  mbd_mamba2_model *m = model;
-  mbd_mamba2_destroy(&m);
-}
-
-static int64_t fam_vocab(const void *model) { return mbd_mamba2_vocab(model); }
-static const char *fam_isa(const void *model) { return mbd_mamba2_isa(model); }
-
-static int fam_state_new(const void *model, void **state, mbd_error *err) {
-  mbd_mamba2_state *s = NULL;
-  int rc = mbd_mamba2_state_new(model, &s, err);
-  *state = s;
-  return rc;
-}
-
-static void fam_state_free(void *state) {
-  mbd_mamba2_state *s = state;
-  mbd_mamba2_state_destroy(&s);
-}
-
-static size_t fam_state_bytes(const void *state) { return mbd_mamba2_state_export_size(state); }
-
-static int fam_state_save(const void *state, void *dst, size_t cap, mbd_error *err) {
-  return mbd_mamba2_state_export(state, dst, cap, NULL, err);
-}
-
-static int fam_state_load(void *state, const void *src, size_t len, mbd_error *err) {
-  return mbd_mamba2_state_import(state, src, len, err);
-}
-
-static int fam_prefill(void *model, void *const *states, int n, const int32_t *const *tokens,
-                       const int64_t *lens, mbd_logits_sel sel, float *logits, mbd_error *err) {
-  return mbd_mamba2_prefill(model, (mbd_mamba2_state *const *)states, n, tokens, lens, sel,
-                            logits, err);
-}
-
-static int fam_step(void *model, void *const *states, int n, const int32_t *tokens,
-                    float *logits, mbd_error *err) {
-  return mbd_mamba2_step(model, (mbd_mamba2_state *const *)states, n, tokens, logits, err);
-}
-
-const mbd_cpu_model_ops mbd_mamba2_cpu_ops = {
-    .load = fam_load,
-    .destroy = fam_destroy,
-    .vocab = fam_vocab,
-    .isa = fam_isa,
-    .state_new = fam_state_new,
-    .state_free = fam_state_free,
-    .state_bytes = fam_state_bytes,
-    .state_save = fam_state_save,
-    .state_load = fam_state_load,
-    .prefill = fam_prefill,
-    .step = fam_step,
-};
+MBD_CPU_FAMILY_LOAD(mamba2)
+MBD_CPU_FAMILY_OPS(mamba2, fam_load);

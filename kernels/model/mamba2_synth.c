@@ -1,8 +1,8 @@
 /* Synthetic Mamba-2 checkpoints (see mamba2.h): seeded random weights in the
  * Hugging Face Mamba2ForCausalLM layout, initialised like that class (A_log
  * = log of uniform [1, 16] per head, D = 1, dt_bias = softplus^-1 of dt
- * log-uniform in [1e-3, 1e-1], uniform fan-in projections, unit norms). Every
- * tensor draws from its own splitmix64 stream keyed by (seed, tensor index). */
+ * log-uniform in [1e-3, 1e-1], uniform fan-in projections, unit norms). The
+ * tensors come from kernels/model/synth_tensors.h. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -10,22 +10,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "common/half.h"
-#include "common/safetensors.h"
 #include "kernels/model/mamba2.h"
-
-static uint64_t mix(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-/* uniform in [-1, 1) */
-static double unif(uint64_t *s) {
-  *s += 0x9e3779b97f4a7c15ull;
-  return (double)(mix(*s) >> 11) * 0x1p-52 - 1.0;
-}
+#include "kernels/model/synth_tensors.h"
 
 void mbd_mamba2_synth_custom(int d_model, int n_layer, int vocab, mbd_mamba2_config *c) {
   memset(c, 0, sizeof *c);
@@ -66,48 +52,6 @@ int mbd_mamba2_synth_shape(const char *name, mbd_mamba2_config *c, mbd_error *er
                        name ? name : "");
 }
 
-typedef struct tensor_buf {
-  char name[128];
-  mbd_tensor_desc desc;
-  void *data;
-} tensor_buf;
-
-enum { KIND_UNIFORM, KIND_ONES, KIND_ALOG, KIND_DTBIAS };
-
-static int gen(tensor_buf *t, const char *name, mbd_dtype dt, int ndim, const int64_t *shape,
-               int kind, double scale, uint64_t seed, uint64_t index, mbd_error *err) {
-  snprintf(t->name, sizeof t->name, "%s", name);
-  int rc = mbd_tensor_desc_make(&t->desc, dt, ndim, shape, err);
-  size_t n = 0;
-  if (!rc) rc = mbd_tensor_desc_numel(&t->desc, &n, err);
-  if (rc) return rc;
-  t->data = malloc(n * mbd_dtype_size(dt) + 1);
-  if (!t->data) return mbd_error_set(err, MBD_E_NOMEM, "synth: out of memory for %s", name);
-  uint64_t s = mix(seed ^ mix(index));
-  for (size_t i = 0; i < n; i++) {
-    double v, u;
-    switch (kind) {
-      case KIND_ONES: v = 1.0; break;
-      case KIND_ALOG: v = log(1.0 + 15.0 * (unif(&s) + 1.0) / 2.0); break;
-      case KIND_DTBIAS:
-        u = (unif(&s) + 1.0) / 2.0;
-        v = exp(u * (log(0.1) - log(0.001)) + log(0.001));
-        if (v < 1e-4) v = 1e-4;
-        v = v + log(-expm1(-v)); /* inverse softplus */
-        break;
-      default: v = unif(&s) * scale; break;
-    }
-    float f = (float)v;
-    if (dt == MBD_DTYPE_F32)
-      ((float *)t->data)[i] = f;
-    else if (dt == MBD_DTYPE_BF16)
-      ((uint16_t *)t->data)[i] = mbd_f32_to_bf16(f);
-    else
-      ((uint16_t *)t->data)[i] = mbd_f32_to_f16(f);
-  }
-  return MBD_OK;
-}
-
 /* config.json as transformers' Mamba2Config writes it. */
 static int write_config(const mbd_mamba2_config *c, const char *dir, mbd_error *err) {
   char path[4096];
@@ -130,62 +74,39 @@ static int write_config(const mbd_mamba2_config *c, const char *dir, mbd_error *
 
 int mbd_mamba2_synth_write(const mbd_mamba2_config *c, mbd_dtype dtype, uint64_t seed,
                            const char *dir, mbd_error *err) {
-  if (dtype != MBD_DTYPE_F32 && dtype != MBD_DTYPE_BF16 && dtype != MBD_DTYPE_F16)
-    return mbd_error_set(err, MBD_E_INVALID, "synth: dtype must be f32, bf16 or f16");
   if (c->d_model < 1 || c->n_layer < 1 || c->vocab_size < 1 || c->d_state < 1 ||
       c->d_conv < 1 || c->n_heads < 1 || c->head_dim < 1 || c->n_groups < 1 ||
       c->n_heads * c->head_dim != c->d_inner || c->n_heads % c->n_groups)
     return mbd_error_set(err, MBD_E_INVALID, "synth: inconsistent mamba2 sizes");
   int64_t d = c->d_model, di = c->d_inner, H = c->n_heads, dc = c->d_conv;
   int64_t cd = di + 2 * (int64_t)c->n_groups * c->d_state, pin = di + cd + H;
-  size_t ntens = 2 + (size_t)c->n_layer * 12;
-  tensor_buf *t = calloc(ntens, sizeof *t);
-  mbd_st_writer *w = NULL;
-  char path[4096];
-  int rc = MBD_OK;
-  size_t k = 0;
-  if (!t) return mbd_error_set(err, MBD_E_NOMEM, "synth: out of memory");
-  int64_t s_emb[2] = {c->vocab_size, d};
-  if ((rc = gen(&t[k], "backbone.embeddings.weight", dtype, 2, s_emb, KIND_UNIFORM,
-                0.02 * sqrt(3.0), seed, k, err)))
-    goto fail;
-  k++;
+  mbd_synth_tensors ts, *T = &ts;
+  int rc = mbd_synth_tensors_init(T, 2 + (size_t)c->n_layer * 12, dtype, seed, err);
+  if (rc) return rc;
+  int64_t s_emb[2] = {c->vocab_size, d}, s_d[1] = {d};
+  mbd_synth_tensors_add(T, "backbone.embeddings.weight", 2, s_emb, MBD_SYNTH_UNIFORM,
+                        0.02 * sqrt(3.0));
   for (int l = 0; l < c->n_layer; l++) {
-    char nm[128];
-    int64_t s_d[1] = {d}, s_in[2] = {pin, d}, s_conv[3] = {cd, 1, dc}, s_cd[1] = {cd};
+    int64_t s_in[2] = {pin, d}, s_conv[3] = {cd, 1, dc}, s_cd[1] = {cd};
     int64_t s_H[1] = {H}, s_di[1] = {di}, s_out[2] = {d, di};
-#define G(suffix, nd, shape, kind, scale)                                              \
-  do {                                                                                 \
-    snprintf(nm, sizeof nm, "backbone.layers.%d.%s", l, suffix);                       \
-    if ((rc = gen(&t[k], nm, dtype, nd, shape, kind, scale, seed, k, err))) goto fail; \
-    k++;                                                                               \
-  } while (0)
-    G("norm.weight", 1, s_d, KIND_ONES, 0);
-    G("mixer.in_proj.weight", 2, s_in, KIND_UNIFORM, 1.0 / sqrt((double)d));
-    G("mixer.conv1d.weight", 3, s_conv, KIND_UNIFORM, 1.0 / sqrt((double)dc));
-    if (c->conv_bias) G("mixer.conv1d.bias", 1, s_cd, KIND_UNIFORM, 1.0 / sqrt((double)dc));
-    G("mixer.dt_bias", 1, s_H, KIND_DTBIAS, 0);
-    G("mixer.A_log", 1, s_H, KIND_ALOG, 0);
-    G("mixer.D", 1, s_H, KIND_ONES, 0);
-    G("mixer.norm.weight", 1, s_di, KIND_ONES, 0);
-    G("mixer.out_proj.weight", 2, s_out, KIND_UNIFORM,
-      1.0 / sqrt((double)di) / sqrt((double)c->n_layer));
-#undef G
+    mbd_synth_tensors_add_layer(T, l, "norm.weight", 1, s_d, MBD_SYNTH_ONES, 0);
+    mbd_synth_tensors_add_layer(T, l, "mixer.in_proj.weight", 2, s_in, MBD_SYNTH_UNIFORM,
+                                1.0 / sqrt((double)d));
+    mbd_synth_tensors_add_layer(T, l, "mixer.conv1d.weight", 3, s_conv, MBD_SYNTH_UNIFORM,
+                                1.0 / sqrt((double)dc));
+    if (c->conv_bias)
+      mbd_synth_tensors_add_layer(T, l, "mixer.conv1d.bias", 1, s_cd, MBD_SYNTH_UNIFORM,
+                                  1.0 / sqrt((double)dc));
+    mbd_synth_tensors_add_layer(T, l, "mixer.dt_bias", 1, s_H, MBD_SYNTH_DTBIAS, 0);
+    mbd_synth_tensors_add_layer(T, l, "mixer.A_log", 1, s_H, MBD_SYNTH_ALOG_U16, 0);
+    mbd_synth_tensors_add_layer(T, l, "mixer.D", 1, s_H, MBD_SYNTH_ONES, 0);
+    mbd_synth_tensors_add_layer(T, l, "mixer.norm.weight", 1, s_di, MBD_SYNTH_ONES, 0);
+    mbd_synth_tensors_add_layer(T, l, "mixer.out_proj.weight", 2, s_out, MBD_SYNTH_UNIFORM,
+                                1.0 / sqrt((double)di) / sqrt((double)c->n_layer));
   }
-  int64_t s_d[1] = {d};
-  if ((rc = gen(&t[k], "backbone.norm_f.weight", dtype, 1, s_d, KIND_ONES, 0, seed, k, err)))
-    goto fail;
-  k++;
-  if ((rc = mbd_st_writer_new(&w, err))) goto fail;
-  for (size_t i = 0; i < k; i++)
-    if ((rc = mbd_st_writer_add(w, t[i].name, &t[i].desc, t[i].data, err))) goto fail;
-  if ((rc = mbd_st_writer_set_metadata(w, "format", "pt", err))) goto fail;
-  snprintf(path, sizeof path, "%s/model.safetensors", dir);
-  if ((rc = mbd_st_writer_write(w, path, err))) goto fail;
-  rc = write_config(c, dir, err);
-fail:
-  mbd_st_writer_destroy(&w);
-  for (size_t i = 0; i < ntens; i++) free(t[i].data);
-  free(t);
+  mbd_synth_tensors_add(T, "backbone.norm_f.weight", 1, s_d, MBD_SYNTH_ONES, 0);
+  rc = mbd_synth_tensors_write(T, dir, NULL);
+  if (!rc) rc = write_config(c, dir, err);
+  mbd_synth_tensors_free(T);
   return rc;
 }

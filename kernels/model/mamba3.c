@@ -21,6 +21,10 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/mamba3_ops.h"
 #include "kernels/cpu/mamba_ops.h"
+#include "kernels/model/family_ops.h"
+#include "kernels/model/rows.h"
+#include "kernels/model/trunk.h"
+#include "kernels/model/weights.h"
 #include "kernels/portable_math.h"
 
 #define DEFAULT_MAX_ROWS 256
@@ -163,20 +167,10 @@ typedef struct layer_w {
 struct mbd_mamba3_model {
   mbd_mamba3_config cfg;
   mbd_m3_dims dims;
-  mbd_dtype dtype;
-  mbd_cpu_ctx *ctx;
+  mbd_trunk t;            /* embedding [Vp, d], head, final norm, rows, batch buffers */
   layer_w *layers;
-  mbd_cpu_wpack *embed;   /* [Vp, d], the LM head when tied */
-  mbd_cpu_wpack *lm_head; /* untied only */
-  float *norm_f;
-  int64_t max_rows;
-  float *resid, *xn, *proj, *y, *out; /* workspace rows */
+  float *proj, *y;        /* workspace rows: [rows, d_in_proj], [rows, d_inner] */
   float *scratch;         /* [threads][2 d_state] */
-  int batch_cap;
-  float *last;
-  int64_t *seg;
-  const int32_t **step_tok;
-  int64_t *step_len;
 };
 
 struct mbd_mamba3_state {
@@ -192,68 +186,33 @@ void mbd_mamba3_options_default(mbd_mamba3_options *o) {
   o->max_rows = DEFAULT_MAX_ROWS;
 }
 
-static float round_to(mbd_dtype dt, float v) {
-  if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(mbd_f32_to_bf16(v));
-  if (dt == MBD_DTYPE_F16) return mbd_f16_to_f32(mbd_f32_to_f16(v));
-  return v;
-}
-
-/* A small parameter as f32, rounded through `dt` (F32: kept). */
 static int load_vec(const mbd_st_dir *s, const char *name, int ndim, const int64_t *shape,
                     mbd_dtype dt, float **out, mbd_error *err) {
-  const mbd_st_entry *e = NULL;
-  int rc = mbd_st_dir_get_float(s, name, ndim, shape, &e, err);
-  if (rc) return rc;
-  size_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
-  float *v = malloc(n * sizeof(float) + 1);
-  if (!v) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory loading %s", name);
-  for (size_t i = 0; i < n; i++) v[i] = round_to(dt, mbd_st_entry_f32(e, i));
-  *out = v;
-  return MBD_OK;
-}
-
-static int load_mat(mbd_mamba3_model *m, const mbd_st_dir *s, const char *name, int64_t rows,
-                    int64_t cols, mbd_cpu_wpack **out, mbd_error *err) {
-  const mbd_st_entry *e = NULL;
-  int64_t shape[2] = {rows, cols};
-  int rc = mbd_st_dir_get_float(s, name, 2, shape, &e, err);
-  if (rc) return rc;
-  const void *src = e->data;
-  void *copy = NULL;
-  if (((uintptr_t)src) % mbd_dtype_size(e->desc.dtype) != 0) {
-    copy = malloc(e->nbytes);
-    if (!copy) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory loading %s", name);
-    memcpy(copy, src, e->nbytes);
-    src = copy;
-  }
-  rc = mbd_cpu_wpack_new(m->dtype, rows, cols, e->desc.dtype, src, cols, out, err);
-  free(copy);
-  if (rc) return mbd_error_prefix(err, "model tensor %s: ", name);
-  return MBD_OK;
+  return mbd_weights_vec(s, name, ndim, shape, dt, out, NULL, err);
 }
 
 static int load_layer(mbd_mamba3_model *m, const mbd_st_dir *s, int i, mbd_error *err) {
   const mbd_mamba3_config *c = &m->cfg;
   layer_w *L = &m->layers[i];
+  mbd_trunk *T = &m->t;
   char nm[256];
   int rc;
 #define NAME(suffix) (snprintf(nm, sizeof(nm), "backbone.layers.%d.%s", i, suffix), nm)
   int64_t sh_d[1] = {c->d_model}, sh_h[1] = {c->heads}, sh_n[1] = {c->d_state};
   int64_t sh_di[1] = {c->d_inner}, sh_bias[3] = {c->heads, 1, c->d_state};
   mbd_dtype f32 = MBD_DTYPE_F32;
-  if ((rc = load_vec(s, NAME("norm.weight"), 1, sh_d, m->dtype, &L->norm, err)) ||
-      (rc = load_mat(m, s, NAME("mixer.in_proj.weight"), c->d_in_proj, c->d_model, &L->in_proj,
+  if ((rc = load_vec(s, NAME("norm.weight"), 1, sh_d, m->t.dtype, &L->norm, err)) ||
+      (rc = mbd_trunk_mat(T, s, NAME("mixer.in_proj.weight"), c->d_in_proj, c->d_model, &L->in_proj,
                      err)) ||
       (rc = load_vec(s, NAME("mixer.dt_bias"), 1, sh_h, f32, &L->dt_bias, err)) ||
       (rc = load_vec(s, NAME("mixer.B_bias"), 3, sh_bias, f32, &L->b_bias, err)) ||
       (rc = load_vec(s, NAME("mixer.C_bias"), 3, sh_bias, f32, &L->c_bias, err)) ||
-      (rc = load_vec(s, NAME("mixer.B_norm.weight"), 1, sh_n, m->dtype, &L->b_norm, err)) ||
-      (rc = load_vec(s, NAME("mixer.C_norm.weight"), 1, sh_n, m->dtype, &L->c_norm, err)) ||
+      (rc = load_vec(s, NAME("mixer.B_norm.weight"), 1, sh_n, m->t.dtype, &L->b_norm, err)) ||
+      (rc = load_vec(s, NAME("mixer.C_norm.weight"), 1, sh_n, m->t.dtype, &L->c_norm, err)) ||
       (rc = load_vec(s, NAME("mixer.D"), 1, sh_h, f32, &L->D, err)) ||
       (c->outproj_norm &&
-       (rc = load_vec(s, NAME("mixer.norm.weight"), 1, sh_di, m->dtype, &L->onorm, err))) ||
-      (rc = load_mat(m, s, NAME("mixer.out_proj.weight"), c->d_model, c->d_inner, &L->out_proj,
+       (rc = load_vec(s, NAME("mixer.norm.weight"), 1, sh_di, m->t.dtype, &L->onorm, err))) ||
+      (rc = mbd_trunk_mat(T, s, NAME("mixer.out_proj.weight"), c->d_model, c->d_inner, &L->out_proj,
                      err)))
     return rc;
 #undef NAME
@@ -262,18 +221,22 @@ static int load_layer(mbd_mamba3_model *m, const mbd_st_dir *s, int i, mbd_error
 
 static int alloc_workspace(mbd_mamba3_model *m, mbd_error *err) {
   const mbd_mamba3_config *c = &m->cfg;
-  size_t r = (size_t)m->max_rows, d = (size_t)c->d_model, di = (size_t)c->d_inner;
-  float **bufs[] = {&m->resid, &m->xn, &m->proj, &m->y, &m->out};
-  size_t sizes[] = {r * d, r * d, r * (size_t)c->d_in_proj, r * di, r * d};
-  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-    *bufs[i] = calloc(sizes[i], sizeof(float));
-    if (!*bufs[i]) return mbd_error_set(err, MBD_E_NOMEM, "model: cannot allocate workspace");
-  }
-  m->scratch = calloc((size_t)mbd_cpu_ctx_threads(m->ctx) * 2 * (size_t)c->d_state, sizeof(float));
+  float **bufs[] = {&m->proj, &m->y};
+  size_t widths[] = {(size_t)c->d_in_proj, (size_t)c->d_inner};
+  int64_t ks[2] = {c->d_model, c->d_inner};
+  int rc = mbd_trunk_alloc_rows(&m->t, bufs, widths, 2, err);
+  if (rc) return rc;
+  m->scratch =
+      calloc((size_t)mbd_cpu_ctx_threads(m->t.ctx) * 2 * (size_t)c->d_state, sizeof(float));
   if (!m->scratch) return mbd_error_set(err, MBD_E_NOMEM, "model: cannot allocate workspace");
-  size_t a = mbd_cpu_gemm_scratch_bytes(c->d_model), b = mbd_cpu_gemm_scratch_bytes(c->d_inner);
-  return mbd_cpu_ctx_reserve(m->ctx, a > b ? a : b, err);
+  return mbd_trunk_reserve(&m->t, ks, 2, err);
 }
+
+/* The model's part of prefill and step (defined with the forward, below). */
+static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_t nseg,
+                        int64_t rows, mbd_error *err);
+static int state_fits(const void *model, const void *state);
+static void advance(void *state, int64_t n);
 
 int mbd_mamba3_load(const char *dir, const mbd_mamba3_options *opts, mbd_mamba3_model **out,
                     mbd_error *err) {
@@ -283,9 +246,6 @@ int mbd_mamba3_load(const char *dir, const mbd_mamba3_options *opts, mbd_mamba3_
     mbd_mamba3_options_default(&def);
     opts = &def;
   }
-  if (opts->dtype != MBD_DTYPE_F32 && opts->dtype != MBD_DTYPE_BF16 &&
-      opts->dtype != MBD_DTYPE_F16)
-    return mbd_error_set(err, MBD_E_INVALID, "model: storage dtype must be f32, bf16 or f16");
   mbd_st_dir *sh = NULL;
   mbd_mamba3_model *m = calloc(1, sizeof(*m));
   if (!m) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
@@ -295,9 +255,9 @@ int mbd_mamba3_load(const char *dir, const mbd_mamba3_options *opts, mbd_mamba3_
   m->dims = (mbd_m3_dims){.d_inner = c->d_inner, .heads = c->heads, .headdim = c->headdim,
                           .d_state = c->d_state, .ngroups = c->ngroups, .angles = c->angles,
                           .a_floor = c->a_floor, .eps = c->eps};
-  m->dtype = opts->dtype;
-  m->max_rows = opts->max_rows > 0 ? opts->max_rows : DEFAULT_MAX_ROWS;
-  if ((rc = mbd_cpu_ctx_new(opts->threads, (mbd_cpu_isa)opts->isa, &m->ctx, err))) goto fail;
+  if ((rc = mbd_trunk_init(&m->t, opts->dtype, opts->threads, opts->isa, opts->max_rows,
+                           c->d_model, err)))
+    goto fail;
   if ((rc = mbd_st_dir_open(dir, &sh, err))) goto fail;
   m->layers = calloc((size_t)c->n_layer, sizeof(layer_w));
   if (!m->layers) {
@@ -306,16 +266,12 @@ int mbd_mamba3_load(const char *dir, const mbd_mamba3_options *opts, mbd_mamba3_
   }
   for (int i = 0; i < c->n_layer; i++)
     if ((rc = load_layer(m, sh, i, err))) goto fail;
-  int64_t sh_d[1] = {c->d_model};
-  if ((rc = load_mat(m, sh, "backbone.embedding.weight", c->vocab_padded, c->d_model, &m->embed,
-                     err)))
+  if ((rc = mbd_trunk_load_embed(&m->t, sh, "backbone.embedding.weight", c->vocab_padded, err)) ||
+      (rc = mbd_trunk_load_tail(&m->t, sh, c->tie_embeddings, false, err)))
     goto fail;
-  if (!c->tie_embeddings &&
-      (rc = load_mat(m, sh, "lm_head.weight", c->vocab_padded, c->d_model, &m->lm_head, err)))
-    goto fail;
-  if ((rc = load_vec(sh, "backbone.norm_f.weight", 1, sh_d, m->dtype, &m->norm_f, err))) goto fail;
   mbd_st_dir_destroy(&sh);
   if ((rc = alloc_workspace(m, err))) goto fail;
+  mbd_trunk_bind(&m->t, m, state_fits, advance, forward_rows);
   *out = m;
   return MBD_OK;
 fail:
@@ -341,20 +297,10 @@ void mbd_mamba3_destroy(mbd_mamba3_model **pm) {
     mbd_cpu_wpack_destroy(&L->out_proj);
   }
   free(m->layers);
-  mbd_cpu_wpack_destroy(&m->embed);
-  mbd_cpu_wpack_destroy(&m->lm_head);
-  free(m->norm_f);
-  free(m->resid);
-  free(m->xn);
   free(m->proj);
   free(m->y);
-  free(m->out);
   free(m->scratch);
-  free(m->last);
-  free(m->seg);
-  free(m->step_tok);
-  free(m->step_len);
-  mbd_cpu_ctx_destroy(&m->ctx);
+  mbd_trunk_free(&m->t);
   free(m);
   *pm = NULL;
 }
@@ -362,7 +308,7 @@ void mbd_mamba3_destroy(mbd_mamba3_model **pm) {
 const mbd_mamba3_config *mbd_mamba3_model_config(const mbd_mamba3_model *m) { return &m->cfg; }
 int mbd_mamba3_vocab(const mbd_mamba3_model *m) { return m->cfg.vocab_padded; }
 const char *mbd_mamba3_isa(const mbd_mamba3_model *m) {
-  return mbd_cpu_isa_name(mbd_cpu_ctx_isa(m->ctx));
+  return mbd_cpu_isa_name(mbd_cpu_ctx_isa(m->t.ctx));
 }
 
 /* ---- state ---- */
@@ -416,7 +362,8 @@ void mbd_mamba3_state_destroy(mbd_mamba3_state **ps) {
 int64_t mbd_mamba3_state_position(const mbd_mamba3_state *s) { return s->pos; }
 
 size_t mbd_mamba3_state_export_size(const mbd_mamba3_state *s) {
-  return MBD_STATE_IMAGE_HEADER + n_all(s) * sizeof(float);
+  mbd_state_part p = {s->buf, n_all(s)};
+  return mbd_state_image_size(0, &p, 1);
 }
 
 mbd_state_shape mbd_mamba3_state_shape(const mbd_mamba3_config *c) {
@@ -436,38 +383,18 @@ static mbd_state_shape state_shape(const mbd_mamba3_state *s) {
 
 int mbd_mamba3_state_export(const mbd_mamba3_state *s, void *buf, size_t cap, size_t *len,
                             mbd_error *err) {
-  size_t need = mbd_mamba3_state_export_size(s), n = n_all(s);
-  if (cap < need)
-    return mbd_error_set(err, MBD_E_TOO_LARGE, "state export needs %zu bytes, buffer has %zu",
-                         need, cap);
-  unsigned char *p = buf;
+  mbd_state_part p = {s->buf, n_all(s)};
   mbd_state_shape shape = state_shape(s);
-  mbd_state_image_write_header(p, &shape, s->pos);
-  p += MBD_STATE_IMAGE_HEADER;
-  for (size_t i = 0; i < n; i++) {
-    uint32_t u = mbd_f32_to_bits(s->buf[i]);
-    for (int b = 0; b < 4; b++) p[4 * i + (size_t)b] = (unsigned char)(u >> (8 * b));
-  }
-  if (len) *len = need;
-  return MBD_OK;
+  return mbd_state_image_export(buf, cap, len, &shape, s->pos, NULL, 0, &p, 1, err);
 }
 
 int mbd_mamba3_state_import(mbd_mamba3_state *s, const void *buf, size_t len, mbd_error *err) {
-  int64_t pos;
+  mbd_state_part p = {s->buf, n_all(s)};
   mbd_state_shape shape = state_shape(s);
-  int rc = mbd_state_image_read_header(buf, len, &shape, &pos, err);
+  int64_t pos;
+  int rc = mbd_state_image_check(buf, len, &shape, 0, &p, 1, &pos, NULL, err);
   if (rc) return rc;
-  if (len != mbd_mamba3_state_export_size(s))
-    return mbd_error_set(err, MBD_E_FORMAT, "state import: %zu bytes, expected %zu", len,
-                         mbd_mamba3_state_export_size(s));
-  const unsigned char *p = (const unsigned char *)buf + MBD_STATE_IMAGE_HEADER;
-  size_t n = n_all(s);
-  for (size_t i = 0; i < n; i++) {
-    const unsigned char *q = p + 4 * i;
-    uint32_t u = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 |
-                 (uint32_t)q[3] << 24;
-    s->buf[i] = mbd_bits_to_f32(u);
-  }
+  mbd_state_image_read_parts(buf, 0, &p, 1);
   s->pos = pos;
   return MBD_OK;
 }
@@ -517,9 +444,11 @@ static void head_task(void *arg, int64_t task, int thread) {
   }
 }
 
-/* Runs all layers over the chunk's rows; leaves final-normed rows in m->xn. */
-static int forward_rows(mbd_mamba3_model *m, mbd_mamba3_state *const *states, const int64_t *seg,
-                        int64_t nseg, int64_t rows, mbd_error *err) {
+/* Runs all layers over the chunk's rows; leaves final-normed rows in m->t.xn. */
+static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_t nseg,
+                        int64_t rows, mbd_error *err) {
+  mbd_mamba3_model *m = model;
+  mbd_mamba3_state *const *states = (mbd_mamba3_state *const *)st;
   const mbd_mamba3_config *c = &m->cfg;
   int64_t d = c->d_model, di = c->d_inner, np = c->d_in_proj;
   chunk ch = {.m = m, .states = states, .seg = seg};
@@ -527,216 +456,42 @@ static int forward_rows(mbd_mamba3_model *m, mbd_mamba3_state *const *states, co
   for (int l = 0; l < c->n_layer; l++) {
     const layer_w *L = &m->layers[l];
     ch.layer = l;
-    for (int64_t r = 0; r < rows; r++)
-      mbd_cpu_rmsnorm(m->resid + r * d, L->norm, d, c->eps, m->xn + r * d);
-    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->xn, d, L->in_proj, NULL, m->proj, np, err)))
+    mbd_trunk_norm(&m->t, rows, L->norm, c->eps);
+    if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->t.xn, d, L->in_proj, NULL, m->proj, np, err)))
       return rc;
-    mbd_cpu_ctx_run_sized(m->ctx, pre_task, &ch, rows, rows * (np - 2 * di) * 16);
-    mbd_cpu_ctx_run_sized(m->ctx, head_task, &ch, nseg * c->heads,
+    mbd_cpu_ctx_run_sized(m->t.ctx, pre_task, &ch, rows, rows * (np - 2 * di) * 16);
+    mbd_cpu_ctx_run_sized(m->t.ctx, head_task, &ch, nseg * c->heads,
                           rows * di * c->d_state * 6);
-    if ((rc = mbd_cpu_gemm_packed(m->ctx, rows, m->y, di, L->out_proj, NULL, m->out, d, err)))
+    if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->y, di, L->out_proj, NULL, m->t.out, d, err)))
       return rc;
-    for (int64_t i = 0; i < rows * d; i++) m->resid[i] = m->resid[i] + m->out[i];
+    mbd_trunk_add_out(&m->t, rows);
   }
-  for (int64_t r = 0; r < rows; r++)
-    mbd_cpu_rmsnorm(m->resid + r * d, m->norm_f, d, c->eps, m->xn + r * d);
+  mbd_trunk_norm(&m->t, rows, m->t.norm_f, c->eps);
   return MBD_OK;
 }
 
-static int ensure_batch(mbd_mamba3_model *m, int batch, mbd_error *err) {
-  if (batch <= m->batch_cap) return MBD_OK;
-  float *last = realloc(m->last, (size_t)batch * (size_t)m->cfg.d_model * sizeof(float));
-  if (last) m->last = last;
-  int64_t *seg = last ? realloc(m->seg, (size_t)batch * 4 * sizeof(int64_t)) : NULL;
-  if (seg) m->seg = seg;
-  const int32_t **st = seg ? realloc(m->step_tok, (size_t)batch * sizeof(*st)) : NULL;
-  if (st) m->step_tok = st;
-  int64_t *sl = st ? realloc(m->step_len, (size_t)batch * sizeof(*sl)) : NULL;
-  if (!sl) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory for batch %d", batch);
-  m->step_len = sl;
-  m->batch_cap = batch;
-  return MBD_OK;
+static int state_fits(const void *model, const void *state) {
+  const mbd_mamba3_config *c = &((const mbd_mamba3_model *)model)->cfg;
+  const mbd_mamba3_state *s = state;
+  return s->n_layer == c->n_layer && s->heads == c->heads && s->headdim == c->headdim &&
+         s->d_state == c->d_state && s->angles == c->angles;
 }
 
-/* Writes the logits of the ALL selector for the chunk's segments. */
-static int logits_all(mbd_mamba3_model *m, const int64_t *lens, int g0, int64_t out_base,
-                      int64_t nseg, float *logits, mbd_error *err) {
-  const mbd_cpu_wpack *head = m->lm_head ? m->lm_head : m->embed;
-  int64_t V = m->cfg.vocab_padded, d = m->cfg.d_model;
-  for (int64_t i = 0; i < nseg; i++) {
-    const int64_t *sg = m->seg + 4 * i;
-    int64_t orow = out_base + sg[3];
-    for (int64_t b = g0; b < sg[0]; b++) orow += lens[b];
-    int rc = mbd_cpu_gemm_packed(m->ctx, sg[2], m->xn + sg[1] * d, d, head, NULL,
-                                 logits + orow * V, V, err);
-    if (rc) return rc;
-  }
-  return MBD_OK;
-}
+static void advance(void *state, int64_t n) { ((mbd_mamba3_state *)state)->pos += n; }
 
 int mbd_mamba3_prefill(mbd_mamba3_model *m, mbd_mamba3_state *const *states, int batch,
-                       const int32_t *const *tokens, const int64_t *lens, mbd_logits_sel sel,
+                       const int32_t *const *tokens, const int64_t *lens, mbd_logits_sel which,
                        float *logits, mbd_error *err) {
-  if (!m || batch < 0 || (batch > 0 && (!states || !tokens || !lens)))
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: NULL model/states/tokens/lens");
-  if (sel != MBD_LOGITS_NONE && sel != MBD_LOGITS_LAST && sel != MBD_LOGITS_ALL)
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: bad logits selector %d", (int)sel);
-  if (sel != MBD_LOGITS_NONE && !logits && batch > 0)
-    return mbd_error_set(err, MBD_E_INVALID, "prefill: logits requested but no buffer given");
-  const mbd_mamba3_config *c = &m->cfg;
-  int64_t V = c->vocab_padded, d = c->d_model;
-  for (int b = 0; b < batch; b++) {
-    const mbd_mamba3_state *s = states[b];
-    if (!s || s->n_layer != c->n_layer || s->heads != c->heads || s->headdim != c->headdim ||
-        s->d_state != c->d_state || s->angles != c->angles)
-      return mbd_error_set(err, MBD_E_SHAPE, "prefill: state %d is missing or for another model",
-                           b);
-    for (int b2 = 0; b2 < b; b2++)
-      if (states[b2] == s)
-        return mbd_error_set(err, MBD_E_INVALID, "prefill: sequences %d and %d share a state", b2,
-                             b);
-    if (lens[b] < 0 || (lens[b] > 0 && !tokens[b]))
-      return mbd_error_set(err, MBD_E_INVALID, "prefill: sequence %d has no tokens", b);
-    for (int64_t t = 0; t < lens[b]; t++)
-      if (tokens[b][t] < 0 || tokens[b][t] >= V)
-        return mbd_error_set(err, MBD_E_INVALID,
-                             "prefill: sequence %d position %lld: token %d outside vocabulary "
-                             "[0, %lld)",
-                             b, (long long)t, tokens[b][t], (long long)V);
-  }
-  int rc = ensure_batch(m, batch, err);
-  if (rc) return rc;
-  const mbd_cpu_wpack *head = m->lm_head ? m->lm_head : m->embed;
-  int64_t out_base = 0;
-  for (int g0 = 0; g0 < batch; g0 += (int)m->max_rows) {
-    int gn = batch - g0 < m->max_rows ? batch - g0 : (int)m->max_rows;
-    int64_t tw = m->max_rows / gn, glen = 0;
-    for (int b = g0; b < g0 + gn; b++) glen = lens[b] > glen ? lens[b] : glen;
-    for (int64_t t0 = 0; t0 < glen; t0 += tw) {
-      int64_t nseg = 0, rows = 0;
-      for (int b = g0; b < g0 + gn; b++) {
-        int64_t n = lens[b] - t0 < tw ? lens[b] - t0 : tw;
-        if (n <= 0) continue;
-        int64_t *sg = m->seg + 4 * nseg++;
-        sg[0] = b;
-        sg[1] = rows;
-        sg[2] = n;
-        sg[3] = t0;
-        for (int64_t t = 0; t < n; t++)
-          mbd_cpu_wpack_row(m->embed, tokens[b][t0 + t], m->resid + (rows + t) * d);
-        rows += n;
-      }
-      if ((rc = forward_rows(m, states, m->seg, nseg, rows, err))) return rc;
-      for (int64_t i = 0; i < nseg; i++) {
-        const int64_t *sg = m->seg + 4 * i;
-        int b = (int)sg[0];
-        states[b]->pos += sg[2];
-        if (sel == MBD_LOGITS_LAST && sg[3] + sg[2] == lens[b])
-          memcpy(m->last + (size_t)b * (size_t)d, m->xn + (sg[1] + sg[2] - 1) * d,
-                 (size_t)d * sizeof(float));
-      }
-      if (sel == MBD_LOGITS_ALL && (rc = logits_all(m, lens, g0, out_base, nseg, logits, err)))
-        return rc;
-    }
-    for (int b = g0; b < g0 + gn; b++) out_base += lens[b];
-  }
-  if (sel == MBD_LOGITS_LAST) {
-    int64_t n = 0;
-    for (int b = 0; b < batch; b++) {
-      if (lens[b] == 0) continue;
-      if (n != b) memmove(m->last + n * d, m->last + (int64_t)b * d, (size_t)d * sizeof(float));
-      n++;
-    }
-    if (n == batch) return mbd_cpu_gemm_packed(m->ctx, n, m->last, d, head, NULL, logits, V, err);
-    for (int b = 0, k = 0; b < batch; b++)
-      if (lens[b] > 0 &&
-          (rc = mbd_cpu_gemm_packed(m->ctx, 1, m->last + (int64_t)(k++) * d, d, head, NULL,
-                                    logits + (int64_t)b * V, V, err)))
-        return rc;
-  }
-  return MBD_OK;
+  return mbd_rows_prefill(m ? &m->t.rows : NULL, (void *const *)states, batch, tokens, lens,
+                          (mbd_logits_sel)which, logits, err);
 }
 
 int mbd_mamba3_step(mbd_mamba3_model *m, mbd_mamba3_state *const *states, int batch,
                     const int32_t *tokens, float *logits, mbd_error *err) {
-  if (!m || batch < 0 || (batch > 0 && !tokens))
-    return mbd_error_set(err, MBD_E_INVALID, "step: NULL model or tokens");
-  if (batch == 0) return MBD_OK;
-  int rc = ensure_batch(m, batch, err);
-  if (rc) return rc;
-  for (int b = 0; b < batch; b++) {
-    m->step_tok[b] = tokens + b;
-    m->step_len[b] = 1;
-  }
-  return mbd_mamba3_prefill(m, states, batch, m->step_tok, m->step_len,
-                            logits ? MBD_LOGITS_LAST : MBD_LOGITS_NONE, logits, err);
+  return mbd_rows_step(m ? &m->t.rows : NULL, (void *const *)states, batch, tokens, logits, err);
 }
 
 /* ---- the family vtable (kernels/model/family.h) ---- */
 
-static int fam_load(const char *dir, const mbd_cpu_model_opts *o, void **model, mbd_error *err) {
-  mbd_mamba3_options mo;
-  mbd_mamba3_options_default(&mo);
-  mo.dtype = o->dtype;
-  mo.threads = o->threads;
-  mo.isa = o->isa;
-  mbd_mamba3_model *m = NULL;
-  int rc = mbd_mamba3_load(dir, &mo, &m, err);
-  *model = m;
-  return rc;
-}
-
-static void fam_destroy(void *model) {
-  mbd_mamba3_model *m = model;
-  mbd_mamba3_destroy(&m);
-}
-
-static int64_t fam_vocab(const void *model) { return mbd_mamba3_vocab(model); }
-static const char *fam_isa(const void *model) { return mbd_mamba3_isa(model); }
-
-static int fam_state_new(const void *model, void **state, mbd_error *err) {
-  mbd_mamba3_state *s = NULL;
-  int rc = mbd_mamba3_state_new(model, &s, err);
-  *state = s;
-  return rc;
-}
-
-static void fam_state_free(void *state) {
-  mbd_mamba3_state *s = state;
-  mbd_mamba3_state_destroy(&s);
-}
-
-static size_t fam_state_bytes(const void *state) { return mbd_mamba3_state_export_size(state); }
-
-static int fam_state_save(const void *state, void *dst, size_t cap, mbd_error *err) {
-  return mbd_mamba3_state_export(state, dst, cap, NULL, err);
-}
-
-static int fam_state_load(void *state, const void *src, size_t len, mbd_error *err) {
-  return mbd_mamba3_state_import(state, src, len, err);
-}
-
-static int fam_prefill(void *model, void *const *states, int n, const int32_t *const *tokens,
-                       const int64_t *lens, mbd_logits_sel sel, float *logits, mbd_error *err) {
-  return mbd_mamba3_prefill(model, (mbd_mamba3_state *const *)states, n, tokens, lens, sel,
-                            logits, err);
-}
-
-static int fam_step(void *model, void *const *states, int n, const int32_t *tokens,
-                    float *logits, mbd_error *err) {
-  return mbd_mamba3_step(model, (mbd_mamba3_state *const *)states, n, tokens, logits, err);
-}
-
-const mbd_cpu_model_ops mbd_mamba3_cpu_ops = {
-    .load = fam_load,
-    .destroy = fam_destroy,
-    .vocab = fam_vocab,
-    .isa = fam_isa,
-    .state_new = fam_state_new,
-    .state_free = fam_state_free,
-    .state_bytes = fam_state_bytes,
-    .state_save = fam_state_save,
-    .state_load = fam_state_load,
-    .prefill = fam_prefill,
-    .step = fam_step,
-};
+MBD_CPU_FAMILY_LOAD(mamba3)
+MBD_CPU_FAMILY_OPS(mamba3, fam_load);

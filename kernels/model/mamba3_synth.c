@@ -1,5 +1,5 @@
-/* Synthetic Mamba-3 SISO checkpoint writer (see mamba3_synth.h). Every tensor
- * draws from its own splitmix64 stream keyed by (seed, tensor index). */
+/* Synthetic Mamba-3 SISO checkpoint writer (see mamba3_synth.h); the tensors
+ * come from kernels/model/synth_tensors.h. */
 #include "kernels/model/mamba3_synth.h"
 
 #include <jansson.h>
@@ -9,21 +9,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "common/half.h"
-#include "common/safetensors.h"
-
-static uint64_t mix(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-/* uniform in [-1, 1) */
-static double unif(uint64_t *s) {
-  *s += 0x9e3779b97f4a7c15ull;
-  return (double)(mix(*s) >> 11) * 0x1p-52 - 1.0;
-}
+#include "kernels/model/synth_tensors.h"
 
 int mbd_mamba3_synth_shape(const char *name, int d_model, int n_layer, int vocab,
                            mbd_mamba3_config *c, mbd_error *err) {
@@ -58,45 +44,6 @@ int mbd_mamba3_synth_shape(const char *name, int d_model, int n_layer, int vocab
   return MBD_OK;
 }
 
-enum { KIND_UNIFORM, KIND_ONES, KIND_DTBIAS };
-
-typedef struct tensor_buf {
-  char name[128];
-  mbd_tensor_desc desc;
-  void *data;
-} tensor_buf;
-
-static int gen(tensor_buf *t, const char *name, mbd_dtype dt, int ndim, const int64_t *shape,
-               int kind, double scale, uint64_t seed, uint64_t index, mbd_error *err) {
-  snprintf(t->name, sizeof(t->name), "%s", name);
-  int rc = mbd_tensor_desc_make(&t->desc, dt, ndim, shape, err);
-  size_t n = 0;
-  if (!rc) rc = mbd_tensor_desc_numel(&t->desc, &n, err);
-  if (rc) return rc;
-  t->data = malloc(n * mbd_dtype_size(dt) + 1);
-  if (!t->data) return mbd_error_set(err, MBD_E_NOMEM, "synth: out of memory for %s", name);
-  uint64_t s = mix(seed ^ mix(index));
-  for (size_t i = 0; i < n; i++) {
-    double v = 1.0;
-    if (kind == KIND_UNIFORM) {
-      v = unif(&s) * scale;
-    } else if (kind == KIND_DTBIAS) {
-      double u = (unif(&s) + 1.0) / 2.0;
-      double dtv = exp(u * (log(0.1) - log(0.001)) + log(0.001));
-      if (dtv < 1e-4) dtv = 1e-4;
-      v = dtv + log(-expm1(-dtv));
-    }
-    float f = (float)v;
-    if (dt == MBD_DTYPE_F32)
-      ((float *)t->data)[i] = f;
-    else if (dt == MBD_DTYPE_BF16)
-      ((uint16_t *)t->data)[i] = mbd_f32_to_bf16(f);
-    else
-      ((uint16_t *)t->data)[i] = mbd_f32_to_f16(f);
-  }
-  return MBD_OK;
-}
-
 static int write_config(const mbd_mamba3_config *c, const char *path, mbd_error *err) {
   json_t *ssm = json_pack("{s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:b, s:i}", "layer", "Mamba3",
                           "d_state", c->d_state, "expand", 2, "headdim", c->headdim, "ngroups",
@@ -116,56 +63,33 @@ static int write_config(const mbd_mamba3_config *c, const char *path, mbd_error 
 
 int mbd_mamba3_synth_write(const mbd_mamba3_config *c, mbd_dtype dtype, uint64_t seed,
                            const char *dir, mbd_error *err) {
-  if (dtype != MBD_DTYPE_F32 && dtype != MBD_DTYPE_BF16 && dtype != MBD_DTYPE_F16)
-    return mbd_error_set(err, MBD_E_INVALID, "synth: dtype must be f32, bf16 or f16");
   int64_t d = c->d_model, di = c->d_inner, N = c->d_state, H = c->heads;
-  size_t ntens = 2 + (size_t)c->n_layer * 9;
-  tensor_buf *t = calloc(ntens, sizeof(*t));
-  mbd_st_writer *w = NULL;
-  char path[4096], nm[128];
-  int rc = MBD_OK;
-  size_t k = 0;
-  if (!t) return mbd_error_set(err, MBD_E_NOMEM, "synth: out of memory");
+  mbd_synth_tensors ts, *T = &ts;
+  int rc = mbd_synth_tensors_init(T, 2 + (size_t)c->n_layer * 9, dtype, seed, err);
+  if (rc) return rc;
+  char path[4096];
   int64_t s_emb[2] = {c->vocab_padded, d}, s_d[1] = {d};
-  if ((rc = gen(&t[k], "backbone.embedding.weight", dtype, 2, s_emb, KIND_UNIFORM,
-                0.02 * sqrt(3.0), seed, k, err)))
-    goto fail;
-  k++;
+  mbd_synth_tensors_add(T, "backbone.embedding.weight", 2, s_emb, MBD_SYNTH_UNIFORM,
+                        0.02 * sqrt(3.0));
   for (int l = 0; l < c->n_layer; l++) {
     int64_t s_in[2] = {c->d_in_proj, d}, s_h[1] = {H}, s_bias[3] = {H, 1, N}, s_n[1] = {N};
     int64_t s_out[2] = {d, di};
-#define G(suffix, nd, shape, kind, scale)                                              \
-  do {                                                                                 \
-    snprintf(nm, sizeof(nm), "backbone.layers.%d.%s", l, suffix);                      \
-    if ((rc = gen(&t[k], nm, dtype, nd, shape, kind, scale, seed, k, err))) goto fail; \
-    k++;                                                                               \
-  } while (0)
-    G("norm.weight", 1, s_d, KIND_ONES, 0);
-    G("mixer.in_proj.weight", 2, s_in, KIND_UNIFORM, 1.0 / sqrt((double)d));
-    G("mixer.dt_bias", 1, s_h, KIND_DTBIAS, 0);
-    G("mixer.B_bias", 3, s_bias, KIND_ONES, 0);
-    G("mixer.C_bias", 3, s_bias, KIND_ONES, 0);
-    G("mixer.B_norm.weight", 1, s_n, KIND_ONES, 0);
-    G("mixer.C_norm.weight", 1, s_n, KIND_ONES, 0);
-    G("mixer.D", 1, s_h, KIND_ONES, 0);
-    G("mixer.out_proj.weight", 2, s_out, KIND_UNIFORM,
-      1.0 / sqrt((double)di) / sqrt((double)c->n_layer));
-#undef G
+    mbd_synth_tensors_add_layer(T, l, "norm.weight", 1, s_d, MBD_SYNTH_ONES, 0);
+    mbd_synth_tensors_add_layer(T, l, "mixer.in_proj.weight", 2, s_in, MBD_SYNTH_UNIFORM,
+                                1.0 / sqrt((double)d));
+    mbd_synth_tensors_add_layer(T, l, "mixer.dt_bias", 1, s_h, MBD_SYNTH_DTBIAS, 0);
+    mbd_synth_tensors_add_layer(T, l, "mixer.B_bias", 3, s_bias, MBD_SYNTH_ONES, 0);
+    mbd_synth_tensors_add_layer(T, l, "mixer.C_bias", 3, s_bias, MBD_SYNTH_ONES, 0);
+    mbd_synth_tensors_add_layer(T, l, "mixer.B_norm.weight", 1, s_n, MBD_SYNTH_ONES, 0);
+    mbd_synth_tensors_add_layer(T, l, "mixer.C_norm.weight", 1, s_n, MBD_SYNTH_ONES, 0);
+    mbd_synth_tensors_add_layer(T, l, "mixer.D", 1, s_h, MBD_SYNTH_ONES, 0);
+    mbd_synth_tensors_add_layer(T, l, "mixer.out_proj.weight", 2, s_out, MBD_SYNTH_UNIFORM,
+                                1.0 / sqrt((double)di) / sqrt((double)c->n_layer));
   }
-  if ((rc = gen(&t[k], "backbone.norm_f.weight", dtype, 1, s_d, KIND_ONES, 0, seed, k, err)))
-    goto fail;
-  k++;
-  if ((rc = mbd_st_writer_new(&w, err))) goto fail;
-  for (size_t i = 0; i < k; i++)
-    if ((rc = mbd_st_writer_add(w, t[i].name, &t[i].desc, t[i].data, err))) goto fail;
-  if ((rc = mbd_st_writer_set_metadata(w, "format", "pt", err))) goto fail;
-  snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-  if ((rc = mbd_st_writer_write(w, path, err))) goto fail;
+  mbd_synth_tensors_add(T, "backbone.norm_f.weight", 1, s_d, MBD_SYNTH_ONES, 0);
+  rc = mbd_synth_tensors_write(T, dir, NULL);
   snprintf(path, sizeof(path), "%s/config.json", dir);
-  rc = write_config(c, path, err);
-fail:
-  mbd_st_writer_destroy(&w);
-  for (size_t i = 0; i < ntens; i++) free(t[i].data);
-  free(t);
+  if (!rc) rc = write_config(c, path, err);
+  mbd_synth_tensors_free(T);
   return rc;
 }
