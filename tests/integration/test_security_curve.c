@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -262,6 +263,7 @@ static void test_killed_tcp_client_reclaimed(void **state) {
   pid_t p = fork();
   assert_true(p >= 0);
   if (p == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives a test that failed before the kill */
     close(fds[0]);
     wh c;
     client_open(&c, &g_cgood);
