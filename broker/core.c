@@ -90,7 +90,7 @@ struct mbd_bcore {
   size_t pending;                  /* queued + in flight (not zombies) */
   uint64_t next_ticket, next_gen;
   int64_t next_hb_ms;
-  int64_t next_reap_ms;            /* next sweep for sessions of departed local clients */
+  int64_t next_reap_ms;            /* next sweep for sessions of departed clients */
   mbd_breclaim *reclaim;           /* sessions by their client's process or connection */
   bool shutting;
   int64_t now_ms;                  /* the clock at the current entry point */
