@@ -20,6 +20,7 @@ void mbd_broker_config_defaults(mbd_broker_config *c) {
   c->default_deadline_ms = MBD_DEFAULT_DEADLINE_MS;
   c->hwm = MBD_DEFAULT_HWM;
   c->client_inflight = 1024;
+  c->reclaim_grace_ms = 5000;
 }
 
 static int parse_int(const char *opt, const char *v, int64_t lo, int64_t hi, int64_t *out,
@@ -105,6 +106,8 @@ int mbd_broker_config_parse(int argc, char **argv, mbd_broker_config *c, mbd_err
       snprintf(c->ipc_group, sizeof c->ipc_group, "%s", v);
     } else if (!strcmp(o, "--client-inflight")) {
       if (!(rc = parse_int(o, v, 1, 10000000, &x, err))) c->client_inflight = (int)x;
+    } else if (!strcmp(o, "--reclaim-grace-ms")) {
+      if (!(rc = parse_int(o, v, 0, 86400000, &x, err))) c->reclaim_grace_ms = (int)x;
     } else if (!strcmp(o, "--hwm")) {
       if (!(rc = parse_int(o, v, 1, 10000000, &x, err))) c->hwm = (int)x;
     } else {

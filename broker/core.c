@@ -90,8 +90,8 @@ struct mbd_bcore {
   size_t pending;                  /* queued + in flight (not zombies) */
   uint64_t next_ticket, next_gen;
   int64_t next_hb_ms;
-  int64_t next_reap_ms;            /* next sweep for sessions of departed local clients */
-  mbd_breclaim *reclaim;           /* sessions of local clients, by process */
+  int64_t next_reap_ms;            /* next sweep for sessions of departed clients */
+  mbd_breclaim *reclaim;           /* sessions by their client's process or connection */
   bool shutting;
   int64_t now_ms;                  /* the clock at the current entry point */
   int64_t probe_t0[2];             /* per side (mbd_bdest): when a disconnect was reported */
@@ -430,20 +430,21 @@ static int req_read(const msgpack_object *root, uint8_t cmd, breq *r, uint64_t *
   return scan_ipc(root, r, err);
 }
 
-/* Remembers sessions that local clients open and forgets those they close. */
+/* Remembers the sessions clients open and forgets those they close. */
 static void track_session(mbd_bcore *c, const breq *r, const mbd_bworker *w, const mbd_msg *m) {
   if (r->cmd == MBD_CMD_CLOSE) {
     mbd_breclaim_closed(c->reclaim, r->session_id);
     return;
   }
-  if ((r->cmd != MBD_CMD_OPEN && r->cmd != MBD_CMD_IMPORT) || r->caller_pid <= 0) return;
+  if (r->cmd != MBD_CMD_OPEN && r->cmd != MBD_CMD_IMPORT) return;
   size_t blen = 0;
   const void *b = mbd_msg_body(m, &blen);
   mbd_body *body = NULL;
   char sid[2 * MBD_BW_UID_MAX] = "";
   if (!mbd_body_parse(b, blen, &body, NULL) &&
       !mbd_obj_str(mbd_body_root(body), "session", true, sid, sizeof sid, NULL))
-    mbd_breclaim_opened(c->reclaim, sid, w->uid, r->caller, r->caller_pid);
+    mbd_breclaim_opened(c->reclaim, sid, w->uid, r->caller, r->caller_pid, r->client,
+                        r->client_len);
   mbd_body_destroy(&body);
 }
 
@@ -891,6 +892,7 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   }
   snprintf(r->caller, sizeof r->caller, "%s", who.id);
   r->caller_pid = who.has_uid ? who.pid : 0;
+  mbd_breclaim_seen(c->reclaim, r->caller, pcopy, plen); /* a key back within the grace period */
   if (dl == 0) dl = (uint64_t)c->cfg.default_deadline_ms;
   if (dl > DEADLINE_MAX_MS) dl = DEADLINE_MAX_MS;
   r->client_tag = tag;
@@ -1229,8 +1231,20 @@ done:
 
 /* ---- timers ------------------------------------------------------------------------ */
 
+/* Whether the client at conn can still be reached (the probe callback, or a HEARTBEAT). */
+static bool client_reachable(void *ctx, const uint8_t *conn, size_t len) {
+  mbd_bcore *c = ctx;
+  if (c->probe) return c->probe(c->ctx, conn, len) != MBD_E_NOT_FOUND;
+  mbd_msg *m = NULL;
+  mbd_error e = {0};
+  if (mbd_msg_new(MBD_CMD_HEARTBEAT, 0, &m, NULL)) return true;
+  mbd_msg_set_peer(m, conn, len, NULL);
+  return c->send(c->ctx, MBD_BDEST_CLIENT, &m, &e) != MBD_E_NOT_FOUND;
+}
+
 /* One probe round on side d: a HEARTBEAT to each peer of that side; a peer
- * that can no longer be reached (ROUTER_MANDATORY: EHOSTUNREACH) is gone. */
+ * that can no longer be reached (ROUTER_MANDATORY: EHOSTUNREACH) is gone.
+ * On the clients side this covers the clients that hold sessions as well. */
 static void probe_round(mbd_bcore *c, mbd_bdest d) {
   if (d == MBD_BDEST_WORKER) {
     for (size_t i = 0; i < mbd_registry_count(c->reg); i++) {
@@ -1246,23 +1260,13 @@ static void probe_round(mbd_bcore *c, mbd_bdest d) {
     }
     return;
   }
+  mbd_breclaim_probe(c->reclaim, client_reachable, c, c->now_ms);
   for (breq *r = c->all; r;) {
     breq *next = r->anext;
     /* One probe per client identity: requests of one client are often adjacent. */
     bool dup = r->aprev && r->aprev->client_len == r->client_len &&
                !memcmp(r->aprev->client, r->client, r->client_len);
-    mbd_msg *m = NULL;
-    mbd_error e = {0};
-    int rc = MBD_OK;
-    if (r->state != RQ_ZOMBIE && !dup) {
-      if (c->probe) {
-        rc = c->probe(c->ctx, r->client, r->client_len);
-      } else if (!mbd_msg_new(MBD_CMD_HEARTBEAT, 0, &m, NULL)) {
-        mbd_msg_set_peer(m, r->client, r->client_len, NULL);
-        rc = c->send(c->ctx, MBD_BDEST_CLIENT, &m, &e);
-      }
-    }
-    if (rc == MBD_E_NOT_FOUND) {
+    if (r->state != RQ_ZOMBIE && !dup && !client_reachable(c, r->client, r->client_len)) {
       uint8_t id[MBD_BW_IDENT_MAX];
       size_t il = r->client_len;
       memcpy(id, r->client, il);
@@ -1285,7 +1289,8 @@ static bool pid_alive(int64_t pid) {
 
 /* CLOSE {session, caller} to the session's worker on behalf of its departed
  * owner; the answer comes back under ticket 0 and is dropped. */
-static void reclaim_close(void *ctx, const char *id, const char *worker_uid, const char *caller) {
+static void reclaim_close(void *ctx, const char *id, const char *worker_uid, const char *caller,
+                          const char *why) {
   mbd_bcore *c = ctx;
   mbd_bworker *w = mbd_registry_find_uid(c->reg, worker_uid);
   if (!w || w->dead) return;
@@ -1306,14 +1311,15 @@ static void reclaim_close(void *ctx, const char *id, const char *worker_uid, con
     return;
   }
   msgpack_sbuffer_destroy(&sb);
-  MBD_LOGI(LOG, "closing session %s on %s: its client (%s) has exited", id, w->name, caller);
+  MBD_LOGI(LOG, "closing session %s on %s: its client (%s) is gone (%s)", id, w->name,
+           caller[0] ? caller : "anonymous", why);
   send_to(c, MBD_BDEST_WORKER, &m);
 }
 
 void mbd_bcore_tick(mbd_bcore *c, int64_t now) {
   c->now_ms = now;
   if (now >= c->next_reap_ms) {
-    mbd_breclaim_sweep(c->reclaim, pid_alive, reclaim_close, c);
+    mbd_breclaim_sweep(c->reclaim, pid_alive, reclaim_close, c, now, c->cfg.reclaim_grace_ms);
     c->next_reap_ms = now + 1000;
   }
   for (int d = 0; d < 2; d++)

@@ -41,6 +41,8 @@ typedef struct mbd_broker_config {
   bool insecure_workers;              /* --insecure workers */
   char ipc_group[64];                 /* --ipc-group: group that may reach ipc sockets ("" = none) */
   int client_inflight;                /* unanswered requests one caller may have (1024); more -> BUSY */
+  int reclaim_grace_ms;               /* --reclaim-grace-ms: a session's connection stays gone
+                                         this long before the broker closes the session (5000) */
 } mbd_broker_config;
 
 void mbd_broker_config_defaults(mbd_broker_config *c);

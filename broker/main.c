@@ -18,7 +18,7 @@ static void usage(FILE *f) {
           "usage: mambad-broker --clients EP --workers EP [--heartbeat-ms 1000] [--liveness 3]\n"
           "                     [--queue-limit 1024] [--queue-mb 512] [--max-message-mb 2048]\n"
           "                     [--default-deadline-ms 60000] [--hwm 10000] [--client-inflight 1024]\n"
-          "                     [--default-digest NAME=DIGEST]...\n"
+          "                     [--default-digest NAME=DIGEST]... [--reclaim-grace-ms 5000]\n"
           "                     [--ipc-group GROUP] [--curve-secret FILE] [--client-keys SPEC]\n"
           "                     [--worker-keys SPEC] [--operator-keys SPEC]\n"
           "                     [--insecure clients|workers]\n"
@@ -28,6 +28,8 @@ static void usage(FILE *f) {
           "whose digest starts with DIGEST (else a name served with two digests is refused).\n"
           "ipc directories must belong to the broker's uid with mode 0700 (0750 with --ipc-group);\n"
           "sockets get 0600 (0660 and the group with --ipc-group).\n"
+          "--reclaim-grace-ms: sessions of a tcp client whose connection is gone are closed\n"
+          "after this long, unless the same CURVE key sends a request meanwhile.\n"
           "tcp endpoints are CURVE servers (--curve-secret, keys from `mambad keygen`) admitting\n"
           "only the listed public keys (SPEC: a key, a file of keys, or a directory of *.pub);\n"
           "tcp without CURVE is refused unless --insecure names the endpoint. docs/security.md.\n");

@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "client/mambad.h"
+#include "common/curve.h"
 #include "common/deploy_config.h"
 
 #define MAX_CHILDREN (1 + MBD_DEPLOY_MAX_WORKERS * 64)
@@ -452,6 +453,41 @@ static void check_ready(supervisor *s, mbd_client *cl, int64_t t0) {
   mbd_status_report_free(&r);
 }
 
+/* The readiness poll's client. On a CURVE clients endpoint of a broker this
+ * host runs, the poll needs a key the broker admits: the supervisor makes a
+ * key pair of its own, passes its public half to the broker as one more
+ * --operator-keys entry (operator: STATUS shows the pids "ready" prints) and
+ * polls with it. The secret never reaches a disk the service keeps: it is
+ * written to a private temporary directory (0700, file 0600) only for
+ * libmambad to read at creation and removed at once. */
+static int make_poller(supervisor *s, const mbd_deploy_config *cfg, const mbd_curve_pair *probe,
+                       mbd_client **out, mbd_error *err) {
+  mbd_client_options co;
+  mbd_client_options_init(&co);
+  co.deadline_ms = 1000;
+  co.connect_ms = 500;
+  if (!probe) return mbd_client_new(s->clients_connect, &co, out, err);
+  const char *tmp = getenv("TMPDIR");
+  char dir[PATH_MAX], prefix[PATH_MAX + 16], key[PATH_MAX + 32], pub[PATH_MAX + 32];
+  snprintf(dir, sizeof dir, "%s/mambad-up-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+  if (!mkdtemp(dir))
+    return mbd_error_set(err, MBD_E_IO, "cannot make a private directory for the readiness "
+                         "poll's key in %s: %s", tmp && tmp[0] ? tmp : "/tmp", strerror(errno));
+  snprintf(prefix, sizeof prefix, "%s/poll", dir);
+  snprintf(key, sizeof key, "%s.key", prefix);
+  snprintf(pub, sizeof pub, "%s.pub", prefix);
+  int rc = mbd_curve_write(prefix, probe, err);
+  if (!rc) {
+    co.curve_key = key;
+    co.server_key = cfg->security.broker_key;
+    rc = mbd_client_new(s->clients_connect, &co, out, err);
+  }
+  unlink(key);
+  unlink(pub);
+  rmdir(dir);
+  return rc;
+}
+
 /* SIGTERM the gateway, then the workers, then the broker; SIGKILL what is
  * left of each after the grace period. */
 static void stop_all(supervisor *s) {
@@ -640,6 +676,17 @@ int main(int argc, char **argv) {
     fprintf(stderr, "mambad up: %s: %s\n", mbd_status_name(err.code), err.msg);
     goto done;
   }
+  mbd_curve_pair probe;
+  bool probe_curve = (s->roles & ROLE_BROKER) && s->n && s->kids[0].is_broker &&
+                     cfg->security.curve && !strncmp(cfg->clients_ep, "tcp://", 6);
+  if (probe_curve) {
+    if (mbd_curve_generate(&probe, &err) || add_arg(&s->kids[0], "--operator-keys") ||
+        add_arg(&s->kids[0], "%s", probe.public_key)) {
+      fprintf(stderr, "mambad up: cannot make the readiness poll's key: %s\n",
+              err.msg[0] ? err.msg : "out of memory");
+      goto done;
+    }
+  }
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
@@ -662,11 +709,7 @@ int main(int argc, char **argv) {
     fflush(stdout);
     if (i == 0) sleep_ms(100); /* let the broker bind before workers connect */
   }
-  mbd_client_options co;
-  mbd_client_options_init(&co);
-  co.deadline_ms = 1000;
-  co.connect_ms = 500;
-  if (mbd_client_new(s->clients_connect, &co, &cl, &err))
+  if (make_poller(s, cfg, probe_curve ? &probe : NULL, &cl, &err))
     fprintf(stderr, "mambad up: cannot watch registrations: %s\n", err.msg);
   int64_t last_check = 0;
   rc = 0;

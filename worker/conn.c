@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -22,6 +23,8 @@ struct mbd_wconn {
   const mbd_wstate *st;       /* borrowed: options, identities */
   void *zctx;                 /* own ZeroMQ context */
   void *sock;                 /* DEALER to the broker: I/O thread only once started */
+  void *mon;                  /* PAIR reading the DEALER's failed CURVE handshakes, or NULL */
+  unsigned mon_gen;           /* monitor endpoints are per DEALER: a fresh name each time */
   void *pipe_io, *pipe_cmp;   /* PAIR ends: I/O thread's, compute thread's */
   pthread_t thread;
   bool started;
@@ -63,6 +66,7 @@ void mbd_wconn_destroy(mbd_wconn **pc) {
     zmq_ctx_shutdown(c->zctx);
     pthread_join(c->thread, NULL);
   }
+  if (c->mon) zmq_close(c->mon);
   if (c->sock) zmq_close(c->sock);
   if (c->pipe_io) zmq_close(c->pipe_io);
   if (c->pipe_cmp) zmq_close(c->pipe_cmp);
@@ -171,9 +175,53 @@ void mbd_wconn_announce_draining(mbd_wconn *c) {
   msgpack_sbuffer_destroy(&sb);
 }
 
+/* With CURVE: watches the DEALER for a handshake the broker's ZAP handler
+ * refused (ZMQ_EVENT_HANDSHAKE_FAILED_AUTH), which nothing else reports: the
+ * socket just reconnects and is refused again. */
+static int sock_monitor(mbd_wconn *c, mbd_error *err) {
+  char ep[64];
+  snprintf(ep, sizeof ep, "inproc://mbd-worker-mon-%u", c->mon_gen++);
+  int zero = 0;
+  if (zmq_socket_monitor(c->sock, ep, ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) ||
+      !(c->mon = zmq_socket(c->zctx, ZMQ_PAIR)) ||
+      zmq_setsockopt(c->mon, ZMQ_LINGER, &zero, sizeof zero) ||
+      zmq_setsockopt(c->mon, ZMQ_RCVTIMEO, &zero, sizeof zero) || zmq_connect(c->mon, ep))
+    return mbd_error_set(err, MBD_E_IO, "socket monitor: %s", zmq_strerror(zmq_errno()));
+  return MBD_OK;
+}
+
+/* Reads the monitor's events; a refused handshake makes the connection fail
+ * for good (c->refused), naming the key the broker did not admit. */
+static void read_monitor(mbd_wconn *c) {
+  for (;;) {
+    zmq_msg_t f;
+    zmq_msg_init(&f);
+    if (zmq_msg_recv(&f, c->mon, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&f);
+      return;
+    }
+    uint16_t ev = 0;
+    uint32_t status = 0;
+    bool first = zmq_msg_size(&f) == 6 && zmq_msg_more(&f);
+    if (first) {
+      memcpy(&ev, zmq_msg_data(&f), 2);
+      memcpy(&status, (const uint8_t *)zmq_msg_data(&f) + 2, 4);
+    }
+    zmq_msg_close(&f);
+    if (!first || ev != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) continue;
+    mbd_error_set(&c->err, MBD_E_INVALID,
+                  "the broker at %s refused this worker's CURVE key %s (ZAP status %u): add the "
+                  "worker's public key to the broker's --worker-keys, or check --server-key",
+                  c->st->o.connect, c->st->o.curve_key.public_key, (unsigned)status);
+    c->refused = true;
+  }
+}
+
 /* (Re)creates the DEALER, connects and sends READY; restarts the liveness clock. */
 static int sock_register(mbd_wconn *c, mbd_error *err) {
   const mbd_wstate *st = c->st;
+  if (c->mon) zmq_close(c->mon);
+  c->mon = NULL;
   if (c->sock) zmq_close(c->sock);
   c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
   if (!c->sock) return mbd_error_set(err, MBD_E_IO, "zmq_socket: %s", zmq_strerror(zmq_errno()));
@@ -182,7 +230,8 @@ static int sock_register(mbd_wconn *c, mbd_error *err) {
   zmq_setsockopt(c->sock, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm);
   /* recv after poll only: never block the I/O thread. */
   zmq_setsockopt(c->sock, ZMQ_RCVTIMEO, &rcvtimeo, sizeof rcvtimeo);
-  if (st->o.curve && mbd_curve_client(c->sock, &st->o.curve_key, st->o.server_key, err))
+  if (st->o.curve && (mbd_curve_client(c->sock, &st->o.curve_key, st->o.server_key, err) ||
+                      sock_monitor(c, err)))
     return err->code;
   if (zmq_connect(c->sock, st->o.connect))
     return mbd_error_set(err, MBD_E_IO, "cannot connect to broker at %s: %s (check --connect)",
@@ -190,7 +239,7 @@ static int sock_register(mbd_wconn *c, mbd_error *err) {
   send_ready(c);
   c->last_heard = mono_s();
   c->next_hb = c->last_heard + c->st->o.heartbeat_ms / 1000.0;
-  MBD_LOGI(LOGC, "%s registered at %s: uid %s route %.16s…", st->o.name, st->o.connect, st->uid,
+  MBD_LOGI(LOGC, "%s registering at %s: uid %s route %.16s…", st->o.name, st->o.connect, st->uid,
            st->route_id);
   return MBD_OK;
 }
@@ -264,10 +313,12 @@ static void *io_main(void *arg) {
   mbd_wconn *c = arg;
   double hb = c->st->o.heartbeat_ms / 1000.0;
   for (;;) {
-    zmq_pollitem_t it[2] = {{c->sock, 0, ZMQ_POLLIN, 0}, {c->pipe_io, 0, ZMQ_POLLIN, 0}};
+    zmq_pollitem_t it[3] = {{c->sock, 0, ZMQ_POLLIN, 0},
+                            {c->pipe_io, 0, ZMQ_POLLIN, 0},
+                            {c->mon, 0, ZMQ_POLLIN, 0}};
     long timeout = (long)((c->next_hb - mono_s()) * 1000.0) + 1;
     if (timeout < 0) timeout = 0;
-    if (zmq_poll(it, 2, timeout) < 0 && zmq_errno() != EINTR) {
+    if (zmq_poll(it, c->mon ? 3 : 2, timeout) < 0 && zmq_errno() != EINTR) {
       mbd_error_set(&c->err, MBD_E_IO, "zmq_poll: %s", zmq_strerror(zmq_errno()));
       break;
     }
@@ -277,6 +328,8 @@ static void *io_main(void *arg) {
       zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
       return NULL;
     }
+    if (c->mon && (it[2].revents & ZMQ_POLLIN)) read_monitor(c);
+    if (c->refused) break;
     bool again = (it[0].revents & ZMQ_POLLIN) && relay_in(c);
     if (c->refused) break;
     double t = mono_s();

@@ -2,14 +2,17 @@
  * endpoints are CURVE servers admits a listed worker and a listed client
  * (requests route and are answered) and rejects an unlisted worker key and an
  * unlisted client key (never registered / never answered; the broker logs the
- * key). STATUS detail goes only to an operator key. tcp without CURVE is
- * refused at start-up unless marked insecure. No root needed. */
+ * key). A worker whose key is refused exits non-zero saying so. STATUS detail
+ * goes only to an operator key. Sessions of a CURVE client that was killed
+ * are closed on their worker. tcp without CURVE is refused at start-up
+ * unless marked insecure. No root needed. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,9 +25,9 @@
 #include "support/worker_harness.h"
 
 static wh g_h;
-static char g_cep[64], g_wep[64], g_log[320];
+static char g_cep[64], g_wep[64], g_log[320], g_wbadlog[320];
 static mbd_curve_pair g_broker, g_wgood, g_wbad, g_cgood, g_cbad, g_op;
-static pid_t g_bpid;
+static pid_t g_bpid, g_wbadpid;
 
 static void keyfile(const char *name, mbd_curve_pair *p, char *path, size_t cap) {
   char prefix[300];
@@ -34,23 +37,27 @@ static void keyfile(const char *name, mbd_curve_pair *p, char *path, size_t cap)
   snprintf(path, cap, "%s.key", prefix);
 }
 
-static bool log_has(const char *needle) {
-  FILE *f = fopen(g_log, "r");
-  if (!f) return false;
+/* Lines of the file at path that contain needle. */
+static int log_count(const char *path, const char *needle) {
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
   char line[1024];
-  bool hit = false;
-  while (!hit && fgets(line, sizeof line, f)) hit = strstr(line, needle) != NULL;
+  int n = 0;
+  while (fgets(line, sizeof line, f)) n += strstr(line, needle) != NULL;
   fclose(f);
-  return hit;
+  return n;
 }
 
-static bool wait_log(const char *needle, int ms) {
+/* Waits (ms is a guard against hangs) until the broker log has n lines with needle. */
+static bool wait_log_n(const char *needle, int n, int ms) {
   for (int i = 0; i < ms / 20; i++) {
-    if (log_has(needle)) return true;
+    if (log_count(g_log, needle) >= n) return true;
     usleep(20000);
   }
   return false;
 }
+
+static bool wait_log(const char *needle, int ms) { return wait_log_n(needle, 1, ms); }
 
 /* A client DEALER to the clients endpoint with key pair k (NULL: no CURVE). */
 static void client_open(wh *c, const mbd_curve_pair *k) {
@@ -92,6 +99,7 @@ static int setup(void **state) {
   snprintf(g_cep, sizeof g_cep, "tcp://127.0.0.1:%d", port);
   snprintf(g_wep, sizeof g_wep, "tcp://127.0.0.1:%d", port + 1);
   snprintf(g_log, sizeof g_log, "%s/broker.log", g_h.dir);
+  snprintf(g_wbadlog, sizeof g_wbadlog, "%s/wbad.log", g_h.dir);
   char bkey[320], wkey[320], wbad[320], ckey[320], cbad[320], opkey[320];
   keyfile("broker", &g_broker, bkey, sizeof bkey);
   keyfile("wgood", &g_wgood, wkey, sizeof wkey);
@@ -106,7 +114,7 @@ static int setup(void **state) {
   snprintf(oppub, sizeof oppub, "%s/op.pub", g_h.dir);
   char *argv[] = {exe, "--clients", g_cep, "--workers", g_wep, "--heartbeat-ms", "200",
                   "--curve-secret", bkey, "--worker-keys", wpub, "--client-keys", cpub,
-                  "--operator-keys", oppub, NULL};
+                  "--operator-keys", oppub, "--reclaim-grace-ms", "300", NULL};
   g_bpid = procs_spawn(argv, g_log);
   if (!wait_log("broker ready", 20000)) {
     procs_sh("cat '%s' >&2", g_log);
@@ -116,19 +124,20 @@ static int setup(void **state) {
   snprintf(wx, sizeof wx, "%s/mambad-worker", g_h.bin);
   snprintf(model, sizeof model, "tiny=%s", g_h.model_dir);
   char *good[] = {wx, "--connect", g_wep, "--name", "wgood", "--model", model, "--heartbeat-ms",
-                  "200", "--threads", "1", "--curve-secret", wkey, "--server-key",
-                  g_broker.public_key, NULL};
+                  "200", "--threads", "1", "--capacity", "4", "--client-sessions", "2",
+                  "--curve-secret", wkey, "--server-key", g_broker.public_key, NULL};
   char *bad[] = {wx, "--connect", g_wep, "--name", "wbad", "--model", model, "--heartbeat-ms",
                  "200", "--threads", "1", "--curve-secret", wbad, "--server-key",
                  g_broker.public_key, NULL};
   g_h.procs[g_h.nprocs++] = procs_spawn(good, NULL);
-  g_h.procs[g_h.nprocs++] = procs_spawn(bad, NULL);
+  g_wbadpid = procs_spawn(bad, g_wbadlog);
   return 0;
 }
 
 static int teardown(void **state) {
   (void)state;
   g_h.broker = g_bpid;
+  if (g_wbadpid > 0) procs_stop(g_wbadpid, SIGKILL, 1000, NULL);
   wh_fini(&g_h);
   return 0;
 }
@@ -211,6 +220,83 @@ static void test_unlisted_keys_rejected(void **state) {
   client_close(&c);
 }
 
+/* A worker whose CURVE key the broker does not admit cannot register: it
+ * exits non-zero, saying that the broker refused its key (a supervisor then
+ * backs off and reports it). */
+static void test_refused_worker_exits(void **state) {
+  (void)state;
+  int st = procs_wait_exit(g_wbadpid, 30000);
+  g_wbadpid = 0;
+  if (st == -1) procs_sh("cat '%s' >&2", g_wbadlog);
+  assert_int_not_equal(st, -1);
+  assert_true(WIFEXITED(st));
+  assert_int_not_equal(WEXITSTATUS(st), 0);
+  char needle[160];
+  snprintf(needle, sizeof needle, "refused this worker's CURVE key %s", g_wbad.public_key);
+  if (log_count(g_wbadlog, needle) < 1) procs_sh("cat '%s' >&2", g_wbadlog);
+  assert_true(log_count(g_wbadlog, needle) >= 1);
+}
+
+/* Opens sessions through c until it holds `want` (BUSY retried for up to 20 s). */
+static int open_until(wh *c, int want) {
+  int have = 0;
+  for (int i = 0; i < 1000 && have < want; i++) {
+    char sid[64] = "";
+    mbd_msg *m = wh_open(c, sid, sizeof sid);
+    int code = wh_code(m);
+    mbd_msg_destroy(&m);
+    if (code != 0 && code != MBD_E_BUSY) return -1;
+    if (code == 0) have++;
+    else usleep(20000);
+  }
+  return have == want ? 0 : -1;
+}
+
+/* A CURVE client holding its limit of sessions (--client-sessions 2) is
+ * killed: the broker notices its connection is gone and, after the grace
+ * period, closes both sessions on the worker, so the same key can open two
+ * again long before the idle timeout. */
+static void test_killed_tcp_client_reclaimed(void **state) {
+  (void)state;
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  pid_t p = fork();
+  assert_true(p >= 0);
+  if (p == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives a test that failed before the kill */
+    close(fds[0]);
+    wh c;
+    client_open(&c, &g_cgood);
+    char ok = open_until(&c, 2) == 0 ? 'k' : 'f';
+    if (write(fds[1], &ok, 1) != 1) _exit(1);
+    for (;;) pause(); /* holds the sessions until killed */
+  }
+  close(fds[1]);
+  char ok = 0;
+  assert_int_equal(read(fds[0], &ok, 1), 1);
+  close(fds[0]);
+  assert_int_equal(ok, 'k');
+  /* Held: the same key is refused a third session. */
+  wh c;
+  client_open(&c, &g_cgood);
+  char sid[64] = "";
+  mbd_msg *m = wh_open(&c, sid, sizeof sid);
+  assert_int_equal(wh_code(m), MBD_E_BUSY);
+  mbd_msg_destroy(&m);
+  client_close(&c);
+  int before = log_count(g_log, "its connection is gone");
+  assert_int_equal(kill(p, SIGKILL), 0);
+  int st = 0;
+  assert_int_equal(waitpid(p, &st, 0), p);
+  if (!wait_log_n("its connection is gone", before + 2, 30000)) procs_sh("cat '%s' >&2", g_log);
+  char needle[160];
+  snprintf(needle, sizeof needle, "its client (key:%s) is gone", g_cgood.public_key);
+  assert_true(log_count(g_log, needle) >= 2);
+  client_open(&c, &g_cgood);
+  assert_int_equal(open_until(&c, 2), 0); /* the worker freed them */
+  client_close(&c);
+}
+
 static void test_tcp_without_curve_refused(void **state) {
   (void)state;
   char exe[600], log[400];
@@ -228,6 +314,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_routing_over_curve),
       cmocka_unit_test(test_unlisted_keys_rejected),
+      cmocka_unit_test(test_refused_worker_exits),
+      cmocka_unit_test(test_killed_tcp_client_reclaimed),
       cmocka_unit_test(test_tcp_without_curve_refused),
   };
   if (!getenv("MBD_BIN_DIR") || !getenv("MBD_FIXTURES_DIR")) return 77;

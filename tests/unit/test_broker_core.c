@@ -732,26 +732,59 @@ static void test_uid_bound_to_peer(void **state) {
 
 static bool g_dead_pid_alive(int64_t pid) { return pid != 42; }
 static char g_closed[128];
-static void on_reclaim(void *ctx, const char *id, const char *worker_uid, const char *caller) {
+static void on_reclaim(void *ctx, const char *id, const char *worker_uid, const char *caller,
+                       const char *why) {
   (void)ctx;
+  (void)why;
   snprintf(g_closed, sizeof g_closed, "%s %s %s", id, worker_uid, caller);
+}
+static bool g_conn_c1_up = true;
+static bool conn_reachable(void *ctx, const uint8_t *conn, size_t len) {
+  (void)ctx;
+  return !(len == 2 && !memcmp(conn, "c1", 2)) || g_conn_c1_up;
 }
 
 static void test_reclaim_departed(void **state) {
   (void)state;
   mbd_breclaim *r = mbd_breclaim_new();
   assert_non_null(r);
-  mbd_breclaim_opened(r, "u1/aa", "u1", "uid:5", 42);
-  mbd_breclaim_opened(r, "u1/bb", "u1", "uid:5", 42);
-  mbd_breclaim_opened(r, "u1/cc", "u1", "uid:6", 43);
-  mbd_breclaim_opened(r, "u1/dd", "u1", "key:x", 0); /* no pid: not tracked */
+  mbd_breclaim_opened(r, "u1/aa", "u1", "uid:5", 42, (const uint8_t *)"c0", 2);
+  mbd_breclaim_opened(r, "u1/bb", "u1", "uid:5", 42, (const uint8_t *)"c0", 2);
+  mbd_breclaim_opened(r, "u1/cc", "u1", "uid:6", 43, (const uint8_t *)"c0", 2);
+  mbd_breclaim_opened(r, "u1/dd", "u1", "key:x", 0, NULL, 0); /* neither pid nor conn */
   assert_int_equal(mbd_breclaim_count(r), 3);
   mbd_breclaim_closed(r, "u1/bb");
-  assert_int_equal(mbd_breclaim_sweep(r, g_dead_pid_alive, on_reclaim, NULL), 1);
+  assert_int_equal(mbd_breclaim_sweep(r, g_dead_pid_alive, on_reclaim, NULL, 0, 1000), 1);
   assert_string_equal(g_closed, "u1/aa u1 uid:5");
   assert_int_equal(mbd_breclaim_count(r), 1);
   mbd_breclaim_destroy(&r);
   assert_null(r);
+}
+
+/* Sessions of tcp clients: closed after the grace period once their
+ * connection is unreachable, unless the same key comes back within it. */
+static void test_reclaim_connection_gone(void **state) {
+  (void)state;
+  mbd_breclaim *r = mbd_breclaim_new();
+  mbd_breclaim_opened(r, "u1/k1", "u1", "key:A", 0, (const uint8_t *)"c1", 2);
+  mbd_breclaim_opened(r, "u1/n1", "u1", "", 0, (const uint8_t *)"c1", 2);
+  mbd_breclaim_opened(r, "u1/k2", "u1", "key:B", 0, (const uint8_t *)"c2", 2);
+  assert_int_equal(mbd_breclaim_count(r), 3);
+  g_conn_c1_up = true;
+  mbd_breclaim_probe(r, conn_reachable, NULL, 100);
+  assert_int_equal(mbd_breclaim_sweep(r, g_dead_pid_alive, on_reclaim, NULL, 100000, 1000), 0);
+  g_conn_c1_up = false;
+  mbd_breclaim_probe(r, conn_reachable, NULL, 200);
+  assert_int_equal(mbd_breclaim_sweep(r, g_dead_pid_alive, on_reclaim, NULL, 1199, 1000), 0);
+  mbd_breclaim_seen(r, "", (const uint8_t *)"c9", 2);      /* anonymous: nothing moves */
+  mbd_breclaim_seen(r, "key:A", (const uint8_t *)"c3", 2); /* A reconnected as c3 */
+  assert_int_equal(mbd_breclaim_sweep(r, g_dead_pid_alive, on_reclaim, NULL, 1200, 1000), 1);
+  assert_string_equal(g_closed, "u1/n1 u1 ");
+  mbd_breclaim_probe(r, conn_reachable, NULL, 1300); /* c3 and c2 are up */
+  assert_int_equal(mbd_breclaim_sweep(r, g_dead_pid_alive, on_reclaim, NULL, 99999, 1000), 0);
+  assert_int_equal(mbd_breclaim_count(r), 2);
+  mbd_breclaim_destroy(&r);
+  g_conn_c1_up = true;
 }
 
 int main(void) {
@@ -766,6 +799,7 @@ int main(void) {
       cmocka_unit_test(test_config_parse),
       cmocka_unit_test(test_caller_stamp_and_inflight_limit),
       cmocka_unit_test(test_reclaim_departed),
+      cmocka_unit_test(test_reclaim_connection_gone),
       cmocka_unit_test(test_uid_bound_to_peer),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
