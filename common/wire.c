@@ -417,20 +417,13 @@ fail:
   return rc;
 }
 
-int mbd_msg_new_error(uint64_t tag, int code, const char *message, mbd_msg **out, mbd_error *err) {
+/* A new message of cmd/tag that takes the body packed in sb (destroyed). */
+static int new_with_body(uint8_t cmd, uint64_t tag, msgpack_sbuffer *sb, mbd_msg **out,
+                         mbd_error *err) {
   mbd_msg *m = NULL;
-  int rc = mbd_msg_new(MBD_CMD_ERROR, tag, &m, err);
-  if (rc) return rc;
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk, 3);
-  mbd_pack_kv_i64(&pk, "code", code);
-  mbd_pack_kv_str(&pk, "error", mbd_status_name(code));
-  mbd_pack_kv_str(&pk, "message", message ? message : "");
-  rc = mbd_msg_take_body(m, &sb, err);
-  msgpack_sbuffer_destroy(&sb);
+  int rc = mbd_msg_new(cmd, tag, &m, err);
+  if (!rc) rc = mbd_msg_take_body(m, sb, err);
+  msgpack_sbuffer_destroy(sb);
   if (rc) {
     mbd_msg_destroy(&m);
     return rc;
@@ -439,23 +432,25 @@ int mbd_msg_new_error(uint64_t tag, int code, const char *message, mbd_msg **out
   return MBD_OK;
 }
 
+int mbd_msg_new_error(uint64_t tag, int code, const char *message, mbd_msg **out, mbd_error *err) {
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 3);
+  mbd_pack_kv_i64(&pk, "code", code);
+  mbd_pack_kv_str(&pk, "error", mbd_status_name(code));
+  mbd_pack_kv_str(&pk, "message", message ? message : "");
+  return new_with_body(MBD_CMD_ERROR, tag, &sb, out, err);
+}
+
 int mbd_msg_new_kv(uint8_t cmd, uint64_t tag, const char *key, const char *value, mbd_msg **out,
                    mbd_error *err) {
-  mbd_msg *m = NULL;
-  int rc = mbd_msg_new(cmd, tag, &m, err);
-  if (rc) return rc;
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
   msgpack_packer pk;
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   msgpack_pack_map(&pk, 1);
   mbd_pack_kv_str(&pk, key, value ? value : "");
-  rc = mbd_msg_take_body(m, &sb, err);
-  msgpack_sbuffer_destroy(&sb);
-  if (rc) {
-    mbd_msg_destroy(&m);
-    return rc;
-  }
-  *out = m;
-  return MBD_OK;
+  return new_with_body(cmd, tag, &sb, out, err);
 }

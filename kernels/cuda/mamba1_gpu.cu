@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/dev_arena.h"
 #include "kernels/cuda/gpu_check.h"
 #include "kernels/cuda/mamba1_gpu_impl.h"
 extern "C" {
@@ -33,49 +34,15 @@ void mbd_mamba1_gpu_options_default(mbd_mamba1_gpu_options *o) {
 }
 
 static int dalloc(mbd_mamba1_gpu *m, size_t bytes, void **out, mbd_error *err) {
-  *out = NULL;
-  if (m->nalloc == m->capalloc) {
-    int nc = m->capalloc ? 2 * m->capalloc : 64;
-    void **na = (void **)realloc(m->allocs, (size_t)nc * sizeof(void *));
-    if (!na) return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
-    m->allocs = na;
-    m->capalloc = nc;
-  }
-  cudaError_t e = cudaMalloc(out, bytes ? bytes : 16);
-  if (e != cudaSuccess)
-    return mbd_error_set(err, MBD_E_NOMEM, "model: cudaMalloc of %zu bytes failed: %s", bytes,
-                         cudaGetErrorName(e));
-  m->allocs[m->nalloc++] = *out;
-  return 0;
-}
-
-static float round_to(mbd_dtype dt, float v) {
-  if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(mbd_f32_to_bf16(v));
-  if (dt == MBD_DTYPE_F16) return mbd_f16_to_f32(mbd_f32_to_f16(v));
-  return v;
+  return mbd_dev_arena_alloc(&m->arena, bytes, out, err);
 }
 
 /* Host values (f32) -> device, either in the storage dtype (matrices, GEMM
  * biases) or as f32 rounded through it (small parameters). */
 static int upload(mbd_mamba1_gpu *m, const float *v, size_t n, int as_dtype, void **out,
                   mbd_error *err) {
-  int rc = 0;
-  size_t es = as_dtype ? mbd_dtype_size(m->dtype) : 4;
-  void *host = malloc(n * es + 4);
-  if (!host) return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
-  for (size_t i = 0; i < n; i++) {
-    if (!as_dtype || m->dtype == MBD_DTYPE_F32) {
-      ((float *)host)[i] = as_dtype ? v[i] : round_to(m->dtype, v[i]);
-    } else {
-      ((uint16_t *)host)[i] =
-          m->dtype == MBD_DTYPE_BF16 ? mbd_f32_to_bf16(v[i]) : mbd_f32_to_f16(v[i]);
-    }
-  }
-  if ((rc = dalloc(m, n * es, out, err))) goto fail;
-  MBD_GPU_TRY(cudaMemcpy(*out, host, n * es, cudaMemcpyHostToDevice), err);
-  m->weight_bytes += n * mbd_dtype_size(m->dtype);
-fail:
-  free(host);
+  int rc = mbd_dev_arena_upload(&m->arena, m->dtype, v, n, as_dtype, out, err);
+  if (!rc) m->weight_bytes += n * mbd_dtype_size(m->dtype);
   return rc;
 }
 
@@ -293,10 +260,9 @@ void mbd_mamba1_gpu_destroy(mbd_mamba1_gpu **pm) {
   mbd_mamba1_gpu *m = *pm;
   if (m->stream) cudaStreamSynchronize(m->stream);
   for (int i = 0; i < MBD_M1G_MAX_BUCKETS; i++) mbd_gpu_graph_destroy(&m->graphs[i]);
-  for (int i = 0; i < m->nalloc; i++) cudaFree(m->allocs[i]);
+  mbd_dev_arena_free(&m->arena);
   cudaFreeHost(m->h_in);
   cudaFreeHost(m->h_next);
-  free(m->allocs);
   free(m->layers);
   free(m->stamp);
   free(m);
@@ -363,7 +329,7 @@ static int load_layer(mbd_mamba1_gpu *m, const mbd_st_dir *st, int i, mbd_error 
     return rc;
   if ((rc = mbd_st_dir_read_f32(st, NAME("mixer.A_log"), 2, sh_A, &v, &n, err))) return rc;
   /* As the CPU model: round A_log through the storage dtype, then A = -expf. */
-  for (size_t k = 0; k < n; k++) v[k] = -mbd_pm_expf(round_to(m->dtype, v[k]));
+  for (size_t k = 0; k < n; k++) v[k] = -mbd_pm_expf(mbd_dev_round_to(m->dtype, v[k]));
   {
     /* upload() rounds through the dtype again; A itself must stay exact f32. */
     mbd_dtype keep = m->dtype;

@@ -10,6 +10,7 @@
 
 extern "C" {
 #include "kernels/cuda/decode_persistent.h"
+#include "kernels/cuda/dev_arena.h"
 #include "kernels/cuda/mamba1_gpu.h"
 }
 
@@ -30,8 +31,7 @@ struct mbd_mamba1_gpu {
   void *head;            /* LM head weight: emb when tied */
   float *norm_f;         /* [d] */
   size_t weight_bytes;
-  void **allocs;         /* every device allocation, freed at destroy */
-  int nalloc, capalloc;
+  mbd_dev_arena arena;    /* every device allocation, freed at destroy */
   float *conv_st;        /* [nslots + 1][L][K-1][di] */
   float *ssm_st;         /* [nslots + 1][L][di][N] */
   int64_t conv_slot, ssm_slot; /* floats per slot */

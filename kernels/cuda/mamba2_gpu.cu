@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/dev_arena.h"
 #include "kernels/cuda/gpu_check.h"
 extern "C" {
 #include "common/half.h"
@@ -56,8 +57,7 @@ typedef struct m2gpu {
   void *emb, *head;
   float *norm_f;
   size_t weight_bytes;
-  void **allocs;
-  int nalloc, capalloc;
+  mbd_dev_arena arena; /* every device allocation, freed at destroy */
   float *conv_st, *ssm_st; /* [nslots][L][K-1][cd], [nslots][L][H P][N] */
   int64_t conv_slot, ssm_slot;
   int32_t *d_tok, *d_slots, *h_tok, *h_slots, *d_next;
@@ -67,47 +67,15 @@ typedef struct m2gpu {
 } m2gpu;
 
 static int dalloc(m2gpu *m, size_t bytes, void **out, mbd_error *err) {
-  *out = NULL;
-  if (m->nalloc == m->capalloc) {
-    int nc = m->capalloc ? 2 * m->capalloc : 64;
-    void **na = (void **)realloc(m->allocs, (size_t)nc * sizeof(void *));
-    if (!na) return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
-    m->allocs = na;
-    m->capalloc = nc;
-  }
-  cudaError_t e = cudaMalloc(out, bytes ? bytes : 16);
-  if (e != cudaSuccess)
-    return mbd_error_set(err, MBD_E_NOMEM, "model: cudaMalloc of %zu bytes failed: %s", bytes,
-                         cudaGetErrorName(e));
-  m->allocs[m->nalloc++] = *out;
-  return 0;
-}
-
-static float round_to(mbd_dtype dt, float v) {
-  if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(mbd_f32_to_bf16(v));
-  if (dt == MBD_DTYPE_F16) return mbd_f16_to_f32(mbd_f32_to_f16(v));
-  return v;
+  return mbd_dev_arena_alloc(&m->arena, bytes, out, err);
 }
 
 /* Host f32 -> device: in the storage dtype (as_dtype 1: GEMM weights and
  * biases) or f32 rounded through it (0: the CPU model's load_vec). */
-static int upload(m2gpu *m, const float *v, size_t n, int as_dtype, void **out, mbd_error *err) {
-  int rc = 0;
-  size_t es = as_dtype ? mbd_dtype_size(m->dtype) : 4;
-  void *host = malloc(n * es + 4);
-  if (!host) return mbd_error_set(err, MBD_E_NOMEM, "model: out of host memory");
-  for (size_t i = 0; i < n; i++) {
-    if (!as_dtype || m->dtype == MBD_DTYPE_F32)
-      ((float *)host)[i] = as_dtype ? v[i] : round_to(m->dtype, v[i]);
-    else
-      ((uint16_t *)host)[i] =
-          m->dtype == MBD_DTYPE_BF16 ? mbd_f32_to_bf16(v[i]) : mbd_f32_to_f16(v[i]);
-  }
-  if ((rc = dalloc(m, n * es, out, err))) goto fail;
-  MBD_GPU_TRY(cudaMemcpy(*out, host, n * es, cudaMemcpyHostToDevice), err);
-  m->weight_bytes += n * mbd_dtype_size(m->dtype);
-fail:
-  free(host);
+static int upload(m2gpu *m, const float *v, size_t n, int as_dtype, void **out,
+                  mbd_error *err) {
+  int rc = mbd_dev_arena_upload(&m->arena, m->dtype, v, n, as_dtype, out, err);
+  if (!rc) m->weight_bytes += n * mbd_dtype_size(m->dtype);
   return rc;
 }
 
@@ -161,7 +129,7 @@ static int load_layer(m2gpu *m, const mbd_st_dir *st, int i, mbd_error *err) {
   if (rc) return rc;
   /* A = -exp(A_log) on the host with the portable exp, as the CPU model */
   if ((rc = mbd_st_dir_read_f32(st, NAME("mixer.A_log"), 1, sh_H, &v, &n, err))) return rc;
-  for (size_t k = 0; k < n; k++) v[k] = -mbd_pm_expf(round_to(m->dtype, v[k]));
+  for (size_t k = 0; k < n; k++) v[k] = -mbd_pm_expf(mbd_dev_round_to(m->dtype, v[k]));
   {
     mbd_dtype keep = m->dtype;
     m->dtype = MBD_DTYPE_F32;
@@ -177,9 +145,8 @@ static void m2_destroy(void *model) {
   m2gpu *m = (m2gpu *)model;
   if (!m) return;
   if (m->stream) cudaStreamSynchronize(m->stream);
-  for (int i = 0; i < m->nalloc; i++) cudaFree(m->allocs[i]);
+  mbd_dev_arena_free(&m->arena);
   cudaFreeHost(m->h_tok);
-  free(m->allocs);
   free(m->layers);
   free(m);
 }
