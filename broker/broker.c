@@ -216,10 +216,15 @@ void mbd_broker_destroy(mbd_broker **pb) {
   if (!pb || !*pb) return;
   mbd_broker *b = *pb;
   mbd_bcore_destroy(&b->core);
-  for (int d = 0; d < 2; d++)
-    if (b->mon[d]) zmq_close(b->mon[d]);
+  /* Monitoring stops before the sockets close: closing them raises events,
+   * and an event sent to a monitor PAIR that is already closed stays in the
+   * inproc pipe, never freed. */
+  if (b->clients && b->mon[0]) zmq_socket_monitor(b->clients, NULL, 0);
+  if (b->workers && b->mon[1]) zmq_socket_monitor(b->workers, NULL, 0);
   if (b->clients) zmq_close(b->clients);
   if (b->workers) zmq_close(b->workers);
+  for (int d = 0; d < 2; d++)
+    if (b->mon[d]) zmq_close(b->mon[d]);
   if (b->zap) zmq_close(b->zap);
   mbd_zap_keys_destroy(&b->keys);
   if (b->zctx) zmq_ctx_term(b->zctx);

@@ -66,8 +66,9 @@ void mbd_wconn_destroy(mbd_wconn **pc) {
     zmq_ctx_shutdown(c->zctx);
     pthread_join(c->thread, NULL);
   }
-  if (c->mon) zmq_close(c->mon);
+  if (c->sock && c->mon) zmq_socket_monitor(c->sock, NULL, 0); /* see sock_register */
   if (c->sock) zmq_close(c->sock);
+  if (c->mon) zmq_close(c->mon);
   if (c->pipe_io) zmq_close(c->pipe_io);
   if (c->pipe_cmp) zmq_close(c->pipe_cmp);
   if (c->zctx) zmq_ctx_term(c->zctx);
@@ -220,9 +221,12 @@ static void read_monitor(mbd_wconn *c) {
 /* (Re)creates the DEALER, connects and sends READY; restarts the liveness clock. */
 static int sock_register(mbd_wconn *c, mbd_error *err) {
   const mbd_wstate *st = c->st;
+  /* Monitoring stops before the socket closes: an event sent to a monitor
+   * PAIR that is already closed stays in the inproc pipe, never freed. */
+  if (c->sock && c->mon) zmq_socket_monitor(c->sock, NULL, 0);
+  if (c->sock) zmq_close(c->sock);
   if (c->mon) zmq_close(c->mon);
   c->mon = NULL;
-  if (c->sock) zmq_close(c->sock);
   c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
   if (!c->sock) return mbd_error_set(err, MBD_E_IO, "zmq_socket: %s", zmq_strerror(zmq_errno()));
   int linger = 0, rcvtimeo = 0, sndhwm = 1000000;
