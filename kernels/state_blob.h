@@ -1,5 +1,5 @@
-/* The state formats, one owner: the recurrent-state image a backend exports
- * for one sequence, and the session blob the worker's EXPORT returns and
+/* The state formats, with one owner here: the recurrent-state image a backend
+ * exports for one sequence, and the session blob the worker's EXPORT returns and
  * IMPORT accepts around it. Both are little-endian, carry a magic and a
  * version, and are documented in docs/protocol.md ("Session blob").
  *

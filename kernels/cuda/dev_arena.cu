@@ -51,7 +51,18 @@ int mbd_dev_arena_upload(mbd_dev_arena *a, mbd_dtype dt, const float *v, size_t 
   }
   if ((rc = mbd_dev_arena_alloc(a, n * es, out, err))) goto fail;
   MBD_GPU_TRY(cudaMemcpy(*out, host, n * es, cudaMemcpyHostToDevice), err);
+  a->param_bytes += n * mbd_dtype_size(dt);
 fail:
   free(host);
+  return rc;
+}
+
+int mbd_dev_arena_load(mbd_dev_arena *a, mbd_dtype dt, const mbd_st_dir *st, const char *name,
+                       int ndim, const int64_t *shape, int as_dtype, void **out, mbd_error *err) {
+  float *v = NULL;
+  size_t n = 0;
+  int rc = mbd_st_dir_read_f32(st, name, ndim, shape, &v, &n, err);
+  if (!rc) rc = mbd_dev_arena_upload(a, dt, v, n, as_dtype, out, err);
+  free(v);
   return rc;
 }

@@ -10,12 +10,14 @@
 extern "C" {
 #endif
 
+#include "common/safetensors.h"
 #include "common/status.h"
 #include "common/tensor.h"
 
 typedef struct mbd_dev_arena {
   void **ptrs;        /* every device allocation, freed by mbd_dev_arena_free */
   int n, cap;  /* entries of ptrs in use / allocated */
+  size_t param_bytes; /* parameters uploaded so far, counted in their storage dtype */
 } mbd_dev_arena;
 
 /* cudaMalloc of bytes (at least 16), recorded in a. MBD_E_NOMEM names the size. */
@@ -29,6 +31,10 @@ float mbd_dev_round_to(mbd_dtype dt, float v);
  * model's small parameters). */
 int mbd_dev_arena_upload(mbd_dev_arena *a, mbd_dtype dt, const float *v, size_t n, int as_dtype,
                          void **out, mbd_error *err);
+/* Tensor `name` of the given shape read through the checkpoint reader
+ * (common/safetensors.h) and uploaded as mbd_dev_arena_upload says. */
+int mbd_dev_arena_load(mbd_dev_arena *a, mbd_dtype dt, const mbd_st_dir *st, const char *name,
+                       int ndim, const int64_t *shape, int as_dtype, void **out, mbd_error *err);
 
 #ifdef __cplusplus
 }

@@ -41,9 +41,7 @@ static int dalloc(mbd_mamba1_gpu *m, size_t bytes, void **out, mbd_error *err) {
  * biases) or as f32 rounded through it (small parameters). */
 static int upload(mbd_mamba1_gpu *m, const float *v, size_t n, int as_dtype, void **out,
                   mbd_error *err) {
-  int rc = mbd_dev_arena_upload(&m->arena, m->dtype, v, n, as_dtype, out, err);
-  if (!rc) m->weight_bytes += n * mbd_dtype_size(m->dtype);
-  return rc;
+  return mbd_dev_arena_upload(&m->arena, m->dtype, v, n, as_dtype, out, err);
 }
 
 /* ------------------------------------------------------------ structure */
@@ -275,12 +273,7 @@ void mbd_mamba1_gpu_destroy(mbd_mamba1_gpu **pm) {
  * uploaded as upload() says. */
 static int load_one(mbd_mamba1_gpu *m, const mbd_st_dir *st, const char *name, int ndim,
                     const int64_t *shape, int as_dtype, void **out, mbd_error *err) {
-  float *v = NULL;
-  size_t n = 0;
-  int rc = mbd_st_dir_read_f32(st, name, ndim, shape, &v, &n, err);
-  if (!rc) rc = upload(m, v, n, as_dtype, out, err);
-  free(v);
-  return rc;
+  return mbd_dev_arena_load(&m->arena, m->dtype, st, name, ndim, shape, as_dtype, out, err);
 }
 
 static int load_layer(mbd_mamba1_gpu *m, const mbd_st_dir *st, int i, mbd_error *err) {
@@ -407,7 +400,7 @@ extern "C" int mbd_m1g_finish(mbd_mamba1_gpu *m, mbd_error *err) { return alloc_
 const mbd_mamba_config *mbd_mamba1_gpu_config(const mbd_mamba1_gpu *m) { return &m->cfg; }
 mbd_dtype mbd_mamba1_gpu_dtype(const mbd_mamba1_gpu *m) { return m->dtype; }
 int64_t mbd_mamba1_gpu_slots(const mbd_mamba1_gpu *m) { return m->nslots; }
-size_t mbd_mamba1_gpu_weight_bytes(const mbd_mamba1_gpu *m) { return m->weight_bytes; }
+size_t mbd_mamba1_gpu_weight_bytes(const mbd_mamba1_gpu *m) { return m->arena.param_bytes; }
 size_t mbd_mamba1_gpu_state_bytes(const mbd_mamba1_gpu *m) {
   return (size_t)(m->conv_slot + m->ssm_slot) * 4;
 }

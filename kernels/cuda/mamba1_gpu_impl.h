@@ -30,7 +30,6 @@ struct mbd_mamba1_gpu {
   void *emb;             /* [V, d] dtype */
   void *head;            /* LM head weight: emb when tied */
   float *norm_f;         /* [d] */
-  size_t weight_bytes;
   mbd_dev_arena arena;    /* every device allocation, freed at destroy */
   float *conv_st;        /* [nslots + 1][L][K-1][di] */
   float *ssm_st;         /* [nslots + 1][L][di][N] */

@@ -56,7 +56,6 @@ typedef struct m2gpu {
   layer2_d *layers;
   void *emb, *head;
   float *norm_f;
-  size_t weight_bytes;
   mbd_dev_arena arena; /* every device allocation, freed at destroy */
   float *conv_st, *ssm_st; /* [nslots][L][K-1][cd], [nslots][L][H P][N] */
   int64_t conv_slot, ssm_slot;
@@ -74,19 +73,12 @@ static int dalloc(m2gpu *m, size_t bytes, void **out, mbd_error *err) {
  * biases) or f32 rounded through it (0: the CPU model's load_vec). */
 static int upload(m2gpu *m, const float *v, size_t n, int as_dtype, void **out,
                   mbd_error *err) {
-  int rc = mbd_dev_arena_upload(&m->arena, m->dtype, v, n, as_dtype, out, err);
-  if (!rc) m->weight_bytes += n * mbd_dtype_size(m->dtype);
-  return rc;
+  return mbd_dev_arena_upload(&m->arena, m->dtype, v, n, as_dtype, out, err);
 }
 
 static int load_one(m2gpu *m, const mbd_st_dir *st, const char *name, int ndim,
                     const int64_t *shape, int as_dtype, void **out, mbd_error *err) {
-  float *v = NULL;
-  size_t n = 0;
-  int rc = mbd_st_dir_read_f32(st, name, ndim, shape, &v, &n, err);
-  if (!rc) rc = upload(m, v, n, as_dtype, out, err);
-  free(v);
-  return rc;
+  return mbd_dev_arena_load(&m->arena, m->dtype, st, name, ndim, shape, as_dtype, out, err);
 }
 
 static int load_layer(m2gpu *m, const mbd_st_dir *st, int i, mbd_error *err) {

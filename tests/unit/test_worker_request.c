@@ -236,7 +236,7 @@ static void test_input_resolution(void **state) {
   strcpy(r.shm_name, name);
   r.offset = 64;
   r.size = 48;
-  /* The caller's uid is unknown: refused; stamped as the object's owner: served. */
+  /* The caller's uid is unknown: refused; stamped as the object's owner, served. */
   assert_int_equal(mbd_wreq_input(&r, NULL, c, &data, &nb, &err), MBD_E_INVALID);
   assert_non_null(strstr(err.msg, "uid is unknown"));
   r.caller_known = true;

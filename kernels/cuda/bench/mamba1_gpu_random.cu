@@ -36,7 +36,7 @@ extern "C" int mbd_mamba1_gpu_new_random(mbd_gpu_ctx *ctx, const mbd_mamba_confi
     if ((rc = mbd_mops_fill_uniform(m->stream, m->dtype, (ptr), (int64_t)(rows) * (cols), \
                                     seed++, 1.0f / sqrtf((float)(cols)), err)))            \
       goto fail;                                                                         \
-    m->weight_bytes += (size_t)(rows) * (size_t)(cols) * es;                             \
+    m->arena.param_bytes += (size_t)(rows) * (size_t)(cols) * es;                             \
   } while (0)
 #define VEC(ptr, n, as_dtype, expr)                                                         \
   do {                                                                                    \
