@@ -346,7 +346,7 @@ static int prefill_impl(m2gpu *m, int nseq, int T, const int32_t *tokens, const 
         for (int s = 0; s < ns; s++)
           MBD_GPU_CHECK(cudaMemcpyAsync(logits + ((int64_t)(g0 + s) * T + t0) * V,
                                         m->logits + (int64_t)s * tw * V, (size_t)(tw * V) * 4,
-                                        cudaMemcpyDeviceToHost, m->stream),
+                                        cudaMemcpyDefault, m->stream),
                         err);
       } else if (sel == MBD_LOGITS_LAST && t0 + tw == T) {
         if ((rc = mbd_mops_add_rmsnorm(m->stream, ns, (int)d, tw, tw - 1, m->resid, m->out,
@@ -355,7 +355,7 @@ static int prefill_impl(m2gpu *m, int nseq, int T, const int32_t *tokens, const 
           return rc;
         if (logits)
           MBD_GPU_CHECK(cudaMemcpyAsync(logits + (int64_t)g0 * V, m->logits,
-                                        (size_t)(ns * V) * 4, cudaMemcpyDeviceToHost,
+                                        (size_t)(ns * V) * 4, cudaMemcpyDefault,
                                         m->stream),
                         err);
       }
