@@ -365,8 +365,10 @@ static int job_slice(mbd_wstate *st, mbd_wjob *j, mbd_error *err) {
   const float *last = j->last_only ? dst : dst + (size_t)(c - 1) * V;
   if (j->out) memcpy(ws->logits, last, V * sizeof(float));
   else if ((rc = mbd_wreq_output_get(st->be, &j->q->outputs[0], (uint64_t)(last - out) * 4,
-                                     ws->logits, V * sizeof(float), err)))
+                                     ws->logits, V * sizeof(float), err))) {
+    ws->has_logits = false; /* the state moved on without them: GENERATE must not use old ones */
     return rc;
+  }
   ws->has_logits = true;
   ws->logits_stale = false;
   return j->done >= j->T;
