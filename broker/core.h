@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "broker/durable.h"
 #include "broker/registry.h"
 #include "common/status.h"
 #include "common/wire.h"
@@ -43,6 +44,7 @@ typedef struct mbd_broker_config {
   int client_inflight;                /* unanswered requests one caller may have (1024); more -> BUSY */
   int reclaim_grace_ms;               /* --reclaim-grace-ms: a session's connection stays gone
                                          this long before the broker closes the session (5000) */
+  int64_t durable_mb;                 /* --durable-mb: session checkpoints held, MiB (1024; 0 = none) */
 } mbd_broker_config;
 
 void mbd_broker_config_defaults(mbd_broker_config *c);
@@ -75,6 +77,7 @@ typedef struct mbd_bcore_stats {
   uint64_t cancelled;       /* requests stopped by CANCEL or because their client went away */
   uint64_t clients_gone;    /* client connections found gone with requests pending */
   uint64_t poisoned;        /* requests not re-sent after killing POISON_CRASHES workers */
+  /* durable sessions: broker/durable.h's counters (mbd_bcore_durable_stats) */
 } mbd_bcore_stats;
 
 typedef struct mbd_bcore mbd_bcore;
@@ -120,5 +123,7 @@ size_t mbd_bcore_queue_len(const mbd_bcore *c);
 size_t mbd_bcore_pending(const mbd_bcore *c);
 const mbd_bcore_stats *mbd_bcore_get_stats(const mbd_bcore *c);
 mbd_registry *mbd_bcore_registry(mbd_bcore *c);
+/* Durable sessions' counters (re-homed sessions, replayed tokens, ...). */
+const mbd_bdurable_stats *mbd_bcore_durable_stats(const mbd_bcore *c);
 
 #endif
