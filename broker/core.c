@@ -1094,7 +1094,7 @@ static void restore_reply(mbd_bcore *c, breq *r, const mbd_bworker *w, const mbd
   if (mbd_msg_cmd(m) == MBD_CMD_FINAL && wid[0]) {
     mbd_bdurable_restored(c->durable, r->session_id, w->uid, wid);
   } else {
-    char why[MBD_ERROR_MSG_MAX + 64];
+    char why[MBD_ERROR_MSG_MAX + MBD_BW_NAME_MAX + 64];
     snprintf(why, sizeof why, "worker %s refused the restore: %s", w->name, msg);
     mbd_bdurable_failed(c->durable, r->session_id, why, c->now_ms);
   }

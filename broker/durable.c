@@ -246,7 +246,7 @@ int mbd_bdurable_rewrite(mbd_bdurable *d, const char *id, const char *caller, ui
     rc = mbd_body_replace_raw(tmp.data, tmp.size, "resume", v.data, v.size, out, err);
     if (!rc) {
       d->st.resumed++;
-      MBD_LOGI(LOG, "session %s: GENERATE continues on %s after %zu token(s) the client has",
+      MBD_LOGD(LOG, "session %s: GENERATE continues on %s after %zu token(s) the client has",
                r->id, r->uid, r->ngen);
     }
   }
@@ -404,36 +404,49 @@ static void set_lost(mbd_bdurable *d, drec *r, int64_t now, const char *fmt, ...
   drop_ckpt(d, r);
   r->nlog = r->ngen = 0;
   d->st.lost++;
-  MBD_LOGW(LOG, "session %s lost: %s", r->id, r->why);
+  MBD_LOGD(LOG, "session %s lost: %s", r->id, r->why);
 }
 
 size_t mbd_bdurable_rehome(mbd_bdurable *d, const char *uid, const char *wname,
                            mbd_bdurable_restore_fn fn, void *ctx, int64_t now) {
-  size_t n = 0;
+  size_t n = 0, replay = 0;
+  uint64_t lost0 = d->st.lost;
+  const drec *first_lost = NULL;
   for (drec *r = d->all; r; r = r->next) {
     if (r->where != MBD_BDUR_HOMED || strcmp(r->uid, uid)) continue;
     mbd_msg *m = NULL;
     mbd_error e = {0};
     if (!r->ckpt) {
-      set_lost(d, r, now, "worker %s died and this session had no checkpoint to restore", wname);
+      set_lost(d, r, now, "worker %s is gone and this session had no checkpoint to restore", wname);
     } else if (r->hole) {
       set_lost(d, r, now,
-               "worker %s died while this session had consumed tokens its last checkpoint does "
-               "not cover and the broker did not see (a PREFILL, or more than %d tokens since)",
+               "worker %s is gone and this session had consumed tokens that its last checkpoint "
+               "does not cover and the broker did not see (a PREFILL, or over %d tokens since)",
                wname, MBD_DURABLE_LOG_MAX);
     } else if (restore_msg(r, &m, &e)) {
-      set_lost(d, r, now, "worker %s died and the broker could not build the restore: %s", wname,
+      set_lost(d, r, now, "worker %s is gone and the broker could not build the restore: %s", wname,
                e.msg);
     } else {
       r->where = MBD_BDUR_MOVING;
       r->replaying = r->nlog;
-      n++;
-      MBD_LOGI(LOG, "session %s: worker %s died; restoring it from its checkpoint + %zu token(s)",
-               r->id, wname, r->nlog);
-      fn(ctx, r->id, r->model, r->digest, r->route_id, &m); /* may call back into d */
+      MBD_LOGD(LOG, "session %s: worker %s is gone; restoring it from its checkpoint + %zu "
+               "token(s)", r->id, wname, r->nlog);
+      fn(ctx, r->id, r->model, r->digest, r->route_id, &m); /* may fail it at once */
       mbd_msg_destroy(&m);
+      if (r->where == MBD_BDUR_MOVING) {
+        n++;
+        replay += r->nlog;
+      }
     }
+    if (r->where == MBD_BDUR_LOST && !first_lost) first_lost = r;
   }
+  uint64_t lost = d->st.lost - lost0;
+  if (n)
+    MBD_LOGI(LOG, "worker %s is gone: re-homing %zu durable session(s) (%zu token(s) to replay)",
+             wname, n, replay);
+  if (lost)
+    MBD_LOGW(LOG, "worker %s is gone: %" PRIu64 " durable session(s) lost (the first: %s)", wname,
+             lost, first_lost ? first_lost->why : "");
   return n;
 }
 
@@ -447,14 +460,14 @@ void mbd_bdurable_restored(mbd_bdurable *d, const char *id, const char *uid, con
   r->where = MBD_BDUR_HOMED;
   d->st.rehomed++;
   d->st.replayed_tokens += r->replaying;
-  MBD_LOGI(LOG, "session %s re-homed on worker uid %s (replayed %zu token(s))", r->id, uid,
+  MBD_LOGD(LOG, "session %s re-homed on worker uid %s (replayed %zu token(s))", r->id, uid,
            r->replaying);
 }
 
 void mbd_bdurable_failed(mbd_bdurable *d, const char *id, const char *why, int64_t now) {
   drec *r = find_id(d, id);
   if (r && r->where == MBD_BDUR_MOVING)
-    set_lost(d, r, now, "its worker died and re-homing it failed: %s", why);
+    set_lost(d, r, now, "its worker is gone and re-homing it failed: %s", why);
 }
 
 void mbd_bdurable_forget(mbd_bdurable *d, const char *id) {
