@@ -177,8 +177,11 @@ void mbd_bdurable_checkpoint(mbd_bdurable *d, mbd_msg **pm, const char *uid, con
              d->st.bytes, d->budget);
     goto done; /* an older checkpoint and its log stay usable */
   }
-  if (!r) { /* a new durable session: its id is the worker's */
-    if (strncmp(sid, uid, ulen) || sid[ulen] != '/' || !(r = calloc(1, sizeof *r))) goto done;
+  if (!r) { /* a new durable session: its id is the worker's (not one re-homed away from it,
+             * whose worker came back after it was given up for dead) */
+    if (strncmp(sid, uid, ulen) || sid[ulen] != '/' || find_id(d, sid) ||
+        !(r = calloc(1, sizeof *r)))
+      goto done;
     snprintf(r->id, sizeof r->id, "%s", sid);
     snprintf(r->wid, sizeof r->wid, "%s", sid);
     snprintf(r->uid, sizeof r->uid, "%s", uid);
