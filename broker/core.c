@@ -1589,7 +1589,7 @@ void mbd_bcore_abort(mbd_bcore *c, int64_t now) {
   mbd_bcore_shutdown(c, now); /* queued requests first, as in an orderly shutdown */
   for (breq *r = c->all; r;) {
     breq *next = r->anext;
-    if (r->state == RQ_INFLIGHT)
+    if (r->state == RQ_INFLIGHT && !r->internal)
       client_error(c, r->client, r->client_len, r->client_tag, MBD_E_WORKER_LOST,
                    "broker shut down before the worker answered");
     r = next;

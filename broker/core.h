@@ -77,7 +77,6 @@ typedef struct mbd_bcore_stats {
   uint64_t cancelled;       /* requests stopped by CANCEL or because their client went away */
   uint64_t clients_gone;    /* client connections found gone with requests pending */
   uint64_t poisoned;        /* requests not re-sent after killing POISON_CRASHES workers */
-  /* durable sessions: broker/durable.h's counters (mbd_bcore_durable_stats) */
 } mbd_bcore_stats;
 
 typedef struct mbd_bcore mbd_bcore;
