@@ -6,7 +6,8 @@
  * a STEP's logits afterwards and the exported state equal an undisturbed
  * run by memcmp. Idle sessions continue with STEP bit for bit (against the
  * in-process model). A session whose route has no other live worker gets
- * WORKER_LOST saying so. The re-home counts come from STATUS and are printed. */
+ * WORKER_LOST saying so. The time cadence (--checkpoint-ms) alone keeps a
+ * session as well. The re-home counts come from STATUS and are printed. */
 #include <stdlib.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <signal.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -295,10 +297,60 @@ static void test_no_other_worker(void **state) {
   wh_fini(&g_h);
 }
 
+/* The time cadence alone (--checkpoint-ms, no token cadence): an idle
+ * session that stepped before and after a pause is re-homed and STEPs on as
+ * the in-process model does. */
+static void test_time_cadence(void **state) {
+  (void)state;
+  int rc = wh_init(&g_h);
+  if (rc == 77) exit(77);
+  assert_int_equal(rc, 0);
+  assert_int_equal(wh_fixture_load(&g_h, &g_f), 0);
+  const int64_t V = g_f.V;
+  wh_start_broker(&g_h);
+  pid_t a = wh_start_worker(&g_h, "wA", "--checkpoint-ms", "20", NULL);
+  wh_start_worker(&g_h, "wB", "--checkpoint-ms", "20", NULL);
+  assert_int_equal(wh_wait_workers(&g_h, 2, 30000), 0);
+  char sid[1][64];
+  float *logits = malloc((size_t)V * 4), *ref = malloc((size_t)(64 * V) * 4);
+  open_prefill(sid, 1);
+  const int K = 6;
+  for (int k = 0; k < K; k++) {
+    step(sid[0], 0, k, logits);
+    if (k == K / 2) {
+      struct timespec ts = {0, 100 * 1000 * 1000}; /* lets a time checkpoint go out */
+      nanosleep(&ts, NULL);
+    }
+  }
+  /* Whichever worker holds it dies. */
+  char w[32] = "";
+  mbd_msg *m = wh_wait(&g_h, wh_send_step(&g_h, sid[0], step_token(0, K)), 60000);
+  assert_int_equal(wh_code(m), 0);
+  wh_str(m, "worker", w, sizeof w);
+  mbd_msg_destroy(&m);
+  pid_t victim = !strcmp(w, "wA") ? a : g_h.procs[1];
+  kill(victim, SIGKILL);
+  int64_t L = prompt_len(0), seq[64];
+  memcpy(seq, prompt(0), (size_t)L * sizeof *seq);
+  for (int k = 0; k <= K + 1; k++) seq[L + k] = step_token(0, k);
+  mbd_mamba1_state *s = NULL;
+  assert_int_equal(mbd_mamba1_state_new(g_f.model, &s, NULL), 0);
+  wh_ref_prefill(&g_f, s, seq, L + K + 2, ref);
+  mbd_mamba1_state_destroy(&s);
+  step(sid[0], 0, K + 1, logits);
+  assert_memory_equal(logits, ref + (size_t)(L + K + 1) * V, (size_t)V * 4);
+  assert_int_equal(counter("sessions_rehomed"), 1);
+  free(logits);
+  free(ref);
+  wh_fixture_free(&g_f);
+  wh_fini(&g_h);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kill9_rehome),
       cmocka_unit_test(test_no_other_worker),
+      cmocka_unit_test(test_time_cadence),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
