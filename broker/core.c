@@ -1034,8 +1034,10 @@ static void restore_place(void *ctx, const char *id, const char *model, const ch
 /* In fail_over: keeps r when it belongs to a durable session being re-homed
  * (it waits for the restore; a GENERATE then continues), re-places a restore
  * lost with its worker, or fails either once POISON_CRASHES workers died
- * running it. Returns whether r was dealt with. */
-static bool durable_hold(mbd_bcore *c, breq *r) {
+ * running it. Requests go to the queue head oldest first, after *last (the
+ * one this loss queued before: NULL at first), so a session's STEPs reach its
+ * new worker in their order. Returns whether r was dealt with. */
+static bool durable_hold(mbd_bcore *c, breq *r, breq **last) {
   const char *uid, *wid, *why = NULL;
   mbd_bdur_where where = r->internal ? MBD_BDUR_MOVING
                                      : r->is_session ? mbd_bdurable_locate(c->durable, r->session_id,
@@ -1058,7 +1060,11 @@ static bool durable_hold(mbd_bcore *c, breq *r) {
     return true;
   }
   r->retried = true;
-  if (!place(c, r)) q_push(c, r, true);
+  if (r->internal && place(c, r)) return true;
+  /* Oldest first at the queue head: a session's STEPs must reach its new worker in order. */
+  if (*last) q_insert_before(c, r, (*last)->qnext);
+  else q_push(c, r, true);
+  *last = r;
   return true;
 }
 
@@ -1104,7 +1110,7 @@ static void restore_reply(mbd_bcore *c, breq *r, const mbd_bworker *w, const mbd
 /* Fails over or fails every request on worker generation `gen` (removed already). */
 static void fail_over(mbd_bcore *c, uint64_t gen, const char *wname, const char *why, bool crash) {
   /* Detach first: placing one request may touch the lists. */
-  breq *lost = NULL;
+  breq *lost = NULL, *held = NULL; /* held: the last request queued by durable_hold */
   for (breq *r = c->all; r; r = r->anext) {
     if (r->state == RQ_WAITING || r->worker_gen != gen) continue;
     hash_del(c, r);
@@ -1135,7 +1141,7 @@ static void fail_over(mbd_bcore *c, uint64_t gen, const char *wname, const char 
       req_fail(c, r, MBD_E_WORKER_LOST, msg);
       continue;
     }
-    if (durable_hold(c, r)) continue;
+    if (durable_hold(c, r, &held)) continue;
     if (is_stateless(r->cmd) && r->orig) {
       r->retried = true;
       c->st.failovers++;

@@ -276,8 +276,44 @@ static void test_budget_and_lost(void **state) {
   mbd_bcore_destroy(&c);
 }
 
+/* Two STEPs of a session in flight when its worker is lost reach the new
+ * worker in their order (each feeds the state the other left). */
+static void test_steps_keep_order(void **state) {
+  (void)state;
+  sent s = {0};
+  mbd_bcore *c = core_new(&s, 16);
+  checkpoint(c, "w1", "u1/aa", 1);
+  request(c, MBD_CMD_STEP, 10, "u1/aa", "uid:1", 8, 2);
+  request(c, MBD_CMD_STEP, 11, "u1/aa", "uid:1", 9, 2);
+  clear(&s);
+  body b;
+  body_init(&b, 0);
+  mbd_msg *m = msg_of(MBD_CMD_DISCONNECT, 0, &b, "w1");
+  mbd_bcore_on_worker(c, &m, 0, NULL, 3);
+  mbd_msg *imp = find(&s, MBD_CMD_IMPORT, "w2");
+  assert_non_null(imp);
+  uint64_t ticket = mbd_msg_tag(imp);
+  clear(&s);
+  reply(c, "w2", MBD_CMD_FINAL, ticket, NULL, 0, "u2/bb", 4);
+  int64_t order[2];
+  int n = 0;
+  for (int i = 0; i < s.n; i++) {
+    if (mbd_msg_cmd(s.m[i]) != MBD_CMD_STEP) continue;
+    mbd_body *sb = parse(s.m[i]);
+    assert_true(n < 2);
+    assert_int_equal(mbd_obj_i64(mbd_body_root(sb), "token", true, &order[n++], NULL), 0);
+    mbd_body_destroy(&sb);
+  }
+  assert_int_equal(n, 2);
+  assert_int_equal(order[0], 8);
+  assert_int_equal(order[1], 9);
+  clear(&s);
+  mbd_bcore_destroy(&c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_steps_keep_order),
       cmocka_unit_test(test_rehome_replay_resume),
       cmocka_unit_test(test_budget_and_lost),
   };
