@@ -106,6 +106,7 @@ static void rec_free(mbd_bdurable *d, drec *r) {
   else d->all = r->next;
   if (r->next) r->next->prev = r->prev;
   drop_ckpt(d, r);
+  d->st.bytes -= sizeof *r + (r->caplog + r->capgen) * sizeof(int64_t);
   free(r->log);
   free(r->gen);
   free(r);
@@ -128,14 +129,19 @@ void mbd_bdurable_destroy(mbd_bdurable **pd) {
 
 const mbd_bdurable_stats *mbd_bdurable_get_stats(const mbd_bdurable *d) { return &d->st; }
 
-/* Appends n tokens to a list (log: capped; past the cap the record has a hole). */
-static bool list_add(int64_t **v, size_t *n, size_t *cap, const int64_t *t, size_t k, size_t max) {
+/* Appends k tokens to a list of at most max, its growth counted in the
+ * budget; false when it does not fit (the caller marks a hole). */
+static bool list_add(mbd_bdurable *d, int64_t **v, size_t *n, size_t *cap, const int64_t *t,
+                     size_t k, size_t max) {
   if (*n + k > max) return false;
   if (*n + k > *cap) {
     size_t nc = *cap ? *cap : 64;
     while (nc < *n + k) nc *= 2;
+    uint64_t grow = (nc - *cap) * sizeof(int64_t);
+    if (d->st.bytes + grow > d->budget) return false;
     int64_t *p = realloc(*v, nc * sizeof *p);
     if (!p) return false;
+    d->st.bytes += grow;
     *v = p;
     *cap = nc;
   }
@@ -170,7 +176,7 @@ void mbd_bdurable_checkpoint(mbd_bdurable *d, mbd_msg **pm, const char *uid, con
   }
   size_t bytes = 0;
   if (mbd_msg_npayloads(m) != 1 || !mbd_msg_payload(m, 0, &bytes) || !bytes) goto done;
-  uint64_t held = d->st.bytes - (r ? r->ckpt_bytes : 0);
+  uint64_t held = d->st.bytes - (r ? r->ckpt_bytes : 0) + (r ? 0 : sizeof *r);
   if (held + bytes > d->budget) {
     d->st.dropped++;
     MBD_LOGD(LOG, "checkpoint of session %s refused: %" PRIu64 " of %" PRIu64 " bytes held", sid,
@@ -189,6 +195,7 @@ void mbd_bdurable_checkpoint(mbd_bdurable *d, mbd_msg **pm, const char *uid, con
     snprintf(r->model, sizeof r->model, "%s", model);
     snprintf(r->digest, sizeof r->digest, "%s", digest);
     r->where = MBD_BDUR_HOMED;
+    d->st.bytes += sizeof *r;
     size_t h = hash_str(r->id);
     r->next_id = d->by_id[h];
     d->by_id[h] = r;
@@ -299,8 +306,8 @@ static bool error_untouched(const mbd_msg *m) {
          code == MBD_E_SHAPE || code == MBD_E_UNSUPPORTED;
 }
 
-static void log_add(drec *r, const int64_t *t, size_t n) {
-  if (!r->hole && !list_add(&r->log, &r->nlog, &r->caplog, t, n, MBD_DURABLE_LOG_MAX)) {
+static void log_add(mbd_bdurable *d, drec *r, const int64_t *t, size_t n) {
+  if (!r->hole && !list_add(d, &r->log, &r->nlog, &r->caplog, t, n, MBD_DURABLE_LOG_MAX)) {
     r->hole = true; /* until the next checkpoint */
     r->nlog = 0;
   }
@@ -325,7 +332,7 @@ void mbd_bdurable_reply(mbd_bdurable *d, const char *id, uint8_t cmd, int64_t to
   }
   switch (cmd) {
   case MBD_CMD_STEP:
-    if (rc == MBD_CMD_FINAL) log_add(r, &token, 1);
+    if (rc == MBD_CMD_FINAL) log_add(d, r, &token, 1);
     break;
   case MBD_CMD_PREFILL: /* its tokens travel in a payload the broker does not read */
     if (rc == MBD_CMD_FINAL) r->hole = true; /* the checkpoint after it closes the hole */
@@ -336,10 +343,11 @@ void mbd_bdurable_reply(mbd_bdurable *d, const char *id, uint8_t cmd, int64_t to
     if (n < 0) {
       r->hole = true;
     } else if (rc == MBD_CMD_PARTIAL) {
-      log_add(r, t, (size_t)n);
-      if (!list_add(&r->gen, &r->ngen, &r->capgen, t, (size_t)n, (size_t)1 << 20)) r->hole = true;
+      log_add(d, r, t, (size_t)n);
+      if (!list_add(d, &r->gen, &r->ngen, &r->capgen, t, (size_t)n, (size_t)1 << 20))
+        r->hole = true;
     } else if ((size_t)n >= r->ngen) { /* FINAL: every token, those streamed before included */
-      log_add(r, t + r->ngen, (size_t)n - r->ngen);
+      log_add(d, r, t + r->ngen, (size_t)n - r->ngen);
       r->ngen = 0;
     } else {
       r->hole = true;

@@ -8,9 +8,11 @@
  * client's session id stays valid: this module maps it to the id on the
  * worker that holds the session now, and only for the owner that opened it.
  *
- * Memory: checkpoint bytes are bounded by a budget (--durable-mb); a
- * checkpoint that would pass it is refused: a session already held keeps its
- * older checkpoint and its log (still restorable), a new one is not durable.
+ * Memory: checkpoints, token logs and records together are bounded by a
+ * budget (--durable-mb); a checkpoint that would pass it is refused: a
+ * session already held keeps its older checkpoint and its log (still
+ * restorable), a new one is not durable; a log that cannot grow leaves its
+ * session not restorable until its next checkpoint.
  * The token log is capped at MBD_DURABLE_LOG_MAX; past it, or after a PREFILL
  * whose tokens the broker did not see (until the checkpoint that follows
  * it), the session is not restorable and its loss is answered WORKER_LOST
@@ -30,7 +32,7 @@
 typedef struct mbd_bdurable_stats {
   uint64_t checkpoints;     /* CHECKPOINTs kept */
   uint64_t dropped;         /* CHECKPOINTs refused: over the byte budget */
-  uint64_t bytes;           /* checkpoint bytes held now */
+  uint64_t bytes;           /* bytes held now: checkpoints, token logs, records (<= budget) */
   uint64_t sessions;        /* durable sessions held now */
   uint64_t rehomed;         /* sessions restored on another worker after theirs died */
   uint64_t replayed_tokens; /* tokens those restores replayed after their checkpoints */
