@@ -447,11 +447,30 @@ bool mbd_wsched_cancel(mbd_wstate *st, uint64_t tag, int code, const char *why) 
   return false;
 }
 
+/* Leaves s's GENERATE to the broker, which re-homes durable sessions when
+ * this worker disconnects and continues the loop elsewhere: the unsent
+ * tokens go out as a PARTIAL, then a checkpoint; the loop gets no reply. */
+static void gen_hand_over(mbd_wstate *st, mbd_wsession *s) {
+  mbd_wsess_data *ws = s->user;
+  mbd_wgen *g = ws->gen;
+  if (g->sent < g->n) gen_partial(st, g);
+  mbd_wgen_free(g);
+  ws->gen = NULL;
+  s->busy = false;
+  s->last_used = mbd_wstate_now(st);
+  st->ngen--;
+  mbd_wckpt_emit(st, s);
+}
+
 void mbd_wsched_stop_generates(mbd_wstate *st, const char *why) {
   for (size_t i = 0; i < mbd_wsession_capacity(st->sessions) && st->ngen; i++) {
     mbd_wsession *s = mbd_wsession_at(st->sessions, i);
     mbd_wgen *g = s ? ((mbd_wsess_data *)s->user)->gen : NULL;
     if (!g) continue;
+    if (mbd_wckpt_enabled(st) && !((mbd_wsess_data *)s->user)->logits_stale) {
+      gen_hand_over(st, s);
+      continue;
+    }
     mbd_error e;
     mbd_error_set(&e, MBD_E_STATE, "%s (after %lld generated tokens, which the session consumed)",
                   why, (long long)g->n);

@@ -82,7 +82,10 @@ uint64_t mbd_wsched_load(const mbd_wstate *st);
 size_t mbd_wsched_expire(mbd_wstate *st);
 /* Shutdown, first step: every running GENERATE ends with ERROR STATE `why`
  * (a loop's remaining length is unknown; jobs and queued STEPs are bounded
- * work and may still finish). */
+ * work and may still finish). A checkpointing worker instead hands each loop
+ * over: unsent tokens as a PARTIAL, a checkpoint, and no reply, so the broker
+ * continues it on another worker once this one disconnects (a loop whose
+ * logits are still on the device ends with the ERROR). */
 void mbd_wsched_stop_generates(mbd_wstate *st, const char *why);
 /* Shutdown: every job, queued STEP and running GENERATE gets ERROR STATE `why`. */
 void mbd_wsched_fail_pending(mbd_wstate *st, const char *why);

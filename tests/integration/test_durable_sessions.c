@@ -68,9 +68,9 @@ static void open_prefill(char sids[][64], int n) {
 }
 
 /* GENERATE on sessions [0, n) at once (even: greedy; odd: seeded sampling);
- * kill -9 of `victim` once a quarter of the tokens streamed (0: none). The
- * FINAL tokens go to out[i]; the streamed ones must be their prefix. */
-static void generate_all(char sids[][64], int n, pid_t victim, int64_t out[][GEN_LEN]) {
+ * signal `sig` to `victim` once a quarter of the tokens streamed (0: none).
+ * The FINAL tokens go to out[i]; the streamed ones must be their prefix. */
+static void generate_all(char sids[][64], int n, pid_t victim, int sig, int64_t out[][GEN_LEN]) {
   uint64_t t0 = 0;
   for (int i = 0; i < n; i++) {
     wh_pack p;
@@ -89,8 +89,8 @@ static void generate_all(char sids[][64], int n, pid_t victim, int64_t out[][GEN
   double end = wh_now() + 120;
   while (done < n && wh_now() < end) {
     if (victim && total >= n * GEN_LEN / 4) {
-      kill(victim, SIGKILL);
-      fprintf(stderr, "kill -9 of the worker after %d of %d streamed tokens\n", total,
+      kill(victim, sig);
+      fprintf(stderr, "signal %d to the worker after %d of %d streamed tokens\n", sig, total,
               n * GEN_LEN);
       victim = 0;
     }
@@ -193,7 +193,7 @@ static void test_kill9_rehome(void **state) {
   uint8_t *ref_blob[NGEN];
   size_t ref_n[NGEN];
   open_prefill(ref_sids, NGEN);
-  generate_all(ref_sids, NGEN, 0, ref_tok);
+  generate_all(ref_sids, NGEN, 0, 0, ref_tok);
   for (int i = 0; i < NGEN; i++) {
     step(ref_sids[i], i, 0, ref_logits + (size_t)i * V);
     ref_blob[i] = export_state(ref_sids[i], &ref_n[i]);
@@ -207,7 +207,7 @@ static void test_kill9_rehome(void **state) {
   /* B joins; A dies under the 64 streams. */
   start_worker("wB");
   assert_int_equal(wh_wait_workers(&g_h, 2, 30000), 0);
-  generate_all(sids, NGEN, a, tok);
+  generate_all(sids, NGEN, a, SIGKILL, tok);
   g_h.procs[0] = 0;
   wh_stop(a, SIGKILL);
 
@@ -346,8 +346,43 @@ static void test_time_cadence(void **state) {
   wh_fini(&g_h);
 }
 
+/* A checkpointing worker that gets SIGTERM hands its running GENERATEs over:
+ * they continue on the other worker, bit for bit, instead of ending with
+ * STATE. */
+static void test_sigterm_hand_over(void **state) {
+  (void)state;
+  enum { N = 8 };
+  int rc = wh_init(&g_h);
+  if (rc == 77) exit(77);
+  assert_int_equal(rc, 0);
+  assert_int_equal(wh_fixture_load(&g_h, &g_f), 0);
+  g_h.client_inflight = "4096";
+  wh_start_broker(&g_h);
+  pid_t a = start_worker("wA");
+  assert_int_equal(wh_wait_workers(&g_h, 1, 30000), 0);
+  static char ref_sids[N][64], sids[N][64];
+  static int64_t ref_tok[N][GEN_LEN], tok[N][GEN_LEN];
+  open_prefill(ref_sids, N);
+  generate_all(ref_sids, N, 0, 0, ref_tok);
+  for (int i = 0; i < N; i++) close_session(ref_sids[i]);
+  open_prefill(sids, N);
+  start_worker("wB");
+  assert_int_equal(wh_wait_workers(&g_h, 2, 30000), 0);
+  uint64_t resumed0 = counter("generates_resumed");
+  generate_all(sids, N, a, SIGTERM, tok);
+  assert_int_equal(wh_stop(a, SIGTERM), 0); /* it exited cleanly */
+  g_h.procs[0] = 0;
+  for (int i = 0; i < N; i++) assert_memory_equal(tok[i], ref_tok[i], sizeof tok[i]);
+  fprintf(stderr, "SIGTERM under %d generating sessions: %llu generates continued elsewhere\n", N,
+          (unsigned long long)(counter("generates_resumed") - resumed0));
+  assert_int_equal(counter("sessions_rehomed"), N);
+  wh_fixture_free(&g_f);
+  wh_fini(&g_h);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sigterm_hand_over),
       cmocka_unit_test(test_kill9_rehome),
       cmocka_unit_test(test_no_other_worker),
       cmocka_unit_test(test_time_cadence),
