@@ -46,6 +46,11 @@ bool mbd_wckpt_enabled(const mbd_wstate *st) {
   return st->o.checkpoint_tokens > 0 || st->o.checkpoint_ms > 0;
 }
 
+bool mbd_wckpt_due_tokens(const mbd_wstate *st, const mbd_wsession *s, int64_t extra) {
+  return st->o.checkpoint_tokens > 0 &&
+         ((const mbd_wsess_data *)s->user)->ckpt_tokens + extra >= st->o.checkpoint_tokens;
+}
+
 void mbd_wckpt_consumed(mbd_wsession *s, int64_t n) { ((mbd_wsess_data *)s->user)->ckpt_tokens += n; }
 
 static void free_blob(void *data, void *hint) {

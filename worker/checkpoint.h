@@ -36,6 +36,10 @@ int mbd_wckpt_blob(mbd_wstate *st, const mbd_wsession *s, void **blob, size_t *s
 bool mbd_wckpt_enabled(const mbd_wstate *st);
 /* Counts n tokens consumed by s since its last checkpoint. */
 void mbd_wckpt_consumed(mbd_wsession *s, int64_t n);
+/* Whether s reaches --checkpoint-tokens with `extra` more tokens (the
+ * scheduler fetches a device-picked greedy row's logits on that step, so the
+ * checkpoint after it has them). */
+bool mbd_wckpt_due_tokens(const mbd_wstate *st, const mbd_wsession *s, int64_t extra);
 /* Sends s's checkpoint now (when enabled); a failure is logged, never fatal:
  * the session stays served, only less durable. */
 void mbd_wckpt_emit(mbd_wstate *st, mbd_wsession *s);
@@ -44,7 +48,8 @@ void mbd_wckpt_settle(mbd_wstate *st, mbd_wsession *s);
 /* The cadence pass after a tick: every session due (tokens or ms) and not
  * inside a PREFILL gets its checkpoint; a generating one has its unsent
  * tokens flushed as a PARTIAL first. Skips sessions whose logits are behind
- * the state (device-picked greedy loops: they checkpoint when the loop ends). */
+ * the state (a device-picked greedy loop between its token-cadence steps,
+ * whose logits the scheduler fetches: see mbd_wckpt_due_tokens). */
 void mbd_wckpt_tick(mbd_wstate *st);
 /* Tells the broker the sessions idle expiry is about to close (CHECKPOINT
  * {session, closed: true}), so it drops their checkpoints. */

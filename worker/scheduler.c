@@ -146,12 +146,13 @@ static const char *gen_end_reason(const mbd_wgen *g, int64_t tok) {
 
 /* Whether row r's logits must reach its session after this step: always
  * unless its next token is picked on the device (dev_pick and a greedy
- * GENERATE row that goes on), so a session's logits are current whenever it
- * is not generating. */
-static bool row_needs_logits(const mbd_wrow *r, bool dev_pick) {
+ * GENERATE row that goes on and is not due for a checkpoint), so a
+ * session's logits are current whenever it is not generating. */
+static bool row_needs_logits(const mbd_wstate *st, const mbd_wrow *r, bool dev_pick) {
   if (!dev_pick || r->step) return true;
   const mbd_wgen *g = ((const mbd_wsess_data *)r->s->user)->gen;
-  return g->sampling.temperature > 0.0f || gen_end_reason(g, r->token) != NULL;
+  return g->sampling.temperature > 0.0f || gen_end_reason(g, r->token) != NULL ||
+         mbd_wckpt_due_tokens(st, r->s, 1); /* a checkpoint after this step needs them */
 }
 
 /* One batched step for model mi over queued STEPs and active GENERATE loops.
@@ -233,7 +234,7 @@ static size_t tick_model(mbd_wstate *st, int mi, double now) {
       if (!r->step && ws->gen->sampling.temperature <= 0.0f) dev_pick = true;
     }
     for (size_t i = 0; i < n && dev_pick && !need_logits; i++)
-      need_logits = row_needs_logits(&st->rows[i], true);
+      need_logits = row_needs_logits(st, &st->rows[i], true);
   }
   mbd_error e = {0};
   int rc = dev_pick ? st->be->ops->step_greedy(st->be, m->bm, st->bstates, st->btokens,
@@ -250,7 +251,7 @@ static size_t tick_model(mbd_wstate *st, int mi, double now) {
     r->s->last_used = t;
     /* Only rows that need them copy their logits out: a tick where a few
      * rows finish must not copy [n,V] into every session (V floats each). */
-    if (!rc && have_logits && row_needs_logits(r, dev_pick)) {
+    if (!rc && have_logits && row_needs_logits(st, r, dev_pick)) {
       memcpy(ws->logits, row, (size_t)m->vocab * sizeof(float));
       ws->has_logits = true;
       ws->logits_stale = false;
