@@ -311,8 +311,53 @@ static void test_steps_keep_order(void **state) {
   mbd_bcore_destroy(&c);
 }
 
+/* Loses worker ident (DISCONNECT) and answers the restore from whichever
+ * worker got it (its name into `next`) with session id `wid`; returns the
+ * GENERATE re-sent there, or NULL. */
+static mbd_msg *lose_and_restore(mbd_bcore *c, sent *s, const char *ident, char *next,
+                                 const char *wid, int64_t now) {
+  clear(s);
+  body b;
+  body_init(&b, 0);
+  mbd_msg *m = msg_of(MBD_CMD_DISCONNECT, 0, &b, ident);
+  mbd_bcore_on_worker(c, &m, 0, NULL, now);
+  mbd_msg *imp = NULL;
+  for (int i = 0; i < s->n && !imp; i++)
+    if (mbd_msg_cmd(s->m[i]) == MBD_CMD_IMPORT) imp = s->m[i];
+  assert_non_null(imp);
+  size_t pl = 0;
+  const char *p = mbd_msg_peer(imp, &pl);
+  snprintf(next, 8, "%.*s", (int)pl, p);
+  uint64_t t = mbd_msg_tag(imp);
+  reply(c, next, MBD_CMD_FINAL, t, NULL, 0, wid, now + 1);
+  return find(s, MBD_CMD_GENERATE, next);
+}
+
+/* A GENERATE during which two workers died is not sent to a third (a
+ * poison request), while its session still moves there. */
+static void test_poison_generate(void **state) {
+  (void)state;
+  sent s = {0};
+  mbd_bcore *c = core_new(&s, 16);
+  ready(c, "w3", "u3");
+  checkpoint(c, "w1", "u1/aa", 1);
+  request(c, MBD_CMD_GENERATE, 11, "u1/aa", "uid:1", 0, 2);
+  assert_non_null(find(&s, MBD_CMD_GENERATE, "w1"));
+  char w[8], w2[8];
+  assert_non_null(lose_and_restore(c, &s, "w1", w, "ux/bb", 3));
+  assert_null(lose_and_restore(c, &s, w, w2, "uy/cc", 5));
+  mbd_msg *e = find(&s, MBD_CMD_ERROR, "cli");
+  assert_non_null(e);
+  assert_int_equal(mbd_msg_tag(e), 11);
+  assert_int_equal(mbd_bcore_get_stats(c)->poisoned, 1);
+  assert_int_equal(mbd_bcore_durable_stats(c)->rehomed, 2);
+  clear(&s);
+  mbd_bcore_destroy(&c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_poison_generate),
       cmocka_unit_test(test_steps_keep_order),
       cmocka_unit_test(test_rehome_replay_resume),
       cmocka_unit_test(test_budget_and_lost),
