@@ -6,7 +6,10 @@
  * to an older send (a worker that was presumed dead, a request already
  * answered by a timeout) finds nothing and is dropped: a client never gets
  * two final replies. Stateless requests keep their original frames (a
- * reference-counted clone is what goes out) for one failover re-send. */
+ * reference-counted clone is what goes out) for one failover re-send; so do
+ * commands of durable sessions (broker/durable.h), which wait for their
+ * session's restore (a request of the broker's own, `internal`) and follow
+ * it to its new worker. */
 #include "broker/core.h"
 
 #include <errno.h>
