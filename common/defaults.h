@@ -44,5 +44,16 @@
 #define MBD_DEFAULT_SLICE_TOKENS 512
 /* Grace for work already on its way after SIGTERM, ms (worker --drain-ms). */
 #define MBD_DEFAULT_DRAIN_MS 5000
+/* Durable sessions: a worker checkpoints a session's state to the broker after
+ * this many consumed tokens (worker --checkpoint-tokens) or this many ms with
+ * tokens consumed since the last one (worker --checkpoint-ms); 0 = off. */
+#define MBD_DEFAULT_CHECKPOINT_TOKENS 0
+#define MBD_DEFAULT_CHECKPOINT_MS 0
+/* Bytes of session checkpoints the broker holds, MiB (broker --durable-mb);
+ * 0 = the broker keeps none (sessions die with their worker). */
+#define MBD_DEFAULT_DURABLE_MB 1024
+/* Tokens the broker logs per session since its last checkpoint; past it the
+ * session is not durable until its next checkpoint. */
+#define MBD_DURABLE_LOG_MAX 65536
 
 #endif

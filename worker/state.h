@@ -62,6 +62,8 @@ typedef struct mbd_wsess_data {
   bool has_logits;   /* false until the first prefill/step/import */
   bool logits_stale; /* a device-picked step left `logits` behind the state */
   mbd_wgen *gen;     /* active GENERATE or NULL */
+  int64_t ckpt_tokens; /* tokens consumed since the last checkpoint (worker/checkpoint.h) */
+  double ckpt_at;      /* clock seconds of the last checkpoint */
 } mbd_wsess_data;
 
 /* A queued STEP request. */
