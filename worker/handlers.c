@@ -379,6 +379,7 @@ static int h_import(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint6
   if ((rc = st->be->ops->state_load((mbd_bstate *)s->state, info.state, info.state_bytes, err)))
     goto fail;
   mbd_wsess_data *ws = s->user;
+  ws->fresh = false;
   ws->has_logits = info.has_logits;
   if (info.has_logits) memcpy(ws->logits, info.logits, (size_t)m->vocab * sizeof(float));
   MBD_LOGD(LOGC, "imported session %s (%s)", s->id, m->name);

@@ -44,6 +44,8 @@ typedef struct mbd_worker_opts {
   size_t max_message_bytes;          /* --max-message-mb */
   int slice_tokens;                  /* --slice-tokens: tokens of FORWARD/PREFILL per compute slice */
   int drain_ms;                      /* --drain-ms: after SIGTERM, time to finish started work */
+  size_t prefix_cache_mb;            /* --prefix-cache-mb: prefix state cache per model; 0 = off */
+  int prefix_block;                  /* --prefix-block: tokens between cached boundaries; 0 = off */
 } mbd_worker_opts;
 
 /* Defaults, then argv (argv[0] skipped). MBD_E_INVALID naming the flag and the
