@@ -228,6 +228,7 @@ static int h_open(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *er
   int rc = mbd_wsession_admit(st->sessions, q->caller.id, st->o.client_sessions, err);
   if (rc || (rc = mbd_wstate_session_new(st, mi, &s, err))) return rc;
   mbd_wsession_own(s, q->caller.id);
+  ((mbd_wsess_data *)s->user)->fresh = true; /* its first PREFILL may use the prefix cache */
   MBD_LOGD(LOGC, "opened session %s (%s)", s->id, q->model);
   mbd_wreply_fields_str(st, tag, "session", s->id);
   return MBD_OK;
@@ -379,7 +380,6 @@ static int h_import(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint6
   if ((rc = st->be->ops->state_load((mbd_bstate *)s->state, info.state, info.state_bytes, err)))
     goto fail;
   mbd_wsess_data *ws = s->user;
-  ws->fresh = false;
   ws->has_logits = info.has_logits;
   if (info.has_logits) memcpy(ws->logits, info.logits, (size_t)m->vocab * sizeof(float));
   MBD_LOGD(LOGC, "imported session %s (%s)", s->id, m->name);

@@ -191,7 +191,6 @@ int mbd_wstate_session_new(mbd_wstate *st, int mi, mbd_wsession **out, mbd_error
   }
   if ((rc = st->be->ops->state_new(st->be, st->models[mi].bm, &bs, err))) goto fail;
   if ((rc = mbd_wsession_open(st->sessions, mi, bs, mbd_wstate_now(st), out, err))) goto fail;
-  ws->fresh = true;
   (*out)->user = ws;
   return MBD_OK;
 fail:

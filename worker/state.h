@@ -64,7 +64,7 @@ typedef struct mbd_wsess_data {
   bool has_logits;   /* false until the first prefill/step/import */
   bool logits_stale; /* a device-picked step left `logits` behind the state */
   mbd_wgen *gen;     /* active GENERATE or NULL */
-  bool fresh;        /* no token consumed since OPEN: a PREFILL may start from a cached prefix */
+  bool fresh;        /* opened by OPEN, nothing consumed yet: a PREFILL may use the prefix cache */
 } mbd_wsess_data;
 
 /* A queued STEP request. */
