@@ -397,8 +397,6 @@ static int scan_ipc(const msgpack_object *root, breq *r, mbd_error *err) {
   return MBD_OK;
 }
 
-/* Reads a client request's routing facts into r: route constraint, model,
- * deadline (*dl, 0 = none given), owning worker of a session, IPC use. */
 /* `prefix`: the routing hashes of the prompt's cached-prefix boundaries
  * (common/prefix_hash.h), at most MBD_PREFIX_HASHES_MAX unsigned integers. */
 static int read_prefix(const msgpack_object *root, breq *r, mbd_error *err) {
@@ -418,6 +416,9 @@ static int read_prefix(const msgpack_object *root, breq *r, mbd_error *err) {
   return MBD_OK;
 }
 
+/* Reads a client request's routing facts into r: route constraint, model,
+ * deadline (*dl, 0 = none given), owning worker of a session, IPC use,
+ * prefix hashes (r->pfx, freed with r). */
 static int req_read(const msgpack_object *root, uint8_t cmd, breq *r, uint64_t *dl,
                     mbd_error *err) {
   char session[2 * MBD_BW_UID_MAX] = "";
@@ -978,6 +979,7 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     }
   }
 done:
+  if (r) free(r->pfx);
   free(r);
   mbd_body_destroy(&body);
   mbd_msg_destroy(&m);

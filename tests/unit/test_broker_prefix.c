@@ -14,6 +14,7 @@
 #include <cmocka.h>
 #include <msgpack.h>
 
+#include "broker/core.h"
 #include "broker/registry.h"
 #include "common/protocol.h"
 
@@ -118,8 +119,82 @@ static void test_select_prefix(void **state) {
   mbd_registry_destroy(&r);
 }
 
+typedef struct sent {
+  mbd_msg *m[8];
+  int n;
+} sent;
+
+static int rec_send(void *ctx, mbd_bdest d, mbd_msg **m, mbd_error *err) {
+  (void)d, (void)err;
+  sent *s = ctx;
+  assert_true(s->n < 8);
+  s->m[s->n++] = *m;
+  *m = NULL;
+  return 0;
+}
+
+/* An OPEN from client "cli" whose `prefix` is n hashes (the first a string when bad). */
+static mbd_msg *open_msg(uint64_t tag, size_t n, bool bad) {
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 2);
+  mbd_pack_kv_str(&pk, "model", "m");
+  mbd_pack_str(&pk, "prefix");
+  msgpack_pack_array(&pk, n);
+  for (size_t i = 0; i < n; i++) {
+    if (bad && i == n - 1) mbd_pack_str(&pk, "x");
+    else msgpack_pack_uint64(&pk, 1000 + i);
+  }
+  mbd_msg *m = NULL;
+  assert_int_equal(mbd_msg_new(MBD_CMD_OPEN, tag, &m, NULL), 0);
+  assert_int_equal(mbd_msg_take_body(m, &sb, NULL), 0);
+  msgpack_sbuffer_destroy(&sb);
+  assert_int_equal(mbd_msg_set_peer(m, "cli", 3, NULL), 0);
+  return m;
+}
+
+/* The broker's reading of OPEN `prefix`: a malformed or oversized one is
+ * INVALID, a good one routes as usual (no workers: NO_ROUTE); under ASan
+ * this also checks that the hashes are freed on every path. */
+static void test_core_reads_prefix(void **state) {
+  (void)state;
+  mbd_broker_config cfg;
+  mbd_broker_config_defaults(&cfg);
+  strcpy(cfg.clients_ep, "inproc://c");
+  strcpy(cfg.workers_ep, "inproc://w");
+  sent s = {0};
+  mbd_bcore *c = NULL;
+  assert_int_equal(mbd_bcore_new(&cfg, rec_send, &s, &c, NULL), 0);
+  const struct { size_t n; bool bad; int code; } cases[] = {
+      {3, true, MBD_E_INVALID},
+      {MBD_PREFIX_HASHES_MAX + 1, false, MBD_E_INVALID},
+      {3, false, MBD_E_NO_ROUTE},
+      {0, false, MBD_E_NO_ROUTE},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    mbd_msg *m = open_msg(k + 1, cases[k].n, cases[k].bad);
+    mbd_bcore_on_client(c, &m, 0, NULL, 1000);
+    assert_int_equal(s.n, 1);
+    assert_int_equal(mbd_msg_cmd(s.m[0]), MBD_CMD_ERROR);
+    size_t bl = 0;
+    const void *b = mbd_msg_body(s.m[0], &bl);
+    mbd_body *body = NULL;
+    assert_int_equal(mbd_body_parse(b, bl, &body, NULL), 0);
+    int64_t code = 0;
+    assert_int_equal(mbd_obj_i64(mbd_body_root(body), "code", true, &code, NULL), 0);
+    assert_int_equal(code, cases[k].code);
+    mbd_body_destroy(&body);
+    mbd_msg_destroy(&s.m[0]);
+    s.n = 0;
+  }
+  mbd_bcore_destroy(&c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_read_prefix),
-                                     cmocka_unit_test(test_select_prefix)};
+                                     cmocka_unit_test(test_select_prefix),
+                                     cmocka_unit_test(test_core_reads_prefix)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
