@@ -755,7 +755,7 @@ static int cmd_generate(int argc, char **argv) {
     }
     sc.text = text_out;
     char reason[16];
-    int grc = mbd_session_open(c, NULL, o.model, &s, &err);
+    int grc = mbd_session_open_prompt(c, NULL, o.model, out + b * (T + N), T, 0, NULL, 0, &s, &err);
     if (!grc) trace_line("generate", &o, c, "open");
     if (!grc && !(grc = mbd_session_prefill(s, NULL, &in, true, &last, &err)))
       trace_line("generate", &o, c, "prefill");
