@@ -4,7 +4,8 @@
  * greedy tokens, CLOSE). The logits and tokens equal by memcmp those of the
  * same requests on workers with the cache off, hits are counted in STATUS,
  * a second model never hits the first's entries, the broker opens sessions
- * on the worker that advertises the prompt's prefix, and under a 1 MiB
+ * on the worker that advertises the prompt's prefix, `mambad status` shows
+ * the counters, and under a 1 MiB
  * budget with 8-token blocks (evicting all the time) the results are still
  * identical. */
 #include <setjmp.h>
@@ -190,6 +191,16 @@ static void test_prefix_cache(void **state) {
   assert_true(x.hits + y.hits >= NREQ - 2);
   assert_true(x.hit_tokens + y.hit_tokens >= (int64_t)(NREQ - 2) * PFX);
   assert_int_equal(x.evictions + y.evictions, 0);
+  /* `mambad status` shows the counters. */
+  char line[512], cli[1200];
+  snprintf(cli, sizeof cli, "'%s/mambad' status --connect '%s'", g_h.bin, g_h.clients);
+  FILE *f = popen(cli, "r");
+  assert_non_null(f);
+  int shown = 0;
+  while (fgets(line, sizeof line, f))
+    if (strstr(line, "prefix cache:") && strstr(line, " hits")) shown++;
+  assert_int_equal(pclose(f), 0);
+  assert_int_equal(shown, 2);
 
   /* The second model shares nothing with the first: its first request misses. */
   int64_t hits0 = x.hits + y.hits, look0 = x.lookups + y.lookups;
