@@ -5,9 +5,8 @@
  * same requests on workers with the cache off, hits are counted in STATUS,
  * a second model never hits the first's entries, the broker opens sessions
  * on the worker that advertises the prompt's prefix, `mambad status` shows
- * the counters, and under a 1 MiB
- * budget with 8-token blocks (evicting all the time) the results are still
- * identical. */
+ * the counters, and under a 1 MiB budget with 8-token blocks (evicting all
+ * the time) the results are still identical. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
