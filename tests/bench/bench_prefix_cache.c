@@ -12,7 +12,8 @@
  *
  * Needs MBD_BIN_DIR (and MBD_FIXTURES_DIR for the harness), as ctest sets:
  *   MBD_BIN_DIR=build/bin MBD_FIXTURES_DIR=../shared/fixtures \
- *     build/bin/bench_prefix_cache [--requests 200] [--prefix 512] [--suffix 16] */
+ *     build/bin/bench_prefix_cache [--requests 200] [--prefix 512] [--suffix 16]
+ *       [--d-model 256 --layers 4 --vocab 4096] [--threads 2] [--device cpu|cuda:N] */
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -28,6 +29,7 @@
 
 typedef struct opts {
   int requests, prefix, suffix, d_model, layers, vocab, threads;
+  const char *device; /* the worker's --device (cpu, cuda:N) */
 } opts;
 
 static double now_s(void) {
@@ -108,11 +110,12 @@ static size_t count_workers(mbd_client *c) {
 
 int main(int argc, char **argv) {
   opts o = {.requests = 200, .prefix = 512, .suffix = 16, .d_model = 256, .layers = 4,
-            .vocab = 4096, .threads = 2};
+            .vocab = 4096, .threads = 2, .device = "cpu"};
   static const struct option lo[] = {{"requests", 1, 0, 'r'}, {"prefix", 1, 0, 'p'},
                                      {"suffix", 1, 0, 's'},   {"d-model", 1, 0, 'd'},
                                      {"layers", 1, 0, 'l'},   {"vocab", 1, 0, 'v'},
-                                     {"threads", 1, 0, 't'},  {0, 0, 0, 0}};
+                                     {"threads", 1, 0, 't'},  {"device", 1, 0, 'D'},
+                                     {0, 0, 0, 0}};
   for (int ch; (ch = getopt_long(argc, argv, "", lo, NULL)) != -1;) {
     int v = ch == '?' ? 0 : atoi(optarg);
     switch (ch) {
@@ -123,6 +126,7 @@ int main(int argc, char **argv) {
     case 'l': o.layers = v; break;
     case 'v': o.vocab = v; break;
     case 't': o.threads = v; break;
+    case 'D': o.device = optarg; break;
     default: fprintf(stderr, "see the header of bench_prefix_cache.c for the options\n"); return 2;
     }
   }
@@ -154,16 +158,16 @@ int main(int argc, char **argv) {
   float *ref = malloc((size_t)o.requests * V * 4), *lg = malloc(V * 4);
   int64_t *rtok = malloc((size_t)o.requests * 8), *ids = malloc(T * 8), tok;
   double *ms = malloc((size_t)o.requests * sizeof *ms);
-  printf("bench_prefix_cache: Mamba-1 synthetic d_model %d, %d layers, vocab %d, f32, CPU worker "
-         "--threads %d; %d requests, %d-token shared prefix + %d own tokens, TTFT = OPEN to the "
+  printf("bench_prefix_cache: Mamba-1 synthetic d_model %d, %d layers, vocab %d, f32, worker "
+         "--device %s --threads %d; %d requests, %d-token shared prefix + %d own tokens, TTFT = OPEN to the "
          "first generated token\n",
-         o.d_model, o.layers, o.vocab, o.threads, o.requests, o.prefix, o.suffix);
+         o.d_model, o.layers, o.vocab, o.device, o.threads, o.requests, o.prefix, o.suffix);
   printf("%-10s %10s %10s %10s %16s %14s %8s\n", "cache", "TTFT p50", "TTFT p99", "TTFT mean",
          "prefill tokens", "tokens saved", "hits");
   int bad = 0;
   for (int mode = 0; mode < 2; mode++) {
     pid_t w = wh_start_worker(&h, mode ? "on" : "off", "--model", model, "--threads", thr,
-                              "--prefix-cache-mb", mode ? "256" : "0", NULL);
+                              "--device", o.device, "--prefix-cache-mb", mode ? "256" : "0", NULL);
     while (count_workers(c) != 1) ev_nap_ms(50);
     double sum = 0;
     for (int i = 0; i < o.requests; i++) {
