@@ -13,7 +13,8 @@
  * Needs MBD_BIN_DIR (and MBD_FIXTURES_DIR for the harness), as ctest sets:
  *   MBD_BIN_DIR=build/bin MBD_FIXTURES_DIR=../shared/fixtures \
  *     build/bin/bench_prefix_cache [--requests 200] [--prefix 512] [--suffix 16]
- *       [--d-model 256 --layers 4 --vocab 4096] [--threads 2] [--device cpu|cuda:N] */
+ *       [--d-model 256 --layers 4 --vocab 4096] [--threads 2] [--device cpu|cuda:N]
+ *       [--unique]   (every prompt its own prefix: what storing costs when nothing hits) */
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -30,6 +31,7 @@
 typedef struct opts {
   int requests, prefix, suffix, d_model, layers, vocab, threads;
   const char *device; /* the worker's --device (cpu, cuda:N) */
+  int unique;         /* every prompt its own prefix: the cost of storing, with no hits */
 } opts;
 
 static double now_s(void) {
@@ -44,7 +46,7 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 static int64_t make_prompt(const opts *o, int i, int64_t *ids) {
-  for (int j = 0; j < o->prefix; j++) ids[j] = (j * 131 + 7) % o->vocab;
+  for (int j = 0; j < o->prefix; j++) ids[j] = (j * 131 + 7 + (o->unique ? i * 7919 : 0)) % o->vocab;
   for (int j = 0; j < o->suffix; j++) ids[o->prefix + j] = (i * 977 + j * 31 + 1) % o->vocab;
   return o->prefix + o->suffix;
 }
@@ -115,9 +117,9 @@ int main(int argc, char **argv) {
                                      {"suffix", 1, 0, 's'},   {"d-model", 1, 0, 'd'},
                                      {"layers", 1, 0, 'l'},   {"vocab", 1, 0, 'v'},
                                      {"threads", 1, 0, 't'},  {"device", 1, 0, 'D'},
-                                     {0, 0, 0, 0}};
+                                     {"unique", 0, 0, 'u'},   {0, 0, 0, 0}};
   for (int ch; (ch = getopt_long(argc, argv, "", lo, NULL)) != -1;) {
-    int v = ch == '?' ? 0 : atoi(optarg);
+    int v = ch == '?' || ch == 'u' ? 0 : atoi(optarg);
     switch (ch) {
     case 'r': o.requests = v; break;
     case 'p': o.prefix = v; break;
@@ -127,6 +129,7 @@ int main(int argc, char **argv) {
     case 'v': o.vocab = v; break;
     case 't': o.threads = v; break;
     case 'D': o.device = optarg; break;
+    case 'u': o.unique = 1; break;
     default: fprintf(stderr, "see the header of bench_prefix_cache.c for the options\n"); return 2;
     }
   }
@@ -160,8 +163,9 @@ int main(int argc, char **argv) {
   double *ms = malloc((size_t)o.requests * sizeof *ms);
   printf("bench_prefix_cache: Mamba-1 synthetic d_model %d, %d layers, vocab %d, f32, worker "
          "--device %s --threads %d; %d requests, %d-token shared prefix + %d own tokens, TTFT = OPEN to the "
-         "first generated token\n",
-         o.d_model, o.layers, o.vocab, o.device, o.threads, o.requests, o.prefix, o.suffix);
+         "first generated token%s\n",
+         o.d_model, o.layers, o.vocab, o.device, o.threads, o.requests, o.prefix, o.suffix,
+         o.unique ? "; --unique: no two prompts share a prefix (the cost of storing)" : "");
   printf("%-10s %10s %10s %10s %16s %14s %8s\n", "cache", "TTFT p50", "TTFT p99", "TTFT mean",
          "prefill tokens", "tokens saved", "hits");
   int bad = 0;
