@@ -47,6 +47,7 @@ typedef enum mbd_cmd {
   MBD_CMD_READY = 0x80,      /* worker registration */
   MBD_CMD_HEARTBEAT = 0x81,  /* both ways */
   MBD_CMD_DISCONNECT = 0x82, /* both ways: going away / re-register */
+  MBD_CMD_CHECKPOINT = 0x83, /* worker -> broker: a session's state, kept for re-homing */
 } mbd_cmd;
 
 /* "forward", "ERROR", ...; "unknown" otherwise. */
