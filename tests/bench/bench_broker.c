@@ -3,7 +3,8 @@
  * threads; prints round-trip p50/p99 of a tiny request through the broker
  * next to a direct ZeroMQ REQ/REP round trip, the two interleaved, then
  * requests/s with 1, 4 and 16 client threads (each thread one request at a
- * time). Usage: bench_broker [path/to/mambad-broker] (default $MBD_BIN_DIR). */
+ * time) through the broker and, as the floor, straight to one REP thread. Usage: bench_broker [path/to/mambad-broker] (default $MBD_BIN_DIR). */
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -98,13 +99,23 @@ static int broker_rt(void *s, uint64_t tag) {
   mbd_msg_new(MBD_CMD_GEMM, tag, &m, NULL);
   mbd_msg_set_body(m, body, sizeof body, NULL);
   if (mbd_msg_send(&m, s, 0, NULL)) return -1;
-  if (mbd_msg_recv(s, false, 0, &m, NULL) || mbd_msg_cmd(m) != MBD_CMD_FINAL) {
-    fprintf(stderr, "bench: bad reply\n");
+  for (;;) {
+    int rc = mbd_msg_recv(s, false, 0, &m, NULL);
+    if (rc == MBD_E_IO) {
+      fprintf(stderr, "bench: no reply\n");
+      return -1;
+    }
+    /* The broker's liveness probe (an empty frame) and HEARTBEATs are not
+     * replies: skipped, as libmambad does. */
+    if (rc || mbd_msg_tag(m) != tag) {
+      mbd_msg_destroy(&m);
+      continue;
+    }
+    int ok = mbd_msg_cmd(m) == MBD_CMD_FINAL;
+    if (!ok) fprintf(stderr, "bench: %s reply\n", mbd_cmd_name(mbd_msg_cmd(m)));
     mbd_msg_destroy(&m);
-    return -1;
+    return ok ? 0 : -1;
   }
-  mbd_msg_destroy(&m);
-  return 0;
 }
 
 static void *client(void *p) {
@@ -118,6 +129,23 @@ static void *client(void *p) {
     double t0 = now_us();
     if (broker_rt(s, tag)) break;
     if (a->lat) a->lat[tag - 1] = now_us() - t0;
+    a->done++;
+  }
+  zmq_close(s);
+  return NULL;
+}
+
+/* One thread's REQ/REP round trips to the direct server until g_cstop. */
+static void *direct_client(void *p) {
+  client_arg *a = p;
+  void *s = zmq_socket(g_ctx, ZMQ_REQ);
+  int zero = 0, tmo = 5000;
+  zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+  zmq_connect(s, g_direct);
+  char buf[64];
+  while (!g_cstop) {
+    if (zmq_send(s, "ping-ping", 9, 0) < 0 || zmq_recv(s, buf, sizeof buf, 0) < 0) break;
     a->done++;
   }
   zmq_close(s);
@@ -144,6 +172,48 @@ static void pct(double *v, int n, double *p50, double *p99) {
   qsort(v, (size_t)n, sizeof *v, cmp_d);
   *p50 = v[n / 2];
   *p99 = v[(n * 99) / 100];
+}
+
+/* CPU time the process has used, all its threads, in microseconds (Linux
+ * schedstat; 0 where it cannot be read). */
+static double cpu_us(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  if (!d) return 0;
+  double ns = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    if (e->d_name[0] == '.') continue;
+    char f[96];
+    snprintf(f, sizeof f, "%s/%.20s/schedstat", path, e->d_name);
+    FILE *fp = fopen(f, "r");
+    unsigned long long run = 0;
+    if (fp && fscanf(fp, "%llu", &run) == 1) ns += (double)run;
+    if (fp) fclose(fp);
+  }
+  closedir(d);
+  return ns / 1e3;
+}
+
+/* Requests/s of nt threads running fn for one second; *done: requests. */
+static double throughput(void *(*fn)(void *), int nt, long *done) {
+  pthread_t th[16];
+  client_arg ca[16];
+  g_cstop = 0;
+  for (int i = 0; i < nt; i++) {
+    ca[i] = (client_arg){0, NULL, 0};
+    pthread_create(&th[i], NULL, fn, &ca[i]);
+  }
+  double t0 = now_us();
+  usleep(1000000);
+  g_cstop = 1;
+  long total = 0;
+  for (int i = 0; i < nt; i++) {
+    pthread_join(th[i], NULL);
+    total += ca[i].done;
+  }
+  *done = total;
+  return (double)total / ((now_us() - t0) / 1e6);
 }
 
 int main(int argc, char **argv) {
@@ -202,26 +272,18 @@ int main(int argc, char **argv) {
   printf("  via broker (client->broker->worker)  %7.1f  %7.1f\n", b50, b99);
   printf("  direct REQ/REP, same transport       %7.1f  %7.1f\n", d50, d99);
   printf("  broker hop overhead (p50)            %7.1f   ratio %.2fx\n", b50 - d50, b50 / d50);
-  printf("throughput via broker, 1 s per row\n  clients   requests/s\n");
+  printf("throughput, 1 s per cell (direct: REQ/REP to one REP thread, the floor);\n"
+         "broker CPU: the broker process's CPU time (all threads) per brokered request\n"
+         "  clients   via broker/s    direct/s   broker/direct   broker CPU us/req\n");
   int threads[] = {1, 4, 16};
   for (int k = 0; k < 3; k++) {
-    int nt = threads[k];
-    pthread_t th[16];
-    client_arg ca[16];
-    g_cstop = 0;
-    for (int i = 0; i < nt; i++) {
-      ca[i] = (client_arg){0, NULL, 0};
-      pthread_create(&th[i], NULL, client, &ca[i]);
-    }
-    double t0 = now_us();
-    usleep(1000000);
-    g_cstop = 1;
-    long total = 0;
-    for (int i = 0; i < nt; i++) {
-      pthread_join(th[i], NULL);
-      total += ca[i].done;
-    }
-    printf("  %7d   %10.0f\n", nt, (double)total / ((now_us() - t0) / 1e6));
+    long nb_done = 0, nd_done = 0;
+    double c0 = cpu_us(pid);
+    double rb = throughput(client, threads[k], &nb_done);
+    double c1 = cpu_us(pid);
+    double rd = throughput(direct_client, threads[k], &nd_done);
+    printf("  %7d   %11.0f  %10.0f   %13.2f   %17.1f\n", threads[k], rb, rd, rb / rd,
+           nb_done ? (c1 - c0) / (double)nb_done : 0.0);
   }
   g_stop = 1;
   pthread_join(wt, NULL);
