@@ -272,18 +272,22 @@ int main(int argc, char **argv) {
   printf("  via broker (client->broker->worker)  %7.1f  %7.1f\n", b50, b99);
   printf("  direct REQ/REP, same transport       %7.1f  %7.1f\n", d50, d99);
   printf("  broker hop overhead (p50)            %7.1f   ratio %.2fx\n", b50 - d50, b50 / d50);
-  printf("throughput, 1 s per cell (direct: REQ/REP to one REP thread, the floor);\n"
-         "broker CPU: the broker process's CPU time (all threads) per brokered request\n"
-         "  clients   via broker/s    direct/s   broker/direct   broker CPU us/req\n");
+  printf("throughput, 1 s per cell (direct: REQ/REP to one REP thread, the floor); CPU: us of\n"
+         "CPU time (all threads, schedstat) per request, of the broker process and of this one\n"
+         "(client threads, echo worker or REP server, their I/O threads)\n"
+         "  clients   via broker/s    direct/s   broker/direct   CPU broker+bench   CPU direct\n");
   int threads[] = {1, 4, 16};
+  pid_t self = getpid();
   for (int k = 0; k < 3; k++) {
     long nb_done = 0, nd_done = 0;
-    double c0 = cpu_us(pid);
+    double c0 = cpu_us(pid), s0 = cpu_us(self);
     double rb = throughput(client, threads[k], &nb_done);
-    double c1 = cpu_us(pid);
+    double c1 = cpu_us(pid), s1 = cpu_us(self);
     double rd = throughput(direct_client, threads[k], &nd_done);
-    printf("  %7d   %11.0f  %10.0f   %13.2f   %17.1f\n", threads[k], rb, rd, rb / rd,
-           nb_done ? (c1 - c0) / (double)nb_done : 0.0);
+    double s2 = cpu_us(self);
+    printf("  %7d   %11.0f  %10.0f   %13.2f   %7.1f + %6.1f   %10.1f\n", threads[k], rb, rd,
+           rb / rd, nb_done ? (c1 - c0) / (double)nb_done : 0.0,
+           nb_done ? (s1 - s0) / (double)nb_done : 0.0, nd_done ? (s2 - s1) / (double)nd_done : 0.0);
   }
   g_stop = 1;
   pthread_join(wt, NULL);
