@@ -3,7 +3,9 @@
  * threads; prints round-trip p50/p99 of a tiny request through the broker
  * next to a direct ZeroMQ REQ/REP round trip, the two interleaved, then
  * requests/s with 1, 4 and 16 client threads (each thread one request at a
- * time) through the broker and, as the floor, straight to one REP thread. Usage: bench_broker [path/to/mambad-broker] (default $MBD_BIN_DIR). */
+ * time) through the broker and, as the floor, straight to one REP thread,
+ * with the CPU time each request costs. MBD_BENCH_CELL_S: seconds per
+ * throughput cell (1). Usage: bench_broker [path/to/mambad-broker] (default $MBD_BIN_DIR). */
 #include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
@@ -24,6 +26,7 @@ static void *g_sctx; /* the servers' (echo worker, REP server): their own I/O th
 static char g_cep[128], g_wep[128], g_direct[128];
 static volatile int g_stop;  /* worker and REP server */
 static volatile int g_cstop; /* client threads */
+static useconds_t g_cell_us = 1000000; /* one throughput cell; MBD_BENCH_CELL_S overrides */
 
 static double now_us(void) {
   struct timespec ts;
@@ -205,7 +208,7 @@ static double throughput(void *(*fn)(void *), int nt, long *done) {
     pthread_create(&th[i], NULL, fn, &ca[i]);
   }
   double t0 = now_us();
-  usleep(1000000);
+  usleep(g_cell_us);
   g_cstop = 1;
   long total = 0;
   for (int i = 0; i < nt; i++) {
@@ -221,6 +224,8 @@ int main(int argc, char **argv) {
   const char *bin = getenv("MBD_BIN_DIR");
   snprintf(path, sizeof path, "%s", argc > 1 ? argv[1] : "");
   if (!path[0]) snprintf(path, sizeof path, "%s/mambad-broker", bin ? bin : "build/bin");
+  const char *cell = getenv("MBD_BENCH_CELL_S");
+  if (cell && atof(cell) > 0 && atof(cell) <= 60) g_cell_us = (useconds_t)(atof(cell) * 1e6);
   char dir[] = "/tmp/mbd-bench-XXXXXX";
   if (!mkdtemp(dir)) return 1;
   snprintf(g_cep, sizeof g_cep, "ipc://%s/c", dir);
@@ -272,10 +277,11 @@ int main(int argc, char **argv) {
   printf("  via broker (client->broker->worker)  %7.1f  %7.1f\n", b50, b99);
   printf("  direct REQ/REP, same transport       %7.1f  %7.1f\n", d50, d99);
   printf("  broker hop overhead (p50)            %7.1f   ratio %.2fx\n", b50 - d50, b50 / d50);
-  printf("throughput, 1 s per cell (direct: REQ/REP to one REP thread, the floor); CPU: us of\n"
+  printf("throughput, %.1f s per cell (direct: REQ/REP to one REP thread, the floor); CPU: us of\n"
          "CPU time (all threads, schedstat) per request, of the broker process and of this one\n"
          "(client threads, echo worker or REP server, their I/O threads)\n"
-         "  clients   via broker/s    direct/s   broker/direct   CPU broker+bench   CPU direct\n");
+         "  clients   via broker/s    direct/s   broker/direct   CPU broker+bench   CPU direct\n",
+         g_cell_us / 1e6);
   int threads[] = {1, 4, 16};
   pid_t self = getpid();
   for (int k = 0; k < 3; k++) {
