@@ -1,5 +1,6 @@
 /* bench_broker: what the broker hop costs. Starts the real mambad-broker on
- * ipc:// endpoints, one in-process echo worker (capacity 256) and N client
+ * ipc:// endpoints, one in-process echo worker (capacity 256; it answers
+ * FINAL {route_id, worker} as a worker's reply opens) and N client
  * threads; prints round-trip p50/p99 of a tiny request through the broker
  * next to a direct ZeroMQ REQ/REP round trip, the two interleaved, then
  * requests/s with 1, 4 and 16 client threads (each thread one request at a
@@ -68,6 +69,15 @@ static void *echo_worker(void *arg) {
   mbd_msg_take_body(m, &sb, NULL);
   msgpack_sbuffer_destroy(&sb);
   mbd_msg_send(&m, s, 0, NULL);
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 2);
+  mbd_pack_kv_str(&pk, "route_id", id);
+  mbd_pack_kv_str(&pk, "worker", "echo");
+  uint8_t reply[256];
+  size_t reply_len = sb.size < sizeof reply ? sb.size : 0;
+  memcpy(reply, sb.data, reply_len);
+  msgpack_sbuffer_destroy(&sb);
   double last_hb = now_us();
   while (!g_stop) {
     if (now_us() - last_hb > 500e3) {
@@ -80,8 +90,11 @@ static void *echo_worker(void *arg) {
       continue;
     }
     if (mbd_cmd_is_request(mbd_msg_cmd(m))) {
-      mbd_msg_set_cmd(m, MBD_CMD_FINAL); /* echo the body back under the same ticket */
-      mbd_msg_send(&m, s, 0, NULL);
+      /* FINAL under the same ticket, its body opening as a worker's does */
+      mbd_msg *f = NULL;
+      mbd_msg_new(MBD_CMD_FINAL, mbd_msg_tag(m), &f, NULL);
+      mbd_msg_set_body(f, reply, reply_len, NULL);
+      mbd_msg_send(&f, s, 0, NULL);
     }
     mbd_msg_destroy(&m);
   }
