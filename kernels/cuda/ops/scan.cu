@@ -314,10 +314,26 @@ static int scan_step_launch_sq(cudaStream_t s, int nseq, int di, int R, const fl
                     zoff, ssm_state, slot_stride, slots, cw, cb, cst, cslot, y, vec);
 }
 
-/* Sequences per block: one at small batch, where a step is latency-bound and
- * extra chains would only lengthen it; eight from SSTEP_SQ_MIN_BATCH up,
- * where the weight reads dominate. */
-#define SSTEP_SQ_MIN_BATCH 16
+/* Sequences per block: the most of 8, 4, 2 that still leaves the grid
+ * SSTEP_BLOCKS_PER_SM blocks per SM (a block's sequences run one after
+ * another, so fewer, longer blocks would leave SMs idle: the 130m shape at
+ * batch 256 has only 12 channel blocks per sequence), else 1. */
+#define SSTEP_BLOCKS_PER_SM 3
+
+static int scan_step_sq(int nseq, int di) {
+  static int sms; /* the device's SM count, read once */
+  if (!sms) {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
+      v = 132;
+    sms = v;
+  }
+  const int64_t cblocks = (di + SSTEP_BT - 1) / SSTEP_BT, want = (int64_t)SSTEP_BLOCKS_PER_SM * sms;
+  for (int sq = 8; sq > 1; sq /= 2)
+    if (cblocks * ((nseq + sq - 1) / sq) >= want) return sq;
+  return 1;
+}
 
 template <int N, typename ActT, int KC>
 static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float *xc,
@@ -325,10 +341,18 @@ static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float
                             const float *D, const float *xz, int64_t ldxz, int64_t zoff,
                             float *ssm_state, int64_t slot_stride, const int32_t *slots,
                             const mbd_mops_conv *conv, ActT *y, mbd_error *err) {
-  if (nseq >= SSTEP_SQ_MIN_BATCH)
-    return scan_step_launch_sq<N, ActT, KC, 8>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz,
-                                               ldxz, zoff, ssm_state, slot_stride, slots, conv,
-                                               y, err);
+#define SSTEP_SQ(SQ)                                                                            \
+  case SQ:                                                                                      \
+    return scan_step_launch_sq<N, ActT, KC, SQ>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, \
+                                                ldxz, zoff, ssm_state, slot_stride, slots,     \
+                                                conv, y, err);
+  switch (scan_step_sq(nseq, di)) {
+    SSTEP_SQ(8)
+    SSTEP_SQ(4)
+    SSTEP_SQ(2)
+    default: break;
+  }
+#undef SSTEP_SQ
   return scan_step_launch_sq<N, ActT, KC, 1>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz,
                                              zoff, ssm_state, slot_stride, slots, conv, y, err);
 }
