@@ -55,5 +55,8 @@
 /* Tokens the broker logs per session since its last checkpoint; past it the
  * session is not durable until its next checkpoint. */
 #define MBD_DURABLE_LOG_MAX 65536
+/* Largest --checkpoint-ms a worker and --durable-mb the broker accept. */
+#define MBD_CHECKPOINT_MS_MAX 3600000
+#define MBD_DURABLE_MB_MAX (1 << 24)
 
 #endif
