@@ -307,11 +307,11 @@ static void test_kill9_rehome_gpu(void **state) {
   fprintf(stderr,
           "GPU kill -9 under %d generating + %d idle sessions: %llu sessions re-homed, %llu "
           "tokens replayed, %llu generates resumed, %llu sessions lost; %llu checkpoints "
-          "(%llu dropped); differing from the undisturbed run: %d token streams, %d logits, "
-          "%d states\n",
+          "(%llu dropped) of %zu-byte session blobs; differing from the undisturbed run: %d "
+          "token streams, %d logits, %d states\n",
           NGEN, NIDLE, (unsigned long long)rehomed, (unsigned long long)replayed,
           (unsigned long long)resumed, (unsigned long long)lost, (unsigned long long)ckpts,
-          (unsigned long long)dropped, bad_tok, bad_logits, bad_state);
+          (unsigned long long)dropped, ref.nblob[0], bad_tok, bad_logits, bad_state);
   for (int i = 0; i < NGEN; i++) {
     assert_memory_equal(got.tok[i], ref.tok[i], sizeof got.tok[i]);
     assert_int_equal(got.nblob[i], ref.nblob[i]);
