@@ -15,6 +15,9 @@
  *   idle session's next STEP logits;
  * - STATUS: every session re-homed, none lost, GENERATEs resumed, tokens
  *   replayed; the counts are printed.
+ * And the rolling restart: SIGTERM of the worker under 8 generating sessions
+ * hands them over, the streams and a STEP's logits afterwards equal an
+ * undisturbed run, and the worker exits 0.
  * Exits 77 with a reason when no CUDA device is visible. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -25,7 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
-#include <sys/stat.h>
 
 #include <cmocka.h>
 
@@ -40,6 +42,7 @@
 #define PMAX 40 /* longest prompt */
 
 static wh g_h;
+static char g_model[64];       /* the synthetic checkpoint's directory, "" until written */
 static int64_t g_vocab;        /* the model's vocabulary (token ids in [0, g_vocab)) */
 static int64_t g_prompts[NS][PMAX];
 
@@ -81,9 +84,9 @@ static void open_prefill(char sids[][64], int n) {
 }
 
 /* GENERATE on sessions [0, n) at once (even: greedy; odd: seeded sampling);
- * SIGKILL to `victim` once a quarter of the tokens streamed (0: none). The
- * FINAL tokens go to out[i]; the streamed ones must be their prefix. */
-static void generate_all(char sids[][64], int n, pid_t victim, int64_t out[][GEN_LEN]) {
+ * signal `sig` to `victim` once a quarter of the tokens streamed (0: none).
+ * The FINAL tokens go to out[i]; the streamed ones must be their prefix. */
+static void generate_all(char sids[][64], int n, pid_t victim, int sig, int64_t out[][GEN_LEN]) {
   uint64_t t0 = 0;
   for (int i = 0; i < n; i++) {
     wh_pack p;
@@ -102,9 +105,9 @@ static void generate_all(char sids[][64], int n, pid_t victim, int64_t out[][GEN
   double t_start = wh_now(), end = t_start + 300;
   while (done < n && wh_now() < end) {
     if (victim && total >= n * GEN_LEN / 4) {
-      kill(victim, SIGKILL);
-      fprintf(stderr, "kill -9 of the worker after %d of %d streamed tokens (%.3f s in)\n", total,
-              n * GEN_LEN, wh_now() - t_start);
+      kill(victim, sig);
+      fprintf(stderr, "signal %d to the worker after %d of %d streamed tokens (%.3f s in)\n", sig,
+              total, n * GEN_LEN, wh_now() - t_start);
       victim = 0;
     }
     mbd_msg *m = wh_recv(&g_h, 200);
@@ -243,26 +246,40 @@ static void run_out_free(run_out *o) {
   for (int i = 0; i < NGEN; i++) free(o->blob[i]);
 }
 
-static void test_kill9_rehome_gpu(void **state) {
-  (void)state;
+/* The harness with the broker, serving the synthetic 130m checkpoint as
+ * model "tiny" (the harness's name); the checkpoint is written once into its
+ * own temp dir for all tests. Skips (77) without a device. */
+static void start(void) {
   sg_init_or_skip(&g_h, 1);
   g_h.client_inflight = "100000"; /* this one client sends the traffic of many */
-  /* The synthetic 130m checkpoint, served as model "tiny" (the harness's name). */
-  double t_synth = wh_now();
-  snprintf(g_h.model_dir, sizeof g_h.model_dir, "%s/m130", g_h.dir);
-  assert_int_equal(mkdir(g_h.model_dir, 0700), 0);
-  mbd_mamba_config cfg;
-  mbd_error err = {0};
-  assert_int_equal(mbd_synth_shape("130m", &cfg, &err), 0);
-  if (mbd_synth_write(&cfg, MBD_DTYPE_BF16, 11, g_h.model_dir, &err))
-    fail_msg("synth: %s", err.msg);
-  fprintf(stderr, "synthetic 130m bf16 written in %.1f s\n", wh_now() - t_synth);
-  g_vocab = cfg.vocab_size;
-  uint64_t seed = 5;
-  for (int i = 0; i < NS; i++)
-    for (int t = 0; t < PMAX; t++) g_prompts[i][t] = (int64_t)(sg_rng(&seed) % (uint64_t)g_vocab);
-
+  if (!g_model[0]) {
+    double t_synth = wh_now();
+    snprintf(g_model, sizeof g_model, "/tmp/mbd-durable-gpu-XXXXXX");
+    assert_non_null(mkdtemp(g_model));
+    mbd_mamba_config cfg;
+    mbd_error err = {0};
+    assert_int_equal(mbd_synth_shape("130m", &cfg, &err), 0);
+    if (mbd_synth_write(&cfg, MBD_DTYPE_BF16, 11, g_model, &err)) fail_msg("synth: %s", err.msg);
+    fprintf(stderr, "synthetic 130m bf16 written in %.1f s\n", wh_now() - t_synth);
+    g_vocab = cfg.vocab_size;
+    uint64_t seed = 5;
+    for (int i = 0; i < NS; i++)
+      for (int t = 0; t < PMAX; t++)
+        g_prompts[i][t] = (int64_t)(sg_rng(&seed) % (uint64_t)g_vocab);
+  }
+  snprintf(g_h.model_dir, sizeof g_h.model_dir, "%s", g_model);
   wh_start_broker(&g_h);
+}
+
+static int remove_model(void **state) {
+  (void)state;
+  if (g_model[0] && procs_sh("rm -rf '%s'", g_model)) fprintf(stderr, "could not remove %s\n", g_model);
+  return 0;
+}
+
+static void test_kill9_rehome_gpu(void **state) {
+  (void)state;
+  start();
   pid_t a = start_worker("gpuA");
   assert_int_equal(wh_wait_workers(&g_h, 1, 120000), 0);
 
@@ -271,7 +288,7 @@ static void test_kill9_rehome_gpu(void **state) {
   static run_out ref, got;
   open_prefill(ref_sids, NS);
   step_idle(ref_sids);
-  generate_all(ref_sids, NGEN, 0, ref.tok);
+  generate_all(ref_sids, NGEN, 0, 0, ref.tok);
   collect(ref_sids, &ref);
   for (int i = 0; i < NS; i++) close_session(ref_sids[i]);
   /* Different prompts and seeds gave different streams (the comparison
@@ -286,7 +303,7 @@ static void test_kill9_rehome_gpu(void **state) {
   assert_int_equal(wh_wait_workers(&g_h, 2, 120000), 0);
   assert_one_cuda_route();
   double t_kill = wh_now();
-  generate_all(sids, NGEN, a, got.tok);
+  generate_all(sids, NGEN, a, SIGKILL, got.tok);
   g_h.procs[0] = 0;
   wh_stop(a, SIGKILL);
   collect(sids, &got);
@@ -330,7 +347,51 @@ static void test_kill9_rehome_gpu(void **state) {
   wh_fini(&g_h);
 }
 
+/* A checkpointing GPU worker that gets SIGTERM hands its running GENERATEs
+ * over: they continue on the other worker, bit for bit, and it exits 0. */
+static void test_sigterm_hand_over_gpu(void **state) {
+  (void)state;
+  enum { N = 8 };
+  start();
+  pid_t a = start_worker("gpuA");
+  assert_int_equal(wh_wait_workers(&g_h, 1, 120000), 0);
+  static char ref_sids[N][64], sids[N][64];
+  static int64_t ref_tok[N][GEN_LEN], tok[N][GEN_LEN];
+  open_prefill(ref_sids, N);
+  generate_all(ref_sids, N, 0, 0, ref_tok);
+  uint8_t *ref_logits[N];
+  size_t ref_n[N];
+  for (int i = 0; i < N; i++) {
+    ref_logits[i] = step(ref_sids[i], i, 0, &ref_n[i]);
+    close_session(ref_sids[i]);
+  }
+  open_prefill(sids, N);
+  start_worker("gpuB");
+  assert_int_equal(wh_wait_workers(&g_h, 2, 120000), 0);
+  generate_all(sids, N, a, SIGTERM, tok);
+  assert_int_equal(wh_stop(a, SIGTERM), 0); /* it exited cleanly */
+  g_h.procs[0] = 0;
+  uint64_t resumed = counter("generates_resumed"), rehomed = counter("sessions_rehomed");
+  fprintf(stderr, "GPU SIGTERM under %d generating sessions: %llu re-homed, %llu generates "
+                  "continued elsewhere\n",
+          N, (unsigned long long)rehomed, (unsigned long long)resumed);
+  for (int i = 0; i < N; i++) {
+    assert_memory_equal(tok[i], ref_tok[i], sizeof tok[i]);
+    size_t n = 0;
+    uint8_t *l = step(sids[i], i, 0, &n);
+    assert_int_equal(n, ref_n[i]);
+    assert_memory_equal(l, ref_logits[i], n);
+    free(l);
+    free(ref_logits[i]);
+  }
+  assert_int_equal(rehomed, N);
+  wh_fini(&g_h);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_kill9_rehome_gpu)};
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_kill9_rehome_gpu),
+      cmocka_unit_test(test_sigterm_hand_over_gpu),
+  };
+  return cmocka_run_group_tests(tests, NULL, remove_model);
 }
