@@ -55,7 +55,8 @@ size_t mbd_fuzz_seeds(const mbd_fuzz_seed **out) {
       S("a: &a [x, x]\nb: &b [*a, *a]\nbroker: *b\n"),
       S("broker: {clients: 'ipc:///c', workers: 'ipc:///w'}\n"
         "durable: {checkpoint_tokens: 16, checkpoint_ms: 500, budget_mb: 64}\n"
-        "workers:\n  - {name: a, device: cpu}\n  - {name: b, device: 'cuda:0', checkpoint_tokens: 0}\n"),
+        "workers:\n  - {name: a, device: cpu}\n"
+        "  - {name: b, device: 'cuda:0', checkpoint_tokens: 0}\n"),
   };
 #undef S
   *out = seeds;

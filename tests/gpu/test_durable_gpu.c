@@ -273,7 +273,8 @@ static void start(void) {
 
 static int remove_model(void **state) {
   (void)state;
-  if (g_model[0] && procs_sh("rm -rf '%s'", g_model)) fprintf(stderr, "could not remove %s\n", g_model);
+  if (g_model[0] && procs_sh("rm -rf '%s'", g_model))
+    fprintf(stderr, "could not remove %s\n", g_model);
   return 0;
 }
 

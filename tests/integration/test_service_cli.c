@@ -85,10 +85,10 @@ static void test_without_service(void **state) {
            yaml);
   EXPECT(0, "--default-deadline-ms 20000 --durable-mb 64", "'%s/mambad' up --config '%s' --dry-run",
          b, yaml);
-  EXPECT(0, "--threads 1 --checkpoint-tokens 8 --heartbeat-ms", "'%s/mambad' up --config '%s' --dry-run",
-         b, yaml);
-  EXPECT(0, "--threads 1 --checkpoint-ms 250 --heartbeat-ms", "'%s/mambad' up --config '%s' --dry-run",
-         b, yaml);
+  EXPECT(0, "--threads 1 --checkpoint-tokens 8 --heartbeat-ms",
+         "'%s/mambad' up --config '%s' --dry-run", b, yaml);
+  EXPECT(0, "--threads 1 --checkpoint-ms 250 --heartbeat-ms",
+         "'%s/mambad' up --config '%s' --dry-run", b, yaml);
   svc_yaml(&s, "  - {name: d, device: cpu, checkpoint_ms: 100}\ndurable: {budget_mb: 0}\n", yaml);
   EXPECT(1, "workers[0].checkpoint_ms: worker 'd' checkpoints, but durable.budget_mb is 0",
          "'%s/mambad' up --config '%s' --dry-run", b, yaml);
@@ -126,7 +126,8 @@ static void test_with_service(void **state) {
   EXPECT(0, "tokens", "'%s/mambad' generate --connect '%s' --model tiny --input '%s' --generate 6",
          b, s.clients, in);
   char out[8192];
-  assert_int_equal(svc_sh(&s, out, sizeof out, "'%s/mambad' status --connect '%s'", b, s.clients), 0);
+  assert_int_equal(
+      svc_sh(&s, out, sizeof out, "'%s/mambad' status --connect '%s'", b, s.clients), 0);
   const char *d = strstr(out, "\ndurable: ");
   if (!d) fprintf(stderr, "no durable line in:\n%s\n", out);
   assert_non_null(d);
