@@ -65,6 +65,8 @@ typedef struct breq {
   int64_t token;                   /* STEP: the token it feeds (durable sessions log it) */
   bool has_ipc;                    /* carries CUDA IPC tensors: same-host GPU workers only */
   int ipc_device;                  /* device of the first IPC tensor (GPU-affine routing) */
+  uint64_t *pfx;                   /* `prefix`: the prompt's routing hashes, or NULL (owned) */
+  size_t npfx;
   char client_host[MBD_BW_NAME_MAX]; /* the client's host_id (required with IPC tensors) */
   int64_t start_ms, deadline_ms;   /* absolute, monotonic */
   size_t bytes;                    /* body + payload bytes the broker holds for it */
@@ -270,6 +272,7 @@ static void req_free(mbd_bcore *c, breq *r) {
   else c->all = r->anext;
   if (r->anext) r->anext->aprev = r->aprev;
   mbd_msg_destroy(&r->orig);
+  free(r->pfx);
   free(r);
 }
 
@@ -406,8 +409,28 @@ static int scan_ipc(const msgpack_object *root, breq *r, mbd_error *err) {
   return MBD_OK;
 }
 
+/* `prefix`: the routing hashes of the prompt's cached-prefix boundaries
+ * (common/prefix_hash.h), at most MBD_PREFIX_HASHES_MAX unsigned integers. */
+static int read_prefix(const msgpack_object *root, breq *r, mbd_error *err) {
+  const msgpack_object *v = mbd_obj_get(root, "prefix");
+  if (!v) return MBD_OK;
+  if (v->type != MSGPACK_OBJECT_ARRAY || v->via.array.size > MBD_PREFIX_HASHES_MAX)
+    return mbd_error_set(err, MBD_E_INVALID, "prefix must be an array of at most %d routing hashes",
+                         MBD_PREFIX_HASHES_MAX);
+  if (!v->via.array.size) return MBD_OK;
+  if (!(r->pfx = malloc(v->via.array.size * sizeof *r->pfx)))
+    return mbd_error_set(err, MBD_E_NOMEM, "broker out of memory");
+  for (uint32_t i = 0; i < v->via.array.size; i++) {
+    if (v->via.array.ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+      return mbd_error_set(err, MBD_E_INVALID, "prefix entry %u is not an unsigned integer", i);
+    r->pfx[r->npfx++] = v->via.array.ptr[i].via.u64;
+  }
+  return MBD_OK;
+}
+
 /* Reads a client request's routing facts into r: route constraint, model,
- * deadline (*dl, 0 = none given), owning worker of a session, IPC use. */
+ * deadline (*dl, 0 = none given), owning worker of a session, IPC use,
+ * prefix hashes (r->pfx, freed with r). */
 static int req_read(const msgpack_object *root, uint8_t cmd, breq *r, uint64_t *dl,
                     mbd_error *err) {
   char session[2 * MBD_BW_UID_MAX] = "";
@@ -440,6 +463,7 @@ static int req_read(const msgpack_object *root, uint8_t cmd, breq *r, uint64_t *
     snprintf(r->session_id, sizeof r->session_id, "%s", session);
     r->is_session = true;
   }
+  if (!r->is_session && (rc = read_prefix(root, r, err))) return rc;
   return scan_ipc(root, r, err);
 }
 
@@ -581,6 +605,10 @@ static mbd_bworker *select_for(mbd_bcore *c, breq *r, size_t *nmatch) {
     return mbd_registry_select_ipc(c->reg, &r->want, r->model, r->digest,
                                    r->digest_fixed ? r->tokenizer : NULL, r->client_host,
                                    r->ipc_device, NULL, nmatch);
+  if (r->npfx)
+    return mbd_registry_select_prefix(c->reg, &r->want, r->model, r->digest,
+                                      r->digest_fixed ? r->tokenizer : NULL, r->pfx, r->npfx, NULL,
+                                      nmatch);
   return mbd_registry_select(c->reg, &r->want, r->model, r->digest,
                              r->digest_fixed ? r->tokenizer : NULL, NULL, nmatch);
 }
@@ -770,8 +798,20 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   msgpack_pack_array(&pk, n);
   for (size_t i = 0; i < n; i++) {
     const mbd_bworker *w = mbd_registry_at(c->reg, i);
-    msgpack_pack_map(&pk, full ? 13 : 9);
+    msgpack_pack_map(&pk, (full ? 13 : 9) + w->prefix.known);
     mbd_pack_kv_str(&pk, "name", w->name);
+    if (w->prefix.known) {
+      const mbd_bprefix *x = &w->prefix;
+      mbd_pack_str(&pk, "prefix_cache");
+      msgpack_pack_map(&pk, 7);
+      mbd_pack_kv_u64(&pk, "lookups", x->lookups);
+      mbd_pack_kv_u64(&pk, "hits", x->hits);
+      mbd_pack_kv_u64(&pk, "hit_tokens", x->hit_tokens);
+      mbd_pack_kv_u64(&pk, "inserts", x->inserts);
+      mbd_pack_kv_u64(&pk, "evictions", x->evictions);
+      mbd_pack_kv_u64(&pk, "bytes", x->bytes);
+      mbd_pack_kv_u64(&pk, "entries", x->entries);
+    }
     mbd_pack_kv_i64(&pk, "sessions", w->sessions);
     if (full) mbd_pack_kv_str(&pk, "uid", w->uid);
     mbd_pack_kv_str(&pk, "route_id", w->route_id);
@@ -921,7 +961,8 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   /* The routing header only: bulk fields are skipped, never decoded. */
   static const char *const header_keys[] = {"route",   "model",   "model_digest", "deadline_ms",
                                             "session", "tensors", "outputs",      "host_id",
-                                            "request_id", "caller",  "token",       NULL};
+                                            "request_id", "caller",  "token",       "prefix",
+                                            NULL};
   int rc = mbd_body_parse_keys(b, blen, header_keys, HEADER_MAX_BYTES, &body, &err);
   if (rc) {
     client_error(c, pcopy, plen, tag, rc, err.msg);
@@ -997,6 +1038,7 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     }
   }
 done:
+  if (r) free(r->pfx);
   free(r);
   mbd_body_destroy(&body);
   mbd_msg_destroy(&m);
@@ -1317,19 +1359,22 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   w->last_seen_ms = now;
   switch (cmd) {
   case MBD_CMD_HEARTBEAT: {
-    /* {load, sessions, draining?}: the open sessions are kept for STATUS; a
+    /* {load, sessions, draining?, prefix?}: the open sessions and the prefix
+     * cache (counters for STATUS, hashes for routing) are kept; a
      * worker that drains after SIGTERM gets no new work (capacity 0: it still
      * matches, so requests wait for other workers instead of failing
      * NO_ROUTE, and it keeps its running ones). */
-    static const char *const keys[] = {"sessions", "draining", NULL};
+    static const char *const keys[] = {"sessions", "draining", "prefix", NULL};
     mbd_body *body = NULL;
     size_t blen = 0;
     const void *b = mbd_msg_body(m, &blen);
     int64_t n = -1;
     bool draining = false;
-    if (blen && !mbd_body_parse_keys(b, blen, keys, 64, &body, NULL)) {
+    if (blen && !mbd_body_parse_keys(b, blen, keys, 2048, &body, NULL)) {
       mbd_obj_i64(mbd_body_root(body), "sessions", false, &n, NULL);
       mbd_obj_bool(mbd_body_root(body), "draining", false, &draining, NULL);
+      const msgpack_object *pv = mbd_obj_get(mbd_body_root(body), "prefix");
+      if (pv) mbd_bworker_read_prefix(w, pv);
     }
     mbd_body_destroy(&body);
     if (n >= 0) w->sessions = n;

@@ -42,6 +42,15 @@
 /* Most tokens one FORWARD or PREFILL slice computes before live sessions'
  * steps get their turn (worker --slice-tokens). */
 #define MBD_DEFAULT_SLICE_TOKENS 512
+/* Prefix state cache: host memory per model, MiB (worker --prefix-cache-mb; 0 = off), and
+ * the block size of its boundaries, tokens (worker --prefix-block; 0 = off; libmambad
+ * hashes a prompt's blocks at this size for the broker's prefix routing). */
+#define MBD_DEFAULT_PREFIX_CACHE_MB 256
+#define MBD_PREFIX_CACHE_MB_MAX (1 << 20)
+#define MBD_DEFAULT_PREFIX_BLOCK 256
+/* The broker prefers the worker holding a request's longest cached prefix
+ * while that worker's in-flight load is under this percentage of its capacity. */
+#define MBD_PREFIX_ROUTE_LOAD_PCT 75
 /* Grace for work already on its way after SIGTERM, ms (worker --drain-ms). */
 #define MBD_DEFAULT_DRAIN_MS 5000
 /* Durable sessions: a worker checkpoints a session's state to the broker after

@@ -229,6 +229,7 @@ static int h_open(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *er
   int rc = mbd_wsession_admit(st->sessions, q->caller.id, st->o.client_sessions, err);
   if (rc || (rc = mbd_wstate_session_new(st, mi, &s, err))) return rc;
   mbd_wsession_own(s, q->caller.id);
+  ((mbd_wsess_data *)s->user)->fresh = true; /* its first PREFILL may use the prefix cache */
   MBD_LOGD(LOGC, "opened session %s (%s)", s->id, q->model);
   mbd_wreply_fields_str(st, tag, "session", s->id);
   mbd_wckpt_emit(st, s); /* the base a durable session is restored from */

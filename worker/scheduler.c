@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "kernels/model/sampler.h"
 #include "worker/checkpoint.h"
+#include "worker/prefix_job.h"
 #include "worker/reply.h"
 
 #define LOGC MBD_WSTATE_LOG
@@ -220,6 +221,7 @@ static size_t tick_model(mbd_wstate *st, int mi, double now) {
   if (n == 0) return 0;
   for (size_t i = 0; i < n; i++) {
     st->bstates[i] = (mbd_bstate *)st->rows[i].s->state;
+    ((mbd_wsess_data *)st->rows[i].s->user)->fresh = false;
     st->btokens[i] = st->rows[i].token;
   }
   /* Greedy GENERATE rows may take their next token from the device; logits
@@ -362,7 +364,9 @@ static int job_slice(mbd_wstate *st, mbd_wjob *j, mbd_error *err) {
   mbd_wsession *s = job_session(st, j);
   if (!s) return mbd_error_set(err, MBD_E_NOT_FOUND, "session '%s' closed during its prefill", j->session);
   mbd_wsess_data *ws = s->user;
-  int64_t c = j->T - j->done < budget ? j->T - j->done : budget;
+  if (!j->pfx_begun && (rc = mbd_wpfx_begin(st, j, s, err))) return rc;
+  if (j->done >= j->T) return 1; /* the whole prompt was a cached prefix */
+  int64_t c = mbd_wpfx_chunk(j, j->T - j->done < budget ? j->T - j->done : budget);
   /* last_only: every chunk writes its [1,V] to out; the final chunk's stays. */
   float *dst = j->last_only ? j->out : j->out + (size_t)j->done * V;
   rc = st->be->ops->prefill(st->be, m->bm, (mbd_bstate *)s->state, j->ids + j->done, c,
@@ -375,6 +379,7 @@ static int job_slice(mbd_wstate *st, mbd_wjob *j, mbd_error *err) {
   memcpy(ws->logits, j->last_only ? dst : dst + (size_t)(c - 1) * V, V * sizeof(float));
   ws->has_logits = true;
   ws->logits_stale = false;
+  mbd_wpfx_after(st, j, s, ws->logits);
   return j->done >= j->T;
 }
 
