@@ -48,6 +48,7 @@
 #define MBD_DEFAULT_PREFIX_CACHE_MB 256
 #define MBD_PREFIX_CACHE_MB_MAX (1 << 20)
 #define MBD_DEFAULT_PREFIX_BLOCK 256
+#define MBD_PREFIX_BLOCK_MAX (1 << 24)
 /* The broker prefers the worker holding a request's longest cached prefix
  * while that worker's in-flight load is under this percentage of its capacity. */
 #define MBD_PREFIX_ROUTE_LOAD_PCT 75

@@ -36,6 +36,7 @@
 
 #include "client/mambad.h"
 #include "common/curve.h"
+#include "common/defaults.h"
 #include "common/deploy_config.h"
 
 #define MAX_CHILDREN (1 + MBD_DEPLOY_MAX_WORKERS * 64)
@@ -204,6 +205,10 @@ static int add_worker(supervisor *s, const mbd_deploy_config *cfg, const mbd_dep
   if (w->checkpoint_tokens)
     rc |= add_arg(c, "--checkpoint-tokens") | add_arg(c, "%d", w->checkpoint_tokens);
   if (w->checkpoint_ms) rc |= add_arg(c, "--checkpoint-ms") | add_arg(c, "%d", w->checkpoint_ms);
+  if (w->prefix_cache.mb != MBD_DEFAULT_PREFIX_CACHE_MB)
+    rc |= add_arg(c, "--prefix-cache-mb") | add_arg(c, "%" PRId64, w->prefix_cache.mb);
+  if (w->prefix_cache.block != MBD_DEFAULT_PREFIX_BLOCK)
+    rc |= add_arg(c, "--prefix-block") | add_arg(c, "%d", w->prefix_cache.block);
   rc |= add_arg(c, "--heartbeat-ms") | add_arg(c, "%" PRId64, cfg->heartbeat_ms);
   rc |= add_arg(c, "--liveness") | add_arg(c, "%" PRId64, cfg->liveness);
   rc |= add_arg(c, "--max-message-mb") | add_arg(c, "%" PRId64, cfg->max_message_mb);

@@ -25,6 +25,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   MBD_FUZZ_CHECK(c->durable_mb >= 0 && c->durable_mb <= MBD_DURABLE_MB_MAX);
   MBD_FUZZ_CHECK(c->checkpoint_tokens >= 0 && c->checkpoint_tokens <= MBD_DURABLE_LOG_MAX);
   MBD_FUZZ_CHECK(c->checkpoint_ms >= 0 && c->checkpoint_ms <= MBD_CHECKPOINT_MS_MAX);
+  MBD_FUZZ_CHECK(c->prefix_cache.mb >= 0 && c->prefix_cache.mb <= MBD_PREFIX_CACHE_MB_MAX);
+  MBD_FUZZ_CHECK(c->prefix_cache.block >= 0 && c->prefix_cache.block <= MBD_PREFIX_BLOCK_MAX);
   MBD_FUZZ_CHECK(c->n_models <= MBD_DEPLOY_MAX_MODELS && c->n_workers <= MBD_DEPLOY_MAX_WORKERS);
   for (size_t i = 0; i < c->n_models; i++) MBD_FUZZ_CHECK(c->models[i].name[0] && c->models[i].path[0]);
   for (size_t i = 0; i < c->n_workers; i++) {
@@ -33,6 +35,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     MBD_FUZZ_CHECK(w->count == 1 || w->device == MBD_DEPLOY_DEVICE_CPU);
     MBD_FUZZ_CHECK(w->checkpoint_tokens >= 0 && w->checkpoint_tokens <= MBD_DURABLE_LOG_MAX);
     MBD_FUZZ_CHECK(w->checkpoint_ms >= 0 && w->checkpoint_ms <= MBD_CHECKPOINT_MS_MAX);
+    MBD_FUZZ_CHECK(w->prefix_cache.mb >= 0 && w->prefix_cache.mb <= MBD_PREFIX_CACHE_MB_MAX);
+    MBD_FUZZ_CHECK(w->prefix_cache.block >= 0 && w->prefix_cache.block <= MBD_PREFIX_BLOCK_MAX);
     /* a worker that checkpoints has a broker that keeps checkpoints */
     MBD_FUZZ_CHECK((!w->checkpoint_tokens && !w->checkpoint_ms) || c->durable_mb > 0);
     for (size_t k = 0; k < w->n_models; k++)
@@ -56,7 +60,8 @@ size_t mbd_fuzz_seeds(const mbd_fuzz_seed **out) {
       S("broker: {clients: 'ipc:///c', workers: 'ipc:///w'}\n"
         "durable: {checkpoint_tokens: 16, checkpoint_ms: 500, budget_mb: 64}\n"
         "workers:\n  - {name: a, device: cpu}\n"
-        "  - {name: b, device: 'cuda:0', checkpoint_tokens: 0}\n"),
+        "  - {name: b, device: 'cuda:0', checkpoint_tokens: 0, prefix_block: 64}\n"
+        "prefix_cache: {mb: 512, block: 128}\n"),
   };
 #undef S
   *out = seeds;

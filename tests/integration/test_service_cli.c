@@ -89,6 +89,16 @@ static void test_without_service(void **state) {
          "'%s/mambad' up --config '%s' --dry-run", b, yaml);
   EXPECT(0, "--threads 1 --checkpoint-ms 250 --heartbeat-ms",
          "'%s/mambad' up --config '%s' --dry-run", b, yaml);
+  /* the prefix cache settings that differ from the worker's defaults */
+  svc_yaml(&s,
+           "  - {name: p, device: cpu, threads: 1, prefix_block: 64}\n"
+           "  - {name: q, device: cpu, threads: 1, prefix_cache_mb: 0}\n"
+           "prefix_cache: {mb: 512}\n",
+           yaml);
+  EXPECT(0, "--threads 1 --prefix-cache-mb 512 --prefix-block 64 --heartbeat-ms",
+         "'%s/mambad' up --config '%s' --dry-run", b, yaml);
+  EXPECT(0, "--threads 1 --prefix-cache-mb 0 --heartbeat-ms",
+         "'%s/mambad' up --config '%s' --dry-run", b, yaml);
   svc_yaml(&s, "  - {name: d, device: cpu, checkpoint_ms: 100}\ndurable: {budget_mb: 0}\n", yaml);
   EXPECT(1, "workers[0].checkpoint_ms: worker 'd' checkpoints, but durable.budget_mb is 0",
          "'%s/mambad' up --config '%s' --dry-run", b, yaml);
