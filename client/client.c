@@ -702,6 +702,32 @@ static int64_t int_field(const msgpack_object *map, const char *key, int64_t dfl
   return dflt;
 }
 
+/* A counter of a map: its unsigned value, 0 when absent or not one. */
+static uint64_t count_field(const msgpack_object *map, const char *key) {
+  const msgpack_object *v = mbd_obj_get(map, key);
+  return v && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? v->via.u64 : 0;
+}
+
+/* The durable-session counters of STATUS's `counters` and the budget of its
+ * `config`; not reported when the counters are absent (an older broker). */
+static void parse_durable(const msgpack_object *root, mbd_durable_status *d) {
+  memset(d, 0, sizeof *d);
+  d->budget_mb = -1;
+  const msgpack_object *ctr = mbd_obj_get(root, "counters");
+  if (!ctr || ctr->type != MSGPACK_OBJECT_MAP || !mbd_obj_get(ctr, "durable_sessions")) return;
+  d->reported = true;
+  d->sessions = count_field(ctr, "durable_sessions");
+  d->checkpoint_bytes = count_field(ctr, "checkpoint_bytes");
+  d->checkpoints = count_field(ctr, "checkpoints");
+  d->checkpoints_dropped = count_field(ctr, "checkpoints_dropped");
+  d->sessions_rehomed = count_field(ctr, "sessions_rehomed");
+  d->replayed_tokens = count_field(ctr, "replayed_tokens");
+  d->generates_resumed = count_field(ctr, "generates_resumed");
+  d->sessions_lost = count_field(ctr, "sessions_lost");
+  const msgpack_object *cfg = mbd_obj_get(root, "config");
+  if (cfg && cfg->type == MSGPACK_OBJECT_MAP) d->budget_mb = int_field(cfg, "durable_mb", -1);
+}
+
 static int parse_worker(const msgpack_object *w, mbd_worker_info *wi, mbd_error *err) {
   if (w->type != MSGPACK_OBJECT_MAP)
     return mbd_error_set(err, MBD_E_PROTOCOL, "STATUS reply: a worker entry is not a map");
@@ -793,6 +819,7 @@ int mbd_client_status(mbd_client *c, mbd_status_report **out, mbd_error *err) {
   }
   const msgpack_object *root = mbd_body_root(rp.body);
   rep->queue = int_field(root, "queue", 0);
+  parse_durable(root, &rep->durable);
   if ((rc = parse_models(root, rep, err)) != 0) goto done;
   const msgpack_object *fs = mbd_obj_get(root, "failed");
   if (fs && fs->type == MSGPACK_OBJECT_ARRAY && fs->via.array.size > 0) {

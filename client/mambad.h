@@ -212,6 +212,22 @@ typedef struct mbd_failed_worker {
   int64_t age_ms;   /* since it reported */
 } mbd_failed_worker;
 
+/* The broker's durable sessions (checkpoints it holds to re-home the
+ * sessions of a worker that dies; docs/architecture.md "Durable sessions").
+ * Counters count since the broker started; "now" values are current. */
+typedef struct mbd_durable_status {
+  bool reported;                /* the broker sent these (false: all 0, budget_mb -1) */
+  int64_t budget_mb;            /* its --durable-mb (0 = it keeps none), -1 if not sent */
+  uint64_t sessions;            /* durable sessions held now */
+  uint64_t checkpoint_bytes;    /* bytes held now: checkpoints, token logs, records */
+  uint64_t checkpoints;         /* checkpoints kept */
+  uint64_t checkpoints_dropped; /* checkpoints refused: over the budget */
+  uint64_t sessions_rehomed;    /* sessions restored on another worker after theirs died */
+  uint64_t replayed_tokens;     /* tokens those restores replayed after their checkpoints */
+  uint64_t generates_resumed;   /* GENERATEs continued on the new worker */
+  uint64_t sessions_lost;       /* sessions whose worker died and that could not be re-homed */
+} mbd_durable_status;
+
 typedef struct mbd_status_report {
   size_t n_workers;
   mbd_worker_info *workers;
@@ -220,6 +236,7 @@ typedef struct mbd_status_report {
   mbd_model_entry *models; /* distinct (name, digest) pairs */
   size_t n_failed;
   mbd_failed_worker *failed; /* workers that could not start, and why */
+  mbd_durable_status durable; /* durable sessions */
 } mbd_status_report;
 
 /* Asks the broker for its workers, their routes, models and load. *out is
