@@ -32,7 +32,9 @@
 #include "common/half.h"
 #include "kernels/cpu/cpu_ctx.h"
 #include "kernels/cpu/mamba_ops.h"
+#include "kernels/cpu/ssd_step.h"
 #include "kernels/cuda/mamba_ops.h"
+#include "kernels/cuda/ops/ssd_scan.h"
 #include "kernels/portable_math.h"
 #include "support/gpu_util.h"
 
@@ -558,6 +560,124 @@ static void test_scan(void **state) {
       MBD_E_INVALID);
 }
 
+/* ---- the Mamba-2 recurrence --------------------------------------------------- */
+
+/* One mbd_mops_ssd_scan case: H heads x P, d_state N, G groups, nseq
+ * sequences of T steps in permuted slots of a padded stride. */
+typedef struct ssd_case {
+  int H, P, N, G, nseq, T;
+} ssd_case;
+
+/* GPU f32 == mbd_cpu_ssd_step token by token (memcmp of y and of every
+ * slot's state), in one launch and in two (split at T1), over shapes that
+ * take each lane split of the kernel: one to eight lanes per channel with
+ * whole entries, partial lanes (d_state 1, 24, 200), d_state 256, head_dim
+ * not a multiple of the block's rows, chunk boundaries, T = 1, and a slot
+ * stride that rules out the vector state loads. */
+static void test_ssd_scan(void **state) {
+  (void)state;
+  static const ssd_case cases[] = {
+      {3, 5, 16, 1, 2, 70},  {4, 7, 24, 2, 3, 33},   {2, 64, 128, 1, 1, 130},
+      {8, 64, 128, 2, 40, 3}, {4, 64, 128, 1, 40, 2}, {2, 33, 200, 1, 2, 20},
+      {2, 128, 256, 2, 1, 5}, {4, 64, 32, 1, 5, 1},   {1, 1, 1, 1, 1, 3},
+      {6, 9, 64, 3, 3, 65},
+  };
+  uint64_t seed = 31;
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+    for (int split = 0; split < 2; split++) {
+      const ssd_case *c = &cases[ci];
+      const int H = c->H, P = c->P, N = c->N, G = c->G, ns = c->nseq, T = c->T;
+      const int64_t di = (int64_t)H * P, cd = di + 2 * (int64_t)G * N;
+      const int64_t ld_x = cd + 3, ld_dt = H + 2, M = (int64_t)ns * T;
+      const int64_t per = di * N, stride = per + (ci % 2 ? 1 : 4), nslot = ns + 2;
+      float *A = fillf((size_t)H, &seed, -2.0f, -0.05f), *D = fillf((size_t)H, &seed, -1, 1);
+      float *bias = fillf((size_t)H, &seed, -1, 1);
+      float *dtr = fillf((size_t)(M * ld_dt), &seed, -3, 1);
+      float *xbc = fillf((size_t)(M * ld_x), &seed, -1, 1);
+      float *st0 = fillf((size_t)(nslot * stride), &seed, -0.5f, 0.5f);
+      const float lo = ci % 3 ? 0.0f : 0.01f, hi = ci % 3 ? INFINITY : 0.1f;
+      int32_t *slots = malloc((size_t)ns * 4);
+      for (int s = 0; s < ns; s++) slots[s] = (int32_t)(ns + 1 - s); /* reversed, 0 and 1 unused */
+      /* CPU reference */
+      float *rst = malloc((size_t)(nslot * stride) * 4), *ry = malloc((size_t)(M * di) * 4);
+      memcpy(rst, st0, (size_t)(nslot * stride) * 4);
+      const mbd_ssd_dims cdm = {H, P, N, G};
+      for (int s = 0; s < ns; s++)
+        for (int t = 0; t < T; t++) {
+          const int64_t row = (int64_t)s * T + t;
+          const float *xr = xbc + row * ld_x;
+          mbd_cpu_ssd_step(MBD_CPU_ISA_PORTABLE, &cdm, 0, H, A, D, bias, lo, hi, dtr + row * ld_dt,
+                           xr + di, xr + di + (int64_t)G * N, xr,
+                           rst + (int64_t)slots[s] * stride, ry + row * di);
+        }
+      /* GPU: one launch, or two of T1 and T - T1 steps */
+      const int T1 = split && T > 1 ? T / 2 + 1 : T;
+      const int cut[3] = {0, T1, T};
+      float *dA = dput(A, (size_t)H * 4), *dD = dput(D, (size_t)H * 4);
+      float *dbias = dput(bias, (size_t)H * 4), *dst = dput(st0, (size_t)(nslot * stride) * 4);
+      int32_t *dsl = dput(slots, (size_t)ns * 4);
+      float *gy = malloc((size_t)(M * di) * 4);
+      const mbd_mops_ssd_dims gdm = {H, P, N, G};
+      for (int k = 0; k < 2; k++) {
+        const int t0 = cut[k], tn = cut[k + 1] - cut[k];
+        if (!tn) continue;
+        const int64_t m = (int64_t)ns * tn;
+        float *hx = malloc((size_t)(m * ld_x) * 4), *hd = malloc((size_t)(m * ld_dt) * 4);
+        for (int s = 0; s < ns; s++) {
+          memcpy(hx + (int64_t)s * tn * ld_x, xbc + ((int64_t)s * T + t0) * ld_x,
+                 (size_t)(tn * ld_x) * 4);
+          memcpy(hd + (int64_t)s * tn * ld_dt, dtr + ((int64_t)s * T + t0) * ld_dt,
+                 (size_t)(tn * ld_dt) * 4);
+        }
+        float *dx = dput(hx, (size_t)(m * ld_x) * 4), *ddt = dput(hd, (size_t)(m * ld_dt) * 4);
+        float *dy = dzero((size_t)(m * di) * 4), *part = malloc((size_t)(m * di) * 4);
+        OP(mbd_mops_ssd_scan(g_stream, ns, tn, &gdm, dA, dD, dbias, lo, hi, ddt, ld_dt, dx, ld_x,
+                             dst, stride, dsl, dy, &err));
+        dget(part, dy, (size_t)(m * di) * 4);
+        for (int s = 0; s < ns; s++)
+          memcpy(gy + ((int64_t)s * T + t0) * di, part + (int64_t)s * tn * di,
+                 (size_t)(tn * di) * 4);
+        dfree(dx);
+        dfree(ddt);
+        dfree(dy);
+        free(part);
+        free(hx);
+        free(hd);
+      }
+      float *gst = malloc((size_t)(nslot * stride) * 4);
+      dget(gst, dst, (size_t)(nslot * stride) * 4);
+      char what[128];
+      snprintf(what, sizeof what, "ssd_scan H=%d P=%d N=%d G=%d nseq=%d T=%d split %d y", H, P,
+               N, G, ns, T, T1);
+      same_bytes(what, gy, ry, (size_t)(M * di), 4);
+      snprintf(what, sizeof what, "ssd_scan H=%d P=%d N=%d G=%d nseq=%d T=%d split %d state", H,
+               P, N, G, ns, T, T1);
+      same_bytes(what, gst, rst, (size_t)(nslot * stride), 4);
+      dfree(dA);
+      dfree(dD);
+      dfree(dbias);
+      dfree(dst);
+      dfree(dsl);
+      free(gst);
+      free(gy);
+      free(rst);
+      free(ry);
+      free(slots);
+      free(A);
+      free(D);
+      free(bias);
+      free(dtr);
+      free(xbc);
+      free(st0);
+    }
+  /* d_state above the limit is refused */
+  mbd_error err = {0};
+  const mbd_mops_ssd_dims big = {2, 4, MBD_MOPS_SSD_MAX_STATE + 1, 1};
+  assert_int_equal(mbd_mops_ssd_scan(g_stream, 1, 1, &big, NULL, NULL, NULL, 0, 1, NULL, 2, NULL,
+                                     8, NULL, 0, NULL, NULL, &err),
+                   MBD_E_INVALID);
+}
+
 /* ---- the decode fusion: conv + x_proj, then the scan with the conv --------------- */
 
 /* mbd_mops_conv_xproj then mbd_mops_scan with the conv give the bits of
@@ -750,7 +870,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_embed),         cmocka_unit_test(test_add_rmsnorm),
       cmocka_unit_test(test_conv_silu),     cmocka_unit_test(test_xproj),
-      cmocka_unit_test(test_scan),          cmocka_unit_test(test_conv_fusion),
+      cmocka_unit_test(test_scan),          cmocka_unit_test(test_ssd_scan),
+      cmocka_unit_test(test_conv_fusion),
       cmocka_unit_test(test_sample_greedy), cmocka_unit_test(test_fill_uniform),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

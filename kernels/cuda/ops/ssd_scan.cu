@@ -1,57 +1,182 @@
-/* The Mamba-2 recurrence (see ssd_scan.h): one block per (head, sequence)
- * holds the head's [P][N] state in shared memory for the launch's T steps,
- * rows padded to N + 1 floats so that the channel threads' n chains, which
- * walk one row each, fall in distinct banks.
- * Per step every thread computes the head's dt and dA (the same roundings,
- * so the same values), updates its state entries, and after a barrier the
- * first P threads run their channel's n chain and the D skip. */
+/* The Mamba-2 recurrence (see ssd_scan.h).
+ *
+ * Rows (channel p of head h of sequence s) are independent, so a block takes
+ * PB rows of one head and gives each row KS lanes (a power of two: a row's
+ * lanes are adjacent lanes of one warp). Lane j of a row keeps the row's
+ * state entries n in [j NL, (j + 1) NL) in registers for the whole launch.
+ * The n chain of each output runs through the row's lanes as a pipeline: at
+ * tick k lane j takes step t = k - j, updates its entries, continues the
+ * chain from the value lane j - 1 handed on at the tick before (a shuffle)
+ * and hands it to lane j + 1; the last lane adds the D skip and writes y.
+ * So every state entry takes its steps in time order and every chain its n
+ * in ascending order, as the CPU step does. Time runs in chunks of TC steps:
+ * per chunk the block stages the head's dt and dA, dt * B, C and its rows' x
+ * in shared memory (each computed once, with the step's roundings).
+ *
+ * KS grows while the launch has few rows (decode of a few sequences, prefill
+ * of one), so that small launches still fill the GPU; at large batches a
+ * lane keeps up to 64 entries and the pipeline costs little. */
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/ssd_scan.h"
 
-#define SSD_THREADS 256
+#define SSD_BLOCK 128         /* threads per block at most */
+#define SSD_FILL_ROWS 32768   /* rows x KS wanted in flight before KS stops growing */
+#define SSD_MAX_SMEM (200 * 1024)
 
-__global__ void k_ssd_scan(int T, mbd_mops_ssd_dims dm, const float *__restrict__ A,
-                           const float *__restrict__ D, const float *__restrict__ dt_bias,
-                           float lo, float hi, const float *__restrict__ dt_raw, int64_t ld_dt,
-                           const float *__restrict__ xbc, int64_t ld_xbc,
-                           float *__restrict__ state, int64_t slot_stride,
-                           const int32_t *__restrict__ slots, float *__restrict__ y) {
+/* A launch's shape: KS lanes per row, PB rows per block, TC steps per
+ * chunk, the shared row strides of dt * B and C (ldn) and of x (ldx). */
+typedef struct ssd_shape {
+  int ks, pb, tc, ldn, ldx;
+} ssd_shape;
+
+/* Shared floats of one chunk: dt * B and C [tc][ldn], x [tc][ldx], dA and dt [tc]. */
+static size_t ssd_smem_bytes(const ssd_shape *sh) {
+  return (size_t)sh->tc * (size_t)(2 * sh->ldn + sh->ldx + 2) * sizeof(float);
+}
+
+/* NL entries per lane; FULL: N == KS * NL (every lane full), else lanes
+ * beyond N keep fewer (or none: they hand the chain on unchanged). */
+template <int NL, bool FULL>
+__global__ void __launch_bounds__(SSD_BLOCK)
+    k_ssd_scan(int T, mbd_mops_ssd_dims dm, ssd_shape sh, const float *__restrict__ A,
+               const float *__restrict__ D, const float *__restrict__ dt_bias, float lo, float hi,
+               const float *__restrict__ dt_raw, int64_t ld_dt, const float *__restrict__ xbc,
+               int64_t ld_xbc, float *__restrict__ state, int64_t slot_stride, int vec,
+               const int32_t *__restrict__ slots, float *__restrict__ y) {
   extern __shared__ float4 smem4[];
-  float *st = (float *)smem4; /* [P][N + 1] */
-  const int h = blockIdx.x, s = blockIdx.y;
-  const int P = dm.head_dim, N = dm.d_state, PN = P * N, LD = N + 1;
+  const int KS = sh.ks, PB = sh.pb, TC = sh.tc, LDN = sh.ldn, LDX = sh.ldx;
+  float *s_b = (float *)smem4;    /* [TC][LDN] dt * B */
+  float *s_c = s_b + TC * LDN;    /* [TC][LDN] C */
+  float *s_x = s_c + TC * LDN;    /* [TC][LDX] x of the block's rows */
+  float *s_da = s_x + TC * LDX;   /* [TC] */
+  float *s_dt = s_da + TC;        /* [TC] */
+  const int P = dm.head_dim, N = dm.d_state;
+  const int bph = (P + PB - 1) / PB; /* blocks per head */
+  const int h = blockIdx.x / bph, p0 = (blockIdx.x - h * bph) * PB, s = blockIdx.y;
+  const int tid = threadIdx.x, pl = tid / KS, j = tid & (KS - 1), p = p0 + pl;
+  const bool row_ok = p < P;
+  const int n0 = j * NL;
+  const int nn = FULL ? NL : (N - n0 < 0 ? 0 : N - n0 < NL ? N - n0 : NL);
   const int g = h / (dm.heads / dm.n_groups);
   const int64_t di = (int64_t)dm.heads * P, GN = (int64_t)dm.n_groups * N;
   const float a = A[h], dd = D[h], bias = dt_bias[h]; /* weights: before the wait */
   pdl_wait();
   pdl_trigger();
-  float *gst = state + (int64_t)slots[s] * slot_stride + (int64_t)h * PN;
-  for (int e = threadIdx.x; e < PN; e += blockDim.x) st[e / N * LD + e % N] = gst[e];
-  __syncthreads();
-  for (int t = 0; t < T; t++) {
-    const int64_t row = (int64_t)s * T + t;
-    const float *xr = xbc + row * ld_xbc;
-    const float *x = xr + (int64_t)h * P, *B = xr + di + (int64_t)g * N,
-                *C = xr + di + GN + (int64_t)g * N;
-    float dt = mbd_pm_softplus(__fadd_rn(dt_raw[row * ld_dt + h], bias));
-    if (dt < lo) dt = lo;
-    if (dt > hi) dt = hi;
-    const float dA = mbd_pm_expf(__fmul_rn(dt, a));
-    for (int e = threadIdx.x; e < PN; e += blockDim.x) {
-      const int p = e / N, n = e - p * N;
-      float *se = st + p * LD + n;
-      *se = __fmaf_rn(dA, *se, __fmul_rn(__fmul_rn(dt, B[n]), x[p]));
+  float *gst = state + (int64_t)slots[s] * slot_stride + ((int64_t)h * P + p) * N + n0;
+  float st[NL];
+  if (FULL && vec && row_ok) {
+#pragma unroll
+    for (int i = 0; i < NL; i += 4) {
+      const float4 v = *(const float4 *)(gst + i);
+      st[i] = v.x, st[i + 1] = v.y, st[i + 2] = v.z, st[i + 3] = v.w;
     }
-    __syncthreads();
-    for (int p = threadIdx.x; p < P; p += blockDim.x) {
-      const float *sp = st + p * LD;
-      float acc = 0.0f;
-      for (int n = 0; n < N; n++) acc = __fmaf_rn(sp[n], C[n], acc);
-      y[row * di + (int64_t)h * P + p] = __fmaf_rn(dd, x[p], acc);
-    }
-    __syncthreads();
+  } else {
+#pragma unroll
+    for (int i = 0; i < NL; i++) st[i] = row_ok && i < nn ? gst[i] : 0.0f;
   }
-  for (int e = threadIdx.x; e < PN; e += blockDim.x) gst[e] = st[e / N * LD + e % N];
+  for (int t0 = 0; t0 < T; t0 += TC) {
+    const int tn = T - t0 < TC ? T - t0 : TC;
+    const int64_t r0 = (int64_t)s * T + t0; /* the chunk's first row */
+    if (t0) __syncthreads(); /* the previous chunk is read */
+    for (int i = tid; i < tn; i += blockDim.x) {
+      float dt = mbd_pm_softplus(__fadd_rn(dt_raw[(r0 + i) * ld_dt + h], bias));
+      if (dt < lo) dt = lo;
+      if (dt > hi) dt = hi;
+      s_dt[i] = dt;
+      s_da[i] = mbd_pm_expf(__fmul_rn(dt, a));
+    }
+    for (int e = tid; e < tn * PB; e += blockDim.x) {
+      const int i = e / PB, q = e - i * PB;
+      s_x[i * LDX + q] = p0 + q < P ? xbc[(r0 + i) * ld_xbc + (int64_t)h * P + p0 + q] : 0.0f;
+    }
+    __syncthreads(); /* dt is staged */
+    for (int e = tid; e < tn * N; e += blockDim.x) {
+      const int i = e / N, n = e - i * N;
+      const float *bc = xbc + (r0 + i) * ld_xbc + di + (int64_t)g * N + n;
+      s_b[i * LDN + n] = __fmul_rn(s_dt[i], bc[0]);
+      s_c[i * LDN + n] = bc[GN];
+    }
+    __syncthreads();
+    float hand = 0.0f; /* the chain after this lane's entries, at the last tick */
+    for (int k = 0; k < tn + KS - 1; k++) {
+      float acc = __shfl_up_sync(0xffffffffu, hand, 1, KS);
+      if (j == 0) acc = 0.0f;
+      const int t = k - j;
+      if (t >= 0 && t < tn) {
+        const float xv = s_x[t * LDX + pl], da = s_da[t];
+        const float *bt = s_b + t * LDN + n0, *ct = s_c + t * LDN + n0;
+        if (FULL) {
+#pragma unroll
+          for (int i = 0; i < NL; i += 4) {
+            const float4 b4 = *(const float4 *)(bt + i), c4 = *(const float4 *)(ct + i);
+            st[i] = __fmaf_rn(da, st[i], __fmul_rn(b4.x, xv));
+            acc = __fmaf_rn(st[i], c4.x, acc);
+            st[i + 1] = __fmaf_rn(da, st[i + 1], __fmul_rn(b4.y, xv));
+            acc = __fmaf_rn(st[i + 1], c4.y, acc);
+            st[i + 2] = __fmaf_rn(da, st[i + 2], __fmul_rn(b4.z, xv));
+            acc = __fmaf_rn(st[i + 2], c4.z, acc);
+            st[i + 3] = __fmaf_rn(da, st[i + 3], __fmul_rn(b4.w, xv));
+            acc = __fmaf_rn(st[i + 3], c4.w, acc);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < NL; i++)
+            if (i < nn) {
+              st[i] = __fmaf_rn(da, st[i], __fmul_rn(bt[i], xv));
+              acc = __fmaf_rn(st[i], ct[i], acc);
+            }
+        }
+        hand = acc;
+        if (j == KS - 1 && row_ok) y[(r0 + t) * di + (int64_t)h * P + p] = __fmaf_rn(dd, xv, acc);
+      }
+    }
+  }
+  if (!row_ok) return;
+  if (FULL && vec) {
+#pragma unroll
+    for (int i = 0; i < NL; i += 4)
+      *(float4 *)(gst + i) = make_float4(st[i], st[i + 1], st[i + 2], st[i + 3]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < NL; i++)
+      if (i < nn) gst[i] = st[i];
+  }
+}
+
+/* Lanes per row and entries per lane: the smallest KS that splits N exactly
+ * into NL <= 64 entries, doubled while the launch has few rows (up to 8
+ * lanes, NL >= 8); NL 8 with partial lanes when N has no such split. */
+static void ssd_pick(int nseq, const mbd_mops_ssd_dims *dm, int *ks, int *nl, bool *full) {
+  const int N = dm->d_state;
+  const int64_t rows = (int64_t)nseq * dm->heads * dm->head_dim;
+  int k = 1;
+  while (k < 32 && (N % k || N / k > 64)) k <<= 1;
+  const int q = N % k ? 0 : N / k;
+  if (q == 8 || q == 16 || q == 32 || q == 64) {
+    while (k < 8 && N / (k * 2) >= 8 && rows * k < SSD_FILL_ROWS) k <<= 1;
+    *ks = k, *nl = N / k, *full = true;
+    return;
+  }
+  k = 1;
+  while (k * 8 < N) k <<= 1;
+  *ks = k, *nl = 8, *full = false;
+}
+
+template <int NL, bool FULL>
+static int ssd_launch_nl(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_dims *dm,
+                         const ssd_shape *sh, const float *A, const float *D,
+                         const float *dt_bias, float lo, float hi, const float *dt_raw,
+                         int64_t ld_dt, const float *xbc, int64_t ld_xbc, float *state,
+                         int64_t slot_stride, int vec, const int32_t *slots, float *y,
+                         mbd_error *err) {
+  const size_t bytes = ssd_smem_bytes(sh);
+  int rc = allow_smem(k_ssd_scan<NL, FULL>, bytes, err);
+  if (rc < 0) return rc;
+  const int bph = (dm->head_dim + sh->pb - 1) / sh->pb;
+  return launch_pdl("ssd_scan", k_ssd_scan<NL, FULL>,
+                    dim3((unsigned)(dm->heads * bph), (unsigned)nseq),
+                    dim3((unsigned)(sh->pb * sh->ks)), bytes, s, err, T, *dm, *sh, A, D, dt_bias,
+                    lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state, slot_stride, vec, slots, y);
 }
 
 static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_dims *dm,
@@ -59,12 +184,31 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
                            float hi, const float *dt_raw, int64_t ld_dt, const float *xbc,
                            int64_t ld_xbc, float *state, int64_t slot_stride,
                            const int32_t *slots, float *y, mbd_error *err) {
-  const size_t sh = (size_t)dm->head_dim * (size_t)(dm->d_state + 1) * 4;
-  int rc = allow_smem(k_ssd_scan, sh, err);
-  if (rc < 0) return rc;
-  return launch_pdl("ssd_scan", k_ssd_scan, dim3((unsigned)dm->heads, (unsigned)nseq),
-                    dim3(SSD_THREADS), sh, s, err, T, *dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt,
-                    xbc, ld_xbc, state, slot_stride, slots, y);
+  int ks = 1, nl = 8;
+  bool full = false;
+  ssd_pick(nseq, dm, &ks, &nl, &full);
+  ssd_shape sh;
+  sh.ks = ks;
+  const int rw = 32 / ks; /* rows per warp */
+  const int pr = (dm->head_dim + rw - 1) / rw * rw;
+  sh.pb = SSD_BLOCK / ks < pr ? SSD_BLOCK / ks : pr;
+  sh.ldn = ks * nl + 4; /* lanes of one tick read distinct 16-byte bank groups */
+  sh.ldx = sh.pb + ((rw - sh.pb) & 31); /* x reads of one tick: distinct banks */
+  sh.tc = ks >= 8 ? 64 : 32;
+  if (sh.tc > T) sh.tc = T;
+  while (sh.tc > 1 && ssd_smem_bytes(&sh) > SSD_MAX_SMEM) sh.tc /= 2;
+  const int vec = ((uintptr_t)state % 16 == 0 && slot_stride % 4 == 0) ? 1 : 0;
+#define SSD_L(NLv, FULLv)                                                                     \
+  ssd_launch_nl<NLv, FULLv>(s, nseq, T, dm, &sh, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,    \
+                            ld_xbc, state, slot_stride, vec, slots, y, err)
+  if (!full) return SSD_L(8, false);
+  switch (nl) {
+  case 8: return SSD_L(8, true);
+  case 16: return SSD_L(16, true);
+  case 32: return SSD_L(32, true);
+  default: return SSD_L(64, true);
+  }
+#undef SSD_L
 }
 
 extern "C" int mbd_mops_ssd_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
@@ -73,13 +217,14 @@ extern "C" int mbd_mops_ssd_scan(void *stream, int nseq, int T, const mbd_mops_s
                                  int64_t ld_xbc, float *state, int64_t slot_stride,
                                  const int32_t *slots, float *y, mbd_error *err) {
   if (nseq <= 0 || T <= 0) return 0;
-  if (nseq > 65535 || dm->heads < 1 || dm->heads > 65535 || dm->n_groups < 1 ||
-      dm->heads % dm->n_groups || dm->head_dim < 1 || dm->d_state < 1 ||
-      (size_t)dm->head_dim * (size_t)(dm->d_state + 1) * 4 > 200 * 1024)
+  if (nseq > 65535 || dm->heads < 1 || dm->n_groups < 1 || dm->heads % dm->n_groups ||
+      dm->head_dim < 1 || dm->d_state < 1 || dm->d_state > MBD_MOPS_SSD_MAX_STATE ||
+      (int64_t)dm->heads * dm->head_dim > (1 << 24))
     return mbd_error_set(err, MBD_E_INVALID,
                          "ssd_scan: %d sequences, %d heads x %d, d_state %d, %d groups "
-                         "unsupported",
-                         nseq, dm->heads, dm->head_dim, dm->d_state, dm->n_groups);
+                         "unsupported (at most 65535 sequences, d_state 1..%d)",
+                         nseq, dm->heads, dm->head_dim, dm->d_state, dm->n_groups,
+                         MBD_MOPS_SSD_MAX_STATE);
   return ssd_scan_launch((cudaStream_t)stream, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt,
                          xbc, ld_xbc, state, slot_stride, slots, y, err);
 }
