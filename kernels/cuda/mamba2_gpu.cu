@@ -261,6 +261,7 @@ static int gemm(m2gpu *m, int64_t rows, int64_t n, int64_t k, const void *x, con
   a.w = w;
   a.bias = bias;
   a.y = y;
+  a.w_static = 1; /* weights and biases never change after load */
   return mbd_gpu_gemm(m->ctx, &a, err);
 }
 
