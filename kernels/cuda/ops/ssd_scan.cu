@@ -29,9 +29,12 @@ typedef struct ssd_shape {
   int ks, pb, tc, ldn, ldx;
 } ssd_shape;
 
-/* Shared floats of one chunk: dt * B and C [tc][ldn], x [tc][ldx], dA and dt [tc]. */
-static size_t ssd_smem_bytes(const ssd_shape *sh) {
-  return (size_t)sh->tc * (size_t)(2 * sh->ldn + sh->ldx + 2) * sizeof(float);
+/* Shared bytes of one chunk: dt * B and C [tc][ldn], x [tc][ldx], dA and dt
+ * [tc]; the state tile [pb][N + 4] takes the same memory before and after. */
+static size_t ssd_smem_bytes(const ssd_shape *sh, int N) {
+  const size_t chunk = (size_t)sh->tc * (size_t)(2 * sh->ldn + sh->ldx + 2) * sizeof(float);
+  const size_t tile = (size_t)sh->pb * (size_t)(N + 4) * sizeof(float);
+  return chunk > tile ? chunk : tile;
 }
 
 /* NL entries per lane; FULL: N == KS * NL (every lane full), else lanes
@@ -62,22 +65,32 @@ __global__ void __launch_bounds__(SSD_BLOCK)
   const float a = A[h], dd = D[h], bias = dt_bias[h]; /* weights: before the wait */
   pdl_wait();
   pdl_trigger();
-  float *gst = state + (int64_t)slots[s] * slot_stride + ((int64_t)h * P + p) * N + n0;
+  /* The block's rows of state are contiguous; with vector access they pass
+   * through shared memory (s_t, rows padded to N + 4 floats) so that the
+   * global loads and stores are whole coalesced lines. */
+  float *tile = state + (int64_t)slots[s] * slot_stride + ((int64_t)h * P + p0) * N;
+  float *s_t = (float *)smem4;
+  const int LDT = N + 4, nrows = P - p0 < PB ? P - p0 : PB, n4 = N / 4;
   float st[NL];
-  if (FULL && vec && row_ok) {
+  if (FULL && vec) {
+    for (int e = tid; e < nrows * n4; e += blockDim.x) {
+      const int r = e / n4;
+      *(float4 *)(s_t + r * LDT + 4 * (e - r * n4)) = ((const float4 *)tile)[e];
+    }
+    __syncthreads();
 #pragma unroll
     for (int i = 0; i < NL; i += 4) {
-      const float4 v = *(const float4 *)(gst + i);
+      const float4 v = row_ok ? *(const float4 *)(s_t + pl * LDT + n0 + i) : make_float4(0, 0, 0, 0);
       st[i] = v.x, st[i + 1] = v.y, st[i + 2] = v.z, st[i + 3] = v.w;
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < NL; i++) st[i] = row_ok && i < nn ? gst[i] : 0.0f;
+    for (int i = 0; i < NL; i++) st[i] = row_ok && i < nn ? tile[pl * N + n0 + i] : 0.0f;
   }
   for (int t0 = 0; t0 < T; t0 += TC) {
     const int tn = T - t0 < TC ? T - t0 : TC;
     const int64_t r0 = (int64_t)s * T + t0; /* the chunk's first row */
-    if (t0) __syncthreads(); /* the previous chunk is read */
+    __syncthreads(); /* the tile or the previous chunk is read */
     for (int i = tid; i < tn; i += blockDim.x) {
       float dt = mbd_pm_softplus(__fadd_rn(dt_raw[(r0 + i) * ld_dt + h], bias));
       if (dt < lo) dt = lo;
@@ -131,15 +144,22 @@ __global__ void __launch_bounds__(SSD_BLOCK)
       }
     }
   }
-  if (!row_ok) return;
   if (FULL && vec) {
+    __syncthreads(); /* the last chunk is read */
+    if (row_ok) {
 #pragma unroll
-    for (int i = 0; i < NL; i += 4)
-      *(float4 *)(gst + i) = make_float4(st[i], st[i + 1], st[i + 2], st[i + 3]);
-  } else {
+      for (int i = 0; i < NL; i += 4)
+        *(float4 *)(s_t + pl * LDT + n0 + i) = make_float4(st[i], st[i + 1], st[i + 2], st[i + 3]);
+    }
+    __syncthreads();
+    for (int e = tid; e < nrows * n4; e += blockDim.x) {
+      const int r = e / n4;
+      ((float4 *)tile)[e] = *(const float4 *)(s_t + r * LDT + 4 * (e - r * n4));
+    }
+  } else if (row_ok) {
 #pragma unroll
     for (int i = 0; i < NL; i++)
-      if (i < nn) gst[i] = st[i];
+      if (i < nn) tile[pl * N + n0 + i] = st[i];
   }
 }
 
@@ -169,7 +189,7 @@ static int ssd_launch_nl(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_dim
                          int64_t ld_dt, const float *xbc, int64_t ld_xbc, float *state,
                          int64_t slot_stride, int vec, const int32_t *slots, float *y,
                          mbd_error *err) {
-  const size_t bytes = ssd_smem_bytes(sh);
+  const size_t bytes = ssd_smem_bytes(sh, dm->d_state);
   int rc = allow_smem(k_ssd_scan<NL, FULL>, bytes, err);
   if (rc < 0) return rc;
   const int bph = (dm->head_dim + sh->pb - 1) / sh->pb;
@@ -196,7 +216,7 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
   sh.ldx = sh.pb + ((rw - sh.pb) & 31); /* x reads of one tick: distinct banks */
   sh.tc = ks >= 8 ? 64 : 32;
   if (sh.tc > T) sh.tc = T;
-  while (sh.tc > 1 && ssd_smem_bytes(&sh) > SSD_MAX_SMEM) sh.tc /= 2;
+  while (sh.tc > 1 && ssd_smem_bytes(&sh, dm->d_state) > SSD_MAX_SMEM) sh.tc /= 2;
   const int vec = ((uintptr_t)state % 16 == 0 && slot_stride % 4 == 0) ? 1 : 0;
 #define SSD_L(NLv, FULLv)                                                                     \
   ssd_launch_nl<NLv, FULLv>(s, nseq, T, dm, &sh, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,    \
