@@ -37,6 +37,16 @@ static size_t ssd_smem_bytes(const ssd_shape *sh, int N) {
   return chunk > tile ? chunk : tile;
 }
 
+/* 16 bytes global -> shared without registers, so that every copy of the
+ * state tile is in flight at once. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 /* NL entries per lane; FULL: N == KS * NL (every lane full), else lanes
  * beyond N keep fewer (or none: they hand the chain on unchanged). */
 template <int NL, bool FULL>
@@ -75,8 +85,9 @@ __global__ void __launch_bounds__(SSD_BLOCK)
   if (FULL && vec) {
     for (int e = tid; e < nrows * n4; e += blockDim.x) {
       const int r = e / n4;
-      *(float4 *)(s_t + r * LDT + 4 * (e - r * n4)) = ((const float4 *)tile)[e];
+      cp_async16(s_t + r * LDT + 4 * (e - r * n4), (const float4 *)tile + e);
     }
+    cp_async_wait_all();
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < NL; i += 4) {
