@@ -22,18 +22,26 @@
 #define SSD_BLOCK 128         /* threads per block at most */
 #define SSD_FILL_ROWS 32768   /* rows x KS wanted in flight before KS stops growing */
 #define SSD_MAX_SMEM (200 * 1024)
+#define SSD_OWN_TILE_T 4      /* launches of at most this many steps: tile of its own */
 
 /* A launch's shape: KS lanes per row, PB rows per block, TC steps per
- * chunk, the shared row strides of dt * B and C (ldn) and of x (ldx). */
+ * chunk, the shared row strides of dt * B and C (ldn) and of x (ldx), and
+ * where the state tile starts (floats; 0: it shares the chunk's memory). */
 typedef struct ssd_shape {
-  int ks, pb, tc, ldn, ldx;
+  int ks, pb, tc, ldn, ldx, tile_at;
 } ssd_shape;
 
-/* Shared bytes of one chunk: dt * B and C [tc][ldn], x [tc][ldx], dA and dt
- * [tc]; the state tile [pb][N + 4] takes the same memory before and after. */
+/* Shared floats of one chunk: dt * B and C [tc][ldn], x [tc][ldx], dA and
+ * dt [tc], rounded up to whole float4s. */
+static int ssd_chunk_floats(const ssd_shape *sh) {
+  return (sh->tc * (2 * sh->ldn + sh->ldx + 2) + 3) / 4 * 4;
+}
+/* Shared bytes of a launch: the chunk and the state tile [pb][N + 4], one
+ * after the other or sharing memory. */
 static size_t ssd_smem_bytes(const ssd_shape *sh, int N) {
-  const size_t chunk = (size_t)sh->tc * (size_t)(2 * sh->ldn + sh->ldx + 2) * sizeof(float);
+  const size_t chunk = (size_t)ssd_chunk_floats(sh) * sizeof(float);
   const size_t tile = (size_t)sh->pb * (size_t)(N + 4) * sizeof(float);
+  if (sh->tile_at) return chunk + tile;
   return chunk > tile ? chunk : tile;
 }
 
@@ -77,30 +85,37 @@ __global__ void __launch_bounds__(SSD_BLOCK)
   pdl_trigger();
   /* The block's rows of state are contiguous; with vector access they pass
    * through shared memory (s_t, rows padded to N + 4 floats) so that the
-   * global loads and stores are whole coalesced lines. */
+   * global loads and stores are whole coalesced lines. A tile of its own
+   * (short launches) is read after the first chunk is staged, so the two
+   * loads overlap; a shared one is read before. */
   float *tile = state + (int64_t)slots[s] * slot_stride + ((int64_t)h * P + p0) * N;
-  float *s_t = (float *)smem4;
+  float *s_t = (float *)smem4 + sh.tile_at;
   const int LDT = N + 4, nrows = P - p0 < PB ? P - p0 : PB, n4 = N / 4;
+  const bool tiled = FULL && vec;
   float st[NL];
-  if (FULL && vec) {
+  if (tiled) {
     for (int e = tid; e < nrows * n4; e += blockDim.x) {
       const int r = e / n4;
       cp_async16(s_t + r * LDT + 4 * (e - r * n4), (const float4 *)tile + e);
-    }
-    cp_async_wait_all();
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < NL; i += 4) {
-      const float4 v = row_ok ? *(const float4 *)(s_t + pl * LDT + n0 + i) : make_float4(0, 0, 0, 0);
-      st[i] = v.x, st[i + 1] = v.y, st[i + 2] = v.z, st[i + 3] = v.w;
     }
   } else {
 #pragma unroll
     for (int i = 0; i < NL; i++) st[i] = row_ok && i < nn ? tile[pl * N + n0 + i] : 0.0f;
   }
+  bool tile_due = tiled; /* st still to be read from the tile */
   for (int t0 = 0; t0 < T; t0 += TC) {
     const int tn = T - t0 < TC ? T - t0 : TC;
     const int64_t r0 = (int64_t)s * T + t0; /* the chunk's first row */
+    if (tile_due && !sh.tile_at) {
+      cp_async_wait_all();
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < NL; i += 4) {
+        const float4 v = row_ok ? *(const float4 *)(s_t + pl * LDT + n0 + i) : make_float4(0, 0, 0, 0);
+        st[i] = v.x, st[i + 1] = v.y, st[i + 2] = v.z, st[i + 3] = v.w;
+      }
+      tile_due = false;
+    }
     __syncthreads(); /* the tile or the previous chunk is read */
     for (int i = tid; i < tn; i += blockDim.x) {
       float dt = mbd_pm_softplus(__fadd_rn(dt_raw[(r0 + i) * ld_dt + h], bias));
@@ -113,14 +128,27 @@ __global__ void __launch_bounds__(SSD_BLOCK)
       const int i = e / PB, q = e - i * PB;
       s_x[i * LDX + q] = p0 + q < P ? xbc[(r0 + i) * ld_xbc + (int64_t)h * P + p0 + q] : 0.0f;
     }
-    __syncthreads(); /* dt is staged */
     for (int e = tid; e < tn * N; e += blockDim.x) {
       const int i = e / N, n = e - i * N;
       const float *bc = xbc + (r0 + i) * ld_xbc + di + (int64_t)g * N + n;
-      s_b[i * LDN + n] = __fmul_rn(s_dt[i], bc[0]);
+      s_b[i * LDN + n] = bc[0]; /* B; times dt below, by the same thread */
       s_c[i * LDN + n] = bc[GN];
     }
+    __syncthreads(); /* dt is staged */
+    for (int e = tid; e < tn * N; e += blockDim.x) {
+      const int i = e / N, n = e - i * N;
+      s_b[i * LDN + n] = __fmul_rn(s_dt[i], s_b[i * LDN + n]);
+    }
+    if (tile_due) cp_async_wait_all();
     __syncthreads();
+    if (tile_due) {
+#pragma unroll
+      for (int i = 0; i < NL; i += 4) {
+        const float4 v = row_ok ? *(const float4 *)(s_t + pl * LDT + n0 + i) : make_float4(0, 0, 0, 0);
+        st[i] = v.x, st[i + 1] = v.y, st[i + 2] = v.z, st[i + 3] = v.w;
+      }
+      tile_due = false;
+    }
     float hand = 0.0f; /* the chain after this lane's entries, at the last tick */
     for (int k = 0; k < tn + KS - 1; k++) {
       float acc = __shfl_up_sync(0xffffffffu, hand, 1, KS);
@@ -155,8 +183,8 @@ __global__ void __launch_bounds__(SSD_BLOCK)
       }
     }
   }
-  if (FULL && vec) {
-    __syncthreads(); /* the last chunk is read */
+  if (tiled) {
+    __syncthreads(); /* the last chunk (or the tile) is read */
     if (row_ok) {
 #pragma unroll
       for (int i = 0; i < NL; i += 4)
@@ -227,7 +255,11 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
   sh.ldx = sh.pb + ((rw - sh.pb) & 31); /* x reads of one tick: distinct banks */
   sh.tc = ks >= 8 ? 64 : 32;
   if (sh.tc > T) sh.tc = T;
+  sh.tile_at = 0;
   while (sh.tc > 1 && ssd_smem_bytes(&sh, dm->d_state) > SSD_MAX_SMEM) sh.tc /= 2;
+  /* a short launch (decode) gives the tile memory of its own: the state
+   * load then overlaps the staging of the step's inputs */
+  if (T <= SSD_OWN_TILE_T) sh.tile_at = ssd_chunk_floats(&sh);
   const int vec = ((uintptr_t)state % 16 == 0 && slot_stride % 4 == 0) ? 1 : 0;
 #define SSD_L(NLv, FULLv)                                                                     \
   ssd_launch_nl<NLv, FULLv>(s, nseq, T, dm, &sh, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,    \
