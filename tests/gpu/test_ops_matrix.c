@@ -572,15 +572,17 @@ typedef struct ssd_case {
  * slot's state), in one launch and in two (split at T1), over shapes that
  * take each lane split of the kernel: one to eight lanes per channel with
  * whole entries, partial lanes (d_state 1, 24, 200), d_state 256, head_dim
- * not a multiple of the block's rows, chunk boundaries, T = 1, and a slot
- * stride that rules out the vector state loads. */
+ * not a multiple of the block's rows, chunk boundaries, T = 1 and short
+ * launches (the state tile of its own), and odd slot strides (no vector
+ * state access) beside multiples of four. */
 static void test_ssd_scan(void **state) {
   (void)state;
   static const ssd_case cases[] = {
       {3, 5, 16, 1, 2, 70},  {4, 7, 24, 2, 3, 33},   {2, 64, 128, 1, 1, 130},
       {8, 64, 128, 2, 40, 3}, {4, 64, 128, 1, 40, 2}, {2, 33, 200, 1, 2, 20},
       {2, 128, 256, 2, 1, 5}, {4, 64, 32, 1, 5, 1},   {1, 1, 1, 1, 1, 3},
-      {6, 9, 64, 3, 3, 65},
+      {6, 9, 64, 3, 3, 65},  {4, 64, 128, 1, 6, 1},  {2, 16, 48, 1, 2, 4},
+      {8, 64, 128, 2, 40, 1},
   };
   uint64_t seed = 31;
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
