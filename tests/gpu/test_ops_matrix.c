@@ -573,8 +573,8 @@ typedef struct ssd_case {
  * take each lane split of the kernel: one to eight lanes per channel with
  * whole entries, partial lanes (d_state 1, 24, 200), d_state 256, head_dim
  * not a multiple of the block's rows, chunk boundaries, T = 1 and short
- * launches (the state tile of its own), and odd slot strides (no vector
- * state access) beside multiples of four. */
+ * launches (the state tile of its own), and odd slot and row strides (no
+ * vector state access, no float4 B/C loads) beside multiples of four. */
 static void test_ssd_scan(void **state) {
   (void)state;
   static const ssd_case cases[] = {
@@ -590,7 +590,7 @@ static void test_ssd_scan(void **state) {
       const ssd_case *c = &cases[ci];
       const int H = c->H, P = c->P, N = c->N, G = c->G, ns = c->nseq, T = c->T;
       const int64_t di = (int64_t)H * P, cd = di + 2 * (int64_t)G * N;
-      const int64_t ld_x = cd + 3, ld_dt = H + 2, M = (int64_t)ns * T;
+      const int64_t ld_x = cd + (ci % 2 ? 3 : 4), ld_dt = H + 2, M = (int64_t)ns * T;
       const int64_t per = di * N, stride = per + (ci % 2 ? 1 : 4), nslot = ns + 2;
       float *A = fillf((size_t)H, &seed, -2.0f, -0.05f), *D = fillf((size_t)H, &seed, -1, 1);
       float *bias = fillf((size_t)H, &seed, -1, 1);

@@ -55,8 +55,10 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-/* NL entries per lane; FULL: N == KS * NL (every lane full), else lanes
- * beyond N keep fewer (or none: they hand the chain on unchanged). */
+/* NL entries per lane; FULL: N == KS * NL (every lane full; N is then a
+ * power of two), else lanes beyond N keep fewer (or none: they hand the
+ * chain on unchanged). vec: bit 0 the state, bit 1 xbc allow float4
+ * access. */
 template <int NL, bool FULL>
 __global__ void __launch_bounds__(SSD_BLOCK)
     k_ssd_scan(int T, mbd_mops_ssd_dims dm, ssd_shape sh, const float *__restrict__ A,
@@ -91,7 +93,12 @@ __global__ void __launch_bounds__(SSD_BLOCK)
   float *tile = state + (int64_t)slots[s] * slot_stride + ((int64_t)h * P + p0) * N;
   float *s_t = (float *)smem4 + sh.tile_at;
   const int LDT = N + 4, nrows = P - p0 < PB ? P - p0 : PB, n4 = N / 4;
-  const bool tiled = FULL && vec;
+  const bool tiled = FULL && (vec & 1), vbc = FULL && (vec & 2);
+  const int l4 = FULL ? __ffs(N) - 3 : 0; /* log2(N / 4): N is a power of two when FULL */
+  /* x staging: thread (xi, xq) takes row p0 + xq of steps xi, xi + KS, ..
+   * (the block has PB x KS threads) */
+  const int xi = tid / PB, xq = tid - xi * PB;
+  const bool x_ok = p0 + xq < P;
   float st[NL];
   if (tiled) {
     for (int e = tid; e < nrows * n4; e += blockDim.x) {
@@ -124,20 +131,40 @@ __global__ void __launch_bounds__(SSD_BLOCK)
       s_dt[i] = dt;
       s_da[i] = mbd_pm_expf(__fmul_rn(dt, a));
     }
-    for (int e = tid; e < tn * PB; e += blockDim.x) {
-      const int i = e / PB, q = e - i * PB;
-      s_x[i * LDX + q] = p0 + q < P ? xbc[(r0 + i) * ld_xbc + (int64_t)h * P + p0 + q] : 0.0f;
-    }
-    for (int e = tid; e < tn * N; e += blockDim.x) {
-      const int i = e / N, n = e - i * N;
-      const float *bc = xbc + (r0 + i) * ld_xbc + di + (int64_t)g * N + n;
-      s_b[i * LDN + n] = bc[0]; /* B; times dt below, by the same thread */
-      s_c[i * LDN + n] = bc[GN];
+    for (int i = xi; i < tn; i += KS)
+      s_x[i * LDX + xq] = x_ok ? xbc[(r0 + i) * ld_xbc + (int64_t)h * P + p0 + xq] : 0.0f;
+    /* B raw (times dt below) and C; float4s when N is a power of two */
+    if (vbc) {
+      for (int e = tid; e < tn << l4; e += blockDim.x) {
+        const int i = e >> l4, c = (e & ((1 << l4) - 1)) * 4;
+        const float *bc = xbc + (r0 + i) * ld_xbc + di + (int64_t)g * N + c;
+        *(float4 *)(s_b + i * LDN + c) = *(const float4 *)bc;
+        *(float4 *)(s_c + i * LDN + c) = *(const float4 *)(bc + GN);
+      }
+    } else {
+      for (int e = tid; e < tn * N; e += blockDim.x) {
+        const int i = e / N, n = e - i * N;
+        const float *bc = xbc + (r0 + i) * ld_xbc + di + (int64_t)g * N + n;
+        s_b[i * LDN + n] = bc[0];
+        s_c[i * LDN + n] = bc[GN];
+      }
     }
     __syncthreads(); /* dt is staged */
-    for (int e = tid; e < tn * N; e += blockDim.x) {
-      const int i = e / N, n = e - i * N;
-      s_b[i * LDN + n] = __fmul_rn(s_dt[i], s_b[i * LDN + n]);
+    if (vbc) {
+      for (int e = tid; e < tn << l4; e += blockDim.x) {
+        const int i = e >> l4, c = (e & ((1 << l4) - 1)) * 4;
+        float4 *bp = (float4 *)(s_b + i * LDN + c);
+        const float d = s_dt[i];
+        float4 v = *bp;
+        v.x = __fmul_rn(d, v.x), v.y = __fmul_rn(d, v.y), v.z = __fmul_rn(d, v.z);
+        v.w = __fmul_rn(d, v.w);
+        *bp = v;
+      }
+    } else {
+      for (int e = tid; e < tn * N; e += blockDim.x) {
+        const int i = e / N, n = e - i * N;
+        s_b[i * LDN + n] = __fmul_rn(s_dt[i], s_b[i * LDN + n]);
+      }
     }
     if (tile_due) cp_async_wait_all();
     __syncthreads();
@@ -260,7 +287,10 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
   /* a short launch (decode) gives the tile memory of its own: the state
    * load then overlaps the staging of the step's inputs */
   if (T <= SSD_OWN_TILE_T) sh.tile_at = ssd_chunk_floats(&sh);
-  const int vec = ((uintptr_t)state % 16 == 0 && slot_stride % 4 == 0) ? 1 : 0;
+  /* bit 0: float4 state access; bit 1: float4 B and C loads */
+  const int64_t di = (int64_t)dm->heads * dm->head_dim;
+  const int vec = ((uintptr_t)state % 16 == 0 && slot_stride % 4 == 0 ? 1 : 0) |
+                  ((uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && di % 4 == 0 ? 2 : 0);
 #define SSD_L(NLv, FULLv)                                                                     \
   ssd_launch_nl<NLv, FULLv>(s, nseq, T, dm, &sh, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,    \
                             ld_xbc, state, slot_stride, vec, slots, y, err)
