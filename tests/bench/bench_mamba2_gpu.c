@@ -10,6 +10,11 @@
  *   floor: HBM bound, (weight bytes + batch * state bytes * 2) per call over
  *          the measured device-to-device copy rate (bytes read + written);
  *          for prefill the weights and each state read and written once.
+ *   ssd_scan alone: us of mbd_mops_ssd_scan for one layer of the shape,
+ *          decode (T = 1, mean of 10 launches in a row) at batch 1/8/64/256
+ *          with the state's read + write rate, prefill of T=2048 (batch 8
+ *          as the model runs it: 8 launches of 256 steps) with state
+ *          entries x steps per second.
  * Each call of the backend ends in a stream synchronize, so each run is timed
  * with CUDA events on the default stream around the call (host overhead
  * included). Each cell: warm-up runs, then the median of up to `reps` runs,
@@ -17,6 +22,7 @@
  * many were taken.
  * Usage: bench_mamba2_gpu [130m|1.3b|all] [reps]   (exits 77 without a device) */
 #include <cuda_runtime_api.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +30,7 @@
 #include <unistd.h>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/ops/ssd_scan.h"
 #include "kernels/model/mamba2.h"
 
 enum { NB = 4, MAXB = 256, T_PRE = 2048, NCOL = 6 };
@@ -128,6 +135,118 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
   return 0;
 }
 
+/* Median us of `reps` launches of fn on the default stream. */
+typedef int (*scan_fn)(void *ctx);
+static float time_launches(scan_fn fn, void *ctx, int reps, float *t) {
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  float ms = -1;
+  if (fn(ctx)) goto done; /* warm-up */
+  for (int r = 0; r < reps; r++) {
+    cudaEventRecord(e0, 0);
+    if (fn(ctx)) goto done;
+    cudaEventRecord(e1, 0);
+    cudaEventSynchronize(e1);
+    cudaEventElapsedTime(&t[r], e0, e1);
+  }
+  ms = median(t, reps);
+done:
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return ms * 1e3f;
+}
+
+/* One layer's recurrence of a batch: nseq sequences, launches of T steps
+ * each, nl of them in a row. */
+typedef struct scan_case {
+  mbd_mops_ssd_dims dm;
+  int nseq, T, nl;
+  float *A, *D, *bias, *zx, *xbc, *state, *y;
+  int32_t *slots;
+  int64_t pin, cd, slot;
+} scan_case;
+
+static int scan_run(void *ctx) {
+  scan_case *k = ctx;
+  mbd_error err;
+  mbd_error_clear(&err);
+  const int64_t di = (int64_t)k->dm.heads * k->dm.head_dim;
+  for (int l = 0; l < k->nl; l++)
+    if (mbd_mops_ssd_scan(NULL, k->nseq, k->T, &k->dm, k->A, k->D, k->bias, 0.0f, INFINITY,
+                          k->zx + di + k->cd, k->pin, k->xbc, k->cd, k->state, k->slot, k->slots,
+                          k->y, &err)) {
+      fprintf(stderr, "ssd_scan: %s\n", err.msg);
+      return -1;
+    }
+  return 0;
+}
+
+/* The ssd_scan row: decode b1/8/64/256, prefill b1/b8 of T_PRE. */
+static int bench_scan(const char *name, const mbd_mamba2_config *c, int reps) {
+  scan_case k;
+  memset(&k, 0, sizeof k);
+  k.dm = (mbd_mops_ssd_dims){c->n_heads, c->head_dim, c->d_state, c->n_groups};
+  const int64_t di = c->d_inner, N = c->d_state;
+  k.cd = di + 2 * (int64_t)c->n_groups * N;
+  k.pin = di + k.cd + c->n_heads;
+  k.slot = di * N;
+  const size_t rows = T_PRE; /* the model's chunk */
+  int rc = 1;
+  float *t = malloc(sizeof(float) * (size_t)reps);
+  int32_t hs[MAXB];
+  for (int i = 0; i < MAXB; i++) hs[i] = i;
+  if (!t || cudaMalloc((void **)&k.A, 3 * (size_t)c->n_heads * 4) ||
+      cudaMalloc((void **)&k.zx, rows * (size_t)k.pin * 4) ||
+      cudaMalloc((void **)&k.xbc, rows * (size_t)k.cd * 4) ||
+      cudaMalloc((void **)&k.y, rows * (size_t)di * 4) ||
+      cudaMalloc((void **)&k.state, (size_t)MAXB * (size_t)k.slot * 4) ||
+      cudaMalloc((void **)&k.slots, sizeof hs)) {
+    fprintf(stderr, "%s ssd_scan: out of device memory\n", name);
+    goto done;
+  }
+  k.D = k.A + c->n_heads;
+  k.bias = k.D + c->n_heads;
+  cudaMemset(k.A, 0, 3 * (size_t)c->n_heads * 4);
+  cudaMemset(k.zx, 0, rows * (size_t)k.pin * 4);
+  cudaMemset(k.xbc, 0, rows * (size_t)k.cd * 4);
+  cudaMemset(k.state, 0, (size_t)MAXB * (size_t)k.slot * 4);
+  cudaMemcpy(k.slots, hs, sizeof hs, cudaMemcpyHostToDevice);
+  const int bs[NCOL] = {1, 8, 64, 256, 1, 8};
+  float us[NCOL];
+  for (int col = 0; col < NCOL; col++) {
+    k.nseq = bs[col];
+    k.T = col < NB ? 1 : T_PRE / bs[col];
+    /* decode: 10 steps in a row, per step; prefill: the model's chunks of
+     * 2048 rows, all of them */
+    k.nl = col < NB ? 10 : bs[col];
+    if ((us[col] = time_launches(scan_run, &k, reps, t)) < 0) goto done;
+    if (col < NB) us[col] /= 10;
+  }
+  printf("%-5s %-10s |", name, "scan us");
+  for (int col = 0; col < NCOL; col++) printf(" %12.1f%s", us[col], col == NB - 1 ? " |" : "");
+  printf("\n%-5s %-10s |", name, "scan rate");
+  for (int col = 0; col < NCOL; col++) {
+    const double b = bs[col], ent = (double)di * N * b;
+    if (col < NB)
+      printf(" %9.0fGB/s%s", 2.0 * ent * 4 / (us[col] * 1e3), col == NB - 1 ? " |" : "");
+    else
+      printf(" %7.1fGent/s", ent * T_PRE / (us[col] * 1e3));
+  }
+  printf("   (one layer; decode: state read + written; prefill: entry-steps)\n");
+  fflush(stdout);
+  rc = 0;
+done:
+  cudaFree(k.A);
+  cudaFree(k.zx);
+  cudaFree(k.xbc);
+  cudaFree(k.y);
+  cudaFree(k.state);
+  cudaFree(k.slots);
+  free(t);
+  return rc;
+}
+
 static int rm_synth(const char *dir) {
   char p[1200];
   snprintf(p, sizeof p, "%s/config.json", dir);
@@ -229,7 +348,7 @@ static int bench_shape(const char *name, int reps, double bw) {
   for (int col = 0; col < NCOL; col++) printf(" %12d%s", taken[col], col == NB - 1 ? " |" : "");
   printf("   (weights %.0f MB, state %.1f MB/seq)\n", wb / 1e6, sb / 1e6);
   fflush(stdout);
-  rc = 0;
+  rc = bench_scan(name, &c, reps);
 done:
   for (int i = 0; be && m && i < MAXB; i++)
     if (k.st && k.st[i]) be->ops->state_free(be, k.st[i]);
