@@ -571,7 +571,8 @@ typedef struct ssd_case {
 /* GPU f32 == mbd_cpu_ssd_step token by token (memcmp of y and of every
  * slot's state), in one launch and in two (split at T1), over shapes that
  * take each lane split of the kernel: one to eight lanes per channel with
- * whole entries, partial lanes (d_state 1, 24, 200), d_state 256, head_dim
+ * whole entries, four channels per lane (prefills of 8192 rows and more),
+ * partial lanes (d_state 1, 24, 200), d_state 256, head_dim
  * not a multiple of the block's rows, chunk boundaries, T = 1 and short
  * launches (the state tile of its own), and odd slot and row strides (no
  * vector state access, no float4 B/C loads) beside multiples of four. */
@@ -582,7 +583,9 @@ static void test_ssd_scan(void **state) {
       {8, 64, 128, 2, 40, 3}, {4, 64, 128, 1, 40, 2}, {2, 33, 200, 1, 2, 20},
       {2, 128, 256, 2, 1, 5}, {4, 64, 32, 1, 5, 1},   {1, 1, 1, 1, 1, 3},
       {6, 9, 64, 3, 3, 65},  {4, 64, 128, 1, 6, 1},  {2, 16, 48, 1, 2, 4},
-      {8, 64, 128, 2, 40, 1},
+      {8, 64, 128, 2, 40, 1}, {4, 64, 64, 2, 32, 40},  {2, 64, 128, 1, 64, 70},
+      {2, 64, 128, 1, 64, 17}, {4, 64, 64, 2, 32, 40}, {3, 5, 16, 1, 2, 7},
+      {2, 128, 16, 1, 32, 16},
   };
   uint64_t seed = 31;
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)

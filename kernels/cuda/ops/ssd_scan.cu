@@ -15,7 +15,10 @@
  *
  * KS grows while the launch has few rows (decode of a few sequences, prefill
  * of one), so that small launches still fill the GPU; at large batches a
- * lane keeps up to 64 entries and the pipeline costs little. */
+ * lane keeps up to 64 entries and the pipeline costs little. A prefill of
+ * many rows gives each lane the same entries of four rows (R = 4): each B
+ * and C value read from shared memory then serves four updates, and the
+ * four chains hide each other's latency. */
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/ssd_scan.h"
 
@@ -23,6 +26,8 @@
 #define SSD_FILL_ROWS 32768   /* rows x KS wanted in flight before KS stops growing */
 #define SSD_MAX_SMEM (200 * 1024)
 #define SSD_OWN_TILE_T 4      /* launches of at most this many steps: tile of its own */
+#define SSD_R4_MIN_T 16       /* four rows per lane: launches of at least this many steps */
+#define SSD_R4_MIN_ROWS 8192  /* .. and of at least this many rows */
 
 /* A launch's shape: KS lanes per row, PB rows per block, TC steps per
  * chunk, the shared row strides of dt * B and C (ldn) and of x (ldx), and
@@ -55,11 +60,28 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
+/* A lane's R rows of NL entries from the state tile (zeros past row P). */
+template <int NL, int R>
+__device__ __forceinline__ void tile_read(float (&st)[R][NL], const float *s_t, int LDT, int pr0,
+                                          int n0, int p0, int P) {
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int i = 0; i < NL; i += 4) {
+      const float4 v = p0 + pr0 + r < P ? *(const float4 *)(s_t + (pr0 + r) * LDT + n0 + i)
+                                        : make_float4(0, 0, 0, 0);
+      st[r][i] = v.x, st[r][i + 1] = v.y, st[r][i + 2] = v.z, st[r][i + 3] = v.w;
+    }
+}
+
 /* NL entries per lane; FULL: N == KS * NL (every lane full; N is then a
  * power of two), else lanes beyond N keep fewer (or none: they hand the
- * chain on unchanged). vec: bit 0 the state, bit 1 xbc allow float4
- * access. */
-template <int NL, bool FULL>
+ * chain on unchanged). R rows per lane (R = 4: the B and C values a lane
+ * loads serve four rows, which shared memory's return bandwidth needs to
+ * keep the FP32 pipe busy; the host takes it with FULL, float4 access and
+ * blocks that tile the head exactly). vec: bit 0 the state, bit 1 xbc (and
+ * y) allow float4 access. */
+template <int NL, int R, bool FULL>
 __global__ void __launch_bounds__(SSD_BLOCK)
     k_ssd_scan(int T, mbd_mops_ssd_dims dm, ssd_shape sh, const float *__restrict__ A,
                const float *__restrict__ D, const float *__restrict__ dt_bias, float lo, float hi,
@@ -76,8 +98,8 @@ __global__ void __launch_bounds__(SSD_BLOCK)
   const int P = dm.head_dim, N = dm.d_state;
   const int bph = (P + PB - 1) / PB; /* blocks per head */
   const int h = blockIdx.x / bph, p0 = (blockIdx.x - h * bph) * PB, s = blockIdx.y;
-  const int tid = threadIdx.x, pl = tid / KS, j = tid & (KS - 1), p = p0 + pl;
-  const bool row_ok = p < P;
+  /* lane j of row group pl: rows p0 + pl R + r, r < R */
+  const int tid = threadIdx.x, pl = tid / KS, j = tid & (KS - 1), pr0 = pl * R;
   const int n0 = j * NL;
   const int nn = FULL ? NL : (N - n0 < 0 ? 0 : N - n0 < NL ? N - n0 : NL);
   const int g = h / (dm.heads / dm.n_groups);
@@ -95,11 +117,11 @@ __global__ void __launch_bounds__(SSD_BLOCK)
   const int LDT = N + 4, nrows = P - p0 < PB ? P - p0 : PB, n4 = N / 4;
   const bool tiled = FULL && (vec & 1), vbc = FULL && (vec & 2);
   const int l4 = FULL ? __ffs(N) - 3 : 0; /* log2(N / 4): N is a power of two when FULL */
-  /* x staging: thread (xi, xq) takes row p0 + xq of steps xi, xi + KS, ..
-   * (the block has PB x KS threads) */
-  const int xi = tid / PB, xq = tid - xi * PB;
+  /* x staging, R = 1: thread (xi, xq) takes row p0 + xq of steps xi, xi +
+   * KS, .. (the block has PB x KS threads); R = 4: rows p0 + 4 xq .. + 3 */
+  const int xw = R == 1 ? PB : PB / 4, xi = tid / xw, xq = tid - xi * xw;
   const bool x_ok = p0 + xq < P;
-  float st[NL];
+  float st[R][NL];
   if (tiled) {
     for (int e = tid; e < nrows * n4; e += blockDim.x) {
       const int r = e / n4;
@@ -107,7 +129,10 @@ __global__ void __launch_bounds__(SSD_BLOCK)
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < NL; i++) st[i] = row_ok && i < nn ? tile[pl * N + n0 + i] : 0.0f;
+    for (int r = 0; r < R; r++)
+#pragma unroll
+      for (int i = 0; i < NL; i++)
+        st[r][i] = p0 + pr0 + r < P && i < nn ? tile[(pr0 + r) * N + n0 + i] : 0.0f;
   }
   bool tile_due = tiled; /* st still to be read from the tile */
   for (int t0 = 0; t0 < T; t0 += TC) {
@@ -116,11 +141,7 @@ __global__ void __launch_bounds__(SSD_BLOCK)
     if (tile_due && !sh.tile_at) {
       cp_async_wait_all();
       __syncthreads();
-#pragma unroll
-      for (int i = 0; i < NL; i += 4) {
-        const float4 v = row_ok ? *(const float4 *)(s_t + pl * LDT + n0 + i) : make_float4(0, 0, 0, 0);
-        st[i] = v.x, st[i + 1] = v.y, st[i + 2] = v.z, st[i + 3] = v.w;
-      }
+      tile_read<NL, R>(st, s_t, LDT, pr0, n0, p0, P);
       tile_due = false;
     }
     __syncthreads(); /* the tile or the previous chunk is read */
@@ -131,8 +152,14 @@ __global__ void __launch_bounds__(SSD_BLOCK)
       s_dt[i] = dt;
       s_da[i] = mbd_pm_expf(__fmul_rn(dt, a));
     }
-    for (int i = xi; i < tn; i += KS)
-      s_x[i * LDX + xq] = x_ok ? xbc[(r0 + i) * ld_xbc + (int64_t)h * P + p0 + xq] : 0.0f;
+    if (R == 1) {
+      for (int i = xi; i < tn; i += KS)
+        s_x[i * LDX + xq] = x_ok ? xbc[(r0 + i) * ld_xbc + (int64_t)h * P + p0 + xq] : 0.0f;
+    } else {
+      for (int i = xi; i < tn; i += KS)
+        *(float4 *)(s_x + i * LDX + 4 * xq) =
+            *(const float4 *)(xbc + (r0 + i) * ld_xbc + (int64_t)h * P + p0 + 4 * xq);
+    }
     /* B raw (times dt below) and C; float4s when N is a power of two */
     if (vbc) {
       for (int e = tid; e < tn << l4; e += blockDim.x) {
@@ -169,63 +196,94 @@ __global__ void __launch_bounds__(SSD_BLOCK)
     if (tile_due) cp_async_wait_all();
     __syncthreads();
     if (tile_due) {
-#pragma unroll
-      for (int i = 0; i < NL; i += 4) {
-        const float4 v = row_ok ? *(const float4 *)(s_t + pl * LDT + n0 + i) : make_float4(0, 0, 0, 0);
-        st[i] = v.x, st[i + 1] = v.y, st[i + 2] = v.z, st[i + 3] = v.w;
-      }
+      tile_read<NL, R>(st, s_t, LDT, pr0, n0, p0, P);
       tile_due = false;
     }
-    float hand = 0.0f; /* the chain after this lane's entries, at the last tick */
+    float hand[R]; /* the chains after this lane's entries, at the last tick */
+#pragma unroll
+    for (int r = 0; r < R; r++) hand[r] = 0.0f;
     for (int k = 0; k < tn + KS - 1; k++) {
-      float acc = __shfl_up_sync(0xffffffffu, hand, 1, KS);
-      if (j == 0) acc = 0.0f;
+      float acc[R];
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        acc[r] = __shfl_up_sync(0xffffffffu, hand[r], 1, KS);
+        if (j == 0) acc[r] = 0.0f;
+      }
       const int t = k - j;
       if (t >= 0 && t < tn) {
-        const float xv = s_x[t * LDX + pl], da = s_da[t];
+        float xv[R];
+        if (R == 1) {
+          xv[0] = s_x[t * LDX + pl];
+        } else {
+          const float4 x4 = *(const float4 *)(s_x + t * LDX + pr0);
+          xv[0] = x4.x, xv[R > 1 ? 1 : 0] = x4.y, xv[R > 2 ? 2 : 0] = x4.z;
+          xv[R > 3 ? 3 : 0] = x4.w;
+        }
+        const float da = s_da[t];
         const float *bt = s_b + t * LDN + n0, *ct = s_c + t * LDN + n0;
         if (FULL) {
 #pragma unroll
           for (int i = 0; i < NL; i += 4) {
             const float4 b4 = *(const float4 *)(bt + i), c4 = *(const float4 *)(ct + i);
-            st[i] = __fmaf_rn(da, st[i], __fmul_rn(b4.x, xv));
-            acc = __fmaf_rn(st[i], c4.x, acc);
-            st[i + 1] = __fmaf_rn(da, st[i + 1], __fmul_rn(b4.y, xv));
-            acc = __fmaf_rn(st[i + 1], c4.y, acc);
-            st[i + 2] = __fmaf_rn(da, st[i + 2], __fmul_rn(b4.z, xv));
-            acc = __fmaf_rn(st[i + 2], c4.z, acc);
-            st[i + 3] = __fmaf_rn(da, st[i + 3], __fmul_rn(b4.w, xv));
-            acc = __fmaf_rn(st[i + 3], c4.w, acc);
+            const float bq[4] = {b4.x, b4.y, b4.z, b4.w}, cq[4] = {c4.x, c4.y, c4.z, c4.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+#pragma unroll
+              for (int r = 0; r < R; r++) {
+                st[r][i + q] = __fmaf_rn(da, st[r][i + q], __fmul_rn(bq[q], xv[r]));
+                acc[r] = __fmaf_rn(st[r][i + q], cq[q], acc[r]);
+              }
           }
         } else {
 #pragma unroll
           for (int i = 0; i < NL; i++)
-            if (i < nn) {
-              st[i] = __fmaf_rn(da, st[i], __fmul_rn(bt[i], xv));
-              acc = __fmaf_rn(st[i], ct[i], acc);
-            }
+            if (i < nn)
+#pragma unroll
+              for (int r = 0; r < R; r++) {
+                st[r][i] = __fmaf_rn(da, st[r][i], __fmul_rn(bt[i], xv[r]));
+                acc[r] = __fmaf_rn(st[r][i], ct[i], acc[r]);
+              }
         }
-        hand = acc;
-        if (j == KS - 1 && row_ok) y[(r0 + t) * di + (int64_t)h * P + p] = __fmaf_rn(dd, xv, acc);
+#pragma unroll
+        for (int r = 0; r < R; r++) hand[r] = acc[r];
+        if (j == KS - 1) {
+          float *yr = y + (r0 + t) * di + (int64_t)h * P + p0 + pr0;
+          if (R == 4) {
+            *(float4 *)yr = make_float4(__fmaf_rn(dd, xv[0], acc[0]), __fmaf_rn(dd, xv[1 % R], acc[1 % R]),
+                                        __fmaf_rn(dd, xv[2 % R], acc[2 % R]),
+                                        __fmaf_rn(dd, xv[3 % R], acc[3 % R]));
+          } else {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+              if (p0 + pr0 + r < P) yr[r] = __fmaf_rn(dd, xv[r], acc[r]);
+          }
+        }
       }
     }
   }
   if (tiled) {
     __syncthreads(); /* the last chunk (or the tile) is read */
-    if (row_ok) {
 #pragma unroll
-      for (int i = 0; i < NL; i += 4)
-        *(float4 *)(s_t + pl * LDT + n0 + i) = make_float4(st[i], st[i + 1], st[i + 2], st[i + 3]);
-    }
+    for (int r = 0; r < R; r++)
+      if (p0 + pr0 + r < P) {
+#pragma unroll
+        for (int i = 0; i < NL; i += 4)
+          *(float4 *)(s_t + (pr0 + r) * LDT + n0 + i) =
+              make_float4(st[r][i], st[r][i + 1], st[r][i + 2], st[r][i + 3]);
+      }
     __syncthreads();
     for (int e = tid; e < nrows * n4; e += blockDim.x) {
       const int r = e / n4;
       ((float4 *)tile)[e] = *(const float4 *)(s_t + r * LDT + 4 * (e - r * n4));
     }
-  } else if (row_ok) {
+  } else {
 #pragma unroll
-    for (int i = 0; i < NL; i++)
-      if (i < nn) tile[pl * N + n0 + i] = st[i];
+    for (int r = 0; r < R; r++)
+      if (p0 + pr0 + r < P) {
+#pragma unroll
+        for (int i = 0; i < NL; i++)
+          if (i < nn) tile[(pr0 + r) * N + n0 + i] = st[r][i];
+      }
   }
 }
 
@@ -248,7 +306,7 @@ static void ssd_pick(int nseq, const mbd_mops_ssd_dims *dm, int *ks, int *nl, bo
   *ks = k, *nl = 8, *full = false;
 }
 
-template <int NL, bool FULL>
+template <int NL, int R, bool FULL>
 static int ssd_launch_nl(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_dims *dm,
                          const ssd_shape *sh, const float *A, const float *D,
                          const float *dt_bias, float lo, float hi, const float *dt_raw,
@@ -256,12 +314,12 @@ static int ssd_launch_nl(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_dim
                          int64_t slot_stride, int vec, const int32_t *slots, float *y,
                          mbd_error *err) {
   const size_t bytes = ssd_smem_bytes(sh, dm->d_state);
-  int rc = allow_smem(k_ssd_scan<NL, FULL>, bytes, err);
+  int rc = allow_smem(k_ssd_scan<NL, R, FULL>, bytes, err);
   if (rc < 0) return rc;
   const int bph = (dm->head_dim + sh->pb - 1) / sh->pb;
-  return launch_pdl("ssd_scan", k_ssd_scan<NL, FULL>,
+  return launch_pdl("ssd_scan", k_ssd_scan<NL, R, FULL>,
                     dim3((unsigned)(dm->heads * bph), (unsigned)nseq),
-                    dim3((unsigned)(sh->pb * sh->ks)), bytes, s, err, T, *dm, *sh, A, D, dt_bias,
+                    dim3((unsigned)(sh->pb / R * sh->ks)), bytes, s, err, T, *dm, *sh, A, D, dt_bias,
                     lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state, slot_stride, vec, slots, y);
 }
 
@@ -273,13 +331,35 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
   int ks = 1, nl = 8;
   bool full = false;
   ssd_pick(nseq, dm, &ks, &nl, &full);
+  /* bit 0: float4 state access; bit 1: float4 B, C, x and y access */
+  const int P = dm->head_dim, N = dm->d_state;
+  const int64_t di = (int64_t)dm->heads * P, rows = (int64_t)nseq * di;
+  const int vec = ((uintptr_t)state % 16 == 0 && slot_stride % 4 == 0 ? 1 : 0) |
+                  ((uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && di % 4 == 0 &&
+                           (uintptr_t)y % 16 == 0
+                       ? 2
+                       : 0);
+  /* four rows per lane: a prefill of many rows, 16 entries per lane, row
+   * groups that fill whole warps and tile the head */
+  int R = 1, gb = 0;
+  if (T >= SSD_R4_MIN_T && rows >= SSD_R4_MIN_ROWS && full && vec == 3 && N % 16 == 0 &&
+      N / 16 <= 8 && P % 4 == 0) {
+    const int k = N / 16;
+    gb = SSD_BLOCK / k < P / 4 ? SSD_BLOCK / k : P / 4;
+    if ((P / 4) % gb == 0 && (gb * k) % 32 == 0) R = 4, ks = k, nl = 16;
+  }
   ssd_shape sh;
   sh.ks = ks;
-  const int rw = 32 / ks; /* rows per warp */
-  const int pr = (dm->head_dim + rw - 1) / rw * rw;
-  sh.pb = SSD_BLOCK / ks < pr ? SSD_BLOCK / ks : pr;
+  const int rw = 32 / ks; /* row groups per warp */
+  if (R == 4) {
+    sh.pb = 4 * gb;
+    sh.ldx = sh.pb + ((4 - sh.pb) & 31); /* float4 x reads of one tick: distinct banks */
+  } else {
+    const int pr = (P + rw - 1) / rw * rw;
+    sh.pb = SSD_BLOCK / ks < pr ? SSD_BLOCK / ks : pr;
+    sh.ldx = sh.pb + ((rw - sh.pb) & 31); /* x reads of one tick: distinct banks */
+  }
   sh.ldn = ks * nl + 4; /* lanes of one tick read distinct 16-byte bank groups */
-  sh.ldx = sh.pb + ((rw - sh.pb) & 31); /* x reads of one tick: distinct banks */
   sh.tc = ks >= 8 ? 64 : 32;
   if (sh.tc > T) sh.tc = T;
   sh.tile_at = 0;
@@ -287,19 +367,16 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
   /* a short launch (decode) gives the tile memory of its own: the state
    * load then overlaps the staging of the step's inputs */
   if (T <= SSD_OWN_TILE_T) sh.tile_at = ssd_chunk_floats(&sh);
-  /* bit 0: float4 state access; bit 1: float4 B and C loads */
-  const int64_t di = (int64_t)dm->heads * dm->head_dim;
-  const int vec = ((uintptr_t)state % 16 == 0 && slot_stride % 4 == 0 ? 1 : 0) |
-                  ((uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && di % 4 == 0 ? 2 : 0);
-#define SSD_L(NLv, FULLv)                                                                     \
-  ssd_launch_nl<NLv, FULLv>(s, nseq, T, dm, &sh, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,    \
-                            ld_xbc, state, slot_stride, vec, slots, y, err)
-  if (!full) return SSD_L(8, false);
+#define SSD_L(NLv, Rv, FULLv)                                                                 \
+  ssd_launch_nl<NLv, Rv, FULLv>(s, nseq, T, dm, &sh, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, \
+                                ld_xbc, state, slot_stride, vec, slots, y, err)
+  if (R == 4) return SSD_L(16, 4, true);
+  if (!full) return SSD_L(8, 1, false);
   switch (nl) {
-  case 8: return SSD_L(8, true);
-  case 16: return SSD_L(16, true);
-  case 32: return SSD_L(32, true);
-  default: return SSD_L(64, true);
+  case 8: return SSD_L(8, 1, true);
+  case 16: return SSD_L(16, 1, true);
+  case 32: return SSD_L(32, 1, true);
+  default: return SSD_L(64, 1, true);
   }
 #undef SSD_L
 }
