@@ -36,15 +36,18 @@ typedef struct ssd_shape {
   int ks, pb, tc, ldn, ldx, tile_at;
 } ssd_shape;
 
-/* Shared floats of one chunk: dt * B and C [tc][ldn], x [tc][ldx], dA and
- * dt [tc], rounded up to whole float4s. */
-static int ssd_chunk_floats(const ssd_shape *sh) {
-  return (sh->tc * (2 * sh->ldn + sh->ldx + 2) + 3) / 4 * 4;
+/* Shared floats of one chunk buffer: dA, dt, dt_raw [tc] (+ [tc] of
+ * alignment), B and C [tc][ldn], x [tc][ldx], rounded up to whole float4s. */
+__host__ __device__ static inline int ssd_chunk_floats_d(int tc, int ldn, int ldx) {
+  return (4 * tc + tc * (2 * ldn + ldx) + 3) / 4 * 4;
 }
-/* Shared bytes of a launch: the chunk and the state tile [pb][N + 4], one
- * after the other or sharing memory. */
-static size_t ssd_smem_bytes(const ssd_shape *sh, int N) {
-  const size_t chunk = (size_t)ssd_chunk_floats(sh) * sizeof(float);
+/* Chunk buffers of a launch of T steps: two when it has several chunks. */
+static int ssd_nbuf(const ssd_shape *sh, int T) { return T > sh->tc ? 2 : 1; }
+/* Shared bytes of a launch: the chunk buffers and the state tile [pb][N +
+ * 4], one after the other or sharing memory. */
+static size_t ssd_smem_bytes(const ssd_shape *sh, int N, int T) {
+  const size_t chunk =
+      (size_t)ssd_nbuf(sh, T) * ssd_chunk_floats_d(sh->tc, sh->ldn, sh->ldx) * sizeof(float);
   const size_t tile = (size_t)sh->pb * (size_t)(N + 4) * sizeof(float);
   if (sh->tile_at) return chunk + tile;
   return chunk > tile ? chunk : tile;
@@ -55,6 +58,18 @@ static size_t ssd_smem_bytes(const ssd_shape *sh, int N) {
 __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
   const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+/* Waits until at most NP of this thread's committed groups are pending. */
+template <int NP>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(NP) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -90,11 +105,7 @@ __global__ void __launch_bounds__(SSD_BLOCK)
                const int32_t *__restrict__ slots, float *__restrict__ y) {
   extern __shared__ float4 smem4[];
   const int KS = sh.ks, PB = sh.pb, TC = sh.tc, LDN = sh.ldn, LDX = sh.ldx;
-  float *s_b = (float *)smem4;    /* [TC][LDN] dt * B */
-  float *s_c = s_b + TC * LDN;    /* [TC][LDN] C */
-  float *s_x = s_c + TC * LDN;    /* [TC][LDX] x of the block's rows */
-  float *s_da = s_x + TC * LDX;   /* [TC] */
-  float *s_dt = s_da + TC;        /* [TC] */
+  const int CF = ssd_chunk_floats_d(TC, LDN, LDX);
   const int P = dm.head_dim, N = dm.d_state;
   const int bph = (P + PB - 1) / PB; /* blocks per head */
   const int h = blockIdx.x / bph, p0 = (blockIdx.x - h * bph) * PB, s = blockIdx.y;
@@ -110,8 +121,8 @@ __global__ void __launch_bounds__(SSD_BLOCK)
   /* The block's rows of state are contiguous; with vector access they pass
    * through shared memory (s_t, rows padded to N + 4 floats) so that the
    * global loads and stores are whole coalesced lines. A tile of its own
-   * (short launches) is read after the first chunk is staged, so the two
-   * loads overlap; a shared one is read before. */
+   * (short launches) is read once the first chunk has arrived, so the two
+   * loads overlap; one that shares the chunk buffers is read first. */
   float *tile = state + (int64_t)slots[s] * slot_stride + ((int64_t)h * P + p0) * N;
   float *s_t = (float *)smem4 + sh.tile_at;
   const int LDT = N + 4, nrows = P - p0 < PB ? P - p0 : PB, n4 = N / 4;
@@ -127,6 +138,11 @@ __global__ void __launch_bounds__(SSD_BLOCK)
       const int r = e / n4;
       cp_async16(s_t + r * LDT + 4 * (e - r * n4), (const float4 *)tile + e);
     }
+    if (!sh.tile_at) {
+      cp_async_wait_all();
+      __syncthreads();
+      tile_read<NL, R>(st, s_t, LDT, pr0, n0, p0, P);
+    }
   } else {
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -134,66 +150,67 @@ __global__ void __launch_bounds__(SSD_BLOCK)
       for (int i = 0; i < NL; i++)
         st[r][i] = p0 + pr0 + r < P && i < nn ? tile[(pr0 + r) * N + n0 + i] : 0.0f;
   }
-  bool tile_due = tiled; /* st still to be read from the tile */
-  for (int t0 = 0; t0 < T; t0 += TC) {
-    const int tn = T - t0 < TC ? T - t0 : TC;
-    const int64_t r0 = (int64_t)s * T + t0; /* the chunk's first row */
-    if (tile_due && !sh.tile_at) {
-      cp_async_wait_all();
-      __syncthreads();
-      tile_read<NL, R>(st, s_t, LDT, pr0, n0, p0, P);
-      tile_due = false;
-    }
-    __syncthreads(); /* the tile or the previous chunk is read */
-    for (int i = tid; i < tn; i += blockDim.x) {
-      float dt = mbd_pm_softplus(__fadd_rn(dt_raw[(r0 + i) * ld_dt + h], bias));
-      if (dt < lo) dt = lo;
-      if (dt > hi) dt = hi;
-      s_dt[i] = dt;
-      s_da[i] = mbd_pm_expf(__fmul_rn(dt, a));
-    }
+  bool tile_due = tiled && sh.tile_at; /* st still to be read from the tile */
+  /* Chunk c's inputs, raw, go to buffer c & 1 by cp.async (dt_raw [TC] at
+   * +0, B and C [TC][LDN], x [TC][LDX]); they are in flight while the chunk
+   * before runs. */
+  const int nch = (T + TC - 1) / TC;
+  auto stage = [&](int c) {
+    float *bf = (float *)smem4 + (c & 1) * CF;
+    float *q_dtr = bf + 2 * TC, *q_b = bf + 4 * TC, *q_c = q_b + TC * LDN, *q_x = q_c + TC * LDN;
+    const int t0 = c * TC, tn = T - t0 < TC ? T - t0 : TC;
+    const int64_t r0 = (int64_t)s * T + t0;
+    for (int i = tid; i < tn; i += blockDim.x) cp_async4(q_dtr + i, dt_raw + (r0 + i) * ld_dt + h);
     if (R == 1) {
-      for (int i = xi; i < tn; i += KS)
-        s_x[i * LDX + xq] = x_ok ? xbc[(r0 + i) * ld_xbc + (int64_t)h * P + p0 + xq] : 0.0f;
+      for (int i = xi; i < tn; i += KS) {
+        if (x_ok)
+          cp_async4(q_x + i * LDX + xq, xbc + (r0 + i) * ld_xbc + (int64_t)h * P + p0 + xq);
+        else
+          q_x[i * LDX + xq] = 0.0f;
+      }
     } else {
       for (int i = xi; i < tn; i += KS)
-        *(float4 *)(s_x + i * LDX + 4 * xq) =
-            *(const float4 *)(xbc + (r0 + i) * ld_xbc + (int64_t)h * P + p0 + 4 * xq);
+        cp_async16(q_x + i * LDX + 4 * xq, xbc + (r0 + i) * ld_xbc + (int64_t)h * P + p0 + 4 * xq);
     }
-    /* B raw (times dt below) and C; float4s when N is a power of two */
     if (vbc) {
       for (int e = tid; e < tn << l4; e += blockDim.x) {
-        const int i = e >> l4, c = (e & ((1 << l4) - 1)) * 4;
-        const float *bc = xbc + (r0 + i) * ld_xbc + di + (int64_t)g * N + c;
-        *(float4 *)(s_b + i * LDN + c) = *(const float4 *)bc;
-        *(float4 *)(s_c + i * LDN + c) = *(const float4 *)(bc + GN);
+        const int i = e >> l4, cc = (e & ((1 << l4) - 1)) * 4;
+        const float *bc = xbc + (r0 + i) * ld_xbc + di + (int64_t)g * N + cc;
+        cp_async16(q_b + i * LDN + cc, bc);
+        cp_async16(q_c + i * LDN + cc, bc + GN);
       }
     } else {
       for (int e = tid; e < tn * N; e += blockDim.x) {
         const int i = e / N, n = e - i * N;
         const float *bc = xbc + (r0 + i) * ld_xbc + di + (int64_t)g * N + n;
-        s_b[i * LDN + n] = bc[0];
-        s_c[i * LDN + n] = bc[GN];
+        cp_async4(q_b + i * LDN + n, bc);
+        cp_async4(q_c + i * LDN + n, bc + GN);
       }
     }
-    __syncthreads(); /* dt is staged */
-    if (vbc) {
-      for (int e = tid; e < tn << l4; e += blockDim.x) {
-        const int i = e >> l4, c = (e & ((1 << l4) - 1)) * 4;
-        float4 *bp = (float4 *)(s_b + i * LDN + c);
-        const float d = s_dt[i];
-        float4 v = *bp;
-        v.x = __fmul_rn(d, v.x), v.y = __fmul_rn(d, v.y), v.z = __fmul_rn(d, v.z);
-        v.w = __fmul_rn(d, v.w);
-        *bp = v;
-      }
+    cp_async_commit();
+  };
+  for (int c = 0; c < nch; c++) {
+    const int t0 = c * TC, tn = T - t0 < TC ? T - t0 : TC;
+    const int64_t r0 = (int64_t)s * T + t0; /* the chunk's first row */
+    float *bf = (float *)smem4 + (c & 1) * CF;
+    float *s_da = bf, *s_dt = bf + TC, *s_dtr = bf + 2 * TC, *s_b = bf + 4 * TC;
+    float *s_c = s_b + TC * LDN, *s_x = s_c + TC * LDN;
+    __syncthreads(); /* chunk c - 1 is read: its buffer may take chunk c + 1 */
+    if (c == 0) stage(0);
+    if (c + 1 < nch) {
+      stage(c + 1);
+      cp_async_wait_group<1>();
     } else {
-      for (int e = tid; e < tn * N; e += blockDim.x) {
-        const int i = e / N, n = e - i * N;
-        s_b[i * LDN + n] = __fmul_rn(s_dt[i], s_b[i * LDN + n]);
-      }
+      cp_async_wait_group<0>();
     }
-    if (tile_due) cp_async_wait_all();
+    __syncthreads(); /* chunk c (and a tile of its own) has arrived */
+    for (int i = tid; i < tn; i += blockDim.x) {
+      float dt = mbd_pm_softplus(__fadd_rn(s_dtr[i], bias));
+      if (dt < lo) dt = lo;
+      if (dt > hi) dt = hi;
+      s_dt[i] = dt;
+      s_da[i] = mbd_pm_expf(__fmul_rn(dt, a));
+    }
     __syncthreads();
     if (tile_due) {
       tile_read<NL, R>(st, s_t, LDT, pr0, n0, p0, P);
@@ -219,13 +236,15 @@ __global__ void __launch_bounds__(SSD_BLOCK)
           xv[0] = x4.x, xv[R > 1 ? 1 : 0] = x4.y, xv[R > 2 ? 2 : 0] = x4.z;
           xv[R > 3 ? 3 : 0] = x4.w;
         }
-        const float da = s_da[t];
+        const float da = s_da[t], dt = s_dt[t];
         const float *bt = s_b + t * LDN + n0, *ct = s_c + t * LDN + n0;
         if (FULL) {
 #pragma unroll
           for (int i = 0; i < NL; i += 4) {
             const float4 b4 = *(const float4 *)(bt + i), c4 = *(const float4 *)(ct + i);
-            const float bq[4] = {b4.x, b4.y, b4.z, b4.w}, cq[4] = {c4.x, c4.y, c4.z, c4.w};
+            const float bq[4] = {__fmul_rn(dt, b4.x), __fmul_rn(dt, b4.y), __fmul_rn(dt, b4.z),
+                                 __fmul_rn(dt, b4.w)};
+            const float cq[4] = {c4.x, c4.y, c4.z, c4.w};
 #pragma unroll
             for (int q = 0; q < 4; q++)
 #pragma unroll
@@ -237,12 +256,14 @@ __global__ void __launch_bounds__(SSD_BLOCK)
         } else {
 #pragma unroll
           for (int i = 0; i < NL; i++)
-            if (i < nn)
+            if (i < nn) {
+              const float bq = __fmul_rn(dt, bt[i]);
 #pragma unroll
               for (int r = 0; r < R; r++) {
-                st[r][i] = __fmaf_rn(da, st[r][i], __fmul_rn(bt[i], xv[r]));
+                st[r][i] = __fmaf_rn(da, st[r][i], __fmul_rn(bq, xv[r]));
                 acc[r] = __fmaf_rn(st[r][i], ct[i], acc[r]);
               }
+            }
         }
 #pragma unroll
         for (int r = 0; r < R; r++) hand[r] = acc[r];
@@ -313,7 +334,7 @@ static int ssd_launch_nl(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_dim
                          int64_t ld_dt, const float *xbc, int64_t ld_xbc, float *state,
                          int64_t slot_stride, int vec, const int32_t *slots, float *y,
                          mbd_error *err) {
-  const size_t bytes = ssd_smem_bytes(sh, dm->d_state);
+  const size_t bytes = ssd_smem_bytes(sh, dm->d_state, T);
   int rc = allow_smem(k_ssd_scan<NL, R, FULL>, bytes, err);
   if (rc < 0) return rc;
   const int bph = (dm->head_dim + sh->pb - 1) / sh->pb;
@@ -360,13 +381,24 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
     sh.ldx = sh.pb + ((rw - sh.pb) & 31); /* x reads of one tick: distinct banks */
   }
   sh.ldn = ks * nl + 4; /* lanes of one tick read distinct 16-byte bank groups */
-  sh.tc = ks >= 8 ? 64 : 32;
+  /* 64-step chunks (less pipeline fill at 8+ lanes) when every block has
+   * an SM to itself; 32 (two chunk buffers for more blocks per SM) else */
+  sh.tc = 32;
+  if (T > 32 && ks >= 8) {
+    const int64_t blocks = (int64_t)nseq * dm->heads * ((P + sh.pb - 1) / sh.pb);
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        blocks <= sms)
+      sh.tc = 64;
+  }
   if (sh.tc > T) sh.tc = T;
   sh.tile_at = 0;
-  while (sh.tc > 1 && ssd_smem_bytes(&sh, dm->d_state) > SSD_MAX_SMEM) sh.tc /= 2;
+  while (sh.tc > 1 && ssd_smem_bytes(&sh, N, T) > SSD_MAX_SMEM) sh.tc /= 2;
   /* a short launch (decode) gives the tile memory of its own: the state
    * load then overlaps the staging of the step's inputs */
-  if (T <= SSD_OWN_TILE_T) sh.tile_at = ssd_chunk_floats(&sh);
+  if (T <= SSD_OWN_TILE_T)
+    sh.tile_at = ssd_nbuf(&sh, T) * ssd_chunk_floats_d(sh.tc, sh.ldn, sh.ldx);
 #define SSD_L(NLv, Rv, FULLv)                                                                 \
   ssd_launch_nl<NLv, Rv, FULLv>(s, nseq, T, dm, &sh, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, \
                                 ld_xbc, state, slot_stride, vec, slots, y, err)
