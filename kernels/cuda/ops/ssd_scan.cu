@@ -10,8 +10,10 @@
  * and hands it to lane j + 1; the last lane adds the D skip and writes y.
  * So every state entry takes its steps in time order and every chain its n
  * in ascending order, as the CPU step does. Time runs in chunks of TC steps:
- * per chunk the block stages the head's dt and dA, dt * B, C and its rows' x
- * in shared memory (each computed once, with the step's roundings).
+ * a chunk's dt_raw, B, C and the block's rows of x stream into shared
+ * memory by cp.async while the chunk before runs (two buffers); dt and dA
+ * are then computed once per step, and each lane forms dt * B for its
+ * entries (the step's roundings, so the same values everywhere).
  *
  * KS grows while the launch has few rows (decode of a few sequences, prefill
  * of one), so that small launches still fill the GPU; at large batches a
