@@ -153,9 +153,9 @@ __global__ void __launch_bounds__(SSD_BLOCK)
         st[r][i] = p0 + pr0 + r < P && i < nn ? tile[(pr0 + r) * N + n0 + i] : 0.0f;
   }
   bool tile_due = tiled && sh.tile_at; /* st still to be read from the tile */
-  /* Chunk c's inputs, raw, go to buffer c & 1 by cp.async (dt_raw [TC] at
-   * +0, B and C [TC][LDN], x [TC][LDX]); they are in flight while the chunk
-   * before runs. */
+  /* Chunk c's inputs, raw, go to buffer c & 1 by cp.async (dA, dt, dt_raw
+   * [TC] at +0, +TC, +2 TC; B and C [TC][LDN] at +4 TC; x [TC][LDX]); they
+   * are in flight while the chunk before runs. */
   const int nch = (T + TC - 1) / TC;
   auto stage = [&](int c) {
     float *bf = (float *)smem4 + (c & 1) * CF;
