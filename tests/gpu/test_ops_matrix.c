@@ -683,6 +683,102 @@ static void test_ssd_scan(void **state) {
                    MBD_E_INVALID);
 }
 
+/* mbd_mops_ssd_scan_conv (decode step, conv folded in) == mbd_mops_conv_silu
+ * then mbd_mops_ssd_scan (memcmp of y, the recurrent states and the conv
+ * windows), two steps in a row (the group tickets are left zero), over
+ * groups, conv widths 2/4/7 with and without bias, partial lanes and
+ * head_dim not a multiple of the block's rows. */
+static void test_ssd_scan_conv(void **state) {
+  (void)state;
+  static const int cases[][6] = {/* H, P, N, G, nseq, K */
+                                 {4, 16, 16, 2, 3, 4},  {24, 64, 128, 1, 1, 4}, {24, 64, 128, 1, 8, 7},
+                                 {3, 5, 32, 1, 2, 2},   {2, 33, 200, 1, 2, 4},  {4, 64, 64, 2, 16, 4},
+                                 {6, 9, 24, 3, 5, 3}};
+  uint64_t seed = 41;
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const int H = cases[ci][0], P = cases[ci][1], N = cases[ci][2], G = cases[ci][3];
+    const int ns = cases[ci][4], K = cases[ci][5];
+    const int64_t di = (int64_t)H * P, cd = di + 2 * (int64_t)G * N, pin = di + cd + H;
+    const int64_t sstride = di * N + 4, cstride = (K - 1) * cd, nslot = ns + 2;
+    float *zx = fillf((size_t)(ns * pin), &seed, -1, 1);
+    float *w = fillf((size_t)(K * cd), &seed, -0.5f, 0.5f);
+    float *b = ci % 2 ? NULL : fillf((size_t)cd, &seed, -0.5f, 0.5f);
+    float *A = fillf((size_t)H, &seed, -2.0f, -0.05f), *D = fillf((size_t)H, &seed, -1, 1);
+    float *bias = fillf((size_t)H, &seed, -1, 1);
+    float *ss0 = fillf((size_t)(nslot * sstride), &seed, -0.5f, 0.5f);
+    float *cs0 = fillf((size_t)(nslot * cstride), &seed, -1, 1);
+    int32_t slots[16];
+    for (int s = 0; s < ns; s++) slots[s] = (int32_t)(ns + 1 - s);
+    float *dzx = dput(zx, (size_t)(ns * pin) * 4), *dw = dput(w, (size_t)(K * cd) * 4);
+    float *db = b ? dput(b, (size_t)cd * 4) : NULL;
+    float *dA = dput(A, (size_t)H * 4), *dD = dput(D, (size_t)H * 4);
+    float *dbias = dput(bias, (size_t)H * 4);
+    int32_t *dsl = dput(slots, (size_t)ns * 4), *dtk = dzero((size_t)(ns * G) * 4);
+    float *ss[2], *cs[2], *yy[2];
+    for (int v = 0; v < 2; v++) {
+      ss[v] = dput(ss0, (size_t)(nslot * sstride) * 4);
+      cs[v] = dput(cs0, (size_t)(nslot * cstride) * 4);
+      yy[v] = dzero((size_t)(ns * di) * 4);
+    }
+    float *dxbc = dzero((size_t)(ns * cd) * 4);
+    const mbd_mops_ssd_dims dm = {H, P, N, G};
+    const mbd_mops_ssd_conv cv = {K, dw, db, cs[1], cstride, dzx + di, pin, dtk};
+    for (int step = 0; step < 2; step++) {
+      OP(mbd_mops_conv_silu(g_stream, ns, 1, (int)cd, K, dzx + di, pin, dw, db, cs[0], cstride,
+                            dsl, dxbc, MBD_DTYPE_F32, NULL, &err));
+      OP(mbd_mops_ssd_scan(g_stream, ns, 1, &dm, dA, dD, dbias, 0.0f, INFINITY, dzx + di + cd,
+                           pin, dxbc, cd, ss[0], sstride, dsl, yy[0], &err));
+      OP(mbd_mops_ssd_scan_conv(g_stream, ns, &dm, dA, dD, dbias, 0.0f, INFINITY, dzx + di + cd,
+                                pin, &cv, ss[1], sstride, dsl, yy[1], &err));
+      const size_t n[3] = {(size_t)(ns * di), (size_t)(nslot * sstride), (size_t)(nslot * cstride)};
+      float *d0[3] = {yy[0], ss[0], cs[0]}, *d1[3] = {yy[1], ss[1], cs[1]};
+      static const char *const what[3] = {"y", "state", "conv window"};
+      for (int q = 0; q < 3; q++) {
+        float *h0 = malloc(n[q] * 4), *h1 = malloc(n[q] * 4);
+        dget(h0, d0[q], n[q] * 4);
+        dget(h1, d1[q], n[q] * 4);
+        char msg[128];
+        snprintf(msg, sizeof msg, "ssd_scan_conv H=%d P=%d N=%d G=%d nseq=%d K=%d step %d %s", H,
+                 P, N, G, ns, K, step, what[q]);
+        same_bytes(msg, h1, h0, n[q], 4);
+        free(h0);
+        free(h1);
+      }
+      int32_t tk[64];
+      dget(tk, dtk, (size_t)(ns * G) * 4);
+      for (int i = 0; i < ns * G; i++) assert_int_equal(tk[i], 0);
+    }
+    for (int v = 0; v < 2; v++) {
+      dfree(ss[v]);
+      dfree(cs[v]);
+      dfree(yy[v]);
+    }
+    dfree(dxbc);
+    dfree(dzx);
+    dfree(dw);
+    dfree(db);
+    dfree(dA);
+    dfree(dD);
+    dfree(dbias);
+    dfree(dsl);
+    dfree(dtk);
+    free(zx);
+    free(w);
+    free(b);
+    free(A);
+    free(D);
+    free(bias);
+    free(ss0);
+    free(cs0);
+  }
+  mbd_error err = {0};
+  const mbd_mops_ssd_dims dm = {2, 4, 16, 1};
+  const mbd_mops_ssd_conv bad = {9, NULL, NULL, NULL, 0, NULL, 0, NULL};
+  assert_int_equal(mbd_mops_ssd_scan_conv(g_stream, 1, &dm, NULL, NULL, NULL, 0, 1, NULL, 2, &bad,
+                                          NULL, 0, NULL, NULL, &err),
+                   MBD_E_INVALID);
+}
+
 /* ---- the decode fusion: conv + x_proj, then the scan with the conv --------------- */
 
 /* mbd_mops_conv_xproj then mbd_mops_scan with the conv give the bits of
@@ -876,6 +972,7 @@ int main(void) {
       cmocka_unit_test(test_embed),         cmocka_unit_test(test_add_rmsnorm),
       cmocka_unit_test(test_conv_silu),     cmocka_unit_test(test_xproj),
       cmocka_unit_test(test_scan),          cmocka_unit_test(test_ssd_scan),
+      cmocka_unit_test(test_ssd_scan_conv),
       cmocka_unit_test(test_conv_fusion),
       cmocka_unit_test(test_sample_greedy), cmocka_unit_test(test_fill_uniform),
   };

@@ -98,14 +98,49 @@ __device__ __forceinline__ void tile_read(float (&st)[R][NL], const float *s_t, 
  * keep the FP32 pipe busy; the host takes it with FULL, float4 access and
  * blocks that tile the head exactly). vec: bit 0 the state, bit 1 xbc (and
  * y) allow float4 access. */
-template <int NL, int R, bool FULL>
+/* Channel ch's conv + SiLU output from its window at cst (+ j * cd for tap
+ * j) and the new input xv, conv_silu_out's arithmetic; with advance, the
+ * window then moves on by one input. */
+template <int K>
+__device__ __forceinline__ float conv_ch(const float *w, const float *bias, float *cst, int64_t cd,
+                                         int64_t ch, float xv, bool advance) {
+  float wk[K], win[K - 1];
+#pragma unroll
+  for (int j = 0; j < K; j++) wk[j] = w[j * cd + ch];
+#pragma unroll
+  for (int j = 0; j < K - 1; j++) win[j] = cst[j * cd + ch];
+  const float v = conv_silu_out<K>(wk, win, xv, bias != nullptr, bias ? bias[ch] : 0.0f);
+  if (advance) {
+#pragma unroll
+    for (int j = 0; j + 1 < K - 1; j++) cst[j * cd + ch] = win[j + 1];
+    cst[(K - 2) * cd + ch] = xv;
+  }
+  return v;
+}
+__device__ __forceinline__ float conv_any(const mbd_mops_ssd_conv &cv, float *cst, int64_t cd,
+                                          int64_t ch, float xv, bool advance) {
+  switch (cv.K) {
+  case 2: return conv_ch<2>(cv.w, cv.bias, cst, cd, ch, xv, advance);
+  case 3: return conv_ch<3>(cv.w, cv.bias, cst, cd, ch, xv, advance);
+  case 4: return conv_ch<4>(cv.w, cv.bias, cst, cd, ch, xv, advance);
+  case 5: return conv_ch<5>(cv.w, cv.bias, cst, cd, ch, xv, advance);
+  case 6: return conv_ch<6>(cv.w, cv.bias, cst, cd, ch, xv, advance);
+  case 7: return conv_ch<7>(cv.w, cv.bias, cst, cd, ch, xv, advance);
+  default: return conv_ch<8>(cv.w, cv.bias, cst, cd, ch, xv, advance);
+  }
+}
+
+/* CONV (T = 1 only): x, B and C are the conv of cv.xin (see
+ * mbd_mops_ssd_conv), not read from xbc. */
+template <int NL, int R, bool FULL, bool CONV>
 __global__ void __launch_bounds__(SSD_BLOCK)
     k_ssd_scan(int T, mbd_mops_ssd_dims dm, ssd_shape sh, const float *__restrict__ A,
                const float *__restrict__ D, const float *__restrict__ dt_bias, float lo, float hi,
                const float *__restrict__ dt_raw, int64_t ld_dt, const float *__restrict__ xbc,
                int64_t ld_xbc, float *__restrict__ state, int64_t slot_stride, int vec,
-               const int32_t *__restrict__ slots, float *__restrict__ y) {
+               const int32_t *__restrict__ slots, float *__restrict__ y, mbd_mops_ssd_conv cv) {
   extern __shared__ float4 smem4[];
+  __shared__ int s_last; /* conv: this block advances the group's B and C windows */
   const int KS = sh.ks, PB = sh.pb, TC = sh.tc, LDN = sh.ldn, LDX = sh.ldx;
   const int CF = ssd_chunk_floats_d(TC, LDN, LDX);
   const int P = dm.head_dim, N = dm.d_state;
@@ -163,7 +198,21 @@ __global__ void __launch_bounds__(SSD_BLOCK)
     const int t0 = c * TC, tn = T - t0 < TC ? T - t0 : TC;
     const int64_t r0 = (int64_t)s * T + t0;
     for (int i = tid; i < tn; i += blockDim.x) cp_async4(q_dtr + i, dt_raw + (r0 + i) * ld_dt + h);
-    if (R == 1) {
+    if (CONV) { /* T = 1: the conv of x (this block's rows: their windows are its own), B, C */
+      const float *cin = cv.xin + r0 * cv.ld_xin;
+      float *cst = cv.state + (int64_t)slots[s] * cv.slot_stride;
+      const int64_t cd = di + 2 * GN;
+      for (int e = tid; e < PB + 2 * N; e += blockDim.x) {
+        if (e < PB) {
+          const int64_t ch = (int64_t)h * P + p0 + e;
+          q_x[e] = p0 + e < P ? conv_any(cv, cst, cd, ch, cin[ch], true) : 0.0f;
+        } else {
+          const int n = e - PB; /* B then C */
+          const int64_t ch = di + (n < N ? 0 : GN) + (int64_t)g * N + (n < N ? n : n - N);
+          (n < N ? q_b + n : q_c + n - N)[0] = conv_any(cv, cst, cd, ch, cin[ch], false);
+        }
+      }
+    } else if (R == 1) {
       for (int i = xi; i < tn; i += KS) {
         if (x_ok)
           cp_async4(q_x + i * LDX + xq, xbc + (r0 + i) * ld_xbc + (int64_t)h * P + p0 + xq);
@@ -174,7 +223,8 @@ __global__ void __launch_bounds__(SSD_BLOCK)
       for (int i = xi; i < tn; i += KS)
         cp_async16(q_x + i * LDX + 4 * xq, xbc + (r0 + i) * ld_xbc + (int64_t)h * P + p0 + 4 * xq);
     }
-    if (vbc) {
+    if (CONV) {
+    } else if (vbc) {
       for (int e = tid; e < tn << l4; e += blockDim.x) {
         const int i = e >> l4, cc = (e & ((1 << l4) - 1)) * 4;
         const float *bc = xbc + (r0 + i) * ld_xbc + di + (int64_t)g * N + cc;
@@ -206,6 +256,18 @@ __global__ void __launch_bounds__(SSD_BLOCK)
       cp_async_wait_group<0>();
     }
     __syncthreads(); /* chunk c (and a tile of its own) has arrived */
+    if (CONV && tid == 0) {
+      /* every thread of this block has read its B and C windows: count the
+       * block in; the group's last block advances them at the end */
+      __threadfence();
+      int32_t *tk = cv.tickets + (int64_t)s * dm.n_groups + g;
+      const int last = atomicAdd(tk, 1) == (dm.heads / dm.n_groups) * bph - 1;
+      if (last) {
+        *tk = 0;
+        __threadfence();
+      }
+      s_last = last;
+    }
     for (int i = tid; i < tn; i += blockDim.x) {
       float dt = mbd_pm_softplus(__fadd_rn(s_dtr[i], bias));
       if (dt < lo) dt = lo;
@@ -308,6 +370,16 @@ __global__ void __launch_bounds__(SSD_BLOCK)
           if (i < nn) tile[(pr0 + r) * N + n0 + i] = st[r][i];
       }
   }
+  if (CONV && s_last) { /* (s_last was set before a barrier above) */
+    const float *cin = cv.xin + (int64_t)s * cv.ld_xin;
+    float *cst = cv.state + (int64_t)slots[s] * cv.slot_stride;
+    const int64_t cd = di + 2 * GN;
+    for (int e = tid; e < 2 * N; e += blockDim.x) {
+      const int64_t ch = di + (e < N ? 0 : GN) + (int64_t)g * N + (e < N ? e : e - N);
+      for (int jj = 0; jj + 1 < cv.K - 1; jj++) cst[jj * cd + ch] = cst[(jj + 1) * cd + ch];
+      cst[(cv.K - 2) * cd + ch] = cin[ch];
+    }
+  }
 }
 
 /* Lanes per row and entries per lane: the smallest KS that splits N exactly
@@ -333,28 +405,29 @@ static void ssd_pick(int nseq, int T, const mbd_mops_ssd_dims *dm, int *ks, int 
   *ks = k, *nl = 8, *full = false;
 }
 
-template <int NL, int R, bool FULL>
+template <int NL, int R, bool FULL, bool CONV>
 static int ssd_launch_nl(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_dims *dm,
                          const ssd_shape *sh, const float *A, const float *D,
                          const float *dt_bias, float lo, float hi, const float *dt_raw,
                          int64_t ld_dt, const float *xbc, int64_t ld_xbc, float *state,
                          int64_t slot_stride, int vec, const int32_t *slots, float *y,
-                         mbd_error *err) {
+                         const mbd_mops_ssd_conv *cv, mbd_error *err) {
   const size_t bytes = ssd_smem_bytes(sh, dm->d_state, T);
-  int rc = allow_smem(k_ssd_scan<NL, R, FULL>, bytes, err);
+  int rc = allow_smem(k_ssd_scan<NL, R, FULL, CONV>, bytes, err);
   if (rc < 0) return rc;
   const int bph = (dm->head_dim + sh->pb - 1) / sh->pb;
-  return launch_pdl("ssd_scan", k_ssd_scan<NL, R, FULL>,
+  return launch_pdl("ssd_scan", k_ssd_scan<NL, R, FULL, CONV>,
                     dim3((unsigned)(dm->heads * bph), (unsigned)nseq),
                     dim3((unsigned)(sh->pb / R * sh->ks)), bytes, s, err, T, *dm, *sh, A, D, dt_bias,
-                    lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state, slot_stride, vec, slots, y);
+                    lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state, slot_stride, vec, slots, y, *cv);
 }
 
 static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_dims *dm,
                            const float *A, const float *D, const float *dt_bias, float lo,
                            float hi, const float *dt_raw, int64_t ld_dt, const float *xbc,
                            int64_t ld_xbc, float *state, int64_t slot_stride,
-                           const int32_t *slots, float *y, mbd_error *err) {
+                           const int32_t *slots, float *y, const mbd_mops_ssd_conv *cv,
+                           mbd_error *err) {
   int ks = 1, nl = 8;
   bool full = false;
   ssd_pick(nseq, T, dm, &ks, &nl, &full);
@@ -405,26 +478,29 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
    * load then overlaps the staging of the step's inputs */
   if (T <= SSD_OWN_TILE_T)
     sh.tile_at = ssd_nbuf(&sh, T) * ssd_chunk_floats_d(sh.tc, sh.ldn, sh.ldx);
-#define SSD_L(NLv, Rv, FULLv)                                                                 \
-  ssd_launch_nl<NLv, Rv, FULLv>(s, nseq, T, dm, &sh, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, \
-                                ld_xbc, state, slot_stride, vec, slots, y, err)
-  if (R == 4) return SSD_L(16, 4, true);
-  if (!full) return SSD_L(8, 1, false);
+#define SSD_L(NLv, Rv, FULLv, CONVv)                                                          \
+  ssd_launch_nl<NLv, Rv, FULLv, CONVv>(s, nseq, T, dm, &sh, A, D, dt_bias, lo, hi, dt_raw, ld_dt, \
+                                       xbc, ld_xbc, state, slot_stride, vec, slots, y, cv, err)
+  if (cv->w) { /* a decode step: NL <= 32 (ssd_pick), R = 1 */
+    if (!full) return SSD_L(8, 1, false, true);
+    switch (nl) {
+    case 8: return SSD_L(8, 1, true, true);
+    case 16: return SSD_L(16, 1, true, true);
+    default: return SSD_L(32, 1, true, true);
+    }
+  }
+  if (R == 4) return SSD_L(16, 4, true, false);
+  if (!full) return SSD_L(8, 1, false, false);
   switch (nl) {
-  case 8: return SSD_L(8, 1, true);
-  case 16: return SSD_L(16, 1, true);
-  case 32: return SSD_L(32, 1, true);
-  default: return SSD_L(64, 1, true);
+  case 8: return SSD_L(8, 1, true, false);
+  case 16: return SSD_L(16, 1, true, false);
+  case 32: return SSD_L(32, 1, true, false);
+  default: return SSD_L(64, 1, true, false);
   }
 #undef SSD_L
 }
 
-extern "C" int mbd_mops_ssd_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
-                                 const float *A, const float *D, const float *dt_bias, float lo,
-                                 float hi, const float *dt_raw, int64_t ld_dt, const float *xbc,
-                                 int64_t ld_xbc, float *state, int64_t slot_stride,
-                                 const int32_t *slots, float *y, mbd_error *err) {
-  if (nseq <= 0 || T <= 0) return 0;
+static int ssd_check(int nseq, const mbd_mops_ssd_dims *dm, mbd_error *err) {
   if (nseq > 65535 || dm->heads < 1 || dm->n_groups < 1 || dm->heads % dm->n_groups ||
       dm->head_dim < 1 || dm->d_state < 1 || dm->d_state > MBD_MOPS_SSD_MAX_STATE ||
       (int64_t)dm->heads * dm->head_dim > (1 << 24))
@@ -433,6 +509,35 @@ extern "C" int mbd_mops_ssd_scan(void *stream, int nseq, int T, const mbd_mops_s
                          "unsupported (at most 65535 sequences, d_state 1..%d)",
                          nseq, dm->heads, dm->head_dim, dm->d_state, dm->n_groups,
                          MBD_MOPS_SSD_MAX_STATE);
+  return 0;
+}
+
+extern "C" int mbd_mops_ssd_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
+                                 const float *A, const float *D, const float *dt_bias, float lo,
+                                 float hi, const float *dt_raw, int64_t ld_dt, const float *xbc,
+                                 int64_t ld_xbc, float *state, int64_t slot_stride,
+                                 const int32_t *slots, float *y, mbd_error *err) {
+  if (nseq <= 0 || T <= 0) return 0;
+  int rc = ssd_check(nseq, dm, err);
+  if (rc) return rc;
+  const mbd_mops_ssd_conv none = {0, NULL, NULL, NULL, 0, NULL, 0, NULL};
   return ssd_scan_launch((cudaStream_t)stream, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt,
-                         xbc, ld_xbc, state, slot_stride, slots, y, err);
+                         xbc, ld_xbc, state, slot_stride, slots, y, &none, err);
+}
+
+extern "C" int mbd_mops_ssd_scan_conv(void *stream, int nseq, const mbd_mops_ssd_dims *dm,
+                                      const float *A, const float *D, const float *dt_bias,
+                                      float lo, float hi, const float *dt_raw, int64_t ld_dt,
+                                      const mbd_mops_ssd_conv *conv, float *state,
+                                      int64_t slot_stride, const int32_t *slots, float *y,
+                                      mbd_error *err) {
+  if (nseq <= 0) return 0;
+  int rc = ssd_check(nseq, dm, err);
+  if (rc) return rc;
+  if (!conv || conv->K < 2 || conv->K > 8 || !conv->w || !conv->state || !conv->xin ||
+      !conv->tickets)
+    return mbd_error_set(err, MBD_E_INVALID, "ssd_scan_conv: conv width %d outside 2..8 or "
+                         "a NULL conv pointer", conv ? conv->K : 0);
+  return ssd_scan_launch((cudaStream_t)stream, nseq, 1, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt,
+                         NULL, 0, state, slot_stride, slots, y, conv, err);
 }

@@ -39,6 +39,33 @@ int mbd_mops_ssd_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm
                       float *state, int64_t slot_stride, const int32_t *slots, float *y,
                       mbd_error *err);
 
+/* The causal conv + SiLU of the xBC channels folded into a decode step, with
+ * mbd_mops_conv_silu's arithmetic (kernels/cuda/ops/conv_silu.h): raw inputs
+ * xin[s * ld_xin + c] for c < H P + 2 G N (x | B | C), weights w
+ * [K][channels] tap-major, bias [channels] or NULL, the window of sequence s
+ * at state + slots[s] * slot_stride, [K - 1][channels] oldest first
+ * (advanced in place), K 2..8. tickets: [nseq * G] device ints, zero before
+ * the call and left zero. */
+typedef struct mbd_mops_ssd_conv {
+  int K;
+  const float *w, *bias;
+  float *state;
+  int64_t slot_stride;
+  const float *xin;
+  int64_t ld_xin;
+  int32_t *tickets;
+} mbd_mops_ssd_conv;
+
+/* One token per sequence (T = 1): mbd_mops_conv_silu then mbd_mops_ssd_scan
+ * in one launch, the same bits (xbc is not written). A group's B and C
+ * windows are read by all of its blocks; the last of them to finish reading
+ * (a ticket per sequence and group) advances them. */
+int mbd_mops_ssd_scan_conv(void *stream, int nseq, const mbd_mops_ssd_dims *dm, const float *A,
+                           const float *D, const float *dt_bias, float lo, float hi,
+                           const float *dt_raw, int64_t ld_dt, const mbd_mops_ssd_conv *conv,
+                           float *state, int64_t slot_stride, const int32_t *slots, float *y,
+                           mbd_error *err);
+
 #ifdef __cplusplus
 }
 #endif
