@@ -14,7 +14,9 @@
  *           ssd_scan, gated_norm, out_proj) and the LM head, on zeroed
  *           buffers of a context of its own, mean of 10 launches in a row:
  *           prefill b1 T=2048, one of the b8 prefill's 8 chunks (8 x 256),
- *           decode b1/8/64/256; then the layer's sum and layers x sum + head.
+ *           decode b1/8/64/256; then the layer's sum and layers x sum + head
+ *           (unfused; the scan_conv row is the decode fusion that replaces
+ *           conv_silu + ssd_scan at up to 16 sequences).
  * Each call of the backend ends in a stream synchronize, so each run is timed
  * with CUDA events on the default stream around the call (host overhead
  * included). Each cell: warm-up runs, then the median of up to `reps` runs,
@@ -142,9 +144,10 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
 
 /* ---- one layer op by op ---- */
 
-enum { NOPS = 7, NOC = 6, OP_REPS = 10 };
-static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_silu", "ssd_scan",
-                                             "gated_norm",  "out_proj", "lm_head"};
+enum { NOPS = 8, NOC = 6, OP_REPS = 10 };
+static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_silu",
+                                             "ssd_scan",    "gated_norm", "out_proj",
+                                             "lm_head",     "scan_conv (decode <= 16)"};
 
 /* One layer's buffers on a context of its own (zeros: the timing does not
  * depend on the values), for up to T_PRE rows and MAXB slots. */
@@ -156,7 +159,7 @@ typedef struct op_bench {
   float *resid, *out, *zx, *xbc, *y, *norm, *conv_w, *conv_b, *conv_st, *A, *D, *bias, *gnorm,
       *ssm_st, *logits;
   void *hn, *y_act, *in_w, *out_w, *head;
-  int32_t *slots;
+  int32_t *slots, *tickets;
 } op_bench;
 
 static int gemm_bf16(op_bench *o, int64_t m, int64_t n, int64_t k, const void *x, const void *w,
@@ -194,14 +197,23 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
                                   o->pin, o->gnorm, c->norm_eps, c->norm_before_gate,
                                   MBD_DTYPE_BF16, o->y_act, err);
   case 5: return gemm_bf16(o, M, d, di, o->y_act, o->out_w, o->out, err);
-  default: return gemm_bf16(o, nseq, o->V, d, o->hn, o->head, o->logits, err);
+  case 6: return gemm_bf16(o, nseq, o->V, d, o->hn, o->head, o->logits, err);
+  default: {
+    if (T != 1 || nseq > 16) return 0; /* the model folds the conv in only there */
+    const mbd_mops_ssd_conv cv = {c->d_conv, o->conv_w, o->conv_b, o->conv_st,
+                                  (int64_t)(c->d_conv - 1) * o->cd, o->zx + di, o->pin,
+                                  o->tickets};
+    return mbd_mops_ssd_scan_conv(o->stream, nseq, &dm, o->A, o->D, o->bias, c->dt_min, c->dt_max,
+                                  o->zx + di + o->cd, o->pin, &cv, o->ssm_st, di * c->d_state,
+                                  o->slots, o->y, err);
+  }
   }
 }
 
 static void op_bench_free(op_bench *o) {
   void *p[] = {o->resid, o->out,   o->zx,   o->xbc,    o->y,     o->norm,  o->conv_w,
                o->conv_b, o->conv_st, o->A, o->gnorm, o->ssm_st, o->logits, o->hn,
-               o->y_act, o->in_w, o->out_w, o->head, o->slots};
+               o->y_act, o->in_w, o->out_w, o->head, o->slots, o->tickets};
   for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cudaFree(p[i]);
   mbd_gpu_ctx_destroy(&o->ctx);
 }
@@ -244,7 +256,8 @@ static int bench_ops(const char *name, const mbd_mamba2_config *c) {
       dz(&o.conv_st, S * (K - 1) * o.cd * 4) || dz(&o.A, 3 * (size_t)c->n_heads * 4) ||
       dz(&o.gnorm, di * 4) || dz(&o.ssm_st, S * di * N * 4) || dz(&o.logits, S * o.V * 4) ||
       dz(&o.hn, M * d * 2) || dz(&o.y_act, M * di * 2) || dz(&o.in_w, o.pin * d * 2) ||
-      dz(&o.out_w, d * di * 2) || dz(&o.head, o.V * d * 2) || dz(&o.slots, sizeof hs)) {
+      dz(&o.out_w, d * di * 2) || dz(&o.head, o.V * d * 2) || dz(&o.slots, sizeof hs) ||
+      dz(&o.tickets, 16 * (size_t)c->n_groups * 4)) {
     fprintf(stderr, "%s ops: out of device memory\n", name);
     goto done;
   }
@@ -275,7 +288,7 @@ static int bench_ops(const char *name, const mbd_mamba2_config *c) {
     printf("%-5s %-30s |", name, k_op_names[op]);
     for (int col = 0; col < NOC; col++) {
       printf(" %9.1f%s", us[op][col], col == 1 ? " |" : "");
-      if (op < NOPS - 1) layer[col] += us[op][col];
+      if (op < 6) layer[col] += us[op][col];
     }
     printf("\n");
   }
@@ -283,7 +296,7 @@ static int bench_ops(const char *name, const mbd_mamba2_config *c) {
   for (int col = 0; col < NOC; col++) printf(" %9.1f%s", layer[col], col == 1 ? " |" : "");
   printf("\n%-5s %-30s |", name, "x layers + head");
   for (int col = 0; col < NOC; col++)
-    printf(" %9.0f%s", layer[col] * c->n_layer + us[NOPS - 1][col], col == 1 ? " |" : "");
+    printf(" %9.0f%s", layer[col] * c->n_layer + us[6][col], col == 1 ? " |" : "");
   printf("   (pre b8/8: one of 8 chunks; ssd_scan decode state %.1f MB per seq)\n",
          (double)di * N * 4 / 1e6);
   fflush(stdout);
