@@ -131,8 +131,9 @@ __device__ __forceinline__ float conv_any(const mbd_mops_ssd_conv &cv, float *cs
 }
 
 /* CONV (T = 1 only): x, B and C are the conv of cv.xin (see
- * mbd_mops_ssd_conv), not read from xbc. */
-template <int NL, int R, bool FULL, bool CONV>
+ * mbd_mops_ssd_conv), not read from xbc. PREFILL: launches of more than
+ * SSD_OWN_TILE_T steps (a tick's state updates run before its chain). */
+template <int NL, int R, bool FULL, bool CONV, bool PREFILL>
 __global__ void __launch_bounds__(SSD_BLOCK)
     k_ssd_scan(int T, mbd_mops_ssd_dims dm, ssd_shape sh, const float *__restrict__ A,
                const float *__restrict__ D, const float *__restrict__ dt_bias, float lo, float hi,
@@ -283,6 +284,8 @@ __global__ void __launch_bounds__(SSD_BLOCK)
     float hand[R]; /* the chains after this lane's entries, at the last tick */
 #pragma unroll
     for (int r = 0; r < R; r++) hand[r] = 0.0f;
+    if (!PREFILL) {
+    /* A decode step's few ticks: entry by entry, fewer registers live. */
     for (int k = 0; k < tn + KS - 1; k++) {
       float acc[R];
 #pragma unroll
@@ -345,6 +348,81 @@ __global__ void __launch_bounds__(SSD_BLOCK)
         }
       }
     }
+    } else {
+    for (int k = 0; k < tn + KS - 1; k++) {
+      const int t = k - j;
+      const bool act = t >= 0 && t < tn;
+      /* The step's state updates first: they need nothing from the other
+       * lanes, so they run while the chain from lane j - 1 comes in; then
+       * the chain over the updated entries (the same operations and values
+       * as updating and chaining entry by entry). */
+      float xv[R], cq[NL];
+      if (act) {
+        if (R == 1) {
+          xv[0] = s_x[t * LDX + pl];
+        } else {
+          const float4 x4 = *(const float4 *)(s_x + t * LDX + pr0);
+          xv[0] = x4.x, xv[R > 1 ? 1 : 0] = x4.y, xv[R > 2 ? 2 : 0] = x4.z;
+          xv[R > 3 ? 3 : 0] = x4.w;
+        }
+        const float da = s_da[t], dt = s_dt[t];
+        const float *bt = s_b + t * LDN + n0, *ct = s_c + t * LDN + n0;
+        if (FULL) {
+          float bq[NL];
+#pragma unroll
+          for (int i = 0; i < NL; i += 4) {
+            const float4 b4 = *(const float4 *)(bt + i), c4 = *(const float4 *)(ct + i);
+            bq[i] = __fmul_rn(dt, b4.x), bq[i + 1] = __fmul_rn(dt, b4.y);
+            bq[i + 2] = __fmul_rn(dt, b4.z), bq[i + 3] = __fmul_rn(dt, b4.w);
+            cq[i] = c4.x, cq[i + 1] = c4.y, cq[i + 2] = c4.z, cq[i + 3] = c4.w;
+          }
+#pragma unroll
+          for (int i = 0; i < NL; i++)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+              st[r][i] = __fmaf_rn(da, st[r][i], __fmul_rn(bq[i], xv[r]));
+        } else {
+#pragma unroll
+          for (int i = 0; i < NL; i++) {
+            cq[i] = 0.0f;
+            if (i < nn) {
+              const float bq = __fmul_rn(dt, bt[i]);
+              cq[i] = ct[i];
+#pragma unroll
+              for (int r = 0; r < R; r++) st[r][i] = __fmaf_rn(da, st[r][i], __fmul_rn(bq, xv[r]));
+            }
+          }
+        }
+      }
+      float acc[R];
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        acc[r] = __shfl_up_sync(0xffffffffu, hand[r], 1, KS);
+        if (j == 0) acc[r] = 0.0f;
+      }
+      if (act) {
+#pragma unroll
+        for (int i = 0; i < NL; i++)
+          if (FULL || i < nn)
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r] = __fmaf_rn(st[r][i], cq[i], acc[r]);
+#pragma unroll
+        for (int r = 0; r < R; r++) hand[r] = acc[r];
+        if (j == KS - 1) {
+          float *yr = y + (r0 + t) * di + (int64_t)h * P + p0 + pr0;
+          if (R == 4) {
+            *(float4 *)yr = make_float4(__fmaf_rn(dd, xv[0], acc[0]), __fmaf_rn(dd, xv[1 % R], acc[1 % R]),
+                                        __fmaf_rn(dd, xv[2 % R], acc[2 % R]),
+                                        __fmaf_rn(dd, xv[3 % R], acc[3 % R]));
+          } else {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+              if (p0 + pr0 + r < P) yr[r] = __fmaf_rn(dd, xv[r], acc[r]);
+          }
+        }
+      }
+    }
+    }
   }
   if (tiled) {
     __syncthreads(); /* the last chunk (or the tile) is read */
@@ -405,7 +483,7 @@ static void ssd_pick(int nseq, int T, const mbd_mops_ssd_dims *dm, int *ks, int 
   *ks = k, *nl = 8, *full = false;
 }
 
-template <int NL, int R, bool FULL, bool CONV>
+template <int NL, int R, bool FULL, bool CONV, bool PREFILL>
 static int ssd_launch_nl(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_dims *dm,
                          const ssd_shape *sh, const float *A, const float *D,
                          const float *dt_bias, float lo, float hi, const float *dt_raw,
@@ -413,10 +491,10 @@ static int ssd_launch_nl(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_dim
                          int64_t slot_stride, int vec, const int32_t *slots, float *y,
                          const mbd_mops_ssd_conv *cv, mbd_error *err) {
   const size_t bytes = ssd_smem_bytes(sh, dm->d_state, T);
-  int rc = allow_smem(k_ssd_scan<NL, R, FULL, CONV>, bytes, err);
+  int rc = allow_smem(k_ssd_scan<NL, R, FULL, CONV, PREFILL>, bytes, err);
   if (rc < 0) return rc;
   const int bph = (dm->head_dim + sh->pb - 1) / sh->pb;
-  return launch_pdl("ssd_scan", k_ssd_scan<NL, R, FULL, CONV>,
+  return launch_pdl("ssd_scan", k_ssd_scan<NL, R, FULL, CONV, PREFILL>,
                     dim3((unsigned)(dm->heads * bph), (unsigned)nseq),
                     dim3((unsigned)(sh->pb / R * sh->ks)), bytes, s, err, T, *dm, *sh, A, D, dt_bias,
                     lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state, slot_stride, vec, slots, y, *cv);
@@ -478,24 +556,33 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
    * load then overlaps the staging of the step's inputs */
   if (T <= SSD_OWN_TILE_T)
     sh.tile_at = ssd_nbuf(&sh, T) * ssd_chunk_floats_d(sh.tc, sh.ldn, sh.ldx);
-#define SSD_L(NLv, Rv, FULLv, CONVv)                                                          \
-  ssd_launch_nl<NLv, Rv, FULLv, CONVv>(s, nseq, T, dm, &sh, A, D, dt_bias, lo, hi, dt_raw, ld_dt, \
-                                       xbc, ld_xbc, state, slot_stride, vec, slots, y, cv, err)
-  if (cv->w) { /* a decode step: NL <= 32 (ssd_pick), R = 1 */
-    if (!full) return SSD_L(8, 1, false, true);
+#define SSD_L(NLv, Rv, FULLv, CONVv, PREv)                                                      \
+  ssd_launch_nl<NLv, Rv, FULLv, CONVv, PREv>(s, nseq, T, dm, &sh, A, D, dt_bias, lo, hi, dt_raw,   \
+                                             ld_dt, xbc, ld_xbc, state, slot_stride, vec, slots, \
+                                             y, cv, err)
+  if (T <= SSD_OWN_TILE_T) { /* decode steps: NL <= 32 (ssd_pick), R = 1 */
+    if (cv->w) {
+      if (!full) return SSD_L(8, 1, false, true, false);
+      switch (nl) {
+      case 8: return SSD_L(8, 1, true, true, false);
+      case 16: return SSD_L(16, 1, true, true, false);
+      default: return SSD_L(32, 1, true, true, false);
+      }
+    }
+    if (!full) return SSD_L(8, 1, false, false, false);
     switch (nl) {
-    case 8: return SSD_L(8, 1, true, true);
-    case 16: return SSD_L(16, 1, true, true);
-    default: return SSD_L(32, 1, true, true);
+    case 8: return SSD_L(8, 1, true, false, false);
+    case 16: return SSD_L(16, 1, true, false, false);
+    default: return SSD_L(32, 1, true, false, false);
     }
   }
-  if (R == 4) return SSD_L(16, 4, true, false);
-  if (!full) return SSD_L(8, 1, false, false);
+  if (R == 4) return SSD_L(16, 4, true, false, true);
+  if (!full) return SSD_L(8, 1, false, false, true);
   switch (nl) {
-  case 8: return SSD_L(8, 1, true, false);
-  case 16: return SSD_L(16, 1, true, false);
-  case 32: return SSD_L(32, 1, true, false);
-  default: return SSD_L(64, 1, true, false);
+  case 8: return SSD_L(8, 1, true, false, true);
+  case 16: return SSD_L(16, 1, true, false, true);
+  case 32: return SSD_L(32, 1, true, false, true);
+  default: return SSD_L(64, 1, true, false, true);
   }
 #undef SSD_L
 }
