@@ -21,6 +21,7 @@ void mbd_broker_config_defaults(mbd_broker_config *c) {
   c->hwm = MBD_DEFAULT_HWM;
   c->client_inflight = 1024;
   c->reclaim_grace_ms = 5000;
+  c->durable_mb = MBD_DEFAULT_DURABLE_MB;
 }
 
 static int parse_int(const char *opt, const char *v, int64_t lo, int64_t hi, int64_t *out,
@@ -108,6 +109,8 @@ int mbd_broker_config_parse(int argc, char **argv, mbd_broker_config *c, mbd_err
       if (!(rc = parse_int(o, v, 1, 10000000, &x, err))) c->client_inflight = (int)x;
     } else if (!strcmp(o, "--reclaim-grace-ms")) {
       if (!(rc = parse_int(o, v, 0, 86400000, &x, err))) c->reclaim_grace_ms = (int)x;
+    } else if (!strcmp(o, "--durable-mb")) {
+      if (!(rc = parse_int(o, v, 0, 1 << 24, &x, err))) c->durable_mb = x;
     } else if (!strcmp(o, "--hwm")) {
       if (!(rc = parse_int(o, v, 1, 10000000, &x, err))) c->hwm = (int)x;
     } else {

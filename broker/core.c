@@ -6,7 +6,10 @@
  * to an older send (a worker that was presumed dead, a request already
  * answered by a timeout) finds nothing and is dropped: a client never gets
  * two final replies. Stateless requests keep their original frames (a
- * reference-counted clone is what goes out) for one failover re-send. */
+ * reference-counted clone is what goes out) for one failover re-send; so do
+ * commands of durable sessions (broker/durable.h), which wait for their
+ * session's restore (a request of the broker's own, `internal`) and follow
+ * it to its new worker. */
 #include "broker/core.h"
 
 #include <errno.h>
@@ -58,8 +61,12 @@ typedef struct breq {
   char tokenizer[MBD_BW_DIGEST_MAX]; /* with digest_fixed: the tokenizer digest chosen with it */
   char session_uid[MBD_BW_UID_MAX]; /* session commands: the owning worker's uid */
   bool is_session;
+  bool internal;                   /* the broker's own (a durable session's restore): no client */
+  int64_t token;                   /* STEP: the token it feeds (durable sessions log it) */
   bool has_ipc;                    /* carries CUDA IPC tensors: same-host GPU workers only */
   int ipc_device;                  /* device of the first IPC tensor (GPU-affine routing) */
+  uint64_t *pfx;                   /* `prefix`: the prompt's routing hashes, or NULL (owned) */
+  size_t npfx;
   char client_host[MBD_BW_NAME_MAX]; /* the client's host_id (required with IPC tensors) */
   int64_t start_ms, deadline_ms;   /* absolute, monotonic */
   size_t bytes;                    /* body + payload bytes the broker holds for it */
@@ -92,6 +99,8 @@ struct mbd_bcore {
   int64_t next_hb_ms;
   int64_t next_reap_ms;            /* next sweep for sessions of departed clients */
   mbd_breclaim *reclaim;           /* sessions by their client's process or connection */
+  mbd_bdurable *durable;           /* session checkpoints and logs (broker/durable.h) */
+  bool wake;                       /* a durable session's restore ended: re-place its requests */
   bool shutting;
   int64_t now_ms;                  /* the clock at the current entry point */
   int64_t probe_t0[2];             /* per side (mbd_bdest): when a disconnect was reported */
@@ -263,6 +272,7 @@ static void req_free(mbd_bcore *c, breq *r) {
   else c->all = r->anext;
   if (r->anext) r->anext->aprev = r->aprev;
   mbd_msg_destroy(&r->orig);
+  free(r->pfx);
   free(r);
 }
 
@@ -297,7 +307,12 @@ static void client_error(mbd_bcore *c, const void *peer, size_t plen, uint64_t t
 static void req_fail(mbd_bcore *c, breq *r, int code, const char *msg) {
   MBD_LOGD(LOG, "request %s: %s answered by the broker: %s %s", r->rid[0] ? r->rid : "-",
            mbd_cmd_name(r->cmd), mbd_status_name(code), msg);
-  client_error(c, r->client, r->client_len, r->client_tag, code, msg);
+  if (r->internal) { /* a restore: its session is lost, its waiting requests hear why */
+    mbd_bdurable_failed(c->durable, r->session_id, msg, c->now_ms);
+    c->wake = true;
+  } else {
+    client_error(c, r->client, r->client_len, r->client_tag, code, msg);
+  }
   if (r->state == RQ_INFLIGHT && mbd_registry_find_gen(c->reg, r->worker_gen)) {
     r->state = RQ_ZOMBIE;
     c->pending--;
@@ -394,8 +409,28 @@ static int scan_ipc(const msgpack_object *root, breq *r, mbd_error *err) {
   return MBD_OK;
 }
 
+/* `prefix`: the routing hashes of the prompt's cached-prefix boundaries
+ * (common/prefix_hash.h), at most MBD_PREFIX_HASHES_MAX unsigned integers. */
+static int read_prefix(const msgpack_object *root, breq *r, mbd_error *err) {
+  const msgpack_object *v = mbd_obj_get(root, "prefix");
+  if (!v) return MBD_OK;
+  if (v->type != MSGPACK_OBJECT_ARRAY || v->via.array.size > MBD_PREFIX_HASHES_MAX)
+    return mbd_error_set(err, MBD_E_INVALID, "prefix must be an array of at most %d routing hashes",
+                         MBD_PREFIX_HASHES_MAX);
+  if (!v->via.array.size) return MBD_OK;
+  if (!(r->pfx = malloc(v->via.array.size * sizeof *r->pfx)))
+    return mbd_error_set(err, MBD_E_NOMEM, "broker out of memory");
+  for (uint32_t i = 0; i < v->via.array.size; i++) {
+    if (v->via.array.ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+      return mbd_error_set(err, MBD_E_INVALID, "prefix entry %u is not an unsigned integer", i);
+    r->pfx[r->npfx++] = v->via.array.ptr[i].via.u64;
+  }
+  return MBD_OK;
+}
+
 /* Reads a client request's routing facts into r: route constraint, model,
- * deadline (*dl, 0 = none given), owning worker of a session, IPC use. */
+ * deadline (*dl, 0 = none given), owning worker of a session, IPC use,
+ * prefix hashes (r->pfx, freed with r). */
 static int req_read(const msgpack_object *root, uint8_t cmd, breq *r, uint64_t *dl,
                     mbd_error *err) {
   char session[2 * MBD_BW_UID_MAX] = "";
@@ -406,7 +441,8 @@ static int req_read(const msgpack_object *root, uint8_t cmd, breq *r, uint64_t *
       (rc = mbd_obj_u64(root, "deadline_ms", false, dl, err)) ||
       (rc = mbd_obj_str(root, "request_id", false, r->rid, sizeof r->rid, err)) ||
       (mbd_cmd_is_session(cmd) &&
-       (rc = mbd_obj_str(root, "session", true, session, sizeof session, err))))
+       (rc = mbd_obj_str(root, "session", true, session, sizeof session, err))) ||
+      (cmd == MBD_CMD_STEP && (rc = mbd_obj_i64(root, "token", false, &r->token, err))))
     return rc;
   if (r->digest[0] && !mbd_digest_prefix_ok(r->digest))
     return mbd_error_set(err, MBD_E_INVALID,
@@ -427,6 +463,7 @@ static int req_read(const msgpack_object *root, uint8_t cmd, breq *r, uint64_t *
     snprintf(r->session_id, sizeof r->session_id, "%s", session);
     r->is_session = true;
   }
+  if (!r->is_session && (rc = read_prefix(root, r, err))) return rc;
   return scan_ipc(root, r, err);
 }
 
@@ -450,11 +487,19 @@ static void track_session(mbd_bcore *c, const breq *r, const mbd_bworker *w, con
 
 static bool is_stateless(uint8_t cmd) { return cmd == MBD_CMD_GEMM || cmd == MBD_CMD_FORWARD; }
 
+/* Whether r is a command of a durable session of its caller (kept for a re-send). */
+static bool durable_held(mbd_bcore *c, const breq *r) {
+  const char *uid, *wid, *why;
+  return r->is_session &&
+         mbd_bdurable_locate(c->durable, r->session_id, r->caller, &uid, &wid, &why) ==
+             MBD_BDUR_HOMED;
+}
+
 /* Sends r to w under a fresh ticket. r is not in the queue. */
 static void send_req(mbd_bcore *c, breq *r, mbd_bworker *w) {
   mbd_msg *m = NULL;
   mbd_error err = {0};
-  if (is_stateless(r->cmd) && r->sends + 1 < MAX_SENDS) {
+  if ((is_stateless(r->cmd) || r->internal || durable_held(c, r)) && r->sends + 1 < MAX_SENDS) {
     if (mbd_msg_clone(r->orig, &m, &err)) {
       req_fail(c, r, MBD_E_NOMEM, "broker out of memory forwarding the request");
       return;
@@ -467,17 +512,26 @@ static void send_req(mbd_bcore *c, breq *r, mbd_bworker *w) {
   int64_t left = r->deadline_ms - c->now_ms;
   size_t blen = 0;
   const void *body = mbd_msg_body(m, &blen);
-  msgpack_sbuffer sb;
+  msgpack_sbuffer sb, rw;
   msgpack_sbuffer_init(&sb);
-  if (mbd_body_prepend_u64(body, blen, "deadline_ms", (uint64_t)(left > 1 ? left : 1), &sb,
+  msgpack_sbuffer_init(&rw);
+  /* A durable session: its id on the worker holding it now, a re-sent GENERATE's progress. */
+  int rwc = r->is_session ? mbd_bdurable_rewrite(c->durable, r->session_id, r->caller, r->cmd,
+                                                 r->retried, body, blen, &rw, &err)
+                          : 0;
+  if (rwc == 1) body = rw.data, blen = rw.size;
+  if (rwc < 0 ||
+      mbd_body_prepend_u64(body, blen, "deadline_ms", (uint64_t)(left > 1 ? left : 1), &sb,
                            &err) ||
       mbd_msg_take_body(m, &sb, &err)) {
     msgpack_sbuffer_destroy(&sb);
+    msgpack_sbuffer_destroy(&rw);
     mbd_msg_destroy(&m);
     req_fail(c, r, MBD_E_NOMEM, "broker out of memory forwarding the request");
     return;
   }
   msgpack_sbuffer_destroy(&sb);
+  msgpack_sbuffer_destroy(&rw);
   r->sends++;
   r->ticket = ++c->next_ticket;
   r->worker_gen = w->gen;
@@ -551,6 +605,10 @@ static mbd_bworker *select_for(mbd_bcore *c, breq *r, size_t *nmatch) {
     return mbd_registry_select_ipc(c->reg, &r->want, r->model, r->digest,
                                    r->digest_fixed ? r->tokenizer : NULL, r->client_host,
                                    r->ipc_device, NULL, nmatch);
+  if (r->npfx)
+    return mbd_registry_select_prefix(c->reg, &r->want, r->model, r->digest,
+                                      r->digest_fixed ? r->tokenizer : NULL, r->pfx, r->npfx, NULL,
+                                      nmatch);
   return mbd_registry_select(c->reg, &r->want, r->model, r->digest,
                              r->digest_fixed ? r->tokenizer : NULL, NULL, nmatch);
 }
@@ -575,7 +633,18 @@ static bool resolve_digest(mbd_bcore *c, breq *r) {
  * (sent or answered), false when it should wait for capacity. */
 static bool place(mbd_bcore *c, breq *r) {
   if (r->is_session) {
-    mbd_bworker *w = mbd_registry_find_uid(c->reg, r->session_uid);
+    const char *uid = r->session_uid, *wid = NULL, *why = NULL;
+    switch (mbd_bdurable_locate(c->durable, r->session_id, r->caller, &uid, &wid, &why)) {
+    case MBD_BDUR_MOVING: return false; /* its restore is under way */
+    case MBD_BDUR_LOST: {
+      char msg[512];
+      snprintf(msg, sizeof msg, "session %s/...: %s", r->session_uid, why);
+      req_fail(c, r, MBD_E_WORKER_LOST, msg);
+      return true;
+    }
+    default: break;
+    }
+    mbd_bworker *w = mbd_registry_find_uid(c->reg, uid);
     if (!w || w->dead) { /* an id no live worker issued: as unknown as a closed one */
       if (!uid_seen(c, r->session_uid)) {
         session_lost(c, r); /* NOT_FOUND naming the uid no worker registered */
@@ -607,7 +676,14 @@ static bool place(mbd_bcore *c, breq *r) {
     return true;
   }
   if (!nmatch) {
-    if (r->retried) {
+    if (r->internal) {
+      char msg[512];
+      snprintf(msg, sizeof msg,
+               "no other live worker of route %.16s serves model %s (weights %.16s); start one "
+               "to keep sessions across worker loss",
+               r->want.route_id, r->model, r->digest);
+      req_fail(c, r, MBD_E_WORKER_LOST, msg);
+    } else if (r->retried) {
       char msg[512];
       snprintf(msg, sizeof msg,
                "worker %s was lost while running this %s and no other live worker matches its "
@@ -722,8 +798,20 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   msgpack_pack_array(&pk, n);
   for (size_t i = 0; i < n; i++) {
     const mbd_bworker *w = mbd_registry_at(c->reg, i);
-    msgpack_pack_map(&pk, full ? 13 : 9);
+    msgpack_pack_map(&pk, (full ? 13 : 9) + w->prefix.known);
     mbd_pack_kv_str(&pk, "name", w->name);
+    if (w->prefix.known) {
+      const mbd_bprefix *x = &w->prefix;
+      mbd_pack_str(&pk, "prefix_cache");
+      msgpack_pack_map(&pk, 7);
+      mbd_pack_kv_u64(&pk, "lookups", x->lookups);
+      mbd_pack_kv_u64(&pk, "hits", x->hits);
+      mbd_pack_kv_u64(&pk, "hit_tokens", x->hit_tokens);
+      mbd_pack_kv_u64(&pk, "inserts", x->inserts);
+      mbd_pack_kv_u64(&pk, "evictions", x->evictions);
+      mbd_pack_kv_u64(&pk, "bytes", x->bytes);
+      mbd_pack_kv_u64(&pk, "entries", x->entries);
+    }
     mbd_pack_kv_i64(&pk, "sessions", w->sessions);
     if (full) mbd_pack_kv_str(&pk, "uid", w->uid);
     mbd_pack_kv_str(&pk, "route_id", w->route_id);
@@ -749,7 +837,7 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   mbd_pack_kv_u64(&pk, "pending", c->pending);
   mbd_pack_str(&pk, "counters");
   const mbd_bcore_stats *s = &c->st;
-  msgpack_pack_map(&pk, 19);
+  msgpack_pack_map(&pk, 27);
   mbd_pack_kv_u64(&pk, "requests", s->requests);
   mbd_pack_kv_u64(&pk, "ambiguous", s->ambiguous);
   mbd_pack_kv_u64(&pk, "busy_count", s->busy_count);
@@ -769,9 +857,19 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
   mbd_pack_kv_u64(&pk, "cancelled", s->cancelled);
   mbd_pack_kv_u64(&pk, "clients_gone", s->clients_gone);
   mbd_pack_kv_u64(&pk, "poisoned", s->poisoned);
+  const mbd_bdurable_stats *ds = mbd_bdurable_get_stats(c->durable);
+  mbd_pack_kv_u64(&pk, "durable_sessions", ds->sessions);
+  mbd_pack_kv_u64(&pk, "checkpoints", ds->checkpoints);
+  mbd_pack_kv_u64(&pk, "checkpoints_dropped", ds->dropped);
+  mbd_pack_kv_u64(&pk, "checkpoint_bytes", ds->bytes);
+  mbd_pack_kv_u64(&pk, "sessions_rehomed", ds->rehomed);
+  mbd_pack_kv_u64(&pk, "replayed_tokens", ds->replayed_tokens);
+  mbd_pack_kv_u64(&pk, "generates_resumed", ds->resumed);
+  mbd_pack_kv_u64(&pk, "sessions_lost", ds->lost);
   mbd_pack_str(&pk, "config");
-  msgpack_pack_map(&pk, 6);
+  msgpack_pack_map(&pk, 7);
   mbd_pack_kv_i64(&pk, "client_inflight", c->cfg.client_inflight);
+  mbd_pack_kv_i64(&pk, "durable_mb", c->cfg.durable_mb);
   mbd_pack_kv_i64(&pk, "heartbeat_ms", c->cfg.heartbeat_ms);
   mbd_pack_kv_i64(&pk, "liveness", c->cfg.liveness);
   mbd_pack_kv_i64(&pk, "queue_limit", c->cfg.queue_limit);
@@ -863,7 +961,8 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   /* The routing header only: bulk fields are skipped, never decoded. */
   static const char *const header_keys[] = {"route",   "model",   "model_digest", "deadline_ms",
                                             "session", "tensors", "outputs",      "host_id",
-                                            "request_id", "caller", NULL};
+                                            "request_id", "caller",  "token",       "prefix",
+                                            NULL};
   int rc = mbd_body_parse_keys(b, blen, header_keys, HEADER_MAX_BYTES, &body, &err);
   if (rc) {
     client_error(c, pcopy, plen, tag, rc, err.msg);
@@ -939,6 +1038,7 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     }
   }
 done:
+  if (r) free(r->pfx);
   free(r);
   mbd_body_destroy(&body);
   mbd_msg_destroy(&m);
@@ -946,10 +1046,116 @@ done:
 
 /* ---- worker side ----------------------------------------------------------------- */
 
+/* A restore of durable session id (broker/durable.h) becomes a request of the
+ * broker's own: placed like an IMPORT on a live worker of its route and model. */
+static void restore_place(void *ctx, const char *id, const char *model, const char *digest,
+                          const char *route_id, mbd_msg **m) {
+  mbd_bcore *c = ctx;
+  breq *r = calloc(1, sizeof *r);
+  if (!r) {
+    mbd_bdurable_failed(c->durable, id, "broker out of memory", c->now_ms);
+    c->wake = true;
+    return;
+  }
+  r->internal = true;
+  r->cmd = MBD_CMD_IMPORT;
+  snprintf(r->rid, sizeof r->rid, "restore");
+  snprintf(r->session_id, sizeof r->session_id, "%s", id);
+  snprintf(r->model, sizeof r->model, "%s", model);
+  snprintf(r->digest, sizeof r->digest, "%s", digest);
+  snprintf(r->want.route_id, sizeof r->want.route_id, "%s", route_id);
+  r->start_ms = c->now_ms;
+  r->deadline_ms = c->now_ms + c->cfg.default_deadline_ms;
+  r->orig = *m;
+  *m = NULL;
+  r->state = RQ_WAITING;
+  r->anext = c->all;
+  if (c->all) c->all->aprev = r;
+  c->all = r;
+  c->pending++;
+  if (!place(c, r)) q_push(c, r, true); /* before the session's own requests */
+}
+
+/* In fail_over: keeps r when it belongs to a durable session being re-homed
+ * (it waits for the restore; a GENERATE then continues), re-places a restore
+ * lost with its worker, or fails either once POISON_CRASHES workers died
+ * running it. Requests go to the queue head oldest first, after *last (the
+ * one this loss queued before: NULL at first), so a session's STEPs reach its
+ * new worker in their order. Returns whether r was dealt with. */
+static bool durable_hold(mbd_bcore *c, breq *r, breq **last) {
+  const char *uid, *wid, *why = NULL;
+  mbd_bdur_where where = r->internal ? MBD_BDUR_MOVING
+                                     : r->is_session ? mbd_bdurable_locate(c->durable, r->session_id,
+                                                                           r->caller, &uid, &wid, &why)
+                                                     : MBD_BDUR_NONE;
+  char msg[512];
+  if (where == MBD_BDUR_LOST) {
+    snprintf(msg, sizeof msg, "session %s/...: %s", r->session_uid, why);
+    req_fail(c, r, MBD_E_WORKER_LOST, msg);
+    return true;
+  }
+  if (where != MBD_BDUR_MOVING || !r->orig) return false;
+  if (r->crashes >= POISON_CRASHES) {
+    snprintf(msg, sizeof msg,
+             "not re-sent: workers %s and %s both died while running this %s of a re-homed "
+             "session, so it may be what kills them (a poison request)",
+             r->crashed_on[0], r->crashed_on[1], mbd_cmd_name(r->cmd));
+    c->st.poisoned++;
+    req_fail(c, r, MBD_E_WORKER_LOST, msg);
+    return true;
+  }
+  r->retried = true;
+  if (r->internal && place(c, r)) return true;
+  /* Oldest first at the queue head: a session's STEPs must reach its new worker in order. */
+  if (*last) q_insert_before(c, r, (*last)->qnext);
+  else q_push(c, r, true);
+  *last = r;
+  return true;
+}
+
+/* After a restore ended: requests of sessions now lost hear why (the others
+ * are placed by drain_queue once their session is homed). */
+static void durable_wake(mbd_bcore *c) {
+  if (!c->wake) return;
+  c->wake = false;
+  for (breq *r = c->qhead; r;) {
+    breq *next = r->qnext;
+    const char *uid, *wid, *why;
+    if (r->is_session && mbd_bdurable_locate(c->durable, r->session_id, r->caller, &uid, &wid,
+                                             &why) == MBD_BDUR_LOST) {
+      q_del(c, r);
+      place(c, r); /* answers it with the reason */
+    }
+    r = next;
+  }
+  drain_queue(c);
+}
+
+/* A reply to a restore: FINAL {session} homes the session there, ERROR loses it. */
+static void restore_reply(mbd_bcore *c, breq *r, const mbd_bworker *w, const mbd_msg *m) {
+  char wid[2 * MBD_BW_UID_MAX] = "", msg[MBD_ERROR_MSG_MAX] = "";
+  mbd_body *body = NULL;
+  size_t blen = 0;
+  const void *b = mbd_msg_body(m, &blen);
+  if (!mbd_body_parse(b, blen, &body, NULL)) {
+    mbd_obj_str(mbd_body_root(body), "session", false, wid, sizeof wid, NULL);
+    mbd_obj_str(mbd_body_root(body), "message", false, msg, sizeof msg, NULL);
+  }
+  mbd_body_destroy(&body);
+  if (mbd_msg_cmd(m) == MBD_CMD_FINAL && wid[0]) {
+    mbd_bdurable_restored(c->durable, r->session_id, w->uid, wid);
+  } else {
+    char why[MBD_ERROR_MSG_MAX + MBD_BW_NAME_MAX + 64];
+    snprintf(why, sizeof why, "worker %s refused the restore: %s", w->name, msg);
+    mbd_bdurable_failed(c->durable, r->session_id, why, c->now_ms);
+  }
+  c->wake = true;
+}
+
 /* Fails over or fails every request on worker generation `gen` (removed already). */
 static void fail_over(mbd_bcore *c, uint64_t gen, const char *wname, const char *why, bool crash) {
   /* Detach first: placing one request may touch the lists. */
-  breq *lost = NULL;
+  breq *lost = NULL, *held = NULL; /* held: the last request queued by durable_hold */
   for (breq *r = c->all; r; r = r->anext) {
     if (r->state == RQ_WAITING || r->worker_gen != gen) continue;
     hash_del(c, r);
@@ -980,6 +1186,7 @@ static void fail_over(mbd_bcore *c, uint64_t gen, const char *wname, const char 
       req_fail(c, r, MBD_E_WORKER_LOST, msg);
       continue;
     }
+    if (durable_hold(c, r, &held)) continue;
     if (is_stateless(r->cmd) && r->orig) {
       r->retried = true;
       c->st.failovers++;
@@ -1004,17 +1211,31 @@ static void worker_lost(mbd_bcore *c, mbd_bworker *w, const char *why) {
   snprintf(name, sizeof name, "%s", w->name);
   MBD_LOGW(LOG, "worker %s (uid %s, route %.8s) dropped: %s", w->name, w->uid, w->route_id, why);
   c->st.workers_lost++;
+  char uid[MBD_BW_UID_MAX];
+  snprintf(uid, sizeof uid, "%s", w->uid);
   mbd_registry_remove(c->reg, w->ident, w->ident_len);
+  mbd_bdurable_rehome(c->durable, uid, name, restore_place, c, c->now_ms);
   fail_over(c, gen, name, why, true);
   drain_queue(c); /* queued requests that no longer match anything get NO_ROUTE */
   /* Queued requests for routes nobody serves any more: answer now, not at the deadline. */
   for (breq *r = c->qhead; r;) {
     breq *next = r->qnext;
     size_t nmatch = 0;
-    bool gone = r->is_session ? !mbd_registry_find_uid(c->reg, r->session_uid)
-                              : (select_for(c, r, &nmatch),
-                                 nmatch == 0);
-    if (gone) {
+    const char *suid = r->session_uid, *wid, *swhy;
+    mbd_bdur_where where = r->is_session ? mbd_bdurable_locate(c->durable, r->session_id,
+                                                               r->caller, &suid, &wid, &swhy)
+                                         : MBD_BDUR_NONE;
+    if (where == MBD_BDUR_MOVING) {
+      r = next;
+      continue; /* waits for its restore */
+    }
+    bool gone = where == MBD_BDUR_LOST ? true
+                : r->is_session        ? !mbd_registry_find_uid(c->reg, suid)
+                                       : (select_for(c, r, &nmatch), nmatch == 0);
+    if (gone && where == MBD_BDUR_LOST) {
+      q_del(c, r);
+      place(c, r); /* answers it with the reason */
+    } else if (gone) {
       if (r->is_session) session_lost(c, r);
       else no_route(c, r);
     }
@@ -1138,19 +1359,22 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   w->last_seen_ms = now;
   switch (cmd) {
   case MBD_CMD_HEARTBEAT: {
-    /* {load, sessions, draining?}: the open sessions are kept for STATUS; a
+    /* {load, sessions, draining?, prefix?}: the open sessions and the prefix
+     * cache (counters for STATUS, hashes for routing) are kept; a
      * worker that drains after SIGTERM gets no new work (capacity 0: it still
      * matches, so requests wait for other workers instead of failing
      * NO_ROUTE, and it keeps its running ones). */
-    static const char *const keys[] = {"sessions", "draining", NULL};
+    static const char *const keys[] = {"sessions", "draining", "prefix", NULL};
     mbd_body *body = NULL;
     size_t blen = 0;
     const void *b = mbd_msg_body(m, &blen);
     int64_t n = -1;
     bool draining = false;
-    if (blen && !mbd_body_parse_keys(b, blen, keys, 64, &body, NULL)) {
+    if (blen && !mbd_body_parse_keys(b, blen, keys, 2048, &body, NULL)) {
       mbd_obj_i64(mbd_body_root(body), "sessions", false, &n, NULL);
       mbd_obj_bool(mbd_body_root(body), "draining", false, &draining, NULL);
+      const msgpack_object *pv = mbd_obj_get(mbd_body_root(body), "prefix");
+      if (pv) mbd_bworker_read_prefix(w, pv);
     }
     mbd_body_destroy(&body);
     if (n >= 0) w->sessions = n;
@@ -1173,6 +1397,9 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     worker_lost(c, w, why);
     break;
   }
+  case MBD_CMD_CHECKPOINT:
+    mbd_bdurable_checkpoint(c->durable, &m, w->uid, w->route_id);
+    break;
   case MBD_CMD_PARTIAL:
   case MBD_CMD_FINAL:
   case MBD_CMD_ERROR: {
@@ -1184,6 +1411,17 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
       break;
     }
     bool last = cmd != MBD_CMD_PARTIAL;
+    if (r->internal) {
+      if (r->state == RQ_INFLIGHT && last) restore_reply(c, r, w, m);
+      if (last) {
+        if (w->inflight > 0) w->inflight--;
+        req_free(c, r);
+        drain_queue(c);
+      }
+      break;
+    }
+    /* What the session consumed, for its restore (zombies' replies too: the worker ran them). */
+    if (r->is_session) mbd_bdurable_reply(c->durable, r->session_id, r->cmd, r->token, m);
     bool gone = false;
     mbd_error verr = {0};
     if (r->state == RQ_INFLIGHT && cmd != MBD_CMD_ERROR &&
@@ -1226,6 +1464,7 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     break;
   }
 done:
+  durable_wake(c);
   mbd_msg_destroy(&m);
 }
 
@@ -1266,7 +1505,8 @@ static void probe_round(mbd_bcore *c, mbd_bdest d) {
     /* One probe per client identity: requests of one client are often adjacent. */
     bool dup = r->aprev && r->aprev->client_len == r->client_len &&
                !memcmp(r->aprev->client, r->client, r->client_len);
-    if (r->state != RQ_ZOMBIE && !dup && !client_reachable(c, r->client, r->client_len)) {
+    if (r->state != RQ_ZOMBIE && !dup && !r->internal &&
+        !client_reachable(c, r->client, r->client_len)) {
       uint8_t id[MBD_BW_IDENT_MAX];
       size_t il = r->client_len;
       memcpy(id, r->client, il);
@@ -1292,14 +1532,19 @@ static bool pid_alive(int64_t pid) {
 static void reclaim_close(void *ctx, const char *id, const char *worker_uid, const char *caller,
                           const char *why) {
   mbd_bcore *c = ctx;
+  const char *wid = id, *lost_why;
+  mbd_bdurable_locate(c->durable, id, NULL, &worker_uid, &wid, &lost_why); /* a re-homed session */
   mbd_bworker *w = mbd_registry_find_uid(c->reg, worker_uid);
+  char sid[2 * MBD_BW_UID_MAX];
+  snprintf(sid, sizeof sid, "%s", wid);
+  mbd_bdurable_forget(c->durable, id);
   if (!w || w->dead) return;
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
   msgpack_packer pk;
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   msgpack_pack_map(&pk, 2);
-  mbd_pack_kv_str(&pk, "session", id);
+  mbd_pack_kv_str(&pk, "session", sid);
   mbd_pack_str(&pk, "caller");
   msgpack_pack_map(&pk, 1);
   mbd_pack_kv_str(&pk, "id", caller);
@@ -1320,6 +1565,7 @@ void mbd_bcore_tick(mbd_bcore *c, int64_t now) {
   c->now_ms = now;
   if (now >= c->next_reap_ms) {
     mbd_breclaim_sweep(c->reclaim, pid_alive, reclaim_close, c, now, c->cfg.reclaim_grace_ms);
+    mbd_bdurable_sweep(c->durable, now);
     c->next_reap_ms = now + 1000;
   }
   for (int d = 0; d < 2; d++)
@@ -1367,6 +1613,7 @@ void mbd_bcore_tick(mbd_bcore *c, int64_t now) {
     }
     r = next;
   }
+  durable_wake(c);
 }
 
 int64_t mbd_bcore_next_due(const mbd_bcore *c, int64_t now) {
@@ -1396,7 +1643,7 @@ void mbd_bcore_abort(mbd_bcore *c, int64_t now) {
   mbd_bcore_shutdown(c, now); /* queued requests first, as in an orderly shutdown */
   for (breq *r = c->all; r;) {
     breq *next = r->anext;
-    if (r->state == RQ_INFLIGHT)
+    if (r->state == RQ_INFLIGHT && !r->internal)
       client_error(c, r->client, r->client_len, r->client_tag, MBD_E_WORKER_LOST,
                    "broker shut down before the worker answered");
     r = next;
@@ -1423,7 +1670,9 @@ int mbd_bcore_new(const mbd_broker_config *cfg, mbd_bcore_send_fn send, void *ct
     free(c);
     return rc;
   }
-  if (!(c->reclaim = mbd_breclaim_new())) {
+  if (!(c->reclaim = mbd_breclaim_new()) ||
+      mbd_bdurable_new((uint64_t)cfg->durable_mb << 20, &c->durable, err)) {
+    mbd_breclaim_destroy(&c->reclaim);
     mbd_registry_destroy(&c->reg);
     free(c);
     return mbd_error_set(err, MBD_E_NOMEM, "out of memory creating the broker");
@@ -1443,6 +1692,7 @@ void mbd_bcore_destroy(mbd_bcore **pc) {
   }
   mbd_registry_destroy(&c->reg);
   mbd_breclaim_destroy(&c->reclaim);
+  mbd_bdurable_destroy(&c->durable);
   free(c);
   *pc = NULL;
 }
@@ -1453,3 +1703,6 @@ size_t mbd_bcore_queue_len(const mbd_bcore *c) { return c->qlen; }
 size_t mbd_bcore_pending(const mbd_bcore *c) { return c->pending; }
 const mbd_bcore_stats *mbd_bcore_get_stats(const mbd_bcore *c) { return &c->st; }
 mbd_registry *mbd_bcore_registry(mbd_bcore *c) { return c->reg; }
+const mbd_bdurable_stats *mbd_bcore_durable_stats(const mbd_bcore *c) {
+  return mbd_bdurable_get_stats(c->durable);
+}

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "broker/durable.h"
 #include "broker/registry.h"
 #include "common/status.h"
 #include "common/wire.h"
@@ -43,6 +44,7 @@ typedef struct mbd_broker_config {
   int client_inflight;                /* unanswered requests one caller may have (1024); more -> BUSY */
   int reclaim_grace_ms;               /* --reclaim-grace-ms: a session's connection stays gone
                                          this long before the broker closes the session (5000) */
+  int64_t durable_mb;                 /* --durable-mb: session checkpoints held, MiB (1024; 0 = none) */
 } mbd_broker_config;
 
 void mbd_broker_config_defaults(mbd_broker_config *c);
@@ -120,5 +122,7 @@ size_t mbd_bcore_queue_len(const mbd_bcore *c);
 size_t mbd_bcore_pending(const mbd_bcore *c);
 const mbd_bcore_stats *mbd_bcore_get_stats(const mbd_bcore *c);
 mbd_registry *mbd_bcore_registry(mbd_bcore *c);
+/* Durable sessions' counters (re-homed sessions, replayed tokens, ...). */
+const mbd_bdurable_stats *mbd_bcore_durable_stats(const mbd_bcore *c);
 
 #endif

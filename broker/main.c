@@ -21,7 +21,7 @@ static void usage(FILE *f) {
           "                     [--default-digest NAME=DIGEST]... [--reclaim-grace-ms 5000]\n"
           "                     [--ipc-group GROUP] [--curve-secret FILE] [--client-keys SPEC]\n"
           "                     [--worker-keys SPEC] [--operator-keys SPEC]\n"
-          "                     [--insecure clients|workers]\n"
+          "                     [--insecure clients|workers] [--durable-mb 1024]\n"
           "Routes client requests to workers whose numeric route matches (docs/architecture.md).\n"
           "EP: ZeroMQ endpoints, e.g. tcp://*:5555 or ipc:///run/mambad/clients.\n"
           "--default-digest: requests for model NAME that pin no digest get only the weights\n"
@@ -30,6 +30,8 @@ static void usage(FILE *f) {
           "sockets get 0600 (0660 and the group with --ipc-group).\n"
           "--reclaim-grace-ms: sessions of a tcp client whose connection is gone are closed\n"
           "after this long, unless the same CURVE key sends a request meanwhile.\n"
+          "--durable-mb: session checkpoints (from workers with --checkpoint-tokens/-ms) the\n"
+          "broker holds to re-home sessions of a dead worker; 0 = none.\n"
           "tcp endpoints are CURVE servers (--curve-secret, keys from `mambad keygen`) admitting\n"
           "only the listed public keys (SPEC: a key, a file of keys, or a directory of *.pub);\n"
           "tcp without CURVE is refused unless --insecure names the endpoint. docs/security.md.\n");

@@ -301,6 +301,66 @@ mbd_bworker *mbd_registry_select(mbd_registry *r, const mbd_route_want *want, co
   return best;
 }
 
+bool mbd_bworker_read_prefix(mbd_bworker *w, const msgpack_object *v) {
+  if (!v || v->type != MSGPACK_OBJECT_MAP) return false;
+  mbd_bprefix p;
+  memset(&p, 0, sizeof p);
+  static const char *const keys[] = {"lookups", "hits", "hit_tokens", "inserts",
+                                     "evictions", "bytes", "entries"};
+  uint64_t *dst[] = {&p.lookups, &p.hits, &p.hit_tokens, &p.inserts,
+                     &p.evictions, &p.bytes, &p.entries};
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+    if (mbd_obj_u64(v, keys[i], false, dst[i], NULL)) return false;
+  const msgpack_object *h = mbd_obj_get(v, "hashes");
+  if (h) {
+    if (h->type != MSGPACK_OBJECT_ARRAY || h->via.array.size > MBD_PREFIX_HASHES_MAX) return false;
+    for (uint32_t i = 0; i < h->via.array.size; i++) {
+      if (h->via.array.ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER) return false;
+      p.hashes[p.nhashes++] = h->via.array.ptr[i].via.u64;
+    }
+  }
+  p.known = true;
+  w->prefix = p;
+  return true;
+}
+
+size_t mbd_bworker_prefix_match(const mbd_bworker *w, const uint64_t *h, size_t n) {
+  for (size_t i = n; i-- > 0;)
+    for (size_t k = 0; k < w->prefix.nhashes; k++)
+      if (w->prefix.hashes[k] == h[i]) return i + 1;
+  return 0;
+}
+
+mbd_bworker *mbd_registry_select_prefix(mbd_registry *r, const mbd_route_want *want,
+                                        const char *model, const char *digest,
+                                        const char *tokenizer, const uint64_t *h, size_t n,
+                                        const mbd_bworker *exclude, size_t *n_match) {
+  mbd_bworker *best = NULL;
+  size_t best_len = 0;
+  for (size_t i = 0; i < r->n && n; i++) {
+    mbd_bworker *w = &r->w[i];
+    if (w == exclude || w->dead || !mbd_bworker_matches(w, want, model, digest, tokenizer))
+      continue;
+    if ((int64_t)w->inflight * 100 >= (int64_t)w->capacity * MBD_PREFIX_ROUTE_LOAD_PCT) continue;
+    size_t len = mbd_bworker_prefix_match(w, h, n);
+    if (len && (len > best_len || (len == best_len && less_loaded(w, best)))) {
+      best = w;
+      best_len = len;
+    }
+  }
+  if (!best) return mbd_registry_select(r, want, model, digest, tokenizer, exclude, n_match);
+  if (n_match) { /* matching workers regardless of load, as mbd_registry_select counts them */
+    size_t m = 0;
+    for (size_t i = 0; i < r->n; i++) {
+      const mbd_bworker *w = &r->w[i];
+      m += w != exclude && !w->dead && mbd_bworker_matches(w, want, model, digest, tokenizer);
+    }
+    *n_match = m;
+  }
+  best->dispatch_seq = ++r->seq;
+  return best;
+}
+
 mbd_bworker *mbd_registry_select_ipc(mbd_registry *r, const mbd_route_want *want,
                                      const char *model, const char *digest,
                                      const char *tokenizer, const char *host_id, int device,

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "common/defaults.h"
+#include "common/prefix_hash.h"
 #include "common/protocol.h"
 #include "common/route.h"
 #include "common/status.h"
@@ -31,6 +32,16 @@ typedef struct mbd_bmodel {
   char digest[MBD_BW_DIGEST_MAX];           /* hex SHA-256 of the weights, as the worker reported */
   char tokenizer_digest[MBD_BW_DIGEST_MAX]; /* hex SHA-256 of tokenizer.json, "" when none */
 } mbd_bmodel;
+
+/* A worker's prefix state cache as its last HEARTBEAT `prefix` said:
+ * counters (for STATUS) and the routing hashes of the prefixes it holds
+ * (common/prefix_hash.h), most recently used first. */
+typedef struct mbd_bprefix {
+  bool known;          /* the worker reported a cache */
+  uint64_t lookups, hits, hit_tokens, inserts, evictions, bytes, entries;
+  uint64_t hashes[MBD_PREFIX_HASHES_MAX];
+  size_t nhashes;
+} mbd_bprefix;
 
 /* One registered worker (plain data, owned by the registry). */
 typedef struct mbd_bworker {
@@ -56,6 +67,7 @@ typedef struct mbd_bworker {
                                              remember it so a re-registered worker's old requests
                                              are told apart from new ones */
   bool dead;                              /* unreachable (send failed): expired at the next tick */
+  mbd_bprefix prefix;                     /* its prefix cache, from heartbeats */
   char peer_id[96];                       /* who registered it, as the reactor stamped the READY:
                                              "key:<z85>" (CURVE), "uid:<n>" (ipc), "" unknown */
 } mbd_bworker;
@@ -127,6 +139,22 @@ int mbd_registry_resolve_digest(mbd_registry *r, const mbd_route_want *want, con
 mbd_bworker *mbd_registry_select(mbd_registry *r, const mbd_route_want *want, const char *model,
                                  const char *digest, const char *tokenizer,
                                  const mbd_bworker *exclude, size_t *n_match);
+
+/* Reads a HEARTBEAT's `prefix` value {lookups, hits, hit_tokens, inserts,
+ * evictions, bytes, entries, hashes: [u64]} into w->prefix; a malformed one
+ * leaves w->prefix as it was and returns false. */
+bool mbd_bworker_read_prefix(mbd_bworker *w, const msgpack_object *v);
+/* How many of a request's routing hashes h[0..n) (ascending prefix lengths)
+ * w holds, as the longest: i + 1 for the last h[i] it advertises, 0 for none. */
+size_t mbd_bworker_prefix_match(const mbd_bworker *w, const uint64_t *h, size_t n);
+/* As mbd_registry_select, preferring the worker holding the longest of the
+ * prompt's cached prefixes h[0..n) among those whose in-flight load is under
+ * MBD_PREFIX_ROUTE_LOAD_PCT percent of their capacity (ties: the less
+ * loaded); none: mbd_registry_select's choice. */
+mbd_bworker *mbd_registry_select_prefix(mbd_registry *r, const mbd_route_want *want,
+                                        const char *model, const char *digest,
+                                        const char *tokenizer, const uint64_t *h, size_t n,
+                                        const mbd_bworker *exclude, size_t *n_match);
 
 /* As mbd_registry_select, for requests carrying CUDA IPC tensors: only GPU
  * workers on the client's host (host_id equal, device >= 0) match; among

@@ -329,6 +329,13 @@ static int cmd_status(int argc, char **argv) {
     }
     printf("%-16s %-14.12s %-9s %-8s %-8" PRId64 " %s%s\n", w->name, w->route_id, load, sess, w->pid,
            models, w->alive ? "" : "  (not responding)");
+    if (w->has_prefix_cache) {
+      const mbd_prefix_cache_info *x = &w->prefix_cache;
+      printf("  prefix cache: %" PRId64 " lookups, %" PRId64 " hits, %" PRId64 " hit tokens, %" PRId64
+             " entries (%.1f MiB), %" PRId64 " inserts, %" PRId64 " evictions\n",
+             x->lookups, x->hits, x->hit_tokens, x->entries, (double)x->bytes / (1 << 20), x->inserts,
+             x->evictions);
+    }
     if (o.full) {
       printf("  uid %s, host %s, up %.1f s, last heartbeat %" PRId64 " ms ago\n  route id %s\n", w->uid,
              w->host_id[0] ? w->host_id : "-", w->uptime_ms / 1000.0, w->heartbeat_age_ms, w->route_id);
@@ -748,7 +755,7 @@ static int cmd_generate(int argc, char **argv) {
     }
     sc.text = text_out;
     char reason[16];
-    int grc = mbd_session_open(c, NULL, o.model, &s, &err);
+    int grc = mbd_session_open_prompt(c, NULL, o.model, out + b * (T + N), T, 0, NULL, 0, &s, &err);
     if (!grc) trace_line("generate", &o, c, "open");
     if (!grc && !(grc = mbd_session_prefill(s, NULL, &in, true, &last, &err)))
       trace_line("generate", &o, c, "prefill");

@@ -23,6 +23,8 @@
 #include <zmq.h>
 
 #include "common/curve.h"
+#include "common/defaults.h"
+#include "common/prefix_hash.h"
 #include "common/protocol.h"
 #include "common/wire.h"
 
@@ -654,6 +656,18 @@ static int parse_worker(const msgpack_object *w, mbd_worker_info *wi, mbd_error 
   wi->sessions = int_field(w, "sessions", -1);
   wi->heartbeat_age_ms = int_field(w, "heartbeat_age_ms", -1);
   wi->uptime_ms = int_field(w, "uptime_ms", -1);
+  const msgpack_object *pc = mbd_obj_get(w, "prefix_cache");
+  if (pc && pc->type == MSGPACK_OBJECT_MAP) {
+    mbd_prefix_cache_info *x = &wi->prefix_cache;
+    wi->has_prefix_cache = true;
+    x->lookups = int_field(pc, "lookups", 0);
+    x->hits = int_field(pc, "hits", 0);
+    x->hit_tokens = int_field(pc, "hit_tokens", 0);
+    x->inserts = int_field(pc, "inserts", 0);
+    x->evictions = int_field(pc, "evictions", 0);
+    x->bytes = int_field(pc, "bytes", 0);
+    x->entries = int_field(pc, "entries", 0);
+  }
   wi->alive = true;
   const msgpack_object *a = mbd_obj_get(w, "alive");
   if (a && a->type == MSGPACK_OBJECT_BOOLEAN) wi->alive = a->via.boolean;
@@ -849,8 +863,9 @@ static int open_session(mbd_client *c, int64_t dl, uint8_t cmd, req_body *rb,
   return rc;
 }
 
-int mbd_session_open(mbd_client *c, const mbd_call_opts *o, const char *model, mbd_session **out,
-                     mbd_error *err) {
+/* OPEN, with the routing hashes h[0..nh) as `prefix` when nh > 0. */
+static int open_with(mbd_client *c, const mbd_call_opts *o, const char *model, const uint64_t *h,
+                     size_t nh, mbd_session **out, mbd_error *err) {
   *out = NULL;
   if (!model || !*model) return mbd_error_set(err, MBD_E_INVALID, "open: no model name given");
   size_t nmk = 0;
@@ -859,9 +874,37 @@ int mbd_session_open(mbd_client *c, const mbd_call_opts *o, const char *model, m
   int64_t dl = deadline_(c, o);
   req_body rb;
   body_init(&rb);
-  route_head(&rb.pk, c, dl, route_(c, o), nmk);
+  route_head(&rb.pk, c, dl, route_(c, o), nmk + (nh > 0));
   pack_model(&rb.pk, model, &nmk, NULL);
+  if (nh) {
+    mbd_pack_str(&rb.pk, "prefix");
+    msgpack_pack_array(&rb.pk, nh);
+    for (size_t i = 0; i < nh; i++) msgpack_pack_uint64(&rb.pk, h[i]);
+  }
   return open_session(c, dl, MBD_CMD_OPEN, &rb, NULL, 0, model, out, err);
+}
+
+int mbd_session_open(mbd_client *c, const mbd_call_opts *o, const char *model, mbd_session **out,
+                     mbd_error *err) {
+  return open_with(c, o, model, NULL, 0, out, err);
+}
+
+int mbd_session_open_prompt(mbd_client *c, const mbd_call_opts *o, const char *model,
+                            const int64_t *prompt, int64_t n, int64_t block,
+                            const int64_t *points, size_t npoints, mbd_session **out,
+                            mbd_error *err) {
+  *out = NULL;
+  if (!model || !*model) return mbd_error_set(err, MBD_E_INVALID, "open: no model name given");
+  if (n < 0 || (n > 0 && !prompt) || (npoints && !points) || npoints > MBD_PREFIX_POINTS_MAX)
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "open: a prompt of n >= 0 tokens and at most %d cache points",
+                         MBD_PREFIX_POINTS_MAX);
+  char name[64]; /* the hashes are of the registry name, without "@digest" */
+  snprintf(name, sizeof name, "%.*s", (int)strcspn(model, "@"), model);
+  uint64_t h[MBD_PREFIX_HASHES_MAX];
+  size_t nh = mbd_prefix_route_hashes(name, prompt, n, block > 0 ? block : MBD_DEFAULT_PREFIX_BLOCK,
+                                      points, npoints, h, MBD_PREFIX_HASHES_MAX);
+  return open_with(c, o, model, h, nh, out, err);
 }
 
 const char *mbd_session_id(const mbd_session *s) { return s->id; }
@@ -876,16 +919,31 @@ static void session_head(msgpack_packer *pk, const mbd_session *s, int64_t dl, s
 
 int mbd_session_prefill(mbd_session *s, const mbd_call_opts *o, const mbd_tensor_in *input_ids,
                         bool last_only, mbd_tensor_out *logits, mbd_error *err) {
+  return mbd_session_prefill_cached(s, o, input_ids, last_only, NULL, 0, logits, err);
+}
+
+int mbd_session_prefill_cached(mbd_session *s, const mbd_call_opts *o,
+                               const mbd_tensor_in *input_ids, bool last_only,
+                               const int64_t *points, size_t npoints, mbd_tensor_out *logits,
+                               mbd_error *err) {
   memset(logits, 0, sizeof *logits);
   int rc = check_in(input_ids, "prefill input_ids", err);
   if (rc != 0) return rc;
+  if (npoints > MBD_PREFIX_POINTS_MAX || (npoints && !points))
+    return mbd_error_set(err, MBD_E_INVALID, "prefill: at most %d cache points",
+                         MBD_PREFIX_POINTS_MAX);
   const char *names[1] = {"input_ids"};
   const mbd_tensor_in *ts[1] = {input_ids};
   int64_t dl = deadline_(s->c, o);
   req_body rb;
   body_init(&rb);
-  session_head(&rb.pk, s, dl, 1 + last_only);
+  session_head(&rb.pk, s, dl, 1 + last_only + (npoints > 0));
   if (last_only) mbd_pack_kv_bool(&rb.pk, "last_only", true);
+  if (npoints) {
+    mbd_pack_str(&rb.pk, "cache_points");
+    msgpack_pack_array(&rb.pk, npoints);
+    for (size_t i = 0; i < npoints; i++) msgpack_pack_int64(&rb.pk, points[i]);
+  }
   uint32_t frame = 0;
   pack_tensors(&rb.pk, "tensors", names, ts, 1, &frame);
   return roundtrip_tensor(s->c, dl, MBD_CMD_PREFILL, &rb, ts, 1, NULL, logits, err);

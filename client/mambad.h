@@ -147,6 +147,17 @@ typedef struct mbd_model_entry {
   bool is_default;  /* the deployment's default for the name */
 } mbd_model_entry;
 
+/* A worker's prefix state cache, from its heartbeats (docs/architecture.md). */
+typedef struct mbd_prefix_cache_info {
+  int64_t lookups;    /* PREFILLs of fresh sessions that asked for a cached prefix */
+  int64_t hits;       /* of those, the ones that found one */
+  int64_t hit_tokens; /* prompt tokens not prefilled thanks to hits */
+  int64_t inserts;    /* prefix states stored */
+  int64_t evictions;  /* dropped for the memory budget */
+  int64_t bytes;      /* held now */
+  int64_t entries;    /* held now */
+} mbd_prefix_cache_info;
+
 typedef struct mbd_worker_info {
   char name[64];
   char uid[64];
@@ -162,6 +173,8 @@ typedef struct mbd_worker_info {
   bool alive;           /* heard from within the liveness window */
   size_t n_models;
   mbd_model_info *models;
+  bool has_prefix_cache;            /* the worker reports a prefix state cache */
+  mbd_prefix_cache_info prefix_cache;
 } mbd_worker_info;
 
 /* A worker that reported it could not start (e.g. a model that does not
@@ -221,6 +234,29 @@ const char *mbd_session_model_digest(const mbd_session *s);
 /* Feeds tokens (I64 [T] or [1,T]) -> logits F32 [T,V] ([1,V] when last_only). */
 int mbd_session_prefill(mbd_session *s, const mbd_call_opts *o, const mbd_tensor_in *input_ids,
                         bool last_only, mbd_tensor_out *logits, mbd_error *err);
+
+/* Prefix state cache (docs/architecture.md "Prefix state cache"). A worker
+ * keeps the state of a fresh session's prompt at every multiple of its
+ * --prefix-block and at the cache points a PREFILL marks; a later last_only
+ * PREFILL of a fresh session whose prompt starts with a held prefix restores
+ * it and computes only the rest, with the same bits. */
+
+/* As mbd_session_open, for a session whose first PREFILL will be
+ * prompt[0..n): the OPEN carries the routing hashes of the prompt's prefix
+ * boundaries (multiples of block, 0 = the workers' default 256, and
+ * points[0..npoints)), so the broker opens it on the worker holding the
+ * longest cached prefix while that worker has room. */
+int mbd_session_open_prompt(mbd_client *c, const mbd_call_opts *o, const char *model,
+                            const int64_t *prompt, int64_t n, int64_t block,
+                            const int64_t *points, size_t npoints, mbd_session **out,
+                            mbd_error *err);
+/* As mbd_session_prefill, also marking cache points: prefix lengths in
+ * (0, T] (at most 64) where the worker keeps the state besides its block
+ * multiples (the end of a system prompt, of few-shot examples). */
+int mbd_session_prefill_cached(mbd_session *s, const mbd_call_opts *o,
+                               const mbd_tensor_in *input_ids, bool last_only,
+                               const int64_t *points, size_t npoints, mbd_tensor_out *logits,
+                               mbd_error *err);
 /* One token -> logits F32 [V]. */
 int mbd_session_step(mbd_session *s, const mbd_call_opts *o, int64_t token,
                      mbd_tensor_out *logits, mbd_error *err);

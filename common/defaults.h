@@ -42,7 +42,27 @@
 /* Most tokens one FORWARD or PREFILL slice computes before live sessions'
  * steps get their turn (worker --slice-tokens). */
 #define MBD_DEFAULT_SLICE_TOKENS 512
+/* Prefix state cache: host memory per model, MiB (worker --prefix-cache-mb; 0 = off), and
+ * the block size of its boundaries, tokens (worker --prefix-block; 0 = off; libmambad
+ * hashes a prompt's blocks at this size for the broker's prefix routing). */
+#define MBD_DEFAULT_PREFIX_CACHE_MB 256
+#define MBD_PREFIX_CACHE_MB_MAX (1 << 20)
+#define MBD_DEFAULT_PREFIX_BLOCK 256
+/* The broker prefers the worker holding a request's longest cached prefix
+ * while that worker's in-flight load is under this percentage of its capacity. */
+#define MBD_PREFIX_ROUTE_LOAD_PCT 75
 /* Grace for work already on its way after SIGTERM, ms (worker --drain-ms). */
 #define MBD_DEFAULT_DRAIN_MS 5000
+/* Durable sessions: a worker checkpoints a session's state to the broker after
+ * this many consumed tokens (worker --checkpoint-tokens) or this many ms with
+ * tokens consumed since the last one (worker --checkpoint-ms); 0 = off. */
+#define MBD_DEFAULT_CHECKPOINT_TOKENS 0
+#define MBD_DEFAULT_CHECKPOINT_MS 0
+/* Bytes of session checkpoints the broker holds, MiB (broker --durable-mb);
+ * 0 = the broker keeps none (sessions die with their worker). */
+#define MBD_DEFAULT_DURABLE_MB 1024
+/* Tokens the broker logs per session since its last checkpoint; past it the
+ * session is not durable until its next checkpoint. */
+#define MBD_DURABLE_LOG_MAX 65536
 
 #endif

@@ -34,6 +34,7 @@ const char *mbd_cmd_name(int cmd) {
   case MBD_CMD_READY: return "READY";
   case MBD_CMD_HEARTBEAT: return "HEARTBEAT";
   case MBD_CMD_DISCONNECT: return "DISCONNECT";
+  case MBD_CMD_CHECKPOINT: return "CHECKPOINT";
   default: return "unknown";
   }
 }

@@ -33,6 +33,9 @@ struct mbd_wconn {
   bool refused;               /* the broker refused READY: err says why, never retried */
   _Atomic uint64_t load, sessions; /* published by the compute thread */
   atomic_bool draining;       /* set by the compute thread on SIGTERM */
+  pthread_mutex_t pfx_mu;     /* guards pfx: the compute thread writes, the I/O thread reads */
+  uint8_t pfx[1024];          /* the heartbeat's `prefix` value (msgpack), pfx_len bytes */
+  size_t pfx_len;
   double last_heard, next_hb; /* I/O thread's clock, seconds */
 };
 
@@ -51,6 +54,7 @@ int mbd_wconn_new(const mbd_wstate *st, mbd_wconn **out, mbd_error *err) {
   atomic_init(&c->load, 0);
   atomic_init(&c->sessions, 0);
   atomic_init(&c->draining, false);
+  pthread_mutex_init(&c->pfx_mu, NULL);
   if (!(c->zctx = zmq_ctx_new())) {
     free(c);
     return mbd_error_set(err, MBD_E_IO, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
@@ -72,6 +76,7 @@ void mbd_wconn_destroy(mbd_wconn **pc) {
   if (c->pipe_io) zmq_close(c->pipe_io);
   if (c->pipe_cmp) zmq_close(c->pipe_cmp);
   if (c->zctx) zmq_ctx_term(c->zctx);
+  pthread_mutex_destroy(&c->pfx_mu);
   free(c);
   *pc = NULL;
 }
@@ -100,6 +105,13 @@ void mbd_wconn_send(void *ctx, mbd_msg **m) {
 void mbd_wconn_publish(mbd_wconn *c, uint64_t load, uint64_t sessions) {
   atomic_store(&c->load, load);
   atomic_store(&c->sessions, sessions);
+}
+
+void mbd_wconn_publish_prefix(mbd_wconn *c, const void *packed, size_t len) {
+  pthread_mutex_lock(&c->pfx_mu);
+  c->pfx_len = len <= sizeof c->pfx ? len : 0;
+  if (c->pfx_len) memcpy(c->pfx, packed, c->pfx_len);
+  pthread_mutex_unlock(&c->pfx_mu);
 }
 
 /* Sends a control message (tag 0) whose body is in sb (consumed). */
@@ -144,15 +156,21 @@ static void send_ready(mbd_wconn *c) {
   send_ctl_body(c, MBD_CMD_READY, &sb);
 }
 
-/* HEARTBEAT {load, sessions[, draining: true]} into sb. */
+/* HEARTBEAT {load, sessions[, draining: true][, prefix]} into sb. */
 static void heartbeat_body(mbd_wconn *c, msgpack_sbuffer *sb) {
   msgpack_packer pk;
   msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
   bool draining = atomic_load(&c->draining);
-  msgpack_pack_map(&pk, draining ? 3 : 2);
+  pthread_mutex_lock(&c->pfx_mu);
+  msgpack_pack_map(&pk, 2 + draining + (c->pfx_len > 0));
   mbd_pack_kv_u64(&pk, "load", atomic_load(&c->load));
   mbd_pack_kv_u64(&pk, "sessions", atomic_load(&c->sessions));
   if (draining) mbd_pack_kv_bool(&pk, "draining", true);
+  if (c->pfx_len) {
+    mbd_pack_str(&pk, "prefix");
+    msgpack_sbuffer_write(sb, (const char *)c->pfx, c->pfx_len);
+  }
+  pthread_mutex_unlock(&c->pfx_mu);
 }
 
 static void send_heartbeat(mbd_wconn *c) {

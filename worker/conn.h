@@ -50,6 +50,9 @@ int mbd_wconn_poll(mbd_wconn *c, long timeout_ms, mbd_error *err);
 int mbd_wconn_recv(mbd_wconn *c, mbd_msg **out, mbd_error *err);
 /* Compute side: the load and session count the next HEARTBEAT reports. */
 void mbd_wconn_publish(mbd_wconn *c, uint64_t load, uint64_t sessions);
+/* Compute side: one msgpack value (len bytes, copied; len 0 = none) that the
+ * next HEARTBEATs carry as `prefix` (the prefix cache's counters and hashes). */
+void mbd_wconn_publish_prefix(mbd_wconn *c, const void *packed, size_t len);
 
 /* Compute side, on SIGTERM: every HEARTBEAT from now on carries
  * `draining: true` (one goes out at once), so the broker sends no new work. */

@@ -10,6 +10,7 @@
 
 #include "common/log.h"
 #include "common/protocol.h"
+#include "worker/checkpoint.h"
 #include "worker/models.h"
 #include "worker/reply.h"
 #include "worker/request.h"
@@ -228,8 +229,10 @@ static int h_open(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *er
   int rc = mbd_wsession_admit(st->sessions, q->caller.id, st->o.client_sessions, err);
   if (rc || (rc = mbd_wstate_session_new(st, mi, &s, err))) return rc;
   mbd_wsession_own(s, q->caller.id);
+  ((mbd_wsess_data *)s->user)->fresh = true; /* its first PREFILL may use the prefix cache */
   MBD_LOGD(LOGC, "opened session %s (%s)", s->id, q->model);
   mbd_wreply_fields_str(st, tag, "session", s->id);
+  mbd_wckpt_emit(st, s); /* the base a durable session is restored from */
   return MBD_OK;
 }
 
@@ -276,12 +279,19 @@ static int h_step(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *er
                                deadline_of(st, q), err);
 }
 
-static int h_generate(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
+static int h_generate(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint64_t tag,
+                      mbd_error *err) {
   mbd_wsession *s;
   mbd_wsess_data *ws;
   int rc = get_session(st, q, &s, &ws, err);
   if (rc) return rc;
-  return mbd_wsched_generate(st, s, tag, q, err);
+  int64_t *done = NULL, ndone = 0; /* a loop continued after its session was re-homed */
+  if ((rc = mbd_wckpt_resume_tokens(msg, q->max_tokens, st->models[s->model].vocab, &done, &ndone,
+                                    err)))
+    return rc;
+  rc = mbd_wsched_generate_resume(st, s, tag, q, done, ndone, err);
+  free(done);
+  return rc;
 }
 
 static int h_export(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *err) {
@@ -291,24 +301,9 @@ static int h_export(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *
   if (rc) return rc;
   if ((rc = mbd_wsched_check_no_step(st, s, err))) return rc;
   mbd_wmodel *m = &st->models[s->model];
-  mbd_state_blob_info info;
-  memset(&info, 0, sizeof info);
-  snprintf(info.model, sizeof info.model, "%s", m->name);
-  memcpy(info.model_digest, m->digest, sizeof info.model_digest);
-  memcpy(info.route_id, st->route_id, sizeof info.route_id);
-  info.state_bytes = st->be->ops->state_bytes((const mbd_bstate *)s->state);
-  info.vocab = (uint64_t)m->vocab;
-  info.has_logits = ws->has_logits;
-  size_t size = mbd_state_blob_size(info.state_bytes, info.vocab, info.has_logits);
-  void *blob = size ? malloc(size) : NULL;
-  if (!blob) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for a %zu-byte export", size);
-  void *sdst, *ldst;
-  mbd_state_blob_write_header(blob, size, &info, &sdst, &ldst);
-  if ((rc = st->be->ops->state_save((const mbd_bstate *)s->state, sdst, info.state_bytes, err))) {
-    free(blob);
-    return rc;
-  }
-  if (ldst) memcpy(ldst, ws->logits, (size_t)m->vocab * sizeof(float));
+  void *blob = NULL;
+  size_t size = 0;
+  if ((rc = mbd_wckpt_blob(st, s, &blob, &size, err))) return rc;
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
   msgpack_packer pk;
@@ -381,8 +376,10 @@ static int h_import(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint6
   mbd_wsess_data *ws = s->user;
   ws->has_logits = info.has_logits;
   if (info.has_logits) memcpy(ws->logits, info.logits, (size_t)m->vocab * sizeof(float));
+  if ((rc = mbd_wckpt_replay(st, msg, s, err))) goto fail; /* a re-homed session's tokens since */
   MBD_LOGD(LOGC, "imported session %s (%s)", s->id, m->name);
   mbd_wreply_fields_str(st, tag, "session", s->id);
+  mbd_wckpt_emit(st, s);
   s = NULL;
 fail:
   if (s) mbd_wsession_close(st->sessions, s);
@@ -451,7 +448,7 @@ void mbd_whandle_request(mbd_wstate *st, mbd_msg *msg) {
   case MBD_CMD_OPEN: rc = h_open(st, q, tag, &err); break;
   case MBD_CMD_PREFILL: rc = h_prefill(st, msg, q, tag, &err); break;
   case MBD_CMD_STEP: rc = h_step(st, q, tag, &err); break;
-  case MBD_CMD_GENERATE: rc = h_generate(st, q, tag, &err); break;
+  case MBD_CMD_GENERATE: rc = h_generate(st, msg, q, tag, &err); break;
   case MBD_CMD_EXPORT: rc = h_export(st, q, tag, &err); break;
   case MBD_CMD_IMPORT: rc = h_import(st, msg, q, tag, &err); break;
   case MBD_CMD_CLOSE: rc = h_close(st, q, tag, &err); break;

@@ -16,9 +16,14 @@ const char *mbd_worker_usage(void) {
          "         [--capacity N] [--sessions N] [--client-sessions N] [--max-batch N]\n"
          "         [--heartbeat-ms MS] [--liveness N] [--session-idle-s S] [--host-id ID]\n"
          "         [--max-message-mb N] [--slice-tokens N] [--drain-ms MS]\n"
+         "         [--checkpoint-tokens N] [--checkpoint-ms MS]\n"
+         "         [--prefix-cache-mb N] [--prefix-block N]\n"
          "         [--curve-secret FILE --server-key KEY|FILE]\n"
          "--capacity: requests the broker sends at once (1..4096, default 64);\n"
-         "--sessions: session slots (default: the capacity); both defaults: common/defaults.h\n";
+         "--sessions: session slots (default: the capacity); both defaults: common/defaults.h\n"
+         "--checkpoint-tokens/--checkpoint-ms: durable sessions (docs/architecture.md), 0 = off\n"
+         "--prefix-cache-mb: prefix state cache per model (default 256; 0 = off);\n"
+         "--prefix-block: tokens between cached prefix boundaries (default 256; 0 = off)\n";
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi, long *out, mbd_error *err) {
@@ -55,6 +60,10 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
   o->session_idle_s = MBD_DEFAULT_SESSION_IDLE_S;
   o->slice_tokens = MBD_DEFAULT_SLICE_TOKENS;
   o->drain_ms = MBD_DEFAULT_DRAIN_MS;
+  o->checkpoint_tokens = MBD_DEFAULT_CHECKPOINT_TOKENS;
+  o->checkpoint_ms = MBD_DEFAULT_CHECKPOINT_MS;
+  o->prefix_cache_mb = MBD_DEFAULT_PREFIX_CACHE_MB;
+  o->prefix_block = MBD_DEFAULT_PREFIX_BLOCK;
   o->max_message_bytes = (size_t)MBD_DEFAULT_MAX_MESSAGE_MB << 20;
   int rc;
   long v = 0;
@@ -142,9 +151,21 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
     } else if (!strcmp(a, "--slice-tokens")) {
       if ((rc = parse_int(a, val, 1, 1 << 24, &v, err))) return rc;
       o->slice_tokens = (int)v;
+    } else if (!strcmp(a, "--prefix-cache-mb")) {
+      if ((rc = parse_int(a, val, 0, MBD_PREFIX_CACHE_MB_MAX, &v, err))) return rc;
+      o->prefix_cache_mb = (size_t)v;
+    } else if (!strcmp(a, "--prefix-block")) {
+      if ((rc = parse_int(a, val, 0, 1 << 24, &v, err))) return rc;
+      o->prefix_block = (int)v;
     } else if (!strcmp(a, "--drain-ms")) {
       if ((rc = parse_int(a, val, 0, 3600000, &v, err))) return rc;
       o->drain_ms = (int)v;
+    } else if (!strcmp(a, "--checkpoint-tokens")) {
+      if ((rc = parse_int(a, val, 0, 1 << 24, &v, err))) return rc;
+      o->checkpoint_tokens = (int)v;
+    } else if (!strcmp(a, "--checkpoint-ms")) {
+      if ((rc = parse_int(a, val, 0, 3600000, &v, err))) return rc;
+      o->checkpoint_ms = (int)v;
     } else if (!strcmp(a, "--session-idle-s")) {
       if ((rc = parse_int(a, val, 0, 100L * 86400, &v, err))) return rc;
       o->session_idle_s = (double)v;

@@ -44,6 +44,12 @@ typedef struct mbd_worker_opts {
   size_t max_message_bytes;          /* --max-message-mb */
   int slice_tokens;                  /* --slice-tokens: tokens of FORWARD/PREFILL per compute slice */
   int drain_ms;                      /* --drain-ms: after SIGTERM, time to finish started work */
+  int checkpoint_tokens;             /* --checkpoint-tokens: checkpoint a session to the broker
+                                        after this many consumed tokens (0 = off) */
+  int checkpoint_ms;                 /* --checkpoint-ms: ... or after this many ms with tokens
+                                        consumed since the last checkpoint (0 = off) */
+  size_t prefix_cache_mb;            /* --prefix-cache-mb: prefix state cache per model; 0 = off */
+  int prefix_block;                  /* --prefix-block: tokens between cached boundaries; 0 = off */
 } mbd_worker_opts;
 
 /* Defaults, then argv (argv[0] skipped). MBD_E_INVALID naming the flag and the

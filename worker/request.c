@@ -139,6 +139,9 @@ static int decode_one(uint8_t cmd, const msgpack_object *root, mbd_wreq *r, mbd_
     if ((rc = mbd_obj_str(root, "session", true, r->session, sizeof r->session, err))) return rc;
     if (cmd == MBD_CMD_PREFILL) {
       if ((rc = mbd_obj_bool(root, "last_only", false, &r->last_only, err))) return rc;
+      if ((rc = mbd_obj_i64_array(root, "cache_points", false, r->cache_points,
+                                  MBD_PREFIX_POINTS_MAX, &r->ncache_points, err)))
+        return rc;
       if ((rc = decode_tensors(root, "tensors", true, r->tensors, &r->ntensors, err))) return rc;
       if (r->ntensors != 1)
         return mbd_error_set(err, MBD_E_INVALID, "prefill takes tensors [input_ids I64 [T]]");

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/prefix_hash.h"
 #include "common/protocol.h"
 #include "common/status.h"
 #include "common/wire.h"
@@ -39,6 +40,8 @@ typedef struct mbd_wreq {
   int64_t deadline_ms;                /* relative; 0 = none */
   mbd_wcaller caller;                 /* who sent it (every command) */
   bool last_only;                     /* FORWARD, PREFILL */
+  int64_t cache_points[MBD_PREFIX_POINTS_MAX]; /* PREFILL: prefix lengths to cache (besides blocks) */
+  size_t ncache_points;
   mbd_dtype dtype;                    /* GEMM: storage dtype of A and B (default f32) */
   int64_t token;                      /* STEP */
   /* GENERATE */

@@ -9,6 +9,8 @@
 
 #include "common/log.h"
 #include "kernels/model/sampler.h"
+#include "worker/checkpoint.h"
+#include "worker/prefix_job.h"
 #include "worker/reply.h"
 
 #define LOGC MBD_WSTATE_LOG
@@ -42,8 +44,15 @@ int mbd_wsched_check_no_step(const mbd_wstate *st, const mbd_wsession *s, mbd_er
   return MBD_OK;
 }
 
+static const char *gen_end_reason(const mbd_wgen *g, int64_t tok);
+
 int mbd_wsched_generate(mbd_wstate *st, mbd_wsession *s, uint64_t tag, const mbd_wreq *q,
                         mbd_error *err) {
+  return mbd_wsched_generate_resume(st, s, tag, q, NULL, 0, err);
+}
+
+int mbd_wsched_generate_resume(mbd_wstate *st, mbd_wsession *s, uint64_t tag, const mbd_wreq *q,
+                               const int64_t *done, int64_t ndone, mbd_error *err) {
   mbd_wsess_data *ws = s->user;
   int rc;
   if (!ws->has_logits)
@@ -70,6 +79,15 @@ int mbd_wsched_generate(mbd_wstate *st, mbd_wsession *s, uint64_t tag, const mbd
   g->nstop = q->nstop;
   g->partial_every = q->partial_every;
   g->deadline = q->deadline_ms > 0 ? mbd_wstate_now(st) + (double)q->deadline_ms / 1000.0 : 0;
+  if (ndone > 0) {
+    memcpy(g->tokens, done, (size_t)ndone * sizeof *done);
+    g->n = g->sent = ndone;
+    if (gen_end_reason(g, done[ndone - 1])) { /* it ended before its FINAL was lost */
+      mbd_wreply_gen_final(st, tag, g->tokens, g->n, gen_end_reason(g, done[ndone - 1]), 1);
+      mbd_wgen_free(g);
+      return MBD_OK;
+    }
+  }
   ws->gen = g;
   s->busy = true;
   st->ngen++;
@@ -85,6 +103,7 @@ uint64_t mbd_wsched_load(const mbd_wstate *st) {
 }
 
 size_t mbd_wsched_expire(mbd_wstate *st) {
+  mbd_wckpt_expiring(st, mbd_wstate_now(st), st->o.session_idle_s);
   return mbd_wsession_expire(st->sessions, mbd_wstate_now(st), st->o.session_idle_s);
 }
 
@@ -104,6 +123,7 @@ static void gen_finish(mbd_wstate *st, mbd_wsession *s, const char *reason,
   s->busy = false;
   s->last_used = mbd_wstate_now(st);
   st->ngen--;
+  mbd_wckpt_settle(st, s);
 }
 
 static void gen_partial(mbd_wstate *st, mbd_wgen *g) {
@@ -127,12 +147,13 @@ static const char *gen_end_reason(const mbd_wgen *g, int64_t tok) {
 
 /* Whether row r's logits must reach its session after this step: always
  * unless its next token is picked on the device (dev_pick and a greedy
- * GENERATE row that goes on), so a session's logits are current whenever it
- * is not generating. */
-static bool row_needs_logits(const mbd_wrow *r, bool dev_pick) {
+ * GENERATE row that goes on and is not due for a checkpoint), so a
+ * session's logits are current whenever it is not generating. */
+static bool row_needs_logits(const mbd_wstate *st, const mbd_wrow *r, bool dev_pick) {
   if (!dev_pick || r->step) return true;
   const mbd_wgen *g = ((const mbd_wsess_data *)r->s->user)->gen;
-  return g->sampling.temperature > 0.0f || gen_end_reason(g, r->token) != NULL;
+  return g->sampling.temperature > 0.0f || gen_end_reason(g, r->token) != NULL ||
+         mbd_wckpt_due_tokens(st, r->s, 1); /* a checkpoint after this step needs them */
 }
 
 /* One batched step for model mi over queued STEPs and active GENERATE loops.
@@ -200,6 +221,7 @@ static size_t tick_model(mbd_wstate *st, int mi, double now) {
   if (n == 0) return 0;
   for (size_t i = 0; i < n; i++) {
     st->bstates[i] = (mbd_bstate *)st->rows[i].s->state;
+    ((mbd_wsess_data *)st->rows[i].s->user)->fresh = false;
     st->btokens[i] = st->rows[i].token;
   }
   /* Greedy GENERATE rows may take their next token from the device; logits
@@ -214,7 +236,7 @@ static size_t tick_model(mbd_wstate *st, int mi, double now) {
       if (!r->step && ws->gen->sampling.temperature <= 0.0f) dev_pick = true;
     }
     for (size_t i = 0; i < n && dev_pick && !need_logits; i++)
-      need_logits = row_needs_logits(&st->rows[i], true);
+      need_logits = row_needs_logits(st, &st->rows[i], true);
   }
   mbd_error e = {0};
   int rc = dev_pick ? st->be->ops->step_greedy(st->be, m->bm, st->bstates, st->btokens,
@@ -231,13 +253,14 @@ static size_t tick_model(mbd_wstate *st, int mi, double now) {
     r->s->last_used = t;
     /* Only rows that need them copy their logits out: a tick where a few
      * rows finish must not copy [n,V] into every session (V floats each). */
-    if (!rc && have_logits && row_needs_logits(r, dev_pick)) {
+    if (!rc && have_logits && row_needs_logits(st, r, dev_pick)) {
       memcpy(ws->logits, row, (size_t)m->vocab * sizeof(float));
       ws->has_logits = true;
       ws->logits_stale = false;
     } else if (!rc) {
       ws->logits_stale = true;
     }
+    if (!rc) mbd_wckpt_consumed(r->s, 1);
     if (r->step) {
       if (rc) mbd_wreply_err(st, r->step->tag, &e);
       else mbd_wreply_step_logits(st, r->step->tag, r->step->has_out ? &r->step->out : NULL, row,
@@ -315,6 +338,7 @@ static void job_finish(mbd_wstate *st, mbd_wjob *j, const mbd_error *fail) {
     mbd_wreply_tensor(st, j->q, j->tag, "logits", &j->ld, j->out);
     j->out = NULL;
   }
+  if (s) mbd_wckpt_settle(st, s); /* after the reply: the broker has heard of the prefill */
   mbd_wjob_free(j);
 }
 
@@ -340,18 +364,22 @@ static int job_slice(mbd_wstate *st, mbd_wjob *j, mbd_error *err) {
   mbd_wsession *s = job_session(st, j);
   if (!s) return mbd_error_set(err, MBD_E_NOT_FOUND, "session '%s' closed during its prefill", j->session);
   mbd_wsess_data *ws = s->user;
-  int64_t c = j->T - j->done < budget ? j->T - j->done : budget;
+  if (!j->pfx_begun && (rc = mbd_wpfx_begin(st, j, s, err))) return rc;
+  if (j->done >= j->T) return 1; /* the whole prompt was a cached prefix */
+  int64_t c = mbd_wpfx_chunk(j, j->T - j->done < budget ? j->T - j->done : budget);
   /* last_only: every chunk writes its [1,V] to out; the final chunk's stays. */
   float *dst = j->last_only ? j->out : j->out + (size_t)j->done * V;
   rc = st->be->ops->prefill(st->be, m->bm, (mbd_bstate *)s->state, j->ids + j->done, c,
                             j->last_only, dst, err);
   if (rc) return rc;
   j->done += c;
+  mbd_wckpt_consumed(s, c);
   /* The session's logits follow every chunk, so a prefill stopped between
    * chunks leaves a session that continues from the tokens it consumed. */
   memcpy(ws->logits, j->last_only ? dst : dst + (size_t)(c - 1) * V, V * sizeof(float));
   ws->has_logits = true;
   ws->logits_stale = false;
+  mbd_wpfx_after(st, j, s, ws->logits);
   return j->done >= j->T;
 }
 
@@ -392,6 +420,7 @@ bool mbd_wsched_tick(mbd_wstate *st) {
   for (int mi = 0; mi < st->nmodels; mi++) tick_model(st, mi, now);
   st->rr++;
   tick_job(st, mbd_wstate_now(st));
+  mbd_wckpt_tick(st);
   return mbd_wsched_pending(st);
 }
 
@@ -424,11 +453,30 @@ bool mbd_wsched_cancel(mbd_wstate *st, uint64_t tag, int code, const char *why) 
   return false;
 }
 
+/* Leaves s's GENERATE to the broker, which re-homes durable sessions when
+ * this worker disconnects and continues the loop elsewhere: the unsent
+ * tokens go out as a PARTIAL, then a checkpoint; the loop gets no reply. */
+static void gen_hand_over(mbd_wstate *st, mbd_wsession *s) {
+  mbd_wsess_data *ws = s->user;
+  mbd_wgen *g = ws->gen;
+  if (g->sent < g->n) gen_partial(st, g);
+  mbd_wgen_free(g);
+  ws->gen = NULL;
+  s->busy = false;
+  s->last_used = mbd_wstate_now(st);
+  st->ngen--;
+  mbd_wckpt_emit(st, s);
+}
+
 void mbd_wsched_stop_generates(mbd_wstate *st, const char *why) {
   for (size_t i = 0; i < mbd_wsession_capacity(st->sessions) && st->ngen; i++) {
     mbd_wsession *s = mbd_wsession_at(st->sessions, i);
     mbd_wgen *g = s ? ((mbd_wsess_data *)s->user)->gen : NULL;
     if (!g) continue;
+    if (mbd_wckpt_enabled(st) && !((mbd_wsess_data *)s->user)->logits_stale) {
+      gen_hand_over(st, s);
+      continue;
+    }
     mbd_error e;
     mbd_error_set(&e, MBD_E_STATE, "%s (after %lld generated tokens, which the session consumed)",
                   why, (long long)g->n);

@@ -58,6 +58,13 @@ bool mbd_wsched_cancel(mbd_wstate *st, uint64_t tag, int code, const char *why);
  * when a STEP of s is queued, MBD_E_INVALID for bad sampling values. */
 int mbd_wsched_generate(mbd_wstate *st, mbd_wsession *s, uint64_t tag, const mbd_wreq *q,
                         mbd_error *err);
+/* The same for a loop that already produced done[0..ndone) (a GENERATE
+ * continued after its session was re-homed; s has consumed them): it goes on
+ * at token index ndone (the sampler's draw index too), PARTIALs carry only
+ * new tokens, FINAL all of them. A loop already complete (ndone == max_tokens
+ * or its last token a stop token) is answered FINAL at once. */
+int mbd_wsched_generate_resume(mbd_wstate *st, mbd_wsession *s, uint64_t tag, const mbd_wreq *q,
+                               const int64_t *done, int64_t ndone, mbd_error *err);
 /* MBD_E_BUSY when a STEP of s is queued (requests that read or replace the
  * whole state must wait for it). */
 int mbd_wsched_check_no_step(const mbd_wstate *st, const mbd_wsession *s, mbd_error *err);
@@ -75,7 +82,10 @@ uint64_t mbd_wsched_load(const mbd_wstate *st);
 size_t mbd_wsched_expire(mbd_wstate *st);
 /* Shutdown, first step: every running GENERATE ends with ERROR STATE `why`
  * (a loop's remaining length is unknown; jobs and queued STEPs are bounded
- * work and may still finish). */
+ * work and may still finish). A checkpointing worker instead hands each loop
+ * over: unsent tokens as a PARTIAL, a checkpoint, and no reply, so the broker
+ * continues it on another worker once this one disconnects (a loop whose
+ * logits are still on the device ends with the ERROR). */
 void mbd_wsched_stop_generates(mbd_wstate *st, const char *why);
 /* Shutdown: every job, queued STEP and running GENERATE gets ERROR STATE `why`. */
 void mbd_wsched_fail_pending(mbd_wstate *st, const char *why);

@@ -28,6 +28,7 @@ void mbd_wjob_free(mbd_wjob *j) {
   free(j->ids);
   free(j->out);
   free(j->q);
+  mbd_pcache_plan_free(&j->pfx);
   free(j);
 }
 
@@ -136,6 +137,7 @@ void mbd_wstate_destroy(mbd_wstate **pst) {
   }
   for (int i = 0; i < st->nmodels; i++) {
     mbd_sampler_destroy(&st->models[i].sampler);
+    mbd_pcache_destroy(&st->models[i].pcache);
     if (st->models[i].bm) st->be->ops->model_destroy(st->be, st->models[i].bm);
   }
   mbd_shm_cache_destroy(&st->shm);
@@ -165,6 +167,10 @@ int mbd_wstate_add_model(mbd_wstate *st, const char *name, const char *digest,
   m->vocab = st->be->ops->model_vocab(bm);
   int rc = mbd_sampler_new(m->vocab, &m->sampler, err);
   if (rc) return rc;
+  if (st->o.prefix_cache_mb > 0 && st->o.prefix_block > 0 &&
+      (rc = mbd_pcache_new(st->o.prefix_cache_mb << 20, m->name, m->digest, st->route_id,
+                           (size_t)m->vocab, &m->pcache, err)))
+    return rc;
   if (m->vocab > st->max_vocab) {
     st->max_vocab = m->vocab;
     if ((rc = alloc_logits(st, st->max_vocab, err))) return rc;

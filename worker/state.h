@@ -23,6 +23,7 @@
 #include "kernels/backend.h"
 #include "kernels/model/sampler.h"
 #include "worker/options.h"
+#include "worker/prefix_cache.h"
 #include "worker/request.h"
 #include "worker/session.h"
 #include "worker/shm.h"
@@ -37,6 +38,7 @@ typedef struct mbd_wmodel {
   mbd_bmodel *bm;                 /* loaded on the backend */
   int64_t vocab;
   mbd_sampler *sampler;           /* scratch for GENERATE sampling */
+  mbd_pcache *pcache;             /* prefix state cache (worker/prefix_cache.h); NULL = off */
 } mbd_wmodel;
 
 /* A GENERATE loop attached to its session. */
@@ -62,6 +64,9 @@ typedef struct mbd_wsess_data {
   bool has_logits;   /* false until the first prefill/step/import */
   bool logits_stale; /* a device-picked step left `logits` behind the state */
   mbd_wgen *gen;     /* active GENERATE or NULL */
+  int64_t ckpt_tokens; /* tokens consumed since the last checkpoint (worker/checkpoint.h) */
+  double ckpt_at;      /* clock seconds of the last checkpoint */
+  bool fresh;        /* opened by OPEN, nothing consumed yet: a PREFILL may use the prefix cache */
 } mbd_wsess_data;
 
 /* A queued STEP request. */
@@ -92,6 +97,8 @@ typedef struct mbd_wjob {
   float *out;                       /* own buffer of ld's bytes */
   mbd_wreq *q;                      /* the decoded request (outputs for the reply); owned */
   double deadline;                  /* clock seconds; 0 = none */
+  mbd_pcache_plan *pfx;             /* PREFILL of a fresh session: its prefix boundaries, or NULL */
+  bool pfx_begun;                   /* the prefix cache was consulted (first slice) */
 } mbd_wjob;
 
 /* One row of a batched step. */

@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "worker/conn.h"
 #include "worker/handlers.h"
+#include "worker/prefix_job.h"
 #include "worker/reply.h"
 #include "worker/scheduler.h"
 #include "worker/state.h"
@@ -26,7 +27,21 @@
 struct mbd_worker {
   mbd_wstate *st;  /* everything the handlers and the scheduler share */
   mbd_wconn *conn; /* while mbd_worker_run runs (its I/O thread talks to the broker) */
+  uint64_t pfx_version; /* prefix cache version last published (+1, so 0 = never) */
 };
+
+/* Hands the prefix cache's counters and hashes to the heartbeat when they changed. */
+static void publish_prefix(mbd_worker *w) {
+  uint64_t v = mbd_wpfx_version(w->st) + 1;
+  if (v == w->pfx_version) return;
+  w->pfx_version = v;
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  if (mbd_wpfx_pack(w->st, &pk)) mbd_wconn_publish_prefix(w->conn, sb.data, sb.size);
+  msgpack_sbuffer_destroy(&sb);
+}
 
 static double now_s(void *ctx) {
   (void)ctx;
@@ -161,6 +176,7 @@ int mbd_worker_run(mbd_worker *w, volatile sig_atomic_t *stop, mbd_error *err) {
     if (pr > 0 && drain(w) > 0) last_msg = mbd_wstate_now(st);
     busy = mbd_wsched_tick(st);
     mbd_wconn_publish(w->conn, mbd_wsched_load(st), (uint64_t)mbd_wsession_count(st->sessions));
+    publish_prefix(w);
     t = mbd_wstate_now(st);
     if (t >= next_expire) {
       size_t n = mbd_wsched_expire(st);

@@ -101,7 +101,9 @@ static int tokenize(gw_job *j, size_t p, const char *text, size_t len, gw_err *e
   return 0;
 }
 
-static int open_session(gw_job *j, mbd_client **c, mbd_session **s, gw_err *e) {
+/* Opens a session for prompt p (its tokens route the OPEN to the worker
+ * holding its longest cached prefix, docs/architecture.md). */
+static int open_session(gw_job *j, size_t p, mbd_client **c, mbd_session **s, gw_err *e) {
   mbd_error err = {0};
   if (!(*c = gw_client_get(j->g, &err)))
     return gw_err_from_service(e, &err, "connecting to the broker");
@@ -116,7 +118,8 @@ static int open_session(gw_job *j, mbd_client **c, mbd_session **s, gw_err *e) {
     return gw_err_set(e, 504, "timeout", "deadline_exceeded", NULL,
                       "the request's deadline passed");
   mbd_call_opts co = {&want, left};
-  if (mbd_session_open(*c, &co, j->m->name, s, &err))
+  if (mbd_session_open_prompt(*c, &co, j->m->name, j->ids[p], (int64_t)j->n_ids[p], 0, NULL, 0, s,
+                              &err))
     return gw_err_from_service(e, &err, "opening a session");
   if (!j->route[0]) {
     snprintf(j->route, sizeof j->route, "%s", mbd_client_last_reply(*c)->route_id);
@@ -219,7 +222,7 @@ int gw_job_prepare(gw_ctx *g, gw_request *req, double t0, gw_job **out, gw_err *
   }
   if (gw_slot_acquire(g, j->deadline, e)) return -1;
   j->slot = true;
-  return open_session(j, &j->c0, &j->s0, e);
+  return open_session(j, 0, &j->c0, &j->s0, e);
 }
 
 void gw_job_destroy(gw_job **jp) {
@@ -641,7 +644,7 @@ static int run_choice(choice *c, gw_err *e) {
     j->s0 = NULL;
     rc = 0;
   } else {
-    rc = open_session(j, &cl, &s, e);
+    rc = open_session(j, c->prompt, &cl, &s, e);
   }
   if (rc == 0) {
     if (c->sse && j->echo[c->prompt])

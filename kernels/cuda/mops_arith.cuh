@@ -193,15 +193,15 @@ __device__ __forceinline__ float scan_state(float dt, float a, float b, float x,
   return __fmaf_rn(dA, h, __fmul_rn(__fmul_rn(dt, b), x));
 }
 
-/* One step of one channel: sd = round_act(dt_low) [R], then B [N], C [N];
- * wr its dt_proj row (f32); h its state (updated). Returns y before the
- * act rounding: mbd_cpu_scan_step's roundings in its order. */
+/* One step of one channel after its dt (scan_dt's): B [N], C [N] its
+ * x_proj row's parts; h its state (updated). Returns y before the act
+ * rounding: mbd_cpu_scan_step's roundings in its order. scan_one: the same
+ * with dt computed from sd = round_act(dt_low) [R], then B, C, and wr, the
+ * channel's dt_proj row (f32). */
 template <int N>
-__device__ __forceinline__ float scan_one(const float *sd, const float *wr, int R, float bdt,
-                                          const float (&a)[N], float d, float x, float z,
-                                          float (&h)[N]) {
-  const float dt = scan_dt(sd, wr, R, bdt);
-  const float *B = sd + R, *C = B + N;
+__device__ __forceinline__ float scan_one_dt(float dt, const float *B, const float *C,
+                                             const float (&a)[N], float d, float x, float z,
+                                             float (&h)[N]) {
   float acc = 0.0f;
 #pragma unroll
   for (int n = 0; n < N; n++) {
@@ -210,6 +210,12 @@ __device__ __forceinline__ float scan_one(const float *sd, const float *wr, int 
   }
   acc = __fmaf_rn(d, x, acc);
   return __fmul_rn(acc, silu_f(z));
+}
+template <int N>
+__device__ __forceinline__ float scan_one(const float *sd, const float *wr, int R, float bdt,
+                                          const float (&a)[N], float d, float x, float z,
+                                          float (&h)[N]) {
+  return scan_one_dt<N>(scan_dt(sd, wr, R, bdt), sd + R, sd + R + N, a, d, x, z, h);
 }
 
 /* scan_one on N lanes of a warp (N divides 32, the channel's lanes aligned):

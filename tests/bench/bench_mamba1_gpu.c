@@ -80,9 +80,10 @@ typedef struct shape {
   int d, L;
 } shape;
 
-/* MBD_BENCH_PROFILE_STEP=1: bracket one deterministic batch-1 decode step
- * with cudaProfilerStart/Stop, for ncu --profile-from-start off
- * --graph-profiling node (per-kernel device time of a step's graph). */
+/* MBD_BENCH_PROFILE_STEP=B (1, 8, 64 or 256): bracket one deterministic
+ * batch-B decode step with cudaProfilerStart/Stop, for ncu
+ * --profile-from-start off --graph-profiling node (per-kernel device time of
+ * a step's graph). */
 static int profile_step;
 
 /* Command-line choices (see the usage above). */
@@ -150,7 +151,7 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
       int b = bs[k];
       for (int i = 0; i < b; i++) CK(mbd_mamba1_gpu_slot_reset(m, sl[i], &err));
       for (int w = 0; w < 3; w++) CK(mbd_mamba1_gpu_step(m, b, tok, sl, NULL, tok, NULL, &err));
-      if (profile_step && mode == 0 && k == 0) { /* one step for ncu --profile-from-start off */
+      if (profile_step == b && mode == 0) { /* one step for ncu --profile-from-start off */
         cudaProfilerStart();
         CK(mbd_mamba1_gpu_step(m, b, tok, sl, NULL, tok, NULL, &err));
         cudaProfilerStop();
@@ -320,7 +321,7 @@ int main(int argc, char **argv) {
     return 77;
   }
   const char *pe = getenv("MBD_BENCH_PROFILE_STEP");
-  profile_step = pe && pe[0] == '1';
+  profile_step = pe ? atoi(pe) : 0;
   int rc = ops ? op_breakdown() : 0;
   double bw = copy_rate();
   printf("device copy rate %.2f TB/s (read + write); tokens/s, median of %d\n", bw / 1e12, reps);

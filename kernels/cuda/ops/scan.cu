@@ -151,12 +151,14 @@ __global__ void __launch_bounds__(SCAN_THREADS)
 
 /* The T = 1 (decode) form of k_scan: the same per-step arithmetic, statement
  * for statement (a decode step must give the bits of one prefill step), with
- * none of the chunk staging. SSTEP_BT channels of one sequence per block; the
- * block's dt_proj weight rows are copied to shared memory with 16-byte loads
- * before the PDL wait (they overlap the x_proj kernel), the sequence's x_proj
- * row (dt_low, B, C) is staged once per block. Each thread keeps only h[N],
- * A[N] and its scalars: no per-chunk arrays, so it runs many more blocks per
- * SM than k_scan at large batch. */
+ * none of the chunk staging. A block runs SSTEP_BT channels of SQ sequences:
+ * thread c reads its channel's dt_proj row once, with 16-byte loads from
+ * L2, and runs the SQ sequences' dt chains side by side over it, so the
+ * weights cross L2 once per SQ sequences and nothing but the sequences'
+ * x_proj rows (dt_low, B, C) is staged in shared memory. With SQ = 1 (small
+ * batches, latency-bound) the block's rows are instead copied to shared
+ * memory before the PDL wait, overlapping the x_proj kernel. Each chain is
+ * one sequence's alone, in k order, so SQ only changes speed, never bits. */
 #define SSTEP_BT 128
 
 /* sw[ch * RP + k] = widen(g[ch * R + k]) for the n = nch * R weights of nch
@@ -189,34 +191,37 @@ __device__ __forceinline__ void stage_dt_w(float *sw, int RP, const WT *g, int n
  * recomputed by conv_silu_out from xz's x part and the conv state (taps
  * loaded before the wait), and this thread, the only one of the grid on its
  * (slot, channel), shifts the conv window; see k_conv_xproj for why the state
- * is written here. */
-template <int N, typename ActT, typename WT, int KC>
-__global__ void __launch_bounds__(SSTEP_BT, 6)
-    k_scan_step(int di, int R, const float *__restrict__ xc, const float *__restrict__ dbl,
-                const WT *__restrict__ dt_w, const WT *__restrict__ dt_b,
-                const float *__restrict__ A, const float *__restrict__ Dv,
-                const float *__restrict__ xz, int64_t ldxz, int64_t zoff,
-                float *__restrict__ ssm_state, int64_t slot_stride,
+ * is written here. vec: every dt_proj row is 16-byte aligned (checked on the
+ * host), so it is read in 16-byte pieces. */
+template <int N, typename ActT, typename WT, int KC, int SQ>
+__global__ void __launch_bounds__(SSTEP_BT)
+    k_scan_step(int nseq, int di, int R, const float *__restrict__ xc,
+                const float *__restrict__ dbl, const WT *__restrict__ dt_w,
+                const WT *__restrict__ dt_b, const float *__restrict__ A,
+                const float *__restrict__ Dv, const float *__restrict__ xz, int64_t ldxz,
+                int64_t zoff, float *__restrict__ ssm_state, int64_t slot_stride,
                 const int32_t *__restrict__ slots, const float *__restrict__ cw,
                 const float *__restrict__ cb, float *__restrict__ cstate, int64_t cslot,
                 ActT *__restrict__ y, int vec) {
+  constexpr int PV = 16 / sizeof(WT); /* weights per 16-byte load */
   extern __shared__ float4 step_sm4[];
   const int ND = R + 2 * N;
-  const int RP = R + 1; /* padded weight row: conflict-free column reads */
-  float *sw = (float *)step_sm4; /* [SSTEP_BT][RP] */
-  float *sd = sw + SSTEP_BT * RP; /* [ND]: round_act(dt_low), then B, C */
+  const int NDP = (ND + 3) & ~3; /* staged row stride: float4-aligned rows */
+  const int RP = R + 1;          /* SQ = 1: padded weight row, conflict-free column reads */
+  float *sw = (float *)step_sm4; /* SQ = 1: [SSTEP_BT][RP] */
+  float *sd = sw + (SQ == 1 ? SSTEP_BT * RP : 0); /* [SQ][NDP]: round_act(dt_low), B, C */
   const int tid = threadIdx.x;
   const int c0 = blockIdx.x * SSTEP_BT, c = c0 + tid;
-  const int s = blockIdx.y;
+  const int s0 = blockIdx.y * SQ, nq = min(SQ, nseq - s0);
   const bool live = c < di;
   const int cc = live ? c : di - 1;
-  const int nch = min(SSTEP_BT, di - c0);
-  /* vec: dt_w 16-byte aligned, di * R a multiple of PV (checked on the host) */
-  stage_dt_w<SSTEP_BT>(sw, RP, dt_w + (int64_t)c0 * R, nch * R, R, vec, tid);
+  if constexpr (SQ == 1)
+    stage_dt_w<SSTEP_BT>(sw, RP, dt_w + (int64_t)c0 * R, min(SSTEP_BT, di - c0) * R, R, vec, tid);
   float a[N];
   ld_f32x(A + (int64_t)cc * N, a);
   const float d = Dv[cc];
   const float bdt = ld_f32(dt_b + cc);
+  const WT *wr = dt_w + (int64_t)cc * R;
   float wk[KC > 0 ? KC : 1], cbias = 0.0f;
   if constexpr (KC > 0) {
 #pragma unroll
@@ -225,48 +230,131 @@ __global__ void __launch_bounds__(SSTEP_BT, 6)
   }
   pdl_wait(); /* activations and state only from here on */
   pdl_trigger();
-  float x;
-  if constexpr (KC > 0)
-    x = conv_step_state<KC>(cstate + (int64_t)slots[s] * cslot + cc, di,
-                            xz[(int64_t)s * ldxz + cc], wk, cb != nullptr, cbias, live);
-  else
-    x = xc[(int64_t)s * di + cc];
-  const float *row = dbl + (int64_t)s * ND;
-  for (int e = tid; e < ND; e += SSTEP_BT) sd[e] = e < R ? round_act<ActT>(row[e]) : row[e];
-  float *hp = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N;
-  float h[N];
-  ld_f32x(hp, h);
-  const float z = xz[(int64_t)s * ldxz + zoff + cc];
+  /* rows past nq are zeros: their chains run and are dropped */
+  for (int e = tid; e < SQ * ND; e += SSTEP_BT) {
+    const int q = e / ND, k = e - q * ND;
+    const float v = q < nq ? dbl[(int64_t)(s0 + q) * ND + k] : 0.0f;
+    sd[q * NDP + k] = k < R ? round_act<ActT>(v) : v;
+  }
   __syncthreads();
-  const float v = scan_one<N>(sd, sw + tid * RP, R, bdt, a, d, x, z, h);
-  if (live) {
-    st_act(y + (int64_t)s * di + c, v);
+  /* dt chains: from 0 over k ascending, one per sequence (scan_dt's) */
+  float acc[SQ];
 #pragma unroll
-    for (int n = 0; n < N; n += 4)
-      *(float4 *)(hp + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
+  for (int q = 0; q < SQ; q++) acc[q] = 0.0f;
+  int k = 0;
+  if constexpr (SQ == 1) {
+#pragma unroll 8
+    for (; k < R; k++) acc[0] = __fmaf_rn(sd[k], sw[tid * RP + k], acc[0]);
+  } else if (vec) {
+    for (; k + PV <= R; k += PV) {
+      uint4 raw = *(const uint4 *)(wr + k);
+      const WT *wp = (const WT *)&raw;
+      float w[PV];
+#pragma unroll
+      for (int j = 0; j < PV; j++) w[j] = ld_f32(wp + j);
+#pragma unroll
+      for (int q = 0; q < SQ; q++) {
+        const float *dq = sd + q * NDP + k;
+#pragma unroll
+        for (int j = 0; j < PV; j++) acc[q] = __fmaf_rn(dq[j], w[j], acc[q]);
+      }
+    }
+  }
+  for (; k < R; k++) {
+    const float w = ld_f32(wr + k);
+#pragma unroll
+    for (int q = 0; q < SQ; q++) acc[q] = __fmaf_rn(sd[q * NDP + k], w, acc[q]);
+  }
+#pragma unroll
+  for (int q = 0; q < SQ; q++) {
+    if (q >= nq) break;
+    const int s = s0 + q;
+    float x;
+    if constexpr (KC > 0)
+      x = conv_step_state<KC>(cstate + (int64_t)slots[s] * cslot + cc, di,
+                              xz[(int64_t)s * ldxz + cc], wk, cb != nullptr, cbias, live);
+    else
+      x = xc[(int64_t)s * di + cc];
+    float *hp = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N;
+    float h[N];
+    ld_f32x(hp, h);
+    const float z = xz[(int64_t)s * ldxz + zoff + cc];
+    const float *row = sd + q * NDP;
+    const float v = scan_one_dt<N>(softplus_f(__fadd_rn(acc[q], bdt)), row + R, row + R + N, a,
+                                   d, x, z, h);
+    if (live) {
+      st_act(y + (int64_t)s * di + c, v);
+#pragma unroll
+      for (int n = 0; n < N; n += 4)
+        *(float4 *)(hp + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
+    }
   }
 }
 
-/* The decode step (T = 1): SSTEP_BT channels of one sequence per block; KC:
+/* The decode step (T = 1): SSTEP_BT channels of SQ sequences per block; KC:
  * the fused conv's width (conv non-NULL), or 0. */
+template <int N, typename ActT, int KC, int SQ>
+static int scan_step_launch_sq(cudaStream_t s, int nseq, int di, int R, const float *xc,
+                               const float *dbl, const ActT *dt_w, const ActT *dt_b,
+                               const float *A, const float *D, const float *xz, int64_t ldxz,
+                               int64_t zoff, float *ssm_state, int64_t slot_stride,
+                               const int32_t *slots, const mbd_mops_conv *conv, ActT *y,
+                               mbd_error *err) {
+  const dim3 grid((unsigned)((di + SSTEP_BT - 1) / SSTEP_BT), (unsigned)((nseq + SQ - 1) / SQ));
+  const size_t sh = sizeof(float) * ((SQ == 1 ? (size_t)SSTEP_BT * (R + 1) : 0) +
+                                     (size_t)SQ * (size_t)((R + 2 * N + 3) & ~3));
+  const int vec = ((uintptr_t)dt_w & 15) == 0 && (R * (int)sizeof(ActT)) % 16 == 0;
+  const float *cw = conv ? conv->w : NULL, *cb = conv ? conv->bias : NULL;
+  float *cst = conv ? conv->state : NULL;
+  const int64_t cslot = conv ? conv->slot_stride : 0;
+  int rc = allow_smem(k_scan_step<N, ActT, ActT, KC, SQ>, sh, err);
+  if (rc < 0) return rc;
+  return launch_pdl("selective scan (step)", k_scan_step<N, ActT, ActT, KC, SQ>, grid,
+                    dim3(SSTEP_BT), sh, s, err, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz,
+                    zoff, ssm_state, slot_stride, slots, cw, cb, cst, cslot, y, vec);
+}
+
+/* Sequences per block: the most of 8, 4, 2 that still leaves the grid
+ * SSTEP_BLOCKS_PER_SM blocks per SM (a block's sequences run one after
+ * another, so fewer, longer blocks would leave SMs idle: the 130m shape at
+ * batch 256 has only 12 channel blocks per sequence), else 1. */
+#define SSTEP_BLOCKS_PER_SM 3
+
+static int scan_step_sq(int nseq, int di) {
+  static int sms; /* the device's SM count, read once */
+  if (!sms) {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
+      v = 132;
+    sms = v;
+  }
+  const int64_t cblocks = (di + SSTEP_BT - 1) / SSTEP_BT, want = (int64_t)SSTEP_BLOCKS_PER_SM * sms;
+  for (int sq = 8; sq > 1; sq /= 2)
+    if (cblocks * ((nseq + sq - 1) / sq) >= want) return sq;
+  return 1;
+}
+
 template <int N, typename ActT, int KC>
 static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float *xc,
                             const float *dbl, const ActT *dt_w, const ActT *dt_b, const float *A,
                             const float *D, const float *xz, int64_t ldxz, int64_t zoff,
                             float *ssm_state, int64_t slot_stride, const int32_t *slots,
                             const mbd_mops_conv *conv, ActT *y, mbd_error *err) {
-  const dim3 grid((unsigned)((di + SSTEP_BT - 1) / SSTEP_BT), (unsigned)nseq);
-  const size_t sh = sizeof(float) * ((size_t)SSTEP_BT * (R + 1) + (size_t)(R + 2 * N));
-  const int vec = ((uintptr_t)dt_w & 15) == 0 &&
-                  (int64_t)di * R % (int64_t)(16 / sizeof(ActT)) == 0;
-  const float *cw = conv ? conv->w : NULL, *cb = conv ? conv->bias : NULL;
-  float *cst = conv ? conv->state : NULL;
-  const int64_t cslot = conv ? conv->slot_stride : 0;
-  int rc = allow_smem(k_scan_step<N, ActT, ActT, KC>, sh, err);
-  if (rc < 0) return rc;
-  return launch_pdl("selective scan (step)", k_scan_step<N, ActT, ActT, KC>, grid, dim3(SSTEP_BT),
-                    sh, s, err, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz, zoff, ssm_state,
-                    slot_stride, slots, cw, cb, cst, cslot, y, vec);
+#define SSTEP_SQ(SQ)                                                                            \
+  case SQ:                                                                                      \
+    return scan_step_launch_sq<N, ActT, KC, SQ>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, \
+                                                ldxz, zoff, ssm_state, slot_stride, slots,     \
+                                                conv, y, err);
+  switch (scan_step_sq(nseq, di)) {
+    SSTEP_SQ(8)
+    SSTEP_SQ(4)
+    SSTEP_SQ(2)
+    default: break;
+  }
+#undef SSTEP_SQ
+  return scan_step_launch_sq<N, ActT, KC, 1>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz,
+                                             zoff, ssm_state, slot_stride, slots, conv, y, err);
 }
 
 /* The chunked scan (T > 1). It is a long, serial kernel: launched early
