@@ -461,11 +461,10 @@ __global__ void __launch_bounds__(SSD_BLOCK)
 }
 
 /* Lanes per row and entries per lane: the smallest KS that splits N exactly
- * into NL <= 64 entries (<= 32 for a decode step: smaller blocks, more of
- * them per SM, stream the state better), doubled while the launch has few
- * rows (up to 8 lanes, NL >= 8); NL 8 with partial lanes when N has no
- * such split. */
-static void ssd_pick(int nseq, int T, const mbd_mops_ssd_dims *dm, int *ks, int *nl,
+ * into NL <= 64 entries (<= 32 with the conv folded in: its variants need
+ * more registers), doubled while the launch has few rows (up to 8 lanes,
+ * NL >= 8); NL 8 with partial lanes when N has no such split. */
+static void ssd_pick(int nseq, bool conv, const mbd_mops_ssd_dims *dm, int *ks, int *nl,
                      bool *full) {
   const int N = dm->d_state;
   const int64_t rows = (int64_t)nseq * dm->heads * dm->head_dim;
@@ -473,7 +472,7 @@ static void ssd_pick(int nseq, int T, const mbd_mops_ssd_dims *dm, int *ks, int 
   while (k < 32 && (N % k || N / k > 64)) k <<= 1;
   const int q = N % k ? 0 : N / k;
   if (q == 8 || q == 16 || q == 32 || q == 64) {
-    if (T <= SSD_OWN_TILE_T && N / k > 32) k <<= 1;
+    if (conv && N / k > 32) k <<= 1;
     while (k < 8 && N / (k * 2) >= 8 && rows * k < SSD_FILL_ROWS) k <<= 1;
     *ks = k, *nl = N / k, *full = true;
     return;
@@ -508,7 +507,7 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
                            mbd_error *err) {
   int ks = 1, nl = 8;
   bool full = false;
-  ssd_pick(nseq, T, dm, &ks, &nl, &full);
+  ssd_pick(nseq, cv->w != NULL, dm, &ks, &nl, &full);
   /* bit 0: float4 state access; bit 1: float4 B, C, x and y access */
   const int P = dm->head_dim, N = dm->d_state;
   const int64_t di = (int64_t)dm->heads * P, rows = (int64_t)nseq * di;
@@ -560,7 +559,7 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
   ssd_launch_nl<NLv, Rv, FULLv, CONVv, PREv>(s, nseq, T, dm, &sh, A, D, dt_bias, lo, hi, dt_raw,   \
                                              ld_dt, xbc, ld_xbc, state, slot_stride, vec, slots, \
                                              y, cv, err)
-  if (T <= SSD_OWN_TILE_T) { /* decode steps: NL <= 32 (ssd_pick), R = 1 */
+  if (T <= SSD_OWN_TILE_T) { /* decode steps: R = 1; with the conv NL <= 32 (ssd_pick) */
     if (cv->w) {
       if (!full) return SSD_L(8, 1, false, true, false);
       switch (nl) {
@@ -573,7 +572,8 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
     switch (nl) {
     case 8: return SSD_L(8, 1, true, false, false);
     case 16: return SSD_L(16, 1, true, false, false);
-    default: return SSD_L(32, 1, true, false, false);
+    case 32: return SSD_L(32, 1, true, false, false);
+    default: return SSD_L(64, 1, true, false, false);
     }
   }
   if (R == 4) return SSD_L(16, 4, true, false, true);
