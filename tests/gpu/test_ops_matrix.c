@@ -31,9 +31,11 @@
 
 #include "common/half.h"
 #include "kernels/cpu/cpu_ctx.h"
+#include "kernels/cpu/gated_rmsnorm.h"
 #include "kernels/cpu/mamba_ops.h"
 #include "kernels/cpu/ssd_step.h"
 #include "kernels/cuda/mamba_ops.h"
+#include "kernels/cuda/ops/gated_rmsnorm.h"
 #include "kernels/cuda/ops/ssd_scan.h"
 #include "kernels/portable_math.h"
 #include "support/gpu_util.h"
@@ -781,6 +783,51 @@ static void test_ssd_scan_conv(void **state) {
                    MBD_E_INVALID);
 }
 
+/* mbd_mops_gated_rmsnorm == mbd_cpu_gated_rmsnorm per row (memcmp; 16-bit
+ * outputs the f32 value rounded to nearest even), groups whole rows or
+ * parts of them, sizes with and without a tail past the kernel's batches of
+ * 32 squares, both gate orders. */
+static void test_gated_rmsnorm(void **state) {
+  (void)state;
+  static const int shapes[][2] = {{1536, 1536}, {512, 256}, {96, 48}, {37, 37}, {4096, 4096}};
+  enum { M = 5 };
+  uint64_t seed = 51;
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+    for (int nbg = 0; nbg < 2; nbg++)
+      for (int a = 0; a < N_ACT; a++) {
+        const int n = shapes[si][0], group = shapes[si][1];
+        const int64_t ldz = n + 3;
+        const mbd_dtype act = k_act[a];
+        float *y = fillf((size_t)(M * n), &seed, -2, 2), *z = fillf((size_t)(M * ldz), &seed, -3, 3);
+        float *w = fillf((size_t)n, &seed, 0.5f, 1.5f), *ref = malloc((size_t)n * 4);
+        void *want = malloc((size_t)(M * n) * dsize(act)), *got = malloc((size_t)(M * n) * dsize(act));
+        for (int r = 0; r < M; r++) {
+          mbd_cpu_gated_rmsnorm(y + (int64_t)r * n, z + r * ldz, w, n, group, 1e-5f, nbg != 0, ref);
+          for (int c = 0; c < n; c++) store(act, want, (size_t)(r * n + c), ref[c]);
+        }
+        float *dy = dput(y, (size_t)(M * n) * 4), *dz = dput(z, (size_t)(M * ldz) * 4);
+        float *dw = dput(w, (size_t)n * 4);
+        void *dout = dzero((size_t)(M * n) * dsize(act));
+        OP(mbd_mops_gated_rmsnorm(g_stream, M, n, group, dy, dz, ldz, dw, 1e-5f, nbg, act, dout,
+                                  &err));
+        dget(got, dout, (size_t)(M * n) * dsize(act));
+        char what[96];
+        snprintf(what, sizeof what, "gated_rmsnorm n=%d group=%d nbg=%d %s", n, group, nbg,
+                 mbd_dtype_name(act));
+        same_bytes(what, got, want, (size_t)(M * n), dsize(act));
+        dfree(dy);
+        dfree(dz);
+        dfree(dw);
+        dfree(dout);
+        free(y);
+        free(z);
+        free(w);
+        free(ref);
+        free(want);
+        free(got);
+      }
+}
+
 /* ---- the decode fusion: conv + x_proj, then the scan with the conv --------------- */
 
 /* mbd_mops_conv_xproj then mbd_mops_scan with the conv give the bits of
@@ -974,7 +1021,7 @@ int main(void) {
       cmocka_unit_test(test_embed),         cmocka_unit_test(test_add_rmsnorm),
       cmocka_unit_test(test_conv_silu),     cmocka_unit_test(test_xproj),
       cmocka_unit_test(test_scan),          cmocka_unit_test(test_ssd_scan),
-      cmocka_unit_test(test_ssd_scan_conv),
+      cmocka_unit_test(test_ssd_scan_conv), cmocka_unit_test(test_gated_rmsnorm),
       cmocka_unit_test(test_conv_fusion),
       cmocka_unit_test(test_sample_greedy), cmocka_unit_test(test_fill_uniform),
   };
