@@ -348,6 +348,100 @@ __global__ void __launch_bounds__(SSD_BLOCK)
         }
       }
     }
+    } else if (NL <= 32) {
+    /* Software-pipelined ticks: iteration k runs tick k's chain over the
+     * entries as updated for tick k while it updates them for tick k + 1
+     * (each entry is read by the chain before its next update), so the
+     * chain's dependent FMAs and the next step's updates share the issue
+     * slots; the same operations and values as tick by tick. */
+    float xv[R], cq[NL]; /* tick k's x and C */
+    auto load = [&](int t, float (&xo)[R], float &dao, float (&bo)[NL], float (&co)[NL]) {
+      if (R == 1) {
+        xo[0] = s_x[t * LDX + pl];
+      } else {
+        const float4 x4 = *(const float4 *)(s_x + t * LDX + pr0);
+        xo[0] = x4.x, xo[R > 1 ? 1 : 0] = x4.y, xo[R > 2 ? 2 : 0] = x4.z;
+        xo[R > 3 ? 3 : 0] = x4.w;
+      }
+      dao = s_da[t];
+      const float dt = s_dt[t];
+      const float *bt = s_b + t * LDN + n0, *ct = s_c + t * LDN + n0;
+      if (FULL) {
+#pragma unroll
+        for (int i = 0; i < NL; i += 4) {
+          const float4 b4 = *(const float4 *)(bt + i), c4 = *(const float4 *)(ct + i);
+          bo[i] = __fmul_rn(dt, b4.x), bo[i + 1] = __fmul_rn(dt, b4.y);
+          bo[i + 2] = __fmul_rn(dt, b4.z), bo[i + 3] = __fmul_rn(dt, b4.w);
+          co[i] = c4.x, co[i + 1] = c4.y, co[i + 2] = c4.z, co[i + 3] = c4.w;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < NL; i++) {
+          bo[i] = i < nn ? __fmul_rn(dt, bt[i]) : 0.0f;
+          co[i] = i < nn ? ct[i] : 0.0f;
+        }
+      }
+    };
+    {
+      /* tick 0's update (lane 0: step 0) */
+      float da0, b0[NL];
+#pragma unroll
+      for (int r = 0; r < R; r++) xv[r] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NL; i++) cq[i] = 0.0f;
+      if (j == 0 && tn > 0) {
+        load(0, xv, da0, b0, cq);
+#pragma unroll
+        for (int i = 0; i < NL; i++)
+          if (FULL || i < nn)
+#pragma unroll
+            for (int r = 0; r < R; r++) st[r][i] = __fmaf_rn(da0, st[r][i], __fmul_rn(b0[i], xv[r]));
+      }
+    }
+    for (int k = 0; k < tn + KS - 1; k++) {
+      const int t = k - j;
+      const bool act = t >= 0 && t < tn, act1 = t + 1 >= 0 && t + 1 < tn;
+      float xn[R], cn[NL], dan = 0.0f, bn[NL];
+#pragma unroll
+      for (int r = 0; r < R; r++) xn[r] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NL; i++) bn[i] = 0.0f, cn[i] = 0.0f;
+      if (act1) load(t + 1, xn, dan, bn, cn);
+      float acc[R];
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        acc[r] = __shfl_up_sync(0xffffffffu, hand[r], 1, KS);
+        if (j == 0) acc[r] = 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < NL; i++)
+        if (FULL || i < nn)
+#pragma unroll
+          for (int r = 0; r < R; r++) {
+            if (act) acc[r] = __fmaf_rn(st[r][i], cq[i], acc[r]);
+            if (act1) st[r][i] = __fmaf_rn(dan, st[r][i], __fmul_rn(bn[i], xn[r]));
+          }
+      if (act) {
+#pragma unroll
+        for (int r = 0; r < R; r++) hand[r] = acc[r];
+        if (j == KS - 1) {
+          float *yr = y + (r0 + t) * di + (int64_t)h * P + p0 + pr0;
+          if (R == 4) {
+            *(float4 *)yr = make_float4(__fmaf_rn(dd, xv[0], acc[0]), __fmaf_rn(dd, xv[1 % R], acc[1 % R]),
+                                        __fmaf_rn(dd, xv[2 % R], acc[2 % R]),
+                                        __fmaf_rn(dd, xv[3 % R], acc[3 % R]));
+          } else {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+              if (p0 + pr0 + r < P) yr[r] = __fmaf_rn(dd, xv[r], acc[r]);
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; r++) xv[r] = xn[r];
+#pragma unroll
+      for (int i = 0; i < NL; i++) cq[i] = cn[i];
+    }
     } else {
     for (int k = 0; k < tn + KS - 1; k++) {
       const int t = k - j;
