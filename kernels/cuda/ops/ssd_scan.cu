@@ -29,6 +29,7 @@
 #define SSD_MAX_SMEM (200 * 1024)
 #define SSD_OWN_TILE_T 4      /* launches of at most this many steps: tile of its own */
 #define SSD_R4_MIN_T 16       /* four rows per lane: launches of at least this many steps */
+#define SSD_DT_WIN 2048       /* prefill: dt and dA computed this many steps at a time */
 #define SSD_R4_MIN_ROWS 8192  /* .. and of at least this many rows */
 
 /* A launch's shape: KS lanes per row, PB rows per block, TC steps per
@@ -36,6 +37,7 @@
  * where the state tile starts (floats; 0: it shares the chunk's memory). */
 typedef struct ssd_shape {
   int ks, pb, tc, ldn, ldx, tile_at;
+  int dtw; /* prefill: dt and dA of up to this many steps at a time, after the chunk buffers */
 } ssd_shape;
 
 /* Shared floats of one chunk buffer: dA, dt, dt_raw [tc] (+ [tc] of
@@ -49,7 +51,9 @@ static int ssd_nbuf(const ssd_shape *sh, int T) { return T > sh->tc ? 2 : 1; }
  * 4], one after the other or sharing memory. */
 static size_t ssd_smem_bytes(const ssd_shape *sh, int N, int T) {
   const size_t chunk =
-      (size_t)ssd_nbuf(sh, T) * ssd_chunk_floats_d(sh->tc, sh->ldn, sh->ldx) * sizeof(float);
+      ((size_t)ssd_nbuf(sh, T) * ssd_chunk_floats_d(sh->tc, sh->ldn, sh->ldx) +
+       (T > SSD_OWN_TILE_T ? (size_t)(2 * sh->dtw + 3) / 4 * 4 : 0)) *
+      sizeof(float);
   const size_t tile = (size_t)sh->pb * (size_t)(N + 4) * sizeof(float);
   if (sh->tile_at) return chunk + tile;
   return chunk > tile ? chunk : tile;
@@ -198,7 +202,8 @@ __global__ void __launch_bounds__(SSD_BLOCK)
     float *q_dtr = bf + 2 * TC, *q_b = bf + 4 * TC, *q_c = q_b + TC * LDN, *q_x = q_c + TC * LDN;
     const int t0 = c * TC, tn = T - t0 < TC ? T - t0 : TC;
     const int64_t r0 = (int64_t)s * T + t0;
-    for (int i = tid; i < tn; i += blockDim.x) cp_async4(q_dtr + i, dt_raw + (r0 + i) * ld_dt + h);
+    if (!PREFILL)
+      for (int i = tid; i < tn; i += blockDim.x) cp_async4(q_dtr + i, dt_raw + (r0 + i) * ld_dt + h);
     if (CONV) { /* T = 1: the conv of x (this block's rows: their windows are its own), B, C */
       const float *cin = cv.xin + r0 * cv.ld_xin;
       float *cst = cv.state + (int64_t)slots[s] * cv.slot_stride;
@@ -250,12 +255,29 @@ __global__ void __launch_bounds__(SSD_BLOCK)
     float *s_c = s_b + TC * LDN, *s_x = s_c + TC * LDN;
     __syncthreads(); /* chunk c - 1 is read: its buffer may take chunk c + 1 */
     if (c == 0) stage(0);
-    if (c + 1 < nch) {
-      stage(c + 1);
-      cp_async_wait_group<1>();
-    } else {
-      cp_async_wait_group<0>();
+    if (c + 1 < nch) stage(c + 1);
+    if (PREFILL) {
+      /* dt and dA of a window of DTW steps (a multiple of TC) at once, while
+       * the copies fly: no per-chunk phase for them */
+      const int DTW = sh.dtw, wo = t0 % DTW;
+      float *s_dtt = (float *)smem4 + (T > TC ? 2 : 1) * CF, *s_dta = s_dtt + DTW;
+      if (wo == 0) {
+        const int wn = T - t0 < DTW ? T - t0 : DTW;
+        for (int i = tid; i < wn; i += blockDim.x) {
+          float dt = mbd_pm_softplus(__fadd_rn(dt_raw[(r0 + i) * ld_dt + h], bias));
+          if (dt < lo) dt = lo;
+          if (dt > hi) dt = hi;
+          s_dtt[i] = dt;
+          s_dta[i] = mbd_pm_expf(__fmul_rn(dt, a));
+        }
+      }
+      s_dt = s_dtt + wo;
+      s_da = s_dta + wo;
     }
+    if (c + 1 < nch)
+      cp_async_wait_group<1>();
+    else
+      cp_async_wait_group<0>();
     __syncthreads(); /* chunk c (and a tile of its own) has arrived */
     if (CONV && tid == 0) {
       /* every thread of this block has read its B and C windows: count the
@@ -269,14 +291,16 @@ __global__ void __launch_bounds__(SSD_BLOCK)
       }
       s_last = last;
     }
-    for (int i = tid; i < tn; i += blockDim.x) {
-      float dt = mbd_pm_softplus(__fadd_rn(s_dtr[i], bias));
-      if (dt < lo) dt = lo;
-      if (dt > hi) dt = hi;
-      s_dt[i] = dt;
-      s_da[i] = mbd_pm_expf(__fmul_rn(dt, a));
+    if (!PREFILL) {
+      for (int i = tid; i < tn; i += blockDim.x) {
+        float dt = mbd_pm_softplus(__fadd_rn(s_dtr[i], bias));
+        if (dt < lo) dt = lo;
+        if (dt > hi) dt = hi;
+        s_dt[i] = dt;
+        s_da[i] = mbd_pm_expf(__fmul_rn(dt, a));
+      }
+      __syncthreads();
     }
-    __syncthreads();
     if (tile_due) {
       tile_read<NL, R>(st, s_t, LDT, pr0, n0, p0, P);
       tile_due = false;
@@ -644,6 +668,7 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
   }
   if (sh.tc > T) sh.tc = T;
   sh.tile_at = 0;
+  sh.dtw = T <= SSD_DT_WIN ? T : SSD_DT_WIN; /* SSD_DT_WIN: a multiple of any TC below T */
   while (sh.tc > 1 && ssd_smem_bytes(&sh, N, T) > SSD_MAX_SMEM) sh.tc /= 2;
   /* a short launch (decode) gives the tile memory of its own: the state
    * load then overlaps the staging of the step's inputs */
