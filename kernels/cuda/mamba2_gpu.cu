@@ -38,10 +38,6 @@ extern "C" {
 
 #define M2G_MAX_ROWS 2048
 #define M2G_MAX_BUCKETS 16 /* decode graph buckets 1, 2, 4, .. 2^15 */
-/* Decode steps of at most this many sequences fold the conv into the scan
- * (mbd_mops_ssd_scan_conv: one launch less a layer, the same bits); larger
- * ones keep the conv's own launch, which streams better. */
-#define M2G_CONV_FUSE_MAX 16
 
 typedef struct layer2_d {
   float *norm;      /* [d] */
@@ -79,7 +75,6 @@ typedef struct m2gpu {
   float *resid, *zx, *xbc, *y, *out, *logits;
   void *hn, *y_act;
   void *sample_work;
-  int32_t *tickets; /* [M2G_CONV_FUSE_MAX][groups] zeros: the fused conv's group tickets */
   mbd_gpu_graph *graphs[M2G_MAX_BUCKETS]; /* decode graph of bucket 2^i, captured on first use */
 } m2gpu;
 
@@ -199,9 +194,6 @@ static int alloc_runtime(m2gpu *m, mbd_error *err) {
   DA(m->out, rows * d * 4);
   DA(m->logits, rows * V * 4);
   DA(m->sample_work, mbd_mops_sample_work_bytes((int)rows));
-  DA(m->tickets, (size_t)M2G_CONV_FUSE_MAX * (size_t)c->n_groups * 4);
-  MBD_GPU_CHECK(cudaMemset(m->tickets, 0, (size_t)M2G_CONV_FUSE_MAX * (size_t)c->n_groups * 4),
-                err);
   MBD_GPU_CHECK(cudaMemset(m->sample_work, 0, mbd_mops_sample_work_bytes((int)rows)), err);
 #undef DA
   return 0;
@@ -310,19 +302,13 @@ static int run_layers(m2gpu *m, int ns, int tw, const int32_t *slots, mbd_error 
     const layer2_d *L = &m->layers[l];
     float *conv_st = m->conv_st + (int64_t)l * (c->d_conv - 1) * m->cd;
     float *ssm_st = m->ssm_st + (int64_t)l * di * c->d_state;
-    const mbd_mops_ssd_conv conv = {c->d_conv, L->conv_w, L->conv_b, conv_st, m->conv_slot,
-                                    m->zx + di, m->pin, m->tickets};
     if ((rc = mbd_mops_add_rmsnorm(m->stream, rows, (int)d, 1, 0, m->resid, l ? m->out : NULL,
                                    L->norm, c->norm_eps, m->dtype, m->hn, err)) ||
         (rc = gemm(m, rows, m->pin, d, m->hn, L->in_w, L->in_b, m->zx, err)))
       return rc;
-    if (tw == 1 && ns <= M2G_CONV_FUSE_MAX)
-      rc = mbd_mops_ssd_scan_conv(m->stream, ns, &dm, L->A, L->D, L->dt_bias, c->dt_min,
-                                  c->dt_max, m->zx + di + m->cd, m->pin, &conv, ssm_st,
-                                  m->ssm_slot, slots, m->y, err);
-    else if (!(rc = mbd_mops_conv_silu(m->stream, ns, tw, (int)m->cd, c->d_conv, m->zx + di,
-                                       m->pin, L->conv_w, L->conv_b, conv_st, m->conv_slot,
-                                       slots, m->xbc, MBD_DTYPE_F32, NULL, err)))
+    if (!(rc = mbd_mops_conv_silu(m->stream, ns, tw, (int)m->cd, c->d_conv, m->zx + di, m->pin,
+                                  L->conv_w, L->conv_b, conv_st, m->conv_slot, slots, m->xbc,
+                                  MBD_DTYPE_F32, NULL, err)))
       rc = mbd_mops_ssd_scan(m->stream, ns, tw, &dm, L->A, L->D, L->dt_bias, c->dt_min, c->dt_max,
                              m->zx + di + m->cd, m->pin, m->xbc, m->cd, ssm_st, m->ssm_slot,
                              slots, m->y, err);

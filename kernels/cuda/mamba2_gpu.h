@@ -7,8 +7,7 @@
  * ssd_scan, gated_rmsnorm, sample) and mbd_gpu_gemm for the projections; on
  * f32 routes in deterministic mode the logits and states are bit-identical
  * to the CPU backend's. On bf16/f16 routes the GEMM inputs are rounded to
- * the storage dtype. Decode steps of a few sequences run the conv inside the
- * scan's launch (mbd_mops_ssd_scan_conv, the same arithmetic). Prefill and decode run the same kernels, so any
+ * the storage dtype. Prefill and decode run the same kernels, so any
  * chunking gives the bits of decoding token by token; a sequence's bits do
  * not depend on its slot or on the other sequences of a launch. With
  * mbd_gpu_model_opts.use_graphs, decode steps replay one CUDA graph per

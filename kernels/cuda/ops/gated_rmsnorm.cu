@@ -6,7 +6,6 @@
 
 #define GN_THREADS 256
 #define GN_MAX_GROUPS 64
-#define GN_BATCH 32 /* square-sum inputs in registers at a time */
 
 template <typename OutT>
 __global__ void k_gated_rmsnorm(int n, int group, const float *__restrict__ y,
@@ -25,23 +24,8 @@ __global__ void k_gated_rmsnorm(int n, int group, const float *__restrict__ y,
   }
   __syncthreads();
   for (int g = threadIdx.x; g < n / group; g += blockDim.x) {
-    /* The chain in ascending c; its inputs come out of shared memory GN_BATCH
-     * at a time, the next batch loading while the chain runs over this one
-     * (one load's latency per element was most of this kernel). */
-    const float *vg = v + g * group;
-    float ss = 0.0f, q[GN_BATCH], nq[GN_BATCH];
-    const int nb = group / GN_BATCH;
-#pragma unroll
-    for (int i = 0; i < GN_BATCH; i++) q[i] = nb ? vg[i] : 0.0f;
-    for (int b = 0; b < nb; b++) {
-#pragma unroll
-      for (int i = 0; i < GN_BATCH; i++) nq[i] = b + 1 < nb ? vg[(b + 1) * GN_BATCH + i] : 0.0f;
-#pragma unroll
-      for (int i = 0; i < GN_BATCH; i++) ss = __fmaf_rn(q[i], q[i], ss);
-#pragma unroll
-      for (int i = 0; i < GN_BATCH; i++) q[i] = nq[i];
-    }
-    for (int c = nb * GN_BATCH; c < group; c++) ss = __fmaf_rn(vg[c], vg[c], ss);
+    float ss = 0.0f;
+    for (int c = g * group; c < (g + 1) * group; c++) ss = __fmaf_rn(v[c], v[c], ss);
     r_sh[g] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)group), eps)));
   }
   __syncthreads();

@@ -136,7 +136,8 @@ __device__ __forceinline__ float conv_any(const mbd_mops_ssd_conv &cv, float *cs
 
 /* CONV (T = 1 only): x, B and C are the conv of cv.xin (see
  * mbd_mops_ssd_conv), not read from xbc. PREFILL: launches of more than
- * SSD_OWN_TILE_T steps (a tick's state updates run before its chain). */
+ * SSD_OWN_TILE_T steps (dt and dA by window; one row per lane of up to 32
+ * entries runs its ticks software-pipelined). */
 template <int NL, int R, bool FULL, bool CONV, bool PREFILL>
 __global__ void __launch_bounds__(SSD_BLOCK)
     k_ssd_scan(int T, mbd_mops_ssd_dims dm, ssd_shape sh, const float *__restrict__ A,
@@ -308,71 +309,7 @@ __global__ void __launch_bounds__(SSD_BLOCK)
     float hand[R]; /* the chains after this lane's entries, at the last tick */
 #pragma unroll
     for (int r = 0; r < R; r++) hand[r] = 0.0f;
-    if (!PREFILL) {
-    /* A decode step's few ticks: entry by entry, fewer registers live. */
-    for (int k = 0; k < tn + KS - 1; k++) {
-      float acc[R];
-#pragma unroll
-      for (int r = 0; r < R; r++) {
-        acc[r] = __shfl_up_sync(0xffffffffu, hand[r], 1, KS);
-        if (j == 0) acc[r] = 0.0f;
-      }
-      const int t = k - j;
-      if (t >= 0 && t < tn) {
-        float xv[R];
-        if (R == 1) {
-          xv[0] = s_x[t * LDX + pl];
-        } else {
-          const float4 x4 = *(const float4 *)(s_x + t * LDX + pr0);
-          xv[0] = x4.x, xv[R > 1 ? 1 : 0] = x4.y, xv[R > 2 ? 2 : 0] = x4.z;
-          xv[R > 3 ? 3 : 0] = x4.w;
-        }
-        const float da = s_da[t], dt = s_dt[t];
-        const float *bt = s_b + t * LDN + n0, *ct = s_c + t * LDN + n0;
-        if (FULL) {
-#pragma unroll
-          for (int i = 0; i < NL; i += 4) {
-            const float4 b4 = *(const float4 *)(bt + i), c4 = *(const float4 *)(ct + i);
-            const float bq[4] = {__fmul_rn(dt, b4.x), __fmul_rn(dt, b4.y), __fmul_rn(dt, b4.z),
-                                 __fmul_rn(dt, b4.w)};
-            const float cq[4] = {c4.x, c4.y, c4.z, c4.w};
-#pragma unroll
-            for (int q = 0; q < 4; q++)
-#pragma unroll
-              for (int r = 0; r < R; r++) {
-                st[r][i + q] = __fmaf_rn(da, st[r][i + q], __fmul_rn(bq[q], xv[r]));
-                acc[r] = __fmaf_rn(st[r][i + q], cq[q], acc[r]);
-              }
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < NL; i++)
-            if (i < nn) {
-              const float bq = __fmul_rn(dt, bt[i]);
-#pragma unroll
-              for (int r = 0; r < R; r++) {
-                st[r][i] = __fmaf_rn(da, st[r][i], __fmul_rn(bq, xv[r]));
-                acc[r] = __fmaf_rn(st[r][i], ct[i], acc[r]);
-              }
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < R; r++) hand[r] = acc[r];
-        if (j == KS - 1) {
-          float *yr = y + (r0 + t) * di + (int64_t)h * P + p0 + pr0;
-          if (R == 4) {
-            *(float4 *)yr = make_float4(__fmaf_rn(dd, xv[0], acc[0]), __fmaf_rn(dd, xv[1 % R], acc[1 % R]),
-                                        __fmaf_rn(dd, xv[2 % R], acc[2 % R]),
-                                        __fmaf_rn(dd, xv[3 % R], acc[3 % R]));
-          } else {
-#pragma unroll
-            for (int r = 0; r < R; r++)
-              if (p0 + pr0 + r < P) yr[r] = __fmaf_rn(dd, xv[r], acc[r]);
-          }
-        }
-      }
-    }
-    } else if (NL <= 32) {
+    if (PREFILL && R == 1 && NL <= 32) {
     /* Software-pipelined ticks: iteration k runs tick k's chain over the
      * entries as updated for tick k while it updates them for tick k + 1
      * (each entry is read by the chain before its next update), so the
@@ -467,15 +404,18 @@ __global__ void __launch_bounds__(SSD_BLOCK)
       for (int i = 0; i < NL; i++) cq[i] = cn[i];
     }
     } else {
+    /* Entry by entry: decode steps (few ticks, fewer registers live) and
+     * four rows per lane (their four chains interleave by themselves). */
     for (int k = 0; k < tn + KS - 1; k++) {
+      float acc[R];
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        acc[r] = __shfl_up_sync(0xffffffffu, hand[r], 1, KS);
+        if (j == 0) acc[r] = 0.0f;
+      }
       const int t = k - j;
-      const bool act = t >= 0 && t < tn;
-      /* The step's state updates first: they need nothing from the other
-       * lanes, so they run while the chain from lane j - 1 comes in; then
-       * the chain over the updated entries (the same operations and values
-       * as updating and chaining entry by entry). */
-      float xv[R], cq[NL];
-      if (act) {
+      if (t >= 0 && t < tn) {
+        float xv[R];
         if (R == 1) {
           xv[0] = s_x[t * LDX + pl];
         } else {
@@ -486,44 +426,32 @@ __global__ void __launch_bounds__(SSD_BLOCK)
         const float da = s_da[t], dt = s_dt[t];
         const float *bt = s_b + t * LDN + n0, *ct = s_c + t * LDN + n0;
         if (FULL) {
-          float bq[NL];
 #pragma unroll
           for (int i = 0; i < NL; i += 4) {
             const float4 b4 = *(const float4 *)(bt + i), c4 = *(const float4 *)(ct + i);
-            bq[i] = __fmul_rn(dt, b4.x), bq[i + 1] = __fmul_rn(dt, b4.y);
-            bq[i + 2] = __fmul_rn(dt, b4.z), bq[i + 3] = __fmul_rn(dt, b4.w);
-            cq[i] = c4.x, cq[i + 1] = c4.y, cq[i + 2] = c4.z, cq[i + 3] = c4.w;
+            const float bq[4] = {__fmul_rn(dt, b4.x), __fmul_rn(dt, b4.y), __fmul_rn(dt, b4.z),
+                                 __fmul_rn(dt, b4.w)};
+            const float cq[4] = {c4.x, c4.y, c4.z, c4.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+#pragma unroll
+              for (int r = 0; r < R; r++) {
+                st[r][i + q] = __fmaf_rn(da, st[r][i + q], __fmul_rn(bq[q], xv[r]));
+                acc[r] = __fmaf_rn(st[r][i + q], cq[q], acc[r]);
+              }
           }
-#pragma unroll
-          for (int i = 0; i < NL; i++)
-#pragma unroll
-            for (int r = 0; r < R; r++)
-              st[r][i] = __fmaf_rn(da, st[r][i], __fmul_rn(bq[i], xv[r]));
         } else {
 #pragma unroll
-          for (int i = 0; i < NL; i++) {
-            cq[i] = 0.0f;
+          for (int i = 0; i < NL; i++)
             if (i < nn) {
               const float bq = __fmul_rn(dt, bt[i]);
-              cq[i] = ct[i];
 #pragma unroll
-              for (int r = 0; r < R; r++) st[r][i] = __fmaf_rn(da, st[r][i], __fmul_rn(bq, xv[r]));
+              for (int r = 0; r < R; r++) {
+                st[r][i] = __fmaf_rn(da, st[r][i], __fmul_rn(bq, xv[r]));
+                acc[r] = __fmaf_rn(st[r][i], ct[i], acc[r]);
+              }
             }
-          }
         }
-      }
-      float acc[R];
-#pragma unroll
-      for (int r = 0; r < R; r++) {
-        acc[r] = __shfl_up_sync(0xffffffffu, hand[r], 1, KS);
-        if (j == 0) acc[r] = 0.0f;
-      }
-      if (act) {
-#pragma unroll
-        for (int i = 0; i < NL; i++)
-          if (FULL || i < nn)
-#pragma unroll
-            for (int r = 0; r < R; r++) acc[r] = __fmaf_rn(st[r][i], cq[i], acc[r]);
 #pragma unroll
         for (int r = 0; r < R; r++) hand[r] = acc[r];
         if (j == KS - 1) {

@@ -57,7 +57,8 @@ typedef struct mbd_mops_ssd_conv {
 } mbd_mops_ssd_conv;
 
 /* One token per sequence (T = 1): mbd_mops_conv_silu then mbd_mops_ssd_scan
- * in one launch, the same bits (xbc is not written). A group's B and C
+ * in one launch, the same bits (xbc is not written). Not on the model's
+ * path: on the H200 it took as long as the two launches it replaces. A group's B and C
  * windows are read by all of its blocks; the last of them to finish reading
  * (a ticket per sequence and group) advances them. */
 int mbd_mops_ssd_scan_conv(void *stream, int nseq, const mbd_mops_ssd_dims *dm, const float *A,
