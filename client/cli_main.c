@@ -293,6 +293,22 @@ static double now_s(void) {
 
 /* ---- status ------------------------------------------------------------- */
 
+/* One line of the broker's durable-session counters (docs/cli.md). */
+static void print_durable(const mbd_durable_status *d) {
+  if (d->budget_mb == 0) {
+    printf("durable: off (broker --durable-mb 0), %" PRIu64 " sessions lost\n", d->sessions_lost);
+    return;
+  }
+  char budget[40] = "";
+  if (d->budget_mb > 0) snprintf(budget, sizeof budget, " of %" PRId64 " MiB", d->budget_mb);
+  printf("durable: %" PRIu64 " sessions, %.1f MiB held%s, %" PRIu64 " checkpoints (%" PRIu64
+         " dropped), %" PRIu64 " sessions re-homed, %" PRIu64 " tokens replayed, %" PRIu64
+         " generates resumed, %" PRIu64 " sessions lost\n",
+         d->sessions, (double)d->checkpoint_bytes / (1024.0 * 1024.0), budget, d->checkpoints,
+         d->checkpoints_dropped, d->sessions_rehomed, d->replayed_tokens, d->generates_resumed,
+         d->sessions_lost);
+}
+
 static int cmd_status(int argc, char **argv) {
   static const int allowed[] = {O_CONNECT, O_FULL, O_DEADLINE, 0};
   cli_opts o;
@@ -300,7 +316,8 @@ static int cmd_status(int argc, char **argv) {
   if (rc < 0) {
     printf("usage: mambad status [--connect EP] [--full] [--deadline-ms N]\n"
            "Lists the workers the broker knows: name, route id (short; --full prints the full\n"
-           "id and the canonical route encoding), load/capacity, sessions, models.\n");
+           "id and the canonical route encoding), load/capacity, sessions, models; and the\n"
+           "broker's durable sessions: held, checkpoints, re-homed, replayed, lost.\n");
     return 0;
   }
   if (rc) return rc;
@@ -315,6 +332,7 @@ static int cmd_status(int argc, char **argv) {
   }
   printf("broker %s: %zu worker%s, %" PRId64 " queued\n", o.connect, r->n_workers,
          r->n_workers == 1 ? "" : "s", r->queue);
+  if (r->durable.reported) print_durable(&r->durable);
   if (r->n_workers) printf("%-16s %-14s %-9s %-8s %-8s %s\n", "WORKER", "ROUTE", "LOAD", "SESSIONS", "PID", "MODELS");
   for (size_t i = 0; i < r->n_workers; i++) {
     const mbd_worker_info *w = &r->workers[i];

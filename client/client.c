@@ -250,11 +250,29 @@ done:
   return rc;
 }
 
-/* Moves tensor `idx` of a FINAL reply into out: inline frames are taken from
- * the message without a copy (copied only when misaligned); shm refs into
- * `own` (the caller's output region) are borrowed. */
-static int take_tensor(mbd_msg *fin, const mbd_body *body, size_t idx, const mbd_shm *own,
+/* The caller's device output `own` as the reply names it in r: same handle
+ * and offset, and r's bytes within what own described. */
+static int take_device(const mbd_tensor_ref *r, size_t nbytes, const mbd_tensor_in *own,
                        mbd_tensor_out *out, mbd_error *err) {
+  size_t cap = 0;
+  if (!own || !own->device || mbd_tensor_desc_nbytes(&own->desc, &cap, NULL) ||
+      memcmp(r->ipc_handle, own->ipc_.mem, sizeof own->ipc_.mem) || r->offset != own->ipc_.offset ||
+      nbytes > cap)
+    return mbd_error_set(err, MBD_E_PROTOCOL,
+                         "reply tensor '%s' is a CUDA IPC ref that is not the device output this "
+                         "request passed",
+                         r->name);
+  out->data = (void *)(uintptr_t)own->device;
+  out->on_device = true;
+  return 0;
+}
+
+/* Moves tensor `idx` of a FINAL reply into out: inline frames are taken from
+ * the message without a copy (copied only when misaligned); shm and device
+ * refs into `own` (the caller's output) are borrowed. */
+static int take_tensor(mbd_msg *fin, const mbd_body *body, size_t idx, const mbd_tensor_in *own_in,
+                       mbd_tensor_out *out, mbd_error *err) {
+  const mbd_shm *own = own_in ? own_in->shm : NULL;
   memset(out, 0, sizeof *out);
   enum { CAP = 64 };
   mbd_tensor_ref *refs = calloc(CAP, sizeof *refs);
@@ -321,9 +339,7 @@ static int take_tensor(mbd_msg *fin, const mbd_body *body, size_t idx, const mbd
       rc = copy_from_shm(r, nbytes, out, err);
     }
   } else {
-    rc = mbd_error_set(err, MBD_E_UNSUPPORTED,
-                       "reply tensor '%s' is a CUDA IPC handle; this client reads host tensors only",
-                       r->name);
+    rc = take_device(r, nbytes, own_in, out, err);
   }
 done:
   if (rc != 0) mbd_tensor_out_release(out);
@@ -513,9 +529,19 @@ static void pack_tensors(msgpack_packer *pk, const char *key, const char *const 
     memset(&r, 0, sizeof r);
     snprintf(r.name, sizeof r.name, "%s", names[i]);
     r.desc = ts[i]->desc;
-    if (ts[i]->shm) {
-      size_t nb = 0;
-      mbd_tensor_desc_nbytes(&ts[i]->desc, &nb, NULL);
+    size_t nb = 0;
+    mbd_tensor_desc_nbytes(&ts[i]->desc, &nb, NULL);
+    if (ts[i]->device) {
+      const mbd_tensor_ipc_ *x = &ts[i]->ipc_;
+      _Static_assert(sizeof x->mem == MBD_IPC_HANDLE_BYTES && sizeof x->event == MBD_IPC_HANDLE_BYTES,
+                     "IPC handle sizes");
+      r.kind = MBD_TREF_CUDA_IPC;
+      memcpy(r.ipc_handle, x->mem, sizeof r.ipc_handle);
+      r.device = x->device;
+      r.offset = x->offset;
+      r.size = nb;
+      if ((r.has_event = x->has_event)) memcpy(r.ipc_event, x->event, sizeof r.ipc_event);
+    } else if (ts[i]->shm) {
       r.kind = MBD_TREF_SHM;
       snprintf(r.shm_name, sizeof r.shm_name, "%s", mbd_shm_name(ts[i]->shm));
       r.offset = ts[i]->offset;
@@ -531,7 +557,7 @@ static void pack_tensors(msgpack_packer *pk, const char *key, const char *const 
 static int add_payloads(mbd_msg *m, const mbd_tensor_in *const *ts, size_t n,
                              mbd_error *err) {
   for (size_t i = 0; i < n; i++) {
-    if (ts[i]->shm) continue;
+    if (ts[i]->shm || ts[i]->device) continue;
     size_t nb = 0;
     int rc = mbd_tensor_desc_nbytes(&ts[i]->desc, &nb, err);
     if (rc != 0) return rc;
@@ -548,7 +574,9 @@ static int check_in(const mbd_tensor_in *t, const char *what, mbd_error *err) {
   size_t nb = 0;
   int rc = mbd_tensor_desc_nbytes(&t->desc, &nb, err);
   if (rc != 0) return mbd_error_prefix(err, "%s", what);
-  if (t->shm) {
+  if (t->device) {
+    return 0; /* mbd_tensor_device checked it against its allocation */
+  } else if (t->shm) {
     size_t sz = mbd_shm_size(t->shm);
     if (t->offset > sz || nb > sz - t->offset)
       return mbd_error_set(err, MBD_E_INVALID,
@@ -558,6 +586,43 @@ static int check_in(const mbd_tensor_in *t, const char *what, mbd_error *err) {
     return mbd_error_set(err, MBD_E_INVALID, "%s: no data and no shm region", what);
   }
   return 0;
+}
+
+/* An output (mbd_call_opts.output or forward's out_ref): shm or device. */
+static int check_out(const mbd_tensor_in *t, const char *what, mbd_error *err) {
+  int rc = check_in(t, what, err);
+  if (rc == 0 && !t->shm && !t->device)
+    rc = mbd_error_set(err, MBD_E_INVALID, "%s: an output must be a shm or device tensor", what);
+  return rc;
+}
+
+/* Whether any of ts[0..n) or out is device memory: the request then carries
+ * this host's id, so the broker picks a worker that can open the handles. */
+static bool any_device(const mbd_tensor_in *const *ts, size_t n, const mbd_tensor_in *out) {
+  for (size_t i = 0; i < n; i++)
+    if (ts[i] && ts[i]->device) return true;
+  return out && out->device;
+}
+
+static void pack_host_id(msgpack_packer *pk) {
+  char host[128];
+  mbd_client_host_id(host, sizeof host);
+  mbd_pack_kv_str(pk, "host_id", host);
+}
+
+/* Packs "outputs": [out] and the host id when needed (the keys
+ * out_keys() counted). */
+static void pack_out(msgpack_packer *pk, const char *name, const mbd_tensor_in *const *ts,
+                     size_t n, const mbd_tensor_in *out, uint32_t *frame) {
+  if (out) {
+    const char *names[1] = {name};
+    pack_tensors(pk, "outputs", names, &out, 1, frame);
+  }
+  if (any_device(ts, n, out)) pack_host_id(pk);
+}
+
+static size_t out_keys(const mbd_tensor_in *const *ts, size_t n, const mbd_tensor_in *out) {
+  return (out != NULL) + any_device(ts, n, out);
 }
 
 /* A request body being packed. */
@@ -616,7 +681,7 @@ static int roundtrip(mbd_client *c, int64_t dl, uint8_t cmd, req_body *rb,
 /* roundtrip for the requests answered by one tensor (the first of the
  * reply's "tensors"); `own` is the caller's shm output region, if any. */
 static int roundtrip_tensor(mbd_client *c, int64_t dl, uint8_t cmd, req_body *rb,
-                            const mbd_tensor_in *const *ts, size_t n, const mbd_shm *own,
+                            const mbd_tensor_in *const *ts, size_t n, const mbd_tensor_in *own,
                             mbd_tensor_out *out, mbd_error *err) {
   reply r;
   int rc = roundtrip(c, dl, cmd, rb, ts, n, NULL, NULL, &r, err);
@@ -635,6 +700,32 @@ static int64_t int_field(const msgpack_object *map, const char *key, int64_t dfl
   if (v->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) return v->via.i64;
   if (v->type == MSGPACK_OBJECT_FLOAT64 || v->type == MSGPACK_OBJECT_FLOAT32) return (int64_t)v->via.f64;
   return dflt;
+}
+
+/* A counter of a map: its unsigned value, 0 when absent or not one. */
+static uint64_t count_field(const msgpack_object *map, const char *key) {
+  const msgpack_object *v = mbd_obj_get(map, key);
+  return v && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? v->via.u64 : 0;
+}
+
+/* The durable-session counters of STATUS's `counters` and the budget of its
+ * `config`; not reported when the counters are absent (an older broker). */
+static void parse_durable(const msgpack_object *root, mbd_durable_status *d) {
+  memset(d, 0, sizeof *d);
+  d->budget_mb = -1;
+  const msgpack_object *ctr = mbd_obj_get(root, "counters");
+  if (!ctr || ctr->type != MSGPACK_OBJECT_MAP || !mbd_obj_get(ctr, "durable_sessions")) return;
+  d->reported = true;
+  d->sessions = count_field(ctr, "durable_sessions");
+  d->checkpoint_bytes = count_field(ctr, "checkpoint_bytes");
+  d->checkpoints = count_field(ctr, "checkpoints");
+  d->checkpoints_dropped = count_field(ctr, "checkpoints_dropped");
+  d->sessions_rehomed = count_field(ctr, "sessions_rehomed");
+  d->replayed_tokens = count_field(ctr, "replayed_tokens");
+  d->generates_resumed = count_field(ctr, "generates_resumed");
+  d->sessions_lost = count_field(ctr, "sessions_lost");
+  const msgpack_object *cfg = mbd_obj_get(root, "config");
+  if (cfg && cfg->type == MSGPACK_OBJECT_MAP) d->budget_mb = int_field(cfg, "durable_mb", -1);
 }
 
 static int parse_worker(const msgpack_object *w, mbd_worker_info *wi, mbd_error *err) {
@@ -728,6 +819,7 @@ int mbd_client_status(mbd_client *c, mbd_status_report **out, mbd_error *err) {
   }
   const msgpack_object *root = mbd_body_root(rp.body);
   rep->queue = int_field(root, "queue", 0);
+  parse_durable(root, &rep->durable);
   if ((rc = parse_models(root, rep, err)) != 0) goto done;
   const msgpack_object *fs = mbd_obj_get(root, "failed");
   if (fs && fs->type == MSGPACK_OBJECT_ARRAY && fs->via.array.size > 0) {
@@ -790,6 +882,8 @@ int mbd_client_gemm(mbd_client *c, const mbd_call_opts *o, const char *dtype,
   int rc = check_in(a, "gemm input a", err);
   if (rc == 0) rc = check_in(b, "gemm input b", err);
   if (rc == 0 && bias) rc = check_in(bias, "gemm bias", err);
+  const mbd_tensor_in *out = o ? o->output : NULL;
+  if (rc == 0 && out) rc = check_out(out, "gemm output c", err);
   if (rc != 0) return rc;
   const char *names[3] = {"a", "b", "bias"};
   const mbd_tensor_in *ts[3] = {a, b, bias};
@@ -797,11 +891,12 @@ int mbd_client_gemm(mbd_client *c, const mbd_call_opts *o, const char *dtype,
   int64_t dl = deadline_(c, o);
   req_body rb;
   body_init(&rb);
-  route_head(&rb.pk, c, dl, route_(c, o), 1 + (dtype && *dtype));
+  route_head(&rb.pk, c, dl, route_(c, o), 1 + (dtype && *dtype) + out_keys(ts, n, out));
   if (dtype && *dtype) mbd_pack_kv_str(&rb.pk, "dtype", dtype);
   uint32_t frame = 0;
   pack_tensors(&rb.pk, "tensors", names, ts, n, &frame);
-  return roundtrip_tensor(c, dl, MBD_CMD_GEMM, &rb, ts, n, NULL, out_c, err);
+  pack_out(&rb.pk, "c", ts, n, out, &frame);
+  return roundtrip_tensor(c, dl, MBD_CMD_GEMM, &rb, ts, n, out, out_c, err);
 }
 
 int mbd_client_forward(mbd_client *c, const mbd_call_opts *o, const char *model,
@@ -810,31 +905,25 @@ int mbd_client_forward(mbd_client *c, const mbd_call_opts *o, const char *model,
   memset(logits, 0, sizeof *logits);
   if (!model || !*model) return mbd_error_set(err, MBD_E_INVALID, "forward: no model name given");
   int rc = check_in(input_ids, "forward input_ids", err);
-  if (rc == 0 && out_ref) {
-    rc = check_in(out_ref, "forward output", err);
-    if (rc == 0 && !out_ref->shm)
-      rc = mbd_error_set(err, MBD_E_INVALID, "forward output: only shm outputs can be named");
-  }
+  if (!out_ref && o) out_ref = o->output;
+  if (rc == 0 && out_ref) rc = check_out(out_ref, "forward output", err);
   if (rc != 0) return rc;
   if (input_ids->desc.dtype != MBD_DTYPE_I64 || input_ids->desc.ndim != 2)
     return mbd_error_set(err, MBD_E_SHAPE, "forward: input_ids must be i64 [B,T]");
   size_t nmk = 0;
   if ((rc = pack_model(NULL, model, &nmk, err)) != 0) return mbd_error_prefix(err, "forward: ");
   const char *names[1] = {"input_ids"};
-  const char *onames[1] = {"logits"};
   const mbd_tensor_in *ts[1] = {input_ids};
-  const mbd_tensor_in *os[1] = {out_ref};
   int64_t dl = deadline_(c, o);
   req_body rb;
   body_init(&rb);
-  route_head(&rb.pk, c, dl, route_(c, o), 1 + nmk + last_only + (out_ref != NULL));
+  route_head(&rb.pk, c, dl, route_(c, o), 1 + nmk + last_only + out_keys(ts, 1, out_ref));
   pack_model(&rb.pk, model, &nmk, NULL);
   if (last_only) mbd_pack_kv_bool(&rb.pk, "last_only", true);
   uint32_t frame = 0;
   pack_tensors(&rb.pk, "tensors", names, ts, 1, &frame);
-  if (out_ref) pack_tensors(&rb.pk, "outputs", onames, os, 1, &frame);
-  return roundtrip_tensor(c, dl, MBD_CMD_FORWARD, &rb, ts, 1, out_ref ? out_ref->shm : NULL,
-                          logits, err);
+  pack_out(&rb.pk, "logits", ts, 1, out_ref, &frame);
+  return roundtrip_tensor(c, dl, MBD_CMD_FORWARD, &rb, ts, 1, out_ref, logits, err);
 }
 
 /* ---- sessions ------------------------------------------------------------ */
@@ -928,6 +1017,8 @@ int mbd_session_prefill_cached(mbd_session *s, const mbd_call_opts *o,
                                mbd_error *err) {
   memset(logits, 0, sizeof *logits);
   int rc = check_in(input_ids, "prefill input_ids", err);
+  const mbd_tensor_in *out = o ? o->output : NULL;
+  if (rc == 0 && out) rc = check_out(out, "prefill output", err);
   if (rc != 0) return rc;
   if (npoints > MBD_PREFIX_POINTS_MAX || (npoints && !points))
     return mbd_error_set(err, MBD_E_INVALID, "prefill: at most %d cache points",
@@ -937,7 +1028,7 @@ int mbd_session_prefill_cached(mbd_session *s, const mbd_call_opts *o,
   int64_t dl = deadline_(s->c, o);
   req_body rb;
   body_init(&rb);
-  session_head(&rb.pk, s, dl, 1 + last_only + (npoints > 0));
+  session_head(&rb.pk, s, dl, 1 + last_only + (npoints > 0) + out_keys(ts, 1, out));
   if (last_only) mbd_pack_kv_bool(&rb.pk, "last_only", true);
   if (npoints) {
     mbd_pack_str(&rb.pk, "cache_points");
@@ -946,18 +1037,24 @@ int mbd_session_prefill_cached(mbd_session *s, const mbd_call_opts *o,
   }
   uint32_t frame = 0;
   pack_tensors(&rb.pk, "tensors", names, ts, 1, &frame);
-  return roundtrip_tensor(s->c, dl, MBD_CMD_PREFILL, &rb, ts, 1, NULL, logits, err);
+  pack_out(&rb.pk, "logits", ts, 1, out, &frame);
+  return roundtrip_tensor(s->c, dl, MBD_CMD_PREFILL, &rb, ts, 1, out, logits, err);
 }
 
 int mbd_session_step(mbd_session *s, const mbd_call_opts *o, int64_t token,
                      mbd_tensor_out *logits, mbd_error *err) {
   memset(logits, 0, sizeof *logits);
+  const mbd_tensor_in *out = o ? o->output : NULL;
+  int rc = out ? check_out(out, "step output", err) : 0;
+  if (rc != 0) return rc;
   int64_t dl = deadline_(s->c, o);
   req_body rb;
   body_init(&rb);
-  session_head(&rb.pk, s, dl, 1);
+  session_head(&rb.pk, s, dl, 1 + out_keys(NULL, 0, out));
   mbd_pack_kv_i64(&rb.pk, "token", token);
-  return roundtrip_tensor(s->c, dl, MBD_CMD_STEP, &rb, NULL, 0, NULL, logits, err);
+  uint32_t frame = 0;
+  pack_out(&rb.pk, "logits", NULL, 0, out, &frame);
+  return roundtrip_tensor(s->c, dl, MBD_CMD_STEP, &rb, NULL, 0, out, logits, err);
 }
 
 typedef struct gen_ctx {
@@ -993,11 +1090,16 @@ int mbd_session_generate(mbd_session *s, const mbd_call_opts *o, const mbd_gener
     return mbd_error_set(err, MBD_E_INVALID,
                          "generate: temperature must be >= 0, top_k >= 0 and top_p in [0,1]");
   bool sampled = p->temperature > 0;
+  const mbd_tensor_in *out = o ? o->output : NULL;
+  int rc = out ? check_out(out, "generate output", err) : 0;
+  if (rc != 0) return rc;
   int64_t dl = deadline_(s->c, o);
   req_body rb;
   body_init(&rb);
   msgpack_packer *pk = &rb.pk;
-  session_head(pk, s, dl, 2 + (sampled ? 4 : 0));
+  session_head(pk, s, dl, 2 + (sampled ? 4 : 0) + out_keys(NULL, 0, out));
+  uint32_t frame = 0;
+  pack_out(pk, "tokens", NULL, 0, out, &frame);
   mbd_pack_kv_i64(pk, "max_tokens", p->max_tokens);
   mbd_pack_str(pk, "stop");
   msgpack_pack_array(pk, p->n_stop);
@@ -1010,7 +1112,7 @@ int mbd_session_generate(mbd_session *s, const mbd_call_opts *o, const mbd_gener
   }
   gen_ctx g = {cb, user};
   reply rp;
-  int rc = roundtrip(s->c, dl, MBD_CMD_GENERATE, &rb, NULL, 0, gen_partial, &g, &rp, err);
+  rc = roundtrip(s->c, dl, MBD_CMD_GENERATE, &rb, NULL, 0, gen_partial, &g, &rp, err);
   if (rc != 0) return rc;
   rc = i64_list(mbd_body_root(rp.body), "tokens", tokens, n_tokens, err);
   int64_t pb = 0;
@@ -1027,12 +1129,17 @@ int mbd_session_generate(mbd_session *s, const mbd_call_opts *o, const mbd_gener
 int mbd_session_export(mbd_session *s, const mbd_call_opts *o, mbd_session_state **out,
                        mbd_error *err) {
   *out = NULL;
+  const mbd_tensor_in *dst = o ? o->output : NULL;
+  int rc = dst ? check_out(dst, "export output", err) : 0;
+  if (rc != 0) return rc;
   int64_t dl = deadline_(s->c, o);
   req_body rb;
   body_init(&rb);
-  session_head(&rb.pk, s, dl, 0);
+  session_head(&rb.pk, s, dl, out_keys(NULL, 0, dst));
+  uint32_t frame = 0;
+  pack_out(&rb.pk, "state", NULL, 0, dst, &frame);
   reply rp;
-  int rc = roundtrip(s->c, dl, MBD_CMD_EXPORT, &rb, NULL, 0, NULL, NULL, &rp, err);
+  rc = roundtrip(s->c, dl, MBD_CMD_EXPORT, &rb, NULL, 0, NULL, NULL, &rp, err);
   if (rc != 0) return rc;
   mbd_session_state *st = calloc(1, sizeof *st);
   if (!st) {
@@ -1057,7 +1164,7 @@ int mbd_session_export(mbd_session *s, const mbd_call_opts *o, mbd_session_state
     goto done;
   }
   for (size_t i = 0; i < ts->via.array.size; i++) {
-    rc = take_tensor(rp.fin, rp.body, i, NULL, &st->tensors[i], err);
+    rc = take_tensor(rp.fin, rp.body, i, i == 0 ? dst : NULL, &st->tensors[i], err);
     if (rc != 0) goto done;
     st->n_tensors = i + 1;
   }
@@ -1093,10 +1200,16 @@ int mbd_session_import(mbd_client *c, const mbd_call_opts *o, const mbd_session_
   mbd_tensor_in ins[64];
   const mbd_tensor_in *ts[64];
   const char *names[64];
+  bool dev = false;
   for (size_t i = 0; i < st->n_tensors; i++) {
     memset(&ins[i], 0, sizeof ins[i]);
     ins[i].desc = st->tensors[i].desc;
     ins[i].data = st->tensors[i].data;
+    if (st->tensors[i].on_device) { /* exported into device memory: sent from there */
+      int rc = mbd_tensor_device(st->tensors[i].data, &st->tensors[i].desc, NULL, &ins[i], err);
+      if (rc != 0) return mbd_error_prefix(err, "import");
+      dev = true;
+    }
     ts[i] = &ins[i];
     names[i] = st->tensors[i].name[0] ? st->tensors[i].name : "state";
   }
@@ -1104,7 +1217,8 @@ int mbd_session_import(mbd_client *c, const mbd_call_opts *o, const mbd_session_
   req_body rb;
   body_init(&rb);
   bool pin = mbd_digest_prefix_ok(st->model_digest);
-  route_head(&rb.pk, c, dl, &want, 2 + pin);
+  route_head(&rb.pk, c, dl, &want, 2 + pin + dev);
+  if (dev) pack_host_id(&rb.pk);
   mbd_pack_kv_str(&rb.pk, "model", st->model);
   if (pin) mbd_pack_kv_str(&rb.pk, "model_digest", st->model_digest);
   uint32_t frame = 0;

@@ -86,30 +86,56 @@ int mbd_client_cancel(mbd_client *c, uint64_t request_id, mbd_error *err);
  * stops a streaming generate). flag NULL: no interrupt. The flag is not reset. */
 void mbd_client_set_interrupt(mbd_client *c, volatile sig_atomic_t *flag);
 
+struct mbd_tensor_in;
+
 /* Per-call overrides; pass NULL to use the client's options. */
 typedef struct mbd_call_opts {
   const mbd_route_want *route; /* NULL = client default */
   int64_t deadline_ms;         /* 0 = client default */
+  /* Where the request's result goes instead of the reply: a shm tensor
+   * (mbd_shm_tensor) or device memory (mbd_tensor_device). NULL = inline in
+   * the reply. Its dtype and shape must be the result's: GEMM c F32 [M,N];
+   * FORWARD / PREFILL / STEP logits (as documented at each call); GENERATE
+   * I64 [max_tokens] (tokens [0, n) are written; *tokens still gets them);
+   * EXPORT I64 [n] with n * 8 >= the state's bytes (the state is written
+   * from byte 0; the returned tensor's shape says how much). The returned
+   * mbd_tensor_out then borrows the caller's memory (on_device says which). */
+  const struct mbd_tensor_in *output;
 } mbd_call_opts;
 
 /* ---- tensors ----------------------------------------------------------- */
 
-/* A request tensor: host bytes copied into the message, or a reference into a
- * shared-memory region (zero copy; worker on the same host only). */
+/* Private to libmambad: the CUDA IPC export of a device tensor. */
+typedef struct mbd_tensor_ipc_ {
+  uint8_t mem[64];   /* cudaIpcMemHandle_t of the allocation holding the tensor */
+  uint8_t event[64]; /* cudaIpcEventHandle_t of the caller's event, when has_event */
+  uint64_t offset;   /* of the tensor's first byte in that allocation */
+  int32_t device;    /* CUDA ordinal of the allocation in this process */
+  bool has_event;
+} mbd_tensor_ipc_;
+
+/* A request tensor: host bytes copied into the message, a reference into a
+ * shared-memory region, or CUDA device memory (zero copy; worker on the same
+ * host only). Zero it, then fill desc and one of data / shm (or use
+ * mbd_shm_tensor, mbd_tensor_device). */
 typedef struct mbd_tensor_in {
   mbd_tensor_desc desc; /* dtype + shape */
-  const void *data;     /* inline bytes (ignored when shm is set); borrowed for the call */
+  const void *data;     /* inline bytes (ignored when shm or device is set); borrowed for the call */
   const mbd_shm *shm;   /* when non-NULL: bytes live at [offset, offset + nbytes) of shm */
   uint64_t offset;      /* byte offset into shm */
+  const void *device;   /* when non-NULL: CUDA device memory of this process (mbd_tensor_device) */
+  mbd_tensor_ipc_ ipc_; /* private: filled by mbd_tensor_device */
 } mbd_tensor_in;
 
-/* A reply tensor. data is owned by the library unless it points into a region
- * the caller passed as an output (then it is borrowed from that mbd_shm). */
+/* A reply tensor. data is owned by the library unless it points into memory
+ * the caller passed as the output (mbd_call_opts.output: borrowed from that
+ * mbd_shm or device buffer). */
 typedef struct mbd_tensor_out {
   char name[64];        /* name from the reply ("logits") */
   mbd_tensor_desc desc; /* dtype + shape */
   void *data;           /* nbytes bytes, at least 4-byte aligned */
   size_t nbytes;
+  bool on_device;       /* data is the caller's CUDA device memory (a device output) */
   void *owner_;         /* private: what to free */
 } mbd_tensor_out;
 /* Frees what the library owns and zeroes *t; NULL-safe. */
@@ -186,6 +212,22 @@ typedef struct mbd_failed_worker {
   int64_t age_ms;   /* since it reported */
 } mbd_failed_worker;
 
+/* The broker's durable sessions (checkpoints it holds to re-home the
+ * sessions of a worker that dies; docs/architecture.md "Durable sessions").
+ * Counters count since the broker started; "now" values are current. */
+typedef struct mbd_durable_status {
+  bool reported;                /* the broker sent these (false: all 0, budget_mb -1) */
+  int64_t budget_mb;            /* its --durable-mb (0 = it keeps none), -1 if not sent */
+  uint64_t sessions;            /* durable sessions held now */
+  uint64_t checkpoint_bytes;    /* bytes held now: checkpoints, token logs, records */
+  uint64_t checkpoints;         /* checkpoints kept */
+  uint64_t checkpoints_dropped; /* checkpoints refused: over the budget */
+  uint64_t sessions_rehomed;    /* sessions restored on another worker after theirs died */
+  uint64_t replayed_tokens;     /* tokens those restores replayed after their checkpoints */
+  uint64_t generates_resumed;   /* GENERATEs continued on the new worker */
+  uint64_t sessions_lost;       /* sessions whose worker died and that could not be re-homed */
+} mbd_durable_status;
+
 typedef struct mbd_status_report {
   size_t n_workers;
   mbd_worker_info *workers;
@@ -194,6 +236,7 @@ typedef struct mbd_status_report {
   mbd_model_entry *models; /* distinct (name, digest) pairs */
   size_t n_failed;
   mbd_failed_worker *failed; /* workers that could not start, and why */
+  mbd_durable_status durable; /* durable sessions */
 } mbd_status_report;
 
 /* Asks the broker for its workers, their routes, models and load. *out is
@@ -216,7 +259,8 @@ int mbd_client_gemm(mbd_client *c, const mbd_call_opts *o, const char *dtype,
  * digest that answered is in mbd_client_last_reply()->model_digest. */
 
 /* input_ids I64 [B,T] -> logits F32 [B,T,V] ([B,V] when last_only). When
- * out_ref is a shm tensor, the worker is asked to write the logits there. */
+ * out_ref (or o->output) is a shm or device tensor, the worker is asked to
+ * write the logits there. */
 int mbd_client_forward(mbd_client *c, const mbd_call_opts *o, const char *model,
                        const mbd_tensor_in *input_ids, bool last_only,
                        const mbd_tensor_in *out_ref, mbd_tensor_out *logits, mbd_error *err);
@@ -295,7 +339,32 @@ typedef struct mbd_session_state {
 int mbd_session_export(mbd_session *s, const mbd_call_opts *o, mbd_session_state **out,
                        mbd_error *err);
 void mbd_session_state_free(mbd_session_state **st);
-/* ---- CUDA IPC tensors (builds with CUDA only: client/cuda_ipc.c) ------- */
+/* ---- CUDA device tensors ------------------------------------------------
+ * A tensor in this process's CUDA device memory can be an input (any tensor
+ * argument) or the output (mbd_call_opts.output) of any request. The worker,
+ * on the same host and running as the same uid (or root), reads and writes
+ * it in place through a CUDA IPC handle that the library exports; workers
+ * cache opened handles, so a buffer reused across requests costs its open
+ * once. Ordering, the rule the caller follows (docs/protocol.md, "CUDA IPC"):
+ *  - inputs: with cuda_event, the worker's stream waits on the event's last
+ *    record before touching the memory, so record it after the work that
+ *    produces the data and before sending the request. Without an event the
+ *    data must be complete (stream synchronized) before the call.
+ *  - outputs: the reply comes after the worker's writes are complete on the
+ *    device; when the call returns, the data is there for any stream.
+ *  - do not free or reuse a buffer while a request naming it runs (also one
+ *    that timed out or was cancelled: the worker may still be finishing).
+ * In builds without CUDA these calls return MBD_E_UNSUPPORTED. */
+
+/* Fills *out as the device tensor desc at `ptr` (anywhere inside a cudaMalloc
+ * allocation of this process; the nbytes of desc must fit the allocation
+ * from there). cuda_event (a cudaEvent_t created with cudaEventInterprocess |
+ * cudaEventDisableTiming) may be NULL; it is exported once here and may be
+ * recorded again for each request that reuses *out. MBD_E_INVALID when ptr
+ * is not device memory or the range does not fit, MBD_E_DEVICE when CUDA
+ * refuses the export. */
+int mbd_tensor_device(const void *ptr, const mbd_tensor_desc *desc, void *cuda_event,
+                      mbd_tensor_in *out, mbd_error *err);
 
 struct mbd_tensor_ref; /* common/protocol.h: the request body's tensor ref */
 
@@ -307,7 +376,8 @@ struct mbd_tensor_ref; /* common/protocol.h: the request body's tensor ref */
  * waits on it before reading. Send the request with the client's host id
  * (mbd_client_host_id): only workers on the same host can open the handle.
  * MBD_E_INVALID when the range does not fit the allocation, MBD_E_DEVICE when
- * CUDA refuses the export. */
+ * CUDA refuses the export. (For hand-packed requests; libmambad's own calls
+ * take mbd_tensor_device tensors.) */
 int mbd_cuda_ipc_ref(const void *alloc_base, size_t alloc_bytes, uint64_t offset,
                      const mbd_tensor_desc *desc, const char *name, void *cuda_event,
                      struct mbd_tensor_ref *out, mbd_error *err);

@@ -48,6 +48,7 @@
 #define MBD_DEFAULT_PREFIX_CACHE_MB 256
 #define MBD_PREFIX_CACHE_MB_MAX (1 << 20)
 #define MBD_DEFAULT_PREFIX_BLOCK 256
+#define MBD_PREFIX_BLOCK_MAX (1 << 24)
 /* The broker prefers the worker holding a request's longest cached prefix
  * while that worker's in-flight load is under this percentage of its capacity. */
 #define MBD_PREFIX_ROUTE_LOAD_PCT 75
@@ -64,5 +65,8 @@
 /* Tokens the broker logs per session since its last checkpoint; past it the
  * session is not durable until its next checkpoint. */
 #define MBD_DURABLE_LOG_MAX 65536
+/* Largest --checkpoint-ms a worker and --durable-mb the broker accept. */
+#define MBD_CHECKPOINT_MS_MAX 3600000
+#define MBD_DURABLE_MB_MAX (1 << 24)
 
 #endif

@@ -236,6 +236,46 @@ static int parse_http(walker *w, const yaml_node_t *n, mbd_deploy_config *c) {
   return 0;
 }
 
+/* The deployment-wide durable settings (before the workers, which inherit
+ * the cadence). A cadence needs a broker that keeps checkpoints. */
+static int parse_durable(walker *w, const yaml_node_t *n, mbd_deploy_config *c) {
+  static const char *const keys[] = {"checkpoint_tokens", "checkpoint_ms", "budget_mb", NULL};
+  int rc = check_keys(w, n, "durable", keys);
+  if (rc) return rc;
+  yaml_node_t *v;
+  if ((v = map_get(w, n, "checkpoint_tokens")) &&
+      (rc = get_int32(w, v, "durable.checkpoint_tokens", 0, MBD_DURABLE_LOG_MAX,
+                      &c->checkpoint_tokens)))
+    return rc;
+  if ((v = map_get(w, n, "checkpoint_ms")) &&
+      (rc = get_int32(w, v, "durable.checkpoint_ms", 0, MBD_CHECKPOINT_MS_MAX, &c->checkpoint_ms)))
+    return rc;
+  if ((v = map_get(w, n, "budget_mb")) &&
+      (rc = get_int(w, v, "durable.budget_mb", 0, MBD_DURABLE_MB_MAX, &c->durable_mb)))
+    return rc;
+  if ((c->checkpoint_tokens || c->checkpoint_ms) && !c->durable_mb)
+    return failf(w, MBD_E_INVALID, n, "durable",
+                 "budget_mb: 0 keeps no checkpoints, so the workers' checkpoint_tokens/_ms "
+                 "would be sent for nothing: set budget_mb > 0 or both cadences to 0");
+  return 0;
+}
+
+/* The deployment-wide prefix state cache (before the workers, which inherit it). */
+static int parse_prefix_cache(walker *w, const yaml_node_t *n, mbd_deploy_config *c) {
+  static const char *const keys[] = {"mb", "block", NULL};
+  int rc = check_keys(w, n, "prefix_cache", keys);
+  if (rc) return rc;
+  mbd_deploy_prefix_cache *pc = &c->prefix_cache;
+  yaml_node_t *v;
+  if ((v = map_get(w, n, "mb")) &&
+      (rc = get_int(w, v, "prefix_cache.mb", 0, MBD_PREFIX_CACHE_MB_MAX, &pc->mb)))
+    return rc;
+  if ((v = map_get(w, n, "block")) &&
+      (rc = get_int32(w, v, "prefix_cache.block", 0, MBD_PREFIX_BLOCK_MAX, &pc->block)))
+    return rc;
+  return 0;
+}
+
 static int parse_models(walker *w, const yaml_node_t *n, const char *base_dir,
                         mbd_deploy_config *c) {
   static const char *const keys[] = {"name", "path", "default_digest", NULL};
@@ -307,7 +347,8 @@ static int parse_device(walker *w, const yaml_node_t *v, const char *field, mbd_
 static int parse_worker(walker *w, const yaml_node_t *m, size_t i, mbd_deploy_config *c) {
   static const char *const keys[] = {"name",     "device",    "dtype",          "gemm_mode",
                                      "threads",  "capacity",  "sessions",       "max_batch",
-                                     "session_idle_s", "models", "count", NULL};
+                                     "session_idle_s", "checkpoint_tokens", "checkpoint_ms",
+                                     "prefix_cache_mb", "prefix_block", "models", "count", NULL};
   mbd_deploy_worker *wk = &c->workers[i];
   char field[64];
   snprintf(field, sizeof field, "workers[%zu]", i);
@@ -352,6 +393,42 @@ static int parse_worker(walker *w, const yaml_node_t *m, size_t i, mbd_deploy_co
     return rc;
   if ((v = map_get(w, m, "session_idle_s")) &&
       (rc = get_int32(w, v, FIELD("session_idle_s"), 1, 86400 * 30, &wk->session_idle_s)))
+    return rc;
+  wk->checkpoint_tokens = c->checkpoint_tokens;
+  wk->checkpoint_ms = c->checkpoint_ms;
+  const yaml_node_t *cadence = NULL; /* the worker's own cadence key, for the check below */
+  const char *cadence_key = NULL;
+  if ((v = map_get(w, m, "checkpoint_tokens"))) {
+    if ((rc = get_int32(w, v, FIELD("checkpoint_tokens"), 0, MBD_DURABLE_LOG_MAX,
+                        &wk->checkpoint_tokens)))
+      return rc;
+    if (wk->checkpoint_tokens) {
+      cadence = v;
+      cadence_key = "checkpoint_tokens";
+    }
+  }
+  if ((v = map_get(w, m, "checkpoint_ms"))) {
+    if ((rc = get_int32(w, v, FIELD("checkpoint_ms"), 0, MBD_CHECKPOINT_MS_MAX,
+                        &wk->checkpoint_ms)))
+      return rc;
+    if (wk->checkpoint_ms && !cadence) {
+      cadence = v;
+      cadence_key = "checkpoint_ms";
+    }
+  }
+  if (cadence && !c->durable_mb)
+    return failf(w, MBD_E_INVALID, cadence, FIELD(cadence_key),
+                 "worker '%s' checkpoints, but durable.budget_mb is 0 (the broker keeps none): "
+                 "set durable.budget_mb > 0 or this worker's cadences to 0",
+                 wk->name);
+  wk->prefix_cache = c->prefix_cache;
+  if ((v = map_get(w, m, "prefix_cache_mb")) &&
+      (rc = get_int(w, v, FIELD("prefix_cache_mb"), 0, MBD_PREFIX_CACHE_MB_MAX,
+                    &wk->prefix_cache.mb)))
+    return rc;
+  if ((v = map_get(w, m, "prefix_block")) &&
+      (rc = get_int32(w, v, FIELD("prefix_block"), 0, MBD_PREFIX_BLOCK_MAX,
+                      &wk->prefix_cache.block)))
     return rc;
   if ((v = map_get(w, m, "count"))) {
     if ((rc = get_int32(w, v, FIELD("count"), 1, 64, &wk->count))) return rc;
@@ -536,6 +613,11 @@ int mbd_deploy_config_parse(const char *text, size_t len, const char *label, con
   c->queue_mb = MBD_DEFAULT_QUEUE_MB;
   c->max_message_mb = MBD_DEFAULT_MAX_MESSAGE_MB;
   c->default_deadline_ms = MBD_DEFAULT_DEADLINE_MS;
+  c->durable_mb = MBD_DEFAULT_DURABLE_MB;
+  c->checkpoint_tokens = MBD_DEFAULT_CHECKPOINT_TOKENS;
+  c->checkpoint_ms = MBD_DEFAULT_CHECKPOINT_MS;
+  c->prefix_cache.mb = MBD_DEFAULT_PREFIX_CACHE_MB;
+  c->prefix_cache.block = MBD_DEFAULT_PREFIX_BLOCK;
 
   yaml_parser_t parser;
   yaml_document_t doc;
@@ -562,7 +644,8 @@ int mbd_deploy_config_parse(const char *text, size_t len, const char *label, con
     rc = mbd_error_set(err, MBD_E_FORMAT, "%s:1: the file is empty; it needs at least a broker: section", label);
     goto fail;
   }
-  static const char *const keys[] = {"broker", "models", "workers", "security", "http", NULL};
+  static const char *const keys[] = {"broker",  "durable",  "prefix_cache", "models",
+                                     "workers", "security", "http",         NULL};
   if ((rc = check_keys(&w, root, "top level", keys))) goto fail;
   yaml_node_t *v = map_get(&w, root, "broker");
   if (!v) {
@@ -570,6 +653,9 @@ int mbd_deploy_config_parse(const char *text, size_t len, const char *label, con
     goto fail;
   }
   if ((rc = parse_broker(&w, v, c))) goto fail;
+  /* durable and prefix_cache before workers: workers inherit them */
+  if ((v = map_get(&w, root, "durable")) && (rc = parse_durable(&w, v, c))) goto fail;
+  if ((v = map_get(&w, root, "prefix_cache")) && (rc = parse_prefix_cache(&w, v, c))) goto fail;
   /* models before workers: workers name catalogue entries */
   if ((v = map_get(&w, root, "models")) && (rc = parse_models(&w, v, base_dir, c))) goto fail;
   if ((v = map_get(&w, root, "workers")) && (rc = parse_workers(&w, v, c))) goto fail;

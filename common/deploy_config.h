@@ -4,9 +4,13 @@
  *
  *   broker:   {clients: EP, workers: EP, heartbeat_ms, liveness, queue_limit,
  *              max_message_mb, default_deadline_ms}
+ *   durable:  {checkpoint_tokens, checkpoint_ms, budget_mb}   durable sessions: the
+ *              cadence of every worker that sets none, the broker's --durable-mb
+ *   prefix_cache: {mb, block}   every worker's prefix state cache unless it sets its own
  *   models:   [{name, path, default_digest?}]  path relative to the YAML file's directory
  *   workers:  [{name, device: cpu | cuda:N | all, dtype, gemm_mode, threads,
- *              capacity, max_batch, session_idle_s, models: [names], count}]
+ *              capacity, max_batch, session_idle_s, checkpoint_tokens,
+ *              checkpoint_ms, prefix_cache_mb, prefix_block, models: [names], count}]
  *   http:     {listen: "HOST:PORT", max_body_bytes, conn_timeout_s, max_running,
  *              deadline_ms}    starts mambad-gateway serving every model
  *   security: {curve: bool, broker_key: FILE, worker_key: FILE, client_keys: SPEC,
@@ -49,6 +53,15 @@ typedef enum mbd_deploy_device {
   MBD_DEPLOY_DEVICE_ALL = 2,  /* one worker per visible GPU */
 } mbd_deploy_device;
 
+/* A worker's prefix state cache (docs/architecture.md "Prefix state cache").
+ * Each value is the worker's flag; `mambad up` passes the ones that differ
+ * from the worker's default (common/defaults.h). A new cache setting is one
+ * more field here, one key in the prefix_cache: section and in workers[]. */
+typedef struct mbd_deploy_prefix_cache {
+  int64_t mb; /* --prefix-cache-mb: host MiB per model (0 = off) */
+  int block;  /* --prefix-block: tokens between cached boundaries (0 = off) */
+} mbd_deploy_prefix_cache;
+
 typedef struct mbd_deploy_worker {
   char name[MBD_DEPLOY_NAME_MAX]; /* worker name (replicas get "-<i>" appended) */
   mbd_deploy_device device;
@@ -60,6 +73,9 @@ typedef struct mbd_deploy_worker {
   int sessions;                   /* session slots (--sessions), 0 = worker default */
   int max_batch;                  /* batch size cap, 0 = worker default */
   int session_idle_s;             /* idle session expiry, 0 = worker default */
+  int checkpoint_tokens;          /* --checkpoint-tokens: its own, else durable:'s; 0 = off */
+  int checkpoint_ms;              /* --checkpoint-ms: its own, else durable:'s; 0 = off */
+  mbd_deploy_prefix_cache prefix_cache; /* its own keys, else the prefix_cache: section's */
   int count;                      /* replicas (cpu only), >= 1 */
   size_t n_models;
   int models[MBD_DEPLOY_MAX_MODELS]; /* indexes into the catalogue */
@@ -105,6 +121,10 @@ typedef struct mbd_deploy_config {
   int64_t queue_mb;                /* broker queue, MiB of bodies and payloads */
   int64_t max_message_mb;          /* message cap of the broker and every worker */
   int64_t default_deadline_ms;     /* deadline of requests that name none */
+  int64_t durable_mb;              /* durable.budget_mb: the broker's --durable-mb (0 = none) */
+  int checkpoint_tokens;           /* durable.checkpoint_tokens: every worker's unless set */
+  int checkpoint_ms;               /* durable.checkpoint_ms: likewise */
+  mbd_deploy_prefix_cache prefix_cache; /* prefix_cache: every worker's unless set */
   size_t n_models;
   mbd_deploy_model models[MBD_DEPLOY_MAX_MODELS];
   size_t n_workers;

@@ -36,6 +36,7 @@
 
 #include "client/mambad.h"
 #include "common/curve.h"
+#include "common/defaults.h"
 #include "common/deploy_config.h"
 
 #define MAX_CHILDREN (1 + MBD_DEPLOY_MAX_WORKERS * 64)
@@ -201,6 +202,13 @@ static int add_worker(supervisor *s, const mbd_deploy_config *cfg, const mbd_dep
   if (w->sessions) rc |= add_arg(c, "--sessions") | add_arg(c, "%d", w->sessions);
   if (w->max_batch) rc |= add_arg(c, "--max-batch") | add_arg(c, "%d", w->max_batch);
   if (w->session_idle_s) rc |= add_arg(c, "--session-idle-s") | add_arg(c, "%d", w->session_idle_s);
+  if (w->checkpoint_tokens)
+    rc |= add_arg(c, "--checkpoint-tokens") | add_arg(c, "%d", w->checkpoint_tokens);
+  if (w->checkpoint_ms) rc |= add_arg(c, "--checkpoint-ms") | add_arg(c, "%d", w->checkpoint_ms);
+  if (w->prefix_cache.mb != MBD_DEFAULT_PREFIX_CACHE_MB)
+    rc |= add_arg(c, "--prefix-cache-mb") | add_arg(c, "%" PRId64, w->prefix_cache.mb);
+  if (w->prefix_cache.block != MBD_DEFAULT_PREFIX_BLOCK)
+    rc |= add_arg(c, "--prefix-block") | add_arg(c, "%d", w->prefix_cache.block);
   rc |= add_arg(c, "--heartbeat-ms") | add_arg(c, "%" PRId64, cfg->heartbeat_ms);
   rc |= add_arg(c, "--liveness") | add_arg(c, "%" PRId64, cfg->liveness);
   rc |= add_arg(c, "--max-message-mb") | add_arg(c, "%" PRId64, cfg->max_message_mb);
@@ -281,6 +289,7 @@ static int plan(supervisor *s, const mbd_deploy_config *cfg, mbd_error *err) {
     rc |= add_arg(b, "--queue-mb") | add_arg(b, "%" PRId64, cfg->queue_mb);
     rc |= add_arg(b, "--max-message-mb") | add_arg(b, "%" PRId64, cfg->max_message_mb);
     rc |= add_arg(b, "--default-deadline-ms") | add_arg(b, "%" PRId64, cfg->default_deadline_ms);
+    rc |= add_arg(b, "--durable-mb") | add_arg(b, "%" PRId64, cfg->durable_mb);
     for (size_t i = 0; i < cfg->n_models; i++)
       if (cfg->models[i].default_digest[0])
         rc |= add_arg(b, "--default-digest") |

@@ -76,10 +76,23 @@ typedef struct mbd_backend_ops {
                      const int64_t *tokens, int64_t n, int64_t *next, float *logits,
                      mbd_error *err);
   /* Optional (NULL on backends without device memory): CUDA IPC tensors.
-   * ipc_read copies the nbytes of ref r (a checked range of the client's
-   * allocation, after the client's event when r names one) to host dst;
-   * ipc_write copies host src into it. Bad, stale or foreign handles and
+   * ipc_map resolves the first nbytes of ref r to an address in this
+   * backend's device address space: the handle is opened once and cached,
+   * [offset, offset + size) is checked against the real allocation, and when
+   * r names the client's event the backend's stream waits on it, so what
+   * follows runs after the client's writes. Such an address may stand for
+   * any tensor argument of gemm (A, B, bias, C) and for the logits of
+   * forward, prefill and prefill_batch: the backend reads or writes it in
+   * place on the device (token ids, step logits and state images stay host
+   * memory). It stays valid until the backend has opened 256 other handles
+   * (its cache), so callers resolve it again before a use that follows other
+   * requests. Every op returns after its writes into such memory are
+   * complete on the device.
+   * ipc_read copies the nbytes of ref r (after the client's event) to host
+   * dst; ipc_write copies host src into it. Bad, stale or foreign handles and
    * ranges outside the allocation fail the request, never the worker. */
+  int (*ipc_map)(mbd_backend *b, const mbd_tensor_ref *r, size_t nbytes, void **dev,
+                 mbd_error *err);
   int (*ipc_read)(mbd_backend *b, const mbd_tensor_ref *r, void *dst, size_t nbytes,
                   mbd_error *err);
   int (*ipc_write)(mbd_backend *b, const mbd_tensor_ref *r, const void *src, size_t nbytes,

@@ -21,12 +21,17 @@
 #define MAX_FORWARD_ROWS 4096 /* sequences per FORWARD */
 
 /* Input bytes, copied to an aligned buffer (*own) only when the frame is not
- * aligned for the element type. */
-static int get_input(mbd_wstate *st, const mbd_msg *msg, const mbd_tensor_ref *r, const void **data,
-                     size_t *nbytes, void **own, mbd_error *err) {
+ * aligned for the element type. A CUDA IPC input is device memory used in
+ * place when `on_device` (the backend reads it there: GEMM operands), else
+ * copied down (token ids, which are checked on the host before any kernel
+ * indexes with them, and state images: small). */
+static int get_input(mbd_wstate *st, const mbd_msg *msg, const mbd_tensor_ref *r, bool on_device,
+                     const void **data, size_t *nbytes, void **own, mbd_error *err) {
   *own = NULL;
   int rc;
-  if (r->kind == MBD_TREF_CUDA_IPC && st->be->ops->ipc_read) { /* staged through host */
+  if (r->kind == MBD_TREF_CUDA_IPC && on_device && st->be->ops->ipc_map)
+    return mbd_wreq_input_dev(st->be, r, data, nbytes, err);
+  if (r->kind == MBD_TREF_CUDA_IPC && st->be->ops->ipc_read) {
     if ((rc = mbd_tensor_desc_nbytes(&r->desc, nbytes, err))) return rc;
     if (!(*own = malloc(*nbytes ? *nbytes : 1)))
       return mbd_error_set(err, MBD_E_NOMEM, "out of memory for IPC tensor '%s'", r->name);
@@ -50,28 +55,17 @@ static int get_input(mbd_wstate *st, const mbd_msg *msg, const mbd_tensor_ref *r
   return MBD_OK;
 }
 
-/* Destination for a result `want`: the request's shm output when given, else
- * a malloc'ed buffer (*own) that becomes the reply's payload frame. */
+/* Destination for a result `want`: the request's shm output or the client's
+ * device memory (CUDA IPC, written in place) when given, else a malloc'ed
+ * buffer (*own) that becomes the reply's payload frame. */
 static int get_output(mbd_wstate *st, const mbd_wreq *q, const mbd_tensor_desc *want, void **dst,
                       void **own, mbd_error *err) {
   *own = NULL;
   size_t nbytes;
   int rc = mbd_tensor_desc_nbytes(want, &nbytes, err);
   if (rc) return rc;
-  if (q->noutputs && q->outputs[0].kind == MBD_TREF_CUDA_IPC && st->be->ops->ipc_read) {
-    /* Computed on the host, then copied into the IPC range by reply_tensor. */
-    const mbd_tensor_desc *d = &q->outputs[0].desc;
-    bool same = d->dtype == want->dtype && d->ndim == want->ndim;
-    for (int i = 0; same && i < want->ndim; i++) same = d->shape[i] == want->shape[i];
-    if (!same)
-      return mbd_error_set(err, MBD_E_SHAPE, "IPC output '%s' does not have the result's shape",
-                           q->outputs[0].name);
-    if (!(*own = malloc(nbytes ? nbytes : 1)))
-      return mbd_error_set(err, MBD_E_NOMEM, "out of memory for a %zu-byte result", nbytes);
-    *dst = *own;
-    return MBD_OK;
-  }
-  if (q->noutputs) return mbd_wreq_output(&q->outputs[0], want, st->shm, dst, err);
+  bool on_device;
+  if (q->noutputs) return mbd_wreq_output_at(st->be, st->shm, &q->outputs[0], want, dst, &on_device, err);
   if (nbytes > st->o.max_message_bytes) {
     char d[96];
     mbd_tensor_desc_format(want, d, sizeof d);
@@ -101,13 +95,15 @@ static int queue_job(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint
   const void *ids = NULL;
   void *own = NULL, *dst = NULL, *outown = NULL;
   size_t n = 0, nout = 0;
-  int rc = get_input(st, msg, r, &ids, &n, &own, err);
+  int rc = get_input(st, msg, r, false, &ids, &n, &own, err);
   if (!rc) rc = get_output(st, q, ld, &dst, &outown, err);
   if (!rc) rc = mbd_tensor_desc_nbytes(ld, &nout, err);
+  /* A CUDA IPC output is written in place slice by slice (j->out stays NULL). */
+  bool dev_out = q->noutputs && q->outputs[0].kind == MBD_TREF_CUDA_IPC;
   mbd_wjob *j = NULL;
   if (!rc && (!(j = calloc(1, sizeof *j)) || !(j->ids = malloc(n ? n : 1)) ||
               !(j->q = malloc(sizeof *j->q)) ||
-              !(j->out = outown ? outown : malloc(nout ? nout : 1))))
+              (!dev_out && !(j->out = outown ? outown : malloc(nout ? nout : 1)))))
     rc = mbd_error_set(err, MBD_E_NOMEM, "out of memory queueing a %s of %lld x %lld tokens",
                        mbd_cmd_name(cmd), (long long)B, (long long)T);
   if (rc) {
@@ -184,9 +180,10 @@ static int h_gemm(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint64_
   mbd_tensor_desc cd;
   int64_t cs[2] = {M, N};
   if ((rc = mbd_tensor_desc_make(&cd, MBD_DTYPE_F32, 2, cs, err))) return rc;
-  if ((rc = get_input(st, msg, ra, &a, &na, &own[0], err))) goto fail;
-  if ((rc = get_input(st, msg, rb, &b, &nb, &own[1], err))) goto fail;
-  if (q->ntensors == 3 && (rc = get_input(st, msg, &q->tensors[2], &bias, &nbias, &own[2], err)))
+  if ((rc = get_input(st, msg, ra, true, &a, &na, &own[0], err))) goto fail;
+  if ((rc = get_input(st, msg, rb, true, &b, &nb, &own[1], err))) goto fail;
+  if (q->ntensors == 3 &&
+      (rc = get_input(st, msg, &q->tensors[2], true, &bias, &nbias, &own[2], err)))
     goto fail;
   if ((rc = get_output(st, q, &cd, &c, &outown, err))) goto fail;
   rc = st->be->ops->gemm(st->be, M, N, K, ra->desc.dtype, a, rb->desc.dtype, b, bias, c, err);
@@ -272,8 +269,10 @@ static int h_step(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *er
     mbd_tensor_desc ld;
     int64_t sh[1] = {V};
     void *dst;
+    bool on_device;
     if ((rc = mbd_tensor_desc_make(&ld, MBD_DTYPE_F32, 1, sh, err))) return rc;
-    if ((rc = mbd_wreq_output(&q->outputs[0], &ld, st->shm, &dst, err))) return rc;
+    if ((rc = mbd_wreq_output_at(st->be, st->shm, &q->outputs[0], &ld, &dst, &on_device, err)))
+      return rc;
   }
   return mbd_wsched_step_until(st, s, tag, q->token, q->noutputs ? &q->outputs[0] : NULL,
                                deadline_of(st, q), err);
@@ -285,6 +284,13 @@ static int h_generate(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uin
   mbd_wsess_data *ws;
   int rc = get_session(st, q, &s, &ws, err);
   if (rc) return rc;
+  if (q->noutputs) { /* fail a bad token output before generating */
+    void *dst;
+    bool on_device;
+    if ((rc = mbd_wreq_output_at(st->be, st->shm, &q->outputs[0], &q->outputs[0].desc, &dst,
+                                 &on_device, err)))
+      return rc;
+  }
   int64_t *done = NULL, ndone = 0; /* a loop continued after its session was re-homed */
   if ((rc = mbd_wckpt_resume_tokens(msg, q->max_tokens, st->models[s->model].vocab, &done, &ndone,
                                     err)))
@@ -304,6 +310,23 @@ static int h_export(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *
   void *blob = NULL;
   size_t size = 0;
   if ((rc = mbd_wckpt_blob(st, s, &blob, &size, err))) return rc;
+  mbd_tensor_ref r;
+  memset(&r, 0, sizeof r);
+  snprintf(r.name, sizeof r.name, "state");
+  int64_t sh[1] = {(int64_t)(size / 8)};
+  mbd_tensor_desc_make(&r.desc, MBD_DTYPE_I64, 1, sh, NULL);
+  r.kind = MBD_TREF_INLINE;
+  if (q->noutputs) { /* into the client's shm or device buffer; the reply names it */
+    mbd_shm_cache_watch(st->shm);
+    rc = mbd_wreq_output_put(st->be, st->shm, &q->outputs[0], 0, blob, size, err);
+    free(blob);
+    blob = NULL;
+    if (rc) return rc;
+    mbd_tensor_desc d = r.desc;
+    r = q->outputs[0];
+    r.desc = d;
+    r.size = size;
+  }
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
   msgpack_packer pk;
@@ -313,14 +336,8 @@ static int h_export(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, mbd_error *
   mbd_pack_kv_str(&pk, "model_digest", m->digest);
   mbd_pack_str(&pk, "tensors");
   msgpack_pack_array(&pk, 1);
-  mbd_tensor_ref r;
-  memset(&r, 0, sizeof r);
-  snprintf(r.name, sizeof r.name, "state");
-  int64_t sh[1] = {(int64_t)(size / 8)};
-  mbd_tensor_desc_make(&r.desc, MBD_DTYPE_I64, 1, sh, NULL);
-  r.kind = MBD_TREF_INLINE;
   mbd_pack_tensor_ref(&pk, &r);
-  mbd_wreply_body(st, MBD_CMD_FINAL, tag, &sb, blob, size);
+  mbd_wreply_body(st, MBD_CMD_FINAL, tag, &sb, blob, blob ? size : 0);
   return MBD_OK;
 }
 
@@ -330,7 +347,7 @@ static int h_import(mbd_wstate *st, const mbd_msg *msg, const mbd_wreq *q, uint6
   void *own = NULL;
   size_t n;
   mbd_wsession *s = NULL;
-  int rc = get_input(st, msg, &q->tensors[0], &blob, &n, &own, err);
+  int rc = get_input(st, msg, &q->tensors[0], false, &blob, &n, &own, err);
   if (rc) return rc;
   mbd_state_blob_info info;
   if ((rc = mbd_state_blob_parse(blob, n, &info, err))) goto fail;

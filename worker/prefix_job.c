@@ -30,7 +30,9 @@ int mbd_wpfx_begin(mbd_wstate *st, mbd_wjob *j, mbd_wsession *s, mbd_error *err)
                                   (long long)hit.pos);
   size_t vb = (size_t)m->vocab * sizeof(float);
   memcpy(ws->logits, hit.logits, vb);
-  memcpy(j->out, hit.logits, vb); /* last_only: the result is [1,V] */
+  if (j->out) memcpy(j->out, hit.logits, vb); /* last_only: the result is [1,V] */
+  else if ((rc = mbd_wreq_output_put(st->be, st->shm, &j->q->outputs[0], 0, hit.logits, vb, err)))
+    return rc; /* a CUDA IPC output: written in place */
   ws->has_logits = true;
   ws->logits_stale = false;
   j->done = hit.pos;

@@ -81,17 +81,6 @@ void mbd_wreply_tensor(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, const ch
   mbd_tensor_ref r;
   size_t nbytes = 0;
   mbd_tensor_desc_nbytes(desc, &nbytes, NULL);
-  if (own && q->noutputs && q->outputs[0].kind == MBD_TREF_CUDA_IPC && st->be->ops->ipc_write) {
-    mbd_error e = {0};
-    int rc = st->be->ops->ipc_write(st->be, &q->outputs[0], own, nbytes, &e);
-    free(own);
-    own = NULL;
-    if (rc) {
-      msgpack_sbuffer_destroy(&sb);
-      mbd_wreply_err(st, tag, &e);
-      return;
-    }
-  }
   if (own) {
     memset(&r, 0, sizeof r);
     snprintf(r.name, sizeof r.name, "%s", name);
@@ -122,17 +111,18 @@ void mbd_wreply_step_logits(mbd_wstate *st, uint64_t tag, const mbd_tensor_ref *
   mbd_tensor_desc_make(&ld, MBD_DTYPE_F32, 1, sh, NULL);
   mbd_wreq q;
   memset(&q, 0, sizeof q);
-  if (out) {
+  if (out) { /* the row is host memory (the batch's logits): copied into the output */
     mbd_error err = {0};
     void *dst = NULL;
+    bool on_device = false;
     q.outputs[0] = *out;
     q.noutputs = 1;
-    if (mbd_wreq_output(out, &ld, st->shm, &dst, &err)) {
+    mbd_shm_cache_watch(st->shm);
+    if (mbd_wreq_output_at(st->be, st->shm, out, &ld, &dst, &on_device, &err) ||
+        mbd_wreq_output_put(st->be, st->shm, out, 0, row, (size_t)V * sizeof(float), &err)) {
       mbd_wreply_err(st, tag, &err);
       return;
     }
-    mbd_shm_cache_watch(st->shm);
-    memcpy(dst, row, (size_t)V * sizeof(float));
     mbd_wreply_tensor(st, &q, tag, "logits", &ld, NULL);
     return;
   }
@@ -147,7 +137,15 @@ void mbd_wreply_step_logits(mbd_wstate *st, uint64_t tag, const mbd_tensor_ref *
 
 /* PARTIAL {tokens} when reason is NULL, else FINAL {tokens, reason, peak_batch}. */
 static void send_tokens(mbd_wstate *st, uint64_t tag, const int64_t *tokens, int64_t n,
-                        const char *reason, int64_t peak_batch) {
+                        const char *reason, int64_t peak_batch, const mbd_tensor_ref *out) {
+  if (out) { /* FINAL into the client's buffer too: tokens [0, n) of it */
+    mbd_error e = {0};
+    mbd_shm_cache_watch(st->shm);
+    if (mbd_wreq_output_put(st->be, st->shm, out, 0, tokens, (size_t)n * sizeof *tokens, &e)) {
+      mbd_wreply_err(st, tag, &e);
+      return;
+    }
+  }
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
   msgpack_packer pk;
@@ -165,10 +163,10 @@ static void send_tokens(mbd_wstate *st, uint64_t tag, const int64_t *tokens, int
 }
 
 void mbd_wreply_gen_partial(mbd_wstate *st, uint64_t tag, const int64_t *tokens, int64_t n) {
-  send_tokens(st, tag, tokens, n, NULL, 0);
+  send_tokens(st, tag, tokens, n, NULL, 0, NULL);
 }
 
 void mbd_wreply_gen_final(mbd_wstate *st, uint64_t tag, const int64_t *tokens, int64_t n,
-                          const char *reason, int64_t peak_batch) {
-  send_tokens(st, tag, tokens, n, reason, peak_batch);
+                          const char *reason, int64_t peak_batch, const mbd_tensor_ref *out) {
+  send_tokens(st, tag, tokens, n, reason, peak_batch, out);
 }

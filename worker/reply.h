@@ -27,20 +27,23 @@ void mbd_wreply_head(const mbd_wstate *st, msgpack_packer *pk, uint32_t nextra);
 void mbd_wreply_body(mbd_wstate *st, uint8_t cmd, uint64_t tag, msgpack_sbuffer *sb, void *payload,
                      size_t plen);
 /* FINAL {route_id, worker, tensors: [ref]} for a result in `own` (malloc'ed,
- * taken: the payload frame, or copied into q's CUDA IPC output) or, when own
- * is NULL, already in q's shm output (the ref is echoed). */
+ * taken: the payload frame) or, when own is NULL, already in q's shm or CUDA
+ * IPC output (the ref is echoed; device writes are complete, see
+ * docs/protocol.md "CUDA IPC"). */
 void mbd_wreply_tensor(mbd_wstate *st, const mbd_wreq *q, uint64_t tag, const char *name,
                        const mbd_tensor_desc *desc, void *own);
 /* FINAL {route_id, worker[, k: v]} (no extra field when k is NULL). */
 void mbd_wreply_fields_str(mbd_wstate *st, uint64_t tag, const char *k, const char *v);
-/* A STEP's FINAL: the logits row [V] into the shm output out (when non-NULL)
- * or as the payload frame. */
+/* A STEP's FINAL: the logits row [V] (host) into the shm or CUDA IPC output
+ * out (when non-NULL) or as the payload frame. */
 void mbd_wreply_step_logits(mbd_wstate *st, uint64_t tag, const mbd_tensor_ref *out,
                             const float *row, int64_t V);
 /* GENERATE's PARTIAL {tokens} (tokens[0..n)). */
 void mbd_wreply_gen_partial(mbd_wstate *st, uint64_t tag, const int64_t *tokens, int64_t n);
-/* GENERATE's FINAL {tokens: all n, reason, peak_batch}. */
+/* GENERATE's FINAL {tokens: all n, reason, peak_batch}; with out (the
+ * request's I64 [max_tokens] output) the tokens are first written to its
+ * [0, n), and a failed write makes the FINAL an ERROR. */
 void mbd_wreply_gen_final(mbd_wstate *st, uint64_t tag, const int64_t *tokens, int64_t n,
-                          const char *reason, int64_t peak_batch);
+                          const char *reason, int64_t peak_batch, const mbd_tensor_ref *out);
 
 #endif

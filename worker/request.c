@@ -63,6 +63,22 @@ static int decode_caller(const msgpack_object *root, mbd_wcaller *c, mbd_error *
 
 static int decode_one(uint8_t cmd, const msgpack_object *root, mbd_wreq *r, mbd_error *err);
 
+/* GENERATE and EXPORT outputs: at most one, I64 [n] with n == `len` (or any
+ * n when len is 0: an EXPORT's size shows only when the state is written). */
+static int check_blob_output(const mbd_wreq *r, const char *cmd, const char *want, int64_t len,
+                             mbd_error *err) {
+  if (r->noutputs == 0) return MBD_OK;
+  const mbd_tensor_desc *d = &r->outputs[0].desc;
+  if (r->noutputs > 1 || d->dtype != MBD_DTYPE_I64 || d->ndim != 1 ||
+      (len > 0 && d->shape[0] != len)) {
+    char f[96];
+    mbd_tensor_desc_format(d, f, sizeof f);
+    return mbd_error_set(err, MBD_E_SHAPE, "%s takes one output, %s (got %zu, the first %s)", cmd,
+                         want, r->noutputs, f);
+  }
+  return MBD_OK;
+}
+
 /* Stamps the caller's uid into every ref and applies the CUDA IPC rule. */
 static int bind_refs(mbd_wreq *r, mbd_error *err) {
   mbd_tensor_ref *all[2] = {r->tensors, r->outputs};
@@ -151,7 +167,16 @@ static int decode_one(uint8_t cmd, const msgpack_object *root, mbd_wreq *r, mbd_
       if ((rc = mbd_obj_i64(root, "token", true, &r->token, err))) return rc;
       return decode_tensors(root, "outputs", false, r->outputs, &r->noutputs, err);
     }
-    if (cmd == MBD_CMD_GENERATE) return decode_generate(root, r, err);
+    if (cmd == MBD_CMD_GENERATE) {
+      if ((rc = decode_generate(root, r, err))) return rc;
+      if ((rc = decode_tensors(root, "outputs", false, r->outputs, &r->noutputs, err))) return rc;
+      return check_blob_output(r, "generate", "I64 [max_tokens]", r->max_tokens, err);
+    }
+    if (cmd == MBD_CMD_EXPORT) {
+      if ((rc = decode_tensors(root, "outputs", false, r->outputs, &r->noutputs, err))) return rc;
+      return check_blob_output(r, "export", "I64 [n] holding the state (n * 8 bytes or more)", 0,
+                               err);
+    }
     return MBD_OK;
   default:
     return mbd_error_set(err, MBD_E_UNSUPPORTED, "command %s (0x%02x) is not served by workers",
@@ -168,6 +193,8 @@ static int check_align(const mbd_tensor_ref *r, mbd_error *err) {
                          r->name, (unsigned long long)r->offset, es);
   return MBD_OK;
 }
+
+static int no_device(const mbd_tensor_ref *r, mbd_error *err);
 
 static int64_t caller_uid(const mbd_tensor_ref *r) {
   return r->caller_known ? (int64_t)r->caller_uid : -1;
@@ -206,36 +233,122 @@ int mbd_wreq_input(const mbd_tensor_ref *r, const mbd_msg *msg, mbd_shm_cache *s
     return MBD_OK;
   }
   default:
-    return mbd_error_set(err, MBD_E_UNSUPPORTED,
-                         "tensor '%s': CUDA IPC refs need a GPU worker; this worker is CPU (send "
-                         "the bytes inline or in shm)",
-                         r->name);
+    return no_device(r, err);
   }
 }
+
+static int same_desc(const mbd_tensor_ref *r, const mbd_tensor_desc *want, mbd_error *err);
 
 int mbd_wreq_output(const mbd_tensor_ref *r, const mbd_tensor_desc *want, mbd_shm_cache *shm,
                     void **data, mbd_error *err) {
   *data = NULL;
   if (r->kind != MBD_TREF_SHM)
     return mbd_error_set(err, MBD_E_INVALID,
-                         "output '%s' must be a shm ref (inline outputs come back as frames "
-                         "without being asked)",
+                         "output '%s' must be a shm or CUDA IPC ref (inline outputs come back as "
+                         "frames without being asked)",
                          r->name);
-  bool same = r->desc.dtype == want->dtype && r->desc.ndim == want->ndim;
-  for (int i = 0; same && i < want->ndim; i++) same = r->desc.shape[i] == want->shape[i];
-  if (!same) {
-    char a[96], b[96];
-    mbd_tensor_desc_format(&r->desc, a, sizeof a);
-    mbd_tensor_desc_format(want, b, sizeof b);
-    return mbd_error_set(err, MBD_E_SHAPE, "output '%s' is %s but the result is %s", r->name, a,
-                         b);
-  }
-  size_t nbytes;
-  int rc = mbd_tensor_desc_nbytes(want, &nbytes, err);
+  int rc = same_desc(r, want, err);
   if (rc) return rc;
+  size_t nbytes;
+  if ((rc = mbd_tensor_desc_nbytes(want, &nbytes, err))) return rc;
   if ((rc = check_align(r, err))) return rc;
   rc = mbd_shm_cache_map(shm, r->shm_name, r->offset, r->size, nbytes, true, caller_uid(r), data,
                          err);
   if (rc) return mbd_error_prefix(err, "output '%s'", r->name);
   return MBD_OK;
+}
+
+static int no_device(const mbd_tensor_ref *r, mbd_error *err) {
+  return mbd_error_set(err, MBD_E_UNSUPPORTED,
+                       "tensor '%s': CUDA IPC refs need a GPU worker; this worker is CPU (send "
+                       "the bytes inline or in shm)",
+                       r->name);
+}
+
+int mbd_wreq_input_dev(mbd_backend *be, const mbd_tensor_ref *r, const void **dev, size_t *nbytes,
+                       mbd_error *err) {
+  *dev = NULL;
+  int rc = mbd_tensor_desc_nbytes(&r->desc, nbytes, err);
+  if (rc) return mbd_error_prefix(err, "tensor '%s'", r->name);
+  if (r->kind != MBD_TREF_CUDA_IPC)
+    return mbd_error_set(err, MBD_E_INTERNAL, "tensor '%s' is not a CUDA IPC ref", r->name);
+  if (!be->ops->ipc_map) return no_device(r, err);
+  void *p = NULL;
+  rc = be->ops->ipc_map(be, r, *nbytes, &p, err);
+  *dev = p;
+  return rc;
+}
+
+/* MBD_E_SHAPE unless r's dtype and shape are want's. */
+static int same_desc(const mbd_tensor_ref *r, const mbd_tensor_desc *want, mbd_error *err) {
+  bool same = r->desc.dtype == want->dtype && r->desc.ndim == want->ndim;
+  for (int i = 0; same && i < want->ndim; i++) same = r->desc.shape[i] == want->shape[i];
+  if (same) return MBD_OK;
+  char a[96], b[96];
+  mbd_tensor_desc_format(&r->desc, a, sizeof a);
+  mbd_tensor_desc_format(want, b, sizeof b);
+  return mbd_error_set(err, MBD_E_SHAPE, "output '%s' is %s but the result is %s", r->name, a, b);
+}
+
+int mbd_wreq_output_at(mbd_backend *be, mbd_shm_cache *shm, const mbd_tensor_ref *r,
+                       const mbd_tensor_desc *want, void **data, bool *on_device, mbd_error *err) {
+  *data = NULL;
+  *on_device = false;
+  if (r->kind != MBD_TREF_CUDA_IPC) return mbd_wreq_output(r, want, shm, data, err);
+  int rc = same_desc(r, want, err);
+  if (rc) return rc;
+  size_t nbytes = 0;
+  if ((rc = mbd_tensor_desc_nbytes(want, &nbytes, err))) return rc;
+  if (!be->ops->ipc_map) return no_device(r, err);
+  if ((rc = be->ops->ipc_map(be, r, nbytes, data, err))) return mbd_error_prefix(err, "output '%s'", r->name);
+  *on_device = true;
+  return MBD_OK;
+}
+
+/* r narrowed to [at, at + nbytes) of its range (the event is not waited on
+ * again: the request's first use did). */
+static int sub_ref(const mbd_tensor_ref *r, uint64_t at, size_t nbytes, mbd_tensor_ref *out,
+                   mbd_error *err) {
+  if (at > r->size || nbytes > r->size - at)
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "output '%s' holds %llu bytes, the result needs %zu at byte %llu", r->name,
+                         (unsigned long long)r->size, nbytes, (unsigned long long)at);
+  *out = *r;
+  out->offset = r->offset + at;
+  out->size = nbytes;
+  out->has_event = false;
+  return MBD_OK;
+}
+
+int mbd_wreq_output_put(mbd_backend *be, mbd_shm_cache *shm, const mbd_tensor_ref *r, uint64_t at,
+                        const void *src, size_t nbytes, mbd_error *err) {
+  mbd_tensor_ref s;
+  int rc = sub_ref(r, at, nbytes, &s, err);
+  if (rc) return rc;
+  if (r->kind == MBD_TREF_CUDA_IPC) {
+    if (!be->ops->ipc_write) return no_device(r, err);
+    rc = be->ops->ipc_write(be, &s, src, nbytes, err);
+    return rc ? mbd_error_prefix(err, "output '%s'", r->name) : MBD_OK;
+  }
+  if (r->kind != MBD_TREF_SHM)
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "output '%s' must be a shm or CUDA IPC ref (inline outputs come back as "
+                         "frames without being asked)",
+                         r->name);
+  if ((rc = check_align(r, err))) return rc;
+  void *p = NULL;
+  rc = mbd_shm_cache_map(shm, r->shm_name, r->offset, r->size, (size_t)(at + nbytes), true,
+                         caller_uid(r), &p, err);
+  if (rc) return mbd_error_prefix(err, "output '%s'", r->name);
+  memcpy((char *)p + at, src, nbytes);
+  return MBD_OK;
+}
+
+int mbd_wreq_output_get(mbd_backend *be, const mbd_tensor_ref *r, uint64_t at, void *dst,
+                        size_t nbytes, mbd_error *err) {
+  mbd_tensor_ref s;
+  int rc = sub_ref(r, at, nbytes, &s, err);
+  if (rc) return rc;
+  if (r->kind != MBD_TREF_CUDA_IPC || !be->ops->ipc_read) return no_device(r, err);
+  return be->ops->ipc_read(be, &s, dst, nbytes, err);
 }

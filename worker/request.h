@@ -14,6 +14,7 @@
 #include "common/protocol.h"
 #include "common/status.h"
 #include "common/wire.h"
+#include "kernels/backend.h"
 #include "worker/session.h"
 #include "worker/shm.h"
 
@@ -56,7 +57,7 @@ typedef struct mbd_wreq {
   /* tensors */
   mbd_tensor_ref tensors[MBD_WREQ_MAX_TENSORS];
   size_t ntensors;
-  mbd_tensor_ref outputs[MBD_WREQ_MAX_TENSORS]; /* optional shm outputs */
+  mbd_tensor_ref outputs[MBD_WREQ_MAX_TENSORS]; /* optional shm / CUDA IPC outputs */
   size_t noutputs;
 } mbd_wreq;
 
@@ -80,5 +81,30 @@ int mbd_wreq_input(const mbd_tensor_ref *r, const mbd_msg *msg, mbd_shm_cache *s
  * writable pointer. */
 int mbd_wreq_output(const mbd_tensor_ref *r, const mbd_tensor_desc *want, mbd_shm_cache *shm,
                     void **data, mbd_error *err);
+
+/* ---- CUDA IPC tensors in place, and outputs of either kind ---------------
+ * A CUDA IPC ref resolves through the backend's ipc_map (kernels/backend.h:
+ * handle cache, range check against the real allocation, the client's event
+ * waited on) to device memory the backend uses in place. Backends without
+ * device memory refuse IPC refs with MBD_E_UNSUPPORTED. */
+
+/* Input r in place: *dev is its device address, *nbytes its size. */
+int mbd_wreq_input_dev(mbd_backend *be, const mbd_tensor_ref *r, const void **dev, size_t *nbytes,
+                       mbd_error *err);
+/* Output r for a result `want` (dtype and shape must be equal): SHM -> the
+ * mapped range (mbd_wreq_output), *on_device false; CUDA_IPC -> the client's
+ * device memory, *on_device true. */
+int mbd_wreq_output_at(mbd_backend *be, mbd_shm_cache *shm, const mbd_tensor_ref *r,
+                       const mbd_tensor_desc *want, void **data, bool *on_device, mbd_error *err);
+/* Writes nbytes of host src at byte `at` of output r (SHM or CUDA_IPC), for
+ * results made on the host (STEP logits, GENERATE tokens, EXPORT state);
+ * [at, at + nbytes) must lie within r's size. A shm object truncated during
+ * the copy fails the reply (mbd_shm_cache_check), never the worker. */
+int mbd_wreq_output_put(mbd_backend *be, mbd_shm_cache *shm, const mbd_tensor_ref *r, uint64_t at,
+                        const void *src, size_t nbytes, mbd_error *err);
+/* Reads nbytes at byte `at` of CUDA IPC ref r into host dst (a PREFILL's
+ * last logits row, which its session keeps). */
+int mbd_wreq_output_get(mbd_backend *be, const mbd_tensor_ref *r, uint64_t at, void *dst,
+                        size_t nbytes, mbd_error *err);
 
 #endif

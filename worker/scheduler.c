@@ -78,12 +78,14 @@ int mbd_wsched_generate_resume(mbd_wstate *st, mbd_wsession *s, uint64_t tag, co
   memcpy(g->stop, q->stop, q->nstop * sizeof *q->stop);
   g->nstop = q->nstop;
   g->partial_every = q->partial_every;
+  if ((g->has_out = q->noutputs > 0)) g->out = q->outputs[0];
   g->deadline = q->deadline_ms > 0 ? mbd_wstate_now(st) + (double)q->deadline_ms / 1000.0 : 0;
   if (ndone > 0) {
     memcpy(g->tokens, done, (size_t)ndone * sizeof *done);
     g->n = g->sent = ndone;
     if (gen_end_reason(g, done[ndone - 1])) { /* it ended before its FINAL was lost */
-      mbd_wreply_gen_final(st, tag, g->tokens, g->n, gen_end_reason(g, done[ndone - 1]), 1);
+      mbd_wreply_gen_final(st, tag, g->tokens, g->n, gen_end_reason(g, done[ndone - 1]), 1,
+                           g->has_out ? &g->out : NULL);
       mbd_wgen_free(g);
       return MBD_OK;
     }
@@ -113,7 +115,8 @@ static void gen_finish(mbd_wstate *st, mbd_wsession *s, const char *reason,
   mbd_wsess_data *ws = s->user;
   mbd_wgen *g = ws->gen;
   if (fail) mbd_wreply_err(st, g->tag, fail);
-  else mbd_wreply_gen_final(st, g->tag, g->tokens, g->n, reason, g->peak_batch);
+  else mbd_wreply_gen_final(st, g->tag, g->tokens, g->n, reason, g->peak_batch,
+                            g->has_out ? &g->out : NULL);
   mbd_wgen_free(g);
   ws->gen = NULL;
   if (ws->logits_stale) { /* ended early (deadline, error): last logits never came back */
@@ -322,6 +325,8 @@ static void job_finish(mbd_wstate *st, mbd_wjob *j, const mbd_error *fail) {
   }
   if (fail) {
     mbd_wreply_err(st, j->tag, fail);
+  } else if (!j->out) { /* written in place into the client's device memory */
+    mbd_wreply_tensor(st, j->q, j->tag, "logits", &j->ld, NULL);
   } else if (j->q->noutputs && j->q->outputs[0].kind == MBD_TREF_SHM) {
     /* The mapping is resolved again now: the cache may have dropped it between slices. */
     void *dst = NULL;
@@ -349,14 +354,23 @@ static int job_slice(mbd_wstate *st, mbd_wjob *j, mbd_error *err) {
   mbd_wmodel *m = &st->models[j->model];
   int64_t budget = st->o.slice_tokens > 0 ? st->o.slice_tokens : 512;
   size_t V = (size_t)m->vocab;
+  float *out = j->out;
   int rc;
+  /* A CUDA IPC output is resolved again for every slice: other requests may
+   * have turned the backend's handle cache over since the last one. */
+  if (!out) {
+    bool on_device;
+    if ((rc = mbd_wreq_output_at(st->be, st->shm, &j->q->outputs[0], &j->ld, (void **)&out,
+                                 &on_device, err)))
+      return rc;
+  }
   if (j->cmd == MBD_CMD_FORWARD) {
     int64_t r = budget / j->T;
     if (r < 1) r = 1;
     if (r > j->B - j->done) r = j->B - j->done;
     size_t per_row = j->last_only ? V : (size_t)j->T * V;
     rc = st->be->ops->forward(st->be, m->bm, j->ids + j->done * j->T, r, j->T, j->last_only,
-                              j->out + (size_t)j->done * per_row, err);
+                              out + (size_t)j->done * per_row, err);
     if (rc) return rc;
     j->done += r;
     return j->done >= j->B;
@@ -368,7 +382,7 @@ static int job_slice(mbd_wstate *st, mbd_wjob *j, mbd_error *err) {
   if (j->done >= j->T) return 1; /* the whole prompt was a cached prefix */
   int64_t c = mbd_wpfx_chunk(j, j->T - j->done < budget ? j->T - j->done : budget);
   /* last_only: every chunk writes its [1,V] to out; the final chunk's stays. */
-  float *dst = j->last_only ? j->out : j->out + (size_t)j->done * V;
+  float *dst = j->last_only ? out : out + (size_t)j->done * V;
   rc = st->be->ops->prefill(st->be, m->bm, (mbd_bstate *)s->state, j->ids + j->done, c,
                             j->last_only, dst, err);
   if (rc) return rc;
@@ -376,7 +390,13 @@ static int job_slice(mbd_wstate *st, mbd_wjob *j, mbd_error *err) {
   mbd_wckpt_consumed(s, c);
   /* The session's logits follow every chunk, so a prefill stopped between
    * chunks leaves a session that continues from the tokens it consumed. */
-  memcpy(ws->logits, j->last_only ? dst : dst + (size_t)(c - 1) * V, V * sizeof(float));
+  const float *last = j->last_only ? dst : dst + (size_t)(c - 1) * V;
+  if (j->out) memcpy(ws->logits, last, V * sizeof(float));
+  else if ((rc = mbd_wreq_output_get(st->be, &j->q->outputs[0], (uint64_t)(last - out) * 4,
+                                     ws->logits, V * sizeof(float), err))) {
+    ws->has_logits = false; /* the state moved on without them: GENERATE must not use old ones */
+    return rc;
+  }
   ws->has_logits = true;
   ws->logits_stale = false;
   mbd_wpfx_after(st, j, s, ws->logits);

@@ -56,6 +56,8 @@ typedef struct mbd_wgen {
   int64_t next;    /* greedy: the next token, picked on the device by the last step */
   bool has_next;
   int64_t peak_batch; /* most rows of any batched step this loop ran in (FINAL reports it) */
+  bool has_out;       /* the tokens also go to `out` (shm or CUDA IPC, I64 [max_tokens]) */
+  mbd_tensor_ref out;
 } mbd_wgen;
 
 /* Worker-side session data (mbd_wsession.user). */
@@ -94,7 +96,8 @@ typedef struct mbd_wjob {
   int64_t done;                     /* FORWARD: rows done; PREFILL: tokens consumed */
   bool last_only;
   mbd_tensor_desc ld;               /* the result: logits [B,T,V], [B,V], [T,V] or [1,V] */
-  float *out;                       /* own buffer of ld's bytes */
+  float *out;                       /* own buffer of ld's bytes; NULL: the result goes in
+                                       place into the request's CUDA IPC output */
   mbd_wreq *q;                      /* the decoded request (outputs for the reply); owned */
   double deadline;                  /* clock seconds; 0 = none */
   mbd_pcache_plan *pfx;             /* PREFILL of a fresh session: its prefix boundaries, or NULL */

@@ -117,7 +117,7 @@ static int open_session(gw_job *j, size_t p, mbd_client **c, mbd_session **s, gw
   if (left <= 0)
     return gw_err_set(e, 504, "timeout", "deadline_exceeded", NULL,
                       "the request's deadline passed");
-  mbd_call_opts co = {&want, left};
+  mbd_call_opts co = {.route = &want, .deadline_ms = left};
   if (mbd_session_open_prompt(*c, &co, j->m->name, j->ids[p], (int64_t)j->n_ids[p], 0, NULL, 0, s,
                               &err))
     return gw_err_from_service(e, &err, "opening a session");
@@ -497,11 +497,11 @@ static int shadow_prefill(choice *c, const int64_t *ids, size_t n, bool last_onl
   if (left <= 0)
     return gw_err_set(e, 504, "timeout", "deadline_exceeded", NULL,
                       "the request's deadline passed");
-  mbd_call_opts co = {&pin, left};
+  mbd_call_opts co = {.route = &pin, .deadline_ms = left};
   mbd_tensor_desc d;
   int64_t shape[1] = {(int64_t)n};
   mbd_tensor_desc_make(&d, MBD_DTYPE_I64, 1, shape, NULL);
-  mbd_tensor_in in = {d, ids, NULL, 0};
+  mbd_tensor_in in = {.desc = d, .data = ids};
   if (mbd_session_prefill(c->ls, &co, &in, last_only, rows, &err))
     return gw_err_from_service(e, &err, "scoring tokens for logprobs");
   int64_t V = rows->desc.shape[rows->desc.ndim - 1];
@@ -551,11 +551,11 @@ static int generate(choice *c, mbd_client *cl, mbd_session *s, gw_err *e) {
   mbd_tensor_desc d;
   int64_t shape[1] = {(int64_t)j->n_ids[c->prompt]};
   mbd_tensor_desc_make(&d, MBD_DTYPE_I64, 1, shape, NULL);
-  mbd_tensor_in in = {d, j->ids[c->prompt], NULL, 0};
+  mbd_tensor_in in = {.desc = d, .data = j->ids[c->prompt]};
   mbd_tensor_out lg;
   memset(&lg, 0, sizeof lg);
   int64_t left = j->deadline - gw_now_ms();
-  mbd_call_opts co = {&pin, left > 0 ? left : 1};
+  mbd_call_opts co = {.route = &pin, .deadline_ms = left > 0 ? left : 1};
   if (mbd_session_prefill(s, &co, &in, true, &lg, &err))
     return gw_err_from_service(e, &err, "prefilling the prompt");
   mbd_tensor_out_release(&lg);
@@ -702,11 +702,11 @@ static int logprobs(choice *c, json_t **out, gw_err *e) {
   memset(&pin, 0, sizeof pin);
   snprintf(pin.route_id, sizeof pin.route_id, "%s", j->route);
   int64_t left = j->deadline - gw_now_ms();
-  mbd_call_opts co = {&pin, left > 0 ? left : 1};
+  mbd_call_opts co = {.route = &pin, .deadline_ms = left > 0 ? left : 1};
   mbd_tensor_desc d;
   int64_t shape[2] = {1, (int64_t)T};
   mbd_tensor_desc_make(&d, MBD_DTYPE_I64, 2, shape, NULL);
-  mbd_tensor_in in = {d, ids, NULL, 0};
+  mbd_tensor_in in = {.desc = d, .data = ids};
   mbd_tensor_out lg;
   memset(&lg, 0, sizeof lg);
   int rc = mbd_client_forward(cl, &co, m->name, &in, false, NULL, &lg, &err);

@@ -106,8 +106,41 @@ static mbd_dtype policy_dtype(mbd_dtype_policy p) {
   return p == MBD_POLICY_BF16 ? MBD_DTYPE_BF16 : p == MBD_POLICY_F16 ? MBD_DTYPE_F16 : MBD_DTYPE_F32;
 }
 
-/* GEMM request: upload, one mbd_gpu_gemm under the context's mode, download.
- * Per-request allocations: GEMM requests are not on the token path. */
+/* Whether [p, p + n) lies inside a CUDA IPC mapping this backend opened
+ * (an ipc_map result): such operands are used in place. */
+static bool ipc_owned(const cuda_backend *c, const void *p, size_t n) {
+  uintptr_t a = (uintptr_t)p;
+  for (int i = 0; p && i < c->nipc; i++) {
+    const ipc_entry *e = &c->ipc[i];
+    uintptr_t b = (uintptr_t)e->base;
+    if (!e->is_event && a >= b && a - b <= e->size && n <= e->size - (a - b)) return true;
+  }
+  return false;
+}
+
+static bool overlap(const void *p, size_t n, const void *q, size_t m) {
+  uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
+  return p && q && n && m && (a < b ? b - a < n : a - b < m);
+}
+
+/* A device copy of host operand `src` (n bytes) in *own, or src itself when
+ * it already is IPC memory on the device. */
+static int operand(cuda_backend *c, const void *src, size_t n, const void **dev, void **own,
+                   mbd_error *err) {
+  *own = NULL;
+  if (ipc_owned(c, src, n)) {
+    *dev = src;
+    return MBD_OK;
+  }
+  int rc = mbd_gpu_alloc(c->ctx, n, own, err);
+  if (!rc) rc = mbd_gpu_upload(c->ctx, *own, src, n, err);
+  *dev = *own;
+  return rc;
+}
+
+/* GEMM request: one mbd_gpu_gemm under the context's mode. Operands that are
+ * IPC memory (ipc_map) are read and written in place; host ones go through
+ * per-request device buffers (GEMM requests are not on the token path). */
 static int cuda_gemm(mbd_backend *b, int64_t M, int64_t N, int64_t K, mbd_dtype a_dtype,
                      const void *A, mbd_dtype b_dtype, const void *B, const float *bias, float *C,
                      mbd_error *err) {
@@ -125,25 +158,30 @@ static int cuda_gemm(mbd_backend *b, int64_t M, int64_t N, int64_t K, mbd_dtype 
   if (M < 1 || N < 1 || K < 1 || M >= INT32_MAX || N >= INT32_MAX || K >= INT32_MAX)
     return mbd_error_set(err, MBD_E_SHAPE, "gemm dims must be in 1..2^31-1");
   size_t es = mbd_dtype_size(dt), na = (size_t)M * (size_t)K * es, nb = (size_t)N * (size_t)K * es,
-         nc = (size_t)M * (size_t)N * sizeof(float);
-  void *dA = NULL, *dB = NULL, *dbias = NULL, *dC = NULL;
+         nc = (size_t)M * (size_t)N * sizeof(float), nbias = (size_t)N * sizeof(float);
+  const void *dA = NULL, *dB = NULL, *dbias = NULL;
+  void *oA = NULL, *oB = NULL, *obias = NULL, *dC = NULL, *oC = NULL;
+  bool c_dev = ipc_owned(c, C, nc);
+  if (c_dev && (overlap(C, nc, A, na) || overlap(C, nc, B, nb) || overlap(C, nc, bias, nbias)))
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "gemm output c overlaps an input in the same device allocation: give "
+                         "it a range of its own");
   int rc;
-  if ((rc = mbd_gpu_alloc(c->ctx, na, &dA, err)) || (rc = mbd_gpu_alloc(c->ctx, nb, &dB, err)) ||
-      (rc = mbd_gpu_alloc(c->ctx, nc, &dC, err)) ||
-      (bias && (rc = mbd_gpu_alloc(c->ctx, (size_t)N * sizeof(float), &dbias, err))))
+  if ((rc = operand(c, A, na, &dA, &oA, err)) || (rc = operand(c, B, nb, &dB, &oB, err)) ||
+      (bias && (rc = operand(c, bias, nbias, &dbias, &obias, err))))
     goto fail;
-  if ((rc = mbd_gpu_upload(c->ctx, dA, A, na, err)) || (rc = mbd_gpu_upload(c->ctx, dB, B, nb, err)) ||
-      (bias && (rc = mbd_gpu_upload(c->ctx, dbias, bias, (size_t)N * sizeof(float), err))))
-    goto fail;
+  if (c_dev) dC = C;
+  else if ((rc = mbd_gpu_alloc(c->ctx, nc, &oC, err))) goto fail;
+  else dC = oC;
   mbd_gpu_gemm_args g = {.dtype = dt, .out_dtype = MBD_DTYPE_F32, .m = M, .n = N, .k = K,
                          .x = dA, .w = dB, .bias = dbias, .y = dC};
   if ((rc = mbd_gpu_gemm(c->ctx, &g, err))) goto fail;
-  rc = mbd_gpu_download(c->ctx, C, dC, nc, err);
+  rc = c_dev ? mbd_gpu_ctx_sync(c->ctx, err) : mbd_gpu_download(c->ctx, C, dC, nc, err);
 fail:
-  mbd_gpu_free(c->ctx, dA);
-  mbd_gpu_free(c->ctx, dB);
-  mbd_gpu_free(c->ctx, dbias);
-  mbd_gpu_free(c->ctx, dC);
+  mbd_gpu_free(c->ctx, oA);
+  mbd_gpu_free(c->ctx, oB);
+  mbd_gpu_free(c->ctx, obias);
+  mbd_gpu_free(c->ctx, oC);
   return rc;
 }
 
@@ -485,6 +523,14 @@ static int ipc_copy(cuda_backend *c, void *dst, const void *src, size_t n, enum 
   return MBD_OK;
 }
 
+static int cuda_ipc_map(mbd_backend *b, const mbd_tensor_ref *r, size_t nbytes, void **dev,
+                        mbd_error *err) {
+  char *p = NULL;
+  int rc = ipc_resolve(impl(b), r, nbytes, &p, err);
+  *dev = rc ? NULL : p;
+  return rc;
+}
+
 static int cuda_ipc_read(mbd_backend *b, const mbd_tensor_ref *r, void *dst, size_t nbytes,
                          mbd_error *err) {
   cuda_backend *c = impl(b);
@@ -542,6 +588,7 @@ static const mbd_backend_ops k_cuda_ops = {
     .prefill = cuda_prefill,
     .step = cuda_step,
     .step_greedy = cuda_step_greedy,
+    .ipc_map = cuda_ipc_map,
     .ipc_read = cuda_ipc_read,
     .ipc_write = cuda_ipc_write,
     .host_alloc = cuda_host_alloc,

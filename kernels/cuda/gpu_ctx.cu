@@ -365,7 +365,7 @@ extern "C" int mbd_gpu_download(mbd_gpu_ctx *ctx, void *dst, const void *src, si
                                 mbd_error *err) {
   int rc = mbd_gpu_ctx_enter(ctx, err);
   if (rc < 0) return rc;
-  MBD_GPU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx->stream), err);
+  MBD_GPU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ctx->stream), err);
   MBD_GPU_CHECK(cudaStreamSynchronize(ctx->stream), err);
   return MBD_OK;
 }

@@ -74,6 +74,7 @@ int mbd_gpu_ctx_sync(mbd_gpu_ctx *ctx, mbd_error *err);
 int mbd_gpu_alloc(mbd_gpu_ctx *ctx, size_t bytes, void **out, mbd_error *err);
 void mbd_gpu_free(mbd_gpu_ctx *ctx, void *p);
 int mbd_gpu_upload(mbd_gpu_ctx *ctx, void *dst, const void *src, size_t bytes, mbd_error *err);
+/* dst may also be device memory (the copy's direction follows the pointers). */
 int mbd_gpu_download(mbd_gpu_ctx *ctx, void *dst, const void *src, size_t bytes, mbd_error *err);
 /* Fills device bytes with `byte` (poisoning outputs in tests). */
 int mbd_gpu_memset(mbd_gpu_ctx *ctx, void *dst, int byte, size_t bytes, mbd_error *err);

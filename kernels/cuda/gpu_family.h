@@ -38,7 +38,8 @@ typedef struct mbd_gpu_model_ops {
   int (*slot_reset)(void *model, int64_t slot, mbd_error *err);
   int (*slot_read)(void *model, int64_t slot, void *buf, size_t cap, mbd_error *err);
   int (*slot_write)(void *model, int64_t slot, const void *buf, size_t len, mbd_error *err);
-  /* tokens [nseq, T] into slots[nseq] (distinct); logits as sel, [nseq, T, V] for ALL. */
+  /* tokens [nseq, T] into slots[nseq] (distinct); logits as sel, [nseq, T, V] for ALL,
+   * into host memory or device memory this device can address (step's stay host). */
   int (*prefill)(void *model, int nseq, int T, const int32_t *tokens, const int32_t *slots,
                  mbd_logits_sel sel, float *logits, mbd_error *err);
   /* One token per slot (1 <= n <= max_batch); greedy next[n] (may be NULL)

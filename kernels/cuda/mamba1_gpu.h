@@ -106,8 +106,9 @@ typedef enum mbd_mamba1_gpu_logits {
 } mbd_mamba1_gpu_logits;
 
 /* Feeds tokens [nseq, T] (host, row-major) to the sequences in slots[nseq]
- * (host, distinct, each < slots), continuing from their states; logits (host)
- * as `which` says. Chunked internally by max_rows rows; synchronous. Token ids
+ * (host, distinct, each < slots), continuing from their states; logits as
+ * `which` says, into host memory or device memory the model's device can
+ * address (a CUDA IPC mapping of a client's buffer). Chunked internally by max_rows rows; synchronous. Token ids
  * outside [0, vocab) or bad slots are MBD_E_INVALID and nothing runs. */
 int mbd_mamba1_gpu_prefill(mbd_mamba1_gpu *m, int nseq, int T, const int32_t *tokens,
                            const int32_t *slots, mbd_mamba1_gpu_logits which, float *logits,

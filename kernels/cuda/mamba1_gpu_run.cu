@@ -191,11 +191,11 @@ extern "C" int mbd_mamba1_gpu_prefill(mbd_mamba1_gpu *m, int nseq, int T, const 
       if (w == 2)
         MBD_GPU_CHECK(cudaMemcpy2DAsync(logits + ((size_t)s0 * T + t0) * V, (size_t)T * V * 4,
                                         m->logits, (size_t)tc * V * 4, (size_t)tc * V * 4,
-                                        (size_t)ns, cudaMemcpyDeviceToHost, m->stream),
+                                        (size_t)ns, cudaMemcpyDefault, m->stream),
                       err);
       else if (w == 1)
         MBD_GPU_CHECK(cudaMemcpyAsync(logits + (size_t)s0 * V, m->logits, (size_t)ns * V * 4,
-                                      cudaMemcpyDeviceToHost, m->stream),
+                                      cudaMemcpyDefault, m->stream),
                       err);
     }
   }

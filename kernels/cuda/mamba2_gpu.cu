@@ -378,7 +378,7 @@ static int prefill_impl(m2gpu *m, int nseq, int T, const int32_t *tokens, const 
         for (int s = 0; s < ns; s++)
           MBD_GPU_CHECK(cudaMemcpyAsync(logits + ((int64_t)(g0 + s) * T + t0) * V,
                                         m->logits + (int64_t)s * tw * V, (size_t)(tw * V) * 4,
-                                        cudaMemcpyDeviceToHost, m->stream),
+                                        cudaMemcpyDefault, m->stream),
                         err);
       } else if (sel == MBD_LOGITS_LAST && t0 + tw == T) {
         if ((rc = mbd_mops_add_rmsnorm(m->stream, ns, (int)d, tw, tw - 1, m->resid, m->out,
@@ -386,7 +386,7 @@ static int prefill_impl(m2gpu *m, int nseq, int T, const int32_t *tokens, const 
             (rc = gemm(m, ns, V, d, m->hn, m->head, NULL, m->logits, err)))
           return rc;
         MBD_GPU_CHECK(cudaMemcpyAsync(logits + (int64_t)g0 * V, m->logits,
-                                      (size_t)(ns * V) * 4, cudaMemcpyDeviceToHost, m->stream),
+                                      (size_t)(ns * V) * 4, cudaMemcpyDefault, m->stream),
                       err);
       }
       MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
@@ -458,9 +458,9 @@ static int m2_step(void *model, int n, const int32_t *tokens, const int32_t *slo
   } else if ((rc = step_body(m, rows, err))) {
     return rc;
   }
-  if (logits)
+  if (logits) /* host or device memory (CUDA IPC outputs) */
     MBD_GPU_CHECK(cudaMemcpyAsync(logits, m->logits, (size_t)n * (size_t)m->V * 4,
-                                  cudaMemcpyDeviceToHost, m->stream),
+                                  cudaMemcpyDefault, m->stream),
                   err);
   MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
   if (next) memcpy(next, m->h_next, (size_t)n * 4);

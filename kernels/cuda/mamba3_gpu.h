@@ -40,7 +40,7 @@ int mbd_mamba3_gpu_slot_write(mbd_mamba3_gpu *m, int64_t slot, const void *buf, 
                               mbd_error *err);
 
 /* tokens [nseq, T] (host) into slots[nseq] (distinct); logits as sel
- * ([nseq, T, V] for ALL, [nseq, V] for LAST). */
+ * ([nseq, T, V] for ALL, [nseq, V] for LAST), host or device memory. */
 int mbd_mamba3_gpu_prefill(mbd_mamba3_gpu *m, int nseq, int T, const int32_t *tokens,
                            const int32_t *slots, mbd_logits_sel sel, float *logits,
                            mbd_error *err);

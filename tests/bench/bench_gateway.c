@@ -158,7 +158,7 @@ int main(int argc, char **argv) {
   mbd_tensor_desc d;
   int64_t shape[1] = {8};
   mbd_tensor_desc_make(&d, MBD_DTYPE_I64, 1, shape, NULL);
-  mbd_tensor_in in = {d, ids, NULL, 0};
+  mbd_tensor_in in = {.desc = d, .data = ids};
   mbd_generate_params gp;
   mbd_generate_params_init(&gp);
   gp.max_tokens = 1;

@@ -1,6 +1,7 @@
 /* The CLI's exit codes and messages: 0 on success, 1 with "CODE_NAME: message"
  * on a failed request or file, 2 on bad usage, 127 for a missing program;
- * `mambad up` rejects a bad YAML naming file, line and field. */
+ * `mambad up` rejects a bad YAML naming file, line and field and passes the
+ * durable settings; `mambad status` prints the durable-session counters. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -76,6 +77,31 @@ static void test_without_service(void **state) {
   svc_yaml(&s, "  - {name: r, device: cpu, count: 2, threads: 1}\n", yaml);
   EXPECT(0, "mambad-worker --connect", "'%s/mambad' up --config '%s' --dry-run", b, yaml);
   EXPECT(0, "--name r-1 --device cpu", "'%s/mambad' up --config '%s' --dry-run", b, yaml);
+  /* the durable settings reach the broker and each worker (0 = not passed) */
+  svc_yaml(&s,
+           "  - {name: d, device: cpu, threads: 1}\n"
+           "  - {name: e, device: cpu, threads: 1, checkpoint_tokens: 0, checkpoint_ms: 250}\n"
+           "durable: {checkpoint_tokens: 8, budget_mb: 64}\n",
+           yaml);
+  EXPECT(0, "--default-deadline-ms 20000 --durable-mb 64", "'%s/mambad' up --config '%s' --dry-run",
+         b, yaml);
+  EXPECT(0, "--threads 1 --checkpoint-tokens 8 --heartbeat-ms",
+         "'%s/mambad' up --config '%s' --dry-run", b, yaml);
+  EXPECT(0, "--threads 1 --checkpoint-ms 250 --heartbeat-ms",
+         "'%s/mambad' up --config '%s' --dry-run", b, yaml);
+  /* the prefix cache settings that differ from the worker's defaults */
+  svc_yaml(&s,
+           "  - {name: p, device: cpu, threads: 1, prefix_block: 64}\n"
+           "  - {name: q, device: cpu, threads: 1, prefix_cache_mb: 0}\n"
+           "prefix_cache: {mb: 512}\n",
+           yaml);
+  EXPECT(0, "--threads 1 --prefix-cache-mb 512 --prefix-block 64 --heartbeat-ms",
+         "'%s/mambad' up --config '%s' --dry-run", b, yaml);
+  EXPECT(0, "--threads 1 --prefix-cache-mb 0 --heartbeat-ms",
+         "'%s/mambad' up --config '%s' --dry-run", b, yaml);
+  svc_yaml(&s, "  - {name: d, device: cpu, checkpoint_ms: 100}\ndurable: {budget_mb: 0}\n", yaml);
+  EXPECT(1, "workers[0].checkpoint_ms: worker 'd' checkpoints, but durable.budget_mb is 0",
+         "'%s/mambad' up --config '%s' --dry-run", b, yaml);
   /* a tool that is not there */
   /* a program that is neither next to the binary nor on PATH */
   EXPECT(0, "", "cp '%s/mambad' '%s/mambad'", b, s.dir);
@@ -88,7 +114,10 @@ static void test_with_service(void **state) {
   if (!svc_init(&s)) exit(77); /* ctest: skipped */
   const char *b = s.bin;
   char yaml[700];
-  svc_yaml(&s, "  - {name: w32, device: cpu, dtype: f32, threads: 1}\n", yaml);
+  svc_yaml(&s,
+           "  - {name: w32, device: cpu, dtype: f32, threads: 1}\n"
+           "durable: {checkpoint_tokens: 4, budget_mb: 64}\n",
+           yaml);
   svc_up(&s, yaml);
   mbd_client *c = svc_client(&s);
   const char *names[] = {"w32"};
@@ -103,6 +132,29 @@ static void test_with_service(void **state) {
   EXPECT(0, "c f32[9,7] from worker w32", "'%s/mambad' gemm --connect '%s' --m 9 --n 7 --k 13 --seed 3", b, s.clients);
   EXPECT(0, "tokens/s", "'%s/mambad' bench --connect '%s' --model tiny --requests 5 --seq 8 --generate 8", b, s.clients);
   EXPECT(0, "w32", "'%s/mambad' status --connect '%s'", b, s.clients);
+  /* The durable line: the sessions above were checkpointed (and closed). */
+  EXPECT(0, "tokens", "'%s/mambad' generate --connect '%s' --model tiny --input '%s' --generate 6",
+         b, s.clients, in);
+  char out[8192];
+  assert_int_equal(
+      svc_sh(&s, out, sizeof out, "'%s/mambad' status --connect '%s'", b, s.clients), 0);
+  const char *d = strstr(out, "\ndurable: ");
+  if (!d) fprintf(stderr, "no durable line in:\n%s\n", out);
+  assert_non_null(d);
+  unsigned long long held = 0, ckpts = 0, dropped = 0, rehomed = 0, replayed = 0, resumed = 0,
+                     lost = 0;
+  double mib = 0;
+  long long budget = 0;
+  int n = sscanf(d, "\ndurable: %llu sessions, %lf MiB held of %lld MiB, %llu checkpoints (%llu "
+                    "dropped), %llu sessions re-homed, %llu tokens replayed, %llu generates "
+                    "resumed, %llu sessions lost",
+                 &held, &mib, &budget, &ckpts, &dropped, &rehomed, &replayed, &resumed, &lost);
+  if (n != 9) fprintf(stderr, "durable line not as documented (%d fields):\n%s\n", n, out);
+  assert_int_equal(n, 9);
+  assert_int_equal(budget, 64);
+  assert_true(ckpts > 0);
+  assert_int_equal(dropped, 0);
+  assert_int_equal(rehomed + replayed + resumed + lost, 0); /* no worker died */
 }
 
 int main(void) {

@@ -129,6 +129,11 @@ static void test_defaults(void **state) {
   assert_int_equal(c->queue_mb, MBD_DEFAULT_QUEUE_MB);
   assert_int_equal(c->max_message_mb, MBD_DEFAULT_MAX_MESSAGE_MB);
   assert_int_equal(c->default_deadline_ms, MBD_DEFAULT_DEADLINE_MS);
+  assert_int_equal(c->durable_mb, MBD_DEFAULT_DURABLE_MB);
+  assert_int_equal(c->checkpoint_tokens, MBD_DEFAULT_CHECKPOINT_TOKENS);
+  assert_int_equal(c->checkpoint_ms, MBD_DEFAULT_CHECKPOINT_MS);
+  assert_int_equal(c->prefix_cache.mb, MBD_DEFAULT_PREFIX_CACHE_MB);
+  assert_int_equal(c->prefix_cache.block, MBD_DEFAULT_PREFIX_BLOCK);
   assert_int_equal(c->n_models, 0);
   assert_int_equal(c->n_workers, 0);
   mbd_deploy_config_free(&c);
@@ -229,6 +234,87 @@ static void test_http_section(void **state) {
             "http.conn_timeout_s");
 }
 
+/* Durable sessions: the deployment-wide cadence is every worker's unless it
+ * sets its own (0 turns it off); the budget is the broker's; a cadence with
+ * a zero budget is refused where it is written. */
+static void test_durable_section(void **state) {
+  (void)state;
+  mbd_deploy_config *c = parse_ok(BROKER "workers:\n  - {name: w, device: cpu}\n");
+  assert_int_equal(c->workers[0].checkpoint_tokens, MBD_DEFAULT_CHECKPOINT_TOKENS);
+  assert_int_equal(c->workers[0].checkpoint_ms, MBD_DEFAULT_CHECKPOINT_MS);
+  mbd_deploy_config_free(&c);
+  c = parse_ok(BROKER "durable:\n  checkpoint_tokens: 16\n  checkpoint_ms: 500\n"
+                      "  budget_mb: 256\n"
+                      "workers:\n  - {name: a, device: cpu}\n"
+                      "  - {name: b, device: cpu, checkpoint_tokens: 64}\n"
+                      "  - {name: c, device: 'cuda:0', checkpoint_tokens: 0, checkpoint_ms: 0}\n");
+  assert_int_equal(c->durable_mb, 256);
+  assert_int_equal(c->checkpoint_tokens, 16);
+  assert_int_equal(c->checkpoint_ms, 500);
+  assert_int_equal(c->workers[0].checkpoint_tokens, 16);
+  assert_int_equal(c->workers[0].checkpoint_ms, 500);
+  assert_int_equal(c->workers[1].checkpoint_tokens, 64);
+  assert_int_equal(c->workers[1].checkpoint_ms, 500);
+  assert_int_equal(c->workers[2].checkpoint_tokens, 0);
+  assert_int_equal(c->workers[2].checkpoint_ms, 0);
+  mbd_deploy_config_free(&c);
+  /* No budget and no cadence: sessions die with their worker, as asked. */
+  c = parse_ok(BROKER "durable: {budget_mb: 0}\nworkers:\n  - {name: w, device: cpu, "
+                      "checkpoint_ms: 0}\n");
+  assert_int_equal(c->durable_mb, 0);
+  mbd_deploy_config_free(&c);
+  parse_bad(BROKER "durable:\n  checkpoint_tokens: 65537\n", MBD_E_INVALID, 5,
+            "durable.checkpoint_tokens: 65537 is out of range [0, 65536]");
+  parse_bad(BROKER "durable:\n  checkpoint_ms: -1\n", MBD_E_INVALID, 5, "durable.checkpoint_ms");
+  parse_bad(BROKER "durable:\n  budget_mb: lots\n", MBD_E_INVALID, 5,
+            "durable.budget_mb: 'lots' is not an integer");
+  parse_bad(BROKER "durable:\n  cadence: 3\n", MBD_E_INVALID, 5,
+            "unknown key 'cadence' (known: checkpoint_tokens, checkpoint_ms, budget_mb)");
+  parse_bad(BROKER "durable: [16]\n", MBD_E_INVALID, 4, "durable: must be a mapping");
+  parse_bad(BROKER "durable:\n  budget_mb: 0\n  checkpoint_ms: 100\n", MBD_E_INVALID, 5,
+            "budget_mb: 0 keeps no checkpoints");
+  parse_bad(BROKER "durable: {budget_mb: 0}\nworkers:\n  - name: w\n    device: cpu\n"
+                   "    checkpoint_ms: 100\n",
+            MBD_E_INVALID, 8,
+            "workers[0].checkpoint_ms: worker 'w' checkpoints, but durable.budget_mb is 0");
+  parse_bad(BROKER "workers:\n  - name: w\n    device: cpu\n    checkpoint_tokens: 1.5\n",
+            MBD_E_INVALID, 7, "workers[0].checkpoint_tokens: '1.5' is not an integer");
+}
+
+/* The prefix state cache: the section is every worker's unless it sets its
+ * own keys (0 turns the cache off); out-of-range values name their field. */
+static void test_prefix_cache_section(void **state) {
+  (void)state;
+  mbd_deploy_config *c = parse_ok(BROKER "workers:\n  - {name: w, device: cpu}\n");
+  assert_int_equal(c->workers[0].prefix_cache.mb, MBD_DEFAULT_PREFIX_CACHE_MB);
+  assert_int_equal(c->workers[0].prefix_cache.block, MBD_DEFAULT_PREFIX_BLOCK);
+  mbd_deploy_config_free(&c);
+  c = parse_ok(BROKER "prefix_cache:\n  mb: 1024\n  block: 128\n"
+                      "workers:\n  - {name: a, device: cpu}\n"
+                      "  - {name: b, device: cpu, prefix_block: 64}\n"
+                      "  - {name: c, device: 'cuda:0', prefix_cache_mb: 0}\n");
+  assert_int_equal(c->prefix_cache.mb, 1024);
+  assert_int_equal(c->prefix_cache.block, 128);
+  assert_int_equal(c->workers[0].prefix_cache.mb, 1024);
+  assert_int_equal(c->workers[0].prefix_cache.block, 128);
+  assert_int_equal(c->workers[1].prefix_cache.mb, 1024);
+  assert_int_equal(c->workers[1].prefix_cache.block, 64);
+  assert_int_equal(c->workers[2].prefix_cache.mb, 0);
+  assert_int_equal(c->workers[2].prefix_cache.block, 128);
+  mbd_deploy_config_free(&c);
+  parse_bad(BROKER "prefix_cache:\n  mb: -1\n", MBD_E_INVALID, 5,
+            "prefix_cache.mb: -1 is out of range [0, 1048576]");
+  parse_bad(BROKER "prefix_cache:\n  block: 16777217\n", MBD_E_INVALID, 5,
+            "prefix_cache.block: 16777217 is out of range");
+  parse_bad(BROKER "prefix_cache:\n  size: 3\n", MBD_E_INVALID, 5,
+            "unknown key 'size' (known: mb, block)");
+  parse_bad(BROKER "prefix_cache: 256\n", MBD_E_INVALID, 4, "prefix_cache: must be a mapping");
+  parse_bad(BROKER "workers:\n  - name: w\n    device: cpu\n    prefix_block: big\n",
+            MBD_E_INVALID, 7, "workers[0].prefix_block: 'big' is not an integer");
+  parse_bad(BROKER "workers:\n  - name: w\n    device: cpu\n    prefix_cache_mb: 2097152\n",
+            MBD_E_INVALID, 7, "workers[0].prefix_cache_mb: 2097152 is out of range");
+}
+
 /* Anchors/aliases in place of scalars are refused, not expanded. */
 static void test_alias_bomb(void **state) {
   (void)state;
@@ -291,6 +377,8 @@ int main(void) {
       cmocka_unit_test(test_defaults),
       cmocka_unit_test(test_errors_name_line_and_field),
       cmocka_unit_test(test_http_section),
+      cmocka_unit_test(test_durable_section),
+      cmocka_unit_test(test_prefix_cache_section),
       cmocka_unit_test(test_tcp_needs_curve_or_insecure),
       cmocka_unit_test(test_alias_bomb),
       cmocka_unit_test(test_load_file_and_shipped_examples),

@@ -270,6 +270,104 @@ static void test_input_resolution(void **state) {
   shm_unlink(name);
 }
 
+/* Packs {session, max_tokens?, outputs: [ref of dtype dt, shape [n]]} (n < 0: two outputs). */
+static void pack_out_req(wh_pack *p, bool generate, const char *dt, int64_t n) {
+  wh_pack_init(p);
+  msgpack_pack_map(&p->pk, generate ? 3 : 2);
+  mbd_pack_kv_str(&p->pk, "session", "u/1");
+  if (generate) mbd_pack_kv_i64(&p->pk, "max_tokens", 4);
+  mbd_pack_str(&p->pk, "outputs");
+  msgpack_pack_array(&p->pk, n < 0 ? 2 : 1);
+  int64_t sh[1] = {n < 0 ? 4 : n};
+  for (int i = 0; i < (n < 0 ? 2 : 1); i++) wh_ref_shm(&p->pk, "o", dt, 1, sh, "/mbd-o", 0, (uint64_t)sh[0] * 8);
+}
+
+/* GENERATE and EXPORT take one I64 [n] output (n = max_tokens for GENERATE). */
+static void test_decode_outputs(void **state) {
+  (void)state;
+  mbd_wreq q;
+  mbd_error err = {0};
+  wh_pack p;
+  pack_out_req(&p, true, "i64", 4);
+  assert_int_equal(decode(MBD_CMD_GENERATE, &p, &q, &err), 0);
+  assert_int_equal(q.noutputs, 1);
+  assert_int_equal(q.outputs[0].kind, MBD_TREF_SHM);
+  pack_out_req(&p, true, "i64", 5);
+  assert_int_equal(decode(MBD_CMD_GENERATE, &p, &q, &err), MBD_E_SHAPE);
+  assert_non_null(strstr(err.msg, "max_tokens"));
+  pack_out_req(&p, true, "f32", 4);
+  assert_int_equal(decode(MBD_CMD_GENERATE, &p, &q, &err), MBD_E_SHAPE);
+  pack_out_req(&p, true, "i64", -1);
+  assert_int_equal(decode(MBD_CMD_GENERATE, &p, &q, &err), MBD_E_SHAPE);
+  pack_out_req(&p, false, "i64", 1000);
+  assert_int_equal(decode(MBD_CMD_EXPORT, &p, &q, &err), 0);
+  assert_int_equal(q.noutputs, 1);
+  pack_out_req(&p, false, "f32", 1000);
+  assert_int_equal(decode(MBD_CMD_EXPORT, &p, &q, &err), MBD_E_SHAPE);
+}
+
+/* Outputs written from host results (STEP logits, GENERATE tokens, EXPORT
+ * state): into shm at an offset, bounded by the ref's size; CUDA IPC refs on
+ * a backend without device memory are refused, never dereferenced. */
+static void test_output_put(void **state) {
+  (void)state;
+  mbd_error err = {0};
+  char name[64];
+  snprintf(name, sizeof name, "/mbd-wput-%d", (int)getpid());
+  shm_unlink(name);
+  int fd = shm_open(name, O_CREAT | O_RDWR, 0600);
+  assert_true(fd >= 0);
+  assert_int_equal(ftruncate(fd, 4096), 0);
+  close(fd);
+  mbd_shm_cache *c = NULL;
+  assert_int_equal(mbd_shm_cache_new(4, &c, &err), 0);
+  mbd_backend_ops ops;
+  memset(&ops, 0, sizeof ops);
+  mbd_backend be = {.ops = &ops};
+  mbd_tensor_ref o;
+  memset(&o, 0, sizeof o);
+  strcpy(o.name, "tokens");
+  int64_t sh[1] = {8};
+  assert_int_equal(mbd_tensor_desc_make(&o.desc, MBD_DTYPE_I64, 1, sh, &err), 0);
+  o.kind = MBD_TREF_SHM;
+  strcpy(o.shm_name, name);
+  o.offset = 1024;
+  o.size = 64;
+  o.caller_known = true;
+  o.caller_uid = (uint32_t)geteuid();
+  int64_t toks[3] = {7, 8, 9};
+  assert_int_equal(mbd_wreq_output_put(&be, c, &o, 8, toks, sizeof toks, &err), 0);
+  fd = shm_open(name, O_RDONLY, 0);
+  int64_t back[4] = {0};
+  assert_int_equal(pread(fd, back, sizeof back, 1024), (ssize_t)sizeof back);
+  close(fd);
+  assert_int_equal(back[0], 0);
+  assert_memory_equal(back + 1, toks, sizeof toks);
+  /* past the ref's size (and an overflowing offset) */
+  assert_int_equal(mbd_wreq_output_put(&be, c, &o, 48, toks, sizeof toks, &err), MBD_E_INVALID);
+  assert_int_equal(mbd_wreq_output_put(&be, c, &o, UINT64_MAX - 4, toks, sizeof toks, &err),
+                   MBD_E_INVALID);
+  /* another owner */
+  o.caller_uid = (uint32_t)geteuid() + 1;
+  assert_int_equal(mbd_wreq_output_put(&be, c, &o, 0, toks, sizeof toks, &err), MBD_E_INVALID);
+  /* CUDA IPC without device memory */
+  o.kind = MBD_TREF_CUDA_IPC;
+  void *dst = NULL;
+  bool on_device = true;
+  assert_int_equal(mbd_wreq_output_put(&be, c, &o, 0, toks, sizeof toks, &err), MBD_E_UNSUPPORTED);
+  assert_int_equal(mbd_wreq_output_get(&be, &o, 0, back, 8, &err), MBD_E_UNSUPPORTED);
+  assert_int_equal(mbd_wreq_output_at(&be, c, &o, &o.desc, &dst, &on_device, &err),
+                   MBD_E_UNSUPPORTED);
+  assert_null(dst);
+  assert_false(on_device);
+  const void *in = NULL;
+  size_t nb = 0;
+  assert_int_equal(mbd_wreq_input_dev(&be, &o, &in, &nb, &err), MBD_E_UNSUPPORTED);
+  assert_non_null(strstr(err.msg, "GPU worker"));
+  mbd_shm_cache_destroy(&c);
+  shm_unlink(name);
+}
+
 static void test_state_blob(void **state) {
   (void)state;
   mbd_state_blob_info in;
@@ -416,7 +514,9 @@ static void test_model_digest(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_decode_generate), cmocka_unit_test(test_decode_tensor_cmds),
-      cmocka_unit_test(test_input_resolution), cmocka_unit_test(test_state_blob),
+      cmocka_unit_test(test_input_resolution),
+      cmocka_unit_test(test_decode_outputs),
+      cmocka_unit_test(test_output_put), cmocka_unit_test(test_state_blob),
       cmocka_unit_test(test_opts),            cmocka_unit_test(test_model_digest),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

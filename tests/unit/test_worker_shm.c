@@ -1,6 +1,7 @@
 /* Worker shm tensor access: name rules, bounds (past the end, overflowing
  * offset + size, size below the tensor), read-only vs read-write, the LRU cache
- * (hits, eviction, re-created and resized objects re-mapped). */
+ * (hits, eviction, re-created and resized objects re-mapped), and objects
+ * truncated under a mapping that is read (an input) or written (an output). */
 #include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -227,6 +228,45 @@ static void test_truncated_under_mapping(void **state) {
   shm_unlink(name);
 }
 
+/* An output object truncated under a live read-write mapping: the write
+ * does not kill the process, lands in private memory (the object's bytes
+ * within its new size are untouched), and the cache reports it once. */
+static void test_truncated_output_write(void **state) {
+  (void)state;
+  char name[64];
+  make_obj(name, sizeof name, 9, 3 * 4096, 0x22);
+  mbd_shm_cache *c = NULL;
+  mbd_error err = {0};
+  assert_int_equal(mbd_shm_cache_new(2, &c, &err), 0);
+  void *p = NULL;
+  assert_int_equal(mbd_shm_cache_map(c, name, 0, 3 * 4096, 3 * 4096, true, ME, &p, &err), 0);
+  int fd = shm_open(name, O_RDWR, 0);
+  assert_true(fd >= 0);
+  assert_int_equal(ftruncate(fd, 100), 0);
+  mbd_shm_cache_watch(c);
+  memset(p, 0x33, 3 * 4096); /* the first page exists, the rest faults: trapped */
+  assert_int_equal(mbd_shm_cache_faults(c), 1);
+  assert_int_equal(mbd_shm_cache_check(c, &err), MBD_E_INVALID);
+  assert_non_null(strstr(err.msg, name));
+  assert_int_equal(mbd_shm_cache_check(c, &err), 0);
+  /* Bytes written before the fault may have reached what is left of the
+   * object (the client's own, which it shrank); the reply is an ERROR, so the
+   * client does not take them for a result. */
+  unsigned char seen[100];
+  assert_int_equal(pread(fd, seen, sizeof seen, 0), (ssize_t)sizeof seen);
+  close(fd);
+  for (size_t i = 0; i < sizeof seen; i++) assert_true(seen[i] == 0x22 || seen[i] == 0x33);
+  /* Served again at its real size. */
+  assert_int_equal(mbd_shm_cache_map(c, name, 0, 100, 100, true, ME, &p, &err), 0);
+  ((unsigned char *)p)[0] = 0x44;
+  fd = shm_open(name, O_RDONLY, 0);
+  assert_int_equal(pread(fd, seen, 1, 0), 1);
+  close(fd);
+  assert_int_equal(seen[0], 0x44);
+  mbd_shm_cache_destroy(&c);
+  shm_unlink(name);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_names),
@@ -235,6 +275,7 @@ int main(void) {
       cmocka_unit_test(test_readonly_object),
       cmocka_unit_test(test_owner_and_type),
       cmocka_unit_test(test_truncated_under_mapping),
+      cmocka_unit_test(test_truncated_output_write),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

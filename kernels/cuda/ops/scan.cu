@@ -253,10 +253,16 @@ __global__ void __launch_bounds__(SSTEP_BT)
 #pragma unroll
       for (int j = 0; j < PV; j++) w[j] = ld_f32(wp + j);
 #pragma unroll
-      for (int q = 0; q < SQ; q++) {
-        const float *dq = sd + q * NDP + k;
+      for (int q = 0; q < SQ; q++) { /* rows and k are float4-aligned: 16-byte reads */
+        const float4 *dq = (const float4 *)(sd + q * NDP + k);
 #pragma unroll
-        for (int j = 0; j < PV; j++) acc[q] = __fmaf_rn(dq[j], w[j], acc[q]);
+        for (int j4 = 0; j4 < PV / 4; j4++) {
+          const float4 v = dq[j4];
+          acc[q] = __fmaf_rn(v.x, w[4 * j4], acc[q]);
+          acc[q] = __fmaf_rn(v.y, w[4 * j4 + 1], acc[q]);
+          acc[q] = __fmaf_rn(v.z, w[4 * j4 + 2], acc[q]);
+          acc[q] = __fmaf_rn(v.w, w[4 * j4 + 3], acc[q]);
+        }
       }
     }
   }
