@@ -4,7 +4,14 @@
  * A call's tokens run in chunks of at most max_rows rows: a group of
  * sequences and a time window of each, rows sequence-major (row s * tw + t),
  * which is the layout the conv and the recurrence take. Device memory is
- * allocated at load; nothing is allocated per token. */
+ * allocated at load; nothing is allocated per token.
+ *
+ * A decode step is one routine (step_body: staged tokens and slots up, the
+ * layers, the head, the greedy pick into pinned memory); with graphs on it
+ * is captured once per batch bucket (powers of two) and replayed, the rows
+ * beyond the batch padded with token 0 on a scratch slot. Every kernel and
+ * GEMM is row-invariant, so a row's bits depend neither on the bucket nor on
+ * the padding, and the graph replays the eager step's bits. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -30,6 +37,7 @@ extern "C" {
 #include "kernels/portable_math.h"
 
 #define M2G_MAX_ROWS 2048
+#define M2G_MAX_BUCKETS 16 /* decode graph buckets 1, 2, 4, .. 2^15 */
 
 typedef struct layer2_d {
   float *norm;      /* [d] */
@@ -52,17 +60,22 @@ typedef struct m2gpu {
   mbd_dtype dtype;
   int64_t V, pin, cd;
   int max_rows, max_batch;
-  int64_t nslots;
+  int bucket_max;    /* largest decode bucket: max_batch rounded up to a power of two */
+  int use_graphs;    /* 1: decode steps replay graphs */
+  int64_t nslots;    /* real slots; index nslots is the padding rows' scratch slot */
   layer2_d *layers;
   void *emb, *head;
   float *norm_f;
   mbd_dev_arena arena; /* every device allocation, freed at destroy */
   float *conv_st, *ssm_st; /* [nslots][L][K-1][cd], [nslots][L][H P][N] */
   int64_t conv_slot, ssm_slot;
-  int32_t *d_tok, *d_slots, *h_tok, *h_slots, *d_next;
+  int32_t *d_tok, *d_slots, *h_tok, *h_slots; /* prefill chunk staging [max_rows] */
+  int32_t *d_step, *h_step; /* decode staging [2 bucket_max]: tokens, then slots */
+  int32_t *h_next;          /* pinned [bucket_max]: the step's greedy picks */
   float *resid, *zx, *xbc, *y, *out, *logits;
   void *hn, *y_act;
   void *sample_work;
+  mbd_gpu_graph *graphs[M2G_MAX_BUCKETS]; /* decode graph of bucket 2^i, captured on first use */
 } m2gpu;
 
 static int dalloc(m2gpu *m, size_t bytes, void **out, mbd_error *err) {
@@ -137,8 +150,10 @@ static void m2_destroy(void *model) {
   m2gpu *m = (m2gpu *)model;
   if (!m) return;
   if (m->stream) cudaStreamSynchronize(m->stream);
+  for (int i = 0; i < M2G_MAX_BUCKETS; i++) mbd_gpu_graph_destroy(&m->graphs[i]);
   mbd_dev_arena_free(&m->arena);
   cudaFreeHost(m->h_tok);
+  cudaFreeHost(m->h_step);
   free(m->layers);
   free(m);
 }
@@ -151,8 +166,8 @@ static int alloc_runtime(m2gpu *m, mbd_error *err) {
   const size_t es = mbd_dtype_size(m->dtype), cd = (size_t)m->cd, pin = (size_t)m->pin;
   m->conv_slot = (int64_t)(L * (K - 1) * cd);
   m->ssm_slot = (int64_t)(L * di * N);
-  const size_t ns = (size_t)m->nslots;
-  const size_t rows = (size_t)m->max_rows;
+  const size_t ns = (size_t)m->nslots + 1; /* + the scratch slot */
+  const size_t rows = (size_t)m->max_rows, bm = (size_t)m->bucket_max;
   void *p;
 #define DA(ptr, bytes)                                 \
   do {                                                 \
@@ -165,9 +180,11 @@ static int alloc_runtime(m2gpu *m, mbd_error *err) {
   MBD_GPU_CHECK(cudaMemset(m->ssm_st, 0, ns * (size_t)m->ssm_slot * 4), err);
   DA(m->d_tok, rows * 4);
   DA(m->d_slots, rows * 4);
-  DA(m->d_next, rows * 4);
+  DA(m->d_step, 2 * bm * 4);
   MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_tok, 2 * rows * 4), err);
   m->h_slots = m->h_tok + rows;
+  MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_step, 3 * bm * 4), err);
+  m->h_next = m->h_step + 2 * bm;
   DA(m->resid, rows * d * 4);
   DA(m->hn, rows * d * es);
   DA(m->zx, rows * pin * 4);
@@ -207,7 +224,15 @@ static int m2_load(mbd_gpu_ctx *ctx, const char *dir, const mbd_gpu_model_opts *
   m->dtype = o->dtype;
   m->nslots = rid.state_capacity;
   m->max_batch = o->max_batch > 0 ? o->max_batch : 256;
-  m->max_rows = m->max_batch > M2G_MAX_ROWS ? m->max_batch : M2G_MAX_ROWS;
+  if (m->max_batch > 1 << (M2G_MAX_BUCKETS - 1)) {
+    rc = mbd_error_set(err, MBD_E_INVALID, "model: max_batch %d above %d", m->max_batch,
+                       1 << (M2G_MAX_BUCKETS - 1));
+    goto fail;
+  }
+  m->bucket_max = 1;
+  while (m->bucket_max < m->max_batch) m->bucket_max <<= 1;
+  m->max_rows = m->bucket_max > M2G_MAX_ROWS ? m->bucket_max : M2G_MAX_ROWS;
+  m->use_graphs = o->use_graphs;
   m->cd = (int64_t)m->cfg.d_inner + 2 * (int64_t)m->cfg.n_groups * m->cfg.d_state;
   m->pin = (int64_t)m->cfg.d_inner + m->cd + m->cfg.n_heads;
   if (m->cfg.d_conv < 2 || m->cfg.d_conv > 8) {
@@ -261,30 +286,33 @@ static int gemm(m2gpu *m, int64_t rows, int64_t n, int64_t k, const void *x, con
   a.w = w;
   a.bias = bias;
   a.y = y;
+  a.w_static = 1; /* weights and biases never change after load */
   return mbd_gpu_gemm(m->ctx, &a, err);
 }
 
 /* The layers over rows = ns sequences x tw steps already embedded in resid
- * (d_slots holds their slots); leaves resid with the last layer's output not
- * yet added (m->out holds it). */
-static int run_layers(m2gpu *m, int ns, int tw, mbd_error *err) {
+ * (slots: their device slot indices); leaves resid with the last layer's
+ * output not yet added (m->out holds it). */
+static int run_layers(m2gpu *m, int ns, int tw, const int32_t *slots, mbd_error *err) {
   const mbd_mamba2_config *c = &m->cfg;
   const int64_t rows = (int64_t)ns * tw, d = c->d_model, di = c->d_inner;
   const mbd_mops_ssd_dims dm = {c->n_heads, c->head_dim, c->d_state, c->n_groups};
   int rc = 0;
   for (int l = 0; l < c->n_layer; l++) {
     const layer2_d *L = &m->layers[l];
+    float *conv_st = m->conv_st + (int64_t)l * (c->d_conv - 1) * m->cd;
+    float *ssm_st = m->ssm_st + (int64_t)l * di * c->d_state;
     if ((rc = mbd_mops_add_rmsnorm(m->stream, rows, (int)d, 1, 0, m->resid, l ? m->out : NULL,
                                    L->norm, c->norm_eps, m->dtype, m->hn, err)) ||
-        (rc = gemm(m, rows, m->pin, d, m->hn, L->in_w, L->in_b, m->zx, err)) ||
-        (rc = mbd_mops_conv_silu(m->stream, ns, tw, (int)m->cd, c->d_conv, m->zx + di, m->pin,
-                                 L->conv_w, L->conv_b,
-                                 m->conv_st + (int64_t)l * (c->d_conv - 1) * m->cd,
-                                 m->conv_slot, m->d_slots, m->xbc, MBD_DTYPE_F32, NULL, err)) ||
-        (rc = mbd_mops_ssd_scan(m->stream, ns, tw, &dm, L->A, L->D, L->dt_bias, c->dt_min,
-                                c->dt_max, m->zx + di + m->cd, m->pin, m->xbc, m->cd,
-                                m->ssm_st + (int64_t)l * di * c->d_state, m->ssm_slot,
-                                m->d_slots, m->y, err)) ||
+        (rc = gemm(m, rows, m->pin, d, m->hn, L->in_w, L->in_b, m->zx, err)))
+      return rc;
+    if (!(rc = mbd_mops_conv_silu(m->stream, ns, tw, (int)m->cd, c->d_conv, m->zx + di, m->pin,
+                                  L->conv_w, L->conv_b, conv_st, m->conv_slot, slots, m->xbc,
+                                  MBD_DTYPE_F32, NULL, err)))
+      rc = mbd_mops_ssd_scan(m->stream, ns, tw, &dm, L->A, L->D, L->dt_bias, c->dt_min, c->dt_max,
+                             m->zx + di + m->cd, m->pin, m->xbc, m->cd, ssm_st, m->ssm_slot,
+                             slots, m->y, err);
+    if (rc ||
         (rc = mbd_mops_gated_rmsnorm(m->stream, rows, (int)di, (int)(di / c->n_groups), m->y,
                                      m->zx, m->pin, L->gnorm, c->norm_eps, c->norm_before_gate,
                                      m->dtype, m->y_act, err)) ||
@@ -306,16 +334,20 @@ static int check_slots(const m2gpu *m, int n, const int32_t *slots, mbd_error *e
   return 0;
 }
 
-/* The prefill; with LAST and logits NULL the logits stay on the device
- * (m->logits [nseq, V], nseq <= max_rows) for the step's sampler. */
+static int check_tokens(const m2gpu *m, int64_t n, const int32_t *tokens, mbd_error *err) {
+  for (int64_t i = 0; i < n; i++)
+    if (tokens[i] < 0 || tokens[i] >= m->V)
+      return mbd_error_set(err, MBD_E_INVALID, "token %d outside vocabulary [0, %lld)", tokens[i],
+                           (long long)m->V);
+  return 0;
+}
+
+/* The prefill: chunks of at most max_rows rows, eager, synchronous. */
 static int prefill_impl(m2gpu *m, int nseq, int T, const int32_t *tokens, const int32_t *slots,
                         mbd_logits_sel sel, float *logits, mbd_error *err) {
   int rc = check_slots(m, nseq, slots, err);
   if (rc) return rc;
-  for (int64_t i = 0; i < (int64_t)nseq * T; i++)
-    if (tokens[i] < 0 || tokens[i] >= m->V)
-      return mbd_error_set(err, MBD_E_INVALID, "prefill: token %d outside vocabulary [0, %lld)",
-                           tokens[i], (long long)m->V);
+  if ((rc = check_tokens(m, (int64_t)nseq * T, tokens, err))) return rc;
   const int64_t d = m->cfg.d_model, V = m->V;
   for (int g0 = 0; g0 < nseq; g0 += m->max_rows) {
     const int ns = nseq - g0 < m->max_rows ? nseq - g0 : m->max_rows;
@@ -336,7 +368,7 @@ static int prefill_impl(m2gpu *m, int nseq, int T, const int32_t *tokens, const 
                     err);
       if ((rc = mbd_mops_embed(m->stream, rows, (int)d, m->d_tok, m->dtype, m->emb, m->resid,
                                err)) ||
-          (rc = run_layers(m, ns, tw, err)))
+          (rc = run_layers(m, ns, tw, m->d_slots, err)))
         return rc;
       if (sel == MBD_LOGITS_ALL) {
         if ((rc = mbd_mops_add_rmsnorm(m->stream, rows, (int)d, 1, 0, m->resid, m->out,
@@ -353,11 +385,9 @@ static int prefill_impl(m2gpu *m, int nseq, int T, const int32_t *tokens, const 
                                        m->norm_f, m->cfg.norm_eps, m->dtype, m->hn, err)) ||
             (rc = gemm(m, ns, V, d, m->hn, m->head, NULL, m->logits, err)))
           return rc;
-        if (logits)
-          MBD_GPU_CHECK(cudaMemcpyAsync(logits + (int64_t)g0 * V, m->logits,
-                                        (size_t)(ns * V) * 4, cudaMemcpyDefault,
-                                        m->stream),
-                        err);
+        MBD_GPU_CHECK(cudaMemcpyAsync(logits + (int64_t)g0 * V, m->logits,
+                                      (size_t)(ns * V) * 4, cudaMemcpyDefault, m->stream),
+                      err);
       }
       MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
     }
@@ -373,23 +403,67 @@ static int m2_prefill(void *model, int nseq, int T, const int32_t *tokens, const
   return prefill_impl((m2gpu *)model, nseq, T, tokens, slots, sel, logits, err);
 }
 
+/* One decode step of `rows` rows staged in h_step (tokens, then slots): up
+ * in one copy, the embedding, the layers, the final norm, the head into
+ * m->logits and the greedy picks into pinned h_next. Enqueue only; a graph
+ * replays all of it. */
+static int step_body(m2gpu *m, int rows, mbd_error *err) {
+  const int64_t d = m->cfg.d_model, V = m->V;
+  int rc;
+  MBD_GPU_CHECK(cudaMemcpyAsync(m->d_step, m->h_step, (size_t)rows * 2 * 4,
+                                cudaMemcpyHostToDevice, m->stream),
+                err);
+  if ((rc = mbd_mops_embed(m->stream, rows, (int)d, m->d_step, m->dtype, m->emb, m->resid,
+                           err)) ||
+      (rc = run_layers(m, rows, 1, m->d_step + rows, err)) ||
+      (rc = mbd_mops_add_rmsnorm(m->stream, rows, (int)d, 1, 0, m->resid, m->out, m->norm_f,
+                                 m->cfg.norm_eps, m->dtype, m->hn, err)) ||
+      (rc = gemm(m, rows, V, d, m->hn, m->head, NULL, m->logits, err)))
+    return rc;
+  return mbd_mops_sample(m->stream, rows, (int)V, m->logits, V, NULL, NULL, NULL, m->sample_work,
+                         m->h_next, err);
+}
+
 static int m2_step(void *model, int n, const int32_t *tokens, const int32_t *slots,
                    int32_t *next, float *logits, mbd_error *err) {
   m2gpu *m = (m2gpu *)model;
   if (n < 1 || n > m->max_batch)
     return mbd_error_set(err, MBD_E_INVALID, "step: batch %d outside 1..%d", n, m->max_batch);
-  const int64_t V = m->V;
-  int rc = prefill_impl(m, n, 1, tokens, slots, next || logits ? MBD_LOGITS_LAST : MBD_LOGITS_NONE,
-                        logits, err);
-  if (rc || !next) return rc;
-  /* m->logits still holds the step's logits on the device */
-  if ((rc = mbd_mops_sample(m->stream, n, (int)V, m->logits, V, NULL, NULL, NULL,
-                            m->sample_work, m->d_next, err)))
-    return rc;
-  MBD_GPU_CHECK(cudaMemcpyAsync(next, m->d_next, (size_t)n * 4, cudaMemcpyDeviceToHost,
-                                m->stream),
-                err);
+  int rc = check_slots(m, n, slots, err);
+  if (rc) return rc;
+  if ((rc = check_tokens(m, n, tokens, err))) return rc;
+  int bucket = 1, bi = 0;
+  while (bucket < n) bucket <<= 1, bi++;
+  const int rows = m->use_graphs ? bucket : n;
+  /* The staging may still feed a copy only if the previous step failed
+   * midway; the stream is idle otherwise. */
   MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+  for (int i = 0; i < rows; i++) {
+    m->h_step[i] = i < n ? tokens[i] : 0;
+    m->h_step[rows + i] = i < n ? slots[i] : (int32_t)m->nslots; /* padding: scratch slot */
+  }
+  if (m->use_graphs) {
+    if (!m->graphs[bi]) {
+      if ((rc = mbd_gpu_graph_begin(m->ctx, err))) return rc;
+      int brc = step_body(m, rows, err);
+      mbd_error e2;
+      int erc = mbd_gpu_graph_end(m->ctx, &m->graphs[bi], brc ? &e2 : err);
+      if (brc) {
+        mbd_gpu_graph_destroy(&m->graphs[bi]);
+        return mbd_error_prefix(err, "capturing the batch-%d decode graph: ", rows);
+      }
+      if (erc) return erc;
+    }
+    if ((rc = mbd_gpu_graph_launch(m->ctx, m->graphs[bi], err))) return rc;
+  } else if ((rc = step_body(m, rows, err))) {
+    return rc;
+  }
+  if (logits) /* host or device memory (CUDA IPC outputs) */
+    MBD_GPU_CHECK(cudaMemcpyAsync(logits, m->logits, (size_t)n * (size_t)m->V * 4,
+                                  cudaMemcpyDefault, m->stream),
+                  err);
+  MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+  if (next) memcpy(next, m->h_next, (size_t)n * 4);
   return 0;
 }
 

@@ -9,9 +9,12 @@
  * to the CPU backend's. On bf16/f16 routes the GEMM inputs are rounded to
  * the storage dtype. Prefill and decode run the same kernels, so any
  * chunking gives the bits of decoding token by token; a sequence's bits do
- * not depend on its slot or on the other sequences of a launch. Decode
- * steps run eagerly (no graphs yet). State slots: the context's state
- * capacity; their payload is the CPU model's state image payload. */
+ * not depend on its slot or on the other sequences of a launch. With
+ * mbd_gpu_model_opts.use_graphs, decode steps replay one CUDA graph per
+ * batch bucket (powers of two up to max_batch, captured on first use), the
+ * same bits as the eager step. State slots: the context's state capacity
+ * (plus one internal scratch slot for padded rows); their payload is the CPU
+ * model's state image payload. */
 #ifndef MBD_MAMBA2_GPU_H
 #define MBD_MAMBA2_GPU_H
 

@@ -10,6 +10,13 @@
  *   floor: HBM bound, (weight bytes + batch * state bytes * 2) per call over
  *          the measured device-to-device copy rate (bytes read + written);
  *          for prefill the weights and each state read and written once.
+ *   per-op: us of each op of one layer (add_rmsnorm, in_proj, conv_silu,
+ *           ssd_scan, gated_norm, out_proj) and the LM head, on zeroed
+ *           buffers of a context of its own, mean of 10 launches in a row:
+ *           prefill b1 T=2048, one of the b8 prefill's 8 chunks (8 x 256),
+ *           decode b1/8/64/256; then the layer's sum and layers x sum + head
+ *           (unfused; the scan_conv row is the decode fusion that replaces
+ *           conv_silu + ssd_scan at up to 16 sequences).
  * Each call of the backend ends in a stream synchronize, so each run is timed
  * with CUDA events on the default stream around the call (host overhead
  * included). Each cell: warm-up runs, then the median of up to `reps` runs,
@@ -17,6 +24,7 @@
  * many were taken.
  * Usage: bench_mamba2_gpu [130m|1.3b|all] [reps]   (exits 77 without a device) */
 #include <cuda_runtime_api.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +32,12 @@
 #include <unistd.h>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/gpu_ctx.h"
+#include "kernels/cuda/gpu_gemm.h"
+#include "kernels/cuda/ops/add_rmsnorm.h"
+#include "kernels/cuda/ops/conv_silu.h"
+#include "kernels/cuda/ops/gated_rmsnorm.h"
+#include "kernels/cuda/ops/ssd_scan.h"
 #include "kernels/model/mamba2.h"
 
 enum { NB = 4, MAXB = 256, T_PRE = 2048, NCOL = 6 };
@@ -128,6 +142,174 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
   return 0;
 }
 
+/* ---- one layer op by op ---- */
+
+enum { NOPS = 8, NOC = 6, OP_REPS = 10 };
+static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_silu",
+                                             "ssd_scan",    "gated_norm", "out_proj",
+                                             "lm_head",     "scan_conv (decode <= 16)"};
+
+/* One layer's buffers on a context of its own (zeros: the timing does not
+ * depend on the values), for up to T_PRE rows and MAXB slots. */
+typedef struct op_bench {
+  mbd_gpu_ctx *ctx;
+  void *stream;
+  mbd_mamba2_config c;
+  int64_t pin, cd, V;
+  float *resid, *out, *zx, *xbc, *y, *norm, *conv_w, *conv_b, *conv_st, *A, *D, *bias, *gnorm,
+      *ssm_st, *logits;
+  void *hn, *y_act, *in_w, *out_w, *head;
+  int32_t *slots, *tickets;
+} op_bench;
+
+static int gemm_bf16(op_bench *o, int64_t m, int64_t n, int64_t k, const void *x, const void *w,
+                     float *y, mbd_error *err) {
+  mbd_gpu_gemm_args a;
+  memset(&a, 0, sizeof a);
+  a.dtype = MBD_DTYPE_BF16;
+  a.out_dtype = MBD_DTYPE_F32;
+  a.m = m, a.n = n, a.k = k;
+  a.x = x, a.w = w, a.y = y;
+  a.w_static = 1;
+  return mbd_gpu_gemm(o->ctx, &a, err);
+}
+
+/* Op `op` of a layer over nseq sequences of T steps (as mamba2_gpu.cu runs it). */
+static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
+  const mbd_mamba2_config *c = &o->c;
+  const int64_t M = (int64_t)nseq * T, d = c->d_model, di = c->d_inner;
+  const mbd_mops_ssd_dims dm = {c->n_heads, c->head_dim, c->d_state, c->n_groups};
+  switch (op) {
+  case 0:
+    return mbd_mops_add_rmsnorm(o->stream, M, (int)d, 1, 0, o->resid, o->out, o->norm,
+                                c->norm_eps, MBD_DTYPE_BF16, o->hn, err);
+  case 1: return gemm_bf16(o, M, o->pin, d, o->hn, o->in_w, o->zx, err);
+  case 2:
+    return mbd_mops_conv_silu(o->stream, nseq, T, (int)o->cd, c->d_conv, o->zx + di, o->pin,
+                              o->conv_w, o->conv_b, o->conv_st, (int64_t)(c->d_conv - 1) * o->cd,
+                              o->slots, o->xbc, MBD_DTYPE_F32, NULL, err);
+  case 3:
+    return mbd_mops_ssd_scan(o->stream, nseq, T, &dm, o->A, o->D, o->bias, c->dt_min, c->dt_max,
+                             o->zx + di + o->cd, o->pin, o->xbc, o->cd, o->ssm_st,
+                             di * c->d_state, o->slots, o->y, err);
+  case 4:
+    return mbd_mops_gated_rmsnorm(o->stream, M, (int)di, (int)(di / c->n_groups), o->y, o->zx,
+                                  o->pin, o->gnorm, c->norm_eps, c->norm_before_gate,
+                                  MBD_DTYPE_BF16, o->y_act, err);
+  case 5: return gemm_bf16(o, M, d, di, o->y_act, o->out_w, o->out, err);
+  case 6: return gemm_bf16(o, nseq, o->V, d, o->hn, o->head, o->logits, err);
+  default: {
+    if (T != 1 || nseq > 16) return 0; /* the model folds the conv in only there */
+    const mbd_mops_ssd_conv cv = {c->d_conv, o->conv_w, o->conv_b, o->conv_st,
+                                  (int64_t)(c->d_conv - 1) * o->cd, o->zx + di, o->pin,
+                                  o->tickets};
+    return mbd_mops_ssd_scan_conv(o->stream, nseq, &dm, o->A, o->D, o->bias, c->dt_min, c->dt_max,
+                                  o->zx + di + o->cd, o->pin, &cv, o->ssm_st, di * c->d_state,
+                                  o->slots, o->y, err);
+  }
+  }
+}
+
+static void op_bench_free(op_bench *o) {
+  void *p[] = {o->resid, o->out,   o->zx,   o->xbc,    o->y,     o->norm,  o->conv_w,
+               o->conv_b, o->conv_st, o->A, o->gnorm, o->ssm_st, o->logits, o->hn,
+               o->y_act, o->in_w, o->out_w, o->head, o->slots, o->tickets};
+  for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cudaFree(p[i]);
+  mbd_gpu_ctx_destroy(&o->ctx);
+}
+
+/* Allocates and zeroes n bytes at *p; nonzero on failure. */
+static int dz(void *p, size_t n) {
+  void **pp = (void **)p;
+  if (cudaMalloc(pp, n)) return 1;
+  return cudaMemset(*pp, 0, n) != cudaSuccess;
+}
+
+/* The op table: us per op (mean of OP_REPS launches in a row on the
+ * context's stream), prefill b1 T=2048 and one of the b8 prefill's eight
+ * chunks (8 x 256 rows), decode b1/8/64/256. */
+static int bench_ops(const char *name, const mbd_mamba2_config *c) {
+  op_bench o;
+  memset(&o, 0, sizeof o);
+  o.c = *c;
+  o.V = c->vocab_size;
+  const int64_t d = c->d_model, di = c->d_inner, N = c->d_state, K = c->d_conv;
+  o.cd = di + 2 * (int64_t)c->n_groups * N;
+  o.pin = di + o.cd + c->n_heads;
+  const size_t M = T_PRE, S = MAXB;
+  mbd_error err;
+  mbd_error_clear(&err);
+  mbd_gpu_ctx_config cc;
+  mbd_gpu_ctx_config_default(&cc);
+  cc.policy = MBD_POLICY_BF16;
+  int rc = 1;
+  if (mbd_gpu_ctx_new(&cc, &o.ctx, &err)) {
+    fprintf(stderr, "%s ops: %s\n", name, err.msg);
+    return 1;
+  }
+  o.stream = mbd_gpu_ctx_stream(o.ctx);
+  int32_t hs[MAXB];
+  for (int i = 0; i < MAXB; i++) hs[i] = i;
+  if (dz(&o.resid, M * d * 4) || dz(&o.out, M * d * 4) || dz(&o.zx, M * o.pin * 4) ||
+      dz(&o.xbc, M * o.cd * 4) || dz(&o.y, M * di * 4) || dz(&o.norm, d * 4) ||
+      dz(&o.conv_w, K * o.cd * 4) || dz(&o.conv_b, o.cd * 4) ||
+      dz(&o.conv_st, S * (K - 1) * o.cd * 4) || dz(&o.A, 3 * (size_t)c->n_heads * 4) ||
+      dz(&o.gnorm, di * 4) || dz(&o.ssm_st, S * di * N * 4) || dz(&o.logits, S * o.V * 4) ||
+      dz(&o.hn, M * d * 2) || dz(&o.y_act, M * di * 2) || dz(&o.in_w, o.pin * d * 2) ||
+      dz(&o.out_w, d * di * 2) || dz(&o.head, o.V * d * 2) || dz(&o.slots, sizeof hs) ||
+      dz(&o.tickets, 16 * (size_t)c->n_groups * 4)) {
+    fprintf(stderr, "%s ops: out of device memory\n", name);
+    goto done;
+  }
+  o.D = o.A + c->n_heads;
+  o.bias = o.D + c->n_heads;
+  cudaMemcpy(o.slots, hs, sizeof hs, cudaMemcpyHostToDevice);
+  static const int ns[NOC] = {1, 8, 1, 8, 64, 256}, ts[NOC] = {T_PRE, T_PRE / 8, 1, 1, 1, 1};
+  float us[NOPS][NOC];
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (int col = 0; col < NOC; col++)
+    for (int op = 0; op < NOPS; op++) {
+      if (run_op(&o, op, ns[col], ts[col], &err)) goto fail; /* warm-up */
+      cudaEventRecord(e0, (cudaStream_t)o.stream);
+      for (int r = 0; r < OP_REPS; r++)
+        if (run_op(&o, op, ns[col], ts[col], &err)) goto fail;
+      cudaEventRecord(e1, (cudaStream_t)o.stream);
+      cudaEventSynchronize(e1);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      us[op][col] = ms * 1e3f / OP_REPS;
+    }
+  printf("%-5s per-op us (mean of %d in a row) | %9s %9s | %9s %9s %9s %9s\n", name, OP_REPS,
+         "pre b1", "pre b8/8", "dec b1", "dec b8", "dec b64", "dec b256");
+  float layer[NOC] = {0};
+  for (int op = 0; op < NOPS; op++) {
+    printf("%-5s %-30s |", name, k_op_names[op]);
+    for (int col = 0; col < NOC; col++) {
+      printf(" %9.1f%s", us[op][col], col == 1 ? " |" : "");
+      if (op < 6) layer[col] += us[op][col];
+    }
+    printf("\n");
+  }
+  printf("%-5s %-30s |", name, "layer (ops 1-6)");
+  for (int col = 0; col < NOC; col++) printf(" %9.1f%s", layer[col], col == 1 ? " |" : "");
+  printf("\n%-5s %-30s |", name, "x layers + head");
+  for (int col = 0; col < NOC; col++)
+    printf(" %9.0f%s", layer[col] * c->n_layer + us[6][col], col == 1 ? " |" : "");
+  printf("   (pre b8/8: one of 8 chunks; ssd_scan decode state %.1f MB per seq)\n",
+         (double)di * N * 4 / 1e6);
+  fflush(stdout);
+  rc = 0;
+fail:
+  if (rc) fprintf(stderr, "%s ops: %s\n", name, err.msg);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+done:
+  op_bench_free(&o);
+  return rc;
+}
+
 static int rm_synth(const char *dir) {
   char p[1200];
   snprintf(p, sizeof p, "%s/config.json", dir);
@@ -229,7 +411,7 @@ static int bench_shape(const char *name, int reps, double bw) {
   for (int col = 0; col < NCOL; col++) printf(" %12d%s", taken[col], col == NB - 1 ? " |" : "");
   printf("   (weights %.0f MB, state %.1f MB/seq)\n", wb / 1e6, sb / 1e6);
   fflush(stdout);
-  rc = 0;
+  rc = bench_ops(name, &c);
 done:
   for (int i = 0; be && m && i < MAXB; i++)
     if (k.st && k.st[i]) be->ops->state_free(be, k.st[i]);

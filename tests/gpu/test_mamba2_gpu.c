@@ -4,8 +4,9 @@
  * reference at every position; prefill in chunks of several lengths then
  * decoding == decoding token by token (memcmp); a sequence alone == any slot
  * of batched steps of 2..256; run to run; a CPU state image continues on the
- * GPU bit-exactly; bf16 within 2x the fixture's bf16 error. Exits 77 without a
- * device. */
+ * GPU bit-exactly; bf16 within 2x the fixture's bf16 error; graph-replayed
+ * decode steps == eager ones (logits, picks, states by memcmp) on the model
+ * vtable. Exits 77 without a device. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,6 +20,8 @@
 
 #include "common/safetensors.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/gpu_ctx.h"
+#include "kernels/cuda/gpu_family.h"
 #include "support/gpu_util.h"
 
 static const char *cases[] = {"tiny-d64-s16-c8", "small-d256-g2-s32-c16"};
@@ -305,6 +308,86 @@ static void test_bf16(void **state) {
   if (!ran) skip();
 }
 
+/* Decode steps of batches 1, 3, 5, 2, 8, 3 (buckets 1, 4, 8, 2, 8, 4: padded
+ * rows, first captures and replays) after a prefill, on the family vtable
+ * with graphs on and off: logits, greedy picks and state payloads equal by
+ * memcmp, f32 and bf16. */
+enum { GV_SLOTS = 8, GV_STEPS = 6, GV_PRE = 5 };
+static void graph_run(const char *dir, mbd_dtype_policy pol, int graphs, float *logits,
+                      int32_t *next, uint8_t **states, size_t *payload, int64_t *vocab) {
+  static const int sizes[GV_STEPS] = {1, 3, 5, 2, 8, 3};
+  mbd_gpu_ctx_config cfg;
+  mbd_gpu_ctx_config_default(&cfg);
+  cfg.policy = pol;
+  cfg.state_capacity = GV_SLOTS;
+  mbd_gpu_ctx *ctx = NULL;
+  mbd_error err = {0};
+  if (mbd_gpu_ctx_new(&cfg, &ctx, &err)) fail_msg("context: %s", err.msg);
+  const mbd_gpu_model_ops *f = mbd_gpu_model_ops_find("mamba2");
+  assert_non_null(f);
+  mbd_gpu_model_opts o = {.dtype = pol == MBD_POLICY_BF16 ? MBD_DTYPE_BF16 : MBD_DTYPE_F32,
+                          .max_batch = GV_SLOTS, .use_graphs = graphs, .progress = NULL};
+  void *m = NULL;
+  if (f->load(ctx, dir, &o, &m, &err)) fail_msg("load: %s", err.msg);
+  const int64_t V = f->vocab(m);
+  *vocab = V;
+  int32_t tok[GV_SLOTS * GV_PRE], slots[GV_SLOTS];
+  for (int i = 0; i < GV_SLOTS * GV_PRE; i++) tok[i] = (int32_t)((i * 37 + 11) % V);
+  for (int i = 0; i < GV_SLOTS; i++) slots[i] = GV_SLOTS - 1 - i;
+  if (f->prefill(m, GV_SLOTS, GV_PRE, tok, slots, MBD_LOGITS_NONE, NULL, &err))
+    fail_msg("prefill: %s", err.msg);
+  for (int k = 0; k < GV_STEPS; k++) {
+    const int n = sizes[k];
+    int32_t st[GV_SLOTS], tk[GV_SLOTS];
+    for (int i = 0; i < n; i++) {
+      st[i] = (int32_t)((i * 3 + k) % GV_SLOTS);
+      tk[i] = (int32_t)((k * 101 + i * 7 + 3) % V);
+    }
+    if (f->step(m, n, tk, st, next + k * GV_SLOTS, logits + (size_t)k * GV_SLOTS * V, &err))
+      fail_msg("step %d (batch %d, graphs %d): %s", k, n, graphs, err.msg);
+  }
+  *payload = f->state_payload(m);
+  *states = malloc((size_t)GV_SLOTS * *payload);
+  assert_non_null(*states);
+  for (int i = 0; i < GV_SLOTS; i++)
+    if (f->slot_read(m, i, *states + (size_t)i * *payload, *payload, &err))
+      fail_msg("slot read: %s", err.msg);
+  f->destroy(m);
+  mbd_gpu_ctx_destroy(&ctx);
+}
+
+static void test_graph_vs_eager(void **state) {
+  (void)state;
+  fixture f;
+  if (load_fixture(cases[1], &f)) skip();
+  const mbd_dtype_policy pols[2] = {MBD_POLICY_F32, MBD_POLICY_BF16};
+  const size_t V = (size_t)f.V, nl = (size_t)GV_STEPS * GV_SLOTS * V;
+  for (int pi = 0; pi < 2; pi++) {
+    float *lg[2];
+    int32_t nx[2][GV_STEPS * GV_SLOTS];
+    uint8_t *im[2];
+    size_t pay[2];
+    int64_t voc[2];
+    for (int g = 0; g < 2; g++) {
+      lg[g] = calloc(nl, 4);
+      memset(nx[g], 0, sizeof nx[g]);
+      graph_run(f.dir, pols[pi], g, lg[g], nx[g], &im[g], &pay[g], &voc[g]);
+    }
+    assert_int_equal(voc[0], (int64_t)V);
+    assert_int_equal(pay[0], pay[1]);
+    assert_memory_equal(lg[0], lg[1], nl * 4);
+    assert_memory_equal(nx[0], nx[1], sizeof nx[0]);
+    assert_memory_equal(im[0], im[1], (size_t)GV_SLOTS * pay[0]);
+    print_message("%s: graph decode == eager decode (logits, picks, states)\n",
+                  pols[pi] == MBD_POLICY_F32 ? "f32" : "bf16");
+    for (int g = 0; g < 2; g++) {
+      free(lg[g]);
+      free(im[g]);
+    }
+  }
+  free_fixture(&f);
+}
+
 static int setup(void **state) {
   (void)state;
   gpu_test_require_device();
@@ -316,6 +399,7 @@ int main(void) {
       cmocka_unit_test(test_f32_vs_cpu),
       cmocka_unit_test(test_batch_invariance),
       cmocka_unit_test(test_bf16),
+      cmocka_unit_test(test_graph_vs_eager),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }

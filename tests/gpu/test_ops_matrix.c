@@ -31,8 +31,12 @@
 
 #include "common/half.h"
 #include "kernels/cpu/cpu_ctx.h"
+#include "kernels/cpu/gated_rmsnorm.h"
 #include "kernels/cpu/mamba_ops.h"
+#include "kernels/cpu/ssd_step.h"
 #include "kernels/cuda/mamba_ops.h"
+#include "kernels/cuda/ops/gated_rmsnorm.h"
+#include "kernels/cuda/ops/ssd_scan.h"
 #include "kernels/portable_math.h"
 #include "support/gpu_util.h"
 
@@ -560,6 +564,270 @@ static void test_scan(void **state) {
       MBD_E_INVALID);
 }
 
+/* ---- the Mamba-2 recurrence --------------------------------------------------- */
+
+/* One mbd_mops_ssd_scan case: H heads x P, d_state N, G groups, nseq
+ * sequences of T steps in permuted slots of a padded stride. */
+typedef struct ssd_case {
+  int H, P, N, G, nseq, T;
+} ssd_case;
+
+/* GPU f32 == mbd_cpu_ssd_step token by token (memcmp of y and of every
+ * slot's state), in one launch and in two (split at T1), over shapes that
+ * take each lane split of the kernel: one to eight lanes per channel with
+ * whole entries, four channels per lane (prefills of 8192 rows and more),
+ * partial lanes (d_state 1, 24, 200), d_state 256, head_dim
+ * not a multiple of the block's rows, chunk boundaries, T = 1 and short
+ * launches (the state tile of its own), and odd slot and row strides (no
+ * vector state access, no float4 B/C loads) beside multiples of four. */
+static void test_ssd_scan(void **state) {
+  (void)state;
+  static const ssd_case cases[] = {
+      {3, 5, 16, 1, 2, 70},  {4, 7, 24, 2, 3, 33},   {2, 64, 128, 1, 1, 130},
+      {8, 64, 128, 2, 40, 3}, {4, 64, 128, 1, 40, 2}, {2, 33, 200, 1, 2, 20},
+      {2, 128, 256, 2, 1, 5}, {4, 64, 32, 1, 5, 1},   {1, 1, 1, 1, 1, 3},
+      {6, 9, 64, 3, 3, 65},  {4, 64, 128, 1, 6, 1},  {2, 16, 48, 1, 2, 4},
+      {8, 64, 128, 2, 40, 1}, {4, 64, 64, 2, 32, 40},  {2, 64, 128, 1, 64, 70},
+      {2, 64, 128, 1, 64, 17}, {4, 64, 64, 2, 32, 40}, {3, 5, 16, 1, 2, 7},
+      {2, 128, 16, 1, 32, 16}, {4, 64, 128, 1, 64, 6}, {4, 64, 128, 1, 64, 6},
+  };
+  uint64_t seed = 31;
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+    for (int split = 0; split < 2; split++) {
+      const ssd_case *c = &cases[ci];
+      const int H = c->H, P = c->P, N = c->N, G = c->G, ns = c->nseq, T = c->T;
+      const int64_t di = (int64_t)H * P, cd = di + 2 * (int64_t)G * N;
+      const int64_t ld_x = cd + (ci % 2 ? 3 : 4), ld_dt = H + 2, M = (int64_t)ns * T;
+      const int64_t per = di * N, stride = per + (ci % 2 ? 1 : 4), nslot = ns + 2;
+      float *A = fillf((size_t)H, &seed, -2.0f, -0.05f), *D = fillf((size_t)H, &seed, -1, 1);
+      float *bias = fillf((size_t)H, &seed, -1, 1);
+      float *dtr = fillf((size_t)(M * ld_dt), &seed, -3, 1);
+      float *xbc = fillf((size_t)(M * ld_x), &seed, -1, 1);
+      float *st0 = fillf((size_t)(nslot * stride), &seed, -0.5f, 0.5f);
+      const float lo = ci % 3 ? 0.0f : 0.01f, hi = ci % 3 ? INFINITY : 0.1f;
+      int32_t *slots = malloc((size_t)ns * 4);
+      for (int s = 0; s < ns; s++) slots[s] = (int32_t)(ns + 1 - s); /* reversed, 0 and 1 unused */
+      /* CPU reference */
+      float *rst = malloc((size_t)(nslot * stride) * 4), *ry = malloc((size_t)(M * di) * 4);
+      memcpy(rst, st0, (size_t)(nslot * stride) * 4);
+      const mbd_ssd_dims cdm = {H, P, N, G};
+      for (int s = 0; s < ns; s++)
+        for (int t = 0; t < T; t++) {
+          const int64_t row = (int64_t)s * T + t;
+          const float *xr = xbc + row * ld_x;
+          mbd_cpu_ssd_step(MBD_CPU_ISA_PORTABLE, &cdm, 0, H, A, D, bias, lo, hi, dtr + row * ld_dt,
+                           xr + di, xr + di + (int64_t)G * N, xr,
+                           rst + (int64_t)slots[s] * stride, ry + row * di);
+        }
+      /* GPU: one launch, or two of T1 and T - T1 steps */
+      const int T1 = split && T > 1 ? T / 2 + 1 : T;
+      const int cut[3] = {0, T1, T};
+      float *dA = dput(A, (size_t)H * 4), *dD = dput(D, (size_t)H * 4);
+      float *dbias = dput(bias, (size_t)H * 4), *dst = dput(st0, (size_t)(nslot * stride) * 4);
+      int32_t *dsl = dput(slots, (size_t)ns * 4);
+      float *gy = malloc((size_t)(M * di) * 4);
+      const mbd_mops_ssd_dims gdm = {H, P, N, G};
+      for (int k = 0; k < 2; k++) {
+        const int t0 = cut[k], tn = cut[k + 1] - cut[k];
+        if (!tn) continue;
+        const int64_t m = (int64_t)ns * tn;
+        float *hx = malloc((size_t)(m * ld_x) * 4), *hd = malloc((size_t)(m * ld_dt) * 4);
+        for (int s = 0; s < ns; s++) {
+          memcpy(hx + (int64_t)s * tn * ld_x, xbc + ((int64_t)s * T + t0) * ld_x,
+                 (size_t)(tn * ld_x) * 4);
+          memcpy(hd + (int64_t)s * tn * ld_dt, dtr + ((int64_t)s * T + t0) * ld_dt,
+                 (size_t)(tn * ld_dt) * 4);
+        }
+        float *dx = dput(hx, (size_t)(m * ld_x) * 4), *ddt = dput(hd, (size_t)(m * ld_dt) * 4);
+        float *dy = dzero((size_t)(m * di) * 4), *part = malloc((size_t)(m * di) * 4);
+        OP(mbd_mops_ssd_scan(g_stream, ns, tn, &gdm, dA, dD, dbias, lo, hi, ddt, ld_dt, dx, ld_x,
+                             dst, stride, dsl, dy, &err));
+        dget(part, dy, (size_t)(m * di) * 4);
+        for (int s = 0; s < ns; s++)
+          memcpy(gy + ((int64_t)s * T + t0) * di, part + (int64_t)s * tn * di,
+                 (size_t)(tn * di) * 4);
+        dfree(dx);
+        dfree(ddt);
+        dfree(dy);
+        free(part);
+        free(hx);
+        free(hd);
+      }
+      float *gst = malloc((size_t)(nslot * stride) * 4);
+      dget(gst, dst, (size_t)(nslot * stride) * 4);
+      char what[128];
+      snprintf(what, sizeof what, "ssd_scan H=%d P=%d N=%d G=%d nseq=%d T=%d split %d y", H, P,
+               N, G, ns, T, T1);
+      same_bytes(what, gy, ry, (size_t)(M * di), 4);
+      snprintf(what, sizeof what, "ssd_scan H=%d P=%d N=%d G=%d nseq=%d T=%d split %d state", H,
+               P, N, G, ns, T, T1);
+      same_bytes(what, gst, rst, (size_t)(nslot * stride), 4);
+      dfree(dA);
+      dfree(dD);
+      dfree(dbias);
+      dfree(dst);
+      dfree(dsl);
+      free(gst);
+      free(gy);
+      free(rst);
+      free(ry);
+      free(slots);
+      free(A);
+      free(D);
+      free(bias);
+      free(dtr);
+      free(xbc);
+      free(st0);
+    }
+  /* d_state above the limit is refused */
+  mbd_error err = {0};
+  const mbd_mops_ssd_dims big = {2, 4, MBD_MOPS_SSD_MAX_STATE + 1, 1};
+  assert_int_equal(mbd_mops_ssd_scan(g_stream, 1, 1, &big, NULL, NULL, NULL, 0, 1, NULL, 2, NULL,
+                                     8, NULL, 0, NULL, NULL, &err),
+                   MBD_E_INVALID);
+}
+
+/* mbd_mops_ssd_scan_conv (decode step, conv folded in) == mbd_mops_conv_silu
+ * then mbd_mops_ssd_scan (memcmp of y, the recurrent states and the conv
+ * windows), two steps in a row (the group tickets are left zero), over
+ * groups, conv widths 2/4/7 with and without bias, partial lanes and
+ * head_dim not a multiple of the block's rows. */
+static void test_ssd_scan_conv(void **state) {
+  (void)state;
+  static const int cases[][6] = {/* H, P, N, G, nseq, K */
+                                 {4, 16, 16, 2, 3, 4},  {24, 64, 128, 1, 1, 4}, {24, 64, 128, 1, 8, 7},
+                                 {3, 5, 32, 1, 2, 2},   {2, 33, 200, 1, 2, 4},  {4, 64, 64, 2, 16, 4},
+                                 {6, 9, 24, 3, 5, 3}};
+  uint64_t seed = 41;
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const int H = cases[ci][0], P = cases[ci][1], N = cases[ci][2], G = cases[ci][3];
+    const int ns = cases[ci][4], K = cases[ci][5];
+    const int64_t di = (int64_t)H * P, cd = di + 2 * (int64_t)G * N, pin = di + cd + H;
+    const int64_t sstride = di * N + 4, cstride = (K - 1) * cd, nslot = ns + 2;
+    float *zx = fillf((size_t)(ns * pin), &seed, -1, 1);
+    float *w = fillf((size_t)(K * cd), &seed, -0.5f, 0.5f);
+    float *b = ci % 2 ? NULL : fillf((size_t)cd, &seed, -0.5f, 0.5f);
+    float *A = fillf((size_t)H, &seed, -2.0f, -0.05f), *D = fillf((size_t)H, &seed, -1, 1);
+    float *bias = fillf((size_t)H, &seed, -1, 1);
+    float *ss0 = fillf((size_t)(nslot * sstride), &seed, -0.5f, 0.5f);
+    float *cs0 = fillf((size_t)(nslot * cstride), &seed, -1, 1);
+    int32_t slots[16];
+    for (int s = 0; s < ns; s++) slots[s] = (int32_t)(ns + 1 - s);
+    float *dzx = dput(zx, (size_t)(ns * pin) * 4), *dw = dput(w, (size_t)(K * cd) * 4);
+    float *db = b ? dput(b, (size_t)cd * 4) : NULL;
+    float *dA = dput(A, (size_t)H * 4), *dD = dput(D, (size_t)H * 4);
+    float *dbias = dput(bias, (size_t)H * 4);
+    int32_t *dsl = dput(slots, (size_t)ns * 4), *dtk = dzero((size_t)(ns * G) * 4);
+    float *ss[2], *cs[2], *yy[2];
+    for (int v = 0; v < 2; v++) {
+      ss[v] = dput(ss0, (size_t)(nslot * sstride) * 4);
+      cs[v] = dput(cs0, (size_t)(nslot * cstride) * 4);
+      yy[v] = dzero((size_t)(ns * di) * 4);
+    }
+    float *dxbc = dzero((size_t)(ns * cd) * 4);
+    const mbd_mops_ssd_dims dm = {H, P, N, G};
+    const mbd_mops_ssd_conv cv = {K, dw, db, cs[1], cstride, dzx + di, pin, dtk};
+    for (int step = 0; step < 2; step++) {
+      OP(mbd_mops_conv_silu(g_stream, ns, 1, (int)cd, K, dzx + di, pin, dw, db, cs[0], cstride,
+                            dsl, dxbc, MBD_DTYPE_F32, NULL, &err));
+      OP(mbd_mops_ssd_scan(g_stream, ns, 1, &dm, dA, dD, dbias, 0.0f, INFINITY, dzx + di + cd,
+                           pin, dxbc, cd, ss[0], sstride, dsl, yy[0], &err));
+      OP(mbd_mops_ssd_scan_conv(g_stream, ns, &dm, dA, dD, dbias, 0.0f, INFINITY, dzx + di + cd,
+                                pin, &cv, ss[1], sstride, dsl, yy[1], &err));
+      const size_t n[3] = {(size_t)(ns * di), (size_t)(nslot * sstride), (size_t)(nslot * cstride)};
+      float *d0[3] = {yy[0], ss[0], cs[0]}, *d1[3] = {yy[1], ss[1], cs[1]};
+      static const char *const what[3] = {"y", "state", "conv window"};
+      for (int q = 0; q < 3; q++) {
+        float *h0 = malloc(n[q] * 4), *h1 = malloc(n[q] * 4);
+        dget(h0, d0[q], n[q] * 4);
+        dget(h1, d1[q], n[q] * 4);
+        char msg[128];
+        snprintf(msg, sizeof msg, "ssd_scan_conv H=%d P=%d N=%d G=%d nseq=%d K=%d step %d %s", H,
+                 P, N, G, ns, K, step, what[q]);
+        same_bytes(msg, h1, h0, n[q], 4);
+        free(h0);
+        free(h1);
+      }
+      int32_t tk[64];
+      dget(tk, dtk, (size_t)(ns * G) * 4);
+      for (int i = 0; i < ns * G; i++) assert_int_equal(tk[i], 0);
+    }
+    for (int v = 0; v < 2; v++) {
+      dfree(ss[v]);
+      dfree(cs[v]);
+      dfree(yy[v]);
+    }
+    dfree(dxbc);
+    dfree(dzx);
+    dfree(dw);
+    dfree(db);
+    dfree(dA);
+    dfree(dD);
+    dfree(dbias);
+    dfree(dsl);
+    dfree(dtk);
+    free(zx);
+    free(w);
+    free(b);
+    free(A);
+    free(D);
+    free(bias);
+    free(ss0);
+    free(cs0);
+  }
+  mbd_error err = {0};
+  const mbd_mops_ssd_dims dm = {2, 4, 16, 1};
+  const mbd_mops_ssd_conv bad = {9, NULL, NULL, NULL, 0, NULL, 0, NULL};
+  assert_int_equal(mbd_mops_ssd_scan_conv(g_stream, 1, &dm, NULL, NULL, NULL, 0, 1, NULL, 2, &bad,
+                                          NULL, 0, NULL, NULL, &err),
+                   MBD_E_INVALID);
+}
+
+/* mbd_mops_gated_rmsnorm == mbd_cpu_gated_rmsnorm per row (memcmp; 16-bit
+ * outputs the f32 value rounded to nearest even), groups whole rows or
+ * parts of them, sizes with and without a tail past the kernel's batches of
+ * 32 squares, both gate orders. */
+static void test_gated_rmsnorm(void **state) {
+  (void)state;
+  static const int shapes[][2] = {{1536, 1536}, {512, 256}, {96, 48}, {37, 37}, {4096, 4096}};
+  enum { M = 5 };
+  uint64_t seed = 51;
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+    for (int nbg = 0; nbg < 2; nbg++)
+      for (int a = 0; a < N_ACT; a++) {
+        const int n = shapes[si][0], group = shapes[si][1];
+        const int64_t ldz = n + 3;
+        const mbd_dtype act = k_act[a];
+        float *y = fillf((size_t)(M * n), &seed, -2, 2), *z = fillf((size_t)(M * ldz), &seed, -3, 3);
+        float *w = fillf((size_t)n, &seed, 0.5f, 1.5f), *ref = malloc((size_t)n * 4);
+        void *want = malloc((size_t)(M * n) * dsize(act)), *got = malloc((size_t)(M * n) * dsize(act));
+        for (int r = 0; r < M; r++) {
+          mbd_cpu_gated_rmsnorm(y + (int64_t)r * n, z + r * ldz, w, n, group, 1e-5f, nbg != 0, ref);
+          for (int c = 0; c < n; c++) store(act, want, (size_t)(r * n + c), ref[c]);
+        }
+        float *dy = dput(y, (size_t)(M * n) * 4), *dz = dput(z, (size_t)(M * ldz) * 4);
+        float *dw = dput(w, (size_t)n * 4);
+        void *dout = dzero((size_t)(M * n) * dsize(act));
+        OP(mbd_mops_gated_rmsnorm(g_stream, M, n, group, dy, dz, ldz, dw, 1e-5f, nbg, act, dout,
+                                  &err));
+        dget(got, dout, (size_t)(M * n) * dsize(act));
+        char what[96];
+        snprintf(what, sizeof what, "gated_rmsnorm n=%d group=%d nbg=%d %s", n, group, nbg,
+                 mbd_dtype_name(act));
+        same_bytes(what, got, want, (size_t)(M * n), dsize(act));
+        dfree(dy);
+        dfree(dz);
+        dfree(dw);
+        dfree(dout);
+        free(y);
+        free(z);
+        free(w);
+        free(ref);
+        free(want);
+        free(got);
+      }
+}
+
 /* ---- the decode fusion: conv + x_proj, then the scan with the conv --------------- */
 
 /* mbd_mops_conv_xproj then mbd_mops_scan with the conv give the bits of
@@ -752,7 +1020,9 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_embed),         cmocka_unit_test(test_add_rmsnorm),
       cmocka_unit_test(test_conv_silu),     cmocka_unit_test(test_xproj),
-      cmocka_unit_test(test_scan),          cmocka_unit_test(test_conv_fusion),
+      cmocka_unit_test(test_scan),          cmocka_unit_test(test_ssd_scan),
+      cmocka_unit_test(test_ssd_scan_conv), cmocka_unit_test(test_gated_rmsnorm),
+      cmocka_unit_test(test_conv_fusion),
       cmocka_unit_test(test_sample_greedy), cmocka_unit_test(test_fill_uniform),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -1,70 +1,649 @@
-/* The Mamba-2 recurrence (see ssd_scan.h): one block per (head, sequence)
- * holds the head's [P][N] state in shared memory for the launch's T steps,
- * rows padded to N + 1 floats so that the channel threads' n chains, which
- * walk one row each, fall in distinct banks.
- * Per step every thread computes the head's dt and dA (the same roundings,
- * so the same values), updates its state entries, and after a barrier the
- * first P threads run their channel's n chain and the D skip. */
+/* The Mamba-2 recurrence (see ssd_scan.h).
+ *
+ * Rows (channel p of head h of sequence s) are independent, so a block takes
+ * PB rows of one head and gives each row KS lanes (a power of two: a row's
+ * lanes are adjacent lanes of one warp). Lane j of a row keeps the row's
+ * state entries n in [j NL, (j + 1) NL) in registers for the whole launch.
+ * The n chain of each output runs through the row's lanes as a pipeline: at
+ * tick k lane j takes step t = k - j, updates its entries, continues the
+ * chain from the value lane j - 1 handed on at the tick before (a shuffle)
+ * and hands it to lane j + 1; the last lane adds the D skip and writes y.
+ * So every state entry takes its steps in time order and every chain its n
+ * in ascending order, as the CPU step does. Time runs in chunks of TC steps:
+ * a chunk's dt_raw, B, C and the block's rows of x stream into shared
+ * memory by cp.async while the chunk before runs (two buffers); dt and dA
+ * are then computed once per step, and each lane forms dt * B for its
+ * entries (the step's roundings, so the same values everywhere).
+ *
+ * KS grows while the launch has few rows (decode of a few sequences, prefill
+ * of one), so that small launches still fill the GPU; at large batches a
+ * lane keeps up to 64 entries and the pipeline costs little. A prefill of
+ * many rows gives each lane the same entries of four rows (R = 4): each B
+ * and C value read from shared memory then serves four updates, and the
+ * four chains hide each other's latency. */
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/ssd_scan.h"
 
-#define SSD_THREADS 256
+#define SSD_BLOCK 128         /* threads per block at most */
+#define SSD_FILL_ROWS 32768   /* rows x KS wanted in flight before KS stops growing */
+#define SSD_MAX_SMEM (200 * 1024)
+#define SSD_OWN_TILE_T 4      /* launches of at most this many steps: tile of its own */
+#define SSD_R4_MIN_T 16       /* four rows per lane: launches of at least this many steps */
+#define SSD_DT_WIN 2048       /* prefill: dt and dA computed this many steps at a time */
+#define SSD_R4_MIN_ROWS 8192  /* .. and of at least this many rows */
 
-__global__ void k_ssd_scan(int T, mbd_mops_ssd_dims dm, const float *__restrict__ A,
-                           const float *__restrict__ D, const float *__restrict__ dt_bias,
-                           float lo, float hi, const float *__restrict__ dt_raw, int64_t ld_dt,
-                           const float *__restrict__ xbc, int64_t ld_xbc,
-                           float *__restrict__ state, int64_t slot_stride,
-                           const int32_t *__restrict__ slots, float *__restrict__ y) {
+/* A launch's shape: KS lanes per row, PB rows per block, TC steps per
+ * chunk, the shared row strides of dt * B and C (ldn) and of x (ldx), and
+ * where the state tile starts (floats; 0: it shares the chunk's memory). */
+typedef struct ssd_shape {
+  int ks, pb, tc, ldn, ldx, tile_at;
+  int dtw; /* prefill: dt and dA of up to this many steps at a time, after the chunk buffers */
+} ssd_shape;
+
+/* Shared floats of one chunk buffer: dA, dt, dt_raw [tc] (+ [tc] of
+ * alignment), B and C [tc][ldn], x [tc][ldx], rounded up to whole float4s. */
+__host__ __device__ static inline int ssd_chunk_floats_d(int tc, int ldn, int ldx) {
+  return (4 * tc + tc * (2 * ldn + ldx) + 3) / 4 * 4;
+}
+/* Chunk buffers of a launch of T steps: two when it has several chunks. */
+static int ssd_nbuf(const ssd_shape *sh, int T) { return T > sh->tc ? 2 : 1; }
+/* Shared bytes of a launch: the chunk buffers and the state tile [pb][N +
+ * 4], one after the other or sharing memory. */
+static size_t ssd_smem_bytes(const ssd_shape *sh, int N, int T) {
+  const size_t chunk =
+      ((size_t)ssd_nbuf(sh, T) * ssd_chunk_floats_d(sh->tc, sh->ldn, sh->ldx) +
+       (T > SSD_OWN_TILE_T ? (size_t)(2 * sh->dtw + 3) / 4 * 4 : 0)) *
+      sizeof(float);
+  const size_t tile = (size_t)sh->pb * (size_t)(N + 4) * sizeof(float);
+  if (sh->tile_at) return chunk + tile;
+  return chunk > tile ? chunk : tile;
+}
+
+/* 16 bytes global -> shared without registers, so that every copy of the
+ * state tile is in flight at once. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+/* Waits until at most NP of this thread's committed groups are pending. */
+template <int NP>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(NP) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+/* A lane's R rows of NL entries from the state tile (zeros past row P). */
+template <int NL, int R>
+__device__ __forceinline__ void tile_read(float (&st)[R][NL], const float *s_t, int LDT, int pr0,
+                                          int n0, int p0, int P) {
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int i = 0; i < NL; i += 4) {
+      const float4 v = p0 + pr0 + r < P ? *(const float4 *)(s_t + (pr0 + r) * LDT + n0 + i)
+                                        : make_float4(0, 0, 0, 0);
+      st[r][i] = v.x, st[r][i + 1] = v.y, st[r][i + 2] = v.z, st[r][i + 3] = v.w;
+    }
+}
+
+/* NL entries per lane; FULL: N == KS * NL (every lane full; N is then a
+ * power of two), else lanes beyond N keep fewer (or none: they hand the
+ * chain on unchanged). R rows per lane (R = 4: the B and C values a lane
+ * loads serve four rows, which shared memory's return bandwidth needs to
+ * keep the FP32 pipe busy; the host takes it with FULL, float4 access and
+ * blocks that tile the head exactly). vec: bit 0 the state, bit 1 xbc (and
+ * y) allow float4 access. */
+/* Channel ch's conv + SiLU output from its window at cst (+ j * cd for tap
+ * j) and the new input xv, conv_silu_out's arithmetic; with advance, the
+ * window then moves on by one input. */
+template <int K>
+__device__ __forceinline__ float conv_ch(const float *w, const float *bias, float *cst, int64_t cd,
+                                         int64_t ch, float xv, bool advance) {
+  float wk[K], win[K - 1];
+#pragma unroll
+  for (int j = 0; j < K; j++) wk[j] = w[j * cd + ch];
+#pragma unroll
+  for (int j = 0; j < K - 1; j++) win[j] = cst[j * cd + ch];
+  const float v = conv_silu_out<K>(wk, win, xv, bias != nullptr, bias ? bias[ch] : 0.0f);
+  if (advance) {
+#pragma unroll
+    for (int j = 0; j + 1 < K - 1; j++) cst[j * cd + ch] = win[j + 1];
+    cst[(K - 2) * cd + ch] = xv;
+  }
+  return v;
+}
+__device__ __forceinline__ float conv_any(const mbd_mops_ssd_conv &cv, float *cst, int64_t cd,
+                                          int64_t ch, float xv, bool advance) {
+  switch (cv.K) {
+  case 2: return conv_ch<2>(cv.w, cv.bias, cst, cd, ch, xv, advance);
+  case 3: return conv_ch<3>(cv.w, cv.bias, cst, cd, ch, xv, advance);
+  case 4: return conv_ch<4>(cv.w, cv.bias, cst, cd, ch, xv, advance);
+  case 5: return conv_ch<5>(cv.w, cv.bias, cst, cd, ch, xv, advance);
+  case 6: return conv_ch<6>(cv.w, cv.bias, cst, cd, ch, xv, advance);
+  case 7: return conv_ch<7>(cv.w, cv.bias, cst, cd, ch, xv, advance);
+  default: return conv_ch<8>(cv.w, cv.bias, cst, cd, ch, xv, advance);
+  }
+}
+
+/* CONV (T = 1 only): x, B and C are the conv of cv.xin (see
+ * mbd_mops_ssd_conv), not read from xbc. PREFILL: launches of more than
+ * SSD_OWN_TILE_T steps (dt and dA by window; one row per lane of up to 32
+ * entries runs its ticks software-pipelined). */
+template <int NL, int R, bool FULL, bool CONV, bool PREFILL>
+__global__ void __launch_bounds__(SSD_BLOCK)
+    k_ssd_scan(int T, mbd_mops_ssd_dims dm, ssd_shape sh, const float *__restrict__ A,
+               const float *__restrict__ D, const float *__restrict__ dt_bias, float lo, float hi,
+               const float *__restrict__ dt_raw, int64_t ld_dt, const float *__restrict__ xbc,
+               int64_t ld_xbc, float *__restrict__ state, int64_t slot_stride, int vec,
+               const int32_t *__restrict__ slots, float *__restrict__ y, mbd_mops_ssd_conv cv) {
   extern __shared__ float4 smem4[];
-  float *st = (float *)smem4; /* [P][N + 1] */
-  const int h = blockIdx.x, s = blockIdx.y;
-  const int P = dm.head_dim, N = dm.d_state, PN = P * N, LD = N + 1;
+  __shared__ int s_last; /* conv: this block advances the group's B and C windows */
+  const int KS = sh.ks, PB = sh.pb, TC = sh.tc, LDN = sh.ldn, LDX = sh.ldx;
+  const int CF = ssd_chunk_floats_d(TC, LDN, LDX);
+  const int P = dm.head_dim, N = dm.d_state;
+  const int bph = (P + PB - 1) / PB; /* blocks per head */
+  const int h = blockIdx.x / bph, p0 = (blockIdx.x - h * bph) * PB, s = blockIdx.y;
+  /* lane j of row group pl: rows p0 + pl R + r, r < R */
+  const int tid = threadIdx.x, pl = tid / KS, j = tid & (KS - 1), pr0 = pl * R;
+  const int n0 = j * NL;
+  const int nn = FULL ? NL : (N - n0 < 0 ? 0 : N - n0 < NL ? N - n0 : NL);
   const int g = h / (dm.heads / dm.n_groups);
   const int64_t di = (int64_t)dm.heads * P, GN = (int64_t)dm.n_groups * N;
   const float a = A[h], dd = D[h], bias = dt_bias[h]; /* weights: before the wait */
   pdl_wait();
   pdl_trigger();
-  float *gst = state + (int64_t)slots[s] * slot_stride + (int64_t)h * PN;
-  for (int e = threadIdx.x; e < PN; e += blockDim.x) st[e / N * LD + e % N] = gst[e];
-  __syncthreads();
-  for (int t = 0; t < T; t++) {
-    const int64_t row = (int64_t)s * T + t;
-    const float *xr = xbc + row * ld_xbc;
-    const float *x = xr + (int64_t)h * P, *B = xr + di + (int64_t)g * N,
-                *C = xr + di + GN + (int64_t)g * N;
-    float dt = mbd_pm_softplus(__fadd_rn(dt_raw[row * ld_dt + h], bias));
-    if (dt < lo) dt = lo;
-    if (dt > hi) dt = hi;
-    const float dA = mbd_pm_expf(__fmul_rn(dt, a));
-    for (int e = threadIdx.x; e < PN; e += blockDim.x) {
-      const int p = e / N, n = e - p * N;
-      float *se = st + p * LD + n;
-      *se = __fmaf_rn(dA, *se, __fmul_rn(__fmul_rn(dt, B[n]), x[p]));
+  /* The block's rows of state are contiguous; with vector access they pass
+   * through shared memory (s_t, rows padded to N + 4 floats) so that the
+   * global loads and stores are whole coalesced lines. A tile of its own
+   * (short launches) is read once the first chunk has arrived, so the two
+   * loads overlap; one that shares the chunk buffers is read first. */
+  float *tile = state + (int64_t)slots[s] * slot_stride + ((int64_t)h * P + p0) * N;
+  float *s_t = (float *)smem4 + sh.tile_at;
+  const int LDT = N + 4, nrows = P - p0 < PB ? P - p0 : PB, n4 = N / 4;
+  const bool tiled = FULL && (vec & 1), vbc = FULL && (vec & 2);
+  const int l4 = FULL ? __ffs(N) - 3 : 0; /* log2(N / 4): N is a power of two when FULL */
+  /* x staging, R = 1: thread (xi, xq) takes row p0 + xq of steps xi, xi +
+   * KS, .. (the block has PB x KS threads); R = 4: rows p0 + 4 xq .. + 3 */
+  const int xw = R == 1 ? PB : PB / 4, xi = tid / xw, xq = tid - xi * xw;
+  const bool x_ok = p0 + xq < P;
+  float st[R][NL];
+  if (tiled) {
+    for (int e = tid; e < nrows * n4; e += blockDim.x) {
+      const int r = e / n4;
+      cp_async16(s_t + r * LDT + 4 * (e - r * n4), (const float4 *)tile + e);
     }
-    __syncthreads();
-    for (int p = threadIdx.x; p < P; p += blockDim.x) {
-      const float *sp = st + p * LD;
-      float acc = 0.0f;
-      for (int n = 0; n < N; n++) acc = __fmaf_rn(sp[n], C[n], acc);
-      y[row * di + (int64_t)h * P + p] = __fmaf_rn(dd, x[p], acc);
+    if (!sh.tile_at) {
+      cp_async_wait_all();
+      __syncthreads();
+      tile_read<NL, R>(st, s_t, LDT, pr0, n0, p0, P);
     }
-    __syncthreads();
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+      for (int i = 0; i < NL; i++)
+        st[r][i] = p0 + pr0 + r < P && i < nn ? tile[(pr0 + r) * N + n0 + i] : 0.0f;
   }
-  for (int e = threadIdx.x; e < PN; e += blockDim.x) gst[e] = st[e / N * LD + e % N];
+  bool tile_due = tiled && sh.tile_at; /* st still to be read from the tile */
+  /* Chunk c's inputs, raw, go to buffer c & 1 by cp.async (dA, dt, dt_raw
+   * [TC] at +0, +TC, +2 TC; B and C [TC][LDN] at +4 TC; x [TC][LDX]); they
+   * are in flight while the chunk before runs. */
+  const int nch = (T + TC - 1) / TC;
+  auto stage = [&](int c) {
+    float *bf = (float *)smem4 + (c & 1) * CF;
+    float *q_dtr = bf + 2 * TC, *q_b = bf + 4 * TC, *q_c = q_b + TC * LDN, *q_x = q_c + TC * LDN;
+    const int t0 = c * TC, tn = T - t0 < TC ? T - t0 : TC;
+    const int64_t r0 = (int64_t)s * T + t0;
+    if (!PREFILL)
+      for (int i = tid; i < tn; i += blockDim.x) cp_async4(q_dtr + i, dt_raw + (r0 + i) * ld_dt + h);
+    if (CONV) { /* T = 1: the conv of x (this block's rows: their windows are its own), B, C */
+      const float *cin = cv.xin + r0 * cv.ld_xin;
+      float *cst = cv.state + (int64_t)slots[s] * cv.slot_stride;
+      const int64_t cd = di + 2 * GN;
+      for (int e = tid; e < PB + 2 * N; e += blockDim.x) {
+        if (e < PB) {
+          const int64_t ch = (int64_t)h * P + p0 + e;
+          q_x[e] = p0 + e < P ? conv_any(cv, cst, cd, ch, cin[ch], true) : 0.0f;
+        } else {
+          const int n = e - PB; /* B then C */
+          const int64_t ch = di + (n < N ? 0 : GN) + (int64_t)g * N + (n < N ? n : n - N);
+          (n < N ? q_b + n : q_c + n - N)[0] = conv_any(cv, cst, cd, ch, cin[ch], false);
+        }
+      }
+    } else if (R == 1) {
+      for (int i = xi; i < tn; i += KS) {
+        if (x_ok)
+          cp_async4(q_x + i * LDX + xq, xbc + (r0 + i) * ld_xbc + (int64_t)h * P + p0 + xq);
+        else
+          q_x[i * LDX + xq] = 0.0f;
+      }
+    } else {
+      for (int i = xi; i < tn; i += KS)
+        cp_async16(q_x + i * LDX + 4 * xq, xbc + (r0 + i) * ld_xbc + (int64_t)h * P + p0 + 4 * xq);
+    }
+    if (CONV) {
+    } else if (vbc) {
+      for (int e = tid; e < tn << l4; e += blockDim.x) {
+        const int i = e >> l4, cc = (e & ((1 << l4) - 1)) * 4;
+        const float *bc = xbc + (r0 + i) * ld_xbc + di + (int64_t)g * N + cc;
+        cp_async16(q_b + i * LDN + cc, bc);
+        cp_async16(q_c + i * LDN + cc, bc + GN);
+      }
+    } else {
+      for (int e = tid; e < tn * N; e += blockDim.x) {
+        const int i = e / N, n = e - i * N;
+        const float *bc = xbc + (r0 + i) * ld_xbc + di + (int64_t)g * N + n;
+        cp_async4(q_b + i * LDN + n, bc);
+        cp_async4(q_c + i * LDN + n, bc + GN);
+      }
+    }
+    cp_async_commit();
+  };
+  for (int c = 0; c < nch; c++) {
+    const int t0 = c * TC, tn = T - t0 < TC ? T - t0 : TC;
+    const int64_t r0 = (int64_t)s * T + t0; /* the chunk's first row */
+    float *bf = (float *)smem4 + (c & 1) * CF;
+    float *s_da = bf, *s_dt = bf + TC, *s_dtr = bf + 2 * TC, *s_b = bf + 4 * TC;
+    float *s_c = s_b + TC * LDN, *s_x = s_c + TC * LDN;
+    __syncthreads(); /* chunk c - 1 is read: its buffer may take chunk c + 1 */
+    if (c == 0) stage(0);
+    if (c + 1 < nch) stage(c + 1);
+    if (PREFILL) {
+      /* dt and dA of a window of DTW steps (a multiple of TC) at once, while
+       * the copies fly: no per-chunk phase for them */
+      const int DTW = sh.dtw, wo = t0 % DTW;
+      float *s_dtt = (float *)smem4 + (T > TC ? 2 : 1) * CF, *s_dta = s_dtt + DTW;
+      if (wo == 0) {
+        const int wn = T - t0 < DTW ? T - t0 : DTW;
+        for (int i = tid; i < wn; i += blockDim.x) {
+          float dt = mbd_pm_softplus(__fadd_rn(dt_raw[(r0 + i) * ld_dt + h], bias));
+          if (dt < lo) dt = lo;
+          if (dt > hi) dt = hi;
+          s_dtt[i] = dt;
+          s_dta[i] = mbd_pm_expf(__fmul_rn(dt, a));
+        }
+      }
+      s_dt = s_dtt + wo;
+      s_da = s_dta + wo;
+    }
+    if (c + 1 < nch)
+      cp_async_wait_group<1>();
+    else
+      cp_async_wait_group<0>();
+    __syncthreads(); /* chunk c (and a tile of its own) has arrived */
+    if (CONV && tid == 0) {
+      /* every thread of this block has read its B and C windows: count the
+       * block in; the group's last block advances them at the end */
+      __threadfence();
+      int32_t *tk = cv.tickets + (int64_t)s * dm.n_groups + g;
+      const int last = atomicAdd(tk, 1) == (dm.heads / dm.n_groups) * bph - 1;
+      if (last) {
+        *tk = 0;
+        __threadfence();
+      }
+      s_last = last;
+    }
+    if (!PREFILL) {
+      for (int i = tid; i < tn; i += blockDim.x) {
+        float dt = mbd_pm_softplus(__fadd_rn(s_dtr[i], bias));
+        if (dt < lo) dt = lo;
+        if (dt > hi) dt = hi;
+        s_dt[i] = dt;
+        s_da[i] = mbd_pm_expf(__fmul_rn(dt, a));
+      }
+      __syncthreads();
+    }
+    if (tile_due) {
+      tile_read<NL, R>(st, s_t, LDT, pr0, n0, p0, P);
+      tile_due = false;
+    }
+    float hand[R]; /* the chains after this lane's entries, at the last tick */
+#pragma unroll
+    for (int r = 0; r < R; r++) hand[r] = 0.0f;
+    if (PREFILL && R == 1 && NL <= 32) {
+    /* Software-pipelined ticks: iteration k runs tick k's chain over the
+     * entries as updated for tick k while it updates them for tick k + 1
+     * (each entry is read by the chain before its next update), so the
+     * chain's dependent FMAs and the next step's updates share the issue
+     * slots; the same operations and values as tick by tick. */
+    float xv[R], cq[NL]; /* tick k's x and C */
+    auto load = [&](int t, float (&xo)[R], float &dao, float (&bo)[NL], float (&co)[NL]) {
+      if (R == 1) {
+        xo[0] = s_x[t * LDX + pl];
+      } else {
+        const float4 x4 = *(const float4 *)(s_x + t * LDX + pr0);
+        xo[0] = x4.x, xo[R > 1 ? 1 : 0] = x4.y, xo[R > 2 ? 2 : 0] = x4.z;
+        xo[R > 3 ? 3 : 0] = x4.w;
+      }
+      dao = s_da[t];
+      const float dt = s_dt[t];
+      const float *bt = s_b + t * LDN + n0, *ct = s_c + t * LDN + n0;
+      if (FULL) {
+#pragma unroll
+        for (int i = 0; i < NL; i += 4) {
+          const float4 b4 = *(const float4 *)(bt + i), c4 = *(const float4 *)(ct + i);
+          bo[i] = __fmul_rn(dt, b4.x), bo[i + 1] = __fmul_rn(dt, b4.y);
+          bo[i + 2] = __fmul_rn(dt, b4.z), bo[i + 3] = __fmul_rn(dt, b4.w);
+          co[i] = c4.x, co[i + 1] = c4.y, co[i + 2] = c4.z, co[i + 3] = c4.w;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < NL; i++) {
+          bo[i] = i < nn ? __fmul_rn(dt, bt[i]) : 0.0f;
+          co[i] = i < nn ? ct[i] : 0.0f;
+        }
+      }
+    };
+    {
+      /* tick 0's update (lane 0: step 0) */
+      float da0, b0[NL];
+#pragma unroll
+      for (int r = 0; r < R; r++) xv[r] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NL; i++) cq[i] = 0.0f;
+      if (j == 0 && tn > 0) {
+        load(0, xv, da0, b0, cq);
+#pragma unroll
+        for (int i = 0; i < NL; i++)
+          if (FULL || i < nn)
+#pragma unroll
+            for (int r = 0; r < R; r++) st[r][i] = __fmaf_rn(da0, st[r][i], __fmul_rn(b0[i], xv[r]));
+      }
+    }
+    for (int k = 0; k < tn + KS - 1; k++) {
+      const int t = k - j;
+      const bool act = t >= 0 && t < tn, act1 = t + 1 >= 0 && t + 1 < tn;
+      float xn[R], cn[NL], dan = 0.0f, bn[NL];
+#pragma unroll
+      for (int r = 0; r < R; r++) xn[r] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NL; i++) bn[i] = 0.0f, cn[i] = 0.0f;
+      if (act1) load(t + 1, xn, dan, bn, cn);
+      float acc[R];
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        acc[r] = __shfl_up_sync(0xffffffffu, hand[r], 1, KS);
+        if (j == 0) acc[r] = 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < NL; i++)
+        if (FULL || i < nn)
+#pragma unroll
+          for (int r = 0; r < R; r++) {
+            if (act) acc[r] = __fmaf_rn(st[r][i], cq[i], acc[r]);
+            if (act1) st[r][i] = __fmaf_rn(dan, st[r][i], __fmul_rn(bn[i], xn[r]));
+          }
+      if (act) {
+#pragma unroll
+        for (int r = 0; r < R; r++) hand[r] = acc[r];
+        if (j == KS - 1) {
+          float *yr = y + (r0 + t) * di + (int64_t)h * P + p0 + pr0;
+          if (R == 4) {
+            *(float4 *)yr = make_float4(__fmaf_rn(dd, xv[0], acc[0]), __fmaf_rn(dd, xv[1 % R], acc[1 % R]),
+                                        __fmaf_rn(dd, xv[2 % R], acc[2 % R]),
+                                        __fmaf_rn(dd, xv[3 % R], acc[3 % R]));
+          } else {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+              if (p0 + pr0 + r < P) yr[r] = __fmaf_rn(dd, xv[r], acc[r]);
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; r++) xv[r] = xn[r];
+#pragma unroll
+      for (int i = 0; i < NL; i++) cq[i] = cn[i];
+    }
+    } else {
+    /* Entry by entry: decode steps (few ticks, fewer registers live) and
+     * four rows per lane (their four chains interleave by themselves). */
+    for (int k = 0; k < tn + KS - 1; k++) {
+      float acc[R];
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        acc[r] = __shfl_up_sync(0xffffffffu, hand[r], 1, KS);
+        if (j == 0) acc[r] = 0.0f;
+      }
+      const int t = k - j;
+      if (t >= 0 && t < tn) {
+        float xv[R];
+        if (R == 1) {
+          xv[0] = s_x[t * LDX + pl];
+        } else {
+          const float4 x4 = *(const float4 *)(s_x + t * LDX + pr0);
+          xv[0] = x4.x, xv[R > 1 ? 1 : 0] = x4.y, xv[R > 2 ? 2 : 0] = x4.z;
+          xv[R > 3 ? 3 : 0] = x4.w;
+        }
+        const float da = s_da[t], dt = s_dt[t];
+        const float *bt = s_b + t * LDN + n0, *ct = s_c + t * LDN + n0;
+        if (FULL) {
+#pragma unroll
+          for (int i = 0; i < NL; i += 4) {
+            const float4 b4 = *(const float4 *)(bt + i), c4 = *(const float4 *)(ct + i);
+            const float bq[4] = {__fmul_rn(dt, b4.x), __fmul_rn(dt, b4.y), __fmul_rn(dt, b4.z),
+                                 __fmul_rn(dt, b4.w)};
+            const float cq[4] = {c4.x, c4.y, c4.z, c4.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+#pragma unroll
+              for (int r = 0; r < R; r++) {
+                st[r][i + q] = __fmaf_rn(da, st[r][i + q], __fmul_rn(bq[q], xv[r]));
+                acc[r] = __fmaf_rn(st[r][i + q], cq[q], acc[r]);
+              }
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < NL; i++)
+            if (i < nn) {
+              const float bq = __fmul_rn(dt, bt[i]);
+#pragma unroll
+              for (int r = 0; r < R; r++) {
+                st[r][i] = __fmaf_rn(da, st[r][i], __fmul_rn(bq, xv[r]));
+                acc[r] = __fmaf_rn(st[r][i], ct[i], acc[r]);
+              }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) hand[r] = acc[r];
+        if (j == KS - 1) {
+          float *yr = y + (r0 + t) * di + (int64_t)h * P + p0 + pr0;
+          if (R == 4) {
+            *(float4 *)yr = make_float4(__fmaf_rn(dd, xv[0], acc[0]), __fmaf_rn(dd, xv[1 % R], acc[1 % R]),
+                                        __fmaf_rn(dd, xv[2 % R], acc[2 % R]),
+                                        __fmaf_rn(dd, xv[3 % R], acc[3 % R]));
+          } else {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+              if (p0 + pr0 + r < P) yr[r] = __fmaf_rn(dd, xv[r], acc[r]);
+          }
+        }
+      }
+    }
+    }
+  }
+  if (tiled) {
+    __syncthreads(); /* the last chunk (or the tile) is read */
+#pragma unroll
+    for (int r = 0; r < R; r++)
+      if (p0 + pr0 + r < P) {
+#pragma unroll
+        for (int i = 0; i < NL; i += 4)
+          *(float4 *)(s_t + (pr0 + r) * LDT + n0 + i) =
+              make_float4(st[r][i], st[r][i + 1], st[r][i + 2], st[r][i + 3]);
+      }
+    __syncthreads();
+    for (int e = tid; e < nrows * n4; e += blockDim.x) {
+      const int r = e / n4;
+      ((float4 *)tile)[e] = *(const float4 *)(s_t + r * LDT + 4 * (e - r * n4));
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; r++)
+      if (p0 + pr0 + r < P) {
+#pragma unroll
+        for (int i = 0; i < NL; i++)
+          if (i < nn) tile[(pr0 + r) * N + n0 + i] = st[r][i];
+      }
+  }
+  if (CONV && s_last) { /* (s_last was set before a barrier above) */
+    const float *cin = cv.xin + (int64_t)s * cv.ld_xin;
+    float *cst = cv.state + (int64_t)slots[s] * cv.slot_stride;
+    const int64_t cd = di + 2 * GN;
+    for (int e = tid; e < 2 * N; e += blockDim.x) {
+      const int64_t ch = di + (e < N ? 0 : GN) + (int64_t)g * N + (e < N ? e : e - N);
+      for (int jj = 0; jj + 1 < cv.K - 1; jj++) cst[jj * cd + ch] = cst[(jj + 1) * cd + ch];
+      cst[(cv.K - 2) * cd + ch] = cin[ch];
+    }
+  }
+}
+
+/* Lanes per row and entries per lane: the smallest KS that splits N exactly
+ * into NL <= 64 entries (<= 32 with the conv folded in: its variants need
+ * more registers), doubled while the launch has few rows (up to 8 lanes,
+ * NL >= 8); NL 8 with partial lanes when N has no such split. */
+static void ssd_pick(int nseq, bool conv, const mbd_mops_ssd_dims *dm, int *ks, int *nl,
+                     bool *full) {
+  const int N = dm->d_state;
+  const int64_t rows = (int64_t)nseq * dm->heads * dm->head_dim;
+  int k = 1;
+  while (k < 32 && (N % k || N / k > 64)) k <<= 1;
+  const int q = N % k ? 0 : N / k;
+  if (q == 8 || q == 16 || q == 32 || q == 64) {
+    if (conv && N / k > 32) k <<= 1;
+    while (k < 8 && N / (k * 2) >= 8 && rows * k < SSD_FILL_ROWS) k <<= 1;
+    *ks = k, *nl = N / k, *full = true;
+    return;
+  }
+  k = 1;
+  while (k * 8 < N) k <<= 1;
+  *ks = k, *nl = 8, *full = false;
+}
+
+template <int NL, int R, bool FULL, bool CONV, bool PREFILL>
+static int ssd_launch_nl(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_dims *dm,
+                         const ssd_shape *sh, const float *A, const float *D,
+                         const float *dt_bias, float lo, float hi, const float *dt_raw,
+                         int64_t ld_dt, const float *xbc, int64_t ld_xbc, float *state,
+                         int64_t slot_stride, int vec, const int32_t *slots, float *y,
+                         const mbd_mops_ssd_conv *cv, mbd_error *err) {
+  const size_t bytes = ssd_smem_bytes(sh, dm->d_state, T);
+  int rc = allow_smem(k_ssd_scan<NL, R, FULL, CONV, PREFILL>, bytes, err);
+  if (rc < 0) return rc;
+  const int bph = (dm->head_dim + sh->pb - 1) / sh->pb;
+  return launch_pdl("ssd_scan", k_ssd_scan<NL, R, FULL, CONV, PREFILL>,
+                    dim3((unsigned)(dm->heads * bph), (unsigned)nseq),
+                    dim3((unsigned)(sh->pb / R * sh->ks)), bytes, s, err, T, *dm, *sh, A, D, dt_bias,
+                    lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state, slot_stride, vec, slots, y, *cv);
 }
 
 static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_dims *dm,
                            const float *A, const float *D, const float *dt_bias, float lo,
                            float hi, const float *dt_raw, int64_t ld_dt, const float *xbc,
                            int64_t ld_xbc, float *state, int64_t slot_stride,
-                           const int32_t *slots, float *y, mbd_error *err) {
-  const size_t sh = (size_t)dm->head_dim * (size_t)(dm->d_state + 1) * 4;
-  int rc = allow_smem(k_ssd_scan, sh, err);
-  if (rc < 0) return rc;
-  return launch_pdl("ssd_scan", k_ssd_scan, dim3((unsigned)dm->heads, (unsigned)nseq),
-                    dim3(SSD_THREADS), sh, s, err, T, *dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt,
-                    xbc, ld_xbc, state, slot_stride, slots, y);
+                           const int32_t *slots, float *y, const mbd_mops_ssd_conv *cv,
+                           mbd_error *err) {
+  int ks = 1, nl = 8;
+  bool full = false;
+  ssd_pick(nseq, cv->w != NULL, dm, &ks, &nl, &full);
+  /* bit 0: float4 state access; bit 1: float4 B, C, x and y access */
+  const int P = dm->head_dim, N = dm->d_state;
+  const int64_t di = (int64_t)dm->heads * P, rows = (int64_t)nseq * di;
+  const int vec = ((uintptr_t)state % 16 == 0 && slot_stride % 4 == 0 ? 1 : 0) |
+                  ((uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && di % 4 == 0 &&
+                           (uintptr_t)y % 16 == 0
+                       ? 2
+                       : 0);
+  /* four rows per lane: a prefill of many rows, 16 entries per lane, row
+   * groups that fill whole warps and tile the head */
+  int R = 1, gb = 0;
+  if (T >= SSD_R4_MIN_T && rows >= SSD_R4_MIN_ROWS && full && vec == 3 && N % 16 == 0 &&
+      N / 16 <= 8 && P % 4 == 0) {
+    const int k = N / 16;
+    gb = SSD_BLOCK / k < P / 4 ? SSD_BLOCK / k : P / 4;
+    if ((P / 4) % gb == 0 && (gb * k) % 32 == 0) R = 4, ks = k, nl = 16;
+  }
+  ssd_shape sh;
+  sh.ks = ks;
+  const int rw = 32 / ks; /* row groups per warp */
+  if (R == 4) {
+    sh.pb = 4 * gb;
+    sh.ldx = sh.pb + ((4 - sh.pb) & 31); /* float4 x reads of one tick: distinct banks */
+  } else {
+    const int pr = (P + rw - 1) / rw * rw;
+    sh.pb = SSD_BLOCK / ks < pr ? SSD_BLOCK / ks : pr;
+    sh.ldx = sh.pb + ((rw - sh.pb) & 31); /* x reads of one tick: distinct banks */
+  }
+  sh.ldn = ks * nl + 4; /* lanes of one tick read distinct 16-byte bank groups */
+  /* 64-step chunks (less pipeline fill at 8+ lanes) when every block has
+   * an SM to itself; 32 (two chunk buffers for more blocks per SM) else */
+  sh.tc = 32;
+  if (T > 32 && ks >= 8) {
+    const int64_t blocks = (int64_t)nseq * dm->heads * ((P + sh.pb - 1) / sh.pb);
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        blocks <= sms)
+      sh.tc = 64;
+  }
+  if (sh.tc > T) sh.tc = T;
+  sh.tile_at = 0;
+  sh.dtw = T <= SSD_DT_WIN ? T : SSD_DT_WIN; /* SSD_DT_WIN: a multiple of any TC below T */
+  while (sh.tc > 1 && ssd_smem_bytes(&sh, N, T) > SSD_MAX_SMEM) sh.tc /= 2;
+  /* a short launch (decode) gives the tile memory of its own: the state
+   * load then overlaps the staging of the step's inputs */
+  if (T <= SSD_OWN_TILE_T)
+    sh.tile_at = ssd_nbuf(&sh, T) * ssd_chunk_floats_d(sh.tc, sh.ldn, sh.ldx);
+#define SSD_L(NLv, Rv, FULLv, CONVv, PREv)                                                      \
+  ssd_launch_nl<NLv, Rv, FULLv, CONVv, PREv>(s, nseq, T, dm, &sh, A, D, dt_bias, lo, hi, dt_raw,   \
+                                             ld_dt, xbc, ld_xbc, state, slot_stride, vec, slots, \
+                                             y, cv, err)
+  if (T <= SSD_OWN_TILE_T) { /* decode steps: R = 1; with the conv NL <= 32 (ssd_pick) */
+    if (cv->w) {
+      if (!full) return SSD_L(8, 1, false, true, false);
+      switch (nl) {
+      case 8: return SSD_L(8, 1, true, true, false);
+      case 16: return SSD_L(16, 1, true, true, false);
+      default: return SSD_L(32, 1, true, true, false);
+      }
+    }
+    if (!full) return SSD_L(8, 1, false, false, false);
+    switch (nl) {
+    case 8: return SSD_L(8, 1, true, false, false);
+    case 16: return SSD_L(16, 1, true, false, false);
+    case 32: return SSD_L(32, 1, true, false, false);
+    default: return SSD_L(64, 1, true, false, false);
+    }
+  }
+  if (R == 4) return SSD_L(16, 4, true, false, true);
+  if (!full) return SSD_L(8, 1, false, false, true);
+  switch (nl) {
+  case 8: return SSD_L(8, 1, true, false, true);
+  case 16: return SSD_L(16, 1, true, false, true);
+  case 32: return SSD_L(32, 1, true, false, true);
+  default: return SSD_L(64, 1, true, false, true);
+  }
+#undef SSD_L
+}
+
+static int ssd_check(int nseq, const mbd_mops_ssd_dims *dm, mbd_error *err) {
+  if (nseq > 65535 || dm->heads < 1 || dm->n_groups < 1 || dm->heads % dm->n_groups ||
+      dm->head_dim < 1 || dm->d_state < 1 || dm->d_state > MBD_MOPS_SSD_MAX_STATE ||
+      (int64_t)dm->heads * dm->head_dim > (1 << 24))
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "ssd_scan: %d sequences, %d heads x %d, d_state %d, %d groups "
+                         "unsupported (at most 65535 sequences, d_state 1..%d)",
+                         nseq, dm->heads, dm->head_dim, dm->d_state, dm->n_groups,
+                         MBD_MOPS_SSD_MAX_STATE);
+  return 0;
 }
 
 extern "C" int mbd_mops_ssd_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
@@ -73,13 +652,26 @@ extern "C" int mbd_mops_ssd_scan(void *stream, int nseq, int T, const mbd_mops_s
                                  int64_t ld_xbc, float *state, int64_t slot_stride,
                                  const int32_t *slots, float *y, mbd_error *err) {
   if (nseq <= 0 || T <= 0) return 0;
-  if (nseq > 65535 || dm->heads < 1 || dm->heads > 65535 || dm->n_groups < 1 ||
-      dm->heads % dm->n_groups || dm->head_dim < 1 || dm->d_state < 1 ||
-      (size_t)dm->head_dim * (size_t)(dm->d_state + 1) * 4 > 200 * 1024)
-    return mbd_error_set(err, MBD_E_INVALID,
-                         "ssd_scan: %d sequences, %d heads x %d, d_state %d, %d groups "
-                         "unsupported",
-                         nseq, dm->heads, dm->head_dim, dm->d_state, dm->n_groups);
+  int rc = ssd_check(nseq, dm, err);
+  if (rc) return rc;
+  const mbd_mops_ssd_conv none = {0, NULL, NULL, NULL, 0, NULL, 0, NULL};
   return ssd_scan_launch((cudaStream_t)stream, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt,
-                         xbc, ld_xbc, state, slot_stride, slots, y, err);
+                         xbc, ld_xbc, state, slot_stride, slots, y, &none, err);
+}
+
+extern "C" int mbd_mops_ssd_scan_conv(void *stream, int nseq, const mbd_mops_ssd_dims *dm,
+                                      const float *A, const float *D, const float *dt_bias,
+                                      float lo, float hi, const float *dt_raw, int64_t ld_dt,
+                                      const mbd_mops_ssd_conv *conv, float *state,
+                                      int64_t slot_stride, const int32_t *slots, float *y,
+                                      mbd_error *err) {
+  if (nseq <= 0) return 0;
+  int rc = ssd_check(nseq, dm, err);
+  if (rc) return rc;
+  if (!conv || conv->K < 2 || conv->K > 8 || !conv->w || !conv->state || !conv->xin ||
+      !conv->tickets)
+    return mbd_error_set(err, MBD_E_INVALID, "ssd_scan_conv: conv width %d outside 2..8 or "
+                         "a NULL conv pointer", conv ? conv->K : 0);
+  return ssd_scan_launch((cudaStream_t)stream, nseq, 1, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt,
+                         NULL, 0, state, slot_stride, slots, y, conv, err);
 }
