@@ -39,6 +39,7 @@ typedef struct mbd_bmodel {
 typedef struct mbd_bprefix {
   bool known;          /* the worker reported a cache */
   uint64_t lookups, hits, hit_tokens, inserts, evictions, bytes, entries;
+  uint64_t device_hits, demotions, device_bytes, device_entries; /* device tier (GPU workers) */
   uint64_t hashes[MBD_PREFIX_HASHES_MAX];
   size_t nhashes;
 } mbd_bprefix;
