@@ -46,8 +46,8 @@ struct mbd_pcache {
   mbd_pcache_dev dev;
   size_t dev_cap;     /* stashes at most (device budget / stash bytes; lowered on no room) */
   size_t nstash;      /* stashes allocated */
-  void **spare;       /* [dev_cap] allocated stashes no entry holds */
-  size_t nspare;
+  void **spare;       /* [spare_cap >= nstash] allocated stashes no entry holds */
+  size_t nspare, spare_cap;
   uint64_t clock;
   mbd_pcache_stats st;
   uint64_t version;
@@ -87,16 +87,9 @@ int mbd_pcache_new(size_t budget, const char *model, const char *digest, const c
 
 void mbd_pcache_set_device(mbd_pcache *c, const mbd_pcache_dev *dev) {
   if (!dev || !dev->stash_bytes || dev->budget < dev->stash_bytes) return;
-  size_t cap = dev->budget / dev->stash_bytes;
-  void **spare = calloc(cap, sizeof *spare);
-  if (!spare) {
-    MBD_LOGW(LOGC, "%s: out of memory for the device tier's table: host tier only", c->model);
-    return;
-  }
   c->dev = *dev;
   c->has_dev = true;
-  c->dev_cap = cap;
-  c->spare = spare;
+  c->dev_cap = dev->budget / dev->stash_bytes;
 }
 
 void mbd_pcache_destroy(mbd_pcache **pc) {
@@ -346,6 +339,13 @@ static void *take_stash(mbd_pcache *c) {
   if (c->nstash < c->dev_cap) {
     void *s = NULL;
     mbd_error err = {0};
+    if (c->nstash == c->spare_cap) { /* every stash must fit among the spares */
+      size_t n = c->spare_cap ? 2 * c->spare_cap : 64;
+      void **sp = realloc(c->spare, n * sizeof *sp);
+      if (!sp) return NULL; /* host tier for this entry */
+      c->spare = sp;
+      c->spare_cap = n;
+    }
     if (!c->dev.alloc(c->dev.ctx, &s, &err)) {
       c->nstash++;
       return s;
