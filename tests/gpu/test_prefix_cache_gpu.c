@@ -8,7 +8,8 @@
  *    not fit, entries leave the device all the time and hit ones are demoted
  *    to host memory, then hit there;
  *  - with the device tier off (host memory only);
- * and every logit and token equals the reference by memcmp.
+ * and every logit and token equals the reference by memcmp. Prompts that
+ * share nothing, through the 1 MiB device tier, demote nothing.
  * Exits 77 with a reason when no CUDA device is present. */
 #include <setjmp.h>
 #include <signal.h>
@@ -51,10 +52,9 @@ static int64_t prompt(int f, int i, int64_t *ids) {
   return n;
 }
 
-/* One request: logits [V] after the prompt and GEN greedy tokens. */
-static void run_one(int k, float *logits, int64_t *toks) {
-  int f, i;
-  request_of(k, &f, &i);
+/* Request (f, i): logits [V] after the prompt and GEN greedy tokens. */
+static void run_one(int f, int i, float *logits, int64_t *toks) {
+  int k = f * 1000 + i;
   int64_t ids[PFX + SUFFIX_MAX];
   int64_t n = prompt(f, i, ids);
   const int64_t points[1] = {PFX};
@@ -117,28 +117,34 @@ static void wait_count(size_t n) {
 
 /* Starts GPU worker `name` with up to four extra flags (NULL-padded), runs
  * every request and checks it against the reference (fill: writes the
- * reference instead), then waits for its counters (when it has a cache)
- * and stops it. */
-static void phase(const char *name, const char *const *extra, bool fill, float *ref,
+ * reference instead; unique > 0: runs that many prompts of families of
+ * their own instead, unchecked), then waits for its counters (when it has
+ * a cache) and stops it. */
+static void phase(const char *name, const char *const *extra, bool fill, int unique, float *ref,
                   int64_t (*rtok)[GEN], mbd_prefix_cache_info *x) {
   pid_t p = wh_start_worker(&g_h, name, "--device", "cuda:0", "--capacity", "64", extra[0],
                             extra[1], extra[2], extra[3], NULL);
   wait_count(1);
   float got[V];
   int64_t gtok[GEN];
-  for (int k = 0; k < NREQ; k++) {
-    if (fill) {
-      run_one(k, ref + (size_t)k * V, rtok[k]);
-      continue;
+  int n = unique ? unique : NREQ;
+  for (int k = 0; k < n; k++) {
+    int f, i;
+    request_of(k, &f, &i);
+    if (unique) {
+      run_one(NFAM + k, 0, got, gtok);
+    } else if (fill) {
+      run_one(f, i, ref + (size_t)k * V, rtok[k]);
+    } else {
+      run_one(f, i, got, gtok);
+      assert_memory_equal(got, ref + (size_t)k * V, sizeof got);
+      assert_memory_equal(gtok, rtok[k], sizeof gtok);
     }
-    run_one(k, got, gtok);
-    assert_memory_equal(got, ref + (size_t)k * V, sizeof got);
-    assert_memory_equal(gtok, rtok[k], sizeof gtok);
   }
   /* The reference run has no cache; the others report every lookup. */
   for (int k = 0; k < 300; k++) {
     bool has = stats_of(name, x);
-    if (has ? x->lookups >= NREQ : fill) break;
+    if (has ? x->lookups >= n : fill) break;
     ev_nap_ms(50);
   }
   if (stats_of(name, x))
@@ -169,13 +175,13 @@ static void test_prefix_cache_gpu(void **state) {
 
   /* Cache off: the reference bits. */
   const char *off[4] = {"--prefix-cache-mb", "0", NULL, NULL};
-  phase("off", off, true, ref, rtok, &x);
+  phase("off", off, true, 0, ref, rtok, &x);
   assert_int_equal(x.lookups, 0);
 
   /* The defaults: the device tier holds everything; only each family's
    * first request misses. */
   const char *dflt[4] = {NULL, NULL, NULL, NULL};
-  phase("default", dflt, false, ref, rtok, &x);
+  phase("default", dflt, false, 0, ref, rtok, &x);
   assert_int_equal(x.lookups, NREQ);
   assert_true(x.hits >= NREQ - NFAM);
   assert_int_equal(x.device_hits, x.hits);
@@ -186,7 +192,7 @@ static void test_prefix_cache_gpu(void **state) {
    * overflow it; the prefix hit in round r is demoted while the next
    * families store theirs, and hit in host memory in round r + 1. */
   const char *tiny[4] = {"--prefix-cache-device-mb", "1", "--prefix-block", "8"};
-  phase("tiny", tiny, false, ref, rtok, &x);
+  phase("tiny", tiny, false, 0, ref, rtok, &x);
   assert_int_equal(x.lookups, NREQ);
   assert_true(x.device_hits > 0);
   assert_true(x.demotions > 0);
@@ -194,9 +200,18 @@ static void test_prefix_cache_gpu(void **state) {
   assert_true(x.evictions > 0);
   assert_true(x.device_bytes <= (1 << 20));
 
+  /* Prompts that share nothing, through the same 1 MiB device tier: entries
+   * leave it unhit, so none is demoted (no state goes device to host). */
+  phase("unique", tiny, false, 6, ref, rtok, &x);
+  assert_int_equal(x.lookups, 6);
+  assert_int_equal(x.hits, 0);
+  assert_int_equal(x.demotions, 0);
+  assert_true(x.evictions > 0);
+  assert_true(x.device_entries > 0);
+
   /* The device tier off: host memory only, as on a CPU worker. */
   const char *host[4] = {"--prefix-cache-device-mb", "0", NULL, NULL};
-  phase("host", host, false, ref, rtok, &x);
+  phase("host", host, false, 0, ref, rtok, &x);
   assert_int_equal(x.lookups, NREQ);
   assert_true(x.hits >= NREQ - NFAM);
   assert_int_equal(x.device_hits, 0);
