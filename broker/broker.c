@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <grp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,7 @@
 #include "common/log.h"
 
 #define LOG "broker"
-#define BATCH 512 /* messages per socket per loop turn, so neither side starves the other */
+#define BATCH 512 /* messages per socket in one go, so neither side starves the other */
 
 struct mbd_broker {
   mbd_broker_config cfg;
@@ -29,6 +30,11 @@ struct mbd_broker {
   mbd_curve_pair key; /* the broker's key pair (curve) */
   mbd_zap_keys *keys; /* admitted public keys per role */
   void *zap;          /* REP on inproc://zeromq.zap.01 (curve) */
+  /* Per side (mbd_bdest): true while the socket's last operation was a receive
+   * that found nothing. Its ZMQ_FD then becomes readable when something new
+   * comes; a send since may have consumed that signal, so a socket that is
+   * not clean is drained before the reactor sleeps. */
+  bool clean[2];
 };
 
 static int64_t now_ms(void) {
@@ -39,6 +45,7 @@ static int64_t now_ms(void) {
 
 static int send_cb(void *ctx, mbd_bdest dest, mbd_msg **m, mbd_error *err) {
   mbd_broker *b = ctx;
+  b->clean[dest] = false;
   return mbd_msg_send(m, dest == MBD_BDEST_CLIENT ? b->clients : b->workers, ZMQ_DONTWAIT, err);
 }
 
@@ -48,6 +55,7 @@ static int send_cb(void *ctx, mbd_bdest dest, mbd_msg **m, mbd_error *err) {
  * mambad message and is dropped by its receiver. */
 static int probe_cb(void *ctx, const void *id, size_t len) {
   mbd_broker *b = ctx;
+  b->clean[MBD_BDEST_CLIENT] = false;
   if (zmq_send(b->clients, id, len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
     return errno == EHOSTUNREACH ? MBD_E_NOT_FOUND : MBD_E_IO;
   zmq_send(b->clients, "", 0, ZMQ_DONTWAIT);
@@ -68,14 +76,16 @@ static int make_monitor(mbd_broker *b, void *s, const char *ep, void **out, mbd_
   return MBD_OK;
 }
 
-/* Reads the waiting monitor events of side d (two frames each) and tells the core. */
-static void read_monitor(mbd_broker *b, int d) {
-  bool any = false;
+/* Reads the waiting monitor events of side d (two frames each) and tells the
+ * core. True when it read them all (its ZMQ_FD is armed again). */
+static bool read_monitor(mbd_broker *b, int d) {
+  bool any = false, drained = false;
   for (int i = 0; i < BATCH; i++) {
     zmq_msg_t f;
     zmq_msg_init(&f);
     if (zmq_msg_recv(&f, b->mon[d], ZMQ_DONTWAIT) < 0) {
       zmq_msg_close(&f);
+      drained = true;
       break;
     }
     bool first = zmq_msg_size(&f) == 6 && zmq_msg_more(&f);
@@ -83,6 +93,7 @@ static void read_monitor(mbd_broker *b, int d) {
     any |= first;
   }
   if (any) mbd_bcore_on_disconnect(b->core, d == 0 ? MBD_BDEST_CLIENT : MBD_BDEST_WORKER, now_ms());
+  return drained;
 }
 
 static bool is_tcp(const char *ep) { return !strncmp(ep, "tcp://", 6); }
@@ -107,11 +118,15 @@ static int make_socket(mbd_broker *b, const char *ep, const char *domain, void *
                        mbd_error *err) {
   void *s = zmq_socket(b->zctx, ZMQ_ROUTER);
   if (!s) return mbd_error_set(err, MBD_E_IO, "creating a ROUTER socket: %s", zmq_strerror(errno));
-  int one = 1, linger = 100, hwm = b->cfg.hwm, hb_timeout = b->cfg.heartbeat_ms * b->cfg.liveness;
+  /* RCVTIMEO 0: a receive never blocks; the reactor drains each socket until
+   * it finds nothing. */
+  int one = 1, zero = 0, linger = 100, hwm = b->cfg.hwm;
+  int hb_timeout = b->cfg.heartbeat_ms * b->cfg.liveness;
   int64_t maxmsg = b->cfg.max_message_mb * 1024 * 1024;
   if (zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one) ||
       zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &one, sizeof one) ||
       zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) ||
+      zmq_setsockopt(s, ZMQ_RCVTIMEO, &zero, sizeof zero) ||
       zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm) ||
       zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm) ||
       zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
@@ -234,20 +249,25 @@ void mbd_broker_destroy(mbd_broker **pb) {
 
 mbd_bcore *mbd_broker_core(mbd_broker *b) { return b->core; }
 
-/* Receives what is queued on one socket (at most BATCH messages). */
-static void pump(mbd_broker *b, bool client_side) {
+/* Receives what is queued on the socket of `side`, at most BATCH messages,
+ * and hands each to the core. No ZMQ_EVENTS query per message: receives
+ * return at once (RCVTIMEO 0), and the one that finds nothing leaves the
+ * socket clean. */
+static void pump(mbd_broker *b, mbd_bdest side) {
+  bool client_side = side == MBD_BDEST_CLIENT;
   void *s = client_side ? b->clients : b->workers;
   size_t cap = (size_t)b->cfg.max_message_mb * 1024 * 1024;
   for (int i = 0; i < BATCH; i++) {
-    int ev = 0;
-    size_t evl = sizeof ev;
-    if (zmq_getsockopt(s, ZMQ_EVENTS, &ev, &evl) || !(ev & ZMQ_POLLIN)) return;
     mbd_msg *m = NULL;
     mbd_error err = {0};
     int rc = mbd_msg_recv(s, true, cap, &m, &err);
-    if (rc == MBD_E_IO || rc == MBD_E_NOMEM) {
-      if (rc == MBD_E_NOMEM) MBD_LOGE(LOG, "%s", err.msg);
+    if (rc == MBD_E_IO) {
+      b->clean[side] = true; /* sends made while handling this batch came before */
       return;
+    }
+    if (rc == MBD_E_NOMEM) {
+      MBD_LOGE(LOG, "%s", err.msg);
+      continue;
     }
     /* The core and workers see only who we vouch for: every client request and
      * every worker READY carries the stamped caller. */
@@ -260,40 +280,76 @@ static void pump(mbd_broker *b, bool client_side) {
     if (client_side) mbd_bcore_on_client(b->core, &m, rc, &err, now_ms());
     else mbd_bcore_on_worker(b->core, &m, rc, &err, now_ms());
   }
+  b->clean[side] = false; /* BATCH reached: more may be queued */
 }
 
+/* Drains both sockets until neither has anything left and nothing was sent
+ * on either since its last empty receive; workers first (replies free
+ * capacity). */
+static void drain(mbd_broker *b) {
+  while (!b->clean[MBD_BDEST_WORKER] || !b->clean[MBD_BDEST_CLIENT]) {
+    if (!b->clean[MBD_BDEST_WORKER]) pump(b, MBD_BDEST_WORKER);
+    if (!b->clean[MBD_BDEST_CLIENT]) pump(b, MBD_BDEST_CLIENT);
+  }
+}
+
+/* ZMQ_FD of s (the descriptor poll(2) waits on). */
+static int socket_fd(void *s) {
+  int fd = -1;
+  size_t len = sizeof fd;
+  return zmq_getsockopt(s, ZMQ_FD, &fd, &len) ? -1 : fd;
+}
+
+/* One poll(2) over the sockets' ZMQ_FDs instead of zmq_poll, which queries
+ * ZMQ_EVENTS (a system call each) of every socket twice per wake-up. A
+ * ZMQ_FD only says that the socket has news, and only after the socket was
+ * drained: hence the clean flags. */
 int mbd_broker_run(mbd_broker *b, volatile sig_atomic_t *stop, int grace_ms, mbd_error *err) {
-  zmq_pollitem_t items[5] = {{b->clients, 0, ZMQ_POLLIN, 0},
-                             {b->workers, 0, ZMQ_POLLIN, 0},
-                             {b->mon[0], 0, ZMQ_POLLIN, 0},
-                             {b->mon[1], 0, ZMQ_POLLIN, 0},
-                             {b->zap, 0, ZMQ_POLLIN, 0}};
-  int nitems = b->zap ? 5 : 4;
+  enum { CLIENTS, WORKERS, MON_C, MON_W, ZAP, NFDS };
+  void *socks[NFDS] = {b->clients, b->workers, b->mon[0], b->mon[1], b->zap};
+  struct pollfd fds[NFDS];
+  int nfds = b->zap ? NFDS : ZAP;
+  for (int i = 0; i < nfds; i++) {
+    fds[i] = (struct pollfd){socket_fd(socks[i]), POLLIN, 0};
+    if (fds[i].fd < 0) return mbd_error_set(err, MBD_E_IO, "ZMQ_FD: %s", zmq_strerror(errno));
+  }
+  bool mon_pending[2] = {true, true}, zap_pending = b->zap != NULL;
+  b->clean[0] = b->clean[1] = false;
   int64_t drain_until = -1;
   for (;;) {
+    if (zap_pending) {
+      mbd_zap_serve(b->zap, b->keys); /* serves until it finds nothing */
+      zap_pending = false;
+    }
+    drain(b);
+    for (int d = 0; d < 2; d++)
+      if (mon_pending[d]) mon_pending[d] = !read_monitor(b, d);
+    mbd_bcore_tick(b->core, now_ms());
+    drain(b); /* what the timers sent, and what came meanwhile */
     int64_t now = now_ms();
     if (*stop && drain_until < 0) {
       MBD_LOGI(LOG, "stopping: refusing new requests, %zu queued answered, waiting up to %d ms for "
                "%zu in flight", mbd_bcore_queue_len(b->core), grace_ms,
                mbd_bcore_pending(b->core) - mbd_bcore_queue_len(b->core));
       mbd_bcore_shutdown(b->core, now);
+      drain(b);
       drain_until = now + grace_ms;
     }
     if (drain_until >= 0 && (mbd_bcore_pending(b->core) == 0 || now >= drain_until)) break;
     int64_t wait = mbd_bcore_next_due(b->core, now);
     if (drain_until >= 0 && drain_until - now < wait) wait = drain_until - now;
     if (wait > 1000) wait = 1000;
-    int rc = zmq_poll(items, nitems, (long)wait);
+    if (mon_pending[0] || mon_pending[1]) wait = 0;
+    int rc = poll(fds, (nfds_t)nfds, (int)wait);
     if (rc < 0) {
       if (errno == EINTR) continue;
-      return mbd_error_set(err, MBD_E_IO, "zmq_poll: %s", zmq_strerror(errno));
+      return mbd_error_set(err, MBD_E_IO, "poll: %s", strerror(errno));
     }
-    if (b->zap && (items[4].revents & ZMQ_POLLIN)) mbd_zap_serve(b->zap, b->keys);
-    if (items[1].revents & ZMQ_POLLIN) pump(b, false); /* workers first: replies free capacity */
-    if (items[0].revents & ZMQ_POLLIN) pump(b, true);
-    for (int d = 0; d < 2; d++)
-      if (items[2 + d].revents & ZMQ_POLLIN) read_monitor(b, d);
-    mbd_bcore_tick(b->core, now_ms());
+    if (fds[CLIENTS].revents) b->clean[MBD_BDEST_CLIENT] = false;
+    if (fds[WORKERS].revents) b->clean[MBD_BDEST_WORKER] = false;
+    if (fds[MON_C].revents) mon_pending[0] = true;
+    if (fds[MON_W].revents) mon_pending[1] = true;
+    if (nfds > ZAP && fds[ZAP].revents) zap_pending = true;
   }
   mbd_bcore_abort(b->core, now_ms());
   return MBD_OK;

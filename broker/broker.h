@@ -1,5 +1,5 @@
 /* The broker process's reactor: two ROUTER sockets (clients, workers), one
- * thread, zmq_poll with a timeout from the core's next timer; every handler
+ * thread, poll(2) on their ZMQ_FDs with a timeout from the core's next timer; every handler
  * runs to completion without blocking (sends use ZMQ_DONTWAIT). */
 #ifndef MBD_BROKER_H
 #define MBD_BROKER_H

@@ -37,9 +37,11 @@ bool mbd_bcaller_parse_peer(const char *peer_address, mbd_bcaller *out);
  * MBD_E_NOMEM. */
 int mbd_bcaller_stamp(mbd_msg *m, const mbd_bcaller *c, mbd_error *err);
 
-/* Rewrites a worker reply's body so that `worker` and `route_id` are what the
+/* Makes a worker reply's body say that `worker` and `route_id` are what the
  * broker knows of the sending worker (its registration), not what the reply
- * claims; other keys are kept. MBD_E_FORMAT when the body is not a map. */
+ * claims; other keys are kept. A body that opens with exactly those two
+ * entries (as workers write it) is left as it is, not copied; any other is
+ * rewritten. MBD_E_FORMAT when the body is not a map. */
 int mbd_bcaller_vouch_reply(mbd_msg *m, const char *worker, const char *route_id, mbd_error *err);
 
 /* Reads the stamped `caller` of a body map (absent: anonymous). */

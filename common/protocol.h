@@ -1,12 +1,12 @@
 /* The mambad wire protocol: commands, message bodies (msgpack), tensor refs.
  *
  * Every message, in every direction, is a ZeroMQ multipart message:
- *   F0  "MBD" + version byte (MBD_PROTO_VERSION)       magic + version
- *   F1  command, 1 byte (mbd_cmd)
- *   F2  tag, 8 bytes little-endian u64: the client's request id between client
- *       and broker; the broker's ticket between broker and worker; 0 for control
- *   F3  body: a msgpack map with string keys (may be empty map)
- *   F4+ tensor payloads, raw bytes, referenced from the body by index
+ *   F0  header, MBD_PROTO_HEADER_BYTES: "MBD", the version byte
+ *       (MBD_PROTO_VERSION), the command (1 byte, mbd_cmd), the tag (8 bytes
+ *       little-endian u64: the client's request id between client and broker;
+ *       the broker's ticket between broker and worker; 0 for control)
+ *   F1  body: a msgpack map with string keys (may be empty map)
+ *   F2+ tensor payloads, raw bytes, referenced from the body by index
  * ROUTER sockets prepend the peer identity frame (see common/wire.h).
  * docs/protocol.md is the reference for commands and body fields. */
 #ifndef MBD_PROTOCOL_H
@@ -22,7 +22,8 @@
 #include "common/tensor.h"
 
 #define MBD_PROTO_MAGIC "MBD"
-#define MBD_PROTO_VERSION 1
+#define MBD_PROTO_VERSION 2
+#define MBD_PROTO_HEADER_BYTES 13 /* magic 3, version 1, command 1, tag 8 */
 
 typedef enum mbd_cmd {
   /* client -> broker (-> worker) requests */
@@ -135,7 +136,7 @@ typedef struct mbd_tensor_ref {
   char name[MBD_TREF_NAME_MAX]; /* e.g. "input_ids", "logits" */
   mbd_tensor_desc desc;         /* dtype + shape */
   mbd_tref_kind kind;
-  uint32_t frame;                /* INLINE: payload index (0 = F4) */
+  uint32_t frame;                /* INLINE: payload index (0 = F2) */
   char shm_name[MBD_SHM_NAME_MAX]; /* SHM: "/name" */
   uint64_t offset, size;          /* SHM / CUDA_IPC: byte range; size >= desc bytes */
   uint8_t ipc_handle[MBD_IPC_HANDLE_BYTES]; /* CUDA_IPC */

@@ -15,8 +15,8 @@
 struct mbd_msg {
   uint8_t cmd;
   uint64_t tag;
-  zmq_msg_t body;          /* F3; empty reads as an empty map */
-  zmq_msg_t *pl;           /* payloads F4.. */
+  zmq_msg_t body;          /* F1; empty reads as an empty map */
+  zmq_msg_t *pl;           /* payloads F2.. */
   size_t npl, cap;         /* used / allocated payload slots */
   uint8_t peer[PEER_MAX];  /* routing id (ROUTER sockets) */
   size_t peer_len;         /* 0 = none */
@@ -233,13 +233,11 @@ int mbd_msg_send(mbd_msg **pm, void *socket, int flags, mbd_error *err) {
   if (!m) return mbd_error_set(err, MBD_E_INVALID, "sending a NULL message");
   int rc = MBD_OK;
   int more = ZMQ_SNDMORE | flags;
-  uint8_t hdr[4] = {'M', 'B', 'D', MBD_PROTO_VERSION};
-  uint8_t tag[8];
-  for (int i = 0; i < 8; i++) tag[i] = (uint8_t)(m->tag >> (8 * i));
+  uint8_t hdr[MBD_PROTO_HEADER_BYTES] = {'M', 'B', 'D', MBD_PROTO_VERSION, m->cmd};
+  for (int i = 0; i < 8; i++) hdr[5 + i] = (uint8_t)(m->tag >> (8 * i));
   /* After the first frame is accepted ZeroMQ queues the rest atomically. */
   if ((m->peer_len && zmq_send(socket, m->peer, m->peer_len, more) < 0) ||
-      zmq_send(socket, hdr, 4, more) < 0 || zmq_send(socket, &m->cmd, 1, more) < 0 ||
-      zmq_send(socket, tag, 8, more) < 0 ||
+      zmq_send(socket, hdr, sizeof hdr, more) < 0 ||
       zmq_msg_send(&m->body, socket, m->npl ? more : flags) < 0) {
     rc = sock_error(errno, "sending a message", err);
     goto done;
@@ -269,41 +267,44 @@ static int assemble(zmq_msg_t *fr, size_t n, size_t nseen, size_t total, bool ro
     memcpy(m->peer, zmq_msg_data(&fr[0]), m->peer_len);
   }
   /* Tag and command first, whatever else is wrong, so an ERROR can name the request. */
-  if (n > b + 2 && zmq_msg_size(&fr[b + 2]) == 8) {
-    const uint8_t *t = zmq_msg_data(&fr[b + 2]);
-    for (int i = 7; i >= 0; i--) m->tag = (m->tag << 8) | t[i];
+  if (n > b && zmq_msg_size(&fr[b]) == MBD_PROTO_HEADER_BYTES) {
+    const uint8_t *h = zmq_msg_data(&fr[b]);
+    m->cmd = h[4];
+    for (int i = 7; i >= 0; i--) m->tag = (m->tag << 8) | h[5 + i];
   }
-  if (n > b + 1 && zmq_msg_size(&fr[b + 1]) == 1) m->cmd = *(const uint8_t *)zmq_msg_data(&fr[b + 1]);
 
   if (n <= b) {
     rc = mbd_error_set(err, MBD_E_PROTOCOL, "empty message");
     goto done;
   }
   const uint8_t *h = zmq_msg_data(&fr[b]);
-  if (zmq_msg_size(&fr[b]) != 4 || memcmp(h, MBD_PROTO_MAGIC, 3)) {
-    rc = mbd_error_set(err, MBD_E_PROTOCOL, "bad magic: first frame must be 'MBD' + version byte");
+  size_t hl = zmq_msg_size(&fr[b]);
+  if (hl < 4 || memcmp(h, MBD_PROTO_MAGIC, 3)) {
+    rc = mbd_error_set(err, MBD_E_PROTOCOL,
+                       "bad magic: the first frame must be 'MBD', the version byte, the command "
+                       "and the tag");
     goto done;
   }
   if (h[3] != MBD_PROTO_VERSION) {
-    rc = mbd_error_set(err, MBD_E_PROTOCOL, "protocol version %u not supported (this build speaks %d)",
+    rc = mbd_error_set(err, MBD_E_PROTOCOL,
+                       "protocol version %u not supported (this build speaks %d: upgrade the "
+                       "peer so both ends run the same mambad release)",
                        h[3], MBD_PROTO_VERSION);
     goto done;
   }
-  if (nseen < b + 4) {
+  if (hl != MBD_PROTO_HEADER_BYTES) {
     rc = mbd_error_set(err, MBD_E_PROTOCOL,
-                       "message has %zu frames; expected at least 4 (magic, command, tag, body)",
-                       nseen - b);
+                       "header frame has %zu bytes; expected %d (magic, version, command, tag)", hl,
+                       MBD_PROTO_HEADER_BYTES);
     goto done;
   }
-  if (zmq_msg_size(&fr[b + 1]) != 1 || !strcmp(mbd_cmd_name(m->cmd), "unknown")) {
-    rc = mbd_error_set(err, MBD_E_PROTOCOL, "unknown command (frame of %zu bytes, first 0x%02x)",
-                       zmq_msg_size(&fr[b + 1]),
-                       zmq_msg_size(&fr[b + 1]) ? *(const uint8_t *)zmq_msg_data(&fr[b + 1]) : 0);
+  if (nseen < b + 2) {
+    rc = mbd_error_set(err, MBD_E_PROTOCOL,
+                       "message has %zu frame(s); expected at least 2 (header, body)", nseen - b);
     goto done;
   }
-  if (zmq_msg_size(&fr[b + 2]) != 8) {
-    rc = mbd_error_set(err, MBD_E_PROTOCOL, "tag frame has %zu bytes; expected 8",
-                       zmq_msg_size(&fr[b + 2]));
+  if (!strcmp(mbd_cmd_name(m->cmd), "unknown")) {
+    rc = mbd_error_set(err, MBD_E_PROTOCOL, "unknown command 0x%02x", m->cmd);
     goto done;
   }
   if (max_bytes && total > max_bytes) {
@@ -311,15 +312,15 @@ static int assemble(zmq_msg_t *fr, size_t n, size_t nseen, size_t total, bool ro
                        total, max_bytes);
     goto done;
   }
-  if (nseen - b - 4 > MBD_MSG_MAX_FRAMES) {
+  if (nseen - b - 2 > MBD_MSG_MAX_FRAMES) {
     rc = mbd_error_set(err, MBD_E_TOO_LARGE, "message has %zu payload frames (at most %d)",
-                       nseen - b - 4, MBD_MSG_MAX_FRAMES);
+                       nseen - b - 2, MBD_MSG_MAX_FRAMES);
     goto done;
   }
-  rc = mbd_body_check(zmq_msg_data(&fr[b + 3]), zmq_msg_size(&fr[b + 3]), err);
+  rc = mbd_body_check(zmq_msg_data(&fr[b + 1]), zmq_msg_size(&fr[b + 1]), err);
   if (rc) goto done;
-  zmq_msg_move(&m->body, &fr[b + 3]);
-  for (size_t i = b + 4; i < n; i++) {
+  zmq_msg_move(&m->body, &fr[b + 1]);
+  for (size_t i = b + 2; i < n; i++) {
     rc = mbd_msg_add_payload_move(m, &fr[i], err);
     if (rc) goto done;
   }
@@ -344,7 +345,7 @@ int mbd_msg_decode(zmq_msg_t *frames, size_t n, bool router, size_t max_bytes, m
   size_t total = 0;
   for (size_t i = 0; i < n; i++) total += zmq_msg_size(&frames[i]);
   size_t keep = n;
-  size_t limit = (router ? 1u : 0u) + 4u + MBD_MSG_MAX_FRAMES;
+  size_t limit = (router ? 1u : 0u) + 2u + MBD_MSG_MAX_FRAMES;
   if (keep > limit) {
     for (size_t i = limit; i < n; i++) zmq_msg_close(&frames[i]);
     keep = limit;
@@ -354,7 +355,7 @@ int mbd_msg_decode(zmq_msg_t *frames, size_t n, bool router, size_t max_bytes, m
 
 int mbd_msg_recv(void *socket, bool router, size_t max_bytes, mbd_msg **out, mbd_error *err) {
   *out = NULL;
-  size_t hdr = (router ? 1u : 0u) + 4u;
+  size_t hdr = (router ? 1u : 0u) + 2u;
   size_t limit = hdr + MBD_MSG_MAX_FRAMES;
   zmq_msg_t *fr = NULL;
   size_t n = 0, cap = 0, nseen = 0, total = 0;

@@ -22,7 +22,7 @@ void mbd_wreply_err(mbd_wstate *st, uint64_t tag, const mbd_error *e);
  * route_id and worker. */
 void mbd_wreply_head(const mbd_wstate *st, msgpack_packer *pk, uint32_t nextra);
 /* Sends cmd with the body in sb (consumed). `payload` (malloc'ed, owned here)
- * becomes frame F4 without a copy when non-NULL. On a build failure the
+ * becomes the first payload frame without a copy when non-NULL. On a build failure the
  * ticket gets an ERROR instead. */
 void mbd_wreply_body(mbd_wstate *st, uint8_t cmd, uint64_t tag, msgpack_sbuffer *sb, void *payload,
                      size_t plen);

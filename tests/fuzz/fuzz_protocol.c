@@ -4,7 +4,7 @@
  * Input layout: byte 0 = flags (bit 0: ROUTER framing, bit 1: 4 KiB size cap),
  * then frames as [u16 little-endian length][bytes]; a length running past the
  * end takes the rest. Invariants: a rejected message carries an error code and
- * message; an accepted one has a known command, a tag equal to its frame, a
+ * message; an accepted one has a known command and a tag equal to its header frame, a
  * body that parses, and refs whose fields respect the documented rules. */
 #include <stdlib.h>
 #include <string.h>
@@ -83,10 +83,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     off += len;
     n++;
   }
+  size_t b = router ? 1 : 0;
+  uint8_t hdr[MBD_PROTO_HEADER_BYTES] = {0}; /* decode consumes the frames */
+  size_t hl = n > b ? zmq_msg_size(&fr[b]) : 0;
+  if (hl == sizeof hdr) memcpy(hdr, zmq_msg_data(&fr[b]), sizeof hdr);
   mbd_msg *m = NULL;
   mbd_error err = {0};
   int rc = mbd_msg_decode(fr, n, router, cap, &m, &err);
-  size_t b = router ? 1 : 0;
   if (rc) {
     MBD_FUZZ_CHECK(rc == MBD_E_PROTOCOL || rc == MBD_E_FORMAT || rc == MBD_E_TOO_LARGE);
     MBD_FUZZ_CHECK(err.code == rc && err.msg[0]);
@@ -94,7 +97,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   } else {
     MBD_FUZZ_CHECK(m != NULL);
     MBD_FUZZ_CHECK(strcmp(mbd_cmd_name(mbd_msg_cmd(m)), "unknown") != 0);
-    MBD_FUZZ_CHECK(n >= b + 4 && mbd_msg_npayloads(m) == n - b - 4);
+    MBD_FUZZ_CHECK(n >= b + 2 && mbd_msg_npayloads(m) == n - b - 2);
+    MBD_FUZZ_CHECK(hl == sizeof hdr && mbd_msg_cmd(m) == hdr[4]);
+    uint64_t tag = 0;
+    for (int i = 7; i >= 0; i--) tag = (tag << 8) | hdr[5 + i];
+    MBD_FUZZ_CHECK(mbd_msg_tag(m) == tag);
     size_t len = 0;
     const void *body = mbd_msg_body(m, &len);
     check_body(body, len, mbd_msg_npayloads(m));
@@ -161,9 +168,8 @@ static size_t build_seed(uint8_t *dst, bool router, uint8_t cmd, int kind) {
   size_t off = 0;
   dst[off++] = router ? 1 : 0;
   if (router) off = put_frame(dst, off, "peer", 4);
-  off = put_frame(dst, off, "MBD\x01", 4);
-  off = put_frame(dst, off, &cmd, 1);
-  off = put_frame(dst, off, "\x07\0\0\0\0\0\0\0", 8);
+  uint8_t hdr[MBD_PROTO_HEADER_BYTES] = {'M', 'B', 'D', MBD_PROTO_VERSION, cmd, 7};
+  off = put_frame(dst, off, hdr, sizeof hdr);
   off = put_frame(dst, off, sb.data, sb.size);
   if (kind == 0) off = put_frame(dst, off, "0123456789abcdef", 16);
   msgpack_sbuffer_destroy(&sb);

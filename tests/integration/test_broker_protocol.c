@@ -531,6 +531,13 @@ static void raw_send(void *s, const void *const *f, const size_t *l, size_t n) {
     assert_true(zmq_send(s, f[i], l[i], i + 1 < n ? ZMQ_SNDMORE : 0) >= 0);
 }
 
+/* A header frame: 4 bytes of magic + version, the command, the tag. */
+static void hdr13(uint8_t h[13], const char *magic4, uint8_t cmd, uint64_t tag) {
+  memcpy(h, magic4, 4);
+  h[4] = cmd;
+  for (int i = 0; i < 8; i++) h[5 + i] = (uint8_t)(tag >> (8 * i));
+}
+
 static void test_malformed_corpus(void **state) {
   env *e = *state;
   const char *extra[] = {"--max-message-mb", "1", NULL};
@@ -538,9 +545,18 @@ static void test_malformed_corpus(void **state) {
   e->client = dealer(e, e->cep, NULL);
   fworker *a = add_worker(e, "wa", MBD_POLICY_F32, 4, "m", false);
   wait_workers(e, 1);
-  const uint8_t tag[8] = {0x33, 0, 0, 0, 0, 0, 0, 0}, zero_tag[8] = {0};
-  const uint8_t fwd = MBD_CMD_FORWARD, ready = MBD_CMD_READY, bogus = 0x77, em = 0x80;
+  const uint8_t tag[8] = {0x33, 0, 0, 0, 0, 0, 0, 0};
+  const uint8_t fwd = MBD_CMD_FORWARD, em = 0x80;
   static uint8_t big[600 * 1024];
+  /* header frames: magic + version, command, tag */
+  uint8_t h_fwd[13], h_magic[13], h_v9[13], h_bogus[13], h_ready[13], h_zero[13], h_step[13];
+  hdr13(h_fwd, "MBD\x02", fwd, 0x33);
+  hdr13(h_magic, "XXX\x02", fwd, 0x33);
+  hdr13(h_v9, "MBD\x09", fwd, 0x33);
+  hdr13(h_bogus, "MBD\x02", 0x77, 0x33);
+  hdr13(h_ready, "MBD\x02", MBD_CMD_READY, 0x33);
+  hdr13(h_zero, "MBD\x02", fwd, 0);
+  hdr13(h_step, "MBD\x02", MBD_CMD_STEP, 0x33);
   struct {
     const void *f[8];
     size_t l[8];
@@ -548,27 +564,26 @@ static void test_malformed_corpus(void **state) {
     int code;
     bool has_tag;
   } cases[] = {
-      {{"XXX\x01", &fwd, tag, &em}, {4, 1, 8, 1}, 4, MBD_E_PROTOCOL, true},
-      {{"MBD\x09", &fwd, tag, &em}, {4, 1, 8, 1}, 4, MBD_E_PROTOCOL, true},
-      {{"MBD\x01", &bogus, tag, &em}, {4, 1, 8, 1}, 4, MBD_E_PROTOCOL, true},
-      {{"MBD\x01", &fwd, tag, &em}, {4, 1, 5, 1}, 4, MBD_E_PROTOCOL, false},
-      {{"MBD\x01", &fwd, tag}, {4, 1, 8}, 3, MBD_E_PROTOCOL, true},
-      {{"MBD\x01", &fwd, tag, "\x93\x01"}, {4, 1, 8, 2}, 4, MBD_E_FORMAT, true},
-      {{"MBD\x01", &fwd, tag, "\xc1"}, {4, 1, 8, 1}, 4, MBD_E_FORMAT, true},
-      {{"MBD\x01", &fwd, tag, "\xdf\xff\xff\xff\xff"}, {4, 1, 8, 5}, 4, MBD_E_FORMAT, true},
-      {{"MBD\x01", &fwd, tag, &em, big, big}, {4, 1, 8, 1, sizeof big, sizeof big}, 6,
-       MBD_E_TOO_LARGE, true},
-      {{"MBD\x01", &ready, tag, &em}, {4, 1, 8, 1}, 4, MBD_E_PROTOCOL, true},
-      {{"MBD\x01", &fwd, zero_tag, &em}, {4, 1, 8, 1}, 4, MBD_E_INVALID, false},
+      {{h_magic, &em}, {13, 1}, 2, MBD_E_PROTOCOL, true},
+      {{h_v9, &em}, {13, 1}, 2, MBD_E_PROTOCOL, true},
+      {{"MBD\x01", &fwd, tag, &em}, {4, 1, 8, 1}, 4, MBD_E_PROTOCOL, false}, /* version 1 */
+      {{h_bogus, &em}, {13, 1}, 2, MBD_E_PROTOCOL, true},
+      {{h_fwd, &em}, {10, 1}, 2, MBD_E_PROTOCOL, false},
+      {{h_fwd}, {13}, 1, MBD_E_PROTOCOL, true},
+      {{h_fwd, "\x93\x01"}, {13, 2}, 2, MBD_E_FORMAT, true},
+      {{h_fwd, "\xc1"}, {13, 1}, 2, MBD_E_FORMAT, true},
+      {{h_fwd, "\xdf\xff\xff\xff\xff"}, {13, 5}, 2, MBD_E_FORMAT, true},
+      {{h_fwd, &em, big, big}, {13, 1, sizeof big, sizeof big}, 4, MBD_E_TOO_LARGE, true},
+      {{h_ready, &em}, {13, 1}, 2, MBD_E_PROTOCOL, true},
+      {{h_zero, &em}, {13, 1}, 2, MBD_E_INVALID, false},
       /* {route: {dtype: "f64"}} */
-      {{"MBD\x01", &fwd, tag, "\x81\xa5route\x81\xa5" "dtype\xa3" "f64"}, {4, 1, 8, 18}, 4,
-       MBD_E_INVALID, true},
+      {{h_fwd, "\x81\xa5route\x81\xa5" "dtype\xa3" "f64"}, {13, 18}, 2, MBD_E_INVALID, true},
       /* {route: 5} */
-      {{"MBD\x01", &fwd, tag, "\x81\xa5route\x05"}, {4, 1, 8, 8}, 4, MBD_E_INVALID, true},
+      {{h_fwd, "\x81\xa5route\x05"}, {13, 8}, 2, MBD_E_INVALID, true},
       /* STEP {session: "noslash"} */
-      {{"MBD\x01", "\x06", tag, "\x81\xa7session\xa7noslash"}, {4, 1, 8, 17}, 4, MBD_E_INVALID, true},
+      {{h_step, "\x81\xa7session\xa7noslash"}, {13, 17}, 2, MBD_E_INVALID, true},
       /* STEP without session */
-      {{"MBD\x01", "\x06", tag, &em}, {4, 1, 8, 1}, 4, MBD_E_INVALID, true},
+      {{h_step, &em}, {13, 1}, 2, MBD_E_INVALID, true},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     raw_send(e->client, cases[i].f, cases[i].l, cases[i].n);

@@ -696,6 +696,39 @@ static void test_caller_stamp_and_inflight_limit(void **state) {
   assert_non_null(mbd_obj_get(mbd_body_root(body), "x"));
   mbd_body_destroy(&body);
   clear(&s);
+  /* A reply that opens with the registered route_id and worker, as workers
+   * write it, reaches the client byte for byte (not rewritten); a later
+   * duplicate key cannot override them, since readers take the first. */
+  m = client_req(MBD_CMD_FORWARD, 14, "f32", "m", 0, NULL);
+  stamp(m, "uid:6");
+  mbd_bcore_on_client(c, &m, 0, NULL, 3);
+  assert_int_equal(s.n, 1);
+  ticket = mbd_msg_tag(s.m[0]);
+  clear(&s);
+  assert_int_equal(mbd_msg_new(MBD_CMD_FINAL, ticket, &m, NULL), 0);
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 3);
+  mbd_pack_kv_str(&pk, "route_id", want_id);
+  mbd_pack_kv_str(&pk, "worker", "w1");
+  mbd_pack_kv_str(&pk, "worker", "someone-else");
+  uint8_t body_sent[256];
+  size_t sent_len = sb.size;
+  assert_true(sent_len <= sizeof body_sent);
+  memcpy(body_sent, sb.data, sent_len);
+  assert_int_equal(mbd_msg_take_body(m, &sb, NULL), 0);
+  msgpack_sbuffer_destroy(&sb);
+  assert_int_equal(mbd_msg_set_peer(m, "w1", 2, NULL), 0);
+  mbd_bcore_on_worker(c, &m, 0, NULL, 4);
+  assert_int_equal(s.n, 1);
+  b = mbd_msg_body(s.m[0], &len);
+  assert_int_equal(len, sent_len);
+  assert_memory_equal(b, body_sent, sent_len);
+  assert_int_equal(mbd_body_parse(b, len, &body, NULL), 0);
+  assert_int_equal(mbd_obj_str(mbd_body_root(body), "worker", true, wn, sizeof wn, NULL), 0);
+  assert_string_equal(wn, "w1");
+  mbd_body_destroy(&body);
+  clear(&s);
   mbd_bcore_destroy(&c);
 }
 

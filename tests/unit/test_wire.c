@@ -198,114 +198,110 @@ static void expect_bad(pair *p, int code, bool tag_readable, uint64_t tag, const
   mbd_msg_destroy(&r);
 }
 
+/* A 13-byte header frame: 4 bytes of magic + version, command, tag. */
+static void hdr(uint8_t h[MBD_PROTO_HEADER_BYTES], const char *magic4, uint8_t cmd, uint64_t tag) {
+  memcpy(h, magic4, 4);
+  h[4] = cmd;
+  for (int i = 0; i < 8; i++) h[5 + i] = (uint8_t)(tag >> (8 * i));
+}
+
 static void test_malformed(void **state) {
   pair *p = *state;
   const uint8_t tag[8] = {0x2a, 0, 0, 0, 0, 0, 0, 0};
-  const uint8_t cmd = MBD_CMD_GEMM, badcmd = 0x55;
+  const uint8_t cmd = MBD_CMD_GEMM;
   const uint8_t empty_map = 0x80;
   static uint8_t filler[3000];
+  uint8_t good[13], bad_magic[13], v9[13], badcmd[13];
+  hdr(good, "MBD\x02", cmd, 42);
+  hdr(bad_magic, "XYZ\x02", cmd, 42);
+  hdr(v9, "MBD\x09", cmd, 42);
+  hdr(badcmd, "MBD\x02", 0x55, 42);
   {
-    const void *f[] = {"XYZ\x01", &cmd, tag, &empty_map};
-    size_t l[] = {4, 1, 8, 1};
-    send_raw(p, f, l, 4);
+    const void *f[] = {bad_magic, &empty_map};
+    size_t l[] = {13, 1};
+    send_raw(p, f, l, 2);
     expect_bad(p, MBD_E_PROTOCOL, true, 42, "magic");
   }
   {
-    const void *f[] = {"MBD\x02", &cmd, tag, &empty_map};
-    size_t l[] = {4, 1, 8, 1};
-    send_raw(p, f, l, 4);
-    expect_bad(p, MBD_E_PROTOCOL, true, 42, "version 2");
+    const void *f[] = {v9, &empty_map};
+    size_t l[] = {13, 1};
+    send_raw(p, f, l, 2);
+    expect_bad(p, MBD_E_PROTOCOL, true, 42, "version 9");
   }
   {
-    const void *f[] = {"MBD", &cmd, tag, &empty_map}; /* magic without version */
-    size_t l[] = {3, 1, 8, 1};
-    send_raw(p, f, l, 4);
-    expect_bad(p, MBD_E_PROTOCOL, true, 42, "magic");
-  }
-  {
-    const void *f[] = {"MBD\x01", &badcmd, tag, &empty_map};
-    size_t l[] = {4, 1, 8, 1};
-    send_raw(p, f, l, 4);
-    expect_bad(p, MBD_E_PROTOCOL, true, 42, "unknown command");
-  }
-  {
-    const void *f[] = {"MBD\x01", "\x02\x02", tag, &empty_map}; /* 2-byte command */
-    size_t l[] = {4, 2, 8, 1};
-    send_raw(p, f, l, 4);
-    expect_bad(p, MBD_E_PROTOCOL, true, 42, "unknown command");
-  }
-  {
+    /* a version 1 peer: four frames, the tag in the third */
     const void *f[] = {"MBD\x01", &cmd, tag, &empty_map};
-    size_t l[] = {4, 1, 7, 1}; /* short tag */
+    size_t l[] = {4, 1, 8, 1};
     send_raw(p, f, l, 4);
-    expect_bad(p, MBD_E_PROTOCOL, false, 0, "tag");
+    expect_bad(p, MBD_E_PROTOCOL, false, 0, "version 1 not supported");
   }
   {
-    const void *f[] = {"MBD\x01", &cmd, tag};
-    size_t l[] = {4, 1, 8}; /* body missing */
-    send_raw(p, f, l, 3);
-    expect_bad(p, MBD_E_PROTOCOL, true, 42, "frames");
+    const void *f[] = {"MBD", &empty_map}; /* magic without version */
+    size_t l[] = {3, 1};
+    send_raw(p, f, l, 2);
+    expect_bad(p, MBD_E_PROTOCOL, false, 0, "magic");
   }
   {
-    const void *f[] = {"MBD\x01"};
-    size_t l[] = {4};
+    const void *f[] = {badcmd, &empty_map};
+    size_t l[] = {13, 1};
+    send_raw(p, f, l, 2);
+    expect_bad(p, MBD_E_PROTOCOL, true, 42, "unknown command");
+  }
+  {
+    const void *f[] = {good, &empty_map};
+    size_t l[] = {12, 1}; /* short tag */
+    send_raw(p, f, l, 2);
+    expect_bad(p, MBD_E_PROTOCOL, false, 0, "header frame");
+  }
+  {
+    const void *f[] = {good};
+    size_t l[] = {13}; /* body missing */
     send_raw(p, f, l, 1);
-    expect_bad(p, MBD_E_PROTOCOL, false, 0, "frames");
+    expect_bad(p, MBD_E_PROTOCOL, true, 42, "frame");
   }
   {
-    const void *f[] = {"MBD\x01", &cmd, tag, "\x92\x01\x02"}; /* body is an array */
-    size_t l[] = {4, 1, 8, 3};
-    send_raw(p, f, l, 4);
+    const void *f[] = {good, "\x92\x01\x02"}; /* body is an array */
+    size_t l[] = {13, 3};
+    send_raw(p, f, l, 2);
     expect_bad(p, MBD_E_FORMAT, true, 42, "map");
   }
   {
-    const void *f[] = {"MBD\x01", &cmd, tag, "\x82\xa1k"}; /* truncated map */
-    size_t l[] = {4, 1, 8, 3};
-    send_raw(p, f, l, 4);
+    const void *f[] = {good, "\x82\xa1k"}; /* truncated map */
+    size_t l[] = {13, 3};
+    send_raw(p, f, l, 2);
     expect_bad(p, MBD_E_FORMAT, true, 42, "truncated");
   }
   {
     /* over the 4096-byte cap, split over payload frames: all drained */
-    const void *f[] = {"MBD\x01", &cmd, tag, &empty_map, filler, filler, filler};
-    size_t l[] = {4, 1, 8, 1, sizeof filler, sizeof filler, sizeof filler};
-    send_raw(p, f, l, 7);
+    const void *f[] = {good, &empty_map, filler, filler, filler};
+    size_t l[] = {13, 1, sizeof filler, sizeof filler, sizeof filler};
+    send_raw(p, f, l, 5);
     expect_bad(p, MBD_E_TOO_LARGE, true, 42, "exceeds");
   }
 }
 
 static void test_too_many_frames_and_decode(void **state) {
   (void)state;
-  /* Socket-free decode: 4 header frames + MAX+1 payloads. */
-  size_t n = 4 + MBD_MSG_MAX_FRAMES + 1;
+  /* Socket-free decode: header and body frames + MAX+1 payloads. */
+  size_t n = 2 + MBD_MSG_MAX_FRAMES + 1;
   zmq_msg_t *fr = calloc(n, sizeof *fr);
-  uint8_t tag[8] = {9, 0, 0, 0, 0, 0, 0, 0};
-  zmq_msg_init_size(&fr[0], 4);
-  memcpy(zmq_msg_data(&fr[0]), "MBD\x01", 4);
-  zmq_msg_init_size(&fr[1], 1);
-  *(uint8_t *)zmq_msg_data(&fr[1]) = MBD_CMD_FINAL;
-  zmq_msg_init_size(&fr[2], 8);
-  memcpy(zmq_msg_data(&fr[2]), tag, 8);
-  zmq_msg_init(&fr[3]);
-  for (size_t i = 4; i < n; i++) zmq_msg_init_size(&fr[i], 1);
+  zmq_msg_init_size(&fr[0], MBD_PROTO_HEADER_BYTES);
+  hdr(zmq_msg_data(&fr[0]), "MBD\x02", MBD_CMD_FINAL, 9);
+  zmq_msg_init(&fr[1]);
+  for (size_t i = 2; i < n; i++) zmq_msg_init_size(&fr[i], 1);
   mbd_msg *m = NULL;
   mbd_error err = {0};
   assert_int_equal(mbd_msg_decode(fr, n, false, 0, &m, &err), MBD_E_TOO_LARGE);
   assert_int_equal(mbd_msg_tag(m), 9);
   mbd_msg_destroy(&m);
   /* the same minus one payload is fine */
-  for (size_t i = 0; i < n - 1; i++) {
-    if (i < 4) continue;
-    zmq_msg_init_size(&fr[i], 1);
-  }
-  zmq_msg_init_size(&fr[0], 4);
-  memcpy(zmq_msg_data(&fr[0]), "MBD\x01", 4);
-  zmq_msg_init_size(&fr[1], 1);
-  *(uint8_t *)zmq_msg_data(&fr[1]) = MBD_CMD_FINAL;
-  zmq_msg_init_size(&fr[2], 8);
-  memcpy(zmq_msg_data(&fr[2]), tag, 8);
-  zmq_msg_init(&fr[3]);
+  zmq_msg_init_size(&fr[0], MBD_PROTO_HEADER_BYTES);
+  hdr(zmq_msg_data(&fr[0]), "MBD\x02", MBD_CMD_FINAL, 9);
+  zmq_msg_init(&fr[1]);
+  for (size_t i = 2; i < n - 1; i++) zmq_msg_init_size(&fr[i], 1);
   assert_int_equal(mbd_msg_decode(fr, n - 1, false, 0, &m, &err), 0);
   assert_int_equal(mbd_msg_npayloads(m), MBD_MSG_MAX_FRAMES);
+  assert_int_equal(mbd_msg_cmd(m), MBD_CMD_FINAL);
   mbd_msg_destroy(&m);
   free(fr);
 }

@@ -155,9 +155,37 @@ __global__ void __launch_bounds__(SCAN_THREADS)
  * thread c reads its channel's dt_proj row once, with 16-byte loads from
  * L2, and runs the SQ sequences' dt chains side by side over it, so the
  * weights cross L2 once per SQ sequences and nothing but the sequences'
- * x_proj rows (dt_low, B, C) is staged in shared memory. Each chain is one
- * sequence's alone, in k order, so SQ only changes speed, never bits. */
+ * x_proj rows (dt_low, B, C) is staged in shared memory. With SQ = 1 (small
+ * batches, latency-bound) the block's rows are instead copied to shared
+ * memory before the PDL wait, overlapping the x_proj kernel. Each chain is
+ * one sequence's alone, in k order, so SQ only changes speed, never bits. */
 #define SSTEP_BT 128
+
+/* sw[ch * RP + k] = widen(g[ch * R + k]) for the n = nch * R weights of nch
+ * consecutive channels' dt_proj rows; 16-byte loads when vec (g 16-byte
+ * aligned, n a multiple of the elements per load). BTN threads. */
+template <int BTN, typename WT>
+__device__ __forceinline__ void stage_dt_w(float *sw, int RP, const WT *g, int n, int R,
+                                           int vec, int tid) {
+  constexpr int PV = 16 / sizeof(WT); /* elements per 16-byte load */
+  if (vec) {
+    for (int e = tid * PV; e < n; e += BTN * PV) {
+      uint4 q = *(const uint4 *)(g + e);
+      const WT *h = (const WT *)&q;
+      int ch = e / R, k = e - ch * R;
+#pragma unroll
+      for (int j = 0; j < PV; j++) {
+        sw[ch * RP + k] = ld_f32(h + j);
+        if (++k == R) k = 0, ch++;
+      }
+    }
+  } else {
+    for (int e = tid; e < n; e += BTN) {
+      const int ch = e / R;
+      sw[ch * RP + (e - ch * R)] = ld_f32(g + e);
+    }
+  }
+}
 
 /* KC > 0 (the decode fusion, after k_conv_xproj): x is not read from xc but
  * recomputed by conv_silu_out from xz's x part and the conv state (taps
@@ -179,12 +207,16 @@ __global__ void __launch_bounds__(SSTEP_BT)
   extern __shared__ float4 step_sm4[];
   const int ND = R + 2 * N;
   const int NDP = (ND + 3) & ~3; /* staged row stride: float4-aligned rows */
-  float *sd = (float *)step_sm4; /* [SQ][NDP]: round_act(dt_low), then B, C */
+  const int RP = R + 1;          /* SQ = 1: padded weight row, conflict-free column reads */
+  float *sw = (float *)step_sm4; /* SQ = 1: [SSTEP_BT][RP] */
+  float *sd = sw + (SQ == 1 ? SSTEP_BT * RP : 0); /* [SQ][NDP]: round_act(dt_low), B, C */
   const int tid = threadIdx.x;
-  const int c = blockIdx.x * SSTEP_BT + tid;
+  const int c0 = blockIdx.x * SSTEP_BT, c = c0 + tid;
   const int s0 = blockIdx.y * SQ, nq = min(SQ, nseq - s0);
   const bool live = c < di;
   const int cc = live ? c : di - 1;
+  if constexpr (SQ == 1)
+    stage_dt_w<SSTEP_BT>(sw, RP, dt_w + (int64_t)c0 * R, min(SSTEP_BT, di - c0) * R, R, vec, tid);
   float a[N];
   ld_f32x(A + (int64_t)cc * N, a);
   const float d = Dv[cc];
@@ -210,7 +242,10 @@ __global__ void __launch_bounds__(SSTEP_BT)
 #pragma unroll
   for (int q = 0; q < SQ; q++) acc[q] = 0.0f;
   int k = 0;
-  if (vec) {
+  if constexpr (SQ == 1) {
+#pragma unroll 8
+    for (; k < R; k++) acc[0] = __fmaf_rn(sd[k], sw[tid * RP + k], acc[0]);
+  } else if (vec) {
     for (; k + PV <= R; k += PV) {
       uint4 raw = *(const uint4 *)(wr + k);
       const WT *wp = (const WT *)&raw;
@@ -218,10 +253,16 @@ __global__ void __launch_bounds__(SSTEP_BT)
 #pragma unroll
       for (int j = 0; j < PV; j++) w[j] = ld_f32(wp + j);
 #pragma unroll
-      for (int q = 0; q < SQ; q++) {
-        const float *dq = sd + q * NDP + k;
+      for (int q = 0; q < SQ; q++) { /* rows and k are float4-aligned: 16-byte reads */
+        const float4 *dq = (const float4 *)(sd + q * NDP + k);
 #pragma unroll
-        for (int j = 0; j < PV; j++) acc[q] = __fmaf_rn(dq[j], w[j], acc[q]);
+        for (int j4 = 0; j4 < PV / 4; j4++) {
+          const float4 v = dq[j4];
+          acc[q] = __fmaf_rn(v.x, w[4 * j4], acc[q]);
+          acc[q] = __fmaf_rn(v.y, w[4 * j4 + 1], acc[q]);
+          acc[q] = __fmaf_rn(v.z, w[4 * j4 + 2], acc[q]);
+          acc[q] = __fmaf_rn(v.w, w[4 * j4 + 3], acc[q]);
+        }
       }
     }
   }
@@ -266,7 +307,8 @@ static int scan_step_launch_sq(cudaStream_t s, int nseq, int di, int R, const fl
                                const int32_t *slots, const mbd_mops_conv *conv, ActT *y,
                                mbd_error *err) {
   const dim3 grid((unsigned)((di + SSTEP_BT - 1) / SSTEP_BT), (unsigned)((nseq + SQ - 1) / SQ));
-  const size_t sh = sizeof(float) * (size_t)SQ * (size_t)((R + 2 * N + 3) & ~3);
+  const size_t sh = sizeof(float) * ((SQ == 1 ? (size_t)SSTEP_BT * (R + 1) : 0) +
+                                     (size_t)SQ * (size_t)((R + 2 * N + 3) & ~3));
   const int vec = ((uintptr_t)dt_w & 15) == 0 && (R * (int)sizeof(ActT)) % 16 == 0;
   const float *cw = conv ? conv->w : NULL, *cb = conv ? conv->bias : NULL;
   float *cst = conv ? conv->state : NULL;
@@ -278,10 +320,26 @@ static int scan_step_launch_sq(cudaStream_t s, int nseq, int di, int R, const fl
                     zoff, ssm_state, slot_stride, slots, cw, cb, cst, cslot, y, vec);
 }
 
-/* Sequences per block: one at small batch, where a step is latency-bound and
- * extra chains would only lengthen it; eight from SSTEP_SQ_MIN_BATCH up,
- * where the weight reads dominate. */
-#define SSTEP_SQ_MIN_BATCH 16
+/* Sequences per block: the most of 8, 4, 2 that still leaves the grid
+ * SSTEP_BLOCKS_PER_SM blocks per SM (a block's sequences run one after
+ * another, so fewer, longer blocks would leave SMs idle: the 130m shape at
+ * batch 256 has only 12 channel blocks per sequence), else 1. */
+#define SSTEP_BLOCKS_PER_SM 3
+
+static int scan_step_sq(int nseq, int di) {
+  static int sms; /* the device's SM count, read once */
+  if (!sms) {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
+      v = 132;
+    sms = v;
+  }
+  const int64_t cblocks = (di + SSTEP_BT - 1) / SSTEP_BT, want = (int64_t)SSTEP_BLOCKS_PER_SM * sms;
+  for (int sq = 8; sq > 1; sq /= 2)
+    if (cblocks * ((nseq + sq - 1) / sq) >= want) return sq;
+  return 1;
+}
 
 template <int N, typename ActT, int KC>
 static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float *xc,
@@ -289,10 +347,18 @@ static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float
                             const float *D, const float *xz, int64_t ldxz, int64_t zoff,
                             float *ssm_state, int64_t slot_stride, const int32_t *slots,
                             const mbd_mops_conv *conv, ActT *y, mbd_error *err) {
-  if (nseq >= SSTEP_SQ_MIN_BATCH)
-    return scan_step_launch_sq<N, ActT, KC, 8>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz,
-                                               ldxz, zoff, ssm_state, slot_stride, slots, conv,
-                                               y, err);
+#define SSTEP_SQ(SQ)                                                                            \
+  case SQ:                                                                                      \
+    return scan_step_launch_sq<N, ActT, KC, SQ>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, \
+                                                ldxz, zoff, ssm_state, slot_stride, slots,     \
+                                                conv, y, err);
+  switch (scan_step_sq(nseq, di)) {
+    SSTEP_SQ(8)
+    SSTEP_SQ(4)
+    SSTEP_SQ(2)
+    default: break;
+  }
+#undef SSTEP_SQ
   return scan_step_launch_sq<N, ActT, KC, 1>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz,
                                              zoff, ssm_state, slot_stride, slots, conv, y, err);
 }

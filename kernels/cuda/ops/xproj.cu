@@ -42,6 +42,119 @@ __global__ void __launch_bounds__(32 * XP_WARPS)
 }
 
 
+/* The same contract for many rows (M >= XT_MIN_M, K a multiple of the
+ * 512-channel lane stride): k_xproj reloads and widens every x row once per
+ * output warp and keeps few chains in flight, so at batch 256 or in a
+ * prefill it was latency-bound far from its few bytes. Here a block owns a
+ * tile of XT_R rows x XT_O outputs; per 512-channel chunk it stages the
+ * tile's x and w widened to f32 in shared memory, laid out [row][j][lane]
+ * (element k = 512 i + 16 lane + j), and thread `lane` of a warp runs, for
+ * its warp's 4 rows x 8 outputs, exactly what lane `lane` of k_xproj's warp
+ * runs for each of those outputs: the group partial p = fmaf chain from 0
+ * over j = 0..15, then acc = acc + p (chunks ascending); then the same xor
+ * butterfly. The next chunk's loads are issued before the current one is
+ * computed. Rows past M and outputs past NO compute on zeros and are not
+ * stored. */
+#define XT_R 16       /* rows per block */
+#define XT_O 16       /* outputs per block */
+#define XT_MIN_M 32   /* fewer rows: k_xproj (or the decode fusion) */
+#define XT_CHUNK 512  /* channels per chunk: 32 lanes x XP_GW */
+#define XT_LD 4       /* 16-byte loads per thread per chunk and operand: 16 x 512 / 8 / 256 */
+
+template <typename T>
+__device__ __forceinline__ void xt_load(uint4 (&v)[XT_LD], const T *g, int64_t rows, int64_t r0,
+                                        int K, int k0, int tid) {
+#pragma unroll
+  for (int c = 0; c < XT_LD; c++) {
+    const int u = tid + 256 * c, r = u / (XT_CHUNK / 8), q = u % (XT_CHUNK / 8);
+    v[c] = r0 + r < rows ? *(const uint4 *)(g + (r0 + r) * K + k0 + q * 8) : make_uint4(0, 0, 0, 0);
+  }
+}
+/* s[r][j][l] (f32) = the staged element k = 16 l + j of tile row r. */
+template <typename T>
+__device__ __forceinline__ void xt_store(float *s, const uint4 (&v)[XT_LD], int tid) {
+#pragma unroll
+  for (int c = 0; c < XT_LD; c++) {
+    const int u = tid + 256 * c, r = u / (XT_CHUNK / 8), q = u % (XT_CHUNK / 8);
+    const int l = q / 2, j0 = (q % 2) * 8;
+    const T *h = (const T *)&v[c];
+#pragma unroll
+    for (int jj = 0; jj < 8; jj++) s[(r * XP_GW + j0 + jj) * 32 + l] = ld_f32(h + jj);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256, 2)
+    k_xproj_tile(int M, int K, int NO, const T *__restrict__ x, const T *__restrict__ w,
+                 float *__restrict__ out) {
+  extern __shared__ float4 xt_sm4[];
+  float *xs = (float *)xt_sm4;        /* [XT_R][16][32] */
+  float *ws = xs + XT_R * XP_GW * 32; /* [XT_O][16][32] */
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t r0 = (int64_t)blockIdx.y * XT_R, o0 = (int64_t)blockIdx.x * XT_O;
+  const int wr = (warp & 3) * 4, wo = (warp >> 2) * 8; /* the warp's rows and outputs */
+  uint4 xv[XT_LD], wv[XT_LD];
+  xt_load(wv, w, NO, o0, K, 0, tid); /* weights: before the wait */
+  pdl_wait();
+  pdl_trigger();
+  xt_load(xv, x, M, r0, K, 0, tid);
+  float acc[4][8];
+#pragma unroll
+  for (int a = 0; a < 4; a++)
+#pragma unroll
+    for (int b = 0; b < 8; b++) acc[a][b] = 0.0f;
+  for (int k0 = 0; k0 < K; k0 += XT_CHUNK) {
+    __syncthreads(); /* the previous chunk's reads are done */
+    xt_store<T>(xs, xv, tid);
+    xt_store<T>(ws, wv, tid);
+    __syncthreads();
+    if (k0 + XT_CHUNK < K) {
+      xt_load(xv, x, M, r0, K, k0 + XT_CHUNK, tid);
+      xt_load(wv, w, NO, o0, K, k0 + XT_CHUNK, tid);
+    }
+    float p[4][8];
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+      for (int b = 0; b < 8; b++) p[a][b] = 0.0f;
+#pragma unroll 4
+    for (int j = 0; j < XP_GW; j++) {
+      float xa[4], wb[8];
+#pragma unroll
+      for (int a = 0; a < 4; a++) xa[a] = xs[((wr + a) * XP_GW + j) * 32 + lane];
+#pragma unroll
+      for (int b = 0; b < 8; b++) wb[b] = ws[((wo + b) * XP_GW + j) * 32 + lane];
+#pragma unroll
+      for (int a = 0; a < 4; a++)
+#pragma unroll
+        for (int b = 0; b < 8; b++) p[a][b] = __fmaf_rn(xa[a], wb[b], p[a][b]);
+    }
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+      for (int b = 0; b < 8; b++) acc[a][b] = __fadd_rn(acc[a][b], p[a][b]);
+  }
+#pragma unroll
+  for (int a = 0; a < 4; a++)
+#pragma unroll
+    for (int b = 0; b < 8; b++) {
+      const float v = lane_sum(acc[a][b]);
+      const int64_t r = r0 + wr + a, o = o0 + wo + b;
+      if (lane == a * 8 + b && r < M && o < NO) out[r * NO + o] = v;
+    }
+}
+
+template <typename T>
+static int xproj_tile_launch(cudaStream_t s, int M, int K, int NO, const T *x, const T *w,
+                             float *out, mbd_error *err) {
+  const size_t sh = sizeof(float) * (size_t)(XT_R + XT_O) * XP_GW * 32;
+  int rc = allow_smem(k_xproj_tile<T>, sh, err);
+  if (rc < 0) return rc;
+  const dim3 grid((unsigned)((NO + XT_O - 1) / XT_O), (unsigned)((M + XT_R - 1) / XT_R));
+  return launch_pdl("x_proj (tiles)", k_xproj_tile<T>, grid, dim3(256), sh, s, err, M, K, NO, x,
+                    w, out);
+}
+
 /* f32 routes: the f32 GEMM contract, which is also the CPU model's x_proj
  * (mbd_cpu_gemm_packed, no bias): out[r, o] = fmaf chain from 0 over k
  * ascending of x[r, k] * w[o, k], one thread per output. That serial chain is
@@ -129,8 +242,11 @@ extern "C" int mbd_mops_xproj(void *stream, int64_t M, int K, int NO, mbd_dtype 
     return xproj_seq_launch<false>(s, (int)M, K, NO, (const float *)x, (const float *)w, out, err);
   }
   const bool vec = K % 8 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0;
+  const bool tiles = vec && M >= XT_MIN_M && K % XT_CHUNK == 0 && (M + XT_R - 1) / XT_R <= 65535;
 #define XP(T)                                                                               \
   do {                                                                                      \
+    if (tiles)                                                                              \
+      return xproj_tile_launch<T>(s, (int)M, K, NO, (const T *)x, (const T *)w, out, err);  \
     if (vec)                                                                                \
       return xproj_launch<T, true>(s, (int)M, K, NO, (const T *)x, (const T *)w, out, err); \
     return xproj_launch<T, false>(s, (int)M, K, NO, (const T *)x, (const T *)w, out, err);  \

@@ -19,9 +19,11 @@ extern "C" {
  * (independent of M and of the other rows):
  * - f32: the f32 GEMM contract (= the CPU model's x_proj): an fmaf chain from
  *   0 over k ascending;
- * - bf16/f16: lane l of 32 accumulates an fmaf chain from 0 over
- *   k = 256 i + 8 l + j (i ascending, then j = 0..7), the 32 partial sums are
- *   added by an xor butterfly (16, 8, 4, 2, 1). */
+ * - bf16/f16: for i ascending, lane l of 32 adds (from 0) the partial of its
+ *   group, an fmaf chain from 0 over k = 512 i + 16 l + j, j = 0..15 (k < K
+ *   only); the 32 lane sums are added by an xor butterfly (16, 8, 4, 2, 1).
+ * Few rows run a warp per output; from 32 rows with K a multiple of 512,
+ * tiles of 16 rows x 16 outputs (the same operations per output). */
 int mbd_mops_xproj(void *stream, int64_t M, int K, int NO, mbd_dtype dt, const void *x,
                    const void *w, float *out, mbd_error *err);
 
