@@ -803,7 +803,7 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
     if (w->prefix.known) {
       const mbd_bprefix *x = &w->prefix;
       mbd_pack_str(&pk, "prefix_cache");
-      msgpack_pack_map(&pk, 7);
+      msgpack_pack_map(&pk, 11);
       mbd_pack_kv_u64(&pk, "lookups", x->lookups);
       mbd_pack_kv_u64(&pk, "hits", x->hits);
       mbd_pack_kv_u64(&pk, "hit_tokens", x->hit_tokens);
@@ -811,6 +811,10 @@ static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
       mbd_pack_kv_u64(&pk, "evictions", x->evictions);
       mbd_pack_kv_u64(&pk, "bytes", x->bytes);
       mbd_pack_kv_u64(&pk, "entries", x->entries);
+      mbd_pack_kv_u64(&pk, "device_hits", x->device_hits);
+      mbd_pack_kv_u64(&pk, "demotions", x->demotions);
+      mbd_pack_kv_u64(&pk, "device_bytes", x->device_bytes);
+      mbd_pack_kv_u64(&pk, "device_entries", x->device_entries);
     }
     mbd_pack_kv_i64(&pk, "sessions", w->sessions);
     if (full) mbd_pack_kv_str(&pk, "uid", w->uid);

@@ -305,10 +305,13 @@ bool mbd_bworker_read_prefix(mbd_bworker *w, const msgpack_object *v) {
   if (!v || v->type != MSGPACK_OBJECT_MAP) return false;
   mbd_bprefix p;
   memset(&p, 0, sizeof p);
-  static const char *const keys[] = {"lookups", "hits", "hit_tokens", "inserts",
-                                     "evictions", "bytes", "entries"};
-  uint64_t *dst[] = {&p.lookups, &p.hits, &p.hit_tokens, &p.inserts,
-                     &p.evictions, &p.bytes, &p.entries};
+  static const char *const keys[] = {"lookups",     "hits",         "hit_tokens",
+                                     "inserts",     "evictions",    "bytes",
+                                     "entries",     "device_hits",  "demotions",
+                                     "device_bytes", "device_entries"};
+  uint64_t *dst[] = {&p.lookups,   &p.hits,        &p.hit_tokens,   &p.inserts,
+                     &p.evictions, &p.bytes,       &p.entries,      &p.device_hits,
+                     &p.demotions, &p.device_bytes, &p.device_entries};
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
     if (mbd_obj_u64(v, keys[i], false, dst[i], NULL)) return false;
   const msgpack_object *h = mbd_obj_get(v, "hashes");

@@ -39,6 +39,7 @@ typedef struct mbd_bmodel {
 typedef struct mbd_bprefix {
   bool known;          /* the worker reported a cache */
   uint64_t lookups, hits, hit_tokens, inserts, evictions, bytes, entries;
+  uint64_t device_hits, demotions, device_bytes, device_entries; /* device tier (GPU workers) */
   uint64_t hashes[MBD_PREFIX_HASHES_MAX];
   size_t nhashes;
 } mbd_bprefix;
@@ -141,7 +142,9 @@ mbd_bworker *mbd_registry_select(mbd_registry *r, const mbd_route_want *want, co
                                  const mbd_bworker *exclude, size_t *n_match);
 
 /* Reads a HEARTBEAT's `prefix` value {lookups, hits, hit_tokens, inserts,
- * evictions, bytes, entries, hashes: [u64]} into w->prefix; a malformed one
+ * evictions, bytes, entries, device_hits, demotions, device_bytes,
+ * device_entries (each optional, 0 when absent), hashes: [u64]} into
+ * w->prefix; a malformed one
  * leaves w->prefix as it was and returns false. */
 bool mbd_bworker_read_prefix(mbd_bworker *w, const msgpack_object *v);
 /* How many of a request's routing hashes h[0..n) (ascending prefix lengths)

@@ -353,6 +353,11 @@ static int cmd_status(int argc, char **argv) {
              " entries (%.1f MiB), %" PRId64 " inserts, %" PRId64 " evictions\n",
              x->lookups, x->hits, x->hit_tokens, x->entries, (double)x->bytes / (1 << 20), x->inserts,
              x->evictions);
+      if (x->device_entries || x->device_hits || x->demotions)
+        printf("    device tier: %" PRId64 " hits, %" PRId64 " entries (%.1f MiB), %" PRId64
+               " demotions\n",
+               x->device_hits, x->device_entries, (double)x->device_bytes / (1 << 20),
+               x->demotions);
     }
     if (o.full) {
       printf("  uid %s, host %s, up %.1f s, last heartbeat %" PRId64 " ms ago\n  route id %s\n", w->uid,

@@ -758,6 +758,10 @@ static int parse_worker(const msgpack_object *w, mbd_worker_info *wi, mbd_error 
     x->evictions = int_field(pc, "evictions", 0);
     x->bytes = int_field(pc, "bytes", 0);
     x->entries = int_field(pc, "entries", 0);
+    x->device_hits = int_field(pc, "device_hits", 0);
+    x->demotions = int_field(pc, "demotions", 0);
+    x->device_bytes = int_field(pc, "device_bytes", 0);
+    x->device_entries = int_field(pc, "device_entries", 0);
   }
   wi->alive = true;
   const msgpack_object *a = mbd_obj_get(w, "alive");

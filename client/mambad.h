@@ -180,8 +180,12 @@ typedef struct mbd_prefix_cache_info {
   int64_t hit_tokens; /* prompt tokens not prefilled thanks to hits */
   int64_t inserts;    /* prefix states stored */
   int64_t evictions;  /* dropped for the memory budget */
-  int64_t bytes;      /* held now */
-  int64_t entries;    /* held now */
+  int64_t bytes;      /* host bytes held now */
+  int64_t entries;    /* held now, both tiers */
+  int64_t device_hits;    /* of the hits, those served from device memory (GPU workers) */
+  int64_t demotions;      /* entries moved from device to host memory */
+  int64_t device_bytes;   /* device bytes held now */
+  int64_t device_entries; /* of the entries, those in device memory */
 } mbd_prefix_cache_info;
 
 typedef struct mbd_worker_info {

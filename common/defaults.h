@@ -47,6 +47,9 @@
  * hashes a prompt's blocks at this size for the broker's prefix routing). */
 #define MBD_DEFAULT_PREFIX_CACHE_MB 256
 #define MBD_PREFIX_CACHE_MB_MAX (1 << 20)
+/* Its device tier on GPU workers, device memory per model, MiB (worker
+ * --prefix-cache-device-mb; 0 = host memory only): allocated as entries need it. */
+#define MBD_DEFAULT_PREFIX_CACHE_DEVICE_MB 1024
 #define MBD_DEFAULT_PREFIX_BLOCK 256
 #define MBD_PREFIX_BLOCK_MAX (1 << 24)
 /* The broker prefers the worker holding a request's longest cached prefix

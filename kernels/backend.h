@@ -25,6 +25,7 @@
 typedef struct mbd_backend mbd_backend;
 typedef struct mbd_bmodel mbd_bmodel; /* a model loaded on a backend; opaque */
 typedef struct mbd_bstate mbd_bstate; /* one session's recurrent state; opaque */
+typedef struct mbd_bstash mbd_bstash; /* a copy of a state kept in device memory; opaque */
 
 /* Options that decide the route (from the worker's or a tool's command line). */
 typedef struct mbd_backend_opts {
@@ -110,6 +111,22 @@ typedef struct mbd_backend_ops {
   int (*prefill_batch)(mbd_backend *b, mbd_bmodel *m, mbd_bstate *const *states, int64_t n,
                        const int64_t *ids, int64_t T, bool last_only, float *logits,
                        mbd_error *err);
+  /* Optional (NULL on backends without device memory): state stashes, copies
+   * of a state that stay in device memory (the worker's prefix cache).
+   * stash_bytes: device bytes one stash of model m takes (0: m's family
+   * keeps none). stash_new: one such stash (MBD_E_NOMEM when the device has
+   * no room); stash_free takes it back (NULL-safe; may wait for the device).
+   * stash_save copies state s of m into st, stash_load st into s (position
+   * included): device-to-device, ordered with the backend's compute, the
+   * same bits as state_save then state_load. stash_export writes st's state
+   * image into host dst: the bytes state_save wrote for s at stash_save. */
+  size_t (*stash_bytes)(mbd_backend *b, mbd_bmodel *m);
+  int (*stash_new)(mbd_backend *b, mbd_bmodel *m, mbd_bstash **out, mbd_error *err);
+  void (*stash_free)(mbd_backend *b, mbd_bstash *st);
+  int (*stash_save)(mbd_backend *b, mbd_bstash *st, const mbd_bstate *s, mbd_error *err);
+  int (*stash_load)(mbd_backend *b, mbd_bstate *s, const mbd_bstash *st, mbd_error *err);
+  int (*stash_export)(mbd_backend *b, const mbd_bstash *st, void *dst, size_t cap,
+                      mbd_error *err);
 } mbd_backend_ops;
 
 struct mbd_backend {

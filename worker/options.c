@@ -17,12 +17,13 @@ const char *mbd_worker_usage(void) {
          "         [--heartbeat-ms MS] [--liveness N] [--session-idle-s S] [--host-id ID]\n"
          "         [--max-message-mb N] [--slice-tokens N] [--drain-ms MS]\n"
          "         [--checkpoint-tokens N] [--checkpoint-ms MS]\n"
-         "         [--prefix-cache-mb N] [--prefix-block N]\n"
+         "         [--prefix-cache-mb N] [--prefix-cache-device-mb N] [--prefix-block N]\n"
          "         [--curve-secret FILE --server-key KEY|FILE]\n"
          "--capacity: requests the broker sends at once (1..4096, default 64);\n"
          "--sessions: session slots (default: the capacity); both defaults: common/defaults.h\n"
          "--checkpoint-tokens/--checkpoint-ms: durable sessions (docs/architecture.md), 0 = off\n"
          "--prefix-cache-mb: prefix state cache per model (default 256; 0 = off);\n"
+         "--prefix-cache-device-mb: its device tier on GPU workers (default 1024; 0 = off);\n"
          "--prefix-block: tokens between cached prefix boundaries (default 256; 0 = off)\n";
 }
 
@@ -64,6 +65,7 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
   o->checkpoint_ms = MBD_DEFAULT_CHECKPOINT_MS;
   o->prefix_cache_mb = MBD_DEFAULT_PREFIX_CACHE_MB;
   o->prefix_block = MBD_DEFAULT_PREFIX_BLOCK;
+  o->prefix_cache_device_mb = MBD_DEFAULT_PREFIX_CACHE_DEVICE_MB;
   o->max_message_bytes = (size_t)MBD_DEFAULT_MAX_MESSAGE_MB << 20;
   int rc;
   long v = 0;
@@ -154,6 +156,9 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
     } else if (!strcmp(a, "--prefix-cache-mb")) {
       if ((rc = parse_int(a, val, 0, MBD_PREFIX_CACHE_MB_MAX, &v, err))) return rc;
       o->prefix_cache_mb = (size_t)v;
+    } else if (!strcmp(a, "--prefix-cache-device-mb")) {
+      if ((rc = parse_int(a, val, 0, MBD_PREFIX_CACHE_MB_MAX, &v, err))) return rc;
+      o->prefix_cache_device_mb = (size_t)v;
     } else if (!strcmp(a, "--prefix-block")) {
       if ((rc = parse_int(a, val, 0, 1 << 24, &v, err))) return rc;
       o->prefix_block = (int)v;

@@ -50,6 +50,8 @@ typedef struct mbd_worker_opts {
                                         consumed since the last checkpoint (0 = off) */
   size_t prefix_cache_mb;            /* --prefix-cache-mb: prefix state cache per model; 0 = off */
   int prefix_block;                  /* --prefix-block: tokens between cached boundaries; 0 = off */
+  size_t prefix_cache_device_mb;     /* --prefix-cache-device-mb: its device tier per model on
+                                        GPU workers; 0 = host memory only */
 } mbd_worker_opts;
 
 /* Defaults, then argv (argv[0] skipped). MBD_E_INVALID naming the flag and the

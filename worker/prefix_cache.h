@@ -14,9 +14,19 @@
  * (MBDMSTA1, kernels/state_blob.h) after the prefix and the logits after its
  * last token (a prompt that is exactly a cached prefix needs no compute).
  *
- * Memory: entries live in host memory within `budget` bytes (each entry
- * counts its whole allocation); the least recently used go first; an entry
- * larger than the budget is not kept. No locks: the compute thread only. */
+ * Memory, two tiers. Host: entries within `budget` bytes of host memory
+ * (each counts its whole allocation); the least recently used go first; an
+ * entry larger than the budget is not kept. Device (optional, mbd_pcache_dev:
+ * a GPU worker's backend stashes): the state of a new entry goes to a device
+ * stash while the device budget allows (its tokens and logits stay in host
+ * memory and count in the host budget), so storing and restoring it are
+ * device-to-device copies. A device entry that leaves the device tier for a
+ * newer one is demoted to the host tier (one device-to-host copy of its
+ * state) when it was hit while there and the host budget can hold it, and
+ * dropped otherwise: prompts that never share a prefix pay no device-to-host
+ * copy. Stashes are allocated as needed up to the device budget and reused,
+ * never freed before the cache; when the device has no room for another,
+ * the device budget shrinks to what is held. No locks: the compute thread only. */
 #ifndef MBD_WORKER_PREFIX_CACHE_H
 #define MBD_WORKER_PREFIX_CACHE_H
 
@@ -35,8 +45,12 @@ typedef struct mbd_pcache_stats {
   uint64_t hit_tokens; /* prompt tokens not prefilled thanks to hits */
   uint64_t inserts;    /* entries stored */
   uint64_t evictions;  /* entries dropped for the budget */
-  uint64_t bytes;      /* held now */
-  uint64_t entries;    /* held now */
+  uint64_t bytes;      /* host bytes held now */
+  uint64_t entries;    /* held now, both tiers */
+  uint64_t device_hits;    /* of the hits, those served from the device tier */
+  uint64_t demotions;      /* device entries moved to the host tier */
+  uint64_t device_bytes;   /* device bytes the device tier's entries hold now */
+  uint64_t device_entries; /* of the entries, those in the device tier */
 } mbd_pcache_stats;
 
 /* A prompt's boundaries (common/prefix_hash.h) with their entry keys, made
@@ -52,22 +66,39 @@ typedef struct mbd_pcache_plan {
 /* What a hit restores; the pointers are borrowed until the next insert. */
 typedef struct mbd_pcache_hit {
   int64_t pos;          /* prefix length */
-  const void *state;    /* state image after the prefix */
+  const void *state;    /* host state image after the prefix, or NULL: */
+  const void *stash;    /* the device stash holding it (device tier), else NULL */
   size_t state_bytes;
   const float *logits;  /* [vocab] after the prefix's last token */
 } mbd_pcache_hit;
 
-/* Fills a new entry: the state image (state_bytes) and the logits
- * ([vocab]) after the prefix; a status when it cannot (nothing is kept). */
-typedef int (*mbd_pcache_fill_fn)(void *ctx, void *state, size_t state_bytes, float *logits,
-                                  mbd_error *err);
+/* Fills a new entry: the state after the prefix, as a host image of
+ * state_bytes into `state` or, when state is NULL, into the device stash
+ * `stash`; and the logits ([vocab]) after the prefix. A status when it cannot
+ * (nothing is kept). */
+typedef int (*mbd_pcache_fill_fn)(void *ctx, void *state, void *stash, size_t state_bytes,
+                                  float *logits, mbd_error *err);
+
+/* The device tier: stashes of one size (a backend's, or a test's stand-in). */
+typedef struct mbd_pcache_dev {
+  void *ctx;          /* passed to every call */
+  size_t stash_bytes; /* device bytes per stash (> 0) */
+  size_t budget;      /* device bytes of stashes at most */
+  /* One new stash; MBD_E_NOMEM when the device has no room. */
+  int (*alloc)(void *ctx, void **stash, mbd_error *err);
+  void (*free)(void *ctx, void *stash);
+  /* The state image in stash (state_bytes of it) into host dst. */
+  int (*export)(void *ctx, const void *stash, void *dst, size_t state_bytes, mbd_error *err);
+} mbd_pcache_dev;
 
 /* A cache of model `model` (registry name) with weights `digest` on route
  * `route_id`, holding at most budget bytes (> 0) of entries whose logits have
  * `vocab` entries. */
 int mbd_pcache_new(size_t budget, const char *model, const char *digest, const char *route_id,
                    size_t vocab, mbd_pcache **out, mbd_error *err);
-/* Frees every entry; NULL-safe; nulls *c. */
+/* Gives c a device tier (copied), before its first insert. */
+void mbd_pcache_set_device(mbd_pcache *c, const mbd_pcache_dev *dev);
+/* Frees every entry and stash; NULL-safe; nulls *c. */
 void mbd_pcache_destroy(mbd_pcache **c);
 
 /* The plan of prompt ids[0..T): boundaries at multiples of block and at
@@ -85,10 +116,11 @@ bool mbd_pcache_lookup(mbd_pcache *c, mbd_pcache_plan *p, const int64_t *ids, mb
 /* Whether boundary i of p is held (no counters, no LRU change). */
 bool mbd_pcache_contains(const mbd_pcache *c, const mbd_pcache_plan *p, size_t i,
                          const int64_t *ids);
-/* Stores boundary i of p (prefix ids[0..p->pos[i])) with a state image of
- * state_bytes that fill writes, evicting least recently used entries to fit.
- * Already held, or larger than the whole budget: nothing happens (MBD_OK).
- * MBD_E_NOMEM, or fill's status (nothing kept). */
+/* Stores boundary i of p (prefix ids[0..p->pos[i])) with a state of
+ * state_bytes that fill writes (into a device stash while the device tier
+ * has room, else a host image), evicting or demoting least recently used
+ * entries to fit. Already held, or larger than the whole budget: nothing
+ * happens (MBD_OK). MBD_E_NOMEM, or fill's status (nothing kept). */
 int mbd_pcache_insert(mbd_pcache *c, const mbd_pcache_plan *p, size_t i, const int64_t *ids,
                       size_t state_bytes, mbd_pcache_fill_fn fill, void *ctx, mbd_error *err);
 

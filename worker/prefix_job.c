@@ -25,7 +25,10 @@ int mbd_wpfx_begin(mbd_wstate *st, mbd_wjob *j, mbd_wsession *s, mbd_error *err)
   if (!j->pfx || !j->last_only) return MBD_OK;
   mbd_pcache_hit hit;
   if (!mbd_pcache_lookup(m->pcache, j->pfx, j->ids, &hit)) return MBD_OK;
-  int rc = st->be->ops->state_load((mbd_bstate *)s->state, hit.state, hit.state_bytes, err);
+  int rc = hit.stash ? st->be->ops->stash_load(st->be, (mbd_bstate *)s->state,
+                                               (const mbd_bstash *)hit.stash, err)
+                     : st->be->ops->state_load((mbd_bstate *)s->state, hit.state,
+                                               hit.state_bytes, err);
   if (rc) return mbd_error_prefix(err, "restoring a cached prefix of %lld tokens: ",
                                   (long long)hit.pos);
   size_t vb = (size_t)m->vocab * sizeof(float);
@@ -53,9 +56,13 @@ typedef struct fill_ctx {
   size_t vocab;
 } fill_ctx;
 
-static int fill(void *ctx, void *state, size_t state_bytes, float *logits, mbd_error *err) {
+static int fill(void *ctx, void *state, void *stash, size_t state_bytes, float *logits,
+                mbd_error *err) {
   fill_ctx *f = ctx;
-  int rc = f->st->be->ops->state_save((const mbd_bstate *)f->s->state, state, state_bytes, err);
+  const mbd_backend *be = f->st->be;
+  const mbd_bstate *bs = (const mbd_bstate *)f->s->state;
+  int rc = state ? be->ops->state_save(bs, state, state_bytes, err)
+                 : be->ops->stash_save(f->st->be, (mbd_bstash *)stash, bs, err);
   if (!rc) memcpy(logits, f->logits, f->vocab * sizeof(float));
   return rc;
 }
@@ -74,6 +81,43 @@ void mbd_wpfx_after(mbd_wstate *st, mbd_wjob *j, mbd_wsession *s, const float *l
       MBD_LOGW(LOGC, "prefix cache: not storing %lld tokens of %s: %s", (long long)p->pos[i],
                m->name, e.msg);
   }
+}
+
+/* The device tier over the backend's state stashes (ctx: the model). */
+static int dev_alloc(void *ctx, void **stash, mbd_error *err) {
+  mbd_wmodel *m = ctx;
+  return m->be->ops->stash_new(m->be, m->bm, (mbd_bstash **)stash, err);
+}
+static void dev_free(void *ctx, void *stash) {
+  mbd_wmodel *m = ctx;
+  m->be->ops->stash_free(m->be, stash);
+}
+static int dev_export(void *ctx, const void *stash, void *dst, size_t state_bytes,
+                      mbd_error *err) {
+  mbd_wmodel *m = ctx;
+  return m->be->ops->stash_export(m->be, stash, dst, state_bytes, err);
+}
+
+int mbd_wpfx_model_init(mbd_wstate *st, mbd_wmodel *m, mbd_error *err) {
+  const mbd_worker_opts *o = &st->o;
+  if (!o->prefix_cache_mb || o->prefix_block <= 0) return MBD_OK;
+  int rc = mbd_pcache_new(o->prefix_cache_mb << 20, m->name, m->digest, st->route_id,
+                          (size_t)m->vocab, &m->pcache, err);
+  if (rc) return rc;
+  const mbd_backend_ops *ops = st->be->ops;
+  size_t sb = ops->stash_bytes && o->prefix_cache_device_mb ? ops->stash_bytes(st->be, m->bm) : 0;
+  if (!sb) return MBD_OK;
+  m->be = st->be;
+  mbd_pcache_dev d = {.ctx = m,
+                      .stash_bytes = sb,
+                      .budget = o->prefix_cache_device_mb << 20,
+                      .alloc = dev_alloc,
+                      .free = dev_free,
+                      .export = dev_export};
+  mbd_pcache_set_device(m->pcache, &d);
+  MBD_LOGI(LOGC, "model %s: prefix cache device tier of %zu MiB (%zu states of %zu bytes)",
+           m->name, o->prefix_cache_device_mb, d.budget / sb, sb);
+  return MBD_OK;
 }
 
 uint64_t mbd_wpfx_version(const mbd_wstate *st) {
@@ -101,10 +145,14 @@ bool mbd_wpfx_pack(const mbd_wstate *st, msgpack_packer *pk) {
     sum.evictions += s.evictions;
     sum.bytes += s.bytes;
     sum.entries += s.entries;
+    sum.device_hits += s.device_hits;
+    sum.demotions += s.demotions;
+    sum.device_bytes += s.device_bytes;
+    sum.device_entries += s.device_entries;
     nh += mbd_pcache_adverts(c, hashes + nh, MBD_PREFIX_HASHES_MAX - nh);
   }
   if (!any) return false;
-  msgpack_pack_map(pk, 8);
+  msgpack_pack_map(pk, 12);
   mbd_pack_kv_u64(pk, "lookups", sum.lookups);
   mbd_pack_kv_u64(pk, "hits", sum.hits);
   mbd_pack_kv_u64(pk, "hit_tokens", sum.hit_tokens);
@@ -112,6 +160,10 @@ bool mbd_wpfx_pack(const mbd_wstate *st, msgpack_packer *pk) {
   mbd_pack_kv_u64(pk, "evictions", sum.evictions);
   mbd_pack_kv_u64(pk, "bytes", sum.bytes);
   mbd_pack_kv_u64(pk, "entries", sum.entries);
+  mbd_pack_kv_u64(pk, "device_hits", sum.device_hits);
+  mbd_pack_kv_u64(pk, "demotions", sum.demotions);
+  mbd_pack_kv_u64(pk, "device_bytes", sum.device_bytes);
+  mbd_pack_kv_u64(pk, "device_entries", sum.device_entries);
   mbd_pack_str(pk, "hashes");
   msgpack_pack_array(pk, nh);
   for (size_t k = 0; k < nh; k++) msgpack_pack_uint64(pk, hashes[k]);

@@ -32,10 +32,16 @@ int64_t mbd_wpfx_chunk(const mbd_wjob *j, int64_t c);
  * PREFILL goes on). */
 void mbd_wpfx_after(mbd_wstate *st, mbd_wjob *j, mbd_wsession *s, const float *logits);
 
+/* Model m's prefix cache, when --prefix-cache-mb and --prefix-block are on,
+ * with a device tier of --prefix-cache-device-mb when the backend keeps
+ * state stashes (kernels/backend.h) for m. */
+int mbd_wpfx_model_init(mbd_wstate *st, mbd_wmodel *m, mbd_error *err);
+
 /* Sum of every model cache's version (changes when anything to report changed). */
 uint64_t mbd_wpfx_version(const mbd_wstate *st);
 /* Packs the heartbeat's `prefix` value: {lookups, hits, hit_tokens, inserts,
- * evictions, bytes, entries} summed over the models, and `hashes`: the routing
+ * evictions, bytes, entries, device_hits, demotions, device_bytes,
+ * device_entries} summed over the models, and `hashes`: the routing
  * hashes of up to MBD_PREFIX_HASHES_MAX held entries, most recently used
  * first. False (nothing packed) when no model has a cache. */
 bool mbd_wpfx_pack(const mbd_wstate *st, msgpack_packer *pk);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "worker/prefix_job.h"
 
 #define LOGC MBD_WSTATE_LOG
 #define SHM_CACHE_ENTRIES 64
@@ -167,10 +168,7 @@ int mbd_wstate_add_model(mbd_wstate *st, const char *name, const char *digest,
   m->vocab = st->be->ops->model_vocab(bm);
   int rc = mbd_sampler_new(m->vocab, &m->sampler, err);
   if (rc) return rc;
-  if (st->o.prefix_cache_mb > 0 && st->o.prefix_block > 0 &&
-      (rc = mbd_pcache_new(st->o.prefix_cache_mb << 20, m->name, m->digest, st->route_id,
-                           (size_t)m->vocab, &m->pcache, err)))
-    return rc;
+  if ((rc = mbd_wpfx_model_init(st, m, err))) return rc;
   if (m->vocab > st->max_vocab) {
     st->max_vocab = m->vocab;
     if ((rc = alloc_logits(st, st->max_vocab, err))) return rc;

@@ -39,6 +39,7 @@ typedef struct mbd_wmodel {
   int64_t vocab;
   mbd_sampler *sampler;           /* scratch for GENERATE sampling */
   mbd_pcache *pcache;             /* prefix state cache (worker/prefix_cache.h); NULL = off */
+  mbd_backend *be;                /* the worker's backend, for the cache's device tier */
 } mbd_wmodel;
 
 /* A GENERATE loop attached to its session. */

@@ -27,6 +27,7 @@
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/gpu_gemm.h"
 #include "kernels/cuda/gpu_family.h"
+#include "kernels/cuda/state_stash.h"
 #include "kernels/model/family.h"
 #include "kernels/backend.h"
 #include "kernels/state_blob.h"
@@ -571,6 +572,41 @@ static void cuda_host_free(mbd_backend *b, void *p) {
   if (p) cudaFreeHost(p);
 }
 
+/* ---- state stashes (kernels/cuda/state_stash.h) ------------------------ */
+
+/* Export reads a stash back through the first forward slot (reset before
+ * every forward use). */
+static size_t cuda_stash_bytes(mbd_backend *b, mbd_bmodel *bm) {
+  (void)b;
+  const cuda_model *cm = (const cuda_model *)bm;
+  return mbd_state_stash_bytes(cm->f, cm->m);
+}
+static int cuda_stash_new(mbd_backend *b, mbd_bmodel *bm, mbd_bstash **out, mbd_error *err) {
+  cuda_model *cm = (cuda_model *)bm;
+  return mbd_state_stash_new(impl(b)->ctx, cm->f, cm->m, cm->fwd_base, (mbd_state_stash **)out,
+                             err);
+}
+static void cuda_stash_free(mbd_backend *b, mbd_bstash *st) {
+  (void)b;
+  mbd_state_stash *p = (mbd_state_stash *)st;
+  mbd_state_stash_free(&p);
+}
+static int cuda_stash_save(mbd_backend *b, mbd_bstash *st, const mbd_bstate *bs, mbd_error *err) {
+  (void)b;
+  const cuda_state *s = (const cuda_state *)bs;
+  return mbd_state_stash_save((mbd_state_stash *)st, s->cm->m, s->slot, s->pos, err);
+}
+static int cuda_stash_load(mbd_backend *b, mbd_bstate *bs, const mbd_bstash *st, mbd_error *err) {
+  (void)b;
+  cuda_state *s = (cuda_state *)bs;
+  return mbd_state_stash_load((const mbd_state_stash *)st, s->cm->m, s->slot, &s->pos, err);
+}
+static int cuda_stash_export(mbd_backend *b, const mbd_bstash *st, void *dst, size_t cap,
+                             mbd_error *err) {
+  (void)b;
+  return mbd_state_stash_export((const mbd_state_stash *)st, dst, cap, err);
+}
+
 static const mbd_backend_ops k_cuda_ops = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -594,6 +630,12 @@ static const mbd_backend_ops k_cuda_ops = {
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .prefill_batch = cuda_prefill_batch,
+    .stash_bytes = cuda_stash_bytes,
+    .stash_new = cuda_stash_new,
+    .stash_free = cuda_stash_free,
+    .stash_save = cuda_stash_save,
+    .stash_load = cuda_stash_load,
+    .stash_export = cuda_stash_export,
 };
 
 int mbd_backend_cuda_new(const mbd_backend_opts *opts, mbd_backend **out, mbd_error *err) {

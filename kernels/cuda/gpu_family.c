@@ -65,6 +65,15 @@ static int m1_step(void *model, int n, const int32_t *tokens, const int32_t *slo
   return mbd_mamba1_gpu_step(model, n, tokens, slots, NULL, next, logits, err);
 }
 
+static int m1_slot_regions(void *model, int64_t slot, mbd_gpu_region *out, mbd_error *err) {
+  void *ptr[2];
+  size_t bytes[2];
+  int rc = mbd_mamba1_gpu_slot_regions(model, slot, ptr, bytes, err);
+  if (rc) return rc;
+  for (int i = 0; i < 2; i++) out[i] = (mbd_gpu_region){.ptr = ptr[i], .bytes = bytes[i]};
+  return 2;
+}
+
 static const mbd_gpu_model_ops k_mamba1 = {
     .name = "mamba1",
     .load = m1_load,
@@ -78,6 +87,7 @@ static const mbd_gpu_model_ops k_mamba1 = {
     .slot_write = m1_slot_write,
     .prefill = m1_prefill,
     .step = m1_step,
+    .slot_regions = m1_slot_regions,
 };
 
 static const mbd_gpu_model_ops *const k_families[] = {&k_mamba1, &mbd_mamba2_gpu_ops,

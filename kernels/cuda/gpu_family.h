@@ -25,6 +25,14 @@ typedef struct mbd_gpu_model_opts {
   const mbd_progress_opts *progress; /* loading progress (mbd_st_dir_set_progress); NULL: silent */
 } mbd_gpu_model_opts;
 
+/* One device array of a slot's state (kernels/cuda/state_stash.h copies them). */
+typedef struct mbd_gpu_region {
+  void *ptr;    /* device address */
+  size_t bytes; /* its length */
+} mbd_gpu_region;
+
+#define MBD_GPU_REGIONS_MAX 4 /* regions one slot may report */
+
 typedef struct mbd_gpu_model_ops {
   const char *name; /* the family's name ("mamba1") */
   /* The model borrows ctx, which must outlive it. */
@@ -46,6 +54,11 @@ typedef struct mbd_gpu_model_ops {
    * picked on the device; logits [n, V] (may be NULL). */
   int (*step)(void *model, int n, const int32_t *tokens, const int32_t *slots, int32_t *next,
               float *logits, mbd_error *err);
+  /* Optional (NULL: no device copies of states): the device arrays that hold
+   * slot's whole state, into out[0..MBD_GPU_REGIONS_MAX), in one fixed order;
+   * returns their count (>= 1), or a negative status for a bad slot. Copying
+   * them into another slot's regions gives that slot the same state. */
+  int (*slot_regions)(void *model, int64_t slot, mbd_gpu_region *out, mbd_error *err);
 } mbd_gpu_model_ops;
 
 /* The GPU implementation of the family `name`, or NULL when none is built. */

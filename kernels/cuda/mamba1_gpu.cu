@@ -445,6 +445,17 @@ extern "C" int mbd_mamba1_gpu_slot_read(mbd_mamba1_gpu *m, int64_t slot, void *b
   return 0;
 }
 
+extern "C" int mbd_mamba1_gpu_slot_regions(mbd_mamba1_gpu *m, int64_t slot, void **ptr,
+                                           size_t *bytes, mbd_error *err) {
+  int rc = mbd_m1g_check_slot(m, slot, err);
+  if (rc) return rc;
+  ptr[0] = m->conv_st + slot * m->conv_slot;
+  bytes[0] = (size_t)m->conv_slot * 4;
+  ptr[1] = m->ssm_st + slot * m->ssm_slot;
+  bytes[1] = (size_t)m->ssm_slot * 4;
+  return 0;
+}
+
 extern "C" int mbd_mamba1_gpu_slot_write(mbd_mamba1_gpu *m, int64_t slot, const void *buf,
                                          size_t len, mbd_error *err) {
   int rc = mbd_m1g_check_slot(m, slot, err);

@@ -97,6 +97,10 @@ int mbd_mamba1_gpu_slot_read(mbd_mamba1_gpu *m, int64_t slot, void *buf, size_t 
 /* Replaces a slot's state with a payload of exactly state bytes (layout as above). */
 int mbd_mamba1_gpu_slot_write(mbd_mamba1_gpu *m, int64_t slot, const void *buf, size_t len,
                               mbd_error *err);
+/* The two device arrays of a slot's state, in the payload's order: conv
+ * window then SSM state (ptr[2], bytes[2]). */
+int mbd_mamba1_gpu_slot_regions(mbd_mamba1_gpu *m, int64_t slot, void **ptr, size_t *bytes,
+                                mbd_error *err);
 
 /* Which logits a prefill returns. */
 typedef enum mbd_mamba1_gpu_logits {

@@ -551,6 +551,19 @@ static int m2_slot_write(void *model, int64_t slot, const void *buf, size_t len,
   return 0;
 }
 
+/* The regions are the payload after its sub-header, which depends on the
+ * model only. */
+static int m2_slot_regions(void *model, int64_t slot, mbd_gpu_region *out, mbd_error *err) {
+  m2gpu *m = (m2gpu *)model;
+  int rc = check_slot(m, slot, err);
+  if (rc) return rc;
+  out[0].ptr = m->conv_st + slot * m->conv_slot;
+  out[0].bytes = (size_t)m->conv_slot * 4;
+  out[1].ptr = m->ssm_st + slot * m->ssm_slot;
+  out[1].bytes = (size_t)m->ssm_slot * 4;
+  return 2;
+}
+
 static int64_t m2_vocab(const void *model) { return ((const m2gpu *)model)->V; }
 static int64_t m2_slots(const void *model) { return ((const m2gpu *)model)->nslots; }
 static mbd_state_shape m2_state_shape(const void *model) {
@@ -570,4 +583,5 @@ extern "C" const mbd_gpu_model_ops mbd_mamba2_gpu_ops = {
     /* .slot_write = */ m2_slot_write,
     /* .prefill = */ m2_prefill,
     /* .step = */ m2_step,
+    /* .slot_regions = */ m2_slot_regions,
 };

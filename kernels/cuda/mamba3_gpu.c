@@ -370,6 +370,15 @@ static int f_step(void *model, int n, const int32_t *tokens, const int32_t *slot
   return mbd_mamba3_gpu_step(model, n, tokens, slots, next, logits, err);
 }
 
+static int f_slot_regions(void *model, int64_t slot, mbd_gpu_region *out, mbd_error *err) {
+  mbd_mamba3_gpu *m = model;
+  int rc = check_slot(m, slot, err);
+  if (rc) return rc;
+  out[0] = (mbd_gpu_region){.ptr = m->state + slot * m->slot_floats,
+                            .bytes = mbd_mamba3_gpu_state_bytes(m)};
+  return 1;
+}
+
 const mbd_gpu_model_ops mbd_mamba3_gpu_ops = {
     .name = "mamba3",
     .load = f_load,
@@ -383,4 +392,5 @@ const mbd_gpu_model_ops mbd_mamba3_gpu_ops = {
     .slot_write = f_slot_write,
     .prefill = f_prefill,
     .step = f_step,
+    .slot_regions = f_slot_regions,
 };

@@ -1,9 +1,12 @@
 /* bench_prefix_cache: time to first token and prefill tokens saved by the
- * prefix state cache, through the real processes on CPU.
+ * prefix state cache, through the real processes.
  *
- * Starts a broker and one CPU worker serving a synthetic Mamba-1 model
- * (--d-model, --layers, --vocab), first with --prefix-cache-mb 0, then with
- * the defaults (256 MiB, 256-token blocks), and runs the same --requests
+ * Starts a broker and one worker (--device, cpu by default) serving a
+ * synthetic Mamba-1 model (--d-model, --layers, --vocab), first with
+ * --prefix-cache-mb 0, then with the defaults (256 MiB, 256-token blocks);
+ * on a GPU worker the defaults keep states in the device tier, and a third
+ * run turns it off (--prefix-cache-device-mb 0: host memory only), or sets
+ * it to --device-mb MiB when given. Each run sends the same --requests
  * sessions each time: OPEN (with the prompt's routing hashes), PREFILL
  * last_only of a shared --prefix plus a --suffix of the request's own, a
  * GENERATE of one greedy token, CLOSE. TTFT is OPEN sent to the generated
@@ -14,7 +17,8 @@
  *   MBD_BIN_DIR=build/bin MBD_FIXTURES_DIR=../shared/fixtures \
  *     build/bin/bench_prefix_cache [--requests 200] [--prefix 512] [--suffix 16]
  *       [--d-model 256 --layers 4 --vocab 4096] [--threads 2] [--device cpu|cuda:N]
- *       [--unique]   (every prompt its own prefix: what storing costs when nothing hits) */
+ *       [--unique]   (every prompt its own prefix: what storing costs when nothing hits)
+ *       [--device-mb N] (GPU: the third run's --prefix-cache-device-mb; default 0) */
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -24,6 +28,7 @@
 #include <time.h>
 
 #include "client/mambad.h"
+#include "common/defaults.h"
 #include "kernels/model/synth.h"
 #include "support/events.h"
 #include "support/worker_harness.h"
@@ -32,6 +37,7 @@ typedef struct opts {
   int requests, prefix, suffix, d_model, layers, vocab, threads;
   const char *device; /* the worker's --device (cpu, cuda:N) */
   int unique;         /* every prompt its own prefix: the cost of storing, with no hits */
+  const char *device_mb; /* GPU: the third run's --prefix-cache-device-mb */
 } opts;
 
 static double now_s(void) {
@@ -112,12 +118,13 @@ static size_t count_workers(mbd_client *c) {
 
 int main(int argc, char **argv) {
   opts o = {.requests = 200, .prefix = 512, .suffix = 16, .d_model = 256, .layers = 4,
-            .vocab = 4096, .threads = 2, .device = "cpu"};
+            .vocab = 4096, .threads = 2, .device = "cpu", .device_mb = "0"};
   static const struct option lo[] = {{"requests", 1, 0, 'r'}, {"prefix", 1, 0, 'p'},
                                      {"suffix", 1, 0, 's'},   {"d-model", 1, 0, 'd'},
                                      {"layers", 1, 0, 'l'},   {"vocab", 1, 0, 'v'},
                                      {"threads", 1, 0, 't'},  {"device", 1, 0, 'D'},
-                                     {"unique", 0, 0, 'u'},   {0, 0, 0, 0}};
+                                     {"unique", 0, 0, 'u'},   {"device-mb", 1, 0, 'M'},
+                                     {0, 0, 0, 0}};
   for (int ch; (ch = getopt_long(argc, argv, "", lo, NULL)) != -1;) {
     int v = ch == '?' || ch == 'u' ? 0 : atoi(optarg);
     switch (ch) {
@@ -130,6 +137,7 @@ int main(int argc, char **argv) {
     case 't': o.threads = v; break;
     case 'D': o.device = optarg; break;
     case 'u': o.unique = 1; break;
+    case 'M': o.device_mb = optarg; break;
     default: fprintf(stderr, "see the header of bench_prefix_cache.c for the options\n"); return 2;
     }
   }
@@ -166,12 +174,22 @@ int main(int argc, char **argv) {
          "first generated token%s\n",
          o.d_model, o.layers, o.vocab, o.device, o.threads, o.requests, o.prefix, o.suffix,
          o.unique ? "; --unique: no two prompts share a prefix (the cost of storing)" : "");
-  printf("%-10s %10s %10s %10s %16s %14s %8s\n", "cache", "TTFT p50", "TTFT p99", "TTFT mean",
-         "prefill tokens", "tokens saved", "hits");
+  printf("%-12s %10s %10s %10s %16s %14s %8s %12s %10s %12s\n", "cache", "TTFT p50", "TTFT p99",
+         "TTFT mean", "prefill tokens", "tokens saved", "hits", "device hits", "demotions",
+         "device MiB");
   int bad = 0;
-  for (int mode = 0; mode < 2; mode++) {
-    pid_t w = wh_start_worker(&h, mode ? "on" : "off", "--model", model, "--threads", thr,
-                              "--device", o.device, "--prefix-cache-mb", mode ? "256" : "0", NULL);
+  /* off; on (the defaults: with the device tier on a GPU); GPU only: the
+   * device tier at --device-mb (0: host memory only). */
+  bool gpu = strncmp(o.device, "cuda", 4) == 0;
+  static const char *const names[3] = {"off", "on", "device-mb"};
+  for (int mode = 0; mode < (gpu ? 3 : 2); mode++) {
+    char name[32], dmb[24];
+    if (mode < 2) snprintf(name, sizeof name, "%s", names[mode]);
+    else snprintf(name, sizeof name, "device-mb %s", o.device_mb);
+    snprintf(dmb, sizeof dmb, "%d", MBD_DEFAULT_PREFIX_CACHE_DEVICE_MB);
+    pid_t w = wh_start_worker(&h, names[mode], "--model", model, "--threads", thr, "--device",
+                              o.device, "--prefix-cache-mb", mode ? "256" : "0",
+                              "--prefix-cache-device-mb", mode == 2 ? o.device_mb : dmb, NULL);
     while (count_workers(c) != 1) ev_nap_ms(50);
     double sum = 0;
     for (int i = 0; i < o.requests; i++) {
@@ -184,9 +202,11 @@ int main(int argc, char **argv) {
       for (int k = 0; k < 100 && (!stats(c, &x) || x.lookups < o.requests); k++) ev_nap_ms(50);
     qsort(ms, (size_t)o.requests, sizeof *ms, cmp_d);
     int64_t total = (int64_t)o.requests * (int64_t)T;
-    printf("%-10s %8.2f ms %8.2f ms %8.2f ms %16" PRId64 " %14" PRId64 " %8" PRId64 "\n",
-           mode ? "on" : "off", ms[o.requests / 2], ms[(o.requests * 99) / 100], sum / o.requests,
-           total - x.hit_tokens, x.hit_tokens, x.hits);
+    printf("%-12s %8.2f ms %8.2f ms %8.2f ms %16" PRId64 " %14" PRId64 " %8" PRId64 " %12" PRId64
+           " %10" PRId64 " %12.1f\n",
+           name, ms[o.requests / 2], ms[(o.requests * 99) / 100], sum / o.requests,
+           total - x.hit_tokens, x.hit_tokens, x.hits, x.device_hits, x.demotions,
+           (double)x.device_bytes / (1 << 20));
     wh_stop(w, SIGTERM);
     h.procs[h.nprocs - 1] = 0;
     while (count_workers(c) != 0) ev_nap_ms(50);

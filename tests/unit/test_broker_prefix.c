@@ -39,8 +39,9 @@ static bool advertise(mbd_bworker *w, const uint64_t *h, size_t n, bool bad) {
   msgpack_sbuffer_init(&sb);
   msgpack_packer pk;
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk, 3);
+  msgpack_pack_map(&pk, 4);
   mbd_pack_kv_u64(&pk, "hits", 5);
+  mbd_pack_kv_u64(&pk, "device_hits", 3);
   mbd_pack_kv_u64(&pk, "entries", n);
   mbd_pack_str(&pk, "hashes");
   msgpack_pack_array(&pk, n);
@@ -64,6 +65,8 @@ static void test_read_prefix(void **state) {
   assert_true(advertise(&w, h, 3, false));
   assert_true(w.prefix.known);
   assert_int_equal(w.prefix.hits, 5);
+  assert_int_equal(w.prefix.device_hits, 3);
+  assert_int_equal(w.prefix.demotions, 0); /* absent: 0 */
   assert_int_equal(w.prefix.nhashes, 3);
   assert_true(w.prefix.hashes[2] == UINT64_MAX);
   assert_false(advertise(&w, h, 2, true)); /* kept as it was */

@@ -2,7 +2,11 @@
  * shares with libmambad (common/prefix_hash.h): boundaries, the longest held
  * prefix wins, stored tokens are compared, LRU eviction within the budget, an
  * entry over the budget is not kept, keys differ across routes, digests and
- * model names, and the routing hashes a client computes are the worker's. */
+ * model names, and the routing hashes a client computes are the worker's.
+ * The device tier over a stand-in for the backend's stashes (host buffers):
+ * entries go there first, hit entries leaving it are demoted to the host
+ * tier with the same bytes, unhit ones are dropped without a copy, stashes
+ * are reused, and a device without room shrinks the tier. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,17 +28,19 @@ typedef struct fill_arg {
   int calls;
 } fill_arg;
 
-static int fill(void *ctx, void *state, size_t n, float *logits, mbd_error *err) {
+/* Writes the tag into the host image, or into the fake device stash. */
+static int fill(void *ctx, void *state, void *stash, size_t n, float *logits, mbd_error *err) {
   (void)err;
   fill_arg *a = ctx;
-  memset(state, a->tag, n);
+  memset(state ? state : stash, a->tag, n);
   for (int i = 0; i < V; i++) logits[i] = (float)a->tag + (float)i;
   a->calls++;
   return MBD_OK;
 }
 
-static int fill_fail(void *ctx, void *state, size_t n, float *logits, mbd_error *err) {
-  (void)ctx, (void)state, (void)n, (void)logits;
+static int fill_fail(void *ctx, void *state, void *stash, size_t n, float *logits,
+                     mbd_error *err) {
+  (void)ctx, (void)state, (void)stash, (void)n, (void)logits;
   return mbd_error_set(err, MBD_E_IO, "device said no");
 }
 
@@ -190,6 +196,164 @@ static void test_eviction_lru(void **state) {
   mbd_pcache_destroy(&c);
 }
 
+/* The device tier's stand-in: stashes are host buffers of SB bytes. */
+typedef struct fake_dev {
+  int allocs, frees, exports;
+  int room; /* allocations that succeed, then MBD_E_NOMEM */
+} fake_dev;
+
+static int fd_alloc(void *ctx, void **stash, mbd_error *err) {
+  fake_dev *d = ctx;
+  if (d->allocs == d->room) return mbd_error_set(err, MBD_E_NOMEM, "no room on the fake device");
+  d->allocs++;
+  *stash = malloc(SB);
+  return *stash ? MBD_OK : mbd_error_set(err, MBD_E_NOMEM, "out of memory");
+}
+static void fd_free(void *ctx, void *stash) {
+  ((fake_dev *)ctx)->frees++;
+  free(stash);
+}
+static int fd_export(void *ctx, const void *stash, void *dst, size_t n, mbd_error *err) {
+  (void)err;
+  ((fake_dev *)ctx)->exports++;
+  memcpy(dst, stash, n);
+  return MBD_OK;
+}
+
+/* A cache of host budget hb with a device tier of nstash stashes. */
+static mbd_pcache *tiered(size_t hb, size_t nstash, fake_dev *d) {
+  mbd_pcache *c = NULL;
+  assert_int_equal(mbd_pcache_new(hb, "m", "d", "r", V, &c, NULL), 0);
+  mbd_pcache_dev dev = {.ctx = d, .stash_bytes = SB, .budget = nstash * SB,
+                        .alloc = fd_alloc, .free = fd_free, .export = fd_export};
+  mbd_pcache_set_device(c, &dev);
+  return c;
+}
+
+static void test_device_tier(void **state) {
+  (void)state;
+  int64_t ids[6][32];
+  mbd_pcache_plan *p[6] = {0};
+  fake_dev d = {.room = 100};
+  mbd_pcache *c = tiered(1 << 20, 2, &d);
+  for (int k = 0; k < 6; k++) {
+    for (int i = 0; i < 32; i++) ids[k][i] = k * 100 + i;
+    assert_int_equal(mbd_pcache_plan_new(c, ids[k], 32, 32, NULL, 0, &p[k], NULL), 0);
+  }
+  mbd_error err = {0};
+  fill_arg a = {.tag = 1};
+  mbd_pcache_hit hit;
+  /* A and B go to the device; a hit there is a stash, no host image. */
+  assert_int_equal(mbd_pcache_insert(c, p[0], 0, ids[0], SB, fill, &a, &err), 0);
+  a.tag = 2;
+  assert_int_equal(mbd_pcache_insert(c, p[1], 0, ids[1], SB, fill, &a, &err), 0);
+  assert_true(mbd_pcache_lookup(c, p[0], ids[0], &hit));
+  assert_null(hit.state);
+  assert_non_null(hit.stash);
+  assert_int_equal(((const uint8_t *)hit.stash)[SB - 1], 1);
+  mbd_pcache_stats s;
+  mbd_pcache_stats_get(c, &s);
+  assert_int_equal(s.device_entries, 2);
+  assert_int_equal(s.device_bytes, 2 * SB);
+  assert_int_equal(s.device_hits, 1);
+  size_t meta = (size_t)s.bytes / 2; /* host part of a device entry: no state image */
+  /* C pushes out B, the least recently used, never hit: dropped, no copy. */
+  a.tag = 3;
+  assert_int_equal(mbd_pcache_insert(c, p[2], 0, ids[2], SB, fill, &a, &err), 0);
+  assert_false(mbd_pcache_contains(c, p[1], 0, ids[1]));
+  mbd_pcache_stats_get(c, &s);
+  assert_int_equal(s.evictions, 1);
+  assert_int_equal(s.demotions, 0);
+  assert_int_equal(d.exports, 0);
+  /* D pushes out A, which was hit: demoted with its bytes. */
+  a.tag = 4;
+  assert_int_equal(mbd_pcache_insert(c, p[3], 0, ids[3], SB, fill, &a, &err), 0);
+  mbd_pcache_stats_get(c, &s);
+  assert_int_equal(s.demotions, 1);
+  assert_int_equal(d.exports, 1);
+  assert_int_equal(s.entries, 3);
+  assert_int_equal(s.device_entries, 2);
+  assert_int_equal(s.bytes, 3 * meta + SB);
+  p[0]->next = 0;
+  assert_true(mbd_pcache_lookup(c, p[0], ids[0], &hit));
+  assert_null(hit.stash);
+  assert_non_null(hit.state);
+  uint8_t want[SB];
+  memset(want, 1, SB);
+  assert_memory_equal(hit.state, want, SB);
+  assert_true(hit.logits[2] == 3.0f);
+  mbd_pcache_stats_get(c, &s);
+  assert_int_equal(s.hits, 2);
+  assert_int_equal(s.device_hits, 1);
+  /* Adverts merge the tiers by last use: A (hit now), D, C. */
+  uint64_t adv[4];
+  assert_int_equal(mbd_pcache_adverts(c, adv, 4), 3);
+  assert_true(adv[0] == p[0]->route[0] && adv[1] == p[3]->route[0] && adv[2] == p[2]->route[0]);
+  /* Two stashes were ever allocated: they are reused. */
+  assert_int_equal(d.allocs, 2);
+  for (int k = 0; k < 6; k++) mbd_pcache_plan_free(&p[k]);
+  mbd_pcache_destroy(&c);
+  assert_int_equal(d.frees, 2);
+}
+
+static void test_device_tier_limits(void **state) {
+  (void)state;
+  int64_t ids[4][32];
+  mbd_pcache_plan *p[4] = {0};
+  mbd_error err = {0};
+  fill_arg a = {.tag = 9};
+  mbd_pcache_hit hit;
+  mbd_pcache_stats s;
+  /* The device has room for one stash of the four the budget allows. */
+  fake_dev d = {.room = 1};
+  mbd_pcache *c = tiered(1 << 20, 4, &d);
+  for (int k = 0; k < 4; k++) {
+    for (int i = 0; i < 32; i++) ids[k][i] = k * 100 + i;
+    assert_int_equal(mbd_pcache_plan_new(c, ids[k], 32, 32, NULL, 0, &p[k], NULL), 0);
+  }
+  assert_int_equal(mbd_pcache_insert(c, p[0], 0, ids[0], SB, fill, &a, &err), 0);
+  assert_true(mbd_pcache_lookup(c, p[0], ids[0], &hit));
+  assert_int_equal(mbd_pcache_insert(c, p[1], 0, ids[1], SB, fill, &a, &err), 0);
+  mbd_pcache_stats_get(c, &s);
+  assert_int_equal(s.device_entries, 1); /* the tier shrank to what the device held */
+  assert_int_equal(s.demotions, 1);
+  assert_int_equal(s.entries, 2);
+  assert_int_equal(d.allocs, 1);
+  mbd_pcache_destroy(&c);
+  assert_int_equal(d.frees, 1);
+  /* No room at all: entries are host images, as without a device tier. */
+  fake_dev none = {.room = 0};
+  c = tiered(1 << 20, 4, &none);
+  assert_int_equal(mbd_pcache_insert(c, p[0], 0, ids[0], SB, fill, &a, &err), 0);
+  p[0]->next = 0;
+  assert_true(mbd_pcache_lookup(c, p[0], ids[0], &hit));
+  assert_non_null(hit.state);
+  assert_null(hit.stash);
+  mbd_pcache_destroy(&c);
+  assert_int_equal(none.frees, 0);
+  /* A host budget that holds a device entry's host part but not with its
+   * state image: a hit entry leaving the device is dropped, not demoted. */
+  fake_dev d2 = {.room = 100};
+  c = tiered(1 << 20, 1, &d2);
+  assert_int_equal(mbd_pcache_insert(c, p[0], 0, ids[0], SB, fill, &a, &err), 0);
+  mbd_pcache_stats_get(c, &s);
+  size_t meta = (size_t)s.bytes;
+  mbd_pcache_destroy(&c);
+  c = tiered(meta + SB - 1, 1, &d2);
+  assert_int_equal(mbd_pcache_insert(c, p[0], 0, ids[0], SB, fill, &a, &err), 0);
+  p[0]->next = 0;
+  assert_true(mbd_pcache_lookup(c, p[0], ids[0], &hit));
+  assert_int_equal(mbd_pcache_insert(c, p[1], 0, ids[1], SB, fill, &a, &err), 0);
+  mbd_pcache_stats_get(c, &s);
+  assert_int_equal(s.demotions, 0);
+  assert_int_equal(s.evictions, 1);
+  assert_int_equal(s.entries, 1);
+  assert_true(s.bytes <= meta + SB - 1);
+  for (int k = 0; k < 4; k++) mbd_pcache_plan_free(&p[k]);
+  mbd_pcache_destroy(&c);
+  assert_int_equal(d2.frees, 2);
+}
+
 static void test_keys_by_identity(void **state) {
   (void)state;
   int64_t ids[16];
@@ -213,7 +377,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_boundaries),          cmocka_unit_test(test_route_hashes),
       cmocka_unit_test(test_longest_hit_and_tokens), cmocka_unit_test(test_eviction_lru),
-      cmocka_unit_test(test_keys_by_identity),
+      cmocka_unit_test(test_keys_by_identity),     cmocka_unit_test(test_device_tier),
+      cmocka_unit_test(test_device_tier_limits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
