@@ -262,7 +262,7 @@ static int parse_durable(walker *w, const yaml_node_t *n, mbd_deploy_config *c) 
 
 /* The deployment-wide prefix state cache (before the workers, which inherit it). */
 static int parse_prefix_cache(walker *w, const yaml_node_t *n, mbd_deploy_config *c) {
-  static const char *const keys[] = {"mb", "block", NULL};
+  static const char *const keys[] = {"mb", "block", "device_mb", NULL};
   int rc = check_keys(w, n, "prefix_cache", keys);
   if (rc) return rc;
   mbd_deploy_prefix_cache *pc = &c->prefix_cache;
@@ -272,6 +272,9 @@ static int parse_prefix_cache(walker *w, const yaml_node_t *n, mbd_deploy_config
     return rc;
   if ((v = map_get(w, n, "block")) &&
       (rc = get_int32(w, v, "prefix_cache.block", 0, MBD_PREFIX_BLOCK_MAX, &pc->block)))
+    return rc;
+  if ((v = map_get(w, n, "device_mb")) &&
+      (rc = get_int(w, v, "prefix_cache.device_mb", 0, MBD_PREFIX_CACHE_MB_MAX, &pc->device_mb)))
     return rc;
   return 0;
 }
@@ -348,7 +351,8 @@ static int parse_worker(walker *w, const yaml_node_t *m, size_t i, mbd_deploy_co
   static const char *const keys[] = {"name",     "device",    "dtype",          "gemm_mode",
                                      "threads",  "capacity",  "sessions",       "max_batch",
                                      "session_idle_s", "checkpoint_tokens", "checkpoint_ms",
-                                     "prefix_cache_mb", "prefix_block", "models", "count", NULL};
+                                     "prefix_cache_mb", "prefix_block", "prefix_cache_device_mb",
+                                     "models", "count", NULL};
   mbd_deploy_worker *wk = &c->workers[i];
   char field[64];
   snprintf(field, sizeof field, "workers[%zu]", i);
@@ -429,6 +433,10 @@ static int parse_worker(walker *w, const yaml_node_t *m, size_t i, mbd_deploy_co
   if ((v = map_get(w, m, "prefix_block")) &&
       (rc = get_int32(w, v, FIELD("prefix_block"), 0, MBD_PREFIX_BLOCK_MAX,
                       &wk->prefix_cache.block)))
+    return rc;
+  if ((v = map_get(w, m, "prefix_cache_device_mb")) &&
+      (rc = get_int(w, v, FIELD("prefix_cache_device_mb"), 0, MBD_PREFIX_CACHE_MB_MAX,
+                    &wk->prefix_cache.device_mb)))
     return rc;
   if ((v = map_get(w, m, "count"))) {
     if ((rc = get_int32(w, v, FIELD("count"), 1, 64, &wk->count))) return rc;
@@ -618,6 +626,7 @@ int mbd_deploy_config_parse(const char *text, size_t len, const char *label, con
   c->checkpoint_ms = MBD_DEFAULT_CHECKPOINT_MS;
   c->prefix_cache.mb = MBD_DEFAULT_PREFIX_CACHE_MB;
   c->prefix_cache.block = MBD_DEFAULT_PREFIX_BLOCK;
+  c->prefix_cache.device_mb = MBD_DEFAULT_PREFIX_CACHE_DEVICE_MB;
 
   yaml_parser_t parser;
   yaml_document_t doc;

@@ -6,11 +6,13 @@
  *              max_message_mb, default_deadline_ms}
  *   durable:  {checkpoint_tokens, checkpoint_ms, budget_mb}   durable sessions: the
  *              cadence of every worker that sets none, the broker's --durable-mb
- *   prefix_cache: {mb, block}   every worker's prefix state cache unless it sets its own
+ *   prefix_cache: {mb, block, device_mb}   every worker's prefix state cache unless it
+ *              sets its own
  *   models:   [{name, path, default_digest?}]  path relative to the YAML file's directory
  *   workers:  [{name, device: cpu | cuda:N | all, dtype, gemm_mode, threads,
  *              capacity, max_batch, session_idle_s, checkpoint_tokens,
- *              checkpoint_ms, prefix_cache_mb, prefix_block, models: [names], count}]
+ *              checkpoint_ms, prefix_cache_mb, prefix_block, prefix_cache_device_mb,
+ *              models: [names], count}]
  *   http:     {listen: "HOST:PORT", max_body_bytes, conn_timeout_s, max_running,
  *              deadline_ms}    starts mambad-gateway serving every model
  *   security: {curve: bool, broker_key: FILE, worker_key: FILE, client_keys: SPEC,
@@ -60,6 +62,7 @@ typedef enum mbd_deploy_device {
 typedef struct mbd_deploy_prefix_cache {
   int64_t mb; /* --prefix-cache-mb: host MiB per model (0 = off) */
   int block;  /* --prefix-block: tokens between cached boundaries (0 = off) */
+  int64_t device_mb; /* --prefix-cache-device-mb: GPU workers' device tier per model (0 = host only) */
 } mbd_deploy_prefix_cache;
 
 typedef struct mbd_deploy_worker {

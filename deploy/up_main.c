@@ -209,6 +209,8 @@ static int add_worker(supervisor *s, const mbd_deploy_config *cfg, const mbd_dep
     rc |= add_arg(c, "--prefix-cache-mb") | add_arg(c, "%" PRId64, w->prefix_cache.mb);
   if (w->prefix_cache.block != MBD_DEFAULT_PREFIX_BLOCK)
     rc |= add_arg(c, "--prefix-block") | add_arg(c, "%d", w->prefix_cache.block);
+  if (w->prefix_cache.device_mb != MBD_DEFAULT_PREFIX_CACHE_DEVICE_MB)
+    rc |= add_arg(c, "--prefix-cache-device-mb") | add_arg(c, "%" PRId64, w->prefix_cache.device_mb);
   rc |= add_arg(c, "--heartbeat-ms") | add_arg(c, "%" PRId64, cfg->heartbeat_ms);
   rc |= add_arg(c, "--liveness") | add_arg(c, "%" PRId64, cfg->liveness);
   rc |= add_arg(c, "--max-message-mb") | add_arg(c, "%" PRId64, cfg->max_message_mb);

@@ -288,11 +288,16 @@ static void test_prefix_cache_section(void **state) {
   mbd_deploy_config *c = parse_ok(BROKER "workers:\n  - {name: w, device: cpu}\n");
   assert_int_equal(c->workers[0].prefix_cache.mb, MBD_DEFAULT_PREFIX_CACHE_MB);
   assert_int_equal(c->workers[0].prefix_cache.block, MBD_DEFAULT_PREFIX_BLOCK);
+  assert_int_equal(c->workers[0].prefix_cache.device_mb, MBD_DEFAULT_PREFIX_CACHE_DEVICE_MB);
   mbd_deploy_config_free(&c);
-  c = parse_ok(BROKER "prefix_cache:\n  mb: 1024\n  block: 128\n"
+  c = parse_ok(BROKER "prefix_cache:\n  mb: 1024\n  block: 128\n  device_mb: 64\n"
                       "workers:\n  - {name: a, device: cpu}\n"
                       "  - {name: b, device: cpu, prefix_block: 64}\n"
-                      "  - {name: c, device: 'cuda:0', prefix_cache_mb: 0}\n");
+                      "  - {name: c, device: 'cuda:0', prefix_cache_mb: 0,"
+                      " prefix_cache_device_mb: 0}\n");
+  assert_int_equal(c->prefix_cache.device_mb, 64);
+  assert_int_equal(c->workers[0].prefix_cache.device_mb, 64);
+  assert_int_equal(c->workers[2].prefix_cache.device_mb, 0);
   assert_int_equal(c->prefix_cache.mb, 1024);
   assert_int_equal(c->prefix_cache.block, 128);
   assert_int_equal(c->workers[0].prefix_cache.mb, 1024);
@@ -307,7 +312,9 @@ static void test_prefix_cache_section(void **state) {
   parse_bad(BROKER "prefix_cache:\n  block: 16777217\n", MBD_E_INVALID, 5,
             "prefix_cache.block: 16777217 is out of range");
   parse_bad(BROKER "prefix_cache:\n  size: 3\n", MBD_E_INVALID, 5,
-            "unknown key 'size' (known: mb, block)");
+            "unknown key 'size' (known: mb, block, device_mb)");
+  parse_bad(BROKER "prefix_cache:\n  device_mb: -5\n", MBD_E_INVALID, 5,
+            "prefix_cache.device_mb: -5 is out of range [0, 1048576]");
   parse_bad(BROKER "prefix_cache: 256\n", MBD_E_INVALID, 4, "prefix_cache: must be a mapping");
   parse_bad(BROKER "workers:\n  - name: w\n    device: cpu\n    prefix_block: big\n",
             MBD_E_INVALID, 7, "workers[0].prefix_block: 'big' is not an integer");
