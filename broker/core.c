@@ -24,6 +24,7 @@
 #include "common/defaults.h"
 #include "broker/caller.h"
 #include "broker/reclaim.h"
+#include "broker/status.h"
 #include "common/log.h"
 #include "common/protocol.h"
 
@@ -107,12 +108,7 @@ struct mbd_bcore {
   int probe_next[2];               /* next probe round; PROBE_ROUNDS = none pending */
   mbd_bcore_probe_fn probe;        /* client liveness probe, or NULL */
   mbd_bcore_stats st;
-  struct start_failure {           /* workers that reported they could not start */
-    char name[MBD_BW_NAME_MAX];
-    char error[256];
-    char models[256];              /* the models it was to serve, comma-separated */
-    int64_t at_ms;
-  } failed[FAILED_MAX];
+  mbd_bstart_failure failed[FAILED_MAX]; /* workers that reported they could not start */
   size_t nfailed;
   char seen_uids[SEEN_UIDS][MBD_BW_UID_MAX]; /* uids that registered (ring), so a session
                                                of a lost worker is told from an unknown one */
@@ -161,7 +157,7 @@ static void note_start_failure(mbd_bcore *c, const msgpack_object *root, int64_t
     if (c->nfailed == FAILED_MAX) i = 0; /* full: the oldest slot goes */
     else c->nfailed++;
   }
-  struct start_failure *f = &c->failed[i];
+  mbd_bstart_failure *f = &c->failed[i];
   snprintf(f->name, sizeof f->name, "%s", name);
   snprintf(f->error, sizeof f->error, "%s", error);
   f->models[0] = '\0';
@@ -728,157 +724,21 @@ static void drain_queue(mbd_bcore *c) {
 
 /* ---- client side ---------------------------------------------------------------- */
 
-/* STATUS "models": one entry per distinct (name, weights, tokenizer) among the
- * live workers, with how many serve it and whether it is the name's default,
- * so two digests under one name show as two models. */
-static void pack_models(mbd_bcore *c, msgpack_packer *pk) {
-  enum { MAXM = 256 };
-  const mbd_bmodel *seen[MAXM];
-  int nserve[MAXM];
-  size_t n = 0;
-  for (size_t i = 0; i < mbd_registry_count(c->reg); i++) {
-    const mbd_bworker *w = mbd_registry_at(c->reg, i);
-    for (int k = 0; k < w->nmodels; k++) {
-      const mbd_bmodel *m = &w->models[k];
-      size_t j = 0;
-      while (j < n && (strcmp(seen[j]->name, m->name) || strcmp(seen[j]->digest, m->digest) ||
-                       strcmp(seen[j]->tokenizer_digest, m->tokenizer_digest)))
-        j++;
-      if (j < n) nserve[j]++;
-      else if (n < MAXM) seen[n] = m, nserve[n++] = 1;
-    }
-  }
-  mbd_pack_str(pk, "models");
-  msgpack_pack_array(pk, n);
-  for (size_t j = 0; j < n; j++) {
-    const char *d = mbd_registry_default(c->reg, seen[j]->name);
-    msgpack_pack_map(pk, 5);
-    mbd_pack_kv_str(pk, "name", seen[j]->name);
-    mbd_pack_kv_str(pk, "digest", seen[j]->digest);
-    mbd_pack_kv_str(pk, "tokenizer_digest", seen[j]->tokenizer_digest);
-    mbd_pack_kv_i64(pk, "workers", nserve[j]);
-    mbd_pack_kv_bool(pk, "default", d && !strncmp(seen[j]->digest, d, strlen(d)));
-  }
-}
-
-/* STATUS detail (worker uids, route encodings, hosts, pids) goes to operator
- * keys and to local callers running as the service's uid or root; everyone
- * else sees what routing needs. The caller is the reactor's stamp. */
-static bool status_privileged(const mbd_msg *req) {
-  size_t blen = 0;
-  const void *b = mbd_msg_body(req, &blen);
-  mbd_body *body = NULL;
-  if (mbd_body_parse(b, blen, &body, NULL)) return false;
-  mbd_bcaller who;
-  mbd_bcaller_read(mbd_body_root(body), &who);
-  mbd_body_destroy(&body);
-  if (!strncmp(who.id, "op:", 3)) return true;
-  return who.has_uid && (who.uid == (uint32_t)geteuid() || who.uid == 0);
-}
-
 static void status_reply(mbd_bcore *c, mbd_msg **req, int64_t now) {
-  bool full = status_privileged(*req);
+  const mbd_bstatus_view v = {.reg = c->reg,
+                              .failed = c->failed,
+                              .nfailed = c->nfailed,
+                              .qlen = c->qlen,
+                              .qbytes = c->qbytes,
+                              .pending = c->pending,
+                              .stats = &c->st,
+                              .durable = mbd_bdurable_get_stats(c->durable),
+                              .cfg = &c->cfg};
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
   msgpack_packer pk;
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  size_t n = mbd_registry_count(c->reg);
-  msgpack_pack_map(&pk, 8);
-  pack_models(c, &pk);
-  mbd_pack_str(&pk, "failed");
-  msgpack_pack_array(&pk, c->nfailed);
-  for (size_t i = 0; i < c->nfailed; i++) {
-    msgpack_pack_map(&pk, 4);
-    mbd_pack_kv_str(&pk, "name", c->failed[i].name);
-    mbd_pack_kv_str(&pk, "error", c->failed[i].error);
-    mbd_pack_kv_str(&pk, "models", c->failed[i].models);
-    mbd_pack_kv_i64(&pk, "age_ms", now - c->failed[i].at_ms);
-  }
-  mbd_pack_str(&pk, "workers");
-  msgpack_pack_array(&pk, n);
-  for (size_t i = 0; i < n; i++) {
-    const mbd_bworker *w = mbd_registry_at(c->reg, i);
-    msgpack_pack_map(&pk, (full ? 13 : 9) + w->prefix.known);
-    mbd_pack_kv_str(&pk, "name", w->name);
-    if (w->prefix.known) {
-      const mbd_bprefix *x = &w->prefix;
-      mbd_pack_str(&pk, "prefix_cache");
-      msgpack_pack_map(&pk, 11);
-      mbd_pack_kv_u64(&pk, "lookups", x->lookups);
-      mbd_pack_kv_u64(&pk, "hits", x->hits);
-      mbd_pack_kv_u64(&pk, "hit_tokens", x->hit_tokens);
-      mbd_pack_kv_u64(&pk, "inserts", x->inserts);
-      mbd_pack_kv_u64(&pk, "evictions", x->evictions);
-      mbd_pack_kv_u64(&pk, "bytes", x->bytes);
-      mbd_pack_kv_u64(&pk, "entries", x->entries);
-      mbd_pack_kv_u64(&pk, "device_hits", x->device_hits);
-      mbd_pack_kv_u64(&pk, "demotions", x->demotions);
-      mbd_pack_kv_u64(&pk, "device_bytes", x->device_bytes);
-      mbd_pack_kv_u64(&pk, "device_entries", x->device_entries);
-    }
-    mbd_pack_kv_i64(&pk, "sessions", w->sessions);
-    if (full) mbd_pack_kv_str(&pk, "uid", w->uid);
-    mbd_pack_kv_str(&pk, "route_id", w->route_id);
-    if (full) mbd_pack_kv_str(&pk, "route", w->route_enc);
-    mbd_pack_kv_str(&pk, "backend", mbd_backend_name(w->route.backend));
-    if (full) mbd_pack_kv_str(&pk, "host_id", w->host_id);
-    mbd_pack_kv_i64(&pk, "capacity", w->capacity);
-    mbd_pack_kv_i64(&pk, "inflight", w->inflight);
-    mbd_pack_kv_i64(&pk, "heartbeat_age_ms", now - w->last_seen_ms);
-    if (full) mbd_pack_kv_i64(&pk, "pid", w->pid);
-    mbd_pack_kv_i64(&pk, "uptime_ms", now - w->registered_ms);
-    mbd_pack_str(&pk, "models");
-    msgpack_pack_array(&pk, (size_t)w->nmodels);
-    for (int k = 0; k < w->nmodels; k++) {
-      msgpack_pack_map(&pk, 3);
-      mbd_pack_kv_str(&pk, "name", w->models[k].name);
-      mbd_pack_kv_str(&pk, "digest", w->models[k].digest);
-      mbd_pack_kv_str(&pk, "tokenizer_digest", w->models[k].tokenizer_digest);
-    }
-  }
-  mbd_pack_kv_u64(&pk, "queue", c->qlen);
-  mbd_pack_kv_u64(&pk, "queue_bytes", c->qbytes);
-  mbd_pack_kv_u64(&pk, "pending", c->pending);
-  mbd_pack_str(&pk, "counters");
-  const mbd_bcore_stats *s = &c->st;
-  msgpack_pack_map(&pk, 27);
-  mbd_pack_kv_u64(&pk, "requests", s->requests);
-  mbd_pack_kv_u64(&pk, "ambiguous", s->ambiguous);
-  mbd_pack_kv_u64(&pk, "busy_count", s->busy_count);
-  mbd_pack_kv_u64(&pk, "busy_bytes", s->busy_bytes);
-  mbd_pack_kv_u64(&pk, "forwarded", s->forwarded);
-  mbd_pack_kv_u64(&pk, "replies", s->replies);
-  mbd_pack_kv_u64(&pk, "errors", s->errors);
-  mbd_pack_kv_u64(&pk, "no_route", s->no_route);
-  mbd_pack_kv_u64(&pk, "busy", s->busy);
-  mbd_pack_kv_u64(&pk, "timeouts", s->timeouts);
-  mbd_pack_kv_u64(&pk, "worker_lost", s->worker_lost);
-  mbd_pack_kv_u64(&pk, "failovers", s->failovers);
-  mbd_pack_kv_u64(&pk, "late_dropped", s->late_dropped);
-  mbd_pack_kv_u64(&pk, "malformed", s->malformed);
-  mbd_pack_kv_u64(&pk, "workers_joined", s->workers_joined);
-  mbd_pack_kv_u64(&pk, "workers_lost", s->workers_lost);
-  mbd_pack_kv_u64(&pk, "cancelled", s->cancelled);
-  mbd_pack_kv_u64(&pk, "clients_gone", s->clients_gone);
-  mbd_pack_kv_u64(&pk, "poisoned", s->poisoned);
-  const mbd_bdurable_stats *ds = mbd_bdurable_get_stats(c->durable);
-  mbd_pack_kv_u64(&pk, "durable_sessions", ds->sessions);
-  mbd_pack_kv_u64(&pk, "checkpoints", ds->checkpoints);
-  mbd_pack_kv_u64(&pk, "checkpoints_dropped", ds->dropped);
-  mbd_pack_kv_u64(&pk, "checkpoint_bytes", ds->bytes);
-  mbd_pack_kv_u64(&pk, "sessions_rehomed", ds->rehomed);
-  mbd_pack_kv_u64(&pk, "replayed_tokens", ds->replayed_tokens);
-  mbd_pack_kv_u64(&pk, "generates_resumed", ds->resumed);
-  mbd_pack_kv_u64(&pk, "sessions_lost", ds->lost);
-  mbd_pack_str(&pk, "config");
-  msgpack_pack_map(&pk, 7);
-  mbd_pack_kv_i64(&pk, "client_inflight", c->cfg.client_inflight);
-  mbd_pack_kv_i64(&pk, "durable_mb", c->cfg.durable_mb);
-  mbd_pack_kv_i64(&pk, "heartbeat_ms", c->cfg.heartbeat_ms);
-  mbd_pack_kv_i64(&pk, "liveness", c->cfg.liveness);
-  mbd_pack_kv_i64(&pk, "queue_limit", c->cfg.queue_limit);
-  mbd_pack_kv_i64(&pk, "queue_mb", c->cfg.queue_mb);
-  mbd_pack_kv_i64(&pk, "default_deadline_ms", c->cfg.default_deadline_ms);
+  mbd_bstatus_pack(&v, mbd_bstatus_privileged(*req), now, &pk);
   /* A fresh FINAL to the request's peer and tag, so no payload a client
    * attached to its STATUS is ever echoed back. */
   mbd_msg *m = NULL;
