@@ -63,6 +63,19 @@ int mbd_wconn_new(const mbd_wstate *st, mbd_wconn **out, mbd_error *err) {
   return MBD_OK;
 }
 
+/* Reads and frees whatever waits on a pipe end: a message still queued in an
+ * inproc pipe when its sockets close is never freed (requests the broker
+ * sent after the worker's last drain, replies the I/O thread did not relay). */
+static void pipe_discard(void *end) {
+  zmq_msg_t m;
+  zmq_msg_init(&m);
+  while (zmq_msg_recv(&m, end, ZMQ_DONTWAIT) >= 0) {
+    zmq_msg_close(&m);
+    zmq_msg_init(&m);
+  }
+  zmq_msg_close(&m);
+}
+
 void mbd_wconn_destroy(mbd_wconn **pc) {
   if (!pc || !*pc) return;
   mbd_wconn *c = *pc;
@@ -73,6 +86,8 @@ void mbd_wconn_destroy(mbd_wconn **pc) {
   if (c->sock && c->mon) zmq_socket_monitor(c->sock, NULL, 0); /* see sock_register */
   if (c->sock) zmq_close(c->sock);
   if (c->mon) zmq_close(c->mon);
+  if (c->pipe_io) pipe_discard(c->pipe_io);
+  if (c->pipe_cmp) pipe_discard(c->pipe_cmp);
   if (c->pipe_io) zmq_close(c->pipe_io);
   if (c->pipe_cmp) zmq_close(c->pipe_cmp);
   if (c->zctx) zmq_ctx_term(c->zctx);
