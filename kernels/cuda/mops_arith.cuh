@@ -195,9 +195,7 @@ __device__ __forceinline__ float scan_state(float dt, float a, float b, float x,
 
 /* One step of one channel after its dt (scan_dt's): B [N], C [N] its
  * x_proj row's parts; h its state (updated). Returns y before the act
- * rounding: mbd_cpu_scan_step's roundings in its order. scan_one: the same
- * with dt computed from sd = round_act(dt_low) [R], then B, C, and wr, the
- * channel's dt_proj row (f32). */
+ * rounding: mbd_cpu_scan_step's roundings in its order. */
 template <int N>
 __device__ __forceinline__ float scan_one_dt(float dt, const float *B, const float *C,
                                              const float (&a)[N], float d, float x, float z,
@@ -211,17 +209,11 @@ __device__ __forceinline__ float scan_one_dt(float dt, const float *B, const flo
   acc = __fmaf_rn(d, x, acc);
   return __fmul_rn(acc, silu_f(z));
 }
-template <int N>
-__device__ __forceinline__ float scan_one(const float *sd, const float *wr, int R, float bdt,
-                                          const float (&a)[N], float d, float x, float z,
-                                          float (&h)[N]) {
-  return scan_one_dt<N>(scan_dt(sd, wr, R, bdt), sd + R, sd + R + N, a, d, x, z, h);
-}
-
-/* scan_one on N lanes of a warp (N divides 32, the channel's lanes aligned):
- * lane n updates state n (h: its state), the C chain runs on every lane over
- * the states fetched by shuffles in the same order, so every lane returns
- * scan_one's bits. The N exponentials run side by side instead of on one
+/* One step on N lanes of a warp (N divides 32, the channel's lanes aligned),
+ * dt from sd = round_act(dt_low) [R] and wr, the channel's dt_proj row
+ * (f32), then B, C in sd: lane n updates state n (h: its state), the C chain
+ * runs on every lane over the states fetched by shuffles in the same order,
+ * so every lane returns scan_one_dt's bits. The N exponentials run side by side instead of on one
  * thread. */
 template <int N>
 __device__ __forceinline__ float scan_one_lanes(const float *sd, const float *wr, int R, float bdt,
