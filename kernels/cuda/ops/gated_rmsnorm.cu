@@ -1,6 +1,10 @@
 /* Gated RMSNorm (see gated_rmsnorm.h): one block per row; the gated values
- * go through shared memory, one thread per group runs the group's square
- * sum as the CPU's ascending fmaf chain, then the block writes the row. */
+ * go through shared memory, each group's square sum is formed, then the
+ * block writes the row. f32 routes run the CPU's ascending fmaf chain on one
+ * thread per group (rms_inv when the group is whole quads); 16-bit routes,
+ * which are not compared with the CPU, give each group a warp and the
+ * RMSNorm's lane split (rms_inv_lanes), since the serial chain over d_inner
+ * channels sat on every layer's critical path of a small-batch decode. */
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/gated_rmsnorm.h"
 
@@ -23,10 +27,22 @@ __global__ void k_gated_rmsnorm(int n, int group, const float *__restrict__ y,
     v[c] = norm_before_gate ? yv : __fmul_rn(yv, mbd_pm_silu(z[i * ldz + c]));
   }
   __syncthreads();
-  for (int g = threadIdx.x; g < n / group; g += blockDim.x) {
-    float ss = 0.0f;
-    for (int c = g * group; c < (g + 1) * group; c++) ss = __fmaf_rn(v[c], v[c], ss);
-    r_sh[g] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)group), eps)));
+  if constexpr (sizeof(OutT) == 4) {
+    for (int g = threadIdx.x; g < n / group; g += blockDim.x) {
+      if (group % 4 == 0) {
+        r_sh[g] = rms_inv(v + (int64_t)g * group, group, eps);
+        continue;
+      }
+      float ss = 0.0f;
+      for (int c = g * group; c < (g + 1) * group; c++) ss = __fmaf_rn(v[c], v[c], ss);
+      r_sh[g] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)group), eps)));
+    }
+  } else {
+    const int lane = threadIdx.x % 32;
+    for (int g = threadIdx.x / 32; g < n / group; g += blockDim.x / 32) {
+      const float r = rms_inv_lanes(v + (int64_t)g * group, group, eps, lane);
+      if (lane == 0) r_sh[g] = r;
+    }
   }
   __syncthreads();
   for (int c = threadIdx.x; c < n; c += blockDim.x) {
