@@ -84,26 +84,6 @@ static uint8_t *step(const char *sid, int i, int k, size_t *n) {
 
 static uint64_t counter(const char *name) { return wh_counter(&g_h, name); }
 
-/* The two registered workers serve one route on the GPU. */
-static void assert_one_cuda_route(void) {
-  mbd_msg *m = wh_status(&g_h);
-  mbd_body *b = wh_body(m);
-  const msgpack_object *ws = mbd_obj_get(mbd_body_root(b), "workers");
-  assert_non_null(ws);
-  assert_int_equal(ws->type, MSGPACK_OBJECT_ARRAY);
-  assert_int_equal(ws->via.array.size, 2);
-  char id[2][80], be[2][16];
-  for (int i = 0; i < 2; i++) {
-    assert_int_equal(mbd_obj_str(&ws->via.array.ptr[i], "route_id", true, id[i], 80, NULL), 0);
-    assert_int_equal(mbd_obj_str(&ws->via.array.ptr[i], "backend", true, be[i], 16, NULL), 0);
-    assert_string_equal(be[i], "cuda");
-  }
-  fprintf(stderr, "route ids: %.16s... %.16s...\n", id[0], id[1]);
-  assert_string_equal(id[0], id[1]);
-  mbd_body_destroy(&b);
-  mbd_msg_destroy(&m);
-}
-
 /* What a run leaves to compare: per generating session its tokens, the
  * logits of one STEP after the GENERATE and the exported state; per idle
  * session the logits of its STEP after the kill. */
@@ -194,7 +174,7 @@ static void test_kill9_rehome_gpu(void **state) {
   step_idle(sids);
   start_worker("gpuB");
   assert_int_equal(wh_wait_workers(&g_h, 2, 120000), 0);
-  assert_one_cuda_route();
+  wh_assert_one_route(&g_h, 2, "cuda");
   double t_kill = wh_now();
   generate_all(sids, NGEN, a, SIGKILL, got.tok);
   g_h.procs[0] = 0;

@@ -136,3 +136,25 @@ uint64_t wh_counter(wh *h, const char *name) {
   mbd_msg_destroy(&m);
   return v;
 }
+
+void wh_assert_one_route(wh *h, int n, const char *backend) {
+  mbd_msg *m = wh_status(h);
+  mbd_body *b = wh_body(m);
+  assert_non_null(b);
+  const msgpack_object *ws = mbd_obj_get(mbd_body_root(b), "workers");
+  assert_non_null(ws);
+  assert_int_equal(ws->type, MSGPACK_OBJECT_ARRAY);
+  assert_int_equal(ws->via.array.size, n);
+  char id0[80] = "";
+  for (int i = 0; i < n; i++) {
+    char id[80], be[16];
+    assert_int_equal(mbd_obj_str(&ws->via.array.ptr[i], "route_id", true, id, sizeof id, NULL), 0);
+    assert_int_equal(mbd_obj_str(&ws->via.array.ptr[i], "backend", true, be, sizeof be, NULL), 0);
+    assert_string_equal(be, backend);
+    fprintf(stderr, "worker %d: route id %.16s...\n", i, id);
+    if (!i) snprintf(id0, sizeof id0, "%s", id);
+    assert_string_equal(id, id0);
+  }
+  mbd_body_destroy(&b);
+  mbd_msg_destroy(&m);
+}

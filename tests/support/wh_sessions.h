@@ -1,7 +1,7 @@
 /* Many sessions at once through the worker harness, as the durable-session
  * tests drive them on CPU and GPU workers alike: open and prefill n sessions,
  * stream n GENERATEs while a worker is signalled mid-stream, EXPORT, CLOSE,
- * and the broker's STATUS counters. These helpers check every reply with
+ * and what the broker's STATUS says (counters, the workers' route). These helpers check every reply with
  * cmocka assertions, so they run only inside a cmocka test. */
 #ifndef MBD_TEST_WH_SESSIONS_H
 #define MBD_TEST_WH_SESSIONS_H
@@ -41,5 +41,9 @@ mbd_msg *wh_status(wh *h);
 
 /* The counter `name` of the broker's STATUS, which must be there. */
 uint64_t wh_counter(wh *h, const char *name);
+
+/* Asserts that the broker lists n workers, all of backend `backend` ("cpu",
+ * "cuda") and of one route id (printed). */
+void wh_assert_one_route(wh *h, int n, const char *backend);
 
 #endif
