@@ -31,6 +31,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bench_gpu_util.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/gpu_gemm.h"
@@ -44,39 +45,6 @@ enum { NB = 4, MAXB = 256, T_PRE = 2048, NCOL = 6 };
 
 /* Seconds of timed runs per cell; the whole `all` run stays under 150 s. */
 #define CELL_BUDGET_S 4.0
-
-static int cmp_f(const void *a, const void *b) {
-  float x = *(const float *)a, y = *(const float *)b;
-  return x < y ? -1 : x > y;
-}
-static float median(float *v, int n) {
-  qsort(v, (size_t)n, sizeof(float), cmp_f);
-  return v[n / 2];
-}
-
-/* Device-to-device copy rate in bytes (read + written) per second. */
-static double copy_rate(void) {
-  size_t n = (size_t)1 << 30;
-  void *a = NULL, *b = NULL;
-  if (cudaMalloc(&a, n) || cudaMalloc(&b, n)) return 0;
-  cudaMemset(a, 1, n);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  float t[10];
-  for (int i = 0; i < 12; i++) {
-    cudaEventRecord(e0, 0);
-    cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0);
-    cudaEventRecord(e1, 0);
-    cudaEventSynchronize(e1);
-    if (i >= 2) cudaEventElapsedTime(&t[i - 2], e0, e1);
-  }
-  cudaFree(a);
-  cudaFree(b);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return 2.0 * (double)n / (median(t, 10) * 1e-3);
-}
 
 /* Bytes of the bf16 weights a step reads: the tied head, in_proj and
  * out_proj in bf16, the per-layer vectors in f32. */
@@ -137,7 +105,7 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
       }
     if (run_once(k, &t[r], err)) return -1;
   }
-  *out_ms = median(t, n);
+  *out_ms = mbd_bench_median(t, n);
   *taken = n;
   return 0;
 }
@@ -218,12 +186,7 @@ static void op_bench_free(op_bench *o) {
   mbd_gpu_ctx_destroy(&o->ctx);
 }
 
-/* Allocates and zeroes n bytes at *p; nonzero on failure. */
-static int dz(void *p, size_t n) {
-  void **pp = (void **)p;
-  if (cudaMalloc(pp, n)) return 1;
-  return cudaMemset(*pp, 0, n) != cudaSuccess;
-}
+static int dz(void *p, size_t n) { return mbd_bench_dzalloc(p, n); }
 
 /* The op table: us per op (mean of OP_REPS launches in a row on the
  * context's stream), prefill b1 T=2048 and one of the b8 prefill's eight
@@ -442,7 +405,7 @@ int main(int argc, char **argv) {
     printf("SKIP: no CUDA device\n");
     return 77;
   }
-  double bw = copy_rate();
+  double bw = mbd_bench_copy_rate();
   printf("Mamba-2 bf16 deterministic, CUDA backend; device copy rate %.2f TB/s (read + write); "
          "tokens/s, median of up to %d runs (%.0f s budget per cell)\n",
          bw / 1e12, reps, CELL_BUDGET_S);
