@@ -598,8 +598,8 @@ static int write_output(const char *cmd, const char *path, const char *name,
 }
 
 static const int k_forward_opts[] = {O_CONNECT, O_MODEL, O_INPUT, O_OUTPUT, O_ROUTE_ID, O_BACKEND,
-                                     O_DTYPE, O_GEMM_MODE, O_FAMILY, O_DEVICE, O_DEADLINE, O_SHM,
-                                     O_LAST_ONLY, O_VERBOSE, 0};
+                                     O_DTYPE, O_STATE_DTYPE, O_GEMM_MODE, O_FAMILY, O_DEVICE,
+                                     O_DEADLINE, O_SHM, O_LAST_ONLY, O_VERBOSE, 0};
 
 static int cmd_forward(int argc, char **argv) {
   cli_opts o;
@@ -696,7 +696,7 @@ static void on_sigint(int sig) {
 
 static int cmd_generate(int argc, char **argv) {
   static const int allowed[] = {O_CONNECT, O_MODEL, O_INPUT, O_OUTPUT, O_ROUTE_ID, O_BACKEND, O_DTYPE,
-                                O_GEMM_MODE, O_FAMILY, O_DEVICE, O_DEADLINE, O_GENERATE, O_TEMP,
+                                O_STATE_DTYPE, O_GEMM_MODE, O_FAMILY, O_DEVICE, O_DEADLINE, O_GENERATE, O_TEMP,
                                 O_TOPK, O_TOPP, O_SEED, O_STOP, O_QUIET, O_SHM, O_TOKENIZER,
                                 O_PROMPT, O_PROMPT_FILE, O_ADD_SPECIAL, O_SKIP_SPECIAL, O_VERBOSE, 0};
   cli_opts o;
@@ -874,9 +874,9 @@ static void fill_random(void *dst, mbd_dtype dt, size_t n, uint64_t *seed) {
 }
 
 static int cmd_gemm(int argc, char **argv) {
-  static const int allowed[] = {O_CONNECT, O_ROUTE_ID, O_BACKEND, O_DTYPE, O_GEMM_MODE, O_FAMILY,
-                                O_DEVICE, O_DEADLINE, O_M, O_N, O_K, O_SEED, O_INPUT, O_OUTPUT,
-                                O_SHM, 0};
+  static const int allowed[] = {O_CONNECT, O_ROUTE_ID, O_BACKEND, O_DTYPE, O_STATE_DTYPE,
+                                O_GEMM_MODE, O_FAMILY, O_DEVICE, O_DEADLINE, O_M, O_N, O_K, O_SEED,
+                                O_INPUT, O_OUTPUT, O_SHM, 0};
   cli_opts o;
   int rc = parse_opts("gemm", argc, argv, allowed, &o);
   if (rc < 0) {
@@ -980,8 +980,8 @@ static int cmp_double(const void *x, const void *y) {
 }
 
 static int cmd_bench(int argc, char **argv) {
-  static const int allowed[] = {O_CONNECT, O_MODEL, O_ROUTE_ID, O_BACKEND, O_DTYPE, O_GEMM_MODE,
-                                O_FAMILY, O_DEVICE, O_DEADLINE, O_REQUESTS, O_BATCH, O_SEQ,
+  static const int allowed[] = {O_CONNECT, O_MODEL, O_ROUTE_ID, O_BACKEND, O_DTYPE, O_STATE_DTYPE,
+                                O_GEMM_MODE, O_FAMILY, O_DEVICE, O_DEADLINE, O_REQUESTS, O_BATCH, O_SEQ,
                                 O_GENERATE, O_SHM, 0};
   cli_opts o;
   int rc = parse_opts("bench", argc, argv, allowed, &o);
