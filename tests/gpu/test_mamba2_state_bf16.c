@@ -3,8 +3,9 @@
  * interface, with f32 and bf16 weights: the route says state=bf16; prefill in
  * chunks of several lengths (non-multiples of the kernel's chunks included)
  * then decoding == decoding token by token (memcmp of logits and state
- * images), long prefills (many rows; several kernel chunks and time windows)
- * == batched decoding; a sequence alone == any slot of batched steps of
+ * images), long prefills (many rows; several kernel chunks and time windows;
+ * the published models' head shape on a synthetic checkpoint) == batched
+ * decoding; a sequence alone == any slot of batched steps of
  * 2..256; run to run and backend to backend; the state image is f32 holding
  * bf16 values, and export -> import (another backend too) -> continue is
  * bit-exact, the device stash likewise and smaller than on the f32-state
@@ -27,7 +28,10 @@
 #include "common/safetensors.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/gpu_ctx.h"
+#include "kernels/model/mamba2.h"
 #include "support/gpu_util.h"
+
+#include <unistd.h>
 
 static const char *cases[] = {"tiny-d64-s16-c8", "small-d256-g2-s32-c16"};
 #define NCASES 2
@@ -334,6 +338,87 @@ static void test_long_prefill(void **state) {
   free_fixture(&f);
 }
 
+/* The published models' head shape (head_dim 64, d_state 128) on a small
+ * synthetic checkpoint, where the kernel takes its other paths: 40
+ * sequences of 64 tokens in one forward (four rows per lane in the 51-step
+ * launch, one in the 13-step rest) == 40 batched decode steps at a time;
+ * one sequence of 600 tokens prefilled == decoded (software-pipelined
+ * prefill, eight lanes a row); the f32-state route's bits differ. */
+static void test_real_head_shape(void **state) {
+  (void)state;
+  char dir[64];
+  snprintf(dir, sizeof dir, "/tmp/mbd_m2bf16_XXXXXX");
+  assert_non_null(mkdtemp(dir));
+  mbd_mamba2_config cfg;
+  mbd_mamba2_synth_custom(128, 2, 512, &cfg);
+  assert_int_equal(cfg.head_dim, 64);
+  assert_int_equal(cfg.d_state, 128);
+  mbd_error err = {0};
+  if (mbd_mamba2_synth_write(&cfg, MBD_DTYPE_F32, 77, dir, &err)) fail_msg("synth: %s", err.msg);
+  mbd_backend *gb = backend(MBD_POLICY_F32), *fb = backend_state(MBD_POLICY_F32, MBD_STATE_F32);
+  mbd_bmodel *gm = load(gb, dir), *fm = load(fb, dir);
+  const int64_t V = gb->ops->model_vocab(gm);
+  {
+    enum { NS = 40, TL = 64 };
+    int64_t *ids = malloc((size_t)NS * TL * 8);
+    for (int64_t i = 0; i < NS * TL; i++) ids[i] = (i * 7919 + 13) % V;
+    float *fw = malloc((size_t)NS * TL * V * 4), *fw32 = malloc((size_t)NS * TL * V * 4);
+    float *row = malloc((size_t)NS * V * 4);
+    assert_int_equal(gb->ops->forward(gb, gm, ids, NS, TL, false, fw, &err), 0);
+    assert_int_equal(fb->ops->forward(fb, fm, ids, NS, TL, false, fw32, &err), 0);
+    assert_true(memcmp(fw, fw32, (size_t)NS * TL * V * 4) != 0); /* the state route matters */
+    mbd_bstate *st[NS];
+    for (int i = 0; i < NS; i++) st[i] = new_state(gb, gm);
+    int64_t tk[NS];
+    for (int64_t t = 0; t < TL; t++) {
+      for (int i = 0; i < NS; i++) tk[i] = ids[i * TL + t];
+      assert_int_equal(gb->ops->step(gb, gm, st, tk, NS, row, &err), 0);
+      for (int i = 0; i < NS; i++)
+        if (memcmp(row + (size_t)i * V, fw + ((size_t)i * TL + t) * V, (size_t)V * 4))
+          fail_msg("head_dim 64 d_state 128: sequence %d step %lld: batched decode != forward",
+                   i, (long long)t);
+    }
+    for (int i = 0; i < NS; i++) gb->ops->state_free(gb, st[i]);
+    free(fw);
+    free(fw32);
+    free(row);
+    free(ids);
+  }
+  {
+    enum { TL = 600 };
+    int64_t *ids = malloc((size_t)TL * 8);
+    for (int64_t i = 0; i < TL; i++) ids[i] = (i * 104729 + 3) % V;
+    float *a = malloc((size_t)TL * V * 4), *b = malloc((size_t)TL * V * 4);
+    uint8_t *ia = NULL;
+    size_t na = 0;
+    decode_all(gb, gm, ids, TL, V, a, &ia, &na);
+    check_bf16_image(ia, na, (int64_t)cfg.n_layer * cfg.d_inner * cfg.d_state);
+    mbd_bstate *s = new_state(gb, gm);
+    assert_int_equal(gb->ops->prefill(gb, gm, s, ids, TL, false, b, &err), 0);
+    assert_memory_equal(a, b, (size_t)TL * V * 4);
+    size_t nb = 0;
+    uint8_t *ib = save(gb, s, &nb);
+    assert_memory_equal(ia, ib, na);
+    free(ib);
+    gb->ops->state_free(gb, s);
+    free(ia);
+    free(a);
+    free(b);
+  }
+  print_message("head_dim 64, d_state 128: 40 x 64 forward == batched decode, 600 prefill == "
+                "decode\n");
+  gb->ops->model_destroy(gb, gm);
+  fb->ops->model_destroy(fb, fm);
+  mbd_backend_destroy(&gb);
+  mbd_backend_destroy(&fb);
+  char p[128];
+  snprintf(p, sizeof p, "%s/config.json", dir);
+  unlink(p);
+  snprintf(p, sizeof p, "%s/model.safetensors", dir);
+  unlink(p);
+  rmdir(dir);
+}
+
 /* Batched steps of n = 2..256 sequences: every slot equals its solo run. */
 static void test_batch_invariance(void **state) {
   (void)state;
@@ -578,7 +663,8 @@ static int setup(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_route_says_bf16),   cmocka_unit_test(test_prefill_eq_decode),
-      cmocka_unit_test(test_long_prefill),      cmocka_unit_test(test_batch_invariance),
+      cmocka_unit_test(test_long_prefill),      cmocka_unit_test(test_real_head_shape),
+      cmocka_unit_test(test_batch_invariance),
       cmocka_unit_test(test_export_import),     cmocka_unit_test(test_fixture_bound),
       cmocka_unit_test(test_refusals),
   };
