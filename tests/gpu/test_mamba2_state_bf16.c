@@ -1,6 +1,11 @@
 /* The Mamba-2 family on the CUDA backend with a bf16 recurrent state (route
  * state=bf16, docs/route.md "Mamba-2 with a bf16 state"), through the backend
- * interface, with f32 and bf16 weights: the route says state=bf16; prefill in
+ * interface, with f32 and bf16 weights. The bit-exact properties run on
+ * synthetic checkpoints written at setup (the fixtures' head shapes, one
+ * with a d_state that no lane split divides, and the published models'
+ * head_dim 64 / d_state 128), so they need no fixtures; the tolerance and
+ * greedy checks read ../shared/fixtures/mamba2 (MBD_FIXTURES_DIR) and skip
+ * without them. The route says state=bf16; prefill in
  * chunks of several lengths (non-multiples of the kernel's chunks included)
  * then decoding == decoding token by token (memcmp of logits and state
  * images), long prefills (many rows; several kernel chunks and time windows;
@@ -29,6 +34,8 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/model/mamba2.h"
+#include "kernels/model/mamba3_synth.h"
+#include "kernels/model/synth.h"
 #include "support/gpu_util.h"
 
 #include <unistd.h>
@@ -105,6 +112,66 @@ static void free_fixture(fixture *f) {
   free(f->glogits);
 }
 
+/* Synthetic checkpoints, written once at setup: Mamba-2 shapes (heads x
+ * head_dim, d_state, groups) 8 x 16 / 16 / 1 and 8 x 32 / 32 / 2 (the
+ * fixtures'), 8 x 24 / 24 / 2 (no lane split divides 24: partial lanes, no
+ * vector access), 4 x 64 / 128 / 1 (the published models'); then a Mamba-1
+ * and a Mamba-3 model for the refusals. */
+enum { NSYN = 4, SYN_M1 = NSYN, SYN_M3 = NSYN + 1, NDIRS = NSYN + 2 };
+static char g_dirs[NDIRS][64];
+static mbd_mamba2_config g_cfg[NSYN];
+
+static void synth_cfg(int k, mbd_mamba2_config *c) {
+  static const int dm[NSYN] = {64, 128, 96, 128}, P[NSYN] = {16, 32, 24, 64},
+                   N[NSYN] = {16, 32, 24, 128}, G[NSYN] = {1, 2, 2, 1};
+  mbd_mamba2_synth_custom(dm[k], 2, 512, c);
+  c->head_dim = P[k];
+  c->n_heads = c->d_inner / P[k];
+  c->d_state = N[k];
+  c->n_groups = G[k];
+}
+
+static int write_synth(void) {
+  mbd_error err = {0};
+  for (int k = 0; k < NDIRS; k++) {
+    snprintf(g_dirs[k], sizeof g_dirs[k], "/tmp/mbd_m2bf16_XXXXXX");
+    if (!mkdtemp(g_dirs[k])) return -1;
+  }
+  for (int k = 0; k < NSYN; k++) {
+    synth_cfg(k, &g_cfg[k]);
+    if (mbd_mamba2_synth_write(&g_cfg[k], MBD_DTYPE_F32, 100 + (uint64_t)k, g_dirs[k], &err))
+      goto fail;
+  }
+  mbd_mamba_config c1;
+  mbd_synth_custom(64, 2, 256, &c1);
+  if (mbd_synth_write(&c1, MBD_DTYPE_F32, 5, g_dirs[SYN_M1], &err)) goto fail;
+  mbd_mamba3_config c3;
+  if (mbd_mamba3_synth_shape("custom", 64, 2, 256, &c3, &err) ||
+      mbd_mamba3_synth_write(&c3, MBD_DTYPE_F32, 6, g_dirs[SYN_M3], &err))
+    goto fail;
+  return 0;
+fail:
+  fprintf(stderr, "synthetic checkpoints: %s\n", err.msg);
+  return -1;
+}
+
+static void remove_synth(void) {
+  for (int k = 0; k < NDIRS; k++) {
+    if (!g_dirs[k][0]) continue;
+    char p[160];
+    snprintf(p, sizeof p, "%.63s/config.json", g_dirs[k]);
+    unlink(p);
+    snprintf(p, sizeof p, "%.63s/model.safetensors", g_dirs[k]);
+    unlink(p);
+    rmdir(g_dirs[k]);
+  }
+}
+
+/* SSM entries of synthetic model k: n_layer x heads x head_dim x d_state. */
+static int64_t ssm_floats_of(int k) {
+  return (int64_t)g_cfg[k].n_layer * g_cfg[k].d_inner * g_cfg[k].d_state;
+}
+
 static mbd_backend *backend_state(mbd_dtype_policy policy, mbd_state_dtype sd) {
   mbd_backend_opts o = {.mode = MBD_GEMM_DETERMINISTIC, .policy = policy, .state = sd,
                         .threads = 2, .state_capacity = 300, .max_batch = 256};
@@ -176,12 +243,6 @@ static void check_bf16_image(const uint8_t *img, size_t n, int64_t ssm_floats) {
   assert_true(nonzero);
 }
 
-/* SSM entries of case c's model: n_layer x heads x head_dim x d_state
- * (the fixtures' README gives the shapes). */
-static int64_t ssm_floats_of(int c) {
-  return c == 0 ? 2LL * 8 * 16 * 16 : 4LL * 16 * 32 * 32;
-}
-
 static void test_route_says_bf16(void **state) {
   (void)state;
   mbd_backend *b = backend(MBD_POLICY_F32);
@@ -209,26 +270,24 @@ static void test_route_says_bf16(void **state) {
  * images), forward == decode, run to run; f32 and bf16 weights. */
 static void test_prefill_eq_decode(void **state) {
   (void)state;
-  int ran = 0;
   const mbd_dtype_policy pols[2] = {MBD_POLICY_F32, MBD_POLICY_BF16};
   for (int pi = 0; pi < 2; pi++) {
     mbd_backend *gb = backend(pols[pi]);
-    for (int c = 0; c < NCASES; c++) {
-      fixture f;
-      if (load_fixture(cases[c], &f)) continue;
-      ran++;
-      mbd_bmodel *gm = load(gb, f.dir);
-      const int64_t B = f.B, T = f.T, V = f.V;
+    for (int c = 0; c < NSYN; c++) {
+      mbd_bmodel *gm = load(gb, g_dirs[c]);
+      const int64_t B = 3, T = 37, V = gb->ops->model_vocab(gm);
+      int64_t ids[3 * 37];
+      for (int64_t i = 0; i < B * T; i++) ids[i] = (i * 131 + 7 * c + 1) % V;
       size_t n = (size_t)(B * T * V);
       float *g = malloc(n * 4), *g2 = malloc(n * 4);
       mbd_error err = {0};
-      assert_int_equal(gb->ops->forward(gb, gm, f.ids, B, T, false, g, &err), 0);
-      assert_int_equal(gb->ops->forward(gb, gm, f.ids, B, T, false, g2, &err), 0);
+      assert_int_equal(gb->ops->forward(gb, gm, ids, B, T, false, g, &err), 0);
+      assert_int_equal(gb->ops->forward(gb, gm, ids, B, T, false, g2, &err), 0);
       assert_memory_equal(g, g2, n * 4); /* run to run */
       float *gd = malloc((size_t)(T * V) * 4), *got = malloc((size_t)(T * V) * 4);
       uint8_t *gi = NULL;
       size_t gn = 0;
-      decode_all(gb, gm, f.ids, T, V, gd, &gi, &gn);
+      decode_all(gb, gm, ids, T, V, gd, &gi, &gn);
       assert_memory_equal(gd, g, (size_t)(T * V) * 4); /* decode == forward */
       check_bf16_image(gi, gn, ssm_floats_of(c));
       const int64_t chunks[] = {1, 2, 3, 4, 5, 7, 8, 13, 17, 33, 64};
@@ -238,12 +297,12 @@ static void test_prefill_eq_decode(void **state) {
           for (int64_t t0 = 0; t0 < pre; t0 += chunks[k]) {
             int64_t len = pre - t0 < chunks[k] ? pre - t0 : chunks[k];
             assert_int_equal(
-                gb->ops->prefill(gb, gm, s, f.ids + t0, len, false, got + t0 * V, &err), 0);
+                gb->ops->prefill(gb, gm, s, ids + t0, len, false, got + t0 * V, &err), 0);
           }
           for (int64_t t = pre; t < T; t++)
-            assert_int_equal(gb->ops->step(gb, gm, &s, f.ids + t, 1, got + t * V, &err), 0);
+            assert_int_equal(gb->ops->step(gb, gm, &s, ids + t, 1, got + t * V, &err), 0);
           if (memcmp(got, gd, (size_t)(T * V) * 4))
-            fail_msg("%s: prefill of %lld in chunks of %lld then decode != decode", cases[c],
+            fail_msg("model %d: prefill of %lld in chunks of %lld then decode != decode", c,
                      (long long)pre, (long long)chunks[k]);
           size_t sn = 0;
           uint8_t *si = save(gb, s, &sn);
@@ -253,19 +312,19 @@ static void test_prefill_eq_decode(void **state) {
           gb->ops->state_free(gb, s);
         }
       }
-      print_message("%s weights %s, state bf16: prefill chunks == decode == forward\n",
-                    mbd_dtype_policy_name(pols[pi]), cases[c]);
+      print_message("%s weights, model %d (%d x %d, d_state %d, %d groups), state bf16: "
+                    "prefill chunks == decode == forward\n",
+                    mbd_dtype_policy_name(pols[pi]), c, g_cfg[c].n_heads, g_cfg[c].head_dim,
+                    g_cfg[c].d_state, g_cfg[c].n_groups);
       free(got);
       free(gd);
       free(gi);
       free(g);
       free(g2);
       gb->ops->model_destroy(gb, gm);
-      free_fixture(&f);
     }
     mbd_backend_destroy(&gb);
   }
-  if (!ran) skip();
 }
 
 /* Long prefills through the kernel's other shapes: 24 sequences of 100
@@ -274,11 +333,9 @@ static void test_prefill_eq_decode(void **state) {
  * dt window) in one call and in pieces of 777 against decoding. */
 static void test_long_prefill(void **state) {
   (void)state;
-  fixture f;
-  if (load_fixture(cases[1], &f)) skip();
   mbd_backend *gb = backend(MBD_POLICY_F32);
-  mbd_bmodel *gm = load(gb, f.dir);
-  const int64_t V = f.V;
+  mbd_bmodel *gm = load(gb, g_dirs[1]);
+  const int64_t V = gb->ops->model_vocab(gm);
   mbd_error err = {0};
   {
     enum { NS = 24, TL = 100 };
@@ -335,7 +392,6 @@ static void test_long_prefill(void **state) {
   print_message("long prefills == decoding (24 x 100 batched, 2500 alone and in pieces)\n");
   gb->ops->model_destroy(gb, gm);
   mbd_backend_destroy(&gb);
-  free_fixture(&f);
 }
 
 /* The published models' head shape (head_dim 64, d_state 128) on a small
@@ -346,15 +402,11 @@ static void test_long_prefill(void **state) {
  * prefill, eight lanes a row); the f32-state route's bits differ. */
 static void test_real_head_shape(void **state) {
   (void)state;
-  char dir[64];
-  snprintf(dir, sizeof dir, "/tmp/mbd_m2bf16_XXXXXX");
-  assert_non_null(mkdtemp(dir));
-  mbd_mamba2_config cfg;
-  mbd_mamba2_synth_custom(128, 2, 512, &cfg);
+  const char *dir = g_dirs[3];
+  const mbd_mamba2_config cfg = g_cfg[3];
   assert_int_equal(cfg.head_dim, 64);
   assert_int_equal(cfg.d_state, 128);
   mbd_error err = {0};
-  if (mbd_mamba2_synth_write(&cfg, MBD_DTYPE_F32, 77, dir, &err)) fail_msg("synth: %s", err.msg);
   mbd_backend *gb = backend(MBD_POLICY_F32), *fb = backend_state(MBD_POLICY_F32, MBD_STATE_F32);
   mbd_bmodel *gm = load(gb, dir), *fm = load(fb, dir);
   const int64_t V = gb->ops->model_vocab(gm);
@@ -411,22 +463,15 @@ static void test_real_head_shape(void **state) {
   fb->ops->model_destroy(fb, fm);
   mbd_backend_destroy(&gb);
   mbd_backend_destroy(&fb);
-  char p[128];
-  snprintf(p, sizeof p, "%s/config.json", dir);
-  unlink(p);
-  snprintf(p, sizeof p, "%s/model.safetensors", dir);
-  unlink(p);
-  rmdir(dir);
 }
 
 /* Batched steps of n = 2..256 sequences: every slot equals its solo run. */
 static void test_batch_invariance(void **state) {
   (void)state;
-  fixture f;
-  if (load_fixture(cases[1], &f)) skip();
   mbd_backend *gb = backend(MBD_POLICY_F32);
-  mbd_bmodel *gm = load(gb, f.dir);
-  const int64_t V = f.V;
+  for (int c = 1; c < NSYN; c += 2) { /* 8 x 32 / 32 / 2 groups, and 4 x 64 / 128 */
+  mbd_bmodel *gm = load(gb, g_dirs[c]);
+  const int64_t V = gb->ops->model_vocab(gm);
   enum { NMAX = 256, STEPS = 6 };
   int64_t tok[NMAX][STEPS];
   for (int i = 0; i < NMAX; i++)
@@ -456,12 +501,12 @@ static void test_batch_invariance(void **state) {
     }
     for (int i = 0; i < n; i++) gb->ops->state_free(gb, st[i]);
   }
-  print_message("state bf16: batched steps 2..256 == solo\n");
+  print_message("model %d, state bf16: batched steps 2..256 == solo\n", c);
   free(rows);
   free(solo);
   gb->ops->model_destroy(gb, gm);
+  }
   mbd_backend_destroy(&gb);
-  free_fixture(&f);
 }
 
 /* Export after half the prompt, import into a fresh state (same backend and
@@ -469,18 +514,19 @@ static void test_batch_invariance(void **state) {
  * stash the same, and smaller than the f32-state route's. */
 static void test_export_import(void **state) {
   (void)state;
-  fixture f;
-  if (load_fixture(cases[1], &f)) skip();
+  const char *dir = g_dirs[1];
   mbd_backend *gb = backend(MBD_POLICY_BF16), *gb2 = backend(MBD_POLICY_BF16);
-  mbd_bmodel *gm = load(gb, f.dir), *gm2 = load(gb2, f.dir);
-  const int64_t T = f.T, V = f.V, H = T / 2;
+  mbd_bmodel *gm = load(gb, dir), *gm2 = load(gb2, dir);
+  const int64_t T = 37, V = gb->ops->model_vocab(gm), H = T / 2;
+  int64_t ids[37];
+  for (int64_t i = 0; i < T; i++) ids[i] = (i * 211 + 5) % V;
   mbd_error err = {0};
   float *ref = malloc((size_t)(T * V) * 4), *got = malloc((size_t)(T * V) * 4);
   uint8_t *ri = NULL;
   size_t rn = 0;
-  decode_all(gb, gm, f.ids, T, V, ref, &ri, &rn);
+  decode_all(gb, gm, ids, T, V, ref, &ri, &rn);
   mbd_bstate *s = new_state(gb, gm);
-  assert_int_equal(gb->ops->prefill(gb, gm, s, f.ids, H, false, got, &err), 0);
+  assert_int_equal(gb->ops->prefill(gb, gm, s, ids, H, false, got, &err), 0);
   size_t in = 0;
   uint8_t *img = save(gb, s, &in);
   check_bf16_image(img, in, ssm_floats_of(1));
@@ -493,7 +539,7 @@ static void test_export_import(void **state) {
     uint8_t *back = save(bs[k], t, &bn);
     assert_memory_equal(back, img, in); /* import then export: the same image */
     free(back);
-    assert_int_equal(bs[k]->ops->prefill(bs[k], ms[k], t, f.ids + H, T - H, false, got, &err), 0);
+    assert_int_equal(bs[k]->ops->prefill(bs[k], ms[k], t, ids + H, T - H, false, got, &err), 0);
     assert_memory_equal(got, ref + H * V, (size_t)((T - H) * V) * 4);
     back = save(bs[k], t, &bn);
     assert_memory_equal(back, ri, rn);
@@ -503,7 +549,7 @@ static void test_export_import(void **state) {
   /* the device stash: save, export == state_save, load into another state, continue */
   if (gb->ops->stash_bytes) {
     mbd_backend *fb = backend_state(MBD_POLICY_BF16, MBD_STATE_F32);
-    mbd_bmodel *fm = load(fb, f.dir);
+    mbd_bmodel *fm = load(fb, dir);
     const size_t sb = gb->ops->stash_bytes(gb, gm), fsb = fb->ops->stash_bytes(fb, fm);
     const size_t ssm = (size_t)ssm_floats_of(1);
     assert_int_equal(fsb - sb, ssm * 2); /* the SSM state at 2 bytes an entry, not 4 */
@@ -517,7 +563,7 @@ static void test_export_import(void **state) {
     assert_memory_equal(ex, img, in);
     mbd_bstate *t = new_state(gb, gm);
     assert_int_equal(gb->ops->stash_load(gb, t, st, &err), 0);
-    assert_int_equal(gb->ops->prefill(gb, gm, t, f.ids + H, T - H, false, got, &err), 0);
+    assert_int_equal(gb->ops->prefill(gb, gm, t, ids + H, T - H, false, got, &err), 0);
     assert_memory_equal(got, ref + H * V, (size_t)((T - H) * V) * 4);
     gb->ops->state_free(gb, t);
     gb->ops->stash_free(gb, st);
@@ -526,9 +572,9 @@ static void test_export_import(void **state) {
   /* an image of the f32-state route imports (rounded) and runs */
   {
     mbd_backend *fb = backend_state(MBD_POLICY_BF16, MBD_STATE_F32);
-    mbd_bmodel *fm = load(fb, f.dir);
+    mbd_bmodel *fm = load(fb, dir);
     mbd_bstate *fs = new_state(fb, fm), *t = new_state(gb, gm);
-    assert_int_equal(fb->ops->prefill(fb, fm, fs, f.ids, H, true, got, &err), 0);
+    assert_int_equal(fb->ops->prefill(fb, fm, fs, ids, H, true, got, &err), 0);
     size_t fn = 0;
     uint8_t *fi = save(fb, fs, &fn);
     assert_int_equal(fn, in); /* the image is f32 on both routes */
@@ -553,7 +599,6 @@ static void test_export_import(void **state) {
   gb2->ops->model_destroy(gb2, gm2);
   mbd_backend_destroy(&gb);
   mbd_backend_destroy(&gb2);
-  free_fixture(&f);
 }
 
 /* Logits against the float64 fixtures within the bound; greedy tokens of
@@ -638,18 +683,15 @@ static void test_refusals(void **state) {
   mbd_error err = {0};
   assert_int_equal(mbd_backend_new(MBD_BACKEND_CPU, &o, &b, &err), MBD_E_UNSUPPORTED);
   assert_non_null(strstr(err.msg, "Mamba-2 on CUDA only"));
-  const char *root = getenv("MBD_FIXTURES_DIR");
-  if (!root) return;
   mbd_backend *gb = backend(MBD_POLICY_F32);
-  const char *others[] = {"mamba1/tiny-d64", "mamba3/tiny-d64-s16-c16"};
+  const int others[] = {SYN_M1, SYN_M3};
   for (int i = 0; i < 2; i++) {
-    char dir[1200];
-    snprintf(dir, sizeof dir, "%s/%s", root, others[i]);
     mbd_bmodel *m = NULL;
     memset(&err, 0, sizeof err);
-    int rc = gb->ops->model_load(gb, dir, &m, &err);
+    int rc = gb->ops->model_load(gb, g_dirs[others[i]], &m, &err);
     assert_int_not_equal(rc, 0);
-    if (!strstr(err.msg, "Mamba-2 on CUDA only")) fail_msg("%s: '%s'", others[i], err.msg);
+    if (!strstr(err.msg, "Mamba-2 on CUDA only"))
+      fail_msg("%s: '%s'", i ? "mamba3" : "mamba1", err.msg);
   }
   mbd_backend_destroy(&gb);
 }
@@ -657,6 +699,12 @@ static void test_refusals(void **state) {
 static int setup(void **state) {
   (void)state;
   gpu_test_require_device();
+  return write_synth();
+}
+
+static int teardown(void **state) {
+  (void)state;
+  remove_synth();
   return 0;
 }
 
@@ -668,5 +716,5 @@ int main(void) {
       cmocka_unit_test(test_export_import),     cmocka_unit_test(test_fixture_bound),
       cmocka_unit_test(test_refusals),
   };
-  return cmocka_run_group_tests(tests, setup, NULL);
+  return cmocka_run_group_tests(tests, setup, teardown);
 }
