@@ -38,6 +38,8 @@
 #define SSD_R4_MIN_T 16       /* four rows per lane: launches of at least this many steps */
 #define SSD_DT_WIN 2048       /* prefill: dt and dA computed this many steps at a time */
 #define SSD_R4_MIN_ROWS 8192  /* .. and of at least this many rows */
+#define SSD_DEC16_BLOCKS 4    /* bf16 decode, several sequences a block: blocks per SM */
+#define SSD_SPB_WAVES 8       /* .. taken only while this many blocks per SM remain */
 
 /* A launch's shape: KS lanes per row, PB rows per block, TC steps per
  * chunk, the shared row strides of dt * B and C (ldn) and of x (ldx), and
@@ -45,6 +47,7 @@
 typedef struct ssd_shape {
   int ks, pb, tc, ldn, ldx, tile_at;
   int sb;  /* bytes of one stored state entry (4: f32, 2: bf16) */
+  int spb, nseq; /* sequences per block (k_ssd_scan_multi: > 1), of nseq */
   int dtw; /* prefill: dt and dA of up to this many steps at a time, after the chunk buffers */
 } ssd_shape;
 
@@ -63,7 +66,7 @@ static size_t ssd_smem_bytes(const ssd_shape *sh, int N, int T) {
        (T > SSD_OWN_TILE_T ? (size_t)(2 * sh->dtw + 3) / 4 * 4 : 0)) *
       sizeof(float);
   const size_t tile = (size_t)sh->pb * (size_t)(N + 16 / sh->sb) * (size_t)sh->sb;
-  if (sh->tile_at) return chunk + tile;
+  if (sh->tile_at) return chunk + (sh->spb > 1 ? 2 : 1) * tile;
   return chunk > tile ? chunk : tile;
 }
 
@@ -195,14 +198,18 @@ __device__ __forceinline__ float conv_any(const mbd_mops_ssd_conv &cv, float *cs
 /* CONV (T = 1 only): x, B and C are the conv of cv.xin (see
  * mbd_mops_ssd_conv), not read from xbc. PREFILL: launches of more than
  * SSD_OWN_TILE_T steps (dt and dA by window; one row per lane of up to 32
- * entries runs its ticks software-pipelined). */
-template <typename ST, int NL, int R, bool FULL, bool CONV, bool PREFILL>
-__global__ void __launch_bounds__(SSD_BLOCK)
-    k_ssd_scan(int T, mbd_mops_ssd_dims dm, ssd_shape sh, const float *__restrict__ A,
-               const float *__restrict__ D, const float *__restrict__ dt_bias, float lo, float hi,
-               const float *__restrict__ dt_raw, int64_t ld_dt, const float *__restrict__ xbc,
-               int64_t ld_xbc, ST *__restrict__ state, int64_t slot_stride, int vec,
-               const int32_t *__restrict__ slots, float *__restrict__ y, mbd_mops_ssd_conv cv) {
+ * entries runs its ticks software-pipelined). MULTI: sequence s is the q-th of
+ * its block (k_ssd_scan_multi); its tile went into tile buffer q & 1 while
+ * the one before ran (`fetched`), and it fetches the next one's into the
+ * other buffer as soon as it has read its own. */
+template <typename ST, int NL, int R, bool FULL, bool CONV, bool PREFILL, bool MULTI>
+__device__ __forceinline__ void ssd_seq(
+    int s, int q, bool &fetched, int T, const mbd_mops_ssd_dims &dm, const ssd_shape &sh,
+    const float *__restrict__ A, const float *__restrict__ D, const float *__restrict__ dt_bias,
+    float lo, float hi, const float *__restrict__ dt_raw, int64_t ld_dt,
+    const float *__restrict__ xbc, int64_t ld_xbc, ST *__restrict__ state, int64_t slot_stride,
+    int vec, const int32_t *__restrict__ slots, float *__restrict__ y,
+    const mbd_mops_ssd_conv &cv) {
   typedef ssd_st<ST> IO;
   extern __shared__ float4 smem4[];
   __shared__ int s_last; /* conv: this block advances the group's B and C windows */
@@ -210,7 +217,7 @@ __global__ void __launch_bounds__(SSD_BLOCK)
   const int CF = ssd_chunk_floats_d(TC, LDN, LDX);
   const int P = dm.head_dim, N = dm.d_state;
   const int bph = (P + PB - 1) / PB; /* blocks per head */
-  const int h = blockIdx.x / bph, p0 = (blockIdx.x - h * bph) * PB, s = blockIdx.y;
+  const int h = blockIdx.x / bph, p0 = (blockIdx.x - h * bph) * PB;
   /* lane j of row group pl: rows p0 + pl R + r, r < R */
   const int tid = threadIdx.x, pl = tid / KS, j = tid & (KS - 1), pr0 = pl * R;
   const int n0 = j * NL;
@@ -218,15 +225,18 @@ __global__ void __launch_bounds__(SSD_BLOCK)
   const int g = h / (dm.heads / dm.n_groups);
   const int64_t di = (int64_t)dm.heads * P, GN = (int64_t)dm.n_groups * N;
   const float a = A[h], dd = D[h], bias = dt_bias[h]; /* weights: before the wait */
-  pdl_wait();
-  pdl_trigger();
+  if (q == 0) {
+    pdl_wait();
+    pdl_trigger();
+  }
   /* The block's rows of state are contiguous; with vector access they pass
    * through shared memory (s_t, rows padded by 16 bytes) so that the
    * global loads and stores are whole coalesced lines. A tile of its own
    * (short launches) is read once the first chunk has arrived, so the two
    * loads overlap; one that shares the chunk buffers is read first. */
   ST *tile = state + (int64_t)slots[s] * slot_stride + ((int64_t)h * P + p0) * N;
-  ST *s_t = (ST *)((float *)smem4 + sh.tile_at);
+  const int TF = MULTI ? sh.pb * (N + IO::EPV) * (int)sizeof(ST) / 4 : 0; /* floats a buffer */
+  ST *s_t = (ST *)((float *)smem4 + sh.tile_at + (q & 1) * TF);
   const int EPV = IO::EPV; /* entries per 16 bytes */
   const int LDT = N + EPV, nrows = P - p0 < PB ? P - p0 : PB, n4 = N / EPV;
   const bool tiled = FULL && (vec & 1), vbc = FULL && (vec & 2);
@@ -237,7 +247,7 @@ __global__ void __launch_bounds__(SSD_BLOCK)
   const bool x_ok = p0 + xq < P;
   float st[R][NL];
   if (tiled) {
-    for (int e = tid; e < nrows * n4; e += blockDim.x) {
+    for (int e = tid; !(MULTI && fetched) && e < nrows * n4; e += blockDim.x) {
       const int r = e / n4;
       cp_async16(s_t + r * LDT + EPV * (e - r * n4), (const float4 *)tile + e);
     }
@@ -365,6 +375,20 @@ __global__ void __launch_bounds__(SSD_BLOCK)
     if (tile_due) {
       tile_read<NL, R>(st, s_t, LDT, pr0, n0, p0, P);
       tile_due = false;
+      if (MULTI) {
+        /* the other buffer was read out before the barriers above: the next
+         * sequence's tile goes there now */
+        fetched = q + 1 < sh.spb && s + 1 < sh.nseq;
+        if (fetched) {
+          const ST *nt = state + (int64_t)slots[s + 1] * slot_stride + ((int64_t)h * P + p0) * N;
+          ST *nb = (ST *)((float *)smem4 + sh.tile_at + ((q + 1) & 1) * TF);
+          for (int e = tid; e < nrows * n4; e += blockDim.x) {
+            const int r = e / n4;
+            cp_async16(nb + r * LDT + EPV * (e - r * n4), (const float4 *)nt + e);
+          }
+          cp_async_commit();
+        }
+      }
     }
     float hand[R]; /* the chains after this lane's entries, at the last tick */
 #pragma unroll
@@ -565,6 +589,41 @@ __global__ void __launch_bounds__(SSD_BLOCK)
   }
 }
 
+template <typename ST, int NL, int R, bool FULL, bool CONV, bool PREFILL>
+__global__ void __launch_bounds__(SSD_BLOCK)
+    k_ssd_scan(int T, mbd_mops_ssd_dims dm, ssd_shape sh, const float *__restrict__ A,
+               const float *__restrict__ D, const float *__restrict__ dt_bias, float lo, float hi,
+               const float *__restrict__ dt_raw, int64_t ld_dt, const float *__restrict__ xbc,
+               int64_t ld_xbc, ST *__restrict__ state, int64_t slot_stride, int vec,
+               const int32_t *__restrict__ slots, float *__restrict__ y, mbd_mops_ssd_conv cv) {
+  bool fetched = false;
+  ssd_seq<ST, NL, R, FULL, CONV, PREFILL, false>((int)blockIdx.y, 0, fetched, T, dm, sh, A, D,
+                                                 dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc,
+                                                 state, slot_stride, vec, slots, y, cv);
+}
+
+/* Decode steps of a bf16 state, sh.spb sequences a block (blockIdx.y * spb
+ * + q): a bf16 block moves half the bytes of an f32 one, too few in flight
+ * to cover its own load and compute one after the other; here the next
+ * sequence's tile loads while one computes. The same steps per sequence. */
+template <typename ST, int NL, bool FULL>
+__global__ void __launch_bounds__(SSD_BLOCK, SSD_DEC16_BLOCKS)
+    k_ssd_scan_multi(int T, mbd_mops_ssd_dims dm, ssd_shape sh, const float *__restrict__ A,
+                     const float *__restrict__ D, const float *__restrict__ dt_bias, float lo,
+                     float hi, const float *__restrict__ dt_raw, int64_t ld_dt,
+                     const float *__restrict__ xbc, int64_t ld_xbc, ST *__restrict__ state,
+                     int64_t slot_stride, int vec, const int32_t *__restrict__ slots,
+                     float *__restrict__ y, mbd_mops_ssd_conv cv) {
+  bool fetched = false;
+  for (int q = 0; q < sh.spb; q++) {
+    const int s = (int)blockIdx.y * sh.spb + q;
+    if (s >= sh.nseq) break;
+    ssd_seq<ST, NL, 1, FULL, false, false, true>(s, q, fetched, T, dm, sh, A, D, dt_bias, lo, hi,
+                                                 dt_raw, ld_dt, xbc, ld_xbc, state, slot_stride,
+                                                 vec, slots, y, cv);
+  }
+}
+
 /* Lanes per row and entries per lane: the smallest KS that splits N exactly
  * into NL <= 64 entries (<= 32 with the conv folded in: its variants need
  * more registers), doubled while the launch has few rows (up to 8 lanes,
@@ -595,9 +654,20 @@ static int ssd_launch_nl(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_dim
                          int64_t slot_stride, int vec, const int32_t *slots, float *y,
                          const mbd_mops_ssd_conv *cv, mbd_error *err) {
   const size_t bytes = ssd_smem_bytes(sh, dm->d_state, T);
+  const int bph = (dm->head_dim + sh->pb - 1) / sh->pb;
+  if constexpr (R == 1 && !CONV && !PREFILL && sizeof(ST) == 2) {
+    if (sh->spb > 1) {
+      int rc = allow_smem(k_ssd_scan_multi<ST, NL, FULL>, bytes, err);
+      if (rc < 0) return rc;
+      return launch_pdl("ssd_scan", k_ssd_scan_multi<ST, NL, FULL>,
+                        dim3((unsigned)(dm->heads * bph), (unsigned)((nseq + sh->spb - 1) / sh->spb)),
+                        dim3((unsigned)(sh->ks * sh->pb)), bytes, s, err, T, *dm, *sh, A, D,
+                        dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state, slot_stride, vec,
+                        slots, y, *cv);
+    }
+  }
   int rc = allow_smem(k_ssd_scan<ST, NL, R, FULL, CONV, PREFILL>, bytes, err);
   if (rc < 0) return rc;
-  const int bph = (dm->head_dim + sh->pb - 1) / sh->pb;
   return launch_pdl("ssd_scan", k_ssd_scan<ST, NL, R, FULL, CONV, PREFILL>,
                     dim3((unsigned)(dm->heads * bph), (unsigned)nseq),
                     dim3((unsigned)(sh->pb / R * sh->ks)), bytes, s, err, T, *dm, *sh, A, D, dt_bias,
@@ -636,6 +706,8 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
   ssd_shape sh;
   sh.ks = ks;
   sh.sb = (int)sizeof(ST);
+  sh.spb = 1;
+  sh.nseq = nseq;
   const int rw = 32 / ks; /* row groups per warp */
   if (R == 4) {
     sh.pb = 4 * gb;
@@ -665,6 +737,20 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
    * load then overlaps the staging of the step's inputs */
   if (T <= SSD_OWN_TILE_T)
     sh.tile_at = ssd_nbuf(&sh, T) * ssd_chunk_floats_d(sh.tc, sh.ldn, sh.ldx);
+  /* bf16 decode with blocks to spare: two or four sequences a block
+   * (k_ssd_scan_multi), while SSD_SPB_WAVES blocks per SM remain */
+  if (sizeof(ST) == 2 && T <= SSD_OWN_TILE_T && !cv->w && full && (vec & 1)) {
+    const int64_t blocks = (int64_t)dm->heads * ((P + sh.pb - 1) / sh.pb) * nseq;
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
+      for (int k = 4; k > 1 && sh.spb == 1; k /= 2) {
+        ssd_shape t = sh;
+        t.spb = k;
+        if (blocks / k >= (int64_t)SSD_SPB_WAVES * sms && ssd_smem_bytes(&t, N, T) <= SSD_MAX_SMEM)
+          sh.spb = k;
+      }
+  }
 #define SSD_L(NLv, Rv, FULLv, CONVv, PREv)                                                    \
   ssd_launch_nl<ST, NLv, Rv, FULLv, CONVv, PREv>(s, nseq, T, dm, &sh, A, D, dt_bias, lo, hi,     \
                                                  dt_raw, ld_dt, xbc, ld_xbc, state, slot_stride, \
