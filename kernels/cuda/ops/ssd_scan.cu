@@ -488,6 +488,51 @@ __device__ __forceinline__ void ssd_seq(
 #pragma unroll
       for (int i = 0; i < NL; i++) cq[i] = cn[i];
     }
+    } else if (!PREFILL && R == 1 && KS > 1 && tn == 1) {
+    /* One step: every lane updates its entries at once (an update needs
+     * its entry alone), then only the n chain passes from lane to lane
+     * (tick k: lane k continues lane k - 1's sum over the updated entries).
+     * The operations of the ticks below, with no lane idle in the updates. */
+    const float xv = s_x[pl], da = s_da[0], dt = s_dt[0];
+    const float *bt = s_b + n0, *ct = s_c + n0;
+    if (FULL) {
+#pragma unroll
+      for (int i = 0; i < NL; i += 4) {
+        const float4 b4 = *(const float4 *)(bt + i);
+        const float bq[4] = {__fmul_rn(dt, b4.x), __fmul_rn(dt, b4.y), __fmul_rn(dt, b4.z),
+                             __fmul_rn(dt, b4.w)};
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+          st[0][i + q] = IO::rnd(__fmaf_rn(da, st[0][i + q], __fmul_rn(bq[q], xv)));
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < NL; i++)
+        if (i < nn) st[0][i] = IO::rnd(__fmaf_rn(da, st[0][i], __fmul_rn(__fmul_rn(dt, bt[i]), xv)));
+    }
+    float acc = 0.0f;
+    for (int k = 0; k < KS; k++) {
+      const float in = __shfl_up_sync(0xffffffffu, acc, 1, KS);
+      if (j == k) {
+        acc = j == 0 ? 0.0f : in;
+        if (FULL) {
+#pragma unroll
+          for (int i = 0; i < NL; i += 4) {
+            const float4 c4 = *(const float4 *)(ct + i);
+            acc = __fmaf_rn(st[0][i], c4.x, acc);
+            acc = __fmaf_rn(st[0][i + 1], c4.y, acc);
+            acc = __fmaf_rn(st[0][i + 2], c4.z, acc);
+            acc = __fmaf_rn(st[0][i + 3], c4.w, acc);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < NL; i++)
+            if (i < nn) acc = __fmaf_rn(st[0][i], ct[i], acc);
+        }
+        if (j == KS - 1 && p0 + pr0 < P)
+          y[r0 * di + (int64_t)h * P + p0 + pr0] = __fmaf_rn(dd, xv, acc);
+      }
+    }
     } else {
     /* Entry by entry: decode steps (few ticks, fewer registers live) and
      * four rows per lane (their four chains interleave by themselves). */
