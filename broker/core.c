@@ -967,9 +967,11 @@ static void on_ready(mbd_bcore *c, mbd_msg *m, int64_t now) {
   c->st.workers_joined++;
   clear_start_failure(c, w.name);
   note_uid(c, w.uid);
-  MBD_LOGI(LOG, "worker %s registered: uid %s route %.8s (%s/%s/%s) capacity %d, %d model(s)%s",
+  MBD_LOGI(LOG, "worker %s registered: uid %s route %.8s (%s/%s/%s, state %s) capacity %d, "
+           "%d model(s)%s",
            w.name, w.uid, w.route_id, mbd_backend_name(w.route.backend),
-           mbd_dtype_policy_name(w.route.policy), mbd_gemm_mode_name(w.route.mode), w.capacity,
+           mbd_dtype_policy_name(w.route.policy), mbd_gemm_mode_name(w.route.mode),
+           mbd_state_dtype_name(w.route.state), w.capacity,
            w.nmodels, replaced ? " (re-registered)" : "");
   if (replaced) {
     c->st.workers_lost++;
