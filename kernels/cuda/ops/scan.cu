@@ -9,9 +9,11 @@
 
 __device__ __forceinline__ void cp_async4(void *sm, const void *g) {
   unsigned a = (unsigned)__cvta_generic_to_shared(sm);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(g));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(g) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 __device__ __forceinline__ void cp_async_wait0() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
@@ -173,7 +175,7 @@ __global__ void __launch_bounds__(SCAN_THREADS)
 
 __device__ __forceinline__ void cp_async16(void *sm, const void *g) {
   unsigned a = (unsigned)__cvta_generic_to_shared(sm);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(g));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(g) : "memory");
 }
 /* Waits for all but the most recent committed group of this thread. */
 __device__ __forceinline__ void cp_async_wait1() {
