@@ -389,8 +389,8 @@ static float xproj_lanes(const float *x, const float *w, int K) {
 static void test_xproj(void **state) {
   (void)state;
   uint64_t seed = 14;
-  /* 1..7: a warp per output, 4 rows per warp; 33, 70: tiles of 16 x 16 where K
-   * is a multiple of 512 (partial row and output tiles) */
+  /* 1..7: a warp per output, 4 rows per warp; 33, 70: tiles of 16 rows x 8
+   * outputs where K is a multiple of 512 (partial row and output tiles) */
   const int Ms[] = {1, 3, 7, 33, 70};
   const int Ks[] = {37, 130, 257, 520, 1040, /* 520, 1040: vector loads, > one lane stride */
                     1024, 1536};             /* whole 512-channel chunks */
