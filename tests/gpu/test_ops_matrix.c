@@ -581,16 +581,18 @@ static void test_scan(void **state) {
       MBD_E_INVALID);
 }
 
-/* The decode step at many sequences, against the CPU: the batch sizes at
- * which the kernel runs ranges of several sequences per block (two, four,
- * eight, and more than eight, whose dt chains run eight at a time) besides
- * one per block, the last scan block part-filled (di = 1100: 76 live
+/* The decode step at many sequences, against the CPU: on a 132-SM device,
+ * the batch sizes at which the kernel runs one sequence per block with the
+ * staged weights (40), the streaming kernel with ranges of one (60), two,
+ * four, eight and more than eight sequences per block (whose dt chains run
+ * eight at a time); the last scan block part-filled (di = 1100: 76 live
  * channels of 128, whole warps past di); R = 5 (element loads of the dt_proj
  * row) and 16 (16-byte loads); slots permuted over one more than nseq. */
 static void test_scan_batch(void **state) {
   (void)state;
   uint64_t seed = 18;
-  static const int cases[][2] = {{257, 300}, {1100, 40}, {1100, 300}, {1100, 1000}}; /* di, nseq */
+  static const int cases[][2] = {/* di, nseq */
+                                 {257, 300}, {1100, 40}, {1100, 60}, {1100, 300}, {1100, 1000}};
   const int Ns[] = {4, 16, 32}, Rs[] = {5, 16};
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
     for (size_t ni = 0; ni < 3; ni++)

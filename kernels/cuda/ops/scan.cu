@@ -492,11 +492,12 @@ static int sstep_blocks_per_sm(int R) {
   return bps;
 }
 
-/* One sequence per block (SQ = 1) while that grid fits on the SMs at once.
- * Otherwise sequence ranges of at least two: as many as fill every SM with
- * resident blocks once (resident blocks / channel blocks), split as evenly
- * as possible so that all blocks end together, instead of a grid of short
- * blocks whose last wave leaves SMs idle; SQ the power of two up to 8
+/* One sequence per block with the staged weights (SQ = 1) while that grid
+ * fits on the SMs at once. Otherwise the streaming kernel over sequence
+ * ranges: as many as fill every SM with resident blocks once (resident
+ * blocks / channel blocks, at most one per sequence), split as evenly as
+ * possible so that all blocks end together, instead of a grid of short
+ * blocks whose last wave leaves SMs idle; SQ the power of two from 2 to 8
  * covering the longest range (a longer one runs its dt chains 8 sequences at
  * a time). */
 template <int N, typename ActT, int KC>
@@ -512,7 +513,7 @@ static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float
   const int64_t cblocks = (di + SSTEP_BT - 1) / SSTEP_BT, sms = sstep_sms();
   if (cblocks * nseq <= sms * sstep_blocks_per_sm<N, ActT, KC, 1>(R)) SSTEP_SQ(1, nseq);
   int64_t G = sms * sstep_blocks_per_sm<N, ActT, KC, 8>(R) / cblocks;
-  if (G > (nseq + 1) / 2) G = (nseq + 1) / 2;
+  if (G > nseq) G = nseq;
   if (G < 1) G = 1;
   const int64_t per = (nseq + G - 1) / G; /* the longest range */
   if (per > 4) SSTEP_SQ(8, G);
