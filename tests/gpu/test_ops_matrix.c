@@ -587,7 +587,7 @@ static void test_scan(void **state) {
  * four, eight and more than eight sequences per block (whose dt chains run
  * eight at a time); the last scan block part-filled (di = 1100: 76 live
  * channels of 128, whole warps past di); R = 5 (element loads of the dt_proj
- * row) and 16 (16-byte loads); slots permuted over one more than nseq. */
+ * row) and 16 (16-byte loads); distinct slots, in reverse order. */
 static void test_scan_batch(void **state) {
   (void)state;
   uint64_t seed = 18;
@@ -600,7 +600,7 @@ static void test_scan_batch(void **state) {
         for (int a = 0; a < N_ACT; a++) {
           const int di = cases[ci][0], ns = cases[ci][1], nslot = ns + 1;
           int32_t *slots = malloc((size_t)ns * sizeof *slots);
-          for (int s = 0; s < ns; s++) slots[s] = (int32_t)((7 * (int64_t)s + 3) % nslot);
+          for (int s = 0; s < ns; s++) slots[s] = ns - s; /* distinct, reversed */
           scan_case c;
           scan_case_make_n(&c, Ns[ni], Rs[ri], di, 1, k_act[a], ns, nslot, slots, &seed);
           size_t es = dsize(c.act), ny = (size_t)c.M * c.di;

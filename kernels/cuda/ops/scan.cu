@@ -233,7 +233,7 @@ __host__ __device__ constexpr size_t sstep_smem_floats(int N, int KC, int SQ, in
  * it is read in 16-byte pieces. Block y runs the sequences
  * [y nseq / G, (y + 1) nseq / G), G = gridDim.y <= nseq. */
 template <int N, typename ActT, typename WT, int KC, int SQ>
-__global__ void __launch_bounds__(SSTEP_BT, SQ == 1 ? 3 : N <= 16 ? 6 : 4)
+__global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : (SQ == 1 ? 7 : 6))
     k_scan_step(int nseq, int di, int R, const float *__restrict__ xc,
                 const float *__restrict__ dbl, const WT *__restrict__ dt_w,
                 const WT *__restrict__ dt_b, const float *__restrict__ A,
@@ -300,6 +300,11 @@ __global__ void __launch_bounds__(SSTEP_BT, SQ == 1 ? 3 : N <= 16 ? 6 : 4)
     }
     cp_async_commit();
   };
+  if constexpr (SQ > 1) { /* the block's dt_proj rows (contiguous) toward L2, all at once */
+    const char *g = (const char *)(dt_w + (int64_t)c0 * R);
+    const int bytes = min(SSTEP_BT, di - c0) * R * (int)sizeof(WT);
+    for (int o = tid * 128; o < bytes; o += SSTEP_BT * 128) prefetch_l2(g + o);
+  }
   pdl_wait(); /* activations and state only from here on */
   pdl_trigger();
   if constexpr (SQ > 1) fetch(sb, 0);
@@ -355,8 +360,8 @@ __global__ void __launch_bounds__(SSTEP_BT, SQ == 1 ? 3 : N <= 16 ? 6 : 4)
       for (int q = 0; q < SQ; q++) acc[q] = 0.0f;
       int k = 0;
       if (vec) {
-        for (; k + PV <= R; k += PV) {
-          uint4 raw = *(const uint4 *)(wr + k);
+        /* one 16-byte piece of the row into the chains, k ascending */
+        const auto piece = [&](const uint4 &raw, int k) {
           const WT *wp = (const WT *)&raw;
           float w[PV];
 #pragma unroll
@@ -374,6 +379,15 @@ __global__ void __launch_bounds__(SSTEP_BT, SQ == 1 ? 3 : N <= 16 ? 6 : 4)
               acc[q] = __fmaf_rn(v.w, w[4 * j4 + 3], acc[q]);
             }
           }
+        };
+        for (; k + 2 * PV <= R; k += 2 * PV) { /* two pieces' loads in flight */
+          const uint4 r0 = *(const uint4 *)(wr + k), r1 = *(const uint4 *)(wr + k + PV);
+          piece(r0, k);
+          piece(r1, k + PV);
+        }
+        if (k + PV <= R) {
+          piece(*(const uint4 *)(wr + k), k);
+          k += PV;
         }
       }
       for (; k < R; k++) {
