@@ -380,15 +380,14 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : (SQ == 
             }
           }
         };
-        for (; k + 2 * PV <= R; k += 2 * PV) { /* two pieces' loads in flight */
-          const uint4 r0 = *(const uint4 *)(wr + k), r1 = *(const uint4 *)(wr + k + PV);
-          piece(r0, k);
-          piece(r1, k + PV);
+        for (; k + 4 * PV <= R; k += 4 * PV) { /* four pieces' loads in flight */
+          uint4 rw[4];
+#pragma unroll
+          for (int i = 0; i < 4; i++) rw[i] = *(const uint4 *)(wr + k + i * PV);
+#pragma unroll
+          for (int i = 0; i < 4; i++) piece(rw[i], k + i * PV);
         }
-        if (k + PV <= R) {
-          piece(*(const uint4 *)(wr + k), k);
-          k += PV;
-        }
+        for (; k + PV <= R; k += PV) piece(*(const uint4 *)(wr + k), k);
       }
       for (; k < R; k++) {
         const float w = ld_f32(wr + k);
