@@ -56,8 +56,7 @@ __global__ void __launch_bounds__(32 * XP_WARPS)
  * and are not stored.
  *
  * The next chunk travels by cp.async into a raw copy while the current one
- * is computed, each thread widening the 16-byte pieces it copied itself, so
- * the data in flight takes no registers; with the small tile (M = 256,
+ * is computed, so the data in flight takes no registers; with the small tile (M = 256,
  * NO = 160: 320 blocks) every SM gets a few blocks of little work. */
 #define XT_R 16       /* rows per block */
 #define XT_O 8        /* outputs per block */
@@ -100,11 +99,15 @@ __device__ __forceinline__ void xt_fetch(T *raw, const T *x, const T *w, int M, 
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
-/* s[r][j][l] (f32) = raw element 16 l + j of tile row r, for this thread's
- * pieces (which it copied itself: its own cp.async wait suffices). */
+/* s[r][j][l] (f32) = raw element 16 l + j of tile row r, after the whole
+ * chunk has landed (the caller's wait and barrier). Thread tid widens, in
+ * the rows of its xt_fetch pieces, the column q = 2 (tid % 32) + (tid / 32)
+ * % 2 instead of its own: a warp then writes lanes 0..31 of one j at a
+ * time, 32 distinct banks. */
 template <typename T>
 __device__ __forceinline__ void xt_widen(float *s, const T *raw, int tid) {
-  const int rt = tid / XT_QN, q = tid % XT_QN, l = q / 2, j0 = (q % 2) * 8;
+  static_assert(XT_QN == 64, "a warp pair covers a chunk row");
+  const int rt = tid / XT_QN, l = tid % 32, j0 = (tid / 32) % 2 * 8, q = 2 * l + j0 / 8;
 #pragma unroll
   for (int c = 0; c < XT_LD; c++) {
     const int r = rt + XT_RS * c;
@@ -143,7 +146,7 @@ __global__ void __launch_bounds__(XT_THREADS, 3)
     for (int b = 0; b < XT_WO; b++) acc[a][b] = 0.0f;
   for (int k0 = 0; k0 < K; k0 += XT_CHUNK) {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    __syncthreads(); /* the previous chunk's reads are done */
+    __syncthreads(); /* the chunk has landed; the previous chunk's reads are done */
     xt_widen(xs, raw, tid);
     __syncthreads(); /* the chunk is staged; raw is read */
     if (k0 + XT_CHUNK < K) xt_fetch(raw, x, w, M, NO, K, r0, o0, k0 + XT_CHUNK, tid);
