@@ -46,18 +46,22 @@ __global__ void __launch_bounds__(32 * XP_WARPS)
  * 512-channel lane stride, 16-bit T): k_xproj reloads and widens every x row
  * once per output warp and keeps few chains in flight, so at batch 256 or in
  * a prefill it was latency-bound far from its few bytes. Here a block owns a
- * tile of XT_R rows x XT_O outputs; per 512-channel chunk it stages the
- * tile's x and w widened to f32 in shared memory, laid out [row][j][lane]
- * (element k = 512 i + 16 lane + j), and thread `lane` of a warp runs, for
+ * tile of XT_R rows x XT_O outputs, and thread `lane` of a warp runs, for
  * its warp's XT_WR rows x XT_WO outputs, exactly what lane `lane` of
- * k_xproj's warp runs for each of those outputs: the group partial p = fmaf
- * chain from 0 over j = 0..15, then acc = acc + p (chunks ascending); then
- * the same xor butterfly. Rows past M and outputs past NO compute on zeros
- * and are not stored.
+ * k_xproj's warp runs for each of those outputs: per 512-channel chunk the
+ * group partial p = fmaf chain from 0 over j = 0..15 of x[r, k] w[o, k],
+ * k = 512 i + 16 lane + j, then acc = acc + p (chunks ascending); then the
+ * same xor butterfly. Rows past M and outputs past NO compute on zeros and
+ * are not stored.
  *
- * The next chunk travels by cp.async into a raw copy while the current one
- * is computed, so the data in flight takes no registers; with the small tile (M = 256,
- * NO = 160: 320 blocks) every SM gets a few blocks of little work. */
+ * The tile's chunks travel by cp.async, two buffers deep, into shared memory
+ * as they are in memory (16-bit): a lane's 16 elements of a row are two
+ * 16-byte pieces, read by two 16-byte loads and widened in registers, which
+ * moves half the shared-memory bytes of a tile staged widened to f32 (the
+ * kernel's limit). The pieces are stored swizzled (piece q at q ^ (q / 8
+ * mod 2)) so that a warp's loads of one piece per lane fall in distinct
+ * banks. With the small tile (M = 256, NO = 160: 320 blocks) every SM gets a
+ * few blocks of little work; 111 registers, two blocks per SM. */
 #define XT_R 16       /* rows per block */
 #define XT_O 8        /* outputs per block */
 #define XT_WR 4       /* rows per warp */
@@ -74,16 +78,19 @@ __global__ void __launch_bounds__(32 * XP_WARPS)
 #define XT_QN (XT_CHUNK / 8)         /* 16-byte columns of a chunk row */
 #define XT_RS (XT_THREADS / XT_QN)   /* tile rows per round of pieces */
 
-/* Starts the copies of this thread's pieces of chunk k0 into raw ([tile
- * row][XT_CHUNK]); tile rows past M or NO are zeros. */
+/* Where column q of a row is stored (in 16-byte pieces). */
+__device__ __forceinline__ int xt_swz(int q) { return q ^ ((q >> 3) & 1); }
+
+/* Starts the copies of this thread's pieces of chunk k0 into buf ([tile
+ * row][XT_CHUNK], swizzled); tile rows past M or NO are zeros. */
 template <typename T>
-__device__ __forceinline__ void xt_fetch(T *raw, const T *x, const T *w, int M, int NO, int K,
+__device__ __forceinline__ void xt_fetch(T *buf, const T *x, const T *w, int M, int NO, int K,
                                          int64_t r0, int64_t o0, int k0, int tid) {
   const int rt = tid / XT_QN, q = tid % XT_QN;
 #pragma unroll
   for (int c = 0; c < XT_LD; c++) {
     const int r = rt + XT_RS * c;
-    T *dst = raw + r * XT_CHUNK + q * 8;
+    T *dst = buf + r * XT_CHUNK + xt_swz(q) * 8;
     const bool isx = r < XT_R; /* the same for every thread at this c when XT_RS divides XT_R */
     const int64_t g = isx ? r0 + r : o0 + (r - XT_R);
     if (g < (isx ? M : NO)) {
@@ -99,36 +106,15 @@ __device__ __forceinline__ void xt_fetch(T *raw, const T *x, const T *w, int M, 
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
-/* s[r][j][l] (f32) = raw element 16 l + j of tile row r, after the whole
- * chunk has landed (the caller's wait and barrier). Thread tid widens, in
- * the rows of its xt_fetch pieces, the column q = 2 (tid % 32) + (tid / 32)
- * % 2 instead of its own: a warp then writes lanes 0..31 of one j at a
- * time, 32 distinct banks. */
 template <typename T>
-__device__ __forceinline__ void xt_widen(float *s, const T *raw, int tid) {
-  static_assert(XT_QN == 64, "a warp pair covers a chunk row");
-  const int rt = tid / XT_QN, l = tid % 32, j0 = (tid / 32) % 2 * 8, q = 2 * l + j0 / 8;
-#pragma unroll
-  for (int c = 0; c < XT_LD; c++) {
-    const int r = rt + XT_RS * c;
-    const uint4 v = *(const uint4 *)(raw + r * XT_CHUNK + q * 8);
-    const T *h = (const T *)&v;
-#pragma unroll
-    for (int jj = 0; jj < 8; jj++) s[(r * XP_GW + j0 + jj) * 32 + l] = ld_f32(h + jj);
-  }
-}
-
-template <typename T>
-__global__ void __launch_bounds__(XT_THREADS, 3)
+__global__ void __launch_bounds__(XT_THREADS, 2)
     k_xproj_tile(int M, int K, int NO, const T *__restrict__ x, const T *__restrict__ w,
                  float *__restrict__ out) {
   static_assert(sizeof(T) == 2 && XT_LD * XT_THREADS == XT_PIECES && XT_THREADS % XT_QN == 0 &&
                     XT_R % XT_RS == 0,
                 "16-bit T, whole pieces per thread and rows per round, x and w apart");
   extern __shared__ float4 xt_sm4[];
-  float *xs = (float *)xt_sm4;                        /* [XT_R][16][32] */
-  float *ws = xs + XT_R * XP_GW * 32;                 /* [XT_O][16][32] */
-  T *raw = (T *)(ws + XT_O * XP_GW * 32);             /* [XT_R + XT_O][XT_CHUNK] */
+  T *bufs = (T *)xt_sm4; /* [2][XT_R + XT_O][XT_CHUNK] */
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t r0 = (int64_t)blockIdx.y * XT_R, o0 = (int64_t)blockIdx.x * XT_O;
   /* the warp's rows and outputs */
@@ -138,34 +124,45 @@ __global__ void __launch_bounds__(XT_THREADS, 3)
       prefetch_l2(w + (o0 + i / (K / 64)) * K + (i % (K / 64)) * 64);
   pdl_wait();
   pdl_trigger();
-  xt_fetch(raw, x, w, M, NO, K, r0, o0, 0, tid);
+  xt_fetch(bufs, x, w, M, NO, K, r0, o0, 0, tid);
   float acc[XT_WR][XT_WO];
 #pragma unroll
   for (int a = 0; a < XT_WR; a++)
 #pragma unroll
     for (int b = 0; b < XT_WO; b++) acc[a][b] = 0.0f;
-  for (int k0 = 0; k0 < K; k0 += XT_CHUNK) {
+  for (int k0 = 0, i = 0; k0 < K; k0 += XT_CHUNK, i++) {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    __syncthreads(); /* the chunk has landed; the previous chunk's reads are done */
-    xt_widen(xs, raw, tid);
-    __syncthreads(); /* the chunk is staged; raw is read */
-    if (k0 + XT_CHUNK < K) xt_fetch(raw, x, w, M, NO, K, r0, o0, k0 + XT_CHUNK, tid);
+    __syncthreads(); /* chunk i has landed; chunk i - 1's buffer is read */
+    if (k0 + XT_CHUNK < K)
+      xt_fetch(bufs + ((i + 1) & 1) * (XT_R + XT_O) * XT_CHUNK, x, w, M, NO, K, r0, o0,
+               k0 + XT_CHUNK, tid);
+    const T *buf = bufs + (i & 1) * (XT_R + XT_O) * XT_CHUNK;
     float p[XT_WR][XT_WO];
 #pragma unroll
     for (int a = 0; a < XT_WR; a++)
 #pragma unroll
       for (int b = 0; b < XT_WO; b++) p[a][b] = 0.0f;
-#pragma unroll 4
-    for (int j = 0; j < XP_GW; j++) {
-      float xa[XT_WR], wb[XT_WO];
 #pragma unroll
-      for (int a = 0; a < XT_WR; a++) xa[a] = xs[((wr + a) * XP_GW + j) * 32 + lane];
+    for (int h = 0; h < 2; h++) { /* j = 8 h .. 8 h + 7: piece 2 lane + h of each row */
+      const int col = xt_swz(2 * lane + h) * 8;
+      uint4 xq[XT_WR], wq[XT_WO];
 #pragma unroll
-      for (int b = 0; b < XT_WO; b++) wb[b] = ws[((wo + b) * XP_GW + j) * 32 + lane];
+      for (int a = 0; a < XT_WR; a++) xq[a] = *(const uint4 *)(buf + (wr + a) * XT_CHUNK + col);
 #pragma unroll
-      for (int a = 0; a < XT_WR; a++)
+      for (int b = 0; b < XT_WO; b++)
+        wq[b] = *(const uint4 *)(buf + (XT_R + wo + b) * XT_CHUNK + col);
 #pragma unroll
-        for (int b = 0; b < XT_WO; b++) p[a][b] = __fmaf_rn(xa[a], wb[b], p[a][b]);
+      for (int jj = 0; jj < 8; jj++) {
+        float xa[XT_WR], wb[XT_WO];
+#pragma unroll
+        for (int a = 0; a < XT_WR; a++) xa[a] = ld_f32((const T *)&xq[a] + jj);
+#pragma unroll
+        for (int b = 0; b < XT_WO; b++) wb[b] = ld_f32((const T *)&wq[b] + jj);
+#pragma unroll
+        for (int a = 0; a < XT_WR; a++)
+#pragma unroll
+          for (int b = 0; b < XT_WO; b++) p[a][b] = __fmaf_rn(xa[a], wb[b], p[a][b]);
+      }
     }
 #pragma unroll
     for (int a = 0; a < XT_WR; a++)
@@ -188,8 +185,7 @@ static int xproj_tile_launch(cudaStream_t s, int M, int K, int NO, const T *x, c
   if constexpr (sizeof(T) != 2) {
     return mbd_error_set(err, MBD_E_INVALID, "x_proj tiles: 16-bit dtypes only");
   } else {
-    /* the widened tile, then the raw copy of the next chunk */
-    const size_t sh = (sizeof(float) * XP_GW * 32 + sizeof(T) * XT_CHUNK) * (XT_R + XT_O);
+    const size_t sh = 2 * sizeof(T) * XT_CHUNK * (XT_R + XT_O); /* two chunk buffers */
     int rc = allow_smem(k_xproj_tile<T>, sh, err);
     if (rc < 0) return rc;
     const dim3 grid((unsigned)((NO + XT_O - 1) / XT_O), (unsigned)((M + XT_R - 1) / XT_R));
