@@ -581,64 +581,66 @@ static void test_scan(void **state) {
       MBD_E_INVALID);
 }
 
-/* The decode step at many sequences, against the CPU: on a 132-SM device,
- * the batch sizes at which the kernel runs one sequence per block with the
- * staged weights (40), the streaming kernel with ranges of one (60), two,
- * four, eight and more than eight sequences per block (whose dt chains run
- * eight at a time); the last scan block part-filled (di = 1100: 76 live
- * channels of 128, whole warps past di); R = 5 (element loads of the dt_proj
- * row) and 16 (16-byte loads); distinct slots, in reverse order. */
+/* The decode step at many sequences, against the CPU: on a 132-SM device
+ * (N <= 16), the batch sizes at which the kernel runs one sequence per block
+ * with the staged weights (40), the streaming kernel with ranges of one (60
+ * at R = 128, whose staged weights fit only 3 blocks per SM), two (150),
+ * three or four (300) and ten sequences per block (1000: dt chains eight at
+ * a time, then the rest); the last scan block part-filled (di = 1100: 76
+ * live channels of 128, whole warps past di; di = 257); R = 5 (element
+ * loads of the dt_proj row), 16 and 128 (16-byte loads); distinct slots, in
+ * reverse order. */
 static void test_scan_batch(void **state) {
   (void)state;
   uint64_t seed = 18;
-  static const int cases[][2] = {/* di, nseq */
-                                 {257, 300}, {1100, 40}, {1100, 60}, {1100, 300}, {1100, 1000}};
-  const int Ns[] = {4, 16, 32}, Rs[] = {5, 16};
+  static const int cases[][3] = {/* di, nseq, R */
+                                 {1100, 40, 5},    {1100, 60, 128},  {1100, 150, 5},
+                                 {1100, 300, 5},   {1100, 1000, 16}, {257, 1000, 16}};
+  const int Ns[] = {4, 16, 32};
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
     for (size_t ni = 0; ni < 3; ni++)
-      for (size_t ri = 0; ri < 2; ri++)
-        for (int a = 0; a < N_ACT; a++) {
-          const int di = cases[ci][0], ns = cases[ci][1], nslot = ns + 1;
-          int32_t *slots = malloc((size_t)ns * sizeof *slots);
-          for (int s = 0; s < ns; s++) slots[s] = ns - s; /* distinct, reversed */
-          scan_case c;
-          scan_case_make_n(&c, Ns[ni], Rs[ri], di, 1, k_act[a], ns, nslot, slots, &seed);
-          size_t es = dsize(c.act), ny = (size_t)c.M * c.di;
-          float *dA = dput(c.A, (size_t)c.di * c.N * 4), *dD = dput(c.D, (size_t)c.di * 4);
-          float *dxc = dput(c.xc, ny * 4), *ddbl = dput(c.dbl, (size_t)c.M * c.nd * 4);
-          float *dxz = dput(c.xz, (size_t)c.M * c.ldxz * 4);
-          float *dst = dput(c.st, (size_t)nslot * c.sstride * 4);
-          void *dtw = dput(c.dtw, (size_t)c.di * c.R * es), *dtb = dput(c.dtb, (size_t)c.di * es);
-          int32_t *dsl = dput(slots, (size_t)ns * sizeof *slots);
-          void *dy = dzero(ny * es);
-          OP(mbd_mops_scan(g_stream, ns, 1, c.di, c.N, c.R, dxc, ddbl, c.act, dtw, dtb, dA, dD,
-                           dxz, c.ldxz, c.zoff, dst, c.sstride, dsl, NULL, c.act, dy, &err));
-          void *gy = malloc(ny * es), *ry = malloc(ny * es);
-          float *gst = malloc((size_t)nslot * c.sstride * 4);
-          dget(gy, dy, ny * es);
-          dget(gst, dst, (size_t)nslot * c.sstride * 4);
-          scan_ref(&c, NULL, ry);
-          char what[96];
-          snprintf(what, sizeof what, "scan step N=%d R=%d di=%d nseq=%d %s", c.N, c.R, c.di, ns,
-                   mbd_dtype_name(c.act));
-          same_bytes(what, gy, ry, ny, es);
-          same_bytes(what, gst, c.st, (size_t)nslot * c.sstride, 4);
-          dfree(dA);
-          dfree(dD);
-          dfree(dxc);
-          dfree(ddbl);
-          dfree(dxz);
-          dfree(dst);
-          dfree(dtw);
-          dfree(dtb);
-          dfree(dsl);
-          dfree(dy);
-          free(gy);
-          free(ry);
-          free(gst);
-          scan_case_free(&c);
-          free(slots);
-        }
+      for (int a = 0; a < N_ACT; a++) {
+        const int di = cases[ci][0], ns = cases[ci][1], nslot = ns + 1;
+        int32_t *slots = malloc((size_t)ns * sizeof *slots);
+        for (int s = 0; s < ns; s++) slots[s] = ns - s; /* distinct, reversed */
+        scan_case c;
+        scan_case_make_n(&c, Ns[ni], cases[ci][2], di, 1, k_act[a], ns, nslot, slots, &seed);
+        size_t es = dsize(c.act), ny = (size_t)c.M * c.di;
+        float *dA = dput(c.A, (size_t)c.di * c.N * 4), *dD = dput(c.D, (size_t)c.di * 4);
+        float *dxc = dput(c.xc, ny * 4), *ddbl = dput(c.dbl, (size_t)c.M * c.nd * 4);
+        float *dxz = dput(c.xz, (size_t)c.M * c.ldxz * 4);
+        float *dst = dput(c.st, (size_t)nslot * c.sstride * 4);
+        void *dtw = dput(c.dtw, (size_t)c.di * c.R * es), *dtb = dput(c.dtb, (size_t)c.di * es);
+        int32_t *dsl = dput(slots, (size_t)ns * sizeof *slots);
+        void *dy = dzero(ny * es);
+        OP(mbd_mops_scan(g_stream, ns, 1, c.di, c.N, c.R, dxc, ddbl, c.act, dtw, dtb, dA, dD,
+                         dxz, c.ldxz, c.zoff, dst, c.sstride, dsl, NULL, c.act, dy, &err));
+        void *gy = malloc(ny * es), *ry = malloc(ny * es);
+        float *gst = malloc((size_t)nslot * c.sstride * 4);
+        dget(gy, dy, ny * es);
+        dget(gst, dst, (size_t)nslot * c.sstride * 4);
+        scan_ref(&c, NULL, ry);
+        char what[96];
+        snprintf(what, sizeof what, "scan step N=%d R=%d di=%d nseq=%d %s", c.N, c.R, c.di, ns,
+                 mbd_dtype_name(c.act));
+        same_bytes(what, gy, ry, ny, es);
+        same_bytes(what, gst, c.st, (size_t)nslot * c.sstride, 4);
+        dfree(dA);
+        dfree(dD);
+        dfree(dxc);
+        dfree(ddbl);
+        dfree(dxz);
+        dfree(dst);
+        dfree(dtw);
+        dfree(dtb);
+        dfree(dsl);
+        dfree(dy);
+        free(gy);
+        free(ry);
+        free(gst);
+        scan_case_free(&c);
+        free(slots);
+      }
 }
 
 /* ---- the Mamba-2 recurrence --------------------------------------------------- */
@@ -999,8 +1001,8 @@ static void conv_fusion_case(mbd_dtype act, int di, int N, int nseq, int nslot,
 }
 
 /* The conv_fusion_case matrix at NSEQ sequences, then the largest fused
- * batch (64) at a d_inner of 9 scan blocks, the last one part-filled, so
- * that the scan runs sequence ranges of several sequences per block. */
+ * batch (64) at a d_inner of 16 scan blocks, the last one part-filled, so
+ * that the scan runs its streaming kernel over ranges of sequences. */
 static void test_conv_fusion(void **state) {
   (void)state;
   uint64_t seed = 16;
@@ -1013,7 +1015,7 @@ static void test_conv_fusion(void **state) {
         ran++;
         conv_fusion_case(k_act[a], k_dinner[q], 4 << ni, NSEQ, NSLOT, k_slots, &seed);
       }
-  enum { BIG = 64, BIG_DI = 1100 };
+  enum { BIG = 64, BIG_DI = 2000 };
   int32_t slots[BIG];
   for (int s = 0; s < BIG; s++) slots[s] = (7 * s + 3) % (BIG + 1); /* a permutation */
   for (int a = 1; a < N_ACT; a++)

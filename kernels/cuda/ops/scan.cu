@@ -208,10 +208,15 @@ __device__ __forceinline__ void stage_dt_w(float *sw, int RP, const WT *g, int n
   }
 }
 
-/* Shared-memory stride of a staged state row of N floats: N | 4, so that
- * the 8 threads of a quarter warp reading their rows by 16-byte pieces fall
- * in distinct banks. */
-__host__ __device__ constexpr int sstep_hp(int N) { return N | 4; }
+/* Piece p (16 bytes) of staged state row r (N floats, unpadded) is stored
+ * at piece p ^ sstep_swz<N>(r): the 8 threads of a quarter warp reading
+ * piece p of their own rows, and the 8 lanes storing consecutive pieces of
+ * the warp's rows, then fall in distinct banks. */
+template <int N>
+__device__ __forceinline__ int sstep_swz(int r) {
+  constexpr int NQ4 = N / 4, D = NQ4 >= 8 ? 1 : 8 / NQ4;
+  return (r / D) % NQ4;
+}
 /* Per-channel rows of one stage buffer besides the state: x (xc, or xz's x
  * part with the conv fused), z, and the conv window's KC - 1 taps. */
 __host__ __device__ constexpr int sstep_nx(int KC) { return 2 + (KC > 0 ? KC - 1 : 0); }
@@ -222,7 +227,7 @@ __host__ __device__ constexpr int sstep_nx(int KC) { return 2 + (KC > 0 ? KC - 1
 __host__ __device__ constexpr size_t sstep_smem_floats(int N, int KC, int SQ, int R) {
   return (size_t)SQ * ((R + 2 * N + 3) & ~3) +
          (SQ == 1 ? (size_t)SSTEP_BT * (R + 1)
-                  : 2 * (size_t)SSTEP_BT * (sstep_hp(N) + sstep_nx(KC)) + (size_t)SQ * SSTEP_BT);
+                  : 2 * (size_t)SSTEP_BT * (N + sstep_nx(KC)) + (size_t)SQ * SSTEP_BT);
 }
 
 /* KC > 0 (the decode fusion, after k_conv_xproj): x is not read from xc but
@@ -233,7 +238,7 @@ __host__ __device__ constexpr size_t sstep_smem_floats(int N, int KC, int SQ, in
  * it is read in 16-byte pieces. Block y runs the sequences
  * [y nseq / G, (y + 1) nseq / G), G = gridDim.y <= nseq. */
 template <int N, typename ActT, typename WT, int KC, int SQ>
-__global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : (SQ == 1 ? 7 : 6))
+__global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
     k_scan_step(int nseq, int di, int R, const float *__restrict__ xc,
                 const float *__restrict__ dbl, const WT *__restrict__ dt_w,
                 const WT *__restrict__ dt_b, const float *__restrict__ A,
@@ -243,7 +248,7 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : (SQ == 
                 const float *__restrict__ cb, float *__restrict__ cstate, int64_t cslot,
                 ActT *__restrict__ y, int vec) {
   constexpr int PV = 16 / sizeof(WT); /* weights per 16-byte load */
-  constexpr int HP = sstep_hp(N), NX = sstep_nx(KC);
+  constexpr int NX = sstep_nx(KC);
   constexpr int NQ4 = N / 4; /* 16-byte pieces per state row */
   extern __shared__ float4 step_sm4[];
   const int ND = R + 2 * N;
@@ -251,8 +256,8 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : (SQ == 
   const int RP = R + 1;          /* SQ = 1: padded weight row, conflict-free column reads */
   float *sd = (float *)step_sm4; /* [SQ][NDP]: round_act(dt_low), B, C */
   float *sw = sd + SQ * NDP;     /* SQ = 1: [SSTEP_BT][RP] */
-  float *sst = sw;                      /* SQ > 1: [2][SSTEP_BT][HP] state rows */
-  float *sxz = sst + 2 * SSTEP_BT * HP; /* SQ > 1: [2][NX][SSTEP_BT] x, z, window taps */
+  float *sst = sw;                     /* SQ > 1: [2][SSTEP_BT][N] state rows (swizzled) */
+  float *sxz = sst + 2 * SSTEP_BT * N; /* SQ > 1: [2][NX][SSTEP_BT] x, z, window taps */
   float *sdt = sxz + 2 * NX * SSTEP_BT; /* SQ > 1: [SQ][SSTEP_BT] the group's dt */
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int c0 = blockIdx.x * SSTEP_BT, c = c0 + tid;
@@ -281,11 +286,12 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : (SQ == 
   auto fetch = [&](int s, int b) {
     if (s < se) {
       const float *g = ssm_state + (int64_t)slots[s] * slot_stride;
-      float *dst = sst + (b * SSTEP_BT + 32 * warp) * HP;
+      float *dst = sst + (b * SSTEP_BT + 32 * warp) * N;
 #pragma unroll
       for (int e = lane; e < 32 * NQ4; e += 32) {
         const int r = e / NQ4, p = e - r * NQ4;
-        cp_async16(dst + r * HP + 4 * p, g + (int64_t)min(wc0 + r, di - 1) * N + 4 * p);
+        cp_async16(dst + r * N + 4 * (p ^ sstep_swz<N>(r)),
+                   g + (int64_t)min(wc0 + r, di - 1) * N + 4 * p);
       }
       float *sx = sxz + b * NX * SSTEP_BT + tid;
       if constexpr (KC > 0) {
@@ -406,7 +412,8 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : (SQ == 
         fetch(s + 1, b ^ 1);
         cp_async_wait1();
         __syncwarp(); /* the warp's copies of sequence s are visible */
-        float *hs = sst + (b * SSTEP_BT + tid) * HP;
+        float *hs = sst + (b * SSTEP_BT + tid) * N;
+        const int sw_t = sstep_swz<N>(tid);
         const float *sx = sxz + b * NX * SSTEP_BT + tid;
         float x = sx[0];
         if constexpr (KC > 0) {
@@ -422,23 +429,28 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : (SQ == 
           }
         }
         float h[N];
-        ld_f32x(hs, h);
+#pragma unroll
+        for (int p = 0; p < NQ4; p++) {
+          const float4 v = *(const float4 *)(hs + 4 * (p ^ sw_t));
+          h[4 * p] = v.x, h[4 * p + 1] = v.y, h[4 * p + 2] = v.z, h[4 * p + 3] = v.w;
+        }
         const float *row = sd + q * NDP;
         const float v = scan_one_dt<N>(sdt[q * SSTEP_BT + tid], row + R, row + R + N, a, d, x,
                                        sx[SSTEP_BT], h);
         if (live) st_act(y + (int64_t)s * di + c, v);
 #pragma unroll
-        for (int n = 0; n < N; n += 4)
-          *(float4 *)(hs + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
+        for (int p = 0; p < NQ4; p++)
+          *(float4 *)(hs + 4 * (p ^ sw_t)) =
+              make_float4(h[4 * p], h[4 * p + 1], h[4 * p + 2], h[4 * p + 3]);
         __syncwarp(); /* the warp's new rows are in shared memory */
         float *g = ssm_state + (int64_t)slots[s] * slot_stride;
-        const float *src = sst + (b * SSTEP_BT + 32 * warp) * HP;
+        const float *src = sst + (b * SSTEP_BT + 32 * warp) * N;
 #pragma unroll
         for (int e = lane; e < 32 * NQ4; e += 32) {
           const int r = e / NQ4, p = e - r * NQ4;
           if (wc0 + r < di)
             *(float4 *)(g + (int64_t)(wc0 + r) * N + 4 * p) =
-                *(const float4 *)(src + r * HP + 4 * p);
+                *(const float4 *)(src + r * N + 4 * (p ^ sstep_swz<N>(r)));
         }
         __syncwarp(); /* buffer b is free for sequence s + 2 */
       }
