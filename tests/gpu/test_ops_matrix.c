@@ -278,66 +278,73 @@ static void test_conv_silu(void **state) {
   (void)state;
   uint64_t seed = 13;
   const int Ts[] = {1, 5, 40}; /* 40: three segments of 16 steps */
-  for (int K = 2; K <= 8; K++)
-    for (int q = 0; q < N_DINNER; q++)
-      for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
-        for (int a = 0; a < N_ACT; a++)
-          for (int with_bias = 0; with_bias < 2; with_bias++) {
-            int di = k_dinner[q], T = Ts[ti];
-            mbd_dtype act = k_act[a];
-            int64_t M = (int64_t)NSEQ * T, ldxz = 2 * di + 3, sstride = (int64_t)(K - 1) * di + 5;
-            float *w = malloc((size_t)K * di * 4), *b = with_bias ? malloc((size_t)di * 4) : NULL;
-            void *w16 = fill(act, (size_t)K * di, &seed, -0.6f, 0.6f, w); /* weights as widened */
-            void *b16 = with_bias ? fill(act, (size_t)di, &seed, -0.3f, 0.3f, b) : NULL;
-            float *xz = fillf((size_t)M * ldxz, &seed, -2.0f, 2.0f);
-            float *st = fillf((size_t)NSLOT * sstride, &seed, -1.0f, 1.0f);
-            float *dxz = dput(xz, (size_t)M * ldxz * 4), *dw = dput(w, (size_t)K * di * 4);
-            float *db = b ? dput(b, (size_t)di * 4) : NULL;
-            float *dst = dput(st, (size_t)NSLOT * sstride * 4);
-            int32_t *dsl = dput(k_slots, sizeof k_slots);
-            float *dxc = dzero((size_t)M * di * 4);
-            void *dact = dzero((size_t)M * di * dsize(act));
-            OP(mbd_mops_conv_silu(g_stream, NSEQ, T, di, K, dxz, ldxz, dw, db, dst, sstride, dsl,
-                                  dxc, act, dact, &err));
-            float *gxc = malloc((size_t)M * di * 4), *gst = malloc((size_t)NSLOT * sstride * 4);
-            void *gact = malloc((size_t)M * di * dsize(act));
-            dget(gxc, dxc, (size_t)M * di * 4);
-            dget(gst, dst, (size_t)NSLOT * sstride * 4);
-            dget(gact, dact, (size_t)M * di * dsize(act));
-            float *rxc = malloc((size_t)M * di * 4);
-            void *ract = malloc((size_t)M * di * dsize(act));
-            for (int s = 0; s < NSEQ; s++)
-              for (int t = 0; t < T; t++) {
-                int64_t r = (int64_t)s * T + t;
-                mbd_cpu_conv_step(MBD_CPU_ISA_PORTABLE, 0, di, di, K, w, b,
-                                  st + (int64_t)k_slots[s] * sstride, xz + r * ldxz, rxc + r * di);
-              }
-            for (int64_t i = 0; i < M * di; i++) store(act, ract, (size_t)i, rxc[i]);
-            char what[96];
-            snprintf(what, sizeof what, "conv_silu K=%d di=%d T=%d %s bias=%d", K, di, T,
-                     mbd_dtype_name(act), with_bias);
-            same_bytes(what, gxc, rxc, (size_t)(M * di), 4);
-            same_bytes(what, gact, ract, (size_t)(M * di), dsize(act));
-            same_bytes(what, gst, st, (size_t)NSLOT * sstride, 4); /* st: the reference's state */
-            dfree(dxz);
-            dfree(dw);
-            dfree(db);
-            dfree(dst);
-            dfree(dsl);
-            dfree(dxc);
-            dfree(dact);
-            free(w);
-            free(b);
-            free(w16);
-            free(b16);
-            free(xz);
-            free(st);
-            free(gxc);
-            free(gst);
-            free(gact);
-            free(rxc);
-            free(ract);
-          }
+  /* al = 1: d_inner rounded up to a multiple of 4 and rows 16-byte aligned,
+   * so that the decode step moves four channels at a time */
+  for (int al = 0; al < 2; al++)
+    for (int K = 2; K <= 8; K++)
+      for (int q = 0; q < N_DINNER; q++)
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
+          for (int a = 0; a < N_ACT; a++)
+            for (int with_bias = 0; with_bias < 2; with_bias++) {
+              int di = al ? (k_dinner[q] + 3) / 4 * 4 : k_dinner[q], T = Ts[ti];
+              mbd_dtype act = k_act[a];
+              int64_t M = (int64_t)NSEQ * T, ldxz = 2 * di + 3 + al,
+                      sstride = (int64_t)(K - 1) * di + 5 - al;
+              float *w = malloc((size_t)K * di * 4);
+              float *b = with_bias ? malloc((size_t)di * 4) : NULL;
+              /* weights as widened */
+              void *w16 = fill(act, (size_t)K * di, &seed, -0.6f, 0.6f, w);
+              void *b16 = with_bias ? fill(act, (size_t)di, &seed, -0.3f, 0.3f, b) : NULL;
+              float *xz = fillf((size_t)M * ldxz, &seed, -2.0f, 2.0f);
+              float *st = fillf((size_t)NSLOT * sstride, &seed, -1.0f, 1.0f);
+              float *dxz = dput(xz, (size_t)M * ldxz * 4), *dw = dput(w, (size_t)K * di * 4);
+              float *db = b ? dput(b, (size_t)di * 4) : NULL;
+              float *dst = dput(st, (size_t)NSLOT * sstride * 4);
+              int32_t *dsl = dput(k_slots, sizeof k_slots);
+              float *dxc = dzero((size_t)M * di * 4);
+              void *dact = dzero((size_t)M * di * dsize(act));
+              OP(mbd_mops_conv_silu(g_stream, NSEQ, T, di, K, dxz, ldxz, dw, db, dst, sstride, dsl,
+                                    dxc, act, dact, &err));
+              float *gxc = malloc((size_t)M * di * 4), *gst = malloc((size_t)NSLOT * sstride * 4);
+              void *gact = malloc((size_t)M * di * dsize(act));
+              dget(gxc, dxc, (size_t)M * di * 4);
+              dget(gst, dst, (size_t)NSLOT * sstride * 4);
+              dget(gact, dact, (size_t)M * di * dsize(act));
+              float *rxc = malloc((size_t)M * di * 4);
+              void *ract = malloc((size_t)M * di * dsize(act));
+              for (int s = 0; s < NSEQ; s++)
+                for (int t = 0; t < T; t++) {
+                  int64_t r = (int64_t)s * T + t;
+                  mbd_cpu_conv_step(MBD_CPU_ISA_PORTABLE, 0, di, di, K, w, b,
+                                    st + (int64_t)k_slots[s] * sstride, xz + r * ldxz,
+                                    rxc + r * di);
+                }
+              for (int64_t i = 0; i < M * di; i++) store(act, ract, (size_t)i, rxc[i]);
+              char what[96];
+              snprintf(what, sizeof what, "conv_silu K=%d di=%d T=%d %s bias=%d aligned=%d", K, di,
+                       T, mbd_dtype_name(act), with_bias, al);
+              same_bytes(what, gxc, rxc, (size_t)(M * di), 4);
+              same_bytes(what, gact, ract, (size_t)(M * di), dsize(act));
+              same_bytes(what, gst, st, (size_t)NSLOT * sstride, 4); /* st: the reference's state */
+              dfree(dxz);
+              dfree(dw);
+              dfree(db);
+              dfree(dst);
+              dfree(dsl);
+              dfree(dxc);
+              dfree(dact);
+              free(w);
+              free(b);
+              free(w16);
+              free(b16);
+              free(xz);
+              free(st);
+              free(gxc);
+              free(gst);
+              free(gact);
+              free(rxc);
+              free(ract);
+            }
   /* widths outside 2..8 are refused */
   mbd_error err = {0};
   assert_int_equal(mbd_mops_conv_silu(g_stream, 1, 1, 8, 9, NULL, 16, NULL, NULL, NULL, 0, NULL,
@@ -382,8 +389,8 @@ static float xproj_lanes(const float *x, const float *w, int K) {
 static void test_xproj(void **state) {
   (void)state;
   uint64_t seed = 14;
-  /* 1..7: a warp per output, 4 rows per warp; 33, 70: tiles of 16 x 16 where K
-   * is a multiple of 512 (partial row and output tiles) */
+  /* 1..7: a warp per output, 4 rows per warp; 33, 70: tiles of 16 rows x 8
+   * outputs where K is a multiple of 512 (partial row and output tiles) */
   const int Ms[] = {1, 3, 7, 33, 70};
   const int Ks[] = {37, 130, 257, 520, 1040, /* 520, 1040: vector loads, > one lane stride */
                     1024, 1536};             /* whole 512-channel chunks */
@@ -434,6 +441,8 @@ static void test_xproj(void **state) {
 
 typedef struct scan_case {
   int N, R, di, T;
+  int nseq, nslot;       /* sequences, state slots */
+  const int32_t *slots;  /* [nseq]: sequence s's slot */
   mbd_dtype act;
   int64_t M, ldxz, zoff, sstride, nd;
   float *A, *D, *xc, *dbl, *xz, *st; /* host f32 */
@@ -441,11 +450,13 @@ typedef struct scan_case {
   void *dtw, *dtb;                   /* the same in act */
 } scan_case;
 
-static void scan_case_make(scan_case *c, int N, int R, int di, int T, mbd_dtype act,
-                           uint64_t *seed) {
+/* nseq sequences in the slots of a state of nslot slots. */
+static void scan_case_make_n(scan_case *c, int N, int R, int di, int T, mbd_dtype act, int nseq,
+                             int nslot, const int32_t *slots, uint64_t *seed) {
   memset(c, 0, sizeof *c);
   c->N = N, c->R = R, c->di = di, c->T = T, c->act = act;
-  c->M = (int64_t)NSEQ * T;
+  c->nseq = nseq, c->nslot = nslot, c->slots = slots;
+  c->M = (int64_t)nseq * T;
   c->ldxz = 2 * di + 3;
   c->zoff = di;
   c->sstride =
@@ -458,11 +469,17 @@ static void scan_case_make(scan_case *c, int N, int R, int di, int T, mbd_dtype 
   c->xc = fillf((size_t)c->M * di, seed, -2.0f, 2.0f);
   c->dbl = fillf((size_t)c->M * c->nd, seed, -1.0f, 1.0f);
   c->xz = fillf((size_t)c->M * c->ldxz, seed, -4.0f, 4.0f);
-  c->st = fillf((size_t)NSLOT * c->sstride, seed, -1.0f, 1.0f);
+  c->st = fillf((size_t)nslot * c->sstride, seed, -1.0f, 1.0f);
   c->dtw_f = malloc((size_t)di * R * 4);
   c->dtb_f = malloc((size_t)di * 4);
   c->dtw = fill(act, (size_t)di * R, seed, -1.0f, 1.0f, c->dtw_f);
   c->dtb = fill(act, (size_t)di, seed, -3.0f, 0.0f, c->dtb_f);
+}
+
+/* NSEQ sequences in the slots k_slots of NSLOT. */
+static void scan_case_make(scan_case *c, int N, int R, int di, int T, mbd_dtype act,
+                           uint64_t *seed) {
+  scan_case_make_n(c, N, R, di, T, act, NSEQ, NSLOT, k_slots, seed);
 }
 
 static void scan_case_free(scan_case *c) {
@@ -484,7 +501,7 @@ static void scan_case_free(scan_case *c) {
  * is not NULL it replaces c->xc as the scan's input x. */
 static void scan_ref(scan_case *c, const float *xcs, void *y) {
   float *dt_raw = malloc((size_t)c->di * 4), *out = malloc((size_t)c->di * 4);
-  for (int s = 0; s < NSEQ; s++)
+  for (int s = 0; s < c->nseq; s++)
     for (int t = 0; t < c->T; t++) {
       int64_t r = (int64_t)s * c->T + t;
       const float *row = c->dbl + r * c->nd;
@@ -496,7 +513,7 @@ static void scan_ref(scan_case *c, const float *xcs, void *y) {
       }
       mbd_cpu_scan_step(MBD_CPU_ISA_PORTABLE, 0, c->di, c->N, c->A, c->D, dt_raw, row + c->R,
                         row + c->R + c->N, (xcs ? xcs : c->xc) + r * c->di,
-                        c->xz + r * c->ldxz + c->zoff, c->st + (int64_t)k_slots[s] * c->sstride,
+                        c->xz + r * c->ldxz + c->zoff, c->st + (int64_t)c->slots[s] * c->sstride,
                         out);
       for (int ch = 0; ch < c->di; ch++) store(c->act, y, (size_t)(r * c->di + ch), out[ch]);
     }
@@ -562,6 +579,68 @@ static void test_scan(void **state) {
       mbd_mops_scan(g_stream, 1, 1, 37, 16, 5, NULL, NULL, MBD_DTYPE_F32, NULL, NULL, NULL, NULL,
                     NULL, 80, 37, NULL, 0, NULL, NULL, MBD_DTYPE_BF16, NULL, &err),
       MBD_E_INVALID);
+}
+
+/* The decode step at many sequences, against the CPU: on a 132-SM device
+ * (N <= 16), the batch sizes at which the kernel runs one sequence per block
+ * with the staged weights (40), the streaming kernel with ranges of one (60
+ * at R = 128, whose staged weights fit only 3 blocks per SM), two (150),
+ * three or four (300) and ten sequences per block (1000: dt chains eight at
+ * a time, then the rest); the last scan block part-filled (di = 1100: 76
+ * live channels of 128, whole warps past di; di = 257); R = 5 (element
+ * loads of the dt_proj row), 16 and 128 (16-byte loads); distinct slots, in
+ * reverse order. */
+static void test_scan_batch(void **state) {
+  (void)state;
+  uint64_t seed = 18;
+  static const int cases[][3] = {/* di, nseq, R */
+                                 {1100, 40, 5},    {1100, 60, 128},  {1100, 150, 5},
+                                 {1100, 300, 5},   {1100, 1000, 16}, {257, 1000, 16}};
+  const int Ns[] = {4, 16, 32};
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+    for (size_t ni = 0; ni < 3; ni++)
+      for (int a = 0; a < N_ACT; a++) {
+        const int di = cases[ci][0], ns = cases[ci][1], nslot = ns + 1;
+        int32_t *slots = malloc((size_t)ns * sizeof *slots);
+        for (int s = 0; s < ns; s++) slots[s] = ns - s; /* distinct, reversed */
+        scan_case c;
+        scan_case_make_n(&c, Ns[ni], cases[ci][2], di, 1, k_act[a], ns, nslot, slots, &seed);
+        size_t es = dsize(c.act), ny = (size_t)c.M * c.di;
+        float *dA = dput(c.A, (size_t)c.di * c.N * 4), *dD = dput(c.D, (size_t)c.di * 4);
+        float *dxc = dput(c.xc, ny * 4), *ddbl = dput(c.dbl, (size_t)c.M * c.nd * 4);
+        float *dxz = dput(c.xz, (size_t)c.M * c.ldxz * 4);
+        float *dst = dput(c.st, (size_t)nslot * c.sstride * 4);
+        void *dtw = dput(c.dtw, (size_t)c.di * c.R * es), *dtb = dput(c.dtb, (size_t)c.di * es);
+        int32_t *dsl = dput(slots, (size_t)ns * sizeof *slots);
+        void *dy = dzero(ny * es);
+        OP(mbd_mops_scan(g_stream, ns, 1, c.di, c.N, c.R, dxc, ddbl, c.act, dtw, dtb, dA, dD,
+                         dxz, c.ldxz, c.zoff, dst, c.sstride, dsl, NULL, c.act, dy, &err));
+        void *gy = malloc(ny * es), *ry = malloc(ny * es);
+        float *gst = malloc((size_t)nslot * c.sstride * 4);
+        dget(gy, dy, ny * es);
+        dget(gst, dst, (size_t)nslot * c.sstride * 4);
+        scan_ref(&c, NULL, ry);
+        char what[96];
+        snprintf(what, sizeof what, "scan step N=%d R=%d di=%d nseq=%d %s", c.N, c.R, c.di, ns,
+                 mbd_dtype_name(c.act));
+        same_bytes(what, gy, ry, ny, es);
+        same_bytes(what, gst, c.st, (size_t)nslot * c.sstride, 4);
+        dfree(dA);
+        dfree(dD);
+        dfree(dxc);
+        dfree(ddbl);
+        dfree(dxz);
+        dfree(dst);
+        dfree(dtw);
+        dfree(dtb);
+        dfree(dsl);
+        dfree(dy);
+        free(gy);
+        free(ry);
+        free(gst);
+        scan_case_free(&c);
+        free(slots);
+      }
 }
 
 /* ---- the Mamba-2 recurrence --------------------------------------------------- */
@@ -853,7 +932,98 @@ static void test_gated_rmsnorm(void **state) {
 
 /* mbd_mops_conv_xproj then mbd_mops_scan with the conv give the bits of
  * conv_silu, x_proj and scan (which the tests above tie to the CPU), for the
- * shapes mbd_mops_conv_fused accepts: T = 1, width 4, bf16/f16. */
+ * shapes mbd_mops_conv_fused accepts: T = 1, width 4, bf16/f16. One case:
+ * nseq sequences in the slots `slots` of nslot. */
+static void conv_fusion_case(mbd_dtype act, int di, int N, int nseq, int nslot,
+                             const int32_t *slots, uint64_t *seed) {
+  const int K = 4, R = 5;
+  scan_case c;
+  scan_case_make_n(&c, N, R, di, 1, act, nseq, nslot, slots, seed);
+  size_t es = dsize(act), ny = (size_t)nseq * di;
+  int NO = R + 2 * N;
+  int64_t cstride = (int64_t)(K - 1) * di + 5;
+  float *cw = malloc((size_t)K * di * 4), *cb = malloc((size_t)di * 4);
+  void *cw16 = fill(act, (size_t)K * di, seed, -0.6f, 0.6f, cw);
+  void *cb16 = fill(act, (size_t)di, seed, -0.3f, 0.3f, cb);
+  float *cst = fillf((size_t)nslot * cstride, seed, -1.0f, 1.0f);
+  void *xw = fill(act, (size_t)NO * di, seed, -1.0f, 1.0f, NULL);
+  float *dA = dput(c.A, (size_t)di * N * 4), *dD = dput(c.D, (size_t)di * 4);
+  float *dxz = dput(c.xz, (size_t)nseq * c.ldxz * 4);
+  void *dtw = dput(c.dtw, (size_t)di * R * es), *dtb = dput(c.dtb, (size_t)di * es);
+  int32_t *dsl = dput(slots, (size_t)nseq * sizeof *slots);
+  float *dcw = dput(cw, (size_t)K * di * 4), *dcb = dput(cb, (size_t)di * 4);
+  void *dxw = dput(xw, (size_t)NO * di * es);
+  float *out_st[2], *out_cst[2];
+  void *out_y[2], *out_dbl[2];
+  for (int path = 0; path < 2; path++) {
+    float *dst = dput(c.st, (size_t)nslot * c.sstride * 4);
+    float *dcst = dput(cst, (size_t)nslot * cstride * 4);
+    float *ddbl = dzero((size_t)nseq * NO * 4);
+    void *dy = dzero(ny * es);
+    mbd_mops_conv conv = {.K = K, .w = dcw, .bias = dcb, .state = dcst, .slot_stride = cstride};
+    if (path == 0) { /* conv_silu, x_proj, scan */
+      float *dxc = dzero(ny * 4);
+      void *dxa = dzero(ny * es);
+      OP(mbd_mops_conv_silu(g_stream, nseq, 1, di, K, dxz, c.ldxz, dcw, dcb, dcst, cstride, dsl,
+                            dxc, act, dxa, &err));
+      OP(mbd_mops_xproj(g_stream, nseq, di, NO, act, dxa, dxw, ddbl, &err));
+      OP(mbd_mops_scan(g_stream, nseq, 1, di, N, R, dxc, ddbl, act, dtw, dtb, dA, dD, dxz, c.ldxz,
+                       c.zoff, dst, c.sstride, dsl, NULL, act, dy, &err));
+      dfree(dxc);
+      dfree(dxa);
+    } else { /* the fusion */
+      OP(mbd_mops_conv_xproj(g_stream, nseq, di, &conv, dxz, c.ldxz, dsl, NO, act, dxw, ddbl,
+                             &err));
+      OP(mbd_mops_scan(g_stream, nseq, 1, di, N, R, NULL, ddbl, act, dtw, dtb, dA, dD, dxz,
+                       c.ldxz, c.zoff, dst, c.sstride, dsl, &conv, act, dy, &err));
+    }
+    out_st[path] = malloc((size_t)nslot * c.sstride * 4);
+    out_cst[path] = malloc((size_t)nslot * cstride * 4);
+    out_y[path] = malloc(ny * es);
+    out_dbl[path] = malloc((size_t)nseq * NO * 4);
+    dget(out_st[path], dst, (size_t)nslot * c.sstride * 4);
+    dget(out_cst[path], dcst, (size_t)nslot * cstride * 4);
+    dget(out_y[path], dy, ny * es);
+    dget(out_dbl[path], ddbl, (size_t)nseq * NO * 4);
+    dfree(dst);
+    dfree(dcst);
+    dfree(ddbl);
+    dfree(dy);
+  }
+  char what[96];
+  snprintf(what, sizeof what, "conv fusion N=%d di=%d nseq=%d %s", N, di, nseq,
+           mbd_dtype_name(act));
+  same_bytes(what, out_dbl[1], out_dbl[0], (size_t)nseq * NO, 4);
+  same_bytes(what, out_y[1], out_y[0], ny, es);
+  same_bytes(what, out_st[1], out_st[0], (size_t)nslot * c.sstride, 4);
+  same_bytes(what, out_cst[1], out_cst[0], (size_t)nslot * cstride, 4);
+  for (int path = 0; path < 2; path++) {
+    free(out_st[path]);
+    free(out_cst[path]);
+    free(out_y[path]);
+    free(out_dbl[path]);
+  }
+  dfree(dA);
+  dfree(dD);
+  dfree(dxz);
+  dfree(dtw);
+  dfree(dtb);
+  dfree(dsl);
+  dfree(dcw);
+  dfree(dcb);
+  dfree(dxw);
+  free(cw);
+  free(cb);
+  free(cw16);
+  free(cb16);
+  free(cst);
+  free(xw);
+  scan_case_free(&c);
+}
+
+/* The conv_fusion_case matrix at NSEQ sequences, then the largest fused
+ * batch (64) at a d_inner of 16 scan blocks, the last one part-filled, so
+ * that the scan runs its streaming kernel over ranges of sequences. */
 static void test_conv_fusion(void **state) {
   (void)state;
   uint64_t seed = 16;
@@ -862,93 +1032,19 @@ static void test_conv_fusion(void **state) {
   for (int a = 1; a < N_ACT; a++)
     for (int q = 0; q < N_DINNER; q++)
       for (int ni = 0; ni < 4; ni++) {
-        mbd_dtype act = k_act[a];
-        int di = k_dinner[q], N = 4 << ni, R = 5;
-        if (!mbd_mops_conv_fused(NSEQ, 1, K, di, act)) continue;
+        if (!mbd_mops_conv_fused(NSEQ, 1, K, k_dinner[q], k_act[a])) continue;
         ran++;
-        scan_case c;
-        scan_case_make(&c, N, R, di, 1, act, &seed);
-        size_t es = dsize(act), ny = (size_t)NSEQ * di;
-        int NO = R + 2 * N;
-        int64_t cstride = (int64_t)(K - 1) * di + 5;
-        float *cw = malloc((size_t)K * di * 4), *cb = malloc((size_t)di * 4);
-        void *cw16 = fill(act, (size_t)K * di, &seed, -0.6f, 0.6f, cw);
-        void *cb16 = fill(act, (size_t)di, &seed, -0.3f, 0.3f, cb);
-        float *cst = fillf((size_t)NSLOT * cstride, &seed, -1.0f, 1.0f);
-        void *xw = fill(act, (size_t)NO * di, &seed, -1.0f, 1.0f, NULL);
-        float *dA = dput(c.A, (size_t)di * N * 4), *dD = dput(c.D, (size_t)di * 4);
-        float *dxz = dput(c.xz, (size_t)NSEQ * c.ldxz * 4);
-        void *dtw = dput(c.dtw, (size_t)di * R * es), *dtb = dput(c.dtb, (size_t)di * es);
-        int32_t *dsl = dput(k_slots, sizeof k_slots);
-        float *dcw = dput(cw, (size_t)K * di * 4), *dcb = dput(cb, (size_t)di * 4);
-        void *dxw = dput(xw, (size_t)NO * di * es);
-        float *out_st[2], *out_cst[2];
-        void *out_y[2], *out_dbl[2];
-        for (int path = 0; path < 2; path++) {
-          float *dst = dput(c.st, (size_t)NSLOT * c.sstride * 4);
-          float *dcst = dput(cst, (size_t)NSLOT * cstride * 4);
-          float *ddbl = dzero((size_t)NSEQ * NO * 4);
-          void *dy = dzero(ny * es);
-          mbd_mops_conv conv = {
-              .K = K, .w = dcw, .bias = dcb, .state = dcst, .slot_stride = cstride};
-          if (path == 0) { /* conv_silu, x_proj, scan */
-            float *dxc = dzero(ny * 4);
-            void *dxa = dzero(ny * es);
-            OP(mbd_mops_conv_silu(g_stream, NSEQ, 1, di, K, dxz, c.ldxz, dcw, dcb, dcst, cstride,
-                                  dsl, dxc, act, dxa, &err));
-            OP(mbd_mops_xproj(g_stream, NSEQ, di, NO, act, dxa, dxw, ddbl, &err));
-            OP(mbd_mops_scan(g_stream, NSEQ, 1, di, N, R, dxc, ddbl, act, dtw, dtb, dA, dD, dxz,
-                             c.ldxz, c.zoff, dst, c.sstride, dsl, NULL, act, dy, &err));
-            dfree(dxc);
-            dfree(dxa);
-          } else { /* the fusion */
-            OP(mbd_mops_conv_xproj(g_stream, NSEQ, di, &conv, dxz, c.ldxz, dsl, NO, act, dxw, ddbl,
-                                   &err));
-            OP(mbd_mops_scan(g_stream, NSEQ, 1, di, N, R, NULL, ddbl, act, dtw, dtb, dA, dD, dxz,
-                             c.ldxz, c.zoff, dst, c.sstride, dsl, &conv, act, dy, &err));
-          }
-          out_st[path] = malloc((size_t)NSLOT * c.sstride * 4);
-          out_cst[path] = malloc((size_t)NSLOT * cstride * 4);
-          out_y[path] = malloc(ny * es);
-          out_dbl[path] = malloc((size_t)NSEQ * NO * 4);
-          dget(out_st[path], dst, (size_t)NSLOT * c.sstride * 4);
-          dget(out_cst[path], dcst, (size_t)NSLOT * cstride * 4);
-          dget(out_y[path], dy, ny * es);
-          dget(out_dbl[path], ddbl, (size_t)NSEQ * NO * 4);
-          dfree(dst);
-          dfree(dcst);
-          dfree(ddbl);
-          dfree(dy);
-        }
-        char what[96];
-        snprintf(what, sizeof what, "conv fusion N=%d di=%d %s", N, di, mbd_dtype_name(act));
-        same_bytes(what, out_dbl[1], out_dbl[0], (size_t)NSEQ * NO, 4);
-        same_bytes(what, out_y[1], out_y[0], ny, es);
-        same_bytes(what, out_st[1], out_st[0], (size_t)NSLOT * c.sstride, 4);
-        same_bytes(what, out_cst[1], out_cst[0], (size_t)NSLOT * cstride, 4);
-        for (int path = 0; path < 2; path++) {
-          free(out_st[path]);
-          free(out_cst[path]);
-          free(out_y[path]);
-          free(out_dbl[path]);
-        }
-        dfree(dA);
-        dfree(dD);
-        dfree(dxz);
-        dfree(dtw);
-        dfree(dtb);
-        dfree(dsl);
-        dfree(dcw);
-        dfree(dcb);
-        dfree(dxw);
-        free(cw);
-        free(cb);
-        free(cw16);
-        free(cb16);
-        free(cst);
-        free(xw);
-        scan_case_free(&c);
+        conv_fusion_case(k_act[a], k_dinner[q], 4 << ni, NSEQ, NSLOT, k_slots, &seed);
       }
+  enum { BIG = 64, BIG_DI = 2000 };
+  int32_t slots[BIG];
+  for (int s = 0; s < BIG; s++) slots[s] = (7 * s + 3) % (BIG + 1); /* a permutation */
+  for (int a = 1; a < N_ACT; a++)
+    for (int ni = 0; ni < 4; ni += 2) {
+      if (!mbd_mops_conv_fused(BIG, 1, K, BIG_DI, k_act[a])) continue;
+      ran++;
+      conv_fusion_case(k_act[a], BIG_DI, 4 << ni, BIG, BIG + 1, slots, &seed);
+    }
   if (!ran) {
     print_message(
         "mbd_mops_conv_fused accepts none of these shapes (MBD_CONV_FUSE_MAX=0 or "
@@ -1041,7 +1137,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_embed),         cmocka_unit_test(test_add_rmsnorm),
       cmocka_unit_test(test_conv_silu),     cmocka_unit_test(test_xproj),
-      cmocka_unit_test(test_scan),          cmocka_unit_test(test_ssd_scan),
+      cmocka_unit_test(test_scan),          cmocka_unit_test(test_scan_batch),
+      cmocka_unit_test(test_ssd_scan),
       cmocka_unit_test(test_ssd_scan_conv), cmocka_unit_test(test_gated_rmsnorm),
       cmocka_unit_test(test_conv_fusion),
       cmocka_unit_test(test_sample_greedy), cmocka_unit_test(test_fill_uniform),

@@ -75,6 +75,98 @@ static int conv_silu_launch(cudaStream_t s, int nseq, int T, int di, const float
                     ldxz, w, bias, conv_state, slot_stride, slots, xc, xc_act);
 }
 
+/* The decode step (T = 1) where every row and pointer allows 16-byte
+ * accesses (conv_step_vec): k_conv_silu's one-step work, four consecutive
+ * channels of one sequence per thread, each tap row, the input, the outputs
+ * and the window written back moved 16 bytes at a time. Each channel's
+ * output is conv_silu_out's, as in k_conv_silu, and the window advances in
+ * place the same way. */
+#define CONV_STEP_BT 128 /* threads per block: 512 channels */
+
+template <int K, typename ActT>
+__global__ void __launch_bounds__(CONV_STEP_BT)
+    k_conv_step4(int di, const float *__restrict__ xz, int64_t ldxz, const float *__restrict__ w,
+                 const float *__restrict__ bias, float *__restrict__ conv_state,
+                 int64_t slot_stride, const int32_t *__restrict__ slots, float *__restrict__ xc,
+                 ActT *__restrict__ xc_act) {
+  const int c = 4 * (blockIdx.x * CONV_STEP_BT + threadIdx.x);
+  const int s = blockIdx.y;
+  const int cw = c < di ? c : di - 4;
+  float wk[4][K], b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int j = 0; j < K; j++) { /* weights: before the wait */
+    const float4 q = *(const float4 *)(w + (int64_t)j * di + cw);
+    wk[0][j] = q.x, wk[1][j] = q.y, wk[2][j] = q.z, wk[3][j] = q.w;
+  }
+  if (bias) {
+    const float4 q = *(const float4 *)(bias + cw);
+    b[0] = q.x, b[1] = q.y, b[2] = q.z, b[3] = q.w;
+  }
+  pdl_wait();
+  pdl_trigger();
+  if (c >= di) return;
+  float *st = conv_state + (int64_t)slots[s] * slot_stride + c;
+  float4 win4[K - 1];
+#pragma unroll
+  for (int j = 0; j < K - 1; j++) win4[j] = *(const float4 *)(st + (int64_t)j * di);
+  const float4 x4 = *(const float4 *)(xz + (int64_t)s * ldxz + c);
+  const float xv[4] = {x4.x, x4.y, x4.z, x4.w};
+  float v[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    float win[K - 1];
+#pragma unroll
+    for (int j = 0; j < K - 1; j++) win[j] = ((const float *)&win4[j])[i];
+    v[i] = conv_silu_out<K>(wk[i], win, xv[i], bias != nullptr, b[i]);
+  }
+  const int64_t o = (int64_t)s * di + c;
+  *(float4 *)(xc + o) = make_float4(v[0], v[1], v[2], v[3]);
+  if (xc_act) {
+    alignas(4 * sizeof(ActT)) ActT h[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) st_act(h + i, v[i]);
+    if constexpr (sizeof(ActT) == 4)
+      *(float4 *)(xc_act + o) = *(const float4 *)h;
+    else
+      *(uint2 *)(xc_act + o) = *(const uint2 *)h;
+  }
+#pragma unroll
+  for (int j = 0; j + 1 < K - 1; j++) *(float4 *)(st + (int64_t)j * di) = win4[j + 1];
+  *(float4 *)(st + (int64_t)(K - 2) * di) = x4;
+}
+
+/* Whether k_conv_step4 may run: every row start and pointer 16-byte aligned
+ * (xc_act: 4 elements aligned). */
+static bool conv_step_vec(int di, const float *xz, int64_t ldxz, const float *w,
+                          const float *bias, const float *conv_state, int64_t slot_stride,
+                          const float *xc, const void *xc_act, size_t act_size) {
+  const auto al = [](const void *p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; };
+  return di % 4 == 0 && ldxz % 4 == 0 && slot_stride % 4 == 0 && al(xz, 16) && al(w, 16) &&
+         al(bias, 16) && al(conv_state, 16) && al(xc, 16) && al(xc_act, 4 * act_size);
+}
+
+template <int K, typename ActT>
+static int conv_step4_launch(cudaStream_t s, int nseq, int di, const float *xz, int64_t ldxz,
+                             const float *w, const float *bias, float *conv_state,
+                             int64_t slot_stride, const int32_t *slots, float *xc, ActT *xc_act,
+                             mbd_error *err) {
+  const dim3 grid((unsigned)((di / 4 + CONV_STEP_BT - 1) / CONV_STEP_BT), (unsigned)nseq);
+  return launch_pdl("conv_silu (step)", k_conv_step4<K, ActT>, grid, dim3(CONV_STEP_BT), 0, s,
+                    err, di, xz, ldxz, w, bias, conv_state, slot_stride, slots, xc, xc_act);
+}
+
+template <int K, typename ActT>
+static int conv_launch(cudaStream_t s, int nseq, int T, int di, const float *xz, int64_t ldxz,
+                       const float *w, const float *bias, float *conv_state, int64_t slot_stride,
+                       const int32_t *slots, float *xc, ActT *xc_act, mbd_error *err) {
+  if (T == 1 && conv_step_vec(di, xz, ldxz, w, bias, conv_state, slot_stride, xc, xc_act,
+                              sizeof(ActT)))
+    return conv_step4_launch<K, ActT>(s, nseq, di, xz, ldxz, w, bias, conv_state, slot_stride,
+                                      slots, xc, xc_act, err);
+  return conv_silu_launch<K, ActT>(s, nseq, T, di, xz, ldxz, w, bias, conv_state, slot_stride,
+                                   slots, xc, xc_act, err);
+}
+
 extern "C" int mbd_mops_conv_silu(void *stream, int nseq, int T, int di, int K, const float *xz,
                                   int64_t ldxz, const float *w, const float *bias,
                                   float *conv_state, int64_t slot_stride, const int32_t *slots,
@@ -88,8 +180,8 @@ extern "C" int mbd_mops_conv_silu(void *stream, int nseq, int T, int di, int K, 
   cudaStream_t s = (cudaStream_t)stream;
 #define CONV_K(KK, T_)                                                                      \
   case KK:                                                                                  \
-    return conv_silu_launch<KK, T_>(s, nseq, T, di, xz, ldxz, w, bias, conv_state,          \
-                                    slot_stride, slots, xc, (T_ *)xc_act, err);
+    return conv_launch<KK, T_>(s, nseq, T, di, xz, ldxz, w, bias, conv_state, slot_stride,  \
+                               slots, xc, (T_ *)xc_act, err);
 #define CONV(T_)                                                                            \
   switch (K) {                                                                              \
     CONV_K(2, T_) CONV_K(3, T_) CONV_K(4, T_) CONV_K(5, T_) CONV_K(6, T_) CONV_K(7, T_)     \

@@ -9,9 +9,11 @@
 
 __device__ __forceinline__ void cp_async4(void *sm, const void *g) {
   unsigned a = (unsigned)__cvta_generic_to_shared(sm);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(g));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(g) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 __device__ __forceinline__ void cp_async_wait0() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
@@ -151,15 +153,34 @@ __global__ void __launch_bounds__(SCAN_THREADS)
 
 /* The T = 1 (decode) form of k_scan: the same per-step arithmetic, statement
  * for statement (a decode step must give the bits of one prefill step), with
- * none of the chunk staging. A block runs SSTEP_BT channels of SQ sequences:
- * thread c reads its channel's dt_proj row once, with 16-byte loads from
- * L2, and runs the SQ sequences' dt chains side by side over it, so the
- * weights cross L2 once per SQ sequences and nothing but the sequences'
- * x_proj rows (dt_low, B, C) is staged in shared memory. With SQ = 1 (small
- * batches, latency-bound) the block's rows are instead copied to shared
- * memory before the PDL wait, overlapping the x_proj kernel. Each chain is
- * one sequence's alone, in k order, so SQ only changes speed, never bits. */
+ * none of the chunk staging. A block runs SSTEP_BT channels of a contiguous
+ * range of sequences, SQ at a time: thread c reads its channel's dt_proj row
+ * once per SQ sequences, with 16-byte loads from L2, and runs their dt chains
+ * side by side over it (the weights cross L2 once per SQ sequences), then
+ * the SQ sequences' steps one after another. Each chain is one sequence's
+ * alone, in k order, so SQ and the ranges only change speed, never bits.
+ *
+ * SQ > 1: the state rows (and x, z, the conv window) are streamed: while
+ * sequence i's step runs, cp.async moves sequence i + 1's into the other of
+ * two shared-memory buffers, so a warp never waits on a load it could have
+ * issued earlier, and the data in flight takes no registers. Each warp moves
+ * and stores the rows of its own 32 channels, lane l the 16-byte pieces l,
+ * l + 32, ... (coalesced), so it synchronises only with itself.
+ *
+ * SQ = 1 (small batches, a range of one sequence, latency-bound): the
+ * block's dt_proj rows are copied to shared memory before the PDL wait,
+ * overlapping the x_proj kernel, and the sequence's state and inputs are
+ * loaded into registers before its dt chain runs. */
 #define SSTEP_BT 128
+
+__device__ __forceinline__ void cp_async16(void *sm, const void *g) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(sm);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(g) : "memory");
+}
+/* Waits for all but the most recent committed group of this thread. */
+__device__ __forceinline__ void cp_async_wait1() {
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
 
 /* sw[ch * RP + k] = widen(g[ch * R + k]) for the n = nch * R weights of nch
  * consecutive channels' dt_proj rows; 16-byte loads when vec (g 16-byte
@@ -187,14 +208,37 @@ __device__ __forceinline__ void stage_dt_w(float *sw, int RP, const WT *g, int n
   }
 }
 
+/* Piece p (16 bytes) of staged state row r (N floats, unpadded) is stored
+ * at piece p ^ sstep_swz<N>(r): the 8 threads of a quarter warp reading
+ * piece p of their own rows, and the 8 lanes storing consecutive pieces of
+ * the warp's rows, then fall in distinct banks. */
+template <int N>
+__device__ __forceinline__ int sstep_swz(int r) {
+  constexpr int NQ4 = N / 4, D = NQ4 >= 8 ? 1 : 8 / NQ4;
+  return (r / D) % NQ4;
+}
+/* Per-channel rows of one stage buffer besides the state: x (xc, or xz's x
+ * part with the conv fused), z, and the conv window's KC - 1 taps. */
+__host__ __device__ constexpr int sstep_nx(int KC) { return 2 + (KC > 0 ? KC - 1 : 0); }
+
+/* Shared memory of k_scan_step, in floats: the SQ staged x_proj rows, then
+ * SQ = 1: the block's weights; SQ > 1: two stage buffers of state rows and
+ * x / z / window rows, and the SQ sequences' dt. */
+__host__ __device__ constexpr size_t sstep_smem_floats(int N, int KC, int SQ, int R) {
+  return (size_t)SQ * ((R + 2 * N + 3) & ~3) +
+         (SQ == 1 ? (size_t)SSTEP_BT * (R + 1)
+                  : 2 * (size_t)SSTEP_BT * (N + sstep_nx(KC)) + (size_t)SQ * SSTEP_BT);
+}
+
 /* KC > 0 (the decode fusion, after k_conv_xproj): x is not read from xc but
- * recomputed by conv_silu_out from xz's x part and the conv state (taps
- * loaded before the wait), and this thread, the only one of the grid on its
- * (slot, channel), shifts the conv window; see k_conv_xproj for why the state
- * is written here. vec: every dt_proj row is 16-byte aligned (checked on the
- * host), so it is read in 16-byte pieces. */
+ * recomputed by conv_silu_out from xz's x part and the conv window, and this
+ * thread, the only one of the grid on its (slot, channel), shifts the window
+ * as conv_step_state does; see k_conv_xproj for why the state is written
+ * here. vec: every dt_proj row is 16-byte aligned (checked on the host), so
+ * it is read in 16-byte pieces. Block y runs the sequences
+ * [y nseq / G, (y + 1) nseq / G), G = gridDim.y <= nseq. */
 template <int N, typename ActT, typename WT, int KC, int SQ>
-__global__ void __launch_bounds__(SSTEP_BT)
+__global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
     k_scan_step(int nseq, int di, int R, const float *__restrict__ xc,
                 const float *__restrict__ dbl, const WT *__restrict__ dt_w,
                 const WT *__restrict__ dt_b, const float *__restrict__ A,
@@ -204,15 +248,22 @@ __global__ void __launch_bounds__(SSTEP_BT)
                 const float *__restrict__ cb, float *__restrict__ cstate, int64_t cslot,
                 ActT *__restrict__ y, int vec) {
   constexpr int PV = 16 / sizeof(WT); /* weights per 16-byte load */
+  constexpr int NX = sstep_nx(KC);
+  constexpr int NQ4 = N / 4; /* 16-byte pieces per state row */
   extern __shared__ float4 step_sm4[];
   const int ND = R + 2 * N;
   const int NDP = (ND + 3) & ~3; /* staged row stride: float4-aligned rows */
   const int RP = R + 1;          /* SQ = 1: padded weight row, conflict-free column reads */
-  float *sw = (float *)step_sm4; /* SQ = 1: [SSTEP_BT][RP] */
-  float *sd = sw + (SQ == 1 ? SSTEP_BT * RP : 0); /* [SQ][NDP]: round_act(dt_low), B, C */
-  const int tid = threadIdx.x;
+  float *sd = (float *)step_sm4; /* [SQ][NDP]: round_act(dt_low), B, C */
+  float *sw = sd + SQ * NDP;     /* SQ = 1: [SSTEP_BT][RP] */
+  float *sst = sw;                     /* SQ > 1: [2][SSTEP_BT][N] state rows (swizzled) */
+  float *sxz = sst + 2 * SSTEP_BT * N; /* SQ > 1: [2][NX][SSTEP_BT] x, z, window taps */
+  float *sdt = sxz + 2 * NX * SSTEP_BT; /* SQ > 1: [SQ][SSTEP_BT] the group's dt */
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int c0 = blockIdx.x * SSTEP_BT, c = c0 + tid;
-  const int s0 = blockIdx.y * SQ, nq = min(SQ, nseq - s0);
+  const int wc0 = c0 + 32 * warp; /* the warp's first channel */
+  const int sb = (int)((int64_t)blockIdx.y * nseq / gridDim.y);
+  const int se = (int)((int64_t)(blockIdx.y + 1) * nseq / gridDim.y);
   const bool live = c < di;
   const int cc = live ? c : di - 1;
   if constexpr (SQ == 1)
@@ -228,87 +279,196 @@ __global__ void __launch_bounds__(SSTEP_BT)
     for (int j = 0; j < KC; j++) wk[j] = cw[(int64_t)j * di + cc];
     if (cb) cbias = cb[cc];
   }
+  /* SQ > 1: starts the copies of sequence s's inputs into stage buffer b
+   * (none past the range; the group is committed either way, so that
+   * cp_async_wait1 always leaves exactly the newest one pending). Dead
+   * channels' rows hold channel di - 1's. */
+  auto fetch = [&](int s, int b) {
+    if (s < se) {
+      const float *g = ssm_state + (int64_t)slots[s] * slot_stride;
+      float *dst = sst + (b * SSTEP_BT + 32 * warp) * N;
+#pragma unroll
+      for (int e = lane; e < 32 * NQ4; e += 32) {
+        const int r = e / NQ4, p = e - r * NQ4;
+        cp_async16(dst + r * N + 4 * (p ^ sstep_swz<N>(r)),
+                   g + (int64_t)min(wc0 + r, di - 1) * N + 4 * p);
+      }
+      float *sx = sxz + b * NX * SSTEP_BT + tid;
+      if constexpr (KC > 0) {
+        cp_async4(sx, xz + (int64_t)s * ldxz + cc);
+        const float *cs = cstate + (int64_t)slots[s] * cslot + cc;
+#pragma unroll
+        for (int j = 0; j < KC - 1; j++) cp_async4(sx + (2 + j) * SSTEP_BT, cs + (int64_t)j * di);
+      } else {
+        cp_async4(sx, xc + (int64_t)s * di + cc);
+      }
+      cp_async4(sx + SSTEP_BT, xz + (int64_t)s * ldxz + zoff + cc);
+    }
+    cp_async_commit();
+  };
+  if constexpr (SQ > 1) { /* the block's dt_proj rows (contiguous) toward L2, all at once */
+    const char *g = (const char *)(dt_w + (int64_t)c0 * R);
+    const int bytes = min(SSTEP_BT, di - c0) * R * (int)sizeof(WT);
+    for (int o = tid * 128; o < bytes; o += SSTEP_BT * 128) prefetch_l2(g + o);
+  }
   pdl_wait(); /* activations and state only from here on */
   pdl_trigger();
-  /* rows past nq are zeros: their chains run and are dropped */
-  for (int e = tid; e < SQ * ND; e += SSTEP_BT) {
-    const int q = e / ND, k = e - q * ND;
-    const float v = q < nq ? dbl[(int64_t)(s0 + q) * ND + k] : 0.0f;
-    sd[q * NDP + k] = k < R ? round_act<ActT>(v) : v;
-  }
-  __syncthreads();
-  /* dt chains: from 0 over k ascending, one per sequence (scan_dt's) */
-  float acc[SQ];
+  if constexpr (SQ > 1) fetch(sb, 0);
+  for (int q0 = sb; q0 < se; q0 += SQ) {
+    const int nq = min(SQ, se - q0);
+    if (q0 != sb) __syncthreads(); /* the previous group's rows are read */
+    for (int e = tid; e < nq * ND; e += SSTEP_BT) {
+      const int q = e / ND, k = e - q * ND;
+      const float v = dbl[(int64_t)(q0 + q) * ND + k];
+      sd[q * NDP + k] = k < R ? round_act<ActT>(v) : v;
+    }
+    __syncthreads();
+    if constexpr (SQ == 1) {
+      const int s = q0;
+      float *hp = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N;
+      float h[N];
+      ld_f32x(hp, h);
+      const float z = xz[(int64_t)s * ldxz + zoff + cc];
+      float xin, win[KC > 1 ? KC - 1 : 1];
+      float *cs = nullptr;
+      if constexpr (KC > 0) {
+        cs = cstate + (int64_t)slots[s] * cslot + cc;
+        xin = xz[(int64_t)s * ldxz + cc];
 #pragma unroll
-  for (int q = 0; q < SQ; q++) acc[q] = 0.0f;
-  int k = 0;
-  if constexpr (SQ == 1) {
+        for (int j = 0; j < KC - 1; j++) win[j] = cs[(int64_t)j * di];
+      } else {
+        xin = xc[(int64_t)s * di + cc];
+      }
+      float acc = 0.0f; /* scan_dt's chain */
 #pragma unroll 8
-    for (; k < R; k++) acc[0] = __fmaf_rn(sd[k], sw[tid * RP + k], acc[0]);
-  } else if (vec) {
-    for (; k + PV <= R; k += PV) {
-      uint4 raw = *(const uint4 *)(wr + k);
-      const WT *wp = (const WT *)&raw;
-      float w[PV];
+      for (int k = 0; k < R; k++) acc = __fmaf_rn(sd[k], sw[tid * RP + k], acc);
+      float x = xin;
+      if constexpr (KC > 0) {
+        x = conv_silu_out<KC>(wk, win, xin, cb != nullptr, cbias);
+        if (live) { /* conv_step_state's window advance */
 #pragma unroll
-      for (int j = 0; j < PV; j++) w[j] = ld_f32(wp + j);
-#pragma unroll
-      for (int q = 0; q < SQ; q++) { /* rows and k are float4-aligned: 16-byte reads */
-        const float4 *dq = (const float4 *)(sd + q * NDP + k);
-#pragma unroll
-        for (int j4 = 0; j4 < PV / 4; j4++) {
-          const float4 v = dq[j4];
-          acc[q] = __fmaf_rn(v.x, w[4 * j4], acc[q]);
-          acc[q] = __fmaf_rn(v.y, w[4 * j4 + 1], acc[q]);
-          acc[q] = __fmaf_rn(v.z, w[4 * j4 + 2], acc[q]);
-          acc[q] = __fmaf_rn(v.w, w[4 * j4 + 3], acc[q]);
+          for (int j = 0; j + 1 < KC - 1; j++) cs[(int64_t)j * di] = win[j + 1];
+          cs[(int64_t)(KC - 2) * di] = xin;
         }
       }
-    }
-  }
-  for (; k < R; k++) {
-    const float w = ld_f32(wr + k);
+      const float v = scan_one_dt<N>(softplus_f(__fadd_rn(acc, bdt)), sd + R, sd + R + N, a, d,
+                                     x, z, h);
+      if (live) {
+        st_act(y + (int64_t)s * di + c, v);
 #pragma unroll
-    for (int q = 0; q < SQ; q++) acc[q] = __fmaf_rn(sd[q * NDP + k], w, acc[q]);
-  }
+        for (int n = 0; n < N; n += 4)
+          *(float4 *)(hp + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
+      }
+    } else {
+      /* dt chains: from 0 over k ascending, one per sequence (scan_dt's) */
+      float acc[SQ];
 #pragma unroll
-  for (int q = 0; q < SQ; q++) {
-    if (q >= nq) break;
-    const int s = s0 + q;
-    float x;
-    if constexpr (KC > 0)
-      x = conv_step_state<KC>(cstate + (int64_t)slots[s] * cslot + cc, di,
-                              xz[(int64_t)s * ldxz + cc], wk, cb != nullptr, cbias, live);
-    else
-      x = xc[(int64_t)s * di + cc];
-    float *hp = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N;
-    float h[N];
-    ld_f32x(hp, h);
-    const float z = xz[(int64_t)s * ldxz + zoff + cc];
-    const float *row = sd + q * NDP;
-    const float v = scan_one_dt<N>(softplus_f(__fadd_rn(acc[q], bdt)), row + R, row + R + N, a,
-                                   d, x, z, h);
-    if (live) {
-      st_act(y + (int64_t)s * di + c, v);
+      for (int q = 0; q < SQ; q++) acc[q] = 0.0f;
+      int k = 0;
+      if (vec) {
+        /* one 16-byte piece of the row into the chains, k ascending */
+        const auto piece = [&](const uint4 &raw, int k) {
+          const WT *wp = (const WT *)&raw;
+          float w[PV];
 #pragma unroll
-      for (int n = 0; n < N; n += 4)
-        *(float4 *)(hp + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
+          for (int j = 0; j < PV; j++) w[j] = ld_f32(wp + j);
+#pragma unroll
+          for (int q = 0; q < SQ; q++) { /* rows and k are float4-aligned: 16-byte reads */
+            if (q >= nq) break;
+            const float4 *dq = (const float4 *)(sd + q * NDP + k);
+#pragma unroll
+            for (int j4 = 0; j4 < PV / 4; j4++) {
+              const float4 v = dq[j4];
+              acc[q] = __fmaf_rn(v.x, w[4 * j4], acc[q]);
+              acc[q] = __fmaf_rn(v.y, w[4 * j4 + 1], acc[q]);
+              acc[q] = __fmaf_rn(v.z, w[4 * j4 + 2], acc[q]);
+              acc[q] = __fmaf_rn(v.w, w[4 * j4 + 3], acc[q]);
+            }
+          }
+        };
+        for (; k + 4 * PV <= R; k += 4 * PV) { /* four pieces' loads in flight */
+          uint4 rw[4];
+#pragma unroll
+          for (int i = 0; i < 4; i++) rw[i] = *(const uint4 *)(wr + k + i * PV);
+#pragma unroll
+          for (int i = 0; i < 4; i++) piece(rw[i], k + i * PV);
+        }
+        for (; k + PV <= R; k += PV) piece(*(const uint4 *)(wr + k), k);
+      }
+      for (; k < R; k++) {
+        const float w = ld_f32(wr + k);
+#pragma unroll
+        for (int q = 0; q < SQ; q++) {
+          if (q >= nq) break;
+          acc[q] = __fmaf_rn(sd[q * NDP + k], w, acc[q]);
+        }
+      }
+      /* each thread's dt of the group's sequences, in its own column */
+#pragma unroll
+      for (int q = 0; q < SQ; q++)
+        if (q < nq) sdt[q * SSTEP_BT + tid] = softplus_f(__fadd_rn(acc[q], bdt));
+      for (int q = 0; q < nq; q++) {
+        const int s = q0 + q, b = (s - sb) & 1;
+        fetch(s + 1, b ^ 1);
+        cp_async_wait1();
+        __syncwarp(); /* the warp's copies of sequence s are visible */
+        float *hs = sst + (b * SSTEP_BT + tid) * N;
+        const int sw_t = sstep_swz<N>(tid);
+        const float *sx = sxz + b * NX * SSTEP_BT + tid;
+        float x = sx[0];
+        if constexpr (KC > 0) {
+          float win[KC - 1];
+#pragma unroll
+          for (int j = 0; j < KC - 1; j++) win[j] = sx[(2 + j) * SSTEP_BT];
+          x = conv_silu_out<KC>(wk, win, sx[0], cb != nullptr, cbias);
+          if (live) { /* conv_step_state's window advance */
+            float *cs = cstate + (int64_t)slots[s] * cslot + cc;
+#pragma unroll
+            for (int j = 0; j + 1 < KC - 1; j++) cs[(int64_t)j * di] = win[j + 1];
+            cs[(int64_t)(KC - 2) * di] = sx[0];
+          }
+        }
+        float h[N];
+#pragma unroll
+        for (int p = 0; p < NQ4; p++) {
+          const float4 v = *(const float4 *)(hs + 4 * (p ^ sw_t));
+          h[4 * p] = v.x, h[4 * p + 1] = v.y, h[4 * p + 2] = v.z, h[4 * p + 3] = v.w;
+        }
+        const float *row = sd + q * NDP;
+        const float v = scan_one_dt<N>(sdt[q * SSTEP_BT + tid], row + R, row + R + N, a, d, x,
+                                       sx[SSTEP_BT], h);
+        if (live) st_act(y + (int64_t)s * di + c, v);
+#pragma unroll
+        for (int p = 0; p < NQ4; p++)
+          *(float4 *)(hs + 4 * (p ^ sw_t)) =
+              make_float4(h[4 * p], h[4 * p + 1], h[4 * p + 2], h[4 * p + 3]);
+        __syncwarp(); /* the warp's new rows are in shared memory */
+        float *g = ssm_state + (int64_t)slots[s] * slot_stride;
+        const float *src = sst + (b * SSTEP_BT + 32 * warp) * N;
+#pragma unroll
+        for (int e = lane; e < 32 * NQ4; e += 32) {
+          const int r = e / NQ4, p = e - r * NQ4;
+          if (wc0 + r < di)
+            *(float4 *)(g + (int64_t)(wc0 + r) * N + 4 * p) =
+                *(const float4 *)(src + r * N + 4 * (p ^ sstep_swz<N>(r)));
+        }
+        __syncwarp(); /* buffer b is free for sequence s + 2 */
+      }
     }
   }
 }
 
-/* The decode step (T = 1): SSTEP_BT channels of SQ sequences per block; KC:
- * the fused conv's width (conv non-NULL), or 0. */
+/* The decode step (T = 1): SSTEP_BT channels of one of G ranges of sequences
+ * per block; KC: the fused conv's width (conv non-NULL), or 0. */
 template <int N, typename ActT, int KC, int SQ>
-static int scan_step_launch_sq(cudaStream_t s, int nseq, int di, int R, const float *xc,
+static int scan_step_launch_sq(cudaStream_t s, int nseq, int G, int di, int R, const float *xc,
                                const float *dbl, const ActT *dt_w, const ActT *dt_b,
                                const float *A, const float *D, const float *xz, int64_t ldxz,
                                int64_t zoff, float *ssm_state, int64_t slot_stride,
                                const int32_t *slots, const mbd_mops_conv *conv, ActT *y,
                                mbd_error *err) {
-  const dim3 grid((unsigned)((di + SSTEP_BT - 1) / SSTEP_BT), (unsigned)((nseq + SQ - 1) / SQ));
-  const size_t sh = sizeof(float) * ((SQ == 1 ? (size_t)SSTEP_BT * (R + 1) : 0) +
-                                     (size_t)SQ * (size_t)((R + 2 * N + 3) & ~3));
+  const dim3 grid((unsigned)((di + SSTEP_BT - 1) / SSTEP_BT), (unsigned)G);
+  const size_t sh = sizeof(float) * sstep_smem_floats(N, KC, SQ, R);
   const int vec = ((uintptr_t)dt_w & 15) == 0 && (R * (int)sizeof(ActT)) % 16 == 0;
   const float *cw = conv ? conv->w : NULL, *cb = conv ? conv->bias : NULL;
   float *cst = conv ? conv->state : NULL;
@@ -320,14 +480,9 @@ static int scan_step_launch_sq(cudaStream_t s, int nseq, int di, int R, const fl
                     zoff, ssm_state, slot_stride, slots, cw, cb, cst, cslot, y, vec);
 }
 
-/* Sequences per block: the most of 8, 4, 2 that still leaves the grid
- * SSTEP_BLOCKS_PER_SM blocks per SM (a block's sequences run one after
- * another, so fewer, longer blocks would leave SMs idle: the 130m shape at
- * batch 256 has only 12 channel blocks per sequence), else 1. */
-#define SSTEP_BLOCKS_PER_SM 3
-
-static int scan_step_sq(int nseq, int di) {
-  static int sms; /* the device's SM count, read once */
+/* The device's SM count, read once. */
+static int sstep_sms(void) {
+  static int sms;
   if (!sms) {
     int dev = 0, v = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -335,32 +490,61 @@ static int scan_step_sq(int nseq, int di) {
       v = 132;
     sms = v;
   }
-  const int64_t cblocks = (di + SSTEP_BT - 1) / SSTEP_BT, want = (int64_t)SSTEP_BLOCKS_PER_SM * sms;
-  for (int sq = 8; sq > 1; sq /= 2)
-    if (cblocks * ((nseq + sq - 1) / sq) >= want) return sq;
-  return 1;
+  return sms;
 }
 
+/* Blocks of k_scan_step<N, ActT, KC, SQ> resident per SM at dt rank R,
+ * asked once per instantiation and R (after allowing the kernel its shared
+ * memory, as the launch does; 1 if the query fails). */
+template <int N, typename ActT, int KC, int SQ>
+static int sstep_blocks_per_sm(int R) {
+  static int bps, bps_r;
+  if (!bps || bps_r != R) {
+    const size_t sh = sizeof(float) * sstep_smem_floats(N, KC, SQ, R);
+    int v = 0;
+    if ((sh > 48 * 1024 &&
+         cudaFuncSetAttribute(k_scan_step<N, ActT, ActT, KC, SQ>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)sh) != cudaSuccess) ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k_scan_step<N, ActT, ActT, KC, SQ>,
+                                                      SSTEP_BT, sh) != cudaSuccess ||
+        v <= 0) {
+      (void)cudaGetLastError();
+      v = 1;
+    }
+    bps = v, bps_r = R;
+  }
+  return bps;
+}
+
+/* One sequence per block with the staged weights (SQ = 1) while that grid
+ * fits on the SMs at once. Otherwise the streaming kernel over sequence
+ * ranges: as many as fill every SM with resident blocks once (resident
+ * blocks / channel blocks, at most one per sequence), split as evenly as
+ * possible so that all blocks end together, instead of a grid of short
+ * blocks whose last wave leaves SMs idle; SQ the power of two from 2 to 8
+ * covering the longest range (a longer one runs its dt chains 8 sequences at
+ * a time). */
 template <int N, typename ActT, int KC>
 static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float *xc,
                             const float *dbl, const ActT *dt_w, const ActT *dt_b, const float *A,
                             const float *D, const float *xz, int64_t ldxz, int64_t zoff,
                             float *ssm_state, int64_t slot_stride, const int32_t *slots,
                             const mbd_mops_conv *conv, ActT *y, mbd_error *err) {
-#define SSTEP_SQ(SQ)                                                                            \
-  case SQ:                                                                                      \
-    return scan_step_launch_sq<N, ActT, KC, SQ>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, \
-                                                ldxz, zoff, ssm_state, slot_stride, slots,     \
-                                                conv, y, err);
-  switch (scan_step_sq(nseq, di)) {
-    SSTEP_SQ(8)
-    SSTEP_SQ(4)
-    SSTEP_SQ(2)
-    default: break;
-  }
+#define SSTEP_SQ(SQ, G)                                                                       \
+  return scan_step_launch_sq<N, ActT, KC, SQ>(s, nseq, (int)(G), di, R, xc, dbl, dt_w, dt_b,  \
+                                              A, D, xz, ldxz, zoff, ssm_state, slot_stride,   \
+                                              slots, conv, y, err)
+  const int64_t cblocks = (di + SSTEP_BT - 1) / SSTEP_BT, sms = sstep_sms();
+  if (cblocks * nseq <= sms * sstep_blocks_per_sm<N, ActT, KC, 1>(R)) SSTEP_SQ(1, nseq);
+  int64_t G = sms * sstep_blocks_per_sm<N, ActT, KC, 8>(R) / cblocks;
+  if (G > nseq) G = nseq;
+  if (G < 1) G = 1;
+  const int64_t per = (nseq + G - 1) / G; /* the longest range */
+  if (per > 4) SSTEP_SQ(8, G);
+  if (per > 2) SSTEP_SQ(4, G);
+  SSTEP_SQ(2, G);
 #undef SSTEP_SQ
-  return scan_step_launch_sq<N, ActT, KC, 1>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz,
-                                             zoff, ssm_state, slot_stride, slots, conv, y, err);
 }
 
 /* The chunked scan (T > 1). It is a long, serial kernel: launched early

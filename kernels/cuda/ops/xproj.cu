@@ -43,116 +43,155 @@ __global__ void __launch_bounds__(32 * XP_WARPS)
 
 
 /* The same contract for many rows (M >= XT_MIN_M, K a multiple of the
- * 512-channel lane stride): k_xproj reloads and widens every x row once per
- * output warp and keeps few chains in flight, so at batch 256 or in a
- * prefill it was latency-bound far from its few bytes. Here a block owns a
- * tile of XT_R rows x XT_O outputs; per 512-channel chunk it stages the
- * tile's x and w widened to f32 in shared memory, laid out [row][j][lane]
- * (element k = 512 i + 16 lane + j), and thread `lane` of a warp runs, for
- * its warp's 4 rows x 8 outputs, exactly what lane `lane` of k_xproj's warp
- * runs for each of those outputs: the group partial p = fmaf chain from 0
- * over j = 0..15, then acc = acc + p (chunks ascending); then the same xor
- * butterfly. The next chunk's loads are issued before the current one is
- * computed. Rows past M and outputs past NO compute on zeros and are not
- * stored. */
+ * 512-channel lane stride, 16-bit T): k_xproj reloads and widens every x row
+ * once per output warp and keeps few chains in flight, so at batch 256 or in
+ * a prefill it was latency-bound far from its few bytes. Here a block owns a
+ * tile of XT_R rows x XT_O outputs, and thread `lane` of a warp runs, for
+ * its warp's XT_WR rows x XT_WO outputs, exactly what lane `lane` of
+ * k_xproj's warp runs for each of those outputs: per 512-channel chunk the
+ * group partial p = fmaf chain from 0 over j = 0..15 of x[r, k] w[o, k],
+ * k = 512 i + 16 lane + j, then acc = acc + p (chunks ascending); then the
+ * same xor butterfly. Rows past M and outputs past NO compute on zeros and
+ * are not stored.
+ *
+ * The tile's chunks travel by cp.async, two buffers deep, into shared memory
+ * as they are in memory (16-bit): a lane's 16 elements of a row are two
+ * 16-byte pieces, read by two 16-byte loads and widened in registers, which
+ * moves half the shared-memory bytes of a tile staged widened to f32 (the
+ * kernel's limit). The pieces are stored swizzled (piece q at q ^ (q / 8
+ * mod 2)) so that a warp's loads of one piece per lane fall in distinct
+ * banks. With the small tile (M = 256, NO = 160: 320 blocks) every SM gets a
+ * few blocks of little work; 111 registers, two blocks per SM. */
 #define XT_R 16       /* rows per block */
-#define XT_O 16       /* outputs per block */
+#define XT_O 8        /* outputs per block */
+#define XT_WR 4       /* rows per warp */
+#define XT_WO 4       /* outputs per warp */
 #define XT_MIN_M 32   /* fewer rows: k_xproj (or the decode fusion) */
 #define XT_CHUNK 512  /* channels per chunk: 32 lanes x XP_GW */
-#define XT_LD 4       /* 16-byte loads per thread per chunk and operand: 16 x 512 / 8 / 256 */
+#define XT_THREADS (32 * (XT_R / XT_WR) * (XT_O / XT_WO))
+#define XT_PIECES ((XT_R + XT_O) * XT_CHUNK / 8) /* 16-byte pieces of a tile's chunk */
+#define XT_LD (XT_PIECES / XT_THREADS)           /* of them per thread */
 
+/* Thread tid's pieces of a tile's chunk: piece c (c < XT_LD) is tile row
+ * tid / XT_QN + XT_RS c (x rows, then w rows), 16-byte column q = tid % XT_QN,
+ * i.e. that row's elements 8 q .. 8 q + 7 of the chunk. */
+#define XT_QN (XT_CHUNK / 8)         /* 16-byte columns of a chunk row */
+#define XT_RS (XT_THREADS / XT_QN)   /* tile rows per round of pieces */
+
+/* Where column q of a row is stored (in 16-byte pieces). */
+__device__ __forceinline__ int xt_swz(int q) { return q ^ ((q >> 3) & 1); }
+
+/* Starts the copies of this thread's pieces of chunk k0 into buf ([tile
+ * row][XT_CHUNK], swizzled); tile rows past M or NO are zeros. */
 template <typename T>
-__device__ __forceinline__ void xt_load(uint4 (&v)[XT_LD], const T *g, int64_t rows, int64_t r0,
-                                        int K, int k0, int tid) {
+__device__ __forceinline__ void xt_fetch(T *buf, const T *x, const T *w, int M, int NO, int K,
+                                         int64_t r0, int64_t o0, int k0, int tid) {
+  const int rt = tid / XT_QN, q = tid % XT_QN;
 #pragma unroll
   for (int c = 0; c < XT_LD; c++) {
-    const int u = tid + 256 * c, r = u / (XT_CHUNK / 8), q = u % (XT_CHUNK / 8);
-    v[c] = r0 + r < rows ? *(const uint4 *)(g + (r0 + r) * K + k0 + q * 8) : make_uint4(0, 0, 0, 0);
+    const int r = rt + XT_RS * c;
+    T *dst = buf + r * XT_CHUNK + xt_swz(q) * 8;
+    const bool isx = r < XT_R; /* the same for every thread at this c when XT_RS divides XT_R */
+    const int64_t g = isx ? r0 + r : o0 + (r - XT_R);
+    if (g < (isx ? M : NO)) {
+      const T *src = (isx ? x : w) + g * K + k0 + q * 8;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                       (unsigned)__cvta_generic_to_shared(dst)),
+                   "l"(src)
+                   : "memory");
+    } else {
+      *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+    }
   }
-}
-/* s[r][j][l] (f32) = the staged element k = 16 l + j of tile row r. */
-template <typename T>
-__device__ __forceinline__ void xt_store(float *s, const uint4 (&v)[XT_LD], int tid) {
-#pragma unroll
-  for (int c = 0; c < XT_LD; c++) {
-    const int u = tid + 256 * c, r = u / (XT_CHUNK / 8), q = u % (XT_CHUNK / 8);
-    const int l = q / 2, j0 = (q % 2) * 8;
-    const T *h = (const T *)&v[c];
-#pragma unroll
-    for (int jj = 0; jj < 8; jj++) s[(r * XP_GW + j0 + jj) * 32 + l] = ld_f32(h + jj);
-  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
 template <typename T>
-__global__ void __launch_bounds__(256, 2)
+__global__ void __launch_bounds__(XT_THREADS, 2)
     k_xproj_tile(int M, int K, int NO, const T *__restrict__ x, const T *__restrict__ w,
                  float *__restrict__ out) {
+  static_assert(sizeof(T) == 2 && XT_LD * XT_THREADS == XT_PIECES && XT_THREADS % XT_QN == 0 &&
+                    XT_R % XT_RS == 0,
+                "16-bit T, whole pieces per thread and rows per round, x and w apart");
   extern __shared__ float4 xt_sm4[];
-  float *xs = (float *)xt_sm4;        /* [XT_R][16][32] */
-  float *ws = xs + XT_R * XP_GW * 32; /* [XT_O][16][32] */
+  T *bufs = (T *)xt_sm4; /* [2][XT_R + XT_O][XT_CHUNK] */
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t r0 = (int64_t)blockIdx.y * XT_R, o0 = (int64_t)blockIdx.x * XT_O;
-  const int wr = (warp & 3) * 4, wo = (warp >> 2) * 8; /* the warp's rows and outputs */
-  uint4 xv[XT_LD], wv[XT_LD];
-  xt_load(wv, w, NO, o0, K, 0, tid); /* weights: before the wait */
+  /* the warp's rows and outputs */
+  const int wr = (warp % (XT_R / XT_WR)) * XT_WR, wo = (warp / (XT_R / XT_WR)) * XT_WO;
+  if (o0 + XT_O <= NO) /* the block's weights toward L2 while the predecessor runs */
+    for (int i = tid; i < XT_O * (K / 64); i += XT_THREADS)
+      prefetch_l2(w + (o0 + i / (K / 64)) * K + (i % (K / 64)) * 64);
   pdl_wait();
   pdl_trigger();
-  xt_load(xv, x, M, r0, K, 0, tid);
-  float acc[4][8];
+  xt_fetch(bufs, x, w, M, NO, K, r0, o0, 0, tid);
+  float acc[XT_WR][XT_WO];
 #pragma unroll
-  for (int a = 0; a < 4; a++)
+  for (int a = 0; a < XT_WR; a++)
 #pragma unroll
-    for (int b = 0; b < 8; b++) acc[a][b] = 0.0f;
-  for (int k0 = 0; k0 < K; k0 += XT_CHUNK) {
-    __syncthreads(); /* the previous chunk's reads are done */
-    xt_store<T>(xs, xv, tid);
-    xt_store<T>(ws, wv, tid);
-    __syncthreads();
-    if (k0 + XT_CHUNK < K) {
-      xt_load(xv, x, M, r0, K, k0 + XT_CHUNK, tid);
-      xt_load(wv, w, NO, o0, K, k0 + XT_CHUNK, tid);
+    for (int b = 0; b < XT_WO; b++) acc[a][b] = 0.0f;
+  for (int k0 = 0, i = 0; k0 < K; k0 += XT_CHUNK, i++) {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    __syncthreads(); /* chunk i has landed; chunk i - 1's buffer is read */
+    if (k0 + XT_CHUNK < K)
+      xt_fetch(bufs + ((i + 1) & 1) * (XT_R + XT_O) * XT_CHUNK, x, w, M, NO, K, r0, o0,
+               k0 + XT_CHUNK, tid);
+    const T *buf = bufs + (i & 1) * (XT_R + XT_O) * XT_CHUNK;
+    float p[XT_WR][XT_WO];
+#pragma unroll
+    for (int a = 0; a < XT_WR; a++)
+#pragma unroll
+      for (int b = 0; b < XT_WO; b++) p[a][b] = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; h++) { /* j = 8 h .. 8 h + 7: piece 2 lane + h of each row */
+      const int col = xt_swz(2 * lane + h) * 8;
+      uint4 xq[XT_WR], wq[XT_WO];
+#pragma unroll
+      for (int a = 0; a < XT_WR; a++) xq[a] = *(const uint4 *)(buf + (wr + a) * XT_CHUNK + col);
+#pragma unroll
+      for (int b = 0; b < XT_WO; b++)
+        wq[b] = *(const uint4 *)(buf + (XT_R + wo + b) * XT_CHUNK + col);
+#pragma unroll
+      for (int jj = 0; jj < 8; jj++) {
+        float xa[XT_WR], wb[XT_WO];
+#pragma unroll
+        for (int a = 0; a < XT_WR; a++) xa[a] = ld_f32((const T *)&xq[a] + jj);
+#pragma unroll
+        for (int b = 0; b < XT_WO; b++) wb[b] = ld_f32((const T *)&wq[b] + jj);
+#pragma unroll
+        for (int a = 0; a < XT_WR; a++)
+#pragma unroll
+          for (int b = 0; b < XT_WO; b++) p[a][b] = __fmaf_rn(xa[a], wb[b], p[a][b]);
+      }
     }
-    float p[4][8];
 #pragma unroll
-    for (int a = 0; a < 4; a++)
+    for (int a = 0; a < XT_WR; a++)
 #pragma unroll
-      for (int b = 0; b < 8; b++) p[a][b] = 0.0f;
-#pragma unroll 4
-    for (int j = 0; j < XP_GW; j++) {
-      float xa[4], wb[8];
-#pragma unroll
-      for (int a = 0; a < 4; a++) xa[a] = xs[((wr + a) * XP_GW + j) * 32 + lane];
-#pragma unroll
-      for (int b = 0; b < 8; b++) wb[b] = ws[((wo + b) * XP_GW + j) * 32 + lane];
-#pragma unroll
-      for (int a = 0; a < 4; a++)
-#pragma unroll
-        for (int b = 0; b < 8; b++) p[a][b] = __fmaf_rn(xa[a], wb[b], p[a][b]);
-    }
-#pragma unroll
-    for (int a = 0; a < 4; a++)
-#pragma unroll
-      for (int b = 0; b < 8; b++) acc[a][b] = __fadd_rn(acc[a][b], p[a][b]);
+      for (int b = 0; b < XT_WO; b++) acc[a][b] = __fadd_rn(acc[a][b], p[a][b]);
   }
 #pragma unroll
-  for (int a = 0; a < 4; a++)
+  for (int a = 0; a < XT_WR; a++)
 #pragma unroll
-    for (int b = 0; b < 8; b++) {
+    for (int b = 0; b < XT_WO; b++) {
       const float v = lane_sum(acc[a][b]);
       const int64_t r = r0 + wr + a, o = o0 + wo + b;
-      if (lane == a * 8 + b && r < M && o < NO) out[r * NO + o] = v;
+      if (lane == a * XT_WO + b && r < M && o < NO) out[r * NO + o] = v;
     }
 }
 
 template <typename T>
 static int xproj_tile_launch(cudaStream_t s, int M, int K, int NO, const T *x, const T *w,
                              float *out, mbd_error *err) {
-  const size_t sh = sizeof(float) * (size_t)(XT_R + XT_O) * XP_GW * 32;
-  int rc = allow_smem(k_xproj_tile<T>, sh, err);
-  if (rc < 0) return rc;
-  const dim3 grid((unsigned)((NO + XT_O - 1) / XT_O), (unsigned)((M + XT_R - 1) / XT_R));
-  return launch_pdl("x_proj (tiles)", k_xproj_tile<T>, grid, dim3(256), sh, s, err, M, K, NO, x,
-                    w, out);
+  if constexpr (sizeof(T) != 2) {
+    return mbd_error_set(err, MBD_E_INVALID, "x_proj tiles: 16-bit dtypes only");
+  } else {
+    const size_t sh = 2 * sizeof(T) * XT_CHUNK * (XT_R + XT_O); /* two chunk buffers */
+    int rc = allow_smem(k_xproj_tile<T>, sh, err);
+    if (rc < 0) return rc;
+    const dim3 grid((unsigned)((NO + XT_O - 1) / XT_O), (unsigned)((M + XT_R - 1) / XT_R));
+    return launch_pdl("x_proj (tiles)", k_xproj_tile<T>, grid, dim3(XT_THREADS), sh, s, err, M,
+                      K, NO, x, w, out);
+  }
 }
 
 /* f32 routes: the f32 GEMM contract, which is also the CPU model's x_proj
