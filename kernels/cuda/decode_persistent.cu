@@ -446,7 +446,7 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
         const int q = jj * 8 + col;
         if (half) {
           zv[r * qn + q] = v;
-        } else { /* conv_step_state's arithmetic on the prefetched window */
+        } else { /* conv_silu_out on the prefetched window */
           float wk[DP_KC], win[DP_KC - 1];
 #pragma unroll
           for (int j = 0; j < DP_KC; j++) wk[j] = s_cw[jj * DP_KC * 8 + j * 8 + col];

@@ -160,25 +160,6 @@ __device__ __forceinline__ void ld_f32x(const float *p, float (&v)[N]) {
   }
 }
 
-/* One channel's conv + SiLU output for a decode step from its window at cs
- * (stride di, oldest first) and the input xv; when `write`, the window is
- * advanced in place (the old one shifted by xv). */
-template <int KC>
-__device__ __forceinline__ float conv_step_state(float *cs, int64_t di, float xv,
-                                                 const float (&wk)[KC], bool has_bias, float b,
-                                                 bool write) {
-  float win[KC - 1];
-#pragma unroll
-  for (int j = 0; j < KC - 1; j++) win[j] = cs[(int64_t)j * di];
-  const float v = conv_silu_out<KC>(wk, win, xv, has_bias, b);
-  if (write) {
-#pragma unroll
-    for (int j = 0; j + 1 < KC - 1; j++) cs[(int64_t)j * di] = win[j + 1];
-    cs[(int64_t)(KC - 2) * di] = xv;
-  }
-  return v;
-}
-
 /* The pieces of one channel's scan step, mbd_cpu_scan_step's roundings:
  * dt = softplus(fmaf chain from 0 over k of dt_low[k] * wr[k], + bias), and
  * one state's update h' = fmaf(exp(dt * a), h, (dt * B) * x). */

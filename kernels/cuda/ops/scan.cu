@@ -233,7 +233,7 @@ __host__ __device__ constexpr size_t sstep_smem_floats(int N, int KC, int SQ, in
 /* KC > 0 (the decode fusion, after k_conv_xproj): x is not read from xc but
  * recomputed by conv_silu_out from xz's x part and the conv window, and this
  * thread, the only one of the grid on its (slot, channel), shifts the window
- * as conv_step_state does; see k_conv_xproj for why the state is written
+ * (the oldest input out, the new one in); see k_conv_xproj for why the state is written
  * here. vec: every dt_proj row is 16-byte aligned (checked on the host), so
  * it is read in 16-byte pieces. Block y runs the sequences
  * [y nseq / G, (y + 1) nseq / G), G = gridDim.y <= nseq. */
@@ -345,7 +345,7 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
       float x = xin;
       if constexpr (KC > 0) {
         x = conv_silu_out<KC>(wk, win, xin, cb != nullptr, cbias);
-        if (live) { /* conv_step_state's window advance */
+        if (live) { /* the window advances in place */
 #pragma unroll
           for (int j = 0; j + 1 < KC - 1; j++) cs[(int64_t)j * di] = win[j + 1];
           cs[(int64_t)(KC - 2) * di] = xin;
@@ -421,7 +421,7 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
 #pragma unroll
           for (int j = 0; j < KC - 1; j++) win[j] = sx[(2 + j) * SSTEP_BT];
           x = conv_silu_out<KC>(wk, win, sx[0], cb != nullptr, cbias);
-          if (live) { /* conv_step_state's window advance */
+          if (live) { /* the window advances in place */
             float *cs = cstate + (int64_t)slots[s] * cslot + cc;
 #pragma unroll
             for (int j = 0; j + 1 < KC - 1; j++) cs[(int64_t)j * di] = win[j + 1];
