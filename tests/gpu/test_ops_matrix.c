@@ -579,7 +579,8 @@ typedef struct ssd_case {
  * partial lanes (d_state 1, 24, 200), d_state 256, head_dim
  * not a multiple of the block's rows, chunk boundaries, T = 1 and short
  * launches (the state tile of its own), and odd slot and row strides (no
- * vector state access, no float4 B/C loads) beside multiples of four. */
+ * vector state access, no float4 B/C loads) beside multiples of four; and
+ * launches of 64 tokens and more, which go to the chunked kernel. */
 static void test_ssd_scan(void **state) {
   (void)state;
   static const ssd_case cases[] = {
@@ -590,6 +591,17 @@ static void test_ssd_scan(void **state) {
       {8, 64, 128, 2, 40, 1}, {4, 64, 64, 2, 32, 40},  {2, 64, 128, 1, 64, 70},
       {2, 64, 128, 1, 64, 17}, {4, 64, 64, 2, 32, 40}, {3, 5, 16, 1, 2, 7},
       {2, 128, 16, 1, 32, 16}, {4, 64, 128, 1, 64, 6}, {4, 64, 128, 1, 64, 6},
+      /* the chunked kernel (ssd_chunk.cu): around its threshold of 64 tokens,
+       * partial last chunks, d_state 8 to 256 (pieces of 8 entries, 200 and
+       * 24 giving odd piece counts, 8 a single piece; pieces of 16 at large
+       * batches), head_dim past the block's channels, groups, and blocks of
+       * 4, 8, 16 and 32 channels (their choice assumes the H200's 132 SMs) */
+      {2, 64, 128, 1, 1, 63},  {2, 64, 128, 1, 1, 64},  {2, 64, 128, 1, 1, 65},
+      {3, 64, 64, 3, 3, 200},  {2, 64, 256, 2, 1, 200}, {4, 64, 16, 2, 8, 100},
+      {2, 64, 128, 1, 1, 2048}, {1, 64, 128, 1, 3, 1003}, {4, 33, 128, 2, 8, 257},
+      {2, 5, 24, 1, 3, 77},    {1, 64, 200, 1, 1, 64},  {24, 64, 128, 1, 8, 130},
+      {24, 64, 128, 1, 3, 70}, {64, 64, 128, 1, 1, 80}, {2, 7, 48, 2, 2, 129},
+      {24, 64, 64, 2, 8, 70},  {16, 64, 256, 4, 8, 65}, {4, 64, 8, 1, 2, 66},
   };
   uint64_t seed = 31;
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)

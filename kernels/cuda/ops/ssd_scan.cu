@@ -23,6 +23,7 @@
  * four chains hide each other's latency. */
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/ssd_scan.h"
+#include "kernels/cuda/ops/ssd_chunk.h"
 
 #define SSD_BLOCK 128         /* threads per block at most */
 #define SSD_FILL_ROWS 32768   /* rows x KS wanted in flight before KS stops growing */
@@ -654,6 +655,9 @@ extern "C" int mbd_mops_ssd_scan(void *stream, int nseq, int T, const mbd_mops_s
   if (nseq <= 0 || T <= 0) return 0;
   int rc = ssd_check(nseq, dm, err);
   if (rc) return rc;
+  if (mbd_mops_ssd_chunk_takes(T, dm)) /* long prefills: the chunked wavefront */
+    return mbd_mops_ssd_chunk_scan(stream, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,
+                                   ld_xbc, state, slot_stride, slots, y, err);
   const mbd_mops_ssd_conv none = {0, NULL, NULL, NULL, 0, NULL, 0, NULL};
   return ssd_scan_launch((cudaStream_t)stream, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt,
                          xbc, ld_xbc, state, slot_stride, slots, y, &none, err);

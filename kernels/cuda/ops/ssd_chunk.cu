@@ -1,0 +1,313 @@
+/* The Mamba-2 recurrence for long prefills (see ssd_chunk.h).
+ *
+ * The only serial dependence across tokens is each state entry with its own
+ * past; the n chains of different tokens' outputs are independent. So a
+ * block takes CB channels of one head of one sequence and splits each
+ * channel's state row into KP = N / NL ranges ("pieces") of NL entries:
+ * thread (k, cl) keeps entries [k NL, (k + 1) NL) of channel cl in
+ * registers for the whole launch. Tokens run in chunks of TC, and the
+ * pieces form a wavefront over the chunks: at tick m piece k takes chunk
+ * m - k. For each of the chunk's tokens in order it updates its entries,
+ * then continues that token's n chain over them from the value piece k - 1
+ * left in shared memory at tick m - 1 (piece 0 starts from +0), and leaves
+ * the chain for piece k + 1; the last piece adds the D skip and writes y.
+ * So each entry takes its steps in time order and each chain its n in
+ * ascending order, the CPU step's roundings (kernels/cpu/ssd_step.c), while
+ * a thread's TC chains of a tick are independent of each other and the
+ * entries' updates interleave with them.
+ *
+ * Per tick, one barrier: chunk inputs are staged by cp.async one tick
+ * ahead (each piece's range of B and C of its next chunk, two buffers; x
+ * of the next chunk into a ring of KP + 1 chunks, as pieces read it for KP
+ * ticks), and every SC_DG ticks one warp computes dt and dA of the next
+ * SC_DG chunks, a token per lane, while the block runs the current one
+ * (a ring of KP + SC_DG chunks). Adjacent
+ * threads are channels of one piece, so B and C reads are shared by lane
+ * pairs; x and the chain hand-offs are padded so that a warp's pieces hit
+ * distinct banks. The state is stored as ST between launches (float; the
+ * storage type's rounding, ssd_slot<ST>::round, would be applied after
+ * every step). */
+#include "kernels/cuda/ops/common.cuh"
+#include "kernels/cuda/ops/ssd_chunk.h"
+
+#define SC_TC 8             /* tokens per chunk */
+#define SC_DG 4             /* chunks per dt pass: SC_DG SC_TC = one warp's lanes */
+#define SC_MAX_THREADS 512  /* threads per block at most */
+#define SC_NL16_THREADS 512 /* 16 entries per thread from this many threads per SM on */
+
+/* How the state is stored between launches. */
+template <typename ST>
+struct ssd_slot;
+template <>
+struct ssd_slot<float> {
+  /* the value kept after a step */
+  static __device__ __forceinline__ float round(float v) { return v; }
+  /* NL entries from p (16-byte aligned when vec) */
+  template <int NL>
+  static __device__ __forceinline__ void load(float (&st)[NL], const float *p, bool vec) {
+    if (vec) {
+#pragma unroll
+      for (int i = 0; i < NL; i += 4) {
+        const float4 v = *(const float4 *)(p + i);
+        st[i] = v.x, st[i + 1] = v.y, st[i + 2] = v.z, st[i + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < NL; i++) st[i] = p[i];
+    }
+  }
+  template <int NL>
+  static __device__ __forceinline__ void store(float *p, const float (&st)[NL], bool vec) {
+    if (vec) {
+#pragma unroll
+      for (int i = 0; i < NL; i += 4)
+        *(float4 *)(p + i) = make_float4(st[i], st[i + 1], st[i + 2], st[i + 3]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < NL; i++) p[i] = st[i];
+    }
+  }
+};
+
+__device__ __forceinline__ void sc_cp16(void *dst, const void *src) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void sc_cp4(void *dst, const void *src) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void sc_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void sc_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+/* Shared floats of a block of cb channels and kp pieces: B and C [2][TC][2
+ * N], the x ring [kp + 1][(TC + 1) cb], the chain hand-offs [2][kp][(TC +
+ * 1) cb], dt and dA [kp + DG][TC + 1] each, dt_raw [DG TC]. */
+static int sc_smem_floats(int N, int cb, int kp) {
+  const int xw = (SC_TC + 1) * cb;
+  return 2 * SC_TC * 2 * N + (kp + 1) * xw + 2 * kp * xw + 2 * (kp + SC_DG) * (SC_TC + 1) +
+         SC_DG * SC_TC;
+}
+
+/* vec: bit 0 the state rows allow float4 access, bit 1 B and C allow
+ * 16-byte copies. */
+template <int NL, int TC, int DG, typename ST>
+__global__ void __launch_bounds__(SC_MAX_THREADS)
+    k_ssd_chunk(int T, mbd_mops_ssd_dims dm, int CB, const float *__restrict__ A,
+                const float *__restrict__ D, const float *__restrict__ dt_bias, float lo,
+                float hi, const float *__restrict__ dt_raw, int64_t ld_dt,
+                const float *__restrict__ xbc, int64_t ld_xbc, ST *__restrict__ state,
+                int64_t slot_stride, int vec, const int32_t *__restrict__ slots,
+                float *__restrict__ y) {
+  static_assert(DG >= 2, "a pass's raw dt is staged a tick before, over the pass before");
+  extern __shared__ float4 sc_smem4[];
+  const int P = dm.head_dim, N = dm.d_state, KP = N / NL;
+  const int bph = (P + CB - 1) / CB; /* blocks per head */
+  const int h = blockIdx.x / bph, p0 = (blockIdx.x - h * bph) * CB, s = blockIdx.y;
+  const int tid = threadIdx.x, nth = CB * KP, k = tid / CB, cl = tid - k * CB;
+  const int p = p0 + cl, n0 = k * NL;
+  const bool live = p < P;
+  const int g = h / (dm.heads / dm.n_groups);
+  const int64_t di = (int64_t)dm.heads * P, GN = (int64_t)dm.n_groups * N;
+  const int XS = KP + 1, XW = (TC + 1) * CB; /* x ring slots; slot and piece stride */
+  const int DS = KP + DG, DW = TC + 1;       /* dt ring slots; slot stride (distinct banks) */
+  float *s_bc = (float *)sc_smem4;           /* [2][TC][B N | C N] */
+  float *s_x = s_bc + 2 * TC * 2 * N;        /* [XS][XW]: x[t][cl] at t * CB + cl */
+  float *s_p = s_x + XS * XW;                /* [2][KP][XW]: chain after piece k */
+  float *s_dt = s_p + 2 * KP * XW;           /* [DS][DW] */
+  float *s_da = s_dt + DS * DW;              /* [DS][DW] */
+  float *s_dtr = s_da + DS * DW;             /* [DG TC]: raw dt of the next pass */
+  const float a = A[h], dd = D[h], bias = dt_bias[h];
+  pdl_wait();
+  const int nch = (T + TC - 1) / TC, nticks = nch + KP - 1;
+  const int64_t row0 = (int64_t)s * T;
+  const float *xg = xbc + (int64_t)h * P + p0, *bg = xbc + di + (int64_t)g * N;
+  auto tokens = [&](int q) { return T - q * TC < TC ? T - q * TC : TC; };
+  /* dt and dA of step t of chunk q from its raw dt, as ssd_scan computes them */
+  auto dt_of = [&](float raw, float *dto, float *dao) {
+    float dt = mbd_pm_softplus(__fadd_rn(raw, bias));
+    if (dt < lo) dt = lo;
+    if (dt > hi) dt = hi;
+    *dto = dt;
+    *dao = mbd_pm_expf(__fmul_rn(dt, a));
+  };
+  /* Staging for tick m: piece kk's range of B and C of chunk m - kk into
+   * buffer m & 1; x of chunk m into its ring slot; when tick m has a dt
+   * pass (m % DG == 0), dt_raw of chunks m + 1 .. m + DG. */
+  auto stage = [&](int m) {
+    float *bc = s_bc + (m & 1) * TC * 2 * N;
+    if (vec & 2) {
+      constexpr int V = NL / 4;
+      for (int e = tid; e < KP * TC * 2 * V; e += nth) {
+        const int kk = e / (TC * 2 * V), r = e - kk * (TC * 2 * V), t = r / (2 * V);
+        const int w = (r / V) & 1, v = r % V, q = m - kk;
+        if (q < 0 || q >= nch || t >= tokens(q)) continue;
+        const int64_t row = row0 + (int64_t)q * TC + t;
+        const int n = kk * NL + 4 * v;
+        sc_cp16(bc + t * 2 * N + w * N + n, bg + row * ld_xbc + w * GN + n);
+      }
+    } else {
+      for (int e = tid; e < KP * TC * 2 * NL; e += nth) {
+        const int kk = e / (TC * 2 * NL), r = e - kk * (TC * 2 * NL), t = r / (2 * NL);
+        const int w = (r / NL) & 1, i = r % NL, q = m - kk;
+        if (q < 0 || q >= nch || t >= tokens(q)) continue;
+        const int64_t row = row0 + (int64_t)q * TC + t;
+        const int n = kk * NL + i;
+        sc_cp4(bc + t * 2 * N + w * N + n, bg + row * ld_xbc + w * GN + n);
+      }
+    }
+    if (m < nch) {
+      float *xs = s_x + (m % XS) * XW;
+      const int tn = tokens(m);
+      for (int e = tid; e < tn * CB; e += nth) {
+        const int t = e / CB, c = e - t * CB;
+        if (p0 + c < P)
+          sc_cp4(xs + e, xg + (row0 + (int64_t)m * TC + t) * ld_xbc + c);
+        else
+          xs[e] = 0.0f; /* channels past the head: zeros, never written out */
+      }
+    }
+    if (m % DG == 0 && m + 1 < nch) {
+      const int64_t t1 = (int64_t)(m + 1) * TC; /* first token of the pass */
+      const int tn = T - t1 < DG * TC ? (int)(T - t1) : DG * TC;
+      for (int e = tid; e < tn; e += nth) sc_cp4(s_dtr + e, dt_raw + (row0 + t1 + e) * ld_dt + h);
+    }
+    sc_commit();
+  };
+  ST *srow = state + (int64_t)slots[s] * slot_stride + ((int64_t)h * P + p) * N + n0;
+  float st[NL];
+  if (live) {
+    ssd_slot<ST>::template load<NL>(st, srow, vec & 1);
+  } else {
+#pragma unroll
+    for (int i = 0; i < NL; i++) st[i] = 0.0f;
+  }
+  /* chunk 0's dt and dA straight from dt_raw (visible after tick 0's barrier) */
+  for (int e = tid; e < tokens(0); e += nth)
+    dt_of(dt_raw[(row0 + e) * ld_dt + h], s_dt + e, s_da + e);
+  stage(0);
+  const int nwarps = (nth + 31) / 32;
+  for (int m = 0; m < nticks; m++) {
+    sc_wait_all();
+    __syncthreads(); /* tick m's inputs are in; tick m - 1 has finished reading */
+    if (m + 1 < nticks) stage(m + 1);
+    /* dt and dA of chunks m + 1 .. m + DG (read from tick m + 1 on), one
+     * warp's work, a token per lane */
+    if (m % DG == 0 && m + 1 < nch && tid / 32 == (m / DG) % nwarps) {
+      const int w0 = (tid / 32) * 32, wn = nth - w0 < 32 ? nth - w0 : 32;
+      const int64_t t1 = (int64_t)(m + 1) * TC;
+      const int tn = T - t1 < DG * TC ? (int)(T - t1) : DG * TC;
+      for (int e = tid - w0; e < tn; e += wn) {
+        const int sl = (m + 1 + e / TC) % DS, t = e % TC;
+        dt_of(s_dtr[e], s_dt + sl * DW + t, s_da + sl * DW + t);
+      }
+    }
+    const int q = m - k;
+    if (q < 0 || q >= nch) continue;
+    const int tn = tokens(q), sl = q % XS, sd = q % DS;
+    const float *bc = s_bc + (m & 1) * TC * 2 * N + n0;
+    const float *xs = s_x + sl * XW + cl, *dts = s_dt + sd * DW, *das = s_da + sd * DW;
+    const float *pin = s_p + (((m + 1) & 1) * KP + (k > 0 ? k - 1 : 0)) * XW + cl;
+    float *pout = s_p + ((m & 1) * KP + k) * XW + cl;
+    float *yq = y + (row0 + (int64_t)q * TC) * di + (int64_t)h * P + p;
+#pragma unroll
+    for (int t = 0; t < TC; t++) {
+      if (t < tn) {
+        const float da = das[t], dt = dts[t], xv = xs[t * CB];
+        float acc = k > 0 ? pin[t * CB] : 0.0f;
+        const float *bt = bc + t * 2 * N, *ct = bt + N;
+#pragma unroll
+        for (int i = 0; i < NL; i += 4) {
+          const float4 b4 = *(const float4 *)(bt + i), c4 = *(const float4 *)(ct + i);
+          const float bq[4] = {b4.x, b4.y, b4.z, b4.w}, cq[4] = {c4.x, c4.y, c4.z, c4.w};
+#pragma unroll
+          for (int j = 0; j < 4; j++) {
+            st[i + j] = ssd_slot<ST>::round(
+                __fmaf_rn(da, st[i + j], __fmul_rn(__fmul_rn(dt, bq[j]), xv)));
+            acc = __fmaf_rn(st[i + j], cq[j], acc);
+          }
+        }
+        if (k == KP - 1) {
+          if (live) yq[t * di] = __fmaf_rn(dd, xv, acc);
+        } else {
+          pout[t * CB] = acc;
+        }
+      }
+    }
+  }
+  if (live) ssd_slot<ST>::template store<NL>(srow, st, vec & 1);
+}
+
+/* Channels per block: the largest of 32, 16, 8, 4 (at most the head's
+ * width rounded up to a power of two, at most SC_MAX_THREADS threads) that
+ * still gives two blocks per SM; else 4. */
+static int sc_sms(void) {
+  static int sms; /* the device's SM count, read once */
+  if (!sms) {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
+      v = 132;
+    sms = v;
+  }
+  return sms;
+}
+static int sc_pick_cb(int nseq, const mbd_mops_ssd_dims *dm, int kp) {
+  const int sms = sc_sms();
+  for (int cb = 32; cb > 4; cb /= 2) {
+    if (cb * kp > SC_MAX_THREADS || cb / 2 >= dm->head_dim) continue;
+    const int64_t blocks = (int64_t)nseq * dm->heads * ((dm->head_dim + cb - 1) / cb);
+    if (blocks >= 2 * (int64_t)sms) return cb;
+  }
+  return 4;
+}
+
+extern "C" bool mbd_mops_ssd_chunk_takes(int T, const mbd_mops_ssd_dims *dm) {
+  return T >= MBD_MOPS_SSD_CHUNK_MIN_T && dm->d_state % 8 == 0 &&
+         dm->d_state <= MBD_MOPS_SSD_MAX_STATE;
+}
+
+template <int NL>
+static int sc_launch(cudaStream_t stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
+                     const float *A, const float *D, const float *dt_bias, float lo, float hi,
+                     const float *dt_raw, int64_t ld_dt, const float *xbc, int64_t ld_xbc,
+                     float *state, int64_t slot_stride, const int32_t *slots, float *y, int vec,
+                     mbd_error *err) {
+  const int N = dm->d_state, kp = N / NL, cb = sc_pick_cb(nseq, dm, kp);
+  const size_t bytes = (size_t)sc_smem_floats(N, cb, kp) * sizeof(float);
+  int rc = allow_smem(k_ssd_chunk<NL, SC_TC, SC_DG, float>, bytes, err);
+  if (rc < 0) return rc;
+  const int bph = (dm->head_dim + cb - 1) / cb;
+  /* a long kernel: not launched early (PDL), where it would share the SMs
+   * its predecessor still holds */
+  return launch_ex(false, "ssd_chunk", k_ssd_chunk<NL, SC_TC, SC_DG, float>,
+                   dim3((unsigned)(dm->heads * bph), (unsigned)nseq), dim3((unsigned)(cb * kp)),
+                   bytes, stream, err, T, *dm, cb, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,
+                   ld_xbc, state, slot_stride, vec, slots, y);
+}
+
+extern "C" int mbd_mops_ssd_chunk_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
+                                       const float *A, const float *D, const float *dt_bias,
+                                       float lo, float hi, const float *dt_raw, int64_t ld_dt,
+                                       const float *xbc, int64_t ld_xbc, float *state,
+                                       int64_t slot_stride, const int32_t *slots, float *y,
+                                       mbd_error *err) {
+  if (nseq <= 0 || T <= 0) return 0;
+  if (!mbd_mops_ssd_chunk_takes(T, dm) || nseq > 65535)
+    return mbd_error_set(err, MBD_E_INVALID, "ssd_chunk: %d tokens, d_state %d unsupported", T,
+                         dm->d_state);
+  const int64_t di = (int64_t)dm->heads * dm->head_dim;
+  const int vec = ((uintptr_t)state % 16 == 0 && slot_stride % 4 == 0 ? 1 : 0) |
+                  ((uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && di % 4 == 0 ? 2 : 0);
+  /* 16 entries per thread (half the shared-memory reads per update) when
+   * that still leaves SC_NL16_THREADS threads per SM */
+  const int64_t entries = (int64_t)nseq * di * dm->d_state;
+  cudaStream_t s = (cudaStream_t)stream;
+  if (dm->d_state % 16 == 0 && entries / 16 >= (int64_t)SC_NL16_THREADS * sc_sms())
+    return sc_launch<16>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state,
+                         slot_stride, slots, y, vec, err);
+  return sc_launch<8>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state,
+                      slot_stride, slots, y, vec, err);
+}

@@ -1,0 +1,37 @@
+/* The Mamba-2 recurrence for long prefills (kernels/cuda/ops/ssd_chunk.cu):
+ * the kernel mbd_mops_ssd_scan (ssd_scan.h) hands launches of many tokens
+ * to. Internal to kernels/cuda/ops; C header. */
+#ifndef MBD_CUDA_OPS_SSD_CHUNK_H
+#define MBD_CUDA_OPS_SSD_CHUNK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/cuda/ops/ssd_scan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Launches of at least this many tokens go to mbd_mops_ssd_chunk_scan. */
+#define MBD_MOPS_SSD_CHUNK_MIN_T 64
+
+/* Whether mbd_mops_ssd_chunk_scan takes a launch of T tokens of shape dm
+ * (T >= MBD_MOPS_SSD_CHUNK_MIN_T, d_state a multiple of 8). */
+bool mbd_mops_ssd_chunk_takes(int T, const mbd_mops_ssd_dims *dm);
+
+/* mbd_mops_ssd_scan's contract and arguments (ssd_scan.h), for a launch
+ * mbd_mops_ssd_chunk_takes accepts (MBD_E_INVALID otherwise); the caller has
+ * checked the shape. Parallel over sequences, channels and state entries;
+ * the n chain of each output is passed from one range of n to the next
+ * through shared memory, every token of a chunk at once. */
+int mbd_mops_ssd_chunk_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
+                            const float *A, const float *D, const float *dt_bias, float lo,
+                            float hi, const float *dt_raw, int64_t ld_dt, const float *xbc,
+                            int64_t ld_xbc, float *state, int64_t slot_stride,
+                            const int32_t *slots, float *y, mbd_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
