@@ -594,14 +594,16 @@ static void test_ssd_scan(void **state) {
       /* the chunked kernel (ssd_chunk.cu): around its threshold of 64 tokens,
        * partial last chunks, d_state 8 to 256 (pieces of 8 entries, 200 and
        * 24 giving odd piece counts, 8 a single piece; pieces of 16 at large
-       * batches), head_dim past the block's channels, groups, and blocks of
-       * 4, 8, 16 and 32 channels (their choice assumes the H200's 132 SMs) */
+       * batches), groups, blocks of 4 to 64 channels that span heads (the
+       * 130m and 1.3b shapes at one sequence: 12 and 32; the choice follows
+       * the SM count, 132 on the H200) and end inside a head */
       {2, 64, 128, 1, 1, 63},  {2, 64, 128, 1, 1, 64},  {2, 64, 128, 1, 1, 65},
       {3, 64, 64, 3, 3, 200},  {2, 64, 256, 2, 1, 200}, {4, 64, 16, 2, 8, 100},
       {2, 64, 128, 1, 1, 2048}, {1, 64, 128, 1, 3, 1003}, {4, 33, 128, 2, 8, 257},
       {2, 5, 24, 1, 3, 77},    {1, 64, 200, 1, 1, 64},  {24, 64, 128, 1, 8, 130},
       {24, 64, 128, 1, 3, 70}, {64, 64, 128, 1, 1, 80}, {2, 7, 48, 2, 2, 129},
       {24, 64, 64, 2, 8, 70},  {16, 64, 256, 4, 8, 65}, {4, 64, 8, 1, 2, 66},
+      {24, 64, 128, 1, 1, 96},
   };
   uint64_t seed = 31;
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)

@@ -2,8 +2,9 @@
  *
  * The only serial dependence across tokens is each state entry with its own
  * past; the n chains of different tokens' outputs are independent. So a
- * block takes CB channels of one head of one sequence and splits each
- * channel's state row into KP = N / NL ranges ("pieces") of NL entries:
+ * block takes CB consecutive channels of one group of one sequence (they
+ * share B and C; they may span heads) and splits each channel's state row
+ * into KP = N / NL ranges ("pieces") of NL entries:
  * thread (k, cl) keeps entries [k NL, (k + 1) NL) of channel cl in
  * registers for the whole launch. Tokens run in chunks of TC, and the
  * pieces form a wavefront over the chunks: at tick m piece k takes chunk
@@ -20,8 +21,9 @@
  * ahead (each piece's range of B and C of its next chunk, two buffers; x
  * of the next chunk into a ring of KP + 1 chunks, as pieces read it for KP
  * ticks), and every SC_DG ticks one warp computes dt and dA of the next
- * SC_DG chunks, a token per lane, while the block runs the current one
- * (a ring of KP + SC_DG chunks). Adjacent
+ * SC_DG chunks for the block's heads, a token per lane, while the block
+ * runs the current one (a ring of KP + SC_DG chunks). B and C are staged
+ * once per block, so blocks are made as wide as the SMs allow. Adjacent
  * threads are channels of one piece, so B and C reads are shared by lane
  * pairs; x and the chain hand-offs are padded so that a warp's pieces hit
  * distinct banks. The state is stored as ST between launches (float; the
@@ -82,20 +84,21 @@ __device__ __forceinline__ void sc_commit() {
 }
 __device__ __forceinline__ void sc_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-/* Shared floats of a block of cb channels and kp pieces: B and C [2][TC][2
- * N], the x ring [kp + 1][(TC + 1) cb], the chain hand-offs [2][kp][(TC +
- * 1) cb], dt and dA [kp + DG][TC + 1] each, dt_raw [DG TC]. */
-static int sc_smem_floats(int N, int cb, int kp) {
+/* Shared floats of a block of cb channels, kp pieces and up to nh heads:
+ * B and C [2][TC][2 N], the x ring [kp + 1][(TC + 1) cb], the chain
+ * hand-offs [2][kp][(TC + 1) cb], dt and dA [kp + DG][nh][TC + 1] each,
+ * dt_raw [nh][DG TC]. */
+static int sc_smem_floats(int N, int cb, int kp, int nh) {
   const int xw = (SC_TC + 1) * cb;
-  return 2 * SC_TC * 2 * N + (kp + 1) * xw + 2 * kp * xw + 2 * (kp + SC_DG) * (SC_TC + 1) +
-         SC_DG * SC_TC;
+  return 2 * SC_TC * 2 * N + (kp + 1) * xw + 2 * kp * xw +
+         2 * (kp + SC_DG) * nh * (SC_TC + 1) + nh * SC_DG * SC_TC;
 }
 
 /* vec: bit 0 the state rows allow float4 access, bit 1 B and C allow
  * 16-byte copies. */
 template <int NL, int TC, int DG, typename ST>
 __global__ void __launch_bounds__(SC_MAX_THREADS)
-    k_ssd_chunk(int T, mbd_mops_ssd_dims dm, int CB, const float *__restrict__ A,
+    k_ssd_chunk(int T, mbd_mops_ssd_dims dm, int CB, int NH, const float *__restrict__ A,
                 const float *__restrict__ D, const float *__restrict__ dt_bias, float lo,
                 float hi, const float *__restrict__ dt_raw, int64_t ld_dt,
                 const float *__restrict__ xbc, int64_t ld_xbc, ST *__restrict__ state,
@@ -104,34 +107,38 @@ __global__ void __launch_bounds__(SC_MAX_THREADS)
   static_assert(DG >= 2, "a pass's raw dt is staged a tick before, over the pass before");
   extern __shared__ float4 sc_smem4[];
   const int P = dm.head_dim, N = dm.d_state, KP = N / NL;
-  const int bph = (P + CB - 1) / CB; /* blocks per head */
-  const int h = blockIdx.x / bph, p0 = (blockIdx.x - h * bph) * CB, s = blockIdx.y;
+  const int gch = dm.heads / dm.n_groups * P; /* channels per group */
+  const int bpg = (gch + CB - 1) / CB;        /* blocks per group */
+  const int g = blockIdx.x / bpg, s = blockIdx.y;
+  const int c0 = g * gch + (blockIdx.x - g * bpg) * CB; /* the block's first channel */
+  const int cn = g * gch + gch - c0 < CB ? g * gch + gch - c0 : CB; /* .. and its live ones */
+  const int h0 = c0 / P, nh = (c0 + cn - 1) / P - h0 + 1; /* its heads (nh <= NH) */
   const int tid = threadIdx.x, nth = CB * KP, k = tid / CB, cl = tid - k * CB;
-  const int p = p0 + cl, n0 = k * NL;
-  const bool live = p < P;
-  const int g = h / (dm.heads / dm.n_groups);
+  const int n0 = k * NL;
+  const bool live = cl < cn;
+  const int c = c0 + (live ? cl : 0), hl = c / P - h0; /* this thread's channel, its head */
   const int64_t di = (int64_t)dm.heads * P, GN = (int64_t)dm.n_groups * N;
   const int XS = KP + 1, XW = (TC + 1) * CB; /* x ring slots; slot and piece stride */
-  const int DS = KP + DG, DW = TC + 1;       /* dt ring slots; slot stride (distinct banks) */
+  const int DS = KP + DG, DW = TC + 1;       /* dt ring slots; head row stride (distinct banks) */
   float *s_bc = (float *)sc_smem4;           /* [2][TC][B N | C N] */
   float *s_x = s_bc + 2 * TC * 2 * N;        /* [XS][XW]: x[t][cl] at t * CB + cl */
   float *s_p = s_x + XS * XW;                /* [2][KP][XW]: chain after piece k */
-  float *s_dt = s_p + 2 * KP * XW;           /* [DS][DW] */
-  float *s_da = s_dt + DS * DW;              /* [DS][DW] */
-  float *s_dtr = s_da + DS * DW;             /* [DG TC]: raw dt of the next pass */
-  const float a = A[h], dd = D[h], bias = dt_bias[h];
+  float *s_dt = s_p + 2 * KP * XW;           /* [DS][NH][DW] */
+  float *s_da = s_dt + DS * NH * DW;         /* [DS][NH][DW] */
+  float *s_dtr = s_da + DS * NH * DW;        /* [NH][DG TC]: raw dt of the next pass */
+  const float dd = D[h0 + hl];
   pdl_wait();
   const int nch = (T + TC - 1) / TC, nticks = nch + KP - 1;
   const int64_t row0 = (int64_t)s * T;
-  const float *xg = xbc + (int64_t)h * P + p0, *bg = xbc + di + (int64_t)g * N;
+  const float *xg = xbc + c0, *bg = xbc + di + (int64_t)g * N;
   auto tokens = [&](int q) { return T - q * TC < TC ? T - q * TC : TC; };
-  /* dt and dA of step t of chunk q from its raw dt, as ssd_scan computes them */
-  auto dt_of = [&](float raw, float *dto, float *dao) {
-    float dt = mbd_pm_softplus(__fadd_rn(raw, bias));
+  /* dt and dA of head h from its raw dt, as ssd_scan computes them */
+  auto dt_of = [&](int h, float raw, float *dto, float *dao) {
+    float dt = mbd_pm_softplus(__fadd_rn(raw, dt_bias[h]));
     if (dt < lo) dt = lo;
     if (dt > hi) dt = hi;
     *dto = dt;
-    *dao = mbd_pm_expf(__fmul_rn(dt, a));
+    *dao = mbd_pm_expf(__fmul_rn(dt, A[h]));
   };
   /* Staging for tick m: piece kk's range of B and C of chunk m - kk into
    * buffer m & 1; x of chunk m into its ring slot; when tick m has a dt
@@ -162,21 +169,24 @@ __global__ void __launch_bounds__(SC_MAX_THREADS)
       float *xs = s_x + (m % XS) * XW;
       const int tn = tokens(m);
       for (int e = tid; e < tn * CB; e += nth) {
-        const int t = e / CB, c = e - t * CB;
-        if (p0 + c < P)
-          sc_cp4(xs + e, xg + (row0 + (int64_t)m * TC + t) * ld_xbc + c);
+        const int t = e / CB, j = e - t * CB;
+        if (j < cn)
+          sc_cp4(xs + e, xg + (row0 + (int64_t)m * TC + t) * ld_xbc + j);
         else
-          xs[e] = 0.0f; /* channels past the head: zeros, never written out */
+          xs[e] = 0.0f; /* channels past the group: zeros, never written out */
       }
     }
     if (m % DG == 0 && m + 1 < nch) {
       const int64_t t1 = (int64_t)(m + 1) * TC; /* first token of the pass */
       const int tn = T - t1 < DG * TC ? (int)(T - t1) : DG * TC;
-      for (int e = tid; e < tn; e += nth) sc_cp4(s_dtr + e, dt_raw + (row0 + t1 + e) * ld_dt + h);
+      for (int e = tid; e < nh * DG * TC; e += nth) {
+        const int hh = e / (DG * TC), j = e - hh * (DG * TC);
+        if (j < tn) sc_cp4(s_dtr + e, dt_raw + (row0 + t1 + j) * ld_dt + h0 + hh);
+      }
     }
     sc_commit();
   };
-  ST *srow = state + (int64_t)slots[s] * slot_stride + ((int64_t)h * P + p) * N + n0;
+  ST *srow = state + (int64_t)slots[s] * slot_stride + (int64_t)c * N + n0;
   float st[NL];
   if (live) {
     ssd_slot<ST>::template load<NL>(st, srow, vec & 1);
@@ -185,8 +195,11 @@ __global__ void __launch_bounds__(SC_MAX_THREADS)
     for (int i = 0; i < NL; i++) st[i] = 0.0f;
   }
   /* chunk 0's dt and dA straight from dt_raw (visible after tick 0's barrier) */
-  for (int e = tid; e < tokens(0); e += nth)
-    dt_of(dt_raw[(row0 + e) * ld_dt + h], s_dt + e, s_da + e);
+  for (int e = tid; e < nh * TC; e += nth) {
+    const int hh = e / TC, t = e - hh * TC;
+    if (t < tokens(0))
+      dt_of(h0 + hh, dt_raw[(row0 + t) * ld_dt + h0 + hh], s_dt + hh * DW + t, s_da + hh * DW + t);
+  }
   stage(0);
   const int nwarps = (nth + 31) / 32;
   for (int m = 0; m < nticks; m++) {
@@ -199,19 +212,22 @@ __global__ void __launch_bounds__(SC_MAX_THREADS)
       const int w0 = (tid / 32) * 32, wn = nth - w0 < 32 ? nth - w0 : 32;
       const int64_t t1 = (int64_t)(m + 1) * TC;
       const int tn = T - t1 < DG * TC ? (int)(T - t1) : DG * TC;
-      for (int e = tid - w0; e < tn; e += wn) {
-        const int sl = (m + 1 + e / TC) % DS, t = e % TC;
-        dt_of(s_dtr[e], s_dt + sl * DW + t, s_da + sl * DW + t);
+      for (int e = tid - w0; e < nh * DG * TC; e += wn) {
+        const int hh = e / (DG * TC), j = e - hh * (DG * TC);
+        if (j >= tn) continue;
+        const int o = ((m + 1 + j / TC) % DS * NH + hh) * DW + j % TC;
+        dt_of(h0 + hh, s_dtr[e], s_dt + o, s_da + o);
       }
     }
     const int q = m - k;
     if (q < 0 || q >= nch) continue;
     const int tn = tokens(q), sl = q % XS, sd = q % DS;
     const float *bc = s_bc + (m & 1) * TC * 2 * N + n0;
-    const float *xs = s_x + sl * XW + cl, *dts = s_dt + sd * DW, *das = s_da + sd * DW;
+    const float *xs = s_x + sl * XW + cl;
+    const float *dts = s_dt + (sd * NH + hl) * DW, *das = s_da + (sd * NH + hl) * DW;
     const float *pin = s_p + (((m + 1) & 1) * KP + (k > 0 ? k - 1 : 0)) * XW + cl;
     float *pout = s_p + ((m & 1) * KP + k) * XW + cl;
-    float *yq = y + (row0 + (int64_t)q * TC) * di + (int64_t)h * P + p;
+    float *yq = y + (row0 + (int64_t)q * TC) * di + c;
 #pragma unroll
     for (int t = 0; t < TC; t++) {
       if (t < tn) {
@@ -240,9 +256,6 @@ __global__ void __launch_bounds__(SC_MAX_THREADS)
   if (live) ssd_slot<ST>::template store<NL>(srow, st, vec & 1);
 }
 
-/* Channels per block: the largest of 32, 16, 8, 4 (at most the head's
- * width rounded up to a power of two, at most SC_MAX_THREADS threads) that
- * still gives two blocks per SM; else 4. */
 static int sc_sms(void) {
   static int sms; /* the device's SM count, read once */
   if (!sms) {
@@ -254,14 +267,24 @@ static int sc_sms(void) {
   }
   return sms;
 }
+/* Channels per block: a multiple of 4 that spreads the launch's channels
+ * over the SMs in one block each, at most SC_MAX_THREADS / kp and the
+ * group's width (rounded up to 4); at least 4. */
 static int sc_pick_cb(int nseq, const mbd_mops_ssd_dims *dm, int kp) {
-  const int sms = sc_sms();
-  for (int cb = 32; cb > 4; cb /= 2) {
-    if (cb * kp > SC_MAX_THREADS || cb / 2 >= dm->head_dim) continue;
-    const int64_t blocks = (int64_t)nseq * dm->heads * ((dm->head_dim + cb - 1) / cb);
-    if (blocks >= 2 * (int64_t)sms) return cb;
-  }
-  return 4;
+  const int64_t sms = sc_sms(), rows = (int64_t)nseq * dm->heads * dm->head_dim;
+  const int64_t gch = (int64_t)dm->heads / dm->n_groups * dm->head_dim;
+  int64_t cb = (rows + sms - 1) / sms;
+  cb = (cb + 3) / 4 * 4;
+  const int64_t cap = SC_MAX_THREADS / kp / 4 * 4, wide = (gch + 3) / 4 * 4;
+  if (cb > cap) cb = cap;
+  if (cb > wide) cb = wide;
+  return cb < 4 ? 4 : (int)cb;
+}
+
+/* Heads a block of cb consecutive channels can touch. */
+static int sc_heads(const mbd_mops_ssd_dims *dm, int cb) {
+  const int nh = (cb - 1) / dm->head_dim + 2, hpg = dm->heads / dm->n_groups;
+  return nh < hpg ? nh : hpg;
 }
 
 extern "C" bool mbd_mops_ssd_chunk_takes(int T, const mbd_mops_ssd_dims *dm) {
@@ -275,16 +298,16 @@ static int sc_launch(cudaStream_t stream, int nseq, int T, const mbd_mops_ssd_di
                      const float *dt_raw, int64_t ld_dt, const float *xbc, int64_t ld_xbc,
                      float *state, int64_t slot_stride, const int32_t *slots, float *y, int vec,
                      mbd_error *err) {
-  const int N = dm->d_state, kp = N / NL, cb = sc_pick_cb(nseq, dm, kp);
-  const size_t bytes = (size_t)sc_smem_floats(N, cb, kp) * sizeof(float);
+  const int N = dm->d_state, kp = N / NL, cb = sc_pick_cb(nseq, dm, kp), nh = sc_heads(dm, cb);
+  const size_t bytes = (size_t)sc_smem_floats(N, cb, kp, nh) * sizeof(float);
   int rc = allow_smem(k_ssd_chunk<NL, SC_TC, SC_DG, float>, bytes, err);
   if (rc < 0) return rc;
-  const int bph = (dm->head_dim + cb - 1) / cb;
+  const int gch = dm->heads / dm->n_groups * dm->head_dim, bpg = (gch + cb - 1) / cb;
   /* a long kernel: not launched early (PDL), where it would share the SMs
    * its predecessor still holds */
   return launch_ex(false, "ssd_chunk", k_ssd_chunk<NL, SC_TC, SC_DG, float>,
-                   dim3((unsigned)(dm->heads * bph), (unsigned)nseq), dim3((unsigned)(cb * kp)),
-                   bytes, stream, err, T, *dm, cb, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,
+                   dim3((unsigned)(dm->n_groups * bpg), (unsigned)nseq), dim3((unsigned)(cb * kp)),
+                   bytes, stream, err, T, *dm, cb, nh, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,
                    ld_xbc, state, slot_stride, vec, slots, y);
 }
 
