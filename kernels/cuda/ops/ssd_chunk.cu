@@ -17,18 +17,19 @@
  * a thread's TC chains of a tick are independent of each other and the
  * entries' updates interleave with them.
  *
- * Per tick, one barrier: chunk inputs are staged by cp.async one tick
- * ahead (each piece's range of B and C of its next chunk, two buffers; x
- * of the next chunk into a ring of KP + 1 chunks, as pieces read it for KP
- * ticks), and every SC_DG ticks one warp computes dt and dA of the next
- * SC_DG chunks for the block's heads, a token per lane, while the block
- * runs the current one (a ring of KP + SC_DG chunks). B and C are staged
- * once per block, so blocks are made as wide as the SMs allow. Adjacent
- * threads are channels of one piece, so B and C reads are shared by lane
- * pairs; x and the chain hand-offs are padded so that a warp's pieces hit
- * distinct banks. The state is stored as ST between launches (float; the
- * storage type's rounding, ssd_slot<ST>::round, would be applied after
- * every step). */
+ * Per tick, one barrier: chunk inputs are staged by cp.async two ticks
+ * ahead (each piece's range of B and C of its chunk, three buffers; x of
+ * a chunk into a ring of KP + 2 chunks, as pieces read it for KP ticks),
+ * so a tick's copies have a whole tick to arrive; and every SC_DG ticks
+ * one warp computes dt and dA of the next SC_DG chunks for the block's
+ * heads, a token per lane, while the block runs the current one (a ring of
+ * KP + SC_DG chunks). Each thread forms dt * B for its entries, as the
+ * step does. B and C are staged once per block, so blocks are made as wide
+ * as the SMs allow. Adjacent threads are channels of one piece, so B and C
+ * reads are shared by lane pairs; x and the chain hand-offs are padded so
+ * that a warp's pieces hit distinct banks. The state is stored as ST
+ * between launches (float; the storage type's rounding,
+ * ssd_slot<ST>::round, would be applied after every step). */
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/ssd_chunk.h"
 
@@ -82,29 +83,35 @@ __device__ __forceinline__ void sc_cp4(void *dst, const void *src) {
 __device__ __forceinline__ void sc_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
-__device__ __forceinline__ void sc_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+/* Waits until at most NP of this thread's committed groups are pending. */
+template <int NP>
+__device__ __forceinline__ void sc_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(NP) : "memory");
+}
 
 /* Shared floats of a block of cb channels, kp pieces and up to nh heads:
- * B and C [2][TC][2 N], the x ring [kp + 1][(TC + 1) cb], the chain
+ * B and C [3][TC][2 N], the x ring [kp + 2][(TC + 1) cb], the chain
  * hand-offs [2][kp][(TC + 1) cb], dt and dA [kp + DG][nh][TC + 1] each,
  * dt_raw [nh][DG TC]. */
 static int sc_smem_floats(int N, int cb, int kp, int nh) {
   const int xw = (SC_TC + 1) * cb;
-  return 2 * SC_TC * 2 * N + (kp + 1) * xw + 2 * kp * xw +
+  return 3 * SC_TC * 2 * N + (kp + 2) * xw + 2 * kp * xw +
          2 * (kp + SC_DG) * nh * (SC_TC + 1) + nh * SC_DG * SC_TC;
 }
 
 /* vec: bit 0 the state rows allow float4 access, bit 1 B and C allow
- * 16-byte copies. */
+ * 16-byte copies. A register cap for SC_MAX_THREADS threads rather than
+ * __launch_bounds__, under which ptxas held NL = 8 to 64 registers and
+ * spilled. */
 template <int NL, int TC, int DG, typename ST>
-__global__ void __launch_bounds__(SC_MAX_THREADS)
+__global__ void __maxnreg__(65536 / SC_MAX_THREADS)
     k_ssd_chunk(int T, mbd_mops_ssd_dims dm, int CB, int NH, const float *__restrict__ A,
                 const float *__restrict__ D, const float *__restrict__ dt_bias, float lo,
                 float hi, const float *__restrict__ dt_raw, int64_t ld_dt,
                 const float *__restrict__ xbc, int64_t ld_xbc, ST *__restrict__ state,
                 int64_t slot_stride, int vec, const int32_t *__restrict__ slots,
                 float *__restrict__ y) {
-  static_assert(DG >= 2, "a pass's raw dt is staged a tick before, over the pass before");
+  static_assert(DG >= 3, "a pass's raw dt is staged two ticks before, over the pass before");
   extern __shared__ float4 sc_smem4[];
   const int P = dm.head_dim, N = dm.d_state, KP = N / NL;
   const int gch = dm.heads / dm.n_groups * P; /* channels per group */
@@ -118,10 +125,10 @@ __global__ void __launch_bounds__(SC_MAX_THREADS)
   const bool live = cl < cn;
   const int c = c0 + (live ? cl : 0), hl = c / P - h0; /* this thread's channel, its head */
   const int64_t di = (int64_t)dm.heads * P, GN = (int64_t)dm.n_groups * N;
-  const int XS = KP + 1, XW = (TC + 1) * CB; /* x ring slots; slot and piece stride */
+  const int XS = KP + 2, XW = (TC + 1) * CB; /* x ring slots; slot and piece stride */
   const int DS = KP + DG, DW = TC + 1;       /* dt ring slots; head row stride (distinct banks) */
-  float *s_bc = (float *)sc_smem4;           /* [2][TC][B N | C N] */
-  float *s_x = s_bc + 2 * TC * 2 * N;        /* [XS][XW]: x[t][cl] at t * CB + cl */
+  float *s_bc = (float *)sc_smem4;           /* [3][TC][B N | C N] */
+  float *s_x = s_bc + 3 * TC * 2 * N;        /* [XS][XW]: x[t][cl] at t * CB + cl */
   float *s_p = s_x + XS * XW;                /* [2][KP][XW]: chain after piece k */
   float *s_dt = s_p + 2 * KP * XW;           /* [DS][NH][DW] */
   float *s_da = s_dt + DS * NH * DW;         /* [DS][NH][DW] */
@@ -140,11 +147,12 @@ __global__ void __launch_bounds__(SC_MAX_THREADS)
     *dto = dt;
     *dao = mbd_pm_expf(__fmul_rn(dt, A[h]));
   };
-  /* Staging for tick m: piece kk's range of B and C of chunk m - kk into
-   * buffer m & 1; x of chunk m into its ring slot; when tick m has a dt
-   * pass (m % DG == 0), dt_raw of chunks m + 1 .. m + DG. */
+  /* Staging for tick m, one commit group (empty past the end): piece kk's
+   * range of B and C of chunk m - kk into buffer m % 3; x of chunk m into
+   * its ring slot; when tick m has a dt pass (m % DG == 0), dt_raw of
+   * chunks m + 1 .. m + DG. */
   auto stage = [&](int m) {
-    float *bc = s_bc + (m & 1) * TC * 2 * N;
+    float *bc = s_bc + (m % 3) * TC * 2 * N;
     if (vec & 2) {
       constexpr int V = NL / 4;
       for (int e = tid; e < KP * TC * 2 * V; e += nth) {
@@ -201,11 +209,12 @@ __global__ void __launch_bounds__(SC_MAX_THREADS)
       dt_of(h0 + hh, dt_raw[(row0 + t) * ld_dt + h0 + hh], s_dt + hh * DW + t, s_da + hh * DW + t);
   }
   stage(0);
+  stage(1);
   const int nwarps = (nth + 31) / 32;
   for (int m = 0; m < nticks; m++) {
-    sc_wait_all();
-    __syncthreads(); /* tick m's inputs are in; tick m - 1 has finished reading */
-    if (m + 1 < nticks) stage(m + 1);
+    sc_wait_group<1>(); /* this thread's copies for tick m are in (tick m + 1's may not be) */
+    __syncthreads();    /* everyone's are; tick m - 1 has finished reading */
+    stage(m + 2);
     /* dt and dA of chunks m + 1 .. m + DG (read from tick m + 1 on), one
      * warp's work, a token per lane */
     if (m % DG == 0 && m + 1 < nch && tid / 32 == (m / DG) % nwarps) {
@@ -222,35 +231,50 @@ __global__ void __launch_bounds__(SC_MAX_THREADS)
     const int q = m - k;
     if (q < 0 || q >= nch) continue;
     const int tn = tokens(q), sl = q % XS, sd = q % DS;
-    const float *bc = s_bc + (m & 1) * TC * 2 * N + n0;
+    const float *bc = s_bc + (m % 3) * TC * 2 * N + n0;
     const float *xs = s_x + sl * XW + cl;
     const float *dts = s_dt + (sd * NH + hl) * DW, *das = s_da + (sd * NH + hl) * DW;
     const float *pin = s_p + (((m + 1) & 1) * KP + (k > 0 ? k - 1 : 0)) * XW + cl;
     float *pout = s_p + ((m & 1) * KP + k) * XW + cl;
     float *yq = y + (row0 + (int64_t)q * TC) * di + c;
+    /* the tick's chains, stored after the loop: shared stores among the
+     * steps would keep each step's loads behind the step before */
+    float outv[TC];
+    auto step = [&](int t) {
+      const float da = das[t], dt = dts[t], xv = xs[t * CB];
+      float acc = k > 0 ? pin[t * CB] : 0.0f;
+      const float *bt = bc + t * 2 * N, *ct = bt + N;
 #pragma unroll
-    for (int t = 0; t < TC; t++) {
-      if (t < tn) {
-        const float da = das[t], dt = dts[t], xv = xs[t * CB];
-        float acc = k > 0 ? pin[t * CB] : 0.0f;
-        const float *bt = bc + t * 2 * N, *ct = bt + N;
+      for (int i = 0; i < NL; i += 4) {
+        const float4 b4 = *(const float4 *)(bt + i), c4 = *(const float4 *)(ct + i);
+        const float bq[4] = {b4.x, b4.y, b4.z, b4.w}, cq[4] = {c4.x, c4.y, c4.z, c4.w};
 #pragma unroll
-        for (int i = 0; i < NL; i += 4) {
-          const float4 b4 = *(const float4 *)(bt + i), c4 = *(const float4 *)(ct + i);
-          const float bq[4] = {b4.x, b4.y, b4.z, b4.w}, cq[4] = {c4.x, c4.y, c4.z, c4.w};
-#pragma unroll
-          for (int j = 0; j < 4; j++) {
-            st[i + j] = ssd_slot<ST>::round(
-                __fmaf_rn(da, st[i + j], __fmul_rn(__fmul_rn(dt, bq[j]), xv)));
-            acc = __fmaf_rn(st[i + j], cq[j], acc);
-          }
-        }
-        if (k == KP - 1) {
-          if (live) yq[t * di] = __fmaf_rn(dd, xv, acc);
-        } else {
-          pout[t * CB] = acc;
+        for (int j = 0; j < 4; j++) {
+          st[i + j] = ssd_slot<ST>::round(
+              __fmaf_rn(da, st[i + j], __fmul_rn(__fmul_rn(dt, bq[j]), xv)));
+          acc = __fmaf_rn(st[i + j], cq[j], acc);
         }
       }
+      outv[t] = k == KP - 1 ? __fmaf_rn(dd, xv, acc) : acc;
+    };
+    if (tn == TC) {
+#pragma unroll
+      for (int t = 0; t < TC; t++) step(t);
+    } else {
+#pragma unroll
+      for (int t = 0; t < TC; t++)
+        if (t < tn) step(t);
+    }
+    if (k == KP - 1) {
+      if (live) {
+#pragma unroll
+        for (int t = 0; t < TC; t++)
+          if (t < tn) yq[t * di] = outv[t];
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < TC; t++)
+        if (t < tn) pout[t * CB] = outv[t];
     }
   }
   if (live) ssd_slot<ST>::template store<NL>(srow, st, vec & 1);
@@ -267,18 +291,27 @@ static int sc_sms(void) {
   }
   return sms;
 }
-/* Channels per block: a multiple of 4 that spreads the launch's channels
- * over the SMs in one block each, at most SC_MAX_THREADS / kp and the
- * group's width (rounded up to 4); at least 4. */
+/* Channels per block: the widest multiple of 4, up to SC_MAX_THREADS / kp
+ * and the group's width (rounded up to 4), whose busiest SM gets within 3%
+ * of the fewest channels any width gives when blocks go to the SMs in
+ * waves (wider blocks: B and C staged fewer times). */
+static int64_t sc_load(int nseq, const mbd_mops_ssd_dims *dm, int64_t cb) {
+  const int64_t gch = (int64_t)dm->heads / dm->n_groups * dm->head_dim, sms = sc_sms();
+  const int64_t blocks = (int64_t)nseq * dm->n_groups * ((gch + cb - 1) / cb);
+  return (blocks + sms - 1) / sms * cb;
+}
 static int sc_pick_cb(int nseq, const mbd_mops_ssd_dims *dm, int kp) {
-  const int64_t sms = sc_sms(), rows = (int64_t)nseq * dm->heads * dm->head_dim;
   const int64_t gch = (int64_t)dm->heads / dm->n_groups * dm->head_dim;
-  int64_t cb = (rows + sms - 1) / sms;
-  cb = (cb + 3) / 4 * 4;
-  const int64_t cap = SC_MAX_THREADS / kp / 4 * 4, wide = (gch + 3) / 4 * 4;
-  if (cb > cap) cb = cap;
-  if (cb > wide) cb = wide;
-  return cb < 4 ? 4 : (int)cb;
+  const int64_t wide = (gch + 3) / 4 * 4, cap = SC_MAX_THREADS / kp / 4 * 4;
+  const int64_t top = cap < wide ? cap : wide;
+  int64_t least = sc_load(nseq, dm, 4);
+  for (int64_t cb = 8; cb <= top; cb += 4) {
+    const int64_t l = sc_load(nseq, dm, cb);
+    if (l < least) least = l;
+  }
+  int64_t cb = top;
+  while (cb > 4 && sc_load(nseq, dm, cb) * 100 > least * 103) cb -= 4;
+  return (int)cb;
 }
 
 /* Heads a block of cb consecutive channels can touch. */
