@@ -593,10 +593,11 @@ static void test_ssd_scan(void **state) {
       {2, 128, 16, 1, 32, 16}, {4, 64, 128, 1, 64, 6}, {4, 64, 128, 1, 64, 6},
       /* the chunked kernel (ssd_chunk.cu): around its threshold of 64 tokens,
        * partial last chunks, d_state 8 to 256 (pieces of 8 entries, 200 and
-       * 24 giving odd piece counts, 8 a single piece; pieces of 16 at large
-       * batches), groups, blocks of 4 to 64 channels that span heads (the
-       * 130m and 1.3b shapes at one sequence: 12 and 32; the choice follows
-       * the SM count, 132 on the H200) and end inside a head */
+       * 24 giving odd piece counts, 8 a single piece), one channel per
+       * thread and two (larger launches, even head_dim), groups, blocks of 4
+       * to 96 channels that span heads (the 130m shape at one sequence: 12,
+       * one channel per thread; 1.3b: 32, two; the choice follows the SM
+       * count, 132 on the H200) and end inside a head */
       {2, 64, 128, 1, 1, 63},  {2, 64, 128, 1, 1, 64},  {2, 64, 128, 1, 1, 65},
       {3, 64, 64, 3, 3, 200},  {2, 64, 256, 2, 1, 200}, {4, 64, 16, 2, 8, 100},
       {2, 64, 128, 1, 1, 2048}, {1, 64, 128, 1, 3, 1003}, {4, 33, 128, 2, 8, 257},

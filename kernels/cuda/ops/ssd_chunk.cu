@@ -4,9 +4,10 @@
  * past; the n chains of different tokens' outputs are independent. So a
  * block takes CB consecutive channels of one group of one sequence (they
  * share B and C; they may span heads) and splits each channel's state row
- * into KP = N / NL ranges ("pieces") of NL entries:
- * thread (k, cl) keeps entries [k NL, (k + 1) NL) of channel cl in
- * registers for the whole launch. Tokens run in chunks of TC, and the
+ * into KP = N / NL ranges ("pieces") of NL entries: thread (k, l) keeps
+ * entries [k NL, (k + 1) NL) of channels l R .. l R + R - 1 in registers
+ * for the whole launch (R = 2 at larger launches: each B and C value read
+ * from shared memory then serves two updates). Tokens run in chunks of TC, and the
  * pieces form a wavefront over the chunks: at tick m piece k takes chunk
  * m - k. For each of the chunk's tokens in order it updates its entries,
  * then continues that token's n chain over them from the value piece k - 1
@@ -36,7 +37,8 @@
 #define SC_TC 8             /* tokens per chunk */
 #define SC_DG 4             /* chunks per dt pass: SC_DG SC_TC = one warp's lanes */
 #define SC_MAX_THREADS 512  /* threads per block at most */
-#define SC_NL16_THREADS 512 /* 16 entries per thread from this many threads per SM on */
+#define SC_NL 8             /* state entries per thread and channel */
+#define SC_R2_THREADS 128   /* two channels per thread from this many threads per SM on */
 
 /* How the state is stored between launches. */
 template <typename ST>
@@ -91,7 +93,7 @@ __device__ __forceinline__ void sc_wait_group() {
 
 /* Shared floats of a block of cb channels, kp pieces and up to nh heads:
  * B and C [3][TC][2 N], the x ring [kp + 2][(TC + 1) cb], the chain
- * hand-offs [2][kp][(TC + 1) cb], dt and dA [kp + DG][nh][TC + 1] each,
+ * hand-offs [2][kp][(TC + 1) cb], (dt, dA) pairs [kp + DG][nh][TC + 1],
  * dt_raw [nh][DG TC]. */
 static int sc_smem_floats(int N, int cb, int kp, int nh) {
   const int xw = (SC_TC + 1) * cb;
@@ -99,11 +101,22 @@ static int sc_smem_floats(int N, int cb, int kp, int nh) {
          2 * (kp + SC_DG) * nh * (SC_TC + 1) + nh * SC_DG * SC_TC;
 }
 
+/* R consecutive floats from shared memory (8-byte aligned for R = 2). */
+template <int R>
+__device__ __forceinline__ void sc_ld(float (&v)[R], const float *p) {
+  if constexpr (R == 2) {
+    const float2 q = *(const float2 *)p;
+    v[0] = q.x, v[1] = q.y;
+  } else {
+    v[0] = p[0];
+  }
+}
+
 /* vec: bit 0 the state rows allow float4 access, bit 1 B and C allow
  * 16-byte copies. A register cap for SC_MAX_THREADS threads rather than
  * __launch_bounds__, under which ptxas held NL = 8 to 64 registers and
  * spilled. */
-template <int NL, int TC, int DG, typename ST>
+template <int NL, int R, int TC, int DG, typename ST>
 __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
     k_ssd_chunk(int T, mbd_mops_ssd_dims dm, int CB, int NH, const float *__restrict__ A,
                 const float *__restrict__ D, const float *__restrict__ dt_bias, float lo,
@@ -120,19 +133,25 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
   const int c0 = g * gch + (blockIdx.x - g * bpg) * CB; /* the block's first channel */
   const int cn = g * gch + gch - c0 < CB ? g * gch + gch - c0 : CB; /* .. and its live ones */
   const int h0 = c0 / P, nh = (c0 + cn - 1) / P - h0 + 1; /* its heads (nh <= NH) */
-  const int tid = threadIdx.x, nth = CB * KP, k = tid / CB, cl = tid - k * CB;
-  const int n0 = k * NL;
+  /* lanes per piece; this thread's piece, lane, first channel, head. With R
+   * = 2 (head_dim even: CB, the group and cn are too) a thread's channels
+   * are both live or both not, of one head. */
+  const int LP = CB / R, tid = threadIdx.x, nth = LP * KP, k = tid / LP, l = tid - k * LP;
+  const int n0 = k * NL, cl = l * R;
   const bool live = cl < cn;
-  const int c = c0 + (live ? cl : 0), hl = c / P - h0; /* this thread's channel, its head */
+  const int c = c0 + (live ? cl : 0), hl = c / P - h0;
   const int64_t di = (int64_t)dm.heads * P, GN = (int64_t)dm.n_groups * N;
-  const int XS = KP + 2, XW = (TC + 1) * CB; /* x ring slots; slot and piece stride */
-  const int DS = KP + DG, DW = TC + 1;       /* dt ring slots; head row stride (distinct banks) */
+  /* x ring slots, slot and piece stride (= CB mod 32: a warp's pieces hit
+   * distinct banks; the ring runs backwards, so that the pieces' chunks
+   * m - k do too); (dt, dA) ring slots and head row stride */
+  const int XS = KP + 2, XW = (TC + 1) * CB;
+  const int DS = KP + DG, DW = TC + 1;
   float *s_bc = (float *)sc_smem4;           /* [3][TC][B N | C N] */
-  float *s_x = s_bc + 3 * TC * 2 * N;        /* [XS][XW]: x[t][cl] at t * CB + cl */
+  float *s_x = s_bc + 3 * TC * 2 * N;        /* [XS][XW]: x[t][j] at t * CB + j */
   float *s_p = s_x + XS * XW;                /* [2][KP][XW]: chain after piece k */
-  float *s_dt = s_p + 2 * KP * XW;           /* [DS][NH][DW] */
-  float *s_da = s_dt + DS * NH * DW;         /* [DS][NH][DW] */
-  float *s_dtr = s_da + DS * NH * DW;        /* [NH][DG TC]: raw dt of the next pass */
+  float2 *s_dd = (float2 *)(s_p + 2 * KP * XW); /* [DS][NH][DW]: (dt, dA) */
+  float *s_dtr = (float *)(s_dd + DS * NH * DW); /* [NH][DG TC]: raw dt of the next pass */
+  auto xslot = [&](int q) { return XS - 1 - q % XS; };
   const float dd = D[h0 + hl];
   pdl_wait();
   const int nch = (T + TC - 1) / TC, nticks = nch + KP - 1;
@@ -140,12 +159,11 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
   const float *xg = xbc + c0, *bg = xbc + di + (int64_t)g * N;
   auto tokens = [&](int q) { return T - q * TC < TC ? T - q * TC : TC; };
   /* dt and dA of head h from its raw dt, as ssd_scan computes them */
-  auto dt_of = [&](int h, float raw, float *dto, float *dao) {
+  auto dt_of = [&](int h, float raw, float2 *o) {
     float dt = mbd_pm_softplus(__fadd_rn(raw, dt_bias[h]));
     if (dt < lo) dt = lo;
     if (dt > hi) dt = hi;
-    *dto = dt;
-    *dao = mbd_pm_expf(__fmul_rn(dt, A[h]));
+    *o = make_float2(dt, mbd_pm_expf(__fmul_rn(dt, A[h])));
   };
   /* Staging for tick m, one commit group (empty past the end): piece kk's
    * range of B and C of chunk m - kk into buffer m % 3; x of chunk m into
@@ -174,7 +192,7 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
       }
     }
     if (m < nch) {
-      float *xs = s_x + (m % XS) * XW;
+      float *xs = s_x + xslot(m) * XW;
       const int tn = tokens(m);
       for (int e = tid; e < tn * CB; e += nth) {
         const int t = e / CB, j = e - t * CB;
@@ -195,18 +213,20 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
     sc_commit();
   };
   ST *srow = state + (int64_t)slots[s] * slot_stride + (int64_t)c * N + n0;
-  float st[NL];
-  if (live) {
-    ssd_slot<ST>::template load<NL>(st, srow, vec & 1);
-  } else {
+  float st[R][NL];
 #pragma unroll
-    for (int i = 0; i < NL; i++) st[i] = 0.0f;
+  for (int r = 0; r < R; r++) {
+    if (live) {
+      ssd_slot<ST>::template load<NL>(st[r], srow + r * N, vec & 1);
+    } else {
+#pragma unroll
+      for (int i = 0; i < NL; i++) st[r][i] = 0.0f;
+    }
   }
   /* chunk 0's dt and dA straight from dt_raw (visible after tick 0's barrier) */
   for (int e = tid; e < nh * TC; e += nth) {
     const int hh = e / TC, t = e - hh * TC;
-    if (t < tokens(0))
-      dt_of(h0 + hh, dt_raw[(row0 + t) * ld_dt + h0 + hh], s_dt + hh * DW + t, s_da + hh * DW + t);
+    if (t < tokens(0)) dt_of(h0 + hh, dt_raw[(row0 + t) * ld_dt + h0 + hh], s_dd + hh * DW + t);
   }
   stage(0);
   stage(1);
@@ -225,24 +245,32 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
         const int hh = e / (DG * TC), j = e - hh * (DG * TC);
         if (j >= tn) continue;
         const int o = ((m + 1 + j / TC) % DS * NH + hh) * DW + j % TC;
-        dt_of(h0 + hh, s_dtr[e], s_dt + o, s_da + o);
+        dt_of(h0 + hh, s_dtr[e], s_dd + o);
       }
     }
     const int q = m - k;
     if (q < 0 || q >= nch) continue;
-    const int tn = tokens(q), sl = q % XS, sd = q % DS;
+    const int tn = tokens(q), sd = q % DS;
     const float *bc = s_bc + (m % 3) * TC * 2 * N + n0;
-    const float *xs = s_x + sl * XW + cl;
-    const float *dts = s_dt + (sd * NH + hl) * DW, *das = s_da + (sd * NH + hl) * DW;
+    const float *xs = s_x + xslot(q) * XW + cl;
+    const float2 *dds = s_dd + (sd * NH + hl) * DW;
     const float *pin = s_p + (((m + 1) & 1) * KP + (k > 0 ? k - 1 : 0)) * XW + cl;
     float *pout = s_p + ((m & 1) * KP + k) * XW + cl;
     float *yq = y + (row0 + (int64_t)q * TC) * di + c;
     /* the tick's chains, stored after the loop: shared stores among the
      * steps would keep each step's loads behind the step before */
-    float outv[TC];
+    float outv[TC][R];
     auto step = [&](int t) {
-      const float da = das[t], dt = dts[t], xv = xs[t * CB];
-      float acc = k > 0 ? pin[t * CB] : 0.0f;
+      const float2 dda = dds[t];
+      const float dt = dda.x, da = dda.y;
+      float xv[R], acc[R];
+      sc_ld<R>(xv, xs + t * CB);
+      if (k > 0) {
+        sc_ld<R>(acc, pin + t * CB);
+      } else {
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r] = 0.0f;
+      }
       const float *bt = bc + t * 2 * N, *ct = bt + N;
 #pragma unroll
       for (int i = 0; i < NL; i += 4) {
@@ -250,12 +278,17 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
         const float bq[4] = {b4.x, b4.y, b4.z, b4.w}, cq[4] = {c4.x, c4.y, c4.z, c4.w};
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-          st[i + j] = ssd_slot<ST>::round(
-              __fmaf_rn(da, st[i + j], __fmul_rn(__fmul_rn(dt, bq[j]), xv)));
-          acc = __fmaf_rn(st[i + j], cq[j], acc);
+          const float dtb = __fmul_rn(dt, bq[j]);
+#pragma unroll
+          for (int r = 0; r < R; r++) {
+            st[r][i + j] =
+                ssd_slot<ST>::round(__fmaf_rn(da, st[r][i + j], __fmul_rn(dtb, xv[r])));
+            acc[r] = __fmaf_rn(st[r][i + j], cq[j], acc[r]);
+          }
         }
       }
-      outv[t] = k == KP - 1 ? __fmaf_rn(dd, xv, acc) : acc;
+#pragma unroll
+      for (int r = 0; r < R; r++) outv[t][r] = k == KP - 1 ? __fmaf_rn(dd, xv[r], acc[r]) : acc[r];
     };
     if (tn == TC) {
 #pragma unroll
@@ -269,15 +302,26 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
       if (live) {
 #pragma unroll
         for (int t = 0; t < TC; t++)
-          if (t < tn) yq[t * di] = outv[t];
+          if (t < tn) {
+#pragma unroll
+            for (int r = 0; r < R; r++) yq[t * di + r] = outv[t][r];
+          }
       }
     } else {
 #pragma unroll
       for (int t = 0; t < TC; t++)
-        if (t < tn) pout[t * CB] = outv[t];
+        if (t < tn) {
+          if constexpr (R == 2)
+            *(float2 *)(pout + t * CB) = make_float2(outv[t][0], outv[t][1]);
+          else
+            pout[t * CB] = outv[t][0];
+        }
     }
   }
-  if (live) ssd_slot<ST>::template store<NL>(srow, st, vec & 1);
+  if (live) {
+#pragma unroll
+    for (int r = 0; r < R; r++) ssd_slot<ST>::template store<NL>(srow + r * N, st[r], vec & 1);
+  }
 }
 
 static int sc_sms(void) {
@@ -291,8 +335,8 @@ static int sc_sms(void) {
   }
   return sms;
 }
-/* Channels per block: the widest multiple of 4, up to SC_MAX_THREADS / kp
- * and the group's width (rounded up to 4), whose busiest SM gets within 3%
+/* Channels per block: the widest multiple of 4, up to R SC_MAX_THREADS /
+ * kp and the group's width (rounded up to 4), whose busiest SM gets within 3%
  * of the fewest channels any width gives when blocks go to the SMs in
  * waves (wider blocks: B and C staged fewer times). */
 static int64_t sc_load(int nseq, const mbd_mops_ssd_dims *dm, int64_t cb) {
@@ -300,9 +344,9 @@ static int64_t sc_load(int nseq, const mbd_mops_ssd_dims *dm, int64_t cb) {
   const int64_t blocks = (int64_t)nseq * dm->n_groups * ((gch + cb - 1) / cb);
   return (blocks + sms - 1) / sms * cb;
 }
-static int sc_pick_cb(int nseq, const mbd_mops_ssd_dims *dm, int kp) {
+static int sc_pick_cb(int nseq, const mbd_mops_ssd_dims *dm, int kp, int R) {
   const int64_t gch = (int64_t)dm->heads / dm->n_groups * dm->head_dim;
-  const int64_t wide = (gch + 3) / 4 * 4, cap = SC_MAX_THREADS / kp / 4 * 4;
+  const int64_t wide = (gch + 3) / 4 * 4, cap = R * SC_MAX_THREADS / kp / 4 * 4;
   const int64_t top = cap < wide ? cap : wide;
   int64_t least = sc_load(nseq, dm, 4);
   for (int64_t cb = 8; cb <= top; cb += 4) {
@@ -325,21 +369,23 @@ extern "C" bool mbd_mops_ssd_chunk_takes(int T, const mbd_mops_ssd_dims *dm) {
          dm->d_state <= MBD_MOPS_SSD_MAX_STATE;
 }
 
-template <int NL>
+template <int R>
 static int sc_launch(cudaStream_t stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
                      const float *A, const float *D, const float *dt_bias, float lo, float hi,
                      const float *dt_raw, int64_t ld_dt, const float *xbc, int64_t ld_xbc,
                      float *state, int64_t slot_stride, const int32_t *slots, float *y, int vec,
                      mbd_error *err) {
-  const int N = dm->d_state, kp = N / NL, cb = sc_pick_cb(nseq, dm, kp), nh = sc_heads(dm, cb);
+  const int N = dm->d_state, kp = N / SC_NL, cb = sc_pick_cb(nseq, dm, kp, R);
+  const int nh = sc_heads(dm, cb);
   const size_t bytes = (size_t)sc_smem_floats(N, cb, kp, nh) * sizeof(float);
-  int rc = allow_smem(k_ssd_chunk<NL, SC_TC, SC_DG, float>, bytes, err);
+  int rc = allow_smem(k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, float>, bytes, err);
   if (rc < 0) return rc;
   const int gch = dm->heads / dm->n_groups * dm->head_dim, bpg = (gch + cb - 1) / cb;
   /* a long kernel: not launched early (PDL), where it would share the SMs
    * its predecessor still holds */
-  return launch_ex(false, "ssd_chunk", k_ssd_chunk<NL, SC_TC, SC_DG, float>,
-                   dim3((unsigned)(dm->n_groups * bpg), (unsigned)nseq), dim3((unsigned)(cb * kp)),
+  return launch_ex(false, "ssd_chunk", k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, float>,
+                   dim3((unsigned)(dm->n_groups * bpg), (unsigned)nseq),
+                   dim3((unsigned)(cb / R * kp)),
                    bytes, stream, err, T, *dm, cb, nh, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,
                    ld_xbc, state, slot_stride, vec, slots, y);
 }
@@ -357,13 +403,13 @@ extern "C" int mbd_mops_ssd_chunk_scan(void *stream, int nseq, int T, const mbd_
   const int64_t di = (int64_t)dm->heads * dm->head_dim;
   const int vec = ((uintptr_t)state % 16 == 0 && slot_stride % 4 == 0 ? 1 : 0) |
                   ((uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && di % 4 == 0 ? 2 : 0);
-  /* 16 entries per thread (half the shared-memory reads per update) when
-   * that still leaves SC_NL16_THREADS threads per SM */
+  /* two channels per thread (half the shared-memory reads of B and C per
+   * update) when that still leaves SC_R2_THREADS threads per SM */
   const int64_t entries = (int64_t)nseq * di * dm->d_state;
   cudaStream_t s = (cudaStream_t)stream;
-  if (dm->d_state % 16 == 0 && entries / 16 >= (int64_t)SC_NL16_THREADS * sc_sms())
-    return sc_launch<16>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state,
-                         slot_stride, slots, y, vec, err);
-  return sc_launch<8>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state,
+  if (dm->head_dim % 2 == 0 && entries / (2 * SC_NL) >= (int64_t)SC_R2_THREADS * sc_sms())
+    return sc_launch<2>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state,
+                        slot_stride, slots, y, vec, err);
+  return sc_launch<1>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state,
                       slot_stride, slots, y, vec, err);
 }
