@@ -37,6 +37,7 @@
 #define SC_TC 8             /* tokens per chunk */
 #define SC_DG 4             /* chunks per dt pass: SC_DG SC_TC = one warp's lanes */
 #define SC_MAX_THREADS 512  /* threads per block at most */
+#define SC_MAX_SMEM (200 * 1024) /* shared bytes per block at most */
 #define SC_NL 8             /* state entries per thread and channel */
 #define SC_R2_THREADS 128   /* two channels per thread from this many threads per SM on */
 
@@ -375,7 +376,11 @@ static int sc_launch(cudaStream_t stream, int nseq, int T, const mbd_mops_ssd_di
                      const float *dt_raw, int64_t ld_dt, const float *xbc, int64_t ld_xbc,
                      float *state, int64_t slot_stride, const int32_t *slots, float *y, int vec,
                      mbd_error *err) {
-  const int N = dm->d_state, kp = N / SC_NL, cb = sc_pick_cb(nseq, dm, kp, R);
+  const int N = dm->d_state, kp = N / SC_NL;
+  int cb = sc_pick_cb(nseq, dm, kp, R);
+  while (cb > 4 && (size_t)sc_smem_floats(N, cb, kp, sc_heads(dm, cb)) * sizeof(float) >
+                       SC_MAX_SMEM)
+    cb -= 4;
   const int nh = sc_heads(dm, cb);
   const size_t bytes = (size_t)sc_smem_floats(N, cb, kp, nh) * sizeof(float);
   int rc = allow_smem(k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, float>, bytes, err);
