@@ -18,25 +18,26 @@
  * a thread's TC chains of a tick are independent of each other and the
  * entries' updates interleave with them.
  *
- * Per tick, one barrier: chunk inputs are staged by cp.async two ticks
- * ahead (each piece's range of B and C of its chunk, three buffers; x of
- * a chunk into a ring of KP + 2 chunks, as pieces read it for KP ticks),
- * so a tick's copies have a whole tick to arrive; and every SC_DG ticks
- * one warp computes dt and dA of the next SC_DG chunks for the block's
- * heads, a token per lane, while the block runs the current one (a ring of
- * KP + SC_DG chunks). Each thread forms dt * B for its entries, as the
- * step does. B and C are staged once per block, so blocks are made as wide
- * as the SMs allow. Adjacent threads are channels of one piece, so B and C
- * reads are shared by lane pairs; x and the chain hand-offs are padded so
- * that a warp's pieces hit distinct banks. The state is stored as ST
- * between launches (float; the storage type's rounding,
- * ssd_slot<ST>::round, would be applied after every step). */
+ * Per tick, one barrier. Two producer warps beside the compute threads
+ * keep the inputs ahead, so that their address math and latencies stay off
+ * the compute threads' path: the copy warp stages by cp.async, two ticks
+ * ahead, each piece's range of B and C of its chunk (three buffers), x of
+ * a chunk (a ring of KP + 2 chunks, as pieces read it for KP ticks) and
+ * the raw dt of the block's heads; the dt warp computes dt and dA once per
+ * token and head, three chunks ahead (a ring of KP + 3 chunks). Each
+ * thread forms dt * B for its entries, as the step does. B and C are
+ * staged once per block, so blocks are made as wide as the SMs allow.
+ * Adjacent threads are channels of one piece, so B and C reads are shared
+ * by lane pairs; x and the chain hand-offs are padded so that a warp's
+ * pieces hit distinct banks. The state is stored as ST between launches
+ * (float; the storage type's rounding, ssd_slot<ST>::round, would be
+ * applied after every step). */
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/ssd_chunk.h"
 
-#define SC_TC 8             /* tokens per chunk */
-#define SC_DG 4             /* chunks per dt pass: SC_DG SC_TC = one warp's lanes */
-#define SC_MAX_THREADS 512  /* threads per block at most */
+#define SC_TC 8              /* tokens per chunk */
+#define SC_MAX_COMPUTE 448   /* compute threads per block at most (+ 64 producers) */
+#define SC_MAX_THREADS 512   /* threads per block at most */
 #define SC_MAX_SMEM (200 * 1024) /* shared bytes per block at most */
 #define SC_NL 8             /* state entries per thread and channel */
 #define SC_R2_THREADS 128   /* two channels per thread from this many threads per SM on */
@@ -94,12 +95,12 @@ __device__ __forceinline__ void sc_wait_group() {
 
 /* Shared floats of a block of cb channels, kp pieces and up to nh heads:
  * B and C [3][TC][2 N], the x ring [kp + 2][(TC + 1) cb], the chain
- * hand-offs [2][kp][(TC + 1) cb], (dt, dA) pairs [kp + DG][nh][TC + 1],
- * dt_raw [nh][DG TC]. */
+ * hand-offs [2][kp][(TC + 1) cb], (dt, dA) pairs [kp + 3][nh][TC + 1],
+ * raw dt [3][nh][TC]. */
 static int sc_smem_floats(int N, int cb, int kp, int nh) {
   const int xw = (SC_TC + 1) * cb;
-  return 3 * SC_TC * 2 * N + (kp + 2) * xw + 2 * kp * xw +
-         2 * (kp + SC_DG) * nh * (SC_TC + 1) + nh * SC_DG * SC_TC;
+  return 3 * SC_TC * 2 * N + (kp + 2) * xw + 2 * kp * xw + 2 * (kp + 3) * nh * (SC_TC + 1) +
+         3 * nh * SC_TC;
 }
 
 /* R consecutive floats from shared memory (8-byte aligned for R = 2). */
@@ -114,10 +115,11 @@ __device__ __forceinline__ void sc_ld(float (&v)[R], const float *p) {
 }
 
 /* vec: bit 0 the state rows allow float4 access, bit 1 B and C allow
- * 16-byte copies. A register cap for SC_MAX_THREADS threads rather than
- * __launch_bounds__, under which ptxas held NL = 8 to 64 registers and
- * spilled. */
-template <int NL, int R, int TC, int DG, typename ST>
+ * 16-byte copies. Threads: NC = CB / R * KP compute threads, then (from
+ * the next multiple of 32) the copy warp and the dt warp. A register cap
+ * for SC_MAX_THREADS threads rather than __launch_bounds__, under which
+ * ptxas held the kernel to 64 registers and spilled. */
+template <int NL, int R, int TC, typename ST>
 __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
     k_ssd_chunk(int T, mbd_mops_ssd_dims dm, int CB, int NH, const float *__restrict__ A,
                 const float *__restrict__ D, const float *__restrict__ dt_bias, float lo,
@@ -125,7 +127,6 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
                 const float *__restrict__ xbc, int64_t ld_xbc, ST *__restrict__ state,
                 int64_t slot_stride, int vec, const int32_t *__restrict__ slots,
                 float *__restrict__ y) {
-  static_assert(DG >= 3, "a pass's raw dt is staged two ticks before, over the pass before");
   extern __shared__ float4 sc_smem4[];
   const int P = dm.head_dim, N = dm.d_state, KP = N / NL;
   const int gch = dm.heads / dm.n_groups * P; /* channels per group */
@@ -134,24 +135,24 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
   const int c0 = g * gch + (blockIdx.x - g * bpg) * CB; /* the block's first channel */
   const int cn = g * gch + gch - c0 < CB ? g * gch + gch - c0 : CB; /* .. and its live ones */
   const int h0 = c0 / P, nh = (c0 + cn - 1) / P - h0 + 1; /* its heads (nh <= NH) */
-  /* lanes per piece; this thread's piece, lane, first channel, head. With R
-   * = 2 (head_dim even: CB, the group and cn are too) a thread's channels
-   * are both live or both not, of one head. */
-  const int LP = CB / R, tid = threadIdx.x, nth = LP * KP, k = tid / LP, l = tid - k * LP;
-  const int n0 = k * NL, cl = l * R;
-  const bool live = cl < cn;
+  /* lanes per piece; a compute thread's piece, lane, first channel, head.
+   * With R = 2 (head_dim even: CB, the group and cn are too) a thread's
+   * channels are both live or both not, of one head. */
+  const int LP = CB / R, NC = LP * KP, PC0 = (NC + 31) / 32 * 32, tid = threadIdx.x;
+  const int k = tid / LP, l = tid - k * LP, n0 = k * NL, cl = l * R;
+  const bool live = tid < NC && cl < cn;
   const int c = c0 + (live ? cl : 0), hl = c / P - h0;
   const int64_t di = (int64_t)dm.heads * P, GN = (int64_t)dm.n_groups * N;
   /* x ring slots, slot and piece stride (= CB mod 32: a warp's pieces hit
    * distinct banks; the ring runs backwards, so that the pieces' chunks
    * m - k do too); (dt, dA) ring slots and head row stride */
   const int XS = KP + 2, XW = (TC + 1) * CB;
-  const int DS = KP + DG, DW = TC + 1;
-  float *s_bc = (float *)sc_smem4;           /* [3][TC][B N | C N] */
-  float *s_x = s_bc + 3 * TC * 2 * N;        /* [XS][XW]: x[t][j] at t * CB + j */
-  float *s_p = s_x + XS * XW;                /* [2][KP][XW]: chain after piece k */
-  float2 *s_dd = (float2 *)(s_p + 2 * KP * XW); /* [DS][NH][DW]: (dt, dA) */
-  float *s_dtr = (float *)(s_dd + DS * NH * DW); /* [NH][DG TC]: raw dt of the next pass */
+  const int DS = KP + 3, DW = TC + 1;
+  float *s_bc = (float *)sc_smem4;               /* [3][TC][B N | C N] */
+  float *s_x = s_bc + 3 * TC * 2 * N;            /* [XS][XW]: x[t][j] at t * CB + j */
+  float *s_p = s_x + XS * XW;                    /* [2][KP][XW]: chain after piece k */
+  float2 *s_dd = (float2 *)(s_p + 2 * KP * XW);  /* [DS][NH][DW]: (dt, dA) */
+  float *s_raw = (float *)(s_dd + DS * NH * DW); /* [3][NH][TC]: raw dt */
   auto xslot = [&](int q) { return XS - 1 - q % XS; };
   const float dd = D[h0 + hl];
   pdl_wait();
@@ -159,59 +160,52 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
   const int64_t row0 = (int64_t)s * T;
   const float *xg = xbc + c0, *bg = xbc + di + (int64_t)g * N;
   auto tokens = [&](int q) { return T - q * TC < TC ? T - q * TC : TC; };
-  /* dt and dA of head h from its raw dt, as ssd_scan computes them */
+  const int role = tid < PC0 ? 0 : tid < PC0 + 32 ? 1 : 2; /* compute, copy, dt */
+  const int lane = (tid - PC0) & 31;                         /* in a producer warp */
+  /* Copy warp, tick m's inputs (one commit group, empty past the end):
+   * piece kk's range of B and C of chunk m - kk into buffer m % 3, x of
+   * chunk m into its ring slot, raw dt of chunk m + 3 into slot (m + 3) % 3. */
+  auto stage = [&](int m) {
+    float *bc = s_bc + (m % 3) * TC * 2 * N;
+    for (int e = lane; e < KP * TC; e += 32) {
+      const int kk = e / TC, t = e - kk * TC, q = m - kk;
+      if (q < 0 || q >= nch || t >= tokens(q)) continue;
+      const float *src = bg + (row0 + (int64_t)q * TC + t) * ld_xbc + kk * NL;
+      float *dst = bc + t * 2 * N + kk * NL;
+      if (vec & 2) {
+#pragma unroll
+        for (int v = 0; v < NL; v += 4) sc_cp16(dst + v, src + v), sc_cp16(dst + N + v, src + GN + v);
+      } else {
+#pragma unroll
+        for (int i = 0; i < NL; i++) sc_cp4(dst + i, src + i), sc_cp4(dst + N + i, src + GN + i);
+      }
+    }
+    if (m < nch) {
+      float *xs = s_x + xslot(m) * XW;
+      for (int t = 0; t < tokens(m); t++)
+        for (int j = lane; j < CB; j += 32) {
+          if (j < cn)
+            sc_cp4(xs + t * CB + j, xg + (row0 + (int64_t)m * TC + t) * ld_xbc + j);
+          else
+            xs[t * CB + j] = 0.0f; /* channels past the group: zeros, never written out */
+        }
+    }
+    const int q3 = m + 3;
+    if (q3 < nch)
+      for (int e = lane; e < nh * TC; e += 32) {
+        const int hh = e / TC, t = e - hh * TC;
+        if (t < tokens(q3))
+          sc_cp4(s_raw + ((q3 % 3) * NH + hh) * TC + t,
+                 dt_raw + (row0 + (int64_t)q3 * TC + t) * ld_dt + h0 + hh);
+      }
+    sc_commit();
+  };
+  /* dt warp: dt and dA of head h from its raw dt, as ssd_scan computes them */
   auto dt_of = [&](int h, float raw, float2 *o) {
     float dt = mbd_pm_softplus(__fadd_rn(raw, dt_bias[h]));
     if (dt < lo) dt = lo;
     if (dt > hi) dt = hi;
     *o = make_float2(dt, mbd_pm_expf(__fmul_rn(dt, A[h])));
-  };
-  /* Staging for tick m, one commit group (empty past the end): piece kk's
-   * range of B and C of chunk m - kk into buffer m % 3; x of chunk m into
-   * its ring slot; when tick m has a dt pass (m % DG == 0), dt_raw of
-   * chunks m + 1 .. m + DG. */
-  auto stage = [&](int m) {
-    float *bc = s_bc + (m % 3) * TC * 2 * N;
-    if (vec & 2) {
-      constexpr int V = NL / 4;
-      for (int e = tid; e < KP * TC * 2 * V; e += nth) {
-        const int kk = e / (TC * 2 * V), r = e - kk * (TC * 2 * V), t = r / (2 * V);
-        const int w = (r / V) & 1, v = r % V, q = m - kk;
-        if (q < 0 || q >= nch || t >= tokens(q)) continue;
-        const int64_t row = row0 + (int64_t)q * TC + t;
-        const int n = kk * NL + 4 * v;
-        sc_cp16(bc + t * 2 * N + w * N + n, bg + row * ld_xbc + w * GN + n);
-      }
-    } else {
-      for (int e = tid; e < KP * TC * 2 * NL; e += nth) {
-        const int kk = e / (TC * 2 * NL), r = e - kk * (TC * 2 * NL), t = r / (2 * NL);
-        const int w = (r / NL) & 1, i = r % NL, q = m - kk;
-        if (q < 0 || q >= nch || t >= tokens(q)) continue;
-        const int64_t row = row0 + (int64_t)q * TC + t;
-        const int n = kk * NL + i;
-        sc_cp4(bc + t * 2 * N + w * N + n, bg + row * ld_xbc + w * GN + n);
-      }
-    }
-    if (m < nch) {
-      float *xs = s_x + xslot(m) * XW;
-      const int tn = tokens(m);
-      for (int e = tid; e < tn * CB; e += nth) {
-        const int t = e / CB, j = e - t * CB;
-        if (j < cn)
-          sc_cp4(xs + e, xg + (row0 + (int64_t)m * TC + t) * ld_xbc + j);
-        else
-          xs[e] = 0.0f; /* channels past the group: zeros, never written out */
-      }
-    }
-    if (m % DG == 0 && m + 1 < nch) {
-      const int64_t t1 = (int64_t)(m + 1) * TC; /* first token of the pass */
-      const int tn = T - t1 < DG * TC ? (int)(T - t1) : DG * TC;
-      for (int e = tid; e < nh * DG * TC; e += nth) {
-        const int hh = e / (DG * TC), j = e - hh * (DG * TC);
-        if (j < tn) sc_cp4(s_dtr + e, dt_raw + (row0 + t1 + j) * ld_dt + h0 + hh);
-      }
-    }
-    sc_commit();
   };
   ST *srow = state + (int64_t)slots[s] * slot_stride + (int64_t)c * N + n0;
   float st[R][NL];
@@ -224,33 +218,37 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
       for (int i = 0; i < NL; i++) st[r][i] = 0.0f;
     }
   }
-  /* chunk 0's dt and dA straight from dt_raw (visible after tick 0's barrier) */
-  for (int e = tid; e < nh * TC; e += nth) {
-    const int hh = e / TC, t = e - hh * TC;
-    if (t < tokens(0)) dt_of(h0 + hh, dt_raw[(row0 + t) * ld_dt + h0 + hh], s_dd + hh * DW + t);
+  if (role == 1) {
+    stage(0);
+    stage(1);
+  } else if (role == 2) { /* chunks 0 .. 2 straight from dt_raw */
+    for (int e = lane; e < 3 * nh * TC; e += 32) {
+      const int q = e / (nh * TC), hh = (e - q * nh * TC) / TC, t = e % TC;
+      if (q < nch && t < tokens(q))
+        dt_of(h0 + hh, dt_raw[(row0 + (int64_t)q * TC + t) * ld_dt + h0 + hh],
+              s_dd + (q * NH + hh) * DW + t);
+    }
   }
-  stage(0);
-  stage(1);
-  const int nwarps = (nth + 31) / 32;
   for (int m = 0; m < nticks; m++) {
-    sc_wait_group<1>(); /* this thread's copies for tick m are in (tick m + 1's may not be) */
-    __syncthreads();    /* everyone's are; tick m - 1 has finished reading */
-    stage(m + 2);
-    /* dt and dA of chunks m + 1 .. m + DG (read from tick m + 1 on), one
-     * warp's work, a token per lane */
-    if (m % DG == 0 && m + 1 < nch && tid / 32 == (m / DG) % nwarps) {
-      const int w0 = (tid / 32) * 32, wn = nth - w0 < 32 ? nth - w0 : 32;
-      const int64_t t1 = (int64_t)(m + 1) * TC;
-      const int tn = T - t1 < DG * TC ? (int)(T - t1) : DG * TC;
-      for (int e = tid - w0; e < nh * DG * TC; e += wn) {
-        const int hh = e / (DG * TC), j = e - hh * (DG * TC);
-        if (j >= tn) continue;
-        const int o = ((m + 1 + j / TC) % DS * NH + hh) * DW + j % TC;
-        dt_of(h0 + hh, s_dtr[e], s_dd + o);
-      }
+    if (role == 1) sc_wait_group<1>(); /* tick m's copies are in (tick m + 1's may not be) */
+    __syncthreads(); /* everyone's are; tick m - 1 has finished reading */
+    if (role == 1) {
+      stage(m + 2);
+      continue;
+    }
+    if (role == 2) { /* dt and dA of chunk m + 3 from the raw dt staged two ticks ago */
+      const int q3 = m + 3;
+      if (q3 < nch)
+        for (int e = lane; e < nh * TC; e += 32) {
+          const int hh = e / TC, t = e - hh * TC;
+          if (t < tokens(q3))
+            dt_of(h0 + hh, s_raw[((q3 % 3) * NH + hh) * TC + t],
+                  s_dd + ((q3 % DS) * NH + hh) * DW + t);
+        }
+      continue;
     }
     const int q = m - k;
-    if (q < 0 || q >= nch) continue;
+    if (tid >= NC || q < 0 || q >= nch) continue;
     const int tn = tokens(q), sd = q % DS;
     const float *bc = s_bc + (m % 3) * TC * 2 * N + n0;
     const float *xs = s_x + xslot(q) * XW + cl;
@@ -336,7 +334,7 @@ static int sc_sms(void) {
   }
   return sms;
 }
-/* Channels per block: the widest multiple of 4, up to R SC_MAX_THREADS /
+/* Channels per block: the widest multiple of 4, up to R SC_MAX_COMPUTE /
  * kp and the group's width (rounded up to 4), whose busiest SM gets within 3%
  * of the fewest channels any width gives when blocks go to the SMs in
  * waves (wider blocks: B and C staged fewer times). */
@@ -347,7 +345,7 @@ static int64_t sc_load(int nseq, const mbd_mops_ssd_dims *dm, int64_t cb) {
 }
 static int sc_pick_cb(int nseq, const mbd_mops_ssd_dims *dm, int kp, int R) {
   const int64_t gch = (int64_t)dm->heads / dm->n_groups * dm->head_dim;
-  const int64_t wide = (gch + 3) / 4 * 4, cap = R * SC_MAX_THREADS / kp / 4 * 4;
+  const int64_t wide = (gch + 3) / 4 * 4, cap = R * SC_MAX_COMPUTE / kp / 4 * 4;
   const int64_t top = cap < wide ? cap : wide;
   int64_t least = sc_load(nseq, dm, 4);
   for (int64_t cb = 8; cb <= top; cb += 4) {
@@ -365,9 +363,10 @@ static int sc_heads(const mbd_mops_ssd_dims *dm, int cb) {
   return nh < hpg ? nh : hpg;
 }
 
-extern "C" bool mbd_mops_ssd_chunk_takes(int T, const mbd_mops_ssd_dims *dm) {
-  return T >= MBD_MOPS_SSD_CHUNK_MIN_T && dm->d_state % 8 == 0 &&
-         dm->d_state <= MBD_MOPS_SSD_MAX_STATE;
+extern "C" bool mbd_mops_ssd_chunk_takes(int nseq, int T, const mbd_mops_ssd_dims *dm) {
+  return T >= MBD_MOPS_SSD_CHUNK_MIN_T &&
+         (int64_t)nseq * dm->heads * dm->head_dim < MBD_MOPS_SSD_CHUNK_MAX_ROWS &&
+         dm->d_state % SC_NL == 0 && dm->d_state <= MBD_MOPS_SSD_MAX_STATE;
 }
 
 template <int R>
@@ -383,14 +382,14 @@ static int sc_launch(cudaStream_t stream, int nseq, int T, const mbd_mops_ssd_di
     cb -= 4;
   const int nh = sc_heads(dm, cb);
   const size_t bytes = (size_t)sc_smem_floats(N, cb, kp, nh) * sizeof(float);
-  int rc = allow_smem(k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, float>, bytes, err);
+  int rc = allow_smem(k_ssd_chunk<SC_NL, R, SC_TC, float>, bytes, err);
   if (rc < 0) return rc;
   const int gch = dm->heads / dm->n_groups * dm->head_dim, bpg = (gch + cb - 1) / cb;
   /* a long kernel: not launched early (PDL), where it would share the SMs
    * its predecessor still holds */
-  return launch_ex(false, "ssd_chunk", k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, float>,
+  return launch_ex(false, "ssd_chunk", k_ssd_chunk<SC_NL, R, SC_TC, float>,
                    dim3((unsigned)(dm->n_groups * bpg), (unsigned)nseq),
-                   dim3((unsigned)(cb / R * kp)),
+                   dim3((unsigned)((cb / R * kp + 31) / 32 * 32 + 64)),
                    bytes, stream, err, T, *dm, cb, nh, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,
                    ld_xbc, state, slot_stride, vec, slots, y);
 }
@@ -402,7 +401,7 @@ extern "C" int mbd_mops_ssd_chunk_scan(void *stream, int nseq, int T, const mbd_
                                        int64_t slot_stride, const int32_t *slots, float *y,
                                        mbd_error *err) {
   if (nseq <= 0 || T <= 0) return 0;
-  if (!mbd_mops_ssd_chunk_takes(T, dm) || nseq > 65535)
+  if (!mbd_mops_ssd_chunk_takes(nseq, T, dm) || nseq > 65535)
     return mbd_error_set(err, MBD_E_INVALID, "ssd_chunk: %d tokens, d_state %d unsupported", T,
                          dm->d_state);
   const int64_t di = (int64_t)dm->heads * dm->head_dim;

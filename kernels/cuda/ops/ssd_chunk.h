@@ -13,12 +13,15 @@
 extern "C" {
 #endif
 
-/* Launches of at least this many tokens go to mbd_mops_ssd_chunk_scan. */
+/* Launches of at least MIN_T tokens of fewer than MAX_ROWS rows (sequences
+ * x channels) go to mbd_mops_ssd_chunk_scan; from MAX_ROWS rows on,
+ * ssd_scan.cu's four channels per lane did better on the H200. */
 #define MBD_MOPS_SSD_CHUNK_MIN_T 64
+#define MBD_MOPS_SSD_CHUNK_MAX_ROWS 8192
 
-/* Whether mbd_mops_ssd_chunk_scan takes a launch of T tokens of shape dm
- * (T >= MBD_MOPS_SSD_CHUNK_MIN_T, d_state a multiple of 8). */
-bool mbd_mops_ssd_chunk_takes(int T, const mbd_mops_ssd_dims *dm);
+/* Whether mbd_mops_ssd_chunk_scan takes a launch of nseq sequences of T
+ * tokens of shape dm (the bounds above, d_state a multiple of 8). */
+bool mbd_mops_ssd_chunk_takes(int nseq, int T, const mbd_mops_ssd_dims *dm);
 
 /* mbd_mops_ssd_scan's contract and arguments (ssd_scan.h), for a launch
  * mbd_mops_ssd_chunk_takes accepts (MBD_E_INVALID otherwise); the caller has
