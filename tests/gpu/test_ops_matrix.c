@@ -593,18 +593,19 @@ static void test_ssd_scan(void **state) {
       {2, 128, 16, 1, 32, 16}, {4, 64, 128, 1, 64, 6}, {4, 64, 128, 1, 64, 6},
       /* the chunked kernel (ssd_chunk.cu; 64 tokens and more, fewer than
        * 8192 rows): around its thresholds, partial last chunks, d_state 8 to
-       * 256 (pieces of 8 entries, 200 and 24 giving odd piece counts, 8 a
-       * single piece), one channel per thread and two (larger launches, even
-       * head_dim), groups, blocks that span heads and end inside a group
-       * (the 130m shape at one sequence: 12 channels, one per thread; 1.3b:
-       * 32, two; the choice follows the SM count, 132 on the H200) */
+       * 256 (pieces of 4 or 8 entries, odd piece counts), one channel per
+       * thread and two (even head_dim), the four entry splits (4 x 1: small
+       * launches, the 130m shape at one sequence; 4 x 2: 1.3b; 8 x 2; 8 x 1:
+       * odd head_dim; the choice follows the SM count, 132 on the H200),
+       * groups, blocks that span heads and end inside a group */
       {2, 64, 128, 1, 1, 63},  {2, 64, 128, 1, 1, 64},  {2, 64, 128, 1, 1, 65},
       {3, 64, 64, 3, 3, 200},  {2, 64, 256, 2, 1, 200}, {4, 64, 16, 2, 8, 100},
       {2, 64, 128, 1, 1, 2048}, {1, 64, 128, 1, 3, 1003}, {4, 33, 128, 2, 8, 257},
       {2, 5, 24, 1, 3, 77},    {1, 64, 200, 1, 1, 64},  {24, 64, 128, 1, 8, 130},
       {24, 64, 128, 1, 3, 70}, {64, 64, 128, 1, 1, 80}, {2, 7, 48, 2, 2, 129},
       {24, 64, 64, 2, 8, 70},  {16, 64, 256, 4, 8, 65}, {4, 64, 8, 1, 2, 66},
-      {24, 64, 128, 1, 1, 96}, {12, 66, 128, 2, 4, 70},
+      {24, 64, 128, 1, 1, 96}, {12, 66, 128, 2, 4, 70}, {32, 64, 256, 1, 3, 70},
+      {60, 33, 256, 2, 2, 66},
   };
   uint64_t seed = 31;
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)

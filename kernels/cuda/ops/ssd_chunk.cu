@@ -6,10 +6,11 @@
  * share B and C; they may span heads) and splits each channel's state row
  * into KP = N / NL ranges ("pieces") of NL entries: thread (k, l) keeps
  * entries [k NL, (k + 1) NL) of channels l R .. l R + R - 1 in registers
- * for the whole launch (R = 2 at larger launches: each B and C value read
- * from shared memory then serves two updates). Tokens run in chunks of TC, and the
- * pieces form a wavefront over the chunks: at tick m piece k takes chunk
- * m - k. For each of the chunk's tokens in order it updates its entries,
+ * for the whole launch (NL 4 or 8, R 1 or 2: the most entries per thread
+ * that still leave each SM enough threads; with R = 2 each B and C value
+ * read from shared memory serves two updates). Tokens run in chunks of TC,
+ * and the pieces form a wavefront over the chunks: at tick m piece k takes
+ * chunk m - k. For each of the chunk's tokens in order it updates its entries,
  * then continues that token's n chain over them from the value piece k - 1
  * left in shared memory at tick m - 1 (piece 0 starts from +0), and leaves
  * the chain for piece k + 1; the last piece adds the D skip and writes y.
@@ -36,11 +37,12 @@
 #include "kernels/cuda/ops/ssd_chunk.h"
 
 #define SC_TC 8              /* tokens per chunk */
-#define SC_MAX_COMPUTE 448   /* compute threads per block at most (+ 64 producers) */
-#define SC_MAX_THREADS 512   /* threads per block at most */
+/* Threads per block at most (a register cap of 64 K / that: ptxas under
+ * __launch_bounds__ held NL = 8 to 64 registers and spilled), of which 64
+ * are the producers. */
+#define SC_MAX_THREADS(NL) ((NL) == 4 ? 1024 : 512)
 #define SC_MAX_SMEM (200 * 1024) /* shared bytes per block at most */
-#define SC_NL 8             /* state entries per thread and channel */
-#define SC_R2_THREADS 128   /* two channels per thread from this many threads per SM on */
+#define SC_MIN_THREADS_SM 320 /* the most entries per thread that leave this many per SM */
 
 /* How the state is stored between launches. */
 template <typename ST>
@@ -116,11 +118,9 @@ __device__ __forceinline__ void sc_ld(float (&v)[R], const float *p) {
 
 /* vec: bit 0 the state rows allow float4 access, bit 1 B and C allow
  * 16-byte copies. Threads: NC = CB / R * KP compute threads, then (from
- * the next multiple of 32) the copy warp and the dt warp. A register cap
- * for SC_MAX_THREADS threads rather than __launch_bounds__, under which
- * ptxas held the kernel to 64 registers and spilled. */
+ * the next multiple of 32) the copy warp and the dt warp. */
 template <int NL, int R, int TC, typename ST>
-__global__ void __maxnreg__(65536 / SC_MAX_THREADS)
+__global__ void __maxnreg__(65536 / SC_MAX_THREADS(NL))
     k_ssd_chunk(int T, mbd_mops_ssd_dims dm, int CB, int NH, const float *__restrict__ A,
                 const float *__restrict__ D, const float *__restrict__ dt_bias, float lo,
                 float hi, const float *__restrict__ dt_raw, int64_t ld_dt,
@@ -334,8 +334,8 @@ static int sc_sms(void) {
   }
   return sms;
 }
-/* Channels per block: the widest multiple of 4, up to R SC_MAX_COMPUTE /
- * kp and the group's width (rounded up to 4), whose busiest SM gets within 3%
+/* Channels per block: the widest multiple of 4 with at most
+ * SC_MAX_THREADS(nl) - 64 compute threads, up to the group's width (rounded up to 4), whose busiest SM gets within 3%
  * of the fewest channels any width gives when blocks go to the SMs in
  * waves (wider blocks: B and C staged fewer times). */
 static int64_t sc_load(int nseq, const mbd_mops_ssd_dims *dm, int64_t cb) {
@@ -343,9 +343,10 @@ static int64_t sc_load(int nseq, const mbd_mops_ssd_dims *dm, int64_t cb) {
   const int64_t blocks = (int64_t)nseq * dm->n_groups * ((gch + cb - 1) / cb);
   return (blocks + sms - 1) / sms * cb;
 }
-static int sc_pick_cb(int nseq, const mbd_mops_ssd_dims *dm, int kp, int R) {
+static int sc_pick_cb(int nseq, const mbd_mops_ssd_dims *dm, int nl, int R) {
+  const int kp = dm->d_state / nl;
   const int64_t gch = (int64_t)dm->heads / dm->n_groups * dm->head_dim;
-  const int64_t wide = (gch + 3) / 4 * 4, cap = R * SC_MAX_COMPUTE / kp / 4 * 4;
+  const int64_t wide = (gch + 3) / 4 * 4, cap = (int64_t)R * (SC_MAX_THREADS(nl) - 64) / kp / 4 * 4;
   const int64_t top = cap < wide ? cap : wide;
   int64_t least = sc_load(nseq, dm, 4);
   for (int64_t cb = 8; cb <= top; cb += 4) {
@@ -366,28 +367,28 @@ static int sc_heads(const mbd_mops_ssd_dims *dm, int cb) {
 extern "C" bool mbd_mops_ssd_chunk_takes(int nseq, int T, const mbd_mops_ssd_dims *dm) {
   return T >= MBD_MOPS_SSD_CHUNK_MIN_T &&
          (int64_t)nseq * dm->heads * dm->head_dim < MBD_MOPS_SSD_CHUNK_MAX_ROWS &&
-         dm->d_state % SC_NL == 0 && dm->d_state <= MBD_MOPS_SSD_MAX_STATE;
+         dm->d_state % 8 == 0 && dm->d_state <= MBD_MOPS_SSD_MAX_STATE;
 }
 
-template <int R>
+template <int NL, int R>
 static int sc_launch(cudaStream_t stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
                      const float *A, const float *D, const float *dt_bias, float lo, float hi,
                      const float *dt_raw, int64_t ld_dt, const float *xbc, int64_t ld_xbc,
                      float *state, int64_t slot_stride, const int32_t *slots, float *y, int vec,
                      mbd_error *err) {
-  const int N = dm->d_state, kp = N / SC_NL;
-  int cb = sc_pick_cb(nseq, dm, kp, R);
+  const int N = dm->d_state, kp = N / NL;
+  int cb = sc_pick_cb(nseq, dm, NL, R);
   while (cb > 4 && (size_t)sc_smem_floats(N, cb, kp, sc_heads(dm, cb)) * sizeof(float) >
                        SC_MAX_SMEM)
     cb -= 4;
   const int nh = sc_heads(dm, cb);
   const size_t bytes = (size_t)sc_smem_floats(N, cb, kp, nh) * sizeof(float);
-  int rc = allow_smem(k_ssd_chunk<SC_NL, R, SC_TC, float>, bytes, err);
+  int rc = allow_smem(k_ssd_chunk<NL, R, SC_TC, float>, bytes, err);
   if (rc < 0) return rc;
   const int gch = dm->heads / dm->n_groups * dm->head_dim, bpg = (gch + cb - 1) / cb;
   /* a long kernel: not launched early (PDL), where it would share the SMs
    * its predecessor still holds */
-  return launch_ex(false, "ssd_chunk", k_ssd_chunk<SC_NL, R, SC_TC, float>,
+  return launch_ex(false, "ssd_chunk", k_ssd_chunk<NL, R, SC_TC, float>,
                    dim3((unsigned)(dm->n_groups * bpg), (unsigned)nseq),
                    dim3((unsigned)((cb / R * kp + 31) / 32 * 32 + 64)),
                    bytes, stream, err, T, *dm, cb, nh, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,
@@ -407,13 +408,19 @@ extern "C" int mbd_mops_ssd_chunk_scan(void *stream, int nseq, int T, const mbd_
   const int64_t di = (int64_t)dm->heads * dm->head_dim;
   const int vec = ((uintptr_t)state % 16 == 0 && slot_stride % 4 == 0 ? 1 : 0) |
                   ((uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && di % 4 == 0 ? 2 : 0);
-  /* two channels per thread (half the shared-memory reads of B and C per
-   * update) when that still leaves SC_R2_THREADS threads per SM */
-  const int64_t entries = (int64_t)nseq * di * dm->d_state;
+  /* Entries per thread: 16 (8 entries of 2 channels: a B or C value read
+   * from shared memory serves two updates), else 8 (4 of 2, or 8 of 1 at
+   * odd head_dim), else 4 (4 of 1), the most that leave SC_MIN_THREADS_SM
+   * threads per SM, so that small launches still give each SM warps to
+   * switch between. */
+  const int64_t entries = (int64_t)nseq * di * dm->d_state, floor = SC_MIN_THREADS_SM * sc_sms();
+  const bool even = dm->head_dim % 2 == 0;
   cudaStream_t s = (cudaStream_t)stream;
-  if (dm->head_dim % 2 == 0 && entries / (2 * SC_NL) >= (int64_t)SC_R2_THREADS * sc_sms())
-    return sc_launch<2>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state,
-                        slot_stride, slots, y, vec, err);
-  return sc_launch<1>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state,
-                      slot_stride, slots, y, vec, err);
+#define SC_L(NLv, Rv)                                                                          \
+  sc_launch<NLv, Rv>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state, \
+                     slot_stride, slots, y, vec, err)
+  if (even && entries / 16 >= floor) return SC_L(8, 2);
+  if (entries / 8 >= floor) return even ? SC_L(4, 2) : SC_L(8, 1);
+  return SC_L(4, 1);
+#undef SC_L
 }
