@@ -593,11 +593,11 @@ static void test_ssd_scan(void **state) {
       {2, 128, 16, 1, 32, 16}, {4, 64, 128, 1, 64, 6}, {4, 64, 128, 1, 64, 6},
       /* the chunked kernel (ssd_chunk.cu; 64 tokens and more, fewer than
        * 8192 rows): around its thresholds, partial last chunks, d_state 8 to
-       * 256 (pieces of 4 or 8 entries, odd piece counts), one channel per
-       * thread and two (even head_dim), the four entry splits (4 x 1: small
-       * launches, the 130m shape at one sequence; 4 x 2: 1.3b; 8 x 2; 8 x 1:
-       * odd head_dim; the choice follows the SM count, 132 on the H200),
-       * groups, blocks that span heads and end inside a group */
+       * 256 (pieces of 8 entries, 200 and 24 giving odd piece counts, 8 a
+       * single piece), one channel per thread and two (larger launches, even
+       * head_dim; the 130m shape at one sequence takes one, 1.3b two; the
+       * choice follows the SM count, 132 on the H200), groups, blocks that
+       * span heads and end inside a group */
       {2, 64, 128, 1, 1, 63},  {2, 64, 128, 1, 1, 64},  {2, 64, 128, 1, 1, 65},
       {3, 64, 64, 3, 3, 200},  {2, 64, 256, 2, 1, 200}, {4, 64, 16, 2, 8, 100},
       {2, 64, 128, 1, 1, 2048}, {1, 64, 128, 1, 3, 1003}, {4, 33, 128, 2, 8, 257},

@@ -6,11 +6,10 @@
  * share B and C; they may span heads) and splits each channel's state row
  * into KP = N / NL ranges ("pieces") of NL entries: thread (k, l) keeps
  * entries [k NL, (k + 1) NL) of channels l R .. l R + R - 1 in registers
- * for the whole launch (NL 4 or 8, R 1 or 2: the most entries per thread
- * that still leave each SM enough threads; with R = 2 each B and C value
- * read from shared memory serves two updates). Tokens run in chunks of TC,
- * and the pieces form a wavefront over the chunks: at tick m piece k takes
- * chunk m - k. For each of the chunk's tokens in order it updates its entries,
+ * for the whole launch (R = 2 at larger launches: each B and C value read
+ * from shared memory then serves two updates). Tokens run in chunks of TC, and the
+ * pieces form a wavefront over the chunks: at tick m piece k takes chunk
+ * m - k. For each of the chunk's tokens in order it updates its entries,
  * then continues that token's n chain over them from the value piece k - 1
  * left in shared memory at tick m - 1 (piece 0 starts from +0), and leaves
  * the chain for piece k + 1; the last piece adds the D skip and writes y.
@@ -19,30 +18,30 @@
  * a thread's TC chains of a tick are independent of each other and the
  * entries' updates interleave with them.
  *
- * Per tick, one barrier. Two producer warps beside the compute threads
- * keep the inputs ahead, so that their address math and latencies stay off
- * the compute threads' path: the copy warp stages by cp.async, two ticks
- * ahead, each piece's range of B and C of its chunk (three buffers), x of
- * a chunk (a ring of KP + 2 chunks, as pieces read it for KP ticks) and
- * the raw dt of the block's heads; the dt warp computes dt and dA once per
- * token and head, three chunks ahead (a ring of KP + 3 chunks). Each
- * thread forms dt * B for its entries, as the step does. B and C are
- * staged once per block, so blocks are made as wide as the SMs allow.
- * Adjacent threads are channels of one piece, so B and C reads are shared
- * by lane pairs; x and the chain hand-offs are padded so that a warp's
- * pieces hit distinct banks. The state is stored as ST between launches
- * (float; the storage type's rounding, ssd_slot<ST>::round, would be
- * applied after every step). */
+ * Per tick, one barrier: chunk inputs are staged by cp.async two ticks
+ * ahead (each piece's range of B and C of its chunk, three buffers; x of
+ * a chunk into a ring of KP + 2 chunks, as pieces read it for KP ticks),
+ * so a tick's copies have a whole tick to arrive; and every SC_DG ticks
+ * the block computes dt and dA of the next SC_DG chunks for its heads, a
+ * token and head per thread, from the raw dt staged with them and the
+ * heads' weights held in shared memory (a ring of KP + SC_DG chunks), so
+ * that no thread waits on a global load there or runs more than one of
+ * these chains of transcendentals. Each thread forms dt * B for its
+ * entries, as the step does. B and C are staged once per block, so blocks
+ * are made as wide as the SMs allow. Adjacent threads are channels of one
+ * piece, so B and C reads are shared by lane pairs; x and the chain
+ * hand-offs are padded so that a warp's pieces hit distinct banks. The
+ * state is stored as ST between launches (float; the storage type's
+ * rounding, ssd_slot<ST>::round, would be applied after every step). */
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/ssd_chunk.h"
 
-#define SC_TC 8              /* tokens per chunk */
-/* Threads per block at most (a register cap of 64 K / that: ptxas under
- * __launch_bounds__ held NL = 8 to 64 registers and spilled), of which 64
- * are the producers. */
-#define SC_MAX_THREADS(NL) ((NL) == 4 ? 1024 : 512)
+#define SC_TC 8             /* tokens per chunk */
+#define SC_DG 4             /* chunks per dt pass */
+#define SC_MAX_THREADS 512  /* threads per block at most */
 #define SC_MAX_SMEM (200 * 1024) /* shared bytes per block at most */
-#define SC_MIN_THREADS_SM 320 /* the most entries per thread that leave this many per SM */
+#define SC_NL 8             /* state entries per thread and channel */
+#define SC_R2_THREADS 128   /* two channels per thread from this many threads per SM on */
 
 /* How the state is stored between launches. */
 template <typename ST>
@@ -97,12 +96,12 @@ __device__ __forceinline__ void sc_wait_group() {
 
 /* Shared floats of a block of cb channels, kp pieces and up to nh heads:
  * B and C [3][TC][2 N], the x ring [kp + 2][(TC + 1) cb], the chain
- * hand-offs [2][kp][(TC + 1) cb], (dt, dA) pairs [kp + 3][nh][TC + 1],
- * raw dt [3][nh][TC]. */
+ * hand-offs [2][kp][(TC + 1) cb], (dt, dA) pairs [kp + DG][nh][TC + 1],
+ * dt_raw [nh][DG TC], (A, dt_bias) [nh]. */
 static int sc_smem_floats(int N, int cb, int kp, int nh) {
   const int xw = (SC_TC + 1) * cb;
-  return 3 * SC_TC * 2 * N + (kp + 2) * xw + 2 * kp * xw + 2 * (kp + 3) * nh * (SC_TC + 1) +
-         3 * nh * SC_TC;
+  return 3 * SC_TC * 2 * N + (kp + 2) * xw + 2 * kp * xw +
+         2 * (kp + SC_DG) * nh * (SC_TC + 1) + nh * SC_DG * SC_TC + 2 * nh;
 }
 
 /* R consecutive floats from shared memory (8-byte aligned for R = 2). */
@@ -117,16 +116,18 @@ __device__ __forceinline__ void sc_ld(float (&v)[R], const float *p) {
 }
 
 /* vec: bit 0 the state rows allow float4 access, bit 1 B and C allow
- * 16-byte copies. Threads: NC = CB / R * KP compute threads, then (from
- * the next multiple of 32) the copy warp and the dt warp. */
-template <int NL, int R, int TC, typename ST>
-__global__ void __maxnreg__(65536 / SC_MAX_THREADS(NL))
+ * 16-byte copies. A register cap for SC_MAX_THREADS threads rather than
+ * __launch_bounds__, under which ptxas held NL = 8 to 64 registers and
+ * spilled. */
+template <int NL, int R, int TC, int DG, typename ST>
+__global__ void __maxnreg__(65536 / SC_MAX_THREADS)
     k_ssd_chunk(int T, mbd_mops_ssd_dims dm, int CB, int NH, const float *__restrict__ A,
                 const float *__restrict__ D, const float *__restrict__ dt_bias, float lo,
                 float hi, const float *__restrict__ dt_raw, int64_t ld_dt,
                 const float *__restrict__ xbc, int64_t ld_xbc, ST *__restrict__ state,
                 int64_t slot_stride, int vec, const int32_t *__restrict__ slots,
                 float *__restrict__ y) {
+  static_assert(DG >= 3, "a pass's raw dt is staged two ticks before, over the pass before");
   extern __shared__ float4 sc_smem4[];
   const int P = dm.head_dim, N = dm.d_state, KP = N / NL;
   const int gch = dm.heads / dm.n_groups * P; /* channels per group */
@@ -135,77 +136,88 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS(NL))
   const int c0 = g * gch + (blockIdx.x - g * bpg) * CB; /* the block's first channel */
   const int cn = g * gch + gch - c0 < CB ? g * gch + gch - c0 : CB; /* .. and its live ones */
   const int h0 = c0 / P, nh = (c0 + cn - 1) / P - h0 + 1; /* its heads (nh <= NH) */
-  /* lanes per piece; a compute thread's piece, lane, first channel, head.
-   * With R = 2 (head_dim even: CB, the group and cn are too) a thread's
-   * channels are both live or both not, of one head. */
-  const int LP = CB / R, NC = LP * KP, PC0 = (NC + 31) / 32 * 32, tid = threadIdx.x;
-  const int k = tid / LP, l = tid - k * LP, n0 = k * NL, cl = l * R;
-  const bool live = tid < NC && cl < cn;
+  /* lanes per piece; this thread's piece, lane, first channel, head. With R
+   * = 2 (head_dim even: CB, the group and cn are too) a thread's channels
+   * are both live or both not, of one head. */
+  const int LP = CB / R, tid = threadIdx.x, nth = LP * KP, k = tid / LP, l = tid - k * LP;
+  const int n0 = k * NL, cl = l * R;
+  const bool live = cl < cn;
   const int c = c0 + (live ? cl : 0), hl = c / P - h0;
   const int64_t di = (int64_t)dm.heads * P, GN = (int64_t)dm.n_groups * N;
   /* x ring slots, slot and piece stride (= CB mod 32: a warp's pieces hit
    * distinct banks; the ring runs backwards, so that the pieces' chunks
    * m - k do too); (dt, dA) ring slots and head row stride */
   const int XS = KP + 2, XW = (TC + 1) * CB;
-  const int DS = KP + 3, DW = TC + 1;
-  float *s_bc = (float *)sc_smem4;               /* [3][TC][B N | C N] */
-  float *s_x = s_bc + 3 * TC * 2 * N;            /* [XS][XW]: x[t][j] at t * CB + j */
-  float *s_p = s_x + XS * XW;                    /* [2][KP][XW]: chain after piece k */
-  float2 *s_dd = (float2 *)(s_p + 2 * KP * XW);  /* [DS][NH][DW]: (dt, dA) */
-  float *s_raw = (float *)(s_dd + DS * NH * DW); /* [3][NH][TC]: raw dt */
+  const int DS = KP + DG, DW = TC + 1;
+  float *s_bc = (float *)sc_smem4;           /* [3][TC][B N | C N] */
+  float *s_x = s_bc + 3 * TC * 2 * N;        /* [XS][XW]: x[t][j] at t * CB + j */
+  float *s_p = s_x + XS * XW;                /* [2][KP][XW]: chain after piece k */
+  float2 *s_dd = (float2 *)(s_p + 2 * KP * XW); /* [DS][NH][DW]: (dt, dA) */
+  float *s_dtr = (float *)(s_dd + DS * NH * DW); /* [NH][DG TC]: raw dt of the next pass */
+  float2 *s_ab = (float2 *)(s_dtr + NH * DG * TC); /* [NH]: (A, dt_bias) of the block's heads */
   auto xslot = [&](int q) { return XS - 1 - q % XS; };
   const float dd = D[h0 + hl];
+  /* the heads' weights, so that the dt passes wait on no global load */
+  if (tid < nh) s_ab[tid] = make_float2(A[h0 + tid], dt_bias[h0 + tid]);
   pdl_wait();
   const int nch = (T + TC - 1) / TC, nticks = nch + KP - 1;
   const int64_t row0 = (int64_t)s * T;
   const float *xg = xbc + c0, *bg = xbc + di + (int64_t)g * N;
   auto tokens = [&](int q) { return T - q * TC < TC ? T - q * TC : TC; };
-  const int role = tid < PC0 ? 0 : tid < PC0 + 32 ? 1 : 2; /* compute, copy, dt */
-  const int lane = (tid - PC0) & 31;                         /* in a producer warp */
-  /* Copy warp, tick m's inputs (one commit group, empty past the end):
-   * piece kk's range of B and C of chunk m - kk into buffer m % 3, x of
-   * chunk m into its ring slot, raw dt of chunk m + 3 into slot (m + 3) % 3. */
+  /* dt and dA of a head with weights ab = (A, dt_bias) from its raw dt, as
+   * ssd_scan computes them */
+  auto dt_of = [&](float2 ab, float raw, float2 *o) {
+    float dt = mbd_pm_softplus(__fadd_rn(raw, ab.y));
+    if (dt < lo) dt = lo;
+    if (dt > hi) dt = hi;
+    *o = make_float2(dt, mbd_pm_expf(__fmul_rn(dt, ab.x)));
+  };
+  /* Staging for tick m, one commit group (empty past the end): piece kk's
+   * range of B and C of chunk m - kk into buffer m % 3; x of chunk m into
+   * its ring slot; when tick m has a dt pass (m % DG == 0), dt_raw of
+   * chunks m + 1 .. m + DG. */
   auto stage = [&](int m) {
     float *bc = s_bc + (m % 3) * TC * 2 * N;
-    for (int e = lane; e < KP * TC; e += 32) {
-      const int kk = e / TC, t = e - kk * TC, q = m - kk;
-      if (q < 0 || q >= nch || t >= tokens(q)) continue;
-      const float *src = bg + (row0 + (int64_t)q * TC + t) * ld_xbc + kk * NL;
-      float *dst = bc + t * 2 * N + kk * NL;
-      if (vec & 2) {
-#pragma unroll
-        for (int v = 0; v < NL; v += 4) sc_cp16(dst + v, src + v), sc_cp16(dst + N + v, src + GN + v);
-      } else {
-#pragma unroll
-        for (int i = 0; i < NL; i++) sc_cp4(dst + i, src + i), sc_cp4(dst + N + i, src + GN + i);
+    if (vec & 2) {
+      constexpr int V = NL / 4;
+      for (int e = tid; e < KP * TC * 2 * V; e += nth) {
+        const int kk = e / (TC * 2 * V), r = e - kk * (TC * 2 * V), t = r / (2 * V);
+        const int w = (r / V) & 1, v = r % V, q = m - kk;
+        if (q < 0 || q >= nch || t >= tokens(q)) continue;
+        const int64_t row = row0 + (int64_t)q * TC + t;
+        const int n = kk * NL + 4 * v;
+        sc_cp16(bc + t * 2 * N + w * N + n, bg + row * ld_xbc + w * GN + n);
+      }
+    } else {
+      for (int e = tid; e < KP * TC * 2 * NL; e += nth) {
+        const int kk = e / (TC * 2 * NL), r = e - kk * (TC * 2 * NL), t = r / (2 * NL);
+        const int w = (r / NL) & 1, i = r % NL, q = m - kk;
+        if (q < 0 || q >= nch || t >= tokens(q)) continue;
+        const int64_t row = row0 + (int64_t)q * TC + t;
+        const int n = kk * NL + i;
+        sc_cp4(bc + t * 2 * N + w * N + n, bg + row * ld_xbc + w * GN + n);
       }
     }
     if (m < nch) {
       float *xs = s_x + xslot(m) * XW;
-      for (int t = 0; t < tokens(m); t++)
-        for (int j = lane; j < CB; j += 32) {
-          if (j < cn)
-            sc_cp4(xs + t * CB + j, xg + (row0 + (int64_t)m * TC + t) * ld_xbc + j);
-          else
-            xs[t * CB + j] = 0.0f; /* channels past the group: zeros, never written out */
-        }
-    }
-    const int q3 = m + 3;
-    if (q3 < nch)
-      for (int e = lane; e < nh * TC; e += 32) {
-        const int hh = e / TC, t = e - hh * TC;
-        if (t < tokens(q3))
-          sc_cp4(s_raw + ((q3 % 3) * NH + hh) * TC + t,
-                 dt_raw + (row0 + (int64_t)q3 * TC + t) * ld_dt + h0 + hh);
+      const int tn = tokens(m);
+      for (int e = tid; e < tn * CB; e += nth) {
+        const int t = e / CB, j = e - t * CB;
+        if (j < cn)
+          sc_cp4(xs + e, xg + (row0 + (int64_t)m * TC + t) * ld_xbc + j);
+        else
+          xs[e] = 0.0f; /* channels past the group: zeros, never written out */
       }
+    }
+    if (m % DG == 0 && m + 1 < nch) {
+      const int64_t t1 = (int64_t)(m + 1) * TC; /* first token of the pass */
+      const int tn = T - t1 < DG * TC ? (int)(T - t1) : DG * TC;
+      for (int e = tid; e < nh * DG * TC; e += nth) {
+        const int hh = e / (DG * TC), j = e - hh * (DG * TC);
+        if (j < tn) sc_cp4(s_dtr + e, dt_raw + (row0 + t1 + j) * ld_dt + h0 + hh);
+      }
+    }
     sc_commit();
-  };
-  /* dt warp: dt and dA of head h from its raw dt, as ssd_scan computes them */
-  auto dt_of = [&](int h, float raw, float2 *o) {
-    float dt = mbd_pm_softplus(__fadd_rn(raw, dt_bias[h]));
-    if (dt < lo) dt = lo;
-    if (dt > hi) dt = hi;
-    *o = make_float2(dt, mbd_pm_expf(__fmul_rn(dt, A[h])));
   };
   ST *srow = state + (int64_t)slots[s] * slot_stride + (int64_t)c * N + n0;
   float st[R][NL];
@@ -218,37 +230,33 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS(NL))
       for (int i = 0; i < NL; i++) st[r][i] = 0.0f;
     }
   }
-  if (role == 1) {
-    stage(0);
-    stage(1);
-  } else if (role == 2) { /* chunks 0 .. 2 straight from dt_raw */
-    for (int e = lane; e < 3 * nh * TC; e += 32) {
-      const int q = e / (nh * TC), hh = (e - q * nh * TC) / TC, t = e % TC;
-      if (q < nch && t < tokens(q))
-        dt_of(h0 + hh, dt_raw[(row0 + (int64_t)q * TC + t) * ld_dt + h0 + hh],
-              s_dd + (q * NH + hh) * DW + t);
-    }
+  /* chunk 0's dt and dA straight from dt_raw (visible after tick 0's barrier) */
+  for (int e = tid; e < nh * TC; e += nth) {
+    const int hh = e / TC, t = e - hh * TC;
+    if (t < tokens(0))
+      dt_of(make_float2(A[h0 + hh], dt_bias[h0 + hh]), dt_raw[(row0 + t) * ld_dt + h0 + hh],
+            s_dd + hh * DW + t);
   }
+  stage(0);
+  stage(1);
   for (int m = 0; m < nticks; m++) {
-    if (role == 1) sc_wait_group<1>(); /* tick m's copies are in (tick m + 1's may not be) */
-    __syncthreads(); /* everyone's are; tick m - 1 has finished reading */
-    if (role == 1) {
-      stage(m + 2);
-      continue;
-    }
-    if (role == 2) { /* dt and dA of chunk m + 3 from the raw dt staged two ticks ago */
-      const int q3 = m + 3;
-      if (q3 < nch)
-        for (int e = lane; e < nh * TC; e += 32) {
-          const int hh = e / TC, t = e - hh * TC;
-          if (t < tokens(q3))
-            dt_of(h0 + hh, s_raw[((q3 % 3) * NH + hh) * TC + t],
-                  s_dd + ((q3 % DS) * NH + hh) * DW + t);
-        }
-      continue;
+    sc_wait_group<1>(); /* this thread's copies for tick m are in (tick m + 1's may not be) */
+    __syncthreads();    /* everyone's are; tick m - 1 has finished reading */
+    stage(m + 2);
+    /* dt and dA of chunks m + 1 .. m + DG (read from tick m + 1 on), a
+     * token and head per thread */
+    if (m % DG == 0 && m + 1 < nch) {
+      const int64_t t1 = (int64_t)(m + 1) * TC;
+      const int tn = T - t1 < DG * TC ? (int)(T - t1) : DG * TC;
+      for (int e = tid; e < nh * DG * TC; e += nth) {
+        const int hh = e / (DG * TC), j = e - hh * (DG * TC);
+        if (j >= tn) continue;
+        const int o = ((m + 1 + j / TC) % DS * NH + hh) * DW + j % TC;
+        dt_of(s_ab[hh], s_dtr[e], s_dd + o);
+      }
     }
     const int q = m - k;
-    if (tid >= NC || q < 0 || q >= nch) continue;
+    if (q < 0 || q >= nch) continue;
     const int tn = tokens(q), sd = q % DS;
     const float *bc = s_bc + (m % 3) * TC * 2 * N + n0;
     const float *xs = s_x + xslot(q) * XW + cl;
@@ -334,8 +342,8 @@ static int sc_sms(void) {
   }
   return sms;
 }
-/* Channels per block: the widest multiple of 4 with at most
- * SC_MAX_THREADS(nl) - 64 compute threads, up to the group's width (rounded up to 4), whose busiest SM gets within 3%
+/* Channels per block: the widest multiple of 4, up to R SC_MAX_THREADS /
+ * kp and the group's width (rounded up to 4), whose busiest SM gets within 3%
  * of the fewest channels any width gives when blocks go to the SMs in
  * waves (wider blocks: B and C staged fewer times). */
 static int64_t sc_load(int nseq, const mbd_mops_ssd_dims *dm, int64_t cb) {
@@ -343,10 +351,9 @@ static int64_t sc_load(int nseq, const mbd_mops_ssd_dims *dm, int64_t cb) {
   const int64_t blocks = (int64_t)nseq * dm->n_groups * ((gch + cb - 1) / cb);
   return (blocks + sms - 1) / sms * cb;
 }
-static int sc_pick_cb(int nseq, const mbd_mops_ssd_dims *dm, int nl, int R) {
-  const int kp = dm->d_state / nl;
+static int sc_pick_cb(int nseq, const mbd_mops_ssd_dims *dm, int kp, int R) {
   const int64_t gch = (int64_t)dm->heads / dm->n_groups * dm->head_dim;
-  const int64_t wide = (gch + 3) / 4 * 4, cap = (int64_t)R * (SC_MAX_THREADS(nl) - 64) / kp / 4 * 4;
+  const int64_t wide = (gch + 3) / 4 * 4, cap = R * SC_MAX_THREADS / kp / 4 * 4;
   const int64_t top = cap < wide ? cap : wide;
   int64_t least = sc_load(nseq, dm, 4);
   for (int64_t cb = 8; cb <= top; cb += 4) {
@@ -367,30 +374,30 @@ static int sc_heads(const mbd_mops_ssd_dims *dm, int cb) {
 extern "C" bool mbd_mops_ssd_chunk_takes(int nseq, int T, const mbd_mops_ssd_dims *dm) {
   return T >= MBD_MOPS_SSD_CHUNK_MIN_T &&
          (int64_t)nseq * dm->heads * dm->head_dim < MBD_MOPS_SSD_CHUNK_MAX_ROWS &&
-         dm->d_state % 8 == 0 && dm->d_state <= MBD_MOPS_SSD_MAX_STATE;
+         dm->d_state % SC_NL == 0 && dm->d_state <= MBD_MOPS_SSD_MAX_STATE;
 }
 
-template <int NL, int R>
+template <int R>
 static int sc_launch(cudaStream_t stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
                      const float *A, const float *D, const float *dt_bias, float lo, float hi,
                      const float *dt_raw, int64_t ld_dt, const float *xbc, int64_t ld_xbc,
                      float *state, int64_t slot_stride, const int32_t *slots, float *y, int vec,
                      mbd_error *err) {
-  const int N = dm->d_state, kp = N / NL;
-  int cb = sc_pick_cb(nseq, dm, NL, R);
+  const int N = dm->d_state, kp = N / SC_NL;
+  int cb = sc_pick_cb(nseq, dm, kp, R);
   while (cb > 4 && (size_t)sc_smem_floats(N, cb, kp, sc_heads(dm, cb)) * sizeof(float) >
                        SC_MAX_SMEM)
     cb -= 4;
   const int nh = sc_heads(dm, cb);
   const size_t bytes = (size_t)sc_smem_floats(N, cb, kp, nh) * sizeof(float);
-  int rc = allow_smem(k_ssd_chunk<NL, R, SC_TC, float>, bytes, err);
+  int rc = allow_smem(k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, float>, bytes, err);
   if (rc < 0) return rc;
   const int gch = dm->heads / dm->n_groups * dm->head_dim, bpg = (gch + cb - 1) / cb;
   /* a long kernel: not launched early (PDL), where it would share the SMs
    * its predecessor still holds */
-  return launch_ex(false, "ssd_chunk", k_ssd_chunk<NL, R, SC_TC, float>,
+  return launch_ex(false, "ssd_chunk", k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, float>,
                    dim3((unsigned)(dm->n_groups * bpg), (unsigned)nseq),
-                   dim3((unsigned)((cb / R * kp + 31) / 32 * 32 + 64)),
+                   dim3((unsigned)(cb / R * kp)),
                    bytes, stream, err, T, *dm, cb, nh, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,
                    ld_xbc, state, slot_stride, vec, slots, y);
 }
@@ -408,19 +415,13 @@ extern "C" int mbd_mops_ssd_chunk_scan(void *stream, int nseq, int T, const mbd_
   const int64_t di = (int64_t)dm->heads * dm->head_dim;
   const int vec = ((uintptr_t)state % 16 == 0 && slot_stride % 4 == 0 ? 1 : 0) |
                   ((uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && di % 4 == 0 ? 2 : 0);
-  /* Entries per thread: 16 (8 entries of 2 channels: a B or C value read
-   * from shared memory serves two updates), else 8 (4 of 2, or 8 of 1 at
-   * odd head_dim), else 4 (4 of 1), the most that leave SC_MIN_THREADS_SM
-   * threads per SM, so that small launches still give each SM warps to
-   * switch between. */
-  const int64_t entries = (int64_t)nseq * di * dm->d_state, floor = SC_MIN_THREADS_SM * sc_sms();
-  const bool even = dm->head_dim % 2 == 0;
+  /* two channels per thread (half the shared-memory reads of B and C per
+   * update) when that still leaves SC_R2_THREADS threads per SM */
+  const int64_t entries = (int64_t)nseq * di * dm->d_state;
   cudaStream_t s = (cudaStream_t)stream;
-#define SC_L(NLv, Rv)                                                                          \
-  sc_launch<NLv, Rv>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state, \
-                     slot_stride, slots, y, vec, err)
-  if (even && entries / 16 >= floor) return SC_L(8, 2);
-  if (entries / 8 >= floor) return even ? SC_L(4, 2) : SC_L(8, 1);
-  return SC_L(4, 1);
-#undef SC_L
+  if (dm->head_dim % 2 == 0 && entries / (2 * SC_NL) >= (int64_t)SC_R2_THREADS * sc_sms())
+    return sc_launch<2>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state,
+                        slot_stride, slots, y, vec, err);
+  return sc_launch<1>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state,
+                      slot_stride, slots, y, vec, err);
 }
