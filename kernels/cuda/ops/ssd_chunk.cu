@@ -178,26 +178,29 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
    * chunks m + 1 .. m + DG. */
   auto stage = [&](int m) {
     float *bc = s_bc + (m % 3) * TC * 2 * N;
-    if (vec & 2) {
-      constexpr int V = NL / 4;
-      for (int e = tid; e < KP * TC * 2 * V; e += nth) {
-        const int kk = e / (TC * 2 * V), r = e - kk * (TC * 2 * V), t = r / (2 * V);
-        const int w = (r / V) & 1, v = r % V, q = m - kk;
+    /* element e = (t, w, u): column u (W floats) of B (w = 0) or C of step
+     * t; consecutive threads take consecutive columns, so that their
+     * shared-memory writes fall in distinct banks */
+    auto copy_bc = [&](auto width) {
+      constexpr int W = decltype(width)::value;
+      const int NQ = N / W, du = nth % NQ, drw = nth / NQ;
+      int u = tid % NQ, rw = tid / NQ;
+      for (; rw < 2 * TC; u += du, rw += drw) {
+        if (u >= NQ) u -= NQ, rw++;
+        if (rw >= 2 * TC) break;
+        const int t = rw >> 1, w = rw & 1, kk = u * W / NL, q = m - kk;
         if (q < 0 || q >= nch || t >= tokens(q)) continue;
         const int64_t row = row0 + (int64_t)q * TC + t;
-        const int n = kk * NL + 4 * v;
-        sc_cp16(bc + t * 2 * N + w * N + n, bg + row * ld_xbc + w * GN + n);
+        if (W == 4)
+          sc_cp16(bc + t * 2 * N + w * N + 4 * u, bg + row * ld_xbc + w * GN + 4 * u);
+        else
+          sc_cp4(bc + t * 2 * N + w * N + u, bg + row * ld_xbc + w * GN + u);
       }
-    } else {
-      for (int e = tid; e < KP * TC * 2 * NL; e += nth) {
-        const int kk = e / (TC * 2 * NL), r = e - kk * (TC * 2 * NL), t = r / (2 * NL);
-        const int w = (r / NL) & 1, i = r % NL, q = m - kk;
-        if (q < 0 || q >= nch || t >= tokens(q)) continue;
-        const int64_t row = row0 + (int64_t)q * TC + t;
-        const int n = kk * NL + i;
-        sc_cp4(bc + t * 2 * N + w * N + n, bg + row * ld_xbc + w * GN + n);
-      }
-    }
+    };
+    if (vec & 2)
+      copy_bc(std::integral_constant<int, 4>());
+    else
+      copy_bc(std::integral_constant<int, 1>());
     if (m < nch) {
       float *xs = s_x + xslot(m) * XW;
       const int tn = tokens(m);
