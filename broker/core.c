@@ -8,8 +8,9 @@
  * two final replies. Stateless requests keep their original frames (a
  * reference-counted clone is what goes out) for one failover re-send; so do
  * commands of durable sessions (broker/durable.h), which wait for their
- * session's restore (a request of the broker's own, `internal`) and follow
- * it to its new worker. */
+ * session's restore (a request of the broker's own, `internal`: see
+ * broker/rehome.h) and follow it to its new worker. The request record and
+ * the core's state are in broker/core_impl.h. */
 #include "broker/core.h"
 
 #include <errno.h>
@@ -23,99 +24,18 @@
 
 #include "common/defaults.h"
 #include "broker/caller.h"
+#include "broker/core_impl.h"
 #include "broker/reclaim.h"
+#include "broker/rehome.h"
 #include "broker/status.h"
 #include "common/log.h"
 #include "common/protocol.h"
 
 #define LOG "broker"
-#define TICKET_BUCKETS 4096
 #define DEADLINE_MAX_MS MBD_DEADLINE_MS_MAX
 #define HEADER_MAX_BYTES (256u << 10) /* routing fields of one request, decoded */
-#define FAILED_MAX 64                  /* start failures kept for STATUS */
-#define SEEN_UIDS 1024                 /* registered uids remembered for session errors */
 #define MAX_SENDS 3      /* sends of one stateless request (the first + re-sends) */
-#define POISON_CRASHES 2 /* workers that died running a request before it is not re-sent */
-#define PROBE_ROUNDS 5   /* liveness probes after a socket reports a disconnect */
 static const int64_t probe_after_ms[PROBE_ROUNDS] = {0, 10, 50, 200, 1000};
-
-/* WAITING: on no worker (queued, or being placed); INFLIGHT: sent, not
- * answered; ZOMBIE: answered by the broker (timeout), the worker's slot stays
- * busy until its reply arrives or it dies. */
-typedef enum { RQ_WAITING, RQ_INFLIGHT, RQ_ZOMBIE } rq_state;
-
-typedef struct breq {
-  uint64_t ticket;                 /* current ticket while in flight */
-  uint64_t client_tag;             /* the client's request id */
-  char rid[40];                    /* the body's request_id (the client's trace id), "" if none */
-  uint8_t client[MBD_BW_IDENT_MAX];
-  size_t client_len;
-  char caller[MBD_BCALLER_ID_MAX]; /* the stamped caller id; "" = anonymous (then the routing id counts) */
-  int64_t caller_pid;              /* local caller's process (ipc peer credentials), 0 = unknown */
-  char session_id[2 * MBD_BW_UID_MAX]; /* session commands: the whole id */
-  uint8_t cmd;
-  mbd_route_want want;
-  char model[MBD_BW_NAME_MAX];
-  char digest[MBD_BW_DIGEST_MAX];  /* the model's weights digest: the client's pin (a prefix) or,
-                                      once resolved, the full digest every send must match */
-  bool digest_fixed;               /* digest is the full one chosen for this request */
-  char tokenizer[MBD_BW_DIGEST_MAX]; /* with digest_fixed: the tokenizer digest chosen with it */
-  char session_uid[MBD_BW_UID_MAX]; /* session commands: the owning worker's uid */
-  bool is_session;
-  bool internal;                   /* the broker's own (a durable session's restore): no client */
-  int64_t token;                   /* STEP: the token it feeds (durable sessions log it) */
-  bool has_ipc;                    /* carries CUDA IPC tensors: same-host GPU workers only */
-  int ipc_device;                  /* device of the first IPC tensor (GPU-affine routing) */
-  uint64_t *pfx;                   /* `prefix`: the prompt's routing hashes, or NULL (owned) */
-  size_t npfx;
-  char client_host[MBD_BW_NAME_MAX]; /* the client's host_id (required with IPC tensors) */
-  int64_t start_ms, deadline_ms;   /* absolute, monotonic */
-  size_t bytes;                    /* body + payload bytes the broker holds for it */
-  mbd_msg *orig;                   /* kept for a re-send (stateless) or until first send */
-  uint64_t worker_gen;             /* worker it is on (in flight / zombie) */
-  char worker_name[MBD_BW_NAME_MAX];
-  bool retried;                    /* re-sent at least once after a worker loss */
-  int sends;                       /* times sent to a worker */
-  int crashes;                     /* workers that died (not re-registered) while running it */
-  char crashed_on[POISON_CRASHES][MBD_BW_NAME_MAX]; /* their names */
-  rq_state state;
-  bool queued, hashed;             /* linked in the queue / the ticket hash */
-  struct breq *hnext;              /* ticket hash chain */
-  struct breq *qprev, *qnext;      /* queue */
-  struct breq *aprev, *anext;      /* all requests */
-} breq;
-
-struct mbd_bcore {
-  mbd_broker_config cfg;
-  mbd_bcore_send_fn send;
-  void *ctx;
-  mbd_registry *reg;
-  breq *buckets[TICKET_BUCKETS];
-  breq *qhead, *qtail;
-  size_t qlen;
-  size_t qbytes;                   /* sum of the queued requests' bytes */
-  breq *all;
-  size_t pending;                  /* queued + in flight (not zombies) */
-  uint64_t next_ticket, next_gen;
-  int64_t next_hb_ms;
-  int64_t next_reap_ms;            /* next sweep for sessions of departed clients */
-  mbd_breclaim *reclaim;           /* sessions by their client's process or connection */
-  mbd_bdurable *durable;           /* session checkpoints and logs (broker/durable.h) */
-  bool wake;                       /* a durable session's restore ended: re-place its requests */
-  bool shutting;
-  int64_t now_ms;                  /* the clock at the current entry point */
-  int64_t probe_t0[2];             /* per side (mbd_bdest): when a disconnect was reported */
-  int probe_next[2];               /* next probe round; PROBE_ROUNDS = none pending */
-  mbd_bcore_probe_fn probe;        /* client liveness probe, or NULL */
-  mbd_bcore_stats st;
-  mbd_bstart_failure failed[FAILED_MAX]; /* workers that reported they could not start */
-  size_t nfailed;
-  char seen_uids[SEEN_UIDS][MBD_BW_UID_MAX]; /* uids that registered (ring), so a session
-                                               of a lost worker is told from an unknown one */
-  size_t nseen, seen_next;
-  int64_t warn_at_ms;              /* when the last worker-input warning was logged */
-  uint64_t warn_suppressed;        /* worker-input warnings not logged since */
-};
 
 /* ---- plumbing ------------------------------------------------------------ */
 
@@ -211,7 +131,7 @@ static void hash_del(mbd_bcore *c, breq *r) {
   }
 }
 
-static void q_push(mbd_bcore *c, breq *r, bool front) {
+void mbd_bcore_q_push(mbd_bcore *c, breq *r, bool front) {
   r->state = RQ_WAITING;
   r->queued = true;
   r->qprev = r->qnext = NULL;
@@ -230,10 +150,9 @@ static void q_push(mbd_bcore *c, breq *r, bool front) {
   c->qbytes += r->bytes;
 }
 
-/* Links r (not queued) just before `at` (NULL = at the tail). */
-static void q_insert_before(mbd_bcore *c, breq *r, breq *at) {
+void mbd_bcore_q_insert_before(mbd_bcore *c, breq *r, breq *at) {
   if (!at) {
-    q_push(c, r, false);
+    mbd_bcore_q_push(c, r, false);
     return;
   }
   r->state = RQ_WAITING;
@@ -247,7 +166,7 @@ static void q_insert_before(mbd_bcore *c, breq *r, breq *at) {
   c->qbytes += r->bytes;
 }
 
-static void q_del(mbd_bcore *c, breq *r) {
+void mbd_bcore_q_del(mbd_bcore *c, breq *r) {
   if (!r->queued) return;
   r->queued = false;
   if (r->qprev) r->qprev->qnext = r->qnext;
@@ -261,7 +180,7 @@ static void q_del(mbd_bcore *c, breq *r) {
 
 /* Unlinks r from every structure and frees it. */
 static void req_free(mbd_bcore *c, breq *r) {
-  q_del(c, r);
+  mbd_bcore_q_del(c, r);
   hash_del(c, r);
   if (r->state != RQ_ZOMBIE) c->pending--;
   if (r->aprev) r->aprev->anext = r->anext;
@@ -298,9 +217,7 @@ static void client_error(mbd_bcore *c, const void *peer, size_t plen, uint64_t t
   send_to(c, MBD_BDEST_CLIENT, &e);
 }
 
-/* Answers r with an ERROR and frees it, or turns an in-flight request into a
- * zombie (answered; the worker's slot stays busy until it replies or dies). */
-static void req_fail(mbd_bcore *c, breq *r, int code, const char *msg) {
+void mbd_bcore_req_fail(mbd_bcore *c, breq *r, int code, const char *msg) {
   MBD_LOGD(LOG, "request %s: %s answered by the broker: %s %s", r->rid[0] ? r->rid : "-",
            mbd_cmd_name(r->cmd), mbd_status_name(code), msg);
   if (r->internal) { /* a restore: its session is lost, its waiting requests hear why */
@@ -326,8 +243,6 @@ static void worker_ctl(mbd_bcore *c, const mbd_bworker *w, uint8_t cmd, const ch
   send_to(c, MBD_BDEST_WORKER, &m);
 }
 
-static void drain_queue(mbd_bcore *c);
-
 /* Tells r's worker to stop r's ticket (CANCEL; the worker answers the ticket
  * with ERROR CANCELLED, which frees the slot). */
 static void cancel_on_worker(mbd_bcore *c, uint64_t ticket, uint64_t gen) {
@@ -346,7 +261,7 @@ static void req_cancel(mbd_bcore *c, breq *r, bool answer, const char *why) {
   bool inflight = r->state == RQ_INFLIGHT;
   uint64_t ticket = r->ticket, gen = r->worker_gen;
   if (answer) {
-    req_fail(c, r, MBD_E_CANCELLED, why); /* the client hears first, then the worker */
+    mbd_bcore_req_fail(c, r, MBD_E_CANCELLED, why); /* the client hears first, then the worker */
   } else if (r->state == RQ_INFLIGHT && mbd_registry_find_gen(c->reg, r->worker_gen)) {
     r->state = RQ_ZOMBIE;
     c->pending--;
@@ -372,7 +287,7 @@ static void client_gone(mbd_bcore *c, const uint8_t *id, size_t len, const char 
   if (!n) return;
   c->st.clients_gone++;
   MBD_LOGI(LOG, "a client went away (%s): %zu request(s) stopped", why, n);
-  drain_queue(c);
+  mbd_bcore_drain(c);
 }
 
 /* ---- dispatch -------------------------------------------------------------- */
@@ -483,21 +398,13 @@ static void track_session(mbd_bcore *c, const breq *r, const mbd_bworker *w, con
 
 static bool is_stateless(uint8_t cmd) { return cmd == MBD_CMD_GEMM || cmd == MBD_CMD_FORWARD; }
 
-/* Whether r is a command of a durable session of its caller (kept for a re-send). */
-static bool durable_held(mbd_bcore *c, const breq *r) {
-  const char *uid, *wid, *why;
-  return r->is_session &&
-         mbd_bdurable_locate(c->durable, r->session_id, r->caller, &uid, &wid, &why) ==
-             MBD_BDUR_HOMED;
-}
-
 /* Sends r to w under a fresh ticket. r is not in the queue. */
 static void send_req(mbd_bcore *c, breq *r, mbd_bworker *w) {
   mbd_msg *m = NULL;
   mbd_error err = {0};
-  if ((is_stateless(r->cmd) || r->internal || durable_held(c, r)) && r->sends + 1 < MAX_SENDS) {
+  if ((is_stateless(r->cmd) || r->internal || mbd_brehome_held(c, r)) && r->sends + 1 < MAX_SENDS) {
     if (mbd_msg_clone(r->orig, &m, &err)) {
-      req_fail(c, r, MBD_E_NOMEM, "broker out of memory forwarding the request");
+      mbd_bcore_req_fail(c, r, MBD_E_NOMEM, "broker out of memory forwarding the request");
       return;
     }
   } else {
@@ -523,7 +430,7 @@ static void send_req(mbd_bcore *c, breq *r, mbd_bworker *w) {
     msgpack_sbuffer_destroy(&sb);
     msgpack_sbuffer_destroy(&rw);
     mbd_msg_destroy(&m);
-    req_fail(c, r, MBD_E_NOMEM, "broker out of memory forwarding the request");
+    mbd_bcore_req_fail(c, r, MBD_E_NOMEM, "broker out of memory forwarding the request");
     return;
   }
   msgpack_sbuffer_destroy(&sb);
@@ -552,14 +459,14 @@ static void send_req(mbd_bcore *c, breq *r, mbd_bworker *w) {
     r->state = RQ_WAITING; /* not on a worker: req_fail frees it */
     char msg[MBD_ERROR_MSG_MAX + 64];
     snprintf(msg, sizeof msg, "worker %s cannot take the request: %.400s", w->name, err.msg);
-    req_fail(c, r, MBD_E_BUSY, msg);
+    mbd_bcore_req_fail(c, r, MBD_E_BUSY, msg);
   }
 }
 
 static void no_route(mbd_bcore *c, breq *r) {
   char msg[1024];
   mbd_registry_no_route_message(c->reg, &r->want, r->model, r->digest, msg, sizeof msg);
-  req_fail(c, r, MBD_E_NO_ROUTE, msg);
+  mbd_bcore_req_fail(c, r, MBD_E_NO_ROUTE, msg);
 }
 
 static bool uid_seen(const mbd_bcore *c, const char *uid) {
@@ -583,7 +490,7 @@ static void session_lost(mbd_bcore *c, breq *r) {
              "session id, a session of another deployment, or of a worker lost before this "
              "broker started)",
              r->session_uid, r->session_uid);
-    req_fail(c, r, MBD_E_NOT_FOUND, msg);
+    mbd_bcore_req_fail(c, r, MBD_E_NOT_FOUND, msg);
     return;
   }
   snprintf(msg, sizeof msg,
@@ -591,7 +498,7 @@ static void session_lost(mbd_bcore *c, breq *r) {
            "EXPORT a session's state while its worker lives and IMPORT it on another worker with "
            "the same route to move it",
            r->session_uid, r->session_uid);
-  req_fail(c, r, MBD_E_WORKER_LOST, msg);
+  mbd_bcore_req_fail(c, r, MBD_E_WORKER_LOST, msg);
 }
 
 /* The worker for a stateless request: GPU-affine on the client's host when
@@ -617,7 +524,7 @@ static bool resolve_digest(mbd_bcore *c, breq *r) {
   char d[MBD_BW_DIGEST_MAX];
   if (mbd_registry_resolve_digest(c->reg, &r->want, r->model, r->digest, d, r->tokenizer, &err)) {
     c->st.ambiguous++;
-    req_fail(c, r, err.code, err.msg);
+    mbd_bcore_req_fail(c, r, err.code, err.msg);
     return false;
   }
   snprintf(r->digest, sizeof r->digest, "%s", d);
@@ -625,9 +532,7 @@ static bool resolve_digest(mbd_bcore *c, breq *r) {
   return true;
 }
 
-/* Tries to place r (not queued). Returns true when it left r's fate decided
- * (sent or answered), false when it should wait for capacity. */
-static bool place(mbd_bcore *c, breq *r) {
+bool mbd_bcore_place(mbd_bcore *c, breq *r) {
   if (r->is_session) {
     const char *uid = r->session_uid, *wid = NULL, *why = NULL;
     switch (mbd_bdurable_locate(c->durable, r->session_id, r->caller, &uid, &wid, &why)) {
@@ -635,7 +540,7 @@ static bool place(mbd_bcore *c, breq *r) {
     case MBD_BDUR_LOST: {
       char msg[512];
       snprintf(msg, sizeof msg, "session %s/...: %s", r->session_uid, why);
-      req_fail(c, r, MBD_E_WORKER_LOST, msg);
+      mbd_bcore_req_fail(c, r, MBD_E_WORKER_LOST, msg);
       return true;
     }
     default: break;
@@ -646,7 +551,7 @@ static bool place(mbd_bcore *c, breq *r) {
         session_lost(c, r); /* NOT_FOUND naming the uid no worker registered */
         return true;
       }
-      req_fail(c, r, MBD_E_NOT_FOUND,
+      mbd_bcore_req_fail(c, r, MBD_E_NOT_FOUND,
                "session is not open: no live worker holds it (closed, expired, or its worker "
                "stopped; EXPORT a session while its worker lives to move it)");
       return true;
@@ -657,7 +562,7 @@ static bool place(mbd_bcore *c, breq *r) {
                "session %s/... lives on worker %s (host %s) which cannot open CUDA IPC memory of "
                "host %s: send the tensor inline or in shm",
                r->session_uid, w->name, w->host_id, r->client_host);
-      req_fail(c, r, MBD_E_INVALID, msg);
+      mbd_bcore_req_fail(c, r, MBD_E_INVALID, msg);
       return true;
     }
     if (w->inflight >= w->capacity) return false;
@@ -678,21 +583,21 @@ static bool place(mbd_bcore *c, breq *r) {
                "no other live worker of route %.16s serves model %s (weights %.16s); start one "
                "to keep sessions across worker loss",
                r->want.route_id, r->model, r->digest);
-      req_fail(c, r, MBD_E_WORKER_LOST, msg);
+      mbd_bcore_req_fail(c, r, MBD_E_WORKER_LOST, msg);
     } else if (r->retried) {
       char msg[512];
       snprintf(msg, sizeof msg,
                "worker %s was lost while running this %s and no other live worker matches its "
                "route to retry it",
                r->worker_name, mbd_cmd_name(r->cmd));
-      req_fail(c, r, MBD_E_WORKER_LOST, msg);
+      mbd_bcore_req_fail(c, r, MBD_E_WORKER_LOST, msg);
     } else if (r->has_ipc) {
       char msg[1024];
       snprintf(msg, sizeof msg,
                "no GPU worker on host %s matches this request carrying CUDA IPC tensors (they "
                "can only be opened on the same host); send the tensors inline or in shm",
                r->client_host);
-      req_fail(c, r, MBD_E_NO_ROUTE, msg);
+      mbd_bcore_req_fail(c, r, MBD_E_NO_ROUTE, msg);
     } else {
       no_route(c, r);
     }
@@ -709,15 +614,14 @@ static bool any_capacity(mbd_bcore *c) {
   return false;
 }
 
-/* Moves queued requests to workers with spare capacity, oldest first. */
-static void drain_queue(mbd_bcore *c) {
+void mbd_bcore_drain(mbd_bcore *c) {
   breq *r = c->qhead;
   while (r && any_capacity(c)) {
     breq *next = r->qnext;
-    q_del(c, r);
-    /* place() sends r, answers it (freed), or leaves it waiting: re-queue in
+    mbd_bcore_q_del(c, r);
+    /* mbd_bcore_place() sends r, answers it (freed), or leaves it waiting: re-queue in
      * place to keep FIFO order. It touches no other request. */
-    if (!place(c, r)) q_insert_before(c, r, next);
+    if (!mbd_bcore_place(c, r)) mbd_bcore_q_insert_before(c, r, next);
     r = next;
   }
 }
@@ -794,7 +698,7 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
           memcmp(q->client, pcopy, plen))
         continue;
       req_cancel(c, q, true, "cancelled by the client");
-      drain_queue(c);
+      mbd_bcore_drain(c);
       break;
     }
     goto done;
@@ -879,7 +783,7 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
   c->pending++;
   breq *nr = r;
   r = NULL;
-  if (!place(c, nr)) {
+  if (!mbd_bcore_place(c, nr)) {
     uint64_t qcap = (uint64_t)c->cfg.queue_mb << 20;
     if ((int)c->qlen >= c->cfg.queue_limit) {
       c->st.busy_count++;
@@ -887,7 +791,7 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
                "every worker matching route/model is at capacity and the broker queue is full "
                "by count (%d requests waiting, --queue-limit %d); retry later or add workers",
                (int)c->qlen, c->cfg.queue_limit);
-      req_fail(c, nr, MBD_E_BUSY, msg);
+      mbd_bcore_req_fail(c, nr, MBD_E_BUSY, msg);
     } else if (c->qbytes + nr->bytes > qcap) {
       c->st.busy_bytes++;
       snprintf(msg, sizeof msg,
@@ -896,9 +800,9 @@ void mbd_bcore_on_client(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
                "%" PRId64 "); retry later or add workers",
                c->qlen, (double)c->qbytes / (1 << 20), (double)nr->bytes / (1 << 20),
                c->cfg.queue_mb);
-      req_fail(c, nr, MBD_E_BUSY, msg);
+      mbd_bcore_req_fail(c, nr, MBD_E_BUSY, msg);
     } else {
-      q_push(c, nr, false);
+      mbd_bcore_q_push(c, nr, false);
     }
   }
 done:
@@ -909,112 +813,6 @@ done:
 }
 
 /* ---- worker side ----------------------------------------------------------------- */
-
-/* A restore of durable session id (broker/durable.h) becomes a request of the
- * broker's own: placed like an IMPORT on a live worker of its route and model. */
-static void restore_place(void *ctx, const char *id, const char *model, const char *digest,
-                          const char *route_id, mbd_msg **m) {
-  mbd_bcore *c = ctx;
-  breq *r = calloc(1, sizeof *r);
-  if (!r) {
-    mbd_bdurable_failed(c->durable, id, "broker out of memory", c->now_ms);
-    c->wake = true;
-    return;
-  }
-  r->internal = true;
-  r->cmd = MBD_CMD_IMPORT;
-  snprintf(r->rid, sizeof r->rid, "restore");
-  snprintf(r->session_id, sizeof r->session_id, "%s", id);
-  snprintf(r->model, sizeof r->model, "%s", model);
-  snprintf(r->digest, sizeof r->digest, "%s", digest);
-  snprintf(r->want.route_id, sizeof r->want.route_id, "%s", route_id);
-  r->start_ms = c->now_ms;
-  r->deadline_ms = c->now_ms + c->cfg.default_deadline_ms;
-  r->orig = *m;
-  *m = NULL;
-  r->state = RQ_WAITING;
-  r->anext = c->all;
-  if (c->all) c->all->aprev = r;
-  c->all = r;
-  c->pending++;
-  if (!place(c, r)) q_push(c, r, true); /* before the session's own requests */
-}
-
-/* In fail_over: keeps r when it belongs to a durable session being re-homed
- * (it waits for the restore; a GENERATE then continues), re-places a restore
- * lost with its worker, or fails either once POISON_CRASHES workers died
- * running it. Requests go to the queue head oldest first, after *last (the
- * one this loss queued before: NULL at first), so a session's STEPs reach its
- * new worker in their order. Returns whether r was dealt with. */
-static bool durable_hold(mbd_bcore *c, breq *r, breq **last) {
-  const char *uid, *wid, *why = NULL;
-  mbd_bdur_where where = r->internal ? MBD_BDUR_MOVING
-                                     : r->is_session ? mbd_bdurable_locate(c->durable, r->session_id,
-                                                                           r->caller, &uid, &wid, &why)
-                                                     : MBD_BDUR_NONE;
-  char msg[512];
-  if (where == MBD_BDUR_LOST) {
-    snprintf(msg, sizeof msg, "session %s/...: %s", r->session_uid, why);
-    req_fail(c, r, MBD_E_WORKER_LOST, msg);
-    return true;
-  }
-  if (where != MBD_BDUR_MOVING || !r->orig) return false;
-  if (r->crashes >= POISON_CRASHES) {
-    snprintf(msg, sizeof msg,
-             "not re-sent: workers %s and %s both died while running this %s of a re-homed "
-             "session, so it may be what kills them (a poison request)",
-             r->crashed_on[0], r->crashed_on[1], mbd_cmd_name(r->cmd));
-    c->st.poisoned++;
-    req_fail(c, r, MBD_E_WORKER_LOST, msg);
-    return true;
-  }
-  r->retried = true;
-  if (r->internal && place(c, r)) return true;
-  /* Oldest first at the queue head: a session's STEPs must reach its new worker in order. */
-  if (*last) q_insert_before(c, r, (*last)->qnext);
-  else q_push(c, r, true);
-  *last = r;
-  return true;
-}
-
-/* After a restore ended: requests of sessions now lost hear why (the others
- * are placed by drain_queue once their session is homed). */
-static void durable_wake(mbd_bcore *c) {
-  if (!c->wake) return;
-  c->wake = false;
-  for (breq *r = c->qhead; r;) {
-    breq *next = r->qnext;
-    const char *uid, *wid, *why;
-    if (r->is_session && mbd_bdurable_locate(c->durable, r->session_id, r->caller, &uid, &wid,
-                                             &why) == MBD_BDUR_LOST) {
-      q_del(c, r);
-      place(c, r); /* answers it with the reason */
-    }
-    r = next;
-  }
-  drain_queue(c);
-}
-
-/* A reply to a restore: FINAL {session} homes the session there, ERROR loses it. */
-static void restore_reply(mbd_bcore *c, breq *r, const mbd_bworker *w, const mbd_msg *m) {
-  char wid[2 * MBD_BW_UID_MAX] = "", msg[MBD_ERROR_MSG_MAX] = "";
-  mbd_body *body = NULL;
-  size_t blen = 0;
-  const void *b = mbd_msg_body(m, &blen);
-  if (!mbd_body_parse(b, blen, &body, NULL)) {
-    mbd_obj_str(mbd_body_root(body), "session", false, wid, sizeof wid, NULL);
-    mbd_obj_str(mbd_body_root(body), "message", false, msg, sizeof msg, NULL);
-  }
-  mbd_body_destroy(&body);
-  if (mbd_msg_cmd(m) == MBD_CMD_FINAL && wid[0]) {
-    mbd_bdurable_restored(c->durable, r->session_id, w->uid, wid);
-  } else {
-    char why[MBD_ERROR_MSG_MAX + MBD_BW_NAME_MAX + 64];
-    snprintf(why, sizeof why, "worker %s refused the restore: %s", w->name, msg);
-    mbd_bdurable_failed(c->durable, r->session_id, why, c->now_ms);
-  }
-  c->wake = true;
-}
 
 /* Fails over or fails every request on worker generation `gen` (removed already). */
 static void fail_over(mbd_bcore *c, uint64_t gen, const char *wname, const char *why, bool crash) {
@@ -1047,16 +845,17 @@ static void fail_over(mbd_bcore *c, uint64_t gen, const char *wname, const char 
       MBD_LOGW(LOG, "poison request: %s (client tag %" PRIu64 ") killed workers %s and %s",
                mbd_cmd_name(r->cmd), r->client_tag, r->crashed_on[0], r->crashed_on[1]);
       c->st.poisoned++;
-      req_fail(c, r, MBD_E_WORKER_LOST, msg);
+      mbd_bcore_req_fail(c, r, MBD_E_WORKER_LOST, msg);
       continue;
     }
-    if (durable_hold(c, r, &held)) continue;
+    if (mbd_brehome_hold(c, r, &held)) continue;
     if (is_stateless(r->cmd) && r->orig) {
       r->retried = true;
       c->st.failovers++;
       MBD_LOGI(LOG, "re-sending %s (client tag %" PRIu64 ") lost on worker %s", mbd_cmd_name(r->cmd),
                r->client_tag, wname);
-      if (!place(c, r)) q_push(c, r, true); /* matching workers exist but are full: go first */
+      /* Matching workers exist but are full: go first. */
+      if (!mbd_bcore_place(c, r)) mbd_bcore_q_push(c, r, true);
       continue;
     }
     char msg[512];
@@ -1065,7 +864,7 @@ static void fail_over(mbd_bcore *c, uint64_t gen, const char *wname, const char 
              r->retried ? " after it had already been re-sent"
              : is_stateless(r->cmd) ? ""
              : "; session state on that worker is gone (EXPORT/IMPORT moves a session to another worker)");
-    req_fail(c, r, MBD_E_WORKER_LOST, msg);
+    mbd_bcore_req_fail(c, r, MBD_E_WORKER_LOST, msg);
   }
 }
 
@@ -1078,9 +877,9 @@ static void worker_lost(mbd_bcore *c, mbd_bworker *w, const char *why) {
   char uid[MBD_BW_UID_MAX];
   snprintf(uid, sizeof uid, "%s", w->uid);
   mbd_registry_remove(c->reg, w->ident, w->ident_len);
-  mbd_bdurable_rehome(c->durable, uid, name, restore_place, c, c->now_ms);
+  mbd_brehome_start(c, uid, name);
   fail_over(c, gen, name, why, true);
-  drain_queue(c); /* queued requests that no longer match anything get NO_ROUTE */
+  mbd_bcore_drain(c); /* queued requests that no longer match anything get NO_ROUTE */
   /* Queued requests for routes nobody serves any more: answer now, not at the deadline. */
   for (breq *r = c->qhead; r;) {
     breq *next = r->qnext;
@@ -1097,8 +896,8 @@ static void worker_lost(mbd_bcore *c, mbd_bworker *w, const char *why) {
                 : r->is_session        ? !mbd_registry_find_uid(c->reg, suid)
                                        : (select_for(c, r, &nmatch), nmatch == 0);
     if (gone && where == MBD_BDUR_LOST) {
-      q_del(c, r);
-      place(c, r); /* answers it with the reason */
+      mbd_bcore_q_del(c, r);
+      mbd_bcore_place(c, r); /* answers it with the reason */
     } else if (gone) {
       if (r->is_session) session_lost(c, r);
       else no_route(c, r);
@@ -1168,15 +967,17 @@ static void on_ready(mbd_bcore *c, mbd_msg *m, int64_t now) {
   c->st.workers_joined++;
   clear_start_failure(c, w.name);
   note_uid(c, w.uid);
-  MBD_LOGI(LOG, "worker %s registered: uid %s route %.8s (%s/%s/%s) capacity %d, %d model(s)%s",
+  MBD_LOGI(LOG, "worker %s registered: uid %s route %.8s (%s/%s/%s, state %s) capacity %d, "
+           "%d model(s)%s",
            w.name, w.uid, w.route_id, mbd_backend_name(w.route.backend),
-           mbd_dtype_policy_name(w.route.policy), mbd_gemm_mode_name(w.route.mode), w.capacity,
+           mbd_dtype_policy_name(w.route.policy), mbd_gemm_mode_name(w.route.mode),
+           mbd_state_dtype_name(w.route.state), w.capacity,
            w.nmodels, replaced ? " (re-registered)" : "");
   if (replaced) {
     c->st.workers_lost++;
     fail_over(c, old.gen, old.name, "it re-registered", false);
   }
-  drain_queue(c);
+  mbd_bcore_drain(c);
 }
 
 void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_error *recv_err,
@@ -1276,11 +1077,11 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     }
     bool last = cmd != MBD_CMD_PARTIAL;
     if (r->internal) {
-      if (r->state == RQ_INFLIGHT && last) restore_reply(c, r, w, m);
+      if (r->state == RQ_INFLIGHT && last) mbd_brehome_reply(c, r, w, m);
       if (last) {
         if (w->inflight > 0) w->inflight--;
         req_free(c, r);
-        drain_queue(c);
+        mbd_bcore_drain(c);
       }
       break;
     }
@@ -1293,7 +1094,7 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
       /* Replies name the worker as registered; one that cannot be rewritten is not sent. */
       c->st.malformed++;
       MBD_LOGW(LOG, "cannot vouch for a %s of worker %s (%s)", mbd_cmd_name(cmd), w->name, verr.msg);
-      req_fail(c, r, MBD_E_INTERNAL, "the broker could not relay the worker's reply");
+      mbd_bcore_req_fail(c, r, MBD_E_INTERNAL, "the broker could not relay the worker's reply");
     }
     if (r->state == RQ_INFLIGHT && cmd == MBD_CMD_FINAL) track_session(c, r, w, m);
     if (r->state == RQ_INFLIGHT) {
@@ -1318,7 +1119,7 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
       memcpy(id, r->client, il);
       client_gone(c, id, il, "a reply could not be delivered");
     }
-    if (last) drain_queue(c);
+    if (last) mbd_bcore_drain(c);
     break;
   }
   default:
@@ -1328,7 +1129,7 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     break;
   }
 done:
-  durable_wake(c);
+  mbd_brehome_wake(c);
   mbd_msg_destroy(&m);
 }
 
@@ -1472,12 +1273,12 @@ void mbd_bcore_tick(mbd_bcore *c, int64_t now) {
                  r->deadline_ms - r->start_ms, r->worker_name, mbd_cmd_name(r->cmd));
       bool inflight = r->state == RQ_INFLIGHT;
       uint64_t ticket = r->ticket, gen = r->worker_gen;
-      req_fail(c, r, MBD_E_TIMEOUT, msg); /* frees or zombifies r only */
+      mbd_bcore_req_fail(c, r, MBD_E_TIMEOUT, msg); /* frees or zombifies r only */
       if (inflight) cancel_on_worker(c, ticket, gen); /* in case it did not stop by itself */
     }
     r = next;
   }
-  durable_wake(c);
+  mbd_brehome_wake(c);
 }
 
 int64_t mbd_bcore_next_due(const mbd_bcore *c, int64_t now) {
@@ -1500,7 +1301,8 @@ int64_t mbd_bcore_next_due(const mbd_bcore *c, int64_t now) {
 void mbd_bcore_shutdown(mbd_bcore *c, int64_t now) {
   (void)now;
   c->shutting = true;
-  while (c->qhead) req_fail(c, c->qhead, MBD_E_BUSY, "broker is shutting down; request not started");
+  while (c->qhead)
+    mbd_bcore_req_fail(c, c->qhead, MBD_E_BUSY, "broker is shutting down; request not started");
 }
 
 void mbd_bcore_abort(mbd_bcore *c, int64_t now) {

@@ -405,6 +405,7 @@ void mbd_registry_no_route_message(mbd_registry *r, const mbd_route_want *want, 
     const mbd_bworker *w = &r->w[i];
     PUT(" %.8s %s/%s/%s", w->route_id, mbd_backend_name(w->route.backend),
         mbd_dtype_policy_name(w->route.policy), mbd_gemm_mode_name(w->route.mode));
+    if (w->route.state != MBD_STATE_F32) PUT(" state=%s", mbd_state_dtype_name(w->route.state));
     PUT(" models=[");
     for (int k = 0; k < w->nmodels; k++)
       PUT("%s%s%s%.8s", k ? "," : "", w->models[k].name, w->models[k].digest[0] ? "@" : "",

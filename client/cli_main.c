@@ -51,7 +51,7 @@ typedef struct cli_opts {
   const char *connect;   /* broker client endpoint */
   const char *model;
   const char *input, *output;
-  mbd_route_want route;  /* --route-id/--backend/--dtype/--gemm-mode/--family/--device */
+  mbd_route_want route;  /* --route-id/--backend/--dtype/--state-dtype/--gemm-mode/--family/--device */
   int64_t deadline_ms;
   bool shm, last_only, full, quiet;
   bool verbose;          /* --verbose: each request's id (as the broker and worker log it) */
@@ -70,7 +70,7 @@ enum {
   O_CONNECT = 1000, O_MODEL, O_INPUT, O_OUTPUT, O_ROUTE_ID, O_BACKEND, O_DTYPE, O_GEMM_MODE,
   O_FAMILY, O_DEVICE, O_DEADLINE, O_SHM, O_LAST_ONLY, O_FULL, O_QUIET, O_GENERATE, O_TEMP,
   O_TOPK, O_TOPP, O_SEED, O_STOP, O_M, O_N, O_K, O_REQUESTS, O_BATCH, O_SEQ, O_HELP,
-  O_TOKENIZER, O_ADD_SPECIAL, O_SKIP_SPECIAL, O_PROMPT, O_PROMPT_FILE, O_VERBOSE
+  O_TOKENIZER, O_ADD_SPECIAL, O_SKIP_SPECIAL, O_PROMPT, O_PROMPT_FILE, O_VERBOSE, O_STATE_DTYPE
 };
 
 static const struct option k_long[] = {
@@ -78,6 +78,7 @@ static const struct option k_long[] = {
     {"input", required_argument, 0, O_INPUT},      {"output", required_argument, 0, O_OUTPUT},
     {"route-id", required_argument, 0, O_ROUTE_ID}, {"backend", required_argument, 0, O_BACKEND},
     {"dtype", required_argument, 0, O_DTYPE},      {"gemm-mode", required_argument, 0, O_GEMM_MODE},
+    {"state-dtype", required_argument, 0, O_STATE_DTYPE},
     {"family", required_argument, 0, O_FAMILY},    {"device", required_argument, 0, O_DEVICE},
     {"deadline-ms", required_argument, 0, O_DEADLINE}, {"shm", no_argument, 0, O_SHM},
     {"last-only", no_argument, 0, O_LAST_ONLY},    {"full", no_argument, 0, O_FULL},
@@ -100,6 +101,7 @@ static const char *k_route_help =
     "  --route-id HEX      exact route id or a prefix of >= 8 hex chars\n"
     "  --backend B         cpu | cuda\n"
     "  --dtype D           storage dtype policy: f32 | tf32 | bf16 | f16\n"
+    "  --state-dtype S     recurrent state storage: f32 | bf16\n"
     "  --gemm-mode M       deterministic | cublas-fast | cublas-pedantic\n"
     "  --family F          inference | triad\n"
     "  --device NAME       exact device name (\"NVIDIA H200\", \"cpu\")\n"
@@ -194,6 +196,12 @@ static int parse_opts(const char *cmd, int argc, char **argv, const int *allowed
       /* gemm's input dtype is also its storage policy constraint */
       if (mbd_dtype_policy_parse(v, &p, &err)) return usage_error(cmd, "--dtype: %s", err.msg);
       rc = set_str(cmd, "--dtype", o->route.dtype, sizeof o->route.dtype, v);
+      break;
+    }
+    case O_STATE_DTYPE: {
+      mbd_state_dtype sd;
+      if (mbd_state_dtype_parse(v, &sd, &err)) return usage_error(cmd, "--state-dtype: %s", err.msg);
+      rc = set_str(cmd, "--state-dtype", o->route.state, sizeof o->route.state, v);
       break;
     }
     case O_GEMM_MODE: {
@@ -590,8 +598,8 @@ static int write_output(const char *cmd, const char *path, const char *name,
 }
 
 static const int k_forward_opts[] = {O_CONNECT, O_MODEL, O_INPUT, O_OUTPUT, O_ROUTE_ID, O_BACKEND,
-                                     O_DTYPE, O_GEMM_MODE, O_FAMILY, O_DEVICE, O_DEADLINE, O_SHM,
-                                     O_LAST_ONLY, O_VERBOSE, 0};
+                                     O_DTYPE, O_STATE_DTYPE, O_GEMM_MODE, O_FAMILY, O_DEVICE,
+                                     O_DEADLINE, O_SHM, O_LAST_ONLY, O_VERBOSE, 0};
 
 static int cmd_forward(int argc, char **argv) {
   cli_opts o;
@@ -688,7 +696,7 @@ static void on_sigint(int sig) {
 
 static int cmd_generate(int argc, char **argv) {
   static const int allowed[] = {O_CONNECT, O_MODEL, O_INPUT, O_OUTPUT, O_ROUTE_ID, O_BACKEND, O_DTYPE,
-                                O_GEMM_MODE, O_FAMILY, O_DEVICE, O_DEADLINE, O_GENERATE, O_TEMP,
+                                O_STATE_DTYPE, O_GEMM_MODE, O_FAMILY, O_DEVICE, O_DEADLINE, O_GENERATE, O_TEMP,
                                 O_TOPK, O_TOPP, O_SEED, O_STOP, O_QUIET, O_SHM, O_TOKENIZER,
                                 O_PROMPT, O_PROMPT_FILE, O_ADD_SPECIAL, O_SKIP_SPECIAL, O_VERBOSE, 0};
   cli_opts o;
@@ -866,9 +874,9 @@ static void fill_random(void *dst, mbd_dtype dt, size_t n, uint64_t *seed) {
 }
 
 static int cmd_gemm(int argc, char **argv) {
-  static const int allowed[] = {O_CONNECT, O_ROUTE_ID, O_BACKEND, O_DTYPE, O_GEMM_MODE, O_FAMILY,
-                                O_DEVICE, O_DEADLINE, O_M, O_N, O_K, O_SEED, O_INPUT, O_OUTPUT,
-                                O_SHM, 0};
+  static const int allowed[] = {O_CONNECT, O_ROUTE_ID, O_BACKEND, O_DTYPE, O_STATE_DTYPE,
+                                O_GEMM_MODE, O_FAMILY, O_DEVICE, O_DEADLINE, O_M, O_N, O_K, O_SEED,
+                                O_INPUT, O_OUTPUT, O_SHM, 0};
   cli_opts o;
   int rc = parse_opts("gemm", argc, argv, allowed, &o);
   if (rc < 0) {
@@ -972,8 +980,8 @@ static int cmp_double(const void *x, const void *y) {
 }
 
 static int cmd_bench(int argc, char **argv) {
-  static const int allowed[] = {O_CONNECT, O_MODEL, O_ROUTE_ID, O_BACKEND, O_DTYPE, O_GEMM_MODE,
-                                O_FAMILY, O_DEVICE, O_DEADLINE, O_REQUESTS, O_BATCH, O_SEQ,
+  static const int allowed[] = {O_CONNECT, O_MODEL, O_ROUTE_ID, O_BACKEND, O_DTYPE, O_STATE_DTYPE,
+                                O_GEMM_MODE, O_FAMILY, O_DEVICE, O_DEADLINE, O_REQUESTS, O_BATCH, O_SEQ,
                                 O_GENERATE, O_SHM, 0};
   cli_opts o;
   int rc = parse_opts("bench", argc, argv, allowed, &o);

@@ -347,9 +347,20 @@ static int parse_device(walker *w, const yaml_node_t *v, const char *field, mbd_
   return 0;
 }
 
+/* A state_dtype value (f32 | bf16) into dst. */
+static int get_state_dtype(walker *w, const yaml_node_t *v, const char *field, char *dst,
+                           size_t cap) {
+  mbd_state_dtype sd;
+  mbd_error perr;
+  int rc = get_str(w, v, field, dst, cap);
+  if (rc) return rc;
+  if (mbd_state_dtype_parse(dst, &sd, &perr)) return failf(w, MBD_E_INVALID, v, field, "%s", perr.msg);
+  return 0;
+}
+
 static int parse_worker(walker *w, const yaml_node_t *m, size_t i, mbd_deploy_config *c) {
   static const char *const keys[] = {"name",     "device",    "dtype",          "gemm_mode",
-                                     "threads",  "capacity",  "sessions",       "max_batch",
+                                     "state_dtype", "threads",  "capacity",  "sessions",       "max_batch",
                                      "session_idle_s", "checkpoint_tokens", "checkpoint_ms",
                                      "prefix_cache_mb", "prefix_block", "prefix_cache_device_mb",
                                      "models", "count", NULL};
@@ -384,6 +395,19 @@ static int parse_worker(walker *w, const yaml_node_t *m, size_t i, mbd_deploy_co
     if (mbd_gemm_mode_parse(wk->gemm_mode, &gm, &perr))
       return failf(w, MBD_E_INVALID, v, field, "%s", perr.msg);
   }
+  memcpy(wk->state_dtype, c->state_dtype, sizeof wk->state_dtype);
+  const yaml_node_t *sdn = m; /* where an unusable state dtype is reported */
+  if ((v = map_get(w, m, "state_dtype"))) {
+    if ((rc = get_state_dtype(w, v, FIELD("state_dtype"), wk->state_dtype,
+                              sizeof wk->state_dtype)))
+      return rc;
+    sdn = v;
+  }
+  if (!strcmp(wk->state_dtype, "bf16") && wk->device == MBD_DEPLOY_DEVICE_CPU)
+    return failf(w, MBD_E_INVALID, sdn, FIELD("state_dtype"),
+                 "worker '%s' runs on the cpu, and state dtype bf16 is supported for Mamba-2 on "
+                 "CUDA only: give it state_dtype: f32",
+                 wk->name);
   if ((v = map_get(w, m, "threads")) && (rc = get_int32(w, v, FIELD("threads"), 0, 1024, &wk->threads)))
     return rc;
   if ((v = map_get(w, m, "capacity")) &&
@@ -653,8 +677,9 @@ int mbd_deploy_config_parse(const char *text, size_t len, const char *label, con
     rc = mbd_error_set(err, MBD_E_FORMAT, "%s:1: the file is empty; it needs at least a broker: section", label);
     goto fail;
   }
-  static const char *const keys[] = {"broker",  "durable",  "prefix_cache", "models",
-                                     "workers", "security", "http",         NULL};
+  static const char *const keys[] = {"broker",   "durable", "prefix_cache", "state_dtype",
+                                     "models",   "workers", "security",     "http",
+                                     NULL};
   if ((rc = check_keys(&w, root, "top level", keys))) goto fail;
   yaml_node_t *v = map_get(&w, root, "broker");
   if (!v) {
@@ -662,9 +687,12 @@ int mbd_deploy_config_parse(const char *text, size_t len, const char *label, con
     goto fail;
   }
   if ((rc = parse_broker(&w, v, c))) goto fail;
-  /* durable and prefix_cache before workers: workers inherit them */
+  /* durable, prefix_cache and state_dtype before workers: workers inherit them */
   if ((v = map_get(&w, root, "durable")) && (rc = parse_durable(&w, v, c))) goto fail;
   if ((v = map_get(&w, root, "prefix_cache")) && (rc = parse_prefix_cache(&w, v, c))) goto fail;
+  if ((v = map_get(&w, root, "state_dtype")) &&
+      (rc = get_state_dtype(&w, v, "state_dtype", c->state_dtype, sizeof c->state_dtype)))
+    goto fail;
   /* models before workers: workers name catalogue entries */
   if ((v = map_get(&w, root, "models")) && (rc = parse_models(&w, v, base_dir, c))) goto fail;
   if ((v = map_get(&w, root, "workers")) && (rc = parse_workers(&w, v, c))) goto fail;

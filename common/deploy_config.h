@@ -8,8 +8,11 @@
  *              cadence of every worker that sets none, the broker's --durable-mb
  *   prefix_cache: {mb, block, device_mb}   every worker's prefix state cache unless it
  *              sets its own
+ *   state_dtype: f32 | bf16   every worker's recurrent state storage unless it sets its own
+ *              (--state-dtype; bf16: Mamba-2 on CUDA only, so a cpu worker with bf16 is
+ *              refused)
  *   models:   [{name, path, default_digest?}]  path relative to the YAML file's directory
- *   workers:  [{name, device: cpu | cuda:N | all, dtype, gemm_mode, threads,
+ *   workers:  [{name, device: cpu | cuda:N | all, dtype, state_dtype, gemm_mode, threads,
  *              capacity, max_batch, session_idle_s, checkpoint_tokens,
  *              checkpoint_ms, prefix_cache_mb, prefix_block, prefix_cache_device_mb,
  *              models: [names], count}]
@@ -71,6 +74,8 @@ typedef struct mbd_deploy_worker {
   int cuda_index;                 /* CUDA: device ordinal */
   char dtype[8];                  /* storage policy ("f32"), "" = worker default */
   char gemm_mode[24];             /* "deterministic" ..., "" = worker default */
+  char state_dtype[8];            /* --state-dtype "f32" | "bf16": its own, else the top-level
+                                     state_dtype:; "" = worker default (f32) */
   int threads;                    /* CPU threads, 0 = worker default */
   int capacity;                   /* in-flight requests (--capacity), 0 = worker default */
   int sessions;                   /* session slots (--sessions), 0 = worker default */
@@ -128,6 +133,7 @@ typedef struct mbd_deploy_config {
   int checkpoint_tokens;           /* durable.checkpoint_tokens: every worker's unless set */
   int checkpoint_ms;               /* durable.checkpoint_ms: likewise */
   mbd_deploy_prefix_cache prefix_cache; /* prefix_cache: every worker's unless set */
+  char state_dtype[8];             /* state_dtype: every worker's unless set ("" = none given) */
   size_t n_models;
   mbd_deploy_model models[MBD_DEPLOY_MAX_MODELS];
   size_t n_workers;

@@ -645,6 +645,7 @@ int mbd_obj_route_want(const msgpack_object *map, const char *key, mbd_route_wan
       (rc = mbd_obj_str(v, "backend", false, out->backend, sizeof out->backend, err)) ||
       (rc = mbd_obj_str(v, "gemm_mode", false, out->gemm_mode, sizeof out->gemm_mode, err)) ||
       (rc = mbd_obj_str(v, "dtype", false, out->dtype, sizeof out->dtype, err)) ||
+      (rc = mbd_obj_str(v, "state", false, out->state, sizeof out->state, err)) ||
       (rc = mbd_obj_str(v, "family", false, out->family, sizeof out->family, err)) ||
       (rc = mbd_obj_str(v, "device", false, out->device_name, sizeof out->device_name, err)))
     return mbd_error_prefix(err, "%s: ", key);
@@ -664,9 +665,11 @@ int mbd_obj_route_want(const msgpack_object *map, const char *key, mbd_route_wan
   mbd_gemm_mode gm;
   mbd_dtype_policy dp;
   mbd_family f;
+  mbd_state_dtype sd;
   if ((out->backend[0] && (rc = mbd_backend_parse(out->backend, &b, err))) ||
       (out->gemm_mode[0] && (rc = mbd_gemm_mode_parse(out->gemm_mode, &gm, err))) ||
       (out->dtype[0] && (rc = mbd_dtype_policy_parse(out->dtype, &dp, err))) ||
+      (out->state[0] && (rc = mbd_state_dtype_parse(out->state, &sd, err))) ||
       (out->family[0] && (rc = mbd_family_parse(out->family, &f, err))))
     return mbd_error_prefix(err, "%s: ", key);
   return MBD_OK;
@@ -742,11 +745,13 @@ void mbd_pack_tensor_ref(msgpack_packer *pk, const mbd_tensor_ref *r) {
 }
 
 void mbd_pack_route_want(msgpack_packer *pk, const mbd_route_want *w) {
-  const char *keys[] = {"route_id", "backend", "gemm_mode", "dtype", "family", "device"};
-  const char *vals[] = {w->route_id, w->backend, w->gemm_mode, w->dtype, w->family, w->device_name};
+  const char *keys[] = {"route_id", "backend", "gemm_mode", "dtype", "state", "family", "device"};
+  const char *vals[] = {w->route_id, w->backend, w->gemm_mode, w->dtype,
+                        w->state,    w->family,  w->device_name};
+  const size_t nk = sizeof keys / sizeof keys[0];
   size_t n = 0;
-  for (size_t i = 0; i < 6; i++) n += vals[i][0] != '\0';
+  for (size_t i = 0; i < nk; i++) n += vals[i][0] != '\0';
   msgpack_pack_map(pk, n);
-  for (size_t i = 0; i < 6; i++)
+  for (size_t i = 0; i < nk; i++)
     if (vals[i][0]) mbd_pack_kv_str(pk, keys[i], vals[i]);
 }

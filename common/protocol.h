@@ -156,9 +156,9 @@ typedef struct mbd_tensor_ref {
  * (Inline frame sizes are checked by the consumer, who holds the frames.) */
 int mbd_obj_tensor_refs(const msgpack_object *map, const char *key, bool required,
                         mbd_tensor_ref *out, size_t cap, size_t *n, mbd_error *err);
-/* Reads a route constraint map {route_id, backend, gemm_mode, dtype, family, device}.
- * *out is zeroed first (absent key = any route). route_id must be >= 8 hex chars
- * (lower-cased); backend/gemm_mode/dtype/family must be known names. */
+/* Reads a route constraint map {route_id, backend, gemm_mode, dtype, state, family,
+ * device}. *out is zeroed first (absent key = any route). route_id must be >= 8 hex
+ * chars (lower-cased); backend/gemm_mode/dtype/state/family must be known names. */
 int mbd_obj_route_want(const msgpack_object *map, const char *key, mbd_route_want *out,
                        mbd_error *err);
 

@@ -14,6 +14,7 @@ static const char *const k_policies[] = {"f32", "tf32", "bf16", "f16"};
 static const char *const k_families[] = {"inference", "triad"};
 static const char *const k_backends[] = {"cpu", "cuda"};
 static const char *const k_decode_paths[] = {"per-op", "persistent"};
+static const char *const k_state_dtypes[] = {"f32", "bf16"};
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -63,6 +64,10 @@ const char *mbd_decode_path_name(mbd_decode_path d) {
   return name_of(k_decode_paths, COUNT(k_decode_paths), (int)d);
 }
 
+const char *mbd_state_dtype_name(mbd_state_dtype d) {
+  return name_of(k_state_dtypes, COUNT(k_state_dtypes), (int)d);
+}
+
 int mbd_gemm_mode_parse(const char *s, mbd_gemm_mode *out, mbd_error *err) {
   int v = 0, rc = parse_name("GEMM mode", k_modes, COUNT(k_modes), s, &v, err);
   if (!rc) *out = (mbd_gemm_mode)v;
@@ -99,6 +104,12 @@ int mbd_decode_path_parse(const char *s, mbd_decode_path *out, mbd_error *err) {
   return rc;
 }
 
+int mbd_state_dtype_parse(const char *s, mbd_state_dtype *out, mbd_error *err) {
+  int v = 0, rc = parse_name("state dtype", k_state_dtypes, COUNT(k_state_dtypes), s, &v, err);
+  if (!rc) *out = (mbd_state_dtype)v;
+  return rc;
+}
+
 /* Values may not contain newlines or '=' confusion: replace control chars. */
 static void clean_copy(char *dst, size_t cap, const char *src) {
   size_t i = 0;
@@ -117,11 +128,11 @@ int mbd_route_encode(const mbd_route_identity *r, char *buf, size_t cap, size_t 
   clean_copy(libs, sizeof libs, r->libraries);
   int n = snprintf(buf, cap,
                    "mambad-route/%d\n"
-                   "backend=%s\nmode=%s\ndtype=%s\nfamily=%s\nisa=%s\nkernels=%s\n"
+                   "backend=%s\nmode=%s\ndtype=%s\nstate=%s\nfamily=%s\nisa=%s\nkernels=%s\n"
                    "compiler=%s\ndevice=%s\ncc=%d.%d\nsms=%d\nlibraries=%s\ndispatch=%d\n"
                    "decode=%s\nstate_capacity=%" PRId64 "\n",
                    MBD_ROUTE_FORMAT_VERSION, mbd_backend_name(r->backend), mbd_gemm_mode_name(r->mode),
-                   mbd_dtype_policy_name(r->policy), mbd_family_name(r->family), isa, dig, comp, dev,
+                   mbd_dtype_policy_name(r->policy), mbd_state_dtype_name(r->state), mbd_family_name(r->family), isa, dig, comp, dev,
                    r->cc_major, r->cc_minor, r->sm_count, libs, r->dispatch_rev,
                    mbd_decode_path_name(r->decode), r->state_capacity);
   if (n < 0 || (size_t)n >= cap)
@@ -176,7 +187,7 @@ int mbd_route_decode(const char *buf, size_t len, mbd_route_identity *out, mbd_e
                          (int)strlen(hdr) - 1, hdr);
   memset(out, 0, sizeof *out);
   char v[128];
-  int m = 0, p = 0, f = 0, b = 0, d = 0;
+  int m = 0, p = 0, f = 0, b = 0, d = 0, sd = 0;
   /* Enum fields: keep the parser's message (it lists the valid values). */
   if (field(text, "backend", v, sizeof v)) return missing(err, "backend");
   if (mbd_backend_parse(v, (mbd_backend_kind *)&b, err)) return as_format(err);
@@ -184,6 +195,8 @@ int mbd_route_decode(const char *buf, size_t len, mbd_route_identity *out, mbd_e
   if (mbd_gemm_mode_parse(v, (mbd_gemm_mode *)&m, err)) return as_format(err);
   if (field(text, "dtype", v, sizeof v)) return missing(err, "dtype");
   if (mbd_dtype_policy_parse(v, (mbd_dtype_policy *)&p, err)) return as_format(err);
+  if (field(text, "state", v, sizeof v)) return missing(err, "state");
+  if (mbd_state_dtype_parse(v, (mbd_state_dtype *)&sd, err)) return as_format(err);
   if (field(text, "family", v, sizeof v)) return missing(err, "family");
   if (mbd_family_parse(v, (mbd_family *)&f, err)) return as_format(err);
   if (field(text, "decode", v, sizeof v)) return missing(err, "decode");
@@ -191,6 +204,7 @@ int mbd_route_decode(const char *buf, size_t len, mbd_route_identity *out, mbd_e
   out->backend = (mbd_backend_kind)b;
   out->mode = (mbd_gemm_mode)m;
   out->policy = (mbd_dtype_policy)p;
+  out->state = (mbd_state_dtype)sd;
   out->family = (mbd_family)f;
   out->decode = (mbd_decode_path)d;
   if (field(text, "isa", out->isa, sizeof out->isa) ||
@@ -225,6 +239,7 @@ bool mbd_route_matches(const mbd_route_want *w, const mbd_route_identity *r, con
   if (w->backend[0] && strcmp(w->backend, mbd_backend_name(r->backend))) return false;
   if (w->gemm_mode[0] && strcmp(w->gemm_mode, mbd_gemm_mode_name(r->mode))) return false;
   if (w->dtype[0] && strcmp(w->dtype, mbd_dtype_policy_name(r->policy))) return false;
+  if (w->state[0] && strcmp(w->state, mbd_state_dtype_name(r->state))) return false;
   if (w->family[0] && strcmp(w->family, mbd_family_name(r->family))) return false;
   if (w->device_name[0] && strcmp(w->device_name, r->device_name)) return false;
   return true;
@@ -243,6 +258,7 @@ void mbd_route_want_format(const mbd_route_want *w, char *buf, size_t cap) {
   ADD("backend", w->backend);
   ADD("gemm_mode", w->gemm_mode);
   ADD("dtype", w->dtype);
+  ADD("state", w->state);
   ADD("family", w->family);
   ADD("device", w->device_name);
 #undef ADD

@@ -1,7 +1,7 @@
 /* Numeric route identity: everything that can change the bits a worker returns.
  *
  * The canonical encoding is a versioned, line-oriented text with a fixed key
- * order ("mambad-route/2\nbackend=cuda\n..."), so it is stable across builds
+ * order ("mambad-route/3\nbackend=cuda\n..."), so it is stable across builds
  * and readable in `mambad status --full`; SHA-256 of it is the route id.
  * docs/route.md explains each field. */
 #ifndef MBD_ROUTE_H
@@ -37,11 +37,20 @@ typedef enum mbd_decode_path {
                                  where it fits (kernels/cuda/decode_persistent.h) */
 } mbd_decode_path;
 
-#define MBD_ROUTE_FORMAT_VERSION 2
+/* Storage dtype of the recurrent state in a model's state slots. The
+ * arithmetic stays f32; bf16 rounds each updated state entry once (the
+ * state contract of docs/route.md, "Mamba-2 with a bf16 state"). */
+typedef enum mbd_state_dtype {
+  MBD_STATE_F32 = 0,  /* f32 state (the default; every backend and family) */
+  MBD_STATE_BF16 = 1, /* bf16 SSM state: Mamba-2 on CUDA only */
+} mbd_state_dtype;
+
+#define MBD_ROUTE_FORMAT_VERSION 3
 
 typedef struct mbd_route_identity {
   mbd_gemm_mode mode;
   mbd_dtype_policy policy;
+  mbd_state_dtype state;  /* storage dtype of the recurrent state */
   mbd_family family;
   mbd_backend_kind backend;
   char isa[32];           /* CPU: ISA level the kernels use ("x86-64-v3"); CUDA: "sm_90a" */
@@ -73,6 +82,8 @@ const char *mbd_backend_name(mbd_backend_kind b);
 int mbd_backend_parse(const char *s, mbd_backend_kind *out, mbd_error *err);
 const char *mbd_decode_path_name(mbd_decode_path d);
 int mbd_decode_path_parse(const char *s, mbd_decode_path *out, mbd_error *err);
+const char *mbd_state_dtype_name(mbd_state_dtype d);
+int mbd_state_dtype_parse(const char *s, mbd_state_dtype *out, mbd_error *err);
 
 /* Canonical encoding into buf (NUL-terminated); *len excludes the NUL.
  * MBD_E_TOO_LARGE when cap is too small (1 KiB always suffices). */
@@ -89,6 +100,7 @@ typedef struct mbd_route_want {
   char backend[8];      /* "cpu" | "cuda" | "" */
   char gemm_mode[24];   /* "deterministic" | "cublas-fast" | "cublas-pedantic" | "" */
   char dtype[8];        /* "f32" | "tf32" | "bf16" | "f16" | "" */
+  char state[8];        /* state storage dtype: "f32" | "bf16" | "" */
   char family[12];      /* "inference" | "triad" | "" */
   char device_name[96]; /* exact device name or "" */
 } mbd_route_want;

@@ -193,6 +193,8 @@ static int add_worker(supervisor *s, const mbd_deploy_config *cfg, const mbd_dep
   rc |= add_arg(c, "--device") | add_arg(c, "%s", device);
   if (w->dtype[0]) rc |= add_arg(c, "--dtype") | add_arg(c, "%s", w->dtype);
   if (w->gemm_mode[0]) rc |= add_arg(c, "--gemm-mode") | add_arg(c, "%s", w->gemm_mode);
+  if (w->state_dtype[0])
+    rc |= add_arg(c, "--state-dtype") | add_arg(c, "%s", w->state_dtype);
   for (size_t k = 0; k < w->n_models; k++) {
     const mbd_deploy_model *m = &cfg->models[w->models[k]];
     rc |= add_arg(c, "--model") | add_arg(c, "%s=%s", m->name, m->path);

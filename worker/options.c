@@ -12,7 +12,8 @@
 
 const char *mbd_worker_usage(void) {
   return "usage: mambad-worker --connect EP --name NAME [--device cpu|cuda:N] [--dtype f32|bf16|f16]\n"
-         "         [--gemm-mode deterministic] [--model NAME=DIR]... [--threads N]\n"
+         "         [--state-dtype f32|bf16] [--gemm-mode deterministic] [--model NAME=DIR]...\n"
+         "         [--threads N]\n"
          "         [--capacity N] [--sessions N] [--client-sessions N] [--max-batch N]\n"
          "         [--heartbeat-ms MS] [--liveness N] [--session-idle-s S] [--host-id ID]\n"
          "         [--max-message-mb N] [--slice-tokens N] [--drain-ms MS]\n"
@@ -21,6 +22,8 @@ const char *mbd_worker_usage(void) {
          "         [--curve-secret FILE --server-key KEY|FILE]\n"
          "--capacity: requests the broker sends at once (1..4096, default 64);\n"
          "--sessions: session slots (default: the capacity); both defaults: common/defaults.h\n"
+         "--state-dtype: storage of the recurrent state (default f32; bf16: Mamba-2 on cuda only,\n"
+         "  its own route with its own tolerance, docs/route.md)\n"
          "--checkpoint-tokens/--checkpoint-ms: durable sessions (docs/architecture.md), 0 = off\n"
          "--prefix-cache-mb: prefix state cache per model (default 256; 0 = off);\n"
          "--prefix-cache-device-mb: its device tier on GPU workers (default 1024; 0 = off);\n"
@@ -53,6 +56,7 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
   o->device = -1;
   o->mode = MBD_GEMM_DETERMINISTIC;
   o->policy = MBD_POLICY_F32;
+  o->state = MBD_STATE_F32;
   o->capacity = MBD_DEFAULT_CAPACITY;
   o->sessions = 0; /* resolved after parsing */
   o->max_batch = MBD_DEFAULT_MAX_BATCH;
@@ -101,6 +105,9 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
     } else if (!strcmp(a, "--dtype")) {
       if ((rc = mbd_dtype_policy_parse(val, &o->policy, err)))
         return mbd_error_prefix(err, "--dtype");
+    } else if (!strcmp(a, "--state-dtype")) {
+      if ((rc = mbd_state_dtype_parse(val, &o->state, err)))
+        return mbd_error_prefix(err, "--state-dtype");
     } else if (!strcmp(a, "--gemm-mode")) {
       gemm_flag = val;
     } else if (!strcmp(a, "--model")) {

@@ -29,6 +29,7 @@ typedef struct mbd_worker_opts {
   int device;                        /* --device cuda:N: the CUDA ordinal N (-1 for cpu) */
   mbd_gemm_mode mode;                /* --gemm-mode */
   mbd_dtype_policy policy;           /* --dtype */
+  mbd_state_dtype state;             /* --state-dtype: recurrent state storage (route `state`) */
   mbd_worker_model_opt models[MBD_WORKER_MAX_MODELS];
   int nmodels;
   int threads;                       /* --threads; 0 = one per CPU */

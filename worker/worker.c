@@ -78,7 +78,8 @@ int mbd_worker_new(const mbd_worker_opts *o, mbd_worker **out, mbd_error *err) {
   mbd_worker *w = calloc(1, sizeof *w);
   if (!w) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for the worker");
   mbd_backend *be = NULL;
-  mbd_backend_opts bo = {.mode = o->mode, .policy = o->policy, .threads = o->threads,
+  mbd_backend_opts bo = {.mode = o->mode, .policy = o->policy, .state = o->state,
+                         .threads = o->threads,
                          .state_capacity = o->sessions, .device = o->device,
                          .max_batch = o->max_batch};
   bo.progress = &k_load_progress;

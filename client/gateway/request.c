@@ -208,6 +208,7 @@ static int want_field(mbd_route_want *w, const char *k, const char *v, gw_err *e
            {"gemm_mode", w->gemm_mode, sizeof w->gemm_mode},
            {"mode", w->gemm_mode, sizeof w->gemm_mode},
            {"dtype", w->dtype, sizeof w->dtype},
+           {"state", w->state, sizeof w->state},
            {"family", w->family, sizeof w->family},
            {"device", w->device_name, sizeof w->device_name}};
   for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
@@ -219,7 +220,7 @@ static int want_field(mbd_route_want *w, const char *k, const char *v, gw_err *e
     return 0;
   }
   return gw_err_bad(e, "route",
-                    "unknown route key '%.40s' (route_id, backend, gemm_mode, dtype, "
+                    "unknown route key '%.40s' (route_id, backend, gemm_mode, dtype, state, "
                     "family, device)",
                     k);
 }

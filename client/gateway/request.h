@@ -58,7 +58,7 @@ int gw_request_parse(const char *body, size_t len, bool chat, gw_request *r, gw_
 void gw_request_free(gw_request *r);
 
 /* Parses a `route` string: an id (>= 8 hex digits) or constraints
- * "backend=cpu,dtype=f32,gemm_mode=...,family=...,device=...,route_id=...". */
+ * "backend=cpu,dtype=f32,state=f32,gemm_mode=...,family=...,device=...,route_id=...". */
 int gw_route_parse(const char *s, mbd_route_want *w, gw_err *e);
 
 #endif

@@ -652,6 +652,7 @@ int mbd_backend_cuda_new(const mbd_backend_opts *opts, mbd_backend **out, mbd_er
   cfg.device = opts->device;
   cfg.mode = opts->mode;
   cfg.policy = opts->policy;
+  cfg.state = opts->state;
   cfg.family = MBD_FAMILY_INFERENCE;
   /* Session slots + one forward chunk of max_batch rows (the route's capacity). */
   cfg.state_capacity = opts->state_capacity + opts->max_batch;

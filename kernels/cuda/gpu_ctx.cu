@@ -49,6 +49,7 @@ extern "C" void mbd_gpu_ctx_config_default(mbd_gpu_ctx_config *cfg) {
   cfg->policy = MBD_POLICY_BF16;
   cfg->family = MBD_FAMILY_INFERENCE;
   cfg->state_capacity = 1;
+  cfg->state = MBD_STATE_F32;
   cfg->decode = MBD_DECODE_PERSISTENT;
 }
 
@@ -281,12 +282,16 @@ extern "C" int mbd_gpu_ctx_new(const mbd_gpu_ctx_config *cfg, mbd_gpu_ctx **out,
   if (cfg->decode != MBD_DECODE_PER_OP && cfg->decode != MBD_DECODE_PERSISTENT)
     return mbd_error_set(err, MBD_E_INVALID, "GPU context config: invalid decode path %d",
                          (int)cfg->decode);
+  if (cfg->state != MBD_STATE_F32 && cfg->state != MBD_STATE_BF16)
+    return mbd_error_set(err, MBD_E_INVALID, "GPU context config: invalid state dtype %d",
+                         (int)cfg->state);
   ctx = (mbd_gpu_ctx *)calloc(1, sizeof *ctx);
   if (!ctx) return mbd_error_set(err, MBD_E_NOMEM, "GPU context: out of host memory");
   ctx->mode = MBD_GEMM_DETERMINISTIC;
   ctx->policy = cfg->policy;
   ctx->family = cfg->family;
   ctx->state_capacity = cfg->state_capacity;
+  ctx->state = cfg->state;
   ctx->decode = cfg->decode;
   ctx->fault = cfg->fault;
   mbd_gpu_kernel_digest(ctx->digest);
@@ -395,6 +400,7 @@ extern "C" int mbd_gpu_ctx_route(const mbd_gpu_ctx *ctx, mbd_route_identity *r, 
   memset(r, 0, sizeof *r);
   r->mode = ctx->mode;
   r->policy = ctx->policy;
+  r->state = ctx->state;
   r->family = ctx->family;
   r->backend = MBD_BACKEND_CUDA;
   isa_name(ctx, r->isa, sizeof r->isa);

@@ -35,6 +35,8 @@ typedef struct mbd_gpu_ctx_config {
   mbd_dtype_policy policy;  /* storage dtype policy; GEMM dtypes must match it */
   mbd_family family;        /* only MBD_FAMILY_INFERENCE is implemented */
   int64_t state_capacity;   /* session state slots (part of the route identity) */
+  mbd_state_dtype state;    /* storage dtype of the models' recurrent state (part of the
+                               route identity); a family that cannot store it refuses to load */
   mbd_decode_path decode;   /* which decode kernels a model on this context may run (part
                                of the route identity): MBD_DECODE_PERSISTENT lets
                                kernels/cuda/mamba1_gpu.h run small decode batches in the
@@ -44,8 +46,8 @@ typedef struct mbd_gpu_ctx_config {
   mbd_gpu_fault fault;      /* tests only */
 } mbd_gpu_ctx_config;
 
-/* Defaults: device 0, deterministic, bf16, inference, capacity 1, persistent
- * decode, no scratch. */
+/* Defaults: device 0, deterministic, bf16, inference, capacity 1, f32 state,
+ * persistent decode, no scratch. */
 void mbd_gpu_ctx_config_default(mbd_gpu_ctx_config *cfg);
 
 /* Creates a context. Validates the device (present, compute capability covered

@@ -42,6 +42,7 @@ struct mbd_gpu_ctx {
   mbd_dtype_policy policy;
   mbd_family family;
   int64_t state_capacity;
+  mbd_state_dtype state;       /* models' state storage dtype (route) */
   mbd_decode_path decode;      /* which decode kernels the model may run (route) */
   char digest[65];             /* SHA-256 of the embedded fatbin */
   char dev_name[96];

@@ -11,7 +11,12 @@
  * is captured once per batch bucket (powers of two) and replayed, the rows
  * beyond the batch padded with token 0 on a scratch slot. Every kernel and
  * GEMM is row-invariant, so a row's bits depend neither on the bucket nor on
- * the padding, and the graph replays the eager step's bits. */
+ * the padding, and the graph replays the eager step's bits.
+ *
+ * The SSM state is stored in the route's state dtype (f32, or bf16 on a
+ * state=bf16 route; the conv windows stay f32 either way); the state image
+ * is f32 on both: slot_read widens bf16 exactly, slot_write rounds to
+ * nearest even (exact for an image a bf16-state route wrote). */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -67,8 +72,11 @@ typedef struct m2gpu {
   void *emb, *head;
   float *norm_f;
   mbd_dev_arena arena; /* every device allocation, freed at destroy */
-  float *conv_st, *ssm_st; /* [nslots][L][K-1][cd], [nslots][L][H P][N] */
-  int64_t conv_slot, ssm_slot;
+  float *conv_st;     /* [nslots][L][K-1][cd] */
+  void *ssm_st;       /* [nslots][L][H P][N] of ssm_es bytes: f32, or bf16 on a bf16 route */
+  int ssm_es;         /* bytes of one SSM state entry: 4 or 2 */
+  uint16_t *h_ssm;    /* bf16 routes: pinned [ssm_slot], a slot's SSM state in transit */
+  int64_t conv_slot, ssm_slot; /* entries per slot */
   int32_t *d_tok, *d_slots, *h_tok, *h_slots; /* prefill chunk staging [max_rows] */
   int32_t *d_step, *h_step; /* decode staging [2 bucket_max]: tokens, then slots */
   int32_t *h_next;          /* pinned [bucket_max]: the step's greedy picks */
@@ -154,6 +162,7 @@ static void m2_destroy(void *model) {
   mbd_dev_arena_free(&m->arena);
   cudaFreeHost(m->h_tok);
   cudaFreeHost(m->h_step);
+  cudaFreeHost(m->h_ssm);
   free(m->layers);
   free(m);
 }
@@ -175,9 +184,11 @@ static int alloc_runtime(m2gpu *m, mbd_error *err) {
     *(void **)&(ptr) = p;                              \
   } while (0)
   DA(m->conv_st, ns * (size_t)m->conv_slot * 4);
-  DA(m->ssm_st, ns * (size_t)m->ssm_slot * 4);
+  DA(m->ssm_st, ns * (size_t)m->ssm_slot * (size_t)m->ssm_es);
   MBD_GPU_CHECK(cudaMemset(m->conv_st, 0, ns * (size_t)m->conv_slot * 4), err);
-  MBD_GPU_CHECK(cudaMemset(m->ssm_st, 0, ns * (size_t)m->ssm_slot * 4), err);
+  MBD_GPU_CHECK(cudaMemset(m->ssm_st, 0, ns * (size_t)m->ssm_slot * (size_t)m->ssm_es), err);
+  if (m->ssm_es == 2)
+    MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_ssm, (size_t)m->ssm_slot * 2), err);
   DA(m->d_tok, rows * 4);
   DA(m->d_slots, rows * 4);
   DA(m->d_step, 2 * bm * 4);
@@ -223,6 +234,7 @@ static int m2_load(mbd_gpu_ctx *ctx, const char *dir, const mbd_gpu_model_opts *
   m->stream = (cudaStream_t)mbd_gpu_ctx_stream(ctx);
   m->dtype = o->dtype;
   m->nslots = rid.state_capacity;
+  m->ssm_es = rid.state == MBD_STATE_BF16 ? 2 : 4;
   m->max_batch = o->max_batch > 0 ? o->max_batch : 256;
   if (m->max_batch > 1 << (M2G_MAX_BUCKETS - 1)) {
     rc = mbd_error_set(err, MBD_E_INVALID, "model: max_batch %d above %d", m->max_batch,
@@ -301,17 +313,23 @@ static int run_layers(m2gpu *m, int ns, int tw, const int32_t *slots, mbd_error 
   for (int l = 0; l < c->n_layer; l++) {
     const layer2_d *L = &m->layers[l];
     float *conv_st = m->conv_st + (int64_t)l * (c->d_conv - 1) * m->cd;
-    float *ssm_st = m->ssm_st + (int64_t)l * di * c->d_state;
+    char *ssm_st = (char *)m->ssm_st + (size_t)l * (size_t)(di * c->d_state) * (size_t)m->ssm_es;
     if ((rc = mbd_mops_add_rmsnorm(m->stream, rows, (int)d, 1, 0, m->resid, l ? m->out : NULL,
                                    L->norm, c->norm_eps, m->dtype, m->hn, err)) ||
         (rc = gemm(m, rows, m->pin, d, m->hn, L->in_w, L->in_b, m->zx, err)))
       return rc;
     if (!(rc = mbd_mops_conv_silu(m->stream, ns, tw, (int)m->cd, c->d_conv, m->zx + di, m->pin,
                                   L->conv_w, L->conv_b, conv_st, m->conv_slot, slots, m->xbc,
-                                  MBD_DTYPE_F32, NULL, err)))
-      rc = mbd_mops_ssd_scan(m->stream, ns, tw, &dm, L->A, L->D, L->dt_bias, c->dt_min, c->dt_max,
-                             m->zx + di + m->cd, m->pin, m->xbc, m->cd, ssm_st, m->ssm_slot,
-                             slots, m->y, err);
+                                  MBD_DTYPE_F32, NULL, err))) {
+      if (m->ssm_es == 2)
+        rc = mbd_mops_ssd_scan_bf16state(m->stream, ns, tw, &dm, L->A, L->D, L->dt_bias, c->dt_min,
+                                         c->dt_max, m->zx + di + m->cd, m->pin, m->xbc, m->cd,
+                                         ssm_st, m->ssm_slot, slots, m->y, err);
+      else
+        rc = mbd_mops_ssd_scan(m->stream, ns, tw, &dm, L->A, L->D, L->dt_bias, c->dt_min,
+                               c->dt_max, m->zx + di + m->cd, m->pin, m->xbc, m->cd,
+                               (float *)ssm_st, m->ssm_slot, slots, m->y, err);
+    }
     if (rc ||
         (rc = mbd_mops_gated_rmsnorm(m->stream, rows, (int)di, (int)(di / c->n_groups), m->y,
                                      m->zx, m->pin, L->gnorm, c->norm_eps, c->norm_before_gate,
@@ -483,6 +501,12 @@ static int check_slot(const m2gpu *m, int64_t slot, mbd_error *err) {
   return 0;
 }
 
+/* Slot `slot`'s SSM state on the device, and its bytes there. */
+static void *ssm_at(const m2gpu *m, int64_t slot) {
+  return (char *)m->ssm_st + (size_t)slot * (size_t)m->ssm_slot * (size_t)m->ssm_es;
+}
+static size_t ssm_bytes(const m2gpu *m) { return (size_t)m->ssm_slot * (size_t)m->ssm_es; }
+
 static int m2_slot_reset(void *model, int64_t slot, mbd_error *err) {
   m2gpu *m = (m2gpu *)model;
   int rc = check_slot(m, slot, err);
@@ -490,9 +514,7 @@ static int m2_slot_reset(void *model, int64_t slot, mbd_error *err) {
   MBD_GPU_CHECK(cudaMemsetAsync(m->conv_st + slot * m->conv_slot, 0, (size_t)m->conv_slot * 4,
                                 m->stream),
                 err);
-  MBD_GPU_CHECK(
-      cudaMemsetAsync(m->ssm_st + slot * m->ssm_slot, 0, (size_t)m->ssm_slot * 4, m->stream),
-      err);
+  MBD_GPU_CHECK(cudaMemsetAsync(ssm_at(m, slot), 0, ssm_bytes(m), m->stream), err);
   MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
   return 0;
 }
@@ -520,10 +542,23 @@ static int m2_slot_read(void *model, int64_t slot, void *buf, size_t cap, mbd_er
   MBD_GPU_CHECK(cudaMemcpyAsync(p + SUB_HEADER, m->conv_st + slot * m->conv_slot, cb,
                                 cudaMemcpyDeviceToHost, m->stream),
                 err);
-  MBD_GPU_CHECK(cudaMemcpyAsync(p + SUB_HEADER + cb, m->ssm_st + slot * m->ssm_slot,
-                                need - SUB_HEADER - cb, cudaMemcpyDeviceToHost, m->stream),
+  if (m->ssm_es == 4) {
+    MBD_GPU_CHECK(cudaMemcpyAsync(p + SUB_HEADER + cb, ssm_at(m, slot), need - SUB_HEADER - cb,
+                                  cudaMemcpyDeviceToHost, m->stream),
+                  err);
+    MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+    return 0;
+  }
+  /* bf16 state: through pinned staging, widened exactly into the f32 image */
+  MBD_GPU_CHECK(cudaMemcpyAsync(m->h_ssm, ssm_at(m, slot), ssm_bytes(m), cudaMemcpyDeviceToHost,
+                                m->stream),
                 err);
   MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+  unsigned char *q = p + SUB_HEADER + cb;
+  for (int64_t i = 0; i < m->ssm_slot; i++) {
+    const float f = mbd_bf16_to_f32(m->h_ssm[i]);
+    memcpy(q + 4 * i, &f, 4);
+  }
   return 0;
 }
 
@@ -544,9 +579,25 @@ static int m2_slot_write(void *model, int64_t slot, const void *buf, size_t len,
   MBD_GPU_CHECK(cudaMemcpyAsync(m->conv_st + slot * m->conv_slot, p + SUB_HEADER, cb,
                                 cudaMemcpyHostToDevice, m->stream),
                 err);
-  MBD_GPU_CHECK(cudaMemcpyAsync(m->ssm_st + slot * m->ssm_slot, p + SUB_HEADER + cb,
-                                need - SUB_HEADER - cb, cudaMemcpyHostToDevice, m->stream),
-                err);
+  if (m->ssm_es == 4) {
+    MBD_GPU_CHECK(cudaMemcpyAsync(ssm_at(m, slot), p + SUB_HEADER + cb, need - SUB_HEADER - cb,
+                                  cudaMemcpyHostToDevice, m->stream),
+                  err);
+  } else {
+    /* bf16 state: the f32 image rounded to nearest even (the kernels'
+     * rounding), so an image this route wrote comes back exactly; the
+     * staging is free once the stream is idle (slot_read syncs too) */
+    MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+    const unsigned char *q = p + SUB_HEADER + cb;
+    for (int64_t i = 0; i < m->ssm_slot; i++) {
+      float f;
+      memcpy(&f, q + 4 * i, 4);
+      m->h_ssm[i] = mbd_f32_to_bf16(f);
+    }
+    MBD_GPU_CHECK(cudaMemcpyAsync(ssm_at(m, slot), m->h_ssm, ssm_bytes(m),
+                                  cudaMemcpyHostToDevice, m->stream),
+                  err);
+  }
   MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
   return 0;
 }
@@ -559,8 +610,8 @@ static int m2_slot_regions(void *model, int64_t slot, mbd_gpu_region *out, mbd_e
   if (rc) return rc;
   out[0].ptr = m->conv_st + slot * m->conv_slot;
   out[0].bytes = (size_t)m->conv_slot * 4;
-  out[1].ptr = m->ssm_st + slot * m->ssm_slot;
-  out[1].bytes = (size_t)m->ssm_slot * 4;
+  out[1].ptr = ssm_at(m, slot);
+  out[1].bytes = ssm_bytes(m);
   return 2;
 }
 

@@ -47,6 +47,7 @@ static void usage(FILE *f) {
           "                  [--output OUT.safetensors]   (and the options below)\n"
           "                  [--backend cpu|cuda|cuda:N] [--dtype f32|tf32|bf16|f16]\n"
           "                  [--gemm-mode deterministic|cublas-fast|cublas-pedantic]\n"
+          "                  [--state-dtype f32|bf16]\n"
           "                  [--threads N] [--isa auto|portable|avx2] [--generate N | --max-tokens N]\n"
           "                  [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop ID]...\n"
           "  IN:  input_ids I64 [B,T] (e.g. from `mambad-model prompt`)\n"
@@ -58,7 +59,8 @@ static void usage(FILE *f) {
           "       and streams their text to stdout (--quiet: not); OUT as above, B = 1\n"
           "  cpu: --dtype f32|bf16|f16, --gemm-mode deterministic, --threads/--isa apply\n"
           "  cuda:N (cuda = cuda:0): every --dtype and --gemm-mode; greedy tokens are\n"
-          "       picked on the device, sampled ones by the CPU sampler\n");
+          "       picked on the device, sampled ones by the CPU sampler\n"
+          "  --state-dtype bf16: Mamba-2 on cuda only, its own route (docs/route.md)\n");
 }
 
 static double now_s(void) {
@@ -242,7 +244,7 @@ static void stream_token(void *user, int64_t row, int32_t tok) {
 
 int main(int argc, char **argv) {
   const char *model_dir = NULL, *in_path = NULL, *out_path = NULL, *backend = "cpu";
-  const char *dts = "f32", *isas = "auto", *modes = NULL;
+  const char *dts = "f32", *sds = "f32", *isas = "auto", *modes = NULL;
   const char *prompt = NULL, *prompt_file = NULL, *tok_path = NULL;
   int add_special = 0, skip_special = 0, quiet = 0;
   long long threads = 0, n_gen = -1, top_k = 0, seed = 0;
@@ -261,6 +263,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--output")) out_path = v;
     else if (!strcmp(a, "--backend")) backend = v;
     else if (!strcmp(a, "--dtype")) dts = v;
+    else if (!strcmp(a, "--state-dtype")) sds = v;
     else if (!strcmp(a, "--gemm-mode")) modes = v;
     else if (!strcmp(a, "--isa")) isas = v;
     else if (!strcmp(a, "--threads")) bad = parse_ll(a, v, 0, 256, &threads);
@@ -320,7 +323,12 @@ int main(int argc, char **argv) {
     fprintf(stderr, "mambad-run: %s\n", err.msg);
     return 2;
   }
-  mbd_backend_opts opts = {.mode = mode, .policy = policy, .device = device};
+  mbd_state_dtype sdt = MBD_STATE_F32;
+  if (mbd_state_dtype_parse(sds, &sdt, &err)) {
+    fprintf(stderr, "mambad-run: --state-dtype: %s\n", err.msg);
+    return 2;
+  }
+  mbd_backend_opts opts = {.mode = mode, .policy = policy, .state = sdt, .device = device};
   if (kind == MBD_BACKEND_CUDA) {
 #ifndef MBD_HAVE_CUDA
     fprintf(stderr, "mambad-run: this build has no CUDA backend (it was configured without the "
@@ -431,8 +439,9 @@ int main(int argc, char **argv) {
     snprintf(label, sizeof label, "cpu %s %s", mbd_dtype_policy_name(policy), route.isa);
   } else {
     snprintf(devs, sizeof devs, "cuda:%d", device);
-    snprintf(label, sizeof label, "%s (%s) %s %s, route %.12s", devs, route.device_name,
-             mbd_dtype_policy_name(policy), mbd_gemm_mode_name(mode), route_id);
+    snprintf(label, sizeof label, "%s (%s) %s %s, state %s, route %.12s", devs,
+             route.device_name, mbd_dtype_policy_name(policy), mbd_gemm_mode_name(mode),
+             mbd_state_dtype_name(route.state), route_id);
   }
   ids = malloc((size_t)(B * T) * sizeof *ids);
   logits = malloc((size_t)B * (size_t)T * (size_t)V * sizeof(float));

@@ -8,7 +8,7 @@
  *          the measured device-to-device copy rate (bytes read + written).
  * Each number is the median of repeated runs timed with CUDA events on the
  * context's stream; "det/cublas" is deterministic over cublas-fast tokens/s.
- * Usage: bench_mamba1_gpu [--ops] [--per-op] [--trace] [--step-events]
+ * Usage: bench_mamba1_gpu [--ops] [--per-op] [--trace] [--step-events] [--op-table]
  *                         [130m|1.4b|all] [reps] [bf16|f32|all]
  *   --ops: first the per-launch time of each op of one 130m bf16 layer at M=1,
  *          with the separate conv and with the decode fusion (conv in x_proj
@@ -17,16 +17,28 @@
  *   --trace: the persistent decode's time per stage at batch 1
  *            (decode_persistent.h's stage trace);
  *   --step-events: the device time of a batch-1 step's stages, from events
- *                  recorded in its graph (mamba1_gpu.h's step_events).
+ *                  recorded in its graph (mamba1_gpu.h's step_events);
+ *   --op-table: after each shape and dtype, us of each op of a forward in the
+ *               model's order (embed; per layer add_rmsnorm, in_proj,
+ *               conv_silu, x_proj, scan, out_proj; final norm, lm_head,
+ *               sample), each launched 10 times in a row on random buffers of
+ *               a context of its own (deterministic GEMM mode, the model's
+ *               entry points and shapes): prefill b1 T=2048, decode
+ *               b1/8/64/256 through the per-op decode path with the model's
+ *               choice of the conv fusion (marked *; the model's persistent
+ *               batches are named); then a layer's sum, the forward's sum
+ *               (layers x layer + the rest) and the tokens/s it implies.
  * mbd_mops_conv_fused (kernels/cuda/ops/conv_xproj.h) picks the model's decode path;
  * MBD_BENCH_PROFILE_STEP: see profile_step. */
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_gpu_util.h"
 #include "common/mamba_config.h"
 #include "kernels/cuda/bench/mamba1_gpu_bench.h"
 #include "kernels/cuda/gpu_ctx.h"
@@ -42,39 +54,6 @@
     }                                                                     \
   } while (0)
 
-static int cmp_f(const void *a, const void *b) {
-  float x = *(const float *)a, y = *(const float *)b;
-  return x < y ? -1 : x > y;
-}
-static float median(float *v, int n) {
-  qsort(v, (size_t)n, sizeof(float), cmp_f);
-  return v[n / 2];
-}
-
-/* Device-to-device copy rate in bytes (read + written) per second. */
-static double copy_rate(void) {
-  size_t n = (size_t)1 << 30;
-  void *a = NULL, *b = NULL;
-  if (cudaMalloc(&a, n) || cudaMalloc(&b, n)) return 0;
-  cudaMemset(a, 1, n);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  float t[10];
-  for (int i = 0; i < 12; i++) {
-    cudaEventRecord(e0, 0);
-    cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0);
-    cudaEventRecord(e1, 0);
-    cudaEventSynchronize(e1);
-    if (i >= 2) cudaEventElapsedTime(&t[i - 2], e0, e1);
-  }
-  cudaFree(a);
-  cudaFree(b);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return 2.0 * (double)n / (median(t, 10) * 1e-3);
-}
-
 typedef struct shape {
   const char *name;
   int d, L;
@@ -87,7 +66,266 @@ typedef struct shape {
 static int profile_step;
 
 /* Command-line choices (see the usage above). */
-static int per_op, want_trace, want_step_events;
+static int per_op, want_trace, want_step_events, want_op_table;
+
+/* ---- the op table: one layer op by op ---- */
+
+/* The ops of a forward in the order mamba1_gpu_run.cu runs them: the
+ * embedding, then per layer OT_NORM..OT_OUT, then the final norm, the LM head
+ * and (decode) the pick. */
+enum {
+  OT_EMBED, OT_NORM, OT_IN, OT_CONV, OT_XPROJ, OT_SCAN, OT_OUT, OT_FNORM, OT_HEAD, OT_SAMPLE,
+  OT_NOPS
+};
+static const char *const k_ot_names[OT_NOPS] = {
+    "embed",     "add_rmsnorm",    "in_proj (gemm)", "conv_silu",         "x_proj",
+    "scan (dt_proj+scan+D+gate)", "out_proj (gemm)", "final add_rmsnorm", "lm_head (gemm)",
+    "sample"};
+
+enum { OT_COLS = 5, OT_REPS = 10, OT_ROWS = 2048, OT_SLOTS = 256 };
+static const int k_ot_nseq[OT_COLS] = {1, 1, 8, 64, 256}, k_ot_T[OT_COLS] = {OT_ROWS, 1, 1, 1, 1};
+
+/* One layer's weights, workspace and states on a context of its own (the
+ * model's layout, mamba1_gpu_impl.h), for up to OT_ROWS rows and OT_SLOTS
+ * slots; matrices and inputs random, vectors as the synthetic model's. */
+typedef struct op_bench {
+  mbd_gpu_ctx *ctx;
+  void *stream;
+  mbd_mamba_config c;
+  mbd_dtype dt;                    /* storage = activation dtype */
+  float *resid, *out, *xz, *xc, *dbl, *logits;
+  void *hn, *xc_act, *y;           /* dtype dt; xc_act is xc when dt is f32 */
+  float *norm, *conv_w, *conv_b, *A, *D;
+  void *in_w, *x_w, *dt_w, *dt_b, *out_w, *head; /* dtype dt */
+  float *conv_st, *ssm_st;         /* [OT_SLOTS][K-1][di], [OT_SLOTS][di][N] */
+  int32_t *tok, *slots, *next;     /* [OT_ROWS], [OT_SLOTS], [OT_SLOTS] */
+  void *work;                      /* the sampling's workspace for OT_SLOTS rows */
+  int op, nseq, T;                 /* the launch run_op makes */
+} op_bench;
+
+static int ot_gemm(op_bench *o, int64_t M, int64_t N, int64_t K, const void *x, const void *w,
+                   float *y, mbd_error *err) {
+  mbd_gpu_gemm_args a;
+  memset(&a, 0, sizeof a);
+  a.dtype = o->dt;
+  a.out_dtype = MBD_DTYPE_F32;
+  a.m = M, a.n = N, a.k = K;
+  a.x = x, a.w = w, a.y = y;
+  a.w_static = 1;
+  return mbd_gpu_gemm(o->ctx, &a, err);
+}
+
+/* Whether the model runs op on nseq x T rows: the decode fusion folds the
+ * conv into x_proj and the scan; only decode picks tokens. */
+static int ot_fused(const op_bench *o, int nseq, int T) {
+  return mbd_mops_conv_fused(nseq, T, o->c.d_conv, o->c.d_inner, o->dt);
+}
+static int ot_runs(const op_bench *o, int op, int nseq, int T) {
+  if (op == OT_CONV) return !ot_fused(o, nseq, T);
+  if (op == OT_SAMPLE) return T == 1;
+  return 1;
+}
+
+/* Op o->op over o->nseq sequences of o->T rows, with the arguments
+ * mamba1_gpu_run.cu's layers() and forward() give it (a layer after the
+ * first; every slot its own). */
+static int run_op(void *arg, mbd_error *err) {
+  op_bench *o = arg;
+  const mbd_mamba_config *c = &o->c;
+  const int nseq = o->nseq, T = o->T;
+  const int64_t M = (int64_t)nseq * T, d = c->d_model, di = c->d_inner, N = c->d_state;
+  const int64_t R = c->dt_rank, K = c->d_conv, cslot = (K - 1) * di, sslot = di * N;
+  const mbd_mops_conv conv = {c->d_conv, o->conv_w, o->conv_b, o->conv_st, cslot};
+  const int fused = ot_fused(o, nseq, T);
+  void *s = o->stream;
+  switch (o->op) {
+  case OT_EMBED: return mbd_mops_embed(s, M, (int)d, o->tok, o->dt, o->head, o->resid, err);
+  case OT_NORM:
+    return mbd_mops_add_rmsnorm(s, M, (int)d, 1, 0, o->resid, o->out, o->norm, c->norm_eps, o->dt,
+                                o->hn, err);
+  case OT_IN: return ot_gemm(o, M, 2 * di, d, o->hn, o->in_w, o->xz, err);
+  case OT_CONV:
+    return mbd_mops_conv_silu(s, nseq, T, (int)di, c->d_conv, o->xz, 2 * di, o->conv_w, o->conv_b,
+                              o->conv_st, cslot, o->slots, o->xc, o->dt,
+                              o->dt == MBD_DTYPE_F32 ? NULL : o->xc_act, err);
+  case OT_XPROJ:
+    if (fused)
+      return mbd_mops_conv_xproj(s, nseq, (int)di, &conv, o->xz, 2 * di, o->slots,
+                                 (int)(R + 2 * N), o->dt, o->x_w, o->dbl, err);
+    return mbd_mops_xproj(s, M, (int)di, (int)(R + 2 * N), o->dt, o->xc_act, o->x_w, o->dbl, err);
+  case OT_SCAN:
+    return mbd_mops_scan(s, nseq, T, (int)di, (int)N, (int)R, o->xc, o->dbl, o->dt, o->dt_w,
+                         o->dt_b, o->A, o->D, o->xz, 2 * di, di, o->ssm_st, sslot, o->slots,
+                         fused ? &conv : NULL, o->dt, o->y, err);
+  case OT_OUT: return ot_gemm(o, M, d, di, o->y, o->out_w, o->out, err);
+  case OT_FNORM: /* each sequence's last row (prefill), every row (decode) */
+    return mbd_mops_add_rmsnorm(s, nseq, (int)d, T, T - 1, o->resid, o->out, o->norm,
+                                c->norm_eps, o->dt, o->hn, err);
+  case OT_HEAD: return ot_gemm(o, nseq, c->vocab_size, d, o->hn, o->head, o->logits, err);
+  default:
+    return mbd_mops_sample(s, nseq, c->vocab_size, o->logits, c->vocab_size, NULL, NULL, NULL,
+                           o->work, o->next, err);
+  }
+}
+
+static void op_bench_free(op_bench *o) {
+  void *p[] = {o->resid, o->out,  o->xz,    o->xc,     o->dbl,  o->logits, o->hn,
+               o->y,     o->norm, o->conv_w, o->conv_b, o->A,    o->D,      o->in_w,
+               o->x_w,   o->dt_w, o->dt_b,  o->out_w,  o->head, o->conv_st, o->ssm_st,
+               o->tok,   o->slots, o->next, o->work};
+  for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cudaFree(p[i]);
+  if (o->xc_act != o->xc) cudaFree(o->xc_act);
+  mbd_gpu_ctx_destroy(&o->ctx);
+}
+
+/* n host floats to the device array p. */
+static int ot_up(float *p, const float *h, size_t n) {
+  return cudaMemcpy(p, h, n * 4, cudaMemcpyHostToDevice) != cudaSuccess;
+}
+
+/* Allocates and fills the op table's buffers; nonzero on failure. */
+static int op_bench_init(op_bench *o, mbd_error *err) {
+  const mbd_mamba_config *c = &o->c;
+  const size_t d = (size_t)c->d_model, di = (size_t)c->d_inner, N = (size_t)c->d_state;
+  const size_t R = (size_t)c->dt_rank, K = (size_t)c->d_conv, V = (size_t)c->vocab_size;
+  const size_t M = OT_ROWS, S = OT_SLOTS, es = mbd_dtype_size(o->dt), NO = R + 2 * N;
+  if (mbd_bench_dzalloc(&o->resid, M * d * 4) || mbd_bench_dzalloc(&o->out, M * d * 4) ||
+      mbd_bench_dzalloc(&o->xz, M * 2 * di * 4) || mbd_bench_dzalloc(&o->xc, M * di * 4) ||
+      mbd_bench_dzalloc(&o->dbl, M * NO * 4) || mbd_bench_dzalloc(&o->logits, S * V * 4) ||
+      mbd_bench_dzalloc(&o->hn, M * d * es) || mbd_bench_dzalloc(&o->y, M * di * es) ||
+      mbd_bench_dzalloc(&o->norm, d * 4) || mbd_bench_dzalloc(&o->conv_w, K * di * 4) ||
+      mbd_bench_dzalloc(&o->conv_b, di * 4) || mbd_bench_dzalloc(&o->A, di * N * 4) ||
+      mbd_bench_dzalloc(&o->D, di * 4) || mbd_bench_dzalloc(&o->in_w, 2 * di * d * es) ||
+      mbd_bench_dzalloc(&o->x_w, NO * di * es) || mbd_bench_dzalloc(&o->dt_w, di * R * es) ||
+      mbd_bench_dzalloc(&o->dt_b, di * es) || mbd_bench_dzalloc(&o->out_w, d * di * es) ||
+      mbd_bench_dzalloc(&o->head, V * d * es) ||
+      mbd_bench_dzalloc(&o->conv_st, S * (K - 1) * di * 4) ||
+      mbd_bench_dzalloc(&o->ssm_st, S * di * N * 4) || mbd_bench_dzalloc(&o->tok, M * 4) ||
+      mbd_bench_dzalloc(&o->slots, S * 4) || mbd_bench_dzalloc(&o->next, S * 4) ||
+      mbd_bench_dzalloc(&o->work, mbd_mops_sample_work_bytes(OT_SLOTS)))
+    return mbd_error_set(err, MBD_E_NOMEM, "out of device memory");
+  if (o->dt == MBD_DTYPE_F32)
+    o->xc_act = o->xc;
+  else if (mbd_bench_dzalloc(&o->xc_act, M * di * es))
+    return mbd_error_set(err, MBD_E_NOMEM, "out of device memory");
+  /* matrices as the synthetic model's (scale 1 / sqrt(in)), the layer's
+   * inputs and states random; dt = softplus(dt_b) near 0.7 */
+  const struct {
+    void *p;
+    mbd_dtype dt;
+    size_t n;
+    float scale;
+  } fill[] = {{o->in_w, o->dt, 2 * di * d, 1.0f / sqrtf((float)d)},
+              {o->x_w, o->dt, NO * di, 1.0f / sqrtf((float)di)},
+              {o->dt_w, o->dt, di * R, 1.0f / sqrtf((float)R)},
+              {o->dt_b, o->dt, di, 0.1f},
+              {o->out_w, o->dt, d * di, 1.0f / sqrtf((float)di)},
+              {o->head, o->dt, V * d, 1.0f / sqrtf((float)d)},
+              {o->resid, MBD_DTYPE_F32, M * d, 1.0f},
+              {o->out, MBD_DTYPE_F32, M * d, 1.0f},
+              {o->conv_st, MBD_DTYPE_F32, S * (K - 1) * di, 1.0f},
+              {o->ssm_st, MBD_DTYPE_F32, S * di * N, 1.0f}};
+  for (size_t i = 0; i < sizeof fill / sizeof fill[0]; i++) {
+    int rc = mbd_mops_fill_uniform(o->stream, fill[i].dt, fill[i].p, (int64_t)fill[i].n, 7 + i,
+                                   fill[i].scale, err);
+    if (rc) return rc;
+  }
+  const size_t hn = di * N > M ? di * N : M;
+  float *h = malloc(hn * 4);
+  int32_t *hi = (int32_t *)h;
+  if (!h) return mbd_error_set(err, MBD_E_NOMEM, "out of host memory");
+  int bad = 0;
+  for (size_t i = 0; i < d; i++) h[i] = 1.0f;
+  bad |= ot_up(o->norm, h, d);
+  for (size_t i = 0; i < di; i++) h[i] = 1.0f;
+  bad |= ot_up(o->D, h, di);
+  for (size_t i = 0; i < di; i++) h[i] = 0.01f * (float)(i % 3);
+  bad |= ot_up(o->conv_b, h, di);
+  for (size_t i = 0; i < K * di; i++) h[i] = 0.5f * (float)((int)(i * 7 % 5) - 2) / (float)K;
+  bad |= ot_up(o->conv_w, h, K * di);
+  for (size_t i = 0; i < di * N; i++) h[i] = -(float)(i % N + 1);
+  bad |= ot_up(o->A, h, di * N);
+  uint64_t rs = 99;
+  for (size_t i = 0; i < M; i++)
+    hi[i] = (int32_t)(((rs = rs * 6364136223846793005ull + 1) >> 40) % (uint64_t)V);
+  bad |= cudaMemcpy(o->tok, hi, M * 4, cudaMemcpyHostToDevice) != cudaSuccess;
+  for (int i = 0; i < OT_SLOTS; i++) hi[i] = i;
+  bad |= cudaMemcpy(o->slots, hi, S * 4, cudaMemcpyHostToDevice) != cudaSuccess;
+  free(h);
+  if (bad || cudaStreamSynchronize((cudaStream_t)o->stream) != cudaSuccess)
+    return mbd_error_set(err, MBD_E_DEVICE, "uploading the op table's vectors failed");
+  return 0;
+}
+
+/* The op table of one shape and dtype: us per op (mean of OT_REPS launches
+ * in a row on the context's stream, deterministic GEMM mode) at prefill b1
+ * T=2048 (one chunk, as the model runs it with max_rows 2048) and decode
+ * b1/8/64/256 through the per-op decode path; then one layer's sum and the
+ * whole forward (embed + layers x layer + final norm + head + sample).
+ * persistent[k]: the model runs decode column k in the persistent decode
+ * instead (flagged). */
+static int op_table(const shape *sh, const mbd_mamba_config *c, mbd_dtype dt,
+                    const int persistent[OT_COLS]) {
+  op_bench o;
+  memset(&o, 0, sizeof o);
+  o.c = *c;
+  o.dt = dt;
+  mbd_error err;
+  mbd_error_clear(&err);
+  mbd_gpu_ctx_config cc;
+  mbd_gpu_ctx_config_default(&cc);
+  cc.policy = dt == MBD_DTYPE_BF16 ? MBD_POLICY_BF16 : MBD_POLICY_F32;
+  int rc = 1;
+  float us[OT_NOPS][OT_COLS];
+  if (mbd_gpu_ctx_new(&cc, &o.ctx, &err)) goto done;
+  o.stream = mbd_gpu_ctx_stream(o.ctx);
+  if (op_bench_init(&o, &err)) goto done;
+  for (int col = 0; col < OT_COLS; col++)
+    for (int op = 0; op < OT_NOPS; op++) {
+      us[op][col] = 0;
+      if (!ot_runs(&o, op, k_ot_nseq[col], k_ot_T[col])) continue;
+      o.op = op, o.nseq = k_ot_nseq[col], o.T = k_ot_T[col];
+      if (mbd_bench_op_us(o.stream, OT_REPS, run_op, &o, &us[op][col], &err)) goto done;
+    }
+  const char *tag = mbd_dtype_name(dt);
+  printf("%-5s %-4s per-op us (mean of %d in a row) | %9s | %9s %9s %9s %9s\n", sh->name, tag,
+         OT_REPS, "pre T2048", "dec b1", "dec b8", "dec b64", "dec b256");
+  float layer[OT_COLS] = {0}, total[OT_COLS] = {0};
+  for (int op = 0; op < OT_NOPS; op++) {
+    printf("%-5s %-4s %-31s |", sh->name, tag, k_ot_names[op]);
+    for (int col = 0; col < OT_COLS; col++) {
+      const int nseq = k_ot_nseq[col], T = k_ot_T[col];
+      const int star = (op == OT_XPROJ || op == OT_SCAN) && ot_fused(&o, nseq, T);
+      if (ot_runs(&o, op, nseq, T))
+        printf(" %8.1f%c", us[op][col], star ? '*' : ' ');
+      else
+        printf(" %8s ", op == OT_CONV ? "(in *)" : "-");
+      printf("%s", col == 0 ? " |" : "");
+      if (op >= OT_NORM && op <= OT_OUT) layer[col] += us[op][col];
+      total[col] += op >= OT_NORM && op <= OT_OUT ? us[op][col] * (float)c->n_layer : us[op][col];
+    }
+    printf("\n");
+  }
+  printf("%-5s %-4s %-31s |", sh->name, tag, "layer (add_rmsnorm..out_proj)");
+  for (int col = 0; col < OT_COLS; col++) printf(" %8.1f %s", layer[col], col == 0 ? " |" : "");
+  printf("\n%-5s %-4s %-31s |", sh->name, tag, "forward (layers x layer + rest)");
+  for (int col = 0; col < OT_COLS; col++) printf(" %8.0f %s", total[col], col == 0 ? " |" : "");
+  printf("\n%-5s %-4s %-31s |", sh->name, tag, "tokens/s at that sum");
+  for (int col = 0; col < OT_COLS; col++)
+    printf(" %8.0f %s", (double)k_ot_nseq[col] * k_ot_T[col] / (total[col] * 1e-6),
+           col == 0 ? " |" : "");
+  printf("\n%-5s %-4s %-31s |", sh->name, tag, "model's decode path");
+  for (int col = 0; col < OT_COLS; col++)
+    printf(" %9s%s", col == 0 ? "-" : persistent[col] ? "persist." : "per-op", col == 0 ? " |" : "");
+  printf("\n      (* conv folded into x_proj and the scan: mbd_mops_conv_fused; persist.: the "
+         "model runs that batch in one persistent launch, the column shows the per-op path)\n");
+  fflush(stdout);
+  rc = 0;
+done:
+  if (rc) fprintf(stderr, "%s %s op table: %s\n", sh->name, mbd_dtype_name(dt), err.msg);
+  op_bench_free(&o);
+  return rc;
+}
 
 static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
   mbd_error err;
@@ -125,6 +363,8 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
     mbd_m1g_probes_attach(probes, &o);
   }
   CK(mbd_mamba1_gpu_new_random(ctx, &c, 1234, &o, &m, &err));
+  int persistent[OT_COLS] = {0}; /* the model's decode path at the op table's batches */
+  for (int k = 1; k < OT_COLS; k++) persistent[k] = mbd_mamba1_gpu_persistent(m, k_ot_nseq[k]);
   cudaStream_t s = (cudaStream_t)mbd_gpu_ctx_stream(ctx);
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
@@ -163,7 +403,7 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
         cudaEventSynchronize(e1);
         cudaEventElapsedTime(&t[r], e0, e1);
       }
-      dec[k] = b / (median(t, reps) * 1e-3);
+      dec[k] = b / (mbd_bench_median(t, reps) * 1e-3);
       if (probes && mode == 0 && k == 0) mbd_m1g_probes_print_step(probes);
     }
     CK(mbd_mamba1_gpu_slot_reset(m, 0, &err));
@@ -178,7 +418,7 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
       if (r) cudaEventElapsedTime(&t[r - 1], e0, e1);
       free(lg);
     }
-    pre = 2048 / (median(t, pr) * 1e-3);
+    pre = 2048 / (mbd_bench_median(t, pr) * 1e-3);
     printf("%-5s %-4s %-13s | %9.0f %9.0f %9.0f %9.0f | %9.0f\n", sh->name, mbd_dtype_name(dt),
            mode ? "cublas-fast" : "deterministic", dec[0], dec[1], dec[2], dec[3], pre);
     for (int k = 0; k < 4; k++) res[mode][k] = dec[k];
@@ -203,7 +443,7 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
   mbd_mamba1_gpu_destroy(&m);
   mbd_m1g_probes_destroy(&probes);
   mbd_gpu_ctx_destroy(&ctx);
-  return 0;
+  return want_op_table ? op_table(sh, &c, dt, persistent) : 0;
 }
 
 /* Per-launch time of each op of one layer at M=1 (130m bf16 shapes), each
@@ -305,9 +545,11 @@ int main(int argc, char **argv) {
       want_trace = 1;
     } else if (!strcmp(argv[1], "--step-events")) {
       want_step_events = 1;
+    } else if (!strcmp(argv[1], "--op-table")) {
+      want_op_table = 1;
     } else {
       fprintf(stderr, "bench_mamba1_gpu: unknown option %s (valid: --ops, --per-op, --trace, "
-              "--step-events)\n", argv[1]);
+              "--step-events, --op-table)\n", argv[1]);
       return 2;
     }
   }
@@ -323,7 +565,7 @@ int main(int argc, char **argv) {
   const char *pe = getenv("MBD_BENCH_PROFILE_STEP");
   profile_step = pe ? atoi(pe) : 0;
   int rc = ops ? op_breakdown() : 0;
-  double bw = copy_rate();
+  double bw = mbd_bench_copy_rate();
   printf("device copy rate %.2f TB/s (read + write); tokens/s, median of %d\n", bw / 1e12, reps);
   printf("%-5s %-4s %-13s | %9s %9s %9s %9s | %9s\n", "model", "dt", "mode", "dec b1", "dec b8",
          "dec b64", "dec b256", "pre T2048");

@@ -9,7 +9,9 @@
  *            logits to the host) at batch 1 and 8;
  *   floor: HBM bound, (weight bytes + batch * state bytes * 2) per call over
  *          the measured device-to-device copy rate (bytes read + written);
- *          for prefill the weights and each state read and written once.
+ *          for prefill the weights and each state read and written once;
+ *          state bytes: a slot's bytes on the device (conv windows f32, SSM
+ *          state in the route's state dtype).
  *   per-op: us of each op of one layer (add_rmsnorm, in_proj, conv_silu,
  *           ssd_scan, gated_norm, out_proj) and the LM head, on zeroed
  *           buffers of a context of its own, mean of 10 launches in a row:
@@ -22,7 +24,11 @@
  * included). Each cell: warm-up runs, then the median of up to `reps` runs,
  * fewer where one run is long (a time budget per cell); the reps row says how
  * many were taken.
- * Usage: bench_mamba2_gpu [130m|1.3b|all] [reps]   (exits 77 without a device) */
+ * --state bf16 runs the bf16-state route (state=bf16, docs/route.md), the
+ * per-op ssd_scan row included (the scan_conv row then stays out: that
+ * fusion keeps an f32 state); the default is f32.
+ * Usage: bench_mamba2_gpu [--state f32|bf16] [130m|1.3b|all] [reps]
+ * (exits 77 without a device) */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -31,6 +37,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bench_gpu_util.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/gpu_gemm.h"
@@ -44,39 +51,6 @@ enum { NB = 4, MAXB = 256, T_PRE = 2048, NCOL = 6 };
 
 /* Seconds of timed runs per cell; the whole `all` run stays under 150 s. */
 #define CELL_BUDGET_S 4.0
-
-static int cmp_f(const void *a, const void *b) {
-  float x = *(const float *)a, y = *(const float *)b;
-  return x < y ? -1 : x > y;
-}
-static float median(float *v, int n) {
-  qsort(v, (size_t)n, sizeof(float), cmp_f);
-  return v[n / 2];
-}
-
-/* Device-to-device copy rate in bytes (read + written) per second. */
-static double copy_rate(void) {
-  size_t n = (size_t)1 << 30;
-  void *a = NULL, *b = NULL;
-  if (cudaMalloc(&a, n) || cudaMalloc(&b, n)) return 0;
-  cudaMemset(a, 1, n);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  float t[10];
-  for (int i = 0; i < 12; i++) {
-    cudaEventRecord(e0, 0);
-    cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0);
-    cudaEventRecord(e1, 0);
-    cudaEventSynchronize(e1);
-    if (i >= 2) cudaEventElapsedTime(&t[i - 2], e0, e1);
-  }
-  cudaFree(a);
-  cudaFree(b);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return 2.0 * (double)n / (median(t, 10) * 1e-3);
-}
 
 /* Bytes of the bf16 weights a step reads: the tied head, in_proj and
  * out_proj in bf16, the per-layer vectors in f32. */
@@ -137,7 +111,7 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
       }
     if (run_once(k, &t[r], err)) return -1;
   }
-  *out_ms = median(t, n);
+  *out_ms = mbd_bench_median(t, n);
   *taken = n;
   return 0;
 }
@@ -160,6 +134,7 @@ typedef struct op_bench {
       *ssm_st, *logits;
   void *hn, *y_act, *in_w, *out_w, *head;
   int32_t *slots, *tickets;
+  mbd_state_dtype state; /* ssm_st holds f32 or bf16 entries */
 } op_bench;
 
 static int gemm_bf16(op_bench *o, int64_t m, int64_t n, int64_t k, const void *x, const void *w,
@@ -189,6 +164,10 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
                               o->conv_w, o->conv_b, o->conv_st, (int64_t)(c->d_conv - 1) * o->cd,
                               o->slots, o->xbc, MBD_DTYPE_F32, NULL, err);
   case 3:
+    if (o->state == MBD_STATE_BF16)
+      return mbd_mops_ssd_scan_bf16state(o->stream, nseq, T, &dm, o->A, o->D, o->bias, c->dt_min,
+                                         c->dt_max, o->zx + di + o->cd, o->pin, o->xbc, o->cd,
+                                         o->ssm_st, di * c->d_state, o->slots, o->y, err);
     return mbd_mops_ssd_scan(o->stream, nseq, T, &dm, o->A, o->D, o->bias, c->dt_min, c->dt_max,
                              o->zx + di + o->cd, o->pin, o->xbc, o->cd, o->ssm_st,
                              di * c->d_state, o->slots, o->y, err);
@@ -199,7 +178,8 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
   case 5: return gemm_bf16(o, M, d, di, o->y_act, o->out_w, o->out, err);
   case 6: return gemm_bf16(o, nseq, o->V, d, o->hn, o->head, o->logits, err);
   default: {
-    if (T != 1 || nseq > 16) return 0; /* the model folds the conv in only there */
+    /* the model folds the conv in only there, with an f32 state */
+    if (T != 1 || nseq > 16 || o->state != MBD_STATE_F32) return 0;
     const mbd_mops_ssd_conv cv = {c->d_conv, o->conv_w, o->conv_b, o->conv_st,
                                   (int64_t)(c->d_conv - 1) * o->cd, o->zx + di, o->pin,
                                   o->tickets};
@@ -218,20 +198,17 @@ static void op_bench_free(op_bench *o) {
   mbd_gpu_ctx_destroy(&o->ctx);
 }
 
-/* Allocates and zeroes n bytes at *p; nonzero on failure. */
-static int dz(void *p, size_t n) {
-  void **pp = (void **)p;
-  if (cudaMalloc(pp, n)) return 1;
-  return cudaMemset(*pp, 0, n) != cudaSuccess;
-}
+static int dz(void *p, size_t n) { return mbd_bench_dzalloc(p, n); }
 
 /* The op table: us per op (mean of OP_REPS launches in a row on the
  * context's stream), prefill b1 T=2048 and one of the b8 prefill's eight
  * chunks (8 x 256 rows), decode b1/8/64/256. */
-static int bench_ops(const char *name, const mbd_mamba2_config *c) {
+static int bench_ops(const char *name, const mbd_mamba2_config *c, mbd_state_dtype sd) {
   op_bench o;
   memset(&o, 0, sizeof o);
   o.c = *c;
+  o.state = sd;
+  const size_t ses = sd == MBD_STATE_BF16 ? 2 : 4; /* bytes of an SSM state entry */
   o.V = c->vocab_size;
   const int64_t d = c->d_model, di = c->d_inner, N = c->d_state, K = c->d_conv;
   o.cd = di + 2 * (int64_t)c->n_groups * N;
@@ -254,7 +231,7 @@ static int bench_ops(const char *name, const mbd_mamba2_config *c) {
       dz(&o.xbc, M * o.cd * 4) || dz(&o.y, M * di * 4) || dz(&o.norm, d * 4) ||
       dz(&o.conv_w, K * o.cd * 4) || dz(&o.conv_b, o.cd * 4) ||
       dz(&o.conv_st, S * (K - 1) * o.cd * 4) || dz(&o.A, 3 * (size_t)c->n_heads * 4) ||
-      dz(&o.gnorm, di * 4) || dz(&o.ssm_st, S * di * N * 4) || dz(&o.logits, S * o.V * 4) ||
+      dz(&o.gnorm, di * 4) || dz(&o.ssm_st, S * di * N * ses) || dz(&o.logits, S * o.V * 4) ||
       dz(&o.hn, M * d * 2) || dz(&o.y_act, M * di * 2) || dz(&o.in_w, o.pin * d * 2) ||
       dz(&o.out_w, d * di * 2) || dz(&o.head, o.V * d * 2) || dz(&o.slots, sizeof hs) ||
       dz(&o.tickets, 16 * (size_t)c->n_groups * 4)) {
@@ -297,8 +274,8 @@ static int bench_ops(const char *name, const mbd_mamba2_config *c) {
   printf("\n%-5s %-30s |", name, "x layers + head");
   for (int col = 0; col < NOC; col++)
     printf(" %9.0f%s", layer[col] * c->n_layer + us[6][col], col == 1 ? " |" : "");
-  printf("   (pre b8/8: one of 8 chunks; ssd_scan decode state %.1f MB per seq)\n",
-         (double)di * N * 4 / 1e6);
+  printf("   (pre b8/8: one of 8 chunks; ssd_scan decode state %.1f MB per seq, %s)\n",
+         (double)di * N * (double)ses / 1e6, mbd_state_dtype_name(sd));
   fflush(stdout);
   rc = 0;
 fail:
@@ -319,7 +296,7 @@ static int rm_synth(const char *dir) {
   return rmdir(dir);
 }
 
-static int bench_shape(const char *name, int reps, double bw) {
+static int bench_shape(const char *name, int reps, double bw, mbd_state_dtype sd) {
   mbd_error err;
   mbd_error_clear(&err);
   mbd_mamba2_config c;
@@ -358,8 +335,8 @@ static int bench_shape(const char *name, int reps, double bw) {
   }
   /* every session slot of the largest decode batch, plus the forward chunk
    * of max_batch rows the backend keeps beside them */
-  mbd_backend_opts o = {.mode = MBD_GEMM_DETERMINISTIC, .policy = MBD_POLICY_BF16, .threads = 1,
-                        .state_capacity = MAXB, .device = 0, .max_batch = MAXB};
+  mbd_backend_opts o = {.mode = MBD_GEMM_DETERMINISTIC, .policy = MBD_POLICY_BF16, .state = sd,
+                        .threads = 1, .state_capacity = MAXB, .device = 0, .max_batch = MAXB};
   if (mbd_backend_new(MBD_BACKEND_CUDA, &o, &be, &err) ||
       be->ops->model_load(be, dir, &m, &err)) {
     fprintf(stderr, "%s: %s\n", name, err.msg);
@@ -393,7 +370,11 @@ static int bench_shape(const char *name, int reps, double bw) {
     }
     tps[col] = (k.prefill ? (double)k.b * T_PRE : k.b) / (ms * 1e-3);
   }
-  const double wb = weight_bytes(&c), sb = (double)be->ops->state_bytes(k.st[0]);
+  /* a slot's device bytes (the stash holds exactly its regions); the f32
+   * image where the backend keeps no stashes */
+  const size_t dev_sb = be->ops->stash_bytes ? be->ops->stash_bytes(be, m) : 0;
+  const double wb = weight_bytes(&c),
+               sb = dev_sb ? (double)dev_sb : (double)be->ops->state_bytes(k.st[0]);
   printf("%-5s %-10s |", name, "tokens/s");
   for (int col = 0; col < NCOL; col++) printf(" %12.0f%s", tps[col], col == NB - 1 ? " |" : "");
   printf("\n%-5s %-10s |", name, "HBM floor");
@@ -409,9 +390,10 @@ static int bench_shape(const char *name, int reps, double bw) {
   }
   printf("\n%-5s %-10s |", name, "reps");
   for (int col = 0; col < NCOL; col++) printf(" %12d%s", taken[col], col == NB - 1 ? " |" : "");
-  printf("   (weights %.0f MB, state %.1f MB/seq)\n", wb / 1e6, sb / 1e6);
+  printf("   (weights %.0f MB, state %.1f MB/seq, %s)\n", wb / 1e6, sb / 1e6,
+         mbd_state_dtype_name(sd));
   fflush(stdout);
-  rc = bench_ops(name, &c);
+  rc = bench_ops(name, &c, sd);
 done:
   for (int i = 0; be && m && i < MAXB; i++)
     if (k.st && k.st[i]) be->ops->state_free(be, k.st[i]);
@@ -430,11 +412,31 @@ done:
 }
 
 int main(int argc, char **argv) {
-  const char *which = argc > 1 ? argv[1] : "all";
-  int reps = argc > 2 ? atoi(argv[2]) : 20;
+  static const char *usage = "usage: bench_mamba2_gpu [--state f32|bf16] [130m|1.3b|all] [reps]\n";
+  mbd_state_dtype sd = MBD_STATE_F32;
+  const char *pos[2] = {"all", "20"};
+  int np = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--state")) {
+      mbd_error e;
+      mbd_error_clear(&e);
+      if (i + 1 >= argc || mbd_state_dtype_parse(argv[i + 1], &sd, &e)) {
+        fprintf(stderr, "--state: %s\n%s", i + 1 < argc ? e.msg : "needs f32 or bf16", usage);
+        return 2;
+      }
+      i++;
+    } else if (np < 2) {
+      pos[np++] = argv[i];
+    } else {
+      fprintf(stderr, "%s", usage);
+      return 2;
+    }
+  }
+  const char *which = pos[0];
+  int reps = atoi(pos[1]);
   if (reps < 1) reps = 1;
   if (strcmp(which, "all") && strcmp(which, "130m") && strcmp(which, "1.3b")) {
-    fprintf(stderr, "usage: bench_mamba2_gpu [130m|1.3b|all] [reps]\n");
+    fprintf(stderr, "%s", usage);
     return 2;
   }
   int ndev = 0;
@@ -442,15 +444,15 @@ int main(int argc, char **argv) {
     printf("SKIP: no CUDA device\n");
     return 77;
   }
-  double bw = copy_rate();
-  printf("Mamba-2 bf16 deterministic, CUDA backend; device copy rate %.2f TB/s (read + write); "
-         "tokens/s, median of up to %d runs (%.0f s budget per cell)\n",
-         bw / 1e12, reps, CELL_BUDGET_S);
+  double bw = mbd_bench_copy_rate();
+  printf("Mamba-2 bf16 deterministic, state %s, CUDA backend; device copy rate %.2f TB/s "
+         "(read + write); tokens/s, median of up to %d runs (%.0f s budget per cell)\n",
+         mbd_state_dtype_name(sd), bw / 1e12, reps, CELL_BUDGET_S);
   printf("%-5s %-10s | %12s %12s %12s %12s | %12s %12s\n", "model", "row", "dec b1", "dec b8",
          "dec b64", "dec b256", "pre b1 T2048", "pre b8 T2048");
   const char *shapes[2] = {"130m", "1.3b"};
   int rc = 0;
   for (int i = 0; i < 2; i++)
-    if (!strcmp(which, "all") || !strcmp(which, shapes[i])) rc |= bench_shape(shapes[i], reps, bw);
+    if (!strcmp(which, "all") || !strcmp(which, shapes[i])) rc |= bench_shape(shapes[i], reps, bw, sd);
   return rc;
 }

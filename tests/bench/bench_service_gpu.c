@@ -2,19 +2,22 @@
  * service (one client DEALER -> mambad-broker -> mambad-worker --device
  * cuda:0, ipc:// endpoints) for 1, 8, 64, 256 concurrent generating sessions,
  * next to the in-process figure of mbd_mamba1_gpu_step at the same batch
- * (measured first, in this process, on the same checkpoint and route:
+ * (measured first, in this process, on the same checkpoint and route, over
+ * runs of INPROC_STEPS consecutive steps:
  * "in-proc logits" downloads the [n,V] logits as the worker's step does,
  * "in-proc greedy" only the picked tokens, as bench_mamba1_gpu); then the
  * cost per GEMM request of CUDA IPC inputs vs inline frames for 4 KiB, 1 MiB
  * and 256 MiB operands (IPC: first request opens the handle, the rest hit
  * the worker's cache).
- * Usage: bench_service_gpu BIN_DIR MODEL_DIR [gen_tokens]
+ * Usage: bench_service_gpu BIN_DIR MODEL_DIR [gen_tokens] (default 512: the
+ * sessions' start and finish then weigh little against the steady state)
  * (MODEL_DIR: e.g. `mambad-model synth --shape 130m --dtype bf16 --out DIR`).
  * Medians of repeated runs; exits 77 without a device. */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "client/mambad.h"
 #include "support/service_gpu.h"
@@ -30,6 +33,18 @@ static double median(double *v, int n) {
 }
 
 static const int k_batches[4] = {1, 8, 64, 256};
+
+/* Monotonic seconds at nanosecond resolution (wh_now counts milliseconds,
+ * coarser than one decode step). */
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Consecutive steps per timed in-process run, tokens fed back as a
+ * GENERATE loop does. */
+#define INPROC_STEPS 32
 
 /* In-process tokens/s at each batch: [0] with logits to host, [1] greedy only. */
 static int in_process(const char *dir, double out[4][2]) {
@@ -53,15 +68,16 @@ static int in_process(const char *dir, double out[4][2]) {
   for (int k = 0; k < 4; k++) {
     int b = k_batches[k];
     for (int mode = 0; mode < 2; mode++) {
-      double t[20];
-      for (int r = -3; r < 20; r++) {
-        double t0 = wh_now();
-        if (mbd_mamba1_gpu_step(m, b, tok, sl, NULL, mode ? tok : NULL, mode ? NULL : logits,
-                                &err))
-          goto fail;
-        if (r >= 0) t[r] = wh_now() - t0;
+      double t[9];
+      for (int r = -2; r < 9; r++) {
+        double t0 = now_s();
+        for (int st = 0; st < INPROC_STEPS; st++)
+          if (mbd_mamba1_gpu_step(m, b, tok, sl, NULL, mode ? tok : NULL, mode ? NULL : logits,
+                                  &err))
+            goto fail;
+        if (r >= 0) t[r] = now_s() - t0;
       }
-      out[k][mode] = b / median(t, 20);
+      out[k][mode] = (double)b * INPROC_STEPS / median(t, 9);
     }
   }
   free(logits);
@@ -105,10 +121,10 @@ static double service_tps(wh *h, int n, int G, int V) {
   wh_free_all(r, (size_t)n);
   for (int rep = 0; rep < 3; rep++) {
     tg = h->next_tag;
-    double t0 = wh_now();
+    double t0 = now_s();
     for (int i = 0; i < n; i++) send_gen(h, sid[i], G);
     size_t miss = wh_collect(h, tg, (size_t)n, r, 300000);
-    t[rep] = wh_now() - t0;
+    t[rep] = now_s() - t0;
     for (int i = 0; i < n; i++)
       if (!r[i] || wh_code(r[i])) miss++;
     wh_free_all(r, (size_t)n);
@@ -167,7 +183,7 @@ static double gemm_cost(wh *h, const char *host, int64_t M, bool ipc, int reps, 
     if (ipc) mbd_pack_kv_str(&p.pk, "host_id", host);
     mbd_pack_str(&p.pk, "tensors");
     msgpack_pack_array(&p.pk, 2);
-    double t0 = wh_now();
+    double t0 = now_s();
     mbd_msg *m;
     if (ipc) {
       mbd_pack_tensor_ref(&p.pk, &ra);
@@ -180,7 +196,7 @@ static double gemm_cost(wh *h, const char *host, int64_t M, bool ipc, int reps, 
       size_t lens[2] = {na, nb};
       m = wh_call(h, MBD_CMD_GEMM, &p.sb, 2, pl, lens);
     }
-    double dt = wh_now() - t0;
+    double dt = now_s() - t0;
     if (!m || wh_code(m)) {
       mbd_msg_destroy(&m);
       return 0;
@@ -207,7 +223,7 @@ int main(int argc, char **argv) {
     printf("SKIP: no CUDA device\n");
     return 77;
   }
-  int G = argc > 3 ? atoi(argv[3]) : 64;
+  int G = argc > 3 ? atoi(argv[3]) : 512;
   double inproc[4][2];
   if (in_process(argv[2], inproc)) return 1;
   mbd_mamba_config cfg;

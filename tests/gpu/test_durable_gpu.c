@@ -33,6 +33,7 @@
 
 #include "kernels/model/synth.h"
 #include "support/service_gpu.h"
+#include "support/wh_sessions.h"
 
 #define NGEN 64    /* generating sessions */
 #define NIDLE 4    /* idle sessions that only STEP */
@@ -58,85 +59,17 @@ static pid_t start_worker(const char *name) {
 static int64_t prompt_len(int i) { return 8 + i % (PMAX - 8); }
 static int64_t step_token(int i, int k) { return (i * 37 + k * 11 + 5) % g_vocab; }
 
-/* Opens n sessions into sids and prefills session i with its prompt. */
-static void open_prefill(char sids[][64], int n) {
-  uint64_t t0 = 0;
-  for (int i = 0; i < n; i++) {
-    uint64_t t = wh_send_open(&g_h);
-    if (!i) t0 = t;
-  }
-  mbd_msg **m = calloc((size_t)n, sizeof *m);
-  assert_non_null(m);
-  assert_int_equal(wh_collect(&g_h, t0, (size_t)n, m, 120000), 0);
-  for (int i = 0; i < n; i++) {
-    assert_int_equal(wh_code(m[i]), 0);
-    assert_int_equal(wh_str(m[i], "session", sids[i], 64), 0);
-  }
-  wh_free_all(m, (size_t)n);
-  for (int i = 0; i < n; i++) {
-    uint64_t t = wh_send_prefill(&g_h, sids[i], g_prompts[i], prompt_len(i), true);
-    if (!i) t0 = t;
-  }
-  assert_int_equal(wh_collect(&g_h, t0, (size_t)n, m, 120000), 0);
-  for (int i = 0; i < n; i++) assert_int_equal(wh_code(m[i]), 0);
-  wh_free_all(m, (size_t)n);
-  free(m);
+static const int64_t *prompt_of(int i, int64_t *len) {
+  *len = prompt_len(i);
+  return g_prompts[i];
 }
 
-/* GENERATE on sessions [0, n) at once (even: greedy; odd: seeded sampling);
- * signal `sig` to `victim` once a quarter of the tokens streamed (0: none).
- * The FINAL tokens go to out[i]; the streamed ones must be their prefix. */
+static void open_prefill(char sids[][64], int n) {
+  wh_open_prefill(&g_h, sids, n, prompt_of, 120000);
+}
+
 static void generate_all(char sids[][64], int n, pid_t victim, int sig, int64_t out[][GEN_LEN]) {
-  uint64_t t0 = 0;
-  for (int i = 0; i < n; i++) {
-    wh_pack p;
-    wh_pack_init(&p);
-    msgpack_pack_map(&p.pk, 4);
-    mbd_pack_kv_str(&p.pk, "session", sids[i]);
-    mbd_pack_kv_i64(&p.pk, "max_tokens", GEN_LEN);
-    mbd_pack_kv_f64(&p.pk, "temperature", i % 2 ? 0.9 : 0.0);
-    mbd_pack_kv_u64(&p.pk, "seed", 1000 + (uint64_t)i);
-    uint64_t t = wh_send(&g_h, MBD_CMD_GENERATE, &p.sb, 0, NULL, NULL);
-    if (!i) t0 = t;
-  }
-  static int64_t streamed[NS][GEN_LEN];
-  int nstream[NS] = {0}, done = 0, total = 0;
-  bool finished[NS] = {false};
-  double t_start = wh_now(), end = t_start + 300;
-  while (done < n && wh_now() < end) {
-    if (victim && total >= n * GEN_LEN / 4) {
-      kill(victim, sig);
-      fprintf(stderr, "signal %d to the worker after %d of %d streamed tokens (%.3f s in)\n", sig,
-              total, n * GEN_LEN, wh_now() - t_start);
-      victim = 0;
-    }
-    mbd_msg *m = wh_recv(&g_h, 200);
-    if (!m) continue;
-    int i = (int)(mbd_msg_tag(m) - t0);
-    assert_true(i >= 0 && i < n && !finished[i]);
-    if (mbd_msg_cmd(m) == MBD_CMD_PARTIAL) {
-      int64_t tok[GEN_LEN];
-      int k = wh_tokens(m, tok, GEN_LEN);
-      assert_true(k >= 0 && nstream[i] + k <= GEN_LEN);
-      memcpy(streamed[i] + nstream[i], tok, (size_t)k * sizeof *tok);
-      nstream[i] += k;
-      total += k;
-    } else {
-      assert_int_equal(wh_code(m), 0);
-      assert_int_equal(wh_tokens(m, out[i], GEN_LEN), GEN_LEN);
-      /* The client saw its stream continue: no token lost, none repeated (the
-       * last one may come in the FINAL only). */
-      assert_true(nstream[i] >= GEN_LEN - 1);
-      assert_memory_equal(streamed[i], out[i], (size_t)nstream[i] * sizeof *out[i]);
-      finished[i] = true;
-      done++;
-    }
-    mbd_msg_destroy(&m);
-  }
-  fprintf(stderr, "%d GENERATEs of %d tokens done in %.3f s\n", done, GEN_LEN,
-          wh_now() - t_start);
-  assert_int_equal(done, n);
-  assert_int_equal(victim, 0); /* the kill happened mid-stream */
+  wh_generate_all(&g_h, sids, n, GEN_LEN, victim, sig, 300000, &out[0][0]);
 }
 
 /* STEP of session i with step_token(i, k): its logits (malloc'ed), *n bytes. */
@@ -149,68 +82,7 @@ static uint8_t *step(const char *sid, int i, int k, size_t *n) {
   return p;
 }
 
-/* EXPORT of a session: the blob (malloc'ed) and its size. */
-static uint8_t *export_state(const char *sid, size_t *n) {
-  mbd_msg *m = wh_wait(&g_h, sg_send_export(&g_h, sid), 120000);
-  assert_int_equal(wh_code(m), 0);
-  uint8_t *b = sg_payload(m, n);
-  assert_true(*n > 0);
-  mbd_msg_destroy(&m);
-  return b;
-}
-
-static void close_session(const char *sid) {
-  wh_pack k;
-  wh_pack_init(&k);
-  msgpack_pack_map(&k.pk, 1);
-  mbd_pack_kv_str(&k.pk, "session", sid);
-  mbd_msg *m = wh_call(&g_h, MBD_CMD_CLOSE, &k.sb, 0, NULL, NULL);
-  assert_int_equal(wh_code(m), 0);
-  mbd_msg_destroy(&m);
-}
-
-/* The broker's STATUS (caller destroys). */
-static mbd_msg *status(void) {
-  wh_pack k;
-  wh_pack_init(&k);
-  msgpack_pack_map(&k.pk, 0);
-  mbd_msg *m = wh_call(&g_h, MBD_CMD_STATUS, &k.sb, 0, NULL, NULL);
-  assert_int_equal(wh_code(m), 0);
-  return m;
-}
-
-/* A counter of the broker's STATUS. */
-static uint64_t counter(const char *name) {
-  mbd_msg *m = status();
-  mbd_body *b = wh_body(m);
-  uint64_t v = 0;
-  const msgpack_object *c = mbd_obj_get(mbd_body_root(b), "counters");
-  assert_non_null(c);
-  assert_int_equal(mbd_obj_u64(c, name, true, &v, NULL), 0);
-  mbd_body_destroy(&b);
-  mbd_msg_destroy(&m);
-  return v;
-}
-
-/* The two registered workers serve one route on the GPU. */
-static void assert_one_cuda_route(void) {
-  mbd_msg *m = status();
-  mbd_body *b = wh_body(m);
-  const msgpack_object *ws = mbd_obj_get(mbd_body_root(b), "workers");
-  assert_non_null(ws);
-  assert_int_equal(ws->type, MSGPACK_OBJECT_ARRAY);
-  assert_int_equal(ws->via.array.size, 2);
-  char id[2][80], be[2][16];
-  for (int i = 0; i < 2; i++) {
-    assert_int_equal(mbd_obj_str(&ws->via.array.ptr[i], "route_id", true, id[i], 80, NULL), 0);
-    assert_int_equal(mbd_obj_str(&ws->via.array.ptr[i], "backend", true, be[i], 16, NULL), 0);
-    assert_string_equal(be[i], "cuda");
-  }
-  fprintf(stderr, "route ids: %.16s... %.16s...\n", id[0], id[1]);
-  assert_string_equal(id[0], id[1]);
-  mbd_body_destroy(&b);
-  mbd_msg_destroy(&m);
-}
+static uint64_t counter(const char *name) { return wh_counter(&g_h, name); }
 
 /* What a run leaves to compare: per generating session its tokens, the
  * logits of one STEP after the GENERATE and the exported state; per idle
@@ -236,7 +108,7 @@ static void step_idle(char sids[][64]) {
 static void collect(char sids[][64], run_out *o) {
   for (int i = 0; i < NGEN; i++) {
     o->logits[i] = step(sids[i], i, 0, &o->nlogits[i]);
-    o->blob[i] = export_state(sids[i], &o->nblob[i]);
+    o->blob[i] = wh_export(&g_h, sids[i], 120000, &o->nblob[i]);
   }
   for (int i = NGEN; i < NS; i++) o->logits[i] = step(sids[i], i, NSTEP, &o->nlogits[i]);
 }
@@ -291,7 +163,7 @@ static void test_kill9_rehome_gpu(void **state) {
   step_idle(ref_sids);
   generate_all(ref_sids, NGEN, 0, 0, ref.tok);
   collect(ref_sids, &ref);
-  for (int i = 0; i < NS; i++) close_session(ref_sids[i]);
+  for (int i = 0; i < NS; i++) wh_close(&g_h, ref_sids[i]);
   /* Different prompts and seeds gave different streams (the comparison
    * below can fail). */
   assert_memory_not_equal(ref.tok[0], ref.tok[2], sizeof ref.tok[0]);
@@ -302,7 +174,7 @@ static void test_kill9_rehome_gpu(void **state) {
   step_idle(sids);
   start_worker("gpuB");
   assert_int_equal(wh_wait_workers(&g_h, 2, 120000), 0);
-  assert_one_cuda_route();
+  wh_assert_one_route(&g_h, 2, "cuda");
   double t_kill = wh_now();
   generate_all(sids, NGEN, a, SIGKILL, got.tok);
   g_h.procs[0] = 0;
@@ -364,7 +236,7 @@ static void test_sigterm_hand_over_gpu(void **state) {
   size_t ref_n[N];
   for (int i = 0; i < N; i++) {
     ref_logits[i] = step(ref_sids[i], i, 0, &ref_n[i]);
-    close_session(ref_sids[i]);
+    wh_close(&g_h, ref_sids[i]);
   }
   open_prefill(sids, N);
   start_worker("gpuB");

@@ -799,13 +799,29 @@ static void test_ssd_scan_conv(void **state) {
                    MBD_E_INVALID);
 }
 
-/* mbd_mops_gated_rmsnorm == mbd_cpu_gated_rmsnorm per row (memcmp; 16-bit
- * outputs the f32 value rounded to nearest even), groups whole rows or
- * parts of them, sizes with and without a tail past the kernel's batches of
- * 32 squares, both gate orders. */
+/* The 16-bit routes' gated norm: mbd_cpu_gated_rmsnorm with each group's
+ * square sum split as rms_inv_lanes (docs/route.md). */
+static void gated_rmsnorm_lanes(const float *y, const float *z, const float *w, int n, int group,
+                                float eps, bool norm_before_gate, float *out) {
+  for (int g0 = 0; g0 < n; g0 += group) {
+    for (int i = g0; i < g0 + group; i++)
+      out[i] = norm_before_gate ? y[i] : y[i] * mbd_pm_silu(z[i]);
+    const float r = rms_inv_lanes(out + g0, group, eps);
+    for (int i = g0; i < g0 + group; i++) {
+      const float v = w[i] * (out[i] * r);
+      out[i] = norm_before_gate ? v * mbd_pm_silu(z[i]) : v;
+    }
+  }
+}
+
+/* mbd_mops_gated_rmsnorm per row against mbd_cpu_gated_rmsnorm (f32) or
+ * its lane-split twin (16-bit outputs: the f32 value rounded to nearest
+ * even), memcmp; groups whole rows or parts of them, sizes with and without
+ * a tail past the kernels' batches of squares, both gate orders. */
 static void test_gated_rmsnorm(void **state) {
   (void)state;
-  static const int shapes[][2] = {{1536, 1536}, {512, 256}, {96, 48}, {37, 37}, {4096, 4096}};
+  static const int shapes[][2] = {{1536, 1536}, {512, 256}, {96, 48}, {37, 37},
+                                  {4096, 4096}, {4096, 512}, {90, 30}, {8192, 128}};
   enum { M = 5 };
   uint64_t seed = 51;
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
@@ -818,7 +834,12 @@ static void test_gated_rmsnorm(void **state) {
         float *w = fillf((size_t)n, &seed, 0.5f, 1.5f), *ref = malloc((size_t)n * 4);
         void *want = malloc((size_t)(M * n) * dsize(act)), *got = malloc((size_t)(M * n) * dsize(act));
         for (int r = 0; r < M; r++) {
-          mbd_cpu_gated_rmsnorm(y + (int64_t)r * n, z + r * ldz, w, n, group, 1e-5f, nbg != 0, ref);
+          if (act == MBD_DTYPE_F32)
+            mbd_cpu_gated_rmsnorm(y + (int64_t)r * n, z + r * ldz, w, n, group, 1e-5f, nbg != 0,
+                                  ref);
+          else
+            gated_rmsnorm_lanes(y + (int64_t)r * n, z + r * ldz, w, n, group, 1e-5f, nbg != 0,
+                                ref);
           for (int c = 0; c < n; c++) store(act, want, (size_t)(r * n + c), ref[c]);
         }
         float *dy = dput(y, (size_t)(M * n) * 4), *dz = dput(z, (size_t)(M * ldz) * 4);

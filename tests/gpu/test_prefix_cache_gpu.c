@@ -24,6 +24,7 @@
 
 #include "client/mambad.h"
 #include "support/service_gpu.h"
+#include "support/wh_prefix.h"
 
 #define NFAM 3
 #define ROUNDS 4
@@ -54,66 +55,16 @@ static int64_t prompt(int f, int i, int64_t *ids) {
 
 /* Request (f, i): logits [V] after the prompt and GEN greedy tokens. */
 static void run_one(int f, int i, float *logits, int64_t *toks) {
-  int k = f * 1000 + i;
   int64_t ids[PFX + SUFFIX_MAX];
   int64_t n = prompt(f, i, ids);
-  const int64_t points[1] = {PFX};
-  mbd_error err = {0};
-  mbd_session *s = NULL;
-  if (mbd_session_open_prompt(g_c, NULL, "tiny", ids, n, 0, points, 1, &s, &err))
-    fail_msg("open %d: %s", k, err.msg);
-  mbd_tensor_in in = {.data = ids};
-  int64_t sh[1] = {n};
-  mbd_tensor_desc_make(&in.desc, MBD_DTYPE_I64, 1, sh, NULL);
-  mbd_tensor_out out;
-  if (mbd_session_prefill_cached(s, NULL, &in, true, points, 1, &out, &err))
-    fail_msg("prefill %d: %s", k, err.msg);
-  assert_int_equal(out.nbytes, (size_t)V * 4);
-  memcpy(logits, out.data, out.nbytes);
-  mbd_tensor_out_release(&out);
-  mbd_generate_params gp;
-  mbd_generate_params_init(&gp);
-  gp.max_tokens = GEN;
-  int64_t *t = NULL;
-  size_t nt = 0;
-  char reason[16];
-  if (mbd_session_generate(s, NULL, &gp, NULL, NULL, &t, &nt, reason, &err))
-    fail_msg("generate %d: %s", k, err.msg);
-  assert_int_equal(nt, GEN);
-  memcpy(toks, t, GEN * sizeof *t);
-  free(t);
-  if (mbd_session_close(&s, &err)) fail_msg("close %d: %s", k, err.msg);
+  wh_prefix_request(g_c, "tiny", ids, n, PFX, V, GEN, f * 1000 + i, logits, toks);
 }
 
-/* The prefix cache counters of worker `name` (false when it reports none). */
 static bool stats_of(const char *name, mbd_prefix_cache_info *x) {
-  mbd_status_report *r = NULL;
-  mbd_error err = {0};
-  if (mbd_client_status(g_c, &r, &err)) fail_msg("status: %s", err.msg);
-  bool found = false;
-  memset(x, 0, sizeof *x);
-  for (size_t i = 0; i < r->n_workers; i++)
-    if (!strcmp(r->workers[i].name, name) && r->workers[i].has_prefix_cache) {
-      found = true;
-      *x = r->workers[i].prefix_cache;
-    }
-  mbd_status_report_free(&r);
-  return found;
+  return wh_prefix_stats(g_c, name, x);
 }
 
-/* Waits until the broker lists exactly n workers. */
-static void wait_count(size_t n) {
-  for (int k = 0; k < 600; k++) {
-    mbd_status_report *r = NULL;
-    mbd_error err = {0};
-    if (mbd_client_status(g_c, &r, &err)) fail_msg("status: %s", err.msg);
-    size_t have = r->n_workers;
-    mbd_status_report_free(&r);
-    if (have == n) return;
-    ev_nap_ms(100);
-  }
-  fail_msg("the broker never listed %zu workers", n);
-}
+static void wait_count(size_t n) { wh_wait_listed(g_c, n, 60000); }
 
 /* Starts GPU worker `name` with up to four extra flags (NULL-padded), runs
  * every request and checks it against the reference (fill: writes the

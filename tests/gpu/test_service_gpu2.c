@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "support/service_gpu.h"
+#include "support/wh_sessions.h"
 
 static wh g_h;
 static pid_t g_w1;
@@ -43,25 +44,7 @@ static int teardown(void **st) {
 
 static void test_same_route_id(void **st) {
   (void)st;
-  wh_pack p;
-  wh_pack_init(&p);
-  msgpack_pack_map(&p.pk, 0);
-  mbd_msg *m = wh_call(&g_h, MBD_CMD_STATUS, &p.sb, 0, NULL, NULL);
-  assert_int_equal(wh_code(m), 0);
-  mbd_body *b = wh_body(m);
-  const msgpack_object *ws = mbd_obj_get(mbd_body_root(b), "workers");
-  assert_non_null(ws);
-  assert_int_equal(ws->via.array.size, 2);
-  char id[2][80], be[2][16];
-  for (int i = 0; i < 2; i++) {
-    assert_int_equal(mbd_obj_str(&ws->via.array.ptr[i], "route_id", true, id[i], 80, NULL), 0);
-    assert_int_equal(mbd_obj_str(&ws->via.array.ptr[i], "backend", true, be[i], 16, NULL), 0);
-    assert_string_equal(be[i], "cuda");
-  }
-  printf("route ids: %.16s… %.16s…\n", id[0], id[1]);
-  assert_string_equal(id[0], id[1]);
-  mbd_body_destroy(&b);
-  mbd_msg_destroy(&m);
+  wh_assert_one_route(&g_h, 2, "cuda");
 }
 
 /* Sends the same forward until each worker answered at least twice; all

@@ -423,7 +423,7 @@ static void test_routing(void **state) {
     assert_int_equal(mbd_obj_str(w, "route_id", true, rid, sizeof rid, NULL), 0);
     assert_int_equal(mbd_obj_str(w, "route", true, route, sizeof route, NULL), 0);
     assert_int_equal(mbd_obj_str(w, "name", true, name, sizeof name, NULL), 0);
-    assert_non_null(strstr(route, "mambad-route/2"));
+    assert_non_null(strstr(route, "mambad-route/3"));
     if (!strcmp(name, "wb")) {
       found = true;
       assert_string_equal(rid, b->route_id);

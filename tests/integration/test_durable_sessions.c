@@ -22,6 +22,7 @@
 
 #include "support/wh_fixture.h"
 #include "support/wh_requests.h"
+#include "support/wh_sessions.h"
 #include "support/worker_harness.h"
 
 #define NGEN 64   /* generating sessions */
@@ -43,82 +44,17 @@ static int64_t prompt_len(int i) { return 4 + i % 16; }
 static const int64_t *prompt(int i) { return g_f.ids + (i % g_f.B) * g_f.T; }
 static int64_t step_token(int i, int k) { return (i * 37 + k * 11 + 5) % g_f.V; }
 
-/* Opens n sessions into sids and prefills session i with prompt(i). */
-static void open_prefill(char sids[][64], int n) {
-  uint64_t t0 = 0;
-  for (int i = 0; i < n; i++) {
-    uint64_t t = wh_send_open(&g_h);
-    if (!i) t0 = t;
-  }
-  mbd_msg **m = calloc((size_t)n, sizeof *m);
-  assert_int_equal(wh_collect(&g_h, t0, (size_t)n, m, 60000), 0);
-  for (int i = 0; i < n; i++) {
-    assert_int_equal(wh_code(m[i]), 0);
-    assert_int_equal(wh_str(m[i], "session", sids[i], 64), 0);
-  }
-  wh_free_all(m, (size_t)n);
-  for (int i = 0; i < n; i++) {
-    uint64_t t = wh_send_prefill(&g_h, sids[i], prompt(i), prompt_len(i), true);
-    if (!i) t0 = t;
-  }
-  assert_int_equal(wh_collect(&g_h, t0, (size_t)n, m, 60000), 0);
-  for (int i = 0; i < n; i++) assert_int_equal(wh_code(m[i]), 0);
-  wh_free_all(m, (size_t)n);
-  free(m);
+static const int64_t *prompt_of(int i, int64_t *len) {
+  *len = prompt_len(i);
+  return prompt(i);
 }
 
-/* GENERATE on sessions [0, n) at once (even: greedy; odd: seeded sampling);
- * signal `sig` to `victim` once a quarter of the tokens streamed (0: none).
- * The FINAL tokens go to out[i]; the streamed ones must be their prefix. */
+static void open_prefill(char sids[][64], int n) {
+  wh_open_prefill(&g_h, sids, n, prompt_of, 60000);
+}
+
 static void generate_all(char sids[][64], int n, pid_t victim, int sig, int64_t out[][GEN_LEN]) {
-  uint64_t t0 = 0;
-  for (int i = 0; i < n; i++) {
-    wh_pack p;
-    wh_pack_init(&p);
-    msgpack_pack_map(&p.pk, 4);
-    mbd_pack_kv_str(&p.pk, "session", sids[i]);
-    mbd_pack_kv_i64(&p.pk, "max_tokens", GEN_LEN);
-    mbd_pack_kv_f64(&p.pk, "temperature", i % 2 ? 0.9 : 0.0);
-    mbd_pack_kv_u64(&p.pk, "seed", 1000 + (uint64_t)i);
-    uint64_t t = wh_send(&g_h, MBD_CMD_GENERATE, &p.sb, 0, NULL, NULL);
-    if (!i) t0 = t;
-  }
-  static int64_t streamed[NS][GEN_LEN];
-  int nstream[NS] = {0}, done = 0, total = 0;
-  bool finished[NS] = {false};
-  double end = wh_now() + 120;
-  while (done < n && wh_now() < end) {
-    if (victim && total >= n * GEN_LEN / 4) {
-      kill(victim, sig);
-      fprintf(stderr, "signal %d to the worker after %d of %d streamed tokens\n", sig, total,
-              n * GEN_LEN);
-      victim = 0;
-    }
-    mbd_msg *m = wh_recv(&g_h, 200);
-    if (!m) continue;
-    int i = (int)(mbd_msg_tag(m) - t0);
-    assert_true(i >= 0 && i < n && !finished[i]);
-    if (mbd_msg_cmd(m) == MBD_CMD_PARTIAL) {
-      int64_t tok[GEN_LEN];
-      int k = wh_tokens(m, tok, GEN_LEN);
-      assert_true(k >= 0 && nstream[i] + k <= GEN_LEN);
-      memcpy(streamed[i] + nstream[i], tok, (size_t)k * sizeof *tok);
-      nstream[i] += k;
-      total += k;
-    } else {
-      assert_int_equal(wh_code(m), 0);
-      assert_int_equal(wh_tokens(m, out[i], GEN_LEN), GEN_LEN);
-      /* The client saw its stream continue: no token lost, none repeated (the
-       * last one may come in the FINAL only). */
-      assert_true(nstream[i] >= GEN_LEN - 1);
-      assert_memory_equal(streamed[i], out[i], (size_t)nstream[i] * sizeof *out[i]);
-      finished[i] = true;
-      done++;
-    }
-    mbd_msg_destroy(&m);
-  }
-  assert_int_equal(done, n);
-  assert_int_equal(victim, 0);
+  wh_generate_all(&g_h, sids, n, GEN_LEN, victim, sig, 120000, &out[0][0]);
 }
 
 /* STEP of session i with step_token(i, k): its logits into out[V]. */
@@ -132,47 +68,7 @@ static void step(const char *sid, int i, int k, float *out) {
   mbd_msg_destroy(&m);
 }
 
-/* EXPORT of a session: the blob (malloc'ed) and its size. */
-static uint8_t *export_state(const char *sid, size_t *n) {
-  wh_pack k;
-  wh_pack_init(&k);
-  msgpack_pack_map(&k.pk, 1);
-  mbd_pack_kv_str(&k.pk, "session", sid);
-  mbd_msg *m = wh_call(&g_h, MBD_CMD_EXPORT, &k.sb, 0, NULL, NULL);
-  assert_int_equal(wh_code(m), 0);
-  const void *p = wh_tensor(m, n);
-  uint8_t *b = malloc(*n);
-  memcpy(b, p, *n);
-  mbd_msg_destroy(&m);
-  return b;
-}
-
-static void close_session(const char *sid) {
-  wh_pack k;
-  wh_pack_init(&k);
-  msgpack_pack_map(&k.pk, 1);
-  mbd_pack_kv_str(&k.pk, "session", sid);
-  mbd_msg *m = wh_call(&g_h, MBD_CMD_CLOSE, &k.sb, 0, NULL, NULL);
-  assert_int_equal(wh_code(m), 0);
-  mbd_msg_destroy(&m);
-}
-
-/* A counter of the broker's STATUS. */
-static uint64_t counter(const char *name) {
-  wh_pack k;
-  wh_pack_init(&k);
-  msgpack_pack_map(&k.pk, 0);
-  mbd_msg *m = wh_call(&g_h, MBD_CMD_STATUS, &k.sb, 0, NULL, NULL);
-  assert_int_equal(wh_code(m), 0);
-  mbd_body *b = wh_body(m);
-  uint64_t v = 0;
-  const msgpack_object *c = mbd_obj_get(mbd_body_root(b), "counters");
-  assert_non_null(c);
-  assert_int_equal(mbd_obj_u64(c, name, true, &v, NULL), 0);
-  mbd_body_destroy(&b);
-  mbd_msg_destroy(&m);
-  return v;
-}
+static uint64_t counter(const char *name) { return wh_counter(&g_h, name); }
 
 static void test_kill9_rehome(void **state) {
   (void)state;
@@ -196,8 +92,8 @@ static void test_kill9_rehome(void **state) {
   generate_all(ref_sids, NGEN, 0, 0, ref_tok);
   for (int i = 0; i < NGEN; i++) {
     step(ref_sids[i], i, 0, ref_logits + (size_t)i * V);
-    ref_blob[i] = export_state(ref_sids[i], &ref_n[i]);
-    close_session(ref_sids[i]);
+    ref_blob[i] = wh_export(&g_h, ref_sids[i], 60000, &ref_n[i]);
+    wh_close(&g_h, ref_sids[i]);
   }
 
   /* The same sessions again on A, and idle ones that STEP a few times. */
@@ -216,7 +112,7 @@ static void test_kill9_rehome(void **state) {
     step(sids[i], i, 0, logits);
     assert_memory_equal(logits, ref_logits + (size_t)i * V, (size_t)V * 4);
     size_t n = 0;
-    uint8_t *blob = export_state(sids[i], &n);
+    uint8_t *blob = wh_export(&g_h, sids[i], 60000, &n);
     assert_int_equal(n, ref_n[i]);
     assert_memory_equal(blob, ref_blob[i], n);
     free(blob);
@@ -364,7 +260,7 @@ static void test_sigterm_hand_over(void **state) {
   static int64_t ref_tok[N][GEN_LEN], tok[N][GEN_LEN];
   open_prefill(ref_sids, N);
   generate_all(ref_sids, N, 0, 0, ref_tok);
-  for (int i = 0; i < N; i++) close_session(ref_sids[i]);
+  for (int i = 0; i < N; i++) wh_close(&g_h, ref_sids[i]);
   open_prefill(sids, N);
   start_worker("wB");
   assert_int_equal(wh_wait_workers(&g_h, 2, 30000), 0);

@@ -99,6 +99,25 @@ static void test_without_service(void **state) {
          "'%s/mambad' up --config '%s' --dry-run", b, yaml);
   EXPECT(0, "--threads 1 --prefix-cache-mb 0 --heartbeat-ms",
          "'%s/mambad' up --config '%s' --dry-run", b, yaml);
+  /* the state dtype: the top-level default and a worker's own; a cpu worker cannot take bf16 */
+  svc_yaml(&s,
+           "  - {name: g, device: 'cuda:0'}\n"
+           "  - {name: c, device: cpu, threads: 1, state_dtype: f32}\n"
+           "state_dtype: bf16\n",
+           yaml);
+  EXPECT(0, "--name g --device cuda:0 --state-dtype bf16 --model tiny=",
+         "'%s/mambad' up --config '%s' --dry-run", b, yaml);
+  EXPECT(0, "--name c --device cpu --state-dtype f32 --model tiny=",
+         "'%s/mambad' up --config '%s' --dry-run", b, yaml);
+  svc_yaml(&s, "  - {name: c, device: cpu}\nstate_dtype: bf16\n", yaml);
+  EXPECT(1, "workers[0].state_dtype: worker 'c' runs on the cpu",
+         "'%s/mambad' up --config '%s' --dry-run", b, yaml);
+  /* a cpu worker refuses a bf16 state at start, saying where it runs */
+  EXPECT(1, "state dtype bf16 is supported for Mamba-2 on CUDA only",
+         "'%s/mambad-worker' --connect ipc:///nonexistent/w.sock --name w --state-dtype bf16", b);
+  EXPECT(2, "--state-dtype: invalid state dtype 'f16' (valid: f32, bf16)",
+         "'%s/mambad-worker' --connect ipc:///nonexistent/w.sock --name w --state-dtype f16", b);
+  EXPECT(2, "--state-dtype: invalid state dtype", "'%s/mambad' forward --state-dtype f16", b);
   svc_yaml(&s, "  - {name: d, device: cpu, checkpoint_ms: 100}\ndurable: {budget_mb: 0}\n", yaml);
   EXPECT(1, "workers[0].checkpoint_ms: worker 'd' checkpoints, but durable.budget_mb is 0",
          "'%s/mambad' up --config '%s' --dry-run", b, yaml);

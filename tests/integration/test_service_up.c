@@ -71,7 +71,7 @@ static void test_up_status_restart_stop(void **state) {
   assert_int_equal(
       svc_sh(&s, out, sizeof out, "'%s/mambad' status --full --connect '%s'", s.bin, s.clients), 0);
   assert_non_null(strstr(out, route_id));
-  assert_non_null(strstr(out, "mambad-route/2"));
+  assert_non_null(strstr(out, "mambad-route/3"));
 
   /* kill -9: the supervisor restarts it and it re-registers */
   pid_t old_pid = (pid_t)w.pid;

@@ -45,13 +45,7 @@ pid_t sg_start_gpu_worker(wh *h, const char *name, int dev, const char *capacity
                          "--max-message-mb", "1024", NULL);
 }
 
-uint64_t sg_send_export(wh *h, const char *sid) {
-  wh_pack k;
-  wh_pack_init(&k);
-  msgpack_pack_map(&k.pk, 1);
-  mbd_pack_kv_str(&k.pk, "session", sid);
-  return wh_send(h, MBD_CMD_EXPORT, &k.sb, 0, NULL, NULL);
-}
+uint64_t sg_send_export(wh *h, const char *sid) { return wh_send_export(h, sid); }
 
 uint64_t sg_send_import(wh *h, const void *blob, size_t n, const char *route_id) {
   mbd_route_want want;

@@ -84,6 +84,19 @@ uint64_t wh_send_generate(wh *h, const char *sid, int64_t max_tokens, double tem
   return wh_send(h, MBD_CMD_GENERATE, &p.sb, 0, NULL, NULL);
 }
 
+/* A request whose body is {session: sid}. */
+static uint64_t send_session_cmd(wh *h, uint8_t cmd, const char *sid) {
+  wh_pack p;
+  wh_pack_init(&p);
+  msgpack_pack_map(&p.pk, 1);
+  mbd_pack_kv_str(&p.pk, "session", sid);
+  return wh_send(h, cmd, &p.sb, 0, NULL, NULL);
+}
+
+uint64_t wh_send_export(wh *h, const char *sid) { return send_session_cmd(h, MBD_CMD_EXPORT, sid); }
+
+uint64_t wh_send_close(wh *h, const char *sid) { return send_session_cmd(h, MBD_CMD_CLOSE, sid); }
+
 uint64_t wh_send_import(wh *h, const void *blob, size_t n, const mbd_route_want *want) {
   wh_pack k;
   wh_pack_init(&k);

@@ -44,6 +44,12 @@ uint64_t wh_send_step(wh *h, const char *sid, int64_t token);
 uint64_t wh_send_generate(wh *h, const char *sid, int64_t max_tokens, double temperature,
                           uint64_t seed);
 
+/* EXPORT of session sid's state. */
+uint64_t wh_send_export(wh *h, const char *sid);
+
+/* CLOSE of session sid. */
+uint64_t wh_send_close(wh *h, const char *sid);
+
 /* IMPORT of an exported state blob (n bytes, i64 words) for model "tiny"
  * under `want` (exact route id, dtype, ...). */
 uint64_t wh_send_import(wh *h, const void *blob, size_t n, const mbd_route_want *want);

@@ -3,7 +3,8 @@
  * fallback of mbd_backend_prefill_batch) gives the bits of separate prefills
  * and of a stateless forward; states export the family's image
  * (kernels/state_blob.h) and round-trip through it; a batched step gives
- * each state its solo bits. memcmp throughout: the contract is bit-identity. */
+ * each state its solo bits. memcmp throughout: the contract is bit-identity.
+ * A bf16 state is refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -160,9 +161,27 @@ static void test_prefill_batch_bits(void **state) {
   free(last);
 }
 
+/* A bf16 recurrent state is a Mamba-2-on-CUDA route: the CPU backend
+ * refuses it when created, saying so; its route states state=f32. */
+static void test_state_dtype(void **state) {
+  (void)state;
+  mbd_backend_opts o = {.mode = MBD_GEMM_DETERMINISTIC, .policy = MBD_POLICY_F32,
+                        .state = MBD_STATE_BF16, .threads = 1, .state_capacity = 2,
+                        .max_batch = 2};
+  mbd_backend *b = NULL;
+  mbd_error err = {0};
+  assert_int_equal(mbd_backend_new(MBD_BACKEND_CPU, &o, &b, &err), MBD_E_UNSUPPORTED);
+  assert_null(b);
+  assert_non_null(strstr(err.msg, "state dtype bf16 is supported for Mamba-2 on CUDA only"));
+  mbd_route_identity r;
+  g_be->ops->route(g_be, &r);
+  assert_int_equal(r.state, MBD_STATE_F32);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefill_batch_bits),
+      cmocka_unit_test(test_state_dtype),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -15,90 +15,17 @@
 #include "broker/core.h"
 #include "broker/reclaim.h"
 #include "broker/registry.h"
+#include "support/fake_peers.h"
 #include "common/protocol.h"
 
 /* ---- fixtures ------------------------------------------------------------- */
 
-#define OUT_MAX 64
-typedef struct sent {
-  mbd_bdest dest[OUT_MAX];
-  mbd_msg *m[OUT_MAX];
-  int n;
-  int fail_worker_rc; /* nonzero: sends to workers fail with this */
-} sent;
-
-static int rec_send(void *ctx, mbd_bdest d, mbd_msg **m, mbd_error *err) {
-  sent *s = ctx;
-  if (d == MBD_BDEST_WORKER && s->fail_worker_rc) {
-    mbd_msg_destroy(m);
-    return mbd_error_set(err, s->fail_worker_rc, "test: send failed");
-  }
-  assert_true(s->n < OUT_MAX);
-  s->dest[s->n] = d;
-  s->m[s->n++] = *m;
-  *m = NULL;
-  return 0;
-}
-
-static void clear(sent *s) {
-  for (int i = 0; i < s->n; i++) mbd_msg_destroy(&s->m[i]);
-  s->n = 0;
-}
-
-/* Index of the first recorded message with this cmd (and peer when given), or -1. */
-static int find(sent *s, uint8_t cmd, const char *peer) {
-  for (int i = 0; i < s->n; i++) {
-    size_t pl;
-    const void *p = mbd_msg_peer(s->m[i], &pl);
-    if (mbd_msg_cmd(s->m[i]) == cmd &&
-        (!peer || (pl == strlen(peer) && !memcmp(p, peer, pl))))
-      return i;
-  }
-  return -1;
-}
-
-static void route_of(mbd_route_identity *r, mbd_dtype_policy p) {
-  memset(r, 0, sizeof *r);
-  r->policy = p;
-  strcpy(r->isa, "x86-64-v3");
-  strcpy(r->kernel_digest, "abc");
-  strcpy(r->compiler, "cc");
-  strcpy(r->device_name, "cpu");
-  r->state_capacity = 4;
-}
-
 /* A READY message from worker `ident`. */
 static mbd_msg *ready_msg(const char *ident, const char *uid, mbd_dtype_policy p, int cap,
                           const char *model, bool bad_id) {
-  mbd_route_identity r;
-  route_of(&r, p);
-  char enc[1024], id[65];
-  size_t len;
-  assert_int_equal(mbd_route_encode(&r, enc, sizeof enc, &len, NULL), 0);
-  mbd_route_id_hex(&r, id);
-  if (bad_id) id[0] = id[0] == '0' ? '1' : '0';
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk, 6);
-  mbd_pack_kv_str(&pk, "name", ident);
-  mbd_pack_kv_str(&pk, "uid", uid);
-  mbd_pack_kv_str(&pk, "route", enc);
-  mbd_pack_kv_str(&pk, "route_id", id);
-  mbd_pack_kv_u64(&pk, "capacity", (uint64_t)cap);
-  mbd_pack_str(&pk, "models");
-  msgpack_pack_array(&pk, 1);
-  msgpack_pack_map(&pk, 3);
-  mbd_pack_kv_str(&pk, "name", model);
-  mbd_pack_kv_str(&pk, "digest", "d");
-  mbd_pack_kv_str(&pk, "tokenizer_digest", "t");
-  mbd_msg *m = NULL;
-  assert_int_equal(mbd_msg_new(MBD_CMD_READY, 0, &m, NULL), 0);
-  assert_int_equal(mbd_msg_take_body(m, &sb, NULL), 0);
-  msgpack_sbuffer_destroy(&sb);
-  assert_int_equal(mbd_msg_set_peer(m, ident, strlen(ident), NULL), 0);
-  return m;
+  const fp_ready o = {.uid = uid, .policy = p, .capacity = cap, .model = model,
+                      .tokenizer_digest = "t", .bad_route_id = bad_id};
+  return fp_ready_msg(ident, &o);
 }
 
 static mbd_msg *client_req(uint8_t cmd, uint64_t tag, const char *dtype, const char *model,
@@ -154,7 +81,7 @@ static void err_text(mbd_msg *m, char *out, size_t cap) {
   mbd_body_destroy(&body);
 }
 
-static mbd_bcore *core_new(sent *s, int queue_limit) {
+static mbd_bcore *core_new(fp_sent *s, int queue_limit) {
   mbd_broker_config cfg;
   mbd_broker_config_defaults(&cfg);
   strcpy(cfg.clients_ep, "inproc://c");
@@ -163,26 +90,11 @@ static mbd_bcore *core_new(sent *s, int queue_limit) {
   cfg.liveness = 3;
   cfg.queue_limit = queue_limit;
   mbd_bcore *c = NULL;
-  assert_int_equal(mbd_bcore_new(&cfg, rec_send, s, &c, NULL), 0);
+  assert_int_equal(mbd_bcore_new(&cfg, fp_send, s, &c, NULL), 0);
   return c;
 }
 
 /* ---- registry ----------------------------------------------------------------- */
-
-/* A worker record serving model "m" with weights digest `digest`. */
-static void worker_with(mbd_bworker *w, const char *ident, const char *digest) {
-  memset(w, 0, sizeof *w);
-  route_of(&w->route, MBD_POLICY_F32);
-  mbd_route_id_hex(&w->route, w->route_id);
-  snprintf(w->name, sizeof w->name, "%s", ident);
-  snprintf(w->uid, sizeof w->uid, "u%s", ident);
-  memcpy(w->ident, ident, strlen(ident));
-  w->ident_len = strlen(ident);
-  w->capacity = 4;
-  w->nmodels = 1;
-  strcpy(w->models[0].name, "m");
-  snprintf(w->models[0].digest, sizeof w->models[0].digest, "%s", digest);
-}
 
 /* One name, two digests: unpinned is refused naming both, a pin (or the
  * deployment's default) picks exactly one, and select honours the digest. */
@@ -194,7 +106,7 @@ static void test_registry_digest_identity(void **state) {
   assert_int_equal(mbd_registry_new(&r, NULL), 0);
   mbd_bworker w;
   bool rep = false;
-  worker_with(&w, "a", d1);
+  fp_worker(&w, "a", d1);
   assert_int_equal(mbd_registry_add(r, &w, NULL, &rep, NULL), 0);
   mbd_route_want want;
   memset(&want, 0, sizeof want);
@@ -203,7 +115,7 @@ static void test_registry_digest_identity(void **state) {
   /* one digest: unpinned resolves to it */
   assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "", out, tok, &err), 0);
   assert_string_equal(out, d1);
-  worker_with(&w, "b", d2);
+  fp_worker(&w, "b", d2);
   assert_int_equal(mbd_registry_add(r, &w, NULL, &rep, NULL), 0);
   assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "", out, tok, &err), MBD_E_INVALID);
   assert_non_null(strstr(err.msg, d1));
@@ -229,7 +141,7 @@ static void test_registry_digest_identity(void **state) {
   assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "2222222222", out, tok, &err), 0);
   assert_string_equal(out, d2);
   /* same weights, another tokenizer under the name: refused, pinned or not */
-  worker_with(&w, "c", d2);
+  fp_worker(&w, "c", d2);
   strcpy(w.models[0].tokenizer_digest, "7777777777777777777777777777777777777777777777777777777777777777");
   assert_int_equal(mbd_registry_add(r, &w, NULL, &rep, NULL), 0);
   assert_int_equal(mbd_registry_resolve_digest(r, &want, "m", "22222222", out, tok, &err),
@@ -363,7 +275,7 @@ static void test_registry_rejects_bad_ready(void **state) {
 
 static void test_core_forward_and_reply(void **state) {
   (void)state;
-  sent s = {0};
+  fp_sent s = {0};
   mbd_bcore *c = core_new(&s, 8);
   mbd_msg *m = ready_msg("w1", "u1", MBD_POLICY_F32, 1, "m", false);
   mbd_bcore_on_worker(c, &m, 0, NULL, 0);
@@ -379,7 +291,7 @@ static void test_core_forward_and_reply(void **state) {
   assert_true(ticket != 77 && ticket != 0);
   size_t len;
   assert_ptr_equal(mbd_msg_payload(s.m[0], 0, &len), data); /* no copy */
-  clear(&s);
+  fp_clear(&s);
   /* second request queues (capacity 1) */
   m = client_req(MBD_CMD_FORWARD, 78, "f32", "m", 0, NULL);
   mbd_bcore_on_client(c, &m, 0, NULL, 11);
@@ -390,16 +302,16 @@ static void test_core_forward_and_reply(void **state) {
   assert_int_equal(s.n, 1);
   assert_int_equal(s.dest[0], MBD_BDEST_CLIENT);
   assert_int_equal(mbd_msg_tag(s.m[0]), 77);
-  clear(&s);
+  fp_clear(&s);
   from_worker(c, "w1", MBD_CMD_FINAL, ticket, 13);
   assert_int_equal(s.n, 2); /* FINAL to client + queued request to worker */
-  int fi = find(&s, MBD_CMD_FINAL, "cli");
+  int fi = fp_find(&s, MBD_CMD_FINAL, "cli");
   assert_true(fi >= 0);
   assert_int_equal(mbd_msg_tag(s.m[fi]), 77);
-  int wi = find(&s, MBD_CMD_FORWARD, "w1");
+  int wi = fp_find(&s, MBD_CMD_FORWARD, "w1");
   assert_true(wi >= 0);
   uint64_t t2 = mbd_msg_tag(s.m[wi]);
-  clear(&s);
+  fp_clear(&s);
   assert_int_equal(mbd_bcore_queue_len(c), 0);
   /* a duplicate FINAL for the finished ticket is dropped */
   from_worker(c, "w1", MBD_CMD_FINAL, ticket, 14);
@@ -408,7 +320,7 @@ static void test_core_forward_and_reply(void **state) {
   from_worker(c, "w1", MBD_CMD_ERROR, t2, 15);
   assert_int_equal(s.n, 1);
   assert_int_equal(mbd_msg_tag(s.m[0]), 78);
-  clear(&s);
+  fp_clear(&s);
   assert_int_equal(mbd_bcore_pending(c), 0);
   mbd_bcore_destroy(&c);
   assert_null(c);
@@ -416,7 +328,7 @@ static void test_core_forward_and_reply(void **state) {
 
 static void test_core_failover_exactly_once(void **state) {
   (void)state;
-  sent s = {0};
+  fp_sent s = {0};
   mbd_bcore *c = core_new(&s, 8);
   mbd_msg *m = ready_msg("w1", "u1", MBD_POLICY_F32, 1, "m", false);
   mbd_bcore_on_worker(c, &m, 0, NULL, 0);
@@ -429,29 +341,29 @@ static void test_core_failover_exactly_once(void **state) {
   const char *first = mbd_msg_peer(s.m[0], &pl);
   char fw[3] = {first[0], first[1], 0}, other[3] = {'w', fw[1] == '1' ? '2' : '1', 0};
   uint64_t t1 = mbd_msg_tag(s.m[0]);
-  clear(&s);
+  fp_clear(&s);
   /* the other worker keeps heartbeating; the first goes silent */
   from_worker(c, other, MBD_CMD_HEARTBEAT, 0, 250);
   mbd_bcore_tick(c, 350);
-  int wi = find(&s, MBD_CMD_GEMM, other);
+  int wi = fp_find(&s, MBD_CMD_GEMM, other);
   assert_true(wi >= 0); /* re-sent to the other */
   uint64_t t2 = mbd_msg_tag(s.m[wi]);
   assert_true(t2 != t1);
-  assert_int_equal(find(&s, MBD_CMD_ERROR, NULL), -1);
+  assert_int_equal(fp_find(&s, MBD_CMD_ERROR, NULL), -1);
   assert_int_equal(mbd_bcore_get_stats(c)->failovers, 1);
-  clear(&s);
+  fp_clear(&s);
   /* a late reply from the first (it re-registers under the same ident? no: unknown now) */
   from_worker(c, fw, MBD_CMD_FINAL, t1, 360);
-  assert_int_equal(find(&s, MBD_CMD_FINAL, "cli"), -1); /* never answered twice */
-  assert_true(find(&s, MBD_CMD_DISCONNECT, fw) >= 0);   /* told to re-register */
-  clear(&s);
+  assert_int_equal(fp_find(&s, MBD_CMD_FINAL, "cli"), -1); /* never answered twice */
+  assert_true(fp_find(&s, MBD_CMD_DISCONNECT, fw) >= 0);   /* told to re-register */
+  fp_clear(&s);
   /* the second dies too: WORKER_LOST, no third send */
   mbd_bcore_tick(c, 700);
-  int ei = find(&s, MBD_CMD_ERROR, "cli");
+  int ei = fp_find(&s, MBD_CMD_ERROR, "cli");
   assert_true(ei >= 0);
   assert_int_equal(err_code(s.m[ei]), MBD_E_WORKER_LOST);
-  assert_int_equal(find(&s, MBD_CMD_GEMM, NULL), -1);
-  clear(&s);
+  assert_int_equal(fp_find(&s, MBD_CMD_GEMM, NULL), -1);
+  fp_clear(&s);
   assert_int_equal(mbd_bcore_pending(c), 0);
   assert_int_equal(mbd_registry_count(mbd_bcore_registry(c)), 0);
   mbd_bcore_destroy(&c);
@@ -459,7 +371,7 @@ static void test_core_failover_exactly_once(void **state) {
 
 static void test_core_session_and_reregister(void **state) {
   (void)state;
-  sent s = {0};
+  fp_sent s = {0};
   mbd_bcore *c = core_new(&s, 8);
   mbd_msg *m = ready_msg("w1", "u1", MBD_POLICY_F32, 2, "m", false);
   mbd_bcore_on_worker(c, &m, 0, NULL, 0);
@@ -468,37 +380,37 @@ static void test_core_session_and_reregister(void **state) {
   /* STEP on u2's session goes to w2 whatever the load */
   m = client_req(MBD_CMD_STEP, 9, NULL, NULL, 0, "u2/4");
   mbd_bcore_on_client(c, &m, 0, NULL, 1);
-  assert_true(find(&s, MBD_CMD_STEP, "w2") >= 0);
-  clear(&s);
+  assert_true(fp_find(&s, MBD_CMD_STEP, "w2") >= 0);
+  fp_clear(&s);
   /* w2 re-registers (new process, same ident): the session request fails */
   m = ready_msg("w2", "u2b", MBD_POLICY_F32, 2, "m", false);
   mbd_bcore_on_worker(c, &m, 0, NULL, 2);
-  int ei = find(&s, MBD_CMD_ERROR, "cli");
+  int ei = fp_find(&s, MBD_CMD_ERROR, "cli");
   assert_true(ei >= 0);
   assert_int_equal(err_code(s.m[ei]), MBD_E_WORKER_LOST);
   char txt[512];
   err_text(s.m[ei], txt, sizeof txt);
   assert_non_null(strstr(txt, "EXPORT"));
-  clear(&s);
+  fp_clear(&s);
   /* sessions of the old uid are gone */
   m = client_req(MBD_CMD_STEP, 10, NULL, NULL, 0, "u2/4");
   mbd_bcore_on_client(c, &m, 0, NULL, 3);
   assert_int_equal(err_code(s.m[0]), MBD_E_NOT_FOUND);
-  clear(&s);
+  fp_clear(&s);
   /* a uid that never registered: NOT_FOUND, not a lost worker */
   m = client_req(MBD_CMD_STEP, 11, NULL, NULL, 0, "never/1");
   mbd_bcore_on_client(c, &m, 0, NULL, 4);
   assert_int_equal(err_code(s.m[0]), MBD_E_NOT_FOUND);
   err_text(s.m[0], txt, sizeof txt);
   assert_non_null(strstr(txt, "never"));
-  clear(&s);
+  fp_clear(&s);
   assert_int_equal(mbd_registry_count(mbd_bcore_registry(c)), 2);
   mbd_bcore_destroy(&c);
 }
 
 static void test_core_queue_deadline_busy_noroute(void **state) {
   (void)state;
-  sent s = {0};
+  fp_sent s = {0};
   mbd_bcore *c = core_new(&s, 1);
   mbd_msg *m = ready_msg("w1", "u1", MBD_POLICY_F32, 1, "m", false);
   mbd_bcore_on_worker(c, &m, 0, NULL, 0);
@@ -508,28 +420,28 @@ static void test_core_queue_deadline_busy_noroute(void **state) {
   mbd_bcore_on_client(c, &m, 0, NULL, 0);
   m = client_req(MBD_CMD_FORWARD, 3, "f32", "m", 0, NULL); /* queue full */
   mbd_bcore_on_client(c, &m, 0, NULL, 0);
-  int ei = find(&s, MBD_CMD_ERROR, "cli");
+  int ei = fp_find(&s, MBD_CMD_ERROR, "cli");
   assert_int_equal(mbd_msg_tag(s.m[ei]), 3);
   assert_int_equal(err_code(s.m[ei]), MBD_E_BUSY);
   m = client_req(MBD_CMD_FORWARD, 4, "bf16", "m", 0, NULL); /* no route */
   mbd_bcore_on_client(c, &m, 0, NULL, 0);
   assert_int_equal(err_code(s.m[s.n - 1]), MBD_E_NO_ROUTE);
-  clear(&s);
+  fp_clear(&s);
   mbd_bcore_tick(c, 0); /* first heartbeat round */
-  clear(&s);
+  fp_clear(&s);
   assert_int_equal(mbd_bcore_next_due(c, 0), 30);
   from_worker(c, "w1", MBD_CMD_HEARTBEAT, 0, 29);
   mbd_bcore_tick(c, 29);
-  assert_int_equal(find(&s, MBD_CMD_ERROR, NULL), -1);
-  clear(&s);
+  assert_int_equal(fp_find(&s, MBD_CMD_ERROR, NULL), -1);
+  fp_clear(&s);
   mbd_bcore_tick(c, 30);
   assert_int_equal(mbd_msg_tag(s.m[0]), 2);
   assert_int_equal(err_code(s.m[0]), MBD_E_TIMEOUT);
-  clear(&s);
+  fp_clear(&s);
   mbd_bcore_tick(c, 50);
   assert_int_equal(mbd_msg_tag(s.m[0]), 1);
   assert_int_equal(err_code(s.m[0]), MBD_E_TIMEOUT);
-  clear(&s);
+  fp_clear(&s);
   assert_int_equal(mbd_bcore_pending(c), 0);
   /* slot still held until the worker's late reply arrives */
   m = client_req(MBD_CMD_FORWARD, 5, "f32", "m", 0, NULL);
@@ -545,15 +457,15 @@ static void test_core_queue_deadline_busy_noroute(void **state) {
   mbd_bcore_on_client(c, &bad, MBD_E_FORMAT, &rerr, 61);
   assert_int_equal(err_code(s.m[0]), MBD_E_FORMAT);
   assert_int_equal(mbd_msg_tag(s.m[0]), 6);
-  clear(&s);
+  fp_clear(&s);
   /* shutdown answers the queue with BUSY, abort tells workers DISCONNECT */
   mbd_bcore_shutdown(c, 70);
   assert_int_equal(mbd_msg_tag(s.m[0]), 5);
   assert_int_equal(err_code(s.m[0]), MBD_E_BUSY);
-  clear(&s);
+  fp_clear(&s);
   mbd_bcore_abort(c, 71);
-  assert_true(find(&s, MBD_CMD_DISCONNECT, "w1") >= 0);
-  clear(&s);
+  assert_true(fp_find(&s, MBD_CMD_DISCONNECT, "w1") >= 0);
+  fp_clear(&s);
   mbd_bcore_destroy(&c);
 }
 
@@ -634,14 +546,14 @@ static void test_caller_stamp_and_inflight_limit(void **state) {
 
   /* At most client_inflight unanswered requests per caller: the next is BUSY;
    * another caller is unaffected. */
-  sent s = {0};
+  fp_sent s = {0};
   mbd_broker_config cfg;
   mbd_broker_config_defaults(&cfg);
   strcpy(cfg.clients_ep, "inproc://c");
   strcpy(cfg.workers_ep, "inproc://w");
   cfg.client_inflight = 2;
   mbd_bcore *c = NULL;
-  assert_int_equal(mbd_bcore_new(&cfg, rec_send, &s, &c, NULL), 0);
+  assert_int_equal(mbd_bcore_new(&cfg, fp_send, &s, &c, NULL), 0);
   m = ready_msg("w1", "u1", MBD_POLICY_F32, 8, "m", false);
   mbd_bcore_on_worker(c, &m, 0, NULL, 0);
   for (int i = 0; i < 2; i++) {
@@ -650,7 +562,7 @@ static void test_caller_stamp_and_inflight_limit(void **state) {
     mbd_bcore_on_client(c, &m, 0, NULL, 1);
   }
   assert_int_equal(s.n, 2);
-  clear(&s);
+  fp_clear(&s);
   m = client_req(MBD_CMD_FORWARD, 12, "f32", "m", 0, NULL);
   stamp(m, "uid:5");
   mbd_bcore_on_client(c, &m, 0, NULL, 1);
@@ -659,14 +571,14 @@ static void test_caller_stamp_and_inflight_limit(void **state) {
   char txt[512];
   err_text(s.m[0], txt, sizeof txt);
   assert_non_null(strstr(txt, "--client-inflight"));
-  clear(&s);
+  fp_clear(&s);
   m = client_req(MBD_CMD_FORWARD, 13, "f32", "m", 0, NULL);
   stamp(m, "uid:6");
   mbd_bcore_on_client(c, &m, 0, NULL, 1);
   assert_int_equal(s.n, 1);
   assert_int_equal(s.dest[0], MBD_BDEST_WORKER);
   uint64_t ticket = mbd_msg_tag(s.m[0]);
-  clear(&s);
+  fp_clear(&s);
   /* A reply claiming another worker and route reaches the client as the
    * broker knows the sender. */
   assert_int_equal(mbd_msg_new(MBD_CMD_FINAL, ticket, &m, NULL), 0);
@@ -689,13 +601,13 @@ static void test_caller_stamp_and_inflight_limit(void **state) {
   assert_int_equal(mbd_obj_str(mbd_body_root(body), "route_id", true, rid, sizeof rid, NULL), 0);
   assert_string_equal(wn, "w1");
   mbd_route_identity ri;
-  route_of(&ri, MBD_POLICY_F32);
+  fp_route(&ri, MBD_POLICY_F32);
   char want_id[65];
   mbd_route_id_hex(&ri, want_id);
   assert_string_equal(rid, want_id);
   assert_non_null(mbd_obj_get(mbd_body_root(body), "x"));
   mbd_body_destroy(&body);
-  clear(&s);
+  fp_clear(&s);
   /* A reply that opens with the registered route_id and worker, as workers
    * write it, reaches the client byte for byte (not rewritten); a later
    * duplicate key cannot override them, since readers take the first. */
@@ -704,7 +616,7 @@ static void test_caller_stamp_and_inflight_limit(void **state) {
   mbd_bcore_on_client(c, &m, 0, NULL, 3);
   assert_int_equal(s.n, 1);
   ticket = mbd_msg_tag(s.m[0]);
-  clear(&s);
+  fp_clear(&s);
   assert_int_equal(mbd_msg_new(MBD_CMD_FINAL, ticket, &m, NULL), 0);
   msgpack_sbuffer_init(&sb);
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
@@ -728,14 +640,14 @@ static void test_caller_stamp_and_inflight_limit(void **state) {
   assert_int_equal(mbd_obj_str(mbd_body_root(body), "worker", true, wn, sizeof wn, NULL), 0);
   assert_string_equal(wn, "w1");
   mbd_body_destroy(&body);
-  clear(&s);
+  fp_clear(&s);
   mbd_bcore_destroy(&c);
 }
 
 /* A worker uid stays with the peer (key or local uid) that registered it. */
 static void test_uid_bound_to_peer(void **state) {
   (void)state;
-  sent s = {0};
+  fp_sent s = {0};
   mbd_bcore *c = core_new(&s, 8);
   mbd_msg *m = ready_msg("w1", "u1", MBD_POLICY_F32, 1, "m", false);
   stamp(m, "key:A");
@@ -749,7 +661,7 @@ static void test_uid_bound_to_peer(void **state) {
   char txt[512];
   err_text(s.m[0], txt, sizeof txt);
   assert_non_null(strstr(txt, "another peer"));
-  clear(&s);
+  fp_clear(&s);
   const mbd_bworker *w = mbd_registry_find_uid(mbd_bcore_registry(c), "u1");
   assert_non_null(w);
   assert_memory_equal(w->ident, "w1", 2);
@@ -759,7 +671,7 @@ static void test_uid_bound_to_peer(void **state) {
   mbd_bcore_on_worker(c, &m, 0, NULL, 2);
   w = mbd_registry_find_uid(mbd_bcore_registry(c), "u1");
   assert_memory_equal(w->ident, "w1b", 3);
-  clear(&s);
+  fp_clear(&s);
   mbd_bcore_destroy(&c);
 }
 

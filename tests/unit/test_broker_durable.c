@@ -18,37 +18,7 @@
 #include "broker/caller.h"
 #include "broker/core.h"
 #include "common/protocol.h"
-
-#define OUT_MAX 64
-typedef struct sent {
-  mbd_msg *m[OUT_MAX];
-  int n;
-} sent;
-
-static int rec_send(void *ctx, mbd_bdest d, mbd_msg **m, mbd_error *err) {
-  (void)d;
-  (void)err;
-  sent *s = ctx;
-  assert_true(s->n < OUT_MAX);
-  s->m[s->n++] = *m;
-  *m = NULL;
-  return 0;
-}
-
-static void clear(sent *s) {
-  for (int i = 0; i < s->n; i++) mbd_msg_destroy(&s->m[i]);
-  s->n = 0;
-}
-
-/* The first recorded message with cmd to peer, or NULL. */
-static mbd_msg *find(sent *s, uint8_t cmd, const char *peer) {
-  for (int i = 0; i < s->n; i++) {
-    size_t pl;
-    const void *p = mbd_msg_peer(s->m[i], &pl);
-    if (mbd_msg_cmd(s->m[i]) == cmd && pl == strlen(peer) && !memcmp(p, peer, pl)) return s->m[i];
-  }
-  return NULL;
-}
+#include "support/fake_peers.h"
 
 typedef struct body {
   msgpack_sbuffer sb;
@@ -71,31 +41,8 @@ static mbd_msg *msg_of(uint8_t cmd, uint64_t tag, body *b, const char *peer) {
 }
 
 static void ready(mbd_bcore *c, const char *ident, const char *uid) {
-  mbd_route_identity r;
-  memset(&r, 0, sizeof r);
-  r.policy = MBD_POLICY_F32;
-  strcpy(r.isa, "x86-64-v3");
-  strcpy(r.kernel_digest, "abc");
-  strcpy(r.compiler, "cc");
-  strcpy(r.device_name, "cpu");
-  r.state_capacity = 4;
-  char enc[1024], id[65];
-  size_t len;
-  assert_int_equal(mbd_route_encode(&r, enc, sizeof enc, &len, NULL), 0);
-  mbd_route_id_hex(&r, id);
-  body b;
-  body_init(&b, 6);
-  mbd_pack_kv_str(&b.pk, "name", ident);
-  mbd_pack_kv_str(&b.pk, "uid", uid);
-  mbd_pack_kv_str(&b.pk, "route", enc);
-  mbd_pack_kv_str(&b.pk, "route_id", id);
-  mbd_pack_kv_u64(&b.pk, "capacity", 8);
-  mbd_pack_str(&b.pk, "models");
-  msgpack_pack_array(&b.pk, 1);
-  msgpack_pack_map(&b.pk, 2);
-  mbd_pack_kv_str(&b.pk, "name", "m");
-  mbd_pack_kv_str(&b.pk, "digest", "d0d0d0d0");
-  mbd_msg *m = msg_of(MBD_CMD_READY, 0, &b, ident);
+  const fp_ready o = {.uid = uid, .capacity = 8, .digest = "d0d0d0d0"};
+  mbd_msg *m = fp_ready_msg(ident, &o);
   mbd_bcore_on_worker(c, &m, 0, NULL, 0);
 }
 
@@ -161,45 +108,45 @@ static void assert_tokens(const msgpack_object *root, const char *key, const int
   assert_memory_equal(got, want, n * sizeof *want);
 }
 
-static mbd_bcore *core_new(sent *s, int64_t durable_mb) {
+static mbd_bcore *core_new(fp_sent *s, int64_t durable_mb) {
   mbd_broker_config cfg;
   mbd_broker_config_defaults(&cfg);
   strcpy(cfg.clients_ep, "inproc://c");
   strcpy(cfg.workers_ep, "inproc://w");
   cfg.durable_mb = durable_mb;
   mbd_bcore *c = NULL;
-  assert_int_equal(mbd_bcore_new(&cfg, rec_send, s, &c, NULL), 0);
+  assert_int_equal(mbd_bcore_new(&cfg, fp_send, s, &c, NULL), 0);
   ready(c, "w1", "u1");
   ready(c, "w2", "u2");
-  clear(s);
+  fp_clear(s);
   return c;
 }
 
 static void test_rehome_replay_resume(void **state) {
   (void)state;
-  sent s = {0};
+  fp_sent s = {0};
   mbd_bcore *c = core_new(&s, 16);
   checkpoint(c, "w1", "u1/aa", 1);
   /* STEP 7, then a GENERATE that streamed 3, 4 before w1 is lost. */
   request(c, MBD_CMD_STEP, 10, "u1/aa", "uid:1", 7, 2);
-  mbd_msg *fw = find(&s, MBD_CMD_STEP, "w1");
+  mbd_msg *fw = fp_find_msg(&s, MBD_CMD_STEP, "w1");
   assert_non_null(fw);
   reply(c, "w1", MBD_CMD_FINAL, mbd_msg_tag(fw), NULL, 0, NULL, 3);
-  clear(&s);
+  fp_clear(&s);
   request(c, MBD_CMD_GENERATE, 11, "u1/aa", "uid:1", 0, 4);
-  assert_non_null(fw = find(&s, MBD_CMD_GENERATE, "w1"));
+  assert_non_null(fw = fp_find_msg(&s, MBD_CMD_GENERATE, "w1"));
   const int64_t streamed[2] = {3, 4};
   reply(c, "w1", MBD_CMD_PARTIAL, mbd_msg_tag(fw), streamed, 2, NULL, 5);
-  clear(&s);
+  fp_clear(&s);
   body b;
   body_init(&b, 1);
   mbd_pack_kv_str(&b.pk, "reason", "test");
   mbd_msg *m = msg_of(MBD_CMD_DISCONNECT, 0, &b, "w1");
   mbd_bcore_on_worker(c, &m, 0, NULL, 6);
   /* The restore: the checkpoint's bytes, replay = every token since, the owner. */
-  mbd_msg *imp = find(&s, MBD_CMD_IMPORT, "w2");
+  mbd_msg *imp = fp_find_msg(&s, MBD_CMD_IMPORT, "w2");
   assert_non_null(imp);
-  assert_null(find(&s, MBD_CMD_ERROR, "cli")); /* the GENERATE waits */
+  assert_null(fp_find_msg(&s, MBD_CMD_ERROR, "cli")); /* the GENERATE waits */
   size_t pl = 0;
   const void *p = mbd_msg_payload(imp, 0, &pl);
   assert_int_equal(pl, sizeof g_blob);
@@ -214,15 +161,15 @@ static void test_rehome_replay_resume(void **state) {
   assert_string_equal(owner, "uid:1");
   mbd_body_destroy(&ib);
   uint64_t ticket = mbd_msg_tag(imp);
-  clear(&s);
+  fp_clear(&s);
   /* Another caller's request with that id is not mapped to the session. */
   request(c, MBD_CMD_STEP, 12, "u1/aa", "uid:2", 1, 7);
-  assert_non_null(m = find(&s, MBD_CMD_ERROR, "cli"));
-  assert_null(find(&s, MBD_CMD_STEP, "w2"));
-  clear(&s);
+  assert_non_null(m = fp_find_msg(&s, MBD_CMD_ERROR, "cli"));
+  assert_null(fp_find_msg(&s, MBD_CMD_STEP, "w2"));
+  fp_clear(&s);
   /* The restore lands: the GENERATE goes on under w2's id with resume. */
   reply(c, "w2", MBD_CMD_FINAL, ticket, NULL, 0, "u2/bb", 8);
-  assert_non_null(fw = find(&s, MBD_CMD_GENERATE, "w2"));
+  assert_non_null(fw = fp_find_msg(&s, MBD_CMD_GENERATE, "w2"));
   mbd_body *gb = parse(fw);
   char sid[64] = "";
   assert_int_equal(mbd_obj_str(mbd_body_root(gb), "session", true, sid, sizeof sid, NULL), 0);
@@ -232,9 +179,9 @@ static void test_rehome_replay_resume(void **state) {
   /* Its FINAL reaches the client under the client's own tag. */
   const int64_t all[4] = {3, 4, 5, 6};
   reply(c, "w2", MBD_CMD_FINAL, mbd_msg_tag(fw), all, 4, NULL, 9);
-  assert_non_null(m = find(&s, MBD_CMD_FINAL, "cli"));
+  assert_non_null(m = fp_find_msg(&s, MBD_CMD_FINAL, "cli"));
   assert_int_equal(mbd_msg_tag(m), 11);
-  clear(&s);
+  fp_clear(&s);
   const mbd_bdurable_stats *ds = mbd_bcore_durable_stats(c);
   assert_int_equal(ds->rehomed, 1);
   assert_int_equal(ds->replayed_tokens, 3);
@@ -242,37 +189,37 @@ static void test_rehome_replay_resume(void **state) {
   assert_int_equal(ds->lost, 0);
   /* CLOSE's FINAL forgets the session. */
   request(c, MBD_CMD_CLOSE, 13, "u1/aa", "uid:1", 0, 10);
-  assert_non_null(fw = find(&s, MBD_CMD_CLOSE, "w2"));
+  assert_non_null(fw = fp_find_msg(&s, MBD_CMD_CLOSE, "w2"));
   reply(c, "w2", MBD_CMD_FINAL, mbd_msg_tag(fw), NULL, 0, NULL, 11);
   assert_int_equal(ds->sessions, 0);
   assert_int_equal(ds->bytes, 0);
-  clear(&s);
+  fp_clear(&s);
   mbd_bcore_destroy(&c);
 }
 
 static void test_budget_and_lost(void **state) {
   (void)state;
-  sent s = {0};
+  fp_sent s = {0};
   mbd_bcore *c = core_new(&s, 0); /* no checkpoint fits */
   checkpoint(c, "w1", "u1/aa", 1);
   const mbd_bdurable_stats *ds = mbd_bcore_durable_stats(c);
   assert_int_equal(ds->dropped, 1);
   assert_int_equal(ds->sessions, 0);
   request(c, MBD_CMD_STEP, 10, "u1/aa", "uid:1", 7, 2);
-  assert_non_null(find(&s, MBD_CMD_STEP, "w1"));
-  clear(&s);
+  assert_non_null(fp_find_msg(&s, MBD_CMD_STEP, "w1"));
+  fp_clear(&s);
   body b;
   body_init(&b, 0);
   mbd_msg *m = msg_of(MBD_CMD_DISCONNECT, 0, &b, "w1");
   mbd_bcore_on_worker(c, &m, 0, NULL, 3);
-  assert_null(find(&s, MBD_CMD_IMPORT, "w2"));
-  assert_non_null(m = find(&s, MBD_CMD_ERROR, "cli"));
+  assert_null(fp_find_msg(&s, MBD_CMD_IMPORT, "w2"));
+  assert_non_null(m = fp_find_msg(&s, MBD_CMD_ERROR, "cli"));
   mbd_body *eb = parse(m);
   int64_t code = 0;
   assert_int_equal(mbd_obj_i64(mbd_body_root(eb), "code", true, &code, NULL), 0);
   assert_int_equal(code, MBD_E_WORKER_LOST);
   mbd_body_destroy(&eb);
-  clear(&s);
+  fp_clear(&s);
   mbd_bcore_destroy(&c);
 }
 
@@ -280,20 +227,20 @@ static void test_budget_and_lost(void **state) {
  * worker in their order (each feeds the state the other left). */
 static void test_steps_keep_order(void **state) {
   (void)state;
-  sent s = {0};
+  fp_sent s = {0};
   mbd_bcore *c = core_new(&s, 16);
   checkpoint(c, "w1", "u1/aa", 1);
   request(c, MBD_CMD_STEP, 10, "u1/aa", "uid:1", 8, 2);
   request(c, MBD_CMD_STEP, 11, "u1/aa", "uid:1", 9, 2);
-  clear(&s);
+  fp_clear(&s);
   body b;
   body_init(&b, 0);
   mbd_msg *m = msg_of(MBD_CMD_DISCONNECT, 0, &b, "w1");
   mbd_bcore_on_worker(c, &m, 0, NULL, 3);
-  mbd_msg *imp = find(&s, MBD_CMD_IMPORT, "w2");
+  mbd_msg *imp = fp_find_msg(&s, MBD_CMD_IMPORT, "w2");
   assert_non_null(imp);
   uint64_t ticket = mbd_msg_tag(imp);
-  clear(&s);
+  fp_clear(&s);
   reply(c, "w2", MBD_CMD_FINAL, ticket, NULL, 0, "u2/bb", 4);
   int64_t order[2];
   int n = 0;
@@ -307,16 +254,16 @@ static void test_steps_keep_order(void **state) {
   assert_int_equal(n, 2);
   assert_int_equal(order[0], 8);
   assert_int_equal(order[1], 9);
-  clear(&s);
+  fp_clear(&s);
   mbd_bcore_destroy(&c);
 }
 
 /* Loses worker ident (DISCONNECT) and answers the restore from whichever
  * worker got it (its name into `next`) with session id `wid`; returns the
  * GENERATE re-sent there, or NULL. */
-static mbd_msg *lose_and_restore(mbd_bcore *c, sent *s, const char *ident, char *next,
+static mbd_msg *lose_and_restore(mbd_bcore *c, fp_sent *s, const char *ident, char *next,
                                  const char *wid, int64_t now) {
-  clear(s);
+  fp_clear(s);
   body b;
   body_init(&b, 0);
   mbd_msg *m = msg_of(MBD_CMD_DISCONNECT, 0, &b, ident);
@@ -330,28 +277,28 @@ static mbd_msg *lose_and_restore(mbd_bcore *c, sent *s, const char *ident, char 
   snprintf(next, 8, "%.*s", (int)pl, p);
   uint64_t t = mbd_msg_tag(imp);
   reply(c, next, MBD_CMD_FINAL, t, NULL, 0, wid, now + 1);
-  return find(s, MBD_CMD_GENERATE, next);
+  return fp_find_msg(s, MBD_CMD_GENERATE, next);
 }
 
 /* A GENERATE during which two workers died is not sent to a third (a
  * poison request), while its session still moves there. */
 static void test_poison_generate(void **state) {
   (void)state;
-  sent s = {0};
+  fp_sent s = {0};
   mbd_bcore *c = core_new(&s, 16);
   ready(c, "w3", "u3");
   checkpoint(c, "w1", "u1/aa", 1);
   request(c, MBD_CMD_GENERATE, 11, "u1/aa", "uid:1", 0, 2);
-  assert_non_null(find(&s, MBD_CMD_GENERATE, "w1"));
+  assert_non_null(fp_find_msg(&s, MBD_CMD_GENERATE, "w1"));
   char w[8], w2[8];
   assert_non_null(lose_and_restore(c, &s, "w1", w, "ux/bb", 3));
   assert_null(lose_and_restore(c, &s, w, w2, "uy/cc", 5));
-  mbd_msg *e = find(&s, MBD_CMD_ERROR, "cli");
+  mbd_msg *e = fp_find_msg(&s, MBD_CMD_ERROR, "cli");
   assert_non_null(e);
   assert_int_equal(mbd_msg_tag(e), 11);
   assert_int_equal(mbd_bcore_get_stats(c)->poisoned, 1);
   assert_int_equal(mbd_bcore_durable_stats(c)->rehomed, 2);
-  clear(&s);
+  fp_clear(&s);
   mbd_bcore_destroy(&c);
 }
 

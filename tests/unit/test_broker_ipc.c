@@ -16,67 +16,12 @@
 #include "broker/core.h"
 #include "broker/registry.h"
 #include "common/protocol.h"
-
-#define OUT_MAX 64
-typedef struct sent {
-  mbd_msg *m[OUT_MAX];
-  mbd_bdest dest[OUT_MAX];
-  int n;
-} sent;
-
-static int rec_send(void *ctx, mbd_bdest d, mbd_msg **m, mbd_error *err) {
-  (void)err;
-  sent *s = ctx;
-  assert_true(s->n < OUT_MAX);
-  s->dest[s->n] = d;
-  s->m[s->n++] = *m;
-  *m = NULL;
-  return 0;
-}
-
-static void clear(sent *s) {
-  for (int i = 0; i < s->n; i++) mbd_msg_destroy(&s->m[i]);
-  s->n = 0;
-}
+#include "support/fake_peers.h"
 
 /* READY of a worker on host `host`, device `dev` (-1: a CPU worker, no field). */
 static mbd_msg *ready(const char *ident, const char *host, int dev, int cap) {
-  mbd_route_identity r;
-  memset(&r, 0, sizeof r);
-  r.policy = MBD_POLICY_F32;
-  r.backend = dev >= 0 ? MBD_BACKEND_CUDA : MBD_BACKEND_CPU;
-  strcpy(r.isa, "x");
-  strcpy(r.kernel_digest, "abc");
-  strcpy(r.compiler, "cc");
-  strcpy(r.device_name, dev >= 0 ? "NVIDIA H200" : "cpu");
-  r.state_capacity = 4;
-  char enc[1024], id[65];
-  size_t len;
-  assert_int_equal(mbd_route_encode(&r, enc, sizeof enc, &len, NULL), 0);
-  mbd_route_id_hex(&r, id);
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk, dev >= 0 ? 8 : 7);
-  mbd_pack_kv_str(&pk, "name", ident);
-  mbd_pack_kv_str(&pk, "uid", ident);
-  mbd_pack_kv_str(&pk, "route", enc);
-  mbd_pack_kv_str(&pk, "route_id", id);
-  mbd_pack_kv_str(&pk, "host_id", host);
-  mbd_pack_kv_u64(&pk, "capacity", (uint64_t)cap);
-  if (dev >= 0) mbd_pack_kv_i64(&pk, "device", dev);
-  mbd_pack_str(&pk, "models");
-  msgpack_pack_array(&pk, 1);
-  msgpack_pack_map(&pk, 2);
-  mbd_pack_kv_str(&pk, "name", "m");
-  mbd_pack_kv_str(&pk, "digest", "d");
-  mbd_msg *m = NULL;
-  assert_int_equal(mbd_msg_new(MBD_CMD_READY, 0, &m, NULL), 0);
-  assert_int_equal(mbd_msg_take_body(m, &sb, NULL), 0);
-  msgpack_sbuffer_destroy(&sb);
-  assert_int_equal(mbd_msg_set_peer(m, ident, strlen(ident), NULL), 0);
-  return m;
+  const fp_ready o = {.capacity = cap, .host_id = host, .gpu = dev >= 0, .device = dev};
+  return fp_ready_msg(ident, &o);
 }
 
 /* A FORWARD whose input is an IPC ref on device `dev` (dev < 0: inline), with
@@ -114,20 +59,20 @@ static mbd_msg *request(uint8_t cmd, uint64_t tag, int dev, const char *host, co
 
 typedef struct fx {
   mbd_bcore *c;
-  sent s;
+  fp_sent s;
 } fx;
 
 static void start(fx *f) {
   memset(f, 0, sizeof *f);
   mbd_broker_config cfg;
   mbd_broker_config_defaults(&cfg);
-  assert_int_equal(mbd_bcore_new(&cfg, rec_send, &f->s, &f->c, NULL), 0);
+  assert_int_equal(mbd_bcore_new(&cfg, fp_send, &f->s, &f->c, NULL), 0);
 }
 
 static void add(fx *f, const char *ident, const char *host, int dev, int cap) {
   mbd_msg *m = ready(ident, host, dev, cap);
   mbd_bcore_on_worker(f->c, &m, 0, NULL, 0);
-  clear(&f->s);
+  fp_clear(&f->s);
 }
 
 /* Sends a request; returns the peer it went to ("" when answered with ERROR,
@@ -151,7 +96,7 @@ static void route_req(fx *f, mbd_msg *m, char *peer, int64_t *code) {
     assert_int_equal(mbd_obj_i64(mbd_body_root(body), "code", true, code, NULL), 0);
     mbd_body_destroy(&body);
   }
-  clear(&f->s);
+  fp_clear(&f->s);
 }
 
 static void test_ipc_goes_to_same_host_gpu_on_its_device(void **st) {

@@ -17,21 +17,9 @@
 #include "broker/core.h"
 #include "broker/registry.h"
 #include "common/protocol.h"
+#include "support/fake_peers.h"
 
-static void worker(mbd_bworker *w, const char *name) {
-  memset(w, 0, sizeof *w);
-  strcpy(w->route.isa, "x86-64-v3");
-  strcpy(w->route.device_name, "cpu");
-  mbd_route_id_hex(&w->route, w->route_id);
-  snprintf(w->name, sizeof w->name, "%s", name);
-  snprintf(w->uid, sizeof w->uid, "u%s", name);
-  memcpy(w->ident, name, strlen(name));
-  w->ident_len = strlen(name);
-  w->capacity = 4;
-  w->nmodels = 1;
-  strcpy(w->models[0].name, "m");
-  strcpy(w->models[0].digest, "1111111111111111111111111111111111111111111111111111111111111111");
-}
+#define DIGEST "1111111111111111111111111111111111111111111111111111111111111111"
 
 /* Reads a `prefix` value advertising hashes h[0..n) into w (returns the reader's verdict). */
 static bool advertise(mbd_bworker *w, const uint64_t *h, size_t n, bool bad) {
@@ -60,7 +48,7 @@ static bool advertise(mbd_bworker *w, const uint64_t *h, size_t n, bool bad) {
 static void test_read_prefix(void **state) {
   (void)state;
   mbd_bworker w;
-  worker(&w, "a");
+  fp_worker(&w, "a", DIGEST);
   const uint64_t h[3] = {1, 2, UINT64_MAX};
   assert_true(advertise(&w, h, 3, false));
   assert_true(w.prefix.known);
@@ -85,7 +73,7 @@ static void test_select_prefix(void **state) {
   const char *names[3] = {"a", "b", "c"};
   bool rep;
   for (int i = 0; i < 3; i++) {
-    worker(&w[i], names[i]);
+    fp_worker(&w[i], names[i], DIGEST);
     assert_int_equal(mbd_registry_add(r, &w[i], NULL, &rep, NULL), 0);
   }
   mbd_bworker *a = mbd_registry_find_ident(r, "a", 1), *b = mbd_registry_find_ident(r, "b", 1),
@@ -122,20 +110,6 @@ static void test_select_prefix(void **state) {
   mbd_registry_destroy(&r);
 }
 
-typedef struct sent {
-  mbd_msg *m[8];
-  int n;
-} sent;
-
-static int rec_send(void *ctx, mbd_bdest d, mbd_msg **m, mbd_error *err) {
-  (void)d, (void)err;
-  sent *s = ctx;
-  assert_true(s->n < 8);
-  s->m[s->n++] = *m;
-  *m = NULL;
-  return 0;
-}
-
 /* An OPEN from client "cli" whose `prefix` is n hashes (the first a string when bad). */
 static mbd_msg *open_msg(uint64_t tag, size_t n, bool bad) {
   msgpack_sbuffer sb;
@@ -167,9 +141,9 @@ static void test_core_reads_prefix(void **state) {
   mbd_broker_config_defaults(&cfg);
   strcpy(cfg.clients_ep, "inproc://c");
   strcpy(cfg.workers_ep, "inproc://w");
-  sent s = {0};
+  fp_sent s = {0};
   mbd_bcore *c = NULL;
-  assert_int_equal(mbd_bcore_new(&cfg, rec_send, &s, &c, NULL), 0);
+  assert_int_equal(mbd_bcore_new(&cfg, fp_send, &s, &c, NULL), 0);
   const struct { size_t n; bool bad; int code; } cases[] = {
       {3, true, MBD_E_INVALID},
       {MBD_PREFIX_HASHES_MAX + 1, false, MBD_E_INVALID},
@@ -189,8 +163,7 @@ static void test_core_reads_prefix(void **state) {
     assert_int_equal(mbd_obj_i64(mbd_body_root(body), "code", true, &code, NULL), 0);
     assert_int_equal(code, cases[k].code);
     mbd_body_destroy(&body);
-    mbd_msg_destroy(&s.m[0]);
-    s.n = 0;
+    fp_clear(&s);
   }
   mbd_bcore_destroy(&c);
 }

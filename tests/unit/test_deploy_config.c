@@ -322,6 +322,37 @@ static void test_prefix_cache_section(void **state) {
             MBD_E_INVALID, 7, "workers[0].prefix_cache_mb: 2097152 is out of range");
 }
 
+/* state_dtype: the top-level default, a worker's own value over it; a cpu
+ * worker cannot take bf16 (Mamba-2 on CUDA only), wherever it came from. */
+static void test_state_dtype(void **state) {
+  (void)state;
+  mbd_deploy_config *c = parse_ok(BROKER "workers:\n  - {name: w, device: cpu}\n");
+  assert_string_equal(c->state_dtype, "");
+  assert_string_equal(c->workers[0].state_dtype, ""); /* the worker's default (f32) */
+  mbd_deploy_config_free(&c);
+  c = parse_ok(BROKER "state_dtype: bf16\n"
+                      "workers:\n  - {name: g, device: 'cuda:0'}\n"
+                      "  - {name: h, device: all, state_dtype: f32}\n"
+                      "  - {name: c, device: cpu, state_dtype: f32}\n");
+  assert_string_equal(c->state_dtype, "bf16");
+  assert_string_equal(c->workers[0].state_dtype, "bf16");
+  assert_string_equal(c->workers[1].state_dtype, "f32");
+  assert_string_equal(c->workers[2].state_dtype, "f32");
+  mbd_deploy_config_free(&c);
+  c = parse_ok(BROKER "workers:\n  - {name: g, device: 'cuda:1', state_dtype: bf16}\n");
+  assert_string_equal(c->workers[0].state_dtype, "bf16");
+  mbd_deploy_config_free(&c);
+  parse_bad(BROKER "state_dtype: f16\n", MBD_E_INVALID, 4,
+            "state_dtype: invalid state dtype 'f16' (valid: f32, bf16)");
+  parse_bad(BROKER "workers:\n  - name: w\n    device: 'cuda:0'\n    state_dtype: [bf16]\n",
+            MBD_E_INVALID, 7, "workers[0].state_dtype");
+  parse_bad(BROKER "workers:\n  - name: w\n    device: cpu\n    state_dtype: bf16\n",
+            MBD_E_INVALID, 7, "supported for Mamba-2 on CUDA only: give it state_dtype: f32");
+  /* inherited: reported at the worker */
+  parse_bad(BROKER "state_dtype: bf16\nworkers:\n  - name: w\n    device: cpu\n", MBD_E_INVALID, 6,
+            "workers[0].state_dtype: worker 'w' runs on the cpu");
+}
+
 /* Anchors/aliases in place of scalars are refused, not expanded. */
 static void test_alias_bomb(void **state) {
   (void)state;
@@ -386,6 +417,7 @@ int main(void) {
       cmocka_unit_test(test_http_section),
       cmocka_unit_test(test_durable_section),
       cmocka_unit_test(test_prefix_cache_section),
+      cmocka_unit_test(test_state_dtype),
       cmocka_unit_test(test_tcp_needs_curve_or_insecure),
       cmocka_unit_test(test_alias_bomb),
       cmocka_unit_test(test_load_file_and_shipped_examples),

@@ -16,81 +16,18 @@
 #include "broker/core.h"
 #include "broker/registry.h"
 #include "common/protocol.h"
-
-#define OUT_MAX 64
-
-typedef struct sent {
-  mbd_bdest dest[OUT_MAX];
-  mbd_msg *m[OUT_MAX];
-  int n;
-} sent;
+#include "support/fake_peers.h"
 
 static const char *g_gone; /* client routing id the probe reports gone */
-
-static int rec_send(void *ctx, mbd_bdest d, mbd_msg **m, mbd_error *err) {
-  (void)err;
-  sent *s = ctx;
-  assert_true(s->n < OUT_MAX);
-  s->dest[s->n] = d;
-  s->m[s->n++] = *m;
-  *m = NULL;
-  return 0;
-}
 
 static int probe(void *ctx, const void *id, size_t len) {
   (void)ctx;
   return g_gone && len == strlen(g_gone) && !memcmp(id, g_gone, len) ? MBD_E_NOT_FOUND : MBD_OK;
 }
 
-static void clear(sent *s) {
-  for (int i = 0; i < s->n; i++) mbd_msg_destroy(&s->m[i]);
-  s->n = 0;
-}
-
-static int find(sent *s, uint8_t cmd, const char *peer) {
-  for (int i = 0; i < s->n; i++) {
-    size_t pl;
-    const void *p = mbd_msg_peer(s->m[i], &pl);
-    if (mbd_msg_cmd(s->m[i]) == cmd && (!peer || (pl == strlen(peer) && !memcmp(p, peer, pl))))
-      return i;
-  }
-  return -1;
-}
-
 static mbd_msg *ready_msg(const char *ident, int cap) {
-  mbd_route_identity r;
-  memset(&r, 0, sizeof r);
-  r.policy = MBD_POLICY_F32;
-  strcpy(r.isa, "x86-64-v3");
-  strcpy(r.kernel_digest, "abc");
-  strcpy(r.compiler, "cc");
-  strcpy(r.device_name, "cpu");
-  r.state_capacity = 4;
-  char enc[1024], id[65];
-  size_t len;
-  assert_int_equal(mbd_route_encode(&r, enc, sizeof enc, &len, NULL), 0);
-  mbd_route_id_hex(&r, id);
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk, 6);
-  mbd_pack_kv_str(&pk, "name", ident);
-  mbd_pack_kv_str(&pk, "uid", ident);
-  mbd_pack_kv_str(&pk, "route", enc);
-  mbd_pack_kv_str(&pk, "route_id", id);
-  mbd_pack_kv_u64(&pk, "capacity", (uint64_t)cap);
-  mbd_pack_str(&pk, "models");
-  msgpack_pack_array(&pk, 1);
-  msgpack_pack_map(&pk, 2);
-  mbd_pack_kv_str(&pk, "name", "m");
-  mbd_pack_kv_str(&pk, "digest", "d");
-  mbd_msg *m = NULL;
-  assert_int_equal(mbd_msg_new(MBD_CMD_READY, 0, &m, NULL), 0);
-  assert_int_equal(mbd_msg_take_body(m, &sb, NULL), 0);
-  msgpack_sbuffer_destroy(&sb);
-  assert_int_equal(mbd_msg_set_peer(m, ident, strlen(ident), NULL), 0);
-  return m;
+  const fp_ready o = {.capacity = cap};
+  return fp_ready_msg(ident, &o);
 }
 
 /* A FORWARD {model: m, deadline_ms?} from client `peer`. */
@@ -140,12 +77,12 @@ static int64_t body_i64(const mbd_msg *m, const char *key) {
   return v;
 }
 
-static mbd_bcore *core_new(sent *s) {
+static mbd_bcore *core_new(fp_sent *s) {
   mbd_broker_config cfg;
   mbd_broker_config_defaults(&cfg);
   cfg.default_deadline_ms = 5000;
   mbd_bcore *c = NULL;
-  assert_int_equal(mbd_bcore_new(&cfg, rec_send, s, &c, NULL), 0);
+  assert_int_equal(mbd_bcore_new(&cfg, fp_send, s, &c, NULL), 0);
   mbd_bcore_set_probe(c, probe);
   return c;
 }
@@ -189,34 +126,34 @@ static void test_prepend(void **state) {
 
 static void test_deadline_and_cancel(void **state) {
   (void)state;
-  sent s = {0};
+  fp_sent s = {0};
   mbd_bcore *c = core_new(&s);
   add_worker(c, "w1", 1, 0);
-  clear(&s);
+  fp_clear(&s);
   /* Sent at once: the worker gets the whole 1000 ms; the default when absent. */
   client_send(c, "cli", MBD_CMD_FORWARD, 1, 1000, 100);
-  int i = find(&s, MBD_CMD_FORWARD, "w1");
+  int i = fp_find(&s, MBD_CMD_FORWARD, "w1");
   assert_true(i >= 0);
   assert_int_equal(body_i64(s.m[i], "deadline_ms"), 1000);
   uint64_t t1 = mbd_msg_tag(s.m[i]);
-  clear(&s);
+  fp_clear(&s);
   /* Queued (capacity 1) from 150 with 1000 ms, sent at 400: 750 ms left. */
   client_send(c, "cli", MBD_CMD_FORWARD, 2, 1000, 150);
   client_send(c, "cli", MBD_CMD_FORWARD, 3, 0, 160);
   assert_int_equal(s.n, 0);
   from_worker(c, "w1", MBD_CMD_FINAL, t1, NULL, 400);
-  i = find(&s, MBD_CMD_FORWARD, "w1");
+  i = fp_find(&s, MBD_CMD_FORWARD, "w1");
   assert_true(i >= 0);
   assert_int_equal(body_i64(s.m[i], "deadline_ms"), 750);
   uint64_t t2 = mbd_msg_tag(s.m[i]);
-  clear(&s);
+  fp_clear(&s);
   /* CANCEL of the queued one: answered, never sent. */
   client_send(c, "cli", MBD_CMD_CANCEL, 3, 0, 410);
   assert_int_equal(s.n, 1);
   assert_int_equal(mbd_msg_cmd(s.m[0]), MBD_CMD_ERROR);
   assert_int_equal(mbd_msg_tag(s.m[0]), 3);
   assert_int_equal(body_i64(s.m[0], "code"), MBD_E_CANCELLED);
-  clear(&s);
+  fp_clear(&s);
   /* CANCEL in flight: the client hears first, then the worker gets the ticket. */
   client_send(c, "cli", MBD_CMD_CANCEL, 2, 0, 420);
   assert_int_equal(s.n, 2);
@@ -224,64 +161,64 @@ static void test_deadline_and_cancel(void **state) {
   assert_int_equal(body_i64(s.m[0], "code"), MBD_E_CANCELLED);
   assert_int_equal(mbd_msg_cmd(s.m[1]), MBD_CMD_CANCEL);
   assert_int_equal(mbd_msg_tag(s.m[1]), t2);
-  clear(&s);
+  fp_clear(&s);
   /* The slot stays taken until the worker answers the ticket. */
   client_send(c, "cli", MBD_CMD_FORWARD, 4, 0, 430);
   assert_int_equal(s.n, 0);
   from_worker(c, "w1", MBD_CMD_ERROR, t2, NULL, 440);
-  assert_true(find(&s, MBD_CMD_FORWARD, "w1") >= 0);
-  assert_int_equal(find(&s, MBD_CMD_ERROR, NULL), -1); /* the late ERROR is not relayed */
+  assert_true(fp_find(&s, MBD_CMD_FORWARD, "w1") >= 0);
+  assert_int_equal(fp_find(&s, MBD_CMD_ERROR, NULL), -1); /* the late ERROR is not relayed */
   /* Another client's CANCEL of the same id reaches nothing. */
-  clear(&s);
+  fp_clear(&s);
   client_send(c, "other", MBD_CMD_CANCEL, 4, 0, 450);
   assert_int_equal(s.n, 0);
   assert_int_equal(mbd_bcore_get_stats(c)->cancelled, 2);
-  clear(&s);
+  fp_clear(&s);
   mbd_bcore_destroy(&c);
 }
 
 static void test_client_gone(void **state) {
   (void)state;
-  sent s = {0};
+  fp_sent s = {0};
   mbd_bcore *c = core_new(&s);
   add_worker(c, "w1", 1, 0);
   client_send(c, "cli", MBD_CMD_FORWARD, 1, 0, 10); /* in flight */
   client_send(c, "cli", MBD_CMD_FORWARD, 2, 0, 10); /* queued */
   client_send(c, "live", MBD_CMD_FORWARD, 1, 0, 10); /* queued, other client */
-  int i = find(&s, MBD_CMD_FORWARD, "w1");
+  int i = fp_find(&s, MBD_CMD_FORWARD, "w1");
   uint64_t t1 = mbd_msg_tag(s.m[i]);
-  clear(&s);
+  fp_clear(&s);
   g_gone = "cli";
   mbd_bcore_on_disconnect(c, MBD_BDEST_CLIENT, 20);
   assert_true(mbd_bcore_next_due(c, 20) == 0);
   mbd_bcore_tick(c, 20);
   /* CANCEL of cli's ticket; nothing to cli; live's request still waits for the slot. */
-  i = find(&s, MBD_CMD_CANCEL, "w1");
+  i = fp_find(&s, MBD_CMD_CANCEL, "w1");
   assert_true(i >= 0);
   assert_int_equal(mbd_msg_tag(s.m[i]), t1);
-  assert_int_equal(find(&s, MBD_CMD_ERROR, NULL), -1);
-  assert_int_equal(find(&s, MBD_CMD_FORWARD, NULL), -1);
+  assert_int_equal(fp_find(&s, MBD_CMD_ERROR, NULL), -1);
+  assert_int_equal(fp_find(&s, MBD_CMD_FORWARD, NULL), -1);
   assert_int_equal(mbd_bcore_get_stats(c)->clients_gone, 1);
   assert_int_equal(mbd_bcore_get_stats(c)->cancelled, 2);
-  clear(&s);
+  fp_clear(&s);
   from_worker(c, "w1", MBD_CMD_ERROR, t1, NULL, 30);
   /* The freed slot goes to the live client's request, not cli's queued one. */
-  i = find(&s, MBD_CMD_FORWARD, "w1");
+  i = fp_find(&s, MBD_CMD_FORWARD, "w1");
   assert_true(i >= 0);
   assert_int_equal(mbd_bcore_pending(c), 1);
   g_gone = NULL;
-  clear(&s);
+  fp_clear(&s);
   mbd_bcore_destroy(&c);
 }
 
 static void test_poison(void **state) {
   (void)state;
-  sent s = {0};
+  fp_sent s = {0};
   mbd_bcore *c = core_new(&s);
   add_worker(c, "w1", 1, 0);
   add_worker(c, "w2", 1, 0);
   add_worker(c, "w3", 1, 0);
-  clear(&s);
+  fp_clear(&s);
   client_send(c, "cli", MBD_CMD_FORWARD, 1, 0, 10);
   for (int k = 0; k < 2; k++) {
     assert_int_equal(s.n, 1);
@@ -289,20 +226,20 @@ static void test_poison(void **state) {
     char who[8] = "";
     const void *p = mbd_msg_peer(s.m[0], &pl);
     memcpy(who, p, pl);
-    clear(&s);
+    fp_clear(&s);
     from_worker(c, who, MBD_CMD_DISCONNECT, 0, "crashed", 20 + k);
   }
   /* Two workers died under it: not sent to the third. */
-  assert_int_equal(find(&s, MBD_CMD_FORWARD, NULL), -1);
-  int i = find(&s, MBD_CMD_ERROR, "cli");
+  assert_int_equal(fp_find(&s, MBD_CMD_FORWARD, NULL), -1);
+  int i = fp_find(&s, MBD_CMD_ERROR, "cli");
   assert_true(i >= 0);
   assert_int_equal(body_i64(s.m[i], "code"), MBD_E_WORKER_LOST);
   assert_int_equal(mbd_bcore_get_stats(c)->poisoned, 1);
   assert_int_equal(mbd_bcore_get_stats(c)->failovers, 1);
-  clear(&s);
+  fp_clear(&s);
   /* A re-registration is not a death: re-sent as often as MAX_SENDS allows. */
   add_worker(c, "w4", 1, 30);
-  clear(&s);
+  fp_clear(&s);
   client_send(c, "cli", MBD_CMD_FORWARD, 2, 0, 40);
   for (int k = 0; k < 2; k++) {
     assert_int_equal(s.n, 1);
@@ -310,27 +247,27 @@ static void test_poison(void **state) {
     char who[8] = "";
     const void *p = mbd_msg_peer(s.m[0], &pl);
     memcpy(who, p, pl);
-    clear(&s);
+    fp_clear(&s);
     mbd_msg *m = ready_msg(who, 1); /* same routing id registers again */
     mbd_bcore_on_worker(c, &m, 0, NULL, 50 + k);
   }
-  assert_true(find(&s, MBD_CMD_FORWARD, NULL) >= 0); /* third send */
+  assert_true(fp_find(&s, MBD_CMD_FORWARD, NULL) >= 0); /* third send */
   assert_int_equal(mbd_bcore_get_stats(c)->poisoned, 1);
-  clear(&s);
+  fp_clear(&s);
   mbd_bcore_destroy(&c);
 }
 
 static void test_draining_worker(void **state) {
   (void)state;
-  sent s = {0};
+  fp_sent s = {0};
   mbd_bcore *c = core_new(&s);
   add_worker(c, "w1", 2, 0);
-  clear(&s);
+  fp_clear(&s);
   client_send(c, "cli", MBD_CMD_FORWARD, 1, 0, 10);
-  int i = find(&s, MBD_CMD_FORWARD, "w1");
+  int i = fp_find(&s, MBD_CMD_FORWARD, "w1");
   assert_true(i >= 0);
   uint64_t t1 = mbd_msg_tag(s.m[i]);
-  clear(&s);
+  fp_clear(&s);
   /* HEARTBEAT {draining: true}: its running request goes on, new ones wait. */
   mbd_msg *m = NULL;
   assert_int_equal(mbd_msg_new(MBD_CMD_HEARTBEAT, 0, &m, NULL), 0);
@@ -348,12 +285,12 @@ static void test_draining_worker(void **state) {
   assert_int_equal(s.n, 0); /* queued, not NO_ROUTE, not sent */
   assert_int_equal(mbd_bcore_queue_len(c), 1);
   from_worker(c, "w1", MBD_CMD_FINAL, t1, NULL, 40);
-  assert_int_equal(find(&s, MBD_CMD_FINAL, "cli"), 0);
-  assert_int_equal(find(&s, MBD_CMD_FORWARD, NULL), -1);
-  clear(&s);
+  assert_int_equal(fp_find(&s, MBD_CMD_FINAL, "cli"), 0);
+  assert_int_equal(fp_find(&s, MBD_CMD_FORWARD, NULL), -1);
+  fp_clear(&s);
   add_worker(c, "w2", 1, 50); /* a replacement takes the queued one */
-  assert_true(find(&s, MBD_CMD_FORWARD, "w2") >= 0);
-  clear(&s);
+  assert_true(fp_find(&s, MBD_CMD_FORWARD, "w2") >= 0);
+  fp_clear(&s);
   mbd_bcore_destroy(&c);
 }
 

@@ -378,14 +378,17 @@ static void test_route_want(void **state) {
   mbd_route_want w, w2;
   mbd_error err = {0};
   const char *good[] = {"route_id", "ABCDEF0123", "backend", "cuda", "gemm_mode", "deterministic",
-                        "dtype",    "bf16",       "family",  "inference", "device", "NVIDIA H200"};
-  assert_int_equal(want_from(good, 6, &w, &err), 0);
+                        "dtype",    "bf16",       "state",   "bf16", "family",    "inference",
+                        "device",   "NVIDIA H200"};
+  assert_int_equal(want_from(good, 7, &w, &err), 0);
+  assert_string_equal(w.state, "bf16");
   assert_string_equal(w.route_id, "abcdef0123"); /* lower-cased */
   assert_string_equal(w.backend, "cuda");
   assert_string_equal(w.device_name, "NVIDIA H200");
   char txt[256];
   mbd_route_want_format(&w, txt, sizeof txt);
   assert_non_null(strstr(txt, "dtype=bf16"));
+  assert_non_null(strstr(txt, "state=bf16"));
 
   /* pack -> parse round trip */
   packbuf p;
@@ -416,6 +419,9 @@ static void test_route_want(void **state) {
   assert_int_equal(want_from(badbackend, 1, &w, &err), MBD_E_INVALID);
   const char *longdtype[] = {"dtype", "bfloat16-long"};
   assert_int_equal(want_from(longdtype, 1, &w, &err), MBD_E_INVALID);
+  const char *badstate[] = {"state", "f16"};
+  assert_int_equal(want_from(badstate, 1, &w, &err), MBD_E_INVALID);
+  assert_non_null(strstr(err.msg, "f32, bf16")); /* names the valid values */
 }
 
 /* The broker's header reader: wanted keys decoded, a huge other value skipped;

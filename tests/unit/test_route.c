@@ -19,6 +19,7 @@ static mbd_route_identity sample(void) {
   memset(&r, 0, sizeof r);
   r.mode = MBD_GEMM_CUBLAS_PEDANTIC;
   r.policy = MBD_POLICY_BF16;
+  r.state = MBD_STATE_BF16;
   r.family = MBD_FAMILY_TRIAD;
   r.backend = MBD_BACKEND_CUDA;
   snprintf(r.isa, sizeof r.isa, "sm_90a");
@@ -59,10 +60,11 @@ static golden golden_cpu(void) {
   snprintf(g.r.device_name, sizeof g.r.device_name, "cpu");
   g.r.dispatch_rev = 1;
   g.r.state_capacity = 64;
-  g.encoding = "mambad-route/2\n"
+  g.encoding = "mambad-route/3\n"
                "backend=cpu\n"
                "mode=deterministic\n"
                "dtype=f32\n"
+               "state=f32\n"
                "family=inference\n"
                "isa=x86-64-v3\n"
                "kernels=dd56de4137951d9c92681b03416ec15f886b4482a27e3a517d32f085244cbe5d\n"
@@ -74,7 +76,7 @@ static golden golden_cpu(void) {
                "dispatch=1\n"
                "decode=per-op\n"
                "state_capacity=64\n";
-  g.id = "56141f8eafe2a529217c9beedb6e011be69875d712d9a9db043ea807200846fd";
+  g.id = "d87a0ecc1ca87b5e61f905a57bdfbbb9314380562349614d2a661c26659f9d96";
   return g;
 }
 
@@ -83,6 +85,7 @@ static golden golden_cuda(void) {
   memset(&g, 0, sizeof g);
   g.r.mode = MBD_GEMM_CUBLAS_PEDANTIC;
   g.r.policy = MBD_POLICY_BF16;
+  g.r.state = MBD_STATE_BF16;
   g.r.family = MBD_FAMILY_TRIAD;
   g.r.backend = MBD_BACKEND_CUDA;
   snprintf(g.r.isa, sizeof g.r.isa, "sm_90a");
@@ -97,10 +100,11 @@ static golden golden_cuda(void) {
   g.r.dispatch_rev = 3;
   g.r.decode = MBD_DECODE_PERSISTENT;
   g.r.state_capacity = 4096;
-  g.encoding = "mambad-route/2\n"
+  g.encoding = "mambad-route/3\n"
                "backend=cuda\n"
                "mode=cublas-pedantic\n"
                "dtype=bf16\n"
+               "state=bf16\n"
                "family=triad\n"
                "isa=sm_90a\n"
                "kernels=0000000000000000000000000000000000000000000000000000000000000abc\n"
@@ -112,7 +116,7 @@ static golden golden_cuda(void) {
                "dispatch=3\n"
                "decode=persistent\n"
                "state_capacity=4096\n";
-  g.id = "1d88ba8ad85057cb725bafec60f671e256dadbfa3e9c87163b7f6dc54dfb0074";
+  g.id = "51ab4c90cde8fe9b4b01a0a6924c003aca23c7625193b342e7db2f3b9dbf02d0";
   return g;
 }
 
@@ -194,6 +198,16 @@ static void test_names_and_parsers(void **state) {
   assert_int_equal(dp, MBD_DECODE_PERSISTENT);
   assert_int_equal(mbd_decode_path_parse("fused", &dp, &err), MBD_E_INVALID);
   assert_non_null(strstr(err.msg, "per-op, persistent"));
+  mbd_state_dtype sd;
+  assert_int_equal(mbd_state_dtype_parse("bf16", &sd, &err), MBD_OK);
+  assert_int_equal(sd, MBD_STATE_BF16);
+  assert_int_equal(mbd_state_dtype_parse("f32", &sd, &err), MBD_OK);
+  assert_int_equal(sd, MBD_STATE_F32);
+  assert_int_equal(mbd_state_dtype_parse("f16", &sd, &err), MBD_E_INVALID);
+  assert_non_null(strstr(err.msg, "state dtype 'f16'"));
+  assert_non_null(strstr(err.msg, "f32, bf16"));
+  assert_string_equal(mbd_state_dtype_name(MBD_STATE_BF16), "bf16");
+  assert_string_equal(mbd_state_dtype_name((mbd_state_dtype)2), "?");
   assert_string_equal(mbd_decode_path_name((mbd_decode_path)2), "?");
   assert_string_equal(mbd_gemm_mode_name((mbd_gemm_mode)7), "?");
   assert_string_equal(mbd_backend_name((mbd_backend_kind)-1), "?");
@@ -207,7 +221,8 @@ static void test_encode_decode(void **state) {
   mbd_error err = {0};
   assert_int_equal(mbd_route_encode(&r, buf, sizeof buf, &len, &err), MBD_OK);
   assert_int_equal(strlen(buf), len);
-  assert_int_equal(strncmp(buf, "mambad-route/2\nbackend=cuda\nmode=cublas-pedantic\n", 48), 0);
+  assert_int_equal(strncmp(buf, "mambad-route/3\nbackend=cuda\nmode=cublas-pedantic\n", 48), 0);
+  assert_non_null(strstr(buf, "\ndtype=bf16\nstate=bf16\nfamily=triad\n"));
   assert_non_null(strstr(buf, "\ncc=9.0\nsms=132\n"));
   assert_non_null(strstr(buf, "\ndispatch=3\ndecode=persistent\nstate_capacity=4096\n"));
   assert_int_equal(mbd_route_decode(buf, len, &back, &err), MBD_OK);
@@ -215,6 +230,11 @@ static void test_encode_decode(void **state) {
   r.decode = MBD_DECODE_PER_OP;
   assert_int_equal(mbd_route_encode(&r, buf, sizeof buf, &len, &err), MBD_OK);
   assert_non_null(strstr(buf, "\ndecode=per-op\n"));
+  assert_int_equal(mbd_route_decode(buf, len, &back, &err), MBD_OK);
+  assert_memory_equal(&r, &back, sizeof r);
+  r.state = MBD_STATE_F32;
+  assert_int_equal(mbd_route_encode(&r, buf, sizeof buf, &len, &err), MBD_OK);
+  assert_non_null(strstr(buf, "\nstate=f32\n"));
   assert_int_equal(mbd_route_decode(buf, len, &back, &err), MBD_OK);
   assert_memory_equal(&r, &back, sizeof r);
   /* Maximal string fields still fit in 1 KiB and round-trip. */
@@ -259,7 +279,11 @@ static void test_decode_errors(void **state) {
   assert_int_equal(mbd_route_encode(&r, buf, sizeof buf, &len, &err), MBD_OK);
   assert_int_equal(mbd_route_decode(buf, 0, &back, &err), MBD_E_FORMAT);
   assert_int_equal(mbd_route_decode("mambad-route/1\n", 15, &back, &err), MBD_E_FORMAT);
-  assert_non_null(strstr(err.msg, "mambad-route/2"));
+  assert_non_null(strstr(err.msg, "mambad-route/3"));
+  /* The previous format (no state line) is refused by its version line. */
+  assert_int_equal(mbd_route_decode("mambad-route/2\nbackend=cpu\n", 27, &back, &err),
+                   MBD_E_FORMAT);
+  assert_non_null(strstr(err.msg, "mambad-route/3"));
   char big[2048];
   memset(big, 'a', sizeof big);
   assert_int_equal(mbd_route_decode(big, sizeof big, &back, &err), MBD_E_FORMAT);
@@ -279,6 +303,19 @@ static void test_decode_errors(void **state) {
   memcpy(dec, "decode=persistenz", 17);
   assert_int_equal(mbd_route_decode(bad, len, &back, &err), MBD_E_FORMAT);
   assert_non_null(strstr(err.msg, "per-op, persistent"));
+  snprintf(bad, sizeof bad, "%s", buf);
+  char *sdl = strstr(bad, "\nstate=bf16");
+  assert_non_null(sdl);
+  memcpy(sdl, "\nstate=bf17", 11);
+  assert_int_equal(mbd_route_decode(bad, len, &back, &err), MBD_E_FORMAT);
+  assert_non_null(strstr(err.msg, "'bf17'"));
+  assert_non_null(strstr(err.msg, "f32, bf16"));
+  /* No state line: refused, naming it (state_capacity= does not stand in for it). */
+  snprintf(bad, sizeof bad, "%s", buf);
+  sdl = strstr(bad, "\nstate=bf16");
+  sdl[1] = 'x';
+  assert_int_equal(mbd_route_decode(bad, len, &back, &err), MBD_E_FORMAT);
+  assert_non_null(strstr(err.msg, "'state='"));
   /* Every truncation either fails or (cut inside the last value) decodes. */
   for (size_t n = 0; n < len; n++) {
     int rc = mbd_route_decode(buf, n, &back, &err);
@@ -315,7 +352,7 @@ static void test_id(void **state) {
   assert_string_equal(a, b);
 
   /* Changing any single field changes the id; all ids distinct. */
-  enum { NV = 16 };
+  enum { NV = 17 };
   char ids[NV][65];
   for (int k = 0; k < NV; k++) {
     mbd_route_identity v = sample();
@@ -336,6 +373,7 @@ static void test_id(void **state) {
       case 13: v.dispatch_rev = 4; break;
       case 14: v.state_capacity = 4097; break;
       case 15: v.decode = MBD_DECODE_PER_OP; break;
+      case 16: v.state = MBD_STATE_F32; break;
     }
     mbd_route_id_hex(&v, ids[k]);
     for (int j = 0; j < k; j++)
@@ -372,14 +410,15 @@ static void test_matching(void **state) {
   snprintf(w.backend, sizeof w.backend, "cuda");
   snprintf(w.gemm_mode, sizeof w.gemm_mode, "cublas-pedantic");
   snprintf(w.dtype, sizeof w.dtype, "bf16");
+  snprintf(w.state, sizeof w.state, "bf16");
   snprintf(w.family, sizeof w.family, "triad");
   snprintf(w.device_name, sizeof w.device_name, "NVIDIA H200");
   assert_true(mbd_route_matches(&w, &r, id));
   mbd_route_want_format(&w, fmt, sizeof fmt);
-  assert_string_equal(fmt, "backend=cuda gemm_mode=cublas-pedantic dtype=bf16 family=triad "
-                           "device=NVIDIA H200");
+  assert_string_equal(fmt, "backend=cuda gemm_mode=cublas-pedantic dtype=bf16 state=bf16 "
+                           "family=triad device=NVIDIA H200");
   /* Each constraint alone can exclude. */
-  for (int k = 0; k < 5; k++) {
+  for (int k = 0; k < 6; k++) {
     mbd_route_want x = w;
     switch (k) {
       case 0: snprintf(x.backend, sizeof x.backend, "cpu"); break;
@@ -387,6 +426,7 @@ static void test_matching(void **state) {
       case 2: snprintf(x.dtype, sizeof x.dtype, "f16"); break;
       case 3: snprintf(x.family, sizeof x.family, "inference"); break;
       case 4: snprintf(x.device_name, sizeof x.device_name, "NVIDIA H100"); break;
+      case 5: snprintf(x.state, sizeof x.state, "f32"); break;
     }
     assert_false(mbd_route_matches(&x, &r, id));
   }

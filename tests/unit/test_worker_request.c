@@ -451,6 +451,14 @@ static void test_opts(void **state) {
   char *hostdef[] = {"w", "--connect", "x", "--name", "w"};
   assert_int_equal(mbd_worker_opts_parse(5, hostdef, &o, &err), 0);
   assert_true(strlen(o.host_id) > 0);
+  assert_int_equal(o.state, MBD_STATE_F32); /* the default state dtype */
+  char *sbf[] = {"w", "--connect", "x", "--name", "w", "--state-dtype", "bf16"};
+  assert_int_equal(mbd_worker_opts_parse(7, sbf, &o, &err), 0);
+  assert_int_equal(o.state, MBD_STATE_BF16);
+  char *sbad[] = {"w", "--connect", "x", "--name", "w", "--state-dtype", "f16"};
+  assert_int_equal(mbd_worker_opts_parse(7, sbad, &o, &err), MBD_E_INVALID);
+  assert_non_null(strstr(err.msg, "--state-dtype: invalid state dtype 'f16' (valid: f32, bf16)"));
+  assert_non_null(strstr(mbd_worker_usage(), "--state-dtype f32|bf16"));
 }
 
 /* Copies src to dst byte for byte; flips byte `flip` of the copy when >= 0. */

@@ -1,7 +1,6 @@
-/* The worker's batching scheduler without sockets: a fake backend (an
- * mbd_backend_ops implementation here, with deterministic fake logits and a
- * log of every batched step), a fake clock, and a send callback that records
- * every reply. Covers which sessions' steps share a batch and in what row
+/* The worker's batching scheduler without sockets: the fake backend of
+ * tests/support (deterministic fake logits and a log of every batched
+ * step), a fake clock, and a send callback that records every reply. Covers which sessions' steps share a batch and in what row
  * order, each STEP getting its own row's logits, a GENERATE loop's end
  * reasons (length, stop, deadline, backend error), device-picked greedy
  * tokens, idle expiry, and a backend failure mid-batch. */
@@ -16,253 +15,55 @@
 #include <cmocka.h>
 
 #include "common/protocol.h"
+#include "support/fake_worker.h"
 #include "worker/scheduler.h"
 #include "worker/state.h"
 
-/* ---- fake backend ---------------------------------------------------------- */
+/* ---- fixture: the fake worker (tests/support/fake_worker.h) ---------------- */
 
-#define FAKE_V 16     /* vocab of model 0 */
-#define FAKE_V1 8     /* vocab of model 1 */
-#define LOG_MAX 64    /* step calls recorded */
-#define ROWS_MAX 16   /* rows recorded per call */
+#define FAKE_V 16 /* vocab of model 0 */
+#define FAKE_V1 8 /* vocab of model 1 */
 
-/* A state is the hash of every token it consumed; its logits after a step
- * depend on the hash only, so a row's answer is a function of its own
- * session's history, never of its batch neighbours. */
-typedef struct fake_state {
-  uint64_t h;
-  int id; /* 0, 1, 2... in state_new order: names the session in the step log */
-} fake_state;
-
-typedef struct fake_model {
-  int64_t vocab;
-} fake_model;
-
-typedef struct step_call {
-  int model;                /* vocab of the model stepped */
-  int64_t n;                /* rows */
-  int ids[ROWS_MAX];        /* fake_state.id of each row */
-  int64_t tokens[ROWS_MAX]; /* token of each row */
-  bool logits;              /* logits were asked for */
-  bool greedy;              /* through step_greedy */
-} step_call;
-
-typedef struct fake_be {
-  int next_id;
-  int fail_call;   /* 1-based step call that fails with MBD_E_DEVICE; 0 = none */
-  step_call log[LOG_MAX];
-  int ncalls;
-  int live_states; /* state_new minus state_free */
-} fake_be;
-
-static uint64_t fake_mix(uint64_t h, int64_t tok) { return h * 1000003u + (uint64_t)tok + 7u; }
-
-/* Logits for hash h: 0 at index h % V, negative elsewhere (a unique argmax). */
-static void fake_logits(uint64_t h, int64_t V, float *out) {
-  int64_t peak = (int64_t)(h % (uint64_t)V);
-  for (int64_t v = 0; v < V; v++) out[v] = -(float)((v - peak + V) % V);
-}
-
-static void fake_destroy(mbd_backend *b) {
-  free(b->impl);
-  free(b);
-}
-
-static void fake_route(mbd_backend *b, mbd_route_identity *out) {
-  (void)b;
-  memset(out, 0, sizeof *out);
-  out->mode = MBD_GEMM_DETERMINISTIC;
-  out->policy = MBD_POLICY_F32;
-  out->backend = MBD_BACKEND_CPU;
-  snprintf(out->isa, sizeof out->isa, "fake");
-  snprintf(out->device_name, sizeof out->device_name, "fake");
-  out->state_capacity = 8;
-}
-
-static void fake_model_destroy(mbd_backend *b, mbd_bmodel *m) {
-  (void)b;
-  free(m);
-}
-
-static int64_t fake_vocab(const mbd_bmodel *m) { return ((const fake_model *)(const void *)m)->vocab; }
-
-static int fake_state_new(mbd_backend *b, mbd_bmodel *m, mbd_bstate **out, mbd_error *err) {
-  (void)m;
-  fake_be *f = b->impl;
-  fake_state *s = calloc(1, sizeof *s);
-  if (!s) return mbd_error_set(err, MBD_E_NOMEM, "fake: out of memory");
-  s->id = f->next_id++;
-  f->live_states++;
-  *out = (mbd_bstate *)(void *)s;
-  return MBD_OK;
-}
-
-static void fake_state_free(mbd_backend *b, mbd_bstate *s) {
-  fake_be *f = b->impl;
-  if (s) f->live_states--;
-  free(s);
-}
-
-static int fake_step_common(mbd_backend *b, mbd_bmodel *m, mbd_bstate *const *states,
-                            const int64_t *tokens, int64_t n, int64_t *next, float *logits,
-                            bool greedy, mbd_error *err) {
-  fake_be *f = b->impl;
-  int64_t V = fake_vocab(m);
-  assert_true(f->ncalls < LOG_MAX);
-  assert_true(n >= 1 && n <= ROWS_MAX);
-  step_call *c = &f->log[f->ncalls++];
-  c->model = (int)V;
-  c->n = n;
-  c->logits = logits != NULL;
-  c->greedy = greedy;
-  for (int64_t i = 0; i < n; i++) {
-    c->ids[i] = ((fake_state *)(void *)states[i])->id;
-    c->tokens[i] = tokens[i];
-  }
-  if (f->fail_call == f->ncalls) /* before any state changes, like a failed launch */
-    return mbd_error_set(err, MBD_E_DEVICE, "fake: device lost in call %d", f->ncalls);
-  for (int64_t i = 0; i < n; i++) {
-    fake_state *s = (fake_state *)(void *)states[i];
-    s->h = fake_mix(s->h, tokens[i]);
-    if (logits) fake_logits(s->h, V, logits + i * V);
-    if (next) next[i] = (int64_t)(s->h % (uint64_t)V);
-  }
-  return MBD_OK;
-}
-
-static int fake_step(mbd_backend *b, mbd_bmodel *m, mbd_bstate *const *states,
-                     const int64_t *tokens, int64_t n, float *logits, mbd_error *err) {
-  assert_non_null(logits);
-  return fake_step_common(b, m, states, tokens, n, NULL, logits, false, err);
-}
-
-static int fake_step_greedy(mbd_backend *b, mbd_bmodel *m, mbd_bstate *const *states,
-                            const int64_t *tokens, int64_t n, int64_t *next, float *logits,
-                            mbd_error *err) {
-  return fake_step_common(b, m, states, tokens, n, next, logits, true, err);
-}
-
-static const mbd_backend_ops fake_ops = {
-    .name = "fake",
-    .destroy = fake_destroy,
-    .route = fake_route,
-    .model_destroy = fake_model_destroy,
-    .model_vocab = fake_vocab,
-    .state_new = fake_state_new,
-    .state_free = fake_state_free,
-    .step = fake_step,
-};
-
-/* ---- fixture: state, clock, recorded replies -------------------------------- */
-
-#define OUT_MAX 128
-
-typedef struct fx {
-  double now;          /* the fake clock */
-  mbd_msg *out[OUT_MAX];
-  int nout;
-  fake_be *fb;         /* owned by st's backend */
-  mbd_wstate *st;
-} fx;
-
-static double fake_now(void *ctx) { return ((fx *)ctx)->now; }
-
-static void rec_send(void *ctx, mbd_msg **m) {
-  fx *x = ctx;
-  assert_true(x->nout < OUT_MAX);
-  x->out[x->nout++] = *m;
-  *m = NULL;
-}
-
-static void clear_out(fx *x) {
-  for (int i = 0; i < x->nout; i++) mbd_msg_destroy(&x->out[i]);
-  x->nout = 0;
-}
-
-/* A state with models of vocab FAKE_V and (nmodels 2) FAKE_V1. */
-static void fx_init(fx *x, const mbd_backend_ops *ops, int max_batch, int nmodels,
+/* A state of 8 sessions with models of vocab FAKE_V and (nmodels 2) FAKE_V1. */
+static void fx_init(fw *x, const mbd_backend_ops *ops, int max_batch, int nmodels,
                     double idle_s) {
-  memset(x, 0, sizeof *x);
-  x->now = 100.0;
   mbd_worker_opts o;
-  memset(&o, 0, sizeof o);
-  snprintf(o.name, sizeof o.name, "w-test");
-  o.capacity = 8;
-  o.sessions = 8;
-  o.max_batch = max_batch;
+  fw_opts(&o, 8, max_batch);
   o.session_idle_s = idle_s;
-  o.max_message_bytes = (size_t)1 << 20;
-  mbd_backend *be = calloc(1, sizeof *be);
-  assert_non_null(be);
-  x->fb = calloc(1, sizeof *x->fb);
-  assert_non_null(x->fb);
-  be->ops = ops;
-  be->impl = x->fb;
-  mbd_error err = {0};
-  assert_int_equal(mbd_wstate_new(&o, &be, fake_now, x, rec_send, x, &x->st, &err), 0);
-  assert_null(be);
+  fw_init(x, &o, ops, 100.0);
   for (int i = 0; i < nmodels; i++) {
-    fake_model *m = calloc(1, sizeof *m);
-    assert_non_null(m);
-    m->vocab = i == 0 ? FAKE_V : FAKE_V1;
     char name[16];
     snprintf(name, sizeof name, "m%d", i);
-    assert_int_equal(mbd_wstate_add_model(x->st, name, "00", "", (mbd_bmodel *)(void *)m, &err),
-                     0);
+    fw_add_model(x, name, i == 0 ? FAKE_V : FAKE_V1);
   }
 }
 
-static void fx_fini(fx *x) {
-  clear_out(x);
-  mbd_wstate_destroy(&x->st); /* frees x->fb with the backend */
-}
-
-static mbd_wsession *open_session(fx *x, int model) {
+static mbd_wsession *open_session(fw *x, int model) {
   mbd_wsession *s = NULL;
   mbd_error err = {0};
   assert_int_equal(mbd_wstate_session_new(x->st, model, &s, &err), 0);
   return s;
 }
 
-static void step(fx *x, mbd_wsession *s, uint64_t tag, int64_t tok) {
+static void step(fw *x, mbd_wsession *s, uint64_t tag, int64_t tok) {
   mbd_error err = {0};
   assert_int_equal(mbd_wsched_step(x->st, s, tag, tok, NULL, &err), 0);
 }
 
-/* A new session of model 0 that consumed `tok` in a STEP of its own (so it
- * has logits to GENERATE from); its reply is cleared. */
-static mbd_wsession *primed_session(fx *x, int64_t tok) {
-  mbd_wsession *s = open_session(x, 0);
-  step(x, s, 1, tok);
-  mbd_wsched_tick(x->st);
-  clear_out(x);
-  return s;
-}
-
-static mbd_wreq gen_req(int64_t max_tokens, int64_t partial_every) {
-  mbd_wreq q;
-  memset(&q, 0, sizeof q);
-  q.cmd = MBD_CMD_GENERATE;
-  q.max_tokens = max_tokens;
-  q.top_p = 1.0;
-  q.partial_every = partial_every;
-  return q;
-}
-
-static void generate(fx *x, mbd_wsession *s, uint64_t tag, const mbd_wreq *q) {
+static void generate(fw *x, mbd_wsession *s, uint64_t tag, const mbd_wreq *q) {
   mbd_error err = {0};
   assert_int_equal(mbd_wsched_generate(x->st, s, tag, q, &err), 0);
 }
 
 /* The recorded reply with this tag and cmd (the k-th such, 0-based), or NULL. */
-static mbd_msg *reply(fx *x, uint64_t tag, uint8_t cmd, int k) {
+static mbd_msg *reply(fw *x, uint64_t tag, uint8_t cmd, int k) {
   for (int i = 0; i < x->nout; i++)
     if (mbd_msg_tag(x->out[i]) == tag && mbd_msg_cmd(x->out[i]) == cmd && k-- == 0)
       return x->out[i];
   return NULL;
 }
 
-static int count_tag(fx *x, uint64_t tag) {
+static int count_tag(fw *x, uint64_t tag) {
   int n = 0;
   for (int i = 0; i < x->nout; i++) n += mbd_msg_tag(x->out[i]) == tag;
   return n;
@@ -297,7 +98,7 @@ static void assert_step_logits(const mbd_msg *m, uint64_t h, int64_t V) {
   const void *p = mbd_msg_payload(m, 0, &len);
   assert_int_equal(len, (size_t)V * sizeof(float));
   float want[FAKE_V];
-  fake_logits(h, V, want);
+  fb_logits(h, V, want);
   assert_memory_equal(p, want, len);
 }
 
@@ -330,11 +131,11 @@ static void assert_final(const mbd_msg *m, const char *reason, int64_t peak_batc
 static void greedy_seq(uint64_t h, int64_t V, int64_t *out, int n) {
   for (int i = 0; i < n; i++) {
     out[i] = (int64_t)(h % (uint64_t)V);
-    h = fake_mix(h, out[i]);
+    h = fb_mix(h, out[i]);
   }
 }
 
-static void assert_call(const step_call *c, int model, int64_t n, const int *ids,
+static void assert_call(const fb_call *c, int model, int64_t n, const int *ids,
                         const int64_t *tokens) {
   assert_int_equal(c->model, model);
   assert_int_equal(c->n, n);
@@ -351,8 +152,8 @@ static void assert_call(const step_call *c, int model, int64_t n, const int *ids
  * row's logits. */
 static void test_step_batching(void **state) {
   (void)state;
-  fx x;
-  fx_init(&x, &fake_ops, 8, 2, 0);
+  fw x;
+  fx_init(&x, &fb_ops, 8, 2, 0);
   mbd_wsession *s0 = open_session(&x, 0), *s1 = open_session(&x, 0), *s2 = open_session(&x, 0);
   mbd_wsession *s3 = open_session(&x, 1);
   step(&x, s1, 11, 3);
@@ -365,48 +166,48 @@ static void test_step_batching(void **state) {
   assert_call(&x.fb->log[0], FAKE_V, 3, (int[]){1, 0, 2}, (int64_t[]){3, 5, 1});
   assert_call(&x.fb->log[1], FAKE_V1, 1, (int[]){3}, (int64_t[]){2});
   assert_int_equal(x.nout, 4);
-  assert_step_logits(reply(&x, 11, MBD_CMD_FINAL, 0), fake_mix(0, 3), FAKE_V);
-  assert_step_logits(reply(&x, 12, MBD_CMD_FINAL, 0), fake_mix(0, 5), FAKE_V);
-  assert_step_logits(reply(&x, 15, MBD_CMD_FINAL, 0), fake_mix(0, 1), FAKE_V);
-  assert_step_logits(reply(&x, 14, MBD_CMD_FINAL, 0), fake_mix(0, 2), FAKE_V1);
+  assert_step_logits(reply(&x, 11, MBD_CMD_FINAL, 0), fb_mix(0, 3), FAKE_V);
+  assert_step_logits(reply(&x, 12, MBD_CMD_FINAL, 0), fb_mix(0, 5), FAKE_V);
+  assert_step_logits(reply(&x, 15, MBD_CMD_FINAL, 0), fb_mix(0, 1), FAKE_V);
+  assert_step_logits(reply(&x, 14, MBD_CMD_FINAL, 0), fb_mix(0, 2), FAKE_V1);
   assert_null(reply(&x, 13, MBD_CMD_FINAL, 0));
-  clear_out(&x);
+  fw_clear(&x);
   assert_false(mbd_wsched_tick(x.st));
   assert_int_equal(x.fb->ncalls, 3);
   assert_call(&x.fb->log[2], FAKE_V, 1, (int[]){1}, (int64_t[]){7});
-  assert_step_logits(reply(&x, 13, MBD_CMD_FINAL, 0), fake_mix(fake_mix(0, 3), 7), FAKE_V);
-  clear_out(&x);
+  assert_step_logits(reply(&x, 13, MBD_CMD_FINAL, 0), fb_mix(fb_mix(0, 3), 7), FAKE_V);
+  fw_clear(&x);
   /* Nothing queued: no backend call. */
   assert_false(mbd_wsched_tick(x.st));
   assert_int_equal(x.fb->ncalls, 3);
-  fx_fini(&x);
+  fw_fini(&x);
 }
 
 /* GENERATE rows come first, in slot order from the round-robin start (one
  * slot further each tick), then queued STEPs; over max_batch the rest wait. */
 static void test_generate_rows_first(void **state) {
   (void)state;
-  fx x;
-  fx_init(&x, &fake_ops, 3, 1, 0);
+  fw x;
+  fx_init(&x, &fb_ops, 3, 1, 0);
   mbd_wsession *s[4];
   for (int i = 0; i < 4; i++) s[i] = open_session(&x, 0);
   for (int i = 0; i < 3; i++) step(&x, s[i], (uint64_t)(1 + i), i); /* logits for GENERATE */
   mbd_wsched_tick(x.st); /* call 0: rows s0 s1 s2; rr is now 1 */
   step(&x, s[3], 4, 3);
   mbd_wsched_tick(x.st); /* call 1: s3; rr is now 2 */
-  clear_out(&x);
-  mbd_wreq q = gen_req(100, 1);
+  fw_clear(&x);
+  mbd_wreq q = fw_generate_req(100, 1);
   generate(&x, s[0], 20, &q);
   generate(&x, s[2], 22, &q);
   step(&x, s[1], 31, 9);
   step(&x, s[3], 33, 8); /* over max_batch 3: waits */
   mbd_wsched_tick(x.st); /* rr 2: slots 2, 3, 0, 1 -> gen s2, gen s0, step s1 */
   int64_t t0[1], t2[1];
-  greedy_seq(fake_mix(0, 0), FAKE_V, t0, 1);
-  greedy_seq(fake_mix(0, 2), FAKE_V, t2, 1);
+  greedy_seq(fb_mix(0, 0), FAKE_V, t0, 1);
+  greedy_seq(fb_mix(0, 2), FAKE_V, t2, 1);
   assert_int_equal(x.fb->ncalls, 3);
   assert_call(&x.fb->log[2], FAKE_V, 3, (int[]){2, 0, 1}, (int64_t[]){t2[0], t0[0], 9});
-  assert_step_logits(reply(&x, 31, MBD_CMD_FINAL, 0), fake_mix(fake_mix(0, 1), 9), FAKE_V);
+  assert_step_logits(reply(&x, 31, MBD_CMD_FINAL, 0), fb_mix(fb_mix(0, 1), 9), FAKE_V);
   assert_null(reply(&x, 33, MBD_CMD_FINAL, 0));
   /* Each GENERATE streamed its own first token. */
   int64_t got[4];
@@ -414,29 +215,29 @@ static void test_generate_rows_first(void **state) {
   assert_int_equal(got[0], t0[0]);
   assert_int_equal(tokens_of(reply(&x, 22, MBD_CMD_PARTIAL, 0), got, 4), 1);
   assert_int_equal(got[0], t2[0]);
-  clear_out(&x);
+  fw_clear(&x);
   mbd_wsched_tick(x.st); /* rr 3: slots 3, 0, 1, 2 -> gen s0, gen s2, step s3 */
   assert_int_equal(x.fb->log[3].n, 3);
   assert_int_equal(x.fb->log[3].ids[0], 0);
   assert_int_equal(x.fb->log[3].ids[1], 2);
   assert_int_equal(x.fb->log[3].ids[2], 3);
   assert_int_equal(x.fb->log[3].tokens[2], 8);
-  fx_fini(&x);
+  fw_fini(&x);
 }
 
 /* max_tokens reached: FINAL reason "length" with every token, PARTIALs every
  * partial_every tokens before it; the session is free again. */
 static void test_generate_length(void **state) {
   (void)state;
-  fx x;
-  fx_init(&x, &fake_ops, 4, 1, 0);
-  mbd_wsession *s = primed_session(&x, 6);
-  mbd_wreq q = gen_req(5, 2);
+  fw x;
+  fx_init(&x, &fb_ops, 4, 1, 0);
+  mbd_wsession *s = fw_primed(&x, 6);
+  mbd_wreq q = fw_generate_req(5, 2);
   generate(&x, s, 7, &q);
   assert_true(s->busy);
   for (int i = 0; i < 5; i++) mbd_wsched_tick(x.st);
   int64_t want[5], got[8];
-  greedy_seq(fake_mix(0, 6), FAKE_V, want, 5);
+  greedy_seq(fb_mix(0, 6), FAKE_V, want, 5);
   assert_int_equal(tokens_of(reply(&x, 7, MBD_CMD_PARTIAL, 0), got, 8), 2);
   assert_memory_equal(got, want, 2 * sizeof *got);
   assert_int_equal(tokens_of(reply(&x, 7, MBD_CMD_PARTIAL, 1), got, 8), 2);
@@ -449,23 +250,23 @@ static void test_generate_length(void **state) {
   assert_false(s->busy);
   assert_false(mbd_wsched_pending(x.st));
   /* The session consumed every returned token: a STEP continues from there. */
-  clear_out(&x);
-  uint64_t h = fake_mix(0, 6);
-  for (int i = 0; i < 5; i++) h = fake_mix(h, want[i]);
+  fw_clear(&x);
+  uint64_t h = fb_mix(0, 6);
+  for (int i = 0; i < 5; i++) h = fb_mix(h, want[i]);
   step(&x, s, 8, 4);
   mbd_wsched_tick(x.st);
-  assert_step_logits(reply(&x, 8, MBD_CMD_FINAL, 0), fake_mix(h, 4), FAKE_V);
-  fx_fini(&x);
+  assert_step_logits(reply(&x, 8, MBD_CMD_FINAL, 0), fb_mix(h, 4), FAKE_V);
+  fw_fini(&x);
 }
 
 /* A stop token ends the loop with reason "stop"; it is included and fed. */
 static void test_generate_stop(void **state) {
   (void)state;
-  fx x;
-  fx_init(&x, &fake_ops, 4, 1, 0);
-  mbd_wsession *s = primed_session(&x, 2);
+  fw x;
+  fx_init(&x, &fb_ops, 4, 1, 0);
+  mbd_wsession *s = fw_primed(&x, 2);
   int64_t want[6], got[8];
-  greedy_seq(fake_mix(0, 2), FAKE_V, want, 6);
+  greedy_seq(fb_mix(0, 2), FAKE_V, want, 6);
   assert_true(want[1] != want[0]); /* the test needs a token that ends it early */
   int k = 1; /* stop at the first token that does not appear before it */
   for (bool seen = true; seen && k < 6;) {
@@ -474,7 +275,7 @@ static void test_generate_stop(void **state) {
     if (seen) k++;
   }
   assert_true(k < 6);
-  mbd_wreq q = gen_req(50, 100);
+  mbd_wreq q = fw_generate_req(50, 100);
   q.stop[0] = want[k];
   q.nstop = 1;
   generate(&x, s, 9, &q);
@@ -486,17 +287,17 @@ static void test_generate_stop(void **state) {
   assert_final(fin, "stop", 1);
   assert_int_equal(x.fb->ncalls, 1 + k + 1); /* the stop token was fed */
   assert_int_equal(count_tag(&x, 9), 1);    /* partial_every 100: no PARTIAL */
-  fx_fini(&x);
+  fw_fini(&x);
 }
 
 /* A tick that starts past the deadline answers ERROR TIMEOUT instead of
  * stepping; the session is no longer busy and keeps its current logits. */
 static void test_generate_deadline(void **state) {
   (void)state;
-  fx x;
-  fx_init(&x, &fake_ops, 4, 1, 0);
-  mbd_wsession *s = primed_session(&x, 2);
-  mbd_wreq q = gen_req(50, 1);
+  fw x;
+  fx_init(&x, &fb_ops, 4, 1, 0);
+  mbd_wsession *s = fw_primed(&x, 2);
+  mbd_wreq q = fw_generate_req(50, 1);
   q.deadline_ms = 1500;
   generate(&x, s, 5, &q); /* deadline 101.5 */
   mbd_wsched_tick(x.st);
@@ -511,7 +312,7 @@ static void test_generate_deadline(void **state) {
   assert_int_equal(count_tag(&x, 5), 3); /* two PARTIALs, one ERROR */
   assert_false(s->busy);
   assert_true(((mbd_wsess_data *)s->user)->has_logits);
-  fx_fini(&x);
+  fw_fini(&x);
 }
 
 /* Greedy rows take their next token from the device: the same tokens as
@@ -519,20 +320,20 @@ static void test_generate_deadline(void **state) {
 static void test_generate_device_pick(void **state) {
   (void)state;
   static mbd_backend_ops greedy_ops; /* the fake, plus device-side greedy picks */
-  greedy_ops = fake_ops;
-  greedy_ops.step_greedy = fake_step_greedy;
-  fx x;
+  greedy_ops = fb_ops;
+  greedy_ops.step_greedy = fb_step_greedy;
+  fw x;
   fx_init(&x, &greedy_ops, 4, 1, 0);
   mbd_wsession *s = open_session(&x, 0);
   step(&x, s, 1, 3);
   mbd_wsched_tick(x.st);
   assert_false(x.fb->log[0].greedy); /* STEP only: plain step with logits */
-  clear_out(&x);
-  mbd_wreq q = gen_req(4, 4);
+  fw_clear(&x);
+  mbd_wreq q = fw_generate_req(4, 4);
   generate(&x, s, 2, &q);
   for (int i = 0; i < 4; i++) mbd_wsched_tick(x.st);
   int64_t want[4], got[8];
-  greedy_seq(fake_mix(0, 3), FAKE_V, want, 4);
+  greedy_seq(fb_mix(0, 3), FAKE_V, want, 4);
   mbd_msg *fin = reply(&x, 2, MBD_CMD_FINAL, 0);
   assert_int_equal(tokens_of(fin, got, 8), 4);
   assert_memory_equal(got, want, sizeof want);
@@ -542,26 +343,26 @@ static void test_generate_device_pick(void **state) {
     assert_int_equal(x.fb->log[i].logits, i == 4); /* only the last tick brings logits */
   }
   /* The session's logits are current after the loop. */
-  uint64_t h = fake_mix(0, 3);
-  for (int i = 0; i < 4; i++) h = fake_mix(h, want[i]);
+  uint64_t h = fb_mix(0, 3);
+  for (int i = 0; i < 4; i++) h = fb_mix(h, want[i]);
   float cur[FAKE_V];
-  fake_logits(h, FAKE_V, cur);
+  fb_logits(h, FAKE_V, cur);
   assert_memory_equal(((mbd_wsess_data *)s->user)->logits, cur, sizeof cur);
-  fx_fini(&x);
+  fw_fini(&x);
 }
 
 /* Sessions idle past session_idle_s close (generating ones never do), and
  * a STEP queued for a session that closed meanwhile is answered NOT_FOUND. */
 static void test_session_expiry(void **state) {
   (void)state;
-  fx x;
-  fx_init(&x, &fake_ops, 4, 1, 10.0);
+  fw x;
+  fx_init(&x, &fb_ops, 4, 1, 10.0);
   mbd_wsession *a = open_session(&x, 0), *b = open_session(&x, 0), *g = open_session(&x, 0);
   char a_id[MBD_SESSION_ID_MAX];
   snprintf(a_id, sizeof a_id, "%s", a->id);
   step(&x, g, 1, 1);
   mbd_wsched_tick(x.st);
-  mbd_wreq q = gen_req(1000, 1000);
+  mbd_wreq q = fw_generate_req(1000, 1000);
   generate(&x, g, 2, &q);
   x.now = 105.0;
   step(&x, b, 3, 4);
@@ -574,7 +375,7 @@ static void test_session_expiry(void **state) {
   mbd_error err = {0};
   assert_int_equal(mbd_wsession_find(x.st->sessions, a_id, &found, &err), MBD_E_NOT_FOUND);
   assert_int_equal(mbd_wsession_count(x.st->sessions), 2);
-  clear_out(&x);
+  fw_clear(&x);
   mbd_wsched_tick(x.st);
   assert_int_equal(error_code(reply(&x, 4, MBD_CMD_ERROR, 0)), MBD_E_NOT_FOUND);
   x.now = 200.0;
@@ -588,7 +389,7 @@ static void test_session_expiry(void **state) {
   assert_int_equal(error_code(reply(&x, 2, MBD_CMD_ERROR, 0)), MBD_E_STATE);
   x.now = 10000.0;
   assert_int_equal(mbd_wsched_expire(x.st), 0);
-  fx_fini(&x);
+  fw_fini(&x);
 }
 
 /* A backend failure answers every request of the batch with its error (a
@@ -596,15 +397,15 @@ static void test_session_expiry(void **state) {
  * served with the states as they were. */
 static void test_backend_failure(void **state) {
   (void)state;
-  fx x;
-  fx_init(&x, &fake_ops, 8, 1, 0);
+  fw x;
+  fx_init(&x, &fb_ops, 8, 1, 0);
   mbd_wsession *s[3];
   for (int i = 0; i < 3; i++) s[i] = open_session(&x, 0);
   for (int i = 0; i < 3; i++) step(&x, s[i], (uint64_t)(1 + i), 10 + i);
   mbd_wsched_tick(x.st);
-  clear_out(&x);
+  fw_clear(&x);
   x.fb->fail_call = 2;
-  mbd_wreq q = gen_req(10, 1);
+  mbd_wreq q = fw_generate_req(10, 1);
   generate(&x, s[0], 20, &q);
   generate(&x, s[1], 21, &q);
   step(&x, s[2], 22, 4);
@@ -618,30 +419,30 @@ static void test_backend_failure(void **state) {
   assert_false(s[0]->busy);
   assert_false(s[1]->busy);
   assert_int_equal(x.st->ngen, 0);
-  clear_out(&x);
+  fw_clear(&x);
   /* The next batch is served, from the states before the failed call. */
   for (int i = 0; i < 3; i++) step(&x, s[i], (uint64_t)(30 + i), 5);
   assert_false(mbd_wsched_tick(x.st));
   for (int i = 0; i < 3; i++)
     assert_step_logits(reply(&x, (uint64_t)(30 + i), MBD_CMD_FINAL, 0),
-                       fake_mix(fake_mix(0, 10 + i), 5), FAKE_V);
-  clear_out(&x);
-  q = gen_req(2, 1);
+                       fb_mix(fb_mix(0, 10 + i), 5), FAKE_V);
+  fw_clear(&x);
+  q = fw_generate_req(2, 1);
   generate(&x, s[0], 40, &q);
   mbd_wsched_tick(x.st);
   mbd_wsched_tick(x.st);
   assert_final(reply(&x, 40, MBD_CMD_FINAL, 0), "length", 1);
-  fx_fini(&x);
+  fw_fini(&x);
 }
 
 /* GENERATE's preconditions: a session that consumed no token, or one with a
  * STEP queued, is refused. */
 static void test_generate_refused(void **state) {
   (void)state;
-  fx x;
-  fx_init(&x, &fake_ops, 4, 1, 0);
+  fw x;
+  fx_init(&x, &fb_ops, 4, 1, 0);
   mbd_wsession *s = open_session(&x, 0);
-  mbd_wreq q = gen_req(4, 1);
+  mbd_wreq q = fw_generate_req(4, 1);
   mbd_error err = {0};
   assert_int_equal(mbd_wsched_generate(x.st, s, 1, &q, &err), MBD_E_STATE);
   assert_non_null(strstr(err.msg, "PREFILL"));
@@ -658,7 +459,7 @@ static void test_generate_refused(void **state) {
   assert_int_equal(mbd_wsched_generate(x.st, s, 4, &q, &err), MBD_E_INVALID);
   assert_false(s->busy);
   assert_false(mbd_wsched_pending(x.st));
-  fx_fini(&x);
+  fw_fini(&x);
 }
 
 int main(void) {

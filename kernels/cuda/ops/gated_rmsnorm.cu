@@ -1,14 +1,22 @@
 /* Gated RMSNorm (see gated_rmsnorm.h): one block per row; the gated values
- * go through shared memory, one thread per group runs the group's square
- * sum as the CPU's ascending fmaf chain, then the block writes the row. */
+ * go through shared memory, each group's square sum is formed, then the
+ * block writes the row. f32 routes run the CPU's ascending fmaf chain on one
+ * thread per group (rms_inv when the group is whole quads); 16-bit routes,
+ * which are not compared with the CPU, give each group a warp and the
+ * RMSNorm's lane split (rms_inv_lanes), since the serial chain over d_inner
+ * channels sat on every layer's critical path of a small-batch decode. */
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/gated_rmsnorm.h"
 
-#define GN_THREADS 256
+/* Each thread loads GN_BATCH elements before using any: one block per row
+ * makes a batch-1 decode latency-bound, and a loop that waits on each load
+ * in turn paid the memory latency n / GN_THREADS times. */
+#define GN_THREADS 512
+#define GN_BATCH 8
 #define GN_MAX_GROUPS 64
 
 template <typename OutT>
-__global__ void k_gated_rmsnorm(int n, int group, const float *__restrict__ y,
+__global__ void __launch_bounds__(GN_THREADS) k_gated_rmsnorm(int n, int group, const float *__restrict__ y,
                                 const float *__restrict__ z, int64_t ldz,
                                 const float *__restrict__ w, float eps, int norm_before_gate,
                                 OutT *__restrict__ out) {
@@ -18,21 +26,55 @@ __global__ void k_gated_rmsnorm(int n, int group, const float *__restrict__ y,
   const int64_t i = blockIdx.x;
   pdl_wait();
   pdl_trigger();
-  for (int c = threadIdx.x; c < n; c += blockDim.x) {
-    const float yv = y[i * n + c];
-    v[c] = norm_before_gate ? yv : __fmul_rn(yv, mbd_pm_silu(z[i * ldz + c]));
+  for (int c0 = threadIdx.x; c0 < n; c0 += GN_BATCH * GN_THREADS) {
+    float yv[GN_BATCH], zv[GN_BATCH];
+#pragma unroll
+    for (int j = 0; j < GN_BATCH; j++) {
+      const int c = c0 + j * GN_THREADS;
+      yv[j] = c < n ? y[i * n + c] : 0.0f;
+      zv[j] = c < n && !norm_before_gate ? z[i * ldz + c] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < GN_BATCH; j++) {
+      const int c = c0 + j * GN_THREADS;
+      if (c < n) v[c] = norm_before_gate ? yv[j] : __fmul_rn(yv[j], mbd_pm_silu(zv[j]));
+    }
   }
   __syncthreads();
-  for (int g = threadIdx.x; g < n / group; g += blockDim.x) {
-    float ss = 0.0f;
-    for (int c = g * group; c < (g + 1) * group; c++) ss = __fmaf_rn(v[c], v[c], ss);
-    r_sh[g] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)group), eps)));
+  if constexpr (sizeof(OutT) == 4) {
+    for (int g = threadIdx.x; g < n / group; g += blockDim.x) {
+      if (group % 4 == 0) {
+        r_sh[g] = rms_inv(v + (int64_t)g * group, group, eps);
+        continue;
+      }
+      float ss = 0.0f;
+      for (int c = g * group; c < (g + 1) * group; c++) ss = __fmaf_rn(v[c], v[c], ss);
+      r_sh[g] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)group), eps)));
+    }
+  } else {
+    const int lane = threadIdx.x % 32;
+    for (int g = threadIdx.x / 32; g < n / group; g += blockDim.x / 32) {
+      const float r = rms_inv_lanes(v + (int64_t)g * group, group, eps, lane);
+      if (lane == 0) r_sh[g] = r;
+    }
   }
   __syncthreads();
-  for (int c = threadIdx.x; c < n; c += blockDim.x) {
-    float o = __fmul_rn(w[c], __fmul_rn(v[c], r_sh[c / group]));
-    if (norm_before_gate) o = __fmul_rn(o, mbd_pm_silu(z[i * ldz + c]));
-    st_act(out + i * n + c, o);
+  for (int c0 = threadIdx.x; c0 < n; c0 += GN_BATCH * GN_THREADS) {
+    float wv[GN_BATCH], zv[GN_BATCH];
+#pragma unroll
+    for (int j = 0; j < GN_BATCH; j++) {
+      const int c = c0 + j * GN_THREADS;
+      wv[j] = c < n ? w[c] : 0.0f;
+      zv[j] = c < n && norm_before_gate ? z[i * ldz + c] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < GN_BATCH; j++) {
+      const int c = c0 + j * GN_THREADS;
+      if (c >= n) continue;
+      float o = __fmul_rn(wv[j], __fmul_rn(v[c], r_sh[c / group]));
+      if (norm_before_gate) o = __fmul_rn(o, mbd_pm_silu(zv[j]));
+      st_act(out + i * n + c, o);
+    }
   }
 }
 

@@ -15,7 +15,9 @@ extern "C" {
 #include "common/tensor.h"
 
 /* For rows i < M: mbd_cpu_gated_rmsnorm's arithmetic (kernels/cpu/
- * gated_rmsnorm.h) over n channels in groups of `group`, y f32 [M, n], gate
+ * gated_rmsnorm.h) over n channels in groups of `group` (16-bit `act`: each
+ * group's square sum split over 32 lanes as the 16-bit RMSNorm's, docs/
+ * route.md), y f32 [M, n], gate
  * z[i * ldz + c] f32, weight w [n] f32; out [M, n] in dtype `act` (the
  * out_proj GEMM input). */
 int mbd_mops_gated_rmsnorm(void *stream, int64_t M, int n, int group, const float *y,

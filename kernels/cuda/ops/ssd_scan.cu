@@ -20,10 +20,17 @@
  * lane keeps up to 64 entries and the pipeline costs little. A prefill of
  * many rows gives each lane the same entries of four rows (R = 4): each B
  * and C value read from shared memory then serves four updates, and the
- * four chains hide each other's latency. */
+ * four chains hide each other's latency.
+ *
+ * The state is stored as f32 or as bf16 (template ST): the arithmetic is
+ * f32 either way; with bf16 each updated entry is rounded to bf16 at once
+ * and the registers keep the rounded value, so the y chain reads the state
+ * that is stored and every chunking rounds after every step. */
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/ssd_scan.h"
 #include "kernels/cuda/ops/ssd_chunk.h"
+
+#include <type_traits>
 
 #define SSD_BLOCK 128         /* threads per block at most */
 #define SSD_FILL_ROWS 32768   /* rows x KS wanted in flight before KS stops growing */
@@ -32,12 +39,16 @@
 #define SSD_R4_MIN_T 16       /* four rows per lane: launches of at least this many steps */
 #define SSD_DT_WIN 2048       /* prefill: dt and dA computed this many steps at a time */
 #define SSD_R4_MIN_ROWS 8192  /* .. and of at least this many rows */
+#define SSD_DEC16_BLOCKS 4    /* bf16 decode, several sequences a block: blocks per SM */
+#define SSD_SPB_WAVES 8       /* .. taken only while this many blocks per SM remain */
 
 /* A launch's shape: KS lanes per row, PB rows per block, TC steps per
  * chunk, the shared row strides of dt * B and C (ldn) and of x (ldx), and
  * where the state tile starts (floats; 0: it shares the chunk's memory). */
 typedef struct ssd_shape {
   int ks, pb, tc, ldn, ldx, tile_at;
+  int sb;  /* bytes of one stored state entry (4: f32, 2: bf16) */
+  int spb, nseq; /* sequences per block (k_ssd_scan_multi: > 1), of nseq */
   int dtw; /* prefill: dt and dA of up to this many steps at a time, after the chunk buffers */
 } ssd_shape;
 
@@ -49,14 +60,14 @@ __host__ __device__ static inline int ssd_chunk_floats_d(int tc, int ldn, int ld
 /* Chunk buffers of a launch of T steps: two when it has several chunks. */
 static int ssd_nbuf(const ssd_shape *sh, int T) { return T > sh->tc ? 2 : 1; }
 /* Shared bytes of a launch: the chunk buffers and the state tile [pb][N +
- * 4], one after the other or sharing memory. */
+ * 16 / sb] entries of sb bytes, one after the other or sharing memory. */
 static size_t ssd_smem_bytes(const ssd_shape *sh, int N, int T) {
   const size_t chunk =
       ((size_t)ssd_nbuf(sh, T) * ssd_chunk_floats_d(sh->tc, sh->ldn, sh->ldx) +
        (T > SSD_OWN_TILE_T ? (size_t)(2 * sh->dtw + 3) / 4 * 4 : 0)) *
       sizeof(float);
-  const size_t tile = (size_t)sh->pb * (size_t)(N + 4) * sizeof(float);
-  if (sh->tile_at) return chunk + tile;
+  const size_t tile = (size_t)sh->pb * (size_t)(N + 16 / sh->sb) * (size_t)sh->sb;
+  if (sh->tile_at) return chunk + (sh->spb > 1 ? 2 : 1) * tile;
   return chunk > tile ? chunk : tile;
 }
 
@@ -82,17 +93,67 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
+/* Storage of one state entry: rnd is the rounding of an updated entry to
+ * what is stored (none for f32, round to nearest even for bf16), ld widens a
+ * stored entry, put stores a value rnd already rounded (exact). EPV entries
+ * fill 16 bytes. */
+template <typename ST>
+struct ssd_st;
+template <>
+struct ssd_st<float> {
+  static constexpr int EPV = 4;
+  static __device__ __forceinline__ float rnd(float v) { return v; }
+  static __device__ __forceinline__ float ld(const float *p) { return *p; }
+  static __device__ __forceinline__ void put(float *p, float v) { *p = v; }
+};
+template <>
+struct ssd_st<__nv_bfloat16> {
+  static constexpr int EPV = 8;
+  static __device__ __forceinline__ float rnd(float v) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+  }
+  static __device__ __forceinline__ float ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+  static __device__ __forceinline__ void put(__nv_bfloat16 *p, float v) {
+    *p = __float2bfloat16_rn(v);
+  }
+};
+
+/* Entries i .. i + 3 of a lane's row from 16-byte-aligned storage (a full
+ * float4 of f32; for bf16, half of a 16-byte line, read as 8 bytes). */
+__device__ __forceinline__ void st_ld4(const float *p, float *o) {
+  const float4 v = *(const float4 *)p;
+  o[0] = v.x, o[1] = v.y, o[2] = v.z, o[3] = v.w;
+}
+__device__ __forceinline__ void st_ld4(const __nv_bfloat16 *p, float *o) {
+  const uint2 v = *(const uint2 *)p;
+  const __nv_bfloat162 a = *(const __nv_bfloat162 *)&v.x, b = *(const __nv_bfloat162 *)&v.y;
+  o[0] = __low2float(a), o[1] = __high2float(a), o[2] = __low2float(b), o[3] = __high2float(b);
+}
+/* Stores four already rounded entries (exact for bf16). */
+__device__ __forceinline__ void st_put4(float *p, const float *v) {
+  *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void st_put4(__nv_bfloat16 *p, const float *v) {
+  const __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
+  uint2 u;
+  u.x = *(const unsigned *)&a;
+  u.y = *(const unsigned *)&b;
+  *(uint2 *)p = u;
+}
+
 /* A lane's R rows of NL entries from the state tile (zeros past row P). */
-template <int NL, int R>
-__device__ __forceinline__ void tile_read(float (&st)[R][NL], const float *s_t, int LDT, int pr0,
+template <int NL, int R, typename ST>
+__device__ __forceinline__ void tile_read(float (&st)[R][NL], const ST *s_t, int LDT, int pr0,
                                           int n0, int p0, int P) {
 #pragma unroll
   for (int r = 0; r < R; r++)
 #pragma unroll
     for (int i = 0; i < NL; i += 4) {
-      const float4 v = p0 + pr0 + r < P ? *(const float4 *)(s_t + (pr0 + r) * LDT + n0 + i)
-                                        : make_float4(0, 0, 0, 0);
-      st[r][i] = v.x, st[r][i + 1] = v.y, st[r][i + 2] = v.z, st[r][i + 3] = v.w;
+      if (p0 + pr0 + r < P) {
+        st_ld4(s_t + (pr0 + r) * LDT + n0 + i, &st[r][i]);
+      } else {
+        st[r][i] = st[r][i + 1] = st[r][i + 2] = st[r][i + 3] = 0.0f;
+      }
     }
 }
 
@@ -138,21 +199,26 @@ __device__ __forceinline__ float conv_any(const mbd_mops_ssd_conv &cv, float *cs
 /* CONV (T = 1 only): x, B and C are the conv of cv.xin (see
  * mbd_mops_ssd_conv), not read from xbc. PREFILL: launches of more than
  * SSD_OWN_TILE_T steps (dt and dA by window; one row per lane of up to 32
- * entries runs its ticks software-pipelined). */
-template <int NL, int R, bool FULL, bool CONV, bool PREFILL>
-__global__ void __launch_bounds__(SSD_BLOCK)
-    k_ssd_scan(int T, mbd_mops_ssd_dims dm, ssd_shape sh, const float *__restrict__ A,
-               const float *__restrict__ D, const float *__restrict__ dt_bias, float lo, float hi,
-               const float *__restrict__ dt_raw, int64_t ld_dt, const float *__restrict__ xbc,
-               int64_t ld_xbc, float *__restrict__ state, int64_t slot_stride, int vec,
-               const int32_t *__restrict__ slots, float *__restrict__ y, mbd_mops_ssd_conv cv) {
+ * entries runs its ticks software-pipelined). MULTI: sequence s is the q-th of
+ * its block (k_ssd_scan_multi); its tile went into tile buffer q & 1 while
+ * the one before ran (`fetched`), and it fetches the next one's into the
+ * other buffer as soon as it has read its own. */
+template <typename ST, int NL, int R, bool FULL, bool CONV, bool PREFILL, bool MULTI>
+__device__ __forceinline__ void ssd_seq(
+    int s, int q, bool &fetched, int T, const mbd_mops_ssd_dims &dm, const ssd_shape &sh,
+    const float *__restrict__ A, const float *__restrict__ D, const float *__restrict__ dt_bias,
+    float lo, float hi, const float *__restrict__ dt_raw, int64_t ld_dt,
+    const float *__restrict__ xbc, int64_t ld_xbc, ST *__restrict__ state, int64_t slot_stride,
+    int vec, const int32_t *__restrict__ slots, float *__restrict__ y,
+    const mbd_mops_ssd_conv &cv) {
+  typedef ssd_st<ST> IO;
   extern __shared__ float4 smem4[];
   __shared__ int s_last; /* conv: this block advances the group's B and C windows */
   const int KS = sh.ks, PB = sh.pb, TC = sh.tc, LDN = sh.ldn, LDX = sh.ldx;
   const int CF = ssd_chunk_floats_d(TC, LDN, LDX);
   const int P = dm.head_dim, N = dm.d_state;
   const int bph = (P + PB - 1) / PB; /* blocks per head */
-  const int h = blockIdx.x / bph, p0 = (blockIdx.x - h * bph) * PB, s = blockIdx.y;
+  const int h = blockIdx.x / bph, p0 = (blockIdx.x - h * bph) * PB;
   /* lane j of row group pl: rows p0 + pl R + r, r < R */
   const int tid = threadIdx.x, pl = tid / KS, j = tid & (KS - 1), pr0 = pl * R;
   const int n0 = j * NL;
@@ -160,16 +226,20 @@ __global__ void __launch_bounds__(SSD_BLOCK)
   const int g = h / (dm.heads / dm.n_groups);
   const int64_t di = (int64_t)dm.heads * P, GN = (int64_t)dm.n_groups * N;
   const float a = A[h], dd = D[h], bias = dt_bias[h]; /* weights: before the wait */
-  pdl_wait();
-  pdl_trigger();
+  if (q == 0) {
+    pdl_wait();
+    pdl_trigger();
+  }
   /* The block's rows of state are contiguous; with vector access they pass
-   * through shared memory (s_t, rows padded to N + 4 floats) so that the
+   * through shared memory (s_t, rows padded by 16 bytes) so that the
    * global loads and stores are whole coalesced lines. A tile of its own
    * (short launches) is read once the first chunk has arrived, so the two
    * loads overlap; one that shares the chunk buffers is read first. */
-  float *tile = state + (int64_t)slots[s] * slot_stride + ((int64_t)h * P + p0) * N;
-  float *s_t = (float *)smem4 + sh.tile_at;
-  const int LDT = N + 4, nrows = P - p0 < PB ? P - p0 : PB, n4 = N / 4;
+  ST *tile = state + (int64_t)slots[s] * slot_stride + ((int64_t)h * P + p0) * N;
+  const int TF = MULTI ? sh.pb * (N + IO::EPV) * (int)sizeof(ST) / 4 : 0; /* floats a buffer */
+  ST *s_t = (ST *)((float *)smem4 + sh.tile_at + (q & 1) * TF);
+  const int EPV = IO::EPV; /* entries per 16 bytes */
+  const int LDT = N + EPV, nrows = P - p0 < PB ? P - p0 : PB, n4 = N / EPV;
   const bool tiled = FULL && (vec & 1), vbc = FULL && (vec & 2);
   const int l4 = FULL ? __ffs(N) - 3 : 0; /* log2(N / 4): N is a power of two when FULL */
   /* x staging, R = 1: thread (xi, xq) takes row p0 + xq of steps xi, xi +
@@ -178,9 +248,9 @@ __global__ void __launch_bounds__(SSD_BLOCK)
   const bool x_ok = p0 + xq < P;
   float st[R][NL];
   if (tiled) {
-    for (int e = tid; e < nrows * n4; e += blockDim.x) {
+    for (int e = tid; !(MULTI && fetched) && e < nrows * n4; e += blockDim.x) {
       const int r = e / n4;
-      cp_async16(s_t + r * LDT + 4 * (e - r * n4), (const float4 *)tile + e);
+      cp_async16(s_t + r * LDT + EPV * (e - r * n4), (const float4 *)tile + e);
     }
     if (!sh.tile_at) {
       cp_async_wait_all();
@@ -192,7 +262,7 @@ __global__ void __launch_bounds__(SSD_BLOCK)
     for (int r = 0; r < R; r++)
 #pragma unroll
       for (int i = 0; i < NL; i++)
-        st[r][i] = p0 + pr0 + r < P && i < nn ? tile[(pr0 + r) * N + n0 + i] : 0.0f;
+        st[r][i] = p0 + pr0 + r < P && i < nn ? IO::ld(tile + (pr0 + r) * N + n0 + i) : 0.0f;
   }
   bool tile_due = tiled && sh.tile_at; /* st still to be read from the tile */
   /* Chunk c's inputs, raw, go to buffer c & 1 by cp.async (dA, dt, dt_raw
@@ -306,6 +376,20 @@ __global__ void __launch_bounds__(SSD_BLOCK)
     if (tile_due) {
       tile_read<NL, R>(st, s_t, LDT, pr0, n0, p0, P);
       tile_due = false;
+      if (MULTI) {
+        /* the other buffer was read out before the barriers above: the next
+         * sequence's tile goes there now */
+        fetched = q + 1 < sh.spb && s + 1 < sh.nseq;
+        if (fetched) {
+          const ST *nt = state + (int64_t)slots[s + 1] * slot_stride + ((int64_t)h * P + p0) * N;
+          ST *nb = (ST *)((float *)smem4 + sh.tile_at + ((q + 1) & 1) * TF);
+          for (int e = tid; e < nrows * n4; e += blockDim.x) {
+            const int r = e / n4;
+            cp_async16(nb + r * LDT + EPV * (e - r * n4), (const float4 *)nt + e);
+          }
+          cp_async_commit();
+        }
+      }
     }
     float hand[R]; /* the chains after this lane's entries, at the last tick */
 #pragma unroll
@@ -357,7 +441,8 @@ __global__ void __launch_bounds__(SSD_BLOCK)
         for (int i = 0; i < NL; i++)
           if (FULL || i < nn)
 #pragma unroll
-            for (int r = 0; r < R; r++) st[r][i] = __fmaf_rn(da0, st[r][i], __fmul_rn(b0[i], xv[r]));
+            for (int r = 0; r < R; r++)
+              st[r][i] = IO::rnd(__fmaf_rn(da0, st[r][i], __fmul_rn(b0[i], xv[r])));
       }
     }
     for (int k = 0; k < tn + KS - 1; k++) {
@@ -381,7 +466,7 @@ __global__ void __launch_bounds__(SSD_BLOCK)
 #pragma unroll
           for (int r = 0; r < R; r++) {
             if (act) acc[r] = __fmaf_rn(st[r][i], cq[i], acc[r]);
-            if (act1) st[r][i] = __fmaf_rn(dan, st[r][i], __fmul_rn(bn[i], xn[r]));
+            if (act1) st[r][i] = IO::rnd(__fmaf_rn(dan, st[r][i], __fmul_rn(bn[i], xn[r])));
           }
       if (act) {
 #pragma unroll
@@ -403,6 +488,51 @@ __global__ void __launch_bounds__(SSD_BLOCK)
       for (int r = 0; r < R; r++) xv[r] = xn[r];
 #pragma unroll
       for (int i = 0; i < NL; i++) cq[i] = cn[i];
+    }
+    } else if (!PREFILL && R == 1 && KS > 1 && tn == 1) {
+    /* One step: every lane updates its entries at once (an update needs
+     * its entry alone), then only the n chain passes from lane to lane
+     * (tick k: lane k continues lane k - 1's sum over the updated entries).
+     * The operations of the ticks below, with no lane idle in the updates. */
+    const float xv = s_x[pl], da = s_da[0], dt = s_dt[0];
+    const float *bt = s_b + n0, *ct = s_c + n0;
+    if (FULL) {
+#pragma unroll
+      for (int i = 0; i < NL; i += 4) {
+        const float4 b4 = *(const float4 *)(bt + i);
+        const float bq[4] = {__fmul_rn(dt, b4.x), __fmul_rn(dt, b4.y), __fmul_rn(dt, b4.z),
+                             __fmul_rn(dt, b4.w)};
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+          st[0][i + q] = IO::rnd(__fmaf_rn(da, st[0][i + q], __fmul_rn(bq[q], xv)));
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < NL; i++)
+        if (i < nn) st[0][i] = IO::rnd(__fmaf_rn(da, st[0][i], __fmul_rn(__fmul_rn(dt, bt[i]), xv)));
+    }
+    float acc = 0.0f;
+    for (int k = 0; k < KS; k++) {
+      const float in = __shfl_up_sync(0xffffffffu, acc, 1, KS);
+      if (j == k) {
+        acc = j == 0 ? 0.0f : in;
+        if (FULL) {
+#pragma unroll
+          for (int i = 0; i < NL; i += 4) {
+            const float4 c4 = *(const float4 *)(ct + i);
+            acc = __fmaf_rn(st[0][i], c4.x, acc);
+            acc = __fmaf_rn(st[0][i + 1], c4.y, acc);
+            acc = __fmaf_rn(st[0][i + 2], c4.z, acc);
+            acc = __fmaf_rn(st[0][i + 3], c4.w, acc);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < NL; i++)
+            if (i < nn) acc = __fmaf_rn(st[0][i], ct[i], acc);
+        }
+        if (j == KS - 1 && p0 + pr0 < P)
+          y[r0 * di + (int64_t)h * P + p0 + pr0] = __fmaf_rn(dd, xv, acc);
+      }
     }
     } else {
     /* Entry by entry: decode steps (few ticks, fewer registers live) and
@@ -437,7 +567,7 @@ __global__ void __launch_bounds__(SSD_BLOCK)
             for (int q = 0; q < 4; q++)
 #pragma unroll
               for (int r = 0; r < R; r++) {
-                st[r][i + q] = __fmaf_rn(da, st[r][i + q], __fmul_rn(bq[q], xv[r]));
+                st[r][i + q] = IO::rnd(__fmaf_rn(da, st[r][i + q], __fmul_rn(bq[q], xv[r])));
                 acc[r] = __fmaf_rn(st[r][i + q], cq[q], acc[r]);
               }
           }
@@ -448,7 +578,7 @@ __global__ void __launch_bounds__(SSD_BLOCK)
               const float bq = __fmul_rn(dt, bt[i]);
 #pragma unroll
               for (int r = 0; r < R; r++) {
-                st[r][i] = __fmaf_rn(da, st[r][i], __fmul_rn(bq, xv[r]));
+                st[r][i] = IO::rnd(__fmaf_rn(da, st[r][i], __fmul_rn(bq, xv[r])));
                 acc[r] = __fmaf_rn(st[r][i], ct[i], acc[r]);
               }
             }
@@ -477,14 +607,12 @@ __global__ void __launch_bounds__(SSD_BLOCK)
     for (int r = 0; r < R; r++)
       if (p0 + pr0 + r < P) {
 #pragma unroll
-        for (int i = 0; i < NL; i += 4)
-          *(float4 *)(s_t + (pr0 + r) * LDT + n0 + i) =
-              make_float4(st[r][i], st[r][i + 1], st[r][i + 2], st[r][i + 3]);
+        for (int i = 0; i < NL; i += 4) st_put4(s_t + (pr0 + r) * LDT + n0 + i, &st[r][i]);
       }
     __syncthreads();
     for (int e = tid; e < nrows * n4; e += blockDim.x) {
       const int r = e / n4;
-      ((float4 *)tile)[e] = *(const float4 *)(s_t + r * LDT + 4 * (e - r * n4));
+      ((float4 *)tile)[e] = *(const float4 *)(s_t + r * LDT + EPV * (e - r * n4));
     }
   } else {
 #pragma unroll
@@ -492,7 +620,7 @@ __global__ void __launch_bounds__(SSD_BLOCK)
       if (p0 + pr0 + r < P) {
 #pragma unroll
         for (int i = 0; i < NL; i++)
-          if (i < nn) tile[(pr0 + r) * N + n0 + i] = st[r][i];
+          if (i < nn) IO::put(tile + (pr0 + r) * N + n0 + i, st[r][i]);
       }
   }
   if (CONV && s_last) { /* (s_last was set before a barrier above) */
@@ -504,6 +632,41 @@ __global__ void __launch_bounds__(SSD_BLOCK)
       for (int jj = 0; jj + 1 < cv.K - 1; jj++) cst[jj * cd + ch] = cst[(jj + 1) * cd + ch];
       cst[(cv.K - 2) * cd + ch] = cin[ch];
     }
+  }
+}
+
+template <typename ST, int NL, int R, bool FULL, bool CONV, bool PREFILL>
+__global__ void __launch_bounds__(SSD_BLOCK)
+    k_ssd_scan(int T, mbd_mops_ssd_dims dm, ssd_shape sh, const float *__restrict__ A,
+               const float *__restrict__ D, const float *__restrict__ dt_bias, float lo, float hi,
+               const float *__restrict__ dt_raw, int64_t ld_dt, const float *__restrict__ xbc,
+               int64_t ld_xbc, ST *__restrict__ state, int64_t slot_stride, int vec,
+               const int32_t *__restrict__ slots, float *__restrict__ y, mbd_mops_ssd_conv cv) {
+  bool fetched = false;
+  ssd_seq<ST, NL, R, FULL, CONV, PREFILL, false>((int)blockIdx.y, 0, fetched, T, dm, sh, A, D,
+                                                 dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc,
+                                                 state, slot_stride, vec, slots, y, cv);
+}
+
+/* Decode steps of a bf16 state, sh.spb sequences a block (blockIdx.y * spb
+ * + q): a bf16 block moves half the bytes of an f32 one, too few in flight
+ * to cover its own load and compute one after the other; here the next
+ * sequence's tile loads while one computes. The same steps per sequence. */
+template <typename ST, int NL, bool FULL>
+__global__ void __launch_bounds__(SSD_BLOCK, SSD_DEC16_BLOCKS)
+    k_ssd_scan_multi(int T, mbd_mops_ssd_dims dm, ssd_shape sh, const float *__restrict__ A,
+                     const float *__restrict__ D, const float *__restrict__ dt_bias, float lo,
+                     float hi, const float *__restrict__ dt_raw, int64_t ld_dt,
+                     const float *__restrict__ xbc, int64_t ld_xbc, ST *__restrict__ state,
+                     int64_t slot_stride, int vec, const int32_t *__restrict__ slots,
+                     float *__restrict__ y, mbd_mops_ssd_conv cv) {
+  bool fetched = false;
+  for (int q = 0; q < sh.spb; q++) {
+    const int s = (int)blockIdx.y * sh.spb + q;
+    if (s >= sh.nseq) break;
+    ssd_seq<ST, NL, 1, FULL, false, false, true>(s, q, fetched, T, dm, sh, A, D, dt_bias, lo, hi,
+                                                 dt_raw, ld_dt, xbc, ld_xbc, state, slot_stride,
+                                                 vec, slots, y, cv);
   }
 }
 
@@ -529,27 +692,41 @@ static void ssd_pick(int nseq, bool conv, const mbd_mops_ssd_dims *dm, int *ks, 
   *ks = k, *nl = 8, *full = false;
 }
 
-template <int NL, int R, bool FULL, bool CONV, bool PREFILL>
+template <typename ST, int NL, int R, bool FULL, bool CONV, bool PREFILL>
 static int ssd_launch_nl(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_dims *dm,
                          const ssd_shape *sh, const float *A, const float *D,
                          const float *dt_bias, float lo, float hi, const float *dt_raw,
-                         int64_t ld_dt, const float *xbc, int64_t ld_xbc, float *state,
+                         int64_t ld_dt, const float *xbc, int64_t ld_xbc, ST *state,
                          int64_t slot_stride, int vec, const int32_t *slots, float *y,
                          const mbd_mops_ssd_conv *cv, mbd_error *err) {
   const size_t bytes = ssd_smem_bytes(sh, dm->d_state, T);
-  int rc = allow_smem(k_ssd_scan<NL, R, FULL, CONV, PREFILL>, bytes, err);
-  if (rc < 0) return rc;
   const int bph = (dm->head_dim + sh->pb - 1) / sh->pb;
-  return launch_pdl("ssd_scan", k_ssd_scan<NL, R, FULL, CONV, PREFILL>,
+  if constexpr (R == 1 && !CONV && !PREFILL && sizeof(ST) == 2) {
+    if (sh->spb > 1) {
+      int rc = allow_smem(k_ssd_scan_multi<ST, NL, FULL>, bytes, err);
+      if (rc < 0) return rc;
+      return launch_pdl("ssd_scan", k_ssd_scan_multi<ST, NL, FULL>,
+                        dim3((unsigned)(dm->heads * bph), (unsigned)((nseq + sh->spb - 1) / sh->spb)),
+                        dim3((unsigned)(sh->ks * sh->pb)), bytes, s, err, T, *dm, *sh, A, D,
+                        dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state, slot_stride, vec,
+                        slots, y, *cv);
+    }
+  }
+  int rc = allow_smem(k_ssd_scan<ST, NL, R, FULL, CONV, PREFILL>, bytes, err);
+  if (rc < 0) return rc;
+  return launch_pdl("ssd_scan", k_ssd_scan<ST, NL, R, FULL, CONV, PREFILL>,
                     dim3((unsigned)(dm->heads * bph), (unsigned)nseq),
                     dim3((unsigned)(sh->pb / R * sh->ks)), bytes, s, err, T, *dm, *sh, A, D, dt_bias,
                     lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state, slot_stride, vec, slots, y, *cv);
 }
 
+/* The launch for state storage ST (float or __nv_bfloat16; the conv folded
+ * in only with float). */
+template <typename ST>
 static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_dims *dm,
                            const float *A, const float *D, const float *dt_bias, float lo,
                            float hi, const float *dt_raw, int64_t ld_dt, const float *xbc,
-                           int64_t ld_xbc, float *state, int64_t slot_stride,
+                           int64_t ld_xbc, ST *state, int64_t slot_stride,
                            const int32_t *slots, float *y, const mbd_mops_ssd_conv *cv,
                            mbd_error *err) {
   int ks = 1, nl = 8;
@@ -558,7 +735,7 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
   /* bit 0: float4 state access; bit 1: float4 B, C, x and y access */
   const int P = dm->head_dim, N = dm->d_state;
   const int64_t di = (int64_t)dm->heads * P, rows = (int64_t)nseq * di;
-  const int vec = ((uintptr_t)state % 16 == 0 && slot_stride % 4 == 0 ? 1 : 0) |
+  const int vec = ((uintptr_t)state % 16 == 0 && slot_stride % ssd_st<ST>::EPV == 0 ? 1 : 0) |
                   ((uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && di % 4 == 0 &&
                            (uintptr_t)y % 16 == 0
                        ? 2
@@ -574,6 +751,9 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
   }
   ssd_shape sh;
   sh.ks = ks;
+  sh.sb = (int)sizeof(ST);
+  sh.spb = 1;
+  sh.nseq = nseq;
   const int rw = 32 / ks; /* row groups per warp */
   if (R == 4) {
     sh.pb = 4 * gb;
@@ -603,17 +783,33 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
    * load then overlaps the staging of the step's inputs */
   if (T <= SSD_OWN_TILE_T)
     sh.tile_at = ssd_nbuf(&sh, T) * ssd_chunk_floats_d(sh.tc, sh.ldn, sh.ldx);
-#define SSD_L(NLv, Rv, FULLv, CONVv, PREv)                                                      \
-  ssd_launch_nl<NLv, Rv, FULLv, CONVv, PREv>(s, nseq, T, dm, &sh, A, D, dt_bias, lo, hi, dt_raw,   \
-                                             ld_dt, xbc, ld_xbc, state, slot_stride, vec, slots, \
-                                             y, cv, err)
+  /* bf16 decode with blocks to spare: two or four sequences a block
+   * (k_ssd_scan_multi), while SSD_SPB_WAVES blocks per SM remain */
+  if (sizeof(ST) == 2 && T <= SSD_OWN_TILE_T && !cv->w && full && (vec & 1)) {
+    const int64_t blocks = (int64_t)dm->heads * ((P + sh.pb - 1) / sh.pb) * nseq;
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
+      for (int k = 4; k > 1 && sh.spb == 1; k /= 2) {
+        ssd_shape t = sh;
+        t.spb = k;
+        if (blocks / k >= (int64_t)SSD_SPB_WAVES * sms && ssd_smem_bytes(&t, N, T) <= SSD_MAX_SMEM)
+          sh.spb = k;
+      }
+  }
+#define SSD_L(NLv, Rv, FULLv, CONVv, PREv)                                                    \
+  ssd_launch_nl<ST, NLv, Rv, FULLv, CONVv, PREv>(s, nseq, T, dm, &sh, A, D, dt_bias, lo, hi,     \
+                                                 dt_raw, ld_dt, xbc, ld_xbc, state, slot_stride, \
+                                                 vec, slots, y, cv, err)
   if (T <= SSD_OWN_TILE_T) { /* decode steps: R = 1; with the conv NL <= 32 (ssd_pick) */
-    if (cv->w) {
-      if (!full) return SSD_L(8, 1, false, true, false);
-      switch (nl) {
-      case 8: return SSD_L(8, 1, true, true, false);
-      case 16: return SSD_L(16, 1, true, true, false);
-      default: return SSD_L(32, 1, true, true, false);
+    if constexpr (std::is_same<ST, float>::value) {
+      if (cv->w) {
+        if (!full) return SSD_L(8, 1, false, true, false);
+        switch (nl) {
+        case 8: return SSD_L(8, 1, true, true, false);
+        case 16: return SSD_L(16, 1, true, true, false);
+        default: return SSD_L(32, 1, true, true, false);
+        }
       }
     }
     if (!full) return SSD_L(8, 1, false, false, false);
@@ -661,6 +857,21 @@ extern "C" int mbd_mops_ssd_scan(void *stream, int nseq, int T, const mbd_mops_s
   const mbd_mops_ssd_conv none = {0, NULL, NULL, NULL, 0, NULL, 0, NULL};
   return ssd_scan_launch((cudaStream_t)stream, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt,
                          xbc, ld_xbc, state, slot_stride, slots, y, &none, err);
+}
+
+extern "C" int mbd_mops_ssd_scan_bf16state(void *stream, int nseq, int T,
+                                           const mbd_mops_ssd_dims *dm, const float *A,
+                                           const float *D, const float *dt_bias, float lo,
+                                           float hi, const float *dt_raw, int64_t ld_dt,
+                                           const float *xbc, int64_t ld_xbc, void *state,
+                                           int64_t slot_stride, const int32_t *slots, float *y,
+                                           mbd_error *err) {
+  if (nseq <= 0 || T <= 0) return 0;
+  int rc = ssd_check(nseq, dm, err);
+  if (rc) return rc;
+  const mbd_mops_ssd_conv none = {0, NULL, NULL, NULL, 0, NULL, 0, NULL};
+  return ssd_scan_launch((cudaStream_t)stream, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt,
+                         xbc, ld_xbc, (__nv_bfloat16 *)state, slot_stride, slots, y, &none, err);
 }
 
 extern "C" int mbd_mops_ssd_scan_conv(void *stream, int nseq, const mbd_mops_ssd_dims *dm,

@@ -39,6 +39,17 @@ int mbd_mops_ssd_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm
                       float *state, int64_t slot_stride, const int32_t *slots, float *y,
                       mbd_error *err);
 
+/* mbd_mops_ssd_scan over a bf16 state (state: device bf16 [H P][N] per
+ * slot, slot_stride in entries): the same steps in f32, each updated state
+ * entry rounded to bf16 (round to nearest even) before it is stored and
+ * before the y chain reads it, s = bf16(fmaf(dA, s, (dt * B) * x)), y =
+ * fmaf(s, C, y); so any T, chunking and batch still give the same bits. */
+int mbd_mops_ssd_scan_bf16state(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
+                                const float *A, const float *D, const float *dt_bias, float lo,
+                                float hi, const float *dt_raw, int64_t ld_dt, const float *xbc,
+                                int64_t ld_xbc, void *state, int64_t slot_stride,
+                                const int32_t *slots, float *y, mbd_error *err);
+
 /* The causal conv + SiLU of the xBC channels folded into a decode step, with
  * mbd_mops_conv_silu's arithmetic (kernels/cuda/ops/conv_silu.h): raw inputs
  * xin[s * ld_xin + c] for c < H P + 2 G N (x | B | C), weights w

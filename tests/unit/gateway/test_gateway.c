@@ -109,7 +109,7 @@ static void test_request_defaults_and_fields(void **state) {
   assert_int_equal(
       parse("{\"model\":\"m\",\"prompt\":[[1,2],[3]],\"stop\":[\"a\",7],\"n\":2,"
             "\"stream\":false,\"stream_options\":{\"include_usage\":true},"
-            "\"logprobs\":2,\"echo\":true,\"seed\":-1,\"route\":\"backend=cpu,dtype=f32\"}",
+            "\"logprobs\":2,\"echo\":true,\"seed\":-1,\"route\":\"backend=cpu,dtype=f32,state=bf16\"}",
             false, &r, &e),
       0);
   assert_int_equal(r.n_prompts, 2);
@@ -124,6 +124,7 @@ static void test_request_defaults_and_fields(void **state) {
   assert_true(r.seed == UINT64_MAX);
   assert_string_equal(r.route.backend, "cpu");
   assert_string_equal(r.route.dtype, "f32");
+  assert_string_equal(r.route.state, "bf16");
   gw_request_free(&r);
   assert_int_equal(
       parse("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":"
