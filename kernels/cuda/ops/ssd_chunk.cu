@@ -31,8 +31,9 @@
  * are made as wide as the SMs allow. Adjacent threads are channels of one
  * piece, so B and C reads are shared by lane pairs; x and the chain
  * hand-offs are padded so that a warp's pieces hit distinct banks. The
- * state is stored as ST between launches (float; the storage type's
- * rounding, ssd_slot<ST>::round, would be applied after every step). */
+ * state is stored as ST between launches (float or bf16); each step's
+ * value is rounded as stored (ssd_slot<ST>::round) before the chain reads
+ * it. */
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/ssd_chunk.h"
 
@@ -74,6 +75,24 @@ struct ssd_slot<float> {
 #pragma unroll
       for (int i = 0; i < NL; i++) p[i] = st[i];
     }
+  }
+};
+
+template <>
+struct ssd_slot<__nv_bfloat16> {
+  /* the value kept after a step: rounded to bf16, as stored */
+  static __device__ __forceinline__ float round(float v) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+  }
+  template <int NL>
+  static __device__ __forceinline__ void load(float (&st)[NL], const __nv_bfloat16 *p, bool) {
+#pragma unroll
+    for (int i = 0; i < NL; i++) st[i] = __bfloat162float(p[i]);
+  }
+  template <int NL>
+  static __device__ __forceinline__ void store(__nv_bfloat16 *p, const float (&st)[NL], bool) {
+#pragma unroll
+    for (int i = 0; i < NL; i++) p[i] = __float2bfloat16_rn(st[i]); /* exact: rounded already */
   }
 };
 
@@ -380,11 +399,11 @@ extern "C" bool mbd_mops_ssd_chunk_takes(int nseq, int T, const mbd_mops_ssd_dim
          dm->d_state % SC_NL == 0 && dm->d_state <= MBD_MOPS_SSD_MAX_STATE;
 }
 
-template <int R>
+template <int R, typename ST>
 static int sc_launch(cudaStream_t stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
                      const float *A, const float *D, const float *dt_bias, float lo, float hi,
                      const float *dt_raw, int64_t ld_dt, const float *xbc, int64_t ld_xbc,
-                     float *state, int64_t slot_stride, const int32_t *slots, float *y, int vec,
+                     ST *state, int64_t slot_stride, const int32_t *slots, float *y, int vec,
                      mbd_error *err) {
   const int N = dm->d_state, kp = N / SC_NL;
   int cb = sc_pick_cb(nseq, dm, kp, R);
@@ -393,24 +412,23 @@ static int sc_launch(cudaStream_t stream, int nseq, int T, const mbd_mops_ssd_di
     cb -= 4;
   const int nh = sc_heads(dm, cb);
   const size_t bytes = (size_t)sc_smem_floats(N, cb, kp, nh) * sizeof(float);
-  int rc = allow_smem(k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, float>, bytes, err);
+  int rc = allow_smem(k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, ST>, bytes, err);
   if (rc < 0) return rc;
   const int gch = dm->heads / dm->n_groups * dm->head_dim, bpg = (gch + cb - 1) / cb;
   /* a long kernel: not launched early (PDL), where it would share the SMs
    * its predecessor still holds */
-  return launch_ex(false, "ssd_chunk", k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, float>,
+  return launch_ex(false, "ssd_chunk", k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, ST>,
                    dim3((unsigned)(dm->n_groups * bpg), (unsigned)nseq),
                    dim3((unsigned)(cb / R * kp)),
                    bytes, stream, err, T, *dm, cb, nh, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,
                    ld_xbc, state, slot_stride, vec, slots, y);
 }
 
-extern "C" int mbd_mops_ssd_chunk_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
-                                       const float *A, const float *D, const float *dt_bias,
-                                       float lo, float hi, const float *dt_raw, int64_t ld_dt,
-                                       const float *xbc, int64_t ld_xbc, float *state,
-                                       int64_t slot_stride, const int32_t *slots, float *y,
-                                       mbd_error *err) {
+template <typename ST>
+static int sc_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm, const float *A,
+                   const float *D, const float *dt_bias, float lo, float hi, const float *dt_raw,
+                   int64_t ld_dt, const float *xbc, int64_t ld_xbc, ST *state,
+                   int64_t slot_stride, const int32_t *slots, float *y, mbd_error *err) {
   if (nseq <= 0 || T <= 0) return 0;
   if (!mbd_mops_ssd_chunk_takes(nseq, T, dm) || nseq > 65535)
     return mbd_error_set(err, MBD_E_INVALID, "ssd_chunk: %d tokens, d_state %d unsupported", T,
@@ -423,8 +441,29 @@ extern "C" int mbd_mops_ssd_chunk_scan(void *stream, int nseq, int T, const mbd_
   const int64_t entries = (int64_t)nseq * di * dm->d_state;
   cudaStream_t s = (cudaStream_t)stream;
   if (dm->head_dim % 2 == 0 && entries / (2 * SC_NL) >= (int64_t)SC_R2_THREADS * sc_sms())
-    return sc_launch<2>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state,
-                        slot_stride, slots, y, vec, err);
-  return sc_launch<1>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state,
-                      slot_stride, slots, y, vec, err);
+    return sc_launch<2, ST>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc,
+                            state, slot_stride, slots, y, vec, err);
+  return sc_launch<1, ST>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc,
+                          state, slot_stride, slots, y, vec, err);
+}
+
+extern "C" int mbd_mops_ssd_chunk_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
+                                       const float *A, const float *D, const float *dt_bias,
+                                       float lo, float hi, const float *dt_raw, int64_t ld_dt,
+                                       const float *xbc, int64_t ld_xbc, float *state,
+                                       int64_t slot_stride, const int32_t *slots, float *y,
+                                       mbd_error *err) {
+  return sc_scan(stream, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state,
+                 slot_stride, slots, y, err);
+}
+
+extern "C" int mbd_mops_ssd_chunk_scan_bf16state(void *stream, int nseq, int T,
+                                                 const mbd_mops_ssd_dims *dm, const float *A,
+                                                 const float *D, const float *dt_bias, float lo,
+                                                 float hi, const float *dt_raw, int64_t ld_dt,
+                                                 const float *xbc, int64_t ld_xbc, void *state,
+                                                 int64_t slot_stride, const int32_t *slots,
+                                                 float *y, mbd_error *err) {
+  return sc_scan(stream, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc,
+                 (__nv_bfloat16 *)state, slot_stride, slots, y, err);
 }

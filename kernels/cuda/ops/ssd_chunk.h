@@ -34,6 +34,16 @@ int mbd_mops_ssd_chunk_scan(void *stream, int nseq, int T, const mbd_mops_ssd_di
                             int64_t ld_xbc, float *state, int64_t slot_stride,
                             const int32_t *slots, float *y, mbd_error *err);
 
+/* mbd_mops_ssd_scan_bf16state's contract (ssd_scan.h) on this kernel: each
+ * updated entry rounded to bf16 before it is stored and before the y chain
+ * reads it; state bf16, slot_stride in entries. */
+int mbd_mops_ssd_chunk_scan_bf16state(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
+                                      const float *A, const float *D, const float *dt_bias,
+                                      float lo, float hi, const float *dt_raw, int64_t ld_dt,
+                                      const float *xbc, int64_t ld_xbc, void *state,
+                                      int64_t slot_stride, const int32_t *slots, float *y,
+                                      mbd_error *err);
+
 #ifdef __cplusplus
 }
 #endif
