@@ -658,7 +658,8 @@ typedef struct ssd_case {
  * partial lanes (d_state 1, 24, 200), d_state 256, head_dim
  * not a multiple of the block's rows, chunk boundaries, T = 1 and short
  * launches (the state tile of its own), and odd slot and row strides (no
- * vector state access, no float4 B/C loads) beside multiples of four. */
+ * vector state access, no float4 B/C loads) beside multiples of four; and
+ * launches of 64 tokens and more, which go to the chunked kernel. */
 static void test_ssd_scan(void **state) {
   (void)state;
   static const ssd_case cases[] = {
@@ -669,6 +670,21 @@ static void test_ssd_scan(void **state) {
       {8, 64, 128, 2, 40, 1}, {4, 64, 64, 2, 32, 40},  {2, 64, 128, 1, 64, 70},
       {2, 64, 128, 1, 64, 17}, {4, 64, 64, 2, 32, 40}, {3, 5, 16, 1, 2, 7},
       {2, 128, 16, 1, 32, 16}, {4, 64, 128, 1, 64, 6}, {4, 64, 128, 1, 64, 6},
+      /* the chunked kernel (ssd_chunk.cu; 64 tokens and more, fewer than
+       * 8192 rows): around its thresholds, partial last chunks, d_state 8 to
+       * 256 (pieces of 8 entries, 200 and 24 giving odd piece counts, 8 a
+       * single piece), one channel per thread and two (larger launches, even
+       * head_dim; the 130m shape at one sequence takes one, 1.3b two; the
+       * choice follows the SM count, 132 on the H200), groups, blocks that
+       * span heads and end inside a group */
+      {2, 64, 128, 1, 1, 63},  {2, 64, 128, 1, 1, 64},  {2, 64, 128, 1, 1, 65},
+      {3, 64, 64, 3, 3, 200},  {2, 64, 256, 2, 1, 200}, {4, 64, 16, 2, 8, 100},
+      {2, 64, 128, 1, 1, 2048}, {1, 64, 128, 1, 3, 1003}, {4, 33, 128, 2, 8, 257},
+      {2, 5, 24, 1, 3, 77},    {1, 64, 200, 1, 1, 64},  {24, 64, 128, 1, 8, 130},
+      {24, 64, 128, 1, 3, 70}, {64, 64, 128, 1, 1, 80}, {2, 7, 48, 2, 2, 129},
+      {24, 64, 64, 2, 8, 70},  {16, 64, 256, 4, 8, 65}, {4, 64, 8, 1, 2, 66},
+      {24, 64, 128, 1, 1, 96}, {12, 66, 128, 2, 4, 70}, {32, 64, 256, 1, 3, 70},
+      {60, 33, 256, 2, 2, 66},
   };
   uint64_t seed = 31;
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
@@ -764,6 +780,102 @@ static void test_ssd_scan(void **state) {
   assert_int_equal(mbd_mops_ssd_scan(g_stream, 1, 1, &big, NULL, NULL, NULL, 0, 1, NULL, 2, NULL,
                                      8, NULL, 0, NULL, NULL, &err),
                    MBD_E_INVALID);
+}
+
+/* mbd_mops_ssd_scan_bf16state over T tokens in one launch (64 and more:
+ * the chunked kernel) == the same tokens one launch each (the decode step
+ * of ssd_scan.cu), by memcmp of y and of the bf16 states, in permuted
+ * slots, one channel and two per thread, blocks across heads, groups. */
+static void test_ssd_scan_bf16state(void **state) {
+  (void)state;
+  static const ssd_case cases[] = {
+      {2, 64, 128, 1, 1, 70}, {4, 33, 128, 2, 3, 65}, {24, 64, 128, 1, 1, 96},
+      {12, 66, 128, 2, 4, 70}, {2, 5, 24, 1, 2, 67},
+  };
+  uint64_t seed = 77;
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const ssd_case *c = &cases[ci];
+    const int H = c->H, P = c->P, N = c->N, G = c->G, ns = c->nseq, T = c->T;
+    const int64_t di = (int64_t)H * P, cd = di + 2 * (int64_t)G * N, ld_x = cd + 4, ld_dt = H;
+    const int64_t M = (int64_t)ns * T, stride = di * N, nslot = ns + 1;
+    float *A = fillf((size_t)H, &seed, -2.0f, -0.05f), *D = fillf((size_t)H, &seed, -1, 1);
+    float *bias = fillf((size_t)H, &seed, -1, 1);
+    float *dtr = fillf((size_t)(M * ld_dt), &seed, -3, 1);
+    float *xbc = fillf((size_t)(M * ld_x), &seed, -1, 1);
+    float *f0 = fillf((size_t)(nslot * stride), &seed, -0.5f, 0.5f);
+    uint16_t *st0 = malloc((size_t)(nslot * stride) * 2);
+    for (int64_t i = 0; i < nslot * stride; i++) st0[i] = mbd_f32_to_bf16(f0[i]);
+    int32_t *slots = malloc((size_t)ns * 4);
+    for (int s = 0; s < ns; s++) slots[s] = (int32_t)(ns - s); /* reversed, 0 unused */
+    const mbd_mops_ssd_dims dm = {H, P, N, G};
+    float *dA = dput(A, (size_t)H * 4), *dD = dput(D, (size_t)H * 4);
+    float *dbias = dput(bias, (size_t)H * 4);
+    int32_t *dsl = dput(slots, (size_t)ns * 4);
+    const size_t sb = (size_t)(nslot * stride) * 2;
+    void *sc[2] = {dput(st0, sb), dput(st0, sb)};
+    float *dy[2] = {dzero((size_t)(M * di) * 4), dzero((size_t)(M * di) * 4)};
+    /* one launch of T tokens (rows s * T + t) */
+    float *dx = dput(xbc, (size_t)(M * ld_x) * 4), *ddt = dput(dtr, (size_t)(M * ld_dt) * 4);
+    OP(mbd_mops_ssd_scan_bf16state(g_stream, ns, T, &dm, dA, dD, dbias, 0.0f, INFINITY, ddt,
+                                   ld_dt, dx, ld_x, sc[0], stride, dsl, dy[0], &err));
+    /* T launches of one token each (rows of token t gathered per sequence) */
+    float *hx = malloc((size_t)(ns * ld_x) * 4), *hd = malloc((size_t)(ns * ld_dt) * 4);
+    float *dx1 = dzero((size_t)(ns * ld_x) * 4), *dd1 = dzero((size_t)(ns * ld_dt) * 4);
+    float *dy1 = dzero((size_t)(ns * di) * 4), *hy = malloc((size_t)(ns * di) * 4);
+    float *gy = malloc((size_t)(M * di) * 4), *ry = malloc((size_t)(M * di) * 4);
+    for (int t = 0; t < T; t++) {
+      for (int s = 0; s < ns; s++) {
+        memcpy(hx + s * ld_x, xbc + ((int64_t)s * T + t) * ld_x, (size_t)ld_x * 4);
+        memcpy(hd + s * ld_dt, dtr + ((int64_t)s * T + t) * ld_dt, (size_t)ld_dt * 4);
+      }
+      CK(cudaMemcpy(dx1, hx, (size_t)(ns * ld_x) * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(dd1, hd, (size_t)(ns * ld_dt) * 4, cudaMemcpyHostToDevice));
+      OP(mbd_mops_ssd_scan_bf16state(g_stream, ns, 1, &dm, dA, dD, dbias, 0.0f, INFINITY, dd1,
+                                     ld_dt, dx1, ld_x, sc[1], stride, dsl, dy1, &err));
+      dget(hy, dy1, (size_t)(ns * di) * 4);
+      for (int s = 0; s < ns; s++)
+        memcpy(ry + ((int64_t)s * T + t) * di, hy + s * di, (size_t)di * 4);
+    }
+    dget(gy, dy[0], (size_t)(M * di) * 4);
+    uint16_t *g0 = malloc((size_t)(nslot * stride) * 2), *g1 = malloc((size_t)(nslot * stride) * 2);
+    dget(g0, sc[0], (size_t)(nslot * stride) * 2);
+    dget(g1, sc[1], (size_t)(nslot * stride) * 2);
+    char what[128];
+    snprintf(what, sizeof what, "ssd_scan_bf16state H=%d P=%d N=%d G=%d nseq=%d T=%d y", H, P, N,
+             G, ns, T);
+    same_bytes(what, gy, ry, (size_t)(M * di), 4);
+    snprintf(what, sizeof what, "ssd_scan_bf16state H=%d P=%d N=%d G=%d nseq=%d T=%d state", H, P,
+             N, G, ns, T);
+    same_bytes(what, g0, g1, (size_t)(nslot * stride), 2);
+    dfree(dA);
+    dfree(dD);
+    dfree(dbias);
+    dfree(dsl);
+    dfree(sc[0]);
+    dfree(sc[1]);
+    dfree(dy[0]);
+    dfree(dy[1]);
+    dfree(dx);
+    dfree(ddt);
+    dfree(dx1);
+    dfree(dd1);
+    dfree(dy1);
+    free(hx);
+    free(hd);
+    free(hy);
+    free(gy);
+    free(ry);
+    free(g0);
+    free(g1);
+    free(st0);
+    free(f0);
+    free(slots);
+    free(A);
+    free(D);
+    free(bias);
+    free(dtr);
+    free(xbc);
+  }
 }
 
 /* mbd_mops_ssd_scan_conv (decode step, conv folded in) == mbd_mops_conv_silu
@@ -1138,7 +1250,7 @@ int main(void) {
       cmocka_unit_test(test_embed),         cmocka_unit_test(test_add_rmsnorm),
       cmocka_unit_test(test_conv_silu),     cmocka_unit_test(test_xproj),
       cmocka_unit_test(test_scan),          cmocka_unit_test(test_scan_batch),
-      cmocka_unit_test(test_ssd_scan),
+      cmocka_unit_test(test_ssd_scan),      cmocka_unit_test(test_ssd_scan_bf16state),
       cmocka_unit_test(test_ssd_scan_conv), cmocka_unit_test(test_gated_rmsnorm),
       cmocka_unit_test(test_conv_fusion),
       cmocka_unit_test(test_sample_greedy), cmocka_unit_test(test_fill_uniform),

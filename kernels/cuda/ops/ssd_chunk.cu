@@ -1,0 +1,469 @@
+/* The Mamba-2 recurrence for long prefills (see ssd_chunk.h).
+ *
+ * The only serial dependence across tokens is each state entry with its own
+ * past; the n chains of different tokens' outputs are independent. So a
+ * block takes CB consecutive channels of one group of one sequence (they
+ * share B and C; they may span heads) and splits each channel's state row
+ * into KP = N / NL ranges ("pieces") of NL entries: thread (k, l) keeps
+ * entries [k NL, (k + 1) NL) of channels l R .. l R + R - 1 in registers
+ * for the whole launch (R = 2 at larger launches: each B and C value read
+ * from shared memory then serves two updates). Tokens run in chunks of TC, and the
+ * pieces form a wavefront over the chunks: at tick m piece k takes chunk
+ * m - k. For each of the chunk's tokens in order it updates its entries,
+ * then continues that token's n chain over them from the value piece k - 1
+ * left in shared memory at tick m - 1 (piece 0 starts from +0), and leaves
+ * the chain for piece k + 1; the last piece adds the D skip and writes y.
+ * So each entry takes its steps in time order and each chain its n in
+ * ascending order, the CPU step's roundings (kernels/cpu/ssd_step.c), while
+ * a thread's TC chains of a tick are independent of each other and the
+ * entries' updates interleave with them.
+ *
+ * Per tick, one barrier: chunk inputs are staged by cp.async two ticks
+ * ahead (each piece's range of B and C of its chunk, three buffers; x of
+ * a chunk into a ring of KP + 2 chunks, as pieces read it for KP ticks),
+ * so a tick's copies have a whole tick to arrive; and every SC_DG ticks
+ * the block computes dt and dA of the next SC_DG chunks for its heads, a
+ * token and head per thread, from the raw dt staged with them and the
+ * heads' weights held in shared memory (a ring of KP + SC_DG chunks), so
+ * that no thread waits on a global load there or runs more than one of
+ * these chains of transcendentals. Each thread forms dt * B for its
+ * entries, as the step does. B and C are staged once per block, so blocks
+ * are made as wide as the SMs allow. Adjacent threads are channels of one
+ * piece, so B and C reads are shared by lane pairs; x and the chain
+ * hand-offs are padded so that a warp's pieces hit distinct banks. The
+ * state is stored as ST between launches (float or bf16); each step's
+ * value is rounded as stored (ssd_slot<ST>::round) before the chain reads
+ * it. */
+#include "kernels/cuda/ops/common.cuh"
+#include "kernels/cuda/ops/ssd_chunk.h"
+
+#define SC_TC 8             /* tokens per chunk */
+#define SC_DG 4             /* chunks per dt pass */
+#define SC_MAX_THREADS 512  /* threads per block at most */
+#define SC_MAX_SMEM (200 * 1024) /* shared bytes per block at most */
+#define SC_NL 8             /* state entries per thread and channel */
+#define SC_R2_THREADS 128   /* two channels per thread from this many threads per SM on */
+
+/* How the state is stored between launches. */
+template <typename ST>
+struct ssd_slot;
+template <>
+struct ssd_slot<float> {
+  /* the value kept after a step */
+  static __device__ __forceinline__ float round(float v) { return v; }
+  /* NL entries from p (16-byte aligned when vec) */
+  template <int NL>
+  static __device__ __forceinline__ void load(float (&st)[NL], const float *p, bool vec) {
+    if (vec) {
+#pragma unroll
+      for (int i = 0; i < NL; i += 4) {
+        const float4 v = *(const float4 *)(p + i);
+        st[i] = v.x, st[i + 1] = v.y, st[i + 2] = v.z, st[i + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < NL; i++) st[i] = p[i];
+    }
+  }
+  template <int NL>
+  static __device__ __forceinline__ void store(float *p, const float (&st)[NL], bool vec) {
+    if (vec) {
+#pragma unroll
+      for (int i = 0; i < NL; i += 4)
+        *(float4 *)(p + i) = make_float4(st[i], st[i + 1], st[i + 2], st[i + 3]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < NL; i++) p[i] = st[i];
+    }
+  }
+};
+
+template <>
+struct ssd_slot<__nv_bfloat16> {
+  /* the value kept after a step: rounded to bf16, as stored */
+  static __device__ __forceinline__ float round(float v) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+  }
+  template <int NL>
+  static __device__ __forceinline__ void load(float (&st)[NL], const __nv_bfloat16 *p, bool) {
+#pragma unroll
+    for (int i = 0; i < NL; i++) st[i] = __bfloat162float(p[i]);
+  }
+  template <int NL>
+  static __device__ __forceinline__ void store(__nv_bfloat16 *p, const float (&st)[NL], bool) {
+#pragma unroll
+    for (int i = 0; i < NL; i++) p[i] = __float2bfloat16_rn(st[i]); /* exact: rounded already */
+  }
+};
+
+__device__ __forceinline__ void sc_cp16(void *dst, const void *src) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void sc_cp4(void *dst, const void *src) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void sc_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+/* Waits until at most NP of this thread's committed groups are pending. */
+template <int NP>
+__device__ __forceinline__ void sc_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(NP) : "memory");
+}
+
+/* Shared floats of a block of cb channels, kp pieces and up to nh heads:
+ * B and C [3][TC][2 N], the x ring [kp + 2][(TC + 1) cb], the chain
+ * hand-offs [2][kp][(TC + 1) cb], (dt, dA) pairs [kp + DG][nh][TC + 1],
+ * dt_raw [nh][DG TC], (A, dt_bias) [nh]. */
+static int sc_smem_floats(int N, int cb, int kp, int nh) {
+  const int xw = (SC_TC + 1) * cb;
+  return 3 * SC_TC * 2 * N + (kp + 2) * xw + 2 * kp * xw +
+         2 * (kp + SC_DG) * nh * (SC_TC + 1) + nh * SC_DG * SC_TC + 2 * nh;
+}
+
+/* R consecutive floats from shared memory (8-byte aligned for R = 2). */
+template <int R>
+__device__ __forceinline__ void sc_ld(float (&v)[R], const float *p) {
+  if constexpr (R == 2) {
+    const float2 q = *(const float2 *)p;
+    v[0] = q.x, v[1] = q.y;
+  } else {
+    v[0] = p[0];
+  }
+}
+
+/* vec: bit 0 the state rows allow float4 access, bit 1 B and C allow
+ * 16-byte copies. A register cap for SC_MAX_THREADS threads rather than
+ * __launch_bounds__, under which ptxas held NL = 8 to 64 registers and
+ * spilled. */
+template <int NL, int R, int TC, int DG, typename ST>
+__global__ void __maxnreg__(65536 / SC_MAX_THREADS)
+    k_ssd_chunk(int T, mbd_mops_ssd_dims dm, int CB, int NH, const float *__restrict__ A,
+                const float *__restrict__ D, const float *__restrict__ dt_bias, float lo,
+                float hi, const float *__restrict__ dt_raw, int64_t ld_dt,
+                const float *__restrict__ xbc, int64_t ld_xbc, ST *__restrict__ state,
+                int64_t slot_stride, int vec, const int32_t *__restrict__ slots,
+                float *__restrict__ y) {
+  static_assert(DG >= 3, "a pass's raw dt is staged two ticks before, over the pass before");
+  extern __shared__ float4 sc_smem4[];
+  const int P = dm.head_dim, N = dm.d_state, KP = N / NL;
+  const int gch = dm.heads / dm.n_groups * P; /* channels per group */
+  const int bpg = (gch + CB - 1) / CB;        /* blocks per group */
+  const int g = blockIdx.x / bpg, s = blockIdx.y;
+  const int c0 = g * gch + (blockIdx.x - g * bpg) * CB; /* the block's first channel */
+  const int cn = g * gch + gch - c0 < CB ? g * gch + gch - c0 : CB; /* .. and its live ones */
+  const int h0 = c0 / P, nh = (c0 + cn - 1) / P - h0 + 1; /* its heads (nh <= NH) */
+  /* lanes per piece; this thread's piece, lane, first channel, head. With R
+   * = 2 (head_dim even: CB, the group and cn are too) a thread's channels
+   * are both live or both not, of one head. */
+  const int LP = CB / R, tid = threadIdx.x, nth = LP * KP, k = tid / LP, l = tid - k * LP;
+  const int n0 = k * NL, cl = l * R;
+  const bool live = cl < cn;
+  const int c = c0 + (live ? cl : 0), hl = c / P - h0;
+  const int64_t di = (int64_t)dm.heads * P, GN = (int64_t)dm.n_groups * N;
+  /* x ring slots, slot and piece stride (= CB mod 32: a warp's pieces hit
+   * distinct banks; the ring runs backwards, so that the pieces' chunks
+   * m - k do too); (dt, dA) ring slots and head row stride */
+  const int XS = KP + 2, XW = (TC + 1) * CB;
+  const int DS = KP + DG, DW = TC + 1;
+  float *s_bc = (float *)sc_smem4;           /* [3][TC][B N | C N] */
+  float *s_x = s_bc + 3 * TC * 2 * N;        /* [XS][XW]: x[t][j] at t * CB + j */
+  float *s_p = s_x + XS * XW;                /* [2][KP][XW]: chain after piece k */
+  float2 *s_dd = (float2 *)(s_p + 2 * KP * XW); /* [DS][NH][DW]: (dt, dA) */
+  float *s_dtr = (float *)(s_dd + DS * NH * DW); /* [NH][DG TC]: raw dt of the next pass */
+  float2 *s_ab = (float2 *)(s_dtr + NH * DG * TC); /* [NH]: (A, dt_bias) of the block's heads */
+  auto xslot = [&](int q) { return XS - 1 - q % XS; };
+  const float dd = D[h0 + hl];
+  /* the heads' weights, so that the dt passes wait on no global load */
+  if (tid < nh) s_ab[tid] = make_float2(A[h0 + tid], dt_bias[h0 + tid]);
+  pdl_wait();
+  const int nch = (T + TC - 1) / TC, nticks = nch + KP - 1;
+  const int64_t row0 = (int64_t)s * T;
+  const float *xg = xbc + c0, *bg = xbc + di + (int64_t)g * N;
+  auto tokens = [&](int q) { return T - q * TC < TC ? T - q * TC : TC; };
+  /* dt and dA of a head with weights ab = (A, dt_bias) from its raw dt, as
+   * ssd_scan computes them */
+  auto dt_of = [&](float2 ab, float raw, float2 *o) {
+    float dt = mbd_pm_softplus(__fadd_rn(raw, ab.y));
+    if (dt < lo) dt = lo;
+    if (dt > hi) dt = hi;
+    *o = make_float2(dt, mbd_pm_expf(__fmul_rn(dt, ab.x)));
+  };
+  /* Staging for tick m, one commit group (empty past the end): piece kk's
+   * range of B and C of chunk m - kk into buffer m % 3; x of chunk m into
+   * its ring slot; when tick m has a dt pass (m % DG == 0), dt_raw of
+   * chunks m + 1 .. m + DG. */
+  auto stage = [&](int m) {
+    float *bc = s_bc + (m % 3) * TC * 2 * N;
+    /* element e = (t, w, u): column u (W floats) of B (w = 0) or C of step
+     * t; consecutive threads take consecutive columns, so that their
+     * shared-memory writes fall in distinct banks */
+    auto copy_bc = [&](auto width) {
+      constexpr int W = decltype(width)::value;
+      const int NQ = N / W, du = nth % NQ, drw = nth / NQ;
+      int u = tid % NQ, rw = tid / NQ;
+      for (; rw < 2 * TC; u += du, rw += drw) {
+        if (u >= NQ) u -= NQ, rw++;
+        if (rw >= 2 * TC) break;
+        const int t = rw >> 1, w = rw & 1, kk = u * W / NL, q = m - kk;
+        if (q < 0 || q >= nch || t >= tokens(q)) continue;
+        const int64_t row = row0 + (int64_t)q * TC + t;
+        if (W == 4)
+          sc_cp16(bc + t * 2 * N + w * N + 4 * u, bg + row * ld_xbc + w * GN + 4 * u);
+        else
+          sc_cp4(bc + t * 2 * N + w * N + u, bg + row * ld_xbc + w * GN + u);
+      }
+    };
+    if (vec & 2)
+      copy_bc(std::integral_constant<int, 4>());
+    else
+      copy_bc(std::integral_constant<int, 1>());
+    if (m < nch) {
+      float *xs = s_x + xslot(m) * XW;
+      const int tn = tokens(m);
+      for (int e = tid; e < tn * CB; e += nth) {
+        const int t = e / CB, j = e - t * CB;
+        if (j < cn)
+          sc_cp4(xs + e, xg + (row0 + (int64_t)m * TC + t) * ld_xbc + j);
+        else
+          xs[e] = 0.0f; /* channels past the group: zeros, never written out */
+      }
+    }
+    if (m % DG == 0 && m + 1 < nch) {
+      const int64_t t1 = (int64_t)(m + 1) * TC; /* first token of the pass */
+      const int tn = T - t1 < DG * TC ? (int)(T - t1) : DG * TC;
+      for (int e = tid; e < nh * DG * TC; e += nth) {
+        const int hh = e / (DG * TC), j = e - hh * (DG * TC);
+        if (j < tn) sc_cp4(s_dtr + e, dt_raw + (row0 + t1 + j) * ld_dt + h0 + hh);
+      }
+    }
+    sc_commit();
+  };
+  ST *srow = state + (int64_t)slots[s] * slot_stride + (int64_t)c * N + n0;
+  float st[R][NL];
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    if (live) {
+      ssd_slot<ST>::template load<NL>(st[r], srow + r * N, vec & 1);
+    } else {
+#pragma unroll
+      for (int i = 0; i < NL; i++) st[r][i] = 0.0f;
+    }
+  }
+  /* chunk 0's dt and dA straight from dt_raw (visible after tick 0's barrier) */
+  for (int e = tid; e < nh * TC; e += nth) {
+    const int hh = e / TC, t = e - hh * TC;
+    if (t < tokens(0))
+      dt_of(make_float2(A[h0 + hh], dt_bias[h0 + hh]), dt_raw[(row0 + t) * ld_dt + h0 + hh],
+            s_dd + hh * DW + t);
+  }
+  stage(0);
+  stage(1);
+  for (int m = 0; m < nticks; m++) {
+    sc_wait_group<1>(); /* this thread's copies for tick m are in (tick m + 1's may not be) */
+    __syncthreads();    /* everyone's are; tick m - 1 has finished reading */
+    stage(m + 2);
+    /* dt and dA of chunks m + 1 .. m + DG (read from tick m + 1 on), a
+     * token and head per thread */
+    if (m % DG == 0 && m + 1 < nch) {
+      const int64_t t1 = (int64_t)(m + 1) * TC;
+      const int tn = T - t1 < DG * TC ? (int)(T - t1) : DG * TC;
+      for (int e = tid; e < nh * DG * TC; e += nth) {
+        const int hh = e / (DG * TC), j = e - hh * (DG * TC);
+        if (j >= tn) continue;
+        const int o = ((m + 1 + j / TC) % DS * NH + hh) * DW + j % TC;
+        dt_of(s_ab[hh], s_dtr[e], s_dd + o);
+      }
+    }
+    const int q = m - k;
+    if (q < 0 || q >= nch) continue;
+    const int tn = tokens(q), sd = q % DS;
+    const float *bc = s_bc + (m % 3) * TC * 2 * N + n0;
+    const float *xs = s_x + xslot(q) * XW + cl;
+    const float2 *dds = s_dd + (sd * NH + hl) * DW;
+    const float *pin = s_p + (((m + 1) & 1) * KP + (k > 0 ? k - 1 : 0)) * XW + cl;
+    float *pout = s_p + ((m & 1) * KP + k) * XW + cl;
+    float *yq = y + (row0 + (int64_t)q * TC) * di + c;
+    /* the tick's chains, stored after the loop: shared stores among the
+     * steps would keep each step's loads behind the step before */
+    float outv[TC][R];
+    auto step = [&](int t) {
+      const float2 dda = dds[t];
+      const float dt = dda.x, da = dda.y;
+      float xv[R], acc[R];
+      sc_ld<R>(xv, xs + t * CB);
+      if (k > 0) {
+        sc_ld<R>(acc, pin + t * CB);
+      } else {
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r] = 0.0f;
+      }
+      const float *bt = bc + t * 2 * N, *ct = bt + N;
+#pragma unroll
+      for (int i = 0; i < NL; i += 4) {
+        const float4 b4 = *(const float4 *)(bt + i), c4 = *(const float4 *)(ct + i);
+        const float bq[4] = {b4.x, b4.y, b4.z, b4.w}, cq[4] = {c4.x, c4.y, c4.z, c4.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          const float dtb = __fmul_rn(dt, bq[j]);
+#pragma unroll
+          for (int r = 0; r < R; r++) {
+            st[r][i + j] =
+                ssd_slot<ST>::round(__fmaf_rn(da, st[r][i + j], __fmul_rn(dtb, xv[r])));
+            acc[r] = __fmaf_rn(st[r][i + j], cq[j], acc[r]);
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; r++) outv[t][r] = k == KP - 1 ? __fmaf_rn(dd, xv[r], acc[r]) : acc[r];
+    };
+    if (tn == TC) {
+#pragma unroll
+      for (int t = 0; t < TC; t++) step(t);
+    } else {
+#pragma unroll
+      for (int t = 0; t < TC; t++)
+        if (t < tn) step(t);
+    }
+    if (k == KP - 1) {
+      if (live) {
+#pragma unroll
+        for (int t = 0; t < TC; t++)
+          if (t < tn) {
+#pragma unroll
+            for (int r = 0; r < R; r++) yq[t * di + r] = outv[t][r];
+          }
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < TC; t++)
+        if (t < tn) {
+          if constexpr (R == 2)
+            *(float2 *)(pout + t * CB) = make_float2(outv[t][0], outv[t][1]);
+          else
+            pout[t * CB] = outv[t][0];
+        }
+    }
+  }
+  if (live) {
+#pragma unroll
+    for (int r = 0; r < R; r++) ssd_slot<ST>::template store<NL>(srow + r * N, st[r], vec & 1);
+  }
+}
+
+static int sc_sms(void) {
+  static int sms; /* the device's SM count, read once */
+  if (!sms) {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
+      v = 132;
+    sms = v;
+  }
+  return sms;
+}
+/* Channels per block: the widest multiple of 4, up to R SC_MAX_THREADS /
+ * kp and the group's width (rounded up to 4), whose busiest SM gets within 3%
+ * of the fewest channels any width gives when blocks go to the SMs in
+ * waves (wider blocks: B and C staged fewer times). */
+static int64_t sc_load(int nseq, const mbd_mops_ssd_dims *dm, int64_t cb) {
+  const int64_t gch = (int64_t)dm->heads / dm->n_groups * dm->head_dim, sms = sc_sms();
+  const int64_t blocks = (int64_t)nseq * dm->n_groups * ((gch + cb - 1) / cb);
+  return (blocks + sms - 1) / sms * cb;
+}
+static int sc_pick_cb(int nseq, const mbd_mops_ssd_dims *dm, int kp, int R) {
+  const int64_t gch = (int64_t)dm->heads / dm->n_groups * dm->head_dim;
+  const int64_t wide = (gch + 3) / 4 * 4, cap = R * SC_MAX_THREADS / kp / 4 * 4;
+  const int64_t top = cap < wide ? cap : wide;
+  int64_t least = sc_load(nseq, dm, 4);
+  for (int64_t cb = 8; cb <= top; cb += 4) {
+    const int64_t l = sc_load(nseq, dm, cb);
+    if (l < least) least = l;
+  }
+  int64_t cb = top;
+  while (cb > 4 && sc_load(nseq, dm, cb) * 100 > least * 103) cb -= 4;
+  return (int)cb;
+}
+
+/* Heads a block of cb consecutive channels can touch. */
+static int sc_heads(const mbd_mops_ssd_dims *dm, int cb) {
+  const int nh = (cb - 1) / dm->head_dim + 2, hpg = dm->heads / dm->n_groups;
+  return nh < hpg ? nh : hpg;
+}
+
+extern "C" bool mbd_mops_ssd_chunk_takes(int nseq, int T, const mbd_mops_ssd_dims *dm) {
+  return T >= MBD_MOPS_SSD_CHUNK_MIN_T &&
+         (int64_t)nseq * dm->heads * dm->head_dim < MBD_MOPS_SSD_CHUNK_MAX_ROWS &&
+         dm->d_state % SC_NL == 0 && dm->d_state <= MBD_MOPS_SSD_MAX_STATE;
+}
+
+template <int R, typename ST>
+static int sc_launch(cudaStream_t stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
+                     const float *A, const float *D, const float *dt_bias, float lo, float hi,
+                     const float *dt_raw, int64_t ld_dt, const float *xbc, int64_t ld_xbc,
+                     ST *state, int64_t slot_stride, const int32_t *slots, float *y, int vec,
+                     mbd_error *err) {
+  const int N = dm->d_state, kp = N / SC_NL;
+  int cb = sc_pick_cb(nseq, dm, kp, R);
+  while (cb > 4 && (size_t)sc_smem_floats(N, cb, kp, sc_heads(dm, cb)) * sizeof(float) >
+                       SC_MAX_SMEM)
+    cb -= 4;
+  const int nh = sc_heads(dm, cb);
+  const size_t bytes = (size_t)sc_smem_floats(N, cb, kp, nh) * sizeof(float);
+  int rc = allow_smem(k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, ST>, bytes, err);
+  if (rc < 0) return rc;
+  const int gch = dm->heads / dm->n_groups * dm->head_dim, bpg = (gch + cb - 1) / cb;
+  /* a long kernel: not launched early (PDL), where it would share the SMs
+   * its predecessor still holds */
+  return launch_ex(false, "ssd_chunk", k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, ST>,
+                   dim3((unsigned)(dm->n_groups * bpg), (unsigned)nseq),
+                   dim3((unsigned)(cb / R * kp)),
+                   bytes, stream, err, T, *dm, cb, nh, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,
+                   ld_xbc, state, slot_stride, vec, slots, y);
+}
+
+template <typename ST>
+static int sc_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm, const float *A,
+                   const float *D, const float *dt_bias, float lo, float hi, const float *dt_raw,
+                   int64_t ld_dt, const float *xbc, int64_t ld_xbc, ST *state,
+                   int64_t slot_stride, const int32_t *slots, float *y, mbd_error *err) {
+  if (nseq <= 0 || T <= 0) return 0;
+  if (!mbd_mops_ssd_chunk_takes(nseq, T, dm) || nseq > 65535)
+    return mbd_error_set(err, MBD_E_INVALID, "ssd_chunk: %d tokens, d_state %d unsupported", T,
+                         dm->d_state);
+  const int64_t di = (int64_t)dm->heads * dm->head_dim;
+  const int vec = ((uintptr_t)state % 16 == 0 && slot_stride % 4 == 0 ? 1 : 0) |
+                  ((uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && di % 4 == 0 ? 2 : 0);
+  /* two channels per thread (half the shared-memory reads of B and C per
+   * update) when that still leaves SC_R2_THREADS threads per SM */
+  const int64_t entries = (int64_t)nseq * di * dm->d_state;
+  cudaStream_t s = (cudaStream_t)stream;
+  if (dm->head_dim % 2 == 0 && entries / (2 * SC_NL) >= (int64_t)SC_R2_THREADS * sc_sms())
+    return sc_launch<2, ST>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc,
+                            state, slot_stride, slots, y, vec, err);
+  return sc_launch<1, ST>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc,
+                          state, slot_stride, slots, y, vec, err);
+}
+
+extern "C" int mbd_mops_ssd_chunk_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
+                                       const float *A, const float *D, const float *dt_bias,
+                                       float lo, float hi, const float *dt_raw, int64_t ld_dt,
+                                       const float *xbc, int64_t ld_xbc, float *state,
+                                       int64_t slot_stride, const int32_t *slots, float *y,
+                                       mbd_error *err) {
+  return sc_scan(stream, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state,
+                 slot_stride, slots, y, err);
+}
+
+extern "C" int mbd_mops_ssd_chunk_scan_bf16state(void *stream, int nseq, int T,
+                                                 const mbd_mops_ssd_dims *dm, const float *A,
+                                                 const float *D, const float *dt_bias, float lo,
+                                                 float hi, const float *dt_raw, int64_t ld_dt,
+                                                 const float *xbc, int64_t ld_xbc, void *state,
+                                                 int64_t slot_stride, const int32_t *slots,
+                                                 float *y, mbd_error *err) {
+  return sc_scan(stream, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc,
+                 (__nv_bfloat16 *)state, slot_stride, slots, y, err);
+}

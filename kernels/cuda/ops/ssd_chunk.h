@@ -1,0 +1,50 @@
+/* The Mamba-2 recurrence for long prefills (kernels/cuda/ops/ssd_chunk.cu):
+ * the kernel mbd_mops_ssd_scan (ssd_scan.h) hands launches of many tokens
+ * to. Internal to kernels/cuda/ops; C header. */
+#ifndef MBD_CUDA_OPS_SSD_CHUNK_H
+#define MBD_CUDA_OPS_SSD_CHUNK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/cuda/ops/ssd_scan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Launches of at least MIN_T tokens of fewer than MAX_ROWS rows (sequences
+ * x channels) go to mbd_mops_ssd_chunk_scan; from MAX_ROWS rows on,
+ * ssd_scan.cu's four channels per lane did better on the H200. */
+#define MBD_MOPS_SSD_CHUNK_MIN_T 64
+#define MBD_MOPS_SSD_CHUNK_MAX_ROWS 8192
+
+/* Whether mbd_mops_ssd_chunk_scan takes a launch of nseq sequences of T
+ * tokens of shape dm (the bounds above, d_state a multiple of 8). */
+bool mbd_mops_ssd_chunk_takes(int nseq, int T, const mbd_mops_ssd_dims *dm);
+
+/* mbd_mops_ssd_scan's contract and arguments (ssd_scan.h), for a launch
+ * mbd_mops_ssd_chunk_takes accepts (MBD_E_INVALID otherwise); the caller has
+ * checked the shape. Parallel over sequences, channels and state entries;
+ * the n chain of each output is passed from one range of n to the next
+ * through shared memory, every token of a chunk at once. */
+int mbd_mops_ssd_chunk_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
+                            const float *A, const float *D, const float *dt_bias, float lo,
+                            float hi, const float *dt_raw, int64_t ld_dt, const float *xbc,
+                            int64_t ld_xbc, float *state, int64_t slot_stride,
+                            const int32_t *slots, float *y, mbd_error *err);
+
+/* mbd_mops_ssd_scan_bf16state's contract (ssd_scan.h) on this kernel: each
+ * updated entry rounded to bf16 before it is stored and before the y chain
+ * reads it; state bf16, slot_stride in entries. */
+int mbd_mops_ssd_chunk_scan_bf16state(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
+                                      const float *A, const float *D, const float *dt_bias,
+                                      float lo, float hi, const float *dt_raw, int64_t ld_dt,
+                                      const float *xbc, int64_t ld_xbc, void *state,
+                                      int64_t slot_stride, const int32_t *slots, float *y,
+                                      mbd_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
