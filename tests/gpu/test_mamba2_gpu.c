@@ -22,6 +22,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/gpu_family.h"
+#include "support/backend_calls.h"
 #include "support/gpu_util.h"
 
 static const char *cases[] = {"tiny-d64-s16-c8", "small-d256-g2-s32-c16"};
@@ -86,39 +87,6 @@ static mbd_backend *backend(mbd_backend_kind kind, mbd_dtype_policy policy) {
   return b;
 }
 
-static mbd_bmodel *load(mbd_backend *b, const char *dir) {
-  mbd_bmodel *m = NULL;
-  mbd_error err = {0};
-  if (b->ops->model_load(b, dir, &m, &err)) fail_msg("load %s: %s", dir, err.msg);
-  return m;
-}
-
-static mbd_bstate *new_state(mbd_backend *b, mbd_bmodel *m) {
-  mbd_bstate *s = NULL;
-  mbd_error err = {0};
-  if (b->ops->state_new(b, m, &s, &err)) fail_msg("state: %s", err.msg);
-  return s;
-}
-
-static uint8_t *save(mbd_backend *b, const mbd_bstate *s, size_t *n) {
-  *n = b->ops->state_bytes(s);
-  uint8_t *buf = malloc(*n);
-  mbd_error err = {0};
-  if (b->ops->state_save(s, buf, *n, &err)) fail_msg("save: %s", err.msg);
-  return buf;
-}
-
-/* Token by token from a fresh state: logits [T, V] and the state image. */
-static void decode_all(mbd_backend *b, mbd_bmodel *m, const int64_t *ids, int64_t T, int64_t V,
-                       float *logits, uint8_t **img, size_t *n) {
-  mbd_bstate *s = new_state(b, m);
-  mbd_error err = {0};
-  for (int64_t t = 0; t < T; t++)
-    if (b->ops->step(b, m, &s, ids + t, 1, logits + t * V, &err)) fail_msg("step: %s", err.msg);
-  *img = save(b, s, n);
-  b->ops->state_free(b, s);
-}
-
 static double max_err(const float *a, const float *b, size_t n, double *mx) {
   double e = 0;
   *mx = 0;
@@ -141,7 +109,7 @@ static void test_f32_vs_cpu(void **state) {
     fixture f;
     if (load_fixture(cases[c], &f)) continue;
     ran++;
-    mbd_bmodel *gm = load(gb, f.dir), *cm = load(cb, f.dir);
+    mbd_bmodel *gm = bc_load(gb, f.dir), *cm = bc_load(cb, f.dir);
     const int64_t B = f.B, T = f.T, V = f.V;
     assert_int_equal(gb->ops->model_vocab(gm), V);
     size_t n = (size_t)(B * T * V);
@@ -160,8 +128,8 @@ static void test_f32_vs_cpu(void **state) {
     float *gd = malloc((size_t)(T * V) * 4), *cd = malloc((size_t)(T * V) * 4);
     uint8_t *gi = NULL, *ci = NULL;
     size_t gn = 0, cn = 0;
-    decode_all(gb, gm, f.ids, T, V, gd, &gi, &gn);
-    decode_all(cb, cm, f.ids, T, V, cd, &ci, &cn);
+    bc_decode_all(gb, gm, f.ids, T, V, gd, &gi, &gn);
+    bc_decode_all(cb, cm, f.ids, T, V, cd, &ci, &cn);
     assert_memory_equal(gd, cd, (size_t)(T * V) * 4);
     assert_memory_equal(gd, g, (size_t)(T * V) * 4); /* decode == forward */
     assert_int_equal(gn, cn);
@@ -171,7 +139,7 @@ static void test_f32_vs_cpu(void **state) {
     float *got = malloc((size_t)(T * V) * 4);
     for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
       for (int64_t pre = 1; pre <= T; pre += 7) {
-        mbd_bstate *s = new_state(gb, gm);
+        mbd_bstate *s = bc_new_state(gb, gm);
         for (int64_t t0 = 0; t0 < pre; t0 += chunks[k]) {
           int64_t len = pre - t0 < chunks[k] ? pre - t0 : chunks[k];
           assert_int_equal(
@@ -181,7 +149,7 @@ static void test_f32_vs_cpu(void **state) {
           assert_int_equal(gb->ops->step(gb, gm, &s, f.ids + t, 1, got + t * V, &err), 0);
         assert_memory_equal(got, gd, (size_t)(T * V) * 4);
         size_t sn = 0;
-        uint8_t *si = save(gb, s, &sn);
+        uint8_t *si = bc_save(gb, s, &sn);
         assert_memory_equal(si, gi, gn);
         free(si);
         gb->ops->state_free(gb, s);
@@ -190,10 +158,10 @@ static void test_f32_vs_cpu(void **state) {
     /* a CPU image after half the prompt continues on the GPU */
     {
       const int64_t H = T / 2;
-      mbd_bstate *cs = new_state(cb, cm), *gs = new_state(gb, gm);
+      mbd_bstate *cs = bc_new_state(cb, cm), *gs = bc_new_state(gb, gm);
       assert_int_equal(cb->ops->prefill(cb, cm, cs, f.ids, H, true, got, &err), 0);
       size_t in = 0;
-      uint8_t *img = save(cb, cs, &in);
+      uint8_t *img = bc_save(cb, cs, &in);
       assert_int_equal(gb->ops->state_load(gs, img, in, &err), 0);
       assert_int_equal(gb->ops->prefill(gb, gm, gs, f.ids + H, T - H, false, got, &err), 0);
       assert_memory_equal(got, gd + H * V, (size_t)((T - H) * V) * 4);
@@ -224,7 +192,7 @@ static void test_batch_invariance(void **state) {
   fixture f;
   if (load_fixture(cases[1], &f)) skip();
   mbd_backend *gb = backend(MBD_BACKEND_CUDA, MBD_POLICY_F32);
-  mbd_bmodel *gm = load(gb, f.dir);
+  mbd_bmodel *gm = bc_load(gb, f.dir);
   const int64_t V = f.V;
   enum { NMAX = 256, STEPS = 6 };
   int64_t tok[NMAX][STEPS];
@@ -234,7 +202,7 @@ static void test_batch_invariance(void **state) {
   uint8_t *img = NULL;
   size_t in = 0;
   for (int i = 0; i < NMAX; i++) {
-    decode_all(gb, gm, tok[i], STEPS, V, solo + (size_t)i * STEPS * V, &img, &in);
+    bc_decode_all(gb, gm, tok[i], STEPS, V, solo + (size_t)i * STEPS * V, &img, &in);
     free(img);
   }
   const int sizes[] = {2, 3, 7, 16, 33, 64, 129, 256};
@@ -244,7 +212,7 @@ static void test_batch_invariance(void **state) {
     int n = sizes[k];
     mbd_bstate *st[NMAX];
     int64_t tk[NMAX];
-    for (int i = 0; i < n; i++) st[i] = new_state(gb, gm);
+    for (int i = 0; i < n; i++) st[i] = bc_new_state(gb, gm);
     for (int t = 0; t < STEPS; t++) {
       for (int i = 0; i < n; i++) tk[i] = tok[(i * 7 + (int)k) % NMAX][t];
       assert_int_equal(gb->ops->step(gb, gm, st, tk, n, rows, &err), 0);
@@ -259,7 +227,7 @@ static void test_batch_invariance(void **state) {
   if (gb->ops->step_greedy) {
     mbd_bstate *st[NMAX];
     int64_t tk[NMAX], next[NMAX];
-    for (int i = 0; i < NMAX; i++) st[i] = new_state(gb, gm);
+    for (int i = 0; i < NMAX; i++) st[i] = bc_new_state(gb, gm);
     for (int t = 0; t < STEPS; t++) {
       for (int i = 0; i < NMAX; i++) tk[i] = tok[i][t];
       assert_int_equal(gb->ops->step_greedy(gb, gm, st, tk, NMAX, next, rows, &err), 0);
@@ -292,7 +260,7 @@ static void test_bf16(void **state) {
     fixture f;
     if (load_fixture(cases[c], &f)) continue;
     ran++;
-    mbd_bmodel *gm = load(gb, f.dir);
+    mbd_bmodel *gm = bc_load(gb, f.dir);
     size_t n = (size_t)(f.B * f.T * f.V);
     float *g = malloc(n * 4);
     mbd_error err = {0};

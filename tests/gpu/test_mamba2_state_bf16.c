@@ -36,6 +36,7 @@
 #include "kernels/model/mamba2.h"
 #include "kernels/model/mamba3_synth.h"
 #include "kernels/model/synth.h"
+#include "support/backend_calls.h"
 #include "support/gpu_util.h"
 
 #include <unistd.h>
@@ -184,39 +185,6 @@ static mbd_backend *backend(mbd_dtype_policy policy) {
   return backend_state(policy, MBD_STATE_BF16);
 }
 
-static mbd_bmodel *load(mbd_backend *b, const char *dir) {
-  mbd_bmodel *m = NULL;
-  mbd_error err = {0};
-  if (b->ops->model_load(b, dir, &m, &err)) fail_msg("load %s: %s", dir, err.msg);
-  return m;
-}
-
-static mbd_bstate *new_state(mbd_backend *b, mbd_bmodel *m) {
-  mbd_bstate *s = NULL;
-  mbd_error err = {0};
-  if (b->ops->state_new(b, m, &s, &err)) fail_msg("state: %s", err.msg);
-  return s;
-}
-
-static uint8_t *save(mbd_backend *b, const mbd_bstate *s, size_t *n) {
-  *n = b->ops->state_bytes(s);
-  uint8_t *buf = malloc(*n);
-  mbd_error err = {0};
-  if (b->ops->state_save(s, buf, *n, &err)) fail_msg("save: %s", err.msg);
-  return buf;
-}
-
-/* Token by token from a fresh state: logits [T, V] and the state image. */
-static void decode_all(mbd_backend *b, mbd_bmodel *m, const int64_t *ids, int64_t T, int64_t V,
-                       float *logits, uint8_t **img, size_t *n) {
-  mbd_bstate *s = new_state(b, m);
-  mbd_error err = {0};
-  for (int64_t t = 0; t < T; t++)
-    if (b->ops->step(b, m, &s, ids + t, 1, logits + t * V, &err)) fail_msg("step: %s", err.msg);
-  *img = save(b, s, n);
-  b->ops->state_free(b, s);
-}
-
 static double max_err(const float *a, const float *b, size_t n) {
   double e = 0;
   for (size_t i = 0; i < n; i++) {
@@ -274,7 +242,7 @@ static void test_prefill_eq_decode(void **state) {
   for (int pi = 0; pi < 2; pi++) {
     mbd_backend *gb = backend(pols[pi]);
     for (int c = 0; c < NSYN; c++) {
-      mbd_bmodel *gm = load(gb, g_dirs[c]);
+      mbd_bmodel *gm = bc_load(gb, g_dirs[c]);
       const int64_t B = 3, T = 37, V = gb->ops->model_vocab(gm);
       int64_t ids[3 * 37];
       for (int64_t i = 0; i < B * T; i++) ids[i] = (i * 131 + 7 * c + 1) % V;
@@ -287,13 +255,13 @@ static void test_prefill_eq_decode(void **state) {
       float *gd = malloc((size_t)(T * V) * 4), *got = malloc((size_t)(T * V) * 4);
       uint8_t *gi = NULL;
       size_t gn = 0;
-      decode_all(gb, gm, ids, T, V, gd, &gi, &gn);
+      bc_decode_all(gb, gm, ids, T, V, gd, &gi, &gn);
       assert_memory_equal(gd, g, (size_t)(T * V) * 4); /* decode == forward */
       check_bf16_image(gi, gn, ssm_floats_of(c));
       const int64_t chunks[] = {1, 2, 3, 4, 5, 7, 8, 13, 17, 33, 64};
       for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
         for (int64_t pre = 1; pre <= T; pre += 6) {
-          mbd_bstate *s = new_state(gb, gm);
+          mbd_bstate *s = bc_new_state(gb, gm);
           for (int64_t t0 = 0; t0 < pre; t0 += chunks[k]) {
             int64_t len = pre - t0 < chunks[k] ? pre - t0 : chunks[k];
             assert_int_equal(
@@ -305,7 +273,7 @@ static void test_prefill_eq_decode(void **state) {
             fail_msg("model %d: prefill of %lld in chunks of %lld then decode != decode", c,
                      (long long)pre, (long long)chunks[k]);
           size_t sn = 0;
-          uint8_t *si = save(gb, s, &sn);
+          uint8_t *si = bc_save(gb, s, &sn);
           assert_int_equal(sn, gn);
           assert_memory_equal(si, gi, gn);
           free(si);
@@ -334,7 +302,7 @@ static void test_prefill_eq_decode(void **state) {
 static void test_long_prefill(void **state) {
   (void)state;
   mbd_backend *gb = backend(MBD_POLICY_F32);
-  mbd_bmodel *gm = load(gb, g_dirs[1]);
+  mbd_bmodel *gm = bc_load(gb, g_dirs[1]);
   const int64_t V = gb->ops->model_vocab(gm);
   mbd_error err = {0};
   {
@@ -344,7 +312,7 @@ static void test_long_prefill(void **state) {
     float *fw = malloc((size_t)NS * TL * V * 4), *row = malloc((size_t)NS * V * 4);
     assert_int_equal(gb->ops->forward(gb, gm, ids, NS, TL, false, fw, &err), 0);
     mbd_bstate *st[NS];
-    for (int i = 0; i < NS; i++) st[i] = new_state(gb, gm);
+    for (int i = 0; i < NS; i++) st[i] = bc_new_state(gb, gm);
     int64_t tk[NS];
     for (int64_t t = 0; t < TL; t++) {
       for (int i = 0; i < NS; i++) tk[i] = ids[i * TL + t];
@@ -366,22 +334,22 @@ static void test_long_prefill(void **state) {
     float *a = malloc((size_t)TL * V * 4), *b = malloc((size_t)TL * V * 4);
     uint8_t *ia = NULL;
     size_t na = 0;
-    decode_all(gb, gm, ids, TL, V, a, &ia, &na);
-    mbd_bstate *s = new_state(gb, gm);
+    bc_decode_all(gb, gm, ids, TL, V, a, &ia, &na);
+    mbd_bstate *s = bc_new_state(gb, gm);
     assert_int_equal(gb->ops->prefill(gb, gm, s, ids, TL, false, b, &err), 0);
     assert_memory_equal(a, b, (size_t)TL * V * 4);
     size_t nb = 0;
-    uint8_t *ib = save(gb, s, &nb);
+    uint8_t *ib = bc_save(gb, s, &nb);
     assert_memory_equal(ia, ib, na);
     free(ib);
     gb->ops->state_free(gb, s);
-    s = new_state(gb, gm);
+    s = bc_new_state(gb, gm);
     for (int64_t t0 = 0; t0 < TL; t0 += PIECE) {
       const int64_t len = TL - t0 < PIECE ? TL - t0 : PIECE;
       assert_int_equal(gb->ops->prefill(gb, gm, s, ids + t0, len, false, b + t0 * V, &err), 0);
     }
     assert_memory_equal(a, b, (size_t)TL * V * 4);
-    ib = save(gb, s, &nb);
+    ib = bc_save(gb, s, &nb);
     assert_memory_equal(ia, ib, na);
     free(ib);
     gb->ops->state_free(gb, s);
@@ -408,7 +376,7 @@ static void test_real_head_shape(void **state) {
   assert_int_equal(cfg.d_state, 128);
   mbd_error err = {0};
   mbd_backend *gb = backend(MBD_POLICY_F32), *fb = backend_state(MBD_POLICY_F32, MBD_STATE_F32);
-  mbd_bmodel *gm = load(gb, dir), *fm = load(fb, dir);
+  mbd_bmodel *gm = bc_load(gb, dir), *fm = bc_load(fb, dir);
   const int64_t V = gb->ops->model_vocab(gm);
   {
     enum { NS = 40, TL = 64 };
@@ -420,7 +388,7 @@ static void test_real_head_shape(void **state) {
     assert_int_equal(fb->ops->forward(fb, fm, ids, NS, TL, false, fw32, &err), 0);
     assert_true(memcmp(fw, fw32, (size_t)NS * TL * V * 4) != 0); /* the state route matters */
     mbd_bstate *st[NS];
-    for (int i = 0; i < NS; i++) st[i] = new_state(gb, gm);
+    for (int i = 0; i < NS; i++) st[i] = bc_new_state(gb, gm);
     int64_t tk[NS];
     for (int64_t t = 0; t < TL; t++) {
       for (int i = 0; i < NS; i++) tk[i] = ids[i * TL + t];
@@ -443,13 +411,13 @@ static void test_real_head_shape(void **state) {
     float *a = malloc((size_t)TL * V * 4), *b = malloc((size_t)TL * V * 4);
     uint8_t *ia = NULL;
     size_t na = 0;
-    decode_all(gb, gm, ids, TL, V, a, &ia, &na);
+    bc_decode_all(gb, gm, ids, TL, V, a, &ia, &na);
     check_bf16_image(ia, na, (int64_t)cfg.n_layer * cfg.d_inner * cfg.d_state);
-    mbd_bstate *s = new_state(gb, gm);
+    mbd_bstate *s = bc_new_state(gb, gm);
     assert_int_equal(gb->ops->prefill(gb, gm, s, ids, TL, false, b, &err), 0);
     assert_memory_equal(a, b, (size_t)TL * V * 4);
     size_t nb = 0;
-    uint8_t *ib = save(gb, s, &nb);
+    uint8_t *ib = bc_save(gb, s, &nb);
     assert_memory_equal(ia, ib, na);
     free(ib);
     gb->ops->state_free(gb, s);
@@ -470,7 +438,7 @@ static void test_batch_invariance(void **state) {
   (void)state;
   mbd_backend *gb = backend(MBD_POLICY_F32);
   for (int c = 1; c < NSYN; c += 2) { /* 8 x 32 / 32 / 2 groups, and 4 x 64 / 128 */
-  mbd_bmodel *gm = load(gb, g_dirs[c]);
+  mbd_bmodel *gm = bc_load(gb, g_dirs[c]);
   const int64_t V = gb->ops->model_vocab(gm);
   enum { NMAX = 256, STEPS = 6 };
   int64_t tok[NMAX][STEPS];
@@ -480,7 +448,7 @@ static void test_batch_invariance(void **state) {
   uint8_t *img = NULL;
   size_t in = 0;
   for (int i = 0; i < NMAX; i++) {
-    decode_all(gb, gm, tok[i], STEPS, V, solo + (size_t)i * STEPS * V, &img, &in);
+    bc_decode_all(gb, gm, tok[i], STEPS, V, solo + (size_t)i * STEPS * V, &img, &in);
     free(img);
   }
   const int sizes[] = {2, 3, 7, 16, 33, 64, 129, 256};
@@ -490,7 +458,7 @@ static void test_batch_invariance(void **state) {
     int n = sizes[k];
     mbd_bstate *st[NMAX];
     int64_t tk[NMAX];
-    for (int i = 0; i < n; i++) st[i] = new_state(gb, gm);
+    for (int i = 0; i < n; i++) st[i] = bc_new_state(gb, gm);
     for (int t = 0; t < STEPS; t++) {
       for (int i = 0; i < n; i++) tk[i] = tok[(i * 7 + (int)k) % NMAX][t];
       assert_int_equal(gb->ops->step(gb, gm, st, tk, n, rows, &err), 0);
@@ -516,7 +484,7 @@ static void test_export_import(void **state) {
   (void)state;
   const char *dir = g_dirs[1];
   mbd_backend *gb = backend(MBD_POLICY_BF16), *gb2 = backend(MBD_POLICY_BF16);
-  mbd_bmodel *gm = load(gb, dir), *gm2 = load(gb2, dir);
+  mbd_bmodel *gm = bc_load(gb, dir), *gm2 = bc_load(gb2, dir);
   const int64_t T = 37, V = gb->ops->model_vocab(gm), H = T / 2;
   int64_t ids[37];
   for (int64_t i = 0; i < T; i++) ids[i] = (i * 211 + 5) % V;
@@ -524,24 +492,24 @@ static void test_export_import(void **state) {
   float *ref = malloc((size_t)(T * V) * 4), *got = malloc((size_t)(T * V) * 4);
   uint8_t *ri = NULL;
   size_t rn = 0;
-  decode_all(gb, gm, ids, T, V, ref, &ri, &rn);
-  mbd_bstate *s = new_state(gb, gm);
+  bc_decode_all(gb, gm, ids, T, V, ref, &ri, &rn);
+  mbd_bstate *s = bc_new_state(gb, gm);
   assert_int_equal(gb->ops->prefill(gb, gm, s, ids, H, false, got, &err), 0);
   size_t in = 0;
-  uint8_t *img = save(gb, s, &in);
+  uint8_t *img = bc_save(gb, s, &in);
   check_bf16_image(img, in, ssm_floats_of(1));
   mbd_backend *bs[2] = {gb, gb2};
   mbd_bmodel *ms[2] = {gm, gm2};
   for (int k = 0; k < 2; k++) {
-    mbd_bstate *t = new_state(bs[k], ms[k]);
+    mbd_bstate *t = bc_new_state(bs[k], ms[k]);
     assert_int_equal(bs[k]->ops->state_load(t, img, in, &err), 0);
     size_t bn = 0;
-    uint8_t *back = save(bs[k], t, &bn);
+    uint8_t *back = bc_save(bs[k], t, &bn);
     assert_memory_equal(back, img, in); /* import then export: the same image */
     free(back);
     assert_int_equal(bs[k]->ops->prefill(bs[k], ms[k], t, ids + H, T - H, false, got, &err), 0);
     assert_memory_equal(got, ref + H * V, (size_t)((T - H) * V) * 4);
-    back = save(bs[k], t, &bn);
+    back = bc_save(bs[k], t, &bn);
     assert_memory_equal(back, ri, rn);
     free(back);
     bs[k]->ops->state_free(bs[k], t);
@@ -549,7 +517,7 @@ static void test_export_import(void **state) {
   /* the device stash: save, export == state_save, load into another state, continue */
   if (gb->ops->stash_bytes) {
     mbd_backend *fb = backend_state(MBD_POLICY_BF16, MBD_STATE_F32);
-    mbd_bmodel *fm = load(fb, dir);
+    mbd_bmodel *fm = bc_load(fb, dir);
     const size_t sb = gb->ops->stash_bytes(gb, gm), fsb = fb->ops->stash_bytes(fb, fm);
     const size_t ssm = (size_t)ssm_floats_of(1);
     assert_int_equal(fsb - sb, ssm * 2); /* the SSM state at 2 bytes an entry, not 4 */
@@ -561,7 +529,7 @@ static void test_export_import(void **state) {
     uint8_t *ex = malloc(in);
     assert_int_equal(gb->ops->stash_export(gb, st, ex, in, &err), 0);
     assert_memory_equal(ex, img, in);
-    mbd_bstate *t = new_state(gb, gm);
+    mbd_bstate *t = bc_new_state(gb, gm);
     assert_int_equal(gb->ops->stash_load(gb, t, st, &err), 0);
     assert_int_equal(gb->ops->prefill(gb, gm, t, ids + H, T - H, false, got, &err), 0);
     assert_memory_equal(got, ref + H * V, (size_t)((T - H) * V) * 4);
@@ -572,15 +540,15 @@ static void test_export_import(void **state) {
   /* an image of the f32-state route imports (rounded) and runs */
   {
     mbd_backend *fb = backend_state(MBD_POLICY_BF16, MBD_STATE_F32);
-    mbd_bmodel *fm = load(fb, dir);
-    mbd_bstate *fs = new_state(fb, fm), *t = new_state(gb, gm);
+    mbd_bmodel *fm = bc_load(fb, dir);
+    mbd_bstate *fs = bc_new_state(fb, fm), *t = bc_new_state(gb, gm);
     assert_int_equal(fb->ops->prefill(fb, fm, fs, ids, H, true, got, &err), 0);
     size_t fn = 0;
-    uint8_t *fi = save(fb, fs, &fn);
+    uint8_t *fi = bc_save(fb, fs, &fn);
     assert_int_equal(fn, in); /* the image is f32 on both routes */
     assert_int_equal(gb->ops->state_load(t, fi, fn, &err), 0);
     size_t bn = 0;
-    uint8_t *back = save(gb, t, &bn);
+    uint8_t *back = bc_save(gb, t, &bn);
     check_bf16_image(back, bn, ssm_floats_of(1));
     free(back);
     free(fi);
@@ -616,7 +584,7 @@ static void test_fixture_bound(void **state) {
       fixture f;
       if (load_fixture(cases[c], &f)) continue;
       ran++;
-      mbd_bmodel *gm = load(gb, f.dir);
+      mbd_bmodel *gm = bc_load(gb, f.dir);
       const int64_t B = f.B, T = f.T, V = f.V, G = f.G;
       size_t n = (size_t)(B * T * V);
       float *g = malloc(n * 4);
@@ -634,7 +602,7 @@ static void test_fixture_bound(void **state) {
         int checked = 0;
         for (int64_t s = 0; s < B; s++) {
           const int64_t *gs = f.greedy + s * (T + G);
-          mbd_bstate *st = new_state(gb, gm);
+          mbd_bstate *st = bc_new_state(gb, gm);
           assert_int_equal(gb->ops->prefill(gb, gm, st, gs, T, true, l, &err), 0);
           for (int64_t i = 0; i < G; i++) {
             if (i) assert_int_equal(gb->ops->step(gb, gm, &st, gs + T - 1 + i, 1, l, &err), 0);
