@@ -30,9 +30,10 @@ typedef struct mbd_mops_ssd_dims {
  * y f32 [M, H P] (D skip included, not gated). d_state 1..
  * MBD_MOPS_SSD_MAX_STATE, any head_dim; MBD_E_INVALID otherwise. Parallel
  * over sequences, heads, channels and state entries (a channel's entries
- * split over up to 32 lanes, the n chain handed from lane to lane); each
- * state entry's steps and each output's n chain run in the CPU's order, so
- * any T, any chunking and any batch give the same bits. */
+ * split over up to 32 lanes, the n chain handed from lane to lane; long
+ * launches that mbd_mops_ssd_chunk_takes go to ssd_chunk.h's wavefront
+ * kernel); each state entry's steps and each output's n chain run in the
+ * CPU's order, so any T, any chunking and any batch give the same bits. */
 int mbd_mops_ssd_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
                       const float *A, const float *D, const float *dt_bias, float lo, float hi,
                       const float *dt_raw, int64_t ld_dt, const float *xbc, int64_t ld_xbc,
