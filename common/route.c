@@ -132,7 +132,8 @@ int mbd_route_encode(const mbd_route_identity *r, char *buf, size_t cap, size_t 
                    "compiler=%s\ndevice=%s\ncc=%d.%d\nsms=%d\nlibraries=%s\ndispatch=%d\n"
                    "decode=%s\nstate_capacity=%" PRId64 "\n",
                    MBD_ROUTE_FORMAT_VERSION, mbd_backend_name(r->backend), mbd_gemm_mode_name(r->mode),
-                   mbd_dtype_policy_name(r->policy), mbd_state_dtype_name(r->state), mbd_family_name(r->family), isa, dig, comp, dev,
+                   mbd_dtype_policy_name(r->policy), mbd_state_dtype_name(r->state),
+                   mbd_family_name(r->family), isa, dig, comp, dev,
                    r->cc_major, r->cc_minor, r->sm_count, libs, r->dispatch_rev,
                    mbd_decode_path_name(r->decode), r->state_capacity);
   if (n < 0 || (size_t)n >= cap)
