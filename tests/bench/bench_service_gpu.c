@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "client/mambad.h"
 #include "support/service_gpu.h"
@@ -33,14 +32,6 @@ static double median(double *v, int n) {
 }
 
 static const int k_batches[4] = {1, 8, 64, 256};
-
-/* Monotonic seconds at nanosecond resolution (wh_now counts milliseconds,
- * coarser than one decode step). */
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Consecutive steps per timed in-process run, tokens fed back as a
  * GENERATE loop does. */
@@ -70,12 +61,12 @@ static int in_process(const char *dir, double out[4][2]) {
     for (int mode = 0; mode < 2; mode++) {
       double t[9];
       for (int r = -2; r < 9; r++) {
-        double t0 = now_s();
+        double t0 = wh_now();
         for (int st = 0; st < INPROC_STEPS; st++)
           if (mbd_mamba1_gpu_step(m, b, tok, sl, NULL, mode ? tok : NULL, mode ? NULL : logits,
                                   &err))
             goto fail;
-        if (r >= 0) t[r] = now_s() - t0;
+        if (r >= 0) t[r] = wh_now() - t0;
       }
       out[k][mode] = (double)b * INPROC_STEPS / median(t, 9);
     }
@@ -121,10 +112,10 @@ static double service_tps(wh *h, int n, int G, int V) {
   wh_free_all(r, (size_t)n);
   for (int rep = 0; rep < 3; rep++) {
     tg = h->next_tag;
-    double t0 = now_s();
+    double t0 = wh_now();
     for (int i = 0; i < n; i++) send_gen(h, sid[i], G);
     size_t miss = wh_collect(h, tg, (size_t)n, r, 300000);
-    t[rep] = now_s() - t0;
+    t[rep] = wh_now() - t0;
     for (int i = 0; i < n; i++)
       if (!r[i] || wh_code(r[i])) miss++;
     wh_free_all(r, (size_t)n);
@@ -183,7 +174,7 @@ static double gemm_cost(wh *h, const char *host, int64_t M, bool ipc, int reps, 
     if (ipc) mbd_pack_kv_str(&p.pk, "host_id", host);
     mbd_pack_str(&p.pk, "tensors");
     msgpack_pack_array(&p.pk, 2);
-    double t0 = now_s();
+    double t0 = wh_now();
     mbd_msg *m;
     if (ipc) {
       mbd_pack_tensor_ref(&p.pk, &ra);
@@ -196,7 +187,7 @@ static double gemm_cost(wh *h, const char *host, int64_t M, bool ipc, int reps, 
       size_t lens[2] = {na, nb};
       m = wh_call(h, MBD_CMD_GEMM, &p.sb, 2, pl, lens);
     }
-    double dt = now_s() - t0;
+    double dt = wh_now() - t0;
     if (!m || wh_code(m)) {
       mbd_msg_destroy(&m);
       return 0;

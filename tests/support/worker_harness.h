@@ -36,7 +36,8 @@ typedef struct wh {
   uint64_t next_tag;         /* tag of the next request */
 } wh;
 
-/* Monotonic clock in seconds. */
+/* Monotonic clock in seconds, at nanosecond resolution (fine enough to
+ * time one decode step). */
 double wh_now(void);
 
 /* Returns 0, or 77 (skip) with the reason printed when binaries or fixtures
