@@ -27,8 +27,12 @@
  * --state bf16 runs the bf16-state route (state=bf16, docs/route.md), the
  * per-op ssd_scan row included (the scan_conv row then stays out: that
  * fusion keeps an f32 state); the default is f32.
+ * MBD_BENCH_PROFILE=d1|d8|d64|d256|p1|p8: one extra, untimed run of that
+ * cell between cudaProfilerStart and cudaProfilerStop, for ncu
+ * --profile-from-start off (the kernels of one decode step or one prefill).
  * Usage: bench_mamba2_gpu [--state f32|bf16] [130m|1.3b|all] [reps]
  * (exits 77 without a device) */
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -99,6 +103,21 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
         if (k->be->ops->state_new(k->be, k->m, &k->st[i], err)) return -1;
       }
     if (run_once(k, &ms, err)) return -1;
+  }
+  const char *pe = getenv("MBD_BENCH_PROFILE");
+  char cell[16];
+  snprintf(cell, sizeof cell, "%c%d", k->prefill ? 'p' : 'd', k->b);
+  if (pe && !strcmp(pe, cell)) {
+    if (k->prefill)
+      for (int i = 0; i < k->b; i++) {
+        k->be->ops->state_free(k->be, k->st[i]);
+        if (k->be->ops->state_new(k->be, k->m, &k->st[i], err)) return -1;
+      }
+    float pms = 0;
+    cudaProfilerStart();
+    int rc = run_once(k, &pms, err);
+    cudaProfilerStop();
+    if (rc) return -1;
   }
   int n = (int)(CELL_BUDGET_S * 1e3 / (ms > 1e-3f ? ms : 1e-3f));
   if (n > reps) n = reps;
