@@ -18,7 +18,9 @@
  *           prefill b1 T=2048, one of the b8 prefill's 8 chunks (8 x 256),
  *           decode b1/8/64/256; then the layer's sum and layers x sum + head
  *           (unfused; the scan_conv row is the decode fusion that replaces
- *           conv_silu + ssd_scan at up to 16 sequences).
+ *           conv_silu + ssd_scan at up to 16 sequences; the last row is
+ *           ssd_scan with MBD_SSD_PREFILL=old, the older prefill kernel in
+ *           place of ssd_prefill.cu's, outside the sums).
  * Each call of the backend ends in a stream synchronize, so each run is timed
  * with CUDA events on the default stream around the call (host overhead
  * included). Each cell: warm-up runs, then the median of up to `reps` runs,
@@ -137,10 +139,11 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
 
 /* ---- one layer op by op ---- */
 
-enum { NOPS = 8, NOC = 6, OP_REPS = 10 };
+enum { NOPS = 9, NOC = 6, OP_REPS = 10 };
 static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_silu",
                                              "ssd_scan",    "gated_norm", "out_proj",
-                                             "lm_head",     "scan_conv (decode <= 16)"};
+                                             "lm_head",     "scan_conv (decode <= 16)",
+                                             "ssd_scan MBD_SSD_PREFILL=old"};
 
 /* One layer's buffers on a context of its own (zeros: the timing does not
  * depend on the values), for up to T_PRE rows and MAXB slots. */
@@ -182,6 +185,18 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
     return mbd_mops_conv_silu(o->stream, nseq, T, (int)o->cd, c->d_conv, o->zx + di, o->pin,
                               o->conv_w, o->conv_b, o->conv_st, (int64_t)(c->d_conv - 1) * o->cd,
                               o->slots, o->xbc, MBD_DTYPE_F32, NULL, err);
+  case 8: { /* ssd_scan with the environment's MBD_SSD_PREFILL=old (ssd_prefill.h) */
+    const char *was = getenv("MBD_SSD_PREFILL");
+    char keep[64] = "";
+    if (was) snprintf(keep, sizeof keep, "%s", was);
+    setenv("MBD_SSD_PREFILL", "old", 1);
+    int rc = run_op(o, 3, nseq, T, err);
+    if (was)
+      setenv("MBD_SSD_PREFILL", keep, 1);
+    else
+      unsetenv("MBD_SSD_PREFILL");
+    return rc;
+  }
   case 3:
     if (o->state == MBD_STATE_BF16)
       return mbd_mops_ssd_scan_bf16state(o->stream, nseq, T, &dm, o->A, o->D, o->bias, c->dt_min,

@@ -658,8 +658,9 @@ typedef struct ssd_case {
  * partial lanes (d_state 1, 24, 200), d_state 256, head_dim
  * not a multiple of the block's rows, chunk boundaries, T = 1 and short
  * launches (the state tile of its own), and odd slot and row strides (no
- * vector state access, no float4 B/C loads) beside multiples of four; and
- * launches of 64 tokens and more, which go to the chunked kernel. */
+ * vector state access, no float4 B/C loads) beside multiples of four;
+ * launches of 64 tokens and more, which go to the chunked kernel; and
+ * prefills of many rows, which go to the prefill kernel. */
 static void test_ssd_scan(void **state) {
   (void)state;
   static const ssd_case cases[] = {
@@ -685,6 +686,17 @@ static void test_ssd_scan(void **state) {
       {24, 64, 64, 2, 8, 70},  {16, 64, 256, 4, 8, 65}, {4, 64, 8, 1, 2, 66},
       {24, 64, 128, 1, 1, 96}, {12, 66, 128, 2, 4, 70}, {32, 64, 256, 1, 3, 70},
       {60, 33, 256, 2, 2, 66},
+      /* the prefill kernel (ssd_prefill.cu; 16 tokens and more over 8192
+       * rows and more, d_state 64/128/256, head_dim a multiple of 16): the
+       * 130m shape at batch 8 and 6 as the model cuts them (256 and 341
+       * tokens), tokens not a multiple of its 8-token chunks (and fewer
+       * than the pipeline's lanes past a chunk), batches 2 to 64, groups,
+       * head_dim 32, 48, 80 and 128 (other channels per block), odd and
+       * even strides */
+      {24, 64, 128, 1, 8, 256}, {24, 64, 128, 1, 6, 341}, {16, 64, 64, 4, 9, 37},
+      {8, 128, 128, 2, 8, 23},  {4, 32, 256, 2, 64, 33},  {64, 64, 128, 8, 2, 50},
+      {6, 48, 128, 3, 30, 29},  {4, 80, 64, 2, 26, 45},   {64, 64, 128, 1, 3, 18},
+      {32, 64, 256, 2, 4, 34},  {128, 64, 64, 2, 2, 41},  {24, 64, 128, 1, 9, 16},
   };
   uint64_t seed = 31;
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
@@ -783,7 +795,8 @@ static void test_ssd_scan(void **state) {
 }
 
 /* mbd_mops_ssd_scan_bf16state over T tokens in one launch (64 and more:
- * the chunked kernel) == the same tokens one launch each (the decode step
+ * the chunked kernel; 8192 rows and more: the prefill kernel) == the same
+ * tokens one launch each (the decode step
  * of ssd_scan.cu), by memcmp of y and of the bf16 states, in permuted
  * slots, one channel and two per thread, blocks across heads, groups. */
 static void test_ssd_scan_bf16state(void **state) {
@@ -791,6 +804,9 @@ static void test_ssd_scan_bf16state(void **state) {
   static const ssd_case cases[] = {
       {2, 64, 128, 1, 1, 70}, {4, 33, 128, 2, 3, 65}, {24, 64, 128, 1, 1, 96},
       {12, 66, 128, 2, 4, 70}, {2, 5, 24, 1, 2, 67},
+      /* the prefill kernel (ssd_prefill.cu: 8192 rows and more) */
+      {24, 64, 128, 1, 8, 70}, {16, 64, 64, 4, 9, 37}, {4, 32, 256, 2, 64, 33},
+      {6, 48, 128, 3, 30, 29}, {64, 64, 128, 8, 2, 25},
   };
   uint64_t seed = 77;
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {

@@ -29,6 +29,7 @@
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/ssd_scan.h"
 #include "kernels/cuda/ops/ssd_chunk.h"
+#include "kernels/cuda/ops/ssd_prefill.h"
 
 #include <type_traits>
 
@@ -854,6 +855,9 @@ extern "C" int mbd_mops_ssd_scan(void *stream, int nseq, int T, const mbd_mops_s
   if (mbd_mops_ssd_chunk_takes(nseq, T, dm)) /* long prefills of few rows: the wavefront */
     return mbd_mops_ssd_chunk_scan(stream, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,
                                    ld_xbc, state, slot_stride, slots, y, err);
+  if (mbd_mops_ssd_prefill_takes(nseq, T, dm)) /* long prefills of many rows */
+    return mbd_mops_ssd_prefill_scan(stream, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt,
+                                     xbc, ld_xbc, state, slot_stride, slots, y, err);
   const mbd_mops_ssd_conv none = {0, NULL, NULL, NULL, 0, NULL, 0, NULL};
   return ssd_scan_launch((cudaStream_t)stream, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt,
                          xbc, ld_xbc, state, slot_stride, slots, y, &none, err);
@@ -873,6 +877,10 @@ extern "C" int mbd_mops_ssd_scan_bf16state(void *stream, int nseq, int T,
     return mbd_mops_ssd_chunk_scan_bf16state(stream, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw,
                                              ld_dt, xbc, ld_xbc, state, slot_stride, slots, y,
                                              err);
+  if (mbd_mops_ssd_prefill_takes(nseq, T, dm)) /* long prefills of many rows */
+    return mbd_mops_ssd_prefill_scan_bf16state(stream, nseq, T, dm, A, D, dt_bias, lo, hi,
+                                               dt_raw, ld_dt, xbc, ld_xbc, state, slot_stride,
+                                               slots, y, err);
   const mbd_mops_ssd_conv none = {0, NULL, NULL, NULL, 0, NULL, 0, NULL};
   return ssd_scan_launch((cudaStream_t)stream, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt,
                          xbc, ld_xbc, (__nv_bfloat16 *)state, slot_stride, slots, y, &none, err);

@@ -1,0 +1,449 @@
+/* The Mamba-2 recurrence for prefills of many rows (see ssd_prefill.h).
+ *
+ * A block takes CB consecutive channels of one head of one sequence; a
+ * channel's state row splits into KS ranges of NL entries, and lane j of a
+ * row group (KS adjacent lanes of a warp) keeps range j of R adjacent
+ * channels in registers for the whole launch. The n chain of each output
+ * runs through the row group as a pipeline: at tick k lane j takes token
+ * k - j, updates its entries, continues the chain from the value lane j - 1
+ * handed on at the tick before (a shuffle) and hands it to lane j + 1; the
+ * last lane adds the D skip and writes y. So each entry takes its steps in
+ * time order and each chain its n in ascending order, the CPU step's
+ * roundings (kernels/cpu/ssd_step.c). The pipeline runs once over the whole
+ * launch, not once per chunk of tokens: it fills and drains once.
+ *
+ * Tokens are staged in chunks of TC by cp.async two chunks ahead (raw
+ * inputs, two buffers); one chunk ahead the block turns a chunk's raw
+ * inputs into what the ticks read (three buffers: lanes that lag read the
+ * chunk before): dA per token, and dt * B per token and entry, formed once
+ * per block instead of once per lane, so that a tick is nearly only the
+ * step's FMUL and two FMAs per entry. One barrier per chunk. Every thread
+ * of the preparation computes dt of its own token (a handful per thread and
+ * chunk), so no second barrier is needed for it. The state is stored as ST
+ * between launches (float or bf16); each step's value is rounded as stored
+ * before the chain reads it. */
+#include "kernels/cuda/ops/common.cuh"
+#include "kernels/cuda/ops/ssd_prefill.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <type_traits>
+
+#define SP_TC 8                  /* tokens per chunk */
+#define SP_R 2                   /* channels per lane */
+#define SP_MAX_THREADS 256       /* threads per block at most */
+#define SP_MAX_SMEM (200 * 1024) /* shared bytes per block at most */
+
+/* How the state is stored between launches: the value kept after a step,
+ * and NL entries loaded and stored (16-byte aligned when vec). */
+template <typename ST>
+struct sp_slot;
+template <>
+struct sp_slot<float> {
+  static __device__ __forceinline__ float round(float v) { return v; }
+  template <int NL>
+  static __device__ __forceinline__ void load(float (&st)[NL], const float *p, bool vec) {
+    if (vec) {
+#pragma unroll
+      for (int i = 0; i < NL; i += 4) {
+        const float4 v = *(const float4 *)(p + i);
+        st[i] = v.x, st[i + 1] = v.y, st[i + 2] = v.z, st[i + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < NL; i++) st[i] = p[i];
+    }
+  }
+  template <int NL>
+  static __device__ __forceinline__ void store(float *p, const float (&st)[NL], bool vec) {
+    if (vec) {
+#pragma unroll
+      for (int i = 0; i < NL; i += 4)
+        *(float4 *)(p + i) = make_float4(st[i], st[i + 1], st[i + 2], st[i + 3]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < NL; i++) p[i] = st[i];
+    }
+  }
+};
+template <>
+struct sp_slot<__nv_bfloat16> {
+  static __device__ __forceinline__ float round(float v) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+  }
+  template <int NL>
+  static __device__ __forceinline__ void load(float (&st)[NL], const __nv_bfloat16 *p, bool vec) {
+    if (vec) {
+#pragma unroll
+      for (int i = 0; i < NL; i += 8) {
+        const uint4 v = *(const uint4 *)(p + i);
+        const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+          st[i + 2 * q] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(w[q] & 0xffffu)));
+          st[i + 2 * q + 1] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(w[q] >> 16)));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < NL; i++) st[i] = __bfloat162float(p[i]);
+    }
+  }
+  template <int NL>
+  static __device__ __forceinline__ void store(__nv_bfloat16 *p, const float (&st)[NL],
+                                               bool vec) {
+    if (vec) {
+#pragma unroll
+      for (int i = 0; i < NL; i += 8) {
+        unsigned w[4]; /* exact: the values are rounded already */
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+          w[q] = (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(st[i + 2 * q])) |
+                 (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(st[i + 2 * q + 1])) << 16;
+        *(uint4 *)(p + i) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < NL; i++) p[i] = __float2bfloat16_rn(st[i]);
+    }
+  }
+};
+
+__device__ __forceinline__ void sp_cp16(void *dst, const void *src) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void sp_cp4(void *dst, const void *src) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void sp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+/* Waits until at most NP of this thread's committed groups are pending. */
+template <int NP>
+__device__ __forceinline__ void sp_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(NP) : "memory");
+}
+
+/* Shared row strides: dt * B and C rows of a token (N + 4: the KS lanes of
+ * a row group, reading ranges NL apart of tokens one apart, hit distinct
+ * 16-byte bank groups), x rows (8 mod 32: the lanes' tokens spread over
+ * the banks). */
+__host__ __device__ static inline int sp_ldn(int N) { return N + 4; }
+__host__ __device__ static inline int sp_ldx(int cb) { return cb + (8 - cb % 32 + 32) % 32; }
+/* Floats of a raw buffer (dt_raw [TC], B, C [TC][N], x [TC][cb]) and of a
+ * prepared one (dA [TC], dt * B, C [TC][ldn], x [TC][ldx]). */
+__host__ __device__ static inline int sp_raw_floats(int N, int cb) {
+  return SP_TC + 2 * SP_TC * N + SP_TC * cb;
+}
+__host__ __device__ static inline int sp_prep_floats(int N, int cb) {
+  return SP_TC + 2 * SP_TC * sp_ldn(N) + SP_TC * sp_ldx(cb);
+}
+static size_t sp_smem_bytes(int N, int cb) {
+  return (size_t)(2 * sp_raw_floats(N, cb) + 3 * sp_prep_floats(N, cb)) * sizeof(float);
+}
+
+/* R consecutive floats from shared memory (aligned to R floats). */
+template <int R>
+__device__ __forceinline__ void sp_ldr(float (&v)[R], const float *p) {
+  if constexpr (R == 4) {
+    const float4 q = *(const float4 *)p;
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  } else if constexpr (R == 2) {
+    const float2 q = *(const float2 *)p;
+    v[0] = q.x, v[1] = q.y;
+  } else {
+    v[0] = p[0];
+  }
+}
+
+/* vec: bit 0 the state rows allow 16-byte access, bit 1 xbc allows 16-byte
+ * copies. */
+template <typename ST, int NL, int R, int KS>
+__global__ void __launch_bounds__(SP_MAX_THREADS)
+    k_ssd_prefill(int T, mbd_mops_ssd_dims dm, int CB, const float *__restrict__ A,
+                  const float *__restrict__ D, const float *__restrict__ dt_bias, float lo,
+                  float hi, const float *__restrict__ dt_raw, int64_t ld_dt,
+                  const float *__restrict__ xbc, int64_t ld_xbc, ST *__restrict__ state,
+                  int64_t slot_stride, int vec, const int32_t *__restrict__ slots,
+                  float *__restrict__ y) {
+  constexpr int TC = SP_TC, N = KS * NL, RG = 32 / KS, CPW = RG * R;
+  static_assert(TC >= KS && (TC & (TC - 1)) == 0, "a lane lags at most one chunk");
+  extern __shared__ float4 sp_smem4[];
+  const int P = dm.head_dim, bph = P / CB;
+  const int h = blockIdx.x / bph, p0 = (blockIdx.x - h * bph) * CB, s = blockIdx.y;
+  const int g = h / (dm.heads / dm.n_groups);
+  const int tid = threadIdx.x, nth = blockDim.x, lane = tid & 31;
+  const int j = lane & (KS - 1), cw = (tid >> 5) * CPW + (lane / KS) * R, n0 = j * NL;
+  const int64_t di = (int64_t)dm.heads * P, GN = (int64_t)dm.n_groups * N;
+  const int LDN = sp_ldn(N), LDX = sp_ldx(CB);
+  const int RF = sp_raw_floats(N, CB), PF = sp_prep_floats(N, CB);
+  float *raw = (float *)sp_smem4, *prep_buf = raw + 2 * RF;
+  const float a = A[h], dd = D[h], bias = dt_bias[h]; /* weights: before the wait */
+  pdl_wait();
+  const int nch = (T + TC - 1) / TC;
+  const int64_t row0 = (int64_t)s * T;
+  auto tokens = [&](int q) { return T - q * TC < TC ? T - q * TC : TC; };
+  /* Raw chunk q into raw buffer q & 1, one commit group (empty past the end). */
+  auto stage = [&](int q) {
+    if (q < nch) {
+      float *r_dt = raw + (q & 1) * RF, *r_b = r_dt + TC, *r_c = r_b + TC * N;
+      float *r_x = r_c + TC * N;
+      const int tn = tokens(q);
+      const int64_t r0 = row0 + (int64_t)q * TC;
+      for (int e = tid; e < tn; e += nth) sp_cp4(r_dt + e, dt_raw + (r0 + e) * ld_dt + h);
+      const float *bsrc = xbc + di + (int64_t)g * N, *xsrc = xbc + (int64_t)h * P + p0;
+      if (vec & 2) {
+        constexpr int N4 = N / 4;
+        for (int e = tid; e < tn * N4; e += nth) {
+          const int t = e / N4, u = (e - t * N4) * 4;
+          const float *src = bsrc + (r0 + t) * ld_xbc + u;
+          sp_cp16(r_b + t * N + u, src);
+          sp_cp16(r_c + t * N + u, src + GN);
+        }
+        const int X4 = CB / 4;
+        for (int e = tid; e < tn * X4; e += nth) {
+          const int t = e / X4, u = (e - t * X4) * 4;
+          sp_cp16(r_x + t * CB + u, xsrc + (r0 + t) * ld_xbc + u);
+        }
+      } else {
+        for (int e = tid; e < tn * N; e += nth) {
+          const int t = e / N, u = e - t * N;
+          const float *src = bsrc + (r0 + t) * ld_xbc + u;
+          sp_cp4(r_b + t * N + u, src);
+          sp_cp4(r_c + t * N + u, src + GN);
+        }
+        for (int e = tid; e < tn * CB; e += nth) {
+          const int t = e / CB, u = e - t * CB;
+          sp_cp4(r_x + t * CB + u, xsrc + (r0 + t) * ld_xbc + u);
+        }
+      }
+    }
+    sp_commit();
+  };
+  /* Raw chunk q (arrived, visible) into prepared buffer q % 3: nth / TC
+   * threads per token, each computing its token's dt and dA as ssd_scan
+   * does, then dt * B (the step's rounding), C and x. */
+  auto prepare = [&](int q) {
+    if (q >= nch) return;
+    const float *r_dt = raw + (q & 1) * RF, *r_b = r_dt + TC, *r_c = r_b + TC * N;
+    const float *r_x = r_c + TC * N;
+    float *p_da = prep_buf + (q % 3) * PF, *p_b = p_da + TC, *p_c = p_b + TC * LDN;
+    float *p_x = p_c + TC * LDN;
+    const int tpt = nth / TC, t = tid / tpt, u0 = 4 * (tid - t * tpt);
+    if (t >= tokens(q)) return;
+    float dt = mbd_pm_softplus(__fadd_rn(r_dt[t], bias));
+    if (dt < lo) dt = lo;
+    if (dt > hi) dt = hi;
+    if (u0 == 0) p_da[t] = mbd_pm_expf(__fmul_rn(dt, a));
+    for (int u = u0; u < N; u += 4 * tpt) {
+      const float4 b4 = *(const float4 *)(r_b + t * N + u);
+      *(float4 *)(p_b + t * LDN + u) = make_float4(__fmul_rn(dt, b4.x), __fmul_rn(dt, b4.y),
+                                                   __fmul_rn(dt, b4.z), __fmul_rn(dt, b4.w));
+      *(float4 *)(p_c + t * LDN + u) = *(const float4 *)(r_c + t * N + u);
+    }
+    for (int u = u0; u < CB; u += 4 * tpt)
+      *(float4 *)(p_x + t * LDX + u) = *(const float4 *)(r_x + t * CB + u);
+  };
+  ST *srow = state + (int64_t)slots[s] * slot_stride + ((int64_t)h * P + p0 + cw) * N + n0;
+  float st[R][NL];
+#pragma unroll
+  for (int r = 0; r < R; r++) sp_slot<ST>::template load<NL>(st[r], srow + r * N, vec & 1);
+  float *yo = y + (int64_t)h * P + p0 + cw;
+  stage(0);
+  stage(1);
+  sp_wait_group<1>();
+  __syncthreads();
+  prepare(0);
+  float hand[R]; /* the chains after this lane's entries, at the tick before */
+#pragma unroll
+  for (int r = 0; r < R; r++) hand[r] = 0.0f;
+  /* chunk c's ticks (lane 0 on its tokens); c = nch: the last lanes drain */
+  for (int c = 0; c <= nch; c++) {
+    sp_wait_group<0>(); /* this thread's copies of chunk c + 1 are in */
+    __syncthreads();    /* everyone's are; chunk c is prepared; chunk c - 2 is read */
+    stage(c + 2);
+    prepare(c + 1);
+    const float *pcur = prep_buf + (c % 3) * PF, *pprev = prep_buf + ((c + 2) % 3) * PF;
+    /* tick k: lane j's token c TC + k - j, if live (all are when ALL) */
+    auto tick = [&](int k, auto all) {
+      float in[R];
+#pragma unroll
+      for (int r = 0; r < R; r++) in[r] = __shfl_up_sync(0xffffffffu, hand[r], 1, KS);
+      const int t = c * TC + k - j;
+      if (decltype(all)::value || (t >= 0 && t < T)) {
+        const float *pb = k >= j ? pcur : pprev;
+        const int tt = (k - j) & (TC - 1);
+        const float da = pb[tt];
+        const float *bt = pb + TC + tt * LDN + n0, *ct = bt + TC * LDN;
+        float xv[R], acc[R];
+        sp_ldr<R>(xv, pb + TC + 2 * TC * LDN + tt * LDX + cw);
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r] = j ? in[r] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < NL; i += 4) {
+          const float4 b4 = *(const float4 *)(bt + i), c4 = *(const float4 *)(ct + i);
+          const float bq[4] = {b4.x, b4.y, b4.z, b4.w}, cq[4] = {c4.x, c4.y, c4.z, c4.w};
+#pragma unroll
+          for (int q = 0; q < 4; q++)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+              st[r][i + q] =
+                  sp_slot<ST>::round(__fmaf_rn(da, st[r][i + q], __fmul_rn(bq[q], xv[r])));
+              acc[r] = __fmaf_rn(st[r][i + q], cq[q], acc[r]);
+            }
+        }
+        if (j == KS - 1) {
+#pragma unroll
+          for (int r = 0; r < R; r++) yo[(row0 + t) * di + r] = __fmaf_rn(dd, xv[r], acc[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) hand[r] = acc[r];
+      }
+    };
+    if (c >= 1 && (c + 1) * TC <= T) { /* a whole chunk, every lane on a live token */
+#pragma unroll
+      for (int k = 0; k < TC; k++) tick(k, std::true_type());
+    } else {
+      const int nk = c < nch ? TC : KS - 1;
+#pragma unroll
+      for (int k = 0; k < TC; k++)
+        if (k < nk) tick(k, std::false_type());
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++) sp_slot<ST>::template store<NL>(srow + r * N, st[r], vec & 1);
+}
+
+static int sp_sms(void) {
+  static int sms; /* the device's SM count, read once */
+  if (!sms) {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
+      v = 132;
+    sms = v;
+  }
+  return sms;
+}
+
+/* MBD_SSD_PREFILL=old: launches go to ssd_scan.cu's older kernel (read at
+ * every launch that could come here, so that a bench can compare both). */
+static bool sp_old(void) {
+  const char *e = getenv("MBD_SSD_PREFILL");
+  return e != NULL && strcmp(e, "old") == 0;
+}
+
+extern "C" bool mbd_mops_ssd_prefill_takes(int nseq, int T, const mbd_mops_ssd_dims *dm) {
+  const int N = dm->d_state;
+  return nseq >= 1 && T >= MBD_MOPS_SSD_PREFILL_MIN_T &&
+         (int64_t)nseq * dm->heads * dm->head_dim >= MBD_MOPS_SSD_PREFILL_MIN_ROWS &&
+         (N == 64 || N == 128 || N == 256) && dm->head_dim % 16 == 0 && !sp_old();
+}
+
+/* Channels per block: a multiple of cpw (a warp's channels) dividing
+ * head_dim, up to SP_MAX_THREADS threads. Blocks go to the SMs in waves of
+ * occ(cb) per SM; a wave costs its busiest SM's channels, scaled up while
+ * that SM holds fewer than SP_FULL_WARPS warps (too few to hide the
+ * chains' latency). The cheapest, the widest of those on a tie (B and C
+ * staged fewer times); a negative status on a CUDA error. */
+#define SP_FULL_WARPS 12
+template <typename K>
+static int sp_pick_cb(K k, int nseq, const mbd_mops_ssd_dims *dm, int cpw, mbd_error *err) {
+  const int P = dm->head_dim, N = dm->d_state;
+  const int64_t sms = sp_sms();
+  size_t most = 0;
+  for (int cb = cpw; cb <= P && cb / cpw * 32 <= SP_MAX_THREADS; cb += cpw)
+    if (P % cb == 0 && sp_smem_bytes(N, cb) > most) most = sp_smem_bytes(N, cb);
+  const int rc = allow_smem(k, most, err);
+  if (rc < 0) return rc;
+  int best = cpw;
+  double least = -1.0;
+  for (int cb = cpw; cb <= P && cb / cpw * 32 <= SP_MAX_THREADS; cb += cpw) {
+    if (P % cb) continue;
+    const int wpb = cb / cpw;
+    int occ = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, wpb * 32, sp_smem_bytes(N, cb)) !=
+            cudaSuccess ||
+        occ < 1) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    double cost = 0.0;
+    for (int64_t left = (int64_t)nseq * dm->heads * (P / cb); left > 0;) {
+      const int64_t wave = left < sms * occ ? left : sms * occ, busiest = (wave + sms - 1) / sms;
+      const double eff = busiest * wpb >= SP_FULL_WARPS ? 1.0 : (double)(busiest * wpb) / SP_FULL_WARPS;
+      cost += (double)(busiest * cb) / eff;
+      left -= wave;
+    }
+    if (least < 0 || cost <= least) least = cost, best = cb;
+  }
+  return best;
+}
+
+template <typename ST, int NL, int KS>
+static int sp_launch(cudaStream_t stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
+                     const float *A, const float *D, const float *dt_bias, float lo, float hi,
+                     const float *dt_raw, int64_t ld_dt, const float *xbc, int64_t ld_xbc,
+                     ST *state, int64_t slot_stride, const int32_t *slots, float *y, int vec,
+                     mbd_error *err) {
+  constexpr int R = SP_R, cpw = 32 / KS * R;
+  auto k = k_ssd_prefill<ST, NL, R, KS>;
+  const int N = dm->d_state, cb = sp_pick_cb(k, nseq, dm, cpw, err);
+  if (cb < 0) return cb; /* a status */
+  /* a long kernel: not launched early (PDL), where it would share the SMs
+   * its predecessor still holds */
+  return launch_ex(false, "ssd_prefill", k,
+                   dim3((unsigned)(dm->heads * (dm->head_dim / cb)), (unsigned)nseq),
+                   dim3((unsigned)(cb / cpw * 32)), sp_smem_bytes(N, cb), stream, err, T, *dm,
+                   cb, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state, slot_stride,
+                   vec, slots, y);
+}
+
+template <typename ST>
+static int sp_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm, const float *A,
+                   const float *D, const float *dt_bias, float lo, float hi, const float *dt_raw,
+                   int64_t ld_dt, const float *xbc, int64_t ld_xbc, ST *state,
+                   int64_t slot_stride, const int32_t *slots, float *y, mbd_error *err) {
+  if (nseq <= 0 || T <= 0) return 0;
+  if (!mbd_mops_ssd_prefill_takes(nseq, T, dm) || nseq > 65535)
+    return mbd_error_set(err, MBD_E_INVALID, "ssd_prefill: %d tokens, d_state %d, head_dim %d "
+                         "unsupported", T, dm->d_state, dm->head_dim);
+  const int64_t di = (int64_t)dm->heads * dm->head_dim;
+  const int epv = 16 / (int)sizeof(ST); /* state entries per 16 bytes */
+  const int vec = ((uintptr_t)state % 16 == 0 && slot_stride % epv == 0 ? 1 : 0) |
+                  ((uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && di % 4 == 0 ? 2 : 0);
+  cudaStream_t s = (cudaStream_t)stream;
+#define SP_L(NLv, KSv)                                                                         \
+  sp_launch<ST, NLv, KSv>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, \
+                          state, slot_stride, slots, y, vec, err)
+  switch (dm->d_state) {
+  case 64: return SP_L(16, 4);
+  case 128: return SP_L(16, 8);
+  default: return SP_L(32, 8);
+  }
+#undef SP_L
+}
+
+extern "C" int mbd_mops_ssd_prefill_scan(void *stream, int nseq, int T,
+                                         const mbd_mops_ssd_dims *dm, const float *A,
+                                         const float *D, const float *dt_bias, float lo,
+                                         float hi, const float *dt_raw, int64_t ld_dt,
+                                         const float *xbc, int64_t ld_xbc, float *state,
+                                         int64_t slot_stride, const int32_t *slots, float *y,
+                                         mbd_error *err) {
+  return sp_scan(stream, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state,
+                 slot_stride, slots, y, err);
+}
+
+extern "C" int mbd_mops_ssd_prefill_scan_bf16state(void *stream, int nseq, int T,
+                                                   const mbd_mops_ssd_dims *dm, const float *A,
+                                                   const float *D, const float *dt_bias,
+                                                   float lo, float hi, const float *dt_raw,
+                                                   int64_t ld_dt, const float *xbc,
+                                                   int64_t ld_xbc, void *state,
+                                                   int64_t slot_stride, const int32_t *slots,
+                                                   float *y, mbd_error *err) {
+  return sp_scan(stream, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc,
+                 (__nv_bfloat16 *)state, slot_stride, slots, y, err);
+}
