@@ -118,7 +118,9 @@ __device__ __forceinline__ void sp_cp4(void *dst, const void *src) {
   const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
 }
-__device__ __forceinline__ void sp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void sp_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 /* Waits until at most NP of this thread's committed groups are pending. */
 template <int NP>
 __device__ __forceinline__ void sp_wait_group() {
@@ -127,20 +129,24 @@ __device__ __forceinline__ void sp_wait_group() {
 
 /* Shared row strides: dt * B and C rows of a token (N + 4: the KS lanes of
  * a row group, reading ranges NL apart of tokens one apart, hit distinct
- * 16-byte bank groups), x rows (8 mod 32: the lanes' tokens spread over
- * the banks). */
+ * 16-byte bank groups), x rows (32 / KS mod 32: the lanes' tokens and row
+ * groups spread over the banks). */
 __host__ __device__ static inline int sp_ldn(int N) { return N + 4; }
-__host__ __device__ static inline int sp_ldx(int cb) { return cb + (8 - cb % 32 + 32) % 32; }
+__host__ __device__ static inline int sp_ldx(int cb, int ks) {
+  return cb + (32 / ks - cb % 32 + 32) % 32;
+}
 /* Floats of a raw buffer (dt_raw [TC], B, C [TC][N], x [TC][cb]) and of a
- * prepared one (dA [TC], dt * B, C [TC][ldn], x [TC][ldx]). */
+ * prepared one (dA [TC], dt * B, C [TC][ldn], x [TC][ldx]; a multiple of
+ * 32, so that lanes on either side of a chunk boundary keep the banks
+ * apart). */
 __host__ __device__ static inline int sp_raw_floats(int N, int cb) {
   return SP_TC + 2 * SP_TC * N + SP_TC * cb;
 }
-__host__ __device__ static inline int sp_prep_floats(int N, int cb) {
-  return SP_TC + 2 * SP_TC * sp_ldn(N) + SP_TC * sp_ldx(cb);
+__host__ __device__ static inline int sp_prep_floats(int N, int cb, int ks) {
+  return (SP_TC + 2 * SP_TC * sp_ldn(N) + SP_TC * sp_ldx(cb, ks) + 31) / 32 * 32;
 }
-static size_t sp_smem_bytes(int N, int cb) {
-  return (size_t)(2 * sp_raw_floats(N, cb) + 3 * sp_prep_floats(N, cb)) * sizeof(float);
+static size_t sp_smem_bytes(int N, int cb, int ks) {
+  return (size_t)(2 * sp_raw_floats(N, cb) + 3 * sp_prep_floats(N, cb, ks)) * sizeof(float);
 }
 
 /* R consecutive floats from shared memory (aligned to R floats). */
@@ -160,7 +166,7 @@ __device__ __forceinline__ void sp_ldr(float (&v)[R], const float *p) {
 /* vec: bit 0 the state rows allow 16-byte access, bit 1 xbc allows 16-byte
  * copies. */
 template <typename ST, int NL, int R, int KS>
-__global__ void __launch_bounds__(SP_MAX_THREADS)
+__global__ void __launch_bounds__(SP_MAX_THREADS, 1)
     k_ssd_prefill(int T, mbd_mops_ssd_dims dm, int CB, const float *__restrict__ A,
                   const float *__restrict__ D, const float *__restrict__ dt_bias, float lo,
                   float hi, const float *__restrict__ dt_raw, int64_t ld_dt,
@@ -176,8 +182,8 @@ __global__ void __launch_bounds__(SP_MAX_THREADS)
   const int tid = threadIdx.x, nth = blockDim.x, lane = tid & 31;
   const int j = lane & (KS - 1), cw = (tid >> 5) * CPW + (lane / KS) * R, n0 = j * NL;
   const int64_t di = (int64_t)dm.heads * P, GN = (int64_t)dm.n_groups * N;
-  const int LDN = sp_ldn(N), LDX = sp_ldx(CB);
-  const int RF = sp_raw_floats(N, CB), PF = sp_prep_floats(N, CB);
+  const int LDN = sp_ldn(N), LDX = sp_ldx(CB, KS);
+  const int RF = sp_raw_floats(N, CB), PF = sp_prep_floats(N, CB, KS);
   float *raw = (float *)sp_smem4, *prep_buf = raw + 2 * RF;
   const float a = A[h], dd = D[h], bias = dt_bias[h]; /* weights: before the wait */
   pdl_wait();
@@ -349,12 +355,13 @@ extern "C" bool mbd_mops_ssd_prefill_takes(int nseq, int T, const mbd_mops_ssd_d
  * staged fewer times); a negative status on a CUDA error. */
 #define SP_FULL_WARPS 12
 template <typename K>
-static int sp_pick_cb(K k, int nseq, const mbd_mops_ssd_dims *dm, int cpw, mbd_error *err) {
+static int sp_pick_cb(K k, int nseq, const mbd_mops_ssd_dims *dm, int ks, int cpw,
+                      mbd_error *err) {
   const int P = dm->head_dim, N = dm->d_state;
   const int64_t sms = sp_sms();
   size_t most = 0;
   for (int cb = cpw; cb <= P && cb / cpw * 32 <= SP_MAX_THREADS; cb += cpw)
-    if (P % cb == 0 && sp_smem_bytes(N, cb) > most) most = sp_smem_bytes(N, cb);
+    if (P % cb == 0 && sp_smem_bytes(N, cb, ks) > most) most = sp_smem_bytes(N, cb, ks);
   const int rc = allow_smem(k, most, err);
   if (rc < 0) return rc;
   int best = cpw;
@@ -362,9 +369,9 @@ static int sp_pick_cb(K k, int nseq, const mbd_mops_ssd_dims *dm, int cpw, mbd_e
   for (int cb = cpw; cb <= P && cb / cpw * 32 <= SP_MAX_THREADS; cb += cpw) {
     if (P % cb) continue;
     const int wpb = cb / cpw;
+    const size_t bytes = sp_smem_bytes(N, cb, ks);
     int occ = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, wpb * 32, sp_smem_bytes(N, cb)) !=
-            cudaSuccess ||
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, wpb * 32, bytes) != cudaSuccess ||
         occ < 1) {
       (void)cudaGetLastError();
       continue;
@@ -372,7 +379,8 @@ static int sp_pick_cb(K k, int nseq, const mbd_mops_ssd_dims *dm, int cpw, mbd_e
     double cost = 0.0;
     for (int64_t left = (int64_t)nseq * dm->heads * (P / cb); left > 0;) {
       const int64_t wave = left < sms * occ ? left : sms * occ, busiest = (wave + sms - 1) / sms;
-      const double eff = busiest * wpb >= SP_FULL_WARPS ? 1.0 : (double)(busiest * wpb) / SP_FULL_WARPS;
+      const double eff =
+          busiest * wpb >= SP_FULL_WARPS ? 1.0 : (double)(busiest * wpb) / SP_FULL_WARPS;
       cost += (double)(busiest * cb) / eff;
       left -= wave;
     }
@@ -389,13 +397,13 @@ static int sp_launch(cudaStream_t stream, int nseq, int T, const mbd_mops_ssd_di
                      mbd_error *err) {
   constexpr int R = SP_R, cpw = 32 / KS * R;
   auto k = k_ssd_prefill<ST, NL, R, KS>;
-  const int N = dm->d_state, cb = sp_pick_cb(k, nseq, dm, cpw, err);
+  const int N = dm->d_state, cb = sp_pick_cb(k, nseq, dm, KS, cpw, err);
   if (cb < 0) return cb; /* a status */
   /* a long kernel: not launched early (PDL), where it would share the SMs
    * its predecessor still holds */
   return launch_ex(false, "ssd_prefill", k,
                    dim3((unsigned)(dm->heads * (dm->head_dim / cb)), (unsigned)nseq),
-                   dim3((unsigned)(cb / cpw * 32)), sp_smem_bytes(N, cb), stream, err, T, *dm,
+                   dim3((unsigned)(cb / cpw * 32)), sp_smem_bytes(N, cb, KS), stream, err, T, *dm,
                    cb, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state, slot_stride,
                    vec, slots, y);
 }
