@@ -31,7 +31,7 @@
 #include <type_traits>
 
 #define SP_TC 8                  /* tokens per chunk */
-#define SP_R 2                   /* channels per lane */
+#define SP_R 2                   /* channels per lane (4 with MBD_SSD_PREFILL=r4) */
 #define SP_MAX_THREADS 256       /* threads per block at most */
 #define SP_MAX_SMEM (200 * 1024) /* shared bytes per block at most */
 
@@ -164,9 +164,11 @@ __device__ __forceinline__ void sp_ldr(float (&v)[R], const float *p) {
 }
 
 /* vec: bit 0 the state rows allow 16-byte access, bit 1 xbc allows 16-byte
- * copies. */
+ * copies. Registers: up to 128 while a lane keeps at most 32 entries (two
+ * blocks of 256 threads per SM; without a bound ptxas spilled the bf16
+ * variants at 80), else as many as the one block needs. */
 template <typename ST, int NL, int R, int KS>
-__global__ void __launch_bounds__(SP_MAX_THREADS, 1)
+__global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
     k_ssd_prefill(int T, mbd_mops_ssd_dims dm, int CB, const float *__restrict__ A,
                   const float *__restrict__ D, const float *__restrict__ dt_bias, float lo,
                   float hi, const float *__restrict__ dt_raw, int64_t ld_dt,
@@ -333,12 +335,15 @@ static int sp_sms(void) {
   return sms;
 }
 
-/* MBD_SSD_PREFILL=old: launches go to ssd_scan.cu's older kernel (read at
- * every launch that could come here, so that a bench can compare both). */
-static bool sp_old(void) {
+/* MBD_SSD_PREFILL, read at every launch that could come here (so that a
+ * bench can compare in one process): "old" sends the launch to ssd_scan.cu's
+ * older kernel, "r4" gives lanes four channels instead of two (d_state 64
+ * and 128; a measurement knob). */
+static const char *sp_env(void) {
   const char *e = getenv("MBD_SSD_PREFILL");
-  return e != NULL && strcmp(e, "old") == 0;
+  return e ? e : "";
 }
+static bool sp_old(void) { return strcmp(sp_env(), "old") == 0; }
 
 extern "C" bool mbd_mops_ssd_prefill_takes(int nseq, int T, const mbd_mops_ssd_dims *dm) {
   const int N = dm->d_state;
@@ -389,13 +394,13 @@ static int sp_pick_cb(K k, int nseq, const mbd_mops_ssd_dims *dm, int ks, int cp
   return best;
 }
 
-template <typename ST, int NL, int KS>
+template <typename ST, int NL, int KS, int R>
 static int sp_launch(cudaStream_t stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
                      const float *A, const float *D, const float *dt_bias, float lo, float hi,
                      const float *dt_raw, int64_t ld_dt, const float *xbc, int64_t ld_xbc,
                      ST *state, int64_t slot_stride, const int32_t *slots, float *y, int vec,
                      mbd_error *err) {
-  constexpr int R = SP_R, cpw = 32 / KS * R;
+  constexpr int cpw = 32 / KS * R;
   auto k = k_ssd_prefill<ST, NL, R, KS>;
   const int N = dm->d_state, cb = sp_pick_cb(k, nseq, dm, KS, cpw, err);
   if (cb < 0) return cb; /* a status */
@@ -422,13 +427,14 @@ static int sp_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm, c
   const int vec = ((uintptr_t)state % 16 == 0 && slot_stride % epv == 0 ? 1 : 0) |
                   ((uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && di % 4 == 0 ? 2 : 0);
   cudaStream_t s = (cudaStream_t)stream;
-#define SP_L(NLv, KSv)                                                                         \
-  sp_launch<ST, NLv, KSv>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, \
-                          state, slot_stride, slots, y, vec, err)
+#define SP_L(NLv, KSv, Rv)                                                                  \
+  sp_launch<ST, NLv, KSv, Rv>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,     \
+                              ld_xbc, state, slot_stride, slots, y, vec, err)
+  const bool r4 = strcmp(sp_env(), "r4") == 0;
   switch (dm->d_state) {
-  case 64: return SP_L(16, 4);
-  case 128: return SP_L(16, 8);
-  default: return SP_L(32, 8);
+  case 64: return r4 && dm->head_dim % 32 == 0 ? SP_L(16, 4, 4) : SP_L(16, 4, SP_R);
+  case 128: return r4 ? SP_L(16, 8, 4) : SP_L(16, 8, SP_R);
+  default: return SP_L(32, 8, SP_R);
   }
 #undef SP_L
 }
