@@ -337,8 +337,8 @@ static int sp_sms(void) {
 
 /* MBD_SSD_PREFILL, read at every launch that could come here (so that a
  * bench can compare in one process): "old" sends the launch to ssd_scan.cu's
- * older kernel, "r4" gives lanes four channels instead of two (d_state 64
- * and 128; a measurement knob). */
+ * older kernel; measurement knobs: "r4" gives lanes four channels instead
+ * of two (d_state 64 and 128), "cbNN" blocks of NN channels. */
 static const char *sp_env(void) {
   const char *e = getenv("MBD_SSD_PREFILL");
   return e ? e : "";
@@ -390,6 +390,13 @@ static int sp_pick_cb(K k, int nseq, const mbd_mops_ssd_dims *dm, int ks, int cp
       left -= wave;
     }
     if (least < 0 || cost <= least) least = cost, best = cb;
+  }
+  /* MBD_SSD_PREFILL=cbNN: NN channels per block where that is a width above */
+  const char *e = sp_env();
+  if (e[0] == 'c' && e[1] == 'b') {
+    const int want = atoi(e + 2);
+    if (want >= cpw && want % cpw == 0 && P % want == 0 && want / cpw * 32 <= SP_MAX_THREADS)
+      best = want;
   }
   return best;
 }
