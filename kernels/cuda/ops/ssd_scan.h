@@ -32,7 +32,8 @@ typedef struct mbd_mops_ssd_dims {
  * over sequences, heads, channels and state entries (a channel's entries
  * split over up to 32 lanes, the n chain handed from lane to lane; long
  * launches that mbd_mops_ssd_chunk_takes go to ssd_chunk.h's wavefront
- * kernel); each state entry's steps and each output's n chain run in the
+ * kernel, those that mbd_mops_ssd_prefill_takes to ssd_prefill.h's lane
+ * pipeline); each state entry's steps and each output's n chain run in the
  * CPU's order, so any T, any chunking and any batch give the same bits. */
 int mbd_mops_ssd_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
                       const float *A, const float *D, const float *dt_bias, float lo, float hi,
