@@ -35,13 +35,15 @@
 #define SP_MAX_THREADS 256       /* threads per block at most */
 #define SP_MAX_SMEM (200 * 1024) /* shared bytes per block at most */
 
-/* How the state is stored between launches: the value kept after a step,
+/* How the state is stored between launches: the values kept after a step,
  * and NL entries loaded and stored (16-byte aligned when vec). */
 template <typename ST>
 struct sp_slot;
 template <>
 struct sp_slot<float> {
-  static __device__ __forceinline__ float round(float v) { return v; }
+  /* R values of a step, rounded in place to what is kept (R even) */
+  template <int R>
+  static __device__ __forceinline__ void round(float (&)[R]) {}
   template <int NL>
   static __device__ __forceinline__ void load(float (&st)[NL], const float *p, bool vec) {
     if (vec) {
@@ -69,8 +71,14 @@ struct sp_slot<float> {
 };
 template <>
 struct sp_slot<__nv_bfloat16> {
-  static __device__ __forceinline__ float round(float v) {
-    return __bfloat162float(__float2bfloat16_rn(v));
+  /* two at a time: one conversion packs a pair, each to nearest even */
+  template <int R>
+  static __device__ __forceinline__ void round(float (&v)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; r += 2) {
+      const __nv_bfloat162 b = __floats2bfloat162_rn(v[r], v[r + 1]);
+      v[r] = __low2float(b), v[r + 1] = __high2float(b);
+    }
   }
   template <int NL>
   static __device__ __forceinline__ void load(float (&st)[NL], const __nv_bfloat16 *p, bool vec) {
@@ -177,6 +185,7 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
                   float *__restrict__ y) {
   constexpr int TC = SP_TC, N = KS * NL, RG = 32 / KS, CPW = RG * R;
   static_assert(TC >= KS && (TC & (TC - 1)) == 0, "a lane lags at most one chunk");
+  static_assert(R % 2 == 0, "bf16 rounds the channels in pairs");
   extern __shared__ float4 sp_smem4[];
   const int P = dm.head_dim, bph = P / CB;
   const int h = blockIdx.x / bph, p0 = (blockIdx.x - h * bph) * CB, s = blockIdx.y;
@@ -293,13 +302,18 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
           const float4 b4 = *(const float4 *)(bt + i), c4 = *(const float4 *)(ct + i);
           const float bq[4] = {b4.x, b4.y, b4.z, b4.w}, cq[4] = {c4.x, c4.y, c4.z, c4.w};
 #pragma unroll
-          for (int q = 0; q < 4; q++)
+          for (int q = 0; q < 4; q++) {
+            float v[R];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+              v[r] = __fmaf_rn(da, st[r][i + q], __fmul_rn(bq[q], xv[r]));
+            sp_slot<ST>::round(v);
 #pragma unroll
             for (int r = 0; r < R; r++) {
-              st[r][i + q] =
-                  sp_slot<ST>::round(__fmaf_rn(da, st[r][i + q], __fmul_rn(bq[q], xv[r])));
-              acc[r] = __fmaf_rn(st[r][i + q], cq[q], acc[r]);
+              st[r][i + q] = v[r];
+              acc[r] = __fmaf_rn(v[r], cq[q], acc[r]);
             }
+          }
         }
         if (j == KS - 1) {
 #pragma unroll
