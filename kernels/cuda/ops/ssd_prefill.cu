@@ -171,8 +171,26 @@ __device__ __forceinline__ void sp_ldr(float (&v)[R], const float *p) {
   }
 }
 
+/* R floats to global memory (aligned to R floats when vec). */
+template <int R>
+__device__ __forceinline__ void sp_str(float *p, const float (&v)[R], bool vec) {
+  if constexpr (R == 4) {
+    if (vec) {
+      *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+      return;
+    }
+  } else if constexpr (R == 2) {
+    if (vec) {
+      *(float2 *)p = make_float2(v[0], v[1]);
+      return;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++) p[r] = v[r];
+}
+
 /* vec: bit 0 the state rows allow 16-byte access, bit 1 xbc allows 16-byte
- * copies. Registers: up to 128 while a lane keeps at most 32 entries (two
+ * copies, bit 2 y allows 16-byte stores. Registers: up to 128 while a lane keeps at most 32 entries (two
  * blocks of 256 threads per SM; without a bound ptxas spilled the bf16
  * variants at 80), else as many as the one block needs. */
 template <typename ST, int NL, int R, int KS>
@@ -316,8 +334,10 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
           }
         }
         if (j == KS - 1) {
+          float o[R];
 #pragma unroll
-          for (int r = 0; r < R; r++) yo[(row0 + t) * di + r] = __fmaf_rn(dd, xv[r], acc[r]);
+          for (int r = 0; r < R; r++) o[r] = __fmaf_rn(dd, xv[r], acc[r]);
+          sp_str<R>(yo + (row0 + t) * di, o, vec & 4);
         }
 #pragma unroll
         for (int r = 0; r < R; r++) hand[r] = acc[r];
@@ -446,7 +466,8 @@ static int sp_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm, c
   const int64_t di = (int64_t)dm->heads * dm->head_dim;
   const int epv = 16 / (int)sizeof(ST); /* state entries per 16 bytes */
   const int vec = ((uintptr_t)state % 16 == 0 && slot_stride % epv == 0 ? 1 : 0) |
-                  ((uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && di % 4 == 0 ? 2 : 0);
+                  ((uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && di % 4 == 0 ? 2 : 0) |
+                  ((uintptr_t)y % 16 == 0 ? 4 : 0); /* di: a multiple of 16 */
   cudaStream_t s = (cudaStream_t)stream;
 #define SP_L(NLv, KSv, Rv)                                                                  \
   sp_launch<ST, NLv, KSv, Rv>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,     \
