@@ -31,6 +31,7 @@
 #include <type_traits>
 
 #define SP_TC 8                  /* tokens per chunk */
+#define SP_UNROLL 2              /* ticks unrolled */
 #define SP_R 2                   /* channels per lane (4 with MBD_SSD_PREFILL=r4) */
 #define SP_MAX_THREADS 256       /* threads per block at most */
 #define SP_MAX_SMEM (200 * 1024) /* shared bytes per block at most */
@@ -343,14 +344,16 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
         for (int r = 0; r < R; r++) hand[r] = acc[r];
       }
     };
+    /* Not unrolled further: a tick is some 130 instructions (more for bf16
+     * or four channels), and eight of them in a row overflowed the
+     * instruction cache. */
     if (c >= 1 && (c + 1) * TC <= T) { /* a whole chunk, every lane on a live token */
-#pragma unroll
+#pragma unroll 2
       for (int k = 0; k < TC; k++) tick(k, std::true_type());
     } else {
       const int nk = c < nch ? TC : KS - 1;
-#pragma unroll
-      for (int k = 0; k < TC; k++)
-        if (k < nk) tick(k, std::false_type());
+#pragma unroll 1
+      for (int k = 0; k < nk; k++) tick(k, std::false_type());
     }
   }
 #pragma unroll
