@@ -142,8 +142,11 @@ __device__ __forceinline__ void sp_wait_group() {
  * groups spread over the banks). */
 __host__ __device__ static inline int sp_ldn(int N) { return N + 4; }
 __host__ __device__ static inline int sp_ldx(int cb, int ks) {
-  return cb + (32 / ks - cb % 32 + 32) % 32;
+  return cb + ((ks >= 8 ? 4 : 8) - cb % 32 + 32) % 32;
 }
+/* Prepared buffers: the chunk being prepared, the chunk the first lanes
+ * read and those the lagging lanes still read (KS - 1 tokens behind). */
+__host__ __device__ static inline int sp_nslot(int ks) { return 2 + (ks - 1 + SP_TC - 1) / SP_TC; }
 /* Floats of a raw buffer (dt_raw [TC], B, C [TC][N], x [TC][cb]) and of a
  * prepared one (dA [TC], dt * B, C [TC][ldn], x [TC][ldx]; a multiple of
  * 32, so that lanes on either side of a chunk boundary keep the banks
@@ -155,13 +158,17 @@ __host__ __device__ static inline int sp_prep_floats(int N, int cb, int ks) {
   return (SP_TC + 2 * SP_TC * sp_ldn(N) + SP_TC * sp_ldx(cb, ks) + 31) / 32 * 32;
 }
 static size_t sp_smem_bytes(int N, int cb, int ks) {
-  return (size_t)(2 * sp_raw_floats(N, cb) + 3 * sp_prep_floats(N, cb, ks)) * sizeof(float);
+  return (size_t)(2 * sp_raw_floats(N, cb) + sp_nslot(ks) * sp_prep_floats(N, cb, ks)) *
+         sizeof(float);
 }
 
-/* R consecutive floats from shared memory (aligned to R floats). */
+/* R consecutive floats from shared memory (aligned to min(R, 4) floats). */
 template <int R>
 __device__ __forceinline__ void sp_ldr(float (&v)[R], const float *p) {
-  if constexpr (R == 4) {
+  if constexpr (R == 8) {
+    const float4 q = *(const float4 *)p, u = *(const float4 *)(p + 4);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w, v[4] = u.x, v[5] = u.y, v[6] = u.z, v[7] = u.w;
+  } else if constexpr (R == 4) {
     const float4 q = *(const float4 *)p;
     v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
   } else if constexpr (R == 2) {
@@ -172,10 +179,16 @@ __device__ __forceinline__ void sp_ldr(float (&v)[R], const float *p) {
   }
 }
 
-/* R floats to global memory (aligned to R floats when vec). */
+/* R floats to global memory (16-byte aligned when vec; 8-byte for R = 2). */
 template <int R>
 __device__ __forceinline__ void sp_str(float *p, const float (&v)[R], bool vec) {
-  if constexpr (R == 4) {
+  if constexpr (R == 8) {
+    if (vec) {
+      *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+      *(float4 *)(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+      return;
+    }
+  } else if constexpr (R == 4) {
     if (vec) {
       *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
       return;
@@ -203,7 +216,8 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
                   int64_t slot_stride, int vec, const int32_t *__restrict__ slots,
                   float *__restrict__ y) {
   constexpr int TC = SP_TC, N = KS * NL, RG = 32 / KS, CPW = RG * R;
-  static_assert(TC >= KS && (TC & (TC - 1)) == 0, "a lane lags at most one chunk");
+  constexpr int LAG = (KS - 1 + TC - 1) / TC, NS = LAG + 2; /* chunks of lag; prepared buffers */
+  static_assert((TC & (TC - 1)) == 0, "chunks of a power of two");
   static_assert(R % 2 == 0, "bf16 rounds the channels in pairs");
   extern __shared__ float4 sp_smem4[];
   const int P = dm.head_dim, bph = P / CB;
@@ -264,7 +278,7 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
     if (q >= nch) return;
     const float *r_dt = raw + (q & 1) * RF, *r_b = r_dt + TC, *r_c = r_b + TC * N;
     const float *r_x = r_c + TC * N;
-    float *p_da = prep_buf + (q % 3) * PF, *p_b = p_da + TC, *p_c = p_b + TC * LDN;
+    float *p_da = prep_buf + (q % NS) * PF, *p_b = p_da + TC, *p_c = p_b + TC * LDN;
     float *p_x = p_c + TC * LDN;
     const int tpt = nth / TC, t = tid / tpt, u0 = 4 * (tid - t * tpt);
     if (t >= tokens(q)) return;
@@ -294,13 +308,15 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
   float hand[R]; /* the chains after this lane's entries, at the tick before */
 #pragma unroll
   for (int r = 0; r < R; r++) hand[r] = 0.0f;
-  /* chunk c's ticks (lane 0 on its tokens); c = nch: the last lanes drain */
-  for (int c = 0; c <= nch; c++) {
+  /* chunk c's ticks (lane 0 on its tokens); from c = nch on the last lanes
+   * drain: tick c TC + k runs while it is at most T + KS - 2 */
+  const int cend = (T + KS - 2) / TC;
+  for (int c = 0; c <= cend; c++) {
     sp_wait_group<0>(); /* this thread's copies of chunk c + 1 are in */
     __syncthreads();    /* everyone's are; chunk c is prepared; chunk c - 2 is read */
     stage(c + 2);
     prepare(c + 1);
-    const float *pcur = prep_buf + (c % 3) * PF, *pprev = prep_buf + ((c + 2) % 3) * PF;
+    const float *pcur = prep_buf + (c % NS) * PF, *pprev = prep_buf + ((c + NS - 1) % NS) * PF;
     /* tick k: lane j's token c TC + k - j, if live (all are when ALL) */
     auto tick = [&](int k, auto all) {
       float in[R];
@@ -308,7 +324,11 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
       for (int r = 0; r < R; r++) in[r] = __shfl_up_sync(0xffffffffu, hand[r], 1, KS);
       const int t = c * TC + k - j;
       if (decltype(all)::value || (t >= 0 && t < T)) {
-        const float *pb = k >= j ? pcur : pprev;
+        const float *pb;
+        if constexpr (LAG == 1)
+          pb = k >= j ? pcur : pprev;
+        else
+          pb = prep_buf + ((t / TC) % NS) * PF;
         const int tt = (k - j) & (TC - 1);
         const float da = pb[tt];
         const float *bt = pb + TC + tt * LDN + n0, *ct = bt + TC * LDN;
@@ -347,11 +367,11 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
     /* Not unrolled further: a tick is some 130 instructions (more for bf16
      * or four channels), and eight of them in a row overflowed the
      * instruction cache. */
-    if (c >= 1 && (c + 1) * TC <= T) { /* a whole chunk, every lane on a live token */
+    if (c * TC >= KS - 1 && (c + 1) * TC <= T) { /* a whole chunk, every lane live */
 #pragma unroll 2
       for (int k = 0; k < TC; k++) tick(k, std::true_type());
     } else {
-      const int nk = c < nch ? TC : KS - 1;
+      const int nk = T + KS - 1 - c * TC < TC ? T + KS - 1 - c * TC : TC;
 #pragma unroll 1
       for (int k = 0; k < nk; k++) tick(k, std::false_type());
     }
@@ -375,7 +395,8 @@ static int sp_sms(void) {
 /* MBD_SSD_PREFILL, read at every launch that could come here (so that a
  * bench can compare in one process): "old" sends the launch to ssd_scan.cu's
  * older kernel; measurement knobs: "r4" gives lanes four channels instead
- * of two (d_state 64 and 128), "cbNN" blocks of NN channels. */
+ * of two (d_state 64 and 128), "r8" eight channels of 8 entries (16 lanes a
+ * row; d_state 128), "cbNN" blocks of NN channels. */
 static const char *sp_env(void) {
   const char *e = getenv("MBD_SSD_PREFILL");
   return e ? e : "";
@@ -392,8 +413,9 @@ extern "C" bool mbd_mops_ssd_prefill_takes(int nseq, int T, const mbd_mops_ssd_d
 /* Channels per block: a multiple of cpw (a warp's channels) dividing
  * head_dim, up to SP_MAX_THREADS threads. Blocks go to the SMs in waves of
  * occ(cb) per SM; a wave costs its busiest SM's channels, scaled up while
- * that SM holds fewer than SP_FULL_WARPS warps (too few to hide the
- * chains' latency). The cheapest, the widest of those on a tie (B and C
+ * that SM holds fewer than SP_FULL_WARPS warps at two channels a lane
+ * (too few to hide the chains' latency; each lane's R chains hide each
+ * other's, so proportionally fewer at R = 4 or 8). The cheapest, the widest of those on a tie (B and C
  * staged fewer times); a negative status on a CUDA error. */
 #define SP_FULL_WARPS 12
 template <typename K>
@@ -401,6 +423,7 @@ static int sp_pick_cb(K k, int nseq, const mbd_mops_ssd_dims *dm, int ks, int cp
                       mbd_error *err) {
   const int P = dm->head_dim, N = dm->d_state;
   const int64_t sms = sp_sms();
+  const int full = SP_FULL_WARPS * 2 / (cpw * ks / 32); /* fewer with more channels a lane */
   size_t most = 0;
   for (int cb = cpw; cb <= P && cb / cpw * 32 <= SP_MAX_THREADS; cb += cpw)
     if (P % cb == 0 && sp_smem_bytes(N, cb, ks) > most) most = sp_smem_bytes(N, cb, ks);
@@ -421,8 +444,7 @@ static int sp_pick_cb(K k, int nseq, const mbd_mops_ssd_dims *dm, int ks, int cp
     double cost = 0.0;
     for (int64_t left = (int64_t)nseq * dm->heads * (P / cb); left > 0;) {
       const int64_t wave = left < sms * occ ? left : sms * occ, busiest = (wave + sms - 1) / sms;
-      const double eff =
-          busiest * wpb >= SP_FULL_WARPS ? 1.0 : (double)(busiest * wpb) / SP_FULL_WARPS;
+      const double eff = busiest * wpb >= full ? 1.0 : (double)(busiest * wpb) / full;
       cost += (double)(busiest * cb) / eff;
       left -= wave;
     }
@@ -475,10 +497,10 @@ static int sp_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm, c
 #define SP_L(NLv, KSv, Rv)                                                                  \
   sp_launch<ST, NLv, KSv, Rv>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,     \
                               ld_xbc, state, slot_stride, slots, y, vec, err)
-  const bool r4 = strcmp(sp_env(), "r4") == 0;
+  const bool r4 = strcmp(sp_env(), "r4") == 0, r8 = strcmp(sp_env(), "r8") == 0;
   switch (dm->d_state) {
   case 64: return r4 && dm->head_dim % 32 == 0 ? SP_L(16, 4, 4) : SP_L(16, 4, SP_R);
-  case 128: return r4 ? SP_L(16, 8, 4) : SP_L(16, 8, SP_R);
+  case 128: return r8 ? SP_L(8, 16, 8) : r4 ? SP_L(16, 8, 4) : SP_L(16, 8, SP_R);
   default: return SP_L(32, 8, SP_R);
   }
 #undef SP_L
