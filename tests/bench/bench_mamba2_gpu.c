@@ -18,11 +18,11 @@
  *           prefill b1 T=2048, one of the b8 prefill's 8 chunks (8 x 256),
  *           decode b1/8/64/256; then the layer's sum and layers x sum + head
  *           (unfused; the scan_conv row is the decode fusion that replaces
- *           conv_silu + ssd_scan at up to 16 sequences; the last five rows
+ *           conv_silu + ssd_scan at up to 16 sequences; the last six rows
  *           are ssd_scan with MBD_SSD_PREFILL=old, the older prefill kernel
- *           in place of ssd_prefill.cu's, =r4 / r8, ssd_prefill.cu with four
- *           or eight channels a lane, and =cb16 / cb64, its blocks of 16 or
- *           64 channels; all outside the sums).
+ *           in place of ssd_prefill.cu's, =r4 / r8 / r2, ssd_prefill.cu with
+ *           four, eight or two channels a lane, and =cb16 / cb64, its
+ *           blocks of 16 or 64 channels; all outside the sums).
  * Each call of the backend ends in a stream synchronize, so each run is timed
  * with CUDA events on the default stream around the call (host overhead
  * included). Each cell: warm-up runs, then the median of up to `reps` runs,
@@ -141,7 +141,7 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
 
 /* ---- one layer op by op ---- */
 
-enum { NOPS = 13, NOC = 6, OP_REPS = 10 };
+enum { NOPS = 14, NOC = 6, OP_REPS = 10 };
 static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_silu",
                                              "ssd_scan",    "gated_norm", "out_proj",
                                              "lm_head",     "scan_conv (decode <= 16)",
@@ -149,7 +149,8 @@ static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_si
                                              "ssd_scan MBD_SSD_PREFILL=r4",
                                              "ssd_scan MBD_SSD_PREFILL=cb16",
                                              "ssd_scan MBD_SSD_PREFILL=cb64",
-                                             "ssd_scan MBD_SSD_PREFILL=r8"};
+                                             "ssd_scan MBD_SSD_PREFILL=r8",
+                                             "ssd_scan MBD_SSD_PREFILL=r2"};
 
 /* One layer's buffers on a context of its own (zeros: the timing does not
  * depend on the values), for up to T_PRE rows and MAXB slots. */
@@ -195,8 +196,9 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
   case 9:
   case 10:
   case 11:
-  case 12: { /* ssd_scan under MBD_SSD_PREFILL=old, r4, cb16, cb64, r8 (ssd_prefill.cu) */
-    static const char *const val[5] = {"old", "r4", "cb16", "cb64", "r8"};
+  case 12:
+  case 13: { /* ssd_scan under MBD_SSD_PREFILL=old, r4, cb16, cb64, r8, r2 (ssd_prefill.cu) */
+    static const char *const val[6] = {"old", "r4", "cb16", "cb64", "r8", "r2"};
     const char *was = getenv("MBD_SSD_PREFILL");
     char keep[64] = "";
     if (was) snprintf(keep, sizeof keep, "%s", was);

@@ -697,6 +697,10 @@ static void test_ssd_scan(void **state) {
       {8, 128, 128, 2, 8, 23},  {4, 32, 256, 2, 64, 33},  {64, 64, 128, 8, 2, 50},
       {6, 48, 128, 3, 30, 29},  {4, 80, 64, 2, 26, 45},   {64, 64, 128, 1, 3, 18},
       {32, 64, 256, 2, 4, 34},  {128, 64, 64, 2, 2, 41},  {24, 64, 128, 1, 9, 16},
+      /* .. with eight channels a lane (d_state 128, 2.2M state entries and
+       * more on the H200's 132 SMs): lanes 15 tokens behind, over chunk
+       * boundaries and short launches, groups, head_dim 128 */
+      {64, 64, 128, 1, 5, 40},  {48, 64, 128, 4, 6, 27},  {32, 128, 128, 2, 5, 19},
   };
   uint64_t seed = 31;
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
@@ -806,7 +810,7 @@ static void test_ssd_scan_bf16state(void **state) {
       {12, 66, 128, 2, 4, 70}, {2, 5, 24, 1, 2, 67},
       /* the prefill kernel (ssd_prefill.cu: 8192 rows and more) */
       {24, 64, 128, 1, 8, 70}, {16, 64, 64, 4, 9, 37}, {4, 32, 256, 2, 64, 33},
-      {6, 48, 128, 3, 30, 29}, {64, 64, 128, 8, 2, 25},
+      {6, 48, 128, 3, 30, 29}, {64, 64, 128, 8, 2, 25}, {64, 64, 128, 2, 5, 21},
   };
   uint64_t seed = 77;
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {

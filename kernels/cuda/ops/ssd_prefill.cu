@@ -32,7 +32,7 @@
 
 #define SP_TC 8                  /* tokens per chunk */
 #define SP_UNROLL 2              /* ticks unrolled */
-#define SP_R 2                   /* channels per lane (4 with MBD_SSD_PREFILL=r4) */
+#define SP_R8_WARPS 2            /* eight channels a lane from this many warps a scheduler */
 #define SP_MAX_THREADS 256       /* threads per block at most */
 #define SP_MAX_SMEM (200 * 1024) /* shared bytes per block at most */
 
@@ -394,9 +394,9 @@ static int sp_sms(void) {
 
 /* MBD_SSD_PREFILL, read at every launch that could come here (so that a
  * bench can compare in one process): "old" sends the launch to ssd_scan.cu's
- * older kernel; measurement knobs: "r4" gives lanes four channels instead
- * of two (d_state 64 and 128), "r8" eight channels of 8 entries (16 lanes a
- * row; d_state 128), "cbNN" blocks of NN channels. */
+ * older kernel; measurement knobs: "r2", "r4", "r8" give lanes two, four
+ * (d_state 64 and 128) or eight channels (of 8 entries, 16 lanes a row;
+ * d_state 128) whatever the launch's size, "cbNN" blocks of NN channels. */
 static const char *sp_env(void) {
   const char *e = getenv("MBD_SSD_PREFILL");
   return e ? e : "";
@@ -497,11 +497,18 @@ static int sp_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm, c
 #define SP_L(NLv, KSv, Rv)                                                                  \
   sp_launch<ST, NLv, KSv, Rv>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,     \
                               ld_xbc, state, slot_stride, slots, y, vec, err)
-  const bool r4 = strcmp(sp_env(), "r4") == 0, r8 = strcmp(sp_env(), "r8") == 0;
+  /* d_state 128: eight channels a lane while that leaves SP_R8_WARPS warps
+   * per scheduler (shared-memory reads per FMA a quarter of two channels'),
+   * else two (more warps to hide the chains' latency) */
+  const char *e = sp_env();
+  const int64_t entries = (int64_t)nseq * di * dm->d_state;
+  const bool r2 = !strcmp(e, "r2"), r4 = !strcmp(e, "r4");
+  const bool r8 = !strcmp(e, "r8") ||
+                  (!r2 && !r4 && entries / (8 * 8) >= (int64_t)SP_R8_WARPS * 4 * 32 * sp_sms());
   switch (dm->d_state) {
-  case 64: return r4 && dm->head_dim % 32 == 0 ? SP_L(16, 4, 4) : SP_L(16, 4, SP_R);
-  case 128: return r8 ? SP_L(8, 16, 8) : r4 ? SP_L(16, 8, 4) : SP_L(16, 8, SP_R);
-  default: return SP_L(32, 8, SP_R);
+  case 64: return r4 && dm->head_dim % 32 == 0 ? SP_L(16, 4, 4) : SP_L(16, 4, 2);
+  case 128: return r8 ? SP_L(8, 16, 8) : r4 ? SP_L(16, 8, 4) : SP_L(16, 8, 2);
+  default: return SP_L(32, 8, 2);
   }
 #undef SP_L
 }

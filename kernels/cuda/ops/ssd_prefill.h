@@ -31,7 +31,8 @@ bool mbd_mops_ssd_prefill_takes(int nseq, int T, const mbd_mops_ssd_dims *dm);
  * mbd_mops_ssd_prefill_takes accepts (MBD_E_INVALID otherwise); the caller
  * has checked the shape. Parallel over sequences, channels and state
  * entries; the n chain of each output is handed from lane to lane of a
- * warp, one token per tick. */
+ * warp, one token per tick; a lane holds two channels, or eight at d_state
+ * 128 when the launch still fills every scheduler with two warps. */
 int mbd_mops_ssd_prefill_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
                               const float *A, const float *D, const float *dt_bias, float lo,
                               float hi, const float *dt_raw, int64_t ld_dt, const float *xbc,
