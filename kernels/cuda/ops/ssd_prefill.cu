@@ -12,12 +12,20 @@
  * roundings (kernels/cpu/ssd_step.c). The pipeline runs once over the whole
  * launch, not once per chunk of tokens: it fills and drains once.
  *
+ * Shared memory, not the FP32 pipe, bounds a tick: it hands an SM 32 floats
+ * a cycle (a 128-bit load costs a wavefront per quarter-warp, shared
+ * addresses or not), and each entry's update and chain step read dt * B and
+ * C once for the lane's R channels. So R = 2 (KS = 8 lanes of 16 entries at
+ * d_state 128) keeps most warps, R = 8 (16 lanes of 8 entries) a quarter of
+ * the reads per FMA for launches that still fill the GPU.
+ *
  * Tokens are staged in chunks of TC by cp.async two chunks ahead (raw
  * inputs, two buffers); one chunk ahead the block turns a chunk's raw
- * inputs into what the ticks read (three buffers: lanes that lag read the
- * chunk before): dA per token, and dt * B per token and entry, formed once
- * per block instead of once per lane, so that a tick is nearly only the
- * step's FMUL and two FMAs per entry. One barrier per chunk. Every thread
+ * inputs into what the ticks read (a ring of 2 + LAG buffers, LAG the
+ * chunks the last lane lags behind the first): dA per token, and dt * B
+ * per token and entry, formed once per block instead of once per lane, so
+ * that a tick is nearly only the step's FMUL and two FMAs per entry. One
+ * barrier per chunk. Every thread
  * of the preparation computes dt of its own token (a handful per thread and
  * chunk), so no second barrier is needed for it. The state is stored as ST
  * between launches (float or bf16); each step's value is rounded as stored
@@ -328,7 +336,7 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
         if constexpr (LAG == 1)
           pb = k >= j ? pcur : pprev;
         else
-          pb = prep_buf + ((t / TC) % NS) * PF;
+          pb = prep_buf + (int)((unsigned)t / TC % NS) * PF; /* t >= 0 here */
         const int tt = (k - j) & (TC - 1);
         const float da = pb[tt];
         const float *bt = pb + TC + tt * LDN + n0, *ct = bt + TC * LDN;
