@@ -19,13 +19,13 @@
  * d_state 128) keeps most warps, R = 8 (16 lanes of 8 entries) a quarter of
  * the reads per FMA for launches that still fill the GPU.
  *
- * Tokens are staged in chunks of TC by cp.async two chunks ahead (raw
- * inputs, two buffers); one chunk ahead the block turns a chunk's raw
- * inputs into what the ticks read (a ring of 2 + LAG buffers, LAG the
- * chunks the last lane lags behind the first): dA per token, and dt * B
- * per token and entry, formed once per block instead of once per lane, so
- * that a tick is nearly only the step's FMUL and two FMAs per entry. One
- * barrier per chunk. Every thread
+ * Tokens are staged in chunks of TC by cp.async two chunks ahead into a
+ * ring of 3 + LAG buffers (LAG the chunks the last lane lags behind the
+ * first); one chunk ahead the block prepares a chunk in place: dA per
+ * token, and dt * B per token and entry over B, formed once per block
+ * instead of once per lane, so that a tick is nearly only the step's FMUL
+ * and two FMAs per entry; C and x are read as staged. One barrier per
+ * chunk. Every thread
  * of the preparation computes dt of its own token (a handful per thread and
  * chunk), so no second barrier is needed for it. The state is stored as ST
  * between launches (float or bf16); each step's value is rounded as stored
@@ -152,22 +152,18 @@ __host__ __device__ static inline int sp_ldn(int N) { return N + 4; }
 __host__ __device__ static inline int sp_ldx(int cb, int ks) {
   return cb + ((ks >= 8 ? 4 : 8) - cb % 32 + 32) % 32;
 }
-/* Prepared buffers: the chunk being prepared, the chunk the first lanes
- * read and those the lagging lanes still read (KS - 1 tokens behind). */
-__host__ __device__ static inline int sp_nslot(int ks) { return 2 + (ks - 1 + SP_TC - 1) / SP_TC; }
-/* Floats of a raw buffer (dt_raw [TC], B, C [TC][N], x [TC][cb]) and of a
- * prepared one (dA [TC], dt * B, C [TC][ldn], x [TC][ldx]; a multiple of
- * 32, so that lanes on either side of a chunk boundary keep the banks
- * apart). */
-__host__ __device__ static inline int sp_raw_floats(int N, int cb) {
-  return SP_TC + 2 * SP_TC * N + SP_TC * cb;
-}
-__host__ __device__ static inline int sp_prep_floats(int N, int cb, int ks) {
-  return (SP_TC + 2 * SP_TC * sp_ldn(N) + SP_TC * sp_ldx(cb, ks) + 31) / 32 * 32;
+/* Chunk buffers, a ring: the chunk arriving, the one being prepared, the
+ * one the first lanes read and those the lagging lanes still read (KS - 1
+ * tokens behind). */
+__host__ __device__ static inline int sp_nslot(int ks) { return 3 + (ks - 1 + SP_TC - 1) / SP_TC; }
+/* Floats of a chunk buffer: dA, dt_raw [TC], B (dt * B once prepared) and
+ * C [TC][ldn], x [TC][ldx]; a multiple of 32, so that lanes on either side
+ * of a chunk boundary keep the banks apart. */
+__host__ __device__ static inline int sp_slot_floats(int N, int cb, int ks) {
+  return (2 * SP_TC + 2 * SP_TC * sp_ldn(N) + SP_TC * sp_ldx(cb, ks) + 31) / 32 * 32;
 }
 static size_t sp_smem_bytes(int N, int cb, int ks) {
-  return (size_t)(2 * sp_raw_floats(N, cb) + sp_nslot(ks) * sp_prep_floats(N, cb, ks)) *
-         sizeof(float);
+  return (size_t)sp_nslot(ks) * sp_slot_floats(N, cb, ks) * sizeof(float);
 }
 
 /* R consecutive floats from shared memory (aligned to min(R, 4) floats). */
@@ -224,7 +220,7 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
                   int64_t slot_stride, int vec, const int32_t *__restrict__ slots,
                   float *__restrict__ y) {
   constexpr int TC = SP_TC, N = KS * NL, RG = 32 / KS, CPW = RG * R;
-  constexpr int LAG = (KS - 1 + TC - 1) / TC, NS = LAG + 2; /* chunks of lag; prepared buffers */
+  constexpr int LAG = (KS - 1 + TC - 1) / TC, NS = LAG + 3; /* chunks of lag; chunk buffers */
   static_assert((TC & (TC - 1)) == 0, "chunks of a power of two");
   static_assert(R % 2 == 0, "bf16 rounds the channels in pairs");
   extern __shared__ float4 sp_smem4[];
@@ -235,18 +231,19 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
   const int j = lane & (KS - 1), cw = (tid >> 5) * CPW + (lane / KS) * R, n0 = j * NL;
   const int64_t di = (int64_t)dm.heads * P, GN = (int64_t)dm.n_groups * N;
   const int LDN = sp_ldn(N), LDX = sp_ldx(CB, KS);
-  const int RF = sp_raw_floats(N, CB), PF = sp_prep_floats(N, CB, KS);
-  float *raw = (float *)sp_smem4, *prep_buf = raw + 2 * RF;
+  const int PF = sp_slot_floats(N, CB, KS);
+  float *prep_buf = (float *)sp_smem4;
   const float a = A[h], dd = D[h], bias = dt_bias[h]; /* weights: before the wait */
   pdl_wait();
   const int nch = (T + TC - 1) / TC;
   const int64_t row0 = (int64_t)s * T;
   auto tokens = [&](int q) { return T - q * TC < TC ? T - q * TC : TC; };
-  /* Raw chunk q into raw buffer q & 1, one commit group (empty past the end). */
+  /* Chunk q's raw inputs into buffer q % NS, one commit group (empty past
+   * the end). */
   auto stage = [&](int q) {
     if (q < nch) {
-      float *r_dt = raw + (q & 1) * RF, *r_b = r_dt + TC, *r_c = r_b + TC * N;
-      float *r_x = r_c + TC * N;
+      float *r_dt = prep_buf + (q % NS) * PF + TC, *r_b = r_dt + TC, *r_c = r_b + TC * LDN;
+      float *r_x = r_c + TC * LDN;
       const int tn = tokens(q);
       const int64_t r0 = row0 + (int64_t)q * TC;
       for (int e = tid; e < tn; e += nth) sp_cp4(r_dt + e, dt_raw + (r0 + e) * ld_dt + h);
@@ -256,52 +253,47 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
         for (int e = tid; e < tn * N4; e += nth) {
           const int t = e / N4, u = (e - t * N4) * 4;
           const float *src = bsrc + (r0 + t) * ld_xbc + u;
-          sp_cp16(r_b + t * N + u, src);
-          sp_cp16(r_c + t * N + u, src + GN);
+          sp_cp16(r_b + t * LDN + u, src);
+          sp_cp16(r_c + t * LDN + u, src + GN);
         }
         const int X4 = CB / 4;
         for (int e = tid; e < tn * X4; e += nth) {
           const int t = e / X4, u = (e - t * X4) * 4;
-          sp_cp16(r_x + t * CB + u, xsrc + (r0 + t) * ld_xbc + u);
+          sp_cp16(r_x + t * LDX + u, xsrc + (r0 + t) * ld_xbc + u);
         }
       } else {
         for (int e = tid; e < tn * N; e += nth) {
           const int t = e / N, u = e - t * N;
           const float *src = bsrc + (r0 + t) * ld_xbc + u;
-          sp_cp4(r_b + t * N + u, src);
-          sp_cp4(r_c + t * N + u, src + GN);
+          sp_cp4(r_b + t * LDN + u, src);
+          sp_cp4(r_c + t * LDN + u, src + GN);
         }
         for (int e = tid; e < tn * CB; e += nth) {
           const int t = e / CB, u = e - t * CB;
-          sp_cp4(r_x + t * CB + u, xsrc + (r0 + t) * ld_xbc + u);
+          sp_cp4(r_x + t * LDX + u, xsrc + (r0 + t) * ld_xbc + u);
         }
       }
     }
     sp_commit();
   };
-  /* Raw chunk q (arrived, visible) into prepared buffer q % 3: nth / TC
-   * threads per token, each computing its token's dt and dA as ssd_scan
-   * does, then dt * B (the step's rounding), C and x. */
+  /* Chunk q (arrived, visible) prepared in its buffer: nth / TC threads
+   * per token, each computing its token's dt and dA as ssd_scan does, then
+   * dt * B in place of B (the step's rounding); C and x stay as staged. */
   auto prepare = [&](int q) {
     if (q >= nch) return;
-    const float *r_dt = raw + (q & 1) * RF, *r_b = r_dt + TC, *r_c = r_b + TC * N;
-    const float *r_x = r_c + TC * N;
-    float *p_da = prep_buf + (q % NS) * PF, *p_b = p_da + TC, *p_c = p_b + TC * LDN;
-    float *p_x = p_c + TC * LDN;
+    float *p_da = prep_buf + (q % NS) * PF, *p_b = p_da + 2 * TC;
     const int tpt = nth / TC, t = tid / tpt, u0 = 4 * (tid - t * tpt);
     if (t >= tokens(q)) return;
-    float dt = mbd_pm_softplus(__fadd_rn(r_dt[t], bias));
+    float dt = mbd_pm_softplus(__fadd_rn(p_da[TC + t], bias));
     if (dt < lo) dt = lo;
     if (dt > hi) dt = hi;
     if (u0 == 0) p_da[t] = mbd_pm_expf(__fmul_rn(dt, a));
     for (int u = u0; u < N; u += 4 * tpt) {
-      const float4 b4 = *(const float4 *)(r_b + t * N + u);
-      *(float4 *)(p_b + t * LDN + u) = make_float4(__fmul_rn(dt, b4.x), __fmul_rn(dt, b4.y),
-                                                   __fmul_rn(dt, b4.z), __fmul_rn(dt, b4.w));
-      *(float4 *)(p_c + t * LDN + u) = *(const float4 *)(r_c + t * N + u);
+      float4 *pb4 = (float4 *)(p_b + t * LDN + u);
+      const float4 b4 = *pb4;
+      *pb4 = make_float4(__fmul_rn(dt, b4.x), __fmul_rn(dt, b4.y), __fmul_rn(dt, b4.z),
+                         __fmul_rn(dt, b4.w));
     }
-    for (int u = u0; u < CB; u += 4 * tpt)
-      *(float4 *)(p_x + t * LDX + u) = *(const float4 *)(r_x + t * CB + u);
   };
   ST *srow = state + (int64_t)slots[s] * slot_stride + ((int64_t)h * P + p0 + cw) * N + n0;
   float st[R][NL];
@@ -321,7 +313,7 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
   const int cend = (T + KS - 2) / TC;
   for (int c = 0; c <= cend; c++) {
     sp_wait_group<0>(); /* this thread's copies of chunk c + 1 are in */
-    __syncthreads();    /* everyone's are; chunk c is prepared; chunk c - 2 is read */
+    __syncthreads(); /* everyone's are; chunk c is prepared; chunk c - 1 - LAG is read */
     stage(c + 2);
     prepare(c + 1);
     const float *pcur = prep_buf + (c % NS) * PF, *pprev = prep_buf + ((c + NS - 1) % NS) * PF;
@@ -339,9 +331,9 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
           pb = prep_buf + (int)((unsigned)t / TC % NS) * PF; /* t >= 0 here */
         const int tt = (k - j) & (TC - 1);
         const float da = pb[tt];
-        const float *bt = pb + TC + tt * LDN + n0, *ct = bt + TC * LDN;
+        const float *bt = pb + 2 * TC + tt * LDN + n0, *ct = bt + TC * LDN;
         float xv[R], acc[R];
-        sp_ldr<R>(xv, pb + TC + 2 * TC * LDN + tt * LDX + cw);
+        sp_ldr<R>(xv, pb + 2 * TC + 2 * TC * LDN + tt * LDX + cw);
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] = j ? in[r] : 0.0f;
 #pragma unroll
