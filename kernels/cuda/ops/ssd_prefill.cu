@@ -25,9 +25,10 @@
  * token, and dt * B per token and entry over B, formed once per block
  * instead of once per lane, so that a tick is nearly only the step's FMUL
  * and two FMAs per entry; C and x are read as staged. One barrier per
- * chunk. Every thread
- * of the preparation computes dt of its own token (a handful per thread and
- * chunk), so no second barrier is needed for it. The state is stored as ST
+ * chunk. Every thread of the preparation computes dt of its own token (a
+ * handful per thread and chunk), so no second barrier is needed for it.
+ * Ticks run two to a loop trip: eight unrolled overflowed the instruction
+ * cache. The state is stored as ST
  * between launches (float or bf16); each step's value is rounded as stored
  * before the chain reads it. */
 #include "kernels/cuda/ops/common.cuh"
@@ -146,8 +147,8 @@ __device__ __forceinline__ void sp_wait_group() {
 
 /* Shared row strides: dt * B and C rows of a token (N + 4: the KS lanes of
  * a row group, reading ranges NL apart of tokens one apart, hit distinct
- * 16-byte bank groups), x rows (32 / KS mod 32: the lanes' tokens and row
- * groups spread over the banks). */
+ * 16-byte bank groups), x rows (4 mod 32, 8 at KS = 4: the lanes' tokens
+ * and row groups spread over the banks). */
 __host__ __device__ static inline int sp_ldn(int N) { return N + 4; }
 __host__ __device__ static inline int sp_ldx(int cb, int ks) {
   return cb + ((ks >= 8 ? 4 : 8) - cb % 32 + 32) % 32;
@@ -155,7 +156,9 @@ __host__ __device__ static inline int sp_ldx(int cb, int ks) {
 /* Chunk buffers, a ring: the chunk arriving, the one being prepared, the
  * one the first lanes read and those the lagging lanes still read (KS - 1
  * tokens behind). */
-__host__ __device__ static inline int sp_nslot(int ks) { return 3 + (ks - 1 + SP_TC - 1) / SP_TC; }
+__host__ __device__ static inline int sp_nslot(int ks) {
+  return 3 + (ks - 1 + SP_TC - 1) / SP_TC;
+}
 /* Floats of a chunk buffer: dA, dt_raw [TC], B (dt * B once prepared) and
  * C [TC][ldn], x [TC][ldx]; a multiple of 32, so that lanes on either side
  * of a chunk boundary keep the banks apart. */
@@ -208,9 +211,10 @@ __device__ __forceinline__ void sp_str(float *p, const float (&v)[R], bool vec) 
 }
 
 /* vec: bit 0 the state rows allow 16-byte access, bit 1 xbc allows 16-byte
- * copies, bit 2 y allows 16-byte stores. Registers: up to 128 while a lane keeps at most 32 entries (two
- * blocks of 256 threads per SM; without a bound ptxas spilled the bf16
- * variants at 80), else as many as the one block needs. */
+ * copies, bit 2 y allows 16-byte stores. Registers: up to 128 while a lane
+ * keeps at most 32 entries (two blocks of 256 threads per SM; without a
+ * bound ptxas spilled the bf16 variants at 80), else as many as the one
+ * block needs. */
 template <typename ST, int NL, int R, int KS>
 __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
     k_ssd_prefill(int T, mbd_mops_ssd_dims dm, int CB, const float *__restrict__ A,
@@ -415,8 +419,9 @@ extern "C" bool mbd_mops_ssd_prefill_takes(int nseq, int T, const mbd_mops_ssd_d
  * occ(cb) per SM; a wave costs its busiest SM's channels, scaled up while
  * that SM holds fewer than SP_FULL_WARPS warps at two channels a lane
  * (too few to hide the chains' latency; each lane's R chains hide each
- * other's, so proportionally fewer at R = 4 or 8). The cheapest, the widest of those on a tie (B and C
- * staged fewer times); a negative status on a CUDA error. */
+ * other's, so proportionally fewer at R = 4 or 8). The cheapest, the
+ * widest of those on a tie (B and C staged fewer times); a negative status
+ * on a CUDA error. */
 #define SP_FULL_WARPS 12
 template <typename K>
 static int sp_pick_cb(K k, int nseq, const mbd_mops_ssd_dims *dm, int ks, int cpw,
