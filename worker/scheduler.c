@@ -90,6 +90,15 @@ int mbd_wsched_generate_resume(mbd_wstate *st, mbd_wsession *s, uint64_t tag, co
       return MBD_OK;
     }
   }
+  /* The first token comes from the session's logits, which are current
+   * now: picked here, the batch that takes it need not wait for it. A
+   * failing pick is left to that batch, which answers the error. */
+  int32_t tok = 0;
+  if (!mbd_sampler_pick(st->models[s->model].sampler, &g->sampling, (uint64_t)g->n, ws->logits,
+                        &tok, NULL)) {
+    g->next = tok;
+    g->has_next = true;
+  }
   ws->gen = g;
   s->busy = true;
   st->ngen++;
@@ -97,7 +106,7 @@ int mbd_wsched_generate_resume(mbd_wstate *st, mbd_wsession *s, uint64_t tag, co
 }
 
 bool mbd_wsched_pending(const mbd_wstate *st) {
-  return st->q_head != NULL || st->ngen > 0 || st->j_head != NULL;
+  return st->q_head != NULL || st->ngen > 0 || st->j_head != NULL || st->fly != NULL;
 }
 
 uint64_t mbd_wsched_load(const mbd_wstate *st) {
@@ -105,6 +114,7 @@ uint64_t mbd_wsched_load(const mbd_wstate *st) {
 }
 
 size_t mbd_wsched_expire(mbd_wstate *st) {
+  mbd_wsched_flush(st);
   mbd_wckpt_expiring(st, mbd_wstate_now(st), st->o.session_idle_s);
   return mbd_wsession_expire(st->sessions, mbd_wstate_now(st), st->o.session_idle_s);
 }
@@ -148,6 +158,18 @@ static const char *gen_end_reason(const mbd_wgen *g, int64_t tok) {
   return g->n >= g->max_tokens ? "length" : NULL;
 }
 
+/* Ends s's loop with ERROR e: now, or with the host work of the batch that
+ * still holds its last row (its PARTIAL goes out first). */
+static void gen_fail(mbd_wstate *st, mbd_wsession *s, const mbd_error *e) {
+  mbd_wgen *g = ((mbd_wsess_data *)s->user)->gen;
+  if (!g->posting) {
+    gen_finish(st, s, NULL, e);
+    return;
+  }
+  g->over = 2;
+  g->fail = *e;
+}
+
 /* Whether row r's logits must reach its session after this step: always
  * unless its next token is picked on the device (dev_pick and a greedy
  * GENERATE row that goes on and is not due for a checkpoint), so a
@@ -159,38 +181,39 @@ static bool row_needs_logits(const mbd_wstate *st, const mbd_wrow *r, bool dev_p
          mbd_wckpt_due_tokens(st, r->s, 1); /* a checkpoint after this step needs them */
 }
 
-/* One batched step for model mi over queued STEPs and active GENERATE loops.
- * Returns the number of rows run. */
-static size_t tick_model(mbd_wstate *st, int mi, double now) {
+/* Takes model mi's next batch into b: running GENERATE loops first (session
+ * slots in round-robin order), then queued STEPs in arrival order, one per
+ * session. Returns the rows taken. */
+static size_t batch_build(mbd_wstate *st, mbd_wbatch *b, int mi, double now) {
   mbd_wmodel *m = &st->models[mi];
   size_t maxb = (size_t)st->o.max_batch, n = 0, cap = mbd_wsession_capacity(st->sessions);
-  /* GENERATE loops first (round-robin start for fairness when over max-batch). */
+  b->model = mi;
   for (size_t k = 0; k < cap && n < maxb && st->ngen; k++) {
     mbd_wsession *s = mbd_wsession_at(st->sessions, (st->rr + k) % cap);
     if (!s || s->model != mi || !((mbd_wsess_data *)s->user)->gen) continue;
     mbd_wsess_data *ws = s->user;
     mbd_wgen *g = ws->gen;
+    if (g->over) continue; /* answered with its last batch's host work */
     if (g->deadline > 0 && now > g->deadline) {
       mbd_error e;
       mbd_error_set(&e, MBD_E_TIMEOUT,
                     "generate passed its deadline after %lld of %lld tokens (raise deadline_ms)",
                     (long long)g->n, (long long)g->max_tokens);
-      gen_finish(st, s, NULL, &e);
+      gen_fail(st, s, &e);
       continue;
     }
     int32_t tok = 0;
     mbd_error e = {0};
-    if (g->has_next) { /* greedy, picked on the device by the previous step */
+    if (g->has_next) { /* picked on the device by the previous step, or at attach */
       tok = (int32_t)g->next;
       g->has_next = false;
     } else if (mbd_sampler_pick(m->sampler, &g->sampling, (uint64_t)g->n, ws->logits, &tok, &e)) {
-      gen_finish(st, s, NULL, &e);
+      gen_fail(st, s, &e);
       continue;
     }
     g->tokens[g->n++] = tok;
-    st->rows[n++] = (mbd_wrow){.s = s, .token = tok, .step = NULL};
+    b->rows[n++] = (mbd_wrow){.s = s, .token = tok, .step = NULL};
   }
-  /* Then queued STEPs in arrival order, one per session per tick. */
   mbd_wstep **pp = &st->q_head, *prev = NULL;
   while (*pp && n < maxb) {
     mbd_wstep *j = *pp;
@@ -211,7 +234,7 @@ static size_t tick_model(mbd_wstate *st, int mi, double now) {
       free(j);
       continue;
     }
-    if (s->model != mi || in_batch(st->rows, n, s)) {
+    if (s->model != mi || in_batch(b->rows, n, s)) {
       prev = j;
       pp = &j->next;
       continue;
@@ -219,73 +242,148 @@ static size_t tick_model(mbd_wstate *st, int mi, double now) {
     *pp = j->next;
     if (st->q_tail == j) st->q_tail = prev;
     j->next = NULL;
-    st->rows[n++] = (mbd_wrow){.s = s, .token = j->token, .step = j};
+    b->rows[n++] = (mbd_wrow){.s = s, .token = j->token, .step = j};
   }
-  if (n == 0) return 0;
-  for (size_t i = 0; i < n; i++) {
-    st->bstates[i] = (mbd_bstate *)st->rows[i].s->state;
-    ((mbd_wsess_data *)st->rows[i].s->user)->fresh = false;
-    st->btokens[i] = st->rows[i].token;
-  }
-  /* Greedy GENERATE rows may take their next token from the device; logits
-   * then come to the host only when a row needs them: STEP replies, sampled
-   * rows, and rows finishing this tick (so a session's logits are current
-   * whenever it is not generating). */
-  bool dev_pick = false, need_logits = false;
-  if (st->be->ops->step_greedy) {
-    for (size_t i = 0; i < n; i++) {
-      mbd_wrow *r = &st->rows[i];
-      const mbd_wsess_data *ws = r->s->user;
-      if (!r->step && ws->gen->sampling.temperature <= 0.0f) dev_pick = true;
+  b->n = n;
+  return n;
+}
+
+/* Launches b on the backend. Greedy GENERATE rows may take their next token
+ * from the device; logits then come to the host only for the rows that need
+ * them (STEP replies, sampled rows, rows finishing this step), which go
+ * first in the backend's batch so that only their rows are copied. */
+static void batch_launch(mbd_wstate *st, mbd_wbatch *b) {
+  mbd_wmodel *m = &st->models[b->model];
+  bool dev_pick = false;
+  if (mbd_backend_picks(st->be))
+    for (size_t i = 0; i < b->n && !dev_pick; i++) {
+      const mbd_wrow *r = &b->rows[i];
+      dev_pick = !r->step && ((mbd_wsess_data *)r->s->user)->gen->sampling.temperature <= 0.0f;
     }
-    for (size_t i = 0; i < n && dev_pick && !need_logits; i++)
-      need_logits = row_needs_logits(st, &st->rows[i], true);
+  size_t nl = 0;
+  for (size_t i = 0; i < b->n; i++) {
+    mbd_wrow *r = &b->rows[i];
+    r->need_logits = row_needs_logits(st, r, dev_pick);
+    nl += r->need_logits;
   }
-  mbd_error e = {0};
-  int rc = dev_pick ? st->be->ops->step_greedy(st->be, m->bm, st->bstates, st->btokens,
-                                                (int64_t)n, st->bnext,
-                                                need_logits ? st->blogits : NULL, &e)
-                    : st->be->ops->step(st->be, m->bm, st->bstates, st->btokens, (int64_t)n,
-                                        st->blogits, &e);
-  bool have_logits = !dev_pick || need_logits;
-  double t = mbd_wstate_now(st);
-  for (size_t i = 0; i < n; i++) {
-    mbd_wrow *r = &st->rows[i];
+  size_t lo = 0, hi = nl;
+  for (size_t i = 0; i < b->n; i++) {
+    mbd_wrow *r = &b->rows[i];
     mbd_wsess_data *ws = r->s->user;
-    const float *row = st->blogits + i * (size_t)m->vocab;
+    r->pos = r->need_logits ? lo++ : hi++;
+    b->states[r->pos] = (mbd_bstate *)r->s->state;
+    b->tokens[r->pos] = r->token;
+    ws->fresh = false;
+    ws->inflight = true;
+    if (!r->step) ws->gen->posting = true;
+  }
+  b->dev_pick = dev_pick;
+  b->nlogits = nl;
+  memset(&b->err, 0, sizeof b->err);
+  b->rc = mbd_backend_step_launch(st->be, m->bm, b->states, b->tokens, (int64_t)b->n,
+                                  dev_pick ? b->next : NULL, b->logits, (int64_t)nl, &b->err);
+  b->in_flight = b->rc == MBD_OK;
+  st->fly = b;
+}
+
+/* Row r's logits (batch b) into its session. */
+static void row_logits(const mbd_wstate *st, const mbd_wbatch *b, mbd_wrow *r) {
+  mbd_wsess_data *ws = r->s->user;
+  int64_t V = st->models[b->model].vocab;
+  memcpy(ws->logits, b->logits + r->pos * (size_t)V, (size_t)V * sizeof(float));
+  ws->has_logits = true;
+  ws->logits_stale = false;
+  r->need_logits = false;
+}
+
+/* Waits for the launched batch b and takes from it what the next batch
+ * needs: each loop's next token (or the logits a sampled one picks from),
+ * whether it goes on, and whether a PARTIAL is due. Sends nothing. */
+static void batch_settle(mbd_wstate *st, mbd_wbatch *b) {
+  if (b->in_flight) b->rc = mbd_backend_step_wait(st->be, &b->err);
+  b->in_flight = false;
+  st->fly = NULL;
+  double t = mbd_wstate_now(st);
+  for (size_t i = 0; i < b->n; i++) {
+    mbd_wrow *r = &b->rows[i];
+    mbd_wsess_data *ws = r->s->user;
+    ws->inflight = false;
     r->s->last_used = t;
-    /* Only rows that need them copy their logits out: a tick where a few
-     * rows finish must not copy [n,V] into every session (V floats each). */
-    if (!rc && have_logits && row_needs_logits(st, r, dev_pick)) {
-      memcpy(ws->logits, row, (size_t)m->vocab * sizeof(float));
-      ws->has_logits = true;
-      ws->logits_stale = false;
-    } else if (!rc) {
-      ws->logits_stale = true;
+    r->partial = false;
+    if (b->rc) {
+      if (!r->step) {
+        ws->gen->over = 2;
+        ws->gen->fail = b->err;
+      }
+      continue;
     }
-    if (!rc) mbd_wckpt_consumed(r->s, 1);
+    mbd_wckpt_consumed(r->s, 1);
+    if (!r->need_logits) ws->logits_stale = true;
+    if (r->step) continue;
+    mbd_wgen *g = ws->gen;
+    if ((int64_t)b->n > g->peak_batch) g->peak_batch = (int64_t)b->n;
+    if (b->dev_pick && g->sampling.temperature <= 0.0f) {
+      g->next = b->next[r->pos];
+      g->has_next = true;
+    }
+    if ((g->end = gen_end_reason(g, r->token))) {
+      g->over = 1;
+    } else {
+      if (r->need_logits) row_logits(st, b, r); /* the next pick reads them */
+      if (g->n - g->sent >= g->partial_every) {
+        r->partial = true;
+        r->upto = g->n;
+      }
+    }
+  }
+}
+
+/* The host work after batch b (settled): logits into the sessions, STEP
+ * replies, PARTIALs, and the FINAL or ERROR of each loop that is over. */
+static void batch_post(mbd_wstate *st, mbd_wbatch *b) {
+  int64_t V = st->models[b->model].vocab;
+  for (size_t i = 0; i < b->n; i++) {
+    mbd_wrow *r = &b->rows[i];
+    if (!b->rc && r->need_logits) row_logits(st, b, r);
     if (r->step) {
-      if (rc) mbd_wreply_err(st, r->step->tag, &e);
-      else mbd_wreply_step_logits(st, r->step->tag, r->step->has_out ? &r->step->out : NULL, row,
-                                  m->vocab);
+      if (b->rc) mbd_wreply_err(st, r->step->tag, &b->err);
+      else mbd_wreply_step_logits(st, r->step->tag, r->step->has_out ? &r->step->out : NULL,
+                                  b->logits + r->pos * (size_t)V, V);
       free(r->step);
       continue;
     }
-    mbd_wgen *g = ws->gen;
-    if (rc) {
-      gen_finish(st, r->s, NULL, &e);
-      continue;
+    mbd_wgen *g = ((mbd_wsess_data *)r->s->user)->gen;
+    g->posting = false;
+    if (r->partial) {
+      mbd_wreply_gen_partial(st, g->tag, g->tokens + g->sent, r->upto - g->sent);
+      g->sent = r->upto;
     }
-    if ((int64_t)n > g->peak_batch) g->peak_batch = (int64_t)n;
-    if (dev_pick && g->sampling.temperature <= 0.0f) {
-      g->next = st->bnext[i];
-      g->has_next = true;
-    }
-    const char *end = gen_end_reason(g, r->token);
-    if (end) gen_finish(st, r->s, end, NULL);
-    else if (g->n - g->sent >= g->partial_every) gen_partial(st, g);
+    if (g->over == 1) gen_finish(st, r->s, g->end, NULL);
+    else if (g->over == 2) gen_finish(st, r->s, NULL, &g->fail);
   }
-  if (rc) MBD_LOGE(LOGC, "batched step of %zu rows failed: %s", n, e.msg);
+  if (b->rc) MBD_LOGE(LOGC, "batched step of %zu rows failed: %s", b->n, b->err.msg);
+  b->n = 0;
+}
+
+void mbd_wsched_flush(mbd_wstate *st) {
+  mbd_wbatch *b = st->fly;
+  if (!b) return;
+  batch_settle(st, b);
+  batch_post(st, b);
+}
+
+/* One batched step for model mi: the launched batch (of any model) is
+ * waited for, mi's next one launched, and then the first one's host work
+ * done while the second computes. Without st->pipeline the new batch is
+ * also finished here. Returns the number of rows launched. */
+static size_t tick_model(mbd_wstate *st, int mi, double now) {
+  mbd_wbatch *prev = st->fly;
+  if (prev) batch_settle(st, prev);
+  mbd_wbatch *b = prev == &st->batch[0] ? &st->batch[1] : &st->batch[0];
+  size_t n = batch_build(st, b, mi, now);
+  if (n) batch_launch(st, b);
+  if (prev) batch_post(st, prev);
+  if (n && !st->pipeline) mbd_wsched_flush(st);
   return n;
 }
 
@@ -445,6 +543,7 @@ bool mbd_wsched_tick(mbd_wstate *st) {
 }
 
 bool mbd_wsched_cancel(mbd_wstate *st, uint64_t tag, int code, const char *why) {
+  mbd_wsched_flush(st);
   mbd_error e;
   mbd_error_set(&e, code, "%s", why);
   for (mbd_wjob *j = st->j_head, *prev = NULL; j; prev = j, j = j->next) {
@@ -489,6 +588,7 @@ static void gen_hand_over(mbd_wstate *st, mbd_wsession *s) {
 }
 
 void mbd_wsched_stop_generates(mbd_wstate *st, const char *why) {
+  mbd_wsched_flush(st);
   for (size_t i = 0; i < mbd_wsession_capacity(st->sessions) && st->ngen; i++) {
     mbd_wsession *s = mbd_wsession_at(st->sessions, i);
     mbd_wgen *g = s ? ((mbd_wsess_data *)s->user)->gen : NULL;
@@ -505,6 +605,7 @@ void mbd_wsched_stop_generates(mbd_wstate *st, const char *why) {
 }
 
 void mbd_wsched_fail_pending(mbd_wstate *st, const char *why) {
+  mbd_wsched_flush(st);
   while (st->j_head) {
     mbd_wjob *j = st->j_head;
     job_unlink(st, j, NULL);

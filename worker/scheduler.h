@@ -70,8 +70,16 @@ int mbd_wsched_generate_resume(mbd_wstate *st, mbd_wsession *s, uint64_t tag, co
 int mbd_wsched_check_no_step(const mbd_wstate *st, const mbd_wsession *s, mbd_error *err);
 
 /* Runs one batched step per model, then one slice of the oldest job (jobs
- * take turns); returns whether work remains queued. */
+ * take turns); returns whether work remains queued. With st->pipeline the
+ * last batch stays launched when the tick returns: its replies go out with
+ * the next tick, after that tick has launched its own batch, so the host
+ * work of one step runs while the device computes the next. */
 bool mbd_wsched_tick(mbd_wstate *st);
+/* Finishes the launched batch, if any: waits for it and sends its replies.
+ * Whatever reads or changes a session that a launched batch steps
+ * (mbd_wsess_data.inflight), or ends requests, calls this first; cancel,
+ * expiry and the shutdown calls below do it themselves. */
+void mbd_wsched_flush(mbd_wstate *st);
 /* Whether any STEP is queued or GENERATE running. */
 bool mbd_wsched_pending(const mbd_wstate *st);
 /* The heartbeat's load: running GENERATEs, plus one when STEPs are queued. */

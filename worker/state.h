@@ -54,11 +54,19 @@ typedef struct mbd_wgen {
   int64_t *tokens; /* generated so far, max_tokens entries */
   int64_t n;       /* count */
   int64_t sent;    /* tokens already streamed in PARTIALs */
-  int64_t next;    /* greedy: the next token, picked on the device by the last step */
+  int64_t next;    /* the next token, already picked (on the device by the last step, or
+                      from the session's logits when the loop was attached) */
   bool has_next;
   int64_t peak_batch; /* most rows of any batched step this loop ran in (FINAL reports it) */
   bool has_out;       /* the tokens also go to `out` (shm or CUDA IPC, I64 [max_tokens]) */
   mbd_tensor_ref out;
+  /* Pipelined steps (worker/scheduler.c): a loop's replies go out with the
+   * host work of its batch, which runs after the next batch is launched. */
+  bool posting;    /* a row of this loop waits for that host work */
+  int over;        /* 0: goes on; 1: ended with `end` (FINAL); 2: failed with `fail` (ERROR):
+                      answered by that host work, never stepped again */
+  const char *end; /* "stop" or "length" */
+  mbd_error fail;
 } mbd_wgen;
 
 /* Worker-side session data (mbd_wsession.user). */
@@ -70,6 +78,7 @@ typedef struct mbd_wsess_data {
   int64_t ckpt_tokens; /* tokens consumed since the last checkpoint (worker/checkpoint.h) */
   double ckpt_at;      /* clock seconds of the last checkpoint */
   bool fresh;        /* opened by OPEN, nothing consumed yet: a PREFILL may use the prefix cache */
+  bool inflight;     /* a row of the launched batch steps it (mbd_wsched_flush before touching it) */
 } mbd_wsess_data;
 
 /* A queued STEP request. */
@@ -109,8 +118,32 @@ typedef struct mbd_wjob {
 typedef struct mbd_wrow {
   mbd_wsession *s;
   int64_t token;
-  mbd_wstep *step; /* NULL for a GENERATE row */
+  mbd_wstep *step;  /* NULL for a GENERATE row */
+  size_t pos;       /* its row in the backend's batch (rows that need logits come first) */
+  bool need_logits; /* its logits come to the host (and are not copied to the session yet) */
+  bool partial;     /* GENERATE: after this step, a PARTIAL of tokens [sent, upto) is due */
+  int64_t upto;
 } mbd_wrow;
+
+/* One batched step of one model, from its launch to the host work after it
+ * (replies, logits to the sessions), which runs while the next batch
+ * computes. Arrays of max_batch rows; states, tokens, next and logits in
+ * the backend's row order (mbd_wrow.pos). */
+typedef struct mbd_wbatch {
+  mbd_wrow *rows;       /* in the order the scheduler took them */
+  size_t n;             /* rows; 0: the batch is free */
+  int model;            /* index in models[] */
+  mbd_bstate **states;
+  int64_t *tokens;
+  int64_t *next;        /* device-picked greedy tokens */
+  float *logits;        /* [max_batch, max_vocab]: the first nlogits rows come back */
+  bool logits_host;     /* logits came from be->ops->host_alloc (page-locked) */
+  size_t nlogits;
+  bool dev_pick;        /* the backend picks the greedy rows' next tokens */
+  bool in_flight;       /* launched, not waited for */
+  int rc;               /* the step's status once waited for */
+  mbd_error err;
+} mbd_wbatch;
 
 /* Monotonic seconds. */
 typedef double (*mbd_wclock_fn)(void *ctx);
@@ -133,12 +166,9 @@ typedef struct mbd_wstate {
   /* scheduler (worker/scheduler.c) */
   mbd_wstep *q_head, *q_tail; /* queued STEPs, FIFO */
   size_t ngen;                /* active GENERATE loops */
-  mbd_wrow *rows;             /* max_batch */
-  mbd_bstate **bstates;       /* max_batch */
-  int64_t *btokens;           /* max_batch */
-  int64_t *bnext;             /* max_batch: device-picked greedy tokens */
-  float *blogits;             /* max_batch * max_vocab */
-  bool blogits_host;          /* blogits came from be->ops->host_alloc (page-locked) */
+  mbd_wbatch batch[2];        /* the launched batch and the one whose host work follows */
+  mbd_wbatch *fly;            /* the launched batch not waited for, or NULL */
+  bool pipeline;              /* a batch stays in flight past the tick (worker.c sets it) */
   size_t rr;                  /* round-robin start over session slots */
   mbd_wjob *j_head, *j_tail;  /* sliced FORWARD/PREFILL jobs, round-robin one slice per tick */
   size_t njobs;

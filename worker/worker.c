@@ -13,6 +13,7 @@
 #include "common/wire.h"
 #include "kernels/backend.h"
 #include "worker/conn.h"
+#include "worker/checkpoint.h"
 #include "worker/handlers.h"
 #include "worker/prefix_job.h"
 #include "worker/reply.h"
@@ -86,6 +87,10 @@ int mbd_worker_new(const mbd_worker_opts *o, mbd_worker **out, mbd_error *err) {
   if ((rc = mbd_backend_new(o->backend, &bo, &be, err))) goto fail;
   if ((rc = mbd_wstate_new(o, &be, now_s, NULL, drop_send, NULL, &w->st, err))) goto fail;
   if ((rc = mbd_wmodels_load(w->st, o, err))) goto fail;
+  /* A step's replies go out while the next step computes; a checkpointing
+   * worker keeps them in order with its checkpoints instead (a checkpoint
+   * covers only tokens already replied). */
+  w->st->pipeline = !mbd_wckpt_enabled(w->st);
   *out = w;
   return MBD_OK;
 fail:

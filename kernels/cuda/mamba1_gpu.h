@@ -136,6 +136,15 @@ int mbd_mamba1_gpu_step(mbd_mamba1_gpu *m, int n, const int32_t *tokens, const i
                         const mbd_mamba1_gpu_pick *picks, int32_t *next, float *logits,
                         mbd_error *err);
 
+/* mbd_mamba1_gpu_step in two halves: launch enqueues the step (inputs read
+ * before it returns) and the copy of logits rows [0, nlogits) into host
+ * logits (0: none), and returns; wait waits for it and writes next[n] (may
+ * be NULL). Between the two nothing else may run on m. */
+int mbd_mamba1_gpu_step_launch(mbd_mamba1_gpu *m, int n, const int32_t *tokens,
+                               const int32_t *slots, const mbd_mamba1_gpu_pick *picks,
+                               float *logits, int nlogits, mbd_error *err);
+int mbd_mamba1_gpu_step_wait(mbd_mamba1_gpu *m, int32_t *next, mbd_error *err);
+
 /* Turns graph replay on or off; off also destroys the captured graphs (needed
  * after a GEMM-mode change, since a graph replays only under its route). */
 void mbd_mamba1_gpu_set_graphs(mbd_mamba1_gpu *m, int on);
