@@ -275,7 +275,7 @@ static void batch_launch(mbd_wstate *st, mbd_wbatch *b) {
     b->tokens[r->pos] = r->token;
     ws->fresh = false;
     ws->inflight = true;
-    if (!r->step) ws->gen->posting = true;
+    if (!r->step) ws->gen->posting++;
   }
   b->dev_pick = dev_pick;
   b->nlogits = nl;
@@ -353,7 +353,7 @@ static void batch_post(mbd_wstate *st, mbd_wbatch *b) {
       continue;
     }
     mbd_wgen *g = ((mbd_wsess_data *)r->s->user)->gen;
-    g->posting = false;
+    g->posting--;
     if (r->partial) {
       mbd_wreply_gen_partial(st, g->tag, g->tokens + g->sent, r->upto - g->sent);
       g->sent = r->upto;

@@ -62,7 +62,8 @@ typedef struct mbd_wgen {
   mbd_tensor_ref out;
   /* Pipelined steps (worker/scheduler.c): a loop's replies go out with the
    * host work of its batch, which runs after the next batch is launched. */
-  bool posting;    /* a row of this loop waits for that host work */
+  int posting;     /* rows of this loop waiting for that host work (one launched batch and
+                      the one before it) */
   int over;        /* 0: goes on; 1: ended with `end` (FINAL); 2: failed with `fail` (ERROR):
                       answered by that host work, never stepped again */
   const char *end; /* "stop" or "length" */
