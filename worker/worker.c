@@ -90,7 +90,7 @@ int mbd_worker_new(const mbd_worker_opts *o, mbd_worker **out, mbd_error *err) {
   /* A step's replies go out while the next step computes; a checkpointing
    * worker keeps them in order with its checkpoints instead (a checkpoint
    * covers only tokens already replied). */
-  w->st->pipeline = !mbd_wckpt_enabled(w->st);
+  w->st->pipeline = o->overlap_steps && !mbd_wckpt_enabled(w->st);
   *out = w;
   return MBD_OK;
 fail:
