@@ -240,6 +240,12 @@ static int cuda_model_load(mbd_backend *b, const char *dir, mbd_bmodel **out, mb
     return mbd_error_set(err, MBD_E_UNSUPPORTED,
                          "model %s: the %s family has no CUDA implementation in this build", dir,
                          fam->name);
+  if (!(f->state_dtypes & (1u << c->opts.state)))
+    return mbd_error_set(err, MBD_E_UNSUPPORTED,
+                         "model %s: state dtype %s is supported for %s; the %s family keeps an "
+                         "f32 state (--state-dtype f32)",
+                         dir, mbd_state_dtype_name(c->opts.state),
+                         mbd_state_dtype_where(c->opts.state), fam->name);
   cuda_model *cm = calloc(1, sizeof *cm);
   if (!cm) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for a model");
   mbd_gpu_model_opts o = {.dtype = policy_dtype(c->opts.policy), .max_batch = c->opts.max_batch,

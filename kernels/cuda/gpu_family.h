@@ -66,6 +66,10 @@ typedef struct mbd_gpu_model_ops {
   int (*step_launch)(void *model, int n, const int32_t *tokens, const int32_t *slots,
                      float *logits, int nlogits, mbd_error *err);
   int (*step_wait)(void *model, int32_t *next, mbd_error *err);
+  /* The recurrent state storages the family keeps: bit (1u << mbd_state_dtype)
+   * each. The backend refuses a model whose family lacks its context's
+   * (load assumes it was checked). */
+  uint32_t state_dtypes;
 } mbd_gpu_model_ops;
 
 /* The GPU implementation of the family `name`, or NULL when none is built. */
