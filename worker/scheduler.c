@@ -3,6 +3,7 @@
  * caller's clock. See scheduler.h. */
 #include "worker/scheduler.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include "worker/reply.h"
 
 #define LOGC MBD_WSTATE_LOG
+#define REPORT_MIN_BATCHES 100 /* busy periods shorter than this are not logged */
 
 int mbd_wsched_step(mbd_wstate *st, mbd_wsession *s, uint64_t tag, int64_t token,
                     const mbd_tensor_ref *out, mbd_error *err) {
@@ -300,10 +302,12 @@ static void row_logits(const mbd_wstate *st, const mbd_wbatch *b, mbd_wrow *r) {
  * needs: each loop's next token (or the logits a sampled one picks from),
  * whether it goes on, and whether a PARTIAL is due. Sends nothing. */
 static void batch_settle(mbd_wstate *st, mbd_wbatch *b) {
+  double t0 = mbd_wstate_now(st);
   if (b->in_flight) b->rc = mbd_backend_step_wait(st->be, &b->err);
   b->in_flight = false;
   st->fly = NULL;
   double t = mbd_wstate_now(st);
+  st->prof.wait += t - t0;
   for (size_t i = 0; i < b->n; i++) {
     mbd_wrow *r = &b->rows[i];
     mbd_wsess_data *ws = r->s->user;
@@ -336,11 +340,13 @@ static void batch_settle(mbd_wstate *st, mbd_wbatch *b) {
       }
     }
   }
+  st->prof.settle += mbd_wstate_now(st) - t;
 }
 
 /* The host work after batch b (settled): logits into the sessions, STEP
  * replies, PARTIALs, and the FINAL or ERROR of each loop that is over. */
 static void batch_post(mbd_wstate *st, mbd_wbatch *b) {
+  double t0 = mbd_wstate_now(st);
   int64_t V = st->models[b->model].vocab;
   for (size_t i = 0; i < b->n; i++) {
     mbd_wrow *r = &b->rows[i];
@@ -363,6 +369,21 @@ static void batch_post(mbd_wstate *st, mbd_wbatch *b) {
   }
   if (b->rc) MBD_LOGE(LOGC, "batched step of %zu rows failed: %s", b->n, b->err.msg);
   b->n = 0;
+  st->prof.post += mbd_wstate_now(st) - t0;
+}
+
+void mbd_wsched_report(mbd_wstate *st) {
+  mbd_wprof *p = &st->prof;
+  if (p->batches >= REPORT_MIN_BATCHES) {
+    double wall = mbd_wstate_now(st) - p->start;
+    MBD_LOGI(LOGC,
+             "%" PRIu64 " batched steps of %.1f rows on average in %.1f ms: waiting for the "
+             "device %.1f ms, after the wait %.1f ms, building and launching %.1f ms, replies "
+             "while the next computes %.1f ms (overlap %s)",
+             p->batches, (double)p->rows / (double)p->batches, wall * 1e3, p->wait * 1e3,
+             p->settle * 1e3, p->launch * 1e3, p->post * 1e3, st->pipeline ? "on" : "off");
+  }
+  memset(p, 0, sizeof *p);
 }
 
 void mbd_wsched_flush(mbd_wstate *st) {
@@ -380,8 +401,14 @@ static size_t tick_model(mbd_wstate *st, int mi, double now) {
   mbd_wbatch *prev = st->fly;
   if (prev) batch_settle(st, prev);
   mbd_wbatch *b = prev == &st->batch[0] ? &st->batch[1] : &st->batch[0];
+  double t0 = mbd_wstate_now(st);
   size_t n = batch_build(st, b, mi, now);
-  if (n) batch_launch(st, b);
+  if (n) {
+    batch_launch(st, b);
+    if (!st->prof.batches++) st->prof.start = t0;
+    st->prof.rows += n;
+  }
+  st->prof.launch += mbd_wstate_now(st) - t0;
   if (prev) batch_post(st, prev);
   if (n && !st->pipeline) mbd_wsched_flush(st);
   return n;

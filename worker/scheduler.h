@@ -80,6 +80,10 @@ bool mbd_wsched_tick(mbd_wstate *st);
  * (mbd_wsess_data.inflight), or ends requests, calls this first; cancel,
  * expiry and the shutdown calls below do it themselves. */
 void mbd_wsched_flush(mbd_wstate *st);
+/* Logs how the last busy period's time split (device waits, host work
+ * before and after each launch) when it ran 100 batches or more, and starts
+ * a new one. */
+void mbd_wsched_report(mbd_wstate *st);
 /* Whether any STEP is queued or GENERATE running. */
 bool mbd_wsched_pending(const mbd_wstate *st);
 /* The heartbeat's load: running GENERATEs, plus one when STEPs are queued. */

@@ -146,6 +146,18 @@ typedef struct mbd_wbatch {
   mbd_error err;
 } mbd_wbatch;
 
+/* Where the compute thread's time went over one busy period (clock
+ * seconds), for the line the worker logs when it goes idle
+ * (mbd_wsched_report). */
+typedef struct mbd_wprof {
+  double start;  /* clock at the period's first batch; 0: none yet */
+  uint64_t batches, rows;
+  double wait;   /* in step_wait: the host waited for the device */
+  double settle; /* after the wait, taking what the next batch needs */
+  double launch; /* building and launching the next batch (the device idles meanwhile) */
+  double post;   /* replies and logits of a batch, while the next one computes */
+} mbd_wprof;
+
 /* Monotonic seconds. */
 typedef double (*mbd_wclock_fn)(void *ctx);
 /* Sends *m and destroys it (sets *m to NULL); never blocks, never calls back
@@ -170,6 +182,7 @@ typedef struct mbd_wstate {
   mbd_wbatch batch[2];        /* the launched batch and the one whose host work follows */
   mbd_wbatch *fly;            /* the launched batch not waited for, or NULL */
   bool pipeline;              /* a batch stays in flight past the tick (worker.c sets it) */
+  mbd_wprof prof;             /* this busy period's time split */
   size_t rr;                  /* round-robin start over session slots */
   mbd_wjob *j_head, *j_tail;  /* sliced FORWARD/PREFILL jobs, round-robin one slice per tick */
   size_t njobs;

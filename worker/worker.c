@@ -180,7 +180,9 @@ int mbd_worker_run(mbd_worker *w, volatile sig_atomic_t *stop, mbd_error *err) {
       break;
     }
     if (pr > 0 && drain(w) > 0) last_msg = mbd_wstate_now(st);
+    bool was_busy = busy;
     busy = mbd_wsched_tick(st);
+    if (was_busy && !busy) mbd_wsched_report(st);
     mbd_wconn_publish(w->conn, mbd_wsched_load(st), (uint64_t)mbd_wsession_count(st->sessions));
     publish_prefix(w);
     t = mbd_wstate_now(st);
