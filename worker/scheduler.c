@@ -288,14 +288,15 @@ static void batch_launch(mbd_wstate *st, mbd_wbatch *b) {
   st->fly = b;
 }
 
-/* Row r's logits (batch b) into its session. */
-static void row_logits(const mbd_wstate *st, const mbd_wbatch *b, mbd_wrow *r) {
+/* Row r's logits (batch b) into its session: the flags, and the bytes
+ * unless `late` (the caller copies them afterwards; need_logits stays set). */
+static void row_logits(const mbd_wstate *st, const mbd_wbatch *b, mbd_wrow *r, bool late) {
   mbd_wsess_data *ws = r->s->user;
   int64_t V = st->models[b->model].vocab;
-  memcpy(ws->logits, b->logits + r->pos * (size_t)V, (size_t)V * sizeof(float));
+  if (!late) memcpy(ws->logits, b->logits + r->pos * (size_t)V, (size_t)V * sizeof(float));
   ws->has_logits = true;
   ws->logits_stale = false;
-  r->need_logits = false;
+  r->need_logits = late;
 }
 
 /* Waits for the launched batch b and takes from it what the next batch
@@ -333,7 +334,7 @@ static void batch_settle(mbd_wstate *st, mbd_wbatch *b) {
     if ((g->end = gen_end_reason(g, r->token))) {
       g->over = 1;
     } else {
-      if (r->need_logits) row_logits(st, b, r); /* the next pick reads them */
+      if (r->need_logits) row_logits(st, b, r, false); /* the next pick reads them */
       if (g->n - g->sent >= g->partial_every) {
         r->partial = true;
         r->upto = g->n;
@@ -343,14 +344,17 @@ static void batch_settle(mbd_wstate *st, mbd_wbatch *b) {
   st->prof.settle += mbd_wstate_now(st) - t;
 }
 
-/* The host work after batch b (settled): logits into the sessions, STEP
- * replies, PARTIALs, and the FINAL or ERROR of each loop that is over. */
+/* The host work after batch b (settled): STEP replies, PARTIALs, the FINAL
+ * or ERROR of each loop that is over, and logits into the sessions: after
+ * the replies (nothing reads them before this returns; a tick where many
+ * loops end copies [n,V]), unless a checkpoint at a loop's end reads them. */
 static void batch_post(mbd_wstate *st, mbd_wbatch *b) {
   double t0 = mbd_wstate_now(st);
   int64_t V = st->models[b->model].vocab;
+  bool late = !mbd_wckpt_enabled(st);
   for (size_t i = 0; i < b->n; i++) {
     mbd_wrow *r = &b->rows[i];
-    if (!b->rc && r->need_logits) row_logits(st, b, r);
+    if (!b->rc && r->need_logits) row_logits(st, b, r, late);
     if (r->step) {
       if (b->rc) mbd_wreply_err(st, r->step->tag, &b->err);
       else mbd_wreply_step_logits(st, r->step->tag, r->step->has_out ? &r->step->out : NULL,
@@ -366,6 +370,12 @@ static void batch_post(mbd_wstate *st, mbd_wbatch *b) {
     }
     if (g->over == 1) gen_finish(st, r->s, g->end, NULL);
     else if (g->over == 2) gen_finish(st, r->s, NULL, &g->fail);
+  }
+  for (size_t i = 0; i < b->n && late && !b->rc; i++) {
+    mbd_wrow *r = &b->rows[i];
+    if (r->need_logits)
+      memcpy(((mbd_wsess_data *)r->s->user)->logits, b->logits + r->pos * (size_t)V,
+             (size_t)V * sizeof(float));
   }
   if (b->rc) MBD_LOGE(LOGC, "batched step of %zu rows failed: %s", b->n, b->err.msg);
   b->n = 0;
