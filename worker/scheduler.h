@@ -17,6 +17,12 @@
  * backend step answers every request of that batch with the backend's error
  * (a GENERATE ends there) and the next tick serves again.
  *
+ * Overlap (st->pipeline): the backend step is launched, not waited for; the
+ * next tick waits for it, takes what its own batch needs (next tokens, which
+ * loops end), launches that batch, and only then sends the first batch's
+ * replies, so they are the same replies in the same order per request, sent
+ * while the device computes (docs/architecture.md "Overlapped steps").
+ *
  * After the batched steps, a tick runs ONE slice of one FORWARD or PREFILL
  * job (at most o.slice_tokens tokens, whole rows of a FORWARD), and that job
  * goes to the back of the job list: live sessions' steps wait for at most one
@@ -84,7 +90,7 @@ void mbd_wsched_flush(mbd_wstate *st);
  * before and after each launch) when it ran 100 batches or more, and starts
  * a new one. */
 void mbd_wsched_report(mbd_wstate *st);
-/* Whether any STEP is queued or GENERATE running. */
+/* Whether any STEP is queued, GENERATE running, job queued or batch launched. */
 bool mbd_wsched_pending(const mbd_wstate *st);
 /* The heartbeat's load: running GENERATEs, plus one when STEPs are queued. */
 uint64_t mbd_wsched_load(const mbd_wstate *st);
