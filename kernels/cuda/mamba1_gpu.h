@@ -72,8 +72,10 @@ void mbd_mamba1_gpu_options_default(mbd_mamba1_gpu_options *o);
 
 /* Loads DIR/config.json and DIR/model.safetensors, or the shards listed in
  * DIR/model.safetensors.index.json (Hugging Face layout, mbd_st_dir_open),
- * onto ctx's device. State slots: the context's state capacity (route identity).
- * The model borrows ctx, which must outlive it. */
+ * onto ctx's device. State slots: the context's state capacity (route identity),
+ * kept in f32 (a context with another state dtype is the caller's to refuse:
+ * the CUDA backend asks gpu_family.h state_dtypes). The model borrows ctx,
+ * which must outlive it. */
 int mbd_mamba1_gpu_load(mbd_gpu_ctx *ctx, const char *dir, const mbd_mamba1_gpu_options *opts,
                         mbd_mamba1_gpu **out, mbd_error *err);
 /* Frees device memory and graphs; NULL-safe; nulls *m. */
