@@ -174,28 +174,31 @@ static void gen_fail(mbd_wstate *st, mbd_wsession *s, const mbd_error *e) {
 
 /* Whether row r's logits must reach its session after this step: always
  * unless its next token is picked on the device (dev_pick and a greedy
- * GENERATE row that goes on and is not due for a checkpoint), so a
- * session's logits are current whenever it is not generating. */
+ * GENERATE row that goes on (r->end set) and is not due for a checkpoint),
+ * so a session's logits are current whenever it is not generating. */
 static bool row_needs_logits(const mbd_wstate *st, const mbd_wrow *r, bool dev_pick) {
   if (!dev_pick || r->step) return true;
   const mbd_wgen *g = ((const mbd_wsess_data *)r->s->user)->gen;
-  return g->sampling.temperature > 0.0f || gen_end_reason(g, r->token) != NULL ||
+  return g->sampling.temperature > 0.0f || r->end != NULL ||
          mbd_wckpt_due_tokens(st, r->s, 1); /* a checkpoint after this step needs them */
 }
 
 /* Takes model mi's next batch into b: running GENERATE loops first (session
  * slots in round-robin order), then queued STEPs in arrival order, one per
- * session. Returns the rows taken. */
+ * session. It may run while the launched batch computes: a loop whose row
+ * there ends it is left out, and loops get their tokens afterwards
+ * (batch_tokens), from that batch's picks. Returns the rows taken. */
 static size_t batch_build(mbd_wstate *st, mbd_wbatch *b, int mi, double now) {
-  mbd_wmodel *m = &st->models[mi];
   size_t maxb = (size_t)st->o.max_batch, n = 0, cap = mbd_wsession_capacity(st->sessions);
   b->model = mi;
-  for (size_t k = 0; k < cap && n < maxb && st->ngen; k++) {
-    mbd_wsession *s = mbd_wsession_at(st->sessions, (st->rr + k) % cap);
+  for (size_t k = 0, slot = st->rr % (cap ? cap : 1); k < cap && n < maxb && st->ngen;
+       k++, slot = slot + 1 == cap ? 0 : slot + 1) {
+    mbd_wsession *s = mbd_wsession_at(st->sessions, slot);
     if (!s || s->model != mi || !((mbd_wsess_data *)s->user)->gen) continue;
     mbd_wsess_data *ws = s->user;
     mbd_wgen *g = ws->gen;
     if (g->over) continue; /* answered with its last batch's host work */
+    if (g->posting && gen_end_reason(g, g->tokens[g->n - 1])) continue; /* ends with it */
     if (g->deadline > 0 && now > g->deadline) {
       mbd_error e;
       mbd_error_set(&e, MBD_E_TIMEOUT,
@@ -204,17 +207,7 @@ static size_t batch_build(mbd_wstate *st, mbd_wbatch *b, int mi, double now) {
       gen_fail(st, s, &e);
       continue;
     }
-    int32_t tok = 0;
-    mbd_error e = {0};
-    if (g->has_next) { /* picked on the device by the previous step, or at attach */
-      tok = (int32_t)g->next;
-      g->has_next = false;
-    } else if (mbd_sampler_pick(m->sampler, &g->sampling, (uint64_t)g->n, ws->logits, &tok, &e)) {
-      gen_fail(st, s, &e);
-      continue;
-    }
-    g->tokens[g->n++] = tok;
-    b->rows[n++] = (mbd_wrow){.s = s, .token = tok, .step = NULL};
+    b->rows[n++] = (mbd_wrow){.s = s, .token = -1, .step = NULL};
   }
   mbd_wstep **pp = &st->q_head, *prev = NULL;
   while (*pp && n < maxb) {
@@ -250,6 +243,49 @@ static size_t batch_build(mbd_wstate *st, mbd_wbatch *b, int mi, double now) {
   return n;
 }
 
+/* Puts b's STEPs back at the head of the queue, in their order, and empties
+ * b (built before a launched batch failed: its loops are over now). */
+static void batch_unbuild(mbd_wstate *st, mbd_wbatch *b) {
+  for (size_t i = b->n; i-- > 0;) {
+    mbd_wstep *j = b->rows[i].step;
+    if (!j) continue;
+    j->next = st->q_head;
+    st->q_head = j;
+    if (!st->q_tail) st->q_tail = j;
+  }
+  b->n = 0;
+}
+
+/* Gives each GENERATE row of b its token: the one already picked (by the
+ * device in the last step, or at attach), or one sampled from its session's
+ * logits; a failing pick ends its loop and drops the row. Returns the rows. */
+static size_t batch_tokens(mbd_wstate *st, mbd_wbatch *b) {
+  mbd_wmodel *m = &st->models[b->model];
+  size_t n = 0;
+  for (size_t i = 0; i < b->n; i++) {
+    mbd_wrow r = b->rows[i];
+    if (!r.step) {
+      mbd_wsess_data *ws = r.s->user;
+      mbd_wgen *g = ws->gen;
+      int32_t tok = 0;
+      mbd_error e = {0};
+      if (g->has_next) {
+        tok = (int32_t)g->next;
+        g->has_next = false;
+      } else if (mbd_sampler_pick(m->sampler, &g->sampling, (uint64_t)g->n, ws->logits, &tok,
+                                  &e)) {
+        gen_fail(st, r.s, &e);
+        continue;
+      }
+      g->tokens[g->n++] = tok;
+      r.token = tok;
+    }
+    b->rows[n++] = r;
+  }
+  b->n = n;
+  return n;
+}
+
 /* Launches b on the backend. Greedy GENERATE rows may take their next token
  * from the device; logits then come to the host only for the rows that need
  * them (STEP replies, sampled rows, rows finishing this step), which go
@@ -265,7 +301,13 @@ static void batch_launch(mbd_wstate *st, mbd_wbatch *b) {
   size_t nl = 0;
   for (size_t i = 0; i < b->n; i++) {
     mbd_wrow *r = &b->rows[i];
+    if (!r->step) {
+      const mbd_wgen *g = ((const mbd_wsess_data *)r->s->user)->gen;
+      r->end = gen_end_reason(g, r->token);
+      r->upto = g->n;
+    }
     r->need_logits = row_needs_logits(st, r, dev_pick);
+    r->copied = false;
     nl += r->need_logits;
   }
   size_t lo = 0, hi = nl;
@@ -289,14 +331,14 @@ static void batch_launch(mbd_wstate *st, mbd_wbatch *b) {
 }
 
 /* Row r's logits (batch b) into its session: the flags, and the bytes
- * unless `late` (the caller copies them afterwards; need_logits stays set). */
+ * unless `late` (the caller copies them afterwards). */
 static void row_logits(const mbd_wstate *st, const mbd_wbatch *b, mbd_wrow *r, bool late) {
   mbd_wsess_data *ws = r->s->user;
   int64_t V = st->models[b->model].vocab;
   if (!late) memcpy(ws->logits, b->logits + r->pos * (size_t)V, (size_t)V * sizeof(float));
   ws->has_logits = true;
   ws->logits_stale = false;
-  r->need_logits = late;
+  r->copied = !late;
 }
 
 /* Waits for the launched batch b and takes from it what the next batch
@@ -313,32 +355,20 @@ static void batch_settle(mbd_wstate *st, mbd_wbatch *b) {
     mbd_wrow *r = &b->rows[i];
     mbd_wsess_data *ws = r->s->user;
     ws->inflight = false;
-    r->s->last_used = t;
-    r->partial = false;
-    if (b->rc) {
-      if (!r->step) {
-        ws->gen->over = 2;
-        ws->gen->fail = b->err;
-      }
-      continue;
-    }
-    mbd_wckpt_consumed(r->s, 1);
-    if (!r->need_logits) ws->logits_stale = true;
     if (r->step) continue;
     mbd_wgen *g = ws->gen;
-    if ((int64_t)b->n > g->peak_batch) g->peak_batch = (int64_t)b->n;
-    if (b->dev_pick && g->sampling.temperature <= 0.0f) {
-      g->next = b->next[r->pos];
-      g->has_next = true;
-    }
-    if ((g->end = gen_end_reason(g, r->token))) {
+    if (b->rc) {
+      g->over = 2;
+      g->fail = b->err;
+    } else if (r->end) {
       g->over = 1;
+      g->end = r->end;
     } else {
-      if (r->need_logits) row_logits(st, b, r, false); /* the next pick reads them */
-      if (g->n - g->sent >= g->partial_every) {
-        r->partial = true;
-        r->upto = g->n;
+      if (b->dev_pick && g->sampling.temperature <= 0.0f) {
+        g->next = b->next[r->pos];
+        g->has_next = true;
       }
+      if (r->need_logits) row_logits(st, b, r, false); /* the next pick reads them */
     }
   }
   st->prof.settle += mbd_wstate_now(st) - t;
@@ -352,9 +382,16 @@ static void batch_post(mbd_wstate *st, mbd_wbatch *b) {
   double t0 = mbd_wstate_now(st);
   int64_t V = st->models[b->model].vocab;
   bool late = !mbd_wckpt_enabled(st);
+  double t = mbd_wstate_now(st);
   for (size_t i = 0; i < b->n; i++) {
     mbd_wrow *r = &b->rows[i];
-    if (!b->rc && r->need_logits) row_logits(st, b, r, late);
+    mbd_wsess_data *ws = r->s->user;
+    r->s->last_used = t;
+    if (!b->rc) {
+      mbd_wckpt_consumed(r->s, 1);
+      if (!r->need_logits) ws->logits_stale = true;
+      else if (!r->copied) row_logits(st, b, r, late);
+    }
     if (r->step) {
       if (b->rc) mbd_wreply_err(st, r->step->tag, &b->err);
       else mbd_wreply_step_logits(st, r->step->tag, r->step->has_out ? &r->step->out : NULL,
@@ -362,9 +399,10 @@ static void batch_post(mbd_wstate *st, mbd_wbatch *b) {
       free(r->step);
       continue;
     }
-    mbd_wgen *g = ((mbd_wsess_data *)r->s->user)->gen;
+    mbd_wgen *g = ws->gen;
     g->posting--;
-    if (r->partial) {
+    if (!b->rc && (int64_t)b->n > g->peak_batch) g->peak_batch = (int64_t)b->n;
+    if (!b->rc && !r->end && r->upto - g->sent >= g->partial_every) {
       mbd_wreply_gen_partial(st, g->tag, g->tokens + g->sent, r->upto - g->sent);
       g->sent = r->upto;
     }
@@ -373,7 +411,7 @@ static void batch_post(mbd_wstate *st, mbd_wbatch *b) {
   }
   for (size_t i = 0; i < b->n && late && !b->rc; i++) {
     mbd_wrow *r = &b->rows[i];
-    if (r->need_logits)
+    if (r->need_logits && !r->copied)
       memcpy(((mbd_wsess_data *)r->s->user)->logits, b->logits + r->pos * (size_t)V,
              (size_t)V * sizeof(float));
   }
@@ -387,11 +425,13 @@ void mbd_wsched_report(mbd_wstate *st) {
   if (p->batches >= REPORT_MIN_BATCHES) {
     double wall = mbd_wstate_now(st) - p->start;
     MBD_LOGI(LOGC,
-             "%" PRIu64 " batched steps of %.1f rows on average in %.1f ms: waiting for the "
-             "device %.1f ms, after the wait %.1f ms, building and launching %.1f ms, replies "
-             "while the next computes %.1f ms (overlap %s)",
-             p->batches, (double)p->rows / (double)p->batches, wall * 1e3, p->wait * 1e3,
-             p->settle * 1e3, p->launch * 1e3, p->post * 1e3, st->pipeline ? "on" : "off");
+             "%" PRIu64 " batched steps of %.1f rows on average in %.1f ms: choosing the next "
+             "batch %.1f ms, waiting for the device %.1f ms, then results %.1f ms and tokens + "
+             "launch %.1f ms, replies %.1f ms (overlap %s: choosing and replies while a batch "
+             "computes)",
+             p->batches, (double)p->rows / (double)p->batches, wall * 1e3, p->build * 1e3,
+             p->wait * 1e3, p->settle * 1e3, p->launch * 1e3, p->post * 1e3,
+             st->pipeline ? "on" : "off");
   }
   memset(p, 0, sizeof *p);
 }
@@ -403,16 +443,26 @@ void mbd_wsched_flush(mbd_wstate *st) {
   batch_post(st, b);
 }
 
-/* One batched step for model mi: the launched batch (of any model) is
- * waited for, mi's next one launched, and then the first one's host work
- * done while the second computes. Without st->pipeline the new batch is
- * also finished here. Returns the number of rows launched. */
+/* One batched step for model mi: mi's next batch is chosen while the
+ * launched one (of any model) computes, then that one is waited for, the
+ * new one gets its tokens and is launched, and then the first one's host
+ * work runs while the second computes. Without st->pipeline the new batch
+ * is also finished here. Returns the number of rows launched. */
 static size_t tick_model(mbd_wstate *st, int mi, double now) {
   mbd_wbatch *prev = st->fly;
-  if (prev) batch_settle(st, prev);
   mbd_wbatch *b = prev == &st->batch[0] ? &st->batch[1] : &st->batch[0];
   double t0 = mbd_wstate_now(st);
   size_t n = batch_build(st, b, mi, now);
+  st->prof.build += mbd_wstate_now(st) - t0;
+  if (prev) {
+    batch_settle(st, prev);
+    if (prev->rc) { /* its loops are over: choose again */
+      batch_unbuild(st, b);
+      n = batch_build(st, b, mi, now);
+    }
+  }
+  t0 = mbd_wstate_now(st);
+  if (n) n = batch_tokens(st, b);
   if (n) {
     batch_launch(st, b);
     if (!st->prof.batches++) st->prof.start = t0;

@@ -79,7 +79,7 @@ typedef struct mbd_wsess_data {
   int64_t ckpt_tokens; /* tokens consumed since the last checkpoint (worker/checkpoint.h) */
   double ckpt_at;      /* clock seconds of the last checkpoint */
   bool fresh;        /* opened by OPEN, nothing consumed yet: a PREFILL may use the prefix cache */
-  bool inflight;     /* a row of the launched batch steps it (mbd_wsched_flush before touching it) */
+  bool inflight;     /* a row of the launched batch steps it (mbd_wsched_flush first) */
 } mbd_wsess_data;
 
 /* A queued STEP request. */
@@ -121,9 +121,10 @@ typedef struct mbd_wrow {
   int64_t token;
   mbd_wstep *step;  /* NULL for a GENERATE row */
   size_t pos;       /* its row in the backend's batch (rows that need logits come first) */
-  bool need_logits; /* its logits come to the host (and are not copied to the session yet) */
-  bool partial;     /* GENERATE: after this step, a PARTIAL of tokens [sent, upto) is due */
-  int64_t upto;
+  bool need_logits; /* its logits come to the host */
+  bool copied;      /* ... and are in its session already (a loop that samples from them) */
+  const char *end;  /* GENERATE: why the loop ends after this step, or NULL */
+  int64_t upto;     /* GENERATE: its token count after this step */
 } mbd_wrow;
 
 /* One batched step of one model, from its launch to the host work after it
@@ -152,9 +153,10 @@ typedef struct mbd_wbatch {
 typedef struct mbd_wprof {
   double start;  /* clock at the period's first batch; 0: none yet */
   uint64_t batches, rows;
+  double build;  /* choosing the next batch's rows (while the launched one computes) */
   double wait;   /* in step_wait: the host waited for the device */
   double settle; /* after the wait, taking what the next batch needs */
-  double launch; /* building and launching the next batch (the device idles meanwhile) */
+  double launch; /* tokens and launch of the next batch (the device idles meanwhile) */
   double post;   /* replies and logits of a batch, while the next one computes */
 } mbd_wprof;
 

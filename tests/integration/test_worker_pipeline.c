@@ -267,7 +267,8 @@ static void test_pipelined_replies_match_solo(void **state) {
   }
   /* The logits each loop left behind, probed all at once (one batch). */
   uint64_t ptags[NS];
-  for (int i = 0; i < NS; i++) ptags[i] = i == VICTIM ? 0 : wh_send_step(&g_h, sids[i], PROBE_TOKEN);
+  for (int i = 0; i < NS; i++)
+    ptags[i] = i == VICTIM ? 0 : wh_send_step(&g_h, sids[i], PROBE_TOKEN);
   for (int i = 0; i < NS; i++) {
     if (i == VICTIM) continue;
     mbd_msg *m = wh_wait(&g_h, ptags[i], 30000);

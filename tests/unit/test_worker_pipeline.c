@@ -6,7 +6,8 @@
  * that need logits (STEPs, the sampled loop, loops ending) and rows that do
  * not share batches; batches hold 4 rows of 6 sessions (round-robin); one
  * loop passes its deadline, one is cancelled while its row is launched,
- * STEPs follow each other on one session, and one batched step fails. */
+ * STEPs follow each other on one session, and one batched step fails while
+ * the next batch (a STEP of another session in it) has been chosen. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -78,10 +79,10 @@ static void workload(bool pipeline, run *out) {
   fw x;
   fw_init(&x, &o, &ops, 100.0);
   fw_add_model(&x, "m0", V);
-  mbd_wsession *s[6];
-  for (int i = 0; i < 6; i++) s[i] = fw_primed(&x, i + 1);
+  mbd_wsession *s[7];
+  for (int i = 0; i < 7; i++) s[i] = fw_primed(&x, i + 1);
   x.st->pipeline = pipeline;
-  x.fb->fail_call = x.fb->ncalls + 7; /* the seventh batch of the workload (3 rows) */
+  x.fb->fail_call = x.fb->ncalls + 9; /* 3 rows; the next batch, chosen meanwhile, has a STEP */
   struct {
     int64_t max, every;
     double temp;
@@ -103,6 +104,7 @@ static void workload(bool pipeline, run *out) {
     if (t == 4) x.now += 2.0; /* loop 3 passes its deadline */
     if (t == 6) out->cancelled = mbd_wsched_cancel(x.st, 14, MBD_E_CANCELLED, "cancelled");
     if (t < 8) step_on(&x, s[5], 100 + (uint64_t)t, (t * 5 + 2) % V);
+    if (t >= 8 && t < 16 && t % 2 == 0) step_on(&x, s[6], 200 + (uint64_t)t, t % V);
     mbd_wsched_tick(x.st);
     out->launched_ticks += x.st->fly != NULL;
     collect(&x, out);
@@ -110,7 +112,7 @@ static void workload(bool pipeline, run *out) {
   mbd_wsched_flush(x.st);
   collect(&x, out);
   assert_false(mbd_wsched_pending(x.st));
-  for (int i = 0; i < 6; i++) assert_false(s[i]->busy);
+  for (int i = 0; i < 7; i++) assert_false(s[i]->busy);
   fw_fini(&x);
 }
 
@@ -139,10 +141,11 @@ static void test_pipelined_equals_synchronous(void **state) {
   assert_true(pipe_run.launched_ticks > 10); /* the overlap really happened */
   assert_int_equal(pipe_run.n, sync_run.n);
   assert_true(pipe_run.cancelled == sync_run.cancelled);
-  uint64_t tags[14] = {10, 11, 12, 13, 14};
+  uint64_t tags[17] = {10, 11, 12, 13, 14};
   for (int t = 0; t < 8; t++) tags[5 + t] = 100 + (uint64_t)t;
+  for (int t = 0; t < 4; t++) tags[13 + t] = 208 + 2 * (uint64_t)t;
   int finals = 0;
-  for (int k = 0; k < 13; k++) {
+  for (int k = 0; k < 17; k++) {
     int c = 0;
     for (const rec *a; (a = nth(&sync_run, tags[k], c)); c++) {
       const rec *b = nth(&pipe_run, tags[k], c);
@@ -157,7 +160,7 @@ static void test_pipelined_equals_synchronous(void **state) {
     assert_null(nth(&pipe_run, tags[k], c));
     assert_true(c > 0);
   }
-  assert_int_equal(finals, 13); /* every request ended once */
+  assert_int_equal(finals, 17); /* every request ended once */
   /* The workload covers what it says: FINALs and ERRORs (the failed batch,
    * the deadline, the cancel). */
   int errors = 0, finals_ok = 0;
