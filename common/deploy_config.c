@@ -405,9 +405,9 @@ static int parse_worker(walker *w, const yaml_node_t *m, size_t i, mbd_deploy_co
   }
   if (!strcmp(wk->state_dtype, "bf16") && wk->device == MBD_DEPLOY_DEVICE_CPU)
     return failf(w, MBD_E_INVALID, sdn, FIELD("state_dtype"),
-                 "worker '%s' runs on the cpu, and state dtype bf16 is supported for Mamba-2 on "
-                 "CUDA only: give it state_dtype: f32",
-                 wk->name);
+                 "worker '%s' runs on the cpu, and state dtype bf16 is supported for %s: give "
+                 "it state_dtype: f32",
+                 wk->name, mbd_state_dtype_where(MBD_STATE_BF16));
   if ((v = map_get(w, m, "threads")) && (rc = get_int32(w, v, FIELD("threads"), 0, 1024, &wk->threads)))
     return rc;
   if ((v = map_get(w, m, "capacity")) &&

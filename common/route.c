@@ -68,6 +68,10 @@ const char *mbd_state_dtype_name(mbd_state_dtype d) {
   return name_of(k_state_dtypes, COUNT(k_state_dtypes), (int)d);
 }
 
+const char *mbd_state_dtype_where(mbd_state_dtype d) {
+  return d == MBD_STATE_F32 ? "every family and backend" : "Mamba-2 on CUDA only";
+}
+
 int mbd_gemm_mode_parse(const char *s, mbd_gemm_mode *out, mbd_error *err) {
   int v = 0, rc = parse_name("GEMM mode", k_modes, COUNT(k_modes), s, &v, err);
   if (!rc) *out = (mbd_gemm_mode)v;

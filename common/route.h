@@ -84,6 +84,10 @@ const char *mbd_decode_path_name(mbd_decode_path d);
 int mbd_decode_path_parse(const char *s, mbd_decode_path *out, mbd_error *err);
 const char *mbd_state_dtype_name(mbd_state_dtype d);
 int mbd_state_dtype_parse(const char *s, mbd_state_dtype *out, mbd_error *err);
+/* Where state dtype d is served, for refusals ("Mamba-2 on CUDA only"): the
+ * one wording; the families' GPU table (kernels/cuda/gpu_family.h
+ * state_dtypes) holds the capability itself. */
+const char *mbd_state_dtype_where(mbd_state_dtype d);
 
 /* Canonical encoding into buf (NUL-terminated); *len excludes the NUL.
  * MBD_E_TOO_LARGE when cap is too small (1 KiB always suffices). */

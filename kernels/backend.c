@@ -34,6 +34,24 @@ int mbd_backend_prefill_batch(mbd_backend *b, mbd_bmodel *m, mbd_bstate *const *
   return MBD_OK;
 }
 
+bool mbd_backend_picks(const mbd_backend *b) {
+  return b->ops->step_greedy != NULL || b->ops->step_launch != NULL;
+}
+
+int mbd_backend_step_launch(mbd_backend *b, mbd_bmodel *m, mbd_bstate *const *states,
+                            const int64_t *tokens, int64_t n, int64_t *next, float *logits,
+                            int64_t nlogits, mbd_error *err) {
+  if (b->ops->step_launch)
+    return b->ops->step_launch(b, m, states, tokens, n, next, logits, nlogits, err);
+  if (next && b->ops->step_greedy)
+    return b->ops->step_greedy(b, m, states, tokens, n, next, nlogits > 0 ? logits : NULL, err);
+  return b->ops->step(b, m, states, tokens, n, logits, err);
+}
+
+int mbd_backend_step_wait(mbd_backend *b, mbd_error *err) {
+  return b->ops->step_wait ? b->ops->step_wait(b, err) : MBD_OK;
+}
+
 void mbd_backend_destroy(mbd_backend **b) {
   if (!b || !*b) return;
   (*b)->ops->destroy(*b);

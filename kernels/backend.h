@@ -77,6 +77,22 @@ typedef struct mbd_backend_ops {
   int (*step_greedy)(mbd_backend *b, mbd_bmodel *m, mbd_bstate *const *states,
                      const int64_t *tokens, int64_t n, int64_t *next, float *logits,
                      mbd_error *err);
+  /* Optional (NULL: mbd_backend_step_launch runs step_greedy or step at
+   * once): a batched step split in two, so the caller does host work while
+   * the device computes. step_launch enqueues the step of states[0..n) with
+   * tokens[n] (read before it returns; each state counts its token from
+   * here on) and returns; step_wait waits for it and returns its status.
+   * next (may be NULL: no pick) gets each row's greedy token as step_greedy
+   * picks it; logits, a host buffer of [n,V], gets the logits of rows
+   * [0, nlogits) (nlogits may be 0; the other rows are unspecified). Both
+   * are written by the time step_wait returns and must be left alone until
+   * then. Any other call on the backend between the two is ordered after the
+   * launched step (it may wait for it); a second launch before the wait is
+   * refused. Same bits as step and step_greedy. */
+  int (*step_launch)(mbd_backend *b, mbd_bmodel *m, mbd_bstate *const *states,
+                     const int64_t *tokens, int64_t n, int64_t *next, float *logits,
+                     int64_t nlogits, mbd_error *err);
+  int (*step_wait)(mbd_backend *b, mbd_error *err);
   /* Optional (NULL on backends without device memory): CUDA IPC tensors.
    * ipc_map resolves the first nbytes of ref r to an address in this
    * backend's device address space: the handle is opened once and cached,
@@ -151,6 +167,18 @@ void mbd_backend_destroy(mbd_backend **b);
 int mbd_backend_prefill_batch(mbd_backend *b, mbd_bmodel *m, mbd_bstate *const *states, int64_t n,
                               const int64_t *ids, int64_t T, bool last_only, float *logits,
                               mbd_error *err);
+/* Whether b picks greedy tokens where the logits are (step_greedy or
+ * step_launch with next). */
+bool mbd_backend_picks(const mbd_backend *b);
+/* ops->step_launch, or (without one) the whole step now: step_greedy when
+ * next is non-NULL (logits only when nlogits > 0), else step, which writes
+ * all n rows' logits. A failure is returned here; mbd_backend_step_wait must
+ * follow every successful launch. */
+int mbd_backend_step_launch(mbd_backend *b, mbd_bmodel *m, mbd_bstate *const *states,
+                            const int64_t *tokens, int64_t n, int64_t *next, float *logits,
+                            int64_t nlogits, mbd_error *err);
+/* ops->step_wait, or MBD_OK where the launch did the whole step. */
+int mbd_backend_step_wait(mbd_backend *b, mbd_error *err);
 /* For implementations: token ids arrive as i64 on the wire, the models take
  * i32. Copies ids[0..n) into out; MBD_E_INVALID naming the first id outside
  * [0, vocab). */

@@ -147,6 +147,7 @@ static int get_session(mbd_wstate *st, const mbd_wreq *q, mbd_wsession **s, mbd_
   int rc = mbd_wsession_find_for(st->sessions, q->session, q->caller.id, s, err);
   if (rc) return rc;
   *ws = (*s)->user;
+  if ((*ws)->inflight) mbd_wsched_flush(st); /* the session as its last step left it */
   (*s)->last_used = mbd_wstate_now(st);
   if ((*s)->busy)
     return mbd_error_set(err, MBD_E_BUSY,

@@ -16,7 +16,7 @@ const char *mbd_worker_usage(void) {
          "         [--threads N]\n"
          "         [--capacity N] [--sessions N] [--client-sessions N] [--max-batch N]\n"
          "         [--heartbeat-ms MS] [--liveness N] [--session-idle-s S] [--host-id ID]\n"
-         "         [--max-message-mb N] [--slice-tokens N] [--drain-ms MS]\n"
+         "         [--max-message-mb N] [--slice-tokens N] [--drain-ms MS] [--overlap-steps 0|1]\n"
          "         [--checkpoint-tokens N] [--checkpoint-ms MS]\n"
          "         [--prefix-cache-mb N] [--prefix-cache-device-mb N] [--prefix-block N]\n"
          "         [--curve-secret FILE --server-key KEY|FILE]\n"
@@ -27,7 +27,9 @@ const char *mbd_worker_usage(void) {
          "--checkpoint-tokens/--checkpoint-ms: durable sessions (docs/architecture.md), 0 = off\n"
          "--prefix-cache-mb: prefix state cache per model (default 256; 0 = off);\n"
          "--prefix-cache-device-mb: its device tier on GPU workers (default 1024; 0 = off);\n"
-         "--prefix-block: tokens between cached prefix boundaries (default 256; 0 = off)\n";
+         "--prefix-block: tokens between cached prefix boundaries (default 256; 0 = off)\n"
+         "--overlap-steps: 1 (default): a batched step's replies go out while the next step\n"
+         "  computes; 0: before it is launched (the same replies; for comparisons)\n";
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi, long *out, mbd_error *err) {
@@ -65,6 +67,7 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
   o->session_idle_s = MBD_DEFAULT_SESSION_IDLE_S;
   o->slice_tokens = MBD_DEFAULT_SLICE_TOKENS;
   o->drain_ms = MBD_DEFAULT_DRAIN_MS;
+  o->overlap_steps = true;
   o->checkpoint_tokens = MBD_DEFAULT_CHECKPOINT_TOKENS;
   o->checkpoint_ms = MBD_DEFAULT_CHECKPOINT_MS;
   o->prefix_cache_mb = MBD_DEFAULT_PREFIX_CACHE_MB;
@@ -172,6 +175,9 @@ int mbd_worker_opts_parse(int argc, char **argv, mbd_worker_opts *o, mbd_error *
     } else if (!strcmp(a, "--drain-ms")) {
       if ((rc = parse_int(a, val, 0, 3600000, &v, err))) return rc;
       o->drain_ms = (int)v;
+    } else if (!strcmp(a, "--overlap-steps")) {
+      if ((rc = parse_int(a, val, 0, 1, &v, err))) return rc;
+      o->overlap_steps = v == 1;
     } else if (!strcmp(a, "--checkpoint-tokens")) {
       if ((rc = parse_int(a, val, 0, 1 << 24, &v, err))) return rc;
       o->checkpoint_tokens = (int)v;

@@ -45,6 +45,8 @@ typedef struct mbd_worker_opts {
   size_t max_message_bytes;          /* --max-message-mb */
   int slice_tokens;                  /* --slice-tokens: tokens of FORWARD/PREFILL per compute slice */
   int drain_ms;                      /* --drain-ms: after SIGTERM, time to finish started work */
+  bool overlap_steps;                /* --overlap-steps: a step's replies while the next computes
+                                        (worker/scheduler.h; off on checkpointing workers) */
   int checkpoint_tokens;             /* --checkpoint-tokens: checkpoint a session to the broker
                                         after this many consumed tokens (0 = off) */
   int checkpoint_ms;                 /* --checkpoint-ms: ... or after this many ms with tokens

@@ -3,6 +3,7 @@
  * caller's clock. See scheduler.h. */
 #include "worker/scheduler.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include "worker/reply.h"
 
 #define LOGC MBD_WSTATE_LOG
+#define REPORT_MIN_BATCHES 100 /* busy periods shorter than this are not logged */
 
 int mbd_wsched_step(mbd_wstate *st, mbd_wsession *s, uint64_t tag, int64_t token,
                     const mbd_tensor_ref *out, mbd_error *err) {
@@ -90,6 +92,15 @@ int mbd_wsched_generate_resume(mbd_wstate *st, mbd_wsession *s, uint64_t tag, co
       return MBD_OK;
     }
   }
+  /* The first token comes from the session's logits, which are current
+   * now: picked here, the batch that takes it need not wait for it. A
+   * failing pick is left to that batch, which answers the error. */
+  int32_t tok = 0;
+  if (!mbd_sampler_pick(st->models[s->model].sampler, &g->sampling, (uint64_t)g->n, ws->logits,
+                        &tok, NULL)) {
+    g->next = tok;
+    g->has_next = true;
+  }
   ws->gen = g;
   s->busy = true;
   st->ngen++;
@@ -97,7 +108,7 @@ int mbd_wsched_generate_resume(mbd_wstate *st, mbd_wsession *s, uint64_t tag, co
 }
 
 bool mbd_wsched_pending(const mbd_wstate *st) {
-  return st->q_head != NULL || st->ngen > 0 || st->j_head != NULL;
+  return st->q_head != NULL || st->ngen > 0 || st->j_head != NULL || st->fly != NULL;
 }
 
 uint64_t mbd_wsched_load(const mbd_wstate *st) {
@@ -105,6 +116,7 @@ uint64_t mbd_wsched_load(const mbd_wstate *st) {
 }
 
 size_t mbd_wsched_expire(mbd_wstate *st) {
+  mbd_wsched_flush(st);
   mbd_wckpt_expiring(st, mbd_wstate_now(st), st->o.session_idle_s);
   return mbd_wsession_expire(st->sessions, mbd_wstate_now(st), st->o.session_idle_s);
 }
@@ -148,49 +160,55 @@ static const char *gen_end_reason(const mbd_wgen *g, int64_t tok) {
   return g->n >= g->max_tokens ? "length" : NULL;
 }
 
+/* Ends s's loop with ERROR e: now, or with the host work of the batch that
+ * still holds its last row (its PARTIAL goes out first). */
+static void gen_fail(mbd_wstate *st, mbd_wsession *s, const mbd_error *e) {
+  mbd_wgen *g = ((mbd_wsess_data *)s->user)->gen;
+  if (!g->posting) {
+    gen_finish(st, s, NULL, e);
+    return;
+  }
+  g->over = 2;
+  g->fail = *e;
+}
+
 /* Whether row r's logits must reach its session after this step: always
  * unless its next token is picked on the device (dev_pick and a greedy
- * GENERATE row that goes on and is not due for a checkpoint), so a
- * session's logits are current whenever it is not generating. */
+ * GENERATE row that goes on (r->end set) and is not due for a checkpoint),
+ * so a session's logits are current whenever it is not generating. */
 static bool row_needs_logits(const mbd_wstate *st, const mbd_wrow *r, bool dev_pick) {
   if (!dev_pick || r->step) return true;
   const mbd_wgen *g = ((const mbd_wsess_data *)r->s->user)->gen;
-  return g->sampling.temperature > 0.0f || gen_end_reason(g, r->token) != NULL ||
+  return g->sampling.temperature > 0.0f || r->end != NULL ||
          mbd_wckpt_due_tokens(st, r->s, 1); /* a checkpoint after this step needs them */
 }
 
-/* One batched step for model mi over queued STEPs and active GENERATE loops.
- * Returns the number of rows run. */
-static size_t tick_model(mbd_wstate *st, int mi, double now) {
-  mbd_wmodel *m = &st->models[mi];
+/* Takes model mi's next batch into b: running GENERATE loops first (session
+ * slots in round-robin order), then queued STEPs in arrival order, one per
+ * session. It may run while the launched batch computes: a loop whose row
+ * there ends it is left out, and loops get their tokens afterwards
+ * (batch_tokens), from that batch's picks. Returns the rows taken. */
+static size_t batch_build(mbd_wstate *st, mbd_wbatch *b, int mi, double now) {
   size_t maxb = (size_t)st->o.max_batch, n = 0, cap = mbd_wsession_capacity(st->sessions);
-  /* GENERATE loops first (round-robin start for fairness when over max-batch). */
-  for (size_t k = 0; k < cap && n < maxb && st->ngen; k++) {
-    mbd_wsession *s = mbd_wsession_at(st->sessions, (st->rr + k) % cap);
+  b->model = mi;
+  for (size_t k = 0, slot = st->rr % (cap ? cap : 1); k < cap && n < maxb && st->ngen;
+       k++, slot = slot + 1 == cap ? 0 : slot + 1) {
+    mbd_wsession *s = mbd_wsession_at(st->sessions, slot);
     if (!s || s->model != mi || !((mbd_wsess_data *)s->user)->gen) continue;
     mbd_wsess_data *ws = s->user;
     mbd_wgen *g = ws->gen;
+    if (g->over) continue; /* answered with its last batch's host work */
+    if (g->posting && gen_end_reason(g, g->tokens[g->n - 1])) continue; /* ends with it */
     if (g->deadline > 0 && now > g->deadline) {
       mbd_error e;
       mbd_error_set(&e, MBD_E_TIMEOUT,
                     "generate passed its deadline after %lld of %lld tokens (raise deadline_ms)",
                     (long long)g->n, (long long)g->max_tokens);
-      gen_finish(st, s, NULL, &e);
+      gen_fail(st, s, &e);
       continue;
     }
-    int32_t tok = 0;
-    mbd_error e = {0};
-    if (g->has_next) { /* greedy, picked on the device by the previous step */
-      tok = (int32_t)g->next;
-      g->has_next = false;
-    } else if (mbd_sampler_pick(m->sampler, &g->sampling, (uint64_t)g->n, ws->logits, &tok, &e)) {
-      gen_finish(st, s, NULL, &e);
-      continue;
-    }
-    g->tokens[g->n++] = tok;
-    st->rows[n++] = (mbd_wrow){.s = s, .token = tok, .step = NULL};
+    b->rows[n++] = (mbd_wrow){.s = s, .token = -1, .step = NULL};
   }
-  /* Then queued STEPs in arrival order, one per session per tick. */
   mbd_wstep **pp = &st->q_head, *prev = NULL;
   while (*pp && n < maxb) {
     mbd_wstep *j = *pp;
@@ -211,7 +229,7 @@ static size_t tick_model(mbd_wstate *st, int mi, double now) {
       free(j);
       continue;
     }
-    if (s->model != mi || in_batch(st->rows, n, s)) {
+    if (s->model != mi || in_batch(b->rows, n, s)) {
       prev = j;
       pp = &j->next;
       continue;
@@ -219,73 +237,240 @@ static size_t tick_model(mbd_wstate *st, int mi, double now) {
     *pp = j->next;
     if (st->q_tail == j) st->q_tail = prev;
     j->next = NULL;
-    st->rows[n++] = (mbd_wrow){.s = s, .token = j->token, .step = j};
+    b->rows[n++] = (mbd_wrow){.s = s, .token = j->token, .step = j};
   }
-  if (n == 0) return 0;
-  for (size_t i = 0; i < n; i++) {
-    st->bstates[i] = (mbd_bstate *)st->rows[i].s->state;
-    ((mbd_wsess_data *)st->rows[i].s->user)->fresh = false;
-    st->btokens[i] = st->rows[i].token;
+  b->n = n;
+  return n;
+}
+
+/* Puts b's STEPs back at the head of the queue, in their order, and empties
+ * b (built before a launched batch failed: its loops are over now). */
+static void batch_unbuild(mbd_wstate *st, mbd_wbatch *b) {
+  for (size_t i = b->n; i-- > 0;) {
+    mbd_wstep *j = b->rows[i].step;
+    if (!j) continue;
+    j->next = st->q_head;
+    st->q_head = j;
+    if (!st->q_tail) st->q_tail = j;
   }
-  /* Greedy GENERATE rows may take their next token from the device; logits
-   * then come to the host only when a row needs them: STEP replies, sampled
-   * rows, and rows finishing this tick (so a session's logits are current
-   * whenever it is not generating). */
-  bool dev_pick = false, need_logits = false;
-  if (st->be->ops->step_greedy) {
-    for (size_t i = 0; i < n; i++) {
-      mbd_wrow *r = &st->rows[i];
-      const mbd_wsess_data *ws = r->s->user;
-      if (!r->step && ws->gen->sampling.temperature <= 0.0f) dev_pick = true;
+  b->n = 0;
+}
+
+/* Gives each GENERATE row of b its token: the one already picked (by the
+ * device in the last step, or at attach), or one sampled from its session's
+ * logits; a failing pick ends its loop and drops the row. Returns the rows. */
+static size_t batch_tokens(mbd_wstate *st, mbd_wbatch *b) {
+  mbd_wmodel *m = &st->models[b->model];
+  size_t n = 0;
+  for (size_t i = 0; i < b->n; i++) {
+    mbd_wrow r = b->rows[i];
+    if (!r.step) {
+      mbd_wsess_data *ws = r.s->user;
+      mbd_wgen *g = ws->gen;
+      int32_t tok = 0;
+      mbd_error e = {0};
+      if (g->has_next) {
+        tok = (int32_t)g->next;
+        g->has_next = false;
+      } else if (mbd_sampler_pick(m->sampler, &g->sampling, (uint64_t)g->n, ws->logits, &tok,
+                                  &e)) {
+        gen_fail(st, r.s, &e);
+        continue;
+      }
+      g->tokens[g->n++] = tok;
+      r.token = tok;
     }
-    for (size_t i = 0; i < n && dev_pick && !need_logits; i++)
-      need_logits = row_needs_logits(st, &st->rows[i], true);
+    b->rows[n++] = r;
   }
-  mbd_error e = {0};
-  int rc = dev_pick ? st->be->ops->step_greedy(st->be, m->bm, st->bstates, st->btokens,
-                                                (int64_t)n, st->bnext,
-                                                need_logits ? st->blogits : NULL, &e)
-                    : st->be->ops->step(st->be, m->bm, st->bstates, st->btokens, (int64_t)n,
-                                        st->blogits, &e);
-  bool have_logits = !dev_pick || need_logits;
-  double t = mbd_wstate_now(st);
-  for (size_t i = 0; i < n; i++) {
-    mbd_wrow *r = &st->rows[i];
+  b->n = n;
+  return n;
+}
+
+/* Launches b on the backend. Greedy GENERATE rows may take their next token
+ * from the device; logits then come to the host only for the rows that need
+ * them (STEP replies, sampled rows, rows finishing this step), which go
+ * first in the backend's batch so that only their rows are copied. */
+static void batch_launch(mbd_wstate *st, mbd_wbatch *b) {
+  mbd_wmodel *m = &st->models[b->model];
+  bool dev_pick = false;
+  if (mbd_backend_picks(st->be))
+    for (size_t i = 0; i < b->n && !dev_pick; i++) {
+      const mbd_wrow *r = &b->rows[i];
+      dev_pick = !r->step && ((mbd_wsess_data *)r->s->user)->gen->sampling.temperature <= 0.0f;
+    }
+  size_t nl = 0;
+  for (size_t i = 0; i < b->n; i++) {
+    mbd_wrow *r = &b->rows[i];
+    if (!r->step) {
+      const mbd_wgen *g = ((const mbd_wsess_data *)r->s->user)->gen;
+      r->end = gen_end_reason(g, r->token);
+      r->upto = g->n;
+    }
+    r->need_logits = row_needs_logits(st, r, dev_pick);
+    r->copied = false;
+    nl += r->need_logits;
+  }
+  size_t lo = 0, hi = nl;
+  for (size_t i = 0; i < b->n; i++) {
+    mbd_wrow *r = &b->rows[i];
     mbd_wsess_data *ws = r->s->user;
-    const float *row = st->blogits + i * (size_t)m->vocab;
-    r->s->last_used = t;
-    /* Only rows that need them copy their logits out: a tick where a few
-     * rows finish must not copy [n,V] into every session (V floats each). */
-    if (!rc && have_logits && row_needs_logits(st, r, dev_pick)) {
-      memcpy(ws->logits, row, (size_t)m->vocab * sizeof(float));
-      ws->has_logits = true;
-      ws->logits_stale = false;
-    } else if (!rc) {
-      ws->logits_stale = true;
+    r->pos = r->need_logits ? lo++ : hi++;
+    b->states[r->pos] = (mbd_bstate *)r->s->state;
+    b->tokens[r->pos] = r->token;
+    ws->fresh = false;
+    ws->inflight = true;
+    if (!r->step) ws->gen->posting++;
+  }
+  b->dev_pick = dev_pick;
+  b->nlogits = nl;
+  memset(&b->err, 0, sizeof b->err);
+  b->rc = mbd_backend_step_launch(st->be, m->bm, b->states, b->tokens, (int64_t)b->n,
+                                  dev_pick ? b->next : NULL, b->logits, (int64_t)nl, &b->err);
+  b->in_flight = b->rc == MBD_OK;
+  st->fly = b;
+}
+
+/* Row r's logits (batch b) into its session: the flags, and the bytes
+ * unless `late` (the caller copies them afterwards). */
+static void row_logits(const mbd_wstate *st, const mbd_wbatch *b, mbd_wrow *r, bool late) {
+  mbd_wsess_data *ws = r->s->user;
+  int64_t V = st->models[b->model].vocab;
+  if (!late) memcpy(ws->logits, b->logits + r->pos * (size_t)V, (size_t)V * sizeof(float));
+  ws->has_logits = true;
+  ws->logits_stale = false;
+  r->copied = !late;
+}
+
+/* Waits for the launched batch b and takes from it what the next batch
+ * needs: each loop's next token (or the logits a sampled one picks from),
+ * whether it goes on, and whether a PARTIAL is due. Sends nothing. */
+static void batch_settle(mbd_wstate *st, mbd_wbatch *b) {
+  double t0 = mbd_wstate_now(st);
+  if (b->in_flight) b->rc = mbd_backend_step_wait(st->be, &b->err);
+  b->in_flight = false;
+  st->fly = NULL;
+  double t = mbd_wstate_now(st);
+  st->prof.wait += t - t0;
+  for (size_t i = 0; i < b->n; i++) {
+    mbd_wrow *r = &b->rows[i];
+    mbd_wsess_data *ws = r->s->user;
+    ws->inflight = false;
+    if (r->step) continue;
+    mbd_wgen *g = ws->gen;
+    if (b->rc) {
+      g->over = 2;
+      g->fail = b->err;
+    } else if (r->end) {
+      g->over = 1;
+      g->end = r->end;
+    } else {
+      if (b->dev_pick && g->sampling.temperature <= 0.0f) {
+        g->next = b->next[r->pos];
+        g->has_next = true;
+      }
+      if (r->need_logits) row_logits(st, b, r, false); /* the next pick reads them */
     }
-    if (!rc) mbd_wckpt_consumed(r->s, 1);
+  }
+  st->prof.settle += mbd_wstate_now(st) - t;
+}
+
+/* The host work after batch b (settled): STEP replies, PARTIALs, the FINAL
+ * or ERROR of each loop that is over, and logits into the sessions: after
+ * the replies (nothing reads them before this returns; a tick where many
+ * loops end copies [n,V]), unless a checkpoint at a loop's end reads them. */
+static void batch_post(mbd_wstate *st, mbd_wbatch *b) {
+  double t0 = mbd_wstate_now(st);
+  int64_t V = st->models[b->model].vocab;
+  bool late = !mbd_wckpt_enabled(st);
+  double t = mbd_wstate_now(st);
+  for (size_t i = 0; i < b->n; i++) {
+    mbd_wrow *r = &b->rows[i];
+    mbd_wsess_data *ws = r->s->user;
+    r->s->last_used = t;
+    if (!b->rc) {
+      mbd_wckpt_consumed(r->s, 1);
+      if (!r->need_logits) ws->logits_stale = true;
+      else if (!r->copied) row_logits(st, b, r, late);
+    }
     if (r->step) {
-      if (rc) mbd_wreply_err(st, r->step->tag, &e);
-      else mbd_wreply_step_logits(st, r->step->tag, r->step->has_out ? &r->step->out : NULL, row,
-                                  m->vocab);
+      if (b->rc) mbd_wreply_err(st, r->step->tag, &b->err);
+      else mbd_wreply_step_logits(st, r->step->tag, r->step->has_out ? &r->step->out : NULL,
+                                  b->logits + r->pos * (size_t)V, V);
       free(r->step);
       continue;
     }
     mbd_wgen *g = ws->gen;
-    if (rc) {
-      gen_finish(st, r->s, NULL, &e);
-      continue;
+    g->posting--;
+    if (!b->rc && (int64_t)b->n > g->peak_batch) g->peak_batch = (int64_t)b->n;
+    if (!b->rc && !r->end && r->upto - g->sent >= g->partial_every) {
+      mbd_wreply_gen_partial(st, g->tag, g->tokens + g->sent, r->upto - g->sent);
+      g->sent = r->upto;
     }
-    if ((int64_t)n > g->peak_batch) g->peak_batch = (int64_t)n;
-    if (dev_pick && g->sampling.temperature <= 0.0f) {
-      g->next = st->bnext[i];
-      g->has_next = true;
-    }
-    const char *end = gen_end_reason(g, r->token);
-    if (end) gen_finish(st, r->s, end, NULL);
-    else if (g->n - g->sent >= g->partial_every) gen_partial(st, g);
+    if (g->over == 1) gen_finish(st, r->s, g->end, NULL);
+    else if (g->over == 2) gen_finish(st, r->s, NULL, &g->fail);
   }
-  if (rc) MBD_LOGE(LOGC, "batched step of %zu rows failed: %s", n, e.msg);
+  for (size_t i = 0; i < b->n && late && !b->rc; i++) {
+    mbd_wrow *r = &b->rows[i];
+    if (r->need_logits && !r->copied)
+      memcpy(((mbd_wsess_data *)r->s->user)->logits, b->logits + r->pos * (size_t)V,
+             (size_t)V * sizeof(float));
+  }
+  if (b->rc) MBD_LOGE(LOGC, "batched step of %zu rows failed: %s", b->n, b->err.msg);
+  b->n = 0;
+  st->prof.post += mbd_wstate_now(st) - t0;
+}
+
+void mbd_wsched_report(mbd_wstate *st) {
+  mbd_wprof *p = &st->prof;
+  if (p->batches >= REPORT_MIN_BATCHES) {
+    double wall = mbd_wstate_now(st) - p->start;
+    MBD_LOGI(LOGC,
+             "%" PRIu64 " batched steps of %.1f rows on average in %.1f ms: choosing the next "
+             "batch %.1f ms, waiting for the device %.1f ms, then results %.1f ms and tokens + "
+             "launch %.1f ms, replies %.1f ms (overlap %s: choosing and replies while a batch "
+             "computes)",
+             p->batches, (double)p->rows / (double)p->batches, wall * 1e3, p->build * 1e3,
+             p->wait * 1e3, p->settle * 1e3, p->launch * 1e3, p->post * 1e3,
+             st->pipeline ? "on" : "off");
+  }
+  memset(p, 0, sizeof *p);
+}
+
+void mbd_wsched_flush(mbd_wstate *st) {
+  mbd_wbatch *b = st->fly;
+  if (!b) return;
+  batch_settle(st, b);
+  batch_post(st, b);
+}
+
+/* One batched step for model mi: mi's next batch is chosen while the
+ * launched one (of any model) computes, then that one is waited for, the
+ * new one gets its tokens and is launched, and then the first one's host
+ * work runs while the second computes. Without st->pipeline the new batch
+ * is also finished here. Returns the number of rows launched. */
+static size_t tick_model(mbd_wstate *st, int mi, double now) {
+  mbd_wbatch *prev = st->fly;
+  mbd_wbatch *b = prev == &st->batch[0] ? &st->batch[1] : &st->batch[0];
+  double t0 = mbd_wstate_now(st);
+  size_t n = batch_build(st, b, mi, now);
+  st->prof.build += mbd_wstate_now(st) - t0;
+  if (prev) {
+    batch_settle(st, prev);
+    if (prev->rc) { /* its loops are over: choose again */
+      batch_unbuild(st, b);
+      n = batch_build(st, b, mi, now);
+    }
+  }
+  t0 = mbd_wstate_now(st);
+  if (n) n = batch_tokens(st, b);
+  if (n) {
+    batch_launch(st, b);
+    if (!st->prof.batches++) st->prof.start = t0;
+    st->prof.rows += n;
+  }
+  st->prof.launch += mbd_wstate_now(st) - t0;
+  if (prev) batch_post(st, prev);
+  if (n && !st->pipeline) mbd_wsched_flush(st);
   return n;
 }
 
@@ -445,6 +630,7 @@ bool mbd_wsched_tick(mbd_wstate *st) {
 }
 
 bool mbd_wsched_cancel(mbd_wstate *st, uint64_t tag, int code, const char *why) {
+  mbd_wsched_flush(st);
   mbd_error e;
   mbd_error_set(&e, code, "%s", why);
   for (mbd_wjob *j = st->j_head, *prev = NULL; j; prev = j, j = j->next) {
@@ -489,6 +675,7 @@ static void gen_hand_over(mbd_wstate *st, mbd_wsession *s) {
 }
 
 void mbd_wsched_stop_generates(mbd_wstate *st, const char *why) {
+  mbd_wsched_flush(st);
   for (size_t i = 0; i < mbd_wsession_capacity(st->sessions) && st->ngen; i++) {
     mbd_wsession *s = mbd_wsession_at(st->sessions, i);
     mbd_wgen *g = s ? ((mbd_wsess_data *)s->user)->gen : NULL;
@@ -505,6 +692,7 @@ void mbd_wsched_stop_generates(mbd_wstate *st, const char *why) {
 }
 
 void mbd_wsched_fail_pending(mbd_wstate *st, const char *why) {
+  mbd_wsched_flush(st);
   while (st->j_head) {
     mbd_wjob *j = st->j_head;
     job_unlink(st, j, NULL);

@@ -17,6 +17,12 @@
  * backend step answers every request of that batch with the backend's error
  * (a GENERATE ends there) and the next tick serves again.
  *
+ * Overlap (st->pipeline): the backend step is launched, not waited for; the
+ * next tick waits for it, takes what its own batch needs (next tokens, which
+ * loops end), launches that batch, and only then sends the first batch's
+ * replies, so they are the same replies in the same order per request, sent
+ * while the device computes (docs/architecture.md "Overlapped steps").
+ *
  * After the batched steps, a tick runs ONE slice of one FORWARD or PREFILL
  * job (at most o.slice_tokens tokens, whole rows of a FORWARD), and that job
  * goes to the back of the job list: live sessions' steps wait for at most one
@@ -70,9 +76,21 @@ int mbd_wsched_generate_resume(mbd_wstate *st, mbd_wsession *s, uint64_t tag, co
 int mbd_wsched_check_no_step(const mbd_wstate *st, const mbd_wsession *s, mbd_error *err);
 
 /* Runs one batched step per model, then one slice of the oldest job (jobs
- * take turns); returns whether work remains queued. */
+ * take turns); returns whether work remains queued. With st->pipeline the
+ * last batch stays launched when the tick returns: its replies go out with
+ * the next tick, after that tick has launched its own batch, so the host
+ * work of one step runs while the device computes the next. */
 bool mbd_wsched_tick(mbd_wstate *st);
-/* Whether any STEP is queued or GENERATE running. */
+/* Finishes the launched batch, if any: waits for it and sends its replies.
+ * Whatever reads or changes a session that a launched batch steps
+ * (mbd_wsess_data.inflight), or ends requests, calls this first; cancel,
+ * expiry and the shutdown calls below do it themselves. */
+void mbd_wsched_flush(mbd_wstate *st);
+/* Logs how the last busy period's time split (device waits, host work
+ * before and after each launch) when it ran 100 batches or more, and starts
+ * a new one. */
+void mbd_wsched_report(mbd_wstate *st);
+/* Whether any STEP is queued, GENERATE running, job queued or batch launched. */
 bool mbd_wsched_pending(const mbd_wstate *st);
 /* The heartbeat's load: running GENERATEs, plus one when STEPs are queued. */
 uint64_t mbd_wsched_load(const mbd_wstate *st);

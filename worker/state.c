@@ -57,24 +57,30 @@ static void make_uid(char *out, size_t cap) {
 }
 
 static void free_logits(mbd_wstate *st) {
-  if (st->blogits_host) st->be->ops->host_free(st->be, st->blogits); /* before the backend goes */
-  else free(st->blogits);
-  st->blogits = NULL;
-  st->blogits_host = false;
+  for (int i = 0; i < 2; i++) {
+    mbd_wbatch *b = &st->batch[i];
+    if (b->logits_host) st->be->ops->host_free(st->be, b->logits); /* before the backend goes */
+    else free(b->logits);
+    b->logits = NULL;
+    b->logits_host = false;
+  }
 }
 
-/* (Re)allocates the batch logits buffer for max_batch rows of `vocab`. */
+/* (Re)allocates both batches' logits buffers for max_batch rows of `vocab`. */
 static int alloc_logits(mbd_wstate *st, int64_t vocab, mbd_error *err) {
   free_logits(st);
   size_t lbytes = (size_t)st->o.max_batch * (size_t)(vocab > 0 ? vocab : 1) * sizeof(float);
-  if (st->be->ops->host_alloc && lbytes <= PINNED_LOGITS_MAX &&
-      (st->blogits = st->be->ops->host_alloc(st->be, lbytes)))
-    st->blogits_host = true;
-  else
-    st->blogits = calloc(1, lbytes);
-  if (!st->blogits)
-    return mbd_error_set(err, MBD_E_NOMEM, "out of memory for batch logits (--max-batch %d)",
-                         st->o.max_batch);
+  for (int i = 0; i < 2; i++) {
+    mbd_wbatch *b = &st->batch[i];
+    if (st->be->ops->host_alloc && lbytes <= PINNED_LOGITS_MAX &&
+        (b->logits = st->be->ops->host_alloc(st->be, lbytes)))
+      b->logits_host = true;
+    else
+      b->logits = calloc(1, lbytes);
+    if (!b->logits)
+      return mbd_error_set(err, MBD_E_NOMEM, "out of memory for batch logits (--max-batch %d)",
+                           st->o.max_batch);
+  }
   return MBD_OK;
 }
 
@@ -105,14 +111,17 @@ int mbd_wstate_new(const mbd_worker_opts *o, mbd_backend **be, mbd_wclock_fn now
     goto fail;
   if ((rc = mbd_shm_cache_new(SHM_CACHE_ENTRIES, &st->shm, err))) goto fail;
   size_t mb = (size_t)o->max_batch;
-  st->rows = calloc(mb, sizeof *st->rows);
-  st->bstates = calloc(mb, sizeof *st->bstates);
-  st->btokens = calloc(mb, sizeof *st->btokens);
-  st->bnext = calloc(mb, sizeof *st->bnext);
-  if (!st->rows || !st->bstates || !st->btokens || !st->bnext) {
-    rc = mbd_error_set(err, MBD_E_NOMEM, "out of memory for batch buffers (--max-batch %d)",
-                       o->max_batch);
-    goto fail;
+  for (int i = 0; i < 2; i++) {
+    mbd_wbatch *b = &st->batch[i];
+    b->rows = calloc(mb, sizeof *b->rows);
+    b->states = calloc(mb, sizeof *b->states);
+    b->tokens = calloc(mb, sizeof *b->tokens);
+    b->next = calloc(mb, sizeof *b->next);
+    if (!b->rows || !b->states || !b->tokens || !b->next) {
+      rc = mbd_error_set(err, MBD_E_NOMEM, "out of memory for batch buffers (--max-batch %d)",
+                         o->max_batch);
+      goto fail;
+    }
   }
   if ((rc = alloc_logits(st, 1, err))) goto fail;
   *out = st;
@@ -125,6 +134,11 @@ fail:
 void mbd_wstate_destroy(mbd_wstate **pst) {
   if (!pst || !*pst) return;
   mbd_wstate *st = *pst;
+  /* A batch still launched or unanswered (a worker stopped by an error):
+   * the device finishes with it before its sessions go. */
+  if (st->fly && st->fly->in_flight) mbd_backend_step_wait(st->be, NULL);
+  for (int i = 0; i < 2; i++)
+    for (size_t r = 0; r < st->batch[i].n; r++) free(st->batch[i].rows[r].step);
   mbd_wsession_table_destroy(&st->sessions);
   while (st->j_head) {
     mbd_wjob *j = st->j_head;
@@ -144,10 +158,12 @@ void mbd_wstate_destroy(mbd_wstate **pst) {
   mbd_shm_cache_destroy(&st->shm);
   if (st->be) free_logits(st);
   mbd_backend_destroy(&st->be);
-  free(st->rows);
-  free(st->bstates);
-  free(st->btokens);
-  free(st->bnext);
+  for (int i = 0; i < 2; i++) {
+    free(st->batch[i].rows);
+    free(st->batch[i].states);
+    free(st->batch[i].tokens);
+    free(st->batch[i].next);
+  }
   free(st);
   *pst = NULL;
 }

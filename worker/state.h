@@ -54,11 +54,20 @@ typedef struct mbd_wgen {
   int64_t *tokens; /* generated so far, max_tokens entries */
   int64_t n;       /* count */
   int64_t sent;    /* tokens already streamed in PARTIALs */
-  int64_t next;    /* greedy: the next token, picked on the device by the last step */
+  int64_t next;    /* the next token, already picked (on the device by the last step, or
+                      from the session's logits when the loop was attached) */
   bool has_next;
   int64_t peak_batch; /* most rows of any batched step this loop ran in (FINAL reports it) */
   bool has_out;       /* the tokens also go to `out` (shm or CUDA IPC, I64 [max_tokens]) */
   mbd_tensor_ref out;
+  /* Pipelined steps (worker/scheduler.c): a loop's replies go out with the
+   * host work of its batch, which runs after the next batch is launched. */
+  int posting;     /* rows of this loop waiting for that host work (one launched batch and
+                      the one before it) */
+  int over;        /* 0: goes on; 1: ended with `end` (FINAL); 2: failed with `fail` (ERROR):
+                      answered by that host work, never stepped again */
+  const char *end; /* "stop" or "length" */
+  mbd_error fail;
 } mbd_wgen;
 
 /* Worker-side session data (mbd_wsession.user). */
@@ -70,6 +79,7 @@ typedef struct mbd_wsess_data {
   int64_t ckpt_tokens; /* tokens consumed since the last checkpoint (worker/checkpoint.h) */
   double ckpt_at;      /* clock seconds of the last checkpoint */
   bool fresh;        /* opened by OPEN, nothing consumed yet: a PREFILL may use the prefix cache */
+  bool inflight;     /* a row of the launched batch steps it (mbd_wsched_flush first) */
 } mbd_wsess_data;
 
 /* A queued STEP request. */
@@ -109,8 +119,46 @@ typedef struct mbd_wjob {
 typedef struct mbd_wrow {
   mbd_wsession *s;
   int64_t token;
-  mbd_wstep *step; /* NULL for a GENERATE row */
+  mbd_wstep *step;  /* NULL for a GENERATE row */
+  size_t pos;       /* its row in the backend's batch (rows that need logits come first) */
+  bool need_logits; /* its logits come to the host */
+  bool copied;      /* ... and are in its session already (a loop that samples from them) */
+  const char *end;  /* GENERATE: why the loop ends after this step, or NULL */
+  int64_t upto;     /* GENERATE: its token count after this step */
 } mbd_wrow;
+
+/* One batched step of one model, from its launch to the host work after it
+ * (replies, logits to the sessions), which runs while the next batch
+ * computes. Arrays of max_batch rows; states, tokens, next and logits in
+ * the backend's row order (mbd_wrow.pos). */
+typedef struct mbd_wbatch {
+  mbd_wrow *rows;       /* in the order the scheduler took them */
+  size_t n;             /* rows; 0: the batch is free */
+  int model;            /* index in models[] */
+  mbd_bstate **states;
+  int64_t *tokens;
+  int64_t *next;        /* device-picked greedy tokens */
+  float *logits;        /* [max_batch, max_vocab]: the first nlogits rows come back */
+  bool logits_host;     /* logits came from be->ops->host_alloc (page-locked) */
+  size_t nlogits;
+  bool dev_pick;        /* the backend picks the greedy rows' next tokens */
+  bool in_flight;       /* launched, not waited for */
+  int rc;               /* the step's status once waited for */
+  mbd_error err;
+} mbd_wbatch;
+
+/* Where the compute thread's time went over one busy period (clock
+ * seconds), for the line the worker logs when it goes idle
+ * (mbd_wsched_report). */
+typedef struct mbd_wprof {
+  double start;  /* clock at the period's first batch; 0: none yet */
+  uint64_t batches, rows;
+  double build;  /* choosing the next batch's rows (while the launched one computes) */
+  double wait;   /* in step_wait: the host waited for the device */
+  double settle; /* after the wait, taking what the next batch needs */
+  double launch; /* tokens and launch of the next batch (the device idles meanwhile) */
+  double post;   /* replies and logits of a batch, while the next one computes */
+} mbd_wprof;
 
 /* Monotonic seconds. */
 typedef double (*mbd_wclock_fn)(void *ctx);
@@ -133,12 +181,10 @@ typedef struct mbd_wstate {
   /* scheduler (worker/scheduler.c) */
   mbd_wstep *q_head, *q_tail; /* queued STEPs, FIFO */
   size_t ngen;                /* active GENERATE loops */
-  mbd_wrow *rows;             /* max_batch */
-  mbd_bstate **bstates;       /* max_batch */
-  int64_t *btokens;           /* max_batch */
-  int64_t *bnext;             /* max_batch: device-picked greedy tokens */
-  float *blogits;             /* max_batch * max_vocab */
-  bool blogits_host;          /* blogits came from be->ops->host_alloc (page-locked) */
+  mbd_wbatch batch[2];        /* the launched batch and the one whose host work follows */
+  mbd_wbatch *fly;            /* the launched batch not waited for, or NULL */
+  bool pipeline;              /* a batch stays in flight past the tick (worker.c sets it) */
+  mbd_wprof prof;             /* this busy period's time split */
   size_t rr;                  /* round-robin start over session slots */
   mbd_wjob *j_head, *j_tail;  /* sliced FORWARD/PREFILL jobs, round-robin one slice per tick */
   size_t njobs;

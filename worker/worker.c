@@ -13,6 +13,7 @@
 #include "common/wire.h"
 #include "kernels/backend.h"
 #include "worker/conn.h"
+#include "worker/checkpoint.h"
 #include "worker/handlers.h"
 #include "worker/prefix_job.h"
 #include "worker/reply.h"
@@ -86,6 +87,10 @@ int mbd_worker_new(const mbd_worker_opts *o, mbd_worker **out, mbd_error *err) {
   if ((rc = mbd_backend_new(o->backend, &bo, &be, err))) goto fail;
   if ((rc = mbd_wstate_new(o, &be, now_s, NULL, drop_send, NULL, &w->st, err))) goto fail;
   if ((rc = mbd_wmodels_load(w->st, o, err))) goto fail;
+  /* A step's replies go out while the next step computes; a checkpointing
+   * worker keeps them in order with its checkpoints instead (a checkpoint
+   * covers only tokens already replied). */
+  w->st->pipeline = o->overlap_steps && !mbd_wckpt_enabled(w->st);
   *out = w;
   return MBD_OK;
 fail:
@@ -175,7 +180,9 @@ int mbd_worker_run(mbd_worker *w, volatile sig_atomic_t *stop, mbd_error *err) {
       break;
     }
     if (pr > 0 && drain(w) > 0) last_msg = mbd_wstate_now(st);
+    bool was_busy = busy;
     busy = mbd_wsched_tick(st);
+    if (was_busy && !busy) mbd_wsched_report(st);
     mbd_wconn_publish(w->conn, mbd_wsched_load(st), (uint64_t)mbd_wsession_count(st->sessions));
     publish_prefix(w);
     t = mbd_wstate_now(st);

@@ -290,9 +290,9 @@ int mbd_backend_cpu_new(const mbd_backend_opts *opts, mbd_backend **out, mbd_err
                          "the CPU backend stores weights as f32, bf16 or f16; tf32 is a GPU policy");
   if (opts->state != MBD_STATE_F32)
     return mbd_error_set(err, MBD_E_UNSUPPORTED,
-                         "state dtype %s is supported for Mamba-2 on CUDA only; the CPU backend "
-                         "keeps an f32 state (--state-dtype f32)",
-                         mbd_state_dtype_name(opts->state));
+                         "state dtype %s is supported for %s; the CPU backend keeps an f32 "
+                         "state (--state-dtype f32)",
+                         mbd_state_dtype_name(opts->state), mbd_state_dtype_where(opts->state));
   cpu_backend *c = calloc(1, sizeof *c);
   if (!c) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for the CPU backend");
   c->opts = *opts;

@@ -48,7 +48,10 @@ typedef struct ipc_entry {
   uint64_t used;                     /* LRU clock */
 } ipc_entry;
 
+typedef struct cuda_backend cuda_backend;
+
 typedef struct cuda_model {
+  cuda_backend *c;            /* the backend that loaded it */
   const mbd_gpu_model_ops *f; /* the family's GPU implementation */
   void *m;                    /* its model */
   int64_t vocab;
@@ -66,7 +69,17 @@ typedef struct cuda_state {
   int64_t pos;
 } cuda_state;
 
-typedef struct cuda_backend {
+/* A step launched by step_launch that step_wait has not collected yet. */
+typedef struct pending_step {
+  cuda_model *cm; /* its model; NULL: none */
+  int64_t *next;  /* the caller's next[n], or NULL */
+  int64_t n;
+  bool done;      /* already waited for (another call needed the device): status below */
+  int rc;
+  mbd_error err;
+} pending_step;
+
+struct cuda_backend {
   mbd_backend base;
   mbd_backend_opts opts;
   mbd_gpu_ctx *ctx;
@@ -77,7 +90,8 @@ typedef struct cuda_backend {
   addr_range_fn addr_range; /* cuMemGetAddressRange, or NULL (IPC refused) */
   uint64_t ipc_hits;        /* cached handle lookups, and their summed time */
   double ipc_hit_us;
-} cuda_backend;
+  pending_step pend;        /* the launched step, if any */
+};
 
 static cuda_backend *impl(mbd_backend *b) { return (cuda_backend *)b->impl; }
 
@@ -86,8 +100,22 @@ static int cu_err(mbd_error *err, cudaError_t e, const char *what) {
                        cudaGetErrorString(e));
 }
 
+/* Waits for the launched step (if any) and keeps its status for step_wait:
+ * every other call starts here, so it runs after that step and never
+ * touches the family's staging while the step still reads it. */
+static void settle(cuda_backend *c) {
+  pending_step *p = &c->pend;
+  if (!p->cm || p->done) return;
+  cuda_model *cm = p->cm;
+  memset(&p->err, 0, sizeof p->err);
+  p->rc = cm->f->step_wait(cm->m, p->next ? cm->next : NULL, &p->err);
+  for (int64_t i = 0; i < p->n && !p->rc && p->next; i++) p->next[i] = cm->next[i];
+  p->done = true;
+}
+
 static void cuda_destroy(mbd_backend *b) {
   cuda_backend *c = impl(b);
+  settle(c);
   for (int i = 0; i < c->nipc; i++) {
     if (c->ipc[i].is_event) cudaEventDestroy(c->ipc[i].event);
     else cudaIpcCloseMemHandle(c->ipc[i].base);
@@ -146,6 +174,7 @@ static int cuda_gemm(mbd_backend *b, int64_t M, int64_t N, int64_t K, mbd_dtype 
                      const void *A, mbd_dtype b_dtype, const void *B, const float *bias, float *C,
                      mbd_error *err) {
   cuda_backend *c = impl(b);
+  settle(c);
   mbd_dtype dt = policy_dtype(c->opts.policy);
   if (a_dtype != dt || b_dtype != dt)
     return mbd_error_set(err, MBD_E_INVALID,
@@ -189,6 +218,8 @@ fail:
 static void cuda_model_destroy(mbd_backend *b, mbd_bmodel *bm) {
   cuda_model *cm = (cuda_model *)bm;
   if (!cm) return;
+  settle(impl(b));
+  if (impl(b)->pend.cm == cm) impl(b)->pend.cm = NULL; /* its status dies with it */
   if (cm->f) cm->f->destroy(cm->m);
   free(cm->free_slots);
   free(cm->tok);
@@ -202,18 +233,26 @@ static int cuda_model_load(mbd_backend *b, const char *dir, mbd_bmodel **out, mb
   int rc;
   const mbd_model_family *fam = NULL;
   *out = NULL;
+  settle(c);
   if ((rc = mbd_model_family_detect(dir, &fam, err))) return rc;
   const mbd_gpu_model_ops *f = mbd_gpu_model_ops_find(fam->name);
   if (!f)
     return mbd_error_set(err, MBD_E_UNSUPPORTED,
                          "model %s: the %s family has no CUDA implementation in this build", dir,
                          fam->name);
+  if (!(f->state_dtypes & (1u << c->opts.state)))
+    return mbd_error_set(err, MBD_E_UNSUPPORTED,
+                         "model %s: state dtype %s is supported for %s; the %s family keeps an "
+                         "f32 state (--state-dtype f32)",
+                         dir, mbd_state_dtype_name(c->opts.state),
+                         mbd_state_dtype_where(c->opts.state), fam->name);
   cuda_model *cm = calloc(1, sizeof *cm);
   if (!cm) return mbd_error_set(err, MBD_E_NOMEM, "out of memory for a model");
   mbd_gpu_model_opts o = {.dtype = policy_dtype(c->opts.policy), .max_batch = c->opts.max_batch,
                           .use_graphs = 1, .progress = c->opts.progress};
   if ((rc = f->load(c->ctx, dir, &o, &cm->m, err))) goto fail;
   cm->f = f;
+  cm->c = c;
   cm->vocab = f->vocab(cm->m);
   cm->fwd_slots = c->opts.max_batch;
   cm->fwd_base = c->sessions;
@@ -247,6 +286,7 @@ static int64_t cuda_model_vocab(const mbd_bmodel *m) { return ((const cuda_model
 static int cuda_forward(mbd_backend *b, mbd_bmodel *bm, const int64_t *ids, int64_t B, int64_t T,
                         bool last_only, float *logits, mbd_error *err) {
   cuda_model *cm = (cuda_model *)bm;
+  settle(impl(b));
   if (B < 1 || T < 1 || T > INT32_MAX || B > INT64_MAX / T)
     return mbd_error_set(err, MBD_E_SHAPE, "forward needs B >= 1 and 1 <= T < 2^31");
   int64_t chunk = cm->fwd_slots;
@@ -273,6 +313,7 @@ static int cuda_forward(mbd_backend *b, mbd_bmodel *bm, const int64_t *ids, int6
 static int cuda_state_new(mbd_backend *b, mbd_bmodel *bm, mbd_bstate **out, mbd_error *err) {
   cuda_model *cm = (cuda_model *)bm;
   *out = NULL;
+  settle(impl(b));
   if (cm->nfree == 0)
     return mbd_error_set(err, MBD_E_BUSY, "all %lld device state slots are in use: close sessions "
                          "or raise --sessions", (long long)impl(b)->sessions);
@@ -304,6 +345,7 @@ static size_t cuda_state_bytes(const mbd_bstate *bs) {
 
 static int cuda_state_save(const mbd_bstate *bs, void *dst, size_t cap, mbd_error *err) {
   const cuda_state *s = (const cuda_state *)bs;
+  settle(s->cm->c);
   size_t need = cuda_state_bytes(bs);
   if (cap < need)
     return mbd_error_set(err, MBD_E_TOO_LARGE, "state export needs %zu bytes, buffer has %zu", need,
@@ -316,6 +358,7 @@ static int cuda_state_save(const mbd_bstate *bs, void *dst, size_t cap, mbd_erro
 
 static int cuda_state_load(mbd_bstate *bs, const void *src, size_t len, mbd_error *err) {
   cuda_state *s = (cuda_state *)bs;
+  settle(s->cm->c);
   const unsigned char *p = src;
   int64_t pos;
   mbd_state_shape shape = s->cm->f->state_shape(s->cm->m);
@@ -334,7 +377,7 @@ static int cuda_state_load(mbd_bstate *bs, const void *src, size_t len, mbd_erro
 static int cuda_prefill_batch(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states,
                               int64_t n, const int64_t *ids, int64_t T, bool last_only,
                               float *logits, mbd_error *err) {
-  (void)b;
+  settle(impl(b));
   cuda_model *cm = (cuda_model *)bm;
   if (T < 1 || T > INT32_MAX || n < 1 || n > INT32_MAX || n > INT64_MAX / T)
     return mbd_error_set(err, MBD_E_SHAPE, "prefill needs 1..2^31-1 rows of 1..2^31-1 tokens");
@@ -365,6 +408,7 @@ static int step_impl(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states,
                      mbd_error *err) {
   cuda_backend *c = impl(b);
   cuda_model *cm = (cuda_model *)bm;
+  settle(c);
   if (n < 1 || n > c->opts.max_batch)
     return mbd_error_set(err, MBD_E_INVALID, "step batch of %lld outside 1..%d", (long long)n,
                          c->opts.max_batch);
@@ -378,6 +422,43 @@ static int step_impl(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states,
     if (next) next[i] = cm->next[i];
   }
   return MBD_OK;
+}
+
+/* The split step: the family's step_launch where it has one (the states
+ * count their token from here), else the whole step now. */
+static int cuda_step_launch(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states,
+                            const int64_t *tokens, int64_t n, int64_t *next, float *logits,
+                            int64_t nlogits, mbd_error *err) {
+  cuda_backend *c = impl(b);
+  cuda_model *cm = (cuda_model *)bm;
+  if (c->pend.cm)
+    return mbd_error_set(err, MBD_E_STATE, "step launched before the last one was waited for");
+  if (nlogits < 0 || nlogits > n)
+    return mbd_error_set(err, MBD_E_INVALID, "%lld logits rows of a step of %lld",
+                         (long long)nlogits, (long long)n);
+  if (!cm->f->step_launch)
+    return step_impl(b, bm, states, tokens, n, next, nlogits > 0 ? logits : NULL, err);
+  if (n < 1 || n > c->opts.max_batch)
+    return mbd_error_set(err, MBD_E_INVALID, "step batch of %lld outside 1..%d", (long long)n,
+                         c->opts.max_batch);
+  int rc = mbd_backend_tokens_i32(tokens, n, cm->vocab, cm->tok, err);
+  if (rc) return rc;
+  for (int64_t i = 0; i < n; i++) cm->slots[i] = (int32_t)((cuda_state *)states[i])->slot;
+  rc = cm->f->step_launch(cm->m, (int)n, cm->tok, cm->slots, logits, (int)nlogits, err);
+  if (rc) return rc;
+  for (int64_t i = 0; i < n; i++) ((cuda_state *)states[i])->pos++;
+  c->pend = (pending_step){.cm = cm, .next = next, .n = n};
+  return MBD_OK;
+}
+
+static int cuda_step_wait(mbd_backend *b, mbd_error *err) {
+  cuda_backend *c = impl(b);
+  if (!c->pend.cm) return MBD_OK; /* nothing launched, or the step ran whole at launch */
+  settle(c);
+  int rc = c->pend.rc;
+  if (rc && err) *err = c->pend.err;
+  c->pend.cm = NULL;
+  return rc;
 }
 
 static int cuda_step(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states,
@@ -527,6 +608,7 @@ static int ipc_copy(cuda_backend *c, void *dst, const void *src, size_t n, enum 
 static int cuda_ipc_map(mbd_backend *b, const mbd_tensor_ref *r, size_t nbytes, void **dev,
                         mbd_error *err) {
   char *p = NULL;
+  settle(impl(b));
   int rc = ipc_resolve(impl(b), r, nbytes, &p, err);
   *dev = rc ? NULL : p;
   return rc;
@@ -536,6 +618,7 @@ static int cuda_ipc_read(mbd_backend *b, const mbd_tensor_ref *r, void *dst, siz
                          mbd_error *err) {
   cuda_backend *c = impl(b);
   char *p = NULL;
+  settle(c);
   int rc = ipc_resolve(c, r, nbytes, &p, err);
   if (rc || nbytes == 0) return rc;
   return ipc_copy(c, dst, p, nbytes, cudaMemcpyDeviceToHost, err);
@@ -545,6 +628,7 @@ static int cuda_ipc_write(mbd_backend *b, const mbd_tensor_ref *r, const void *s
                           mbd_error *err) {
   cuda_backend *c = impl(b);
   char *p = NULL;
+  settle(c);
   int rc = ipc_resolve(c, r, nbytes, &p, err);
   if (rc || nbytes == 0) return rc;
   return ipc_copy(c, p, src, nbytes, cudaMemcpyHostToDevice, err);
@@ -568,7 +652,7 @@ static void *cuda_host_alloc(mbd_backend *b, size_t bytes) {
 }
 
 static void cuda_host_free(mbd_backend *b, void *p) {
-  (void)b;
+  settle(impl(b)); /* the launched step may still copy into it */
   if (p) cudaFreeHost(p);
 }
 
@@ -583,27 +667,28 @@ static size_t cuda_stash_bytes(mbd_backend *b, mbd_bmodel *bm) {
 }
 static int cuda_stash_new(mbd_backend *b, mbd_bmodel *bm, mbd_bstash **out, mbd_error *err) {
   cuda_model *cm = (cuda_model *)bm;
+  settle(impl(b));
   return mbd_state_stash_new(impl(b)->ctx, cm->f, cm->m, cm->fwd_base, (mbd_state_stash **)out,
                              err);
 }
 static void cuda_stash_free(mbd_backend *b, mbd_bstash *st) {
-  (void)b;
+  settle(impl(b));
   mbd_state_stash *p = (mbd_state_stash *)st;
   mbd_state_stash_free(&p);
 }
 static int cuda_stash_save(mbd_backend *b, mbd_bstash *st, const mbd_bstate *bs, mbd_error *err) {
-  (void)b;
+  settle(impl(b));
   const cuda_state *s = (const cuda_state *)bs;
   return mbd_state_stash_save((mbd_state_stash *)st, s->cm->m, s->slot, s->pos, err);
 }
 static int cuda_stash_load(mbd_backend *b, mbd_bstate *bs, const mbd_bstash *st, mbd_error *err) {
-  (void)b;
+  settle(impl(b));
   cuda_state *s = (cuda_state *)bs;
   return mbd_state_stash_load((const mbd_state_stash *)st, s->cm->m, s->slot, &s->pos, err);
 }
 static int cuda_stash_export(mbd_backend *b, const mbd_bstash *st, void *dst, size_t cap,
                              mbd_error *err) {
-  (void)b;
+  settle(impl(b));
   return mbd_state_stash_export((const mbd_state_stash *)st, dst, cap, err);
 }
 
@@ -624,6 +709,8 @@ static const mbd_backend_ops k_cuda_ops = {
     .prefill = cuda_prefill,
     .step = cuda_step,
     .step_greedy = cuda_step_greedy,
+    .step_launch = cuda_step_launch,
+    .step_wait = cuda_step_wait,
     .ipc_map = cuda_ipc_map,
     .ipc_read = cuda_ipc_read,
     .ipc_write = cuda_ipc_write,

@@ -65,6 +65,15 @@ static int m1_step(void *model, int n, const int32_t *tokens, const int32_t *slo
   return mbd_mamba1_gpu_step(model, n, tokens, slots, NULL, next, logits, err);
 }
 
+static int m1_step_launch(void *model, int n, const int32_t *tokens, const int32_t *slots,
+                          float *logits, int nlogits, mbd_error *err) {
+  return mbd_mamba1_gpu_step_launch(model, n, tokens, slots, NULL, logits, nlogits, err);
+}
+
+static int m1_step_wait(void *model, int32_t *next, mbd_error *err) {
+  return mbd_mamba1_gpu_step_wait(model, next, err);
+}
+
 static int m1_slot_regions(void *model, int64_t slot, mbd_gpu_region *out, mbd_error *err) {
   void *ptr[2];
   size_t bytes[2];
@@ -88,6 +97,9 @@ static const mbd_gpu_model_ops k_mamba1 = {
     .prefill = m1_prefill,
     .step = m1_step,
     .slot_regions = m1_slot_regions,
+    .step_launch = m1_step_launch,
+    .step_wait = m1_step_wait,
+    .state_dtypes = 1u << MBD_STATE_F32,
 };
 
 static const mbd_gpu_model_ops *const k_families[] = {&k_mamba1, &mbd_mamba2_gpu_ops,

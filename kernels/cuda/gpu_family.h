@@ -59,6 +59,17 @@ typedef struct mbd_gpu_model_ops {
    * returns their count (>= 1), or a negative status for a bad slot. Copying
    * them into another slot's regions gives that slot the same state. */
   int (*slot_regions)(void *model, int64_t slot, mbd_gpu_region *out, mbd_error *err);
+  /* Optional (NULL: step, synchronously): step in two halves. step_launch
+   * enqueues it (inputs read before it returns) with the copy of logits rows
+   * [0, nlogits) into host logits, and returns; step_wait waits and writes
+   * greedy next[n] (may be NULL). Nothing else runs on the model between. */
+  int (*step_launch)(void *model, int n, const int32_t *tokens, const int32_t *slots,
+                     float *logits, int nlogits, mbd_error *err);
+  int (*step_wait)(void *model, int32_t *next, mbd_error *err);
+  /* The recurrent state storages the family keeps: bit (1u << mbd_state_dtype)
+   * each. The backend refuses a model whose family lacks its context's
+   * (load assumes it was checked). */
+  uint32_t state_dtypes;
 } mbd_gpu_model_ops;
 
 /* The GPU implementation of the family `name`, or NULL when none is built. */

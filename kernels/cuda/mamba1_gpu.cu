@@ -73,11 +73,6 @@ static int model_alloc(mbd_gpu_ctx *ctx, const mbd_mamba_config *cfg,
   if (rid.state_capacity < 1)
     return mbd_error_set(err, MBD_E_INVALID, "model: context state capacity %lld < 1",
                          (long long)rid.state_capacity);
-  if (rid.state != MBD_STATE_F32)
-    return mbd_error_set(err, MBD_E_UNSUPPORTED,
-                         "model: state dtype %s is supported for Mamba-2 on CUDA only; "
-                         "Mamba-1 keeps an f32 state (--state-dtype f32)",
-                         mbd_state_dtype_name(rid.state));
   if (cfg->d_conv < 2 || cfg->d_conv > 8 ||
       (cfg->d_state != 4 && cfg->d_state != 8 && cfg->d_state != 16 && cfg->d_state != 32))
     return mbd_error_set(err, MBD_E_UNSUPPORTED,

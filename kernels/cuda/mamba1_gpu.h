@@ -72,8 +72,10 @@ void mbd_mamba1_gpu_options_default(mbd_mamba1_gpu_options *o);
 
 /* Loads DIR/config.json and DIR/model.safetensors, or the shards listed in
  * DIR/model.safetensors.index.json (Hugging Face layout, mbd_st_dir_open),
- * onto ctx's device. State slots: the context's state capacity (route identity).
- * The model borrows ctx, which must outlive it. */
+ * onto ctx's device. State slots: the context's state capacity (route identity),
+ * kept in f32 (a context with another state dtype is the caller's to refuse:
+ * the CUDA backend asks gpu_family.h state_dtypes). The model borrows ctx,
+ * which must outlive it. */
 int mbd_mamba1_gpu_load(mbd_gpu_ctx *ctx, const char *dir, const mbd_mamba1_gpu_options *opts,
                         mbd_mamba1_gpu **out, mbd_error *err);
 /* Frees device memory and graphs; NULL-safe; nulls *m. */
@@ -135,6 +137,15 @@ typedef struct mbd_mamba1_gpu_pick {
 int mbd_mamba1_gpu_step(mbd_mamba1_gpu *m, int n, const int32_t *tokens, const int32_t *slots,
                         const mbd_mamba1_gpu_pick *picks, int32_t *next, float *logits,
                         mbd_error *err);
+
+/* mbd_mamba1_gpu_step in two halves: launch enqueues the step (inputs read
+ * before it returns) and the copy of logits rows [0, nlogits) into host
+ * logits (0: none), and returns; wait waits for it and writes next[n] (may
+ * be NULL). Between the two nothing else may run on m. */
+int mbd_mamba1_gpu_step_launch(mbd_mamba1_gpu *m, int n, const int32_t *tokens,
+                               const int32_t *slots, const mbd_mamba1_gpu_pick *picks,
+                               float *logits, int nlogits, mbd_error *err);
+int mbd_mamba1_gpu_step_wait(mbd_mamba1_gpu *m, int32_t *next, mbd_error *err);
 
 /* Turns graph replay on or off; off also destroys the captured graphs (needed
  * after a GEMM-mode change, since a graph replays only under its route). */

@@ -56,6 +56,7 @@ struct mbd_mamba1_gpu {
   cudaEvent_t step_ev[MBD_MAMBA1_GPU_STEP_EVENTS]; /* options: stage events, or all NULL */
   void *dp_trace;        /* options: the persistent decode's stage trace buffer, or NULL */
   int marking;           /* inside a persistent step_body with step events */
+  int pending;           /* rows of a launched step not yet waited for (0: none) */
 };
 
 extern "C" {

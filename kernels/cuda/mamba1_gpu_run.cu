@@ -243,6 +243,17 @@ static int step_body(mbd_mamba1_gpu *m, int rows, mbd_error *err) {
 extern "C" int mbd_mamba1_gpu_step(mbd_mamba1_gpu *m, int n, const int32_t *tokens,
                                    const int32_t *slots, const mbd_mamba1_gpu_pick *picks,
                                    int32_t *next, float *logits, mbd_error *err) {
+  int rc = mbd_mamba1_gpu_step_launch(m, n, tokens, slots, picks, logits, logits ? n : 0, err);
+  return rc ? rc : mbd_mamba1_gpu_step_wait(m, next, err);
+}
+
+extern "C" int mbd_mamba1_gpu_step_launch(mbd_mamba1_gpu *m, int n, const int32_t *tokens,
+                                          const int32_t *slots, const mbd_mamba1_gpu_pick *picks,
+                                          float *logits, int nlogits, mbd_error *err) {
+  if (m->pending)
+    return mbd_error_set(err, MBD_E_STATE, "step: the last launched step was not waited for");
+  if (nlogits < 0 || nlogits > n || (nlogits && !logits))
+    return mbd_error_set(err, MBD_E_INVALID, "step: %d logits rows of a batch of %d", nlogits, n);
   if (n < 1 || n > m->max_batch)
     return mbd_error_set(err, MBD_E_INVALID, "step: batch %d outside 1..%d", n, m->max_batch);
   int rc = check_batch(m, n, slots, n, tokens, err);
@@ -278,11 +289,19 @@ extern "C" int mbd_mamba1_gpu_step(mbd_mamba1_gpu *m, int n, const int32_t *toke
   } else if ((rc = step_body(m, rows, err))) {
     return rc;
   }
-  if (logits)
-    MBD_GPU_CHECK(cudaMemcpyAsync(logits, m->logits, (size_t)n * m->cfg.vocab_size * 4,
+  if (nlogits)
+    MBD_GPU_CHECK(cudaMemcpyAsync(logits, m->logits, (size_t)nlogits * m->cfg.vocab_size * 4,
                                   cudaMemcpyDeviceToHost, s),
                   err);
-  MBD_GPU_CHECK(cudaStreamSynchronize(s), err);
+  m->pending = n;
+  return 0;
+}
+
+extern "C" int mbd_mamba1_gpu_step_wait(mbd_mamba1_gpu *m, int32_t *next, mbd_error *err) {
+  const int n = m->pending;
+  if (!n) return mbd_error_set(err, MBD_E_STATE, "step: no launched step to wait for");
+  m->pending = 0;
+  MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
   if (next) memcpy(next, m->h_next, (size_t)n * 4);
   return 0;
 }

@@ -635,4 +635,7 @@ extern "C" const mbd_gpu_model_ops mbd_mamba2_gpu_ops = {
     /* .prefill = */ m2_prefill,
     /* .step = */ m2_step,
     /* .slot_regions = */ m2_slot_regions,
+    /* .step_launch = */ NULL, /* steps run whole (step) */
+    /* .step_wait = */ NULL,
+    /* .state_dtypes = */ (1u << MBD_STATE_F32) | (1u << MBD_STATE_BF16),
 };

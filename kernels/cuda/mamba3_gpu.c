@@ -143,13 +143,6 @@ int mbd_mamba3_gpu_load(mbd_gpu_ctx *ctx, const char *dir, mbd_dtype dtype, int 
                            .headdim = c->headdim, .d_state = c->d_state, .ngroups = c->ngroups,
                            .angles = c->angles, .a_floor = c->a_floor, .eps = c->eps};
   if ((rc = mbd_gpu_ctx_route(ctx, &rid, err))) goto fail;
-  if (rid.state != MBD_STATE_F32) {
-    rc = mbd_error_set(err, MBD_E_UNSUPPORTED,
-                       "model %s: state dtype %s is supported for Mamba-2 on CUDA only; "
-                       "Mamba-3 keeps an f32 state (--state-dtype f32)",
-                       dir, mbd_state_dtype_name(rid.state));
-    goto fail;
-  }
   m->nslots = rid.state_capacity;
   m->slot_floats = (int64_t)c->n_layer * c->heads *
                    ((int64_t)c->angles + (int64_t)c->headdim * c->d_state + c->d_state +
@@ -400,4 +393,5 @@ const mbd_gpu_model_ops mbd_mamba3_gpu_ops = {
     .prefill = f_prefill,
     .step = f_step,
     .slot_regions = f_slot_regions,
+    .state_dtypes = 1u << MBD_STATE_F32,
 };

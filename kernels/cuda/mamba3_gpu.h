@@ -23,7 +23,8 @@
 typedef struct mbd_mamba3_gpu mbd_mamba3_gpu;
 
 /* Loads DIR on ctx (borrowed; must outlive the model) with decode batches up
- * to max_batch (<= 0: 256). */
+ * to max_batch (<= 0: 256). The state is f32 (a context with another state
+ * dtype is the caller's to refuse: gpu_family.h state_dtypes). */
 int mbd_mamba3_gpu_load(mbd_gpu_ctx *ctx, const char *dir, mbd_dtype dtype, int max_batch,
                         mbd_mamba3_gpu **out, mbd_error *err);
 void mbd_mamba3_gpu_destroy(mbd_mamba3_gpu **m);

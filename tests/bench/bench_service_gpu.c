@@ -8,12 +8,15 @@
  * "in-proc greedy" only the picked tokens, as bench_mamba1_gpu); then the
  * cost per GEMM request of CUDA IPC inputs vs inline frames for 4 KiB, 1 MiB
  * and 256 MiB operands (IPC: first request opens the handle, the rest hit
- * the worker's cache).
+ * the worker's cache); last, the sessions table again from a worker started
+ * with --overlap-steps 0 (each batched step's replies sent before the next
+ * step is launched instead of while it computes), for comparison.
  * Usage: bench_service_gpu BIN_DIR MODEL_DIR [gen_tokens] (default 512: the
  * sessions' start and finish then weigh little against the steady state)
  * (MODEL_DIR: e.g. `mambad-model synth --shape 130m --dtype bf16 --out DIR`).
  * Medians of repeated runs; exits 77 without a device. */
 #include <cuda_runtime_api.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,6 +142,35 @@ static double service_tps(wh *h, int n, int G, int V) {
   return (double)n * G / median(t, 3);
 }
 
+/* Workers the broker lists (STATUS), or -1. */
+static int worker_count(wh *h) {
+  wh_pack p;
+  wh_pack_init(&p);
+  msgpack_pack_map(&p.pk, 0);
+  mbd_msg *m = wh_call(h, MBD_CMD_STATUS, &p.sb, 0, NULL, NULL);
+  int n = -1;
+  if (m && mbd_msg_cmd(m) == MBD_CMD_FINAL) {
+    mbd_body *b = wh_body(m);
+    const msgpack_object *ws = mbd_obj_get(mbd_body_root(b), "workers");
+    n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? (int)ws->via.array.size : 0;
+    mbd_body_destroy(&b);
+  }
+  mbd_msg_destroy(&m);
+  return n;
+}
+
+/* The sessions table: service tok/s at each batch next to in-process. */
+static void sessions_table(wh *h, const mbd_mamba_config *cfg, int G, double inproc[4][2]) {
+  printf("%8s | %14s | %14s | %14s | %9s | %9s\n", "sessions", "service tok/s", "in-proc logits",
+         "in-proc greedy", "svc/logits", "svc/greedy");
+  for (int k = 0; k < 4; k++) {
+    double s = service_tps(h, k_batches[k], G, cfg->vocab_size);
+    printf("%8d | %14.0f | %14.0f | %14.0f | %8.1f%% | %8.1f%%\n", k_batches[k], s, inproc[k][0],
+           inproc[k][1], 100 * s / inproc[k][0], 100 * s / inproc[k][1]);
+    fflush(stdout);
+  }
+}
+
 /* Median seconds per GEMM request (A [M,1024] bf16, B [8,1024]) inline or
  * IPC; *first gets the IPC request that opened the handle. */
 static double gemm_cost(wh *h, const char *host, int64_t M, bool ipc, int reps, double *first) {
@@ -246,14 +278,7 @@ int main(int argc, char **argv) {
   }
   printf("Mamba-1 d%d L%d V%d bf16, deterministic, %d generated tokens per session\n",
          cfg.d_model, cfg.n_layer, cfg.vocab_size, G);
-  printf("%8s | %14s | %14s | %14s | %9s | %9s\n", "sessions", "service tok/s", "in-proc logits",
-         "in-proc greedy", "svc/logits", "svc/greedy");
-  for (int k = 0; k < 4; k++) {
-    double s = service_tps(&h, k_batches[k], G, cfg.vocab_size);
-    printf("%8d | %14.0f | %14.0f | %14.0f | %8.1f%% | %8.1f%%\n", k_batches[k], s, inproc[k][0],
-           inproc[k][1], 100 * s / inproc[k][0], 100 * s / inproc[k][1]);
-    fflush(stdout);
-  }
+  sessions_table(&h, &cfg, G, inproc);
   char host[128];
   mbd_client_host_id(host, sizeof host);
   printf("\nGEMM request cost, A [M,1024] bf16 x B [8,1024]: inline frames vs CUDA IPC inputs\n");
@@ -268,6 +293,21 @@ int main(int argc, char **argv) {
     printf("%10s | %12.3f | %12.3f | %16.3f\n", names[k], in * 1e3, ip * 1e3, first * 1e3);
     fflush(stdout);
   }
+  /* The same worker without step overlap, alone on the device (the first
+   * one gone from the broker's list before it starts). */
+  wh_stop(h.procs[0], SIGTERM);
+  h.procs[0] = 0;
+  for (int i = 0; i < 100 && worker_count(&h) != 0; i++) ev_nap_ms(100);
+  wh_start_worker(&h, "gpu1", "--device", "cuda:0", "--dtype", "bf16", "--capacity", "512",
+                  "--client-sessions", "512", "--max-batch", "256", "--max-message-mb", "1024",
+                  "--overlap-steps", "0", NULL);
+  if (wh_wait_workers(&h, 1, 120000)) {
+    fprintf(stderr, "the --overlap-steps 0 worker did not register\n");
+    wh_fini(&h);
+    return 1;
+  }
+  printf("\nThe same, worker --overlap-steps 0 (replies before the next step is launched)\n");
+  sessions_table(&h, &cfg, G, inproc);
   wh_fini(&h);
   return 0;
 }
