@@ -35,6 +35,7 @@
  * value is rounded as stored (ssd_slot<ST>::round) before the chain reads
  * it. */
 #include "kernels/cuda/ops/common.cuh"
+#include "kernels/cuda/ops/cp_async.cuh"
 #include "kernels/cuda/ops/ssd_chunk.h"
 
 #define SC_TC 8             /* tokens per chunk */
@@ -95,23 +96,6 @@ struct ssd_slot<__nv_bfloat16> {
     for (int i = 0; i < NL; i++) p[i] = __float2bfloat16_rn(st[i]); /* exact: rounded already */
   }
 };
-
-__device__ __forceinline__ void sc_cp16(void *dst, const void *src) {
-  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void sc_cp4(void *dst, const void *src) {
-  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void sc_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-/* Waits until at most NP of this thread's committed groups are pending. */
-template <int NP>
-__device__ __forceinline__ void sc_wait_group() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(NP) : "memory");
-}
 
 /* Shared floats of a block of cb channels, kp pieces and up to nh heads:
  * B and C [3][TC][2 N], the x ring [kp + 2][(TC + 1) cb], the chain
@@ -211,9 +195,9 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
         if (q < 0 || q >= nch || t >= tokens(q)) continue;
         const int64_t row = row0 + (int64_t)q * TC + t;
         if (W == 4)
-          sc_cp16(bc + t * 2 * N + w * N + 4 * u, bg + row * ld_xbc + w * GN + 4 * u);
+          cp_async16(bc + t * 2 * N + w * N + 4 * u, bg + row * ld_xbc + w * GN + 4 * u);
         else
-          sc_cp4(bc + t * 2 * N + w * N + u, bg + row * ld_xbc + w * GN + u);
+          cp_async4(bc + t * 2 * N + w * N + u, bg + row * ld_xbc + w * GN + u);
       }
     };
     if (vec & 2)
@@ -226,7 +210,7 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
       for (int e = tid; e < tn * CB; e += nth) {
         const int t = e / CB, j = e - t * CB;
         if (j < cn)
-          sc_cp4(xs + e, xg + (row0 + (int64_t)m * TC + t) * ld_xbc + j);
+          cp_async4(xs + e, xg + (row0 + (int64_t)m * TC + t) * ld_xbc + j);
         else
           xs[e] = 0.0f; /* channels past the group: zeros, never written out */
       }
@@ -236,10 +220,10 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
       const int tn = T - t1 < DG * TC ? (int)(T - t1) : DG * TC;
       for (int e = tid; e < nh * DG * TC; e += nth) {
         const int hh = e / (DG * TC), j = e - hh * (DG * TC);
-        if (j < tn) sc_cp4(s_dtr + e, dt_raw + (row0 + t1 + j) * ld_dt + h0 + hh);
+        if (j < tn) cp_async4(s_dtr + e, dt_raw + (row0 + t1 + j) * ld_dt + h0 + hh);
       }
     }
-    sc_commit();
+    cp_async_commit();
   };
   ST *srow = state + (int64_t)slots[s] * slot_stride + (int64_t)c * N + n0;
   float st[R][NL];
@@ -262,7 +246,7 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
   stage(0);
   stage(1);
   for (int m = 0; m < nticks; m++) {
-    sc_wait_group<1>(); /* this thread's copies for tick m are in (tick m + 1's may not be) */
+    cp_async_wait_group<1>(); /* this thread's copies for tick m are in (tick m + 1's may not be) */
     __syncthreads();    /* everyone's are; tick m - 1 has finished reading */
     stage(m + 2);
     /* dt and dA of chunks m + 1 .. m + DG (read from tick m + 1 on), a

@@ -32,6 +32,7 @@
  * between launches (float or bf16); each step's value is rounded as stored
  * before the chain reads it. */
 #include "kernels/cuda/ops/common.cuh"
+#include "kernels/cuda/ops/cp_async.cuh"
 #include "kernels/cuda/ops/ssd_prefill.h"
 
 #include <stdlib.h>
@@ -127,23 +128,6 @@ struct sp_slot<__nv_bfloat16> {
     }
   }
 };
-
-__device__ __forceinline__ void sp_cp16(void *dst, const void *src) {
-  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void sp_cp4(void *dst, const void *src) {
-  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void sp_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-/* Waits until at most NP of this thread's committed groups are pending. */
-template <int NP>
-__device__ __forceinline__ void sp_wait_group() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(NP) : "memory");
-}
 
 /* Shared row strides: dt * B and C rows of a token (N + 4: the KS lanes of
  * a row group, reading ranges NL apart of tokens one apart, hit distinct
@@ -250,35 +234,35 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
       float *r_x = r_c + TC * LDN;
       const int tn = tokens(q);
       const int64_t r0 = row0 + (int64_t)q * TC;
-      for (int e = tid; e < tn; e += nth) sp_cp4(r_dt + e, dt_raw + (r0 + e) * ld_dt + h);
+      for (int e = tid; e < tn; e += nth) cp_async4(r_dt + e, dt_raw + (r0 + e) * ld_dt + h);
       const float *bsrc = xbc + di + (int64_t)g * N, *xsrc = xbc + (int64_t)h * P + p0;
       if (vec & 2) {
         constexpr int N4 = N / 4;
         for (int e = tid; e < tn * N4; e += nth) {
           const int t = e / N4, u = (e - t * N4) * 4;
           const float *src = bsrc + (r0 + t) * ld_xbc + u;
-          sp_cp16(r_b + t * LDN + u, src);
-          sp_cp16(r_c + t * LDN + u, src + GN);
+          cp_async16(r_b + t * LDN + u, src);
+          cp_async16(r_c + t * LDN + u, src + GN);
         }
         const int X4 = CB / 4;
         for (int e = tid; e < tn * X4; e += nth) {
           const int t = e / X4, u = (e - t * X4) * 4;
-          sp_cp16(r_x + t * LDX + u, xsrc + (r0 + t) * ld_xbc + u);
+          cp_async16(r_x + t * LDX + u, xsrc + (r0 + t) * ld_xbc + u);
         }
       } else {
         for (int e = tid; e < tn * N; e += nth) {
           const int t = e / N, u = e - t * N;
           const float *src = bsrc + (r0 + t) * ld_xbc + u;
-          sp_cp4(r_b + t * LDN + u, src);
-          sp_cp4(r_c + t * LDN + u, src + GN);
+          cp_async4(r_b + t * LDN + u, src);
+          cp_async4(r_c + t * LDN + u, src + GN);
         }
         for (int e = tid; e < tn * CB; e += nth) {
           const int t = e / CB, u = e - t * CB;
-          sp_cp4(r_x + t * LDX + u, xsrc + (r0 + t) * ld_xbc + u);
+          cp_async4(r_x + t * LDX + u, xsrc + (r0 + t) * ld_xbc + u);
         }
       }
     }
-    sp_commit();
+    cp_async_commit();
   };
   /* Chunk q (arrived, visible) prepared in its buffer: nth / TC threads
    * per token, each computing its token's dt and dA as ssd_scan does, then
@@ -306,7 +290,7 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
   float *yo = y + (int64_t)h * P + p0 + cw;
   stage(0);
   stage(1);
-  sp_wait_group<1>();
+  cp_async_wait_group<1>();
   __syncthreads();
   prepare(0);
   float hand[R]; /* the chains after this lane's entries, at the tick before */
@@ -316,7 +300,7 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
    * drain: tick c TC + k runs while it is at most T + KS - 2 */
   const int cend = (T + KS - 2) / TC;
   for (int c = 0; c <= cend; c++) {
-    sp_wait_group<0>(); /* this thread's copies of chunk c + 1 are in */
+    cp_async_wait_group<0>(); /* this thread's copies of chunk c + 1 are in */
     __syncthreads(); /* everyone's are; chunk c is prepared; chunk c - 1 - LAG is read */
     stage(c + 2);
     prepare(c + 1);

@@ -27,6 +27,7 @@
  * and the registers keep the rounded value, so the y chain reads the state
  * that is stored and every chunking rounds after every step. */
 #include "kernels/cuda/ops/common.cuh"
+#include "kernels/cuda/ops/cp_async.cuh"
 #include "kernels/cuda/ops/ssd_scan.h"
 #include "kernels/cuda/ops/ssd_chunk.h"
 #include "kernels/cuda/ops/ssd_prefill.h"
@@ -70,28 +71,6 @@ static size_t ssd_smem_bytes(const ssd_shape *sh, int N, int T) {
   const size_t tile = (size_t)sh->pb * (size_t)(N + 16 / sh->sb) * (size_t)sh->sb;
   if (sh->tile_at) return chunk + (sh->spb > 1 ? 2 : 1) * tile;
   return chunk > tile ? chunk : tile;
-}
-
-/* 16 bytes global -> shared without registers, so that every copy of the
- * state tile is in flight at once. */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
-  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void *dst, const void *src) {
-  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-/* Waits until at most NP of this thread's committed groups are pending. */
-template <int NP>
-__device__ __forceinline__ void cp_async_wait_group() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(NP) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
 /* Storage of one state entry: rnd is the rounding of an updated entry to

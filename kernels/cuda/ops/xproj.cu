@@ -1,6 +1,7 @@
 /* x_proj (see xproj.h): a warp per output on the 16-bit routes, a thread per
  * output (the f32 GEMM chain) on f32 routes. */
 #include "kernels/cuda/ops/common.cuh"
+#include "kernels/cuda/ops/cp_async.cuh"
 #include "kernels/cuda/ops/xproj.h"
 
 #define XP_WARPS 8 /* outputs (warps) per block */
@@ -95,15 +96,12 @@ __device__ __forceinline__ void xt_fetch(T *buf, const T *x, const T *w, int M, 
     const int64_t g = isx ? r0 + r : o0 + (r - XT_R);
     if (g < (isx ? M : NO)) {
       const T *src = (isx ? x : w) + g * K + k0 + q * 8;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                       (unsigned)__cvta_generic_to_shared(dst)),
-                   "l"(src)
-                   : "memory");
+      cp_async16(dst, src);
     } else {
       *(uint4 *)dst = make_uint4(0, 0, 0, 0);
     }
   }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  cp_async_commit();
 }
 
 template <typename T>
@@ -131,7 +129,7 @@ __global__ void __launch_bounds__(XT_THREADS, 2)
 #pragma unroll
     for (int b = 0; b < XT_WO; b++) acc[a][b] = 0.0f;
   for (int k0 = 0, i = 0; k0 < K; k0 += XT_CHUNK, i++) {
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    cp_async_wait_group<0>();
     __syncthreads(); /* chunk i has landed; chunk i - 1's buffer is read */
     if (k0 + XT_CHUNK < K)
       xt_fetch(bufs + ((i + 1) & 1) * (XT_R + XT_O) * XT_CHUNK, x, w, M, NO, K, r0, o0,
