@@ -40,6 +40,7 @@ const char *const mbd_k_kernel_names[MBD_K_COUNT] = {
     "mbd_wgemm_f16_4",  "mbd_wgemm_f16_5",  "mbd_wgemm_f16_6",  "mbd_wgemm_f16_7",
     "mbd_wgemm_f16_8",
     "mbd_mkgemm_bf16_8", "mbd_mkgemm_bf16_16", "mbd_mkgemm_f16_8", "mbd_mkgemm_f16_16",
+    "mbd_mkrgemm_bf16", "mbd_mkrgemm_f16",
 };
 
 extern "C" void mbd_gpu_ctx_config_default(mbd_gpu_ctx_config *cfg) {

@@ -25,7 +25,8 @@ enum {
   MBD_K_WGEMM_F16 = 35,
   MBD_K_MKGEMM_BF16 = 44, /* sm_90a M <= 8, M <= 16: mma.sync chunk chains */
   MBD_K_MKGEMM_F16 = 46,
-  MBD_K_COUNT = 48,
+  MBD_K_MKRGEMM_BF16 = 48, /* sm_90a M <= 16, ragged column ranges: bf16, f16 */
+  MBD_K_COUNT = 50,
 };
 extern const char *const mbd_k_kernel_names[MBD_K_COUNT];
 

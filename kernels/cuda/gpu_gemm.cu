@@ -5,6 +5,7 @@
  * bf16/f16 go to the wgmma family (tensor maps encoded here per call). */
 #include <cuda.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda/device/gemm_params.h"
@@ -214,6 +215,46 @@ static int launch(mbd_gpu_ctx *ctx, int slot, dim3 grid, dim3 block, size_t smem
   return MBD_OK;
 }
 
+/* The ragged form of the M <= 16 kernel (mbd_mkrgemm): block b of grid =
+ * min(SMs, groups) owns q + (b < r) contiguous groups of 8 columns, W by
+ * boxes of all its rows. Taken when its busiest block has fewer columns than
+ * the strided plan's busiest SM (strips x width), or as many in a larger box
+ * (cols, box_rows: that plan's), and its box fits 128 rows; the environment
+ * variable MBD_GEMM_RAGGED=0 keeps the strided kernel (same bits: the bench
+ * and the bitwise test compare both). Shared memory = mbarriers + X + the
+ * partials (chunks x M x BR f32) + the bias (BR f32) + 1024 + stages x BR x
+ * 512. Returns 1 when it does not apply. */
+static int gemm_mkr(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
+                    int64_t chunks, int64_t xbytes, int64_t cols, int64_t box_rows,
+                    const char **kname, mbd_error *err) {
+  const char *env = getenv("MBD_GEMM_RAGGED");
+  if (env && env[0] == '0') return 1;
+  const int64_t groups = cdiv(a->n, 8);
+  const int64_t grid = groups < ctx->sm_count ? groups : ctx->sm_count;
+  const int64_t q = groups / grid, r = groups % grid;
+  const int64_t br = 8 * (q + (r > 0));
+  if (br > 128 || br > cols || (br == cols && br <= box_rows)) return 1;
+  const int64_t fixed = MK_BAR_BYTES + xbytes + chunks * a->m * br * 4 + br * 4 + 1024;
+  int64_t stages = ((int64_t)ctx->smem_optin - fixed) / (br * 512);
+  if (stages > MK_MAX_STAGES) stages = MK_MAX_STAGES;
+  if (stages < 2) return 1;
+  mbd_mkr_params P;
+  memset(&P, 0, sizeof P);
+  if (!encode_map(&P.tw, a->dtype, a->w, a->n, a->k, (int)(8 * q)) ||
+      (r > 0 && !encode_map(&P.tw_big, a->dtype, a->w, a->n, a->k, (int)br)))
+    return 1;
+  P.p = p;
+  P.chunks = (int)chunks;
+  P.q = (int)q;
+  P.r = (int)r;
+  P.stages = (int)stages;
+  const int slot = MBD_K_MKRGEMM_BF16 + (a->dtype == MBD_DTYPE_BF16 ? 0 : 1);
+  *kname = mbd_k_kernel_names[slot];
+  void *args[] = {&P};
+  return launch(ctx, slot, dim3((unsigned)grid), dim3(MK_WARPS * 32 + 32),
+                (size_t)(fixed + stages * br * 512), args, a->w_static != 0, err);
+}
+
 /* M <= 16 with K % 8 == 0 and 16-byte aligned x, w: the streaming mma.sync
  * chunk-chain kernel (mk_body). Scheduling only: for each form (SW: 16
  * columns per warp, M <= 8 only; else 8) and strip width BN (grid =
@@ -232,7 +273,7 @@ static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   const int64_t chunks = cdiv(a->k, MBD_WG_KCH);
   const int64_t xbytes = a->m * (2 * a->k + 16);
   int best_sw = -1, best_lg = -1;
-  int64_t best_box = 0, best_stages = 0, best_strips = 0, best_slots = 0;
+  int64_t best_box = 0, best_stages = 0, best_strips = 0, best_slots = 0, best_cols = 0;
   double best_t = 0;
   for (int sw = a->m <= 8; sw >= 0; sw--)
     for (int lg = 3; lg >= 0; lg--) {
@@ -263,9 +304,14 @@ static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
         best_slots = slots;
         best_stages = stages;
         best_strips = strips;
+        best_cols = rounds * bn;
       }
     }
   if (best_lg < 0) return 1;
+  {
+    const int rc = gemm_mkr(ctx, a, p, chunks, xbytes, best_cols, best_box / 128, kname, err);
+    if (rc != 1) return rc; /* 1: the strided kernel runs */
+  }
   mbd_mk_params P;
   memset(&P, 0, sizeof P);
   const int bn = (best_sw ? 16 : 8) << best_lg;

@@ -18,7 +18,10 @@
  *           prefill b1 T=2048, one of the b8 prefill's 8 chunks (8 x 256),
  *           decode b1/8/64/256; then the layer's sum and layers x sum + head
  *           (unfused; the scan_conv row is the decode fusion that replaces
- *           conv_silu + ssd_scan at up to 16 sequences).
+ *           conv_silu + ssd_scan at up to 16 sequences; the last two rows
+ *           are ops 1 and 2 on the kernels MBD_RMSNORM_BLOCK=1 and
+ *           MBD_GEMM_RAGGED=0 select, the block RMSNorm and the strided
+ *           M <= 16 GEMM, same bits).
  * Each call of the backend ends in a stream synchronize, so each run is timed
  * with CUDA events on the default stream around the call (host overhead
  * included). Each cell: warm-up runs, then the median of up to `reps` runs,
@@ -137,10 +140,12 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
 
 /* ---- one layer op by op ---- */
 
-enum { NOPS = 8, NOC = 6, OP_REPS = 10 };
+enum { NOPS = 10, NOC = 6, OP_REPS = 10 };
 static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_silu",
                                              "ssd_scan",    "gated_norm", "out_proj",
-                                             "lm_head",     "scan_conv (decode <= 16)"};
+                                             "lm_head",     "scan_conv (decode <= 16)",
+                                             "add_rmsnorm MBD_RMSNORM_BLOCK=1",
+                                             "in_proj MBD_GEMM_RAGGED=0"};
 
 /* One layer's buffers on a context of its own (zeros: the timing does not
  * depend on the values), for up to T_PRE rows and MAXB slots. */
@@ -196,6 +201,14 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
                                   MBD_DTYPE_BF16, o->y_act, err);
   case 5: return gemm_bf16(o, M, d, di, o->y_act, o->out_w, o->out, err);
   case 6: return gemm_bf16(o, nseq, o->V, d, o->hn, o->head, o->logits, err);
+  case 8:
+  case 9: { /* ops 0 and 1 on the kernels these variables select (same bits) */
+    const char *var = op == 8 ? "MBD_RMSNORM_BLOCK" : "MBD_GEMM_RAGGED";
+    setenv(var, op == 8 ? "1" : "0", 1);
+    const int rc = run_op(o, op - 8, nseq, T, err);
+    unsetenv(var);
+    return rc;
+  }
   default: {
     /* the model folds the conv in only there, with an f32 state */
     if (T != 1 || nseq > 16 || o->state != MBD_STATE_F32) return 0;

@@ -85,4 +85,17 @@ typedef struct mbd_mk_params {
   int stages; /* ring slots, 1..MK_MAX_STAGES */
 } mbd_mk_params;
 
+/* mbd_mkrgemm (M <= 16, ragged): one block per SM owns one contiguous range
+ * of 8-column groups, q + 1 groups for blocks b < r, q for the others, from
+ * group b q + min(b, r); its W moves by boxes of all its rows (64 k x 8 q or
+ * 8 (q + 1) rows), one chunk (four k tiles) per ring slot. */
+typedef struct mbd_mkr_params {
+  CUtensorMap tw;     /* W [N,K], box {64, 8 q}, 128B swizzle */
+  CUtensorMap tw_big; /* W [N,K], box {64, 8 (q + 1)} (blocks b < r; unused when r == 0) */
+  mbd_gemm_params p;
+  int chunks; /* C = ceil(K / 256) */
+  int q, r;   /* groups per block: q + (b < r); q >= 1, grid * q + r = ceil(N / 8) */
+  int stages; /* ring slots, 1..MK_MAX_STAGES */
+} mbd_mkr_params;
+
 #endif

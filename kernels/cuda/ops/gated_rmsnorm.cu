@@ -24,6 +24,12 @@ __global__ void __launch_bounds__(GN_THREADS) k_gated_rmsnorm(int n, int group, 
   float *v = (float *)smem4;
   __shared__ float r_sh[GN_MAX_GROUPS];
   const int64_t i = blockIdx.x;
+  float w0[GN_BATCH]; /* the first pass's weights: static, loaded before the wait */
+#pragma unroll
+  for (int j = 0; j < GN_BATCH; j++) {
+    const int c = threadIdx.x + j * GN_THREADS;
+    w0[j] = c < n ? w[c] : 0.0f;
+  }
   pdl_wait();
   pdl_trigger();
   for (int c0 = threadIdx.x; c0 < n; c0 += GN_BATCH * GN_THREADS) {
@@ -64,7 +70,7 @@ __global__ void __launch_bounds__(GN_THREADS) k_gated_rmsnorm(int n, int group, 
 #pragma unroll
     for (int j = 0; j < GN_BATCH; j++) {
       const int c = c0 + j * GN_THREADS;
-      wv[j] = c < n ? w[c] : 0.0f;
+      wv[j] = c0 == (int)threadIdx.x ? w0[j] : c < n ? w[c] : 0.0f;
       zv[j] = c < n && norm_before_gate ? z[i * ldz + c] : 0.0f;
     }
 #pragma unroll
