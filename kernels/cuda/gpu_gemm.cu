@@ -33,11 +33,14 @@ struct wtile_cfg {
   bool tma, fold;
 };
 #define WTILE(ty, T, i, CWG, BN, IN, ST, TMA, MINB, FOLD) {64 * CWG, BN, ST, MINB, TMA, FOLD},
-static constexpr wtile_cfg k_wtiles[9] = {MBD_WG_TILES(WTILE, , )};
+static constexpr wtile_cfg k_wtiles[10] = {MBD_WG_TILES(WTILE, , )};
 #undef WTILE
 /* Relative per-SM efficiency of each wgmma configuration (dispatch cost
  * model only). */
-static const double k_weff[9] = {0.3, 0.4, 0.55, 0.7, 0.75, 0.9, 1.0, 0.5, 0.8};
+static const double k_weff[10] = {0.3, 0.4, 0.55, 0.7, 0.75, 0.9, 1.0, 0.5, 0.8, 0.6};
+/* Configuration 9 (64 x 72): for M <= 64 only, taken over 0..3 only when its
+ * estimate is at least 10% lower (see pick_wtile). */
+#define WTILE_72 9
 /* Configuration 6 (128 x 256) keeps no chunk partial: K <= one chunk only. */
 #define WTILE_NOFOLD 6
 static_assert(!k_wtiles[WTILE_NOFOLD].fold && k_wtiles[WTILE_NOFOLD - 1].fold,
@@ -49,34 +52,44 @@ static_assert(MBD_K_WGEMM_F16 - MBD_K_WGEMM_BF16 == sizeof k_wtiles / sizeof k_w
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* M <= 64 streams the weights: a block keeps stages x BN x 128 weight bytes
+ * in flight, so it moves about that much per loaded memory latency (taken as
+ * 3 us); a wave's rate is the sum over its blocks, capped by HBM (~4 TB/s).
+ * The estimated time (relative) of configuration c over N columns. */
+static double wave_time(const mbd_gpu_ctx *ctx, const wtile_cfg &c, int64_t n) {
+  double blk_rate = (double)c.stages * c.bn * 128 / 3e-6; /* bytes/s per block */
+  if (blk_rate > 150e9) blk_rate = 150e9;
+  int64_t left = cdiv(n, c.bn);
+  double t = 0;
+  while (left > 0) {
+    int64_t w = left < ctx->sm_count ? left : ctx->sm_count;
+    double rate = (double)w * blk_rate;
+    t += (double)w * c.bn * 128 / (rate < 4e12 ? rate : 4e12);
+    left -= w;
+  }
+  return t;
+}
+
 /* Pure scheduling (every configuration computes the same bits, see the kernel
- * contract). M <= 64 streams the weights: a block keeps stages x BN x 128
- * weight bytes in flight, so it moves about that much per loaded memory
- * latency (taken as 3 us); a wave's rate is the sum over
- * its blocks, capped by HBM (~4 TB/s); pick the least estimated time. Larger
- * M minimises waves x tile cost. */
+ * contract). M <= 64: the least wave_time. Larger M minimises waves x tile
+ * cost. */
 static int pick_wtile(const mbd_gpu_ctx *ctx, int64_t m, int64_t n, int64_t k, bool tma) {
   if (!tma) return m <= 64 ? 7 : 8;
   if (m <= 64) {
     int best = 3;
     double best_t = 0;
     for (int i = 3; i >= 0; i--) {
-      const wtile_cfg &c = k_wtiles[i];
-      double blk_rate = (double)c.stages * c.bn * 128 / 3e-6; /* bytes/s per block */
-      if (blk_rate > 150e9) blk_rate = 150e9;
-      int64_t left = cdiv(n, c.bn);
-      double t = 0;
-      while (left > 0) {
-        int64_t w = left < ctx->sm_count ? left : ctx->sm_count;
-        double rate = (double)w * blk_rate;
-        t += (double)w * c.bn * 128 / (rate < 4e12 ? rate : 4e12);
-        left -= w;
-      }
+      const double t = wave_time(ctx, k_wtiles[i], n);
       if (i == 3 || t < best_t * 0.97) {
         best = i;
         best_t = t;
       }
     }
+    /* 64 x 72 where N / 64 tiles leave a few blocks for a second wave
+     * (MBD_GEMM_TILE72=0: not considered; same bits either way) */
+    const char *env = getenv("MBD_GEMM_TILE72");
+    if (!(env && env[0] == '0') && wave_time(ctx, k_wtiles[WTILE_72], n) < best_t * 0.9)
+      return WTILE_72;
     return best;
   }
   const int top = k <= MBD_WG_KCH ? WTILE_NOFOLD : WTILE_NOFOLD - 1;
@@ -267,11 +280,12 @@ static int gemm_mkr(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm
  * BN x CPS x 512. Returns 1 when it does not apply (the caller runs the tile
  * kernels: same bits). */
 static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
-                   const char **kname, mbd_error *err) {
+                   const mbd_mk_gated *gated, const char **kname, mbd_error *err) {
   if (a->m > 16 || a->k % 8 != 0 || ((uintptr_t)a->x & 15) || ((uintptr_t)a->w & 15)) return 1;
   if (a->k > (1 << 20) || encoder() == NULL) return 1; /* X would not fit shared memory */
   const int64_t chunks = cdiv(a->k, MBD_WG_KCH);
-  const int64_t xbytes = a->m * (2 * a->k + 16);
+  const int64_t gbytes = gated ? (a->k + 4) * 4 : 0; /* the gated norm's row and scale */
+  const int64_t xbytes = a->m * (2 * a->k + 16) + gbytes;
   int best_sw = -1, best_lg = -1;
   int64_t best_box = 0, best_stages = 0, best_strips = 0, best_slots = 0, best_cols = 0;
   double best_t = 0;
@@ -308,7 +322,7 @@ static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
       }
     }
   if (best_lg < 0) return 1;
-  {
+  if (!gated) {
     const int rc = gemm_mkr(ctx, a, p, chunks, xbytes, best_cols, best_box / 128, kname, err);
     if (rc != 1) return rc; /* 1: the strided kernel runs */
   }
@@ -324,6 +338,7 @@ static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   P.lg = best_lg;
   P.strips = (int)best_strips;
   P.stages = (int)best_stages;
+  if (gated) P.g = *gated;
   int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_MKGEMM_BF16 : MBD_K_MKGEMM_F16) + !best_sw;
   *kname = mbd_k_kernel_names[slot];
   void *args[] = {&P};
@@ -340,7 +355,7 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   bool tma = a->k % 8 == 0 && ((uintptr_t)a->x % 16) == 0 && ((uintptr_t)a->w % 16) == 0 &&
              encoder() != NULL;
   if (a->m <= 16) {
-    int rc = gemm_mk(ctx, a, p, kname, err);
+    int rc = gemm_mk(ctx, a, p, NULL, kname, err);
     if (rc != 1) return rc; /* 1: not applicable, the tile kernels run */
   }
   int ti = pick_wtile(ctx, a->m, a->n, a->k, tma);
@@ -427,17 +442,8 @@ static int gemm_blas(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, mbd_error *er
   return MBD_OK;
 }
 
-extern "C" int mbd_gpu_gemm(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, mbd_error *err) {
-  int rc = mbd_gpu_ctx_enter(ctx, err);
-  if (rc < 0) return rc;
-  rc = check_args(ctx, a, err);
-  if (rc < 0) return rc;
-  const char *kname = "cublasGemmEx";
-  if (ctx->mode == MBD_GEMM_DETERMINISTIC)
-    rc = gemm_det(ctx, a, &kname, err);
-  else
-    rc = gemm_blas(ctx, a, err);
-  if (rc < 0) return rc;
+static int note_launch(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const char *kname,
+                       mbd_error *err) {
   mbd_gpu_launch_rec r;
   memset(&r, 0, sizeof r);
   snprintf(r.kernel, sizeof r.kernel, "%s", kname);
@@ -449,4 +455,42 @@ extern "C" int mbd_gpu_gemm(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, mbd_er
   r.has_bias = a->bias != NULL;
   r.mode = ctx->mode;
   return mbd_gpu_ctx_note_launch(ctx, &r, err);
+}
+
+extern "C" int mbd_gpu_gemm(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, mbd_error *err) {
+  int rc = mbd_gpu_ctx_enter(ctx, err);
+  if (rc < 0) return rc;
+  rc = check_args(ctx, a, err);
+  if (rc < 0) return rc;
+  const char *kname = "cublasGemmEx";
+  if (ctx->mode == MBD_GEMM_DETERMINISTIC)
+    rc = gemm_det(ctx, a, &kname, err);
+  else
+    rc = gemm_blas(ctx, a, err);
+  if (rc < 0) return rc;
+  return note_launch(ctx, a, kname, err);
+}
+
+extern "C" int mbd_gpu_gemm_gated(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a,
+                                  const mbd_gpu_gated_norm *g, mbd_error *err) {
+  const char *env = getenv("MBD_GEMM_GATED");
+  if (env && env[0] == '0') return 1;
+  if (!a || !g || !g->y || !g->z || !g->w)
+    return mbd_error_set(err, MBD_E_INVALID, "GEMM (gated): args, y, z and w must be set");
+  int rc = mbd_gpu_ctx_enter(ctx, err);
+  if (rc < 0) return rc;
+  if (ctx->mode != MBD_GEMM_DETERMINISTIC || a->dtype == MBD_DTYPE_F32 || !use_wgmma(ctx) ||
+      a->m != 1 || a->k > (int64_t)MK_WARPS * 32 * MK_GATED_PER_THREAD)
+    return 1;
+  mbd_gpu_gemm_args b = *a;
+  b.x = g->y; /* for the argument checks; the kernel reads y, z and w instead */
+  rc = check_args(ctx, &b, err);
+  if (rc < 0) return rc;
+  mbd_gemm_params p = {b.x, b.w, b.bias, b.y, (int)b.m, (int)b.n, (int)b.k,
+                       b.out_dtype == MBD_DTYPE_F32};
+  const mbd_mk_gated mg = {g->y, g->z, g->w, g->eps, g->norm_before_gate};
+  const char *kname = NULL;
+  rc = gemm_mk(ctx, &b, p, &mg, &kname, err);
+  if (rc != 0) return rc; /* 1: not applicable, nothing enqueued */
+  return note_launch(ctx, &b, kname, err);
 }

@@ -32,6 +32,26 @@ typedef struct mbd_gpu_gemm_args {
  * Checks shapes and dtypes; records the launch when recording or capturing. */
 int mbd_gpu_gemm(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, mbd_error *err);
 
+/* The gated RMSNorm that produces a GEMM's single row of x (one group over
+ * all K channels): mbd_mops_gated_rmsnorm(M = 1, n = group = K, y, z, w,
+ * eps, norm_before_gate, act = the GEMM dtype) would write exactly that x. */
+typedef struct mbd_gpu_gated_norm {
+  const float *y; /* device [K] f32 */
+  const float *z; /* device [K] f32 gate */
+  const float *w; /* device [K] f32 norm weight (static, like the GEMM's w) */
+  float eps;
+  int norm_before_gate;
+} mbd_gpu_gated_norm;
+
+/* mbd_gpu_gemm with M = 1 and x = the gated RMSNorm of g, computed by the
+ * streaming GEMM kernel itself and never stored (a->x is ignored): the same
+ * bits as running the norm into x and then mbd_gpu_gemm. Returns 1 without
+ * enqueuing anything where that kernel does not apply (other devices or
+ * modes, M != 1, K > 4096, K % 8 != 0, an unaligned w, or the environment
+ * variable MBD_GEMM_GATED=0): the caller then runs the two. */
+int mbd_gpu_gemm_gated(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a,
+                       const mbd_gpu_gated_norm *g, mbd_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -302,6 +302,37 @@ static int gemm(m2gpu *m, int64_t rows, int64_t n, int64_t k, const void *x, con
   return mbd_gpu_gemm(m->ctx, &a, err);
 }
 
+/* The gated norm of m->y (gate zx) and out_proj into m->out. One row (batch-1
+ * decode) with one group: the GEMM kernel computes its x itself
+ * (mbd_gpu_gemm_gated, the same bits); otherwise the norm writes y_act and
+ * the GEMM reads it. */
+static int gated_out_proj(m2gpu *m, int64_t rows, const layer2_d *L, mbd_error *err) {
+  const mbd_mamba2_config *c = &m->cfg;
+  const int64_t d = c->d_model, di = c->d_inner;
+  if (rows == 1 && c->n_groups == 1) {
+    mbd_gpu_gemm_args a;
+    memset(&a, 0, sizeof a);
+    a.dtype = m->dtype;
+    a.out_dtype = MBD_DTYPE_F32;
+    a.m = 1;
+    a.n = d;
+    a.k = di;
+    a.x = m->y_act; /* not read */
+    a.w = L->out_w;
+    a.bias = L->out_b;
+    a.y = m->out;
+    a.w_static = 1;
+    const mbd_gpu_gated_norm g = {m->y, m->zx, L->gnorm, c->norm_eps, c->norm_before_gate};
+    const int rc = mbd_gpu_gemm_gated(m->ctx, &a, &g, err);
+    if (rc != 1) return rc; /* 1: not applicable, nothing enqueued */
+  }
+  int rc = mbd_mops_gated_rmsnorm(m->stream, rows, (int)di, (int)(di / c->n_groups), m->y, m->zx,
+                                  m->pin, L->gnorm, c->norm_eps, c->norm_before_gate, m->dtype,
+                                  m->y_act, err);
+  if (rc) return rc;
+  return gemm(m, rows, d, di, m->y_act, L->out_w, L->out_b, m->out, err);
+}
+
 /* The layers over rows = ns sequences x tw steps already embedded in resid
  * (slots: their device slot indices); leaves resid with the last layer's
  * output not yet added (m->out holds it). */
@@ -330,12 +361,7 @@ static int run_layers(m2gpu *m, int ns, int tw, const int32_t *slots, mbd_error 
                                c->dt_max, m->zx + di + m->cd, m->pin, m->xbc, m->cd,
                                (float *)ssm_st, m->ssm_slot, slots, m->y, err);
     }
-    if (rc ||
-        (rc = mbd_mops_gated_rmsnorm(m->stream, rows, (int)di, (int)(di / c->n_groups), m->y,
-                                     m->zx, m->pin, L->gnorm, c->norm_eps, c->norm_before_gate,
-                                     m->dtype, m->y_act, err)) ||
-        (rc = gemm(m, rows, d, di, m->y_act, L->out_w, L->out_b, m->out, err)))
-      return rc;
+    if (rc || (rc = gated_out_proj(m, rows, L, err))) return rc;
   }
   return 0;
 }

@@ -153,16 +153,17 @@ static double time_gemm(mbd_gpu_ctx *ctx, bufset &b, mbd_gpu_gemm_args a) {
 
 /* Mamba-2 projections (130m: d 768, in_proj N = 2 d_inner + 2 d_state +
  * heads = 3352; 1.3b: d 2048, N = 8512) at M = 1, 8, 16, 64 in bf16: det (the
- * default dispatch), det with MBD_GEMM_RAGGED=0 (the strided M <= 16 kernel
- * instead of the ragged-range one where that is chosen; same bits) and
- * cublas-fast, us per GEMM and GB/s of weight bytes. */
+ * default dispatch), det with MBD_GEMM_RAGGED=0 MBD_GEMM_TILE72=0 (the
+ * strided M <= 16 kernel instead of the ragged-range one, and no 64 x 72
+ * tiles at M <= 64, where those are chosen; same bits) and cublas-fast, us
+ * per GEMM and GB/s of weight bytes. */
 static void bench_mamba2(mbd_gpu_ctx *det, mbd_gpu_ctx *fast) {
   struct { const char *model, *name; int n, k; } proj[4] = {
       {"130m", "in_proj", 3352, 768}, {"130m", "out_proj", 768, 1536},
       {"1.3b", "in_proj", 8512, 2048}, {"1.3b", "out_proj", 2048, 4096}};
   const int ms_[4] = {1, 8, 16, 64};
   printf("Mamba-2 bf16 | %-5s %-8s %5s %5s %5s | %9s %7s | %9s %7s | %9s %7s | %s\n", "model",
-         "proj", "M", "N", "K", "det_us", "GB/s", "strd_us", "GB/s", "fast_us", "GB/s",
+         "proj", "M", "N", "K", "det_us", "GB/s", "old_us", "GB/s", "fast_us", "GB/s",
          "det kernel");
   for (auto &p : proj) {
     size_t wbytes = (size_t)p.n * p.k * 2;
@@ -190,8 +191,10 @@ static void bench_mamba2(mbd_gpu_ctx *det, mbd_gpu_ctx *fast) {
       }
       double t0 = time_gemm(det, b, a);
       setenv("MBD_GEMM_RAGGED", "0", 1);
+      setenv("MBD_GEMM_TILE72", "0", 1);
       double t1 = time_gemm(det, b, a);
       unsetenv("MBD_GEMM_RAGGED");
+      unsetenv("MBD_GEMM_TILE72");
       double t2 = time_gemm(fast, b, a);
       printf("Mamba-2 bf16 | %-5s %-8s %5d %5d %5d | %9.2f %7.0f | %9.2f %7.0f | %9.2f %7.0f | %s\n",
              p.model, p.name, M, p.n, p.k, t0 * 1e6, wbytes / t0 / 1e9, t1 * 1e6,

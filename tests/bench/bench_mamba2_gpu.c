@@ -20,8 +20,10 @@
  *           (unfused; the scan_conv row is the decode fusion that replaces
  *           conv_silu + ssd_scan at up to 16 sequences; the last two rows
  *           are ops 1 and 2 on the kernels MBD_RMSNORM_BLOCK=1 and
- *           MBD_GEMM_RAGGED=0 select, the block RMSNorm and the strided
- *           M <= 16 GEMM, same bits).
+ *           MBD_GEMM_RAGGED=0 MBD_GEMM_TILE72=0 select: the block RMSNorm;
+ *           the strided M <= 16 GEMM and no 64 x 72 tiles; same bits);
+ *           the fused row: decode b1's gated norm + out_proj as one GEMM
+ *           (mbd_gpu_gemm_gated; 0 where it does not apply).
  * Each call of the backend ends in a stream synchronize, so each run is timed
  * with CUDA events on the default stream around the call (host overhead
  * included). Each cell: warm-up runs, then the median of up to `reps` runs,
@@ -140,12 +142,13 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
 
 /* ---- one layer op by op ---- */
 
-enum { NOPS = 10, NOC = 6, OP_REPS = 10 };
+enum { NOPS = 11, NOC = 6, OP_REPS = 10 };
 static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_silu",
                                              "ssd_scan",    "gated_norm", "out_proj",
                                              "lm_head",     "scan_conv (decode <= 16)",
-                                             "add_rmsnorm MBD_RMSNORM_BLOCK=1",
-                                             "in_proj MBD_GEMM_RAGGED=0"};
+                                             "add_rmsnorm RMSNORM_BLOCK=1",
+                                             "in_proj RAGGED=0 TILE72=0",
+                                             "gated_norm+out_proj fused (b1)"};
 
 /* One layer's buffers on a context of its own (zeros: the timing does not
  * depend on the values), for up to T_PRE rows and MAXB slots. */
@@ -201,12 +204,27 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
                                   MBD_DTYPE_BF16, o->y_act, err);
   case 5: return gemm_bf16(o, M, d, di, o->y_act, o->out_w, o->out, err);
   case 6: return gemm_bf16(o, nseq, o->V, d, o->hn, o->head, o->logits, err);
+  case 10: { /* batch 1: out_proj computing its x (mbd_gpu_gemm_gated) */
+    if (M != 1 || c->n_groups != 1) return 0;
+    mbd_gpu_gemm_args a;
+    memset(&a, 0, sizeof a);
+    a.dtype = MBD_DTYPE_BF16;
+    a.out_dtype = MBD_DTYPE_F32;
+    a.m = 1, a.n = d, a.k = di;
+    a.x = o->y_act, a.w = o->out_w, a.y = o->out;
+    a.w_static = 1;
+    const mbd_gpu_gated_norm g = {o->y, o->zx, o->gnorm, c->norm_eps, c->norm_before_gate};
+    const int rc = mbd_gpu_gemm_gated(o->ctx, &a, &g, err);
+    return rc == 1 ? 0 : rc;
+  }
   case 8:
   case 9: { /* ops 0 and 1 on the kernels these variables select (same bits) */
     const char *var = op == 8 ? "MBD_RMSNORM_BLOCK" : "MBD_GEMM_RAGGED";
     setenv(var, op == 8 ? "1" : "0", 1);
+    if (op == 9) setenv("MBD_GEMM_TILE72", "0", 1);
     const int rc = run_op(o, op - 8, nseq, T, err);
     unsetenv(var);
+    unsetenv("MBD_GEMM_TILE72");
     return rc;
   }
   default: {

@@ -25,7 +25,9 @@
  *   520 and 1040 end in a short chunk; N = 16856 makes each block walk many
  *   strips; K = 77 and unaligned x take the tiles at every M);
  * - w_static (programmatic launch) right after a GEMM that writes its x
- *   reads the finished x: same bits as two synchronised launches. */
+ *   reads the finished x: same bits as two synchronised launches;
+ * - the M = 1 GEMM that computes its x as a gated RMSNorm
+ *   (mbd_gpu_gemm_gated) equals the norm kernel followed by the GEMM. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -41,6 +43,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/gpu_gemm.h"
+#include "kernels/cuda/ops/gated_rmsnorm.h"
 
 #define MAXM 8192
 #define SHIFT 16 /* extra rows so offsets up to 12 stay in range */
@@ -393,7 +396,8 @@ static void run_policy(mbd_dtype_policy pol) {
    * and 16856 at M > 8): N=8512, K=2048 (Mamba-2 1.3b in_proj: 72 or 64
    * columns a block, 8 chunks); N=2120, K=1040 (24 or 16 columns, a short
    * last chunk); N=9000, K=264 (72 or 64 columns, the last chunk one k tile
-   * with 8 k of data). N=3352, K=768 and N=2048, K=4096 (Mamba-2 130m
+   * with 8 k of data); at M = 17..20 N=8512 and N=9000 run the 64 x 72 wgmma
+   * tiles (m64n72k16). N=3352, K=768 and N=2048, K=4096 (Mamba-2 130m
    * in_proj, 1.3b out_proj) stay strided on 132 SMs. Every shape also runs
    * check_ragged (strided vs ragged at M = 1..16 where ragged runs).
    * f32 policies skip all but the first three (their chain is not chunked
@@ -421,6 +425,101 @@ static void run_policy(mbd_dtype_policy pol) {
   }
 }
 
+/* mbd_gpu_gemm_gated (M = 1, x = the gated RMSNorm computed inside the
+ * streaming kernel) == mbd_mops_gated_rmsnorm into x, then mbd_gpu_gemm, by
+ * memcmp: Mamba-2 out_proj shapes (130m N=768 K=1536, 1.3b N=2048 K=4096), a
+ * K that ends inside a chunk and a tile (K=1040) and one with a partial last
+ * strip (N=1100), both gate orders, with and without a bias. On sm_90a it
+ * must take the fused kernel (rc 0); elsewhere rc 1 and nothing runs. */
+static void run_gated(mbd_dtype_policy pol) {
+  static const int64_t shapes[4][2] = {{768, 1536}, {2048, 4096}, {1100, 1040}, {200, 4096}};
+  mbd_error err;
+  mbd_error_clear(&err);
+  mbd_gpu_ctx_config cfg;
+  mbd_gpu_ctx_config_default(&cfg);
+  cfg.policy = pol;
+  mbd_gpu_ctx *ctx = NULL;
+  CHECK_OK(mbd_gpu_ctx_new(&cfg, &ctx, &err));
+  const mbd_dtype dt = pol == MBD_POLICY_BF16 ? MBD_DTYPE_BF16 : MBD_DTYPE_F16;
+  mbd_route_identity rid;
+  CHECK_OK(mbd_gpu_ctx_route(ctx, &rid, &err));
+  const int sm90a = strcmp(rid.isa, "sm_90a") == 0;
+  uint64_t seed = 99 + (uint64_t)pol;
+  for (int s = 0; s < 4; s++) {
+    const int64_t n = shapes[s][0], k = shapes[s][1];
+    float *hy = malloc(k * 4), *hz = malloc(k * 4), *hg = malloc(k * 4), *f = malloc(k * 4);
+    void *hw = malloc(n * k * 2), *hb = malloc(n * 2);
+    float *want = malloc(n * 4), *got = malloc(n * 4);
+    float *fw = malloc(n * k * 4), *fb = malloc(n * 4);
+    assert_non_null(fb);
+    gpu_test_fill(MBD_DTYPE_F32, k, &seed, hy, f);
+    gpu_test_fill(MBD_DTYPE_F32, k, &seed, hz, f);
+    gpu_test_fill(MBD_DTYPE_F32, k, &seed, hg, f);
+    for (int64_t i = 0; i < k; i++) hy[i] *= 3.0f, hz[i] *= 4.0f, hg[i] += 1.0f;
+    gpu_test_fill(dt, n * k, &seed, hw, fw);
+    gpu_test_fill(dt, n, &seed, hb, fb);
+    void *dy, *dz, *dg, *dw, *db, *dx, *dout;
+    CHECK_OK(mbd_gpu_alloc(ctx, k * 4, &dy, &err));
+    CHECK_OK(mbd_gpu_alloc(ctx, k * 4, &dz, &err));
+    CHECK_OK(mbd_gpu_alloc(ctx, k * 4, &dg, &err));
+    CHECK_OK(mbd_gpu_alloc(ctx, n * k * 2, &dw, &err));
+    CHECK_OK(mbd_gpu_alloc(ctx, n * 2, &db, &err));
+    CHECK_OK(mbd_gpu_alloc(ctx, k * 2, &dx, &err));
+    CHECK_OK(mbd_gpu_alloc(ctx, n * 4, &dout, &err));
+    CHECK_OK(mbd_gpu_upload(ctx, dy, hy, k * 4, &err));
+    CHECK_OK(mbd_gpu_upload(ctx, dz, hz, k * 4, &err));
+    CHECK_OK(mbd_gpu_upload(ctx, dg, hg, k * 4, &err));
+    CHECK_OK(mbd_gpu_upload(ctx, dw, hw, n * k * 2, &err));
+    CHECK_OK(mbd_gpu_upload(ctx, db, hb, n * 2, &err));
+    for (int v = 0; v < 4; v++) {
+      const int nbg = v & 1;
+      const void *bias = v & 2 ? db : NULL;
+      mbd_gpu_gemm_args a = {dt, MBD_DTYPE_F32, 1, n, k, dx, dw, bias, dout, 1};
+      CHECK_OK(mbd_gpu_memset(ctx, dx, 0xff, k * 2, &err));
+      CHECK_OK(mbd_gpu_memset(ctx, dout, 0xff, n * 4, &err));
+      CHECK_OK(mbd_mops_gated_rmsnorm(mbd_gpu_ctx_stream(ctx), 1, (int)k, (int)k, dy, dz, k, dg,
+                                      1e-5f, nbg, dt, dx, &err));
+      CHECK_OK(mbd_gpu_gemm(ctx, &a, &err));
+      CHECK_OK(mbd_gpu_ctx_sync(ctx, &err));
+      CHECK_OK(mbd_gpu_download(ctx, want, dout, n * 4, &err));
+      CHECK_OK(mbd_gpu_memset(ctx, dx, 0xff, k * 2, &err)); /* the fused GEMM must not read x */
+      CHECK_OK(mbd_gpu_memset(ctx, dout, 0xff, n * 4, &err));
+      const mbd_gpu_gated_norm g = {dy, dz, dg, 1e-5f, nbg};
+      CHECK_OK(mbd_gpu_record_begin(ctx, &err));
+      const int rc = mbd_gpu_gemm_gated(ctx, &a, &g, &err);
+      CHECK_OK(mbd_gpu_record_end(ctx, &err));
+      if (rc < 0) fail_msg("mbd_gpu_gemm_gated: %s", err.msg);
+      if (!sm90a) {
+        assert_int_equal(rc, 1);
+        assert_int_equal(mbd_gpu_record_count(ctx), 0);
+        continue;
+      }
+      assert_int_equal(rc, 0);
+      assert_int_equal(mbd_gpu_record_count(ctx), 1);
+      CHECK_OK(mbd_gpu_ctx_sync(ctx, &err));
+      CHECK_OK(mbd_gpu_download(ctx, got, dout, n * 4, &err));
+      for (int64_t i = 0; i < n; i++)
+        if (isnan(want[i]) || memcmp(&want[i], &got[i], 4))
+          fail_msg("gated %s N=%lld K=%lld nbg=%d bias=%d col %lld: %a != unfused %a (%s)",
+                   mbd_dtype_name(dt), (long long)n, (long long)k, nbg, bias != NULL,
+                   (long long)i, got[i], want[i], mbd_gpu_record_at(ctx, 0)->kernel);
+    }
+    mbd_gpu_free(ctx, dy);
+    mbd_gpu_free(ctx, dz);
+    mbd_gpu_free(ctx, dg);
+    mbd_gpu_free(ctx, dw);
+    mbd_gpu_free(ctx, db);
+    mbd_gpu_free(ctx, dx);
+    mbd_gpu_free(ctx, dout);
+    free(hy); free(hz); free(hg); free(f); free(hw); free(hb); free(want); free(got);
+    free(fw); free(fb);
+  }
+  mbd_gpu_ctx_destroy(&ctx);
+}
+
+static void test_gated_bf16(void **st) { (void)st; run_gated(MBD_POLICY_BF16); }
+static void test_gated_f16(void **st) { (void)st; run_gated(MBD_POLICY_F16); }
+
 static void test_f32(void **st) { (void)st; run_policy(MBD_POLICY_F32); }
 static void test_tf32(void **st) { (void)st; run_policy(MBD_POLICY_TF32); }
 static void test_bf16(void **st) { (void)st; run_policy(MBD_POLICY_BF16); }
@@ -430,6 +529,7 @@ int main(void) {
   gpu_test_require_device();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_f32), cmocka_unit_test(test_tf32), cmocka_unit_test(test_bf16),
-      cmocka_unit_test(test_f16)};
+      cmocka_unit_test(test_f16), cmocka_unit_test(test_gated_bf16),
+      cmocka_unit_test(test_gated_f16)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "../../portable_math.h"
 #include "async_copy.cuh"
 #include "gemm_params.h"
 #include "mma_m16n8k16.cuh"
@@ -337,6 +338,9 @@ template <typename T, int N> struct wgmma_op {
   WG_ACC_16(F)                                                                          \
   F(16) F(17) F(18) F(19) F(20) F(21) F(22) F(23) F(24) F(25)                           \
   F(26) F(27) F(28) F(29) F(30) F(31)
+#define WG_ACC_36(F)                                                                    \
+  WG_ACC_32(F)                                                                          \
+  F(32) F(33) F(34) F(35)
 #define WG_ACC_64(F)                                                                    \
   WG_ACC_32(F)                                                                          \
   F(32) F(33) F(34) F(35) F(36) F(37) F(38) F(39) F(40) F(41)                           \
@@ -368,6 +372,7 @@ template <typename T, int N> struct wgmma_op {
   X(T, ty, 16, 8, 9)                                                                    \
   X(T, ty, 32, 16, 17)                                                                  \
   X(T, ty, 64, 32, 33)                                                                  \
+  X(T, ty, 72, 36, 37)                                                                  \
   X(T, ty, 128, 64, 65)                                                                 \
   X(T, ty, 256, 128, 129)
 MBD_WGMMA_SHAPES(MBD_WGMMA, __nv_bfloat16, bf16)
@@ -463,7 +468,7 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
   constexpr int BM = 64 * CWG, BK = 64, KCH = MBD_WG_KCH / BK;
   constexpr uint32_t A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
   constexpr uint32_t STAGE_BYTES = A_BYTES + B_BYTES;
-  static_assert(BN % IN == 0 && IN % 16 == 0, "instruction N must tile BN");
+  static_assert(BN % IN == 0 && IN % 8 == 0, "instruction N must tile BN");
   static_assert(!FOLD || BN <= 128, "acc + partial must fit the register file");
   extern __shared__ __align__(16) unsigned char wg_raw[];
   const uint32_t raw_s = smem_u32(wg_raw);
@@ -640,6 +645,65 @@ __device__ __forceinline__ void mk_consumer_sync() { /* the 8 consumer warps onl
   asm volatile("bar.sync 1, %0;" ::"n"(MK_WARPS * 32) : "memory");
 }
 
+/* X (M = 1) as the gated RMSNorm of g (mbd_mk_gated), written to the X row in
+ * shared memory by the 8 consumer warps, with mbd_mops_gated_rmsnorm's
+ * 16-bit-route arithmetic for one group of K channels: v = y or y * silu(z)
+ * (mbd_pm_silu); lane l of warp 0 runs the fmaf chain from 0 over c = l,
+ * l + 32, ... ascending, the xor butterfly (16, 8, 4, 2, 1) adds the lane
+ * sums, r = 1 / sqrtf(ss / K + eps); X = round(w * (v * r)), times silu(z)
+ * first when norm_before_gate. vsm: K + 4 floats of shared memory. gw: this
+ * thread's weights (c = threadIdx.x + 256 j), loaded before the dependency
+ * wait. */
+template <typename T>
+__device__ __forceinline__ void mk_gated_x(const mbd_mk_gated &g, int K,
+                                           const float (&gw)[MK_GATED_PER_THREAD], float *vsm,
+                                           T *xrow) {
+  constexpr int NT = MK_WARPS * 32;
+  const int tid = threadIdx.x, lane = tid & 31;
+  float gy[MK_GATED_PER_THREAD], gz[MK_GATED_PER_THREAD];
+#pragma unroll
+  for (int j = 0; j < MK_GATED_PER_THREAD; j++) {
+    const int c = tid + j * NT;
+    gy[j] = c < K ? g.y[c] : 0.0f;
+    gz[j] = c < K ? g.z[c] : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < MK_GATED_PER_THREAD; j++) {
+    const int c = tid + j * NT;
+    if (c < K) {
+      gy[j] = g.norm_before_gate ? gy[j] : __fmul_rn(gy[j], mbd_pm_silu(gz[j]));
+      vsm[c] = gy[j];
+    }
+  }
+  mk_consumer_sync();
+  if (tid < 32) {
+    float ss = 0.0f;
+#pragma unroll 1
+    for (int c0 = lane; c0 < K; c0 += 256) { /* eight loads, then their eight fmafs */
+      float v[8];
+#pragma unroll
+      for (int j = 0; j < 8; j++) v[j] = c0 + 32 * j < K ? vsm[c0 + 32 * j] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        if (c0 + 32 * j < K) ss = __fmaf_rn(v[j], v[j], ss);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) ss = __fadd_rn(ss, __shfl_xor_sync(0xffffffffu, ss, off));
+    if (lane == 0)
+      vsm[K] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)K), g.eps)));
+  }
+  mk_consumer_sync();
+  const float r = vsm[K];
+#pragma unroll
+  for (int j = 0; j < MK_GATED_PER_THREAD; j++) {
+    const int c = tid + j * NT;
+    if (c >= K) continue;
+    float o = __fmul_rn(gw[j], __fmul_rn(gy[j], r));
+    if (g.norm_before_gate) o = __fmul_rn(o, mbd_pm_silu(gz[j]));
+    xrow[c] = mma_op<T>::from_f(o);
+  }
+}
+
 template <typename T, bool SW>
 __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
 #ifdef MBD_HAVE_WGMMA /* sm_90a only: the bit identity with wgmma is what makes it legal */
@@ -658,7 +722,10 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
   float *part = (float *)(xsm + (size_t)M * xs);
   const size_t pbuf = CPS > 1 ? (size_t)C * M * BN : 0; /* floats per partial buffer */
   const uint32_t x_s = smem_u32(xsm);
-  const uint32_t ring_s = (smem_u32(part + 2 * pbuf) + 1023u) & ~1023u; /* swizzle atom */
+  const bool gated = P.g.y != nullptr; /* M = 1: X is computed (mk_gated_x) */
+  float *vsm = part + 2 * pbuf;
+  const uint32_t ring_s =
+      (smem_u32(vsm + (gated ? K + 4 : 0)) + 1023u) & ~1023u; /* swizzle atom */
   const T *X = (const T *)p.x, *B = (const T *)p.bias;
 
   if (threadIdx.x == 0) {
@@ -688,9 +755,17 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
     return;
   }
 
+  float gw[MK_GATED_PER_THREAD]; /* the gated norm's weights: static, before the wait */
+#pragma unroll
+  for (int u = 0; u < MK_GATED_PER_THREAD; u++) {
+    const int c = threadIdx.x + u * MK_WARPS * 32;
+    gw[u] = gated && c < K ? P.g.w[c] : 0.0f;
+  }
   wg_pdl_wait(); /* X and Y belong to the predecessor until it completes */
   wg_pdl_trigger();
-  { /* X: 16-byte pieces, eight loads in flight per thread before the stores */
+  if (gated) {
+    mk_gated_x<T>(P.g, K, gw, vsm, (T *)xsm);
+  } else { /* X: 16-byte pieces, eight loads in flight per thread before the stores */
     const int pr = K / 8, total = M * pr, NT = MK_WARPS * 32;
     for (int i0 = threadIdx.x; i0 < total; i0 += 8 * NT) {
       uint4 v[8];

@@ -47,6 +47,8 @@ typedef struct mbd_gemm_params {
  *         keeps 40-140 KB of weights in flight (decode is latency x bytes bound)
  *   4, 5: 128 x {64,128}; 6: 128 x 256 for K <= one chunk (no room for a partial)
  *   7, 8: plain-load producer, 64 x 64 and 128 x 128
+ *   9: 64 x 72 (M <= 64 where N / 64 tiles leave a second wave of a few
+ *      blocks, e.g. N = 8512 = 133 x 64: 119 tiles of 72 fill one wave)
  * X(ty, T, index, CWG, BN, IN, STAGES, TMA, MINB, FOLD): CWG consumer
  * warpgroups (BM = 64 CWG), wgmma N = IN, MINB blocks per SM (launch bounds),
  * FOLD: K may exceed one chunk. ty, T: passed through. (The table uses
@@ -60,7 +62,8 @@ typedef struct mbd_gemm_params {
   X(ty, T, 5, 2, 128, 128, 4, true, 1, true)                                            \
   X(ty, T, 6, 2, 256, 256, 4, true, 1, false)                                           \
   X(ty, T, 7, 1, 64, 64, 4, false, 2, true)                                             \
-  X(ty, T, 8, 2, 128, 128, 3, false, 1, true)
+  X(ty, T, 8, 2, 128, 128, 3, false, 1, true)                                           \
+  X(ty, T, 9, 1, 72, 72, 12, true, 1, true)
 
 typedef struct mbd_wg_params {
   CUtensorMap tx; /* X [M,K], box {64, 64*CWG}, 128B swizzle, zero fill */
@@ -76,6 +79,19 @@ typedef struct mbd_wg_params {
 #define MK_MAX_STAGES 8
 #define MK_BAR_BYTES 128 /* full[8], empty[8] mbarriers at the start of shared memory */
 
+/* The gated RMSNorm the M = 1 streaming kernel may compute X from instead of
+ * loading it (one group over all K channels; mbd_mops_gated_rmsnorm's
+ * arithmetic, 16-bit route): X = round(w * (v * r)) (times silu(z) when
+ * norm_before_gate), v = y or y * silu(z), r from v's lane-split square sum. */
+#define MK_GATED_PER_THREAD 16 /* K <= MK_WARPS * 32 * this */
+typedef struct mbd_mk_gated {
+  const float *y; /* [K] f32, or NULL: X is loaded as it is */
+  const float *z; /* [K] f32 gate */
+  const float *w; /* [K] f32 norm weight (static) */
+  float eps;
+  int norm_before_gate;
+} mbd_mk_gated;
+
 typedef struct mbd_mk_params {
   CUtensorMap tw; /* W [N,K], box {64, BN}, 128B swizzle */
   mbd_gemm_params p;
@@ -83,6 +99,8 @@ typedef struct mbd_mk_params {
   int lg;     /* strip width BN = (SW ? 16 : 8) << lg (lg 0..3); CPS = 8 >> lg */
   int strips; /* ceil(N / BN) */
   int stages; /* ring slots, 1..MK_MAX_STAGES */
+  mbd_mk_gated g; /* g.y != NULL (M = 1 only): X is this gated RMSNorm; shared memory
+                     then holds K + 4 f32 more, after the partial buffers */
 } mbd_mk_params;
 
 /* mbd_mkrgemm (M <= 16, ragged): one block per SM owns one contiguous range
