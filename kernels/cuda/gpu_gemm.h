@@ -52,6 +52,24 @@ typedef struct mbd_gpu_gated_norm {
 int mbd_gpu_gemm_gated(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a,
                        const mbd_gpu_gated_norm *g, mbd_error *err);
 
+/* The residual add + RMSNorm that produces a GEMM's single row of x:
+ * mbd_mops_add_rmsnorm(M = 1, d = K, resid = x, delta, w, eps, act = the
+ * GEMM dtype) would write exactly that x, except that x + delta goes to
+ * x_out (x itself is only read). */
+typedef struct mbd_gpu_res_norm {
+  const float *x;     /* device [K] f32: the residual stream */
+  const float *delta; /* device [K] f32 added to it, or NULL */
+  const float *w;     /* device [K] f32 norm weight (static) */
+  float eps;
+  float *x_out;       /* device [K] f32: receives x + delta (delta set), or NULL; must not
+                         alias x or delta */
+} mbd_gpu_res_norm;
+
+/* mbd_gpu_gemm_gated's counterpart for mbd_gpu_res_norm (same conditions;
+ * MBD_GEMM_RESNORM=0 turns it off): one block of the kernel writes x_out. */
+int mbd_gpu_gemm_resnorm(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a,
+                         const mbd_gpu_res_norm *g, mbd_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -22,8 +22,9 @@
  *           are ops 1 and 2 on the kernels MBD_RMSNORM_BLOCK=1 and
  *           MBD_GEMM_RAGGED=0 MBD_GEMM_TILE72=0 select: the block RMSNorm;
  *           the strided M <= 16 GEMM and no 64 x 72 tiles; same bits);
- *           the fused row: decode b1's gated norm + out_proj as one GEMM
- *           (mbd_gpu_gemm_gated; 0 where it does not apply).
+ *           the fused rows: decode b1's gated norm + out_proj and residual
+ *           add + RMSNorm + in_proj as one GEMM each (mbd_gpu_gemm_gated,
+ *           mbd_gpu_gemm_resnorm; 0 where they do not apply).
  * Each call of the backend ends in a stream synchronize, so each run is timed
  * with CUDA events on the default stream around the call (host overhead
  * included). Each cell: warm-up runs, then the median of up to `reps` runs,
@@ -142,13 +143,14 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
 
 /* ---- one layer op by op ---- */
 
-enum { NOPS = 11, NOC = 6, OP_REPS = 10 };
+enum { NOPS = 12, NOC = 6, OP_REPS = 10 };
 static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_silu",
                                              "ssd_scan",    "gated_norm", "out_proj",
                                              "lm_head",     "scan_conv (decode <= 16)",
                                              "add_rmsnorm RMSNORM_BLOCK=1",
                                              "in_proj RAGGED=0 TILE72=0",
-                                             "gated_norm+out_proj fused (b1)"};
+                                             "gated_norm+out_proj fused (b1)",
+                                             "add_rmsnorm+in_proj fused (b1)"};
 
 /* One layer's buffers on a context of its own (zeros: the timing does not
  * depend on the values), for up to T_PRE rows and MAXB slots. */
@@ -204,6 +206,19 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
                                   MBD_DTYPE_BF16, o->y_act, err);
   case 5: return gemm_bf16(o, M, d, di, o->y_act, o->out_w, o->out, err);
   case 6: return gemm_bf16(o, nseq, o->V, d, o->hn, o->head, o->logits, err);
+  case 11: { /* batch 1: in_proj computing its x (mbd_gpu_gemm_resnorm) */
+    if (M != 1) return 0;
+    mbd_gpu_gemm_args a;
+    memset(&a, 0, sizeof a);
+    a.dtype = MBD_DTYPE_BF16;
+    a.out_dtype = MBD_DTYPE_F32;
+    a.m = 1, a.n = o->pin, a.k = d;
+    a.x = o->hn, a.w = o->in_w, a.y = o->zx;
+    a.w_static = 1;
+    const mbd_gpu_res_norm g = {o->resid, o->out, o->norm, c->norm_eps, o->y};
+    const int rc = mbd_gpu_gemm_resnorm(o->ctx, &a, &g, err);
+    return rc == 1 ? 0 : rc;
+  }
   case 10: { /* batch 1: out_proj computing its x (mbd_gpu_gemm_gated) */
     if (M != 1 || c->n_groups != 1) return 0;
     mbd_gpu_gemm_args a;

@@ -43,6 +43,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/gpu_gemm.h"
+#include "kernels/cuda/ops/add_rmsnorm.h"
 #include "kernels/cuda/ops/gated_rmsnorm.h"
 
 #define MAXM 8192
@@ -427,12 +428,17 @@ static void run_policy(mbd_dtype_policy pol) {
 
 /* mbd_gpu_gemm_gated (M = 1, x = the gated RMSNorm computed inside the
  * streaming kernel) == mbd_mops_gated_rmsnorm into x, then mbd_gpu_gemm, by
- * memcmp: Mamba-2 out_proj shapes (130m N=768 K=1536, 1.3b N=2048 K=4096), a
- * K that ends inside a chunk and a tile (K=1040) and one with a partial last
- * strip (N=1100), both gate orders, with and without a bias. On sm_90a it
- * must take the fused kernel (rc 0); elsewhere rc 1 and nothing runs. */
+ * memcmp, both gate orders, with and without a bias; likewise
+ * mbd_gpu_gemm_resnorm == mbd_mops_add_rmsnorm then mbd_gpu_gemm, with and
+ * without a delta (x_out == the updated residual, x untouched). Shapes: the
+ * Mamba-2 out_proj (130m N=768 K=1536, 1.3b N=2048 K=4096) and in_proj
+ * (1.3b N=8512 K=2048: the ragged kernel; 130m N=3352 K=768) projections, a
+ * K that ends inside a chunk and a tile (K=1040) and a partial last strip
+ * (N=1100). On sm_90a the fused kernels must run (rc 0); elsewhere rc 1 and
+ * nothing runs. */
 static void run_gated(mbd_dtype_policy pol) {
-  static const int64_t shapes[4][2] = {{768, 1536}, {2048, 4096}, {1100, 1040}, {200, 4096}};
+  static const int64_t shapes[6][2] = {{768, 1536}, {2048, 4096}, {1100, 1040},
+                                       {200, 4096},  {8512, 2048}, {3352, 768}};
   mbd_error err;
   mbd_error_clear(&err);
   mbd_gpu_ctx_config cfg;
@@ -445,7 +451,7 @@ static void run_gated(mbd_dtype_policy pol) {
   CHECK_OK(mbd_gpu_ctx_route(ctx, &rid, &err));
   const int sm90a = strcmp(rid.isa, "sm_90a") == 0;
   uint64_t seed = 99 + (uint64_t)pol;
-  for (int s = 0; s < 4; s++) {
+  for (int s = 0; s < 6; s++) {
     const int64_t n = shapes[s][0], k = shapes[s][1];
     float *hy = malloc(k * 4), *hz = malloc(k * 4), *hg = malloc(k * 4), *f = malloc(k * 4);
     void *hw = malloc(n * k * 2), *hb = malloc(n * 2);
@@ -504,6 +510,62 @@ static void run_gated(mbd_dtype_policy pol) {
                    mbd_dtype_name(dt), (long long)n, (long long)k, nbg, bias != NULL,
                    (long long)i, got[i], want[i], mbd_gpu_record_at(ctx, 0)->kernel);
     }
+    /* mbd_gpu_gemm_resnorm: resid = y, delta = z or none; the reference
+     * add_rmsnorm updates its own copy of resid in place */
+    void *dra, *drb, *dro;
+    float *hr = malloc(k * 4), *hr2 = malloc(k * 4);
+    CHECK_OK(mbd_gpu_alloc(ctx, k * 4, &dra, &err));
+    CHECK_OK(mbd_gpu_alloc(ctx, k * 4, &drb, &err));
+    CHECK_OK(mbd_gpu_alloc(ctx, k * 4, &dro, &err));
+    for (int v = 0; v < 4; v++) {
+      const int with_delta = v & 1;
+      const void *bias = v & 2 ? db : NULL;
+      const float *delta = with_delta ? (const float *)dz : NULL;
+      mbd_gpu_gemm_args a = {dt, MBD_DTYPE_F32, 1, n, k, dx, dw, bias, dout, 1};
+      CHECK_OK(mbd_gpu_upload(ctx, dra, hy, k * 4, &err));
+      CHECK_OK(mbd_gpu_upload(ctx, drb, hy, k * 4, &err));
+      CHECK_OK(mbd_gpu_memset(ctx, dro, 0xff, k * 4, &err));
+      CHECK_OK(mbd_gpu_memset(ctx, dx, 0xff, k * 2, &err));
+      CHECK_OK(mbd_gpu_memset(ctx, dout, 0xff, n * 4, &err));
+      CHECK_OK(mbd_mops_add_rmsnorm(mbd_gpu_ctx_stream(ctx), 1, (int)k, 1, 0, dra, delta, dg,
+                                    1e-5f, dt, dx, &err));
+      CHECK_OK(mbd_gpu_gemm(ctx, &a, &err));
+      CHECK_OK(mbd_gpu_ctx_sync(ctx, &err));
+      CHECK_OK(mbd_gpu_download(ctx, want, dout, n * 4, &err));
+      CHECK_OK(mbd_gpu_download(ctx, hr, dra, k * 4, &err));
+      CHECK_OK(mbd_gpu_memset(ctx, dx, 0xff, k * 2, &err));
+      CHECK_OK(mbd_gpu_memset(ctx, dout, 0xff, n * 4, &err));
+      const mbd_gpu_res_norm g = {drb, delta, dg, 1e-5f, with_delta ? (float *)dro : NULL};
+      CHECK_OK(mbd_gpu_record_begin(ctx, &err));
+      const int rc = mbd_gpu_gemm_resnorm(ctx, &a, &g, &err);
+      CHECK_OK(mbd_gpu_record_end(ctx, &err));
+      if (rc < 0) fail_msg("mbd_gpu_gemm_resnorm: %s", err.msg);
+      if (!sm90a) {
+        assert_int_equal(rc, 1);
+        continue;
+      }
+      assert_int_equal(rc, 0);
+      CHECK_OK(mbd_gpu_ctx_sync(ctx, &err));
+      CHECK_OK(mbd_gpu_download(ctx, got, dout, n * 4, &err));
+      for (int64_t i = 0; i < n; i++)
+        if (isnan(want[i]) || memcmp(&want[i], &got[i], 4))
+          fail_msg("resnorm %s N=%lld K=%lld delta=%d bias=%d col %lld: %a != unfused %a (%s)",
+                   mbd_dtype_name(dt), (long long)n, (long long)k, with_delta, bias != NULL,
+                   (long long)i, got[i], want[i], mbd_gpu_record_at(ctx, 0)->kernel);
+      CHECK_OK(mbd_gpu_download(ctx, hr2, drb, k * 4, &err));
+      if (memcmp(hr2, hy, k * 4)) fail_msg("resnorm N=%lld K=%lld: x was written", (long long)n, (long long)k);
+      if (with_delta) {
+        CHECK_OK(mbd_gpu_download(ctx, hr2, dro, k * 4, &err));
+        if (memcmp(hr2, hr, k * 4))
+          fail_msg("resnorm N=%lld K=%lld: x_out != add_rmsnorm's updated residual",
+                   (long long)n, (long long)k);
+      }
+    }
+    mbd_gpu_free(ctx, dra);
+    mbd_gpu_free(ctx, drb);
+    mbd_gpu_free(ctx, dro);
+    free(hr);
+    free(hr2);
     mbd_gpu_free(ctx, dy);
     mbd_gpu_free(ctx, dz);
     mbd_gpu_free(ctx, dg);

@@ -645,34 +645,40 @@ __device__ __forceinline__ void mk_consumer_sync() { /* the 8 consumer warps onl
   asm volatile("bar.sync 1, %0;" ::"n"(MK_WARPS * 32) : "memory");
 }
 
-/* X (M = 1) as the gated RMSNorm of g (mbd_mk_gated), written to the X row in
- * shared memory by the 8 consumer warps, with mbd_mops_gated_rmsnorm's
- * 16-bit-route arithmetic for one group of K channels: v = y or y * silu(z)
- * (mbd_pm_silu); lane l of warp 0 runs the fmaf chain from 0 over c = l,
- * l + 32, ... ascending, the xor butterfly (16, 8, 4, 2, 1) adds the lane
- * sums, r = 1 / sqrtf(ss / K + eps); X = round(w * (v * r)), times silu(z)
- * first when norm_before_gate. vsm: K + 4 floats of shared memory. gw: this
- * thread's weights (c = threadIdx.x + 256 j), loaded before the dependency
- * wait. */
+/* X (M = 1) as the RMSNorm output g describes (mbd_mk_xnorm), written to the
+ * X row in shared memory by the 8 consumer warps, with the 16-bit routes'
+ * arithmetic of mbd_mops_gated_rmsnorm (one group of K channels) or
+ * mbd_mops_add_rmsnorm: v = y or y * silu(z) (mbd_pm_silu) / y + z; lane l
+ * of warp 0 runs the fmaf chain from 0 over c = l, l + 32, ... ascending,
+ * the xor butterfly (16, 8, 4, 2, 1) adds the lane sums, r = 1 / sqrtf(ss /
+ * K + eps); X = round(w * (v * r)) (gated with norm_before_gate: times
+ * silu(z) first). vsm: K + 4 floats of shared memory. gw: this thread's
+ * weights (c = threadIdx.x + 256 j), loaded before the dependency wait. */
 template <typename T>
-__device__ __forceinline__ void mk_gated_x(const mbd_mk_gated &g, int K,
-                                           const float (&gw)[MK_GATED_PER_THREAD], float *vsm,
-                                           T *xrow) {
+__device__ __forceinline__ void mk_norm_x(const mbd_mk_xnorm &g, int K,
+                                          const float (&gw)[MK_XNORM_PER_THREAD], float *vsm,
+                                          T *xrow) {
   constexpr int NT = MK_WARPS * 32;
   const int tid = threadIdx.x, lane = tid & 31;
-  float gy[MK_GATED_PER_THREAD], gz[MK_GATED_PER_THREAD];
+  const bool gated = g.kind == MK_XNORM_GATED;
+  float gy[MK_XNORM_PER_THREAD], gz[MK_XNORM_PER_THREAD];
 #pragma unroll
-  for (int j = 0; j < MK_GATED_PER_THREAD; j++) {
+  for (int j = 0; j < MK_XNORM_PER_THREAD; j++) {
     const int c = tid + j * NT;
     gy[j] = c < K ? g.y[c] : 0.0f;
-    gz[j] = c < K ? g.z[c] : 0.0f;
+    gz[j] = c < K && g.z ? g.z[c] : 0.0f;
   }
+  float *vo = !gated && blockIdx.x == 0 ? g.v_out : nullptr;
 #pragma unroll
-  for (int j = 0; j < MK_GATED_PER_THREAD; j++) {
+  for (int j = 0; j < MK_XNORM_PER_THREAD; j++) {
     const int c = tid + j * NT;
     if (c < K) {
-      gy[j] = g.norm_before_gate ? gy[j] : __fmul_rn(gy[j], mbd_pm_silu(gz[j]));
+      if (gated)
+        gy[j] = g.norm_before_gate ? gy[j] : __fmul_rn(gy[j], mbd_pm_silu(gz[j]));
+      else if (g.z)
+        gy[j] = __fadd_rn(gy[j], gz[j]);
       vsm[c] = gy[j];
+      if (vo) vo[c] = gy[j];
     }
   }
   mk_consumer_sync();
@@ -695,12 +701,22 @@ __device__ __forceinline__ void mk_gated_x(const mbd_mk_gated &g, int K,
   mk_consumer_sync();
   const float r = vsm[K];
 #pragma unroll
-  for (int j = 0; j < MK_GATED_PER_THREAD; j++) {
+  for (int j = 0; j < MK_XNORM_PER_THREAD; j++) {
     const int c = tid + j * NT;
     if (c >= K) continue;
     float o = __fmul_rn(gw[j], __fmul_rn(gy[j], r));
-    if (g.norm_before_gate) o = __fmul_rn(o, mbd_pm_silu(gz[j]));
+    if (gated && g.norm_before_gate) o = __fmul_rn(o, mbd_pm_silu(gz[j]));
     xrow[c] = mma_op<T>::from_f(o);
+  }
+}
+
+/* The norm's weights of this consumer thread (mk_norm_x's gw), or zeros. */
+__device__ __forceinline__ void mk_norm_w(const mbd_mk_xnorm &g, int K,
+                                          float (&gw)[MK_XNORM_PER_THREAD]) {
+#pragma unroll
+  for (int u = 0; u < MK_XNORM_PER_THREAD; u++) {
+    const int c = threadIdx.x + u * MK_WARPS * 32;
+    gw[u] = g.kind != MK_XNORM_NONE && c < K ? g.w[c] : 0.0f;
   }
 }
 
@@ -722,7 +738,7 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
   float *part = (float *)(xsm + (size_t)M * xs);
   const size_t pbuf = CPS > 1 ? (size_t)C * M * BN : 0; /* floats per partial buffer */
   const uint32_t x_s = smem_u32(xsm);
-  const bool gated = P.g.y != nullptr; /* M = 1: X is computed (mk_gated_x) */
+  const bool gated = P.g.kind != MK_XNORM_NONE; /* M = 1: X is computed (mk_norm_x) */
   float *vsm = part + 2 * pbuf;
   const uint32_t ring_s =
       (smem_u32(vsm + (gated ? K + 4 : 0)) + 1023u) & ~1023u; /* swizzle atom */
@@ -755,16 +771,12 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
     return;
   }
 
-  float gw[MK_GATED_PER_THREAD]; /* the gated norm's weights: static, before the wait */
-#pragma unroll
-  for (int u = 0; u < MK_GATED_PER_THREAD; u++) {
-    const int c = threadIdx.x + u * MK_WARPS * 32;
-    gw[u] = gated && c < K ? P.g.w[c] : 0.0f;
-  }
+  float gw[MK_XNORM_PER_THREAD]; /* the norm's weights: static, before the wait */
+  mk_norm_w(P.g, K, gw);
   wg_pdl_wait(); /* X and Y belong to the predecessor until it completes */
   wg_pdl_trigger();
   if (gated) {
-    mk_gated_x<T>(P.g, K, gw, vsm, (T *)xsm);
+    mk_norm_x<T>(P.g, K, gw, vsm, (T *)xsm);
   } else { /* X: 16-byte pieces, eight loads in flight per thread before the stores */
     const int pr = K / 8, total = M * pr, NT = MK_WARPS * 32;
     for (int i0 = threadIdx.x; i0 < total; i0 += 8 * NT) {
@@ -951,9 +963,11 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
   const uint32_t full0 = smem_u32(mk_raw), empty0 = full0 + 8 * MK_MAX_STAGES;
   unsigned char *xsm = mk_raw + MK_BAR_BYTES;
   float *part = (float *)(xsm + (size_t)M * xs);
-  float *bsm = part + (size_t)C * M * BR;
+  float *bsm = part + (size_t)C * M * BR, *vsm = bsm + BR;
+  const bool normed = P.g.kind != MK_XNORM_NONE; /* M = 1: X is computed (mk_norm_x) */
   const uint32_t x_s = smem_u32(xsm);
-  const uint32_t ring_s = (smem_u32(bsm + BR) + 1023u) & ~1023u; /* swizzle atom */
+  const uint32_t ring_s =
+      (smem_u32(vsm + (normed ? K + 4 : 0)) + 1023u) & ~1023u; /* swizzle atom */
   const T *X = (const T *)p.x, *B = (const T *)p.bias;
   const CUtensorMap *tw = big ? &P.tw_big : &P.tw;
 
@@ -986,9 +1000,13 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
 
   if (B && threadIdx.x < W) /* static under w_static: before the dependency wait */
     bsm[threadIdx.x] = n0 + (int)threadIdx.x < N ? mma_op<T>::to_f(B[n0 + threadIdx.x]) : 0.0f;
+  float gw[MK_XNORM_PER_THREAD]; /* the norm's weights: static, before the wait */
+  mk_norm_w(P.g, K, gw);
   wg_pdl_wait(); /* X and Y belong to the predecessor until it completes */
   wg_pdl_trigger();
-  { /* X: 16-byte pieces, eight loads in flight per thread before the stores */
+  if (normed) {
+    mk_norm_x<T>(P.g, K, gw, vsm, (T *)xsm);
+  } else { /* X: 16-byte pieces, eight loads in flight per thread before the stores */
     const int pr = K / 8, total = M * pr, NT = MK_WARPS * 32;
     for (int i0 = threadIdx.x; i0 < total; i0 += 8 * NT) {
       uint4 v[8];

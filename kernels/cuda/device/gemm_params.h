@@ -79,18 +79,24 @@ typedef struct mbd_wg_params {
 #define MK_MAX_STAGES 8
 #define MK_BAR_BYTES 128 /* full[8], empty[8] mbarriers at the start of shared memory */
 
-/* The gated RMSNorm the M = 1 streaming kernel may compute X from instead of
- * loading it (one group over all K channels; mbd_mops_gated_rmsnorm's
- * arithmetic, 16-bit route): X = round(w * (v * r)) (times silu(z) when
- * norm_before_gate), v = y or y * silu(z), r from v's lane-split square sum. */
-#define MK_GATED_PER_THREAD 16 /* K <= MK_WARPS * 32 * this */
-typedef struct mbd_mk_gated {
-  const float *y; /* [K] f32, or NULL: X is loaded as it is */
-  const float *z; /* [K] f32 gate */
+/* The RMSNorm the M = 1 streaming kernels may compute X from instead of
+ * loading it (16-bit routes; r from v's lane-split square sum over all K):
+ *   MK_XNORM_GATED: mbd_mops_gated_rmsnorm with one group: v = y or
+ *     y * silu(z); X = round(w * (v * r)), times silu(z) first when
+ *     norm_before_gate;
+ *   MK_XNORM_RESID: mbd_mops_add_rmsnorm: v = y + z (z NULL: v = y), block 0
+ *     stores v to v_out (NULL: nowhere); X = round(w * (v * r)). */
+#define MK_XNORM_PER_THREAD 16 /* K <= MK_WARPS * 32 * this */
+enum { MK_XNORM_NONE = 0, MK_XNORM_GATED = 1, MK_XNORM_RESID = 2 };
+typedef struct mbd_mk_xnorm {
+  int kind;       /* MK_XNORM_*; NONE: X is loaded as it is */
+  const float *y; /* [K] f32: the gated norm's input / the residual stream */
+  const float *z; /* [K] f32: the gate / the residual's delta or NULL */
   const float *w; /* [K] f32 norm weight (static) */
+  float *v_out;   /* MK_XNORM_RESID: [K] f32, written by block 0, or NULL */
   float eps;
   int norm_before_gate;
-} mbd_mk_gated;
+} mbd_mk_xnorm;
 
 typedef struct mbd_mk_params {
   CUtensorMap tw; /* W [N,K], box {64, BN}, 128B swizzle */
@@ -99,7 +105,7 @@ typedef struct mbd_mk_params {
   int lg;     /* strip width BN = (SW ? 16 : 8) << lg (lg 0..3); CPS = 8 >> lg */
   int strips; /* ceil(N / BN) */
   int stages; /* ring slots, 1..MK_MAX_STAGES */
-  mbd_mk_gated g; /* g.y != NULL (M = 1 only): X is this gated RMSNorm; shared memory
+  mbd_mk_xnorm g; /* g.kind != NONE (M = 1 only): X is this norm's output; shared memory
                      then holds K + 4 f32 more, after the partial buffers */
 } mbd_mk_params;
 
@@ -114,6 +120,7 @@ typedef struct mbd_mkr_params {
   int chunks; /* C = ceil(K / 256) */
   int q, r;   /* groups per block: q + (b < r); q >= 1, grid * q + r = ceil(N / 8) */
   int stages; /* ring slots, 1..MK_MAX_STAGES */
+  mbd_mk_xnorm g; /* as mbd_mk_params.g; the K + 4 f32 follow the bias */
 } mbd_mkr_params;
 
 #endif
