@@ -637,7 +637,9 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
  * owns its columns' chunks in order and folds them in registers (__fadd_rn);
  * otherwise the real rows' partials go to shared memory [chunk][M][BN] (two
  * buffers by strip parity) and the consumers fold them in chunk order after a
- * named barrier. Then the bias and the store. Needs K % 8 == 0 and x, w 16-byte
+ * named barrier. Then the bias and the store. At M = 1 with P.g set the
+ * consumers compute X (an RMSNorm of f32 inputs, mk_norm_x) instead of
+ * loading it. Needs K % 8 == 0 and x, w 16-byte
  * aligned (gpu_gemm.cu picks the form, lg and stages from the same
  * mbd_mk_params and MK_* constants, gemm_params.h). */
 
@@ -947,7 +949,8 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
  * partials go to shared memory [chunk][M][BR]; after the last slot the
  * consumers fold them in chunk order, add the bias (staged before the first
  * slot) and store. Bits: the same chain per (row, column, chunk) as mk_body
- * and the same fold. */
+ * and the same fold. With P.g set (M = 1) X is mk_norm_x's output, as in
+ * mk_body. */
 template <typename T>
 __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
 #ifdef MBD_HAVE_WGMMA
