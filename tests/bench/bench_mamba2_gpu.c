@@ -33,6 +33,9 @@
  * --state bf16 runs the bf16-state route (state=bf16, docs/route.md), the
  * per-op ssd_scan row included (the scan_conv row then stays out: that
  * fusion keeps an f32 state); the default is f32.
+ * ablation rows (old, unfused): decode b1/b8/b64 of a second copy of the
+ * model loaded with kernel choices turned off by their environment
+ * variables (bench_ablate); same bits, so only the time differs.
  * MBD_BENCH_PROFILE=d1|d8|d64|d256|p1|p8: one extra, untimed run of that
  * cell between cudaProfilerStart and cudaProfilerStop, for ncu
  * --profile-from-start off (the kernels of one decode step or one prefill).
@@ -361,6 +364,64 @@ static int rm_synth(const char *dir) {
   return rmdir(dir);
 }
 
+/* Decode b1/b8/b64 on a second copy of the model loaded with some of the
+ * kernel choices turned off through their environment variables (read when
+ * a decode graph is captured; same bits), so one run shows what each buys:
+ * "old" = the strided M <= 16 GEMM, no 64 x 72 tiles, the block RMSNorm, no
+ * norm fused into a GEMM; "unfused" = the default without the fused norms. */
+static int bench_ablate(const char *name, mbd_backend *be, const char *dir, int reps, float *t,
+                        bench_case *base) {
+  static const char *const vars[5] = {"MBD_GEMM_RAGGED", "MBD_GEMM_TILE72", "MBD_RMSNORM_BLOCK",
+                                      "MBD_GEMM_GATED", "MBD_GEMM_RESNORM"};
+  static const char *const old_vals[5] = {"0", "0", "1", "0", "0"};
+  static const char *const rows[2] = {"old", "unfused"};
+  enum { AB = 64 };
+  int rc = 0;
+  for (int v = 0; v < 2 && !rc; v++) {
+    for (int i = v ? 3 : 0; i < 5; i++) setenv(vars[i], old_vals[i], 1);
+    mbd_error err;
+    mbd_error_clear(&err);
+    bench_case k = *base;
+    k.m = NULL;
+    mbd_bstate *st[AB] = {NULL};
+    k.st = st;
+    if (be->ops->model_load(be, dir, &k.m, &err)) {
+      fprintf(stderr, "%s ablation: %s\n", name, err.msg);
+      rc = 1;
+    }
+    for (int i = 0; !rc && i < AB; i++)
+      if (be->ops->state_new(be, k.m, &st[i], &err)) {
+        fprintf(stderr, "%s ablation state %d: %s\n", name, i, err.msg);
+        rc = 1;
+      }
+    static const int bs[3] = {1, 8, 64};
+    double tps[3] = {0, 0, 0};
+    for (int col = 0; !rc && col < 3; col++) {
+      float ms = 0;
+      int taken = 0;
+      k.b = bs[col];
+      k.prefill = 0;
+      if (time_cell(&k, reps, t, &ms, &taken, &err)) {
+        fprintf(stderr, "%s ablation b%d: %s\n", name, k.b, err.msg);
+        rc = 1;
+      }
+      tps[col] = k.b / (ms * 1e-3);
+    }
+    if (!rc)
+      printf("%-5s %-10s | %12.0f %12.0f %12.0f   (decode b1/b8/b64 tokens/s, %s)\n", name,
+             rows[v], tps[0], tps[1], tps[2],
+             v ? "MBD_GEMM_GATED=0 MBD_GEMM_RESNORM=0"
+               : "MBD_GEMM_RAGGED=0 MBD_GEMM_TILE72=0 MBD_RMSNORM_BLOCK=1 MBD_GEMM_GATED=0 "
+                 "MBD_GEMM_RESNORM=0");
+    fflush(stdout);
+    for (int i = 0; i < AB; i++)
+      if (st[i]) be->ops->state_free(be, st[i]);
+    if (k.m) be->ops->model_destroy(be, k.m);
+    for (int i = 0; i < 5; i++) unsetenv(vars[i]);
+  }
+  return rc;
+}
+
 static int bench_shape(const char *name, int reps, double bw, mbd_state_dtype sd) {
   mbd_error err;
   mbd_error_clear(&err);
@@ -458,7 +519,7 @@ static int bench_shape(const char *name, int reps, double bw, mbd_state_dtype sd
   printf("   (weights %.0f MB, state %.1f MB/seq, %s)\n", wb / 1e6, sb / 1e6,
          mbd_state_dtype_name(sd));
   fflush(stdout);
-  rc = bench_ops(name, &c, sd);
+  rc = bench_ablate(name, be, dir, reps, t, &k) | bench_ops(name, &c, sd);
 done:
   for (int i = 0; be && m && i < MAXB; i++)
     if (k.st && k.st[i]) be->ops->state_free(be, k.st[i]);

@@ -19,9 +19,9 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include "../../portable_math.h"
 #include "async_copy.cuh"
 #include "gemm_params.h"
+#include "kernels/cuda/mops_arith.cuh" /* the norms' arithmetic (mk_norm_x) */
 #include "mma_m16n8k16.cuh"
 
 /* ---------------- f32 / tf32: SIMT, one fmaf per K step ---------------- */
@@ -650,10 +650,10 @@ __device__ __forceinline__ void mk_consumer_sync() { /* the 8 consumer warps onl
 /* X (M = 1) as the RMSNorm output g describes (mbd_mk_xnorm), written to the
  * X row in shared memory by the 8 consumer warps, with the 16-bit routes'
  * arithmetic of mbd_mops_gated_rmsnorm (one group of K channels) or
- * mbd_mops_add_rmsnorm: v = y or y * silu(z) (mbd_pm_silu) / y + z; lane l
- * of warp 0 runs the fmaf chain from 0 over c = l, l + 32, ... ascending,
- * the xor butterfly (16, 8, 4, 2, 1) adds the lane sums, r = 1 / sqrtf(ss /
- * K + eps); X = round(w * (v * r)) (gated with norm_before_gate: times
+ * mbd_mops_add_rmsnorm, through the same functions (mops_arith.cuh): v = y
+ * or y * silu(z) / y + z; warp 0 forms r = rms_inv_lanes(v) (lane l's fmaf
+ * chain over c = l, l + 32, ..., the xor butterfly, 1 / sqrtf(ss / K +
+ * eps)); X = round(rms_out(w, v, r)) (gated with norm_before_gate: times
  * silu(z) first). vsm: K + 4 floats of shared memory. gw: this thread's
  * weights (c = threadIdx.x + 256 j), loaded before the dependency wait. */
 template <typename T>
@@ -676,7 +676,7 @@ __device__ __forceinline__ void mk_norm_x(const mbd_mk_xnorm &g, int K,
     const int c = tid + j * NT;
     if (c < K) {
       if (gated)
-        gy[j] = g.norm_before_gate ? gy[j] : __fmul_rn(gy[j], mbd_pm_silu(gz[j]));
+        gy[j] = g.norm_before_gate ? gy[j] : __fmul_rn(gy[j], silu_f(gz[j]));
       else if (g.z)
         gy[j] = __fadd_rn(gy[j], gz[j]);
       vsm[c] = gy[j];
@@ -685,20 +685,8 @@ __device__ __forceinline__ void mk_norm_x(const mbd_mk_xnorm &g, int K,
   }
   mk_consumer_sync();
   if (tid < 32) {
-    float ss = 0.0f;
-#pragma unroll 1
-    for (int c0 = lane; c0 < K; c0 += 256) { /* eight loads, then their eight fmafs */
-      float v[8];
-#pragma unroll
-      for (int j = 0; j < 8; j++) v[j] = c0 + 32 * j < K ? vsm[c0 + 32 * j] : 0.0f;
-#pragma unroll
-      for (int j = 0; j < 8; j++)
-        if (c0 + 32 * j < K) ss = __fmaf_rn(v[j], v[j], ss);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) ss = __fadd_rn(ss, __shfl_xor_sync(0xffffffffu, ss, off));
-    if (lane == 0)
-      vsm[K] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)K), g.eps)));
+    const float r = rms_inv_lanes(vsm, K, g.eps, lane);
+    if (lane == 0) vsm[K] = r;
   }
   mk_consumer_sync();
   const float r = vsm[K];
@@ -706,8 +694,8 @@ __device__ __forceinline__ void mk_norm_x(const mbd_mk_xnorm &g, int K,
   for (int j = 0; j < MK_XNORM_PER_THREAD; j++) {
     const int c = tid + j * NT;
     if (c >= K) continue;
-    float o = __fmul_rn(gw[j], __fmul_rn(gy[j], r));
-    if (gated && g.norm_before_gate) o = __fmul_rn(o, mbd_pm_silu(gz[j]));
+    float o = rms_out(gw[j], gy[j], r);
+    if (gated && g.norm_before_gate) o = __fmul_rn(o, silu_f(gz[j]));
     xrow[c] = mma_op<T>::from_f(o);
   }
 }
