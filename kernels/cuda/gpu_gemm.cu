@@ -238,8 +238,9 @@ static int launch(mbd_gpu_ctx *ctx, int slot, dim3 grid, dim3 block, size_t smem
  * partials (chunks x M x BR f32) + the bias (BR f32) + 1024 + stages x BR x
  * 512. Returns 1 when it does not apply. */
 static int gemm_mkr(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
-                    const mbd_mk_xnorm *xn, int64_t chunks, int64_t xbytes, int64_t cols,
-                    int64_t box_rows, const char **kname, mbd_error *err) {
+                    const mbd_mk_xnorm *xn, const mbd_mk_conv *cv, int64_t chunks,
+                    int64_t xbytes, int64_t cols, int64_t box_rows, const char **kname,
+                    mbd_error *err) {
   const char *env = getenv("MBD_GEMM_RAGGED");
   if (env && env[0] == '0') return 1;
   const int64_t groups = cdiv(a->n, 8);
@@ -247,6 +248,7 @@ static int gemm_mkr(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm
   const int64_t q = groups / grid, r = groups % grid;
   const int64_t br = 8 * (q + (r > 0));
   if (br > 128 || br > cols || (br == cols && br <= box_rows)) return 1;
+  if (cv && a->m * br > (int64_t)MK_WARPS * 32 * MK_CONV_PER_THREAD) return 1;
   const int64_t fixed = MK_BAR_BYTES + xbytes + chunks * a->m * br * 4 + br * 4 + 1024;
   int64_t stages = ((int64_t)ctx->smem_optin - fixed) / (br * 512);
   if (stages > MK_MAX_STAGES) stages = MK_MAX_STAGES;
@@ -262,6 +264,7 @@ static int gemm_mkr(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm
   P.r = (int)r;
   P.stages = (int)stages;
   if (xn) P.g = *xn;
+  if (cv) P.cv = *cv;
   const int slot = MBD_K_MKRGEMM_BF16 + (a->dtype == MBD_DTYPE_BF16 ? 0 : 1);
   *kname = mbd_k_kernel_names[slot];
   void *args[] = {&P};
@@ -281,7 +284,8 @@ static int gemm_mkr(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm
  * BN x CPS x 512. Returns 1 when it does not apply (the caller runs the tile
  * kernels: same bits). */
 static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
-                   const mbd_mk_xnorm *xn, const char **kname, mbd_error *err) {
+                   const mbd_mk_xnorm *xn, const mbd_mk_conv *cv, const char **kname,
+                   mbd_error *err) {
   if (a->m > 16 || a->k % 8 != 0 || ((uintptr_t)a->x & 15) || ((uintptr_t)a->w & 15)) return 1;
   if (a->k > (1 << 20) || encoder() == NULL) return 1; /* X would not fit shared memory */
   const int64_t chunks = cdiv(a->k, MBD_WG_KCH);
@@ -324,8 +328,9 @@ static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
     }
   if (best_lg < 0) return 1;
   {
-    const int rc = gemm_mkr(ctx, a, p, xn, chunks, xbytes, best_cols, best_box / 128, kname, err);
-    if (rc != 1) return rc; /* 1: the strided kernel runs */
+    const int rc =
+        gemm_mkr(ctx, a, p, xn, cv, chunks, xbytes, best_cols, best_box / 128, kname, err);
+    if (rc != 1 || cv) return rc; /* 1: the strided kernel runs (it has no conv step) */
   }
   mbd_mk_params P;
   memset(&P, 0, sizeof P);
@@ -356,7 +361,7 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   bool tma = a->k % 8 == 0 && ((uintptr_t)a->x % 16) == 0 && ((uintptr_t)a->w % 16) == 0 &&
              encoder() != NULL;
   if (a->m <= 16) {
-    int rc = gemm_mk(ctx, a, p, NULL, kname, err);
+    int rc = gemm_mk(ctx, a, p, NULL, NULL, kname, err);
     if (rc != 1) return rc; /* 1: not applicable, the tile kernels run */
   }
   int ti = pick_wtile(ctx, a->m, a->n, a->k, tma);
@@ -475,7 +480,8 @@ extern "C" int mbd_gpu_gemm(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, mbd_er
 /* M = 1 with x computed by the streaming kernel from xn (mbd_mk_xnorm); xin:
  * the norm's input, for the argument checks. 1: not applicable. */
 static int gemm_normed(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_mk_xnorm &xn,
-                       const float *xin, const char *env_off, mbd_error *err) {
+                       const mbd_mk_conv *cv, const float *xin, const char *env_off,
+                       mbd_error *err) {
   const char *env = getenv(env_off);
   if (env && env[0] == '0') return 1;
   if (!a || !xin || !xn.w)
@@ -492,7 +498,7 @@ static int gemm_normed(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_m
   mbd_gemm_params p = {b.x, b.w, b.bias, b.y, (int)b.m, (int)b.n, (int)b.k,
                        b.out_dtype == MBD_DTYPE_F32};
   const char *kname = NULL;
-  rc = gemm_mk(ctx, &b, p, &xn, &kname, err);
+  rc = gemm_mk(ctx, &b, p, &xn, cv, &kname, err);
   if (rc != 0) return rc; /* 1: not applicable, nothing enqueued */
   return note_launch(ctx, &b, kname, err);
 }
@@ -509,7 +515,7 @@ extern "C" int mbd_gpu_gemm_gated(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a,
   xn.w = g->w;
   xn.eps = g->eps;
   xn.norm_before_gate = g->norm_before_gate;
-  return gemm_normed(ctx, a, xn, g->y, "MBD_GEMM_GATED", err);
+  return gemm_normed(ctx, a, xn, NULL, g->y, "MBD_GEMM_GATED", err);
 }
 
 extern "C" int mbd_gpu_gemm_resnorm(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a,
@@ -525,5 +531,24 @@ extern "C" int mbd_gpu_gemm_resnorm(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a
   xn.w = g->w;
   xn.v_out = g->x_out;
   xn.eps = g->eps;
-  return gemm_normed(ctx, a, xn, g->x, "MBD_GEMM_RESNORM", err);
+  mbd_mk_conv cv;
+  memset(&cv, 0, sizeof cv);
+  if (g->conv) {
+    const char *env = getenv("MBD_GEMM_CONV");
+    const mbd_gpu_conv_step *c = g->conv;
+    if ((env && env[0] == '0') || c->k != MK_CONV_K || a->out_dtype != MBD_DTYPE_F32 || c->lo < 0 ||
+        c->n < 1 || c->lo + c->n > a->n || c->n > INT32_MAX)
+      return 1;
+    if (!c->w || !c->state || !c->slots || !c->out)
+      return mbd_error_set(err, MBD_E_INVALID, "GEMM (resnorm): conv w, state, slots and out must be set");
+    cv.w = c->w;
+    cv.bias = c->bias;
+    cv.state = c->state;
+    cv.slots = c->slots;
+    cv.out = c->out;
+    cv.slot_stride = (long long)c->slot_stride;
+    cv.lo = (int)c->lo;
+    cv.n = (int)c->n;
+  }
+  return gemm_normed(ctx, a, xn, g->conv ? &cv : NULL, g->x, "MBD_GEMM_RESNORM", err);
 }

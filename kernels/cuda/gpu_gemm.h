@@ -52,6 +52,21 @@ typedef struct mbd_gpu_gated_norm {
 int mbd_gpu_gemm_gated(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a,
                        const mbd_gpu_gated_norm *g, mbd_error *err);
 
+/* The decode conv step mbd_mops_conv_silu(nseq = M, T = 1, di = n, K = 4,
+ * xz = the GEMM's output from column lo, w, bias, state, slot_stride, slots,
+ * xc = out, f32) applied by the GEMM kernel to its own f32 output columns
+ * [lo, lo + n) as they are stored (same bits, same state update). */
+typedef struct mbd_gpu_conv_step {
+  const float *w;       /* device [4][n] tap-major */
+  const float *bias;    /* device [n] or NULL */
+  float *state;         /* device windows: state + slots[s] * slot_stride + j * n + c */
+  int64_t slot_stride;
+  const int32_t *slots; /* device [M] */
+  float *out;           /* device [M][n] f32 */
+  int64_t lo, n;
+  int k; /* taps: only 4 is fused */
+} mbd_gpu_conv_step;
+
 /* The residual add + RMSNorm that produces a GEMM's single row of x:
  * mbd_mops_add_rmsnorm(M = 1, d = K, resid = x, delta, w, eps, act = the
  * GEMM dtype) would write exactly that x, except that x + delta goes to
@@ -63,6 +78,9 @@ typedef struct mbd_gpu_res_norm {
   float eps;
   float *x_out;       /* device [K] f32: receives x + delta (delta set), or NULL; must not
                          alias x or delta */
+  const mbd_gpu_conv_step *conv; /* NULL, or the conv step on the output (f32 output;
+                                    only the ragged-range kernel has it: 1 otherwise;
+                                    MBD_GEMM_CONV=0 turns it off) */
 } mbd_gpu_res_norm;
 
 /* mbd_gpu_gemm_gated's counterpart for mbd_gpu_res_norm (same conditions;

@@ -342,11 +342,16 @@ static int gated_out_proj(m2gpu *m, int64_t rows, const layer2_d *L, mbd_error *
  * (mbd_gpu_gemm_resnorm, the same bits) and, with a delta, leaves res +
  * delta in the other of resid / resid2 (*res then points there: every block
  * of that GEMM reads *res, so none may update it in place); otherwise
- * add_rmsnorm updates *res in place and writes hn for the GEMM. */
+ * add_rmsnorm updates *res in place and writes hn for the GEMM. cv: the
+ * layer's decode conv step (T = 1) on zx's xBC columns; *conv_done = 1 when
+ * the GEMM kernel ran it too (mbd_gpu_res_norm.conv), 0 when the caller must
+ * run mbd_mops_conv_silu. */
 static int norm_in_proj(m2gpu *m, int64_t rows, const layer2_d *L, float **res,
-                        const float *delta, mbd_error *err) {
+                        const float *delta, const mbd_gpu_conv_step *cv, int *conv_done,
+                        mbd_error *err) {
   const mbd_mamba2_config *c = &m->cfg;
   const int64_t d = c->d_model;
+  *conv_done = 0;
   if (rows == 1) {
     float *other = *res == m->resid ? m->resid2 : m->resid;
     mbd_gpu_gemm_args a;
@@ -361,8 +366,13 @@ static int norm_in_proj(m2gpu *m, int64_t rows, const layer2_d *L, float **res,
     a.bias = L->in_b;
     a.y = m->zx;
     a.w_static = 1;
-    const mbd_gpu_res_norm g = {*res, delta, L->norm, c->norm_eps, delta ? other : NULL};
-    const int rc = mbd_gpu_gemm_resnorm(m->ctx, &a, &g, err);
+    mbd_gpu_res_norm g = {*res, delta, L->norm, c->norm_eps, delta ? other : NULL, cv};
+    int rc = cv ? mbd_gpu_gemm_resnorm(m->ctx, &a, &g, err) : 1;
+    if (rc == 0) *conv_done = 1;
+    if (rc == 1) { /* not with the conv step: without it */
+      g.conv = NULL;
+      rc = mbd_gpu_gemm_resnorm(m->ctx, &a, &g, err);
+    }
     if (rc == 0 && delta) *res = other;
     if (rc != 1) return rc; /* 1: not applicable, nothing enqueued */
   }
@@ -387,8 +397,15 @@ static int run_layers(m2gpu *m, int ns, int tw, const int32_t *slots, mbd_error 
     const layer2_d *L = &m->layers[l];
     float *conv_st = m->conv_st + (int64_t)l * (c->d_conv - 1) * m->cd;
     char *ssm_st = (char *)m->ssm_st + (size_t)l * (size_t)(di * c->d_state) * (size_t)m->ssm_es;
-    if ((rc = norm_in_proj(m, rows, L, &res, l ? m->out : NULL, err))) return rc;
-    if (!(rc = mbd_mops_conv_silu(m->stream, ns, tw, (int)m->cd, c->d_conv, m->zx + di, m->pin,
+    /* the decode conv step as the in_proj GEMM may fuse it (one row) */
+    const mbd_gpu_conv_step cv = {L->conv_w, L->conv_b, conv_st, m->conv_slot, slots,
+                                  m->xbc,    di,        m->cd,   c->d_conv};
+    int conv_done = 0;
+    if ((rc = norm_in_proj(m, rows, L, &res, l ? m->out : NULL, tw == 1 ? &cv : NULL,
+                           &conv_done, err)))
+      return rc;
+    if (conv_done ||
+        !(rc = mbd_mops_conv_silu(m->stream, ns, tw, (int)m->cd, c->d_conv, m->zx + di, m->pin,
                                   L->conv_w, L->conv_b, conv_st, m->conv_slot, slots, m->xbc,
                                   MBD_DTYPE_F32, NULL, err))) {
       if (m->ssm_es == 2)

@@ -44,6 +44,7 @@
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/gpu_gemm.h"
 #include "kernels/cuda/ops/add_rmsnorm.h"
+#include "kernels/cuda/ops/conv_silu.h"
 #include "kernels/cuda/ops/gated_rmsnorm.h"
 
 #define MAXM 8192
@@ -535,7 +536,7 @@ static void run_gated(mbd_dtype_policy pol) {
       CHECK_OK(mbd_gpu_download(ctx, hr, dra, k * 4, &err));
       CHECK_OK(mbd_gpu_memset(ctx, dx, 0xff, k * 2, &err));
       CHECK_OK(mbd_gpu_memset(ctx, dout, 0xff, n * 4, &err));
-      const mbd_gpu_res_norm g = {drb, delta, dg, 1e-5f, with_delta ? (float *)dro : NULL};
+      const mbd_gpu_res_norm g = {drb, delta, dg, 1e-5f, with_delta ? (float *)dro : NULL, NULL};
       CHECK_OK(mbd_gpu_record_begin(ctx, &err));
       const int rc = mbd_gpu_gemm_resnorm(ctx, &a, &g, &err);
       CHECK_OK(mbd_gpu_record_end(ctx, &err));
@@ -560,6 +561,75 @@ static void run_gated(mbd_dtype_policy pol) {
           fail_msg("resnorm N=%lld K=%lld: x_out != add_rmsnorm's updated residual",
                    (long long)n, (long long)k);
       }
+    }
+    /* with the decode conv step on columns [lo, lo + cn) (the Mamba-2 in_proj's
+     * xBC: 8512 = 4096 + 4352 + 64): == mbd_mops_conv_silu on the unfused
+     * output, outputs and windows (slot 1 of 2); only the ragged kernel has it */
+    {
+      const int64_t lo = n == 8512 ? 4096 : n / 4, cn = n == 8512 ? 4352 : n / 2;
+      const int64_t ss = 3 * cn + 8; /* slot stride */
+      float *hcw = malloc(4 * cn * 4), *hcb = malloc(cn * 4), *hst = malloc(2 * ss * 4);
+      float *wst = malloc(2 * ss * 4), *gst = malloc(2 * ss * 4);
+      float *wxc = malloc(cn * 4), *gxc = malloc(cn * 4);
+      assert_non_null(gxc);
+      gpu_test_fill(MBD_DTYPE_F32, 4 * cn, &seed, hcw, hcw);
+      for (int64_t i = 0; i < cn; i++) hcb[i] = 0.01f * (float)(i % 7) - 0.03f;
+      for (int64_t i = 0; i < 2 * ss; i++) hst[i] = 0.5f * (float)((i * 37) % 11) - 2.0f;
+      void *dcw, *dcb, *dst, *dxc, *dsl;
+      const int32_t slot1 = 1;
+      CHECK_OK(mbd_gpu_alloc(ctx, 4 * cn * 4, &dcw, &err));
+      CHECK_OK(mbd_gpu_alloc(ctx, cn * 4, &dcb, &err));
+      CHECK_OK(mbd_gpu_alloc(ctx, 2 * ss * 4, &dst, &err));
+      CHECK_OK(mbd_gpu_alloc(ctx, cn * 4, &dxc, &err));
+      CHECK_OK(mbd_gpu_alloc(ctx, 4, &dsl, &err));
+      CHECK_OK(mbd_gpu_upload(ctx, dcw, hcw, 4 * cn * 4, &err));
+      CHECK_OK(mbd_gpu_upload(ctx, dcb, hcb, cn * 4, &err));
+      CHECK_OK(mbd_gpu_upload(ctx, dsl, &slot1, 4, &err));
+      mbd_gpu_gemm_args a = {dt, MBD_DTYPE_F32, 1, n, k, dx, dw, db, dout, 1};
+      /* unfused: add_rmsnorm, GEMM, conv */
+      CHECK_OK(mbd_gpu_upload(ctx, dra, hy, k * 4, &err));
+      CHECK_OK(mbd_gpu_upload(ctx, dst, hst, 2 * ss * 4, &err));
+      CHECK_OK(mbd_gpu_memset(ctx, dxc, 0xff, cn * 4, &err));
+      CHECK_OK(mbd_mops_add_rmsnorm(mbd_gpu_ctx_stream(ctx), 1, (int)k, 1, 0, dra, dz, dg, 1e-5f,
+                                    dt, dx, &err));
+      CHECK_OK(mbd_gpu_gemm(ctx, &a, &err));
+      CHECK_OK(mbd_mops_conv_silu(mbd_gpu_ctx_stream(ctx), 1, 1, (int)cn, 4, (float *)dout + lo,
+                                  n, dcw, dcb, dst, ss, dsl, dxc, MBD_DTYPE_F32, NULL, &err));
+      CHECK_OK(mbd_gpu_ctx_sync(ctx, &err));
+      CHECK_OK(mbd_gpu_download(ctx, want, dout, n * 4, &err));
+      CHECK_OK(mbd_gpu_download(ctx, wxc, dxc, cn * 4, &err));
+      CHECK_OK(mbd_gpu_download(ctx, wst, dst, 2 * ss * 4, &err));
+      /* fused */
+      CHECK_OK(mbd_gpu_upload(ctx, drb, hy, k * 4, &err));
+      CHECK_OK(mbd_gpu_upload(ctx, dst, hst, 2 * ss * 4, &err));
+      CHECK_OK(mbd_gpu_memset(ctx, dxc, 0xff, cn * 4, &err));
+      CHECK_OK(mbd_gpu_memset(ctx, dout, 0xff, n * 4, &err));
+      const mbd_gpu_conv_step cv = {dcw, dcb, dst, ss, dsl, dxc, lo, cn, 4};
+      const mbd_gpu_res_norm g = {drb, dz, dg, 1e-5f, dro, &cv};
+      CHECK_OK(mbd_gpu_record_begin(ctx, &err));
+      const int rc = mbd_gpu_gemm_resnorm(ctx, &a, &g, &err);
+      CHECK_OK(mbd_gpu_record_end(ctx, &err));
+      if (rc < 0) fail_msg("mbd_gpu_gemm_resnorm (conv): %s", err.msg);
+      if (rc == 0) {
+        assert_non_null(strstr(mbd_gpu_record_at(ctx, 0)->kernel, "mkrgemm"));
+        CHECK_OK(mbd_gpu_ctx_sync(ctx, &err));
+        CHECK_OK(mbd_gpu_download(ctx, got, dout, n * 4, &err));
+        CHECK_OK(mbd_gpu_download(ctx, gxc, dxc, cn * 4, &err));
+        CHECK_OK(mbd_gpu_download(ctx, gst, dst, 2 * ss * 4, &err));
+        if (memcmp(want, got, n * 4) || memcmp(wxc, gxc, cn * 4) || memcmp(wst, gst, 2 * ss * 4))
+          fail_msg("resnorm+conv %s N=%lld K=%lld: output %d, conv out %d, windows %d differ",
+                   mbd_dtype_name(dt), (long long)n, (long long)k, memcmp(want, got, n * 4) != 0,
+                   memcmp(wxc, gxc, cn * 4) != 0, memcmp(wst, gst, 2 * ss * 4) != 0);
+      } else {
+        assert_int_equal(mbd_gpu_record_count(ctx), 0);
+      }
+      if (sm90a && n == 8512) assert_int_equal(rc, 0); /* the model's shape must fuse */
+      mbd_gpu_free(ctx, dcw);
+      mbd_gpu_free(ctx, dcb);
+      mbd_gpu_free(ctx, dst);
+      mbd_gpu_free(ctx, dxc);
+      mbd_gpu_free(ctx, dsl);
+      free(hcw); free(hcb); free(hst); free(wst); free(gst); free(wxc); free(gxc);
     }
     mbd_gpu_free(ctx, dra);
     mbd_gpu_free(ctx, drb);

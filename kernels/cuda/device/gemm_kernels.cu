@@ -993,8 +993,31 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
     bsm[threadIdx.x] = n0 + (int)threadIdx.x < N ? mma_op<T>::to_f(B[n0 + threadIdx.x]) : 0.0f;
   float gw[MK_XNORM_PER_THREAD]; /* the norm's weights: static, before the wait */
   mk_norm_w(P.g, K, gw);
+  /* the conv step's operands of this thread's fold elements e = tid + 256 i:
+   * weights and bias (static) now, windows after the wait */
+  const mbd_mk_conv &cv = P.cv;
+  const bool conv = cv.w != nullptr;
+  float cwk[MK_CONV_PER_THREAD][MK_CONV_K], cwin[MK_CONV_PER_THREAD][MK_CONV_K - 1];
+  float cb[MK_CONV_PER_THREAD];
+  int cch[MK_CONV_PER_THREAD]; /* the element's channel, or -1 */
+#pragma unroll
+  for (int i = 0; i < MK_CONV_PER_THREAD; i++) {
+    const int e = threadIdx.x + i * MK_WARPS * 32, row = e / W, on = n0 + e - row * W;
+    cch[i] = conv && e < M * W && on < N && on >= cv.lo && on < cv.lo + cv.n ? on - cv.lo : -1;
+    const int ch = cch[i] < 0 ? 0 : cch[i];
+#pragma unroll
+    for (int j = 0; j < MK_CONV_K; j++) cwk[i][j] = cch[i] < 0 ? 0.0f : cv.w[(size_t)j * cv.n + ch];
+    cb[i] = cch[i] >= 0 && cv.bias ? cv.bias[ch] : 0.0f;
+  }
   wg_pdl_wait(); /* X and Y belong to the predecessor until it completes */
   wg_pdl_trigger();
+#pragma unroll
+  for (int i = 0; i < MK_CONV_PER_THREAD; i++) {
+    const int e = threadIdx.x + i * MK_WARPS * 32, row = e / W;
+    const float *st = cch[i] < 0 ? nullptr : cv.state + (size_t)cv.slots[row] * cv.slot_stride + cch[i];
+#pragma unroll
+    for (int j = 0; j < MK_CONV_K - 1; j++) cwin[i][j] = st ? st[(size_t)j * cv.n] : 0.0f;
+  }
   if (normed) {
     mk_norm_x<T>(P.g, K, gw, vsm, (T *)xsm);
   } else { /* X: 16-byte pieces, eight loads in flight per thread before the stores */
@@ -1063,9 +1086,9 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
     if (lane == 0) mbar_arrive(empty0 + 8 * s); /* this warp's items of the slot are done */
   }
   mk_consumer_sync();
-  for (int e = threadIdx.x; e < M * W; e += MK_WARPS * 32) { /* fold in chunk order */
+  /* fold element e in chunk order, bias, store; returns the stored f32 */
+  auto fold = [&](int e) {
     const int row = e / W, col = e - row * W, on = n0 + col;
-    if (on >= N) continue;
     float v = part[(size_t)row * BR + col];
     for (int cc = 1; cc < C; cc++) v = __fadd_rn(v, part[((size_t)cc * M + row) * BR + col]);
     if (B) v = __fadd_rn(v, bsm[col]);
@@ -1074,6 +1097,25 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
       ((float *)p.y)[o] = v;
     else
       ((T *)p.y)[o] = mma_op<T>::from_f(v);
+    return v;
+  };
+  if (conv) { /* at most MK_CONV_PER_THREAD elements a thread (the host checks) */
+#pragma unroll
+    for (int i = 0; i < MK_CONV_PER_THREAD; i++) {
+      const int e = threadIdx.x + i * MK_WARPS * 32, row = e / W;
+      if (e >= M * W || n0 + e - row * W >= N) continue;
+      const float v = fold(e);
+      if (cch[i] < 0) continue;
+      /* k_conv_step4's arithmetic on the value it would have loaded (v = y) */
+      cv.out[(size_t)row * cv.n + cch[i]] = conv_silu_out<MK_CONV_K>(cwk[i], cwin[i], v, cv.bias != nullptr, cb[i]);
+      float *st = cv.state + (size_t)cv.slots[row] * cv.slot_stride + cch[i];
+#pragma unroll
+      for (int j = 0; j + 1 < MK_CONV_K - 1; j++) st[(size_t)j * cv.n] = cwin[i][j + 1];
+      st[(size_t)(MK_CONV_K - 2) * cv.n] = v;
+    }
+  } else {
+    for (int e = threadIdx.x; e < M * W; e += MK_WARPS * 32) /* fold in chunk order */
+      if (n0 + e % W < N) fold(e);
   }
 #else
   (void)P;

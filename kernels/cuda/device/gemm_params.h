@@ -113,6 +113,24 @@ typedef struct mbd_mk_params {
  * of 8-column groups, q + 1 groups for blocks b < r, q for the others, from
  * group b q + min(b, r); its W moves by boxes of all its rows (64 k x 8 q or
  * 8 (q + 1) rows), one chunk (four k tiles) per ring slot. */
+/* The decode conv step (mbd_mops_conv_silu at T = 1, MK_CONV_K taps) the
+ * ragged kernel may apply to its output columns [lo, lo + n) (channel c =
+ * column lo + c), after storing them: row s's window of channel c is
+ * state + slots[s] * slot_stride + j * n + c (j < MK_CONV_K - 1, oldest
+ * first); out[s * n + c] = conv_silu_out(w[.][c], window, y, bias[c]); the
+ * window then moves on by y. Each (row, channel) has one thread. */
+#define MK_CONV_K 4
+#define MK_CONV_PER_THREAD 3 /* M x the block's columns <= MK_WARPS * 32 * this */
+typedef struct mbd_mk_conv {
+  const float *w;       /* [MK_CONV_K][n] tap-major, or NULL: no conv */
+  const float *bias;    /* [n] or NULL */
+  float *state;         /* the windows (see above) */
+  const int32_t *slots; /* [M] */
+  float *out;           /* [M][n] f32 */
+  long long slot_stride;
+  int lo, n;
+} mbd_mk_conv;
+
 typedef struct mbd_mkr_params {
   CUtensorMap tw;     /* W [N,K], box {64, 8 q}, 128B swizzle */
   CUtensorMap tw_big; /* W [N,K], box {64, 8 (q + 1)} (blocks b < r; unused when r == 0) */
@@ -121,6 +139,7 @@ typedef struct mbd_mkr_params {
   int q, r;   /* groups per block: q + (b < r); q >= 1, grid * q + r = ceil(N / 8) */
   int stages; /* ring slots, 1..MK_MAX_STAGES */
   mbd_mk_xnorm g; /* as mbd_mk_params.g; the K + 4 f32 follow the bias */
+  mbd_mk_conv cv; /* cv.w != NULL: the conv step on the output (M x columns <= 768) */
 } mbd_mkr_params;
 
 #endif
