@@ -238,9 +238,8 @@ static int launch(mbd_gpu_ctx *ctx, int slot, dim3 grid, dim3 block, size_t smem
  * partials (chunks x M x BR f32) + the bias (BR f32) + 1024 + stages x BR x
  * 512. Returns 1 when it does not apply. */
 static int gemm_mkr(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
-                    const mbd_mk_xnorm *xn, const mbd_mk_conv *cv, int64_t chunks,
-                    int64_t xbytes, int64_t cols, int64_t box_rows, const char **kname,
-                    mbd_error *err) {
+                    int64_t chunks, int64_t xbytes, int64_t cols, int64_t box_rows,
+                    const char **kname, mbd_error *err) {
   const char *env = getenv("MBD_GEMM_RAGGED");
   if (env && env[0] == '0') return 1;
   const int64_t groups = cdiv(a->n, 8);
@@ -248,7 +247,6 @@ static int gemm_mkr(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm
   const int64_t q = groups / grid, r = groups % grid;
   const int64_t br = 8 * (q + (r > 0));
   if (br > 128 || br > cols || (br == cols && br <= box_rows)) return 1;
-  if (cv && a->m * br > (int64_t)MK_WARPS * 32 * MK_CONV_PER_THREAD) return 1;
   const int64_t fixed = MK_BAR_BYTES + xbytes + chunks * a->m * br * 4 + br * 4 + 1024;
   int64_t stages = ((int64_t)ctx->smem_optin - fixed) / (br * 512);
   if (stages > MK_MAX_STAGES) stages = MK_MAX_STAGES;
@@ -263,8 +261,6 @@ static int gemm_mkr(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm
   P.q = (int)q;
   P.r = (int)r;
   P.stages = (int)stages;
-  if (xn) P.g = *xn;
-  if (cv) P.cv = *cv;
   const int slot = MBD_K_MKRGEMM_BF16 + (a->dtype == MBD_DTYPE_BF16 ? 0 : 1);
   *kname = mbd_k_kernel_names[slot];
   void *args[] = {&P};
@@ -284,13 +280,11 @@ static int gemm_mkr(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm
  * BN x CPS x 512. Returns 1 when it does not apply (the caller runs the tile
  * kernels: same bits). */
 static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
-                   const mbd_mk_xnorm *xn, const mbd_mk_conv *cv, const char **kname,
-                   mbd_error *err) {
+                   const char **kname, mbd_error *err) {
   if (a->m > 16 || a->k % 8 != 0 || ((uintptr_t)a->x & 15) || ((uintptr_t)a->w & 15)) return 1;
   if (a->k > (1 << 20) || encoder() == NULL) return 1; /* X would not fit shared memory */
   const int64_t chunks = cdiv(a->k, MBD_WG_KCH);
-  const int64_t gbytes = xn ? (a->k + 4) * 4 : 0; /* the norm's row and scale */
-  const int64_t xbytes = a->m * (2 * a->k + 16) + gbytes;
+  const int64_t xbytes = a->m * (2 * a->k + 16);
   int best_sw = -1, best_lg = -1;
   int64_t best_box = 0, best_stages = 0, best_strips = 0, best_slots = 0, best_cols = 0;
   double best_t = 0;
@@ -328,9 +322,8 @@ static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
     }
   if (best_lg < 0) return 1;
   {
-    const int rc =
-        gemm_mkr(ctx, a, p, xn, cv, chunks, xbytes, best_cols, best_box / 128, kname, err);
-    if (rc != 1 || cv) return rc; /* 1: the strided kernel runs (it has no conv step) */
+    const int rc = gemm_mkr(ctx, a, p, chunks, xbytes, best_cols, best_box / 128, kname, err);
+    if (rc != 1) return rc; /* 1: the strided kernel runs */
   }
   mbd_mk_params P;
   memset(&P, 0, sizeof P);
@@ -344,7 +337,6 @@ static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   P.lg = best_lg;
   P.strips = (int)best_strips;
   P.stages = (int)best_stages;
-  if (xn) P.g = *xn;
   int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_MKGEMM_BF16 : MBD_K_MKGEMM_F16) + !best_sw;
   *kname = mbd_k_kernel_names[slot];
   void *args[] = {&P};
@@ -361,7 +353,7 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   bool tma = a->k % 8 == 0 && ((uintptr_t)a->x % 16) == 0 && ((uintptr_t)a->w % 16) == 0 &&
              encoder() != NULL;
   if (a->m <= 16) {
-    int rc = gemm_mk(ctx, a, p, NULL, NULL, kname, err);
+    int rc = gemm_mk(ctx, a, p, kname, err);
     if (rc != 1) return rc; /* 1: not applicable, the tile kernels run */
   }
   int ti = pick_wtile(ctx, a->m, a->n, a->k, tma);
@@ -448,21 +440,6 @@ static int gemm_blas(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, mbd_error *er
   return MBD_OK;
 }
 
-static int note_launch(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const char *kname,
-                       mbd_error *err) {
-  mbd_gpu_launch_rec r;
-  memset(&r, 0, sizeof r);
-  snprintf(r.kernel, sizeof r.kernel, "%s", kname);
-  r.m = a->m;
-  r.n = a->n;
-  r.k = a->k;
-  r.dtype = a->dtype;
-  r.out_dtype = a->out_dtype;
-  r.has_bias = a->bias != NULL;
-  r.mode = ctx->mode;
-  return mbd_gpu_ctx_note_launch(ctx, &r, err);
-}
-
 extern "C" int mbd_gpu_gemm(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, mbd_error *err) {
   int rc = mbd_gpu_ctx_enter(ctx, err);
   if (rc < 0) return rc;
@@ -474,81 +451,15 @@ extern "C" int mbd_gpu_gemm(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, mbd_er
   else
     rc = gemm_blas(ctx, a, err);
   if (rc < 0) return rc;
-  return note_launch(ctx, a, kname, err);
-}
-
-/* M = 1 with x computed by the streaming kernel from xn (mbd_mk_xnorm); xin:
- * the norm's input, for the argument checks. 1: not applicable. */
-static int gemm_normed(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_mk_xnorm &xn,
-                       const mbd_mk_conv *cv, const float *xin, const char *env_off,
-                       mbd_error *err) {
-  const char *env = getenv(env_off);
-  if (env && env[0] == '0') return 1;
-  if (!a || !xin || !xn.w)
-    return mbd_error_set(err, MBD_E_INVALID, "GEMM (normed x): args, input and weight must be set");
-  int rc = mbd_gpu_ctx_enter(ctx, err);
-  if (rc < 0) return rc;
-  if (ctx->mode != MBD_GEMM_DETERMINISTIC || a->dtype == MBD_DTYPE_F32 || !use_wgmma(ctx) ||
-      a->m != 1 || a->k > (int64_t)MK_WARPS * 32 * MK_XNORM_PER_THREAD)
-    return 1;
-  mbd_gpu_gemm_args b = *a;
-  b.x = xin; /* for the argument checks; the kernel reads the norm's inputs instead */
-  rc = check_args(ctx, &b, err);
-  if (rc < 0) return rc;
-  mbd_gemm_params p = {b.x, b.w, b.bias, b.y, (int)b.m, (int)b.n, (int)b.k,
-                       b.out_dtype == MBD_DTYPE_F32};
-  const char *kname = NULL;
-  rc = gemm_mk(ctx, &b, p, &xn, cv, &kname, err);
-  if (rc != 0) return rc; /* 1: not applicable, nothing enqueued */
-  return note_launch(ctx, &b, kname, err);
-}
-
-extern "C" int mbd_gpu_gemm_gated(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a,
-                                  const mbd_gpu_gated_norm *g, mbd_error *err) {
-  if (!g || !g->z)
-    return mbd_error_set(err, MBD_E_INVALID, "GEMM (gated): the norm and its gate must be set");
-  mbd_mk_xnorm xn;
-  memset(&xn, 0, sizeof xn);
-  xn.kind = MK_XNORM_GATED;
-  xn.y = g->y;
-  xn.z = g->z;
-  xn.w = g->w;
-  xn.eps = g->eps;
-  xn.norm_before_gate = g->norm_before_gate;
-  return gemm_normed(ctx, a, xn, NULL, g->y, "MBD_GEMM_GATED", err);
-}
-
-extern "C" int mbd_gpu_gemm_resnorm(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a,
-                                    const mbd_gpu_res_norm *g, mbd_error *err) {
-  if (!g) return mbd_error_set(err, MBD_E_INVALID, "GEMM (resnorm): the norm must be set");
-  if (g->x_out && (g->x_out == g->x || (g->delta && g->x_out == g->delta)))
-    return mbd_error_set(err, MBD_E_INVALID, "GEMM (resnorm): x_out aliases x or delta");
-  mbd_mk_xnorm xn;
-  memset(&xn, 0, sizeof xn);
-  xn.kind = MK_XNORM_RESID;
-  xn.y = g->x;
-  xn.z = g->delta;
-  xn.w = g->w;
-  xn.v_out = g->x_out;
-  xn.eps = g->eps;
-  mbd_mk_conv cv;
-  memset(&cv, 0, sizeof cv);
-  if (g->conv) {
-    const char *env = getenv("MBD_GEMM_CONV");
-    const mbd_gpu_conv_step *c = g->conv;
-    if ((env && env[0] == '0') || c->k != MK_CONV_K || a->out_dtype != MBD_DTYPE_F32 || c->lo < 0 ||
-        c->n < 1 || c->lo + c->n > a->n || c->n > INT32_MAX)
-      return 1;
-    if (!c->w || !c->state || !c->slots || !c->out)
-      return mbd_error_set(err, MBD_E_INVALID, "GEMM (resnorm): conv w, state, slots and out must be set");
-    cv.w = c->w;
-    cv.bias = c->bias;
-    cv.state = c->state;
-    cv.slots = c->slots;
-    cv.out = c->out;
-    cv.slot_stride = (long long)c->slot_stride;
-    cv.lo = (int)c->lo;
-    cv.n = (int)c->n;
-  }
-  return gemm_normed(ctx, a, xn, g->conv ? &cv : NULL, g->x, "MBD_GEMM_RESNORM", err);
+  mbd_gpu_launch_rec r;
+  memset(&r, 0, sizeof r);
+  snprintf(r.kernel, sizeof r.kernel, "%s", kname);
+  r.m = a->m;
+  r.n = a->n;
+  r.k = a->k;
+  r.dtype = a->dtype;
+  r.out_dtype = a->out_dtype;
+  r.has_bias = a->bias != NULL;
+  r.mode = ctx->mode;
+  return mbd_gpu_ctx_note_launch(ctx, &r, err);
 }

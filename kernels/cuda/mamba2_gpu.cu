@@ -81,8 +81,6 @@ typedef struct m2gpu {
   int32_t *d_step, *h_step; /* decode staging [2 bucket_max]: tokens, then slots */
   int32_t *h_next;          /* pinned [bucket_max]: the step's greedy picks */
   float *resid, *zx, *xbc, *y, *out, *logits;
-  float *resid2; /* [d]: the residual stream's other buffer at one row (norm_in_proj) */
-  float *res_at; /* where run_layers left the residual stream: resid or resid2 */
   void *hn, *y_act;
   void *sample_work;
   mbd_gpu_graph *graphs[M2G_MAX_BUCKETS]; /* decode graph of bucket 2^i, captured on first use */
@@ -199,7 +197,6 @@ static int alloc_runtime(m2gpu *m, mbd_error *err) {
   MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_step, 3 * bm * 4), err);
   m->h_next = m->h_step + 2 * bm;
   DA(m->resid, rows * d * 4);
-  DA(m->resid2, d * 4);
   DA(m->hn, rows * d * es);
   DA(m->zx, rows * pin * 4);
   DA(m->xbc, rows * cd * 4);
@@ -305,107 +302,23 @@ static int gemm(m2gpu *m, int64_t rows, int64_t n, int64_t k, const void *x, con
   return mbd_gpu_gemm(m->ctx, &a, err);
 }
 
-/* The gated norm of m->y (gate zx) and out_proj into m->out. One row (batch-1
- * decode) with one group: the GEMM kernel computes its x itself
- * (mbd_gpu_gemm_gated, the same bits); otherwise the norm writes y_act and
- * the GEMM reads it. */
-static int gated_out_proj(m2gpu *m, int64_t rows, const layer2_d *L, mbd_error *err) {
-  const mbd_mamba2_config *c = &m->cfg;
-  const int64_t d = c->d_model, di = c->d_inner;
-  if (rows == 1 && c->n_groups == 1) {
-    mbd_gpu_gemm_args a;
-    memset(&a, 0, sizeof a);
-    a.dtype = m->dtype;
-    a.out_dtype = MBD_DTYPE_F32;
-    a.m = 1;
-    a.n = d;
-    a.k = di;
-    a.x = m->y_act; /* not read */
-    a.w = L->out_w;
-    a.bias = L->out_b;
-    a.y = m->out;
-    a.w_static = 1;
-    const mbd_gpu_gated_norm g = {m->y, m->zx, L->gnorm, c->norm_eps, c->norm_before_gate};
-    const int rc = mbd_gpu_gemm_gated(m->ctx, &a, &g, err);
-    if (rc != 1) return rc; /* 1: not applicable, nothing enqueued */
-  }
-  int rc = mbd_mops_gated_rmsnorm(m->stream, rows, (int)di, (int)(di / c->n_groups), m->y, m->zx,
-                                  m->pin, L->gnorm, c->norm_eps, c->norm_before_gate, m->dtype,
-                                  m->y_act, err);
-  if (rc) return rc;
-  return gemm(m, rows, d, di, m->y_act, L->out_w, L->out_b, m->out, err);
-}
-
-/* The residual add (delta: the previous layer's out_proj output, or NULL)
- * + RMSNorm and in_proj into m->zx, the residual stream in *res. One row
- * (batch-1 decode): the GEMM kernel computes its x itself
- * (mbd_gpu_gemm_resnorm, the same bits) and, with a delta, leaves res +
- * delta in the other of resid / resid2 (*res then points there: every block
- * of that GEMM reads *res, so none may update it in place); otherwise
- * add_rmsnorm updates *res in place and writes hn for the GEMM. cv: the
- * layer's decode conv step (T = 1) on zx's xBC columns; *conv_done = 1 when
- * the GEMM kernel ran it too (mbd_gpu_res_norm.conv), 0 when the caller must
- * run mbd_mops_conv_silu. */
-static int norm_in_proj(m2gpu *m, int64_t rows, const layer2_d *L, float **res,
-                        const float *delta, const mbd_gpu_conv_step *cv, int *conv_done,
-                        mbd_error *err) {
-  const mbd_mamba2_config *c = &m->cfg;
-  const int64_t d = c->d_model;
-  *conv_done = 0;
-  if (rows == 1) {
-    float *other = *res == m->resid ? m->resid2 : m->resid;
-    mbd_gpu_gemm_args a;
-    memset(&a, 0, sizeof a);
-    a.dtype = m->dtype;
-    a.out_dtype = MBD_DTYPE_F32;
-    a.m = 1;
-    a.n = m->pin;
-    a.k = d;
-    a.x = m->hn; /* not read */
-    a.w = L->in_w;
-    a.bias = L->in_b;
-    a.y = m->zx;
-    a.w_static = 1;
-    mbd_gpu_res_norm g = {*res, delta, L->norm, c->norm_eps, delta ? other : NULL, cv};
-    int rc = cv ? mbd_gpu_gemm_resnorm(m->ctx, &a, &g, err) : 1;
-    if (rc == 0) *conv_done = 1;
-    if (rc == 1) { /* not with the conv step: without it */
-      g.conv = NULL;
-      rc = mbd_gpu_gemm_resnorm(m->ctx, &a, &g, err);
-    }
-    if (rc == 0 && delta) *res = other;
-    if (rc != 1) return rc; /* 1: not applicable, nothing enqueued */
-  }
-  int rc = mbd_mops_add_rmsnorm(m->stream, rows, (int)d, 1, 0, *res, delta, L->norm, c->norm_eps,
-                                m->dtype, m->hn, err);
-  if (rc) return rc;
-  return gemm(m, rows, m->pin, d, m->hn, L->in_w, L->in_b, m->zx, err);
-}
-
 /* The layers over rows = ns sequences x tw steps already embedded in resid
- * (slots: their device slot indices); leaves the residual stream in
- * m->res_at (resid or resid2) with the last layer's output not yet added
- * (m->out holds it). */
+ * (slots: their device slot indices); leaves resid with the last layer's
+ * output not yet added (m->out holds it). */
 static int run_layers(m2gpu *m, int ns, int tw, const int32_t *slots, mbd_error *err) {
   const mbd_mamba2_config *c = &m->cfg;
-  const int64_t rows = (int64_t)ns * tw, di = c->d_inner;
+  const int64_t rows = (int64_t)ns * tw, d = c->d_model, di = c->d_inner;
   const mbd_mops_ssd_dims dm = {c->n_heads, c->head_dim, c->d_state, c->n_groups};
-  float *res = m->resid;
   int rc = 0;
-  m->res_at = res;
   for (int l = 0; l < c->n_layer; l++) {
     const layer2_d *L = &m->layers[l];
     float *conv_st = m->conv_st + (int64_t)l * (c->d_conv - 1) * m->cd;
     char *ssm_st = (char *)m->ssm_st + (size_t)l * (size_t)(di * c->d_state) * (size_t)m->ssm_es;
-    /* the decode conv step as the in_proj GEMM may fuse it (one row) */
-    const mbd_gpu_conv_step cv = {L->conv_w, L->conv_b, conv_st, m->conv_slot, slots,
-                                  m->xbc,    di,        m->cd,   c->d_conv};
-    int conv_done = 0;
-    if ((rc = norm_in_proj(m, rows, L, &res, l ? m->out : NULL, tw == 1 ? &cv : NULL,
-                           &conv_done, err)))
+    if ((rc = mbd_mops_add_rmsnorm(m->stream, rows, (int)d, 1, 0, m->resid, l ? m->out : NULL,
+                                   L->norm, c->norm_eps, m->dtype, m->hn, err)) ||
+        (rc = gemm(m, rows, m->pin, d, m->hn, L->in_w, L->in_b, m->zx, err)))
       return rc;
-    if (conv_done ||
-        !(rc = mbd_mops_conv_silu(m->stream, ns, tw, (int)m->cd, c->d_conv, m->zx + di, m->pin,
+    if (!(rc = mbd_mops_conv_silu(m->stream, ns, tw, (int)m->cd, c->d_conv, m->zx + di, m->pin,
                                   L->conv_w, L->conv_b, conv_st, m->conv_slot, slots, m->xbc,
                                   MBD_DTYPE_F32, NULL, err))) {
       if (m->ssm_es == 2)
@@ -417,8 +330,12 @@ static int run_layers(m2gpu *m, int ns, int tw, const int32_t *slots, mbd_error 
                                c->dt_max, m->zx + di + m->cd, m->pin, m->xbc, m->cd,
                                (float *)ssm_st, m->ssm_slot, slots, m->y, err);
     }
-    if (rc || (rc = gated_out_proj(m, rows, L, err))) return rc;
-    m->res_at = res;
+    if (rc ||
+        (rc = mbd_mops_gated_rmsnorm(m->stream, rows, (int)di, (int)(di / c->n_groups), m->y,
+                                     m->zx, m->pin, L->gnorm, c->norm_eps, c->norm_before_gate,
+                                     m->dtype, m->y_act, err)) ||
+        (rc = gemm(m, rows, d, di, m->y_act, L->out_w, L->out_b, m->out, err)))
+      return rc;
   }
   return 0;
 }
@@ -472,7 +389,7 @@ static int prefill_impl(m2gpu *m, int nseq, int T, const int32_t *tokens, const 
           (rc = run_layers(m, ns, tw, m->d_slots, err)))
         return rc;
       if (sel == MBD_LOGITS_ALL) {
-        if ((rc = mbd_mops_add_rmsnorm(m->stream, rows, (int)d, 1, 0, m->res_at, m->out,
+        if ((rc = mbd_mops_add_rmsnorm(m->stream, rows, (int)d, 1, 0, m->resid, m->out,
                                        m->norm_f, m->cfg.norm_eps, m->dtype, m->hn, err)) ||
             (rc = gemm(m, rows, V, d, m->hn, m->head, NULL, m->logits, err)))
           return rc;
@@ -482,7 +399,7 @@ static int prefill_impl(m2gpu *m, int nseq, int T, const int32_t *tokens, const 
                                         cudaMemcpyDefault, m->stream),
                         err);
       } else if (sel == MBD_LOGITS_LAST && t0 + tw == T) {
-        if ((rc = mbd_mops_add_rmsnorm(m->stream, ns, (int)d, tw, tw - 1, m->res_at, m->out,
+        if ((rc = mbd_mops_add_rmsnorm(m->stream, ns, (int)d, tw, tw - 1, m->resid, m->out,
                                        m->norm_f, m->cfg.norm_eps, m->dtype, m->hn, err)) ||
             (rc = gemm(m, ns, V, d, m->hn, m->head, NULL, m->logits, err)))
           return rc;
@@ -517,7 +434,7 @@ static int step_body(m2gpu *m, int rows, mbd_error *err) {
   if ((rc = mbd_mops_embed(m->stream, rows, (int)d, m->d_step, m->dtype, m->emb, m->resid,
                            err)) ||
       (rc = run_layers(m, rows, 1, m->d_step + rows, err)) ||
-      (rc = mbd_mops_add_rmsnorm(m->stream, rows, (int)d, 1, 0, m->res_at, m->out, m->norm_f,
+      (rc = mbd_mops_add_rmsnorm(m->stream, rows, (int)d, 1, 0, m->resid, m->out, m->norm_f,
                                  m->cfg.norm_eps, m->dtype, m->hn, err)) ||
       (rc = gemm(m, rows, V, d, m->hn, m->head, NULL, m->logits, err)))
     return rc;

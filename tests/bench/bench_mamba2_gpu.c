@@ -21,11 +21,7 @@
  *           conv_silu + ssd_scan at up to 16 sequences; the last two rows
  *           are ops 1 and 2 on the kernels MBD_RMSNORM_BLOCK=1 and
  *           MBD_GEMM_RAGGED=0 MBD_GEMM_TILE72=0 select: the block RMSNorm;
- *           the strided M <= 16 GEMM and no 64 x 72 tiles; same bits);
- *           the fused rows: decode b1's gated norm + out_proj and residual
- *           add + RMSNorm + in_proj (+ the conv step) as one GEMM each
- *           (mbd_gpu_gemm_gated, mbd_gpu_gemm_resnorm; 0 where they do not
- *           apply).
+ *           the strided M <= 16 GEMM and no 64 x 72 tiles; same bits).
  * Each call of the backend ends in a stream synchronize, so each run is timed
  * with CUDA events on the default stream around the call (host overhead
  * included). Each cell: warm-up runs, then the median of up to `reps` runs,
@@ -34,7 +30,7 @@
  * --state bf16 runs the bf16-state route (state=bf16, docs/route.md), the
  * per-op ssd_scan row included (the scan_conv row then stays out: that
  * fusion keeps an f32 state); the default is f32.
- * ablation rows (old, unfused, no conv): decode b1/b8/b64 of a second copy of the
+ * ablation rows (old, late pdl): decode b1/b8/b64 of a second copy of the
  * model loaded with kernel choices turned off by their environment
  * variables (bench_ablate); same bits, so only the time differs.
  * MBD_BENCH_PROFILE=d1|d8|d64|d256|p1|p8: one extra, untimed run of that
@@ -147,15 +143,12 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
 
 /* ---- one layer op by op ---- */
 
-enum { NOPS = 13, NOC = 6, OP_REPS = 10 };
+enum { NOPS = 10, NOC = 6, OP_REPS = 10 };
 static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_silu",
                                              "ssd_scan",    "gated_norm", "out_proj",
                                              "lm_head",     "scan_conv (decode <= 16)",
                                              "add_rmsnorm RMSNORM_BLOCK=1",
-                                             "in_proj RAGGED=0 TILE72=0",
-                                             "gated_norm+out_proj fused (b1)",
-                                             "add_rmsnorm+in_proj fused (b1)",
-                                             "norm+in_proj+conv fused (b1)"};
+                                             "in_proj RAGGED=0 TILE72=0"};
 
 /* One layer's buffers on a context of its own (zeros: the timing does not
  * depend on the values), for up to T_PRE rows and MAXB slots. */
@@ -211,36 +204,6 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
                                   MBD_DTYPE_BF16, o->y_act, err);
   case 5: return gemm_bf16(o, M, d, di, o->y_act, o->out_w, o->out, err);
   case 6: return gemm_bf16(o, nseq, o->V, d, o->hn, o->head, o->logits, err);
-  case 11:
-  case 12: { /* batch 1: in_proj computing its x (mbd_gpu_gemm_resnorm), 12: + the conv */
-    if (M != 1) return 0;
-    const mbd_gpu_conv_step cv = {o->conv_w, o->conv_b,  o->conv_st, (int64_t)(c->d_conv - 1) * o->cd,
-                                  o->slots,  o->xbc, di,         o->cd, c->d_conv};
-    mbd_gpu_gemm_args a;
-    memset(&a, 0, sizeof a);
-    a.dtype = MBD_DTYPE_BF16;
-    a.out_dtype = MBD_DTYPE_F32;
-    a.m = 1, a.n = o->pin, a.k = d;
-    a.x = o->hn, a.w = o->in_w, a.y = o->zx;
-    a.w_static = 1;
-    const mbd_gpu_res_norm g = {o->resid, o->out, o->norm, c->norm_eps, o->y,
-                                op == 12 ? &cv : NULL};
-    const int rc = mbd_gpu_gemm_resnorm(o->ctx, &a, &g, err);
-    return rc == 1 ? 0 : rc;
-  }
-  case 10: { /* batch 1: out_proj computing its x (mbd_gpu_gemm_gated) */
-    if (M != 1 || c->n_groups != 1) return 0;
-    mbd_gpu_gemm_args a;
-    memset(&a, 0, sizeof a);
-    a.dtype = MBD_DTYPE_BF16;
-    a.out_dtype = MBD_DTYPE_F32;
-    a.m = 1, a.n = d, a.k = di;
-    a.x = o->y_act, a.w = o->out_w, a.y = o->out;
-    a.w_static = 1;
-    const mbd_gpu_gated_norm g = {o->y, o->zx, o->gnorm, c->norm_eps, c->norm_before_gate};
-    const int rc = mbd_gpu_gemm_gated(o->ctx, &a, &g, err);
-    return rc == 1 ? 0 : rc;
-  }
   case 8:
   case 9: { /* ops 0 and 1 on the kernels these variables select (same bits) */
     const char *var = op == 8 ? "MBD_RMSNORM_BLOCK" : "MBD_GEMM_RAGGED";
@@ -370,34 +333,33 @@ static int rm_synth(const char *dir) {
   return rmdir(dir);
 }
 
-/* Decode b1/b8/b64 on a second copy of the model loaded with some of the
- * kernel choices turned off through their environment variables (read when
- * a decode graph is captured; same bits), so one run shows what each buys:
- * "old" = the strided M <= 16 GEMM, no 64 x 72 tiles, the block RMSNorm, no
- * norm or conv fused into a GEMM; "unfused" = the default without the fused
- * norms (and so the conv); "no conv" = without the conv in in_proj. */
+/* Decode b1/b8/b64 on a second copy of the model loaded with some kernel
+ * choices turned off through their environment variables (read when a
+ * decode graph is captured or a kernel launched; same bits), so one run
+ * shows what they buy: "old" = the strided M <= 16 GEMM, no 64 x 72 tiles,
+ * the block RMSNorm and the late PDL trigger; "late pdl" = only the last. */
 static int bench_ablate(const char *name, mbd_backend *be, const char *dir, int reps, float *t,
-                        bench_case *base) {
-  enum { NV = 6, AB = 64 };
+                        const bench_case *base) {
+  enum { NV = 4, AB = 64 };
   static const char *const vars[NV] = {"MBD_GEMM_RAGGED", "MBD_GEMM_TILE72", "MBD_RMSNORM_BLOCK",
-                                       "MBD_GEMM_GATED",  "MBD_GEMM_RESNORM", "MBD_GEMM_CONV"};
-  static const char *const old_vals[NV] = {"0", "0", "1", "0", "0", "0"};
-  static const char *const rows[3] = {"old", "unfused", "no conv"};
-  static const unsigned masks[3] = {0x3f, 0x38, 0x20}; /* which vars each row sets */
+                                       "MBD_PDL_LATE"};
+  static const char *const vals[NV] = {"0", "0", "1", "1"};
+  static const char *const rows[2] = {"old", "late pdl"};
+  static const unsigned masks[2] = {0xf, 0x8}; /* which variables each row sets */
   int rc = 0;
-  for (int v = 0; v < 3 && !rc; v++) {
+  for (int v = 0; v < 2 && !rc; v++) {
     char what[160] = "";
     for (int i = 0; i < NV; i++)
       if (masks[v] >> i & 1) {
-        setenv(vars[i], old_vals[i], 1);
+        setenv(vars[i], vals[i], 1);
         snprintf(what + strlen(what), sizeof what - strlen(what), "%s%s=%s", what[0] ? " " : "",
-                 vars[i], old_vals[i]);
+                 vars[i], vals[i]);
       }
     mbd_error err;
     mbd_error_clear(&err);
     bench_case k = *base;
-    k.m = NULL;
     mbd_bstate *st[AB] = {NULL};
+    k.m = NULL;
     k.st = st;
     if (be->ops->model_load(be, dir, &k.m, &err)) {
       fprintf(stderr, "%s ablation: %s\n", name, err.msg);

@@ -25,9 +25,7 @@
  *   520 and 1040 end in a short chunk; N = 16856 makes each block walk many
  *   strips; K = 77 and unaligned x take the tiles at every M);
  * - w_static (programmatic launch) right after a GEMM that writes its x
- *   reads the finished x: same bits as two synchronised launches;
- * - the M = 1 GEMM that computes its x as a gated RMSNorm
- *   (mbd_gpu_gemm_gated) equals the norm kernel followed by the GEMM. */
+ *   reads the finished x: same bits as two synchronised launches. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -43,9 +41,6 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/gpu_gemm.h"
-#include "kernels/cuda/ops/add_rmsnorm.h"
-#include "kernels/cuda/ops/conv_silu.h"
-#include "kernels/cuda/ops/gated_rmsnorm.h"
 
 #define MAXM 8192
 #define SHIFT 16 /* extra rows so offsets up to 12 stay in range */
@@ -427,231 +422,6 @@ static void run_policy(mbd_dtype_policy pol) {
   }
 }
 
-/* mbd_gpu_gemm_gated (M = 1, x = the gated RMSNorm computed inside the
- * streaming kernel) == mbd_mops_gated_rmsnorm into x, then mbd_gpu_gemm, by
- * memcmp, both gate orders, with and without a bias; likewise
- * mbd_gpu_gemm_resnorm == mbd_mops_add_rmsnorm then mbd_gpu_gemm, with and
- * without a delta (x_out == the updated residual, x untouched). Shapes: the
- * Mamba-2 out_proj (130m N=768 K=1536, 1.3b N=2048 K=4096) and in_proj
- * (1.3b N=8512 K=2048: the ragged kernel; 130m N=3352 K=768) projections, a
- * K that ends inside a chunk and a tile (K=1040) and a partial last strip
- * (N=1100). On sm_90a the fused kernels must run (rc 0); elsewhere rc 1 and
- * nothing runs. */
-static void run_gated(mbd_dtype_policy pol) {
-  static const int64_t shapes[6][2] = {{768, 1536}, {2048, 4096}, {1100, 1040},
-                                       {200, 4096},  {8512, 2048}, {3352, 768}};
-  mbd_error err;
-  mbd_error_clear(&err);
-  mbd_gpu_ctx_config cfg;
-  mbd_gpu_ctx_config_default(&cfg);
-  cfg.policy = pol;
-  mbd_gpu_ctx *ctx = NULL;
-  CHECK_OK(mbd_gpu_ctx_new(&cfg, &ctx, &err));
-  const mbd_dtype dt = pol == MBD_POLICY_BF16 ? MBD_DTYPE_BF16 : MBD_DTYPE_F16;
-  mbd_route_identity rid;
-  CHECK_OK(mbd_gpu_ctx_route(ctx, &rid, &err));
-  const int sm90a = strcmp(rid.isa, "sm_90a") == 0;
-  uint64_t seed = 99 + (uint64_t)pol;
-  for (int s = 0; s < 6; s++) {
-    const int64_t n = shapes[s][0], k = shapes[s][1];
-    float *hy = malloc(k * 4), *hz = malloc(k * 4), *hg = malloc(k * 4), *f = malloc(k * 4);
-    void *hw = malloc(n * k * 2), *hb = malloc(n * 2);
-    float *want = malloc(n * 4), *got = malloc(n * 4);
-    float *fw = malloc(n * k * 4), *fb = malloc(n * 4);
-    assert_non_null(fb);
-    gpu_test_fill(MBD_DTYPE_F32, k, &seed, hy, f);
-    gpu_test_fill(MBD_DTYPE_F32, k, &seed, hz, f);
-    gpu_test_fill(MBD_DTYPE_F32, k, &seed, hg, f);
-    for (int64_t i = 0; i < k; i++) hy[i] *= 3.0f, hz[i] *= 4.0f, hg[i] += 1.0f;
-    gpu_test_fill(dt, n * k, &seed, hw, fw);
-    gpu_test_fill(dt, n, &seed, hb, fb);
-    void *dy, *dz, *dg, *dw, *db, *dx, *dout;
-    CHECK_OK(mbd_gpu_alloc(ctx, k * 4, &dy, &err));
-    CHECK_OK(mbd_gpu_alloc(ctx, k * 4, &dz, &err));
-    CHECK_OK(mbd_gpu_alloc(ctx, k * 4, &dg, &err));
-    CHECK_OK(mbd_gpu_alloc(ctx, n * k * 2, &dw, &err));
-    CHECK_OK(mbd_gpu_alloc(ctx, n * 2, &db, &err));
-    CHECK_OK(mbd_gpu_alloc(ctx, k * 2, &dx, &err));
-    CHECK_OK(mbd_gpu_alloc(ctx, n * 4, &dout, &err));
-    CHECK_OK(mbd_gpu_upload(ctx, dy, hy, k * 4, &err));
-    CHECK_OK(mbd_gpu_upload(ctx, dz, hz, k * 4, &err));
-    CHECK_OK(mbd_gpu_upload(ctx, dg, hg, k * 4, &err));
-    CHECK_OK(mbd_gpu_upload(ctx, dw, hw, n * k * 2, &err));
-    CHECK_OK(mbd_gpu_upload(ctx, db, hb, n * 2, &err));
-    for (int v = 0; v < 4; v++) {
-      const int nbg = v & 1;
-      const void *bias = v & 2 ? db : NULL;
-      mbd_gpu_gemm_args a = {dt, MBD_DTYPE_F32, 1, n, k, dx, dw, bias, dout, 1};
-      CHECK_OK(mbd_gpu_memset(ctx, dx, 0xff, k * 2, &err));
-      CHECK_OK(mbd_gpu_memset(ctx, dout, 0xff, n * 4, &err));
-      CHECK_OK(mbd_mops_gated_rmsnorm(mbd_gpu_ctx_stream(ctx), 1, (int)k, (int)k, dy, dz, k, dg,
-                                      1e-5f, nbg, dt, dx, &err));
-      CHECK_OK(mbd_gpu_gemm(ctx, &a, &err));
-      CHECK_OK(mbd_gpu_ctx_sync(ctx, &err));
-      CHECK_OK(mbd_gpu_download(ctx, want, dout, n * 4, &err));
-      CHECK_OK(mbd_gpu_memset(ctx, dx, 0xff, k * 2, &err)); /* the fused GEMM must not read x */
-      CHECK_OK(mbd_gpu_memset(ctx, dout, 0xff, n * 4, &err));
-      const mbd_gpu_gated_norm g = {dy, dz, dg, 1e-5f, nbg};
-      CHECK_OK(mbd_gpu_record_begin(ctx, &err));
-      const int rc = mbd_gpu_gemm_gated(ctx, &a, &g, &err);
-      CHECK_OK(mbd_gpu_record_end(ctx, &err));
-      if (rc < 0) fail_msg("mbd_gpu_gemm_gated: %s", err.msg);
-      if (!sm90a) {
-        assert_int_equal(rc, 1);
-        assert_int_equal(mbd_gpu_record_count(ctx), 0);
-        continue;
-      }
-      assert_int_equal(rc, 0);
-      assert_int_equal(mbd_gpu_record_count(ctx), 1);
-      CHECK_OK(mbd_gpu_ctx_sync(ctx, &err));
-      CHECK_OK(mbd_gpu_download(ctx, got, dout, n * 4, &err));
-      for (int64_t i = 0; i < n; i++)
-        if (isnan(want[i]) || memcmp(&want[i], &got[i], 4))
-          fail_msg("gated %s N=%lld K=%lld nbg=%d bias=%d col %lld: %a != unfused %a (%s)",
-                   mbd_dtype_name(dt), (long long)n, (long long)k, nbg, bias != NULL,
-                   (long long)i, got[i], want[i], mbd_gpu_record_at(ctx, 0)->kernel);
-    }
-    /* mbd_gpu_gemm_resnorm: resid = y, delta = z or none; the reference
-     * add_rmsnorm updates its own copy of resid in place */
-    void *dra, *drb, *dro;
-    float *hr = malloc(k * 4), *hr2 = malloc(k * 4);
-    CHECK_OK(mbd_gpu_alloc(ctx, k * 4, &dra, &err));
-    CHECK_OK(mbd_gpu_alloc(ctx, k * 4, &drb, &err));
-    CHECK_OK(mbd_gpu_alloc(ctx, k * 4, &dro, &err));
-    for (int v = 0; v < 4; v++) {
-      const int with_delta = v & 1;
-      const void *bias = v & 2 ? db : NULL;
-      const float *delta = with_delta ? (const float *)dz : NULL;
-      mbd_gpu_gemm_args a = {dt, MBD_DTYPE_F32, 1, n, k, dx, dw, bias, dout, 1};
-      CHECK_OK(mbd_gpu_upload(ctx, dra, hy, k * 4, &err));
-      CHECK_OK(mbd_gpu_upload(ctx, drb, hy, k * 4, &err));
-      CHECK_OK(mbd_gpu_memset(ctx, dro, 0xff, k * 4, &err));
-      CHECK_OK(mbd_gpu_memset(ctx, dx, 0xff, k * 2, &err));
-      CHECK_OK(mbd_gpu_memset(ctx, dout, 0xff, n * 4, &err));
-      CHECK_OK(mbd_mops_add_rmsnorm(mbd_gpu_ctx_stream(ctx), 1, (int)k, 1, 0, dra, delta, dg,
-                                    1e-5f, dt, dx, &err));
-      CHECK_OK(mbd_gpu_gemm(ctx, &a, &err));
-      CHECK_OK(mbd_gpu_ctx_sync(ctx, &err));
-      CHECK_OK(mbd_gpu_download(ctx, want, dout, n * 4, &err));
-      CHECK_OK(mbd_gpu_download(ctx, hr, dra, k * 4, &err));
-      CHECK_OK(mbd_gpu_memset(ctx, dx, 0xff, k * 2, &err));
-      CHECK_OK(mbd_gpu_memset(ctx, dout, 0xff, n * 4, &err));
-      const mbd_gpu_res_norm g = {drb, delta, dg, 1e-5f, with_delta ? (float *)dro : NULL, NULL};
-      CHECK_OK(mbd_gpu_record_begin(ctx, &err));
-      const int rc = mbd_gpu_gemm_resnorm(ctx, &a, &g, &err);
-      CHECK_OK(mbd_gpu_record_end(ctx, &err));
-      if (rc < 0) fail_msg("mbd_gpu_gemm_resnorm: %s", err.msg);
-      if (!sm90a) {
-        assert_int_equal(rc, 1);
-        continue;
-      }
-      assert_int_equal(rc, 0);
-      CHECK_OK(mbd_gpu_ctx_sync(ctx, &err));
-      CHECK_OK(mbd_gpu_download(ctx, got, dout, n * 4, &err));
-      for (int64_t i = 0; i < n; i++)
-        if (isnan(want[i]) || memcmp(&want[i], &got[i], 4))
-          fail_msg("resnorm %s N=%lld K=%lld delta=%d bias=%d col %lld: %a != unfused %a (%s)",
-                   mbd_dtype_name(dt), (long long)n, (long long)k, with_delta, bias != NULL,
-                   (long long)i, got[i], want[i], mbd_gpu_record_at(ctx, 0)->kernel);
-      CHECK_OK(mbd_gpu_download(ctx, hr2, drb, k * 4, &err));
-      if (memcmp(hr2, hy, k * 4)) fail_msg("resnorm N=%lld K=%lld: x was written", (long long)n, (long long)k);
-      if (with_delta) {
-        CHECK_OK(mbd_gpu_download(ctx, hr2, dro, k * 4, &err));
-        if (memcmp(hr2, hr, k * 4))
-          fail_msg("resnorm N=%lld K=%lld: x_out != add_rmsnorm's updated residual",
-                   (long long)n, (long long)k);
-      }
-    }
-    /* with the decode conv step on columns [lo, lo + cn) (the Mamba-2 in_proj's
-     * xBC: 8512 = 4096 + 4352 + 64): == mbd_mops_conv_silu on the unfused
-     * output, outputs and windows (slot 1 of 2); only the ragged kernel has it */
-    {
-      const int64_t lo = n == 8512 ? 4096 : n / 4, cn = n == 8512 ? 4352 : n / 2;
-      const int64_t ss = 3 * cn + 8; /* slot stride */
-      float *hcw = malloc(4 * cn * 4), *hcb = malloc(cn * 4), *hst = malloc(2 * ss * 4);
-      float *wst = malloc(2 * ss * 4), *gst = malloc(2 * ss * 4);
-      float *wxc = malloc(cn * 4), *gxc = malloc(cn * 4);
-      assert_non_null(gxc);
-      gpu_test_fill(MBD_DTYPE_F32, 4 * cn, &seed, hcw, hcw);
-      for (int64_t i = 0; i < cn; i++) hcb[i] = 0.01f * (float)(i % 7) - 0.03f;
-      for (int64_t i = 0; i < 2 * ss; i++) hst[i] = 0.5f * (float)((i * 37) % 11) - 2.0f;
-      void *dcw, *dcb, *dst, *dxc, *dsl;
-      const int32_t slot1 = 1;
-      CHECK_OK(mbd_gpu_alloc(ctx, 4 * cn * 4, &dcw, &err));
-      CHECK_OK(mbd_gpu_alloc(ctx, cn * 4, &dcb, &err));
-      CHECK_OK(mbd_gpu_alloc(ctx, 2 * ss * 4, &dst, &err));
-      CHECK_OK(mbd_gpu_alloc(ctx, cn * 4, &dxc, &err));
-      CHECK_OK(mbd_gpu_alloc(ctx, 4, &dsl, &err));
-      CHECK_OK(mbd_gpu_upload(ctx, dcw, hcw, 4 * cn * 4, &err));
-      CHECK_OK(mbd_gpu_upload(ctx, dcb, hcb, cn * 4, &err));
-      CHECK_OK(mbd_gpu_upload(ctx, dsl, &slot1, 4, &err));
-      mbd_gpu_gemm_args a = {dt, MBD_DTYPE_F32, 1, n, k, dx, dw, db, dout, 1};
-      /* unfused: add_rmsnorm, GEMM, conv */
-      CHECK_OK(mbd_gpu_upload(ctx, dra, hy, k * 4, &err));
-      CHECK_OK(mbd_gpu_upload(ctx, dst, hst, 2 * ss * 4, &err));
-      CHECK_OK(mbd_gpu_memset(ctx, dxc, 0xff, cn * 4, &err));
-      CHECK_OK(mbd_mops_add_rmsnorm(mbd_gpu_ctx_stream(ctx), 1, (int)k, 1, 0, dra, dz, dg, 1e-5f,
-                                    dt, dx, &err));
-      CHECK_OK(mbd_gpu_gemm(ctx, &a, &err));
-      CHECK_OK(mbd_mops_conv_silu(mbd_gpu_ctx_stream(ctx), 1, 1, (int)cn, 4, (float *)dout + lo,
-                                  n, dcw, dcb, dst, ss, dsl, dxc, MBD_DTYPE_F32, NULL, &err));
-      CHECK_OK(mbd_gpu_ctx_sync(ctx, &err));
-      CHECK_OK(mbd_gpu_download(ctx, want, dout, n * 4, &err));
-      CHECK_OK(mbd_gpu_download(ctx, wxc, dxc, cn * 4, &err));
-      CHECK_OK(mbd_gpu_download(ctx, wst, dst, 2 * ss * 4, &err));
-      /* fused */
-      CHECK_OK(mbd_gpu_upload(ctx, drb, hy, k * 4, &err));
-      CHECK_OK(mbd_gpu_upload(ctx, dst, hst, 2 * ss * 4, &err));
-      CHECK_OK(mbd_gpu_memset(ctx, dxc, 0xff, cn * 4, &err));
-      CHECK_OK(mbd_gpu_memset(ctx, dout, 0xff, n * 4, &err));
-      const mbd_gpu_conv_step cv = {dcw, dcb, dst, ss, dsl, dxc, lo, cn, 4};
-      const mbd_gpu_res_norm g = {drb, dz, dg, 1e-5f, dro, &cv};
-      CHECK_OK(mbd_gpu_record_begin(ctx, &err));
-      const int rc = mbd_gpu_gemm_resnorm(ctx, &a, &g, &err);
-      CHECK_OK(mbd_gpu_record_end(ctx, &err));
-      if (rc < 0) fail_msg("mbd_gpu_gemm_resnorm (conv): %s", err.msg);
-      if (rc == 0) {
-        assert_non_null(strstr(mbd_gpu_record_at(ctx, 0)->kernel, "mkrgemm"));
-        CHECK_OK(mbd_gpu_ctx_sync(ctx, &err));
-        CHECK_OK(mbd_gpu_download(ctx, got, dout, n * 4, &err));
-        CHECK_OK(mbd_gpu_download(ctx, gxc, dxc, cn * 4, &err));
-        CHECK_OK(mbd_gpu_download(ctx, gst, dst, 2 * ss * 4, &err));
-        if (memcmp(want, got, n * 4) || memcmp(wxc, gxc, cn * 4) || memcmp(wst, gst, 2 * ss * 4))
-          fail_msg("resnorm+conv %s N=%lld K=%lld: output %d, conv out %d, windows %d differ",
-                   mbd_dtype_name(dt), (long long)n, (long long)k, memcmp(want, got, n * 4) != 0,
-                   memcmp(wxc, gxc, cn * 4) != 0, memcmp(wst, gst, 2 * ss * 4) != 0);
-      } else {
-        assert_int_equal(mbd_gpu_record_count(ctx), 0);
-      }
-      if (sm90a && n == 8512) assert_int_equal(rc, 0); /* the model's shape must fuse */
-      mbd_gpu_free(ctx, dcw);
-      mbd_gpu_free(ctx, dcb);
-      mbd_gpu_free(ctx, dst);
-      mbd_gpu_free(ctx, dxc);
-      mbd_gpu_free(ctx, dsl);
-      free(hcw); free(hcb); free(hst); free(wst); free(gst); free(wxc); free(gxc);
-    }
-    mbd_gpu_free(ctx, dra);
-    mbd_gpu_free(ctx, drb);
-    mbd_gpu_free(ctx, dro);
-    free(hr);
-    free(hr2);
-    mbd_gpu_free(ctx, dy);
-    mbd_gpu_free(ctx, dz);
-    mbd_gpu_free(ctx, dg);
-    mbd_gpu_free(ctx, dw);
-    mbd_gpu_free(ctx, db);
-    mbd_gpu_free(ctx, dx);
-    mbd_gpu_free(ctx, dout);
-    free(hy); free(hz); free(hg); free(f); free(hw); free(hb); free(want); free(got);
-    free(fw); free(fb);
-  }
-  mbd_gpu_ctx_destroy(&ctx);
-}
-
-static void test_gated_bf16(void **st) { (void)st; run_gated(MBD_POLICY_BF16); }
-static void test_gated_f16(void **st) { (void)st; run_gated(MBD_POLICY_F16); }
-
 static void test_f32(void **st) { (void)st; run_policy(MBD_POLICY_F32); }
 static void test_tf32(void **st) { (void)st; run_policy(MBD_POLICY_TF32); }
 static void test_bf16(void **st) { (void)st; run_policy(MBD_POLICY_BF16); }
@@ -661,7 +431,6 @@ int main(void) {
   gpu_test_require_device();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_f32), cmocka_unit_test(test_tf32), cmocka_unit_test(test_bf16),
-      cmocka_unit_test(test_f16), cmocka_unit_test(test_gated_bf16),
-      cmocka_unit_test(test_gated_f16)};
+      cmocka_unit_test(test_f16)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,7 +21,6 @@
 
 #include "async_copy.cuh"
 #include "gemm_params.h"
-#include "kernels/cuda/mops_arith.cuh" /* the norms' arithmetic (mk_norm_x) */
 #include "mma_m16n8k16.cuh"
 
 /* ---------------- f32 / tf32: SIMT, one fmaf per K step ---------------- */
@@ -637,77 +636,12 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
  * owns its columns' chunks in order and folds them in registers (__fadd_rn);
  * otherwise the real rows' partials go to shared memory [chunk][M][BN] (two
  * buffers by strip parity) and the consumers fold them in chunk order after a
- * named barrier. Then the bias and the store. At M = 1 with P.g set the
- * consumers compute X (an RMSNorm of f32 inputs, mk_norm_x) instead of
- * loading it. Needs K % 8 == 0 and x, w 16-byte
+ * named barrier. Then the bias and the store. Needs K % 8 == 0 and x, w 16-byte
  * aligned (gpu_gemm.cu picks the form, lg and stages from the same
  * mbd_mk_params and MK_* constants, gemm_params.h). */
 
 __device__ __forceinline__ void mk_consumer_sync() { /* the 8 consumer warps only */
   asm volatile("bar.sync 1, %0;" ::"n"(MK_WARPS * 32) : "memory");
-}
-
-/* X (M = 1) as the RMSNorm output g describes (mbd_mk_xnorm), written to the
- * X row in shared memory by the 8 consumer warps, with the 16-bit routes'
- * arithmetic of mbd_mops_gated_rmsnorm (one group of K channels) or
- * mbd_mops_add_rmsnorm, through the same functions (mops_arith.cuh): v = y
- * or y * silu(z) / y + z; warp 0 forms r = rms_inv_lanes(v) (lane l's fmaf
- * chain over c = l, l + 32, ..., the xor butterfly, 1 / sqrtf(ss / K +
- * eps)); X = round(rms_out(w, v, r)) (gated with norm_before_gate: times
- * silu(z) first). vsm: K + 4 floats of shared memory. gw: this thread's
- * weights (c = threadIdx.x + 256 j), loaded before the dependency wait. */
-template <typename T>
-__device__ __forceinline__ void mk_norm_x(const mbd_mk_xnorm &g, int K,
-                                          const float (&gw)[MK_XNORM_PER_THREAD], float *vsm,
-                                          T *xrow) {
-  constexpr int NT = MK_WARPS * 32;
-  const int tid = threadIdx.x, lane = tid & 31;
-  const bool gated = g.kind == MK_XNORM_GATED;
-  float gy[MK_XNORM_PER_THREAD], gz[MK_XNORM_PER_THREAD];
-#pragma unroll
-  for (int j = 0; j < MK_XNORM_PER_THREAD; j++) {
-    const int c = tid + j * NT;
-    gy[j] = c < K ? g.y[c] : 0.0f;
-    gz[j] = c < K && g.z ? g.z[c] : 0.0f;
-  }
-  float *vo = !gated && blockIdx.x == 0 ? g.v_out : nullptr;
-#pragma unroll
-  for (int j = 0; j < MK_XNORM_PER_THREAD; j++) {
-    const int c = tid + j * NT;
-    if (c < K) {
-      if (gated)
-        gy[j] = g.norm_before_gate ? gy[j] : __fmul_rn(gy[j], silu_f(gz[j]));
-      else if (g.z)
-        gy[j] = __fadd_rn(gy[j], gz[j]);
-      vsm[c] = gy[j];
-      if (vo) vo[c] = gy[j];
-    }
-  }
-  mk_consumer_sync();
-  if (tid < 32) {
-    const float r = rms_inv_lanes(vsm, K, g.eps, lane);
-    if (lane == 0) vsm[K] = r;
-  }
-  mk_consumer_sync();
-  const float r = vsm[K];
-#pragma unroll
-  for (int j = 0; j < MK_XNORM_PER_THREAD; j++) {
-    const int c = tid + j * NT;
-    if (c >= K) continue;
-    float o = rms_out(gw[j], gy[j], r);
-    if (gated && g.norm_before_gate) o = __fmul_rn(o, silu_f(gz[j]));
-    xrow[c] = mma_op<T>::from_f(o);
-  }
-}
-
-/* The norm's weights of this consumer thread (mk_norm_x's gw), or zeros. */
-__device__ __forceinline__ void mk_norm_w(const mbd_mk_xnorm &g, int K,
-                                          float (&gw)[MK_XNORM_PER_THREAD]) {
-#pragma unroll
-  for (int u = 0; u < MK_XNORM_PER_THREAD; u++) {
-    const int c = threadIdx.x + u * MK_WARPS * 32;
-    gw[u] = g.kind != MK_XNORM_NONE && c < K ? g.w[c] : 0.0f;
-  }
 }
 
 template <typename T, bool SW>
@@ -728,10 +662,7 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
   float *part = (float *)(xsm + (size_t)M * xs);
   const size_t pbuf = CPS > 1 ? (size_t)C * M * BN : 0; /* floats per partial buffer */
   const uint32_t x_s = smem_u32(xsm);
-  const bool gated = P.g.kind != MK_XNORM_NONE; /* M = 1: X is computed (mk_norm_x) */
-  float *vsm = part + 2 * pbuf;
-  const uint32_t ring_s =
-      (smem_u32(vsm + (gated ? K + 4 : 0)) + 1023u) & ~1023u; /* swizzle atom */
+  const uint32_t ring_s = (smem_u32(part + 2 * pbuf) + 1023u) & ~1023u; /* swizzle atom */
   const T *X = (const T *)p.x, *B = (const T *)p.bias;
 
   if (threadIdx.x == 0) {
@@ -761,13 +692,9 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
     return;
   }
 
-  float gw[MK_XNORM_PER_THREAD]; /* the norm's weights: static, before the wait */
-  mk_norm_w(P.g, K, gw);
   wg_pdl_wait(); /* X and Y belong to the predecessor until it completes */
   wg_pdl_trigger();
-  if (gated) {
-    mk_norm_x<T>(P.g, K, gw, vsm, (T *)xsm);
-  } else { /* X: 16-byte pieces, eight loads in flight per thread before the stores */
+  { /* X: 16-byte pieces, eight loads in flight per thread before the stores */
     const int pr = K / 8, total = M * pr, NT = MK_WARPS * 32;
     for (int i0 = threadIdx.x; i0 < total; i0 += 8 * NT) {
       uint4 v[8];
@@ -937,8 +864,7 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
  * partials go to shared memory [chunk][M][BR]; after the last slot the
  * consumers fold them in chunk order, add the bias (staged before the first
  * slot) and store. Bits: the same chain per (row, column, chunk) as mk_body
- * and the same fold. With P.g set (M = 1) X is mk_norm_x's output, as in
- * mk_body. */
+ * and the same fold. */
 template <typename T>
 __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
 #ifdef MBD_HAVE_WGMMA
@@ -954,11 +880,9 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
   const uint32_t full0 = smem_u32(mk_raw), empty0 = full0 + 8 * MK_MAX_STAGES;
   unsigned char *xsm = mk_raw + MK_BAR_BYTES;
   float *part = (float *)(xsm + (size_t)M * xs);
-  float *bsm = part + (size_t)C * M * BR, *vsm = bsm + BR;
-  const bool normed = P.g.kind != MK_XNORM_NONE; /* M = 1: X is computed (mk_norm_x) */
+  float *bsm = part + (size_t)C * M * BR;
   const uint32_t x_s = smem_u32(xsm);
-  const uint32_t ring_s =
-      (smem_u32(vsm + (normed ? K + 4 : 0)) + 1023u) & ~1023u; /* swizzle atom */
+  const uint32_t ring_s = (smem_u32(bsm + BR) + 1023u) & ~1023u; /* swizzle atom */
   const T *X = (const T *)p.x, *B = (const T *)p.bias;
   const CUtensorMap *tw = big ? &P.tw_big : &P.tw;
 
@@ -991,36 +915,9 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
 
   if (B && threadIdx.x < W) /* static under w_static: before the dependency wait */
     bsm[threadIdx.x] = n0 + (int)threadIdx.x < N ? mma_op<T>::to_f(B[n0 + threadIdx.x]) : 0.0f;
-  float gw[MK_XNORM_PER_THREAD]; /* the norm's weights: static, before the wait */
-  mk_norm_w(P.g, K, gw);
-  /* the conv step's operands of this thread's fold elements e = tid + 256 i:
-   * weights and bias (static) now, windows after the wait */
-  const mbd_mk_conv &cv = P.cv;
-  const bool conv = cv.w != nullptr;
-  float cwk[MK_CONV_PER_THREAD][MK_CONV_K], cwin[MK_CONV_PER_THREAD][MK_CONV_K - 1];
-  float cb[MK_CONV_PER_THREAD];
-  int cch[MK_CONV_PER_THREAD]; /* the element's channel, or -1 */
-#pragma unroll
-  for (int i = 0; i < MK_CONV_PER_THREAD; i++) {
-    const int e = threadIdx.x + i * MK_WARPS * 32, row = e / W, on = n0 + e - row * W;
-    cch[i] = conv && e < M * W && on < N && on >= cv.lo && on < cv.lo + cv.n ? on - cv.lo : -1;
-    const int ch = cch[i] < 0 ? 0 : cch[i];
-#pragma unroll
-    for (int j = 0; j < MK_CONV_K; j++) cwk[i][j] = cch[i] < 0 ? 0.0f : cv.w[(size_t)j * cv.n + ch];
-    cb[i] = cch[i] >= 0 && cv.bias ? cv.bias[ch] : 0.0f;
-  }
   wg_pdl_wait(); /* X and Y belong to the predecessor until it completes */
   wg_pdl_trigger();
-#pragma unroll
-  for (int i = 0; i < MK_CONV_PER_THREAD; i++) {
-    const int e = threadIdx.x + i * MK_WARPS * 32, row = e / W;
-    const float *st = cch[i] < 0 ? nullptr : cv.state + (size_t)cv.slots[row] * cv.slot_stride + cch[i];
-#pragma unroll
-    for (int j = 0; j < MK_CONV_K - 1; j++) cwin[i][j] = st ? st[(size_t)j * cv.n] : 0.0f;
-  }
-  if (normed) {
-    mk_norm_x<T>(P.g, K, gw, vsm, (T *)xsm);
-  } else { /* X: 16-byte pieces, eight loads in flight per thread before the stores */
+  { /* X: 16-byte pieces, eight loads in flight per thread before the stores */
     const int pr = K / 8, total = M * pr, NT = MK_WARPS * 32;
     for (int i0 = threadIdx.x; i0 < total; i0 += 8 * NT) {
       uint4 v[8];
@@ -1086,9 +983,9 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
     if (lane == 0) mbar_arrive(empty0 + 8 * s); /* this warp's items of the slot are done */
   }
   mk_consumer_sync();
-  /* fold element e in chunk order, bias, store; returns the stored f32 */
-  auto fold = [&](int e) {
+  for (int e = threadIdx.x; e < M * W; e += MK_WARPS * 32) { /* fold in chunk order */
     const int row = e / W, col = e - row * W, on = n0 + col;
+    if (on >= N) continue;
     float v = part[(size_t)row * BR + col];
     for (int cc = 1; cc < C; cc++) v = __fadd_rn(v, part[((size_t)cc * M + row) * BR + col]);
     if (B) v = __fadd_rn(v, bsm[col]);
@@ -1097,25 +994,6 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
       ((float *)p.y)[o] = v;
     else
       ((T *)p.y)[o] = mma_op<T>::from_f(v);
-    return v;
-  };
-  if (conv) { /* at most MK_CONV_PER_THREAD elements a thread (the host checks) */
-#pragma unroll
-    for (int i = 0; i < MK_CONV_PER_THREAD; i++) {
-      const int e = threadIdx.x + i * MK_WARPS * 32, row = e / W;
-      if (e >= M * W || n0 + e - row * W >= N) continue;
-      const float v = fold(e);
-      if (cch[i] < 0) continue;
-      /* k_conv_step4's arithmetic on the value it would have loaded (v = y) */
-      cv.out[(size_t)row * cv.n + cch[i]] = conv_silu_out<MK_CONV_K>(cwk[i], cwin[i], v, cv.bias != nullptr, cb[i]);
-      float *st = cv.state + (size_t)cv.slots[row] * cv.slot_stride + cch[i];
-#pragma unroll
-      for (int j = 0; j + 1 < MK_CONV_K - 1; j++) st[(size_t)j * cv.n] = cwin[i][j + 1];
-      st[(size_t)(MK_CONV_K - 2) * cv.n] = v;
-    }
-  } else {
-    for (int e = threadIdx.x; e < M * W; e += MK_WARPS * 32) /* fold in chunk order */
-      if (n0 + e % W < N) fold(e);
   }
 #else
   (void)P;

@@ -79,25 +79,6 @@ typedef struct mbd_wg_params {
 #define MK_MAX_STAGES 8
 #define MK_BAR_BYTES 128 /* full[8], empty[8] mbarriers at the start of shared memory */
 
-/* The RMSNorm the M = 1 streaming kernels may compute X from instead of
- * loading it (16-bit routes; r from v's lane-split square sum over all K):
- *   MK_XNORM_GATED: mbd_mops_gated_rmsnorm with one group: v = y or
- *     y * silu(z); X = round(w * (v * r)), times silu(z) first when
- *     norm_before_gate;
- *   MK_XNORM_RESID: mbd_mops_add_rmsnorm: v = y + z (z NULL: v = y), block 0
- *     stores v to v_out (NULL: nowhere); X = round(w * (v * r)). */
-#define MK_XNORM_PER_THREAD 16 /* K <= MK_WARPS * 32 * this */
-enum { MK_XNORM_NONE = 0, MK_XNORM_GATED = 1, MK_XNORM_RESID = 2 };
-typedef struct mbd_mk_xnorm {
-  int kind;       /* MK_XNORM_*; NONE: X is loaded as it is */
-  const float *y; /* [K] f32: the gated norm's input / the residual stream */
-  const float *z; /* [K] f32: the gate / the residual's delta or NULL */
-  const float *w; /* [K] f32 norm weight (static) */
-  float *v_out;   /* MK_XNORM_RESID: [K] f32, written by block 0, or NULL */
-  float eps;
-  int norm_before_gate;
-} mbd_mk_xnorm;
-
 typedef struct mbd_mk_params {
   CUtensorMap tw; /* W [N,K], box {64, BN}, 128B swizzle */
   mbd_gemm_params p;
@@ -105,32 +86,12 @@ typedef struct mbd_mk_params {
   int lg;     /* strip width BN = (SW ? 16 : 8) << lg (lg 0..3); CPS = 8 >> lg */
   int strips; /* ceil(N / BN) */
   int stages; /* ring slots, 1..MK_MAX_STAGES */
-  mbd_mk_xnorm g; /* g.kind != NONE (M = 1 only): X is this norm's output; shared memory
-                     then holds K + 4 f32 more, after the partial buffers */
 } mbd_mk_params;
 
 /* mbd_mkrgemm (M <= 16, ragged): one block per SM owns one contiguous range
  * of 8-column groups, q + 1 groups for blocks b < r, q for the others, from
  * group b q + min(b, r); its W moves by boxes of all its rows (64 k x 8 q or
  * 8 (q + 1) rows), one chunk (four k tiles) per ring slot. */
-/* The decode conv step (mbd_mops_conv_silu at T = 1, MK_CONV_K taps) the
- * ragged kernel may apply to its output columns [lo, lo + n) (channel c =
- * column lo + c), after storing them: row s's window of channel c is
- * state + slots[s] * slot_stride + j * n + c (j < MK_CONV_K - 1, oldest
- * first); out[s * n + c] = conv_silu_out(w[.][c], window, y, bias[c]); the
- * window then moves on by y. Each (row, channel) has one thread. */
-#define MK_CONV_K 4
-#define MK_CONV_PER_THREAD 3 /* M x the block's columns <= MK_WARPS * 32 * this */
-typedef struct mbd_mk_conv {
-  const float *w;       /* [MK_CONV_K][n] tap-major, or NULL: no conv */
-  const float *bias;    /* [n] or NULL */
-  float *state;         /* the windows (see above) */
-  const int32_t *slots; /* [M] */
-  float *out;           /* [M][n] f32 */
-  long long slot_stride;
-  int lo, n;
-} mbd_mk_conv;
-
 typedef struct mbd_mkr_params {
   CUtensorMap tw;     /* W [N,K], box {64, 8 q}, 128B swizzle */
   CUtensorMap tw_big; /* W [N,K], box {64, 8 (q + 1)} (blocks b < r; unused when r == 0) */
@@ -138,8 +99,6 @@ typedef struct mbd_mkr_params {
   int chunks; /* C = ceil(K / 256) */
   int q, r;   /* groups per block: q + (b < r); q >= 1, grid * q + r = ceil(N / 8) */
   int stages; /* ring slots, 1..MK_MAX_STAGES */
-  mbd_mk_xnorm g; /* as mbd_mk_params.g; the K + 4 f32 follow the bias */
-  mbd_mk_conv cv; /* cv.w != NULL: the conv step on the output (M x columns <= 768) */
 } mbd_mkr_params;
 
 #endif

@@ -10,15 +10,15 @@
 template <typename OutT>
 __global__ void k_add_rmsnorm(int d, int64_t in_stride, int64_t in_offset,
                               float *__restrict__ resid, const float *__restrict__ delta,
-                              const float *__restrict__ w, float eps, OutT *__restrict__ out) {
+                              const float *__restrict__ w, float eps, OutT *__restrict__ out,
+                              bool early) {
   extern __shared__ float4 smem4[];
   float *row = (float *)smem4;
   __shared__ float r_sh;
   const int64_t i = blockIdx.x;
   const int64_t r = i * in_stride + in_offset;
   float *x = resid + r * d;
-  pdl_wait();
-  pdl_trigger();
+  pdl_enter(early);
   for (int c = threadIdx.x; c < d; c += blockDim.x) {
     float v = x[c];
     if (delta) {
@@ -48,14 +48,14 @@ template <typename OutT, int NV>
 __global__ void __launch_bounds__(ARN_ROWS * 32)
     k_add_rmsnorm_warp(int64_t M, int d, int64_t in_stride, int64_t in_offset,
                        float *__restrict__ resid, const float *__restrict__ delta,
-                       const float *__restrict__ w, float eps, OutT *__restrict__ out) {
+                       const float *__restrict__ w, float eps, OutT *__restrict__ out,
+                       bool early) {
   const int lane = threadIdx.x & 31;
   const int64_t i = (int64_t)blockIdx.x * ARN_ROWS + (threadIdx.x >> 5);
   float wv[NV];
 #pragma unroll
   for (int j = 0; j < NV; j++) wv[j] = lane + 32 * j < d ? w[lane + 32 * j] : 0.0f;
-  pdl_wait();
-  pdl_trigger();
+  pdl_enter(early);
   if (i >= M) return;
   const int64_t r = i * in_stride + in_offset;
   float *x = resid + r * d;
@@ -108,16 +108,16 @@ static int add_rmsnorm_launch(cudaStream_t s, int64_t M, int d, int64_t in_strid
       const dim3 grid((unsigned)((M + ARN_ROWS - 1) / ARN_ROWS)), block(ARN_ROWS * 32);
       if (d <= 32 * 24)
         return launch_pdl("add_rmsnorm", k_add_rmsnorm_warp<T, 24>, grid, block, 0, s, err, M,
-                          d, in_stride, in_offset, resid, delta, w, eps, out);
+                          d, in_stride, in_offset, resid, delta, w, eps, out, pdl_early());
       return launch_pdl("add_rmsnorm", k_add_rmsnorm_warp<T, 64>, grid, block, 0, s, err, M, d,
-                        in_stride, in_offset, resid, delta, w, eps, out);
+                        in_stride, in_offset, resid, delta, w, eps, out, pdl_early());
     }
   }
   const size_t sh = ((size_t)d + 3) / 4 * 16;
   int rc = allow_smem(k_add_rmsnorm<T>, sh, err);
   if (rc < 0) return rc;
   return launch_pdl("add_rmsnorm", k_add_rmsnorm<T>, dim3((unsigned)M), dim3(256), sh, s, err, d,
-                    in_stride, in_offset, resid, delta, w, eps, out);
+                    in_stride, in_offset, resid, delta, w, eps, out, pdl_early());
 }
 
 extern "C" int mbd_mops_add_rmsnorm(void *stream, int64_t M, int d, int64_t in_stride,

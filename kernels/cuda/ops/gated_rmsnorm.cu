@@ -19,7 +19,7 @@ template <typename OutT>
 __global__ void __launch_bounds__(GN_THREADS) k_gated_rmsnorm(int n, int group, const float *__restrict__ y,
                                 const float *__restrict__ z, int64_t ldz,
                                 const float *__restrict__ w, float eps, int norm_before_gate,
-                                OutT *__restrict__ out) {
+                                OutT *__restrict__ out, bool early) {
   extern __shared__ float4 smem4[];
   float *v = (float *)smem4;
   __shared__ float r_sh[GN_MAX_GROUPS];
@@ -30,8 +30,7 @@ __global__ void __launch_bounds__(GN_THREADS) k_gated_rmsnorm(int n, int group, 
     const int c = threadIdx.x + j * GN_THREADS;
     w0[j] = c < n ? w[c] : 0.0f;
   }
-  pdl_wait();
-  pdl_trigger();
+  pdl_enter(early);
   for (int c0 = threadIdx.x; c0 < n; c0 += GN_BATCH * GN_THREADS) {
     float yv[GN_BATCH], zv[GN_BATCH];
 #pragma unroll
@@ -92,7 +91,7 @@ static int gated_rmsnorm_launch(cudaStream_t s, int64_t M, int n, int group, con
   int rc = allow_smem(k_gated_rmsnorm<T>, sh, err);
   if (rc < 0) return rc;
   return launch_pdl("gated_rmsnorm", k_gated_rmsnorm<T>, dim3((unsigned)M), dim3(GN_THREADS), sh,
-                    s, err, n, group, y, z, ldz, w, eps, norm_before_gate, out);
+                    s, err, n, group, y, z, ldz, w, eps, norm_before_gate, out, pdl_early());
 }
 
 extern "C" int mbd_mops_gated_rmsnorm(void *stream, int64_t M, int n, int group, const float *y,
