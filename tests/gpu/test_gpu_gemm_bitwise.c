@@ -212,9 +212,9 @@ static void kernel_of(fixture *f, int64_t m, char *out, size_t cap) {
   snprintf(out, cap, "%s", mbd_gpu_record_at(f->ctx, 0)->kernel);
 }
 
-/* M <= 16 where the ragged-range kernel (mbd_mkrgemm) runs: the strided
- * kernel it replaces (MBD_GEMM_RAGGED=0) gives the same bits at every M of
- * 1..16. want_ragged: the shape must take it at M = 1 when the streaming
+/* Where the ragged-range kernel (mbd_mkrgemm, dispatched at M = 1) runs:
+ * the strided kernel it replaces (MBD_GEMM_RAGGED=0) gives the same bits at
+ * every M of 1..16 (the alone rows are the ragged kernel's). want_ragged: the shape must take it at M = 1 when the streaming
  * kernels run at all (the shapes the model dispatch relies on), so the
  * comparison cannot pass vacuously. */
 static void check_ragged(fixture *f, int want_ragged) {
@@ -389,8 +389,8 @@ static void run_policy(mbd_dtype_policy pol) {
    * W as the A operand at M <= 8 (16-column strips) and 16-column strips of
    * 4 chunks at M > 8; N=4096, K=1024: W as the A operand in 32-column strips.
    * N for which no strip width spreads over the SMs take the ragged-range
-   * kernel (gemm_mkr; on a 132-SM device also 80 x 136, 5120, 3072, 6144,
-   * and 16856 at M > 8): N=8512, K=2048 (Mamba-2 1.3b in_proj: 72 or 64
+   * kernel at M = 1 (gemm_mkr; on a 132-SM device also 80 x 136, 5120, 3072
+   * and 6144): N=8512, K=2048 (Mamba-2 1.3b in_proj: 72 or 64
    * columns a block, 8 chunks); N=2120, K=1040 (24 or 16 columns, a short
    * last chunk); N=9000, K=264 (72 or 64 columns, the last chunk one k tile
    * with 8 k of data); at M = 17..20 N=8512 and N=9000 run the 64 x 72 wgmma
