@@ -5,6 +5,7 @@
  * bf16/f16 go to the wgmma family (tensor maps encoded here per call). */
 #include <cuda.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda/device/gemm_params.h"
@@ -32,11 +33,14 @@ struct wtile_cfg {
   bool tma, fold;
 };
 #define WTILE(ty, T, i, CWG, BN, IN, ST, TMA, MINB, FOLD) {64 * CWG, BN, ST, MINB, TMA, FOLD},
-static constexpr wtile_cfg k_wtiles[9] = {MBD_WG_TILES(WTILE, , )};
+static constexpr wtile_cfg k_wtiles[10] = {MBD_WG_TILES(WTILE, , )};
 #undef WTILE
 /* Relative per-SM efficiency of each wgmma configuration (dispatch cost
  * model only). */
-static const double k_weff[9] = {0.3, 0.4, 0.55, 0.7, 0.75, 0.9, 1.0, 0.5, 0.8};
+static const double k_weff[10] = {0.3, 0.4, 0.55, 0.7, 0.75, 0.9, 1.0, 0.5, 0.8, 0.6};
+/* Configuration 9 (64 x 72): for M <= 64 only, taken over 0..3 only when its
+ * estimate is at least 10% lower (see pick_wtile). */
+#define WTILE_72 9
 /* Configuration 6 (128 x 256) keeps no chunk partial: K <= one chunk only. */
 #define WTILE_NOFOLD 6
 static_assert(!k_wtiles[WTILE_NOFOLD].fold && k_wtiles[WTILE_NOFOLD - 1].fold,
@@ -48,34 +52,44 @@ static_assert(MBD_K_WGEMM_F16 - MBD_K_WGEMM_BF16 == sizeof k_wtiles / sizeof k_w
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* M <= 64 streams the weights: a block keeps stages x BN x 128 weight bytes
+ * in flight, so it moves about that much per loaded memory latency (taken as
+ * 3 us); a wave's rate is the sum over its blocks, capped by HBM (~4 TB/s).
+ * The estimated time (relative) of configuration c over N columns. */
+static double wave_time(const mbd_gpu_ctx *ctx, const wtile_cfg &c, int64_t n) {
+  double blk_rate = (double)c.stages * c.bn * 128 / 3e-6; /* bytes/s per block */
+  if (blk_rate > 150e9) blk_rate = 150e9;
+  int64_t left = cdiv(n, c.bn);
+  double t = 0;
+  while (left > 0) {
+    int64_t w = left < ctx->sm_count ? left : ctx->sm_count;
+    double rate = (double)w * blk_rate;
+    t += (double)w * c.bn * 128 / (rate < 4e12 ? rate : 4e12);
+    left -= w;
+  }
+  return t;
+}
+
 /* Pure scheduling (every configuration computes the same bits, see the kernel
- * contract). M <= 64 streams the weights: a block keeps stages x BN x 128
- * weight bytes in flight, so it moves about that much per loaded memory
- * latency (taken as 3 us); a wave's rate is the sum over
- * its blocks, capped by HBM (~4 TB/s); pick the least estimated time. Larger
- * M minimises waves x tile cost. */
+ * contract). M <= 64: the least wave_time. Larger M minimises waves x tile
+ * cost. */
 static int pick_wtile(const mbd_gpu_ctx *ctx, int64_t m, int64_t n, int64_t k, bool tma) {
   if (!tma) return m <= 64 ? 7 : 8;
   if (m <= 64) {
     int best = 3;
     double best_t = 0;
     for (int i = 3; i >= 0; i--) {
-      const wtile_cfg &c = k_wtiles[i];
-      double blk_rate = (double)c.stages * c.bn * 128 / 3e-6; /* bytes/s per block */
-      if (blk_rate > 150e9) blk_rate = 150e9;
-      int64_t left = cdiv(n, c.bn);
-      double t = 0;
-      while (left > 0) {
-        int64_t w = left < ctx->sm_count ? left : ctx->sm_count;
-        double rate = (double)w * blk_rate;
-        t += (double)w * c.bn * 128 / (rate < 4e12 ? rate : 4e12);
-        left -= w;
-      }
+      const double t = wave_time(ctx, k_wtiles[i], n);
       if (i == 3 || t < best_t * 0.97) {
         best = i;
         best_t = t;
       }
     }
+    /* 64 x 72 where N / 64 tiles leave a few blocks for a second wave
+     * (MBD_GEMM_TILE72=0: not considered; same bits either way) */
+    const char *env = getenv("MBD_GEMM_TILE72");
+    if (!(env && env[0] == '0') && wave_time(ctx, k_wtiles[WTILE_72], n) < best_t * 0.9)
+      return WTILE_72;
     return best;
   }
   const int top = k <= MBD_WG_KCH ? WTILE_NOFOLD : WTILE_NOFOLD - 1;
@@ -214,6 +228,48 @@ static int launch(mbd_gpu_ctx *ctx, int slot, dim3 grid, dim3 block, size_t smem
   return MBD_OK;
 }
 
+/* The ragged form of the M <= 16 kernel (mbd_mkrgemm): block b of grid =
+ * min(SMs, groups) owns q + (b < r) contiguous groups of 8 columns, W by
+ * boxes of all its rows. Taken at M = 1 (measured on the H200 at N = 8512:
+ * 5% faster at M = 1, 3% and 9% slower at M = 8 and 16, where its partials
+ * leave room for fewer ring slots) when its busiest block has fewer columns
+ * than the strided plan's busiest SM (strips x width), or as many in a
+ * larger box (cols, box_rows: that plan's), and its box fits 128 rows; the environment
+ * variable MBD_GEMM_RAGGED=0 keeps the strided kernel (same bits: the bench
+ * and the bitwise test compare both). Shared memory = mbarriers + X + the
+ * partials (chunks x M x BR f32) + the bias (BR f32) + 1024 + stages x BR x
+ * 512. Returns 1 when it does not apply. */
+static int gemm_mkr(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
+                    int64_t chunks, int64_t xbytes, int64_t cols, int64_t box_rows,
+                    const char **kname, mbd_error *err) {
+  const char *env = getenv("MBD_GEMM_RAGGED");
+  if ((env && env[0] == '0') || a->m != 1) return 1;
+  const int64_t groups = cdiv(a->n, 8);
+  const int64_t grid = groups < ctx->sm_count ? groups : ctx->sm_count;
+  const int64_t q = groups / grid, r = groups % grid;
+  const int64_t br = 8 * (q + (r > 0));
+  if (br > 128 || br > cols || (br == cols && br <= box_rows)) return 1;
+  const int64_t fixed = MK_BAR_BYTES + xbytes + chunks * a->m * br * 4 + br * 4 + 1024;
+  int64_t stages = ((int64_t)ctx->smem_optin - fixed) / (br * 512);
+  if (stages > MK_MAX_STAGES) stages = MK_MAX_STAGES;
+  if (stages < 2) return 1;
+  mbd_mkr_params P;
+  memset(&P, 0, sizeof P);
+  if (!encode_map(&P.tw, a->dtype, a->w, a->n, a->k, (int)(8 * q)) ||
+      (r > 0 && !encode_map(&P.tw_big, a->dtype, a->w, a->n, a->k, (int)br)))
+    return 1;
+  P.p = p;
+  P.chunks = (int)chunks;
+  P.q = (int)q;
+  P.r = (int)r;
+  P.stages = (int)stages;
+  const int slot = MBD_K_MKRGEMM_BF16 + (a->dtype == MBD_DTYPE_BF16 ? 0 : 1);
+  *kname = mbd_k_kernel_names[slot];
+  void *args[] = {&P};
+  return launch(ctx, slot, dim3((unsigned)grid), dim3(MK_WARPS * 32 + 32),
+                (size_t)(fixed + stages * br * 512), args, a->w_static != 0, err);
+}
+
 /* M <= 16 with K % 8 == 0 and 16-byte aligned x, w: the streaming mma.sync
  * chunk-chain kernel (mk_body). Scheduling only: for each form (SW: 16
  * columns per warp, M <= 8 only; else 8) and strip width BN (grid =
@@ -232,7 +288,7 @@ static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   const int64_t chunks = cdiv(a->k, MBD_WG_KCH);
   const int64_t xbytes = a->m * (2 * a->k + 16);
   int best_sw = -1, best_lg = -1;
-  int64_t best_box = 0, best_stages = 0, best_strips = 0, best_slots = 0;
+  int64_t best_box = 0, best_stages = 0, best_strips = 0, best_slots = 0, best_cols = 0;
   double best_t = 0;
   for (int sw = a->m <= 8; sw >= 0; sw--)
     for (int lg = 3; lg >= 0; lg--) {
@@ -263,9 +319,14 @@ static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
         best_slots = slots;
         best_stages = stages;
         best_strips = strips;
+        best_cols = rounds * bn;
       }
     }
   if (best_lg < 0) return 1;
+  {
+    const int rc = gemm_mkr(ctx, a, p, chunks, xbytes, best_cols, best_box / 128, kname, err);
+    if (rc != 1) return rc; /* 1: the strided kernel runs */
+  }
   mbd_mk_params P;
   memset(&P, 0, sizeof P);
   const int bn = (best_sw ? 16 : 8) << best_lg;

@@ -9,7 +9,8 @@
  * device copy bandwidth (read + write bytes per second) that is; for M >= 256
  * TFLOP/s. Summary: geometric mean of det/cuBLAS speed over M >= 256 (bf16, all
  * three models) and the 1.4b M=1 weight bandwidth aggregated over its five
- * projections (total weight bytes / total time). --quick: M <= 256 only. */
+ * projections (total weight bytes / total time). --quick: M <= 256 only.
+ * First the Mamba-2 projections (bench_mamba2; --mamba2: only those). */
 #include <algorithm>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -150,6 +151,62 @@ static double time_gemm(mbd_gpu_ctx *ctx, bufset &b, mbd_gpu_gemm_args a) {
   return t[t.size() / 2];
 }
 
+/* Mamba-2 projections (130m: d 768, in_proj N = 2 d_inner + 2 d_state +
+ * heads = 3352; 1.3b: d 2048, N = 8512) at M = 1, 8, 16, 64 in bf16: det (the
+ * default dispatch), det with MBD_GEMM_RAGGED=0 MBD_GEMM_TILE72=0 (the
+ * strided M <= 16 kernel instead of the ragged-range one, and no 64 x 72
+ * tiles at M <= 64, where those are chosen; same bits) and cublas-fast, us
+ * per GEMM and GB/s of weight bytes. */
+static void bench_mamba2(mbd_gpu_ctx *det, mbd_gpu_ctx *fast) {
+  struct { const char *model, *name; int n, k; } proj[4] = {
+      {"130m", "in_proj", 3352, 768}, {"130m", "out_proj", 768, 1536},
+      {"1.3b", "in_proj", 8512, 2048}, {"1.3b", "out_proj", 2048, 4096}};
+  const int ms_[4] = {1, 8, 16, 64};
+  printf("Mamba-2 bf16 | %-5s %-8s %5s %5s %5s | %9s %7s | %9s %7s | %9s %7s | %s\n", "model",
+         "proj", "M", "N", "K", "det_us", "GB/s", "old_us", "GB/s", "fast_us", "GB/s",
+         "det kernel");
+  for (auto &p : proj) {
+    size_t wbytes = (size_t)p.n * p.k * 2;
+    int nb = (int)std::min<size_t>(16, std::max<size_t>(1, ((size_t)256 << 20) / wbytes));
+    bufset b;
+    for (int i = 0; i < nb; i++) {
+      void *w;
+      CK(cudaMalloc(&w, wbytes));
+      fill_random(w, (size_t)p.n * p.k, MBD_DTYPE_BF16, 7 + i);
+      b.w.push_back(w);
+    }
+    void *x;
+    CK(cudaMalloc(&x, (size_t)64 * p.k * 2));
+    fill_random(x, (size_t)64 * p.k, MBD_DTYPE_BF16, 100);
+    b.x.push_back(x);
+    CK(cudaMalloc(&b.y, (size_t)64 * p.n * 4));
+    for (int M : ms_) {
+      mbd_gpu_gemm_args a = {MBD_DTYPE_BF16, MBD_DTYPE_F32, M, p.n, p.k, x, b.w[0], NULL, b.y, 1};
+      mbd_error err;
+      char kname[64] = "?";
+      if (mbd_gpu_record_begin(det, &err) == 0) {
+        if (mbd_gpu_gemm(det, &a, &err) < 0) die("gemm", err);
+        if (mbd_gpu_record_end(det, &err) == 0 && mbd_gpu_record_count(det) == 1)
+          snprintf(kname, sizeof kname, "%s", mbd_gpu_record_at(det, 0)->kernel);
+      }
+      double t0 = time_gemm(det, b, a);
+      setenv("MBD_GEMM_RAGGED", "0", 1);
+      setenv("MBD_GEMM_TILE72", "0", 1);
+      double t1 = time_gemm(det, b, a);
+      unsetenv("MBD_GEMM_RAGGED");
+      unsetenv("MBD_GEMM_TILE72");
+      double t2 = time_gemm(fast, b, a);
+      printf("Mamba-2 bf16 | %-5s %-8s %5d %5d %5d | %9.2f %7.0f | %9.2f %7.0f | %9.2f %7.0f | %s\n",
+             p.model, p.name, M, p.n, p.k, t0 * 1e6, wbytes / t0 / 1e9, t1 * 1e6,
+             wbytes / t1 / 1e9, t2 * 1e6, wbytes / t2 / 1e9, kname);
+      fflush(stdout);
+    }
+    for (auto w : b.w) CK(cudaFree(w));
+    CK(cudaFree(x));
+    CK(cudaFree(b.y));
+  }
+}
+
 int main(int argc, char **argv) {
   mbd_error err;
   mbd_gpu_ctx_config cfg;
@@ -178,10 +235,17 @@ int main(int argc, char **argv) {
   struct model { const char *name; int d, dt_rank; } models[3] = {
       {"130m", 768, 48}, {"1.4b", 2048, 128}, {"2.8b", 2560, 160}};
   const int ms_[6] = {1, 16, 64, 256, 2048, 8192};
-  bool quick = false, with_f32 = false;
+  bool quick = false, with_f32 = false, m2_only = false;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--quick")) quick = true;
     if (!strcmp(argv[i], "--f32")) with_f32 = true;
+    if (!strcmp(argv[i], "--mamba2")) m2_only = true;
+  }
+  bench_mamba2(ctx[0][0], ctx[0][1]);
+  if (m2_only) {
+    for (int d = 0; d < 2; d++)
+      for (int m = 0; m < 3; m++) mbd_gpu_ctx_destroy(&ctx[d][m]);
+    return 0;
   }
   printf("%-5s %-8s %-4s %5s %6s %5s | %9s %9s | %9s %9s | %6s | %9s %7s | %6s\n", "model",
          "proj", "dt", "M", "N", "K", "det_us", "det", "fast_us", "fast", "ratio", "ped_us",

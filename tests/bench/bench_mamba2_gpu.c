@@ -18,8 +18,11 @@
  *           prefill b1 T=2048, one of the b8 prefill's 8 chunks (8 x 256),
  *           decode b1/8/64/256; then the layer's sum and layers x sum + head
  *           (unfused; the scan_conv row is the decode fusion that replaces
- *           conv_silu + ssd_scan at up to 16 sequences; the last six rows
- *           are ssd_scan with MBD_SSD_PREFILL=old, the older prefill kernel
+ *           conv_silu + ssd_scan at up to 16 sequences; then ops 1 and 2
+ *           on the kernels MBD_RMSNORM_BLOCK=1 and MBD_GEMM_RAGGED=0
+ *           MBD_GEMM_TILE72=0 select: the block RMSNorm; the strided M <= 16
+ *           GEMM and no 64 x 72 tiles; same bits; the last six rows are
+ *           ssd_scan with MBD_SSD_PREFILL=old, the older prefill kernel
  *           in place of ssd_prefill.cu's, =r4 / r8 / r2, ssd_prefill.cu with
  *           four, eight or two channels a lane, and =cb16 / cb64, its
  *           blocks of 16 or 64 channels; all outside the sums).
@@ -31,6 +34,9 @@
  * --state bf16 runs the bf16-state route (state=bf16, docs/route.md), the
  * per-op ssd_scan row included (the scan_conv row then stays out: that
  * fusion keeps an f32 state); the default is f32.
+ * ablation rows (old, late pdl): decode b1/b8/b64 of a second copy of the
+ * model loaded with kernel choices turned off by their environment
+ * variables (bench_ablate); same bits, so only the time differs.
  * MBD_BENCH_PROFILE=d1|d8|d64|d256|p1|p8: one extra, untimed run of that
  * cell between cudaProfilerStart and cudaProfilerStop, for ncu
  * --profile-from-start off (the kernels of one decode step or one prefill).
@@ -141,10 +147,12 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
 
 /* ---- one layer op by op ---- */
 
-enum { NOPS = 14, NOC = 6, OP_REPS = 10 };
+enum { NOPS = 16, NOC = 6, OP_REPS = 10 };
 static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_silu",
                                              "ssd_scan",    "gated_norm", "out_proj",
                                              "lm_head",     "scan_conv (decode <= 16)",
+                                             "add_rmsnorm RMSNORM_BLOCK=1",
+                                             "in_proj RAGGED=0 TILE72=0",
                                              "ssd_scan MBD_SSD_PREFILL=old",
                                              "ssd_scan MBD_SSD_PREFILL=r4",
                                              "ssd_scan MBD_SSD_PREFILL=cb16",
@@ -192,17 +200,17 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
     return mbd_mops_conv_silu(o->stream, nseq, T, (int)o->cd, c->d_conv, o->zx + di, o->pin,
                               o->conv_w, o->conv_b, o->conv_st, (int64_t)(c->d_conv - 1) * o->cd,
                               o->slots, o->xbc, MBD_DTYPE_F32, NULL, err);
-  case 8:
-  case 9:
   case 10:
   case 11:
   case 12:
-  case 13: { /* ssd_scan under MBD_SSD_PREFILL=old, r4, cb16, cb64, r8, r2 (ssd_prefill.cu) */
+  case 13:
+  case 14:
+  case 15: { /* ssd_scan under MBD_SSD_PREFILL=old, r4, cb16, cb64, r8, r2 (ssd_prefill.cu) */
     static const char *const val[6] = {"old", "r4", "cb16", "cb64", "r8", "r2"};
     const char *was = getenv("MBD_SSD_PREFILL");
     char keep[64] = "";
     if (was) snprintf(keep, sizeof keep, "%s", was);
-    setenv("MBD_SSD_PREFILL", val[op - 8], 1);
+    setenv("MBD_SSD_PREFILL", val[op - 10], 1);
     int rc = run_op(o, 3, nseq, T, err);
     if (was)
       setenv("MBD_SSD_PREFILL", keep, 1);
@@ -224,6 +232,16 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
                                   MBD_DTYPE_BF16, o->y_act, err);
   case 5: return gemm_bf16(o, M, d, di, o->y_act, o->out_w, o->out, err);
   case 6: return gemm_bf16(o, nseq, o->V, d, o->hn, o->head, o->logits, err);
+  case 8:
+  case 9: { /* ops 0 and 1 on the kernels these variables select (same bits) */
+    const char *var = op == 8 ? "MBD_RMSNORM_BLOCK" : "MBD_GEMM_RAGGED";
+    setenv(var, op == 8 ? "1" : "0", 1);
+    if (op == 9) setenv("MBD_GEMM_TILE72", "0", 1);
+    const int rc = run_op(o, op - 8, nseq, T, err);
+    unsetenv(var);
+    unsetenv("MBD_GEMM_TILE72");
+    return rc;
+  }
   default: {
     /* the model folds the conv in only there, with an f32 state */
     if (T != 1 || nseq > 16 || o->state != MBD_STATE_F32) return 0;
@@ -343,6 +361,68 @@ static int rm_synth(const char *dir) {
   return rmdir(dir);
 }
 
+/* Decode b1/b8/b64 on a second copy of the model loaded with some kernel
+ * choices turned off through their environment variables (read when a
+ * decode graph is captured or a kernel launched; same bits), so one run
+ * shows what they buy: "old" = the strided M <= 16 GEMM, no 64 x 72 tiles,
+ * the block RMSNorm and the late PDL trigger; "late pdl" = only the last. */
+static int bench_ablate(const char *name, mbd_backend *be, const char *dir, int reps, float *t,
+                        const bench_case *base) {
+  enum { NV = 4, AB = 64 };
+  static const char *const vars[NV] = {"MBD_GEMM_RAGGED", "MBD_GEMM_TILE72", "MBD_RMSNORM_BLOCK",
+                                       "MBD_PDL_LATE"};
+  static const char *const vals[NV] = {"0", "0", "1", "1"};
+  static const char *const rows[2] = {"old", "late pdl"};
+  static const unsigned masks[2] = {0xf, 0x8}; /* which variables each row sets */
+  int rc = 0;
+  for (int v = 0; v < 2 && !rc; v++) {
+    char what[160] = "";
+    for (int i = 0; i < NV; i++)
+      if (masks[v] >> i & 1) {
+        setenv(vars[i], vals[i], 1);
+        snprintf(what + strlen(what), sizeof what - strlen(what), "%s%s=%s", what[0] ? " " : "",
+                 vars[i], vals[i]);
+      }
+    mbd_error err;
+    mbd_error_clear(&err);
+    bench_case k = *base;
+    mbd_bstate *st[AB] = {NULL};
+    k.m = NULL;
+    k.st = st;
+    if (be->ops->model_load(be, dir, &k.m, &err)) {
+      fprintf(stderr, "%s ablation: %s\n", name, err.msg);
+      rc = 1;
+    }
+    for (int i = 0; !rc && i < AB; i++)
+      if (be->ops->state_new(be, k.m, &st[i], &err)) {
+        fprintf(stderr, "%s ablation state %d: %s\n", name, i, err.msg);
+        rc = 1;
+      }
+    static const int bs[3] = {1, 8, 64};
+    double tps[3] = {0, 0, 0};
+    for (int col = 0; !rc && col < 3; col++) {
+      float ms = 0;
+      int taken = 0;
+      k.b = bs[col];
+      k.prefill = 0;
+      if (time_cell(&k, reps, t, &ms, &taken, &err)) {
+        fprintf(stderr, "%s ablation b%d: %s\n", name, k.b, err.msg);
+        rc = 1;
+      }
+      tps[col] = k.b / (ms * 1e-3);
+    }
+    if (!rc)
+      printf("%-5s %-10s | %12.0f %12.0f %12.0f   (decode b1/b8/b64 tokens/s, %s)\n", name,
+             rows[v], tps[0], tps[1], tps[2], what);
+    fflush(stdout);
+    for (int i = 0; i < AB; i++)
+      if (st[i]) be->ops->state_free(be, st[i]);
+    if (k.m) be->ops->model_destroy(be, k.m);
+    for (int i = 0; i < NV; i++) unsetenv(vars[i]);
+  }
+  return rc;
+}
+
 static int bench_shape(const char *name, int reps, double bw, mbd_state_dtype sd) {
   mbd_error err;
   mbd_error_clear(&err);
@@ -440,7 +520,7 @@ static int bench_shape(const char *name, int reps, double bw, mbd_state_dtype sd
   printf("   (weights %.0f MB, state %.1f MB/seq, %s)\n", wb / 1e6, sb / 1e6,
          mbd_state_dtype_name(sd));
   fflush(stdout);
-  rc = bench_ops(name, &c, sd);
+  rc = bench_ablate(name, be, dir, reps, t, &k) | bench_ops(name, &c, sd);
 done:
   for (int i = 0; be && m && i < MAXB; i++)
     if (k.st && k.st[i]) be->ops->state_free(be, k.st[i]);

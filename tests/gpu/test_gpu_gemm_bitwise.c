@@ -199,6 +199,47 @@ static void check_unaligned(fixture *f) {
   if (failed) fail_msg("%lld unaligned batch sizes differ from the aligned path", (long long)failed);
 }
 
+/* The kernel one M-row GEMM of f's shape runs (the launch record's name). */
+static void kernel_of(fixture *f, int64_t m, char *out, size_t cap) {
+  mbd_error err;
+  mbd_error_clear(&err);
+  CHECK_OK(mbd_gpu_record_begin(f->ctx, &err));
+  mbd_gpu_gemm_args a = args_for(f, 0, m, f->dy);
+  CHECK_OK(mbd_gpu_gemm(f->ctx, &a, &err));
+  CHECK_OK(mbd_gpu_record_end(f->ctx, &err));
+  CHECK_OK(mbd_gpu_ctx_sync(f->ctx, &err));
+  assert_int_equal(mbd_gpu_record_count(f->ctx), 1);
+  snprintf(out, cap, "%s", mbd_gpu_record_at(f->ctx, 0)->kernel);
+}
+
+/* Where the ragged-range kernel (mbd_mkrgemm, dispatched at M = 1) runs:
+ * the strided kernel it replaces (MBD_GEMM_RAGGED=0) gives the same bits at
+ * every M of 1..16 (the alone rows are the ragged kernel's). want_ragged: the shape must take it at M = 1 when the streaming
+ * kernels run at all (the shapes the model dispatch relies on), so the
+ * comparison cannot pass vacuously. */
+static void check_ragged(fixture *f, int want_ragged) {
+  if (f->dt == MBD_DTYPE_F32) return;
+  char name[64];
+  kernel_of(f, 1, name, sizeof name);
+  const int ragged = strstr(name, "mkrgemm") != NULL;
+  if (want_ragged && !ragged && strstr(name, "mkgemm"))
+    fail_msg("N=%lld K=%lld M=1 ran %s, not the ragged kernel", (long long)f->n,
+             (long long)f->k, name);
+  if (!ragged) return;
+  assert_int_equal(setenv("MBD_GEMM_RAGGED", "0", 1), 0);
+  kernel_of(f, 1, name, sizeof name);
+  if (strstr(name, "mkrgemm")) fail_msg("MBD_GEMM_RAGGED=0 still ran %s", name);
+  int64_t failed = 0;
+  for (int64_t m = 1; m <= 16; m++) {
+    const int64_t row0 = (m * 7) % 13;
+    run_rows(f, row0, m);
+    if (count_diff(f, row0, m, "strided vs ragged")) failed++;
+  }
+  assert_int_equal(unsetenv("MBD_GEMM_RAGGED"), 0);
+  if (failed)
+    fail_msg("%lld batch sizes differ between the strided and ragged kernels", (long long)failed);
+}
+
 static void check_repeat_and_graph(fixture *f) {
   mbd_error err;
   mbd_error_clear(&err);
@@ -347,19 +388,30 @@ static void run_policy(mbd_dtype_policy pol) {
    * alternate and each strip reloads its bias; N=6144, K=1536: the same with
    * W as the A operand at M <= 8 (16-column strips) and 16-column strips of
    * 4 chunks at M > 8; N=4096, K=1024: W as the A operand in 32-column strips.
+   * N for which no strip width spreads over the SMs take the ragged-range
+   * kernel at M = 1 (gemm_mkr; on a 132-SM device also 80 x 136, 5120, 3072
+   * and 6144): N=8512, K=2048 (Mamba-2 1.3b in_proj: 72 or 64
+   * columns a block, 8 chunks); N=2120, K=1040 (24 or 16 columns, a short
+   * last chunk); N=9000, K=264 (72 or 64 columns, the last chunk one k tile
+   * with 8 k of data); at M = 17..20 N=8512 and N=9000 run the 64 x 72 wgmma
+   * tiles (m64n72k16). N=3352, K=768 and N=2048, K=4096 (Mamba-2 130m
+   * in_proj, 1.3b out_proj) stay strided on 132 SMs. Every shape also runs
+   * check_ragged (strided vs ragged at M = 1..16 where ragged runs).
    * f32 policies skip all but the first three (their chain is not chunked
    * and the host reference is slow). */
-  static const int64_t shapes[11][3] = {
-      {1100, 520, 300},  {200, 77, 40},     {80, 136, 300},   {160, 4096, 40},
-      {16856, 1040, 20}, {5120, 160, 20},   {192, 5120, 20},  {1800, 2056, 20},
-      {3072, 768, 20},   {6144, 1536, 20},  {4096, 1024, 20}};
-  for (int s = 0; s < 11; s++) {
+  static const int64_t shapes[16][4] = {
+      {1100, 520, 300, 0},  {200, 77, 40, 0},     {80, 136, 300, 0},   {160, 4096, 40, 0},
+      {16856, 1040, 20, 0}, {5120, 160, 20, 0},   {192, 5120, 20, 0},  {1800, 2056, 20, 0},
+      {3072, 768, 20, 0},   {6144, 1536, 20, 0},  {4096, 1024, 20, 0}, {8512, 2048, 20, 1},
+      {2120, 1040, 20, 1},  {9000, 264, 20, 1},   {3352, 768, 20, 0},  {2048, 4096, 20, 0}};
+  for (int s = 0; s < 16; s++) {
     if (s >= 3 && (pol == MBD_POLICY_F32 || pol == MBD_POLICY_TF32)) continue;
     fixture f;
     setup(&f, pol, shapes[s][0], shapes[s][1], 1234 + (uint64_t)pol * 7 + (uint64_t)s);
     compute_alone(&f);
     check_invariance(&f, shapes[s][2]);
     if (s != 1) check_unaligned(&f);
+    check_ragged(&f, (int)shapes[s][3]);
     if (s == 0) {
       check_repeat_and_graph(&f);
       check_storage_output(&f);

@@ -337,6 +337,9 @@ template <typename T, int N> struct wgmma_op {
   WG_ACC_16(F)                                                                          \
   F(16) F(17) F(18) F(19) F(20) F(21) F(22) F(23) F(24) F(25)                           \
   F(26) F(27) F(28) F(29) F(30) F(31)
+#define WG_ACC_36(F)                                                                    \
+  WG_ACC_32(F)                                                                          \
+  F(32) F(33) F(34) F(35)
 #define WG_ACC_64(F)                                                                    \
   WG_ACC_32(F)                                                                          \
   F(32) F(33) F(34) F(35) F(36) F(37) F(38) F(39) F(40) F(41)                           \
@@ -368,6 +371,7 @@ template <typename T, int N> struct wgmma_op {
   X(T, ty, 16, 8, 9)                                                                    \
   X(T, ty, 32, 16, 17)                                                                  \
   X(T, ty, 64, 32, 33)                                                                  \
+  X(T, ty, 72, 36, 37)                                                                  \
   X(T, ty, 128, 64, 65)                                                                 \
   X(T, ty, 256, 128, 129)
 MBD_WGMMA_SHAPES(MBD_WGMMA, __nv_bfloat16, bf16)
@@ -463,7 +467,7 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
   constexpr int BM = 64 * CWG, BK = 64, KCH = MBD_WG_KCH / BK;
   constexpr uint32_t A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
   constexpr uint32_t STAGE_BYTES = A_BYTES + B_BYTES;
-  static_assert(BN % IN == 0 && IN % 16 == 0, "instruction N must tile BN");
+  static_assert(BN % IN == 0 && IN % 8 == 0, "instruction N must tile BN");
   static_assert(!FOLD || BN <= 128, "acc + partial must fit the register file");
   extern __shared__ __align__(16) unsigned char wg_raw[];
   const uint32_t raw_s = smem_u32(wg_raw);
@@ -848,6 +852,155 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
 #endif
 }
 
+/* M <= 16, ragged column ranges (mbd_mkrgemm): the chains and the fold of
+ * mk_body's X-as-A form, scheduled for N that no strip width spreads evenly
+ * over the SMs (mk_body's busiest SM then walks extra strips of small boxes).
+ * Block b owns groups [b q + min(b, r), + q + (b < r)) of 8 columns
+ * (mbd_mkr_params), so the busiest SM moves ceil(N / 8 / grid) x 8 rows of W,
+ * in one box per k tile. Ring slot t holds chunk t of the block's rows (four
+ * k tiles of BR = 8 (q + (r > 0)) rows each); item (t, g) = the chunk-t chain
+ * of group g goes to warp (t G + g) % 8, so the warps share the items evenly
+ * across slots; each warp arrives on a slot's empty barrier once. The
+ * partials go to shared memory [chunk][M][BR]; after the last slot the
+ * consumers fold them in chunk order, add the bias (staged before the first
+ * slot) and store. Bits: the same chain per (row, column, chunk) as mk_body
+ * and the same fold. */
+template <typename T>
+__device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
+#ifdef MBD_HAVE_WGMMA
+  const mbd_gemm_params &p = P.p;
+  extern __shared__ __align__(16) unsigned char mk_raw[];
+  const int M = p.m, N = p.n, K = p.k, C = P.chunks, S = P.stages;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, b = blockIdx.x;
+  const bool big = b < P.r;
+  const int G = P.q + (big ? 1 : 0), BR = 8 * (P.q + (P.r > 0 ? 1 : 0));
+  const int n0 = 8 * (b * P.q + min(b, P.r)), W = 8 * G;
+  const int xs = 2 * K + 16, Kp = (K + 63) / 64 * 64;
+  const uint32_t tile_b = (uint32_t)BR * 128, sb = tile_b * 4; /* k tile, slot */
+  const uint32_t full0 = smem_u32(mk_raw), empty0 = full0 + 8 * MK_MAX_STAGES;
+  unsigned char *xsm = mk_raw + MK_BAR_BYTES;
+  float *part = (float *)(xsm + (size_t)M * xs);
+  float *bsm = part + (size_t)C * M * BR;
+  const uint32_t x_s = smem_u32(xsm);
+  const uint32_t ring_s = (smem_u32(bsm + BR) + 1023u) & ~1023u; /* swizzle atom */
+  const T *X = (const T *)p.x, *B = (const T *)p.bias;
+  const CUtensorMap *tw = big ? &P.tw_big : &P.tw;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; s++) {
+      mbar_init(full0 + 8 * s, 1);
+      mbar_init(empty0 + 8 * s, MK_WARPS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == MK_WARPS) { /* producer: W is static, no dependency wait */
+    wg_pdl_trigger();
+    if (lane == 0) {
+      tma_prefetch_desc(tw);
+      const uint32_t box_b = (uint32_t)W * 128;
+      for (int t = 0; t < C; t++) {
+        const int s = t % S;
+        if (t >= S) mbar_wait(empty0 + 8 * s, (uint32_t)(t / S - 1) & 1u);
+        const int kb = t * MBD_WG_KCH;
+        const int tiles = min(4, (Kp - kb) / 64); /* the chains stop at Kp */
+        mbar_expect_tx(full0 + 8 * s, (uint32_t)tiles * box_b);
+        for (int i = 0; i < tiles; i++)
+          tma_load_2d(ring_s + s * sb + i * tile_b, tw, full0 + 8 * s, kb + 64 * i, n0);
+      }
+    }
+    return;
+  }
+
+  if (B && threadIdx.x < W) /* static under w_static: before the dependency wait */
+    bsm[threadIdx.x] = n0 + (int)threadIdx.x < N ? mma_op<T>::to_f(B[n0 + threadIdx.x]) : 0.0f;
+  wg_pdl_wait(); /* X and Y belong to the predecessor until it completes */
+  wg_pdl_trigger();
+  { /* X: 16-byte pieces, eight loads in flight per thread before the stores */
+    const int pr = K / 8, total = M * pr, NT = MK_WARPS * 32;
+    for (int i0 = threadIdx.x; i0 < total; i0 += 8 * NT) {
+      uint4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; u++) {
+        const int i = i0 + u * NT, row = i / pr, col = i - row * pr;
+        if (i < total) v[u] = *(const uint4 *)(X + (size_t)row * K + col * 8);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; u++) {
+        const int i = i0 + u * NT, row = i / pr, col = i - row * pr;
+        if (i < total) *(uint4 *)(xsm + (size_t)row * xs + col * 16) = v[u];
+      }
+    }
+  }
+  mk_consumer_sync();
+
+  const int q = lane & 3, r = lane >> 2;
+  /* mk_body's X-as-A lane addresses: W rows g*8 + (lane & 7), k offset
+   * 8 (lane >> 3); X rows lane & 15 (clamped to M - 1), k offset 8 (lane >> 4). */
+  const int w_x = (lane >> 3) ^ (lane & 7);
+  const uint32_t x_lane = x_s + (uint32_t)(min(lane & 15, M - 1) * xs + (lane >> 4) * 16);
+
+  for (int t = 0; t < C; t++) {
+    const int s = t % S;
+    mbar_wait(full0 + 8 * s, (uint32_t)(t / S) & 1u);
+    const bool last = t * MBD_WG_KCH + MBD_WG_KCH > K;
+    const int steps = min(16, (Kp - t * MBD_WG_KCH) / 16);
+    for (int g = ((warp - t * G) % MK_WARPS + MK_WARPS) % MK_WARPS; g < G; g += MK_WARPS) {
+      const uint32_t ws = ring_s + s * sb + (uint32_t)((g * 8 + (lane & 7)) * 128);
+      const uint32_t xc = x_lane + t * 512;
+      uint32_t w[16][2], x[16][4];
+#pragma unroll
+      for (int h = 0; h < 8; h++) {
+        uint32_t v[4];
+        ldsm_x4(v, ws + (h >> 1) * tile_b + ((((4 * h) & 7) ^ w_x) << 4));
+        w[2 * h][0] = v[0];
+        w[2 * h][1] = v[1];
+        w[2 * h + 1][0] = v[2];
+        w[2 * h + 1][1] = v[3];
+      }
+#pragma unroll
+      for (int st = 0; st < 16; st++) ldsm_x4(x[st], xc + st * 32);
+      if (last) { /* zero X's k >= K (K % 8 == 0) */
+#pragma unroll
+        for (int st = 0; st < 16; st++) {
+          const int k0 = t * MBD_WG_KCH + 16 * st + 2 * q;
+          if (k0 >= K) x[st][0] = x[st][1] = 0u;
+          if (k0 + 8 >= K) x[st][2] = x[st][3] = 0u;
+        }
+      }
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int st = 0; st < 16; st++)
+        if (st < steps) mma_op<T>::run(d, x[st], w[st]);
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const int row = r + 8 * (i >> 1);
+        if (row < M) part[((size_t)t * M + row) * BR + g * 8 + 2 * q + (i & 1)] = d[i];
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty0 + 8 * s); /* this warp's items of the slot are done */
+  }
+  mk_consumer_sync();
+  for (int e = threadIdx.x; e < M * W; e += MK_WARPS * 32) { /* fold in chunk order */
+    const int row = e / W, col = e - row * W, on = n0 + col;
+    if (on >= N) continue;
+    float v = part[(size_t)row * BR + col];
+    for (int cc = 1; cc < C; cc++) v = __fadd_rn(v, part[((size_t)cc * M + row) * BR + col]);
+    if (B) v = __fadd_rn(v, bsm[col]);
+    const size_t o = (size_t)row * N + on;
+    if (p.out_f32)
+      ((float *)p.y)[o] = v;
+    else
+      ((T *)p.y)[o] = mma_op<T>::from_f(v);
+  }
+#else
+  (void)P;
+  __trap();
+#endif
+}
+
 #define MBD_WG(name, T, CWG, BN, IN, ST, TMA, MINB, FOLD)                                 \
   extern "C" __global__ void __launch_bounds__(CWG * 128 + 32, MINB)                     \
       name(const __grid_constant__ mbd_wg_params P) {                                     \
@@ -858,16 +1011,23 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
       name(const __grid_constant__ mbd_mk_params P) {                                     \
     mk_body<T, SW>(P);                                                                    \
   }
+#define MBD_MKR(name, T)                                                                  \
+  extern "C" __global__ void __launch_bounds__(MK_WARPS * 32 + 32, 1)                    \
+      name(const __grid_constant__ mbd_mkr_params P) {                                    \
+    mkr_body<T>(P);                                                                       \
+  }
 /* Configurations (scheduling only): the wgmma tiles of MBD_WG_TILES
  * (gemm_params.h, which gpu_gemm.cu expands too), then
  *   mkgemm _8 / _16: M <= 8 / M <= 16, mma.sync chains streaming W (strip width and
- *         ring depth chosen per call), one block per SM */
+ *         ring depth chosen per call), one block per SM
+ *   mkrgemm: M <= 16, the _16 chains over ragged column ranges, one block per SM */
 #define MBD_WG_TILE(ty, T, i, CWG, BN, IN, ST, TMA, MINB, FOLD)                           \
   MBD_WG(mbd_wgemm_##ty##_##i, T, CWG, BN, IN, ST, TMA, MINB, FOLD)
 #define MBD_WG_ALL(ty, T)                                                                  \
   MBD_WG_TILES(MBD_WG_TILE, ty, T)                                                         \
   MBD_MK(mbd_mkgemm_##ty##_8, T, true, 1)                                                  \
-  MBD_MK(mbd_mkgemm_##ty##_16, T, false, 1)
+  MBD_MK(mbd_mkgemm_##ty##_16, T, false, 1)                                                \
+  MBD_MKR(mbd_mkrgemm_##ty, T)
 MBD_WG_ALL(bf16, __nv_bfloat16)
 MBD_WG_ALL(f16, __half)
 

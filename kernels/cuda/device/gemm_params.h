@@ -47,6 +47,8 @@ typedef struct mbd_gemm_params {
  *         keeps 40-140 KB of weights in flight (decode is latency x bytes bound)
  *   4, 5: 128 x {64,128}; 6: 128 x 256 for K <= one chunk (no room for a partial)
  *   7, 8: plain-load producer, 64 x 64 and 128 x 128
+ *   9: 64 x 72 (M <= 64 where N / 64 tiles leave a second wave of a few
+ *      blocks, e.g. N = 8512 = 133 x 64: 119 tiles of 72 fill one wave)
  * X(ty, T, index, CWG, BN, IN, STAGES, TMA, MINB, FOLD): CWG consumer
  * warpgroups (BM = 64 CWG), wgmma N = IN, MINB blocks per SM (launch bounds),
  * FOLD: K may exceed one chunk. ty, T: passed through. (The table uses
@@ -60,7 +62,8 @@ typedef struct mbd_gemm_params {
   X(ty, T, 5, 2, 128, 128, 4, true, 1, true)                                            \
   X(ty, T, 6, 2, 256, 256, 4, true, 1, false)                                           \
   X(ty, T, 7, 1, 64, 64, 4, false, 2, true)                                             \
-  X(ty, T, 8, 2, 128, 128, 3, false, 1, true)
+  X(ty, T, 8, 2, 128, 128, 3, false, 1, true)                                           \
+  X(ty, T, 9, 1, 72, 72, 12, true, 1, true)
 
 typedef struct mbd_wg_params {
   CUtensorMap tx; /* X [M,K], box {64, 64*CWG}, 128B swizzle, zero fill */
@@ -84,5 +87,18 @@ typedef struct mbd_mk_params {
   int strips; /* ceil(N / BN) */
   int stages; /* ring slots, 1..MK_MAX_STAGES */
 } mbd_mk_params;
+
+/* mbd_mkrgemm (M <= 16, ragged): one block per SM owns one contiguous range
+ * of 8-column groups, q + 1 groups for blocks b < r, q for the others, from
+ * group b q + min(b, r); its W moves by boxes of all its rows (64 k x 8 q or
+ * 8 (q + 1) rows), one chunk (four k tiles) per ring slot. */
+typedef struct mbd_mkr_params {
+  CUtensorMap tw;     /* W [N,K], box {64, 8 q}, 128B swizzle */
+  CUtensorMap tw_big; /* W [N,K], box {64, 8 (q + 1)} (blocks b < r; unused when r == 0) */
+  mbd_gemm_params p;
+  int chunks; /* C = ceil(K / 256) */
+  int q, r;   /* groups per block: q + (b < r); q >= 1, grid * q + r = ceil(N / 8) */
+  int stages; /* ring slots, 1..MK_MAX_STAGES */
+} mbd_mkr_params;
 
 #endif

@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <utility>
 
@@ -68,6 +69,22 @@ template <typename... KArgs, typename... Args>
 static int launch_pdl(const char *what, void (*k)(KArgs...), dim3 grid, dim3 block, size_t sh,
                       cudaStream_t s, mbd_error *err, Args &&...args) {
   return launch_ex(true, what, k, grid, block, sh, s, err, std::forward<Args>(args)...);
+}
+
+/* Where a model kernel lets its successor launch (pdl_enter): before its own
+ * dependency wait (the default), so the successor's blocks can become
+ * resident and run their prologue while this kernel still waits and works,
+ * or after it (the environment variable MBD_PDL_LATE=1). Either order keeps
+ * the chain fully ordered: every kernel still waits for its predecessor's
+ * completion before touching its outputs, so the bits are the same. */
+static inline bool pdl_early() {
+  const char *e = getenv("MBD_PDL_LATE");
+  return !(e && e[0] == '1');
+}
+__device__ __forceinline__ void pdl_enter(bool early) {
+  if (early) pdl_trigger();
+  pdl_wait();
+  if (!early) pdl_trigger();
 }
 
 /* Lets kernel k take sh bytes of dynamic shared memory (above the default 48 KiB). */

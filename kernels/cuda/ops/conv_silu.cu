@@ -16,7 +16,7 @@ __global__ void k_conv_silu(int T, int di, const float *__restrict__ xz, int64_t
                             const float *__restrict__ w, const float *__restrict__ bias,
                             float *__restrict__ conv_state, int64_t slot_stride,
                             const int32_t *__restrict__ slots, float *__restrict__ xc,
-                            ActT *__restrict__ xc_act) {
+                            ActT *__restrict__ xc_act, bool early) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   const int seg = blockIdx.y, s = blockIdx.z;
   const int cw = c < di ? c : di - 1;
@@ -24,8 +24,7 @@ __global__ void k_conv_silu(int T, int di, const float *__restrict__ xz, int64_t
 #pragma unroll
   for (int j = 0; j < K; j++) wk[j] = w[(int64_t)j * di + cw]; /* weights: before the wait */
   const float b = bias ? bias[cw] : 0.0f;
-  pdl_wait();
-  pdl_trigger();
+  pdl_enter(early);
   if (c >= di) return;
   const int t0 = seg * CONV_SEG, t1 = min(T, t0 + CONV_SEG);
   const int64_t base = (int64_t)s * T; /* row of the sequence's step 0 */
@@ -72,7 +71,7 @@ static int conv_silu_launch(cudaStream_t s, int nseq, int T, int di, const float
   const dim3 grid((unsigned)((di + CONV_BT - 1) / CONV_BT),
                   (unsigned)((T + CONV_SEG - 1) / CONV_SEG), (unsigned)nseq);
   return launch_pdl("conv_silu", k_conv_silu<K, ActT>, grid, dim3(CONV_BT), 0, s, err, T, di, xz,
-                    ldxz, w, bias, conv_state, slot_stride, slots, xc, xc_act);
+                    ldxz, w, bias, conv_state, slot_stride, slots, xc, xc_act, pdl_early());
 }
 
 /* The decode step (T = 1) where every row and pointer allows 16-byte
@@ -88,7 +87,7 @@ __global__ void __launch_bounds__(CONV_STEP_BT)
     k_conv_step4(int di, const float *__restrict__ xz, int64_t ldxz, const float *__restrict__ w,
                  const float *__restrict__ bias, float *__restrict__ conv_state,
                  int64_t slot_stride, const int32_t *__restrict__ slots, float *__restrict__ xc,
-                 ActT *__restrict__ xc_act) {
+                 ActT *__restrict__ xc_act, bool early) {
   const int c = 4 * (blockIdx.x * CONV_STEP_BT + threadIdx.x);
   const int s = blockIdx.y;
   const int cw = c < di ? c : di - 4;
@@ -102,8 +101,7 @@ __global__ void __launch_bounds__(CONV_STEP_BT)
     const float4 q = *(const float4 *)(bias + cw);
     b[0] = q.x, b[1] = q.y, b[2] = q.z, b[3] = q.w;
   }
-  pdl_wait();
-  pdl_trigger();
+  pdl_enter(early);
   if (c >= di) return;
   float *st = conv_state + (int64_t)slots[s] * slot_stride + c;
   float4 win4[K - 1];
@@ -152,7 +150,8 @@ static int conv_step4_launch(cudaStream_t s, int nseq, int di, const float *xz, 
                              mbd_error *err) {
   const dim3 grid((unsigned)((di / 4 + CONV_STEP_BT - 1) / CONV_STEP_BT), (unsigned)nseq);
   return launch_pdl("conv_silu (step)", k_conv_step4<K, ActT>, grid, dim3(CONV_STEP_BT), 0, s,
-                    err, di, xz, ldxz, w, bias, conv_state, slot_stride, slots, xc, xc_act);
+                    err, di, xz, ldxz, w, bias, conv_state, slot_stride, slots, xc, xc_act,
+                    pdl_early());
 }
 
 template <int K, typename ActT>

@@ -19,13 +19,18 @@ template <typename OutT>
 __global__ void __launch_bounds__(GN_THREADS) k_gated_rmsnorm(int n, int group, const float *__restrict__ y,
                                 const float *__restrict__ z, int64_t ldz,
                                 const float *__restrict__ w, float eps, int norm_before_gate,
-                                OutT *__restrict__ out) {
+                                OutT *__restrict__ out, bool early) {
   extern __shared__ float4 smem4[];
   float *v = (float *)smem4;
   __shared__ float r_sh[GN_MAX_GROUPS];
   const int64_t i = blockIdx.x;
-  pdl_wait();
-  pdl_trigger();
+  float w0[GN_BATCH]; /* the first pass's weights: static, loaded before the wait */
+#pragma unroll
+  for (int j = 0; j < GN_BATCH; j++) {
+    const int c = threadIdx.x + j * GN_THREADS;
+    w0[j] = c < n ? w[c] : 0.0f;
+  }
+  pdl_enter(early);
   for (int c0 = threadIdx.x; c0 < n; c0 += GN_BATCH * GN_THREADS) {
     float yv[GN_BATCH], zv[GN_BATCH];
 #pragma unroll
@@ -64,7 +69,7 @@ __global__ void __launch_bounds__(GN_THREADS) k_gated_rmsnorm(int n, int group, 
 #pragma unroll
     for (int j = 0; j < GN_BATCH; j++) {
       const int c = c0 + j * GN_THREADS;
-      wv[j] = c < n ? w[c] : 0.0f;
+      wv[j] = c0 == (int)threadIdx.x ? w0[j] : c < n ? w[c] : 0.0f;
       zv[j] = c < n && norm_before_gate ? z[i * ldz + c] : 0.0f;
     }
 #pragma unroll
@@ -86,7 +91,7 @@ static int gated_rmsnorm_launch(cudaStream_t s, int64_t M, int n, int group, con
   int rc = allow_smem(k_gated_rmsnorm<T>, sh, err);
   if (rc < 0) return rc;
   return launch_pdl("gated_rmsnorm", k_gated_rmsnorm<T>, dim3((unsigned)M), dim3(GN_THREADS), sh,
-                    s, err, n, group, y, z, ldz, w, eps, norm_before_gate, out);
+                    s, err, n, group, y, z, ldz, w, eps, norm_before_gate, out, pdl_early());
 }
 
 extern "C" int mbd_mops_gated_rmsnorm(void *stream, int64_t M, int n, int group, const float *y,
