@@ -1,8 +1,12 @@
 /* dt_proj + selective scan + D skip + SiLU gate (see scan.h): the chunked
  * prefill kernel and the single-step decode kernel, the same arithmetic per
  * step. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/scan.h"
+#include "kernels/cuda/ops/scan_prefill.h"
 
 #define SCAN_THREADS 128 /* threads per chunked-scan block: 128 / N channels x N states */
 #define SCAN_TC 16 /* time steps staged per chunk */
@@ -607,6 +611,13 @@ extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R
   if (wdt != act)
     return mbd_error_set(err, MBD_E_INVALID, "scan: weight dtype %s differs from activation %s",
                          mbd_dtype_name(wdt), mbd_dtype_name(act));
+  /* T > 1: scan_prefill.cu's kernel where it runs the shape, unless
+   * MBD_SCAN_PREFILL=old (read at each launch) picks k_scan below, to
+   * compare the two; both give the same bits */
+  const char *pick = getenv("MBD_SCAN_PREFILL");
+  if (T > 1 && !(pick && !strcmp(pick, "old")) && mbd_mops_scan_prefill_fits(N, R, dbl))
+    return mbd_mops_scan_prefill(stream, nseq, T, di, N, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz,
+                                 zoff, ssm_state, slot_stride, slots, act, y, err);
   cudaStream_t s = (cudaStream_t)stream;
 #define SCAN_N(NN, T_)                                                                      \
   case NN:                                                                                  \
