@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/scan.h"
+#include "kernels/cuda/ops/scan_exp.cuh"
 #include "kernels/cuda/ops/scan_prefill.h"
 
 #define SCAN_THREADS 128 /* threads per chunked-scan block: 128 / N channels x N states */
@@ -274,6 +275,7 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
     stage_dt_w<SSTEP_BT>(sw, RP, dt_w + (int64_t)c0 * R, min(SSTEP_BT, di - c0) * R, R, vec, tid);
   float a[N];
   ld_f32x(A + (int64_t)cc * N, a);
+  const float amax = sp_absmax(a);
   const float d = Dv[cc];
   const float bdt = ld_f32(dt_b + cc);
   const WT *wr = dt_w + (int64_t)cc * R;
@@ -355,8 +357,8 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
           cs[(int64_t)(KC - 2) * di] = xin;
         }
       }
-      const float v = scan_one_dt<N>(softplus_f(__fadd_rn(acc, bdt)), sd + R, sd + R + N, a, d,
-                                     x, z, h);
+      const float v = sp_one_dt<N>(sp_softplus(__fadd_rn(acc, bdt)), sd + R, sd + R + N, a,
+                                   amax, d, x, z, h);
       if (live) {
         st_act(y + (int64_t)s * di + c, v);
 #pragma unroll
@@ -410,7 +412,7 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
       /* each thread's dt of the group's sequences, in its own column */
 #pragma unroll
       for (int q = 0; q < SQ; q++)
-        if (q < nq) sdt[q * SSTEP_BT + tid] = softplus_f(__fadd_rn(acc[q], bdt));
+        if (q < nq) sdt[q * SSTEP_BT + tid] = sp_softplus(__fadd_rn(acc[q], bdt));
       for (int q = 0; q < nq; q++) {
         const int s = q0 + q, b = (s - sb) & 1;
         fetch(s + 1, b ^ 1);
@@ -439,8 +441,8 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
           h[4 * p] = v.x, h[4 * p + 1] = v.y, h[4 * p + 2] = v.z, h[4 * p + 3] = v.w;
         }
         const float *row = sd + q * NDP;
-        const float v = scan_one_dt<N>(sdt[q * SSTEP_BT + tid], row + R, row + R + N, a, d, x,
-                                       sx[SSTEP_BT], h);
+        const float v = sp_one_dt<N>(sdt[q * SSTEP_BT + tid], row + R, row + R + N, a, amax,
+                                     d, x, sx[SSTEP_BT], h);
         if (live) st_act(y + (int64_t)s * di + c, v);
 #pragma unroll
         for (int p = 0; p < NQ4; p++)

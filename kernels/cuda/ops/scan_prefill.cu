@@ -13,47 +13,12 @@
 #include <type_traits>
 
 #include "kernels/cuda/ops/common.cuh"
+#include "kernels/cuda/ops/scan_exp.cuh"
 #include "kernels/cuda/ops/scan_prefill.h"
 
 #define SP_CB 16           /* channels per block (threads: SP_CB x N) */
 #define SP_TC 32           /* steps per chunk */
 #define SP_TCP (SP_TC + 4) /* step-contiguous rows: float4-aligned, an odd count of float4 */
-
-/* mbd_pm_expf(x) for |x| < 86, bit for bit: the same range reduction and
- * polynomial; there k = j lies in [-124, 124] and e = e^r in [0.7, 1.42], so
- * both products of mbd_pm_expf's scaling are exact and its result is e 2^k,
- * a normal float: adding k to e's exponent field gives it. (k = bits(t) -
- * bits(shift), and bits(shift) << 23 is 0 modulo 2^32.) */
-static __host__ __device__ __forceinline__ float sp_exp_in_range(float x) {
-  const float shift = 0x1.8p23f;
-  const float t = MBD_PM_FMA(x, 0x1.715476p+0f, shift);
-  const float j = MBD_PM_ADD(t, -shift);
-  float r = MBD_PM_FMA(j, -0x1.62e430p-1f, x);
-  r = MBD_PM_FMA(j, 0x1.05c610p-29f, r);
-  float q = MBD_PM_FMA(r, 0x1.a1250cp-13f, 0x1.6d4342p-10f);
-  q = MBD_PM_FMA(r, q, 0x1.1110e0p-7f);
-  q = MBD_PM_FMA(r, q, 0x1.5554e8p-5f);
-  q = MBD_PM_FMA(r, q, 0x1.555556p-3f);
-  q = MBD_PM_FMA(r, q, 0x1.0p-1f);
-  const float r2 = MBD_PM_MUL(r, r);
-  const float em1 = MBD_PM_FMA(r2, q, r);
-  const float e = MBD_PM_ADD(1.0f, em1);
-  return mbd_pm_from_bits(mbd_pm_bits(e) + (mbd_pm_bits(t) << 23));
-}
-/* Where sp_exp_in_range(x) == mbd_pm_expf(x) (NaN: false). */
-static __host__ __device__ __forceinline__ bool sp_exp_fast(float x) {
-  return fabsf(x) < 86.0f;
-}
-/* mbd_pm_expf, mbd_pm_softplus and mbd_pm_silu with that path. */
-__device__ __forceinline__ float sp_expf(float x) {
-  return sp_exp_fast(x) ? sp_exp_in_range(x) : mbd_pm_expf(x);
-}
-__device__ __forceinline__ float sp_softplus(float x) {
-  return x > 20.0f ? x : mbd_pm_log1pf(sp_expf(x));
-}
-__device__ __forceinline__ float sp_silu(float x) {
-  return __fdiv_rn(x, __fadd_rn(1.0f, sp_expf(-x)));
-}
 
 __device__ __forceinline__ float4 sp_ld4(const float *p) { return *(const float4 *)p; }
 
