@@ -65,7 +65,8 @@ struct sp_layout {
 /* Block (x, s) runs channels [SP_CB x, SP_CB x + SP_CB) of sequence s, over
  * chunks of SP_TC steps staged by cp.async one chunk ahead. Per chunk, between
  * barriers:
- *   round: dt_low rounded to act in place (what a GEMM input in act holds);
+ *   round: dt_low rounded to act in place (what a GEMM input in act holds)
+ *          by the threads that copied it, before the barrier that publishes it;
  *   dt:    thread (c, t0) runs the dt_proj chains of steps t0 + 8 i of
  *          channel c (i < SP_TC / N), each from 0 over k ascending, then
  *          + bias and softplus (the f32 GEMM contract, scan_dt's), and
@@ -114,7 +115,6 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
   /* The incremental (row, piece) walk of a [rows][per] array by NT threads:
    * start and stride, without a division per element. */
   const int nd_t0 = tid / ND4, nd_p0 = tid % ND4, nd_dt = NT / ND4, nd_dp = NT % ND4;
-  const int r_t0 = tid / R4, r_p0 = tid % R4, r_dt = NT / R4, r_dp = NT % R4;
 
   /* Issues the cp.async loads of chunk q into stage buffer q & 1. */
   auto stage = [&](int q) {
@@ -176,25 +176,28 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
   float h = *hp;
 
   for (int q = 0; q < nchunk; q++) {
-    sp_wait0();
-    __syncthreads(); /* chunk q visible; chunk q - 1 done: its buffer, sdt, sy free */
-    if (q > 0) write_out(q - 1);
-    if (q + 1 < nchunk) stage(q + 1);
     float *sd = sm + lay.stage + (q & 1) * lay.stage_floats, *sbt = sd + SP_TC * NDP,
           *sxt = sbt + N * SP_TCP, *szt = sxt + SP_CB * SP_TCP;
     const int tc = min(SP_TC, T - q * SP_TC);
+    sp_wait0();
     if constexpr (!std::is_same<ActT, float>::value) {
-      for (int t = r_t0, p = r_p0; t < SP_TC;) {
-        float4 *v = (float4 *)(sd + t * NDP + 4 * p);
-        float4 u = *v;
-        u.x = round_act<ActT>(u.x), u.y = round_act<ActT>(u.y);
-        u.z = round_act<ActT>(u.z), u.w = round_act<ActT>(u.w);
-        *v = u;
-        t += r_dt, p += r_dp;
-        if (p >= R4) p -= R4, t++;
+      /* round: each thread the dt_low pieces it copied itself (visible to
+       * it after its wait), walked as stage() walked them */
+      for (int t = nd_t0, p = nd_p0; t < tc;) {
+        if (p < R4) {
+          float4 *v = (float4 *)(sd + t * NDP + 4 * p);
+          float4 u = *v;
+          u.x = round_act<ActT>(u.x), u.y = round_act<ActT>(u.y);
+          u.z = round_act<ActT>(u.z), u.w = round_act<ActT>(u.w);
+          *v = u;
+        }
+        t += nd_dt, p += nd_dp;
+        if (p >= ND4) p -= ND4, t++;
       }
-      __syncthreads();
     }
+    __syncthreads(); /* chunk q visible (rounded); chunk q - 1 done: its buffer, sdt, sy free */
+    if (q > 0) write_out(q - 1);
+    if (q + 1 < nchunk) stage(q + 1);
     /* dt: TPT chains of channel dc side by side, each over k ascending */
     bool fast = true; /* every exp argument of the chunk in the short range */
     {
