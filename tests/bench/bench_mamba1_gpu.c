@@ -27,9 +27,13 @@
  *               b1/8/64/256 through the per-op decode path with the model's
  *               choice of the conv fusion (marked *; the model's persistent
  *               batches are named); then a layer's sum, the forward's sum
- *               (layers x layer + the rest) and the tokens/s it implies.
+ *               (layers x layer + the rest) and the tokens/s it implies;
+ *               last, outside the sums, the prefill scan again with
+ *               MBD_SCAN_PREFILL=old (scan.cu's k_scan instead of
+ *               scan_prefill.cu's kernel; the same bits).
  * mbd_mops_conv_fused (kernels/cuda/ops/conv_xproj.h) picks the model's decode path;
  * MBD_BENCH_PROFILE_STEP: see profile_step. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -75,12 +79,12 @@ static int per_op, want_trace, want_step_events, want_op_table;
  * and (decode) the pick. */
 enum {
   OT_EMBED, OT_NORM, OT_IN, OT_CONV, OT_XPROJ, OT_SCAN, OT_OUT, OT_FNORM, OT_HEAD, OT_SAMPLE,
-  OT_NOPS
+  OT_SCAN_OLD, OT_NOPS
 };
 static const char *const k_ot_names[OT_NOPS] = {
     "embed",     "add_rmsnorm",    "in_proj (gemm)", "conv_silu",         "x_proj",
     "scan (dt_proj+scan+D+gate)", "out_proj (gemm)", "final add_rmsnorm", "lm_head (gemm)",
-    "sample"};
+    "sample", "scan, MBD_SCAN_PREFILL=old"};
 
 enum { OT_COLS = 5, OT_REPS = 10, OT_ROWS = 2048, OT_SLOTS = 256 };
 static const int k_ot_nseq[OT_COLS] = {1, 1, 8, 64, 256}, k_ot_T[OT_COLS] = {OT_ROWS, 1, 1, 1, 1};
@@ -123,6 +127,7 @@ static int ot_fused(const op_bench *o, int nseq, int T) {
 static int ot_runs(const op_bench *o, int op, int nseq, int T) {
   if (op == OT_CONV) return !ot_fused(o, nseq, T);
   if (op == OT_SAMPLE) return T == 1;
+  if (op == OT_SCAN_OLD) return T > 1;
   return 1;
 }
 
@@ -153,6 +158,14 @@ static int run_op(void *arg, mbd_error *err) {
       return mbd_mops_conv_xproj(s, nseq, (int)di, &conv, o->xz, 2 * di, o->slots,
                                  (int)(R + 2 * N), o->dt, o->x_w, o->dbl, err);
     return mbd_mops_xproj(s, M, (int)di, (int)(R + 2 * N), o->dt, o->xc_act, o->x_w, o->dbl, err);
+  case OT_SCAN_OLD: {
+    setenv("MBD_SCAN_PREFILL", "old", 1);
+    int rc = mbd_mops_scan(s, nseq, T, (int)di, (int)N, (int)R, o->xc, o->dbl, o->dt, o->dt_w,
+                           o->dt_b, o->A, o->D, o->xz, 2 * di, di, o->ssm_st, sslot, o->slots,
+                           NULL, o->dt, o->y, err);
+    unsetenv("MBD_SCAN_PREFILL");
+    return rc;
+  }
   case OT_SCAN:
     return mbd_mops_scan(s, nseq, T, (int)di, (int)N, (int)R, o->xc, o->dbl, o->dt, o->dt_w,
                          o->dt_b, o->A, o->D, o->xz, 2 * di, di, o->ssm_st, sslot, o->slots,
@@ -302,7 +315,9 @@ static int op_table(const shape *sh, const mbd_mamba_config *c, mbd_dtype dt,
         printf(" %8s ", op == OT_CONV ? "(in *)" : "-");
       printf("%s", col == 0 ? " |" : "");
       if (op >= OT_NORM && op <= OT_OUT) layer[col] += us[op][col];
-      total[col] += op >= OT_NORM && op <= OT_OUT ? us[op][col] * (float)c->n_layer : us[op][col];
+      if (op != OT_SCAN_OLD)
+        total[col] +=
+            op >= OT_NORM && op <= OT_OUT ? us[op][col] * (float)c->n_layer : us[op][col];
     }
     printf("\n");
   }

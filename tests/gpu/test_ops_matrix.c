@@ -17,6 +17,7 @@
  * (each backend draws its own numbers); greedy picks are, and are compared.
  *
  * Skips (exit 77) with a printed reason when no CUDA device is present. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -641,6 +642,100 @@ static void test_scan_batch(void **state) {
         scan_case_free(&c);
         free(slots);
       }
+}
+
+/* One prefill over c's inputs (its state copied in, not changed); y and the
+ * state out in gy, gst. how: 0 mbd_mops_scan as the model calls it, 1 the
+ * same with MBD_SCAN_PREFILL=old (scan.cu's k_scan), 2 each sequence's steps
+ * one at a time (the decode kernel, T = 1 each). */
+static void scan_prefill_run(const scan_case *c, int how, void *gy, float *gst) {
+  size_t es = dsize(c->act), ny = (size_t)c->M * c->di, sb = (size_t)c->nslot * c->sstride * 4;
+  float *dA = dput(c->A, (size_t)c->di * c->N * 4), *dD = dput(c->D, (size_t)c->di * 4);
+  float *dxc = dput(c->xc, ny * 4), *ddbl = dput(c->dbl, (size_t)c->M * c->nd * 4);
+  float *dxz = dput(c->xz, (size_t)c->M * c->ldxz * 4);
+  float *dst = dput(c->st, sb);
+  void *dtw = dput(c->dtw, (size_t)c->di * c->R * es), *dtb = dput(c->dtb, (size_t)c->di * es);
+  int32_t *dsl = dput(c->slots, (size_t)c->nseq * sizeof *c->slots);
+  char *dy = dzero(ny * es);
+  if (how == 1) setenv("MBD_SCAN_PREFILL", "old", 1);
+  if (how < 2)
+    OP(mbd_mops_scan(g_stream, c->nseq, c->T, c->di, c->N, c->R, dxc, ddbl, c->act, dtw, dtb, dA,
+                     dD, dxz, c->ldxz, c->zoff, dst, c->sstride, dsl, NULL, c->act, dy, &err));
+  else
+    for (int q = 0; q < c->nseq; q++)
+      for (int t = 0; t < c->T; t++) {
+        int64_t r = (int64_t)q * c->T + t;
+        OP(mbd_mops_scan(g_stream, 1, 1, c->di, c->N, c->R, dxc + r * c->di, ddbl + r * c->nd,
+                         c->act, dtw, dtb, dA, dD, dxz + r * c->ldxz, c->ldxz, c->zoff, dst,
+                         c->sstride, dsl + q, NULL, c->act, dy + (size_t)r * c->di * es, &err));
+      }
+  unsetenv("MBD_SCAN_PREFILL");
+  dget(gy, dy, ny * es);
+  dget(gst, dst, sb);
+  dfree(dA);
+  dfree(dD);
+  dfree(dxc);
+  dfree(ddbl);
+  dfree(dxz);
+  dfree(dst);
+  dfree(dtw);
+  dfree(dtb);
+  dfree(dsl);
+  dfree(dy);
+}
+
+/* The prefill kernel (scan_prefill.cu: d_state 8 and 16, dt rank a multiple
+ * of 4; d_state 4 stays on k_scan, a control) by memcmp against the CPU, the
+ * old chunked kernel and the decode kernel stepped T times: T = 2, 3 (less
+ * than a chunk), 31, 33, 70 (chunks of 32 steps, the last part-filled);
+ * d_inner 37 and 257 (blocks of 16 channels, the last part-filled); R = 4,
+ * 12, 128; three sequences in permuted slots; every activation dtype. Every
+ * other case has A scaled by 30 and z by 40, so that some exp arguments
+ * leave the short exp path's range (|x| < 86) and take mbd_pm_expf's. */
+static void test_scan_prefill(void **state) {
+  (void)state;
+  uint64_t seed = 23;
+  const int Ns[] = {8, 16, 4}, Rs[] = {4, 12, 128}, Ts[] = {2, 3, 31, 33, 70}, dis[] = {37, 257};
+  int wide = 0;
+  for (size_t ni = 0; ni < 3; ni++)
+    for (size_t ri = 0; ri < 3; ri++)
+      for (size_t ti = 0; ti < 5; ti++)
+        for (size_t q = 0; q < 2; q++)
+          for (int a = 0; a < N_ACT; a++, wide ^= 1) {
+            scan_case c;
+            scan_case_make(&c, Ns[ni], Rs[ri], dis[q], Ts[ti], k_act[a], &seed);
+            if (wide) {
+              for (int64_t i = 0; i < (int64_t)c.di * c.N; i++) c.A[i] *= 30.0f;
+              for (int64_t i = 0; i < c.M * c.ldxz; i++) c.xz[i] *= 40.0f;
+            }
+            size_t es = dsize(c.act), ny = (size_t)c.M * c.di, ns = (size_t)NSLOT * c.sstride;
+            void *ry = malloc(ny * es), *gy = malloc(ny * es);
+            float *st0 = malloc(ns * 4), *rst = malloc(ns * 4), *gst = malloc(ns * 4);
+            memcpy(st0, c.st, ns * 4);
+            char what[112];
+            /* the model's path (ry, rst) against the CPU (which advances c.st) */
+            scan_prefill_run(&c, 0, ry, rst);
+            scan_ref(&c, NULL, gy);
+            snprintf(what, sizeof what, "scan prefill N=%d R=%d di=%d T=%d %s%s vs CPU", c.N,
+                     c.R, c.di, c.T, mbd_dtype_name(c.act), wide ? " wide" : "");
+            same_bytes(what, ry, gy, ny, es);
+            same_bytes(what, rst, c.st, ns, 4);
+            for (int how = 1; how < 3; how++) {
+              memcpy(c.st, st0, ns * 4);
+              scan_prefill_run(&c, how, gy, gst);
+              snprintf(what, sizeof what, "scan prefill N=%d R=%d di=%d T=%d %s%s vs %s", c.N,
+                       c.R, c.di, c.T, mbd_dtype_name(c.act), wide ? " wide" : "",
+                       how == 1 ? "MBD_SCAN_PREFILL=old" : "decode steps");
+              same_bytes(what, ry, gy, ny, es);
+              same_bytes(what, rst, gst, ns, 4);
+            }
+            free(ry);
+            free(gy);
+            free(st0);
+            free(rst);
+            free(gst);
+            scan_case_free(&c);
+          }
 }
 
 /* ---- the Mamba-2 recurrence --------------------------------------------------- */
@@ -1270,6 +1365,7 @@ int main(void) {
       cmocka_unit_test(test_embed),         cmocka_unit_test(test_add_rmsnorm),
       cmocka_unit_test(test_conv_silu),     cmocka_unit_test(test_xproj),
       cmocka_unit_test(test_scan),          cmocka_unit_test(test_scan_batch),
+      cmocka_unit_test(test_scan_prefill),
       cmocka_unit_test(test_ssd_scan),      cmocka_unit_test(test_ssd_scan_bf16state),
       cmocka_unit_test(test_ssd_scan_conv), cmocka_unit_test(test_gated_rmsnorm),
       cmocka_unit_test(test_conv_fusion),

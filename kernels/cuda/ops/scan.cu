@@ -1,8 +1,13 @@
 /* dt_proj + selective scan + D skip + SiLU gate (see scan.h): the chunked
  * prefill kernel and the single-step decode kernel, the same arithmetic per
  * step. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/scan.h"
+#include "kernels/cuda/ops/scan_exp.cuh"
+#include "kernels/cuda/ops/scan_prefill.h"
 
 #define SCAN_THREADS 128 /* threads per chunked-scan block: 128 / N channels x N states */
 #define SCAN_TC 16 /* time steps staged per chunk */
@@ -270,6 +275,7 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
     stage_dt_w<SSTEP_BT>(sw, RP, dt_w + (int64_t)c0 * R, min(SSTEP_BT, di - c0) * R, R, vec, tid);
   float a[N];
   ld_f32x(A + (int64_t)cc * N, a);
+  const float amax = sp_absmax(a);
   const float d = Dv[cc];
   const float bdt = ld_f32(dt_b + cc);
   const WT *wr = dt_w + (int64_t)cc * R;
@@ -317,10 +323,13 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
   for (int q0 = sb; q0 < se; q0 += SQ) {
     const int nq = min(SQ, se - q0);
     if (q0 != sb) __syncthreads(); /* the previous group's rows are read */
-    for (int e = tid; e < nq * ND; e += SSTEP_BT) {
-      const int q = e / ND, k = e - q * ND;
+    /* element tid, tid + SSTEP_BT, ... of the group's rows, walked as
+     * (row, k) without a division per element */
+    for (int q = tid / ND, k = tid % ND; q < nq;) {
       const float v = dbl[(int64_t)(q0 + q) * ND + k];
       sd[q * NDP + k] = k < R ? round_act<ActT>(v) : v;
+      q += SSTEP_BT / ND, k += SSTEP_BT % ND;
+      if (k >= ND) k -= ND, q++;
     }
     __syncthreads();
     if constexpr (SQ == 1) {
@@ -351,8 +360,8 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
           cs[(int64_t)(KC - 2) * di] = xin;
         }
       }
-      const float v = scan_one_dt<N>(softplus_f(__fadd_rn(acc, bdt)), sd + R, sd + R + N, a, d,
-                                     x, z, h);
+      const float v = sp_one_dt<N>(sp_softplus(__fadd_rn(acc, bdt)), sd + R, sd + R + N, a,
+                                   amax, d, x, z, h);
       if (live) {
         st_act(y + (int64_t)s * di + c, v);
 #pragma unroll
@@ -406,7 +415,7 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
       /* each thread's dt of the group's sequences, in its own column */
 #pragma unroll
       for (int q = 0; q < SQ; q++)
-        if (q < nq) sdt[q * SSTEP_BT + tid] = softplus_f(__fadd_rn(acc[q], bdt));
+        if (q < nq) sdt[q * SSTEP_BT + tid] = sp_softplus(__fadd_rn(acc[q], bdt));
       for (int q = 0; q < nq; q++) {
         const int s = q0 + q, b = (s - sb) & 1;
         fetch(s + 1, b ^ 1);
@@ -435,8 +444,8 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
           h[4 * p] = v.x, h[4 * p + 1] = v.y, h[4 * p + 2] = v.z, h[4 * p + 3] = v.w;
         }
         const float *row = sd + q * NDP;
-        const float v = scan_one_dt<N>(sdt[q * SSTEP_BT + tid], row + R, row + R + N, a, d, x,
-                                       sx[SSTEP_BT], h);
+        const float v = sp_one_dt<N>(sdt[q * SSTEP_BT + tid], row + R, row + R + N, a, amax,
+                                     d, x, sx[SSTEP_BT], h);
         if (live) st_act(y + (int64_t)s * di + c, v);
 #pragma unroll
         for (int p = 0; p < NQ4; p++)
@@ -607,6 +616,13 @@ extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R
   if (wdt != act)
     return mbd_error_set(err, MBD_E_INVALID, "scan: weight dtype %s differs from activation %s",
                          mbd_dtype_name(wdt), mbd_dtype_name(act));
+  /* T > 1: scan_prefill.cu's kernel where it runs the shape, unless
+   * MBD_SCAN_PREFILL=old (read at each launch) picks k_scan below, to
+   * compare the two; both give the same bits */
+  const char *pick = getenv("MBD_SCAN_PREFILL");
+  if (T > 1 && !(pick && !strcmp(pick, "old")) && mbd_mops_scan_prefill_fits(N, R, dbl))
+    return mbd_mops_scan_prefill(stream, nseq, T, di, N, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz,
+                                 zoff, ssm_state, slot_stride, slots, act, y, err);
   cudaStream_t s = (cudaStream_t)stream;
 #define SCAN_N(NN, T_)                                                                      \
   case NN:                                                                                  \

@@ -26,7 +26,10 @@ extern "C" {
  * z = xz[row * ldxz + zoff + c]; A, D f32 [di][N], [di]; state at ssm_state
  * + slots[s] * slot_stride, [di][N]. Writes y[row, c] in dtype `act`.
  * N in {4, 8, 16, 32}. T = 1 (decode) runs a single-step kernel with the same
- * per-step arithmetic as the chunked prefill kernel.
+ * per-step arithmetic as the chunked prefill kernels: scan_prefill.cu's where
+ * mbd_mops_scan_prefill_fits (kernels/cuda/ops/scan_prefill.h), else scan.cu's
+ * k_scan; MBD_SCAN_PREFILL=old in the environment (read at each call) picks
+ * k_scan for every shape. All three give the same bits.
  * conv: NULL, or (T == 1, conv width 4, act bf16/f16, after
  * mbd_mops_conv_xproj) the layer's conv: x is then recomputed from xz's x part
  * and the conv state (xc is not read, may be NULL) and the conv state is

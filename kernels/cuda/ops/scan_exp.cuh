@@ -1,0 +1,81 @@
+/* The scan kernels' exp (scan.cu, scan_prefill.cu): mbd_pm_expf,
+ * mbd_pm_softplus and mbd_pm_silu with a shorter path where it gives the
+ * same bits. Internal to kernels/cuda/ops (C++ only). */
+#ifndef MBD_OPS_SCAN_EXP_CUH
+#define MBD_OPS_SCAN_EXP_CUH
+
+#include "kernels/cuda/mops_arith.cuh"
+
+/* mbd_pm_expf(x) for |x| < 86, bit for bit: the same range reduction and
+ * polynomial; there k = j lies in [-124, 124] and e = e^r in [0.7, 1.42], so
+ * both products of mbd_pm_expf's scaling are exact and its result is e 2^k,
+ * a normal float: adding k to e's exponent field gives it. (k = bits(t) -
+ * bits(shift), and bits(shift) << 23 is 0 modulo 2^32.) */
+static __host__ __device__ __forceinline__ float sp_exp_in_range(float x) {
+  const float shift = 0x1.8p23f;
+  const float t = MBD_PM_FMA(x, 0x1.715476p+0f, shift);
+  const float j = MBD_PM_ADD(t, -shift);
+  float r = MBD_PM_FMA(j, -0x1.62e430p-1f, x);
+  r = MBD_PM_FMA(j, 0x1.05c610p-29f, r);
+  float q = MBD_PM_FMA(r, 0x1.a1250cp-13f, 0x1.6d4342p-10f);
+  q = MBD_PM_FMA(r, q, 0x1.1110e0p-7f);
+  q = MBD_PM_FMA(r, q, 0x1.5554e8p-5f);
+  q = MBD_PM_FMA(r, q, 0x1.555556p-3f);
+  q = MBD_PM_FMA(r, q, 0x1.0p-1f);
+  const float r2 = MBD_PM_MUL(r, r);
+  const float em1 = MBD_PM_FMA(r2, q, r);
+  const float e = MBD_PM_ADD(1.0f, em1);
+  return mbd_pm_from_bits(mbd_pm_bits(e) + (mbd_pm_bits(t) << 23));
+}
+/* Where sp_exp_in_range(x) == mbd_pm_expf(x) (NaN: false). */
+static __host__ __device__ __forceinline__ bool sp_exp_fast(float x) {
+  return fabsf(x) < 86.0f;
+}
+/* mbd_pm_expf, mbd_pm_softplus and mbd_pm_silu with that path. */
+__device__ __forceinline__ float sp_expf(float x) {
+  return sp_exp_fast(x) ? sp_exp_in_range(x) : mbd_pm_expf(x);
+}
+__device__ __forceinline__ float sp_softplus(float x) {
+  return x > 20.0f ? x : mbd_pm_log1pf(sp_expf(x));
+}
+__device__ __forceinline__ float sp_silu(float x) {
+  return __fdiv_rn(x, __fadd_rn(1.0f, sp_expf(-x)));
+}
+
+/* One step of one channel after its dt: scan_one_dt's arithmetic
+ * (mops_arith.cuh), its exps by sp_exp_in_range when dt amax (amax: the
+ * largest |a[n]|, +inf if one is NaN) is in its range, which puts every
+ * dt a[n] there (rounding is monotonic). */
+template <int N>
+__device__ __forceinline__ float sp_one_dt(float dt, const float *B, const float *C,
+                                           const float (&a)[N], float amax, float d, float x,
+                                           float z, float (&h)[N]) {
+  float acc = 0.0f;
+  if (sp_exp_fast(__fmul_rn(dt, amax))) {
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+      const float dA = sp_exp_in_range(__fmul_rn(dt, a[n]));
+      h[n] = __fmaf_rn(dA, h[n], __fmul_rn(__fmul_rn(dt, B[n]), x));
+      acc = __fmaf_rn(h[n], C[n], acc);
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+      h[n] = scan_state(dt, a[n], B[n], x, h[n]);
+      acc = __fmaf_rn(h[n], C[n], acc);
+    }
+  }
+  acc = __fmaf_rn(d, x, acc);
+  return __fmul_rn(acc, sp_silu(z));
+}
+
+/* max |v[i]|, +inf if one is NaN (sp_one_dt's amax). */
+template <int N>
+__device__ __forceinline__ float sp_absmax(const float (&v)[N]) {
+  float m = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N; i++) m = v[i] == v[i] ? fmaxf(m, fabsf(v[i])) : INFINITY;
+  return m;
+}
+
+#endif
