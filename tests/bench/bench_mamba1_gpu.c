@@ -1,6 +1,7 @@
 /* Mamba-1 GPU model throughput on synthetic random weights (generated on the
- * device): 130m (d768 L24) and 1.4b (d2048 L48) shapes, V 50280, bf16 and
- * f32 storage, deterministic GEMM mode and cublas-fast.
+ * device): 130m (d768 L24) and 1.4b (d2048 L48) shapes, and 2.8b (d2560 L64)
+ * when named; V 50280, bf16 and f32 storage, deterministic GEMM mode and
+ * cublas-fast.
  *   decode: tokens/s of mbd_mamba1_gpu_step (graph replay, greedy pick on the
  *           device, tokens in and picks out included) at batch 1/8/64/256;
  *   prefill: tokens/s of one sequence of T=2048 (last-position logits);
@@ -9,7 +10,7 @@
  * Each number is the median of repeated runs timed with CUDA events on the
  * context's stream; "det/cublas" is deterministic over cublas-fast tokens/s.
  * Usage: bench_mamba1_gpu [--ops] [--per-op] [--trace] [--step-events] [--op-table]
- *                         [130m|1.4b|all] [reps] [bf16|f32|all]
+ *                         [130m|1.4b|2.8b|all] [reps] [bf16|f32|all]
  *   --ops: first the per-launch time of each op of one 130m bf16 layer at M=1,
  *          with the separate conv and with the decode fusion (conv in x_proj
  *          and the scan);
@@ -584,10 +585,11 @@ int main(int argc, char **argv) {
   printf("device copy rate %.2f TB/s (read + write); tokens/s, median of %d\n", bw / 1e12, reps);
   printf("%-5s %-4s %-13s | %9s %9s %9s %9s | %9s\n", "model", "dt", "mode", "dec b1", "dec b8",
          "dec b64", "dec b256", "pre T2048");
-  const shape shapes[2] = {{"130m", 768, 24}, {"1.4b", 2048, 48}};
+  /* "all" is the first two; 2.8b runs only when named */
+  const shape shapes[3] = {{"130m", 768, 24}, {"1.4b", 2048, 48}, {"2.8b", 2560, 64}};
   const mbd_dtype dts[2] = {MBD_DTYPE_BF16, MBD_DTYPE_F32};
-  for (int i = 0; i < 2; i++) {
-    if (strcmp(which, "all") && strcmp(which, shapes[i].name)) continue;
+  for (int i = 0; i < 3; i++) {
+    if (strcmp(which, shapes[i].name) && (strcmp(which, "all") || i == 2)) continue;
     for (int j = 0; j < 2; j++)
       if (!strcmp(dtw, "all") || !strcmp(dtw, mbd_dtype_name(dts[j])))
         rc |= bench_one(&shapes[i], dts[j], reps, bw);

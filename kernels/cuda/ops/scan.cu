@@ -5,23 +5,13 @@
 #include <string.h>
 
 #include "kernels/cuda/ops/common.cuh"
+#include "kernels/cuda/ops/cp_async.cuh"
 #include "kernels/cuda/ops/scan.h"
 #include "kernels/cuda/ops/scan_exp.cuh"
 #include "kernels/cuda/ops/scan_prefill.h"
 
 #define SCAN_THREADS 128 /* threads per chunked-scan block: 128 / N channels x N states */
 #define SCAN_TC 16 /* time steps staged per chunk */
-
-__device__ __forceinline__ void cp_async4(void *sm, const void *g) {
-  unsigned a = (unsigned)__cvta_generic_to_shared(sm);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(g) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait0() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
 
 /* dt_proj + softplus + selective scan + D skip + SiLU gate, SCAN_TC steps at a
  * time. A block owns CB = SCAN_THREADS / N channels of one sequence; thread
@@ -107,7 +97,7 @@ __global__ void __launch_bounds__(SCAN_THREADS)
   float h = *hp;
 
   for (int q = 0; q < nchunk; q++) {
-    cp_async_wait0();
+    cp_async_wait_group<0>();
     __syncthreads(); /* chunk q visible to all; buffer (q+1)&1, sdt, sh free (chunk q-1 done) */
     if (q + 1 < nchunk) stage(q + 1);
     const float *sx = smem + (q & 1) * stage_floats, *sz = sx + TS * CB,
@@ -177,15 +167,6 @@ __global__ void __launch_bounds__(SCAN_THREADS)
  * overlapping the x_proj kernel, and the sequence's state and inputs are
  * loaded into registers before its dt chain runs. */
 #define SSTEP_BT 128
-
-__device__ __forceinline__ void cp_async16(void *sm, const void *g) {
-  unsigned a = (unsigned)__cvta_generic_to_shared(sm);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(g) : "memory");
-}
-/* Waits for all but the most recent committed group of this thread. */
-__device__ __forceinline__ void cp_async_wait1() {
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-}
 
 /* sw[ch * RP + k] = widen(g[ch * R + k]) for the n = nch * R weights of nch
  * consecutive channels' dt_proj rows; 16-byte loads when vec (g 16-byte
@@ -287,7 +268,7 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
   }
   /* SQ > 1: starts the copies of sequence s's inputs into stage buffer b
    * (none past the range; the group is committed either way, so that
-   * cp_async_wait1 always leaves exactly the newest one pending). Dead
+   * cp_async_wait_group<1> always leaves exactly the newest one pending). Dead
    * channels' rows hold channel di - 1's. */
   auto fetch = [&](int s, int b) {
     if (s < se) {
@@ -419,7 +400,7 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
       for (int q = 0; q < nq; q++) {
         const int s = q0 + q, b = (s - sb) & 1;
         fetch(s + 1, b ^ 1);
-        cp_async_wait1();
+        cp_async_wait_group<1>();
         __syncwarp(); /* the warp's copies of sequence s are visible */
         float *hs = sst + (b * SSTEP_BT + tid) * N;
         const int sw_t = sstep_swz<N>(tid);

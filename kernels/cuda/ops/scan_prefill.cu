@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/ops/common.cuh"
+#include "kernels/cuda/ops/cp_async.cuh"
 #include "kernels/cuda/ops/scan_exp.cuh"
 #include "kernels/cuda/ops/scan_prefill.h"
 
@@ -21,21 +22,6 @@
 #define SP_TCP (SP_TC + 4) /* step-contiguous rows: float4-aligned, an odd count of float4 */
 
 __device__ __forceinline__ float4 sp_ld4(const float *p) { return *(const float4 *)p; }
-
-__device__ __forceinline__ void sp_cp16(void *sm, const void *g) {
-  unsigned a = (unsigned)__cvta_generic_to_shared(sm);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(g) : "memory");
-}
-__device__ __forceinline__ void sp_cp4(void *sm, const void *g) {
-  unsigned a = (unsigned)__cvta_generic_to_shared(sm);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(g) : "memory");
-}
-__device__ __forceinline__ void sp_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void sp_wait0() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
 
 /* Row strides in floats: a multiple of 4 whose quotient by 4 is odd, so 8
  * consecutive rows' float4 at one offset fall in distinct banks. */
@@ -123,22 +109,22 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
     const int t0 = q * SP_TC, tc = min(SP_TC, T - t0);
     const float *g = dbl + (base + t0) * ND; /* the chunk's rows are contiguous */
     for (int t = nd_t0, p = nd_p0; t < tc;) {
-      sp_cp16(sd + t * NDP + 4 * p, g + (int64_t)t * ND + 4 * p);
+      cp_async16(sd + t * NDP + 4 * p, g + (int64_t)t * ND + 4 * p);
       t += nd_dt, p += nd_dp;
       if (p >= ND4) p -= ND4, t++;
     }
     for (int e = tid; e < tc * N; e += NT) {
       const int t = e / N, m = e % N;
-      sp_cp4(sbt + m * SP_TCP + t, g + (int64_t)t * ND + R + m);
+      cp_async4(sbt + m * SP_TCP + t, g + (int64_t)t * ND + R + m);
     }
     for (int e = tid; e < tc * SP_CB; e += NT) {
       const int t = e / SP_CB, c = e % SP_CB;
       const int64_t row = base + t0 + t;
       const int cx = min(c0 + c, di - 1);
-      sp_cp4(sxt + c * SP_TCP + t, xc + row * di + cx);
-      sp_cp4(szt + c * SP_TCP + t, xz + row * ldxz + zoff + cx);
+      cp_async4(sxt + c * SP_TCP + t, xc + row * di + cx);
+      cp_async4(szt + c * SP_TCP + t, xz + row * ldxz + zoff + cx);
     }
-    sp_commit();
+    cp_async_commit();
   };
   /* y of chunk q (in sy) to global memory, coalesced along the channels. */
   auto write_out = [&](int q) {
@@ -179,7 +165,7 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
     float *sd = sm + lay.stage + (q & 1) * lay.stage_floats, *sbt = sd + SP_TC * NDP,
           *sxt = sbt + N * SP_TCP, *szt = sxt + SP_CB * SP_TCP;
     const int tc = min(SP_TC, T - q * SP_TC);
-    sp_wait0();
+    cp_async_wait_group<0>();
     if constexpr (!std::is_same<ActT, float>::value) {
       /* round: each thread the dt_low pieces it copied itself (visible to
        * it after its wait), walked as stage() walked them */
