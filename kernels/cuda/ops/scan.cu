@@ -304,13 +304,10 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
   for (int q0 = sb; q0 < se; q0 += SQ) {
     const int nq = min(SQ, se - q0);
     if (q0 != sb) __syncthreads(); /* the previous group's rows are read */
-    /* element tid, tid + SSTEP_BT, ... of the group's rows, walked as
-     * (row, k) without a division per element */
-    for (int q = tid / ND, k = tid % ND; q < nq;) {
+    for (int e = tid; e < nq * ND; e += SSTEP_BT) {
+      const int q = e / ND, k = e - q * ND;
       const float v = dbl[(int64_t)(q0 + q) * ND + k];
       sd[q * NDP + k] = k < R ? round_act<ActT>(v) : v;
-      q += SSTEP_BT / ND, k += SSTEP_BT % ND;
-      if (k >= ND) k -= ND, q++;
     }
     __syncthreads();
     if constexpr (SQ == 1) {

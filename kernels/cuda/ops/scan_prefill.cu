@@ -51,19 +51,16 @@ struct sp_layout {
 /* Block (x, s) runs channels [SP_CB x, SP_CB x + SP_CB) of sequence s, over
  * chunks of SP_TC steps staged by cp.async one chunk ahead. Per chunk, between
  * barriers:
- *   round: dt_low rounded to act in place (what a GEMM input in act holds)
- *          by the threads that copied it, before the barrier that publishes it;
+ *   round: dt_low rounded to act in place (what a GEMM input in act holds);
  *   dt:    thread (c, t0) runs the dt_proj chains of steps t0 + 8 i of
  *          channel c (i < SP_TC / N), each from 0 over k ascending, then
- *          + bias and softplus (the f32 GEMM contract, scan_dt's), and
- *          replaces those steps' z by SiLU(z);
+ *          + bias and softplus (the f32 GEMM contract, scan_dt's);
  *   h, y:  thread (c, n) of warp w (the N states of a channel in one warp)
  *          runs h[c][n] through the chunk in runs of N steps: the run's
  *          exps and inputs (independent), then the recurrence in step
- *          order, storing h_t in its warp's buffer; lane (c, j) of the warp
- *          then reduces step j of the run, C_t . h_t over the states in
- *          ascending order, + D x, times SiLU(z) (scan_one_dt's order),
- *          during the next run's exps (or after the last run).
+ *          order, storing h_t in its warp's buffer; then lane (c, j) of the
+ *          warp reduces step j of the run, C_t . h_t over the states in
+ *          ascending order, + D x, times SiLU(z) (scan_one_dt's order).
  * Steps past T in the last chunk run on stale or zeroed staged data and are
  * discarded (neither the state nor y sees them). */
 template <int N, typename ActT>
@@ -101,6 +98,7 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
   /* The incremental (row, piece) walk of a [rows][per] array by NT threads:
    * start and stride, without a division per element. */
   const int nd_t0 = tid / ND4, nd_p0 = tid % ND4, nd_dt = NT / ND4, nd_dp = NT % ND4;
+  const int r_t0 = tid / R4, r_p0 = tid % R4, r_dt = NT / R4, r_dp = NT % R4;
 
   /* Issues the cp.async loads of chunk q into stage buffer q & 1. */
   auto stage = [&](int q) {
@@ -162,28 +160,25 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
   float h = *hp;
 
   for (int q = 0; q < nchunk; q++) {
+    cp_async_wait_group<0>();
+    __syncthreads(); /* chunk q visible; chunk q - 1 done: its buffer, sdt, sy free */
+    if (q > 0) write_out(q - 1);
+    if (q + 1 < nchunk) stage(q + 1);
     float *sd = sm + lay.stage + (q & 1) * lay.stage_floats, *sbt = sd + SP_TC * NDP,
           *sxt = sbt + N * SP_TCP, *szt = sxt + SP_CB * SP_TCP;
     const int tc = min(SP_TC, T - q * SP_TC);
-    cp_async_wait_group<0>();
     if constexpr (!std::is_same<ActT, float>::value) {
-      /* round: each thread the dt_low pieces it copied itself (visible to
-       * it after its wait), walked as stage() walked them */
-      for (int t = nd_t0, p = nd_p0; t < tc;) {
-        if (p < R4) {
-          float4 *v = (float4 *)(sd + t * NDP + 4 * p);
-          float4 u = *v;
-          u.x = round_act<ActT>(u.x), u.y = round_act<ActT>(u.y);
-          u.z = round_act<ActT>(u.z), u.w = round_act<ActT>(u.w);
-          *v = u;
-        }
-        t += nd_dt, p += nd_dp;
-        if (p >= ND4) p -= ND4, t++;
+      for (int t = r_t0, p = r_p0; t < SP_TC;) {
+        float4 *v = (float4 *)(sd + t * NDP + 4 * p);
+        float4 u = *v;
+        u.x = round_act<ActT>(u.x), u.y = round_act<ActT>(u.y);
+        u.z = round_act<ActT>(u.z), u.w = round_act<ActT>(u.w);
+        *v = u;
+        t += r_dt, p += r_dp;
+        if (p >= R4) p -= R4, t++;
       }
+      __syncthreads();
     }
-    __syncthreads(); /* chunk q visible (rounded); chunk q - 1 done: its buffer, sdt, sy free */
-    if (q > 0) write_out(q - 1);
-    if (q + 1 < nchunk) stage(q + 1);
     /* dt: TPT chains of channel dc side by side, each over k ascending */
     bool fast = true; /* every exp argument of the chunk in the short range */
     {
@@ -203,48 +198,24 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
           acc[i] = __fmaf_rn(v.w, wv.w, acc[i]);
         }
       }
-      /* and SiLU(z) of the same steps and channel, in place of z */
 #pragma unroll
       for (int i = 0; i < TPT; i++) {
         const float v = sp_softplus(__fadd_rn(acc[i], bdt));
         fast &= sp_exp_fast(__fmul_rn(v, amax));
         sdt[dc * SP_TCP + dt0 + 8 * i] = v;
-        float *zp = szt + dc * SP_TCP + dt0 + 8 * i;
-        *zp = sp_silu(*zp);
       }
     }
     const bool all_fast = __syncthreads_and(fast);
-    /* h, y: runs of N steps; run r's y is reduced while run r + 1's exps
-     * run (independent work for the same instructions' latencies) */
-    const int nrun = (tc + N - 1) / N;
-    /* y of the run at step tb, from hw: lane n's step tb + n */
-    const auto y_of = [&](int tb) {
-      const int t = tb + n;
-      const float *hr = hw + n * L::HP, *C = sd + t * NDP + R + N;
-      float acc = 0.0f;
-#pragma unroll
-      for (int m = 0; m < N; m += 4) {
-        const float4 h4 = sp_ld4(hr + m), c4 = sp_ld4(C + m);
-        acc = __fmaf_rn(h4.x, c4.x, acc);
-        acc = __fmaf_rn(h4.y, c4.y, acc);
-        acc = __fmaf_rn(h4.z, c4.z, acc);
-        acc = __fmaf_rn(h4.w, c4.w, acc);
-      }
-      acc = __fmaf_rn(d, sxt[hc * SP_TCP + t], acc);
-      return __fmul_rn(acc, szt[hc * SP_TCP + t]); /* szt: SiLU(z) by now */
-    };
-    for (int r = 0; r < nrun; r++) {
-      const int tb = r * N, tp = r > 0 ? tb - N : 0;
+    /* h, y: runs of N steps */
+    for (int tb = 0; tb < tc; tb += N) {
       const float *pdt = sdt + hc * SP_TCP + tb, *pb = sbt + n * SP_TCP + tb,
                   *px = sxt + hc * SP_TCP + tb;
-      float dA[N], u[N], yp;
-      /* the run's exps and inputs, and the previous run's y (r = 0: a
-       * discarded value); check: test each exp argument (when not
+      float dA[N], u[N];
+      /* the run's exps and inputs; check: test each exp argument (when not
        * all_fast), and if one of the warp's is out of the short range, take
        * mbd_pm_expf for the whole run */
       const auto inputs = [&](auto check) {
         bool ok = true;
-        yp = y_of(tp);
 #pragma unroll
         for (int j = 0; j < N; j += 4) {
           const float4 t4 = sp_ld4(pdt + j), b4 = sp_ld4(pb + j), x4 = sp_ld4(px + j);
@@ -269,8 +240,6 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
         inputs(std::false_type());
       else
         inputs(std::true_type());
-      if (r > 0) sy[(tp + n) * L::SYP + hc] = yp;
-      __syncwarp(); /* the warp's reads of hw are done */
       if (tb + N <= tc) {
 #pragma unroll
         for (int j = 0; j < N; j++) {
@@ -285,8 +254,24 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
         }
       }
       __syncwarp(); /* the warp's h_t are in hw */
+      {
+        const int t = tb + n; /* this lane's step of the run */
+        const float *hr = hw + n * L::HP, *C = sd + t * NDP + R + N;
+        float acc = 0.0f;
+#pragma unroll
+        for (int m = 0; m < N; m += 4) {
+          const float4 h4 = sp_ld4(hr + m), c4 = sp_ld4(C + m);
+          acc = __fmaf_rn(h4.x, c4.x, acc);
+          acc = __fmaf_rn(h4.y, c4.y, acc);
+          acc = __fmaf_rn(h4.z, c4.z, acc);
+          acc = __fmaf_rn(h4.w, c4.w, acc);
+        }
+        const float x = sxt[hc * SP_TCP + t], z = szt[hc * SP_TCP + t];
+        acc = __fmaf_rn(d, x, acc);
+        sy[t * L::SYP + hc] = __fmul_rn(acc, sp_silu(z));
+      }
+      __syncwarp(); /* hw free for the next run */
     }
-    sy[((nrun - 1) * N + n) * L::SYP + hc] = y_of((nrun - 1) * N);
   }
   __syncthreads();
   write_out(nchunk - 1);
