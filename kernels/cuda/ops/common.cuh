@@ -71,15 +71,17 @@ static int launch_pdl(const char *what, void (*k)(KArgs...), dim3 grid, dim3 blo
   return launch_ex(true, what, k, grid, block, sh, s, err, std::forward<Args>(args)...);
 }
 
-/* Where a model kernel lets its successor launch (pdl_enter): before its own
- * dependency wait (the default), so the successor's blocks can become
- * resident and run their prologue while this kernel still waits and works,
- * or after it (the environment variable MBD_PDL_LATE=1). Either order keeps
- * the chain fully ordered: every kernel still waits for its predecessor's
- * completion before touching its outputs, so the bits are the same. */
+/* Where a model kernel lets its successor launch (pdl_enter): after its own
+ * dependency wait (the default), or before it (the environment variable
+ * MBD_PDL_EARLY=1), so the successor's blocks become resident and run their
+ * prologue while this kernel still waits; measured slower in the Mamba-2
+ * decode (docs/benchmarks.md), since the early blocks hold SM resources the
+ * running kernel could use. Either order keeps the chain fully ordered:
+ * every kernel still waits for its predecessor's completion before touching
+ * its outputs, so the bits are the same. */
 static inline bool pdl_early() {
-  const char *e = getenv("MBD_PDL_LATE");
-  return !(e && e[0] == '1');
+  const char *e = getenv("MBD_PDL_EARLY");
+  return e && e[0] == '1';
 }
 __device__ __forceinline__ void pdl_enter(bool early) {
   if (early) pdl_trigger();
