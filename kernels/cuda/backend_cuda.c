@@ -401,6 +401,19 @@ static int cuda_prefill(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *bs, const in
   return cuda_prefill_batch(b, bm, &bs, 1, ids, T, last_only, logits, err);
 }
 
+/* Checks a step batch of n and stages its tokens and slots into cm->tok and
+ * cm->slots, the family's step arguments. */
+static int step_stage(const cuda_backend *c, cuda_model *cm, mbd_bstate *const *states,
+                      const int64_t *tokens, int64_t n, mbd_error *err) {
+  if (n < 1 || n > c->opts.max_batch)
+    return mbd_error_set(err, MBD_E_INVALID, "step batch of %lld outside 1..%d", (long long)n,
+                         c->opts.max_batch);
+  int rc = mbd_backend_tokens_i32(tokens, n, cm->vocab, cm->tok, err);
+  if (rc) return rc;
+  for (int64_t i = 0; i < n; i++) cm->slots[i] = (int32_t)((cuda_state *)states[i])->slot;
+  return MBD_OK;
+}
+
 /* One graph-replayed decode over the sessions' slots (gathered by index);
  * greedy picks on the device when next is given. */
 static int step_impl(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states,
@@ -409,12 +422,8 @@ static int step_impl(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *states,
   cuda_backend *c = impl(b);
   cuda_model *cm = (cuda_model *)bm;
   settle(c);
-  if (n < 1 || n > c->opts.max_batch)
-    return mbd_error_set(err, MBD_E_INVALID, "step batch of %lld outside 1..%d", (long long)n,
-                         c->opts.max_batch);
-  int rc = mbd_backend_tokens_i32(tokens, n, cm->vocab, cm->tok, err);
+  int rc = step_stage(c, cm, states, tokens, n, err);
   if (rc) return rc;
-  for (int64_t i = 0; i < n; i++) cm->slots[i] = (int32_t)((cuda_state *)states[i])->slot;
   rc = cm->f->step(cm->m, (int)n, cm->tok, cm->slots, next ? cm->next : NULL, logits, err);
   if (rc) return rc;
   for (int64_t i = 0; i < n; i++) {
@@ -438,12 +447,8 @@ static int cuda_step_launch(mbd_backend *b, mbd_bmodel *bm, mbd_bstate *const *s
                          (long long)nlogits, (long long)n);
   if (!cm->f->step_launch)
     return step_impl(b, bm, states, tokens, n, next, nlogits > 0 ? logits : NULL, err);
-  if (n < 1 || n > c->opts.max_batch)
-    return mbd_error_set(err, MBD_E_INVALID, "step batch of %lld outside 1..%d", (long long)n,
-                         c->opts.max_batch);
-  int rc = mbd_backend_tokens_i32(tokens, n, cm->vocab, cm->tok, err);
+  int rc = step_stage(c, cm, states, tokens, n, err);
   if (rc) return rc;
-  for (int64_t i = 0; i < n; i++) cm->slots[i] = (int32_t)((cuda_state *)states[i])->slot;
   rc = cm->f->step_launch(cm->m, (int)n, cm->tok, cm->slots, logits, (int)nlogits, err);
   if (rc) return rc;
   for (int64_t i = 0; i < n; i++) ((cuda_state *)states[i])->pos++;
