@@ -6,8 +6,8 @@
  *      residual add of the previous layer's out_proj words as they arrive, the
  *      RMSNorm of all rows (the same bits in every owner), in_proj for its
  *      groups, the conv of its channels (it owns their conv state), and its
- *      groups' x_proj partials (mops_arith.cuh xp_chunk's one partial per
- *      16-channel group) out as xq words;
+ *      groups' x_proj partials (the contract's one k16 step per 16-channel
+ *      group and 16 outputs, mops_arith.cuh xp_group_partial) out as xq words;
  *   C  one owner warp per x_proj output folds that output's partials (the
  *      contract's lane sums and butterfly) into an xs word; every owner takes
  *      all xs words, then runs dt_proj + scan + D skip + gate of its channels
@@ -465,22 +465,41 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
       }
       DP_MARK(l, 3);
       dp_sync();
-      /* x_proj partials of its groups (xp_chunk's p on the same rounded
-       * inputs), to xq[r][o][lane l][i] for group 32 i + l: a folding lane
-       * reads its DP_XPI partials of an output, adjacent words */
-#pragma unroll 1
-      for (int e = tid; e < rows * (nin / 2) * NO; e += DP_THREADS) {
-        const int o = e % NO, rj = e / NO, jg = rj % (nin / 2), r = rj / (nin / 2);
-        float xv[XP_GW], wv[XP_GW];
+      /* x_proj partials of its groups, the contract's p_g (xp_group_partial):
+       * item (jg, m) = owned 16-channel group jg x outputs 16 m .. 16 m + 15,
+       * one warp and one k16 step each, W in the A operand (outputs past NO
+       * zeros), the rows' conv outputs rounded to T (k_conv_silu's xc_act
+       * store) in B columns 0..rows-1 (the other columns zeros). To
+       * xq[r][o][lane l][i] for group 32 i + l: a folding lane reads its
+       * DP_XPI partials of an output, adjacent words. */
+      {
+        const int nm = (NO + 15) / 16, gq = lane >> 2, t = lane & 3;
+        const T *xw = (const T *)(wb + P.o_xp); /* [8-channel group][o][8] */
+        for (int it = warp; it < (nin / 2) * nm; it += DP_WARPS) {
+          const int jg = it / nm, o0 = (it % nm) * 16;
+          auto wword = [&](int h, int o) { /* W[o][8 h + 2 t, + 1] */
+            return o < NO ? *(const uint32_t *)(xw + ((size_t)(2 * jg + h) * NO + o) * 8 + 2 * t)
+                          : 0u;
+          };
+          auto xword = [&](int j) { /* row gq's channels j, j + 1 of group jg */
+            if (gq >= rows) return 0u;
+            const float *xc = xcv + gq * qn + jg * XP_GW + j;
+            return act_bits<T>(xc[1]) << 16 | act_bits<T>(xc[0]);
+          };
+          const uint32_t a[4] = {wword(0, o0 + gq), wword(0, o0 + gq + 8), wword(1, o0 + gq),
+                                 wword(1, o0 + gq + 8)};
+          const uint32_t bx[2] = {xword(2 * t), xword(8 + 2 * t)};
+          float p[4];
+          xp_group_partial<T>(a, bx, p);
+          const int G = b + jg * nb;
 #pragma unroll
-        for (int j = 0; j < XP_GW; j++) {
-          const T *w8 = (const T *)(wb + P.o_xp) + ((size_t)(2 * jg + j / 8) * NO + o) * 8;
-          xv[j] = round_act<T>(xcv[r * qn + jg * XP_GW + j]);
-          wv[j] = ld_f32(w8 + j % 8);
+          for (int n = 0; n < 4; n++) {
+            const int o = o0 + gq + 8 * (n >> 1), r = 2 * t + (n & 1);
+            if (o < NO && r < rows)
+              st_word(M.xq + (((size_t)r * NO + o) * 32 + G % 32) * DP_XPI + G / 32,
+                      dp_word(__float_as_uint(p[n]), tag));
+          }
         }
-        const int G = b + jg * nb;
-        st_word(M.xq + (((size_t)r * NO + o) * 32 + G % 32) * DP_XPI + G / 32,
-                dp_word(__float_as_uint(xp_group_partial(xv, wv)), tag));
       }
       /* the scan's dt_proj rows widened to f32 (stage_dt_w's values) */
       for (int e = tid; e < nin * 8 * R; e += DP_THREADS) {
@@ -490,8 +509,8 @@ __global__ void __launch_bounds__(DP_BLOCK, 1) k_decode_layers(const __grid_cons
     }
     DP_MARK(l, 4);
 
-    /* ---- C: x_proj fold (xp_chunk's sums over the groups, then xp_store's
-     * butterfly), then dt_proj + scan + D + gate (k_scan_step) */
+    /* ---- C: x_proj fold (the contract's class sums over the groups, then
+     * its xor butterfly), then dt_proj + scan + D + gate (k_scan_step) */
     /* Each output is folded once, by warp (u / nown) % DP_WARPS of channel
      * owner u % nown: its lanes wait for their partials (lane l: groups l,
      * l + 32, ...; slots of groups >= ng are never written), add them in the

@@ -1,7 +1,7 @@
 /* The per-element arithmetic of the Mamba-1 model kernels: loads and stores
- * through the activation dtype, SiLU/softplus, the conv step, the x_proj lane
- * chain, the scan step and the RMSNorm scale. The only place each is spelled:
- * the per-op kernels (kernels/cuda/ops/) and the persistent decode kernel
+ * through the activation dtype, SiLU/softplus, the conv step, the x_proj
+ * group partial and class tree, the scan step and the RMSNorm scale. The
+ * only place each is spelled: the per-op kernels (kernels/cuda/ops/) and the persistent decode kernel
  * (decode_persistent.cu) both call these, so their bits cannot drift apart.
  * Every rounding is an explicit _rn intrinsic (see ops/common.cuh). */
 #ifndef MBD_MOPS_ARITH_CUH
@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "kernels/cuda/device/mma_m16n8k16.cuh"
 #include "kernels/portable_math.h"
 
 __device__ __forceinline__ float ld_f32(const float *p) { return *p; }
@@ -67,62 +68,142 @@ __device__ __forceinline__ float conv_silu_out(const float (&wk)[K], const float
   return silu_f(acc);
 }
 
-/* Eight consecutive elements k..k+7 widened to f32; one 16- or 32-byte
- * vector load when the row allows it (VEC), element loads otherwise: the same
- * values either way. */
+#define XP_ROWS 4     /* decode rows a fused block runs (the persistent kernel's rows) */
+#define XP_GW 16      /* channels per x_proj group: one k16 step */
+#define XP_CLASSES 32 /* lane classes: group g is in class g % 32 */
+
+/* The 16-bit x_proj contract (docs/route.md, "Model kernels"):
+ *   p_g   = mma.m16n8k16 (f32 accumulate, C = +0) over the 16 products
+ *           x[r, 16 g + j] * w[o, 16 g + j] (storage dtype, zeros past K);
+ *   S_c   = +0, then S_c = S_c + p_g for g = c, c + 32, ... ascending;
+ *   out   = the xor butterfly 16, 8, 4, 2, 1 over S_0..S_31.
+ * The butterfly is a fixed binary tree: its leaves, in bit-reversed order of
+ * the class (0, 16, 8, 24, 4, ...), are added pairwise level by level (every
+ * lane of the butterfly ends with its bits, a + b == b + a). So a warp may
+ * complete classes one at a time in leaf order and fold them with a binary
+ * counter (xp_tree_push), and warps owning consecutive leaf ranges (whole
+ * subtrees) combine their subtree sums in leaf order (xp_tree_fold): the
+ * same additions as the butterfly. */
+
+/* The class of leaf i of the tree: i's five bits reversed. */
+__host__ __device__ constexpr int xp_leaf_class(int i) {
+  return (i & 1) << 4 | (i & 2) << 2 | (i & 4) | (i & 8) >> 2 | (i & 16) >> 4;
+}
+
+/* One group's tensor-core partial, the contract's p_g: a single m16n8k16
+ * step from zero. a: 16 x 16 operand fragment, b: 16 x 8 operand fragment
+ * (mma_m16n8k16.cuh layout; either operand may hold x or w: an m16n8k16
+ * step's bits do not depend on the operand roles or on where in the
+ * fragment an element sits). p: the 16 x 8 result fragment. */
+template <typename T>
+__device__ __forceinline__ void xp_group_partial(const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                                 float (&p)[4]) {
+  p[0] = p[1] = p[2] = p[3] = 0.0f;
+  mma_op<T>::run(p, a, b);
+}
+
+/* Elements k, k + 1 of a 16-bit row of length K as one fragment word (k
+ * even; element k in the low half; zeros past K; row NULL: zeros). VEC: K
+ * even and the row 4-byte aligned (one 32-bit load). */
 template <bool VEC, typename T>
-__device__ __forceinline__ void ld8(const T *p, int k, int K, float v[8]) {
-  if (VEC && k + 8 <= K) {
-    if constexpr (sizeof(T) == 4) {
-      float4 a = *(const float4 *)(p + k), b = *(const float4 *)(p + k + 4);
-      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-      v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+__device__ __forceinline__ uint32_t xp_ld2(const T *row, int k, int K) {
+  if (!row || k >= K) return 0u;
+  if (VEC) return *(const uint32_t *)(row + k);
+  const uint32_t lo = *(const unsigned short *)(row + k);
+  const uint32_t hi = k + 1 < K ? *(const unsigned short *)(row + k + 1) : 0u;
+  return hi << 16 | lo;
+}
+
+/* Pushes v, the sum of leaf i (leaves of a subtree numbered from 0, i
+ * known at compile time after unrolling), onto a binary-counter stack of LV
+ * levels (s[l]: a pending left subtree of 2^l leaves). After leaf 2^LV - 1,
+ * v is the subtree's sum. */
+template <int LV, int NV>
+__device__ __forceinline__ void xp_tree_push(float (&s)[LV > 0 ? LV : 1][NV], int i,
+                                             float (&v)[NV]) {
+  bool done = false;
+#pragma unroll
+  for (int l = 0; l < LV; l++) {
+    if (done) continue;
+    if ((i >> l) & 1) {
+#pragma unroll
+      for (int n = 0; n < NV; n++) v[n] = __fadd_rn(s[l][n], v[n]);
     } else {
-      uint4 q = *(const uint4 *)(p + k);
-      const T *h = (const T *)&q;
 #pragma unroll
-      for (int j = 0; j < 8; j++) v[j] = ld_f32(h + j);
+      for (int n = 0; n < NV; n++) s[l][n] = v[n];
+      done = true;
     }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 8; j++) v[j] = k + j < K ? ld_f32(p + k + j) : 0.0f;
   }
 }
 
-#define XP_ROWS 4  /* rows per warp: the weight chunk is loaded once for them */
-#define XP_GW 16   /* channels per x_proj group (the contract's partial) */
+/* The sum of NS consecutive subtree sums v[0..NS-1] (NS a power of two),
+ * adjacent pairs first, level by level: the tree's upper levels. */
+template <int NS>
+__device__ __forceinline__ float xp_tree_fold(float (&v)[NS]) {
+#pragma unroll
+  for (int w = NS; w > 1; w >>= 1)
+#pragma unroll
+    for (int i = 0; i < w / 2; i++) v[i] = __fadd_rn(v[2 * i], v[2 * i + 1]);
+  return v[0];
+}
 
-/* One lane's step of the x_proj contract: the group of XP_GW channels at k
- * with weights wv = w[o, k..k+15], against rows 0..nr-1 of x (row stride
- * ldx): the group's partial p = fmaf chain from 0 over j = 0..15 (k + j < K
- * only), then acc[r] = acc[r] + p. A group's partial depends on that group
- * alone, so the persistent decode computes it where the group's channels are
- * (xp_group_partial) and folds the groups later with the same adds.
- * k_xproj and k_conv_xproj both run it. */
-template <bool VEC, typename T>
-__device__ __forceinline__ void xp_chunk(const T *x, int64_t ldx, int nr, int k, int K,
-                                         const float (&wv)[XP_GW], float (&acc)[XP_ROWS]) {
+/* One warp's share of the contract for one 16 x 8 fragment of outputs: the
+ * LPW leaves leaf0 .. leaf0 + LPW - 1 (a whole subtree: leaf0 a multiple of
+ * LPW, a power of two), each class's groups g < ceil(K / 16) ascending.
+ * frag(g, a, b) fills group g's operand fragments. v: the subtree's sum, a
+ * result fragment. Four groups' fragments are loaded before their steps. */
+template <typename T, int LPW, typename F>
+__device__ __forceinline__ void xp_warp_leaves(int leaf0, int K, F frag, float (&v)[4]) {
+  constexpr int LV = LPW == 1 ? 0 : LPW == 2 ? 1 : LPW == 4 ? 2 : LPW == 8 ? 3 : LPW == 16 ? 4 : 5;
+  static_assert(1 << LV == LPW, "leaves a warp: a power of two up to 32");
+  const int ng = (K + XP_GW - 1) / XP_GW;
+  float st[LV > 0 ? LV : 1][4];
 #pragma unroll
-  for (int r = 0; r < XP_ROWS; r++) {
-    if (r >= nr) break;
-    float xv[XP_GW], p = 0.0f;
-    ld8<VEC>(x + (int64_t)r * ldx, k, K, xv);
-    ld8<VEC>(x + (int64_t)r * ldx, k + 8, K, xv + 8);
+  for (int i = 0; i < LPW; i++) {
+    const int c = xp_leaf_class(leaf0 + i);
+    float S[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 1
+    for (int g0 = c; g0 < ng; g0 += 4 * XP_CLASSES) {
+      uint32_t a[4][4], b[4][2];
 #pragma unroll
-    for (int j = 0; j < XP_GW; j++)
-      if (k + j < K) p = __fmaf_rn(xv[j], wv[j], p);
-    acc[r] = __fadd_rn(acc[r], p);
+      for (int u = 0; u < 4; u++)
+        if (g0 + u * XP_CLASSES < ng) frag(g0 + u * XP_CLASSES, a[u], b[u]);
+#pragma unroll
+      for (int u = 0; u < 4; u++)
+        if (g0 + u * XP_CLASSES < ng) {
+          float p[4];
+          xp_group_partial<T>(a[u], b[u], p);
+#pragma unroll
+          for (int n = 0; n < 4; n++) S[n] = __fadd_rn(S[n], p[n]);
+        }
+    }
+    xp_tree_push<LV, 4>(st, i, S);
+    if (i == LPW - 1)
+#pragma unroll
+      for (int n = 0; n < 4; n++) v[n] = S[n];
   }
 }
 
-/* The partial of one full group (xp_chunk's p) from its inputs already
- * widened to f32. */
-__device__ __forceinline__ float xp_group_partial(const float (&xv)[XP_GW],
-                                                  const float (&wv)[XP_GW]) {
-  float p = 0.0f;
+/* A block of NW warps, warp q holding in v the sum of leaves q * 32 / NW ..
+ * (q + 1) * 32 / NW - 1 for the same 16 x 8 result fragment: the outputs,
+ * each the fold of the NW subtree sums in warp order, handed to
+ * f(e, value) for fragment element e = 4 lane' + n (lane' = e / 4: the
+ * owning lane of the fragment, n = e % 4: its register) by threads 0..127.
+ * part: shared [NW][4][32]. Ends with the block synchronised. */
+template <int NW, typename F>
+__device__ __forceinline__ void xp_block_fold(float (*part)[4][32], const float (&v)[4], F f) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 #pragma unroll
-  for (int j = 0; j < XP_GW; j++) p = __fmaf_rn(xv[j], wv[j], p);
-  return p;
+  for (int n = 0; n < 4; n++) part[warp][n][lane] = v[n];
+  __syncthreads();
+  if (tid < 128) {
+    const int ln = tid & 31, n = tid >> 5;
+    float s[NW];
+#pragma unroll
+    for (int q = 0; q < NW; q++) s[q] = part[q][n][ln];
+    f(4 * ln + n, xp_tree_fold<NW>(s));
+  }
+  __syncthreads();
 }
 
 /* The contract's xor butterfly over the 32 lanes: every lane ends with the
@@ -131,16 +212,6 @@ __device__ __forceinline__ float lane_sum(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
   return v;
-}
-
-/* The contract's xor butterfly over the 32 lanes, then lane 0 stores. */
-__device__ __forceinline__ void xp_store(float (&acc)[XP_ROWS], int nr, int lane, float *out,
-                                         int NO, int o) {
-#pragma unroll
-  for (int r = 0; r < XP_ROWS; r++) {
-    acc[r] = lane_sum(acc[r]);
-    if (lane == 0 && r < nr) out[(int64_t)r * NO + o] = acc[r];
-  }
 }
 
 /* Rounds v through the activation dtype (what a GEMM input in that dtype holds). */

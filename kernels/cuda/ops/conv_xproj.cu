@@ -5,14 +5,17 @@
 
 /* Decode fusion of conv + SiLU into x_proj (T = 1 rows, conv width 4).
  *
- * Block (bx, by) owns outputs bx * XPF_WARPS.. (one warp each) of rows
- * by * XP_ROWS..; it first recomputes the conv + SiLU output of every channel
- * of its rows with conv_silu_out (k_conv_silu's function) into shared memory,
- * rounded to T exactly as k_conv_silu's xc_act store, then runs k_xproj's
- * per-lane chain (xp_chunk, xp_store) on it: out is bit-identical to
- * conv_silu + x_proj. Every block of a row recomputes the same conv (a few
- * thousand multiply-adds, cheaper than a launch at small M; XPF_WARPS = 16
- * keeps the copies to five for the 80 x_proj outputs of the 130m shape).
+ * Block (bx, by) owns outputs 16 bx .. 16 bx + 15 of rows by * XP_ROWS..; it
+ * first recomputes the conv + SiLU output of every channel of its rows with
+ * conv_silu_out (k_conv_silu's function) into shared memory, rounded to T
+ * exactly as k_conv_silu's xc_act store, then runs k_xproj's contract on it:
+ * one 16 x 8 result fragment (w in the A operand, the rows in B columns
+ * 0..XP_ROWS - 1, the other columns zeros), warp q the leaves 2 q, 2 q + 1
+ * of the class tree (xp_warp_leaves), the warps' sums folded in warp order
+ * (xp_block_fold): out is bit-identical to conv_silu + x_proj. Every block
+ * of a row recomputes the same conv (a few thousand multiply-adds, cheaper
+ * than a launch at small M; five copies for the 80 x_proj outputs of the
+ * 130m shape).
  *
  * The conv state. Several blocks read the same slot's state, and CUDA orders
  * no block of a grid before another: a block that wrote the new window here
@@ -26,10 +29,11 @@
  * as in k_conv_silu; their outputs are discarded and touch no real row.
  *
  * Before the wait (weights only): the conv taps of the thread's first
- * XPF_CPT channels and, for 16-byte aligned rows, the lane's first XPF_PRE
- * chunks of its x_proj weight row, into registers. */
-#define XPF_WARPS 16 /* outputs (warps) per block */
-#define XPF_PRE 8    /* weight chunks per lane loaded before the wait (K <= 2048 all) */
+ * XPF_CPT channels and, for even K and 4-byte aligned w, the warp's A
+ * fragments of its first XPF_PRE groups, into registers. */
+#define XPF_WARPS 16 /* warps a block: two leaves each */
+#define XPF_BO 16    /* outputs a block */
+#define XPF_PRE 4    /* groups a warp whose weights load before the wait */
 #define XPF_CPT 4    /* conv channels per thread per pass (weights in registers) */
 
 template <typename T, bool VEC>
@@ -38,13 +42,16 @@ __global__ void __launch_bounds__(32 * XPF_WARPS)
                  const float *__restrict__ cstate, int64_t cslot,
                  const int32_t *__restrict__ slots, const float *__restrict__ xz, int64_t ldxz,
                  const T *__restrict__ w, float *__restrict__ out) {
-  constexpr int BT = 32 * XPF_WARPS, KC = XPF_KC;
+  constexpr int BT = 32 * XPF_WARPS, KC = XPF_KC, LPW = 32 / XPF_WARPS;
   extern __shared__ float4 xpf_sm4[];
+  __shared__ float part[XPF_WARPS][4][32];
   T *xs = (T *)xpf_sm4; /* [nr][K]: the rows' conv + SiLU outputs in dtype T */
-  const int tid = threadIdx.x, lane = tid & 31;
-  const int o = blockIdx.x * XPF_WARPS + (tid >> 5);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int o0 = blockIdx.x * XPF_BO;
   const int r0 = blockIdx.y * XP_ROWS, nr = min(XP_ROWS, M - r0);
-  const T *wr = w + (int64_t)(o < NO ? o : NO - 1) * K;
+  const int gq = lane >> 2, t = lane & 3;
+  const T *w0 = o0 + gq < NO ? w + (int64_t)(o0 + gq) * K : nullptr;
+  const T *w1 = o0 + gq + 8 < NO ? w + (int64_t)(o0 + gq + 8) * K : nullptr;
   float wk[XPF_CPT][KC], bb[XPF_CPT];
   auto load_taps = [&](int p0) {
 #pragma unroll
@@ -56,16 +63,30 @@ __global__ void __launch_bounds__(32 * XPF_WARPS)
     }
   };
   load_taps(0);
-  uint4 wpre[XPF_PRE]; /* 2 per group: k = 512 (i / 2) + 16 lane + 8 (i % 2) */
+  /* the A fragments of the warp's first XPF_PRE groups in xp_warp_leaves'
+   * order (leaf 2 warp's class, then the next leaf's, each ascending) */
+  const int ng = (K + XP_GW - 1) / XP_GW;
+  auto pre_g = [&](int i) { /* group of the i-th step of the warp, or -1 */
+    const int per = (ng + XP_CLASSES - 1) / XP_CLASSES; /* steps of a full class */
+    const int leaf = warp * LPW + i / per, j = i % per;
+    const int g = xp_leaf_class(leaf) + j * XP_CLASSES;
+    return i < LPW * per && g < ng ? g : -1;
+  };
+  uint32_t apre[XPF_PRE][4];
+  int gpre[XPF_PRE];
 #pragma unroll
   for (int i = 0; i < XPF_PRE; i++) {
-    const int k = lane * XP_GW + 32 * XP_GW * (i >> 1) + 8 * (i & 1);
-    wpre[i] = make_uint4(0u, 0u, 0u, 0u);
-    if (VEC && k < K) wpre[i] = *(const uint4 *)(wr + k);
+    gpre[i] = VEC ? pre_g(i) : -1;
+    const int k = XP_GW * gpre[i] + 2 * t;
+    apre[i][0] = gpre[i] >= 0 ? xp_ld2<VEC>(w0, k, K) : 0u;
+    apre[i][1] = gpre[i] >= 0 ? xp_ld2<VEC>(w1, k, K) : 0u;
+    apre[i][2] = gpre[i] >= 0 ? xp_ld2<VEC>(w0, k + 8, K) : 0u;
+    apre[i][3] = gpre[i] >= 0 ? xp_ld2<VEC>(w1, k + 8, K) : 0u;
   }
-  if (!VEC)
-    for (int k = lane * 128 / (int)sizeof(T); k < K; k += 32 * 128 / (int)sizeof(T))
-      prefetch_l2(wr + k);
+  const int lines = (int)(((int64_t)K * (int64_t)sizeof(T) + 127) / 128);
+  for (int i = tid; i < XPF_BO * lines; i += BT) /* the block's weight rows toward L2 */
+    if (o0 + i / lines < NO)
+      prefetch_l2((const char *)(w + (int64_t)(o0 + i / lines) * K) + (int64_t)(i % lines) * 128);
   pdl_wait(); /* xz and the conv state only from here on */
   pdl_trigger();
   for (int p0 = 0; p0 < K; p0 += XPF_CPT * BT) {
@@ -93,35 +114,34 @@ __global__ void __launch_bounds__(32 * XPF_WARPS)
     }
   }
   __syncthreads();
-  if (o >= NO) return;
-  float acc[XP_ROWS];
+  const T *xr = gq < nr ? xs + (int64_t)gq * K : nullptr; /* B column gq: row gq */
+  float v[4];
+  xp_warp_leaves<T, LPW>(warp * LPW, K,
+                         [&](int g, uint32_t (&a)[4], uint32_t (&b)[2]) {
+                           const int k = XP_GW * g + 2 * t;
+                           bool have = false;
 #pragma unroll
-  for (int r = 0; r < XP_ROWS; r++) acc[r] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < XPF_PRE / 2; i++) {
-    const int k = lane * XP_GW + 32 * XP_GW * i;
-    if (k >= K) break;
-    float wv[XP_GW];
-    if (VEC) {
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const T *hp = (const T *)&wpre[2 * i + h];
-#pragma unroll
-        for (int j = 0; j < 8; j++) wv[8 * h + j] = ld_f32(hp + j);
-      }
-    } else {
-      ld8<false>(wr, k, K, wv);
-      ld8<false>(wr, k + 8, K, wv + 8);
-    }
-    xp_chunk<VEC>((const T *)xs, K, nr, k, K, wv, acc);
-  }
-  for (int k = lane * XP_GW + 32 * XP_GW * (XPF_PRE / 2); k < K; k += 32 * XP_GW) {
-    float wv[XP_GW];
-    ld8<VEC>(wr, k, K, wv);
-    ld8<VEC>(wr, k + 8, K, wv + 8);
-    xp_chunk<VEC>((const T *)xs, K, nr, k, K, wv, acc);
-  }
-  xp_store(acc, nr, lane, out + (int64_t)r0 * NO, NO, o);
+                           for (int i = 0; i < XPF_PRE; i++)
+                             if (gpre[i] == g) {
+                               a[0] = apre[i][0], a[1] = apre[i][1];
+                               a[2] = apre[i][2], a[3] = apre[i][3];
+                               have = true;
+                             }
+                           if (!have) {
+                             a[0] = xp_ld2<VEC>(w0, k, K);
+                             a[1] = xp_ld2<VEC>(w1, k, K);
+                             a[2] = xp_ld2<VEC>(w0, k + 8, K);
+                             a[3] = xp_ld2<VEC>(w1, k + 8, K);
+                           }
+                           b[0] = xp_ld2<VEC>(xr, k, K);
+                           b[1] = xp_ld2<VEC>(xr, k + 8, K);
+                         },
+                         v);
+  xp_block_fold<XPF_WARPS>(part, v, [&](int e, float s) {
+    const int ln = e >> 2, n = e & 3;
+    const int o = o0 + (ln >> 2) + 8 * (n >> 1), r = 2 * (ln & 3) + (n & 1);
+    if (o < NO && r < nr) out[(int64_t)(r0 + r) * NO + o] = s;
+  });
 }
 
 /* Decode rows and d_inner up to which the fusion pays (mbd_mops_conv_fused):
@@ -139,7 +159,7 @@ template <typename T, bool VEC>
 static int conv_xproj_launch(cudaStream_t s, int nseq, int di, const mbd_mops_conv *conv,
                              const float *xz, int64_t ldxz, const int32_t *slots, int NO,
                              const T *w, float *out, size_t sh, mbd_error *err) {
-  const dim3 grid((unsigned)((NO + XPF_WARPS - 1) / XPF_WARPS),
+  const dim3 grid((unsigned)((NO + XPF_BO - 1) / XPF_BO),
                   (unsigned)((nseq + XP_ROWS - 1) / XP_ROWS));
   int rc = allow_smem(k_conv_xproj<T, VEC>, sh, err);
   if (rc < 0) return rc;
@@ -162,7 +182,7 @@ extern "C" int mbd_mops_conv_xproj(void *stream, int nseq, int di, const mbd_mop
     return mbd_error_set(err, MBD_E_INVALID, "conv + x_proj: d_inner %d or %d rows out of range",
                          di, nseq);
   cudaStream_t s = (cudaStream_t)stream;
-  const bool vec = di % 8 == 0 && ((uintptr_t)w & 15) == 0;
+  const bool vec = di % 2 == 0 && ((uintptr_t)w & 3) == 0;
 #define XPF(T)                                                                              \
   do {                                                                                      \
     if (vec)                                                                                \

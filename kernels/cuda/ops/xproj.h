@@ -15,15 +15,17 @@ extern "C" {
 #include "common/tensor.h"
 
 /* x_proj: out[r, o] = sum over k < K of x[r, k] * w[o, k], f32 [M, NO]; x
- * [M, K] and w [NO, K] in dtype dt (f32/bf16/f16), widened to f32. Contract
- * (independent of M and of the other rows):
+ * [M, K] and w [NO, K] in dtype dt (f32/bf16/f16). Contract (independent of
+ * M and of the other rows; docs/route.md, "Model kernels"):
  * - f32: the f32 GEMM contract (= the CPU model's x_proj): an fmaf chain from
  *   0 over k ascending;
- * - bf16/f16: for i ascending, lane l of 32 adds (from 0) the partial of its
- *   group, an fmaf chain from 0 over k = 512 i + 16 l + j, j = 0..15 (k < K
- *   only); the 32 lane sums are added by an xor butterfly (16, 8, 4, 2, 1).
- * Few rows run a warp per output; from 32 rows with K a multiple of 512,
- * tiles of 16 rows x 16 outputs (the same operations per output). */
+ * - bf16/f16: group g of 16 channels gives p_g = one m16n8k16 tensor-core
+ *   step from zero over its 16 products (zeros past K); class c = g mod 32
+ *   sums its p_g from +0 in ascending g; the 32 class sums are added by an
+ *   xor butterfly (16, 8, 4, 2, 1).
+ * Few rows run 16-output x 8-row blocks whose warps split the class tree;
+ * many rows (M >= 32, K a multiple of 512, 16-byte aligned rows) run row
+ * tiles (the same operations per output). */
 int mbd_mops_xproj(void *stream, int64_t M, int K, int NO, mbd_dtype dt, const void *x,
                    const void *w, float *out, mbd_error *err);
 
