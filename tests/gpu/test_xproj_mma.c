@@ -3,8 +3,9 @@
  * order, the xor butterfly) across every kernel that produces x_proj
  * outputs, against the plain reference of tests/gpu/xproj_ref.cu (one warp
  * per output, the output's rows alone in the fragments), by memcmp:
- * - mbd_mops_xproj: k_xproj (M = 1..31) and the many-row path (M = 32, 33,
- *   256, 2048), at the model shapes N = 80 / K = 1536, N = 160 / K = 4096,
+ * - mbd_mops_xproj: k_xproj (M = 1..31, and M >= 32 with MBD_XPROJ_TILE=0)
+ *   and the many-row tiles (M = 32, 33, 256, 300, 1024, 2048: every tile
+ *   shape), at the model shapes N = 80 / K = 1536, N = 160 / K = 4096,
  *   N = 192 / K = 5120, and at K = 1000 (not a multiple of 512) and K = 777
  *   (odd: not a multiple of 16, element loads), bf16 and f16, and an x that
  *   is not 4-byte aligned;
@@ -14,6 +15,7 @@
  * vs per-op logits and states by memcmp). Inputs span exponents 2^-8..2^8
  * with exact zeros, so that an mma step's alignment and rounding of its 16
  * products matter. Skips (exit 77) with a printed reason without a GPU. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -121,11 +123,23 @@ static void test_xproj_few_rows(void **state) {
 static void test_xproj_many_rows(void **state) {
   (void)state;
   uint64_t seed = 42;
-  const int Ms[] = {32, 33, 256, 2048};
+  const int Ms[] = {32, 33, 256, 300, 1024, 2048};
   for (size_t d = 0; d < 2; d++)
     for (size_t s = 0; s < sizeof k_shapes / sizeof k_shapes[0]; s++)
       for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++)
         xproj_case(k_dt[d], Ms[m], k_shapes[s].K, k_shapes[s].NO, 0, &seed);
+}
+
+/* MBD_XPROJ_TILE=0: k_xproj at many rows as well; the same bits. */
+static void test_xproj_no_tiles(void **state) {
+  (void)state;
+  uint64_t seed = 45;
+  const int Ms[] = {32, 33, 256};
+  setenv("MBD_XPROJ_TILE", "0", 1);
+  for (size_t d = 0; d < 2; d++)
+    for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++)
+      xproj_case(k_dt[d], Ms[m], 4096, 160, 0, &seed);
+  unsetenv("MBD_XPROJ_TILE");
 }
 
 /* x one element past 4-byte alignment: element loads, the same bits. */
@@ -205,6 +219,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_xproj_few_rows),
       cmocka_unit_test(test_xproj_many_rows),
+      cmocka_unit_test(test_xproj_no_tiles),
       cmocka_unit_test(test_xproj_unaligned),
       cmocka_unit_test(test_conv_xproj),
   };

@@ -2,7 +2,13 @@
  * on the 16-bit routes, a thread per output (the f32 GEMM chain) on f32
  * routes. */
 #include "kernels/cuda/ops/common.cuh"
+#include "kernels/cuda/ops/cp_async.cuh"
 #include "kernels/cuda/ops/xproj.h"
+
+#include <cooperative_groups.h>
+#include <stdlib.h>
+
+namespace cg = cooperative_groups;
 
 /* 16-bit routes, few rows: block (bx, by) owns outputs 16 bx .. 16 bx + 15
  * (the A operand's rows: w) of rows 8 by .. 8 by + 7 (the B operand's
@@ -62,6 +68,225 @@ static int xproj_launch(cudaStream_t s, int M, int K, int NO, const T *x, const 
   const dim3 grid((unsigned)((NO + XP_BO - 1) / XP_BO), (unsigned)((M + XP_BR - 1) / XP_BR));
   return launch_pdl("x_proj", k_xproj<T, VEC>, grid, dim3(32 * XP_WARPS), 0, s, err, M, K, NO, x,
                     w, out);
+}
+
+/* The same contract for many rows (M >= XT_MIN_M, K a multiple of 512,
+ * 16-byte aligned rows, sm_90: thread-block clusters). k_xproj reads every
+ * weight row once per 8 rows; here a cluster of XT_SPLIT blocks owns a tile
+ * of RT = 8 NF rows x OT = 16 nw outputs (nw warps a block, warp m the
+ * outputs 16 m.. in the A operand, the rows in NF B-column fragments), and
+ * cluster block q runs the leaves 8 q .. 8 q + 7 of the class tree for the
+ * whole tile: leaf by leaf (xp_warp_leaves' order), each class's groups
+ * g = c + 32 j ascending, one k16 step each, the class sums folded by the
+ * binary counter (xp_tree_push, three levels). The four subtree sums of an
+ * output meet through distributed shared memory and are folded in leaf
+ * order (xp_tree_fold). Every output gets the contract's operations
+ * whatever the tile.
+ *
+ * A leaf's operands (the tile's x and w rows at its class's J = K / 512
+ * groups, 32 bytes each) travel by cp.async into shared memory, one leaf
+ * ahead: [tile row][j][16], rows padded by 16 bytes so that the ldmatrix
+ * rows of a fragment fall in distinct banks. The weights of the first leaf
+ * are copied before the dependency wait. */
+#define XT_SPLIT 4                         /* blocks a cluster */
+#define XT_LEAVES (XP_CLASSES / XT_SPLIT)  /* leaves a block */
+#define XT_MAXW 12                         /* warps a block (outputs a tile / 16) */
+#define XT_MIN_M 32                        /* fewer rows: k_xproj */
+#define XT_SMEM (227 * 1024)
+
+__device__ __forceinline__ void xt_ldm4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+/* Shared bytes of one leaf's operands, and of the launch. */
+static inline __host__ __device__ int xt_stage(int rt, int ot, int K) {
+  return (rt + ot) * ((K / 512) * 32 + 16);
+}
+static inline size_t xt_smem(int rt, int ot, int K) {
+  const size_t a = 2 * (size_t)xt_stage(rt, ot, K), b = (size_t)rt * ot * 4;
+  return a > b ? a : b;
+}
+
+template <typename T, int NF>
+__global__ void __launch_bounds__(32 * XT_MAXW, 1)
+    k_xproj_tile(int M, int K, int NO, const T *__restrict__ x, const T *__restrict__ w,
+                 float *__restrict__ out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(NF % 2 == 0 && (8 * NF) % XT_SPLIT == 0, "row fragments in pairs");
+  constexpr int RT = 8 * NF;
+  extern __shared__ float4 xt_sm4[];
+  unsigned char *sm = (unsigned char *)xt_sm4;
+  cg::cluster_group cl = cg::this_cluster();
+  const int q = (int)cl.block_rank();
+  const int nt = (int)blockDim.x, OT = 16 * (nt >> 5);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t r0 = (int64_t)(blockIdx.x / XT_SPLIT) * RT;
+  const int o0 = (int)blockIdx.y * OT;
+  const int J = K / 512, rs = J * 32 + 16, stage = (RT + OT) * rs;
+  /* the copies of leaf i: pieces (tile row, j, half) of 16 bytes */
+  auto fetch = [&](int i, bool xs, bool ws) {
+    const int c = xp_leaf_class(q * XT_LEAVES + i);
+    unsigned char *buf = sm + (i & 1) * stage;
+    const int r_lo = xs ? 0 : RT, r_hi = ws ? RT + OT : RT;
+    for (int e = r_lo * J * 2 + tid; e < r_hi * J * 2; e += nt) {
+      const int h = e & 1, rj = e >> 1, row = rj / J, j = rj - row * J;
+      const bool isx = row < RT;
+      const int64_t gr = isx ? r0 + row : (int64_t)o0 + (row - RT);
+      unsigned char *dst = buf + row * rs + j * 32 + h * 16;
+      if (gr < (isx ? (int64_t)M : (int64_t)NO))
+        cp_async16(dst, (isx ? x : w) + gr * K + XP_GW * (c + XP_CLASSES * j) + 8 * h);
+      else
+        *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  fetch(0, false, true);
+  pdl_wait();
+  pdl_trigger();
+  fetch(0, true, false);
+  cp_async_commit();
+  /* ldmatrix rows: A (w rows 16 warp.., matrices rows 0-7 / 8-15 x k 0-7 /
+   * 8-15 = a[0..3]); B pairs of row fragments (rows 0-7 k 0-7, k 8-15, rows
+   * 8-15 k 0-7, k 8-15 = b[2p][0], b[2p][1], b[2p + 1][0], b[2p + 1][1]) */
+  const uint32_t smb = (uint32_t)__cvta_generic_to_shared(sm);
+  const uint32_t aoff = (uint32_t)((RT + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * rs +
+                                   (lane >> 4) * 16);
+  const uint32_t boff = (uint32_t)((((lane >> 4) & 1) * 8 + (lane & 7)) * rs + ((lane >> 3) & 1) * 16);
+  float st[3][4 * NF], v[4 * NF];
+#pragma unroll
+  for (int i = 0; i < XT_LEAVES; i++) {
+    cp_async_wait_group<0>();
+    __syncthreads(); /* leaf i has landed; leaf i - 1's buffer is read */
+    if (i + 1 < XT_LEAVES) {
+      fetch(i + 1, true, true);
+      cp_async_commit();
+    }
+    const uint32_t base = smb + (uint32_t)((i & 1) * stage);
+    float S[4 * NF];
+#pragma unroll
+    for (int n = 0; n < 4 * NF; n++) S[n] = 0.0f;
+#pragma unroll 2
+    for (int j = 0; j < J; j++) {
+      uint32_t a[4], b[NF][2];
+      xt_ldm4(a, base + aoff + j * 32);
+#pragma unroll
+      for (int pr = 0; pr < NF / 2; pr++) {
+        uint32_t r4[4];
+        xt_ldm4(r4, base + boff + (uint32_t)(pr * 16 * rs) + j * 32);
+        b[2 * pr][0] = r4[0], b[2 * pr][1] = r4[1];
+        b[2 * pr + 1][0] = r4[2], b[2 * pr + 1][1] = r4[3];
+      }
+#pragma unroll
+      for (int f = 0; f < NF; f++) {
+        float p[4];
+        xp_group_partial<T>(a, b[f], p);
+#pragma unroll
+        for (int n = 0; n < 4; n++) S[4 * f + n] = __fadd_rn(S[4 * f + n], p[n]);
+      }
+    }
+    xp_tree_push<3, 4 * NF>(st, i, S);
+    if (i == XT_LEAVES - 1)
+#pragma unroll
+      for (int n = 0; n < 4 * NF; n++) v[n] = S[n];
+  }
+  __syncthreads(); /* every warp is done with the buffers */
+  float *sub = (float *)sm; /* [RT][OT]: this block's subtree sums */
+  const int gq = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int f = 0; f < NF; f++)
+#pragma unroll
+    for (int n = 0; n < 4; n++)
+      sub[(8 * f + 2 * t + (n & 1)) * OT + warp * 16 + gq + 8 * (n >> 1)] = v[4 * f + n];
+  cl.sync();
+  /* block q folds rows q RT / 4 .. of the tile from the four blocks' sums */
+  const int rq = RT / XT_SPLIT;
+  const float *subs[XT_SPLIT];
+#pragma unroll
+  for (int p = 0; p < XT_SPLIT; p++) subs[p] = cl.map_shared_rank(sub, p);
+  for (int e = tid; e < rq * OT; e += nt) {
+    const int r = q * rq + e / OT, o = e % OT;
+    float s4[XT_SPLIT];
+#pragma unroll
+    for (int p = 0; p < XT_SPLIT; p++) s4[p] = subs[p][r * OT + o];
+    const float val = xp_tree_fold<XT_SPLIT>(s4);
+    if (r0 + r < M && o0 + o < NO) out[(r0 + r) * NO + o0 + o] = val;
+  }
+  cl.sync(); /* the other blocks' reads of this block's sums are done */
+#endif
+}
+
+template <typename T, int NF>
+static int xt_launch(cudaStream_t s, int M, int K, int NO, int nw, const T *x, const T *w,
+                     float *out, mbd_error *err) {
+  int rc = 0;
+  const size_t sh = xt_smem(8 * NF, 16 * nw, K);
+  if ((rc = allow_smem(k_xproj_tile<T, NF>, sh, err)) < 0) return rc;
+  cudaLaunchAttribute at[2];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  at[1].id = cudaLaunchAttributeClusterDimension;
+  at[1].val.clusterDim.x = XT_SPLIT;
+  at[1].val.clusterDim.y = 1;
+  at[1].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)(XT_SPLIT * ((M + 8 * NF - 1) / (8 * NF))),
+                     (unsigned)((NO + 16 * nw - 1) / (16 * nw)));
+  cfg.blockDim = dim3((unsigned)(32 * nw));
+  cfg.dynamicSmemBytes = sh;
+  cfg.stream = s;
+  cfg.attrs = at;
+  cfg.numAttrs = 2;
+  MBD_GPU_TRY(cudaLaunchKernelEx(&cfg, k_xproj_tile<T, NF>, M, K, NO, x, w, out), err);
+  MBD_GPU_TRY(cudaGetLastError(), err);
+  return 0;
+fail:
+  (void)cudaGetLastError();
+  mbd_error_prefix(err, "launching x_proj (tiles)");
+  return rc;
+}
+
+/* Whether the tile kernel may run: sm_90 or later (clusters), and
+ * MBD_XPROJ_TILE is not 0 (k_xproj for every M: the same bits; read at each
+ * call, for the benchmarks and the tests). */
+static bool xt_allowed() {
+  const char *e = getenv("MBD_XPROJ_TILE");
+  if (e && e[0] == '0') return false;
+  int dev = 0, maj = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return maj >= 9;
+}
+
+/* The tile for M rows: the most rows (NF) and outputs (nw) a block that
+ * still give about a block per SM, within the shared memory; 1 if launched,
+ * 0 if no tile fits (k_xproj then), < 0 on error. */
+template <typename T>
+static int xproj_tiles(cudaStream_t s, int M, int K, int NO, const T *x, const T *w, float *out,
+                       mbd_error *err) {
+  const int mf = (NO + 15) / 16;
+  int nw = mf < XT_MAXW ? mf : XT_MAXW, NF = 8;
+  auto blocks = [&](int nf, int n) {
+    return (int64_t)XT_SPLIT * ((M + 8 * nf - 1) / (8 * nf)) * ((mf + n - 1) / n);
+  };
+  while (NF > 2 && blocks(NF, nw) < 128) NF /= 2;
+  while (nw > 1 && blocks(NF, nw) < 128) nw = (nw + 1) / 2;
+  while (xt_smem(8 * NF, 16 * nw, K) > XT_SMEM && (NF > 2 || nw > 1)) {
+    if (NF > 2)
+      NF /= 2;
+    else
+      nw = (nw + 1) / 2;
+  }
+  if (xt_smem(8 * NF, 16 * nw, K) > XT_SMEM || blocks(NF, nw) / XT_SPLIT > 2147483647 / XT_SPLIT ||
+      (NO + 16 * nw - 1) / (16 * nw) > 65535)
+    return 0;
+  int rc = NF == 8   ? xt_launch<T, 8>(s, M, K, NO, nw, x, w, out, err)
+           : NF == 4 ? xt_launch<T, 4>(s, M, K, NO, nw, x, w, out, err)
+                     : xt_launch<T, 2>(s, M, K, NO, nw, x, w, out, err);
+  return rc < 0 ? rc : 1;
 }
 
 /* f32 routes: the f32 GEMM contract, which is also the CPU model's x_proj
@@ -144,8 +369,14 @@ extern "C" int mbd_mops_xproj(void *stream, int64_t M, int K, int NO, mbd_dtype 
   if ((M + XP_BR - 1) / XP_BR > 65535)
     return mbd_error_set(err, MBD_E_INVALID, "x_proj: M %lld out of range", (long long)M);
   const bool vec = K % 2 == 0 && ((uintptr_t)x & 3) == 0 && ((uintptr_t)w & 3) == 0;
+  const bool tiles = M >= XT_MIN_M && K % 512 == 0 && ((uintptr_t)x & 15) == 0 &&
+                     ((uintptr_t)w & 15) == 0 && xt_allowed();
 #define XP(T)                                                                               \
   do {                                                                                      \
+    if (tiles) {                                                                            \
+      const int rt = xproj_tiles<T>(s, (int)M, K, NO, (const T *)x, (const T *)w, out, err); \
+      if (rt != 0) return rt < 0 ? rt : 0;                                                  \
+    }                                                                                       \
     if (vec)                                                                                \
       return xproj_launch<T, true>(s, (int)M, K, NO, (const T *)x, (const T *)w, out, err); \
     return xproj_launch<T, false>(s, (int)M, K, NO, (const T *)x, (const T *)w, out, err);  \
