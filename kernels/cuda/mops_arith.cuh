@@ -114,6 +114,24 @@ __device__ __forceinline__ uint32_t xp_ld2(const T *row, int k, int K) {
   return hi << 16 | lo;
 }
 
+/* xp_warp_leaves' fragments from rows in memory (global or shared): the A
+ * operand's fragment rows gq, gq + 8 = w rows w0, w1, the B operand's column
+ * gq = row xr (gq = lane / 4, t = lane % 4; a NULL row: zeros). */
+template <bool VEC, typename T>
+struct xp_rows_frag {
+  const T *w0, *w1, *xr;
+  int K, t;
+  __device__ __forceinline__ void operator()(int g, uint32_t (&a)[4], uint32_t (&b)[2]) const {
+    const int k = XP_GW * g + 2 * t;
+    a[0] = xp_ld2<VEC>(w0, k, K);
+    a[1] = xp_ld2<VEC>(w1, k, K);
+    a[2] = xp_ld2<VEC>(w0, k + 8, K);
+    a[3] = xp_ld2<VEC>(w1, k + 8, K);
+    b[0] = xp_ld2<VEC>(xr, k, K);
+    b[1] = xp_ld2<VEC>(xr, k + 8, K);
+  }
+};
+
 /* Pushes v, the sum of leaf i (leaves of a subtree numbered from 0, i
  * known at compile time after unrolling), onto a binary-counter stack of LV
  * levels (s[l]: a pending left subtree of 2^l leaves). After leaf 2^LV - 1,
@@ -140,10 +158,12 @@ __device__ __forceinline__ void xp_tree_push(float (&s)[LV > 0 ? LV : 1][NV], in
  * adjacent pairs first, level by level: the tree's upper levels. */
 template <int NS>
 __device__ __forceinline__ float xp_tree_fold(float (&v)[NS]) {
+  static_assert(NS >= 1 && (NS & (NS - 1)) == 0, "a power of two");
 #pragma unroll
-  for (int w = NS; w > 1; w >>= 1)
+  for (int h = NS / 2; h >= 1; h /= 2)
 #pragma unroll
-    for (int i = 0; i < w / 2; i++) v[i] = __fadd_rn(v[2 * i], v[2 * i + 1]);
+    for (int i = 0; i < NS / 2; i++)
+      if (i < h) v[i] = __fadd_rn(v[2 * i], v[2 * i + 1]);
   return v[0];
 }
 
@@ -151,8 +171,8 @@ __device__ __forceinline__ float xp_tree_fold(float (&v)[NS]) {
  * LPW leaves leaf0 .. leaf0 + LPW - 1 (a whole subtree: leaf0 a multiple of
  * LPW, a power of two), each class's groups g < ceil(K / 16) ascending.
  * frag(g, a, b) fills group g's operand fragments. v: the subtree's sum, a
- * result fragment. Four groups' fragments are loaded before their steps. */
-template <typename T, int LPW, typename F>
+ * result fragment. NB groups' fragments are loaded before their steps. */
+template <typename T, int LPW, int NB = 4, typename F>
 __device__ __forceinline__ void xp_warp_leaves(int leaf0, int K, F frag, float (&v)[4]) {
   constexpr int LV = LPW == 1 ? 0 : LPW == 2 ? 1 : LPW == 4 ? 2 : LPW == 8 ? 3 : LPW == 16 ? 4 : 5;
   static_assert(1 << LV == LPW, "leaves a warp: a power of two up to 32");
@@ -163,13 +183,13 @@ __device__ __forceinline__ void xp_warp_leaves(int leaf0, int K, F frag, float (
     const int c = xp_leaf_class(leaf0 + i);
     float S[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 1
-    for (int g0 = c; g0 < ng; g0 += 4 * XP_CLASSES) {
-      uint32_t a[4][4], b[4][2];
+    for (int g0 = c; g0 < ng; g0 += NB * XP_CLASSES) {
+      uint32_t a[NB][4], b[NB][2];
 #pragma unroll
-      for (int u = 0; u < 4; u++)
+      for (int u = 0; u < NB; u++)
         if (g0 + u * XP_CLASSES < ng) frag(g0 + u * XP_CLASSES, a[u], b[u]);
 #pragma unroll
-      for (int u = 0; u < 4; u++)
+      for (int u = 0; u < NB; u++)
         if (g0 + u * XP_CLASSES < ng) {
           float p[4];
           xp_group_partial<T>(a[u], b[u], p);

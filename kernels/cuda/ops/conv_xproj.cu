@@ -36,6 +36,32 @@
 #define XPF_PRE 4    /* groups a warp whose weights load before the wait */
 #define XPF_CPT 4    /* conv channels per thread per pass (weights in registers) */
 
+/* xp_rows_frag with the A fragments of XPF_PRE groups already loaded. */
+template <bool VEC, typename T>
+struct xpf_frag {
+  xp_rows_frag<VEC, T> rows;
+  uint32_t apre[XPF_PRE][4];
+  int gpre[XPF_PRE];
+  __device__ __forceinline__ void operator()(int g, uint32_t (&a)[4], uint32_t (&b)[2]) const {
+    bool have = false;
+#pragma unroll
+    for (int i = 0; i < XPF_PRE; i++)
+      if (gpre[i] == g) {
+        a[0] = apre[i][0], a[1] = apre[i][1], a[2] = apre[i][2], a[3] = apre[i][3];
+        have = true;
+      }
+    const int k = XP_GW * g + 2 * rows.t;
+    if (!have) {
+      a[0] = xp_ld2<VEC>(rows.w0, k, rows.K);
+      a[1] = xp_ld2<VEC>(rows.w1, k, rows.K);
+      a[2] = xp_ld2<VEC>(rows.w0, k + 8, rows.K);
+      a[3] = xp_ld2<VEC>(rows.w1, k + 8, rows.K);
+    }
+    b[0] = xp_ld2<VEC>(rows.xr, k, rows.K);
+    b[1] = xp_ld2<VEC>(rows.xr, k + 8, rows.K);
+  }
+};
+
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(32 * XPF_WARPS)
     k_conv_xproj(int M, int K, int NO, const float *__restrict__ cw, const float *__restrict__ cb,
@@ -116,27 +142,15 @@ __global__ void __launch_bounds__(32 * XPF_WARPS)
   __syncthreads();
   const T *xr = gq < nr ? xs + (int64_t)gq * K : nullptr; /* B column gq: row gq */
   float v[4];
-  xp_warp_leaves<T, LPW>(warp * LPW, K,
-                         [&](int g, uint32_t (&a)[4], uint32_t (&b)[2]) {
-                           const int k = XP_GW * g + 2 * t;
-                           bool have = false;
+  xpf_frag<VEC, T> fr;
+  fr.rows = xp_rows_frag<VEC, T>{w0, w1, xr, K, t};
 #pragma unroll
-                           for (int i = 0; i < XPF_PRE; i++)
-                             if (gpre[i] == g) {
-                               a[0] = apre[i][0], a[1] = apre[i][1];
-                               a[2] = apre[i][2], a[3] = apre[i][3];
-                               have = true;
-                             }
-                           if (!have) {
-                             a[0] = xp_ld2<VEC>(w0, k, K);
-                             a[1] = xp_ld2<VEC>(w1, k, K);
-                             a[2] = xp_ld2<VEC>(w0, k + 8, K);
-                             a[3] = xp_ld2<VEC>(w1, k + 8, K);
-                           }
-                           b[0] = xp_ld2<VEC>(xr, k, K);
-                           b[1] = xp_ld2<VEC>(xr, k + 8, K);
-                         },
-                         v);
+  for (int i = 0; i < XPF_PRE; i++) {
+    fr.gpre[i] = gpre[i];
+#pragma unroll
+    for (int n = 0; n < 4; n++) fr.apre[i][n] = apre[i][n];
+  }
+  xp_warp_leaves<T, LPW>(warp * LPW, K, fr, v);
   xp_block_fold<XPF_WARPS>(part, v, [&](int e, float s) {
     const int ln = e >> 2, n = e & 3;
     const int o = o0 + (ln >> 2) + 8 * (n >> 1), r = 2 * (ln & 3) + (n & 1);

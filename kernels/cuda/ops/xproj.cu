@@ -18,7 +18,8 @@ namespace cg = cooperative_groups;
  * order, one k16 step each, the classes folded by the binary counter), and
  * the warps' subtree sums are folded in warp order (xp_block_fold): the
  * contract's operations for every output, whatever M. Fragments come
- * straight from global memory (32-byte pieces of rows, four groups ahead). */
+ * straight from global memory (32-byte pieces of rows, eight groups ahead:
+ * a class of K = 4096 in one round of loads). */
 #define XP_WARPS 16               /* warps a block */
 #define XP_LPW (32 / XP_WARPS)    /* leaves a warp */
 #define XP_BO 16                  /* outputs a block */
@@ -43,17 +44,7 @@ __global__ void __launch_bounds__(32 * XP_WARPS)
   const T *w1 = o0 + gq + 8 < NO ? w + (int64_t)(o0 + gq + 8) * K : nullptr;
   const T *xr = gq < nr ? x + (int64_t)(r0 + gq) * K : nullptr;
   float v[4];
-  xp_warp_leaves<T, XP_LPW>(warp * XP_LPW, K,
-                            [&](int g, uint32_t (&a)[4], uint32_t (&b)[2]) {
-                              const int k = XP_GW * g + 2 * t;
-                              a[0] = xp_ld2<VEC>(w0, k, K);
-                              a[1] = xp_ld2<VEC>(w1, k, K);
-                              a[2] = xp_ld2<VEC>(w0, k + 8, K);
-                              a[3] = xp_ld2<VEC>(w1, k + 8, K);
-                              b[0] = xp_ld2<VEC>(xr, k, K);
-                              b[1] = xp_ld2<VEC>(xr, k + 8, K);
-                            },
-                            v);
+  xp_warp_leaves<T, XP_LPW, 8>(warp * XP_LPW, K, xp_rows_frag<VEC, T>{w0, w1, xr, K, t}, v);
   xp_block_fold<XP_WARPS>(part, v, [&](int e, float s) {
     /* fragment element e: output row gq + 8 (n / 2), column 2 t + n % 2 */
     const int ln = e >> 2, n = e & 3;
