@@ -31,7 +31,9 @@
  *               (layers x layer + the rest) and the tokens/s it implies;
  *               last, outside the sums, the prefill scan again with
  *               MBD_SCAN_PREFILL=old (scan.cu's k_scan instead of
- *               scan_prefill.cu's kernel; the same bits).
+ *               scan_prefill.cu's kernel; the same bits), and on 16-bit
+ *               routes x_proj with MBD_XPROJ_TILE=0 and =1 (k_xproj for
+ *               every M, the tiles from 32 rows; the same bits).
  * mbd_mops_conv_fused (kernels/cuda/ops/conv_xproj.h) picks the model's decode path;
  * MBD_BENCH_PROFILE_STEP: see profile_step. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
@@ -271,6 +273,34 @@ static int op_bench_init(op_bench *o, mbd_error *err) {
   return 0;
 }
 
+/* Below the op table: x_proj at each column with MBD_XPROJ_TILE=0 (k_xproj
+ * for every M) and =1 (the many-row tiles from 32 rows), beside the table's
+ * default choice (kernels/cuda/ops/xproj.cu; the same bits). */
+static int ot_xproj_variants(op_bench *o, const char *name, const char *tag, mbd_error *err) {
+  static const char *const vals[] = {"0", "1"};
+  for (int v = 0; v < 2; v++) {
+    float us[OT_COLS];
+    setenv("MBD_XPROJ_TILE", vals[v], 1);
+    for (int col = 0; col < OT_COLS; col++) {
+      o->op = OT_XPROJ, o->nseq = k_ot_nseq[col], o->T = k_ot_T[col];
+      if (mbd_bench_op_us(o->stream, OT_REPS, run_op, o, &us[col], err)) {
+        unsetenv("MBD_XPROJ_TILE");
+        return -1;
+      }
+    }
+    unsetenv("MBD_XPROJ_TILE");
+    char what[40];
+    snprintf(what, sizeof what, "x_proj, MBD_XPROJ_TILE=%s", vals[v]);
+    printf("%-5s %-4s %-31s |", name, tag, what);
+    for (int col = 0; col < OT_COLS; col++) {
+      const int star = ot_fused(o, k_ot_nseq[col], k_ot_T[col]);
+      printf(" %8.1f%c%s", us[col], star ? '*' : ' ', col == 0 ? " |" : "");
+    }
+    printf("\n");
+  }
+  return 0;
+}
+
 /* The op table of one shape and dtype: us per op (mean of OT_REPS launches
  * in a row on the context's stream, deterministic GEMM mode) at prefill b1
  * T=2048 (one chunk, as the model runs it with max_rows 2048) and decode
@@ -335,6 +365,7 @@ static int op_table(const shape *sh, const mbd_mamba_config *c, mbd_dtype dt,
     printf(" %9s%s", col == 0 ? "-" : persistent[col] ? "persist." : "per-op", col == 0 ? " |" : "");
   printf("\n      (* conv folded into x_proj and the scan: mbd_mops_conv_fused; persist.: the "
          "model runs that batch in one persistent launch, the column shows the per-op path)\n");
+  if (dt != MBD_DTYPE_F32 && ot_xproj_variants(&o, sh->name, tag, &err)) goto done;
   fflush(stdout);
   rc = 0;
 done:

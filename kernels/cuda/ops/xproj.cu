@@ -237,19 +237,26 @@ fail:
   return rc;
 }
 
-/* Whether the tile kernel may run: sm_90 or later (clusters), and
- * MBD_XPROJ_TILE is not 0 (k_xproj for every M: the same bits; read at each
- * call, for the benchmarks and the tests). */
-static bool xt_allowed() {
+/* Which kernel runs M >= XT_MIN_M rows (MBD_XPROJ_TILE, read at each call,
+ * for the benchmarks and the tests; every choice has the same bits):
+ * unset: the tiles where k_xproj's grid would not fit one wave of the SMs
+ * (there k_xproj is latency-bound: its blocks of 8 rows each read all 16
+ * weight rows; below, the tiles' clusters are too few or too thin); "0":
+ * k_xproj for every M; "1": the tiles for every M >= XT_MIN_M. Tiles need
+ * sm_90 or later (clusters). */
+static bool xt_allowed(int64_t M, int NO) {
   const char *e = getenv("MBD_XPROJ_TILE");
   if (e && e[0] == '0') return false;
-  int dev = 0, maj = 0;
+  int dev = 0, maj = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
-  return maj >= 9;
+  if (maj < 9) return false;
+  if (e && e[0] == '1') return true;
+  return (M + XP_BR - 1) / XP_BR * ((NO + XP_BO - 1) / XP_BO) > sms;
 }
 
 /* The tile for M rows: the most rows (NF) and outputs (nw) a block that
@@ -361,7 +368,7 @@ extern "C" int mbd_mops_xproj(void *stream, int64_t M, int K, int NO, mbd_dtype 
     return mbd_error_set(err, MBD_E_INVALID, "x_proj: M %lld out of range", (long long)M);
   const bool vec = K % 2 == 0 && ((uintptr_t)x & 3) == 0 && ((uintptr_t)w & 3) == 0;
   const bool tiles = M >= XT_MIN_M && K % 512 == 0 && ((uintptr_t)x & 15) == 0 &&
-                     ((uintptr_t)w & 15) == 0 && xt_allowed();
+                     ((uintptr_t)w & 15) == 0 && xt_allowed(M, NO);
 #define XP(T)                                                                               \
   do {                                                                                      \
     if (tiles) {                                                                            \
