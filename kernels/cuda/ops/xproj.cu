@@ -103,7 +103,7 @@ static inline size_t xt_smem(int rt, int ot, int K) {
 template <typename T, int NF>
 __global__ void __launch_bounds__(32 * XT_MAXW, 1)
     k_xproj_tile(int M, int K, int NO, const T *__restrict__ x, const T *__restrict__ w,
-                 float *__restrict__ out) {
+                 float *__restrict__ out, int pf) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(NF % 2 == 0 && (8 * NF) % XT_SPLIT == 0, "row fragments in pairs");
   constexpr int RT = 8 * NF;
@@ -137,6 +137,13 @@ __global__ void __launch_bounds__(32 * XT_MAXW, 1)
   pdl_trigger();
   fetch(0, true, false);
   cp_async_commit();
+  if (pf) { /* the cluster's x rows toward L2 in whole lines, a quarter a block */
+    const int lines = K * (int)sizeof(T) / 128, rq = RT / XT_SPLIT;
+    for (int e = tid; e < rq * lines; e += nt) {
+      const int64_t r = r0 + q * rq + e / lines;
+      if (r < M) prefetch_l2((const char *)(x + r * K) + (int64_t)(e % lines) * 128);
+    }
+  }
   /* ldmatrix rows: A (w rows 16 warp.., matrices rows 0-7 / 8-15 x k 0-7 /
    * 8-15 = a[0..3]); B pairs of row fragments (rows 0-7 k 0-7, k 8-15, rows
    * 8-15 k 0-7, k 8-15 = b[2p][0], b[2p][1], b[2p + 1][0], b[2p + 1][1]) */
@@ -209,7 +216,7 @@ __global__ void __launch_bounds__(32 * XT_MAXW, 1)
 
 template <typename T, int NF>
 static int xt_launch(cudaStream_t s, int M, int K, int NO, int nw, const T *x, const T *w,
-                     float *out, mbd_error *err) {
+                     float *out, int pf, mbd_error *err) {
   int rc = 0;
   const size_t sh = xt_smem(8 * NF, 16 * nw, K);
   if ((rc = allow_smem(k_xproj_tile<T, NF>, sh, err)) < 0) return rc;
@@ -228,7 +235,7 @@ static int xt_launch(cudaStream_t s, int M, int K, int NO, int nw, const T *x, c
   cfg.stream = s;
   cfg.attrs = at;
   cfg.numAttrs = 2;
-  MBD_GPU_TRY(cudaLaunchKernelEx(&cfg, k_xproj_tile<T, NF>, M, K, NO, x, w, out), err);
+  MBD_GPU_TRY(cudaLaunchKernelEx(&cfg, k_xproj_tile<T, NF>, M, K, NO, x, w, out, pf), err);
   MBD_GPU_TRY(cudaGetLastError(), err);
   return 0;
 fail:
@@ -242,8 +249,10 @@ fail:
  * unset: the tiles where k_xproj's grid would not fit one wave of the SMs
  * (there k_xproj is latency-bound: its blocks of 8 rows each read all 16
  * weight rows; below, the tiles' clusters are too few or too thin); "0":
- * k_xproj for every M; "1": the tiles for every M >= XT_MIN_M. Tiles need
- * sm_90 or later (clusters). */
+ * k_xproj for every M; "1": the tiles for every M >= XT_MIN_M; "2": as "1",
+ * each tile's x rows first prefetched to L2 in whole lines (a block's own
+ * reads take one 32-byte sector of every 128-byte line). Tiles need sm_90 or
+ * later (clusters). */
 static bool xt_allowed(int64_t M, int NO) {
   const char *e = getenv("MBD_XPROJ_TILE");
   if (e && e[0] == '0') return false;
@@ -255,7 +264,7 @@ static bool xt_allowed(int64_t M, int NO) {
     return false;
   }
   if (maj < 9) return false;
-  if (e && e[0] == '1') return true;
+  if (e && (e[0] == '1' || e[0] == '2')) return true;
   return (M + XP_BR - 1) / XP_BR * ((NO + XP_BO - 1) / XP_BO) > sms;
 }
 
@@ -281,9 +290,11 @@ static int xproj_tiles(cudaStream_t s, int M, int K, int NO, const T *x, const T
   if (xt_smem(8 * NF, 16 * nw, K) > XT_SMEM || blocks(NF, nw) / XT_SPLIT > 2147483647 / XT_SPLIT ||
       (NO + 16 * nw - 1) / (16 * nw) > 65535)
     return 0;
-  int rc = NF == 8   ? xt_launch<T, 8>(s, M, K, NO, nw, x, w, out, err)
-           : NF == 4 ? xt_launch<T, 4>(s, M, K, NO, nw, x, w, out, err)
-                     : xt_launch<T, 2>(s, M, K, NO, nw, x, w, out, err);
+  const char *e = getenv("MBD_XPROJ_TILE");
+  const int pf = e && e[0] == '2';
+  int rc = NF == 8   ? xt_launch<T, 8>(s, M, K, NO, nw, x, w, out, pf, err)
+           : NF == 4 ? xt_launch<T, 4>(s, M, K, NO, nw, x, w, out, pf, err)
+                     : xt_launch<T, 2>(s, M, K, NO, nw, x, w, out, pf, err);
   return rc < 0 ? rc : 1;
 }
 
