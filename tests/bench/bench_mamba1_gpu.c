@@ -32,9 +32,9 @@
  *               last, outside the sums, the prefill scan again with
  *               MBD_SCAN_PREFILL=old (scan.cu's k_scan instead of
  *               scan_prefill.cu's kernel; the same bits), and on 16-bit
- *               routes x_proj with MBD_XPROJ_TILE=0, 1, 2 (k_xproj for
+ *               routes x_proj with MBD_XPROJ_TILE=0..3 (k_xproj for
  *               every M, the tiles from 32 rows, with an L2 prefetch of
- *               x; the same bits).
+ *               x, with forwarded lines; the same bits).
  * mbd_mops_conv_fused (kernels/cuda/ops/conv_xproj.h) picks the model's decode path;
  * MBD_BENCH_PROFILE_STEP: see profile_step. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
@@ -275,12 +275,13 @@ static int op_bench_init(op_bench *o, mbd_error *err) {
 }
 
 /* Below the op table: x_proj at each column with MBD_XPROJ_TILE=0 (k_xproj
- * for every M), =1 (the many-row tiles from 32 rows) and =2 (the tiles with
- * their x rows prefetched to L2), beside the table's default choice
+ * for every M), =1 (the many-row tiles from 32 rows), =2 (the tiles with
+ * their x rows prefetched to L2) and =3 (the tiles copying whole lines and
+ * forwarding them in the cluster), beside the table's default choice
  * (kernels/cuda/ops/xproj.cu; the same bits). */
 static int ot_xproj_variants(op_bench *o, const char *name, const char *tag, mbd_error *err) {
-  static const char *const vals[] = {"0", "1", "2"};
-  for (int v = 0; v < 3; v++) {
+  static const char *const vals[] = {"0", "1", "2", "3"};
+  for (int v = 0; v < 4; v++) {
     float us[OT_COLS];
     setenv("MBD_XPROJ_TILE", vals[v], 1);
     for (int col = 0; col < OT_COLS; col++) {

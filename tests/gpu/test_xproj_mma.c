@@ -5,7 +5,8 @@
  * per output, the output's rows alone in the fragments), by memcmp:
  * - mbd_mops_xproj: k_xproj (M = 1..31, and M >= 32 with MBD_XPROJ_TILE=0)
  *   and the many-row tiles (M = 32, 33, 64, 256, 300, 1024, 2048 with the
- *   default choice and with MBD_XPROJ_TILE=1, 2: every tile shape), at the model shapes N = 80 / K = 1536, N = 160 / K = 4096,
+ *   default choice and with MBD_XPROJ_TILE=1, 2, 3: every tile shape and
+ *   variant), at the model shapes N = 80 / K = 1536, N = 160 / K = 4096,
  *   N = 192 / K = 5120, and at K = 1000 (not a multiple of 512) and K = 777
  *   (odd: not a multiple of 16, element loads), bf16 and f16, and an x that
  *   is not 4-byte aligned;
@@ -120,14 +121,16 @@ static void test_xproj_few_rows(void **state) {
       for (int M = 1; M <= 31; M++) xproj_case(k_dt[d], M, k_shapes[s].K, k_shapes[s].NO, 0, &seed);
 }
 
-/* The default kernel choice, then MBD_XPROJ_TILE=1 and =2: the tiles at
- * every M >= 32 (every tile shape), without and with the L2 prefetch. */
+/* The default kernel choice, then MBD_XPROJ_TILE=1, 2, 3: the tiles at
+ * every M >= 32 (every tile shape), as they are, with the L2 prefetch, with
+ * the cluster's forwarded lines. */
 static void test_xproj_many_rows(void **state) {
   (void)state;
   uint64_t seed = 42;
   const int Ms[] = {32, 33, 64, 256, 300, 1024, 2048};
-  for (int tiles = 0; tiles < 3; tiles++) {
-    if (tiles) setenv("MBD_XPROJ_TILE", tiles == 1 ? "1" : "2", 1);
+  static const char *const tile_env[] = {NULL, "1", "2", "3"};
+  for (int tiles = 0; tiles < 4; tiles++) {
+    if (tile_env[tiles]) setenv("MBD_XPROJ_TILE", tile_env[tiles], 1);
     for (size_t d = 0; d < 2; d++)
       for (size_t s = 0; s < sizeof k_shapes / sizeof k_shapes[0]; s++)
         for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++)

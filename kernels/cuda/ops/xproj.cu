@@ -95,12 +95,16 @@ __device__ __forceinline__ void xt_ldm4(uint32_t (&r)[4], uint32_t addr) {
 static inline __host__ __device__ int xt_stage(int rt, int ot, int K) {
   return (rt + ot) * ((K / 512) * 32 + 16);
 }
-static inline size_t xt_smem(int rt, int ot, int K) {
-  const size_t a = 2 * (size_t)xt_stage(rt, ot, K), b = (size_t)rt * ot * 4;
-  return a > b ? a : b;
+static inline __host__ __device__ int xt_land_at(int rt, int ot, int K) { /* FWD's landing */
+  const int a = 2 * xt_stage(rt, ot, K), b = rt * ot * 4;
+  return ((a > b ? a : b) + 127) / 128 * 128;
+}
+static inline size_t xt_smem(int rt, int ot, int K, bool fwd) {
+  return (size_t)xt_land_at(rt, ot, K) +
+         (fwd ? (size_t)(rt + ot) / XT_SPLIT * (size_t)(K / 512) * 128 : 0);
 }
 
-template <typename T, int NF>
+template <typename T, int NF, bool FWD>
 __global__ void __launch_bounds__(32 * XT_MAXW, 1)
     k_xproj_tile(int M, int K, int NO, const T *__restrict__ x, const T *__restrict__ w,
                  float *__restrict__ out, int pf) {
@@ -132,10 +136,50 @@ __global__ void __launch_bounds__(32 * XT_MAXW, 1)
         *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
     }
   };
-  fetch(0, false, true);
+  /* FWD: block q copies whole 128-byte lines (the four classes 4 m .. 4 m +
+   * 3 of leaf i of the four blocks, m = bitrev3(i)) of the tile rows
+   * 4 l + q into its landing buffer [l][j][128], and forwards each line's
+   * 32-byte sector s to block bitrev2(s) (whose leaf i has class 4 m + s),
+   * into that block's stage buffer, through distributed shared memory. */
+  const int TQ = (RT + OT) / XT_SPLIT;
+  unsigned char *land = sm + xt_land_at(RT, OT, K);
+  auto land_fetch = [&](int i, bool xs, bool ws) {
+    const int m4 = xp_leaf_class(i); /* 4 m */
+    const int l_lo = xs ? 0 : RT / XT_SPLIT, l_hi = ws ? TQ : RT / XT_SPLIT;
+    for (int e = l_lo * J * 8 + tid; e < l_hi * J * 8; e += nt) {
+      const int h8 = e & 7, lj = e >> 3, l = lj / J, j = lj - l * J, row = XT_SPLIT * l + q;
+      const bool isx = row < RT;
+      const int64_t gr = isx ? r0 + row : (int64_t)o0 + (row - RT);
+      unsigned char *dst = land + lj * 128 + h8 * 16;
+      if (gr < (isx ? (int64_t)M : (int64_t)NO))
+        cp_async16(dst, (isx ? x : w) + gr * K + XP_GW * (m4 + XP_CLASSES * j) + 8 * h8);
+      else
+        *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  unsigned char *peer[XT_SPLIT];
+#pragma unroll
+  for (int p = 0; p < XT_SPLIT; p++) peer[p] = FWD ? cl.map_shared_rank(sm, p) : sm;
+  auto forward = [&](int i) {
+    for (int e = tid; e < TQ * J * 8; e += nt) {
+      const int h8 = e & 7, lj = e >> 3, l = lj / J, j = lj - l * J, row = XT_SPLIT * l + q;
+      const int sct = h8 >> 1, p = (sct >> 1) | ((sct & 1) << 1);
+      const uint4 v = *(const uint4 *)(land + lj * 128 + h8 * 16);
+      *(uint4 *)(peer[p] + (i & 1) * stage + row * rs + j * 32 + (h8 & 1) * 16) = v;
+    }
+  };
+  if (FWD) {
+    cl.sync(); /* every block of the cluster runs before any forwards to it */
+    land_fetch(0, false, true);
+  } else {
+    fetch(0, false, true);
+  }
   pdl_wait();
   pdl_trigger();
-  fetch(0, true, false);
+  if (FWD)
+    land_fetch(0, true, false);
+  else
+    fetch(0, true, false);
   cp_async_commit();
   if (pf) { /* the cluster's x rows toward L2 in whole lines, a quarter a block */
     const int lines = K * (int)sizeof(T) / 128, rq = RT / XT_SPLIT;
@@ -156,7 +200,19 @@ __global__ void __launch_bounds__(32 * XT_MAXW, 1)
   for (int i = 0; i < XT_LEAVES; i++) {
     cp_async_wait_group<0>();
     __syncthreads(); /* leaf i has landed; leaf i - 1's buffer is read */
-    if (i + 1 < XT_LEAVES) {
+    if (FWD) {
+      /* leaf i's lines to the blocks' stage buffers i & 1, which their
+       * owners last read at leaf i - 2, before the cluster barrier of leaf
+       * i - 1; the landing buffer is free again after the block barrier;
+       * the cluster barrier makes every block's forwards visible */
+      forward(i);
+      __syncthreads();
+      if (i + 1 < XT_LEAVES) {
+        land_fetch(i + 1, true, true);
+        cp_async_commit();
+      }
+      cl.sync();
+    } else if (i + 1 < XT_LEAVES) {
       fetch(i + 1, true, true);
       cp_async_commit();
     }
@@ -214,12 +270,12 @@ __global__ void __launch_bounds__(32 * XT_MAXW, 1)
 #endif
 }
 
-template <typename T, int NF>
+template <typename T, int NF, bool FWD>
 static int xt_launch(cudaStream_t s, int M, int K, int NO, int nw, const T *x, const T *w,
                      float *out, int pf, mbd_error *err) {
   int rc = 0;
-  const size_t sh = xt_smem(8 * NF, 16 * nw, K);
-  if ((rc = allow_smem(k_xproj_tile<T, NF>, sh, err)) < 0) return rc;
+  const size_t sh = xt_smem(8 * NF, 16 * nw, K, FWD);
+  if ((rc = allow_smem(k_xproj_tile<T, NF, FWD>, sh, err)) < 0) return rc;
   cudaLaunchAttribute at[2];
   at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   at[0].val.programmaticStreamSerializationAllowed = 1;
@@ -235,7 +291,7 @@ static int xt_launch(cudaStream_t s, int M, int K, int NO, int nw, const T *x, c
   cfg.stream = s;
   cfg.attrs = at;
   cfg.numAttrs = 2;
-  MBD_GPU_TRY(cudaLaunchKernelEx(&cfg, k_xproj_tile<T, NF>, M, K, NO, x, w, out, pf), err);
+  MBD_GPU_TRY(cudaLaunchKernelEx(&cfg, k_xproj_tile<T, NF, FWD>, M, K, NO, x, w, out, pf), err);
   MBD_GPU_TRY(cudaGetLastError(), err);
   return 0;
 fail:
@@ -251,8 +307,9 @@ fail:
  * weight rows; below, the tiles' clusters are too few or too thin); "0":
  * k_xproj for every M; "1": the tiles for every M >= XT_MIN_M; "2": as "1",
  * each tile's x rows first prefetched to L2 in whole lines (a block's own
- * reads take one 32-byte sector of every 128-byte line). Tiles need sm_90 or
- * later (clusters). */
+ * reads take one 32-byte sector of every 128-byte line); "3": as "1", the
+ * cluster's blocks copying whole lines and forwarding the sectors (FWD).
+ * Tiles need sm_90 or later (clusters). */
 static bool xt_allowed(int64_t M, int NO) {
   const char *e = getenv("MBD_XPROJ_TILE");
   if (e && e[0] == '0') return false;
@@ -264,7 +321,7 @@ static bool xt_allowed(int64_t M, int NO) {
     return false;
   }
   if (maj < 9) return false;
-  if (e && (e[0] == '1' || e[0] == '2')) return true;
+  if (e && (e[0] == '1' || e[0] == '2' || e[0] == '3')) return true;
   return (M + XP_BR - 1) / XP_BR * ((NO + XP_BO - 1) / XP_BO) > sms;
 }
 
@@ -274,6 +331,9 @@ static bool xt_allowed(int64_t M, int NO) {
 template <typename T>
 static int xproj_tiles(cudaStream_t s, int M, int K, int NO, const T *x, const T *w, float *out,
                        mbd_error *err) {
+  const char *e = getenv("MBD_XPROJ_TILE");
+  const int pf = e && e[0] == '2';
+  const bool fwd = e && e[0] == '3';
   const int mf = (NO + 15) / 16;
   int nw = mf < XT_MAXW ? mf : XT_MAXW, NF = 8;
   auto blocks = [&](int nf, int n) {
@@ -281,20 +341,23 @@ static int xproj_tiles(cudaStream_t s, int M, int K, int NO, const T *x, const T
   };
   while (NF > 2 && blocks(NF, nw) < 128) NF /= 2;
   while (nw > 1 && blocks(NF, nw) < 128) nw = (nw + 1) / 2;
-  while (xt_smem(8 * NF, 16 * nw, K) > XT_SMEM && (NF > 2 || nw > 1)) {
+  while (xt_smem(8 * NF, 16 * nw, K, fwd) > XT_SMEM && (NF > 2 || nw > 1)) {
     if (NF > 2)
       NF /= 2;
     else
       nw = (nw + 1) / 2;
   }
-  if (xt_smem(8 * NF, 16 * nw, K) > XT_SMEM || blocks(NF, nw) / XT_SPLIT > 2147483647 / XT_SPLIT ||
-      (NO + 16 * nw - 1) / (16 * nw) > 65535)
+  if (xt_smem(8 * NF, 16 * nw, K, fwd) > XT_SMEM || (NO + 16 * nw - 1) / (16 * nw) > 65535)
     return 0;
-  const char *e = getenv("MBD_XPROJ_TILE");
-  const int pf = e && e[0] == '2';
-  int rc = NF == 8   ? xt_launch<T, 8>(s, M, K, NO, nw, x, w, out, pf, err)
-           : NF == 4 ? xt_launch<T, 4>(s, M, K, NO, nw, x, w, out, pf, err)
-                     : xt_launch<T, 2>(s, M, K, NO, nw, x, w, out, pf, err);
+  int rc;
+  if (fwd)
+    rc = NF == 8   ? xt_launch<T, 8, true>(s, M, K, NO, nw, x, w, out, 0, err)
+         : NF == 4 ? xt_launch<T, 4, true>(s, M, K, NO, nw, x, w, out, 0, err)
+                   : xt_launch<T, 2, true>(s, M, K, NO, nw, x, w, out, 0, err);
+  else
+    rc = NF == 8   ? xt_launch<T, 8, false>(s, M, K, NO, nw, x, w, out, pf, err)
+         : NF == 4 ? xt_launch<T, 4, false>(s, M, K, NO, nw, x, w, out, pf, err)
+                   : xt_launch<T, 2, false>(s, M, K, NO, nw, x, w, out, pf, err);
   return rc < 0 ? rc : 1;
 }
 
