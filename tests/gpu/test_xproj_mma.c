@@ -96,8 +96,9 @@ static void xproj_case(mbd_dtype dt, int M, int K, int NO, int xoff, uint64_t *s
   CK(cudaMemcpy(got, dout, (size_t)M * NO * 4, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(want, dref, (size_t)M * NO * 4, cudaMemcpyDeviceToHost));
   char what[96];
-  snprintf(what, sizeof what, "x_proj %s M=%d K=%d N=%d x+%d", mbd_dtype_name(dt), M, K, NO,
-           xoff);
+  const char *env = getenv("MBD_XPROJ_TILE");
+  snprintf(what, sizeof what, "x_proj %s M=%d K=%d N=%d x+%d MBD_XPROJ_TILE=%s",
+           mbd_dtype_name(dt), M, K, NO, xoff, env ? env : "(unset)");
   same_bits(what, got, want, M, NO);
   CK(cudaFree(dx));
   CK(cudaFree(dw));
@@ -121,22 +122,32 @@ static void test_xproj_few_rows(void **state) {
       for (int M = 1; M <= 31; M++) xproj_case(k_dt[d], M, k_shapes[s].K, k_shapes[s].NO, 0, &seed);
 }
 
-/* The default kernel choice, then MBD_XPROJ_TILE=1, 2, 3: the tiles at
- * every M >= 32 (every tile shape), as they are, with the L2 prefetch, with
- * the cluster's forwarded lines. */
+/* M = 32..2048 with MBD_XPROJ_TILE = env (NULL: the default choice). */
+static void many_rows(const char *env, uint64_t seed) {
+  const int Ms[] = {32, 33, 64, 256, 300, 1024, 2048};
+  if (env) setenv("MBD_XPROJ_TILE", env, 1);
+  for (size_t d = 0; d < 2; d++)
+    for (size_t s = 0; s < sizeof k_shapes / sizeof k_shapes[0]; s++)
+      for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++)
+        xproj_case(k_dt[d], Ms[m], k_shapes[s].K, k_shapes[s].NO, 0, &seed);
+  unsetenv("MBD_XPROJ_TILE");
+}
+
+/* The default choice; MBD_XPROJ_TILE=1, 2: the tiles at every M >= 32
+ * (every tile shape), as they are and with the L2 prefetch; =3: the tiles
+ * with the cluster's forwarded lines. */
 static void test_xproj_many_rows(void **state) {
   (void)state;
-  uint64_t seed = 42;
-  const int Ms[] = {32, 33, 64, 256, 300, 1024, 2048};
-  static const char *const tile_env[] = {NULL, "1", "2", "3"};
-  for (int tiles = 0; tiles < 4; tiles++) {
-    if (tile_env[tiles]) setenv("MBD_XPROJ_TILE", tile_env[tiles], 1);
-    for (size_t d = 0; d < 2; d++)
-      for (size_t s = 0; s < sizeof k_shapes / sizeof k_shapes[0]; s++)
-        for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++)
-          xproj_case(k_dt[d], Ms[m], k_shapes[s].K, k_shapes[s].NO, 0, &seed);
-    unsetenv("MBD_XPROJ_TILE");
-  }
+  many_rows(NULL, 42);
+}
+static void test_xproj_tiles(void **state) {
+  (void)state;
+  many_rows("1", 46);
+  many_rows("2", 47);
+}
+static void test_xproj_tiles_forwarded(void **state) {
+  (void)state;
+  many_rows("3", 48);
 }
 
 /* MBD_XPROJ_TILE=0: k_xproj at many rows as well; the same bits. */
@@ -228,6 +239,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_xproj_few_rows),
       cmocka_unit_test(test_xproj_many_rows),
+      cmocka_unit_test(test_xproj_tiles),
+      cmocka_unit_test(test_xproj_tiles_forwarded),
       cmocka_unit_test(test_xproj_no_tiles),
       cmocka_unit_test(test_xproj_unaligned),
       cmocka_unit_test(test_conv_xproj),
