@@ -10,6 +10,10 @@
  * TFLOP/s. Summary: geometric mean of det/cuBLAS speed over M >= 256 (bf16, all
  * three models) and the 1.4b M=1 weight bandwidth aggregated over its five
  * projections (total weight bytes / total time). --quick: M <= 256 only.
+ * At M >= 256 the deterministic GEMM also runs with MBD_GEMM_MCAST=0 (no
+ * thread-block clusters: each tile block loads its own W and X tiles) and
+ * MBD_GEMM_MCAST=4 (2 x 2 clusters where the tile allows) beside the default
+ * (2 x 1 clusters sharing the W tile), same bits; a SUMMARY line each.
  * First the Mamba-2 projections (bench_mamba2; --mamba2: only those). */
 #include <algorithm>
 #include <cuda_bf16.h>
@@ -247,14 +251,16 @@ int main(int argc, char **argv) {
       for (int m = 0; m < 3; m++) mbd_gpu_ctx_destroy(&ctx[d][m]);
     return 0;
   }
-  printf("%-5s %-8s %-4s %5s %6s %5s | %9s %9s | %9s %9s | %6s | %9s %7s | %6s\n", "model",
-         "proj", "dt", "M", "N", "K", "det_us", "det", "fast_us", "fast", "ratio", "ped_us",
-         "ped_TF", "det/bw");
+  printf("%-5s %-8s %-4s %5s %6s %5s | %9s %9s | %9s %9s | %6s | %9s %7s | %6s | %9s %6s | "
+         "%9s %6s | %s\n",
+         "model", "proj", "dt", "M", "N", "K", "det_us", "det", "fast_us", "fast", "ratio",
+         "ped_us", "ped_TF", "det/bw", "mc0_us", "ratio", "mc4_us", "ratio", "det kernel");
   printf("(device time per GEMM from CUDA-graph replay of back-to-back GEMMs, weights rotated "
          "through HBM)\n");
   printf("(det, fast: TFLOP/s for M >= 256, GB/s of weight bytes for M <= 64; ratio = "
          "det speed / cuBLAS speed; det/bw = weight GB/s / copy bandwidth)\n");
-  double log_sum = 0;
+  double log_sum = 0, log_mc0 = 0, log_mc4 = 0;
+  double worst = 1e9, worst_mc0 = 1e9, worst_mc4 = 1e9;
   int log_n = 0;
   double agg_bytes = 0, agg_time = 0, agg_time_fast = 0;
   for (int d = 0; d < (with_f32 ? 2 : 1); d++) {
@@ -300,13 +306,39 @@ int main(int argc, char **argv) {
                  t[1] / t[0]);
           if (d == 1) printf("%9.2f %7.1f | ", t[2] * 1e6, fl / t[2] / 1e12);
           else printf("%9s %7s | ", "-", "-");
-          if (M <= 64) printf("%6.2f\n", wbytes / t[0] / bw);
-          else printf("%6s\n", "-");
-          fflush(stdout);
+          if (M <= 64) printf("%6.2f | ", wbytes / t[0] / bw);
+          else printf("%6s | ", "-");
           if (d == 0 && M >= 256) {
+            setenv("MBD_GEMM_MCAST", "0", 1);
+            const double t0 = time_gemm(ctx[d][0], b, a);
+            setenv("MBD_GEMM_MCAST", "4", 1);
+            const double t4 = time_gemm(ctx[d][0], b, a);
+            unsetenv("MBD_GEMM_MCAST");
+            printf("%9.2f %6.2f | %9.2f %6.2f | ", t0 * 1e6, t[1] / t0, t4 * 1e6, t[1] / t4);
             log_sum += log(t[1] / t[0]);
+            log_mc0 += log(t[1] / t0);
+            log_mc4 += log(t[1] / t4);
+            worst = std::min(worst, t[1] / t[0]);
+            worst_mc0 = std::min(worst_mc0, t[1] / t0);
+            worst_mc4 = std::min(worst_mc4, t[1] / t4);
             log_n++;
+          } else {
+            printf("%9s %6s | %9s %6s | ", "-", "-", "-", "-");
           }
+          {
+            char kname[64] = "?";
+            mbd_gpu_gemm_args r = a;
+            r.x = b.x[0];
+            r.w = b.w[0];
+            if (mbd_gpu_record_begin(ctx[d][0], &err) == 0) {
+              if (mbd_gpu_gemm(ctx[d][0], &r, &err) < 0) die("gemm", err);
+              if (mbd_gpu_record_end(ctx[d][0], &err) == 0 &&
+                  mbd_gpu_record_count(ctx[d][0]) == 1)
+                snprintf(kname, sizeof kname, "%s", mbd_gpu_record_at(ctx[d][0], 0)->kernel);
+            }
+            printf("%s\n", kname);
+          }
+          fflush(stdout);
           if (d == 0 && M == 1 && !strcmp(mo.name, "1.4b")) {
             agg_bytes += (double)wbytes;
             agg_time += t[0];
@@ -319,8 +351,12 @@ int main(int argc, char **argv) {
       }
     }
   }
-  printf("SUMMARY bf16 det/cublas-fast geomean over M>=256 (%d shapes): %.3f (floor 0.60)\n",
-         log_n, log_n ? exp(log_sum / log_n) : 0.0);
+  printf("SUMMARY bf16 det/cublas-fast geomean over M>=256 (%d shapes): %.3f (floor 0.60), "
+         "worst %.3f\n", log_n, log_n ? exp(log_sum / log_n) : 0.0, worst);
+  printf("SUMMARY bf16 det MBD_GEMM_MCAST=0 / cublas-fast geomean over M>=256: %.3f, worst "
+         "%.3f\n", log_n ? exp(log_mc0 / log_n) : 0.0, worst_mc0);
+  printf("SUMMARY bf16 det MBD_GEMM_MCAST=4 / cublas-fast geomean over M>=256: %.3f, worst "
+         "%.3f\n", log_n ? exp(log_mc4 / log_n) : 0.0, worst_mc4);
   printf("SUMMARY bf16 1.4b M=1 aggregated weight bandwidth: det %.0f GB/s = %.2f of copy bw "
          "(floor 0.60), cublas-fast %.0f GB/s = %.2f\n", agg_bytes / agg_time / 1e9,
          agg_bytes / agg_time / bw, agg_bytes / agg_time_fast / 1e9,
@@ -339,9 +375,15 @@ int main(int argc, char **argv) {
     b.w.push_back(w);
     mbd_gpu_gemm_args a = {MBD_DTYPE_BF16, MBD_DTYPE_F32, S, S, S, NULL, NULL, NULL, b.y, 0};
     double t0 = time_gemm(ctx[0][0], b, a), t1 = time_gemm(ctx[0][1], b, a);
+    setenv("MBD_GEMM_MCAST", "0", 1);
+    const double tm0 = time_gemm(ctx[0][0], b, a);
+    setenv("MBD_GEMM_MCAST", "4", 1);
+    const double tm4 = time_gemm(ctx[0][0], b, a);
+    unsetenv("MBD_GEMM_MCAST");
     double fl = 2.0 * S * S * S;
-    printf("square bf16 %d^3: det %.1f TFLOP/s, cublas-fast %.1f TFLOP/s, ratio %.2f\n", S,
-           fl / t0 / 1e12, fl / t1 / 1e12, t1 / t0);
+    printf("square bf16 %d^3: det %.1f TFLOP/s, cublas-fast %.1f TFLOP/s, ratio %.2f; "
+           "MBD_GEMM_MCAST=0 %.1f, =4 %.1f TFLOP/s\n", S, fl / t0 / 1e12, fl / t1 / 1e12,
+           t1 / t0, fl / tm0 / 1e12, fl / tm4 / 1e12);
   }
   for (int d = 0; d < 2; d++)
     for (int m = 0; m < 3; m++) mbd_gpu_ctx_destroy(&ctx[d][m]);
