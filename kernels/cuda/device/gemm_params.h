@@ -78,6 +78,19 @@ typedef struct mbd_gemm_params {
   X(ty, T, 2, 2, 256, 256, 4, 1, false, 2, 1)                                           \
   X(ty, T, 3, 2, 64, 64, 4, 2, true, 2, 1)
 
+/* K split over a cluster (ks_body, mbd_wgks_*): 128 x BN tiles, a cluster of
+ * S = 2..8 blocks per tile (launch attribute), block s running chunks s,
+ * s + S, ... and folding 1/S of the tile over the blocks' partials in chunk
+ * order through distributed shared memory; TMA producer, two consumer
+ * warpgroups; scheduling only, same bits. Index = slot offset:
+ * X(ty, T, index, BN, STAGES). Shared memory: STAGES x (128 + BN) x 128 +
+ * 128 x BN x 4 (the partial) + 1024 + 16 STAGES + 16. */
+#define MBD_WG_KS_TILES(X, ty, T)                                                       \
+  X(ty, T, 0, 80, 4)                                                                    \
+  X(ty, T, 1, 128, 4)                                                                   \
+  X(ty, T, 2, 160, 4)                                                                   \
+  X(ty, T, 3, 192, 3)
+
 typedef struct mbd_wg_params {
   CUtensorMap tx; /* X [M,K], box {64, 64*CWG}, 128B swizzle, zero fill */
   CUtensorMap tw; /* W [N,K], box {64, BN} */
