@@ -427,6 +427,11 @@ static int gemm_wgcl(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gem
     return 1;
   P.tiles_m = (int)cdiv(a->m, c.bm);
   P.tiles_n = (int)cdiv(a->n, c.bn);
+  { /* MBD_GEMM_LAG=n: the second warpgroup starts n k tiles behind (timing only) */
+    const char *env = getenv("MBD_GEMM_LAG");
+    const int lag = env ? atoi(env) : 0;
+    P.lag = lag > 0 && lag < c.stages - 1 ? lag : 0;
+  }
   const int64_t clusters = cdiv(P.tiles_m, c.cm) * cdiv(P.tiles_n, c.cn);
   const size_t smem = (size_t)c.stages * (c.bm + c.bn) * 128 + 1024 + 16 * (size_t)c.stages;
   const int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_WGCL_BF16 : MBD_K_WGCL_F16) + ci;

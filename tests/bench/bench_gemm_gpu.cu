@@ -12,8 +12,10 @@
  * projections (total weight bytes / total time). --quick: M <= 256 only.
  * At M >= 256 the deterministic GEMM also runs with MBD_GEMM_MCAST=0 (no
  * thread-block clusters: each tile block loads its own W and X tiles) and
- * MBD_GEMM_MCAST=4 (2 x 2 clusters where the tile allows) beside the default
- * (2 x 1 clusters sharing the W tile), same bits; a SUMMARY line each. After
+ * MBD_GEMM_MCAST=4 (2 x 2 clusters where the tile allows) and MBD_GEMM_LAG=2
+ * (in the cluster tiles the second consumer warpgroup starts two k tiles
+ * behind the first) beside the default (2 x 1 clusters sharing the W tile),
+ * same bits; a SUMMARY line each. After
  * the summaries, the shapes where MBD_GEMM_KSPLIT=1 (K split over a cluster)
  * runs the mbd_wgks kernels, timed with it (a separate pass, so its figures
  * come last), and the geomean with those shapes' times replaced.
@@ -255,15 +257,16 @@ int main(int argc, char **argv) {
     return 0;
   }
   printf("%-5s %-8s %-4s %5s %6s %5s | %9s %9s | %9s %9s | %6s | %9s %7s | %6s | %9s %6s | "
-         "%9s %6s | %s\n",
+         "%9s %6s | %9s %6s | %s\n",
          "model", "proj", "dt", "M", "N", "K", "det_us", "det", "fast_us", "fast", "ratio",
-         "ped_us", "ped_TF", "det/bw", "mc0_us", "ratio", "mc4_us", "ratio", "det kernel");
+         "ped_us", "ped_TF", "det/bw", "mc0_us", "ratio", "mc4_us", "ratio", "lag2_us",
+         "ratio", "det kernel");
   printf("(device time per GEMM from CUDA-graph replay of back-to-back GEMMs, weights rotated "
          "through HBM)\n");
   printf("(det, fast: TFLOP/s for M >= 256, GB/s of weight bytes for M <= 64; ratio = "
          "det speed / cuBLAS speed; det/bw = weight GB/s / copy bandwidth)\n");
-  double log_sum = 0, log_mc0 = 0, log_mc4 = 0;
-  double worst = 1e9, worst_mc0 = 1e9, worst_mc4 = 1e9;
+  double log_sum = 0, log_mc0 = 0, log_mc4 = 0, log_lag = 0;
+  double worst = 1e9, worst_mc0 = 1e9, worst_mc4 = 1e9, worst_lag = 1e9;
   struct row_t { const char *model, *proj; int m; double t_det, t_fast; };
   std::vector<row_t> rows; /* bf16, M >= 256: for the K-split pass */
   int log_n = 0;
@@ -319,7 +322,13 @@ int main(int argc, char **argv) {
             setenv("MBD_GEMM_MCAST", "4", 1);
             const double t4 = time_gemm(ctx[d][0], b, a);
             unsetenv("MBD_GEMM_MCAST");
-            printf("%9.2f %6.2f | %9.2f %6.2f | ", t0 * 1e6, t[1] / t0, t4 * 1e6, t[1] / t4);
+            setenv("MBD_GEMM_LAG", "2", 1);
+            const double tl = time_gemm(ctx[d][0], b, a);
+            unsetenv("MBD_GEMM_LAG");
+            printf("%9.2f %6.2f | %9.2f %6.2f | %9.2f %6.2f | ", t0 * 1e6, t[1] / t0, t4 * 1e6,
+                   t[1] / t4, tl * 1e6, t[1] / tl);
+            log_lag += log(t[1] / tl);
+            worst_lag = std::min(worst_lag, t[1] / tl);
             rows.push_back({mo.name, p.name, M, t[0], t[1]});
             log_sum += log(t[1] / t[0]);
             log_mc0 += log(t[1] / t0);
@@ -329,7 +338,7 @@ int main(int argc, char **argv) {
             worst_mc4 = std::min(worst_mc4, t[1] / t4);
             log_n++;
           } else {
-            printf("%9s %6s | %9s %6s | ", "-", "-", "-", "-");
+            printf("%9s %6s | %9s %6s | %9s %6s | ", "-", "-", "-", "-", "-", "-");
           }
           {
             char kname[64] = "?";
@@ -363,7 +372,41 @@ int main(int argc, char **argv) {
          "%.3f\n", log_n ? exp(log_mc0 / log_n) : 0.0, worst_mc0);
   printf("SUMMARY bf16 det MBD_GEMM_MCAST=4 / cublas-fast geomean over M>=256: %.3f, worst "
          "%.3f\n", log_n ? exp(log_mc4 / log_n) : 0.0, worst_mc4);
+  printf("SUMMARY bf16 det MBD_GEMM_LAG=2 / cublas-fast geomean over M>=256: %.3f, worst "
+         "%.3f\n", log_n ? exp(log_lag / log_n) : 0.0, worst_lag);
   fflush(stdout);
+  printf("SUMMARY bf16 1.4b M=1 aggregated weight bandwidth: det %.0f GB/s = %.2f of copy bw "
+         "(floor 0.60), cublas-fast %.0f GB/s = %.2f\n", agg_bytes / agg_time / 1e9,
+         agg_bytes / agg_time / bw, agg_bytes / agg_time_fast / 1e9,
+         agg_bytes / agg_time_fast / bw);
+  /* Ceiling check: square bf16 */
+  {
+    int S = 8192;
+    bufset b;
+    void *x, *w;
+    CK(cudaMalloc(&x, (size_t)S * S * 2));
+    CK(cudaMalloc(&w, (size_t)S * S * 2));
+    CK(cudaMalloc(&b.y, (size_t)S * S * 4));
+    fill_random(x, (size_t)S * S, MBD_DTYPE_BF16, 1);
+    fill_random(w, (size_t)S * S, MBD_DTYPE_BF16, 2);
+    b.x.push_back(x);
+    b.w.push_back(w);
+    mbd_gpu_gemm_args a = {MBD_DTYPE_BF16, MBD_DTYPE_F32, S, S, S, NULL, NULL, NULL, b.y, 0};
+    double t0 = time_gemm(ctx[0][0], b, a), t1 = time_gemm(ctx[0][1], b, a);
+    setenv("MBD_GEMM_MCAST", "0", 1);
+    const double tm0 = time_gemm(ctx[0][0], b, a);
+    setenv("MBD_GEMM_MCAST", "4", 1);
+    const double tm4 = time_gemm(ctx[0][0], b, a);
+    unsetenv("MBD_GEMM_MCAST");
+    setenv("MBD_GEMM_LAG", "2", 1);
+    const double tl = time_gemm(ctx[0][0], b, a);
+    unsetenv("MBD_GEMM_LAG");
+    double fl = 2.0 * S * S * S;
+    printf("square bf16 %d^3: det %.1f TFLOP/s, cublas-fast %.1f TFLOP/s, ratio %.2f; "
+           "MBD_GEMM_MCAST=0 %.1f, =4 %.1f, MBD_GEMM_LAG=2 %.1f TFLOP/s\n", S, fl / t0 / 1e12,
+           fl / t1 / 1e12, t1 / t0, fl / tm0 / 1e12, fl / tm4 / 1e12, fl / tl / 1e12);
+    fflush(stdout);
+  }
   { /* K split over a cluster: a separate pass (see the header) */
     mbd_gpu_ctx *det = ctx[0][0];
     double log_ks = log_sum;
@@ -435,34 +478,6 @@ int main(int argc, char **argv) {
     }
     printf("SUMMARY bf16 det with MBD_GEMM_KSPLIT=1 / cublas-fast geomean over M>=256 (%d of %d "
            "shapes K split): %.3f\n", n_ks, log_n, log_n ? exp(log_ks / log_n) : 0.0);
-  }
-  printf("SUMMARY bf16 1.4b M=1 aggregated weight bandwidth: det %.0f GB/s = %.2f of copy bw "
-         "(floor 0.60), cublas-fast %.0f GB/s = %.2f\n", agg_bytes / agg_time / 1e9,
-         agg_bytes / agg_time / bw, agg_bytes / agg_time_fast / 1e9,
-         agg_bytes / agg_time_fast / bw);
-  /* Ceiling check: square bf16 */
-  {
-    int S = 8192;
-    bufset b;
-    void *x, *w;
-    CK(cudaMalloc(&x, (size_t)S * S * 2));
-    CK(cudaMalloc(&w, (size_t)S * S * 2));
-    CK(cudaMalloc(&b.y, (size_t)S * S * 4));
-    fill_random(x, (size_t)S * S, MBD_DTYPE_BF16, 1);
-    fill_random(w, (size_t)S * S, MBD_DTYPE_BF16, 2);
-    b.x.push_back(x);
-    b.w.push_back(w);
-    mbd_gpu_gemm_args a = {MBD_DTYPE_BF16, MBD_DTYPE_F32, S, S, S, NULL, NULL, NULL, b.y, 0};
-    double t0 = time_gemm(ctx[0][0], b, a), t1 = time_gemm(ctx[0][1], b, a);
-    setenv("MBD_GEMM_MCAST", "0", 1);
-    const double tm0 = time_gemm(ctx[0][0], b, a);
-    setenv("MBD_GEMM_MCAST", "4", 1);
-    const double tm4 = time_gemm(ctx[0][0], b, a);
-    unsetenv("MBD_GEMM_MCAST");
-    double fl = 2.0 * S * S * S;
-    printf("square bf16 %d^3: det %.1f TFLOP/s, cublas-fast %.1f TFLOP/s, ratio %.2f; "
-           "MBD_GEMM_MCAST=0 %.1f, =4 %.1f TFLOP/s\n", S, fl / t0 / 1e12, fl / t1 / 1e12,
-           t1 / t0, fl / tm0 / 1e12, fl / tm4 / 1e12);
   }
   for (int d = 0; d < 2; d++)
     for (int m = 0; m < 3; m++) mbd_gpu_ctx_destroy(&ctx[d][m]);

@@ -687,13 +687,20 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
       arr_rank = j * CM + rm;
     }
   }
+  /* cluster tiles with P.lag > 0: warpgroup 1 starts when warpgroup 0 has
+   * issued its first lag_at k tiles (named barrier 2), so the two drain their
+   * chains at chunk ends at different times and the tensor pipe stays busy */
+  const int lag_at = CL && CWG == 2 && P.lag > 0 ? min(P.lag, KT) : 0;
+  if (lag_at > 0 && c == 1) asm volatile("bar.sync 2, 256;" ::: "memory");
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
   int kt = 0;
-  for (const int end0 = FOLD ? min(KT, KCH) : KT; kt < end0; kt++) /* chunk 0 */
+  for (const int end0 = FOLD ? min(KT, KCH) : KT; kt < end0; kt++) { /* chunk 0 */
     wg_stage<T, BN, IN, STAGES, NARR>(acc, kt, base_s + (kt % STAGES) * STAGE_BYTES, a_off,
                                       A_BYTES, full0, empty0, lane, arr_rank);
+    if (lag_at > 0 && c == 0 && kt + 1 == lag_at) asm volatile("bar.arrive 2, 256;" ::: "memory");
+  }
   wg_wait<0>();
   wg_fence_regs<BN / 2>(acc);
   /* The running sum lives outside the wgmma accumulators: an accumulator that
@@ -705,9 +712,12 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
     while (kt < KT) { /* chunks 1, 2, ...: a fresh chain each, folded in order */
 #pragma unroll
       for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
-      for (const int end = min(KT, kt + KCH); kt < end; kt++)
+      for (const int end = min(KT, kt + KCH); kt < end; kt++) {
         wg_stage<T, BN, IN, STAGES, NARR>(acc, kt, base_s + (kt % STAGES) * STAGE_BYTES,
                                           a_off, A_BYTES, full0, empty0, lane, arr_rank);
+        if (lag_at > 0 && c == 0 && kt + 1 == lag_at)
+          asm volatile("bar.arrive 2, 256;" ::: "memory");
+      }
       wg_wait<0>();
       wg_fence_regs<BN / 2>(acc);
 #pragma unroll

@@ -97,6 +97,8 @@ typedef struct mbd_wg_params {
   mbd_gemm_params p;
   int tiles_m, tiles_n;
   int a_rows; /* rows of X the TMA box brings per stage (min(M, BM)) */
+  int lag;    /* cluster tiles: k tiles the second consumer warpgroup starts behind
+               * the first (0: none; < STAGES - 1); timing only */
 } mbd_wg_params;
 
 /* mbd_mkgemm (M <= 16): consumer warps, ring depth, and the bytes of
