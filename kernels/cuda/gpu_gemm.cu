@@ -50,11 +50,13 @@ struct wcltile_cfg {
   int bm, bn, stages, cm, cn;
 };
 #define WCLTILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN) {64 * CWG, BN, ST, CM, CN},
-static constexpr wcltile_cfg k_wcltiles[4] = {MBD_WG_CL_TILES(WCLTILE, , )};
+static constexpr wcltile_cfg k_wcltiles[5] = {MBD_WG_CL_TILES(WCLTILE, , )};
 #undef WCLTILE
 static_assert(k_wcltiles[0].bm == 128 && k_wcltiles[1].bm == 128 && k_wcltiles[2].bm == 128 &&
-                  k_wcltiles[3].bm == 128,
+                  k_wcltiles[3].bm == 128 && k_wcltiles[4].bm == 128,
               "pick_wcltile pairs 128-row tiles only");
+/* Cluster tile 4: 128 x 128 for K <= one chunk, two blocks per SM. */
+#define WCLTILE_SMALLK 4
 /* The K-split cluster tiles (MBD_WG_KS_TILES): bn, stages. */
 struct wkstile_cfg {
   int bn, stages;
@@ -382,7 +384,9 @@ static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
 
 /* MBD_GEMM_MCAST (read per call): 0 = the tile kernels alone (no cluster
  * kernel of either kind); 2 = 2 x 1 clusters; 4 = 2 x 2 clusters where the
- * tile allows; unset or other = the default below. MBD_GEMM_KSPLIT: 1 = the
+ * tile allows; unset or other = the default below. MBD_GEMM_SMALLK=1: for
+ * K <= one chunk, 128 x 128 cluster tiles two blocks per SM (instead of
+ * 128 x 256). MBD_GEMM_KSPLIT: 1 = the
  * K split over clusters where gemm_ks applies, 0 = never; unset: never (not
  * yet measured). Same bits in every setting (the bench and the bitwise test
  * compare them). */
@@ -402,11 +406,15 @@ static int pick_wcltile(int ti, int64_t m, int64_t n) {
   if (mode == 0 || !k_wtiles[ti].tma || k_wtiles[ti].bm != 128) return -1;
   const int64_t tiles_m = cdiv(m, 128);
   if (tiles_m < 2 || (tiles_m < 5 && tiles_m % 2)) return -1;
+  if (ti == WTILE_NOFOLD) { /* MBD_GEMM_SMALLK=1: 128 x 128, two blocks per SM */
+    const char *env = getenv("MBD_GEMM_SMALLK");
+    if (env && env[0] == '1') return WCLTILE_SMALLK;
+  }
   const int bn = k_wtiles[ti].bn;
   const int cn = mode == 4 && bn == 128 && cdiv(n, bn) >= 2 ? 2 : 1;
   for (int i = 0; i < (int)(sizeof k_wcltiles / sizeof k_wcltiles[0]); i++) {
     const wcltile_cfg &c = k_wcltiles[i];
-    if (c.bn == bn && c.cm == 2 && c.cn == cn) return i;
+    if (i != WCLTILE_SMALLK && c.bn == bn && c.cm == 2 && c.cn == cn) return i;
   }
   return -1;
 }

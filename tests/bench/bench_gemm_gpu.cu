@@ -15,7 +15,9 @@
  * MBD_GEMM_MCAST=4 (2 x 2 clusters where the tile allows) and MBD_GEMM_LAG=2
  * (in the cluster tiles the second consumer warpgroup starts two k tiles
  * behind the first) beside the default (2 x 1 clusters sharing the W tile),
- * same bits; a SUMMARY line each. After
+ * same bits; a SUMMARY line each; for K <= 256 also MBD_GEMM_SMALLK=1
+ * (128 x 128 cluster tiles two blocks per SM) with its SUMMARY line over all
+ * M >= 256 shapes (the default's time where K > 256). After
  * the summaries, the shapes where MBD_GEMM_KSPLIT=1 (K split over a cluster)
  * runs the mbd_wgks kernels, timed with it (a separate pass, so its figures
  * come last), and the geomean with those shapes' times replaced.
@@ -257,15 +259,15 @@ int main(int argc, char **argv) {
     return 0;
   }
   printf("%-5s %-8s %-4s %5s %6s %5s | %9s %9s | %9s %9s | %6s | %9s %7s | %6s | %9s %6s | "
-         "%9s %6s | %9s %6s | %s\n",
+         "%9s %6s | %9s %6s | %9s %6s | %s\n",
          "model", "proj", "dt", "M", "N", "K", "det_us", "det", "fast_us", "fast", "ratio",
          "ped_us", "ped_TF", "det/bw", "mc0_us", "ratio", "mc4_us", "ratio", "lag2_us",
-         "ratio", "det kernel");
+         "ratio", "sk_us", "ratio", "det kernel");
   printf("(device time per GEMM from CUDA-graph replay of back-to-back GEMMs, weights rotated "
          "through HBM)\n");
   printf("(det, fast: TFLOP/s for M >= 256, GB/s of weight bytes for M <= 64; ratio = "
          "det speed / cuBLAS speed; det/bw = weight GB/s / copy bandwidth)\n");
-  double log_sum = 0, log_mc0 = 0, log_mc4 = 0, log_lag = 0;
+  double log_sum = 0, log_mc0 = 0, log_mc4 = 0, log_lag = 0, log_sk = 0;
   double worst = 1e9, worst_mc0 = 1e9, worst_mc4 = 1e9, worst_lag = 1e9;
   struct row_t { const char *model, *proj; int m; double t_det, t_fast; };
   std::vector<row_t> rows; /* bf16, M >= 256: for the K-split pass */
@@ -329,6 +331,16 @@ int main(int argc, char **argv) {
                    t[1] / t4, tl * 1e6, t[1] / tl);
             log_lag += log(t[1] / tl);
             worst_lag = std::min(worst_lag, t[1] / tl);
+            double tsk = t[0];
+            if (p.k <= 256) {
+              setenv("MBD_GEMM_SMALLK", "1", 1);
+              tsk = time_gemm(ctx[d][0], b, a);
+              unsetenv("MBD_GEMM_SMALLK");
+              printf("%9.2f %6.2f | ", tsk * 1e6, t[1] / tsk);
+            } else {
+              printf("%9s %6s | ", "-", "-");
+            }
+            log_sk += log(t[1] / tsk);
             rows.push_back({mo.name, p.name, M, t[0], t[1]});
             log_sum += log(t[1] / t[0]);
             log_mc0 += log(t[1] / t0);
@@ -338,7 +350,8 @@ int main(int argc, char **argv) {
             worst_mc4 = std::min(worst_mc4, t[1] / t4);
             log_n++;
           } else {
-            printf("%9s %6s | %9s %6s | %9s %6s | ", "-", "-", "-", "-", "-", "-");
+            printf("%9s %6s | %9s %6s | %9s %6s | %9s %6s | ", "-", "-", "-", "-", "-", "-", "-",
+                   "-");
           }
           {
             char kname[64] = "?";
@@ -374,6 +387,8 @@ int main(int argc, char **argv) {
          "%.3f\n", log_n ? exp(log_mc4 / log_n) : 0.0, worst_mc4);
   printf("SUMMARY bf16 det MBD_GEMM_LAG=2 / cublas-fast geomean over M>=256: %.3f, worst "
          "%.3f\n", log_n ? exp(log_lag / log_n) : 0.0, worst_lag);
+  printf("SUMMARY bf16 det MBD_GEMM_SMALLK=1 (K <= 256 shapes) / cublas-fast geomean over "
+         "M>=256: %.3f\n", log_n ? exp(log_sk / log_n) : 0.0);
   fflush(stdout);
   printf("SUMMARY bf16 1.4b M=1 aggregated weight bandwidth: det %.0f GB/s = %.2f of copy bw "
          "(floor 0.60), cublas-fast %.0f GB/s = %.2f\n", agg_bytes / agg_time / 1e9,

@@ -249,7 +249,8 @@ static void check_ragged(fixture *f, int want_ragged) {
 }
 
 /* MBD_GEMM_MCAST settings (2 also with MBD_GEMM_LAG=2, the second consumer
- * warpgroup two k tiles behind): every one gives the rows-alone bits at M that
+ * warpgroup two k tiles behind, and MBD_GEMM_SMALLK=1, 128 x 128 cluster
+ * tiles for K <= 256): every one gives the rows-alone bits at M that
  * pair 128-row tiles (129, 256), leave an odd tile count (520: 5, 1100: 9,
  * 2047: 16 with a partial last tile, 1000: 8) or many tiles (4096).
  * ksplit: MBD_GEMM_KSPLIT for the runs ("0" or "1"). seen[0], seen[1]: runs
@@ -259,13 +260,15 @@ static void check_ragged(fixture *f, int want_ragged) {
  * (mbd_wgks_*). */
 static void check_mcast(fixture *f, const char *ksplit, int seen[4]) {
   if (f->dt == MBD_DTYPE_F32) return;
-  static const char *const modes[][2] = {{"0", "0"}, {"4", "0"}, {"2", "2"}, {"2", "0"}};
+  static const char *const modes[][3] = {
+      {"0", "0", "0"}, {"4", "0", "0"}, {"2", "2", "1"}, {"2", "0", "0"}};
   static const int64_t ms[] = {129, 256, 520, 1000, 1100, 2047, 4096};
   int64_t failed = 0;
   assert_int_equal(setenv("MBD_GEMM_KSPLIT", ksplit, 1), 0);
   for (size_t mi = 0; mi < sizeof modes / sizeof modes[0]; mi++) {
     assert_int_equal(setenv("MBD_GEMM_MCAST", modes[mi][0], 1), 0);
     assert_int_equal(setenv("MBD_GEMM_LAG", modes[mi][1], 1), 0);
+    assert_int_equal(setenv("MBD_GEMM_SMALLK", modes[mi][2], 1), 0);
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
       char name[64];
       kernel_of(f, ms[i], name, sizeof name);
@@ -278,13 +281,14 @@ static void check_mcast(fixture *f, const char *ksplit, int seen[4]) {
       const int64_t row0 = ms[i] % 11;
       run_rows(f, row0, ms[i]);
       char what[112];
-      snprintf(what, sizeof what, "MBD_GEMM_MCAST=%s MBD_GEMM_LAG=%s MBD_GEMM_KSPLIT=%s %s",
-               modes[mi][0], modes[mi][1], ksplit, name);
+      snprintf(what, sizeof what, "MBD_GEMM_MCAST=%s LAG=%s SMALLK=%s KSPLIT=%s %s",
+               modes[mi][0], modes[mi][1], modes[mi][2], ksplit, name);
       if (count_diff(f, row0, ms[i], what)) failed++;
     }
   }
   assert_int_equal(unsetenv("MBD_GEMM_MCAST"), 0);
   assert_int_equal(unsetenv("MBD_GEMM_LAG"), 0);
+  assert_int_equal(unsetenv("MBD_GEMM_SMALLK"), 0);
   assert_int_equal(unsetenv("MBD_GEMM_KSPLIT"), 0);
   if (failed) fail_msg("%lld cluster-setting runs differ from rows alone", (long long)failed);
 }
