@@ -10,17 +10,17 @@
  * TFLOP/s. Summary: geometric mean of det/cuBLAS speed over M >= 256 (bf16, all
  * three models) and the 1.4b M=1 weight bandwidth aggregated over its five
  * projections (total weight bytes / total time). --quick: M <= 256 only.
- * At M >= 256 the deterministic GEMM also runs with MBD_GEMM_MCAST=0 (no
- * thread-block clusters: each tile block loads its own W and X tiles) and
- * MBD_GEMM_MCAST=4 (2 x 2 clusters where the tile allows) and MBD_GEMM_LAG=2
- * (in the cluster tiles the second consumer warpgroup starts two k tiles
- * behind the first) beside the default (2 x 1 clusters sharing the W tile),
- * same bits; a SUMMARY line each; for K <= 256 also MBD_GEMM_SMALLK=1
- * (128 x 128 cluster tiles two blocks per SM) with its SUMMARY line over all
- * M >= 256 shapes (the default's time where K > 256). After
- * the summaries, the shapes where MBD_GEMM_KSPLIT=1 (K split over a cluster)
- * runs the mbd_wgks kernels, timed with it (a separate pass, so its figures
- * come last), and the geomean with those shapes' times replaced.
+ * At M >= 256 the deterministic GEMM (default: the tile kernels) also runs
+ * with MBD_GEMM_MCAST=2 (2 x 1 thread-block clusters sharing the W tile by
+ * TMA multicast), MBD_GEMM_MCAST=4 (2 x 2 where the tile allows) and
+ * MBD_GEMM_MCAST=2 MBD_GEMM_LAG=2 (the second consumer warpgroup two k tiles
+ * behind), same bits, a SUMMARY line each; for K <= 256 also
+ * MBD_GEMM_MCAST=2 MBD_GEMM_SMALLK=1 (128 x 128 cluster tiles two blocks per
+ * SM), its SUMMARY over all M >= 256 shapes (the default's time where K >
+ * 256). Last, the shapes where MBD_GEMM_MCAST=2 MBD_GEMM_KSPLIT=1 (K split
+ * over a cluster) runs the mbd_wgks kernels, timed with it (a separate pass,
+ * so a fault there cannot cost the rest), and the geomean with those shapes'
+ * times replaced.
  * First the Mamba-2 projections (bench_mamba2; --mamba2: only those). */
 #include <algorithm>
 #include <cuda_bf16.h>
@@ -261,7 +261,7 @@ int main(int argc, char **argv) {
   printf("%-5s %-8s %-4s %5s %6s %5s | %9s %9s | %9s %9s | %6s | %9s %7s | %6s | %9s %6s | "
          "%9s %6s | %9s %6s | %9s %6s | %s\n",
          "model", "proj", "dt", "M", "N", "K", "det_us", "det", "fast_us", "fast", "ratio",
-         "ped_us", "ped_TF", "det/bw", "mc0_us", "ratio", "mc4_us", "ratio", "lag2_us",
+         "ped_us", "ped_TF", "det/bw", "mc2_us", "ratio", "mc4_us", "ratio", "lag2_us",
          "ratio", "sk_us", "ratio", "det kernel");
   printf("(device time per GEMM from CUDA-graph replay of back-to-back GEMMs, weights rotated "
          "through HBM)\n");
@@ -319,11 +319,11 @@ int main(int argc, char **argv) {
           if (M <= 64) printf("%6.2f | ", wbytes / t[0] / bw);
           else printf("%6s | ", "-");
           if (d == 0 && M >= 256) {
-            setenv("MBD_GEMM_MCAST", "0", 1);
+            setenv("MBD_GEMM_MCAST", "2", 1);
             const double t0 = time_gemm(ctx[d][0], b, a);
             setenv("MBD_GEMM_MCAST", "4", 1);
             const double t4 = time_gemm(ctx[d][0], b, a);
-            unsetenv("MBD_GEMM_MCAST");
+            setenv("MBD_GEMM_MCAST", "2", 1);
             setenv("MBD_GEMM_LAG", "2", 1);
             const double tl = time_gemm(ctx[d][0], b, a);
             unsetenv("MBD_GEMM_LAG");
@@ -336,8 +336,10 @@ int main(int argc, char **argv) {
               setenv("MBD_GEMM_SMALLK", "1", 1);
               tsk = time_gemm(ctx[d][0], b, a);
               unsetenv("MBD_GEMM_SMALLK");
+              unsetenv("MBD_GEMM_MCAST");
               printf("%9.2f %6.2f | ", tsk * 1e6, t[1] / tsk);
             } else {
+              unsetenv("MBD_GEMM_MCAST");
               printf("%9s %6s | ", "-", "-");
             }
             log_sk += log(t[1] / tsk);
@@ -381,13 +383,13 @@ int main(int argc, char **argv) {
   }
   printf("SUMMARY bf16 det/cublas-fast geomean over M>=256 (%d shapes): %.3f (floor 0.60), "
          "worst %.3f\n", log_n, log_n ? exp(log_sum / log_n) : 0.0, worst);
-  printf("SUMMARY bf16 det MBD_GEMM_MCAST=0 / cublas-fast geomean over M>=256: %.3f, worst "
+  printf("SUMMARY bf16 det MBD_GEMM_MCAST=2 / cublas-fast geomean over M>=256: %.3f, worst "
          "%.3f\n", log_n ? exp(log_mc0 / log_n) : 0.0, worst_mc0);
   printf("SUMMARY bf16 det MBD_GEMM_MCAST=4 / cublas-fast geomean over M>=256: %.3f, worst "
          "%.3f\n", log_n ? exp(log_mc4 / log_n) : 0.0, worst_mc4);
-  printf("SUMMARY bf16 det MBD_GEMM_LAG=2 / cublas-fast geomean over M>=256: %.3f, worst "
+  printf("SUMMARY bf16 det MBD_GEMM_MCAST=2 MBD_GEMM_LAG=2 / cublas-fast geomean over M>=256: %.3f, worst "
          "%.3f\n", log_n ? exp(log_lag / log_n) : 0.0, worst_lag);
-  printf("SUMMARY bf16 det MBD_GEMM_SMALLK=1 (K <= 256 shapes) / cublas-fast geomean over "
+  printf("SUMMARY bf16 det MBD_GEMM_MCAST=2 MBD_GEMM_SMALLK=1 (K <= 256 shapes) / cublas-fast geomean over "
          "M>=256: %.3f\n", log_n ? exp(log_sk / log_n) : 0.0);
   fflush(stdout);
   printf("SUMMARY bf16 1.4b M=1 aggregated weight bandwidth: det %.0f GB/s = %.2f of copy bw "
@@ -408,17 +410,18 @@ int main(int argc, char **argv) {
     b.w.push_back(w);
     mbd_gpu_gemm_args a = {MBD_DTYPE_BF16, MBD_DTYPE_F32, S, S, S, NULL, NULL, NULL, b.y, 0};
     double t0 = time_gemm(ctx[0][0], b, a), t1 = time_gemm(ctx[0][1], b, a);
-    setenv("MBD_GEMM_MCAST", "0", 1);
+    setenv("MBD_GEMM_MCAST", "2", 1);
     const double tm0 = time_gemm(ctx[0][0], b, a);
     setenv("MBD_GEMM_MCAST", "4", 1);
     const double tm4 = time_gemm(ctx[0][0], b, a);
-    unsetenv("MBD_GEMM_MCAST");
+    setenv("MBD_GEMM_MCAST", "2", 1);
     setenv("MBD_GEMM_LAG", "2", 1);
     const double tl = time_gemm(ctx[0][0], b, a);
     unsetenv("MBD_GEMM_LAG");
+    unsetenv("MBD_GEMM_MCAST");
     double fl = 2.0 * S * S * S;
     printf("square bf16 %d^3: det %.1f TFLOP/s, cublas-fast %.1f TFLOP/s, ratio %.2f; "
-           "MBD_GEMM_MCAST=0 %.1f, =4 %.1f, MBD_GEMM_LAG=2 %.1f TFLOP/s\n", S, fl / t0 / 1e12,
+           "MBD_GEMM_MCAST=2 %.1f, =4 %.1f, =2 with MBD_GEMM_LAG=2 %.1f TFLOP/s\n", S, fl / t0 / 1e12,
            fl / t1 / 1e12, t1 / t0, fl / tm0 / 1e12, fl / tm4 / 1e12, fl / tl / 1e12);
     fflush(stdout);
   }
@@ -427,7 +430,7 @@ int main(int argc, char **argv) {
     double log_ks = log_sum;
     int n_ks = 0;
     size_t ri = 0;
-    printf("K split (MBD_GEMM_KSPLIT=1) | %-5s %-8s %5s %6s %5s | %9s %9s %9s | %6s %6s | %s\n",
+    printf("K split (MCAST=2 KSPLIT=1) | %-5s %-8s %5s %6s %5s | %9s %9s %9s | %6s %6s | %s\n",
            "model", "proj", "M", "N", "K", "det_us", "ks_us", "fast_us", "ratio", "ks", "kernel");
     for (auto &mo : models) {
       struct { const char *name; int n, k; } proj[5] = {
@@ -467,6 +470,7 @@ int main(int argc, char **argv) {
           mbd_gpu_gemm_args a = {MBD_DTYPE_BF16, MBD_DTYPE_F32, M, p.n, p.k, b.x[0], b.w[0],
                                  NULL, b.y, 0};
           setenv("MBD_GEMM_KSPLIT", "1", 1);
+          setenv("MBD_GEMM_MCAST", "2", 1);
           char kname[64] = "?";
           if (mbd_gpu_record_begin(det, &err) == 0) {
             if (mbd_gpu_gemm(det, &a, &err) < 0) die("gemm", err);
@@ -475,11 +479,13 @@ int main(int argc, char **argv) {
           }
           if (!strstr(kname, "wgks")) {
             unsetenv("MBD_GEMM_KSPLIT");
+            unsetenv("MBD_GEMM_MCAST");
             continue;
           }
           const double tk = time_gemm(det, b, a);
           unsetenv("MBD_GEMM_KSPLIT");
-          printf("K split (MBD_GEMM_KSPLIT=1) | %-5s %-8s %5d %6d %5d | %9.2f %9.2f %9.2f | "
+          unsetenv("MBD_GEMM_MCAST");
+          printf("K split (MCAST=2 KSPLIT=1) | %-5s %-8s %5d %6d %5d | %9.2f %9.2f %9.2f | "
                  "%6.2f %6.2f | %s\n", mo.name, p.name, M, p.n, p.k, rw.t_det * 1e6, tk * 1e6,
                  rw.t_fast * 1e6, rw.t_fast / rw.t_det, rw.t_fast / tk, kname);
           fflush(stdout);
