@@ -57,11 +57,11 @@ static_assert(k_wcltiles[0].bm == 128 && k_wcltiles[1].bm == 128 && k_wcltiles[2
               "pick_wcltile pairs 128-row tiles only");
 /* Cluster tile 4: 128 x 128 for K <= one chunk, two blocks per SM. */
 #define WCLTILE_SMALLK 4
-/* The K-split cluster tiles (MBD_WG_KS_TILES): bn, stages. */
+/* The K-split cluster tiles (MBD_WG_KS_TILES): bn, stages, least cluster size. */
 struct wkstile_cfg {
-  int bn, stages;
+  int bn, stages, smin;
 };
-#define WKSTILE(ty, T, i, BN, ST) {BN, ST},
+#define WKSTILE(ty, T, i, BN, ST, SMIN) {BN, ST, SMIN},
 static constexpr wkstile_cfg k_wkstiles[4] = {MBD_WG_KS_TILES(WKSTILE, , )};
 #undef WKSTILE
 /* The kernel slots (gpu_ctx_impl.h) hold one kernel per configuration. */
@@ -419,6 +419,34 @@ static int pick_wcltile(int ti, int64_t m, int64_t n) {
   return -1;
 }
 
+/* MBD_GEMM_CLDEBUG=1: each cluster launch prints its kernel, grid, cluster
+ * size, shared memory and the device's count of co-resident clusters of that
+ * launch to stderr (a diagnostic for the bench). */
+static void cl_debug(mbd_gpu_ctx *ctx, int slot, unsigned grid, unsigned threads, size_t smem,
+                     unsigned cs) {
+  const char *env = getenv("MBD_GEMM_CLDEBUG");
+  if (!(env && env[0] == '1')) return;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = cs;
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  int fit = -1;
+  if (!mbd_gpu_status_ok(cudaOccupancyMaxActiveClusters(&fit, (const void *)ctx->k[slot], &cfg))) {
+    (void)cudaGetLastError();
+    fit = -1;
+  }
+  fprintf(stderr, "cluster launch: %s grid %u x %u threads, cluster %u, smem %zu, "
+          "co-resident clusters %d (%d blocks; %d SMs)\n", mbd_k_kernel_names[slot], grid,
+          threads, cs, smem, fit, fit * (int)cs, ctx->sm_count);
+}
+
 /* The cluster tile kernels (wg_body with CM x CN > 1): tensor-map boxes of
  * the pieces each block loads (BM / CN rows of X, BN / CM rows of W), a grid
  * of whole clusters. Returns 1 when the encoder refuses (the caller runs the
@@ -445,9 +473,10 @@ static int gemm_wgcl(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gem
   const int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_WGCL_BF16 : MBD_K_WGCL_F16) + ci;
   *kname = mbd_k_kernel_names[slot];
   void *args[] = {&P};
-  const unsigned cs = (unsigned)(c.cm * c.cn);
-  return launch(ctx, slot, dim3((unsigned)(clusters * cs)), dim3((unsigned)(c.bm / 64 * 128 + 32)),
-                smem, args, a->w_static != 0, err, cs);
+  const unsigned cs = (unsigned)(c.cm * c.cn), threads = (unsigned)(c.bm / 64 * 128 + 32);
+  cl_debug(ctx, slot, (unsigned)(clusters * cs), threads, smem, cs);
+  return launch(ctx, slot, dim3((unsigned)(clusters * cs)), dim3(threads), smem, args,
+                a->w_static != 0, err, cs);
 }
 
 /* K split over a cluster (ks_body) for M >= 256 with at least two chunks
@@ -475,7 +504,7 @@ static int gemm_ks(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
                       16 * (size_t)c.stages + 16;
   const int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_WGKS_BF16 : MBD_K_WGKS_F16) + ki;
   int splits = 0;
-  for (int sz = 8; sz >= 2 && !splits; sz /= 2) {
+  for (int sz = 8; sz >= c.smin && !splits; sz /= 2) {
     if (sz > chunks || tiles * sz > ctx->sm_count) continue;
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
@@ -508,6 +537,7 @@ static int gemm_ks(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   P.tiles_n = (int)tiles_n;
   *kname = mbd_k_kernel_names[slot];
   void *args[] = {&P};
+  cl_debug(ctx, slot, (unsigned)(tiles * splits), 8 * 32 + 32, smem, (unsigned)splits);
   return launch(ctx, slot, dim3((unsigned)(tiles * splits)), dim3(8 * 32 + 32), smem, args,
                 a->w_static != 0, err, (unsigned)splits);
 }

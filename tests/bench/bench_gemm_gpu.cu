@@ -366,7 +366,21 @@ int main(int argc, char **argv) {
                   mbd_gpu_record_count(ctx[d][0]) == 1)
                 snprintf(kname, sizeof kname, "%s", mbd_gpu_record_at(ctx[d][0], 0)->kernel);
             }
-            printf("%s\n", kname);
+            printf("%s", kname);
+            if (d == 0 && M >= 256) { /* the MBD_GEMM_MCAST=2 kernel, its launch on stderr */
+              setenv("MBD_GEMM_MCAST", "2", 1);
+              setenv("MBD_GEMM_CLDEBUG", "1", 1);
+              fflush(stdout);
+              if (mbd_gpu_record_begin(ctx[d][0], &err) == 0) {
+                if (mbd_gpu_gemm(ctx[d][0], &r, &err) < 0) die("gemm", err);
+                if (mbd_gpu_record_end(ctx[d][0], &err) == 0 &&
+                    mbd_gpu_record_count(ctx[d][0]) == 1)
+                  printf(" | mc2: %s", mbd_gpu_record_at(ctx[d][0], 0)->kernel);
+              }
+              unsetenv("MBD_GEMM_CLDEBUG");
+              unsetenv("MBD_GEMM_MCAST");
+            }
+            printf("\n");
           }
           fflush(stdout);
           if (d == 0 && M == 1 && !strcmp(mo.name, "1.4b")) {
@@ -471,12 +485,15 @@ int main(int argc, char **argv) {
                                  NULL, b.y, 0};
           setenv("MBD_GEMM_KSPLIT", "1", 1);
           setenv("MBD_GEMM_MCAST", "2", 1);
+          setenv("MBD_GEMM_CLDEBUG", "1", 1);
+          fflush(stdout);
           char kname[64] = "?";
           if (mbd_gpu_record_begin(det, &err) == 0) {
             if (mbd_gpu_gemm(det, &a, &err) < 0) die("gemm", err);
             if (mbd_gpu_record_end(det, &err) == 0 && mbd_gpu_record_count(det) == 1)
               snprintf(kname, sizeof kname, "%s", mbd_gpu_record_at(det, 0)->kernel);
           }
+          unsetenv("MBD_GEMM_CLDEBUG");
           if (!strstr(kname, "wgks")) {
             unsetenv("MBD_GEMM_KSPLIT");
             unsetenv("MBD_GEMM_MCAST");

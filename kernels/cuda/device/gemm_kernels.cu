@@ -458,26 +458,46 @@ __device__ __forceinline__ void cl_arrive() {
 __device__ __forceinline__ void cl_wait() {
   asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
 }
-/* Arrive on the mbarrier at shared offset bar of cluster CTA rank (itself included). */
+/* Arrive on the mbarrier at shared offset bar of cluster CTA rank (itself
+ * included). The ring's slot releases: CTA-scope release (what the slot's
+ * reuse needs is the wgmma reads done, which wait_group gave; a cluster-scope
+ * release per stage measured about half speed). */
 __device__ __forceinline__ void mbar_arrive_cl(uint32_t bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+/* The same with cluster-scope release: the writer's shared-memory stores
+ * (ordered before it by a CTA barrier) become visible to the peer's loads
+ * after its cluster-scope acquire (mbar_wait_cl<true>). */
+__device__ __forceinline__ void mbar_arrive_cl_release(uint32_t bar, uint32_t rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote)
                : "memory");
 }
-/* mbar_wait with cluster-scope acquire (the arrivals may come from peer CTAs)
- * and a bound: a protocol error traps (the launch fails) instead of hanging
- * the device. No wait of a GEMM k tile comes near the bound (2 s). */
+/* mbar_wait with a bound: a protocol error traps (the launch fails) instead
+ * of hanging the device; no wait of a GEMM k tile comes near the bound
+ * (2 s). CLUSTER: cluster-scope acquire (per round of the K split only). */
+template <bool CLUSTER = false>
 __device__ __forceinline__ void mbar_wait_cl(uint32_t bar, uint32_t parity) {
   uint64_t t0 = 0;
   for (;;) {
     uint32_t ok;
-    asm volatile(
-        "{\n.reg .pred q;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 q, [%1], "
-        "%2, %3;\nselp.u32 %0, 1, 0, q;\n}\n"
-        : "=r"(ok)
-        : "r"(bar), "r"(parity), "r"(0x989680u)
-        : "memory");
+    if (CLUSTER)
+      asm volatile(
+          "{\n.reg .pred q;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 q, [%1], "
+          "%2, %3;\nselp.u32 %0, 1, 0, q;\n}\n"
+          : "=r"(ok)
+          : "r"(bar), "r"(parity), "r"(0x989680u)
+          : "memory");
+    else
+      asm volatile(
+          "{\n.reg .pred q;\nmbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2, %3;\n"
+          "selp.u32 %0, 1, 0, q;\n}\n"
+          : "=r"(ok)
+          : "r"(bar), "r"(parity), "r"(0x989680u)
+          : "memory");
     if (ok) return;
     uint64_t now;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
@@ -790,8 +810,7 @@ __device__ __forceinline__ uint32_t cl_size() {
 }
 __device__ __forceinline__ float2 ld_dsmem_f2(uint32_t addr) {
   float2 v;
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr)
-               : "memory");
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
   return v;
 }
 __device__ __forceinline__ uint32_t cl_map(uint32_t addr, uint32_t rank) {
@@ -803,14 +822,14 @@ __device__ __forceinline__ void ks_consumer_sync() { /* the 8 consumer warps onl
   asm volatile("bar.sync 1, 256;" ::: "memory");
 }
 
-template <typename T, int BN, int ST>
+template <typename T, int BN, int ST, int SMIN>
 __device__ __forceinline__ void ks_body(const mbd_wg_params &P) {
 #ifdef MBD_HAVE_WGMMA
   constexpr int BM = 128, BK = 64, KCH = MBD_WG_KCH / BK;
   constexpr uint32_t A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
   constexpr uint32_t STAGE_BYTES = A_BYTES + B_BYTES;
   constexpr int NQ = 64 * BN;    /* float2 pairs of a partial (128 x BN floats) */
-  constexpr int MAXI = BN / 8;   /* pairs a consumer thread folds: ceil(NQ / 2 / 256) */
+  constexpr int MAXI = (NQ / SMIN + 255) / 256; /* pairs a consumer thread folds, S >= SMIN */
   static_assert(STAGE_BYTES % 1024 == 0, "ring slots keep the swizzle atom");
   extern __shared__ __align__(16) unsigned char ks_raw[];
   const uint32_t raw_s = smem_u32(ks_raw);
@@ -823,6 +842,7 @@ __device__ __forceinline__ void ks_body(const mbd_wg_params &P) {
   const mbd_gemm_params &p = P.p;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int S = (int)cl_size(), s = (int)cl_rank();
+  if (S < SMIN) __trap(); /* the host sizes clusters from the same table */
   const int tile = (int)blockIdx.x / S, tm = tile % P.tiles_m, tn = tile / P.tiles_m;
   const int m0 = tm * BM, n0 = tn * BN;
   const int KT = (p.k + BK - 1) / BK, C = (KT + KCH - 1) / KCH, R = (C + S - 1) / S;
@@ -863,6 +883,7 @@ __device__ __forceinline__ void ks_body(const mbd_wg_params &P) {
   const int tid = threadIdx.x; /* consumer thread 0..255 */
   const uint32_t a_off = (warp >> 2) * 64 * 128;
   const int qp = (NQ + S - 1) / S, q_lo = s * qp, q_hi = min(NQ, q_lo + qp);
+  const int nv = q_hi - q_lo - tid > 0 ? (q_hi - q_lo - tid + 255) / 256 : 0; /* pairs folded */
   float acc[BN / 2];
   float2 fold[MAXI];
 #pragma unroll
@@ -879,32 +900,47 @@ __device__ __forceinline__ void ks_body(const mbd_wg_params &P) {
       wg_wait<0>();
       wg_fence_regs<BN / 2>(acc);
     }
-    if (r > 0) mbar_wait_cl(read, (uint32_t)(r - 1) & 1u); /* round r - 1 was read */
+    /* Cluster-scope handshakes, once per round: a CTA barrier orders every
+     * consumer's accesses before thread t's release to block t, and thread
+     * 0's acquire before every consumer's accesses after the next one. */
+    if (r > 0) { /* every block has read round r - 1's partials */
+      if (tid == 0) mbar_wait_cl<true>(read, (uint32_t)(r - 1) & 1u);
+      ks_consumer_sync();
+    }
     if (c < C) {
 #pragma unroll
       for (int i = 0; i < BN / 4; i++) part[i * 256 + tid] = make_float2(acc[2 * i], acc[2 * i + 1]);
     }
-    asm volatile("fence.acq_rel.cluster;" ::: "memory");
     ks_consumer_sync();
-    if (tid < S) mbar_arrive_cl(written, (uint32_t)tid);
-    mbar_wait_cl(written, (uint32_t)r & 1u);
+    if (tid < S) mbar_arrive_cl_release(written, (uint32_t)tid);
+    if (tid == 0) mbar_wait_cl<true>(written, (uint32_t)r & 1u);
+    ks_consumer_sync();
     for (int j = 0; j < S && r * S + j < C; j++) { /* chunk r S + j, ascending */
       const int cc = r * S + j;
       const uint32_t src = cl_map(part_s, (uint32_t)j);
 #pragma unroll
-      for (int i = 0; i < MAXI; i++) {
-        const int q = q_lo + tid + 256 * i;
-        if (q < q_hi) {
-          const float2 v = ld_dsmem_f2(src + 8u * (uint32_t)q);
-          fold[i] = cc == 0 ? v : make_float2(__fadd_rn(fold[i].x, v.x), __fadd_rn(fold[i].y, v.y));
+      for (int i0 = 0; i0 < MAXI; i0 += 8) { /* eight loads in flight before the adds */
+        float2 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+          if (i0 + u < MAXI && i0 + u < nv)
+            v[u] = ld_dsmem_f2(src + 8u * (uint32_t)(q_lo + tid + 256 * (i0 + u)));
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+          const int i = i0 + u;
+          if (i < MAXI && i < nv)
+            fold[i] = cc == 0 ? v[u]
+                              : make_float2(__fadd_rn(fold[i].x, v[u].x),
+                                            __fadd_rn(fold[i].y, v[u].y));
         }
       }
     }
-    asm volatile("fence.acq_rel.cluster;" ::: "memory");
     ks_consumer_sync();
-    if (tid < S) mbar_arrive_cl(read, (uint32_t)tid);
+    if (tid < S) mbar_arrive_cl_release(read, (uint32_t)tid);
   }
-  mbar_wait_cl(read, (uint32_t)(R - 1) & 1u); /* no peer reads this block's partial any more */
+  /* no peer reads this block's partial any more once every block has read
+   * the last round (the block's shared memory lives until thread 0 is done) */
+  if (tid == 0) mbar_wait_cl<true>(read, (uint32_t)(R - 1) & 1u);
 
   const T *B = (const T *)p.bias;
 #pragma unroll
@@ -1346,10 +1382,10 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
       name(const __grid_constant__ mbd_wg_params P) {                                     \
     wg_body<T, CWG, BN, IN, ST, TMA, FOLD, CM, CN>(P);                                   \
   }
-#define MBD_KS(name, T, BN, ST)                                                           \
+#define MBD_KS(name, T, BN, ST, SMIN)                                                     \
   extern "C" __global__ void __launch_bounds__(8 * 32 + 32, 1)                           \
       name(const __grid_constant__ mbd_wg_params P) {                                     \
-    ks_body<T, BN, ST>(P);                                                               \
+    ks_body<T, BN, ST, SMIN>(P);                                                         \
   }
 #define MBD_MK(name, T, SW, MINB)                                                         \
   extern "C" __global__ void __launch_bounds__(MK_WARPS * 32 + 32, MINB)                 \
@@ -1372,7 +1408,7 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
   MBD_WG(mbd_wgemm_##ty##_##i, T, CWG, BN, IN, ST, TMA, MINB, FOLD, 1, 1)
 #define MBD_WG_CL_TILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN)                     \
   MBD_WG(mbd_wgcl_##ty##_##i, T, CWG, BN, IN, ST, true, MINB, FOLD, CM, CN)
-#define MBD_WG_KS_TILE(ty, T, i, BN, ST) MBD_KS(mbd_wgks_##ty##_##i, T, BN, ST)
+#define MBD_WG_KS_TILE(ty, T, i, BN, ST, SMIN) MBD_KS(mbd_wgks_##ty##_##i, T, BN, ST, SMIN)
 #define MBD_WG_ALL(ty, T)                                                                  \
   MBD_WG_TILES(MBD_WG_TILE, ty, T)                                                         \
   MBD_WG_CL_TILES(MBD_WG_CL_TILE, ty, T)                                                   \

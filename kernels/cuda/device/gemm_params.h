@@ -86,13 +86,15 @@ typedef struct mbd_gemm_params {
  * s + S, ... and folding 1/S of the tile over the blocks' partials in chunk
  * order through distributed shared memory; TMA producer, two consumer
  * warpgroups; scheduling only, same bits. Index = slot offset:
- * X(ty, T, index, BN, STAGES). Shared memory: STAGES x (128 + BN) x 128 +
- * 128 x BN x 4 (the partial) + 1024 + 16 STAGES + 16. */
+ * X(ty, T, index, BN, STAGES, SMIN): clusters of at least SMIN blocks (a
+ * block folds 1/S of the tile in registers beside its chain's). Shared
+ * memory: STAGES x (128 + BN) x 128 + 128 x BN x 4 (the partial) + 1024 +
+ * 16 STAGES + 16. */
 #define MBD_WG_KS_TILES(X, ty, T)                                                       \
-  X(ty, T, 0, 80, 4)                                                                    \
-  X(ty, T, 1, 128, 4)                                                                   \
-  X(ty, T, 2, 160, 4)                                                                   \
-  X(ty, T, 3, 192, 3)
+  X(ty, T, 0, 80, 4, 2)                                                                 \
+  X(ty, T, 1, 128, 4, 2)                                                                \
+  X(ty, T, 2, 160, 4, 2)                                                                \
+  X(ty, T, 3, 192, 3, 4)
 
 typedef struct mbd_wg_params {
   CUtensorMap tx; /* X [M,K], box {64, 64*CWG}, 128B swizzle, zero fill */
