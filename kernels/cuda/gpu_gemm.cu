@@ -45,16 +45,20 @@ static const double k_weff[10] = {0.3, 0.4, 0.55, 0.7, 0.75, 0.9, 1.0, 0.5, 0.8,
 #define WTILE_NOFOLD 6
 static_assert(!k_wtiles[WTILE_NOFOLD].fold && k_wtiles[WTILE_NOFOLD - 1].fold,
               "pick_wtile's K > one chunk range ends below WTILE_NOFOLD");
-/* The cluster tiles (MBD_WG_CL_TILES): bm, bn, stages, cm x cn blocks a cluster. */
+/* The cluster / persistent tiles (MBD_WG_CL_TILES): bm, bn, stages, blocks
+ * per SM, cm x cn blocks a cluster, persistent. */
 struct wcltile_cfg {
-  int bm, bn, stages, cm, cn;
+  int bm, bn, stages, occ, cm, cn;
+  bool ps;
 };
-#define WCLTILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN) {64 * CWG, BN, ST, CM, CN},
-static constexpr wcltile_cfg k_wcltiles[5] = {MBD_WG_CL_TILES(WCLTILE, , )};
+#define WCLTILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN, PS)                        \
+  {64 * CWG, BN, ST, MINB, CM, CN, PS},
+static constexpr wcltile_cfg k_wcltiles[10] = {MBD_WG_CL_TILES(WCLTILE, , )};
 #undef WCLTILE
-static_assert(k_wcltiles[0].bm == 128 && k_wcltiles[1].bm == 128 && k_wcltiles[2].bm == 128 &&
-                  k_wcltiles[3].bm == 128 && k_wcltiles[4].bm == 128,
-              "pick_wcltile pairs 128-row tiles only");
+static constexpr bool wcl_all_128(int i) {
+  return i == 10 || (k_wcltiles[i].bm == 128 && wcl_all_128(i + 1));
+}
+static_assert(wcl_all_128(0), "pick_wcltile replaces 128-row tiles only");
 /* Cluster tile 4: 128 x 128 for K <= one chunk, two blocks per SM. */
 #define WCLTILE_SMALLK 4
 /* The K-split cluster tiles (MBD_WG_KS_TILES): bn, stages, least cluster size. */
@@ -384,7 +388,8 @@ static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
 
 /* MBD_GEMM_MCAST (read per call): 0 = the tile kernels alone (no cluster
  * kernel of either kind); 2 = 2 x 1 clusters; 4 = 2 x 2 clusters where the
- * tile allows; unset or other = 0. MBD_GEMM_SMALLK=1: for
+ * tile allows; unset or other = 0. MBD_GEMM_PERSIST=1: the 128 x 128 and
+ * 128 x 256 tiles (clustered or not) run persistent. MBD_GEMM_SMALLK=1: for
  * K <= one chunk, 128 x 128 cluster tiles two blocks per SM (instead of
  * 128 x 256). MBD_GEMM_KSPLIT: 1 = the
  * K split over clusters where gemm_ks applies, 0 = never; unset: never (not
@@ -403,18 +408,25 @@ static int mcast_mode(void) {
  * 128 x 128 under MBD_GEMM_MCAST=4 when there are two N tiles or more. */
 static int pick_wcltile(int ti, int64_t m, int64_t n) {
   const int mode = mcast_mode();
-  if (mode == 0 || !k_wtiles[ti].tma || k_wtiles[ti].bm != 128) return -1;
+  const char *ps_env = getenv("MBD_GEMM_PERSIST");
+  const bool ps = ps_env && ps_env[0] == '1';
+  if ((mode == 0 && !ps) || !k_wtiles[ti].tma || k_wtiles[ti].bm != 128) return -1;
   const int64_t tiles_m = cdiv(m, 128);
-  if (tiles_m < 2 || (tiles_m < 5 && tiles_m % 2)) return -1;
-  if (ti == WTILE_NOFOLD) { /* MBD_GEMM_SMALLK=1: 128 x 128, two blocks per SM */
-    const char *env = getenv("MBD_GEMM_SMALLK");
-    if (env && env[0] == '1') return WCLTILE_SMALLK;
-  }
+  const bool pairs = tiles_m >= 2 && !(tiles_m < 5 && tiles_m % 2);
   const int bn = k_wtiles[ti].bn;
-  const int cn = mode == 4 && bn == 128 && cdiv(n, bn) >= 2 ? 2 : 1;
+  int cm = 1, cn = 1;
+  if (mode != 0 && pairs) {
+    if (!ps && ti == WTILE_NOFOLD) { /* MBD_GEMM_SMALLK=1: 128 x 128, two blocks per SM */
+      const char *env = getenv("MBD_GEMM_SMALLK");
+      if (env && env[0] == '1') return WCLTILE_SMALLK;
+    }
+    cm = 2;
+    cn = mode == 4 && bn == 128 && cdiv(n, bn) >= 2 ? 2 : 1;
+  }
+  if (cm * cn == 1 && !ps) return -1;
   for (int i = 0; i < (int)(sizeof k_wcltiles / sizeof k_wcltiles[0]); i++) {
     const wcltile_cfg &c = k_wcltiles[i];
-    if (i != WCLTILE_SMALLK && c.bn == bn && c.cm == 2 && c.cn == cn) return i;
+    if (i != WCLTILE_SMALLK && c.bn == bn && c.cm == cm && c.cn == cn && c.ps == ps) return i;
   }
   return -1;
 }
@@ -468,12 +480,43 @@ static int gemm_wgcl(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gem
     const int lag = env ? atoi(env) : 0;
     P.lag = lag > 0 && lag < c.stages - 1 ? lag : 0;
   }
-  const int64_t clusters = cdiv(P.tiles_m, c.cm) * cdiv(P.tiles_n, c.cn);
+  int64_t clusters = cdiv(P.tiles_m, c.cm) * cdiv(P.tiles_n, c.cn);
   const size_t smem = (size_t)c.stages * (c.bm + c.bn) * 128 + 1024 + 16 * (size_t)c.stages;
   const int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_WGCL_BF16 : MBD_K_WGCL_F16) + ci;
   *kname = mbd_k_kernel_names[slot];
   void *args[] = {&P};
   const unsigned cs = (unsigned)(c.cm * c.cn), threads = (unsigned)(c.bm / 64 * 128 + 32);
+  if (c.ps) { /* persistent: at most the clusters (blocks) that fit at once */
+    int fit = 0;
+    if (cs > 1) {
+      cudaLaunchConfig_t cfg = {};
+      cudaLaunchAttribute at[1];
+      at[0].id = cudaLaunchAttributeClusterDimension;
+      at[0].val.clusterDim.x = cs;
+      at[0].val.clusterDim.y = 1;
+      at[0].val.clusterDim.z = 1;
+      cfg.gridDim = dim3((unsigned)(clusters * cs));
+      cfg.blockDim = dim3(threads);
+      cfg.dynamicSmemBytes = smem;
+      cfg.attrs = at;
+      cfg.numAttrs = 1;
+      if (!mbd_gpu_status_ok(
+              cudaOccupancyMaxActiveClusters(&fit, (const void *)ctx->k[slot], &cfg))) {
+        (void)cudaGetLastError();
+        fit = 0;
+      }
+    } else {
+      int per_sm = 0;
+      if (!mbd_gpu_status_ok(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+              &per_sm, (const void *)ctx->k[slot], (int)threads, smem))) {
+        (void)cudaGetLastError();
+        per_sm = 0;
+      }
+      fit = per_sm * ctx->sm_count;
+    }
+    if (fit <= 0) fit = ctx->sm_count * c.occ / (int)cs; /* no answer: the table's occupancy */
+    if (clusters > fit) clusters = fit;
+  }
   cl_debug(ctx, slot, (unsigned)(clusters * cs), threads, smem, cs);
   return launch(ctx, slot, dim3((unsigned)(clusters * cs)), dim3(threads), smem, args,
                 a->w_static != 0, err, cs);

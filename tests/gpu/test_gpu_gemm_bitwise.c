@@ -250,7 +250,8 @@ static void check_ragged(fixture *f, int want_ragged) {
 
 /* MBD_GEMM_MCAST settings (2 also with MBD_GEMM_LAG=2, the second consumer
  * warpgroup two k tiles behind, and MBD_GEMM_SMALLK=1, 128 x 128 cluster
- * tiles for K <= 256): every one gives the rows-alone bits at M that
+ * tiles for K <= 256), each also persistent (MBD_GEMM_PERSIST=1, 0 included:
+ * the persistent tiles alone): every one gives the rows-alone bits at M that
  * pair 128-row tiles (129, 256), leave an odd tile count (520: 5, 1100: 9,
  * 2047: 16 with a partial last tile, 1000: 8) or many tiles (4096).
  * ksplit: MBD_GEMM_KSPLIT for the runs ("0" or "1"). seen[0], seen[1]: runs
@@ -260,8 +261,11 @@ static void check_ragged(fixture *f, int want_ragged) {
  * (mbd_wgks_*). */
 static void check_mcast(fixture *f, const char *ksplit, int seen[4]) {
   if (f->dt == MBD_DTYPE_F32) return;
-  static const char *const modes[][3] = {
-      {"0", "0", "0"}, {"4", "0", "0"}, {"2", "2", "1"}, {"2", "0", "0"}};
+  /* MBD_GEMM_MCAST, _LAG, _SMALLK, _PERSIST */
+  static const char *const modes[][4] = {{"0", "0", "0", "0"}, {"4", "0", "0", "0"},
+                                         {"2", "2", "1", "0"}, {"2", "0", "0", "0"},
+                                         {"0", "0", "0", "1"}, {"2", "2", "0", "1"},
+                                         {"4", "0", "0", "1"}};
   static const int64_t ms[] = {129, 256, 520, 1000, 1100, 2047, 4096};
   int64_t failed = 0;
   assert_int_equal(setenv("MBD_GEMM_KSPLIT", ksplit, 1), 0);
@@ -269,11 +273,13 @@ static void check_mcast(fixture *f, const char *ksplit, int seen[4]) {
     assert_int_equal(setenv("MBD_GEMM_MCAST", modes[mi][0], 1), 0);
     assert_int_equal(setenv("MBD_GEMM_LAG", modes[mi][1], 1), 0);
     assert_int_equal(setenv("MBD_GEMM_SMALLK", modes[mi][2], 1), 0);
+    assert_int_equal(setenv("MBD_GEMM_PERSIST", modes[mi][3], 1), 0);
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
       char name[64];
       kernel_of(f, ms[i], name, sizeof name);
       const int cl = strstr(name, "wgcl") != NULL, ks = strstr(name, "wgks") != NULL;
-      if (modes[mi][0][0] == '0' && (cl || ks)) fail_msg("MBD_GEMM_MCAST=0 ran %s", name);
+      if (modes[mi][0][0] == '0' && modes[mi][3][0] == '0' && (cl || ks))
+        fail_msg("MBD_GEMM_MCAST=0 ran %s", name);
       if (ksplit[0] == '0' && ks) fail_msg("MBD_GEMM_KSPLIT=0 ran %s", name);
       if (cl) seen[strstr(name, "wgcl_bf16_1") || strstr(name, "wgcl_f16_1") ? 1 : 0]++;
       if (strstr(name, "wgemm")) seen[2]++;
@@ -281,14 +287,15 @@ static void check_mcast(fixture *f, const char *ksplit, int seen[4]) {
       const int64_t row0 = ms[i] % 11;
       run_rows(f, row0, ms[i]);
       char what[112];
-      snprintf(what, sizeof what, "MBD_GEMM_MCAST=%s LAG=%s SMALLK=%s KSPLIT=%s %s",
-               modes[mi][0], modes[mi][1], modes[mi][2], ksplit, name);
+      snprintf(what, sizeof what, "MBD_GEMM_MCAST=%s LAG=%s SMALLK=%s PERSIST=%s KSPLIT=%s %s",
+               modes[mi][0], modes[mi][1], modes[mi][2], modes[mi][3], ksplit, name);
       if (count_diff(f, row0, ms[i], what)) failed++;
     }
   }
   assert_int_equal(unsetenv("MBD_GEMM_MCAST"), 0);
   assert_int_equal(unsetenv("MBD_GEMM_LAG"), 0);
   assert_int_equal(unsetenv("MBD_GEMM_SMALLK"), 0);
+  assert_int_equal(unsetenv("MBD_GEMM_PERSIST"), 0);
   assert_int_equal(unsetenv("MBD_GEMM_KSPLIT"), 0);
   if (failed) fail_msg("%lld cluster-setting runs differ from rows alone", (long long)failed);
 }

@@ -570,7 +570,8 @@ __device__ __forceinline__ void wg_stage(float *d, int kt, uint32_t stage_s, uin
  * blocks before any exits (a peer may still arrive on its barriers). Which
  * block loads which bytes is all that changes: the chains and the fold are
  * the same. */
-template <typename T, int CWG, int BN, int IN, int STAGES, bool TMA, bool FOLD, int CM, int CN>
+template <typename T, int CWG, int BN, int IN, int STAGES, bool TMA, bool FOLD, int CM, int CN,
+          bool PERSIST>
 __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
 #ifdef MBD_HAVE_WGMMA
   constexpr int BM = 64 * CWG, BK = 64, KCH = MBD_WG_KCH / BK;
@@ -582,6 +583,7 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
   static_assert(!FOLD || BN <= 128, "acc + partial must fit the register file");
   static_assert(!CL || (TMA && BN % (8 * CM) == 0 && BM % (8 * CN) == 0 && CM * CN <= 16),
                 "cluster pieces are whole 8-row swizzle atoms");
+  static_assert(!PERSIST || TMA, "the persistent tiles have the TMA producer");
   extern __shared__ __align__(16) unsigned char wg_raw[];
   const uint32_t raw_s = smem_u32(wg_raw);
   const uint32_t base_s = (raw_s + 1023u) & ~1023u; /* the swizzle atom needs 1024 */
@@ -591,26 +593,34 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
   /* Grouped raster: 16 M tiles share each sweep over N (L2 reuse of W and X);
-   * a cluster is one raster cell of CM x CN tiles. */
-  int tm, tn;
+   * a cluster is one raster cell of CM x CN tiles. PERSIST: block (or
+   * cluster) b takes cells b, b + grid, ... one after another (the ring runs
+   * on across them, so the next cell's loads overlap this one's fold and
+   * stores); otherwise cell b only. */
   uint32_t rm = 0, rn = 0;
-  {
-    const int cm_tiles = (P.tiles_m + CM - 1) / CM, cn_tiles = (P.tiles_n + CN - 1) / CN;
-    const int bid = CL ? (int)(blockIdx.x / (CM * CN)) : (int)blockIdx.x;
+  if (CL) {
+    const uint32_t rank = cl_rank();
+    rm = rank % CM;
+    rn = rank / CM;
+  }
+  const int cm_tiles = (P.tiles_m + CM - 1) / CM, cn_tiles = (P.tiles_n + CN - 1) / CN;
+  const int ncells = cm_tiles * cn_tiles;
+  const int cell0 = CL ? (int)(blockIdx.x / (CM * CN)) : (int)blockIdx.x;
+  const int cstride = CL ? (int)(gridDim.x / (CM * CN)) : (int)gridDim.x;
+  auto tile_of = [&](int bid, int &tm, int &tn) {
     const int G = 16 / CM > 0 ? 16 / CM : 1, per = G * cn_tiles, grp = bid / per,
               first = grp * G;
     const int gs = min(cm_tiles - first, G), r = bid - grp * per;
     tm = first + r % gs;
     tn = r / gs;
     if (CL) {
-      const uint32_t rank = cl_rank();
-      rm = rank % CM;
-      rn = rank / CM;
       tm = tm * CM + (int)rm;
       tn = tn * CN + (int)rn;
     }
-  }
-  const int m0 = tm * BM, n0 = tn * BN;
+  };
+  int tm0, tn0; /* this block's first (or only) tile */
+  tile_of(cell0, tm0, tn0);
+  const int m0_first = tm0 * BM, n0_first = tn0 * BN;
   const int KT = (p.k + BK - 1) / BK;
   wg_check_smem(1023u + STAGES * STAGE_BYTES + 16u * STAGES);
 
@@ -639,35 +649,46 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
   wg_pdl_trigger();
 
   if (warp == 4 * CWG) { /* producer warp */
-    if constexpr (CL) {
+    if constexpr (CL || PERSIST) {
       if (lane == 0) {
         constexpr int AP = BM / CN, BP = BN / CM; /* rows of this block's pieces */
         constexpr uint16_t col_mask = (uint16_t)((1u << CM) - 1u);
         uint16_t row_mask = 0;
         for (int j = 0; j < CN; j++) row_mask |= (uint16_t)(1u << (j * CM + rm));
         const uint16_t b_mask = (uint16_t)(col_mask << (rn * CM));
-        const int a_row = min(m0 + (int)rn * AP, p.m - 1), b_row = min(n0 + (int)rm * BP, p.n - 1);
-        for (int kt = 0; kt < KT; kt++) {
-          const int s = kt % STAGES;
-          const uint32_t ph = (uint32_t)(kt / STAGES) & 1u;
-          const uint32_t a_s = base_s + s * STAGE_BYTES, b_s = a_s + A_BYTES;
-          if (kt >= STAGES) mbar_wait_cl(empty0 + 8 * s, ph ^ 1u);
-          mbar_expect_tx(full0 + 8 * s, STAGE_BYTES);
-          if (CN == 1)
-            tma_load_2d(a_s, &P.tx, full0 + 8 * s, kt * BK, a_row);
-          else
-            tma_load_2d_mc(a_s + rn * AP * 128, &P.tx, full0 + 8 * s, kt * BK, a_row, row_mask);
-          if (CM == 1)
-            tma_load_2d(b_s, &P.tw, full0 + 8 * s, kt * BK, b_row);
-          else
-            tma_load_2d_mc(b_s + rm * BP * 128, &P.tw, full0 + 8 * s, kt * BK, b_row, b_mask);
+        int g = 0; /* ring stage count over all of this block's cells */
+        for (int cell = cell0, tm = tm0, tn = tn0; cell < ncells;) {
+          const int m0 = tm * BM, n0 = tn * BN;
+          const int a_row = min(m0 + (int)rn * AP, p.m - 1);
+          const int b_row = min(n0 + (int)rm * BP, p.n - 1);
+          for (int kt = 0; kt < KT; kt++, g++) {
+            const int s = g % STAGES;
+            const uint32_t ph = (uint32_t)(g / STAGES) & 1u;
+            const uint32_t a_s = base_s + s * STAGE_BYTES, b_s = a_s + A_BYTES;
+            if (g >= STAGES) mbar_wait_cl(empty0 + 8 * s, ph ^ 1u);
+            mbar_expect_tx(full0 + 8 * s, CL ? STAGE_BYTES : (uint32_t)P.a_rows * 128u + B_BYTES);
+            if (CN == 1)
+              tma_load_2d(a_s, &P.tx, full0 + 8 * s, kt * BK, CL ? a_row : m0);
+            else
+              tma_load_2d_mc(a_s + rn * AP * 128, &P.tx, full0 + 8 * s, kt * BK, a_row, row_mask);
+            if (CM == 1)
+              tma_load_2d(b_s, &P.tw, full0 + 8 * s, kt * BK, CL ? b_row : n0);
+            else
+              tma_load_2d_mc(b_s + rm * BP * 128, &P.tw, full0 + 8 * s, kt * BK, b_row, b_mask);
+          }
+          if (!PERSIST) break;
+          cell += cstride;
+          if (cell < ncells) tile_of(cell, tm, tn);
         }
       }
-      __syncwarp();
-      cl_arrive();
-      cl_wait();
+      if (CL) {
+        __syncwarp();
+        cl_arrive();
+        cl_wait();
+      }
       return;
     } else {
+    const int m0 = m0_first, n0 = n0_first;
     for (int kt = 0; kt < KT; kt++) {
       const int s = kt % STAGES;
       const uint32_t ph = (uint32_t)(kt / STAGES) & 1u;
@@ -712,14 +733,18 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
    * chains at chunk ends at different times and the tensor pipe stays busy */
   const int lag_at = CL && CWG == 2 && P.lag > 0 ? min(P.lag, KT) : 0;
   if (lag_at > 0 && c == 1) asm volatile("bar.sync 2, 256;" ::: "memory");
+  int g = 0; /* ring stage count over all of this block's cells */
+  /* one tile: the chains, the fold, the bias and the stores */
+  auto consume = [&](const int m0, const int n0) {
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
   int kt = 0;
-  for (const int end0 = FOLD ? min(KT, KCH) : KT; kt < end0; kt++) { /* chunk 0 */
-    wg_stage<T, BN, IN, STAGES, NARR>(acc, kt, base_s + (kt % STAGES) * STAGE_BYTES, a_off,
-                                      A_BYTES, full0, empty0, lane, arr_rank);
-    if (lag_at > 0 && c == 0 && kt + 1 == lag_at) asm volatile("bar.arrive 2, 256;" ::: "memory");
+  for (const int end0 = FOLD ? min(KT, KCH) : KT; kt < end0; kt++, g++) { /* chunk 0 */
+    wg_stage<T, BN, IN, STAGES, NARR, CL || PERSIST>(acc, g, base_s + (g % STAGES) * STAGE_BYTES,
+                                                     a_off, A_BYTES, full0, empty0, lane,
+                                                     arr_rank);
+    if (lag_at > 0 && c == 0 && g + 1 == lag_at) asm volatile("bar.arrive 2, 256;" ::: "memory");
   }
   wg_wait<0>();
   wg_fence_regs<BN / 2>(acc);
@@ -732,10 +757,11 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
     while (kt < KT) { /* chunks 1, 2, ...: a fresh chain each, folded in order */
 #pragma unroll
       for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
-      for (const int end = min(KT, kt + KCH); kt < end; kt++) {
-        wg_stage<T, BN, IN, STAGES, NARR>(acc, kt, base_s + (kt % STAGES) * STAGE_BYTES,
-                                          a_off, A_BYTES, full0, empty0, lane, arr_rank);
-        if (lag_at > 0 && c == 0 && kt + 1 == lag_at)
+      for (const int end = min(KT, kt + KCH); kt < end; kt++, g++) {
+        wg_stage<T, BN, IN, STAGES, NARR, CL || PERSIST>(
+            acc, g, base_s + (g % STAGES) * STAGE_BYTES, a_off, A_BYTES, full0, empty0, lane,
+            arr_rank);
+        if (lag_at > 0 && c == 0 && g + 1 == lag_at)
           asm volatile("bar.arrive 2, 256;" ::: "memory");
       }
       wg_wait<0>();
@@ -744,7 +770,7 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
       for (int i = 0; i < BN / 2; i++) sum[i] = __fadd_rn(sum[i], acc[i]);
     }
   }
-  if (CL) cl_arrive(); /* this block's arrivals on its peers are all done */
+  if (CL && !PERSIST) cl_arrive(); /* this block's arrivals on its peers are all done */
   const T *B = (const T *)p.bias;
   const int wr = (warp & 3) * 16 + (lane >> 2);
 #pragma unroll
@@ -778,6 +804,17 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
       }
     }
   }
+  };
+  if constexpr (PERSIST) {
+    for (int cell = cell0, tm = tm0, tn = tn0; cell < ncells;) {
+      consume(tm * BM, tn * BN);
+      cell += cstride;
+      if (cell < ncells) tile_of(cell, tm, tn);
+    }
+  } else {
+    consume(m0_first, n0_first);
+  }
+  if (CL && PERSIST) cl_arrive(); /* this block's arrivals on its peers are all done */
   if (CL) cl_wait(); /* no block exits while a peer may still arrive on it */
 #else
   (void)P;
@@ -1377,10 +1414,10 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
 #endif
 }
 
-#define MBD_WG(name, T, CWG, BN, IN, ST, TMA, MINB, FOLD, CM, CN)                         \
+#define MBD_WG(name, T, CWG, BN, IN, ST, TMA, MINB, FOLD, CM, CN, PS)                     \
   extern "C" __global__ void __launch_bounds__(CWG * 128 + 32, MINB)                     \
       name(const __grid_constant__ mbd_wg_params P) {                                     \
-    wg_body<T, CWG, BN, IN, ST, TMA, FOLD, CM, CN>(P);                                   \
+    wg_body<T, CWG, BN, IN, ST, TMA, FOLD, CM, CN, PS>(P);                               \
   }
 #define MBD_KS(name, T, BN, ST, SMIN)                                                     \
   extern "C" __global__ void __launch_bounds__(8 * 32 + 32, 1)                           \
@@ -1405,9 +1442,9 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
  * and the cluster tiles of MBD_WG_CL_TILES (mbd_wgcl_*), the K-split cluster
  * tiles of MBD_WG_KS_TILES (mbd_wgks_*). */
 #define MBD_WG_TILE(ty, T, i, CWG, BN, IN, ST, TMA, MINB, FOLD)                           \
-  MBD_WG(mbd_wgemm_##ty##_##i, T, CWG, BN, IN, ST, TMA, MINB, FOLD, 1, 1)
-#define MBD_WG_CL_TILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN)                     \
-  MBD_WG(mbd_wgcl_##ty##_##i, T, CWG, BN, IN, ST, true, MINB, FOLD, CM, CN)
+  MBD_WG(mbd_wgemm_##ty##_##i, T, CWG, BN, IN, ST, TMA, MINB, FOLD, 1, 1, false)
+#define MBD_WG_CL_TILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN, PS)                 \
+  MBD_WG(mbd_wgcl_##ty##_##i, T, CWG, BN, IN, ST, true, MINB, FOLD, CM, CN, PS)
 #define MBD_WG_KS_TILE(ty, T, i, BN, ST, SMIN) MBD_KS(mbd_wgks_##ty##_##i, T, BN, ST, SMIN)
 #define MBD_WG_ALL(ty, T)                                                                  \
   MBD_WG_TILES(MBD_WG_TILE, ty, T)                                                         \

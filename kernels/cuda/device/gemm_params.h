@@ -67,19 +67,28 @@ typedef struct mbd_gemm_params {
 
 /* The same tiles run by thread-block clusters of CM x CN blocks on
  * neighbouring M x N tiles, the W tile multicast to the CM blocks of its
- * column and the X tile to the CN blocks of its row (wg_body; TMA producer
- * only; scheduling only, same bits as the tiles above), index = slot offset:
+ * column and the X tile to the CN blocks of its row, and/or persistent (PS:
+ * a grid of at most the co-resident blocks, each walking tiles b, b + grid,
+ * ... with one ring across them) (wg_body; TMA producer only; scheduling
+ * only, same bits as the tiles above), index = slot offset:
  *   0, 1: 128 x 128 in 2 x 1 and 2 x 2 clusters; 2: 128 x 256 (K <= one
  *   chunk) in 2 x 1; 3: 128 x 64 in 2 x 1; 4: 128 x 128 for K <= one chunk
  *   (three slots, two blocks per SM: one block's stores overlap the other's
- *   loads where the output dominates, e.g. dt_proj) in 2 x 1
- * X(ty, T, index, CWG, BN, IN, STAGES, MINB, FOLD, CM, CN). */
+ *   loads where the output dominates, e.g. dt_proj) in 2 x 1;
+ *   5, 6, 7: 128 x 128 persistent alone, 2 x 1, 2 x 2; 8, 9: 128 x 256 (K <=
+ *   one chunk) persistent alone, 2 x 1
+ * X(ty, T, index, CWG, BN, IN, STAGES, MINB, FOLD, CM, CN, PS). */
 #define MBD_WG_CL_TILES(X, ty, T)                                                       \
-  X(ty, T, 0, 2, 128, 128, 6, 1, true, 2, 1)                                            \
-  X(ty, T, 1, 2, 128, 128, 6, 1, true, 2, 2)                                            \
-  X(ty, T, 2, 2, 256, 256, 4, 1, false, 2, 1)                                           \
-  X(ty, T, 3, 2, 64, 64, 4, 2, true, 2, 1)                                              \
-  X(ty, T, 4, 2, 128, 128, 3, 2, false, 2, 1)
+  X(ty, T, 0, 2, 128, 128, 6, 1, true, 2, 1, false)                                     \
+  X(ty, T, 1, 2, 128, 128, 6, 1, true, 2, 2, false)                                     \
+  X(ty, T, 2, 2, 256, 256, 4, 1, false, 2, 1, false)                                    \
+  X(ty, T, 3, 2, 64, 64, 4, 2, true, 2, 1, false)                                       \
+  X(ty, T, 4, 2, 128, 128, 3, 2, false, 2, 1, false)                                    \
+  X(ty, T, 5, 2, 128, 128, 6, 1, true, 1, 1, true)                                      \
+  X(ty, T, 6, 2, 128, 128, 6, 1, true, 2, 1, true)                                      \
+  X(ty, T, 7, 2, 128, 128, 6, 1, true, 2, 2, true)                                      \
+  X(ty, T, 8, 2, 256, 256, 4, 1, false, 1, 1, true)                                     \
+  X(ty, T, 9, 2, 256, 256, 4, 1, false, 2, 1, true)
 
 /* K split over a cluster (ks_body, mbd_wgks_*): 128 x BN tiles, a cluster of
  * S = 2..8 blocks per tile (launch attribute), block s running chunks s,
