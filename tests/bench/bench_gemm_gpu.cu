@@ -10,19 +10,16 @@
  * TFLOP/s. Summary: geometric mean of det/cuBLAS speed over M >= 256 (bf16, all
  * three models) and the 1.4b M=1 weight bandwidth aggregated over its five
  * projections (total weight bytes / total time). --quick: M <= 256 only.
- * At M >= 256 the deterministic GEMM (default: the tile kernels) also runs
- * with MBD_GEMM_MCAST=2 (2 x 1 thread-block clusters sharing the W tile by
- * TMA multicast), MBD_GEMM_MCAST=4 (2 x 2 where the tile allows) and
- * MBD_GEMM_MCAST=2 MBD_GEMM_LAG=2 (the second consumer warpgroup two k tiles
- * behind), MBD_GEMM_PERSIST=1 (the 128-row tiles persistent: at most the
- * co-resident blocks, each walking tiles with one ring) alone and with
- * MBD_GEMM_MCAST=2, same bits, a SUMMARY line each; for K <= 256 also
- * MBD_GEMM_MCAST=2 MBD_GEMM_SMALLK=1 (128 x 128 cluster tiles two blocks per
- * SM), its SUMMARY over all M >= 256 shapes (the default's time where K >
- * 256). Last, the shapes where MBD_GEMM_MCAST=2 MBD_GEMM_KSPLIT=1 (K split
- * over a cluster) runs the mbd_wgks kernels, timed with it (a separate pass,
- * so a fault there cannot cost the rest), and the geomean with those shapes'
- * times replaced.
+ * At M >= 256 the deterministic GEMM (default: the tile kernels, 2 x 1
+ * clusters where pick_wcltile chooses them) also runs with MBD_GEMM_MCAST=0
+ * (the plain tile kernels alone), =2 (2 x 1 thread-block clusters sharing
+ * the W tile by TMA multicast), =4 (2 x 2 where the tile allows),
+ * MBD_GEMM_PERSIST=1 (the 128-row tiles persistent: at most the co-resident
+ * blocks, each walking tiles with one ring) alone and with MBD_GEMM_MCAST=2,
+ * same bits, a SUMMARY line each. Last, the shapes where MBD_GEMM_MCAST=2
+ * MBD_GEMM_KSPLIT=1 (K split over a cluster) runs the mbd_wgks kernels,
+ * timed with it (a separate pass, so a fault there cannot cost the rest),
+ * and the geomean with those shapes' times replaced.
  * First the Mamba-2 projections (bench_mamba2; --mamba2: only those). */
 #include <algorithm>
 #include <cuda_bf16.h>
@@ -261,17 +258,16 @@ int main(int argc, char **argv) {
     return 0;
   }
   printf("%-5s %-8s %-4s %5s %6s %5s | %9s %9s | %9s %9s | %6s | %9s %7s | %6s | %9s %6s | "
-         "%9s %6s | %9s %6s | %9s %6s | %9s %6s | %9s %6s | %s\n",
+         "%9s %6s | %9s %6s | %9s %6s | %9s %6s | %s\n",
          "model", "proj", "dt", "M", "N", "K", "det_us", "det", "fast_us", "fast", "ratio",
-         "ped_us", "ped_TF", "det/bw", "mc2_us", "ratio", "mc4_us", "ratio", "lag2_us",
-         "ratio", "sk_us", "ratio", "ps_us", "ratio", "ps2_us", "ratio", "det kernel");
+         "ped_us", "ped_TF", "det/bw", "mc0_us", "ratio", "mc2_us", "ratio", "mc4_us",
+         "ratio", "ps_us", "ratio", "ps2_us", "ratio", "det kernel");
   printf("(device time per GEMM from CUDA-graph replay of back-to-back GEMMs, weights rotated "
          "through HBM)\n");
   printf("(det, fast: TFLOP/s for M >= 256, GB/s of weight bytes for M <= 64; ratio = "
          "det speed / cuBLAS speed; det/bw = weight GB/s / copy bandwidth)\n");
-  double log_sum = 0, log_mc0 = 0, log_mc4 = 0, log_lag = 0, log_sk = 0, log_ps = 0,
-         log_ps2 = 0;
-  double worst = 1e9, worst_mc0 = 1e9, worst_mc4 = 1e9, worst_lag = 1e9;
+  double log_sum = 0, log_mc0 = 0, log_mc4 = 0, log_plain = 0, log_ps = 0, log_ps2 = 0;
+  double worst = 1e9, worst_mc0 = 1e9, worst_mc4 = 1e9, worst_plain = 1e9;
   struct row_t { const char *model, *proj; int m; double t_det, t_fast; };
   std::vector<row_t> rows; /* bf16, M >= 256: for the K-split pass */
   int log_n = 0;
@@ -322,30 +318,17 @@ int main(int argc, char **argv) {
           if (M <= 64) printf("%6.2f | ", wbytes / t[0] / bw);
           else printf("%6s | ", "-");
           if (d == 0 && M >= 256) {
+            setenv("MBD_GEMM_MCAST", "0", 1);
+            const double tl = time_gemm(ctx[d][0], b, a);
             setenv("MBD_GEMM_MCAST", "2", 1);
             const double t0 = time_gemm(ctx[d][0], b, a);
             setenv("MBD_GEMM_MCAST", "4", 1);
             const double t4 = time_gemm(ctx[d][0], b, a);
-            setenv("MBD_GEMM_MCAST", "2", 1);
-            setenv("MBD_GEMM_LAG", "2", 1);
-            const double tl = time_gemm(ctx[d][0], b, a);
-            unsetenv("MBD_GEMM_LAG");
-            printf("%9.2f %6.2f | %9.2f %6.2f | %9.2f %6.2f | ", t0 * 1e6, t[1] / t0, t4 * 1e6,
-                   t[1] / t4, tl * 1e6, t[1] / tl);
-            log_lag += log(t[1] / tl);
-            worst_lag = std::min(worst_lag, t[1] / tl);
-            double tsk = t[0];
-            if (p.k <= 256) {
-              setenv("MBD_GEMM_SMALLK", "1", 1);
-              tsk = time_gemm(ctx[d][0], b, a);
-              unsetenv("MBD_GEMM_SMALLK");
-              unsetenv("MBD_GEMM_MCAST");
-              printf("%9.2f %6.2f | ", tsk * 1e6, t[1] / tsk);
-            } else {
-              unsetenv("MBD_GEMM_MCAST");
-              printf("%9s %6s | ", "-", "-");
-            }
-            log_sk += log(t[1] / tsk);
+            unsetenv("MBD_GEMM_MCAST");
+            printf("%9.2f %6.2f | %9.2f %6.2f | %9.2f %6.2f | ", tl * 1e6, t[1] / tl, t0 * 1e6,
+                   t[1] / t0, t4 * 1e6, t[1] / t4);
+            log_plain += log(t[1] / tl);
+            worst_plain = std::min(worst_plain, t[1] / tl);
             setenv("MBD_GEMM_PERSIST", "1", 1);
             const double tp = time_gemm(ctx[d][0], b, a);
             setenv("MBD_GEMM_MCAST", "2", 1);
@@ -364,8 +347,8 @@ int main(int argc, char **argv) {
             worst_mc4 = std::min(worst_mc4, t[1] / t4);
             log_n++;
           } else {
-            printf("%9s %6s | %9s %6s | %9s %6s | %9s %6s | %9s %6s | %9s %6s | ", "-", "-", "-",
-                   "-", "-", "-", "-", "-", "-", "-", "-", "-");
+            printf("%9s %6s | %9s %6s | %9s %6s | %9s %6s | %9s %6s | ", "-", "-", "-", "-", "-",
+                   "-", "-", "-", "-", "-");
           }
           {
             char kname[64] = "?";
@@ -413,14 +396,12 @@ int main(int argc, char **argv) {
          "%.3f\n", log_n ? exp(log_mc0 / log_n) : 0.0, worst_mc0);
   printf("SUMMARY bf16 det MBD_GEMM_MCAST=4 / cublas-fast geomean over M>=256: %.3f, worst "
          "%.3f\n", log_n ? exp(log_mc4 / log_n) : 0.0, worst_mc4);
-  printf("SUMMARY bf16 det MBD_GEMM_MCAST=2 MBD_GEMM_LAG=2 / cublas-fast geomean over M>=256: %.3f, worst "
-         "%.3f\n", log_n ? exp(log_lag / log_n) : 0.0, worst_lag);
+  printf("SUMMARY bf16 det MBD_GEMM_MCAST=0 (the plain tile kernels) / cublas-fast geomean "
+         "over M>=256: %.3f, worst %.3f\n", log_n ? exp(log_plain / log_n) : 0.0, worst_plain);
   printf("SUMMARY bf16 det MBD_GEMM_PERSIST=1 / cublas-fast geomean over M>=256: %.3f\n",
          log_n ? exp(log_ps / log_n) : 0.0);
   printf("SUMMARY bf16 det MBD_GEMM_PERSIST=1 MBD_GEMM_MCAST=2 / cublas-fast geomean over "
          "M>=256: %.3f\n", log_n ? exp(log_ps2 / log_n) : 0.0);
-  printf("SUMMARY bf16 det MBD_GEMM_MCAST=2 MBD_GEMM_SMALLK=1 (K <= 256 shapes) / cublas-fast geomean over "
-         "M>=256: %.3f\n", log_n ? exp(log_sk / log_n) : 0.0);
   fflush(stdout);
   printf("SUMMARY bf16 1.4b M=1 aggregated weight bandwidth: det %.0f GB/s = %.2f of copy bw "
          "(floor 0.60), cublas-fast %.0f GB/s = %.2f\n", agg_bytes / agg_time / 1e9,
@@ -444,10 +425,9 @@ int main(int argc, char **argv) {
     const double tm0 = time_gemm(ctx[0][0], b, a);
     setenv("MBD_GEMM_MCAST", "4", 1);
     const double tm4 = time_gemm(ctx[0][0], b, a);
-    setenv("MBD_GEMM_MCAST", "2", 1);
-    setenv("MBD_GEMM_LAG", "2", 1);
+    setenv("MBD_GEMM_MCAST", "0", 1);
     const double tl = time_gemm(ctx[0][0], b, a);
-    unsetenv("MBD_GEMM_LAG");
+    setenv("MBD_GEMM_MCAST", "2", 1);
     setenv("MBD_GEMM_PERSIST", "1", 1);
     const double tp2 = time_gemm(ctx[0][0], b, a);
     unsetenv("MBD_GEMM_MCAST");
@@ -455,7 +435,7 @@ int main(int argc, char **argv) {
     unsetenv("MBD_GEMM_PERSIST");
     double fl = 2.0 * S * S * S;
     printf("square bf16 %d^3: det %.1f TFLOP/s, cublas-fast %.1f TFLOP/s, ratio %.2f; "
-           "MBD_GEMM_MCAST=2 %.1f, =4 %.1f, =2 with MBD_GEMM_LAG=2 %.1f; MBD_GEMM_PERSIST=1 %.1f, "
+           "MBD_GEMM_MCAST=2 %.1f, =4 %.1f, =0 %.1f; MBD_GEMM_PERSIST=1 %.1f, "
            "with MBD_GEMM_MCAST=2 %.1f TFLOP/s\n", S, fl / t0 / 1e12, fl / t1 / 1e12, t1 / t0,
            fl / tm0 / 1e12, fl / tm4 / 1e12, fl / tl / 1e12, fl / tp / 1e12, fl / tp2 / 1e12);
     fflush(stdout);
