@@ -53,29 +53,18 @@ struct wcltile_cfg {
 };
 #define WCLTILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN, PS)                        \
   {64 * CWG, BN, ST, MINB, CM, CN, PS},
-static constexpr wcltile_cfg k_wcltiles[10] = {MBD_WG_CL_TILES(WCLTILE, , )};
+static constexpr wcltile_cfg k_wcltiles[9] = {MBD_WG_CL_TILES(WCLTILE, , )};
 #undef WCLTILE
 static constexpr bool wcl_all_128(int i) {
-  return i == 10 || (k_wcltiles[i].bm == 128 && wcl_all_128(i + 1));
+  return i == 9 || (k_wcltiles[i].bm == 128 && wcl_all_128(i + 1));
 }
 static_assert(wcl_all_128(0), "pick_wcltile replaces 128-row tiles only");
-/* Cluster tile 4: 128 x 128 for K <= one chunk, two blocks per SM. */
-#define WCLTILE_SMALLK 4
-/* The K-split cluster tiles (MBD_WG_KS_TILES): bn, stages, least cluster size. */
-struct wkstile_cfg {
-  int bn, stages, smin;
-};
-#define WKSTILE(ty, T, i, BN, ST, SMIN) {BN, ST, SMIN},
-static constexpr wkstile_cfg k_wkstiles[4] = {MBD_WG_KS_TILES(WKSTILE, , )};
-#undef WKSTILE
 /* The kernel slots (gpu_ctx_impl.h) hold one kernel per configuration. */
 static_assert(MBD_K_SGEMM_TF32 - MBD_K_SGEMM_F32 == sizeof k_stiles / sizeof k_stiles[0], "");
 static_assert(MBD_K_HGEMM_F16 - MBD_K_HGEMM_BF16 == 2 * sizeof k_htiles / sizeof k_htiles[0], "");
 static_assert(MBD_K_WGEMM_F16 - MBD_K_WGEMM_BF16 == sizeof k_wtiles / sizeof k_wtiles[0], "");
 static_assert(MBD_K_WGCL_F16 - MBD_K_WGCL_BF16 == sizeof k_wcltiles / sizeof k_wcltiles[0], "");
-static_assert(MBD_K_WGKS_BF16 - MBD_K_WGCL_F16 == sizeof k_wcltiles / sizeof k_wcltiles[0], "");
-static_assert(MBD_K_WGKS_F16 - MBD_K_WGKS_BF16 == sizeof k_wkstiles / sizeof k_wkstiles[0], "");
-static_assert(MBD_K_COUNT - MBD_K_WGKS_F16 == sizeof k_wkstiles / sizeof k_wkstiles[0], "");
+static_assert(MBD_K_COUNT - MBD_K_WGCL_F16 == sizeof k_wcltiles / sizeof k_wcltiles[0], "");
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -390,12 +379,8 @@ static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
  * kernel of either kind); 2 = 2 x 1 clusters; 4 = 2 x 2 clusters where the
  * tile allows; unset or other = -1, automatic (pick_wcltile): 2 x 1 only
  * where it measured faster. MBD_GEMM_PERSIST=1: the 128 x 128 and
- * 128 x 256 tiles (clustered or not) run persistent. MBD_GEMM_SMALLK=1: for
- * K <= one chunk, 128 x 128 cluster tiles two blocks per SM (instead of
- * 128 x 256). MBD_GEMM_KSPLIT: 1 = the
- * K split over clusters where gemm_ks applies, 0 = never; unset: never (not
- * yet measured). Same bits in every setting (the bench and the bitwise test
- * compare them). */
+ * 128 x 256 tiles (clustered or not) run persistent. Same bits in every
+ * setting (the bench and the bitwise test compare them). */
 static int mcast_mode(void) {
   const char *env = getenv("MBD_GEMM_MCAST");
   if (env && (env[0] == '0' || env[0] == '2' || env[0] == '4') && env[1] == 0)
@@ -423,17 +408,13 @@ static int pick_wcltile(int ti, int64_t m, int64_t n) {
   const int bn = k_wtiles[ti].bn;
   int cm = 1, cn = 1;
   if (mode != 0 && pairs) {
-    if (!ps && ti == WTILE_NOFOLD) { /* MBD_GEMM_SMALLK=1: 128 x 128, two blocks per SM */
-      const char *env = getenv("MBD_GEMM_SMALLK");
-      if (env && env[0] == '1') return WCLTILE_SMALLK;
-    }
     cm = 2;
     cn = mode == 4 && bn == 128 && cdiv(n, bn) >= 2 ? 2 : 1;
   }
   if (cm * cn == 1 && !ps) return -1;
   for (int i = 0; i < (int)(sizeof k_wcltiles / sizeof k_wcltiles[0]); i++) {
     const wcltile_cfg &c = k_wcltiles[i];
-    if (i != WCLTILE_SMALLK && c.bn == bn && c.cm == cm && c.cn == cn && c.ps == ps) return i;
+    if (c.bn == bn && c.cm == cm && c.cn == cn && c.ps == ps) return i;
   }
   return -1;
 }
@@ -482,11 +463,6 @@ static int gemm_wgcl(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gem
     return 1;
   P.tiles_m = (int)cdiv(a->m, c.bm);
   P.tiles_n = (int)cdiv(a->n, c.bn);
-  { /* MBD_GEMM_LAG=n: the second warpgroup starts n k tiles behind (timing only) */
-    const char *env = getenv("MBD_GEMM_LAG");
-    const int lag = env ? atoi(env) : 0;
-    P.lag = lag > 0 && lag < c.stages - 1 ? lag : 0;
-  }
   int64_t clusters = cdiv(P.tiles_m, c.cm) * cdiv(P.tiles_n, c.cn);
   const size_t smem = (size_t)c.stages * (c.bm + c.bn) * 128 + 1024 + 16 * (size_t)c.stages;
   const int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_WGCL_BF16 : MBD_K_WGCL_F16) + ci;
@@ -529,69 +505,6 @@ static int gemm_wgcl(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gem
                 a->w_static != 0, err, cs);
 }
 
-/* K split over a cluster (ks_body) for M >= 256 with at least two chunks
- * where 128 x BN tiles (BN: the narrowest of k_wkstiles that covers N, else
- * 128) fill at most half the SMs: each tile gets a cluster of S = 8, 4 or 2
- * blocks (at most one per chunk), the largest whose blocks all fit one wave
- * (the device's count of co-resident clusters, cudaOccupancyMaxActiveClusters).
- * Scheduling only (same chains, same fold). Returns 1 when it does not apply. */
-static int gemm_ks(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
-                   const char **kname, mbd_error *err) {
-  const char *env = getenv("MBD_GEMM_KSPLIT");
-  if (!(env && env[0] == '1') || mcast_mode() == 0 || a->m < 256) return 1;
-  const int64_t chunks = cdiv(a->k, MBD_WG_KCH);
-  if (chunks < 2) return 1;
-  int ki = 1;
-  for (int i = 0; i < (int)(sizeof k_wkstiles / sizeof k_wkstiles[0]); i++)
-    if (a->n <= k_wkstiles[i].bn) {
-      ki = i;
-      break;
-    }
-  const wkstile_cfg &c = k_wkstiles[ki];
-  const int64_t tiles_m = cdiv(a->m, 128), tiles_n = cdiv(a->n, c.bn), tiles = tiles_m * tiles_n;
-  if (2 * tiles > ctx->sm_count) return 1;
-  const size_t smem = (size_t)c.stages * (128 + c.bn) * 128 + (size_t)128 * c.bn * 4 + 1024 +
-                      16 * (size_t)c.stages + 16;
-  const int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_WGKS_BF16 : MBD_K_WGKS_F16) + ki;
-  int splits = 0;
-  for (int sz = 8; sz >= c.smin && !splits; sz /= 2) {
-    if (sz > chunks || tiles * sz > ctx->sm_count) continue;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = (unsigned)sz;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3((unsigned)(tiles * sz));
-    cfg.blockDim = dim3(8 * 32 + 32);
-    cfg.dynamicSmemBytes = smem;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    int fit = 0;
-    if (!mbd_gpu_status_ok(
-            cudaOccupancyMaxActiveClusters(&fit, (const void *)ctx->k[slot], &cfg))) {
-      (void)cudaGetLastError(); /* no answer: one block per SM, whole clusters */
-      fit = ctx->sm_count / sz;
-    }
-    if (fit >= tiles) splits = sz;
-  }
-  if (!splits) return 1;
-  mbd_wg_params P;
-  memset(&P, 0, sizeof P);
-  P.p = p;
-  P.a_rows = 128;
-  if (!encode_map(&P.tx, a->dtype, a->x, a->m, a->k, 128) ||
-      !encode_map(&P.tw, a->dtype, a->w, a->n, a->k, c.bn))
-    return 1;
-  P.tiles_m = (int)tiles_m;
-  P.tiles_n = (int)tiles_n;
-  *kname = mbd_k_kernel_names[slot];
-  void *args[] = {&P};
-  cl_debug(ctx, slot, (unsigned)(tiles * splits), 8 * 32 + 32, smem, (unsigned)splits);
-  return launch(ctx, slot, dim3((unsigned)(tiles * splits)), dim3(8 * 32 + 32), smem, args,
-                a->w_static != 0, err, (unsigned)splits);
-}
-
 static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
                    const char **kname, mbd_error *err) {
   mbd_wg_params P;
@@ -601,10 +514,6 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
              encoder() != NULL;
   if (a->m <= 16) {
     int rc = gemm_mk(ctx, a, p, kname, err);
-    if (rc != 1) return rc; /* 1: not applicable, the tile kernels run */
-  }
-  if (tma) {
-    const int rc = gemm_ks(ctx, a, p, kname, err);
     if (rc != 1) return rc; /* 1: not applicable, the tile kernels run */
   }
   int ti = pick_wtile(ctx, a->m, a->n, a->k, tma);

@@ -16,10 +16,7 @@
  * the W tile by TMA multicast), =4 (2 x 2 where the tile allows),
  * MBD_GEMM_PERSIST=1 (the 128-row tiles persistent: at most the co-resident
  * blocks, each walking tiles with one ring) alone and with MBD_GEMM_MCAST=2,
- * same bits, a SUMMARY line each. Last, the shapes where MBD_GEMM_MCAST=2
- * MBD_GEMM_KSPLIT=1 (K split over a cluster) runs the mbd_wgks kernels,
- * timed with it (a separate pass, so a fault there cannot cost the rest),
- * and the geomean with those shapes' times replaced.
+ * same bits, a SUMMARY line each.
  * First the Mamba-2 projections (bench_mamba2; --mamba2: only those). */
 #include <algorithm>
 #include <cuda_bf16.h>
@@ -268,8 +265,6 @@ int main(int argc, char **argv) {
          "det speed / cuBLAS speed; det/bw = weight GB/s / copy bandwidth)\n");
   double log_sum = 0, log_mc0 = 0, log_mc4 = 0, log_plain = 0, log_ps = 0, log_ps2 = 0;
   double worst = 1e9, worst_mc0 = 1e9, worst_mc4 = 1e9, worst_plain = 1e9;
-  struct row_t { const char *model, *proj; int m; double t_det, t_fast; };
-  std::vector<row_t> rows; /* bf16, M >= 256: for the K-split pass */
   int log_n = 0;
   double agg_bytes = 0, agg_time = 0, agg_time_fast = 0;
   for (int d = 0; d < (with_f32 ? 2 : 1); d++) {
@@ -338,7 +333,6 @@ int main(int argc, char **argv) {
             printf("%9.2f %6.2f | %9.2f %6.2f | ", tp * 1e6, t[1] / tp, tp2 * 1e6, t[1] / tp2);
             log_ps += log(t[1] / tp);
             log_ps2 += log(t[1] / tp2);
-            rows.push_back({mo.name, p.name, M, t[0], t[1]});
             log_sum += log(t[1] / t[0]);
             log_mc0 += log(t[1] / t0);
             log_mc4 += log(t[1] / t4);
@@ -439,84 +433,6 @@ int main(int argc, char **argv) {
            "with MBD_GEMM_MCAST=2 %.1f TFLOP/s\n", S, fl / t0 / 1e12, fl / t1 / 1e12, t1 / t0,
            fl / tm0 / 1e12, fl / tm4 / 1e12, fl / tl / 1e12, fl / tp / 1e12, fl / tp2 / 1e12);
     fflush(stdout);
-  }
-  { /* K split over a cluster: a separate pass (see the header) */
-    mbd_gpu_ctx *det = ctx[0][0];
-    double log_ks = log_sum;
-    int n_ks = 0;
-    size_t ri = 0;
-    printf("K split (MCAST=2 KSPLIT=1) | %-5s %-8s %5s %6s %5s | %9s %9s %9s | %6s %6s | %s\n",
-           "model", "proj", "M", "N", "K", "det_us", "ks_us", "fast_us", "ratio", "ks", "kernel");
-    for (auto &mo : models) {
-      struct { const char *name; int n, k; } proj[5] = {
-          {"in_proj", 4 * mo.d, mo.d}, {"x_proj", mo.dt_rank + 32, 2 * mo.d},
-          {"dt_proj", 2 * mo.d, mo.dt_rank}, {"out_proj", mo.d, 2 * mo.d},
-          {"lm_head", 50280, mo.d}};
-      for (auto &p : proj) {
-        const size_t maxm = quick ? 256 : 8192, wbytes = (size_t)p.n * p.k * 2;
-        std::vector<int> ms; /* the main table's M >= 256 rows of this shape, in order */
-        std::vector<size_t> idx;
-        for (int M : {256, 2048, 8192})
-          if ((size_t)M <= maxm && ri < rows.size()) {
-            ms.push_back(M);
-            idx.push_back(ri++);
-          }
-        if (ms.empty()) continue;
-        int nb = (int)std::min<size_t>(16, std::max<size_t>(1, ((size_t)256 << 20) / wbytes));
-        size_t xbytes = maxm * p.k * 2;
-        int nbx = (int)std::min<size_t>(nb, std::max<size_t>(1, ((size_t)128 << 20) / xbytes));
-        bufset b;
-        for (int i = 0; i < nb; i++) {
-          void *w;
-          CK(cudaMalloc(&w, wbytes));
-          fill_random(w, (size_t)p.n * p.k, MBD_DTYPE_BF16, 7 + i);
-          b.w.push_back(w);
-        }
-        for (int i = 0; i < nbx; i++) {
-          void *x;
-          CK(cudaMalloc(&x, xbytes));
-          fill_random(x, maxm * p.k, MBD_DTYPE_BF16, 100 + i);
-          b.x.push_back(x);
-        }
-        CK(cudaMalloc(&b.y, maxm * p.n * 4));
-        for (size_t j = 0; j < ms.size(); j++) {
-          const int M = ms[j];
-          const row_t &rw = rows[idx[j]];
-          mbd_gpu_gemm_args a = {MBD_DTYPE_BF16, MBD_DTYPE_F32, M, p.n, p.k, b.x[0], b.w[0],
-                                 NULL, b.y, 0};
-          setenv("MBD_GEMM_KSPLIT", "1", 1);
-          setenv("MBD_GEMM_MCAST", "2", 1);
-          setenv("MBD_GEMM_CLDEBUG", "1", 1);
-          fflush(stdout);
-          char kname[64] = "?";
-          if (mbd_gpu_record_begin(det, &err) == 0) {
-            if (mbd_gpu_gemm(det, &a, &err) < 0) die("gemm", err);
-            if (mbd_gpu_record_end(det, &err) == 0 && mbd_gpu_record_count(det) == 1)
-              snprintf(kname, sizeof kname, "%s", mbd_gpu_record_at(det, 0)->kernel);
-          }
-          unsetenv("MBD_GEMM_CLDEBUG");
-          if (!strstr(kname, "wgks")) {
-            unsetenv("MBD_GEMM_KSPLIT");
-            unsetenv("MBD_GEMM_MCAST");
-            continue;
-          }
-          const double tk = time_gemm(det, b, a);
-          unsetenv("MBD_GEMM_KSPLIT");
-          unsetenv("MBD_GEMM_MCAST");
-          printf("K split (MCAST=2 KSPLIT=1) | %-5s %-8s %5d %6d %5d | %9.2f %9.2f %9.2f | "
-                 "%6.2f %6.2f | %s\n", mo.name, p.name, M, p.n, p.k, rw.t_det * 1e6, tk * 1e6,
-                 rw.t_fast * 1e6, rw.t_fast / rw.t_det, rw.t_fast / tk, kname);
-          fflush(stdout);
-          log_ks += log(rw.t_fast / tk) - log(rw.t_fast / rw.t_det);
-          n_ks++;
-        }
-        for (auto w : b.w) CK(cudaFree(w));
-        for (auto x : b.x) CK(cudaFree(x));
-        CK(cudaFree(b.y));
-      }
-    }
-    printf("SUMMARY bf16 det with MBD_GEMM_KSPLIT=1 / cublas-fast geomean over M>=256 (%d of %d "
-           "shapes K split): %.3f\n", n_ks, log_n, log_n ? exp(log_ks / log_n) : 0.0);
   }
   for (int d = 0; d < 2; d++)
     for (int m = 0; m < 3; m++) mbd_gpu_ctx_destroy(&ctx[d][m]);

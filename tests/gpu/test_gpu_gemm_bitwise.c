@@ -30,10 +30,9 @@
  *   clusters multicasting the W / X tiles, mbd_wgcl_*) give the rows-alone
  *   bits at M with even and odd M tile counts (a block past the last tile)
  *   and partial N tiles, under MBD_GEMM_MCAST=0 (no clusters), 4 (2 x 2)
- *   and the default (2 x 1); each cluster form must run on some shape;
- * - the same with MBD_GEMM_KSPLIT=1 (K split over a cluster, mbd_wgks_*:
- *   chunk partials folded in order through distributed shared memory) on
- *   few-tile shapes, last (test_ksplit_*), where it must run. */
+ *   and 2 (2 x 1), each also persistent (MBD_GEMM_PERSIST=1), and the
+ *   default (2 x 1 only for narrow N at many M tiles); each form must run
+ *   on some shape. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -248,55 +247,46 @@ static void check_ragged(fixture *f, int want_ragged) {
     fail_msg("%lld batch sizes differ between the strided and ragged kernels", (long long)failed);
 }
 
-/* MBD_GEMM_MCAST settings (2 also with MBD_GEMM_LAG=2, the second consumer
- * warpgroup two k tiles behind, and MBD_GEMM_SMALLK=1, 128 x 128 cluster
- * tiles for K <= 256), each also persistent (MBD_GEMM_PERSIST=1, 0 included:
- * the persistent tiles alone): every one gives the rows-alone bits at M that
- * pair 128-row tiles (129, 256), leave an odd tile count (520: 5, 1100: 9,
- * 2047: 16 with a partial last tile, 1000: 8) or many tiles (4096).
- * ksplit: MBD_GEMM_KSPLIT for the runs ("0" or "1"). seen[0], seen[1]: runs
- * of a 2 x 1 and a 2 x 2 cluster tile kernel (mbd_wgcl_*_1 is the 2 x 2 one);
- * seen[2]: of wgmma tile kernels (the sm_90a family, whose large-M tiles the
- * cluster kernels replace); seen[3]: of the K split over a cluster
- * (mbd_wgks_*). */
-static void check_mcast(fixture *f, const char *ksplit, int seen[4]) {
+/* MBD_GEMM_MCAST settings, each also persistent (MBD_GEMM_PERSIST=1; with
+ * MBD_GEMM_MCAST=0 the persistent tiles alone): every one gives the
+ * rows-alone bits at M that pair 128-row tiles (129, 256), leave an odd tile
+ * count (520: 5, 1100: 9, 2047: 16 with a partial last tile, 1000: 8) or
+ * many tiles (4096). seen[0], seen[1]: runs of a 2 x 1 and a 2 x 2 cluster
+ * tile kernel (mbd_wgcl_*_1 and _6 are the 2 x 2 ones); seen[2]: of wgmma
+ * tile kernels (the sm_90a family, whose large-M tiles the cluster kernels
+ * replace); seen[3]: of a persistent tile kernel (mbd_wgcl_*_4.._8). */
+static void check_mcast(fixture *f, int seen[4]) {
   if (f->dt == MBD_DTYPE_F32) return;
-  /* MBD_GEMM_MCAST, _LAG, _SMALLK, _PERSIST */
-  static const char *const modes[][4] = {{"0", "0", "0", "0"}, {"4", "0", "0", "0"},
-                                         {"2", "2", "1", "0"}, {"2", "0", "0", "0"},
-                                         {"0", "0", "0", "1"}, {"2", "2", "0", "1"},
-                                         {"4", "0", "0", "1"}};
+  /* MBD_GEMM_MCAST, MBD_GEMM_PERSIST */
+  static const char *const modes[][2] = {{"0", "0"}, {"4", "0"}, {"2", "0"},
+                                         {"0", "1"}, {"2", "1"}, {"4", "1"}};
   static const int64_t ms[] = {129, 256, 520, 1000, 1100, 2047, 4096};
   int64_t failed = 0;
-  assert_int_equal(setenv("MBD_GEMM_KSPLIT", ksplit, 1), 0);
   for (size_t mi = 0; mi < sizeof modes / sizeof modes[0]; mi++) {
     assert_int_equal(setenv("MBD_GEMM_MCAST", modes[mi][0], 1), 0);
-    assert_int_equal(setenv("MBD_GEMM_LAG", modes[mi][1], 1), 0);
-    assert_int_equal(setenv("MBD_GEMM_SMALLK", modes[mi][2], 1), 0);
-    assert_int_equal(setenv("MBD_GEMM_PERSIST", modes[mi][3], 1), 0);
+    assert_int_equal(setenv("MBD_GEMM_PERSIST", modes[mi][1], 1), 0);
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
       char name[64];
       kernel_of(f, ms[i], name, sizeof name);
-      const int cl = strstr(name, "wgcl") != NULL, ks = strstr(name, "wgks") != NULL;
-      if (modes[mi][0][0] == '0' && modes[mi][3][0] == '0' && (cl || ks))
+      const char *cl = strstr(name, "wgcl_");
+      if (modes[mi][0][0] == '0' && modes[mi][1][0] == '0' && cl)
         fail_msg("MBD_GEMM_MCAST=0 ran %s", name);
-      if (ksplit[0] == '0' && ks) fail_msg("MBD_GEMM_KSPLIT=0 ran %s", name);
-      if (cl) seen[strstr(name, "wgcl_bf16_1") || strstr(name, "wgcl_f16_1") ? 1 : 0]++;
+      if (cl) {
+        const int idx = atoi(strrchr(name, '_') + 1);
+        if (idx >= 4) seen[3]++;
+        if (idx != 4 && idx != 7) seen[idx == 1 || idx == 6 ? 1 : 0]++;
+      }
       if (strstr(name, "wgemm")) seen[2]++;
-      if (ks) seen[3]++;
       const int64_t row0 = ms[i] % 11;
       run_rows(f, row0, ms[i]);
-      char what[112];
-      snprintf(what, sizeof what, "MBD_GEMM_MCAST=%s LAG=%s SMALLK=%s PERSIST=%s KSPLIT=%s %s",
-               modes[mi][0], modes[mi][1], modes[mi][2], modes[mi][3], ksplit, name);
+      char what[128];
+      snprintf(what, sizeof what, "MBD_GEMM_MCAST=%s MBD_GEMM_PERSIST=%s %s", modes[mi][0],
+               modes[mi][1], name);
       if (count_diff(f, row0, ms[i], what)) failed++;
     }
   }
   assert_int_equal(unsetenv("MBD_GEMM_MCAST"), 0);
-  assert_int_equal(unsetenv("MBD_GEMM_LAG"), 0);
-  assert_int_equal(unsetenv("MBD_GEMM_SMALLK"), 0);
   assert_int_equal(unsetenv("MBD_GEMM_PERSIST"), 0);
-  assert_int_equal(unsetenv("MBD_GEMM_KSPLIT"), 0);
   if (failed) fail_msg("%lld cluster-setting runs differ from rows alone", (long long)failed);
 }
 
@@ -473,7 +463,7 @@ static void run_policy(mbd_dtype_policy pol) {
     check_invariance(&f, shapes[s][2]);
     if (s != 1) check_unaligned(&f);
     check_ragged(&f, (int)shapes[s][3]);
-    check_mcast(&f, "0", seen);
+    check_mcast(&f, seen);
     if (s == 0) {
       check_repeat_and_graph(&f);
       check_storage_output(&f);
@@ -482,41 +472,20 @@ static void run_policy(mbd_dtype_policy pol) {
     check_reference(&f, pol, pol == MBD_POLICY_F32 ? 300 : 64);
     teardown_fx(&f);
   }
-  if (seen[2] && (!seen[0] || !seen[1]))
-    fail_msg("the cluster kernels did not run (2 x 1: %d, 2 x 2: %d runs)", seen[0], seen[1]);
-}
-
-/* The K split over a cluster (MBD_GEMM_KSPLIT=1), a test of its own after
- * the others: shapes with two chunks or more and few 128-row tiles at M >=
- * 256 (N = 1100, K = 520: three chunks, the last one short; x_proj-like N =
- * 80, 160, 192 at K = 1536, 4096, 5120; out_proj-like N = 2048, K = 4096),
- * every MBD_GEMM_MCAST setting against rows alone; it must run. */
-static void run_ksplit(mbd_dtype_policy pol) {
-  static const int64_t shapes[5][2] = {
-      {1100, 520}, {80, 1536}, {160, 4096}, {192, 5120}, {2048, 4096}};
-  int seen[4] = {0, 0, 0, 0};
-  for (int s = 0; s < 5; s++) {
-    fixture f;
-    setup(&f, pol, shapes[s][0], shapes[s][1], 4321 + (uint64_t)pol * 7 + (uint64_t)s);
-    compute_alone(&f);
-    check_mcast(&f, "1", seen);
-    teardown_fx(&f);
-  }
-  if (seen[2] && !seen[3]) fail_msg("MBD_GEMM_KSPLIT=1 never ran the K-split kernels");
+  if (seen[2] && (!seen[0] || !seen[1] || !seen[3]))
+    fail_msg("the cluster kernels did not run (2 x 1: %d, 2 x 2: %d, persistent: %d runs)",
+             seen[0], seen[1], seen[3]);
 }
 
 static void test_f32(void **st) { (void)st; run_policy(MBD_POLICY_F32); }
 static void test_tf32(void **st) { (void)st; run_policy(MBD_POLICY_TF32); }
 static void test_bf16(void **st) { (void)st; run_policy(MBD_POLICY_BF16); }
 static void test_f16(void **st) { (void)st; run_policy(MBD_POLICY_F16); }
-static void test_ksplit_bf16(void **st) { (void)st; run_ksplit(MBD_POLICY_BF16); }
-static void test_ksplit_f16(void **st) { (void)st; run_ksplit(MBD_POLICY_F16); }
 
 int main(void) {
   gpu_test_require_device();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_f32), cmocka_unit_test(test_tf32), cmocka_unit_test(test_bf16),
-      cmocka_unit_test(test_f16), cmocka_unit_test(test_ksplit_bf16),
-      cmocka_unit_test(test_ksplit_f16)};
+      cmocka_unit_test(test_f16)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

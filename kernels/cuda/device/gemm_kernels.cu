@@ -340,23 +340,12 @@ template <typename T, int N> struct wgmma_op {
 #define WG_ACC_36(F)                                                                    \
   WG_ACC_32(F)                                                                          \
   F(32) F(33) F(34) F(35)
-#define WG_ACC_40(F)                                                                    \
-  WG_ACC_36(F)                                                                          \
-  F(36) F(37) F(38) F(39)
 #define WG_ACC_64(F)                                                                    \
   WG_ACC_32(F)                                                                          \
   F(32) F(33) F(34) F(35) F(36) F(37) F(38) F(39) F(40) F(41)                           \
   F(42) F(43) F(44) F(45) F(46) F(47) F(48) F(49) F(50) F(51)                           \
   F(52) F(53) F(54) F(55) F(56) F(57) F(58) F(59) F(60) F(61)                           \
   F(62) F(63)
-#define WG_ACC_80(F)                                                                    \
-  WG_ACC_64(F)                                                                          \
-  F(64) F(65) F(66) F(67) F(68) F(69) F(70) F(71) F(72) F(73)                           \
-  F(74) F(75) F(76) F(77) F(78) F(79)
-#define WG_ACC_96(F)                                                                    \
-  WG_ACC_80(F)                                                                          \
-  F(80) F(81) F(82) F(83) F(84) F(85) F(86) F(87) F(88) F(89)                           \
-  F(90) F(91) F(92) F(93) F(94) F(95)
 #define WG_ACC_128(F)                                                                   \
   WG_ACC_64(F)                                                                          \
   F(64) F(65) F(66) F(67) F(68) F(69) F(70) F(71) F(72) F(73)                           \
@@ -383,10 +372,7 @@ template <typename T, int N> struct wgmma_op {
   X(T, ty, 32, 16, 17)                                                                  \
   X(T, ty, 64, 32, 33)                                                                  \
   X(T, ty, 72, 36, 37)                                                                  \
-  X(T, ty, 80, 40, 41)                                                                  \
   X(T, ty, 128, 64, 65)                                                                 \
-  X(T, ty, 160, 80, 81)                                                                 \
-  X(T, ty, 192, 96, 97)                                                                 \
   X(T, ty, 256, 128, 129)
 MBD_WGMMA_SHAPES(MBD_WGMMA, __nv_bfloat16, bf16)
 MBD_WGMMA_SHAPES(MBD_WGMMA, __half, f16)
@@ -467,37 +453,20 @@ __device__ __forceinline__ void mbar_arrive_cl(uint32_t bar, uint32_t rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
-/* The same with cluster-scope release: the writer's shared-memory stores
- * (ordered before it by a CTA barrier) become visible to the peer's loads
- * after its cluster-scope acquire (mbar_wait_cl<true>). */
-__device__ __forceinline__ void mbar_arrive_cl_release(uint32_t bar, uint32_t rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote)
-               : "memory");
-}
 /* mbar_wait with a bound: a protocol error traps (the launch fails) instead
  * of hanging the device; no wait of a GEMM k tile comes near the bound
- * (2 s). CLUSTER: cluster-scope acquire (per round of the K split only). */
-template <bool CLUSTER = false>
+ * (2 s). CTA-scope acquire: what the ring needs (a cluster-scope acquire per
+ * stage measured about half speed). */
 __device__ __forceinline__ void mbar_wait_cl(uint32_t bar, uint32_t parity) {
   uint64_t t0 = 0;
   for (;;) {
     uint32_t ok;
-    if (CLUSTER)
-      asm volatile(
-          "{\n.reg .pred q;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 q, [%1], "
-          "%2, %3;\nselp.u32 %0, 1, 0, q;\n}\n"
-          : "=r"(ok)
-          : "r"(bar), "r"(parity), "r"(0x989680u)
-          : "memory");
-    else
-      asm volatile(
-          "{\n.reg .pred q;\nmbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2, %3;\n"
-          "selp.u32 %0, 1, 0, q;\n}\n"
-          : "=r"(ok)
-          : "r"(bar), "r"(parity), "r"(0x989680u)
-          : "memory");
+    asm volatile(
+        "{\n.reg .pred q;\nmbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2, %3;\n"
+        "selp.u32 %0, 1, 0, q;\n}\n"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity), "r"(0x989680u)
+        : "memory");
     if (ok) return;
     uint64_t now;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
@@ -728,11 +697,6 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
       arr_rank = j * CM + rm;
     }
   }
-  /* cluster tiles with P.lag > 0: warpgroup 1 starts when warpgroup 0 has
-   * issued its first lag_at k tiles (named barrier 2), so the two drain their
-   * chains at chunk ends at different times and the tensor pipe stays busy */
-  const int lag_at = CL && CWG == 2 && P.lag > 0 ? min(P.lag, KT) : 0;
-  if (lag_at > 0 && c == 1) asm volatile("bar.sync 2, 256;" ::: "memory");
   int g = 0; /* ring stage count over all of this block's cells */
   /* one tile: the chains, the fold, the bias and the stores */
   auto consume = [&](const int m0, const int n0) {
@@ -740,12 +704,10 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
 #pragma unroll
   for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
   int kt = 0;
-  for (const int end0 = FOLD ? min(KT, KCH) : KT; kt < end0; kt++, g++) { /* chunk 0 */
+  for (const int end0 = FOLD ? min(KT, KCH) : KT; kt < end0; kt++, g++) /* chunk 0 */
     wg_stage<T, BN, IN, STAGES, NARR, CL || PERSIST>(acc, g, base_s + (g % STAGES) * STAGE_BYTES,
                                                      a_off, A_BYTES, full0, empty0, lane,
                                                      arr_rank);
-    if (lag_at > 0 && c == 0 && g + 1 == lag_at) asm volatile("bar.arrive 2, 256;" ::: "memory");
-  }
   wg_wait<0>();
   wg_fence_regs<BN / 2>(acc);
   /* The running sum lives outside the wgmma accumulators: an accumulator that
@@ -757,13 +719,10 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
     while (kt < KT) { /* chunks 1, 2, ...: a fresh chain each, folded in order */
 #pragma unroll
       for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
-      for (const int end = min(KT, kt + KCH); kt < end; kt++, g++) {
+      for (const int end = min(KT, kt + KCH); kt < end; kt++, g++)
         wg_stage<T, BN, IN, STAGES, NARR, CL || PERSIST>(
             acc, g, base_s + (g % STAGES) * STAGE_BYTES, a_off, A_BYTES, full0, empty0, lane,
             arr_rank);
-        if (lag_at > 0 && c == 0 && g + 1 == lag_at)
-          asm volatile("bar.arrive 2, 256;" ::: "memory");
-      }
       wg_wait<0>();
       wg_fence_regs<BN / 2>(acc);
 #pragma unroll
@@ -819,199 +778,6 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
 #else
   (void)P;
   __trap(); /* not built for sm_90a: the host never dispatches here */
-#endif
-}
-
-/* K split over a cluster (mbd_wgks_*): for the few-tile shapes (x_proj's
- * N <= 192 at K of 1536..5120, out_proj at M = 256), where each 128 x BN tile
- * block walks all the chunk chains of K one after another and the grid fills
- * a fraction of the SMs. A cluster of S blocks (S = %cluster_nctarank) owns
- * one 128 x BN tile; block s runs the chains of chunks s, s + S, s + 2S, ...
- * (round r: chunk r S + s), two consumer warpgroups on the two 64-row halves
- * (wgmma m64nBNk16, the tile kernels' chains) fed by a producer warp through
- * a TMA ring of ST slots. After each round every block leaves its chunk
- * partial in its shared memory, as float2 pairs in fragment order (pair i2 of
- * consumer thread t at i2 * 256 + t), and signals every block (mbarrier
- * `written`, one arrival per block per round); each block then folds its
- * 1/S of the tile's pairs over the round's partials in chunk order, reading
- * the peers' shared memory (ld.shared::cluster), into registers: acc = p_0,
- * acc = acc + p_c for c = 1, 2, ... (__fadd_rn), the contract's fold; and
- * signals `read` so the partial buffers may be rewritten. After the last
- * round each block adds the bias to its pairs and stores them. The waits
- * are bounded (mbar_wait_cl). No block exits before every peer has read its
- * last partial (the last `read` phase), so no remote access outlives it. */
-__device__ __forceinline__ uint32_t cl_size() {
-  uint32_t r;
-  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ float2 ld_dsmem_f2(uint32_t addr) {
-  float2 v;
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ uint32_t cl_map(uint32_t addr, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ void ks_consumer_sync() { /* the 8 consumer warps only */
-  asm volatile("bar.sync 1, 256;" ::: "memory");
-}
-
-template <typename T, int BN, int ST, int SMIN>
-__device__ __forceinline__ void ks_body(const mbd_wg_params &P) {
-#ifdef MBD_HAVE_WGMMA
-  constexpr int BM = 128, BK = 64, KCH = MBD_WG_KCH / BK;
-  constexpr uint32_t A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
-  constexpr uint32_t STAGE_BYTES = A_BYTES + B_BYTES;
-  constexpr int NQ = 64 * BN;    /* float2 pairs of a partial (128 x BN floats) */
-  constexpr int MAXI = (NQ / SMIN + 255) / 256; /* pairs a consumer thread folds, S >= SMIN */
-  static_assert(STAGE_BYTES % 1024 == 0, "ring slots keep the swizzle atom");
-  extern __shared__ __align__(16) unsigned char ks_raw[];
-  const uint32_t raw_s = smem_u32(ks_raw);
-  const uint32_t base_s = (raw_s + 1023u) & ~1023u;
-  unsigned char *base = ks_raw + (base_s - raw_s);
-  float2 *part = (float2 *)(base + ST * STAGE_BYTES);
-  const uint32_t part_s = base_s + ST * STAGE_BYTES;
-  const uint32_t full0 = part_s + NQ * 8, empty0 = full0 + 8 * ST;
-  const uint32_t written = empty0 + 8 * ST, read = written + 8;
-  const mbd_gemm_params &p = P.p;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int S = (int)cl_size(), s = (int)cl_rank();
-  if (S < SMIN) __trap(); /* the host sizes clusters from the same table */
-  const int tile = (int)blockIdx.x / S, tm = tile % P.tiles_m, tn = tile / P.tiles_m;
-  const int m0 = tm * BM, n0 = tn * BN;
-  const int KT = (p.k + BK - 1) / BK, C = (KT + KCH - 1) / KCH, R = (C + S - 1) / S;
-  wg_check_smem(1023u + ST * STAGE_BYTES + NQ * 8u + 16u * ST + 16u);
-
-  if (threadIdx.x == 0) {
-    tma_prefetch_desc(&P.tw);
-    tma_prefetch_desc(&P.tx);
-    for (int i = 0; i < ST; i++) {
-      mbar_init(full0 + 8 * i, 1);
-      mbar_init(empty0 + 8 * i, 8);
-    }
-    mbar_init(written, S);
-    mbar_init(read, S);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  cl_arrive(); /* the peers' barriers exist before anything signals them */
-  cl_wait();
-  wg_pdl_wait(); /* X and Y belong to the predecessor until it completes */
-  wg_pdl_trigger();
-
-  if (warp == 8) { /* producer: this block's chunks' k tiles in order */
-    if (lane == 0) {
-      int t = 0;
-      for (int c = s; c < C; c += S)
-        for (int kt = 4 * c, end = min(KT, 4 * c + KCH); kt < end; kt++, t++) {
-          const int i = t % ST;
-          const uint32_t a_s = base_s + i * STAGE_BYTES;
-          if (t >= ST) mbar_wait_cl(empty0 + 8 * i, ((uint32_t)(t / ST) & 1u) ^ 1u);
-          mbar_expect_tx(full0 + 8 * i, (uint32_t)P.a_rows * 128u + B_BYTES);
-          tma_load_2d(a_s, &P.tx, full0 + 8 * i, kt * BK, m0);
-          tma_load_2d(a_s + A_BYTES, &P.tw, full0 + 8 * i, kt * BK, n0);
-        }
-    }
-    return;
-  }
-
-  const int tid = threadIdx.x; /* consumer thread 0..255 */
-  const uint32_t a_off = (warp >> 2) * 64 * 128;
-  const int qp = (NQ + S - 1) / S, q_lo = s * qp, q_hi = min(NQ, q_lo + qp);
-  const int nv = q_hi - q_lo - tid > 0 ? (q_hi - q_lo - tid + 255) / 256 : 0; /* pairs folded */
-  float acc[BN / 2];
-  float2 fold[MAXI];
-#pragma unroll
-  for (int i = 0; i < MAXI; i++) fold[i] = make_float2(0.0f, 0.0f);
-  int t = 0;
-  for (int r = 0; r < R; r++) {
-    const int c = r * S + s;
-    if (c < C) { /* chunk c's chain from 0 */
-#pragma unroll
-      for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
-      for (int kt = 4 * c, end = min(KT, 4 * c + KCH); kt < end; kt++, t++)
-        wg_stage<T, BN, BN, ST, 0, true>(acc, t, base_s + (t % ST) * STAGE_BYTES, a_off,
-                                         A_BYTES, full0, empty0, lane, 0u);
-      wg_wait<0>();
-      wg_fence_regs<BN / 2>(acc);
-    }
-    /* Cluster-scope handshakes, once per round: a CTA barrier orders every
-     * consumer's accesses before thread t's release to block t, and thread
-     * 0's acquire before every consumer's accesses after the next one. */
-    if (r > 0) { /* every block has read round r - 1's partials */
-      if (tid == 0) mbar_wait_cl<true>(read, (uint32_t)(r - 1) & 1u);
-      ks_consumer_sync();
-    }
-    if (c < C) {
-#pragma unroll
-      for (int i = 0; i < BN / 4; i++) part[i * 256 + tid] = make_float2(acc[2 * i], acc[2 * i + 1]);
-    }
-    ks_consumer_sync();
-    if (tid < S) mbar_arrive_cl_release(written, (uint32_t)tid);
-    if (tid == 0) mbar_wait_cl<true>(written, (uint32_t)r & 1u);
-    ks_consumer_sync();
-    for (int j = 0; j < S && r * S + j < C; j++) { /* chunk r S + j, ascending */
-      const int cc = r * S + j;
-      const uint32_t src = cl_map(part_s, (uint32_t)j);
-#pragma unroll
-      for (int i0 = 0; i0 < MAXI; i0 += 8) { /* eight loads in flight before the adds */
-        float2 v[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-          if (i0 + u < MAXI && i0 + u < nv)
-            v[u] = ld_dsmem_f2(src + 8u * (uint32_t)(q_lo + tid + 256 * (i0 + u)));
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-          const int i = i0 + u;
-          if (i < MAXI && i < nv)
-            fold[i] = cc == 0 ? v[u]
-                              : make_float2(__fadd_rn(fold[i].x, v[u].x),
-                                            __fadd_rn(fold[i].y, v[u].y));
-        }
-      }
-    }
-    ks_consumer_sync();
-    if (tid < S) mbar_arrive_cl_release(read, (uint32_t)tid);
-  }
-  /* no peer reads this block's partial any more once every block has read
-   * the last round (the block's shared memory lives until thread 0 is done) */
-  if (tid == 0) mbar_wait_cl<true>(read, (uint32_t)(R - 1) & 1u);
-
-  const T *B = (const T *)p.bias;
-#pragma unroll
-  for (int i = 0; i < MAXI; i++) {
-    const int q = q_lo + tid + 256 * i;
-    if (q >= q_hi) continue;
-    /* pair i2 of consumer thread u: the tile kernels' fragment (row, col) */
-    const int u = q & 255, i2 = q >> 8, ln = u & 31;
-    const int gm = m0 + (u >> 7) * 64 + ((u >> 5) & 3) * 16 + (ln >> 2) + (i2 & 1) * 8;
-    const int gn = n0 + (i2 >> 1) * 8 + (ln & 3) * 2;
-    if (gm >= p.m) continue;
-    float v0 = fold[i].x, v1 = fold[i].y;
-    if (B) {
-      if (gn < p.n) v0 = __fadd_rn(v0, mma_op<T>::to_f(B[gn]));
-      if (gn + 1 < p.n) v1 = __fadd_rn(v1, mma_op<T>::to_f(B[gn + 1]));
-    }
-    const size_t o = (size_t)gm * p.n + gn;
-    if (p.out_f32) {
-      float *Y = (float *)p.y;
-      if (gn + 1 < p.n && (((uintptr_t)(Y + o)) & 7) == 0) {
-        *(float2 *)(Y + o) = make_float2(v0, v1);
-      } else {
-        if (gn < p.n) Y[o] = v0;
-        if (gn + 1 < p.n) Y[o + 1] = v1;
-      }
-    } else {
-      T *Y = (T *)p.y;
-      if (gn < p.n) Y[o] = mma_op<T>::from_f(v0);
-      if (gn + 1 < p.n) Y[o + 1] = mma_op<T>::from_f(v1);
-    }
-  }
-#else
-  (void)P;
-  __trap();
 #endif
 }
 
@@ -1419,11 +1185,6 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
       name(const __grid_constant__ mbd_wg_params P) {                                     \
     wg_body<T, CWG, BN, IN, ST, TMA, FOLD, CM, CN, PS>(P);                               \
   }
-#define MBD_KS(name, T, BN, ST, SMIN)                                                     \
-  extern "C" __global__ void __launch_bounds__(8 * 32 + 32, 1)                           \
-      name(const __grid_constant__ mbd_wg_params P) {                                     \
-    ks_body<T, BN, ST, SMIN>(P);                                                         \
-  }
 #define MBD_MK(name, T, SW, MINB)                                                         \
   extern "C" __global__ void __launch_bounds__(MK_WARPS * 32 + 32, MINB)                 \
       name(const __grid_constant__ mbd_mk_params P) {                                     \
@@ -1439,17 +1200,14 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
  *   mkgemm _8 / _16: M <= 8 / M <= 16, mma.sync chains streaming W (strip width and
  *         ring depth chosen per call), one block per SM
  *   mkrgemm: M <= 16, the _16 chains over ragged column ranges, one block per SM
- * and the cluster tiles of MBD_WG_CL_TILES (mbd_wgcl_*), the K-split cluster
- * tiles of MBD_WG_KS_TILES (mbd_wgks_*). */
+ * and the cluster / persistent tiles of MBD_WG_CL_TILES (mbd_wgcl_*). */
 #define MBD_WG_TILE(ty, T, i, CWG, BN, IN, ST, TMA, MINB, FOLD)                           \
   MBD_WG(mbd_wgemm_##ty##_##i, T, CWG, BN, IN, ST, TMA, MINB, FOLD, 1, 1, false)
 #define MBD_WG_CL_TILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN, PS)                 \
   MBD_WG(mbd_wgcl_##ty##_##i, T, CWG, BN, IN, ST, true, MINB, FOLD, CM, CN, PS)
-#define MBD_WG_KS_TILE(ty, T, i, BN, ST, SMIN) MBD_KS(mbd_wgks_##ty##_##i, T, BN, ST, SMIN)
 #define MBD_WG_ALL(ty, T)                                                                  \
   MBD_WG_TILES(MBD_WG_TILE, ty, T)                                                         \
   MBD_WG_CL_TILES(MBD_WG_CL_TILE, ty, T)                                                   \
-  MBD_WG_KS_TILES(MBD_WG_KS_TILE, ty, T)                                                   \
   MBD_MK(mbd_mkgemm_##ty##_8, T, true, 1)                                                  \
   MBD_MK(mbd_mkgemm_##ty##_16, T, false, 1)                                                \
   MBD_MKR(mbd_mkrgemm_##ty, T)

@@ -72,10 +72,8 @@ typedef struct mbd_gemm_params {
  * ... with one ring across them) (wg_body; TMA producer only; scheduling
  * only, same bits as the tiles above), index = slot offset:
  *   0, 1: 128 x 128 in 2 x 1 and 2 x 2 clusters; 2: 128 x 256 (K <= one
- *   chunk) in 2 x 1; 3: 128 x 64 in 2 x 1; 4: 128 x 128 for K <= one chunk
- *   (three slots, two blocks per SM: one block's stores overlap the other's
- *   loads where the output dominates, e.g. dt_proj) in 2 x 1;
- *   5, 6, 7: 128 x 128 persistent alone, 2 x 1, 2 x 2; 8, 9: 128 x 256 (K <=
+ *   chunk) in 2 x 1; 3: 128 x 64 in 2 x 1;
+ *   4, 5, 6: 128 x 128 persistent alone, 2 x 1, 2 x 2; 7, 8: 128 x 256 (K <=
  *   one chunk) persistent alone, 2 x 1
  * X(ty, T, index, CWG, BN, IN, STAGES, MINB, FOLD, CM, CN, PS). */
 #define MBD_WG_CL_TILES(X, ty, T)                                                       \
@@ -83,27 +81,11 @@ typedef struct mbd_gemm_params {
   X(ty, T, 1, 2, 128, 128, 6, 1, true, 2, 2, false)                                     \
   X(ty, T, 2, 2, 256, 256, 4, 1, false, 2, 1, false)                                    \
   X(ty, T, 3, 2, 64, 64, 4, 2, true, 2, 1, false)                                       \
-  X(ty, T, 4, 2, 128, 128, 3, 2, false, 2, 1, false)                                    \
-  X(ty, T, 5, 2, 128, 128, 6, 1, true, 1, 1, true)                                      \
-  X(ty, T, 6, 2, 128, 128, 6, 1, true, 2, 1, true)                                      \
-  X(ty, T, 7, 2, 128, 128, 6, 1, true, 2, 2, true)                                      \
-  X(ty, T, 8, 2, 256, 256, 4, 1, false, 1, 1, true)                                     \
-  X(ty, T, 9, 2, 256, 256, 4, 1, false, 2, 1, true)
-
-/* K split over a cluster (ks_body, mbd_wgks_*): 128 x BN tiles, a cluster of
- * S = 2..8 blocks per tile (launch attribute), block s running chunks s,
- * s + S, ... and folding 1/S of the tile over the blocks' partials in chunk
- * order through distributed shared memory; TMA producer, two consumer
- * warpgroups; scheduling only, same bits. Index = slot offset:
- * X(ty, T, index, BN, STAGES, SMIN): clusters of at least SMIN blocks (a
- * block folds 1/S of the tile in registers beside its chain's). Shared
- * memory: STAGES x (128 + BN) x 128 + 128 x BN x 4 (the partial) + 1024 +
- * 16 STAGES + 16. */
-#define MBD_WG_KS_TILES(X, ty, T)                                                       \
-  X(ty, T, 0, 80, 4, 2)                                                                 \
-  X(ty, T, 1, 128, 4, 2)                                                                \
-  X(ty, T, 2, 160, 4, 2)                                                                \
-  X(ty, T, 3, 192, 3, 4)
+  X(ty, T, 4, 2, 128, 128, 6, 1, true, 1, 1, true)                                      \
+  X(ty, T, 5, 2, 128, 128, 6, 1, true, 2, 1, true)                                      \
+  X(ty, T, 6, 2, 128, 128, 6, 1, true, 2, 2, true)                                      \
+  X(ty, T, 7, 2, 256, 256, 4, 1, false, 1, 1, true)                                     \
+  X(ty, T, 8, 2, 256, 256, 4, 1, false, 2, 1, true)
 
 typedef struct mbd_wg_params {
   CUtensorMap tx; /* X [M,K], box {64, 64*CWG}, 128B swizzle, zero fill */
@@ -111,8 +93,6 @@ typedef struct mbd_wg_params {
   mbd_gemm_params p;
   int tiles_m, tiles_n;
   int a_rows; /* rows of X the TMA box brings per stage (min(M, BM)) */
-  int lag;    /* cluster tiles: k tiles the second consumer warpgroup starts behind
-               * the first (0: none; < STAGES - 1); timing only */
 } mbd_wg_params;
 
 /* mbd_mkgemm (M <= 16): consumer warps, ring depth, and the bytes of
