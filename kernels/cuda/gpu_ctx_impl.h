@@ -26,7 +26,9 @@ enum {
   MBD_K_MKGEMM_BF16 = 46, /* sm_90a M <= 8, M <= 16: mma.sync chunk chains */
   MBD_K_MKGEMM_F16 = 48,
   MBD_K_MKRGEMM_BF16 = 50, /* sm_90a M <= 16, ragged column ranges: bf16, f16 */
-  MBD_K_COUNT = 52,
+  MBD_K_WGCL_BF16 = 52, /* sm_90a cluster / persistent tiles 0..8 (gpu_gemm.cu k_wcltiles) */
+  MBD_K_WGCL_F16 = 61,
+  MBD_K_COUNT = 70,
 };
 extern const char *const mbd_k_kernel_names[MBD_K_COUNT];
 

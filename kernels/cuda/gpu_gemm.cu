@@ -45,10 +45,26 @@ static const double k_weff[10] = {0.3, 0.4, 0.55, 0.7, 0.75, 0.9, 1.0, 0.5, 0.8,
 #define WTILE_NOFOLD 6
 static_assert(!k_wtiles[WTILE_NOFOLD].fold && k_wtiles[WTILE_NOFOLD - 1].fold,
               "pick_wtile's K > one chunk range ends below WTILE_NOFOLD");
+/* The cluster / persistent tiles (MBD_WG_CL_TILES): bm, bn, stages, blocks
+ * per SM, cm x cn blocks a cluster, persistent. */
+struct wcltile_cfg {
+  int bm, bn, stages, occ, cm, cn;
+  bool ps;
+};
+#define WCLTILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN, PS)                        \
+  {64 * CWG, BN, ST, MINB, CM, CN, PS},
+static constexpr wcltile_cfg k_wcltiles[9] = {MBD_WG_CL_TILES(WCLTILE, , )};
+#undef WCLTILE
+static constexpr bool wcl_all_128(int i) {
+  return i == 9 || (k_wcltiles[i].bm == 128 && wcl_all_128(i + 1));
+}
+static_assert(wcl_all_128(0), "pick_wcltile replaces 128-row tiles only");
 /* The kernel slots (gpu_ctx_impl.h) hold one kernel per configuration. */
 static_assert(MBD_K_SGEMM_TF32 - MBD_K_SGEMM_F32 == sizeof k_stiles / sizeof k_stiles[0], "");
 static_assert(MBD_K_HGEMM_F16 - MBD_K_HGEMM_BF16 == 2 * sizeof k_htiles / sizeof k_htiles[0], "");
 static_assert(MBD_K_WGEMM_F16 - MBD_K_WGEMM_BF16 == sizeof k_wtiles / sizeof k_wtiles[0], "");
+static_assert(MBD_K_WGCL_F16 - MBD_K_WGCL_BF16 == sizeof k_wcltiles / sizeof k_wcltiles[0], "");
+static_assert(MBD_K_COUNT - MBD_K_WGCL_F16 == sizeof k_wcltiles / sizeof k_wcltiles[0], "");
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -210,19 +226,31 @@ static int check_args(const mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, mbd_er
 }
 
 /* pdl: launch with programmatic stream serialization (the kernel waits with
- * griddepcontrol.wait before touching x or y; only the wgmma kernels do). */
+ * griddepcontrol.wait before touching x or y; only the wgmma kernels do).
+ * cluster > 1: thread-block clusters of that many blocks along x. */
 static int launch(mbd_gpu_ctx *ctx, int slot, dim3 grid, dim3 block, size_t smem, void **args,
-                  bool pdl, mbd_error *err) {
+                  bool pdl, mbd_error *err, unsigned cluster = 1) {
   cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute at[2];
+  unsigned n = 0;
+  if (pdl) {
+    at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[n].val.programmaticStreamSerializationAllowed = 1;
+    n++;
+  }
+  if (cluster > 1) {
+    at[n].id = cudaLaunchAttributeClusterDimension;
+    at[n].val.clusterDim.x = cluster;
+    at[n].val.clusterDim.y = 1;
+    at[n].val.clusterDim.z = 1;
+    n++;
+  }
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = ctx->stream;
   cfg.attrs = at;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.numAttrs = n;
   MBD_GPU_CHECK(cudaLaunchKernelExC(&cfg, (const void *)ctx->k[slot], args), err);
   MBD_GPU_CHECK(cudaGetLastError(), err);
   return MBD_OK;
@@ -347,6 +375,136 @@ static int gemm_mk(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
                 a->w_static != 0, err);
 }
 
+/* MBD_GEMM_MCAST (read per call): 0 = the tile kernels alone (no cluster
+ * kernel of either kind); 2 = 2 x 1 clusters; 4 = 2 x 2 clusters where the
+ * tile allows; unset or other = -1, automatic (pick_wcltile): 2 x 1 only
+ * where it measured faster. MBD_GEMM_PERSIST=1: the 128 x 128 and
+ * 128 x 256 tiles (clustered or not) run persistent. Same bits in every
+ * setting (the bench and the bitwise test compare them). */
+static int mcast_mode(void) {
+  const char *env = getenv("MBD_GEMM_MCAST");
+  if (env && (env[0] == '0' || env[0] == '2' || env[0] == '4') && env[1] == 0)
+    return env[0] - '0';
+  return -1;
+}
+
+/* The cluster form of tile configuration ti for an M x N problem, or -1: the
+ * 128-row TMA tiles, when the M tiles pair up (an even count, or enough that
+ * the idle half of the last cluster costs little); 2 x 2 (X shared too) for
+ * 128 x 128 under MBD_GEMM_MCAST=4 when there are two N tiles or more. */
+static int pick_wcltile(int ti, int64_t m, int64_t n) {
+  int mode = mcast_mode();
+  const char *ps_env = getenv("MBD_GEMM_PERSIST");
+  const bool ps = ps_env && ps_env[0] == '1';
+  const int64_t tiles_m = cdiv(m, 128);
+  /* Automatic: 2 x 1 for the 128 x 128 tiles of a narrow N (one or two N
+   * tiles) over many M tiles, where it measured 14-21% faster than the
+   * plain tiles (H200, x_proj N = 160 / 192, K = 4096 / 5120, M = 8192);
+   * everywhere else the plain tiles measured faster. */
+  if (mode < 0)
+    mode = !ps && ti == WTILE_NOFOLD - 1 && cdiv(n, k_wtiles[ti].bn) <= 2 && tiles_m >= 32 ? 2 : 0;
+  if ((mode == 0 && !ps) || !k_wtiles[ti].tma || k_wtiles[ti].bm != 128) return -1;
+  const bool pairs = tiles_m >= 2 && !(tiles_m < 5 && tiles_m % 2);
+  const int bn = k_wtiles[ti].bn;
+  int cm = 1, cn = 1;
+  if (mode != 0 && pairs) {
+    cm = 2;
+    cn = mode == 4 && bn == 128 && cdiv(n, bn) >= 2 ? 2 : 1;
+  }
+  if (cm * cn == 1 && !ps) return -1;
+  for (int i = 0; i < (int)(sizeof k_wcltiles / sizeof k_wcltiles[0]); i++) {
+    const wcltile_cfg &c = k_wcltiles[i];
+    if (c.bn == bn && c.cm == cm && c.cn == cn && c.ps == ps) return i;
+  }
+  return -1;
+}
+
+/* MBD_GEMM_CLDEBUG=1: each cluster launch prints its kernel, grid, cluster
+ * size, shared memory and the device's count of co-resident clusters of that
+ * launch to stderr (a diagnostic for the bench). */
+static void cl_debug(mbd_gpu_ctx *ctx, int slot, unsigned grid, unsigned threads, size_t smem,
+                     unsigned cs) {
+  const char *env = getenv("MBD_GEMM_CLDEBUG");
+  if (!(env && env[0] == '1')) return;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = cs;
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  int fit = -1;
+  if (!mbd_gpu_status_ok(cudaOccupancyMaxActiveClusters(&fit, (const void *)ctx->k[slot], &cfg))) {
+    (void)cudaGetLastError();
+    fit = -1;
+  }
+  fprintf(stderr, "cluster launch: %s grid %u x %u threads, cluster %u, smem %zu, "
+          "co-resident clusters %d (%d blocks; %d SMs)\n", mbd_k_kernel_names[slot], grid,
+          threads, cs, smem, fit, fit * (int)cs, ctx->sm_count);
+}
+
+/* The cluster tile kernels (wg_body with CM x CN > 1): tensor-map boxes of
+ * the pieces each block loads (BM / CN rows of X, BN / CM rows of W), a grid
+ * of whole clusters. Returns 1 when the encoder refuses (the caller runs the
+ * tile kernels: same bits). */
+static int gemm_wgcl(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
+                     int ci, const char **kname, mbd_error *err) {
+  const wcltile_cfg &c = k_wcltiles[ci];
+  mbd_wg_params P;
+  memset(&P, 0, sizeof P);
+  P.p = p;
+  P.a_rows = c.bm;
+  if (!encode_map(&P.tx, a->dtype, a->x, a->m, a->k, c.bm / c.cn) ||
+      !encode_map(&P.tw, a->dtype, a->w, a->n, a->k, c.bn / c.cm))
+    return 1;
+  P.tiles_m = (int)cdiv(a->m, c.bm);
+  P.tiles_n = (int)cdiv(a->n, c.bn);
+  int64_t clusters = cdiv(P.tiles_m, c.cm) * cdiv(P.tiles_n, c.cn);
+  const size_t smem = (size_t)c.stages * (c.bm + c.bn) * 128 + 1024 + 16 * (size_t)c.stages;
+  const int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_WGCL_BF16 : MBD_K_WGCL_F16) + ci;
+  *kname = mbd_k_kernel_names[slot];
+  void *args[] = {&P};
+  const unsigned cs = (unsigned)(c.cm * c.cn), threads = (unsigned)(c.bm / 64 * 128 + 32);
+  if (c.ps) { /* persistent: at most the clusters (blocks) that fit at once */
+    int fit = 0;
+    if (cs > 1) {
+      cudaLaunchConfig_t cfg = {};
+      cudaLaunchAttribute at[1];
+      at[0].id = cudaLaunchAttributeClusterDimension;
+      at[0].val.clusterDim.x = cs;
+      at[0].val.clusterDim.y = 1;
+      at[0].val.clusterDim.z = 1;
+      cfg.gridDim = dim3((unsigned)(clusters * cs));
+      cfg.blockDim = dim3(threads);
+      cfg.dynamicSmemBytes = smem;
+      cfg.attrs = at;
+      cfg.numAttrs = 1;
+      if (!mbd_gpu_status_ok(
+              cudaOccupancyMaxActiveClusters(&fit, (const void *)ctx->k[slot], &cfg))) {
+        (void)cudaGetLastError();
+        fit = 0;
+      }
+    } else {
+      int per_sm = 0;
+      if (!mbd_gpu_status_ok(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+              &per_sm, (const void *)ctx->k[slot], (int)threads, smem))) {
+        (void)cudaGetLastError();
+        per_sm = 0;
+      }
+      fit = per_sm * ctx->sm_count;
+    }
+    if (fit <= 0) fit = ctx->sm_count * c.occ / (int)cs; /* no answer: the table's occupancy */
+    if (clusters > fit) clusters = fit;
+  }
+  cl_debug(ctx, slot, (unsigned)(clusters * cs), threads, smem, cs);
+  return launch(ctx, slot, dim3((unsigned)(clusters * cs)), dim3(threads), smem, args,
+                a->w_static != 0, err, cs);
+}
+
 static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
                    const char **kname, mbd_error *err) {
   mbd_wg_params P;
@@ -359,6 +517,13 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
     if (rc != 1) return rc; /* 1: not applicable, the tile kernels run */
   }
   int ti = pick_wtile(ctx, a->m, a->n, a->k, tma);
+  {
+    const int ci = pick_wcltile(ti, a->m, a->n);
+    if (ci >= 0) {
+      const int rc = gemm_wgcl(ctx, a, p, ci, kname, err);
+      if (rc != 1) return rc; /* 1: the encoder refused, the tile kernels run */
+    }
+  }
   const wtile_cfg &t = k_wtiles[ti];
   /* M < BM: the X box brings exactly the rows that exist (a box past the
    * tensor's last row makes the copy engine zero-fill, which is slow) */

@@ -10,6 +10,13 @@
  * TFLOP/s. Summary: geometric mean of det/cuBLAS speed over M >= 256 (bf16, all
  * three models) and the 1.4b M=1 weight bandwidth aggregated over its five
  * projections (total weight bytes / total time). --quick: M <= 256 only.
+ * At M >= 256 the deterministic GEMM (default: the tile kernels, 2 x 1
+ * clusters where pick_wcltile chooses them) also runs with MBD_GEMM_MCAST=0
+ * (the plain tile kernels alone), =2 (2 x 1 thread-block clusters sharing
+ * the W tile by TMA multicast), =4 (2 x 2 where the tile allows),
+ * MBD_GEMM_PERSIST=1 (the 128-row tiles persistent: at most the co-resident
+ * blocks, each walking tiles with one ring) alone and with MBD_GEMM_MCAST=2,
+ * same bits, a SUMMARY line each.
  * First the Mamba-2 projections (bench_mamba2; --mamba2: only those). */
 #include <algorithm>
 #include <cuda_bf16.h>
@@ -247,14 +254,17 @@ int main(int argc, char **argv) {
       for (int m = 0; m < 3; m++) mbd_gpu_ctx_destroy(&ctx[d][m]);
     return 0;
   }
-  printf("%-5s %-8s %-4s %5s %6s %5s | %9s %9s | %9s %9s | %6s | %9s %7s | %6s\n", "model",
-         "proj", "dt", "M", "N", "K", "det_us", "det", "fast_us", "fast", "ratio", "ped_us",
-         "ped_TF", "det/bw");
+  printf("%-5s %-8s %-4s %5s %6s %5s | %9s %9s | %9s %9s | %6s | %9s %7s | %6s | %9s %6s | "
+         "%9s %6s | %9s %6s | %9s %6s | %9s %6s | %s\n",
+         "model", "proj", "dt", "M", "N", "K", "det_us", "det", "fast_us", "fast", "ratio",
+         "ped_us", "ped_TF", "det/bw", "mc0_us", "ratio", "mc2_us", "ratio", "mc4_us",
+         "ratio", "ps_us", "ratio", "ps2_us", "ratio", "det kernel");
   printf("(device time per GEMM from CUDA-graph replay of back-to-back GEMMs, weights rotated "
          "through HBM)\n");
   printf("(det, fast: TFLOP/s for M >= 256, GB/s of weight bytes for M <= 64; ratio = "
          "det speed / cuBLAS speed; det/bw = weight GB/s / copy bandwidth)\n");
-  double log_sum = 0;
+  double log_sum = 0, log_mc0 = 0, log_mc4 = 0, log_plain = 0, log_ps = 0, log_ps2 = 0;
+  double worst = 1e9, worst_mc0 = 1e9, worst_mc4 = 1e9, worst_plain = 1e9;
   int log_n = 0;
   double agg_bytes = 0, agg_time = 0, agg_time_fast = 0;
   for (int d = 0; d < (with_f32 ? 2 : 1); d++) {
@@ -300,13 +310,68 @@ int main(int argc, char **argv) {
                  t[1] / t[0]);
           if (d == 1) printf("%9.2f %7.1f | ", t[2] * 1e6, fl / t[2] / 1e12);
           else printf("%9s %7s | ", "-", "-");
-          if (M <= 64) printf("%6.2f\n", wbytes / t[0] / bw);
-          else printf("%6s\n", "-");
-          fflush(stdout);
+          if (M <= 64) printf("%6.2f | ", wbytes / t[0] / bw);
+          else printf("%6s | ", "-");
           if (d == 0 && M >= 256) {
+            setenv("MBD_GEMM_MCAST", "0", 1);
+            const double tl = time_gemm(ctx[d][0], b, a);
+            setenv("MBD_GEMM_MCAST", "2", 1);
+            const double t0 = time_gemm(ctx[d][0], b, a);
+            setenv("MBD_GEMM_MCAST", "4", 1);
+            const double t4 = time_gemm(ctx[d][0], b, a);
+            unsetenv("MBD_GEMM_MCAST");
+            printf("%9.2f %6.2f | %9.2f %6.2f | %9.2f %6.2f | ", tl * 1e6, t[1] / tl, t0 * 1e6,
+                   t[1] / t0, t4 * 1e6, t[1] / t4);
+            log_plain += log(t[1] / tl);
+            worst_plain = std::min(worst_plain, t[1] / tl);
+            setenv("MBD_GEMM_PERSIST", "1", 1);
+            const double tp = time_gemm(ctx[d][0], b, a);
+            setenv("MBD_GEMM_MCAST", "2", 1);
+            const double tp2 = time_gemm(ctx[d][0], b, a);
+            unsetenv("MBD_GEMM_MCAST");
+            unsetenv("MBD_GEMM_PERSIST");
+            printf("%9.2f %6.2f | %9.2f %6.2f | ", tp * 1e6, t[1] / tp, tp2 * 1e6, t[1] / tp2);
+            log_ps += log(t[1] / tp);
+            log_ps2 += log(t[1] / tp2);
             log_sum += log(t[1] / t[0]);
+            log_mc0 += log(t[1] / t0);
+            log_mc4 += log(t[1] / t4);
+            worst = std::min(worst, t[1] / t[0]);
+            worst_mc0 = std::min(worst_mc0, t[1] / t0);
+            worst_mc4 = std::min(worst_mc4, t[1] / t4);
             log_n++;
+          } else {
+            printf("%9s %6s | %9s %6s | %9s %6s | %9s %6s | %9s %6s | ", "-", "-", "-", "-", "-",
+                   "-", "-", "-", "-", "-");
           }
+          {
+            char kname[64] = "?";
+            mbd_gpu_gemm_args r = a;
+            r.x = b.x[0];
+            r.w = b.w[0];
+            if (mbd_gpu_record_begin(ctx[d][0], &err) == 0) {
+              if (mbd_gpu_gemm(ctx[d][0], &r, &err) < 0) die("gemm", err);
+              if (mbd_gpu_record_end(ctx[d][0], &err) == 0 &&
+                  mbd_gpu_record_count(ctx[d][0]) == 1)
+                snprintf(kname, sizeof kname, "%s", mbd_gpu_record_at(ctx[d][0], 0)->kernel);
+            }
+            printf("%s", kname);
+            if (d == 0 && M >= 256) { /* the MBD_GEMM_MCAST=2 kernel, its launch on stderr */
+              setenv("MBD_GEMM_MCAST", "2", 1);
+              setenv("MBD_GEMM_CLDEBUG", "1", 1);
+              fflush(stdout);
+              if (mbd_gpu_record_begin(ctx[d][0], &err) == 0) {
+                if (mbd_gpu_gemm(ctx[d][0], &r, &err) < 0) die("gemm", err);
+                if (mbd_gpu_record_end(ctx[d][0], &err) == 0 &&
+                    mbd_gpu_record_count(ctx[d][0]) == 1)
+                  printf(" | mc2: %s", mbd_gpu_record_at(ctx[d][0], 0)->kernel);
+              }
+              unsetenv("MBD_GEMM_CLDEBUG");
+              unsetenv("MBD_GEMM_MCAST");
+            }
+            printf("\n");
+          }
+          fflush(stdout);
           if (d == 0 && M == 1 && !strcmp(mo.name, "1.4b")) {
             agg_bytes += (double)wbytes;
             agg_time += t[0];
@@ -319,8 +384,19 @@ int main(int argc, char **argv) {
       }
     }
   }
-  printf("SUMMARY bf16 det/cublas-fast geomean over M>=256 (%d shapes): %.3f (floor 0.60)\n",
-         log_n, log_n ? exp(log_sum / log_n) : 0.0);
+  printf("SUMMARY bf16 det/cublas-fast geomean over M>=256 (%d shapes): %.3f (floor 0.60), "
+         "worst %.3f\n", log_n, log_n ? exp(log_sum / log_n) : 0.0, worst);
+  printf("SUMMARY bf16 det MBD_GEMM_MCAST=2 / cublas-fast geomean over M>=256: %.3f, worst "
+         "%.3f\n", log_n ? exp(log_mc0 / log_n) : 0.0, worst_mc0);
+  printf("SUMMARY bf16 det MBD_GEMM_MCAST=4 / cublas-fast geomean over M>=256: %.3f, worst "
+         "%.3f\n", log_n ? exp(log_mc4 / log_n) : 0.0, worst_mc4);
+  printf("SUMMARY bf16 det MBD_GEMM_MCAST=0 (the plain tile kernels) / cublas-fast geomean "
+         "over M>=256: %.3f, worst %.3f\n", log_n ? exp(log_plain / log_n) : 0.0, worst_plain);
+  printf("SUMMARY bf16 det MBD_GEMM_PERSIST=1 / cublas-fast geomean over M>=256: %.3f\n",
+         log_n ? exp(log_ps / log_n) : 0.0);
+  printf("SUMMARY bf16 det MBD_GEMM_PERSIST=1 MBD_GEMM_MCAST=2 / cublas-fast geomean over "
+         "M>=256: %.3f\n", log_n ? exp(log_ps2 / log_n) : 0.0);
+  fflush(stdout);
   printf("SUMMARY bf16 1.4b M=1 aggregated weight bandwidth: det %.0f GB/s = %.2f of copy bw "
          "(floor 0.60), cublas-fast %.0f GB/s = %.2f\n", agg_bytes / agg_time / 1e9,
          agg_bytes / agg_time / bw, agg_bytes / agg_time_fast / 1e9,
@@ -339,9 +415,24 @@ int main(int argc, char **argv) {
     b.w.push_back(w);
     mbd_gpu_gemm_args a = {MBD_DTYPE_BF16, MBD_DTYPE_F32, S, S, S, NULL, NULL, NULL, b.y, 0};
     double t0 = time_gemm(ctx[0][0], b, a), t1 = time_gemm(ctx[0][1], b, a);
+    setenv("MBD_GEMM_MCAST", "2", 1);
+    const double tm0 = time_gemm(ctx[0][0], b, a);
+    setenv("MBD_GEMM_MCAST", "4", 1);
+    const double tm4 = time_gemm(ctx[0][0], b, a);
+    setenv("MBD_GEMM_MCAST", "0", 1);
+    const double tl = time_gemm(ctx[0][0], b, a);
+    setenv("MBD_GEMM_MCAST", "2", 1);
+    setenv("MBD_GEMM_PERSIST", "1", 1);
+    const double tp2 = time_gemm(ctx[0][0], b, a);
+    unsetenv("MBD_GEMM_MCAST");
+    const double tp = time_gemm(ctx[0][0], b, a);
+    unsetenv("MBD_GEMM_PERSIST");
     double fl = 2.0 * S * S * S;
-    printf("square bf16 %d^3: det %.1f TFLOP/s, cublas-fast %.1f TFLOP/s, ratio %.2f\n", S,
-           fl / t0 / 1e12, fl / t1 / 1e12, t1 / t0);
+    printf("square bf16 %d^3: det %.1f TFLOP/s, cublas-fast %.1f TFLOP/s, ratio %.2f; "
+           "MBD_GEMM_MCAST=2 %.1f, =4 %.1f, =0 %.1f; MBD_GEMM_PERSIST=1 %.1f, "
+           "with MBD_GEMM_MCAST=2 %.1f TFLOP/s\n", S, fl / t0 / 1e12, fl / t1 / 1e12, t1 / t0,
+           fl / tm0 / 1e12, fl / tm4 / 1e12, fl / tl / 1e12, fl / tp / 1e12, fl / tp2 / 1e12);
+    fflush(stdout);
   }
   for (int d = 0; d < 2; d++)
     for (int m = 0; m < 3; m++) mbd_gpu_ctx_destroy(&ctx[d][m]);

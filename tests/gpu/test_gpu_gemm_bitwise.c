@@ -25,7 +25,14 @@
  *   520 and 1040 end in a short chunk; N = 16856 makes each block walk many
  *   strips; K = 77 and unaligned x take the tiles at every M);
  * - w_static (programmatic launch) right after a GEMM that writes its x
- *   reads the finished x: same bits as two synchronised launches. */
+ *   reads the finished x: same bits as two synchronised launches;
+ * - on sm_90a the cluster tile kernels (2 x 1 and 2 x 2 thread-block
+ *   clusters multicasting the W / X tiles, mbd_wgcl_*) give the rows-alone
+ *   bits at M with even and odd M tile counts (a block past the last tile)
+ *   and partial N tiles, under MBD_GEMM_MCAST=0 (no clusters), 4 (2 x 2)
+ *   and 2 (2 x 1), each also persistent (MBD_GEMM_PERSIST=1), and the
+ *   default (2 x 1 only for narrow N at many M tiles); each form must run
+ *   on some shape. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -240,6 +247,49 @@ static void check_ragged(fixture *f, int want_ragged) {
     fail_msg("%lld batch sizes differ between the strided and ragged kernels", (long long)failed);
 }
 
+/* MBD_GEMM_MCAST settings, each also persistent (MBD_GEMM_PERSIST=1; with
+ * MBD_GEMM_MCAST=0 the persistent tiles alone): every one gives the
+ * rows-alone bits at M that pair 128-row tiles (129, 256), leave an odd tile
+ * count (520: 5, 1100: 9, 2047: 16 with a partial last tile, 1000: 8) or
+ * many tiles (4096). seen[0], seen[1]: runs of a 2 x 1 and a 2 x 2 cluster
+ * tile kernel (mbd_wgcl_*_1 and _6 are the 2 x 2 ones); seen[2]: of wgmma
+ * tile kernels (the sm_90a family, whose large-M tiles the cluster kernels
+ * replace); seen[3]: of a persistent tile kernel (mbd_wgcl_*_4.._8). */
+static void check_mcast(fixture *f, int seen[4]) {
+  if (f->dt == MBD_DTYPE_F32) return;
+  /* MBD_GEMM_MCAST, MBD_GEMM_PERSIST */
+  static const char *const modes[][2] = {{"0", "0"}, {"4", "0"}, {"2", "0"},
+                                         {"0", "1"}, {"2", "1"}, {"4", "1"}};
+  static const int64_t ms[] = {129, 256, 520, 1000, 1100, 2047, 4096};
+  int64_t failed = 0;
+  for (size_t mi = 0; mi < sizeof modes / sizeof modes[0]; mi++) {
+    assert_int_equal(setenv("MBD_GEMM_MCAST", modes[mi][0], 1), 0);
+    assert_int_equal(setenv("MBD_GEMM_PERSIST", modes[mi][1], 1), 0);
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+      char name[64];
+      kernel_of(f, ms[i], name, sizeof name);
+      const char *cl = strstr(name, "wgcl_");
+      if (modes[mi][0][0] == '0' && modes[mi][1][0] == '0' && cl)
+        fail_msg("MBD_GEMM_MCAST=0 ran %s", name);
+      if (cl) {
+        const int idx = atoi(strrchr(name, '_') + 1);
+        if (idx >= 4) seen[3]++;
+        if (idx != 4 && idx != 7) seen[idx == 1 || idx == 6 ? 1 : 0]++;
+      }
+      if (strstr(name, "wgemm")) seen[2]++;
+      const int64_t row0 = ms[i] % 11;
+      run_rows(f, row0, ms[i]);
+      char what[128];
+      snprintf(what, sizeof what, "MBD_GEMM_MCAST=%s MBD_GEMM_PERSIST=%s %s", modes[mi][0],
+               modes[mi][1], name);
+      if (count_diff(f, row0, ms[i], what)) failed++;
+    }
+  }
+  assert_int_equal(unsetenv("MBD_GEMM_MCAST"), 0);
+  assert_int_equal(unsetenv("MBD_GEMM_PERSIST"), 0);
+  if (failed) fail_msg("%lld cluster-setting runs differ from rows alone", (long long)failed);
+}
+
 static void check_repeat_and_graph(fixture *f) {
   mbd_error err;
   mbd_error_clear(&err);
@@ -404,6 +454,7 @@ static void run_policy(mbd_dtype_policy pol) {
       {16856, 1040, 20, 0}, {5120, 160, 20, 0},   {192, 5120, 20, 0},  {1800, 2056, 20, 0},
       {3072, 768, 20, 0},   {6144, 1536, 20, 0},  {4096, 1024, 20, 0}, {8512, 2048, 20, 1},
       {2120, 1040, 20, 1},  {9000, 264, 20, 1},   {3352, 768, 20, 0},  {2048, 4096, 20, 0}};
+  int seen[4] = {0, 0, 0, 0};
   for (int s = 0; s < 16; s++) {
     if (s >= 3 && (pol == MBD_POLICY_F32 || pol == MBD_POLICY_TF32)) continue;
     fixture f;
@@ -412,6 +463,7 @@ static void run_policy(mbd_dtype_policy pol) {
     check_invariance(&f, shapes[s][2]);
     if (s != 1) check_unaligned(&f);
     check_ragged(&f, (int)shapes[s][3]);
+    check_mcast(&f, seen);
     if (s == 0) {
       check_repeat_and_graph(&f);
       check_storage_output(&f);
@@ -420,6 +472,9 @@ static void run_policy(mbd_dtype_policy pol) {
     check_reference(&f, pol, pol == MBD_POLICY_F32 ? 300 : 64);
     teardown_fx(&f);
   }
+  if (seen[2] && (!seen[0] || !seen[1] || !seen[3]))
+    fail_msg("the cluster kernels did not run (2 x 1: %d, 2 x 2: %d, persistent: %d runs)",
+             seen[0], seen[1], seen[3]);
 }
 
 static void test_f32(void **st) { (void)st; run_policy(MBD_POLICY_F32); }

@@ -422,6 +422,61 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map
       : "memory");
 }
 
+/* The same box delivered to the same shared offset of every CTA of the
+ * cluster in mask; each destination's mbarrier at offset bar counts the bytes. */
+__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap *map, uint32_t bar,
+                                               int c0, int c1, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
+      "l"((uint64_t)map), "r"(bar), "r"(c0), "r"(c1), "h"(mask)
+      : "memory");
+}
+__device__ __forceinline__ uint32_t cl_rank() {
+  uint32_t r;
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+/* Every thread of every CTA of the cluster. */
+__device__ __forceinline__ void cl_arrive() {
+  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+}
+__device__ __forceinline__ void cl_wait() {
+  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+}
+/* Arrive on the mbarrier at shared offset bar of cluster CTA rank (itself
+ * included). The ring's slot releases: CTA-scope release (what the slot's
+ * reuse needs is the wgmma reads done, which wait_group gave; a cluster-scope
+ * release per stage measured about half speed). */
+__device__ __forceinline__ void mbar_arrive_cl(uint32_t bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+/* mbar_wait with a bound: a protocol error traps (the launch fails) instead
+ * of hanging the device; no wait of a GEMM k tile comes near the bound
+ * (2 s). CTA-scope acquire: what the ring needs (a cluster-scope acquire per
+ * stage measured about half speed). */
+__device__ __forceinline__ void mbar_wait_cl(uint32_t bar, uint32_t parity) {
+  uint64_t t0 = 0;
+  for (;;) {
+    uint32_t ok;
+    asm volatile(
+        "{\n.reg .pred q;\nmbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2, %3;\n"
+        "selp.u32 %0, 1, 0, q;\n}\n"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity), "r"(0x989680u)
+        : "memory");
+    if (ok) return;
+    uint64_t now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    if (t0 == 0)
+      t0 = now;
+    else if (now - t0 > 2000000000ull)
+      __trap();
+  }
+}
+
 /* Plain-load producer (K % 8 != 0 or unaligned pointers): the same swizzled
  * layout, zeros past the matrix, then a proxy fence so wgmma sees the stores. */
 template <typename T>
@@ -438,12 +493,15 @@ __device__ __forceinline__ void wg_manual_tile(unsigned char *s, const T *g, int
 #ifdef MBD_HAVE_WGMMA
 /* One stage of a wgmma chain into d: wait for the stage's bytes, four k16
  * steps in order, then hand the previous stage's slot back. */
-template <typename T, int BN, int IN, int STAGES>
+template <typename T, int BN, int IN, int STAGES, int NARR, bool BOUND = (NARR > 0)>
 __device__ __forceinline__ void wg_stage(float *d, int kt, uint32_t stage_s, uint32_t a_off,
                                          uint32_t b_off, uint32_t full0, uint32_t empty0,
-                                         int lane) {
+                                         int lane, uint32_t arr_rank) {
   const int s = kt % STAGES;
-  mbar_wait(full0 + 8 * s, (uint32_t)(kt / STAGES) & 1u);
+  if (!BOUND)
+    mbar_wait(full0 + 8 * s, (uint32_t)(kt / STAGES) & 1u);
+  else
+    mbar_wait_cl(full0 + 8 * s, (uint32_t)(kt / STAGES) & 1u);
   const uint32_t a_s = stage_s + a_off, b_s = stage_s + b_off;
   wg_fence();
 #pragma unroll
@@ -455,20 +513,46 @@ __device__ __forceinline__ void wg_stage(float *d, int kt, uint32_t stage_s, uin
   }
   wg_commit();
   wg_wait<1>(); /* the previous stage's group is done: hand its slot back */
-  if (kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((kt - 1) % STAGES));
+  if (NARR == 0) {
+    if (kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((kt - 1) % STAGES));
+  } else { /* to every CTA that writes into this one's slots (lane i: the i-th) */
+    if (kt > 0 && lane < NARR) mbar_arrive_cl(empty0 + 8 * ((kt - 1) % STAGES), arr_rank);
+  }
 }
 #endif
 
 /* FOLD: K may exceed one chunk (acc plus a chunk partial in registers, so BN
- * is at most 128); without it the host only dispatches K <= MBD_WG_KCH. */
-template <typename T, int CWG, int BN, int IN, int STAGES, bool TMA, bool FOLD>
+ * is at most 128); without it the host only dispatches K <= MBD_WG_KCH.
+ * CM x CN > 1: a thread-block cluster of CM x CN blocks (TMA producer only),
+ * rank = rn CM + rm, owning M tiles tm0 + rm and N tiles tn0 + rn. The CM
+ * blocks of one N tile share its W tile: block rm loads rows [rm BN / CM,
+ * (rm + 1) BN / CM) of it into its slot and multicasts them to the others'
+ * slots at the same offset; likewise the CN blocks of one M tile share the X
+ * tile. A block's full barrier counts the whole stage's bytes (its own and
+ * its peers' boxes); since peers write into its slots, a slot is free only
+ * when the consumers of every block it writes into (the same column and row
+ * of the cluster, NARR = CM + CN - 1 blocks, itself included) have released
+ * it: each consumer warp arrives on all those blocks' empty barriers. Boxes
+ * past the matrix start at its last row instead (rows that feed only
+ * outputs that are never stored). Every block runs every k tile, even one
+ * past the last tile (it stores nothing), and the cluster waits for all
+ * blocks before any exits (a peer may still arrive on its barriers). Which
+ * block loads which bytes is all that changes: the chains and the fold are
+ * the same. */
+template <typename T, int CWG, int BN, int IN, int STAGES, bool TMA, bool FOLD, int CM, int CN,
+          bool PERSIST>
 __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
 #ifdef MBD_HAVE_WGMMA
   constexpr int BM = 64 * CWG, BK = 64, KCH = MBD_WG_KCH / BK;
   constexpr uint32_t A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
   constexpr uint32_t STAGE_BYTES = A_BYTES + B_BYTES;
+  constexpr bool CL = CM * CN > 1;
+  constexpr int NARR = CL ? CM + CN - 1 : 0;
   static_assert(BN % IN == 0 && IN % 8 == 0, "instruction N must tile BN");
   static_assert(!FOLD || BN <= 128, "acc + partial must fit the register file");
+  static_assert(!CL || (TMA && BN % (8 * CM) == 0 && BM % (8 * CN) == 0 && CM * CN <= 16),
+                "cluster pieces are whole 8-row swizzle atoms");
+  static_assert(!PERSIST || TMA, "the persistent tiles have the TMA producer");
   extern __shared__ __align__(16) unsigned char wg_raw[];
   const uint32_t raw_s = smem_u32(wg_raw);
   const uint32_t base_s = (raw_s + 1023u) & ~1023u; /* the swizzle atom needs 1024 */
@@ -477,15 +561,35 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
   const mbd_gemm_params &p = P.p;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
-  /* Grouped raster: 16 M tiles share each sweep over N (L2 reuse of W and X). */
-  int bid = blockIdx.x, tm, tn;
-  {
-    const int G = 16, per = G * P.tiles_n, grp = bid / per, first = grp * G;
-    const int gs = min(P.tiles_m - first, G), r = bid - grp * per;
+  /* Grouped raster: 16 M tiles share each sweep over N (L2 reuse of W and X);
+   * a cluster is one raster cell of CM x CN tiles. PERSIST: block (or
+   * cluster) b takes cells b, b + grid, ... one after another (the ring runs
+   * on across them, so the next cell's loads overlap this one's fold and
+   * stores); otherwise cell b only. */
+  uint32_t rm = 0, rn = 0;
+  if (CL) {
+    const uint32_t rank = cl_rank();
+    rm = rank % CM;
+    rn = rank / CM;
+  }
+  const int cm_tiles = (P.tiles_m + CM - 1) / CM, cn_tiles = (P.tiles_n + CN - 1) / CN;
+  const int ncells = cm_tiles * cn_tiles;
+  const int cell0 = CL ? (int)(blockIdx.x / (CM * CN)) : (int)blockIdx.x;
+  const int cstride = CL ? (int)(gridDim.x / (CM * CN)) : (int)gridDim.x;
+  auto tile_of = [&](int bid, int &tm, int &tn) {
+    const int G = 16 / CM > 0 ? 16 / CM : 1, per = G * cn_tiles, grp = bid / per,
+              first = grp * G;
+    const int gs = min(cm_tiles - first, G), r = bid - grp * per;
     tm = first + r % gs;
     tn = r / gs;
-  }
-  const int m0 = tm * BM, n0 = tn * BN;
+    if (CL) {
+      tm = tm * CM + (int)rm;
+      tn = tn * CN + (int)rn;
+    }
+  };
+  int tm0, tn0; /* this block's first (or only) tile */
+  tile_of(cell0, tm0, tn0);
+  const int m0_first = tm0 * BM, n0_first = tn0 * BN;
   const int KT = (p.k + BK - 1) / BK;
   wg_check_smem(1023u + STAGES * STAGE_BYTES + 16u * STAGES);
 
@@ -496,7 +600,7 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
     }
     for (int s = 0; s < STAGES; s++) {
       mbar_init(full0 + 8 * s, TMA ? 1 : 32);
-      mbar_init(empty0 + 8 * s, 4 * CWG);
+      mbar_init(empty0 + 8 * s, 4 * CWG * (CL ? NARR : 1));
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -504,11 +608,56 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
   /* When M < BM the A rows past M are never loaded: they hold whatever shared
    * memory held and only feed output rows that are never stored (wgmma rows
    * are independent; zeroing them would cost every block time at decode). */
-  __syncthreads();
+  if (CL) { /* the peers' barriers exist before anything signals them */
+    cl_arrive();
+    cl_wait();
+  } else {
+    __syncthreads();
+  }
   wg_pdl_wait(); /* X and Y belong to the predecessor until it completes */
   wg_pdl_trigger();
 
   if (warp == 4 * CWG) { /* producer warp */
+    if constexpr (CL || PERSIST) {
+      if (lane == 0) {
+        constexpr int AP = BM / CN, BP = BN / CM; /* rows of this block's pieces */
+        constexpr uint16_t col_mask = (uint16_t)((1u << CM) - 1u);
+        uint16_t row_mask = 0;
+        for (int j = 0; j < CN; j++) row_mask |= (uint16_t)(1u << (j * CM + rm));
+        const uint16_t b_mask = (uint16_t)(col_mask << (rn * CM));
+        int g = 0; /* ring stage count over all of this block's cells */
+        for (int cell = cell0, tm = tm0, tn = tn0; cell < ncells;) {
+          const int m0 = tm * BM, n0 = tn * BN;
+          const int a_row = min(m0 + (int)rn * AP, p.m - 1);
+          const int b_row = min(n0 + (int)rm * BP, p.n - 1);
+          for (int kt = 0; kt < KT; kt++, g++) {
+            const int s = g % STAGES;
+            const uint32_t ph = (uint32_t)(g / STAGES) & 1u;
+            const uint32_t a_s = base_s + s * STAGE_BYTES, b_s = a_s + A_BYTES;
+            if (g >= STAGES) mbar_wait_cl(empty0 + 8 * s, ph ^ 1u);
+            mbar_expect_tx(full0 + 8 * s, CL ? STAGE_BYTES : (uint32_t)P.a_rows * 128u + B_BYTES);
+            if (CN == 1)
+              tma_load_2d(a_s, &P.tx, full0 + 8 * s, kt * BK, CL ? a_row : m0);
+            else
+              tma_load_2d_mc(a_s + rn * AP * 128, &P.tx, full0 + 8 * s, kt * BK, a_row, row_mask);
+            if (CM == 1)
+              tma_load_2d(b_s, &P.tw, full0 + 8 * s, kt * BK, CL ? b_row : n0);
+            else
+              tma_load_2d_mc(b_s + rm * BP * 128, &P.tw, full0 + 8 * s, kt * BK, b_row, b_mask);
+          }
+          if (!PERSIST) break;
+          cell += cstride;
+          if (cell < ncells) tile_of(cell, tm, tn);
+        }
+      }
+      if (CL) {
+        __syncwarp();
+        cl_arrive();
+        cl_wait();
+      }
+      return;
+    } else {
+    const int m0 = m0_first, n0 = n0_first;
     for (int kt = 0; kt < KT; kt++) {
       const int s = kt % STAGES;
       const uint32_t ph = (uint32_t)(kt / STAGES) & 1u;
@@ -530,18 +679,35 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
       }
     }
     return;
+    }
   }
 
   /* consumer warpgroup c: rows [m0 + 64c, m0 + 64c + 64), all BN columns */
   const int c = warp >> 2;
   const uint32_t a_off = c * 64 * 128;
+  /* cluster: lane i < NARR arrives on block arr_rank's empty barriers: first
+   * the CM blocks of this column (W sharers, this one included), then the
+   * other CN - 1 blocks of this row (X sharers) */
+  uint32_t arr_rank = 0;
+  if (CL) {
+    if (lane < CM) {
+      arr_rank = rn * CM + (uint32_t)lane;
+    } else if (lane < NARR) {
+      const uint32_t q = (uint32_t)lane - CM, j = q < rn ? q : q + 1;
+      arr_rank = j * CM + rm;
+    }
+  }
+  int g = 0; /* ring stage count over all of this block's cells */
+  /* one tile: the chains, the fold, the bias and the stores */
+  auto consume = [&](const int m0, const int n0) {
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
   int kt = 0;
-  for (const int end0 = FOLD ? min(KT, KCH) : KT; kt < end0; kt++) /* chunk 0 */
-    wg_stage<T, BN, IN, STAGES>(acc, kt, base_s + (kt % STAGES) * STAGE_BYTES, a_off, A_BYTES,
-                                full0, empty0, lane);
+  for (const int end0 = FOLD ? min(KT, KCH) : KT; kt < end0; kt++, g++) /* chunk 0 */
+    wg_stage<T, BN, IN, STAGES, NARR, CL || PERSIST>(acc, g, base_s + (g % STAGES) * STAGE_BYTES,
+                                                     a_off, A_BYTES, full0, empty0, lane,
+                                                     arr_rank);
   wg_wait<0>();
   wg_fence_regs<BN / 2>(acc);
   /* The running sum lives outside the wgmma accumulators: an accumulator that
@@ -553,16 +719,17 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
     while (kt < KT) { /* chunks 1, 2, ...: a fresh chain each, folded in order */
 #pragma unroll
       for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
-      for (const int end = min(KT, kt + KCH); kt < end; kt++)
-        wg_stage<T, BN, IN, STAGES>(acc, kt, base_s + (kt % STAGES) * STAGE_BYTES, a_off,
-                                    A_BYTES, full0, empty0, lane);
+      for (const int end = min(KT, kt + KCH); kt < end; kt++, g++)
+        wg_stage<T, BN, IN, STAGES, NARR, CL || PERSIST>(
+            acc, g, base_s + (g % STAGES) * STAGE_BYTES, a_off, A_BYTES, full0, empty0, lane,
+            arr_rank);
       wg_wait<0>();
       wg_fence_regs<BN / 2>(acc);
 #pragma unroll
       for (int i = 0; i < BN / 2; i++) sum[i] = __fadd_rn(sum[i], acc[i]);
     }
   }
-
+  if (CL && !PERSIST) cl_arrive(); /* this block's arrivals on its peers are all done */
   const T *B = (const T *)p.bias;
   const int wr = (warp & 3) * 16 + (lane >> 2);
 #pragma unroll
@@ -596,6 +763,18 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
       }
     }
   }
+  };
+  if constexpr (PERSIST) {
+    for (int cell = cell0, tm = tm0, tn = tn0; cell < ncells;) {
+      consume(tm * BM, tn * BN);
+      cell += cstride;
+      if (cell < ncells) tile_of(cell, tm, tn);
+    }
+  } else {
+    consume(m0_first, n0_first);
+  }
+  if (CL && PERSIST) cl_arrive(); /* this block's arrivals on its peers are all done */
+  if (CL) cl_wait(); /* no block exits while a peer may still arrive on it */
 #else
   (void)P;
   __trap(); /* not built for sm_90a: the host never dispatches here */
@@ -1001,10 +1180,10 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
 #endif
 }
 
-#define MBD_WG(name, T, CWG, BN, IN, ST, TMA, MINB, FOLD)                                 \
+#define MBD_WG(name, T, CWG, BN, IN, ST, TMA, MINB, FOLD, CM, CN, PS)                     \
   extern "C" __global__ void __launch_bounds__(CWG * 128 + 32, MINB)                     \
       name(const __grid_constant__ mbd_wg_params P) {                                     \
-    wg_body<T, CWG, BN, IN, ST, TMA, FOLD>(P);                                           \
+    wg_body<T, CWG, BN, IN, ST, TMA, FOLD, CM, CN, PS>(P);                               \
   }
 #define MBD_MK(name, T, SW, MINB)                                                         \
   extern "C" __global__ void __launch_bounds__(MK_WARPS * 32 + 32, MINB)                 \
@@ -1020,11 +1199,15 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
  * (gemm_params.h, which gpu_gemm.cu expands too), then
  *   mkgemm _8 / _16: M <= 8 / M <= 16, mma.sync chains streaming W (strip width and
  *         ring depth chosen per call), one block per SM
- *   mkrgemm: M <= 16, the _16 chains over ragged column ranges, one block per SM */
+ *   mkrgemm: M <= 16, the _16 chains over ragged column ranges, one block per SM
+ * and the cluster / persistent tiles of MBD_WG_CL_TILES (mbd_wgcl_*). */
 #define MBD_WG_TILE(ty, T, i, CWG, BN, IN, ST, TMA, MINB, FOLD)                           \
-  MBD_WG(mbd_wgemm_##ty##_##i, T, CWG, BN, IN, ST, TMA, MINB, FOLD)
+  MBD_WG(mbd_wgemm_##ty##_##i, T, CWG, BN, IN, ST, TMA, MINB, FOLD, 1, 1, false)
+#define MBD_WG_CL_TILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN, PS)                 \
+  MBD_WG(mbd_wgcl_##ty##_##i, T, CWG, BN, IN, ST, true, MINB, FOLD, CM, CN, PS)
 #define MBD_WG_ALL(ty, T)                                                                  \
   MBD_WG_TILES(MBD_WG_TILE, ty, T)                                                         \
+  MBD_WG_CL_TILES(MBD_WG_CL_TILE, ty, T)                                                   \
   MBD_MK(mbd_mkgemm_##ty##_8, T, true, 1)                                                  \
   MBD_MK(mbd_mkgemm_##ty##_16, T, false, 1)                                                \
   MBD_MKR(mbd_mkrgemm_##ty, T)

@@ -65,6 +65,28 @@ typedef struct mbd_gemm_params {
   X(ty, T, 8, 2, 128, 128, 3, false, 1, true)                                           \
   X(ty, T, 9, 1, 72, 72, 12, true, 1, true)
 
+/* The same tiles run by thread-block clusters of CM x CN blocks on
+ * neighbouring M x N tiles, the W tile multicast to the CM blocks of its
+ * column and the X tile to the CN blocks of its row, and/or persistent (PS:
+ * a grid of at most the co-resident blocks, each walking tiles b, b + grid,
+ * ... with one ring across them) (wg_body; TMA producer only; scheduling
+ * only, same bits as the tiles above), index = slot offset:
+ *   0, 1: 128 x 128 in 2 x 1 and 2 x 2 clusters; 2: 128 x 256 (K <= one
+ *   chunk) in 2 x 1; 3: 128 x 64 in 2 x 1;
+ *   4, 5, 6: 128 x 128 persistent alone, 2 x 1, 2 x 2; 7, 8: 128 x 256 (K <=
+ *   one chunk) persistent alone, 2 x 1
+ * X(ty, T, index, CWG, BN, IN, STAGES, MINB, FOLD, CM, CN, PS). */
+#define MBD_WG_CL_TILES(X, ty, T)                                                       \
+  X(ty, T, 0, 2, 128, 128, 6, 1, true, 2, 1, false)                                     \
+  X(ty, T, 1, 2, 128, 128, 6, 1, true, 2, 2, false)                                     \
+  X(ty, T, 2, 2, 256, 256, 4, 1, false, 2, 1, false)                                    \
+  X(ty, T, 3, 2, 64, 64, 4, 2, true, 2, 1, false)                                       \
+  X(ty, T, 4, 2, 128, 128, 6, 1, true, 1, 1, true)                                      \
+  X(ty, T, 5, 2, 128, 128, 6, 1, true, 2, 1, true)                                      \
+  X(ty, T, 6, 2, 128, 128, 6, 1, true, 2, 2, true)                                      \
+  X(ty, T, 7, 2, 256, 256, 4, 1, false, 1, 1, true)                                     \
+  X(ty, T, 8, 2, 256, 256, 4, 1, false, 2, 1, true)
+
 typedef struct mbd_wg_params {
   CUtensorMap tx; /* X [M,K], box {64, 64*CWG}, 128B swizzle, zero fill */
   CUtensorMap tw; /* W [N,K], box {64, BN} */
