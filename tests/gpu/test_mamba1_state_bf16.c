@@ -29,18 +29,26 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <cuda_runtime_api.h>
 
+#include "common/half.h"
 #include "common/route.h"
 #include "common/safetensors.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/mamba1_gpu.h"
+#include "kernels/cuda/mamba_ops.h"
 #include "kernels/model/mamba3_synth.h"
+#include "kernels/portable_math.h"
 #include "kernels/model/synth.h"
 #include "support/backend_calls.h"
 #include "support/gpu_util.h"
 
 #include <unistd.h>
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=off") /* the host reference's roundings as written */
+#endif
 
 static const char *cases[] = {"tiny-d64", "small-d256"};
 #define NCASES 2
@@ -109,13 +117,16 @@ static void free_fixture(fixture *f) {
  * d_state, dt_rank) 64 / 16 / 4 (the published models' d_state; the prefill
  * kernel), 96 / 8 / 6 (a dt rank the prefill kernel does not take: the
  * chunked k_scan; d_inner 192, a partial channel block), 64 / 4 / 4 (bf16
- * rows of 8 bytes), 128 / 32 / 8; then a Mamba-3 model for the refusal. */
-enum { NSYN = 4, SYN_M3 = NSYN, NDIRS = NSYN + 1 };
+ * rows of 8 bytes), 128 / 32 / 8; 1024 / 16 / 64 (SYN_WIDE: d_inner 2048,
+ * wide enough that batches of 64 and more take the decode kernel's
+ * streaming ranges); then a Mamba-3 model for the refusal. */
+enum { NSYN = 4, SYN_WIDE = NSYN, SYN_M3 = NSYN + 1, NDIRS = NSYN + 2 };
 static char g_dirs[NDIRS][64];
-static mbd_mamba_config g_cfg[NSYN];
+static mbd_mamba_config g_cfg[NSYN + 1];
 
 static void synth_cfg(int k, mbd_mamba_config *c) {
-  static const int dm[NSYN] = {64, 96, 64, 128}, N[NSYN] = {16, 8, 4, 32}, R[NSYN] = {4, 6, 4, 8};
+  static const int dm[NSYN + 1] = {64, 96, 64, 128, 1024}, N[NSYN + 1] = {16, 8, 4, 32, 16},
+                   R[NSYN + 1] = {4, 6, 4, 8, 64};
   mbd_synth_custom(dm[k], 2, 256, c);
   c->d_state = N[k];
   c->dt_rank = R[k];
@@ -127,7 +138,7 @@ static int write_synth(void) {
     snprintf(g_dirs[k], sizeof g_dirs[k], "/tmp/mbd_m1bf16_XXXXXX");
     if (!mkdtemp(g_dirs[k])) return -1;
   }
-  for (int k = 0; k < NSYN; k++) {
+  for (int k = 0; k <= SYN_WIDE; k++) {
     synth_cfg(k, &g_cfg[k]);
     if (mbd_synth_write(&g_cfg[k], MBD_DTYPE_F32, 200 + (uint64_t)k, g_dirs[k], &err)) goto fail;
   }
@@ -198,6 +209,159 @@ static void check_bf16_image(const uint8_t *img, size_t n, int64_t ssm_floats) {
     nonzero |= u != 0;
   }
   assert_true(nonzero);
+}
+
+/* ---- the op: mbd_mops_scan_bf16state against a host reference ---- */
+
+static uint64_t g_rs = 12345;
+static float urand(float lo, float hi) {
+  g_rs = g_rs * 6364136223846793005ull + 1442695040888963407ull;
+  return lo + (hi - lo) * (float)((g_rs >> 40) & 0xffffff) / 16777216.0f;
+}
+static float bf16_rn(float v) { return mbd_bf16_to_f32(mbd_f32_to_bf16(v)); }
+static float round_act(mbd_dtype act, float v) { return act == MBD_DTYPE_BF16 ? bf16_rn(v) : v; }
+
+/* One scan launch of nseq sequences of T steps over d_inner di, d_state N,
+ * dt rank R, activations act (f32 or bf16), the state in bf16 in slots
+ * nseq - 1 - s of a state of nseq + 1 slots: y and the state against the
+ * host's f32 arithmetic in the f32 route's order (mbd_cpu_scan_step's) with
+ * each updated entry rounded to bf16 and the rounded value carried on, by
+ * memcmp. */
+static void scan_case(int N, int R, int di, int T, int nseq, mbd_dtype act, const char *pick) {
+  const int64_t nd = R + 2 * N, M = (int64_t)nseq * T, ldxz = 2 * di + 3, zoff = di;
+  const int64_t sstride = (int64_t)di * N + 8, nslot = nseq + 1;
+  const size_t es = act == MBD_DTYPE_BF16 ? 2 : 4;
+  float *A = malloc((size_t)di * N * 4), *D = malloc((size_t)di * 4);
+  float *xc = malloc((size_t)M * di * 4), *dbl = malloc((size_t)M * nd * 4);
+  float *xz = malloc((size_t)M * ldxz * 4), *w = malloc((size_t)di * R * 4);
+  float *b = malloc((size_t)di * 4), *h = malloc((size_t)nslot * sstride * 4);
+  uint16_t *h16 = malloc((size_t)nslot * sstride * 2), *g16 = malloc((size_t)nslot * sstride * 2);
+  void *wa = malloc((size_t)di * R * es), *ba = malloc((size_t)di * es);
+  void *ry = malloc((size_t)M * di * es), *gy = malloc((size_t)M * di * es);
+  int32_t *slots = malloc((size_t)nseq * 4);
+  for (int64_t i = 0; i < (int64_t)di * N; i++) A[i] = -mbd_pm_expf(urand(0.0f, 2.0f));
+  for (int64_t i = 0; i < di; i++) D[i] = urand(-1.0f, 1.0f);
+  for (int64_t i = 0; i < M * di; i++) xc[i] = urand(-2.0f, 2.0f);
+  for (int64_t i = 0; i < M * nd; i++) dbl[i] = urand(-1.0f, 1.0f);
+  for (int64_t i = 0; i < M * ldxz; i++) xz[i] = urand(-4.0f, 4.0f);
+  for (int64_t i = 0; i < (int64_t)di * R; i++) w[i] = round_act(act, urand(-1.0f, 1.0f));
+  for (int64_t i = 0; i < di; i++) b[i] = round_act(act, urand(-3.0f, 0.0f));
+  for (int64_t i = 0; i < nslot * sstride; i++) {
+    h16[i] = mbd_f32_to_bf16(urand(-1.0f, 1.0f));
+    h[i] = mbd_bf16_to_f32(h16[i]);
+  }
+  for (int64_t i = 0; i < (int64_t)di * R; i++) {
+    if (act == MBD_DTYPE_BF16)
+      ((uint16_t *)wa)[i] = mbd_f32_to_bf16(w[i]);
+    else
+      ((float *)wa)[i] = w[i];
+  }
+  for (int64_t i = 0; i < di; i++) {
+    if (act == MBD_DTYPE_BF16)
+      ((uint16_t *)ba)[i] = mbd_f32_to_bf16(b[i]);
+    else
+      ((float *)ba)[i] = b[i];
+  }
+  for (int s = 0; s < nseq; s++) slots[s] = nseq - 1 - s;
+  /* the device's copies (the bf16 state as stored) */
+  void *d[9] = {NULL};
+  const void *hs[9] = {A, D, xc, dbl, xz, wa, ba, h16, slots};
+  const size_t nb[9] = {(size_t)di * N * 4, (size_t)di * 4, (size_t)M * di * 4,
+                        (size_t)M * nd * 4, (size_t)M * ldxz * 4, (size_t)di * R * es,
+                        (size_t)di * es, (size_t)nslot * sstride * 2, (size_t)nseq * 4};
+  for (int i = 0; i < 9; i++) {
+    assert_int_equal(cudaMalloc(&d[i], nb[i]), cudaSuccess);
+    assert_int_equal(cudaMemcpy(d[i], hs[i], nb[i], cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  void *dy = NULL;
+  assert_int_equal(cudaMalloc(&dy, (size_t)M * di * es), cudaSuccess);
+  cudaStream_t st;
+  assert_int_equal(cudaStreamCreate(&st), cudaSuccess);
+  mbd_error err = {0};
+  if (pick) setenv("MBD_SCAN_PREFILL", pick, 1);
+  int rc = mbd_mops_scan_bf16state(st, nseq, T, di, N, R, d[2], d[3], act, d[5], d[6], d[0],
+                                   d[1], d[4], ldxz, zoff, d[7], sstride, d[8], NULL, act, dy,
+                                   &err);
+  if (pick) unsetenv("MBD_SCAN_PREFILL");
+  if (rc) fail_msg("scan: %s", err.msg);
+  assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
+  assert_int_equal(cudaMemcpy(gy, dy, (size_t)M * di * es, cudaMemcpyDeviceToHost), cudaSuccess);
+  assert_int_equal(cudaMemcpy(g16, d[7], nb[7], cudaMemcpyDeviceToHost), cudaSuccess);
+  /* the reference */
+  for (int s = 0; s < nseq; s++)
+    for (int t = 0; t < T; t++) {
+      const int64_t r = (int64_t)s * T + t;
+      const float *row = dbl + r * nd, *B = row + R, *C = row + R + N;
+      for (int ch = 0; ch < di; ch++) {
+        float v = 0.0f;
+        for (int k = 0; k < R; k++) v = fmaf(round_act(act, row[k]), w[ch * R + k], v);
+        const float dt = mbd_pm_softplus(v + b[ch]), x = xc[r * di + ch];
+        float *hc = h + (int64_t)slots[s] * sstride + (int64_t)ch * N;
+        float y = 0.0f;
+        for (int n = 0; n < N; n++) {
+          const float dA = mbd_pm_expf(dt * A[ch * N + n]);
+          hc[n] = bf16_rn(fmaf(dA, hc[n], (dt * B[n]) * x));
+          y = fmaf(hc[n], C[n], y);
+        }
+        y = fmaf(D[ch], x, y);
+        const float out = y * mbd_pm_silu(xz[r * ldxz + zoff + ch]);
+        if (act == MBD_DTYPE_BF16)
+          ((uint16_t *)ry)[r * di + ch] = mbd_f32_to_bf16(out);
+        else
+          ((float *)ry)[r * di + ch] = out;
+      }
+    }
+  for (int64_t i = 0; i < nslot * sstride; i++) h16[i] = mbd_f32_to_bf16(h[i]);
+  /* slots' padding entries are never touched: compare rows only */
+  for (int64_t sl = 0; sl < nslot; sl++)
+    if (memcmp(g16 + sl * sstride, h16 + sl * sstride, (size_t)di * N * 2))
+      fail_msg("scan N=%d R=%d di=%d T=%d nseq=%d %s%s: slot %lld's state differs", N, R, di, T,
+               nseq, mbd_dtype_name(act), pick ? " (old)" : "", (long long)sl);
+  if (memcmp(gy, ry, (size_t)M * di * es))
+    fail_msg("scan N=%d R=%d di=%d T=%d nseq=%d %s%s: y differs", N, R, di, T, nseq,
+             mbd_dtype_name(act), pick ? " (old)" : "");
+  for (int i = 0; i < 9; i++) cudaFree(d[i]);
+  cudaFree(dy);
+  cudaStreamDestroy(st);
+  free(A), free(D), free(xc), free(dbl), free(xz), free(w), free(b), free(h), free(h16);
+  free(g16), free(wa), free(ba), free(ry), free(gy), free(slots);
+}
+
+/* The decode step (one sequence a block; 600 and 1100 sequences: streaming
+ * ranges of 4 and 8 a block), the prefill kernel (d_state 8 / 16, dt rank 4)
+ * and the chunked k_scan (the other shapes, and MBD_SCAN_PREFILL=old), over
+ * d_state 4..32, a d_inner that fills no channel block, f32 and bf16. */
+static void test_scan_op(void **state) {
+  (void)state;
+  const int Ns[] = {4, 8, 16, 32}, Rs[] = {4, 5};
+  const mbd_dtype acts[] = {MBD_DTYPE_F32, MBD_DTYPE_BF16};
+  for (int ni = 0; ni < 4; ni++)
+    for (int ri = 0; ri < 2; ri++)
+      for (int a = 0; a < 2; a++) {
+        scan_case(Ns[ni], Rs[ri], 200, 1, 3, acts[a], NULL);
+        scan_case(Ns[ni], Rs[ri], 200, 37, 3, acts[a], NULL);
+        scan_case(Ns[ni], Rs[ri], 200, 37, 2, acts[a], "old");
+      }
+  for (int ni = 0; ni < 4; ni++) {
+    scan_case(Ns[ni], 4, 200, 1, 600, MBD_DTYPE_BF16, NULL);
+    scan_case(Ns[ni], 5, 200, 1, 1100, MBD_DTYPE_F32, NULL);
+  }
+  /* the bf16 state's alignment is checked */
+  mbd_error err = {0};
+  int32_t *sl = NULL;
+  assert_int_equal(cudaMalloc((void **)&sl, 64), cudaSuccess);
+  char *p = NULL;
+  assert_int_equal(cudaMalloc((void **)&p, 1 << 16), cudaSuccess);
+  assert_int_equal(mbd_mops_scan_bf16state(NULL, 1, 1, 64, 16, 4, (float *)p, (float *)p,
+                                           MBD_DTYPE_F32, p, p, (float *)p, (float *)p,
+                                           (float *)p, 128, 64, p + 2, 64 * 16, sl, NULL,
+                                           MBD_DTYPE_F32, p, &err),
+                   MBD_E_INVALID);
+  assert_non_null(strstr(err.msg, "aligned"));
+  cudaFree(p);
+  cudaFree(sl);
+  print_message("mbd_mops_scan_bf16state == the host's f32 arithmetic with bf16 rounding "
+                "(decode, prefill, chunked; d_state 4..32; f32, bf16)\n");
 }
 
 static void test_route_says_bf16(void **state) {
@@ -360,12 +524,13 @@ static void test_long_prefill(void **state) {
 }
 
 /* Batched steps of n = 2..256 sequences: every slot equals its solo run
- * (the decode kernel's one-sequence blocks and its streaming ranges of 2, 4
- * and 8 sequences a block); bf16 weights (the fused conv at small batches). */
+ * (one sequence a block; on the wide model, batches of 64 and more in the
+ * decode kernel's streaming ranges of 2, 4 and 8 sequences a block, with the
+ * conv fused at 64); bf16 weights (the fused conv at small batches). */
 static void test_batch_invariance(void **state) {
   (void)state;
   mbd_backend *gb = backend(MBD_POLICY_BF16);
-  for (int c = 0; c < NSYN; c++) {
+  for (int c = 0; c <= SYN_WIDE; c++) {
     mbd_bmodel *gm = bc_load(gb, g_dirs[c]);
     const int64_t V = gb->ops->model_vocab(gm);
     enum { NMAX = 256, STEPS = 5 };
@@ -677,6 +842,7 @@ static int teardown(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_scan_op),
       cmocka_unit_test(test_route_says_bf16),  cmocka_unit_test(test_prefill_eq_decode),
       cmocka_unit_test(test_long_prefill),     cmocka_unit_test(test_batch_invariance),
       cmocka_unit_test(test_export_import),    cmocka_unit_test(test_no_persistent),
