@@ -226,7 +226,8 @@ static float round_act(mbd_dtype act, float v) { return act == MBD_DTYPE_BF16 ? 
  * nseq - 1 - s of a state of nseq + 1 slots: y and the state against the
  * host's f32 arithmetic in the f32 route's order (mbd_cpu_scan_step's) with
  * each updated entry rounded to bf16 and the rounded value carried on, by
- * memcmp. */
+ * memcmp. pick: NULL, or "MBD_SCAN_PREFILL" / "MBD_SCAN_STEP" set to "old"
+ * for the launch (the kernel it names instead of the default). */
 static void scan_case(int N, int R, int di, int T, int nseq, mbd_dtype act, const char *pick) {
   const int64_t nd = R + 2 * N, M = (int64_t)nseq * T, ldxz = 2 * di + 3, zoff = di;
   const int64_t sstride = (int64_t)di * N + 8, nslot = nseq + 1;
@@ -278,11 +279,11 @@ static void scan_case(int N, int R, int di, int T, int nseq, mbd_dtype act, cons
   cudaStream_t st;
   assert_int_equal(cudaStreamCreate(&st), cudaSuccess);
   mbd_error err = {0};
-  if (pick) setenv("MBD_SCAN_PREFILL", pick, 1);
+  if (pick) setenv(pick, "old", 1);
   int rc = mbd_mops_scan_bf16state(st, nseq, T, di, N, R, d[2], d[3], act, d[5], d[6], d[0],
                                    d[1], d[4], ldxz, zoff, d[7], sstride, d[8], NULL, act, dy,
                                    &err);
-  if (pick) unsetenv("MBD_SCAN_PREFILL");
+  if (pick) unsetenv(pick);
   if (rc) fail_msg("scan: %s", err.msg);
   assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
   assert_int_equal(cudaMemcpy(gy, dy, (size_t)M * di * es, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -315,11 +316,11 @@ static void scan_case(int N, int R, int di, int T, int nseq, mbd_dtype act, cons
   /* slots' padding entries are never touched: compare rows only */
   for (int64_t sl = 0; sl < nslot; sl++)
     if (memcmp(g16 + sl * sstride, h16 + sl * sstride, (size_t)di * N * 2))
-      fail_msg("scan N=%d R=%d di=%d T=%d nseq=%d %s%s: slot %lld's state differs", N, R, di, T,
-               nseq, mbd_dtype_name(act), pick ? " (old)" : "", (long long)sl);
+      fail_msg("scan N=%d R=%d di=%d T=%d nseq=%d %s %s: slot %lld's state differs", N, R, di,
+               T, nseq, mbd_dtype_name(act), pick ? pick : "", (long long)sl);
   if (memcmp(gy, ry, (size_t)M * di * es))
-    fail_msg("scan N=%d R=%d di=%d T=%d nseq=%d %s%s: y differs", N, R, di, T, nseq,
-             mbd_dtype_name(act), pick ? " (old)" : "");
+    fail_msg("scan N=%d R=%d di=%d T=%d nseq=%d %s %s: y differs", N, R, di, T, nseq,
+             mbd_dtype_name(act), pick ? pick : "");
   for (int i = 0; i < 9; i++) cudaFree(d[i]);
   cudaFree(dy);
   cudaStreamDestroy(st);
@@ -328,9 +329,11 @@ static void scan_case(int N, int R, int di, int T, int nseq, mbd_dtype act, cons
 }
 
 /* The decode step (one sequence a block; 600 and 1100 sequences: streaming
- * ranges of 4 and 8 a block), the prefill kernel (d_state 8 / 16, dt rank 4)
- * and the chunked k_scan (the other shapes, and MBD_SCAN_PREFILL=old), over
- * d_state 4..32, a d_inner that fills no channel block, f32 and bf16. */
+ * ranges of 4 and 8 a block, for d_state 16 the lane pairs, and with
+ * MBD_SCAN_STEP=old the streaming kernel), the prefill kernel (d_state 8 /
+ * 16, dt rank 4) and the chunked k_scan (the other shapes, and
+ * MBD_SCAN_PREFILL=old), over d_state 4..32, a d_inner that fills no channel
+ * block, f32 and bf16. */
 static void test_scan_op(void **state) {
   (void)state;
   const int Ns[] = {4, 8, 16, 32}, Rs[] = {4, 5};
@@ -340,12 +343,21 @@ static void test_scan_op(void **state) {
       for (int a = 0; a < 2; a++) {
         scan_case(Ns[ni], Rs[ri], 200, 1, 3, acts[a], NULL);
         scan_case(Ns[ni], Rs[ri], 200, 37, 3, acts[a], NULL);
-        scan_case(Ns[ni], Rs[ri], 200, 37, 2, acts[a], "old");
+        scan_case(Ns[ni], Rs[ri], 200, 37, 2, acts[a], "MBD_SCAN_PREFILL");
       }
   for (int ni = 0; ni < 4; ni++) {
     scan_case(Ns[ni], 4, 200, 1, 600, MBD_DTYPE_BF16, NULL);
     scan_case(Ns[ni], 5, 200, 1, 1100, MBD_DTYPE_F32, NULL);
   }
+  const int nseqs[] = {500, 600, 777, 1100, 2000};
+  for (int k = 0; k < 5; k++)
+    for (int a = 0; a < 2; a++)
+      for (int ri = 0; ri < 2; ri++) {
+        scan_case(16, 4 * ri + 4 + a, 200 + 37 * k, 1, nseqs[k], acts[a], NULL);
+        scan_case(16, 4 * ri + 4 + a, 200 + 37 * k, 1, nseqs[k], acts[a], "MBD_SCAN_STEP");
+      }
+  scan_case(16, 64, 256, 1, 1100, MBD_DTYPE_BF16, NULL); /* 16-byte weight pieces */
+  scan_case(16, 48, 384, 1, 900, MBD_DTYPE_F32, NULL);
   /* the bf16 state's alignment is checked */
   mbd_error err = {0};
   int32_t *sl = NULL;

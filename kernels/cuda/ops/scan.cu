@@ -531,6 +531,202 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
   }
 }
 
+/* The decode step over a bf16 state of d_state 16 at batches the streaming
+ * kernel above would take: k_scan_step's arithmetic, statement for statement,
+ * with each channel's state split over a pair of lanes, lane j of the pair
+ * owning entries 8 j .. 8 j + 7 (one 16-byte piece). Both lanes run the
+ * updates of their own entries; the C chain, from 0 over the 16 entries in
+ * ascending order, runs over lane 0's entries and then, from lane 0's partial
+ * sum (a shuffle), over lane 1's, which finishes y. The group's dt chains are
+ * split between the lanes by sequence (lane j: sequences j, j + 2, ..), each
+ * chain one sequence's alone in k order as before, and shared through shared
+ * memory, and so is the gate SiLU(z) (lane j: the same sequences). A lane
+ * holds half the state and half the chains of k_scan_step's thread, so more
+ * warps fit an SM, and its piece moves straight between global memory and
+ * registers: its piece, x (and the conv window) of the next sequence are
+ * loaded while the current one computes. Block y runs the sequences [y nseq / G, (y + 1) nseq / G); which
+ * lanes, blocks or ranges run what changes no bits. */
+#define SPAIR_BT 128             /* threads per block: SPAIR_BT / 2 channels */
+#define SPAIR_MINB 8             /* blocks per SM the registers are sized for */
+__host__ __device__ constexpr size_t spair_smem_floats(int SQ, int R) {
+  return (size_t)SQ * ((R + 2 * 16 + 3) & ~3) + 2 * (size_t)SQ * (SPAIR_BT / 2);
+}
+template <typename ActT, typename WT, int KC, int SQ>
+__global__ void __launch_bounds__(SPAIR_BT, SPAIR_MINB)
+    k_scan_step_pair(int nseq, int di, int R, const float *__restrict__ xc,
+                     const float *__restrict__ dbl, const WT *__restrict__ dt_w,
+                     const WT *__restrict__ dt_b, const float *__restrict__ A,
+                     const float *__restrict__ Dv, const float *__restrict__ xz, int64_t ldxz,
+                     int64_t zoff, __nv_bfloat16 *__restrict__ ssm_state, int64_t slot_stride,
+                     const int32_t *__restrict__ slots, const float *__restrict__ cw,
+                     const float *__restrict__ cb, float *__restrict__ cstate, int64_t cslot,
+                     ActT *__restrict__ y, int vec) {
+  constexpr int N = 16, NL = 8, CB = SPAIR_BT / 2, QL = SQ / 2; /* chains per lane */
+  constexpr int PV = 16 / sizeof(WT);
+  extern __shared__ float4 pair_sm4[];
+  const int ND = R + 2 * N;
+  const int NDP = (ND + 3) & ~3;
+  float *sd = (float *)pair_sm4; /* [SQ][NDP]: round_act(dt_low), B, C */
+  float *sdt = sd + SQ * NDP;    /* [SQ][CB] the group's dt */
+  float *sgz = sdt + SQ * CB;    /* [SQ][CB] the group's SiLU(z) */
+  const int tid = threadIdx.x, j = tid & 1, cl = tid >> 1;
+  const int c0 = blockIdx.x * CB, c = c0 + cl;
+  const int sb = (int)((int64_t)blockIdx.y * nseq / gridDim.y);
+  const int se = (int)((int64_t)(blockIdx.y + 1) * nseq / gridDim.y);
+  const bool live = c < di;
+  const int cc = live ? c : di - 1;
+  float a[NL];
+  ld_f32x(A + (int64_t)cc * N + NL * j, a);
+  const float amax = sp_absmax(a); /* over this lane's entries: the same bits either way */
+  const float d = Dv[cc];
+  const float bdt = ld_f32(dt_b + cc);
+  const WT *wr = dt_w + (int64_t)cc * R;
+  float wk[KC > 0 ? KC : 1], cbias = 0.0f;
+  if constexpr (KC > 0) {
+#pragma unroll
+    for (int i = 0; i < KC; i++) wk[i] = cw[(int64_t)i * di + cc];
+    if (cb) cbias = cb[cc];
+  }
+  { /* the block's dt_proj rows (contiguous) toward L2, all at once */
+    const char *g = (const char *)(dt_w + (int64_t)c0 * R);
+    const int bytes = min(CB, di - c0) * R * (int)sizeof(WT);
+    for (int o = tid * 128; o < bytes; o += SPAIR_BT * 128) prefetch_l2(g + o);
+  }
+  pdl_wait(); /* activations and state only from here on */
+  pdl_trigger();
+  /* sequence s's inputs, into registers: this lane's piece, x (xc, or xz's
+   * x part with the conv fused), the conv window */
+  uint4 st_n = make_uint4(0, 0, 0, 0);
+  float x_n = 0.0f, win_n[KC > 1 ? KC - 1 : 1] = {};
+  auto fetch = [&](int s) {
+    if (s >= se) return;
+    const int64_t sl = slots[s];
+    st_n = *(const uint4 *)(ssm_state + sl * slot_stride + (int64_t)cc * N + NL * j);
+    if constexpr (KC > 0) {
+      x_n = xz[(int64_t)s * ldxz + cc];
+      const float *cs = cstate + sl * cslot + cc;
+#pragma unroll
+      for (int i = 0; i < KC - 1; i++) win_n[i] = cs[(int64_t)i * di];
+    } else {
+      x_n = xc[(int64_t)s * di + cc];
+    }
+  };
+  fetch(sb);
+  for (int q0 = sb; q0 < se; q0 += SQ) {
+    const int nq = min(SQ, se - q0);
+    if (q0 != sb) __syncthreads(); /* the previous group's rows and dt are read */
+    for (int e = tid; e < nq * ND; e += SPAIR_BT) {
+      const int q = e / ND, k = e - q * ND;
+      const float v = dbl[(int64_t)(q0 + q) * ND + k];
+      sd[q * NDP + k] = k < R ? round_act<ActT>(v) : v;
+    }
+    __syncthreads();
+    /* dt chains: from 0 over k ascending, one per sequence (scan_dt's);
+     * this lane's sequences j, j + 2, .. of the group */
+    {
+      float acc[QL];
+#pragma unroll
+      for (int i = 0; i < QL; i++) acc[i] = 0.0f;
+      int k = 0;
+      if (vec) {
+        const auto piece = [&](const uint4 &raw, int k) {
+          const WT *wp = (const WT *)&raw;
+          float w[PV];
+#pragma unroll
+          for (int i = 0; i < PV; i++) w[i] = ld_f32(wp + i);
+#pragma unroll
+          for (int i = 0; i < QL; i++) {
+            if (j + 2 * i >= nq) break;
+            const float4 *dq = (const float4 *)(sd + (j + 2 * i) * NDP + k);
+#pragma unroll
+            for (int j4 = 0; j4 < PV / 4; j4++) {
+              const float4 v = dq[j4];
+              acc[i] = __fmaf_rn(v.x, w[4 * j4], acc[i]);
+              acc[i] = __fmaf_rn(v.y, w[4 * j4 + 1], acc[i]);
+              acc[i] = __fmaf_rn(v.z, w[4 * j4 + 2], acc[i]);
+              acc[i] = __fmaf_rn(v.w, w[4 * j4 + 3], acc[i]);
+            }
+          }
+        };
+        for (; k + 4 * PV <= R; k += 4 * PV) { /* four pieces' loads in flight */
+          uint4 rw[4];
+#pragma unroll
+          for (int i = 0; i < 4; i++) rw[i] = *(const uint4 *)(wr + k + i * PV);
+#pragma unroll
+          for (int i = 0; i < 4; i++) piece(rw[i], k + i * PV);
+        }
+        for (; k + PV <= R; k += PV) piece(*(const uint4 *)(wr + k), k);
+      }
+      for (; k < R; k++) {
+        const float w = ld_f32(wr + k);
+#pragma unroll
+        for (int i = 0; i < QL; i++) {
+          if (j + 2 * i >= nq) break;
+          acc[i] = __fmaf_rn(sd[(j + 2 * i) * NDP + k], w, acc[i]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < QL; i++)
+        if (j + 2 * i < nq) {
+          const int q = j + 2 * i;
+          sdt[q * CB + cl] = sp_softplus(__fadd_rn(acc[i], bdt));
+          sgz[q * CB + cl] = sp_silu(xz[(int64_t)(q0 + q) * ldxz + zoff + cc]);
+        }
+    }
+    __syncwarp(); /* the pair's dt and gates are in shared memory (a pair is in one warp) */
+    for (int q = 0; q < nq; q++) {
+      const int s = q0 + q;
+      const uint4 st_c = st_n;
+      const float xin = x_n;
+      float win[KC > 1 ? KC - 1 : 1];
+#pragma unroll
+      for (int i = 0; i < (KC > 1 ? KC - 1 : 1); i++) win[i] = win_n[i];
+      fetch(s + 1); /* the next sequence's loads in flight while this one runs */
+      float x = xin;
+      if constexpr (KC > 0) {
+        x = conv_silu_out<KC>(wk, win, xin, cb != nullptr, cbias);
+        if (live && j == 0) { /* the window advances in place */
+          float *cs = cstate + (int64_t)slots[s] * cslot + cc;
+#pragma unroll
+          for (int i = 0; i + 1 < KC - 1; i++) cs[(int64_t)i * di] = win[i + 1];
+          cs[(int64_t)(KC - 2) * di] = xin;
+        }
+      }
+      float h[NL];
+      srow_ld<__nv_bfloat16, NL>((const __nv_bfloat16 *)&st_c, h);
+      const float dt = sdt[q * CB + cl];
+      const float *row = sd + q * NDP, *B = row + R + NL * j, *C = row + R + N + NL * j;
+      if (sp_exp_fast(__fmul_rn(dt, amax))) {
+#pragma unroll
+        for (int n = 0; n < NL; n++) {
+          const float dA = sp_exp_in_range(__fmul_rn(dt, a[n]));
+          h[n] = sp_st<__nv_bfloat16>::rnd(
+              __fmaf_rn(dA, h[n], __fmul_rn(__fmul_rn(dt, B[n]), x)));
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < NL; n++)
+          h[n] = sp_st<__nv_bfloat16>::rnd(scan_state(dt, a[n], B[n], x, h[n]));
+      }
+      /* the C chain: lane 0's entries from 0, then lane 1's from lane 0's sum */
+      float p = 0.0f;
+#pragma unroll
+      for (int n = 0; n < NL; n++) p = __fmaf_rn(h[n], C[n], p);
+      float acc = __shfl_sync(0xffffffffu, p, tid & 31 & ~1);
+#pragma unroll
+      for (int n = 0; n < NL; n++) acc = __fmaf_rn(h[n], C[n], acc);
+      acc = __fmaf_rn(d, x, acc);
+      const float v = __fmul_rn(acc, sgz[q * CB + cl]);
+      if (live) {
+        if (j == 1) st_act(y + (int64_t)s * di + c, v);
+        uint4 o;
+        srow_put<__nv_bfloat16, NL>((__nv_bfloat16 *)&o, h);
+        *(uint4 *)(ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)c * N + NL * j) = o;
+      }
+    }
+  }
+}
+
 /* The decode step (T = 1): SSTEP_BT channels of one of G ranges of sequences
  * per block; KC: the fused conv's width (conv non-NULL), or 0. */
 template <int N, typename ActT, int KC, int SQ, typename ST>
@@ -590,6 +786,80 @@ static int sstep_blocks_per_sm(int R) {
   return bps;
 }
 
+/* k_scan_step_pair over G ranges of sequences. */
+template <typename ActT, int KC, int SQ>
+static int scan_pair_launch_sq(cudaStream_t s, int nseq, int G, int di, int R, const float *xc,
+                               const float *dbl, const ActT *dt_w, const ActT *dt_b,
+                               const float *A, const float *D, const float *xz, int64_t ldxz,
+                               int64_t zoff, __nv_bfloat16 *ssm_state, int64_t slot_stride,
+                               const int32_t *slots, const mbd_mops_conv *conv, ActT *y,
+                               mbd_error *err) {
+  const dim3 grid((unsigned)((di + SPAIR_BT / 2 - 1) / (SPAIR_BT / 2)), (unsigned)G);
+  const size_t sh = sizeof(float) * spair_smem_floats(SQ, R);
+  const int vec = ((uintptr_t)dt_w & 15) == 0 && (R * (int)sizeof(ActT)) % 16 == 0;
+  const float *cw = conv ? conv->w : NULL, *cb = conv ? conv->bias : NULL;
+  float *cst = conv ? conv->state : NULL;
+  const int64_t cslot = conv ? conv->slot_stride : 0;
+  int rc = allow_smem(k_scan_step_pair<ActT, ActT, KC, SQ>, sh, err);
+  if (rc < 0) return rc;
+  return launch_pdl("selective scan (step, lane pairs)", k_scan_step_pair<ActT, ActT, KC, SQ>,
+                    grid, dim3(SPAIR_BT), sh, s, err, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz,
+                    ldxz, zoff, ssm_state, slot_stride, slots, cw, cb, cst, cslot, y, vec);
+}
+
+/* Blocks of k_scan_step_pair<ActT, KC, SQ> resident per SM at dt rank R (as
+ * sstep_blocks_per_sm). */
+template <typename ActT, int KC, int SQ>
+static int spair_blocks_per_sm(int R) {
+  static int bps, bps_r;
+  if (!bps || bps_r != R) {
+    const size_t sh = sizeof(float) * spair_smem_floats(SQ, R);
+    int v = 0;
+    if ((sh > 48 * 1024 &&
+         cudaFuncSetAttribute(k_scan_step_pair<ActT, ActT, KC, SQ>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)sh) != cudaSuccess) ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k_scan_step_pair<ActT, ActT, KC, SQ>,
+                                                      SPAIR_BT, sh) != cudaSuccess ||
+        v <= 0) {
+      (void)cudaGetLastError();
+      v = 1;
+    }
+    bps = v, bps_r = R;
+  }
+  return bps;
+}
+
+/* The lane-pair kernel over as many ranges as fill every SM once, as the
+ * streaming kernel's choice below. */
+template <typename ActT, int KC>
+static int scan_pair_launch(cudaStream_t s, int nseq, int di, int R, const float *xc,
+                            const float *dbl, const ActT *dt_w, const ActT *dt_b, const float *A,
+                            const float *D, const float *xz, int64_t ldxz, int64_t zoff,
+                            __nv_bfloat16 *ssm_state, int64_t slot_stride, const int32_t *slots,
+                            const mbd_mops_conv *conv, ActT *y, mbd_error *err) {
+#define SPAIR_SQ(SQ, G)                                                                        \
+  return scan_pair_launch_sq<ActT, KC, SQ>(s, nseq, (int)(G), di, R, xc, dbl, dt_w, dt_b, A, D, \
+                                           xz, ldxz, zoff, ssm_state, slot_stride, slots, conv, \
+                                           y, err)
+  const int64_t cblocks = (di + SPAIR_BT / 2 - 1) / (SPAIR_BT / 2);
+  int64_t G = sstep_sms() * spair_blocks_per_sm<ActT, KC, 8>(R) / cblocks;
+  if (G > nseq) G = nseq;
+  if (G < 1) G = 1;
+  const int64_t per = (nseq + G - 1) / G;
+  if (per > 4) SPAIR_SQ(8, G);
+  if (per > 2) SPAIR_SQ(4, G);
+  SPAIR_SQ(2, G);
+#undef SPAIR_SQ
+}
+
+/* Whether MBD_SCAN_STEP=old (read at each launch) keeps a bf16 state of
+ * d_state 16 on k_scan_step's streaming kernel instead of the lane pairs. */
+static bool spair_off(void) {
+  const char *v = getenv("MBD_SCAN_STEP");
+  return v && !strcmp(v, "old");
+}
+
 /* One sequence per block with the staged weights (SQ = 1) while that grid
  * fits on the SMs at once. Otherwise the streaming kernel over sequence
  * ranges: as many as fill every SM with resident blocks once (resident
@@ -597,7 +867,8 @@ static int sstep_blocks_per_sm(int R) {
  * possible so that all blocks end together, instead of a grid of short
  * blocks whose last wave leaves SMs idle; SQ the power of two from 2 to 8
  * covering the longest range (a longer one runs its dt chains 8 sequences at
- * a time). */
+ * a time). A bf16 state of d_state 16 takes k_scan_step_pair there instead
+ * (unless spair_off). */
 template <int N, typename ActT, int KC, typename ST>
 static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float *xc,
                             const float *dbl, const ActT *dt_w, const ActT *dt_b, const float *A,
@@ -610,6 +881,11 @@ static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float
                                                   slots, conv, y, err)
   const int64_t cblocks = (di + SSTEP_BT - 1) / SSTEP_BT, sms = sstep_sms();
   if (cblocks * nseq <= sms * sstep_blocks_per_sm<N, ActT, KC, 1, ST>(R)) SSTEP_SQ(1, nseq);
+  if constexpr (N == 16 && std::is_same<ST, __nv_bfloat16>::value) {
+    if (!spair_off())
+      return scan_pair_launch<ActT, KC>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz, zoff,
+                                        ssm_state, slot_stride, slots, conv, y, err);
+  }
   int64_t G = sms * sstep_blocks_per_sm<N, ActT, KC, 8, ST>(R) / cblocks;
   if (G > nseq) G = nseq;
   if (G < 1) G = 1;
