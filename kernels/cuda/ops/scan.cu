@@ -540,16 +540,17 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
  * sum (a shuffle), over lane 1's, which finishes y. The group's dt chains are
  * split between the lanes by sequence (lane j: sequences j, j + 2, ..), each
  * chain one sequence's alone in k order as before, and shared through shared
- * memory, and so is the gate SiLU(z) (lane j: the same sequences). A lane
- * holds half the state and half the chains of k_scan_step's thread, so more
- * warps fit an SM, and its piece moves straight between global memory and
- * registers: its piece, x (and the conv window) of the next sequence are
- * loaded while the current one computes. Block y runs the sequences [y nseq / G, (y + 1) nseq / G); which
+ * memory, and so are the inputs x (with the conv fused: its output, the
+ * window advanced there) and the gate SiLU(z) (lane j: the same sequences).
+ * A lane holds half the state and half the chains of k_scan_step's thread,
+ * so more warps fit an SM, and its piece moves straight between global
+ * memory and registers, the next sequence's loaded while the current one
+ * computes. Block y runs the sequences [y nseq / G, (y + 1) nseq / G); which
  * lanes, blocks or ranges run what changes no bits. */
 #define SPAIR_BT 128             /* threads per block: SPAIR_BT / 2 channels */
 #define SPAIR_MINB 8             /* blocks per SM the registers are sized for */
 __host__ __device__ constexpr size_t spair_smem_floats(int SQ, int R) {
-  return (size_t)SQ * ((R + 2 * 16 + 3) & ~3) + 2 * (size_t)SQ * (SPAIR_BT / 2);
+  return (size_t)SQ * ((R + 2 * 16 + 3) & ~3) + 3 * (size_t)SQ * (SPAIR_BT / 2);
 }
 template <typename ActT, typename WT, int KC, int SQ>
 __global__ void __launch_bounds__(SPAIR_BT, SPAIR_MINB)
@@ -569,6 +570,7 @@ __global__ void __launch_bounds__(SPAIR_BT, SPAIR_MINB)
   float *sd = (float *)pair_sm4; /* [SQ][NDP]: round_act(dt_low), B, C */
   float *sdt = sd + SQ * NDP;    /* [SQ][CB] the group's dt */
   float *sgz = sdt + SQ * CB;    /* [SQ][CB] the group's SiLU(z) */
+  float *sxv = sgz + SQ * CB;    /* [SQ][CB] the group's x */
   const int tid = threadIdx.x, j = tid & 1, cl = tid >> 1;
   const int c0 = blockIdx.x * CB, c = c0 + cl;
   const int sb = (int)((int64_t)blockIdx.y * nseq / gridDim.y);
@@ -594,31 +596,24 @@ __global__ void __launch_bounds__(SPAIR_BT, SPAIR_MINB)
   }
   pdl_wait(); /* activations and state only from here on */
   pdl_trigger();
-  /* sequence s's inputs, into registers: this lane's piece, x (xc, or xz's
-   * x part with the conv fused), the conv window */
+  /* sequence s's piece of this lane, into registers, and where it is */
   uint4 st_n = make_uint4(0, 0, 0, 0);
-  float x_n = 0.0f, win_n[KC > 1 ? KC - 1 : 1] = {};
+  __nv_bfloat16 *g_n = nullptr;
   auto fetch = [&](int s) {
     if (s >= se) return;
-    const int64_t sl = slots[s];
-    st_n = *(const uint4 *)(ssm_state + sl * slot_stride + (int64_t)cc * N + NL * j);
-    if constexpr (KC > 0) {
-      x_n = xz[(int64_t)s * ldxz + cc];
-      const float *cs = cstate + sl * cslot + cc;
-#pragma unroll
-      for (int i = 0; i < KC - 1; i++) win_n[i] = cs[(int64_t)i * di];
-    } else {
-      x_n = xc[(int64_t)s * di + cc];
-    }
+    g_n = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N + NL * j;
+    st_n = *(const uint4 *)g_n;
   };
   fetch(sb);
   for (int q0 = sb; q0 < se; q0 += SQ) {
     const int nq = min(SQ, se - q0);
-    if (q0 != sb) __syncthreads(); /* the previous group's rows and dt are read */
-    for (int e = tid; e < nq * ND; e += SPAIR_BT) {
-      const int q = e / ND, k = e - q * ND;
-      const float v = dbl[(int64_t)(q0 + q) * ND + k];
-      sd[q * NDP + k] = k < R ? round_act<ActT>(v) : v;
+    if (q0 != sb) __syncthreads(); /* the previous group's rows, dt, x and gates are read */
+    for (int q = 0; q < nq; q++) {
+      const float *src = dbl + (int64_t)(q0 + q) * ND;
+      for (int k = tid; k < ND; k += SPAIR_BT) {
+        const float v = src[k];
+        sd[q * NDP + k] = k < R ? round_act<ActT>(v) : v;
+      }
     }
     __syncthreads();
     /* dt chains: from 0 over k ascending, one per sequence (scan_dt's);
@@ -667,31 +662,42 @@ __global__ void __launch_bounds__(SPAIR_BT, SPAIR_MINB)
       }
 #pragma unroll
       for (int i = 0; i < QL; i++)
-        if (j + 2 * i < nq) {
-          const int q = j + 2 * i;
-          sdt[q * CB + cl] = sp_softplus(__fadd_rn(acc[i], bdt));
-          sgz[q * CB + cl] = sp_silu(xz[(int64_t)(q0 + q) * ldxz + zoff + cc]);
-        }
+        if (j + 2 * i < nq) sdt[(j + 2 * i) * CB + cl] = sp_softplus(__fadd_rn(acc[i], bdt));
     }
-    __syncwarp(); /* the pair's dt and gates are in shared memory (a pair is in one warp) */
+    /* x (xc, or the conv over xz's x part and the window, which advances in
+     * place: this thread is the only one on its slot and channel) and the
+     * gate of this lane's sequences */
+#pragma unroll
+    for (int i = 0; i < QL; i++) {
+      const int q = j + 2 * i, s = q0 + q;
+      if (q >= nq) break;
+      const float z = xz[(int64_t)s * ldxz + zoff + cc];
+      float x;
+      if constexpr (KC > 0) {
+        const float xin = xz[(int64_t)s * ldxz + cc];
+        float *cs = cstate + (int64_t)slots[s] * cslot + cc;
+        float win[KC - 1];
+#pragma unroll
+        for (int t = 0; t < KC - 1; t++) win[t] = cs[(int64_t)t * di];
+        x = conv_silu_out<KC>(wk, win, xin, cb != nullptr, cbias);
+        if (live) {
+#pragma unroll
+          for (int t = 0; t + 1 < KC - 1; t++) cs[(int64_t)t * di] = win[t + 1];
+          cs[(int64_t)(KC - 2) * di] = xin;
+        }
+      } else {
+        x = xc[(int64_t)s * di + cc];
+      }
+      sxv[q * CB + cl] = x;
+      sgz[q * CB + cl] = sp_silu(z);
+    }
+    __syncwarp(); /* the pair's dt, x and gates are in shared memory (a pair is in one warp) */
     for (int q = 0; q < nq; q++) {
       const int s = q0 + q;
       const uint4 st_c = st_n;
-      const float xin = x_n;
-      float win[KC > 1 ? KC - 1 : 1];
-#pragma unroll
-      for (int i = 0; i < (KC > 1 ? KC - 1 : 1); i++) win[i] = win_n[i];
-      fetch(s + 1); /* the next sequence's loads in flight while this one runs */
-      float x = xin;
-      if constexpr (KC > 0) {
-        x = conv_silu_out<KC>(wk, win, xin, cb != nullptr, cbias);
-        if (live && j == 0) { /* the window advances in place */
-          float *cs = cstate + (int64_t)slots[s] * cslot + cc;
-#pragma unroll
-          for (int i = 0; i + 1 < KC - 1; i++) cs[(int64_t)i * di] = win[i + 1];
-          cs[(int64_t)(KC - 2) * di] = xin;
-        }
-      }
+      __nv_bfloat16 *const g = g_n;
+      fetch(s + 1); /* the next sequence's piece in flight while this one runs */
+      const float x = sxv[q * CB + cl];
       float h[NL];
       srow_ld<__nv_bfloat16, NL>((const __nv_bfloat16 *)&st_c, h);
       const float dt = sdt[q * CB + cl];
@@ -717,11 +723,11 @@ __global__ void __launch_bounds__(SPAIR_BT, SPAIR_MINB)
       for (int n = 0; n < NL; n++) acc = __fmaf_rn(h[n], C[n], acc);
       acc = __fmaf_rn(d, x, acc);
       const float v = __fmul_rn(acc, sgz[q * CB + cl]);
-      if (live) {
+      if (live) { /* (live: g is this channel's) */
         if (j == 1) st_act(y + (int64_t)s * di + c, v);
         uint4 o;
         srow_put<__nv_bfloat16, NL>((__nv_bfloat16 *)&o, h);
-        *(uint4 *)(ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)c * N + NL * j) = o;
+        *(uint4 *)g = o;
       }
     }
   }
