@@ -39,9 +39,9 @@
  *               scan_prefill.cu's kernel; the same bits), and both scans
  *               over the other state dtype ("scan, state f32|bf16", whose
  *               decode columns take the model's conv fusion too), and the
- *               bf16-state decode step with MBD_SCAN_STEP=old (k_scan_step's
- *               streaming kernel instead of the lane pairs at d_state 16;
- *               the same bits).
+ *               bf16-state decode step with MBD_SCAN_STEP=pair (the lane
+ *               pairs instead of k_scan_step's streaming kernel at d_state
+ *               16 and large batches; the same bits).
  * mbd_mops_conv_fused (kernels/cuda/ops/conv_xproj.h) picks the model's decode path;
  * MBD_BENCH_PROFILE_STEP: see profile_step. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
@@ -91,13 +91,13 @@ static int want_state[2] = {1, 0}; /* --state: f32, bf16 */
  * and (decode) the pick. */
 enum {
   OT_EMBED, OT_NORM, OT_IN, OT_CONV, OT_XPROJ, OT_SCAN, OT_OUT, OT_FNORM, OT_HEAD, OT_SAMPLE,
-  OT_SCAN_OLD, OT_SCAN_ALT, OT_SCAN_OLD_ALT, OT_SCAN_STEP_OLD, OT_NOPS
+  OT_SCAN_OLD, OT_SCAN_ALT, OT_SCAN_OLD_ALT, OT_SCAN_STEP_PAIR, OT_NOPS
 };
 static const char *const k_ot_names[OT_NOPS] = {
     "embed",     "add_rmsnorm",    "in_proj (gemm)", "conv_silu",         "x_proj",
     "scan (dt_proj+scan+D+gate)", "out_proj (gemm)", "final add_rmsnorm", "lm_head (gemm)",
     "sample", "scan, MBD_SCAN_PREFILL=old", NULL, NULL, /* the _ALT rows: ot_name */
-    "scan bf16 state, SCAN_STEP=old"};
+    "scan bf16 state, SCAN_STEP=pair"};
 
 enum { OT_COLS = 5, OT_REPS = 10, OT_ROWS = 2048, OT_SLOTS = 256 };
 static const int k_ot_nseq[OT_COLS] = {1, 1, 8, 64, 256}, k_ot_T[OT_COLS] = {OT_ROWS, 1, 1, 1, 1};
@@ -143,7 +143,7 @@ static int ot_runs(const op_bench *o, int op, int nseq, int T) {
   if (op == OT_CONV) return !ot_fused(o, nseq, T);
   if (op == OT_SAMPLE) return T == 1;
   if (op == OT_SCAN_OLD || op == OT_SCAN_OLD_ALT) return T > 1;
-  if (op == OT_SCAN_STEP_OLD) return T == 1;
+  if (op == OT_SCAN_STEP_PAIR) return T == 1;
   return 1;
 }
 /* The row's name (the _ALT rows name their state dtype). */
@@ -205,8 +205,8 @@ static int run_op(void *arg, mbd_error *err) {
     unsetenv("MBD_SCAN_PREFILL");
     return rc;
   }
-  case OT_SCAN_STEP_OLD: {
-    setenv("MBD_SCAN_STEP", "old", 1);
+  case OT_SCAN_STEP_PAIR: {
+    setenv("MBD_SCAN_STEP", "pair", 1);
     int rc = ot_scan(o, MBD_STATE_BF16, fused ? &conv : NULL, err);
     unsetenv("MBD_SCAN_STEP");
     return rc;
@@ -358,8 +358,8 @@ static int op_table(const shape *sh, const mbd_mamba_config *c, mbd_dtype dt, mb
     for (int col = 0; col < OT_COLS; col++) {
       const int nseq = k_ot_nseq[col], T = k_ot_T[col];
       const int star =
-          (op == OT_XPROJ || op == OT_SCAN || op == OT_SCAN_ALT || op == OT_SCAN_STEP_OLD) &&
-          ot_fused(&o, nseq, T);
+          (op == OT_XPROJ || op == OT_SCAN || op == OT_SCAN_ALT ||
+           op == OT_SCAN_STEP_PAIR) && ot_fused(&o, nseq, T);
       if (ot_runs(&o, op, nseq, T))
         printf(" %8.1f%c", us[op][col], star ? '*' : ' ');
       else

@@ -226,7 +226,7 @@ static float round_act(mbd_dtype act, float v) { return act == MBD_DTYPE_BF16 ? 
  * nseq - 1 - s of a state of nseq + 1 slots: y and the state against the
  * host's f32 arithmetic in the f32 route's order (mbd_cpu_scan_step's) with
  * each updated entry rounded to bf16 and the rounded value carried on, by
- * memcmp. pick: NULL, or "MBD_SCAN_PREFILL" / "MBD_SCAN_STEP" set to "old"
+ * memcmp. pick: NULL, or "MBD_SCAN_PREFILL=old" / "MBD_SCAN_STEP=pair", set
  * for the launch (the kernel it names instead of the default). */
 static void scan_case(int N, int R, int di, int T, int nseq, mbd_dtype act, const char *pick) {
   const int64_t nd = R + 2 * N, M = (int64_t)nseq * T, ldxz = 2 * di + 3, zoff = di;
@@ -279,11 +279,17 @@ static void scan_case(int N, int R, int di, int T, int nseq, mbd_dtype act, cons
   cudaStream_t st;
   assert_int_equal(cudaStreamCreate(&st), cudaSuccess);
   mbd_error err = {0};
-  if (pick) setenv(pick, "old", 1);
+  char var[32] = "";
+  if (pick) {
+    const char *eq = strchr(pick, '=');
+    assert_non_null(eq);
+    snprintf(var, sizeof var, "%.*s", (int)(eq - pick), pick);
+    setenv(var, eq + 1, 1);
+  }
   int rc = mbd_mops_scan_bf16state(st, nseq, T, di, N, R, d[2], d[3], act, d[5], d[6], d[0],
                                    d[1], d[4], ldxz, zoff, d[7], sstride, d[8], NULL, act, dy,
                                    &err);
-  if (pick) unsetenv(pick);
+  if (pick) unsetenv(var);
   if (rc) fail_msg("scan: %s", err.msg);
   assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
   assert_int_equal(cudaMemcpy(gy, dy, (size_t)M * di * es, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -328,12 +334,11 @@ static void scan_case(int N, int R, int di, int T, int nseq, mbd_dtype act, cons
   free(g16), free(wa), free(ba), free(ry), free(gy), free(slots);
 }
 
-/* The decode step (one sequence a block; 600 and 1100 sequences: streaming
- * ranges of 4 and 8 a block, for d_state 16 the lane pairs, and with
- * MBD_SCAN_STEP=old the streaming kernel), the prefill kernel (d_state 8 /
- * 16, dt rank 4) and the chunked k_scan (the other shapes, and
- * MBD_SCAN_PREFILL=old), over d_state 4..32, a d_inner that fills no channel
- * block, f32 and bf16. */
+/* The decode step (one sequence a block; 500..2000 sequences: streaming
+ * ranges of 4 and 8 a block, and for d_state 16 with MBD_SCAN_STEP=pair the
+ * lane pairs), the prefill kernel (d_state 8 / 16, dt rank 4) and the chunked
+ * k_scan (the other shapes, and MBD_SCAN_PREFILL=old), over d_state 4..32, a
+ * d_inner that fills no channel block, f32 and bf16. */
 static void test_scan_op(void **state) {
   (void)state;
   const int Ns[] = {4, 8, 16, 32}, Rs[] = {4, 5};
@@ -343,7 +348,7 @@ static void test_scan_op(void **state) {
       for (int a = 0; a < 2; a++) {
         scan_case(Ns[ni], Rs[ri], 200, 1, 3, acts[a], NULL);
         scan_case(Ns[ni], Rs[ri], 200, 37, 3, acts[a], NULL);
-        scan_case(Ns[ni], Rs[ri], 200, 37, 2, acts[a], "MBD_SCAN_PREFILL");
+        scan_case(Ns[ni], Rs[ri], 200, 37, 2, acts[a], "MBD_SCAN_PREFILL=old");
       }
   for (int ni = 0; ni < 4; ni++) {
     scan_case(Ns[ni], 4, 200, 1, 600, MBD_DTYPE_BF16, NULL);
@@ -354,10 +359,14 @@ static void test_scan_op(void **state) {
     for (int a = 0; a < 2; a++)
       for (int ri = 0; ri < 2; ri++) {
         scan_case(16, 4 * ri + 4 + a, 200 + 37 * k, 1, nseqs[k], acts[a], NULL);
-        scan_case(16, 4 * ri + 4 + a, 200 + 37 * k, 1, nseqs[k], acts[a], "MBD_SCAN_STEP");
+        scan_case(16, 4 * ri + 4 + a, 200 + 37 * k, 1, nseqs[k], acts[a],
+                  "MBD_SCAN_STEP=pair");
       }
-  scan_case(16, 64, 256, 1, 1100, MBD_DTYPE_BF16, NULL); /* 16-byte weight pieces */
-  scan_case(16, 48, 384, 1, 900, MBD_DTYPE_F32, NULL);
+  for (int k = 0; k < 2; k++) { /* 16-byte weight pieces */
+    const char *pick = k ? "MBD_SCAN_STEP=pair" : NULL;
+    scan_case(16, 64, 256, 1, 1100, MBD_DTYPE_BF16, pick);
+    scan_case(16, 48, 384, 1, 900, MBD_DTYPE_F32, pick);
+  }
   /* the bf16 state's alignment is checked */
   mbd_error err = {0};
   int32_t *sl = NULL;
@@ -538,12 +547,17 @@ static void test_long_prefill(void **state) {
 /* Batched steps of n = 2..256 sequences: every slot equals its solo run
  * (one sequence a block; on the wide model, batches of 64 and more in the
  * decode kernel's streaming ranges of 2, 4 and 8 sequences a block, with the
- * conv fused at 64); bf16 weights (the fused conv at small batches). */
+ * conv fused at 64, and again with MBD_SCAN_STEP=pair: the lane pairs); bf16
+ * weights (the fused conv at small batches). */
 static void test_batch_invariance(void **state) {
   (void)state;
-  mbd_backend *gb = backend(MBD_POLICY_BF16);
-  for (int c = 0; c <= SYN_WIDE; c++) {
-    mbd_bmodel *gm = bc_load(gb, g_dirs[c]);
+  for (int c = 0; c <= SYN_WIDE + 1; c++) {
+    /* the decode graphs are captured with the kernel the variable picks */
+    if (c == SYN_WIDE + 1) setenv("MBD_SCAN_STEP", "pair", 1);
+    mbd_backend *gb = backend(MBD_POLICY_BF16);
+    const int m = c > SYN_WIDE ? SYN_WIDE : c;
+    const char *how = c > SYN_WIDE ? ", MBD_SCAN_STEP=pair" : "";
+    mbd_bmodel *gm = bc_load(gb, g_dirs[m]);
     const int64_t V = gb->ops->model_vocab(gm);
     enum { NMAX = 256, STEPS = 5 };
     int64_t tok[NMAX][STEPS];
@@ -570,17 +584,19 @@ static void test_batch_invariance(void **state) {
         for (int i = 0; i < n; i++)
           if (memcmp(rows + (size_t)i * V,
                      solo + ((size_t)((i * 7 + (int)k) % NMAX) * STEPS + t) * V, (size_t)V * 4))
-            fail_msg("model %d: row %d of a batch of %d, step %d != its solo run", c, i, n, t);
+            fail_msg("model %d%s: row %d of a batch of %d, step %d != its solo run", m, how, i,
+                     n, t);
       }
       for (int i = 0; i < n; i++) gb->ops->state_free(gb, st[i]);
     }
-    print_message("model %d (d_state %d), state bf16: batched steps 2..256 == solo\n", c,
-                  g_cfg[c].d_state);
+    print_message("model %d (d_state %d)%s, state bf16: batched steps 2..256 == solo\n", m,
+                  g_cfg[m].d_state, how);
     free(rows);
     free(solo);
     gb->ops->model_destroy(gb, gm);
+    mbd_backend_destroy(&gb);
   }
-  mbd_backend_destroy(&gb);
+  unsetenv("MBD_SCAN_STEP");
 }
 
 /* Export after half the prompt, import into a fresh state (same backend and

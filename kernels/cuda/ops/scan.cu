@@ -532,7 +532,8 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
 }
 
 /* The decode step over a bf16 state of d_state 16 at batches the streaming
- * kernel above would take: k_scan_step's arithmetic, statement for statement,
+ * kernel above would take, where MBD_SCAN_STEP=pair asks for it (spair_on):
+ * k_scan_step's arithmetic, statement for statement,
  * with each channel's state split over a pair of lanes, lane j of the pair
  * owning entries 8 j .. 8 j + 7 (one 16-byte piece). Both lanes run the
  * updates of their own entries; the C chain, from 0 over the 16 entries in
@@ -859,11 +860,12 @@ static int scan_pair_launch(cudaStream_t s, int nseq, int di, int R, const float
 #undef SPAIR_SQ
 }
 
-/* Whether MBD_SCAN_STEP=old (read at each launch) keeps a bf16 state of
- * d_state 16 on k_scan_step's streaming kernel instead of the lane pairs. */
-static bool spair_off(void) {
+/* Whether MBD_SCAN_STEP=pair (read at each launch) puts a bf16 state of
+ * d_state 16 on the lane pairs instead of k_scan_step's streaming kernel
+ * (the default); the same bits. */
+static bool spair_on(void) {
   const char *v = getenv("MBD_SCAN_STEP");
-  return v && !strcmp(v, "old");
+  return v && !strcmp(v, "pair");
 }
 
 /* One sequence per block with the staged weights (SQ = 1) while that grid
@@ -873,8 +875,8 @@ static bool spair_off(void) {
  * possible so that all blocks end together, instead of a grid of short
  * blocks whose last wave leaves SMs idle; SQ the power of two from 2 to 8
  * covering the longest range (a longer one runs its dt chains 8 sequences at
- * a time). A bf16 state of d_state 16 takes k_scan_step_pair there instead
- * (unless spair_off). */
+ * a time). With spair_on, a bf16 state of d_state 16 takes k_scan_step_pair
+ * there instead. */
 template <int N, typename ActT, int KC, typename ST>
 static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float *xc,
                             const float *dbl, const ActT *dt_w, const ActT *dt_b, const float *A,
@@ -888,7 +890,7 @@ static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float
   const int64_t cblocks = (di + SSTEP_BT - 1) / SSTEP_BT, sms = sstep_sms();
   if (cblocks * nseq <= sms * sstep_blocks_per_sm<N, ActT, KC, 1, ST>(R)) SSTEP_SQ(1, nseq);
   if constexpr (N == 16 && std::is_same<ST, __nv_bfloat16>::value) {
-    if (!spair_off())
+    if (spair_on())
       return scan_pair_launch<ActT, KC>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz, zoff,
                                         ssm_state, slot_stride, slots, conv, y, err);
   }
