@@ -15,7 +15,10 @@
  *            docs/route.md "Mamba-1 with a bf16 state"): f32 (the
  *            default), bf16, or all (both, f32 first, for each shape and
  *            dtype); a bf16 state never runs the persistent decode (the model
- *            decodes per op there); the state column names it;
+ *            decodes per op there); the state column names it; a bf16 state
+ *            also runs "det, pairs": deterministic with MBD_SCAN_STEP=pair
+ *            (kernels/cuda/ops/scan.cu's lane-pair decode step; the same
+ *            bits);
  *   --ops: first the per-launch time of each op of one 130m bf16 layer at M=1,
  *          with the separate conv and with the decode fusion (conv in x_proj
  *          and the scan);
@@ -449,13 +452,22 @@ static int bench_one(const shape *sh, mbd_dtype dt, mbd_state_dtype sd, int reps
   const size_t wb = mbd_mamba1_gpu_weight_bytes(m), sb = rb[0] + rb[1];
   const char *st = mbd_state_dtype_name(sd);
   double res[2][5] = {{0}};
-  for (int mode = 0; mode < 2; mode++) {
+  /* mode 2 (a bf16 state): deterministic again with MBD_SCAN_STEP=pair, the
+   * decode graphs captured anew with the lane-pair step */
+  const int nmodes = sd == MBD_STATE_BF16 ? 3 : 2;
+  for (int mode = 0; mode < nmodes; mode++) {
     if (mode == 1) {
       if (mbd_gpu_ctx_set_mode(ctx, MBD_GEMM_CUBLAS_FAST, &err)) {
         printf("  cublas-fast unavailable: %s\n", err.msg);
         break;
       }
       mbd_mamba1_gpu_set_graphs(m, 0); /* graphs replay only under their route */
+      mbd_mamba1_gpu_set_graphs(m, 1);
+    }
+    if (mode == 2) {
+      CK(mbd_gpu_ctx_set_mode(ctx, MBD_GEMM_DETERMINISTIC, &err));
+      setenv("MBD_SCAN_STEP", "pair", 1);
+      mbd_mamba1_gpu_set_graphs(m, 0);
       mbd_mamba1_gpu_set_graphs(m, 1);
     }
     double dec[4], pre;
@@ -491,14 +503,16 @@ static int bench_one(const shape *sh, mbd_dtype dt, mbd_state_dtype sd, int reps
       free(lg);
     }
     pre = 2048 / (mbd_bench_median(t, pr) * 1e-3);
+    const char *mname = mode == 2 ? "det, pairs" : mode ? "cublas-fast" : "deterministic";
     printf("%-5s %-4s %-5s %-13s | %9.0f %9.0f %9.0f %9.0f | %9.0f\n", sh->name,
-           mbd_dtype_name(dt), st, mode ? "cublas-fast" : "deterministic", dec[0], dec[1], dec[2],
-           dec[3], pre);
-    for (int k = 0; k < 4; k++) res[mode][k] = dec[k];
+           mbd_dtype_name(dt), st, mname, dec[0], dec[1], dec[2], dec[3], pre);
+    if (mode < 2)
+      for (int k = 0; k < 4; k++) res[mode][k] = dec[k];
     if (probes && mode == 0) mbd_m1g_probes_print_trace(probes); /* batch 1's last step */
-    res[mode][4] = pre;
+    if (mode < 2) res[mode][4] = pre;
     fflush(stdout);
   }
+  unsetenv("MBD_SCAN_STEP");
   if (res[1][0] > 0) {
     printf("%-5s %-4s %-5s %-13s |", sh->name, mbd_dtype_name(dt), st, "det/cublas");
     for (int k = 0; k < 5; k++) printf(" %9.2f%s", res[0][k] / res[1][k], k == 3 ? " |" : "");
