@@ -9,8 +9,8 @@
  *   prefix_cache: {mb, block, device_mb}   every worker's prefix state cache unless it
  *              sets its own
  *   state_dtype: f32 | bf16   every worker's recurrent state storage unless it sets its own
- *              (--state-dtype; bf16: Mamba-2 on CUDA only, so a cpu worker with bf16 is
- *              refused)
+ *              (--state-dtype; bf16: Mamba-1 and Mamba-2 on CUDA only, so a cpu worker
+ *              with bf16 is refused)
  *   models:   [{name, path, default_digest?}]  path relative to the YAML file's directory
  *   workers:  [{name, device: cpu | cuda:N | all, dtype, state_dtype, gemm_mode, threads,
  *              capacity, max_batch, session_idle_s, checkpoint_tokens,

@@ -69,7 +69,7 @@ const char *mbd_state_dtype_name(mbd_state_dtype d) {
 }
 
 const char *mbd_state_dtype_where(mbd_state_dtype d) {
-  return d == MBD_STATE_F32 ? "every family and backend" : "Mamba-2 on CUDA only";
+  return d == MBD_STATE_F32 ? "every family and backend" : "Mamba-1 and Mamba-2 on CUDA only";
 }
 
 int mbd_gemm_mode_parse(const char *s, mbd_gemm_mode *out, mbd_error *err) {

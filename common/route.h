@@ -39,10 +39,11 @@ typedef enum mbd_decode_path {
 
 /* Storage dtype of the recurrent state in a model's state slots. The
  * arithmetic stays f32; bf16 rounds each updated state entry once (the
- * state contract of docs/route.md, "Mamba-2 with a bf16 state"). */
+ * state contract of docs/route.md, "Mamba-2 with a bf16 state" and "Mamba-1
+ * with a bf16 state"). */
 typedef enum mbd_state_dtype {
   MBD_STATE_F32 = 0,  /* f32 state (the default; every backend and family) */
-  MBD_STATE_BF16 = 1, /* bf16 SSM state: Mamba-2 on CUDA only */
+  MBD_STATE_BF16 = 1, /* bf16 SSM state: Mamba-1 and Mamba-2 on CUDA only */
 } mbd_state_dtype;
 
 #define MBD_ROUTE_FORMAT_VERSION 3
@@ -84,8 +85,8 @@ const char *mbd_decode_path_name(mbd_decode_path d);
 int mbd_decode_path_parse(const char *s, mbd_decode_path *out, mbd_error *err);
 const char *mbd_state_dtype_name(mbd_state_dtype d);
 int mbd_state_dtype_parse(const char *s, mbd_state_dtype *out, mbd_error *err);
-/* Where state dtype d is served, for refusals ("Mamba-2 on CUDA only"): the
- * one wording; the families' GPU table (kernels/cuda/gpu_family.h
+/* Where state dtype d is served, for refusals ("Mamba-1 and Mamba-2 on CUDA
+ * only"): the one wording; the families' GPU table (kernels/cuda/gpu_family.h
  * state_dtypes) holds the capability itself. */
 const char *mbd_state_dtype_where(mbd_state_dtype d);
 

@@ -31,7 +31,7 @@ typedef struct mbd_bstash mbd_bstash; /* a copy of a state kept in device memory
 typedef struct mbd_backend_opts {
   mbd_gemm_mode mode;      /* only deterministic on CPU */
   mbd_dtype_policy policy; /* weight storage dtype */
-  mbd_state_dtype state;   /* recurrent state storage dtype (bf16: Mamba-2 on cuda only) */
+  mbd_state_dtype state;   /* recurrent state storage dtype (bf16: Mamba-1/2 on cuda only) */
   int threads;             /* <= 0: one per CPU */
   int64_t state_capacity;  /* session slots (part of the route) */
   int device;              /* CUDA device ordinal (cuda backend only) */

@@ -99,7 +99,7 @@ static const mbd_gpu_model_ops k_mamba1 = {
     .slot_regions = m1_slot_regions,
     .step_launch = m1_step_launch,
     .step_wait = m1_step_wait,
-    .state_dtypes = 1u << MBD_STATE_F32,
+    .state_dtypes = (1u << MBD_STATE_F32) | (1u << MBD_STATE_BF16),
 };
 
 static const mbd_gpu_model_ops *const k_families[] = {&k_mamba1, &mbd_mamba2_gpu_ops,

@@ -6,7 +6,13 @@
  *
  * Device memory is allocated at load (weights, state slots, the workspace for
  * max(max_rows, max_batch) rows, pinned staging); nothing is allocated per
- * token. */
+ * token.
+ *
+ * The SSM state is stored in the route's state dtype (f32, or bf16 on a
+ * state=bf16 route, which the persistent decode does not run; the conv
+ * windows stay f32 either way); the state image is f32 on both: slot_read
+ * widens bf16 exactly, slot_write rounds to nearest even (exact for an image
+ * a bf16-state route wrote). */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -100,6 +106,7 @@ static int model_alloc(mbd_gpu_ctx *ctx, const mbd_mamba_config *cfg,
     m->step_ev[i] = (cudaEvent_t)opts->step_events[i];
   m->dp_trace = opts->dp_trace;
   m->nslots = rid.state_capacity;
+  m->ssm_es = rid.state == MBD_STATE_BF16 ? 2 : 4;
   m->layers = (layer_d *)calloc((size_t)cfg->n_layer, sizeof(layer_d));
   m->stamp = (uint32_t *)calloc((size_t)m->nslots, sizeof(uint32_t));
   if (!m->layers || !m->stamp) {
@@ -138,6 +145,7 @@ fail:
 static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
   const mbd_mamba_config *c = &m->cfg;
   if (m->decode != MBD_DECODE_PERSISTENT) return 0;
+  if (m->ssm_es != 4) return 0; /* it keeps an f32 state only */
   if (m->dtype != MBD_DTYPE_BF16 && m->dtype != MBD_DTYPE_F16) return 0; /* dp stays zeroed: */
   if (c->d_inner > MBD_DP_MAX_INNER) return 0;                           /* never runs */
   const size_t tb = (size_t)c->n_layer * sizeof(mbd_dp_layer);
@@ -175,7 +183,7 @@ static int dp_setup(mbd_mamba1_gpu *m, mbd_error *err) {
     dp->layers = (const mbd_dp_layer *)dl;
     dp->conv_state = m->conv_st;
     dp->conv_slot = m->conv_slot;
-    dp->ssm_state = m->ssm_st;
+    dp->ssm_state = (float *)m->ssm_st;
     dp->ssm_slot = m->ssm_slot;
     dp->xq = (uint64_t *)q;
     dp->xs = (uint64_t *)xsd;
@@ -213,9 +221,11 @@ static int alloc_runtime(mbd_mamba1_gpu *m, mbd_error *err) {
     *(void **)&(ptr) = p;                                  \
   } while (0)
   DA(m->conv_st, ns * (size_t)m->conv_slot * 4);
-  DA(m->ssm_st, ns * (size_t)m->ssm_slot * 4);
+  DA(m->ssm_st, ns * (size_t)m->ssm_slot * (size_t)m->ssm_es);
   MBD_GPU_CHECK(cudaMemset(m->conv_st, 0, ns * (size_t)m->conv_slot * 4), err);
-  MBD_GPU_CHECK(cudaMemset(m->ssm_st, 0, ns * (size_t)m->ssm_slot * 4), err);
+  MBD_GPU_CHECK(cudaMemset(m->ssm_st, 0, ns * (size_t)m->ssm_slot * (size_t)m->ssm_es), err);
+  if (m->ssm_es == 2)
+    MBD_GPU_CHECK(cudaMallocHost((void **)&m->h_ssm, (size_t)m->ssm_slot * 2), err);
   const size_t B = (size_t)m->max_batch;
   const size_t o_temp = 2 * rows * 4, o_seed = (o_temp + B * 4 + 7) & ~(size_t)7;
   const size_t o_step = o_seed + B * 8;
@@ -261,6 +271,7 @@ void mbd_mamba1_gpu_destroy(mbd_mamba1_gpu **pm) {
   mbd_dev_arena_free(&m->arena);
   cudaFreeHost(m->h_in);
   cudaFreeHost(m->h_next);
+  cudaFreeHost(m->h_ssm);
   free(m->layers);
   free(m->stamp);
   free(m);
@@ -407,6 +418,14 @@ size_t mbd_mamba1_gpu_state_bytes(const mbd_mamba1_gpu *m) {
 
 /* ------------------------------------------------------------ state slots */
 
+/* Slot `slot`'s SSM state on the device, and its bytes there. */
+static void *ssm_at(const mbd_mamba1_gpu *m, int64_t slot) {
+  return (char *)m->ssm_st + (size_t)slot * (size_t)m->ssm_slot * (size_t)m->ssm_es;
+}
+static size_t ssm_bytes(const mbd_mamba1_gpu *m) {
+  return (size_t)m->ssm_slot * (size_t)m->ssm_es;
+}
+
 extern "C" int mbd_m1g_check_slot(const mbd_mamba1_gpu *m, int64_t slot, mbd_error *err) {
   if (slot < 0 || slot >= m->nslots)
     return mbd_error_set(err, MBD_E_INVALID, "state slot %lld outside 0..%lld", (long long)slot,
@@ -420,9 +439,7 @@ extern "C" int mbd_mamba1_gpu_slot_reset(mbd_mamba1_gpu *m, int64_t slot, mbd_er
   MBD_GPU_CHECK(cudaMemsetAsync(m->conv_st + slot * m->conv_slot, 0, (size_t)m->conv_slot * 4,
                                 m->stream),
                 err);
-  MBD_GPU_CHECK(
-      cudaMemsetAsync(m->ssm_st + slot * m->ssm_slot, 0, (size_t)m->ssm_slot * 4, m->stream),
-      err);
+  MBD_GPU_CHECK(cudaMemsetAsync(ssm_at(m, slot), 0, ssm_bytes(m), m->stream), err);
   MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
   return 0;
 }
@@ -438,10 +455,23 @@ extern "C" int mbd_mamba1_gpu_slot_read(mbd_mamba1_gpu *m, int64_t slot, void *b
   MBD_GPU_CHECK(cudaMemcpyAsync(buf, m->conv_st + slot * m->conv_slot, cb,
                                 cudaMemcpyDeviceToHost, m->stream),
                 err);
-  MBD_GPU_CHECK(cudaMemcpyAsync((char *)buf + cb, m->ssm_st + slot * m->ssm_slot, need - cb,
-                                cudaMemcpyDeviceToHost, m->stream),
+  if (m->ssm_es == 4) {
+    MBD_GPU_CHECK(cudaMemcpyAsync((char *)buf + cb, ssm_at(m, slot), need - cb,
+                                  cudaMemcpyDeviceToHost, m->stream),
+                  err);
+    MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+    return 0;
+  }
+  /* bf16 state: through pinned staging, widened exactly into the f32 image */
+  MBD_GPU_CHECK(cudaMemcpyAsync(m->h_ssm, ssm_at(m, slot), ssm_bytes(m), cudaMemcpyDeviceToHost,
+                                m->stream),
                 err);
   MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+  unsigned char *q = (unsigned char *)buf + cb;
+  for (int64_t i = 0; i < m->ssm_slot; i++) {
+    const float f = mbd_bf16_to_f32(m->h_ssm[i]);
+    memcpy(q + 4 * i, &f, 4);
+  }
   return 0;
 }
 
@@ -451,8 +481,8 @@ extern "C" int mbd_mamba1_gpu_slot_regions(mbd_mamba1_gpu *m, int64_t slot, void
   if (rc) return rc;
   ptr[0] = m->conv_st + slot * m->conv_slot;
   bytes[0] = (size_t)m->conv_slot * 4;
-  ptr[1] = m->ssm_st + slot * m->ssm_slot;
-  bytes[1] = (size_t)m->ssm_slot * 4;
+  ptr[1] = ssm_at(m, slot);
+  bytes[1] = ssm_bytes(m);
   return 0;
 }
 
@@ -467,9 +497,25 @@ extern "C" int mbd_mamba1_gpu_slot_write(mbd_mamba1_gpu *m, int64_t slot, const 
   MBD_GPU_CHECK(cudaMemcpyAsync(m->conv_st + slot * m->conv_slot, buf, cb,
                                 cudaMemcpyHostToDevice, m->stream),
                 err);
-  MBD_GPU_CHECK(cudaMemcpyAsync(m->ssm_st + slot * m->ssm_slot, (const char *)buf + cb,
-                                need - cb, cudaMemcpyHostToDevice, m->stream),
-                err);
+  if (m->ssm_es == 4) {
+    MBD_GPU_CHECK(cudaMemcpyAsync(ssm_at(m, slot), (const char *)buf + cb, need - cb,
+                                  cudaMemcpyHostToDevice, m->stream),
+                  err);
+  } else {
+    /* bf16 state: the f32 image rounded to nearest even (the kernels'
+     * rounding), so an image this route wrote comes back exactly; the
+     * staging is free once the stream is idle (slot_read syncs too) */
+    MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
+    const unsigned char *q = (const unsigned char *)buf + cb;
+    for (int64_t i = 0; i < m->ssm_slot; i++) {
+      float f;
+      memcpy(&f, q + 4 * i, 4);
+      m->h_ssm[i] = mbd_f32_to_bf16(f);
+    }
+    MBD_GPU_CHECK(cudaMemcpyAsync(ssm_at(m, slot), m->h_ssm, ssm_bytes(m),
+                                  cudaMemcpyHostToDevice, m->stream),
+                  err);
+  }
   MBD_GPU_CHECK(cudaStreamSynchronize(m->stream), err);
   return 0;
 }

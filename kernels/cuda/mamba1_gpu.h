@@ -73,9 +73,9 @@ void mbd_mamba1_gpu_options_default(mbd_mamba1_gpu_options *o);
 /* Loads DIR/config.json and DIR/model.safetensors, or the shards listed in
  * DIR/model.safetensors.index.json (Hugging Face layout, mbd_st_dir_open),
  * onto ctx's device. State slots: the context's state capacity (route identity),
- * kept in f32 (a context with another state dtype is the caller's to refuse:
- * the CUDA backend asks gpu_family.h state_dtypes). The model borrows ctx,
- * which must outlive it. */
+ * the SSM state kept in the route's state dtype (f32, or bf16 on a state=bf16
+ * route: docs/route.md "Mamba-1 with a bf16 state"; the conv windows stay
+ * f32). The model borrows ctx, which must outlive it. */
 int mbd_mamba1_gpu_load(mbd_gpu_ctx *ctx, const char *dir, const mbd_mamba1_gpu_options *opts,
                         mbd_mamba1_gpu **out, mbd_error *err);
 /* Frees device memory and graphs; NULL-safe; nulls *m. */
@@ -86,21 +86,26 @@ mbd_dtype mbd_mamba1_gpu_dtype(const mbd_mamba1_gpu *m);
 int64_t mbd_mamba1_gpu_slots(const mbd_mamba1_gpu *m);
 /* Device bytes of weights (storage dtype, LM head counted once when tied). */
 size_t mbd_mamba1_gpu_weight_bytes(const mbd_mamba1_gpu *m);
-/* Device bytes of one slot's state (conv window + SSM state, all layers, f32). */
+/* Bytes of one slot's state image (conv window + SSM state, all layers, f32
+ * whatever the state dtype: a bf16 state is widened exactly). */
 size_t mbd_mamba1_gpu_state_bytes(const mbd_mamba1_gpu *m);
 
 /* Zeroes a slot (start of a sequence). MBD_E_INVALID for a slot out of range. */
 int mbd_mamba1_gpu_slot_reset(mbd_mamba1_gpu *m, int64_t slot, mbd_error *err);
 /* Copies a slot's state to the host as f32 conv[n_layer][d_conv-1][d_inner]
- * then ssm[n_layer][d_inner][d_state] (the CPU model's export payload);
- * cap >= state bytes, else MBD_E_TOO_LARGE. Synchronous. */
+ * then ssm[n_layer][d_inner][d_state] (the CPU model's export payload; a
+ * bf16 state widened exactly); cap >= state bytes, else MBD_E_TOO_LARGE.
+ * Synchronous. */
 int mbd_mamba1_gpu_slot_read(mbd_mamba1_gpu *m, int64_t slot, void *buf, size_t cap,
                              mbd_error *err);
-/* Replaces a slot's state with a payload of exactly state bytes (layout as above). */
+/* Replaces a slot's state with a payload of exactly state bytes (layout as
+ * above; into a bf16 state rounded to nearest even, exact for an image a
+ * bf16-state route wrote). */
 int mbd_mamba1_gpu_slot_write(mbd_mamba1_gpu *m, int64_t slot, const void *buf, size_t len,
                               mbd_error *err);
 /* The two device arrays of a slot's state, in the payload's order: conv
- * window then SSM state (ptr[2], bytes[2]). */
+ * window then SSM state (ptr[2], bytes[2]; the SSM state in its stored
+ * dtype, so bf16 regions are half the f32 ones). */
 int mbd_mamba1_gpu_slot_regions(mbd_mamba1_gpu *m, int64_t slot, void **ptr, size_t *bytes,
                                 mbd_error *err);
 

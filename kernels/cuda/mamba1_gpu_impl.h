@@ -32,8 +32,11 @@ struct mbd_mamba1_gpu {
   float *norm_f;         /* [d] */
   mbd_dev_arena arena;    /* every device allocation, freed at destroy */
   float *conv_st;        /* [nslots + 1][L][K-1][di] */
-  float *ssm_st;         /* [nslots + 1][L][di][N] */
-  int64_t conv_slot, ssm_slot; /* floats per slot */
+  void *ssm_st;          /* [nslots + 1][L][di][N] of ssm_es bytes: f32, or bf16 on a
+                            state=bf16 route */
+  int ssm_es;            /* bytes of one SSM state entry: 4 or 2 */
+  uint16_t *h_ssm;       /* bf16 state: pinned [ssm_slot], a slot's SSM state in transit */
+  int64_t conv_slot, ssm_slot; /* entries per slot */
   /* workspace, `rows` = max(max_rows, max_batch) */
   int32_t *d_tok, *d_slots;
   float *resid, *xz, *xc, *dbl, *out, *logits; /* dbl: x_proj rows [dt_low | B | C] */

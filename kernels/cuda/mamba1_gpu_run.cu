@@ -47,8 +47,10 @@ static int gemm(mbd_mamba1_gpu *m, int64_t M, int64_t N, int64_t K, const void *
 }
 
 int mbd_mamba1_gpu_persistent(const mbd_mamba1_gpu *m, int rows) {
-  return m->decode == MBD_DECODE_PERSISTENT && mbd_gpu_ctx_mode(m->ctx) == MBD_GEMM_DETERMINISTIC &&
-         mbd_dp_fits(&m->dp, rows);
+  /* the persistent decode keeps an f32 state only: a bf16-state route
+   * decodes per op */
+  return m->decode == MBD_DECODE_PERSISTENT && m->ssm_es == 4 &&
+         mbd_gpu_ctx_mode(m->ctx) == MBD_GEMM_DETERMINISTIC && mbd_dp_fits(&m->dp, rows);
 }
 
 /* Embedding and every layer of nseq x T rows through the per-op kernels;
@@ -81,11 +83,18 @@ static int layers(mbd_mamba1_gpu *m, int nseq, int T, mbd_error *err) {
                                        act, act == MBD_DTYPE_F32 ? NULL : m->xc_act, err)))
       rc = mbd_mops_xproj(s, M, (int)di, (int)(R + 2 * N), act, m->xc_act, L->x_w, m->dbl, err);
     if (rc) return rc;
-    if ((rc = mbd_mops_scan(s, nseq, T, (int)di, (int)N, (int)R, m->xc, m->dbl, m->dtype,
-                            L->dt_w, L->dt_b, L->A, L->D, m->xz, 2 * di, di,
-                            m->ssm_st + (int64_t)l * di * N, m->ssm_slot, m->d_slots,
-                            fused ? &conv : NULL, act, m->y, err)))
-      return rc;
+    /* the layer's SSM state: f32, or bf16 on a state=bf16 route */
+    void *ssm = (char *)m->ssm_st + (size_t)(l * di * N) * (size_t)m->ssm_es;
+    if (m->ssm_es == 2)
+      rc = mbd_mops_scan_bf16state(s, nseq, T, (int)di, (int)N, (int)R, m->xc, m->dbl, m->dtype,
+                                   L->dt_w, L->dt_b, L->A, L->D, m->xz, 2 * di, di, ssm,
+                                   m->ssm_slot, m->d_slots, fused ? &conv : NULL, act, m->y,
+                                   err);
+    else
+      rc = mbd_mops_scan(s, nseq, T, (int)di, (int)N, (int)R, m->xc, m->dbl, m->dtype, L->dt_w,
+                         L->dt_b, L->A, L->D, m->xz, 2 * di, di, (float *)ssm, m->ssm_slot,
+                         m->d_slots, fused ? &conv : NULL, act, m->y, err);
+    if (rc) return rc;
     if ((rc = gemm(m, M, d, di, m->y, L->out_w, L->out_b, m->out, MBD_DTYPE_F32, err)))
       return rc;
   }

@@ -10,7 +10,15 @@
  * Each number is the median of repeated runs timed with CUDA events on the
  * context's stream; "det/cublas" is deterministic over cublas-fast tokens/s.
  * Usage: bench_mamba1_gpu [--ops] [--per-op] [--trace] [--step-events] [--op-table]
- *                         [130m|1.4b|2.8b|all] [reps] [bf16|f32|all]
+ *                         [--state f32|bf16|all] [130m|1.4b|2.8b|all] [reps] [bf16|f32|all]
+ *   --state: the recurrent state's storage dtype (the route's `state`,
+ *            docs/route.md "Mamba-1 with a bf16 state"): f32 (the
+ *            default), bf16, or all (both, f32 first, for each shape and
+ *            dtype); a bf16 state never runs the persistent decode (the model
+ *            decodes per op there); the state column names it; a bf16 state
+ *            also runs "det, pairs": deterministic with MBD_SCAN_STEP=pair
+ *            (kernels/cuda/ops/scan.cu's lane-pair decode step; the same
+ *            bits);
  *   --ops: first the per-launch time of each op of one 130m bf16 layer at M=1,
  *          with the separate conv and with the decode fusion (conv in x_proj
  *          and the scan);
@@ -31,10 +39,15 @@
  *               (layers x layer + the rest) and the tokens/s it implies;
  *               last, outside the sums, the prefill scan again with
  *               MBD_SCAN_PREFILL=old (scan.cu's k_scan instead of
- *               scan_prefill.cu's kernel; the same bits), and on 16-bit
+ *               scan_prefill.cu's kernel; the same bits), on 16-bit
  *               routes x_proj with MBD_XPROJ_TILE=0..3 (k_xproj for
  *               every M, the tiles from 32 rows, with an L2 prefetch of
- *               x, with forwarded lines; the same bits).
+ *               x, with forwarded lines; the same bits), and both scans
+ *               over the other state dtype ("scan, state f32|bf16", whose
+ *               decode columns take the model's conv fusion too), and the
+ *               bf16-state decode step with MBD_SCAN_STEP=pair (the lane
+ *               pairs instead of k_scan_step's streaming kernel at d_state
+ *               16 and large batches; the same bits).
  * mbd_mops_conv_fused (kernels/cuda/ops/conv_xproj.h) picks the model's decode path;
  * MBD_BENCH_PROFILE_STEP: see profile_step. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
@@ -75,6 +88,7 @@ static int profile_step;
 
 /* Command-line choices (see the usage above). */
 static int per_op, want_trace, want_step_events, want_op_table;
+static int want_state[2] = {1, 0}; /* --state: f32, bf16 */
 
 /* ---- the op table: one layer op by op ---- */
 
@@ -83,12 +97,13 @@ static int per_op, want_trace, want_step_events, want_op_table;
  * and (decode) the pick. */
 enum {
   OT_EMBED, OT_NORM, OT_IN, OT_CONV, OT_XPROJ, OT_SCAN, OT_OUT, OT_FNORM, OT_HEAD, OT_SAMPLE,
-  OT_SCAN_OLD, OT_NOPS
+  OT_SCAN_OLD, OT_SCAN_ALT, OT_SCAN_OLD_ALT, OT_SCAN_STEP_PAIR, OT_NOPS
 };
 static const char *const k_ot_names[OT_NOPS] = {
     "embed",     "add_rmsnorm",    "in_proj (gemm)", "conv_silu",         "x_proj",
     "scan (dt_proj+scan+D+gate)", "out_proj (gemm)", "final add_rmsnorm", "lm_head (gemm)",
-    "sample", "scan, MBD_SCAN_PREFILL=old"};
+    "sample", "scan, MBD_SCAN_PREFILL=old", NULL, NULL, /* the _ALT rows: ot_name */
+    "scan bf16 state, SCAN_STEP=pair"};
 
 enum { OT_COLS = 5, OT_REPS = 10, OT_ROWS = 2048, OT_SLOTS = 256 };
 static const int k_ot_nseq[OT_COLS] = {1, 1, 8, 64, 256}, k_ot_T[OT_COLS] = {OT_ROWS, 1, 1, 1, 1};
@@ -101,11 +116,13 @@ typedef struct op_bench {
   void *stream;
   mbd_mamba_config c;
   mbd_dtype dt;                    /* storage = activation dtype */
+  mbd_state_dtype sd;              /* the table's state dtype (its sums); _ALT rows: the other */
   float *resid, *out, *xz, *xc, *dbl, *logits;
   void *hn, *xc_act, *y;           /* dtype dt; xc_act is xc when dt is f32 */
   float *norm, *conv_w, *conv_b, *A, *D;
   void *in_w, *x_w, *dt_w, *dt_b, *out_w, *head; /* dtype dt */
   float *conv_st, *ssm_st;         /* [OT_SLOTS][K-1][di], [OT_SLOTS][di][N] */
+  void *ssm16;                     /* [OT_SLOTS][di][N] bf16: the bf16 state */
   int32_t *tok, *slots, *next;     /* [OT_ROWS], [OT_SLOTS], [OT_SLOTS] */
   void *work;                      /* the sampling's workspace for OT_SLOTS rows */
   int op, nseq, T;                 /* the launch run_op makes */
@@ -131,8 +148,32 @@ static int ot_fused(const op_bench *o, int nseq, int T) {
 static int ot_runs(const op_bench *o, int op, int nseq, int T) {
   if (op == OT_CONV) return !ot_fused(o, nseq, T);
   if (op == OT_SAMPLE) return T == 1;
-  if (op == OT_SCAN_OLD) return T > 1;
+  if (op == OT_SCAN_OLD || op == OT_SCAN_OLD_ALT) return T > 1;
+  if (op == OT_SCAN_STEP_PAIR) return T == 1;
   return 1;
+}
+/* The row's name (the _ALT rows name their state dtype). */
+static const char *ot_name(const op_bench *o, int op) {
+  static char nm[2][40];
+  if (op < OT_SCAN_ALT || op > OT_SCAN_OLD_ALT) return k_ot_names[op];
+  const char *other =
+      mbd_state_dtype_name(o->sd == MBD_STATE_BF16 ? MBD_STATE_F32 : MBD_STATE_BF16);
+  snprintf(nm[op - OT_SCAN_ALT], sizeof nm[0], "%s, state %s",
+           op == OT_SCAN_ALT ? "scan" : "scan old", other);
+  return nm[op - OT_SCAN_ALT];
+}
+
+/* The scan as the model calls it, over the f32 or the bf16 state. */
+static int ot_scan(op_bench *o, mbd_state_dtype sd, const mbd_mops_conv *conv, mbd_error *err) {
+  const mbd_mamba_config *c = &o->c;
+  const int64_t di = c->d_inner, N = c->d_state, R = c->dt_rank, sslot = di * N;
+  if (sd == MBD_STATE_BF16)
+    return mbd_mops_scan_bf16state(o->stream, o->nseq, o->T, (int)di, (int)N, (int)R, o->xc,
+                                   o->dbl, o->dt, o->dt_w, o->dt_b, o->A, o->D, o->xz, 2 * di,
+                                   di, o->ssm16, sslot, o->slots, conv, o->dt, o->y, err);
+  return mbd_mops_scan(o->stream, o->nseq, o->T, (int)di, (int)N, (int)R, o->xc, o->dbl, o->dt,
+                       o->dt_w, o->dt_b, o->A, o->D, o->xz, 2 * di, di, o->ssm_st, sslot,
+                       o->slots, conv, o->dt, o->y, err);
 }
 
 /* Op o->op over o->nseq sequences of o->T rows, with the arguments
@@ -143,7 +184,8 @@ static int run_op(void *arg, mbd_error *err) {
   const mbd_mamba_config *c = &o->c;
   const int nseq = o->nseq, T = o->T;
   const int64_t M = (int64_t)nseq * T, d = c->d_model, di = c->d_inner, N = c->d_state;
-  const int64_t R = c->dt_rank, K = c->d_conv, cslot = (K - 1) * di, sslot = di * N;
+  const int64_t R = c->dt_rank, K = c->d_conv, cslot = (K - 1) * di;
+  const mbd_state_dtype alt = o->sd == MBD_STATE_BF16 ? MBD_STATE_F32 : MBD_STATE_BF16;
   const mbd_mops_conv conv = {c->d_conv, o->conv_w, o->conv_b, o->conv_st, cslot};
   const int fused = ot_fused(o, nseq, T);
   void *s = o->stream;
@@ -162,18 +204,21 @@ static int run_op(void *arg, mbd_error *err) {
       return mbd_mops_conv_xproj(s, nseq, (int)di, &conv, o->xz, 2 * di, o->slots,
                                  (int)(R + 2 * N), o->dt, o->x_w, o->dbl, err);
     return mbd_mops_xproj(s, M, (int)di, (int)(R + 2 * N), o->dt, o->xc_act, o->x_w, o->dbl, err);
-  case OT_SCAN_OLD: {
+  case OT_SCAN_OLD:
+  case OT_SCAN_OLD_ALT: {
     setenv("MBD_SCAN_PREFILL", "old", 1);
-    int rc = mbd_mops_scan(s, nseq, T, (int)di, (int)N, (int)R, o->xc, o->dbl, o->dt, o->dt_w,
-                           o->dt_b, o->A, o->D, o->xz, 2 * di, di, o->ssm_st, sslot, o->slots,
-                           NULL, o->dt, o->y, err);
+    int rc = ot_scan(o, o->op == OT_SCAN_OLD ? o->sd : alt, NULL, err);
     unsetenv("MBD_SCAN_PREFILL");
     return rc;
   }
-  case OT_SCAN:
-    return mbd_mops_scan(s, nseq, T, (int)di, (int)N, (int)R, o->xc, o->dbl, o->dt, o->dt_w,
-                         o->dt_b, o->A, o->D, o->xz, 2 * di, di, o->ssm_st, sslot, o->slots,
-                         fused ? &conv : NULL, o->dt, o->y, err);
+  case OT_SCAN_STEP_PAIR: {
+    setenv("MBD_SCAN_STEP", "pair", 1);
+    int rc = ot_scan(o, MBD_STATE_BF16, fused ? &conv : NULL, err);
+    unsetenv("MBD_SCAN_STEP");
+    return rc;
+  }
+  case OT_SCAN: return ot_scan(o, o->sd, fused ? &conv : NULL, err);
+  case OT_SCAN_ALT: return ot_scan(o, alt, fused ? &conv : NULL, err);
   case OT_OUT: return ot_gemm(o, M, d, di, o->y, o->out_w, o->out, err);
   case OT_FNORM: /* each sequence's last row (prefill), every row (decode) */
     return mbd_mops_add_rmsnorm(s, nseq, (int)d, T, T - 1, o->resid, o->out, o->norm,
@@ -189,7 +234,7 @@ static void op_bench_free(op_bench *o) {
   void *p[] = {o->resid, o->out,  o->xz,    o->xc,     o->dbl,  o->logits, o->hn,
                o->y,     o->norm, o->conv_w, o->conv_b, o->A,    o->D,      o->in_w,
                o->x_w,   o->dt_w, o->dt_b,  o->out_w,  o->head, o->conv_st, o->ssm_st,
-               o->tok,   o->slots, o->next, o->work};
+               o->tok,   o->slots, o->next, o->work, o->ssm16};
   for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cudaFree(p[i]);
   if (o->xc_act != o->xc) cudaFree(o->xc_act);
   mbd_gpu_ctx_destroy(&o->ctx);
@@ -217,7 +262,9 @@ static int op_bench_init(op_bench *o, mbd_error *err) {
       mbd_bench_dzalloc(&o->dt_b, di * es) || mbd_bench_dzalloc(&o->out_w, d * di * es) ||
       mbd_bench_dzalloc(&o->head, V * d * es) ||
       mbd_bench_dzalloc(&o->conv_st, S * (K - 1) * di * 4) ||
-      mbd_bench_dzalloc(&o->ssm_st, S * di * N * 4) || mbd_bench_dzalloc(&o->tok, M * 4) ||
+      mbd_bench_dzalloc(&o->ssm_st, S * di * N * 4) ||
+      mbd_bench_dzalloc(&o->ssm16, S * di * N * 2) ||
+      mbd_bench_dzalloc(&o->tok, M * 4) ||
       mbd_bench_dzalloc(&o->slots, S * 4) || mbd_bench_dzalloc(&o->next, S * 4) ||
       mbd_bench_dzalloc(&o->work, mbd_mops_sample_work_bytes(OT_SLOTS)))
     return mbd_error_set(err, MBD_E_NOMEM, "out of device memory");
@@ -241,7 +288,8 @@ static int op_bench_init(op_bench *o, mbd_error *err) {
               {o->resid, MBD_DTYPE_F32, M * d, 1.0f},
               {o->out, MBD_DTYPE_F32, M * d, 1.0f},
               {o->conv_st, MBD_DTYPE_F32, S * (K - 1) * di, 1.0f},
-              {o->ssm_st, MBD_DTYPE_F32, S * di * N, 1.0f}};
+              {o->ssm_st, MBD_DTYPE_F32, S * di * N, 1.0f},
+              {o->ssm16, MBD_DTYPE_BF16, S * di * N, 1.0f}};
   for (size_t i = 0; i < sizeof fill / sizeof fill[0]; i++) {
     int rc = mbd_mops_fill_uniform(o->stream, fill[i].dt, fill[i].p, (int64_t)fill[i].n, 7 + i,
                                    fill[i].scale, err);
@@ -310,13 +358,15 @@ static int ot_xproj_variants(op_bench *o, const char *name, const char *tag, mbd
  * b1/8/64/256 through the per-op decode path; then one layer's sum and the
  * whole forward (embed + layers x layer + final norm + head + sample).
  * persistent[k]: the model runs decode column k in the persistent decode
- * instead (flagged). */
-static int op_table(const shape *sh, const mbd_mamba_config *c, mbd_dtype dt,
+ * instead (flagged). sd: the state dtype of the sums (the scan rows after
+ * them: the other one too). */
+static int op_table(const shape *sh, const mbd_mamba_config *c, mbd_dtype dt, mbd_state_dtype sd,
                     const int persistent[OT_COLS]) {
   op_bench o;
   memset(&o, 0, sizeof o);
   o.c = *c;
   o.dt = dt;
+  o.sd = sd;
   mbd_error err;
   mbd_error_clear(&err);
   mbd_gpu_ctx_config cc;
@@ -334,36 +384,39 @@ static int op_table(const shape *sh, const mbd_mamba_config *c, mbd_dtype dt,
       o.op = op, o.nseq = k_ot_nseq[col], o.T = k_ot_T[col];
       if (mbd_bench_op_us(o.stream, OT_REPS, run_op, &o, &us[op][col], &err)) goto done;
     }
-  const char *tag = mbd_dtype_name(dt);
-  printf("%-5s %-4s per-op us (mean of %d in a row) | %9s | %9s %9s %9s %9s\n", sh->name, tag,
+  char tag[16];
+  snprintf(tag, sizeof tag, "%s/%s", mbd_dtype_name(dt), mbd_state_dtype_name(sd));
+  printf("%-5s %-9s per-op us (mean of %d in a row) | %9s | %9s %9s %9s %9s\n", sh->name, tag,
          OT_REPS, "pre T2048", "dec b1", "dec b8", "dec b64", "dec b256");
   float layer[OT_COLS] = {0}, total[OT_COLS] = {0};
   for (int op = 0; op < OT_NOPS; op++) {
-    printf("%-5s %-4s %-31s |", sh->name, tag, k_ot_names[op]);
+    printf("%-5s %-9s %-31s |", sh->name, tag, ot_name(&o, op));
     for (int col = 0; col < OT_COLS; col++) {
       const int nseq = k_ot_nseq[col], T = k_ot_T[col];
-      const int star = (op == OT_XPROJ || op == OT_SCAN) && ot_fused(&o, nseq, T);
+      const int star =
+          (op == OT_XPROJ || op == OT_SCAN || op == OT_SCAN_ALT ||
+           op == OT_SCAN_STEP_PAIR) && ot_fused(&o, nseq, T);
       if (ot_runs(&o, op, nseq, T))
         printf(" %8.1f%c", us[op][col], star ? '*' : ' ');
       else
         printf(" %8s ", op == OT_CONV ? "(in *)" : "-");
       printf("%s", col == 0 ? " |" : "");
       if (op >= OT_NORM && op <= OT_OUT) layer[col] += us[op][col];
-      if (op != OT_SCAN_OLD)
+      if (op < OT_SCAN_OLD)
         total[col] +=
             op >= OT_NORM && op <= OT_OUT ? us[op][col] * (float)c->n_layer : us[op][col];
     }
     printf("\n");
   }
-  printf("%-5s %-4s %-31s |", sh->name, tag, "layer (add_rmsnorm..out_proj)");
+  printf("%-5s %-9s %-31s |", sh->name, tag, "layer (add_rmsnorm..out_proj)");
   for (int col = 0; col < OT_COLS; col++) printf(" %8.1f %s", layer[col], col == 0 ? " |" : "");
-  printf("\n%-5s %-4s %-31s |", sh->name, tag, "forward (layers x layer + rest)");
+  printf("\n%-5s %-9s %-31s |", sh->name, tag, "forward (layers x layer + rest)");
   for (int col = 0; col < OT_COLS; col++) printf(" %8.0f %s", total[col], col == 0 ? " |" : "");
-  printf("\n%-5s %-4s %-31s |", sh->name, tag, "tokens/s at that sum");
+  printf("\n%-5s %-9s %-31s |", sh->name, tag, "tokens/s at that sum");
   for (int col = 0; col < OT_COLS; col++)
     printf(" %8.0f %s", (double)k_ot_nseq[col] * k_ot_T[col] / (total[col] * 1e-6),
            col == 0 ? " |" : "");
-  printf("\n%-5s %-4s %-31s |", sh->name, tag, "model's decode path");
+  printf("\n%-5s %-9s %-31s |", sh->name, tag, "model's decode path");
   for (int col = 0; col < OT_COLS; col++)
     printf(" %9s%s", col == 0 ? "-" : persistent[col] ? "persist." : "per-op", col == 0 ? " |" : "");
   printf("\n      (* conv folded into x_proj and the scan: mbd_mops_conv_fused; persist.: the "
@@ -377,7 +430,7 @@ done:
   return rc;
 }
 
-static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
+static int bench_one(const shape *sh, mbd_dtype dt, mbd_state_dtype sd, int reps, double bw) {
   mbd_error err;
   mbd_error_clear(&err);
   mbd_mamba_config c;
@@ -399,6 +452,7 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
   mbd_gpu_ctx_config_default(&cc);
   cc.policy = dt == MBD_DTYPE_BF16 ? MBD_POLICY_BF16 : MBD_POLICY_F32;
   cc.state_capacity = 256;
+  cc.state = sd;
   cc.decode = per_op ? MBD_DECODE_PER_OP : MBD_DECODE_PERSISTENT;
   mbd_gpu_ctx *ctx = NULL;
   mbd_mamba1_gpu *m = NULL;
@@ -425,15 +479,29 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
   for (int i = 0; i < 2048; i++) ptok[i] = (int32_t)((rs = rs * 6364136223846793005ull + 1) >> 40) % 50280;
   for (int i = 0; i < 256; i++) sl[i] = i, tok[i] = ptok[i];
   float *t = malloc(sizeof(float) * (size_t)(reps > 5 ? reps : 5));
-  const size_t wb = mbd_mamba1_gpu_weight_bytes(m), sb = mbd_mamba1_gpu_state_bytes(m);
+  /* a slot's bytes on the device: conv windows f32, SSM state in the state dtype */
+  void *rp[2];
+  size_t rb[2];
+  CK(mbd_mamba1_gpu_slot_regions(m, 0, rp, rb, &err));
+  const size_t wb = mbd_mamba1_gpu_weight_bytes(m), sb = rb[0] + rb[1];
+  const char *st = mbd_state_dtype_name(sd);
   double res[2][5] = {{0}};
-  for (int mode = 0; mode < 2; mode++) {
+  /* mode 2 (a bf16 state): deterministic again with MBD_SCAN_STEP=pair, the
+   * decode graphs captured anew with the lane-pair step */
+  const int nmodes = sd == MBD_STATE_BF16 ? 3 : 2;
+  for (int mode = 0; mode < nmodes; mode++) {
     if (mode == 1) {
       if (mbd_gpu_ctx_set_mode(ctx, MBD_GEMM_CUBLAS_FAST, &err)) {
         printf("  cublas-fast unavailable: %s\n", err.msg);
         break;
       }
       mbd_mamba1_gpu_set_graphs(m, 0); /* graphs replay only under their route */
+      mbd_mamba1_gpu_set_graphs(m, 1);
+    }
+    if (mode == 2) {
+      CK(mbd_gpu_ctx_set_mode(ctx, MBD_GEMM_DETERMINISTIC, &err));
+      setenv("MBD_SCAN_STEP", "pair", 1);
+      mbd_mamba1_gpu_set_graphs(m, 0);
       mbd_mamba1_gpu_set_graphs(m, 1);
     }
     double dec[4], pre;
@@ -469,19 +537,22 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
       free(lg);
     }
     pre = 2048 / (mbd_bench_median(t, pr) * 1e-3);
-    printf("%-5s %-4s %-13s | %9.0f %9.0f %9.0f %9.0f | %9.0f\n", sh->name, mbd_dtype_name(dt),
-           mode ? "cublas-fast" : "deterministic", dec[0], dec[1], dec[2], dec[3], pre);
-    for (int k = 0; k < 4; k++) res[mode][k] = dec[k];
+    const char *mname = mode == 2 ? "det, pairs" : mode ? "cublas-fast" : "deterministic";
+    printf("%-5s %-4s %-5s %-13s | %9.0f %9.0f %9.0f %9.0f | %9.0f\n", sh->name,
+           mbd_dtype_name(dt), st, mname, dec[0], dec[1], dec[2], dec[3], pre);
+    if (mode < 2)
+      for (int k = 0; k < 4; k++) res[mode][k] = dec[k];
     if (probes && mode == 0) mbd_m1g_probes_print_trace(probes); /* batch 1's last step */
-    res[mode][4] = pre;
+    if (mode < 2) res[mode][4] = pre;
     fflush(stdout);
   }
+  unsetenv("MBD_SCAN_STEP");
   if (res[1][0] > 0) {
-    printf("%-5s %-4s %-13s |", sh->name, mbd_dtype_name(dt), "det/cublas");
+    printf("%-5s %-4s %-5s %-13s |", sh->name, mbd_dtype_name(dt), st, "det/cublas");
     for (int k = 0; k < 5; k++) printf(" %9.2f%s", res[0][k] / res[1][k], k == 3 ? " |" : "");
     printf("\n");
   }
-  printf("%-5s %-4s %-13s |", sh->name, mbd_dtype_name(dt), "HBM floor");
+  printf("%-5s %-4s %-5s %-13s |", sh->name, mbd_dtype_name(dt), st, "HBM floor");
   for (int k = 0; k < 4; k++)
     printf(" %9.0f", bs[k] / (((double)wb + (double)bs[k] * sb * 2.0) / bw));
   printf(" |   (weights %.0f MB, state %.2f MB/seq)\n", wb / 1e6, sb / 1e6);
@@ -493,7 +564,7 @@ static int bench_one(const shape *sh, mbd_dtype dt, int reps, double bw) {
   mbd_mamba1_gpu_destroy(&m);
   mbd_m1g_probes_destroy(&probes);
   mbd_gpu_ctx_destroy(&ctx);
-  return want_op_table ? op_table(sh, &c, dt, persistent) : 0;
+  return want_op_table ? op_table(sh, &c, dt, sd, persistent) : 0;
 }
 
 /* Per-launch time of each op of one layer at M=1 (130m bf16 shapes), each
@@ -597,9 +668,18 @@ int main(int argc, char **argv) {
       want_step_events = 1;
     } else if (!strcmp(argv[1], "--op-table")) {
       want_op_table = 1;
+    } else if (!strcmp(argv[1], "--state") && argc > 2) {
+      const char *v = argv[2];
+      want_state[0] = !strcmp(v, "f32") || !strcmp(v, "all");
+      want_state[1] = !strcmp(v, "bf16") || !strcmp(v, "all");
+      if (!want_state[0] && !want_state[1]) {
+        fprintf(stderr, "bench_mamba1_gpu: --state %s (valid: f32, bf16, all)\n", v);
+        return 2;
+      }
+      argc--, argv++;
     } else {
       fprintf(stderr, "bench_mamba1_gpu: unknown option %s (valid: --ops, --per-op, --trace, "
-              "--step-events, --op-table)\n", argv[1]);
+              "--step-events, --op-table, --state f32|bf16|all)\n", argv[1]);
       return 2;
     }
   }
@@ -617,16 +697,17 @@ int main(int argc, char **argv) {
   int rc = ops ? op_breakdown() : 0;
   double bw = mbd_bench_copy_rate();
   printf("device copy rate %.2f TB/s (read + write); tokens/s, median of %d\n", bw / 1e12, reps);
-  printf("%-5s %-4s %-13s | %9s %9s %9s %9s | %9s\n", "model", "dt", "mode", "dec b1", "dec b8",
-         "dec b64", "dec b256", "pre T2048");
+  printf("%-5s %-4s %-5s %-13s | %9s %9s %9s %9s | %9s\n", "model", "dt", "state", "mode",
+         "dec b1", "dec b8", "dec b64", "dec b256", "pre T2048");
   /* "all" is the first two; 2.8b runs only when named */
   const shape shapes[3] = {{"130m", 768, 24}, {"1.4b", 2048, 48}, {"2.8b", 2560, 64}};
   const mbd_dtype dts[2] = {MBD_DTYPE_BF16, MBD_DTYPE_F32};
   for (int i = 0; i < 3; i++) {
     if (strcmp(which, shapes[i].name) && (strcmp(which, "all") || i == 2)) continue;
     for (int j = 0; j < 2; j++)
-      if (!strcmp(dtw, "all") || !strcmp(dtw, mbd_dtype_name(dts[j])))
-        rc |= bench_one(&shapes[i], dts[j], reps, bw);
+      for (int k = 0; k < 2; k++)
+        if (want_state[k] && (!strcmp(dtw, "all") || !strcmp(dtw, mbd_dtype_name(dts[j]))))
+          rc |= bench_one(&shapes[i], dts[j], k ? MBD_STATE_BF16 : MBD_STATE_F32, reps, bw);
   }
   return rc;
 }

@@ -113,7 +113,7 @@ static void test_without_service(void **state) {
   EXPECT(1, "workers[0].state_dtype: worker 'c' runs on the cpu",
          "'%s/mambad' up --config '%s' --dry-run", b, yaml);
   /* a cpu worker refuses a bf16 state at start, saying where it runs */
-  EXPECT(1, "state dtype bf16 is supported for Mamba-2 on CUDA only",
+  EXPECT(1, "state dtype bf16 is supported for Mamba-1 and Mamba-2 on CUDA only",
          "'%s/mambad-worker' --connect ipc:///nonexistent/w.sock --name w --state-dtype bf16", b);
   EXPECT(2, "--state-dtype: invalid state dtype 'f16' (valid: f32, bf16)",
          "'%s/mambad-worker' --connect ipc:///nonexistent/w.sock --name w --state-dtype f16", b);

@@ -172,7 +172,8 @@ static void test_state_dtype(void **state) {
   mbd_error err = {0};
   assert_int_equal(mbd_backend_new(MBD_BACKEND_CPU, &o, &b, &err), MBD_E_UNSUPPORTED);
   assert_null(b);
-  assert_non_null(strstr(err.msg, "state dtype bf16 is supported for Mamba-2 on CUDA only"));
+  assert_non_null(
+      strstr(err.msg, "state dtype bf16 is supported for Mamba-1 and Mamba-2 on CUDA only"));
   mbd_route_identity r;
   g_be->ops->route(g_be, &r);
   assert_int_equal(r.state, MBD_STATE_F32);

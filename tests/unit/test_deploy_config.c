@@ -323,7 +323,7 @@ static void test_prefix_cache_section(void **state) {
 }
 
 /* state_dtype: the top-level default, a worker's own value over it; a cpu
- * worker cannot take bf16 (Mamba-2 on CUDA only), wherever it came from. */
+ * worker cannot take bf16 (Mamba-1 and Mamba-2 on CUDA only), wherever it came from. */
 static void test_state_dtype(void **state) {
   (void)state;
   mbd_deploy_config *c = parse_ok(BROKER "workers:\n  - {name: w, device: cpu}\n");
@@ -347,7 +347,8 @@ static void test_state_dtype(void **state) {
   parse_bad(BROKER "workers:\n  - name: w\n    device: 'cuda:0'\n    state_dtype: [bf16]\n",
             MBD_E_INVALID, 7, "workers[0].state_dtype");
   parse_bad(BROKER "workers:\n  - name: w\n    device: cpu\n    state_dtype: bf16\n",
-            MBD_E_INVALID, 7, "supported for Mamba-2 on CUDA only: give it state_dtype: f32");
+            MBD_E_INVALID, 7,
+            "supported for Mamba-1 and Mamba-2 on CUDA only: give it state_dtype: f32");
   /* inherited: reported at the worker */
   parse_bad(BROKER "state_dtype: bf16\nworkers:\n  - name: w\n    device: cpu\n", MBD_E_INVALID, 6,
             "workers[0].state_dtype: worker 'w' runs on the cpu");

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/cp_async.cuh"
 #include "kernels/cuda/ops/scan.h"
@@ -29,19 +31,20 @@
  * the same work over N times the threads. Only independent elements are
  * spread: each dt, h[c][n] and y is computed by one thread with the roundings
  * of mbd_cpu_scan_step, in the same order (k_scan_step is the same per step,
- * so prefill == decode). Per step (model-kernel contract, docs/route.md):
+ * so prefill == decode). The state is stored as ST (sp_st: f32, or bf16
+ * rounded after every step). Per step (model-kernel contract, docs/route.md):
  *   dt_raw = (fmaf chain over k = 0..R-1 ascending from 0 of
  *             round_act(dbl[k]) * widen(dt_w[c, k])) + widen(dt_b[c])
  *            (the f32 GEMM contract; dt_low rounded to the storage dtype as a
  *             GEMM input would be);
  *   dt = softplus(dt_raw), then mbd_cpu_scan_step's roundings. */
-template <int N, typename ActT, typename WT>
+template <int N, typename ActT, typename WT, typename ST>
 __global__ void __launch_bounds__(SCAN_THREADS)
     k_scan(int T, int di, int R, const float *__restrict__ xc, const float *__restrict__ dbl,
            const WT *__restrict__ dt_w, const WT *__restrict__ dt_b,
            const float *__restrict__ A, const float *__restrict__ Dv,
            const float *__restrict__ xz, int64_t ldxz, int64_t zoff,
-           float *__restrict__ ssm_state, int64_t slot_stride,
+           ST *__restrict__ ssm_state, int64_t slot_stride,
            const int32_t *__restrict__ slots, ActT *__restrict__ y) {
   constexpr int CB = SCAN_THREADS / N; /* channels per block */
   /* h_t row stride, padded by CB: phase y's warp reads steps t, t + 1, ...
@@ -93,8 +96,8 @@ __global__ void __launch_bounds__(SCAN_THREADS)
   pdl_wait(); /* weights above may be read early; activations and state only now */
   pdl_trigger();
   stage(0);
-  float *hp = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N + n;
-  float h = *hp;
+  ST *hp = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N + n;
+  float h = sp_st<ST>::ld(hp);
 
   for (int q = 0; q < nchunk; q++) {
     cp_async_wait_group<0>();
@@ -127,7 +130,7 @@ __global__ void __launch_bounds__(SCAN_THREADS)
 #pragma unroll
       for (int t = 0; t < SCAN_TC; t++) {
         if (t >= tc) break;
-        h = __fmaf_rn(dA[t], h, u[t]);
+        h = sp_st<ST>::rnd(__fmaf_rn(dA[t], h, u[t]));
         sh[t * HS + n * CB + cl] = h;
       }
     }
@@ -143,7 +146,7 @@ __global__ void __launch_bounds__(SCAN_THREADS)
       if (live) st_act(y + (base + t0 + t) * di + c, __fmul_rn(acc, silu_f(z)));
     }
   }
-  if (live) *hp = h;
+  if (live) sp_st<ST>::put(hp, h);
 }
 
 /* The T = 1 (decode) form of k_scan: the same per-step arithmetic, statement
@@ -194,26 +197,114 @@ __device__ __forceinline__ void stage_dt_w(float *sw, int RP, const WT *g, int n
   }
 }
 
-/* Piece p (16 bytes) of staged state row r (N floats, unpadded) is stored
- * at piece p ^ sstep_swz<N>(r): the 8 threads of a quarter warp reading
- * piece p of their own rows, and the 8 lanes storing consecutive pieces of
- * the warp's rows, then fall in distinct banks. */
-template <int N>
+/* A state row of N entries of ST (sp_st) in pieces of PB bytes (16; a bf16
+ * row of 4 entries is one piece of 8): EP entries a piece, NP pieces. */
+template <int N, typename ST>
+struct srow {
+  static constexpr int RB = N * (int)sizeof(ST);
+  static constexpr int PB = RB < 16 ? RB : 16, EP = PB / (int)sizeof(ST), NP = N / EP;
+};
+/* The EP entries of one piece at p (aligned to its bytes), widened into o. */
+template <typename ST, int EP>
+__device__ __forceinline__ void srow_ld(const ST *p, float *o) {
+  if constexpr (std::is_same<ST, float>::value) {
+    const float4 v = *(const float4 *)p;
+    o[0] = v.x, o[1] = v.y, o[2] = v.z, o[3] = v.w;
+  } else { /* bf16: a float's upper half */
+    unsigned w[EP / 2];
+    if constexpr (EP == 8) {
+      const uint4 v = *(const uint4 *)p;
+      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else {
+      const uint2 v = *(const uint2 *)p;
+      w[0] = v.x, w[1] = v.y;
+    }
+#pragma unroll
+    for (int j = 0; j < EP / 2; j++)
+      o[2 * j] = __uint_as_float(w[j] << 16), o[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+  }
+}
+/* Stores the EP entries v of one piece at p, already rounded to ST (exact). */
+template <typename ST, int EP>
+__device__ __forceinline__ void srow_put(ST *p, const float *v) {
+  if constexpr (std::is_same<ST, float>::value) {
+    *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+    unsigned w[EP / 2];
+#pragma unroll
+    for (int j = 0; j < EP / 2; j++)
+      w[j] = __float_as_uint(v[2 * j]) >> 16 | (__float_as_uint(v[2 * j + 1]) & 0xffff0000u);
+    if constexpr (EP == 8)
+      *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
+    else
+      *(uint2 *)p = make_uint2(w[0], w[1]);
+  }
+}
+/* One piece of PB bytes from src to dst: by cp.async (global to shared), or a copy. */
+template <int PB>
+__device__ __forceinline__ void srow_cp_async(void *dst, const void *src) {
+  if constexpr (PB == 16) {
+    cp_async16(dst, src);
+  } else {
+    cp_async4(dst, src);
+    cp_async4((char *)dst + 4, (const char *)src + 4);
+  }
+}
+template <int PB>
+__device__ __forceinline__ void srow_copy(const void *src, void *dst) {
+  if constexpr (PB == 16) {
+    const float4 v = *(const float4 *)src;
+    *(float4 *)dst = v;
+  } else {
+    const uint2 v = *(const uint2 *)src;
+    *(uint2 *)dst = v;
+  }
+}
+/* A whole row of N entries at p (aligned to its pieces), widened / stored. */
+template <int N, typename ST>
+__device__ __forceinline__ void srow_ld_all(const ST *p, float (&h)[N]) {
+  if constexpr (std::is_same<ST, float>::value) {
+    ld_f32x(p, h);
+  } else {
+    using W = srow<N, ST>;
+#pragma unroll
+    for (int i = 0; i < W::NP; i++) srow_ld<ST, W::EP>(p + W::EP * i, h + W::EP * i);
+  }
+}
+template <int N, typename ST>
+__device__ __forceinline__ void srow_put_all(ST *p, const float (&h)[N]) {
+  if constexpr (std::is_same<ST, float>::value) {
+#pragma unroll
+    for (int n = 0; n < N; n += 4)
+      *(float4 *)(p + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
+  } else {
+    using W = srow<N, ST>;
+#pragma unroll
+    for (int i = 0; i < W::NP; i++) srow_put<ST, W::EP>(p + W::EP * i, h + W::EP * i);
+  }
+}
+
+/* Piece p of staged state row r (NP pieces, unpadded) is stored at piece
+ * p ^ sstep_swz<NP>(r): the 8 threads of a quarter warp reading piece p of
+ * their own rows, and the 8 lanes storing consecutive pieces of the warp's
+ * rows, then fall in distinct banks (f32 rows: NP = N / 4). */
+template <int NP>
 __device__ __forceinline__ int sstep_swz(int r) {
-  constexpr int NQ4 = N / 4, D = NQ4 >= 8 ? 1 : 8 / NQ4;
-  return (r / D) % NQ4;
+  constexpr int D = NP >= 8 ? 1 : 8 / NP;
+  return (r / D) % NP;
 }
 /* Per-channel rows of one stage buffer besides the state: x (xc, or xz's x
  * part with the conv fused), z, and the conv window's KC - 1 taps. */
 __host__ __device__ constexpr int sstep_nx(int KC) { return 2 + (KC > 0 ? KC - 1 : 0); }
 
 /* Shared memory of k_scan_step, in floats: the SQ staged x_proj rows, then
- * SQ = 1: the block's weights; SQ > 1: two stage buffers of state rows and
- * x / z / window rows, and the SQ sequences' dt. */
-__host__ __device__ constexpr size_t sstep_smem_floats(int N, int KC, int SQ, int R) {
+ * SQ = 1: the block's weights; SQ > 1: two stage buffers of state rows (N
+ * entries of ES bytes) and x / z / window rows, and the SQ sequences' dt. */
+__host__ __device__ constexpr size_t sstep_smem_floats(int N, int KC, int SQ, int R, int ES) {
   return (size_t)SQ * ((R + 2 * N + 3) & ~3) +
          (SQ == 1 ? (size_t)SSTEP_BT * (R + 1)
-                  : 2 * (size_t)SSTEP_BT * (N + sstep_nx(KC)) + (size_t)SQ * SSTEP_BT);
+                  : 2 * (size_t)SSTEP_BT * ((size_t)N * ES / 4 + sstep_nx(KC)) +
+                        (size_t)SQ * SSTEP_BT);
 }
 
 /* KC > 0 (the decode fusion, after k_conv_xproj): x is not read from xc but
@@ -222,28 +313,30 @@ __host__ __device__ constexpr size_t sstep_smem_floats(int N, int KC, int SQ, in
  * (the oldest input out, the new one in); see k_conv_xproj for why the state is written
  * here. vec: every dt_proj row is 16-byte aligned (checked on the host), so
  * it is read in 16-byte pieces. Block y runs the sequences
- * [y nseq / G, (y + 1) nseq / G), G = gridDim.y <= nseq. */
-template <int N, typename ActT, typename WT, int KC, int SQ>
+ * [y nseq / G, (y + 1) nseq / G), G = gridDim.y <= nseq. The state is stored
+ * as ST (sp_st), moved in srow's pieces. */
+template <int N, typename ActT, typename WT, int KC, int SQ, typename ST>
 __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
     k_scan_step(int nseq, int di, int R, const float *__restrict__ xc,
                 const float *__restrict__ dbl, const WT *__restrict__ dt_w,
                 const WT *__restrict__ dt_b, const float *__restrict__ A,
                 const float *__restrict__ Dv, const float *__restrict__ xz, int64_t ldxz,
-                int64_t zoff, float *__restrict__ ssm_state, int64_t slot_stride,
+                int64_t zoff, ST *__restrict__ ssm_state, int64_t slot_stride,
                 const int32_t *__restrict__ slots, const float *__restrict__ cw,
                 const float *__restrict__ cb, float *__restrict__ cstate, int64_t cslot,
                 ActT *__restrict__ y, int vec) {
   constexpr int PV = 16 / sizeof(WT); /* weights per 16-byte load */
   constexpr int NX = sstep_nx(KC);
-  constexpr int NQ4 = N / 4; /* 16-byte pieces per state row */
+  constexpr int NP = srow<N, ST>::NP, EP = srow<N, ST>::EP, PB = srow<N, ST>::PB;
   extern __shared__ float4 step_sm4[];
   const int ND = R + 2 * N;
   const int NDP = (ND + 3) & ~3; /* staged row stride: float4-aligned rows */
   const int RP = R + 1;          /* SQ = 1: padded weight row, conflict-free column reads */
   float *sd = (float *)step_sm4; /* [SQ][NDP]: round_act(dt_low), B, C */
   float *sw = sd + SQ * NDP;     /* SQ = 1: [SSTEP_BT][RP] */
-  float *sst = sw;                     /* SQ > 1: [2][SSTEP_BT][N] state rows (swizzled) */
-  float *sxz = sst + 2 * SSTEP_BT * N; /* SQ > 1: [2][NX][SSTEP_BT] x, z, window taps */
+  ST *sst = (ST *)sw; /* SQ > 1: [2][SSTEP_BT][N] state rows (swizzled) */
+  /* SQ > 1: [2][NX][SSTEP_BT] x, z, window taps */
+  float *sxz = sw + 2 * SSTEP_BT * N * (int)sizeof(ST) / 4;
   float *sdt = sxz + 2 * NX * SSTEP_BT; /* SQ > 1: [SQ][SSTEP_BT] the group's dt */
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int c0 = blockIdx.x * SSTEP_BT, c = c0 + tid;
@@ -272,13 +365,13 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
    * channels' rows hold channel di - 1's. */
   auto fetch = [&](int s, int b) {
     if (s < se) {
-      const float *g = ssm_state + (int64_t)slots[s] * slot_stride;
-      float *dst = sst + (b * SSTEP_BT + 32 * warp) * N;
+      const ST *g = ssm_state + (int64_t)slots[s] * slot_stride;
+      ST *dst = sst + (b * SSTEP_BT + 32 * warp) * N;
 #pragma unroll
-      for (int e = lane; e < 32 * NQ4; e += 32) {
-        const int r = e / NQ4, p = e - r * NQ4;
-        cp_async16(dst + r * N + 4 * (p ^ sstep_swz<N>(r)),
-                   g + (int64_t)min(wc0 + r, di - 1) * N + 4 * p);
+      for (int e = lane; e < 32 * NP; e += 32) {
+        const int r = e / NP, p = e - r * NP;
+        srow_cp_async<PB>(dst + r * N + EP * (p ^ sstep_swz<NP>(r)),
+                          g + (int64_t)min(wc0 + r, di - 1) * N + EP * p);
       }
       float *sx = sxz + b * NX * SSTEP_BT + tid;
       if constexpr (KC > 0) {
@@ -312,9 +405,9 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
     __syncthreads();
     if constexpr (SQ == 1) {
       const int s = q0;
-      float *hp = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N;
+      ST *hp = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N;
       float h[N];
-      ld_f32x(hp, h);
+      srow_ld_all<N>(hp, h);
       const float z = xz[(int64_t)s * ldxz + zoff + cc];
       float xin, win[KC > 1 ? KC - 1 : 1];
       float *cs = nullptr;
@@ -338,13 +431,11 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
           cs[(int64_t)(KC - 2) * di] = xin;
         }
       }
-      const float v = sp_one_dt<N>(sp_softplus(__fadd_rn(acc, bdt)), sd + R, sd + R + N, a,
-                                   amax, d, x, z, h);
+      const float v = sp_one_dt<N, ST>(sp_softplus(__fadd_rn(acc, bdt)), sd + R, sd + R + N,
+                                       a, amax, d, x, z, h);
       if (live) {
         st_act(y + (int64_t)s * di + c, v);
-#pragma unroll
-        for (int n = 0; n < N; n += 4)
-          *(float4 *)(hp + n) = make_float4(h[n], h[n + 1], h[n + 2], h[n + 3]);
+        srow_put_all<N>(hp, h);
       }
     } else {
       /* dt chains: from 0 over k ascending, one per sequence (scan_dt's) */
@@ -399,8 +490,8 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
         fetch(s + 1, b ^ 1);
         cp_async_wait_group<1>();
         __syncwarp(); /* the warp's copies of sequence s are visible */
-        float *hs = sst + (b * SSTEP_BT + tid) * N;
-        const int sw_t = sstep_swz<N>(tid);
+        ST *hs = sst + (b * SSTEP_BT + tid) * N;
+        const int sw_t = sstep_swz<NP>(tid);
         const float *sx = sxz + b * NX * SSTEP_BT + tid;
         float x = sx[0];
         if constexpr (KC > 0) {
@@ -417,27 +508,22 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
         }
         float h[N];
 #pragma unroll
-        for (int p = 0; p < NQ4; p++) {
-          const float4 v = *(const float4 *)(hs + 4 * (p ^ sw_t));
-          h[4 * p] = v.x, h[4 * p + 1] = v.y, h[4 * p + 2] = v.z, h[4 * p + 3] = v.w;
-        }
+        for (int p = 0; p < NP; p++) srow_ld<ST, EP>(hs + EP * (p ^ sw_t), h + EP * p);
         const float *row = sd + q * NDP;
-        const float v = sp_one_dt<N>(sdt[q * SSTEP_BT + tid], row + R, row + R + N, a, amax,
-                                     d, x, sx[SSTEP_BT], h);
+        const float v = sp_one_dt<N, ST>(sdt[q * SSTEP_BT + tid], row + R, row + R + N, a,
+                                         amax, d, x, sx[SSTEP_BT], h);
         if (live) st_act(y + (int64_t)s * di + c, v);
 #pragma unroll
-        for (int p = 0; p < NQ4; p++)
-          *(float4 *)(hs + 4 * (p ^ sw_t)) =
-              make_float4(h[4 * p], h[4 * p + 1], h[4 * p + 2], h[4 * p + 3]);
+        for (int p = 0; p < NP; p++) srow_put<ST, EP>(hs + EP * (p ^ sw_t), h + EP * p);
         __syncwarp(); /* the warp's new rows are in shared memory */
-        float *g = ssm_state + (int64_t)slots[s] * slot_stride;
-        const float *src = sst + (b * SSTEP_BT + 32 * warp) * N;
+        ST *g = ssm_state + (int64_t)slots[s] * slot_stride;
+        const ST *src = sst + (b * SSTEP_BT + 32 * warp) * N;
 #pragma unroll
-        for (int e = lane; e < 32 * NQ4; e += 32) {
-          const int r = e / NQ4, p = e - r * NQ4;
+        for (int e = lane; e < 32 * NP; e += 32) {
+          const int r = e / NP, p = e - r * NP;
           if (wc0 + r < di)
-            *(float4 *)(g + (int64_t)(wc0 + r) * N + 4 * p) =
-                *(const float4 *)(src + r * N + 4 * (p ^ sstep_swz<N>(r)));
+            srow_copy<PB>(src + r * N + EP * (p ^ sstep_swz<NP>(r)),
+                          g + (int64_t)(wc0 + r) * N + EP * p);
         }
         __syncwarp(); /* buffer b is free for sequence s + 2 */
       }
@@ -445,24 +531,227 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
   }
 }
 
+/* The decode step over a bf16 state of d_state 16 at batches the streaming
+ * kernel above would take, where MBD_SCAN_STEP=pair asks for it (spair_on):
+ * k_scan_step's arithmetic, statement for statement,
+ * with each channel's state split over a pair of lanes, lane j of the pair
+ * owning entries 8 j .. 8 j + 7 (one 16-byte piece). Both lanes run the
+ * updates of their own entries; the C chain, from 0 over the 16 entries in
+ * ascending order, runs over lane 0's entries and then, from lane 0's partial
+ * sum (a shuffle), over lane 1's, which finishes y. The group's dt chains are
+ * split between the lanes by sequence (lane j: sequences j, j + 2, ..), each
+ * chain one sequence's alone in k order as before, and shared through shared
+ * memory, and so are the inputs x (with the conv fused: its output, the
+ * window advanced there) and the gate SiLU(z) (lane j: the same sequences).
+ * A lane holds half the state and half the chains of k_scan_step's thread,
+ * so more warps fit an SM, and its piece moves straight between global
+ * memory and registers, the next sequence's loaded while the current one
+ * computes. Block y runs the sequences [y nseq / G, (y + 1) nseq / G); which
+ * lanes, blocks or ranges run what changes no bits. */
+#define SPAIR_BT 128             /* threads per block: SPAIR_BT / 2 channels */
+#define SPAIR_MINB 8             /* blocks per SM the registers are sized for */
+__host__ __device__ constexpr size_t spair_smem_floats(int SQ, int R) {
+  return (size_t)SQ * ((R + 2 * 16 + 3) & ~3) + 3 * (size_t)SQ * (SPAIR_BT / 2);
+}
+template <typename ActT, typename WT, int KC, int SQ>
+__global__ void __launch_bounds__(SPAIR_BT, SPAIR_MINB)
+    k_scan_step_pair(int nseq, int di, int R, const float *__restrict__ xc,
+                     const float *__restrict__ dbl, const WT *__restrict__ dt_w,
+                     const WT *__restrict__ dt_b, const float *__restrict__ A,
+                     const float *__restrict__ Dv, const float *__restrict__ xz, int64_t ldxz,
+                     int64_t zoff, __nv_bfloat16 *__restrict__ ssm_state, int64_t slot_stride,
+                     const int32_t *__restrict__ slots, const float *__restrict__ cw,
+                     const float *__restrict__ cb, float *__restrict__ cstate, int64_t cslot,
+                     ActT *__restrict__ y, int vec) {
+  constexpr int N = 16, NL = 8, CB = SPAIR_BT / 2, QL = SQ / 2; /* chains per lane */
+  constexpr int PV = 16 / sizeof(WT);
+  extern __shared__ float4 pair_sm4[];
+  const int ND = R + 2 * N;
+  const int NDP = (ND + 3) & ~3;
+  float *sd = (float *)pair_sm4; /* [SQ][NDP]: round_act(dt_low), B, C */
+  float *sdt = sd + SQ * NDP;    /* [SQ][CB] the group's dt */
+  float *sgz = sdt + SQ * CB;    /* [SQ][CB] the group's SiLU(z) */
+  float *sxv = sgz + SQ * CB;    /* [SQ][CB] the group's x */
+  const int tid = threadIdx.x, j = tid & 1, cl = tid >> 1;
+  const int c0 = blockIdx.x * CB, c = c0 + cl;
+  const int sb = (int)((int64_t)blockIdx.y * nseq / gridDim.y);
+  const int se = (int)((int64_t)(blockIdx.y + 1) * nseq / gridDim.y);
+  const bool live = c < di;
+  const int cc = live ? c : di - 1;
+  float a[NL];
+  ld_f32x(A + (int64_t)cc * N + NL * j, a);
+  const float amax = sp_absmax(a); /* over this lane's entries: the same bits either way */
+  const float d = Dv[cc];
+  const float bdt = ld_f32(dt_b + cc);
+  const WT *wr = dt_w + (int64_t)cc * R;
+  float wk[KC > 0 ? KC : 1], cbias = 0.0f;
+  if constexpr (KC > 0) {
+#pragma unroll
+    for (int i = 0; i < KC; i++) wk[i] = cw[(int64_t)i * di + cc];
+    if (cb) cbias = cb[cc];
+  }
+  { /* the block's dt_proj rows (contiguous) toward L2, all at once */
+    const char *g = (const char *)(dt_w + (int64_t)c0 * R);
+    const int bytes = min(CB, di - c0) * R * (int)sizeof(WT);
+    for (int o = tid * 128; o < bytes; o += SPAIR_BT * 128) prefetch_l2(g + o);
+  }
+  pdl_wait(); /* activations and state only from here on */
+  pdl_trigger();
+  /* sequence s's piece of this lane, into registers, and where it is */
+  uint4 st_n = make_uint4(0, 0, 0, 0);
+  __nv_bfloat16 *g_n = nullptr;
+  auto fetch = [&](int s) {
+    if (s >= se) return;
+    g_n = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N + NL * j;
+    st_n = *(const uint4 *)g_n;
+  };
+  fetch(sb);
+  for (int q0 = sb; q0 < se; q0 += SQ) {
+    const int nq = min(SQ, se - q0);
+    if (q0 != sb) __syncthreads(); /* the previous group's rows, dt, x and gates are read */
+    for (int q = 0; q < nq; q++) {
+      const float *src = dbl + (int64_t)(q0 + q) * ND;
+      for (int k = tid; k < ND; k += SPAIR_BT) {
+        const float v = src[k];
+        sd[q * NDP + k] = k < R ? round_act<ActT>(v) : v;
+      }
+    }
+    __syncthreads();
+    /* dt chains: from 0 over k ascending, one per sequence (scan_dt's);
+     * this lane's sequences j, j + 2, .. of the group */
+    {
+      float acc[QL];
+#pragma unroll
+      for (int i = 0; i < QL; i++) acc[i] = 0.0f;
+      int k = 0;
+      if (vec) {
+        const auto piece = [&](const uint4 &raw, int k) {
+          const WT *wp = (const WT *)&raw;
+          float w[PV];
+#pragma unroll
+          for (int i = 0; i < PV; i++) w[i] = ld_f32(wp + i);
+#pragma unroll
+          for (int i = 0; i < QL; i++) {
+            if (j + 2 * i >= nq) break;
+            const float4 *dq = (const float4 *)(sd + (j + 2 * i) * NDP + k);
+#pragma unroll
+            for (int j4 = 0; j4 < PV / 4; j4++) {
+              const float4 v = dq[j4];
+              acc[i] = __fmaf_rn(v.x, w[4 * j4], acc[i]);
+              acc[i] = __fmaf_rn(v.y, w[4 * j4 + 1], acc[i]);
+              acc[i] = __fmaf_rn(v.z, w[4 * j4 + 2], acc[i]);
+              acc[i] = __fmaf_rn(v.w, w[4 * j4 + 3], acc[i]);
+            }
+          }
+        };
+        for (; k + 4 * PV <= R; k += 4 * PV) { /* four pieces' loads in flight */
+          uint4 rw[4];
+#pragma unroll
+          for (int i = 0; i < 4; i++) rw[i] = *(const uint4 *)(wr + k + i * PV);
+#pragma unroll
+          for (int i = 0; i < 4; i++) piece(rw[i], k + i * PV);
+        }
+        for (; k + PV <= R; k += PV) piece(*(const uint4 *)(wr + k), k);
+      }
+      for (; k < R; k++) {
+        const float w = ld_f32(wr + k);
+#pragma unroll
+        for (int i = 0; i < QL; i++) {
+          if (j + 2 * i >= nq) break;
+          acc[i] = __fmaf_rn(sd[(j + 2 * i) * NDP + k], w, acc[i]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < QL; i++)
+        if (j + 2 * i < nq) sdt[(j + 2 * i) * CB + cl] = sp_softplus(__fadd_rn(acc[i], bdt));
+    }
+    /* x (xc, or the conv over xz's x part and the window, which advances in
+     * place: this thread is the only one on its slot and channel) and the
+     * gate of this lane's sequences */
+#pragma unroll
+    for (int i = 0; i < QL; i++) {
+      const int q = j + 2 * i, s = q0 + q;
+      if (q >= nq) break;
+      const float z = xz[(int64_t)s * ldxz + zoff + cc];
+      float x;
+      if constexpr (KC > 0) {
+        const float xin = xz[(int64_t)s * ldxz + cc];
+        float *cs = cstate + (int64_t)slots[s] * cslot + cc;
+        float win[KC - 1];
+#pragma unroll
+        for (int t = 0; t < KC - 1; t++) win[t] = cs[(int64_t)t * di];
+        x = conv_silu_out<KC>(wk, win, xin, cb != nullptr, cbias);
+        if (live) {
+#pragma unroll
+          for (int t = 0; t + 1 < KC - 1; t++) cs[(int64_t)t * di] = win[t + 1];
+          cs[(int64_t)(KC - 2) * di] = xin;
+        }
+      } else {
+        x = xc[(int64_t)s * di + cc];
+      }
+      sxv[q * CB + cl] = x;
+      sgz[q * CB + cl] = sp_silu(z);
+    }
+    __syncwarp(); /* the pair's dt, x and gates are in shared memory (a pair is in one warp) */
+    for (int q = 0; q < nq; q++) {
+      const int s = q0 + q;
+      const uint4 st_c = st_n;
+      __nv_bfloat16 *const g = g_n;
+      fetch(s + 1); /* the next sequence's piece in flight while this one runs */
+      const float x = sxv[q * CB + cl];
+      float h[NL];
+      srow_ld<__nv_bfloat16, NL>((const __nv_bfloat16 *)&st_c, h);
+      const float dt = sdt[q * CB + cl];
+      const float *row = sd + q * NDP, *B = row + R + NL * j, *C = row + R + N + NL * j;
+      if (sp_exp_fast(__fmul_rn(dt, amax))) {
+#pragma unroll
+        for (int n = 0; n < NL; n++) {
+          const float dA = sp_exp_in_range(__fmul_rn(dt, a[n]));
+          h[n] = sp_st<__nv_bfloat16>::rnd(
+              __fmaf_rn(dA, h[n], __fmul_rn(__fmul_rn(dt, B[n]), x)));
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < NL; n++)
+          h[n] = sp_st<__nv_bfloat16>::rnd(scan_state(dt, a[n], B[n], x, h[n]));
+      }
+      /* the C chain: lane 0's entries from 0, then lane 1's from lane 0's sum */
+      float p = 0.0f;
+#pragma unroll
+      for (int n = 0; n < NL; n++) p = __fmaf_rn(h[n], C[n], p);
+      float acc = __shfl_sync(0xffffffffu, p, tid & 31 & ~1);
+#pragma unroll
+      for (int n = 0; n < NL; n++) acc = __fmaf_rn(h[n], C[n], acc);
+      acc = __fmaf_rn(d, x, acc);
+      const float v = __fmul_rn(acc, sgz[q * CB + cl]);
+      if (live) { /* (live: g is this channel's) */
+        if (j == 1) st_act(y + (int64_t)s * di + c, v);
+        uint4 o;
+        srow_put<__nv_bfloat16, NL>((__nv_bfloat16 *)&o, h);
+        *(uint4 *)g = o;
+      }
+    }
+  }
+}
+
 /* The decode step (T = 1): SSTEP_BT channels of one of G ranges of sequences
  * per block; KC: the fused conv's width (conv non-NULL), or 0. */
-template <int N, typename ActT, int KC, int SQ>
+template <int N, typename ActT, int KC, int SQ, typename ST>
 static int scan_step_launch_sq(cudaStream_t s, int nseq, int G, int di, int R, const float *xc,
                                const float *dbl, const ActT *dt_w, const ActT *dt_b,
                                const float *A, const float *D, const float *xz, int64_t ldxz,
-                               int64_t zoff, float *ssm_state, int64_t slot_stride,
+                               int64_t zoff, ST *ssm_state, int64_t slot_stride,
                                const int32_t *slots, const mbd_mops_conv *conv, ActT *y,
                                mbd_error *err) {
   const dim3 grid((unsigned)((di + SSTEP_BT - 1) / SSTEP_BT), (unsigned)G);
-  const size_t sh = sizeof(float) * sstep_smem_floats(N, KC, SQ, R);
+  const size_t sh = sizeof(float) * sstep_smem_floats(N, KC, SQ, R, (int)sizeof(ST));
   const int vec = ((uintptr_t)dt_w & 15) == 0 && (R * (int)sizeof(ActT)) % 16 == 0;
   const float *cw = conv ? conv->w : NULL, *cb = conv ? conv->bias : NULL;
   float *cst = conv ? conv->state : NULL;
   const int64_t cslot = conv ? conv->slot_stride : 0;
-  int rc = allow_smem(k_scan_step<N, ActT, ActT, KC, SQ>, sh, err);
+  int rc = allow_smem(k_scan_step<N, ActT, ActT, KC, SQ, ST>, sh, err);
   if (rc < 0) return rc;
-  return launch_pdl("selective scan (step)", k_scan_step<N, ActT, ActT, KC, SQ>, grid,
+  return launch_pdl("selective scan (step)", k_scan_step<N, ActT, ActT, KC, SQ, ST>, grid,
                     dim3(SSTEP_BT), sh, s, err, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz,
                     zoff, ssm_state, slot_stride, slots, cw, cb, cst, cslot, y, vec);
 }
@@ -480,20 +769,20 @@ static int sstep_sms(void) {
   return sms;
 }
 
-/* Blocks of k_scan_step<N, ActT, KC, SQ> resident per SM at dt rank R,
+/* Blocks of k_scan_step<N, ActT, KC, SQ, ST> resident per SM at dt rank R,
  * asked once per instantiation and R (after allowing the kernel its shared
  * memory, as the launch does; 1 if the query fails). */
-template <int N, typename ActT, int KC, int SQ>
+template <int N, typename ActT, int KC, int SQ, typename ST>
 static int sstep_blocks_per_sm(int R) {
   static int bps, bps_r;
   if (!bps || bps_r != R) {
-    const size_t sh = sizeof(float) * sstep_smem_floats(N, KC, SQ, R);
+    const size_t sh = sizeof(float) * sstep_smem_floats(N, KC, SQ, R, (int)sizeof(ST));
     int v = 0;
     if ((sh > 48 * 1024 &&
-         cudaFuncSetAttribute(k_scan_step<N, ActT, ActT, KC, SQ>,
+         cudaFuncSetAttribute(k_scan_step<N, ActT, ActT, KC, SQ, ST>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                               (int)sh) != cudaSuccess) ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k_scan_step<N, ActT, ActT, KC, SQ>,
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k_scan_step<N, ActT, ActT, KC, SQ, ST>,
                                                       SSTEP_BT, sh) != cudaSuccess ||
         v <= 0) {
       (void)cudaGetLastError();
@@ -504,6 +793,81 @@ static int sstep_blocks_per_sm(int R) {
   return bps;
 }
 
+/* k_scan_step_pair over G ranges of sequences. */
+template <typename ActT, int KC, int SQ>
+static int scan_pair_launch_sq(cudaStream_t s, int nseq, int G, int di, int R, const float *xc,
+                               const float *dbl, const ActT *dt_w, const ActT *dt_b,
+                               const float *A, const float *D, const float *xz, int64_t ldxz,
+                               int64_t zoff, __nv_bfloat16 *ssm_state, int64_t slot_stride,
+                               const int32_t *slots, const mbd_mops_conv *conv, ActT *y,
+                               mbd_error *err) {
+  const dim3 grid((unsigned)((di + SPAIR_BT / 2 - 1) / (SPAIR_BT / 2)), (unsigned)G);
+  const size_t sh = sizeof(float) * spair_smem_floats(SQ, R);
+  const int vec = ((uintptr_t)dt_w & 15) == 0 && (R * (int)sizeof(ActT)) % 16 == 0;
+  const float *cw = conv ? conv->w : NULL, *cb = conv ? conv->bias : NULL;
+  float *cst = conv ? conv->state : NULL;
+  const int64_t cslot = conv ? conv->slot_stride : 0;
+  int rc = allow_smem(k_scan_step_pair<ActT, ActT, KC, SQ>, sh, err);
+  if (rc < 0) return rc;
+  return launch_pdl("selective scan (step, lane pairs)", k_scan_step_pair<ActT, ActT, KC, SQ>,
+                    grid, dim3(SPAIR_BT), sh, s, err, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz,
+                    ldxz, zoff, ssm_state, slot_stride, slots, cw, cb, cst, cslot, y, vec);
+}
+
+/* Blocks of k_scan_step_pair<ActT, KC, SQ> resident per SM at dt rank R (as
+ * sstep_blocks_per_sm). */
+template <typename ActT, int KC, int SQ>
+static int spair_blocks_per_sm(int R) {
+  static int bps, bps_r;
+  if (!bps || bps_r != R) {
+    const size_t sh = sizeof(float) * spair_smem_floats(SQ, R);
+    int v = 0;
+    if ((sh > 48 * 1024 &&
+         cudaFuncSetAttribute(k_scan_step_pair<ActT, ActT, KC, SQ>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)sh) != cudaSuccess) ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k_scan_step_pair<ActT, ActT, KC, SQ>,
+                                                      SPAIR_BT, sh) != cudaSuccess ||
+        v <= 0) {
+      (void)cudaGetLastError();
+      v = 1;
+    }
+    bps = v, bps_r = R;
+  }
+  return bps;
+}
+
+/* The lane-pair kernel over as many ranges as fill every SM once, as the
+ * streaming kernel's choice below. */
+template <typename ActT, int KC>
+static int scan_pair_launch(cudaStream_t s, int nseq, int di, int R, const float *xc,
+                            const float *dbl, const ActT *dt_w, const ActT *dt_b, const float *A,
+                            const float *D, const float *xz, int64_t ldxz, int64_t zoff,
+                            __nv_bfloat16 *ssm_state, int64_t slot_stride, const int32_t *slots,
+                            const mbd_mops_conv *conv, ActT *y, mbd_error *err) {
+#define SPAIR_SQ(SQ, G)                                                                        \
+  return scan_pair_launch_sq<ActT, KC, SQ>(s, nseq, (int)(G), di, R, xc, dbl, dt_w, dt_b, A, D, \
+                                           xz, ldxz, zoff, ssm_state, slot_stride, slots, conv, \
+                                           y, err)
+  const int64_t cblocks = (di + SPAIR_BT / 2 - 1) / (SPAIR_BT / 2);
+  int64_t G = sstep_sms() * spair_blocks_per_sm<ActT, KC, 8>(R) / cblocks;
+  if (G > nseq) G = nseq;
+  if (G < 1) G = 1;
+  const int64_t per = (nseq + G - 1) / G;
+  if (per > 4) SPAIR_SQ(8, G);
+  if (per > 2) SPAIR_SQ(4, G);
+  SPAIR_SQ(2, G);
+#undef SPAIR_SQ
+}
+
+/* Whether MBD_SCAN_STEP=pair (read at each launch) puts a bf16 state of
+ * d_state 16 on the lane pairs instead of k_scan_step's streaming kernel
+ * (the default); the same bits. */
+static bool spair_on(void) {
+  const char *v = getenv("MBD_SCAN_STEP");
+  return v && !strcmp(v, "pair");
+}
+
 /* One sequence per block with the staged weights (SQ = 1) while that grid
  * fits on the SMs at once. Otherwise the streaming kernel over sequence
  * ranges: as many as fill every SM with resident blocks once (resident
@@ -511,20 +875,26 @@ static int sstep_blocks_per_sm(int R) {
  * possible so that all blocks end together, instead of a grid of short
  * blocks whose last wave leaves SMs idle; SQ the power of two from 2 to 8
  * covering the longest range (a longer one runs its dt chains 8 sequences at
- * a time). */
-template <int N, typename ActT, int KC>
+ * a time). With spair_on, a bf16 state of d_state 16 takes k_scan_step_pair
+ * there instead. */
+template <int N, typename ActT, int KC, typename ST>
 static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float *xc,
                             const float *dbl, const ActT *dt_w, const ActT *dt_b, const float *A,
                             const float *D, const float *xz, int64_t ldxz, int64_t zoff,
-                            float *ssm_state, int64_t slot_stride, const int32_t *slots,
+                            ST *ssm_state, int64_t slot_stride, const int32_t *slots,
                             const mbd_mops_conv *conv, ActT *y, mbd_error *err) {
-#define SSTEP_SQ(SQ, G)                                                                       \
-  return scan_step_launch_sq<N, ActT, KC, SQ>(s, nseq, (int)(G), di, R, xc, dbl, dt_w, dt_b,  \
-                                              A, D, xz, ldxz, zoff, ssm_state, slot_stride,   \
-                                              slots, conv, y, err)
+#define SSTEP_SQ(SQ, G)                                                                          \
+  return scan_step_launch_sq<N, ActT, KC, SQ, ST>(s, nseq, (int)(G), di, R, xc, dbl, dt_w, dt_b, \
+                                                  A, D, xz, ldxz, zoff, ssm_state, slot_stride,  \
+                                                  slots, conv, y, err)
   const int64_t cblocks = (di + SSTEP_BT - 1) / SSTEP_BT, sms = sstep_sms();
-  if (cblocks * nseq <= sms * sstep_blocks_per_sm<N, ActT, KC, 1>(R)) SSTEP_SQ(1, nseq);
-  int64_t G = sms * sstep_blocks_per_sm<N, ActT, KC, 8>(R) / cblocks;
+  if (cblocks * nseq <= sms * sstep_blocks_per_sm<N, ActT, KC, 1, ST>(R)) SSTEP_SQ(1, nseq);
+  if constexpr (N == 16 && std::is_same<ST, __nv_bfloat16>::value) {
+    if (spair_on())
+      return scan_pair_launch<ActT, KC>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz, zoff,
+                                        ssm_state, slot_stride, slots, conv, y, err);
+  }
+  int64_t G = sms * sstep_blocks_per_sm<N, ActT, KC, 8, ST>(R) / cblocks;
   if (G > nseq) G = nseq;
   if (G < 1) G = 1;
   const int64_t per = (nseq + G - 1) / G; /* the longest range */
@@ -537,11 +907,11 @@ static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float
 /* The chunked scan (T > 1). It is a long, serial kernel: launched early
  * (PDL) its blocks would be packed onto the few SMs x_proj leaves free and
  * run slower, so it waits for its predecessor normally. */
-template <int N, typename ActT>
+template <int N, typename ActT, typename ST>
 static int scan_chunked_launch(cudaStream_t s, int nseq, int T, int di, int R, const float *xc,
                                const float *dbl, const ActT *dt_w, const ActT *dt_b,
                                const float *A, const float *D, const float *xz, int64_t ldxz,
-                               int64_t zoff, float *ssm_state, int64_t slot_stride,
+                               int64_t zoff, ST *ssm_state, int64_t slot_stride,
                                const int32_t *slots, ActT *y, mbd_error *err) {
   const size_t ts = (size_t)(T < SCAN_TC ? T : SCAN_TC);
   /* k_scan's shared memory for N states: weights [R][cb], dt [ts][cb],
@@ -551,36 +921,38 @@ static int scan_chunked_launch(cudaStream_t s, int nseq, int T, int di, int R, c
   const size_t ndp = (size_t)((R + 2 * N) | 1);
   const size_t sh = sizeof(float) * ((size_t)R * cb + ts * cb + ts * (N + 1) * cb +
                                      2 * (2 * ts * cb + ts * ndp));
-  int rc = allow_smem(k_scan<N, ActT, ActT>, sh, err);
+  int rc = allow_smem(k_scan<N, ActT, ActT, ST>, sh, err);
   if (rc < 0) return rc;
-  return launch_ex(false, "selective scan", k_scan<N, ActT, ActT>,
+  return launch_ex(false, "selective scan", k_scan<N, ActT, ActT, ST>,
                    dim3((unsigned)((di + cb - 1) / cb), (unsigned)nseq), dim3(SCAN_THREADS), sh, s,
                    err, T, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz, zoff, ssm_state,
                    slot_stride, slots, y);
 }
 
-template <int N, typename ActT>
+template <int N, typename ActT, typename ST>
 static int scan_launch(cudaStream_t s, int nseq, int T, int di, int R, const float *xc,
                        const float *dbl, const ActT *dt_w, const ActT *dt_b, const float *A,
                        const float *D, const float *xz, int64_t ldxz, int64_t zoff,
-                       float *ssm_state, int64_t slot_stride, const int32_t *slots,
+                       ST *ssm_state, int64_t slot_stride, const int32_t *slots,
                        const mbd_mops_conv *conv, ActT *y, mbd_error *err) {
   if (T == 1 && conv)
-    return scan_step_launch<N, ActT, XPF_KC>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz,
-                                             zoff, ssm_state, slot_stride, slots, conv, y, err);
+    return scan_step_launch<N, ActT, XPF_KC, ST>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz,
+                                                 ldxz, zoff, ssm_state, slot_stride, slots, conv,
+                                                 y, err);
   if (T == 1)
-    return scan_step_launch<N, ActT, 0>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz,
-                                        zoff, ssm_state, slot_stride, slots, conv, y, err);
-  return scan_chunked_launch<N, ActT>(s, nseq, T, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz,
-                                      zoff, ssm_state, slot_stride, slots, y, err);
+    return scan_step_launch<N, ActT, 0, ST>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz,
+                                            zoff, ssm_state, slot_stride, slots, conv, y, err);
+  return scan_chunked_launch<N, ActT, ST>(s, nseq, T, di, R, xc, dbl, dt_w, dt_b, A, D, xz,
+                                          ldxz, zoff, ssm_state, slot_stride, slots, y, err);
 }
 
-extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R,
-                             const float *xc, const float *dbl, mbd_dtype wdt, const void *dt_w,
-                             const void *dt_b, const float *A, const float *D, const float *xz,
-                             int64_t ldxz, int64_t zoff, float *ssm_state, int64_t slot_stride,
-                             const int32_t *slots, const mbd_mops_conv *conv, mbd_dtype act,
-                             void *y, mbd_error *err) {
+/* mbd_mops_scan over a state stored as ST (float or __nv_bfloat16). */
+template <typename ST>
+static int scan_entry(void *stream, int nseq, int T, int di, int N, int R, const float *xc,
+                      const float *dbl, mbd_dtype wdt, const void *dt_w, const void *dt_b,
+                      const float *A, const float *D, const float *xz, int64_t ldxz,
+                      int64_t zoff, ST *ssm_state, int64_t slot_stride, const int32_t *slots,
+                      const mbd_mops_conv *conv, mbd_dtype act, void *y, mbd_error *err) {
   if (nseq <= 0 || T <= 0) return 0;
   if (conv && !conv_fusable(T, conv->K, act))
     return mbd_error_set(err, MBD_E_INVALID,
@@ -598,15 +970,21 @@ extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R
    * MBD_SCAN_PREFILL=old (read at each launch) picks k_scan below, to
    * compare the two; both give the same bits */
   const char *pick = getenv("MBD_SCAN_PREFILL");
-  if (T > 1 && !(pick && !strcmp(pick, "old")) && mbd_mops_scan_prefill_fits(N, R, dbl))
-    return mbd_mops_scan_prefill(stream, nseq, T, di, N, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz,
-                                 zoff, ssm_state, slot_stride, slots, act, y, err);
+  if (T > 1 && !(pick && !strcmp(pick, "old")) && mbd_mops_scan_prefill_fits(N, R, dbl)) {
+    if constexpr (std::is_same<ST, float>::value)
+      return mbd_mops_scan_prefill(stream, nseq, T, di, N, R, xc, dbl, dt_w, dt_b, A, D, xz,
+                                   ldxz, zoff, ssm_state, slot_stride, slots, act, y, err);
+    else
+      return mbd_mops_scan_prefill_bf16state(stream, nseq, T, di, N, R, xc, dbl, dt_w, dt_b, A,
+                                             D, xz, ldxz, zoff, ssm_state, slot_stride, slots,
+                                             act, y, err);
+  }
   cudaStream_t s = (cudaStream_t)stream;
 #define SCAN_N(NN, T_)                                                                      \
   case NN:                                                                                  \
-    return scan_launch<NN, T_>(s, nseq, T, di, R, xc, dbl, (const T_ *)dt_w, (const T_ *)dt_b, \
-                               A, D, xz, ldxz, zoff, ssm_state, slot_stride, slots, conv,   \
-                               (T_ *)y, err);
+    return scan_launch<NN, T_, ST>(s, nseq, T, di, R, xc, dbl, (const T_ *)dt_w,            \
+                                   (const T_ *)dt_b, A, D, xz, ldxz, zoff, ssm_state,       \
+                                   slot_stride, slots, conv, (T_ *)y, err);
 #define SCAN(T_)                                                                            \
   switch (N) {                                                                              \
     SCAN_N(4, T_) SCAN_N(8, T_) SCAN_N(16, T_) SCAN_N(32, T_)                               \
@@ -616,4 +994,32 @@ extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R
 #undef SCAN
 #undef SCAN_N
   return 0;
+}
+
+extern "C" int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R,
+                             const float *xc, const float *dbl, mbd_dtype wdt, const void *dt_w,
+                             const void *dt_b, const float *A, const float *D, const float *xz,
+                             int64_t ldxz, int64_t zoff, float *ssm_state, int64_t slot_stride,
+                             const int32_t *slots, const mbd_mops_conv *conv, mbd_dtype act,
+                             void *y, mbd_error *err) {
+  return scan_entry<float>(stream, nseq, T, di, N, R, xc, dbl, wdt, dt_w, dt_b, A, D, xz, ldxz,
+                           zoff, ssm_state, slot_stride, slots, conv, act, y, err);
+}
+
+extern "C" int mbd_mops_scan_bf16state(void *stream, int nseq, int T, int di, int N, int R,
+                                       const float *xc, const float *dbl, mbd_dtype wdt,
+                                       const void *dt_w, const void *dt_b, const float *A,
+                                       const float *D, const float *xz, int64_t ldxz,
+                                       int64_t zoff, void *ssm_state, int64_t slot_stride,
+                                       const int32_t *slots, const mbd_mops_conv *conv,
+                                       mbd_dtype act, void *y, mbd_error *err) {
+  /* the decode kernel moves state rows in pieces of min(16, 2N) bytes */
+  const int pb = 2 * N < 16 ? 2 * N : 16;
+  if (nseq > 0 && T > 0 && N > 0 && ((uintptr_t)ssm_state % pb || (slot_stride * 2) % pb))
+    return mbd_error_set(err, MBD_E_INVALID,
+                         "scan: bf16 state at %p, slot stride %lld: rows not %d-byte aligned",
+                         ssm_state, (long long)slot_stride, pb);
+  return scan_entry<__nv_bfloat16>(stream, nseq, T, di, N, R, xc, dbl, wdt, dt_w, dt_b, A, D,
+                                   xz, ldxz, zoff, (__nv_bfloat16 *)ssm_state, slot_stride,
+                                   slots, conv, act, y, err);
 }

@@ -40,6 +40,21 @@ int mbd_mops_scan(void *stream, int nseq, int T, int di, int N, int R, const flo
                   float *ssm_state, int64_t slot_stride, const int32_t *slots,
                   const mbd_mops_conv *conv, mbd_dtype act, void *y, mbd_error *err);
 
+/* mbd_mops_scan with the SSM state stored in bf16 (the state=bf16 route,
+ * docs/route.md): the same f32 arithmetic, each updated state entry rounded
+ * to bf16 (to nearest even) at once and that rounded value carried on (the
+ * C . h chain reads it, the next step starts from it), in the prefill
+ * kernels after every token as in the decode step, so prefill == decode bit
+ * for bit at any chunking. ssm_state: bf16 entries at ssm_state +
+ * slots[s] * slot_stride, [di][N]; the pointer and slot_stride * 2 bytes
+ * aligned to min(16, 2N) bytes (MBD_E_INVALID otherwise). */
+int mbd_mops_scan_bf16state(void *stream, int nseq, int T, int di, int N, int R,
+                            const float *xc, const float *dbl, mbd_dtype wdt, const void *dt_w,
+                            const void *dt_b, const float *A, const float *D, const float *xz,
+                            int64_t ldxz, int64_t zoff, void *ssm_state, int64_t slot_stride,
+                            const int32_t *slots, const mbd_mops_conv *conv, mbd_dtype act,
+                            void *y, mbd_error *err);
+
 #ifdef __cplusplus
 }
 #endif

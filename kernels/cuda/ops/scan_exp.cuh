@@ -42,11 +42,39 @@ __device__ __forceinline__ float sp_silu(float x) {
   return __fdiv_rn(x, __fadd_rn(1.0f, sp_expf(-x)));
 }
 
+/* Storage of one SSM state entry, ST float or __nv_bfloat16: rnd rounds an
+ * updated entry to what is stored (none for f32, to nearest even for bf16),
+ * ld widens a stored entry, put stores a value rnd rounded (exact). The
+ * arithmetic is f32 either way; a bf16 state's kernels keep the rounded
+ * value, so the y chain reads the state that is stored and every chunking
+ * rounds after every step. */
+template <typename ST>
+struct sp_st;
+template <>
+struct sp_st<float> {
+  static __device__ __forceinline__ float rnd(float v) { return v; }
+  static __device__ __forceinline__ float ld(const float *p) { return *p; }
+  static __device__ __forceinline__ void put(float *p, float v) { *p = v; }
+};
+template <>
+struct sp_st<__nv_bfloat16> {
+  static __device__ __forceinline__ float rnd(float v) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+  }
+  static __device__ __forceinline__ float ld(const __nv_bfloat16 *p) {
+    return __bfloat162float(*p);
+  }
+  static __device__ __forceinline__ void put(__nv_bfloat16 *p, float v) {
+    *p = __float2bfloat16_rn(v);
+  }
+};
+
 /* One step of one channel after its dt: scan_one_dt's arithmetic
  * (mops_arith.cuh), its exps by sp_exp_in_range when dt amax (amax: the
  * largest |a[n]|, +inf if one is NaN) is in its range, which puts every
- * dt a[n] there (rounding is monotonic). */
-template <int N>
+ * dt a[n] there (rounding is monotonic). Each updated entry is rounded as
+ * a state of ST is stored (sp_st) before the y chain reads it. */
+template <int N, typename ST = float>
 __device__ __forceinline__ float sp_one_dt(float dt, const float *B, const float *C,
                                            const float (&a)[N], float amax, float d, float x,
                                            float z, float (&h)[N]) {
@@ -55,13 +83,13 @@ __device__ __forceinline__ float sp_one_dt(float dt, const float *B, const float
 #pragma unroll
     for (int n = 0; n < N; n++) {
       const float dA = sp_exp_in_range(__fmul_rn(dt, a[n]));
-      h[n] = __fmaf_rn(dA, h[n], __fmul_rn(__fmul_rn(dt, B[n]), x));
+      h[n] = sp_st<ST>::rnd(__fmaf_rn(dA, h[n], __fmul_rn(__fmul_rn(dt, B[n]), x)));
       acc = __fmaf_rn(h[n], C[n], acc);
     }
   } else {
 #pragma unroll
     for (int n = 0; n < N; n++) {
-      h[n] = scan_state(dt, a[n], B[n], x, h[n]);
+      h[n] = sp_st<ST>::rnd(scan_state(dt, a[n], B[n], x, h[n]));
       acc = __fmaf_rn(h[n], C[n], acc);
     }
   }

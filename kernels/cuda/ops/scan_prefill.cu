@@ -62,14 +62,15 @@ struct sp_layout {
  *          warp reduces step j of the run, C_t . h_t over the states in
  *          ascending order, + D x, times SiLU(z) (scan_one_dt's order).
  * Steps past T in the last chunk run on stale or zeroed staged data and are
- * discarded (neither the state nor y sees them). */
-template <int N, typename ActT>
+ * discarded (neither the state nor y sees them). The state is stored as ST
+ * (sp_st: f32, or bf16 rounded after every step). */
+template <int N, typename ActT, typename ST>
 __global__ void __launch_bounds__(SP_CB *N, 2)
     k_scan_prefill(int T, int di, int R, const float *__restrict__ xc,
                    const float *__restrict__ dbl, const ActT *__restrict__ dt_w,
                    const ActT *__restrict__ dt_b, const float *__restrict__ A,
                    const float *__restrict__ Dv, const float *__restrict__ xz, int64_t ldxz,
-                   int64_t zoff, float *__restrict__ ssm_state, int64_t slot_stride,
+                   int64_t zoff, ST *__restrict__ ssm_state, int64_t slot_stride,
                    const int32_t *__restrict__ slots, ActT *__restrict__ y) {
   using L = sp_layout<N>;
   constexpr int NT = L::NT, NW = NT / 32, CPW = 32 / N; /* threads, warps, channels per warp */
@@ -156,8 +157,8 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
   pdl_wait();
   pdl_trigger();
   stage(0);
-  float *hp = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N + n;
-  float h = *hp;
+  ST *hp = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N + n;
+  float h = sp_st<ST>::ld(hp);
 
   for (int q = 0; q < nchunk; q++) {
     cp_async_wait_group<0>();
@@ -243,13 +244,13 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
       if (tb + N <= tc) {
 #pragma unroll
         for (int j = 0; j < N; j++) {
-          h = __fmaf_rn(dA[j], h, u[j]);
+          h = sp_st<ST>::rnd(__fmaf_rn(dA[j], h, u[j]));
           hw[j * L::HP + n] = h;
         }
       } else {
 #pragma unroll
         for (int j = 0; j < N; j++) {
-          if (tb + j < tc) h = __fmaf_rn(dA[j], h, u[j]);
+          if (tb + j < tc) h = sp_st<ST>::rnd(__fmaf_rn(dA[j], h, u[j]));
           hw[j * L::HP + n] = h;
         }
       }
@@ -275,21 +276,21 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
   }
   __syncthreads();
   write_out(nchunk - 1);
-  if (live) *hp = h;
+  if (live) sp_st<ST>::put(hp, h);
 }
 
-template <int N, typename ActT>
+template <int N, typename ActT, typename ST>
 static int scan_prefill_launch(cudaStream_t s, int nseq, int T, int di, int R, const float *xc,
                                const float *dbl, const ActT *dt_w, const ActT *dt_b,
                                const float *A, const float *D, const float *xz, int64_t ldxz,
-                               int64_t zoff, float *ssm_state, int64_t slot_stride,
+                               int64_t zoff, ST *ssm_state, int64_t slot_stride,
                                const int32_t *slots, ActT *y, mbd_error *err) {
   const size_t sh = sizeof(float) * (size_t)sp_layout<N>(R).total;
-  int rc = allow_smem(k_scan_prefill<N, ActT>, sh, err);
+  int rc = allow_smem(k_scan_prefill<N, ActT, ST>, sh, err);
   if (rc < 0) return rc;
   /* a long, serial kernel: it waits for its predecessor normally (see
    * scan.cu's chunked launch) */
-  return launch_ex(false, "selective scan (prefill)", k_scan_prefill<N, ActT>,
+  return launch_ex(false, "selective scan (prefill)", k_scan_prefill<N, ActT, ST>,
                    dim3((unsigned)((di + SP_CB - 1) / SP_CB), (unsigned)nseq),
                    dim3((unsigned)(SP_CB * N)), sh, s, err, T, di, R, xc, dbl, dt_w, dt_b, A, D,
                    xz, ldxz, zoff, ssm_state, slot_stride, slots, y);
@@ -319,6 +320,29 @@ extern "C" int mbd_mops_scan_prefill_fits(int N, int R, const float *dbl) {
   return sh <= sp_smem_max();
 }
 
+template <typename ST>
+static int scan_prefill_entry(void *stream, int nseq, int T, int di, int N, int R,
+                              const float *xc, const float *dbl, const void *dt_w,
+                              const void *dt_b, const float *A, const float *D, const float *xz,
+                              int64_t ldxz, int64_t zoff, ST *ssm_state, int64_t slot_stride,
+                              const int32_t *slots, mbd_dtype act, void *y, mbd_error *err) {
+  if (!mbd_mops_scan_prefill_fits(N, R, dbl))
+    return mbd_error_set(err, MBD_E_INVALID, "scan prefill: d_state %d, dt rank %d unsupported",
+                         N, R);
+  cudaStream_t s = (cudaStream_t)stream;
+#define SCAN_P(T_)                                                                             \
+  return N == 8 ? scan_prefill_launch<8, T_, ST>(s, nseq, T, di, R, xc, dbl, (const T_ *)dt_w, \
+                                                 (const T_ *)dt_b, A, D, xz, ldxz, zoff,       \
+                                                 ssm_state, slot_stride, slots, (T_ *)y, err)  \
+                : scan_prefill_launch<16, T_, ST>(s, nseq, T, di, R, xc, dbl,                  \
+                                                  (const T_ *)dt_w, (const T_ *)dt_b, A, D,    \
+                                                  xz, ldxz, zoff, ssm_state, slot_stride,      \
+                                                  slots, (T_ *)y, err);
+  MBD_ACT_DISPATCH(act, SCAN_P)
+#undef SCAN_P
+  return 0;
+}
+
 extern "C" int mbd_mops_scan_prefill(void *stream, int nseq, int T, int di, int N, int R,
                                      const float *xc, const float *dbl, const void *dt_w,
                                      const void *dt_b, const float *A, const float *D,
@@ -326,18 +350,18 @@ extern "C" int mbd_mops_scan_prefill(void *stream, int nseq, int T, int di, int 
                                      float *ssm_state, int64_t slot_stride,
                                      const int32_t *slots, mbd_dtype act, void *y,
                                      mbd_error *err) {
-  if (!mbd_mops_scan_prefill_fits(N, R, dbl))
-    return mbd_error_set(err, MBD_E_INVALID, "scan prefill: d_state %d, dt rank %d unsupported",
-                         N, R);
-  cudaStream_t s = (cudaStream_t)stream;
-#define SCAN_P(T_)                                                                           \
-  return N == 8 ? scan_prefill_launch<8, T_>(s, nseq, T, di, R, xc, dbl, (const T_ *)dt_w,   \
-                                             (const T_ *)dt_b, A, D, xz, ldxz, zoff,         \
-                                             ssm_state, slot_stride, slots, (T_ *)y, err)    \
-                : scan_prefill_launch<16, T_>(s, nseq, T, di, R, xc, dbl, (const T_ *)dt_w,  \
-                                              (const T_ *)dt_b, A, D, xz, ldxz, zoff,        \
-                                              ssm_state, slot_stride, slots, (T_ *)y, err);
-  MBD_ACT_DISPATCH(act, SCAN_P)
-#undef SCAN_P
-  return 0;
+  return scan_prefill_entry<float>(stream, nseq, T, di, N, R, xc, dbl, dt_w, dt_b, A, D, xz,
+                                   ldxz, zoff, ssm_state, slot_stride, slots, act, y, err);
+}
+
+extern "C" int mbd_mops_scan_prefill_bf16state(void *stream, int nseq, int T, int di, int N,
+                                               int R, const float *xc, const float *dbl,
+                                               const void *dt_w, const void *dt_b,
+                                               const float *A, const float *D, const float *xz,
+                                               int64_t ldxz, int64_t zoff, void *ssm_state,
+                                               int64_t slot_stride, const int32_t *slots,
+                                               mbd_dtype act, void *y, mbd_error *err) {
+  return scan_prefill_entry<__nv_bfloat16>(stream, nseq, T, di, N, R, xc, dbl, dt_w, dt_b, A, D,
+                                           xz, ldxz, zoff, (__nv_bfloat16 *)ssm_state,
+                                           slot_stride, slots, act, y, err);
 }

@@ -28,6 +28,13 @@ int mbd_mops_scan_prefill(void *stream, int nseq, int T, int di, int N, int R, c
                           const float *D, const float *xz, int64_t ldxz, int64_t zoff,
                           float *ssm_state, int64_t slot_stride, const int32_t *slots,
                           mbd_dtype act, void *y, mbd_error *err);
+/* The same over a bf16 state (mbd_mops_scan_bf16state, scan.h). */
+int mbd_mops_scan_prefill_bf16state(void *stream, int nseq, int T, int di, int N, int R,
+                                    const float *xc, const float *dbl, const void *dt_w,
+                                    const void *dt_b, const float *A, const float *D,
+                                    const float *xz, int64_t ldxz, int64_t zoff, void *ssm_state,
+                                    int64_t slot_stride, const int32_t *slots, mbd_dtype act,
+                                    void *y, mbd_error *err);
 
 #ifdef __cplusplus
 }
