@@ -1,6 +1,13 @@
-/* Causal depthwise conv + SiLU, prefill and decode (see conv_silu.h). */
+/* Causal depthwise conv + SiLU, prefill and decode (see conv_silu.h).
+ * Where rows and pointers allow 16-byte accesses the prefill runs
+ * k_conv_seg4 and the decode step k_conv_step4 (four channels a thread);
+ * otherwise k_conv_silu, which MBD_CONV_PREFILL=old also selects for the
+ * prefill. All three make each output's roundings in conv_silu_out. */
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/conv_silu.h"
+
+#include <stdio.h>
+#include <string.h>
 
 /* Time steps per conv thread. A thread owns (sequence, channel, segment of
  * CONV_SEG steps); its window starts from the inputs just before the segment
@@ -143,6 +150,142 @@ static bool conv_step_vec(int di, const float *xz, int64_t ldxz, const float *w,
          al(bias, 16) && al(conv_state, 16) && al(xc, 16) && al(xc_act, 4 * act_size);
 }
 
+/* The prefill (T > 1) where every row and pointer allows 16-byte accesses
+ * (conv_step_vec): four consecutive channels per thread, as k_conv_step4,
+ * and a time segment of seg_len steps that the thread walks with its window
+ * in registers, so each input row is read about once (the K - 1 rows before
+ * a segment also by the segment before it, mostly from cache). A warp takes
+ * 128 channels of one segment (512 contiguous bytes a row); a block, the
+ * same channels over CONV_SEGS consecutive segments. The loads of the next
+ * P steps are issued before the current P steps are computed, so a thread
+ * keeps P 16-byte loads in flight while the SiLUs run.
+ * Each channel's output is conv_silu_out's, as in k_conv_silu (window taps
+ * in ascending order, the new input, then the bias), and the state is
+ * handled the same way: only the first segment's thread reads it, and it
+ * writes the new window last. */
+#define CONV_SEGS 4 /* warps per block, one segment each */
+
+__device__ __forceinline__ float4 ld4(const float *p) { return *(const float4 *)p; }
+__device__ __forceinline__ float f4at(const float4 &q, int e) {
+  return e == 0 ? q.x : e == 1 ? q.y : e == 2 ? q.z : q.w;
+}
+
+template <int K, int CONV_P, typename ActT>
+__global__ void __launch_bounds__(32 * CONV_SEGS)
+    k_conv_seg4(int T, int di, int seg_len, const float *__restrict__ xz, int64_t ldxz,
+                const float *__restrict__ w, const float *__restrict__ bias,
+                float *__restrict__ conv_state, int64_t slot_stride,
+                const int32_t *__restrict__ slots, float *__restrict__ xc,
+                ActT *__restrict__ xc_act, bool early) {
+  const int c = 4 * (blockIdx.x * 32 + threadIdx.x);
+  const int seg = blockIdx.y * CONV_SEGS + threadIdx.y, s = blockIdx.z;
+  const int cw = c < di ? c : di - 4;
+  float wk[4][K], b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int j = 0; j < K; j++) { /* weights: before the wait */
+    const float4 q = ld4(w + (int64_t)j * di + cw);
+    wk[0][j] = q.x, wk[1][j] = q.y, wk[2][j] = q.z, wk[3][j] = q.w;
+  }
+  if (bias) {
+    const float4 q = ld4(bias + cw);
+    b[0] = q.x, b[1] = q.y, b[2] = q.z, b[3] = q.w;
+  }
+  pdl_enter(early);
+  const int t0 = seg * seg_len;
+  if (c >= di || t0 >= T) return;
+  const int t1 = min(T, t0 + seg_len);
+  const int64_t row0 = (int64_t)s * T + t0; /* the segment's first row */
+  float *st = conv_state + (int64_t)slots[s] * slot_stride + c;
+  const float *xp = xz + row0 * ldxz + c;
+  /* buf[0 .. K-2]: the window (oldest first); buf[K-1 ..]: the group's inputs */
+  float4 buf[K - 1 + CONV_P], nx[CONV_P];
+  if (seg == 0) {
+#pragma unroll
+    for (int j = 0; j < K - 1; j++) buf[j] = ld4(st + (int64_t)j * di);
+  } else {
+#pragma unroll
+    for (int j = 0; j < K - 1; j++) buf[j] = ld4(xp - (int64_t)(K - 1 - j) * ldxz);
+  }
+#pragma unroll
+  for (int i = 0; i < CONV_P; i++)
+    nx[i] = t0 + i < t1 ? ld4(xp + (int64_t)i * ldxz) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float *yo = xc + row0 * di + c;
+  ActT *ya = xc_act ? xc_act + row0 * di + c : nullptr;
+  for (int t = t0; t < t1; t += CONV_P) {
+#pragma unroll
+    for (int i = 0; i < CONV_P; i++) buf[K - 1 + i] = nx[i];
+    xp += CONV_P * ldxz;
+#pragma unroll
+    for (int i = 0; i < CONV_P; i++) /* the next group's inputs, before this group's work */
+      nx[i] = t + CONV_P + i < t1 ? ld4(xp + (int64_t)i * ldxz)
+                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int i = 0; i < CONV_P; i++) {
+      if (t + i >= t1) break;
+      float v[4];
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float win[K - 1];
+#pragma unroll
+        for (int j = 0; j < K - 1; j++) win[j] = f4at(buf[i + j], e);
+        v[e] = conv_silu_out<K>(wk[e], win, f4at(buf[i + K - 1], e), bias != nullptr, b[e]);
+      }
+      *(float4 *)yo = make_float4(v[0], v[1], v[2], v[3]);
+      yo += di;
+      if (ya) {
+        alignas(4 * sizeof(ActT)) ActT h[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) st_act(h + e, v[e]);
+        if constexpr (sizeof(ActT) == 4)
+          *(float4 *)ya = *(const float4 *)h;
+        else
+          *(uint2 *)ya = *(const uint2 *)h;
+        ya += di;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < K - 1; j++) buf[j] = buf[CONV_P + j];
+  }
+  if (seg != 0) return;
+  /* The new state: the last K - 1 inputs, the old state's newest rows first
+   * when T < K - 1 (row j + T is read before it is overwritten). */
+  const float *xe = xz + ((int64_t)s * T + T) * ldxz + c; /* one past the last row */
+#pragma unroll
+  for (int j = 0; j < K - 1; j++)
+    *(float4 *)(st + (int64_t)j * di) = j + T < K - 1 ? ld4(st + (int64_t)(j + T) * di)
+                                                       : ld4(xe - (int64_t)(K - 1 - j) * ldxz);
+}
+
+/* k_conv_seg4's shape: segments of 16 steps, 8 steps loaded ahead, or what
+ * MBD_CONV_PREFILL asks for: "s<steps>" (8, 16, 32, 64), optionally followed
+ * by "p4" (4 steps ahead), e.g. s32p4 (same bits, for the benches); "old"
+ * keeps k_conv_silu (returns false). Read at each launch. */
+static bool conv_prefill_shape(int *seg_len, int *ahead) {
+  const char *e = getenv("MBD_CONV_PREFILL");
+  *seg_len = 16;
+  *ahead = 8;
+  if (!e) return true;
+  if (!strcmp(e, "old")) return false;
+  int sl = 0, p = 8;
+  if (sscanf(e, "s%dp%d", &sl, &p) >= 1 && (sl == 8 || sl == 16 || sl == 32 || sl == 64))
+    *seg_len = sl;
+  if (p == 4) *ahead = 4;
+  return true;
+}
+
+template <int K, typename ActT>
+static int conv_seg4_launch(cudaStream_t s, int nseq, int T, int di, int seg_len, int ahead,
+                            const float *xz, int64_t ldxz, const float *w, const float *bias,
+                            float *conv_state, int64_t slot_stride, const int32_t *slots,
+                            float *xc, ActT *xc_act, mbd_error *err) {
+  const int nsegs = (T + seg_len - 1) / seg_len;
+  const dim3 grid((unsigned)((di / 4 + 31) / 32), (unsigned)((nsegs + CONV_SEGS - 1) / CONV_SEGS),
+                  (unsigned)nseq);
+  return launch_pdl("conv_silu (seg4)",
+                    ahead == 8 ? k_conv_seg4<K, 8, ActT> : k_conv_seg4<K, 4, ActT>, grid, dim3(32, CONV_SEGS), 0, s, err, T, di, seg_len, xz, ldxz, w, bias,
+                    conv_state, slot_stride, slots, xc, xc_act, pdl_early());
+}
+
 template <int K, typename ActT>
 static int conv_step4_launch(cudaStream_t s, int nseq, int di, const float *xz, int64_t ldxz,
                              const float *w, const float *bias, float *conv_state,
@@ -158,10 +301,16 @@ template <int K, typename ActT>
 static int conv_launch(cudaStream_t s, int nseq, int T, int di, const float *xz, int64_t ldxz,
                        const float *w, const float *bias, float *conv_state, int64_t slot_stride,
                        const int32_t *slots, float *xc, ActT *xc_act, mbd_error *err) {
-  if (T == 1 && conv_step_vec(di, xz, ldxz, w, bias, conv_state, slot_stride, xc, xc_act,
-                              sizeof(ActT)))
-    return conv_step4_launch<K, ActT>(s, nseq, di, xz, ldxz, w, bias, conv_state, slot_stride,
-                                      slots, xc, xc_act, err);
+  if (conv_step_vec(di, xz, ldxz, w, bias, conv_state, slot_stride, xc, xc_act,
+                    sizeof(ActT))) {
+    if (T == 1)
+      return conv_step4_launch<K, ActT>(s, nseq, di, xz, ldxz, w, bias, conv_state, slot_stride,
+                                        slots, xc, xc_act, err);
+    int seg_len, ahead;
+    if (conv_prefill_shape(&seg_len, &ahead))
+      return conv_seg4_launch<K, ActT>(s, nseq, T, di, seg_len, ahead, xz, ldxz, w, bias,
+                                       conv_state, slot_stride, slots, xc, xc_act, err);
+  }
   return conv_silu_launch<K, ActT>(s, nseq, T, di, xz, ldxz, w, bias, conv_state, slot_stride,
                                    slots, xc, xc_act, err);
 }

@@ -4,9 +4,13 @@
  * thread per group (rms_inv when the group is whole quads); 16-bit routes,
  * which are not compared with the CPU, give each group a warp and the
  * RMSNorm's lane split (rms_inv_lanes), since the serial chain over d_inner
- * channels sat on every layer's critical path of a small-batch decode. */
+ * channels sat on every layer's critical path of a small-batch decode.
+ * Where rows and pointers allow 16-byte accesses, k_gated_rmsnorm4 does the
+ * same with the row in registers (MBD_GATED_NORM=old keeps k_gated_rmsnorm). */
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/gated_rmsnorm.h"
+
+#include <string.h>
 
 /* Each thread loads GN_BATCH elements before using any: one block per row
  * makes a batch-1 decode latency-bound, and a loop that waits on each load
@@ -14,6 +18,32 @@
 #define GN_THREADS 512
 #define GN_BATCH 8
 #define GN_MAX_GROUPS 64
+
+/* Each group's scale into r_sh from the gated values v[0, n) in shared
+ * memory (16-byte aligned): f32 outputs run the CPU's ascending fmaf chain on
+ * one thread per group (rms_inv when the group is whole quads), 16-bit
+ * outputs give each group a warp and the RMSNorm's lane split. */
+template <typename OutT>
+__device__ __forceinline__ void gn_group_scales(const float *v, int n, int group, float eps,
+                                                float *r_sh) {
+  if constexpr (sizeof(OutT) == 4) {
+    for (int g = threadIdx.x; g < n / group; g += blockDim.x) {
+      if (group % 4 == 0) {
+        r_sh[g] = rms_inv(v + (int64_t)g * group, group, eps);
+        continue;
+      }
+      float ss = 0.0f;
+      for (int c = g * group; c < (g + 1) * group; c++) ss = __fmaf_rn(v[c], v[c], ss);
+      r_sh[g] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)group), eps)));
+    }
+  } else {
+    const int lane = threadIdx.x % 32;
+    for (int g = threadIdx.x / 32; g < n / group; g += blockDim.x / 32) {
+      const float r = rms_inv_lanes(v + (int64_t)g * group, group, eps, lane);
+      if (lane == 0) r_sh[g] = r;
+    }
+  }
+}
 
 template <typename OutT>
 __global__ void __launch_bounds__(GN_THREADS) k_gated_rmsnorm(int n, int group, const float *__restrict__ y,
@@ -46,23 +76,7 @@ __global__ void __launch_bounds__(GN_THREADS) k_gated_rmsnorm(int n, int group, 
     }
   }
   __syncthreads();
-  if constexpr (sizeof(OutT) == 4) {
-    for (int g = threadIdx.x; g < n / group; g += blockDim.x) {
-      if (group % 4 == 0) {
-        r_sh[g] = rms_inv(v + (int64_t)g * group, group, eps);
-        continue;
-      }
-      float ss = 0.0f;
-      for (int c = g * group; c < (g + 1) * group; c++) ss = __fmaf_rn(v[c], v[c], ss);
-      r_sh[g] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)group), eps)));
-    }
-  } else {
-    const int lane = threadIdx.x % 32;
-    for (int g = threadIdx.x / 32; g < n / group; g += blockDim.x / 32) {
-      const float r = rms_inv_lanes(v + (int64_t)g * group, group, eps, lane);
-      if (lane == 0) r_sh[g] = r;
-    }
-  }
+  gn_group_scales<OutT>(v, n, group, eps, r_sh);
   __syncthreads();
   for (int c0 = threadIdx.x; c0 < n; c0 += GN_BATCH * GN_THREADS) {
     float wv[GN_BATCH], zv[GN_BATCH];
@@ -83,13 +97,125 @@ __global__ void __launch_bounds__(GN_THREADS) k_gated_rmsnorm(int n, int group, 
   }
 }
 
+/* The vector kernel (rows, y, z, w and out allow 16-byte / 4-element
+ * accesses; gn_vec): one block per row as k_gated_rmsnorm, but each thread
+ * holds up to QN quads of the row in registers, quad q = tid + k *
+ * blockDim.x, loaded 16 bytes at a time and all issued before any is used
+ * (the row's y and z are in flight at once); the gated values go to shared
+ * memory only for the square sums, which run as in k_gated_rmsnorm (the same
+ * chains, so the same bits), and the output pass works from the registers.
+ * Blocks of n / (4 QN) threads (QN = 4 up to d_inner 4096: gn_quads) let
+ * several rows per SM be in flight, so the bytes in flight, not the one warp's
+ * chain, set the pace. */
+#define GN4_THREADS 256 /* at most */
+
+__device__ __forceinline__ float4 gn_ld4(const float *p) { return *(const float4 *)p; }
+
+template <typename OutT, int QN>
+__global__ void __launch_bounds__(GN4_THREADS, QN <= 4 && sizeof(OutT) == 2 ? 4 : 1)
+    k_gated_rmsnorm4(int n, int group, const float *__restrict__ y, const float *__restrict__ z,
+                     int64_t ldz, const float *__restrict__ w, float eps, int norm_before_gate,
+                     OutT *__restrict__ out, bool early) {
+  extern __shared__ float4 smem4[];
+  float *v = (float *)smem4;
+  __shared__ float r_sh[GN_MAX_GROUPS];
+  const int64_t i = blockIdx.x;
+  const int nq = n / 4;
+  float4 wv[QN], a[QN], g[QN]; /* w; y, then v; z, then silu(z) */
+  pdl_enter(early);
+#pragma unroll
+  for (int k = 0; k < QN; k++) {
+    const int q = threadIdx.x + k * blockDim.x;
+    if (q < nq) {
+      a[k] = gn_ld4(y + i * n + 4 * q);
+      g[k] = gn_ld4(z + i * ldz + 4 * q);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < QN; k++) {
+    const int q = threadIdx.x + k * blockDim.x;
+    if (q >= nq) continue;
+    g[k] = make_float4(mbd_pm_silu(g[k].x), mbd_pm_silu(g[k].y), mbd_pm_silu(g[k].z),
+                       mbd_pm_silu(g[k].w));
+    if (!norm_before_gate)
+      a[k] = make_float4(__fmul_rn(a[k].x, g[k].x), __fmul_rn(a[k].y, g[k].y),
+                         __fmul_rn(a[k].z, g[k].z), __fmul_rn(a[k].w, g[k].w));
+    smem4[q] = a[k];
+  }
+  /* the weights (static) load while the square sums run, not alongside y
+   * and z, where their registers would cost a row in flight per SM */
+#pragma unroll
+  for (int k = 0; k < QN; k++) {
+    const int q = threadIdx.x + k * blockDim.x;
+    if (q < nq) wv[k] = gn_ld4(w + 4 * q);
+  }
+  __syncthreads();
+  gn_group_scales<OutT>(v, n, group, eps, r_sh);
+  __syncthreads();
+  const float r1 = r_sh[0]; /* the only scale when the row is one group */
+#pragma unroll
+  for (int k = 0; k < QN; k++) {
+    const int q = threadIdx.x + k * blockDim.x;
+    if (q >= nq) continue;
+    const float vq[4] = {a[k].x, a[k].y, a[k].z, a[k].w};
+    const float wq[4] = {wv[k].x, wv[k].y, wv[k].z, wv[k].w};
+    const float gq[4] = {g[k].x, g[k].y, g[k].z, g[k].w};
+    alignas(4 * sizeof(OutT)) OutT h[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const float r = group == n ? r1 : r_sh[(4 * q + e) / group];
+      float o = __fmul_rn(wq[e], __fmul_rn(vq[e], r));
+      if (norm_before_gate) o = __fmul_rn(o, gq[e]);
+      st_act(h + e, o);
+    }
+    if constexpr (sizeof(OutT) == 4)
+      *(float4 *)(out + i * n + 4 * q) = *(const float4 *)h;
+    else
+      *(uint2 *)(out + i * n + 4 * q) = *(const uint2 *)h;
+  }
+}
+
+/* Whether k_gated_rmsnorm4 may run: 16-byte rows and pointers (out: four
+ * elements), and at most 8 quads for each of GN4_THREADS threads. */
+static bool gn_vec(int n, const float *y, const float *z, int64_t ldz, const float *w,
+                   const void *out, size_t out_size) {
+  const auto al = [](const void *p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; };
+  return n % 4 == 0 && n / 4 <= GN4_THREADS * 8 && ldz % 4 == 0 && al(y, 16) && al(z, 16) &&
+         al(w, 16) && al(out, 4 * out_size);
+}
+
+/* The quads a thread of k_gated_rmsnorm4 holds: 4 up to d_inner 4096, 8
+ * above, or what MBD_GATED_NORM asks for (q2, q4, q8; 8 where the row
+ * needs it); 0 for "old", which keeps k_gated_rmsnorm (same bits; the
+ * benches compare them). Read at each launch. */
+static int gn_quads(int n) {
+  const char *e = getenv("MBD_GATED_NORM");
+  const int need = n / 4 <= GN4_THREADS * 2 ? 2 : n / 4 <= GN4_THREADS * 4 ? 4 : 8;
+  int q = 4;
+  if (e && !strcmp(e, "old")) return 0;
+  if (e && !strcmp(e, "q2")) q = 2;
+  if (e && !strcmp(e, "q8")) q = 8;
+  return q > need ? q : need;
+}
+
 template <typename T>
 static int gated_rmsnorm_launch(cudaStream_t s, int64_t M, int n, int group, const float *y,
                                 const float *z, int64_t ldz, const float *w, float eps,
                                 int norm_before_gate, T *out, mbd_error *err) {
   const size_t sh = ((size_t)n + 3) / 4 * 16;
-  int rc = allow_smem(k_gated_rmsnorm<T>, sh, err);
-  if (rc < 0) return rc;
+  int rc;
+  const int qn = gn_quads(n);
+  if (qn && gn_vec(n, y, z, ldz, w, out, sizeof(T))) {
+    const int th = ((n / 4 + qn - 1) / qn + 31) / 32 * 32;
+    void (*k)(int, int, const float *, const float *, int64_t, const float *, float, int, T *,
+              bool) = qn == 2   ? k_gated_rmsnorm4<T, 2>
+                      : qn == 4 ? k_gated_rmsnorm4<T, 4>
+                                : k_gated_rmsnorm4<T, 8>;
+    if ((rc = allow_smem(k, sh, err)) < 0) return rc;
+    return launch_pdl("gated_rmsnorm (vec)", k, dim3((unsigned)M), dim3(th), sh, s, err, n,
+                      group, y, z, ldz, w, eps, norm_before_gate, out, pdl_early());
+  }
+  if ((rc = allow_smem(k_gated_rmsnorm<T>, sh, err)) < 0) return rc;
   return launch_pdl("gated_rmsnorm", k_gated_rmsnorm<T>, dim3((unsigned)M), dim3(GN_THREADS), sh,
                     s, err, n, group, y, z, ldz, w, eps, norm_before_gate, out, pdl_early());
 }
