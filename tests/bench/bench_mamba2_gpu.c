@@ -26,9 +26,10 @@
  *           in place of ssd_prefill.cu's, =r4 / r8 / r2, ssd_prefill.cu with
  *           four, eight or two channels a lane, and =cb16 / cb64, its
  *           blocks of 16 or 64 channels; then conv_silu with
- *           MBD_CONV_PREFILL=old / s8 / s32 / s16p4 (the older prefill
- *           kernel, or k_conv_seg4's segments of 8 or 32 steps instead of
- *           16, or 4 steps loaded ahead instead of 8) and
+ *           MBD_CONV_PREFILL=old / s8 / s32 / s16p4 / s16v2 / s32v2 (the
+ *           older prefill kernel, or k_conv_seg's segments of 8 or 32 steps
+ *           instead of 16, 4 steps loaded ahead instead of 8, 2 channels a
+ *           thread instead of 4) and
  *           gated_norm with MBD_GATED_NORM=old / q2 / q8 (the older kernel,
  *           or k_gated_rmsnorm4's 2 or 8 quads a thread instead of 4); all
  *           outside the sums); then the HBM floor of conv_silu and
@@ -154,7 +155,7 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
 
 /* ---- one layer op by op ---- */
 
-enum { NOPS = 23, NOC = 6, OP_REPS = 10 };
+enum { NOPS = 25, NOC = 6, OP_REPS = 10 };
 static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_silu",
                                              "ssd_scan",    "gated_norm", "out_proj",
                                              "lm_head",     "scan_conv (decode <= 16)",
@@ -170,15 +171,17 @@ static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_si
                                              "conv_silu MBD_CONV_PREFILL=s8",
                                              "conv_silu MBD_CONV_PREFILL=s32",
                                              "conv_silu MBD_CONV_PREFILL=s16p4",
+                                             "conv_silu MBD_CONV_PREFILL=s16v2",
+                                             "conv_silu MBD_CONV_PREFILL=s32v2",
                                              "gated_norm MBD_GATED_NORM=old",
                                              "gated_norm MBD_GATED_NORM=q2",
                                              "gated_norm MBD_GATED_NORM=q8"};
 
-/* Ops 16-22: conv_silu and gated_norm under these values of their variables. */
-static const char *const k_var_op[7][2] = {
-    {"MBD_CONV_PREFILL", "old"}, {"MBD_CONV_PREFILL", "s8"}, {"MBD_CONV_PREFILL", "s32"},
-    {"MBD_CONV_PREFILL", "s16p4"}, {"MBD_GATED_NORM", "old"},  {"MBD_GATED_NORM", "q2"},
-    {"MBD_GATED_NORM", "q8"}};
+/* Ops 16-24: conv_silu and gated_norm under these values of their variables. */
+static const char *const k_var_op[9][2] = {
+    {"MBD_CONV_PREFILL", "old"},   {"MBD_CONV_PREFILL", "s8"},    {"MBD_CONV_PREFILL", "s32"},
+    {"MBD_CONV_PREFILL", "s16p4"}, {"MBD_CONV_PREFILL", "s16v2"}, {"MBD_CONV_PREFILL", "s32v2"},
+    {"MBD_GATED_NORM", "old"},     {"MBD_GATED_NORM", "q2"},      {"MBD_GATED_NORM", "q8"}};
 
 /* One layer's buffers on a context of its own (zeros: the timing does not
  * depend on the values), for up to T_PRE rows and MAXB slots. */
@@ -244,10 +247,12 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
   case 19:
   case 20:
   case 21:
-  case 22: { /* ops 2 and 4 on the kernels these variables select (same bits) */
+  case 22:
+  case 23:
+  case 24: { /* ops 2 and 4 on the kernels these variables select (same bits) */
     const char *var = k_var_op[op - 16][0];
     setenv(var, k_var_op[op - 16][1], 1);
-    const int rc = run_op(o, op < 20 ? 2 : 4, nseq, T, err);
+    const int rc = run_op(o, op < 22 ? 2 : 4, nseq, T, err);
     unsetenv(var);
     return rc;
   }

@@ -1,5 +1,5 @@
 /* The vector kernels of two CUDA ops against the kernels they replace, by
- * memcmp: the conv + SiLU prefill (k_conv_seg4, kernels/cuda/ops/conv_silu.cu)
+ * memcmp: the conv + SiLU prefill (k_conv_seg, kernels/cuda/ops/conv_silu.cu)
  * against k_conv_silu, and the gated RMSNorm (k_gated_rmsnorm4,
  * kernels/cuda/ops/gated_rmsnorm.cu) against k_gated_rmsnorm. The old kernels
  * are what the environment variables MBD_CONV_PREFILL=old and
@@ -95,8 +95,9 @@ static void set_var(const char *var, const char *val) {
  * allocation's start as the Mamba-2 model's xBC columns), states in permuted
  * slots of stride sstride; every variant against MBD_CONV_PREFILL=old. */
 static void conv_case(int nseq, int T, int di, int K, mbd_dtype act, uint64_t *seed) {
-  static const char *const vars[] = {NULL, "s8", "s32", "s64", "s16p4", "s8p4"};
-  enum { NV = 6, NSLOT = 11 };
+  static const char *const vars[] = {NULL,    "s8",    "s32",   "s64",
+                                     "s16p4", "s8p4",  "s16v2", "s32p4v2"};
+  enum { NV = 8, NSLOT = 11 };
   const int64_t M = (int64_t)nseq * T, ldxz = di + 12, sstride = (int64_t)(K - 1) * di + 8;
   int32_t slots[16];
   for (int s = 0; s < nseq; s++) slots[s] = (int32_t)((s * 7 + 3) % NSLOT);

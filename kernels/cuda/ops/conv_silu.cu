@@ -1,6 +1,6 @@
 /* Causal depthwise conv + SiLU, prefill and decode (see conv_silu.h).
  * Where rows and pointers allow 16-byte accesses the prefill runs
- * k_conv_seg4 and the decode step k_conv_step4 (four channels a thread);
+ * k_conv_seg and the decode step k_conv_step4 (four channels a thread);
  * otherwise k_conv_silu, which MBD_CONV_PREFILL=old also selects for the
  * prefill. All three make each output's roundings in conv_silu_out. */
 #include "kernels/cuda/ops/common.cuh"
@@ -151,45 +151,84 @@ static bool conv_step_vec(int di, const float *xz, int64_t ldxz, const float *w,
 }
 
 /* The prefill (T > 1) where every row and pointer allows 16-byte accesses
- * (conv_step_vec): four consecutive channels per thread, as k_conv_step4,
- * and a time segment of seg_len steps that the thread walks with its window
- * in registers, so each input row is read about once (the K - 1 rows before
- * a segment also by the segment before it, mostly from cache). A warp takes
- * 128 channels of one segment (512 contiguous bytes a row); a block, the
- * same channels over CONV_SEGS consecutive segments. The loads of the next
- * P steps are issued before the current P steps are computed, so a thread
- * keeps P 16-byte loads in flight while the SiLUs run.
+ * (conv_step_vec): V consecutive channels per thread (4, as k_conv_step4;
+ * or 2), and a time segment of seg_len steps that the thread walks with its
+ * window in registers, so each input row is read about once (the K - 1
+ * rows before a segment also by the segment before it, mostly from cache).
+ * A warp takes 32 V channels of one segment (512 contiguous bytes a row at
+ * V = 4); a block, the same channels over CONV_SEGS consecutive segments.
+ * The loads of the next P steps are issued before the current P steps are
+ * computed, so a thread keeps P vector loads in flight while the SiLUs run.
  * Each channel's output is conv_silu_out's, as in k_conv_silu (window taps
  * in ascending order, the new input, then the bias), and the state is
  * handled the same way: only the first segment's thread reads it, and it
- * writes the new window last. */
+ * writes the new state last. */
 #define CONV_SEGS 4 /* warps per block, one segment each */
 
-__device__ __forceinline__ float4 ld4(const float *p) { return *(const float4 *)p; }
-__device__ __forceinline__ float f4at(const float4 &q, int e) {
-  return e == 0 ? q.x : e == 1 ? q.y : e == 2 ? q.z : q.w;
+/* V consecutive floats (V = 2 or 4) moved as one 8- or 16-byte access. */
+template <int V>
+struct convv {
+  float f[V];
+  __device__ __forceinline__ static convv ld(const float *p) {
+    convv r;
+    if constexpr (V == 4) {
+      const float4 q = *(const float4 *)p;
+      r.f[0] = q.x, r.f[1] = q.y, r.f[2] = q.z, r.f[3] = q.w;
+    } else {
+      const float2 q = *(const float2 *)p;
+      r.f[0] = q.x, r.f[1] = q.y;
+    }
+    return r;
+  }
+  __device__ __forceinline__ static convv zero() {
+    convv r;
+#pragma unroll
+    for (int e = 0; e < V; e++) r.f[e] = 0.0f;
+    return r;
+  }
+  __device__ __forceinline__ void st(float *p) const {
+    if constexpr (V == 4)
+      *(float4 *)p = make_float4(f[0], f[1], f[2], f[3]);
+    else
+      *(float2 *)p = make_float2(f[0], f[1]);
+  }
+};
+
+/* V values rounded to ActT, stored as one access of V elements. */
+template <int V, typename ActT>
+__device__ __forceinline__ void st_actv(ActT *p, const float (&v)[V]) {
+  alignas(V * sizeof(ActT)) ActT h[V];
+#pragma unroll
+  for (int e = 0; e < V; e++) st_act(h + e, v[e]);
+  if constexpr (V * sizeof(ActT) == 16)
+    *(float4 *)p = *(const float4 *)h;
+  else if constexpr (V * sizeof(ActT) == 8)
+    *(uint2 *)p = *(const uint2 *)h;
+  else
+    *(uint32_t *)p = *(const uint32_t *)h;
 }
 
-template <int K, int CONV_P, typename ActT>
+template <int K, int P, int V, typename ActT>
 __global__ void __launch_bounds__(32 * CONV_SEGS)
-    k_conv_seg4(int T, int di, int seg_len, const float *__restrict__ xz, int64_t ldxz,
-                const float *__restrict__ w, const float *__restrict__ bias,
-                float *__restrict__ conv_state, int64_t slot_stride,
-                const int32_t *__restrict__ slots, float *__restrict__ xc,
-                ActT *__restrict__ xc_act, bool early) {
-  const int c = 4 * (blockIdx.x * 32 + threadIdx.x);
+    k_conv_seg(int T, int di, int seg_len, const float *__restrict__ xz, int64_t ldxz,
+               const float *__restrict__ w, const float *__restrict__ bias,
+               float *__restrict__ conv_state, int64_t slot_stride,
+               const int32_t *__restrict__ slots, float *__restrict__ xc,
+               ActT *__restrict__ xc_act, bool early) {
+  using vec = convv<V>;
+  const int c = V * (blockIdx.x * 32 + threadIdx.x);
   const int seg = blockIdx.y * CONV_SEGS + threadIdx.y, s = blockIdx.z;
-  const int cw = c < di ? c : di - 4;
-  float wk[4][K], b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const int cw = c < di ? c : di - V;
+  float wk[V][K], b[V];
 #pragma unroll
   for (int j = 0; j < K; j++) { /* weights: before the wait */
-    const float4 q = ld4(w + (int64_t)j * di + cw);
-    wk[0][j] = q.x, wk[1][j] = q.y, wk[2][j] = q.z, wk[3][j] = q.w;
+    const vec q = vec::ld(w + (int64_t)j * di + cw);
+#pragma unroll
+    for (int e = 0; e < V; e++) wk[e][j] = q.f[e];
   }
-  if (bias) {
-    const float4 q = ld4(bias + cw);
-    b[0] = q.x, b[1] = q.y, b[2] = q.z, b[3] = q.w;
-  }
+  const vec bq = bias ? vec::ld(bias + cw) : vec::zero();
+#pragma unroll
+  for (int e = 0; e < V; e++) b[e] = bq.f[e];
   pdl_enter(early);
   const int t0 = seg * seg_len;
   if (c >= di || t0 >= T) return;
@@ -198,92 +237,108 @@ __global__ void __launch_bounds__(32 * CONV_SEGS)
   float *st = conv_state + (int64_t)slots[s] * slot_stride + c;
   const float *xp = xz + row0 * ldxz + c;
   /* buf[0 .. K-2]: the window (oldest first); buf[K-1 ..]: the group's inputs */
-  float4 buf[K - 1 + CONV_P], nx[CONV_P];
+  vec buf[K - 1 + P], nx[P];
   if (seg == 0) {
 #pragma unroll
-    for (int j = 0; j < K - 1; j++) buf[j] = ld4(st + (int64_t)j * di);
+    for (int j = 0; j < K - 1; j++) buf[j] = vec::ld(st + (int64_t)j * di);
   } else {
 #pragma unroll
-    for (int j = 0; j < K - 1; j++) buf[j] = ld4(xp - (int64_t)(K - 1 - j) * ldxz);
+    for (int j = 0; j < K - 1; j++) buf[j] = vec::ld(xp - (int64_t)(K - 1 - j) * ldxz);
   }
 #pragma unroll
-  for (int i = 0; i < CONV_P; i++)
-    nx[i] = t0 + i < t1 ? ld4(xp + (int64_t)i * ldxz) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int i = 0; i < P; i++) nx[i] = t0 + i < t1 ? vec::ld(xp + (int64_t)i * ldxz) : vec::zero();
   float *yo = xc + row0 * di + c;
   ActT *ya = xc_act ? xc_act + row0 * di + c : nullptr;
-  for (int t = t0; t < t1; t += CONV_P) {
+  for (int t = t0; t < t1; t += P) {
 #pragma unroll
-    for (int i = 0; i < CONV_P; i++) buf[K - 1 + i] = nx[i];
-    xp += CONV_P * ldxz;
+    for (int i = 0; i < P; i++) buf[K - 1 + i] = nx[i];
+    xp += P * ldxz;
 #pragma unroll
-    for (int i = 0; i < CONV_P; i++) /* the next group's inputs, before this group's work */
-      nx[i] = t + CONV_P + i < t1 ? ld4(xp + (int64_t)i * ldxz)
-                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int i = 0; i < P; i++) /* the next group's inputs, before this group's work */
+      nx[i] = t + P + i < t1 ? vec::ld(xp + (int64_t)i * ldxz) : vec::zero();
 #pragma unroll
-    for (int i = 0; i < CONV_P; i++) {
+    for (int i = 0; i < P; i++) {
       if (t + i >= t1) break;
-      float v[4];
+      vec o;
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
+      for (int e = 0; e < V; e++) {
         float win[K - 1];
 #pragma unroll
-        for (int j = 0; j < K - 1; j++) win[j] = f4at(buf[i + j], e);
-        v[e] = conv_silu_out<K>(wk[e], win, f4at(buf[i + K - 1], e), bias != nullptr, b[e]);
+        for (int j = 0; j < K - 1; j++) win[j] = buf[i + j].f[e];
+        o.f[e] = conv_silu_out<K>(wk[e], win, buf[i + K - 1].f[e], bias != nullptr, b[e]);
       }
-      *(float4 *)yo = make_float4(v[0], v[1], v[2], v[3]);
+      o.st(yo);
       yo += di;
       if (ya) {
-        alignas(4 * sizeof(ActT)) ActT h[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) st_act(h + e, v[e]);
-        if constexpr (sizeof(ActT) == 4)
-          *(float4 *)ya = *(const float4 *)h;
-        else
-          *(uint2 *)ya = *(const uint2 *)h;
+        st_actv<V>(ya, o.f);
         ya += di;
       }
     }
 #pragma unroll
-    for (int j = 0; j < K - 1; j++) buf[j] = buf[CONV_P + j];
+    for (int j = 0; j < K - 1; j++) buf[j] = buf[P + j];
   }
   if (seg != 0) return;
   /* The new state: the last K - 1 inputs, the old state's newest rows first
    * when T < K - 1 (row j + T is read before it is overwritten). */
   const float *xe = xz + ((int64_t)s * T + T) * ldxz + c; /* one past the last row */
 #pragma unroll
-  for (int j = 0; j < K - 1; j++)
-    *(float4 *)(st + (int64_t)j * di) = j + T < K - 1 ? ld4(st + (int64_t)(j + T) * di)
-                                                       : ld4(xe - (int64_t)(K - 1 - j) * ldxz);
+  for (int j = 0; j < K - 1; j++) {
+    const vec q = j + T < K - 1 ? vec::ld(st + (int64_t)(j + T) * di)
+                                : vec::ld(xe - (int64_t)(K - 1 - j) * ldxz);
+    q.st(st + (int64_t)j * di);
+  }
 }
 
-/* k_conv_seg4's shape: segments of 16 steps, 8 steps loaded ahead, or what
- * MBD_CONV_PREFILL asks for: "s<steps>" (8, 16, 32, 64), optionally followed
- * by "p4" (4 steps ahead), e.g. s32p4 (same bits, for the benches); "old"
- * keeps k_conv_silu (returns false). Read at each launch. */
-static bool conv_prefill_shape(int *seg_len, int *ahead) {
+/* k_conv_seg's shape: segments of 16 steps, 8 steps loaded ahead, 4
+ * channels a thread, or, at width 4 (the models'), what MBD_CONV_PREFILL
+ * asks for: "s<steps>" (8, 16, 32, 64), optionally followed by "p4" (4
+ * steps ahead) and / or "v2" (2 channels a thread), e.g. s32p4, s16v2
+ * (same bits, for the benches); "old" keeps k_conv_silu (returns false).
+ * Read at each launch. */
+struct conv_shape {
+  int seg_len, ahead, chans;
+};
+static bool conv_prefill_shape(int K, conv_shape *sh) {
   const char *e = getenv("MBD_CONV_PREFILL");
-  *seg_len = 16;
-  *ahead = 8;
+  *sh = {16, 8, 4};
   if (!e) return true;
   if (!strcmp(e, "old")) return false;
-  int sl = 0, p = 8;
-  if (sscanf(e, "s%dp%d", &sl, &p) >= 1 && (sl == 8 || sl == 16 || sl == 32 || sl == 64))
-    *seg_len = sl;
-  if (p == 4) *ahead = 4;
+  if (K != 4) return true;
+  int sl = 0;
+  if (sscanf(e, "s%d", &sl) == 1 && (sl == 8 || sl == 16 || sl == 32 || sl == 64))
+    sh->seg_len = sl;
+  if (strstr(e, "p4")) sh->ahead = 4;
+  if (strstr(e, "v2")) sh->chans = 2;
   return true;
 }
 
-template <int K, typename ActT>
-static int conv_seg4_launch(cudaStream_t s, int nseq, int T, int di, int seg_len, int ahead,
-                            const float *xz, int64_t ldxz, const float *w, const float *bias,
-                            float *conv_state, int64_t slot_stride, const int32_t *slots,
-                            float *xc, ActT *xc_act, mbd_error *err) {
+template <int K, int P, int V, typename ActT>
+static int conv_seg_launch(cudaStream_t s, int nseq, int T, int di, int seg_len, const float *xz,
+                           int64_t ldxz, const float *w, const float *bias, float *conv_state,
+                           int64_t slot_stride, const int32_t *slots, float *xc, ActT *xc_act,
+                           mbd_error *err) {
   const int nsegs = (T + seg_len - 1) / seg_len;
-  const dim3 grid((unsigned)((di / 4 + 31) / 32), (unsigned)((nsegs + CONV_SEGS - 1) / CONV_SEGS),
+  const dim3 grid((unsigned)((di / V + 31) / 32), (unsigned)((nsegs + CONV_SEGS - 1) / CONV_SEGS),
                   (unsigned)nseq);
-  return launch_pdl("conv_silu (seg4)",
-                    ahead == 8 ? k_conv_seg4<K, 8, ActT> : k_conv_seg4<K, 4, ActT>, grid, dim3(32, CONV_SEGS), 0, s, err, T, di, seg_len, xz, ldxz, w, bias,
-                    conv_state, slot_stride, slots, xc, xc_act, pdl_early());
+  return launch_pdl("conv_silu (seg)", k_conv_seg<K, P, V, ActT>, grid, dim3(32, CONV_SEGS), 0, s,
+                    err, T, di, seg_len, xz, ldxz, w, bias, conv_state, slot_stride, slots, xc,
+                    xc_act, pdl_early());
+}
+
+template <int K, typename ActT>
+static int conv_prefill_launch(cudaStream_t s, int nseq, int T, int di, const conv_shape &sh,
+                               const float *xz, int64_t ldxz, const float *w, const float *bias,
+                               float *conv_state, int64_t slot_stride, const int32_t *slots,
+                               float *xc, ActT *xc_act, mbd_error *err) {
+#define CONV_SEG_ARGS \
+  s, nseq, T, di, sh.seg_len, xz, ldxz, w, bias, conv_state, slot_stride, slots, xc, xc_act, err
+  if constexpr (K == 4) {
+    if (sh.ahead == 4 && sh.chans == 2) return conv_seg_launch<K, 4, 2, ActT>(CONV_SEG_ARGS);
+    if (sh.ahead == 4) return conv_seg_launch<K, 4, 4, ActT>(CONV_SEG_ARGS);
+    if (sh.chans == 2) return conv_seg_launch<K, 8, 2, ActT>(CONV_SEG_ARGS);
+  }
+  return conv_seg_launch<K, 8, 4, ActT>(CONV_SEG_ARGS);
+#undef CONV_SEG_ARGS
 }
 
 template <int K, typename ActT>
@@ -306,10 +361,10 @@ static int conv_launch(cudaStream_t s, int nseq, int T, int di, const float *xz,
     if (T == 1)
       return conv_step4_launch<K, ActT>(s, nseq, di, xz, ldxz, w, bias, conv_state, slot_stride,
                                         slots, xc, xc_act, err);
-    int seg_len, ahead;
-    if (conv_prefill_shape(&seg_len, &ahead))
-      return conv_seg4_launch<K, ActT>(s, nseq, T, di, seg_len, ahead, xz, ldxz, w, bias,
-                                       conv_state, slot_stride, slots, xc, xc_act, err);
+    conv_shape sh;
+    if (conv_prefill_shape(K, &sh))
+      return conv_prefill_launch<K, ActT>(s, nseq, T, di, sh, xz, ldxz, w, bias, conv_state,
+                                          slot_stride, slots, xc, xc_act, err);
   }
   return conv_silu_launch<K, ActT>(s, nseq, T, di, xz, ldxz, w, bias, conv_state, slot_stride,
                                    slots, xc, xc_act, err);
