@@ -19,11 +19,34 @@
 #define GN_BATCH 8
 #define GN_MAX_GROUPS 64
 
+/* rms_inv_lanes (the 16-bit routes' lane split: lane l's fmaf chain over
+ * c = l, l + 32, ... ascending, the xor butterfly, the three roundings) with
+ * the next eight of the lane's elements loaded while the current eight are
+ * chained, so the chain waits on shared memory once, not once per eight. */
+__device__ __forceinline__ float gn_rinv_lanes(const float *row, int d, float eps, int lane) {
+  float ss = 0.0f, cur[8], nxt[8];
+#pragma unroll
+  for (int j = 0; j < 8; j++) cur[j] = lane + 32 * j < d ? row[lane + 32 * j] : 0.0f;
+#pragma unroll 1
+  for (int c0 = lane; c0 < d; c0 += 256) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) nxt[j] = c0 + 256 + 32 * j < d ? row[c0 + 256 + 32 * j] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+      if (c0 + 32 * j < d) ss = __fmaf_rn(cur[j], cur[j], ss);
+#pragma unroll
+    for (int j = 0; j < 8; j++) cur[j] = nxt[j];
+  }
+  ss = lane_sum(ss);
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)d), eps)));
+}
+
 /* Each group's scale into r_sh from the gated values v[0, n) in shared
  * memory (16-byte aligned): f32 outputs run the CPU's ascending fmaf chain on
  * one thread per group (rms_inv when the group is whole quads), 16-bit
- * outputs give each group a warp and the RMSNorm's lane split. */
-template <typename OutT>
+ * outputs give each group a warp and the RMSNorm's lane split (rms_inv_lanes,
+ * or its pipelined twin gn_rinv_lanes when PIPE: the same bits). */
+template <typename OutT, bool PIPE>
 __device__ __forceinline__ void gn_group_scales(const float *v, int n, int group, float eps,
                                                 float *r_sh) {
   if constexpr (sizeof(OutT) == 4) {
@@ -39,7 +62,9 @@ __device__ __forceinline__ void gn_group_scales(const float *v, int n, int group
   } else {
     const int lane = threadIdx.x % 32;
     for (int g = threadIdx.x / 32; g < n / group; g += blockDim.x / 32) {
-      const float r = rms_inv_lanes(v + (int64_t)g * group, group, eps, lane);
+      const float *row = v + (int64_t)g * group;
+      const float r = PIPE ? gn_rinv_lanes(row, group, eps, lane)
+                           : rms_inv_lanes(row, group, eps, lane);
       if (lane == 0) r_sh[g] = r;
     }
   }
@@ -76,7 +101,7 @@ __global__ void __launch_bounds__(GN_THREADS) k_gated_rmsnorm(int n, int group, 
     }
   }
   __syncthreads();
-  gn_group_scales<OutT>(v, n, group, eps, r_sh);
+  gn_group_scales<OutT, false>(v, n, group, eps, r_sh);
   __syncthreads();
   for (int c0 = threadIdx.x; c0 < n; c0 += GN_BATCH * GN_THREADS) {
     float wv[GN_BATCH], zv[GN_BATCH];
@@ -103,7 +128,8 @@ __global__ void __launch_bounds__(GN_THREADS) k_gated_rmsnorm(int n, int group, 
  * blockDim.x, loaded 16 bytes at a time and all issued before any is used
  * (the row's y and z are in flight at once); the gated values go to shared
  * memory only for the square sums, which run as in k_gated_rmsnorm (the same
- * chains, so the same bits), and the output pass works from the registers.
+ * chains, so the same bits; 16-bit routes' chains pipelined, gn_rinv_lanes),
+ * and the output pass reads back its own quads.
  * Blocks of n / (4 QN) threads (QN = 4 up to d_inner 4096: gn_quads) let
  * several rows per SM be in flight, so the bytes in flight, not the one warp's
  * chain, set the pace. */
@@ -150,14 +176,15 @@ __global__ void __launch_bounds__(GN4_THREADS, QN <= 4 && sizeof(OutT) == 2 ? 4 
     if (q < nq) wv[k] = gn_ld4(w + 4 * q);
   }
   __syncthreads();
-  gn_group_scales<OutT>(v, n, group, eps, r_sh);
+  gn_group_scales<OutT, true>(v, n, group, eps, r_sh);
   __syncthreads();
   const float r1 = r_sh[0]; /* the only scale when the row is one group */
 #pragma unroll
   for (int k = 0; k < QN; k++) {
     const int q = threadIdx.x + k * blockDim.x;
     if (q >= nq) continue;
-    const float vq[4] = {a[k].x, a[k].y, a[k].z, a[k].w};
+    const float4 vk = smem4[q]; /* this thread's own quad: no registers held across the sums */
+    const float vq[4] = {vk.x, vk.y, vk.z, vk.w};
     const float wq[4] = {wv[k].x, wv[k].y, wv[k].z, wv[k].w};
     const float gq[4] = {g[k].x, g[k].y, g[k].z, g[k].w};
     alignas(4 * sizeof(OutT)) OutT h[4];
