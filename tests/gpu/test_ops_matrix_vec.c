@@ -1,7 +1,8 @@
 /* The vector kernels of two CUDA ops against the kernels they replace, by
- * memcmp: the conv + SiLU prefill (k_conv_seg, kernels/cuda/ops/conv_silu.cu)
- * against k_conv_silu, and the gated RMSNorm (k_gated_rmsnorm4,
- * kernels/cuda/ops/gated_rmsnorm.cu) against k_gated_rmsnorm. The old kernels
+ * memcmp: the conv + SiLU prefill (k_conv_seg and k_conv_tile,
+ * kernels/cuda/ops/conv_silu.cu) against k_conv_silu, and the gated RMSNorm
+ * (k_gated_rmsnorm4, kernels/cuda/ops/gated_rmsnorm.cu) against
+ * k_gated_rmsnorm. The old kernels
  * are what the environment variables MBD_CONV_PREFILL=old and
  * MBD_GATED_NORM=old select (read at each launch); test_ops_matrix.c ties
  * those to the CPU ops. Same inputs, every variant the variables offer
@@ -95,9 +96,9 @@ static void set_var(const char *var, const char *val) {
  * allocation's start as the Mamba-2 model's xBC columns), states in permuted
  * slots of stride sstride; every variant against MBD_CONV_PREFILL=old. */
 static void conv_case(int nseq, int T, int di, int K, mbd_dtype act, uint64_t *seed) {
-  static const char *const vars[] = {NULL,    "s8",    "s32",   "s64",
-                                     "s16p4", "s8p4",  "s16v2", "s32p4v2"};
-  enum { NV = 8, NSLOT = 11 };
+  static const char *const vars[] = {NULL,    "s8",      "s32", "s64", "s16p4",
+                                     "s8p4",  "s32p4v2", "t32", "t64", "s16v2"};
+  enum { NV = 10, NSLOT = 11 };
   const int64_t M = (int64_t)nseq * T, ldxz = di + 12, sstride = (int64_t)(K - 1) * di + 8;
   int32_t slots[16];
   for (int s = 0; s < nseq; s++) slots[s] = (int32_t)((s * 7 + 3) % NSLOT);

@@ -5,6 +5,7 @@
  * prefill. All three make each output's roundings in conv_silu_out. */
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/conv_silu.h"
+#include "kernels/cuda/ops/cp_async.cuh"
 
 #include <stdio.h>
 #include <string.h>
@@ -289,18 +290,113 @@ __global__ void __launch_bounds__(32 * CONV_SEGS)
   }
 }
 
+/* The prefill as tiles (at width 4, MBD_CONV_PREFILL=t32 or t64, for the
+ * benches): a block of CONV_SEGS warps stages TT steps of 128 channels of
+ * one sequence, and the K - 1 inputs before them (the slot's state for the
+ * first tile), into shared memory with cp.async, every copy in flight at
+ * once, then warp y computes steps y TT / 4 .. of the tile from there, the
+ * window in registers; the same outputs as k_conv_seg. The first tile's
+ * block writes the new state after the barrier that ends the staging, so
+ * its reads of the old state are done. */
+template <int K, int TT, typename ActT>
+__global__ void __launch_bounds__(32 * CONV_SEGS)
+    k_conv_tile(int T, int di, const float *__restrict__ xz, int64_t ldxz,
+                const float *__restrict__ w, const float *__restrict__ bias,
+                float *__restrict__ conv_state, int64_t slot_stride,
+                const int32_t *__restrict__ slots, float *__restrict__ xc,
+                ActT *__restrict__ xc_act, bool early) {
+  using vec = convv<4>;
+  constexpr int ROWS = TT + K - 1, SUB = TT / CONV_SEGS;
+  __shared__ float4 tile[ROWS][32]; /* row r: step t0 - (K - 1) + r */
+  const int qx = threadIdx.x, wy = threadIdx.y, s = blockIdx.z, t0 = blockIdx.y * TT;
+  const int c = 4 * (blockIdx.x * 32 + qx), cw = c < di ? c : di - 4;
+  float wk[4][K], b[4];
+#pragma unroll
+  for (int j = 0; j < K; j++) { /* weights: before the wait */
+    const vec q = vec::ld(w + (int64_t)j * di + cw);
+#pragma unroll
+    for (int e = 0; e < 4; e++) wk[e][j] = q.f[e];
+  }
+  const vec bq = bias ? vec::ld(bias + cw) : vec::zero();
+#pragma unroll
+  for (int e = 0; e < 4; e++) b[e] = bq.f[e];
+  pdl_enter(early);
+  const int t1 = min(T, t0 + TT);
+  const bool live = c < di;
+  const int64_t base = (int64_t)s * T;
+  float *st = conv_state + (int64_t)slots[s] * slot_stride + c;
+  if (live)
+    for (int r = wy; r < ROWS; r += CONV_SEGS) {
+      const int t = t0 - (K - 1) + r;
+      if (t >= t1) break;
+      cp_async16(&tile[r][qx], t < 0 ? st + (int64_t)(t + K - 1) * di : xz + (base + t) * ldxz + c);
+    }
+  cp_async_wait_all();
+  __syncthreads();
+  if (!live) return;
+  const int ts = t0 + wy * SUB;
+  float4 win[K - 1];
+#pragma unroll
+  for (int j = 0; j < K - 1; j++) win[j] = tile[ts - t0 + j][qx];
+  float *yo = xc + (base + ts) * di + c;
+  ActT *ya = xc_act ? xc_act + (base + ts) * di + c : nullptr;
+#pragma unroll 4
+  for (int i = 0; i < SUB; i++) {
+    if (ts + i >= t1) break;
+    const float4 x4 = tile[ts - t0 + i + K - 1][qx];
+    vec o;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float wn[K - 1];
+#pragma unroll
+      for (int j = 0; j < K - 1; j++) wn[j] = ((const float *)&win[j])[e];
+      o.f[e] = conv_silu_out<K>(wk[e], wn, ((const float *)&x4)[e], bias != nullptr, b[e]);
+    }
+    o.st(yo);
+    yo += di;
+    if (ya) {
+      st_actv<4>(ya, o.f);
+      ya += di;
+    }
+#pragma unroll
+    for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
+    win[K - 2] = x4;
+  }
+  if (blockIdx.y != 0 || wy != 0) return;
+  /* the new state, as k_conv_seg writes it */
+  const float *xe = xz + (base + T) * ldxz + c;
+#pragma unroll
+  for (int j = 0; j < K - 1; j++) {
+    const vec q = j + T < K - 1 ? vec::ld(st + (int64_t)(j + T) * di)
+                                : vec::ld(xe - (int64_t)(K - 1 - j) * ldxz);
+    q.st(st + (int64_t)j * di);
+  }
+}
+
+template <int K, int TT, typename ActT>
+static int conv_tile_launch(cudaStream_t s, int nseq, int T, int di, const float *xz,
+                            int64_t ldxz, const float *w, const float *bias, float *conv_state,
+                            int64_t slot_stride, const int32_t *slots, float *xc, ActT *xc_act,
+                            mbd_error *err) {
+  const dim3 grid((unsigned)((di / 4 + 31) / 32), (unsigned)((T + TT - 1) / TT), (unsigned)nseq);
+  return launch_pdl("conv_silu (tile)", k_conv_tile<K, TT, ActT>, grid, dim3(32, CONV_SEGS), 0,
+                    s, err, T, di, xz, ldxz, w, bias, conv_state, slot_stride, slots, xc, xc_act,
+                    pdl_early());
+}
+
 /* k_conv_seg's shape: segments of 16 steps, 8 steps loaded ahead, 4
  * channels a thread, or, at width 4 (the models'), what MBD_CONV_PREFILL
  * asks for: "s<steps>" (8, 16, 32, 64), optionally followed by "p4" (4
- * steps ahead) and / or "v2" (2 channels a thread), e.g. s32p4, s16v2
- * (same bits, for the benches); "old" keeps k_conv_silu (returns false).
+ * steps ahead) and / or "v2" (2 channels a thread), e.g. s32p4, s16v2, or
+ * "t32" / "t64" for k_conv_tile (same bits, for the benches); "old" keeps
+ * k_conv_silu (returns false).
  * Read at each launch. */
 struct conv_shape {
-  int seg_len, ahead, chans;
+  int seg_len, ahead, chans, tile; /* tile: k_conv_tile's steps a block, or 0 */
 };
 static bool conv_prefill_shape(int K, conv_shape *sh) {
   const char *e = getenv("MBD_CONV_PREFILL");
-  *sh = {16, 8, 4};
+  *sh = {16, 8, 4, 0};
   if (!e) return true;
   if (!strcmp(e, "old")) return false;
   if (K != 4) return true;
@@ -309,6 +405,8 @@ static bool conv_prefill_shape(int K, conv_shape *sh) {
     sh->seg_len = sl;
   if (strstr(e, "p4")) sh->ahead = 4;
   if (strstr(e, "v2")) sh->chans = 2;
+  if (!strcmp(e, "t32")) sh->tile = 32;
+  if (!strcmp(e, "t64")) sh->tile = 64;
   return true;
 }
 
@@ -333,6 +431,12 @@ static int conv_prefill_launch(cudaStream_t s, int nseq, int T, int di, const co
 #define CONV_SEG_ARGS \
   s, nseq, T, di, sh.seg_len, xz, ldxz, w, bias, conv_state, slot_stride, slots, xc, xc_act, err
   if constexpr (K == 4) {
+    if (sh.tile == 32)
+      return conv_tile_launch<K, 32, ActT>(s, nseq, T, di, xz, ldxz, w, bias, conv_state,
+                                           slot_stride, slots, xc, xc_act, err);
+    if (sh.tile == 64)
+      return conv_tile_launch<K, 64, ActT>(s, nseq, T, di, xz, ldxz, w, bias, conv_state,
+                                           slot_stride, slots, xc, xc_act, err);
     if (sh.ahead == 4 && sh.chans == 2) return conv_seg_launch<K, 4, 2, ActT>(CONV_SEG_ARGS);
     if (sh.ahead == 4) return conv_seg_launch<K, 4, 4, ActT>(CONV_SEG_ARGS);
     if (sh.chans == 2) return conv_seg_launch<K, 8, 2, ActT>(CONV_SEG_ARGS);
