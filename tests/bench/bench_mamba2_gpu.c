@@ -26,13 +26,12 @@
  *           in place of ssd_prefill.cu's, =r4 / r8 / r2, ssd_prefill.cu with
  *           four, eight or two channels a lane, and =cb16 / cb64, its
  *           blocks of 16 or 64 channels; then conv_silu with
- *           MBD_CONV_PREFILL=old / s8 / s32 / s16p4 / s16v2 / s32v2 / t32 /
- *           t64 (the older prefill kernel; k_conv_seg's segments of 8 or 32
- *           steps instead of 16, 4 steps loaded ahead instead of 8, 2
- *           channels a thread instead of 4; k_conv_tile's tiles of 32 or 64
- *           steps) and
- *           gated_norm with MBD_GATED_NORM=old / q2 / q8 (the older kernel,
- *           or k_gated_rmsnorm4's 2 or 8 quads a thread instead of 4); all
+ *           MBD_CONV_PREFILL=old / t32x / t64 / s16 / s16v2 / s8 (the older
+ *           prefill kernel; k_conv_tile with per-value SiLUs, or tiles of 64
+ *           steps; k_conv_seg with segments of 16 steps, 4 or 2 channels a
+ *           thread, or 8 steps) and gated_norm with MBD_GATED_NORM=old /
+ *           q4x / q8 (the older kernel; k_gated_rmsnorm4 with per-value
+ *           SiLUs, or 8 quads a thread); all
  *           outside the sums); then the HBM floor of conv_silu and
  *           gated_norm over 2048 rows (their bytes at 4 TB/s).
  * Each call of the backend ends in a stream synchronize, so each run is timed
@@ -156,7 +155,7 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
 
 /* ---- one layer op by op ---- */
 
-enum { NOPS = 27, NOC = 6, OP_REPS = 10 };
+enum { NOPS = 25, NOC = 6, OP_REPS = 10 };
 static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_silu",
                                              "ssd_scan",    "gated_norm", "out_proj",
                                              "lm_head",     "scan_conv (decode <= 16)",
@@ -169,23 +168,20 @@ static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_si
                                              "ssd_scan MBD_SSD_PREFILL=r8",
                                              "ssd_scan MBD_SSD_PREFILL=r2",
                                              "conv_silu MBD_CONV_PREFILL=old",
-                                             "conv_silu MBD_CONV_PREFILL=s8",
-                                             "conv_silu MBD_CONV_PREFILL=s32",
-                                             "conv_silu MBD_CONV_PREFILL=s16p4",
-                                             "conv_silu MBD_CONV_PREFILL=s16v2",
-                                             "conv_silu MBD_CONV_PREFILL=s32v2",
-                                             "conv_silu MBD_CONV_PREFILL=t32",
+                                             "conv_silu MBD_CONV_PREFILL=t32x",
                                              "conv_silu MBD_CONV_PREFILL=t64",
+                                             "conv_silu MBD_CONV_PREFILL=s16",
+                                             "conv_silu MBD_CONV_PREFILL=s16v2",
+                                             "conv_silu MBD_CONV_PREFILL=s8",
                                              "gated_norm MBD_GATED_NORM=old",
-                                             "gated_norm MBD_GATED_NORM=q2",
+                                             "gated_norm MBD_GATED_NORM=q4x",
                                              "gated_norm MBD_GATED_NORM=q8"};
 
-/* Ops 16-26: conv_silu and gated_norm under these values of their variables. */
-static const char *const k_var_op[11][2] = {
-    {"MBD_CONV_PREFILL", "old"},   {"MBD_CONV_PREFILL", "s8"},    {"MBD_CONV_PREFILL", "s32"},
-    {"MBD_CONV_PREFILL", "s16p4"}, {"MBD_CONV_PREFILL", "s16v2"}, {"MBD_CONV_PREFILL", "s32v2"},
-    {"MBD_CONV_PREFILL", "t32"},   {"MBD_CONV_PREFILL", "t64"},   {"MBD_GATED_NORM", "old"},
-    {"MBD_GATED_NORM", "q2"},      {"MBD_GATED_NORM", "q8"}};
+/* Ops 16-24: conv_silu and gated_norm under these values of their variables. */
+static const char *const k_var_op[9][2] = {
+    {"MBD_CONV_PREFILL", "old"}, {"MBD_CONV_PREFILL", "t32x"},  {"MBD_CONV_PREFILL", "t64"},
+    {"MBD_CONV_PREFILL", "s16"}, {"MBD_CONV_PREFILL", "s16v2"}, {"MBD_CONV_PREFILL", "s8"},
+    {"MBD_GATED_NORM", "old"},   {"MBD_GATED_NORM", "q4x"},     {"MBD_GATED_NORM", "q8"}};
 
 /* One layer's buffers on a context of its own (zeros: the timing does not
  * depend on the values), for up to T_PRE rows and MAXB slots. */
@@ -253,12 +249,10 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
   case 21:
   case 22:
   case 23:
-  case 24:
-  case 25:
-  case 26: { /* ops 2 and 4 on the kernels these variables select (same bits) */
+  case 24: { /* ops 2 and 4 on the kernels these variables select (same bits) */
     const char *var = k_var_op[op - 16][0];
     setenv(var, k_var_op[op - 16][1], 1);
-    const int rc = run_op(o, op < 24 ? 2 : 4, nseq, T, err);
+    const int rc = run_op(o, op < 22 ? 2 : 4, nseq, T, err);
     unsetenv(var);
     return rc;
   }

@@ -9,10 +9,12 @@
  * (segment lengths, quads a thread), row counts on both sides of the
  * kernels' segments, blocks and the model's chunks (1, 255, 256, 2048, 2049,
  * 16384), channel counts that leave a warp or a block partly idle, all three
- * output dtypes; the conv also compares the state it leaves.
+ * output dtypes, inputs that take the grouped SiLU's slow path (silu_group.cuh);
+ * the conv also compares the state it leaves.
  *
  * Skips (exit 77) with a printed reason when no CUDA device is present. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -81,6 +83,18 @@ static void same_bytes(const char *what, const void *got, const void *want, size
     }
 }
 
+/* Every stride-th of the n values (from a start that varies with n) set to
+ * one of the inputs where the kernels' grouped SiLU leaves its fast
+ * sequence (e^-x near or past overflow, huge or tiny |x|, signed zeros,
+ * infinities, NaN), so that both of its paths meet the old kernels'. */
+static void sprinkle(float *v, size_t n, size_t stride) {
+  static const float special[] = {-1000.0f, -100.0f, -88.5f, -50.0f, -44.0f, 1000.0f,
+                                  1e25f,    -1e25f,  1e-30f, -1e-30f, 0.0f,   -0.0f,
+                                  INFINITY, -INFINITY, NAN};
+  const size_t ns = sizeof special / sizeof special[0];
+  for (size_t i = n % stride, j = 0; i < n; i += stride, j++) v[i] = special[j % ns];
+}
+
 /* Sets (val != NULL) or unsets the variable. */
 static void set_var(const char *var, const char *val) {
   if (val)
@@ -96,13 +110,14 @@ static void set_var(const char *var, const char *val) {
  * allocation's start as the Mamba-2 model's xBC columns), states in permuted
  * slots of stride sstride; every variant against MBD_CONV_PREFILL=old. */
 static void conv_case(int nseq, int T, int di, int K, mbd_dtype act, uint64_t *seed) {
-  static const char *const vars[] = {NULL,    "s8",      "s32", "s64", "s16p4",
-                                     "s8p4",  "s32p4v2", "t32", "t64", "s16v2"};
-  enum { NV = 10, NSLOT = 11 };
+  static const char *const vars[] = {NULL, "t32x", "t64",   "s8",   "s16",
+                                     "s32", "s64",  "s16v2", "s32v2"};
+  enum { NV = 9, NSLOT = 11 };
   const int64_t M = (int64_t)nseq * T, ldxz = di + 12, sstride = (int64_t)(K - 1) * di + 8;
   int32_t slots[16];
   for (int s = 0; s < nseq; s++) slots[s] = (int32_t)((s * 7 + 3) % NSLOT);
   float *xz = fillf((size_t)(M * ldxz + 4), seed, -2.0f, 2.0f);
+  sprinkle(xz, (size_t)(M * ldxz + 4), 1009); /* sums past SiLU's fast range, NaN */
   float *w = fillf((size_t)K * di, seed, -0.6f, 0.6f), *b = fillf((size_t)di, seed, -0.3f, 0.3f);
   float *st = fillf((size_t)NSLOT * sstride, seed, -1.0f, 1.0f);
   float *dxz = dput(xz, (size_t)(M * ldxz + 4) * 4), *dw = dput(w, (size_t)K * di * 4);
@@ -180,10 +195,11 @@ static void test_conv_prefill_vec(void **state) {
 /* M rows of n channels in groups of `group`, gate rows ldz floats apart;
  * every variant against MBD_GATED_NORM=old, both gate orders. */
 static void gnorm_case(int64_t M, int n, int group, mbd_dtype act, uint64_t *seed) {
-  static const char *const vars[] = {NULL, "q2", "q8"};
-  enum { NV = 3 };
+  static const char *const vars[] = {NULL, "q2", "q8", "q4x"};
+  enum { NV = 4 };
   const int64_t ldz = n + 8;
   float *y = fillf((size_t)(M * n), seed, -2.0f, 2.0f), *z = fillf((size_t)(M * ldz), seed, -3, 3);
+  sprinkle(z, (size_t)(M * ldz), 4099); /* gates past SiLU's fast range, NaN */
   float *w = fillf((size_t)n, seed, 0.5f, 1.5f);
   float *dy = dput(y, (size_t)(M * n) * 4), *dz = dput(z, (size_t)(M * ldz) * 4);
   float *dw = dput(w, (size_t)n * 4);

@@ -6,6 +6,7 @@
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/conv_silu.h"
 #include "kernels/cuda/ops/cp_async.cuh"
+#include "kernels/cuda/ops/silu_group.cuh"
 
 #include <stdio.h>
 #include <string.h>
@@ -166,6 +167,36 @@ static bool conv_step_vec(int di, const float *xz, int64_t ldxz, const float *w,
  * writes the new state last. */
 #define CONV_SEGS 4 /* warps per block, one segment each */
 
+/* V outputs of one step, conv_silu_out's roundings: each channel's sum (the
+ * window taps in ascending order, the new input, then the bias; spelled as
+ * in conv_silu_out), then the SiLU: mbd_pm_silu's, per value (FD false) or
+ * as a group (silu_group, the same bits with the V chains overlapped). */
+template <int K, int V, bool FD>
+__device__ __forceinline__ void conv_outs(const float (&wk)[V][K], const float (&win)[K - 1][V],
+                                          const float (&xv)[V], bool has_bias,
+                                          const float (&b)[V], float (&o)[V]) {
+  if constexpr (!FD) {
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+      float w1[K - 1];
+#pragma unroll
+      for (int j = 0; j < K - 1; j++) w1[j] = win[j][e];
+      o[e] = conv_silu_out<K>(wk[e], w1, xv[e], has_bias, b[e]);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < K - 1; j++) acc = __fmaf_rn(wk[e][j], win[j][e], acc);
+      acc = __fmaf_rn(wk[e][K - 1], xv[e], acc);
+      if (has_bias) acc = __fadd_rn(acc, b[e]);
+      o[e] = acc;
+    }
+    silu_group<V>(o);
+  }
+}
+
 /* V consecutive floats (V = 2 or 4) moved as one 8- or 16-byte access. */
 template <int V>
 struct convv {
@@ -209,7 +240,7 @@ __device__ __forceinline__ void st_actv(ActT *p, const float (&v)[V]) {
     *(uint32_t *)p = *(const uint32_t *)h;
 }
 
-template <int K, int P, int V, typename ActT>
+template <int K, int P, int V, bool FD, typename ActT>
 __global__ void __launch_bounds__(32 * CONV_SEGS)
     k_conv_seg(int T, int di, int seg_len, const float *__restrict__ xz, int64_t ldxz,
                const float *__restrict__ w, const float *__restrict__ bias,
@@ -261,13 +292,12 @@ __global__ void __launch_bounds__(32 * CONV_SEGS)
     for (int i = 0; i < P; i++) {
       if (t + i >= t1) break;
       vec o;
+      float win[K - 1][V];
 #pragma unroll
-      for (int e = 0; e < V; e++) {
-        float win[K - 1];
+      for (int j = 0; j < K - 1; j++)
 #pragma unroll
-        for (int j = 0; j < K - 1; j++) win[j] = buf[i + j].f[e];
-        o.f[e] = conv_silu_out<K>(wk[e], win, buf[i + K - 1].f[e], bias != nullptr, b[e]);
-      }
+        for (int e = 0; e < V; e++) win[j][e] = buf[i + j].f[e];
+      conv_outs<K, V, FD>(wk, win, buf[i + K - 1].f, bias != nullptr, b, o.f);
       o.st(yo);
       yo += di;
       if (ya) {
@@ -298,7 +328,7 @@ __global__ void __launch_bounds__(32 * CONV_SEGS)
  * window in registers; the same outputs as k_conv_seg. The first tile's
  * block writes the new state after the barrier that ends the staging, so
  * its reads of the old state are done. */
-template <int K, int TT, typename ActT>
+template <int K, int TT, bool FD, typename ActT>
 __global__ void __launch_bounds__(32 * CONV_SEGS)
     k_conv_tile(int T, int di, const float *__restrict__ xz, int64_t ldxz,
                 const float *__restrict__ w, const float *__restrict__ bias,
@@ -344,14 +374,13 @@ __global__ void __launch_bounds__(32 * CONV_SEGS)
   for (int i = 0; i < SUB; i++) {
     if (ts + i >= t1) break;
     const float4 x4 = tile[ts - t0 + i + K - 1][qx];
+    const float xv[4] = {x4.x, x4.y, x4.z, x4.w};
+    float wn[K - 1][4];
+#pragma unroll
+    for (int j = 0; j < K - 1; j++)
+      wn[j][0] = win[j].x, wn[j][1] = win[j].y, wn[j][2] = win[j].z, wn[j][3] = win[j].w;
     vec o;
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      float wn[K - 1];
-#pragma unroll
-      for (int j = 0; j < K - 1; j++) wn[j] = ((const float *)&win[j])[e];
-      o.f[e] = conv_silu_out<K>(wk[e], wn, ((const float *)&x4)[e], bias != nullptr, b[e]);
-    }
+    conv_outs<K, 4, FD>(wk, wn, xv, bias != nullptr, b, o.f);
     o.st(yo);
     yo += di;
     if (ya) {
@@ -373,44 +402,18 @@ __global__ void __launch_bounds__(32 * CONV_SEGS)
   }
 }
 
-template <int K, int TT, typename ActT>
+template <int K, int TT, bool FD, typename ActT>
 static int conv_tile_launch(cudaStream_t s, int nseq, int T, int di, const float *xz,
                             int64_t ldxz, const float *w, const float *bias, float *conv_state,
                             int64_t slot_stride, const int32_t *slots, float *xc, ActT *xc_act,
                             mbd_error *err) {
   const dim3 grid((unsigned)((di / 4 + 31) / 32), (unsigned)((T + TT - 1) / TT), (unsigned)nseq);
-  return launch_pdl("conv_silu (tile)", k_conv_tile<K, TT, ActT>, grid, dim3(32, CONV_SEGS), 0,
-                    s, err, T, di, xz, ldxz, w, bias, conv_state, slot_stride, slots, xc, xc_act,
-                    pdl_early());
+  return launch_pdl("conv_silu (tile)", k_conv_tile<K, TT, FD, ActT>, grid, dim3(32, CONV_SEGS),
+                    0, s, err, T, di, xz, ldxz, w, bias, conv_state, slot_stride, slots, xc,
+                    xc_act, pdl_early());
 }
 
-/* k_conv_seg's shape: segments of 16 steps, 8 steps loaded ahead, 4
- * channels a thread, or, at width 4 (the models'), what MBD_CONV_PREFILL
- * asks for: "s<steps>" (8, 16, 32, 64), optionally followed by "p4" (4
- * steps ahead) and / or "v2" (2 channels a thread), e.g. s32p4, s16v2, or
- * "t32" / "t64" for k_conv_tile (same bits, for the benches); "old" keeps
- * k_conv_silu (returns false).
- * Read at each launch. */
-struct conv_shape {
-  int seg_len, ahead, chans, tile; /* tile: k_conv_tile's steps a block, or 0 */
-};
-static bool conv_prefill_shape(int K, conv_shape *sh) {
-  const char *e = getenv("MBD_CONV_PREFILL");
-  *sh = {16, 8, 4, 0};
-  if (!e) return true;
-  if (!strcmp(e, "old")) return false;
-  if (K != 4) return true;
-  int sl = 0;
-  if (sscanf(e, "s%d", &sl) == 1 && (sl == 8 || sl == 16 || sl == 32 || sl == 64))
-    sh->seg_len = sl;
-  if (strstr(e, "p4")) sh->ahead = 4;
-  if (strstr(e, "v2")) sh->chans = 2;
-  if (!strcmp(e, "t32")) sh->tile = 32;
-  if (!strcmp(e, "t64")) sh->tile = 64;
-  return true;
-}
-
-template <int K, int P, int V, typename ActT>
+template <int K, int V, typename ActT>
 static int conv_seg_launch(cudaStream_t s, int nseq, int T, int di, int seg_len, const float *xz,
                            int64_t ldxz, const float *w, const float *bias, float *conv_state,
                            int64_t slot_stride, const int32_t *slots, float *xc, ActT *xc_act,
@@ -418,31 +421,39 @@ static int conv_seg_launch(cudaStream_t s, int nseq, int T, int di, int seg_len,
   const int nsegs = (T + seg_len - 1) / seg_len;
   const dim3 grid((unsigned)((di / V + 31) / 32), (unsigned)((nsegs + CONV_SEGS - 1) / CONV_SEGS),
                   (unsigned)nseq);
-  return launch_pdl("conv_silu (seg)", k_conv_seg<K, P, V, ActT>, grid, dim3(32, CONV_SEGS), 0, s,
-                    err, T, di, seg_len, xz, ldxz, w, bias, conv_state, slot_stride, slots, xc,
-                    xc_act, pdl_early());
+  return launch_pdl("conv_silu (seg)", k_conv_seg<K, 8, V, true, ActT>, grid,
+                    dim3(32, CONV_SEGS), 0, s, err, T, di, seg_len, xz, ldxz, w, bias,
+                    conv_state, slot_stride, slots, xc, xc_act, pdl_early());
 }
 
+/* The prefill kernel: k_conv_tile with tiles of 32 steps and grouped SiLUs,
+ * or, at width 4 (the models'), what MBD_CONV_PREFILL asks for (same bits,
+ * for the benches): "t64" (tiles of 64 steps), "t32x" (per-value SiLUs,
+ * __fdiv_rn as written), "s<steps>" (k_conv_seg with segments of 8, 16, 32
+ * or 64 steps, 4 channels a thread) or "s<steps>v2" (2 channels a thread);
+ * "old" keeps k_conv_silu (returns 0). Read at each launch. */
 template <int K, typename ActT>
-static int conv_prefill_launch(cudaStream_t s, int nseq, int T, int di, const conv_shape &sh,
-                               const float *xz, int64_t ldxz, const float *w, const float *bias,
+static int conv_prefill_launch(cudaStream_t s, int nseq, int T, int di, const float *xz,
+                               int64_t ldxz, const float *w, const float *bias,
                                float *conv_state, int64_t slot_stride, const int32_t *slots,
-                               float *xc, ActT *xc_act, mbd_error *err) {
-#define CONV_SEG_ARGS \
-  s, nseq, T, di, sh.seg_len, xz, ldxz, w, bias, conv_state, slot_stride, slots, xc, xc_act, err
+                               float *xc, ActT *xc_act, bool *taken, mbd_error *err) {
+  const char *e = getenv("MBD_CONV_PREFILL");
+  *taken = !(e && !strcmp(e, "old"));
+  if (!*taken) return 0;
+#define CONV_ARGS xz, ldxz, w, bias, conv_state, slot_stride, slots, xc, xc_act, err
   if constexpr (K == 4) {
-    if (sh.tile == 32)
-      return conv_tile_launch<K, 32, ActT>(s, nseq, T, di, xz, ldxz, w, bias, conv_state,
-                                           slot_stride, slots, xc, xc_act, err);
-    if (sh.tile == 64)
-      return conv_tile_launch<K, 64, ActT>(s, nseq, T, di, xz, ldxz, w, bias, conv_state,
-                                           slot_stride, slots, xc, xc_act, err);
-    if (sh.ahead == 4 && sh.chans == 2) return conv_seg_launch<K, 4, 2, ActT>(CONV_SEG_ARGS);
-    if (sh.ahead == 4) return conv_seg_launch<K, 4, 4, ActT>(CONV_SEG_ARGS);
-    if (sh.chans == 2) return conv_seg_launch<K, 8, 2, ActT>(CONV_SEG_ARGS);
+    int sl = 0;
+    if (e && !strcmp(e, "t64"))
+      return conv_tile_launch<K, 64, true, ActT>(s, nseq, T, di, CONV_ARGS);
+    if (e && !strcmp(e, "t32x"))
+      return conv_tile_launch<K, 32, false, ActT>(s, nseq, T, di, CONV_ARGS);
+    if (e && sscanf(e, "s%d", &sl) == 1 && (sl == 8 || sl == 16 || sl == 32 || sl == 64)) {
+      if (strstr(e, "v2")) return conv_seg_launch<K, 2, ActT>(s, nseq, T, di, sl, CONV_ARGS);
+      return conv_seg_launch<K, 4, ActT>(s, nseq, T, di, sl, CONV_ARGS);
+    }
   }
-  return conv_seg_launch<K, 8, 4, ActT>(CONV_SEG_ARGS);
-#undef CONV_SEG_ARGS
+  return conv_tile_launch<K, 32, true, ActT>(s, nseq, T, di, CONV_ARGS);
+#undef CONV_ARGS
 }
 
 template <int K, typename ActT>
@@ -465,10 +476,10 @@ static int conv_launch(cudaStream_t s, int nseq, int T, int di, const float *xz,
     if (T == 1)
       return conv_step4_launch<K, ActT>(s, nseq, di, xz, ldxz, w, bias, conv_state, slot_stride,
                                         slots, xc, xc_act, err);
-    conv_shape sh;
-    if (conv_prefill_shape(K, &sh))
-      return conv_prefill_launch<K, ActT>(s, nseq, T, di, sh, xz, ldxz, w, bias, conv_state,
-                                          slot_stride, slots, xc, xc_act, err);
+    bool taken;
+    const int rc = conv_prefill_launch<K, ActT>(s, nseq, T, di, xz, ldxz, w, bias, conv_state,
+                                                slot_stride, slots, xc, xc_act, &taken, err);
+    if (taken) return rc;
   }
   return conv_silu_launch<K, ActT>(s, nseq, T, di, xz, ldxz, w, bias, conv_state, slot_stride,
                                    slots, xc, xc_act, err);

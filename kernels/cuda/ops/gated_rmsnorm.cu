@@ -9,6 +9,7 @@
  * same with the row in registers (MBD_GATED_NORM=old keeps k_gated_rmsnorm). */
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/gated_rmsnorm.h"
+#include "kernels/cuda/ops/silu_group.cuh"
 
 #include <string.h>
 
@@ -132,12 +133,13 @@ __global__ void __launch_bounds__(GN_THREADS) k_gated_rmsnorm(int n, int group, 
  * and the output pass reads back its own quads.
  * Blocks of n / (4 QN) threads (QN = 4 up to d_inner 4096: gn_quads) let
  * several rows per SM be in flight, so the bytes in flight, not the one warp's
- * chain, set the pace. */
+ * chain, set the pace; the SiLUs of a quad run as a group (silu_group, FD),
+ * so their chains overlap. */
 #define GN4_THREADS 256 /* at most */
 
 __device__ __forceinline__ float4 gn_ld4(const float *p) { return *(const float4 *)p; }
 
-template <typename OutT, int QN>
+template <typename OutT, int QN, bool FD>
 __global__ void __launch_bounds__(GN4_THREADS, QN <= 4 && sizeof(OutT) == 2 ? 4 : 1)
     k_gated_rmsnorm4(int n, int group, const float *__restrict__ y, const float *__restrict__ z,
                      int64_t ldz, const float *__restrict__ w, float eps, int norm_before_gate,
@@ -161,8 +163,14 @@ __global__ void __launch_bounds__(GN4_THREADS, QN <= 4 && sizeof(OutT) == 2 ? 4 
   for (int k = 0; k < QN; k++) {
     const int q = threadIdx.x + k * blockDim.x;
     if (q >= nq) continue;
-    g[k] = make_float4(mbd_pm_silu(g[k].x), mbd_pm_silu(g[k].y), mbd_pm_silu(g[k].z),
-                       mbd_pm_silu(g[k].w));
+    if constexpr (FD) {
+      float sz[4] = {g[k].x, g[k].y, g[k].z, g[k].w};
+      silu_group<4>(sz);
+      g[k] = make_float4(sz[0], sz[1], sz[2], sz[3]);
+    } else {
+      g[k] = make_float4(mbd_pm_silu(g[k].x), mbd_pm_silu(g[k].y), mbd_pm_silu(g[k].z),
+                         mbd_pm_silu(g[k].w));
+    }
     if (!norm_before_gate)
       a[k] = make_float4(__fmul_rn(a[k].x, g[k].x), __fmul_rn(a[k].y, g[k].y),
                          __fmul_rn(a[k].z, g[k].z), __fmul_rn(a[k].w, g[k].w));
@@ -213,15 +221,18 @@ static bool gn_vec(int n, const float *y, const float *z, int64_t ldz, const flo
 
 /* The quads a thread of k_gated_rmsnorm4 holds: 4 up to d_inner 4096, 8
  * above, or what MBD_GATED_NORM asks for (q2, q4, q8; 8 where the row
- * needs it); 0 for "old", which keeps k_gated_rmsnorm (same bits; the
- * benches compare them). Read at each launch. */
-static int gn_quads(int n) {
+ * needs it); 0 for "old", which keeps k_gated_rmsnorm. An "x" in the value
+ * (q4x) keeps per-value SiLUs (mbd_pm_silu as written) instead of
+ * silu_group's. Same bits either way; the benches compare them. Read at
+ * each launch. */
+static int gn_quads(int n, bool *fd) {
   const char *e = getenv("MBD_GATED_NORM");
   const int need = n / 4 <= GN4_THREADS * 2 ? 2 : n / 4 <= GN4_THREADS * 4 ? 4 : 8;
   int q = 4;
+  *fd = !(e && strchr(e, 'x'));
   if (e && !strcmp(e, "old")) return 0;
-  if (e && !strcmp(e, "q2")) q = 2;
-  if (e && !strcmp(e, "q8")) q = 8;
+  if (e && !strncmp(e, "q2", 2)) q = 2;
+  if (e && !strncmp(e, "q8", 2)) q = 8;
   return q > need ? q : need;
 }
 
@@ -231,13 +242,15 @@ static int gated_rmsnorm_launch(cudaStream_t s, int64_t M, int n, int group, con
                                 int norm_before_gate, T *out, mbd_error *err) {
   const size_t sh = ((size_t)n + 3) / 4 * 16;
   int rc;
-  const int qn = gn_quads(n);
+  bool fd;
+  const int qn = gn_quads(n, &fd);
   if (qn && gn_vec(n, y, z, ldz, w, out, sizeof(T))) {
     const int th = ((n / 4 + qn - 1) / qn + 31) / 32 * 32;
     void (*k)(int, int, const float *, const float *, int64_t, const float *, float, int, T *,
-              bool) = qn == 2   ? k_gated_rmsnorm4<T, 2>
-                      : qn == 4 ? k_gated_rmsnorm4<T, 4>
-                                : k_gated_rmsnorm4<T, 8>;
+              bool) = qn == 2   ? k_gated_rmsnorm4<T, 2, true>
+                      : qn == 8 ? k_gated_rmsnorm4<T, 8, true>
+                      : fd      ? k_gated_rmsnorm4<T, 4, true>
+                                : k_gated_rmsnorm4<T, 4, false>;
     if ((rc = allow_smem(k, sh, err)) < 0) return rc;
     return launch_pdl("gated_rmsnorm (vec)", k, dim3((unsigned)M), dim3(th), sh, s, err, n,
                       group, y, z, ldz, w, eps, norm_before_gate, out, pdl_early());
