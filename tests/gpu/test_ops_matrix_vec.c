@@ -28,6 +28,7 @@
 
 #include "kernels/cuda/ops/conv_silu.h"
 #include "kernels/cuda/ops/gated_rmsnorm.h"
+#include "kernels/portable_math.h"
 #include "support/gpu_util.h"
 
 static cudaStream_t g_stream;
@@ -101,6 +102,72 @@ static void set_var(const char *var, const char *val) {
     setenv(var, val, 1);
   else
     unsetenv(var);
+}
+
+/* ---- the grouped SiLU's division (host) ------------------------------------ */
+
+static float f_of(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static uint32_t u_of(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+/* silu_group.cuh's quotient x / d (silu_div_fast) from a reciprocal estimate
+ * y0, as the device computes it. */
+static float div_fast(float x, float d, float y0) {
+  const float e = fmaf(-d, y0, 1.0f), y1 = fmaf(y0, e, y0), q0 = x * y1;
+  return copysignf(fmaf(y1, fmaf(-d, q0, x), q0), x);
+}
+
+/* Where silu_div_fast_ok holds, div_fast is the IEEE quotient for every
+ * reciprocal estimate within 3 ulp of 1 / d (rcp.approx.ftz.f32 is within
+ * 1): on SiLU's own operands (d = 1 + mbd_pm_expf(-x)), on x and d from
+ * the whole range, and on quotients next to a rounding boundary. */
+static void test_silu_div_host(void **state) {
+  (void)state;
+  uint64_t seed = 79;
+  long cases = 0;
+  for (long it = 0; it < 3000000; it++) {
+    const uint32_t a = (uint32_t)(gpu_test_uniform(&seed) * 0.5f * 16777216.0f + 8388608.0f);
+    const uint32_t b = (uint32_t)(gpu_test_uniform(&seed) * 0.5f * 16777216.0f + 8388608.0f);
+    float x, d;
+    switch (it % 3) {
+    case 0: /* SiLU's operands, x in [-60, 60] */
+      x = 60.0f * gpu_test_uniform(&seed);
+      d = 1.0f + mbd_pm_expf(-x);
+      break;
+    case 1: /* d in [1, 2^64), |x| in [2^-60, 2^60) */
+      d = f_of((uint32_t)(127 + a % 64) << 23 | (b & 0x7fffffu));
+      x = f_of((uint32_t)(67 + b % 120) << 23 | (a & 0x7fffffu));
+      if (a & 1) x = -x;
+      break;
+    default: { /* x = d q with q half an ulp off a float, then +-1 ulp */
+      d = f_of((uint32_t)(127 + a % 40) << 23 | (b & 0x7fffffu));
+      const double q = (double)f_of((uint32_t)(77 + b % 100) << 23 | (a & 0x7fffffu)) *
+                       (1.0 + ((a >> 7) & 1 ? 0x1p-24 : -0x1p-24));
+      x = f_of(u_of((float)((double)d * q)) + (uint32_t)(b >> 30 & 1) - (uint32_t)(a >> 30 & 1));
+    }
+    }
+    const float ax = fabsf(x);
+    if (!(d >= 1.0f && d <= 0x1p64f && ax <= 0x1p60f && (ax >= 0x1p-60f || x == 0.0f))) continue;
+    const float want = x / d, y = 1.0f / d;
+    for (int k = -3; k <= 3; k++) {
+      const float got = div_fast(x, d, f_of(u_of(y) + (uint32_t)k));
+      if (u_of(got) != u_of(want))
+        fail_msg("x %a / d %a with 1/d %+d ulp: %a, IEEE %a", x, d, k, got, want);
+      cases++;
+    }
+  }
+  for (int z = 0; z < 2; z++) { /* signed zeros */
+    const float x = z ? -0.0f : 0.0f, d = 1.0f + mbd_pm_expf(-x);
+    assert_true(u_of(div_fast(x, d, 1.0f / d)) == u_of(mbd_pm_silu(x)));
+  }
+  assert_true(cases > 10000000);
 }
 
 /* ---- conv + SiLU prefill -------------------------------------------------- */
@@ -266,6 +333,7 @@ static int teardown(void **state) {
 int main(void) {
   gpu_test_require_device();
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_silu_div_host),
       cmocka_unit_test(test_conv_prefill_vec),
       cmocka_unit_test(test_gated_norm_vec),
   };
