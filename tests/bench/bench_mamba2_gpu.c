@@ -26,12 +26,13 @@
  *           in place of ssd_prefill.cu's, =r4 / r8 / r2, ssd_prefill.cu with
  *           four, eight or two channels a lane, and =cb16 / cb64, its
  *           blocks of 16 or 64 channels; then conv_silu with
- *           MBD_CONV_PREFILL=old / t32x / t64 / s16 / s16v2 / s8 (the older
- *           prefill kernel; k_conv_tile with per-value SiLUs, or tiles of 64
- *           steps; k_conv_seg with segments of 16 steps, 4 or 2 channels a
- *           thread, or 8 steps) and gated_norm with MBD_GATED_NORM=old /
- *           q4x / q8 (the older kernel; k_gated_rmsnorm4 with per-value
- *           SiLUs, or 8 quads a thread); all
+ *           MBD_CONV_PREFILL=old / t32x / t64 / s16 / s16v2 / s8 / t32g8
+ *           (the older prefill kernel; k_conv_tile with per-value SiLUs, or
+ *           tiles of 64 steps; k_conv_seg with segments of 16 steps, 4 or 2
+ *           channels a thread, or 8 steps; two steps' SiLUs a group) and
+ *           gated_norm with MBD_GATED_NORM=old / q4x / q8 / q4g8 (the older
+ *           kernel; k_gated_rmsnorm4 with per-value SiLUs, or 8 quads a
+ *           thread, or two quads' SiLUs a group); all
  *           outside the sums); then the HBM floor of conv_silu and
  *           gated_norm over 2048 rows (their bytes at 4 TB/s).
  * Each call of the backend ends in a stream synchronize, so each run is timed
@@ -155,7 +156,7 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
 
 /* ---- one layer op by op ---- */
 
-enum { NOPS = 25, NOC = 6, OP_REPS = 10 };
+enum { NOPS = 27, NOC = 6, OP_REPS = 10 };
 static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_silu",
                                              "ssd_scan",    "gated_norm", "out_proj",
                                              "lm_head",     "scan_conv (decode <= 16)",
@@ -173,15 +174,18 @@ static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_si
                                              "conv_silu MBD_CONV_PREFILL=s16",
                                              "conv_silu MBD_CONV_PREFILL=s16v2",
                                              "conv_silu MBD_CONV_PREFILL=s8",
+                                             "conv_silu MBD_CONV_PREFILL=t32g8",
                                              "gated_norm MBD_GATED_NORM=old",
                                              "gated_norm MBD_GATED_NORM=q4x",
-                                             "gated_norm MBD_GATED_NORM=q8"};
+                                             "gated_norm MBD_GATED_NORM=q8",
+                                             "gated_norm MBD_GATED_NORM=q4g8"};
 
-/* Ops 16-24: conv_silu and gated_norm under these values of their variables. */
-static const char *const k_var_op[9][2] = {
-    {"MBD_CONV_PREFILL", "old"}, {"MBD_CONV_PREFILL", "t32x"},  {"MBD_CONV_PREFILL", "t64"},
-    {"MBD_CONV_PREFILL", "s16"}, {"MBD_CONV_PREFILL", "s16v2"}, {"MBD_CONV_PREFILL", "s8"},
-    {"MBD_GATED_NORM", "old"},   {"MBD_GATED_NORM", "q4x"},     {"MBD_GATED_NORM", "q8"}};
+/* Ops 16-26: conv_silu and gated_norm under these values of their variables. */
+static const char *const k_var_op[11][2] = {
+    {"MBD_CONV_PREFILL", "old"},   {"MBD_CONV_PREFILL", "t32x"},  {"MBD_CONV_PREFILL", "t64"},
+    {"MBD_CONV_PREFILL", "s16"},   {"MBD_CONV_PREFILL", "s16v2"}, {"MBD_CONV_PREFILL", "s8"},
+    {"MBD_CONV_PREFILL", "t32g8"}, {"MBD_GATED_NORM", "old"},     {"MBD_GATED_NORM", "q4x"},
+    {"MBD_GATED_NORM", "q8"},      {"MBD_GATED_NORM", "q4g8"}};
 
 /* One layer's buffers on a context of its own (zeros: the timing does not
  * depend on the values), for up to T_PRE rows and MAXB slots. */
@@ -249,10 +253,12 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
   case 21:
   case 22:
   case 23:
-  case 24: { /* ops 2 and 4 on the kernels these variables select (same bits) */
+  case 24:
+  case 25:
+  case 26: { /* ops 2 and 4 on the kernels these variables select (same bits) */
     const char *var = k_var_op[op - 16][0];
     setenv(var, k_var_op[op - 16][1], 1);
-    const int rc = run_op(o, op < 22 ? 2 : 4, nseq, T, err);
+    const int rc = run_op(o, op < 23 ? 2 : 4, nseq, T, err);
     unsetenv(var);
     return rc;
   }

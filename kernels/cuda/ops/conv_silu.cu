@@ -167,34 +167,35 @@ static bool conv_step_vec(int di, const float *xz, int64_t ldxz, const float *w,
  * writes the new state last. */
 #define CONV_SEGS 4 /* warps per block, one segment each */
 
-/* V outputs of one step, conv_silu_out's roundings: each channel's sum (the
- * window taps in ascending order, the new input, then the bias; spelled as
- * in conv_silu_out), then the SiLU: mbd_pm_silu's, per value (FD false) or
- * as a group (silu_group, the same bits with the V chains overlapped). */
+/* conv_silu_out's sum before its SiLU, spelled as there: the window taps in
+ * ascending order, the new input, then the bias. */
+template <int K>
+__device__ __forceinline__ float conv_sum(const float (&wk)[K], const float (&win)[K - 1],
+                                          float xv, bool has_bias, float b) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < K - 1; j++) acc = __fmaf_rn(wk[j], win[j], acc);
+  acc = __fmaf_rn(wk[K - 1], xv, acc);
+  if (has_bias) acc = __fadd_rn(acc, b);
+  return acc;
+}
+
+/* V outputs of one step, conv_silu_out's roundings: each channel's sum
+ * (conv_sum), then the SiLU: mbd_pm_silu's, per value (FD false) or as a
+ * group (silu_group, the same bits with the V chains overlapped). */
 template <int K, int V, bool FD>
 __device__ __forceinline__ void conv_outs(const float (&wk)[V][K], const float (&win)[K - 1][V],
                                           const float (&xv)[V], bool has_bias,
                                           const float (&b)[V], float (&o)[V]) {
-  if constexpr (!FD) {
 #pragma unroll
-    for (int e = 0; e < V; e++) {
-      float w1[K - 1];
+  for (int e = 0; e < V; e++) {
+    float w1[K - 1];
 #pragma unroll
-      for (int j = 0; j < K - 1; j++) w1[j] = win[j][e];
-      o[e] = conv_silu_out<K>(wk[e], w1, xv[e], has_bias, b[e]);
-    }
-  } else {
-#pragma unroll
-    for (int e = 0; e < V; e++) {
-      float acc = 0.0f;
-#pragma unroll
-      for (int j = 0; j < K - 1; j++) acc = __fmaf_rn(wk[e][j], win[j][e], acc);
-      acc = __fmaf_rn(wk[e][K - 1], xv[e], acc);
-      if (has_bias) acc = __fadd_rn(acc, b[e]);
-      o[e] = acc;
-    }
-    silu_group<V>(o);
+    for (int j = 0; j < K - 1; j++) w1[j] = win[j][e];
+    o[e] = FD ? conv_sum<K>(wk[e], w1, xv[e], has_bias, b[e])
+              : conv_silu_out<K>(wk[e], w1, xv[e], has_bias, b[e]);
   }
+  if constexpr (FD) silu_group<V>(o);
 }
 
 /* V consecutive floats (V = 2 or 4) moved as one 8- or 16-byte access. */
@@ -328,7 +329,7 @@ __global__ void __launch_bounds__(32 * CONV_SEGS)
  * window in registers; the same outputs as k_conv_seg. The first tile's
  * block writes the new state after the barrier that ends the staging, so
  * its reads of the old state are done. */
-template <int K, int TT, bool FD, typename ActT>
+template <int K, int TT, bool FD, int GS, typename ActT>
 __global__ void __launch_bounds__(32 * CONV_SEGS)
     k_conv_tile(int T, int di, const float *__restrict__ xz, int64_t ldxz,
                 const float *__restrict__ w, const float *__restrict__ bias,
@@ -371,25 +372,42 @@ __global__ void __launch_bounds__(32 * CONV_SEGS)
   float *yo = xc + (base + ts) * di + c;
   ActT *ya = xc_act ? xc_act + (base + ts) * di + c : nullptr;
 #pragma unroll 4
-  for (int i = 0; i < SUB; i++) {
+  for (int i = 0; i < SUB; i += GS) {
     if (ts + i >= t1) break;
-    const float4 x4 = tile[ts - t0 + i + K - 1][qx];
-    const float xv[4] = {x4.x, x4.y, x4.z, x4.w};
-    float wn[K - 1][4];
+    /* GS steps' sums (the rows past t1 hold no input: their outputs are
+     * computed but not stored), then their SiLUs as one group */
+    float o[GS * 4];
 #pragma unroll
-    for (int j = 0; j < K - 1; j++)
-      wn[j][0] = win[j].x, wn[j][1] = win[j].y, wn[j][2] = win[j].z, wn[j][3] = win[j].w;
-    vec o;
-    conv_outs<K, 4, FD>(wk, wn, xv, bias != nullptr, b, o.f);
-    o.st(yo);
-    yo += di;
-    if (ya) {
-      st_actv<4>(ya, o.f);
-      ya += di;
+    for (int u = 0; u < GS; u++) {
+      const float4 x4 = tile[ts - t0 + i + u + K - 1][qx];
+      const float xv[4] = {x4.x, x4.y, x4.z, x4.w};
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float wn[K - 1];
+#pragma unroll
+        for (int j = 0; j < K - 1; j++) wn[j] = ((const float *)&win[j])[e];
+        o[u * 4 + e] = FD ? conv_sum<K>(wk[e], wn, xv[e], bias != nullptr, b[e])
+                          : conv_silu_out<K>(wk[e], wn, xv[e], bias != nullptr, b[e]);
+      }
+#pragma unroll
+      for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
+      win[K - 2] = x4;
     }
+    if constexpr (FD) silu_group<GS * 4>(o);
 #pragma unroll
-    for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
-    win[K - 2] = x4;
+    for (int u = 0; u < GS; u++) {
+      if (ts + i + u >= t1) break;
+      const float(&ou)[4] = *(const float(*)[4])(o + 4 * u);
+      vec ov;
+#pragma unroll
+      for (int e = 0; e < 4; e++) ov.f[e] = ou[e];
+      ov.st(yo);
+      yo += di;
+      if (ya) {
+        st_actv<4>(ya, ov.f);
+        ya += di;
+      }
+    }
   }
   if (blockIdx.y != 0 || wy != 0) return;
   /* the new state, as k_conv_seg writes it */
@@ -402,13 +420,14 @@ __global__ void __launch_bounds__(32 * CONV_SEGS)
   }
 }
 
-template <int K, int TT, bool FD, typename ActT>
+template <int K, int TT, bool FD, int GS, typename ActT>
 static int conv_tile_launch(cudaStream_t s, int nseq, int T, int di, const float *xz,
                             int64_t ldxz, const float *w, const float *bias, float *conv_state,
                             int64_t slot_stride, const int32_t *slots, float *xc, ActT *xc_act,
                             mbd_error *err) {
   const dim3 grid((unsigned)((di / 4 + 31) / 32), (unsigned)((T + TT - 1) / TT), (unsigned)nseq);
-  return launch_pdl("conv_silu (tile)", k_conv_tile<K, TT, FD, ActT>, grid, dim3(32, CONV_SEGS),
+  return launch_pdl("conv_silu (tile)", k_conv_tile<K, TT, FD, GS, ActT>, grid,
+                    dim3(32, CONV_SEGS),
                     0, s, err, T, di, xz, ldxz, w, bias, conv_state, slot_stride, slots, xc,
                     xc_act, pdl_early());
 }
@@ -429,8 +448,9 @@ static int conv_seg_launch(cudaStream_t s, int nseq, int T, int di, int seg_len,
 /* The prefill kernel: k_conv_tile with tiles of 32 steps and grouped SiLUs,
  * or, at width 4 (the models'), what MBD_CONV_PREFILL asks for (same bits,
  * for the benches): "t64" (tiles of 64 steps), "t32x" (per-value SiLUs,
- * __fdiv_rn as written), "s<steps>" (k_conv_seg with segments of 8, 16, 32
- * or 64 steps, 4 channels a thread) or "s<steps>v2" (2 channels a thread);
+ * __fdiv_rn as written), "t32g8" (two steps' SiLUs a group), "s<steps>"
+ * (k_conv_seg with segments of 8, 16, 32 or 64 steps, 4 channels a thread)
+ * or "s<steps>v2" (2 channels a thread);
  * "old" keeps k_conv_silu (returns 0). Read at each launch. */
 template <int K, typename ActT>
 static int conv_prefill_launch(cudaStream_t s, int nseq, int T, int di, const float *xz,
@@ -444,15 +464,17 @@ static int conv_prefill_launch(cudaStream_t s, int nseq, int T, int di, const fl
   if constexpr (K == 4) {
     int sl = 0;
     if (e && !strcmp(e, "t64"))
-      return conv_tile_launch<K, 64, true, ActT>(s, nseq, T, di, CONV_ARGS);
+      return conv_tile_launch<K, 64, true, 1, ActT>(s, nseq, T, di, CONV_ARGS);
     if (e && !strcmp(e, "t32x"))
-      return conv_tile_launch<K, 32, false, ActT>(s, nseq, T, di, CONV_ARGS);
+      return conv_tile_launch<K, 32, false, 1, ActT>(s, nseq, T, di, CONV_ARGS);
+    if (e && !strcmp(e, "t32g8"))
+      return conv_tile_launch<K, 32, true, 2, ActT>(s, nseq, T, di, CONV_ARGS);
     if (e && sscanf(e, "s%d", &sl) == 1 && (sl == 8 || sl == 16 || sl == 32 || sl == 64)) {
       if (strstr(e, "v2")) return conv_seg_launch<K, 2, ActT>(s, nseq, T, di, sl, CONV_ARGS);
       return conv_seg_launch<K, 4, ActT>(s, nseq, T, di, sl, CONV_ARGS);
     }
   }
-  return conv_tile_launch<K, 32, true, ActT>(s, nseq, T, di, CONV_ARGS);
+  return conv_tile_launch<K, 32, true, 1, ActT>(s, nseq, T, di, CONV_ARGS);
 #undef CONV_ARGS
 }
 

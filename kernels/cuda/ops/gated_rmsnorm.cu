@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(GN_THREADS) k_gated_rmsnorm(int n, int group, 
 
 __device__ __forceinline__ float4 gn_ld4(const float *p) { return *(const float4 *)p; }
 
-template <typename OutT, int QN, bool FD>
+template <typename OutT, int QN, bool FD, int GQ>
 __global__ void __launch_bounds__(GN4_THREADS, QN <= 4 && sizeof(OutT) == 2 ? 4 : 1)
     k_gated_rmsnorm4(int n, int group, const float *__restrict__ y, const float *__restrict__ z,
                      int64_t ldz, const float *__restrict__ w, float eps, int norm_before_gate,
@@ -154,23 +154,33 @@ __global__ void __launch_bounds__(GN4_THREADS, QN <= 4 && sizeof(OutT) == 2 ? 4 
 #pragma unroll
   for (int k = 0; k < QN; k++) {
     const int q = threadIdx.x + k * blockDim.x;
+    a[k] = g[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f); /* quads past the row: zeros */
     if (q < nq) {
       a[k] = gn_ld4(y + i * n + 4 * q);
       g[k] = gn_ld4(z + i * ldz + 4 * q);
+    }
+  }
+  if constexpr (FD) { /* silu(z), GQ quads a group */
+#pragma unroll
+    for (int k = 0; k < QN; k += GQ) {
+      float sz[4 * GQ];
+#pragma unroll
+      for (int u = 0; u < GQ; u++)
+        sz[4 * u] = g[k + u].x, sz[4 * u + 1] = g[k + u].y, sz[4 * u + 2] = g[k + u].z,
+        sz[4 * u + 3] = g[k + u].w;
+      silu_group<4 * GQ>(sz);
+#pragma unroll
+      for (int u = 0; u < GQ; u++)
+        g[k + u] = make_float4(sz[4 * u], sz[4 * u + 1], sz[4 * u + 2], sz[4 * u + 3]);
     }
   }
 #pragma unroll
   for (int k = 0; k < QN; k++) {
     const int q = threadIdx.x + k * blockDim.x;
     if (q >= nq) continue;
-    if constexpr (FD) {
-      float sz[4] = {g[k].x, g[k].y, g[k].z, g[k].w};
-      silu_group<4>(sz);
-      g[k] = make_float4(sz[0], sz[1], sz[2], sz[3]);
-    } else {
+    if constexpr (!FD)
       g[k] = make_float4(mbd_pm_silu(g[k].x), mbd_pm_silu(g[k].y), mbd_pm_silu(g[k].z),
                          mbd_pm_silu(g[k].w));
-    }
     if (!norm_before_gate)
       a[k] = make_float4(__fmul_rn(a[k].x, g[k].x), __fmul_rn(a[k].y, g[k].y),
                          __fmul_rn(a[k].z, g[k].z), __fmul_rn(a[k].w, g[k].w));
@@ -221,15 +231,15 @@ static bool gn_vec(int n, const float *y, const float *z, int64_t ldz, const flo
 
 /* The quads a thread of k_gated_rmsnorm4 holds: 4 up to d_inner 4096, 8
  * above, or what MBD_GATED_NORM asks for (q2, q4, q8; 8 where the row
- * needs it); 0 for "old", which keeps k_gated_rmsnorm. An "x" in the value
- * (q4x) keeps per-value SiLUs (mbd_pm_silu as written) instead of
- * silu_group's. Same bits either way; the benches compare them. Read at
- * each launch. */
-static int gn_quads(int n, bool *fd) {
+ * needs it); 0 for "old", which keeps k_gated_rmsnorm. *fd: the SiLUs of
+ * one quad a group (1), of two (2, "q4g8"), or per value (0, "q4x",
+ * mbd_pm_silu as written). Same bits every way; the benches compare them.
+ * Read at each launch. */
+static int gn_quads(int n, int *fd) {
   const char *e = getenv("MBD_GATED_NORM");
   const int need = n / 4 <= GN4_THREADS * 2 ? 2 : n / 4 <= GN4_THREADS * 4 ? 4 : 8;
   int q = 4;
-  *fd = !(e && strchr(e, 'x'));
+  *fd = e && strchr(e, 'x') ? 0 : e && strstr(e, "g8") ? 2 : 1;
   if (e && !strcmp(e, "old")) return 0;
   if (e && !strncmp(e, "q2", 2)) q = 2;
   if (e && !strncmp(e, "q8", 2)) q = 8;
@@ -242,15 +252,16 @@ static int gated_rmsnorm_launch(cudaStream_t s, int64_t M, int n, int group, con
                                 int norm_before_gate, T *out, mbd_error *err) {
   const size_t sh = ((size_t)n + 3) / 4 * 16;
   int rc;
-  bool fd;
+  int fd;
   const int qn = gn_quads(n, &fd);
   if (qn && gn_vec(n, y, z, ldz, w, out, sizeof(T))) {
     const int th = ((n / 4 + qn - 1) / qn + 31) / 32 * 32;
     void (*k)(int, int, const float *, const float *, int64_t, const float *, float, int, T *,
-              bool) = qn == 2   ? k_gated_rmsnorm4<T, 2, true>
-                      : qn == 8 ? k_gated_rmsnorm4<T, 8, true>
-                      : fd      ? k_gated_rmsnorm4<T, 4, true>
-                                : k_gated_rmsnorm4<T, 4, false>;
+              bool) = qn == 2   ? k_gated_rmsnorm4<T, 2, true, 1>
+                      : qn == 8 ? k_gated_rmsnorm4<T, 8, true, 1>
+                      : fd == 2 ? k_gated_rmsnorm4<T, 4, true, 2>
+                      : fd      ? k_gated_rmsnorm4<T, 4, true, 1>
+                                : k_gated_rmsnorm4<T, 4, false, 1>;
     if ((rc = allow_smem(k, sh, err)) < 0) return rc;
     return launch_pdl("gated_rmsnorm (vec)", k, dim3((unsigned)M), dim3(th), sh, s, err, n,
                       group, y, z, ldz, w, eps, norm_before_gate, out, pdl_early());
