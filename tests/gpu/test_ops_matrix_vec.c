@@ -262,8 +262,8 @@ static void test_conv_prefill_vec(void **state) {
 /* M rows of n channels in groups of `group`, gate rows ldz floats apart;
  * every variant against MBD_GATED_NORM=old, both gate orders. */
 static void gnorm_case(int64_t M, int n, int group, mbd_dtype act, uint64_t *seed) {
-  static const char *const vars[] = {NULL, "q2", "q8", "q4x", "q4g8"};
-  enum { NV = 5 };
+  static const char *const vars[] = {NULL, "q2", "q4", "q8", "q4x", "q4g8"};
+  enum { NV = 6 };
   const int64_t ldz = n + 8;
   float *y = fillf((size_t)(M * n), seed, -2.0f, 2.0f), *z = fillf((size_t)(M * ldz), seed, -3, 3);
   sprinkle(z, (size_t)(M * ldz), 4099); /* gates past SiLU's fast range, NaN */

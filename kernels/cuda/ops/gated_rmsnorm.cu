@@ -135,12 +135,13 @@ __global__ void __launch_bounds__(GN_THREADS) k_gated_rmsnorm(int n, int group, 
  * several rows per SM be in flight, so the bytes in flight, not the one warp's
  * chain, set the pace; the SiLUs of a quad run as a group (silu_group, FD),
  * so their chains overlap. */
-#define GN4_THREADS 256 /* at most */
+#define GN4_THREADS 256 /* at most, for QN = 4 and 8; 512 for QN = 2 */
 
 __device__ __forceinline__ float4 gn_ld4(const float *p) { return *(const float4 *)p; }
 
 template <typename OutT, int QN, bool FD, int GQ>
-__global__ void __launch_bounds__(GN4_THREADS, QN <= 4 && sizeof(OutT) == 2 ? 4 : 1)
+__global__ void __launch_bounds__(QN == 2 ? 2 * GN4_THREADS : GN4_THREADS,
+                                  sizeof(OutT) == 2 && QN <= 4 ? (QN == 2 ? 2 : 4) : 1)
     k_gated_rmsnorm4(int n, int group, const float *__restrict__ y, const float *__restrict__ z,
                      int64_t ldz, const float *__restrict__ w, float eps, int norm_before_gate,
                      OutT *__restrict__ out, bool early) {
@@ -229,20 +230,24 @@ static bool gn_vec(int n, const float *y, const float *z, int64_t ldz, const flo
          al(w, 16) && al(out, 4 * out_size);
 }
 
-/* The quads a thread of k_gated_rmsnorm4 holds: 4 up to d_inner 4096, 8
- * above, or what MBD_GATED_NORM asks for (q2, q4, q8; 8 where the row
- * needs it); 0 for "old", which keeps k_gated_rmsnorm. *fd: the SiLUs of
- * one quad a group (1), of two (2, "q4g8"), or per value (0, "q4x",
+/* The quads a thread of k_gated_rmsnorm4 holds: for M >= 256 rows 4 up to
+ * d_inner 4096 (several rows per SM in flight), 8 above; for fewer rows (a
+ * decode step) 2 up to d_inner 4096, so that the row's SiLUs spread over
+ * 512 threads; or what MBD_GATED_NORM asks for (q2, q4, q8, raised to what
+ * the row needs); 0 for "old", which keeps k_gated_rmsnorm. *fd: the SiLUs
+ * of one quad a group (1), of two (2, "q4g8"), or per value (0, "q4x",
  * mbd_pm_silu as written). Same bits every way; the benches compare them.
  * Read at each launch. */
-static int gn_quads(int n, int *fd) {
+static int gn_quads(int64_t M, int n, int *fd) {
   const char *e = getenv("MBD_GATED_NORM");
-  const int need = n / 4 <= GN4_THREADS * 2 ? 2 : n / 4 <= GN4_THREADS * 4 ? 4 : 8;
-  int q = 4;
+  const int need = n / 4 <= GN4_THREADS * 4 ? 2 : 8;
+  int q = M >= 256 ? 4 : 2;
   *fd = e && strchr(e, 'x') ? 0 : e && strstr(e, "g8") ? 2 : 1;
   if (e && !strcmp(e, "old")) return 0;
   if (e && !strncmp(e, "q2", 2)) q = 2;
+  if (e && !strncmp(e, "q4", 2)) q = 4;
   if (e && !strncmp(e, "q8", 2)) q = 8;
+  if (*fd != 1 && q == 2) q = 4; /* the variants exist for four quads */
   return q > need ? q : need;
 }
 
@@ -253,7 +258,7 @@ static int gated_rmsnorm_launch(cudaStream_t s, int64_t M, int n, int group, con
   const size_t sh = ((size_t)n + 3) / 4 * 16;
   int rc;
   int fd;
-  const int qn = gn_quads(n, &fd);
+  const int qn = gn_quads(M, n, &fd);
   if (qn && gn_vec(n, y, z, ldz, w, out, sizeof(T))) {
     const int th = ((n / 4 + qn - 1) / qn + 31) / 32 * 32;
     void (*k)(int, int, const float *, const float *, int64_t, const float *, float, int, T *,
