@@ -177,9 +177,9 @@ static void test_silu_div_host(void **state) {
  * allocation's start as the Mamba-2 model's xBC columns), states in permuted
  * slots of stride sstride; every variant against MBD_CONV_PREFILL=old. */
 static void conv_case(int nseq, int T, int di, int K, mbd_dtype act, uint64_t *seed) {
-  static const char *const vars[] = {NULL,  "t32x", "t64",   "s8",    "s16",
-                                     "s32", "s64",  "s16v2", "s32v2", "t32g8"};
-  enum { NV = 10, NSLOT = 11 };
+  static const char *const vars[] = {NULL,    "t32g",   "t32g8", "t64", "s8",   "s16g",
+                                     "s32g",  "s64",    "s16v2", "s16v2g", "s32v2g"};
+  enum { NV = 11, NSLOT = 11 };
   const int64_t M = (int64_t)nseq * T, ldxz = di + 12, sstride = (int64_t)(K - 1) * di + 8;
   int32_t slots[16];
   for (int s = 0; s < nseq; s++) slots[s] = (int32_t)((s * 7 + 3) % NSLOT);
@@ -262,7 +262,7 @@ static void test_conv_prefill_vec(void **state) {
 /* M rows of n channels in groups of `group`, gate rows ldz floats apart;
  * every variant against MBD_GATED_NORM=old, both gate orders. */
 static void gnorm_case(int64_t M, int n, int group, mbd_dtype act, uint64_t *seed) {
-  static const char *const vars[] = {NULL, "q2", "q4", "q8", "q4x", "q4g8"};
+  static const char *const vars[] = {NULL, "q2", "q2g", "q8", "q4g", "q4g8"};
   enum { NV = 6 };
   const int64_t ldz = n + 8;
   float *y = fillf((size_t)(M * n), seed, -2.0f, 2.0f), *z = fillf((size_t)(M * ldz), seed, -3, 3);

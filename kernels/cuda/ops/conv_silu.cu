@@ -1,8 +1,10 @@
 /* Causal depthwise conv + SiLU, prefill and decode (see conv_silu.h).
  * Where rows and pointers allow 16-byte accesses the prefill runs
- * k_conv_seg and the decode step k_conv_step4 (four channels a thread);
- * otherwise k_conv_silu, which MBD_CONV_PREFILL=old also selects for the
- * prefill. All three make each output's roundings in conv_silu_out. */
+ * k_conv_tile (or k_conv_seg, for the benches) and the decode step
+ * k_conv_step4 (four channels a thread); otherwise k_conv_silu, which
+ * MBD_CONV_PREFILL=old also selects for the prefill. Each output has
+ * conv_silu_out's roundings (its sum and mbd_pm_silu, or silu_group's
+ * grouped SiLUs with the same bits). */
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/conv_silu.h"
 #include "kernels/cuda/ops/cp_async.cuh"
@@ -321,12 +323,13 @@ __global__ void __launch_bounds__(32 * CONV_SEGS)
   }
 }
 
-/* The prefill as tiles (at width 4, MBD_CONV_PREFILL=t32 or t64, for the
- * benches): a block of CONV_SEGS warps stages TT steps of 128 channels of
- * one sequence, and the K - 1 inputs before them (the slot's state for the
- * first tile), into shared memory with cp.async, every copy in flight at
- * once, then warp y computes steps y TT / 4 .. of the tile from there, the
- * window in registers; the same outputs as k_conv_seg. The first tile's
+/* The prefill as tiles (the default, TT = 32: conv_prefill_launch): a
+ * block of CONV_SEGS warps stages TT steps of 128 channels of one sequence,
+ * and the K - 1 inputs before them (the slot's state for the first tile),
+ * into shared memory with cp.async, every copy in flight at once, then warp
+ * y computes steps y TT / 4 .. of the tile from there, the window in
+ * registers, GS steps' SiLUs at a time (a group with FD: silu_group); the
+ * same outputs as k_conv_seg. The first tile's
  * block writes the new state after the barrier that ends the staging, so
  * its reads of the old state are done. */
 template <int K, int TT, bool FD, int GS, typename ActT>
@@ -427,12 +430,11 @@ static int conv_tile_launch(cudaStream_t s, int nseq, int T, int di, const float
                             mbd_error *err) {
   const dim3 grid((unsigned)((di / 4 + 31) / 32), (unsigned)((T + TT - 1) / TT), (unsigned)nseq);
   return launch_pdl("conv_silu (tile)", k_conv_tile<K, TT, FD, GS, ActT>, grid,
-                    dim3(32, CONV_SEGS),
-                    0, s, err, T, di, xz, ldxz, w, bias, conv_state, slot_stride, slots, xc,
-                    xc_act, pdl_early());
+                    dim3(32, CONV_SEGS), 0, s, err, T, di, xz, ldxz, w, bias, conv_state,
+                    slot_stride, slots, xc, xc_act, pdl_early());
 }
 
-template <int K, int V, typename ActT>
+template <int K, int V, bool FD, typename ActT>
 static int conv_seg_launch(cudaStream_t s, int nseq, int T, int di, int seg_len, const float *xz,
                            int64_t ldxz, const float *w, const float *bias, float *conv_state,
                            int64_t slot_stride, const int32_t *slots, float *xc, ActT *xc_act,
@@ -440,18 +442,19 @@ static int conv_seg_launch(cudaStream_t s, int nseq, int T, int di, int seg_len,
   const int nsegs = (T + seg_len - 1) / seg_len;
   const dim3 grid((unsigned)((di / V + 31) / 32), (unsigned)((nsegs + CONV_SEGS - 1) / CONV_SEGS),
                   (unsigned)nseq);
-  return launch_pdl("conv_silu (seg)", k_conv_seg<K, 8, V, true, ActT>, grid,
+  return launch_pdl("conv_silu (seg)", k_conv_seg<K, 8, V, FD, ActT>, grid,
                     dim3(32, CONV_SEGS), 0, s, err, T, di, seg_len, xz, ldxz, w, bias,
                     conv_state, slot_stride, slots, xc, xc_act, pdl_early());
 }
 
-/* The prefill kernel: k_conv_tile with tiles of 32 steps and grouped SiLUs,
- * or, at width 4 (the models'), what MBD_CONV_PREFILL asks for (same bits,
- * for the benches): "t64" (tiles of 64 steps), "t32x" (per-value SiLUs,
- * __fdiv_rn as written), "t32g8" (two steps' SiLUs a group), "s<steps>"
- * (k_conv_seg with segments of 8, 16, 32 or 64 steps, 4 channels a thread)
- * or "s<steps>v2" (2 channels a thread);
- * "old" keeps k_conv_silu (returns 0). Read at each launch. */
+/* The prefill kernel: k_conv_tile with tiles of 32 steps (the fastest
+ * measured: 1.3b b8 chunk 39.5 us, k_conv_silu 40.9), or, at width 4 (the
+ * models'), what MBD_CONV_PREFILL asks for (same bits, for the benches):
+ * "t64" (tiles of 64 steps), "s<steps>" (k_conv_seg with segments of 8, 16,
+ * 32 or 64 steps, 4 channels a thread), "s<steps>v2" (2 channels a thread),
+ * each with a "g" appended for grouped SiLUs (silu_group: t32g, s16v2g),
+ * "t32g8" (two steps' SiLUs a group); "old" keeps k_conv_silu (returns 0).
+ * Read at each launch. */
 template <int K, typename ActT>
 static int conv_prefill_launch(cudaStream_t s, int nseq, int T, int di, const float *xz,
                                int64_t ldxz, const float *w, const float *bias,
@@ -463,18 +466,22 @@ static int conv_prefill_launch(cudaStream_t s, int nseq, int T, int di, const fl
 #define CONV_ARGS xz, ldxz, w, bias, conv_state, slot_stride, slots, xc, xc_act, err
   if constexpr (K == 4) {
     int sl = 0;
+    const bool g = e && strchr(e, 'g');
     if (e && !strcmp(e, "t64"))
-      return conv_tile_launch<K, 64, true, 1, ActT>(s, nseq, T, di, CONV_ARGS);
-    if (e && !strcmp(e, "t32x"))
-      return conv_tile_launch<K, 32, false, 1, ActT>(s, nseq, T, di, CONV_ARGS);
+      return conv_tile_launch<K, 64, false, 1, ActT>(s, nseq, T, di, CONV_ARGS);
+    if (e && !strcmp(e, "t32g"))
+      return conv_tile_launch<K, 32, true, 1, ActT>(s, nseq, T, di, CONV_ARGS);
     if (e && !strcmp(e, "t32g8"))
       return conv_tile_launch<K, 32, true, 2, ActT>(s, nseq, T, di, CONV_ARGS);
     if (e && sscanf(e, "s%d", &sl) == 1 && (sl == 8 || sl == 16 || sl == 32 || sl == 64)) {
-      if (strstr(e, "v2")) return conv_seg_launch<K, 2, ActT>(s, nseq, T, di, sl, CONV_ARGS);
-      return conv_seg_launch<K, 4, ActT>(s, nseq, T, di, sl, CONV_ARGS);
+      if (strstr(e, "v2"))
+        return g ? conv_seg_launch<K, 2, true, ActT>(s, nseq, T, di, sl, CONV_ARGS)
+                 : conv_seg_launch<K, 2, false, ActT>(s, nseq, T, di, sl, CONV_ARGS);
+      return g ? conv_seg_launch<K, 4, true, ActT>(s, nseq, T, di, sl, CONV_ARGS)
+               : conv_seg_launch<K, 4, false, ActT>(s, nseq, T, di, sl, CONV_ARGS);
     }
   }
-  return conv_tile_launch<K, 32, true, 1, ActT>(s, nseq, T, di, CONV_ARGS);
+  return conv_tile_launch<K, 32, false, 1, ActT>(s, nseq, T, di, CONV_ARGS);
 #undef CONV_ARGS
 }
 

@@ -133,8 +133,9 @@ __global__ void __launch_bounds__(GN_THREADS) k_gated_rmsnorm(int n, int group, 
  * and the output pass reads back its own quads.
  * Blocks of n / (4 QN) threads (QN = 4 up to d_inner 4096: gn_quads) let
  * several rows per SM be in flight, so the bytes in flight, not the one warp's
- * chain, set the pace; the SiLUs of a quad run as a group (silu_group, FD),
- * so their chains overlap. */
+ * chain, set the pace. The SiLUs run per value (mbd_pm_silu), or, with FD,
+ * GQ quads' as one group (silu_group: the same bits, their chains
+ * overlapped). */
 #define GN4_THREADS 256 /* at most, for QN = 4 and 8; 512 for QN = 2 */
 
 __device__ __forceinline__ float4 gn_ld4(const float *p) { return *(const float4 *)p; }
@@ -230,24 +231,22 @@ static bool gn_vec(int n, const float *y, const float *z, int64_t ldz, const flo
          al(w, 16) && al(out, 4 * out_size);
 }
 
-/* The quads a thread of k_gated_rmsnorm4 holds: for M >= 256 rows 4 up to
- * d_inner 4096 (several rows per SM in flight), 8 above; for fewer rows (a
- * decode step) 2 up to d_inner 4096, so that the row's SiLUs spread over
- * 512 threads; or what MBD_GATED_NORM asks for (q2, q4, q8, raised to what
- * the row needs); 0 for "old", which keeps k_gated_rmsnorm. *fd: the SiLUs
- * of one quad a group (1), of two (2, "q4g8"), or per value (0, "q4x",
- * mbd_pm_silu as written). Same bits every way; the benches compare them.
- * Read at each launch. */
-static int gn_quads(int64_t M, int n, int *fd) {
+/* The quads a thread of k_gated_rmsnorm4 holds: 4 up to d_inner 4096
+ * (several rows per SM in flight; 1.3b b8 chunk 40.8 us, k_gated_rmsnorm
+ * 64.4), 8 above, or what MBD_GATED_NORM asks for (q2, q4, q8, raised to
+ * what the row needs); 0 for "old", which keeps k_gated_rmsnorm. *fd: the
+ * SiLUs per value (0, mbd_pm_silu as written), one quad's a group (1, a
+ * "g" appended: q4g, q2g) or two quads' (2, "q4g8"; silu_group). Same bits
+ * every way; the benches compare them. Read at each launch. */
+static int gn_quads(int n, int *fd) {
   const char *e = getenv("MBD_GATED_NORM");
   const int need = n / 4 <= GN4_THREADS * 4 ? 2 : 8;
-  int q = M >= 256 ? 4 : 2;
-  *fd = e && strchr(e, 'x') ? 0 : e && strstr(e, "g8") ? 2 : 1;
+  int q = 4;
+  *fd = e && strstr(e, "g8") ? 2 : e && strchr(e, 'g') ? 1 : 0;
   if (e && !strcmp(e, "old")) return 0;
   if (e && !strncmp(e, "q2", 2)) q = 2;
-  if (e && !strncmp(e, "q4", 2)) q = 4;
   if (e && !strncmp(e, "q8", 2)) q = 8;
-  if (*fd != 1 && q == 2) q = 4; /* the variants exist for four quads */
+  if (*fd == 2) q = 4; /* the two-quad groups exist for four quads */
   return q > need ? q : need;
 }
 
@@ -258,12 +257,13 @@ static int gated_rmsnorm_launch(cudaStream_t s, int64_t M, int n, int group, con
   const size_t sh = ((size_t)n + 3) / 4 * 16;
   int rc;
   int fd;
-  const int qn = gn_quads(M, n, &fd);
+  const int qn = gn_quads(n, &fd);
   if (qn && gn_vec(n, y, z, ldz, w, out, sizeof(T))) {
     const int th = ((n / 4 + qn - 1) / qn + 31) / 32 * 32;
     void (*k)(int, int, const float *, const float *, int64_t, const float *, float, int, T *,
-              bool) = qn == 2   ? k_gated_rmsnorm4<T, 2, true, 1>
-                      : qn == 8 ? k_gated_rmsnorm4<T, 8, true, 1>
+              bool) = qn == 8   ? k_gated_rmsnorm4<T, 8, false, 1>
+                      : qn == 2 ? (fd ? k_gated_rmsnorm4<T, 2, true, 1>
+                                      : k_gated_rmsnorm4<T, 2, false, 1>)
                       : fd == 2 ? k_gated_rmsnorm4<T, 4, true, 2>
                       : fd      ? k_gated_rmsnorm4<T, 4, true, 1>
                                 : k_gated_rmsnorm4<T, 4, false, 1>;
