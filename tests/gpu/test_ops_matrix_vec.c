@@ -10,7 +10,8 @@
  * kernels' segments, blocks and the model's chunks (1, 255, 256, 2048, 2049,
  * 16384), channel counts that leave a warp or a block partly idle, all three
  * output dtypes, inputs that take the grouped SiLU's slow path (silu_group.cuh);
- * the conv also compares the state it leaves.
+ * the conv also compares the state it leaves. The variants with grouped
+ * SiLUs have test cases of their own (*_grouped), apart from the defaults'.
  *
  * Skips (exit 77) with a printed reason when no CUDA device is present. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
@@ -172,14 +173,19 @@ static void test_silu_div_host(void **state) {
 
 /* ---- conv + SiLU prefill -------------------------------------------------- */
 
+/* The kernels MBD_CONV_PREFILL selects (NULL: the default), those with
+ * mbd_pm_silu per value, then those with grouped SiLUs (silu_group.cuh). */
+static const char *const k_conv_vars[] = {NULL, "t64", "s8", "s16", "s64", "s16v2"};
+static const char *const k_conv_vars_g[] = {"t32g", "t32g8", "s16g", "s32g", "s16v2g"};
+
 /* One conv case: nseq sequences of T steps over di channels, width K, rows
  * ldxz floats apart (16-byte multiples, the input 16 bytes past an
  * allocation's start as the Mamba-2 model's xBC columns), states in permuted
- * slots of stride sstride; every variant against MBD_CONV_PREFILL=old. */
-static void conv_case(int nseq, int T, int di, int K, mbd_dtype act, uint64_t *seed) {
-  static const char *const vars[] = {NULL,    "t32g",   "t32g8", "t64", "s8",   "s16g",
-                                     "s32g",  "s64",    "s16v2", "s16v2g", "s32v2g"};
-  enum { NV = 11, NSLOT = 11 };
+ * slots of stride sstride; the nv variants vars against
+ * MBD_CONV_PREFILL=old. */
+static void conv_case(const char *const *vars, int nv, int nseq, int T, int di, int K,
+                      mbd_dtype act, uint64_t *seed) {
+  enum { NSLOT = 11 };
   const int64_t M = (int64_t)nseq * T, ldxz = di + 12, sstride = (int64_t)(K - 1) * di + 8;
   int32_t slots[16];
   for (int s = 0; s < nseq; s++) slots[s] = (int32_t)((s * 7 + 3) % NSLOT);
@@ -197,7 +203,7 @@ static void conv_case(int nseq, int T, int di, int K, mbd_dtype act, uint64_t *s
   char *want = malloc(nxc + nact + nst), *got = malloc(nxc + nact + nst);
   assert_non_null(want);
   assert_non_null(got);
-  for (int v = -1; v < NV; v++) { /* v = -1: the old kernel */
+  for (int v = -1; v < nv; v++) { /* v = -1: the old kernel */
     set_var("MBD_CONV_PREFILL", v < 0 ? "old" : vars[v]);
     CK(cudaMemcpy(dst, st, nst, cudaMemcpyHostToDevice));
     CK(cudaMemset(dxc, 0xff, nxc));
@@ -232,8 +238,8 @@ static void conv_case(int nseq, int T, int di, int K, mbd_dtype act, uint64_t *s
   free(got);
 }
 
-static void test_conv_prefill_vec(void **state) {
-  (void)state;
+/* Each of the nv variants vars over the shapes (the same inputs for all). */
+static void conv_cases(const char *const *vars, int nv) {
   uint64_t seed = 71;
   static const mbd_dtype acts[] = {MBD_DTYPE_F32, MBD_DTYPE_BF16, MBD_DTYPE_F16};
   /* (nseq, T): rows 1 (the step kernel), 255, 256, 2048 as the b8 chunk and
@@ -246,24 +252,36 @@ static void test_conv_prefill_vec(void **state) {
       for (int a = 0; a < 3; a++) {
         const int nseq = rows[r][0], T = rows[r][1], di = dis[q];
         if ((int64_t)nseq * T * di > (int64_t)16384 * 1792) continue; /* memory and time */
-        conv_case(nseq, T, di, 4, acts[a], &seed);
+        conv_case(vars, nv, nseq, T, di, 4, acts[a], &seed);
       }
   /* the other widths, over short and segment-crossing lengths */
   for (int K = 2; K <= 8; K++)
     for (int a = 0; a < 3; a++) {
-      conv_case(3, 2, 132, K, acts[a], &seed);
-      conv_case(2, 37, 132, K, acts[a], &seed);
-      conv_case(1, 300, 36, K, acts[a], &seed);
+      conv_case(vars, nv, 3, 2, 132, K, acts[a], &seed);
+      conv_case(vars, nv, 2, 37, 132, K, acts[a], &seed);
+      conv_case(vars, nv, 1, 300, 36, K, acts[a], &seed);
     }
+}
+static void test_conv_prefill_vec(void **state) {
+  (void)state;
+  conv_cases(k_conv_vars, (int)(sizeof k_conv_vars / sizeof k_conv_vars[0]));
+}
+static void test_conv_prefill_grouped(void **state) {
+  (void)state;
+  conv_cases(k_conv_vars_g, (int)(sizeof k_conv_vars_g / sizeof k_conv_vars_g[0]));
 }
 
 /* ---- gated RMSNorm -------------------------------------------------------- */
 
+/* The kernels MBD_GATED_NORM selects (NULL: the default), those with
+ * mbd_pm_silu per value, then those with grouped SiLUs (silu_group.cuh). */
+static const char *const k_gn_vars[] = {NULL, "q2", "q8"};
+static const char *const k_gn_vars_g[] = {"q2g", "q4g", "q4g8"};
+
 /* M rows of n channels in groups of `group`, gate rows ldz floats apart;
- * every variant against MBD_GATED_NORM=old, both gate orders. */
-static void gnorm_case(int64_t M, int n, int group, mbd_dtype act, uint64_t *seed) {
-  static const char *const vars[] = {NULL, "q2", "q2g", "q8", "q4g", "q4g8"};
-  enum { NV = 6 };
+ * the nv variants vars against MBD_GATED_NORM=old, both gate orders. */
+static void gnorm_case(const char *const *vars, int nv, int64_t M, int n, int group,
+                       mbd_dtype act, uint64_t *seed) {
   const int64_t ldz = n + 8;
   float *y = fillf((size_t)(M * n), seed, -2.0f, 2.0f), *z = fillf((size_t)(M * ldz), seed, -3, 3);
   sprinkle(z, (size_t)(M * ldz), 4099); /* gates past SiLU's fast range, NaN */
@@ -276,7 +294,7 @@ static void gnorm_case(int64_t M, int n, int group, mbd_dtype act, uint64_t *see
   assert_non_null(want);
   assert_non_null(got);
   for (int nbg = 0; nbg < 2; nbg++)
-    for (int v = -1; v < NV; v++) { /* v = -1: the old kernel */
+    for (int v = -1; v < nv; v++) { /* v = -1: the old kernel */
       set_var("MBD_GATED_NORM", v < 0 ? "old" : vars[v]);
       CK(cudaMemset(dout, 0xff, nb));
       OP(mbd_mops_gated_rmsnorm(g_stream, M, n, group, dy, dz, ldz, dw, 1e-5f, nbg, act, dout,
@@ -300,8 +318,8 @@ static void gnorm_case(int64_t M, int n, int group, mbd_dtype act, uint64_t *see
   free(got);
 }
 
-static void test_gated_norm_vec(void **state) {
-  (void)state;
+/* Each of the nv variants vars over the shapes (the same inputs for all). */
+static void gnorm_cases(const char *const *vars, int nv) {
   uint64_t seed = 73;
   static const mbd_dtype acts[] = {MBD_DTYPE_F32, MBD_DTYPE_BF16, MBD_DTYPE_F16};
   /* 1.3b and 130m (one group), 2.7b's width (eight quads a thread), groups
@@ -316,8 +334,16 @@ static void test_gated_norm_vec(void **state) {
         /* f32 routes chain a whole group on one thread: keep those launches short */
         const int64_t cap = acts[a] == MBD_DTYPE_F32 ? 2049 : 16384;
         if (rows[r] > cap || rows[r] * n > (int64_t)16384 * 1536) continue;
-        gnorm_case(rows[r], n, shapes[si][1], acts[a], &seed);
+        gnorm_case(vars, nv, rows[r], n, shapes[si][1], acts[a], &seed);
       }
+}
+static void test_gated_norm_vec(void **state) {
+  (void)state;
+  gnorm_cases(k_gn_vars, (int)(sizeof k_gn_vars / sizeof k_gn_vars[0]));
+}
+static void test_gated_norm_grouped(void **state) {
+  (void)state;
+  gnorm_cases(k_gn_vars_g, (int)(sizeof k_gn_vars_g / sizeof k_gn_vars_g[0]));
 }
 
 static int setup(void **state) {
@@ -336,6 +362,8 @@ int main(void) {
       cmocka_unit_test(test_silu_div_host),
       cmocka_unit_test(test_conv_prefill_vec),
       cmocka_unit_test(test_gated_norm_vec),
+      cmocka_unit_test(test_conv_prefill_grouped),
+      cmocka_unit_test(test_gated_norm_grouped),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
