@@ -21,11 +21,20 @@
  *           conv_silu + ssd_scan at up to 16 sequences; then ops 1 and 2
  *           on the kernels MBD_RMSNORM_BLOCK=1 and MBD_GEMM_RAGGED=0
  *           MBD_GEMM_TILE72=0 select: the block RMSNorm; the strided M <= 16
- *           GEMM and no 64 x 72 tiles; same bits; the last six rows are
+ *           GEMM and no 64 x 72 tiles; same bits; then six rows of
  *           ssd_scan with MBD_SSD_PREFILL=old, the older prefill kernel
  *           in place of ssd_prefill.cu's, =r4 / r8 / r2, ssd_prefill.cu with
  *           four, eight or two channels a lane, and =cb16 / cb64, its
- *           blocks of 16 or 64 channels; all outside the sums).
+ *           blocks of 16 or 64 channels; then conv_silu with
+ *           MBD_CONV_PREFILL=old / t32g / t32g8 / s16v2 / s16v2g / s16g (the
+ *           older prefill kernel; k_conv_tile with SiLUs in groups of one or
+ *           two steps (silu_group); k_conv_seg with segments of 16 steps, 2
+ *           or 4 channels a thread, SiLUs per value or grouped) and
+ *           gated_norm with MBD_GATED_NORM=old / q4g / q4g8 / q2 / q2g (the
+ *           older kernel; k_gated_rmsnorm4 with SiLUs grouped by one or two
+ *           quads; two quads a thread on up to 512 threads); all
+ *           outside the sums); then the HBM floor of conv_silu and
+ *           gated_norm over 2048 rows (their bytes at 4 TB/s).
  * Each call of the backend ends in a stream synchronize, so each run is timed
  * with CUDA events on the default stream around the call (host overhead
  * included). Each cell: warm-up runs, then the median of up to `reps` runs,
@@ -147,7 +156,7 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
 
 /* ---- one layer op by op ---- */
 
-enum { NOPS = 16, NOC = 6, OP_REPS = 10 };
+enum { NOPS = 27, NOC = 6, OP_REPS = 10 };
 static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_silu",
                                              "ssd_scan",    "gated_norm", "out_proj",
                                              "lm_head",     "scan_conv (decode <= 16)",
@@ -158,7 +167,25 @@ static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_si
                                              "ssd_scan MBD_SSD_PREFILL=cb16",
                                              "ssd_scan MBD_SSD_PREFILL=cb64",
                                              "ssd_scan MBD_SSD_PREFILL=r8",
-                                             "ssd_scan MBD_SSD_PREFILL=r2"};
+                                             "ssd_scan MBD_SSD_PREFILL=r2",
+                                             "conv_silu MBD_CONV_PREFILL=old",
+                                             "conv_silu MBD_CONV_PREFILL=t32g",
+                                             "conv_silu MBD_CONV_PREFILL=t32g8",
+                                             "conv_silu MBD_CONV_PREFILL=s16v2",
+                                             "conv_silu MBD_CONV_PREFILL=s16v2g",
+                                             "conv_silu MBD_CONV_PREFILL=s16g",
+                                             "gated_norm MBD_GATED_NORM=old",
+                                             "gated_norm MBD_GATED_NORM=q4g",
+                                             "gated_norm MBD_GATED_NORM=q4g8",
+                                             "gated_norm MBD_GATED_NORM=q2",
+                                             "gated_norm MBD_GATED_NORM=q2g"};
+
+/* Ops 16-26: conv_silu and gated_norm under these values of their variables. */
+static const char *const k_var_op[11][2] = {
+    {"MBD_CONV_PREFILL", "old"},    {"MBD_CONV_PREFILL", "t32g"},   {"MBD_CONV_PREFILL", "t32g8"},
+    {"MBD_CONV_PREFILL", "s16v2"},  {"MBD_CONV_PREFILL", "s16v2g"}, {"MBD_CONV_PREFILL", "s16g"},
+    {"MBD_GATED_NORM", "old"},      {"MBD_GATED_NORM", "q4g"},      {"MBD_GATED_NORM", "q4g8"},
+    {"MBD_GATED_NORM", "q2"},       {"MBD_GATED_NORM", "q2g"}};
 
 /* One layer's buffers on a context of its own (zeros: the timing does not
  * depend on the values), for up to T_PRE rows and MAXB slots. */
@@ -216,6 +243,23 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
       setenv("MBD_SSD_PREFILL", keep, 1);
     else
       unsetenv("MBD_SSD_PREFILL");
+    return rc;
+  }
+  case 16:
+  case 17:
+  case 18:
+  case 19:
+  case 20:
+  case 21:
+  case 22:
+  case 23:
+  case 24:
+  case 25:
+  case 26: { /* ops 2 and 4 on the kernels these variables select (same bits) */
+    const char *var = k_var_op[op - 16][0];
+    setenv(var, k_var_op[op - 16][1], 1);
+    const int rc = run_op(o, op < 22 ? 2 : 4, nseq, T, err);
+    unsetenv(var);
     return rc;
   }
   case 3:
@@ -341,6 +385,12 @@ static int bench_ops(const char *name, const mbd_mamba2_config *c, mbd_state_dty
     printf(" %9.0f%s", layer[col] * c->n_layer + us[6][col], col == 1 ? " |" : "");
   printf("   (pre b8/8: one of 8 chunks; ssd_scan decode state %.1f MB per seq, %s)\n",
          (double)di * N * (double)ses / 1e6, mbd_state_dtype_name(sd));
+  { /* the bytes the two elementwise ops of a 2048-row launch must move */
+    const double conv_b = (double)M * (double)o.cd * 8, gn_b = (double)M * (double)di * 10;
+    printf("%-5s floor at 4 TB/s, %zu rows: conv_silu %.1f us (%.1f MB: xBC f32 in, out), "
+           "gated_norm %.1f us (%.1f MB: y, z f32 in, bf16 out)\n",
+           name, M, conv_b / 4e6, conv_b / 1e6, gn_b / 4e6, gn_b / 1e6);
+  }
   fflush(stdout);
   rc = 0;
 fail:

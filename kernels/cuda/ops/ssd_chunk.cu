@@ -81,9 +81,15 @@ struct ssd_slot<float> {
 
 template <>
 struct ssd_slot<__nv_bfloat16> {
-  /* the value kept after a step: rounded to bf16, as stored */
+  /* the value kept after a step: rounded to bf16, as stored. One
+   * conversion that packs bf16(v) into the upper half over a zero lower
+   * half, which is bf16(v) widened to f32: __float2bfloat16_rn's rounding
+   * without the shift that widening its result takes, on the step's
+   * per-entry path (the b1 prefill is bound by issued instructions). */
   static __device__ __forceinline__ float round(float v) {
-    return __bfloat162float(__float2bfloat16_rn(v));
+    uint32_t u;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(v), "f"(0.0f));
+    return __uint_as_float(u);
   }
   template <int NL>
   static __device__ __forceinline__ void load(float (&st)[NL], const __nv_bfloat16 *p, bool) {

@@ -52,7 +52,7 @@ template <typename ST>
 struct sp_slot;
 template <>
 struct sp_slot<float> {
-  /* R values of a step, rounded in place to what is kept (R even) */
+  /* R values of a step, rounded in place to what is kept */
   template <int R>
   static __device__ __forceinline__ void round(float (&)[R]) {}
   template <int NL>
@@ -82,13 +82,16 @@ struct sp_slot<float> {
 };
 template <>
 struct sp_slot<__nv_bfloat16> {
-  /* two at a time: one conversion packs a pair, each to nearest even */
+  /* one conversion each, to nearest even: cvt.rn.bf16x2.f32 of (v, 0)
+   * puts bf16(v) in the upper half over a zero lower half, which is bf16(v)
+   * widened to f32, so no unpacking follows (a packed pair needed two) */
   template <int R>
   static __device__ __forceinline__ void round(float (&v)[R]) {
 #pragma unroll
-    for (int r = 0; r < R; r += 2) {
-      const __nv_bfloat162 b = __floats2bfloat162_rn(v[r], v[r + 1]);
-      v[r] = __low2float(b), v[r + 1] = __high2float(b);
+    for (int r = 0; r < R; r++) {
+      uint32_t u;
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(v[r]), "f"(0.0f));
+      v[r] = __uint_as_float(u);
     }
   }
   template <int NL>
@@ -210,7 +213,6 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
   constexpr int TC = SP_TC, N = KS * NL, RG = 32 / KS, CPW = RG * R;
   constexpr int LAG = (KS - 1 + TC - 1) / TC, NS = LAG + 3; /* chunks of lag; chunk buffers */
   static_assert((TC & (TC - 1)) == 0, "chunks of a power of two");
-  static_assert(R % 2 == 0, "bf16 rounds the channels in pairs");
   extern __shared__ float4 sp_smem4[];
   const int P = dm.head_dim, bph = P / CB;
   const int h = blockIdx.x / bph, p0 = (blockIdx.x - h * bph) * CB, s = blockIdx.y;
