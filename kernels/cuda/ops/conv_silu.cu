@@ -469,8 +469,8 @@ static int conv_prefill_launch(cudaStream_t s, int nseq, int T, int di, const fl
     const bool g = e && strchr(e, 'g');
     if (e && !strcmp(e, "t64"))
       return conv_tile_launch<K, 64, false, 1, ActT>(s, nseq, T, di, CONV_ARGS);
-    if (e && !strcmp(e, "t32g"))
-      return conv_tile_launch<K, 32, true, 1, ActT>(s, nseq, T, di, CONV_ARGS);
+    if (e && !strcmp(e, "t32"))
+      return conv_tile_launch<K, 32, false, 1, ActT>(s, nseq, T, di, CONV_ARGS);
     if (e && !strcmp(e, "t32g8"))
       return conv_tile_launch<K, 32, true, 2, ActT>(s, nseq, T, di, CONV_ARGS);
     if (e && sscanf(e, "s%d", &sl) == 1 && (sl == 8 || sl == 16 || sl == 32 || sl == 64)) {
@@ -480,6 +480,7 @@ static int conv_prefill_launch(cudaStream_t s, int nseq, int T, int di, const fl
       return g ? conv_seg_launch<K, 4, true, ActT>(s, nseq, T, di, sl, CONV_ARGS)
                : conv_seg_launch<K, 4, false, ActT>(s, nseq, T, di, sl, CONV_ARGS);
     }
+    return conv_tile_launch<K, 32, true, 1, ActT>(s, nseq, T, di, CONV_ARGS);
   }
   return conv_tile_launch<K, 32, false, 1, ActT>(s, nseq, T, di, CONV_ARGS);
 #undef CONV_ARGS

@@ -242,7 +242,7 @@ static int gn_quads(int n, int *fd) {
   const char *e = getenv("MBD_GATED_NORM");
   const int need = n / 4 <= GN4_THREADS * 4 ? 2 : 8;
   int q = 4;
-  *fd = e && strstr(e, "g8") ? 2 : e && strchr(e, 'g') ? 1 : 0;
+  *fd = e && strstr(e, "g8") ? 2 : e && strchr(e, 'p') ? 0 : 1;
   if (e && !strcmp(e, "old")) return 0;
   if (e && !strncmp(e, "q2", 2)) q = 2;
   if (e && !strncmp(e, "q8", 2)) q = 8;
