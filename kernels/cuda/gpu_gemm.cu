@@ -27,17 +27,19 @@ static const tile_cfg k_stiles[3] = {MBD_SGEMM_TILES(STILE)};
 #undef HTILE
 #undef STILE
 
-/* wgmma configurations: bm, bn, stages, blocks per SM, tma, fold. */
+/* wgmma configurations: bm, bn, stages, blocks per SM, threads, tma, fold. */
 struct wtile_cfg {
-  int bm, bn, stages, occ;
+  int bm, bn, stages, occ, threads;
   bool tma, fold;
 };
-#define WTILE(ty, T, i, CWG, BN, IN, ST, TMA, MINB, FOLD) {64 * CWG, BN, ST, MINB, TMA, FOLD},
-static constexpr wtile_cfg k_wtiles[10] = {MBD_WG_TILES(WTILE, , )};
+#define WTILE(ty, T, i, CWG, BN, IN, ST, TMA, MINB, FOLD, SCHED)                          \
+  {64 * CWG, BN, ST, MINB, MBD_WG_THREADS(CWG, SCHED), TMA, FOLD},
+static constexpr wtile_cfg k_wtiles[15] = {MBD_WG_TILES(WTILE, , )};
 #undef WTILE
 /* Relative per-SM efficiency of each wgmma configuration (dispatch cost
- * model only). */
-static const double k_weff[10] = {0.3, 0.4, 0.55, 0.7, 0.75, 0.9, 1.0, 0.5, 0.8, 0.6};
+ * model only; 10..14 are only swapped in for 5 by sched_tile). */
+static const double k_weff[15] = {0.3, 0.4, 0.55, 0.7, 0.75, 0.9, 1.0, 0.5,
+                                  0.8, 0.6, 0.9, 0.9, 0.9, 0.95, 0.95};
 /* Configuration 9 (64 x 72): for M <= 64 only, taken over 0..3 only when its
  * estimate is at least 10% lower (see pick_wtile). */
 #define WTILE_72 9
@@ -122,6 +124,33 @@ static int pick_wtile(const mbd_gpu_ctx *ctx, int64_t m, int64_t n, int64_t k, b
     }
   }
   return best;
+}
+
+/* MBD_GEMM_SCHED (read per call) swaps the 128 x 128 TMA tile (configuration
+ * 5) for one of the same bits under another schedule or ring depth
+ * (gemm_params.h): old (or unset): 5 itself; st6 / st7: warpgroup 1 two k
+ * tiles behind warpgroup 0, 6 / 7 ring slots (10 / 11); s6: 6 slots (12);
+ * w192st / w192: 128 x 192 tiles, the producer warpgroup's registers handed
+ * to the consumers, with / without the stagger (13 / 14), taken where their
+ * waves cost no more than the 128 x 128 tiles' (else 5). */
+static int sched_tile(const mbd_gpu_ctx *ctx, int ti, int64_t m, int64_t n) {
+  if (ti != WTILE_NOFOLD - 1) return ti;
+  const char *env = getenv("MBD_GEMM_SCHED");
+  if (!env) return ti;
+  static const struct { const char *name; int tile; } k[] = {
+      {"st6", 10}, {"st7", 11}, {"s6", 12}, {"w192st", 13}, {"w192", 14}};
+  for (const auto &e : k) {
+    if (strcmp(env, e.name) != 0) continue;
+    const wtile_cfg &w = k_wtiles[e.tile], &t = k_wtiles[ti];
+    if (w.bn != t.bn) { /* a wider tile: no more waves x tile area than 5's */
+      const int64_t slots = (int64_t)ctx->sm_count * w.occ;
+      const int64_t wv = cdiv(cdiv(m, w.bm) * cdiv(n, w.bn), slots);
+      const int64_t tv = cdiv(cdiv(m, t.bm) * cdiv(n, t.bn), (int64_t)ctx->sm_count * t.occ);
+      if (wv * w.bm * w.bn > tv * t.bm * t.bn) return ti;
+    }
+    return e.tile;
+  }
+  return ti;
 }
 
 /* cc 9.0 device and an sm_90a build: the wgmma family is the route's. */
@@ -419,13 +448,10 @@ static int pick_wcltile(int ti, int64_t m, int64_t n) {
   return -1;
 }
 
-/* MBD_GEMM_CLDEBUG=1: each cluster launch prints its kernel, grid, cluster
- * size, shared memory and the device's count of co-resident clusters of that
- * launch to stderr (a diagnostic for the bench). */
-static void cl_debug(mbd_gpu_ctx *ctx, int slot, unsigned grid, unsigned threads, size_t smem,
-                     unsigned cs) {
-  const char *env = getenv("MBD_GEMM_CLDEBUG");
-  if (!(env && env[0] == '1')) return;
+/* The device's count of co-resident clusters of cs blocks for this launch
+ * of the kernel in slot, or -1 when it gives no answer. */
+static int cl_fit(mbd_gpu_ctx *ctx, int slot, unsigned grid, unsigned threads, size_t smem,
+                  unsigned cs) {
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeClusterDimension;
@@ -442,6 +468,17 @@ static void cl_debug(mbd_gpu_ctx *ctx, int slot, unsigned grid, unsigned threads
     (void)cudaGetLastError();
     fit = -1;
   }
+  return fit;
+}
+
+/* MBD_GEMM_CLDEBUG=1: each cluster launch prints its kernel, grid, cluster
+ * size, shared memory and the device's count of co-resident clusters of that
+ * launch to stderr (a diagnostic for the bench). */
+static void cl_debug(mbd_gpu_ctx *ctx, int slot, unsigned grid, unsigned threads, size_t smem,
+                     unsigned cs) {
+  const char *env = getenv("MBD_GEMM_CLDEBUG");
+  if (!(env && env[0] == '1')) return;
+  const int fit = cl_fit(ctx, slot, grid, threads, smem, cs);
   fprintf(stderr, "cluster launch: %s grid %u x %u threads, cluster %u, smem %zu, "
           "co-resident clusters %d (%d blocks; %d SMs)\n", mbd_k_kernel_names[slot], grid,
           threads, cs, smem, fit, fit * (int)cs, ctx->sm_count);
@@ -472,22 +509,7 @@ static int gemm_wgcl(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gem
   if (c.ps) { /* persistent: at most the clusters (blocks) that fit at once */
     int fit = 0;
     if (cs > 1) {
-      cudaLaunchConfig_t cfg = {};
-      cudaLaunchAttribute at[1];
-      at[0].id = cudaLaunchAttributeClusterDimension;
-      at[0].val.clusterDim.x = cs;
-      at[0].val.clusterDim.y = 1;
-      at[0].val.clusterDim.z = 1;
-      cfg.gridDim = dim3((unsigned)(clusters * cs));
-      cfg.blockDim = dim3(threads);
-      cfg.dynamicSmemBytes = smem;
-      cfg.attrs = at;
-      cfg.numAttrs = 1;
-      if (!mbd_gpu_status_ok(
-              cudaOccupancyMaxActiveClusters(&fit, (const void *)ctx->k[slot], &cfg))) {
-        (void)cudaGetLastError();
-        fit = 0;
-      }
+      fit = cl_fit(ctx, slot, (unsigned)(clusters * cs), threads, smem, cs);
     } else {
       int per_sm = 0;
       if (!mbd_gpu_status_ok(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
@@ -524,6 +546,7 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
       if (rc != 1) return rc; /* 1: the encoder refused, the tile kernels run */
     }
   }
+  ti = sched_tile(ctx, ti, a->m, a->n);
   const wtile_cfg &t = k_wtiles[ti];
   /* M < BM: the X box brings exactly the rows that exist (a box past the
    * tensor's last row makes the copy engine zero-fill, which is slow) */
@@ -544,8 +567,7 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   *kname = mbd_k_kernel_names[slot];
   void *args[] = {&P};
   dim3 grid((unsigned)((int64_t)P.tiles_m * P.tiles_n));
-  return launch(ctx, slot, grid, dim3((unsigned)(u.bm / 64 * 128 + 32)), smem, args,
-                a->w_static != 0, err);
+  return launch(ctx, slot, grid, dim3((unsigned)u.threads), smem, args, a->w_static != 0, err);
 }
 
 static int gemm_det(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const char **kname,

@@ -17,7 +17,15 @@
  * MBD_GEMM_PERSIST=1 (the 128-row tiles persistent: at most the co-resident
  * blocks, each walking tiles with one ring) alone and with MBD_GEMM_MCAST=2,
  * same bits, a SUMMARY line each.
- * First the Mamba-2 projections (bench_mamba2; --mamba2: only those). */
+ * Each M >= 256 shape also prints a "sched" line: us per GEMM under each
+ * MBD_GEMM_SCHED setting (gpu_gemm.cu sched_tile: old = the 128 x 128 tile
+ * as before; st6 / st7 = its consumer warpgroups staggered by two k tiles,
+ * 6 / 7 ring slots; s6 = 6 slots; w192st / w192 = 128 x 192 tiles with the
+ * producer warpgroup's registers given to the consumers, staggered or not;
+ * same bits), the ratio cuBLAS-fast / that, and the kernel's slot, with a
+ * SUMMARY geomean per setting.
+ * First the Mamba-2 projections (bench_mamba2, M = 1, 8, 16, 64 and 2048;
+ * --mamba2: only those). */
 #include <algorithm>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -158,6 +166,48 @@ static double time_gemm(mbd_gpu_ctx *ctx, bufset &b, mbd_gpu_gemm_args a) {
   return t[t.size() / 2];
 }
 
+/* MBD_GEMM_SCHED settings (gpu_gemm.cu sched_tile; same bits): "" = unset
+ * (the default), then the 128 x 128 tile's other schedules and ring depths
+ * and the 128 x 192 tiles. */
+static const char *const k_sched[] = {"", "old", "st6", "st7", "s6", "w192st", "w192"};
+#define N_SCHED ((int)(sizeof k_sched / sizeof k_sched[0]))
+static void time_sched(mbd_gpu_ctx *ctx, bufset &b, const mbd_gpu_gemm_args &a,
+                       double t[N_SCHED]) {
+  for (int i = 0; i < N_SCHED; i++) {
+    if (k_sched[i][0]) setenv("MBD_GEMM_SCHED", k_sched[i], 1);
+    t[i] = time_gemm(ctx, b, a);
+    unsetenv("MBD_GEMM_SCHED");
+  }
+}
+/* The kernel one launch of a runs (the launch record's name). */
+static void kernel_name(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args &a, char *out, size_t cap) {
+  mbd_error err;
+  snprintf(out, cap, "?");
+  if (mbd_gpu_record_begin(ctx, &err) == 0) {
+    if (mbd_gpu_gemm(ctx, &a, &err) < 0) die("gemm", err);
+    if (mbd_gpu_record_end(ctx, &err) == 0 && mbd_gpu_record_count(ctx) == 1)
+      snprintf(out, cap, "%s", mbd_gpu_record_at(ctx, 0)->kernel);
+  }
+}
+/* One line: us per GEMM under each MBD_GEMM_SCHED setting and its kernel. */
+static void print_sched(const char *tag, mbd_gpu_ctx *ctx, bufset &b, mbd_gpu_gemm_args a,
+                        double fast_t, double out[N_SCHED]) {
+  time_sched(ctx, b, a, out);
+  a.x = b.x[0];
+  a.w = b.w[0];
+  printf("  sched %s:", tag);
+  for (int i = 0; i < N_SCHED; i++) {
+    char name[64];
+    if (k_sched[i][0]) setenv("MBD_GEMM_SCHED", k_sched[i], 1);
+    kernel_name(ctx, a, name, sizeof name);
+    unsetenv("MBD_GEMM_SCHED");
+    const char *shortname = strstr(name, "wgemm_") ? strrchr(name, '_') + 1 : name;
+    printf(" %s=%.2f(%.2f,%s)", k_sched[i][0] ? k_sched[i] : "default", out[i] * 1e6,
+           fast_t / out[i], shortname);
+  }
+  printf("\n");
+}
+
 /* Mamba-2 projections (130m: d 768, in_proj N = 2 d_inner + 2 d_state +
  * heads = 3352; 1.3b: d 2048, N = 8512) at M = 1, 8, 16, 64 in bf16: det (the
  * default dispatch), det with MBD_GEMM_RAGGED=0 MBD_GEMM_TILE72=0 (the
@@ -168,7 +218,7 @@ static void bench_mamba2(mbd_gpu_ctx *det, mbd_gpu_ctx *fast) {
   struct { const char *model, *name; int n, k; } proj[4] = {
       {"130m", "in_proj", 3352, 768}, {"130m", "out_proj", 768, 1536},
       {"1.3b", "in_proj", 8512, 2048}, {"1.3b", "out_proj", 2048, 4096}};
-  const int ms_[4] = {1, 8, 16, 64};
+  const int ms_[5] = {1, 8, 16, 64, 2048};
   printf("Mamba-2 bf16 | %-5s %-8s %5s %5s %5s | %9s %7s | %9s %7s | %9s %7s | %s\n", "model",
          "proj", "M", "N", "K", "det_us", "GB/s", "old_us", "GB/s", "fast_us", "GB/s",
          "det kernel");
@@ -183,10 +233,10 @@ static void bench_mamba2(mbd_gpu_ctx *det, mbd_gpu_ctx *fast) {
       b.w.push_back(w);
     }
     void *x;
-    CK(cudaMalloc(&x, (size_t)64 * p.k * 2));
-    fill_random(x, (size_t)64 * p.k, MBD_DTYPE_BF16, 100);
+    CK(cudaMalloc(&x, (size_t)2048 * p.k * 2));
+    fill_random(x, (size_t)2048 * p.k, MBD_DTYPE_BF16, 100);
     b.x.push_back(x);
-    CK(cudaMalloc(&b.y, (size_t)64 * p.n * 4));
+    CK(cudaMalloc(&b.y, (size_t)2048 * p.n * 4));
     for (int M : ms_) {
       mbd_gpu_gemm_args a = {MBD_DTYPE_BF16, MBD_DTYPE_F32, M, p.n, p.k, x, b.w[0], NULL, b.y, 1};
       mbd_error err;
@@ -206,6 +256,10 @@ static void bench_mamba2(mbd_gpu_ctx *det, mbd_gpu_ctx *fast) {
       printf("Mamba-2 bf16 | %-5s %-8s %5d %5d %5d | %9.2f %7.0f | %9.2f %7.0f | %9.2f %7.0f | %s\n",
              p.model, p.name, M, p.n, p.k, t0 * 1e6, wbytes / t0 / 1e9, t1 * 1e6,
              wbytes / t1 / 1e9, t2 * 1e6, wbytes / t2 / 1e9, kname);
+      if (M >= 256) {
+        double ts[N_SCHED];
+        print_sched("(us, cuBLAS-fast / det, kernel)", det, b, a, t2, ts);
+      }
       fflush(stdout);
     }
     for (auto w : b.w) CK(cudaFree(w));
@@ -264,6 +318,8 @@ int main(int argc, char **argv) {
   printf("(det, fast: TFLOP/s for M >= 256, GB/s of weight bytes for M <= 64; ratio = "
          "det speed / cuBLAS speed; det/bw = weight GB/s / copy bandwidth)\n");
   double log_sum = 0, log_mc0 = 0, log_mc4 = 0, log_plain = 0, log_ps = 0, log_ps2 = 0;
+  double log_sched[N_SCHED] = {0}, worst_sched[N_SCHED];
+  for (int i = 0; i < N_SCHED; i++) worst_sched[i] = 1e9;
   double worst = 1e9, worst_mc0 = 1e9, worst_mc4 = 1e9, worst_plain = 1e9;
   int log_n = 0;
   double agg_bytes = 0, agg_time = 0, agg_time_fast = 0;
@@ -371,6 +427,14 @@ int main(int argc, char **argv) {
             }
             printf("\n");
           }
+          if (d == 0 && M >= 256) {
+            double ts[N_SCHED];
+            print_sched("(us, cuBLAS-fast / det, kernel)", ctx[d][0], b, a, t[1], ts);
+            for (int i = 0; i < N_SCHED; i++) {
+              log_sched[i] += log(t[1] / ts[i]);
+              worst_sched[i] = std::min(worst_sched[i], t[1] / ts[i]);
+            }
+          }
           fflush(stdout);
           if (d == 0 && M == 1 && !strcmp(mo.name, "1.4b")) {
             agg_bytes += (double)wbytes;
@@ -396,6 +460,10 @@ int main(int argc, char **argv) {
          log_n ? exp(log_ps / log_n) : 0.0);
   printf("SUMMARY bf16 det MBD_GEMM_PERSIST=1 MBD_GEMM_MCAST=2 / cublas-fast geomean over "
          "M>=256: %.3f\n", log_n ? exp(log_ps2 / log_n) : 0.0);
+  for (int i = 0; i < N_SCHED; i++)
+    printf("SUMMARY bf16 det MBD_GEMM_SCHED=%s / cublas-fast geomean over M>=256: %.3f, worst "
+           "%.3f\n", k_sched[i][0] ? k_sched[i] : "(unset)",
+           log_n ? exp(log_sched[i] / log_n) : 0.0, worst_sched[i]);
   fflush(stdout);
   printf("SUMMARY bf16 1.4b M=1 aggregated weight bandwidth: det %.0f GB/s = %.2f of copy bw "
          "(floor 0.60), cublas-fast %.0f GB/s = %.2f\n", agg_bytes / agg_time / 1e9,
@@ -432,6 +500,12 @@ int main(int argc, char **argv) {
            "MBD_GEMM_MCAST=2 %.1f, =4 %.1f, =0 %.1f; MBD_GEMM_PERSIST=1 %.1f, "
            "with MBD_GEMM_MCAST=2 %.1f TFLOP/s\n", S, fl / t0 / 1e12, fl / t1 / 1e12, t1 / t0,
            fl / tm0 / 1e12, fl / tm4 / 1e12, fl / tl / 1e12, fl / tp / 1e12, fl / tp2 / 1e12);
+    double ts[N_SCHED];
+    print_sched("square (us, cuBLAS-fast / det, kernel)", ctx[0][0], b, a, t1, ts);
+    printf("square bf16 %d^3 TFLOP/s by MBD_GEMM_SCHED:", S);
+    for (int i = 0; i < N_SCHED; i++)
+      printf(" %s %.1f", k_sched[i][0] ? k_sched[i] : "default", fl / ts[i] / 1e12);
+    printf("\n");
     fflush(stdout);
   }
   for (int d = 0; d < 2; d++)

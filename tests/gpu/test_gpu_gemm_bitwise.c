@@ -32,7 +32,10 @@
  *   and partial N tiles, under MBD_GEMM_MCAST=0 (no clusters), 4 (2 x 2)
  *   and 2 (2 x 1), each also persistent (MBD_GEMM_PERSIST=1), and the
  *   default (2 x 1 only for narrow N at many M tiles); each form must run
- *   on some shape. */
+ *   on some shape;
+ * - on sm_90a each MBD_GEMM_SCHED setting (the 128 x 128 tile's other
+ *   schedules and ring depths, the 128 x 192 tiles) gives the rows-alone bits
+ *   at the same M; each setting's kernel must run on some shape. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -290,6 +293,37 @@ static void check_mcast(fixture *f, int seen[4]) {
   if (failed) fail_msg("%lld cluster-setting runs differ from rows alone", (long long)failed);
 }
 
+/* MBD_GEMM_SCHED settings (gpu_gemm.cu sched_tile: the 128 x 128 TMA tile
+ * under the staggered warpgroups with 6 and 7 ring slots, 6 slots alone, and
+ * the 128 x 192 tiles whose consumers take the producer warpgroup's
+ * registers, staggered or not): each gives the rows-alone bits at M with 5,
+ * 9, 16 (a partial last one) and 32 tiles of 128 rows. seen[i]: runs of the setting's kernel (mbd_wgemm_*_<10 + i>),
+ * so the comparison cannot pass vacuously (run_policy requires each). */
+static const char *const k_sched[] = {"st6", "st7", "s6", "w192st", "w192"};
+#define N_SCHED (sizeof k_sched / sizeof k_sched[0])
+
+static void check_sched(fixture *f, int seen[N_SCHED]) {
+  if (f->dt == MBD_DTYPE_F32) return;
+  static const int64_t ms[] = {520, 1100, 2047, 4096};
+  int64_t failed = 0;
+  for (size_t si = 0; si < N_SCHED; si++) {
+    assert_int_equal(setenv("MBD_GEMM_SCHED", k_sched[si], 1), 0);
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+      char name[64];
+      kernel_of(f, ms[i], name, sizeof name);
+      const char *wg = strstr(name, "wgemm_");
+      if (wg && atoi(strrchr(name, '_') + 1) == 10 + (int)si) seen[si]++;
+      const int64_t row0 = ms[i] % 7;
+      run_rows(f, row0, ms[i]);
+      char what[128];
+      snprintf(what, sizeof what, "MBD_GEMM_SCHED=%s %s", k_sched[si], name);
+      if (count_diff(f, row0, ms[i], what)) failed++;
+    }
+  }
+  assert_int_equal(unsetenv("MBD_GEMM_SCHED"), 0);
+  if (failed) fail_msg("%lld schedule-setting runs differ from rows alone", (long long)failed);
+}
+
 static void check_repeat_and_graph(fixture *f) {
   mbd_error err;
   mbd_error_clear(&err);
@@ -454,7 +488,7 @@ static void run_policy(mbd_dtype_policy pol) {
       {16856, 1040, 20, 0}, {5120, 160, 20, 0},   {192, 5120, 20, 0},  {1800, 2056, 20, 0},
       {3072, 768, 20, 0},   {6144, 1536, 20, 0},  {4096, 1024, 20, 0}, {8512, 2048, 20, 1},
       {2120, 1040, 20, 1},  {9000, 264, 20, 1},   {3352, 768, 20, 0},  {2048, 4096, 20, 0}};
-  int seen[4] = {0, 0, 0, 0};
+  int seen[4] = {0, 0, 0, 0}, seen_sched[N_SCHED] = {0};
   for (int s = 0; s < 16; s++) {
     if (s >= 3 && (pol == MBD_POLICY_F32 || pol == MBD_POLICY_TF32)) continue;
     fixture f;
@@ -464,6 +498,7 @@ static void run_policy(mbd_dtype_policy pol) {
     if (s != 1) check_unaligned(&f);
     check_ragged(&f, (int)shapes[s][3]);
     check_mcast(&f, seen);
+    check_sched(&f, seen_sched);
     if (s == 0) {
       check_repeat_and_graph(&f);
       check_storage_output(&f);
@@ -475,6 +510,8 @@ static void run_policy(mbd_dtype_policy pol) {
   if (seen[2] && (!seen[0] || !seen[1] || !seen[3]))
     fail_msg("the cluster kernels did not run (2 x 1: %d, 2 x 2: %d, persistent: %d runs)",
              seen[0], seen[1], seen[3]);
+  for (size_t si = 0; seen[2] && si < N_SCHED; si++)
+    if (!seen_sched[si]) fail_msg("MBD_GEMM_SCHED=%s never ran its kernel", k_sched[si]);
 }
 
 static void test_f32(void **st) { (void)st; run_policy(MBD_POLICY_F32); }

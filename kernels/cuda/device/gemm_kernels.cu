@@ -305,7 +305,7 @@ MBD_HGEMM_ALL(f16, __half)
  * across blocks, no atomics: a row's bits depend only on that row of x and on W.
  *
  * wg_body block: CWG consumer warpgroups (warps 0..4*CWG-1), then one producer
- * warp. Shared memory: STAGES x (A tile [64*CWG][64], B tile [BN][64]) in the TMA
+ * warp (under MBD_WG_RG a producer warpgroup, whose first warp loads). Shared memory: STAGES x (A tile [64*CWG][64], B tile [BN][64]) in the TMA
  * 128-byte swizzle (16-byte chunk c of row r at r*128 + ((c ^ (r & 7)) * 16)),
  * then full/empty mbarriers. When M < BM the X box covers only the M rows
  * that exist (the copy engine's zero fill of absent rows is slower than real
@@ -346,12 +346,15 @@ template <typename T, int N> struct wgmma_op {
   F(42) F(43) F(44) F(45) F(46) F(47) F(48) F(49) F(50) F(51)                           \
   F(52) F(53) F(54) F(55) F(56) F(57) F(58) F(59) F(60) F(61)                           \
   F(62) F(63)
-#define WG_ACC_128(F)                                                                   \
+#define WG_ACC_96(F)                                                                    \
   WG_ACC_64(F)                                                                          \
   F(64) F(65) F(66) F(67) F(68) F(69) F(70) F(71) F(72) F(73)                           \
   F(74) F(75) F(76) F(77) F(78) F(79) F(80) F(81) F(82) F(83)                           \
   F(84) F(85) F(86) F(87) F(88) F(89) F(90) F(91) F(92) F(93)                           \
-  F(94) F(95) F(96) F(97) F(98) F(99) F(100) F(101) F(102) F(103)                       \
+  F(94) F(95)
+#define WG_ACC_128(F)                                                                   \
+  WG_ACC_96(F)                                                                          \
+  F(96) F(97) F(98) F(99) F(100) F(101) F(102) F(103)                                 \
   F(104) F(105) F(106) F(107) F(108) F(109) F(110) F(111) F(112) F(113)                 \
   F(114) F(115) F(116) F(117) F(118) F(119) F(120) F(121) F(122) F(123)                 \
   F(124) F(125) F(126) F(127)
@@ -373,6 +376,7 @@ template <typename T, int N> struct wgmma_op {
   X(T, ty, 64, 32, 33)                                                                  \
   X(T, ty, 72, 36, 37)                                                                  \
   X(T, ty, 128, 64, 65)                                                                 \
+  X(T, ty, 192, 96, 97)                                                                 \
   X(T, ty, 256, 128, 129)
 MBD_WGMMA_SHAPES(MBD_WGMMA, __nv_bfloat16, bf16)
 MBD_WGMMA_SHAPES(MBD_WGMMA, __half, f16)
@@ -388,6 +392,28 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
 template <int N> __device__ __forceinline__ void wg_fence_regs(float *d) {
 #pragma unroll
   for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+/* A chunk partial into the running sum, after the wait_group that completed
+ * its chain. */
+template <int N> __device__ __forceinline__ void wg_fold(float *sum, float *p) {
+  wg_fence_regs<N>(p);
+#pragma unroll
+  for (int i = 0; i < N; i++) sum[i] = __fadd_rn(sum[i], p[i]);
+}
+/* Hand registers between warpgroups (every warp of the warpgroup runs it). */
+template <int R> __device__ __forceinline__ void wg_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+}
+template <int R> __device__ __forceinline__ void wg_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
+}
+/* Named barrier id between the two consumer warpgroups (256 threads):
+ * warpgroup 1 waits, warpgroup 0 only arrives. */
+__device__ __forceinline__ void wg_bar_sync(int id) {
+  asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void wg_bar_arrive(int id) {
+  asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory");
 }
 /* The host sizes shared memory from the same configuration table
  * (gemm_params.h); a mismatch would overrun it silently, so trap. */
@@ -477,6 +503,14 @@ __device__ __forceinline__ void mbar_wait_cl(uint32_t bar, uint32_t parity) {
   }
 }
 
+/* A ring wait: bounded (mbar_wait_cl) or not. */
+template <bool BOUND> __device__ __forceinline__ void wg_wait_bar(uint32_t bar, uint32_t parity) {
+  if (BOUND)
+    mbar_wait_cl(bar, parity);
+  else
+    mbar_wait(bar, parity);
+}
+
 /* Plain-load producer (K % 8 != 0 or unaligned pointers): the same swizzled
  * layout, zeros past the matrix, then a proxy fence so wgmma sees the stores. */
 template <typename T>
@@ -498,10 +532,7 @@ __device__ __forceinline__ void wg_stage(float *d, int kt, uint32_t stage_s, uin
                                          uint32_t b_off, uint32_t full0, uint32_t empty0,
                                          int lane, uint32_t arr_rank) {
   const int s = kt % STAGES;
-  if (!BOUND)
-    mbar_wait(full0 + 8 * s, (uint32_t)(kt / STAGES) & 1u);
-  else
-    mbar_wait_cl(full0 + 8 * s, (uint32_t)(kt / STAGES) & 1u);
+  wg_wait_bar<BOUND>(full0 + 8 * s, (uint32_t)(kt / STAGES) & 1u);
   const uint32_t a_s = stage_s + a_off, b_s = stage_s + b_off;
   wg_fence();
 #pragma unroll
@@ -522,7 +553,16 @@ __device__ __forceinline__ void wg_stage(float *d, int kt, uint32_t stage_s, uin
 #endif
 
 /* FOLD: K may exceed one chunk (acc plus a chunk partial in registers, so BN
- * is at most 128); without it the host only dispatches K <= MBD_WG_KCH.
+ * is at most 128, 192 under RG); without it the host only dispatches K <=
+ * MBD_WG_KCH. Each chunk's chain is waited for in full (wait_group 0) before
+ * its fold: reading a partial while any wgmma is in flight makes ptxas
+ * serialize every wgmma of the kernel (C7514, also with the partial of the
+ * previous chunk in a second register set), so a warpgroup's tensor work
+ * pauses at each chunk end. SCHED (gemm_params.h) hides that pause or widens
+ * the tile without changing a chain: MBD_WG_ST puts warpgroup 1 two k tiles
+ * behind warpgroup 0, so one warpgroup's queued wgmmas run while the other
+ * folds; MBD_WG_RG makes the producer a warpgroup that gives its registers to
+ * the consumers (setmaxnreg), so a 128 x 192 tile holds its sum and partial.
  * CM x CN > 1: a thread-block cluster of CM x CN blocks (TMA producer only),
  * rank = rn CM + rm, owning M tiles tm0 + rm and N tiles tn0 + rn. The CM
  * blocks of one N tile share its W tile: block rm loads rows [rm BN / CM,
@@ -540,19 +580,28 @@ __device__ __forceinline__ void wg_stage(float *d, int kt, uint32_t stage_s, uin
  * block loads which bytes is all that changes: the chains and the fold are
  * the same. */
 template <typename T, int CWG, int BN, int IN, int STAGES, bool TMA, bool FOLD, int CM, int CN,
-          bool PERSIST>
+          bool PERSIST, int SCHED>
 __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
 #ifdef MBD_HAVE_WGMMA
+  constexpr bool ST = (SCHED & MBD_WG_ST) != 0, RG = (SCHED & MBD_WG_RG) != 0;
   constexpr int BM = 64 * CWG, BK = 64, KCH = MBD_WG_KCH / BK;
   constexpr uint32_t A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
   constexpr uint32_t STAGE_BYTES = A_BYTES + B_BYTES;
   constexpr bool CL = CM * CN > 1;
   constexpr int NARR = CL ? CM + CN - 1 : 0;
   static_assert(BN % IN == 0 && IN % 8 == 0, "instruction N must tile BN");
-  static_assert(!FOLD || BN <= 128, "acc + partial must fit the register file");
   static_assert(!CL || (TMA && BN % (8 * CM) == 0 && BM % (8 * CN) == 0 && CM * CN <= 16),
                 "cluster pieces are whole 8-row swizzle atoms");
   static_assert(!PERSIST || TMA, "the persistent tiles have the TMA producer");
+  constexpr bool BOUND = CL || PERSIST || ST; /* ring waits that trap instead of hanging */
+  static_assert(!FOLD || BN <= (RG ? 192 : 128), "acc + partial must fit the register file");
+  static_assert(!RG || (CWG == 2 && !CL && !PERSIST), "RG: two consumer warpgroups, alone");
+  /* ST: warpgroup 0 arrives for chunk c + 2 (same barrier id) only after
+   * warpgroup 1 released the slot of chunk c's first stage (STAGES <= 10);
+   * warpgroup 1 never waits for a slot warpgroup 0 needs it to free
+   * (STAGES >= 3) */
+  static_assert(!ST || (CWG == 2 && STAGES >= 3 && STAGES <= 10 && !CL && !PERSIST),
+                "the staggered warpgroups: two, alone, a ring of 3..10 slots");
   extern __shared__ __align__(16) unsigned char wg_raw[];
   const uint32_t raw_s = smem_u32(wg_raw);
   const uint32_t base_s = (raw_s + 1023u) & ~1023u; /* the swizzle atom needs 1024 */
@@ -587,9 +636,18 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
       tn = tn * CN + (int)rn;
     }
   };
-  int tm0, tn0; /* this block's first (or only) tile */
-  tile_of(cell0, tm0, tn0);
-  const int m0_first = tm0 * BM, n0_first = tn0 * BN;
+  /* f(tm, tn) for each of this block's tiles: its cell's, then (PERSIST)
+   * those of every cstride-th cell after it */
+  auto for_tiles = [&](auto &&f) {
+    int tm, tn;
+    tile_of(cell0, tm, tn);
+    for (int cell = cell0; cell < ncells;) {
+      f(tm, tn);
+      if (!PERSIST) break;
+      cell += cstride;
+      if (cell < ncells) tile_of(cell, tm, tn);
+    }
+  };
   const int KT = (p.k + BK - 1) / BK;
   wg_check_smem(1023u + STAGES * STAGE_BYTES + 16u * STAGES);
 
@@ -617,71 +675,55 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
   wg_pdl_wait(); /* X and Y belong to the predecessor until it completes */
   wg_pdl_trigger();
 
-  if (warp == 4 * CWG) { /* producer warp */
-    if constexpr (CL || PERSIST) {
-      if (lane == 0) {
-        constexpr int AP = BM / CN, BP = BN / CM; /* rows of this block's pieces */
-        constexpr uint16_t col_mask = (uint16_t)((1u << CM) - 1u);
-        uint16_t row_mask = 0;
-        for (int j = 0; j < CN; j++) row_mask |= (uint16_t)(1u << (j * CM + rm));
-        const uint16_t b_mask = (uint16_t)(col_mask << (rn * CM));
-        int g = 0; /* ring stage count over all of this block's cells */
-        for (int cell = cell0, tm = tm0, tn = tn0; cell < ncells;) {
-          const int m0 = tm * BM, n0 = tn * BN;
-          const int a_row = min(m0 + (int)rn * AP, p.m - 1);
-          const int b_row = min(n0 + (int)rm * BP, p.n - 1);
-          for (int kt = 0; kt < KT; kt++, g++) {
-            const int s = g % STAGES;
-            const uint32_t ph = (uint32_t)(g / STAGES) & 1u;
-            const uint32_t a_s = base_s + s * STAGE_BYTES, b_s = a_s + A_BYTES;
-            if (g >= STAGES) mbar_wait_cl(empty0 + 8 * s, ph ^ 1u);
-            mbar_expect_tx(full0 + 8 * s, CL ? STAGE_BYTES : (uint32_t)P.a_rows * 128u + B_BYTES);
-            if (CN == 1)
-              tma_load_2d(a_s, &P.tx, full0 + 8 * s, kt * BK, CL ? a_row : m0);
-            else
-              tma_load_2d_mc(a_s + rn * AP * 128, &P.tx, full0 + 8 * s, kt * BK, a_row, row_mask);
-            if (CM == 1)
-              tma_load_2d(b_s, &P.tw, full0 + 8 * s, kt * BK, CL ? b_row : n0);
-            else
-              tma_load_2d_mc(b_s + rm * BP * 128, &P.tw, full0 + 8 * s, kt * BK, b_row, b_mask);
-          }
-          if (!PERSIST) break;
-          cell += cstride;
-          if (cell < ncells) tile_of(cell, tm, tn);
+  if (RG && warp >= 4 * CWG) { /* the producer warpgroup's registers go to the consumers */
+    wg_setmaxnreg_dec<MBD_WG_RG_PRODUCER_REGS>();
+    if (warp > 4 * CWG) return; /* one producer warp issues the copies */
+  }
+  if (warp == 4 * CWG) { /* producer warp: TMA from lane 0, plain loads from all lanes */
+    constexpr int AP = BM / CN, BP = BN / CM; /* rows of this block's pieces */
+    constexpr uint16_t col_mask = (uint16_t)((1u << CM) - 1u);
+    uint16_t row_mask = 0;
+    for (int j = 0; j < CN; j++) row_mask |= (uint16_t)(1u << (j * CM + rm));
+    const uint16_t b_mask = (uint16_t)(col_mask << (rn * CM));
+    int g = 0; /* ring stage count over all of this block's cells */
+    auto produce = [&](const int tm, const int tn) {
+      const int m0 = tm * BM, n0 = tn * BN;
+      const int a_row = CL ? min(m0 + (int)rn * AP, p.m - 1) : m0;
+      const int b_row = CL ? min(n0 + (int)rm * BP, p.n - 1) : n0;
+      for (int kt = 0; kt < KT; kt++, g++) {
+        const int s = g % STAGES;
+        const uint32_t ph = (uint32_t)(g / STAGES) & 1u, full = full0 + 8 * s;
+        const uint32_t a_s = base_s + s * STAGE_BYTES, b_s = a_s + A_BYTES;
+        if (g >= STAGES) wg_wait_bar<BOUND>(empty0 + 8 * s, ph ^ 1u);
+        if (TMA) {
+          mbar_expect_tx(full, CL ? STAGE_BYTES : (uint32_t)P.a_rows * 128u + B_BYTES);
+          if (CN == 1)
+            tma_load_2d(a_s, &P.tx, full, kt * BK, a_row);
+          else
+            tma_load_2d_mc(a_s + rn * AP * 128, &P.tx, full, kt * BK, a_row, row_mask);
+          if (CM == 1)
+            tma_load_2d(b_s, &P.tw, full, kt * BK, b_row);
+          else
+            tma_load_2d_mc(b_s + rm * BP * 128, &P.tw, full, kt * BK, b_row, b_mask);
+        } else {
+          unsigned char *a = base + s * STAGE_BYTES;
+          wg_manual_tile<T>(a, (const T *)p.x, p.m, p.k, m0, kt * BK, BM, lane);
+          wg_manual_tile<T>(a + A_BYTES, (const T *)p.w, p.n, p.k, n0, kt * BK, BN, lane);
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          mbar_arrive(full);
         }
       }
-      if (CL) {
-        __syncwarp();
-        cl_arrive();
-        cl_wait();
-      }
-      return;
-    } else {
-    const int m0 = m0_first, n0 = n0_first;
-    for (int kt = 0; kt < KT; kt++) {
-      const int s = kt % STAGES;
-      const uint32_t ph = (uint32_t)(kt / STAGES) & 1u;
-      const uint32_t a_s = base_s + s * STAGE_BYTES, b_s = a_s + A_BYTES;
-      if (TMA) {
-        if (lane == 0) {
-          if (kt >= STAGES) mbar_wait(empty0 + 8 * s, ph ^ 1u);
-          mbar_expect_tx(full0 + 8 * s, (uint32_t)P.a_rows * 128u + B_BYTES);
-          tma_load_2d(a_s, &P.tx, full0 + 8 * s, kt * BK, m0);
-          tma_load_2d(b_s, &P.tw, full0 + 8 * s, kt * BK, n0);
-        }
-      } else {
-        if (kt >= STAGES) mbar_wait(empty0 + 8 * s, ph ^ 1u);
-        unsigned char *a = base + s * STAGE_BYTES;
-        wg_manual_tile<T>(a, (const T *)p.x, p.m, p.k, m0, kt * BK, BM, lane);
-        wg_manual_tile<T>(a + A_BYTES, (const T *)p.w, p.n, p.k, n0, kt * BK, BN, lane);
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        mbar_arrive(full0 + 8 * s);
-      }
+    };
+    if (!TMA || lane == 0) for_tiles(produce);
+    if (CL) {
+      __syncwarp();
+      cl_arrive();
+      cl_wait();
     }
     return;
-    }
   }
 
+  if (RG) wg_setmaxnreg_inc<MBD_WG_RG_CONSUMER_REGS>();
   /* consumer warpgroup c: rows [m0 + 64c, m0 + 64c + 64), all BN columns */
   const int c = warp >> 2;
   const uint32_t a_off = c * 64 * 128;
@@ -697,36 +739,47 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
       arr_rank = j * CM + rm;
     }
   }
-  int g = 0; /* ring stage count over all of this block's cells */
-  /* one tile: the chains, the fold, the bias and the stores */
-  auto consume = [&](const int m0, const int n0) {
-  float acc[BN / 2];
+  int g = 0;  /* ring stage count over all of this block's cells */
+  int ch = 0; /* chunk count over all of this block's cells (ST: the barrier's parity) */
+  /* One chunk's chain from 0 into d over k tiles [kt, end of the chunk),
+   * not waited for. ST: warpgroup 1 starts the chunk only after warpgroup 0
+   * has issued its first two stages (or all of a shorter chunk's), named
+   * barrier 1 + chunk parity. */
+  auto run_chunk = [&](float *d, int &kt) {
+    const int end = FOLD ? min(KT, kt + KCH) : KT;
+    const int lead = min(kt + 2, end); /* ST: warpgroup 0 arrives once it issued these */
+    if (ST && c == 1) wg_bar_sync(1 + (ch & 1));
 #pragma unroll
-  for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
-  int kt = 0;
-  for (const int end0 = FOLD ? min(KT, KCH) : KT; kt < end0; kt++, g++) /* chunk 0 */
-    wg_stage<T, BN, IN, STAGES, NARR, CL || PERSIST>(acc, g, base_s + (g % STAGES) * STAGE_BYTES,
-                                                     a_off, A_BYTES, full0, empty0, lane,
-                                                     arr_rank);
-  wg_wait<0>();
-  wg_fence_regs<BN / 2>(acc);
+    for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+    wg_stage<T, BN, IN, STAGES, NARR, BOUND>(d, g, base_s + (g % STAGES) * STAGE_BYTES, a_off,
+                                             A_BYTES, full0, empty0, lane, arr_rank);
+    kt++;
+    g++;
+    if (ST && c == 0 && kt == lead) wg_bar_arrive(1 + (ch & 1));
+    for (; kt < end; kt++, g++) {
+      wg_stage<T, BN, IN, STAGES, NARR, BOUND>(d, g, base_s + (g % STAGES) * STAGE_BYTES, a_off,
+                                               A_BYTES, full0, empty0, lane, arr_rank);
+      if (ST && c == 0 && kt + 1 == lead) wg_bar_arrive(1 + (ch & 1));
+    }
+    ch++;
+  };
+  /* one tile: the chains, the fold, the bias and the stores */
+  auto consume = [&](const int tm, const int tn) {
+  const int m0 = tm * BM, n0 = tn * BN;
   /* The running sum lives outside the wgmma accumulators: an accumulator that
    * ordinary instructions redefine between wgmmas makes ptxas serialize them. */
-  float sum[BN / 2];
+  float sum[BN / 2], acc[BN / 2];
+  int kt = 0;
+  run_chunk(acc, kt); /* chunk 0 (FOLD: each chunk drained, then folded) */
+  wg_wait<0>();
+  wg_fence_regs<BN / 2>(acc);
 #pragma unroll
   for (int i = 0; i < BN / 2; i++) sum[i] = acc[i];
   if constexpr (FOLD) {
-    while (kt < KT) { /* chunks 1, 2, ...: a fresh chain each, folded in order */
-#pragma unroll
-      for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
-      for (const int end = min(KT, kt + KCH); kt < end; kt++, g++)
-        wg_stage<T, BN, IN, STAGES, NARR, CL || PERSIST>(
-            acc, g, base_s + (g % STAGES) * STAGE_BYTES, a_off, A_BYTES, full0, empty0, lane,
-            arr_rank);
+    while (kt < KT) {
+      run_chunk(acc, kt);
       wg_wait<0>();
-      wg_fence_regs<BN / 2>(acc);
-#pragma unroll
-      for (int i = 0; i < BN / 2; i++) sum[i] = __fadd_rn(sum[i], acc[i]);
+      wg_fold<BN / 2>(sum, acc);
     }
   }
   if (CL && !PERSIST) cl_arrive(); /* this block's arrivals on its peers are all done */
@@ -764,15 +817,7 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
     }
   }
   };
-  if constexpr (PERSIST) {
-    for (int cell = cell0, tm = tm0, tn = tn0; cell < ncells;) {
-      consume(tm * BM, tn * BN);
-      cell += cstride;
-      if (cell < ncells) tile_of(cell, tm, tn);
-    }
-  } else {
-    consume(m0_first, n0_first);
-  }
+  for_tiles(consume);
   if (CL && PERSIST) cl_arrive(); /* this block's arrivals on its peers are all done */
   if (CL) cl_wait(); /* no block exits while a peer may still arrive on it */
 #else
@@ -821,6 +866,26 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
 
 __device__ __forceinline__ void mk_consumer_sync() { /* the 8 consumer warps only */
   asm volatile("bar.sync 1, %0;" ::"n"(MK_WARPS * 32) : "memory");
+}
+
+/* X [M, K] (K % 8 == 0) into shared rows of xs bytes by the consumer warps:
+ * 16-byte pieces, eight loads in flight per thread before the stores. */
+template <typename T>
+__device__ __forceinline__ void mk_stage_x(unsigned char *xsm, const T *X, int M, int K, int xs) {
+  const int pr = K / 8, total = M * pr, NT = MK_WARPS * 32;
+  for (int i0 = threadIdx.x; i0 < total; i0 += 8 * NT) {
+    uint4 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+      const int i = i0 + u * NT, row = i / pr, col = i - row * pr;
+      if (i < total) v[u] = *(const uint4 *)(X + (size_t)row * K + col * 8);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+      const int i = i0 + u * NT, row = i / pr, col = i - row * pr;
+      if (i < total) *(uint4 *)(xsm + (size_t)row * xs + col * 16) = v[u];
+    }
+  }
 }
 
 template <typename T, bool SW>
@@ -873,22 +938,7 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
 
   wg_pdl_wait(); /* X and Y belong to the predecessor until it completes */
   wg_pdl_trigger();
-  { /* X: 16-byte pieces, eight loads in flight per thread before the stores */
-    const int pr = K / 8, total = M * pr, NT = MK_WARPS * 32;
-    for (int i0 = threadIdx.x; i0 < total; i0 += 8 * NT) {
-      uint4 v[8];
-#pragma unroll
-      for (int u = 0; u < 8; u++) {
-        const int i = i0 + u * NT, row = i / pr, col = i - row * pr;
-        if (i < total) v[u] = *(const uint4 *)(X + (size_t)row * K + col * 8);
-      }
-#pragma unroll
-      for (int u = 0; u < 8; u++) {
-        const int i = i0 + u * NT, row = i / pr, col = i - row * pr;
-        if (i < total) *(uint4 *)(xsm + (size_t)row * xs + col * 16) = v[u];
-      }
-    }
-  }
+  mk_stage_x(xsm, X, M, K, xs);
   mk_consumer_sync();
 
   const int g = warp & (G - 1), j = warp >> lg, q = lane & 3, r = lane >> 2;
@@ -1096,22 +1146,7 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
     bsm[threadIdx.x] = n0 + (int)threadIdx.x < N ? mma_op<T>::to_f(B[n0 + threadIdx.x]) : 0.0f;
   wg_pdl_wait(); /* X and Y belong to the predecessor until it completes */
   wg_pdl_trigger();
-  { /* X: 16-byte pieces, eight loads in flight per thread before the stores */
-    const int pr = K / 8, total = M * pr, NT = MK_WARPS * 32;
-    for (int i0 = threadIdx.x; i0 < total; i0 += 8 * NT) {
-      uint4 v[8];
-#pragma unroll
-      for (int u = 0; u < 8; u++) {
-        const int i = i0 + u * NT, row = i / pr, col = i - row * pr;
-        if (i < total) v[u] = *(const uint4 *)(X + (size_t)row * K + col * 8);
-      }
-#pragma unroll
-      for (int u = 0; u < 8; u++) {
-        const int i = i0 + u * NT, row = i / pr, col = i - row * pr;
-        if (i < total) *(uint4 *)(xsm + (size_t)row * xs + col * 16) = v[u];
-      }
-    }
-  }
+  mk_stage_x(xsm, X, M, K, xs);
   mk_consumer_sync();
 
   const int q = lane & 3, r = lane >> 2;
@@ -1180,10 +1215,10 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
 #endif
 }
 
-#define MBD_WG(name, T, CWG, BN, IN, ST, TMA, MINB, FOLD, CM, CN, PS)                     \
-  extern "C" __global__ void __launch_bounds__(CWG * 128 + 32, MINB)                     \
+#define MBD_WG(name, T, CWG, BN, IN, ST, TMA, MINB, FOLD, CM, CN, PS, SCHED)              \
+  extern "C" __global__ void __launch_bounds__(MBD_WG_THREADS(CWG, SCHED), MINB)         \
       name(const __grid_constant__ mbd_wg_params P) {                                     \
-    wg_body<T, CWG, BN, IN, ST, TMA, FOLD, CM, CN, PS>(P);                               \
+    wg_body<T, CWG, BN, IN, ST, TMA, FOLD, CM, CN, PS, SCHED>(P);                        \
   }
 #define MBD_MK(name, T, SW, MINB)                                                         \
   extern "C" __global__ void __launch_bounds__(MK_WARPS * 32 + 32, MINB)                 \
@@ -1201,10 +1236,10 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
  *         ring depth chosen per call), one block per SM
  *   mkrgemm: M <= 16, the _16 chains over ragged column ranges, one block per SM
  * and the cluster / persistent tiles of MBD_WG_CL_TILES (mbd_wgcl_*). */
-#define MBD_WG_TILE(ty, T, i, CWG, BN, IN, ST, TMA, MINB, FOLD)                           \
-  MBD_WG(mbd_wgemm_##ty##_##i, T, CWG, BN, IN, ST, TMA, MINB, FOLD, 1, 1, false)
+#define MBD_WG_TILE(ty, T, i, CWG, BN, IN, ST, TMA, MINB, FOLD, SCHED)                    \
+  MBD_WG(mbd_wgemm_##ty##_##i, T, CWG, BN, IN, ST, TMA, MINB, FOLD, 1, 1, false, SCHED)
 #define MBD_WG_CL_TILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN, PS)                 \
-  MBD_WG(mbd_wgcl_##ty##_##i, T, CWG, BN, IN, ST, true, MINB, FOLD, CM, CN, PS)
+  MBD_WG(mbd_wgcl_##ty##_##i, T, CWG, BN, IN, ST, true, MINB, FOLD, CM, CN, PS, 0)
 #define MBD_WG_ALL(ty, T)                                                                  \
   MBD_WG_TILES(MBD_WG_TILE, ty, T)                                                         \
   MBD_WG_CL_TILES(MBD_WG_CL_TILE, ty, T)                                                   \

@@ -42,6 +42,20 @@ typedef struct mbd_gemm_params {
 
 #define MBD_WG_KCH 256 /* K per chunk of the sm_90a contract */
 
+/* Schedule bits of a wgmma tile (wg_body; scheduling only, the same chains
+ * and fold): MBD_WG_ST: consumer warpgroup 1 runs two k tiles behind
+ * warpgroup 0 (a named barrier a chunk), so the two never drain their chains
+ * for the fold at the same time and the tensor cores stay fed; MBD_WG_RG: the
+ * producer is a whole warpgroup that hands its registers to the consumers
+ * (setmaxnreg), which then hold a wider tile's partial and sum (128 x 192). */
+#define MBD_WG_ST 1
+#define MBD_WG_RG 2
+#define MBD_WG_RG_PRODUCER_REGS 56
+#define MBD_WG_RG_CONSUMER_REGS 224
+/* Threads of a wgmma tile block: 128 a consumer warpgroup, then the producer
+ * (one warp, or a warpgroup under MBD_WG_RG). */
+#define MBD_WG_THREADS(CWG, SCHED) ((CWG) * 128 + (((SCHED) & MBD_WG_RG) ? 128 : 32))
+
 /* wgmma configurations, index = kernel slot offset (scheduling only):
  *   0..3: 64 x {16,32,64,128}, one block per SM with ~200 KB of stages so each SM
  *         keeps 40-140 KB of weights in flight (decode is latency x bytes bound)
@@ -49,21 +63,29 @@ typedef struct mbd_gemm_params {
  *   7, 8: plain-load producer, 64 x 64 and 128 x 128
  *   9: 64 x 72 (M <= 64 where N / 64 tiles leave a second wave of a few
  *      blocks, e.g. N = 8512 = 133 x 64: 119 tiles of 72 fill one wave)
- * X(ty, T, index, CWG, BN, IN, STAGES, TMA, MINB, FOLD): CWG consumer
+ *   10..14: other schedules and ring depths (gpu_gemm.cu sched_tile,
+ *      MBD_GEMM_SCHED): 10, 11: 128 x 128 ST with 6, 7 slots; 12: 128 x 128
+ *      with 6 slots; 13, 14: 128 x 192 RG with 5 slots, ST and not
+ * X(ty, T, index, CWG, BN, IN, STAGES, TMA, MINB, FOLD, SCHED): CWG consumer
  * warpgroups (BM = 64 CWG), wgmma N = IN, MINB blocks per SM (launch bounds),
- * FOLD: K may exceed one chunk. ty, T: passed through. (The table uses
- * true/false: it is expanded by C++ only.) */
+ * FOLD: K may exceed one chunk; SCHED: 0 or MBD_WG_ST | MBD_WG_RG. ty, T:
+ * passed through. (The table uses true/false: it is expanded by C++ only.) */
 #define MBD_WG_TILES(X, ty, T)                                                          \
-  X(ty, T, 0, 1, 16, 16, 20, true, 1, true)                                             \
-  X(ty, T, 1, 1, 32, 32, 18, true, 1, true)                                             \
-  X(ty, T, 2, 1, 64, 64, 13, true, 1, true)                                             \
-  X(ty, T, 3, 1, 128, 128, 9, true, 1, true)                                            \
-  X(ty, T, 4, 2, 64, 64, 4, true, 2, true)                                              \
-  X(ty, T, 5, 2, 128, 128, 4, true, 1, true)                                            \
-  X(ty, T, 6, 2, 256, 256, 4, true, 1, false)                                           \
-  X(ty, T, 7, 1, 64, 64, 4, false, 2, true)                                             \
-  X(ty, T, 8, 2, 128, 128, 3, false, 1, true)                                           \
-  X(ty, T, 9, 1, 72, 72, 12, true, 1, true)
+  X(ty, T, 0, 1, 16, 16, 20, true, 1, true, 0)                                          \
+  X(ty, T, 1, 1, 32, 32, 18, true, 1, true, 0)                                          \
+  X(ty, T, 2, 1, 64, 64, 13, true, 1, true, 0)                                          \
+  X(ty, T, 3, 1, 128, 128, 9, true, 1, true, 0)                                         \
+  X(ty, T, 4, 2, 64, 64, 4, true, 2, true, 0)                                           \
+  X(ty, T, 5, 2, 128, 128, 4, true, 1, true, 0)                                         \
+  X(ty, T, 6, 2, 256, 256, 4, true, 1, false, 0)                                        \
+  X(ty, T, 7, 1, 64, 64, 4, false, 2, true, 0)                                          \
+  X(ty, T, 8, 2, 128, 128, 3, false, 1, true, 0)                                        \
+  X(ty, T, 9, 1, 72, 72, 12, true, 1, true, 0)                                          \
+  X(ty, T, 10, 2, 128, 128, 6, true, 1, true, MBD_WG_ST)                                \
+  X(ty, T, 11, 2, 128, 128, 7, true, 1, true, MBD_WG_ST)                                \
+  X(ty, T, 12, 2, 128, 128, 6, true, 1, true, 0)                                        \
+  X(ty, T, 13, 2, 192, 192, 5, true, 1, true, MBD_WG_ST | MBD_WG_RG)                    \
+  X(ty, T, 14, 2, 192, 192, 5, true, 1, true, MBD_WG_RG)
 
 /* The same tiles run by thread-block clusters of CM x CN blocks on
  * neighbouring M x N tiles, the W tile multicast to the CM blocks of its
