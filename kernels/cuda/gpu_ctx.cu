@@ -45,10 +45,10 @@ const char *const mbd_k_kernel_names[MBD_K_COUNT] = {
     "mbd_mkrgemm_bf16", "mbd_mkrgemm_f16",
     "mbd_wgcl_bf16_0", "mbd_wgcl_bf16_1", "mbd_wgcl_bf16_2", "mbd_wgcl_bf16_3",
     "mbd_wgcl_bf16_4", "mbd_wgcl_bf16_5", "mbd_wgcl_bf16_6", "mbd_wgcl_bf16_7",
-    "mbd_wgcl_bf16_8",
+    "mbd_wgcl_bf16_8",  "mbd_wgcl_bf16_9",
     "mbd_wgcl_f16_0",  "mbd_wgcl_f16_1",  "mbd_wgcl_f16_2",  "mbd_wgcl_f16_3",
     "mbd_wgcl_f16_4",  "mbd_wgcl_f16_5",  "mbd_wgcl_f16_6",  "mbd_wgcl_f16_7",
-    "mbd_wgcl_f16_8",
+    "mbd_wgcl_f16_8",  "mbd_wgcl_f16_9",
 };
 
 extern "C" void mbd_gpu_ctx_config_default(mbd_gpu_ctx_config *cfg) {

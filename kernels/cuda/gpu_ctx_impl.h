@@ -26,9 +26,9 @@ enum {
   MBD_K_MKGEMM_BF16 = 56, /* sm_90a M <= 8, M <= 16: mma.sync chunk chains */
   MBD_K_MKGEMM_F16 = 58,
   MBD_K_MKRGEMM_BF16 = 60, /* sm_90a M <= 16, ragged column ranges: bf16, f16 */
-  MBD_K_WGCL_BF16 = 62, /* sm_90a cluster / persistent tiles 0..8 (gpu_gemm.cu k_wcltiles) */
-  MBD_K_WGCL_F16 = 71,
-  MBD_K_COUNT = 80,
+  MBD_K_WGCL_BF16 = 62, /* sm_90a cluster / persistent tiles 0..9 (gpu_gemm.cu k_wcltiles) */
+  MBD_K_WGCL_F16 = 72,
+  MBD_K_COUNT = 82,
 };
 extern const char *const mbd_k_kernel_names[MBD_K_COUNT];
 

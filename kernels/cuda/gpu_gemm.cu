@@ -50,15 +50,20 @@ static_assert(!k_wtiles[WTILE_NOFOLD].fold && k_wtiles[WTILE_NOFOLD - 1].fold,
 /* The cluster / persistent tiles (MBD_WG_CL_TILES): bm, bn, stages, blocks
  * per SM, cm x cn blocks a cluster, persistent. */
 struct wcltile_cfg {
-  int bm, bn, stages, occ, cm, cn;
+  int bm, bn, stages, occ, cm, cn, sched;
   bool ps;
 };
-#define WCLTILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN, PS)                        \
-  {64 * CWG, BN, ST, MINB, CM, CN, PS},
-static constexpr wcltile_cfg k_wcltiles[9] = {MBD_WG_CL_TILES(WCLTILE, , )};
+#define WCLTILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN, PS, SCHED)                 \
+  {64 * CWG, BN, ST, MINB, CM, CN, SCHED, PS},
+static constexpr wcltile_cfg k_wcltiles[10] = {MBD_WG_CL_TILES(WCLTILE, , )};
 #undef WCLTILE
+/* The persistent staggered 128 x 128 tile (MBD_GEMM_SCHED=pst6). */
+#define WCLTILE_PST 9
+static_assert(k_wcltiles[WCLTILE_PST].ps && k_wcltiles[WCLTILE_PST].sched == MBD_WG_ST &&
+                  k_wcltiles[WCLTILE_PST].cm * k_wcltiles[WCLTILE_PST].cn == 1,
+              "pst6 is the persistent staggered tile");
 static constexpr bool wcl_all_128(int i) {
-  return i == 9 || (k_wcltiles[i].bm == 128 && wcl_all_128(i + 1));
+  return i == 10 || (k_wcltiles[i].bm == 128 && wcl_all_128(i + 1));
 }
 static_assert(wcl_all_128(0), "pick_wcltile replaces 128-row tiles only");
 /* The kernel slots (gpu_ctx_impl.h) hold one kernel per configuration. */
@@ -132,17 +137,20 @@ static int pick_wtile(const mbd_gpu_ctx *ctx, int64_t m, int64_t n, int64_t k, b
  * tiles behind warpgroup 0, 6 / 7 ring slots (10 / 11); s6: 6 slots (12);
  * w192st / w192: 128 x 192 tiles, the producer warpgroup's registers handed
  * to the consumers, with / without the stagger (13 / 14), taken where their
- * waves cost no more than the 128 x 128 tiles' (else 5). */
+ * waves cost no more than the 128 x 128 tiles' (else 5); w192stf / w192f:
+ * the same wherever 5 would run. (pst6, the persistent staggered tile, is a
+ * cluster-table kernel: sched_pst.) */
 static int sched_tile(const mbd_gpu_ctx *ctx, int ti, int64_t m, int64_t n) {
   if (ti != WTILE_NOFOLD - 1) return ti;
   const char *env = getenv("MBD_GEMM_SCHED");
   if (!env) return ti;
-  static const struct { const char *name; int tile; } k[] = {
-      {"st6", 10}, {"st7", 11}, {"s6", 12}, {"w192st", 13}, {"w192", 14}};
+  static const struct { const char *name; int tile; bool any; } k[] = {
+      {"st6", 10, true},    {"st7", 11, true},    {"s6", 12, true},    {"w192st", 13, false},
+      {"w192", 14, false}, {"w192stf", 13, true}, {"w192f", 14, true}};
   for (const auto &e : k) {
     if (strcmp(env, e.name) != 0) continue;
     const wtile_cfg &w = k_wtiles[e.tile], &t = k_wtiles[ti];
-    if (w.bn != t.bn) { /* a wider tile: no more waves x tile area than 5's */
+    if (!e.any) { /* a wider tile: no more waves x tile area than 5's */
       const int64_t slots = (int64_t)ctx->sm_count * w.occ;
       const int64_t wv = cdiv(cdiv(m, w.bm) * cdiv(n, w.bn), slots);
       const int64_t tv = cdiv(cdiv(m, t.bm) * cdiv(n, t.bn), (int64_t)ctx->sm_count * t.occ);
@@ -151,6 +159,13 @@ static int sched_tile(const mbd_gpu_ctx *ctx, int ti, int64_t m, int64_t n) {
     return e.tile;
   }
   return ti;
+}
+
+/* MBD_GEMM_SCHED=pst6: where the 128 x 128 TMA tile would run, its persistent
+ * form with the staggered warpgroups (cluster table WCLTILE_PST), or -1. */
+static int sched_pst(int ti) {
+  const char *env = getenv("MBD_GEMM_SCHED");
+  return env && !strcmp(env, "pst6") && ti == WTILE_NOFOLD - 1 ? WCLTILE_PST : -1;
 }
 
 /* cc 9.0 device and an sm_90a build: the wgmma family is the route's. */
@@ -443,7 +458,7 @@ static int pick_wcltile(int ti, int64_t m, int64_t n) {
   if (cm * cn == 1 && !ps) return -1;
   for (int i = 0; i < (int)(sizeof k_wcltiles / sizeof k_wcltiles[0]); i++) {
     const wcltile_cfg &c = k_wcltiles[i];
-    if (c.bn == bn && c.cm == cm && c.cn == cn && c.ps == ps) return i;
+    if (c.bn == bn && c.cm == cm && c.cn == cn && c.ps == ps && c.sched == 0) return i;
   }
   return -1;
 }
@@ -505,7 +520,8 @@ static int gemm_wgcl(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gem
   const int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_WGCL_BF16 : MBD_K_WGCL_F16) + ci;
   *kname = mbd_k_kernel_names[slot];
   void *args[] = {&P};
-  const unsigned cs = (unsigned)(c.cm * c.cn), threads = (unsigned)(c.bm / 64 * 128 + 32);
+  const unsigned cs = (unsigned)(c.cm * c.cn),
+                 threads = (unsigned)MBD_WG_THREADS(c.bm / 64, c.sched);
   if (c.ps) { /* persistent: at most the clusters (blocks) that fit at once */
     int fit = 0;
     if (cs > 1) {
@@ -540,7 +556,8 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   }
   int ti = pick_wtile(ctx, a->m, a->n, a->k, tma);
   {
-    const int ci = pick_wcltile(ti, a->m, a->n);
+    int ci = pick_wcltile(ti, a->m, a->n);
+    if (ci < 0) ci = sched_pst(ti);
     if (ci >= 0) {
       const int rc = gemm_wgcl(ctx, a, p, ci, kname, err);
       if (rc != 1) return rc; /* 1: the encoder refused, the tile kernels run */

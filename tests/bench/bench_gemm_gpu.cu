@@ -21,8 +21,10 @@
  * MBD_GEMM_SCHED setting (gpu_gemm.cu sched_tile: old = the 128 x 128 tile
  * as before; st6 / st7 = its consumer warpgroups staggered by two k tiles,
  * 6 / 7 ring slots; s6 = 6 slots; w192st / w192 = 128 x 192 tiles with the
- * producer warpgroup's registers given to the consumers, staggered or not;
- * same bits), the ratio cuBLAS-fast / that, and the kernel's slot, with a
+ * producer warpgroup's registers given to the consumers, staggered or not,
+ * where their waves allow, w192stf / w192f the same wherever the 128 x 128
+ * tile runs; pst6 = the persistent staggered 128 x 128 tile; same bits), the
+ * ratio cuBLAS-fast / that, and the kernel (wgemm slot, or the name), with a
  * SUMMARY geomean per setting.
  * First the Mamba-2 projections (bench_mamba2, M = 1, 8, 16, 64 and 2048;
  * --mamba2: only those). */
@@ -169,7 +171,8 @@ static double time_gemm(mbd_gpu_ctx *ctx, bufset &b, mbd_gpu_gemm_args a) {
 /* MBD_GEMM_SCHED settings (gpu_gemm.cu sched_tile; same bits): "" = unset
  * (the default), then the 128 x 128 tile's other schedules and ring depths
  * and the 128 x 192 tiles. */
-static const char *const k_sched[] = {"", "old", "st6", "st7", "s6", "w192st", "w192"};
+static const char *const k_sched[] = {"",       "old",  "st6",     "st7",   "s6",
+                                      "w192st", "w192", "w192stf", "w192f", "pst6"};
 #define N_SCHED ((int)(sizeof k_sched / sizeof k_sched[0]))
 static void time_sched(mbd_gpu_ctx *ctx, bufset &b, const mbd_gpu_gemm_args &a,
                        double t[N_SCHED]) {
@@ -201,7 +204,7 @@ static void print_sched(const char *tag, mbd_gpu_ctx *ctx, bufset &b, mbd_gpu_ge
     if (k_sched[i][0]) setenv("MBD_GEMM_SCHED", k_sched[i], 1);
     kernel_name(ctx, a, name, sizeof name);
     unsetenv("MBD_GEMM_SCHED");
-    const char *shortname = strstr(name, "wgemm_") ? strrchr(name, '_') + 1 : name;
+    const char *shortname = strstr(name, "wgemm_") ? strrchr(name, '_') + 1 : name + 4;
     printf(" %s=%.2f(%.2f,%s)", k_sched[i][0] ? k_sched[i] : "default", out[i] * 1e6,
            fast_t / out[i], shortname);
   }

@@ -293,14 +293,30 @@ static void check_mcast(fixture *f, int seen[4]) {
   if (failed) fail_msg("%lld cluster-setting runs differ from rows alone", (long long)failed);
 }
 
-/* MBD_GEMM_SCHED settings (gpu_gemm.cu sched_tile: the 128 x 128 TMA tile
- * under the staggered warpgroups with 6 and 7 ring slots, 6 slots alone, and
- * the 128 x 192 tiles whose consumers take the producer warpgroup's
- * registers, staggered or not): each gives the rows-alone bits at M with 5,
- * 9, 16 (a partial last one) and 32 tiles of 128 rows. seen[i]: runs of the setting's kernel (mbd_wgemm_*_<10 + i>),
- * so the comparison cannot pass vacuously (run_policy requires each). */
-static const char *const k_sched[] = {"st6", "st7", "s6", "w192st", "w192"};
+/* MBD_GEMM_SCHED settings (gpu_gemm.cu sched_tile, sched_pst: the 128 x 128
+ * TMA tile under the staggered warpgroups with 6 and 7 ring slots, 6 slots
+ * alone, the 128 x 192 tiles whose consumers take the producer warpgroup's
+ * registers, staggered or not, where their waves allow and everywhere, and
+ * the persistent staggered tile): each gives the rows-alone bits at M with
+ * 5, 9, 16 (a partial last one) and 32 tiles of 128 rows. seen[i]: runs of
+ * the setting's kernel (k_sched_kernel[i] ends the kernel name), so the
+ * comparison cannot pass vacuously (run_policy requires each). */
+static const char *const k_sched[] = {"st6", "st7", "s6", "w192st", "w192",
+                                      "w192stf", "w192f", "pst6"};
+static const char *const k_sched_kernel[] = {"wgemm_*_10", "wgemm_*_11", "wgemm_*_12",
+                                             "wgemm_*_13", "wgemm_*_14", "wgemm_*_13",
+                                             "wgemm_*_14", "wgcl_*_9"};
 #define N_SCHED (sizeof k_sched / sizeof k_sched[0])
+
+/* name is mbd_<family>_<dtype>_<index> and pat is "<family>_*_<index>". */
+static int kernel_is(const char *name, const char *pat) {
+  const char *star = strchr(pat, '*'), *fam = strstr(name, "mbd_");
+  if (!star || !fam) return 0;
+  fam += 4;
+  const size_t fl = (size_t)(star - pat);
+  const char *idx = strrchr(name, '_');
+  return strncmp(fam, pat, fl) == 0 && idx && strcmp(idx, star + 1) == 0;
+}
 
 static void check_sched(fixture *f, int seen[N_SCHED]) {
   if (f->dt == MBD_DTYPE_F32) return;
@@ -311,8 +327,7 @@ static void check_sched(fixture *f, int seen[N_SCHED]) {
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
       char name[64];
       kernel_of(f, ms[i], name, sizeof name);
-      const char *wg = strstr(name, "wgemm_");
-      if (wg && atoi(strrchr(name, '_') + 1) == 10 + (int)si) seen[si]++;
+      if (kernel_is(name, k_sched_kernel[si])) seen[si]++;
       const int64_t row0 = ms[i] % 7;
       run_rows(f, row0, ms[i]);
       char what[128];

@@ -600,8 +600,8 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
    * warpgroup 1 released the slot of chunk c's first stage (STAGES <= 10);
    * warpgroup 1 never waits for a slot warpgroup 0 needs it to free
    * (STAGES >= 3) */
-  static_assert(!ST || (CWG == 2 && STAGES >= 3 && STAGES <= 10 && !CL && !PERSIST),
-                "the staggered warpgroups: two, alone, a ring of 3..10 slots");
+  static_assert(!ST || (CWG == 2 && STAGES >= 3 && STAGES <= 10 && !CL),
+                "the staggered warpgroups: two, no cluster, a ring of 3..10 slots");
   extern __shared__ __align__(16) unsigned char wg_raw[];
   const uint32_t raw_s = smem_u32(wg_raw);
   const uint32_t base_s = (raw_s + 1023u) & ~1023u; /* the swizzle atom needs 1024 */
@@ -1238,8 +1238,8 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
  * and the cluster / persistent tiles of MBD_WG_CL_TILES (mbd_wgcl_*). */
 #define MBD_WG_TILE(ty, T, i, CWG, BN, IN, ST, TMA, MINB, FOLD, SCHED)                    \
   MBD_WG(mbd_wgemm_##ty##_##i, T, CWG, BN, IN, ST, TMA, MINB, FOLD, 1, 1, false, SCHED)
-#define MBD_WG_CL_TILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN, PS)                 \
-  MBD_WG(mbd_wgcl_##ty##_##i, T, CWG, BN, IN, ST, true, MINB, FOLD, CM, CN, PS, 0)
+#define MBD_WG_CL_TILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN, PS, SCHED)          \
+  MBD_WG(mbd_wgcl_##ty##_##i, T, CWG, BN, IN, ST, true, MINB, FOLD, CM, CN, PS, SCHED)
 #define MBD_WG_ALL(ty, T)                                                                  \
   MBD_WG_TILES(MBD_WG_TILE, ty, T)                                                         \
   MBD_WG_CL_TILES(MBD_WG_CL_TILE, ty, T)                                                   \

@@ -96,18 +96,20 @@ typedef struct mbd_gemm_params {
  *   0, 1: 128 x 128 in 2 x 1 and 2 x 2 clusters; 2: 128 x 256 (K <= one
  *   chunk) in 2 x 1; 3: 128 x 64 in 2 x 1;
  *   4, 5, 6: 128 x 128 persistent alone, 2 x 1, 2 x 2; 7, 8: 128 x 256 (K <=
- *   one chunk) persistent alone, 2 x 1
- * X(ty, T, index, CWG, BN, IN, STAGES, MINB, FOLD, CM, CN, PS). */
+ *   one chunk) persistent alone, 2 x 1; 9: 128 x 128 persistent alone with
+ *   the staggered warpgroups (MBD_WG_ST; MBD_GEMM_SCHED=pst6)
+ * X(ty, T, index, CWG, BN, IN, STAGES, MINB, FOLD, CM, CN, PS, SCHED). */
 #define MBD_WG_CL_TILES(X, ty, T)                                                       \
-  X(ty, T, 0, 2, 128, 128, 6, 1, true, 2, 1, false)                                     \
-  X(ty, T, 1, 2, 128, 128, 6, 1, true, 2, 2, false)                                     \
-  X(ty, T, 2, 2, 256, 256, 4, 1, false, 2, 1, false)                                    \
-  X(ty, T, 3, 2, 64, 64, 4, 2, true, 2, 1, false)                                       \
-  X(ty, T, 4, 2, 128, 128, 6, 1, true, 1, 1, true)                                      \
-  X(ty, T, 5, 2, 128, 128, 6, 1, true, 2, 1, true)                                      \
-  X(ty, T, 6, 2, 128, 128, 6, 1, true, 2, 2, true)                                      \
-  X(ty, T, 7, 2, 256, 256, 4, 1, false, 1, 1, true)                                     \
-  X(ty, T, 8, 2, 256, 256, 4, 1, false, 2, 1, true)
+  X(ty, T, 0, 2, 128, 128, 6, 1, true, 2, 1, false, 0)                                  \
+  X(ty, T, 1, 2, 128, 128, 6, 1, true, 2, 2, false, 0)                                  \
+  X(ty, T, 2, 2, 256, 256, 4, 1, false, 2, 1, false, 0)                                 \
+  X(ty, T, 3, 2, 64, 64, 4, 2, true, 2, 1, false, 0)                                    \
+  X(ty, T, 4, 2, 128, 128, 6, 1, true, 1, 1, true, 0)                                   \
+  X(ty, T, 5, 2, 128, 128, 6, 1, true, 2, 1, true, 0)                                   \
+  X(ty, T, 6, 2, 128, 128, 6, 1, true, 2, 2, true, 0)                                   \
+  X(ty, T, 7, 2, 256, 256, 4, 1, false, 1, 1, true, 0)                                  \
+  X(ty, T, 8, 2, 256, 256, 4, 1, false, 2, 1, true, 0)                                  \
+  X(ty, T, 9, 2, 128, 128, 6, 1, true, 1, 1, true, MBD_WG_ST)
 
 typedef struct mbd_wg_params {
   CUtensorMap tx; /* X [M,K], box {64, 64*CWG}, 128B swizzle, zero fill */
