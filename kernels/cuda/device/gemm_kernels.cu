@@ -868,6 +868,19 @@ __device__ __forceinline__ void mk_consumer_sync() { /* the 8 consumer warps onl
   asm volatile("bar.sync 1, %0;" ::"n"(MK_WARPS * 32) : "memory");
 }
 
+/* The ring's S full barriers (the producer's one arrival with its bytes) and
+ * empty barriers (one arrival per consumer warp), then the whole block syncs. */
+__device__ __forceinline__ void mk_init_ring(uint32_t full0, uint32_t empty0, int S) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; s++) {
+      mbar_init(full0 + 8 * s, 1);
+      mbar_init(empty0 + 8 * s, MK_WARPS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+
 /* X [M, K] (K % 8 == 0) into shared rows of xs bytes by the consumer warps:
  * 16-byte pieces, eight loads in flight per thread before the stores. */
 template <typename T>
@@ -909,14 +922,7 @@ __device__ __forceinline__ void mk_body(const mbd_mk_params &P) {
   const uint32_t ring_s = (smem_u32(part + 2 * pbuf) + 1023u) & ~1023u; /* swizzle atom */
   const T *X = (const T *)p.x, *B = (const T *)p.bias;
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; s++) {
-      mbar_init(full0 + 8 * s, 1);
-      mbar_init(empty0 + 8 * s, MK_WARPS);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  mk_init_ring(full0, empty0, S);
 
   if (warp == MK_WARPS) { /* producer: W is static, no dependency wait */
     wg_pdl_trigger();
@@ -1115,14 +1121,7 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
   const T *X = (const T *)p.x, *B = (const T *)p.bias;
   const CUtensorMap *tw = big ? &P.tw_big : &P.tw;
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; s++) {
-      mbar_init(full0 + 8 * s, 1);
-      mbar_init(empty0 + 8 * s, MK_WARPS);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  mk_init_ring(full0, empty0, S);
 
   if (warp == MK_WARPS) { /* producer: W is static, no dependency wait */
     wg_pdl_trigger();
