@@ -21,14 +21,14 @@ enum {
   MBD_K_BCAST_U16 = 23,
   MBD_K_BCAST_BF16_F32 = 24,
   MBD_K_BCAST_F16_F32 = 25,
-  MBD_K_WGEMM_BF16 = 26, /* sm_90a wgmma configurations 0..14 (gpu_gemm.cu k_wtiles) */
-  MBD_K_WGEMM_F16 = 41,
-  MBD_K_MKGEMM_BF16 = 56, /* sm_90a M <= 8, M <= 16: mma.sync chunk chains */
-  MBD_K_MKGEMM_F16 = 58,
-  MBD_K_MKRGEMM_BF16 = 60, /* sm_90a M <= 16, ragged column ranges: bf16, f16 */
-  MBD_K_WGCL_BF16 = 62, /* sm_90a cluster / persistent tiles 0..9 (gpu_gemm.cu k_wcltiles) */
-  MBD_K_WGCL_F16 = 72,
-  MBD_K_COUNT = 82,
+  MBD_K_WGEMM_BF16 = 26, /* sm_90a wgmma configurations 0..10 (gpu_gemm.cu k_wtiles) */
+  MBD_K_WGEMM_F16 = 37,
+  MBD_K_MKGEMM_BF16 = 48, /* sm_90a M <= 8, M <= 16: mma.sync chunk chains */
+  MBD_K_MKGEMM_F16 = 50,
+  MBD_K_MKRGEMM_BF16 = 52, /* sm_90a M <= 16, ragged column ranges: bf16, f16 */
+  MBD_K_WGCL_BF16 = 54, /* sm_90a cluster / persistent tiles 0..8 (gpu_gemm.cu k_wcltiles) */
+  MBD_K_WGCL_F16 = 63,
+  MBD_K_COUNT = 72,
 };
 extern const char *const mbd_k_kernel_names[MBD_K_COUNT];
 

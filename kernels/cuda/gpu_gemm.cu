@@ -34,12 +34,11 @@ struct wtile_cfg {
 };
 #define WTILE(ty, T, i, CWG, BN, IN, ST, TMA, MINB, FOLD, SCHED)                          \
   {64 * CWG, BN, ST, MINB, MBD_WG_THREADS(CWG, SCHED), TMA, FOLD},
-static constexpr wtile_cfg k_wtiles[15] = {MBD_WG_TILES(WTILE, , )};
+static constexpr wtile_cfg k_wtiles[11] = {MBD_WG_TILES(WTILE, , )};
 #undef WTILE
 /* Relative per-SM efficiency of each wgmma configuration (dispatch cost
- * model only; 10..14 are only swapped in for 5 by sched_tile). */
-static const double k_weff[15] = {0.3, 0.4, 0.55, 0.7, 0.75, 0.9, 1.0, 0.5,
-                                  0.8, 0.6, 0.9, 0.9, 0.9, 0.95, 0.95};
+ * model only; 10 is only swapped in for 5 by sched_tile). */
+static const double k_weff[11] = {0.3, 0.4, 0.55, 0.7, 0.75, 0.9, 1.0, 0.5, 0.8, 0.6, 0.95};
 /* Configuration 9 (64 x 72): for M <= 64 only, taken over 0..3 only when its
  * estimate is at least 10% lower (see pick_wtile). */
 #define WTILE_72 9
@@ -50,20 +49,15 @@ static_assert(!k_wtiles[WTILE_NOFOLD].fold && k_wtiles[WTILE_NOFOLD - 1].fold,
 /* The cluster / persistent tiles (MBD_WG_CL_TILES): bm, bn, stages, blocks
  * per SM, cm x cn blocks a cluster, persistent. */
 struct wcltile_cfg {
-  int bm, bn, stages, occ, cm, cn, sched;
+  int bm, bn, stages, occ, cm, cn;
   bool ps;
 };
-#define WCLTILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN, PS, SCHED)                 \
-  {64 * CWG, BN, ST, MINB, CM, CN, SCHED, PS},
-static constexpr wcltile_cfg k_wcltiles[10] = {MBD_WG_CL_TILES(WCLTILE, , )};
+#define WCLTILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN, PS)                        \
+  {64 * CWG, BN, ST, MINB, CM, CN, PS},
+static constexpr wcltile_cfg k_wcltiles[9] = {MBD_WG_CL_TILES(WCLTILE, , )};
 #undef WCLTILE
-/* The persistent staggered 128 x 128 tile (MBD_GEMM_SCHED=pst6). */
-#define WCLTILE_PST 9
-static_assert(k_wcltiles[WCLTILE_PST].ps && k_wcltiles[WCLTILE_PST].sched == MBD_WG_ST &&
-                  k_wcltiles[WCLTILE_PST].cm * k_wcltiles[WCLTILE_PST].cn == 1,
-              "pst6 is the persistent staggered tile");
 static constexpr bool wcl_all_128(int i) {
-  return i == 10 || (k_wcltiles[i].bm == 128 && wcl_all_128(i + 1));
+  return i == 9 || (k_wcltiles[i].bm == 128 && wcl_all_128(i + 1));
 }
 static_assert(wcl_all_128(0), "pick_wcltile replaces 128-row tiles only");
 /* The kernel slots (gpu_ctx_impl.h) hold one kernel per configuration. */
@@ -131,41 +125,25 @@ static int pick_wtile(const mbd_gpu_ctx *ctx, int64_t m, int64_t n, int64_t k, b
   return best;
 }
 
-/* MBD_GEMM_SCHED (read per call) swaps the 128 x 128 TMA tile (configuration
- * 5) for one of the same bits under another schedule or ring depth
- * (gemm_params.h): old (or unset): 5 itself; st6 / st7: warpgroup 1 two k
- * tiles behind warpgroup 0, 6 / 7 ring slots (10 / 11); s6: 6 slots (12);
- * w192st / w192: 128 x 192 tiles, the producer warpgroup's registers handed
- * to the consumers, with / without the stagger (13 / 14), taken where their
- * waves cost no more than the 128 x 128 tiles' (else 5); w192stf / w192f:
- * the same wherever 5 would run. (pst6, the persistent staggered tile, is a
- * cluster-table kernel: sched_pst.) */
+/* The 128 x 192 tile (configuration 10, MBD_WG_RG) in place of the 128 x 128
+ * TMA tile (5) where its waves x tile area are no more than 5's: the same
+ * chains with fewer shared-memory bytes per product. MBD_GEMM_SCHED (read
+ * per call): old = 5 always (the previous dispatch); w192f = 10 wherever 5
+ * would run; unset or other: the wave rule. Same bits in every setting (the
+ * bench and the bitwise test compare them). */
+#define WTILE_W192 10
+static_assert(k_wtiles[WTILE_W192].bm == 128 && k_wtiles[WTILE_W192].bn == 192 &&
+                  k_wtiles[WTILE_W192].fold && k_wtiles[WTILE_W192].tma,
+              "sched_tile's wide tile is 128 x 192 with the fold and the TMA producer");
 static int sched_tile(const mbd_gpu_ctx *ctx, int ti, int64_t m, int64_t n) {
   if (ti != WTILE_NOFOLD - 1) return ti;
   const char *env = getenv("MBD_GEMM_SCHED");
-  if (!env) return ti;
-  static const struct { const char *name; int tile; bool any; } k[] = {
-      {"st6", 10, true},    {"st7", 11, true},    {"s6", 12, true},    {"w192st", 13, false},
-      {"w192", 14, false}, {"w192stf", 13, true}, {"w192f", 14, true}};
-  for (const auto &e : k) {
-    if (strcmp(env, e.name) != 0) continue;
-    const wtile_cfg &w = k_wtiles[e.tile], &t = k_wtiles[ti];
-    if (!e.any) { /* a wider tile: no more waves x tile area than 5's */
-      const int64_t slots = (int64_t)ctx->sm_count * w.occ;
-      const int64_t wv = cdiv(cdiv(m, w.bm) * cdiv(n, w.bn), slots);
-      const int64_t tv = cdiv(cdiv(m, t.bm) * cdiv(n, t.bn), (int64_t)ctx->sm_count * t.occ);
-      if (wv * w.bm * w.bn > tv * t.bm * t.bn) return ti;
-    }
-    return e.tile;
-  }
-  return ti;
-}
-
-/* MBD_GEMM_SCHED=pst6: where the 128 x 128 TMA tile would run, its persistent
- * form with the staggered warpgroups (cluster table WCLTILE_PST), or -1. */
-static int sched_pst(int ti) {
-  const char *env = getenv("MBD_GEMM_SCHED");
-  return env && !strcmp(env, "pst6") && ti == WTILE_NOFOLD - 1 ? WCLTILE_PST : -1;
+  if (env && !strcmp(env, "old")) return ti;
+  if (env && !strcmp(env, "w192f")) return WTILE_W192;
+  const wtile_cfg &w = k_wtiles[WTILE_W192], &t = k_wtiles[ti];
+  const int64_t wv = cdiv(cdiv(m, w.bm) * cdiv(n, w.bn), (int64_t)ctx->sm_count * w.occ);
+  const int64_t tv = cdiv(cdiv(m, t.bm) * cdiv(n, t.bn), (int64_t)ctx->sm_count * t.occ);
+  return wv * w.bm * w.bn <= tv * t.bm * t.bn ? WTILE_W192 : ti;
 }
 
 /* cc 9.0 device and an sm_90a build: the wgmma family is the route's. */
@@ -458,7 +436,7 @@ static int pick_wcltile(int ti, int64_t m, int64_t n) {
   if (cm * cn == 1 && !ps) return -1;
   for (int i = 0; i < (int)(sizeof k_wcltiles / sizeof k_wcltiles[0]); i++) {
     const wcltile_cfg &c = k_wcltiles[i];
-    if (c.bn == bn && c.cm == cm && c.cn == cn && c.ps == ps && c.sched == 0) return i;
+    if (c.bn == bn && c.cm == cm && c.cn == cn && c.ps == ps) return i;
   }
   return -1;
 }
@@ -520,8 +498,7 @@ static int gemm_wgcl(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gem
   const int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_WGCL_BF16 : MBD_K_WGCL_F16) + ci;
   *kname = mbd_k_kernel_names[slot];
   void *args[] = {&P};
-  const unsigned cs = (unsigned)(c.cm * c.cn),
-                 threads = (unsigned)MBD_WG_THREADS(c.bm / 64, c.sched);
+  const unsigned cs = (unsigned)(c.cm * c.cn), threads = (unsigned)MBD_WG_THREADS(c.bm / 64, 0);
   if (c.ps) { /* persistent: at most the clusters (blocks) that fit at once */
     int fit = 0;
     if (cs > 1) {
@@ -556,8 +533,7 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   }
   int ti = pick_wtile(ctx, a->m, a->n, a->k, tma);
   {
-    int ci = pick_wcltile(ti, a->m, a->n);
-    if (ci < 0) ci = sched_pst(ti);
+    const int ci = pick_wcltile(ti, a->m, a->n);
     if (ci >= 0) {
       const int rc = gemm_wgcl(ctx, a, p, ci, kname, err);
       if (rc != 1) return rc; /* 1: the encoder refused, the tile kernels run */

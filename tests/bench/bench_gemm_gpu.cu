@@ -18,14 +18,12 @@
  * blocks, each walking tiles with one ring) alone and with MBD_GEMM_MCAST=2,
  * same bits, a SUMMARY line each.
  * Each M >= 256 shape also prints a "sched" line: us per GEMM under each
- * MBD_GEMM_SCHED setting (gpu_gemm.cu sched_tile: old = the 128 x 128 tile
- * as before; st6 / st7 = its consumer warpgroups staggered by two k tiles,
- * 6 / 7 ring slots; s6 = 6 slots; w192st / w192 = 128 x 192 tiles with the
- * producer warpgroup's registers given to the consumers, staggered or not,
- * where their waves allow, w192stf / w192f the same wherever the 128 x 128
- * tile runs; pst6 = the persistent staggered 128 x 128 tile; same bits), the
- * ratio cuBLAS-fast / that, and the kernel (wgemm slot, or the name), with a
- * SUMMARY geomean per setting.
+ * MBD_GEMM_SCHED setting (gpu_gemm.cu sched_tile: unset = the default, the
+ * 128 x 192 tiles (producer warpgroup's registers given to the consumers)
+ * where their waves cost no more than the 128 x 128 tiles'; old = the 128 x
+ * 128 tiles as before; w192f = 128 x 192 wherever 128 x 128 would run; same
+ * bits), the ratio cuBLAS-fast / that, and the kernel (wgemm slot, or the
+ * name), with a SUMMARY geomean per setting.
  * First the Mamba-2 projections (bench_mamba2, M = 1, 8, 16, 64 and 2048;
  * --mamba2: only those). */
 #include <algorithm>
@@ -169,10 +167,9 @@ static double time_gemm(mbd_gpu_ctx *ctx, bufset &b, mbd_gpu_gemm_args a) {
 }
 
 /* MBD_GEMM_SCHED settings (gpu_gemm.cu sched_tile; same bits): "" = unset
- * (the default), then the 128 x 128 tile's other schedules and ring depths
- * and the 128 x 192 tiles. */
-static const char *const k_sched[] = {"",       "old",  "st6",     "st7",   "s6",
-                                      "w192st", "w192", "w192stf", "w192f", "pst6"};
+ * (the default: 128 x 192 tiles where their waves allow), old (the 128 x 128
+ * tiles), w192f (128 x 192 wherever 128 x 128 would run). */
+static const char *const k_sched[] = {"", "old", "w192f"};
 #define N_SCHED ((int)(sizeof k_sched / sizeof k_sched[0]))
 static void time_sched(mbd_gpu_ctx *ctx, bufset &b, const mbd_gpu_gemm_args &a,
                        double t[N_SCHED]) {

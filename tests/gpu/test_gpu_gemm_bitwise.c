@@ -33,9 +33,10 @@
  *   and 2 (2 x 1), each also persistent (MBD_GEMM_PERSIST=1), and the
  *   default (2 x 1 only for narrow N at many M tiles); each form must run
  *   on some shape;
- * - on sm_90a each MBD_GEMM_SCHED setting (the 128 x 128 tile's other
- *   schedules and ring depths, the 128 x 192 tiles) gives the rows-alone bits
- *   at the same M; each setting's kernel must run on some shape. */
+ * - on sm_90a each MBD_GEMM_SCHED setting (old: the 128 x 128 tiles; w192f:
+ *   the 128 x 192 tiles wherever those run; unset: 128 x 192 where its waves
+ *   allow) gives the rows-alone bits; each setting's kernel must run on some
+ *   shape. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -293,19 +294,15 @@ static void check_mcast(fixture *f, int seen[4]) {
   if (failed) fail_msg("%lld cluster-setting runs differ from rows alone", (long long)failed);
 }
 
-/* MBD_GEMM_SCHED settings (gpu_gemm.cu sched_tile, sched_pst: the 128 x 128
- * TMA tile under the staggered warpgroups with 6 and 7 ring slots, 6 slots
- * alone, the 128 x 192 tiles whose consumers take the producer warpgroup's
- * registers, staggered or not, where their waves allow and everywhere, and
- * the persistent staggered tile): each gives the rows-alone bits at M with
+/* MBD_GEMM_SCHED settings (gpu_gemm.cu sched_tile): old (the 128 x 128 TMA
+ * tile always), w192f (the 128 x 192 tile, whose consumers take the producer
+ * warpgroup's registers, wherever the 128 x 128 tile would run) and unset
+ * (128 x 192 where its waves allow): each gives the rows-alone bits at M with
  * 5, 9, 16 (a partial last one) and 32 tiles of 128 rows. seen[i]: runs of
- * the setting's kernel (k_sched_kernel[i] ends the kernel name), so the
+ * k_sched_kernel[i] (the end of the kernel's name) under setting i, so the
  * comparison cannot pass vacuously (run_policy requires each). */
-static const char *const k_sched[] = {"st6", "st7", "s6", "w192st", "w192",
-                                      "w192stf", "w192f", "pst6"};
-static const char *const k_sched_kernel[] = {"wgemm_*_10", "wgemm_*_11", "wgemm_*_12",
-                                             "wgemm_*_13", "wgemm_*_14", "wgemm_*_13",
-                                             "wgemm_*_14", "wgcl_*_9"};
+static const char *const k_sched[] = {"old", "w192f", NULL};
+static const char *const k_sched_kernel[] = {"wgemm_*_5", "wgemm_*_10", "wgemm_*_10"};
 #define N_SCHED (sizeof k_sched / sizeof k_sched[0])
 
 /* name is mbd_<family>_<dtype>_<index> and pat is "<family>_*_<index>". */
@@ -323,7 +320,10 @@ static void check_sched(fixture *f, int seen[N_SCHED]) {
   static const int64_t ms[] = {520, 1100, 2047, 4096};
   int64_t failed = 0;
   for (size_t si = 0; si < N_SCHED; si++) {
-    assert_int_equal(setenv("MBD_GEMM_SCHED", k_sched[si], 1), 0);
+    if (k_sched[si])
+      assert_int_equal(setenv("MBD_GEMM_SCHED", k_sched[si], 1), 0);
+    else
+      assert_int_equal(unsetenv("MBD_GEMM_SCHED"), 0);
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
       char name[64];
       kernel_of(f, ms[i], name, sizeof name);
@@ -331,7 +331,8 @@ static void check_sched(fixture *f, int seen[N_SCHED]) {
       const int64_t row0 = ms[i] % 7;
       run_rows(f, row0, ms[i]);
       char what[128];
-      snprintf(what, sizeof what, "MBD_GEMM_SCHED=%s %s", k_sched[si], name);
+      snprintf(what, sizeof what, "MBD_GEMM_SCHED=%s %s", k_sched[si] ? k_sched[si] : "(unset)",
+               name);
       if (count_diff(f, row0, ms[i], what)) failed++;
     }
   }
@@ -526,7 +527,9 @@ static void run_policy(mbd_dtype_policy pol) {
     fail_msg("the cluster kernels did not run (2 x 1: %d, 2 x 2: %d, persistent: %d runs)",
              seen[0], seen[1], seen[3]);
   for (size_t si = 0; seen[2] && si < N_SCHED; si++)
-    if (!seen_sched[si]) fail_msg("MBD_GEMM_SCHED=%s never ran its kernel", k_sched[si]);
+    if (!seen_sched[si])
+      fail_msg("MBD_GEMM_SCHED=%s never ran %s", k_sched[si] ? k_sched[si] : "(unset)",
+               k_sched_kernel[si]);
 }
 
 static void test_f32(void **st) { (void)st; run_policy(MBD_POLICY_F32); }

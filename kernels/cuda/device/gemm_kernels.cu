@@ -407,14 +407,6 @@ template <int R> __device__ __forceinline__ void wg_setmaxnreg_dec() {
 template <int R> __device__ __forceinline__ void wg_setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
 }
-/* Named barrier id between the two consumer warpgroups (256 threads):
- * warpgroup 1 waits, warpgroup 0 only arrives. */
-__device__ __forceinline__ void wg_bar_sync(int id) {
-  asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory");
-}
-__device__ __forceinline__ void wg_bar_arrive(int id) {
-  asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory");
-}
 /* The host sizes shared memory from the same configuration table
  * (gemm_params.h); a mismatch would overrun it silently, so trap. */
 __device__ __forceinline__ void wg_check_smem(uint32_t need) {
@@ -557,12 +549,12 @@ __device__ __forceinline__ void wg_stage(float *d, int kt, uint32_t stage_s, uin
  * MBD_WG_KCH. Each chunk's chain is waited for in full (wait_group 0) before
  * its fold: reading a partial while any wgmma is in flight makes ptxas
  * serialize every wgmma of the kernel (C7514, also with the partial of the
- * previous chunk in a second register set), so a warpgroup's tensor work
- * pauses at each chunk end. SCHED (gemm_params.h) hides that pause or widens
- * the tile without changing a chain: MBD_WG_ST puts warpgroup 1 two k tiles
- * behind warpgroup 0, so one warpgroup's queued wgmmas run while the other
- * folds; MBD_WG_RG makes the producer a warpgroup that gives its registers to
- * the consumers (setmaxnreg), so a 128 x 192 tile holds its sum and partial.
+ * previous chunk in a second register set). SCHED = MBD_WG_RG
+ * (gemm_params.h) widens the tile without changing a chain: the producer is
+ * a warpgroup that gives its registers to the consumers (setmaxnreg), so a
+ * 128 x 192 tile holds its sum and partial; the m64n192k16 steps read fewer
+ * shared-memory bytes per product than m64n128k16 (one A fragment, 1.5x the
+ * columns).
  * CM x CN > 1: a thread-block cluster of CM x CN blocks (TMA producer only),
  * rank = rn CM + rm, owning M tiles tm0 + rm and N tiles tn0 + rn. The CM
  * blocks of one N tile share its W tile: block rm loads rows [rm BN / CM,
@@ -583,7 +575,7 @@ template <typename T, int CWG, int BN, int IN, int STAGES, bool TMA, bool FOLD, 
           bool PERSIST, int SCHED>
 __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
 #ifdef MBD_HAVE_WGMMA
-  constexpr bool ST = (SCHED & MBD_WG_ST) != 0, RG = (SCHED & MBD_WG_RG) != 0;
+  constexpr bool RG = (SCHED & MBD_WG_RG) != 0;
   constexpr int BM = 64 * CWG, BK = 64, KCH = MBD_WG_KCH / BK;
   constexpr uint32_t A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
   constexpr uint32_t STAGE_BYTES = A_BYTES + B_BYTES;
@@ -593,15 +585,9 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
   static_assert(!CL || (TMA && BN % (8 * CM) == 0 && BM % (8 * CN) == 0 && CM * CN <= 16),
                 "cluster pieces are whole 8-row swizzle atoms");
   static_assert(!PERSIST || TMA, "the persistent tiles have the TMA producer");
-  constexpr bool BOUND = CL || PERSIST || ST; /* ring waits that trap instead of hanging */
+  constexpr bool BOUND = CL || PERSIST; /* ring waits that trap instead of hanging */
   static_assert(!FOLD || BN <= (RG ? 192 : 128), "acc + partial must fit the register file");
   static_assert(!RG || (CWG == 2 && !CL && !PERSIST), "RG: two consumer warpgroups, alone");
-  /* ST: warpgroup 0 arrives for chunk c + 2 (same barrier id) only after
-   * warpgroup 1 released the slot of chunk c's first stage (STAGES <= 10);
-   * warpgroup 1 never waits for a slot warpgroup 0 needs it to free
-   * (STAGES >= 3) */
-  static_assert(!ST || (CWG == 2 && STAGES >= 3 && STAGES <= 10 && !CL),
-                "the staggered warpgroups: two, no cluster, a ring of 3..10 slots");
   extern __shared__ __align__(16) unsigned char wg_raw[];
   const uint32_t raw_s = smem_u32(wg_raw);
   const uint32_t base_s = (raw_s + 1023u) & ~1023u; /* the swizzle atom needs 1024 */
@@ -739,29 +725,16 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
       arr_rank = j * CM + rm;
     }
   }
-  int g = 0;  /* ring stage count over all of this block's cells */
-  int ch = 0; /* chunk count over all of this block's cells (ST: the barrier's parity) */
+  int g = 0; /* ring stage count over all of this block's cells */
   /* One chunk's chain from 0 into d over k tiles [kt, end of the chunk),
-   * not waited for. ST: warpgroup 1 starts the chunk only after warpgroup 0
-   * has issued its first two stages (or all of a shorter chunk's), named
-   * barrier 1 + chunk parity. */
+   * not waited for. */
   auto run_chunk = [&](float *d, int &kt) {
     const int end = FOLD ? min(KT, kt + KCH) : KT;
-    const int lead = min(kt + 2, end); /* ST: warpgroup 0 arrives once it issued these */
-    if (ST && c == 1) wg_bar_sync(1 + (ch & 1));
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
-    wg_stage<T, BN, IN, STAGES, NARR, BOUND>(d, g, base_s + (g % STAGES) * STAGE_BYTES, a_off,
-                                             A_BYTES, full0, empty0, lane, arr_rank);
-    kt++;
-    g++;
-    if (ST && c == 0 && kt == lead) wg_bar_arrive(1 + (ch & 1));
-    for (; kt < end; kt++, g++) {
+    for (; kt < end; kt++, g++)
       wg_stage<T, BN, IN, STAGES, NARR, BOUND>(d, g, base_s + (g % STAGES) * STAGE_BYTES, a_off,
                                                A_BYTES, full0, empty0, lane, arr_rank);
-      if (ST && c == 0 && kt + 1 == lead) wg_bar_arrive(1 + (ch & 1));
-    }
-    ch++;
   };
   /* one tile: the chains, the fold, the bias and the stores */
   auto consume = [&](const int tm, const int tn) {
@@ -1237,8 +1210,8 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
  * and the cluster / persistent tiles of MBD_WG_CL_TILES (mbd_wgcl_*). */
 #define MBD_WG_TILE(ty, T, i, CWG, BN, IN, ST, TMA, MINB, FOLD, SCHED)                    \
   MBD_WG(mbd_wgemm_##ty##_##i, T, CWG, BN, IN, ST, TMA, MINB, FOLD, 1, 1, false, SCHED)
-#define MBD_WG_CL_TILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN, PS, SCHED)          \
-  MBD_WG(mbd_wgcl_##ty##_##i, T, CWG, BN, IN, ST, true, MINB, FOLD, CM, CN, PS, SCHED)
+#define MBD_WG_CL_TILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN, PS)                 \
+  MBD_WG(mbd_wgcl_##ty##_##i, T, CWG, BN, IN, ST, true, MINB, FOLD, CM, CN, PS, 0)
 #define MBD_WG_ALL(ty, T)                                                                  \
   MBD_WG_TILES(MBD_WG_TILE, ty, T)                                                         \
   MBD_WG_CL_TILES(MBD_WG_CL_TILE, ty, T)                                                   \

@@ -42,14 +42,11 @@ typedef struct mbd_gemm_params {
 
 #define MBD_WG_KCH 256 /* K per chunk of the sm_90a contract */
 
-/* Schedule bits of a wgmma tile (wg_body; scheduling only, the same chains
- * and fold): MBD_WG_ST: consumer warpgroup 1 runs two k tiles behind
- * warpgroup 0 (a named barrier a chunk), so the two never drain their chains
- * for the fold at the same time and the tensor cores stay fed; MBD_WG_RG: the
- * producer is a whole warpgroup that hands its registers to the consumers
- * (setmaxnreg), which then hold a wider tile's partial and sum (128 x 192). */
-#define MBD_WG_ST 1
-#define MBD_WG_RG 2
+/* MBD_WG_RG (a wgmma tile's SCHED; scheduling only, the same chains and fold):
+ * the producer is a whole warpgroup that hands its registers to the consumer
+ * warpgroups (setmaxnreg: producer 56, consumers 224 of a 384-thread block's
+ * 168), which then hold a 64 x 192 sum and chunk partial. */
+#define MBD_WG_RG 1
 #define MBD_WG_RG_PRODUCER_REGS 56
 #define MBD_WG_RG_CONSUMER_REGS 224
 /* Threads of a wgmma tile block: 128 a consumer warpgroup, then the producer
@@ -63,13 +60,12 @@ typedef struct mbd_gemm_params {
  *   7, 8: plain-load producer, 64 x 64 and 128 x 128
  *   9: 64 x 72 (M <= 64 where N / 64 tiles leave a second wave of a few
  *      blocks, e.g. N = 8512 = 133 x 64: 119 tiles of 72 fill one wave)
- *   10..14: other schedules and ring depths (gpu_gemm.cu sched_tile,
- *      MBD_GEMM_SCHED): 10, 11: 128 x 128 ST with 6, 7 slots; 12: 128 x 128
- *      with 6 slots; 13, 14: 128 x 192 RG with 5 slots, ST and not
+ *   10: 128 x 192 under MBD_WG_RG (gpu_gemm.cu sched_tile: where its waves
+ *       cost no more than 5's, which it replaces)
  * X(ty, T, index, CWG, BN, IN, STAGES, TMA, MINB, FOLD, SCHED): CWG consumer
  * warpgroups (BM = 64 CWG), wgmma N = IN, MINB blocks per SM (launch bounds),
- * FOLD: K may exceed one chunk; SCHED: 0 or MBD_WG_ST | MBD_WG_RG. ty, T:
- * passed through. (The table uses true/false: it is expanded by C++ only.) */
+ * FOLD: K may exceed one chunk; SCHED: 0 or MBD_WG_RG. ty, T: passed through.
+ * (The table uses true/false: it is expanded by C++ only.) */
 #define MBD_WG_TILES(X, ty, T)                                                          \
   X(ty, T, 0, 1, 16, 16, 20, true, 1, true, 0)                                          \
   X(ty, T, 1, 1, 32, 32, 18, true, 1, true, 0)                                          \
@@ -81,11 +77,7 @@ typedef struct mbd_gemm_params {
   X(ty, T, 7, 1, 64, 64, 4, false, 2, true, 0)                                          \
   X(ty, T, 8, 2, 128, 128, 3, false, 1, true, 0)                                        \
   X(ty, T, 9, 1, 72, 72, 12, true, 1, true, 0)                                          \
-  X(ty, T, 10, 2, 128, 128, 6, true, 1, true, MBD_WG_ST)                                \
-  X(ty, T, 11, 2, 128, 128, 7, true, 1, true, MBD_WG_ST)                                \
-  X(ty, T, 12, 2, 128, 128, 6, true, 1, true, 0)                                        \
-  X(ty, T, 13, 2, 192, 192, 5, true, 1, true, MBD_WG_ST | MBD_WG_RG)                    \
-  X(ty, T, 14, 2, 192, 192, 5, true, 1, true, MBD_WG_RG)
+  X(ty, T, 10, 2, 192, 192, 5, true, 1, true, MBD_WG_RG)
 
 /* The same tiles run by thread-block clusters of CM x CN blocks on
  * neighbouring M x N tiles, the W tile multicast to the CM blocks of its
@@ -96,20 +88,18 @@ typedef struct mbd_gemm_params {
  *   0, 1: 128 x 128 in 2 x 1 and 2 x 2 clusters; 2: 128 x 256 (K <= one
  *   chunk) in 2 x 1; 3: 128 x 64 in 2 x 1;
  *   4, 5, 6: 128 x 128 persistent alone, 2 x 1, 2 x 2; 7, 8: 128 x 256 (K <=
- *   one chunk) persistent alone, 2 x 1; 9: 128 x 128 persistent alone with
- *   the staggered warpgroups (MBD_WG_ST; MBD_GEMM_SCHED=pst6)
- * X(ty, T, index, CWG, BN, IN, STAGES, MINB, FOLD, CM, CN, PS, SCHED). */
+ *   one chunk) persistent alone, 2 x 1
+ * X(ty, T, index, CWG, BN, IN, STAGES, MINB, FOLD, CM, CN, PS). */
 #define MBD_WG_CL_TILES(X, ty, T)                                                       \
-  X(ty, T, 0, 2, 128, 128, 6, 1, true, 2, 1, false, 0)                                  \
-  X(ty, T, 1, 2, 128, 128, 6, 1, true, 2, 2, false, 0)                                  \
-  X(ty, T, 2, 2, 256, 256, 4, 1, false, 2, 1, false, 0)                                 \
-  X(ty, T, 3, 2, 64, 64, 4, 2, true, 2, 1, false, 0)                                    \
-  X(ty, T, 4, 2, 128, 128, 6, 1, true, 1, 1, true, 0)                                   \
-  X(ty, T, 5, 2, 128, 128, 6, 1, true, 2, 1, true, 0)                                   \
-  X(ty, T, 6, 2, 128, 128, 6, 1, true, 2, 2, true, 0)                                   \
-  X(ty, T, 7, 2, 256, 256, 4, 1, false, 1, 1, true, 0)                                  \
-  X(ty, T, 8, 2, 256, 256, 4, 1, false, 2, 1, true, 0)                                  \
-  X(ty, T, 9, 2, 128, 128, 6, 1, true, 1, 1, true, MBD_WG_ST)
+  X(ty, T, 0, 2, 128, 128, 6, 1, true, 2, 1, false)                                     \
+  X(ty, T, 1, 2, 128, 128, 6, 1, true, 2, 2, false)                                     \
+  X(ty, T, 2, 2, 256, 256, 4, 1, false, 2, 1, false)                                    \
+  X(ty, T, 3, 2, 64, 64, 4, 2, true, 2, 1, false)                                       \
+  X(ty, T, 4, 2, 128, 128, 6, 1, true, 1, 1, true)                                      \
+  X(ty, T, 5, 2, 128, 128, 6, 1, true, 2, 1, true)                                      \
+  X(ty, T, 6, 2, 128, 128, 6, 1, true, 2, 2, true)                                      \
+  X(ty, T, 7, 2, 256, 256, 4, 1, false, 1, 1, true)                                     \
+  X(ty, T, 8, 2, 256, 256, 4, 1, false, 2, 1, true)
 
 typedef struct mbd_wg_params {
   CUtensorMap tx; /* X [M,K], box {64, 64*CWG}, 128B swizzle, zero fill */
