@@ -305,8 +305,9 @@ MBD_HGEMM_ALL(f16, __half)
  * across blocks, no atomics: a row's bits depend only on that row of x and on W.
  *
  * wg_body block: CWG consumer warpgroups (warps 0..4*CWG-1), then one producer
- * warp (under MBD_WG_RG a producer warpgroup, whose first warp loads). Shared memory: STAGES x (A tile [64*CWG][64], B tile [BN][64]) in the TMA
- * 128-byte swizzle (16-byte chunk c of row r at r*128 + ((c ^ (r & 7)) * 16)),
+ * warp (under MBD_WG_RG a producer warpgroup, whose first warp loads). Shared
+ * memory: STAGES x (A tile [64*CWG][64], B tile [BN][64]) in the TMA 128-byte
+ * swizzle (16-byte chunk c of row r at r*128 + ((c ^ (r & 7)) * 16)),
  * then full/empty mbarriers. When M < BM the X box covers only the M rows
  * that exist (the copy engine's zero fill of absent rows is slower than real
  * loads). Rows past M
@@ -354,7 +355,7 @@ template <typename T, int N> struct wgmma_op {
   F(94) F(95)
 #define WG_ACC_128(F)                                                                   \
   WG_ACC_96(F)                                                                          \
-  F(96) F(97) F(98) F(99) F(100) F(101) F(102) F(103)                                 \
+  F(96) F(97) F(98) F(99) F(100) F(101) F(102) F(103)                                   \
   F(104) F(105) F(106) F(107) F(108) F(109) F(110) F(111) F(112) F(113)                 \
   F(114) F(115) F(116) F(117) F(118) F(119) F(120) F(121) F(122) F(123)                 \
   F(124) F(125) F(126) F(127)
