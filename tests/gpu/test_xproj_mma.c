@@ -6,10 +6,12 @@
  * - mbd_mops_xproj: k_xproj (M = 1..31, and M >= 32 with MBD_XPROJ_TILE=0)
  *   and the many-row tiles (M = 32, 33, 64, 256, 300, 1024, 2048 with the
  *   default choice and with MBD_XPROJ_TILE=1, 2, 3: every tile shape and
- *   variant), at the model shapes N = 80 / K = 1536, N = 160 / K = 4096,
- *   N = 192 / K = 5120, and at K = 1000 (not a multiple of 512) and K = 777
- *   (odd: not a multiple of 16, element loads), bf16 and f16, and an x that
- *   is not 4-byte aligned;
+ *   variant), and k_xproj_rows (MBD_XPROJ_TILE=4: every M; the default
+ *   from 128 rows: M = 1, 7, 64, 256, 301, 600, 2048, 2049, every block
+ *   shape, and 16384 rows), at the model shapes N = 80 / K = 1536,
+ *   N = 160 / K = 4096, N = 192 / K = 5120, and at K = 1000 (not a multiple
+ *   of 16 or 512) and K = 777 (odd: element loads), bf16 and f16, and an x
+ *   that is not 4-byte aligned;
  * - mbd_mops_conv_xproj (the decode fusion) against mbd_mops_conv_silu's
  *   xc_act through the reference, 1..64 rows.
  * The persistent decode's partials are pinned by test_mamba1_gpu (persistent
@@ -150,6 +152,27 @@ static void test_xproj_tiles_forwarded(void **state) {
   many_rows("3", 48);
 }
 
+/* MBD_XPROJ_TILE=4: k_xproj_rows at every M: narrow blocks (16 rows; M =
+ * 1, 7, 64, 256, 301), 32-row wide blocks (600), 64-row wide blocks (2048,
+ * 2049: a partial tile), each shape's FA; unaligned x (element loads); and
+ * the default choice at 16384 rows (many waves). */
+static void test_xproj_rows(void **state) {
+  (void)state;
+  uint64_t seed = 49;
+  const int Ms[] = {1, 7, 64, 256, 301, 600, 2048, 2049};
+  setenv("MBD_XPROJ_TILE", "4", 1);
+  for (size_t d = 0; d < 2; d++)
+    for (size_t s = 0; s < sizeof k_shapes / sizeof k_shapes[0]; s++)
+      for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++)
+        xproj_case(k_dt[d], Ms[m], k_shapes[s].K, k_shapes[s].NO, 0, &seed);
+  for (size_t d = 0; d < 2; d++) {
+    xproj_case(k_dt[d], 7, 4096, 160, 1, &seed);
+    xproj_case(k_dt[d], 600, 1536, 80, 1, &seed);
+  }
+  unsetenv("MBD_XPROJ_TILE");
+  xproj_case(MBD_DTYPE_BF16, 16384, 4096, 160, 0, &seed);
+}
+
 /* MBD_XPROJ_TILE=0: k_xproj at many rows as well; the same bits. */
 static void test_xproj_no_tiles(void **state) {
   (void)state;
@@ -241,6 +264,7 @@ int main(void) {
       cmocka_unit_test(test_xproj_many_rows),
       cmocka_unit_test(test_xproj_tiles),
       cmocka_unit_test(test_xproj_tiles_forwarded),
+      cmocka_unit_test(test_xproj_rows),
       cmocka_unit_test(test_xproj_no_tiles),
       cmocka_unit_test(test_xproj_unaligned),
       cmocka_unit_test(test_conv_xproj),
