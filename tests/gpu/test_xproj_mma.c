@@ -8,7 +8,7 @@
  *   default choice and with MBD_XPROJ_TILE=1, 2, 3: every tile shape and
  *   variant), and k_xproj_rows (MBD_XPROJ_TILE=4: every M; the default
  *   from 128 rows: M = 1, 7, 64, 256, 301, 600, 2048, 2049, every block
- *   shape, and 16384 rows), at the model shapes N = 80 / K = 1536,
+ *   shape, and 16384 rows; =5, 6, 7: the other shapes and two stages), at the model shapes N = 80 / K = 1536,
  *   N = 160 / K = 4096, N = 192 / K = 5120, and at K = 1000 (not a multiple
  *   of 16 or 512) and K = 777 (odd: element loads), bf16 and f16, and an x
  *   that is not 4-byte aligned;
@@ -173,6 +173,23 @@ static void test_xproj_rows(void **state) {
   xproj_case(MBD_DTYPE_BF16, 16384, 4096, 160, 0, &seed);
 }
 
+/* MBD_XPROJ_TILE=5, 6, 7: k_xproj_rows with narrow blocks, 32-row wide
+ * blocks, two stages, at every M. */
+static void test_xproj_rows_shapes(void **state) {
+  (void)state;
+  uint64_t seed = 50;
+  const char *envs[] = {"5", "6", "7"};
+  const int Ms[] = {7, 256, 2049};
+  for (size_t v = 0; v < sizeof envs / sizeof envs[0]; v++) {
+    setenv("MBD_XPROJ_TILE", envs[v], 1);
+    for (size_t d = 0; d < 2; d++)
+      for (size_t s = 0; s < sizeof k_shapes / sizeof k_shapes[0]; s++)
+        for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++)
+          xproj_case(k_dt[d], Ms[m], k_shapes[s].K, k_shapes[s].NO, 0, &seed);
+  }
+  unsetenv("MBD_XPROJ_TILE");
+}
+
 /* MBD_XPROJ_TILE=0: k_xproj at many rows as well; the same bits. */
 static void test_xproj_no_tiles(void **state) {
   (void)state;
@@ -265,6 +282,7 @@ int main(void) {
       cmocka_unit_test(test_xproj_tiles),
       cmocka_unit_test(test_xproj_tiles_forwarded),
       cmocka_unit_test(test_xproj_rows),
+      cmocka_unit_test(test_xproj_rows_shapes),
       cmocka_unit_test(test_xproj_no_tiles),
       cmocka_unit_test(test_xproj_unaligned),
       cmocka_unit_test(test_conv_xproj),

@@ -572,7 +572,8 @@ fail:
  * where they still give about a block per SM, else narrow ones (FA = 1, one
  * warp per 16 outputs, 16 rows, the outputs split over more blocks while
  * there are fewer than 128); the most stages (2..4) that fit the shared
- * memory. 1 if launched, 0 if no shape fits (the caller falls back), < 0
+ * memory. MBD_XPROJ_TILE (xp_choose) "5": narrow blocks at every M; "6":
+ * wide blocks of 32 rows at every M; "7": two stages. 1 if launched, 0 if no shape fits (the caller falls back), < 0
  * on error. */
 template <typename T>
 static int xproj_rows(cudaStream_t s, int M, int K, int NO, const T *x, const T *w, float *out,
@@ -584,7 +585,9 @@ static int xproj_rows(cudaStream_t s, int M, int K, int NO, const T *x, const T 
   if (wn > 2) wn = 2;
   const int gy = (NO + 16 * fa * wn - 1) / (16 * fa * wn);
   auto blocks = [&](int rt, int g) { return (int64_t)XR_SPLIT * ((M + rt - 1) / rt) * g; };
-  int wm = blocks(64, gy) >= 128 ? 4 : blocks(32, gy) >= 128 ? 2 : 0;
+  const char *e = getenv("MBD_XPROJ_TILE");
+  const char v = e ? e[0] : 0;
+  int wm = v == '5' ? 0 : v == '6' ? 2 : blocks(64, gy) >= 128 ? 4 : blocks(32, gy) >= 128 ? 2 : 0;
   if (wm && xr_smem(16 * wm, 16 * fa * wn, jm, 2) > XR_SMEM) wm = 0;
   if (wm == 0) { /* narrow: fewer outputs a block while the blocks are few */
     fa = 1, wm = 1;
@@ -592,7 +595,7 @@ static int xproj_rows(cudaStream_t s, int M, int K, int NO, const T *x, const T 
     if (wn > 12) wn = 12;
     while (wn > 1 && blocks(16, (NO + 16 * wn - 1) / (16 * wn)) < 128) wn = (wn + 1) / 2;
   }
-  int ns = 4;
+  int ns = v == '7' ? 2 : 4;
   while (ns >= 2 && xr_smem(16 * wm, 16 * fa * wn, jm, ns) > XR_SMEM) ns--;
   if (ns < 2 || (NO + 16 * fa * wn - 1) / (16 * fa * wn) > 65535) return 0;
   int rc;
@@ -614,7 +617,8 @@ static int xproj_rows(cudaStream_t s, int M, int K, int NO, const T *x, const T 
  * each tile's x rows first prefetched to L2 in whole lines (a block's own
  * reads take one 32-byte sector of every 128-byte line); "3": as "1", the
  * cluster's blocks copying whole lines and forwarding the sectors (FWD);
- * "4": k_xproj_rows for every M. The tiles need K a multiple of 512 and
+ * "4": k_xproj_rows for every M, "5", "6", "7" as "4" with other block
+ * shapes or stages (xproj_rows). The tiles need K a multiple of 512 and
  * 16-byte aligned rows; they and k_xproj_rows need sm_90 or later
  * (clusters); where a choice cannot run, k_xproj does. */
 enum xp_kernel { XPK_PLAIN, XPK_TILES, XPK_ROWS };
@@ -629,7 +633,7 @@ static xp_kernel xp_choose(int64_t M, int NO, bool tiles_ok) {
     return XPK_PLAIN;
   }
   if (maj < 9) return XPK_PLAIN;
-  if (e && e[0] == '4') return XPK_ROWS;
+  if (e && e[0] >= '4' && e[0] <= '7') return XPK_ROWS;
   tiles_ok = tiles_ok && M >= XT_MIN_M;
   if (e && (e[0] == '1' || e[0] == '2' || e[0] == '3')) return tiles_ok ? XPK_TILES : XPK_PLAIN;
   if (M >= XR_MIN_M) return XPK_ROWS;
