@@ -8,7 +8,8 @@
  *   default choice and with MBD_XPROJ_TILE=1, 2, 3: every tile shape and
  *   variant), and k_xproj_rows (MBD_XPROJ_TILE=4: every M; the default
  *   from 128 rows: M = 1, 7, 64, 256, 301, 600, 2048, 2049, every block
- *   shape, and 16384 rows; =5, 6, 7: the other shapes and two stages), at the model shapes N = 80 / K = 1536,
+ *   shape, and 16384 rows; =5, 6, 7: the other shapes and two stages; =8:
+ *   the weights resident), at the model shapes N = 80 / K = 1536,
  *   N = 160 / K = 4096, N = 192 / K = 5120, and at K = 1000 (not a multiple
  *   of 16 or 512) and K = 777 (odd: element loads), bf16 and f16, and an x
  *   that is not 4-byte aligned;
@@ -173,13 +174,14 @@ static void test_xproj_rows(void **state) {
   xproj_case(MBD_DTYPE_BF16, 16384, 4096, 160, 0, &seed);
 }
 
-/* MBD_XPROJ_TILE=5, 6, 7: k_xproj_rows with narrow blocks, 32-row wide
- * blocks, two stages, at every M. */
+/* MBD_XPROJ_TILE=5, 6, 7, 8: k_xproj_rows with narrow blocks, 32-row
+ * wide blocks, two stages, and k_xproj_rows_w (the weights resident, each
+ * cluster walking several row tiles at 2049 and 4100 rows), at every M. */
 static void test_xproj_rows_shapes(void **state) {
   (void)state;
   uint64_t seed = 50;
-  const char *envs[] = {"5", "6", "7"};
-  const int Ms[] = {7, 256, 2049};
+  const char *envs[] = {"5", "6", "7", "8"};
+  const int Ms[] = {7, 256, 2049, 4100};
   for (size_t v = 0; v < sizeof envs / sizeof envs[0]; v++) {
     setenv("MBD_XPROJ_TILE", envs[v], 1);
     for (size_t d = 0; d < 2; d++)
