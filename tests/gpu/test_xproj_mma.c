@@ -4,12 +4,11 @@
  * outputs, against the plain reference of tests/gpu/xproj_ref.cu (one warp
  * per output, the output's rows alone in the fragments), by memcmp:
  * - mbd_mops_xproj: k_xproj (M = 1..31, and M >= 32 with MBD_XPROJ_TILE=0)
- *   and the many-row tiles (M = 32, 33, 64, 256, 300, 1024, 2048 with the
- *   default choice and with MBD_XPROJ_TILE=1, 2, 3: every tile shape and
- *   variant), and k_xproj_rows (MBD_XPROJ_TILE=4: every M; the default
- *   from 128 rows: M = 1, 7, 64, 256, 301, 600, 2048, 2049, every block
- *   shape, and 16384 rows; =5, 6, 7: the other shapes and two stages; =8:
- *   the weights resident), at the model shapes N = 80 / K = 1536,
+ *   the previous many-row tiles (M = 32, 33, 64, 256, 300, 1024, 2048 with
+ *   MBD_XPROJ_TILE=1: every tile shape), and k_xproj_rows (the default
+ *   from 128 rows, there at those M; MBD_XPROJ_TILE=4: every M, M = 1, 7,
+ *   64, 256, 301, 600, 2048, 2049: every block shape and stage count; and
+ *   16384 rows), at the model shapes N = 80 / K = 1536,
  *   N = 160 / K = 4096, N = 192 / K = 5120, and at K = 1000 (not a multiple
  *   of 16 or 512) and K = 777 (odd: element loads), bf16 and f16, and an x
  *   that is not 4-byte aligned;
@@ -136,9 +135,8 @@ static void many_rows(const char *env, uint64_t seed) {
   unsetenv("MBD_XPROJ_TILE");
 }
 
-/* The default choice; MBD_XPROJ_TILE=1, 2: the tiles at every M >= 32
- * (every tile shape), as they are and with the L2 prefetch; =3: the tiles
- * with the cluster's forwarded lines. */
+/* The default choice; MBD_XPROJ_TILE=1: the tiles at every M >= 32 (every
+ * tile shape). */
 static void test_xproj_many_rows(void **state) {
   (void)state;
   many_rows(NULL, 42);
@@ -146,17 +144,13 @@ static void test_xproj_many_rows(void **state) {
 static void test_xproj_tiles(void **state) {
   (void)state;
   many_rows("1", 46);
-  many_rows("2", 47);
-}
-static void test_xproj_tiles_forwarded(void **state) {
-  (void)state;
-  many_rows("3", 48);
 }
 
-/* MBD_XPROJ_TILE=4: k_xproj_rows at every M: narrow blocks (16 rows; M =
- * 1, 7, 64, 256, 301), 32-row wide blocks (600), 64-row wide blocks (2048,
- * 2049: a partial tile), each shape's FA; unaligned x (element loads); and
- * the default choice at 16384 rows (many waves). */
+/* MBD_XPROJ_TILE=4: k_xproj_rows at every M: narrow blocks (16 rows, one
+ * to ten output warps: M = 1, 7, 64, 256, 301), 32-row wide blocks (600),
+ * 64-row wide blocks (2048, 2049: a partial tile), at each shape's FA and
+ * two to four stages; unaligned x (element loads); and the default choice
+ * at 16384 rows (many waves). */
 static void test_xproj_rows(void **state) {
   (void)state;
   uint64_t seed = 49;
@@ -172,24 +166,6 @@ static void test_xproj_rows(void **state) {
   }
   unsetenv("MBD_XPROJ_TILE");
   xproj_case(MBD_DTYPE_BF16, 16384, 4096, 160, 0, &seed);
-}
-
-/* MBD_XPROJ_TILE=5, 6, 7, 8: k_xproj_rows with narrow blocks, 32-row
- * wide blocks, two stages, and k_xproj_rows_w (the weights resident; at
- * 2049 rows each cluster walks several row tiles), at every M. */
-static void test_xproj_rows_shapes(void **state) {
-  (void)state;
-  uint64_t seed = 50;
-  const char *envs[] = {"5", "6", "7", "8"};
-  const int Ms[] = {7, 256, 2049};
-  for (size_t v = 0; v < sizeof envs / sizeof envs[0]; v++) {
-    setenv("MBD_XPROJ_TILE", envs[v], 1);
-    for (size_t d = 0; d < 2; d++)
-      for (size_t s = 0; s < sizeof k_shapes / sizeof k_shapes[0]; s++)
-        for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++)
-          xproj_case(k_dt[d], Ms[m], k_shapes[s].K, k_shapes[s].NO, 0, &seed);
-  }
-  unsetenv("MBD_XPROJ_TILE");
 }
 
 /* MBD_XPROJ_TILE=0: k_xproj at many rows as well; the same bits. */
@@ -282,9 +258,7 @@ int main(void) {
       cmocka_unit_test(test_xproj_few_rows),
       cmocka_unit_test(test_xproj_many_rows),
       cmocka_unit_test(test_xproj_tiles),
-      cmocka_unit_test(test_xproj_tiles_forwarded),
       cmocka_unit_test(test_xproj_rows),
-      cmocka_unit_test(test_xproj_rows_shapes),
       cmocka_unit_test(test_xproj_no_tiles),
       cmocka_unit_test(test_xproj_unaligned),
       cmocka_unit_test(test_conv_xproj),

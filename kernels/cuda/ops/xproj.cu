@@ -91,23 +91,20 @@ __device__ __forceinline__ void xt_ldm4(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr));
 }
 
-/* Shared bytes of one leaf's operands, and of the launch. */
+/* Shared bytes of one leaf's operands, and of the launch (two stages, or
+ * the tile's subtree sums). */
 static inline __host__ __device__ int xt_stage(int rt, int ot, int K) {
   return (rt + ot) * ((K / 512) * 32 + 16);
 }
-static inline __host__ __device__ int xt_land_at(int rt, int ot, int K) { /* FWD's landing */
-  const int a = 2 * xt_stage(rt, ot, K), b = rt * ot * 4;
-  return ((a > b ? a : b) + 127) / 128 * 128;
-}
-static inline size_t xt_smem(int rt, int ot, int K, bool fwd) {
-  return (size_t)xt_land_at(rt, ot, K) +
-         (fwd ? (size_t)(rt + ot) / XT_SPLIT * (size_t)(K / 512) * 128 : 0);
+static inline size_t xt_smem(int rt, int ot, int K) {
+  const size_t a = 2 * (size_t)xt_stage(rt, ot, K), b = (size_t)rt * (size_t)ot * 4;
+  return a > b ? a : b;
 }
 
-template <typename T, int NF, bool FWD>
+template <typename T, int NF>
 __global__ void __launch_bounds__(32 * XT_MAXW, 1)
     k_xproj_tile(int M, int K, int NO, const T *__restrict__ x, const T *__restrict__ w,
-                 float *__restrict__ out, int pf) {
+                 float *__restrict__ out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(NF % 2 == 0 && (8 * NF) % XT_SPLIT == 0, "row fragments in pairs");
   constexpr int RT = 8 * NF;
@@ -136,58 +133,11 @@ __global__ void __launch_bounds__(32 * XT_MAXW, 1)
         *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
     }
   };
-  /* FWD: block q copies whole 128-byte lines (the four classes 4 m .. 4 m +
-   * 3 of leaf i of the four blocks, m = bitrev3(i)) of the tile rows
-   * 4 l + q into its landing buffer [l][j][128], and forwards each line's
-   * 32-byte sector s to block bitrev2(s) (whose leaf i has class 4 m + s),
-   * into that block's stage buffer, through distributed shared memory. */
-  const int TQ = (RT + OT) / XT_SPLIT;
-  unsigned char *land = sm + xt_land_at(RT, OT, K);
-  auto land_fetch = [&](int i, bool xs, bool ws) {
-    const int m4 = xp_leaf_class(i); /* 4 m */
-    const int l_lo = xs ? 0 : RT / XT_SPLIT, l_hi = ws ? TQ : RT / XT_SPLIT;
-    for (int e = l_lo * J * 8 + tid; e < l_hi * J * 8; e += nt) {
-      const int h8 = e & 7, lj = e >> 3, l = lj / J, j = lj - l * J, row = XT_SPLIT * l + q;
-      const bool isx = row < RT;
-      const int64_t gr = isx ? r0 + row : (int64_t)o0 + (row - RT);
-      unsigned char *dst = land + lj * 128 + h8 * 16;
-      if (gr < (isx ? (int64_t)M : (int64_t)NO))
-        cp_async16(dst, (isx ? x : w) + gr * K + XP_GW * (m4 + XP_CLASSES * j) + 8 * h8);
-      else
-        *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
-    }
-  };
-  unsigned char *peer[XT_SPLIT];
-#pragma unroll
-  for (int p = 0; p < XT_SPLIT; p++) peer[p] = FWD ? cl.map_shared_rank(sm, p) : sm;
-  auto forward = [&](int i) {
-    for (int e = tid; e < TQ * J * 8; e += nt) {
-      const int h8 = e & 7, lj = e >> 3, l = lj / J, j = lj - l * J, row = XT_SPLIT * l + q;
-      const int sct = h8 >> 1, p = (sct >> 1) | ((sct & 1) << 1);
-      const uint4 v = *(const uint4 *)(land + lj * 128 + h8 * 16);
-      *(uint4 *)(peer[p] + (i & 1) * stage + row * rs + j * 32 + (h8 & 1) * 16) = v;
-    }
-  };
-  if (FWD) {
-    cl.sync(); /* every block of the cluster runs before any forwards to it */
-    land_fetch(0, false, true);
-  } else {
-    fetch(0, false, true);
-  }
+  fetch(0, false, true);
   pdl_wait();
   pdl_trigger();
-  if (FWD)
-    land_fetch(0, true, false);
-  else
-    fetch(0, true, false);
+  fetch(0, true, false);
   cp_async_commit();
-  if (pf) { /* the cluster's x rows toward L2 in whole lines, a quarter a block */
-    const int lines = K * (int)sizeof(T) / 128, rq = RT / XT_SPLIT;
-    for (int e = tid; e < rq * lines; e += nt) {
-      const int64_t r = r0 + q * rq + e / lines;
-      if (r < M) prefetch_l2((const char *)(x + r * K) + (int64_t)(e % lines) * 128);
-    }
-  }
   /* ldmatrix rows: A (w rows 16 warp.., matrices rows 0-7 / 8-15 x k 0-7 /
    * 8-15 = a[0..3]); B pairs of row fragments (rows 0-7 k 0-7, k 8-15, rows
    * 8-15 k 0-7, k 8-15 = b[2p][0], b[2p][1], b[2p + 1][0], b[2p + 1][1]) */
@@ -200,19 +150,7 @@ __global__ void __launch_bounds__(32 * XT_MAXW, 1)
   for (int i = 0; i < XT_LEAVES; i++) {
     cp_async_wait_group<0>();
     __syncthreads(); /* leaf i has landed; leaf i - 1's buffer is read */
-    if (FWD) {
-      /* leaf i's lines to the blocks' stage buffers i & 1, which their
-       * owners last read at leaf i - 2, before the cluster barrier of leaf
-       * i - 1; the landing buffer is free again after the block barrier;
-       * the cluster barrier makes every block's forwards visible */
-      forward(i);
-      __syncthreads();
-      if (i + 1 < XT_LEAVES) {
-        land_fetch(i + 1, true, true);
-        cp_async_commit();
-      }
-      cl.sync();
-    } else if (i + 1 < XT_LEAVES) {
+    if (i + 1 < XT_LEAVES) {
       fetch(i + 1, true, true);
       cp_async_commit();
     }
@@ -270,12 +208,12 @@ __global__ void __launch_bounds__(32 * XT_MAXW, 1)
 #endif
 }
 
-template <typename T, int NF, bool FWD>
+template <typename T, int NF>
 static int xt_launch(cudaStream_t s, int M, int K, int NO, int nw, const T *x, const T *w,
-                     float *out, int pf, mbd_error *err) {
+                     float *out, mbd_error *err) {
   int rc = 0;
-  const size_t sh = xt_smem(8 * NF, 16 * nw, K, FWD);
-  if ((rc = allow_smem(k_xproj_tile<T, NF, FWD>, sh, err)) < 0) return rc;
+  const size_t sh = xt_smem(8 * NF, 16 * nw, K);
+  if ((rc = allow_smem(k_xproj_tile<T, NF>, sh, err)) < 0) return rc;
   cudaLaunchAttribute at[2];
   at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   at[0].val.programmaticStreamSerializationAllowed = 1;
@@ -291,7 +229,7 @@ static int xt_launch(cudaStream_t s, int M, int K, int NO, int nw, const T *x, c
   cfg.stream = s;
   cfg.attrs = at;
   cfg.numAttrs = 2;
-  MBD_GPU_TRY(cudaLaunchKernelEx(&cfg, k_xproj_tile<T, NF, FWD>, M, K, NO, x, w, out, pf), err);
+  MBD_GPU_TRY(cudaLaunchKernelEx(&cfg, k_xproj_tile<T, NF>, M, K, NO, x, w, out), err);
   MBD_GPU_TRY(cudaGetLastError(), err);
   return 0;
 fail:
@@ -306,9 +244,6 @@ fail:
 template <typename T>
 static int xproj_tiles(cudaStream_t s, int M, int K, int NO, const T *x, const T *w, float *out,
                        mbd_error *err) {
-  const char *e = getenv("MBD_XPROJ_TILE");
-  const int pf = e && e[0] == '2';
-  const bool fwd = e && e[0] == '3';
   const int mf = (NO + 15) / 16;
   int nw = mf < XT_MAXW ? mf : XT_MAXW, NF = 8;
   auto blocks = [&](int nf, int n) {
@@ -316,23 +251,17 @@ static int xproj_tiles(cudaStream_t s, int M, int K, int NO, const T *x, const T
   };
   while (NF > 2 && blocks(NF, nw) < 128) NF /= 2;
   while (nw > 1 && blocks(NF, nw) < 128) nw = (nw + 1) / 2;
-  while (xt_smem(8 * NF, 16 * nw, K, fwd) > XT_SMEM && (NF > 2 || nw > 1)) {
+  while (xt_smem(8 * NF, 16 * nw, K) > XT_SMEM && (NF > 2 || nw > 1)) {
     if (NF > 2)
       NF /= 2;
     else
       nw = (nw + 1) / 2;
   }
-  if (xt_smem(8 * NF, 16 * nw, K, fwd) > XT_SMEM || (NO + 16 * nw - 1) / (16 * nw) > 65535)
+  if (xt_smem(8 * NF, 16 * nw, K) > XT_SMEM || (NO + 16 * nw - 1) / (16 * nw) > 65535)
     return 0;
-  int rc;
-  if (fwd)
-    rc = NF == 8   ? xt_launch<T, 8, true>(s, M, K, NO, nw, x, w, out, 0, err)
-         : NF == 4 ? xt_launch<T, 4, true>(s, M, K, NO, nw, x, w, out, 0, err)
-                   : xt_launch<T, 2, true>(s, M, K, NO, nw, x, w, out, 0, err);
-  else
-    rc = NF == 8   ? xt_launch<T, 8, false>(s, M, K, NO, nw, x, w, out, pf, err)
-         : NF == 4 ? xt_launch<T, 4, false>(s, M, K, NO, nw, x, w, out, pf, err)
-                   : xt_launch<T, 2, false>(s, M, K, NO, nw, x, w, out, pf, err);
+  const int rc = NF == 8   ? xt_launch<T, 8>(s, M, K, NO, nw, x, w, out, err)
+                 : NF == 4 ? xt_launch<T, 4>(s, M, K, NO, nw, x, w, out, err)
+                           : xt_launch<T, 2>(s, M, K, NO, nw, x, w, out, err);
   return rc < 0 ? rc : 1;
 }
 
@@ -567,234 +496,12 @@ fail:
   return rc;
 }
 
-/* k_xproj_rows with the weights resident (k_xproj_rows_w, MBD_XPROJ_TILE=8):
- * k_xproj_rows reads its four classes of w once per row tile, 2.5 times the
- * bytes of the tile's x at 64 rows and N = 160. Here each cluster keeps the
- * weights of its blocks' classes in shared memory ([leaf][OT rows][j][16])
- * and walks the row tiles cid, cid + nc, ... (nc clusters), the x rows of
- * its (tile, leaf) units staged ns - 1 units ahead across tiles; each
- * tile's outputs are the same operations as k_xproj_rows'. */
-template <typename T, int FA>
-__global__ void __launch_bounds__(256, 1)
-    k_xproj_rows_w(int M, int K, int NO, const T *__restrict__ x, const T *__restrict__ w,
-                   float *__restrict__ out, int wm_n, int ns, int al, int ntiles) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int NV = 8 * FA;
-  extern __shared__ float4 xw_sm4[];
-  unsigned char *sm = (unsigned char *)xw_sm4;
-  cg::cluster_group cl = cg::this_cluster();
-  const int q = (int)cl.block_rank();
-  const int nt = (int)blockDim.x, wn_n = (nt >> 5) / wm_n;
-  const int RT = 16 * wm_n, OT = 16 * FA * wn_n;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wm = warp % wm_n, wn = warp / wm_n;
-  const int nc = (int)gridDim.x / XR_SPLIT, cid = (int)blockIdx.x / XR_SPLIT;
-  const int o0 = (int)blockIdx.y * OT;
-  const int ng = (K + XP_GW - 1) / XP_GW, jm = (ng + XP_CLASSES - 1) / XP_CLASSES;
-  const int rs = xr_rs(jm), wsz = XR_LEAVES * OT * rs, xst = RT * rs;
-  unsigned char *wres = sm, *xsb = sm + wsz;
-  float *sub = (float *)(sm + wsz + ns * xst); /* [RT][OT + 4] */
-  const int nmine = (ntiles - 1 - cid) / nc + 1, U = nmine * XR_LEAVES;
-  auto leaf = [&](int i, int &c, int &jc) {
-    c = xp_leaf_class(q * XR_LEAVES + i);
-    jc = c < ng ? (ng - c + XP_CLASSES - 1) / XP_CLASSES : 0;
-  };
-  /* rows g0 .. g0 + nrows - 1 of src (rows from lim: zeros) at class c's
-   * jc groups into dst, row stride rs */
-  auto copy = [&](unsigned char *dst, const T *src, int64_t g0, int64_t lim, int nrows, int c,
-                  int jc) {
-    for (int e = tid; e < 2 * nrows; e += nt) {
-      const int row = e >> 1, h = e & 1;
-      const int64_t gr = g0 + row;
-      const bool live = gr < lim;
-      const T *sr = src + (live ? gr : 0) * (int64_t)K;
-      unsigned char *d0 = dst + row * rs + h * 16;
-      for (int j = 0; j < jc; j++) {
-        const int k = XP_GW * (c + XP_CLASSES * j) + 8 * h;
-        uint4 *d = (uint4 *)(d0 + j * 32);
-        if (!live || k >= K)
-          *d = make_uint4(0u, 0u, 0u, 0u);
-        else if (al)
-          cp_async16(d, sr + k);
-        else
-          *d = xr_ld8(sr, k, K);
-      }
-    }
-  };
-#pragma unroll 1
-  for (int i = 0; i < XR_LEAVES; i++) { /* the weights, before the dependency wait */
-    int c, jc;
-    leaf(i, c, jc);
-    copy(wres + i * OT * rs, w, o0, NO, OT, c, jc);
-  }
-  pdl_wait();
-  pdl_trigger();
-  /* unit u: leaf u % 4 of tile cid + (u / 4) nc, into x stage u % ns */
-  auto fetch = [&](int u) {
-    int c, jc;
-    leaf(u % XR_LEAVES, c, jc);
-    const int64_t t = (int64_t)cid + (int64_t)(u / XR_LEAVES) * nc;
-    copy(xsb + (u % ns) * xst, x, t * RT, M, RT, c, jc);
-  };
-  for (int s = 0; s < ns - 1; s++) {
-    if (s < U) fetch(s);
-    cp_async_commit();
-  }
-  const uint32_t smb = (uint32_t)__cvta_generic_to_shared(sm);
-  const uint32_t aoff = (uint32_t)((16 * FA * wn + (lane & 7) + ((lane >> 3) & 1) * 8) * rs +
-                                   (lane >> 4) * 16);
-  const uint32_t boff = (uint32_t)(wsz + (16 * wm + ((lane >> 4) & 1) * 8 + (lane & 7)) * rs +
-                                   ((lane >> 3) & 1) * 16);
-  const int ss = OT + 4, rq = RT / XR_SPLIT, gq = lane >> 2, t4 = lane & 3;
-  float st[XR_LV][NV], S[NV];
-#pragma unroll 1
-  for (int kt = 0; kt < nmine; kt++) {
-#pragma unroll
-    for (int i = 0; i < XR_LEAVES; i++) {
-      const int u = XR_LEAVES * kt + i;
-      if (ns >= 4)
-        cp_async_wait_group<2>();
-      else if (ns == 3)
-        cp_async_wait_group<1>();
-      else
-        cp_async_wait_group<0>();
-      __syncthreads(); /* unit u has landed; unit u - 1's stage is read */
-      if (u + ns - 1 < U) fetch(u + ns - 1);
-      cp_async_commit();
-      int c, jc;
-      leaf(i, c, jc);
-      const uint32_t abase = smb + (uint32_t)(i * OT * rs);
-      const uint32_t bbase = smb + (uint32_t)((u % ns) * xst);
-#pragma unroll
-      for (int n = 0; n < NV; n++) S[n] = 0.0f;
-      uint32_t a0[FA][4], b0[2][2], a1[FA][4], b1[2][2];
-      auto load = [&](int j, uint32_t(&a)[FA][4], uint32_t(&b)[2][2]) {
-        uint32_t r4[4];
-#pragma unroll
-        for (int f = 0; f < FA; f++)
-          xt_ldm4(a[f], abase + aoff + (uint32_t)(f * 16 * rs + j * 32));
-        xt_ldm4(r4, bbase + boff + (uint32_t)(j * 32));
-        b[0][0] = r4[0], b[0][1] = r4[1], b[1][0] = r4[2], b[1][1] = r4[3];
-      };
-      auto steps = [&](const uint32_t(&a)[FA][4], const uint32_t(&b)[2][2]) {
-#pragma unroll
-        for (int f = 0; f < FA; f++)
-#pragma unroll
-          for (int v = 0; v < 2; v++) {
-            float p[4];
-            xp_group_partial<T>(a[f], b[v], p);
-#pragma unroll
-            for (int n = 0; n < 4; n++)
-              S[(2 * f + v) * 4 + n] = __fadd_rn(S[(2 * f + v) * 4 + n], p[n]);
-          }
-      };
-      if (jc > 0) load(0, a0, b0);
-#pragma unroll 1
-      for (int j = 0; j < jc; j += 2) {
-        if (j + 1 < jc) load(j + 1, a1, b1);
-        steps(a0, b0);
-        if (j + 1 < jc) {
-          if (j + 2 < jc) load(j + 2, a0, b0);
-          steps(a1, b1);
-        }
-      }
-      xp_tree_push<XR_LV, NV>(st, i, S);
-    }
-    /* tile kt's subtree sums; the previous tile's remote reads ended at
-     * its last cluster barrier */
-#pragma unroll
-    for (int f = 0; f < FA; f++)
-#pragma unroll
-      for (int v = 0; v < 2; v++)
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-          sub[(16 * wm + 8 * v + 2 * t4 + (n & 1)) * ss + 16 * FA * wn + 16 * f + gq +
-              8 * (n >> 1)] = S[(2 * f + v) * 4 + n];
-    cl.sync();
-    const int64_t r0 = ((int64_t)cid + (int64_t)kt * nc) * RT;
-    const float *subs[XR_SPLIT];
-#pragma unroll
-    for (int p = 0; p < XR_SPLIT; p++) subs[p] = cl.map_shared_rank(sub, p);
-    for (int e = tid; e < rq * OT; e += nt) {
-      const int r = q * rq + e / OT, o = e % OT;
-      float s8[XR_SPLIT];
-#pragma unroll
-      for (int p = 0; p < XR_SPLIT; p++) s8[p] = subs[p][r * ss + o];
-      const float val = xp_tree_fold<XR_SPLIT>(s8);
-      if (r0 + r < M && o0 + o < NO) out[(r0 + r) * NO + o0 + o] = val;
-    }
-    cl.sync(); /* the other blocks' reads of this block's sums are done */
-  }
-#endif
-}
-
-static inline size_t xr_w_smem(int rt, int ot, int jm, int ns) {
-  return (size_t)(XR_LEAVES * ot + ns * rt) * (size_t)xr_rs(jm) + (size_t)rt * (size_t)(ot + 4) * 4;
-}
-
-/* k_xproj_rows_w's launch: wide blocks of 64 or 32 rows with the most
- * stages that fit beside the weights; a cluster per 8 SMs (two where two
- * blocks fit an SM) and output tile. 1 if launched, 0 if the weights do
- * not fit, < 0 on error. */
-template <typename T, int FA>
-static int xr_w_launch(cudaStream_t s, int M, int K, int NO, int wn_n, int al, const T *x,
-                       const T *w, float *out, mbd_error *err) {
-  int rc = 0, dev = 0, sms = 0;
-  const int jm = ((K + XP_GW - 1) / XP_GW + XP_CLASSES - 1) / XP_CLASSES, OT = 16 * FA * wn_n;
-  int wm_n = 4, ns = 4;
-  while (wm_n >= 2 && xr_w_smem(16 * wm_n, OT, jm, ns) > XR_SMEM) {
-    if (ns > 2)
-      ns--;
-    else
-      wm_n /= 2, ns = 4;
-  }
-  if (wm_n < 2) return 0;
-  const size_t sh = xr_w_smem(16 * wm_n, OT, jm, ns);
-  const int RT = 16 * wm_n, nt = 32 * wm_n * wn_n;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  const int gy = (NO + OT - 1) / OT, ntiles = (M + RT - 1) / RT;
-  const int per = 2 * sh <= (size_t)XR_SMEM && nt <= 128 ? 2 : 1;
-  int nc = sms / XR_SPLIT * per / gy;
-  if (nc < 1) nc = 1;
-  if (nc > ntiles) nc = ntiles;
-  if ((rc = allow_smem(k_xproj_rows_w<T, FA>, sh, err)) < 0) return rc;
-  cudaLaunchAttribute at[2];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
-  at[1].id = cudaLaunchAttributeClusterDimension;
-  at[1].val.clusterDim.x = XR_SPLIT;
-  at[1].val.clusterDim.y = 1;
-  at[1].val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)(XR_SPLIT * nc), (unsigned)gy);
-  cfg.blockDim = dim3((unsigned)nt);
-  cfg.dynamicSmemBytes = sh;
-  cfg.stream = s;
-  cfg.attrs = at;
-  cfg.numAttrs = 2;
-  MBD_GPU_TRY(cudaLaunchKernelEx(&cfg, k_xproj_rows_w<T, FA>, M, K, NO, x, w, out, wm_n, ns, al,
-                                 ntiles),
-              err);
-  MBD_GPU_TRY(cudaGetLastError(), err);
-  return 1;
-fail:
-  (void)cudaGetLastError();
-  mbd_error_prefix(err, "launching x_proj (resident weights)");
-  return rc;
-}
-
 /* k_xproj_rows' shape for M rows, and its launch: wide blocks (FA = 5 or 6,
  * whichever wastes fewer outputs, up to two output warps, 64 or 32 rows)
  * where they still give about a block per SM, else narrow ones (FA = 1, one
  * warp per 16 outputs, 16 rows, the outputs split over more blocks while
  * there are fewer than 128); the most stages (2..4) that fit the shared
- * memory. MBD_XPROJ_TILE (xp_choose) "5": narrow blocks at every M; "6":
- * wide blocks of 32 rows at every M; "7": two stages; "8": the weights
- * resident (k_xproj_rows_w) where they fit. 1 if launched, 0 if no shape fits (the caller falls back), < 0
+ * memory. 1 if launched, 0 if no shape fits (the caller falls back), < 0
  * on error. */
 template <typename T>
 static int xproj_rows(cudaStream_t s, int M, int K, int NO, const T *x, const T *w, float *out,
@@ -806,13 +513,7 @@ static int xproj_rows(cudaStream_t s, int M, int K, int NO, const T *x, const T 
   if (wn > 2) wn = 2;
   const int gy = (NO + 16 * fa * wn - 1) / (16 * fa * wn);
   auto blocks = [&](int rt, int g) { return (int64_t)XR_SPLIT * ((M + rt - 1) / rt) * g; };
-  const char *e = getenv("MBD_XPROJ_TILE");
-  const char v = e ? e[0] : 0;
-  if (v == '8' && fa == 5) { /* (96-output warps' weights never fit beside their stages) */
-    const int rc = xr_w_launch<T, 5>(s, M, K, NO, wn, al, x, w, out, err);
-    if (rc != 0) return rc;
-  }
-  int wm = v == '5' ? 0 : v == '6' ? 2 : blocks(64, gy) >= 128 ? 4 : blocks(32, gy) >= 128 ? 2 : 0;
+  int wm = blocks(64, gy) >= 128 ? 4 : blocks(32, gy) >= 128 ? 2 : 0;
   if (wm && xr_smem(16 * wm, 16 * fa * wn, jm, 2) > XR_SMEM) wm = 0;
   if (wm == 0) { /* narrow: fewer outputs a block while the blocks are few */
     fa = 1, wm = 1;
@@ -820,7 +521,7 @@ static int xproj_rows(cudaStream_t s, int M, int K, int NO, const T *x, const T 
     if (wn > 12) wn = 12;
     while (wn > 1 && blocks(16, (NO + 16 * wn - 1) / (16 * wn)) < 128) wn = (wn + 1) / 2;
   }
-  int ns = v == '7' ? 2 : 4;
+  int ns = 4;
   while (ns >= 2 && xr_smem(16 * wm, 16 * fa * wn, jm, ns) > XR_SMEM) ns--;
   if (ns < 2 || (NO + 16 * fa * wn - 1) / (16 * fa * wn) > 65535) return 0;
   int rc;
@@ -838,14 +539,10 @@ static int xproj_rows(cudaStream_t s, int M, int K, int NO, const T *x, const T 
  * k_xproj_rows from XR_MIN_M rows, below that the tiles where k_xproj's
  * grid would not fit one wave of the SMs (there k_xproj is latency-bound:
  * its blocks of 8 rows each read all 16 weight rows), else k_xproj; "0":
- * k_xproj for every M; "1": the tiles for every M >= XT_MIN_M; "2": as "1",
- * each tile's x rows first prefetched to L2 in whole lines (a block's own
- * reads take one 32-byte sector of every 128-byte line); "3": as "1", the
- * cluster's blocks copying whole lines and forwarding the sectors (FWD);
- * "4": k_xproj_rows for every M, "5" .. "8" as "4" with other block
- * shapes, stages or the weights resident (xproj_rows). The tiles need K a multiple of 512 and
- * 16-byte aligned rows; they and k_xproj_rows need sm_90 or later
- * (clusters); where a choice cannot run, k_xproj does. */
+ * k_xproj for every M; "1": the tiles for every M >= XT_MIN_M (the
+ * previous many-row kernel); "4": k_xproj_rows for every M. The tiles need
+ * K a multiple of 512 and 16-byte aligned rows; they and k_xproj_rows need
+ * sm_90 or later (clusters); where a choice cannot run, k_xproj does. */
 enum xp_kernel { XPK_PLAIN, XPK_TILES, XPK_ROWS };
 static xp_kernel xp_choose(int64_t M, int NO, bool tiles_ok) {
   const char *e = getenv("MBD_XPROJ_TILE");
@@ -858,9 +555,9 @@ static xp_kernel xp_choose(int64_t M, int NO, bool tiles_ok) {
     return XPK_PLAIN;
   }
   if (maj < 9) return XPK_PLAIN;
-  if (e && e[0] >= '4' && e[0] <= '8') return XPK_ROWS;
+  if (e && e[0] == '4') return XPK_ROWS;
   tiles_ok = tiles_ok && M >= XT_MIN_M;
-  if (e && (e[0] == '1' || e[0] == '2' || e[0] == '3')) return tiles_ok ? XPK_TILES : XPK_PLAIN;
+  if (e && e[0] == '1') return tiles_ok ? XPK_TILES : XPK_PLAIN;
   if (M >= XR_MIN_M) return XPK_ROWS;
   return tiles_ok && (M + XP_BR - 1) / XP_BR * ((NO + XP_BO - 1) / XP_BO) > sms ? XPK_TILES
                                                                                  : XPK_PLAIN;
