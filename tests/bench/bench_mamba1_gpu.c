@@ -40,9 +40,9 @@
  *               last, outside the sums, the prefill scan again with
  *               MBD_SCAN_PREFILL=old (scan.cu's k_scan instead of
  *               scan_prefill.cu's kernel; the same bits), on 16-bit
- *               routes x_proj with MBD_XPROJ_TILE=0..3 (k_xproj for
- *               every M, the tiles from 32 rows, with an L2 prefetch of
- *               x, with forwarded lines; the same bits), and both scans
+ *               routes x_proj with MBD_XPROJ_TILE=0, 1, 4 (k_xproj for
+ *               every M, the previous tiles from 32 rows, k_xproj_rows at
+ *               every M; the same bits), and both scans
  *               over the other state dtype ("scan, state f32|bf16", whose
  *               decode columns take the model's conv fusion too), and the
  *               bf16-state decode step with MBD_SCAN_STEP=pair (the lane
@@ -323,13 +323,12 @@ static int op_bench_init(op_bench *o, mbd_error *err) {
 }
 
 /* Below the op table: x_proj at each column with MBD_XPROJ_TILE=0 (k_xproj
- * for every M), =1 (the many-row tiles from 32 rows), =2 (the tiles with
- * their x rows prefetched to L2) and =3 (the tiles copying whole lines and
- * forwarding them in the cluster), beside the table's default choice
- * (kernels/cuda/ops/xproj.cu; the same bits). */
+ * for every M), =1 (the previous many-row tiles from 32 rows) and =4
+ * (k_xproj_rows, the default from 128 rows, at every M), beside the table's
+ * default choice (kernels/cuda/ops/xproj.cu; the same bits). */
 static int ot_xproj_variants(op_bench *o, const char *name, const char *tag, mbd_error *err) {
-  static const char *const vals[] = {"0", "1", "2", "3"};
-  for (int v = 0; v < 4; v++) {
+  static const char *const vals[] = {"0", "1", "4"};
+  for (int v = 0; v < 3; v++) {
     float us[OT_COLS];
     setenv("MBD_XPROJ_TILE", vals[v], 1);
     for (int col = 0; col < OT_COLS; col++) {

@@ -3,13 +3,15 @@
  * order, the xor butterfly) across every kernel that produces x_proj
  * outputs, against the plain reference of tests/gpu/xproj_ref.cu (one warp
  * per output, the output's rows alone in the fragments), by memcmp:
- * - mbd_mops_xproj: k_xproj (M = 1..31, and M >= 32 with MBD_XPROJ_TILE=0)
- *   and the many-row tiles (M = 32, 33, 64, 256, 300, 1024, 2048 with the
- *   default choice and with MBD_XPROJ_TILE=1, 2, 3: every tile shape and
- *   variant), at the model shapes N = 80 / K = 1536, N = 160 / K = 4096,
- *   N = 192 / K = 5120, and at K = 1000 (not a multiple of 512) and K = 777
- *   (odd: not a multiple of 16, element loads), bf16 and f16, and an x that
- *   is not 4-byte aligned;
+ * - mbd_mops_xproj: k_xproj (M = 1..31, and M >= 32 with MBD_XPROJ_TILE=0),
+ *   the previous many-row tiles (M = 32, 33, 64, 256, 300, 1024, 2048 with
+ *   MBD_XPROJ_TILE=1: every tile shape), and k_xproj_rows (the default
+ *   from 128 rows, there at those M; MBD_XPROJ_TILE=4: every M, M = 1, 7,
+ *   64, 256, 301, 600, 2048, 2049: every block shape and stage count; and
+ *   4100 rows), at the model shapes N = 80 / K = 1536,
+ *   N = 160 / K = 4096, N = 192 / K = 5120, and at K = 1000 (not a multiple
+ *   of 16 or 512) and K = 777 (odd: element loads), bf16 and f16, and an x
+ *   that is not 4-byte aligned;
  * - mbd_mops_conv_xproj (the decode fusion) against mbd_mops_conv_silu's
  *   xc_act through the reference, 1..64 rows.
  * The persistent decode's partials are pinned by test_mamba1_gpu (persistent
@@ -133,9 +135,8 @@ static void many_rows(const char *env, uint64_t seed) {
   unsetenv("MBD_XPROJ_TILE");
 }
 
-/* The default choice; MBD_XPROJ_TILE=1, 2: the tiles at every M >= 32
- * (every tile shape), as they are and with the L2 prefetch; =3: the tiles
- * with the cluster's forwarded lines. */
+/* The default choice; MBD_XPROJ_TILE=1: the tiles at every M >= 32 (every
+ * tile shape). */
 static void test_xproj_many_rows(void **state) {
   (void)state;
   many_rows(NULL, 42);
@@ -143,11 +144,28 @@ static void test_xproj_many_rows(void **state) {
 static void test_xproj_tiles(void **state) {
   (void)state;
   many_rows("1", 46);
-  many_rows("2", 47);
 }
-static void test_xproj_tiles_forwarded(void **state) {
+
+/* MBD_XPROJ_TILE=4: k_xproj_rows at every M: narrow blocks (16 rows, one
+ * to ten output warps: M = 1, 7, 64, 256, 301), 32-row wide blocks (600),
+ * 64-row wide blocks (2048, 2049: a partial tile), at each shape's FA and
+ * two to four stages; unaligned x (element loads); and the default choice
+ * at 4100 rows (several waves). */
+static void test_xproj_rows(void **state) {
   (void)state;
-  many_rows("3", 48);
+  uint64_t seed = 49;
+  const int Ms[] = {1, 7, 64, 256, 301, 600, 2048, 2049};
+  setenv("MBD_XPROJ_TILE", "4", 1);
+  for (size_t d = 0; d < 2; d++)
+    for (size_t s = 0; s < sizeof k_shapes / sizeof k_shapes[0]; s++)
+      for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++)
+        xproj_case(k_dt[d], Ms[m], k_shapes[s].K, k_shapes[s].NO, 0, &seed);
+  for (size_t d = 0; d < 2; d++) {
+    xproj_case(k_dt[d], 7, 4096, 160, 1, &seed);
+    xproj_case(k_dt[d], 600, 1536, 80, 1, &seed);
+  }
+  unsetenv("MBD_XPROJ_TILE");
+  xproj_case(MBD_DTYPE_BF16, 4100, 1536, 80, 0, &seed);
 }
 
 /* MBD_XPROJ_TILE=0: k_xproj at many rows as well; the same bits. */
@@ -240,7 +258,7 @@ int main(void) {
       cmocka_unit_test(test_xproj_few_rows),
       cmocka_unit_test(test_xproj_many_rows),
       cmocka_unit_test(test_xproj_tiles),
-      cmocka_unit_test(test_xproj_tiles_forwarded),
+      cmocka_unit_test(test_xproj_rows),
       cmocka_unit_test(test_xproj_no_tiles),
       cmocka_unit_test(test_xproj_unaligned),
       cmocka_unit_test(test_conv_xproj),

@@ -24,8 +24,9 @@ extern "C" {
  *   sums its p_g from +0 in ascending g; the 32 class sums are added by an
  *   xor butterfly (16, 8, 4, 2, 1).
  * Few rows run 16-output x 8-row blocks whose warps split the class tree;
- * many rows (M >= 32, K a multiple of 512, 16-byte aligned rows) run row
- * tiles (the same operations per output). */
+ * many rows (M >= 128, sm_90) run clusters of eight blocks that split it
+ * over row tiles (the same operations per output; MBD_XPROJ_TILE picks
+ * others for the benchmarks, xproj.cu). */
 int mbd_mops_xproj(void *stream, int64_t M, int K, int NO, mbd_dtype dt, const void *x,
                    const void *w, float *out, mbd_error *err);
 
