@@ -27,9 +27,10 @@
  *           four, eight or two channels a lane, and =cb16 / cb64, its
  *           blocks of 16 or 64 channels; then conv_silu with
  *           MBD_CONV_PREFILL=old (the prefill on k_conv_silu, the older
- *           kernel, not k_conv_tile) and MBD_CONV_STEP=old (the decode step
- *           on k_conv_silu, not k_conv_step4), and gated_norm with
- *           MBD_GATED_NORM=old (k_gated_rmsnorm,
+ *           kernel, not k_conv_tile), MBD_CONV_STEP=old (the decode step on
+ *           k_conv_silu, not k_conv_step4) and MBD_CONV_STEP=plain
+ *           (k_conv_step4 with one mbd_pm_silu per channel, not grouped
+ *           SiLUs), and gated_norm with MBD_GATED_NORM=old (k_gated_rmsnorm,
  *           not k_gated_rmsnorm4); all outside the sums); then the HBM
  *           floor of conv_silu and
  *           gated_norm over 2048 rows (their bytes at 4 TB/s).
@@ -154,7 +155,7 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
 
 /* ---- one layer op by op ---- */
 
-enum { NOPS = 19, NOC = 6, OP_REPS = 10 };
+enum { NOPS = 20, NOC = 6, OP_REPS = 10 };
 static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_silu",
                                              "ssd_scan",    "gated_norm", "out_proj",
                                              "lm_head",     "scan_conv (decode <= 16)",
@@ -168,11 +169,13 @@ static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_si
                                              "ssd_scan MBD_SSD_PREFILL=r2",
                                              "conv_silu MBD_CONV_PREFILL=old",
                                              "conv_silu MBD_CONV_STEP=old",
+                                             "conv_silu MBD_CONV_STEP=plain",
                                              "gated_norm MBD_GATED_NORM=old"};
 
-/* Ops 16-18: conv_silu and gated_norm under these values of their variables. */
-static const char *const k_var_op[3][2] = {{"MBD_CONV_PREFILL", "old"},
+/* Ops 16-19: conv_silu and gated_norm under these values of their variables. */
+static const char *const k_var_op[4][2] = {{"MBD_CONV_PREFILL", "old"},
                                            {"MBD_CONV_STEP", "old"},
+                                           {"MBD_CONV_STEP", "plain"},
                                            {"MBD_GATED_NORM", "old"}};
 
 /* One layer's buffers on a context of its own (zeros: the timing does not
@@ -235,10 +238,11 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
   }
   case 16:
   case 17:
-  case 18: { /* ops 2 and 4 on the kernels these variables select (same bits) */
+  case 18:
+  case 19: { /* ops 2 and 4 on the kernels these variables select (same bits) */
     const char *var = k_var_op[op - 16][0];
     setenv(var, k_var_op[op - 16][1], 1);
-    const int rc = run_op(o, op < 18 ? 2 : 4, nseq, T, err);
+    const int rc = run_op(o, op < 19 ? 2 : 4, nseq, T, err);
     unsetenv(var);
     return rc;
   }

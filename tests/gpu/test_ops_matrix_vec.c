@@ -1,6 +1,7 @@
 /* The vector kernels of two CUDA ops against the kernels they replace, by
  * memcmp: the conv + SiLU (k_conv_tile for the prefill, k_conv_step4 for
- * the decode step; kernels/cuda/ops/conv_silu.cu) against
+ * the decode step, with grouped SiLUs or, MBD_CONV_STEP=plain, one
+ * mbd_pm_silu per value; kernels/cuda/ops/conv_silu.cu) against
  * k_conv_silu, and the gated RMSNorm (k_gated_rmsnorm4 with four and eight
  * quads a thread, kernels/cuda/ops/gated_rmsnorm.cu) against
  * k_gated_rmsnorm. The old kernels are what MBD_CONV_PREFILL=old,
@@ -266,6 +267,10 @@ static void test_conv_vec(void **state) {
   (void)state;
   conv_cases(NULL);
 }
+static void test_conv_step_plain(void **state) {
+  (void)state;
+  conv_cases("plain");
+}
 
 /* ---- gated RMSNorm -------------------------------------------------------- */
 
@@ -346,6 +351,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_silu_div_host),
       cmocka_unit_test(test_conv_vec),
+      cmocka_unit_test(test_conv_step_plain),
       cmocka_unit_test(test_gated_norm_vec),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

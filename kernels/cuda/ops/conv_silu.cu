@@ -115,7 +115,7 @@ __device__ __forceinline__ float conv_sum(const float (&wk)[K], const float (&wi
  * oldest first; x4: the new inputs), conv_silu_out's roundings: each
  * channel's sum (conv_sum), then the SiLUs as one group (silu_group: the
  * same bits as mbd_pm_silu, the four chains overlapped), or with PLAIN one
- * conv_silu_out a channel (the decode step's). */
+ * conv_silu_out a channel. */
 template <int K, bool PLAIN = false>
 __device__ __forceinline__ void conv_out4(const float (&wk)[4][K], const float4 (&win)[K - 1],
                                           float4 x4, bool has_bias, const float (&b)[4],
@@ -268,16 +268,18 @@ __global__ void __launch_bounds__(32 * CONV_WARPS)
  * launch (any other value, or none, keeps the default):
  *   MBD_CONV_PREFILL=old  the prefill (T > 1) on k_conv_silu, not k_conv_tile;
  *   MBD_CONV_STEP=old     the decode step (T = 1) on k_conv_silu, not k_conv_step4;
+ *   MBD_CONV_STEP=plain   k_conv_step4 with one mbd_pm_silu per channel, not
+ *                         silu_group.
  * Without 16-byte rows and pointers (vec false) every launch takes
  * k_conv_silu. */
-enum conv_kernel { CONV_K_SILU, CONV_K_TILE, CONV_K_STEP4_PLAIN };
+enum conv_kernel { CONV_K_SILU, CONV_K_TILE, CONV_K_STEP4, CONV_K_STEP4_PLAIN };
 
 static conv_kernel conv_pick(int T, bool vec) {
   if (!vec) return CONV_K_SILU;
   const char *e = getenv(T == 1 ? "MBD_CONV_STEP" : "MBD_CONV_PREFILL");
   if (e && !strcmp(e, "old")) return CONV_K_SILU;
   if (T > 1) return CONV_K_TILE;
-  return CONV_K_STEP4_PLAIN;
+  return e && !strcmp(e, "plain") ? CONV_K_STEP4_PLAIN : CONV_K_STEP4;
 }
 
 template <int K, typename ActT>
@@ -293,6 +295,10 @@ static int conv_launch(cudaStream_t s, int nseq, int T, int di, const float *xz,
                       dim3((unsigned)((di / 4 + 31) / 32), (unsigned)((T + CONV_TT - 1) / CONV_TT),
                            (unsigned)nseq),
                       dim3(32, CONV_WARPS), 0, s, err, T, di, xz, ldxz, w, bias, conv_state,
+                      slot_stride, slots, xc, xc_act, pdl_early());
+  case CONV_K_STEP4:
+    return launch_pdl("conv_silu (step)", k_conv_step4<K, false, ActT>, step_grid,
+                      dim3(CONV_STEP_BT), 0, s, err, di, xz, ldxz, w, bias, conv_state,
                       slot_stride, slots, xc, xc_act, pdl_early());
   case CONV_K_STEP4_PLAIN:
     return launch_pdl("conv_silu (step)", k_conv_step4<K, true, ActT>, step_grid,
