@@ -32,59 +32,9 @@
 #include "kernels/cuda/ops/gated_rmsnorm.h"
 #include "kernels/portable_math.h"
 #include "support/gpu_util.h"
+#include "tests/gpu/gpu_op_test.h"
 
 static cudaStream_t g_stream;
-
-#define CK(call)                                                              \
-  do {                                                                        \
-    cudaError_t e_ = (call);                                                  \
-    if (e_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(e_)); \
-  } while (0)
-
-/* Runs an op entry (last argument &err) and fails with its message. */
-#define OP(call)                                         \
-  do {                                                   \
-    mbd_error err = {0};                                 \
-    if ((call) != 0) fail_msg("%s: %s", #call, err.msg); \
-    CK(cudaStreamSynchronize(g_stream));                 \
-  } while (0)
-
-static void *dalloc(size_t n) {
-  void *d = NULL;
-  CK(cudaMalloc(&d, n ? n : 16));
-  CK(cudaMemset(d, 0, n ? n : 16));
-  return d;
-}
-static void *dput(const void *h, size_t n) {
-  void *d = dalloc(n);
-  if (n) CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
-  return d;
-}
-static void dget(void *h, const void *d, size_t n) {
-  CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
-}
-
-static size_t dsize(mbd_dtype dt) { return dt == MBD_DTYPE_F32 ? 4 : 2; }
-
-/* n floats uniform in [lo, hi). */
-static float *fillf(size_t n, uint64_t *seed, float lo, float hi) {
-  float *h = malloc(n * 4 + 16);
-  assert_non_null(h);
-  for (size_t i = 0; i < n; i++) h[i] = lo + (hi - lo) * 0.5f * (gpu_test_uniform(seed) + 1.0f);
-  return h;
-}
-
-/* Fails naming the first differing element when the n elements of size es differ. */
-static void same_bytes(const char *what, const void *got, const void *want, size_t n, size_t es) {
-  if (!memcmp(got, want, n * es)) return;
-  for (size_t i = 0; i < n; i++)
-    if (memcmp((const char *)got + i * es, (const char *)want + i * es, es)) {
-      uint32_t g = 0, w = 0;
-      memcpy(&g, (const char *)got + i * es, es);
-      memcpy(&w, (const char *)want + i * es, es);
-      fail_msg("%s: element %zu of %zu differs: 0x%08x (new) vs 0x%08x (old)", what, i, n, g, w);
-    }
-}
 
 /* Every stride-th of the n values (from a start that varies with n) set to
  * one of the inputs where the kernels' grouped SiLU leaves its fast
@@ -190,10 +140,10 @@ static void conv_case(const char *step, int nseq, int T, int di, int K, mbd_dtyp
   float *w = fillf((size_t)K * di, seed, -0.6f, 0.6f), *b = fillf((size_t)di, seed, -0.3f, 0.3f);
   float *st = fillf((size_t)NSLOT * sstride, seed, -1.0f, 1.0f);
   float *dxz = dput(xz, (size_t)(M * ldxz + 4) * 4), *dw = dput(w, (size_t)K * di * 4);
-  float *db = dput(b, (size_t)di * 4), *dst = dalloc((size_t)NSLOT * sstride * 4);
+  float *db = dput(b, (size_t)di * 4), *dst = dzero((size_t)NSLOT * sstride * 4);
   int32_t *dsl = dput(slots, sizeof slots);
-  float *dxc = dalloc((size_t)(M * di) * 4);
-  void *dact = act == MBD_DTYPE_F32 ? NULL : dalloc((size_t)(M * di) * dsize(act));
+  float *dxc = dzero((size_t)(M * di) * 4);
+  void *dact = act == MBD_DTYPE_F32 ? NULL : dzero((size_t)(M * di) * dsize(act));
   const size_t nxc = (size_t)(M * di) * 4, nact = (size_t)(M * di) * dsize(act),
                nst = (size_t)NSLOT * sstride * 4;
   char *want = malloc(nxc + nact + nst), *got = malloc(nxc + nact + nst);
@@ -284,7 +234,7 @@ static void gnorm_case(int64_t M, int n, int group, mbd_dtype act, uint64_t *see
   float *dy = dput(y, (size_t)(M * n) * 4), *dz = dput(z, (size_t)(M * ldz) * 4);
   float *dw = dput(w, (size_t)n * 4);
   const size_t nb = (size_t)(M * n) * dsize(act);
-  void *dout = dalloc(nb);
+  void *dout = dzero(nb);
   char *want = malloc(nb), *got = malloc(nb);
   assert_non_null(want);
   assert_non_null(got);
