@@ -145,7 +145,7 @@ __device__ __forceinline__ void conv_st_act4(ActT *p, const float (&o)[4]) {
 }
 
 /* The decode step (T = 1) where every row and pointer allows 16-byte
- * accesses (conv_step_vec): k_conv_silu's one-step work, four consecutive
+ * accesses (conv_vec): k_conv_silu's one-step work, four consecutive
  * channels of one sequence per thread, each tap row, the input, the outputs
  * and the window written back moved 16 bytes at a time. The outputs are
  * conv_out4's (PLAIN: one conv_silu_out a channel, as k_conv_silu), and the
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(CONV_STEP_BT)
 
 /* Whether k_conv_step4 and k_conv_tile may run: every row start and pointer
  * 16-byte aligned (xc_act: 4 elements aligned). */
-static bool conv_step_vec(int di, const float *xz, int64_t ldxz, const float *w,
+static bool conv_vec(int di, const float *xz, int64_t ldxz, const float *w,
                           const float *bias, const float *conv_state, int64_t slot_stride,
                           const float *xc, const void *xc_act, size_t act_size) {
   const auto al = [](const void *p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; };
@@ -190,7 +190,7 @@ static bool conv_step_vec(int di, const float *xz, int64_t ldxz, const float *w,
 }
 
 /* The prefill (T > 1) as tiles, where every row and pointer allows 16-byte
- * accesses (conv_step_vec): a block of CONV_WARPS warps stages CONV_TT
+ * accesses (conv_vec): a block of CONV_WARPS warps stages CONV_TT
  * steps of 128 channels of one sequence, and the K - 1 inputs before them
  * (the slot's state for the first tile), into shared memory with cp.async,
  * every copy in flight at once; then warp y computes steps y CONV_TT /
@@ -287,7 +287,7 @@ static int conv_launch(cudaStream_t s, int nseq, int T, int di, const float *xz,
                        const float *w, const float *bias, float *conv_state, int64_t slot_stride,
                        const int32_t *slots, float *xc, ActT *xc_act, mbd_error *err) {
   const bool vec =
-      conv_step_vec(di, xz, ldxz, w, bias, conv_state, slot_stride, xc, xc_act, sizeof(ActT));
+      conv_vec(di, xz, ldxz, w, bias, conv_state, slot_stride, xc, xc_act, sizeof(ActT));
   const dim3 step_grid((unsigned)((di / 4 + CONV_STEP_BT - 1) / CONV_STEP_BT), (unsigned)nseq);
   switch (conv_pick(T, vec)) {
   case CONV_K_TILE:
