@@ -32,8 +32,8 @@
  *           (k_conv_step4 with one mbd_pm_silu per channel, not grouped
  *           SiLUs), and gated_norm with MBD_GATED_NORM=old (k_gated_rmsnorm,
  *           not k_gated_rmsnorm4); all outside the sums); then the HBM
- *           floor of conv_silu and
- *           gated_norm over 2048 rows (their bytes at 4 TB/s).
+ *           floor of conv_silu and gated_norm over 2048 rows (their bytes
+ *           at 4 TB/s).
  * Each call of the backend ends in a stream synchronize, so each run is timed
  * with CUDA events on the default stream around the call (host overhead
  * included). Each cell: warm-up runs, then the median of up to `reps` runs,
