@@ -26,15 +26,14 @@
  *           in place of ssd_prefill.cu's, =r4 / r8 / r2, ssd_prefill.cu with
  *           four, eight or two channels a lane, and =cb16 / cb64, its
  *           blocks of 16 or 64 channels; then conv_silu with
- *           MBD_CONV_PREFILL=old / t32g / t32g8 / s16v2 / s16v2g / s16g (the
- *           older prefill kernel; k_conv_tile with SiLUs in groups of one or
- *           two steps (silu_group); k_conv_seg with segments of 16 steps, 2
- *           or 4 channels a thread, SiLUs per value or grouped) and
- *           gated_norm with MBD_GATED_NORM=old / q4g / q4g8 / q2 / q2g (the
- *           older kernel; k_gated_rmsnorm4 with SiLUs grouped by one or two
- *           quads; two quads a thread on up to 512 threads); all
- *           outside the sums); then the HBM floor of conv_silu and
- *           gated_norm over 2048 rows (their bytes at 4 TB/s).
+ *           MBD_CONV_PREFILL=old (the prefill on k_conv_silu, the older
+ *           kernel, not k_conv_tile), MBD_CONV_STEP=old (the decode step on
+ *           k_conv_silu, not k_conv_step4) and MBD_CONV_STEP=plain
+ *           (k_conv_step4 with one mbd_pm_silu per channel, not grouped
+ *           SiLUs), and gated_norm with MBD_GATED_NORM=old (k_gated_rmsnorm,
+ *           not k_gated_rmsnorm4); all outside the sums); then the HBM
+ *           floor of conv_silu and gated_norm over 2048 rows (their bytes
+ *           at 4 TB/s).
  * Each call of the backend ends in a stream synchronize, so each run is timed
  * with CUDA events on the default stream around the call (host overhead
  * included). Each cell: warm-up runs, then the median of up to `reps` runs,
@@ -156,7 +155,7 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
 
 /* ---- one layer op by op ---- */
 
-enum { NOPS = 27, NOC = 6, OP_REPS = 10 };
+enum { NOPS = 20, NOC = 6, OP_REPS = 10 };
 static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_silu",
                                              "ssd_scan",    "gated_norm", "out_proj",
                                              "lm_head",     "scan_conv (decode <= 16)",
@@ -169,23 +168,15 @@ static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_si
                                              "ssd_scan MBD_SSD_PREFILL=r8",
                                              "ssd_scan MBD_SSD_PREFILL=r2",
                                              "conv_silu MBD_CONV_PREFILL=old",
-                                             "conv_silu MBD_CONV_PREFILL=t32g",
-                                             "conv_silu MBD_CONV_PREFILL=t32g8",
-                                             "conv_silu MBD_CONV_PREFILL=s16v2",
-                                             "conv_silu MBD_CONV_PREFILL=s16v2g",
-                                             "conv_silu MBD_CONV_PREFILL=s16g",
-                                             "gated_norm MBD_GATED_NORM=old",
-                                             "gated_norm MBD_GATED_NORM=q4g",
-                                             "gated_norm MBD_GATED_NORM=q4g8",
-                                             "gated_norm MBD_GATED_NORM=q2",
-                                             "gated_norm MBD_GATED_NORM=q2g"};
+                                             "conv_silu MBD_CONV_STEP=old",
+                                             "conv_silu MBD_CONV_STEP=plain",
+                                             "gated_norm MBD_GATED_NORM=old"};
 
-/* Ops 16-26: conv_silu and gated_norm under these values of their variables. */
-static const char *const k_var_op[11][2] = {
-    {"MBD_CONV_PREFILL", "old"},    {"MBD_CONV_PREFILL", "t32g"},   {"MBD_CONV_PREFILL", "t32g8"},
-    {"MBD_CONV_PREFILL", "s16v2"},  {"MBD_CONV_PREFILL", "s16v2g"}, {"MBD_CONV_PREFILL", "s16g"},
-    {"MBD_GATED_NORM", "old"},      {"MBD_GATED_NORM", "q4g"},      {"MBD_GATED_NORM", "q4g8"},
-    {"MBD_GATED_NORM", "q2"},       {"MBD_GATED_NORM", "q2g"}};
+/* Ops 16-19: conv_silu and gated_norm under these values of their variables. */
+static const char *const k_var_op[4][2] = {{"MBD_CONV_PREFILL", "old"},
+                                           {"MBD_CONV_STEP", "old"},
+                                           {"MBD_CONV_STEP", "plain"},
+                                           {"MBD_GATED_NORM", "old"}};
 
 /* One layer's buffers on a context of its own (zeros: the timing does not
  * depend on the values), for up to T_PRE rows and MAXB slots. */
@@ -248,17 +239,10 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
   case 16:
   case 17:
   case 18:
-  case 19:
-  case 20:
-  case 21:
-  case 22:
-  case 23:
-  case 24:
-  case 25:
-  case 26: { /* ops 2 and 4 on the kernels these variables select (same bits) */
+  case 19: { /* ops 2 and 4 on the kernels these variables select (same bits) */
     const char *var = k_var_op[op - 16][0];
     setenv(var, k_var_op[op - 16][1], 1);
-    const int rc = run_op(o, op < 22 ? 2 : 4, nseq, T, err);
+    const int rc = run_op(o, op < 19 ? 2 : 4, nseq, T, err);
     unsetenv(var);
     return rc;
   }

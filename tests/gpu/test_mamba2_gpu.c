@@ -18,75 +18,21 @@
 
 #include <cmocka.h>
 
-#include "common/safetensors.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/gpu_family.h"
 #include "support/backend_calls.h"
 #include "support/gpu_util.h"
+#include "tests/gpu/gpu_model_test.h"
 
 static const char *cases[] = {"tiny-d64-s16-c8", "small-d256-g2-s32-c16"};
 #define NCASES 2
 
-typedef struct fixture {
-  char dir[1024];
-  int64_t B, T, V;
-  int64_t *ids;  /* [B*T] */
-  float *target; /* [B,T,V] (per-group norm for n_groups > 1) */
-  float *hf, *lbf16;
-} fixture;
-
-static float *copy_f32(const mbd_safetensors *st, const char *name) {
-  const mbd_st_entry *e = mbd_safetensors_find(st, name);
-  if (!e) return NULL;
-  float *v = malloc(e->nbytes);
-  memcpy(v, e->data, e->nbytes);
-  return v;
-}
-
-static int load_fixture(const char *name, fixture *f) {
-  memset(f, 0, sizeof *f);
-  const char *root = getenv("MBD_FIXTURES_DIR");
-  if (!root) return -1;
-  snprintf(f->dir, sizeof f->dir, "%s/mamba2/%s", root, name);
-  char p[1200];
-  snprintf(p, sizeof p, "%s/expected.safetensors", f->dir);
-  mbd_safetensors *st = NULL;
-  mbd_error err = {0};
-  if (mbd_safetensors_open(p, &st, &err)) return -1;
-  const mbd_st_entry *ids = mbd_safetensors_find(st, "input_ids");
-  const mbd_st_entry *lg = mbd_safetensors_find(st, "logits");
-  assert_non_null(ids);
-  assert_non_null(lg);
-  f->B = ids->desc.shape[0];
-  f->T = ids->desc.shape[1];
-  f->V = lg->desc.shape[2];
-  f->ids = malloc(ids->nbytes);
-  memcpy(f->ids, ids->data, ids->nbytes);
-  f->hf = copy_f32(st, "logits");
-  f->lbf16 = copy_f32(st, "logits_bf16");
-  f->target = copy_f32(st, "logits_norm_per_group");
-  if (!f->target) f->target = copy_f32(st, "logits");
-  mbd_safetensors_destroy(&st);
-  return 0;
-}
-
-static void free_fixture(fixture *f) {
-  free(f->ids);
-  free(f->target);
-  free(f->hf);
-  free(f->lbf16);
-}
-
 static mbd_backend *backend(mbd_backend_kind kind, mbd_dtype_policy policy) {
-  mbd_backend_opts o = {.mode = MBD_GEMM_DETERMINISTIC, .policy = policy, .threads = 2,
-                        .state_capacity = 300, .max_batch = 256};
-  mbd_backend *b = NULL;
-  mbd_error err = {0};
-  if (mbd_backend_new(kind, &o, &b, &err)) fail_msg("backend: %s", err.msg);
-  return b;
+  return gmt_backend(kind, policy, MBD_STATE_F32);
 }
 
+/* The largest |a[i] - b[i]|, and in *mx the largest |b[i]|. */
 static double max_err(const float *a, const float *b, size_t n, double *mx) {
   double e = 0;
   *mx = 0;
@@ -106,8 +52,8 @@ static void test_f32_vs_cpu(void **state) {
   mbd_backend *gb = backend(MBD_BACKEND_CUDA, MBD_POLICY_F32);
   mbd_backend *cb = backend(MBD_BACKEND_CPU, MBD_POLICY_F32);
   for (int c = 0; c < NCASES; c++) {
-    fixture f;
-    if (load_fixture(cases[c], &f)) continue;
+    gmt_fixture f;
+    if (gmt_fixture_load("mamba2", cases[c], &f)) continue;
     ran++;
     mbd_bmodel *gm = bc_load(gb, f.dir), *cm = bc_load(cb, f.dir);
     const int64_t B = f.B, T = f.T, V = f.V;
@@ -137,24 +83,8 @@ static void test_f32_vs_cpu(void **state) {
     /* prefill in chunks, then decode: the same bits */
     const int64_t chunks[] = {1, 2, 3, 5, 8, 13, 64};
     float *got = malloc((size_t)(T * V) * 4);
-    for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
-      for (int64_t pre = 1; pre <= T; pre += 7) {
-        mbd_bstate *s = bc_new_state(gb, gm);
-        for (int64_t t0 = 0; t0 < pre; t0 += chunks[k]) {
-          int64_t len = pre - t0 < chunks[k] ? pre - t0 : chunks[k];
-          assert_int_equal(
-              gb->ops->prefill(gb, gm, s, f.ids + t0, len, false, got + t0 * V, &err), 0);
-        }
-        for (int64_t t = pre; t < T; t++)
-          assert_int_equal(gb->ops->step(gb, gm, &s, f.ids + t, 1, got + t * V, &err), 0);
-        assert_memory_equal(got, gd, (size_t)(T * V) * 4);
-        size_t sn = 0;
-        uint8_t *si = bc_save(gb, s, &sn);
-        assert_memory_equal(si, gi, gn);
-        free(si);
-        gb->ops->state_free(gb, s);
-      }
-    }
+    gmt_check_chunked_prefill(gb, gm, f.ids, T, V, chunks, sizeof chunks / sizeof chunks[0], 7,
+                              gd, gi, gn, cases[c]);
     /* a CPU image after half the prompt continues on the GPU */
     {
       const int64_t H = T / 2;
@@ -179,7 +109,7 @@ static void test_f32_vs_cpu(void **state) {
     free(cpu);
     gb->ops->model_destroy(gb, gm);
     cb->ops->model_destroy(cb, cm);
-    free_fixture(&f);
+    gmt_fixture_free(&f);
   }
   mbd_backend_destroy(&gb);
   mbd_backend_destroy(&cb);
@@ -189,47 +119,24 @@ static void test_f32_vs_cpu(void **state) {
 /* Batched steps of n = 2..256 sequences: every slot equals its solo run. */
 static void test_batch_invariance(void **state) {
   (void)state;
-  fixture f;
-  if (load_fixture(cases[1], &f)) skip();
+  gmt_fixture f;
+  if (gmt_fixture_load("mamba2", cases[1], &f)) skip();
   mbd_backend *gb = backend(MBD_BACKEND_CUDA, MBD_POLICY_F32);
   mbd_bmodel *gm = bc_load(gb, f.dir);
   const int64_t V = f.V;
-  enum { NMAX = 256, STEPS = 6 };
-  int64_t tok[NMAX][STEPS];
-  for (int i = 0; i < NMAX; i++)
-    for (int t = 0; t < STEPS; t++) tok[i][t] = (i * 131 + t * 17 + 5) % V;
-  float *solo = malloc((size_t)NMAX * STEPS * V * 4);
-  uint8_t *img = NULL;
-  size_t in = 0;
-  for (int i = 0; i < NMAX; i++) {
-    bc_decode_all(gb, gm, tok[i], STEPS, V, solo + (size_t)i * STEPS * V, &img, &in);
-    free(img);
-  }
-  const int sizes[] = {2, 3, 7, 16, 33, 64, 129, 256};
+  enum { NMAX = GMT_NMAX, STEPS = 6 };
+  int64_t *tok = gmt_batch_tokens(V, STEPS);
+  float *solo = gmt_solo_runs(gb, gm, V, tok, STEPS);
+  gmt_check_batched_eq_solo(gb, gm, V, tok, STEPS, solo, cases[1]);
   float *rows = malloc((size_t)NMAX * V * 4);
   mbd_error err = {0};
-  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
-    int n = sizes[k];
-    mbd_bstate *st[NMAX];
-    int64_t tk[NMAX];
-    for (int i = 0; i < n; i++) st[i] = bc_new_state(gb, gm);
-    for (int t = 0; t < STEPS; t++) {
-      for (int i = 0; i < n; i++) tk[i] = tok[(i * 7 + (int)k) % NMAX][t];
-      assert_int_equal(gb->ops->step(gb, gm, st, tk, n, rows, &err), 0);
-      for (int i = 0; i < n; i++)
-        assert_memory_equal(rows + (size_t)i * V,
-                            solo + ((size_t)((i * 7 + (int)k) % NMAX) * STEPS + t) * V,
-                            (size_t)V * 4);
-    }
-    for (int i = 0; i < n; i++) gb->ops->state_free(gb, st[i]);
-  }
   /* greedy picks on the device (step_greedy): the argmax of the solo logits */
   if (gb->ops->step_greedy) {
     mbd_bstate *st[NMAX];
     int64_t tk[NMAX], next[NMAX];
     for (int i = 0; i < NMAX; i++) st[i] = bc_new_state(gb, gm);
     for (int t = 0; t < STEPS; t++) {
-      for (int i = 0; i < NMAX; i++) tk[i] = tok[i][t];
+      for (int i = 0; i < NMAX; i++) tk[i] = tok[i * STEPS + t];
       assert_int_equal(gb->ops->step_greedy(gb, gm, st, tk, NMAX, next, rows, &err), 0);
       for (int i = 0; i < NMAX; i++) {
         const float *l = solo + ((size_t)i * STEPS + t) * V;
@@ -244,9 +151,10 @@ static void test_batch_invariance(void **state) {
   }
   free(rows);
   free(solo);
+  free(tok);
   gb->ops->model_destroy(gb, gm);
   mbd_backend_destroy(&gb);
-  free_fixture(&f);
+  gmt_fixture_free(&f);
 }
 
 /* bf16 route: within twice the error of PyTorch's bf16 run of the fixture
@@ -257,20 +165,15 @@ static void test_bf16(void **state) {
   int ran = 0;
   mbd_backend *gb = backend(MBD_BACKEND_CUDA, MBD_POLICY_BF16);
   for (int c = 0; c < NCASES; c++) {
-    fixture f;
-    if (load_fixture(cases[c], &f)) continue;
+    gmt_fixture f;
+    if (gmt_fixture_load("mamba2", cases[c], &f)) continue;
     ran++;
     mbd_bmodel *gm = bc_load(gb, f.dir);
-    size_t n = (size_t)(f.B * f.T * f.V);
-    float *g = malloc(n * 4);
-    mbd_error err = {0};
-    assert_int_equal(gb->ops->forward(gb, gm, f.ids, f.B, f.T, false, g, &err), 0);
-    double mx, ours = max_err(g, f.target, n, &mx), theirs = max_err(f.lbf16, f.hf, n, &mx);
-    print_message("%s bf16: max abs err %.3g (PyTorch bf16 %.3g)\n", cases[c], ours, theirs);
-    if (ours > 2 * theirs) fail_msg("%s bf16 err %.3g > 2 x %.3g", cases[c], ours, theirs);
-    free(g);
+    char what[64];
+    snprintf(what, sizeof what, "%s bf16", cases[c]);
+    gmt_check_logits_bound(gb, gm, &f, f.target, 2.0, what);
     gb->ops->model_destroy(gb, gm);
-    free_fixture(&f);
+    gmt_fixture_free(&f);
   }
   mbd_backend_destroy(&gb);
   if (!ran) skip();
@@ -326,8 +229,8 @@ static void graph_run(const char *dir, mbd_dtype_policy pol, int graphs, float *
 
 static void test_graph_vs_eager(void **state) {
   (void)state;
-  fixture f;
-  if (load_fixture(cases[1], &f)) skip();
+  gmt_fixture f;
+  if (gmt_fixture_load("mamba2", cases[1], &f)) skip();
   const mbd_dtype_policy pols[2] = {MBD_POLICY_F32, MBD_POLICY_BF16};
   const size_t V = (size_t)f.V, nl = (size_t)GV_STEPS * GV_SLOTS * V;
   for (int pi = 0; pi < 2; pi++) {
@@ -353,7 +256,7 @@ static void test_graph_vs_eager(void **state) {
       free(im[g]);
     }
   }
-  free_fixture(&f);
+  gmt_fixture_free(&f);
 }
 
 static int setup(void **state) {

@@ -16,10 +16,10 @@
 
 #include <cmocka.h>
 
-#include "common/safetensors.h"
 #include "kernels/cuda/mamba3_gpu.h"
 #include "kernels/model/mamba3.h"
 #include "support/gpu_util.h"
+#include "tests/gpu/gpu_model_test.h"
 
 /* Fails the test with the call and its error (a local `err`). */
 #define CHECK_OK(call)                                   \
@@ -28,47 +28,6 @@
   } while (0)
 
 static const char *cases[] = {"tiny-d64-s16-c16", "small-d256-s32-c16"};
-
-typedef struct fx {
-  char dir[1024];
-  int B, T, G, V;
-  int32_t *ids;
-  int64_t *greedy;
-} fx;
-
-static int fx_load(const char *name, fx *f) {
-  memset(f, 0, sizeof *f);
-  const char *root = getenv("MBD_FIXTURES_DIR");
-  if (!root) return -1;
-  snprintf(f->dir, sizeof f->dir, "%s/mamba3/%s", root, name);
-  char p[1200];
-  snprintf(p, sizeof p, "%s/expected.safetensors", f->dir);
-  mbd_safetensors *st = NULL;
-  mbd_error err = {0};
-  if (mbd_safetensors_open(p, &st, &err)) return -1;
-  const mbd_st_entry *ids = mbd_safetensors_find(st, "input_ids");
-  const mbd_st_entry *gr = mbd_safetensors_find(st, "greedy");
-  const mbd_st_entry *lg = mbd_safetensors_find(st, "logits");
-  f->B = (int)ids->desc.shape[0];
-  f->T = (int)ids->desc.shape[1];
-  f->V = (int)lg->desc.shape[2];
-  f->G = (int)gr->desc.shape[1] - f->T;
-  f->ids = malloc((size_t)f->B * f->T * sizeof(int32_t));
-  for (int i = 0; i < f->B * f->T; i++) {
-    int64_t v;
-    memcpy(&v, (const char *)ids->data + 8 * i, 8);
-    f->ids[i] = (int32_t)v;
-  }
-  f->greedy = malloc(gr->nbytes);
-  memcpy(f->greedy, gr->data, gr->nbytes);
-  mbd_safetensors_destroy(&st);
-  return 0;
-}
-
-static void fx_free(fx *f) {
-  free(f->ids);
-  free(f->greedy);
-}
 
 static mbd_gpu_ctx *make_ctx(int64_t cap) {
   mbd_gpu_ctx_config cfg;
@@ -100,10 +59,14 @@ static void test_gpu_vs_cpu(void **state) {
   gpu_test_require_device();
   int ran = 0;
   for (int c = 0; c < 2; c++) {
-    fx f;
-    if (fx_load(cases[c], &f)) continue;
+    gmt_fixture f;
+    if (gmt_fixture_load("mamba3", cases[c], &f)) continue;
     ran++;
-    const int B = f.B, T = f.T, V = f.V;
+    assert_non_null(f.greedy);
+    const int B = (int)f.B, T = (int)f.T, V = (int)f.V;
+    int32_t *ids = malloc((size_t)B * T * sizeof(int32_t)); /* the Mamba-3 entries' tokens */
+    assert_non_null(ids);
+    for (int i = 0; i < B * T; i++) ids[i] = (int32_t)f.ids[i];
     assert_true(B <= 8 && T <= 64); /* the local arrays below */
     mbd_error err = {0};
     mbd_mamba3_options o;
@@ -118,7 +81,7 @@ static void test_gpu_vs_cpu(void **state) {
     uint8_t *img[8];
     size_t ilen = 0;
     for (int b = 0; b < B; b++)
-      img[b] = cpu_run(cpu, f.ids + b * T, T, ref + (size_t)b * T * V, &ilen);
+      img[b] = cpu_run(cpu, ids + b * T, T, ref + (size_t)b * T * V, &ilen);
     assert_int_equal(ilen, MBD_STATE_IMAGE_HEADER + pay);
     uint8_t *buf = malloc(pay);
     /* prefill, all sequences at once, slots 0..B-1 */
@@ -127,7 +90,7 @@ static void test_gpu_vs_cpu(void **state) {
       slots[b] = b;
       CHECK_OK(mbd_mamba3_gpu_slot_reset(g, b, &err));
     }
-    CHECK_OK(mbd_mamba3_gpu_prefill(g, B, T, f.ids, slots, MBD_LOGITS_ALL, got, &err));
+    CHECK_OK(mbd_mamba3_gpu_prefill(g, B, T, ids, slots, MBD_LOGITS_ALL, got, &err));
     assert_memory_equal(got, ref, (size_t)B * T * V * 4);
     for (int b = 0; b < B; b++) {
       CHECK_OK(mbd_mamba3_gpu_slot_read(g, b, buf, pay, &err));
@@ -140,7 +103,7 @@ static void test_gpu_vs_cpu(void **state) {
         for (int j = 0; j < n; j++) {
           slots[j] = 24 + j;
           CHECK_OK(mbd_mamba3_gpu_slot_reset(g, slots[j], &err));
-          memcpy(tk + j * T, f.ids + ((j + rot) % n) * T, (size_t)T * sizeof(int32_t));
+          memcpy(tk + j * T, ids + ((j + rot) % n) * T, (size_t)T * sizeof(int32_t));
         }
         CHECK_OK(mbd_mamba3_gpu_prefill(g, n, T, tk, slots, MBD_LOGITS_ALL, got, &err));
         for (int j = 0; j < n; j++)
@@ -155,7 +118,7 @@ static void test_gpu_vs_cpu(void **state) {
     }
     float *row = malloc((size_t)B * V * 4);
     for (int t = 0; t < T; t++) {
-      for (int b = 0; b < B; b++) tok[b] = f.ids[b * T + t];
+      for (int b = 0; b < B; b++) tok[b] = ids[b * T + t];
       CHECK_OK(mbd_mamba3_gpu_step(g, B, tok, slots, next, row, &err));
       for (int b = 0; b < B; b++)
         assert_memory_equal(row + (size_t)b * V, ref + ((size_t)b * T + t) * V, (size_t)V * 4);
@@ -175,9 +138,9 @@ static void test_gpu_vs_cpu(void **state) {
       const int n = splits[k] < T ? splits[k] : T - 1;
       int32_t s0 = 20;
       CHECK_OK(mbd_mamba3_gpu_slot_reset(g, s0, &err));
-      CHECK_OK(mbd_mamba3_gpu_prefill(g, 1, n, f.ids, &s0, MBD_LOGITS_ALL, got, &err));
+      CHECK_OK(mbd_mamba3_gpu_prefill(g, 1, n, ids, &s0, MBD_LOGITS_ALL, got, &err));
       for (int t = n; t < T; t++)
-        CHECK_OK(mbd_mamba3_gpu_step(g, 1, f.ids + t, &s0, NULL, got + (size_t)t * V, &err));
+        CHECK_OK(mbd_mamba3_gpu_step(g, 1, ids + t, &s0, NULL, got + (size_t)t * V, &err));
       assert_memory_equal(got, ref, (size_t)T * V * 4);
       CHECK_OK(mbd_mamba3_gpu_slot_read(g, s0, buf, pay, &err));
       assert_memory_equal(buf, img[0] + MBD_STATE_IMAGE_HEADER, pay);
@@ -187,14 +150,14 @@ static void test_gpu_vs_cpu(void **state) {
       const int64_t h = T / 2;
       mbd_mamba3_state *s = NULL;
       CHECK_OK(mbd_mamba3_state_new(cpu, &s, &err));
-      const int32_t *tp = f.ids + T;
+      const int32_t *tp = ids + T;
       int64_t hl = h;
       CHECK_OK(mbd_mamba3_prefill(cpu, &s, 1, &tp, &hl, MBD_LOGITS_NONE, NULL, &err));
       uint8_t *mid = malloc(ilen);
       CHECK_OK(mbd_mamba3_state_export(s, mid, ilen, NULL, &err));
       int32_t s0 = 21;
       CHECK_OK(mbd_mamba3_gpu_slot_write(g, s0, mid + MBD_STATE_IMAGE_HEADER, pay, &err));
-      CHECK_OK(mbd_mamba3_gpu_prefill(g, 1, (int)(T - h), f.ids + T + h, &s0, MBD_LOGITS_ALL,
+      CHECK_OK(mbd_mamba3_gpu_prefill(g, 1, (int)(T - h), ids + T + h, &s0, MBD_LOGITS_ALL,
                                       got, &err));
       assert_memory_equal(got, ref + ((size_t)T + h) * V, (size_t)(T - h) * V * 4);
       free(mid);
@@ -208,7 +171,8 @@ static void test_gpu_vs_cpu(void **state) {
     mbd_mamba3_gpu_destroy(&g);
     mbd_gpu_ctx_destroy(&ctx);
     mbd_mamba3_destroy(&cpu);
-    fx_free(&f);
+    free(ids);
+    gmt_fixture_free(&f);
   }
   if (!ran) skip();
 }

@@ -41,6 +41,7 @@
 #include "kernels/cuda/ops/ssd_scan.h"
 #include "kernels/portable_math.h"
 #include "support/gpu_util.h"
+#include "tests/gpu/gpu_op_test.h"
 #include "tests/gpu/xproj_ref.h"
 
 static const int k_dinner[] = {37, 130, 257};
@@ -48,91 +49,6 @@ static const mbd_dtype k_act[] = {MBD_DTYPE_F32, MBD_DTYPE_BF16, MBD_DTYPE_F16};
 enum { N_DINNER = 3, N_ACT = 3 };
 
 static cudaStream_t g_stream;
-
-#define CK(call)                                                              \
-  do {                                                                        \
-    cudaError_t e_ = (call);                                                  \
-    if (e_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(e_)); \
-  } while (0)
-
-/* Runs an op entry (last argument &err) and fails with its message. */
-#define OP(call)                                         \
-  do {                                                   \
-    mbd_error err = {0};                                 \
-    if ((call) != 0) fail_msg("%s: %s", #call, err.msg); \
-    CK(cudaStreamSynchronize(g_stream));                 \
-  } while (0)
-
-static void *dput(const void *h, size_t n) {
-  void *d = NULL;
-  CK(cudaMalloc(&d, n ? n : 16));
-  if (n) CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
-  return d;
-}
-static void *dzero(size_t n) {
-  void *d = NULL;
-  CK(cudaMalloc(&d, n ? n : 16));
-  CK(cudaMemset(d, 0, n ? n : 16));
-  return d;
-}
-static void dget(void *h, const void *d, size_t n) {
-  CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
-}
-static void dfree(void *d) {
-  if (d) CK(cudaFree(d));
-}
-
-/* ---- host side of the dtypes ---------------------------------------------- */
-
-static size_t dsize(mbd_dtype dt) { return dt == MBD_DTYPE_F32 ? 4 : 2; }
-
-/* v rounded to nearest even in dt and widened back (what a store then a load gives). */
-static float round_to(mbd_dtype dt, float v) {
-  if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(mbd_f32_to_bf16(v));
-  if (dt == MBD_DTYPE_F16) return mbd_f16_to_f32(mbd_f32_to_f16(v));
-  return v;
-}
-static void store(mbd_dtype dt, void *buf, size_t i, float v) {
-  if (dt == MBD_DTYPE_F32)
-    ((float *)buf)[i] = v;
-  else if (dt == MBD_DTYPE_BF16)
-    ((uint16_t *)buf)[i] = mbd_f32_to_bf16(v);
-  else
-    ((uint16_t *)buf)[i] = mbd_f32_to_f16(v);
-}
-static float load(mbd_dtype dt, const void *buf, size_t i) {
-  if (dt == MBD_DTYPE_F32) return ((const float *)buf)[i];
-  if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(((const uint16_t *)buf)[i]);
-  return mbd_f16_to_f32(((const uint16_t *)buf)[i]);
-}
-
-/* n values uniform in [lo, hi) stored in dt; their exact f32 values in f (may be NULL). */
-static void *fill(mbd_dtype dt, size_t n, uint64_t *seed, float lo, float hi, float *f) {
-  void *h = malloc(n * dsize(dt) + 16);
-  assert_non_null(h);
-  for (size_t i = 0; i < n; i++) {
-    float v = lo + (hi - lo) * 0.5f * (gpu_test_uniform(seed) + 1.0f);
-    store(dt, h, i, v);
-    if (f) f[i] = load(dt, h, i);
-  }
-  return h;
-}
-static float *fillf(size_t n, uint64_t *seed, float lo, float hi) {
-  return fill(MBD_DTYPE_F32, n, seed, lo, hi, NULL);
-}
-
-/* Fails naming the first differing element when the n elements of size es differ. */
-static void same_bytes(const char *what, const void *got, const void *want, size_t n, size_t es) {
-  if (!memcmp(got, want, n * es)) return;
-  for (size_t i = 0; i < n; i++)
-    if (memcmp((const char *)got + i * es, (const char *)want + i * es, es)) {
-      uint32_t g = 0, w = 0;
-      memcpy(&g, (const char *)got + i * es, es);
-      memcpy(&w, (const char *)want + i * es, es);
-      fail_msg("%s: element %zu of %zu differs: 0x%08x (GPU) vs 0x%08x (reference)", what, i, n, g,
-               w);
-    }
-}
 
 /* ---- embedding ------------------------------------------------------------ */
 

@@ -33,30 +33,11 @@
 
 #include "kernels/cuda/mamba_ops.h"
 #include "support/gpu_util.h"
+#include "tests/gpu/gpu_op_test.h"
 #include "tests/gpu/xproj_ref.h"
-
-#define CK(call)                                                              \
-  do {                                                                        \
-    cudaError_t e_ = (call);                                                  \
-    if (e_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(e_)); \
-  } while (0)
-
-#define OP(call)                                         \
-  do {                                                   \
-    mbd_error err = {0};                                 \
-    if ((call) != 0) fail_msg("%s: %s", #call, err.msg); \
-    CK(cudaDeviceSynchronize());                         \
-  } while (0)
 
 static cudaStream_t g_stream;
 static const mbd_dtype k_dt[] = {MBD_DTYPE_BF16, MBD_DTYPE_F16};
-
-static void *dput(const void *h, size_t n) {
-  void *d = NULL;
-  CK(cudaMalloc(&d, n ? n : 16));
-  if (n) CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
-  return d;
-}
 
 /* n 16-bit values of dt: u * 2^e, u uniform in [-1, 1), e in -8..8, one in
  * sixteen exactly zero. */

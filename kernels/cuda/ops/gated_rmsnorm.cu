@@ -6,7 +6,8 @@
  * RMSNorm's lane split (rms_inv_lanes), since the serial chain over d_inner
  * channels sat on every layer's critical path of a small-batch decode.
  * Where rows and pointers allow 16-byte accesses, k_gated_rmsnorm4 does the
- * same with the row in registers (MBD_GATED_NORM=old keeps k_gated_rmsnorm). */
+ * same with the row in registers (MBD_GATED_NORM=old keeps k_gated_rmsnorm:
+ * gn_quads). */
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/gated_rmsnorm.h"
 #include "kernels/cuda/ops/silu_group.cuh"
@@ -131,18 +132,16 @@ __global__ void __launch_bounds__(GN_THREADS) k_gated_rmsnorm(int n, int group, 
  * memory only for the square sums, which run as in k_gated_rmsnorm (the same
  * chains, so the same bits; 16-bit routes' chains pipelined, gn_rinv_lanes),
  * and the output pass reads back its own quads.
- * Blocks of n / (4 QN) threads (QN = 4 up to d_inner 4096: gn_quads) let
- * several rows per SM be in flight, so the bytes in flight, not the one warp's
- * chain, set the pace. The SiLUs run per value (mbd_pm_silu), or, with FD,
- * GQ quads' as one group (silu_group: the same bits, their chains
- * overlapped). */
-#define GN4_THREADS 256 /* at most, for QN = 4 and 8; 512 for QN = 2 */
+ * Blocks of n / (4 QN) threads (QN = 4 up to d_inner 4096, else 8:
+ * gn_quads) let several rows per SM be in flight, so the bytes in flight,
+ * not the one warp's chain, set the pace. Each quad's SiLUs run as one
+ * group (silu_group: mbd_pm_silu's bits, the four chains overlapped). */
+#define GN4_THREADS 256 /* at most */
 
 __device__ __forceinline__ float4 gn_ld4(const float *p) { return *(const float4 *)p; }
 
-template <typename OutT, int QN, bool FD, int GQ>
-__global__ void __launch_bounds__(QN == 2 ? 2 * GN4_THREADS : GN4_THREADS,
-                                  sizeof(OutT) == 2 && QN <= 4 ? (QN == 2 ? 2 : 4) : 1)
+template <typename OutT, int QN>
+__global__ void __launch_bounds__(GN4_THREADS, sizeof(OutT) == 2 && QN == 4 ? 4 : 1)
     k_gated_rmsnorm4(int n, int group, const float *__restrict__ y, const float *__restrict__ z,
                      int64_t ldz, const float *__restrict__ w, float eps, int norm_before_gate,
                      OutT *__restrict__ out, bool early) {
@@ -162,27 +161,16 @@ __global__ void __launch_bounds__(QN == 2 ? 2 * GN4_THREADS : GN4_THREADS,
       g[k] = gn_ld4(z + i * ldz + 4 * q);
     }
   }
-  if constexpr (FD) { /* silu(z), GQ quads a group */
 #pragma unroll
-    for (int k = 0; k < QN; k += GQ) {
-      float sz[4 * GQ];
-#pragma unroll
-      for (int u = 0; u < GQ; u++)
-        sz[4 * u] = g[k + u].x, sz[4 * u + 1] = g[k + u].y, sz[4 * u + 2] = g[k + u].z,
-        sz[4 * u + 3] = g[k + u].w;
-      silu_group<4 * GQ>(sz);
-#pragma unroll
-      for (int u = 0; u < GQ; u++)
-        g[k + u] = make_float4(sz[4 * u], sz[4 * u + 1], sz[4 * u + 2], sz[4 * u + 3]);
-    }
+  for (int k = 0; k < QN; k++) { /* silu(z), a quad a group */
+    float sz[4] = {g[k].x, g[k].y, g[k].z, g[k].w};
+    silu_group<4>(sz);
+    g[k] = make_float4(sz[0], sz[1], sz[2], sz[3]);
   }
 #pragma unroll
   for (int k = 0; k < QN; k++) {
     const int q = threadIdx.x + k * blockDim.x;
     if (q >= nq) continue;
-    if constexpr (!FD)
-      g[k] = make_float4(mbd_pm_silu(g[k].x), mbd_pm_silu(g[k].y), mbd_pm_silu(g[k].z),
-                         mbd_pm_silu(g[k].w));
     if (!norm_before_gate)
       a[k] = make_float4(__fmul_rn(a[k].x, g[k].x), __fmul_rn(a[k].y, g[k].y),
                          __fmul_rn(a[k].z, g[k].z), __fmul_rn(a[k].w, g[k].w));
@@ -231,23 +219,15 @@ static bool gn_vec(int n, const float *y, const float *z, int64_t ldz, const flo
          al(w, 16) && al(out, 4 * out_size);
 }
 
-/* The quads a thread of k_gated_rmsnorm4 holds: 4 up to d_inner 4096
- * (several rows per SM in flight; 1.3b b8 chunk 40.8 us, k_gated_rmsnorm
- * 64.4), 8 above, or what MBD_GATED_NORM asks for (q2, q4, q8, raised to
- * what the row needs); 0 for "old", which keeps k_gated_rmsnorm. *fd: the
- * SiLUs per value (0, mbd_pm_silu as written), one quad's a group (1, a
- * "g" appended: q4g, q2g) or two quads' (2, "q4g8"; silu_group). Same bits
- * every way; the benches compare them. Read at each launch. */
-static int gn_quads(int n, int *fd) {
+/* The quads a thread of k_gated_rmsnorm4 holds for rows of n channels: 4 up
+ * to d_inner 4096 (several rows per SM in flight), 8 above; 0 when the
+ * benches and tests ask for k_gated_rmsnorm with MBD_GATED_NORM=old (read
+ * at each launch; any other value, or none, keeps the default; the same
+ * bits either way). */
+static int gn_quads(int n) {
   const char *e = getenv("MBD_GATED_NORM");
-  const int need = n / 4 <= GN4_THREADS * 4 ? 2 : 8;
-  int q = 4;
-  *fd = e && strstr(e, "g8") ? 2 : e && strchr(e, 'p') ? 0 : 1;
   if (e && !strcmp(e, "old")) return 0;
-  if (e && !strncmp(e, "q2", 2)) q = 2;
-  if (e && !strncmp(e, "q8", 2)) q = 8;
-  if (*fd == 2) q = 4; /* the two-quad groups exist for four quads */
-  return q > need ? q : need;
+  return n / 4 <= GN4_THREADS * 4 ? 4 : 8;
 }
 
 template <typename T>
@@ -256,17 +236,11 @@ static int gated_rmsnorm_launch(cudaStream_t s, int64_t M, int n, int group, con
                                 int norm_before_gate, T *out, mbd_error *err) {
   const size_t sh = ((size_t)n + 3) / 4 * 16;
   int rc;
-  int fd;
-  const int qn = gn_quads(n, &fd);
+  const int qn = gn_quads(n);
   if (qn && gn_vec(n, y, z, ldz, w, out, sizeof(T))) {
     const int th = ((n / 4 + qn - 1) / qn + 31) / 32 * 32;
     void (*k)(int, int, const float *, const float *, int64_t, const float *, float, int, T *,
-              bool) = qn == 8   ? k_gated_rmsnorm4<T, 8, false, 1>
-                      : qn == 2 ? (fd ? k_gated_rmsnorm4<T, 2, true, 1>
-                                      : k_gated_rmsnorm4<T, 2, false, 1>)
-                      : fd == 2 ? k_gated_rmsnorm4<T, 4, true, 2>
-                      : fd      ? k_gated_rmsnorm4<T, 4, true, 1>
-                                : k_gated_rmsnorm4<T, 4, false, 1>;
+              bool) = qn == 8 ? k_gated_rmsnorm4<T, 8> : k_gated_rmsnorm4<T, 4>;
     if ((rc = allow_smem(k, sh, err)) < 0) return rc;
     return launch_pdl("gated_rmsnorm (vec)", k, dim3((unsigned)M), dim3(th), sh, s, err, n,
                       group, y, z, ldz, w, eps, norm_before_gate, out, pdl_early());
