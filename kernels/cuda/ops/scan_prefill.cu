@@ -10,6 +10,9 @@
  * short exact path (sp_exp_in_range), untested when the dt phase has shown
  * that every argument of the chunk is in its range, and the dt_proj chains
  * run two to four per thread over 16-byte loads of weights and inputs. */
+#include <stdlib.h>
+#include <string.h>
+
 #include <type_traits>
 
 #include "kernels/cuda/ops/common.cuh"
@@ -63,8 +66,13 @@ struct sp_layout {
  *          ascending order, + D x, times SiLU(z) (scan_one_dt's order).
  * Steps past T in the last chunk run on stale or zeroed staged data and are
  * discarded (neither the state nor y sees them). The state is stored as ST
- * (sp_st: f32, or bf16 rounded after every step). */
-template <int N, typename ActT, typename ST>
+ * (sp_st: f32, or bf16 rounded after every step). V = 1 (the default; V = 0,
+ * MBD_SCAN_PREFILL=v0, the previous form, for the bench's ablation): the
+ * chunk's gates SiLU(z) are computed in place in the staged z, a few per
+ * thread side by side (silu_group), before the dt phase, and each
+ * thread's softplus side by side too (sp_softplus_group), so the y phase's
+ * chain no longer waits on a SiLU of its own. */
+template <int N, typename ActT, typename ST, int V>
 __global__ void __launch_bounds__(SP_CB *N, 2)
     k_scan_prefill(int T, int di, int R, const float *__restrict__ xc,
                    const float *__restrict__ dbl, const ActT *__restrict__ dt_w,
@@ -180,6 +188,21 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
       }
       __syncthreads();
     }
+    if constexpr (V > 0) { /* the chunk's gates, in place (read after the next barrier) */
+      constexpr int GZ = SP_CB * SP_TC / NT;
+      float g[GZ];
+#pragma unroll
+      for (int i = 0; i < GZ; i++) {
+        const int e = tid + i * NT;
+        g[i] = szt[(e / SP_TC) * SP_TCP + e % SP_TC];
+      }
+      silu_group<GZ>(g);
+#pragma unroll
+      for (int i = 0; i < GZ; i++) {
+        const int e = tid + i * NT;
+        szt[(e / SP_TC) * SP_TCP + e % SP_TC] = g[i];
+      }
+    }
     /* dt: TPT chains of channel dc side by side, each over k ascending */
     bool fast = true; /* every exp argument of the chunk in the short range */
     {
@@ -201,9 +224,16 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
       }
 #pragma unroll
       for (int i = 0; i < TPT; i++) {
-        const float v = sp_softplus(__fadd_rn(acc[i], bdt));
-        fast &= sp_exp_fast(__fmul_rn(v, amax));
-        sdt[dc * SP_TCP + dt0 + 8 * i] = v;
+        if constexpr (V > 0)
+          acc[i] = __fadd_rn(acc[i], bdt);
+        else
+          acc[i] = sp_softplus(__fadd_rn(acc[i], bdt));
+      }
+      if constexpr (V > 0) sp_softplus_group<TPT>(acc);
+#pragma unroll
+      for (int i = 0; i < TPT; i++) {
+        fast &= sp_exp_fast(__fmul_rn(acc[i], amax));
+        sdt[dc * SP_TCP + dt0 + 8 * i] = acc[i];
       }
     }
     const bool all_fast = __syncthreads_and(fast);
@@ -269,7 +299,7 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
         }
         const float x = sxt[hc * SP_TCP + t], z = szt[hc * SP_TCP + t];
         acc = __fmaf_rn(d, x, acc);
-        sy[t * L::SYP + hc] = __fmul_rn(acc, sp_silu(z));
+        sy[t * L::SYP + hc] = __fmul_rn(acc, V > 0 ? z : sp_silu(z)); /* V > 0: z holds SiLU(z) */
       }
       __syncwarp(); /* hw free for the next run */
     }
@@ -279,21 +309,38 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
   if (live) sp_st<ST>::put(hp, h);
 }
 
+template <int N, typename ActT, typename ST, int V>
+static int scan_prefill_launch_v(cudaStream_t s, int nseq, int T, int di, int R, const float *xc,
+                               const float *dbl, const ActT *dt_w, const ActT *dt_b,
+                               const float *A, const float *D, const float *xz, int64_t ldxz,
+                               int64_t zoff, ST *ssm_state, int64_t slot_stride,
+                               const int32_t *slots, ActT *y, mbd_error *err) {
+  const size_t sh = sizeof(float) * (size_t)sp_layout<N>(R).total;
+  int rc = allow_smem(k_scan_prefill<N, ActT, ST, V>, sh, err);
+  if (rc < 0) return rc;
+  /* a long, serial kernel: it waits for its predecessor normally (see
+   * scan.cu's chunked launch) */
+  return launch_ex(false, "selective scan (prefill)", k_scan_prefill<N, ActT, ST, V>,
+                   dim3((unsigned)((di + SP_CB - 1) / SP_CB), (unsigned)nseq),
+                   dim3((unsigned)(SP_CB * N)), sh, s, err, T, di, R, xc, dbl, dt_w, dt_b, A, D,
+                   xz, ldxz, zoff, ssm_state, slot_stride, slots, y);
+}
+
+/* k_scan_prefill in the form MBD_SCAN_PREFILL picks (read at each launch):
+ * "v0" the previous form, else the default; the same bits. */
 template <int N, typename ActT, typename ST>
 static int scan_prefill_launch(cudaStream_t s, int nseq, int T, int di, int R, const float *xc,
                                const float *dbl, const ActT *dt_w, const ActT *dt_b,
                                const float *A, const float *D, const float *xz, int64_t ldxz,
                                int64_t zoff, ST *ssm_state, int64_t slot_stride,
                                const int32_t *slots, ActT *y, mbd_error *err) {
-  const size_t sh = sizeof(float) * (size_t)sp_layout<N>(R).total;
-  int rc = allow_smem(k_scan_prefill<N, ActT, ST>, sh, err);
-  if (rc < 0) return rc;
-  /* a long, serial kernel: it waits for its predecessor normally (see
-   * scan.cu's chunked launch) */
-  return launch_ex(false, "selective scan (prefill)", k_scan_prefill<N, ActT, ST>,
-                   dim3((unsigned)((di + SP_CB - 1) / SP_CB), (unsigned)nseq),
-                   dim3((unsigned)(SP_CB * N)), sh, s, err, T, di, R, xc, dbl, dt_w, dt_b, A, D,
-                   xz, ldxz, zoff, ssm_state, slot_stride, slots, y);
+  const char *v = getenv("MBD_SCAN_PREFILL");
+  if (v && !strcmp(v, "v0"))
+    return scan_prefill_launch_v<N, ActT, ST, 0>(s, nseq, T, di, R, xc, dbl, dt_w, dt_b, A, D,
+                                                 xz, ldxz, zoff, ssm_state, slot_stride, slots,
+                                                 y, err);
+  return scan_prefill_launch_v<N, ActT, ST, 1>(s, nseq, T, di, R, xc, dbl, dt_w, dt_b, A, D, xz,
+                                               ldxz, zoff, ssm_state, slot_stride, slots, y, err);
 }
 
 /* The device's shared memory per block (opt-in), read once; 48 KiB if the
