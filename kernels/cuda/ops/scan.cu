@@ -455,12 +455,16 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : V == 2 
   for (int q0 = sb; q0 < se; q0 += SQ) {
     const int nq = min(SQ, se - q0);
     if (q0 != sb) __syncthreads(); /* the previous group's rows are read */
-    if constexpr (NEW) {
+    if constexpr (NEW) { /* the group's rows by cp.async, all in flight, then dt_low rounded */
       for (int q = 0; q < nq; q++)
-        for (int k = tid; k < ND; k += SSTEP_BT) {
-          const float v = dbl[(int64_t)(q0 + q) * ND + k];
-          sd[q * NDP + (k < R ? k : k + RB - R)] = k < R ? round_act<ActT>(v) : v;
-        }
+        for (int k = tid; k < ND; k += SSTEP_BT)
+          cp_async4(sd + q * NDP + (k < R ? k : k + RB - R), dbl + (int64_t)(q0 + q) * ND + k);
+      cp_async_commit();
+      cp_async_wait_group<0>(); /* (the next sequence's rows too, if in flight) */
+      if constexpr (!std::is_same<ActT, float>::value)
+        for (int q = 0; q < nq; q++)
+          for (int k = tid; k < R; k += SSTEP_BT)
+            sd[q * NDP + k] = round_act<ActT>(sd[q * NDP + k]);
     } else {
       for (int e = tid; e < nq * ND; e += SSTEP_BT) {
         const int q = e / ND, k = e - q * ND;
