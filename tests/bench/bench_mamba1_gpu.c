@@ -40,16 +40,16 @@
  *               (layers x layer + the rest) and the tokens/s it implies;
  *               last, outside the sums, the prefill scan again with
  *               MBD_SCAN_PREFILL=old (scan.cu's k_scan instead of
- *               scan_prefill.cu's kernel; the same bits) and =v0, =v1
- *               (that kernel's earlier forms), on 16-bit
+ *               scan_prefill.cu's kernel; the same bits) and =v0 (that
+ *               kernel's previous form), on 16-bit
  *               routes x_proj with MBD_XPROJ_TILE=0..3 (k_xproj for
  *               every M, the tiles from 32 rows, with an L2 prefetch of
  *               x, with forwarded lines; the same bits), and both scans
  *               over the other state dtype ("scan, state f32|bf16", whose
  *               decode columns take the model's conv fusion too), and the
- *               decode step with MBD_SCAN_STEP=old and =lb6 (k_scan_step's
- *               streaming kernel in its previous form, and sized for 6
- *               resident blocks; the same bits; the table's state).
+ *               decode step with MBD_SCAN_STEP=old (k_scan_step's streaming
+ *               kernel in its previous form, built for d_state 16 and bf16
+ *               only; the same bits; the table's state).
  * mbd_mops_conv_fused (kernels/cuda/ops/conv_xproj.h) picks the model's decode path;
  * MBD_BENCH_PROFILE_STEP: see profile_step. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
@@ -99,15 +99,14 @@ static int want_state[2] = {1, 0}; /* --state: f32, bf16 */
  * and (decode) the pick. */
 enum {
   OT_EMBED, OT_NORM, OT_IN, OT_CONV, OT_XPROJ, OT_SCAN, OT_OUT, OT_FNORM, OT_HEAD, OT_SAMPLE,
-  OT_SCAN_OLD, OT_SCAN_ALT, OT_SCAN_OLD_ALT, OT_SCAN_STEP_OLD, OT_SCAN_STEP_LB6, OT_SCAN_PRE_V0,
-  OT_SCAN_PRE_V1, OT_NOPS
+  OT_SCAN_OLD, OT_SCAN_ALT, OT_SCAN_OLD_ALT, OT_SCAN_STEP_OLD, OT_SCAN_PRE_V0,
+  OT_NOPS
 };
 static const char *const k_ot_names[OT_NOPS] = {
     "embed",     "add_rmsnorm",    "in_proj (gemm)", "conv_silu",         "x_proj",
     "scan (dt_proj+scan+D+gate)", "out_proj (gemm)", "final add_rmsnorm", "lm_head (gemm)",
     "sample", "scan, MBD_SCAN_PREFILL=old", NULL, NULL, /* the _ALT rows: ot_name */
-    "scan, MBD_SCAN_STEP=old", "scan, MBD_SCAN_STEP=lb6", "scan, MBD_SCAN_PREFILL=v0",
-    "scan, MBD_SCAN_PREFILL=v1"};
+    "scan, MBD_SCAN_STEP=old", "scan, MBD_SCAN_PREFILL=v0"};
 
 enum { OT_COLS = 5, OT_REPS = 10, OT_ROWS = 2048, OT_SLOTS = 256 };
 static const int k_ot_nseq[OT_COLS] = {1, 1, 8, 64, 256}, k_ot_T[OT_COLS] = {OT_ROWS, 1, 1, 1, 1};
@@ -152,10 +151,8 @@ static int ot_fused(const op_bench *o, int nseq, int T) {
 static int ot_runs(const op_bench *o, int op, int nseq, int T) {
   if (op == OT_CONV) return !ot_fused(o, nseq, T);
   if (op == OT_SAMPLE) return T == 1;
-  if (op == OT_SCAN_OLD || op == OT_SCAN_OLD_ALT || op == OT_SCAN_PRE_V0 ||
-      op == OT_SCAN_PRE_V1)
-    return T > 1;
-  if (op == OT_SCAN_STEP_OLD || op == OT_SCAN_STEP_LB6) return T == 1;
+  if (op == OT_SCAN_OLD || op == OT_SCAN_OLD_ALT || op == OT_SCAN_PRE_V0) return T > 1;
+  if (op == OT_SCAN_STEP_OLD) return T == 1;
   return 1;
 }
 /* The row's name (the _ALT rows name their state dtype). */
@@ -210,9 +207,8 @@ static int run_op(void *arg, mbd_error *err) {
       return mbd_mops_conv_xproj(s, nseq, (int)di, &conv, o->xz, 2 * di, o->slots,
                                  (int)(R + 2 * N), o->dt, o->x_w, o->dbl, err);
     return mbd_mops_xproj(s, M, (int)di, (int)(R + 2 * N), o->dt, o->xc_act, o->x_w, o->dbl, err);
-  case OT_SCAN_PRE_V0:
-  case OT_SCAN_PRE_V1: {
-    setenv("MBD_SCAN_PREFILL", o->op == OT_SCAN_PRE_V0 ? "v0" : "v1", 1);
+  case OT_SCAN_PRE_V0: {
+    setenv("MBD_SCAN_PREFILL", "v0", 1);
     int rc = ot_scan(o, o->sd, NULL, err);
     unsetenv("MBD_SCAN_PREFILL");
     return rc;
@@ -224,9 +220,8 @@ static int run_op(void *arg, mbd_error *err) {
     unsetenv("MBD_SCAN_PREFILL");
     return rc;
   }
-  case OT_SCAN_STEP_OLD:
-  case OT_SCAN_STEP_LB6: {
-    setenv("MBD_SCAN_STEP", o->op == OT_SCAN_STEP_OLD ? "old" : "lb6", 1);
+  case OT_SCAN_STEP_OLD: {
+    setenv("MBD_SCAN_STEP", "old", 1);
     int rc = ot_scan(o, o->sd, fused ? &conv : NULL, err);
     unsetenv("MBD_SCAN_STEP");
     return rc;
@@ -409,7 +404,7 @@ static int op_table(const shape *sh, const mbd_mamba_config *c, mbd_dtype dt, mb
       const int nseq = k_ot_nseq[col], T = k_ot_T[col];
       const int star =
           (op == OT_XPROJ || op == OT_SCAN || op == OT_SCAN_ALT ||
-           op == OT_SCAN_STEP_OLD || op == OT_SCAN_STEP_LB6) && ot_fused(&o, nseq, T);
+           op == OT_SCAN_STEP_OLD) && ot_fused(&o, nseq, T);
       if (ot_runs(&o, op, nseq, T))
         printf(" %8.1f%c", us[op][col], star ? '*' : ' ');
       else

@@ -226,7 +226,7 @@ static float round_act(mbd_dtype act, float v) { return act == MBD_DTYPE_BF16 ? 
  * nseq - 1 - s of a state of nseq + 1 slots: y and the state against the
  * host's f32 arithmetic in the f32 route's order (mbd_cpu_scan_step's) with
  * each updated entry rounded to bf16 and the rounded value carried on, by
- * memcmp. pick: NULL, or "MBD_SCAN_PREFILL=old" / "MBD_SCAN_STEP=old|lb6", set
+ * memcmp. pick: NULL, or "MBD_SCAN_PREFILL=old|v0" / "MBD_SCAN_STEP=old", set
  * for the launch (the kernel it names instead of the default). */
 static void scan_case(int N, int R, int di, int T, int nseq, mbd_dtype act, const char *pick) {
   const int64_t nd = R + 2 * N, M = (int64_t)nseq * T, ldxz = 2 * di + 3, zoff = di;
@@ -335,8 +335,8 @@ static void scan_case(int N, int R, int di, int T, int nseq, mbd_dtype act, cons
 }
 
 /* The decode step (one sequence a block; 500..2000 sequences: streaming
- * ranges of 4 and 8 a block, also with MBD_SCAN_STEP=old and =lb6, the
- * previous form and the 6-block one), the prefill kernel (d_state 8 / 16,
+ * ranges of 4 and 8 a block, also with MBD_SCAN_STEP=old, the previous
+ * form at d_state 16 and bf16), the prefill kernel (d_state 8 / 16,
  * dt rank 4; also with MBD_SCAN_PREFILL=v0, its previous form) and the
  * chunked k_scan (the other shapes, and MBD_SCAN_PREFILL=old), over d_state 4..32, a
  * d_inner that fills no channel block, f32 and bf16. */
@@ -362,10 +362,10 @@ static void test_scan_op(void **state) {
       for (int ri = 0; ri < 2; ri++) {
         scan_case(16, 4 * ri + 4 + a, 200 + 37 * k, 1, nseqs[k], acts[a], NULL);
         scan_case(16, 4 * ri + 4 + a, 200 + 37 * k, 1, nseqs[k], acts[a],
-                  k % 2 ? "MBD_SCAN_STEP=lb6" : "MBD_SCAN_STEP=old");
+                  "MBD_SCAN_STEP=old");
       }
-  for (int k = 0; k < 3; k++) { /* 16-byte weight pieces */
-    const char *pick = k == 2 ? "MBD_SCAN_STEP=lb6" : k ? "MBD_SCAN_STEP=old" : NULL;
+  for (int k = 0; k < 2; k++) { /* 16-byte weight pieces */
+    const char *pick = k ? "MBD_SCAN_STEP=old" : NULL;
     scan_case(16, 64, 256, 1, 1100, MBD_DTYPE_BF16, pick);
     scan_case(16, 48, 384, 1, 900, MBD_DTYPE_F32, pick);
   }

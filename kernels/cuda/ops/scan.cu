@@ -370,7 +370,7 @@ __device__ __forceinline__ float sstep_one(float dt, const float *B, const float
  * [y nseq / G, (y + 1) nseq / G), G = gridDim.y <= nseq. The state is stored
  * as ST (sp_st), moved in srow's pieces. */
 template <int N, typename ActT, typename WT, int KC, int SQ, typename ST, int V>
-__global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : V == 2 ? 6 : 7)
+__global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
     k_scan_step(int nseq, int di, int R, const float *__restrict__ xc,
                 const float *__restrict__ dbl, const WT *__restrict__ dt_w,
                 const WT *__restrict__ dt_b, const float *__restrict__ A,
@@ -534,12 +534,28 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : V == 2 
             }
           }
         };
-        for (; k + 4 * PV <= R; k += 4 * PV) { /* four pieces' loads in flight */
-          uint4 rw[4];
+        if constexpr (NEW) { /* the next two pieces in flight while two are chained */
+          if (2 * PV <= R) {
+            uint4 c0 = *(const uint4 *)wr, c1 = *(const uint4 *)(wr + PV);
+            for (; k + 4 * PV <= R; k += 2 * PV) {
+              const uint4 n0 = *(const uint4 *)(wr + k + 2 * PV);
+              const uint4 n1 = *(const uint4 *)(wr + k + 3 * PV);
+              piece(c0, k);
+              piece(c1, k + PV);
+              c0 = n0, c1 = n1;
+            }
+            piece(c0, k);
+            piece(c1, k + PV);
+            k += 2 * PV;
+          }
+        } else {
+          for (; k + 4 * PV <= R; k += 4 * PV) { /* four pieces' loads in flight */
+            uint4 rw[4];
 #pragma unroll
-          for (int i = 0; i < 4; i++) rw[i] = *(const uint4 *)(wr + k + i * PV);
+            for (int i = 0; i < 4; i++) rw[i] = *(const uint4 *)(wr + k + i * PV);
 #pragma unroll
-          for (int i = 0; i < 4; i++) piece(rw[i], k + i * PV);
+            for (int i = 0; i < 4; i++) piece(rw[i], k + i * PV);
+          }
         }
         for (; k + PV <= R; k += PV) piece(*(const uint4 *)(wr + k), k);
       }
@@ -637,7 +653,7 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : V == 2 
 
 /* The decode step (T = 1): SSTEP_BT channels of one of G ranges of sequences
  * per block; KC: the fused conv's width (conv non-NULL), or 0; V: the
- * streaming kernel's form (sstep_form). */
+ * streaming kernel's form (1, or 0: sstep_old). */
 template <int N, typename ActT, int KC, int SQ, typename ST, int V>
 static int scan_step_launch_sq(cudaStream_t s, int nseq, int G, int di, int R, const float *xc,
                                const float *dbl, const ActT *dt_w, const ActT *dt_b,
@@ -695,15 +711,13 @@ static int sstep_blocks_per_sm(int R) {
   return bps;
 }
 
-/* The streaming decode step's form, from MBD_SCAN_STEP (read at each
- * launch; the bench's ablation rows): "old" its previous form (V = 0),
- * "lb6" the default sized for 6 resident blocks instead of 7 (V = 2, d_state
- * 16 only), else the default (V = 1). The same bits. */
-static int sstep_form(int N) {
+/* Whether MBD_SCAN_STEP=old (read at each launch; the bench's ablation
+ * rows) asks for the streaming step's previous form (V = 0), built for the
+ * models' shape only (d_state 16, bf16 activations; others take the
+ * default). The same bits. */
+static bool sstep_old(void) {
   const char *v = getenv("MBD_SCAN_STEP");
-  if (v && !strcmp(v, "old")) return 0;
-  if (v && !strcmp(v, "lb6") && N == 16) return 2;
-  return 1;
+  return v && !strcmp(v, "old");
 }
 
 /* The streaming kernel over G ranges, SQ the power of two from 2 to 8
@@ -752,10 +766,8 @@ static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float
   return scan_stream_launch<N, ActT, KC, ST, V_>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, \
                                                  ldxz, zoff, ssm_state, slot_stride, slots,     \
                                                  conv, y, err)
-  const int v = sstep_form(N);
-  if (v == 0) SSTEP_V(0);
-  if constexpr (N == 16)
-    if (v == 2) SSTEP_V(2);
+  if constexpr (N == 16 && std::is_same<ActT, __nv_bfloat16>::value)
+    if (sstep_old()) SSTEP_V(0);
   SSTEP_V(1);
 #undef SSTEP_V
 }
@@ -791,10 +803,11 @@ static int scan_launch(cudaStream_t s, int nseq, int T, int di, int R, const flo
                        const float *D, const float *xz, int64_t ldxz, int64_t zoff,
                        ST *ssm_state, int64_t slot_stride, const int32_t *slots,
                        const mbd_mops_conv *conv, ActT *y, mbd_error *err) {
-  if (T == 1 && conv)
-    return scan_step_launch<N, ActT, XPF_KC, ST>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz,
-                                                 ldxz, zoff, ssm_state, slot_stride, slots, conv,
-                                                 y, err);
+  if constexpr (!std::is_same<ActT, float>::value) /* (conv_fusable: 16-bit only) */
+    if (T == 1 && conv)
+      return scan_step_launch<N, ActT, XPF_KC, ST>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D,
+                                                   xz, ldxz, zoff, ssm_state, slot_stride, slots,
+                                                   conv, y, err);
   if (T == 1)
     return scan_step_launch<N, ActT, 0, ST>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz,
                                             zoff, ssm_state, slot_stride, slots, conv, y, err);

@@ -43,6 +43,10 @@ __device__ __forceinline__ float sp_silu(float x) {
   return __fdiv_rn(x, __fadd_rn(1.0f, sp_expf(-x)));
 }
 
+/* sp_softplus out of line: sp_softplus_group's rare path, one call per
+ * value instead of a copy of the whole function per group member. */
+static __device__ __noinline__ float sp_softplus_slow(float x) { return sp_softplus(x); }
+
 /* v[g] = mbd_pm_softplus(v[g]) for g < G, bit for bit, as one scheduling
  * region (silu_group's idea, kernels/cuda/ops/silu_group.cuh): where
  * x <= 20, |x| < 86 puts e = e^x in (0, inf) as a normal float
@@ -87,7 +91,7 @@ __device__ __forceinline__ void sp_softplus_group(float (&v)[G]) {
   }
   if (!ok) {
 #pragma unroll
-    for (int g = 0; g < G; g++) o[g] = sp_softplus(v[g]);
+    for (int g = 0; g < G; g++) o[g] = sp_softplus_slow(v[g]);
   }
 #pragma unroll
   for (int g = 0; g < G; g++) v[g] = o[g];

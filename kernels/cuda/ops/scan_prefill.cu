@@ -34,7 +34,7 @@ __host__ __device__ constexpr int sp_odd4(int n) { return 4 * (((n + 3) / 4) | 1
  *   w   [SP_CB][RP]       the block's dt_proj rows, widened, k-contiguous
  *   dt  [SP_CB][SP_TCP]   the chunk's dt, step-contiguous per channel
  *   hw  [NB][warps][32/N][CS] per warp: its channels' h_t, [step][HP] each
- *                         (NB = 2 buffers for V >= 2, else 1)
+ *                         (NB = 2 buffers for V = 1, else 1)
  *   y   [SP_TC][SP_CB+1]  the chunk's y (f32), written out after the chunk
  *   2 stage buffers of one chunk's inputs:
  *       d  [SP_TC][NDP]   x_proj rows (dt_low rounded to act in place, B, C)
@@ -68,13 +68,13 @@ struct sp_layout {
  *          ascending order, + D x, times SiLU(z) (scan_one_dt's order).
  * Steps past T in the last chunk run on stale or zeroed staged data and are
  * discarded (neither the state nor y sees them). The state is stored as ST
- * (sp_st: f32, or bf16 rounded after every step). The forms (V; the
- * earlier ones kept for the bench's ablation, MBD_SCAN_PREFILL=v0 / v1):
- * V >= 1: each thread rounds the dt_low pieces it staged and puts SiLU(z)
- * in place of the z it staged, a few side by side (silu_group), before the
- * chunk's first barrier (no round phase, one barrier fewer), and runs its
- * softplus side by side too (sp_softplus_group), so the y phase's chain no
- * longer waits on a SiLU of its own. V = 2 (the default): in a whole chunk
+ * (sp_st: f32, or bf16 rounded after every step). V = 1 (the default; V =
+ * 0, MBD_SCAN_PREFILL=v0, is the previous form, kept for the bench's
+ * ablation): each thread rounds the dt_low pieces it staged and puts
+ * SiLU(z) in place of the z it staged, a few side by side (silu_group),
+ * before the chunk's first barrier (no round phase, one barrier fewer),
+ * and runs its softplus side by side too (sp_softplus_group), so the y
+ * phase's chain no longer waits on a SiLU of its own; and in a whole chunk
  * whose exps are all short, run r's y phase is issued after run r + 1's
  * exps and recurrence, in one stretch of straight-line code (hw
  * double-buffered), so its dependent chain overlaps them. */
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
   static_assert(BS == 8 * TPT, "dt bands");
   extern __shared__ float4 sp_sm4[];
   float *sm = (float *)sp_sm4;
-  const L lay(R, V >= 2 ? 2 : 1);
+  const L lay(R, V > 0 ? 2 : 1);
   const int RP = lay.RP, NDP = lay.NDP, ND = R + 2 * N, ND4 = ND / 4, R4 = R / 4;
   float *sw = sm + lay.w, *sdt = sm + lay.dt, *sy = sm + lay.y;
   const int tid = threadIdx.x, w = tid >> 5, l = tid & 31;
@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
     }
     const bool all_fast = __syncthreads_and(fast);
     /* h, y: runs of N steps */
-    if constexpr (V >= 2) {
+    if constexpr (V > 0) {
       /* a whole chunk with every exp in the short range: run r's y phase is
        * done after run r + 1's exps and recurrence have been issued, in the
        * same straight-line code (hw double-buffered, one __syncwarp a run),
@@ -396,7 +396,7 @@ static int scan_prefill_launch_v(cudaStream_t s, int nseq, int T, int di, int R,
                                const float *A, const float *D, const float *xz, int64_t ldxz,
                                int64_t zoff, ST *ssm_state, int64_t slot_stride,
                                const int32_t *slots, ActT *y, mbd_error *err) {
-  const size_t sh = sizeof(float) * (size_t)sp_layout<N>(R, V >= 2 ? 2 : 1).total;
+  const size_t sh = sizeof(float) * (size_t)sp_layout<N>(R, V > 0 ? 2 : 1).total;
   int rc = allow_smem(k_scan_prefill<N, ActT, ST, V>, sh, err);
   if (rc < 0) return rc;
   /* a long, serial kernel: it waits for its predecessor normally (see
@@ -408,7 +408,7 @@ static int scan_prefill_launch_v(cudaStream_t s, int nseq, int T, int di, int R,
 }
 
 /* k_scan_prefill in the form MBD_SCAN_PREFILL picks (read at each launch):
- * "v0" / "v1" the earlier forms, else the default (V = 2); the same bits. */
+ * "v0" the previous form, else the default (V = 1); the same bits. */
 template <int N, typename ActT, typename ST>
 static int scan_prefill_launch(cudaStream_t s, int nseq, int T, int di, int R, const float *xc,
                                const float *dbl, const ActT *dt_w, const ActT *dt_b,
@@ -420,8 +420,7 @@ static int scan_prefill_launch(cudaStream_t s, int nseq, int T, int di, int R, c
                                                 ldxz, zoff, ssm_state, slot_stride, slots, y, err)
   const char *v = getenv("MBD_SCAN_PREFILL");
   if (v && !strcmp(v, "v0")) SP_V(0);
-  if (v && !strcmp(v, "v1")) SP_V(1);
-  SP_V(2);
+  SP_V(1);
 #undef SP_V
 }
 
