@@ -15,10 +15,11 @@
  *            docs/route.md "Mamba-1 with a bf16 state"): f32 (the
  *            default), bf16, or all (both, f32 first, for each shape and
  *            dtype); a bf16 state never runs the persistent decode (the model
- *            decodes per op there); the state column names it; a bf16 state
- *            also runs "det, pairs": deterministic with MBD_SCAN_STEP=pair
- *            (kernels/cuda/ops/scan.cu's lane-pair decode step; the same
- *            bits);
+ *            decodes per op there); the state column names it; each state
+ *            also runs "det, old scan": deterministic with MBD_SCAN_STEP=old
+ *            and MBD_SCAN_PREFILL=v0 (kernels/cuda/ops/scan.cu's streaming
+ *            decode step and scan_prefill.cu's kernel in their previous
+ *            forms; the same bits);
  *   --ops: first the per-launch time of each op of one 130m bf16 layer at M=1,
  *          with the separate conv and with the decode fusion (conv in x_proj
  *          and the scan);
@@ -39,15 +40,16 @@
  *               (layers x layer + the rest) and the tokens/s it implies;
  *               last, outside the sums, the prefill scan again with
  *               MBD_SCAN_PREFILL=old (scan.cu's k_scan instead of
- *               scan_prefill.cu's kernel; the same bits), on 16-bit
+ *               scan_prefill.cu's kernel; the same bits) and =v0 (that
+ *               kernel's previous form), on 16-bit
  *               routes x_proj with MBD_XPROJ_TILE=0, 1, 4 (k_xproj for
  *               every M, the previous tiles from 32 rows, k_xproj_rows at
  *               every M; the same bits), and both scans
  *               over the other state dtype ("scan, state f32|bf16", whose
  *               decode columns take the model's conv fusion too), and the
- *               bf16-state decode step with MBD_SCAN_STEP=pair (the lane
- *               pairs instead of k_scan_step's streaming kernel at d_state
- *               16 and large batches; the same bits).
+ *               decode step with MBD_SCAN_STEP=old (k_scan_step's streaming
+ *               kernel in its previous form, built for d_state 16 and bf16
+ *               only; the same bits; the table's state).
  * mbd_mops_conv_fused (kernels/cuda/ops/conv_xproj.h) picks the model's decode path;
  * MBD_BENCH_PROFILE_STEP: see profile_step. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
@@ -97,13 +99,14 @@ static int want_state[2] = {1, 0}; /* --state: f32, bf16 */
  * and (decode) the pick. */
 enum {
   OT_EMBED, OT_NORM, OT_IN, OT_CONV, OT_XPROJ, OT_SCAN, OT_OUT, OT_FNORM, OT_HEAD, OT_SAMPLE,
-  OT_SCAN_OLD, OT_SCAN_ALT, OT_SCAN_OLD_ALT, OT_SCAN_STEP_PAIR, OT_NOPS
+  OT_SCAN_OLD, OT_SCAN_ALT, OT_SCAN_OLD_ALT, OT_SCAN_STEP_OLD, OT_SCAN_PRE_V0,
+  OT_NOPS
 };
 static const char *const k_ot_names[OT_NOPS] = {
     "embed",     "add_rmsnorm",    "in_proj (gemm)", "conv_silu",         "x_proj",
     "scan (dt_proj+scan+D+gate)", "out_proj (gemm)", "final add_rmsnorm", "lm_head (gemm)",
     "sample", "scan, MBD_SCAN_PREFILL=old", NULL, NULL, /* the _ALT rows: ot_name */
-    "scan bf16 state, SCAN_STEP=pair"};
+    "scan, MBD_SCAN_STEP=old", "scan, MBD_SCAN_PREFILL=v0"};
 
 enum { OT_COLS = 5, OT_REPS = 10, OT_ROWS = 2048, OT_SLOTS = 256 };
 static const int k_ot_nseq[OT_COLS] = {1, 1, 8, 64, 256}, k_ot_T[OT_COLS] = {OT_ROWS, 1, 1, 1, 1};
@@ -148,8 +151,8 @@ static int ot_fused(const op_bench *o, int nseq, int T) {
 static int ot_runs(const op_bench *o, int op, int nseq, int T) {
   if (op == OT_CONV) return !ot_fused(o, nseq, T);
   if (op == OT_SAMPLE) return T == 1;
-  if (op == OT_SCAN_OLD || op == OT_SCAN_OLD_ALT) return T > 1;
-  if (op == OT_SCAN_STEP_PAIR) return T == 1;
+  if (op == OT_SCAN_OLD || op == OT_SCAN_OLD_ALT || op == OT_SCAN_PRE_V0) return T > 1;
+  if (op == OT_SCAN_STEP_OLD) return T == 1;
   return 1;
 }
 /* The row's name (the _ALT rows name their state dtype). */
@@ -204,6 +207,12 @@ static int run_op(void *arg, mbd_error *err) {
       return mbd_mops_conv_xproj(s, nseq, (int)di, &conv, o->xz, 2 * di, o->slots,
                                  (int)(R + 2 * N), o->dt, o->x_w, o->dbl, err);
     return mbd_mops_xproj(s, M, (int)di, (int)(R + 2 * N), o->dt, o->xc_act, o->x_w, o->dbl, err);
+  case OT_SCAN_PRE_V0: {
+    setenv("MBD_SCAN_PREFILL", "v0", 1);
+    int rc = ot_scan(o, o->sd, NULL, err);
+    unsetenv("MBD_SCAN_PREFILL");
+    return rc;
+  }
   case OT_SCAN_OLD:
   case OT_SCAN_OLD_ALT: {
     setenv("MBD_SCAN_PREFILL", "old", 1);
@@ -211,9 +220,9 @@ static int run_op(void *arg, mbd_error *err) {
     unsetenv("MBD_SCAN_PREFILL");
     return rc;
   }
-  case OT_SCAN_STEP_PAIR: {
-    setenv("MBD_SCAN_STEP", "pair", 1);
-    int rc = ot_scan(o, MBD_STATE_BF16, fused ? &conv : NULL, err);
+  case OT_SCAN_STEP_OLD: {
+    setenv("MBD_SCAN_STEP", "old", 1);
+    int rc = ot_scan(o, o->sd, fused ? &conv : NULL, err);
     unsetenv("MBD_SCAN_STEP");
     return rc;
   }
@@ -394,7 +403,7 @@ static int op_table(const shape *sh, const mbd_mamba_config *c, mbd_dtype dt, mb
       const int nseq = k_ot_nseq[col], T = k_ot_T[col];
       const int star =
           (op == OT_XPROJ || op == OT_SCAN || op == OT_SCAN_ALT ||
-           op == OT_SCAN_STEP_PAIR) && ot_fused(&o, nseq, T);
+           op == OT_SCAN_STEP_OLD) && ot_fused(&o, nseq, T);
       if (ot_runs(&o, op, nseq, T))
         printf(" %8.1f%c", us[op][col], star ? '*' : ' ');
       else
@@ -485,9 +494,10 @@ static int bench_one(const shape *sh, mbd_dtype dt, mbd_state_dtype sd, int reps
   const size_t wb = mbd_mamba1_gpu_weight_bytes(m), sb = rb[0] + rb[1];
   const char *st = mbd_state_dtype_name(sd);
   double res[2][5] = {{0}};
-  /* mode 2 (a bf16 state): deterministic again with MBD_SCAN_STEP=pair, the
-   * decode graphs captured anew with the lane-pair step */
-  const int nmodes = sd == MBD_STATE_BF16 ? 3 : 2;
+  /* mode 2: deterministic again with MBD_SCAN_STEP=old and
+   * MBD_SCAN_PREFILL=v0, the decode graphs captured anew with the previous
+   * decode step */
+  const int nmodes = 3;
   for (int mode = 0; mode < nmodes; mode++) {
     if (mode == 1) {
       if (mbd_gpu_ctx_set_mode(ctx, MBD_GEMM_CUBLAS_FAST, &err)) {
@@ -499,7 +509,8 @@ static int bench_one(const shape *sh, mbd_dtype dt, mbd_state_dtype sd, int reps
     }
     if (mode == 2) {
       CK(mbd_gpu_ctx_set_mode(ctx, MBD_GEMM_DETERMINISTIC, &err));
-      setenv("MBD_SCAN_STEP", "pair", 1);
+      setenv("MBD_SCAN_STEP", "old", 1);
+      setenv("MBD_SCAN_PREFILL", "v0", 1);
       mbd_mamba1_gpu_set_graphs(m, 0);
       mbd_mamba1_gpu_set_graphs(m, 1);
     }
@@ -536,7 +547,7 @@ static int bench_one(const shape *sh, mbd_dtype dt, mbd_state_dtype sd, int reps
       free(lg);
     }
     pre = 2048 / (mbd_bench_median(t, pr) * 1e-3);
-    const char *mname = mode == 2 ? "det, pairs" : mode ? "cublas-fast" : "deterministic";
+    const char *mname = mode == 2 ? "det, old scan" : mode ? "cublas-fast" : "deterministic";
     printf("%-5s %-4s %-5s %-13s | %9.0f %9.0f %9.0f %9.0f | %9.0f\n", sh->name,
            mbd_dtype_name(dt), st, mname, dec[0], dec[1], dec[2], dec[3], pre);
     if (mode < 2)
@@ -546,6 +557,7 @@ static int bench_one(const shape *sh, mbd_dtype dt, mbd_state_dtype sd, int reps
     fflush(stdout);
   }
   unsetenv("MBD_SCAN_STEP");
+  unsetenv("MBD_SCAN_PREFILL");
   if (res[1][0] > 0) {
     printf("%-5s %-4s %-5s %-13s |", sh->name, mbd_dtype_name(dt), st, "det/cublas");
     for (int k = 0; k < 5; k++) printf(" %9.2f%s", res[0][k] / res[1][k], k == 3 ? " |" : "");

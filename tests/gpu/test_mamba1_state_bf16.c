@@ -127,7 +127,7 @@ static float round_act(mbd_dtype act, float v) { return act == MBD_DTYPE_BF16 ? 
  * nseq - 1 - s of a state of nseq + 1 slots: y and the state against the
  * host's f32 arithmetic in the f32 route's order (mbd_cpu_scan_step's) with
  * each updated entry rounded to bf16 and the rounded value carried on, by
- * memcmp. pick: NULL, or "MBD_SCAN_PREFILL=old" / "MBD_SCAN_STEP=pair", set
+ * memcmp. pick: NULL, or "MBD_SCAN_PREFILL=old|v0" / "MBD_SCAN_STEP=old", set
  * for the launch (the kernel it names instead of the default). */
 static void scan_case(int N, int R, int di, int T, int nseq, mbd_dtype act, const char *pick) {
   const int64_t nd = R + 2 * N, M = (int64_t)nseq * T, ldxz = 2 * di + 3, zoff = di;
@@ -236,9 +236,10 @@ static void scan_case(int N, int R, int di, int T, int nseq, mbd_dtype act, cons
 }
 
 /* The decode step (one sequence a block; 500..2000 sequences: streaming
- * ranges of 4 and 8 a block, and for d_state 16 with MBD_SCAN_STEP=pair the
- * lane pairs), the prefill kernel (d_state 8 / 16, dt rank 4) and the chunked
- * k_scan (the other shapes, and MBD_SCAN_PREFILL=old), over d_state 4..32, a
+ * ranges of 4 and 8 a block, also with MBD_SCAN_STEP=old, the previous
+ * form at d_state 16 and bf16), the prefill kernel (d_state 8 / 16,
+ * dt rank 4; also with MBD_SCAN_PREFILL=v0, its previous form) and the
+ * chunked k_scan (the other shapes, and MBD_SCAN_PREFILL=old), over d_state 4..32, a
  * d_inner that fills no channel block, f32 and bf16. */
 static void test_scan_op(void **state) {
   (void)state;
@@ -250,6 +251,7 @@ static void test_scan_op(void **state) {
         scan_case(Ns[ni], Rs[ri], 200, 1, 3, acts[a], NULL);
         scan_case(Ns[ni], Rs[ri], 200, 37, 3, acts[a], NULL);
         scan_case(Ns[ni], Rs[ri], 200, 37, 2, acts[a], "MBD_SCAN_PREFILL=old");
+        scan_case(Ns[ni], Rs[ri], 200, 37, 2, acts[a], "MBD_SCAN_PREFILL=v0");
       }
   for (int ni = 0; ni < 4; ni++) {
     scan_case(Ns[ni], 4, 200, 1, 600, MBD_DTYPE_BF16, NULL);
@@ -261,10 +263,10 @@ static void test_scan_op(void **state) {
       for (int ri = 0; ri < 2; ri++) {
         scan_case(16, 4 * ri + 4 + a, 200 + 37 * k, 1, nseqs[k], acts[a], NULL);
         scan_case(16, 4 * ri + 4 + a, 200 + 37 * k, 1, nseqs[k], acts[a],
-                  "MBD_SCAN_STEP=pair");
+                  "MBD_SCAN_STEP=old");
       }
   for (int k = 0; k < 2; k++) { /* 16-byte weight pieces */
-    const char *pick = k ? "MBD_SCAN_STEP=pair" : NULL;
+    const char *pick = k ? "MBD_SCAN_STEP=old" : NULL;
     scan_case(16, 64, 256, 1, 1100, MBD_DTYPE_BF16, pick);
     scan_case(16, 48, 384, 1, 900, MBD_DTYPE_F32, pick);
   }
@@ -377,16 +379,16 @@ static void test_long_prefill(void **state) {
 /* Batched steps of n = 2..256 sequences: every slot equals its solo run
  * (one sequence a block; on the wide model, batches of 64 and more in the
  * decode kernel's streaming ranges of 2, 4 and 8 sequences a block, with the
- * conv fused at 64, and again with MBD_SCAN_STEP=pair: the lane pairs); bf16
+ * conv fused at 64, and again with MBD_SCAN_STEP=old: the previous form); bf16
  * weights (the fused conv at small batches). */
 static void test_batch_invariance(void **state) {
   (void)state;
   for (int c = 0; c <= SYN_WIDE + 1; c++) {
     /* the decode graphs are captured with the kernel the variable picks */
-    if (c == SYN_WIDE + 1) setenv("MBD_SCAN_STEP", "pair", 1);
+    if (c == SYN_WIDE + 1) setenv("MBD_SCAN_STEP", "old", 1);
     mbd_backend *gb = backend(MBD_POLICY_BF16);
     const int m = c > SYN_WIDE ? SYN_WIDE : c;
-    const char *how = c > SYN_WIDE ? ", MBD_SCAN_STEP=pair" : "";
+    const char *how = c > SYN_WIDE ? ", MBD_SCAN_STEP=old" : "";
     mbd_bmodel *gm = bc_load(gb, g_dirs[m]);
     char what[64];
     snprintf(what, sizeof what, "model %d%s", m, how);

@@ -11,6 +11,7 @@
 #include "kernels/cuda/ops/scan.h"
 #include "kernels/cuda/ops/scan_exp.cuh"
 #include "kernels/cuda/ops/scan_prefill.h"
+#include "kernels/cuda/ops/silu_group.cuh"
 
 #define SCAN_THREADS 128 /* threads per chunked-scan block: 128 / N channels x N states */
 #define SCAN_TC 16 /* time steps staged per chunk */
@@ -163,7 +164,13 @@ __global__ void __launch_bounds__(SCAN_THREADS)
  * two shared-memory buffers, so a warp never waits on a load it could have
  * issued earlier, and the data in flight takes no registers. Each warp moves
  * and stores the rows of its own 32 channels, lane l the 16-byte pieces l,
- * l + 32, ... (coalesced), so it synchronises only with itself.
+ * l + 32, ... (coalesced), so it synchronises only with itself. Its
+ * default form (V > 0; V = 0, MBD_SCAN_STEP=old, is the previous one, kept
+ * for the bench's ablation) spends fewer instructions a step: the group's
+ * gates SiLU(z) run side by side (silu_group) while the dt chains are
+ * done, B and C are staged 16-byte aligned for float4 reads, and a bf16
+ * state is rounded two entries per instruction, whose packed words are
+ * stored as they are (sstep_one).
  *
  * SQ = 1 (small batches, a range of one sequence, latency-bound): the
  * block's dt_proj rows are copied to shared memory before the PDL wait,
@@ -299,12 +306,59 @@ __host__ __device__ constexpr int sstep_nx(int KC) { return 2 + (KC > 0 ? KC - 1
 
 /* Shared memory of k_scan_step, in floats: the SQ staged x_proj rows, then
  * SQ = 1: the block's weights; SQ > 1: two stage buffers of state rows (N
- * entries of ES bytes) and x / z / window rows, and the SQ sequences' dt. */
-__host__ __device__ constexpr size_t sstep_smem_floats(int N, int KC, int SQ, int R, int ES) {
+ * entries of ES bytes) and x / z / window rows, the SQ sequences' dt and
+ * (OLD false) their gates. */
+__host__ __device__ constexpr size_t sstep_smem_floats(int N, int KC, int SQ, int R, int ES,
+                                                       bool OLD) {
   return (size_t)SQ * ((R + 2 * N + 3) & ~3) +
          (SQ == 1 ? (size_t)SSTEP_BT * (R + 1)
                   : 2 * (size_t)SSTEP_BT * ((size_t)N * ES / 4 + sstep_nx(KC)) +
-                        (size_t)SQ * SSTEP_BT);
+                        (size_t)(OLD ? 1 : 2) * SQ * SSTEP_BT);
+}
+
+/* One streamed step of one channel (k_scan_step, SQ > 1, V > 0):
+ * sp_one_dt's statements, with B and C read as float4 (16-byte aligned),
+ * the gate g = SiLU(z) computed beforehand (silu_group), and a bf16 state's
+ * entries rounded in pairs by one cvt.rn.bf16x2.f32 (each entry rounded to
+ * nearest even, as __float2bfloat16_rn rounds it): w[j] holds entries 2j
+ * (low half) and 2j + 1, the words srow_put would store. */
+template <int N, typename ST>
+__device__ __forceinline__ float sstep_one(float dt, const float *B, const float *C,
+                                           const float (&a)[N], float amax, float d, float x,
+                                           float g, float (&h)[N], uint32_t (&w)[N / 2]) {
+  if (sp_exp_fast(__fmul_rn(dt, amax))) {
+#pragma unroll
+    for (int n = 0; n < N; n += 4) {
+      const float4 b4 = *(const float4 *)(B + n);
+      const float bv[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+        h[n + i] = __fmaf_rn(sp_exp_in_range(__fmul_rn(dt, a[n + i])), h[n + i],
+                             __fmul_rn(__fmul_rn(dt, bv[i]), x));
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < N; n++) h[n] = scan_state(dt, a[n], B[n], x, h[n]);
+  }
+  if constexpr (!std::is_same<ST, float>::value) {
+#pragma unroll
+    for (int j = 0; j < N / 2; j++) {
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[j]) : "f"(h[2 * j + 1]), "f"(h[2 * j]));
+      h[2 * j] = __uint_as_float(w[j] << 16);
+      h[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    }
+  }
+  float acc = 0.0f;
+#pragma unroll
+  for (int n = 0; n < N; n += 4) {
+    const float4 c4 = *(const float4 *)(C + n);
+    acc = __fmaf_rn(h[n], c4.x, acc);
+    acc = __fmaf_rn(h[n + 1], c4.y, acc);
+    acc = __fmaf_rn(h[n + 2], c4.z, acc);
+    acc = __fmaf_rn(h[n + 3], c4.w, acc);
+  }
+  acc = __fmaf_rn(d, x, acc);
+  return __fmul_rn(acc, g);
 }
 
 /* KC > 0 (the decode fusion, after k_conv_xproj): x is not read from xc but
@@ -315,7 +369,7 @@ __host__ __device__ constexpr size_t sstep_smem_floats(int N, int KC, int SQ, in
  * it is read in 16-byte pieces. Block y runs the sequences
  * [y nseq / G, (y + 1) nseq / G), G = gridDim.y <= nseq. The state is stored
  * as ST (sp_st), moved in srow's pieces. */
-template <int N, typename ActT, typename WT, int KC, int SQ, typename ST>
+template <int N, typename ActT, typename WT, int KC, int SQ, typename ST, int V>
 __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
     k_scan_step(int nseq, int di, int R, const float *__restrict__ xc,
                 const float *__restrict__ dbl, const WT *__restrict__ dt_w,
@@ -338,6 +392,10 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
   /* SQ > 1: [2][NX][SSTEP_BT] x, z, window taps */
   float *sxz = sw + 2 * SSTEP_BT * N * (int)sizeof(ST) / 4;
   float *sdt = sxz + 2 * NX * SSTEP_BT; /* SQ > 1: [SQ][SSTEP_BT] the group's dt */
+  float *sgz = sdt + SQ * SSTEP_BT;     /* SQ > 1, V > 0: [SQ][SSTEP_BT] their gates */
+  constexpr bool NEW = SQ > 1 && V > 0;
+  /* NEW: B and C staged from the first multiple of 4 at or after R (16-byte aligned) */
+  const int RB = NEW ? (R + 3) & ~3 : R;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int c0 = blockIdx.x * SSTEP_BT, c = c0 + tid;
   const int wc0 = c0 + 32 * warp; /* the warp's first channel */
@@ -382,7 +440,7 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
       } else {
         cp_async4(sx, xc + (int64_t)s * di + cc);
       }
-      cp_async4(sx + SSTEP_BT, xz + (int64_t)s * ldxz + zoff + cc);
+      if constexpr (!NEW) cp_async4(sx + SSTEP_BT, xz + (int64_t)s * ldxz + zoff + cc);
     }
     cp_async_commit();
   };
@@ -397,10 +455,22 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
   for (int q0 = sb; q0 < se; q0 += SQ) {
     const int nq = min(SQ, se - q0);
     if (q0 != sb) __syncthreads(); /* the previous group's rows are read */
-    for (int e = tid; e < nq * ND; e += SSTEP_BT) {
-      const int q = e / ND, k = e - q * ND;
-      const float v = dbl[(int64_t)(q0 + q) * ND + k];
-      sd[q * NDP + k] = k < R ? round_act<ActT>(v) : v;
+    if constexpr (NEW) { /* the group's rows by cp.async, all in flight, then dt_low rounded */
+      for (int q = 0; q < nq; q++)
+        for (int k = tid; k < ND; k += SSTEP_BT)
+          cp_async4(sd + q * NDP + (k < R ? k : k + RB - R), dbl + (int64_t)(q0 + q) * ND + k);
+      cp_async_commit();
+      cp_async_wait_group<0>(); /* (the next sequence's rows too, if in flight) */
+      if constexpr (!std::is_same<ActT, float>::value)
+        for (int q = 0; q < nq; q++)
+          for (int k = tid; k < R; k += SSTEP_BT)
+            sd[q * NDP + k] = round_act<ActT>(sd[q * NDP + k]);
+    } else {
+      for (int e = tid; e < nq * ND; e += SSTEP_BT) {
+        const int q = e / ND, k = e - q * ND;
+        const float v = dbl[(int64_t)(q0 + q) * ND + k];
+        sd[q * NDP + k] = k < R ? round_act<ActT>(v) : v;
+      }
     }
     __syncthreads();
     if constexpr (SQ == 1) {
@@ -464,12 +534,28 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
             }
           }
         };
-        for (; k + 4 * PV <= R; k += 4 * PV) { /* four pieces' loads in flight */
-          uint4 rw[4];
+        if constexpr (NEW) { /* the next two pieces in flight while two are chained */
+          if (2 * PV <= R) {
+            uint4 c0 = *(const uint4 *)wr, c1 = *(const uint4 *)(wr + PV);
+            for (; k + 4 * PV <= R; k += 2 * PV) {
+              const uint4 n0 = *(const uint4 *)(wr + k + 2 * PV);
+              const uint4 n1 = *(const uint4 *)(wr + k + 3 * PV);
+              piece(c0, k);
+              piece(c1, k + PV);
+              c0 = n0, c1 = n1;
+            }
+            piece(c0, k);
+            piece(c1, k + PV);
+            k += 2 * PV;
+          }
+        } else {
+          for (; k + 4 * PV <= R; k += 4 * PV) { /* four pieces' loads in flight */
+            uint4 rw[4];
 #pragma unroll
-          for (int i = 0; i < 4; i++) rw[i] = *(const uint4 *)(wr + k + i * PV);
+            for (int i = 0; i < 4; i++) rw[i] = *(const uint4 *)(wr + k + i * PV);
 #pragma unroll
-          for (int i = 0; i < 4; i++) piece(rw[i], k + i * PV);
+            for (int i = 0; i < 4; i++) piece(rw[i], k + i * PV);
+          }
         }
         for (; k + PV <= R; k += PV) piece(*(const uint4 *)(wr + k), k);
       }
@@ -482,9 +568,26 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
         }
       }
       /* each thread's dt of the group's sequences, in its own column */
+      if constexpr (NEW) { /* softplus and SiLU(z) of the group, side by side */
+        float zg[SQ]; /* the group's z, loaded under the softplus */
 #pragma unroll
-      for (int q = 0; q < SQ; q++)
-        if (q < nq) sdt[q * SSTEP_BT + tid] = sp_softplus(__fadd_rn(acc[q], bdt));
+        for (int q = 0; q < SQ; q++)
+          zg[q] = q < nq ? xz[(int64_t)(q0 + q) * ldxz + zoff + cc] : 0.0f;
+#pragma unroll
+        for (int q = 0; q < SQ; q++) acc[q] = __fadd_rn(acc[q], bdt);
+        sp_softplus_group<SQ>(acc);
+#pragma unroll
+        for (int q = 0; q < SQ; q++)
+          if (q < nq) sdt[q * SSTEP_BT + tid] = acc[q];
+        silu_group<SQ>(zg);
+#pragma unroll
+        for (int q = 0; q < SQ; q++)
+          if (q < nq) sgz[q * SSTEP_BT + tid] = zg[q];
+      } else {
+#pragma unroll
+        for (int q = 0; q < SQ; q++)
+          if (q < nq) sdt[q * SSTEP_BT + tid] = sp_softplus(__fadd_rn(acc[q], bdt));
+      }
       for (int q = 0; q < nq; q++) {
         const int s = q0 + q, b = (s - sb) & 1;
         fetch(s + 1, b ^ 1);
@@ -510,11 +613,28 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
 #pragma unroll
         for (int p = 0; p < NP; p++) srow_ld<ST, EP>(hs + EP * (p ^ sw_t), h + EP * p);
         const float *row = sd + q * NDP;
-        const float v = sp_one_dt<N, ST>(sdt[q * SSTEP_BT + tid], row + R, row + R + N, a,
-                                         amax, d, x, sx[SSTEP_BT], h);
-        if (live) st_act(y + (int64_t)s * di + c, v);
+        if constexpr (NEW) {
+          uint32_t w[N / 2];
+          const float v = sstep_one<N, ST>(sdt[q * SSTEP_BT + tid], row + RB, row + RB + N, a,
+                                           amax, d, x, sgz[q * SSTEP_BT + tid], h, w);
+          if (live) st_act(y + (int64_t)s * di + c, v);
 #pragma unroll
-        for (int p = 0; p < NP; p++) srow_put<ST, EP>(hs + EP * (p ^ sw_t), h + EP * p);
+          for (int p = 0; p < NP; p++) {
+            ST *dp = hs + EP * (p ^ sw_t);
+            if constexpr (std::is_same<ST, float>::value)
+              srow_put<ST, EP>(dp, h + EP * p);
+            else if constexpr (EP == 8)
+              *(uint4 *)dp = make_uint4(w[4 * p], w[4 * p + 1], w[4 * p + 2], w[4 * p + 3]);
+            else
+              *(uint2 *)dp = make_uint2(w[2 * p], w[2 * p + 1]);
+          }
+        } else {
+          const float v = sp_one_dt<N, ST>(sdt[q * SSTEP_BT + tid], row + R, row + R + N, a,
+                                           amax, d, x, sx[SSTEP_BT], h);
+          if (live) st_act(y + (int64_t)s * di + c, v);
+#pragma unroll
+          for (int p = 0; p < NP; p++) srow_put<ST, EP>(hs + EP * (p ^ sw_t), h + EP * p);
+        }
         __syncwarp(); /* the warp's new rows are in shared memory */
         ST *g = ssm_state + (int64_t)slots[s] * slot_stride;
         const ST *src = sst + (b * SSTEP_BT + 32 * warp) * N;
@@ -531,212 +651,10 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
   }
 }
 
-/* The decode step over a bf16 state of d_state 16 at batches the streaming
- * kernel above would take, where MBD_SCAN_STEP=pair asks for it (spair_on):
- * k_scan_step's arithmetic, statement for statement,
- * with each channel's state split over a pair of lanes, lane j of the pair
- * owning entries 8 j .. 8 j + 7 (one 16-byte piece). Both lanes run the
- * updates of their own entries; the C chain, from 0 over the 16 entries in
- * ascending order, runs over lane 0's entries and then, from lane 0's partial
- * sum (a shuffle), over lane 1's, which finishes y. The group's dt chains are
- * split between the lanes by sequence (lane j: sequences j, j + 2, ..), each
- * chain one sequence's alone in k order as before, and shared through shared
- * memory, and so are the inputs x (with the conv fused: its output, the
- * window advanced there) and the gate SiLU(z) (lane j: the same sequences).
- * A lane holds half the state and half the chains of k_scan_step's thread,
- * so more warps fit an SM, and its piece moves straight between global
- * memory and registers, the next sequence's loaded while the current one
- * computes. Block y runs the sequences [y nseq / G, (y + 1) nseq / G); which
- * lanes, blocks or ranges run what changes no bits. */
-#define SPAIR_BT 128             /* threads per block: SPAIR_BT / 2 channels */
-#define SPAIR_MINB 8             /* blocks per SM the registers are sized for */
-__host__ __device__ constexpr size_t spair_smem_floats(int SQ, int R) {
-  return (size_t)SQ * ((R + 2 * 16 + 3) & ~3) + 3 * (size_t)SQ * (SPAIR_BT / 2);
-}
-template <typename ActT, typename WT, int KC, int SQ>
-__global__ void __launch_bounds__(SPAIR_BT, SPAIR_MINB)
-    k_scan_step_pair(int nseq, int di, int R, const float *__restrict__ xc,
-                     const float *__restrict__ dbl, const WT *__restrict__ dt_w,
-                     const WT *__restrict__ dt_b, const float *__restrict__ A,
-                     const float *__restrict__ Dv, const float *__restrict__ xz, int64_t ldxz,
-                     int64_t zoff, __nv_bfloat16 *__restrict__ ssm_state, int64_t slot_stride,
-                     const int32_t *__restrict__ slots, const float *__restrict__ cw,
-                     const float *__restrict__ cb, float *__restrict__ cstate, int64_t cslot,
-                     ActT *__restrict__ y, int vec) {
-  constexpr int N = 16, NL = 8, CB = SPAIR_BT / 2, QL = SQ / 2; /* chains per lane */
-  constexpr int PV = 16 / sizeof(WT);
-  extern __shared__ float4 pair_sm4[];
-  const int ND = R + 2 * N;
-  const int NDP = (ND + 3) & ~3;
-  float *sd = (float *)pair_sm4; /* [SQ][NDP]: round_act(dt_low), B, C */
-  float *sdt = sd + SQ * NDP;    /* [SQ][CB] the group's dt */
-  float *sgz = sdt + SQ * CB;    /* [SQ][CB] the group's SiLU(z) */
-  float *sxv = sgz + SQ * CB;    /* [SQ][CB] the group's x */
-  const int tid = threadIdx.x, j = tid & 1, cl = tid >> 1;
-  const int c0 = blockIdx.x * CB, c = c0 + cl;
-  const int sb = (int)((int64_t)blockIdx.y * nseq / gridDim.y);
-  const int se = (int)((int64_t)(blockIdx.y + 1) * nseq / gridDim.y);
-  const bool live = c < di;
-  const int cc = live ? c : di - 1;
-  float a[NL];
-  ld_f32x(A + (int64_t)cc * N + NL * j, a);
-  const float amax = sp_absmax(a); /* over this lane's entries: the same bits either way */
-  const float d = Dv[cc];
-  const float bdt = ld_f32(dt_b + cc);
-  const WT *wr = dt_w + (int64_t)cc * R;
-  float wk[KC > 0 ? KC : 1], cbias = 0.0f;
-  if constexpr (KC > 0) {
-#pragma unroll
-    for (int i = 0; i < KC; i++) wk[i] = cw[(int64_t)i * di + cc];
-    if (cb) cbias = cb[cc];
-  }
-  { /* the block's dt_proj rows (contiguous) toward L2, all at once */
-    const char *g = (const char *)(dt_w + (int64_t)c0 * R);
-    const int bytes = min(CB, di - c0) * R * (int)sizeof(WT);
-    for (int o = tid * 128; o < bytes; o += SPAIR_BT * 128) prefetch_l2(g + o);
-  }
-  pdl_wait(); /* activations and state only from here on */
-  pdl_trigger();
-  /* sequence s's piece of this lane, into registers, and where it is */
-  uint4 st_n = make_uint4(0, 0, 0, 0);
-  __nv_bfloat16 *g_n = nullptr;
-  auto fetch = [&](int s) {
-    if (s >= se) return;
-    g_n = ssm_state + (int64_t)slots[s] * slot_stride + (int64_t)cc * N + NL * j;
-    st_n = *(const uint4 *)g_n;
-  };
-  fetch(sb);
-  for (int q0 = sb; q0 < se; q0 += SQ) {
-    const int nq = min(SQ, se - q0);
-    if (q0 != sb) __syncthreads(); /* the previous group's rows, dt, x and gates are read */
-    for (int q = 0; q < nq; q++) {
-      const float *src = dbl + (int64_t)(q0 + q) * ND;
-      for (int k = tid; k < ND; k += SPAIR_BT) {
-        const float v = src[k];
-        sd[q * NDP + k] = k < R ? round_act<ActT>(v) : v;
-      }
-    }
-    __syncthreads();
-    /* dt chains: from 0 over k ascending, one per sequence (scan_dt's);
-     * this lane's sequences j, j + 2, .. of the group */
-    {
-      float acc[QL];
-#pragma unroll
-      for (int i = 0; i < QL; i++) acc[i] = 0.0f;
-      int k = 0;
-      if (vec) {
-        const auto piece = [&](const uint4 &raw, int k) {
-          const WT *wp = (const WT *)&raw;
-          float w[PV];
-#pragma unroll
-          for (int i = 0; i < PV; i++) w[i] = ld_f32(wp + i);
-#pragma unroll
-          for (int i = 0; i < QL; i++) {
-            if (j + 2 * i >= nq) break;
-            const float4 *dq = (const float4 *)(sd + (j + 2 * i) * NDP + k);
-#pragma unroll
-            for (int j4 = 0; j4 < PV / 4; j4++) {
-              const float4 v = dq[j4];
-              acc[i] = __fmaf_rn(v.x, w[4 * j4], acc[i]);
-              acc[i] = __fmaf_rn(v.y, w[4 * j4 + 1], acc[i]);
-              acc[i] = __fmaf_rn(v.z, w[4 * j4 + 2], acc[i]);
-              acc[i] = __fmaf_rn(v.w, w[4 * j4 + 3], acc[i]);
-            }
-          }
-        };
-        for (; k + 4 * PV <= R; k += 4 * PV) { /* four pieces' loads in flight */
-          uint4 rw[4];
-#pragma unroll
-          for (int i = 0; i < 4; i++) rw[i] = *(const uint4 *)(wr + k + i * PV);
-#pragma unroll
-          for (int i = 0; i < 4; i++) piece(rw[i], k + i * PV);
-        }
-        for (; k + PV <= R; k += PV) piece(*(const uint4 *)(wr + k), k);
-      }
-      for (; k < R; k++) {
-        const float w = ld_f32(wr + k);
-#pragma unroll
-        for (int i = 0; i < QL; i++) {
-          if (j + 2 * i >= nq) break;
-          acc[i] = __fmaf_rn(sd[(j + 2 * i) * NDP + k], w, acc[i]);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < QL; i++)
-        if (j + 2 * i < nq) sdt[(j + 2 * i) * CB + cl] = sp_softplus(__fadd_rn(acc[i], bdt));
-    }
-    /* x (xc, or the conv over xz's x part and the window, which advances in
-     * place: this thread is the only one on its slot and channel) and the
-     * gate of this lane's sequences */
-#pragma unroll
-    for (int i = 0; i < QL; i++) {
-      const int q = j + 2 * i, s = q0 + q;
-      if (q >= nq) break;
-      const float z = xz[(int64_t)s * ldxz + zoff + cc];
-      float x;
-      if constexpr (KC > 0) {
-        const float xin = xz[(int64_t)s * ldxz + cc];
-        float *cs = cstate + (int64_t)slots[s] * cslot + cc;
-        float win[KC - 1];
-#pragma unroll
-        for (int t = 0; t < KC - 1; t++) win[t] = cs[(int64_t)t * di];
-        x = conv_silu_out<KC>(wk, win, xin, cb != nullptr, cbias);
-        if (live) {
-#pragma unroll
-          for (int t = 0; t + 1 < KC - 1; t++) cs[(int64_t)t * di] = win[t + 1];
-          cs[(int64_t)(KC - 2) * di] = xin;
-        }
-      } else {
-        x = xc[(int64_t)s * di + cc];
-      }
-      sxv[q * CB + cl] = x;
-      sgz[q * CB + cl] = sp_silu(z);
-    }
-    __syncwarp(); /* the pair's dt, x and gates are in shared memory (a pair is in one warp) */
-    for (int q = 0; q < nq; q++) {
-      const int s = q0 + q;
-      const uint4 st_c = st_n;
-      __nv_bfloat16 *const g = g_n;
-      fetch(s + 1); /* the next sequence's piece in flight while this one runs */
-      const float x = sxv[q * CB + cl];
-      float h[NL];
-      srow_ld<__nv_bfloat16, NL>((const __nv_bfloat16 *)&st_c, h);
-      const float dt = sdt[q * CB + cl];
-      const float *row = sd + q * NDP, *B = row + R + NL * j, *C = row + R + N + NL * j;
-      if (sp_exp_fast(__fmul_rn(dt, amax))) {
-#pragma unroll
-        for (int n = 0; n < NL; n++) {
-          const float dA = sp_exp_in_range(__fmul_rn(dt, a[n]));
-          h[n] = sp_st<__nv_bfloat16>::rnd(
-              __fmaf_rn(dA, h[n], __fmul_rn(__fmul_rn(dt, B[n]), x)));
-        }
-      } else {
-#pragma unroll
-        for (int n = 0; n < NL; n++)
-          h[n] = sp_st<__nv_bfloat16>::rnd(scan_state(dt, a[n], B[n], x, h[n]));
-      }
-      /* the C chain: lane 0's entries from 0, then lane 1's from lane 0's sum */
-      float p = 0.0f;
-#pragma unroll
-      for (int n = 0; n < NL; n++) p = __fmaf_rn(h[n], C[n], p);
-      float acc = __shfl_sync(0xffffffffu, p, tid & 31 & ~1);
-#pragma unroll
-      for (int n = 0; n < NL; n++) acc = __fmaf_rn(h[n], C[n], acc);
-      acc = __fmaf_rn(d, x, acc);
-      const float v = __fmul_rn(acc, sgz[q * CB + cl]);
-      if (live) { /* (live: g is this channel's) */
-        if (j == 1) st_act(y + (int64_t)s * di + c, v);
-        uint4 o;
-        srow_put<__nv_bfloat16, NL>((__nv_bfloat16 *)&o, h);
-        *(uint4 *)g = o;
-      }
-    }
-  }
-}
-
 /* The decode step (T = 1): SSTEP_BT channels of one of G ranges of sequences
- * per block; KC: the fused conv's width (conv non-NULL), or 0. */
-template <int N, typename ActT, int KC, int SQ, typename ST>
+ * per block; KC: the fused conv's width (conv non-NULL), or 0; V: the
+ * streaming kernel's form (1, or 0: sstep_old). */
+template <int N, typename ActT, int KC, int SQ, typename ST, int V>
 static int scan_step_launch_sq(cudaStream_t s, int nseq, int G, int di, int R, const float *xc,
                                const float *dbl, const ActT *dt_w, const ActT *dt_b,
                                const float *A, const float *D, const float *xz, int64_t ldxz,
@@ -744,14 +662,14 @@ static int scan_step_launch_sq(cudaStream_t s, int nseq, int G, int di, int R, c
                                const int32_t *slots, const mbd_mops_conv *conv, ActT *y,
                                mbd_error *err) {
   const dim3 grid((unsigned)((di + SSTEP_BT - 1) / SSTEP_BT), (unsigned)G);
-  const size_t sh = sizeof(float) * sstep_smem_floats(N, KC, SQ, R, (int)sizeof(ST));
+  const size_t sh = sizeof(float) * sstep_smem_floats(N, KC, SQ, R, (int)sizeof(ST), V == 0);
   const int vec = ((uintptr_t)dt_w & 15) == 0 && (R * (int)sizeof(ActT)) % 16 == 0;
   const float *cw = conv ? conv->w : NULL, *cb = conv ? conv->bias : NULL;
   float *cst = conv ? conv->state : NULL;
   const int64_t cslot = conv ? conv->slot_stride : 0;
-  int rc = allow_smem(k_scan_step<N, ActT, ActT, KC, SQ, ST>, sh, err);
+  int rc = allow_smem(k_scan_step<N, ActT, ActT, KC, SQ, ST, V>, sh, err);
   if (rc < 0) return rc;
-  return launch_pdl("selective scan (step)", k_scan_step<N, ActT, ActT, KC, SQ, ST>, grid,
+  return launch_pdl("selective scan (step)", k_scan_step<N, ActT, ActT, KC, SQ, ST, V>, grid,
                     dim3(SSTEP_BT), sh, s, err, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz,
                     zoff, ssm_state, slot_stride, slots, cw, cb, cst, cslot, y, vec);
 }
@@ -769,21 +687,21 @@ static int sstep_sms(void) {
   return sms;
 }
 
-/* Blocks of k_scan_step<N, ActT, KC, SQ, ST> resident per SM at dt rank R,
- * asked once per instantiation and R (after allowing the kernel its shared
- * memory, as the launch does; 1 if the query fails). */
-template <int N, typename ActT, int KC, int SQ, typename ST>
+/* Blocks of k_scan_step<N, ActT, KC, SQ, ST, V> resident per SM at dt rank
+ * R, asked once per instantiation and R (after allowing the kernel its
+ * shared memory, as the launch does; 1 if the query fails). */
+template <int N, typename ActT, int KC, int SQ, typename ST, int V>
 static int sstep_blocks_per_sm(int R) {
   static int bps, bps_r;
   if (!bps || bps_r != R) {
-    const size_t sh = sizeof(float) * sstep_smem_floats(N, KC, SQ, R, (int)sizeof(ST));
+    const size_t sh = sizeof(float) * sstep_smem_floats(N, KC, SQ, R, (int)sizeof(ST), V == 0);
     int v = 0;
     if ((sh > 48 * 1024 &&
-         cudaFuncSetAttribute(k_scan_step<N, ActT, ActT, KC, SQ, ST>,
+         cudaFuncSetAttribute(k_scan_step<N, ActT, ActT, KC, SQ, ST, V>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                               (int)sh) != cudaSuccess) ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k_scan_step<N, ActT, ActT, KC, SQ, ST>,
-                                                      SSTEP_BT, sh) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &v, k_scan_step<N, ActT, ActT, KC, SQ, ST, V>, SSTEP_BT, sh) != cudaSuccess ||
         v <= 0) {
       (void)cudaGetLastError();
       v = 1;
@@ -793,108 +711,31 @@ static int sstep_blocks_per_sm(int R) {
   return bps;
 }
 
-/* k_scan_step_pair over G ranges of sequences. */
-template <typename ActT, int KC, int SQ>
-static int scan_pair_launch_sq(cudaStream_t s, int nseq, int G, int di, int R, const float *xc,
-                               const float *dbl, const ActT *dt_w, const ActT *dt_b,
-                               const float *A, const float *D, const float *xz, int64_t ldxz,
-                               int64_t zoff, __nv_bfloat16 *ssm_state, int64_t slot_stride,
-                               const int32_t *slots, const mbd_mops_conv *conv, ActT *y,
-                               mbd_error *err) {
-  const dim3 grid((unsigned)((di + SPAIR_BT / 2 - 1) / (SPAIR_BT / 2)), (unsigned)G);
-  const size_t sh = sizeof(float) * spair_smem_floats(SQ, R);
-  const int vec = ((uintptr_t)dt_w & 15) == 0 && (R * (int)sizeof(ActT)) % 16 == 0;
-  const float *cw = conv ? conv->w : NULL, *cb = conv ? conv->bias : NULL;
-  float *cst = conv ? conv->state : NULL;
-  const int64_t cslot = conv ? conv->slot_stride : 0;
-  int rc = allow_smem(k_scan_step_pair<ActT, ActT, KC, SQ>, sh, err);
-  if (rc < 0) return rc;
-  return launch_pdl("selective scan (step, lane pairs)", k_scan_step_pair<ActT, ActT, KC, SQ>,
-                    grid, dim3(SPAIR_BT), sh, s, err, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz,
-                    ldxz, zoff, ssm_state, slot_stride, slots, cw, cb, cst, cslot, y, vec);
-}
-
-/* Blocks of k_scan_step_pair<ActT, KC, SQ> resident per SM at dt rank R (as
- * sstep_blocks_per_sm). */
-template <typename ActT, int KC, int SQ>
-static int spair_blocks_per_sm(int R) {
-  static int bps, bps_r;
-  if (!bps || bps_r != R) {
-    const size_t sh = sizeof(float) * spair_smem_floats(SQ, R);
-    int v = 0;
-    if ((sh > 48 * 1024 &&
-         cudaFuncSetAttribute(k_scan_step_pair<ActT, ActT, KC, SQ>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)sh) != cudaSuccess) ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k_scan_step_pair<ActT, ActT, KC, SQ>,
-                                                      SPAIR_BT, sh) != cudaSuccess ||
-        v <= 0) {
-      (void)cudaGetLastError();
-      v = 1;
-    }
-    bps = v, bps_r = R;
-  }
-  return bps;
-}
-
-/* The lane-pair kernel over as many ranges as fill every SM once, as the
- * streaming kernel's choice below. */
-template <typename ActT, int KC>
-static int scan_pair_launch(cudaStream_t s, int nseq, int di, int R, const float *xc,
-                            const float *dbl, const ActT *dt_w, const ActT *dt_b, const float *A,
-                            const float *D, const float *xz, int64_t ldxz, int64_t zoff,
-                            __nv_bfloat16 *ssm_state, int64_t slot_stride, const int32_t *slots,
-                            const mbd_mops_conv *conv, ActT *y, mbd_error *err) {
-#define SPAIR_SQ(SQ, G)                                                                        \
-  return scan_pair_launch_sq<ActT, KC, SQ>(s, nseq, (int)(G), di, R, xc, dbl, dt_w, dt_b, A, D, \
-                                           xz, ldxz, zoff, ssm_state, slot_stride, slots, conv, \
-                                           y, err)
-  const int64_t cblocks = (di + SPAIR_BT / 2 - 1) / (SPAIR_BT / 2);
-  int64_t G = sstep_sms() * spair_blocks_per_sm<ActT, KC, 8>(R) / cblocks;
-  if (G > nseq) G = nseq;
-  if (G < 1) G = 1;
-  const int64_t per = (nseq + G - 1) / G;
-  if (per > 4) SPAIR_SQ(8, G);
-  if (per > 2) SPAIR_SQ(4, G);
-  SPAIR_SQ(2, G);
-#undef SPAIR_SQ
-}
-
-/* Whether MBD_SCAN_STEP=pair (read at each launch) puts a bf16 state of
- * d_state 16 on the lane pairs instead of k_scan_step's streaming kernel
- * (the default); the same bits. */
-static bool spair_on(void) {
+/* Whether MBD_SCAN_STEP=old (read at each launch; the bench's ablation
+ * rows) asks for the streaming step's previous form (V = 0), built for the
+ * models' shape only (d_state 16, bf16 activations; others take the
+ * default). The same bits. */
+static bool sstep_old(void) {
   const char *v = getenv("MBD_SCAN_STEP");
-  return v && !strcmp(v, "pair");
+  return v && !strcmp(v, "old");
 }
 
-/* One sequence per block with the staged weights (SQ = 1) while that grid
- * fits on the SMs at once. Otherwise the streaming kernel over sequence
- * ranges: as many as fill every SM with resident blocks once (resident
- * blocks / channel blocks, at most one per sequence), split as evenly as
- * possible so that all blocks end together, instead of a grid of short
- * blocks whose last wave leaves SMs idle; SQ the power of two from 2 to 8
- * covering the longest range (a longer one runs its dt chains 8 sequences at
- * a time). With spair_on, a bf16 state of d_state 16 takes k_scan_step_pair
- * there instead. */
-template <int N, typename ActT, int KC, typename ST>
-static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float *xc,
-                            const float *dbl, const ActT *dt_w, const ActT *dt_b, const float *A,
-                            const float *D, const float *xz, int64_t ldxz, int64_t zoff,
-                            ST *ssm_state, int64_t slot_stride, const int32_t *slots,
-                            const mbd_mops_conv *conv, ActT *y, mbd_error *err) {
-#define SSTEP_SQ(SQ, G)                                                                          \
-  return scan_step_launch_sq<N, ActT, KC, SQ, ST>(s, nseq, (int)(G), di, R, xc, dbl, dt_w, dt_b, \
-                                                  A, D, xz, ldxz, zoff, ssm_state, slot_stride,  \
-                                                  slots, conv, y, err)
-  const int64_t cblocks = (di + SSTEP_BT - 1) / SSTEP_BT, sms = sstep_sms();
-  if (cblocks * nseq <= sms * sstep_blocks_per_sm<N, ActT, KC, 1, ST>(R)) SSTEP_SQ(1, nseq);
-  if constexpr (N == 16 && std::is_same<ST, __nv_bfloat16>::value) {
-    if (spair_on())
-      return scan_pair_launch<ActT, KC>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz, zoff,
-                                        ssm_state, slot_stride, slots, conv, y, err);
-  }
-  int64_t G = sms * sstep_blocks_per_sm<N, ActT, KC, 8, ST>(R) / cblocks;
+/* The streaming kernel over G ranges, SQ the power of two from 2 to 8
+ * covering the longest range (a longer one runs its dt chains 8 sequences
+ * at a time). */
+template <int N, typename ActT, int KC, typename ST, int V>
+static int scan_stream_launch(cudaStream_t s, int nseq, int di, int R, const float *xc,
+                              const float *dbl, const ActT *dt_w, const ActT *dt_b,
+                              const float *A, const float *D, const float *xz, int64_t ldxz,
+                              int64_t zoff, ST *ssm_state, int64_t slot_stride,
+                              const int32_t *slots, const mbd_mops_conv *conv, ActT *y,
+                              mbd_error *err) {
+#define SSTEP_SQ(SQ, G)                                                                        \
+  return scan_step_launch_sq<N, ActT, KC, SQ, ST, V>(s, nseq, (int)(G), di, R, xc, dbl, dt_w, \
+                                                       dt_b, A, D, xz, ldxz, zoff, ssm_state,   \
+                                                       slot_stride, slots, conv, y, err)
+  const int64_t cblocks = (di + SSTEP_BT - 1) / SSTEP_BT;
+  int64_t G = sstep_sms() * sstep_blocks_per_sm<N, ActT, KC, 8, ST, V>(R) / cblocks;
   if (G > nseq) G = nseq;
   if (G < 1) G = 1;
   const int64_t per = (nseq + G - 1) / G; /* the longest range */
@@ -902,6 +743,33 @@ static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float
   if (per > 2) SSTEP_SQ(4, G);
   SSTEP_SQ(2, G);
 #undef SSTEP_SQ
+}
+
+/* One sequence per block with the staged weights (SQ = 1) while that grid
+ * fits on the SMs at once. Otherwise the streaming kernel over sequence
+ * ranges: as many as fill every SM with resident blocks once (resident
+ * blocks / channel blocks, at most one per sequence), split as evenly as
+ * possible so that all blocks end together, instead of a grid of short
+ * blocks whose last wave leaves SMs idle. */
+template <int N, typename ActT, int KC, typename ST>
+static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float *xc,
+                            const float *dbl, const ActT *dt_w, const ActT *dt_b, const float *A,
+                            const float *D, const float *xz, int64_t ldxz, int64_t zoff,
+                            ST *ssm_state, int64_t slot_stride, const int32_t *slots,
+                            const mbd_mops_conv *conv, ActT *y, mbd_error *err) {
+  const int64_t cblocks = (di + SSTEP_BT - 1) / SSTEP_BT;
+  if (cblocks * nseq <= sstep_sms() * sstep_blocks_per_sm<N, ActT, KC, 1, ST, 1>(R))
+    return scan_step_launch_sq<N, ActT, KC, 1, ST, 1>(s, nseq, nseq, di, R, xc, dbl, dt_w,
+                                                          dt_b, A, D, xz, ldxz, zoff, ssm_state,
+                                                          slot_stride, slots, conv, y, err);
+#define SSTEP_V(V_)                                                                             \
+  return scan_stream_launch<N, ActT, KC, ST, V_>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, \
+                                                 ldxz, zoff, ssm_state, slot_stride, slots,     \
+                                                 conv, y, err)
+  if constexpr (N == 16 && std::is_same<ActT, __nv_bfloat16>::value)
+    if (sstep_old()) SSTEP_V(0);
+  SSTEP_V(1);
+#undef SSTEP_V
 }
 
 /* The chunked scan (T > 1). It is a long, serial kernel: launched early
@@ -935,10 +803,11 @@ static int scan_launch(cudaStream_t s, int nseq, int T, int di, int R, const flo
                        const float *D, const float *xz, int64_t ldxz, int64_t zoff,
                        ST *ssm_state, int64_t slot_stride, const int32_t *slots,
                        const mbd_mops_conv *conv, ActT *y, mbd_error *err) {
-  if (T == 1 && conv)
-    return scan_step_launch<N, ActT, XPF_KC, ST>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz,
-                                                 ldxz, zoff, ssm_state, slot_stride, slots, conv,
-                                                 y, err);
+  if constexpr (!std::is_same<ActT, float>::value) /* (conv_fusable: 16-bit only) */
+    if (T == 1 && conv)
+      return scan_step_launch<N, ActT, XPF_KC, ST>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D,
+                                                   xz, ldxz, zoff, ssm_state, slot_stride, slots,
+                                                   conv, y, err);
   if (T == 1)
     return scan_step_launch<N, ActT, 0, ST>(s, nseq, di, R, xc, dbl, dt_w, dt_b, A, D, xz, ldxz,
                                             zoff, ssm_state, slot_stride, slots, conv, y, err);

@@ -5,6 +5,7 @@
 #define MBD_OPS_SCAN_EXP_CUH
 
 #include "kernels/cuda/mops_arith.cuh"
+#include "kernels/cuda/ops/silu_group.cuh"
 
 /* mbd_pm_expf(x) for |x| < 86, bit for bit: the same range reduction and
  * polynomial; there k = j lies in [-124, 124] and e = e^r in [0.7, 1.42], so
@@ -40,6 +41,60 @@ __device__ __forceinline__ float sp_softplus(float x) {
 }
 __device__ __forceinline__ float sp_silu(float x) {
   return __fdiv_rn(x, __fadd_rn(1.0f, sp_expf(-x)));
+}
+
+/* sp_softplus out of line: sp_softplus_group's rare path, one call per
+ * value instead of a copy of the whole function per group member. */
+static __device__ __noinline__ float sp_softplus_slow(float x) { return sp_softplus(x); }
+
+/* v[g] = mbd_pm_softplus(v[g]) for g < G, bit for bit, as one scheduling
+ * region (silu_group's idea, kernels/cuda/ops/silu_group.cuh): where
+ * x <= 20, |x| < 86 puts e = e^x in (0, inf) as a normal float
+ * (sp_exp_in_range gives mbd_pm_expf's bits), so mbd_pm_log1pf(e) takes
+ * none of its early returns, and its two quotients c0 / u (u = 1 + e >= 1)
+ * and f / (2 + f) are silu_div_fast's correctly rounded ones where
+ * silu_div_fast_ok says so; x > 20 gives x. One branch per group recomputes
+ * the whole group with sp_softplus when a value needs more (NaN included). */
+template <int G>
+__device__ __forceinline__ void sp_softplus_group(float (&v)[G]) {
+  float o[G];
+  bool ok = true;
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    const float x = v[g];
+    const float y = sp_exp_in_range(x);
+    /* mbd_pm_log1pf(y), statement for statement */
+    const float u = __fadd_rn(1.0f, y);
+    const float c0 = y > 1.0f ? __fadd_rn(1.0f, -__fadd_rn(u, -y))
+                              : __fadd_rn(y, -__fadd_rn(u, -1.0f));
+    const uint32_t iu = __float_as_uint(u) + (0x3f800000u - 0x3f3504f3u);
+    const int32_t k = (int32_t)(iu >> 23) - 127;
+    const float m = __uint_as_float((iu & 0x007fffffu) + 0x3f3504f3u);
+    const float f = __fadd_rn(m, -1.0f);
+    const float c = silu_div_fast(c0, u);
+    const float f2 = __fadd_rn(2.0f, f);
+    const float s = silu_div_fast(f, f2);
+    const float z = __fmul_rn(s, s);
+    float p = __fmaf_rn(z, 0x1.ddd5dap-3f, 0x1.245c22p-2f);
+    p = __fmaf_rn(z, p, 0x1.9999ecp-2f);
+    p = __fmaf_rn(z, p, 0x1.555556p-1f);
+    const float R = __fmul_rn(z, p);
+    const float hf = __fmul_rn(0.5f, f);
+    const float kf = (float)k;
+    const float lo = __fmaf_rn(kf, -0x1.05c610p-29f, c);
+    const float t = __fmaf_rn(s, __fmaf_rn(hf, f, R), lo);
+    const float w = __fmaf_rn(hf, f, -t);
+    const float l1p = __fmaf_rn(kf, 0x1.62e430p-1f, __fadd_rn(f, -w));
+    const bool big = x > 20.0f;
+    o[g] = big ? x : l1p;
+    ok = ok & (big | (sp_exp_fast(x) & silu_div_fast_ok(c0, u) & silu_div_fast_ok(f, f2)));
+  }
+  if (!ok) {
+#pragma unroll
+    for (int g = 0; g < G; g++) o[g] = sp_softplus_slow(v[g]);
+  }
+#pragma unroll
+  for (int g = 0; g < G; g++) v[g] = o[g];
 }
 
 /* Storage of one SSM state entry, ST float or __nv_bfloat16: rnd rounds an

@@ -10,6 +10,9 @@
  * short exact path (sp_exp_in_range), untested when the dt phase has shown
  * that every argument of the chunk is in its range, and the dt_proj chains
  * run two to four per thread over 16-byte loads of weights and inputs. */
+#include <stdlib.h>
+#include <string.h>
+
 #include <type_traits>
 
 #include "kernels/cuda/ops/common.cuh"
@@ -30,7 +33,8 @@ __host__ __device__ constexpr int sp_odd4(int n) { return 4 * (((n + 3) / 4) | 1
 /* The layout of the kernel's shared memory, in floats (sp_layout<N>(R)):
  *   w   [SP_CB][RP]       the block's dt_proj rows, widened, k-contiguous
  *   dt  [SP_CB][SP_TCP]   the chunk's dt, step-contiguous per channel
- *   hw  [warps][32/N][CS] per warp: its channels' h_t, [step][HP] each
+ *   hw  [NB][warps][32/N][CS] per warp: its channels' h_t, [step][HP] each
+ *                         (NB = 2 buffers for V = 1, else 1)
  *   y   [SP_TC][SP_CB+1]  the chunk's y (f32), written out after the chunk
  *   2 stage buffers of one chunk's inputs:
  *       d  [SP_TC][NDP]   x_proj rows (dt_low rounded to act in place, B, C)
@@ -40,10 +44,11 @@ template <int N>
 struct sp_layout {
   static constexpr int NT = SP_CB * N, HP = N + 4, CS = N * HP + N, WA = (32 / N) * CS;
   static constexpr int SYP = SP_CB + 1;
+  static constexpr int HWB = (NT / 32) * WA; /* one hw buffer */
   int RP, NDP, w, dt, hw, y, stage, stage_floats, total;
-  __host__ __device__ explicit sp_layout(int R)
+  __host__ __device__ sp_layout(int R, int NB)
       : RP(sp_odd4(R)), NDP(sp_odd4(R + 2 * N)), w(0), dt(SP_CB * RP), hw(dt + SP_CB * SP_TCP),
-        y(hw + (NT / 32) * WA), stage(y + ((SP_TC * SYP + 3) & ~3)),
+        y(hw + NB * HWB), stage(y + ((SP_TC * SYP + 3) & ~3)),
         stage_floats(SP_TC * NDP + N * SP_TCP + 2 * SP_CB * SP_TCP),
         total(stage + 2 * stage_floats) {}
 };
@@ -63,8 +68,17 @@ struct sp_layout {
  *          ascending order, + D x, times SiLU(z) (scan_one_dt's order).
  * Steps past T in the last chunk run on stale or zeroed staged data and are
  * discarded (neither the state nor y sees them). The state is stored as ST
- * (sp_st: f32, or bf16 rounded after every step). */
-template <int N, typename ActT, typename ST>
+ * (sp_st: f32, or bf16 rounded after every step). V = 1 (the default; V =
+ * 0, MBD_SCAN_PREFILL=v0, is the previous form, kept for the bench's
+ * ablation): each thread rounds the dt_low pieces it staged and puts
+ * SiLU(z) in place of the z it staged, a few side by side (silu_group),
+ * before the chunk's first barrier (no round phase, one barrier fewer),
+ * and runs its softplus side by side too (sp_softplus_group), so the y
+ * phase's chain no longer waits on a SiLU of its own; and in a whole chunk
+ * whose exps are all short, run r's y phase is issued after run r + 1's
+ * exps and recurrence, in one stretch of straight-line code (hw
+ * double-buffered), so its dependent chain overlaps them. */
+template <int N, typename ActT, typename ST, int V>
 __global__ void __launch_bounds__(SP_CB *N, 2)
     k_scan_prefill(int T, int di, int R, const float *__restrict__ xc,
                    const float *__restrict__ dbl, const ActT *__restrict__ dt_w,
@@ -80,7 +94,7 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
   static_assert(BS == 8 * TPT, "dt bands");
   extern __shared__ float4 sp_sm4[];
   float *sm = (float *)sp_sm4;
-  const L lay(R);
+  const L lay(R, V > 0 ? 2 : 1);
   const int RP = lay.RP, NDP = lay.NDP, ND = R + 2 * N, ND4 = ND / 4, R4 = R / 4;
   float *sw = sm + lay.w, *sdt = sm + lay.dt, *sy = sm + lay.y;
   const int tid = threadIdx.x, w = tid >> 5, l = tid & 31;
@@ -162,13 +176,47 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
 
   for (int q = 0; q < nchunk; q++) {
     cp_async_wait_group<0>();
+    if constexpr (V > 0) {
+      /* each thread's own copies of chunk q (stage's walks) are visible to it:
+       * their dt_low rounded to act in place, and SiLU(z) in place of z, a
+       * few side by side, before the barrier publishes them */
+      float *sd = sm + lay.stage + (q & 1) * lay.stage_floats, *sbt = sd + SP_TC * NDP,
+            *szt = sbt + N * SP_TCP + SP_CB * SP_TCP;
+      if constexpr (!std::is_same<ActT, float>::value) {
+        const int tc = min(SP_TC, T - q * SP_TC);
+        for (int t = nd_t0, p = nd_p0; t < tc;) {
+          if (p < R4) {
+            float4 *v = (float4 *)(sd + t * NDP + 4 * p);
+            float4 u = *v;
+            u.x = round_act<ActT>(u.x), u.y = round_act<ActT>(u.y);
+            u.z = round_act<ActT>(u.z), u.w = round_act<ActT>(u.w);
+            *v = u;
+          }
+          t += nd_dt, p += nd_dp;
+          if (p >= ND4) p -= ND4, t++;
+        }
+      }
+      constexpr int GZ = SP_CB * SP_TC / NT; /* z of step e / SP_CB, channel e % SP_CB */
+      float g[GZ];
+#pragma unroll
+      for (int i = 0; i < GZ; i++) {
+        const int e = tid + i * NT;
+        g[i] = szt[(e % SP_CB) * SP_TCP + e / SP_CB];
+      }
+      silu_group<GZ>(g);
+#pragma unroll
+      for (int i = 0; i < GZ; i++) {
+        const int e = tid + i * NT;
+        szt[(e % SP_CB) * SP_TCP + e / SP_CB] = g[i];
+      }
+    }
     __syncthreads(); /* chunk q visible; chunk q - 1 done: its buffer, sdt, sy free */
     if (q > 0) write_out(q - 1);
     if (q + 1 < nchunk) stage(q + 1);
     float *sd = sm + lay.stage + (q & 1) * lay.stage_floats, *sbt = sd + SP_TC * NDP,
           *sxt = sbt + N * SP_TCP, *szt = sxt + SP_CB * SP_TCP;
     const int tc = min(SP_TC, T - q * SP_TC);
-    if constexpr (!std::is_same<ActT, float>::value) {
+    if constexpr (V == 0 && !std::is_same<ActT, float>::value) {
       for (int t = r_t0, p = r_p0; t < SP_TC;) {
         float4 *v = (float4 *)(sd + t * NDP + 4 * p);
         float4 u = *v;
@@ -201,13 +249,76 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
       }
 #pragma unroll
       for (int i = 0; i < TPT; i++) {
-        const float v = sp_softplus(__fadd_rn(acc[i], bdt));
-        fast &= sp_exp_fast(__fmul_rn(v, amax));
-        sdt[dc * SP_TCP + dt0 + 8 * i] = v;
+        if constexpr (V > 0)
+          acc[i] = __fadd_rn(acc[i], bdt);
+        else
+          acc[i] = sp_softplus(__fadd_rn(acc[i], bdt));
+      }
+      if constexpr (V > 0) sp_softplus_group<TPT>(acc);
+#pragma unroll
+      for (int i = 0; i < TPT; i++) {
+        fast &= sp_exp_fast(__fmul_rn(acc[i], amax));
+        sdt[dc * SP_TCP + dt0 + 8 * i] = acc[i];
       }
     }
     const bool all_fast = __syncthreads_and(fast);
     /* h, y: runs of N steps */
+    if constexpr (V > 0) {
+      /* a whole chunk with every exp in the short range: run r's y phase is
+       * done after run r + 1's exps and recurrence have been issued, in the
+       * same straight-line code (hw double-buffered, one __syncwarp a run),
+       * so its dependent chain overlaps them */
+      if (all_fast && tc == SP_TC) {
+        constexpr int NR = SP_TC / N;
+        const auto exps_rec = [&](int tb, float *hb) {
+          const float *pdt = sdt + hc * SP_TCP + tb, *pb = sbt + n * SP_TCP + tb,
+                      *px = sxt + hc * SP_TCP + tb;
+          float dA[N], u[N];
+#pragma unroll
+          for (int j = 0; j < N; j += 4) {
+            const float4 t4 = sp_ld4(pdt + j), b4 = sp_ld4(pb + j), x4 = sp_ld4(px + j);
+            const float tv[4] = {t4.x, t4.y, t4.z, t4.w}, bv[4] = {b4.x, b4.y, b4.z, b4.w},
+                        xv[4] = {x4.x, x4.y, x4.z, x4.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+              dA[j + i] = sp_exp_in_range(__fmul_rn(tv[i], a));
+              u[j + i] = __fmul_rn(__fmul_rn(tv[i], bv[i]), xv[i]);
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < N; j++) {
+            h = sp_st<ST>::rnd(__fmaf_rn(dA[j], h, u[j]));
+            hb[j * L::HP + n] = h;
+          }
+        };
+        const auto yrun = [&](int tb, const float *hb) {
+          const int t = tb + n;
+          const float *hr = hb + n * L::HP, *C = sd + t * NDP + R + N;
+          float acc = 0.0f;
+#pragma unroll
+          for (int m = 0; m < N; m += 4) {
+            const float4 h4 = sp_ld4(hr + m), c4 = sp_ld4(C + m);
+            acc = __fmaf_rn(h4.x, c4.x, acc);
+            acc = __fmaf_rn(h4.y, c4.y, acc);
+            acc = __fmaf_rn(h4.z, c4.z, acc);
+            acc = __fmaf_rn(h4.w, c4.w, acc);
+          }
+          const float x = sxt[hc * SP_TCP + t], g = szt[hc * SP_TCP + t];
+          acc = __fmaf_rn(d, x, acc);
+          sy[t * L::SYP + hc] = __fmul_rn(acc, g);
+        };
+        exps_rec(0, hw);
+        __syncwarp(); /* run 0's h_t are in buffer 0 */
+#pragma unroll
+        for (int r = 1; r < NR; r++) {
+          yrun((r - 1) * N, hw + ((r - 1) & 1) * L::HWB);
+          exps_rec(r * N, hw + (r & 1) * L::HWB);
+          __syncwarp(); /* run r's h_t are in; run r - 1's buffer is free */
+        }
+        yrun((NR - 1) * N, hw + ((NR - 1) & 1) * L::HWB);
+        continue;
+      }
+    }
     for (int tb = 0; tb < tc; tb += N) {
       const float *pdt = sdt + hc * SP_TCP + tb, *pb = sbt + n * SP_TCP + tb,
                   *px = sxt + hc * SP_TCP + tb;
@@ -269,7 +380,7 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
         }
         const float x = sxt[hc * SP_TCP + t], z = szt[hc * SP_TCP + t];
         acc = __fmaf_rn(d, x, acc);
-        sy[t * L::SYP + hc] = __fmul_rn(acc, sp_silu(z));
+        sy[t * L::SYP + hc] = __fmul_rn(acc, V > 0 ? z : sp_silu(z)); /* V > 0: z holds SiLU(z) */
       }
       __syncwarp(); /* hw free for the next run */
     }
@@ -279,21 +390,38 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
   if (live) sp_st<ST>::put(hp, h);
 }
 
+template <int N, typename ActT, typename ST, int V>
+static int scan_prefill_launch_v(cudaStream_t s, int nseq, int T, int di, int R, const float *xc,
+                               const float *dbl, const ActT *dt_w, const ActT *dt_b,
+                               const float *A, const float *D, const float *xz, int64_t ldxz,
+                               int64_t zoff, ST *ssm_state, int64_t slot_stride,
+                               const int32_t *slots, ActT *y, mbd_error *err) {
+  const size_t sh = sizeof(float) * (size_t)sp_layout<N>(R, V > 0 ? 2 : 1).total;
+  int rc = allow_smem(k_scan_prefill<N, ActT, ST, V>, sh, err);
+  if (rc < 0) return rc;
+  /* a long, serial kernel: it waits for its predecessor normally (see
+   * scan.cu's chunked launch) */
+  return launch_ex(false, "selective scan (prefill)", k_scan_prefill<N, ActT, ST, V>,
+                   dim3((unsigned)((di + SP_CB - 1) / SP_CB), (unsigned)nseq),
+                   dim3((unsigned)(SP_CB * N)), sh, s, err, T, di, R, xc, dbl, dt_w, dt_b, A, D,
+                   xz, ldxz, zoff, ssm_state, slot_stride, slots, y);
+}
+
+/* k_scan_prefill in the form MBD_SCAN_PREFILL picks (read at each launch):
+ * "v0" the previous form, else the default (V = 1); the same bits. */
 template <int N, typename ActT, typename ST>
 static int scan_prefill_launch(cudaStream_t s, int nseq, int T, int di, int R, const float *xc,
                                const float *dbl, const ActT *dt_w, const ActT *dt_b,
                                const float *A, const float *D, const float *xz, int64_t ldxz,
                                int64_t zoff, ST *ssm_state, int64_t slot_stride,
                                const int32_t *slots, ActT *y, mbd_error *err) {
-  const size_t sh = sizeof(float) * (size_t)sp_layout<N>(R).total;
-  int rc = allow_smem(k_scan_prefill<N, ActT, ST>, sh, err);
-  if (rc < 0) return rc;
-  /* a long, serial kernel: it waits for its predecessor normally (see
-   * scan.cu's chunked launch) */
-  return launch_ex(false, "selective scan (prefill)", k_scan_prefill<N, ActT, ST>,
-                   dim3((unsigned)((di + SP_CB - 1) / SP_CB), (unsigned)nseq),
-                   dim3((unsigned)(SP_CB * N)), sh, s, err, T, di, R, xc, dbl, dt_w, dt_b, A, D,
-                   xz, ldxz, zoff, ssm_state, slot_stride, slots, y);
+#define SP_V(V_)                                                                                 \
+  return scan_prefill_launch_v<N, ActT, ST, V_>(s, nseq, T, di, R, xc, dbl, dt_w, dt_b, A, D, xz, \
+                                                ldxz, zoff, ssm_state, slot_stride, slots, y, err)
+  const char *v = getenv("MBD_SCAN_PREFILL");
+  if (v && !strcmp(v, "v0")) SP_V(0);
+  SP_V(1);
+#undef SP_V
 }
 
 /* The device's shared memory per block (opt-in), read once; 48 KiB if the
@@ -315,7 +443,7 @@ static size_t sp_smem_max(void) {
 
 extern "C" int mbd_mops_scan_prefill_fits(int N, int R, const float *dbl) {
   if (!(N == 8 || N == 16) || R <= 0 || R % 4 || R > 4096 || ((uintptr_t)dbl & 15)) return 0;
-  const int fl = N == 8 ? sp_layout<8>(R).total : sp_layout<16>(R).total;
+  const int fl = N == 8 ? sp_layout<8>(R, 2).total : sp_layout<16>(R, 2).total;
   const size_t sh = sizeof(float) * (size_t)fl;
   return sh <= sp_smem_max();
 }
