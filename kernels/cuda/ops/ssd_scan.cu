@@ -30,6 +30,7 @@
 #include "kernels/cuda/ops/cp_async.cuh"
 #include "kernels/cuda/ops/ssd_scan.h"
 #include "kernels/cuda/ops/ssd_chunk.h"
+#include "kernels/cuda/ops/ssd_common.cuh"
 #include "kernels/cuda/ops/ssd_prefill.h"
 
 #include <type_traits>
@@ -776,6 +777,11 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
         if (blocks / k >= (int64_t)SSD_SPB_WAVES * sms && ssd_smem_bytes(&t, N, T) <= SSD_MAX_SMEM)
           sh.spb = k;
       }
+    /* MBD_SSD=spb1 / spb2 / spb8: that many sequences a block, for measurement */
+    const int want = ssd_env_is("spb1") ? 1 : ssd_env_is("spb2") ? 2 : ssd_env_is("spb8") ? 8 : 0;
+    ssd_shape t = sh;
+    t.spb = want;
+    if (want && ssd_smem_bytes(&t, N, T) <= SSD_MAX_SMEM) sh.spb = want;
   }
 #define SSD_L(NLv, Rv, FULLv, CONVv, PREv)                                                    \
   ssd_launch_nl<ST, NLv, Rv, FULLv, CONVv, PREv>(s, nseq, T, dm, &sh, A, D, dt_bias, lo, hi,     \
