@@ -25,9 +25,10 @@
  *           ssd_scan with MBD_SSD=prev, the scan kernels before their
  *           staging and occupancy changes (ssd_chunk.cu, ssd_prefill.cu),
  *           =r1, ssd_chunk.cu with one channel a thread, =cb32,
- *           ssd_prefill.cu with blocks of 32 channels, =spb1 / spb8, the
- *           bf16 decode with that many sequences a block, =rows, the bf16
- *           decode on k_ssd_step_rows (ssd_scan.cu);
+ *           ssd_prefill.cu with blocks of 32 channels, =nopipe, ssd_chunk.cu
+ *           without its pipelined ticks, =spb8, the bf16 decode with eight
+ *           sequences a block, =rows, the bf16 decode on k_ssd_step_rows
+ *           (ssd_scan.cu);
  *           then conv_silu with
  *           MBD_CONV_PREFILL=old / t32g / t32g8 / s16v2 / s16v2g / s16g (the
  *           older prefill kernel; k_conv_tile with SiLUs in groups of one or
@@ -168,7 +169,7 @@ static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_si
                                              "ssd_scan MBD_SSD=prev",
                                              "ssd_scan MBD_SSD=r1",
                                              "ssd_scan MBD_SSD=cb32",
-                                             "ssd_scan MBD_SSD=spb1",
+                                             "ssd_scan MBD_SSD=nopipe",
                                              "ssd_scan MBD_SSD=spb8",
                                              "ssd_scan MBD_SSD=rows",
                                              "conv_silu MBD_CONV_PREFILL=old",
@@ -235,8 +236,8 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
   case 12:
   case 13:
   case 14:
-  case 15: { /* ssd_scan under MBD_SSD=prev, r1, cb32, spb1, spb8, rows (ssd_common.cuh) */
-    static const char *const val[6] = {"prev", "r1", "cb32", "spb1", "spb8", "rows"};
+  case 15: { /* ssd_scan under MBD_SSD=prev, r1, cb32, nopipe, spb8, rows (ssd_common.cuh) */
+    static const char *const val[6] = {"prev", "r1", "cb32", "nopipe", "spb8", "rows"};
     const char *was = getenv("MBD_SSD");
     char keep[64] = "";
     if (was) snprintf(keep, sizeof keep, "%s", was);

@@ -295,7 +295,7 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
  * warps a scheduler that cannot hide the division chains). A register cap
  * for SC_MAX_THREADS threads rather than __launch_bounds__, under which
  * ptxas held NL = 8 to 64 registers and spilled. */
-template <int NL, int R, int TC, int DG, typename ST>
+template <int NL, int R, int TC, int DG, typename ST, bool PIPE>
 __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
     k_ssd_chunk(int T, mbd_mops_ssd_dims dm, int CB, int NH, const float *__restrict__ A,
                 const float *__restrict__ D, const float *__restrict__ dt_bias, float lo,
@@ -495,7 +495,78 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
 #pragma unroll
       for (int r = 0; r < R; r++) outv[t][r] = k == KP - 1 ? __fmaf_rn(dd, xv[r], acc[r]) : acc[r];
     };
-    if (tn == TC) {
+    /* PIPE: token t's chain runs over the entries as updated for t while
+     * they are updated for t + 1 (each entry read by the chain before its
+     * next update): R chains of dependent FMAs alone leave a thread's
+     * issue waiting on them; the same operations on the same values. */
+    float xv[R];                   /* x of the token whose chain runs */
+    auto update = [&](int t, float (&xo)[R], const float *ct, float (&acc)[R], bool chain) {
+      const float2 dda = dds[t];
+      const float dt = dda.x, da = dda.y;
+      sc_ld<R>(xo, xs + t * CB);
+      const float *bt = bc + t * 2 * N;
+#pragma unroll
+      for (int i = 0; i < NL; i += 4) {
+        const float4 b4 = *(const float4 *)(bt + i);
+        float4 c4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (chain) c4 = *(const float4 *)(ct + i);
+        const float bq[4] = {b4.x, b4.y, b4.z, b4.w}, cq[4] = {c4.x, c4.y, c4.z, c4.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          const float dtb = __fmul_rn(dt, bq[j]);
+#pragma unroll
+          for (int r = 0; r < R; r++) {
+            if (chain) acc[r] = __fmaf_rn(st[r][i + j], cq[j], acc[r]);
+            st[r][i + j] =
+                ssd_slot<ST>::round(__fmaf_rn(da, st[r][i + j], __fmul_rn(dtb, xo[r])));
+          }
+        }
+      }
+    };
+    /* token t's chain over the entries as they stand; then token t + 1's
+     * update with it when more follows */
+    auto chain = [&](int t, bool more) {
+      float acc[R];
+      if (k > 0) {
+        sc_ld<R>(acc, pin + t * CB);
+      } else {
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r] = 0.0f;
+      }
+      const float *ct = bc + t * 2 * N + N;
+      float xn[R];
+      if (more) {
+        update(t + 1, xn, ct, acc, true);
+      } else {
+#pragma unroll
+        for (int i = 0; i < NL; i += 4) {
+          const float4 c4 = *(const float4 *)(ct + i);
+          const float cq[4] = {c4.x, c4.y, c4.z, c4.w};
+#pragma unroll
+          for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r] = __fmaf_rn(st[r][i + j], cq[j], acc[r]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; r++) outv[t][r] = k == KP - 1 ? __fmaf_rn(dd, xv[r], acc[r]) : acc[r];
+      if (more) {
+#pragma unroll
+        for (int r = 0; r < R; r++) xv[r] = xn[r];
+      }
+    };
+    if constexpr (PIPE) {
+      float unused[R];
+      update(0, xv, nullptr, unused, false);
+      if (tn == TC) {
+#pragma unroll
+        for (int t = 0; t < TC; t++) chain(t, t + 1 < TC);
+      } else {
+#pragma unroll
+        for (int t = 0; t < TC; t++)
+          if (t < tn) chain(t, t + 1 < tn);
+      }
+    } else if (tn == TC) {
 #pragma unroll
       for (int t = 0; t < TC; t++) step(t);
     } else {
@@ -577,8 +648,10 @@ static int sc_launch(cudaStream_t stream, int nseq, int T, const mbd_mops_ssd_di
     cb -= 4;
   const int nh = sc_heads(dm, cb);
   const size_t bytes = (size_t)sc_smem_floats(N, cb, kp, nh) * sizeof(float);
-  auto k = ssd_prev() ? k_ssd_chunk_prev<SC_NL, R, SC_TC, SC_DG, ST>
-                      : k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, ST>;
+  /* MBD_SSD=nopipe: the tick's tokens one after the other (no pipelining) */
+  auto k = ssd_prev()              ? k_ssd_chunk_prev<SC_NL, R, SC_TC, SC_DG, ST>
+           : ssd_env_is("nopipe") ? k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, ST, false>
+                                   : k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, ST, true>;
   int rc = allow_smem(k, bytes, err);
   if (rc < 0) return rc;
   const int gch = dm->heads / dm->n_groups * dm->head_dim, bpg = (gch + cb - 1) / cb;

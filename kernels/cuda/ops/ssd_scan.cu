@@ -935,8 +935,8 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
         if (blocks / k >= (int64_t)SSD_SPB_WAVES * sms && ssd_smem_bytes(&t, N, T) <= SSD_MAX_SMEM)
           sh.spb = k;
       }
-    /* MBD_SSD=spb1 / spb8: that many sequences a block, for measurement */
-    const int want = ssd_env_is("spb1") ? 1 : ssd_env_is("spb8") ? 8 : 0;
+    /* MBD_SSD=spb8: eight sequences a block, for measurement */
+    const int want = ssd_env_is("spb8") ? 8 : 0;
     ssd_shape t = sh;
     t.spb = want;
     if (want && ssd_smem_bytes(&t, N, T) <= SSD_MAX_SMEM) sh.spb = want;
