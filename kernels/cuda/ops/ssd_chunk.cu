@@ -56,17 +56,6 @@ static int sc_smem_floats(int N, int cb, int kp, int nh) {
          2 * (kp + SC_DG) * nh * (SC_TC + 1) + nh * SC_DG * SC_TC + 2 * nh;
 }
 
-/* R consecutive floats from shared memory (8-byte aligned for R = 2). */
-template <int R>
-__device__ __forceinline__ void sc_ld(float (&v)[R], const float *p) {
-  if constexpr (R == 2) {
-    const float2 q = *(const float2 *)p;
-    v[0] = q.x, v[1] = q.y;
-  } else {
-    v[0] = p[0];
-  }
-}
-
 /* k_ssd_chunk as it was (MBD_SSD=prev), for comparison: its staging
  * recomputes ring slots and element indices by division every tick.
  * vec: bit 0 the state rows allow 16-byte access, bit 1 B and C allow
@@ -121,10 +110,8 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
   /* dt and dA of a head with weights ab = (A, dt_bias) from its raw dt, as
    * ssd_scan computes them */
   auto dt_of = [&](float2 ab, float raw, float2 *o) {
-    float dt = mbd_pm_softplus(__fadd_rn(raw, ab.y));
-    if (dt < lo) dt = lo;
-    if (dt > hi) dt = hi;
-    *o = make_float2(dt, mbd_pm_expf(__fmul_rn(dt, ab.x)));
+    const float dt = ssd_dt(raw, ab.y, lo, hi);
+    *o = make_float2(dt, ssd_da(dt, ab.x));
   };
   /* Staging for tick m, one commit group (empty past the end): piece kk's
    * range of B and C of chunk m - kk into buffer m % 3; x of chunk m into
@@ -228,9 +215,9 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
       const float2 dda = dds[t];
       const float dt = dda.x, da = dda.y;
       float xv[R], acc[R];
-      sc_ld<R>(xv, xs + t * CB);
+      ssd_ldr<R>(xv, xs + t * CB);
       if (k > 0) {
-        sc_ld<R>(acc, pin + t * CB);
+        ssd_ldr<R>(acc, pin + t * CB);
       } else {
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] = 0.0f;
@@ -342,10 +329,8 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
   /* dt and dA of a head with weights ab = (A, dt_bias) from its raw dt, as
    * ssd_scan computes them */
   auto dt_of = [&](float2 ab, float raw, float2 *o) {
-    float dt = mbd_pm_softplus(__fadd_rn(raw, ab.y));
-    if (dt < lo) dt = lo;
-    if (dt > hi) dt = hi;
-    *o = make_float2(dt, mbd_pm_expf(__fmul_rn(dt, ab.x)));
+    const float dt = ssd_dt(raw, ab.y, lo, hi);
+    *o = make_float2(dt, ssd_da(dt, ab.x));
   };
   /* this thread's first staging elements and the steps between them: B and
    * C columns (u, row rw) of NQ = N / W, x (token xt, channel xj) */
@@ -469,9 +454,9 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
       const float2 dda = dds[t];
       const float dt = dda.x, da = dda.y;
       float xv[R], acc[R];
-      sc_ld<R>(xv, xs + t * CB);
+      ssd_ldr<R>(xv, xs + t * CB);
       if (k > 0) {
-        sc_ld<R>(acc, pin + t * CB);
+        ssd_ldr<R>(acc, pin + t * CB);
       } else {
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] = 0.0f;
@@ -503,7 +488,7 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
     auto update = [&](int t, float (&xo)[R], const float *ct, float (&acc)[R], bool chain) {
       const float2 dda = dds[t];
       const float dt = dda.x, da = dda.y;
-      sc_ld<R>(xo, xs + t * CB);
+      ssd_ldr<R>(xo, xs + t * CB);
       const float *bt = bc + t * 2 * N;
 #pragma unroll
       for (int i = 0; i < NL; i += 4) {
@@ -528,7 +513,7 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
     auto chain = [&](int t, bool more) {
       float acc[R];
       if (k > 0) {
-        sc_ld<R>(acc, pin + t * CB);
+        ssd_ldr<R>(acc, pin + t * CB);
       } else {
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] = 0.0f;

@@ -1,7 +1,8 @@
-/* What the Mamba-2 scans share (ssd_chunk.cu, ssd_prefill.cu; the last two
- * also ssd_scan.cu): how a state entry is stored between launches and
- * rounded after each step, the device's SM count, and the environment
- * switch to the previous kernels and measurement knobs. */
+/* What the Mamba-2 scans share (ssd_chunk.cu, ssd_prefill.cu, ssd_scan.cu):
+ * a step's dt and dA, small shared-memory reads, how a state entry is
+ * stored between launches and rounded after each step, the device's SM
+ * count, and the environment switch to the previous kernels and
+ * measurement knobs. */
 #ifndef MBD_OPS_SSD_COMMON_CUH
 #define MBD_OPS_SSD_COMMON_CUH
 
@@ -9,6 +10,35 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "kernels/cuda/mops_arith.cuh"
+
+/* A step's dt from its raw value and the head's dt_bias, clamped to [lo,
+ * hi], and dA = exp(dt A): the CPU step's roundings (kernels/cpu/ssd_step.c). */
+__device__ __forceinline__ float ssd_dt(float raw, float bias, float lo, float hi) {
+  float dt = mbd_pm_softplus(__fadd_rn(raw, bias));
+  if (dt < lo) dt = lo;
+  if (dt > hi) dt = hi;
+  return dt;
+}
+__device__ __forceinline__ float ssd_da(float dt, float a) { return mbd_pm_expf(__fmul_rn(dt, a)); }
+
+/* R consecutive floats from shared memory (aligned to min(R, 4) floats). */
+template <int R>
+__device__ __forceinline__ void ssd_ldr(float (&v)[R], const float *p) {
+  if constexpr (R == 8) {
+    const float4 q = *(const float4 *)p, u = *(const float4 *)(p + 4);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w, v[4] = u.x, v[5] = u.y, v[6] = u.z, v[7] = u.w;
+  } else if constexpr (R == 4) {
+    const float4 q = *(const float4 *)p;
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  } else if constexpr (R == 2) {
+    const float2 q = *(const float2 *)p;
+    v[0] = q.x, v[1] = q.y;
+  } else {
+    v[0] = p[0];
+  }
+}
 
 /* How the state is stored between launches (float or bf16): round is the
  * value kept after a step; load and store move NL entries (NL a multiple

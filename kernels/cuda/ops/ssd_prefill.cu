@@ -68,23 +68,6 @@ static size_t sp_smem_bytes(int N, int cb, int ks) {
   return (size_t)sp_nslot(ks) * sp_slot_floats(N, cb, ks) * sizeof(float);
 }
 
-/* R consecutive floats from shared memory (aligned to min(R, 4) floats). */
-template <int R>
-__device__ __forceinline__ void sp_ldr(float (&v)[R], const float *p) {
-  if constexpr (R == 8) {
-    const float4 q = *(const float4 *)p, u = *(const float4 *)(p + 4);
-    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w, v[4] = u.x, v[5] = u.y, v[6] = u.z, v[7] = u.w;
-  } else if constexpr (R == 4) {
-    const float4 q = *(const float4 *)p;
-    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-  } else if constexpr (R == 2) {
-    const float2 q = *(const float2 *)p;
-    v[0] = q.x, v[1] = q.y;
-  } else {
-    v[0] = p[0];
-  }
-}
-
 /* R floats to global memory (16-byte aligned when vec; 8-byte for R = 2). */
 template <int R>
 __device__ __forceinline__ void sp_str(float *p, const float (&v)[R], bool vec) {
@@ -188,10 +171,8 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, MINB)
     float *p_da = prep_buf + (q % NS) * PF, *p_b = p_da + 2 * TC;
     const int tpt = nth / TC, t = tid / tpt, u0 = 4 * (tid - t * tpt);
     if (t >= tokens(q)) return;
-    float dt = mbd_pm_softplus(__fadd_rn(p_da[TC + t], bias));
-    if (dt < lo) dt = lo;
-    if (dt > hi) dt = hi;
-    if (u0 == 0) p_da[t] = mbd_pm_expf(__fmul_rn(dt, a));
+    const float dt = ssd_dt(p_da[TC + t], bias, lo, hi);
+    if (u0 == 0) p_da[t] = ssd_da(dt, a);
     for (int u = u0; u < N; u += 4 * tpt) {
       float4 *pb4 = (float4 *)(p_b + t * LDN + u);
       const float4 b4 = *pb4;
@@ -237,7 +218,7 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, MINB)
         const float da = pb[tt];
         const float *bt = pb + 2 * TC + tt * LDN + n0, *ct = bt + TC * LDN;
         float xv[R], acc[R];
-        sp_ldr<R>(xv, pb + 2 * TC + 2 * TC * LDN + tt * LDX + cw);
+        ssd_ldr<R>(xv, pb + 2 * TC + 2 * TC * LDN + tt * LDX + cw);
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] = j ? in[r] : 0.0f;
 #pragma unroll

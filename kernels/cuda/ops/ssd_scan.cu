@@ -729,10 +729,7 @@ __global__ void __launch_bounds__(PB)
     const int sq = id / (H * bph), r = id - sq * (H * bph), h = r / bph;
     const int p0 = (r - h * bph) * PB;
     const float *w = in + PB + 2 * N; /* dt_raw, A, D, dt_bias */
-    float dt = mbd_pm_softplus(__fadd_rn(w[0], w[3]));
-    if (dt < lo) dt = lo;
-    if (dt > hi) dt = hi;
-    const float da = mbd_pm_expf(__fmul_rn(dt, w[1])), xv = in[tid];
+    const float dt = ssd_dt(w[0], w[3], lo, hi), da = ssd_da(dt, w[1]), xv = in[tid];
     const float *bn = in + PB, *cn = bn + N;
     uint4 *row = stg + tid * LDT;
     float acc = 0.0f;
