@@ -22,13 +22,14 @@
  *           on the kernels MBD_RMSNORM_BLOCK=1 and MBD_GEMM_RAGGED=0
  *           MBD_GEMM_TILE72=0 select: the block RMSNorm; the strided M <= 16
  *           GEMM and no 64 x 72 tiles; same bits; then six rows of
- *           ssd_scan with MBD_SSD=prev, the scan kernels before their
- *           staging and occupancy changes (ssd_chunk.cu, ssd_prefill.cu),
- *           =r1, ssd_chunk.cu with one channel a thread, =cb32,
- *           ssd_prefill.cu with blocks of 32 channels, =nopipe, ssd_chunk.cu
- *           without its pipelined ticks, =spb8, the bf16 decode with eight
- *           sequences a block, =rows, the bf16 decode on k_ssd_step_rows
- *           (ssd_scan.cu);
+ *           ssd_scan with MBD_SSD=prev, the scan kernels as they were
+ *           before k_ssd_chunk's division-free pipelined ticks,
+ *           k_ssd_prefill's 128-register eight-channel lanes and the bf16
+ *           decode's k_ssd_step_rows (ssd_chunk.cu, ssd_prefill.cu,
+ *           ssd_scan.cu), =rows, k_ssd_step_rows at every batch, and launch
+ *           shape knobs: =r1, ssd_chunk.cu with one channel a thread, =r2,
+ *           ssd_prefill.cu with two channels a lane, =spb1 / spb8, the old
+ *           bf16 decode with one or eight sequences a block;
  *           then conv_silu with
  *           MBD_CONV_PREFILL=old / t32g / t32g8 / s16v2 / s16v2g / s16g (the
  *           older prefill kernel; k_conv_tile with SiLUs in groups of one or
@@ -167,11 +168,11 @@ static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_si
                                              "add_rmsnorm RMSNORM_BLOCK=1",
                                              "in_proj RAGGED=0 TILE72=0",
                                              "ssd_scan MBD_SSD=prev",
-                                             "ssd_scan MBD_SSD=r1",
-                                             "ssd_scan MBD_SSD=cb32",
-                                             "ssd_scan MBD_SSD=nopipe",
-                                             "ssd_scan MBD_SSD=spb8",
                                              "ssd_scan MBD_SSD=rows",
+                                             "ssd_scan MBD_SSD=r1",
+                                             "ssd_scan MBD_SSD=r2",
+                                             "ssd_scan MBD_SSD=spb1",
+                                             "ssd_scan MBD_SSD=spb8",
                                              "conv_silu MBD_CONV_PREFILL=old",
                                              "conv_silu MBD_CONV_PREFILL=t32g",
                                              "conv_silu MBD_CONV_PREFILL=t32g8",
@@ -236,8 +237,8 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
   case 12:
   case 13:
   case 14:
-  case 15: { /* ssd_scan under MBD_SSD=prev, r1, cb32, nopipe, spb8, rows (ssd_common.cuh) */
-    static const char *const val[6] = {"prev", "r1", "cb32", "nopipe", "spb8", "rows"};
+  case 15: { /* ssd_scan under MBD_SSD=prev, rows, r1, r2, spb1, spb8 (ssd_common.cuh) */
+    static const char *const val[6] = {"prev", "rows", "r1", "r2", "spb1", "spb8"};
     const char *was = getenv("MBD_SSD");
     char keep[64] = "";
     if (was) snprintf(keep, sizeof keep, "%s", was);

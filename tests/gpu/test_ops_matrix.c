@@ -890,8 +890,10 @@ static void test_ssd_scan(void **state) {
  * tokens one launch each (the decode step
  * of ssd_scan.cu), by memcmp of y and of the bf16 states, in permuted
  * slots, one channel and two per thread, blocks across heads, groups; the
- * one-token launches once more under MBD_SSD=rows (k_ssd_step_rows, d_state
- * 128, head_dim a multiple of 16, blocks of 64, 32 or 16 rows). */
+ * one-token launches as the launch picks (k_ssd_step_rows from 4 tiles an
+ * SM), then under MBD_SSD=prev (the older decode kernels) and MBD_SSD=rows
+ * (k_ssd_step_rows at every count: d_state 128, head_dim a multiple of 32,
+ * blocks of 64 or 32 rows). */
 static void test_ssd_scan_bf16state(void **state) {
   (void)state;
   static const ssd_case cases[] = {
@@ -924,7 +926,7 @@ static void test_ssd_scan_bf16state(void **state) {
     float *dbias = dput(bias, (size_t)H * 4);
     int32_t *dsl = dput(slots, (size_t)ns * 4);
     const size_t sb = (size_t)(nslot * stride) * 2;
-    void *sc[3] = {dput(st0, sb), dput(st0, sb), dput(st0, sb)};
+    void *sc[4] = {dput(st0, sb), dput(st0, sb), dput(st0, sb), dput(st0, sb)};
     float *dy[2] = {dzero((size_t)(M * di) * 4), dzero((size_t)(M * di) * 4)};
     /* one launch of T tokens (rows s * T + t) */
     float *dx = dput(xbc, (size_t)(M * ld_x) * 4), *ddt = dput(dtr, (size_t)(M * ld_dt) * 4);
@@ -938,8 +940,9 @@ static void test_ssd_scan_bf16state(void **state) {
     dget(gy, dy[0], (size_t)(M * di) * 4);
     uint16_t *g0 = malloc((size_t)(nslot * stride) * 2), *g1 = malloc((size_t)(nslot * stride) * 2);
     dget(g0, sc[0], (size_t)(nslot * stride) * 2);
-    for (int pass = 0; pass < 2; pass++) { /* pass 1: MBD_SSD=rows */
-      if (pass) setenv("MBD_SSD", "rows", 1);
+    static const char *const pass_env[3] = {NULL, "prev", "rows"};
+    for (int pass = 0; pass < 3; pass++) {
+      if (pass_env[pass]) setenv("MBD_SSD", pass_env[pass], 1);
       for (int t = 0; t < T; t++) {
         for (int s = 0; s < ns; s++) {
           memcpy(hx + s * ld_x, xbc + ((int64_t)s * T + t) * ld_x, (size_t)ld_x * 4);
@@ -956,11 +959,11 @@ static void test_ssd_scan_bf16state(void **state) {
       unsetenv("MBD_SSD");
       dget(g1, sc[1 + pass], (size_t)(nslot * stride) * 2);
       char what[128];
-      snprintf(what, sizeof what, "ssd_scan_bf16state H=%d P=%d N=%d G=%d nseq=%d T=%d y%s", H, P,
-               N, G, ns, T, pass ? " (rows)" : "");
+      snprintf(what, sizeof what, "ssd_scan_bf16state H=%d P=%d N=%d G=%d nseq=%d T=%d y %s", H,
+               P, N, G, ns, T, pass_env[pass] ? pass_env[pass] : "");
       same_bytes(what, gy, ry, (size_t)(M * di), 4);
-      snprintf(what, sizeof what, "ssd_scan_bf16state H=%d P=%d N=%d G=%d nseq=%d T=%d state%s",
-               H, P, N, G, ns, T, pass ? " (rows)" : "");
+      snprintf(what, sizeof what, "ssd_scan_bf16state H=%d P=%d N=%d G=%d nseq=%d T=%d state %s",
+               H, P, N, G, ns, T, pass_env[pass] ? pass_env[pass] : "");
       same_bytes(what, g0, g1, (size_t)(nslot * stride), 2);
     }
     dfree(dA);
@@ -970,6 +973,7 @@ static void test_ssd_scan_bf16state(void **state) {
     dfree(sc[0]);
     dfree(sc[1]);
     dfree(sc[2]);
+    dfree(sc[3]);
     dfree(dy[0]);
     dfree(dy[1]);
     dfree(dx);

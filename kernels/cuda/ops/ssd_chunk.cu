@@ -282,7 +282,7 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
  * warps a scheduler that cannot hide the division chains). A register cap
  * for SC_MAX_THREADS threads rather than __launch_bounds__, under which
  * ptxas held NL = 8 to 64 registers and spilled. */
-template <int NL, int R, int TC, int DG, typename ST, bool PIPE>
+template <int NL, int R, int TC, int DG, typename ST>
 __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
     k_ssd_chunk(int T, mbd_mops_ssd_dims dm, int CB, int NH, const float *__restrict__ A,
                 const float *__restrict__ D, const float *__restrict__ dt_bias, float lo,
@@ -450,40 +450,11 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
     /* the tick's chains, stored after the loop: shared stores among the
      * steps would keep each step's loads behind the step before */
     float outv[TC][R];
-    auto step = [&](int t) {
-      const float2 dda = dds[t];
-      const float dt = dda.x, da = dda.y;
-      float xv[R], acc[R];
-      ssd_ldr<R>(xv, xs + t * CB);
-      if (k > 0) {
-        ssd_ldr<R>(acc, pin + t * CB);
-      } else {
-#pragma unroll
-        for (int r = 0; r < R; r++) acc[r] = 0.0f;
-      }
-      const float *bt = bc + t * 2 * N, *ct = bt + N;
-#pragma unroll
-      for (int i = 0; i < NL; i += 4) {
-        const float4 b4 = *(const float4 *)(bt + i), c4 = *(const float4 *)(ct + i);
-        const float bq[4] = {b4.x, b4.y, b4.z, b4.w}, cq[4] = {c4.x, c4.y, c4.z, c4.w};
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-          const float dtb = __fmul_rn(dt, bq[j]);
-#pragma unroll
-          for (int r = 0; r < R; r++) {
-            st[r][i + j] =
-                ssd_slot<ST>::round(__fmaf_rn(da, st[r][i + j], __fmul_rn(dtb, xv[r])));
-            acc[r] = __fmaf_rn(st[r][i + j], cq[j], acc[r]);
-          }
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < R; r++) outv[t][r] = k == KP - 1 ? __fmaf_rn(dd, xv[r], acc[r]) : acc[r];
-    };
-    /* PIPE: token t's chain runs over the entries as updated for t while
-     * they are updated for t + 1 (each entry read by the chain before its
-     * next update): R chains of dependent FMAs alone leave a thread's
-     * issue waiting on them; the same operations on the same values. */
+    /* Token t's chain runs over the entries as updated for t while they
+     * are updated for t + 1 (each entry read by the chain before its next
+     * update): R chains of dependent FMAs alone, each right behind the
+     * updates it reads, left a thread's issue waiting on them; the same
+     * operations on the same values. */
     float xv[R];                   /* x of the token whose chain runs */
     auto update = [&](int t, float (&xo)[R], const float *ct, float (&acc)[R], bool chain) {
       const float2 dda = dds[t];
@@ -540,24 +511,15 @@ __global__ void __maxnreg__(65536 / SC_MAX_THREADS)
         for (int r = 0; r < R; r++) xv[r] = xn[r];
       }
     };
-    if constexpr (PIPE) {
-      float unused[R];
-      update(0, xv, nullptr, unused, false);
-      if (tn == TC) {
+    float unused[R];
+    update(0, xv, nullptr, unused, false);
+    if (tn == TC) {
 #pragma unroll
-        for (int t = 0; t < TC; t++) chain(t, t + 1 < TC);
-      } else {
-#pragma unroll
-        for (int t = 0; t < TC; t++)
-          if (t < tn) chain(t, t + 1 < tn);
-      }
-    } else if (tn == TC) {
-#pragma unroll
-      for (int t = 0; t < TC; t++) step(t);
+      for (int t = 0; t < TC; t++) chain(t, t + 1 < TC);
     } else {
 #pragma unroll
       for (int t = 0; t < TC; t++)
-        if (t < tn) step(t);
+        if (t < tn) chain(t, t + 1 < tn);
     }
     if (k == KP - 1) {
       if (live) {
@@ -633,10 +595,8 @@ static int sc_launch(cudaStream_t stream, int nseq, int T, const mbd_mops_ssd_di
     cb -= 4;
   const int nh = sc_heads(dm, cb);
   const size_t bytes = (size_t)sc_smem_floats(N, cb, kp, nh) * sizeof(float);
-  /* MBD_SSD=nopipe: the tick's tokens one after the other (no pipelining) */
-  auto k = ssd_prev()              ? k_ssd_chunk_prev<SC_NL, R, SC_TC, SC_DG, ST>
-           : ssd_env_is("nopipe") ? k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, ST, false>
-                                   : k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, ST, true>;
+  auto k = ssd_prev() ? k_ssd_chunk_prev<SC_NL, R, SC_TC, SC_DG, ST>
+                      : k_ssd_chunk<SC_NL, R, SC_TC, SC_DG, ST>;
   int rc = allow_smem(k, bytes, err);
   if (rc < 0) return rc;
   const int gch = dm->heads / dm->n_groups * dm->head_dim, bpg = (gch + cb - 1) / cb;

@@ -314,9 +314,6 @@ static int sp_pick_cb(K k, int nseq, const mbd_mops_ssd_dims *dm, int ks, int cp
     }
     if (least < 0 || cost <= least) least = cost, best = cb;
   }
-  /* MBD_SSD=cb32: blocks of 32 channels where that is a width above */
-  if (ssd_env_is("cb32") && 32 % cpw == 0 && P % 32 == 0 && 32 / cpw * 32 <= SP_MAX_THREADS)
-    best = 32;
   return best;
 }
 
@@ -362,7 +359,8 @@ static int sp_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm, c
    * else two (more warps to hide the chains' latency). Eight channels in
    * 128 registers (MINB 2; MBD_SSD=prev: unbounded, the previous kernel). */
   const int64_t entries = (int64_t)nseq * di * dm->d_state;
-  const bool r8 = entries / (8 * 8) >= (int64_t)SP_R8_WARPS * 4 * 32 * ssd_sms();
+  const bool r8 = entries / (8 * 8) >= (int64_t)SP_R8_WARPS * 4 * 32 * ssd_sms() &&
+                  !ssd_env_is("r2"); /* MBD_SSD=r2: two channels a lane, for measurement */
   switch (dm->d_state) {
   case 64: return SP_L(16, 4, 2, 2);
   case 128:

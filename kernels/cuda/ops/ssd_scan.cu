@@ -651,8 +651,8 @@ __global__ void __launch_bounds__(SSD_BLOCK, SSD_DEC16_BLOCKS)
   }
 }
 
-/* Decode steps of a bf16 state at d_state SR_N (MBD_SSD=rows, opt-in while
- * it is measured), one thread per state row: a block of PB threads takes
+/* Decode steps of a bf16 state at d_state SR_N over many sequences, one
+ * thread per state row: a block of PB threads takes
  * tiles of PB rows of one head of one sequence (tile id = (s H + h) P / PB
  * + row block, blocks striding over the tiles), and a ring of SR_STAGES
  * shared buffers keeps the next two tiles' state rows and step inputs in
@@ -665,6 +665,7 @@ __global__ void __launch_bounds__(SSD_BLOCK, SSD_DEC16_BLOCKS)
  * path (dt * B, then times x; the state rounded before the chain reads it). */
 #define SR_N 128
 #define SR_STAGES 3
+#define SR_MIN_TILES 4 /* tiles an SM from which a launch takes k_ssd_step_rows */
 template <int PB>
 __host__ __device__ constexpr int sr_stage_bytes() {
   return PB * (SR_N / 8 + 1) * 16 + (PB + 2 * SR_N + 4) * 4;
@@ -764,8 +765,8 @@ __global__ void __launch_bounds__(PB)
 }
 
 /* k_ssd_step_rows over nseq sequences (the caller has checked the shape:
- * d_state SR_N, head_dim a multiple of 16, 16-byte aligned state rows,
- * x, B and C); blocks striding over the tiles, as many as stay resident. */
+ * d_state SR_N, head_dim a multiple of PB, 16-byte aligned state rows, x,
+ * B and C); blocks striding over the tiles, as many as stay resident. */
 template <int PB>
 static int sr_launch(cudaStream_t s, int nseq, const mbd_mops_ssd_dims *dm, const float *A,
                      const float *D, const float *dt_bias, float lo, float hi,
@@ -850,19 +851,22 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
                            const int32_t *slots, float *y, const mbd_mops_ssd_conv *cv,
                            mbd_error *err) {
   if constexpr (sizeof(ST) == 2) {
-    /* MBD_SSD=rows: bf16 decode steps on k_ssd_step_rows, where it takes the shape */
+    /* bf16 decode steps of at least SR_MIN_TILES tiles an SM go to
+     * k_ssd_step_rows where it takes the shape (MBD_SSD=rows: whatever the
+     * count; prev, spb1, spb8: never) */
     const int64_t dix = (int64_t)dm->heads * dm->head_dim;
-    if (T == 1 && !cv->w && dm->d_state == SR_N && dm->head_dim % 16 == 0 &&
-        (uintptr_t)state % 16 == 0 && slot_stride % 8 == 0 && (uintptr_t)xbc % 16 == 0 &&
-        ld_xbc % 4 == 0 && dix % 4 == 0 && ssd_env_is("rows")) {
-      if (dm->head_dim % 64 == 0)
-        return sr_launch<64>(s, nseq, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc,
-                             state, slot_stride, slots, y, err);
-      if (dm->head_dim % 32 == 0)
+    const int pb = dm->head_dim % 64 == 0 ? 64 : dm->head_dim % 32 == 0 ? 32 : 0;
+    if (T == 1 && !cv->w && dm->d_state == SR_N && pb && (uintptr_t)state % 16 == 0 &&
+        slot_stride % 8 == 0 && (uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && dix % 4 == 0 &&
+        !ssd_prev() && !ssd_env_is("spb1") && !ssd_env_is("spb8")) {
+      const int64_t tiles = (int64_t)nseq * dm->heads * (dm->head_dim / pb);
+      if (ssd_env_is("rows") || tiles >= (int64_t)SR_MIN_TILES * ssd_sms()) {
+        if (pb == 64)
+          return sr_launch<64>(s, nseq, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc,
+                               state, slot_stride, slots, y, err);
         return sr_launch<32>(s, nseq, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc,
                              state, slot_stride, slots, y, err);
-      return sr_launch<16>(s, nseq, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc, state,
-                           slot_stride, slots, y, err);
+      }
     }
   }
   int ks = 1, nl = 8;
@@ -932,8 +936,8 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
         if (blocks / k >= (int64_t)SSD_SPB_WAVES * sms && ssd_smem_bytes(&t, N, T) <= SSD_MAX_SMEM)
           sh.spb = k;
       }
-    /* MBD_SSD=spb8: eight sequences a block, for measurement */
-    const int want = ssd_env_is("spb8") ? 8 : 0;
+    /* MBD_SSD=spb1 / spb8: that many sequences a block, for measurement */
+    const int want = ssd_env_is("spb1") ? 1 : ssd_env_is("spb8") ? 8 : 0;
     ssd_shape t = sh;
     t.spb = want;
     if (want && ssd_smem_bytes(&t, N, T) <= SSD_MAX_SMEM) sh.spb = want;
