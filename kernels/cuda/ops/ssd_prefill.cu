@@ -351,9 +351,9 @@ static int sp_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm, c
                   ((uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && di % 4 == 0 ? 2 : 0) |
                   ((uintptr_t)y % 16 == 0 ? 4 : 0); /* di: a multiple of 16 */
   cudaStream_t s = (cudaStream_t)stream;
-#define SP_L(NLv, KSv, Rv, MINBv)                                                           \
-  sp_launch<ST, NLv, KSv, Rv, MINBv>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,     \
-                              ld_xbc, state, slot_stride, slots, y, vec, err)
+#define SP_L(NLv, KSv, Rv, MINBv)                                                       \
+  sp_launch<ST, NLv, KSv, Rv, MINBv>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, \
+                                     xbc, ld_xbc, state, slot_stride, slots, y, vec, err)
   /* d_state 128: eight channels a lane while that leaves SP_R8_WARPS warps
    * per scheduler (shared-memory reads per FMA a quarter of two channels'),
    * else two (more warps to hide the chains' latency). Eight channels in
