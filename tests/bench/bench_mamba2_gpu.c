@@ -22,10 +22,15 @@
  *           on the kernels MBD_RMSNORM_BLOCK=1 and MBD_GEMM_RAGGED=0
  *           MBD_GEMM_TILE72=0 select: the block RMSNorm; the strided M <= 16
  *           GEMM and no 64 x 72 tiles; same bits; then six rows of
- *           ssd_scan with MBD_SSD_PREFILL=old, the older prefill kernel
- *           in place of ssd_prefill.cu's, =r4 / r8 / r2, ssd_prefill.cu with
- *           four, eight or two channels a lane, and =cb16 / cb64, its
- *           blocks of 16 or 64 channels; then conv_silu with
+ *           ssd_scan with MBD_SSD=prev, the scan kernels as they were
+ *           before k_ssd_chunk's division-free pipelined ticks,
+ *           k_ssd_prefill's 128-register eight-channel lanes and the bf16
+ *           decode's k_ssd_step_rows (ssd_chunk.cu, ssd_prefill.cu,
+ *           ssd_scan.cu), =rows, k_ssd_step_rows at every batch, and launch
+ *           shape knobs: =r1, ssd_chunk.cu with one channel a thread, =r2,
+ *           ssd_prefill.cu with two channels a lane, =spb1 / spb8, the old
+ *           bf16 decode with one or eight sequences a block;
+ *           then conv_silu with
  *           MBD_CONV_PREFILL=old (the prefill on k_conv_silu, the older
  *           kernel, not k_conv_tile), MBD_CONV_STEP=old (the decode step on
  *           k_conv_silu, not k_conv_step4) and MBD_CONV_STEP=plain
@@ -161,12 +166,12 @@ static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_si
                                              "lm_head",     "scan_conv (decode <= 16)",
                                              "add_rmsnorm RMSNORM_BLOCK=1",
                                              "in_proj RAGGED=0 TILE72=0",
-                                             "ssd_scan MBD_SSD_PREFILL=old",
-                                             "ssd_scan MBD_SSD_PREFILL=r4",
-                                             "ssd_scan MBD_SSD_PREFILL=cb16",
-                                             "ssd_scan MBD_SSD_PREFILL=cb64",
-                                             "ssd_scan MBD_SSD_PREFILL=r8",
-                                             "ssd_scan MBD_SSD_PREFILL=r2",
+                                             "ssd_scan MBD_SSD=prev",
+                                             "ssd_scan MBD_SSD=rows",
+                                             "ssd_scan MBD_SSD=r1",
+                                             "ssd_scan MBD_SSD=r2",
+                                             "ssd_scan MBD_SSD=spb1",
+                                             "ssd_scan MBD_SSD=spb8",
                                              "conv_silu MBD_CONV_PREFILL=old",
                                              "conv_silu MBD_CONV_STEP=old",
                                              "conv_silu MBD_CONV_STEP=plain",
@@ -223,17 +228,17 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
   case 12:
   case 13:
   case 14:
-  case 15: { /* ssd_scan under MBD_SSD_PREFILL=old, r4, cb16, cb64, r8, r2 (ssd_prefill.cu) */
-    static const char *const val[6] = {"old", "r4", "cb16", "cb64", "r8", "r2"};
-    const char *was = getenv("MBD_SSD_PREFILL");
+  case 15: { /* ssd_scan under MBD_SSD=prev, rows, r1, r2, spb1, spb8 (ssd_common.cuh) */
+    static const char *const val[6] = {"prev", "rows", "r1", "r2", "spb1", "spb8"};
+    const char *was = getenv("MBD_SSD");
     char keep[64] = "";
     if (was) snprintf(keep, sizeof keep, "%s", was);
-    setenv("MBD_SSD_PREFILL", val[op - 10], 1);
+    setenv("MBD_SSD", val[op - 10], 1);
     int rc = run_op(o, 3, nseq, T, err);
     if (was)
-      setenv("MBD_SSD_PREFILL", keep, 1);
+      setenv("MBD_SSD", keep, 1);
     else
-      unsetenv("MBD_SSD_PREFILL");
+      unsetenv("MBD_SSD");
     return rc;
   }
   case 16:

@@ -805,7 +805,11 @@ static void test_ssd_scan(void **state) {
  * the chunked kernel; 8192 rows and more: the prefill kernel) == the same
  * tokens one launch each (the decode step
  * of ssd_scan.cu), by memcmp of y and of the bf16 states, in permuted
- * slots, one channel and two per thread, blocks across heads, groups. */
+ * slots, one channel and two per thread, blocks across heads, groups; the
+ * one-token launches as the launch picks (k_ssd_step_rows from 4 tiles an
+ * SM), then under MBD_SSD=prev (the older decode kernels) and MBD_SSD=rows
+ * (k_ssd_step_rows at every count: d_state 128, head_dim a multiple of 32,
+ * blocks of 64 or 32 rows). */
 static void test_ssd_scan_bf16state(void **state) {
   (void)state;
   static const ssd_case cases[] = {
@@ -814,6 +818,9 @@ static void test_ssd_scan_bf16state(void **state) {
       /* the prefill kernel (ssd_prefill.cu: 8192 rows and more) */
       {24, 64, 128, 1, 8, 70}, {16, 64, 64, 4, 9, 37}, {4, 32, 256, 2, 64, 33},
       {6, 48, 128, 3, 30, 29}, {64, 64, 128, 8, 2, 25}, {64, 64, 128, 2, 5, 21},
+      /* short launches; for MBD_SSD=rows blocks of 32 rows and more tiles
+       * than resident blocks */
+      {8, 96, 128, 2, 3, 20}, {64, 64, 128, 2, 40, 3},
   };
   uint64_t seed = 77;
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -835,7 +842,7 @@ static void test_ssd_scan_bf16state(void **state) {
     float *dbias = dput(bias, (size_t)H * 4);
     int32_t *dsl = dput(slots, (size_t)ns * 4);
     const size_t sb = (size_t)(nslot * stride) * 2;
-    void *sc[2] = {dput(st0, sb), dput(st0, sb)};
+    void *sc[4] = {dput(st0, sb), dput(st0, sb), dput(st0, sb), dput(st0, sb)};
     float *dy[2] = {dzero((size_t)(M * di) * 4), dzero((size_t)(M * di) * 4)};
     /* one launch of T tokens (rows s * T + t) */
     float *dx = dput(xbc, (size_t)(M * ld_x) * 4), *ddt = dput(dtr, (size_t)(M * ld_dt) * 4);
@@ -846,36 +853,43 @@ static void test_ssd_scan_bf16state(void **state) {
     float *dx1 = dzero((size_t)(ns * ld_x) * 4), *dd1 = dzero((size_t)(ns * ld_dt) * 4);
     float *dy1 = dzero((size_t)(ns * di) * 4), *hy = malloc((size_t)(ns * di) * 4);
     float *gy = malloc((size_t)(M * di) * 4), *ry = malloc((size_t)(M * di) * 4);
-    for (int t = 0; t < T; t++) {
-      for (int s = 0; s < ns; s++) {
-        memcpy(hx + s * ld_x, xbc + ((int64_t)s * T + t) * ld_x, (size_t)ld_x * 4);
-        memcpy(hd + s * ld_dt, dtr + ((int64_t)s * T + t) * ld_dt, (size_t)ld_dt * 4);
-      }
-      CK(cudaMemcpy(dx1, hx, (size_t)(ns * ld_x) * 4, cudaMemcpyHostToDevice));
-      CK(cudaMemcpy(dd1, hd, (size_t)(ns * ld_dt) * 4, cudaMemcpyHostToDevice));
-      OP(mbd_mops_ssd_scan_bf16state(g_stream, ns, 1, &dm, dA, dD, dbias, 0.0f, INFINITY, dd1,
-                                     ld_dt, dx1, ld_x, sc[1], stride, dsl, dy1, &err));
-      dget(hy, dy1, (size_t)(ns * di) * 4);
-      for (int s = 0; s < ns; s++)
-        memcpy(ry + ((int64_t)s * T + t) * di, hy + s * di, (size_t)di * 4);
-    }
     dget(gy, dy[0], (size_t)(M * di) * 4);
     uint16_t *g0 = malloc((size_t)(nslot * stride) * 2), *g1 = malloc((size_t)(nslot * stride) * 2);
     dget(g0, sc[0], (size_t)(nslot * stride) * 2);
-    dget(g1, sc[1], (size_t)(nslot * stride) * 2);
-    char what[128];
-    snprintf(what, sizeof what, "ssd_scan_bf16state H=%d P=%d N=%d G=%d nseq=%d T=%d y", H, P, N,
-             G, ns, T);
-    same_bytes(what, gy, ry, (size_t)(M * di), 4);
-    snprintf(what, sizeof what, "ssd_scan_bf16state H=%d P=%d N=%d G=%d nseq=%d T=%d state", H, P,
-             N, G, ns, T);
-    same_bytes(what, g0, g1, (size_t)(nslot * stride), 2);
+    static const char *const pass_env[3] = {NULL, "prev", "rows"};
+    for (int pass = 0; pass < 3; pass++) {
+      if (pass_env[pass]) setenv("MBD_SSD", pass_env[pass], 1);
+      for (int t = 0; t < T; t++) {
+        for (int s = 0; s < ns; s++) {
+          memcpy(hx + s * ld_x, xbc + ((int64_t)s * T + t) * ld_x, (size_t)ld_x * 4);
+          memcpy(hd + s * ld_dt, dtr + ((int64_t)s * T + t) * ld_dt, (size_t)ld_dt * 4);
+        }
+        CK(cudaMemcpy(dx1, hx, (size_t)(ns * ld_x) * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dd1, hd, (size_t)(ns * ld_dt) * 4, cudaMemcpyHostToDevice));
+        OP(mbd_mops_ssd_scan_bf16state(g_stream, ns, 1, &dm, dA, dD, dbias, 0.0f, INFINITY, dd1,
+                                       ld_dt, dx1, ld_x, sc[1 + pass], stride, dsl, dy1, &err));
+        dget(hy, dy1, (size_t)(ns * di) * 4);
+        for (int s = 0; s < ns; s++)
+          memcpy(ry + ((int64_t)s * T + t) * di, hy + s * di, (size_t)di * 4);
+      }
+      unsetenv("MBD_SSD");
+      dget(g1, sc[1 + pass], (size_t)(nslot * stride) * 2);
+      char what[128];
+      snprintf(what, sizeof what, "ssd_scan_bf16state H=%d P=%d N=%d G=%d nseq=%d T=%d y %s", H,
+               P, N, G, ns, T, pass_env[pass] ? pass_env[pass] : "");
+      same_bytes(what, gy, ry, (size_t)(M * di), 4);
+      snprintf(what, sizeof what, "ssd_scan_bf16state H=%d P=%d N=%d G=%d nseq=%d T=%d state %s",
+               H, P, N, G, ns, T, pass_env[pass] ? pass_env[pass] : "");
+      same_bytes(what, g0, g1, (size_t)(nslot * stride), 2);
+    }
     dfree(dA);
     dfree(dD);
     dfree(dbias);
     dfree(dsl);
     dfree(sc[0]);
     dfree(sc[1]);
+    dfree(sc[2]);
+    dfree(sc[3]);
     dfree(dy[0]);
     dfree(dy[1]);
     dfree(dx);

@@ -33,10 +33,8 @@
  * before the chain reads it. */
 #include "kernels/cuda/ops/common.cuh"
 #include "kernels/cuda/ops/cp_async.cuh"
+#include "kernels/cuda/ops/ssd_common.cuh"
 #include "kernels/cuda/ops/ssd_prefill.h"
-
-#include <stdlib.h>
-#include <string.h>
 
 #include <type_traits>
 
@@ -45,92 +43,6 @@
 #define SP_R8_WARPS 2            /* eight channels a lane from this many warps a scheduler */
 #define SP_MAX_THREADS 256       /* threads per block at most */
 #define SP_MAX_SMEM (200 * 1024) /* shared bytes per block at most */
-
-/* How the state is stored between launches: the values kept after a step,
- * and NL entries loaded and stored (16-byte aligned when vec). */
-template <typename ST>
-struct sp_slot;
-template <>
-struct sp_slot<float> {
-  /* R values of a step, rounded in place to what is kept */
-  template <int R>
-  static __device__ __forceinline__ void round(float (&)[R]) {}
-  template <int NL>
-  static __device__ __forceinline__ void load(float (&st)[NL], const float *p, bool vec) {
-    if (vec) {
-#pragma unroll
-      for (int i = 0; i < NL; i += 4) {
-        const float4 v = *(const float4 *)(p + i);
-        st[i] = v.x, st[i + 1] = v.y, st[i + 2] = v.z, st[i + 3] = v.w;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < NL; i++) st[i] = p[i];
-    }
-  }
-  template <int NL>
-  static __device__ __forceinline__ void store(float *p, const float (&st)[NL], bool vec) {
-    if (vec) {
-#pragma unroll
-      for (int i = 0; i < NL; i += 4)
-        *(float4 *)(p + i) = make_float4(st[i], st[i + 1], st[i + 2], st[i + 3]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < NL; i++) p[i] = st[i];
-    }
-  }
-};
-template <>
-struct sp_slot<__nv_bfloat16> {
-  /* one conversion each, to nearest even: cvt.rn.bf16x2.f32 of (v, 0)
-   * puts bf16(v) in the upper half over a zero lower half, which is bf16(v)
-   * widened to f32, so no unpacking follows (a packed pair needed two) */
-  template <int R>
-  static __device__ __forceinline__ void round(float (&v)[R]) {
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-      uint32_t u;
-      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(v[r]), "f"(0.0f));
-      v[r] = __uint_as_float(u);
-    }
-  }
-  template <int NL>
-  static __device__ __forceinline__ void load(float (&st)[NL], const __nv_bfloat16 *p, bool vec) {
-    if (vec) {
-#pragma unroll
-      for (int i = 0; i < NL; i += 8) {
-        const uint4 v = *(const uint4 *)(p + i);
-        const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-          st[i + 2 * q] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(w[q] & 0xffffu)));
-          st[i + 2 * q + 1] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(w[q] >> 16)));
-        }
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < NL; i++) st[i] = __bfloat162float(p[i]);
-    }
-  }
-  template <int NL>
-  static __device__ __forceinline__ void store(__nv_bfloat16 *p, const float (&st)[NL],
-                                               bool vec) {
-    if (vec) {
-#pragma unroll
-      for (int i = 0; i < NL; i += 8) {
-        unsigned w[4]; /* exact: the values are rounded already */
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-          w[q] = (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(st[i + 2 * q])) |
-                 (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(st[i + 2 * q + 1])) << 16;
-        *(uint4 *)(p + i) = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < NL; i++) p[i] = __float2bfloat16_rn(st[i]);
-    }
-  }
-};
 
 /* Shared row strides: dt * B and C rows of a token (N + 4: the KS lanes of
  * a row group, reading ranges NL apart of tokens one apart, hit distinct
@@ -154,23 +66,6 @@ __host__ __device__ static inline int sp_slot_floats(int N, int cb, int ks) {
 }
 static size_t sp_smem_bytes(int N, int cb, int ks) {
   return (size_t)sp_nslot(ks) * sp_slot_floats(N, cb, ks) * sizeof(float);
-}
-
-/* R consecutive floats from shared memory (aligned to min(R, 4) floats). */
-template <int R>
-__device__ __forceinline__ void sp_ldr(float (&v)[R], const float *p) {
-  if constexpr (R == 8) {
-    const float4 q = *(const float4 *)p, u = *(const float4 *)(p + 4);
-    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w, v[4] = u.x, v[5] = u.y, v[6] = u.z, v[7] = u.w;
-  } else if constexpr (R == 4) {
-    const float4 q = *(const float4 *)p;
-    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-  } else if constexpr (R == 2) {
-    const float2 q = *(const float2 *)p;
-    v[0] = q.x, v[1] = q.y;
-  } else {
-    v[0] = p[0];
-  }
 }
 
 /* R floats to global memory (16-byte aligned when vec; 8-byte for R = 2). */
@@ -198,12 +93,14 @@ __device__ __forceinline__ void sp_str(float *p, const float (&v)[R], bool vec) 
 }
 
 /* vec: bit 0 the state rows allow 16-byte access, bit 1 xbc allows 16-byte
- * copies, bit 2 y allows 16-byte stores. Registers: up to 128 while a lane
- * keeps at most 32 entries (two blocks of 256 threads per SM; without a
- * bound ptxas spilled the bf16 variants at 80), else as many as the one
- * block needs. */
-template <typename ST, int NL, int R, int KS>
-__global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
+ * copies, bit 2 y allows 16-byte stores. Registers: up to 128 at MINB = 2
+ * (two blocks of 256 threads per SM; without a bound ptxas spilled the bf16
+ * variants at 80; eight channels of 8 entries fit in 128 unspilled, which
+ * lets the 1.3b b8 launch's 512 blocks of 4 warps run as one wave, 16 warps
+ * an SM, where 156 registers left 12 and a second wave of 116 blocks), at
+ * MINB = 1 as many as the one block needs. */
+template <typename ST, int NL, int R, int KS, int MINB>
+__global__ void __launch_bounds__(SP_MAX_THREADS, MINB)
     k_ssd_prefill(int T, mbd_mops_ssd_dims dm, int CB, const float *__restrict__ A,
                   const float *__restrict__ D, const float *__restrict__ dt_bias, float lo,
                   float hi, const float *__restrict__ dt_raw, int64_t ld_dt,
@@ -274,10 +171,8 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
     float *p_da = prep_buf + (q % NS) * PF, *p_b = p_da + 2 * TC;
     const int tpt = nth / TC, t = tid / tpt, u0 = 4 * (tid - t * tpt);
     if (t >= tokens(q)) return;
-    float dt = mbd_pm_softplus(__fadd_rn(p_da[TC + t], bias));
-    if (dt < lo) dt = lo;
-    if (dt > hi) dt = hi;
-    if (u0 == 0) p_da[t] = mbd_pm_expf(__fmul_rn(dt, a));
+    const float dt = ssd_dt(p_da[TC + t], bias, lo, hi);
+    if (u0 == 0) p_da[t] = ssd_da(dt, a);
     for (int u = u0; u < N; u += 4 * tpt) {
       float4 *pb4 = (float4 *)(p_b + t * LDN + u);
       const float4 b4 = *pb4;
@@ -288,7 +183,7 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
   ST *srow = state + (int64_t)slots[s] * slot_stride + ((int64_t)h * P + p0 + cw) * N + n0;
   float st[R][NL];
 #pragma unroll
-  for (int r = 0; r < R; r++) sp_slot<ST>::template load<NL>(st[r], srow + r * N, vec & 1);
+  for (int r = 0; r < R; r++) ssd_slot<ST>::template load<NL>(st[r], srow + r * N, vec & 1);
   float *yo = y + (int64_t)h * P + p0 + cw;
   stage(0);
   stage(1);
@@ -323,7 +218,7 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
         const float da = pb[tt];
         const float *bt = pb + 2 * TC + tt * LDN + n0, *ct = bt + TC * LDN;
         float xv[R], acc[R];
-        sp_ldr<R>(xv, pb + 2 * TC + 2 * TC * LDN + tt * LDX + cw);
+        ssd_ldr<R>(xv, pb + 2 * TC + 2 * TC * LDN + tt * LDX + cw);
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] = j ? in[r] : 0.0f;
 #pragma unroll
@@ -336,7 +231,8 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
 #pragma unroll
             for (int r = 0; r < R; r++)
               v[r] = __fmaf_rn(da, st[r][i + q], __fmul_rn(bq[q], xv[r]));
-            sp_slot<ST>::round(v);
+#pragma unroll
+            for (int r = 0; r < R; r++) v[r] = ssd_slot<ST>::round(v[r]);
 #pragma unroll
             for (int r = 0; r < R; r++) {
               st[r][i + q] = v[r];
@@ -367,37 +263,14 @@ __global__ void __launch_bounds__(SP_MAX_THREADS, NL * R <= 32 ? 2 : 1)
     }
   }
 #pragma unroll
-  for (int r = 0; r < R; r++) sp_slot<ST>::template store<NL>(srow + r * N, st[r], vec & 1);
+  for (int r = 0; r < R; r++) ssd_slot<ST>::template store<NL>(srow + r * N, st[r], vec & 1);
 }
-
-static int sp_sms(void) {
-  static int sms; /* the device's SM count, read once */
-  if (!sms) {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
-      v = 132;
-    sms = v;
-  }
-  return sms;
-}
-
-/* MBD_SSD_PREFILL, read at every launch that could come here (so that a
- * bench can compare in one process): "old" sends the launch to ssd_scan.cu's
- * older kernel; measurement knobs: "r2", "r4", "r8" give lanes two, four
- * (d_state 64 and 128) or eight channels (of 8 entries, 16 lanes a row;
- * d_state 128) whatever the launch's size, "cbNN" blocks of NN channels. */
-static const char *sp_env(void) {
-  const char *e = getenv("MBD_SSD_PREFILL");
-  return e ? e : "";
-}
-static bool sp_old(void) { return strcmp(sp_env(), "old") == 0; }
 
 extern "C" bool mbd_mops_ssd_prefill_takes(int nseq, int T, const mbd_mops_ssd_dims *dm) {
   const int N = dm->d_state;
   return nseq >= 1 && T >= MBD_MOPS_SSD_PREFILL_MIN_T &&
          (int64_t)nseq * dm->heads * dm->head_dim >= MBD_MOPS_SSD_PREFILL_MIN_ROWS &&
-         (N == 64 || N == 128 || N == 256) && dm->head_dim % 16 == 0 && !sp_old();
+         (N == 64 || N == 128 || N == 256) && dm->head_dim % 16 == 0;
 }
 
 /* Channels per block: a multiple of cpw (a warp's channels) dividing
@@ -413,7 +286,7 @@ template <typename K>
 static int sp_pick_cb(K k, int nseq, const mbd_mops_ssd_dims *dm, int ks, int cpw,
                       mbd_error *err) {
   const int P = dm->head_dim, N = dm->d_state;
-  const int64_t sms = sp_sms();
+  const int64_t sms = ssd_sms();
   const int full = SP_FULL_WARPS * 2 / (cpw * ks / 32); /* fewer with more channels a lane */
   size_t most = 0;
   for (int cb = cpw; cb <= P && cb / cpw * 32 <= SP_MAX_THREADS; cb += cpw)
@@ -441,24 +314,17 @@ static int sp_pick_cb(K k, int nseq, const mbd_mops_ssd_dims *dm, int ks, int cp
     }
     if (least < 0 || cost <= least) least = cost, best = cb;
   }
-  /* MBD_SSD_PREFILL=cbNN: NN channels per block where that is a width above */
-  const char *e = sp_env();
-  if (e[0] == 'c' && e[1] == 'b') {
-    const int want = atoi(e + 2);
-    if (want >= cpw && want % cpw == 0 && P % want == 0 && want / cpw * 32 <= SP_MAX_THREADS)
-      best = want;
-  }
   return best;
 }
 
-template <typename ST, int NL, int KS, int R>
+template <typename ST, int NL, int KS, int R, int MINB>
 static int sp_launch(cudaStream_t stream, int nseq, int T, const mbd_mops_ssd_dims *dm,
                      const float *A, const float *D, const float *dt_bias, float lo, float hi,
                      const float *dt_raw, int64_t ld_dt, const float *xbc, int64_t ld_xbc,
                      ST *state, int64_t slot_stride, const int32_t *slots, float *y, int vec,
                      mbd_error *err) {
   constexpr int cpw = 32 / KS * R;
-  auto k = k_ssd_prefill<ST, NL, R, KS>;
+  auto k = k_ssd_prefill<ST, NL, R, KS, MINB>;
   const int N = dm->d_state, cb = sp_pick_cb(k, nseq, dm, KS, cpw, err);
   if (cb < 0) return cb; /* a status */
   /* a long kernel: not launched early (PDL), where it would share the SMs
@@ -485,21 +351,22 @@ static int sp_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm, c
                   ((uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && di % 4 == 0 ? 2 : 0) |
                   ((uintptr_t)y % 16 == 0 ? 4 : 0); /* di: a multiple of 16 */
   cudaStream_t s = (cudaStream_t)stream;
-#define SP_L(NLv, KSv, Rv)                                                                  \
-  sp_launch<ST, NLv, KSv, Rv>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,     \
-                              ld_xbc, state, slot_stride, slots, y, vec, err)
+#define SP_L(NLv, KSv, Rv, MINBv)                                                       \
+  sp_launch<ST, NLv, KSv, Rv, MINBv>(s, nseq, T, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, \
+                                     xbc, ld_xbc, state, slot_stride, slots, y, vec, err)
   /* d_state 128: eight channels a lane while that leaves SP_R8_WARPS warps
    * per scheduler (shared-memory reads per FMA a quarter of two channels'),
-   * else two (more warps to hide the chains' latency) */
-  const char *e = sp_env();
+   * else two (more warps to hide the chains' latency). Eight channels in
+   * 128 registers (MINB 2; MBD_SSD=prev: unbounded, the previous kernel). */
   const int64_t entries = (int64_t)nseq * di * dm->d_state;
-  const bool r2 = !strcmp(e, "r2"), r4 = !strcmp(e, "r4");
-  const bool r8 = !strcmp(e, "r8") ||
-                  (!r2 && !r4 && entries / (8 * 8) >= (int64_t)SP_R8_WARPS * 4 * 32 * sp_sms());
+  const bool r8 = entries / (8 * 8) >= (int64_t)SP_R8_WARPS * 4 * 32 * ssd_sms() &&
+                  !ssd_env_is("r2"); /* MBD_SSD=r2: two channels a lane, for measurement */
   switch (dm->d_state) {
-  case 64: return r4 && dm->head_dim % 32 == 0 ? SP_L(16, 4, 4) : SP_L(16, 4, 2);
-  case 128: return r8 ? SP_L(8, 16, 8) : r4 ? SP_L(16, 8, 4) : SP_L(16, 8, 2);
-  default: return SP_L(32, 8, 2);
+  case 64: return SP_L(16, 4, 2, 2);
+  case 128:
+    if (!r8) return SP_L(16, 8, 2, 2);
+    return ssd_prev() ? SP_L(8, 16, 8, 1) : SP_L(8, 16, 8, 2);
+  default: return SP_L(32, 8, 2, 1);
   }
 #undef SP_L
 }

@@ -22,9 +22,7 @@ extern "C" {
 
 /* Whether mbd_mops_ssd_prefill_scan takes a launch of nseq sequences of T
  * tokens of shape dm: the bounds above, d_state 64, 128 or 256, head_dim a
- * multiple of 16; and not while the environment has MBD_SSD_PREFILL=old
- * (read at each call that passes the bounds: ssd_scan.cu's older kernel
- * then runs, for comparison). */
+ * multiple of 16. */
 bool mbd_mops_ssd_prefill_takes(int nseq, int T, const mbd_mops_ssd_dims *dm);
 
 /* mbd_mops_ssd_scan's contract and arguments (ssd_scan.h), for a launch

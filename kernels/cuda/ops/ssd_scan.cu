@@ -30,6 +30,7 @@
 #include "kernels/cuda/ops/cp_async.cuh"
 #include "kernels/cuda/ops/ssd_scan.h"
 #include "kernels/cuda/ops/ssd_chunk.h"
+#include "kernels/cuda/ops/ssd_common.cuh"
 #include "kernels/cuda/ops/ssd_prefill.h"
 
 #include <type_traits>
@@ -650,6 +651,146 @@ __global__ void __launch_bounds__(SSD_BLOCK, SSD_DEC16_BLOCKS)
   }
 }
 
+/* Decode steps of a bf16 state at d_state SR_N over many sequences, one
+ * thread per state row: a block of PB threads takes
+ * tiles of PB rows of one head of one sequence (tile id = (s H + h) P / PB
+ * + row block, blocks striding over the tiles), and a ring of SR_STAGES
+ * shared buffers keeps the next two tiles' state rows and step inputs in
+ * flight (cp.async) while one computes. A thread walks its row in
+ * ascending n: each entry's update, rounded to bf16, then its chain FMA, so
+ * the y chain is the CPU's n order in one thread, with no hand-offs; the
+ * row is written back in place and leaves as whole coalesced lines. Rows
+ * are padded by one 16-byte chunk so that a quarter-warp's rows fall in
+ * distinct bank groups. Same steps and roundings as ssd_seq's one-step
+ * path (dt * B, then times x; the state rounded before the chain reads it). */
+#define SR_N 128
+#define SR_STAGES 3
+#define SR_MIN_TILES 4 /* tiles an SM from which a launch takes k_ssd_step_rows */
+template <int PB>
+__host__ __device__ constexpr int sr_stage_bytes() {
+  return PB * (SR_N / 8 + 1) * 16 + (PB + 2 * SR_N + 4) * 4;
+}
+template <int PB>
+__global__ void __launch_bounds__(PB)
+    k_ssd_step_rows(int ntiles, mbd_mops_ssd_dims dm, const float *__restrict__ A,
+                    const float *__restrict__ D, const float *__restrict__ dt_bias, float lo,
+                    float hi, const float *__restrict__ dt_raw, int64_t ld_dt,
+                    const float *__restrict__ xbc, int64_t ld_xbc,
+                    __nv_bfloat16 *__restrict__ state, int64_t slot_stride,
+                    const int32_t *__restrict__ slots, float *__restrict__ y) {
+  constexpr int N = SR_N, CH = N / 8, LDT = CH + 1; /* 16-byte chunks a row; row stride */
+  constexpr int TILE4 = PB * LDT, STAGE4 = sr_stage_bytes<PB>() / 16;
+  static_assert(sr_stage_bytes<PB>() % 16 == 0, "stages of whole 16-byte chunks");
+  extern __shared__ uint4 sr_smem[];
+  const int P = dm.head_dim, H = dm.heads, bph = P / PB, hpg = H / dm.n_groups;
+  const int64_t di = (int64_t)H * P, GN = (int64_t)dm.n_groups * N;
+  const int tid = threadIdx.x;
+  pdl_wait();
+  pdl_trigger();
+  /* Tile j of this block into stage j % SR_STAGES, one commit group (empty
+   * past the last tile): the state rows, then x [PB], B and C [N], dt_raw,
+   * A, D, dt_bias of the head. */
+  auto issue = [&](int j, int stage) {
+    const int id = (int)blockIdx.x + j * (int)gridDim.x;
+    if (id < ntiles) {
+      uint4 *stg = sr_smem + stage * STAGE4;
+      const int sq = id / (H * bph), r = id - sq * (H * bph), h = r / bph;
+      const int p0 = (r - h * bph) * PB;
+      const uint4 *src = (const uint4 *)(state + (int64_t)slots[sq] * slot_stride +
+                                         ((int64_t)h * P + p0) * N);
+      for (int e = tid; e < PB * CH; e += PB) cp_async16(stg + e / CH * LDT + e % CH, src + e);
+      float *in = (float *)(stg + TILE4);
+      const float *xr = xbc + (int64_t)sq * ld_xbc;
+      const float *bsrc = xr + di + (int64_t)(h / hpg) * N;
+      for (int e = tid; e < PB / 4 + N / 2; e += PB) {
+        if (e < PB / 4) {
+          cp_async16(in + 4 * e, xr + (int64_t)h * P + p0 + 4 * e);
+        } else {
+          const int u = e - PB / 4; /* B's chunks, then C's */
+          cp_async16(in + PB + 4 * u, bsrc + (u < N / 4 ? 4 * u : GN + 4 * (u - N / 4)));
+        }
+      }
+      if (tid == 0) cp_async4(in + PB + 2 * N, dt_raw + (int64_t)sq * ld_dt + h);
+      if (tid == 1) cp_async4(in + PB + 2 * N + 1, A + h);
+      if (tid == 2) cp_async4(in + PB + 2 * N + 2, D + h);
+      if (tid == 3) cp_async4(in + PB + 2 * N + 3, dt_bias + h);
+    }
+    cp_async_commit();
+  };
+  issue(0, 0);
+  issue(1, 1 % SR_STAGES);
+  for (int j = 0, cur = 0;; j++, cur = cur == SR_STAGES - 1 ? 0 : cur + 1) {
+    const int id = (int)blockIdx.x + j * (int)gridDim.x;
+    if (id >= ntiles) break;
+    cp_async_wait_group<1>(); /* this thread's copies of tile j are in */
+    __syncthreads();          /* everyone's; tile j - 1's stage is written out */
+    issue(j + 2, cur == 0 ? SR_STAGES - 1 : cur - 1);
+    uint4 *stg = sr_smem + cur * STAGE4;
+    const float *in = (const float *)(stg + TILE4);
+    const int sq = id / (H * bph), r = id - sq * (H * bph), h = r / bph;
+    const int p0 = (r - h * bph) * PB;
+    const float *w = in + PB + 2 * N; /* dt_raw, A, D, dt_bias */
+    const float dt = ssd_dt(w[0], w[3], lo, hi), da = ssd_da(dt, w[1]), xv = in[tid];
+    const float *bn = in + PB, *cn = bn + N;
+    uint4 *row = stg + tid * LDT;
+    float acc = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CH; c++) {
+      const uint4 v = row[c];
+      const float4 b0 = *(const float4 *)(bn + 8 * c), b1 = *(const float4 *)(bn + 8 * c + 4);
+      const float4 c0 = *(const float4 *)(cn + 8 * c), c1 = *(const float4 *)(cn + 8 * c + 4);
+      const unsigned vi[4] = {v.x, v.y, v.z, v.w};
+      const float bq[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+      const float cq[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+      unsigned vo[4];
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        /* entries 2q (low half) and 2q + 1, widened exactly */
+        float s0 = __uint_as_float(vi[q] << 16), s1 = __uint_as_float(vi[q] & 0xffff0000u);
+        s0 = ssd_slot<__nv_bfloat16>::round(
+            __fmaf_rn(da, s0, __fmul_rn(__fmul_rn(dt, bq[2 * q]), xv)));
+        acc = __fmaf_rn(s0, cq[2 * q], acc);
+        s1 = ssd_slot<__nv_bfloat16>::round(
+            __fmaf_rn(da, s1, __fmul_rn(__fmul_rn(dt, bq[2 * q + 1]), xv)));
+        acc = __fmaf_rn(s1, cq[2 * q + 1], acc);
+        vo[q] = __byte_perm(__float_as_uint(s0), __float_as_uint(s1), 0x7632);
+      }
+      row[c] = make_uint4(vo[0], vo[1], vo[2], vo[3]);
+    }
+    y[(int64_t)sq * di + (int64_t)h * P + p0 + tid] = __fmaf_rn(w[2], xv, acc);
+    __syncthreads(); /* the tile is updated in place */
+    uint4 *dst = (uint4 *)(state + (int64_t)slots[sq] * slot_stride + ((int64_t)h * P + p0) * N);
+    for (int e = tid; e < PB * CH; e += PB) dst[e] = stg[e / CH * LDT + e % CH];
+  }
+}
+
+/* k_ssd_step_rows over nseq sequences (the caller has checked the shape:
+ * d_state SR_N, head_dim a multiple of PB, 16-byte aligned state rows, x,
+ * B and C); blocks striding over the tiles, as many as stay resident. */
+template <int PB>
+static int sr_launch(cudaStream_t s, int nseq, const mbd_mops_ssd_dims *dm, const float *A,
+                     const float *D, const float *dt_bias, float lo, float hi,
+                     const float *dt_raw, int64_t ld_dt, const float *xbc, int64_t ld_xbc,
+                     __nv_bfloat16 *state, int64_t slot_stride, const int32_t *slots, float *y,
+                     mbd_error *err) {
+  const size_t bytes = (size_t)SR_STAGES * sr_stage_bytes<PB>();
+  int rc = allow_smem(k_ssd_step_rows<PB>, bytes, err);
+  if (rc < 0) return rc;
+  int occ = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k_ssd_step_rows<PB>, PB, bytes) !=
+          cudaSuccess ||
+      occ < 1) {
+    (void)cudaGetLastError();
+    occ = 1;
+  }
+  const int64_t ntiles = (int64_t)nseq * dm->heads * (dm->head_dim / PB);
+  const int64_t most = (int64_t)occ * ssd_sms();
+  const int grid = (int)(ntiles < most ? ntiles : most);
+  return launch_pdl("ssd_scan", k_ssd_step_rows<PB>, dim3((unsigned)grid), dim3((unsigned)PB),
+                    bytes, s, err, (int)ntiles, *dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc,
+                    ld_xbc, state, slot_stride, slots, y);
+}
+
 /* Lanes per row and entries per lane: the smallest KS that splits N exactly
  * into NL <= 64 entries (<= 32 with the conv folded in: its variants need
  * more registers), doubled while the launch has few rows (up to 8 lanes,
@@ -709,6 +850,25 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
                            int64_t ld_xbc, ST *state, int64_t slot_stride,
                            const int32_t *slots, float *y, const mbd_mops_ssd_conv *cv,
                            mbd_error *err) {
+  if constexpr (sizeof(ST) == 2) {
+    /* bf16 decode steps of at least SR_MIN_TILES tiles an SM go to
+     * k_ssd_step_rows where it takes the shape (MBD_SSD=rows: whatever the
+     * count; prev, spb1, spb8: never) */
+    const int64_t dix = (int64_t)dm->heads * dm->head_dim;
+    const int pb = dm->head_dim % 64 == 0 ? 64 : dm->head_dim % 32 == 0 ? 32 : 0;
+    if (T == 1 && !cv->w && dm->d_state == SR_N && pb && (uintptr_t)state % 16 == 0 &&
+        slot_stride % 8 == 0 && (uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && dix % 4 == 0 &&
+        !ssd_prev() && !ssd_env_is("spb1") && !ssd_env_is("spb8")) {
+      const int64_t tiles = (int64_t)nseq * dm->heads * (dm->head_dim / pb);
+      if (ssd_env_is("rows") || tiles >= (int64_t)SR_MIN_TILES * ssd_sms()) {
+        if (pb == 64)
+          return sr_launch<64>(s, nseq, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc,
+                               state, slot_stride, slots, y, err);
+        return sr_launch<32>(s, nseq, dm, A, D, dt_bias, lo, hi, dt_raw, ld_dt, xbc, ld_xbc,
+                             state, slot_stride, slots, y, err);
+      }
+    }
+  }
   int ks = 1, nl = 8;
   bool full = false;
   ssd_pick(nseq, cv->w != NULL, dm, &ks, &nl, &full);
@@ -776,6 +936,11 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
         if (blocks / k >= (int64_t)SSD_SPB_WAVES * sms && ssd_smem_bytes(&t, N, T) <= SSD_MAX_SMEM)
           sh.spb = k;
       }
+    /* MBD_SSD=spb1 / spb8: that many sequences a block, for measurement */
+    const int want = ssd_env_is("spb1") ? 1 : ssd_env_is("spb8") ? 8 : 0;
+    ssd_shape t = sh;
+    t.spb = want;
+    if (want && ssd_smem_bytes(&t, N, T) <= SSD_MAX_SMEM) sh.spb = want;
   }
 #define SSD_L(NLv, Rv, FULLv, CONVv, PREv)                                                    \
   ssd_launch_nl<ST, NLv, Rv, FULLv, CONVv, PREv>(s, nseq, T, dm, &sh, A, D, dt_bias, lo, hi,     \
