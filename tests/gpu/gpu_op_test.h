@@ -22,10 +22,16 @@
   } while (0)
 
 /* Runs an op entry whose last argument is &err, fails the test with its
- * message, then waits for the device (so a kernel's fault fails here). */
+ * message, then waits for the device (so a kernel's fault fails here). The
+ * wait before the call matters as much: the tests' ops run on a
+ * non-blocking stream, which does not wait for the legacy stream's
+ * cudaMemset, nor for the DMA of a cudaMemcpy from pageable memory (it may
+ * return before the bytes land), so without it an op can read inputs being
+ * copied or have its output overwritten by the set that precedes it. */
 #define OP(call)                                         \
   do {                                                   \
     mbd_error err = {0};                                 \
+    CK(cudaDeviceSynchronize());                         \
     if ((call) != 0) fail_msg("%s: %s", #call, err.msg); \
     CK(cudaDeviceSynchronize());                         \
   } while (0)
