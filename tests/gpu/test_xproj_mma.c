@@ -6,7 +6,7 @@
  * - mbd_mops_xproj: k_xproj (M = 1..31, and M >= 32 with MBD_XPROJ_TILE=0),
  *   the previous many-row tiles (M = 32, 33, 64, 256, 300, 1024, 2048 with
  *   MBD_XPROJ_TILE=1: every tile shape), and k_xproj_rows (the default
- *   from 128 rows, there at those M; MBD_XPROJ_TILE=4: every M, M = 1, 7,
+ *   from 1024 rows, there at those M; MBD_XPROJ_TILE=4: every M, M = 1, 7,
  *   64, 256, 301, 600, 2048, 2049: every block shape and stage count; and
  *   4100 rows), at the model shapes N = 80 / K = 1536,
  *   N = 160 / K = 4096, N = 192 / K = 5120, and at K = 1000 (not a multiple
