@@ -288,7 +288,7 @@ static int xproj_tiles(cudaStream_t s, int M, int K, int NO, const T *x, const T
 #define XR_SPLIT 8                        /* blocks a cluster */
 #define XR_LEAVES (XP_CLASSES / XR_SPLIT) /* leaves a block: a subtree */
 #define XR_LV 2                           /* its levels */
-#define XR_MIN_M 1024 /* the default from this many rows (docs/benchmarks.md, session 11) */
+#define XR_MIN_M 1024 /* the default from this many rows; below, the tiles are faster */
 #define XR_SMEM (227 * 1024)
 
 /* Bytes of one staged row (jm groups), and of the launch: ns stages, or
