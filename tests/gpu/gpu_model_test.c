@@ -399,3 +399,30 @@ double gmt_check_logits_bound(mbd_backend *gb, mbd_bmodel *gm, const gmt_fixture
   free(g);
   return bound;
 }
+
+void gmt_check_forward_decode_prefill(mbd_backend *gb, mbd_bmodel *gm, int64_t B, int64_t T,
+                                      int seed, int64_t ssm_floats, const int64_t *chunks,
+                                      size_t nchunks, int64_t pre_step, const char *what) {
+  const int64_t V = gb->ops->model_vocab(gm);
+  int64_t *ids = malloc((size_t)(B * T) * sizeof *ids);
+  assert_non_null(ids);
+  for (int64_t i = 0; i < B * T; i++) ids[i] = (i * 131 + 7 * seed + 1) % V;
+  const size_t n = (size_t)(B * T * V);
+  float *g = malloc(n * 4), *g2 = malloc(n * 4);
+  mbd_error err = {0};
+  assert_int_equal(gb->ops->forward(gb, gm, ids, B, T, false, g, &err), 0);
+  assert_int_equal(gb->ops->forward(gb, gm, ids, B, T, false, g2, &err), 0);
+  assert_memory_equal(g, g2, n * 4); /* run to run */
+  float *gd = malloc((size_t)(T * V) * 4);
+  uint8_t *gi = NULL;
+  size_t gn = 0;
+  bc_decode_all(gb, gm, ids, T, V, gd, &gi, &gn);
+  assert_memory_equal(gd, g, (size_t)(T * V) * 4); /* decode == forward */
+  gmt_check_bf16_image(gi, gn, ssm_floats);
+  gmt_check_chunked_prefill(gb, gm, ids, T, V, chunks, nchunks, pre_step, gd, gi, gn, what);
+  free(gd);
+  free(gi);
+  free(g);
+  free(g2);
+  free(ids);
+}

@@ -63,6 +63,14 @@ void gmt_check_chunked_prefill(mbd_backend *gb, mbd_bmodel *gm, const int64_t *i
                                int64_t pre_step, const float *gd, const uint8_t *gi, size_t gn,
                                const char *what);
 
+/* B prompts of T tokens (ids from seed): the forward twice (run to run),
+ * decoding the first prompt from the start against the forward's logits,
+ * its state image's bf16 SSM section (ssm_floats), then the chunked
+ * prefills of gmt_check_chunked_prefill; all by memcmp. */
+void gmt_check_forward_decode_prefill(mbd_backend *gb, mbd_bmodel *gm, int64_t B, int64_t T,
+                                      int seed, int64_t ssm_floats, const int64_t *chunks,
+                                      size_t nchunks, int64_t pre_step, const char *what);
+
 /* fw, the forward's logits [ns, tl, V] of the prompts ids [ns, tl], equals
  * decoding the ns sequences as one batch step by step, by memcmp. */
 void gmt_check_batched_decode(mbd_backend *gb, mbd_bmodel *gm, const int64_t *ids, int ns,

@@ -122,34 +122,15 @@ static void test_prefill_eq_decode(void **state) {
     mbd_backend *gb = backend(pols[pi]);
     for (int c = 0; c < NSYN; c++) {
       mbd_bmodel *gm = bc_load(gb, g_dirs[c]);
-      const int64_t B = 3, T = 37, V = gb->ops->model_vocab(gm);
-      int64_t ids[3 * 37];
-      for (int64_t i = 0; i < B * T; i++) ids[i] = (i * 131 + 7 * c + 1) % V;
-      size_t n = (size_t)(B * T * V);
-      float *g = malloc(n * 4), *g2 = malloc(n * 4);
-      mbd_error err = {0};
-      assert_int_equal(gb->ops->forward(gb, gm, ids, B, T, false, g, &err), 0);
-      assert_int_equal(gb->ops->forward(gb, gm, ids, B, T, false, g2, &err), 0);
-      assert_memory_equal(g, g2, n * 4); /* run to run */
-      float *gd = malloc((size_t)(T * V) * 4);
-      uint8_t *gi = NULL;
-      size_t gn = 0;
-      bc_decode_all(gb, gm, ids, T, V, gd, &gi, &gn);
-      assert_memory_equal(gd, g, (size_t)(T * V) * 4); /* decode == forward */
-      gmt_check_bf16_image(gi, gn, ssm_floats_of(c));
       const int64_t chunks[] = {1, 2, 3, 4, 5, 7, 8, 13, 17, 33, 64};
       char what[32];
       snprintf(what, sizeof what, "model %d", c);
-      gmt_check_chunked_prefill(gb, gm, ids, T, V, chunks, sizeof chunks / sizeof chunks[0], 6,
-                                gd, gi, gn, what);
+      gmt_check_forward_decode_prefill(gb, gm, 3, 37, c, ssm_floats_of(c), chunks,
+                                       sizeof chunks / sizeof chunks[0], 6, what);
       print_message("%s weights, model %d (%d x %d, d_state %d, %d groups), state bf16: "
                     "prefill chunks == decode == forward\n",
                     mbd_dtype_policy_name(pols[pi]), c, g_cfg[c].n_heads, g_cfg[c].head_dim,
                     g_cfg[c].d_state, g_cfg[c].n_groups);
-      free(gd);
-      free(gi);
-      free(g);
-      free(g2);
       gb->ops->model_destroy(gb, gm);
     }
     mbd_backend_destroy(&gb);
