@@ -235,12 +235,17 @@ void mbd_bcore_req_fail(mbd_bcore *c, breq *r, int code, const char *msg) {
   req_free(c, r);
 }
 
-static void worker_ctl(mbd_bcore *c, const mbd_bworker *w, uint8_t cmd, const char *reason) {
+static void peer_ctl(mbd_bcore *c, const void *ident, size_t ident_len, uint8_t cmd,
+                     const char *reason) {
   mbd_msg *m = NULL;
   if (reason ? mbd_msg_new_kv(cmd, 0, "reason", reason, &m, NULL) : mbd_msg_new(cmd, 0, &m, NULL))
     return;
-  mbd_msg_set_peer(m, w->ident, w->ident_len, NULL);
+  mbd_msg_set_peer(m, ident, ident_len, NULL);
   send_to(c, MBD_BDEST_WORKER, &m);
+}
+
+static void worker_ctl(mbd_bcore *c, const mbd_bworker *w, uint8_t cmd, const char *reason) {
+  peer_ctl(c, w->ident, w->ident_len, cmd, reason);
 }
 
 /* Tells r's worker to stop r's ticket (CANCEL; the worker answers the ticket
@@ -1008,15 +1013,13 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     if (!mbd_body_parse_keys(b, blen, keys, 4096, &body, NULL))
       note_start_failure(c, mbd_body_root(body), now);
     mbd_body_destroy(&body);
+    /* A stopping worker the broker had dropped already waits for it as well. */
+    peer_ctl(c, peer, plen, MBD_CMD_DISCONNECT, "goodbye");
     goto done;
   }
   if (!w) {
     if (cmd != MBD_CMD_DISCONNECT) {
-      mbd_bworker tmp;
-      memset(&tmp, 0, sizeof tmp);
-      memcpy(tmp.ident, peer, plen);
-      tmp.ident_len = plen;
-      worker_ctl(c, &tmp, MBD_CMD_DISCONNECT, "unknown worker: send READY to register");
+      peer_ctl(c, peer, plen, MBD_CMD_DISCONNECT, "unknown worker: send READY to register");
       if (cmd == MBD_CMD_FINAL || cmd == MBD_CMD_ERROR || cmd == MBD_CMD_PARTIAL) c->st.late_dropped++;
     }
     goto done;
@@ -1059,7 +1062,13 @@ void mbd_bcore_on_worker(mbd_bcore *c, mbd_msg **pm, int recv_rc, const mbd_erro
     mbd_body_destroy(&body);
     char why[200];
     snprintf(why, sizeof why, "it disconnected (%s)", reason[0] ? reason : "no reason given");
+    /* The goodbye goes last, after whatever worker_lost sends it: the worker
+     * reads until the goodbye, so it never closes mid-message. */
+    uint8_t ident[sizeof w->ident];
+    size_t ident_len = w->ident_len;
+    memcpy(ident, w->ident, ident_len);
     worker_lost(c, w, why);
+    peer_ctl(c, ident, ident_len, MBD_CMD_DISCONNECT, "goodbye");
     break;
   }
   case MBD_CMD_CHECKPOINT:

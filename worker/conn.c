@@ -18,6 +18,7 @@
 #define LOGC MBD_WSTATE_LOG
 #define PIPE_EP "inproc://mbd-worker-pipe"
 #define RELAY_MAX 256 /* messages relayed per direction per turn */
+#define GOODBYE_MS 1000 /* how long a stopping worker waits for the broker's goodbye */
 
 struct mbd_wconn {
   const mbd_wstate *st;       /* borrowed: options, identities */
@@ -346,6 +347,31 @@ static bool relay_out(mbd_wconn *c) {
   return false;
 }
 
+/* After this worker's DISCONNECT: reads, and drops, what the broker sent
+ * until its goodbye (a DISCONNECT back). Closing the DEALER while a message
+ * is still arriving makes ZeroMQ leak the frames it had queued; after the
+ * goodbye nothing more comes, and all this worker sent has arrived. The
+ * requests dropped here are the broker's to re-send: it counts them lost.
+ * Returns false when no goodbye came within GOODBYE_MS. */
+static bool await_goodbye(mbd_wconn *c) {
+  if (!c->sock) return false;
+  double end = mono_s() + GOODBYE_MS / 1000.0;
+  for (;;) {
+    long left = (long)((end - mono_s()) * 1000.0);
+    if (left <= 0) return false;
+    zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, left) < 0 && zmq_errno() != EINTR) return false;
+    for (int k = 0; k < RELAY_MAX && (it.revents & ZMQ_POLLIN); k++) {
+      mbd_msg *m = NULL;
+      int rc = mbd_msg_recv(c->sock, false, c->st->o.max_message_bytes, &m, NULL);
+      if (rc == MBD_E_IO || (rc && !m)) break;
+      bool bye = !rc && mbd_msg_cmd(m) == MBD_CMD_DISCONNECT && mbd_msg_tag(m) == 0;
+      mbd_msg_destroy(&m);
+      if (bye) return true;
+    }
+  }
+}
+
 static void *io_main(void *arg) {
   mbd_wconn *c = arg;
   double hb = c->st->o.heartbeat_ms / 1000.0;
@@ -361,7 +387,9 @@ static void *io_main(void *arg) {
     }
     /* Replies first: each one frees capacity on the broker. */
     if ((it[1].revents & ZMQ_POLLIN) && relay_out(c)) {
-      int linger = 2000; /* let the last replies and DISCONNECT leave */
+      /* Without a goodbye the last replies and DISCONNECT may still be
+       * leaving: give them a while. */
+      int linger = await_goodbye(c) ? 0 : 1000;
       zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
       return NULL;
     }

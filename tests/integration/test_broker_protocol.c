@@ -656,6 +656,40 @@ static void test_sigterm(void **state) {
   assert_true(a->disconnects >= 1);
 }
 
+/* A worker that stops sends DISCONNECT; the broker re-sends what it had in
+ * flight and answers with a goodbye, the last thing the worker hears. */
+static void test_worker_goodbye(void **state) {
+  env *e = *state;
+  start_broker(e, NULL);
+  e->client = dealer(e, e->cep, NULL);
+  fworker *a = add_worker(e, "wa", MBD_POLICY_F32, 1, "m", false);
+  fworker *b = add_worker(e, "wb", MBD_POLICY_F32, 1, "m", false);
+  wait_workers(e, 2);
+  a->answer = b->answer = false;
+  uint64_t t = request(e, MBD_CMD_FORWARD, "f32", "m", 10000, NULL);
+  pump_until(e, &a->received, &b->received, 1, EV_HANG_MS);
+  fworker *first = a->received ? a : b, *second = a->received ? b : a;
+  second->answer = true;
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 1);
+  mbd_pack_kv_str(&pk, "reason", "shutdown");
+  send_body(first->s, MBD_CMD_DISCONNECT, 0, &sb);
+  msgpack_sbuffer_destroy(&sb);
+  first->silent = true; /* a stopped worker sends no heartbeats */
+  expect_served_by(e, t, second);
+  int none = 0;
+  pump_until(e, &first->disconnects, &none, 1, EV_HANG_MS);
+  assert_int_equal(first->disconnects, 1);
+  int received = first->received;
+  assert_null(pump(e, 300)); /* after the goodbye nothing more comes */
+  assert_int_equal(first->received, received);
+  assert_int_equal(first->disconnects, 1);
+  wait_workers(e, 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_routing, setup, teardown),
@@ -664,6 +698,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_deadlines_and_busy, setup, teardown),
       cmocka_unit_test_setup_teardown(test_malformed_corpus, setup, teardown),
       cmocka_unit_test_setup_teardown(test_sigterm, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_worker_goodbye, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
