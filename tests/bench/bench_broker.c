@@ -20,6 +20,7 @@
 #include "common/protocol.h"
 #include "common/route.h"
 #include "common/wire.h"
+#include "support/quantile.h"
 
 static void *g_ctx;  /* the clients' context (one I/O thread) */
 static void *g_sctx; /* the servers' (echo worker, REP server): their own I/O thread, as a
@@ -33,11 +34,6 @@ static double now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
 }
 
 static void *echo_worker(void *arg) {
@@ -185,9 +181,8 @@ static void *rep_server(void *arg) {
 }
 
 static void pct(double *v, int n, double *p50, double *p99) {
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  *p50 = v[n / 2];
-  *p99 = v[(n * 99) / 100];
+  *p50 = quantile_of(v, (size_t)n, 0.5);
+  *p99 = quantile_of(v, (size_t)n, 0.99);
 }
 
 /* CPU time the process has used, all its threads, in microseconds (Linux

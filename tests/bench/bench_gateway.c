@@ -20,22 +20,12 @@
 #include <unistd.h>
 
 #include "client/mambad.h"
+#include "support/quantile.h"
 
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double pct(double *v, int n, double p) {
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  int i = (int)(p * (n - 1) + 0.5);
-  return v[i];
 }
 
 typedef struct target {
@@ -195,8 +185,8 @@ int main(int argc, char **argv) {
     web[i] = now_s() - t0;
   }
   close(fd);
-  double l50 = pct(lib, n, 0.5), l99 = pct(lib, n, 0.99), w50 = pct(web, n, 0.5),
-         w99 = pct(web, n, 0.99);
+  double l50 = quantile_of(lib, (size_t)n, 0.5), l99 = quantile_of(lib, (size_t)n, 0.99);
+  double w50 = quantile_of(web, (size_t)n, 0.5), w99 = quantile_of(web, (size_t)n, 0.99);
   printf("one token, %d requests each   p50 ms   p99 ms\n", n);
   printf("  libmambad                  %7.3f  %7.3f\n", l50 * 1e3, l99 * 1e3);
   printf("  HTTP gateway               %7.3f  %7.3f\n", w50 * 1e3, w99 * 1e3);
@@ -215,10 +205,10 @@ int main(int argc, char **argv) {
     close(sfd);
   }
   printf("stream, 16 tokens, %d streams  p50 ms   p99 ms\n", ns);
-  printf("  time to first token        %7.3f  %7.3f\n", pct(ttft, ns, 0.5) * 1e3,
-         pct(ttft, ns, 0.99) * 1e3);
-  printf("  time to [DONE]             %7.3f  %7.3f\n", pct(tot, ns, 0.5) * 1e3,
-         pct(tot, ns, 0.99) * 1e3);
+  printf("  time to first token        %7.3f  %7.3f\n",
+         quantile_of(ttft, (size_t)ns, 0.5) * 1e3, quantile_of(ttft, (size_t)ns, 0.99) * 1e3);
+  printf("  time to [DONE]             %7.3f  %7.3f\n", quantile_of(tot, (size_t)ns, 0.5) * 1e3,
+         quantile_of(tot, (size_t)ns, 0.99) * 1e3);
   pthread_t th[256];
   load_arg la[256];
   if (conc > 256) conc = 256;

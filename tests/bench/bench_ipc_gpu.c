@@ -33,6 +33,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/gpu_ctx.h"
 #include "kernels/cuda/gpu_gemm.h"
+#include "support/quantile.h"
 #include "support/service_gpu.h"
 
 #define M 16384
@@ -44,16 +45,6 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  return v[n / 2];
 }
 
 static const size_t NA = (size_t)M * K * 4, NB = (size_t)N * K * 4, NC = (size_t)M * N * 4;
@@ -156,7 +147,7 @@ static int in_process(const float *a, const float *b, float *c_want, figures *f)
     if (mbd_gpu_gemm(ctx, &g, &e) || mbd_gpu_ctx_sync(ctx, &e)) goto done;
     if (r >= 0) t[r] = now_s() - t0;
   }
-  f->compute = median(t, REPS);
+  f->compute = quantile_of(t, REPS, 0.5);
   if (mbd_gpu_download(ctx, c_want, oc, NC, &e)) goto done;
   /* the worker's backend */
   mbd_backend_opts bo = {.mode = MBD_GEMM_DETERMINISTIC, .policy = MBD_POLICY_F32,
@@ -177,7 +168,7 @@ static int in_process(const float *a, const float *b, float *c_want, figures *f)
     if (r < 0) f->first = dt;
     else t[r] = dt;
   }
-  f->cached = median(t, REPS);
+  f->cached = quantile_of(t, REPS, 0.5);
   {
     void *pc;
     if (be->ops->ipc_map(be, &rc_, NC, &pc, &e) || be->ops->ipc_read(be, &rc_, c, NC, &e))
@@ -193,13 +184,13 @@ static int in_process(const float *a, const float *b, float *c_want, figures *f)
         goto done;
     t[r] = (now_s() - t0) / 100;
   }
-  f->resolve_us = median(t, REPS) * 1e6;
+  f->resolve_us = quantile_of(t, REPS, 0.5) * 1e6;
   for (int r = -1; r < 5; r++) {
     double t0 = now_s();
     if (be->ops->gemm(be, M, N, K, MBD_DTYPE_F32, a, MBD_DTYPE_F32, b, NULL, c, &e)) goto done;
     if (r >= 0) t[r] = now_s() - t0;
   }
-  f->in_line = median(t, 5);
+  f->in_line = quantile_of(t, 5, 0.5);
   rc = 0;
 done:
   if (rc) fprintf(stderr, "in-process part: %s\n", e.msg[0] ? e.msg : "setup failed");
@@ -253,7 +244,7 @@ static int service(const float *a, const float *b, const float *c_want, double o
     *equal = *equal && o.nbytes == NC && !memcmp(o.data, c_want, NC);
     mbd_tensor_out_release(&o);
   }
-  out[0] = median(t, 5);
+  out[0] = quantile_of(t, 5, 0.5);
   if (cudaMalloc(&da, NA) || cudaMalloc(&db, NB) || cudaMalloc(&dc, NC) ||
       cudaMemcpy(da, a, NA, cudaMemcpyHostToDevice) || cudaMemcpy(db, b, NB, cudaMemcpyHostToDevice))
     goto done;
@@ -271,7 +262,7 @@ static int service(const float *a, const float *b, const float *c_want, double o
     if (r < 0) out[1] = dt;
     else t[r] = dt;
   }
-  out[2] = median(t, REPS);
+  out[2] = quantile_of(t, REPS, 0.5);
   {
     float *c = malloc(NC);
     if (!c || cudaMemcpy(c, dc, NC, cudaMemcpyDeviceToHost)) {

@@ -31,6 +31,7 @@
 #include "common/defaults.h"
 #include "kernels/model/synth.h"
 #include "support/events.h"
+#include "support/quantile.h"
 #include "support/worker_harness.h"
 
 typedef struct opts {
@@ -44,11 +45,6 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
 }
 
 static int64_t make_prompt(const opts *o, int i, int64_t *ids) {
@@ -200,11 +196,12 @@ int main(int argc, char **argv) {
     mbd_prefix_cache_info x = {0};
     if (mode)
       for (int k = 0; k < 100 && (!stats(c, &x) || x.lookups < o.requests); k++) ev_nap_ms(50);
-    qsort(ms, (size_t)o.requests, sizeof *ms, cmp_d);
+    double p50 = quantile_of(ms, (size_t)o.requests, 0.5),
+           p99 = quantile_of(ms, (size_t)o.requests, 0.99);
     int64_t total = (int64_t)o.requests * (int64_t)T;
     printf("%-12s %8.2f ms %8.2f ms %8.2f ms %16" PRId64 " %14" PRId64 " %8" PRId64 " %12" PRId64
            " %10" PRId64 " %12.1f\n",
-           name, ms[o.requests / 2], ms[(o.requests * 99) / 100], sum / o.requests,
+           name, p50, p99, sum / o.requests,
            total - x.hit_tokens, x.hit_tokens, x.hits, x.device_hits, x.demotions,
            (double)x.device_bytes / (1 << 20));
     wh_stop(w, SIGTERM);

@@ -39,6 +39,7 @@
 
 #include "client/mambad.h"
 #include "common/mamba_config.h"
+#include "support/quantile.h"
 #include "support/wh_requests.h"
 #include "support/worker_harness.h"
 
@@ -471,11 +472,6 @@ static bool bits_check(const opts *o, int *seen, int *replies) {
   return same && (mask & all) == all;
 }
 
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 static void usage(FILE *f) {
   fprintf(f,
           "usage: bench_scaling --connect EP --model NAME --model-dir DIR --workers N\n"
@@ -701,9 +697,8 @@ int main(int argc, char **argv) {
     double bcpu = b0 >= 0 && b1 >= 0 && wall > 0 ? 100.0 * (b1 - b0) / wall : -1;
     double p50 = 0, p99 = 0;
     if (nlat) {
-      qsort(lat, nlat, sizeof *lat, cmp_d);
-      p50 = lat[nlat / 2];
-      p99 = lat[(size_t)((double)(nlat - 1) * 0.99)];
+      p50 = quantile_of(lat, nlat, 0.5);
+      p99 = quantile_of(lat, nlat, 0.99);
     }
     printf("load: %d procs x %d sessions, %d rounds of %d tokens: %" PRId64 " tokens in %.3f s = "
            "%.0f tok/s\n",

@@ -22,17 +22,9 @@
 #include <string.h>
 
 #include "client/mambad.h"
-#include "support/service_gpu.h"
 #include "kernels/cuda/mamba1_gpu.h"
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  return v[n / 2];
-}
+#include "support/quantile.h"
+#include "support/service_gpu.h"
 
 static const int k_batches[4] = {1, 8, 64, 256};
 
@@ -71,7 +63,7 @@ static int in_process(const char *dir, double out[4][2]) {
             goto fail;
         if (r >= 0) t[r] = wh_now() - t0;
       }
-      out[k][mode] = (double)b * INPROC_STEPS / median(t, 9);
+      out[k][mode] = (double)b * INPROC_STEPS / quantile_of(t, 9, 0.5);
     }
   }
   free(logits);
@@ -139,7 +131,7 @@ static double service_tps(wh *h, int n, int G, int V) {
   wh_free_all(r, (size_t)n);
   free(sid);
   free(r);
-  return (double)n * G / median(t, 3);
+  return (double)n * G / quantile_of(t, 3, 0.5);
 }
 
 /* Workers the broker lists (STATUS), or -1. */
@@ -234,7 +226,7 @@ static double gemm_cost(wh *h, const char *host, int64_t M, bool ipc, int reps, 
   if (dmem) cudaFree(dmem);
   free(a);
   free(b);
-  return median(t, reps);
+  return quantile_of(t, reps, 0.5);
 }
 
 int main(int argc, char **argv) {

@@ -16,8 +16,9 @@
 #include <signal.h>
 
 #include "client/mambad.h"
-#include "support/procs.h"
 #include "kernels/cpu/gemm.h"
+#include "support/procs.h"
+#include "support/quantile.h"
 
 enum { K = 4096, THREADS = 2 };
 
@@ -25,16 +26,6 @@ static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* Waits until the broker lists an alive worker (it registers after start-up). */
@@ -157,7 +148,8 @@ int main(int argc, char **argv) {
         ts[r - 1] = ds;
       }
     }
-    double mc = median(tc, n), mi = median(ti, n), ms = median(ts, n);
+    double mc = quantile_of(tc, (size_t)n, 0.5), mi = quantile_of(ti, (size_t)n, 0.5),
+           ms = quantile_of(ts, (size_t)n, 0.5);
     printf("  %-7s  %4d   %9.2f  %8.2f   %10.2f   %14.2f   %11.2f   %15.1f\n", names[s], n, mi,
            ms, mc, mi - mc, ms - mc, (ms - mc) > 0 ? (mi - mc) / (ms - mc) : 0.0);
     fflush(stdout);

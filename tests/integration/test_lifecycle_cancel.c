@@ -32,6 +32,7 @@
 #include "support/procs.h"
 #include "support/wh_fixture.h"
 #include "support/wh_requests.h"
+#include "support/wh_sessions.h"
 #include "support/worker_harness.h"
 
 #define LONG_GEN 1000000
@@ -50,32 +51,10 @@ static void start_broker_dl(wh *h, const char *dl) {
   zmq_connect(h->sock, h->clients);
 }
 
-/* STATUS: broker counter `key`, or workers[0].inflight when key is NULL. */
-static int64_t status_value(wh *h, const char *key) {
-  wh_pack k;
-  wh_pack_init(&k);
-  msgpack_pack_map(&k.pk, 0);
-  mbd_msg *m = wh_call(h, MBD_CMD_STATUS, &k.sb, 0, NULL, NULL);
-  assert_int_equal(wh_code(m), 0);
-  mbd_body *b = wh_body(m);
-  const msgpack_object *root = mbd_body_root(b);
-  int64_t v = -1;
-  if (key) {
-    assert_int_equal(mbd_obj_i64(mbd_obj_get(root, "counters"), key, true, &v, NULL), 0);
-  } else {
-    const msgpack_object *ws = mbd_obj_get(root, "workers");
-    assert_true(ws && ws->type == MSGPACK_OBJECT_ARRAY && ws->via.array.size >= 1);
-    assert_int_equal(mbd_obj_i64(&ws->via.array.ptr[0], "inflight", true, &v, NULL), 0);
-  }
-  mbd_body_destroy(&b);
-  mbd_msg_destroy(&m);
-  return v;
-}
-
 /* Waits (bounded) until workers[0].inflight is 0; returns it. */
 static int64_t wait_idle(wh *h) {
   int64_t v = -1;
-  for (int i = 0; i < 100 && (v = status_value(h, NULL)) != 0; i++) usleep(50000);
+  for (int i = 0; i < 100 && (v = wh_worker_inflight(h, 0)) != 0; i++) usleep(50000);
   return v;
 }
 
@@ -117,9 +96,7 @@ static int wait_partials(wh *h, uint64_t tag, int n) {
 static void test_cancel_stops_stream(void **state) {
   (void)state;
   wh h;
-  int rc = wh_init(&h);
-  if (rc == 77) exit(77);
-  assert_int_equal(rc, 0);
+  wh_init_or_skip(&h);
   wh_start_broker(&h);
   wh_start_worker(&h, "wA", NULL);
   assert_int_equal(wh_wait_workers(&h, 1, 30000), 0);
@@ -133,7 +110,7 @@ static void test_cancel_stops_stream(void **state) {
   mbd_msg *m = wh_wait(&h, tag, 10000);
   assert_int_equal(wh_code(m), MBD_E_CANCELLED);
   mbd_msg_destroy(&m);
-  assert_int_equal(status_value(&h, "cancelled"), 1);
+  assert_int_equal(wh_counter(&h, "cancelled"), 1);
   assert_int_equal(wait_idle(&h), 0); /* the worker answered the ticket: it stopped */
   assert_int_equal(step_until_free(&h, sid), 0);
   wh_fini(&h);
@@ -142,9 +119,7 @@ static void test_cancel_stops_stream(void **state) {
 static void test_default_deadline_reaches_worker(void **state) {
   (void)state;
   wh h;
-  int rc = wh_init(&h);
-  if (rc == 77) exit(77);
-  assert_int_equal(rc, 0);
+  wh_init_or_skip(&h);
   start_broker_dl(&h, "800");
   wh_start_worker(&h, "wA", NULL);
   assert_int_equal(wh_wait_workers(&h, 1, 30000), 0);
@@ -183,7 +158,7 @@ static pid_t start_cli_generate(const wh *h, const char *in, const char *log) {
  * `base` (the CLI's PARTIALs: its stdout is a buffered file here). */
 static void wait_streaming(wh *h, int64_t base, int64_t n) {
   for (int i = 0; i < 600; i++) {
-    if (status_value(h, "replies") >= base + n) return;
+    if ((int64_t)wh_counter(h, "replies") >= base + n) return;
     usleep(50000);
   }
   fail_msg("the CLI's generate is not streaming");
@@ -192,9 +167,7 @@ static void wait_streaming(wh *h, int64_t base, int64_t n) {
 static void test_client_killed_and_ctrl_c(void **state) {
   (void)state;
   wh h;
-  int rc = wh_init(&h);
-  if (rc == 77) exit(77);
-  assert_int_equal(rc, 0);
+  wh_init_or_skip(&h);
   wh_start_broker(&h);
   wh_start_worker(&h, "wA", NULL);
   assert_int_equal(wh_wait_workers(&h, 1, 30000), 0);
@@ -208,22 +181,22 @@ static void test_client_killed_and_ctrl_c(void **state) {
   /* kill -9 mid-stream: the broker cancels the request on the worker. */
   snprintf(log, sizeof log, "%s/kill.log", h.dir);
   pid_t p = start_cli_generate(&h, in, log);
-  wait_streaming(&h, status_value(&h, "replies"), 50);
-  assert_int_equal(status_value(&h, NULL), 1);
+  wait_streaming(&h, (int64_t)wh_counter(&h, "replies"), 50);
+  assert_int_equal(wh_worker_inflight(&h, 0), 1);
   int st = 0;
   procs_stop(p, SIGKILL, 10000, &st);
   assert_int_equal(wait_idle(&h), 0);
-  assert_int_equal(status_value(&h, "clients_gone"), 1);
-  assert_int_equal(status_value(&h, "cancelled"), 1);
+  assert_int_equal(wh_counter(&h, "clients_gone"), 1);
+  assert_int_equal(wh_counter(&h, "cancelled"), 1);
   /* Ctrl-C: cancelled, exit status 130. */
   snprintf(log, sizeof log, "%s/int.log", h.dir);
   p = start_cli_generate(&h, in, log);
-  wait_streaming(&h, status_value(&h, "replies"), 50);
+  wait_streaming(&h, (int64_t)wh_counter(&h, "replies"), 50);
   assert_true(procs_stop(p, SIGINT, 10000, &st) >= 0);
   assert_true(WIFEXITED(st));
   assert_int_equal(WEXITSTATUS(st), 130);
   assert_int_equal(wait_idle(&h), 0);
-  assert_int_equal(status_value(&h, "cancelled"), 2);
+  assert_int_equal(wh_counter(&h, "cancelled"), 2);
   assert_int_equal(procs_sh("grep -q interrupted '%s'", log), 0);
   /* Sampling with the library's defaults (top_p 1, top_k off). */
   assert_int_equal(procs_sh("'%s/mambad' generate --connect '%s' --model tiny --input '%s' "
@@ -239,9 +212,7 @@ static void test_client_killed_and_ctrl_c(void **state) {
 static void test_gone_client_burst(void **state) {
   (void)state;
   wh h;
-  int rc = wh_init(&h);
-  if (rc == 77) exit(77);
-  assert_int_equal(rc, 0);
+  wh_init_or_skip(&h);
   wh_start_broker(&h);
   wh_start_worker(&h, "wA", NULL);
   assert_int_equal(wh_wait_workers(&h, 1, 30000), 0);
@@ -259,7 +230,7 @@ static void test_gone_client_burst(void **state) {
   h.sock = main_sock;
   int64_t queue = -1, inflight = -1;
   for (int i = 0; i < 200 && (queue != 0 || inflight != 0); i++) {
-    inflight = status_value(&h, NULL);
+    inflight = wh_worker_inflight(&h, 0);
     wh_pack k;
     wh_pack_init(&k);
     msgpack_pack_map(&k.pk, 0);
@@ -272,13 +243,13 @@ static void test_gone_client_burst(void **state) {
   }
   assert_int_equal(queue, 0);
   assert_int_equal(inflight, 0);
-  int64_t fwd = status_value(&h, "forwarded"), can = status_value(&h, "cancelled"),
-          rep = status_value(&h, "replies");
+  int64_t fwd = (int64_t)wh_counter(&h, "forwarded"), can = (int64_t)wh_counter(&h, "cancelled"),
+          rep = (int64_t)wh_counter(&h, "replies");
   fprintf(stderr, "200 requests of a client that left: %lld sent to the worker, %lld answered, "
                   "%lld cancelled\n", (long long)fwd, (long long)rep, (long long)can);
   assert_true(fwd < 200);
   assert_int_equal(can + rep, 200);
-  assert_int_equal(status_value(&h, "clients_gone"), 1);
+  assert_int_equal(wh_counter(&h, "clients_gone"), 1);
   free(ids);
   wh_fini(&h);
 }

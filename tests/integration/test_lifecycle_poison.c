@@ -22,6 +22,7 @@
 #include "support/procs.h"
 #include "support/wh_fixture.h"
 #include "support/wh_requests.h"
+#include "support/wh_sessions.h"
 #include "support/worker_harness.h"
 
 static void start_broker_slow_hb(wh *h) {
@@ -35,28 +36,6 @@ static void start_broker_slow_hb(wh *h) {
   int linger = 0;
   zmq_setsockopt(h->sock, ZMQ_LINGER, &linger, sizeof linger);
   zmq_connect(h->sock, h->clients);
-}
-
-/* The reply's message text into out. */
-static void reply_message(const mbd_msg *m, char *out, size_t cap) {
-  out[0] = '\0';
-  mbd_body *b = wh_body(m);
-  if (b) mbd_obj_str(mbd_body_root(b), "message", false, out, cap, NULL);
-  mbd_body_destroy(&b);
-}
-
-static int64_t counter(wh *h, const char *key) {
-  wh_pack k;
-  wh_pack_init(&k);
-  msgpack_pack_map(&k.pk, 0);
-  mbd_msg *m = wh_call(h, MBD_CMD_STATUS, &k.sb, 0, NULL, NULL);
-  assert_int_equal(wh_code(m), 0);
-  mbd_body *b = wh_body(m);
-  int64_t v = -1;
-  assert_int_equal(mbd_obj_i64(mbd_obj_get(mbd_body_root(b), "counters"), key, true, &v, NULL), 0);
-  mbd_body_destroy(&b);
-  mbd_msg_destroy(&m);
-  return v;
 }
 
 /* The name of the worker with a request in flight ("" when none). */
@@ -81,9 +60,7 @@ static void busy_worker(wh *h, char *name, size_t cap) {
 static void test_kill9_seen_by_socket(void **state) {
   (void)state;
   wh h;
-  int rc = wh_init(&h);
-  if (rc == 77) exit(77);
-  assert_int_equal(rc, 0);
+  wh_init_or_skip(&h);
   start_broker_slow_hb(&h);
   pid_t w = wh_start_worker(&h, "wA", NULL);
   assert_int_equal(wh_wait_workers(&h, 1, 30000), 0);
@@ -104,7 +81,7 @@ static void test_kill9_seen_by_socket(void **state) {
   m = wh_wait(&h, tag, 15000);
   assert_non_null(m);
   char msg[600];
-  reply_message(m, msg, sizeof msg);
+  wh_str(m, "message", msg, sizeof msg);
   fprintf(stderr, "after kill -9: %s\n", msg);
   assert_int_equal(wh_code(m), MBD_E_WORKER_LOST);
   assert_non_null(strstr(msg, "could not be reached"));
@@ -115,9 +92,7 @@ static void test_kill9_seen_by_socket(void **state) {
 static void test_poison_not_resent(void **state) {
   (void)state;
   wh h;
-  int rc = wh_init(&h);
-  if (rc == 77) exit(77);
-  assert_int_equal(rc, 0);
+  wh_init_or_skip(&h);
   start_broker_slow_hb(&h);
   const char *names[3] = {"wA", "wB", "wC"};
   pid_t pids[3];
@@ -148,15 +123,15 @@ static void test_poison_not_resent(void **state) {
   }
   assert_non_null(fin);
   char msg[600];
-  reply_message(fin, msg, sizeof msg);
+  wh_str(fin, "message", msg, sizeof msg);
   fprintf(stderr, "after %d kills: %s\n", kills, msg);
   assert_int_equal(kills, 2);
   assert_int_equal(wh_code(fin), MBD_E_WORKER_LOST);
   assert_non_null(strstr(msg, "both died"));
   mbd_msg_destroy(&fin);
-  assert_int_equal(counter(&h, "failovers"), 1);
-  assert_int_equal(counter(&h, "poisoned"), 1);
-  assert_int_equal(counter(&h, "forwarded"), 2); /* never sent to the third worker */
+  assert_int_equal(wh_counter(&h, "failovers"), 1);
+  assert_int_equal(wh_counter(&h, "poisoned"), 1);
+  assert_int_equal(wh_counter(&h, "forwarded"), 2); /* never sent to the third worker */
   free(ids);
   wh_fini(&h);
 }

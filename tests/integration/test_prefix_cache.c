@@ -97,9 +97,7 @@ static void stop_all(void) {
 
 static void test_prefix_cache(void **state) {
   (void)state;
-  int rc = wh_init(&g_h);
-  if (rc == 77) exit(77);
-  assert_int_equal(rc, 0);
+  wh_init_or_skip(&g_h);
   /* A second model: other weights, same vocabulary. */
   char dir2[600], model2[700], cmd[700];
   snprintf(dir2, sizeof dir2, "%s/tiny2", g_h.dir);

@@ -127,3 +127,13 @@ uint64_t wh_send_forward(wh *h, const int64_t *ids, int64_t B, int64_t T, bool l
   size_t lens[1] = {(size_t)(B * T) * 8};
   return wh_send(h, MBD_CMD_FORWARD, &p.sb, 1, pl, lens);
 }
+
+void wh_fill_ids(int64_t *ids, size_t n, int64_t V) {
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    ids[i] = (int64_t)(x % (uint64_t)V);
+  }
+}

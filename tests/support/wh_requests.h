@@ -57,4 +57,8 @@ uint64_t wh_send_import(wh *h, const void *blob, size_t n, const mbd_route_want 
 /* Stateless FORWARD of ids [B, T] through model "tiny". */
 uint64_t wh_send_forward(wh *h, const int64_t *ids, int64_t B, int64_t T, bool last_only);
 
+/* ids[n]: deterministic pseudo-random token ids in [0, V) (xorshift64, the
+ * same sequence on every run). */
+void wh_fill_ids(int64_t *ids, size_t n, int64_t V);
+
 #endif

@@ -137,6 +137,19 @@ uint64_t wh_counter(wh *h, const char *name) {
   return v;
 }
 
+int64_t wh_worker_inflight(wh *h, int i) {
+  mbd_msg *m = wh_status(h);
+  mbd_body *b = wh_body(m);
+  assert_non_null(b);
+  const msgpack_object *ws = mbd_obj_get(mbd_body_root(b), "workers");
+  int64_t v = -1;
+  if (ws && ws->type == MSGPACK_OBJECT_ARRAY && ws->via.array.size > (uint32_t)i)
+    assert_int_equal(mbd_obj_i64(&ws->via.array.ptr[i], "inflight", true, &v, NULL), 0);
+  mbd_body_destroy(&b);
+  mbd_msg_destroy(&m);
+  return v;
+}
+
 void wh_assert_one_route(wh *h, int n, const char *backend) {
   mbd_msg *m = wh_status(h);
   mbd_body *b = wh_body(m);

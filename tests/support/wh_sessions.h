@@ -42,6 +42,9 @@ mbd_msg *wh_status(wh *h);
 /* The counter `name` of the broker's STATUS, which must be there. */
 uint64_t wh_counter(wh *h, const char *name);
 
+/* `inflight` of the i-th worker STATUS lists; -1 when it lists fewer. */
+int64_t wh_worker_inflight(wh *h, int i);
+
 /* Asserts that the broker lists n workers, all of backend `backend` ("cpu",
  * "cuda") and of one route id (printed). */
 void wh_assert_one_route(wh *h, int n, const char *backend);

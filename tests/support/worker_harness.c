@@ -45,6 +45,15 @@ int wh_init(wh *h) {
   return 0;
 }
 
+void wh_init_or_skip(wh *h) {
+  int rc = wh_init(h);
+  if (rc == 77) exit(77);
+  if (rc) {
+    fprintf(stderr, "cannot make the test's temporary directory under /tmp\n");
+    exit(1);
+  }
+}
+
 void wh_start_broker(wh *h) {
   char exe[600];
   snprintf(exe, sizeof exe, "%s/mambad-broker", h->bin);

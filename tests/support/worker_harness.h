@@ -44,6 +44,10 @@ double wh_now(void);
  * are missing. */
 int wh_init(wh *h);
 
+/* wh_init for a test: exits 77 (ctest: skipped) with the reason printed, or
+ * 1 when the temporary directory cannot be made. */
+void wh_init_or_skip(wh *h);
+
 /* Starts the broker (heartbeat 200 ms, liveness 3) and connects the client. */
 void wh_start_broker(wh *h);
 
