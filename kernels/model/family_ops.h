@@ -8,15 +8,18 @@
  * written once for every family.
  *
  *   MBD_CPU_FAMILY_API(fam, sel_t)    the functions of mbd_<fam>.h that are
- *                                     not the family's own: vocab, dtype,
- *                                     isa, weight_bytes, the state's new,
- *                                     destroy, reset, position, export_size,
- *                                     export, import, and prefill (logits
- *                                     selector of type sel_t) and step
+ *                                     not the family's own: destroy, vocab,
+ *                                     dtype, isa, weight_bytes, the state's
+ *                                     new, destroy, reset, position,
+ *                                     export_size, export, import, and
+ *                                     prefill (logits selector of type
+ *                                     sel_t) and step
  *   MBD_CPU_FAMILY_LOAD(fam)          static fam_load from mbd_<fam>_load
  *   MBD_CPU_FAMILY_OPS(fam, load_fn)  const mbd_cpu_model_ops mbd_<fam>_cpu_ops */
 #ifndef MBD_KERNELS_MODEL_FAMILY_OPS_H
 #define MBD_KERNELS_MODEL_FAMILY_OPS_H
+
+#include <stdlib.h>
 
 #include "kernels/cpu/cpu_ctx.h"
 #include "kernels/model/family.h"
@@ -25,6 +28,12 @@
 #include "kernels/model/trunk.h"
 
 #define MBD_CPU_FAMILY_API(fam, sel_t)                                                           \
+  void mbd_##fam##_destroy(mbd_##fam##_model **pm) {                                             \
+    if (!pm || !*pm) return;                                                                     \
+    mbd_trunk_free(&(*pm)->t);                                                                   \
+    free(*pm);                                                                                   \
+    *pm = NULL;                                                                                  \
+  }                                                                                              \
   int mbd_##fam##_vocab(const mbd_##fam##_model *m) { return (int)m->t.V; }                      \
   mbd_dtype mbd_##fam##_dtype(const mbd_##fam##_model *m) { return m->t.dtype; }                 \
   const char *mbd_##fam##_isa(const mbd_##fam##_model *m) {                                      \

@@ -19,7 +19,6 @@
 #include "kernels/model/seq_state.h"
 #include "kernels/model/trunk.h"
 #include "kernels/model/weights.h"
-#include "kernels/portable_math.h"
 
 #define DEFAULT_MAX_ROWS 256
 #define CHANNEL_BLOCK 64 /* channels per conv/scan task */
@@ -78,21 +77,11 @@ static size_t layer_tensors(const mbd_mamba_config *c, mbd_weight_spec *w) {
   w[n++] = MBD_WEIGHT_MAT(layer_w, x_proj, "mixer.x_proj.weight", R + 2 * S, di);
   w[n++] = MBD_WEIGHT_MAT(layer_w, dt_proj, "mixer.dt_proj.weight", di, R);
   w[n++] = MBD_WEIGHT_VEC(layer_w, dt_bias, "mixer.dt_proj.bias", di);
-  w[n++] = MBD_WEIGHT_VEC(layer_w, A, "mixer.A_log", di, S);
+  w[n++] = MBD_WEIGHT_NEG_EXP(layer_w, A, "mixer.A_log", di, S);
   w[n++] = MBD_WEIGHT_VEC(layer_w, D, "mixer.D", di);
   w[n++] = MBD_WEIGHT_MAT(layer_w, out_proj, "mixer.out_proj.weight", d, di);
   if (c->proj_bias) w[n++] = MBD_WEIGHT_VEC(layer_w, out_bias, "mixer.out_proj.bias", d);
   return n;
-}
-
-static int alloc_workspace(mbd_mamba1_model *m, mbd_error *err) {
-  const mbd_mamba_config *c = &m->cfg;
-  size_t di = (size_t)c->d_inner, dbc = (size_t)(c->dt_rank + 2 * c->d_state);
-  float **bufs[] = {&m->xz, &m->xc, &m->dbc, &m->dt, &m->y};
-  size_t widths[] = {2 * di, di, dbc, di, di};
-  int64_t ks[3] = {c->d_model, c->d_inner, c->dt_rank};
-  int rc = mbd_trunk_alloc_rows(&m->t, bufs, widths, 5, err);
-  return rc ? rc : mbd_trunk_reserve(&m->t, ks, 3, err);
 }
 
 static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_t nseg,
@@ -119,36 +108,30 @@ int mbd_mamba1_load(const char *dir, const mbd_mamba1_options *opts, mbd_mamba1_
     rc = mbd_error_set(err, MBD_E_FORMAT, "model %s: config has non-positive sizes", dir);
     goto fail;
   }
+  size_t di = (size_t)c->d_inner, dbc = (size_t)(c->dt_rank + 2 * c->d_state);
+  size_t ssm_off = (size_t)c->n_layer * (size_t)(c->d_conv - 1) * di;
+  float **bufs[] = {&m->xz, &m->xc, &m->dbc, &m->dt, &m->y};
+  size_t widths[] = {2 * di, di, dbc, di, di};
+  int64_t ks[] = {c->d_model, c->d_inner, c->dt_rank};
   mbd_weight_spec w[MBD_TRUNK_MAX_LAYER_TENSORS];
-  mbd_trunk_spec sp = {.dtype = opts->dtype, .threads = opts->threads, .isa = opts->isa,
-                       .max_rows = opts->max_rows, .progress = opts->progress, .d = c->d_model,
-                       .embed = "backbone.embeddings.weight", .V = c->vocab_size,
-                       .tied = c->tie_embeddings, .head_optional = true, .n_layer = c->n_layer,
-                       .layer_size = sizeof(layer_w), .layer = w, .nlayer = layer_tensors(c, w)};
+  mbd_trunk_spec sp = {
+      .dtype = opts->dtype, .threads = opts->threads, .isa = opts->isa,
+      .max_rows = opts->max_rows, .progress = opts->progress, .d = c->d_model,
+      .embed = "backbone.embeddings.weight", .V = c->vocab_size, .tied = c->tie_embeddings,
+      .head_optional = true, .n_layer = c->n_layer, .layer_size = sizeof(layer_w), .layer = w,
+      .nlayer = layer_tensors(c, w), .bufs = bufs, .widths = widths, .nbufs = 5, .ks = ks,
+      .nks = 3,
+      .state = {.shape = mbd_mamba1_state_shape(c),
+                .floats = ssm_off + (size_t)c->n_layer * di * (size_t)c->d_state},
+      .model = m, .forward = forward_rows};
   if ((rc = mbd_trunk_load(&m->t, dir, &sp, err))) goto fail;
   m->layers = m->t.layers;
-  /* portable exp: the GPU model computes A with the same function (same bits) */
-  for (int i = 0; i < c->n_layer; i++)
-    for (int64_t k = 0; k < (int64_t)c->d_inner * c->d_state; k++)
-      m->layers[i].A[k] = -mbd_pm_expf(m->layers[i].A[k]);
-  if ((rc = alloc_workspace(m, err))) goto fail;
-  m->ssm_off = (size_t)c->n_layer * (size_t)(c->d_conv - 1) * (size_t)c->d_inner;
-  m->t.state = (mbd_seq_state_desc){
-      .shape = mbd_mamba1_state_shape(c),
-      .floats = m->ssm_off + (size_t)c->n_layer * (size_t)c->d_inner * (size_t)c->d_state};
-  mbd_trunk_bind(&m->t, m, forward_rows);
+  m->ssm_off = ssm_off;
   *out = m;
   return MBD_OK;
 fail:
   mbd_mamba1_destroy(&m);
   return rc;
-}
-
-void mbd_mamba1_destroy(mbd_mamba1_model **pm) {
-  if (!pm || !*pm) return;
-  mbd_trunk_free(&(*pm)->t);
-  free(*pm);
-  *pm = NULL;
 }
 
 const mbd_mamba_config *mbd_mamba1_config(const mbd_mamba1_model *m) { return &m->cfg; }

@@ -22,7 +22,6 @@
 #include "kernels/model/trunk.h"
 #include "kernels/model/weights.h"
 #include "kernels/cpu/ssd_step.h"
-#include "kernels/portable_math.h"
 
 #define DEFAULT_MAX_ROWS 256
 #define CHANNEL_BLOCK 64 /* conv channels, and scan channels (whole heads), per task */
@@ -78,21 +77,12 @@ static size_t layer_tensors(const mbd_mamba2_model *m, mbd_weight_spec *w) {
   w[n++] = MBD_WEIGHT_CONV(layer_w, conv_w, "mixer.conv1d.weight", cd, c->d_conv);
   if (c->conv_bias) w[n++] = MBD_WEIGHT_VEC(layer_w, conv_b, "mixer.conv1d.bias", cd);
   w[n++] = MBD_WEIGHT_VEC(layer_w, dt_bias, "mixer.dt_bias", H);
-  w[n++] = MBD_WEIGHT_VEC(layer_w, A, "mixer.A_log", H);
+  w[n++] = MBD_WEIGHT_NEG_EXP(layer_w, A, "mixer.A_log", H);
   w[n++] = MBD_WEIGHT_VEC(layer_w, D, "mixer.D", H);
   w[n++] = MBD_WEIGHT_VEC(layer_w, gnorm, "mixer.norm.weight", di);
   w[n++] = MBD_WEIGHT_MAT(layer_w, out_proj, "mixer.out_proj.weight", d, di);
   if (c->proj_bias) w[n++] = MBD_WEIGHT_VEC(layer_w, out_bias, "mixer.out_proj.bias", d);
   return n;
-}
-
-static int alloc_workspace(mbd_mamba2_model *m, mbd_error *err) {
-  const mbd_mamba2_config *c = &m->cfg;
-  float **bufs[] = {&m->zx, &m->xbc, &m->y};
-  size_t widths[] = {(size_t)m->pin, (size_t)m->conv_dim, (size_t)c->d_inner};
-  int64_t ks[2] = {c->d_model, c->d_inner};
-  int rc = mbd_trunk_alloc_rows(&m->t, bufs, widths, 3, err);
-  return rc ? rc : mbd_trunk_reserve(&m->t, ks, 2, err);
 }
 
 static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_t nseg,
@@ -115,38 +105,31 @@ int mbd_mamba2_load(const char *dir, const mbd_mamba2_options *opts, mbd_mamba2_
   m->pin = (int64_t)c->d_inner + m->conv_dim + c->n_heads;
   m->dims = (mbd_ssd_dims){.heads = c->n_heads, .head_dim = c->head_dim, .d_state = c->d_state,
                            .n_groups = c->n_groups};
+  size_t ssm_off = (size_t)c->n_layer * (size_t)(c->d_conv - 1) * (size_t)m->conv_dim;
+  float **bufs[] = {&m->zx, &m->xbc, &m->y};
+  size_t widths[] = {(size_t)m->pin, (size_t)m->conv_dim, (size_t)c->d_inner};
+  int64_t ks[] = {c->d_model, c->d_inner};
   mbd_weight_spec w[MBD_TRUNK_MAX_LAYER_TENSORS];
-  mbd_trunk_spec sp = {.dtype = opts->dtype, .threads = opts->threads, .isa = opts->isa,
-                       .max_rows = opts->max_rows, .progress = opts->progress, .d = c->d_model,
-                       .embed = "backbone.embeddings.weight", .V = c->vocab_size,
-                       .V_as_stored = true, .tied = c->tie_embeddings, .head_optional = true,
-                       .n_layer = c->n_layer, .layer_size = sizeof(layer_w), .layer = w,
-                       .nlayer = layer_tensors(m, w)};
+  mbd_trunk_spec sp = {
+      .dtype = opts->dtype, .threads = opts->threads, .isa = opts->isa,
+      .max_rows = opts->max_rows, .progress = opts->progress, .d = c->d_model,
+      .embed = "backbone.embeddings.weight", .V = c->vocab_size, .V_as_stored = true,
+      .tied = c->tie_embeddings, .head_optional = true, .n_layer = c->n_layer,
+      .layer_size = sizeof(layer_w), .layer = w, .nlayer = layer_tensors(m, w), .bufs = bufs,
+      .widths = widths, .nbufs = 3, .ks = ks, .nks = 2,
+      .state = {.shape = mbd_mamba2_state_shape(c),
+                .words = {(uint32_t)c->n_heads, (uint32_t)c->head_dim, (uint32_t)c->n_groups, 0},
+                .nwords = 4,
+                .floats = ssm_off + (size_t)c->n_layer * (size_t)c->d_inner * (size_t)c->d_state},
+      .model = m, .forward = forward_rows};
   if ((rc = mbd_trunk_load(&m->t, dir, &sp, err))) goto fail;
   m->layers = m->t.layers;
-  /* portable exp: a GPU model computes A with the same function (same bits) */
-  for (int i = 0; i < c->n_layer; i++)
-    for (int64_t k = 0; k < c->n_heads; k++) m->layers[i].A[k] = -mbd_pm_expf(m->layers[i].A[k]);
-  if ((rc = alloc_workspace(m, err))) goto fail;
-  m->ssm_off = (size_t)c->n_layer * (size_t)(c->d_conv - 1) * (size_t)m->conv_dim;
-  m->t.state = (mbd_seq_state_desc){
-      .shape = mbd_mamba2_state_shape(c),
-      .words = {(uint32_t)c->n_heads, (uint32_t)c->head_dim, (uint32_t)c->n_groups, 0},
-      .nwords = 4,
-      .floats = m->ssm_off + (size_t)c->n_layer * (size_t)c->d_inner * (size_t)c->d_state};
-  mbd_trunk_bind(&m->t, m, forward_rows);
+  m->ssm_off = ssm_off;
   *out = m;
   return MBD_OK;
 fail:
   mbd_mamba2_destroy(&m);
   return rc;
-}
-
-void mbd_mamba2_destroy(mbd_mamba2_model **pm) {
-  if (!pm || !*pm) return;
-  mbd_trunk_free(&(*pm)->t);
-  free(*pm);
-  *pm = NULL;
 }
 
 const mbd_mamba2_config *mbd_mamba2_config_of(const mbd_mamba2_model *m) { return &m->cfg; }

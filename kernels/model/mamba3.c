@@ -168,7 +168,7 @@ struct mbd_mamba3_model {
   mbd_trunk t;            /* embedding [Vp, d], layers, head, final norm, rows, states */
   layer_w *layers;        /* [n_layer], t's */
   float *proj, *y;        /* workspace rows (t's): [rows, d_in_proj], [rows, d_inner] */
-  float *scratch;         /* [threads][2 d_state] */
+  float *scratch;         /* [threads][2 d_state] (t's) */
 };
 
 /* A state (kernels/model/seq_state.h) is the image payload: f32
@@ -220,19 +220,6 @@ static size_t layer_tensors(const mbd_mamba3_config *c, mbd_weight_spec *w) {
   return n;
 }
 
-static int alloc_workspace(mbd_mamba3_model *m, mbd_error *err) {
-  const mbd_mamba3_config *c = &m->cfg;
-  float **bufs[] = {&m->proj, &m->y};
-  size_t widths[] = {(size_t)c->d_in_proj, (size_t)c->d_inner};
-  int64_t ks[2] = {c->d_model, c->d_inner};
-  int rc = mbd_trunk_alloc_rows(&m->t, bufs, widths, 2, err);
-  if (rc) return rc;
-  m->scratch =
-      calloc((size_t)mbd_cpu_ctx_threads(m->t.ctx) * 2 * (size_t)c->d_state, sizeof(float));
-  if (!m->scratch) return mbd_error_set(err, MBD_E_NOMEM, "model: cannot allocate workspace");
-  return mbd_trunk_reserve(&m->t, ks, 2, err);
-}
-
 static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_t nseg,
                         int64_t rows, mbd_error *err);
 
@@ -252,31 +239,29 @@ int mbd_mamba3_load(const char *dir, const mbd_mamba3_options *opts, mbd_mamba3_
   m->dims = (mbd_m3_dims){.d_inner = c->d_inner, .heads = c->heads, .headdim = c->headdim,
                           .d_state = c->d_state, .ngroups = c->ngroups, .angles = c->angles,
                           .a_floor = c->a_floor, .eps = c->eps};
+  float **bufs[] = {&m->proj, &m->y};
+  size_t widths[] = {(size_t)c->d_in_proj, (size_t)c->d_inner};
+  int64_t ks[] = {c->d_model, c->d_inner};
   mbd_weight_spec w[MBD_TRUNK_MAX_LAYER_TENSORS];
-  mbd_trunk_spec sp = {.dtype = opts->dtype, .threads = opts->threads, .isa = opts->isa,
-                       .max_rows = opts->max_rows, .progress = opts->progress, .d = c->d_model,
-                       .embed = "backbone.embedding.weight", .V = c->vocab_padded,
-                       .tied = c->tie_embeddings, .n_layer = c->n_layer,
-                       .layer_size = sizeof(layer_w), .layer = w, .nlayer = layer_tensors(c, w)};
-  if ((rc = mbd_trunk_load(&m->t, dir, &sp, err)) || (rc = alloc_workspace(m, err))) goto fail;
+  mbd_trunk_spec sp = {
+      .dtype = opts->dtype, .threads = opts->threads, .isa = opts->isa,
+      .max_rows = opts->max_rows, .progress = opts->progress, .d = c->d_model,
+      .embed = "backbone.embedding.weight", .V = c->vocab_padded, .tied = c->tie_embeddings,
+      .n_layer = c->n_layer, .layer_size = sizeof(layer_w), .layer = w,
+      .nlayer = layer_tensors(c, w), .bufs = bufs, .widths = widths, .nbufs = 2, .ks = ks,
+      .nks = 2,
+      .state = {.shape = mbd_mamba3_state_shape(c),
+                .floats = layers_of(c) * (n_ang(c) + n_ssm(c) + n_k(c) + n_v(c))},
+      .model = m, .forward = forward_rows};
+  if ((rc = mbd_trunk_load(&m->t, dir, &sp, err))) goto fail;
   m->layers = m->t.layers;
-  m->t.state = (mbd_seq_state_desc){
-      .shape = mbd_mamba3_state_shape(c),
-      .floats = layers_of(c) * (n_ang(c) + n_ssm(c) + n_k(c) + n_v(c))};
-  mbd_trunk_bind(&m->t, m, forward_rows);
+  size_t scratch = (size_t)mbd_cpu_ctx_threads(m->t.ctx) * 2 * (size_t)c->d_state;
+  if ((rc = mbd_trunk_alloc_floats(&m->t, scratch, &m->scratch, err))) goto fail;
   *out = m;
   return MBD_OK;
 fail:
   mbd_mamba3_destroy(&m);
   return mbd_error_prefix(err, "mamba3 %s: ", dir);
-}
-
-void mbd_mamba3_destroy(mbd_mamba3_model **pm) {
-  if (!pm || !*pm) return;
-  free((*pm)->scratch);
-  mbd_trunk_free(&(*pm)->t);
-  free(*pm);
-  *pm = NULL;
 }
 
 const mbd_mamba3_config *mbd_mamba3_model_config(const mbd_mamba3_model *m) { return &m->cfg; }

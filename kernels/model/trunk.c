@@ -58,18 +58,6 @@ static int load_tail(mbd_trunk *t, const mbd_st_dir *s, const mbd_trunk_spec *sp
                          &t->weight_bytes, err);
 }
 
-int mbd_trunk_load(mbd_trunk *t, const char *dir, const mbd_trunk_spec *spec, mbd_error *err) {
-  mbd_st_dir *s = NULL;
-  int rc = init(t, spec, err);
-  if (!rc) rc = mbd_st_dir_open(dir, &s, err);
-  if (!rc) rc = mbd_st_dir_set_progress(s, spec->progress, err);
-  if (!rc) rc = load_embed(t, s, dir, spec, err);
-  if (!rc) rc = load_layers(t, s, spec->n_layer, err);
-  if (!rc) rc = load_tail(t, s, spec, err);
-  mbd_st_dir_destroy(&s);
-  return rc;
-}
-
 void mbd_trunk_free(mbd_trunk *t) {
   for (int i = 0; t->layers && i < t->n_layer; i++)
     mbd_weights_free_layer(t->layer, t->nlayer, (char *)t->layers + (size_t)i * t->layer_size);
@@ -88,29 +76,39 @@ void mbd_trunk_free(mbd_trunk *t) {
   t->norm_f = t->resid = t->xn = t->out = NULL;
 }
 
+int mbd_trunk_alloc_floats(mbd_trunk *t, size_t n, float **out, mbd_error *err) {
+  if (t->nws == MBD_TRUNK_MAX_WORKSPACES)
+    return mbd_error_set(err, MBD_E_INVALID, "model: more than %d workspaces",
+                         MBD_TRUNK_MAX_WORKSPACES);
+  *out = calloc(n, sizeof(float));
+  if (!*out) return mbd_error_set(err, MBD_E_NOMEM, "model: cannot allocate workspace");
+  t->ws[t->nws++] = *out;
+  return MBD_OK;
+}
+
 static float *alloc_row_buf(const mbd_trunk *t, size_t width, mbd_error *err) {
   float *b = calloc((size_t)t->max_rows * width, sizeof(float));
   if (!b) mbd_error_set(err, MBD_E_NOMEM, "model: cannot allocate workspace");
   return b;
 }
 
-int mbd_trunk_alloc_rows(mbd_trunk *t, float **const *bufs, const size_t *widths, size_t n,
-                         mbd_error *err) {
+/* The residual stream's rows and the family's workspaces. */
+static int alloc_rows(mbd_trunk *t, float **const *bufs, const size_t *widths, size_t n,
+                      mbd_error *err) {
   size_t d = (size_t)t->d;
   if (!t->resid && (!(t->resid = alloc_row_buf(t, d, err)) || !(t->xn = alloc_row_buf(t, d, err)) ||
                     !(t->out = alloc_row_buf(t, d, err))))
     return MBD_E_NOMEM;
-  if (n > (size_t)(MBD_TRUNK_MAX_WORKSPACES - t->nws))
-    return mbd_error_set(err, MBD_E_INVALID, "model: more than %d workspaces",
-                         MBD_TRUNK_MAX_WORKSPACES);
   for (size_t i = 0; i < n; i++) {
-    if (!(*bufs[i] = alloc_row_buf(t, widths[i], err))) return MBD_E_NOMEM;
-    t->ws[t->nws++] = *bufs[i];
+    int rc = mbd_trunk_alloc_floats(t, (size_t)t->max_rows * widths[i], bufs[i], err);
+    if (rc) return rc;
   }
   return MBD_OK;
 }
 
-int mbd_trunk_reserve(mbd_trunk *t, const int64_t *ks, int n, mbd_error *err) {
+/* The GEMM scratch for the widest of the n reduction sizes ks, so a forward
+ * never allocates. */
+static int reserve(mbd_trunk *t, const int64_t *ks, int n, mbd_error *err) {
   size_t need = 0;
   for (int i = 0; i < n; i++) {
     size_t b = mbd_cpu_gemm_scratch_bytes(ks[i]);
@@ -128,11 +126,25 @@ void mbd_trunk_add_out(mbd_trunk *t, int64_t rows) {
   for (int64_t i = 0; i < rows * t->d; i++) t->resid[i] = t->resid[i] + t->out[i];
 }
 
-void mbd_trunk_bind(mbd_trunk *t, void *model,
-                    int (*forward)(void *, void *const *, const int64_t *, int64_t, int64_t,
-                                   mbd_error *)) {
-  t->rows = (mbd_rows_model){.model = model, .ctx = t->ctx, .embed = t->embed,
+static void bind(mbd_trunk *t, const mbd_trunk_spec *sp) {
+  t->state = sp->state;
+  t->rows = (mbd_rows_model){.model = sp->model, .ctx = t->ctx, .embed = t->embed,
                              .head = t->lm_head ? t->lm_head : t->embed, .d = t->d, .V = t->V,
                              .max_rows = t->max_rows, .resid = t->resid, .xn = t->xn,
-                             .batch = &t->batch, .state = &t->state, .forward = forward};
+                             .batch = &t->batch, .state = &t->state, .forward = sp->forward};
+}
+
+int mbd_trunk_load(mbd_trunk *t, const char *dir, const mbd_trunk_spec *spec, mbd_error *err) {
+  mbd_st_dir *s = NULL;
+  int rc = init(t, spec, err);
+  if (!rc) rc = mbd_st_dir_open(dir, &s, err);
+  if (!rc) rc = mbd_st_dir_set_progress(s, spec->progress, err);
+  if (!rc) rc = load_embed(t, s, dir, spec, err);
+  if (!rc) rc = load_layers(t, s, spec->n_layer, err);
+  if (!rc) rc = load_tail(t, s, spec, err);
+  mbd_st_dir_destroy(&s);
+  if (!rc) rc = alloc_rows(t, spec->bufs, spec->widths, spec->nbufs, err);
+  if (!rc) rc = reserve(t, spec->ks, spec->nks, err);
+  if (!rc) bind(t, spec);
+  return rc;
 }

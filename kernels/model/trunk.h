@@ -23,7 +23,7 @@
 #include "kernels/model/weights.h"
 
 #define MBD_TRUNK_MAX_LAYER_TENSORS 16 /* rows of a layer's tensor table */
-#define MBD_TRUNK_MAX_WORKSPACES 8     /* family workspaces of max_rows rows */
+#define MBD_TRUNK_MAX_WORKSPACES 8     /* family workspaces */
 
 /* What a family's checkpoint holds and how to load it. */
 typedef struct mbd_trunk_spec {
@@ -42,6 +42,16 @@ typedef struct mbd_trunk_spec {
   size_t layer_size;                 /* sizeof the family's layer struct */
   const mbd_weight_spec *layer;      /* a layer's tensors (kernels/model/weights.h) */
   size_t nlayer;                     /* rows of layer, <= MBD_TRUNK_MAX_LAYER_TENSORS */
+  float **const *bufs;               /* the family's workspaces, [max_rows, widths[i]] */
+  const size_t *widths;
+  size_t nbufs;                      /* <= MBD_TRUNK_MAX_WORKSPACES */
+  const int64_t *ks;                 /* the GEMMs' reduction sizes, for their scratch */
+  int nks;
+  mbd_seq_state_desc state;          /* the model's states */
+  void *model;                       /* the family's model, for forward */
+  /* Runs every layer over `rows` rows (mbd_rows_model.forward). */
+  int (*forward)(void *model, void *const *states, const int64_t *seg, int64_t nseg,
+                 int64_t rows, mbd_error *err);
 } mbd_trunk_spec;
 
 typedef struct mbd_trunk {
@@ -62,41 +72,30 @@ typedef struct mbd_trunk {
   float *resid;           /* [max_rows, d] residual stream */
   float *xn;              /* [max_rows, d] normed rows */
   float *out;             /* [max_rows, d] a layer's output projection */
-  float *ws[MBD_TRUNK_MAX_WORKSPACES]; /* the family's workspaces (mbd_trunk_alloc_rows) */
+  float *ws[MBD_TRUNK_MAX_WORKSPACES]; /* the family's workspaces */
   int nws;                /* how many */
-  mbd_seq_state_desc state; /* the model's states, set by the family before mbd_trunk_bind */
+  mbd_seq_state_desc state; /* the model's states */
   mbd_rows_batch batch;   /* per-call buffers */
-  mbd_rows_model rows;    /* the model as the prefill driver sees it (mbd_trunk_bind) */
+  mbd_rows_model rows;    /* the model as the prefill driver sees it */
 } mbd_trunk;
 
 /* Loads the checkpoint in dir as spec says into t (zeroed): starts the
- * thread context, then the embedding, every layer, the final norm and the
- * head. Refuses a dtype other than f32, bf16, f16 (MBD_E_INVALID) and a
- * stored embedding of no rows or more than INT32_MAX (MBD_E_SHAPE); errors
- * name the tensor. On failure t holds what was loaded: mbd_trunk_free it. */
+ * thread context, loads the embedding, every layer, the final norm and the
+ * head, allocates the workspaces and sets t->rows, so that the family's
+ * prefill and step are mbd_rows_prefill(&t->rows) and mbd_rows_step. Refuses
+ * a dtype other than f32, bf16, f16 (MBD_E_INVALID) and a stored embedding
+ * of no rows or more than INT32_MAX (MBD_E_SHAPE); errors name the tensor. On failure t holds what was loaded: mbd_trunk_free it. */
 int mbd_trunk_load(mbd_trunk *t, const char *dir, const mbd_trunk_spec *spec, mbd_error *err);
 /* Frees what the trunk holds (t itself is the caller's). */
 void mbd_trunk_free(mbd_trunk *t);
 
-/* Allocates n zeroed workspaces *bufs[i] of [max_rows, widths[i]] floats,
- * which the trunk frees; the trunk's own (resid, xn, out) with the first
- * call. */
-int mbd_trunk_alloc_rows(mbd_trunk *t, float **const *bufs, const size_t *widths, size_t n,
-                         mbd_error *err);
-/* Reserves the GEMM scratch for the widest of the n reduction sizes ks, so
- * a forward never allocates. */
-int mbd_trunk_reserve(mbd_trunk *t, const int64_t *ks, int n, mbd_error *err);
+/* *out = n zeroed floats of workspace, which the trunk frees (beside the
+ * spec's rows: a family's per-thread scratch). */
+int mbd_trunk_alloc_floats(mbd_trunk *t, size_t n, float **out, mbd_error *err);
 
 /* xn[r] = rmsnorm(resid[r]) * w, r < rows. */
 void mbd_trunk_norm(mbd_trunk *t, int64_t rows, const float *w, float eps);
 /* resid += out over rows rows. */
 void mbd_trunk_add_out(mbd_trunk *t, int64_t rows);
-
-/* Sets t->rows for model and its forward, once its weights, rows and state
- * description are in place; then a family's prefill and step are
- * mbd_rows_prefill(&t->rows) and mbd_rows_step(&t->rows). */
-void mbd_trunk_bind(mbd_trunk *t, void *model,
-                    int (*forward)(void *, void *const *, const int64_t *, int64_t, int64_t,
-                                   mbd_error *));
 
 #endif

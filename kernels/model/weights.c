@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/half.h"
+#include "kernels/portable_math.h"
 
 float mbd_weights_round(mbd_dtype dt, float v) {
   if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(mbd_f32_to_bf16(v));
@@ -87,6 +88,12 @@ int mbd_weights_load_layer(const mbd_st_dir *s, int i, const mbd_weight_spec *w,
                            err);
     }
     if (rc) return rc;
+    if (t->neg_exp) {
+      float *v = *(float **)field;
+      size_t nv = 1;
+      for (int d = 0; d < t->ndim; d++) nv *= (size_t)t->shape[d];
+      for (size_t j = 0; j < nv; j++) v[j] = -mbd_pm_expf(v[j]);
+    }
   }
   return MBD_OK;
 }

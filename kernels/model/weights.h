@@ -53,6 +53,7 @@ typedef struct mbd_weight_spec {
   int ndim;             /* VEC: the rank of shape */
   int64_t shape[3];     /* VEC: the shape; MAT: rows, cols; CONV: channels, taps */
   bool f32;             /* VEC: kept in f32 whatever the storage dtype */
+  bool neg_exp;         /* VEC: holds -exp(stored) (A from A_log), after the rounding */
 } mbd_weight_spec;
 
 /* Table rows for a field of layer struct T (VEC's shape is 1 to 3 dims). */
@@ -64,6 +65,10 @@ typedef struct mbd_weight_spec {
   ((mbd_weight_spec){.suffix = (name), .kind = MBD_WEIGHT_VEC, .offset = offsetof(T, field),    \
                      .ndim = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),        \
                      .shape = {__VA_ARGS__}, .f32 = true})
+#define MBD_WEIGHT_NEG_EXP(T, field, name, ...)                                                 \
+  ((mbd_weight_spec){.suffix = (name), .kind = MBD_WEIGHT_VEC, .offset = offsetof(T, field),    \
+                     .ndim = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),        \
+                     .shape = {__VA_ARGS__}, .neg_exp = true})
 #define MBD_WEIGHT_MAT(T, field, name, rows, cols)                                              \
   ((mbd_weight_spec){.suffix = (name), .kind = MBD_WEIGHT_MAT, .offset = offsetof(T, field),    \
                      .shape = {(rows), (cols)}})
@@ -73,7 +78,8 @@ typedef struct mbd_weight_spec {
 
 /* Loads the n tensors of table w for layer i into the layer struct at
  * layer, in storage dtype dt (f32 where the row says so); *bytes as
- * mbd_weights_vec. */
+ * mbd_weights_vec. -exp is the portable one (kernels/portable_math.h), as
+ * the GPU models compute it, so A has the same bits on every backend. */
 int mbd_weights_load_layer(const mbd_st_dir *s, int i, const mbd_weight_spec *w, size_t n,
                            mbd_dtype dt, void *layer, size_t *bytes, mbd_error *err);
 /* Frees the fields of table w in the layer struct at layer and nulls them
