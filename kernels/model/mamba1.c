@@ -15,13 +15,14 @@
 #include "kernels/cpu/cpu_ctx.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/mamba_ops.h"
+#include "kernels/model/conv_rows.h"
 #include "kernels/model/family_ops.h"
 #include "kernels/model/seq_state.h"
 #include "kernels/model/trunk.h"
 #include "kernels/model/weights.h"
 
 #define DEFAULT_MAX_ROWS 256
-#define CHANNEL_BLOCK 64 /* channels per conv/scan task */
+#define CHANNEL_BLOCK 64 /* channels per scan task */
 
 typedef struct layer_w {
   float *norm;             /* [d] */
@@ -152,25 +153,9 @@ typedef struct chunk {
   mbd_seq_state *const *states;
   const int64_t *seg; /* nseg x {seq, row0, nrows, t0} */
   int64_t nseg;
-  int64_t nblocks;    /* channel blocks */
+  int64_t nblocks;    /* channel blocks of the scan */
   int layer;
 } chunk;
-
-static void conv_task(void *arg, int64_t task, int thread) {
-  (void)thread;
-  const chunk *ch = arg;
-  const mbd_mamba1_model *m = ch->m;
-  const layer_w *L = &m->layers[ch->layer];
-  int64_t di = m->cfg.d_inner;
-  int dc = m->cfg.d_conv;
-  const int64_t *sg = ch->seg + 4 * (task / ch->nblocks);
-  int64_t c0 = (task % ch->nblocks) * CHANNEL_BLOCK;
-  int64_t c1 = c0 + CHANNEL_BLOCK < di ? c0 + CHANNEL_BLOCK : di;
-  float *state = ch->states[sg[0]]->buf + (size_t)ch->layer * (size_t)(dc - 1) * (size_t)di;
-  for (int64_t r = sg[1]; r < sg[1] + sg[2]; r++)
-    mbd_cpu_conv_step(mbd_cpu_ctx_isa(m->t.ctx), c0, c1, di, dc, L->conv_w, L->conv_b, state, m->xz + r * 2 * di,
-                      m->xc + r * di);
-}
 
 static void scan_task(void *arg, int64_t task, int thread) {
   (void)thread;
@@ -208,7 +193,11 @@ static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_
     if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->t.xn, d, L->in_proj, L->in_bias, m->xz, 2 * di,
                                   err)))
       return rc;
-    mbd_cpu_ctx_run_sized(m->t.ctx, conv_task, &ch, nseg * ch.nblocks, rows * di * c->d_conv);
+    mbd_conv_rows conv = {.ctx = m->t.ctx, .states = states, .seg = seg, .nseg = nseg,
+                          .channels = di, .dc = c->d_conv, .w = L->conv_w, .b = L->conv_b,
+                          .state_off = (size_t)l * (size_t)(c->d_conv - 1) * (size_t)di,
+                          .in = m->xz, .ld_in = 2 * di, .out = m->xc};
+    mbd_conv_rows_run(&conv, rows);
     if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->xc, di, L->x_proj, NULL, m->dbc, R + 2 * S,
                                   err)))
       return rc;

@@ -17,6 +17,7 @@
 #include "kernels/cpu/gated_rmsnorm.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/mamba_ops.h"
+#include "kernels/model/conv_rows.h"
 #include "kernels/model/family_ops.h"
 #include "kernels/model/seq_state.h"
 #include "kernels/model/trunk.h"
@@ -24,7 +25,7 @@
 #include "kernels/cpu/ssd_step.h"
 
 #define DEFAULT_MAX_ROWS 256
-#define CHANNEL_BLOCK 64 /* conv channels, and scan channels (whole heads), per task */
+#define CHANNEL_BLOCK 64 /* scan channels (whole heads) per task */
 
 typedef struct layer_w {
   float *norm;             /* [d] */
@@ -149,26 +150,10 @@ typedef struct chunk {
   mbd_mamba2_model *m;
   mbd_seq_state *const *states;
   const int64_t *seg; /* nseg x {seq, row0, nrows, t0} */
-  int64_t nblocks;    /* conv channel blocks or head blocks per segment */
+  int64_t nblocks;    /* head blocks per segment */
   int hb;             /* heads per scan task */
   int layer;
 } chunk;
-
-static void conv_task(void *arg, int64_t task, int thread) {
-  (void)thread;
-  const chunk *ch = arg;
-  const mbd_mamba2_model *m = ch->m;
-  const layer_w *L = &m->layers[ch->layer];
-  int64_t cd = m->conv_dim, di = m->cfg.d_inner;
-  int dc = m->cfg.d_conv;
-  const int64_t *sg = ch->seg + 4 * (task / ch->nblocks);
-  int64_t c0 = (task % ch->nblocks) * CHANNEL_BLOCK;
-  int64_t c1 = c0 + CHANNEL_BLOCK < cd ? c0 + CHANNEL_BLOCK : cd;
-  float *state = ch->states[sg[0]]->buf + (size_t)ch->layer * (size_t)(dc - 1) * (size_t)cd;
-  for (int64_t r = sg[1]; r < sg[1] + sg[2]; r++)
-    mbd_cpu_conv_step(mbd_cpu_ctx_isa(m->t.ctx), c0, c1, cd, dc, L->conv_w, L->conv_b, state,
-                      m->zx + r * m->pin + di, m->xbc + r * cd);
-}
 
 static void scan_task(void *arg, int64_t task, int thread) {
   (void)thread;
@@ -198,19 +183,21 @@ static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_
   const mbd_mamba2_config *c = &m->cfg;
   int64_t d = c->d_model, di = c->d_inner, cd = m->conv_dim;
   int hb = CHANNEL_BLOCK / c->head_dim > 0 ? CHANNEL_BLOCK / c->head_dim : 1;
-  chunk cc = {.m = m, .states = states, .seg = seg,
-              .nblocks = (cd + CHANNEL_BLOCK - 1) / CHANNEL_BLOCK};
   chunk sc = {.m = m, .states = states, .seg = seg, .hb = hb,
               .nblocks = (c->n_heads + hb - 1) / hb};
   int rc;
   for (int l = 0; l < c->n_layer; l++) {
     const layer_w *L = &m->layers[l];
-    cc.layer = sc.layer = l;
+    sc.layer = l;
     mbd_trunk_norm(&m->t, rows, L->norm, c->norm_eps);
     if ((rc = mbd_cpu_gemm_packed(m->t.ctx, rows, m->t.xn, d, L->in_proj, L->in_bias, m->zx, m->pin,
                                   err)))
       return rc;
-    mbd_cpu_ctx_run_sized(m->t.ctx, conv_task, &cc, nseg * cc.nblocks, rows * cd * c->d_conv);
+    mbd_conv_rows conv = {.ctx = m->t.ctx, .states = states, .seg = seg, .nseg = nseg,
+                          .channels = cd, .dc = c->d_conv, .w = L->conv_w, .b = L->conv_b,
+                          .state_off = (size_t)l * (size_t)(c->d_conv - 1) * (size_t)cd,
+                          .in = m->zx + di, .ld_in = m->pin, .out = m->xbc};
+    mbd_conv_rows_run(&conv, rows);
     mbd_cpu_ctx_run_sized(m->t.ctx, scan_task, &sc, nseg * sc.nblocks,
                           rows * di * c->d_state * 3);
     for (int64_t r = 0; r < rows; r++)
