@@ -135,13 +135,9 @@ fail:
 
 const mbd_mamba2_config *mbd_mamba2_config_of(const mbd_mamba2_model *m) { return &m->cfg; }
 
-mbd_state_shape mbd_mamba2_state_shape(const mbd_mamba2_config *cfg) {
-  mbd_state_shape sh = {.family = MBD_STATE_FAMILY_MAMBA2,
-                        .n_layer = (uint32_t)cfg->n_layer,
-                        .d_inner = (uint32_t)cfg->d_inner,
-                        .d_conv = (uint32_t)cfg->d_conv,
-                        .d_state = (uint32_t)cfg->d_state};
-  return sh;
+mbd_state_shape mbd_mamba2_state_shape(const mbd_mamba2_config *c) {
+  return (mbd_state_shape){MBD_STATE_FAMILY_MAMBA2, (uint32_t)c->n_layer, (uint32_t)c->d_inner,
+                           (uint32_t)c->d_conv, (uint32_t)c->d_state};
 }
 
 /* ---- forward ---- */

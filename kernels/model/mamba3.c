@@ -267,12 +267,8 @@ fail:
 const mbd_mamba3_config *mbd_mamba3_model_config(const mbd_mamba3_model *m) { return &m->cfg; }
 
 mbd_state_shape mbd_mamba3_state_shape(const mbd_mamba3_config *c) {
-  mbd_state_shape sh = {.family = MBD_STATE_FAMILY_MAMBA3,
-                        .n_layer = (uint32_t)c->n_layer,
-                        .d_inner = (uint32_t)c->d_inner,
-                        .d_conv = (uint32_t)c->heads,
-                        .d_state = (uint32_t)c->d_state};
-  return sh;
+  return (mbd_state_shape){MBD_STATE_FAMILY_MAMBA3, (uint32_t)c->n_layer, (uint32_t)c->d_inner,
+                           (uint32_t)c->heads /* as d_conv */, (uint32_t)c->d_state};
 }
 
 /* ---- forward ---- */
