@@ -56,19 +56,19 @@ typedef struct mbd_weight_spec {
   bool neg_exp;         /* VEC: holds -exp(stored) (A from A_log), after the rounding */
 } mbd_weight_spec;
 
-/* Table rows for a field of layer struct T (VEC's shape is 1 to 3 dims). */
+/* Table rows for a field of layer struct T. VEC's shape is 1 to 3 dims,
+ * counted as the size of an int64_t array of them; VEC_F32 keeps f32,
+ * NEG_EXP holds -exp of the stored values. */
+#define MBD_WEIGHT_VEC_WITH(T, field, name, flag, ...)                                          \
+  ((mbd_weight_spec){.suffix = (name), .kind = MBD_WEIGHT_VEC, .offset = offsetof(T, field),    \
+                     .ndim = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),        \
+                     .shape = {__VA_ARGS__}, flag})
 #define MBD_WEIGHT_VEC(T, field, name, ...)                                                     \
-  ((mbd_weight_spec){.suffix = (name), .kind = MBD_WEIGHT_VEC, .offset = offsetof(T, field),    \
-                     .ndim = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),        \
-                     .shape = {__VA_ARGS__}})
+  MBD_WEIGHT_VEC_WITH(T, field, name, .f32 = false, __VA_ARGS__)
 #define MBD_WEIGHT_VEC_F32(T, field, name, ...)                                                 \
-  ((mbd_weight_spec){.suffix = (name), .kind = MBD_WEIGHT_VEC, .offset = offsetof(T, field),    \
-                     .ndim = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),        \
-                     .shape = {__VA_ARGS__}, .f32 = true})
+  MBD_WEIGHT_VEC_WITH(T, field, name, .f32 = true, __VA_ARGS__)
 #define MBD_WEIGHT_NEG_EXP(T, field, name, ...)                                                 \
-  ((mbd_weight_spec){.suffix = (name), .kind = MBD_WEIGHT_VEC, .offset = offsetof(T, field),    \
-                     .ndim = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),        \
-                     .shape = {__VA_ARGS__}, .neg_exp = true})
+  MBD_WEIGHT_VEC_WITH(T, field, name, .neg_exp = true, __VA_ARGS__)
 #define MBD_WEIGHT_MAT(T, field, name, rows, cols)                                              \
   ((mbd_weight_spec){.suffix = (name), .kind = MBD_WEIGHT_MAT, .offset = offsetof(T, field),    \
                      .shape = {(rows), (cols)}})
