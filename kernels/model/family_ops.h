@@ -1,15 +1,84 @@
-/* The CPU family vtable (kernels/model/family.h) of a family whose typed API
- * follows the common naming: mbd_<fam>_model / _state, _destroy, _vocab,
- * _isa, _state_new / _destroy / _export_size / _export / _import, _prefill,
- * _step, and mbd_<fam>_options with dtype, threads and isa. The adapters only
- * cast the opaque pointers, so every family's table is written once, here.
+/* What the CPU families share of their typed API and their vtable
+ * (kernels/model/family.h), for a family whose typed API follows the common
+ * naming: mbd_<fam>_model, whose mbd_trunk is its member `t`
+ * (kernels/model/trunk.h), mbd_<fam>_state, an mbd_seq_state behind the
+ * family's opaque name (kernels/model/seq_state.h), and mbd_<fam>_options
+ * with dtype, threads, isa and progress. Every function here only forwards
+ * to the trunk or the state module and casts the opaque pointers, so it is
+ * written once for every family.
  *
+ *   MBD_CPU_FAMILY_API(fam, sel_t)    the functions of mbd_<fam>.h that are
+ *                                     not the family's own: destroy, vocab,
+ *                                     dtype, isa, weight_bytes, the state's
+ *                                     new, destroy, reset, position,
+ *                                     export_size, export, import, and
+ *                                     prefill (logits selector of type
+ *                                     sel_t) and step
  *   MBD_CPU_FAMILY_LOAD(fam)          static fam_load from mbd_<fam>_load
  *   MBD_CPU_FAMILY_OPS(fam, load_fn)  const mbd_cpu_model_ops mbd_<fam>_cpu_ops */
 #ifndef MBD_KERNELS_MODEL_FAMILY_OPS_H
 #define MBD_KERNELS_MODEL_FAMILY_OPS_H
 
+#include <stdlib.h>
+
+#include "kernels/cpu/cpu_ctx.h"
 #include "kernels/model/family.h"
+#include "kernels/model/rows.h"
+#include "kernels/model/seq_state.h"
+#include "kernels/model/trunk.h"
+
+#define MBD_CPU_FAMILY_API(fam, sel_t)                                                           \
+  void mbd_##fam##_destroy(mbd_##fam##_model **pm) {                                             \
+    if (!pm || !*pm) return;                                                                     \
+    mbd_trunk_free(&(*pm)->t);                                                                   \
+    free(*pm);                                                                                   \
+    *pm = NULL;                                                                                  \
+  }                                                                                              \
+  int mbd_##fam##_vocab(const mbd_##fam##_model *m) { return (int)m->t.V; }                      \
+  mbd_dtype mbd_##fam##_dtype(const mbd_##fam##_model *m) { return m->t.dtype; }                 \
+  const char *mbd_##fam##_isa(const mbd_##fam##_model *m) {                                      \
+    return mbd_cpu_isa_name(mbd_cpu_ctx_isa(m->t.ctx));                                          \
+  }                                                                                              \
+  size_t mbd_##fam##_weight_bytes(const mbd_##fam##_model *m) { return m->t.weight_bytes; }      \
+  int mbd_##fam##_state_new(const mbd_##fam##_model *m, mbd_##fam##_state **out,                 \
+                            mbd_error *err) {                                                    \
+    mbd_seq_state *s = NULL;                                                                     \
+    int rc = mbd_seq_state_new(&m->t.state, &s, err);                                            \
+    *out = (mbd_##fam##_state *)s;                                                               \
+    return rc;                                                                                   \
+  }                                                                                              \
+  void mbd_##fam##_state_destroy(mbd_##fam##_state **ps) {                                       \
+    if (!ps) return;                                                                             \
+    mbd_seq_state *s = (mbd_seq_state *)*ps;                                                     \
+    mbd_seq_state_destroy(&s);                                                                   \
+    *ps = NULL;                                                                                  \
+  }                                                                                              \
+  void mbd_##fam##_state_reset(mbd_##fam##_state *s) { mbd_seq_state_reset((mbd_seq_state *)s); } \
+  int64_t mbd_##fam##_state_position(const mbd_##fam##_state *s) {                               \
+    return ((const mbd_seq_state *)s)->pos;                                                      \
+  }                                                                                              \
+  size_t mbd_##fam##_state_export_size(const mbd_##fam##_state *s) {                             \
+    return mbd_seq_state_export_size((const mbd_seq_state *)s);                                  \
+  }                                                                                              \
+  int mbd_##fam##_state_export(const mbd_##fam##_state *s, void *buf, size_t cap, size_t *len,   \
+                               mbd_error *err) {                                                 \
+    return mbd_seq_state_export((const mbd_seq_state *)s, buf, cap, len, err);                   \
+  }                                                                                              \
+  int mbd_##fam##_state_import(mbd_##fam##_state *s, const void *buf, size_t len,                \
+                               mbd_error *err) {                                                 \
+    return mbd_seq_state_import((mbd_seq_state *)s, buf, len, err);                              \
+  }                                                                                              \
+  int mbd_##fam##_prefill(mbd_##fam##_model *m, mbd_##fam##_state *const *states, int batch,    \
+                          const int32_t *const *tokens, const int64_t *lens, sel_t which,        \
+                          float *logits, mbd_error *err) {                                       \
+    return mbd_rows_prefill(m ? &m->t.rows : NULL, (void *const *)states, batch, tokens, lens,   \
+                            (mbd_logits_sel)which, logits, err);                                 \
+  }                                                                                              \
+  int mbd_##fam##_step(mbd_##fam##_model *m, mbd_##fam##_state *const *states, int batch,       \
+                       const int32_t *tokens, float *logits, mbd_error *err) {                   \
+    return mbd_rows_step(m ? &m->t.rows : NULL, (void *const *)states, batch, tokens, logits,    \
+                         err);                                                                   \
+  }
 
 #define MBD_CPU_FAMILY_LOAD(fam)                                                                 \
   static int fam_load(const char *dir, const mbd_cpu_model_opts *o, void **model,               \
@@ -19,6 +88,7 @@
     mo.dtype = o->dtype;                                                                         \
     mo.threads = o->threads;                                                                     \
     mo.isa = o->isa;                                                                             \
+    mo.progress = o->progress;                                                                   \
     mbd_##fam##_model *m = NULL;                                                                 \
     int rc = mbd_##fam##_load(dir, &mo, &m, err);                                                \
     *model = m;                                                                                  \
@@ -69,8 +139,8 @@
       .state_new = fam##_ops_state_new,                                                          \
       .state_free = fam##_ops_state_free,                                                        \
       .state_bytes = fam##_ops_state_bytes,                                                      \
-      .state_save = fam##_ops_state_save,                                                        \
       .state_load = fam##_ops_state_load,                                                        \
+      .state_save = fam##_ops_state_save,                                                        \
       .prefill = fam##_ops_prefill,                                                              \
       .step = fam##_ops_step,                                                                    \
   }

@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/progress.h"
 #include "common/status.h"
 #include "common/tensor.h"
 #include "kernels/model/family.h"
@@ -68,6 +69,7 @@ typedef struct mbd_mamba2_options {
   int threads;     /* CPU threads; <= 0 = one per online CPU */
   int isa;         /* mbd_cpu_isa; 0 = best available */
   int max_rows;    /* token rows per internal chunk (workspace); 0 = 256 */
+  const mbd_progress_opts *progress; /* loading progress; NULL (default): silent */
 } mbd_mamba2_options;
 
 /* Fills defaults: f32, all threads, best ISA, 256 rows. */
@@ -82,6 +84,7 @@ void mbd_mamba2_destroy(mbd_mamba2_model **m);
 
 const mbd_mamba2_config *mbd_mamba2_config_of(const mbd_mamba2_model *m);
 int mbd_mamba2_vocab(const mbd_mamba2_model *m);
+mbd_dtype mbd_mamba2_dtype(const mbd_mamba2_model *m);
 const char *mbd_mamba2_isa(const mbd_mamba2_model *m);
 size_t mbd_mamba2_weight_bytes(const mbd_mamba2_model *m);
 

@@ -15,14 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/half.h"
-#include "common/safetensors.h"
 #include "kernels/cpu/cpu_ctx.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/mamba3_ops.h"
 #include "kernels/cpu/mamba_ops.h"
 #include "kernels/model/family_ops.h"
-#include "kernels/model/rows.h"
+#include "kernels/model/seq_state.h"
 #include "kernels/model/trunk.h"
 #include "kernels/model/weights.h"
 #include "kernels/portable_math.h"
@@ -167,17 +165,34 @@ typedef struct layer_w {
 struct mbd_mamba3_model {
   mbd_mamba3_config cfg;
   mbd_m3_dims dims;
-  mbd_trunk t;            /* embedding [Vp, d], head, final norm, rows, batch buffers */
-  layer_w *layers;
-  float *proj, *y;        /* workspace rows: [rows, d_in_proj], [rows, d_inner] */
-  float *scratch;         /* [threads][2 d_state] */
+  mbd_trunk t;            /* embedding [Vp, d], layers, head, final norm, rows, states */
+  layer_w *layers;        /* [n_layer], t's */
+  float *proj, *y;        /* workspace rows (t's): [rows, d_in_proj], [rows, d_inner] */
+  float *scratch;         /* [threads][2 d_state] (t's) */
 };
 
-struct mbd_mamba3_state {
-  int n_layer, heads, headdim, d_state, angles;
-  int64_t pos;
-  float *buf; /* angle | ssm | k | v, each [n_layer][heads][...] */
-};
+/* A state (kernels/model/seq_state.h) is the image payload: f32
+ * angle[L][H][S], ssm[L][H][P][N], k[L][H][N], v[L][H][P]. Floats per layer
+ * of each part, and where a layer's part lies in the state's buffer: */
+static size_t n_ang(const mbd_mamba3_config *c) { return (size_t)c->heads * (size_t)c->angles; }
+static size_t n_ssm(const mbd_mamba3_config *c) {
+  return (size_t)c->heads * (size_t)c->headdim * (size_t)c->d_state;
+}
+static size_t n_k(const mbd_mamba3_config *c) { return (size_t)c->heads * (size_t)c->d_state; }
+static size_t n_v(const mbd_mamba3_config *c) { return (size_t)c->heads * (size_t)c->headdim; }
+static size_t layers_of(const mbd_mamba3_config *c) { return (size_t)c->n_layer; }
+static float *part_ang(const mbd_mamba3_config *c, float *buf, int l) {
+  return buf + (size_t)l * n_ang(c);
+}
+static float *part_ssm(const mbd_mamba3_config *c, float *buf, int l) {
+  return buf + layers_of(c) * n_ang(c) + (size_t)l * n_ssm(c);
+}
+static float *part_k(const mbd_mamba3_config *c, float *buf, int l) {
+  return buf + layers_of(c) * (n_ang(c) + n_ssm(c)) + (size_t)l * n_k(c);
+}
+static float *part_v(const mbd_mamba3_config *c, float *buf, int l) {
+  return buf + layers_of(c) * (n_ang(c) + n_ssm(c) + n_k(c)) + (size_t)l * n_v(c);
+}
 
 void mbd_mamba3_options_default(mbd_mamba3_options *o) {
   memset(o, 0, sizeof(*o));
@@ -186,57 +201,27 @@ void mbd_mamba3_options_default(mbd_mamba3_options *o) {
   o->max_rows = DEFAULT_MAX_ROWS;
 }
 
-static int load_vec(const mbd_st_dir *s, const char *name, int ndim, const int64_t *shape,
-                    mbd_dtype dt, float **out, mbd_error *err) {
-  return mbd_weights_vec(s, name, ndim, shape, dt, out, NULL, err);
+/* ---- loading (through the trunk, kernels/model/trunk.h) ---- */
+
+/* The checkpoint tensors of a layer, "backbone.layers.<i>." + suffix; the
+ * biases and D stay f32, as upstream keeps them. */
+static size_t layer_tensors(const mbd_mamba3_config *c, mbd_weight_spec *w) {
+  size_t n = 0;
+  w[n++] = MBD_WEIGHT_VEC(layer_w, norm, "norm.weight", c->d_model);
+  w[n++] = MBD_WEIGHT_MAT(layer_w, in_proj, "mixer.in_proj.weight", c->d_in_proj, c->d_model);
+  w[n++] = MBD_WEIGHT_VEC_F32(layer_w, dt_bias, "mixer.dt_bias", c->heads);
+  w[n++] = MBD_WEIGHT_VEC_F32(layer_w, b_bias, "mixer.B_bias", c->heads, 1, c->d_state);
+  w[n++] = MBD_WEIGHT_VEC_F32(layer_w, c_bias, "mixer.C_bias", c->heads, 1, c->d_state);
+  w[n++] = MBD_WEIGHT_VEC(layer_w, b_norm, "mixer.B_norm.weight", c->d_state);
+  w[n++] = MBD_WEIGHT_VEC(layer_w, c_norm, "mixer.C_norm.weight", c->d_state);
+  w[n++] = MBD_WEIGHT_VEC_F32(layer_w, D, "mixer.D", c->heads);
+  if (c->outproj_norm) w[n++] = MBD_WEIGHT_VEC(layer_w, onorm, "mixer.norm.weight", c->d_inner);
+  w[n++] = MBD_WEIGHT_MAT(layer_w, out_proj, "mixer.out_proj.weight", c->d_model, c->d_inner);
+  return n;
 }
 
-static int load_layer(mbd_mamba3_model *m, const mbd_st_dir *s, int i, mbd_error *err) {
-  const mbd_mamba3_config *c = &m->cfg;
-  layer_w *L = &m->layers[i];
-  mbd_trunk *T = &m->t;
-  char nm[256];
-  int rc;
-#define NAME(suffix) (snprintf(nm, sizeof(nm), "backbone.layers.%d.%s", i, suffix), nm)
-  int64_t sh_d[1] = {c->d_model}, sh_h[1] = {c->heads}, sh_n[1] = {c->d_state};
-  int64_t sh_di[1] = {c->d_inner}, sh_bias[3] = {c->heads, 1, c->d_state};
-  mbd_dtype f32 = MBD_DTYPE_F32;
-  if ((rc = load_vec(s, NAME("norm.weight"), 1, sh_d, m->t.dtype, &L->norm, err)) ||
-      (rc = mbd_trunk_mat(T, s, NAME("mixer.in_proj.weight"), c->d_in_proj, c->d_model, &L->in_proj,
-                     err)) ||
-      (rc = load_vec(s, NAME("mixer.dt_bias"), 1, sh_h, f32, &L->dt_bias, err)) ||
-      (rc = load_vec(s, NAME("mixer.B_bias"), 3, sh_bias, f32, &L->b_bias, err)) ||
-      (rc = load_vec(s, NAME("mixer.C_bias"), 3, sh_bias, f32, &L->c_bias, err)) ||
-      (rc = load_vec(s, NAME("mixer.B_norm.weight"), 1, sh_n, m->t.dtype, &L->b_norm, err)) ||
-      (rc = load_vec(s, NAME("mixer.C_norm.weight"), 1, sh_n, m->t.dtype, &L->c_norm, err)) ||
-      (rc = load_vec(s, NAME("mixer.D"), 1, sh_h, f32, &L->D, err)) ||
-      (c->outproj_norm &&
-       (rc = load_vec(s, NAME("mixer.norm.weight"), 1, sh_di, m->t.dtype, &L->onorm, err))) ||
-      (rc = mbd_trunk_mat(T, s, NAME("mixer.out_proj.weight"), c->d_model, c->d_inner, &L->out_proj,
-                     err)))
-    return rc;
-#undef NAME
-  return MBD_OK;
-}
-
-static int alloc_workspace(mbd_mamba3_model *m, mbd_error *err) {
-  const mbd_mamba3_config *c = &m->cfg;
-  float **bufs[] = {&m->proj, &m->y};
-  size_t widths[] = {(size_t)c->d_in_proj, (size_t)c->d_inner};
-  int64_t ks[2] = {c->d_model, c->d_inner};
-  int rc = mbd_trunk_alloc_rows(&m->t, bufs, widths, 2, err);
-  if (rc) return rc;
-  m->scratch =
-      calloc((size_t)mbd_cpu_ctx_threads(m->t.ctx) * 2 * (size_t)c->d_state, sizeof(float));
-  if (!m->scratch) return mbd_error_set(err, MBD_E_NOMEM, "model: cannot allocate workspace");
-  return mbd_trunk_reserve(&m->t, ks, 2, err);
-}
-
-/* The model's part of prefill and step (defined with the forward, below). */
 static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_t nseg,
                         int64_t rows, mbd_error *err);
-static int state_fits(const void *model, const void *state);
-static void advance(void *state, int64_t n);
 
 int mbd_mamba3_load(const char *dir, const mbd_mamba3_options *opts, mbd_mamba3_model **out,
                     mbd_error *err) {
@@ -246,7 +231,6 @@ int mbd_mamba3_load(const char *dir, const mbd_mamba3_options *opts, mbd_mamba3_
     mbd_mamba3_options_default(&def);
     opts = &def;
   }
-  mbd_st_dir *sh = NULL;
   mbd_mamba3_model *m = calloc(1, sizeof(*m));
   if (!m) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
   int rc = mbd_mamba3_config_load(dir, &m->cfg, err);
@@ -255,155 +239,43 @@ int mbd_mamba3_load(const char *dir, const mbd_mamba3_options *opts, mbd_mamba3_
   m->dims = (mbd_m3_dims){.d_inner = c->d_inner, .heads = c->heads, .headdim = c->headdim,
                           .d_state = c->d_state, .ngroups = c->ngroups, .angles = c->angles,
                           .a_floor = c->a_floor, .eps = c->eps};
-  if ((rc = mbd_trunk_init(&m->t, opts->dtype, opts->threads, opts->isa, opts->max_rows,
-                           c->d_model, err)))
-    goto fail;
-  if ((rc = mbd_st_dir_open(dir, &sh, err))) goto fail;
-  m->layers = calloc((size_t)c->n_layer, sizeof(layer_w));
-  if (!m->layers) {
-    rc = mbd_error_set(err, MBD_E_NOMEM, "model: out of memory");
-    goto fail;
-  }
-  for (int i = 0; i < c->n_layer; i++)
-    if ((rc = load_layer(m, sh, i, err))) goto fail;
-  if ((rc = mbd_trunk_load_embed(&m->t, sh, "backbone.embedding.weight", c->vocab_padded, err)) ||
-      (rc = mbd_trunk_load_tail(&m->t, sh, c->tie_embeddings, false, err)))
-    goto fail;
-  mbd_st_dir_destroy(&sh);
-  if ((rc = alloc_workspace(m, err))) goto fail;
-  mbd_trunk_bind(&m->t, m, state_fits, advance, forward_rows);
+  float **bufs[] = {&m->proj, &m->y};
+  size_t widths[] = {(size_t)c->d_in_proj, (size_t)c->d_inner};
+  int64_t ks[] = {c->d_model, c->d_inner};
+  mbd_weight_spec w[MBD_TRUNK_MAX_LAYER_TENSORS];
+  mbd_trunk_spec sp = {
+      .dtype = opts->dtype, .threads = opts->threads, .isa = opts->isa,
+      .max_rows = opts->max_rows, .progress = opts->progress, .d = c->d_model,
+      .embed = "backbone.embedding.weight", .V = c->vocab_padded, .tied = c->tie_embeddings,
+      .n_layer = c->n_layer, .layer_size = sizeof(layer_w), .layer = w,
+      .nlayer = layer_tensors(c, w), .bufs = bufs, .widths = widths, .nbufs = 2, .ks = ks,
+      .nks = 2,
+      .state = {.shape = mbd_mamba3_state_shape(c),
+                .floats = layers_of(c) * (n_ang(c) + n_ssm(c) + n_k(c) + n_v(c))},
+      .model = m, .forward = forward_rows};
+  if ((rc = mbd_trunk_load(&m->t, dir, &sp, err))) goto fail;
+  m->layers = m->t.layers;
+  size_t scratch = (size_t)mbd_cpu_ctx_threads(m->t.ctx) * 2 * (size_t)c->d_state;
+  if ((rc = mbd_trunk_alloc_floats(&m->t, scratch, &m->scratch, err))) goto fail;
   *out = m;
   return MBD_OK;
 fail:
-  mbd_st_dir_destroy(&sh);
   mbd_mamba3_destroy(&m);
   return mbd_error_prefix(err, "mamba3 %s: ", dir);
 }
 
-void mbd_mamba3_destroy(mbd_mamba3_model **pm) {
-  if (!pm || !*pm) return;
-  mbd_mamba3_model *m = *pm;
-  for (int i = 0; m->layers && i < m->cfg.n_layer; i++) {
-    layer_w *L = &m->layers[i];
-    free(L->norm);
-    mbd_cpu_wpack_destroy(&L->in_proj);
-    free(L->dt_bias);
-    free(L->b_bias);
-    free(L->c_bias);
-    free(L->b_norm);
-    free(L->c_norm);
-    free(L->D);
-    free(L->onorm);
-    mbd_cpu_wpack_destroy(&L->out_proj);
-  }
-  free(m->layers);
-  free(m->proj);
-  free(m->y);
-  free(m->scratch);
-  mbd_trunk_free(&m->t);
-  free(m);
-  *pm = NULL;
-}
-
 const mbd_mamba3_config *mbd_mamba3_model_config(const mbd_mamba3_model *m) { return &m->cfg; }
-int mbd_mamba3_vocab(const mbd_mamba3_model *m) { return m->cfg.vocab_padded; }
-const char *mbd_mamba3_isa(const mbd_mamba3_model *m) {
-  return mbd_cpu_isa_name(mbd_cpu_ctx_isa(m->t.ctx));
-}
-
-/* ---- state ---- */
-
-/* Floats per layer of each part, and the part offsets in buf. */
-static size_t n_ang(const mbd_mamba3_state *s) { return (size_t)s->heads * (size_t)s->angles; }
-static size_t n_ssm(const mbd_mamba3_state *s) {
-  return (size_t)s->heads * (size_t)s->headdim * (size_t)s->d_state;
-}
-static size_t n_k(const mbd_mamba3_state *s) { return (size_t)s->heads * (size_t)s->d_state; }
-static size_t n_v(const mbd_mamba3_state *s) { return (size_t)s->heads * (size_t)s->headdim; }
-static size_t n_all(const mbd_mamba3_state *s) {
-  return (size_t)s->n_layer * (n_ang(s) + n_ssm(s) + n_k(s) + n_v(s));
-}
-static float *part_ang(const mbd_mamba3_state *s, int l) { return s->buf + (size_t)l * n_ang(s); }
-static float *part_ssm(const mbd_mamba3_state *s, int l) {
-  return s->buf + (size_t)s->n_layer * n_ang(s) + (size_t)l * n_ssm(s);
-}
-static float *part_k(const mbd_mamba3_state *s, int l) {
-  return s->buf + (size_t)s->n_layer * (n_ang(s) + n_ssm(s)) + (size_t)l * n_k(s);
-}
-static float *part_v(const mbd_mamba3_state *s, int l) {
-  return s->buf + (size_t)s->n_layer * (n_ang(s) + n_ssm(s) + n_k(s)) + (size_t)l * n_v(s);
-}
-
-int mbd_mamba3_state_new(const mbd_mamba3_model *m, mbd_mamba3_state **out, mbd_error *err) {
-  *out = NULL;
-  mbd_mamba3_state *s = calloc(1, sizeof(*s));
-  if (!s) return mbd_error_set(err, MBD_E_NOMEM, "state: out of memory");
-  s->n_layer = m->cfg.n_layer;
-  s->heads = m->cfg.heads;
-  s->headdim = m->cfg.headdim;
-  s->d_state = m->cfg.d_state;
-  s->angles = m->cfg.angles;
-  s->buf = calloc(n_all(s) + 1, sizeof(float));
-  if (!s->buf) {
-    free(s);
-    return mbd_error_set(err, MBD_E_NOMEM, "state: out of memory");
-  }
-  *out = s;
-  return MBD_OK;
-}
-
-void mbd_mamba3_state_destroy(mbd_mamba3_state **ps) {
-  if (!ps || !*ps) return;
-  free((*ps)->buf);
-  free(*ps);
-  *ps = NULL;
-}
-
-int64_t mbd_mamba3_state_position(const mbd_mamba3_state *s) { return s->pos; }
-
-size_t mbd_mamba3_state_export_size(const mbd_mamba3_state *s) {
-  mbd_state_part p = {s->buf, n_all(s)};
-  return mbd_state_image_size(0, &p, 1);
-}
 
 mbd_state_shape mbd_mamba3_state_shape(const mbd_mamba3_config *c) {
-  mbd_state_shape sh = {.family = MBD_STATE_FAMILY_MAMBA3,
-                        .n_layer = (uint32_t)c->n_layer,
-                        .d_inner = (uint32_t)c->d_inner,
-                        .d_conv = (uint32_t)c->heads,
-                        .d_state = (uint32_t)c->d_state};
-  return sh;
-}
-
-static mbd_state_shape state_shape(const mbd_mamba3_state *s) {
-  mbd_mamba3_config c = {.n_layer = s->n_layer, .d_inner = (int64_t)s->heads * s->headdim,
-                         .heads = s->heads, .d_state = s->d_state};
-  return mbd_mamba3_state_shape(&c);
-}
-
-int mbd_mamba3_state_export(const mbd_mamba3_state *s, void *buf, size_t cap, size_t *len,
-                            mbd_error *err) {
-  mbd_state_part p = {s->buf, n_all(s)};
-  mbd_state_shape shape = state_shape(s);
-  return mbd_state_image_export(buf, cap, len, &shape, s->pos, NULL, 0, &p, 1, err);
-}
-
-int mbd_mamba3_state_import(mbd_mamba3_state *s, const void *buf, size_t len, mbd_error *err) {
-  mbd_state_part p = {s->buf, n_all(s)};
-  mbd_state_shape shape = state_shape(s);
-  int64_t pos;
-  int rc = mbd_state_image_check(buf, len, &shape, 0, &p, 1, &pos, NULL, err);
-  if (rc) return rc;
-  mbd_state_image_read_parts(buf, 0, &p, 1);
-  s->pos = pos;
-  return MBD_OK;
+  return (mbd_state_shape){MBD_STATE_FAMILY_MAMBA3, (uint32_t)c->n_layer, (uint32_t)c->d_inner,
+                           (uint32_t)c->heads /* as d_conv */, (uint32_t)c->d_state};
 }
 
 /* ---- forward ---- */
 
 typedef struct chunk {
   mbd_mamba3_model *m;
-  mbd_mamba3_state *const *states;
+  mbd_seq_state *const *states;
   const int64_t *seg; /* nseg x {seq, row0, nrows, t0} */
   int layer;
 } chunk;
@@ -425,11 +297,11 @@ static void head_task(void *arg, int64_t task, int thread) {
   const int H = c->heads, P = c->headdim, N = c->d_state, S = c->angles;
   const int64_t *sg = ch->seg + 4 * (task / H);
   const int h = (int)(task % H);
-  const mbd_mamba3_state *s = ch->states[sg[0]];
-  float *ang = part_ang(s, ch->layer) + (size_t)h * (size_t)S;
-  float *ssm = part_ssm(s, ch->layer) + (size_t)h * (size_t)P * (size_t)N;
-  float *kst = part_k(s, ch->layer) + (size_t)h * (size_t)N;
-  float *vst = part_v(s, ch->layer) + (size_t)h * (size_t)P;
+  float *buf = ch->states[sg[0]]->buf;
+  float *ang = part_ang(c, buf, ch->layer) + (size_t)h * (size_t)S;
+  float *ssm = part_ssm(c, buf, ch->layer) + (size_t)h * (size_t)P * (size_t)N;
+  float *kst = part_k(c, buf, ch->layer) + (size_t)h * (size_t)N;
+  float *vst = part_v(c, buf, ch->layer) + (size_t)h * (size_t)P;
   float *scratch = m->scratch + (size_t)thread * 2 * (size_t)N;
   for (int64_t r = sg[1]; r < sg[1] + sg[2]; r++) {
     float *y = m->y + r * c->d_inner + (int64_t)h * P;
@@ -448,7 +320,7 @@ static void head_task(void *arg, int64_t task, int thread) {
 static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_t nseg,
                         int64_t rows, mbd_error *err) {
   mbd_mamba3_model *m = model;
-  mbd_mamba3_state *const *states = (mbd_mamba3_state *const *)st;
+  mbd_seq_state *const *states = (mbd_seq_state *const *)st;
   const mbd_mamba3_config *c = &m->cfg;
   int64_t d = c->d_model, di = c->d_inner, np = c->d_in_proj;
   chunk ch = {.m = m, .states = states, .seg = seg};
@@ -470,26 +342,9 @@ static int forward_rows(void *model, void *const *st, const int64_t *seg, int64_
   return MBD_OK;
 }
 
-static int state_fits(const void *model, const void *state) {
-  const mbd_mamba3_config *c = &((const mbd_mamba3_model *)model)->cfg;
-  const mbd_mamba3_state *s = state;
-  return s->n_layer == c->n_layer && s->heads == c->heads && s->headdim == c->headdim &&
-         s->d_state == c->d_state && s->angles == c->angles;
-}
+/* ---- what every family has (kernels/model/family_ops.h) ---- */
 
-static void advance(void *state, int64_t n) { ((mbd_mamba3_state *)state)->pos += n; }
-
-int mbd_mamba3_prefill(mbd_mamba3_model *m, mbd_mamba3_state *const *states, int batch,
-                       const int32_t *const *tokens, const int64_t *lens, mbd_logits_sel which,
-                       float *logits, mbd_error *err) {
-  return mbd_rows_prefill(m ? &m->t.rows : NULL, (void *const *)states, batch, tokens, lens,
-                          (mbd_logits_sel)which, logits, err);
-}
-
-int mbd_mamba3_step(mbd_mamba3_model *m, mbd_mamba3_state *const *states, int batch,
-                    const int32_t *tokens, float *logits, mbd_error *err) {
-  return mbd_rows_step(m ? &m->t.rows : NULL, (void *const *)states, batch, tokens, logits, err);
-}
+MBD_CPU_FAMILY_API(mamba3, mbd_logits_sel)
 
 /* ---- the family vtable (kernels/model/family.h) ---- */
 

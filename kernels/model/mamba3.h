@@ -25,11 +25,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/progress.h"
 #include "common/status.h"
 #include "common/tensor.h"
 #include "kernels/model/family.h"
 #include "kernels/state_blob.h"
-
 
 typedef struct mbd_mamba3_config {
   int d_model, n_layer;
@@ -55,6 +55,7 @@ typedef struct mbd_mamba3_options {
   int threads;     /* CPU threads; <= 0 = one per online CPU */
   int isa;         /* mbd_cpu_isa; 0 = best available */
   int max_rows;    /* token rows per internal chunk (workspace); 0 = 256 */
+  const mbd_progress_opts *progress; /* loading progress; NULL (default): silent */
 } mbd_mamba3_options;
 
 void mbd_mamba3_options_default(mbd_mamba3_options *o);
@@ -67,12 +68,16 @@ void mbd_mamba3_destroy(mbd_mamba3_model **m);
 
 const mbd_mamba3_config *mbd_mamba3_model_config(const mbd_mamba3_model *m);
 int mbd_mamba3_vocab(const mbd_mamba3_model *m); /* padded: the LM head's rows */
+mbd_dtype mbd_mamba3_dtype(const mbd_mamba3_model *m);
 const char *mbd_mamba3_isa(const mbd_mamba3_model *m);
+/* Bytes of weights held (after conversion). */
+size_t mbd_mamba3_weight_bytes(const mbd_mamba3_model *m);
 
 /* ---- recurrent state ---- */
 
 int mbd_mamba3_state_new(const mbd_mamba3_model *m, mbd_mamba3_state **out, mbd_error *err);
 void mbd_mamba3_state_destroy(mbd_mamba3_state **s);
+void mbd_mamba3_state_reset(mbd_mamba3_state *s);
 int64_t mbd_mamba3_state_position(const mbd_mamba3_state *s);
 
 /* State image (kernels/state_blob.h): family MBD_STATE_FAMILY_MAMBA3, shape

@@ -34,8 +34,8 @@ static int ensure_batch(mbd_rows_batch *B, int batch, int64_t d, mbd_error *err)
 static int check_call(const mbd_rows_model *r, void *const *states, int batch,
                       const int32_t *const *tokens, const int64_t *lens, mbd_error *err) {
   for (int b = 0; b < batch; b++) {
-    const void *s = states[b];
-    if (!s || !r->state_fits(r->model, s))
+    const mbd_seq_state *s = states[b];
+    if (!s || !mbd_seq_state_fits(r->state, s))
       return mbd_error_set(err, MBD_E_SHAPE, "prefill: state %d is missing or for another model",
                            b);
     for (int b2 = 0; b2 < b; b2++)
@@ -137,7 +137,7 @@ int mbd_rows_prefill(const mbd_rows_model *r, void *const *states, int batch,
       for (int64_t i = 0; i < nseg; i++) {
         const int64_t *sg = seg + 4 * i;
         int b = (int)sg[0];
-        r->advance(states[b], sg[2]);
+        ((mbd_seq_state *)states[b])->pos += sg[2];
         if (which == MBD_LOGITS_LAST && sg[3] + sg[2] == lens[b])
           memcpy(r->batch->last + (size_t)b * (size_t)d, r->xn + (sg[1] + sg[2] - 1) * d,
                  (size_t)d * sizeof(float));

@@ -3,7 +3,7 @@
  * max_rows rows (groups of at most max_rows sequences, time windows of
  * max_rows / group steps), runs the family's forward over each chunk and
  * applies the LM head to the rows the selector asks for. The family gives
- * only its per-chunk forward and its state checks; so the three families
+ * only its per-chunk forward and its states' description; so the three families
  * batch, chunk and pick logits the one way, and a sequence's bits depend on
  * neither its slot nor the chunking (the GEMM is batch-invariant). */
 #ifndef MBD_KERNELS_MODEL_ROWS_H
@@ -15,6 +15,7 @@
 #include "kernels/cpu/cpu_ctx.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/model/family.h"
+#include "kernels/model/seq_state.h"
 
 /* Per-call buffers, sized by the batch (grow-only). */
 typedef struct mbd_rows_batch {
@@ -39,21 +40,18 @@ typedef struct mbd_rows_model {
   float *resid;               /* [max_rows, d] the forward's input rows */
   const float *xn;            /* [max_rows, d] the forward's final-normed rows */
   mbd_rows_batch *batch;      /* the model's per-call buffers */
-  /* Whether state is one of this model's (shape and family). */
-  int (*state_fits)(const void *model, const void *state);
-  /* Advances state's position by n tokens. */
-  void (*advance)(void *state, int64_t n);
+  const mbd_seq_state_desc *state; /* the model's states (kernels/model/seq_state.h) */
   /* Runs every layer over `rows` rows in resid, segments seg[nseg][4] of
-   * states, leaving final-normed rows in xn. */
+   * states (mbd_seq_state), leaving final-normed rows in xn. */
   int (*forward)(void *model, void *const *states, const int64_t *seg, int64_t nseg,
                  int64_t rows, mbd_error *err);
 } mbd_rows_model;
 
-/* Feeds lens[b] tokens tokens[b][..] to states[b] (distinct), b < batch, as
- * mbd_cpu_model_ops.prefill: LAST logits [batch, V] (a row with lens[b] == 0
- * is left untouched); ALL [sum(lens), V]. A bad call (NULLs, foreign or
- * shared states, tokens outside [0, V)) is refused before anything changes;
- * r NULL is MBD_E_INVALID. */
+/* Feeds lens[b] tokens tokens[b][..] to states[b] (mbd_seq_state,
+ * distinct), b < batch, as mbd_cpu_model_ops.prefill: LAST logits [batch, V]
+ * (a row with lens[b] == 0 is left untouched); ALL [sum(lens), V]. A bad
+ * call (NULLs, foreign or shared states, tokens outside [0, V)) is refused
+ * before anything changes; r NULL is MBD_E_INVALID. */
 int mbd_rows_prefill(const mbd_rows_model *r, void *const *states, int batch,
                      const int32_t *const *tokens, const int64_t *lens, mbd_logits_sel which,
                      float *logits, mbd_error *err);

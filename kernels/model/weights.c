@@ -1,10 +1,12 @@
 /* Checkpoint tensors for the CPU models (see weights.h). */
 #include "kernels/model/weights.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/half.h"
+#include "kernels/portable_math.h"
 
 float mbd_weights_round(mbd_dtype dt, float v) {
   if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(mbd_f32_to_bf16(v));
@@ -64,4 +66,46 @@ int mbd_weights_conv(const mbd_st_dir *s, const char *name, int64_t channels, in
   free(cw);
   *out = w;
   return MBD_OK;
+}
+
+int mbd_weights_load_layer(const mbd_st_dir *s, int i, const mbd_weight_spec *w, size_t n,
+                           mbd_dtype dt, void *layer, size_t *bytes, mbd_error *err) {
+  char name[256];
+  for (size_t k = 0; k < n; k++) {
+    const mbd_weight_spec *t = &w[k];
+    void *field = (char *)layer + t->offset;
+    snprintf(name, sizeof name, "backbone.layers.%d.%s", i, t->suffix);
+    int rc;
+    switch (t->kind) {
+    case MBD_WEIGHT_MAT:
+      rc = mbd_weights_mat(s, name, t->shape[0], t->shape[1], dt, field, bytes, err);
+      break;
+    case MBD_WEIGHT_CONV:
+      rc = mbd_weights_conv(s, name, t->shape[0], t->shape[1], dt, field, bytes, err);
+      break;
+    default:
+      rc = mbd_weights_vec(s, name, t->ndim, t->shape, t->f32 ? MBD_DTYPE_F32 : dt, field, bytes,
+                           err);
+    }
+    if (rc) return rc;
+    if (t->neg_exp) {
+      float *v = *(float **)field;
+      size_t nv = 1;
+      for (int d = 0; d < t->ndim; d++) nv *= (size_t)t->shape[d];
+      for (size_t j = 0; j < nv; j++) v[j] = -mbd_pm_expf(v[j]);
+    }
+  }
+  return MBD_OK;
+}
+
+void mbd_weights_free_layer(const mbd_weight_spec *w, size_t n, void *layer) {
+  for (size_t k = 0; k < n; k++) {
+    void *field = (char *)layer + w[k].offset;
+    if (w[k].kind == MBD_WEIGHT_MAT) {
+      mbd_cpu_wpack_destroy((mbd_cpu_wpack **)field);
+    } else {
+      free(*(float **)field);
+      *(float **)field = NULL;
+    }
+  }
 }
