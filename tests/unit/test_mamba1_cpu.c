@@ -3,7 +3,6 @@
  * run to run, prefill+decode == decode-only (logits and state bits), chunked
  * == unchunked, state export/import continuation, seeded sampling. Skips (77)
  * when the fixtures are absent. */
-#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
