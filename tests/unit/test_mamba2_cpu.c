@@ -22,81 +22,27 @@
 #include "kernels/cpu/cpu_ctx.h"
 #include "kernels/model/family.h"
 #include "kernels/model/mamba2.h"
+#include "support/model_check.h"
+#include "support/model_fixture.h"
 
-typedef struct fixture {
-  char dir[1024];
-  int B, T, G, V, groups;
-  int32_t *ids;          /* [B*T] */
-  float *target;         /* [B,T,V]: logits, or logits_norm_per_group when groups > 1 */
-  float *hf;             /* [B,T,V]: logits (transformers' whole-d_inner norm) */
-  float *lbf16;          /* [B,T,V] */
-  float *greedy_logits;  /* [B,G,V] (a target when groups == 1) */
-  int64_t *greedy;       /* [B, T+G] */
-} fixture;
+#define OPS (&mbd_mamba2_cpu_ops)
 
-static const char *cases[] = {"tiny-d64-s16-c8", "small-d256-g2-s32-c16"};
-#define NCASES 2
+static const char *const cases[] = {"tiny-d64-s16-c8", "small-d256-g2-s32-c16"};
+enum { NCASES = 2 };
 
-static float *copy_f32(const mbd_safetensors *st, const char *name) {
-  const mbd_st_entry *e = mbd_safetensors_find(st, name);
-  if (!e) return NULL;
-  float *v = malloc(e->nbytes);
-  memcpy(v, e->data, e->nbytes);
-  return v;
-}
-
-static int load_fixture(const char *name, fixture *f) {
-  memset(f, 0, sizeof(*f));
-  const char *root = getenv("MBD_FIXTURES_DIR");
-  if (!root) return -1;
-  snprintf(f->dir, sizeof(f->dir), "%s/mamba2/%s", root, name);
-  char path[1200];
-  snprintf(path, sizeof(path), "%s/expected.safetensors", f->dir);
-  mbd_error err = {0};
-  mbd_safetensors *st = NULL;
-  if (mbd_safetensors_open(path, &st, &err)) return -1;
+/* The case's n_groups. Its target is logits_norm_per_group exactly when
+ * n_groups > 1 (mamba_ssm's per-group gated norm), else logits. */
+static int case_groups(const mf_fixture *f) {
   mbd_mamba2_config cfg;
+  mbd_error err = {0};
   if (mbd_mamba2_config_load(f->dir, &cfg, &err)) fail_msg("config: %s", err.msg);
-  f->groups = cfg.n_groups;
-  const mbd_st_entry *ids = mbd_safetensors_find(st, "input_ids");
-  const mbd_st_entry *lg = mbd_safetensors_find(st, "logits");
-  const mbd_st_entry *gr = mbd_safetensors_find(st, "greedy");
-  assert_non_null(ids);
-  assert_non_null(lg);
-  assert_non_null(gr);
-  f->B = (int)ids->desc.shape[0];
-  f->T = (int)ids->desc.shape[1];
-  f->V = (int)lg->desc.shape[2];
-  f->G = (int)gr->desc.shape[1] - f->T;
-  f->ids = malloc((size_t)f->B * f->T * sizeof(int32_t));
-  for (int i = 0; i < f->B * f->T; i++) {
-    int64_t v;
-    memcpy(&v, (const char *)ids->data + 8 * i, 8);
-    f->ids[i] = (int32_t)v;
-  }
-  f->greedy = malloc(gr->nbytes);
-  memcpy(f->greedy, gr->data, gr->nbytes);
-  f->hf = copy_f32(st, "logits");
-  f->target = copy_f32(st, f->groups > 1 ? "logits_norm_per_group" : "logits");
-  f->lbf16 = copy_f32(st, "logits_bf16");
-  f->greedy_logits = copy_f32(st, "greedy_logits");
-  assert_non_null(f->target);
-  assert_non_null(f->lbf16);
-  assert_non_null(f->greedy_logits);
-  mbd_safetensors_destroy(&st);
-  return 0;
+  if ((cfg.n_groups > 1) != (f->logits_norm_per_group != NULL))
+    fail_msg("%s: n_groups %d but logits_norm_per_group %s", f->name, cfg.n_groups,
+             f->logits_norm_per_group ? "present" : "absent");
+  return cfg.n_groups;
 }
 
-static void free_fixture(fixture *f) {
-  free(f->ids);
-  free(f->greedy);
-  free(f->hf);
-  free(f->target);
-  free(f->lbf16);
-  free(f->greedy_logits);
-}
-
-static mbd_mamba2_model *load_model_isa(const fixture *f, mbd_dtype dt, int max_rows,
+static mbd_mamba2_model *load_model_isa(const mf_fixture *f, mbd_dtype dt, int max_rows,
                                         int threads, int isa) {
   mbd_mamba2_options o;
   mbd_mamba2_options_default(&o);
@@ -110,368 +56,230 @@ static mbd_mamba2_model *load_model_isa(const fixture *f, mbd_dtype dt, int max_
   return m;
 }
 
-static mbd_mamba2_model *load_model(const fixture *f, mbd_dtype dt, int max_rows, int threads) {
+static mbd_mamba2_model *load_model(const mf_fixture *f, mbd_dtype dt, int max_rows,
+                                    int threads) {
   return load_model_isa(f, dt, max_rows, threads, 0);
-}
-
-static mbd_mamba2_state *new_state(const mbd_mamba2_model *m) {
-  mbd_mamba2_state *s = NULL;
-  mbd_error err = {0};
-  if (mbd_mamba2_state_new(m, &s, &err)) fail_msg("state: %s", err.msg);
-  return s;
-}
-
-static uint8_t *export_state(const mbd_mamba2_state *s, size_t *len) {
-  size_t n = mbd_mamba2_state_export_size(s);
-  uint8_t *buf = malloc(n);
-  mbd_error err = {0};
-  assert_int_equal(mbd_mamba2_state_export(s, buf, n, len, &err), 0);
-  return buf;
-}
-
-/* Prefill of one sequence from a fresh state: logits [len, V], state image. */
-static void run_alone(mbd_mamba2_model *m, const int32_t *tok, int64_t len, float *logits,
-                      uint8_t **state_out, size_t *state_len) {
-  mbd_mamba2_state *s = new_state(m);
-  mbd_error err = {0};
-  if (mbd_mamba2_prefill(m, &s, 1, &tok, &len, MBD_LOGITS_ALL, logits, &err))
-    fail_msg("prefill: %s", err.msg);
-  if (state_out) *state_out = export_state(s, state_len);
-  mbd_mamba2_state_destroy(&s);
-}
-
-/* Decoding one token at a time from a fresh state: logits [len, V], state. */
-static void run_steps(mbd_mamba2_model *m, const int32_t *tok, int64_t len, float *logits,
-                      uint8_t **state_out, size_t *state_len) {
-  mbd_mamba2_state *s = new_state(m);
-  mbd_error err = {0};
-  int V = mbd_mamba2_vocab(m);
-  for (int64_t t = 0; t < len; t++)
-    if (mbd_mamba2_step(m, &s, 1, tok + t, logits + t * V, &err)) fail_msg("step: %s", err.msg);
-  if (state_out) *state_out = export_state(s, state_len);
-  mbd_mamba2_state_destroy(&s);
-}
-
-static double max_abs(const float *x, size_t n) {
-  double mx = 0;
-  for (size_t i = 0; i < n; i++)
-    if (fabs(x[i]) > mx) mx = fabs(x[i]);
-  return mx;
-}
-
-static double max_err(const float *a, const float *b, size_t n) {
-  double e = 0;
-  for (size_t i = 0; i < n; i++) {
-    double d = fabs((double)a[i] - b[i]);
-    if (d > e) e = d;
-  }
-  return e;
-}
-
-static double pos_rel_err(const float *got, const float *ref, int V) {
-  return max_err(got, ref, (size_t)V) / max_abs(ref, (size_t)V);
-}
-
-static int argmax(const float *x, int V) {
-  int best = 0;
-  for (int v = 1; v < V; v++)
-    if (x[v] > x[best]) best = v;
-  return best;
 }
 
 /* f32 prefill and step-by-step decoding vs the reference at every position,
  * decode bits == prefill bits; greedy continuation and its logits. */
+static void check_reference(const mf_fixture *f, int c) {
+  (void)c;
+  int groups = case_groups(f);
+  mbd_mamba2_model *m = load_model(f, MBD_DTYPE_F32, 0, 2);
+  int B = f->B, T = f->T, V = f->V, G = f->G;
+  assert_int_equal(mbd_mamba2_vocab(m), V);
+  assert_true(B <= 8);
+  size_t n = (size_t)B * T * V;
+  float *pre = malloc(n * sizeof(float)), *dec = malloc(n * sizeof(float));
+  float *row = malloc((size_t)V * sizeof(float));
+  mbd_mamba2_state *st[8];
+  mbd_error err = {0};
+  for (int b = 0; b < B; b++) st[b] = mc_state_new(OPS, m);
+  mc_prefill_prompts(OPS, m, (void *const *)st, B, f->ids, T, pre);
+  for (int b = 0; b < B; b++) mbd_mamba2_state_reset(st[b]);
+  mc_decode_prompts(OPS, m, (void *const *)st, B, f->ids, T, dec);
+  double worst = mc_check_positions(pre, f->target, B * T, V, 1e-4, f->name);
+  assert_memory_equal(pre, dec, n * sizeof(float));
+  print_message("%s f32: worst per-position rel err %.3g (prefill == decode bits)\n", f->name,
+                worst);
+  /* Greedy from the prompt; the continuation and its logits are targets
+   * where transformers' norm is the per-group one (n_groups == 1). */
+  for (int b = 0; b < B; b++) {
+    int next = mc_argmax(pre + ((size_t)b * T + T - 1) * V, V);
+    for (int g = 0; g < G; g++) {
+      if (groups == 1) {
+        if (next != mf_greedy_token(f, b, g))
+          fail_msg("%s seq %d greedy token %d: got %d want %lld", f->name, b, g, next,
+                   (long long)mf_greedy_token(f, b, g));
+        const float *ref = f->greedy_logits + ((size_t)b * G + g) * V;
+        const float *got = g == 0 ? pre + ((size_t)b * T + T - 1) * V : row;
+        double e = mc_rel_err(got, ref, V);
+        if (e > 1e-4) fail_msg("%s seq %d greedy step %d: rel err %.3g", f->name, b, g, e);
+      }
+      int32_t t1 = next;
+      assert_int_equal(mbd_mamba2_step(m, &st[b], 1, &t1, row, &err), 0);
+      next = mc_argmax(row, V);
+    }
+  }
+  for (int b = 0; b < B; b++) mbd_mamba2_state_destroy(&st[b]);
+  free(pre);
+  free(dec);
+  free(row);
+  mbd_mamba2_destroy(&m);
+}
+
 static void test_reference(void **state) {
   (void)state;
-  int ran = 0;
-  for (int c = 0; c < NCASES; c++) {
-    fixture f;
-    if (load_fixture(cases[c], &f)) continue;
-    ran++;
-    mbd_mamba2_model *m = load_model(&f, MBD_DTYPE_F32, 0, 2);
-    int B = f.B, T = f.T, V = f.V, G = f.G;
-    assert_int_equal(mbd_mamba2_vocab(m), V);
-    size_t n = (size_t)B * T * V;
-    float *pre = malloc(n * sizeof(float)), *dec = malloc(n * sizeof(float));
-    float *row = malloc((size_t)B * V * sizeof(float));
-    mbd_mamba2_state *st[8];
-    const int32_t *tp[8];
-    int64_t lens[8];
-    mbd_error err = {0};
-    for (int b = 0; b < B; b++) {
-      st[b] = new_state(m);
-      tp[b] = f.ids + b * T;
-      lens[b] = T;
-    }
-    assert_int_equal(mbd_mamba2_prefill(m, st, B, tp, lens, MBD_LOGITS_ALL, pre, &err), 0);
-    for (int b = 0; b < B; b++) mbd_mamba2_state_reset(st[b]);
-    int32_t tok[8];
-    for (int t = 0; t < T; t++) {
-      for (int b = 0; b < B; b++) tok[b] = f.ids[b * T + t];
-      assert_int_equal(mbd_mamba2_step(m, st, B, tok, row, &err), 0);
-      for (int b = 0; b < B; b++)
-        memcpy(dec + ((size_t)b * T + t) * V, row + (size_t)b * V, (size_t)V * sizeof(float));
-    }
-    double worst = 0;
-    for (int p = 0; p < B * T; p++) {
-      double e = pos_rel_err(pre + (size_t)p * V, f.target + (size_t)p * V, V);
-      if (e > worst) worst = e;
-      if (e > 1e-4) fail_msg("%s position %d: rel err %.3g > 1e-4", cases[c], p, e);
-    }
-    assert_memory_equal(pre, dec, n * sizeof(float));
-    print_message("%s f32: worst per-position rel err %.3g (prefill == decode bits)\n", cases[c],
-                  worst);
-    /* Greedy from the prompt; the continuation and its logits are targets
-     * where transformers' norm is the per-group one (n_groups == 1). */
-    for (int b = 0; b < B; b++) {
-      const int64_t *want = f.greedy + (size_t)b * (T + G);
-      int next = argmax(pre + ((size_t)b * T + T - 1) * V, V);
-      for (int g = 0; g < G; g++) {
-        if (f.groups == 1) {
-          if (next != want[T + g])
-            fail_msg("%s seq %d greedy token %d: got %d want %lld", cases[c], b, g, next,
-                     (long long)want[T + g]);
-          const float *ref = f.greedy_logits + ((size_t)b * G + g) * V;
-          const float *got = g == 0 ? pre + ((size_t)b * T + T - 1) * V : row;
-          double e = pos_rel_err(got, ref, V);
-          if (e > 1e-4) fail_msg("%s seq %d greedy step %d: rel err %.3g", cases[c], b, g, e);
-        }
-        int32_t t1 = next;
-        assert_int_equal(mbd_mamba2_step(m, &st[b], 1, &t1, row, &err), 0);
-        next = argmax(row, V);
-      }
-    }
-    for (int b = 0; b < B; b++) mbd_mamba2_state_destroy(&st[b]);
-    free(pre);
-    free(dec);
-    free(row);
-    mbd_mamba2_destroy(&m);
-    free_fixture(&f);
-  }
-  if (!ran) skip();
+  mf_for_each_case("mamba2", cases, NCASES, check_reference);
 }
 
 /* bf16 weights: error vs the reference no larger than PyTorch's bf16 run
  * shows (its error measured against transformers' own f64 logits). */
+static void check_bf16(const mf_fixture *f, int c) {
+  (void)c;
+  case_groups(f);
+  mbd_mamba2_model *m = load_model(f, MBD_DTYPE_BF16, 0, 2);
+  int B = f->B, T = f->T, V = f->V;
+  size_t n = (size_t)B * T * V;
+  float *got = malloc(n * sizeof(float));
+  for (int b = 0; b < B; b++)
+    mc_run_alone(OPS, m, f->ids + b * T, T, got + (size_t)b * T * V, NULL, NULL);
+  double ours = mc_max_err(got, f->target, n), theirs = mc_max_err(f->logits_bf16, f->logits, n);
+  print_message("%s bf16: max abs err %.3g (PyTorch bf16 %.3g)\n", f->name, ours, theirs);
+  if (ours > theirs)
+    fail_msg("%s bf16 err %.3g > reference bf16 err %.3g", f->name, ours, theirs);
+  free(got);
+  mbd_mamba2_destroy(&m);
+}
+
 static void test_bf16(void **state) {
   (void)state;
-  int ran = 0;
-  for (int c = 0; c < NCASES; c++) {
-    fixture f;
-    if (load_fixture(cases[c], &f)) continue;
-    ran++;
-    mbd_mamba2_model *m = load_model(&f, MBD_DTYPE_BF16, 0, 2);
-    int B = f.B, T = f.T, V = f.V;
-    size_t n = (size_t)B * T * V;
-    float *got = malloc(n * sizeof(float));
-    for (int b = 0; b < B; b++) run_alone(m, f.ids + b * T, T, got + (size_t)b * T * V, NULL, NULL);
-    double ours = max_err(got, f.target, n), theirs = max_err(f.lbf16, f.hf, n);
-    print_message("%s bf16: max abs err %.3g (PyTorch bf16 %.3g)\n", cases[c], ours, theirs);
-    if (ours > theirs) fail_msg("%s bf16 err %.3g > reference bf16 err %.3g", cases[c], ours,
-                                theirs);
-    free(got);
-    mbd_mamba2_destroy(&m);
-    free_fixture(&f);
-  }
-  if (!ran) skip();
+  mf_for_each_case("mamba2", cases, NCASES, check_bf16);
 }
 
 /* Prefill of the first k tokens (in prefills of `chunk` tokens) then
  * decoding the rest == decoding every token: logits and state bits. */
+static void check_prefill_equals_decode(const mf_fixture *f, int c) {
+  (void)c;
+  mbd_mamba2_model *m = load_model(f, MBD_DTYPE_F32, 0, 2);
+  int T = f->T, V = f->V;
+  float *ref = malloc((size_t)T * V * sizeof(float));
+  float *got = malloc((size_t)T * V * sizeof(float));
+  uint8_t *ref_st = NULL;
+  size_t ref_len = 0;
+  const int32_t *tok = f->ids;
+  char what[128];
+  mc_run_steps(OPS, m, tok, T, ref, &ref_st, &ref_len);
+  const int chunks[] = {1, 2, 3, 5, 7, 8, 13, 16, 64};
+  for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
+    for (int k = 0; k <= T; k += (k < 4 ? 1 : 6)) {
+      void *s = mc_prefill_then_steps(OPS, m, tok, k, T, chunks[ci], got);
+      assert_memory_equal(got, ref, (size_t)T * V * sizeof(float));
+      snprintf(what, sizeof what, "%s prefill %d in chunks of %d", f->name, k, chunks[ci]);
+      mc_check_state(OPS, s, ref_st, ref_len, what);
+      OPS->state_free(s);
+    }
+  }
+  /* The model's internal chunking (rows per pass) does not matter either. */
+  const int rows[] = {1, 5, 8, 17};
+  for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+    mbd_mamba2_model *m2 = load_model(f, MBD_DTYPE_F32, rows[r], 1);
+    snprintf(what, sizeof what, "%s %d rows per pass", f->name, rows[r]);
+    mc_check_alone(OPS, m2, tok, T, ref, ref_st, ref_len, what);
+    mbd_mamba2_destroy(&m2);
+  }
+  free(ref);
+  free(got);
+  free(ref_st);
+  mbd_mamba2_destroy(&m);
+}
+
 static void test_prefill_equals_decode(void **state) {
   (void)state;
-  int ran = 0;
-  for (int c = 0; c < NCASES; c++) {
-    fixture f;
-    if (load_fixture(cases[c], &f)) continue;
-    ran++;
-    mbd_mamba2_model *m = load_model(&f, MBD_DTYPE_F32, 0, 2);
-    int T = f.T, V = f.V;
-    float *ref = malloc((size_t)T * V * sizeof(float));
-    float *got = malloc((size_t)T * V * sizeof(float));
-    uint8_t *ref_st = NULL, *got_st = NULL;
-    size_t ref_len = 0, got_len = 0;
-    const int32_t *tok = f.ids;
-    run_steps(m, tok, T, ref, &ref_st, &ref_len);
-    const int chunks[] = {1, 2, 3, 5, 7, 8, 13, 16, 64};
-    for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
-      for (int k = 0; k <= T; k += (k < 4 ? 1 : 6)) {
-        mbd_mamba2_state *s = new_state(m);
-        mbd_error err = {0};
-        for (int t0 = 0; t0 < k; t0 += chunks[ci]) {
-          int64_t len = k - t0 < chunks[ci] ? k - t0 : chunks[ci];
-          const int32_t *p = tok + t0;
-          assert_int_equal(
-              mbd_mamba2_prefill(m, &s, 1, &p, &len, MBD_LOGITS_ALL, got + (size_t)t0 * V, &err),
-              0);
-        }
-        for (int t = k; t < T; t++)
-          assert_int_equal(mbd_mamba2_step(m, &s, 1, tok + t, got + (size_t)t * V, &err), 0);
-        assert_memory_equal(got, ref, (size_t)T * V * sizeof(float));
-        got_st = export_state(s, &got_len);
-        assert_int_equal(got_len, ref_len);
-        assert_memory_equal(got_st, ref_st, ref_len);
-        free(got_st);
-        mbd_mamba2_state_destroy(&s);
-      }
-    }
-    /* The model's internal chunking (rows per pass) does not matter either. */
-    const int rows[] = {1, 5, 8, 17};
-    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
-      mbd_mamba2_model *m2 = load_model(&f, MBD_DTYPE_F32, rows[r], 1);
-      run_alone(m2, tok, T, got, &got_st, &got_len);
-      assert_memory_equal(got, ref, (size_t)T * V * sizeof(float));
-      assert_memory_equal(got_st, ref_st, ref_len);
-      free(got_st);
-      mbd_mamba2_destroy(&m2);
-    }
-    free(ref);
-    free(got);
-    free(ref_st);
-    mbd_mamba2_destroy(&m);
-    free_fixture(&f);
+  mf_for_each_case("mamba2", cases, NCASES, check_prefill_equals_decode);
+}
+
+/* 256 sequences (more than the model's 32 rows per pass): a prefill of all,
+ * then one batched step, each sequence's bits as alone. */
+static void check_batch_of_256(mbd_mamba2_model *m, int V, const char *name) {
+  enum { NB = 256 };
+  int32_t (*bt)[7] = malloc(sizeof(int32_t[NB][7]));
+  float *one = malloc((size_t)NB * 7 * V * sizeof(float));
+  mc_seq *seqs = calloc(NB, sizeof *seqs);
+  for (int i = 0; i < NB; i++) {
+    int64_t len = 1 + (i * 5) % 6;
+    for (int t = 0; t < 7; t++) bt[i][t] = (int32_t)((i * 131 + t * 29 + 3) % V);
+    int32_t seq[7];
+    memcpy(seq, bt[i], sizeof seq);
+    seq[len] = bt[i][6];
+    float *alone = one + (size_t)i * 7 * V;
+    mc_run_alone(OPS, m, seq, len + 1, alone, NULL, NULL);
+    seqs[i] = (mc_seq){.tok = bt[i], .len = len, .logits = alone, .next = bt[i][6],
+                       .next_logits = alone + (size_t)len * V};
   }
-  if (!ran) skip();
+  mc_check_batch(OPS, m, seqs, NB, 1, name);
+  free(bt);
+  free(one);
+  free(seqs);
 }
 
 /* Alone vs every slot of batches 2..8 of sequences of different lengths,
  * run to run, 1 vs 2 threads, portable vs AVX2 ISA. */
+static void check_batch_invariance(const mf_fixture *f, int c) {
+  (void)c;
+  mbd_mamba2_model *m = load_model(f, MBD_DTYPE_F32, 32, 2);
+  int T = f->T, V = f->V;
+  enum { NSEQ = 8 };
+  int32_t seqs[NSEQ][64];
+  int64_t lens[NSEQ];
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (int b = 0; b < NSEQ; b++) {
+    lens[b] = 1 + (b * 7 + 3) % T;
+    for (int t = 0; t < lens[b]; t++) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      seqs[b][t] = b < f->B && t < T ? f->ids[b * T + t] : (int32_t)((x >> 33) % (uint64_t)V);
+    }
+  }
+  float *alone[NSEQ];
+  uint8_t *alone_st[NSEQ];
+  size_t sl = 0;
+  for (int b = 0; b < NSEQ; b++) {
+    alone[b] = malloc((size_t)lens[b] * V * sizeof(float));
+    mc_run_alone(OPS, m, seqs[b], lens[b], alone[b], &alone_st[b], &sl);
+  }
+  for (int n = 2; n <= NSEQ; n++) {
+    for (int off = 0; off + n <= NSEQ; off += 3) {
+      mc_seq batch[NSEQ];
+      for (int i = 0; i < n; i++)
+        batch[i] = (mc_seq){.tok = seqs[off + i], .len = lens[off + i], .logits = alone[off + i],
+                            .state = alone_st[off + i], .state_len = sl};
+      char what[128];
+      snprintf(what, sizeof what, "%s sequences %d..%d", f->name, off, off + n - 1);
+      mc_check_batch(OPS, m, batch, n, 0, what);
+    }
+  }
+  check_batch_of_256(m, V, f->name);
+  /* run to run; threads; ISA */
+  mbd_mamba2_model *m1 = load_model(f, MBD_DTYPE_F32, 0, 1);
+  mbd_mamba2_model *mp = load_model_isa(f, MBD_DTYPE_F32, 0, 2, MBD_CPU_ISA_PORTABLE);
+  mbd_mamba2_model *ms[] = {m, m1, mp};
+  const char *how[] = {"run to run", "1 thread", "portable"};
+  for (int k = 0; k < 3; k++)
+    mc_check_alone(OPS, ms[k], seqs[NSEQ - 1], lens[NSEQ - 1], alone[NSEQ - 1], NULL, 0, how[k]);
+  mbd_mamba2_destroy(&m1);
+  mbd_mamba2_destroy(&mp);
+  for (int b = 0; b < NSEQ; b++) {
+    free(alone[b]);
+    free(alone_st[b]);
+  }
+  mbd_mamba2_destroy(&m);
+}
+
 static void test_batch_invariance(void **state) {
   (void)state;
-  int ran = 0;
-  for (int c = 0; c < NCASES; c++) {
-    fixture f;
-    if (load_fixture(cases[c], &f)) continue;
-    ran++;
-    mbd_mamba2_model *m = load_model(&f, MBD_DTYPE_F32, 32, 2);
-    int T = f.T, V = f.V;
-    enum { NSEQ = 8 };
-    int32_t seqs[NSEQ][64];
-    int64_t lens[NSEQ];
-    uint64_t x = 0x9e3779b97f4a7c15ull;
-    for (int b = 0; b < NSEQ; b++) {
-      lens[b] = 1 + (b * 7 + 3) % T;
-      for (int t = 0; t < lens[b]; t++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        seqs[b][t] = b < f.B && t < T ? f.ids[b * T + t] : (int32_t)((x >> 33) % (uint64_t)V);
-      }
-    }
-    float *alone[NSEQ];
-    uint8_t *alone_st[NSEQ];
-    size_t sl = 0;
-    for (int b = 0; b < NSEQ; b++) {
-      alone[b] = malloc((size_t)lens[b] * V * sizeof(float));
-      run_alone(m, seqs[b], lens[b], alone[b], &alone_st[b], &sl);
-    }
-    float *all = malloc((size_t)NSEQ * 64 * V * sizeof(float));
-    for (int n = 2; n <= NSEQ; n++) {
-      for (int off = 0; off + n <= NSEQ; off += 3) {
-        mbd_mamba2_state *st[NSEQ];
-        const int32_t *tp[NSEQ];
-        for (int i = 0; i < n; i++) {
-          st[i] = new_state(m);
-          tp[i] = seqs[off + i];
-        }
-        mbd_error err = {0};
-        assert_int_equal(mbd_mamba2_prefill(m, st, n, tp, lens + off, MBD_LOGITS_ALL, all, &err),
-                         0);
-        size_t o = 0;
-        for (int i = 0; i < n; i++) {
-          assert_memory_equal(all + o * V, alone[off + i],
-                              (size_t)lens[off + i] * V * sizeof(float));
-          o += (size_t)lens[off + i];
-          size_t l2 = 0;
-          uint8_t *s2 = export_state(st[i], &l2);
-          assert_memory_equal(s2, alone_st[off + i], sl);
-          free(s2);
-          mbd_mamba2_state_destroy(&st[i]);
-        }
-      }
-    }
-    /* 256 sequences (more than the model's 32 rows per pass): a prefill of
-     * all, then one batched step, each sequence's bits as alone */
-    {
-      enum { NB = 256 };
-      int32_t (*bt)[7] = malloc(sizeof(int32_t[NB][7]));
-      int64_t bl[NB], total = 0;
-      mbd_mamba2_state **bs = calloc(NB, sizeof *bs);
-      const int32_t **bp = calloc(NB, sizeof *bp);
-      for (int i = 0; i < NB; i++) {
-        bl[i] = 1 + (i * 5) % 6;
-        total += bl[i];
-        for (int t = 0; t < 7; t++) bt[i][t] = (int32_t)((i * 131 + t * 29 + 3) % V);
-        bs[i] = new_state(m);
-        bp[i] = bt[i];
-      }
-      float *bo = malloc((size_t)total * V * sizeof(float));
-      float *one = malloc((size_t)8 * V * sizeof(float));
-      float *srow = malloc((size_t)NB * V * sizeof(float));
-      int32_t nt[NB];
-      for (int i = 0; i < NB; i++) nt[i] = bt[i][6];
-      mbd_error err = {0};
-      assert_int_equal(mbd_mamba2_prefill(m, bs, NB, bp, bl, MBD_LOGITS_ALL, bo, &err), 0);
-      assert_int_equal(mbd_mamba2_step(m, bs, NB, nt, srow, &err), 0);
-      size_t o = 0;
-      for (int i = 0; i < NB; i += 1) {
-        int32_t seq[7];
-        memcpy(seq, bt[i], sizeof seq);
-        seq[bl[i]] = bt[i][6];
-        run_alone(m, seq, bl[i] + 1, one, NULL, NULL);
-        assert_memory_equal(bo + o * V, one, (size_t)bl[i] * V * sizeof(float));
-        assert_memory_equal(srow + (size_t)i * V, one + (size_t)bl[i] * V,
-                            (size_t)V * sizeof(float));
-        o += (size_t)bl[i];
-        mbd_mamba2_state_destroy(&bs[i]);
-      }
-      free(bt);
-      free(bs);
-      free(bp);
-      free(bo);
-      free(one);
-      free(srow);
-    }
-    /* run to run; threads; ISA */
-    float *again = malloc((size_t)64 * V * sizeof(float));
-    mbd_mamba2_model *m1 = load_model(&f, MBD_DTYPE_F32, 0, 1);
-    mbd_mamba2_model *mp = load_model_isa(&f, MBD_DTYPE_F32, 0, 2, MBD_CPU_ISA_PORTABLE);
-    mbd_mamba2_model *ms[] = {m, m1, mp};
-    for (int k = 0; k < 3; k++) {
-      run_alone(ms[k], seqs[NSEQ - 1], lens[NSEQ - 1], again, NULL, NULL);
-      assert_memory_equal(again, alone[NSEQ - 1], (size_t)lens[NSEQ - 1] * V * sizeof(float));
-    }
-    mbd_mamba2_destroy(&m1);
-    mbd_mamba2_destroy(&mp);
-    for (int b = 0; b < NSEQ; b++) {
-      free(alone[b]);
-      free(alone_st[b]);
-    }
-    free(all);
-    free(again);
-    mbd_mamba2_destroy(&m);
-    free_fixture(&f);
-  }
-  if (!ran) skip();
+  mf_for_each_case("mamba2", cases, NCASES, check_batch_invariance);
 }
 
 /* Export after k tokens, import on another model instance, continue: the
  * same bits as the uninterrupted run; foreign images are refused. */
 static void test_state_roundtrip(void **state) {
   (void)state;
-  fixture f;
-  if (load_fixture(cases[0], &f)) skip();
+  mf_fixture f;
+  if (mf_fixture_load("mamba2", cases[0], &f)) skip();
   mbd_mamba2_model *a = load_model(&f, MBD_DTYPE_F32, 0, 1);
   mbd_mamba2_model *b = load_model(&f, MBD_DTYPE_F32, 0, 2);
   int T = f.T, V = f.V, k = T / 2 + 1;
   float *ref = malloc((size_t)T * V * sizeof(float));
   float *got = malloc((size_t)T * V * sizeof(float));
-  run_alone(a, f.ids, T, ref, NULL, NULL);
-  mbd_mamba2_state *s = new_state(a), *s2 = new_state(b);
+  mc_run_alone(OPS, a, f.ids, T, ref, NULL, NULL);
+  mbd_mamba2_state *s = mc_state_new(OPS, a), *s2 = mc_state_new(OPS, b);
   mbd_error err = {0};
   const int32_t *p = f.ids;
   int64_t len = k;
   assert_int_equal(mbd_mamba2_prefill(a, &s, 1, &p, &len, MBD_LOGITS_NONE, NULL, &err), 0);
   size_t n = 0;
-  uint8_t *img = export_state(s, &n);
+  uint8_t *img = mc_state_image(OPS, s, &n);
   assert_int_equal(mbd_mamba2_state_import(s2, img, n, &err), 0);
   assert_int_equal(mbd_mamba2_state_position(s2), k);
   p = f.ids + k;
@@ -479,14 +287,14 @@ static void test_state_roundtrip(void **state) {
   assert_int_equal(mbd_mamba2_prefill(b, &s2, 1, &p, &len, MBD_LOGITS_ALL, got, &err), 0);
   assert_memory_equal(got, ref + (size_t)k * V, (size_t)(T - k) * V * sizeof(float));
   /* refusals leave the state unchanged */
-  uint8_t *before = export_state(s2, &n);
+  uint8_t *before = mc_state_image(OPS, s2, &n);
   assert_int_equal(mbd_mamba2_state_import(s2, img, n - 4, &err), MBD_E_FORMAT);
   img[28] = 0; /* family word: Mamba-1 */
   assert_int_not_equal(mbd_mamba2_state_import(s2, img, n, &err), MBD_OK);
   img[28] = 1;
   img[MBD_STATE_IMAGE_HEADER] ^= 1; /* heads */
   assert_int_equal(mbd_mamba2_state_import(s2, img, n, &err), MBD_E_SHAPE);
-  uint8_t *after = export_state(s2, &n);
+  uint8_t *after = mc_state_image(OPS, s2, &n);
   assert_memory_equal(before, after, n);
   free(before);
   free(after);
@@ -497,20 +305,20 @@ static void test_state_roundtrip(void **state) {
   mbd_mamba2_state_destroy(&s2);
   mbd_mamba2_destroy(&a);
   mbd_mamba2_destroy(&b);
-  free_fixture(&f);
+  mf_fixture_free(&f);
 }
 
 /* The family table serves model_type mamba2 with this model. */
 static void test_family_detect(void **state) {
   (void)state;
-  fixture f;
-  if (load_fixture(cases[0], &f)) skip();
+  mf_fixture f;
+  if (mf_fixture_load("mamba2", cases[0], &f)) skip();
   const mbd_model_family *fam = NULL;
   mbd_error err = {0};
   assert_int_equal(mbd_model_family_detect(f.dir, &fam, &err), MBD_OK);
   assert_string_equal(fam->name, "mamba2");
   assert_ptr_equal(fam->cpu, &mbd_mamba2_cpu_ops);
-  free_fixture(&f);
+  mf_fixture_free(&f);
 }
 
 /* Config parsing: limits, defaults, refusals. */
@@ -589,7 +397,7 @@ static void test_synth(void **state) {
     const mbd_model_family *fam = NULL;
     assert_int_equal(mbd_model_family_detect(dir, &fam, &err), MBD_OK);
     assert_string_equal(fam->name, "mamba2");
-    fixture f;
+    mf_fixture f;
     memset(&f, 0, sizeof f);
     snprintf(f.dir, sizeof f.dir, "%s", dir);
     mbd_mamba2_model *m = load_model(&f, MBD_DTYPE_F32, 0, 2);
@@ -599,8 +407,8 @@ static void test_synth(void **state) {
     float *a = malloc(11 * 300 * sizeof(float)), *b = malloc(11 * 300 * sizeof(float));
     uint8_t *sa = NULL, *sb = NULL;
     size_t la = 0, lb = 0;
-    run_alone(m, tok, 11, a, &sa, &la);
-    run_steps(m, tok, 11, b, &sb, &lb);
+    mc_run_alone(OPS, m, tok, 11, a, &sa, &la);
+    mc_run_steps(OPS, m, tok, 11, b, &sb, &lb);
     assert_memory_equal(a, b, 11 * 300 * sizeof(float));
     assert_int_equal(la, lb);
     assert_memory_equal(sa, sb, la);
@@ -623,8 +431,8 @@ static void test_synth(void **state) {
  * lm_head.weight a copy of the embedding: the same bits as the original. */
 static void test_sharded_untied(void **state) {
   (void)state;
-  fixture f;
-  if (load_fixture(cases[1], &f)) skip();
+  mf_fixture f;
+  if (mf_fixture_load("mamba2", cases[1], &f)) skip();
   char dir[] = "/tmp/mbd_m2shard_XXXXXX", path[1200];
   assert_non_null(mkdtemp(dir));
   snprintf(path, sizeof path, "%s/model.safetensors", f.dir);
@@ -662,15 +470,15 @@ static void test_sharded_untied(void **state) {
   assert_int_equal(json_dump_file(cfg, path, 0), 0);
   json_decref(cfg);
   mbd_mamba2_model *a = load_model(&f, MBD_DTYPE_F32, 0, 2);
-  fixture g = f;
+  mf_fixture g = f;
   snprintf(g.dir, sizeof g.dir, "%s", dir);
   mbd_mamba2_model *b = load_model(&g, MBD_DTYPE_F32, 0, 2);
   assert_false(mbd_mamba2_config_of(b)->tie_embeddings);
   assert_true(mbd_mamba2_weight_bytes(b) > mbd_mamba2_weight_bytes(a)); /* its own head */
   size_t n = (size_t)f.T * f.V;
   float *la = malloc(n * sizeof(float)), *lb = malloc(n * sizeof(float));
-  run_alone(a, f.ids, f.T, la, NULL, NULL);
-  run_alone(b, f.ids, f.T, lb, NULL, NULL);
+  mc_run_alone(OPS, a, f.ids, f.T, la, NULL, NULL);
+  mc_run_alone(OPS, b, f.ids, f.T, lb, NULL, NULL);
   assert_memory_equal(la, lb, n * sizeof(float));
   free(la);
   free(lb);
@@ -683,7 +491,7 @@ static void test_sharded_untied(void **state) {
     unlink(path);
   }
   rmdir(dir);
-  free_fixture(&f);
+  mf_fixture_free(&f);
 }
 
 int main(void) {

@@ -16,83 +16,20 @@
 
 #include <cmocka.h>
 
-#include "common/safetensors.h"
 #include "kernels/model/family.h"
 #include "kernels/model/mamba3.h"
 #include "kernels/model/mamba3_math.h"
 #include "kernels/model/mamba3_synth.h"
+#include "support/model_check.h"
+#include "support/model_fixture.h"
 
-typedef struct fixture {
-  char dir[1024];
-  int B, T, G, V;
-  int32_t *ids;      /* [B*T] */
-  float *logits;     /* [B,T,V] */
-  float *lbf16;      /* [B,T,V] upstream's bf16 run */
-  float *glogits;    /* [B,G,V] */
-  int64_t *greedy;   /* [B, T+G] */
-} fixture;
+#define OPS (&mbd_mamba3_cpu_ops)
 
-static const char *cases[] = {"tiny-d64-s16-c16", "small-d256-s32-c16"};
-#define NCASES 2
+static const char *const cases[] = {"tiny-d64-s16-c16", "small-d256-s32-c16"};
+enum { NCASES = 2 };
 
-static float *copy_f32(const mbd_safetensors *st, const char *name) {
-  const mbd_st_entry *e = mbd_safetensors_find(st, name);
-  assert_non_null(e);
-  float *v = malloc(e->nbytes);
-  memcpy(v, e->data, e->nbytes);
-  return v;
-}
-
-static int load_fixture(const char *name, fixture *f) {
-  memset(f, 0, sizeof(*f));
-  const char *root = getenv("MBD_FIXTURES_DIR");
-  if (!root) return -1;
-  snprintf(f->dir, sizeof(f->dir), "%s/mamba3/%s", root, name);
-  char path[1200];
-  snprintf(path, sizeof(path), "%s/expected.safetensors", f->dir);
-  mbd_error err = {0};
-  mbd_safetensors *st = NULL;
-  if (mbd_safetensors_open(path, &st, &err)) return -1;
-  const mbd_st_entry *ids = mbd_safetensors_find(st, "input_ids");
-  const mbd_st_entry *lg = mbd_safetensors_find(st, "logits");
-  const mbd_st_entry *gr = mbd_safetensors_find(st, "greedy");
-  assert_non_null(ids);
-  assert_non_null(lg);
-  assert_non_null(gr);
-  f->B = (int)ids->desc.shape[0];
-  f->T = (int)ids->desc.shape[1];
-  f->V = (int)lg->desc.shape[2];
-  f->G = (int)gr->desc.shape[1] - f->T;
-  f->ids = malloc((size_t)f->B * f->T * sizeof(int32_t));
-  for (int i = 0; i < f->B * f->T; i++) {
-    int64_t v;
-    memcpy(&v, (const char *)ids->data + 8 * i, 8);
-    f->ids[i] = (int32_t)v;
-  }
-  f->greedy = malloc(gr->nbytes);
-  memcpy(f->greedy, gr->data, gr->nbytes);
-  f->logits = copy_f32(st, "logits");
-  f->lbf16 = copy_f32(st, "logits_bf16_triton");
-  f->glogits = copy_f32(st, "greedy_logits");
-  mbd_safetensors_destroy(&st);
-  return 0;
-}
-
-static void free_fixture(fixture *f) {
-  free(f->ids);
-  free(f->greedy);
-  free(f->logits);
-  free(f->lbf16);
-  free(f->glogits);
-}
-
-static int skip_if_absent(fixture *f, const char *name) {
-  if (load_fixture(name, f) == 0) return 0;
-  print_message("fixture %s not found under $MBD_FIXTURES_DIR: skipped\n", name);
-  return 1;
-}
-
-static mbd_mamba3_model *load_model(const fixture *f, mbd_dtype dt, int max_rows, int threads) {
+static mbd_mamba3_model *load_model(const mf_fixture *f, mbd_dtype dt, int max_rows,
+                                    int threads) {
   mbd_mamba3_options o;
   mbd_mamba3_options_default(&o);
   o.dtype = dt;
@@ -104,54 +41,11 @@ static mbd_mamba3_model *load_model(const fixture *f, mbd_dtype dt, int max_rows
   return m;
 }
 
-static mbd_mamba3_state *new_state(const mbd_mamba3_model *m) {
-  mbd_mamba3_state *s = NULL;
-  mbd_error err = {0};
-  if (mbd_mamba3_state_new(m, &s, &err)) fail_msg("state: %s", err.msg);
-  return s;
-}
-
-static uint8_t *export_state(const mbd_mamba3_state *s, size_t *len) {
-  size_t n = mbd_mamba3_state_export_size(s);
-  uint8_t *buf = malloc(n);
-  mbd_error err = {0};
-  assert_int_equal(mbd_mamba3_state_export(s, buf, n, len, &err), 0);
-  return buf;
-}
-
-static double pos_rel_err(const float *got, const float *ref, int V) {
-  double e = 0, mx = 0;
-  for (int v = 0; v < V; v++) {
-    double d = fabs((double)got[v] - ref[v]);
-    if (d > e) e = d;
-    if (fabs(ref[v]) > mx) mx = fabs(ref[v]);
-  }
-  return e / mx;
-}
-
-static int argmax(const float *x, int V) {
-  int best = 0;
-  for (int v = 1; v < V; v++)
-    if (x[v] > x[best]) best = v;
-  return best;
-}
-
-/* Decodes seq's tokens one step at a time from a fresh state: logits [len, V]. */
-static mbd_mamba3_state *decode_only(mbd_mamba3_model *m, const int32_t *tok, int64_t len,
-                                     float *logits) {
-  mbd_mamba3_state *s = new_state(m);
-  mbd_error err = {0};
-  int V = mbd_mamba3_vocab(m);
-  for (int64_t t = 0; t < len; t++)
-    if (mbd_mamba3_step(m, &s, 1, tok + t, logits + t * V, &err)) fail_msg("step: %s", err.msg);
-  return s;
-}
-
 /* The config resolves to the Mamba-3 family through ssm_cfg.layer. */
 static void test_family(void **state) {
   (void)state;
-  fixture f;
-  if (skip_if_absent(&f, cases[0])) skip();
+  mf_fixture f;
+  if (mf_fixture_load("mamba3", cases[0], &f)) skip();
   const mbd_model_family *fam = NULL;
   mbd_error err = {0};
   assert_int_equal(mbd_model_family_detect(f.dir, &fam, &err), 0);
@@ -163,162 +57,127 @@ static void test_family(void **state) {
   assert_int_equal(c.heads, 8);
   assert_int_equal(c.angles, 4);
   assert_int_equal(c.vocab_padded, 512);
-  free_fixture(&f);
+  mf_fixture_free(&f);
 }
 
 /* f32 prefill and step-by-step decode vs the f64 reference at every position,
  * prefill bits == decode bits, greedy tokens exact, greedy logits in
  * tolerance. */
+static void check_reference(const mf_fixture *f, int c) {
+  (void)c;
+  mbd_mamba3_model *m = load_model(f, MBD_DTYPE_F32, 0, 2);
+  int B = f->B, T = f->T, V = f->V, G = f->G;
+  assert_int_equal(mbd_mamba3_vocab(m), V);
+  assert_true(B <= 8);
+  float *pre = malloc((size_t)B * T * V * sizeof(float));
+  float *dec = malloc((size_t)B * T * V * sizeof(float));
+  float *row = malloc((size_t)B * V * sizeof(float));
+  mbd_mamba3_state *st[8];
+  mbd_error err = {0};
+  for (int b = 0; b < B; b++) st[b] = mc_state_new(OPS, m);
+  mc_prefill_prompts(OPS, m, (void *const *)st, B, f->ids, T, pre);
+  double worst = mc_check_positions(pre, f->logits, B * T, V, 1e-4, f->name);
+  for (int b = 0; b < B; b++) {
+    void *s = mc_prefill_then_steps(OPS, m, f->ids + b * T, 0, T, 0, dec + (size_t)b * T * V);
+    size_t l;
+    uint8_t *e = mc_state_image(OPS, st[b], &l);
+    mc_check_state(OPS, s, e, l, f->name);
+    free(e);
+    OPS->state_free(s);
+  }
+  assert_memory_equal(pre, dec, (size_t)B * T * V * sizeof(float));
+  /* greedy: the states hold the prompt; the last prompt logits pick token 0 */
+  double gworst = 0;
+  int32_t tok[8];
+  for (int b = 0; b < B; b++) memcpy(row + (size_t)b * V, pre + ((size_t)b * T + T - 1) * V,
+                                     (size_t)V * sizeof(float));
+  for (int g = 0; g < G; g++) {
+    for (int b = 0; b < B; b++) {
+      const float *lg = row + (size_t)b * V;
+      double e = mc_rel_err(lg, f->greedy_logits + ((size_t)b * G + g) * V, V);
+      if (e > gworst) gworst = e;
+      if (e > 1e-4) fail_msg("%s seq %d greedy step %d: rel err %.3g", f->name, b, g, e);
+      tok[b] = mc_argmax(lg, V);
+      int64_t want = mf_greedy_token(f, b, g);
+      if (tok[b] != want)
+        fail_msg("%s seq %d greedy token %d: got %d want %lld", f->name, b, g, tok[b],
+                 (long long)want);
+    }
+    assert_int_equal(mbd_mamba3_step(m, st, B, tok, row, &err), 0);
+  }
+  print_message("%s f32: worst rel err %.3g (prompt), %.3g (greedy logits); prefill == "
+                "decode bits; greedy exact\n", f->name, worst, gworst);
+  for (int b = 0; b < B; b++) mbd_mamba3_state_destroy(&st[b]);
+  free(pre);
+  free(dec);
+  free(row);
+  mbd_mamba3_destroy(&m);
+  assert_null(m);
+}
+
 static void test_reference(void **state) {
   (void)state;
-  int ran = 0;
-  for (int c = 0; c < NCASES; c++) {
-    fixture f;
-    if (skip_if_absent(&f, cases[c])) continue;
-    ran++;
-    mbd_mamba3_model *m = load_model(&f, MBD_DTYPE_F32, 0, 2);
-    int B = f.B, T = f.T, V = f.V, G = f.G;
-    assert_int_equal(mbd_mamba3_vocab(m), V);
-    float *pre = malloc((size_t)B * T * V * sizeof(float));
-    float *dec = malloc((size_t)B * T * V * sizeof(float));
-    float *row = malloc((size_t)B * V * sizeof(float));
-    mbd_mamba3_state *st[8];
-    const int32_t *tp[8];
-    int64_t lens[8];
-    mbd_error err = {0};
-    for (int b = 0; b < B; b++) {
-      st[b] = new_state(m);
-      tp[b] = f.ids + b * T;
-      lens[b] = T;
-    }
-    assert_int_equal(mbd_mamba3_prefill(m, st, B, tp, lens, MBD_LOGITS_ALL, pre, &err), 0);
-    double worst = 0;
-    for (int p = 0; p < B * T; p++) {
-      double e = pos_rel_err(pre + (size_t)p * V, f.logits + (size_t)p * V, V);
-      if (e > worst) worst = e;
-      if (e > 1e-4) fail_msg("%s position %d: rel err %.3g > 1e-4", cases[c], p, e);
-    }
-    for (int b = 0; b < B; b++) {
-      mbd_mamba3_state *s = decode_only(m, tp[b], T, dec + (size_t)b * T * V);
-      size_t l1, l2;
-      uint8_t *e1 = export_state(s, &l1), *e2 = export_state(st[b], &l2);
-      assert_int_equal(l1, l2);
-      assert_memory_equal(e1, e2, l1);
-      free(e1);
-      free(e2);
-      mbd_mamba3_state_destroy(&s);
-    }
-    assert_memory_equal(pre, dec, (size_t)B * T * V * sizeof(float));
-    /* greedy: the states hold the prompt; the last prompt logits pick token 0 */
-    double gworst = 0;
-    int32_t tok[8];
-    for (int b = 0; b < B; b++) memcpy(row + (size_t)b * V, pre + ((size_t)b * T + T - 1) * V,
-                                       (size_t)V * sizeof(float));
-    for (int g = 0; g < G; g++) {
-      for (int b = 0; b < B; b++) {
-        const float *lg = row + (size_t)b * V;
-        double e = pos_rel_err(lg, f.glogits + ((size_t)b * G + g) * V, V);
-        if (e > gworst) gworst = e;
-        if (e > 1e-4) fail_msg("%s seq %d greedy step %d: rel err %.3g", cases[c], b, g, e);
-        tok[b] = argmax(lg, V);
-        int64_t want = f.greedy[(size_t)b * (T + G) + T + g];
-        if (tok[b] != want)
-          fail_msg("%s seq %d greedy token %d: got %d want %lld", cases[c], b, g, tok[b],
-                   (long long)want);
-      }
-      assert_int_equal(mbd_mamba3_step(m, st, B, tok, row, &err), 0);
-    }
-    print_message("%s f32: worst rel err %.3g (prompt), %.3g (greedy logits); prefill == "
-                  "decode bits; greedy exact\n", cases[c], worst, gworst);
-    for (int b = 0; b < B; b++) mbd_mamba3_state_destroy(&st[b]);
-    free(pre);
-    free(dec);
-    free(row);
-    mbd_mamba3_destroy(&m);
-    assert_null(m);
-    free_fixture(&f);
-  }
-  if (!ran) skip();
+  mf_for_each_case("mamba3", cases, NCASES, check_reference);
 }
 
 /* bf16 weights: within the error of upstream's own bf16 run on the fixture. */
+static void check_bf16(const mf_fixture *f, int c) {
+  (void)c;
+  mbd_mamba3_model *m = load_model(f, MBD_DTYPE_BF16, 0, 2);
+  size_t n = (size_t)f->B * f->T * f->V;
+  float *pre = malloc(n * sizeof(float));
+  mbd_mamba3_state *st[8];
+  assert_true(f->B <= 8);
+  for (int b = 0; b < f->B; b++) st[b] = mc_state_new(OPS, m);
+  mc_prefill_prompts(OPS, m, (void *const *)st, f->B, f->ids, f->T, pre);
+  double mx = mc_max_abs(f->logits, n);
+  double e_up = mc_max_err(f->logits_bf16_triton, f->logits, n);
+  double e_us = mc_max_err(pre, f->logits, n);
+  print_message("%s bf16: rel err %.3g (upstream's bf16 run: %.3g)\n", f->name, e_us / mx,
+                e_up / mx);
+  assert_true(e_us <= e_up);
+  for (int b = 0; b < f->B; b++) mbd_mamba3_state_destroy(&st[b]);
+  free(pre);
+  mbd_mamba3_destroy(&m);
+}
+
 static void test_bf16(void **state) {
   (void)state;
-  int ran = 0;
-  for (int c = 0; c < NCASES; c++) {
-    fixture f;
-    if (skip_if_absent(&f, cases[c])) continue;
-    ran++;
-    mbd_mamba3_model *m = load_model(&f, MBD_DTYPE_BF16, 0, 2);
-    size_t n = (size_t)f.B * f.T * f.V;
-    float *pre = malloc(n * sizeof(float));
-    mbd_mamba3_state *st[8];
-    const int32_t *tp[8];
-    int64_t lens[8];
-    mbd_error err = {0};
-    for (int b = 0; b < f.B; b++) {
-      st[b] = new_state(m);
-      tp[b] = f.ids + b * f.T;
-      lens[b] = f.T;
-    }
-    assert_int_equal(mbd_mamba3_prefill(m, st, f.B, tp, lens, MBD_LOGITS_ALL, pre, &err), 0);
-    double mx = 0, e_up = 0, e_us = 0;
-    for (size_t i = 0; i < n; i++) {
-      if (fabs(f.logits[i]) > mx) mx = fabs(f.logits[i]);
-      if (fabs((double)f.lbf16[i] - f.logits[i]) > e_up) e_up = fabs((double)f.lbf16[i] - f.logits[i]);
-      if (fabs((double)pre[i] - f.logits[i]) > e_us) e_us = fabs((double)pre[i] - f.logits[i]);
-    }
-    print_message("%s bf16: rel err %.3g (upstream's bf16 run: %.3g)\n", cases[c], e_us / mx,
-                  e_up / mx);
-    assert_true(e_us <= e_up);
-    for (int b = 0; b < f.B; b++) mbd_mamba3_state_destroy(&st[b]);
-    free(pre);
-    mbd_mamba3_destroy(&m);
-    free_fixture(&f);
-  }
-  if (!ran) skip();
+  mf_for_each_case("mamba3", cases, NCASES, check_bf16);
 }
 
 /* Prefill of T tokens (in chunks of max_rows rows) then decode == decode from
  * the start: every logit and the final state, bit for bit. */
 static void test_prefill_then_decode(void **state) {
   (void)state;
-  fixture f;
-  if (skip_if_absent(&f, cases[1])) skip();
+  mf_fixture f;
+  if (mf_fixture_load("mamba3", cases[1], &f)) skip();
   int T = f.T, V = f.V;
   const int32_t *tok = f.ids;
   static const int max_rows[] = {0, 4, 7, 16};
   static const int64_t splits[] = {1, 2, 5, 8, 15, 16, 17, 31, 36};
   float *ref = malloc((size_t)T * V * sizeof(float));
   float *got = malloc((size_t)T * V * sizeof(float));
+  char what[128];
   for (size_t r = 0; r < sizeof max_rows / sizeof max_rows[0]; r++) {
     mbd_mamba3_model *m = load_model(&f, MBD_DTYPE_F32, max_rows[r], 2);
-    mbd_mamba3_state *sref = decode_only(m, tok, T, ref);
+    uint8_t *eref;
     size_t lref;
-    uint8_t *eref = export_state(sref, &lref);
+    mc_run_steps(OPS, m, tok, T, ref, &eref, &lref);
     for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
-      int64_t n = splits[k];
-      mbd_mamba3_state *s = new_state(m);
-      mbd_error err = {0};
-      assert_int_equal(mbd_mamba3_prefill(m, &s, 1, &tok, &n, MBD_LOGITS_ALL, got, &err), 0);
-      for (int64_t t = n; t < T; t++)
-        assert_int_equal(mbd_mamba3_step(m, &s, 1, tok + t, got + t * V, &err), 0);
+      mbd_mamba3_state *s = mc_prefill_then_steps(OPS, m, tok, splits[k], T, 0, got);
       assert_memory_equal(ref, got, (size_t)T * V * sizeof(float));
-      size_t l;
-      uint8_t *e = export_state(s, &l);
-      assert_int_equal(l, lref);
-      assert_memory_equal(e, eref, l);
+      snprintf(what, sizeof what, "max_rows %d, prefill %lld", max_rows[r], (long long)splits[k]);
+      mc_check_state(OPS, s, eref, lref, what);
       assert_int_equal(mbd_mamba3_state_position(s), T);
-      free(e);
       mbd_mamba3_state_destroy(&s);
     }
     free(eref);
-    mbd_mamba3_state_destroy(&sref);
     mbd_mamba3_destroy(&m);
   }
   free(ref);
   free(got);
-  free_fixture(&f);
+  mf_fixture_free(&f);
 }
 
 /* Each sequence alone == the same sequence in any slot of a batch of 2..8 of
@@ -326,110 +185,76 @@ static void test_prefill_then_decode(void **state) {
  * model instance with another thread count. */
 static void test_batch_invariance(void **state) {
   (void)state;
-  fixture f;
-  if (skip_if_absent(&f, cases[1])) skip();
+  mf_fixture f;
+  if (mf_fixture_load("mamba3", cases[1], &f)) skip();
   int T = f.T, V = f.V;
   mbd_mamba3_model *m = load_model(&f, MBD_DTYPE_F32, 0, 2);
   mbd_mamba3_model *m1 = load_model(&f, MBD_DTYPE_F32, 0, 1);
   enum { NB = 8 };
-  int32_t toks[NB][64];
+  /* each sequence's tokens, then the token of its decode step */
+  int32_t toks[NB][65];
   int64_t lens[NB];
   for (int b = 0; b < NB; b++) {
     lens[b] = 3 + (b * 5) % (T - 3);
     for (int t = 0; t < lens[b]; t++) toks[b][t] = f.ids[(b % f.B) * T + (t + 3 * b) % T];
+    toks[b][lens[b]] = toks[b][0];
   }
-  float *alone = malloc((size_t)NB * 64 * V * sizeof(float));
-  float *alone_step = malloc((size_t)NB * V * sizeof(float));
+  float *alone = malloc((size_t)NB * 65 * V * sizeof(float));
+  float *again = malloc((size_t)65 * V * sizeof(float));
+  mc_seq seqs[NB];
   uint8_t *alone_state[NB];
   size_t slen = 0;
-  mbd_error err = {0};
   for (int b = 0; b < NB; b++) {
-    const int32_t *tp = toks[b];
-    for (int run = 0; run < 2; run++) {
-      mbd_mamba3_model *mm = run ? m1 : m;
-      float *dst = run ? malloc((size_t)lens[b] * V * sizeof(float)) : alone + (size_t)b * 64 * V;
-      mbd_mamba3_state *s = new_state(mm);
-      assert_int_equal(mbd_mamba3_prefill(mm, &s, 1, &tp, &lens[b], MBD_LOGITS_ALL, dst, &err), 0);
-      int32_t nt = toks[b][0];
-      float *sd = run ? malloc((size_t)V * sizeof(float)) : alone_step + (size_t)b * V;
-      assert_int_equal(mbd_mamba3_step(mm, &s, 1, &nt, sd, &err), 0);
-      uint8_t *e = export_state(s, &slen);
-      if (!run) {
-        alone_state[b] = e;
-      } else { /* run to run, 1 thread vs 2 */
-        assert_memory_equal(dst, alone + (size_t)b * 64 * V, (size_t)lens[b] * V * sizeof(float));
-        assert_memory_equal(sd, alone_step + (size_t)b * V, (size_t)V * sizeof(float));
-        assert_memory_equal(e, alone_state[b], slen);
-        free(e);
-        free(dst);
-        free(sd);
-      }
-      mbd_mamba3_state_destroy(&s);
-    }
+    float *mine = alone + (size_t)b * 65 * V;
+    mbd_mamba3_state *s = mc_prefill_then_steps(OPS, m, toks[b], lens[b], lens[b] + 1, 0, mine);
+    alone_state[b] = mc_state_image(OPS, s, &slen);
+    mbd_mamba3_state_destroy(&s);
+    /* run to run, 1 thread vs 2 */
+    s = mc_prefill_then_steps(OPS, m1, toks[b], lens[b], lens[b] + 1, 0, again);
+    assert_memory_equal(again, mine, (size_t)(lens[b] + 1) * V * sizeof(float));
+    mc_check_state(OPS, s, alone_state[b], slen, "1 thread");
+    mbd_mamba3_state_destroy(&s);
+    seqs[b] = (mc_seq){.tok = toks[b], .len = lens[b], .logits = mine, .state = alone_state[b],
+                       .state_len = slen, .next = toks[b][0],
+                       .next_logits = mine + (size_t)lens[b] * V};
   }
-  float *all = malloc((size_t)NB * 64 * V * sizeof(float));
-  float *step = malloc((size_t)NB * V * sizeof(float));
   for (int n = 2; n <= NB; n++) {
     for (int rot = 0; rot < n; rot++) { /* slot j holds sequence (j + rot) % n */
-      mbd_mamba3_state *st[NB];
-      const int32_t *tp[NB];
-      int64_t ln[NB];
-      int32_t nt[NB];
-      for (int j = 0; j < n; j++) {
-        int b = (j + rot) % n;
-        st[j] = new_state(m);
-        tp[j] = toks[b];
-        ln[j] = lens[b];
-        nt[j] = toks[b][0];
-      }
-      assert_int_equal(mbd_mamba3_prefill(m, st, n, tp, ln, MBD_LOGITS_ALL, all, &err), 0);
-      assert_int_equal(mbd_mamba3_step(m, st, n, nt, step, &err), 0);
-      int64_t off = 0;
-      for (int j = 0; j < n; j++) {
-        int b = (j + rot) % n;
-        assert_memory_equal(all + off * V, alone + (size_t)b * 64 * V,
-                            (size_t)ln[j] * V * sizeof(float));
-        assert_memory_equal(step + (size_t)j * V, alone_step + (size_t)b * V,
-                            (size_t)V * sizeof(float));
-        size_t l;
-        uint8_t *e = export_state(st[j], &l);
-        assert_memory_equal(e, alone_state[b], l);
-        free(e);
-        off += ln[j];
-        mbd_mamba3_state_destroy(&st[j]);
-      }
+      mc_seq batch[NB];
+      for (int j = 0; j < n; j++) batch[j] = seqs[(j + rot) % n];
+      char what[64];
+      snprintf(what, sizeof what, "rotation %d", rot);
+      mc_check_batch(OPS, m, batch, n, 1, what);
     }
   }
   for (int b = 0; b < NB; b++) free(alone_state[b]);
-  free(all);
-  free(step);
   free(alone);
-  free(alone_step);
+  free(again);
   mbd_mamba3_destroy(&m);
   mbd_mamba3_destroy(&m1);
-  free_fixture(&f);
+  mf_fixture_free(&f);
 }
 
 /* Export mid-sequence, import on another model instance, continue: the same
  * bits as never stopping. A foreign or damaged image is refused. */
 static void test_export_import(void **state) {
   (void)state;
-  fixture f;
-  if (skip_if_absent(&f, cases[0])) skip();
+  mf_fixture f;
+  if (mf_fixture_load("mamba3", cases[0], &f)) skip();
   int T = f.T, V = f.V;
   const int32_t *tok = f.ids;
   mbd_mamba3_model *m = load_model(&f, MBD_DTYPE_F32, 0, 2);
   mbd_mamba3_model *m2 = load_model(&f, MBD_DTYPE_F32, 5, 1);
   float *ref = malloc((size_t)T * V * sizeof(float));
   float *got = malloc((size_t)T * V * sizeof(float));
-  mbd_mamba3_state *sref = decode_only(m, tok, T, ref);
+  mbd_mamba3_state *sref = mc_prefill_then_steps(OPS, m, tok, 0, T, 0, ref);
   mbd_error err = {0};
   int64_t half = T / 2 + 1;
-  mbd_mamba3_state *s = new_state(m);
+  mbd_mamba3_state *s = mc_state_new(OPS, m);
   assert_int_equal(mbd_mamba3_prefill(m, &s, 1, &tok, &half, MBD_LOGITS_ALL, got, &err), 0);
   size_t len;
-  uint8_t *img = export_state(s, &len);
-  mbd_mamba3_state *s2 = new_state(m2);
+  uint8_t *img = mc_state_image(OPS, s, &len);
+  mbd_mamba3_state *s2 = mc_state_new(OPS, m2);
   assert_int_equal(mbd_mamba3_state_import(s2, img, len, &err), 0);
   assert_int_equal(mbd_mamba3_state_position(s2), half);
   const int32_t *rest = tok + half;
@@ -437,21 +262,18 @@ static void test_export_import(void **state) {
   assert_int_equal(
       mbd_mamba3_prefill(m2, &s2, 1, &rest, &nrest, MBD_LOGITS_ALL, got + half * V, &err), 0);
   assert_memory_equal(ref, got, (size_t)T * V * sizeof(float));
-  size_t l1, l2;
-  uint8_t *e1 = export_state(sref, &l1), *e2 = export_state(s2, &l2);
-  assert_memory_equal(e1, e2, l1);
+  size_t l1;
+  uint8_t *e1 = mc_state_image(OPS, sref, &l1);
+  mc_check_state(OPS, s2, e1, l1, "imported, continued");
   /* wrong family word (Mamba-1's), truncated payload: refused, state kept */
   uint8_t *bad = malloc(len);
   memcpy(bad, img, len);
   bad[28] = 0;
   assert_int_not_equal(mbd_mamba3_state_import(s2, bad, len, &err), 0);
   assert_int_not_equal(mbd_mamba3_state_import(s2, img, len - 4, &err), 0);
-  uint8_t *e3 = export_state(s2, &l2);
-  assert_memory_equal(e1, e3, l1);
+  mc_check_state(OPS, s2, e1, l1, "after refused imports");
   free(bad);
   free(e1);
-  free(e2);
-  free(e3);
   free(img);
   free(ref);
   free(got);
@@ -460,7 +282,7 @@ static void test_export_import(void **state) {
   mbd_mamba3_state_destroy(&sref);
   mbd_mamba3_destroy(&m);
   mbd_mamba3_destroy(&m2);
-  free_fixture(&f);
+  mf_fixture_free(&f);
 }
 
 /* The portable sin/cos/tanh against double libm over their domains. */
@@ -512,7 +334,7 @@ static void test_synth(void **state) {
   int32_t tok[T];
   for (int t = 0; t < T; t++) tok[t] = (t * 37 + 5) % 300;
   float *a = malloc((size_t)T * V * sizeof(float)), *b = malloc((size_t)T * V * sizeof(float));
-  mbd_mamba3_state *s1 = decode_only(m, tok, T, a), *s2 = new_state(m);
+  mbd_mamba3_state *s1 = mc_prefill_then_steps(OPS, m, tok, 0, T, 0, a), *s2 = mc_state_new(OPS, m);
   const int32_t *tp = tok;
   int64_t n = T;
   assert_int_equal(mbd_mamba3_prefill(m, &s2, 1, &tp, &n, MBD_LOGITS_ALL, b, &err), 0);
