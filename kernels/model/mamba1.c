@@ -135,7 +135,7 @@ fail:
   return rc;
 }
 
-const mbd_mamba_config *mbd_mamba1_config(const mbd_mamba1_model *m) { return &m->cfg; }
+const mbd_mamba_config *mbd_mamba1_model_config(const mbd_mamba1_model *m) { return &m->cfg; }
 
 mbd_state_shape mbd_mamba1_state_shape(const mbd_mamba_config *c) {
   return (mbd_state_shape){MBD_STATE_FAMILY_MAMBA1, (uint32_t)c->n_layer, (uint32_t)c->d_inner,

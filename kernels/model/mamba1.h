@@ -47,7 +47,7 @@ int mbd_mamba1_load(const char *dir, const mbd_mamba1_options *opts, mbd_mamba1_
                     mbd_error *err);
 void mbd_mamba1_destroy(mbd_mamba1_model **m);
 
-const mbd_mamba_config *mbd_mamba1_config(const mbd_mamba1_model *m);
+const mbd_mamba_config *mbd_mamba1_model_config(const mbd_mamba1_model *m);
 int mbd_mamba1_vocab(const mbd_mamba1_model *m);
 /* Route-relevant description: backend, dtype, ISA level ("x86-64-v3"). */
 mbd_dtype mbd_mamba1_dtype(const mbd_mamba1_model *m);

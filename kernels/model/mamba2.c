@@ -133,7 +133,7 @@ fail:
   return rc;
 }
 
-const mbd_mamba2_config *mbd_mamba2_config_of(const mbd_mamba2_model *m) { return &m->cfg; }
+const mbd_mamba2_config *mbd_mamba2_model_config(const mbd_mamba2_model *m) { return &m->cfg; }
 
 mbd_state_shape mbd_mamba2_state_shape(const mbd_mamba2_config *c) {
   return (mbd_state_shape){MBD_STATE_FAMILY_MAMBA2, (uint32_t)c->n_layer, (uint32_t)c->d_inner,

@@ -82,7 +82,7 @@ int mbd_mamba2_load(const char *dir, const mbd_mamba2_options *opts, mbd_mamba2_
                     mbd_error *err);
 void mbd_mamba2_destroy(mbd_mamba2_model **m);
 
-const mbd_mamba2_config *mbd_mamba2_config_of(const mbd_mamba2_model *m);
+const mbd_mamba2_config *mbd_mamba2_model_config(const mbd_mamba2_model *m);
 int mbd_mamba2_vocab(const mbd_mamba2_model *m);
 mbd_dtype mbd_mamba2_dtype(const mbd_mamba2_model *m);
 const char *mbd_mamba2_isa(const mbd_mamba2_model *m);

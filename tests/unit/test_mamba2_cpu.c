@@ -401,7 +401,7 @@ static void test_synth(void **state) {
     memset(&f, 0, sizeof f);
     snprintf(f.dir, sizeof f.dir, "%s", dir);
     mbd_mamba2_model *m = load_model(&f, MBD_DTYPE_F32, 0, 2);
-    assert_int_equal(mbd_mamba2_config_of(m)->n_groups, c.n_groups);
+    assert_int_equal(mbd_mamba2_model_config(m)->n_groups, c.n_groups);
     int32_t tok[11];
     for (int t = 0; t < 11; t++) tok[t] = (t * 37 + 5) % 300;
     float *a = malloc(11 * 300 * sizeof(float)), *b = malloc(11 * 300 * sizeof(float));
@@ -473,7 +473,7 @@ static void test_sharded_untied(void **state) {
   mf_fixture g = f;
   snprintf(g.dir, sizeof g.dir, "%s", dir);
   mbd_mamba2_model *b = load_model(&g, MBD_DTYPE_F32, 0, 2);
-  assert_false(mbd_mamba2_config_of(b)->tie_embeddings);
+  assert_false(mbd_mamba2_model_config(b)->tie_embeddings);
   assert_true(mbd_mamba2_weight_bytes(b) > mbd_mamba2_weight_bytes(a)); /* its own head */
   size_t n = (size_t)f.T * f.V;
   float *la = malloc(n * sizeof(float)), *lb = malloc(n * sizeof(float));
