@@ -2,7 +2,6 @@
  * gpu_model_test.h). */
 #include "tests/gpu/gpu_model_test.h"
 
-#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -14,6 +13,7 @@
 
 #include "common/safetensors.h"
 #include "support/backend_calls.h"
+#include "support/model_check.h"
 
 static void *copy_entry(const mbd_safetensors *st, const char *name) {
   const mbd_st_entry *e = mbd_safetensors_find(st, name);
@@ -72,15 +72,6 @@ mbd_backend *gmt_backend(mbd_backend_kind kind, mbd_dtype_policy policy, mbd_sta
   mbd_error err = {0};
   if (mbd_backend_new(kind, &o, &b, &err)) fail_msg("backend: %s", err.msg);
   return b;
-}
-
-double gmt_max_err(const float *a, const float *b, size_t n) {
-  double e = 0;
-  for (size_t i = 0; i < n; i++) {
-    double d = fabs((double)a[i] - b[i]);
-    if (d > e) e = d;
-  }
-  return e;
 }
 
 void gmt_remove_checkpoints(char (*dirs)[64], int n) {
@@ -391,8 +382,8 @@ double gmt_check_logits_bound(mbd_backend *gb, mbd_bmodel *gm, const gmt_fixture
   assert_non_null(g);
   mbd_error err = {0};
   assert_int_equal(gb->ops->forward(gb, gm, f->ids, f->B, f->T, false, g, &err), 0);
-  const double theirs = gmt_max_err(f->lbf16, f->hf, n), bound = factor * theirs;
-  const double ours = gmt_max_err(g, want, n);
+  const double theirs = mc_max_err(f->lbf16, f->hf, n), bound = factor * theirs;
+  const double ours = mc_max_err(g, want, n);
   print_message("%s: max abs err %.4g (bound %.4g = %.2f x PyTorch bf16 %.4g)\n", what, ours,
                 bound, factor, theirs);
   if (ours > bound) fail_msg("%s: err %.4g > bound %.4g", what, ours, bound);

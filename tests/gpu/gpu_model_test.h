@@ -38,9 +38,6 @@ void gmt_fixture_free(gmt_fixture *f);
  * batches up to 256; fails the test when it cannot be made. */
 mbd_backend *gmt_backend(mbd_backend_kind kind, mbd_dtype_policy policy, mbd_state_dtype sd);
 
-/* The largest |a[i] - b[i]| over n values. */
-double gmt_max_err(const float *a, const float *b, size_t n);
-
 /* Removes the synthetic checkpoints written into dirs[0 .. n) (empty names
  * skipped): their config.json, model.safetensors and the folder. */
 void gmt_remove_checkpoints(char (*dirs)[64], int n);

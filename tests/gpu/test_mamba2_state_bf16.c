@@ -36,6 +36,7 @@
 #include "kernels/model/mamba3_synth.h"
 #include "kernels/model/synth.h"
 #include "support/backend_calls.h"
+#include "support/model_check.h"
 #include "support/gpu_util.h"
 #include "tests/gpu/gpu_model_test.h"
 
@@ -271,7 +272,7 @@ static void test_fixture_bound(void **state) {
           for (int64_t i = 0; i < G; i++) {
             if (i) assert_int_equal(gb->ops->step(gb, gm, &st, gs + T - 1 + i, 1, l, &err), 0);
             const float *r = f.glogits + (s * G + i) * V;
-            const double e = gmt_max_err(l, r, (size_t)V);
+            const double e = mc_max_err(l, r, (size_t)V);
             if (e > ge) ge = e;
             int64_t am = 0, ar = 0;
             for (int64_t v = 1; v < V; v++) {
