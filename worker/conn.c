@@ -389,7 +389,11 @@ static void *io_main(void *arg) {
     if ((it[1].revents & ZMQ_POLLIN) && relay_out(c)) {
       /* Without a goodbye the last replies and DISCONNECT may still be
        * leaving: give them a while. */
-      int linger = await_goodbye(c) ? 0 : 1000;
+      bool bye = await_goodbye(c);
+      if (!bye)
+        MBD_LOGW(LOGC, "no goodbye from the broker within %d ms (is it down?): closing anyway",
+                 GOODBYE_MS);
+      int linger = bye ? 0 : 1000;
       zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
       return NULL;
     }

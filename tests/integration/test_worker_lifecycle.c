@@ -78,6 +78,32 @@ static int status_counting(wh *h, uint64_t tag, int *finals) {
   return -1;
 }
 
+/* SIGTERM after the broker died: the worker waits for a goodbye that cannot
+ * come, says so, and still exits 0. */
+static void test_sigterm_without_broker(void **state) {
+  (void)state;
+  wh h;
+  wh_init_or_skip(&h);
+  wh_start_broker(&h);
+  h.worker_logs = true;
+  pid_t w = wh_start_worker(&h, "wA", NULL);
+  char log[400];
+  wh_worker_log(&h, "wA", log, sizeof log);
+  assert_int_equal(wh_wait_workers(&h, 1, EV_HANG_MS), 0);
+  assert_true(wh_stop(h.broker, SIGKILL) < 0);
+  h.broker = 0;
+  int st = 0;
+  assert_true(procs_stop(w, SIGTERM, EV_HANG_MS, &st) >= 0);
+  h.procs[0] = 0;
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+  if (!ev_wait_lines(log, "no goodbye from the broker", 1, EV_HANG_MS)) {
+    procs_sh("cat '%s' >&2", log);
+    fail_msg("the worker never logged 'no goodbye from the broker' (log above)");
+  }
+  wh_fini(&h);
+}
+
 static void test_reregister_idle_sigterm(void **state) {
   (void)state;
   wh h;
@@ -144,6 +170,7 @@ static void test_reregister_idle_sigterm(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_bad_model_dir),
+                                     cmocka_unit_test(test_sigterm_without_broker),
                                      cmocka_unit_test(test_reregister_idle_sigterm)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
