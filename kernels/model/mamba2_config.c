@@ -89,10 +89,13 @@ static int parse_root(const json_t *root, const char *label, mbd_mamba2_config *
   const json_t *eps = json_object_get(root, "layer_norm_epsilon");
   c->norm_eps = 1e-5f;
   if (eps) {
-    if (!json_is_number(eps) || json_number_value(eps) < 0)
-      return mbd_error_set(err, MBD_E_FORMAT, "%s: layer_norm_epsilon must be a number >= 0",
+    /* A value past FLT_MAX would become inf, one below the smallest float 0. */
+    float v = json_is_number(eps) ? (float)json_number_value(eps) : -1.0f;
+    if (!(v > 0) || !isfinite(v))
+      return mbd_error_set(err, MBD_E_FORMAT,
+                           "%s: layer_norm_epsilon must be a number > 0 that a float holds",
                            label);
-    c->norm_eps = (float)json_number_value(eps);
+    c->norm_eps = v;
   }
   c->dt_min = 0.0f;
   c->dt_max = INFINITY;
@@ -104,8 +107,9 @@ static int parse_root(const json_t *root, const char *label, mbd_mamba2_config *
     if ((rc = get_float_value(json_array_get(lim, 0), label, "time_step_limit[0]", &lo, err)) ||
         (rc = get_float_value(json_array_get(lim, 1), label, "time_step_limit[1]", &hi, err)))
       return rc;
-    if (!(lo <= hi) || lo < 0)
-      return mbd_error_set(err, MBD_E_FORMAT, "%s: time_step_limit must be 0 <= min <= max",
+    if (!(lo <= hi) || lo < 0 || !isfinite((float)lo))
+      return mbd_error_set(err, MBD_E_FORMAT,
+                           "%s: time_step_limit must be 0 <= min <= max, min a finite float",
                            label);
     c->dt_min = (float)lo;
     c->dt_max = (float)hi;
