@@ -114,10 +114,13 @@ int mbd_state_dtype_parse(const char *s, mbd_state_dtype *out, mbd_error *err) {
   return rc;
 }
 
-/* Values may not contain newlines or '=' confusion: replace control chars. */
+/* A value is one line of text: control characters become spaces. */
 static void clean_copy(char *dst, size_t cap, const char *src) {
   size_t i = 0;
-  for (; src[i] && i + 1 < cap; i++) dst[i] = (src[i] == '\n' || src[i] == '\r') ? ' ' : src[i];
+  for (; src[i] && i + 1 < cap; i++) {
+    unsigned char c = (unsigned char)src[i];
+    dst[i] = c < 0x20 || c == 0x7f ? ' ' : src[i];
+  }
   dst[i] = '\0';
 }
 
@@ -218,6 +221,16 @@ int mbd_route_decode(const char *buf, size_t len, mbd_route_identity *out, mbd_e
       field(text, "device", out->device_name, sizeof out->device_name) ||
       field(text, "libraries", out->libraries, sizeof out->libraries))
     return mbd_error_set(err, MBD_E_FORMAT, "route encoding: missing or oversized text field");
+  /* The encoder writes no control characters, so an identity holding one
+   * would not be the identity its route id (of the re-encoding) names. */
+  const char *texts[] = {out->isa, out->kernel_digest, out->compiler, out->device_name,
+                         out->libraries};
+  for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+    for (const char *c = texts[i]; *c; c++)
+      if ((unsigned char)*c < 0x20 || *c == 0x7f)
+        return mbd_error_set(err, MBD_E_FORMAT,
+                             "route encoding: control character 0x%02x in a text field",
+                             (unsigned char)*c);
   if (field(text, "cc", v, sizeof v) || sscanf(v, "%d.%d", &out->cc_major, &out->cc_minor) != 2 ||
       field(text, "sms", v, sizeof v) || sscanf(v, "%d", &out->sm_count) != 1 ||
       field(text, "dispatch", v, sizeof v) || sscanf(v, "%d", &out->dispatch_rev) != 1 ||
