@@ -8,7 +8,8 @@
 #include "common/half.h"
 #include "kernels/portable_math.h"
 
-float mbd_weights_round(mbd_dtype dt, float v) {
+/* v rounded through storage dtype dt (f32: v itself). */
+static float round_to(mbd_dtype dt, float v) {
   if (dt == MBD_DTYPE_BF16) return mbd_bf16_to_f32(mbd_f32_to_bf16(v));
   if (dt == MBD_DTYPE_F16) return mbd_f16_to_f32(mbd_f32_to_f16(v));
   return v;
@@ -23,7 +24,7 @@ int mbd_weights_vec(const mbd_st_dir *s, const char *name, int ndim, const int64
   for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
   float *v = malloc(n * sizeof(float) + 1);
   if (!v) return mbd_error_set(err, MBD_E_NOMEM, "model: out of memory loading %s", name);
-  for (size_t i = 0; i < n; i++) v[i] = mbd_weights_round(dt, mbd_st_entry_f32(e, i));
+  for (size_t i = 0; i < n; i++) v[i] = round_to(dt, mbd_st_entry_f32(e, i));
   if (bytes) *bytes += n * mbd_dtype_size(dt);
   *out = v;
   return MBD_OK;
@@ -50,7 +51,10 @@ int mbd_weights_mat(const mbd_st_dir *s, const char *name, int64_t rows, int64_t
   return MBD_OK;
 }
 
-int mbd_weights_conv(const mbd_st_dir *s, const char *name, int64_t channels, int64_t dc,
+/* The depthwise conv weight `name` [channels, 1, dc] as a new f32 array
+ * [dc][channels], tap-major (the layout of mbd_cpu_conv_step), rounded
+ * through dt; *bytes as mbd_weights_vec. */
+static int load_conv(const mbd_st_dir *s, const char *name, int64_t channels, int64_t dc,
                      mbd_dtype dt, float **out, size_t *bytes, mbd_error *err) {
   int64_t shape[3] = {channels, 1, dc};
   float *cw = NULL;
@@ -81,7 +85,7 @@ int mbd_weights_load_layer(const mbd_st_dir *s, int i, const mbd_weight_spec *w,
       rc = mbd_weights_mat(s, name, t->shape[0], t->shape[1], dt, field, bytes, err);
       break;
     case MBD_WEIGHT_CONV:
-      rc = mbd_weights_conv(s, name, t->shape[0], t->shape[1], dt, field, bytes, err);
+      rc = load_conv(s, name, t->shape[0], t->shape[1], dt, field, bytes, err);
       break;
     default:
       rc = mbd_weights_vec(s, name, t->ndim, t->shape, t->f32 ? MBD_DTYPE_F32 : dt, field, bytes,

@@ -15,9 +15,6 @@
 #include "common/tensor.h"
 #include "kernels/cpu/gemm.h"
 
-/* v rounded through storage dtype dt (f32: v itself). */
-float mbd_weights_round(mbd_dtype dt, float v);
-
 /* The tensor `name` of shape [ndim] as a new f32 array (caller frees) whose
  * values are rounded through dt. Adds its storage size in dt to *bytes when
  * bytes is not NULL. Errors name the tensor. */
@@ -29,18 +26,13 @@ int mbd_weights_vec(const mbd_st_dir *s, const char *name, int ndim, const int64
 int mbd_weights_mat(const mbd_st_dir *s, const char *name, int64_t rows, int64_t cols,
                     mbd_dtype dt, mbd_cpu_wpack **out, size_t *bytes, mbd_error *err);
 
-/* The depthwise conv weight `name` [channels, 1, dc] as a new f32 array
- * [dc][channels], tap-major (the layout of mbd_cpu_conv_step), rounded
- * through dt; *bytes as mbd_weights_vec. */
-int mbd_weights_conv(const mbd_st_dir *s, const char *name, int64_t channels, int64_t dc,
-                     mbd_dtype dt, float **out, size_t *bytes, mbd_error *err);
 
 /* ---- a layer's tensors, by table ---- */
 
 typedef enum mbd_weight_kind {
   MBD_WEIGHT_VEC,  /* float * field: mbd_weights_vec */
   MBD_WEIGHT_MAT,  /* mbd_cpu_wpack * field: mbd_weights_mat */
-  MBD_WEIGHT_CONV, /* float * field: mbd_weights_conv */
+  MBD_WEIGHT_CONV, /* float * field: [taps][channels], tap-major (mbd_cpu_conv_step) */
 } mbd_weight_kind;
 
 /* One tensor of a layer: its checkpoint name and shape, and the field of the
