@@ -16,10 +16,11 @@
  *            default), bf16, or all (both, f32 first, for each shape and
  *            dtype); a bf16 state never runs the persistent decode (the model
  *            decodes per op there); the state column names it; each state
- *            also runs "det, old scan": deterministic with MBD_SCAN_STEP=old
- *            and MBD_SCAN_PREFILL=v0 (kernels/cuda/ops/scan.cu's streaming
- *            decode step and scan_prefill.cu's kernel in their previous
- *            forms; the same bits);
+ *            also runs "det, other scan": deterministic with
+ *            MBD_SCAN_STEP=other and MBD_SCAN_PREFILL=v0
+ *            (kernels/cuda/ops/scan.cu's streaming decode step in the form
+ *            the model's width does not pick, scan_prefill.cu's kernel in
+ *            its previous form; the same bits);
  *   --ops: first the per-launch time of each op of one 130m bf16 layer at M=1,
  *          with the separate conv and with the decode fusion (conv in x_proj
  *          and the scan);
@@ -47,9 +48,9 @@
  *               every M; the same bits), and both scans
  *               over the other state dtype ("scan, state f32|bf16", whose
  *               decode columns take the model's conv fusion too), and the
- *               decode step with MBD_SCAN_STEP=old (k_scan_step's streaming
- *               kernel in its previous form, built for d_state 16 and bf16
- *               only; the same bits; the table's state).
+ *               decode step with MBD_SCAN_STEP=other (k_scan_step's streaming
+ *               kernel in the form the width does not pick, built for
+ *               d_state 16 and bf16 only; the same bits; the table's state).
  * mbd_mops_conv_fused (kernels/cuda/ops/conv_xproj.h) picks the model's decode path;
  * MBD_BENCH_PROFILE_STEP: see profile_step. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
@@ -106,7 +107,7 @@ static const char *const k_ot_names[OT_NOPS] = {
     "embed",     "add_rmsnorm",    "in_proj (gemm)", "conv_silu",         "x_proj",
     "scan (dt_proj+scan+D+gate)", "out_proj (gemm)", "final add_rmsnorm", "lm_head (gemm)",
     "sample", "scan, MBD_SCAN_PREFILL=old", NULL, NULL, /* the _ALT rows: ot_name */
-    "scan, MBD_SCAN_STEP=old", "scan, MBD_SCAN_PREFILL=v0"};
+    "scan, MBD_SCAN_STEP=other", "scan, MBD_SCAN_PREFILL=v0"};
 
 enum { OT_COLS = 5, OT_REPS = 10, OT_ROWS = 2048, OT_SLOTS = 256 };
 static const int k_ot_nseq[OT_COLS] = {1, 1, 8, 64, 256}, k_ot_T[OT_COLS] = {OT_ROWS, 1, 1, 1, 1};
@@ -221,7 +222,7 @@ static int run_op(void *arg, mbd_error *err) {
     return rc;
   }
   case OT_SCAN_STEP_OLD: {
-    setenv("MBD_SCAN_STEP", "old", 1);
+    setenv("MBD_SCAN_STEP", "other", 1);
     int rc = ot_scan(o, o->sd, fused ? &conv : NULL, err);
     unsetenv("MBD_SCAN_STEP");
     return rc;
@@ -494,8 +495,8 @@ static int bench_one(const shape *sh, mbd_dtype dt, mbd_state_dtype sd, int reps
   const size_t wb = mbd_mamba1_gpu_weight_bytes(m), sb = rb[0] + rb[1];
   const char *st = mbd_state_dtype_name(sd);
   double res[2][5] = {{0}};
-  /* mode 2: deterministic again with MBD_SCAN_STEP=old and
-   * MBD_SCAN_PREFILL=v0, the decode graphs captured anew with the previous
+  /* mode 2: deterministic again with MBD_SCAN_STEP=other and
+   * MBD_SCAN_PREFILL=v0, the decode graphs captured anew with the other
    * decode step */
   const int nmodes = 3;
   for (int mode = 0; mode < nmodes; mode++) {
@@ -509,7 +510,7 @@ static int bench_one(const shape *sh, mbd_dtype dt, mbd_state_dtype sd, int reps
     }
     if (mode == 2) {
       CK(mbd_gpu_ctx_set_mode(ctx, MBD_GEMM_DETERMINISTIC, &err));
-      setenv("MBD_SCAN_STEP", "old", 1);
+      setenv("MBD_SCAN_STEP", "other", 1);
       setenv("MBD_SCAN_PREFILL", "v0", 1);
       mbd_mamba1_gpu_set_graphs(m, 0);
       mbd_mamba1_gpu_set_graphs(m, 1);
@@ -547,7 +548,7 @@ static int bench_one(const shape *sh, mbd_dtype dt, mbd_state_dtype sd, int reps
       free(lg);
     }
     pre = 2048 / (mbd_bench_median(t, pr) * 1e-3);
-    const char *mname = mode == 2 ? "det, old scan" : mode ? "cublas-fast" : "deterministic";
+    const char *mname = mode == 2 ? "det, other scan" : mode ? "cublas-fast" : "deterministic";
     printf("%-5s %-4s %-5s %-13s | %9.0f %9.0f %9.0f %9.0f | %9.0f\n", sh->name,
            mbd_dtype_name(dt), st, mname, dec[0], dec[1], dec[2], dec[3], pre);
     if (mode < 2)

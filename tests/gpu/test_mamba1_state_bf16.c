@@ -127,7 +127,7 @@ static float round_act(mbd_dtype act, float v) { return act == MBD_DTYPE_BF16 ? 
  * nseq - 1 - s of a state of nseq + 1 slots: y and the state against the
  * host's f32 arithmetic in the f32 route's order (mbd_cpu_scan_step's) with
  * each updated entry rounded to bf16 and the rounded value carried on, by
- * memcmp. pick: NULL, or "MBD_SCAN_PREFILL=old|v0" / "MBD_SCAN_STEP=old", set
+ * memcmp. pick: NULL, or "MBD_SCAN_PREFILL=old|v0" / "MBD_SCAN_STEP=old|v1", set
  * for the launch (the kernel it names instead of the default). */
 static void scan_case(int N, int R, int di, int T, int nseq, mbd_dtype act, const char *pick) {
   const int64_t nd = R + 2 * N, M = (int64_t)nseq * T, ldxz = 2 * di + 3, zoff = di;
@@ -236,8 +236,8 @@ static void scan_case(int N, int R, int di, int T, int nseq, mbd_dtype act, cons
 }
 
 /* The decode step (one sequence a block; 500..2000 sequences: streaming
- * ranges of 4 and 8 a block, also with MBD_SCAN_STEP=old, the previous
- * form at d_state 16 and bf16), the prefill kernel (d_state 8 / 16,
+ * ranges of 4 and 8 a block, also with MBD_SCAN_STEP=old and v1, the two
+ * forms at d_state 16 and bf16), the prefill kernel (d_state 8 / 16,
  * dt rank 4; also with MBD_SCAN_PREFILL=v0, its previous form) and the
  * chunked k_scan (the other shapes, and MBD_SCAN_PREFILL=old), over d_state 4..32, a
  * d_inner that fills no channel block, f32 and bf16. */
@@ -265,6 +265,9 @@ static void test_scan_op(void **state) {
         scan_case(16, 4 * ri + 4 + a, 200 + 37 * k, 1, nseqs[k], acts[a],
                   "MBD_SCAN_STEP=old");
       }
+  /* d_inner 4096, where the width picks the plainer form: the other by name */
+  scan_case(16, 8, 4096, 1, 300, MBD_DTYPE_BF16, NULL);
+  scan_case(16, 8, 4096, 1, 300, MBD_DTYPE_BF16, "MBD_SCAN_STEP=v1");
   for (int k = 0; k < 2; k++) { /* 16-byte weight pieces */
     const char *pick = k ? "MBD_SCAN_STEP=old" : NULL;
     scan_case(16, 64, 256, 1, 1100, MBD_DTYPE_BF16, pick);
@@ -359,7 +362,7 @@ static void test_long_prefill(void **state) {
 /* Batched steps of n = 2..256 sequences: every slot equals its solo run
  * (one sequence a block; on the wide model, batches of 64 and more in the
  * decode kernel's streaming ranges of 2, 4 and 8 sequences a block, with the
- * conv fused at 64, and again with MBD_SCAN_STEP=old: the previous form); bf16
+ * conv fused at 64, and again with MBD_SCAN_STEP=old: the plainer form); bf16
  * weights (the fused conv at small batches). */
 static void test_batch_invariance(void **state) {
   (void)state;

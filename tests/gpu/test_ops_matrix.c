@@ -1196,8 +1196,8 @@ static void test_conv_fusion(void **state) {
     }
   if (!ran) {
     print_message(
-        "mbd_mops_conv_fused accepts none of these shapes (MBD_CONV_FUSE_MAX=0 or "
-        "MBD_SCAN_STEP=0 in the environment): fusion not compared\n");
+        "mbd_mops_conv_fused accepts none of these shapes (MBD_CONV_FUSE_MAX=0 "
+        "in the environment): fusion not compared\n");
     skip();
   }
 }

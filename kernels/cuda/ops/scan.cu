@@ -164,9 +164,9 @@ __global__ void __launch_bounds__(SCAN_THREADS)
  * two shared-memory buffers, so a warp never waits on a load it could have
  * issued earlier, and the data in flight takes no registers. Each warp moves
  * and stores the rows of its own 32 channels, lane l the 16-byte pieces l,
- * l + 32, ... (coalesced), so it synchronises only with itself. Its
- * default form (V > 0; V = 0, MBD_SCAN_STEP=old, is the previous one, kept
- * for the bench's ablation) spends fewer instructions a step: the group's
+ * l + 32, ... (coalesced), so it synchronises only with itself. Its form
+ * V > 0 (V = 0 is the plainer one; sstep_form picks) spends fewer
+ * instructions a step: the group's
  * gates SiLU(z) run side by side (silu_group) while the dt chains are
  * done, B and C are staged 16-byte aligned for float4 reads, and a bf16
  * state is rounded two entries per instruction, whose packed words are
@@ -653,7 +653,7 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
 
 /* The decode step (T = 1): SSTEP_BT channels of one of G ranges of sequences
  * per block; KC: the fused conv's width (conv non-NULL), or 0; V: the
- * streaming kernel's form (1, or 0: sstep_old). */
+ * streaming kernel's form (1, or 0: sstep_form). */
 template <int N, typename ActT, int KC, int SQ, typename ST, int V>
 static int scan_step_launch_sq(cudaStream_t s, int nseq, int G, int di, int R, const float *xc,
                                const float *dbl, const ActT *dt_w, const ActT *dt_b,
@@ -711,13 +711,21 @@ static int sstep_blocks_per_sm(int R) {
   return bps;
 }
 
-/* Whether MBD_SCAN_STEP=old (read at each launch; the bench's ablation
- * rows) asks for the streaming step's previous form (V = 0), built for the
- * models' shape only (d_state 16, bf16 activations; others take the
- * default). The same bits. */
-static bool sstep_old(void) {
+/* Which form of the streaming step runs (built in both for d_state 16 and
+ * bf16 activations only; other shapes take V = 1). V = 0 streams faster
+ * where each block's 128 channels are a small share of a wide d_inner
+ * (the 1.4b and 2.8b shapes, 4096 and 5120: docs/benchmarks.md), V = 1
+ * below that. MBD_SCAN_STEP (read at each launch, for the bench's
+ * ablation) overrides: old or v0, v1, or other (the form the width would
+ * not pick). Both forms give the same bits. */
+static int sstep_form(int di) {
+  const int by_width = di >= 4096 ? 0 : 1;
   const char *v = getenv("MBD_SCAN_STEP");
-  return v && !strcmp(v, "old");
+  if (!v) return by_width;
+  if (!strcmp(v, "old") || !strcmp(v, "v0")) return 0;
+  if (!strcmp(v, "v1")) return 1;
+  if (!strcmp(v, "other")) return 1 - by_width;
+  return by_width;
 }
 
 /* The streaming kernel over G ranges, SQ the power of two from 2 to 8
@@ -767,7 +775,7 @@ static int scan_step_launch(cudaStream_t s, int nseq, int di, int R, const float
                                                  ldxz, zoff, ssm_state, slot_stride, slots,     \
                                                  conv, y, err)
   if constexpr (N == 16 && std::is_same<ActT, __nv_bfloat16>::value)
-    if (sstep_old()) SSTEP_V(0);
+    if (sstep_form(di) == 0) SSTEP_V(0);
   SSTEP_V(1);
 #undef SSTEP_V
 }
