@@ -16,7 +16,7 @@
  *            default), bf16, or all (both, f32 first, for each shape and
  *            dtype); a bf16 state never runs the persistent decode (the model
  *            decodes per op there); the state column names it; each state
- *            also runs "det, other scan": deterministic with
+ *            also runs "det, alt scan": deterministic with
  *            MBD_SCAN_STEP=other and MBD_SCAN_PREFILL=v0
  *            (kernels/cuda/ops/scan.cu's streaming decode step in the form
  *            the model's width does not pick, scan_prefill.cu's kernel in
@@ -548,7 +548,7 @@ static int bench_one(const shape *sh, mbd_dtype dt, mbd_state_dtype sd, int reps
       free(lg);
     }
     pre = 2048 / (mbd_bench_median(t, pr) * 1e-3);
-    const char *mname = mode == 2 ? "det, other scan" : mode ? "cublas-fast" : "deterministic";
+    const char *mname = mode == 2 ? "det, alt scan" : mode ? "cublas-fast" : "deterministic";
     printf("%-5s %-4s %-5s %-13s | %9.0f %9.0f %9.0f %9.0f | %9.0f\n", sh->name,
            mbd_dtype_name(dt), st, mname, dec[0], dec[1], dec[2], dec[3], pre);
     if (mode < 2)

@@ -42,6 +42,14 @@ static void desc(mbd_tensor_desc *d, mbd_dtype dt, int ndim, int64_t d0, int64_t
   assert_int_equal(mbd_tensor_desc_make(d, dt, ndim, sh, NULL), 0);
 }
 
+/* p's n bytes set to byte before p is handed to the worker: cudaMemset is
+ * asynchronous to the host, so unsynchronised it can land after the worker
+ * has written its output through the IPC mapping. */
+static void fill(void *p, int byte, size_t n) {
+  assert_int_equal(cudaMemset(p, byte, n), cudaSuccess);
+  assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 /* Device bytes [off, off + n) of p, copied to a new host buffer. */
 static uint8_t *down(const void *p, size_t off, size_t n) {
   uint8_t *h = malloc(n ? n : 1);
@@ -104,7 +112,7 @@ static void test_forward_device_equals_inline(void **st) {
   assert_int_equal(cudaMalloc(&dout, nlog + 1024), cudaSuccess);
   assert_int_equal(cudaMemcpy((char *)din + 256, g_ids, sizeof g_ids, cudaMemcpyHostToDevice),
                    cudaSuccess);
-  assert_int_equal(cudaMemset(dout, 0xff, nlog + 1024), cudaSuccess);
+  fill(dout, 0xff, nlog + 1024);
   cudaEvent_t ev;
   assert_int_equal(cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming),
                    cudaSuccess);
@@ -198,7 +206,7 @@ static void test_gemm_device_equals_inline(void **st) {
   cudaMemcpyAsync((char *)dmem + na, b, nb, cudaMemcpyHostToDevice, cs);
   cudaMemcpyAsync((char *)dmem + na + nb, bias, (size_t)N * 4, cudaMemcpyHostToDevice, cs);
   assert_int_equal(cudaEventRecord(ev, cs), cudaSuccess);
-  assert_int_equal(cudaMemset(dc, 0xff, nc + 512), cudaSuccess);
+  fill(dc, 0xff, nc + 512);
   mbd_tensor_in da, db, dbias, dout;
   assert_int_equal(mbd_tensor_device(dmem, &ad, ev, &da, &e), 0);
   assert_int_equal(mbd_tensor_device((char *)dmem + na, &bd, NULL, &db, &e), 0);
@@ -336,7 +344,7 @@ static void test_session_device_equals_inline(void **st) {
   assert_int_equal(mbd_session_export(sa, NULL, &xa, &e), 0);
   size_t nstate = xa->tensors[0].nbytes;
   assert_int_equal(cudaMalloc(&dstate, nstate + 4096), cudaSuccess);
-  assert_int_equal(cudaMemset(dstate, 0xee, nstate + 4096), cudaSuccess);
+  fill(dstate, 0xee, nstate + 4096);
   mbd_tensor_desc xd;
   desc(&xd, MBD_DTYPE_I64, 1, (int64_t)(nstate + 4096) / 8, 0, 0);
   mbd_tensor_in dxo;
