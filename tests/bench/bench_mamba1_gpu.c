@@ -17,10 +17,9 @@
  *            dtype); a bf16 state never runs the persistent decode (the model
  *            decodes per op there); the state column names it; each state
  *            also runs "det, alt scan": deterministic with
- *            MBD_SCAN_STEP=other and MBD_SCAN_PREFILL=v0
- *            (kernels/cuda/ops/scan.cu's streaming decode step in the form
- *            the model's width does not pick, scan_prefill.cu's kernel in
- *            its previous form; the same bits);
+ *            MBD_SCAN_STEP=other (kernels/cuda/ops/scan.cu's streaming
+ *            decode step in the form the model's width does not pick; the
+ *            same bits);
  *   --ops: first the per-launch time of each op of one 130m bf16 layer at M=1,
  *          with the separate conv and with the decode fusion (conv in x_proj
  *          and the scan);
@@ -41,8 +40,7 @@
  *               (layers x layer + the rest) and the tokens/s it implies;
  *               last, outside the sums, the prefill scan again with
  *               MBD_SCAN_PREFILL=old (scan.cu's k_scan instead of
- *               scan_prefill.cu's kernel; the same bits) and =v0 (that
- *               kernel's previous form), on 16-bit
+ *               scan_prefill.cu's kernel; the same bits), on 16-bit
  *               routes x_proj with MBD_XPROJ_TILE=0, 1, 4 (k_xproj for
  *               every M, the previous tiles from 32 rows, k_xproj_rows at
  *               every M; the same bits), and both scans
@@ -100,14 +98,13 @@ static int want_state[2] = {1, 0}; /* --state: f32, bf16 */
  * and (decode) the pick. */
 enum {
   OT_EMBED, OT_NORM, OT_IN, OT_CONV, OT_XPROJ, OT_SCAN, OT_OUT, OT_FNORM, OT_HEAD, OT_SAMPLE,
-  OT_SCAN_OLD, OT_SCAN_ALT, OT_SCAN_OLD_ALT, OT_SCAN_STEP_OLD, OT_SCAN_PRE_V0,
-  OT_NOPS
+  OT_SCAN_OLD, OT_SCAN_ALT, OT_SCAN_OLD_ALT, OT_SCAN_STEP_OLD, OT_NOPS
 };
 static const char *const k_ot_names[OT_NOPS] = {
     "embed",     "add_rmsnorm",    "in_proj (gemm)", "conv_silu",         "x_proj",
     "scan (dt_proj+scan+D+gate)", "out_proj (gemm)", "final add_rmsnorm", "lm_head (gemm)",
     "sample", "scan, MBD_SCAN_PREFILL=old", NULL, NULL, /* the _ALT rows: ot_name */
-    "scan, MBD_SCAN_STEP=other", "scan, MBD_SCAN_PREFILL=v0"};
+    "scan, MBD_SCAN_STEP=other"};
 
 enum { OT_COLS = 5, OT_REPS = 10, OT_ROWS = 2048, OT_SLOTS = 256 };
 static const int k_ot_nseq[OT_COLS] = {1, 1, 8, 64, 256}, k_ot_T[OT_COLS] = {OT_ROWS, 1, 1, 1, 1};
@@ -152,7 +149,7 @@ static int ot_fused(const op_bench *o, int nseq, int T) {
 static int ot_runs(const op_bench *o, int op, int nseq, int T) {
   if (op == OT_CONV) return !ot_fused(o, nseq, T);
   if (op == OT_SAMPLE) return T == 1;
-  if (op == OT_SCAN_OLD || op == OT_SCAN_OLD_ALT || op == OT_SCAN_PRE_V0) return T > 1;
+  if (op == OT_SCAN_OLD || op == OT_SCAN_OLD_ALT) return T > 1;
   if (op == OT_SCAN_STEP_OLD) return T == 1;
   return 1;
 }
@@ -208,12 +205,6 @@ static int run_op(void *arg, mbd_error *err) {
       return mbd_mops_conv_xproj(s, nseq, (int)di, &conv, o->xz, 2 * di, o->slots,
                                  (int)(R + 2 * N), o->dt, o->x_w, o->dbl, err);
     return mbd_mops_xproj(s, M, (int)di, (int)(R + 2 * N), o->dt, o->xc_act, o->x_w, o->dbl, err);
-  case OT_SCAN_PRE_V0: {
-    setenv("MBD_SCAN_PREFILL", "v0", 1);
-    int rc = ot_scan(o, o->sd, NULL, err);
-    unsetenv("MBD_SCAN_PREFILL");
-    return rc;
-  }
   case OT_SCAN_OLD:
   case OT_SCAN_OLD_ALT: {
     setenv("MBD_SCAN_PREFILL", "old", 1);
@@ -495,9 +486,8 @@ static int bench_one(const shape *sh, mbd_dtype dt, mbd_state_dtype sd, int reps
   const size_t wb = mbd_mamba1_gpu_weight_bytes(m), sb = rb[0] + rb[1];
   const char *st = mbd_state_dtype_name(sd);
   double res[2][5] = {{0}};
-  /* mode 2: deterministic again with MBD_SCAN_STEP=other and
-   * MBD_SCAN_PREFILL=v0, the decode graphs captured anew with the other
-   * decode step */
+  /* mode 2: deterministic again with MBD_SCAN_STEP=other,
+   * the decode graphs captured anew with the other decode step */
   const int nmodes = 3;
   for (int mode = 0; mode < nmodes; mode++) {
     if (mode == 1) {
@@ -511,7 +501,6 @@ static int bench_one(const shape *sh, mbd_dtype dt, mbd_state_dtype sd, int reps
     if (mode == 2) {
       CK(mbd_gpu_ctx_set_mode(ctx, MBD_GEMM_DETERMINISTIC, &err));
       setenv("MBD_SCAN_STEP", "other", 1);
-      setenv("MBD_SCAN_PREFILL", "v0", 1);
       mbd_mamba1_gpu_set_graphs(m, 0);
       mbd_mamba1_gpu_set_graphs(m, 1);
     }
@@ -558,7 +547,6 @@ static int bench_one(const shape *sh, mbd_dtype dt, mbd_state_dtype sd, int reps
     fflush(stdout);
   }
   unsetenv("MBD_SCAN_STEP");
-  unsetenv("MBD_SCAN_PREFILL");
   if (res[1][0] > 0) {
     printf("%-5s %-4s %-5s %-13s |", sh->name, mbd_dtype_name(dt), st, "det/cublas");
     for (int k = 0; k < 5; k++) printf(" %9.2f%s", res[0][k] / res[1][k], k == 3 ? " |" : "");

@@ -21,13 +21,9 @@
  *           conv_silu + ssd_scan at up to 16 sequences; then ops 1 and 2
  *           on the kernels MBD_RMSNORM_BLOCK=1 and MBD_GEMM_RAGGED=0
  *           MBD_GEMM_TILE72=0 select: the block RMSNorm; the strided M <= 16
- *           GEMM and no 64 x 72 tiles; same bits; then six rows of
- *           ssd_scan with MBD_SSD=prev, the scan kernels as they were
- *           before k_ssd_chunk's division-free pipelined ticks,
- *           k_ssd_prefill's 128-register eight-channel lanes and the bf16
- *           decode's k_ssd_step_rows (ssd_chunk.cu, ssd_prefill.cu,
- *           ssd_scan.cu), =rows, k_ssd_step_rows at every batch, and launch
- *           shape knobs: =r1, ssd_chunk.cu with one channel a thread, =r2,
+ *           GEMM and no 64 x 72 tiles; same bits; then five rows of
+ *           ssd_scan with MBD_SSD=rows, k_ssd_step_rows at every batch
+ *           (ssd_scan.cu), and launch shape knobs: =r1, ssd_chunk.cu with one channel a thread, =r2,
  *           ssd_prefill.cu with two channels a lane, =spb1 / spb8, the old
  *           bf16 decode with one or eight sequences a block;
  *           then conv_silu with
@@ -160,13 +156,12 @@ static int time_cell(bench_case *k, int reps, float *t, float *out_ms, int *take
 
 /* ---- one layer op by op ---- */
 
-enum { NOPS = 20, NOC = 6, OP_REPS = 10 };
+enum { NOPS = 19, NOC = 6, OP_REPS = 10 };
 static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_silu",
                                              "ssd_scan",    "gated_norm", "out_proj",
                                              "lm_head",     "scan_conv (decode <= 16)",
                                              "add_rmsnorm RMSNORM_BLOCK=1",
                                              "in_proj RAGGED=0 TILE72=0",
-                                             "ssd_scan MBD_SSD=prev",
                                              "ssd_scan MBD_SSD=rows",
                                              "ssd_scan MBD_SSD=r1",
                                              "ssd_scan MBD_SSD=r2",
@@ -177,7 +172,7 @@ static const char *const k_op_names[NOPS] = {"add_rmsnorm", "in_proj",  "conv_si
                                              "conv_silu MBD_CONV_STEP=plain",
                                              "gated_norm MBD_GATED_NORM=old"};
 
-/* Ops 16-19: conv_silu and gated_norm under these values of their variables. */
+/* Ops 15-18: conv_silu and gated_norm under these values of their variables. */
 static const char *const k_var_op[4][2] = {{"MBD_CONV_PREFILL", "old"},
                                            {"MBD_CONV_STEP", "old"},
                                            {"MBD_CONV_STEP", "plain"},
@@ -227,9 +222,8 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
   case 11:
   case 12:
   case 13:
-  case 14:
-  case 15: { /* ssd_scan under MBD_SSD=prev, rows, r1, r2, spb1, spb8 (ssd_common.cuh) */
-    static const char *const val[6] = {"prev", "rows", "r1", "r2", "spb1", "spb8"};
+  case 14: { /* ssd_scan under MBD_SSD=rows, r1, r2, spb1, spb8 (ssd_common.cuh) */
+    static const char *const val[5] = {"rows", "r1", "r2", "spb1", "spb8"};
     const char *was = getenv("MBD_SSD");
     char keep[64] = "";
     if (was) snprintf(keep, sizeof keep, "%s", was);
@@ -241,13 +235,13 @@ static int run_op(op_bench *o, int op, int nseq, int T, mbd_error *err) {
       unsetenv("MBD_SSD");
     return rc;
   }
+  case 15:
   case 16:
   case 17:
-  case 18:
-  case 19: { /* ops 2 and 4 on the kernels these variables select (same bits) */
-    const char *var = k_var_op[op - 16][0];
-    setenv(var, k_var_op[op - 16][1], 1);
-    const int rc = run_op(o, op < 19 ? 2 : 4, nseq, T, err);
+  case 18: { /* ops 2 and 4 on the kernels these variables select (same bits) */
+    const char *var = k_var_op[op - 15][0];
+    setenv(var, k_var_op[op - 15][1], 1);
+    const int rc = run_op(o, op < 18 ? 2 : 4, nseq, T, err);
     unsetenv(var);
     return rc;
   }

@@ -127,7 +127,7 @@ static float round_act(mbd_dtype act, float v) { return act == MBD_DTYPE_BF16 ? 
  * nseq - 1 - s of a state of nseq + 1 slots: y and the state against the
  * host's f32 arithmetic in the f32 route's order (mbd_cpu_scan_step's) with
  * each updated entry rounded to bf16 and the rounded value carried on, by
- * memcmp. pick: NULL, or "MBD_SCAN_PREFILL=old|v0" / "MBD_SCAN_STEP=old|v1", set
+ * memcmp. pick: NULL, or "MBD_SCAN_PREFILL=old" / "MBD_SCAN_STEP=old|v1", set
  * for the launch (the kernel it names instead of the default). */
 static void scan_case(int N, int R, int di, int T, int nseq, mbd_dtype act, const char *pick) {
   const int64_t nd = R + 2 * N, M = (int64_t)nseq * T, ldxz = 2 * di + 3, zoff = di;
@@ -238,7 +238,7 @@ static void scan_case(int N, int R, int di, int T, int nseq, mbd_dtype act, cons
 /* The decode step (one sequence a block; 500..2000 sequences: streaming
  * ranges of 4 and 8 a block, also with MBD_SCAN_STEP=old and v1, the two
  * forms at d_state 16 and bf16), the prefill kernel (d_state 8 / 16,
- * dt rank 4; also with MBD_SCAN_PREFILL=v0, its previous form) and the
+ * dt rank 4) and the
  * chunked k_scan (the other shapes, and MBD_SCAN_PREFILL=old), over d_state 4..32, a
  * d_inner that fills no channel block, f32 and bf16. */
 static void test_scan_op(void **state) {
@@ -251,7 +251,6 @@ static void test_scan_op(void **state) {
         scan_case(Ns[ni], Rs[ri], 200, 1, 3, acts[a], NULL);
         scan_case(Ns[ni], Rs[ri], 200, 37, 3, acts[a], NULL);
         scan_case(Ns[ni], Rs[ri], 200, 37, 2, acts[a], "MBD_SCAN_PREFILL=old");
-        scan_case(Ns[ni], Rs[ri], 200, 37, 2, acts[a], "MBD_SCAN_PREFILL=v0");
       }
   for (int ni = 0; ni < 4; ni++) {
     scan_case(Ns[ni], 4, 200, 1, 600, MBD_DTYPE_BF16, NULL);

@@ -807,9 +807,9 @@ static void test_ssd_scan(void **state) {
  * of ssd_scan.cu), by memcmp of y and of the bf16 states, in permuted
  * slots, one channel and two per thread, blocks across heads, groups; the
  * one-token launches as the launch picks (k_ssd_step_rows from 4 tiles an
- * SM), then under MBD_SSD=prev (the older decode kernels) and MBD_SSD=rows
- * (k_ssd_step_rows at every count: d_state 128, head_dim a multiple of 32,
- * blocks of 64 or 32 rows). */
+ * SM), then under MBD_SSD=spb1 (the other decode kernels: k_ssd_scan, one
+ * sequence a block) and MBD_SSD=rows (k_ssd_step_rows at every count:
+ * d_state 128, head_dim a multiple of 32, blocks of 64 or 32 rows). */
 static void test_ssd_scan_bf16state(void **state) {
   (void)state;
   static const ssd_case cases[] = {
@@ -856,7 +856,7 @@ static void test_ssd_scan_bf16state(void **state) {
     dget(gy, dy[0], (size_t)(M * di) * 4);
     uint16_t *g0 = malloc((size_t)(nslot * stride) * 2), *g1 = malloc((size_t)(nslot * stride) * 2);
     dget(g0, sc[0], (size_t)(nslot * stride) * 2);
-    static const char *const pass_env[3] = {NULL, "prev", "rows"};
+    static const char *const pass_env[3] = {NULL, "spb1", "rows"};
     for (int pass = 0; pass < 3; pass++) {
       if (pass_env[pass]) setenv("MBD_SSD", pass_env[pass], 1);
       for (int t = 0; t < T; t++) {

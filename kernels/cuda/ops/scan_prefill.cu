@@ -33,8 +33,7 @@ __host__ __device__ constexpr int sp_odd4(int n) { return 4 * (((n + 3) / 4) | 1
 /* The layout of the kernel's shared memory, in floats (sp_layout<N>(R)):
  *   w   [SP_CB][RP]       the block's dt_proj rows, widened, k-contiguous
  *   dt  [SP_CB][SP_TCP]   the chunk's dt, step-contiguous per channel
- *   hw  [NB][warps][32/N][CS] per warp: its channels' h_t, [step][HP] each
- *                         (NB = 2 buffers for V = 1, else 1)
+ *   hw  [2][warps][32/N][CS] per warp: its channels' h_t, [step][HP] each
  *   y   [SP_TC][SP_CB+1]  the chunk's y (f32), written out after the chunk
  *   2 stage buffers of one chunk's inputs:
  *       d  [SP_TC][NDP]   x_proj rows (dt_low rounded to act in place, B, C)
@@ -46,9 +45,9 @@ struct sp_layout {
   static constexpr int SYP = SP_CB + 1;
   static constexpr int HWB = (NT / 32) * WA; /* one hw buffer */
   int RP, NDP, w, dt, hw, y, stage, stage_floats, total;
-  __host__ __device__ sp_layout(int R, int NB)
+  __host__ __device__ explicit sp_layout(int R)
       : RP(sp_odd4(R)), NDP(sp_odd4(R + 2 * N)), w(0), dt(SP_CB * RP), hw(dt + SP_CB * SP_TCP),
-        y(hw + NB * HWB), stage(y + ((SP_TC * SYP + 3) & ~3)),
+        y(hw + 2 * HWB), stage(y + ((SP_TC * SYP + 3) & ~3)),
         stage_floats(SP_TC * NDP + N * SP_TCP + 2 * SP_CB * SP_TCP),
         total(stage + 2 * stage_floats) {}
 };
@@ -68,9 +67,8 @@ struct sp_layout {
  *          ascending order, + D x, times SiLU(z) (scan_one_dt's order).
  * Steps past T in the last chunk run on stale or zeroed staged data and are
  * discarded (neither the state nor y sees them). The state is stored as ST
- * (sp_st: f32, or bf16 rounded after every step). V = 1 (the default; V =
- * 0, MBD_SCAN_PREFILL=v0, is the previous form, kept for the bench's
- * ablation): each thread rounds the dt_low pieces it staged and puts
+ * (sp_st: f32, or bf16 rounded after every step). Each thread rounds the
+ * dt_low pieces it staged and puts
  * SiLU(z) in place of the z it staged, a few side by side (silu_group),
  * before the chunk's first barrier (no round phase, one barrier fewer),
  * and runs its softplus side by side too (sp_softplus_group), so the y
@@ -78,7 +76,7 @@ struct sp_layout {
  * whose exps are all short, run r's y phase is issued after run r + 1's
  * exps and recurrence, in one stretch of straight-line code (hw
  * double-buffered), so its dependent chain overlaps them. */
-template <int N, typename ActT, typename ST, int V>
+template <int N, typename ActT, typename ST>
 __global__ void __launch_bounds__(SP_CB *N, 2)
     k_scan_prefill(int T, int di, int R, const float *__restrict__ xc,
                    const float *__restrict__ dbl, const ActT *__restrict__ dt_w,
@@ -94,7 +92,7 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
   static_assert(BS == 8 * TPT, "dt bands");
   extern __shared__ float4 sp_sm4[];
   float *sm = (float *)sp_sm4;
-  const L lay(R, V > 0 ? 2 : 1);
+  const L lay(R);
   const int RP = lay.RP, NDP = lay.NDP, ND = R + 2 * N, ND4 = ND / 4, R4 = R / 4;
   float *sw = sm + lay.w, *sdt = sm + lay.dt, *sy = sm + lay.y;
   const int tid = threadIdx.x, w = tid >> 5, l = tid & 31;
@@ -113,7 +111,6 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
   /* The incremental (row, piece) walk of a [rows][per] array by NT threads:
    * start and stride, without a division per element. */
   const int nd_t0 = tid / ND4, nd_p0 = tid % ND4, nd_dt = NT / ND4, nd_dp = NT % ND4;
-  const int r_t0 = tid / R4, r_p0 = tid % R4, r_dt = NT / R4, r_dp = NT % R4;
 
   /* Issues the cp.async loads of chunk q into stage buffer q & 1. */
   auto stage = [&](int q) {
@@ -176,7 +173,7 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
 
   for (int q = 0; q < nchunk; q++) {
     cp_async_wait_group<0>();
-    if constexpr (V > 0) {
+    {
       /* each thread's own copies of chunk q (stage's walks) are visible to it:
        * their dt_low rounded to act in place, and SiLU(z) in place of z, a
        * few side by side, before the barrier publishes them */
@@ -216,18 +213,6 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
     float *sd = sm + lay.stage + (q & 1) * lay.stage_floats, *sbt = sd + SP_TC * NDP,
           *sxt = sbt + N * SP_TCP, *szt = sxt + SP_CB * SP_TCP;
     const int tc = min(SP_TC, T - q * SP_TC);
-    if constexpr (V == 0 && !std::is_same<ActT, float>::value) {
-      for (int t = r_t0, p = r_p0; t < SP_TC;) {
-        float4 *v = (float4 *)(sd + t * NDP + 4 * p);
-        float4 u = *v;
-        u.x = round_act<ActT>(u.x), u.y = round_act<ActT>(u.y);
-        u.z = round_act<ActT>(u.z), u.w = round_act<ActT>(u.w);
-        *v = u;
-        t += r_dt, p += r_dp;
-        if (p >= R4) p -= R4, t++;
-      }
-      __syncthreads();
-    }
     /* dt: TPT chains of channel dc side by side, each over k ascending */
     bool fast = true; /* every exp argument of the chunk in the short range */
     {
@@ -248,13 +233,8 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
         }
       }
 #pragma unroll
-      for (int i = 0; i < TPT; i++) {
-        if constexpr (V > 0)
-          acc[i] = __fadd_rn(acc[i], bdt);
-        else
-          acc[i] = sp_softplus(__fadd_rn(acc[i], bdt));
-      }
-      if constexpr (V > 0) sp_softplus_group<TPT>(acc);
+      for (int i = 0; i < TPT; i++) acc[i] = __fadd_rn(acc[i], bdt);
+      sp_softplus_group<TPT>(acc);
 #pragma unroll
       for (int i = 0; i < TPT; i++) {
         fast &= sp_exp_fast(__fmul_rn(acc[i], amax));
@@ -263,7 +243,7 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
     }
     const bool all_fast = __syncthreads_and(fast);
     /* h, y: runs of N steps */
-    if constexpr (V > 0) {
+    {
       /* a whole chunk with every exp in the short range: run r's y phase is
        * done after run r + 1's exps and recurrence have been issued, in the
        * same straight-line code (hw double-buffered, one __syncwarp a run),
@@ -380,7 +360,7 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
         }
         const float x = sxt[hc * SP_TCP + t], z = szt[hc * SP_TCP + t];
         acc = __fmaf_rn(d, x, acc);
-        sy[t * L::SYP + hc] = __fmul_rn(acc, V > 0 ? z : sp_silu(z)); /* V > 0: z holds SiLU(z) */
+        sy[t * L::SYP + hc] = __fmul_rn(acc, z); /* z holds SiLU(z) */
       }
       __syncwarp(); /* hw free for the next run */
     }
@@ -390,38 +370,21 @@ __global__ void __launch_bounds__(SP_CB *N, 2)
   if (live) sp_st<ST>::put(hp, h);
 }
 
-template <int N, typename ActT, typename ST, int V>
-static int scan_prefill_launch_v(cudaStream_t s, int nseq, int T, int di, int R, const float *xc,
-                               const float *dbl, const ActT *dt_w, const ActT *dt_b,
-                               const float *A, const float *D, const float *xz, int64_t ldxz,
-                               int64_t zoff, ST *ssm_state, int64_t slot_stride,
-                               const int32_t *slots, ActT *y, mbd_error *err) {
-  const size_t sh = sizeof(float) * (size_t)sp_layout<N>(R, V > 0 ? 2 : 1).total;
-  int rc = allow_smem(k_scan_prefill<N, ActT, ST, V>, sh, err);
-  if (rc < 0) return rc;
-  /* a long, serial kernel: it waits for its predecessor normally (see
-   * scan.cu's chunked launch) */
-  return launch_ex(false, "selective scan (prefill)", k_scan_prefill<N, ActT, ST, V>,
-                   dim3((unsigned)((di + SP_CB - 1) / SP_CB), (unsigned)nseq),
-                   dim3((unsigned)(SP_CB * N)), sh, s, err, T, di, R, xc, dbl, dt_w, dt_b, A, D,
-                   xz, ldxz, zoff, ssm_state, slot_stride, slots, y);
-}
-
-/* k_scan_prefill in the form MBD_SCAN_PREFILL picks (read at each launch):
- * "v0" the previous form, else the default (V = 1); the same bits. */
 template <int N, typename ActT, typename ST>
 static int scan_prefill_launch(cudaStream_t s, int nseq, int T, int di, int R, const float *xc,
                                const float *dbl, const ActT *dt_w, const ActT *dt_b,
                                const float *A, const float *D, const float *xz, int64_t ldxz,
                                int64_t zoff, ST *ssm_state, int64_t slot_stride,
                                const int32_t *slots, ActT *y, mbd_error *err) {
-#define SP_V(V_)                                                                                 \
-  return scan_prefill_launch_v<N, ActT, ST, V_>(s, nseq, T, di, R, xc, dbl, dt_w, dt_b, A, D, xz, \
-                                                ldxz, zoff, ssm_state, slot_stride, slots, y, err)
-  const char *v = getenv("MBD_SCAN_PREFILL");
-  if (v && !strcmp(v, "v0")) SP_V(0);
-  SP_V(1);
-#undef SP_V
+  const size_t sh = sizeof(float) * (size_t)sp_layout<N>(R).total;
+  int rc = allow_smem(k_scan_prefill<N, ActT, ST>, sh, err);
+  if (rc < 0) return rc;
+  /* a long, serial kernel: it waits for its predecessor normally (see
+   * scan.cu's chunked launch) */
+  return launch_ex(false, "selective scan (prefill)", k_scan_prefill<N, ActT, ST>,
+                   dim3((unsigned)((di + SP_CB - 1) / SP_CB), (unsigned)nseq),
+                   dim3((unsigned)(SP_CB * N)), sh, s, err, T, di, R, xc, dbl, dt_w, dt_b, A, D,
+                   xz, ldxz, zoff, ssm_state, slot_stride, slots, y);
 }
 
 /* The device's shared memory per block (opt-in), read once; 48 KiB if the
@@ -443,7 +406,7 @@ static size_t sp_smem_max(void) {
 
 extern "C" int mbd_mops_scan_prefill_fits(int N, int R, const float *dbl) {
   if (!(N == 8 || N == 16) || R <= 0 || R % 4 || R > 4096 || ((uintptr_t)dbl & 15)) return 0;
-  const int fl = N == 8 ? sp_layout<8>(R, 2).total : sp_layout<16>(R, 2).total;
+  const int fl = N == 8 ? sp_layout<8>(R).total : sp_layout<16>(R).total;
   const size_t sh = sizeof(float) * (size_t)fl;
   return sh <= sp_smem_max();
 }

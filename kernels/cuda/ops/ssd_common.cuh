@@ -1,8 +1,7 @@
 /* What the Mamba-2 scans share (ssd_chunk.cu, ssd_prefill.cu, ssd_scan.cu):
  * a step's dt and dA, small shared-memory reads, how a state entry is
  * stored between launches and rounded after each step, the device's SM
- * count, and the environment switch to the previous kernels and
- * measurement knobs. */
+ * count, and the environment's measurement knobs. */
 #ifndef MBD_OPS_SSD_COMMON_CUH
 #define MBD_OPS_SSD_COMMON_CUH
 
@@ -137,14 +136,11 @@ static inline int ssd_sms(void) {
 }
 
 /* MBD_SSD, read at each launch (so that a bench compares in one process):
- * "prev" selects the scan kernels as they were before their staging and
- * occupancy changes; the other values are measurement knobs of the launch
- * shape (ssd_chunk.cu, ssd_prefill.cu, ssd_scan.cu say which). Same bits
- * whatever it says. */
+ * measurement knobs of the launch shape (ssd_chunk.cu, ssd_prefill.cu,
+ * ssd_scan.cu say which). Same bits whatever it says. */
 static inline bool ssd_env_is(const char *v) {
   const char *e = getenv("MBD_SSD");
   return e && strcmp(e, v) == 0;
 }
-static inline bool ssd_prev(void) { return ssd_env_is("prev"); }
 
 #endif

@@ -357,7 +357,7 @@ static int sp_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm, c
   /* d_state 128: eight channels a lane while that leaves SP_R8_WARPS warps
    * per scheduler (shared-memory reads per FMA a quarter of two channels'),
    * else two (more warps to hide the chains' latency). Eight channels in
-   * 128 registers (MINB 2; MBD_SSD=prev: unbounded, the previous kernel). */
+   * 128 registers (MINB 2). */
   const int64_t entries = (int64_t)nseq * di * dm->d_state;
   const bool r8 = entries / (8 * 8) >= (int64_t)SP_R8_WARPS * 4 * 32 * ssd_sms() &&
                   !ssd_env_is("r2"); /* MBD_SSD=r2: two channels a lane, for measurement */
@@ -365,7 +365,7 @@ static int sp_scan(void *stream, int nseq, int T, const mbd_mops_ssd_dims *dm, c
   case 64: return SP_L(16, 4, 2, 2);
   case 128:
     if (!r8) return SP_L(16, 8, 2, 2);
-    return ssd_prev() ? SP_L(8, 16, 8, 1) : SP_L(8, 16, 8, 2);
+    return SP_L(8, 16, 8, 2);
   default: return SP_L(32, 8, 2, 1);
   }
 #undef SP_L

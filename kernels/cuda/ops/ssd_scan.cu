@@ -853,12 +853,12 @@ static int ssd_scan_launch(cudaStream_t s, int nseq, int T, const mbd_mops_ssd_d
   if constexpr (sizeof(ST) == 2) {
     /* bf16 decode steps of at least SR_MIN_TILES tiles an SM go to
      * k_ssd_step_rows where it takes the shape (MBD_SSD=rows: whatever the
-     * count; prev, spb1, spb8: never) */
+     * count; spb1, spb8: never) */
     const int64_t dix = (int64_t)dm->heads * dm->head_dim;
     const int pb = dm->head_dim % 64 == 0 ? 64 : dm->head_dim % 32 == 0 ? 32 : 0;
     if (T == 1 && !cv->w && dm->d_state == SR_N && pb && (uintptr_t)state % 16 == 0 &&
         slot_stride % 8 == 0 && (uintptr_t)xbc % 16 == 0 && ld_xbc % 4 == 0 && dix % 4 == 0 &&
-        !ssd_prev() && !ssd_env_is("spb1") && !ssd_env_is("spb8")) {
+        !ssd_env_is("spb1") && !ssd_env_is("spb8")) {
       const int64_t tiles = (int64_t)nseq * dm->heads * (dm->head_dim / pb);
       if (ssd_env_is("rows") || tiles >= (int64_t)SR_MIN_TILES * ssd_sms()) {
         if (pb == 64)
