@@ -46,6 +46,9 @@ typedef struct mbd_mamba3_config {
 /* Reads DIR/config.json; MBD_E_FORMAT / MBD_E_UNSUPPORTED naming the field
  * (MIMO, an MLP, attention layers, LayerNorm are refused). */
 int mbd_mamba3_config_load(const char *dir, mbd_mamba3_config *out, mbd_error *err);
+/* The same from len bytes of JSON text (label names it in errors). */
+int mbd_mamba3_config_parse(const char *json, size_t len, const char *label,
+                            mbd_mamba3_config *out, mbd_error *err);
 
 typedef struct mbd_mamba3_model mbd_mamba3_model;
 typedef struct mbd_mamba3_state mbd_mamba3_state;

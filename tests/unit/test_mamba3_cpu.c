@@ -42,6 +42,61 @@ static mbd_mamba3_model *load_model(const mf_fixture *f, mbd_dtype dt, int max_r
 }
 
 /* The config resolves to the Mamba-3 family through ssm_cfg.layer. */
+/* Config parsing: the fixtures' layout with its defaults and the derived
+ * widths; refusals naming what is not served (MIMO, attention, an MLP,
+ * LayerNorm) and shapes the layout cannot hold. */
+static void test_config(void **state) {
+  (void)state;
+  mbd_mamba3_config c;
+  mbd_error err = {0};
+  const char *ok = "{\"d_model\":64,\"n_layer\":2,\"vocab_size\":510,"
+                   "\"pad_vocab_size_multiple\":8,\"ssm_cfg\":{\"layer\":\"Mamba3\","
+                   "\"d_state\":16,\"headdim\":16,\"ngroups\":2}}";
+  assert_int_equal(mbd_mamba3_config_parse(ok, strlen(ok), "c", &c, &err), MBD_OK);
+  assert_int_equal(c.d_inner, 128); /* expand 2 by default */
+  assert_int_equal(c.heads, 8);
+  assert_int_equal(c.vocab_padded, 512);
+  assert_int_equal(c.angles, 4); /* rope_fraction 0.5 of d_state 16: 4 pairs */
+  assert_int_equal(c.d_in_proj, 2 * 128 + 2 * 2 * 16 + 3 * 8 + 4);
+  assert_true(c.tie_embeddings && !c.outproj_norm);
+  static const struct {
+    const char *json;
+    int code;
+    const char *says;
+  } bad[] = {
+      {"{\"d_model\":64,\"n_layer\":2,\"vocab_size\":8,\"ssm_cfg\":{\"layer\":\"Mamba3\","
+       "\"is_mimo\":true}}",
+       MBD_E_UNSUPPORTED, "MIMO"},
+      {"{\"d_model\":64,\"n_layer\":2,\"vocab_size\":8,\"ssm_cfg\":{\"layer\":\"Mamba3\"},"
+       "\"attn_layer_idx\":[0]}",
+       MBD_E_UNSUPPORTED, "attention"},
+      {"{\"d_model\":64,\"n_layer\":2,\"vocab_size\":8,\"d_intermediate\":128,"
+       "\"ssm_cfg\":{\"layer\":\"Mamba3\"}}",
+       MBD_E_FORMAT, "d_intermediate"},
+      {"{\"d_model\":64,\"n_layer\":2,\"vocab_size\":8,\"rms_norm\":false,"
+       "\"ssm_cfg\":{\"layer\":\"Mamba3\"}}",
+       MBD_E_UNSUPPORTED, "LayerNorm"},
+      {"{\"d_model\":64,\"n_layer\":2,\"vocab_size\":8,\"ssm_cfg\":{\"layer\":\"Mamba2\"}}",
+       MBD_E_FORMAT, "Mamba3"},
+      {"{\"d_model\":64,\"n_layer\":2,\"vocab_size\":8,\"ssm_cfg\":{\"layer\":\"Mamba3\","
+       "\"headdim\":48}}",
+       MBD_E_FORMAT, "headdim"},
+      {"{\"d_model\":64,\"n_layer\":2,\"vocab_size\":8,\"ssm_cfg\":{\"layer\":\"Mamba3\","
+       "\"d_state\":15}}",
+       MBD_E_FORMAT, "even"},
+      {"{\"d_model\":64,\"n_layer\":2,\"vocab_size\":8,\"ssm_cfg\":{\"layer\":\"Mamba3\","
+       "\"rope_fraction\":0.25}}",
+       MBD_E_FORMAT, "rope_fraction"},
+      {"[1]", MBD_E_FORMAT, "JSON object"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    err = (mbd_error){0};
+    assert_int_equal(mbd_mamba3_config_parse(bad[i].json, strlen(bad[i].json), "c", &c, &err),
+                     bad[i].code);
+    if (!strstr(err.msg, bad[i].says)) fail_msg("case %zu: \"%s\" lacks \"%s\"", i, err.msg, bad[i].says);
+  }
+}
+
 static void test_family(void **state) {
   (void)state;
   mf_fixture f;
@@ -356,6 +411,7 @@ static void test_synth(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_math),
+      cmocka_unit_test(test_config),
       cmocka_unit_test(test_family),
       cmocka_unit_test(test_reference),
       cmocka_unit_test(test_bf16),
