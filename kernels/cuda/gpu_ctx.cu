@@ -581,6 +581,25 @@ extern "C" void mbd_gpu_graph_destroy(mbd_gpu_graph **pg) {
   *pg = NULL;
 }
 
+extern "C" int mbd_gpu_graph_run(mbd_gpu_ctx *ctx, int use_graph, mbd_gpu_graph **g,
+                                 int (*body)(void *arg, mbd_error *err), void *arg,
+                                 const char *what, mbd_error *err) {
+  if (!use_graph) return body(arg, err);
+  if (!*g) {
+    int rc = mbd_gpu_graph_begin(ctx, err);
+    if (rc) return rc;
+    const int brc = body(arg, err);
+    mbd_error ignored;
+    const int erc = mbd_gpu_graph_end(ctx, g, brc ? &ignored : err);
+    if (brc) { /* the body's error is the one to report; the capture is dropped */
+      mbd_gpu_graph_destroy(g);
+      return mbd_error_prefix(err, "capturing %s: ", what);
+    }
+    if (erc) return erc;
+  }
+  return mbd_gpu_graph_launch(ctx, *g, err);
+}
+
 /* ---- scratch ---- */
 
 extern "C" int mbd_gpu_scratch(mbd_gpu_ctx *ctx, size_t bytes, const char *what, void **out,

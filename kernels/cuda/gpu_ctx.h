@@ -113,6 +113,13 @@ const char *mbd_gpu_graph_route_id(const mbd_gpu_graph *g);
 size_t mbd_gpu_graph_launch_count(const mbd_gpu_graph *g);
 const mbd_gpu_launch_rec *mbd_gpu_graph_launch_at(const mbd_gpu_graph *g, size_t i);
 void mbd_gpu_graph_destroy(mbd_gpu_graph **g);
+/* body(arg) on the context's stream: run directly when use_graph is 0, else
+ * captured into *g on the first call and replayed from then on. A body that
+ * fails during the capture leaves *g NULL and its error prefixed with
+ * "capturing <what>: ". */
+int mbd_gpu_graph_run(mbd_gpu_ctx *ctx, int use_graph, mbd_gpu_graph **g,
+                      int (*body)(void *arg, mbd_error *err), void *arg, const char *what,
+                      mbd_error *err);
 
 /* Scratch: one device buffer, presized before capture and frozen by the first
  * capture. Returns a pointer to at least `bytes`; grows while not frozen; when

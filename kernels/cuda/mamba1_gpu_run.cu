@@ -13,6 +13,7 @@
  * rows run every layer in one persistent launch (decode_persistent.h).
  * Graphs are captured on first use of a bucket. */
 #include <cuda_runtime.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "kernels/cuda/gpu_check.h"
@@ -249,6 +250,16 @@ static int step_body(mbd_mamba1_gpu *m, int rows, mbd_error *err) {
   return rc;
 }
 
+/* step_body through mbd_gpu_graph_run */
+typedef struct step_call {
+  mbd_mamba1_gpu *m;
+  int rows;
+} step_call;
+static int step_call_run(void *arg, mbd_error *err) {
+  const step_call *c = (const step_call *)arg;
+  return step_body(c->m, c->rows, err);
+}
+
 extern "C" int mbd_mamba1_gpu_step(mbd_mamba1_gpu *m, int n, const int32_t *tokens,
                                    const int32_t *slots, const mbd_mamba1_gpu_pick *picks,
                                    int32_t *next, float *logits, mbd_error *err) {
@@ -282,22 +293,12 @@ extern "C" int mbd_mamba1_gpu_step_launch(mbd_mamba1_gpu *m, int n, const int32_
     m->h_step[i] = real && picks ? picks[i].step : 0;
   }
   cudaStream_t s = m->stream;
-  if (m->use_graphs) {
-    if (!m->graphs[bi]) {
-      if ((rc = mbd_gpu_graph_begin(m->ctx, err))) return rc;
-      int brc = step_body(m, rows, err);
-      mbd_error e2;
-      int erc = mbd_gpu_graph_end(m->ctx, &m->graphs[bi], brc ? &e2 : err);
-      if (brc) {
-        mbd_gpu_graph_destroy(&m->graphs[bi]);
-        return mbd_error_prefix(err, "capturing the batch-%d decode graph: ", rows);
-      }
-      if (erc) return erc;
-    }
-    if ((rc = mbd_gpu_graph_launch(m->ctx, m->graphs[bi], err))) return rc;
-  } else if ((rc = step_body(m, rows, err))) {
+  char what[48];
+  snprintf(what, sizeof what, "the batch-%d decode graph", rows);
+  step_call call = {m, rows};
+  if ((rc = mbd_gpu_graph_run(m->ctx, m->use_graphs, &m->graphs[bi], step_call_run, &call, what,
+                              err)))
     return rc;
-  }
   if (nlogits)
     MBD_GPU_CHECK(cudaMemcpyAsync(logits, m->logits, (size_t)nlogits * m->cfg.vocab_size * 4,
                                   cudaMemcpyDeviceToHost, s),

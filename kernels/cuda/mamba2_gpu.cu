@@ -442,6 +442,16 @@ static int step_body(m2gpu *m, int rows, mbd_error *err) {
                          m->h_next, err);
 }
 
+/* step_body through mbd_gpu_graph_run */
+typedef struct step_call {
+  m2gpu *m;
+  int rows;
+} step_call;
+static int step_call_run(void *arg, mbd_error *err) {
+  const step_call *c = (const step_call *)arg;
+  return step_body(c->m, c->rows, err);
+}
+
 static int m2_step(void *model, int n, const int32_t *tokens, const int32_t *slots,
                    int32_t *next, float *logits, mbd_error *err) {
   m2gpu *m = (m2gpu *)model;
@@ -460,22 +470,12 @@ static int m2_step(void *model, int n, const int32_t *tokens, const int32_t *slo
     m->h_step[i] = i < n ? tokens[i] : 0;
     m->h_step[rows + i] = i < n ? slots[i] : (int32_t)m->nslots; /* padding: scratch slot */
   }
-  if (m->use_graphs) {
-    if (!m->graphs[bi]) {
-      if ((rc = mbd_gpu_graph_begin(m->ctx, err))) return rc;
-      int brc = step_body(m, rows, err);
-      mbd_error e2;
-      int erc = mbd_gpu_graph_end(m->ctx, &m->graphs[bi], brc ? &e2 : err);
-      if (brc) {
-        mbd_gpu_graph_destroy(&m->graphs[bi]);
-        return mbd_error_prefix(err, "capturing the batch-%d decode graph: ", rows);
-      }
-      if (erc) return erc;
-    }
-    if ((rc = mbd_gpu_graph_launch(m->ctx, m->graphs[bi], err))) return rc;
-  } else if ((rc = step_body(m, rows, err))) {
+  char what[48];
+  snprintf(what, sizeof what, "the batch-%d decode graph", rows);
+  step_call call = {m, rows};
+  if ((rc = mbd_gpu_graph_run(m->ctx, m->use_graphs, &m->graphs[bi], step_call_run, &call, what,
+                              err)))
     return rc;
-  }
   if (logits) /* host or device memory (CUDA IPC outputs) */
     MBD_GPU_CHECK(cudaMemcpyAsync(logits, m->logits, (size_t)n * (size_t)m->V * 4,
                                   cudaMemcpyDefault, m->stream),

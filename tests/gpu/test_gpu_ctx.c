@@ -2,8 +2,8 @@
  * forced cuBLAS math-mode failure rolled back; unverifiable rollback makes the
  * context unusable for GEMM, capture and replay), route identity (equal across
  * contexts and processes, different per mode, dtype and decode path), graph
- * replay refused under a changed route, launch recording, frozen scratch,
- * cuBLAS modes run. */
+ * replay refused under a changed route, capture-once-then-replay
+ * (mbd_gpu_graph_run), launch recording, frozen scratch, cuBLAS modes run. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -220,6 +220,66 @@ static void test_route_identity(void **st) {
   mbd_gpu_ctx_destroy(&c);
 }
 
+/* mbd_gpu_graph_run: direct without graphs; captured once, then replayed
+ * without calling the body (the same output bytes as the direct run); a
+ * body that fails while captured leaves no graph and says what was being
+ * captured, and the next call captures anew. */
+typedef struct graph_body {
+  mbd_gpu_ctx *ctx;
+  prob *p;
+  int calls, fail;
+} graph_body;
+static int graph_body_run(void *arg, mbd_error *err) {
+  graph_body *b = (graph_body *)arg;
+  b->calls++;
+  if (b->fail) return mbd_error_set(err, MBD_E_INVALID, "body refused");
+  return mbd_gpu_gemm(b->ctx, &b->p->a, err);
+}
+static void test_graph_run(void **st) {
+  (void)st;
+  mbd_error err;
+  mbd_gpu_fault nf = {0, 0};
+  mbd_gpu_ctx *ctx = new_ctx(MBD_POLICY_BF16, MBD_GEMM_DETERMINISTIC, nf);
+  prob p;
+  prob_new(ctx, &p, 64, 256, 128, 9);
+  const size_t yb = (size_t)(64 * 256) * 4;
+  unsigned char *direct = malloc(yb), *replayed = malloc(yb), *zero = calloc(1, yb);
+  graph_body b = {ctx, &p, 0, 0};
+  mbd_gpu_graph *g = NULL;
+  CHECK_OK(mbd_gpu_graph_run(ctx, 0, &g, graph_body_run, &b, "a test graph", &err));
+  assert_int_equal(b.calls, 1);
+  assert_null(g);
+  CHECK_OK(mbd_gpu_ctx_sync(ctx, &err));
+  CHECK_OK(mbd_gpu_download(ctx, direct, p.y, yb, &err));
+  for (int i = 0; i < 2; i++) {
+    CHECK_OK(mbd_gpu_upload(ctx, p.y, zero, yb, &err));
+    CHECK_OK(mbd_gpu_graph_run(ctx, 1, &g, graph_body_run, &b, "a test graph", &err));
+    assert_int_equal(b.calls, 2); /* captured by the first call only */
+    assert_non_null(g);
+    CHECK_OK(mbd_gpu_ctx_sync(ctx, &err));
+    CHECK_OK(mbd_gpu_download(ctx, replayed, p.y, yb, &err));
+    assert_memory_equal(direct, replayed, yb);
+  }
+  mbd_gpu_graph *g2 = NULL;
+  b.fail = 1;
+  assert_int_equal(mbd_gpu_graph_run(ctx, 1, &g2, graph_body_run, &b, "a test graph", &err),
+                   MBD_E_INVALID);
+  assert_null(g2);
+  assert_non_null(strstr(err.msg, "capturing a test graph: body refused"));
+  b.fail = 0;
+  CHECK_OK(mbd_gpu_graph_run(ctx, 1, &g2, graph_body_run, &b, "a test graph", &err));
+  assert_non_null(g2);
+  assert_int_equal(b.calls, 4);
+  CHECK_OK(mbd_gpu_ctx_sync(ctx, &err));
+  mbd_gpu_graph_destroy(&g);
+  mbd_gpu_graph_destroy(&g2);
+  free(direct);
+  free(replayed);
+  free(zero);
+  prob_free(ctx, &p);
+  mbd_gpu_ctx_destroy(&ctx);
+}
+
 static void test_graph_route_guard_and_recording(void **st) {
   (void)st;
   mbd_error err;
@@ -358,6 +418,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_unverifiable_rollback_poisons),
       cmocka_unit_test(test_route_identity),
       cmocka_unit_test(test_graph_route_guard_and_recording),
+      cmocka_unit_test(test_graph_run),
       cmocka_unit_test(test_two_processes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
