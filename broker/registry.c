@@ -41,33 +41,33 @@ int mbd_registry_parse_ready(const msgpack_object *body, mbd_bworker *w, mbd_err
   if ((rc = mbd_obj_str(body, "name", true, w->name, sizeof w->name, err)) ||
       (rc = mbd_obj_str(body, "uid", true, w->uid, sizeof w->uid, err)) ||
       (rc = mbd_obj_str(body, "route", true, w->route_enc, sizeof w->route_enc, err)))
-    return mbd_error_prefix(err, "READY: ");
+    return mbd_error_prefix(err, "READY");
   w->host_id[0] = '\0';
   if ((rc = mbd_obj_str(body, "host_id", false, w->host_id, sizeof w->host_id, err)))
-    return mbd_error_prefix(err, "READY: ");
+    return mbd_error_prefix(err, "READY");
   if (!w->uid[0] || strchr(w->uid, '/'))
     return mbd_error_set(err, MBD_E_INVALID, "READY: uid '%s' must be non-empty without '/'", w->uid);
   rc = mbd_route_decode(w->route_enc, strlen(w->route_enc), &w->route, err);
-  if (rc) return mbd_error_prefix(err, "READY from '%s': ", w->name);
+  if (rc) return mbd_error_prefix(err, "READY from '%s'", w->name);
   mbd_route_id_hex(&w->route, w->route_id);
   char claimed[80] = "";
   if ((rc = mbd_obj_str(body, "route_id", true, claimed, sizeof claimed, err)))
-    return mbd_error_prefix(err, "READY: ");
+    return mbd_error_prefix(err, "READY");
   if (strcmp(claimed, w->route_id))
     return mbd_error_set(err, MBD_E_INVALID,
                          "READY from '%s': route_id %.16s... does not match its route encoding "
                          "(SHA-256 gives %.16s...); the worker must send the id of the encoding it sends",
                          w->name, claimed, w->route_id);
   uint64_t cap = 1;
-  if ((rc = mbd_obj_u64(body, "capacity", false, &cap, err))) return mbd_error_prefix(err, "READY: ");
+  if ((rc = mbd_obj_u64(body, "capacity", false, &cap, err))) return mbd_error_prefix(err, "READY");
   if (cap < 1 || cap > MBD_BW_CAPACITY_MAX)
     return mbd_error_set(err, MBD_E_INVALID, "READY: capacity %llu out of range 1..%d",
                          (unsigned long long)cap, MBD_BW_CAPACITY_MAX);
   w->capacity = (int)cap;
   w->pid = 0;
-  if ((rc = mbd_obj_i64(body, "pid", false, &w->pid, err))) return mbd_error_prefix(err, "READY: ");
+  if ((rc = mbd_obj_i64(body, "pid", false, &w->pid, err))) return mbd_error_prefix(err, "READY");
   int64_t dev = -1; /* optional: GPU workers report their CUDA ordinal */
-  if ((rc = mbd_obj_i64(body, "device", false, &dev, err))) return mbd_error_prefix(err, "READY: ");
+  if ((rc = mbd_obj_i64(body, "device", false, &dev, err))) return mbd_error_prefix(err, "READY");
   w->device = dev >= 0 && dev <= 1023 ? (int)dev : -1;
   w->nmodels = 0;
   const msgpack_object *ms = mbd_obj_get(body, "models");
@@ -87,7 +87,7 @@ int mbd_registry_parse_ready(const msgpack_object *body, mbd_bworker *w, mbd_err
           (rc = mbd_obj_str(o, "digest", false, m->digest, sizeof m->digest, err)) ||
           (rc = mbd_obj_str(o, "tokenizer_digest", false, m->tokenizer_digest,
                             sizeof m->tokenizer_digest, err)))
-        return mbd_error_prefix(err, "READY: models[%u]: ", i);
+        return mbd_error_prefix(err, "READY: models[%u]", i);
     }
     w->nmodels = (int)ms->via.array.size;
   }

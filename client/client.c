@@ -915,7 +915,7 @@ int mbd_client_forward(mbd_client *c, const mbd_call_opts *o, const char *model,
   if (input_ids->desc.dtype != MBD_DTYPE_I64 || input_ids->desc.ndim != 2)
     return mbd_error_set(err, MBD_E_SHAPE, "forward: input_ids must be i64 [B,T]");
   size_t nmk = 0;
-  if ((rc = pack_model(NULL, model, &nmk, err)) != 0) return mbd_error_prefix(err, "forward: ");
+  if ((rc = pack_model(NULL, model, &nmk, err)) != 0) return mbd_error_prefix(err, "forward");
   const char *names[1] = {"input_ids"};
   const mbd_tensor_in *ts[1] = {input_ids};
   int64_t dl = deadline_(c, o);
@@ -963,7 +963,7 @@ static int open_with(mbd_client *c, const mbd_call_opts *o, const char *model, c
   if (!model || !*model) return mbd_error_set(err, MBD_E_INVALID, "open: no model name given");
   size_t nmk = 0;
   int rc = pack_model(NULL, model, &nmk, err);
-  if (rc != 0) return mbd_error_prefix(err, "open: ");
+  if (rc != 0) return mbd_error_prefix(err, "open");
   int64_t dl = deadline_(c, o);
   req_body rb;
   body_init(&rb);

@@ -494,7 +494,7 @@ int mbd_obj_i64_array(const msgpack_object *map, const char *key, bool required,
                          v->via.array.size, cap);
   for (uint32_t i = 0; i < v->via.array.size; i++) {
     rc = as_i64(&v->via.array.ptr[i], key, &out[i], err);
-    if (rc) return mbd_error_prefix(err, "entry %u: ", i);
+    if (rc) return mbd_error_prefix(err, "entry %u", i);
   }
   *n = v->via.array.size;
   return MBD_OK;
@@ -595,7 +595,7 @@ int mbd_obj_tensor_refs(const msgpack_object *map, const char *key, bool require
                          v->via.array.size, cap);
   for (uint32_t i = 0; i < v->via.array.size; i++) {
     rc = read_tref(&v->via.array.ptr[i], &out[i], err);
-    if (rc) return mbd_error_prefix(err, "%s[%u]: ", key, i);
+    if (rc) return mbd_error_prefix(err, "%s[%u]", key, i);
   }
   *n = v->via.array.size;
   return MBD_OK;
@@ -648,7 +648,7 @@ int mbd_obj_route_want(const msgpack_object *map, const char *key, mbd_route_wan
       (rc = mbd_obj_str(v, "state", false, out->state, sizeof out->state, err)) ||
       (rc = mbd_obj_str(v, "family", false, out->family, sizeof out->family, err)) ||
       (rc = mbd_obj_str(v, "device", false, out->device_name, sizeof out->device_name, err)))
-    return mbd_error_prefix(err, "%s: ", key);
+    return mbd_error_prefix(err, "%s", key);
   size_t idl = strlen(out->route_id);
   if (idl) {
     if (idl < 8)
@@ -671,7 +671,7 @@ int mbd_obj_route_want(const msgpack_object *map, const char *key, mbd_route_wan
       (out->dtype[0] && (rc = mbd_dtype_policy_parse(out->dtype, &dp, err))) ||
       (out->state[0] && (rc = mbd_state_dtype_parse(out->state, &sd, err))) ||
       (out->family[0] && (rc = mbd_family_parse(out->family, &f, err))))
-    return mbd_error_prefix(err, "%s: ", key);
+    return mbd_error_prefix(err, "%s", key);
   return MBD_OK;
 }
 

@@ -83,7 +83,7 @@ int mbd_gemm_mode_resolve(const char *flag, mbd_gemm_mode *out, mbd_error *err) 
   *out = MBD_GEMM_DETERMINISTIC;
   if (!v) return MBD_OK;
   int rc = mbd_gemm_mode_parse(v, out, err);
-  if (rc) return mbd_error_prefix(err, flag ? "--gemm-mode: " : "MBD_GEMM_MODE (environment): ");
+  if (rc) return mbd_error_prefix(err, flag ? "--gemm-mode" : "MBD_GEMM_MODE (environment)");
   return MBD_OK;
 }
 

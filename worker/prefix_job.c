@@ -29,7 +29,7 @@ int mbd_wpfx_begin(mbd_wstate *st, mbd_wjob *j, mbd_wsession *s, mbd_error *err)
                                                (const mbd_bstash *)hit.stash, err)
                      : st->be->ops->state_load((mbd_bstate *)s->state, hit.state,
                                                hit.state_bytes, err);
-  if (rc) return mbd_error_prefix(err, "restoring a cached prefix of %lld tokens: ",
+  if (rc) return mbd_error_prefix(err, "restoring a cached prefix of %lld tokens",
                                   (long long)hit.pos);
   size_t vb = (size_t)m->vocab * sizeof(float);
   memcpy(ws->logits, hit.logits, vb);

@@ -593,7 +593,7 @@ extern "C" int mbd_gpu_graph_run(mbd_gpu_ctx *ctx, int use_graph, mbd_gpu_graph 
     const int erc = mbd_gpu_graph_end(ctx, g, brc ? &ignored : err);
     if (brc) { /* the body's error is the one to report; the capture is dropped */
       mbd_gpu_graph_destroy(g);
-      return mbd_error_prefix(err, "capturing %s: ", what);
+      return mbd_error_prefix(err, "capturing %s", what);
     }
     if (erc) return erc;
   }

@@ -386,7 +386,7 @@ extern "C" int mbd_mamba1_gpu_load(mbd_gpu_ctx *ctx, const char *dir,
 fail:
   mbd_st_dir_destroy(&st);
   mbd_mamba1_gpu_destroy(&m);
-  return mbd_error_prefix(err, "loading %s on the GPU: ", dir);
+  return mbd_error_prefix(err, "loading %s on the GPU", dir);
 }
 
 /* ------------------------------------------------------------ internal entries */

@@ -138,7 +138,7 @@ int mbd_mamba3_load(const char *dir, const mbd_mamba3_options *opts, mbd_mamba3_
   return MBD_OK;
 fail:
   mbd_mamba3_destroy(&m);
-  return mbd_error_prefix(err, "mamba3 %s: ", dir);
+  return mbd_error_prefix(err, "mamba3 %s", dir);
 }
 
 const mbd_mamba3_config *mbd_mamba3_model_config(const mbd_mamba3_model *m) { return &m->cfg; }

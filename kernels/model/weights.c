@@ -46,7 +46,7 @@ int mbd_weights_mat(const mbd_st_dir *s, const char *name, int64_t rows, int64_t
   }
   rc = mbd_cpu_wpack_new(dt, rows, cols, e->desc.dtype, src, cols, out, err);
   free(copy);
-  if (rc) return mbd_error_prefix(err, "model tensor %s: ", name);
+  if (rc) return mbd_error_prefix(err, "model tensor %s", name);
   if (bytes) *bytes += mbd_cpu_wpack_nbytes(*out);
   return MBD_OK;
 }
