@@ -4,7 +4,9 @@
 # (../shared/peer, run while this project builds, so its figures and ours come
 # from one machine and one call). Run from the project root through the device
 # tool with carry [".gpu-deps"] (../shared/gpu/README.md: fetch-deps.sh).
-#   usage: tests/gpu/device-run.sh [SECONDS] [BENCH...]
+#   usage: [MBD_COMMIT=<commit>] tests/gpu/device-run.sh [SECONDS] [BENCH...]
+#   MBD_COMMIT: the commit being run, printed first (the device copy's own
+#            git HEAD can be stale)
 #   SECONDS: the budget of the whole call (default 540; benches that would
 #            start later than 60 s before it are skipped and listed).
 #   BENCH:   which benches, in order (default: m2 m1 m1big gemm service):
@@ -31,7 +33,10 @@ pack() { tar -C "$out" -czf "$out/logs.tgz" logs 2>/dev/null; }
 [ -f .gpu-deps/env.sh ] || { say "no .gpu-deps/env.sh: carry .gpu-deps (fetch-deps.sh)"; exit 2; }
 # shellcheck disable=SC1091
 source .gpu-deps/env.sh
-say "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
+# The device copy's git metadata can lag the tree it was sent with, so the
+# commit is what the caller names (MBD_COMMIT=...), else marked unchecked.
+commit=${MBD_COMMIT:-"$(git rev-parse --short HEAD 2>/dev/null || echo '?') (device copy's git HEAD: may be stale; pass MBD_COMMIT)"}
+say "commit $commit, $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
 
 peer_pid=
 if [ -d .gpu-deps/peer ]; then
