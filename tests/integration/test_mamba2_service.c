@@ -21,6 +21,7 @@
 #include "support/procs.h"
 #include "support/wh_fixture.h"
 #include "support/wh_requests.h"
+#include "support/wh_sessions.h"
 #include "support/worker_harness.h"
 
 #define M2_CASE "small-d256-g2-s32-c16"
@@ -208,18 +209,9 @@ static void test_export_import(void **state) {
   m = wh_wait(&g_h, wh_send_prefill(&g_h, sid, prompt, H, true), 30000);
   assert_int_equal(wh_code(m), 0);
   mbd_msg_destroy(&m);
-  wh_pack k;
-  wh_pack_init(&k);
-  msgpack_pack_map(&k.pk, 1);
-  mbd_pack_kv_str(&k.pk, "session", sid);
-  m = wh_call(&g_h, MBD_CMD_EXPORT, &k.sb, 0, NULL, NULL);
-  assert_int_equal(wh_code(m), 0);
   size_t n = 0;
-  const void *p = wh_tensor(m, &n);
+  uint8_t *blob = wh_export(&g_h, sid, 60000, &n);
   assert_true(n > 256 && n % 8 == 0);
-  uint8_t *blob = malloc(n);
-  memcpy(blob, p, n);
-  mbd_msg_destroy(&m);
   /* a second worker serving both joins, the first leaves cleanly */
   wh_start_worker(&g_h, "wB", "--model", g_m2arg, NULL);
   assert_int_equal(wh_wait_workers(&g_h, 2, 30000), 0);

@@ -20,6 +20,7 @@
 #include "kernels/model/mamba1.h"
 #include "kernels/model/mamba3.h"
 #include "support/wh_requests.h"
+#include "support/wh_sessions.h"
 #include "support/worker_harness.h"
 
 static wh g_h;
@@ -131,18 +132,9 @@ static void test_mamba3_service(void **state) {
   free(got1);
 
   /* Export the Mamba-3 session from A; B joins, A leaves; import on B. */
-  wh_pack k;
-  wh_pack_init(&k);
-  msgpack_pack_map(&k.pk, 1);
-  mbd_pack_kv_str(&k.pk, "session", sid);
-  m = wh_call(&g_h, MBD_CMD_EXPORT, &k.sb, 0, NULL, NULL);
-  assert_int_equal(wh_code(m), 0);
   size_t n = 0;
-  const void *p = wh_tensor(m, &n);
+  uint8_t *blob = wh_export(&g_h, sid, 60000, &n);
   assert_true(n > 256 && n % 8 == 0);
-  uint8_t *blob = malloc(n);
-  memcpy(blob, p, n);
-  mbd_msg_destroy(&m);
   wh_start_worker(&g_h, "wB", "--model", m1dir, NULL);
   assert_int_equal(wh_wait_workers(&g_h, 2, 30000), 0);
   assert_int_equal(wh_stop(a, SIGTERM), 0);
