@@ -293,8 +293,9 @@ extern "C" int mbd_mamba1_gpu_step_launch(mbd_mamba1_gpu *m, int n, const int32_
     m->h_step[i] = real && picks ? picks[i].step : 0;
   }
   cudaStream_t s = m->stream;
-  char what[48];
-  snprintf(what, sizeof what, "the batch-%d decode graph", rows);
+  char what[48] = ""; /* named only for a capture: the replay path formats nothing */
+  if (m->use_graphs && !m->graphs[bi])
+    snprintf(what, sizeof what, "the batch-%d decode graph", rows);
   step_call call = {m, rows};
   if ((rc = mbd_gpu_graph_run(m->ctx, m->use_graphs, &m->graphs[bi], step_call_run, &call, what,
                               err)))

@@ -470,8 +470,9 @@ static int m2_step(void *model, int n, const int32_t *tokens, const int32_t *slo
     m->h_step[i] = i < n ? tokens[i] : 0;
     m->h_step[rows + i] = i < n ? slots[i] : (int32_t)m->nslots; /* padding: scratch slot */
   }
-  char what[48];
-  snprintf(what, sizeof what, "the batch-%d decode graph", rows);
+  char what[48] = ""; /* named only for a capture: the replay path formats nothing */
+  if (m->use_graphs && !m->graphs[bi])
+    snprintf(what, sizeof what, "the batch-%d decode graph", rows);
   step_call call = {m, rows};
   if ((rc = mbd_gpu_graph_run(m->ctx, m->use_graphs, &m->graphs[bi], step_call_run, &call, what,
                               err)))

@@ -116,29 +116,31 @@ static int parse_config(const char *path, const json_t *root, mbd_mamba3_config 
   return MBD_OK;
 }
 
+/* root as jansson loaded it from label (NULL: jerr says why), then freed. */
+static int parse_loaded(json_t *root, const json_error_t *jerr, const char *label,
+                        mbd_mamba3_config *out, mbd_error *err) {
+  memset(out, 0, sizeof(*out));
+  if (!root) return mbd_error_set(err, MBD_E_FORMAT, "%s: %s", label, jerr->text);
+  int rc = json_is_object(root) ? parse_config(label, root, out, err)
+                                : mbd_error_set(err, MBD_E_FORMAT, "%s: not a JSON object", label);
+  json_decref(root);
+  return rc;
+}
+
 int mbd_mamba3_config_parse(const char *json, size_t len, const char *label,
                             mbd_mamba3_config *out, mbd_error *err) {
   if (!label) label = "config";
-  memset(out, 0, sizeof(*out));
-  if (!json) return mbd_error_set(err, MBD_E_FORMAT, "%s: no text", label);
+  if (!json) {
+    memset(out, 0, sizeof(*out));
+    return mbd_error_set(err, MBD_E_FORMAT, "%s: no text", label);
+  }
   json_error_t jerr;
-  json_t *root = json_loadb(json, len, 0, &jerr);
-  int rc = json_is_object(root)
-               ? parse_config(label, root, out, err)
-               : mbd_error_set(err, MBD_E_FORMAT, "%s: not a JSON object (%s)", label, jerr.text);
-  json_decref(root);
-  return rc;
+  return parse_loaded(json_loadb(json, len, 0, &jerr), &jerr, label, out, err);
 }
 
 int mbd_mamba3_config_load(const char *dir, mbd_mamba3_config *out, mbd_error *err) {
   char path[4096];
   snprintf(path, sizeof path, "%s/config.json", dir);
-  memset(out, 0, sizeof(*out));
   json_error_t jerr;
-  json_t *root = json_load_file(path, 0, &jerr);
-  if (!root) return mbd_error_set(err, MBD_E_FORMAT, "%s: %s", path, jerr.text);
-  int rc = json_is_object(root) ? parse_config(path, root, out, err)
-                                : mbd_error_set(err, MBD_E_FORMAT, "%s: not a JSON object", path);
-  json_decref(root);
-  return rc;
+  return parse_loaded(json_load_file(path, 0, &jerr), &jerr, path, out, err);
 }
