@@ -47,6 +47,8 @@ const char *const mbd_k_kernel_names[MBD_K_COUNT] = {
     "mbd_wgcl_f16_0",  "mbd_wgcl_f16_1",  "mbd_wgcl_f16_2",  "mbd_wgcl_f16_3",
     "mbd_wgcl_f16_4",  "mbd_wgcl_f16_5",  "mbd_wgcl_f16_6",  "mbd_wgcl_f16_7",
     "mbd_wgcl_f16_8",
+    "mbd_wgks_bf16_0", "mbd_wgks_bf16_1", "mbd_wgks_bf16_2", "mbd_wgks_bf16_3",
+    "mbd_wgks_f16_0",  "mbd_wgks_f16_1",  "mbd_wgks_f16_2",  "mbd_wgks_f16_3",
 };
 
 extern "C" void mbd_gpu_ctx_config_default(mbd_gpu_ctx_config *cfg) {

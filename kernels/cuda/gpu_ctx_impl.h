@@ -28,7 +28,9 @@ enum {
   MBD_K_MKRGEMM_BF16 = 52, /* sm_90a M <= 16, ragged column ranges: bf16, f16 */
   MBD_K_WGCL_BF16 = 54, /* sm_90a cluster / persistent tiles 0..8 (gpu_gemm.cu k_wcltiles) */
   MBD_K_WGCL_F16 = 63,
-  MBD_K_COUNT = 72,
+  MBD_K_WGKS_BF16 = 72, /* sm_90a K split tiles 0..3 (gpu_gemm.cu k_wkstiles) */
+  MBD_K_WGKS_F16 = 76,
+  MBD_K_COUNT = 80,
 };
 extern const char *const mbd_k_kernel_names[MBD_K_COUNT];
 
@@ -51,6 +53,7 @@ struct mbd_gpu_ctx {
   char dev_name[96];
   int cc_major, cc_minor, sm_count;
   int smem_optin; /* max dynamic shared memory per block (bytes) */
+  int ks_fit[MBD_K_WGKS_F16 - MBD_K_WGKS_BF16]; /* K split tiles: co-resident blocks, 0 unknown */
   int unusable;                /* poisoned: every GEMM/capture/replay returns diag */
   mbd_error diag;
   int recording, capturing;

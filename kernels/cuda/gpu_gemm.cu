@@ -60,12 +60,22 @@ static constexpr bool wcl_all_128(int i) {
   return i == 9 || (k_wcltiles[i].bm == 128 && wcl_all_128(i + 1));
 }
 static_assert(wcl_all_128(0), "pick_wcltile replaces 128-row tiles only");
+/* The K split tiles (MBD_WG_KS_TILES): bm, bn, stages, blocks a cluster
+ * along K. */
+struct wkstile_cfg {
+  int bm, bn, stages, ck;
+};
+#define WKSTILE(ty, T, i, CWG, BN, IN, ST, CK) {64 * CWG, BN, ST, CK},
+static constexpr wkstile_cfg k_wkstiles[4] = {MBD_WG_KS_TILES(WKSTILE, , )};
+#undef WKSTILE
 /* The kernel slots (gpu_ctx_impl.h) hold one kernel per configuration. */
 static_assert(MBD_K_SGEMM_TF32 - MBD_K_SGEMM_F32 == sizeof k_stiles / sizeof k_stiles[0], "");
 static_assert(MBD_K_HGEMM_F16 - MBD_K_HGEMM_BF16 == 2 * sizeof k_htiles / sizeof k_htiles[0], "");
 static_assert(MBD_K_WGEMM_F16 - MBD_K_WGEMM_BF16 == sizeof k_wtiles / sizeof k_wtiles[0], "");
 static_assert(MBD_K_WGCL_F16 - MBD_K_WGCL_BF16 == sizeof k_wcltiles / sizeof k_wcltiles[0], "");
-static_assert(MBD_K_COUNT - MBD_K_WGCL_F16 == sizeof k_wcltiles / sizeof k_wcltiles[0], "");
+static_assert(MBD_K_WGKS_BF16 - MBD_K_WGCL_F16 == sizeof k_wcltiles / sizeof k_wcltiles[0], "");
+static_assert(MBD_K_WGKS_F16 - MBD_K_WGKS_BF16 == sizeof k_wkstiles / sizeof k_wkstiles[0], "");
+static_assert(MBD_K_COUNT - MBD_K_WGKS_F16 == sizeof k_wkstiles / sizeof k_wkstiles[0], "");
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -520,6 +530,89 @@ static int gemm_wgcl(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gem
                 a->w_static != 0, err, cs);
 }
 
+/* Shared memory of K split tile i: the ring, its barriers, the partial. */
+static size_t wks_smem(int i) {
+  const wkstile_cfg &c = k_wkstiles[i];
+  return (size_t)c.stages * (c.bm + c.bn) * 128 + 1024 + 16 * (size_t)c.stages +
+         (size_t)c.bm * c.bn * 4;
+}
+
+/* The blocks of K split tile i that run at once (whole clusters), asked of
+ * the device once per context. */
+static int64_t wks_fit(mbd_gpu_ctx *ctx, int dtype_slot0, int i) {
+  int &fit = ctx->ks_fit[i];
+  if (fit == 0) {
+    const wkstile_cfg &c = k_wkstiles[i];
+    const int cl = cl_fit(ctx, dtype_slot0 + i, (unsigned)(ctx->sm_count / c.ck * c.ck),
+                          (unsigned)MBD_WG_THREADS(c.bm / 64, 0), wks_smem(i), (unsigned)c.ck);
+    fit = cl > 0 ? cl * c.ck : -1;
+  }
+  return fit > 0 ? fit : ctx->sm_count / k_wkstiles[i].ck * k_wkstiles[i].ck;
+}
+
+/* The K split form for an M x N x K problem whose tile kernel would be
+ * configuration ti, or -1. Each block of a tile kernel runs a tile's K / 64
+ * k tiles as one series of dependent wgmma stages, so a GEMM of few tiles
+ * and long K leaves most SMs idle for K / 64 stage times; the K split runs
+ * ceil(chunks / CK) chunks (4 stages each) per block plus two cluster syncs
+ * and a fold a round (taken as KS_ROUND_TILES stages). The estimate in
+ * stages is waves x stages per block; the split is taken where it is below
+ * 3/4 of the tile kernel's. MBD_GEMM_KSPLIT (read per call): 0 = never,
+ * 1..4 = configuration 0..3 wherever K exceeds one chunk, unset or other:
+ * the estimate. Same bits in every setting (the bitwise test compares
+ * them). */
+#define KS_ROUND_TILES 4
+static int pick_wkstile(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, int ti) {
+  const int64_t chunks = cdiv(a->k, MBD_WG_KCH);
+  if (chunks < 2 || !k_wtiles[ti].tma) return -1;
+  const char *env = getenv("MBD_GEMM_KSPLIT");
+  if (env && env[0] >= '0' && env[0] <= '4' && env[1] == 0) return env[0] - '1';
+  const int slot0 = a->dtype == MBD_DTYPE_BF16 ? MBD_K_WGKS_BF16 : MBD_K_WGKS_F16;
+  const wtile_cfg &t = k_wtiles[ti];
+  const int64_t tiles = cdiv(a->m, t.bm) * cdiv(a->n, t.bn);
+  const double plain =
+      (double)cdiv(tiles, (int64_t)ctx->sm_count * t.occ) * (double)cdiv(a->k, 64);
+  int best = -1;
+  double best_t = plain * 0.75;
+  for (int i = 0; i < (int)(sizeof k_wkstiles / sizeof k_wkstiles[0]); i++) {
+    const wkstile_cfg &c = k_wkstiles[i];
+    if (c.ck > chunks) continue;
+    const int64_t blocks = cdiv(a->m, c.bm) * cdiv(a->n, c.bn) * c.ck;
+    const double est = (double)cdiv(blocks, wks_fit(ctx, slot0, i)) *
+                       (double)cdiv(chunks, c.ck) * (MBD_WG_KCH / 64 + KS_ROUND_TILES);
+    if (est < best_t) {
+      best = i;
+      best_t = est;
+    }
+  }
+  return best;
+}
+
+/* K split tile i (wg_body with CK > 1): the tile kernels' tensor maps, a
+ * grid of CK blocks per tile, clusters of CK. Returns 1 when the encoder
+ * refuses (the caller runs the tile kernels: same bits). */
+static int gemm_wgks(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
+                     int i, const char **kname, mbd_error *err) {
+  const wkstile_cfg &c = k_wkstiles[i];
+  mbd_wg_params P;
+  memset(&P, 0, sizeof P);
+  P.p = p;
+  P.a_rows = a->m < c.bm ? (int)a->m : c.bm;
+  if (!encode_map(&P.tx, a->dtype, a->x, a->m, a->k, P.a_rows) ||
+      !encode_map(&P.tw, a->dtype, a->w, a->n, a->k, c.bn))
+    return 1;
+  P.tiles_m = (int)cdiv(a->m, c.bm);
+  P.tiles_n = (int)cdiv(a->n, c.bn);
+  const int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_WGKS_BF16 : MBD_K_WGKS_F16) + i;
+  *kname = mbd_k_kernel_names[slot];
+  void *args[] = {&P};
+  const unsigned threads = (unsigned)MBD_WG_THREADS(c.bm / 64, 0);
+  const unsigned grid = (unsigned)((int64_t)P.tiles_m * P.tiles_n * c.ck);
+  cl_debug(ctx, slot, grid, threads, wks_smem(i), (unsigned)c.ck);
+  return launch(ctx, slot, dim3(grid), dim3(threads), wks_smem(i), args, a->w_static != 0, err,
+                (unsigned)c.ck);
+}
+
 static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
                    const char **kname, mbd_error *err) {
   mbd_wg_params P;
@@ -532,6 +625,13 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
     if (rc != 1) return rc; /* 1: not applicable, the tile kernels run */
   }
   int ti = pick_wtile(ctx, a->m, a->n, a->k, tma);
+  {
+    const int ki = pick_wkstile(ctx, a, sched_tile(ctx, ti, a->m, a->n));
+    if (ki >= 0) {
+      const int rc = gemm_wgks(ctx, a, p, ki, kname, err);
+      if (rc != 1) return rc; /* 1: the encoder refused, the tile kernels run */
+    }
+  }
   {
     const int ci = pick_wcltile(ti, a->m, a->n);
     if (ci >= 0) {

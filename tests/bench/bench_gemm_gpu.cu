@@ -24,6 +24,11 @@
  * 128 tiles as before; w192f = 128 x 192 wherever 128 x 128 would run; same
  * bits), the ratio cuBLAS-fast / that, and the kernel (wgemm slot, or the
  * name), with a SUMMARY geomean per setting.
+ * Each M = 64 and 256 shape with K > 256 (M = 64 only among the Mamba-2
+ * rows) prints a "ksplit" line: us per GEMM under each MBD_GEMM_KSPLIT
+ * setting (0: the tile kernels; default; 1..4: K split tile 0..3, a cluster
+ * of blocks sharing one tile along K; same bits), with a SUMMARY geomean of
+ * the off and default settings.
  * First the Mamba-2 projections (bench_mamba2, M = 1, 8, 16, 64 and 2048;
  * --mamba2: only those). */
 #include <algorithm>
@@ -208,6 +213,31 @@ static void print_sched(const char *tag, mbd_gpu_ctx *ctx, bufset &b, mbd_gpu_ge
   printf("\n");
 }
 
+/* MBD_GEMM_KSPLIT settings (gpu_gemm.cu pick_wkstile; same bits): 0 (the
+ * tile kernels), unset (the default: the K split where the estimate takes
+ * it), 1..4 (K split tile 0..3 wherever K exceeds one chunk). */
+static const char *const k_ksplit[] = {"0", "", "1", "2", "3", "4"};
+#define N_KSPLIT ((int)(sizeof k_ksplit / sizeof k_ksplit[0]))
+/* One line: us per GEMM under each MBD_GEMM_KSPLIT setting, the ratio
+ * cuBLAS-fast / that, and the kernel; out[] gets the times. */
+static void print_ksplit(mbd_gpu_ctx *ctx, bufset &b, mbd_gpu_gemm_args a, double fast_t,
+                         double out[N_KSPLIT]) {
+  printf("  ksplit (us, cuBLAS-fast / det, kernel):");
+  for (int i = 0; i < N_KSPLIT; i++) {
+    char name[64];
+    if (k_ksplit[i][0]) setenv("MBD_GEMM_KSPLIT", k_ksplit[i], 1);
+    out[i] = time_gemm(ctx, b, a);
+    mbd_gpu_gemm_args r = a;
+    r.x = b.x[0];
+    r.w = b.w[0];
+    kernel_name(ctx, r, name, sizeof name);
+    unsetenv("MBD_GEMM_KSPLIT");
+    printf(" %s=%.2f(%.2f,%s)", k_ksplit[i][0] ? k_ksplit[i] : "default", out[i] * 1e6,
+           fast_t / out[i], name + 4);
+  }
+  printf("\n");
+}
+
 /* Mamba-2 projections (130m: d 768, in_proj N = 2 d_inner + 2 d_state +
  * heads = 3352; 1.3b: d 2048, N = 8512) at M = 1, 8, 16, 64 in bf16: det (the
  * default dispatch), det with MBD_GEMM_RAGGED=0 MBD_GEMM_TILE72=0 (the
@@ -259,6 +289,10 @@ static void bench_mamba2(mbd_gpu_ctx *det, mbd_gpu_ctx *fast) {
       if (M >= 256) {
         double ts[N_SCHED];
         print_sched("(us, cuBLAS-fast / det, kernel)", det, b, a, t2, ts);
+      }
+      if (M >= 64 && M <= 256 && p.k > 256) {
+        double tk[N_KSPLIT];
+        print_ksplit(det, b, a, t2, tk);
       }
       fflush(stdout);
     }
@@ -321,7 +355,8 @@ int main(int argc, char **argv) {
   double log_sched[N_SCHED] = {0}, worst_sched[N_SCHED];
   for (int i = 0; i < N_SCHED; i++) worst_sched[i] = 1e9;
   double worst = 1e9, worst_mc0 = 1e9, worst_mc4 = 1e9, worst_plain = 1e9;
-  int log_n = 0;
+  int log_n = 0, log_ks_n = 0;
+  double log_ks_off = 0, log_ks_def = 0;
   double agg_bytes = 0, agg_time = 0, agg_time_fast = 0;
   for (int d = 0; d < (with_f32 ? 2 : 1); d++) {
     mbd_dtype dt = d == 0 ? MBD_DTYPE_BF16 : MBD_DTYPE_F32;
@@ -427,6 +462,13 @@ int main(int argc, char **argv) {
             }
             printf("\n");
           }
+          if (d == 0 && (M == 64 || M == 256) && p.k > 256) {
+            double tk[N_KSPLIT];
+            print_ksplit(ctx[d][0], b, a, t[1], tk);
+            log_ks_off += log(t[1] / tk[0]);
+            log_ks_def += log(t[1] / tk[1]);
+            log_ks_n++;
+          }
           if (d == 0 && M >= 256) {
             double ts[N_SCHED];
             print_sched("(us, cuBLAS-fast / det, kernel)", ctx[d][0], b, a, t[1], ts);
@@ -464,6 +506,9 @@ int main(int argc, char **argv) {
     printf("SUMMARY bf16 det MBD_GEMM_SCHED=%s / cublas-fast geomean over M>=256: %.3f, worst "
            "%.3f\n", k_sched[i][0] ? k_sched[i] : "(unset)",
            log_n ? exp(log_sched[i] / log_n) : 0.0, worst_sched[i]);
+  printf("SUMMARY bf16 cublas-fast / det at M = 64 and 256, K > 256 (%d shapes): "
+         "MBD_GEMM_KSPLIT=0 %.3f, default %.3f (geomeans)\n", log_ks_n,
+         log_ks_n ? exp(log_ks_off / log_ks_n) : 0.0, log_ks_n ? exp(log_ks_def / log_ks_n) : 0.0);
   fflush(stdout);
   printf("SUMMARY bf16 1.4b M=1 aggregated weight bandwidth: det %.0f GB/s = %.2f of copy bw "
          "(floor 0.60), cublas-fast %.0f GB/s = %.2f\n", agg_bytes / agg_time / 1e9,

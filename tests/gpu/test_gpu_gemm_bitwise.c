@@ -36,7 +36,11 @@
  * - on sm_90a each MBD_GEMM_SCHED setting (old: the 128 x 128 tiles; w192f:
  *   the 128 x 192 tiles wherever those run; unset: 128 x 192 where its waves
  *   allow) gives the rows-alone bits; each setting's kernel must run on some
- *   shape. */
+ *   shape;
+ * - on sm_90a each MBD_GEMM_KSPLIT setting (0: never; 1..4: each K split
+ *   tile, a cluster of blocks sharing one tile along K, wherever K exceeds a
+ *   chunk; unset: where the estimate takes it) gives the rows-alone bits;
+ *   each tile must run, and the default must take the split somewhere. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -305,6 +309,11 @@ static const char *const k_sched[] = {"old", "w192f", NULL};
 static const char *const k_sched_kernel[] = {"wgemm_*_5", "wgemm_*_10", "wgemm_*_10"};
 #define N_SCHED (sizeof k_sched / sizeof k_sched[0])
 
+/* Sets the environment variable name to v, or unsets it for v = NULL. */
+static void env_setting(const char *name, const char *v) {
+  assert_int_equal(v ? setenv(name, v, 1) : unsetenv(name), 0);
+}
+
 /* name is mbd_<family>_<dtype>_<index> and pat is "<family>_*_<index>". */
 static int kernel_is(const char *name, const char *pat) {
   const char *star = strchr(pat, '*'), *fam = strstr(name, "mbd_");
@@ -320,10 +329,7 @@ static void check_sched(fixture *f, int seen[N_SCHED]) {
   static const int64_t ms[] = {520, 1100, 2047, 4096};
   int64_t failed = 0;
   for (size_t si = 0; si < N_SCHED; si++) {
-    if (k_sched[si])
-      assert_int_equal(setenv("MBD_GEMM_SCHED", k_sched[si], 1), 0);
-    else
-      assert_int_equal(unsetenv("MBD_GEMM_SCHED"), 0);
+    env_setting("MBD_GEMM_SCHED", k_sched[si]);
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
       char name[64];
       kernel_of(f, ms[i], name, sizeof name);
@@ -338,6 +344,43 @@ static void check_sched(fixture *f, int seen[N_SCHED]) {
   }
   assert_int_equal(unsetenv("MBD_GEMM_SCHED"), 0);
   if (failed) fail_msg("%lld schedule-setting runs differ from rows alone", (long long)failed);
+}
+
+/* MBD_GEMM_KSPLIT settings (gpu_gemm.cu pick_wkstile): 0 (never), 1..4 (K
+ * split tile 0..3 wherever K exceeds one chunk: clusters of 4, 8, 2 and 4
+ * blocks on 128 x 128 and 64 x 128 tiles) and unset (where the estimate
+ * takes it): each gives the rows-alone bits at M of one partial tile (17,
+ * 64), two (65), several (129, 300) and many (1024). Where the chunks are
+ * fewer than the cluster's blocks (K = 520: 3 chunks), some blocks run no
+ * chain and only fold. seen[i]: runs of K split tile i under setting i + 1;
+ * seen[4]: K split runs under the unset (automatic) setting. */
+static const char *const k_ksplit[] = {"0", "1", "2", "3", "4", NULL};
+#define N_KSPLIT (sizeof k_ksplit / sizeof k_ksplit[0])
+
+static void check_ksplit(fixture *f, int seen[5]) {
+  if (f->dt == MBD_DTYPE_F32 || f->k <= 256) return;
+  static const int64_t ms[] = {17, 64, 65, 129, 300, 1024};
+  int64_t failed = 0;
+  for (size_t si = 0; si < N_KSPLIT; si++) {
+    env_setting("MBD_GEMM_KSPLIT", k_ksplit[si]);
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+      char name[64];
+      kernel_of(f, ms[i], name, sizeof name);
+      const char *ks = strstr(name, "wgks_");
+      if (k_ksplit[si] && k_ksplit[si][0] == '0' && ks) fail_msg("MBD_GEMM_KSPLIT=0 ran %s", name);
+      if (ks && k_ksplit[si] && atoi(strrchr(name, '_') + 1) == k_ksplit[si][0] - '1')
+        seen[k_ksplit[si][0] - '1']++;
+      if (ks && !k_ksplit[si]) seen[4]++;
+      const int64_t row0 = ms[i] % 5;
+      run_rows(f, row0, ms[i]);
+      char what[128];
+      snprintf(what, sizeof what, "MBD_GEMM_KSPLIT=%s %s",
+               k_ksplit[si] ? k_ksplit[si] : "(unset)", name);
+      if (count_diff(f, row0, ms[i], what)) failed++;
+    }
+  }
+  assert_int_equal(unsetenv("MBD_GEMM_KSPLIT"), 0);
+  if (failed) fail_msg("%lld K split setting runs differ from rows alone", (long long)failed);
 }
 
 static void check_repeat_and_graph(fixture *f) {
@@ -504,7 +547,7 @@ static void run_policy(mbd_dtype_policy pol) {
       {16856, 1040, 20, 0}, {5120, 160, 20, 0},   {192, 5120, 20, 0},  {1800, 2056, 20, 0},
       {3072, 768, 20, 0},   {6144, 1536, 20, 0},  {4096, 1024, 20, 0}, {8512, 2048, 20, 1},
       {2120, 1040, 20, 1},  {9000, 264, 20, 1},   {3352, 768, 20, 0},  {2048, 4096, 20, 0}};
-  int seen[4] = {0, 0, 0, 0}, seen_sched[N_SCHED] = {0};
+  int seen[4] = {0, 0, 0, 0}, seen_sched[N_SCHED] = {0}, seen_ks[5] = {0};
   for (int s = 0; s < 16; s++) {
     if (s >= 3 && (pol == MBD_POLICY_F32 || pol == MBD_POLICY_TF32)) continue;
     fixture f;
@@ -515,6 +558,7 @@ static void run_policy(mbd_dtype_policy pol) {
     check_ragged(&f, (int)shapes[s][3]);
     check_mcast(&f, seen);
     check_sched(&f, seen_sched);
+    check_ksplit(&f, seen_ks);
     if (s == 0) {
       check_repeat_and_graph(&f);
       check_storage_output(&f);
@@ -526,6 +570,9 @@ static void run_policy(mbd_dtype_policy pol) {
   if (seen[2] && (!seen[0] || !seen[1] || !seen[3]))
     fail_msg("the cluster kernels did not run (2 x 1: %d, 2 x 2: %d, persistent: %d runs)",
              seen[0], seen[1], seen[3]);
+  for (int i = 0; seen[2] && i < 4; i++)
+    if (!seen_ks[i]) fail_msg("MBD_GEMM_KSPLIT=%d never ran mbd_wgks_*_%d", i + 1, i);
+  if (seen[2] && !seen_ks[4]) fail_msg("the default dispatch never took a K split tile");
   for (size_t si = 0; seen[2] && si < N_SCHED; si++)
     if (!seen_sched[si])
       fail_msg("MBD_GEMM_SCHED=%s never ran %s", k_sched[si] ? k_sched[si] : "(unset)",

@@ -472,6 +472,14 @@ __device__ __forceinline__ void mbar_arrive_cl(uint32_t bar, uint32_t rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
+/* The f32 at shared offset a of cluster CTA rank (itself included). */
+__device__ __forceinline__ float ld_cl_f32(uint32_t a, uint32_t rank) {
+  uint32_t remote;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
 /* mbar_wait with a bound: a protocol error traps (the launch fails) instead
  * of hanging the device; no wait of a GEMM k tile comes near the bound
  * (2 s). CTA-scope acquire: what the ring needs (a cluster-scope acquire per
@@ -523,7 +531,7 @@ __device__ __forceinline__ void wg_manual_tile(unsigned char *s, const T *g, int
 template <typename T, int BN, int IN, int STAGES, int NARR, bool BOUND = (NARR > 0)>
 __device__ __forceinline__ void wg_stage(float *d, int kt, uint32_t stage_s, uint32_t a_off,
                                          uint32_t b_off, uint32_t full0, uint32_t empty0,
-                                         int lane, uint32_t arr_rank) {
+                                         int lane, uint32_t arr_rank, bool back = true) {
   const int s = kt % STAGES;
   wg_wait_bar<BOUND>(full0 + 8 * s, (uint32_t)(kt / STAGES) & 1u);
   const uint32_t a_s = stage_s + a_off, b_s = stage_s + b_off;
@@ -537,13 +545,40 @@ __device__ __forceinline__ void wg_stage(float *d, int kt, uint32_t stage_s, uin
   }
   wg_commit();
   wg_wait<1>(); /* the previous stage's group is done: hand its slot back */
+  if (!back || kt == 0) return;
   if (NARR == 0) {
-    if (kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((kt - 1) % STAGES));
+    if (lane == 0) mbar_arrive(empty0 + 8 * ((kt - 1) % STAGES));
   } else { /* to every CTA that writes into this one's slots (lane i: the i-th) */
-    if (kt > 0 && lane < NARR) mbar_arrive_cl(empty0 + 8 * ((kt - 1) % STAGES), arr_rank);
+    if (lane < NARR) mbar_arrive_cl(empty0 + 8 * ((kt - 1) % STAGES), arr_rank);
   }
 }
 #endif
+
+/* Outputs (gm, gn) and (gm, gn + 1) of a tile: the bias, then the store
+ * (rows past M and columns past N are dropped). */
+template <typename T>
+__device__ __forceinline__ void wg_store2(const mbd_gemm_params &p, const T *B, int gm, int gn,
+                                          float v0, float v1) {
+  if (gm >= p.m) return;
+  if (B) {
+    if (gn < p.n) v0 = __fadd_rn(v0, mma_op<T>::to_f(B[gn]));
+    if (gn + 1 < p.n) v1 = __fadd_rn(v1, mma_op<T>::to_f(B[gn + 1]));
+  }
+  const size_t o = (size_t)gm * p.n + gn;
+  if (p.out_f32) {
+    float *Y = (float *)p.y;
+    if (gn + 1 < p.n && (((uintptr_t)(Y + o)) & 7) == 0) {
+      *(float2 *)(Y + o) = make_float2(v0, v1);
+    } else {
+      if (gn < p.n) Y[o] = v0;
+      if (gn + 1 < p.n) Y[o + 1] = v1;
+    }
+  } else {
+    T *Y = (T *)p.y;
+    if (gn < p.n) Y[o] = mma_op<T>::from_f(v0);
+    if (gn + 1 < p.n) Y[o + 1] = mma_op<T>::from_f(v1);
+  }
+}
 
 /* FOLD: K may exceed one chunk (acc plus a chunk partial in registers, so BN
  * is at most 128, 192 under RG); without it the host only dispatches K <=
@@ -571,9 +606,22 @@ __device__ __forceinline__ void wg_stage(float *d, int kt, uint32_t stage_s, uin
  * past the last tile (it stores nothing), and the cluster waits for all
  * blocks before any exits (a peer may still arrive on its barriers). Which
  * block loads which bytes is all that changes: the chains and the fold are
- * the same. */
+ * the same.
+ * CK > 1: a cluster of CK blocks shares one tile along K, so that a tile's
+ * chunk chains run on CK SMs side by side where few tiles would leave most
+ * SMs idle and each SM a long series of dependent wgmma steps. Block q runs
+ * chunks q, q + CK, q + 2 CK, ...: in round j each block's chain of chunk
+ * j CK + q goes from its registers to its shared memory, the cluster syncs,
+ * and block q folds columns [q BN / CK, (q + 1) BN / CK) of every block's
+ * partial into its running sum for those columns (distributed shared memory,
+ * blocks in rank order, i.e. chunks in order), the cluster syncs again
+ * (the partials may be overwritten), and at the end block q stores its
+ * columns: the chains and the fold of the contract, only spread over blocks.
+ * A chunk's ring slots are handed back when its chain ends, so that the
+ * producer (which joins the cluster syncs of round j - 1 after issuing round
+ * j's loads) never waits on a slot held across a sync. */
 template <typename T, int CWG, int BN, int IN, int STAGES, bool TMA, bool FOLD, int CM, int CN,
-          bool PERSIST, int SCHED>
+          bool PERSIST, int SCHED, int CK>
 __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
 #ifdef MBD_HAVE_WGMMA
   constexpr bool RG = (SCHED & MBD_WG_RG) != 0;
@@ -589,6 +637,11 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
   constexpr bool BOUND = CL || PERSIST; /* ring waits that trap instead of hanging */
   static_assert(!FOLD || BN <= (RG ? 192 : 128), "acc + partial must fit the register file");
   static_assert(!RG || (CWG == 2 && !CL && !PERSIST), "RG: two consumer warpgroups, alone");
+  constexpr bool KS = CK > 1;
+  constexpr int SL = BN / 2 / CK; /* KS: accumulator registers of a block's column slice */
+  constexpr uint32_t PART_BYTES = KS ? (uint32_t)BM * BN * 4 : 0u;
+  static_assert(!KS || (TMA && FOLD && !CL && !PERSIST && !RG && SL % 4 == 0 && CK <= 8),
+                "K split: TMA tiles alone, slices of whole 8-column groups");
   extern __shared__ __align__(16) unsigned char wg_raw[];
   const uint32_t raw_s = smem_u32(wg_raw);
   const uint32_t base_s = (raw_s + 1023u) & ~1023u; /* the swizzle atom needs 1024 */
@@ -610,7 +663,7 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
   }
   const int cm_tiles = (P.tiles_m + CM - 1) / CM, cn_tiles = (P.tiles_n + CN - 1) / CN;
   const int ncells = cm_tiles * cn_tiles;
-  const int cell0 = CL ? (int)(blockIdx.x / (CM * CN)) : (int)blockIdx.x;
+  const int cell0 = CL ? (int)(blockIdx.x / (CM * CN)) : KS ? (int)(blockIdx.x / CK) : (int)blockIdx.x;
   const int cstride = CL ? (int)(gridDim.x / (CM * CN)) : (int)gridDim.x;
   auto tile_of = [&](int bid, int &tm, int &tn) {
     const int G = 16 / CM > 0 ? 16 / CM : 1, per = G * cn_tiles, grp = bid / per,
@@ -636,7 +689,16 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
     }
   };
   const int KT = (p.k + BK - 1) / BK;
-  wg_check_smem(1023u + STAGES * STAGE_BYTES + 16u * STAGES);
+  wg_check_smem(1023u + STAGES * STAGE_BYTES + 16u * STAGES + PART_BYTES);
+  /* KS: the K split's rounds (a chunk each per block) and the two cluster
+   * syncs of each (every thread of the cluster, the producer's included) */
+  const int nch = (KT + KCH - 1) / KCH, rounds = (nch + CK - 1) / CK;
+  auto ks_syncs = [] {
+    cl_arrive();
+    cl_wait();
+    cl_arrive();
+    cl_wait();
+  };
 
   if (threadIdx.x == 0) {
     if (TMA) {
@@ -673,11 +735,11 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
     for (int j = 0; j < CN; j++) row_mask |= (uint16_t)(1u << (j * CM + rm));
     const uint16_t b_mask = (uint16_t)(col_mask << (rn * CM));
     int g = 0; /* ring stage count over all of this block's cells */
-    auto produce = [&](const int tm, const int tn) {
+    auto load = [&](const int tm, const int tn, const int kt0, const int kt1) {
       const int m0 = tm * BM, n0 = tn * BN;
       const int a_row = CL ? min(m0 + (int)rn * AP, p.m - 1) : m0;
       const int b_row = CL ? min(n0 + (int)rm * BP, p.n - 1) : n0;
-      for (int kt = 0; kt < KT; kt++, g++) {
+      for (int kt = kt0; kt < kt1; kt++, g++) {
         const int s = g % STAGES;
         const uint32_t ph = (uint32_t)(g / STAGES) & 1u, full = full0 + 8 * s;
         const uint32_t a_s = base_s + s * STAGE_BYTES, b_s = a_s + A_BYTES;
@@ -701,6 +763,20 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
         }
       }
     };
+    if constexpr (KS) {
+      const int q = (int)cl_rank();
+      int tm, tn;
+      tile_of(cell0, tm, tn);
+      for (int j = 0; j < rounds; j++) {
+        const int ch = j * CK + q;
+        if (lane == 0 && ch < nch) load(tm, tn, ch * KCH, min(KT, ch * KCH + KCH));
+        __syncwarp();
+        if (j > 0) ks_syncs(); /* round j - 1's */
+      }
+      ks_syncs();
+      return;
+    }
+    auto produce = [&](const int tm, const int tn) { load(tm, tn, 0, KT); };
     if (!TMA || lane == 0) for_tiles(produce);
     if (CL) {
       __syncwarp();
@@ -737,6 +813,55 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
       wg_stage<T, BN, IN, STAGES, NARR, BOUND>(d, g, base_s + (g % STAGES) * STAGE_BYTES, a_off,
                                                A_BYTES, full0, empty0, lane, arr_rank);
   };
+  if constexpr (KS) {
+    const int q = (int)cl_rank();
+    constexpr int NT = 128 * CWG;
+    const uint32_t part_s = full0 + 16u * STAGES; /* [BN / 2][NT] partials */
+    float *part = (float *)(base + STAGES * STAGE_BYTES + 16 * STAGES);
+    const int ct = (int)threadIdx.x;
+    int tm, tn;
+    tile_of(cell0, tm, tn);
+    float acc[BN / 2], sum[SL];
+    for (int j = 0; j < rounds; j++) {
+      const int ch = j * CK + q;
+      if (ch < nch) {
+        const int kt0 = ch * KCH, kt1 = min(KT, kt0 + KCH);
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
+        for (int kt = kt0; kt < kt1; kt++, g++)
+          wg_stage<T, BN, IN, STAGES, 0, false>(acc, g, base_s + (g % STAGES) * STAGE_BYTES,
+                                                a_off, A_BYTES, full0, empty0, lane, 0,
+                                                kt > kt0);
+        wg_wait<0>();
+        wg_fence_regs<BN / 2>(acc);
+        if (lane == 0) mbar_arrive(empty0 + 8 * ((g - 1) % STAGES)); /* the chunk's last slot */
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) part[i * NT + ct] = acc[i];
+      }
+      cl_arrive(); /* every block's partial of round j is in its shared memory */
+      cl_wait();
+      for (int r = 0; r < CK && j * CK + r < nch; r++) {
+        const bool first = j == 0 && r == 0;
+#pragma unroll
+        for (int i = 0; i < SL; i++) {
+          const float v =
+              ld_cl_f32(part_s + 4u * (uint32_t)((q * SL + i) * NT + ct), (uint32_t)r);
+          sum[i] = first ? v : __fadd_rn(sum[i], v);
+        }
+      }
+      cl_arrive(); /* every block has read round j's partials */
+      cl_wait();
+    }
+    const T *B = (const T *)p.bias;
+    const int wr = (warp & 3) * 16 + (lane >> 2);
+#pragma unroll
+    for (int i = 0; i < SL; i += 2) { /* accumulator index e = q SL + i: column group e / 4 */
+      const int e = q * SL + i;
+      wg_store2<T>(p, B, tm * BM + c * 64 + wr + ((e >> 1) & 1) * 8,
+                   tn * BN + (e >> 2) * 8 + (lane & 3) * 2, sum[i], sum[i + 1]);
+    }
+    return;
+  }
   /* one tile: the chains, the fold, the bias and the stores */
   auto consume = [&](const int tm, const int tn) {
   const int m0 = tm * BM, n0 = tn * BN;
@@ -765,28 +890,9 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
     for (int nb = 0; nb < IN / 8; nb++) {
 #pragma unroll
       for (int h = 0; h < 2; h++) {
-        const int gm = m0 + c * 64 + wr + h * 8;
-        const int gn = n0 + j * IN + nb * 8 + (lane & 3) * 2;
-        if (gm >= p.m) continue;
-        float v0 = sum[j * (IN / 2) + nb * 4 + h * 2], v1 = sum[j * (IN / 2) + nb * 4 + h * 2 + 1];
-        if (B) {
-          if (gn < p.n) v0 = __fadd_rn(v0, mma_op<T>::to_f(B[gn]));
-          if (gn + 1 < p.n) v1 = __fadd_rn(v1, mma_op<T>::to_f(B[gn + 1]));
-        }
-        const size_t o = (size_t)gm * p.n + gn;
-        if (p.out_f32) {
-          float *Y = (float *)p.y;
-          if (gn + 1 < p.n && (((uintptr_t)(Y + o)) & 7) == 0) {
-            *(float2 *)(Y + o) = make_float2(v0, v1);
-          } else {
-            if (gn < p.n) Y[o] = v0;
-            if (gn + 1 < p.n) Y[o + 1] = v1;
-          }
-        } else {
-          T *Y = (T *)p.y;
-          if (gn < p.n) Y[o] = mma_op<T>::from_f(v0);
-          if (gn + 1 < p.n) Y[o + 1] = mma_op<T>::from_f(v1);
-        }
+        const int i = j * (IN / 2) + nb * 4 + h * 2;
+        wg_store2<T>(p, B, m0 + c * 64 + wr + h * 8, n0 + j * IN + nb * 8 + (lane & 3) * 2,
+                     sum[i], sum[i + 1]);
       }
     }
   }
@@ -1188,10 +1294,10 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
 #endif
 }
 
-#define MBD_WG(name, T, CWG, BN, IN, ST, TMA, MINB, FOLD, CM, CN, PS, SCHED)              \
+#define MBD_WG(name, T, CWG, BN, IN, ST, TMA, MINB, FOLD, CM, CN, PS, SCHED, CK)          \
   extern "C" __global__ void __launch_bounds__(MBD_WG_THREADS(CWG, SCHED), MINB)         \
       name(const __grid_constant__ mbd_wg_params P) {                                     \
-    wg_body<T, CWG, BN, IN, ST, TMA, FOLD, CM, CN, PS, SCHED>(P);                        \
+    wg_body<T, CWG, BN, IN, ST, TMA, FOLD, CM, CN, PS, SCHED, CK>(P);                    \
   }
 #define MBD_MK(name, T, SW, MINB)                                                         \
   extern "C" __global__ void __launch_bounds__(MK_WARPS * 32 + 32, MINB)                 \
@@ -1208,14 +1314,18 @@ __device__ __forceinline__ void mkr_body(const mbd_mkr_params &P) {
  *   mkgemm _8 / _16: M <= 8 / M <= 16, mma.sync chains streaming W (strip width and
  *         ring depth chosen per call), one block per SM
  *   mkrgemm: M <= 16, the _16 chains over ragged column ranges, one block per SM
- * and the cluster / persistent tiles of MBD_WG_CL_TILES (mbd_wgcl_*). */
+ * the cluster / persistent tiles of MBD_WG_CL_TILES (mbd_wgcl_*) and the K
+ * split tiles of MBD_WG_KS_TILES (mbd_wgks_*). */
 #define MBD_WG_TILE(ty, T, i, CWG, BN, IN, ST, TMA, MINB, FOLD, SCHED)                    \
-  MBD_WG(mbd_wgemm_##ty##_##i, T, CWG, BN, IN, ST, TMA, MINB, FOLD, 1, 1, false, SCHED)
+  MBD_WG(mbd_wgemm_##ty##_##i, T, CWG, BN, IN, ST, TMA, MINB, FOLD, 1, 1, false, SCHED, 1)
 #define MBD_WG_CL_TILE(ty, T, i, CWG, BN, IN, ST, MINB, FOLD, CM, CN, PS)                 \
-  MBD_WG(mbd_wgcl_##ty##_##i, T, CWG, BN, IN, ST, true, MINB, FOLD, CM, CN, PS, 0)
+  MBD_WG(mbd_wgcl_##ty##_##i, T, CWG, BN, IN, ST, true, MINB, FOLD, CM, CN, PS, 0, 1)
+#define MBD_WG_KS_TILE(ty, T, i, CWG, BN, IN, ST, CK)                                     \
+  MBD_WG(mbd_wgks_##ty##_##i, T, CWG, BN, IN, ST, true, 1, true, 1, 1, false, 0, CK)
 #define MBD_WG_ALL(ty, T)                                                                  \
   MBD_WG_TILES(MBD_WG_TILE, ty, T)                                                         \
   MBD_WG_CL_TILES(MBD_WG_CL_TILE, ty, T)                                                   \
+  MBD_WG_KS_TILES(MBD_WG_KS_TILE, ty, T)                                                   \
   MBD_MK(mbd_mkgemm_##ty##_8, T, true, 1)                                                  \
   MBD_MK(mbd_mkgemm_##ty##_16, T, false, 1)                                                \
   MBD_MKR(mbd_mkrgemm_##ty, T)

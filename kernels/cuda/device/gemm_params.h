@@ -101,6 +101,17 @@ typedef struct mbd_gemm_params {
   X(ty, T, 7, 2, 256, 256, 4, 1, false, 1, 1, true)                                     \
   X(ty, T, 8, 2, 256, 256, 4, 1, false, 2, 1, true)
 
+/* The tiles of MBD_WG_TILES' TMA family with K split over a thread-block
+ * cluster of CK blocks on one tile (wg_body; scheduling only, same bits),
+ * index = slot offset: 0: 128 x 128 by 4; 1: 64 x 128 by 8; 2: 128 x 128 by
+ * 2; 3: 64 x 128 by 4. Shared memory: the stages and a BM x BN f32 partial.
+ * X(ty, T, index, CWG, BN, IN, STAGES, CK). */
+#define MBD_WG_KS_TILES(X, ty, T)                                                       \
+  X(ty, T, 0, 2, 128, 128, 4, 4)                                                        \
+  X(ty, T, 1, 1, 128, 128, 6, 8)                                                        \
+  X(ty, T, 2, 2, 128, 128, 4, 2)                                                        \
+  X(ty, T, 3, 1, 128, 128, 6, 4)
+
 typedef struct mbd_wg_params {
   CUtensorMap tx; /* X [M,K], box {64, 64*CWG}, 128B swizzle, zero fill */
   CUtensorMap tw; /* W [N,K], box {64, BN} */

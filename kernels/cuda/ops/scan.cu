@@ -300,6 +300,18 @@ __device__ __forceinline__ int sstep_swz(int r) {
   constexpr int D = NP >= 8 ? 1 : 8 / NP;
   return (r / D) % NP;
 }
+/* Lane `lane`'s share of a warp's 32 staged state rows: pieces e = lane + 32 i
+ * (i < NP), row e / NP, piece e % NP. Its element offset among the staged
+ * (swizzled) rows, and among the rows as stored from the warp's first row:
+ * EP e, since N = NP EP. Because 32 / NP rows later the swizzle has moved by
+ * 4 (sstep_swz's D divides 32 / NP), it changes with i only where NP = 8, so
+ * elsewhere piece i sits 32 EP elements after piece 0 in both: a fixed base
+ * and immediate offsets instead of each piece's own address arithmetic. */
+template <int NP, int EP>
+__device__ __forceinline__ int sstep_staged_off(int lane, int i) {
+  const int r = lane / NP + i * (32 / NP);
+  return r * NP * EP + EP * ((lane % NP) ^ sstep_swz<NP>(r));
+}
 /* Per-channel rows of one stage buffer besides the state: x (xc, or xz's x
  * part with the conv fused), z, and the conv window's KC - 1 taps. */
 __host__ __device__ constexpr int sstep_nx(int KC) { return 2 + (KC > 0 ? KC - 1 : 0); }
@@ -399,6 +411,7 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int c0 = blockIdx.x * SSTEP_BT, c = c0 + tid;
   const int wc0 = c0 + 32 * warp; /* the warp's first channel */
+  const bool wfull = wc0 + 32 <= di; /* all 32 of the warp's channels are live */
   const int sb = (int)((int64_t)blockIdx.y * nseq / gridDim.y);
   const int se = (int)((int64_t)(blockIdx.y + 1) * nseq / gridDim.y);
   const bool live = c < di;
@@ -425,11 +438,18 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
     if (s < se) {
       const ST *g = ssm_state + (int64_t)slots[s] * slot_stride;
       ST *dst = sst + (b * SSTEP_BT + 32 * warp) * N;
+      if (wfull) {
+        const ST *gw = g + (int64_t)wc0 * N + EP * lane;
 #pragma unroll
-      for (int e = lane; e < 32 * NP; e += 32) {
-        const int r = e / NP, p = e - r * NP;
-        srow_cp_async<PB>(dst + r * N + EP * (p ^ sstep_swz<NP>(r)),
-                          g + (int64_t)min(wc0 + r, di - 1) * N + EP * p);
+        for (int i = 0; i < NP; i++)
+          srow_cp_async<PB>(dst + sstep_staged_off<NP, EP>(lane, i), gw + 32 * EP * i);
+      } else {
+#pragma unroll
+        for (int e = lane; e < 32 * NP; e += 32) {
+          const int r = e / NP, p = e - r * NP;
+          srow_cp_async<PB>(dst + r * N + EP * (p ^ sstep_swz<NP>(r)),
+                            g + (int64_t)min(wc0 + r, di - 1) * N + EP * p);
+        }
       }
       float *sx = sxz + b * NX * SSTEP_BT + tid;
       if constexpr (KC > 0) {
@@ -638,12 +658,19 @@ __global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
         __syncwarp(); /* the warp's new rows are in shared memory */
         ST *g = ssm_state + (int64_t)slots[s] * slot_stride;
         const ST *src = sst + (b * SSTEP_BT + 32 * warp) * N;
+        if (wfull) {
+          ST *gw = g + (int64_t)wc0 * N + EP * lane;
 #pragma unroll
-        for (int e = lane; e < 32 * NP; e += 32) {
-          const int r = e / NP, p = e - r * NP;
-          if (wc0 + r < di)
-            srow_copy<PB>(src + r * N + EP * (p ^ sstep_swz<NP>(r)),
-                          g + (int64_t)(wc0 + r) * N + EP * p);
+          for (int i = 0; i < NP; i++)
+            srow_copy<PB>(src + sstep_staged_off<NP, EP>(lane, i), gw + 32 * EP * i);
+        } else {
+#pragma unroll
+          for (int e = lane; e < 32 * NP; e += 32) {
+            const int r = e / NP, p = e - r * NP;
+            if (wc0 + r < di)
+              srow_copy<PB>(src + r * N + EP * (p ^ sstep_swz<NP>(r)),
+                            g + (int64_t)(wc0 + r) * N + EP * p);
+          }
         }
         __syncwarp(); /* buffer b is free for sequence s + 2 */
       }
