@@ -537,55 +537,16 @@ static size_t wks_smem(int i) {
          (size_t)c.bm * c.bn * 4;
 }
 
-/* The blocks of K split tile i that run at once (whole clusters), asked of
- * the device once per context. */
-static int64_t wks_fit(mbd_gpu_ctx *ctx, int dtype_slot0, int i) {
-  int &fit = ctx->ks_fit[i];
-  if (fit == 0) {
-    const wkstile_cfg &c = k_wkstiles[i];
-    const int cl = cl_fit(ctx, dtype_slot0 + i, (unsigned)(ctx->sm_count / c.ck * c.ck),
-                          (unsigned)MBD_WG_THREADS(c.bm / 64, 0), wks_smem(i), (unsigned)c.ck);
-    fit = cl > 0 ? cl * c.ck : -1;
-  }
-  return fit > 0 ? fit : ctx->sm_count / k_wkstiles[i].ck * k_wkstiles[i].ck;
-}
-
-/* The K split form for an M x N x K problem whose tile kernel would be
- * configuration ti, or -1. Each block of a tile kernel runs a tile's K / 64
- * k tiles as one series of dependent wgmma stages, so a GEMM of few tiles
- * and long K leaves most SMs idle for K / 64 stage times; the K split runs
- * ceil(chunks / CK) chunks (4 stages each) per block plus two cluster syncs
- * and a fold a round (taken as KS_ROUND_TILES stages). The estimate in
- * stages is waves x stages per block; the split is taken where it is below
- * 3/4 of the tile kernel's. MBD_GEMM_KSPLIT (read per call): 0 = never,
- * 1..4 = configuration 0..3 wherever K exceeds one chunk, unset or other:
- * the estimate. Same bits in every setting (the bitwise test compares
- * them). */
-#define KS_ROUND_TILES 4
-static int pick_wkstile(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, int ti) {
-  const int64_t chunks = cdiv(a->k, MBD_WG_KCH);
-  if (chunks < 2 || !k_wtiles[ti].tma) return -1;
+/* The K split form, or -1: only under MBD_GEMM_KSPLIT=1..4 (K split tile
+ * 0..3 wherever K exceeds one chunk); unset, 0 or other: never. On the H200
+ * it measured slower than the tile kernels at every shape (docs/benchmarks.md,
+ * session 16): each round's remote partial loads ran one latency a value.
+ * Same bits in every setting (the bitwise test compares them). */
+static int pick_wkstile(const mbd_gpu_gemm_args *a, int ti) {
+  if (cdiv(a->k, MBD_WG_KCH) < 2 || !k_wtiles[ti].tma) return -1;
   const char *env = getenv("MBD_GEMM_KSPLIT");
-  if (env && env[0] >= '0' && env[0] <= '4' && env[1] == 0) return env[0] - '1';
-  const int slot0 = a->dtype == MBD_DTYPE_BF16 ? MBD_K_WGKS_BF16 : MBD_K_WGKS_F16;
-  const wtile_cfg &t = k_wtiles[ti];
-  const int64_t tiles = cdiv(a->m, t.bm) * cdiv(a->n, t.bn);
-  const double plain =
-      (double)cdiv(tiles, (int64_t)ctx->sm_count * t.occ) * (double)cdiv(a->k, 64);
-  int best = -1;
-  double best_t = plain * 0.75;
-  for (int i = 0; i < (int)(sizeof k_wkstiles / sizeof k_wkstiles[0]); i++) {
-    const wkstile_cfg &c = k_wkstiles[i];
-    if (c.ck > chunks) continue;
-    const int64_t blocks = cdiv(a->m, c.bm) * cdiv(a->n, c.bn) * c.ck;
-    const double est = (double)cdiv(blocks, wks_fit(ctx, slot0, i)) *
-                       (double)cdiv(chunks, c.ck) * (MBD_WG_KCH / 64 + KS_ROUND_TILES);
-    if (est < best_t) {
-      best = i;
-      best_t = est;
-    }
-  }
-  return best;
+  if (env && env[0] >= '1' && env[0] <= '4' && env[1] == 0) return env[0] - '1';
+  return -1;
 }
 
 /* K split tile i (wg_body with CK > 1): the tile kernels' tensor maps, a
@@ -626,7 +587,7 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   }
   int ti = pick_wtile(ctx, a->m, a->n, a->k, tma);
   {
-    const int ki = pick_wkstile(ctx, a, sched_tile(ctx, ti, a->m, a->n));
+    const int ki = pick_wkstile(a, sched_tile(ctx, ti, a->m, a->n));
     if (ki >= 0) {
       const int rc = gemm_wgks(ctx, a, p, ki, kname, err);
       if (rc != 1) return rc; /* 1: the encoder refused, the tile kernels run */
