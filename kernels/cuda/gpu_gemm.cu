@@ -538,9 +538,8 @@ static size_t wks_smem(int i) {
 }
 
 /* The K split form, or -1: only under MBD_GEMM_KSPLIT=1..4 (K split tile
- * 0..3 wherever K exceeds one chunk); unset, 0 or other: never. On the H200
- * it measured slower than the tile kernels at every shape (docs/benchmarks.md,
- * session 16): each round's remote partial loads ran one latency a value.
+ * 0..3 wherever K exceeds one chunk); unset, 0 or other: never, because it
+ * is slower than the tile kernels (docs/benchmarks.md has the figures).
  * Same bits in every setting (the bitwise test compares them). */
 static int pick_wkstile(const mbd_gpu_gemm_args *a, int ti) {
   if (cdiv(a->k, MBD_WG_KCH) < 2 || !k_wtiles[ti].tma) return -1;
