@@ -541,8 +541,8 @@ static size_t wks_smem(int i) {
  * 0..3 wherever K exceeds one chunk); unset, 0 or other: never, because it
  * is slower than the tile kernels (docs/benchmarks.md has the figures).
  * Same bits in every setting (the bitwise test compares them). */
-static int pick_wkstile(const mbd_gpu_gemm_args *a, int ti) {
-  if (cdiv(a->k, MBD_WG_KCH) < 2 || !k_wtiles[ti].tma) return -1;
+static int pick_wkstile(const mbd_gpu_gemm_args *a, bool tma) {
+  if (cdiv(a->k, MBD_WG_KCH) < 2 || !tma) return -1;
   const char *env = getenv("MBD_GEMM_KSPLIT");
   if (env && env[0] >= '1' && env[0] <= '4' && env[1] == 0) return env[0] - '1';
   return -1;
@@ -568,8 +568,9 @@ static int gemm_wgks(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gem
   void *args[] = {&P};
   const unsigned threads = (unsigned)MBD_WG_THREADS(c.bm / 64, 0);
   const unsigned grid = (unsigned)((int64_t)P.tiles_m * P.tiles_n * c.ck);
-  cl_debug(ctx, slot, grid, threads, wks_smem(i), (unsigned)c.ck);
-  return launch(ctx, slot, dim3(grid), dim3(threads), wks_smem(i), args, a->w_static != 0, err,
+  const size_t smem = wks_smem(i);
+  cl_debug(ctx, slot, grid, threads, smem, (unsigned)c.ck);
+  return launch(ctx, slot, dim3(grid), dim3(threads), smem, args, a->w_static != 0, err,
                 (unsigned)c.ck);
 }
 
@@ -586,7 +587,7 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
   }
   int ti = pick_wtile(ctx, a->m, a->n, a->k, tma);
   {
-    const int ki = pick_wkstile(a, sched_tile(ctx, ti, a->m, a->n));
+    const int ki = pick_wkstile(a, tma);
     if (ki >= 0) {
       const int rc = gemm_wgks(ctx, a, p, ki, kname, err);
       if (rc != 1) return rc; /* 1: the encoder refused, the tile kernels run */
