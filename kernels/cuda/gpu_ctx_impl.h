@@ -53,6 +53,7 @@ struct mbd_gpu_ctx {
   char dev_name[96];
   int cc_major, cc_minor, sm_count;
   int smem_optin; /* max dynamic shared memory per block (bytes) */
+  int ks_fit[MBD_K_WGKS_F16 - MBD_K_WGKS_BF16]; /* K split tiles: co-resident blocks, 0 unknown */
   int unusable;                /* poisoned: every GEMM/capture/replay returns diag */
   mbd_error diag;
   int recording, capturing;

@@ -36,9 +36,19 @@ struct wtile_cfg {
   {64 * CWG, BN, ST, MINB, MBD_WG_THREADS(CWG, SCHED), TMA, FOLD},
 static constexpr wtile_cfg k_wtiles[11] = {MBD_WG_TILES(WTILE, , )};
 #undef WTILE
-/* Relative per-SM efficiency of each wgmma configuration (dispatch cost
- * model only; 10 is only swapped in for 5 by sched_tile). */
-static const double k_weff[11] = {0.3, 0.4, 0.55, 0.7, 0.75, 0.9, 1.0, 0.5, 0.8, 0.6, 0.95};
+/* M > 64 cost model of each TMA wgmma configuration (pick_wtile): a block
+ * runs its tile's K / 64 stages at t_us each after o_us of fixed cost (the
+ * prologue, the fold's drains, the stores); with two blocks an SM (occ 2)
+ * each stage takes alpha times as long once two share it. Least-squares fits
+ * to bench_gemm_gpu's tiles lines on the H200 (M = 64..2048; mean error
+ * 6-9%, docs/benchmarks.md session 17). 7, 8 (plain loads): not costed. */
+struct wtile_cost {
+  double t_us, o_us, alpha;
+};
+static const wtile_cost k_wcost[11] = {
+    {0.160, 1.71, 1}, {0.172, 2.16, 1}, {0.199, 2.87, 1}, {0.248, 4.44, 1},
+    {0.278, 3.24, 1.85}, {0.375, 4.53, 1}, {0.610, 6.23, 1}, {0, 0, 0},
+    {0, 0, 0}, {0.204, 3.02, 1}, {0.560, 5.75, 1}};
 /* Configuration 9 (64 x 72): for M <= 64 only, taken over 0..3 only when its
  * estimate is at least 10% lower (see pick_wtile). */
 #define WTILE_72 9
@@ -97,9 +107,19 @@ static double wave_time(const mbd_gpu_ctx *ctx, const wtile_cfg &c, int64_t n) {
   return t;
 }
 
+/* Estimated us of TMA configuration i on an M x N x K problem (k_wcost):
+ * L = ceil(tiles / SMs) blocks an SM, run in ceil(L / occ) waves. */
+static double tile_time(const mbd_gpu_ctx *ctx, int i, int64_t m, int64_t n, int64_t k) {
+  const wtile_cfg &c = k_wtiles[i];
+  const wtile_cost &w = k_wcost[i];
+  const int64_t per_sm = cdiv(cdiv(m, c.bm) * cdiv(n, c.bn), (int64_t)ctx->sm_count);
+  const int64_t waves = cdiv(per_sm, (int64_t)c.occ);
+  const double share = c.occ > 1 && per_sm >= 2 ? w.alpha : 1.0;
+  return (double)waves * ((double)cdiv(k, 64) * w.t_us * share + w.o_us);
+}
+
 /* Pure scheduling (every configuration computes the same bits, see the kernel
- * contract). M <= 64: the least wave_time. Larger M minimises waves x tile
- * cost. */
+ * contract). M <= 64: the least wave_time. Larger M: the least tile_time. */
 static int pick_wtile(const mbd_gpu_ctx *ctx, int64_t m, int64_t n, int64_t k, bool tma) {
   if (!tma) return m <= 64 ? 7 : 8;
   if (m <= 64) {
@@ -119,41 +139,34 @@ static int pick_wtile(const mbd_gpu_ctx *ctx, int64_t m, int64_t n, int64_t k, b
       return WTILE_72;
     return best;
   }
-  const int top = k <= MBD_WG_KCH ? WTILE_NOFOLD : WTILE_NOFOLD - 1;
-  int best = top;
-  double best_cost = 0;
-  for (int i = top; i >= 2; i--) {
-    const wtile_cfg &t = k_wtiles[i];
-    int64_t blocks = cdiv(m, t.bm) * cdiv(n, t.bn);
-    int64_t waves = cdiv(blocks, (int64_t)ctx->sm_count * t.occ);
-    double cost = (double)waves * t.bm * t.bn * t.occ / k_weff[i];
-    if (i == top || cost < best_cost * 0.97) {
+  int best = WTILE_NOFOLD - 1;
+  double best_t = 0;
+  for (int i = 0; i < (int)(sizeof k_wtiles / sizeof k_wtiles[0]); i++) {
+    const wtile_cfg &c = k_wtiles[i];
+    if (!c.tma || (!c.fold && k > MBD_WG_KCH)) continue;
+    const double t = tile_time(ctx, i, m, n, k);
+    if (best_t == 0 || t < best_t) {
       best = i;
-      best_cost = cost;
+      best_t = t;
     }
   }
   return best;
 }
 
-/* The 128 x 192 tile (configuration 10, MBD_WG_RG) in place of the 128 x 128
- * TMA tile (5) where its waves x tile area are no more than 5's: the same
- * chains with fewer shared-memory bytes per product. MBD_GEMM_SCHED (read
- * per call): old = 5 always (the previous dispatch); w192f = 10 wherever 5
- * would run; unset or other: the wave rule. Same bits in every setting (the
- * bench and the bitwise test compare them). */
+/* MBD_GEMM_SCHED (read per call) overrides pick_wtile's choice between the
+ * 128 x 192 tile (configuration 10, MBD_WG_RG) and the 128 x 128 TMA tile
+ * (5): old = 5 wherever 10 was picked (the dispatch before 10 existed);
+ * w192f = 10 wherever 5 was picked; unset or other: the pick. Same bits in
+ * every setting (the bench and the bitwise test compare them). */
 #define WTILE_W192 10
 static_assert(k_wtiles[WTILE_W192].bm == 128 && k_wtiles[WTILE_W192].bn == 192 &&
                   k_wtiles[WTILE_W192].fold && k_wtiles[WTILE_W192].tma,
               "sched_tile's wide tile is 128 x 192 with the fold and the TMA producer");
-static int sched_tile(const mbd_gpu_ctx *ctx, int ti, int64_t m, int64_t n) {
-  if (ti != WTILE_NOFOLD - 1) return ti;
+static int sched_tile(int ti) {
   const char *env = getenv("MBD_GEMM_SCHED");
-  if (env && !strcmp(env, "old")) return ti;
-  if (env && !strcmp(env, "w192f")) return WTILE_W192;
-  const wtile_cfg &w = k_wtiles[WTILE_W192], &t = k_wtiles[ti];
-  const int64_t wv = cdiv(cdiv(m, w.bm) * cdiv(n, w.bn), (int64_t)ctx->sm_count * w.occ);
-  const int64_t tv = cdiv(cdiv(m, t.bm) * cdiv(n, t.bn), (int64_t)ctx->sm_count * t.occ);
-  return wv * w.bm * w.bn <= tv * t.bm * t.bn ? WTILE_W192 : ti;
+  if (env && !strcmp(env, "old") && ti == WTILE_W192) return WTILE_NOFOLD - 1;
+  if (env && !strcmp(env, "w192f") && ti == WTILE_NOFOLD - 1) return WTILE_W192;
+  return ti;
 }
 
 /* cc 9.0 device and an sm_90a build: the wgmma family is the route's. */
@@ -530,22 +543,49 @@ static int gemm_wgcl(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gem
                 a->w_static != 0, err, cs);
 }
 
-/* Shared memory of K split tile i: the ring, its barriers, the partial. */
+/* Shared memory of K split tile i: the ring, its barriers, the partials. */
 static size_t wks_smem(int i) {
   const wkstile_cfg &c = k_wkstiles[i];
   return (size_t)c.stages * (c.bm + c.bn) * 128 + 1024 + 16 * (size_t)c.stages +
-         (size_t)c.bm * c.bn * 4;
+         (size_t)MBD_WG_KS_PBUF(c.bm) * c.bm * c.bn * 4;
 }
 
-/* The K split form, or -1: only under MBD_GEMM_KSPLIT=1..4 (K split tile
- * 0..3 wherever K exceeds one chunk); unset, 0 or other: never, because it
- * is slower than the tile kernels (docs/benchmarks.md has the figures).
- * Same bits in every setting (the bitwise test compares them). */
-static int pick_wkstile(const mbd_gpu_gemm_args *a, bool tma) {
-  if (cdiv(a->k, MBD_WG_KCH) < 2 || !tma) return -1;
+/* The blocks of K split tile i that run at once (whole clusters), asked of
+ * the device once per context. */
+static int64_t wks_fit(mbd_gpu_ctx *ctx, int dtype_slot0, int i) {
+  int &fit = ctx->ks_fit[i];
+  if (fit == 0) {
+    const wkstile_cfg &c = k_wkstiles[i];
+    const int cl = cl_fit(ctx, dtype_slot0 + i, (unsigned)(ctx->sm_count / c.ck * c.ck),
+                          (unsigned)MBD_WG_THREADS(c.bm / 64, 0), wks_smem(i), (unsigned)c.ck);
+    fit = cl > 0 ? cl * c.ck : -1;
+  }
+  return fit > 0 ? fit : ctx->sm_count / k_wkstiles[i].ck * k_wkstiles[i].ck;
+}
+
+/* The K split form of an M x N x K problem, or -1. MBD_GEMM_KSPLIT (read per
+ * call): 1..4 = K split tile 0..3 wherever K exceeds one chunk; 0 = never;
+ * unset or other: tile 1 (64 x 128 by 8) where K has at least KS_MIN_CHUNKS
+ * chunks and its clusters all run at once, i.e. narrow N (x_proj's 160 or
+ * 192 columns at M = 64..256, 768 at M = 64): there it measured 10-27%
+ * faster than the tile kernels; wherever its blocks took a second wave or
+ * K was short, and with every other K split tile, slower (docs/benchmarks.md,
+ * sessions 16-17). Same bits in every setting (the bitwise test compares
+ * them). */
+#define KS_AUTO_TILE 1
+#define KS_MIN_CHUNKS 6
+static int pick_wkstile(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, int ti, bool tma) {
+  const int64_t chunks = cdiv(a->k, MBD_WG_KCH);
+  if (chunks < 2 || !tma || !k_wtiles[ti].tma) return -1;
   const char *env = getenv("MBD_GEMM_KSPLIT");
-  if (env && env[0] >= '1' && env[0] <= '4' && env[1] == 0) return env[0] - '1';
-  return -1;
+  const int nks = (int)(sizeof k_wkstiles / sizeof k_wkstiles[0]);
+  if (env && env[0] >= '1' && env[0] < '1' + nks && env[1] == 0) return env[0] - '1';
+  if (env && env[0] == '0' && env[1] == 0) return -1;
+  const wkstile_cfg &c = k_wkstiles[KS_AUTO_TILE];
+  const int slot0 = a->dtype == MBD_DTYPE_BF16 ? MBD_K_WGKS_BF16 : MBD_K_WGKS_F16;
+  const int64_t blocks = cdiv(a->m, c.bm) * cdiv(a->n, c.bn) * c.ck;
+  if (chunks < KS_MIN_CHUNKS || blocks > wks_fit(ctx, slot0, KS_AUTO_TILE)) return -1;
+  return KS_AUTO_TILE;
 }
 
 /* K split tile i (wg_body with CK > 1): the tile kernels' tensor maps, a
@@ -574,6 +614,21 @@ static int gemm_wgks(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gem
                 (unsigned)c.ck);
 }
 
+/* MBD_GEMM_WTILE=<i> (read per call; for benchmarks): tile configuration i
+ * alone wherever it can run (the TMA tiles need the TMA path, 6 needs K <= one
+ * chunk), no cluster or K split form; unset or unusable: the dispatch above.
+ * Same bits in every setting (scheduling only). */
+static int forced_wtile(int64_t k, bool tma) {
+  const char *env = getenv("MBD_GEMM_WTILE");
+  if (!env || !*env) return -1;
+  char *end;
+  const long i = strtol(env, &end, 10);
+  const long n = (long)(sizeof k_wtiles / sizeof k_wtiles[0]);
+  if (*end || i < 0 || i >= n) return -1;
+  if ((k_wtiles[i].tma && !tma) || (!k_wtiles[i].fold && k > MBD_WG_KCH)) return -1;
+  return (int)i;
+}
+
 static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
                    const char **kname, mbd_error *err) {
   mbd_wg_params P;
@@ -585,22 +640,21 @@ static int gemm_wg(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_
     int rc = gemm_mk(ctx, a, p, kname, err);
     if (rc != 1) return rc; /* 1: not applicable, the tile kernels run */
   }
-  int ti = pick_wtile(ctx, a->m, a->n, a->k, tma);
-  {
-    const int ki = pick_wkstile(a, tma);
+  int ti = forced_wtile(a->k, tma);
+  if (ti < 0) {
+    ti = pick_wtile(ctx, a->m, a->n, a->k, tma);
+    ti = sched_tile(ti);
+    const int ki = pick_wkstile(ctx, a, ti, tma);
     if (ki >= 0) {
       const int rc = gemm_wgks(ctx, a, p, ki, kname, err);
       if (rc != 1) return rc; /* 1: the encoder refused, the tile kernels run */
     }
-  }
-  {
     const int ci = pick_wcltile(ti, a->m, a->n);
     if (ci >= 0) {
       const int rc = gemm_wgcl(ctx, a, p, ci, kname, err);
       if (rc != 1) return rc; /* 1: the encoder refused, the tile kernels run */
     }
   }
-  ti = sched_tile(ctx, ti, a->m, a->n);
   const wtile_cfg &t = k_wtiles[ti];
   /* M < BM: the X box brings exactly the rows that exist (a box past the
    * tensor's last row makes the copy engine zero-fill, which is slow) */

@@ -26,9 +26,13 @@
  * name), with a SUMMARY geomean per setting.
  * Each M = 64 and 256 shape with K > 256 (M = 64 only among the Mamba-2
  * rows) prints a "ksplit" line: us per GEMM under each MBD_GEMM_KSPLIT
- * setting (0: the tile kernels; default; 1..4: K split tile 0..3, a cluster
- * of blocks sharing one tile along K; same bits), with a SUMMARY geomean of
- * the off and default settings.
+ * setting (0: the tile kernels; default: K split tile 1 for narrow N and
+ * long K; 1..4: K split tile 0..3, a cluster of blocks sharing one tile
+ * along K; same bits), with a SUMMARY geomean of the 0 and default settings.
+ * Each M >= 64 shape also prints a "tiles" line: us per GEMM under each
+ * MBD_GEMM_WTILE setting (one tile configuration alone; same bits) and the
+ * fastest, with a SUMMARY geomean of the faster of the default and that (what
+ * a perfect tile choice would give).
  * First the Mamba-2 projections (bench_mamba2, M = 1, 8, 16, 64 and 2048;
  * --mamba2: only those). */
 #include <algorithm>
@@ -214,8 +218,8 @@ static void print_sched(const char *tag, mbd_gpu_ctx *ctx, bufset &b, mbd_gpu_ge
 }
 
 /* MBD_GEMM_KSPLIT settings (gpu_gemm.cu pick_wkstile; same bits): 0 (the
- * tile kernels), unset (the default: the K split where the estimate takes
- * it), 1..4 (K split tile 0..3 wherever K exceeds one chunk). */
+ * tile kernels), "" = unset (the default: K split tile 1 for narrow N and
+ * long K), 1..4 (K split tile 0..3 wherever K exceeds one chunk). */
 static const char *const k_ksplit[] = {"0", "", "1", "2", "3", "4"};
 #define N_KSPLIT ((int)(sizeof k_ksplit / sizeof k_ksplit[0]))
 /* One line: us per GEMM under each MBD_GEMM_KSPLIT setting, the ratio
@@ -236,6 +240,39 @@ static void print_ksplit(mbd_gpu_ctx *ctx, bufset &b, mbd_gpu_gemm_args a, doubl
            fast_t / out[i], name + 4);
   }
   printf("\n");
+}
+
+/* One line: us per GEMM under each MBD_GEMM_WTILE setting (gpu_gemm.cu
+ * forced_wtile: one tile configuration alone, no cluster or K split form;
+ * same bits) that runs a tile kernel of its own index, with cuBLAS-fast /
+ * that. Returns the least time; *best gets its index. */
+#define N_WTILE 11
+static double print_tiles(mbd_gpu_ctx *ctx, bufset &b, mbd_gpu_gemm_args a, double fast_t,
+                          int *best) {
+  printf("  tiles (us, cuBLAS-fast / det):");
+  double bt = 1e9;
+  *best = -1;
+  for (int i = 0; i < N_WTILE; i++) {
+    char v[8], name[64];
+    snprintf(v, sizeof v, "%d", i);
+    setenv("MBD_GEMM_WTILE", v, 1);
+    mbd_gpu_gemm_args r = a;
+    r.x = b.x[0];
+    r.w = b.w[0];
+    kernel_name(ctx, r, name, sizeof name);
+    const char *idx = strrchr(name, '_');
+    if (strstr(name, "wgemm_") && idx && atoi(idx + 1) == i) {
+      const double t = time_gemm(ctx, b, a);
+      printf(" %d=%.2f(%.2f)", i, t * 1e6, fast_t / t);
+      if (t < bt) {
+        bt = t;
+        *best = i;
+      }
+    }
+    unsetenv("MBD_GEMM_WTILE");
+  }
+  printf(" best=%d\n", *best);
+  return bt;
 }
 
 /* Mamba-2 projections (130m: d 768, in_proj N = 2 d_inner + 2 d_state +
@@ -289,6 +326,10 @@ static void bench_mamba2(mbd_gpu_ctx *det, mbd_gpu_ctx *fast) {
       if (M >= 256) {
         double ts[N_SCHED];
         print_sched("(us, cuBLAS-fast / det, kernel)", det, b, a, t2, ts);
+      }
+      if (M >= 64) {
+        int bi;
+        print_tiles(det, b, a, t2, &bi);
       }
       if (M >= 64 && M <= 256 && p.k > 256) {
         double tk[N_KSPLIT];
@@ -356,6 +397,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < N_SCHED; i++) worst_sched[i] = 1e9;
   double worst = 1e9, worst_mc0 = 1e9, worst_mc4 = 1e9, worst_plain = 1e9;
   int log_n = 0, log_ks_n = 0;
+  double log_best = 0, worst_best = 1e9; /* the default or the best single tile */
   double log_ks_off = 0, log_ks_def = 0;
   double agg_bytes = 0, agg_time = 0, agg_time_fast = 0;
   for (int d = 0; d < (with_f32 ? 2 : 1); d++) {
@@ -469,6 +511,14 @@ int main(int argc, char **argv) {
             log_ks_def += log(t[1] / tk[1]);
             log_ks_n++;
           }
+          if (d == 0 && M >= 64) {
+            int bi;
+            const double tb = print_tiles(ctx[d][0], b, a, t[1], &bi);
+            if (M >= 256 && bi >= 0) {
+              log_best += log(t[1] / std::min(tb, t[0]));
+              worst_best = std::min(worst_best, t[1] / std::min(tb, t[0]));
+            }
+          }
           if (d == 0 && M >= 256) {
             double ts[N_SCHED];
             print_sched("(us, cuBLAS-fast / det, kernel)", ctx[d][0], b, a, t[1], ts);
@@ -502,6 +552,9 @@ int main(int argc, char **argv) {
          log_n ? exp(log_ps / log_n) : 0.0);
   printf("SUMMARY bf16 det MBD_GEMM_PERSIST=1 MBD_GEMM_MCAST=2 / cublas-fast geomean over "
          "M>=256: %.3f\n", log_n ? exp(log_ps2 / log_n) : 0.0);
+  printf("SUMMARY bf16 det, the faster of the default and the best single tile (an oracle "
+         "tile choice) / cublas-fast geomean over M>=256: %.3f, worst %.3f\n",
+         log_n ? exp(log_best / log_n) : 0.0, worst_best);
   for (int i = 0; i < N_SCHED; i++)
     printf("SUMMARY bf16 det MBD_GEMM_SCHED=%s / cublas-fast geomean over M>=256: %.3f, worst "
            "%.3f\n", k_sched[i][0] ? k_sched[i] : "(unset)",

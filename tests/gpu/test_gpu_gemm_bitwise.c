@@ -39,8 +39,10 @@
  *   shape;
  * - on sm_90a each MBD_GEMM_KSPLIT setting (0: never; 1..4: each K split
  *   tile, a cluster of blocks sharing one tile along K, wherever K exceeds a
- *   chunk; unset: where the estimate takes it) gives the rows-alone bits;
- *   each tile must run, and the default must take the split somewhere. */
+ *   chunk; unset: tile 1 for narrow N and long K) gives the rows-alone bits;
+ *   each tile must run, and the default must take the split somewhere;
+ * - on sm_90a each MBD_GEMM_WTILE setting (one tile configuration alone)
+ *   gives the rows-alone bits; each configuration must run on some shape. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -348,15 +350,17 @@ static void check_sched(fixture *f, int seen[N_SCHED]) {
 
 /* MBD_GEMM_KSPLIT settings (gpu_gemm.cu pick_wkstile): 0 (never), 1..4 (K
  * split tile 0..3 wherever K exceeds one chunk: clusters of 4, 8, 2 and 4
- * blocks on 128 x 128 and 64 x 128 tiles) and unset (never): each gives the rows-alone bits at M of one partial tile (17,
- * 64), two (65), several (129, 300) and many (1024). Where the chunks are
+ * blocks on 128 x 128 and 64 x 128 tiles) and unset (tile 1 where N is
+ * narrow and K long): each gives the rows-alone bits at M of one partial
+ * tile (17, 64), two (65), several (129, 300) and many (1024). Where the chunks are
  * fewer than the cluster's blocks (K = 520: 3 chunks), some blocks run no
  * chain and only fold. seen[i]: runs of K split tile i under setting i + 1;
- * seen[4]: K split runs under the unset (automatic) setting. */
+ * seen[N_KS_TILES]: K split runs under the unset setting (the default). */
+#define N_KS_TILES 4
 static const char *const k_ksplit[] = {"0", "1", "2", "3", "4", NULL};
 #define N_KSPLIT (sizeof k_ksplit / sizeof k_ksplit[0])
 
-static void check_ksplit(fixture *f, int seen[5]) {
+static void check_ksplit(fixture *f, int seen[N_KS_TILES + 1]) {
   if (f->dt == MBD_DTYPE_F32 || f->k <= 256) return;
   static const int64_t ms[] = {17, 64, 65, 129, 300, 1024};
   int64_t failed = 0;
@@ -367,9 +371,9 @@ static void check_ksplit(fixture *f, int seen[5]) {
       kernel_of(f, ms[i], name, sizeof name);
       const char *ks = strstr(name, "wgks_");
       if (k_ksplit[si] && k_ksplit[si][0] == '0' && ks) fail_msg("MBD_GEMM_KSPLIT=0 ran %s", name);
-      if (ks && k_ksplit[si] && atoi(strrchr(name, '_') + 1) == k_ksplit[si][0] - '1')
-        seen[k_ksplit[si][0] - '1']++;
-      if (ks && !k_ksplit[si]) seen[4]++;
+      const int forced = k_ksplit[si] && k_ksplit[si][1] == 0 ? k_ksplit[si][0] - '1' : -1;
+      if (ks && forced >= 0 && atoi(strrchr(name, '_') + 1) == forced) seen[forced]++;
+      if (ks && !k_ksplit[si]) seen[N_KS_TILES]++;
       const int64_t row0 = ms[i] % 5;
       run_rows(f, row0, ms[i]);
       char what[128];
@@ -380,6 +384,35 @@ static void check_ksplit(fixture *f, int seen[5]) {
   }
   assert_int_equal(unsetenv("MBD_GEMM_KSPLIT"), 0);
   if (failed) fail_msg("%lld K split setting runs differ from rows alone", (long long)failed);
+}
+
+/* MBD_GEMM_WTILE=i (gpu_gemm.cu forced_wtile): tile configuration i alone
+ * gives the rows-alone bits at M of one partial tile (17), a few tiles (65,
+ * 300). seen[i]: runs of mbd_wgemm_*_i under setting i (run_policy requires
+ * each of 0..10 somewhere: 6, 128 x 256, only where K is one chunk). */
+#define N_WTILE 11
+static void check_wtile(fixture *f, int seen[N_WTILE]) {
+  if (f->dt == MBD_DTYPE_F32) return;
+  static const int64_t ms[] = {17, 65, 300};
+  int64_t failed = 0;
+  for (int ti = 0; ti < N_WTILE; ti++) {
+    char v[8];
+    snprintf(v, sizeof v, "%d", ti);
+    env_setting("MBD_GEMM_WTILE", v);
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+      char name[64], pat[16];
+      kernel_of(f, ms[i], name, sizeof name);
+      snprintf(pat, sizeof pat, "wgemm_*_%d", ti);
+      if (kernel_is(name, pat)) seen[ti]++;
+      const int64_t row0 = ms[i] % 3;
+      run_rows(f, row0, ms[i]);
+      char what[128];
+      snprintf(what, sizeof what, "MBD_GEMM_WTILE=%d %s", ti, name);
+      if (count_diff(f, row0, ms[i], what)) failed++;
+    }
+  }
+  assert_int_equal(unsetenv("MBD_GEMM_WTILE"), 0);
+  if (failed) fail_msg("%lld forced-tile runs differ from rows alone", (long long)failed);
 }
 
 static void check_repeat_and_graph(fixture *f) {
@@ -546,7 +579,8 @@ static void run_policy(mbd_dtype_policy pol) {
       {16856, 1040, 20, 0}, {5120, 160, 20, 0},   {192, 5120, 20, 0},  {1800, 2056, 20, 0},
       {3072, 768, 20, 0},   {6144, 1536, 20, 0},  {4096, 1024, 20, 0}, {8512, 2048, 20, 1},
       {2120, 1040, 20, 1},  {9000, 264, 20, 1},   {3352, 768, 20, 0},  {2048, 4096, 20, 0}};
-  int seen[4] = {0, 0, 0, 0}, seen_sched[N_SCHED] = {0}, seen_ks[5] = {0};
+  int seen[4] = {0, 0, 0, 0}, seen_sched[N_SCHED] = {0}, seen_ks[N_KS_TILES + 1] = {0},
+      seen_wt[N_WTILE] = {0};
   for (int s = 0; s < 16; s++) {
     if (s >= 3 && (pol == MBD_POLICY_F32 || pol == MBD_POLICY_TF32)) continue;
     fixture f;
@@ -558,6 +592,7 @@ static void run_policy(mbd_dtype_policy pol) {
     check_mcast(&f, seen);
     check_sched(&f, seen_sched);
     check_ksplit(&f, seen_ks);
+    check_wtile(&f, seen_wt);
     if (s == 0) {
       check_repeat_and_graph(&f);
       check_storage_output(&f);
@@ -569,9 +604,11 @@ static void run_policy(mbd_dtype_policy pol) {
   if (seen[2] && (!seen[0] || !seen[1] || !seen[3]))
     fail_msg("the cluster kernels did not run (2 x 1: %d, 2 x 2: %d, persistent: %d runs)",
              seen[0], seen[1], seen[3]);
-  for (int i = 0; seen[2] && i < 4; i++)
+  for (int i = 0; seen[2] && i < N_KS_TILES; i++)
     if (!seen_ks[i]) fail_msg("MBD_GEMM_KSPLIT=%d never ran mbd_wgks_*_%d", i + 1, i);
-  if (seen_ks[4]) fail_msg("the default dispatch took a K split tile %d times", seen_ks[4]);
+  for (int i = 0; seen[2] && i < N_WTILE; i++)
+    if (!seen_wt[i]) fail_msg("MBD_GEMM_WTILE=%d never ran mbd_wgemm_*_%d", i, i);
+  if (seen[2] && !seen_ks[N_KS_TILES]) fail_msg("the default dispatch never took a K split tile");
   for (size_t si = 0; seen[2] && si < N_SCHED; si++)
     if (!seen_sched[si])
       fail_msg("MBD_GEMM_SCHED=%s never ran %s", k_sched[si] ? k_sched[si] : "(unset)",

@@ -472,12 +472,19 @@ __device__ __forceinline__ void mbar_arrive_cl(uint32_t bar, uint32_t rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
-/* The f32 at shared offset a of cluster CTA rank (itself included). */
-__device__ __forceinline__ float ld_cl_f32(uint32_t a, uint32_t rank) {
+/* Shared offset a of this CTA as an address of cluster CTA rank's copy. */
+__device__ __forceinline__ uint32_t cl_map(uint32_t a, uint32_t rank) {
   uint32_t remote;
-  float v;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return remote;
+}
+/* Four f32 at a cluster shared address (cl_map), 16-byte aligned. */
+__device__ __forceinline__ float4 ld_cl_f32x4(uint32_t remote) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
   return v;
 }
 /* mbar_wait with a bound: a protocol error traps (the launch fails) instead
@@ -639,7 +646,8 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
   static_assert(!RG || (CWG == 2 && !CL && !PERSIST), "RG: two consumer warpgroups, alone");
   constexpr bool KS = CK > 1;
   constexpr int SL = BN / 2 / CK; /* KS: accumulator registers of a block's column slice */
-  constexpr uint32_t PART_BYTES = KS ? (uint32_t)BM * BN * 4 : 0u;
+  constexpr int PB = MBD_WG_KS_PBUF(BM); /* KS: partial buffers (gemm_params.h) */
+  constexpr uint32_t PART_BYTES = KS ? (uint32_t)PB * BM * BN * 4 : 0u;
   static_assert(!KS || (TMA && FOLD && !CL && !PERSIST && !RG && SL % 4 == 0 && CK <= 8),
                 "K split: TMA tiles alone, slices of whole 8-column groups");
   extern __shared__ __align__(16) unsigned char wg_raw[];
@@ -690,14 +698,26 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
   };
   const int KT = (p.k + BK - 1) / BK;
   wg_check_smem(1023u + STAGES * STAGE_BYTES + 16u * STAGES + PART_BYTES);
-  /* KS: the K split's rounds (a chunk each per block) and the two cluster
-   * syncs of each (every thread of the cluster, the producer's included) */
+  /* KS: the K split's rounds (a chunk each per block) and the cluster syncs
+   * of each (every thread of the cluster, the producer's included): one
+   * before the fold, and with one partial buffer a second after it (the
+   * partials may be overwritten); with two, round j + 1 writes the other
+   * buffer and round j + 2's writes come after round j + 1's sync, which
+   * every block reaches only after its fold of round j. */
   const int nch = (KT + KCH - 1) / KCH, rounds = (nch + CK - 1) / CK;
   auto ks_syncs = [] {
     cl_arrive();
     cl_wait();
-    cl_arrive();
-    cl_wait();
+    if (PB == 1) {
+      cl_arrive();
+      cl_wait();
+    }
+  };
+  auto ks_last = [] { /* PB == 2: no block exits while a peer reads its partials */
+    if (PB == 2) {
+      cl_arrive();
+      cl_wait();
+    }
   };
 
   if (threadIdx.x == 0) {
@@ -774,6 +794,7 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
         if (j > 0) ks_syncs(); /* round j - 1's */
       }
       ks_syncs();
+      ks_last();
       return;
     }
     auto produce = [&](const int tm, const int tn) { load(tm, tn, 0, KT); };
@@ -816,14 +837,16 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
   if constexpr (KS) {
     const int q = (int)cl_rank();
     constexpr int NT = 128 * CWG;
-    const uint32_t part_s = full0 + 16u * STAGES; /* [BN / 2][NT] partials */
-    float *part = (float *)(base + STAGES * STAGE_BYTES + 16 * STAGES);
+    /* partials [PB][BN / 8][NT] float4: thread ct's accumulators 4i..4i+3 at
+     * [i][ct], so a block's slice is SL / 4 16-byte loads a thread */
+    const uint32_t part_s = full0 + 16u * STAGES;
+    float4 *part = (float4 *)(base + STAGES * STAGE_BYTES + 16 * STAGES);
     const int ct = (int)threadIdx.x;
     int tm, tn;
     tile_of(cell0, tm, tn);
     float acc[BN / 2], sum[SL];
     for (int j = 0; j < rounds; j++) {
-      const int ch = j * CK + q;
+      const int ch = j * CK + q, pb = PB == 2 ? (j & 1) : 0;
       if (ch < nch) {
         const int kt0 = ch * KCH, kt1 = min(KT, kt0 + KCH);
 #pragma unroll
@@ -836,22 +859,45 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
         wg_fence_regs<BN / 2>(acc);
         if (lane == 0) mbar_arrive(empty0 + 8 * ((g - 1) % STAGES)); /* the chunk's last slot */
 #pragma unroll
-        for (int i = 0; i < BN / 2; i++) part[i * NT + ct] = acc[i];
+        for (int i = 0; i < BN / 8; i++)
+          part[(pb * (BN / 8) + i) * NT + ct] =
+              make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
       }
       cl_arrive(); /* every block's partial of round j is in its shared memory */
       cl_wait();
-      for (int r = 0; r < CK && j * CK + r < nch; r++) {
-        const bool first = j == 0 && r == 0;
+      /* every load of the round first (each remote load costs a round trip;
+       * one after another they were the split's cost), then the fold in rank
+       * order, which is chunk order */
+      const int nr = min(CK, nch - j * CK);
+      float4 v[CK][SL / 4];
+      const uint32_t off = part_s + 16u * (uint32_t)((pb * (BN / 8) + q * (SL / 4)) * NT + ct);
 #pragma unroll
-        for (int i = 0; i < SL; i++) {
-          const float v =
-              ld_cl_f32(part_s + 4u * (uint32_t)((q * SL + i) * NT + ct), (uint32_t)r);
-          sum[i] = first ? v : __fadd_rn(sum[i], v);
+      for (int r = 0; r < CK; r++) {
+        if (r < nr) {
+          const uint32_t ra = cl_map(off, (uint32_t)r);
+#pragma unroll
+          for (int i = 0; i < SL / 4; i++) v[r][i] = ld_cl_f32x4(ra + 16u * (uint32_t)(i * NT));
         }
       }
-      cl_arrive(); /* every block has read round j's partials */
-      cl_wait();
+#pragma unroll
+      for (int r = 0; r < CK; r++) {
+        if (r < nr) {
+          const bool first = j == 0 && r == 0;
+#pragma unroll
+          for (int i = 0; i < SL / 4; i++) {
+            const float e[4] = {v[r][i].x, v[r][i].y, v[r][i].z, v[r][i].w};
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+              sum[4 * i + u] = first ? e[u] : __fadd_rn(sum[4 * i + u], e[u]);
+          }
+        }
+      }
+      if (PB == 1) { /* every block has read round j's partials */
+        cl_arrive();
+        cl_wait();
+      }
     }
+    ks_last();
     const T *B = (const T *)p.bias;
     const int wr = (warp & 3) * 16 + (lane >> 2);
 #pragma unroll

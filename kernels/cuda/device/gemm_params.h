@@ -104,8 +104,11 @@ typedef struct mbd_gemm_params {
 /* The tiles of MBD_WG_TILES' TMA family with K split over a thread-block
  * cluster of CK blocks on one tile (wg_body; scheduling only, same bits),
  * index = slot offset: 0: 128 x 128 by 4; 1: 64 x 128 by 8; 2: 128 x 128 by
- * 2; 3: 64 x 128 by 4. Shared memory: the stages and a BM x BN f32 partial.
+ * 2; 3: 64 x 128 by 4. Shared memory: the stages and MBD_WG_KS_PBUF(BM) BM x BN f32 partial
+ * buffers (two where they fit beside the stages: one cluster sync a round
+ * instead of two).
  * X(ty, T, index, CWG, BN, IN, STAGES, CK). */
+#define MBD_WG_KS_PBUF(BM) ((BM) == 64 ? 2 : 1)
 #define MBD_WG_KS_TILES(X, ty, T)                                                       \
   X(ty, T, 0, 2, 128, 128, 4, 4)                                                        \
   X(ty, T, 1, 1, 128, 128, 6, 8)                                                        \
