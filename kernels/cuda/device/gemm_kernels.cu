@@ -621,9 +621,12 @@ __device__ __forceinline__ void wg_store2(const mbd_gemm_params &p, const T *B, 
  * j CK + q goes from its registers to its shared memory, the cluster syncs,
  * and block q folds columns [q BN / CK, (q + 1) BN / CK) of every block's
  * partial into its running sum for those columns (distributed shared memory,
- * blocks in rank order, i.e. chunks in order), the cluster syncs again
- * (the partials may be overwritten), and at the end block q stores its
- * columns: the chains and the fold of the contract, only spread over blocks.
+ * blocks in rank order, i.e. chunks in order; all of a round's remote loads
+ * are issued before the fold, since one after another each waited a round
+ * trip), then with one partial buffer the cluster syncs again (the partials
+ * may be overwritten; two buffers alternate instead where they fit), and at
+ * the end block q stores its columns: the chains and the fold of the
+ * contract, only spread over blocks.
  * A chunk's ring slots are handed back when its chain ends, so that the
  * producer (which joins the cluster syncs of round j - 1 after issuing round
  * j's loads) never waits on a slot held across a sync. */
