@@ -868,8 +868,8 @@ __device__ __forceinline__ void wg_body(const mbd_wg_params &P) {
       }
       cl_arrive(); /* every block's partial of round j is in its shared memory */
       cl_wait();
-      /* every load of the round first (each remote load costs a round trip;
-       * one after another they were the split's cost), then the fold in rank
+      /* every load of the round first (each remote load costs a round trip,
+       * which one after another would serialise), then the fold in rank
        * order, which is chunk order */
       const int nr = min(CK, nch - j * CK);
       float4 v[CK][SL / 4];
