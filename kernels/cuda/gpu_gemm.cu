@@ -40,8 +40,8 @@ static constexpr wtile_cfg k_wtiles[11] = {MBD_WG_TILES(WTILE, , )};
  * runs its tile's K / 64 stages at t_us each after o_us of fixed cost (the
  * prologue, the fold's drains, the stores); with two blocks an SM (occ 2)
  * each stage takes alpha times as long once two share it. Least-squares fits
- * to bench_gemm_gpu's tiles lines on the H200 (M = 64..2048; mean error
- * 6-9%, docs/benchmarks.md session 17). 7, 8 (plain loads): not costed. */
+ * to bench_gemm_gpu's tiles lines on the H200 (docs/benchmarks.md, "Figures
+ * behind design choices"). 7, 8 (plain loads): not costed. */
 struct wtile_cost {
   double t_us, o_us, alpha;
 };
@@ -567,11 +567,11 @@ static int64_t wks_fit(mbd_gpu_ctx *ctx, int dtype_slot0, int i) {
  * call): 1..4 = K split tile 0..3 wherever K exceeds one chunk; 0 = never;
  * unset or other: tile 1 (64 x 128 by 8) where K has at least KS_MIN_CHUNKS
  * chunks and its clusters all run at once, i.e. narrow N (x_proj's 160 or
- * 192 columns at M = 64..256, 768 at M = 64): there it measured 10-27%
- * faster than the tile kernels; wherever its blocks took a second wave or
- * K was short, and with every other K split tile, slower (docs/benchmarks.md,
- * sessions 16-17). Same bits in every setting (the bitwise test compares
- * them). */
+ * 192 columns at M = 64..256, 768 at M = 64), the one class where it beat
+ * the tile kernels; wherever its blocks took a second wave or K was short,
+ * and with every other K split tile, it lost (docs/benchmarks.md, "Figures
+ * behind design choices"). Same bits in every setting (the bitwise test
+ * compares them). */
 #define KS_AUTO_TILE 1
 #define KS_MIN_CHUNKS 6
 static int pick_wkstile(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, int ti, bool tma) {
