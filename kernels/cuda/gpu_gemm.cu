@@ -500,6 +500,24 @@ static void cl_debug(mbd_gpu_ctx *ctx, int slot, unsigned grid, unsigned threads
           threads, cs, smem, fit, fit * (int)cs, ctx->sm_count);
 }
 
+/* The parameters of a wgmma launch over bm x bn tiles: the problem, X boxes of
+ * x_box rows and W boxes of w_box rows (64 k each), a_rows the X rows a stage
+ * brings. False when the encoder refuses (the caller runs the tile kernels:
+ * same bits). */
+static bool wg_params_init(mbd_wg_params *P, const mbd_gpu_gemm_args *a,
+                           const mbd_gemm_params &p, int a_rows, int x_box, int w_box, int bm,
+                           int bn) {
+  memset(P, 0, sizeof *P);
+  P->p = p;
+  P->a_rows = a_rows;
+  if (!encode_map(&P->tx, a->dtype, a->x, a->m, a->k, x_box) ||
+      !encode_map(&P->tw, a->dtype, a->w, a->n, a->k, w_box))
+    return false;
+  P->tiles_m = (int)cdiv(a->m, bm);
+  P->tiles_n = (int)cdiv(a->n, bn);
+  return true;
+}
+
 /* The cluster tile kernels (wg_body with CM x CN > 1): tensor-map boxes of
  * the pieces each block loads (BM / CN rows of X, BN / CM rows of W), a grid
  * of whole clusters. Returns 1 when the encoder refuses (the caller runs the
@@ -508,14 +526,7 @@ static int gemm_wgcl(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gem
                      int ci, const char **kname, mbd_error *err) {
   const wcltile_cfg &c = k_wcltiles[ci];
   mbd_wg_params P;
-  memset(&P, 0, sizeof P);
-  P.p = p;
-  P.a_rows = c.bm;
-  if (!encode_map(&P.tx, a->dtype, a->x, a->m, a->k, c.bm / c.cn) ||
-      !encode_map(&P.tw, a->dtype, a->w, a->n, a->k, c.bn / c.cm))
-    return 1;
-  P.tiles_m = (int)cdiv(a->m, c.bm);
-  P.tiles_n = (int)cdiv(a->n, c.bn);
+  if (!wg_params_init(&P, a, p, c.bm, c.bm / c.cn, c.bn / c.cm, c.bm, c.bn)) return 1;
   int64_t clusters = cdiv(P.tiles_m, c.cm) * cdiv(P.tiles_n, c.cn);
   const size_t smem = (size_t)c.stages * (c.bm + c.bn) * 128 + 1024 + 16 * (size_t)c.stages;
   const int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_WGCL_BF16 : MBD_K_WGCL_F16) + ci;
@@ -594,15 +605,9 @@ static int pick_wkstile(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, int ti, bo
 static int gemm_wgks(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args *a, const mbd_gemm_params &p,
                      int i, const char **kname, mbd_error *err) {
   const wkstile_cfg &c = k_wkstiles[i];
+  const int a_rows = a->m < c.bm ? (int)a->m : c.bm;
   mbd_wg_params P;
-  memset(&P, 0, sizeof P);
-  P.p = p;
-  P.a_rows = a->m < c.bm ? (int)a->m : c.bm;
-  if (!encode_map(&P.tx, a->dtype, a->x, a->m, a->k, P.a_rows) ||
-      !encode_map(&P.tw, a->dtype, a->w, a->n, a->k, c.bn))
-    return 1;
-  P.tiles_m = (int)cdiv(a->m, c.bm);
-  P.tiles_n = (int)cdiv(a->n, c.bn);
+  if (!wg_params_init(&P, a, p, a_rows, a_rows, c.bn, c.bm, c.bn)) return 1;
   const int slot = (a->dtype == MBD_DTYPE_BF16 ? MBD_K_WGKS_BF16 : MBD_K_WGKS_F16) + i;
   *kname = mbd_k_kernel_names[slot];
   void *args[] = {&P};

@@ -198,6 +198,19 @@ static void kernel_name(mbd_gpu_ctx *ctx, const mbd_gpu_gemm_args &a, char *out,
       snprintf(out, cap, "%s", mbd_gpu_record_at(ctx, 0)->kernel);
   }
 }
+/* Seconds per GEMM of a with the environment variable var set to val (unset
+ * for ""), and the kernel it runs into name. */
+static double time_setting(mbd_gpu_ctx *ctx, bufset &b, const mbd_gpu_gemm_args &a,
+                           const char *var, const char *val, char *name, size_t cap) {
+  if (val[0]) setenv(var, val, 1);
+  const double t = time_gemm(ctx, b, a);
+  mbd_gpu_gemm_args r = a;
+  r.x = b.x[0];
+  r.w = b.w[0];
+  kernel_name(ctx, r, name, cap);
+  unsetenv(var);
+  return t;
+}
 /* One line: us per GEMM under each MBD_GEMM_SCHED setting and its kernel. */
 static void print_sched(const char *tag, mbd_gpu_ctx *ctx, bufset &b, mbd_gpu_gemm_args a,
                         double fast_t, double out[N_SCHED]) {
@@ -229,13 +242,7 @@ static void print_ksplit(mbd_gpu_ctx *ctx, bufset &b, mbd_gpu_gemm_args a, doubl
   printf("  ksplit (us, cuBLAS-fast / det, kernel):");
   for (int i = 0; i < N_KSPLIT; i++) {
     char name[64];
-    if (k_ksplit[i][0]) setenv("MBD_GEMM_KSPLIT", k_ksplit[i], 1);
-    out[i] = time_gemm(ctx, b, a);
-    mbd_gpu_gemm_args r = a;
-    r.x = b.x[0];
-    r.w = b.w[0];
-    kernel_name(ctx, r, name, sizeof name);
-    unsetenv("MBD_GEMM_KSPLIT");
+    out[i] = time_setting(ctx, b, a, "MBD_GEMM_KSPLIT", k_ksplit[i], name, sizeof name);
     printf(" %s=%.2f(%.2f,%s)", k_ksplit[i][0] ? k_ksplit[i] : "default", out[i] * 1e6,
            fast_t / out[i], name + 4);
   }

@@ -352,9 +352,9 @@ static void check_sched(fixture *f, int seen[N_SCHED]) {
  * split tile 0..3 wherever K exceeds one chunk: clusters of 4, 8, 2 and 4
  * blocks on 128 x 128 and 64 x 128 tiles) and unset (tile 1 where N is
  * narrow and K long): each gives the rows-alone bits at M of one partial
- * tile (17, 64), two (65), several (129, 300) and many (1024). Where the chunks are
- * fewer than the cluster's blocks (K = 520: 3 chunks), some blocks run no
- * chain and only fold. seen[i]: runs of K split tile i under setting i + 1;
+ * tile (17, 64), two (65), several (129, 300) and many (1024). Where the
+ * chunks are fewer than the cluster's blocks (K = 520: 3 chunks), some
+ * blocks run no chain and only fold. seen[i]: runs of K split tile i under setting i + 1;
  * seen[N_KS_TILES]: K split runs under the unset setting (the default). */
 #define N_KS_TILES 4
 static const char *const k_ksplit[] = {"0", "1", "2", "3", "4", NULL};
