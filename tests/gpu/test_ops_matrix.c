@@ -497,16 +497,18 @@ static void test_scan(void **state) {
  * three or four (300) and ten sequences per block (1000: dt chains eight at
  * a time, then the rest); the last scan block part-filled (di = 1100: 76
  * live channels of 128, whole warps past di; di = 257; di = 1000: three
- * whole warps and one of 8 live channels); R = 5 (element loads of the
- * dt_proj row), 16, 40 and 128 (16-byte loads); distinct slots, in reverse
- * order. */
+ * whole warps and one of 8 live channels); the 1.4b decode at batch 256
+ * (di = 4096, R = 128: full groups of eight and short ones, and at d_state
+ * 16 with 16-bit activations the form wide d_inner picks); R = 5 (element
+ * loads of the dt_proj row), 16, 40 and 128 (16-byte loads); distinct
+ * slots, in reverse order. */
 static void test_scan_batch(void **state) {
   (void)state;
   uint64_t seed = 18;
   static const int cases[][3] = {/* di, nseq, R */
                                  {1100, 40, 5},    {1100, 60, 128},  {1100, 150, 5},
                                  {1100, 300, 5},   {1100, 1000, 16}, {257, 1000, 16},
-                                 {1000, 37, 40}};
+                                 {1000, 37, 40},   {4096, 256, 128}};
   const int Ns[] = {4, 16, 32};
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
     for (size_t ni = 0; ni < 3; ni++)
