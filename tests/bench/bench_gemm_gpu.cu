@@ -5,8 +5,8 @@
  * d->50280) for M = 1, 16, 64, 256, 2048, 8192 in bf16 (f32 too with --f32).
  * Timing: CUDA events on the context stream, warm-up, median of 7 batches,
  * random data, weights and inputs rotated over copies larger than L2; the
- * det and cuBLAS columns in two alternating rounds after an untimed run of
- * each, the faster round of each (time_pair).
+ * det and cuBLAS columns in two rounds, each side timed right after an
+ * untimed run of itself, the faster round of each (time_pair).
  * For M <= 64 it prints GB/s of weight bytes and the fraction of the measured
  * device copy bandwidth (read + write bytes per second) that is; for M >= 256
  * TFLOP/s. Summary: geometric mean of det/cuBLAS speed over M >= 256 (bf16, all
@@ -177,18 +177,18 @@ static double time_gemm(mbd_gpu_ctx *ctx, bufset &b, mbd_gpu_gemm_args a) {
   return t[t.size() / 2];
 }
 
-/* The deterministic GEMM (ctx d) and cuBLAS (ctx f) on one shape: after an
- * untimed run of each, two rounds of d then f, the faster round of each.
- * The first timing after a shape's buffers are made ran up to 15% slower
- * than the same kernel timed later (the GPU coming back from idle), so
- * neither side is timed first alone. */
+/* The deterministic GEMM (ctx d) and cuBLAS (ctx f) on one shape, each
+ * timed right after an untimed run of itself, in two rounds (d, f, d, f),
+ * the faster round of each: a kernel timed right after the other one, or
+ * first on a shape's fresh buffers, ran up to 15% slower than re-timed
+ * after runs of its own (docs/benchmarks.md, session 19). */
 static void time_pair(mbd_gpu_ctx *d, mbd_gpu_ctx *f, bufset &b, const mbd_gpu_gemm_args &a,
                       double *td, double *tf) {
-  (void)time_gemm(d, b, a);
-  (void)time_gemm(f, b, a);
   *td = *tf = 1e30;
   for (int r = 0; r < 2; r++) {
+    (void)time_gemm(d, b, a);
     *td = std::min(*td, time_gemm(d, b, a));
+    (void)time_gemm(f, b, a);
     *tf = std::min(*tf, time_gemm(f, b, a));
   }
 }
