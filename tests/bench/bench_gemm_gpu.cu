@@ -180,8 +180,8 @@ static double time_gemm(mbd_gpu_ctx *ctx, bufset &b, mbd_gpu_gemm_args a) {
 /* The deterministic GEMM (ctx d) and cuBLAS (ctx f) on one shape, each
  * timed right after an untimed run of itself, in two rounds (d, f, d, f),
  * the faster round of each: a kernel timed right after the other one, or
- * first on a shape's fresh buffers, ran up to 15% slower than re-timed
- * after runs of its own (docs/benchmarks.md, session 19). */
+ * first on a shape's fresh buffers, read slower than the same kernel
+ * re-timed after runs of its own (figures: docs/benchmarks.md). */
 static void time_pair(mbd_gpu_ctx *d, mbd_gpu_ctx *f, bufset &b, const mbd_gpu_gemm_args &a,
                       double *td, double *tf) {
   *td = *tf = 1e30;
