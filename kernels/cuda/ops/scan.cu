@@ -328,6 +328,15 @@ __host__ __device__ constexpr size_t sstep_smem_floats(int N, int KC, int SQ, in
                         (size_t)(OLD ? 1 : 2) * SQ * SSTEP_BT);
 }
 
+/* k_scan_step's blocks an SM for its launch bounds (the register cap):
+ * at d_state <= 16 seven, so that seven blocks' registers and shared memory
+ * fit; the streaming form over a bf16 state eight (64 registers), which
+ * measured faster at 1.4b batch 256 where over an f32 state it measured
+ * slower (docs/benchmarks.md, session 19). */
+__host__ __device__ constexpr int sstep_min_blocks(int N, int SQ, size_t st_bytes) {
+  return N > 16 ? (SQ == 1 ? 3 : 4) : (SQ > 1 && st_bytes == 2 ? 8 : 7);
+}
+
 /* One streamed step of one channel (k_scan_step, SQ > 1, V > 0):
  * sp_one_dt's statements, with B and C read as float4 (16-byte aligned),
  * the gate g = SiLU(z) computed beforehand (silu_group), and a bf16 state's
@@ -382,7 +391,7 @@ __device__ __forceinline__ float sstep_one(float dt, const float *B, const float
  * [y nseq / G, (y + 1) nseq / G), G = gridDim.y <= nseq. The state is stored
  * as ST (sp_st), moved in srow's pieces. */
 template <int N, typename ActT, typename WT, int KC, int SQ, typename ST, int V>
-__global__ void __launch_bounds__(SSTEP_BT, N > 16 ? (SQ == 1 ? 3 : 4) : 7)
+__global__ void __launch_bounds__(SSTEP_BT, sstep_min_blocks(N, SQ, sizeof(ST)))
     k_scan_step(int nseq, int di, int R, const float *__restrict__ xc,
                 const float *__restrict__ dbl, const WT *__restrict__ dt_w,
                 const WT *__restrict__ dt_b, const float *__restrict__ A,
