@@ -328,11 +328,10 @@ __host__ __device__ constexpr size_t sstep_smem_floats(int N, int KC, int SQ, in
                         (size_t)(OLD ? 1 : 2) * SQ * SSTEP_BT);
 }
 
-/* k_scan_step's blocks an SM for its launch bounds (the register cap):
- * at d_state <= 16 seven, so that seven blocks' registers and shared memory
- * fit; the streaming form over a bf16 state eight (64 registers), which
- * measured faster at 1.4b batch 256 where over an f32 state it measured
- * slower (docs/benchmarks.md, session 19). */
+/* The blocks an SM that k_scan_step's launch bounds ask for, which sets its
+ * register cap: at d_state > 16, 3 (one sequence a block) or 4; otherwise
+ * 7, and 8 for the streaming forms over a bf16 state, where the extra warps
+ * measured faster (over an f32 state, slower: docs/benchmarks.md). */
 __host__ __device__ constexpr int sstep_min_blocks(int N, int SQ, size_t st_bytes) {
   return N > 16 ? (SQ == 1 ? 3 : 4) : (SQ > 1 && st_bytes == 2 ? 8 : 7);
 }
